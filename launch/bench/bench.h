@@ -1,0 +1,68 @@
+// `troupe bench SUITE`: shared measurement and output helpers for every suite.
+// Output contract (DESIGN.md): one JSON object per line on stdout,
+//   {"suite","case","metric","unit","ours","baseline","baseline_name","ratio", ...extra}
+// ratio > 1 always means ours is better; each figure is the median of >= 5 repetitions,
+// ours and the baseline interleaved in the same process run. --quick shortens repetitions,
+// never drops a case. A baseline that cannot run prints no row and says why on stderr.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace troupe::bench {
+
+struct BenchOptions {
+  bool quick = false;
+  int reps = 5;              // repetitions per figure (>= 5 always)
+  std::string filter;        // substring of case names to run ("" = all)
+  bool wants(const std::string& case_name) const {
+    return filter.empty() || case_name.find(filter) != std::string::npos;
+  }
+};
+
+enum class Better { higher, lower };  // is a bigger figure better (throughput) or worse (time)?
+
+struct Row {
+  std::string suite;
+  std::string case_name;
+  std::string metric;
+  std::string unit;
+  double ours = 0;
+  double baseline = 0;
+  std::string baseline_name;
+  Better better = Better::higher;
+  nlohmann::json extra = nlohmann::json::object();  // extra figures, merged into the row
+};
+
+// ratio > 1 means ours is better: higher-is-better -> ours/baseline; lower-is-better -> baseline/ours.
+double ratio_of(const Row& row);
+// Prints the row as one JSON line on stdout and flushes.
+void emit(const Row& row);
+// Says on stderr why a baseline row is absent.
+void skip_baseline(const std::string& suite, const std::string& case_name, const std::string& why);
+
+double median(std::vector<double> values);
+
+// Runs ours() and baseline() alternately `reps` times (each returns one figure, e.g. seconds or
+// msgs/s) and returns the two medians.
+struct Paired {
+  double ours = 0;
+  double baseline = 0;
+};
+Paired interleaved(int reps, const std::function<double()>& ours, const std::function<double()>& baseline);
+
+// Wall-clock seconds of fn().
+double time_s(const std::function<void()>& fn);
+
+// Suites, one file each under launch/bench/. Each returns a process exit code.
+int run_runtime_suite(const BenchOptions& opt);   // runtime.cpp
+int run_policy_suite(const BenchOptions& opt);    // policy.cpp
+int run_kernels_suite(const BenchOptions& opt);   // kernels.cpp
+int run_envs_suite(const BenchOptions& opt);      // envs.cpp
+int run_learner_suite(const BenchOptions& opt);   // learner.cpp
+int run_e2e_suite(const BenchOptions& opt);       // e2e.cpp
+
+}  // namespace troupe::bench

@@ -1,0 +1,14 @@
+// `troupe bench kernels`: see the issue that owns this suite for its cases.
+#include <cstdio>
+
+#include "bench.h"
+
+namespace troupe::bench {
+
+int run_kernels_suite(const BenchOptions& opt) {
+  (void)opt;
+  std::fprintf(stderr, "troupe bench kernels: this suite is not implemented yet\n");
+  return 1;
+}
+
+}  // namespace troupe::bench

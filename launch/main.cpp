@@ -1,0 +1,50 @@
+// Entry point of the `troupe` binary: builds the CLI from every subcommand and runs the chosen one.
+// Only launch/ turns errors into exit codes; a user never sees a stack trace for bad input.
+#include <cstdio>
+#include <exception>
+#include <vector>
+
+#include "troupe/base/build_config.h"
+#include "troupe/launch/commands.h"
+
+namespace troupe::launch {
+
+int report_error(const Error& error) {
+  std::fprintf(stderr, "troupe: error: %s\n", error.message.c_str());
+  return exit_code_for(error.code);
+}
+
+}  // namespace troupe::launch
+
+int main(int argc, char** argv) {
+  using namespace troupe::launch;
+  CLI::App app{"troupe — actor-based RL post-training (GRPO, SFT) for MoE language models"};
+  app.set_version_flag("--version", TROUPE_VERSION_STRING);
+  app.require_subcommand(1);
+  std::vector<Command> commands = {
+      add_run_command(app),   add_validate_command(app), add_eval_command(app),
+      add_report_command(app), add_bench_command(app),   add_env_command(app),
+      add_generate_command(app), add_score_command(app),
+  };
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;  // bad command line is bad input
+  }
+  try {
+    for (auto& c : commands) {
+      if (c.app->parsed()) return c.run();
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 1;
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One command from a fresh Debian machine to a working troupe:
+#   bash scripts/setup.sh          install what is missing, build (Release), run the quickstart
+#   bash scripts/setup.sh --test   install what is missing, build, run the whole test suite
+# Debian packages come from apt-get, Python packages from pip into .venv (made with
+# /usr/bin/python3 -m venv --system-site-packages so Debian's python3-torch is visible).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+MODE=quickstart
+for arg in "$@"; do
+  case "$arg" in
+    --test) MODE=test ;;
+    --build-only) MODE=build ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (use --test or --build-only)" >&2; exit 2 ;;
+  esac
+done
+
+APT_PACKAGES=(
+  build-essential cmake pkg-config ccache git
+  libzmq3-dev cppzmq-dev libcereal-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
+  libopenmpi-dev openmpi-bin libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3-venv python3-pip python3-torch python3-zmq python3-numpy python3-matplotlib
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+fi
+
+# Python: one venv serves the PyTorch baselines, golden scripts, the env SDK and TensorBoard checks.
+if [ ! -x .venv/bin/python ]; then
+  /usr/bin/python3 -m venv --system-site-packages .venv
+fi
+if ! .venv/bin/python -c "import tensorboard, reasoning_gym, troupe_env" >/dev/null 2>&1; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
+  if [ -f envs/python/pyproject.toml ]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check ./envs/python
+  fi
+fi
+
+WERROR=OFF
+[ -n "${CI:-}" ] && WERROR=ON
+JOBS=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTROUPE_WERROR=$WERROR -DTROUPE_PYTHON="$ROOT/.venv/bin/python"
+cmake --build build -j"$JOBS"
+
+case "$MODE" in
+  quickstart)
+    echo "setup: running the quickstart (configs/quickstart.yaml)"
+    ./build/bin/troupe run configs/quickstart.yaml
+    ;;
+  test)
+    ctest --test-dir build -j2 --output-on-failure
+    ;;
+  build) ;;
+esac
