@@ -1,0 +1,402 @@
+// CPU reference + fast implementation of the dense ops in troupe/kernels/ops.h. GEMMs go to
+// OpenBLAS (sgemm/dgemm), row loops are OpenMP-parallel, nothing allocates. Every loop that could
+// race (parameter gradients, attention dk/dv) is partitioned so each output has one writer, which
+// keeps results independent of the thread count.
+#include "troupe/kernels/ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace troupe::kernels {
+
+namespace {
+
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* Cm, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
+}
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, double alpha, const double* A, int lda,
+          const double* B, int ldb, double beta, double* Cm, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
+}
+
+template <class T>
+inline T dot(const T* a, const T* b, int n) {
+  T s = 0;
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace
+
+// ---- matmul -----------------------------------------------------------------------------------------
+
+template <class T>
+void matmul_forward(T* out, const T* inp, const T* weight, int N, int C, int OC) {
+  if (N <= 0 || OC <= 0) return;
+  if (C <= 0) {
+    std::fill(out, out + static_cast<size_t>(N) * OC, T(0));
+    return;
+  }
+  gemm(CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
+}
+
+template <class T>
+void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int N, int C, int OC) {
+  if (N <= 0 || OC <= 0 || C <= 0) return;
+  if (dinp) gemm(CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
+  if (dweight) gemm(CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
+}
+
+// ---- embedding ------------------------------------------------------------------------------------
+
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const T* row = wte + static_cast<size_t>(tokens[n]) * C;
+    std::copy(row, row + C, out + static_cast<size_t>(n) * C);
+  }
+}
+
+template <class T>
+void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, int C) {
+  // Tokens repeat, so rows are not independent; split the channels instead (one writer each).
+#pragma omp parallel for schedule(static)
+  for (int c0 = 0; c0 < C; c0 += 16) {
+    const int c1 = std::min(C, c0 + 16);
+    for (int n = 0; n < N; ++n) {
+      T* drow = dwte + static_cast<size_t>(tokens[n]) * C;
+      const T* g = dout + static_cast<size_t>(n) * C;
+      for (int c = c0; c < c1; ++c) drow[c] += g[c];
+    }
+  }
+}
+
+// ---- RMSNorm --------------------------------------------------------------------------------------
+
+template <class T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const T* x = inp + static_cast<size_t>(n) * C;
+    T* y = out + static_cast<size_t>(n) * C;
+    T ss = dot(x, x, C);
+    T r = T(1) / std::sqrt(ss / T(C) + T(eps));
+    rstd[n] = r;
+    for (int c = 0; c < C; ++c) y[c] = x[c] * r * weight[c];
+  }
+}
+
+template <class T>
+void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const T* rstd, int N,
+                      int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const T* x = inp + static_cast<size_t>(n) * C;
+    const T* dy = dout + static_cast<size_t>(n) * C;
+    T* dx = dinp + static_cast<size_t>(n) * C;
+    const T r = rstd[n];
+    T s = 0;  // sum_c w_c dy_c x_c
+    for (int c = 0; c < C; ++c) s += weight[c] * dy[c] * x[c];
+    const T k = r * r * r * s / T(C);
+    for (int c = 0; c < C; ++c) dx[c] += r * weight[c] * dy[c] - k * x[c];
+  }
+  if (!dweight) return;
+#pragma omp parallel for schedule(static)
+  for (int c0 = 0; c0 < C; c0 += 16) {
+    const int c1 = std::min(C, c0 + 16);
+    T acc[16] = {};
+    for (int n = 0; n < N; ++n) {
+      const T* x = inp + static_cast<size_t>(n) * C;
+      const T* dy = dout + static_cast<size_t>(n) * C;
+      for (int c = c0; c < c1; ++c) acc[c - c0] += dy[c] * x[c] * rstd[n];
+    }
+    for (int c = c0; c < c1; ++c) dweight[c] += acc[c - c0];
+  }
+}
+
+// ---- RoPE -----------------------------------------------------------------------------------------
+
+void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int HD, float theta) {
+  const int half = HD / 2;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    for (int i = 0; i < half; ++i) {
+      // Same rounding as Hugging Face: inv_freq in fp32, angle = fp32(pos) * inv_freq in fp32.
+      const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(HD));
+      const float angle = static_cast<float>(positions[n]) * inv_freq;
+      cos[static_cast<size_t>(n) * half + i] = std::cos(angle);
+      sin[static_cast<size_t>(n) * half + i] = std::sin(angle);
+    }
+  }
+}
+
+template <class T>
+void rope_forward(T* out, const T* inp, const float* cos, const float* sin, int N, int NH, int HD) {
+  const int half = HD / 2;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* cs = cos + static_cast<size_t>(n) * half;
+    const float* sn = sin + static_cast<size_t>(n) * half;
+    for (int h = 0; h < NH; ++h) {
+      const T* x = inp + (static_cast<size_t>(n) * NH + h) * HD;
+      T* y = out + (static_cast<size_t>(n) * NH + h) * HD;
+      for (int i = 0; i < half; ++i) {
+        const T x1 = x[i], x2 = x[i + half];
+        y[i] = x1 * T(cs[i]) - x2 * T(sn[i]);
+        y[i + half] = x2 * T(cs[i]) + x1 * T(sn[i]);
+      }
+    }
+  }
+}
+
+template <class T>
+void rope_backward(T* dinp, const T* dout, const float* cos, const float* sin, int N, int NH, int HD) {
+  const int half = HD / 2;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* cs = cos + static_cast<size_t>(n) * half;
+    const float* sn = sin + static_cast<size_t>(n) * half;
+    for (int h = 0; h < NH; ++h) {
+      const T* dy = dout + (static_cast<size_t>(n) * NH + h) * HD;
+      T* dx = dinp + (static_cast<size_t>(n) * NH + h) * HD;
+      for (int i = 0; i < half; ++i) {
+        const T d1 = dy[i], d2 = dy[i + half];
+        dx[i] = d1 * T(cs[i]) + d2 * T(sn[i]);
+        dx[i + half] = d2 * T(cs[i]) - d1 * T(sn[i]);
+      }
+    }
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------------------
+
+template <class T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* seq_start,
+                       const int32_t* seq_end, int N, int NH, int NKV, int HD) {
+  const int group = NH / NKV;
+  const T scale = T(1) / std::sqrt(T(HD));
+  // One (token, head) per iteration; online softmax accumulates straight into the output row.
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t th = 0; th < static_cast<int64_t>(N) * NH; ++th) {
+    const int t = static_cast<int>(th / NH), h = static_cast<int>(th % NH), g = h / group;
+    const T* qv = q + static_cast<size_t>(th) * HD;
+    T* o = out + static_cast<size_t>(th) * HD;
+    std::fill(o, o + HD, T(0));
+    T m = -std::numeric_limits<T>::infinity(), l = 0;
+    for (int j = seq_start[t]; j <= t; ++j) {
+      const T* kv = k + (static_cast<size_t>(j) * NKV + g) * HD;
+      const T* vv = v + (static_cast<size_t>(j) * NKV + g) * HD;
+      const T s = dot(qv, kv, HD) * scale;
+      if (s > m) {
+        const T r = std::exp(m - s);  // exp(-inf) = 0 on the first key
+        l *= r;
+        for (int d = 0; d < HD; ++d) o[d] *= r;
+        m = s;
+      }
+      const T w = std::exp(s - m);
+      l += w;
+      for (int d = 0; d < HD; ++d) o[d] += w * vv[d];
+    }
+    const T inv = T(1) / l;
+    for (int d = 0; d < HD; ++d) o[d] *= inv;
+    lse[th] = m + std::log(l);
+  }
+}
+
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const int32_t* seq_start, const int32_t* seq_end, int N,
+                        int NH, int NKV, int HD) {
+  const int group = NH / NKV;
+  const T scale = T(1) / std::sqrt(T(HD));
+  T* Dsum = scratch;  // (N, NH): sum_d dout * out, the softmax-backward row term
+  const int64_t NTH = static_cast<int64_t>(N) * NH;
+#pragma omp parallel for schedule(static)
+  for (int64_t th = 0; th < NTH; ++th)
+    Dsum[th] = dot(dout + static_cast<size_t>(th) * HD, out + static_cast<size_t>(th) * HD, HD);
+
+  // dq: one writer per (query, head).
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t th = 0; th < NTH; ++th) {
+    const int t = static_cast<int>(th / NH), h = static_cast<int>(th % NH), g = h / group;
+    const T* qv = q + static_cast<size_t>(th) * HD;
+    const T* dov = dout + static_cast<size_t>(th) * HD;
+    T* dqv = dq + static_cast<size_t>(th) * HD;
+    std::fill(dqv, dqv + HD, T(0));
+    for (int j = seq_start[t]; j <= t; ++j) {
+      const T* kv = k + (static_cast<size_t>(j) * NKV + g) * HD;
+      const T* vv = v + (static_cast<size_t>(j) * NKV + g) * HD;
+      const T p = std::exp(dot(qv, kv, HD) * scale - lse[th]);
+      const T ds = p * (dot(dov, vv, HD) - Dsum[th]) * scale;
+      for (int d = 0; d < HD; ++d) dqv[d] += ds * kv[d];
+    }
+  }
+
+  // dk, dv: one writer per (key, kv head); loops over the queries of its group that see it.
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t jg = 0; jg < static_cast<int64_t>(N) * NKV; ++jg) {
+    const int j = static_cast<int>(jg / NKV), g = static_cast<int>(jg % NKV);
+    const T* kv = k + static_cast<size_t>(jg) * HD;
+    const T* vv = v + static_cast<size_t>(jg) * HD;
+    T* dkv = dk + static_cast<size_t>(jg) * HD;
+    T* dvv = dv + static_cast<size_t>(jg) * HD;
+    std::fill(dkv, dkv + HD, T(0));
+    std::fill(dvv, dvv + HD, T(0));
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      for (int t = j; t < seq_end[j]; ++t) {
+        const size_t th = static_cast<size_t>(t) * NH + h;
+        const T* qv = q + th * HD;
+        const T* dov = dout + th * HD;
+        const T p = std::exp(dot(qv, kv, HD) * scale - lse[th]);
+        const T ds = p * (dot(dov, vv, HD) - Dsum[th]) * scale;
+        for (int d = 0; d < HD; ++d) {
+          dvv[d] += p * dov[d];
+          dkv[d] += ds * qv[d];
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* kv_len,
+                              int B, int cache_len, int NH, int NKV, int HD) {
+  const int group = NH / NKV;
+  const T scale = T(1) / std::sqrt(T(HD));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; ++bh) {
+    const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH), g = h / group;
+    const T* qv = q + static_cast<size_t>(bh) * HD;
+    T* o = out + static_cast<size_t>(bh) * HD;
+    std::fill(o, o + HD, T(0));
+    T m = -std::numeric_limits<T>::infinity(), l = 0;
+    for (int j = 0; j < kv_len[b]; ++j) {
+      const size_t row = (static_cast<size_t>(b) * cache_len + j) * NKV + g;
+      const T* kv = k_cache + row * HD;
+      const T* vv = v_cache + row * HD;
+      const T s = dot(qv, kv, HD) * scale;
+      if (s > m) {
+        const T r = std::exp(m - s);
+        l *= r;
+        for (int d = 0; d < HD; ++d) o[d] *= r;
+        m = s;
+      }
+      const T w = std::exp(s - m);
+      l += w;
+      for (int d = 0; d < HD; ++d) o[d] += w * vv[d];
+    }
+    if (l > 0) {
+      const T inv = T(1) / l;
+      for (int d = 0; d < HD; ++d) o[d] *= inv;
+    }
+  }
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------------------
+
+template <class T>
+void swiglu_forward(T* out, const T* gate, const T* up, int N) {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < N; ++i) {
+    const T g = gate[i];
+    out[i] = g / (T(1) + std::exp(-g)) * up[i];
+  }
+}
+
+template <class T>
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int N) {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < N; ++i) {
+    const T g = gate[i];
+    const T sig = T(1) / (T(1) + std::exp(-g));
+    const T silu = g * sig;
+    dgate[i] = dout[i] * up[i] * (sig + silu * (T(1) - sig));
+    dup[i] = dout[i] * silu;
+  }
+}
+
+// ---- log-prob and entropy -------------------------------------------------------------------------
+
+template <class T>
+void logprob_forward(T* logp, T* entropy, T* lse, const T* logits, const int32_t* targets, float temperature,
+                     int N, int V) {
+  const T inv_t = T(1) / T(temperature);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const T* z = logits + static_cast<size_t>(n) * V;
+    T m = -std::numeric_limits<T>::infinity();
+    for (int i = 0; i < V; ++i) m = std::max(m, z[i] * inv_t);
+    T s = 0, sz = 0;  // sum e^(z-m), sum e^(z-m) * z
+    for (int i = 0; i < V; ++i) {
+      const T zi = z[i] * inv_t;
+      const T e = std::exp(zi - m);
+      s += e;
+      sz += e * zi;
+    }
+    const T L = m + std::log(s);
+    lse[n] = L;
+    entropy[n] = L - sz / s;  // H = lse - E_p[z]
+    logp[n] = targets[n] >= 0 ? z[targets[n]] * inv_t - L : T(0);
+  }
+}
+
+template <class T>
+void logprob_backward(T* dlogits, const T* dlogp, const T* dentropy, const T* logits, const T* lse,
+                      const int32_t* targets, float temperature, int N, int V) {
+  const T inv_t = T(1) / T(temperature);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const T* z = logits + static_cast<size_t>(n) * V;
+    T* dz = dlogits + static_cast<size_t>(n) * V;
+    const T L = lse[n];
+    const T gl = (dlogp && targets[n] >= 0) ? dlogp[n] : T(0);
+    const T ge = dentropy ? dentropy[n] : T(0);
+    T H = 0;
+    if (ge != T(0)) {
+      T sz = 0;
+      for (int i = 0; i < V; ++i) sz += std::exp(z[i] * inv_t - L) * z[i] * inv_t;
+      H = L - sz;
+    }
+    // d logp / dz_i = [i == target] - p_i;  d H / dz_i = -p_i (log p_i + H); then d/dlogits = d/dz / T.
+    for (int i = 0; i < V; ++i) {
+      const T logp_i = z[i] * inv_t - L;
+      const T p = std::exp(logp_i);
+      T g = -gl * p - ge * p * (logp_i + H);
+      dz[i] = g * inv_t;
+    }
+    if (gl != T(0)) dz[targets[n]] += gl * inv_t;
+  }
+}
+
+// ---- explicit instantiations ----------------------------------------------------------------------
+
+#define TROUPE_OPS_INSTANTIATE(T)                                                                          \
+  template void matmul_forward<T>(T*, const T*, const T*, int, int, int);                                  \
+  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);                   \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, int, int);                              \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, int, int);                             \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int, int, float);                           \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);             \
+  template void rope_forward<T>(T*, const T*, const float*, const float*, int, int, int);                  \
+  template void rope_backward<T>(T*, const T*, const float*, const float*, int, int, int);                 \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, const int32_t*, \
+                                     int, int, int, int);                                                  \
+  template void attention_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*,    \
+                                      const T*, const int32_t*, const int32_t*, int, int, int, int);       \
+  template void attention_decode_forward<T>(T*, const T*, const T*, const T*, const int32_t*, int, int,    \
+                                            int, int, int);                                                \
+  template void swiglu_forward<T>(T*, const T*, const T*, int);                                            \
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int);                             \
+  template void logprob_forward<T>(T*, T*, T*, const T*, const int32_t*, float, int, int);                 \
+  template void logprob_backward<T>(T*, const T*, const T*, const T*, const T*, const int32_t*, float, int, int);
+
+TROUPE_OPS_INSTANTIATE(float)
+TROUPE_OPS_INSTANTIATE(double)
+#undef TROUPE_OPS_INSTANTIATE
+
+}  // namespace troupe::kernels

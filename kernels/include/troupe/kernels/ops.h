@@ -1,0 +1,89 @@
+// Dense transformer ops on CPU as forward/backward pairs (STYLE.md point 1): the specification every
+// device version is tested against. Templated on the scalar (float for the model, double for the
+// finite-difference checks). Shape letters: N tokens (or rows), C channels, OC output channels,
+// NH query heads, NKV key/value heads, HD head dim, V vocab, B sequences in a decode batch.
+// Accumulation: parameter gradients (dweight, dwte) are ACCUMULATED (+=); matmul_backward and
+// rmsnorm_backward also ACCUMULATE dinp (so a residual stream gradient can be summed in place);
+// every other output is ASSIGNED. No op allocates memory: scratch is passed in by the caller.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace troupe::kernels {
+
+// ---- linear layer with Hugging Face (out, in) weights -------------------------------------------
+// out (N, OC) = inp (N, C) . weight (OC, C)^T                                       [assigned]
+template <class T>
+void matmul_forward(T* out, const T* inp, const T* weight, int N, int C, int OC);
+// dinp (N, C) += dout . weight; dweight (OC, C) += dout^T . inp. Either may be null.  [+=]
+template <class T>
+void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int N, int C, int OC);
+
+// ---- token embedding ------------------------------------------------------------------------------
+// out (N, C) = wte (V, C)[tokens]; tokens must be in [0, V) (the model validates them). [assigned]
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C);
+// dwte (V, C) += scatter of dout (N, C) by tokens.                                     [+=]
+template <class T>
+void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, int C);
+
+// ---- RMSNorm over the last dim (rows of C) --------------------------------------------------------
+// out (N, C) = inp * rstd * weight; rstd (N) saved = 1/sqrt(mean(inp^2) + eps).         [assigned]
+template <class T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int N, int C, float eps);
+// dinp (N, C) += ...; dweight (C) += ... (dweight may be null). dinp must not alias dout. [+=]
+template <class T>
+void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const T* rstd,
+                      int N, int C);
+
+// ---- rotary position embedding (Hugging Face rotate_half convention) -----------------------------
+// cos/sin (N, HD/2) for each token's position: angle_i = pos * theta^(-2i/HD).          [assigned]
+void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int HD, float theta);
+// out (N, NH, HD): x1 = x[:HD/2], x2 = x[HD/2:]; out1 = x1 cos - x2 sin; out2 = x2 cos + x1 sin.
+// In place (out == inp) is allowed.                                                     [assigned]
+template <class T>
+void rope_forward(T* out, const T* inp, const float* cos, const float* sin, int N, int NH, int HD);
+// dinp (N, NH, HD), the transpose rotation. In place allowed.                            [assigned]
+template <class T>
+void rope_backward(T* dinp, const T* dout, const float* cos, const float* sin, int N, int NH, int HD);
+
+// ---- causal grouped-query attention over packed sequences ----------------------------------------
+// Token t attends keys j with seq_start[t] <= j <= t; seq_end[t] is one past its sequence's last
+// token (so attention never crosses cu_seqlens). Query head h uses kv head h / (NH / NKV).
+// q (N, NH, HD), k/v (N, NKV, HD), out (N, NH, HD), lse (N, NH) saved log-sum-exp of the scaled
+// scores; scale = 1/sqrt(HD).                                                            [assigned]
+template <class T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* seq_start,
+                       const int32_t* seq_end, int N, int NH, int NKV, int HD);
+// dq (N, NH, HD), dk/dv (N, NKV, HD); scratch: N*NH values. Deterministic (no atomics).  [assigned]
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const int32_t* seq_start, const int32_t* seq_end, int N,
+                        int NH, int NKV, int HD);
+// One new query per sequence against a KV cache (inference). q/out (B, NH, HD);
+// k_cache/v_cache (B, cache_len, NKV, HD); sequence b attends its first kv_len[b] cache rows.
+template <class T>
+void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* kv_len,
+                              int B, int cache_len, int NH, int NKV, int HD);
+
+// ---- SwiGLU activation (elementwise over N values) -----------------------------------------------
+// out = silu(gate) * up.                                                                 [assigned]
+template <class T>
+void swiglu_forward(T* out, const T* gate, const T* up, int N);
+// dgate, dup (N).                                                                        [assigned]
+template <class T>
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int N);
+
+// ---- log-prob of the target and entropy under softmax(logits / temperature) ----------------------
+// logits (N, V); targets (N) in [-1, V), -1 = none (logp 0). logp (N), entropy (N), lse (N) saved =
+// logsumexp(logits / temperature). temperature > 0.                                       [assigned]
+template <class T>
+void logprob_forward(T* logp, T* entropy, T* lse, const T* logits, const int32_t* targets, float temperature,
+                     int N, int V);
+// dlogits (N, V) from upstream dlogp (N) and dentropy (N); either may be null (= zeros). [assigned]
+template <class T>
+void logprob_backward(T* dlogits, const T* dlogp, const T* dentropy, const T* logits, const T* lse,
+                      const int32_t* targets, float temperature, int N, int V);
+
+}  // namespace troupe::kernels
