@@ -20,7 +20,7 @@ done
 APT_PACKAGES=(
   build-essential cmake pkg-config ccache git
   libzmq3-dev cppzmq-dev libcereal-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
-  libopenmpi-dev openmpi-bin libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libopenmpi-dev openmpi-bin libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
   python3-venv python3-pip python3-torch python3-zmq python3-numpy python3-matplotlib
 )
 missing=()
