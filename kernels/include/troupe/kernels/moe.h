@@ -63,4 +63,31 @@ void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, co
 void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                   const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch);
 
+// ---- Pieces of the layer, public for tests, metrics and the CUDA port --------------------------
+// A token's K experts are stored in ascending expert id (not by weight), so "k order" is
+// "expert order" in every reduction; this is what makes the grouped path and the masked loop
+// bit-identical. A slot is s = t*K + k; a row is a position in the expert-major permuted layout.
+
+// The routing the last moe_forward stored in `saved` (valid while `saved` is).
+struct MoeRouting {
+  const float* probs = nullptr;      // (N, E) softmax of the router logits
+  const int32_t* experts = nullptr;  // (N, K) chosen experts, ascending per token
+  const float* weights = nullptr;    // (N, K) combine weights (renormalized when cfg.renormalize)
+  const int32_t* offsets = nullptr;  // (E+1) exclusive scan of per-expert counts; segment e = [offsets[e], offsets[e+1])
+  const int32_t* row_slot = nullptr; // (N*K) row -> slot; tokens ascend within each segment (stable)
+  const int32_t* slot_row = nullptr; // (N*K) slot -> row (inverse of row_slot)
+};
+MoeRouting moe_saved_routing(const float* saved, const MoeConfig& cfg, int N);
+
+// Counting sort of the N*K assignments by expert: histogram -> exclusive scan -> stable scatter.
+// counts (E) is scratch. O(N*K + E), no comparison sort.
+void moe_route_plan(int32_t* offsets, int32_t* row_slot, int32_t* slot_row, int32_t* counts,
+                    const int32_t* experts, int N, int K, int E);
+// Permute (gather): xp[r] = x[row_slot[r] / K], xp (N*K, C) assigned.
+// Its backward is moe_unpermute with weights == nullptr.
+void moe_permute(float* xp, const float* x, const int32_t* row_slot, int N, int K, int C);
+// Unpermute + combine: out[t] += sum_k weights[t*K+k] * yp[slot_row[t*K+k]] (k ascending), out (N, C)
+// ACCUMULATED; weights == nullptr means 1. Its backward w.r.t. yp is moe_permute of dout scaled by weights.
+void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K, int C);
+
 }  // namespace troupe::kernels
