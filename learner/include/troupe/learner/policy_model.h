@@ -1,0 +1,53 @@
+// What the learner needs from a policy model: flat params/grads (same layout), the tensor table,
+// and a per-token training forward/backward on a packed batch. policy::Model satisfies it through
+// an adapter; BigramModel is a tiny exact model for tests and benchmarks of the learner alone.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "troupe/base/result.h"
+#include "troupe/policy/model.h"
+
+namespace troupe::learner {
+
+class PolicyModel {
+ public:
+  virtual ~PolicyModel() = default;
+  virtual std::span<float> params() = 0;
+  virtual std::span<float> grads() = 0;  // mirrors params()
+  virtual const std::vector<policy::TensorSpec>& tensors() const = 0;
+  virtual void zero_grads() = 0;
+  // logp[t] = log softmax(logits_t / temperature)[targets[t]], entropy[t] of that distribution
+  // (entropy may be nullptr). Keeps what backward_train needs for this batch.
+  virtual Status forward_train(const policy::PackedBatch& batch, float temperature, float* logp, float* entropy) = 0;
+  // Accumulates (+=) d loss/d params into grads() for the last forward_train batch (dentropy may be nullptr).
+  virtual Status backward_train(const float* dlogp, const float* dentropy) = 0;
+};
+
+// logits_t = W[token_t] + b: one (V, V) table and a (V) bias, named like an HF checkpoint.
+class BigramModel final : public PolicyModel {
+ public:
+  explicit BigramModel(int vocab_size, uint64_t seed = 0, float init_scale = 0.5f);
+  std::span<float> params() override { return params_; }
+  std::span<float> grads() override { return grads_; }
+  const std::vector<policy::TensorSpec>& tensors() const override { return specs_; }
+  void zero_grads() override;
+  Status forward_train(const policy::PackedBatch& batch, float temperature, float* logp, float* entropy) override;
+  Status backward_train(const float* dlogp, const float* dentropy) override;
+  int vocab_size() const { return V_; }
+
+ private:
+  int V_;
+  std::vector<policy::TensorSpec> specs_;
+  std::vector<float> params_, grads_;
+  // saved by forward_train
+  std::vector<int32_t> tokens_, targets_;
+  std::vector<float> probs_;  // (T, V) softmax of the scaled logits
+  std::vector<float> logp_all_;  // (T, V)
+  std::vector<float> entropy_;   // (T)
+  float temperature_ = 1.0f;
+};
+
+}  // namespace troupe::learner

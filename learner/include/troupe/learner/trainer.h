@@ -1,0 +1,93 @@
+// The learner's step driver: one generation batch -> num_iterations passes x num_mini_batches
+// optimizer steps; each mini-batch is sharded over the ranks and split into micro-batches (by
+// count or token budget), gradients accumulate into the model's flat buffer, ONE all-reduce per
+// optimizer step, then clipping and AdamW. Invariant: since every loss is normalised by global
+// counts of the mini-batch, the update does not depend on the micro-batch split or the rank count.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "troupe/base/result.h"
+#include "troupe/learner/advantages.h"
+#include "troupe/learner/communicator.h"
+#include "troupe/learner/config.h"
+#include "troupe/learner/loss.h"
+#include "troupe/learner/optimizer.h"
+#include "troupe/learner/policy_model.h"
+
+namespace troupe::learner {
+
+// One prompt + completion of a generation batch.
+struct Sample {
+  std::vector<int32_t> prompt;          // >= 1 token
+  std::vector<int32_t> completion;      // sampled tokens, EOS included when it stopped
+  std::vector<float> completion_mask;   // (completion) 1 = train on it; empty = all ones
+  std::vector<float> old_logprobs;      // (completion) recorded at generation; empty = recomputed before the first update
+  std::vector<float> ref_logprobs;      // (completion) reference policy; needed when beta != 0
+  float advantage = 0;                  // from compute_advantages (unused by SFT)
+  bool truncated = false;               // hit max_completion_length without EOS
+};
+
+struct StepMetrics {
+  LossSummary loss;        // summed over all optimizer steps of this call, means per token
+  double grad_norm = 0;    // mean over optimizer steps of the norm before clipping
+  double lr = 0;           // learning rate of the last optimizer step
+  int optimizer_steps = 0;
+  double tokens = 0;       // completion tokens trained on (all ranks, all passes)
+  double tokens_per_s = 0;
+  double wall_s = 0;
+  Stats advantages;        // over the batch's samples
+};
+
+// The packing of samples into one PackedBatch: position t predicts targets[t]; mask, old and ref
+// log-probs are laid out per position (completion token j of a sample sits at P - 1 + j).
+struct PackedMicroBatch {
+  policy::PackedBatch batch;
+  std::vector<float> mask, logp_old, logp_ref, advantages;  // (T) (T) (T) (S)
+  bool has_old = false, has_ref = false;
+};
+Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples, bool mask_truncated);
+
+// Split of `n` samples (lengths in tokens) into micro-batches: consecutive runs of at most
+// micro_batch_size samples (0 = one run), or, with max_tokens > 0, greedy runs whose total length
+// fits the budget (a longer sample goes alone). Returns the run boundaries (size = runs + 1).
+std::vector<int> split_micro_batches(const std::vector<int>& lengths, int micro_batch_size, int max_tokens);
+
+// Per-token log-probs of each completion under `model` (forward only), with the temperature.
+Result<std::vector<std::vector<float>>> compute_completion_logprobs(PolicyModel& model, const std::vector<Sample>& samples,
+                                                                    float temperature, int max_tokens_per_batch = 4096);
+
+class Trainer {
+ public:
+  Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& comm);
+
+  // One generation batch, the same (global order) on every rank: rank r trains on its shard of each
+  // mini-batch. GRPO or SFT per cfg.phase. Errors name the sample and field at fault.
+  Result<StepMetrics> train_step(const std::vector<Sample>& batch);
+
+  AdamW& optimizer() { return opt_; }
+  const AdamW& optimizer() const { return opt_; }
+  PolicyModel& model() { return model_; }
+  const LearnerConfig& config() const { return cfg_; }
+  // The trainer's own state for checkpoints: optimizer step count and RNG.
+  nlohmann::json state_json() const;
+  Status load_state_json(const nlohmann::json& j);
+
+ private:
+  Status check_sample(const Sample& s, size_t index) const;
+  Result<LossMetrics> run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm);
+
+  PolicyModel& model_;
+  LearnerConfig cfg_;
+  Communicator& comm_;
+  AdamW opt_;
+  std::mt19937_64 rng_;
+  std::vector<float> logp_, entropy_, dlogp_, dentropy_;  // (T) scratch of one micro-batch
+};
+
+}  // namespace troupe::learner

@@ -1,0 +1,263 @@
+// Trainer (see trainer.h). Every rank walks the same global batch in the same order (same RNG),
+// so mini-batch boundaries and global normalisers agree without communication; the only
+// collectives per optimizer step are one all-reduce of the flat gradient buffer (and one of the
+// metric sums per call).
+#include "troupe/learner/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <sstream>
+#include <string>
+
+namespace troupe::learner {
+
+namespace {
+std::string sample_name(size_t i) { return "learner: sample " + std::to_string(i); }
+}  // namespace
+
+Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples, bool mask_truncated) {
+  PackedMicroBatch out;
+  auto& b = out.batch;
+  b.cu_seqlens.push_back(0);
+  out.has_old = !samples.empty() && !samples[0]->old_logprobs.empty();
+  out.has_ref = !samples.empty() && !samples[0]->ref_logprobs.empty();
+  for (const Sample* s : samples) {
+    const size_t P = s->prompt.size(), C = s->completion.size();
+    if (P < 1 || C < 1) return invalid_input("learner: a sample needs >= 1 prompt and >= 1 completion token");
+    if (s->old_logprobs.empty() == out.has_old || s->ref_logprobs.empty() == out.has_ref)
+      return invalid_input("learner: old/ref log-probs must be given for every sample of a batch or for none");
+    const float keep = (mask_truncated && s->truncated) ? 0.0f : 1.0f;
+    for (size_t t = 0; t + 1 < P + C; ++t) {
+      const int32_t x = t < P ? s->prompt[t] : s->completion[t - P];
+      const int32_t y = t + 1 < P ? s->prompt[t + 1] : s->completion[t + 1 - P];
+      b.tokens.push_back(x);
+      b.targets.push_back(y);
+      const bool completion = t + 1 >= P;
+      const size_t j = t + 1 - P;  // completion index predicted here (valid when `completion`)
+      out.mask.push_back(completion ? keep * (s->completion_mask.empty() ? 1.0f : s->completion_mask[j]) : 0.0f);
+      if (out.has_old) out.logp_old.push_back(completion ? s->old_logprobs[j] : 0.0f);
+      if (out.has_ref) out.logp_ref.push_back(completion ? s->ref_logprobs[j] : 0.0f);
+    }
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+    out.advantages.push_back(s->advantage);
+  }
+  return out;
+}
+
+std::vector<int> split_micro_batches(const std::vector<int>& lengths, int micro_batch_size, int max_tokens) {
+  std::vector<int> cuts{0};
+  const int n = static_cast<int>(lengths.size());
+  if (n == 0) return cuts;
+  if (max_tokens > 0) {
+    int tokens = 0, count = 0;
+    for (int i = 0; i < n; ++i) {
+      if (count > 0 && tokens + lengths[i] > max_tokens) {
+        cuts.push_back(i);
+        tokens = 0;
+        count = 0;
+      }
+      tokens += lengths[i];
+      ++count;
+    }
+    cuts.push_back(n);
+    return cuts;
+  }
+  const int step = micro_batch_size > 0 ? micro_batch_size : n;
+  for (int i = step; i < n; i += step) cuts.push_back(i);
+  cuts.push_back(n);
+  return cuts;
+}
+
+Result<std::vector<std::vector<float>>> compute_completion_logprobs(PolicyModel& model, const std::vector<Sample>& samples,
+                                                                    float temperature, int max_tokens_per_batch) {
+  std::vector<std::vector<float>> out(samples.size());
+  std::vector<int> lengths;
+  for (const auto& s : samples) lengths.push_back(static_cast<int>(s.prompt.size() + s.completion.size()) - 1);
+  auto cuts = split_micro_batches(lengths, 0, max_tokens_per_batch);
+  std::vector<float> logp;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    std::vector<const Sample*> ptrs;
+    std::vector<Sample> bare;  // without log-probs, so packing ignores them
+    bare.reserve(cuts[c + 1] - cuts[c]);
+    for (int i = cuts[c]; i < cuts[c + 1]; ++i) {
+      Sample s;
+      s.prompt = samples[i].prompt;
+      s.completion = samples[i].completion;
+      bare.push_back(std::move(s));
+    }
+    for (auto& s : bare) ptrs.push_back(&s);
+    TROUPE_ASSIGN_OR_RETURN(auto packed, pack_samples(ptrs, false));
+    logp.assign(packed.batch.tokens.size(), 0.0f);
+    TROUPE_TRY(model.forward_train(packed.batch, temperature, logp.data(), nullptr));
+    for (int i = cuts[c]; i < cuts[c + 1]; ++i) {
+      const int s = i - cuts[c];
+      const size_t P = samples[i].prompt.size(), C = samples[i].completion.size();
+      const size_t base = static_cast<size_t>(packed.batch.cu_seqlens[s]) + P - 1;
+      out[i].assign(logp.begin() + static_cast<std::ptrdiff_t>(base), logp.begin() + static_cast<std::ptrdiff_t>(base + C));
+    }
+  }
+  return out;
+}
+
+Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& comm)
+    : model_(model), cfg_(cfg), comm_(comm), opt_(model.params().size()), rng_(cfg.seed) {
+  if (cfg_.loss.loss_scale_factor <= 0) cfg_.loss.loss_scale_factor = static_cast<float>(cfg_.max_completion_length);
+}
+
+Status Trainer::check_sample(const Sample& s, size_t i) const {
+  if (s.prompt.empty()) return invalid_input(sample_name(i) + ": empty prompt");
+  if (s.completion.empty()) return invalid_input(sample_name(i) + ": empty completion");
+  const size_t C = s.completion.size();
+  auto size_ok = [&](const std::vector<float>& v) { return v.empty() || v.size() == C; };
+  if (!size_ok(s.completion_mask))
+    return invalid_input(sample_name(i) + ": completion_mask has " + std::to_string(s.completion_mask.size()) +
+                         " entries for " + std::to_string(C) + " completion tokens");
+  if (!size_ok(s.old_logprobs))
+    return invalid_input(sample_name(i) + ": old_logprobs has " + std::to_string(s.old_logprobs.size()) +
+                         " entries for " + std::to_string(C) + " completion tokens");
+  if (!size_ok(s.ref_logprobs))
+    return invalid_input(sample_name(i) + ": ref_logprobs has " + std::to_string(s.ref_logprobs.size()) +
+                         " entries for " + std::to_string(C) + " completion tokens");
+  if (cfg_.phase == Phase::grpo && cfg_.loss.beta != 0 && s.ref_logprobs.empty())
+    return invalid_input(sample_name(i) + ": beta = " + std::to_string(cfg_.loss.beta) +
+                         " needs ref_logprobs (or set beta: 0)");
+  return {};
+}
+
+Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm) {
+  TROUPE_ASSIGN_OR_RETURN(auto packed, pack_samples(samples, cfg_.batch.mask_truncated_completions));
+  const size_t T = packed.batch.tokens.size();
+  logp_.assign(T, 0.0f);
+  entropy_.assign(T, 0.0f);
+  dlogp_.assign(T, 0.0f);
+  dentropy_.assign(T, 0.0f);
+  TROUPE_TRY(model_.forward_train(packed.batch, cfg_.batch.temperature, logp_.data(), entropy_.data()));
+  TokenBatch tb;
+  tb.T = static_cast<int>(T);
+  tb.S = static_cast<int>(samples.size());
+  tb.cu_seqlens = packed.batch.cu_seqlens.data();
+  tb.mask = packed.mask.data();
+  tb.advantages = packed.advantages.data();
+  tb.logp_old = packed.has_old ? packed.logp_old.data() : nullptr;
+  tb.logp_ref = packed.has_ref ? packed.logp_ref.data() : nullptr;
+  LossMetrics m;
+  if (cfg_.phase == Phase::sft) {
+    TROUPE_ASSIGN_OR_RETURN(m, sft_loss(dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data(), tb, norm));
+  } else {
+    TROUPE_ASSIGN_OR_RETURN(m, grpo_loss_fused(dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data(), tb,
+                                               cfg_.loss, norm));
+  }
+  const bool need_dentropy = cfg_.phase == Phase::grpo && cfg_.loss.entropy_coef != 0;
+  TROUPE_TRY(model_.backward_train(dlogp_.data(), need_dentropy ? dentropy_.data() : nullptr));
+  return m;
+}
+
+Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
+  const auto t_start = std::chrono::steady_clock::now();
+  TROUPE_TRY(validate(cfg_));
+  const size_t N = batch_in.size();
+  const int M = cfg_.batch.num_mini_batches;
+  if (N == 0) return invalid_input("learner: empty batch");
+  if (N < static_cast<size_t>(M))
+    return invalid_input("learner: a batch of " + std::to_string(N) + " samples cannot make num_mini_batches = " +
+                         std::to_string(M));
+  for (size_t i = 0; i < N; ++i) TROUPE_TRY(check_sample(batch_in[i], i));
+  const bool has_old = !batch_in[0].old_logprobs.empty();
+  for (size_t i = 0; i < N; ++i)
+    if (batch_in[i].old_logprobs.empty() == has_old)
+      return invalid_input(sample_name(i) + ": old_logprobs must be given for every sample or for none");
+
+  // Old log-probs: recorded at generation, or recomputed now when the batch is used for more than
+  // one update (otherwise the update is on-policy: old = logp detached, ratio 1).
+  const std::vector<Sample>* batch = &batch_in;
+  std::vector<Sample> with_old;
+  const bool grpo = cfg_.phase == Phase::grpo;
+  if (grpo && !has_old && (cfg_.batch.num_iterations > 1 || M > 1)) {
+    TROUPE_ASSIGN_OR_RETURN(auto old, compute_completion_logprobs(model_, batch_in, cfg_.batch.temperature));
+    with_old = batch_in;
+    for (size_t i = 0; i < N; ++i) with_old[i].old_logprobs = std::move(old[i]);
+    batch = &with_old;
+  }
+  const bool mask_trunc = cfg_.batch.mask_truncated_completions;
+  auto sample_tokens = [&](const Sample& s) {
+    if (mask_trunc && s.truncated) return 0.0;
+    if (s.completion_mask.empty()) return static_cast<double>(s.completion.size());
+    return std::accumulate(s.completion_mask.begin(), s.completion_mask.end(), 0.0);
+  };
+
+  std::vector<size_t> order(N);
+  std::iota(order.begin(), order.end(), size_t{0});
+  StepMetrics out;
+  LossMetrics sums;
+  double norm_sum = 0;
+  const int W = comm_.size(), r = comm_.rank();
+  for (int it = 0; it < cfg_.batch.num_iterations; ++it) {
+    if (cfg_.batch.shuffle) std::shuffle(order.begin(), order.end(), rng_);
+    for (int k = 0; k < M; ++k) {
+      const size_t mb0 = N * k / M, mb1 = N * (k + 1) / M, n = mb1 - mb0;
+      LossNorm norm;
+      norm.num_seqs = static_cast<double>(n);
+      for (size_t i = mb0; i < mb1; ++i) norm.num_tokens += sample_tokens((*batch)[order[i]]);
+      norm.num_tokens = std::max(norm.num_tokens, 1.0);  // an all-masked mini-batch trains on nothing
+      const size_t s0 = mb0 + n * r / W, s1 = mb0 + n * (r + 1) / W;
+      std::vector<int> lengths;
+      for (size_t i = s0; i < s1; ++i) {
+        const Sample& s = (*batch)[order[i]];
+        lengths.push_back(static_cast<int>(s.prompt.size() + s.completion.size()) - 1);
+      }
+      const auto cuts = split_micro_batches(lengths, cfg_.batch.micro_batch_size, cfg_.batch.max_tokens_per_micro_batch);
+      model_.zero_grads();
+      for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+        std::vector<const Sample*> mb;
+        for (int i = cuts[c]; i < cuts[c + 1]; ++i) mb.push_back(&(*batch)[order[s0 + i]]);
+        TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm));
+        sums.add(m);
+      }
+      auto grads = model_.grads();
+      TROUPE_TRY(comm_.allreduce_sum(grads));
+      norm_sum += clip_grad_norm(grads, cfg_.optimizer.max_grad_norm);
+      out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
+      TROUPE_TRY(opt_.step(model_.params(), grads, cfg_.optimizer, out.lr));
+      ++out.optimizer_steps;
+    }
+  }
+  double v[10] = {sums.loss, sums.pg_loss, sums.kl_loss, sums.tokens, sums.kl_sum, sums.clip_low_sum,
+                  sums.clip_high_sum, sums.dual_clip_sum, sums.entropy_sum, sums.ratio_sum};
+  TROUPE_TRY(comm_.allreduce_sum(std::span<double>(v, 10)));
+  LossMetrics total{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
+  out.loss = finalize(total);
+  const double steps = std::max(out.optimizer_steps, 1);
+  out.loss.loss /= steps;
+  out.loss.pg_loss /= steps;
+  out.loss.kl_loss /= steps;
+  out.grad_norm = norm_sum / steps;
+  out.tokens = total.tokens;
+  std::vector<float> adv;
+  for (const auto& s : batch_in) adv.push_back(s.advantage);
+  out.advantages = stats_of(adv);
+  out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  out.tokens_per_s = out.wall_s > 0 ? out.tokens / out.wall_s : 0.0;
+  return out;
+}
+
+nlohmann::json Trainer::state_json() const {
+  std::ostringstream rng;
+  rng << rng_;
+  return {{"optimizer_steps", opt_.steps()}, {"rng_mt19937_64", rng.str()}};
+}
+
+Status Trainer::load_state_json(const nlohmann::json& j) {
+  if (!j.contains("optimizer_steps") || !j["optimizer_steps"].is_number_integer() || !j.contains("rng_mt19937_64") ||
+      !j["rng_mt19937_64"].is_string())
+    return invalid_input("learner: trainer state needs integer optimizer_steps and string rng_mt19937_64");
+  std::istringstream rng(j["rng_mt19937_64"].get<std::string>());
+  std::mt19937_64 r;
+  rng >> r;
+  if (rng.fail()) return invalid_input("learner: trainer state: rng_mt19937_64 is not an mt19937_64 state");
+  rng_ = r;
+  opt_.set_steps(j["optimizer_steps"].get<int64_t>());
+  return {};
+}
+
+}  // namespace troupe::learner
