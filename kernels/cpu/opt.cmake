@@ -1,5 +1,6 @@
 # MoE routing (grouped + masked loop) and activation offload engine (owned by the optimizations work).
 target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/moe.cpp)
+target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/offload.cpp)
 if(TROUPE_BUILD_TESTS)
   # One binary, several ctest names (kernels.moe_*), each a gtest filter.
   troupe_add_test(NAME kernels.moe_grouped_vs_masked TARGET kernels_moe_test
@@ -9,4 +10,9 @@ if(TROUPE_BUILD_TESTS)
                   ARGS --gtest_filter=Moe.EachTokenReachesItsTopK:Moe.TopKTiesGoToLowerIndex:Moe.ZeroTokens)
   troupe_add_test(NAME kernels.moe_permute_roundtrip TARGET kernels_moe_test ARGS --gtest_filter=Moe.PermuteUnpermuteRoundTrip)
   troupe_add_test(NAME kernels.moe_gradcheck TARGET kernels_moe_test ARGS --gtest_filter=Moe.FiniteDifferenceGradient)
+endif()
+if(TROUPE_BUILD_TESTS)
+  troupe_add_test(NAME kernels.offload_copy_engine TARGET kernels_offload_test
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/offload.test.cpp LIBS troupe::kernels ARGS --gtest_filter=CopyEngine.*)
+  troupe_add_test(NAME kernels.offload_protocol TARGET kernels_offload_test ARGS --gtest_filter=Offload.*)
 endif()
