@@ -1,15 +1,102 @@
-// `troupe report RUN_DIR`: writes RUN_DIR/report.png (reward and eval accuracy by step).
-#include <memory>
+// `troupe report RUN_DIR`: writes RUN_DIR/report.png (reward and eval accuracy by step) with
+// matplotlib, run through troupe::python_executable() (posix_spawn, no shell).
+#include <spawn.h>
+#include <sys/wait.h>
 
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "troupe/base/build_config.h"
 #include "troupe/launch/commands.h"
 
+extern char** environ;
+
 namespace troupe::launch {
+namespace {
+
+// argv[1] = metrics.jsonl, argv[2] = output png
+const char* kPlotScript = R"PY(
+import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = []
+with open(sys.argv[1]) as f:
+    for n, line in enumerate(f, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as e:
+            sys.stderr.write("%s:%d: error: not a JSON object: %s\n" % (sys.argv[1], n, e))
+            sys.exit(2)
+train = [r for r in rows if "eval_accuracy" not in r and "reward_mean" in r and r["reward_mean"] is not None]
+sft = [r for r in rows if "eval_accuracy" not in r and r.get("phase") == "sft" and "loss" in r]
+evals = [r for r in rows if "eval_accuracy" in r]
+fig, axes = plt.subplots(1, 3 if sft else 2, figsize=(15 if sft else 11, 4))
+ax = axes[0]
+for phase, color in (("grpo", "tab:blue"), ("sft", "tab:gray")):
+    pts = [(r["step"], r["reward_mean"]) for r in train if r.get("phase") == phase]
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, label=phase + " reward_mean")
+ax.set_xlabel("step"); ax.set_ylabel("reward"); ax.set_title("training reward"); ax.grid(alpha=0.3)
+if train: ax.legend()
+ax = axes[1]
+for phase, marker in (("sft", "s"), ("grpo", "o")):
+    pts = [(r["step"], r["eval_accuracy"]) for r in evals if r.get("phase") == phase]
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=phase + " eval_accuracy")
+ax.set_xlabel("step"); ax.set_ylabel("held-out accuracy (greedy)"); ax.set_ylim(-0.02, 1.02)
+ax.set_title("evaluation"); ax.grid(alpha=0.3)
+if evals: ax.legend()
+if sft:
+    ax = axes[2]
+    ax.plot([r["step"] for r in sft], [r["loss"] for r in sft], color="tab:gray")
+    ax.set_xlabel("step"); ax.set_ylabel("loss"); ax.set_title("SFT loss"); ax.grid(alpha=0.3)
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=100)
+print(sys.argv[2])
+)PY";
+
+int run_report(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::string metrics = dir + "/metrics.jsonl";
+  if (!fs::exists(metrics)) {
+    std::fprintf(stderr, "troupe: error: %s: no metrics.jsonl in this run directory\n", dir.c_str());
+    return 2;
+  }
+  std::string out = dir + "/report.png";
+  std::string py = python_executable();
+  std::vector<std::string> args = {py, "-c", kPlotScript, metrics, out};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, py.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    std::fprintf(stderr, "troupe: error: cannot start %s (set TROUPE_PYTHON to a Python with matplotlib)\n",
+                 py.c_str());
+    return 1;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "troupe: error: plotting %s failed (exit %d)\n", metrics.c_str(),
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 2 ? 2 : 1;
+  }
+  return 0;
+}
+
+}  // namespace
 
 Command add_report_command(CLI::App& root) {
   auto dir = std::make_shared<std::string>();
   auto* app = root.add_subcommand("report", "Plot reward and eval accuracy of a run to RUN_DIR/report.png");
   app->add_option("run_dir", *dir, "Run directory")->required();
-  return {app, [dir]() { return report_error(make_error(ErrorCode::internal, "troupe report is not implemented yet")); }};
+  return {app, [dir]() { return run_report(*dir); }};
 }
 
 }  // namespace troupe::launch

@@ -2,7 +2,10 @@
 #include <memory>
 #include <vector>
 
+#include <cstdio>
+
 #include "troupe/launch/commands.h"
+#include "troupe/launch/config.h"
 
 namespace troupe::launch {
 
@@ -21,10 +24,28 @@ Command add_run_command(CLI::App& root) {
 }
 
 Command add_validate_command(CLI::App& root) {
-  auto config = std::make_shared<std::string>();
+  struct Opts {
+    std::string config;
+    std::vector<std::string> sets;
+    bool print = false;
+  };
+  auto o = std::make_shared<Opts>();
   auto* app = root.add_subcommand("validate", "Check an experiment YAML without running it");
-  app->add_option("config", *config, "Experiment YAML")->required();
-  return {app, [config]() { return report_error(make_error(ErrorCode::internal, "troupe validate is not implemented yet")); }};
+  app->add_option("config", o->config, "Experiment YAML")->required();
+  app->add_option("--set", o->sets, "Override a key: --set grpo.max_steps=10 (repeatable)");
+  app->add_flag("--print", o->print, "Print the resolved config (every key) on stdout");
+  return {app, [o]() {
+            auto loaded = load_config(o->config, o->sets);
+            if (!loaded.ok()) {
+              std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
+              return 2;
+            }
+            if (o->print)
+              std::fputs(resolved_yaml(loaded->config).c_str(), stdout);
+            else
+              std::printf("%s: ok\n", o->config.c_str());
+            return 0;
+          }};
 }
 
 Command add_eval_command(CLI::App& root) {

@@ -1,0 +1,154 @@
+// One experiment, as the YAML file describes it, after validation: what every role is told.
+// Defaults live here (the field initializers); launch/config_schema.cpp names every field with
+// its YAML path, range and description, so the schema and these structs cannot drift apart.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "troupe/policy/model_config.h"
+
+namespace troupe::actors {
+
+struct RunSection {
+  std::string dir = "runs/default";  // run directory (metrics, checkpoints, resolved config)
+  std::string name = "troupe";
+  int seed = 1;
+  double max_wall_s = 0;  // stop the run after this many seconds (0 = no limit)
+};
+
+struct PolicySection {
+  policy::ModelConfig model;
+  std::string path;               // start from this model directory ("" = fresh initialization)
+  std::string tokenizer = "char";  // char | byte | auto (from the model directory)
+  float init_std = 0.02f;
+};
+
+struct SftSection {
+  bool enabled = false;
+  int max_steps = 0;
+  int batch_size = 32;  // prompt/completion pairs per step
+  float lr = 0;         // 0 = optimizer.lr
+};
+
+struct GrpoSection {
+  bool enabled = true;
+  int max_steps = 10;
+  int num_iterations = 1;       // optimization passes over one generation batch (PPO epochs)
+  int micro_batch_tokens = 0;   // token budget per micro-batch (0 = one micro-batch)
+  std::string adv_estimator = "grpo";   // grpo | rloo | reinforce_pp
+  std::string scale_rewards = "group";  // group | batch | none
+  float reward_clip = 0;                // clip rewards to [-c, c] (0 = off)
+  bool dynamic_sampling = false;        // drop groups whose rewards are all equal
+  bool mask_truncated = false;          // no loss on completions cut at max_response_length
+};
+
+struct LossSection {
+  float clip_low = 0.2f;
+  float clip_high = 0.2f;
+  float dual_clip = 0;       // 0 = off, else c > 1
+  float kl_coef = 0;         // beta; 0 = no reference policy at all
+  std::string kl_type = "k3";  // k1 | k2 | k3
+  float kl_input_clamp = 20;
+  float kl_output_clamp = 10;
+  float entropy_coef = 0;
+  std::string agg_mode = "token-mean";  // token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+  int agg_norm_length = 0;              // constant for seq-mean-token-sum-norm (0 = max_response_length)
+  bool sequence_level_ratio = false;    // GSPO
+};
+
+struct OptimizerSection {
+  std::string name = "adamw";
+  float lr = 1e-3f;
+  float weight_decay = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float max_grad_norm = 1.0f;  // 0 = no clipping
+  int warmup_steps = 0;
+  std::string schedule = "constant";  // constant | cosine
+  float min_lr_ratio = 0;
+};
+
+struct EnvSpec {
+  std::string name;                // label in metrics (reward_mean/<name>); builtin id by default
+  std::string type = "builtin";    // builtin | plugin | remote
+  std::string env;                 // builtin id ("" = name)
+  std::string path;                // plugin: path of the .so
+  std::string command;             // remote: command line that starts the env server
+  std::string address;             // remote: address of a running env server
+  double weight = 1;               // share of the prompts drawn from this env
+  int instances = 4;               // env instances per env worker
+  double timeout_s = 10;           // per call
+  nlohmann::json config = nlohmann::json::object();  // passed to the env as is
+  const std::string& env_id() const { return env.empty() ? name : env; }
+};
+
+struct RolloutSection {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  int max_prompt_length = 64;    // tokens; longer prompts are cut from the left (recorded)
+  int max_response_length = 32;  // tokens per turn; longer responses are truncated (recorded)
+  int num_generations = 8;       // G
+  int prompts_per_step = 8;
+  std::vector<std::string> stop;  // stop strings (besides EOS)
+  std::string template_name = "plain";  // plain | chat
+  std::string system_prompt;
+  int max_turns = 1;
+  bool async = false;
+  int max_staleness = 1;
+  std::string stale_policy = "drop";  // drop | importance_weight
+};
+
+struct ClusterSection {
+  int learners = 1;
+  int generators = 1;
+  int env_workers = 1;
+  std::string transport = "ipc";  // ipc | tcp (between ranks; one process always uses inproc)
+  std::string bind_host = "127.0.0.1";
+  double heartbeat_s = 1.0;
+  double peer_timeout_s = 30.0;
+  int threads = 0;  // compute threads per rank (0 = all cores / ranks on the node)
+};
+
+struct CheckpointSection {
+  bool enabled = true;
+  int every = 0;        // steps (0 = at the end of each phase only)
+  int keep_last = 2;
+  std::string keep_best_by;  // metric name, e.g. eval_accuracy ("" = off)
+  bool higher_is_better = true;
+};
+
+struct LoggerSection {
+  bool tensorboard = true;
+  std::string progress = "auto";  // auto | tty | plain | off
+  bool trajectories = true;       // write trajectories/*.jsonl
+  int trajectories_per_step = 8;  // at most this many per step are written
+};
+
+struct EvalSection {
+  int every = 0;          // steps (0 = only at the end of each phase)
+  int num_prompts = 64;   // held-out prompts per env
+  bool at_start = false;  // evaluate before training, too
+};
+
+struct ExperimentConfig {
+  RunSection run;
+  PolicySection policy;
+  SftSection sft;
+  GrpoSection grpo;
+  LossSection loss;
+  OptimizerSection optimizer;
+  std::vector<EnvSpec> envs;
+  RolloutSection rollout;
+  ClusterSection cluster;
+  CheckpointSection checkpointing;
+  LoggerSection logger;
+  EvalSection eval;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,606 @@
+// Loading an experiment YAML against the schema: a text pre-pass (tabs), yaml-cpp parse, a
+// duplicate-key pass (yaml-cpp keeps both entries silently), a typed walk, --set overrides, then
+// cross-key checks. Every problem becomes a ConfigError with FILE:LINE:COL; all are reported at once.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "troupe/launch/config.h"
+
+namespace troupe::launch {
+
+using actors::EnvSpec;
+using actors::ExperimentConfig;
+
+std::string ConfigError::format() const {
+  std::ostringstream o;
+  if (line > 0)
+    o << file << ":" << line << ":" << column << ": error: ";
+  else
+    o << file << ": error: ";
+  if (!key.empty()) o << key << ": ";
+  o << message;
+  return o.str();
+}
+
+std::pair<int, int> LoadedConfig::mark_of(const std::string& key) const {
+  for (const auto& [k, m] : marks)
+    if (k == key) return m;
+  return {0, 0};
+}
+
+int edit_distance(const std::string& a, const std::string& b) {
+  std::vector<int> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = static_cast<int>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = static_cast<int>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      int sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+namespace {
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The closest of `candidates` to `word`, if it is close enough to be a likely typo.
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  int best_d = 1 << 30;
+  for (const auto& c : candidates) {
+    int d = edit_distance(lower(word), lower(c));
+    if (d < best_d) best_d = d, best = c;
+  }
+  int allowed = std::max<int>(2, static_cast<int>(word.size()) / 3);
+  return best_d <= allowed ? best : std::string();
+}
+
+std::string node_kind(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Null: return "nothing (null)";
+    default: return "'" + n.Scalar() + "'";
+  }
+}
+
+bool quoted(const YAML::Node& n) { return n.Tag() == "!"; }
+
+class Loader {
+ public:
+  Loader(std::string file) : file_(std::move(file)) {}
+
+  std::vector<ConfigError> errors;
+  std::vector<std::pair<std::string, std::pair<int, int>>> marks;
+
+  void error(const YAML::Mark& m, std::string key, std::string message) {
+    errors.push_back({file_, m.is_null() ? 0 : m.line + 1, m.is_null() ? 0 : m.column + 1, std::move(key),
+                      std::move(message)});
+  }
+
+  // Tabs anywhere in indentation are errors (YAML forbids them; yaml-cpp's message is cryptic).
+  bool check_tabs(const std::string& text) {
+    int line = 1;
+    size_t i = 0;
+    bool ok = true;
+    while (i <= text.size()) {
+      size_t end = text.find('\n', i);
+      if (end == std::string::npos) end = text.size();
+      for (size_t j = i; j < end; ++j) {
+        char c = text[j];
+        if (c == ' ' || c == '-') continue;  // "- " list markers are part of the indentation
+        if (c == '\t') {
+          errors.push_back({file_, line, static_cast<int>(j - i) + 1, "",
+                            "tab character in indentation; YAML indents with spaces only"});
+          ok = false;
+        }
+        break;
+      }
+      ++line;
+      i = end + 1;
+    }
+    return ok;
+  }
+
+  // yaml-cpp keeps every entry of a mapping with a repeated key and returns the first on lookup.
+  void check_duplicates(const YAML::Node& n, const std::string& path) {
+    if (n.IsMap()) {
+      std::map<std::string, YAML::Mark> seen;
+      for (auto it = n.begin(); it != n.end(); ++it) {
+        std::string k = it->first.IsScalar() ? it->first.Scalar() : "?";
+        std::string full = path.empty() ? k : path + "." + k;
+        auto [pos, fresh] = seen.emplace(k, it->first.Mark());
+        if (!fresh)
+          error(it->first.Mark(), full,
+                "duplicate key (first defined at line " + std::to_string(pos->second.line + 1) + ")");
+        check_duplicates(it->second, full);
+      }
+    } else if (n.IsSequence()) {
+      for (size_t i = 0; i < n.size(); ++i) check_duplicates(n[i], path + "[" + std::to_string(i) + "]");
+    }
+  }
+
+  // Parses a scalar into the field, checking type, range and allowed values.
+  template <class Root>
+  void assign(const KeySpec<Root>& spec, Root& root, const YAML::Node& v, const YAML::Mark& m,
+              const std::string& key) {
+    FieldRef f = spec.field(root);
+    auto expect = [&](const std::string& what) { error(m, key, "expected " + what + ", got " + node_kind(v)); };
+    switch (spec.type) {
+      case KeyType::boolean: {
+        if (!v.IsScalar() || quoted(v)) return expect("true or false");
+        std::string s = lower(v.Scalar());
+        if (s == "true" || s == "yes" || s == "on")
+          *std::get<bool*>(f) = true;
+        else if (s == "false" || s == "no" || s == "off")
+          *std::get<bool*>(f) = false;
+        else
+          expect("true or false");
+        return;
+      }
+      case KeyType::integer: {
+        long long x = 0;
+        if (!parse_int(v, x)) return expect("an integer");
+        if (!in_range(spec, static_cast<double>(x), m, key)) return;
+        *std::get<int*>(f) = static_cast<int>(x);
+        return;
+      }
+      case KeyType::number: {
+        double x = 0;
+        if (!parse_number(v, x)) return expect("a number");
+        if (!in_range(spec, x, m, key)) return;
+        if (auto* p = std::get_if<float*>(&f))
+          **p = static_cast<float>(x);
+        else
+          *std::get<double*>(f) = x;
+        return;
+      }
+      case KeyType::string: {
+        std::string s;
+        if (v.IsNull())
+          s = "";
+        else if (v.IsScalar())
+          s = v.Scalar();
+        else
+          return expect("a string");
+        if (!spec.choices.empty() &&
+            std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
+          std::string all;
+          for (const auto& c : spec.choices) all += (all.empty() ? "" : ", ") + c;
+          std::string near = nearest(s, spec.choices);
+          error(m, key, "'" + s + "' is not one of: " + all + (near.empty() ? "" : "; did you mean '" + near + "'?"));
+          return;
+        }
+        *std::get<std::string*>(f) = s;
+        return;
+      }
+      case KeyType::int_list: {
+        if (!v.IsSequence() && !v.IsNull()) return expect("a list of integers");
+        std::vector<int> out;
+        for (size_t i = 0; v.IsSequence() && i < v.size(); ++i) {
+          long long x = 0;
+          std::string ik = key + "[" + std::to_string(i) + "]";
+          if (!parse_int(v[i], x)) {
+            error(v[i].Mark(), ik, "expected an integer, got " + node_kind(v[i]));
+            return;
+          }
+          if (!in_range(spec, static_cast<double>(x), v[i].Mark(), ik)) return;
+          out.push_back(static_cast<int>(x));
+        }
+        *std::get<std::vector<int>*>(f) = out;
+        return;
+      }
+      case KeyType::string_list: {
+        if (!v.IsSequence() && !v.IsNull()) return expect("a list of strings");
+        std::vector<std::string> out;
+        for (size_t i = 0; v.IsSequence() && i < v.size(); ++i) {
+          if (!v[i].IsScalar()) {
+            error(v[i].Mark(), key + "[" + std::to_string(i) + "]", "expected a string, got " + node_kind(v[i]));
+            return;
+          }
+          out.push_back(v[i].Scalar());
+        }
+        *std::get<std::vector<std::string>*>(f) = out;
+        return;
+      }
+      case KeyType::mapping: {
+        if (!v.IsMap() && !v.IsNull()) return expect("a mapping");
+        *std::get<nlohmann::json*>(f) = v.IsNull() ? nlohmann::json::object() : to_json(v);
+        return;
+      }
+    }
+  }
+
+  static bool parse_int(const YAML::Node& v, long long& out) {
+    if (!v.IsScalar() || quoted(v)) return false;
+    const std::string& s = v.Scalar();
+    const char* b = s.data();
+    const char* e = s.data() + s.size();
+    if (b != e && *b == '+') ++b;
+    auto [p, ec] = std::from_chars(b, e, out);
+    return ec == std::errc() && p == e && b != e;
+  }
+
+  static bool parse_number(const YAML::Node& v, double& out) {
+    if (!v.IsScalar() || quoted(v)) return false;
+    const std::string& s = v.Scalar();
+    if (s.empty()) return false;
+    char* end = nullptr;
+    out = std::strtod(s.c_str(), &end);
+    return end == s.c_str() + s.size() && std::isfinite(out);
+  }
+
+  template <class Root>
+  bool in_range(const KeySpec<Root>& spec, double x, const YAML::Mark& m, const std::string& key) {
+    if (spec.min && (x < *spec.min || x > *spec.max)) {
+      std::ostringstream o;
+      o << "value " << x << " is outside the documented range " << *spec.min << " .. " << *spec.max;
+      error(m, key, o.str());
+      return false;
+    }
+    return true;
+  }
+
+  static nlohmann::json to_json(const YAML::Node& n) {
+    if (n.IsMap()) {
+      nlohmann::json j = nlohmann::json::object();
+      for (auto it = n.begin(); it != n.end(); ++it) j[it->first.Scalar()] = to_json(it->second);
+      return j;
+    }
+    if (n.IsSequence()) {
+      nlohmann::json j = nlohmann::json::array();
+      for (const auto& e : n) j.push_back(to_json(e));
+      return j;
+    }
+    if (n.IsNull()) return nullptr;
+    if (quoted(n)) return n.Scalar();
+    long long i = 0;
+    double d = 0;
+    if (parse_int(n, i)) return i;
+    if (parse_number(n, d)) return d;
+    std::string s = lower(n.Scalar());
+    if (s == "true") return true;
+    if (s == "false") return false;
+    return n.Scalar();
+  }
+
+  // Sibling names under `prefix` (for suggestions) and whether `path` is a section.
+  static std::vector<std::string> children(const std::string& prefix) {
+    std::set<std::string> out;
+    for (const auto& k : config_schema()) {
+      if (prefix.empty() || k.path.rfind(prefix + ".", 0) == 0) {
+        std::string rest = prefix.empty() ? k.path : k.path.substr(prefix.size() + 1);
+        out.insert(rest.substr(0, rest.find('.')));
+      }
+    }
+    return {out.begin(), out.end()};
+  }
+
+  void unknown_key(const YAML::Mark& m, const std::string& prefix, const std::string& name,
+                   const std::vector<std::string>& siblings) {
+    std::string full = prefix.empty() ? name : prefix + "." + name;
+    std::string near = nearest(name, siblings);
+    std::string msg = "unknown key";
+    if (!near.empty()) {
+      msg += "; did you mean '" + (prefix.empty() ? near : prefix + "." + near) + "'?";
+    } else {
+      // the right name in the wrong section, e.g. grpo.temperature
+      for (const auto& k : config_schema()) {
+        if (k.path.size() > name.size() && k.path.compare(k.path.size() - name.size(), name.size(), name) == 0 &&
+            k.path[k.path.size() - name.size() - 1] == '.') {
+          msg += "; '" + name + "' is a key of '" + k.path + "'";
+          break;
+        }
+      }
+      if (msg == "unknown key") {
+        std::string all;
+        for (const auto& s : siblings) all += (all.empty() ? "" : ", ") + s;
+        msg += (prefix.empty() ? "; sections are: " : "; keys here are: ") + all;
+      }
+    }
+    error(m, full, msg);
+  }
+
+  void walk_map(const YAML::Node& n, const std::string& prefix, ExperimentConfig& cfg) {
+    auto sibs = children(prefix);
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const YAML::Node& kn = it->first;
+      const YAML::Node& vn = it->second;
+      if (!kn.IsScalar()) {
+        error(kn.Mark(), prefix, "keys must be plain names");
+        continue;
+      }
+      std::string name = kn.Scalar();
+      std::string full = prefix.empty() ? name : prefix + "." + name;
+      marks.push_back({full, {kn.Mark().line + 1, kn.Mark().column + 1}});
+      if (full == "envs") {
+        walk_envs(vn, cfg);
+        continue;
+      }
+      const KeySpec<ExperimentConfig>* leaf = nullptr;
+      for (const auto& k : config_schema())
+        if (k.path == full) leaf = &k;
+      if (leaf) {
+        assign(*leaf, cfg, vn, vn.Mark().is_null() ? kn.Mark() : vn.Mark(), full);
+        continue;
+      }
+      if (std::find(sibs.begin(), sibs.end(), name) != sibs.end()) {  // a section
+        if (vn.IsNull()) continue;
+        if (!vn.IsMap()) {
+          error(vn.Mark(), full, "expected a mapping (a section), got " + node_kind(vn));
+          continue;
+        }
+        walk_map(vn, full, cfg);
+        continue;
+      }
+      unknown_key(kn.Mark(), prefix, name, sibs);
+    }
+  }
+
+  void walk_envs(const YAML::Node& n, ExperimentConfig& cfg) {
+    if (n.IsNull()) return;
+    if (!n.IsSequence()) {
+      error(n.Mark(), "envs", "expected a list of env entries (- name: ...), got " + node_kind(n));
+      return;
+    }
+    cfg.envs.clear();
+    std::vector<std::string> names;
+    for (const auto& k : env_entry_schema()) names.push_back(k.path);
+    for (size_t i = 0; i < n.size(); ++i) {
+      YAML::Node e = n[i];
+      std::string pre = "envs[" + std::to_string(i) + "]";
+      EnvSpec spec;
+      if (!e.IsMap()) {
+        error(e.Mark(), pre, "expected a mapping with name, type, ..., got " + node_kind(e));
+        continue;
+      }
+      marks.push_back({pre, {e.Mark().line + 1, e.Mark().column + 1}});
+      for (auto it = e.begin(); it != e.end(); ++it) {
+        std::string name = it->first.Scalar();
+        std::string full = pre + "." + name;
+        marks.push_back({full, {it->first.Mark().line + 1, it->first.Mark().column + 1}});
+        const KeySpec<EnvSpec>* leaf = nullptr;
+        for (const auto& k : env_entry_schema())
+          if (k.path == name) leaf = &k;
+        if (!leaf) {
+          std::string near = nearest(name, names);
+          std::string all;
+          for (const auto& s : names) all += (all.empty() ? "" : ", ") + s;
+          error(it->first.Mark(), full,
+                "unknown key" + (near.empty() ? "; env entries take: " + all : "; did you mean '" + pre + "." + near + "'?"));
+          continue;
+        }
+        assign(*leaf, spec, it->second, it->second.Mark().is_null() ? it->first.Mark() : it->second.Mark(), full);
+      }
+      cfg.envs.push_back(std::move(spec));
+    }
+  }
+
+  // --set PATH=VALUE, typed by the schema. PATH may index envs: envs[0].weight or envs.0.weight.
+  void apply_override(const std::string& text, ExperimentConfig& cfg) {
+    std::string file_before = file_;
+    file_ = "--set " + text;
+    apply_override_inner(text, cfg);
+    file_ = file_before;
+  }
+
+  void apply_override_inner(const std::string& text, ExperimentConfig& cfg) {
+    YAML::Mark none = YAML::Mark::null_mark();
+    auto eq = text.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      error(none, "", "expected --set key.path=value");
+      return;
+    }
+    std::string path = text.substr(0, eq);
+    std::string value = text.substr(eq + 1);
+    YAML::Node v;
+    try {
+      v = YAML::Load(value);
+    } catch (const YAML::Exception& e) {
+      error(none, path, "cannot parse the value '" + value + "': " + e.msg);
+      return;
+    }
+    if (value.empty()) v = YAML::Node(YAML::NodeType::Null);
+    // normalize envs.N.key -> envs[N].key
+    if (path.rfind("envs.", 0) == 0) {
+      auto dot = path.find('.', 5);
+      path = "envs[" + path.substr(5, dot == std::string::npos ? std::string::npos : dot - 5) + "]" +
+             (dot == std::string::npos ? "" : path.substr(dot));
+    }
+    if (path.rfind("envs[", 0) == 0) {
+      auto close = path.find(']');
+      long long idx = -1;
+      std::string digits = close == std::string::npos ? "" : path.substr(5, close - 5);
+      auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), idx);
+      if (ec != std::errc() || p != digits.data() + digits.size() || idx < 0 || close + 1 >= path.size() ||
+          path[close + 1] != '.') {
+        error(none, path, "expected envs[N].key (N an index)");
+        return;
+      }
+      if (static_cast<size_t>(idx) > cfg.envs.size()) {
+        error(none, path, "there are only " + std::to_string(cfg.envs.size()) + " envs (index " +
+                              std::to_string(idx) + " would leave a gap)");
+        return;
+      }
+      if (static_cast<size_t>(idx) == cfg.envs.size()) cfg.envs.emplace_back();
+      EnvSpec& spec = cfg.envs[idx];
+      std::string rest = path.substr(close + 2);
+      std::string head = rest.substr(0, rest.find('.'));
+      if (head == "config" && rest.size() > 6) {  // envs[0].config.difficulty=3
+        nlohmann::json* j = &spec.config;
+        std::stringstream ss(rest.substr(7));
+        for (std::string part; std::getline(ss, part, '.');) j = &(*j)[part];
+        *j = v.IsNull() ? nlohmann::json(nullptr) : to_json(v);
+        return;
+      }
+      for (const auto& k : env_entry_schema()) {
+        if (k.path == rest) {
+          assign(k, spec, v, none, path);
+          return;
+        }
+      }
+      std::vector<std::string> names;
+      for (const auto& k : env_entry_schema()) names.push_back(k.path);
+      std::string near = nearest(rest, names);
+      error(none, path, "unknown key" + (near.empty() ? "" : "; did you mean 'envs[" + std::to_string(idx) + "]." + near + "'?"));
+      return;
+    }
+    for (const auto& k : config_schema()) {
+      if (k.path == path && path != "envs") {
+        assign(k, cfg, v, none, path);
+        return;
+      }
+    }
+    std::vector<std::string> all;
+    for (const auto& k : config_schema()) all.push_back(k.path);
+    std::string near = nearest(path, all);
+    error(none, path, "unknown key" + (near.empty() ? "" : "; did you mean '" + near + "'?"));
+  }
+
+  // Checks that need several keys: model shape, lengths, envs, placement.
+  void check_consistency(const ExperimentConfig& c) {
+    auto at = [&](const std::string& key) {
+      for (auto it = marks.rbegin(); it != marks.rend(); ++it)
+        if (it->first == key) {
+          YAML::Mark m;
+          m.line = it->second.first - 1;
+          m.column = it->second.second - 1;
+          return m;
+        }
+      return YAML::Mark::null_mark();
+    };
+    const auto& m = c.policy.model;
+    if (m.num_attention_heads % m.num_key_value_heads != 0)
+      error(at("policy.model.num_key_value_heads"), "policy.model.num_key_value_heads",
+            std::to_string(m.num_key_value_heads) + " does not divide num_attention_heads = " +
+                std::to_string(m.num_attention_heads));
+    if (m.num_experts > 0 && m.num_experts_per_tok > m.num_experts)
+      error(at("policy.model.num_experts_per_tok"), "policy.model.num_experts_per_tok",
+            std::to_string(m.num_experts_per_tok) + " experts per token but only " + std::to_string(m.num_experts) +
+                " experts");
+    for (int l : m.mlp_only_layers)
+      if (l >= m.num_hidden_layers)
+        error(at("policy.model.mlp_only_layers"), "policy.model.mlp_only_layers",
+              "layer " + std::to_string(l) + " does not exist (num_hidden_layers = " +
+                  std::to_string(m.num_hidden_layers) + ")");
+    if (m.offload_activations && !m.activation_checkpointing)
+      error(at("policy.model.offload_activations"), "policy.model.offload_activations",
+            "needs policy.model.activation_checkpointing: true (only checkpointed inputs are offloaded)");
+    long long need = static_cast<long long>(c.rollout.max_prompt_length) +
+                     static_cast<long long>(c.rollout.max_response_length) * c.rollout.max_turns;
+    if (c.policy.path.empty() && need > m.max_position_embeddings)
+      error(at("rollout.max_response_length"), "rollout.max_response_length",
+            "max_prompt_length + max_response_length * max_turns = " + std::to_string(need) +
+                " exceeds policy.model.max_position_embeddings = " + std::to_string(m.max_position_embeddings));
+    if (!c.sft.enabled && !c.grpo.enabled)
+      error(at("grpo.enabled"), "grpo.enabled", "neither sft nor grpo is enabled: nothing to run");
+    if (c.envs.empty()) {
+      error(at("envs"), "envs", "at least one env is required (- name: arithmetic)");
+    }
+    std::set<std::string> names;
+    double total_weight = 0;
+    for (size_t i = 0; i < c.envs.size(); ++i) {
+      const auto& e = c.envs[i];
+      std::string pre = "envs[" + std::to_string(i) + "]";
+      if (e.name.empty()) error(at(pre), pre + ".name", "every env needs a name");
+      if (!names.insert(e.name).second) error(at(pre + ".name"), pre + ".name", "env name '" + e.name + "' is used twice");
+      if (e.type == "plugin" && e.path.empty())
+        error(at(pre + ".type"), pre + ".path", "a plugin env needs path: (the .so file)");
+      if (e.type == "remote" && e.command.empty() && e.address.empty())
+        error(at(pre + ".type"), pre + ".address", "a remote env needs command: (to start it) or address: (to reach it)");
+      if (e.type != "plugin" && !e.path.empty())
+        error(at(pre + ".path"), pre + ".path", "path is only for type: plugin");
+      if (!e.config.is_object())
+        error(at(pre + ".config"), pre + ".config", "expected a mapping");
+      total_weight += e.weight;
+    }
+    if (!c.envs.empty() && total_weight <= 0)
+      error(at("envs"), "envs", "the env weights sum to 0: no env would get prompts");
+    if (!c.checkpointing.keep_best_by.empty() && c.checkpointing.keep_best_by != "eval_accuracy" &&
+        c.checkpointing.keep_best_by != "eval_reward_mean")
+      error(at("checkpointing.keep_best_by"), "checkpointing.keep_best_by",
+            "'" + c.checkpointing.keep_best_by + "' is not an eval metric (eval_accuracy, eval_reward_mean)");
+    // Placement: every learner needs trajectories, every generator needs prompts.
+    int trajectories = c.rollout.prompts_per_step * c.rollout.num_generations;
+    if (c.grpo.enabled && c.cluster.learners > trajectories)
+      error(at("cluster.learners"), "cluster.learners",
+            "impossible placement: " + std::to_string(c.cluster.learners) + " learners but only " +
+                std::to_string(trajectories) + " trajectories per step (rollout.prompts_per_step * num_generations)");
+    if (c.sft.enabled && c.cluster.learners > c.sft.batch_size)
+      error(at("cluster.learners"), "cluster.learners",
+            "impossible placement: " + std::to_string(c.cluster.learners) + " learners but sft.batch_size = " +
+                std::to_string(c.sft.batch_size));
+    if (c.cluster.generators > c.rollout.prompts_per_step)
+      error(at("cluster.generators"), "cluster.generators",
+            "impossible placement: " + std::to_string(c.cluster.generators) + " generators but only " +
+                std::to_string(c.rollout.prompts_per_step) + " prompts per step (rollout.prompts_per_step)");
+    if (c.cluster.transport == "ipc" && c.cluster.bind_host != "127.0.0.1" && c.cluster.bind_host != "localhost")
+      error(at("cluster.bind_host"), "cluster.bind_host",
+            "bind_host is for transport: tcp; ipc only reaches ranks on this node");
+  }
+
+ private:
+  std::string file_;
+};
+
+Result<LoadedConfig> finish(Loader& l, LoadedConfig out) {
+  if (!l.errors.empty()) {
+    std::string msg;
+    for (const auto& e : l.errors) {
+      if (!msg.empty()) msg += '\n';
+      msg += e.format();
+    }
+    return invalid_input(msg);
+  }
+  out.marks = std::move(l.marks);
+  return out;
+}
+
+}  // namespace
+
+Result<LoadedConfig> load_config_text(const std::string& text, const std::string& file,
+                                      const std::vector<std::string>& overrides) {
+  Loader l(file);
+  LoadedConfig out;
+  out.file = file;
+  if (!l.check_tabs(text)) return finish(l, out);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    l.error(e.mark, "", "YAML syntax: " + e.msg);
+    return finish(l, out);
+  }
+  l.check_duplicates(root, "");
+  if (!l.errors.empty()) return finish(l, out);
+  if (root.IsMap())
+    l.walk_map(root, "", out.config);
+  else if (!root.IsNull())
+    l.error(root.Mark(), "", "the top level must be a mapping of sections (run:, policy:, grpo:, ...)");
+  for (const auto& o : overrides) l.apply_override(o, out.config);
+  if (l.errors.empty()) l.check_consistency(out.config);
+  return finish(l, out);
+}
+
+Result<LoadedConfig> load_config(const std::string& file, const std::vector<std::string>& overrides) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return invalid_input(file + ": error: cannot read the config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return load_config_text(ss.str(), file, overrides);
+}
+
+}  // namespace troupe::launch

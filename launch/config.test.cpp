@@ -1,0 +1,215 @@
+// launch.config_*: every kind of config error is reported as FILE:LINE:COL: error: key: ..., with
+// suggestions for near misses; --set is typed by the schema; the resolved config loads back the
+// same; configs/README.md agrees with the schema (every key, its default and its range).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "troupe/base/build_config.h"
+#include "troupe/launch/config.h"
+
+using namespace troupe::launch;
+
+namespace {
+
+const char* kMinimal = "envs:\n  - name: arithmetic\n";
+
+std::string load_error(const std::string& text, const std::vector<std::string>& sets = {}) {
+  auto r = load_config_text(text, "x.yaml", sets);
+  EXPECT_FALSE(r.ok()) << "expected an error for:\n" << text;
+  if (r.ok()) return "";
+  EXPECT_EQ(r.error().code, troupe::ErrorCode::invalid_input);
+  return r.error().message;
+}
+
+}  // namespace
+
+TEST(Config, Valid) {
+  auto r = load_config_text(
+      "run:\n  dir: /tmp/r\n  seed: 7\nrollout:\n  temperature: 0.5\n  stop: [\"\\n\", \"END\"]\n"
+      "policy:\n  model:\n    mlp_only_layers: [0]\n    hidden_size: 64\n"
+      "envs:\n  - name: arithmetic\n    weight: 2\n    config: {difficulty: 2, ops: [add, sub]}\n",
+      "x.yaml");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const auto& c = r->config;
+  EXPECT_EQ(c.run.dir, "/tmp/r");
+  EXPECT_EQ(c.run.seed, 7);
+  EXPECT_FLOAT_EQ(c.rollout.temperature, 0.5f);
+  ASSERT_EQ(c.rollout.stop.size(), 2u);
+  EXPECT_EQ(c.rollout.stop[0], "\n");
+  EXPECT_EQ(c.policy.model.mlp_only_layers, std::vector<int>{0});
+  EXPECT_EQ(c.policy.model.hidden_size, 64);
+  ASSERT_EQ(c.envs.size(), 1u);
+  EXPECT_EQ(c.envs[0].weight, 2.0);
+  EXPECT_EQ(c.envs[0].config["difficulty"], 2);
+  EXPECT_EQ(c.envs[0].config["ops"][1], "sub");
+  EXPECT_EQ(r->mark_of("rollout.temperature"), (std::pair<int, int>{5, 3}));
+}
+
+TEST(Config, UnknownKey) {
+  auto m = load_error(std::string(kMinimal) + "rollout:\n  temprature: 0.5\n");
+  EXPECT_NE(m.find("x.yaml:4:3: error: rollout.temprature: unknown key; did you mean 'rollout.temperature'?"),
+            std::string::npos)
+      << m;
+  m = load_error(std::string(kMinimal) + "grpo:\n  temperature: 0.5\n");
+  EXPECT_NE(m.find("'temperature' is a key of 'rollout.temperature'"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "rolout:\n  temperature: 0.5\n");
+  EXPECT_NE(m.find("x.yaml:3:1: error: rolout: unknown key; did you mean 'rollout'?"), std::string::npos) << m;
+  m = load_error("envs:\n  - name: arithmetic\n    wieght: 2\n");
+  EXPECT_NE(m.find("x.yaml:3:5: error: envs[0].wieght: unknown key; did you mean 'envs[0].weight'?"), std::string::npos)
+      << m;
+}
+
+TEST(Config, DuplicateKey) {
+  auto m = load_error(std::string(kMinimal) + "run:\n  seed: 1\n  dir: a\n  seed: 2\n");
+  EXPECT_NE(m.find("x.yaml:6:3: error: run.seed: duplicate key (first defined at line 4)"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "run:\n  seed: 1\nrun:\n  dir: b\n");
+  EXPECT_NE(m.find("x.yaml:5:1: error: run: duplicate key"), std::string::npos) << m;
+  m = load_error("envs:\n  - name: arithmetic\n    config: {a: 1, a: 2}\n");
+  EXPECT_NE(m.find("envs[0].config.a: duplicate key"), std::string::npos) << m;
+}
+
+TEST(Config, TabIndentation) {
+  auto m = load_error(std::string(kMinimal) + "run:\n\tseed: 1\n");
+  EXPECT_NE(m.find("x.yaml:4:1: error: tab character in indentation"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "run:\n  \tseed: 1\n");
+  EXPECT_NE(m.find("x.yaml:4:3: error: tab character"), std::string::npos) << m;
+}
+
+TEST(Config, WrongType) {
+  auto m = load_error(std::string(kMinimal) + "grpo:\n  max_steps: 1.5\n");
+  EXPECT_NE(m.find("x.yaml:4:14: error: grpo.max_steps: expected an integer, got '1.5'"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "rollout:\n  async: maybe\n");
+  EXPECT_NE(m.find("rollout.async: expected true or false, got 'maybe'"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "rollout:\n  temperature: \"hot\"\n");
+  EXPECT_NE(m.find("rollout.temperature: expected a number"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "rollout: 3\n");
+  EXPECT_NE(m.find("x.yaml:3:10: error: rollout: expected a mapping (a section), got '3'"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "policy:\n  model:\n    mlp_only_layers: [0, x]\n");
+  EXPECT_NE(m.find("policy.model.mlp_only_layers[1]: expected an integer, got 'x'"), std::string::npos) << m;
+  m = load_error("envs: arithmetic\n");
+  EXPECT_NE(m.find("x.yaml:1:7: error: envs: expected a list"), std::string::npos) << m;
+}
+
+TEST(Config, OutOfRange) {
+  auto m = load_error(std::string(kMinimal) + "rollout:\n  top_p: 2\n");
+  EXPECT_NE(m.find("x.yaml:4:10: error: rollout.top_p: value 2 is outside the documented range"), std::string::npos)
+      << m;
+  m = load_error(std::string(kMinimal) + "rollout:\n  num_generations: 0\n");
+  EXPECT_NE(m.find("rollout.num_generations: value 0 is outside the documented range 1 .. 4096"), std::string::npos)
+      << m;
+  m = load_error(std::string(kMinimal) + "rollout:\n  template: chatt\n");
+  EXPECT_NE(m.find("rollout.template: 'chatt' is not one of: plain, chat; did you mean 'chat'?"), std::string::npos)
+      << m;
+}
+
+TEST(Config, EveryNumericKeyHasARange) {
+  for (const auto& k : config_schema()) {
+    if (k.type == KeyType::integer || k.type == KeyType::number || k.type == KeyType::int_list) {
+      EXPECT_TRUE(k.min && k.max) << k.path;
+    }
+  }
+  for (const auto& k : env_entry_schema()) {
+    if (k.type == KeyType::integer || k.type == KeyType::number) {
+      EXPECT_TRUE(k.min && k.max) << k.path;
+    }
+  }
+}
+
+TEST(Config, ImpossiblePlacement) {
+  auto m = load_error(std::string(kMinimal) +
+                      "rollout:\n  prompts_per_step: 1\n  num_generations: 2\ncluster:\n  learners: 3\n");
+  EXPECT_NE(m.find("x.yaml:7:3: error: cluster.learners: impossible placement: 3 learners but only 2 trajectories"),
+            std::string::npos)
+      << m;
+  m = load_error(std::string(kMinimal) + "rollout:\n  prompts_per_step: 2\ncluster:\n  generators: 3\n");
+  EXPECT_NE(m.find("cluster.generators: impossible placement"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "policy:\n  model:\n    num_attention_heads: 4\n    num_key_value_heads: 3\n");
+  EXPECT_NE(m.find("x.yaml:6:5: error: policy.model.num_key_value_heads: 3 does not divide"), std::string::npos) << m;
+  m = load_error("envs:\n  - name: p\n    type: plugin\n");
+  EXPECT_NE(m.find("envs[0].path: a plugin env needs path"), std::string::npos) << m;
+  m = load_error("run:\n  seed: 1\n");
+  EXPECT_NE(m.find("envs: at least one env is required"), std::string::npos) << m;
+  m = load_error("envs:\n  - name: a\n  - name: a\n");
+  EXPECT_NE(m.find("x.yaml:3:5: error: envs[1].name: env name 'a' is used twice"), std::string::npos) << m;
+}
+
+TEST(Config, SyntaxError) {
+  auto m = load_error("envs: [1, 2\n");
+  EXPECT_NE(m.find("x.yaml:"), std::string::npos) << m;
+  EXPECT_NE(m.find("error: YAML syntax"), std::string::npos) << m;
+}
+
+TEST(Config, SetOverrides) {
+  auto r = load_config_text(kMinimal, "x.yaml",
+                            {"rollout.temperature=0.25", "grpo.max_steps=3", "envs[0].weight=2.5",
+                             "envs.0.config.difficulty=4", "envs[1].name=countdown", "rollout.stop=[\"\\n\"]",
+                             "policy.model.mlp_only_layers=[0,1]"});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_FLOAT_EQ(r->config.rollout.temperature, 0.25f);
+  EXPECT_EQ(r->config.grpo.max_steps, 3);
+  EXPECT_EQ(r->config.envs[0].weight, 2.5);
+  EXPECT_EQ(r->config.envs[0].config["difficulty"], 4);
+  ASSERT_EQ(r->config.envs.size(), 2u);
+  EXPECT_EQ(r->config.envs[1].name, "countdown");
+  EXPECT_EQ(r->config.rollout.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(r->config.policy.model.mlp_only_layers, (std::vector<int>{0, 1}));
+}
+
+TEST(Config, BadSet) {
+  auto m = load_error(kMinimal, {"rollout.temprature=0.5"});
+  EXPECT_NE(m.find("--set rollout.temprature=0.5: error: rollout.temprature: unknown key; did you mean "
+                   "'rollout.temperature'?"),
+            std::string::npos)
+      << m;
+  m = load_error(kMinimal, {"grpo.max_steps=ten"});
+  EXPECT_NE(m.find("--set grpo.max_steps=ten: error: grpo.max_steps: expected an integer, got 'ten'"),
+            std::string::npos)
+      << m;
+  m = load_error(kMinimal, {"rollout.top_p=5"});
+  EXPECT_NE(m.find("--set rollout.top_p=5: error: rollout.top_p: value 5 is outside"), std::string::npos) << m;
+  m = load_error(kMinimal, {"grpo.max_steps"});
+  EXPECT_NE(m.find("expected --set key.path=value"), std::string::npos) << m;
+  m = load_error(kMinimal, {"envs[5].weight=1"});
+  EXPECT_NE(m.find("there are only 1 envs"), std::string::npos) << m;
+}
+
+TEST(Config, ResolvedRoundTrip) {
+  auto r = load_config_text(
+      "rollout:\n  temperature: 0.7\n  stop: [\"\\n\", \"a\\\"b\"]\n  system_prompt: \"Solve: \"\n"
+      "envs:\n  - name: arithmetic\n    config: {difficulty: 2}\n  - name: cd\n    env: countdown\n    weight: 0.5\n",
+      "x.yaml");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  std::string y = resolved_yaml(r->config);
+  auto back = load_config_text(y, "config.resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.error().message << "\n" << y;
+  EXPECT_EQ(resolved_yaml(back->config), y);
+  EXPECT_EQ(back->config.rollout.stop, r->config.rollout.stop);
+  EXPECT_EQ(back->config.envs[0].config, r->config.envs[0].config);
+  EXPECT_FLOAT_EQ(back->config.rollout.temperature, 0.7f);
+}
+
+TEST(Config, Readme) {
+  std::string path = std::string(TROUPE_SOURCE_DIR) + "/configs/README.md";
+  std::string want = render_config_readme();
+  const char* update = std::getenv("TROUPE_UPDATE_README");
+  if (update && std::string(update) == "1") {
+    std::ofstream(path) << want;
+  }
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot read " << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string have = ss.str();
+  // Every key appears with its default.
+  troupe::actors::ExperimentConfig d;
+  for (const auto& k : config_schema()) {
+    if (k.path == "envs") continue;
+    std::string cell = "| `" + k.path + "` | " + type_name(k.type) + " | `" + render_value(k.field(d)) + "` |";
+    EXPECT_NE(have.find(cell), std::string::npos) << "configs/README.md lacks " << cell;
+  }
+  EXPECT_EQ(have, want) << "configs/README.md is out of date: regenerate it with "
+                           "TROUPE_UPDATE_README=1 ctest -R launch.config_readme";
+}

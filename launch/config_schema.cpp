@@ -1,0 +1,386 @@
+// The experiment schema: every YAML key, in README order, with its range and meaning. Defaults come
+// from the field initializers in actors/experiment_config.h (read off a default-constructed config).
+// Adding a field = one line here; the loader, --set, the resolved config and the README follow.
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "troupe/launch/config.h"
+
+namespace troupe::launch {
+namespace {
+
+using actors::EnvSpec;
+using actors::ExperimentConfig;
+
+constexpr double kIntMax = 2147483647.0;
+
+template <class Root>
+struct Builder {
+  std::vector<KeySpec<Root>> keys;
+
+  template <class F>
+  void flag(std::string path, F f, std::string desc) {
+    keys.push_back({std::move(path), KeyType::boolean, std::nullopt, std::nullopt, {}, std::move(desc),
+                    [f](Root& r) -> FieldRef { return f(r); }});
+  }
+  template <class F>
+  void integer(std::string path, F f, double lo, double hi, std::string desc) {
+    keys.push_back({std::move(path), KeyType::integer, lo, hi, {}, std::move(desc),
+                    [f](Root& r) -> FieldRef { return f(r); }});
+  }
+  template <class F>
+  void number(std::string path, F f, double lo, double hi, std::string desc) {
+    keys.push_back({std::move(path), KeyType::number, lo, hi, {}, std::move(desc),
+                    [f](Root& r) -> FieldRef { return f(r); }});
+  }
+  template <class F>
+  void text(std::string path, F f, std::string desc) {
+    keys.push_back({std::move(path), KeyType::string, std::nullopt, std::nullopt, {}, std::move(desc),
+                    [f](Root& r) -> FieldRef { return f(r); }});
+  }
+  template <class F>
+  void choice(std::string path, F f, std::vector<std::string> choices, std::string desc) {
+    keys.push_back({std::move(path), KeyType::string, std::nullopt, std::nullopt, std::move(choices),
+                    std::move(desc), [f](Root& r) -> FieldRef { return f(r); }});
+  }
+  template <class F>
+  void int_list(std::string path, F f, double lo, double hi, std::string desc) {
+    keys.push_back({std::move(path), KeyType::int_list, lo, hi, {}, std::move(desc),
+                    [f](Root& r) -> FieldRef { return f(r); }});
+  }
+  template <class F>
+  void string_list(std::string path, F f, std::string desc) {
+    keys.push_back({std::move(path), KeyType::string_list, std::nullopt, std::nullopt, {}, std::move(desc),
+                    [f](Root& r) -> FieldRef { return f(r); }});
+  }
+  template <class F>
+  void mapping(std::string path, F f, std::string desc) {
+    keys.push_back({std::move(path), KeyType::mapping, std::nullopt, std::nullopt, {}, std::move(desc),
+                    [f](Root& r) -> FieldRef { return f(r); }});
+  }
+};
+
+std::vector<KeySpec<ExperimentConfig>> build_schema() {
+  Builder<ExperimentConfig> b;
+  using C = ExperimentConfig;
+  // run
+  b.text("run.dir", [](C& c) { return &c.run.dir; }, "Run directory: config.resolved.yaml, metrics.jsonl, tb/, trajectories/, checkpoints/.");
+  b.text("run.name", [](C& c) { return &c.run.name; }, "Name shown in the progress display and TensorBoard.");
+  b.integer("run.seed", [](C& c) { return &c.run.seed; }, 0, kIntMax, "Seed of every random stream (init, prompts, sampling); fixed seed + CPU + sync = bit-identical metrics.");
+  b.number("run.max_wall_s", [](C& c) { return &c.run.max_wall_s; }, 0, 1e7, "Stop the run (after a checkpoint) once this many seconds passed; 0 = no limit.");
+
+  // policy
+  b.text("policy.path", [](C& c) { return &c.policy.path; }, "Start from this model directory (ours or transformers-made); empty = fresh initialization from policy.model.");
+  b.choice("policy.tokenizer", [](C& c) { return &c.policy.tokenizer; }, {"char", "byte", "auto"}, "Tokenizer: char (printable ASCII, for built-in tasks), byte, or auto (the model directory's tokenizer).");
+  b.number("policy.init_std", [](C& c) { return &c.policy.init_std; }, 0, 1, "Standard deviation of the fresh initialization.");
+  b.choice("policy.model.family", [](C& c) { return &c.policy.model.family; }, {"qwen3_moe", "mixtral"}, "Model family (Hugging Face layout of checkpoints): qwen3_moe has per-head q/k RMSNorm.");
+  b.integer("policy.model.vocab_size", [](C& c) { return &c.policy.model.vocab_size; }, 2, 1048576, "V: vocabulary size (must cover the tokenizer).");
+  b.integer("policy.model.hidden_size", [](C& c) { return &c.policy.model.hidden_size; }, 1, 65536, "C: model width.");
+  b.integer("policy.model.num_hidden_layers", [](C& c) { return &c.policy.model.num_hidden_layers; }, 1, 1024, "L: number of transformer layers.");
+  b.integer("policy.model.num_attention_heads", [](C& c) { return &c.policy.model.num_attention_heads; }, 1, 1024, "Query heads.");
+  b.integer("policy.model.num_key_value_heads", [](C& c) { return &c.policy.model.num_key_value_heads; }, 1, 1024, "Key/value heads (GQA); divides num_attention_heads.");
+  b.integer("policy.model.head_dim", [](C& c) { return &c.policy.model.head_dim; }, 1, 4096, "Width of one attention head.");
+  b.integer("policy.model.intermediate_size", [](C& c) { return &c.policy.model.intermediate_size; }, 1, 1048576, "Hidden size of dense SwiGLU layers (mlp_only_layers).");
+  b.integer("policy.model.num_experts", [](C& c) { return &c.policy.model.num_experts; }, 0, 4096, "E: routed experts per MoE layer (0 = every layer dense).");
+  b.integer("policy.model.num_experts_per_tok", [](C& c) { return &c.policy.model.num_experts_per_tok; }, 1, 64, "K: experts each token is routed to (<= num_experts).");
+  b.integer("policy.model.moe_intermediate_size", [](C& c) { return &c.policy.model.moe_intermediate_size; }, 1, 1048576, "H: hidden size of each routed expert.");
+  b.flag("policy.model.norm_topk_prob", [](C& c) { return &c.policy.model.norm_topk_prob; }, "Renormalize the top-k router weights to sum to 1.");
+  b.integer("policy.model.shared_expert_intermediate_size", [](C& c) { return &c.policy.model.shared_expert_intermediate_size; }, 0, 1048576, "Hidden size of the shared expert (0 = none).");
+  b.int_list("policy.model.mlp_only_layers", [](C& c) { return &c.policy.model.mlp_only_layers; }, 0, 1023, "Layers with a dense SwiGLU instead of MoE, e.g. [0].");
+  b.number("policy.model.rope_theta", [](C& c) { return &c.policy.model.rope_theta; }, 1, 1e9, "RoPE base.");
+  b.number("policy.model.rms_norm_eps", [](C& c) { return &c.policy.model.rms_norm_eps; }, 1e-12, 1e-1, "RMSNorm epsilon.");
+  b.flag("policy.model.tie_word_embeddings", [](C& c) { return &c.policy.model.tie_word_embeddings; }, "Share the embedding and LM-head matrices.");
+  b.number("policy.model.router_aux_loss_coef", [](C& c) { return &c.policy.model.router_aux_loss_coef; }, 0, 10, "Weight of the load-balancing loss (0 = off).");
+  b.integer("policy.model.max_position_embeddings", [](C& c) { return &c.policy.model.max_position_embeddings; }, 1, 1048576, "Longest sequence (prompt + response) the model takes.");
+  b.flag("policy.model.cache_packed_metadata", [](C& c) { return &c.policy.model.cache_packed_metadata; }, "Optimization: build packed-sequence metadata once per batch, shared by every layer.");
+  b.flag("policy.model.activation_checkpointing", [](C& c) { return &c.policy.model.activation_checkpointing; }, "Optimization: recompute each layer in backward from its saved input.");
+  b.flag("policy.model.offload_activations", [](C& c) { return &c.policy.model.offload_activations; }, "Optimization: move checkpointed layer inputs to an offload store (needs activation_checkpointing).");
+  b.flag("policy.model.offload_double_buffer", [](C& c) { return &c.policy.model.offload_double_buffer; }, "Optimization: reload layer l-1's input while layer l runs backward.");
+  b.flag("policy.model.moe_grouped", [](C& c) { return &c.policy.model.moe_grouped; }, "Optimization: counting-sort grouped MoE routing instead of the masked loop.");
+
+  // sft
+  b.flag("sft.enabled", [](C& c) { return &c.sft.enabled; }, "Run an SFT warm-up phase (on the envs' reference answers) before GRPO.");
+  b.integer("sft.max_steps", [](C& c) { return &c.sft.max_steps; }, 0, 10000000, "SFT optimizer steps.");
+  b.integer("sft.batch_size", [](C& c) { return &c.sft.batch_size; }, 1, 1048576, "Prompt/completion pairs per SFT step.");
+  b.number("sft.lr", [](C& c) { return &c.sft.lr; }, 0, 10, "Peak learning rate of the SFT phase (0 = optimizer.lr).");
+
+  // grpo
+  b.flag("grpo.enabled", [](C& c) { return &c.grpo.enabled; }, "Run the GRPO phase.");
+  b.integer("grpo.max_steps", [](C& c) { return &c.grpo.max_steps; }, 0, 10000000, "GRPO steps (one generation batch each).");
+  b.integer("grpo.num_iterations", [](C& c) { return &c.grpo.num_iterations; }, 1, 64, "Optimization passes over one generation batch (PPO epochs).");
+  b.integer("grpo.micro_batch_tokens", [](C& c) { return &c.grpo.micro_batch_tokens; }, 0, 1e9, "Token budget per micro-batch with gradient accumulation (0 = one micro-batch per learner).");
+  b.choice("grpo.adv_estimator", [](C& c) { return &c.grpo.adv_estimator; }, {"grpo", "rloo", "reinforce_pp"}, "Baseline: group mean (grpo), leave-one-out (rloo), or batch-normalized REINFORCE++.");
+  b.choice("grpo.scale_rewards", [](C& c) { return &c.grpo.scale_rewards; }, {"group", "batch", "none"}, "Divide advantages by the group std, the batch std, or nothing (Dr. GRPO).");
+  b.number("grpo.reward_clip", [](C& c) { return &c.grpo.reward_clip; }, 0, 1e6, "Clip rewards to [-c, c] before advantages (0 = off).");
+  b.flag("grpo.dynamic_sampling", [](C& c) { return &c.grpo.dynamic_sampling; }, "Drop groups whose rewards are all equal and refill the batch (DAPO).");
+  b.flag("grpo.mask_truncated", [](C& c) { return &c.grpo.mask_truncated; }, "No loss on completions cut at max_response_length.");
+
+  // loss
+  b.number("loss.clip_low", [](C& c) { return &c.loss.clip_low; }, 0, 1, "epsilon_low of the clipped ratio (1 - eps_low).");
+  b.number("loss.clip_high", [](C& c) { return &c.loss.clip_high; }, 0, 10, "epsilon_high of the clipped ratio (1 + eps_high; DAPO raises it).");
+  b.number("loss.dual_clip", [](C& c) { return &c.loss.dual_clip; }, 0, 100, "Dual-clip constant c > 1 for negative advantages (0 = off).");
+  b.number("loss.kl_coef", [](C& c) { return &c.loss.kl_coef; }, 0, 100, "beta of the KL penalty to the initial policy (0 = no reference model kept).");
+  b.choice("loss.kl_type", [](C& c) { return &c.loss.kl_type; }, {"k1", "k2", "k3"}, "KL estimator.");
+  b.number("loss.kl_input_clamp", [](C& c) { return &c.loss.kl_input_clamp; }, 0, 1e6, "Clamp of (ref - logp) before the estimator (NeMo RL).");
+  b.number("loss.kl_output_clamp", [](C& c) { return &c.loss.kl_output_clamp; }, 0, 1e6, "Clamp of the per-token KL value.");
+  b.number("loss.entropy_coef", [](C& c) { return &c.loss.entropy_coef; }, 0, 10, "Entropy bonus weight (0 = off).");
+  b.choice("loss.agg_mode", [](C& c) { return &c.loss.agg_mode; }, {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"}, "Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO).");
+  b.integer("loss.agg_norm_length", [](C& c) { return &c.loss.agg_norm_length; }, 0, 1048576, "Constant of seq-mean-token-sum-norm (0 = rollout.max_response_length).");
+  b.flag("loss.sequence_level_ratio", [](C& c) { return &c.loss.sequence_level_ratio; }, "Sequence-level importance ratio (GSPO).");
+
+  // optimizer
+  b.choice("optimizer.name", [](C& c) { return &c.optimizer.name; }, {"adamw"}, "Optimizer.");
+  b.number("optimizer.lr", [](C& c) { return &c.optimizer.lr; }, 0, 10, "Peak learning rate.");
+  b.number("optimizer.weight_decay", [](C& c) { return &c.optimizer.weight_decay; }, 0, 10, "Decoupled weight decay.");
+  b.number("optimizer.beta1", [](C& c) { return &c.optimizer.beta1; }, 0, 0.999999, "AdamW beta1.");
+  b.number("optimizer.beta2", [](C& c) { return &c.optimizer.beta2; }, 0, 0.99999999, "AdamW beta2.");
+  b.number("optimizer.eps", [](C& c) { return &c.optimizer.eps; }, 1e-20, 1, "AdamW epsilon.");
+  b.number("optimizer.max_grad_norm", [](C& c) { return &c.optimizer.max_grad_norm; }, 0, 1e6, "Clip gradients to this global norm (0 = off).");
+  b.integer("optimizer.warmup_steps", [](C& c) { return &c.optimizer.warmup_steps; }, 0, 10000000, "Linear warm-up steps (per phase).");
+  b.choice("optimizer.schedule", [](C& c) { return &c.optimizer.schedule; }, {"constant", "cosine"}, "Learning-rate schedule after warm-up.");
+  b.number("optimizer.min_lr_ratio", [](C& c) { return &c.optimizer.min_lr_ratio; }, 0, 1, "Cosine floor as a fraction of the peak.");
+
+  // envs: a list; its entries' keys are in env_entry_schema()
+  b.mapping("envs", [](C& c) { return static_cast<nlohmann::json*>(nullptr); }, "List of environments; each entry has the keys envs[].* below.");
+
+  // rollout
+  b.number("rollout.temperature", [](C& c) { return &c.rollout.temperature; }, 0, 10, "Sampling temperature (0 = greedy); log-probs are taken at this temperature.");
+  b.number("rollout.top_p", [](C& c) { return &c.rollout.top_p; }, 0.000001, 1, "Nucleus sampling (1 = off).");
+  b.integer("rollout.top_k", [](C& c) { return &c.rollout.top_k; }, 0, 1048576, "Top-k sampling (0 = off).");
+  b.integer("rollout.max_prompt_length", [](C& c) { return &c.rollout.max_prompt_length; }, 1, 1048576, "Prompt tokens kept (longer prompts are cut from the left; recorded).");
+  b.integer("rollout.max_response_length", [](C& c) { return &c.rollout.max_response_length; }, 1, 1048576, "Response tokens per turn (longer ones are truncated; truncated_frac).");
+  b.integer("rollout.num_generations", [](C& c) { return &c.rollout.num_generations; }, 1, 4096, "G: completions sampled per prompt (one group).");
+  b.integer("rollout.prompts_per_step", [](C& c) { return &c.rollout.prompts_per_step; }, 1, 1048576, "Prompts (groups) per GRPO step.");
+  b.string_list("rollout.stop", [](C& c) { return &c.rollout.stop; }, "Stop strings besides EOS; the response ends after the first one.");
+  b.choice("rollout.template", [](C& c) { return &c.rollout.template_name; }, {"plain", "chat"}, "Prompt format: plain (system prompt + text) or chat (role-tagged turns).");
+  b.text("rollout.system_prompt", [](C& c) { return &c.rollout.system_prompt; }, "Prepended to every prompt (empty = none).");
+  b.integer("rollout.max_turns", [](C& c) { return &c.rollout.max_turns; }, 1, 1024, "Turns per episode for multi-turn envs.");
+  b.flag("rollout.async", [](C& c) { return &c.rollout.async; }, "Async mode: generators keep sampling with version v while learners train v+1.");
+  b.integer("rollout.max_staleness", [](C& c) { return &c.rollout.max_staleness; }, 0, 1024, "Async: oldest policy version lag a trajectory may have.");
+  b.choice("rollout.stale_policy", [](C& c) { return &c.rollout.stale_policy; }, {"drop", "importance_weight"}, "Async: what happens to older trajectories.");
+
+  // cluster
+  b.integer("cluster.learners", [](C& c) { return &c.cluster.learners; }, 1, 4096, "Learner ranks (data parallel).");
+  b.integer("cluster.generators", [](C& c) { return &c.cluster.generators; }, 1, 4096, "Rollout generator ranks.");
+  b.integer("cluster.env_workers", [](C& c) { return &c.cluster.env_workers; }, 1, 4096, "Env worker ranks.");
+  b.choice("cluster.transport", [](C& c) { return &c.cluster.transport; }, {"ipc", "tcp"}, "Transport between ranks under mpirun (one process always uses inproc).");
+  b.text("cluster.bind_host", [](C& c) { return &c.cluster.bind_host; }, "tcp: interface to bind (127.0.0.1 = this machine only).");
+  b.number("cluster.heartbeat_s", [](C& c) { return &c.cluster.heartbeat_s; }, 0.01, 3600, "Heartbeat period between ranks.");
+  b.number("cluster.peer_timeout_s", [](C& c) { return &c.cluster.peer_timeout_s; }, 0.1, 86400, "A peer silent this long is declared dead (exit 3).");
+  b.integer("cluster.threads", [](C& c) { return &c.cluster.threads; }, 0, 4096, "Compute threads per rank (0 = cores / ranks on the node).");
+
+  // checkpointing
+  b.flag("checkpointing.enabled", [](C& c) { return &c.checkpointing.enabled; }, "Write checkpoints/step_N/ (model dir + optimizer + state).");
+  b.integer("checkpointing.every", [](C& c) { return &c.checkpointing.every; }, 0, 10000000, "Checkpoint every N steps (0 = at the end of each phase only).");
+  b.integer("checkpointing.keep_last", [](C& c) { return &c.checkpointing.keep_last; }, 1, 1000000, "Keep the last K checkpoints.");
+  b.text("checkpointing.keep_best_by", [](C& c) { return &c.checkpointing.keep_best_by; }, "Also keep the best checkpoint by this eval metric (e.g. eval_accuracy; empty = off).");
+  b.flag("checkpointing.higher_is_better", [](C& c) { return &c.checkpointing.higher_is_better; }, "Direction of keep_best_by.");
+
+  // logger
+  b.flag("logger.tensorboard", [](C& c) { return &c.logger.tensorboard; }, "Write TensorBoard event files to tb/ (metrics.jsonl is always written).");
+  b.choice("logger.progress", [](C& c) { return &c.logger.progress; }, {"auto", "tty", "plain", "off"}, "Progress display: auto (tty on a terminal, else plain log lines).");
+  b.flag("logger.trajectories", [](C& c) { return &c.logger.trajectories; }, "Write sampled trajectories to trajectories/*.jsonl.");
+  b.integer("logger.trajectories_per_step", [](C& c) { return &c.logger.trajectories_per_step; }, 0, 1048576, "At most this many trajectories written per step.");
+
+  // eval
+  b.integer("eval.every", [](C& c) { return &c.eval.every; }, 0, 10000000, "Evaluate on the held-out split every K steps (0 = only at the end of each phase).");
+  b.integer("eval.num_prompts", [](C& c) { return &c.eval.num_prompts; }, 1, 1048576, "Held-out prompts per env and evaluation (greedy).");
+  b.flag("eval.at_start", [](C& c) { return &c.eval.at_start; }, "Also evaluate before the first step.");
+  return b.keys;
+}
+
+std::vector<KeySpec<EnvSpec>> build_env_schema() {
+  Builder<EnvSpec> b;
+  using E = EnvSpec;
+  b.text("name", [](E& e) { return &e.name; }, "Required. Label in metrics (reward_mean/<name>); the builtin id unless env is set.");
+  b.choice("type", [](E& e) { return &e.type; }, {"builtin", "plugin", "remote"}, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md).");
+  b.text("env", [](E& e) { return &e.env; }, "Builtin env id (empty = name), e.g. arithmetic, countdown.");
+  b.text("path", [](E& e) { return &e.path; }, "plugin: path of the shared library (relative to the YAML file).");
+  b.text("command", [](E& e) { return &e.command; }, "remote: command line that starts the env server (empty = use address).");
+  b.text("address", [](E& e) { return &e.address; }, "remote: address of a running env server, e.g. tcp://127.0.0.1:5555.");
+  b.number("weight", [](E& e) { return &e.weight; }, 0, 1e6, "Share of prompts drawn from this env (normalized over envs).");
+  b.integer("instances", [](E& e) { return &e.instances; }, 1, 65536, "Env instances each env worker hosts.");
+  b.number("timeout_s", [](E& e) { return &e.timeout_s; }, 0.001, 86400, "Per-call timeout (reset/step/verify); a late call fails the episode.");
+  b.mapping("config", [](E& e) { return &e.config; }, "Env-specific settings, passed to the env as is (e.g. difficulty).");
+  return b.keys;
+}
+
+std::string format_number(double v) {
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) {
+    std::ostringstream o;
+    o << static_cast<long long>(v);
+    return o.str();
+  }
+  std::ostringstream o;
+  o.precision(std::numeric_limits<float>::max_digits10);
+  o << v;
+  std::string s = o.str();
+  // keep it a YAML float
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+// Shortest decimal that reads back to the same value, always a YAML float ("20.0", "1e-06").
+template <class T>
+std::string shortest(T v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, ec == std::errc() ? end : buf);
+  if (s.find_first_of(".ein") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default: out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+const std::vector<KeySpec<ExperimentConfig>>& config_schema() {
+  static const auto keys = build_schema();
+  return keys;
+}
+
+const std::vector<KeySpec<EnvSpec>>& env_entry_schema() {
+  static const auto keys = build_env_schema();
+  return keys;
+}
+
+std::string type_name(KeyType t) {
+  switch (t) {
+    case KeyType::boolean: return "bool";
+    case KeyType::integer: return "int";
+    case KeyType::number: return "float";
+    case KeyType::string: return "string";
+    case KeyType::int_list: return "list of int";
+    case KeyType::string_list: return "list of string";
+    case KeyType::mapping: return "mapping";
+  }
+  return "?";
+}
+
+std::string render_value(const FieldRef& f) {
+  struct V {
+    std::string operator()(bool* p) const { return *p ? "true" : "false"; }
+    std::string operator()(int* p) const { return std::to_string(*p); }
+    std::string operator()(float* p) const { return shortest(*p); }
+    std::string operator()(double* p) const { return shortest(*p); }
+    std::string operator()(std::string* p) const { return quote(*p); }
+    std::string operator()(std::vector<int>* p) const {
+      std::string s = "[";
+      for (size_t i = 0; i < p->size(); ++i) s += (i ? ", " : "") + std::to_string((*p)[i]);
+      return s + "]";
+    }
+    std::string operator()(std::vector<std::string>* p) const {
+      std::string s = "[";
+      for (size_t i = 0; i < p->size(); ++i) s += (i ? ", " : "") + quote((*p)[i]);
+      return s + "]";
+    }
+    std::string operator()(nlohmann::json* p) const { return p ? p->dump() : "[]"; }
+  };
+  return std::visit(V{}, f);
+}
+
+std::string render_config_readme() {
+  std::ostringstream o;
+  o << "# Experiment YAML reference\n\n"
+       "<!-- Generated from launch/config_schema.cpp; do not edit by hand. Regenerate with\n"
+       "     TROUPE_UPDATE_README=1 ctest -R launch.config_readme (the test fails when they disagree). -->\n\n"
+       "Every key troupe reads, with its type, default and allowed range. Unknown keys, duplicate keys,\n"
+       "tab indentation, wrong types and out-of-range values are errors (`FILE:LINE:COL: error: key: ...`,\n"
+       "exit code 2) and nothing starts until the file is valid. Override any key from the command line:\n"
+       "`troupe run X.yaml --set rollout.temperature=0.7 --set envs[0].weight=2`.\n\n"
+       "Example experiments in this folder (each run by a test):\n\n"
+       "| file | what it runs |\n|---|---|\n"
+       "| `quickstart.yaml` | tiny char-level MoE: SFT warm-up, then GRPO on the built-in `arithmetic` env |\n"
+       "| `countdown.yaml` | GRPO on the built-in `countdown` env |\n"
+       "| `multi_env.yaml` | two envs mixed by weight, one of them a `.so` plug-in |\n"
+       "| `async.yaml` | async GRPO (generators sample v while learners train v+1, `max_staleness`) |\n"
+       "| `multinode.yaml` | roles on separate ranks: `mpirun --oversubscribe -np 4` over tcp 127.0.0.1 |\n\n";
+  ExperimentConfig defaults;
+  std::string section;
+  for (const auto& k : config_schema()) {
+    std::string top = k.path.substr(0, k.path.find('.'));
+    if (top != section) {
+      section = top;
+      o << "\n## `" << section << "`\n\n| key | type | default | range / values | description |\n|---|---|---|---|---|\n";
+    }
+    if (k.path == "envs") {
+      o << "| `envs` | list | `[]` | entries below | " << k.description << " |\n";
+      EnvSpec d;
+      for (const auto& e : env_entry_schema()) {
+        std::string range = "any";
+        if (e.min) range = format_number(*e.min) + " .. " + format_number(*e.max);
+        if (!e.choices.empty()) {
+          range.clear();
+          for (const auto& c : e.choices) range += (range.empty() ? "" : ", ") + ("`" + c + "`");
+        }
+        o << "| `envs[]." << e.path << "` | " << type_name(e.type) << " | `"
+          << (e.type == KeyType::mapping ? std::string("{}") : render_value(e.field(d))) << "` | " << range << " | "
+          << e.description << " |\n";
+      }
+      continue;
+    }
+    std::string range = "any";
+    if (k.min) range = format_number(*k.min) + " .. " + format_number(*k.max);
+    if (!k.choices.empty()) {
+      range.clear();
+      for (const auto& c : k.choices) range += (range.empty() ? "" : ", ") + ("`" + c + "`");
+    }
+    if (k.type == KeyType::boolean) range = "`true`, `false`";
+    o << "| `" << k.path << "` | " << type_name(k.type) << " | `" << render_value(k.field(defaults)) << "` | "
+      << range << " | " << k.description << " |\n";
+  }
+  return o.str();
+}
+
+std::string resolved_yaml(const ExperimentConfig& cfg_in) {
+  ExperimentConfig cfg = cfg_in;  // the schema's accessors take a mutable root
+  std::ostringstream o;
+  o << "# Resolved by troupe: every key with the value this run used (defaults and --set applied).\n";
+  std::vector<std::string> open;  // current nesting of mapping keys
+  for (const auto& k : config_schema()) {
+    std::vector<std::string> parts;
+    std::stringstream ss(k.path);
+    for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+    size_t common = 0;
+    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
+    open.resize(common);
+    for (size_t i = common; i + 1 < parts.size(); ++i) {
+      o << std::string(2 * i, ' ') << parts[i] << ":\n";
+      open.push_back(parts[i]);
+    }
+    std::string indent(2 * (parts.size() - 1), ' ');
+    if (k.path == "envs") {
+      if (cfg.envs.empty()) {
+        o << "envs: []\n";
+        continue;
+      }
+      o << "envs:\n";
+      for (auto& e : cfg.envs) {
+        bool first = true;
+        for (const auto& ek : env_entry_schema()) {
+          o << (first ? "  - " : "    ") << ek.path << ": " << render_value(ek.field(e)) << "\n";
+          first = false;
+        }
+      }
+      continue;
+    }
+    o << indent << parts.back() << ": " << render_value(k.field(cfg)) << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace troupe::launch

@@ -1,0 +1,72 @@
+// Metrics sinks of a run directory: metrics.jsonl (one JSON object per row, flushed per row),
+// TensorBoard event files in tb/ (TFRecord framing + hand-encoded Event protos), and the progress
+// display (a redrawn line on a terminal, plain log lines otherwise). Rows are the coordinator's.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "troupe/base/result.h"
+
+namespace troupe::launch {
+
+// CRC-32C (Castagnoli) and the TFRecord mask of it.
+uint32_t crc32c(const void* data, size_t n);
+uint32_t masked_crc32c(const void* data, size_t n);
+
+// Writes scalar summaries as TensorBoard reads them: tb/events.out.tfevents.<time>.<host>.
+class TensorBoardWriter {
+ public:
+  static Result<std::unique_ptr<TensorBoardWriter>> open(const std::string& dir);
+  ~TensorBoardWriter();
+  TensorBoardWriter(const TensorBoardWriter&) = delete;
+  TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
+  Status add_scalar(const std::string& tag, double value, int64_t step, double wall_time);
+  Status flush();
+  const std::string& path() const { return path_; }
+
+ private:
+  TensorBoardWriter() = default;
+  Status write_record(const std::string& data);
+  std::FILE* f_ = nullptr;
+  std::string path_;
+};
+
+// The three sinks together. Every row has "step" and "phase"; numeric fields become TensorBoard
+// scalars named "<phase>/<field>" (eval rows: "eval/<field>").
+struct ProgressOptions {
+  std::string mode = "auto";  // auto | tty | plain | off
+  std::string name;
+  int total_steps = 0;        // across phases, for the ETA
+};
+
+class MetricsSinks {
+ public:
+  // append = true when resuming: metrics.jsonl rows after the resumed step are dropped first.
+  static Result<std::unique_ptr<MetricsSinks>> open(const std::string& run_dir, bool tensorboard,
+                                                    ProgressOptions progress, int64_t resume_after_step = -1);
+  Status write(const nlohmann::json& row);
+  void message(const std::string& text);  // a log line that does not disturb the progress line
+  void finish();
+
+ private:
+  MetricsSinks() = default;
+  void show_progress(const nlohmann::json& row);
+  std::FILE* jsonl_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tb_;
+  ProgressOptions progress_;
+  bool tty_ = false;
+  bool line_open_ = false;
+  int steps_done_ = 0;
+  double first_wall_ = -1;
+  double last_reward_ = 0;
+
+ public:
+  ~MetricsSinks();
+};
+
+}  // namespace troupe::launch
