@@ -1,0 +1,307 @@
+// Checkpoint save/load (see checkpoint.h). Durability order: files -> fsync each -> fsync the temp
+// dir -> rename to step_N -> fsync checkpoints/ -> symlink swap for latest/best -> prune.
+#include "troupe/learner/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "troupe/policy/io/safetensors.h"
+
+namespace troupe::learner {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+
+Error io_error(const std::string& m) { return make_error(ErrorCode::io, "checkpoint: " + m); }
+
+Status fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) return io_error("cannot open " + p.string() + " to fsync it");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return io_error("fsync failed for " + p.string());
+  return {};
+}
+
+Status write_text_file(const fs::path& p, const std::string& text) {
+  {
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    if (!f) return io_error("cannot write " + p.string());
+    f << text;
+    if (!f.flush()) return io_error("short write to " + p.string());
+  }
+  return fsync_path(p, false);
+}
+
+std::string hex32(uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+// Every regular file under dir (relative paths, sorted), except state.json at the top.
+std::vector<std::string> files_under(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::string rel = fs::relative(e.path(), dir).string();
+    if (rel != kStateFile) out.push_back(rel);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<int64_t> step_of(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || name.size() == 5) return std::nullopt;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+Status swap_symlink(const fs::path& dir, const std::string& name, const std::string& target) {
+  const fs::path tmp = dir / ("." + name + ".tmp." + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove(tmp, ec);
+  fs::create_directory_symlink(target, tmp, ec);
+  if (ec) return io_error("cannot create symlink " + tmp.string() + ": " + ec.message());
+  fs::rename(tmp, dir / name, ec);  // rename(2) replaces the old link atomically
+  if (ec) return io_error("cannot rename " + tmp.string() + " to " + (dir / name).string() + ": " + ec.message());
+  return fsync_path(dir, true);
+}
+
+Result<nlohmann::json> read_json_file(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) return invalid_input("checkpoint: cannot read " + p.string());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalid_input("checkpoint: " + p.string() + " is not a JSON object");
+  return j;
+}
+
+std::vector<int64_t> shape_of(const policy::TensorSpec& s) { return s.shape; }
+
+}  // namespace
+
+uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
+
+Result<uint32_t> crc32_of_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return invalid_input("checkpoint: cannot read " + path);
+  std::vector<char> buf(1 << 20);
+  uint32_t crc = 0;
+  while (f) {
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    crc = crc32_update(crc, buf.data(), static_cast<size_t>(f.gcount()));
+  }
+  return crc;
+}
+
+ModelDirWriter flat_model_writer(std::span<const float> params, const std::vector<policy::TensorSpec>& specs,
+                                 nlohmann::json config_json) {
+  return [params, specs, config_json](const std::string& dir) -> Status {
+    policy::io::TensorMap map;
+    for (const auto& s : specs) {
+      if (s.offset + s.numel() > params.size())
+        return make_error(ErrorCode::internal, "checkpoint: tensor " + s.name + " lies outside the parameter buffer");
+      map[s.name] = policy::io::Tensor{s.shape, std::vector<float>(params.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                                                                   params.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()))};
+    }
+    TROUPE_TRY(policy::io::write_safetensors((fs::path(dir) / "model.safetensors").string(), map));
+    return write_text_file(fs::path(dir) / "config.json", config_json.dump(2) + "\n");
+  };
+}
+
+Status read_flat_model(const std::string& dir, const std::vector<policy::TensorSpec>& specs, std::span<float> params) {
+  TROUPE_ASSIGN_OR_RETURN(auto file, policy::io::SafetensorsFile::open((fs::path(dir) / "model.safetensors").string()));
+  for (const auto& s : specs) {
+    TROUPE_ASSIGN_OR_RETURN(auto t, file.read(s.name, shape_of(s)));
+    if (s.offset + s.numel() > params.size())
+      return make_error(ErrorCode::internal, "checkpoint: tensor " + s.name + " lies outside the parameter buffer");
+    std::copy(t.data.begin(), t.data.end(), params.begin() + static_cast<std::ptrdiff_t>(s.offset));
+  }
+  return {};
+}
+
+Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const CheckpointData& data,
+                                    const ModelDirWriter& write_model, const AdamW& opt,
+                                    const std::vector<policy::TensorSpec>& specs, const CheckpointOptions& options) {
+  const fs::path root(checkpoints_dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return io_error("cannot create " + root.string() + ": " + ec.message());
+  const std::string name = "step_" + std::to_string(data.step);
+  const fs::path tmp = root / (".tmp_" + name + "." + std::to_string(::getpid()));
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  if (ec) return io_error("cannot create " + tmp.string() + ": " + ec.message());
+
+  // 1. model directory, 2. optimizer moments
+  TROUPE_TRY(write_model(tmp.string()));
+  {
+    policy::io::TensorMap moments;
+    auto m = opt.exp_avg();
+    auto v = opt.exp_avg_sq();
+    for (const auto& s : specs) {
+      if (s.offset + s.numel() > m.size())
+        return make_error(ErrorCode::internal, "checkpoint: tensor " + s.name + " lies outside the optimizer state");
+      auto slice = [&](std::span<const float> buf) {
+        return std::vector<float>(buf.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                                  buf.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()));
+      };
+      moments["exp_avg." + s.name] = policy::io::Tensor{s.shape, slice(m)};
+      moments["exp_avg_sq." + s.name] = policy::io::Tensor{s.shape, slice(v)};
+    }
+    TROUPE_TRY(policy::io::write_safetensors((tmp / kOptimizerFile).string(), moments,
+                                             {{"format", "troupe.adamw.v1"}, {"step", std::to_string(opt.steps())}}));
+  }
+  // 3. checksums of every file, fsync them, then state.json
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& rel : files_under(tmp)) {
+    const fs::path p = tmp / rel;
+    TROUPE_TRY(fsync_path(p, false));
+    TROUPE_ASSIGN_OR_RETURN(uint32_t crc, crc32_of_file(p.string()));
+    files[rel] = {{"crc32", hex32(crc)}, {"bytes", fs::file_size(p)}};
+  }
+  nlohmann::json state = {{"format", "troupe.checkpoint.v1"},
+                          {"step", data.step},
+                          {"policy_version", data.policy_version},
+                          {"optimizer_steps", opt.steps()},
+                          {"trainer", data.trainer_state},
+                          {"extra", data.extra},
+                          {"files", files}};
+  if (data.metric) state["metric"] = {{"name", options.best_metric}, {"value", *data.metric}};
+  TROUPE_TRY(write_text_file(tmp / kStateFile, state.dump(2) + "\n"));
+  TROUPE_TRY(fsync_path(tmp, true));
+
+  // 4. rename into place (an older step_N of the same number is replaced)
+  const fs::path final_dir = root / name;
+  fs::path old;
+  if (fs::exists(final_dir)) {
+    old = root / (".old_" + name + "." + std::to_string(::getpid()));
+    fs::remove_all(old, ec);
+    fs::rename(final_dir, old, ec);
+    if (ec) return io_error("cannot move aside " + final_dir.string() + ": " + ec.message());
+  }
+  fs::rename(tmp, final_dir, ec);
+  if (ec) return io_error("cannot rename " + tmp.string() + " to " + final_dir.string() + ": " + ec.message());
+  TROUPE_TRY(fsync_path(root, true));
+  if (!old.empty()) fs::remove_all(old, ec);
+
+  // 5. latest, best
+  TROUPE_TRY(swap_symlink(root, "latest", name));
+  std::string best_target;
+  if (fs::is_symlink(root / "best")) best_target = fs::read_symlink(root / "best", ec).string();
+  if (!options.best_metric.empty() && data.metric) {
+    bool better = true;
+    if (!best_target.empty() && best_target != name && fs::exists(root / best_target / kStateFile)) {
+      auto bj = read_json_file(root / best_target / kStateFile);
+      if (bj.ok() && bj->contains("metric") && (*bj)["metric"].contains("value")) {
+        const double bv = (*bj)["metric"]["value"].get<double>();
+        better = options.higher_is_better ? *data.metric > bv : *data.metric < bv;
+      }
+    }
+    if (better) {
+      TROUPE_TRY(swap_symlink(root, "best", name));
+      best_target = name;
+    }
+  }
+
+  // 6. keep the newest K (and whatever latest/best point to)
+  if (options.keep_last > 0) {
+    std::vector<std::pair<int64_t, std::string>> steps;
+    for (const auto& e : fs::directory_iterator(root)) {
+      if (!e.is_directory() || e.is_symlink()) continue;
+      auto n = step_of(e.path().filename().string());
+      if (n) steps.emplace_back(*n, e.path().filename().string());
+    }
+    std::sort(steps.begin(), steps.end());
+    const size_t keep = static_cast<size_t>(options.keep_last);
+    for (size_t i = 0; i + keep < steps.size(); ++i) {
+      if (steps[i].second == name || steps[i].second == best_target) continue;
+      fs::remove_all(root / steps[i].second, ec);
+    }
+  }
+  return final_dir.string();
+}
+
+Result<std::string> latest_checkpoint(const std::string& checkpoints_dir) {
+  const fs::path link = fs::path(checkpoints_dir) / "latest";
+  std::error_code ec;
+  if (!fs::is_symlink(link, ec)) return invalid_input("checkpoint: no " + link.string() + " (nothing saved yet?)");
+  const fs::path target = fs::path(checkpoints_dir) / fs::read_symlink(link, ec);
+  if (ec || !fs::is_directory(target)) return invalid_input("checkpoint: " + link.string() + " points to a missing directory");
+  return target.string();
+}
+
+Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
+                                       AdamW& opt) {
+  const fs::path dir(step_dir);
+  TROUPE_ASSIGN_OR_RETURN(auto state, read_json_file(dir / kStateFile));
+  const std::string sfile = (dir / kStateFile).string();
+  if (!state.contains("files") || !state["files"].is_object() || !state.contains("step") ||
+      !state["step"].is_number_integer())
+    return invalid_input("checkpoint: " + sfile + " lacks 'files' or an integer 'step'");
+  for (auto it = state["files"].begin(); it != state["files"].end(); ++it) {
+    const fs::path p = dir / it.key();
+    if (!fs::exists(p)) return invalid_input("checkpoint: " + p.string() + " is missing (listed in " + sfile + ")");
+    const auto& e = it.value();
+    if (!e.contains("crc32") || !e.contains("bytes")) return invalid_input("checkpoint: " + sfile + ": bad entry for " + it.key());
+    if (fs::file_size(p) != e["bytes"].get<uint64_t>())
+      return invalid_input("checkpoint: " + p.string() + " has " + std::to_string(fs::file_size(p)) + " bytes, " + sfile +
+                           " says " + std::to_string(e["bytes"].get<uint64_t>()) + ": the file is truncated or corrupt");
+    TROUPE_ASSIGN_OR_RETURN(uint32_t crc, crc32_of_file(p.string()));
+    if (hex32(crc) != e["crc32"].get<std::string>())
+      return invalid_input("checkpoint: " + p.string() + " fails its checksum (crc32 " + hex32(crc) + ", expected " +
+                           e["crc32"].get<std::string>() + "): the file is corrupt");
+  }
+  TROUPE_ASSIGN_OR_RETURN(auto file, policy::io::SafetensorsFile::open((dir / kOptimizerFile).string()));
+  if (opt.size() == 0 && !specs.empty()) opt = AdamW(specs.back().offset + specs.back().numel());
+  for (const auto& s : specs) {
+    if (s.offset + s.numel() > opt.size())
+      return invalid_input("checkpoint: tensor " + s.name + " lies outside the optimizer of " + std::to_string(opt.size()) +
+                           " parameters");
+    TROUPE_ASSIGN_OR_RETURN(auto m, file.read("exp_avg." + s.name, shape_of(s)));
+    TROUPE_ASSIGN_OR_RETURN(auto v, file.read("exp_avg_sq." + s.name, shape_of(s)));
+    std::copy(m.data.begin(), m.data.end(), opt.exp_avg().begin() + static_cast<std::ptrdiff_t>(s.offset));
+    std::copy(v.data.begin(), v.data.end(), opt.exp_avg_sq().begin() + static_cast<std::ptrdiff_t>(s.offset));
+  }
+  CheckpointData d;
+  d.step = state["step"].get<int64_t>();
+  d.policy_version = state.value("policy_version", int64_t{0});
+  opt.set_steps(state.value("optimizer_steps", int64_t{0}));
+  if (state.contains("trainer")) d.trainer_state = state["trainer"];
+  if (state.contains("extra")) d.extra = state["extra"];
+  if (state.contains("metric") && state["metric"].contains("value")) d.metric = state["metric"]["value"].get<double>();
+  return d;
+}
+
+}  // namespace troupe::learner

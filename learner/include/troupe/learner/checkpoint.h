@@ -1,0 +1,66 @@
+// Checkpoints: checkpoints/step_N/ = a model directory (config.json + model.safetensors [+ tokenizer])
+// + optimizer.safetensors (AdamW moments, named like the parameters) + state.json (step, policy
+// version, trainer RNG, the coordinator's JSON, and a CRC32 + size of every other file).
+// Invariant: a step_N that exists is complete: it is written under a temporary name, every file and
+// the directory are fsynced, then renamed; `latest` (and `best`) are symlinks replaced by rename.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "troupe/base/result.h"
+#include "troupe/learner/optimizer.h"
+#include "troupe/policy/model.h"
+
+namespace troupe::learner {
+
+struct CheckpointOptions {
+  int keep_last = 3;            // keep the K newest step_N (0 = keep all); `best` is always kept
+  std::string best_metric;      // non-empty: maintain checkpoints/best -> the step with the best metric
+  bool higher_is_better = true;
+};
+
+struct CheckpointData {
+  int64_t step = 0;
+  int64_t policy_version = 0;
+  nlohmann::json trainer_state = nlohmann::json::object();  // Trainer::state_json()
+  nlohmann::json extra = nlohmann::json::object();          // the coordinator's: data cursors, RNGs, ...
+  std::optional<double> metric;                             // value of best_metric at this step
+};
+
+// Writes the model directory's files into `dir` (which exists). The learner actor passes one that
+// calls policy::io::save_model_dir; flat_model_writer() is the minimal one.
+using ModelDirWriter = std::function<Status(const std::string& dir)>;
+
+// model.safetensors from the flat parameters and their tensor table, and config.json = config_json.
+ModelDirWriter flat_model_writer(std::span<const float> params, const std::vector<policy::TensorSpec>& specs,
+                                 nlohmann::json config_json);
+// Reads dir/model.safetensors into params, checking every name and shape of the table.
+Status read_flat_model(const std::string& dir, const std::vector<policy::TensorSpec>& specs, std::span<float> params);
+
+// Saves checkpoints_dir/step_<data.step>, switches `latest`, updates `best`, prunes old steps.
+// Returns the final directory.
+Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const CheckpointData& data,
+                                    const ModelDirWriter& write_model, const AdamW& opt,
+                                    const std::vector<policy::TensorSpec>& specs, const CheckpointOptions& options);
+
+// The directory `latest` points to (error when there is none).
+Result<std::string> latest_checkpoint(const std::string& checkpoints_dir);
+
+// Verifies the checksum and size of every file state.json lists (an error names the bad file), loads
+// the AdamW moments into opt (names and shapes checked against specs) and returns the state.
+// The model weights are read separately (read_flat_model or policy::io::load_model_dir).
+Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
+                                       AdamW& opt);
+
+// CRC-32 (IEEE 802.3, as zlib's crc32) of a file's bytes.
+Result<uint32_t> crc32_of_file(const std::string& path);
+uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
+
+}  // namespace troupe::learner
