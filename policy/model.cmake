@@ -1,1 +1,13 @@
 # Model, arenas, forward/backward, KV-cache inference. target_sources(troupe_policy PRIVATE ...) and tests here.
+target_sources(troupe_policy PRIVATE ${CMAKE_CURRENT_LIST_DIR}/model.cpp)
+if(TROUPE_BUILD_TESTS)
+  # One binary, several ctest names (policy.*), each a gtest filter.
+  troupe_add_test(NAME policy.model TARGET policy_model_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/model.test.cpp
+                  LIBS troupe::policy
+                  ARGS --gtest_filter=Model.TableFollowsHuggingFaceNames:Model.DeterministicInit:Model.BadConfigAndBatchAreErrors:Model.PackedSequencesAreIndependent)
+  troupe_add_test(NAME policy.model_gradcheck TARGET policy_model_test ARGS --gtest_filter=Model.FiniteDifferenceGradients)
+  troupe_add_test(NAME policy.packed_meta_cache TARGET policy_model_test ARGS --gtest_filter=Model.PackedMetaCache)
+  troupe_add_test(NAME policy.activation_checkpointing TARGET policy_model_test ARGS --gtest_filter=Model.ActivationCheckpointingMatches)
+  troupe_add_test(NAME policy.moe_grouped TARGET policy_model_test ARGS --gtest_filter=Model.MoeGroupedMatchesMasked)
+  troupe_add_test(NAME policy.kv_cache_logprobs TARGET policy_model_test ARGS --gtest_filter=Model.KvCacheLogprobsMatchForward:Model.SamplingIsSeededAndStops)
+endif()

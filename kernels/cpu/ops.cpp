@@ -265,7 +265,7 @@ void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T*
 
 template <class T>
 void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* kv_len,
-                              int B, int cache_len, int NH, int NKV, int HD) {
+                              const int32_t* slot, int B, int cache_len, int NH, int NKV, int HD) {
   const int group = NH / NKV;
   const T scale = T(1) / std::sqrt(T(HD));
 #pragma omp parallel for schedule(dynamic, 1)
@@ -276,7 +276,7 @@ void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_c
     std::fill(o, o + HD, T(0));
     T m = -std::numeric_limits<T>::infinity(), l = 0;
     for (int j = 0; j < kv_len[b]; ++j) {
-      const size_t row = (static_cast<size_t>(b) * cache_len + j) * NKV + g;
+      const size_t row = (static_cast<size_t>(slot ? slot[b] : b) * cache_len + j) * NKV + g;
       const T* kv = k_cache + row * HD;
       const T* vv = v_cache + row * HD;
       const T s = dot(qv, kv, HD) * scale;
@@ -388,8 +388,8 @@ void logprob_backward(T* dlogits, const T* dlogp, const T* dentropy, const T* lo
                                      int, int, int, int);                                                  \
   template void attention_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*,    \
                                       const T*, const int32_t*, const int32_t*, int, int, int, int);       \
-  template void attention_decode_forward<T>(T*, const T*, const T*, const T*, const int32_t*, int, int,    \
-                                            int, int, int);                                                \
+  template void attention_decode_forward<T>(T*, const T*, const T*, const T*, const int32_t*,             \
+                                            const int32_t*, int, int, int, int, int);                      \
   template void swiglu_forward<T>(T*, const T*, const T*, int);                                            \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int);                             \
   template void logprob_forward<T>(T*, T*, T*, const T*, const int32_t*, float, int, int);                 \

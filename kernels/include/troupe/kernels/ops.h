@@ -62,10 +62,11 @@ void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T*
                         const T* out, const T* lse, const int32_t* seq_start, const int32_t* seq_end, int N,
                         int NH, int NKV, int HD);
 // One new query per sequence against a KV cache (inference). q/out (B, NH, HD);
-// k_cache/v_cache (B, cache_len, NKV, HD); sequence b attends its first kv_len[b] cache rows.
+// k_cache/v_cache (slots, cache_len, NKV, HD); query b attends the first kv_len[b] rows of cache
+// slot slot[b] (slot == nullptr: slot b), so finished sequences can drop out of the batch.  [assigned]
 template <class T>
 void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* kv_len,
-                              int B, int cache_len, int NH, int NKV, int HD);
+                              const int32_t* slot, int B, int cache_len, int NH, int NKV, int HD);
 
 // ---- SwiGLU activation (elementwise over N values) -----------------------------------------------
 // out = silu(gate) * up.                                                                 [assigned]

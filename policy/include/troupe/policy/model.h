@@ -7,10 +7,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "troupe/base/result.h"
+#include "troupe/policy/model_config.h"
 
 namespace troupe::policy {
 
@@ -48,6 +52,83 @@ struct Generation {
   std::vector<int32_t> tokens;   // sampled tokens (stop token included when hit)
   std::vector<float> logprobs;   // log-prob of each sampled token under the sampling distribution
   bool stopped = false;          // true when a stop token ended it, false when max_new_tokens did (truncated)
+};
+
+// Everything that describes one packed batch, computed on the host once per batch
+// (cache_packed_metadata) and shared read-only by every layer, forward, backward and recompute.
+struct PackedMeta {
+  int T = 0;                         // tokens
+  int S = 0;                         // sequences
+  int max_seqlen = 0;
+  std::vector<int32_t> cu_seqlens;   // (S+1)
+  std::vector<int32_t> positions;    // (T) position of each token inside its sequence (RoPE)
+  std::vector<int32_t> seq_ids;      // (T)
+  std::vector<int32_t> seq_start;    // (T) attention block bounds: token t sees keys [seq_start[t], t]
+  std::vector<int32_t> seq_end;      // (T) one past the last token of t's sequence
+  std::vector<float> rope_cos;       // (T, head_dim/2)
+  std::vector<float> rope_sin;       // (T, head_dim/2)
+};
+
+// Checks a packed batch against a vocabulary: cu_seqlens starts at 0, never decreases, ends at
+// T; tokens in [0, V); targets empty or (T) in [-1, V). The message names the field and index.
+Status validate_packed_batch(const PackedBatch& batch, int vocab_size, bool need_targets);
+// Fills meta (reusing its capacity) from a batch already validated.
+void build_packed_meta(PackedMeta* meta, const PackedBatch& batch, int head_dim, float rope_theta);
+
+// Checks sizes and switches (head counts divide, head_dim even, top-k <= experts, ...).
+Status validate_model_config(const ModelConfig& cfg);
+
+// The decoder-only MoE transformer (Qwen3-MoE or Mixtral layout). Not thread-safe: one caller at a
+// time. Parameters and gradients are one flat fp32 arena each with the same table (tensors());
+// activations are a third arena, grown to the largest batch seen and reused.
+class Model {
+ public:
+  // Deterministic init from seed: linear and embedding weights ~ N(0, 0.02), norm weights 1.
+  static Result<Model> create(const ModelConfig& cfg, uint64_t seed = 0);
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  ~Model();
+
+  const ModelConfig& config() const;
+  const std::vector<TensorSpec>& tensors() const;       // Hugging Face names, offsets into params()
+  const TensorSpec* find_tensor(std::string_view name) const;  // nullptr when absent
+  std::span<float> params();
+  std::span<const float> params() const;
+  std::span<float> grads();                                // same layout as params()
+  std::span<const float> grads() const;
+  Status set_params(std::span<const float> flat);          // size must equal params().size()
+  void zero_grads();
+
+  // Training forward on a packed batch (targets required). Per position t:
+  //   logp[t] = log softmax(logits[t] / temperature)[targets[t]]  (0 where targets[t] == -1)
+  //   entropy[t] = entropy of that distribution. logp, entropy: (T) caller-owned. temperature > 0.
+  // Saves what backward_train needs (until the next forward_* call).
+  Status forward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy);
+  // Backward of loss = sum_t dlogp[t]*logp[t] + dentropy[t]*entropy[t] (+ the router aux loss when
+  // router_aux_loss_coef > 0), ACCUMULATED into grads(). Either pointer may be null (= zeros).
+  Status backward_train(const float* dlogp, const float* dentropy);
+  // router_aux_loss_coef * sum over MoE layers of the layer's load-balancing loss, last forward.
+  float last_aux_loss() const;
+
+  // Logits (T, V) for every position of the batch (targets may be empty). Tests and `troupe score`.
+  Status forward_logits(const PackedBatch& batch, float* logits);
+
+  // KV-cache sampling for a batch of prompts of different lengths. logprobs are log
+  // softmax(logits / temperature) of the sampled token (before top-k/top-p truncation), i.e. what
+  // forward_train at the same temperature returns; greedy (temperature 0) reports temperature 1.
+  // Deterministic for a seed; each prompt has its own RNG stream (seed, prompt index).
+  Result<std::vector<Generation>> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                           const SamplingParams& params);
+
+  // Observability for tests and benchmarks.
+  uint64_t packed_meta_builds() const;      // PackedMeta constructions since create()
+  size_t activation_peak_bytes() const;     // activation arena + reload buffers (offload store excluded)
+
+  struct Impl;
+
+ private:
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace troupe::policy

@@ -1,0 +1,786 @@
+// The policy model: Qwen3-MoE / Mixtral decoder on the CPU ops of troupe::kernels. Parameters and
+// gradients are one flat arena each laid out from one tensor table (experts of a layer contiguous,
+// so the MoE kernel sees (E, H, C) blocks); activations are a third arena carved per batch size.
+// Backward is the forward's call list reversed; every parameter gradient is accumulated (+=).
+#include "troupe/policy/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "model_impl.h"
+#include "troupe/kernels/moe.h"
+#include "troupe/kernels/ops.h"
+
+namespace troupe::policy {
+
+namespace k = troupe::kernels;
+
+// ---- batch validation and packed metadata ---------------------------------------------------------
+
+Status validate_packed_batch(const PackedBatch& b, int vocab_size, bool need_targets) {
+  const size_t T = b.tokens.size();
+  if (T == 0) return invalid_input("packed batch: no tokens");
+  if (T > static_cast<size_t>(std::numeric_limits<int32_t>::max() / 2))
+    return invalid_input("packed batch: too many tokens (" + std::to_string(T) + ")");
+  if (b.cu_seqlens.size() < 2) return invalid_input("packed batch: cu_seqlens needs at least 2 entries (got " +
+                                                    std::to_string(b.cu_seqlens.size()) + ")");
+  if (b.cu_seqlens.front() != 0)
+    return invalid_input("packed batch: cu_seqlens[0] must be 0, got " + std::to_string(b.cu_seqlens.front()));
+  for (size_t i = 1; i < b.cu_seqlens.size(); ++i)
+    if (b.cu_seqlens[i] < b.cu_seqlens[i - 1])
+      return invalid_input("packed batch: cu_seqlens decreases at index " + std::to_string(i) + " (" +
+                           std::to_string(b.cu_seqlens[i - 1]) + " -> " + std::to_string(b.cu_seqlens[i]) + ")");
+  if (static_cast<size_t>(b.cu_seqlens.back()) != T)
+    return invalid_input("packed batch: cu_seqlens.back() = " + std::to_string(b.cu_seqlens.back()) +
+                         " but there are " + std::to_string(T) + " tokens");
+  for (size_t t = 0; t < T; ++t)
+    if (b.tokens[t] < 0 || b.tokens[t] >= vocab_size)
+      return invalid_input("packed batch: tokens[" + std::to_string(t) + "] = " + std::to_string(b.tokens[t]) +
+                           " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+  if (b.targets.empty() && !need_targets) return {};
+  if (b.targets.size() != T)
+    return invalid_input("packed batch: " + std::to_string(b.targets.size()) + " targets for " + std::to_string(T) +
+                         " tokens");
+  for (size_t t = 0; t < T; ++t)
+    if (b.targets[t] < -1 || b.targets[t] >= vocab_size)
+      return invalid_input("packed batch: targets[" + std::to_string(t) + "] = " + std::to_string(b.targets[t]) +
+                           " is outside [-1, " + std::to_string(vocab_size) + ")");
+  return {};
+}
+
+void build_packed_meta(PackedMeta* m, const PackedBatch& b, int head_dim, float rope_theta) {
+  const int T = static_cast<int>(b.tokens.size());
+  m->T = T;
+  m->S = static_cast<int>(b.cu_seqlens.size()) - 1;
+  m->cu_seqlens.assign(b.cu_seqlens.begin(), b.cu_seqlens.end());
+  m->positions.resize(T);
+  m->seq_ids.resize(T);
+  m->seq_start.resize(T);
+  m->seq_end.resize(T);
+  m->max_seqlen = 0;
+  for (int s = 0; s < m->S; ++s) {
+    const int a = b.cu_seqlens[s], e = b.cu_seqlens[s + 1];
+    m->max_seqlen = std::max(m->max_seqlen, e - a);
+    for (int t = a; t < e; ++t) {
+      m->positions[t] = t - a;
+      m->seq_ids[t] = s;
+      m->seq_start[t] = a;
+      m->seq_end[t] = e;
+    }
+  }
+  m->rope_cos.resize(static_cast<size_t>(T) * head_dim / 2);
+  m->rope_sin.resize(static_cast<size_t>(T) * head_dim / 2);
+  k::rope_cos_sin(m->rope_cos.data(), m->rope_sin.data(), m->positions.data(), T, head_dim, rope_theta);
+}
+
+Status validate_model_config(const ModelConfig& c) {
+  auto bad = [](const std::string& field, const std::string& why) {
+    return invalid_input("model config: " + field + ": " + why);
+  };
+  if (c.family != "qwen3_moe" && c.family != "mixtral")
+    return bad("family", "'" + c.family + "' is not supported (use qwen3_moe or mixtral)");
+  if (c.vocab_size <= 0) return bad("vocab_size", "must be > 0");
+  if (c.hidden_size <= 0) return bad("hidden_size", "must be > 0");
+  if (c.num_hidden_layers <= 0) return bad("num_hidden_layers", "must be > 0");
+  if (c.num_attention_heads <= 0 || c.num_key_value_heads <= 0)
+    return bad("num_attention_heads/num_key_value_heads", "must be > 0");
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    return bad("num_key_value_heads", std::to_string(c.num_key_value_heads) + " does not divide num_attention_heads " +
+                                          std::to_string(c.num_attention_heads));
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0) return bad("head_dim", "must be even and > 0 (RoPE rotates halves)");
+  bool any_dense = false, any_moe = false;
+  for (int l = 0; l < c.num_hidden_layers; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
+  for (int d : c.mlp_only_layers)
+    if (d < 0 || d >= c.num_hidden_layers)
+      return bad("mlp_only_layers", "layer " + std::to_string(d) + " does not exist (num_hidden_layers " +
+                                        std::to_string(c.num_hidden_layers) + ")");
+  if (any_dense && c.intermediate_size <= 0) return bad("intermediate_size", "must be > 0 for dense layers");
+  if (any_moe) {
+    if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
+      return bad("num_experts_per_tok", std::to_string(c.num_experts_per_tok) + " must be in [1, num_experts=" +
+                                            std::to_string(c.num_experts) + "]");
+    if (c.moe_intermediate_size <= 0) return bad("moe_intermediate_size", "must be > 0");
+    if (c.shared_expert_intermediate_size < 0) return bad("shared_expert_intermediate_size", "must be >= 0");
+  }
+  if (!(c.rope_theta > 0)) return bad("rope_theta", "must be > 0");
+  if (!(c.rms_norm_eps > 0)) return bad("rms_norm_eps", "must be > 0");
+  if (!(c.router_aux_loss_coef >= 0)) return bad("router_aux_loss_coef", "must be >= 0");
+  if (c.offload_activations && !c.activation_checkpointing)
+    return bad("offload_activations", "needs activation_checkpointing: true (only checkpointed layer inputs are offloaded)");
+  return {};
+}
+
+// ---- construction ---------------------------------------------------------------------------------
+
+namespace {
+
+// splitmix64: the init and sampling RNG (fixed algorithm, so results do not depend on the C++ library).
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+double uniform01(uint64_t& s) { return static_cast<double>(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+}  // namespace
+
+Model::Impl::Impl(const ModelConfig& c) : cfg(c) {
+  C = c.hidden_size;
+  NH = c.num_attention_heads;
+  NKV = c.num_key_value_heads;
+  HD = c.head_dim;
+  V = c.vocab_size;
+  L = c.num_hidden_layers;
+  I = c.intermediate_size;
+  qk = c.qk_norm();
+  moe_cfg.C = C;
+  moe_cfg.H = c.moe_intermediate_size;
+  moe_cfg.E = c.num_experts;
+  moe_cfg.K = c.num_experts_per_tok;
+  moe_cfg.renormalize = c.family == "mixtral" ? true : c.norm_topk_prob;
+  moe_cfg.H_shared = c.shared_expert_intermediate_size;
+  moe_cfg.grouped = c.moe_grouped;
+  for (int l = 0; l < L; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
+  build_table();
+  params.assign(n_params, 0.0f);
+  grads.assign(n_params, 0.0f);
+  moe_stats.assign(L, {});
+}
+
+void Model::Impl::build_table() {
+  size_t off = 0;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    TensorSpec t{name, std::move(shape), off};
+    off += t.numel();
+    const size_t at = t.offset;
+    table.push_back(std::move(t));
+    return at;
+  };
+  auto add_at = [&](const std::string& name, std::vector<int64_t> shape, size_t at) {
+    table.push_back(TensorSpec{name, std::move(shape), at});
+  };
+  const bool mix = cfg.family == "mixtral";
+  wte = add("model.embed_tokens.weight", {V, C});
+  layers.resize(L);
+  for (int l = 0; l < L; ++l) {
+    LayerW& w = layers[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    w.ln1 = add(p + "input_layernorm.weight", {C});
+    w.wq = add(p + "self_attn.q_proj.weight", {NH * HD, C});
+    w.wk = add(p + "self_attn.k_proj.weight", {NKV * HD, C});
+    w.wv = add(p + "self_attn.v_proj.weight", {NKV * HD, C});
+    w.wo = add(p + "self_attn.o_proj.weight", {C, NH * HD});
+    if (qk) {
+      w.qn = add(p + "self_attn.q_norm.weight", {HD});
+      w.kn = add(p + "self_attn.k_norm.weight", {HD});
+    }
+    w.ln2 = add(p + "post_attention_layernorm.weight", {C});
+    w.moe = cfg.is_moe_layer(l);
+    if (!w.moe) {
+      w.wg = add(p + "mlp.gate_proj.weight", {I, C});
+      w.wu = add(p + "mlp.up_proj.weight", {I, C});
+      w.wd = add(p + "mlp.down_proj.weight", {C, I});
+      continue;
+    }
+    const int E = moe_cfg.E, H = moe_cfg.H;
+    const std::string m = p + (mix ? "block_sparse_moe." : "mlp.");
+    w.router = add(m + "gate.weight", {E, C});
+    // Expert blocks (E, H, C), (E, H, C), (E, C, H): one table entry per expert, HF names.
+    w.eg = off;
+    w.eu = w.eg + static_cast<size_t>(E) * H * C;
+    w.ed = w.eu + static_cast<size_t>(E) * H * C;
+    off = w.ed + static_cast<size_t>(E) * C * H;
+    for (int e = 0; e < E; ++e) {
+      const std::string x = m + "experts." + std::to_string(e) + ".";
+      const size_t eo = static_cast<size_t>(e) * H * C;
+      add_at(x + (mix ? "w1.weight" : "gate_proj.weight"), {H, C}, w.eg + eo);
+      add_at(x + (mix ? "w3.weight" : "up_proj.weight"), {H, C}, w.eu + eo);
+      add_at(x + (mix ? "w2.weight" : "down_proj.weight"), {C, H}, w.ed + eo);
+    }
+    if (moe_cfg.H_shared > 0) {
+      const int HS = moe_cfg.H_shared;
+      w.sg = add(m + "shared_expert.gate_proj.weight", {HS, C});
+      w.su = add(m + "shared_expert.up_proj.weight", {HS, C});
+      w.sd = add(m + "shared_expert.down_proj.weight", {C, HS});
+    }
+  }
+  wnorm = add("model.norm.weight", {C});
+  wlm = cfg.tie_word_embeddings ? wte : add("lm_head.weight", {V, C});
+  n_params = off;
+}
+
+void Model::Impl::init_params(uint64_t seed) {
+  uint64_t s = seed;
+  std::vector<bool> is_norm(n_params, false);
+  for (const auto& t : table) {
+    const bool norm = t.name.find("norm.weight") != std::string::npos;
+    float* p = params.data() + t.offset;
+    const size_t n = t.numel();
+    if (norm) {
+      std::fill(p, p + n, 1.0f);
+      continue;
+    }
+    for (size_t i = 0; i < n; i += 2) {  // Box-Muller, two normals per draw
+      const double u1 = std::max(uniform01(s), 1e-300), u2 = uniform01(s);
+      const double r = std::sqrt(-2.0 * std::log(u1)), a = 2.0 * M_PI * u2;
+      p[i] = static_cast<float>(0.02 * r * std::cos(a));
+      if (i + 1 < n) p[i + 1] = static_cast<float>(0.02 * r * std::sin(a));
+    }
+  }
+}
+
+k::MoeWeights Model::Impl::moe_weights(int l) const {
+  const LayerW& w = layers[l];
+  const float* P = params.data();
+  k::MoeWeights mw;
+  mw.w_router = P + w.router;
+  mw.w_gate = P + w.eg;
+  mw.w_up = P + w.eu;
+  mw.w_down = P + w.ed;
+  if (moe_cfg.H_shared > 0) {
+    mw.ws_gate = P + w.sg;
+    mw.ws_up = P + w.su;
+    mw.ws_down = P + w.sd;
+  }
+  return mw;
+}
+
+k::MoeGrads Model::Impl::moe_grads(int l) {
+  const LayerW& w = layers[l];
+  float* G = grads.data();
+  k::MoeGrads mg;
+  mg.w_router = G + w.router;
+  mg.w_gate = G + w.eg;
+  mg.w_up = G + w.eu;
+  mg.w_down = G + w.ed;
+  if (moe_cfg.H_shared > 0) {
+    mg.ws_gate = G + w.sg;
+    mg.ws_up = G + w.su;
+    mg.ws_down = G + w.sd;
+  }
+  return mg;
+}
+
+// ---- activation arena -----------------------------------------------------------------------------
+
+size_t Model::Impl::layer_ws_floats(int T) const {
+  const size_t t = static_cast<size_t>(T);
+  size_t n = t * C * 3 + t * 2                                       // h1, x2, h2, rstd1, rstd2
+             + t * NH * HD * 3 + t * NKV * HD * 3 + t * NH          // q, qr, att, k, kr, v, lse
+             + t * NH + t * NKV;                                     // rstd_q, rstd_k
+  size_t ffn = 0;
+  if (any_dense) ffn = std::max(ffn, t * I * 3);
+  if (any_moe) ffn = std::max(ffn, k::moe_saved_floats(moe_cfg, T));
+  return n + ffn;
+}
+
+Acts Model::Impl::carve(std::vector<float>& arena, int T, int n_resid, int n_ws, bool with_grads) const {
+  const size_t t = static_cast<size_t>(T);
+  size_t off = 0;
+  Acts a;
+  a.T = T;
+  std::vector<size_t> resid_off(n_resid), ws_off(n_ws);
+  for (auto& r : resid_off) r = off, off += t * C;
+  const size_t wsn = layer_ws_floats(T);
+  for (auto& w : ws_off) w = off, off += wsn;
+  auto take = [&](size_t n) {
+    const size_t at = off;
+    off += n;
+    return at;
+  };
+  const size_t o_hf = take(t * C), o_rstdf = take(t), o_logits = take(t * V), o_lse = take(t), o_y = take(t * C);
+  size_t moe_scr = 0;
+  if (any_moe) moe_scr = k::moe_scratch_floats(moe_cfg, T);
+  const size_t o_moe = take(moe_scr);
+  size_t o_ascr = 0, o_dres = 0, o_dh = 0, o_datt = 0, o_dq = 0, o_dk = 0, o_dv = 0, o_dqr = 0, o_dkr = 0, o_dg = 0,
+         o_du = 0, o_da = 0, o_dlog = 0, o_xrec = 0;
+  if (with_grads) {
+    o_ascr = take(t * NH);
+    o_dres = take(t * C);
+    o_dh = take(t * C);
+    o_datt = take(t * NH * HD);
+    o_dq = take(t * NH * HD);
+    o_dk = take(t * NKV * HD);
+    o_dv = take(t * NKV * HD);
+    o_dqr = take(t * NH * HD);
+    o_dkr = take(t * NKV * HD);
+    if (any_dense) {
+      o_dg = take(t * I);
+      o_du = take(t * I);
+      o_da = take(t * I);
+    }
+    o_dlog = take(t * V);
+    o_xrec = take(t * C);
+  }
+  if (arena.size() < off) arena.resize(off);
+  float* B = arena.data();
+  for (auto r : resid_off) a.resid.push_back(B + r);
+  for (auto w : ws_off) {
+    LayerActs la;
+    float* p = B + w;
+    auto next = [&](size_t n) {
+      float* q = p;
+      p += n;
+      return q;
+    };
+    la.h1 = next(t * C);
+    la.x2 = next(t * C);
+    la.h2 = next(t * C);
+    la.rstd1 = next(t);
+    la.rstd2 = next(t);
+    la.q = next(t * NH * HD);
+    la.qr = next(t * NH * HD);
+    la.att = next(t * NH * HD);
+    la.k = next(t * NKV * HD);
+    la.kr = next(t * NKV * HD);
+    la.v = next(t * NKV * HD);
+    la.lse = next(t * NH);
+    la.rstdq = next(t * NH);
+    la.rstdk = next(t * NKV);
+    la.g = p;  // dense: g, u, a (T, I) each; MoE: the kernel's saved buffer (same region)
+    la.u = p + t * I;
+    la.a = p + 2 * t * I;
+    la.moe_saved = p;
+    a.ws.push_back(la);
+  }
+  a.hf = B + o_hf;
+  a.rstdf = B + o_rstdf;
+  a.logits = B + o_logits;
+  a.lse_out = B + o_lse;
+  a.y = B + o_y;
+  a.moe_scratch = B + o_moe;
+  if (with_grads) {
+    a.attn_scratch = B + o_ascr;
+    a.dresid = B + o_dres;
+    a.dh = B + o_dh;
+    a.datt = B + o_datt;
+    a.dq = B + o_dq;
+    a.dk = B + o_dk;
+    a.dv = B + o_dv;
+    a.dqr = B + o_dqr;
+    a.dkr = B + o_dkr;
+    a.dg = B + o_dg;
+    a.du = B + o_du;
+    a.da = B + o_da;
+    a.dlogits = B + o_dlog;
+    a.x_recompute = B + o_xrec;
+  }
+  a.floats = off;
+  return a;
+}
+
+// ---- one decoder layer ----------------------------------------------------------------------------
+
+void Model::Impl::layer_forward(int l, const float* x, float* x_out, const LayerActs& a, const Acts& acts,
+                                const PackedMeta& m, int T, const KvCtx* kv) {
+  const LayerW& w = layers[l];
+  const float* P = params.data();
+  const float eps = cfg.rms_norm_eps;
+  const int QD = NH * HD, KD = NKV * HD;
+  k::rmsnorm_forward(a.h1, a.rstd1, x, P + w.ln1, T, C, eps);
+  k::matmul_forward(a.q, a.h1, P + w.wq, T, C, QD);
+  k::matmul_forward(a.k, a.h1, P + w.wk, T, C, KD);
+  k::matmul_forward(a.v, a.h1, P + w.wv, T, C, KD);
+  const float* qsrc = a.q;
+  const float* ksrc = a.k;
+  if (qk) {
+    k::rmsnorm_forward(a.qr, a.rstdq, a.q, P + w.qn, T * NH, HD, eps);
+    k::rmsnorm_forward(a.kr, a.rstdk, a.k, P + w.kn, T * NKV, HD, eps);
+    qsrc = a.qr;
+    ksrc = a.kr;
+  }
+  k::rope_forward(a.qr, qsrc, m.rope_cos.data(), m.rope_sin.data(), T, NH, HD);
+  k::rope_forward(a.kr, ksrc, m.rope_cos.data(), m.rope_sin.data(), T, NKV, HD);
+  if (kv) {
+    // Write this step's keys/values at (slot, position) of layer l's cache.
+    float* kc = kv->k_cache + static_cast<size_t>(l) * kv->layer_stride;
+    float* vc = kv->v_cache + static_cast<size_t>(l) * kv->layer_stride;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; ++t) {
+      const size_t row = (static_cast<size_t>(kv->slot[t]) * kv->cache_len + kv->pos[t]) * KD;
+      std::memcpy(kc + row, a.kr + static_cast<size_t>(t) * KD, sizeof(float) * KD);
+      std::memcpy(vc + row, a.v + static_cast<size_t>(t) * KD, sizeof(float) * KD);
+    }
+  }
+  if (kv && kv->decode) {
+    const float* kc = kv->k_cache + static_cast<size_t>(l) * kv->layer_stride;
+    const float* vc = kv->v_cache + static_cast<size_t>(l) * kv->layer_stride;
+    k::attention_decode_forward(a.att, a.qr, kc, vc, kv->kv_len, kv->slot, T, kv->cache_len, NH, NKV, HD);
+  } else {
+    k::attention_forward(a.att, a.lse, a.qr, a.kr, a.v, m.seq_start.data(), m.seq_end.data(), T, NH, NKV, HD);
+  }
+  k::matmul_forward(a.x2, a.att, P + w.wo, T, QD, C);
+  const size_t TC = static_cast<size_t>(T) * C;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < TC; ++i) a.x2[i] += x[i];
+  k::rmsnorm_forward(a.h2, a.rstd2, a.x2, P + w.ln2, T, C, eps);
+  float* y = acts.y;
+  if (!w.moe) {
+    k::matmul_forward(a.g, a.h2, P + w.wg, T, C, I);
+    k::matmul_forward(a.u, a.h2, P + w.wu, T, C, I);
+    k::swiglu_forward(a.a, a.g, a.u, T * I);
+    k::matmul_forward(y, a.a, P + w.wd, T, I, C);
+  } else {
+    k::moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, moe_weights(l), moe_cfg, T, acts.moe_scratch);
+  }
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < TC; ++i) x_out[i] = a.x2[i] + y[i];
+}
+
+void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, const Acts& acts, const PackedMeta& m,
+                                 int T, float* dresid, float daux) {
+  const LayerW& w = layers[l];
+  const float* P = params.data();
+  float* G = grads.data();
+  const int QD = NH * HD, KD = NKV * HD;
+  const size_t TC = static_cast<size_t>(T) * C;
+  // FFN: dresid holds d x_out = d y = part of d x2.
+  if (!w.moe) {
+    const size_t TI = static_cast<size_t>(T) * I;
+    std::fill(acts.da, acts.da + TI, 0.0f);
+    k::matmul_backward(acts.da, G + w.wd, dresid, a.a, P + w.wd, T, I, C);
+    k::swiglu_backward(acts.dg, acts.du, acts.da, a.g, a.u, T * I);
+    std::fill(acts.dh, acts.dh + TC, 0.0f);
+    k::matmul_backward(acts.dh, G + w.wg, acts.dg, a.h2, P + w.wg, T, C, I);
+    k::matmul_backward(acts.dh, G + w.wu, acts.du, a.h2, P + w.wu, T, C, I);
+  } else {
+    k::moe_backward(acts.dh, moe_grads(l), dresid, daux, a.h2, a.moe_saved, moe_weights(l), moe_cfg, T,
+                    acts.moe_scratch);
+  }
+  k::rmsnorm_backward(dresid, G + w.ln2, acts.dh, a.x2, P + w.ln2, a.rstd2, T, C);  // dresid = d x2
+  // Attention.
+  std::fill(acts.datt, acts.datt + static_cast<size_t>(T) * QD, 0.0f);
+  k::matmul_backward(acts.datt, G + w.wo, dresid, a.att, P + w.wo, T, QD, C);
+  k::attention_backward(acts.dqr, acts.dkr, acts.dv, acts.attn_scratch, acts.datt, a.qr, a.kr, a.v, a.att, a.lse,
+                        m.seq_start.data(), m.seq_end.data(), T, NH, NKV, HD);
+  k::rope_backward(acts.dqr, acts.dqr, m.rope_cos.data(), m.rope_sin.data(), T, NH, HD);
+  k::rope_backward(acts.dkr, acts.dkr, m.rope_cos.data(), m.rope_sin.data(), T, NKV, HD);
+  const float* dq = acts.dqr;
+  const float* dk = acts.dkr;
+  if (qk) {
+    std::fill(acts.dq, acts.dq + static_cast<size_t>(T) * QD, 0.0f);
+    std::fill(acts.dk, acts.dk + static_cast<size_t>(T) * KD, 0.0f);
+    k::rmsnorm_backward(acts.dq, G + w.qn, acts.dqr, a.q, P + w.qn, a.rstdq, T * NH, HD);
+    k::rmsnorm_backward(acts.dk, G + w.kn, acts.dkr, a.k, P + w.kn, a.rstdk, T * NKV, HD);
+    dq = acts.dq;
+    dk = acts.dk;
+  }
+  std::fill(acts.dh, acts.dh + TC, 0.0f);
+  k::matmul_backward(acts.dh, G + w.wq, dq, a.h1, P + w.wq, T, C, QD);
+  k::matmul_backward(acts.dh, G + w.wk, dk, a.h1, P + w.wk, T, C, KD);
+  k::matmul_backward(acts.dh, G + w.wv, acts.dv, a.h1, P + w.wv, T, C, KD);
+  k::rmsnorm_backward(dresid, G + w.ln1, acts.dh, x, P + w.ln1, a.rstd1, T, C);  // dresid = d x
+}
+
+const PackedMeta& Model::Impl::meta_for_layer() {
+  if (cfg.cache_packed_metadata) return meta;
+  build_packed_meta(&layer_meta, batch, HD, cfg.rope_theta);
+  ++meta_builds;
+  return layer_meta;
+}
+
+// ---- training forward / backward ------------------------------------------------------------------
+
+Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
+  TROUPE_TRY(validate_packed_batch(b, V, need_targets));
+  const int T = static_cast<int>(b.tokens.size());
+  batch.tokens.assign(b.tokens.begin(), b.tokens.end());
+  batch.cu_seqlens.assign(b.cu_seqlens.begin(), b.cu_seqlens.end());
+  if (b.targets.empty())
+    batch.targets.assign(T, -1);
+  else
+    batch.targets.assign(b.targets.begin(), b.targets.end());
+  const bool ckpt = cfg.activation_checkpointing;
+  acts = carve(arena, T, L + 1, ckpt ? 1 : L, true);
+  peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float));
+  if (cfg.cache_packed_metadata) {
+    build_packed_meta(&meta, batch, HD, cfg.rope_theta);
+    ++meta_builds;
+  }
+  k::embedding_forward(acts.resid[0], batch.tokens.data(), params.data() + wte, T, C);
+  for (int l = 0; l < L; ++l) {
+    const PackedMeta& m = meta_for_layer();
+    layer_forward(l, acts.resid[l], acts.resid[l + 1], acts.ws[ckpt ? 0 : l], acts, m, T, nullptr);
+  }
+  k::rmsnorm_forward(acts.hf, acts.rstdf, acts.resid[L], params.data() + wnorm, T, C, cfg.rms_norm_eps);
+  k::matmul_forward(acts.logits, acts.hf, params.data() + wlm, T, C, V);
+  aux_loss = 0;
+  if (cfg.router_aux_loss_coef > 0)
+    for (int l = 0; l < L; ++l)
+      if (layers[l].moe) aux_loss += cfg.router_aux_loss_coef * moe_stats[l].aux_loss;
+  return {};
+}
+
+Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
+  if (!have_train_forward) return make_error(ErrorCode::internal, "backward_train called without a forward_train before it");
+  have_train_forward = false;  // saved activations are consumed (recompute may overwrite them)
+  const int T = acts.T;
+  const size_t TC = static_cast<size_t>(T) * C;
+  float* G = grads.data();
+  const float* P = params.data();
+  k::logprob_backward(acts.dlogits, dlogp, dentropy, acts.logits, acts.lse_out, batch.targets.data(), temperature,
+                      T, V);
+  std::fill(acts.dh, acts.dh + TC, 0.0f);
+  k::matmul_backward(acts.dh, G + wlm, acts.dlogits, acts.hf, P + wlm, T, C, V);
+  std::fill(acts.dresid, acts.dresid + TC, 0.0f);
+  k::rmsnorm_backward(acts.dresid, G + wnorm, acts.dh, acts.resid[L], P + wnorm, acts.rstdf, T, C);
+  const bool ckpt = cfg.activation_checkpointing;
+  const float daux = cfg.router_aux_loss_coef;
+  for (int l = L - 1; l >= 0; --l) {
+    const PackedMeta& m = meta_for_layer();
+    const LayerActs& a = acts.ws[ckpt ? 0 : l];
+    // Under checkpointing the workspace still holds the last layer's forward; earlier layers are
+    // recomputed from their saved input (the output goes to a throwaway buffer).
+    if (ckpt && l != L - 1) layer_forward(l, acts.resid[l], acts.x_recompute, a, acts, m, T, nullptr);
+    layer_backward(l, acts.resid[l], a, acts, m, T, acts.dresid, layers[l].moe ? daux : 0.0f);
+  }
+  k::embedding_backward(G + wte, acts.dresid, batch.tokens.data(), T, C);
+  return {};
+}
+
+// ---- KV-cache generation --------------------------------------------------------------------------
+
+namespace {
+
+// Samples one token from a logits row; returns it and its log-prob under softmax(logits / T)
+// (temperature 1 for greedy). order is scratch of V ints.
+int32_t sample_row(const float* logits, int V, const SamplingParams& sp, uint64_t& rng, float* logprob,
+                   std::vector<int32_t>& order, std::vector<double>& prob) {
+  const bool greedy = sp.temperature <= 0.0f;
+  const double inv_t = greedy ? 1.0 : 1.0 / sp.temperature;
+  double m = -std::numeric_limits<double>::infinity();
+  int32_t arg = 0;
+  for (int i = 0; i < V; ++i) {
+    const double z = logits[i] * inv_t;
+    if (z > m) m = z, arg = i;
+  }
+  double s = 0;
+  for (int i = 0; i < V; ++i) s += (prob[i] = std::exp(logits[i] * inv_t - m));
+  const double lse = m + std::log(s);
+  int32_t tok = arg;
+  if (!greedy) {
+    int keep = V;
+    const bool truncate = (sp.top_k > 0 && sp.top_k < V) || sp.top_p < 1.0f;
+    if (truncate) {
+      for (int i = 0; i < V; ++i) order[i] = i;
+      auto by_prob = [&](int32_t a, int32_t b) { return prob[a] > prob[b] || (prob[a] == prob[b] && a < b); };
+      if (sp.top_k > 0 && sp.top_k < V) {
+        keep = sp.top_k;
+        std::partial_sort(order.begin(), order.begin() + keep, order.begin() + V, by_prob);
+      } else {
+        std::sort(order.begin(), order.begin() + V, by_prob);
+      }
+      if (sp.top_p < 1.0f) {
+        double cum = 0;
+        int n = 0;
+        while (n < keep) {
+          cum += prob[order[n]] / s;
+          ++n;
+          if (cum >= sp.top_p) break;
+        }
+        keep = std::max(1, n);
+      }
+      double kept = 0;
+      for (int i = 0; i < keep; ++i) kept += prob[order[i]];
+      double u = uniform01(rng) * kept;
+      tok = order[keep - 1];
+      for (int i = 0; i < keep; ++i) {
+        u -= prob[order[i]];
+        if (u < 0) {
+          tok = order[i];
+          break;
+        }
+      }
+    } else {
+      double u = uniform01(rng) * s;
+      tok = V - 1;
+      for (int i = 0; i < V; ++i) {
+        u -= prob[i];
+        if (u < 0) {
+          tok = i;
+          break;
+        }
+      }
+    }
+  }
+  *logprob = static_cast<float>(logits[tok] * inv_t - lse);
+  return tok;
+}
+
+}  // namespace
+
+Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                      const SamplingParams& sp) {
+  if (!(sp.temperature >= 0.0f) || !std::isfinite(sp.temperature))
+    return invalid_input("sampling: temperature must be >= 0, got " + std::to_string(sp.temperature));
+  if (!(sp.top_p > 0.0f && sp.top_p <= 1.0f))
+    return invalid_input("sampling: top_p must be in (0, 1], got " + std::to_string(sp.top_p));
+  if (sp.top_k < 0) return invalid_input("sampling: top_k must be >= 0, got " + std::to_string(sp.top_k));
+  if (sp.max_new_tokens < 0)
+    return invalid_input("sampling: max_new_tokens must be >= 0, got " + std::to_string(sp.max_new_tokens));
+  const int B = static_cast<int>(prompts.size());
+  std::vector<Generation> out(B);
+  if (B == 0) return out;
+  PackedBatch pre;
+  pre.cu_seqlens.push_back(0);
+  int max_prompt = 0;
+  for (int b = 0; b < B; ++b) {
+    if (prompts[b].empty()) return invalid_input("sampling: prompt " + std::to_string(b) + " is empty");
+    for (size_t i = 0; i < prompts[b].size(); ++i)
+      if (prompts[b][i] < 0 || prompts[b][i] >= V)
+        return invalid_input("sampling: prompt " + std::to_string(b) + " token " + std::to_string(i) + " = " +
+                             std::to_string(prompts[b][i]) + " is outside the vocabulary [0, " + std::to_string(V) +
+                             ")");
+    pre.tokens.insert(pre.tokens.end(), prompts[b].begin(), prompts[b].end());
+    pre.cu_seqlens.push_back(static_cast<int32_t>(pre.tokens.size()));
+    max_prompt = std::max(max_prompt, static_cast<int>(prompts[b].size()));
+  }
+  if (sp.max_new_tokens == 0) return out;
+  const int Tp = static_cast<int>(pre.tokens.size());
+  const int KD = NKV * HD;
+  // All buffers are sized once here; the decode loop below allocates nothing.
+  KvCtx kv;
+  kv.cache_len = max_prompt + sp.max_new_tokens;
+  kv.layer_stride = static_cast<size_t>(B) * kv.cache_len * KD;
+  std::vector<float> kcache(kv.layer_stride * L), vcache(kv.layer_stride * L);
+  kv.k_cache = kcache.data();
+  kv.v_cache = vcache.data();
+  std::vector<float> iarena;
+  Acts ia = carve(iarena, std::max(Tp, B), 2, 1, false);
+  PackedMeta pm;
+  build_packed_meta(&pm, pre, HD, cfg.rope_theta);
+  std::vector<int32_t> slot(std::max(Tp, B)), pos(std::max(Tp, B)), kv_len(B), active(B), tok(B), plen(B);
+  std::vector<uint64_t> rng(B);
+  for (int b = 0; b < B; ++b) {
+    plen[b] = static_cast<int32_t>(prompts[b].size());
+    uint64_t s0 = sp.seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(b + 1));
+    rng[b] = splitmix64(s0);
+  }
+  std::vector<float> last(static_cast<size_t>(B) * C), hl(static_cast<size_t>(B) * C), rl(B),
+      logits(static_cast<size_t>(B) * V);
+  std::vector<int32_t> order(V);
+  std::vector<double> prob(V);
+  const float* P = params.data();
+  auto run_layers = [&](const int32_t* tokens, int T, const PackedMeta& m, bool decode) {
+    kv.decode = decode;
+    kv.slot = slot.data();
+    kv.pos = pos.data();
+    kv.kv_len = kv_len.data();
+    k::embedding_forward(ia.resid[0], tokens, P + wte, T, C);
+    for (int l = 0; l < L; ++l) layer_forward(l, ia.resid[l % 2], ia.resid[(l + 1) % 2], ia.ws[0], ia, m, T, &kv);
+    return ia.resid[L % 2];
+  };
+  // Prefill every prompt as one packed batch; keep the last position's logits of each.
+  for (int t = 0; t < Tp; ++t) slot[t] = pm.seq_ids[t], pos[t] = pm.positions[t];
+  const float* xL = run_layers(pre.tokens.data(), Tp, pm, false);
+  for (int b = 0; b < B; ++b)
+    std::memcpy(last.data() + static_cast<size_t>(b) * C, xL + static_cast<size_t>(pre.cu_seqlens[b + 1] - 1) * C,
+                sizeof(float) * C);
+  int n_active = B;
+  for (int b = 0; b < B; ++b) active[b] = b, out[b].tokens.reserve(sp.max_new_tokens), out[b].logprobs.reserve(sp.max_new_tokens);
+  PackedMeta dm;  // decode-step metadata: positions and RoPE tables of the active rows
+  dm.rope_cos.resize(static_cast<size_t>(B) * HD / 2);
+  dm.rope_sin.resize(static_cast<size_t>(B) * HD / 2);
+  for (int step = 0;; ++step) {
+    k::rmsnorm_forward(hl.data(), rl.data(), last.data(), P + wnorm, n_active, C, cfg.rms_norm_eps);
+    k::matmul_forward(logits.data(), hl.data(), P + wlm, n_active, C, V);
+    int n_next = 0;
+    for (int i = 0; i < n_active; ++i) {
+      const int b = active[i];
+      float lp = 0;
+      const int32_t t = sample_row(logits.data() + static_cast<size_t>(i) * V, V, sp, rng[b], &lp, order, prob);
+      Generation& g = out[b];
+      g.tokens.push_back(t);
+      g.logprobs.push_back(lp);
+      if (std::find(sp.stop_tokens.begin(), sp.stop_tokens.end(), t) != sp.stop_tokens.end()) {
+        g.stopped = true;
+        continue;
+      }
+      if (static_cast<int>(g.tokens.size()) >= sp.max_new_tokens) continue;
+      active[n_next] = b;
+      tok[n_next] = t;
+      ++n_next;
+    }
+    n_active = n_next;
+    if (n_active == 0) break;
+    for (int i = 0; i < n_active; ++i) {
+      const int b = active[i];
+      slot[i] = b;
+      pos[i] = plen[b] + static_cast<int32_t>(out[b].tokens.size()) - 1;
+      kv_len[i] = pos[i] + 1;
+    }
+    k::rope_cos_sin(dm.rope_cos.data(), dm.rope_sin.data(), pos.data(), n_active, HD, cfg.rope_theta);
+    const float* x = run_layers(tok.data(), n_active, dm, true);
+    std::memcpy(last.data(), x, sizeof(float) * n_active * C);
+  }
+  return out;
+}
+
+// ---- Model (public API forwards to Impl) ----------------------------------------------------------
+
+Result<Model> Model::create(const ModelConfig& cfg, uint64_t seed) {
+  TROUPE_TRY(validate_model_config(cfg));
+  auto impl = std::make_unique<Impl>(cfg);
+  impl->init_params(seed);
+  return Model(std::move(impl));
+}
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+const ModelConfig& Model::config() const { return impl_->cfg; }
+const std::vector<TensorSpec>& Model::tensors() const { return impl_->table; }
+const TensorSpec* Model::find_tensor(std::string_view name) const {
+  for (const auto& t : impl_->table)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+std::span<float> Model::params() { return impl_->params; }
+std::span<const float> Model::params() const { return impl_->params; }
+std::span<float> Model::grads() { return impl_->grads; }
+std::span<const float> Model::grads() const { return impl_->grads; }
+Status Model::set_params(std::span<const float> flat) {
+  if (flat.size() != impl_->params.size())
+    return invalid_input("set_params: got " + std::to_string(flat.size()) + " floats, the model has " +
+                         std::to_string(impl_->params.size()));
+  std::copy(flat.begin(), flat.end(), impl_->params.begin());
+  return {};
+}
+void Model::zero_grads() { std::fill(impl_->grads.begin(), impl_->grads.end(), 0.0f); }
+
+Status Model::forward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy) {
+  impl_->have_train_forward = false;
+  if (!(temperature > 0.0f) || !std::isfinite(temperature))
+    return invalid_input("forward_train: temperature must be > 0, got " + std::to_string(temperature));
+  TROUPE_TRY(impl_->forward(batch, true));
+  Impl& m = *impl_;
+  m.temperature = temperature;
+  k::logprob_forward(logp, entropy, m.acts.lse_out, m.acts.logits, m.batch.targets.data(), temperature, m.acts.T,
+                     m.V);
+  m.have_train_forward = true;
+  return {};
+}
+Status Model::backward_train(const float* dlogp, const float* dentropy) { return impl_->backward(dlogp, dentropy); }
+float Model::last_aux_loss() const { return impl_->aux_loss; }
+
+Status Model::forward_logits(const PackedBatch& batch, float* logits) {
+  impl_->have_train_forward = false;
+  TROUPE_TRY(impl_->forward(batch, false));
+  std::memcpy(logits, impl_->acts.logits, sizeof(float) * impl_->acts.T * impl_->V);
+  return {};
+}
+
+Result<std::vector<Generation>> Model::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                const SamplingParams& params) {
+  return impl_->generate(prompts, params);
+}
+
+uint64_t Model::packed_meta_builds() const { return impl_->meta_builds; }
+size_t Model::activation_peak_bytes() const { return impl_->peak_bytes; }
+
+}  // namespace troupe::policy

@@ -1,0 +1,335 @@
+// Tests of the policy model on tiny configs: tensor table and arenas, input validation, packed
+// sequences never mixing, finite-difference gradients, the three switches against the plain path,
+// and KV-cache sampling log-probs against a full forward pass.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "troupe/policy/model.h"
+
+using namespace troupe::policy;
+
+namespace {
+
+ModelConfig tiny(const std::string& family = "qwen3_moe") {
+  ModelConfig c;
+  c.family = family;
+  c.vocab_size = 37;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.intermediate_size = 24;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 12;
+  c.mlp_only_layers = {0};
+  c.router_aux_loss_coef = 0.01f;
+  return c;
+}
+
+Model make(const ModelConfig& c, uint64_t seed = 7) {
+  auto m = Model::create(c, seed);
+  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
+  // Larger weights than the default init so the tests see non-trivial attention and routing.
+  Model model = std::move(m.value());
+  std::mt19937 g(static_cast<unsigned>(seed));
+  std::normal_distribution<float> d(0.0f, 0.3f);
+  for (const auto& t : model.tensors()) {
+    if (t.name.find("norm") != std::string::npos) continue;
+    float* p = model.params().data() + t.offset;
+    for (size_t i = 0; i < t.numel(); ++i) p[i] = d(g);
+  }
+  return model;
+}
+
+PackedBatch batch_of(const std::vector<std::vector<int32_t>>& seqs) {
+  PackedBatch b;
+  b.cu_seqlens.push_back(0);
+  for (const auto& s : seqs) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      b.tokens.push_back(s[i]);
+      b.targets.push_back(i + 1 < s.size() ? s[i + 1] : -1);
+    }
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+  }
+  return b;
+}
+
+PackedBatch sample_batch(int V) {
+  std::mt19937 g(3);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int len : {5, 1, 9, 3}) {
+    std::vector<int32_t> s(len);
+    for (auto& t : s) t = static_cast<int32_t>(g() % V);
+    seqs.push_back(s);
+  }
+  return batch_of(seqs);
+}
+
+// loss = sum_t w1[t] logp[t] + w2[t] entropy[t] with fixed weights; returns loss and fills grads.
+double run_loss(Model& m, const PackedBatch& b, float temp, bool backward) {
+  const size_t T = b.tokens.size();
+  std::vector<float> lp(T), ent(T), w1(T), w2(T);
+  for (size_t t = 0; t < T; ++t) w1[t] = std::sin(1.0 + t), w2[t] = 0.1f * std::cos(2.0 + t);
+  auto st = m.forward_train(b, temp, lp.data(), ent.data());
+  EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().message);
+  double L = m.last_aux_loss();
+  for (size_t t = 0; t < T; ++t) L += static_cast<double>(w1[t]) * lp[t] + static_cast<double>(w2[t]) * ent[t];
+  if (backward) {
+    auto s2 = m.backward_train(w1.data(), w2.data());
+    EXPECT_TRUE(s2.ok());
+  }
+  return L;
+}
+
+}  // namespace
+
+TEST(Model, TableFollowsHuggingFaceNames) {
+  Model q = make(tiny("qwen3_moe"));
+  EXPECT_NE(q.find_tensor("model.embed_tokens.weight"), nullptr);
+  EXPECT_NE(q.find_tensor("model.layers.0.mlp.gate_proj.weight"), nullptr);  // dense layer 0
+  EXPECT_NE(q.find_tensor("model.layers.1.mlp.gate.weight"), nullptr);
+  EXPECT_NE(q.find_tensor("model.layers.1.mlp.experts.3.down_proj.weight"), nullptr);
+  EXPECT_NE(q.find_tensor("model.layers.2.self_attn.q_norm.weight"), nullptr);
+  EXPECT_NE(q.find_tensor("lm_head.weight"), nullptr);
+  EXPECT_EQ(q.params().size(), q.grads().size());
+  // Experts are contiguous: expert e+1 follows expert e in each of gate/up/down.
+  auto* g0 = q.find_tensor("model.layers.1.mlp.experts.0.gate_proj.weight");
+  auto* g1 = q.find_tensor("model.layers.1.mlp.experts.1.gate_proj.weight");
+  EXPECT_EQ(g1->offset, g0->offset + g0->numel());
+  EXPECT_EQ(g0->shape, (std::vector<int64_t>{12, 16}));
+  size_t covered = 0;
+  for (const auto& t : q.tensors()) covered += t.numel();
+  EXPECT_EQ(covered, q.params().size());  // untied: the table tiles the arena exactly
+
+  ModelConfig mc = tiny("mixtral");
+  mc.tie_word_embeddings = true;
+  Model x = make(mc);
+  EXPECT_NE(x.find_tensor("model.layers.1.block_sparse_moe.gate.weight"), nullptr);
+  EXPECT_NE(x.find_tensor("model.layers.1.block_sparse_moe.experts.2.w2.weight"), nullptr);
+  EXPECT_EQ(x.find_tensor("model.layers.1.self_attn.q_norm.weight"), nullptr);
+  EXPECT_EQ(x.find_tensor("lm_head.weight"), nullptr);  // tied
+}
+
+TEST(Model, DeterministicInit) {
+  auto a = Model::create(tiny(), 5), b = Model::create(tiny(), 5), c = Model::create(tiny(), 6);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_TRUE(std::equal(a->params().begin(), a->params().end(), b->params().begin()));
+  EXPECT_FALSE(std::equal(a->params().begin(), a->params().end(), c->params().begin()));
+}
+
+TEST(Model, BadConfigAndBatchAreErrors) {
+  ModelConfig c = tiny();
+  c.num_key_value_heads = 3;
+  auto r = Model::create(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("num_key_value_heads"), std::string::npos);
+  c = tiny();
+  c.family = "llama";
+  EXPECT_FALSE(Model::create(c).ok());
+  c = tiny();
+  c.mlp_only_layers = {9};
+  EXPECT_FALSE(Model::create(c).ok());
+
+  Model m = make(tiny());
+  std::vector<float> lp(8), ent(8);
+  PackedBatch b = batch_of({{1, 2, 3}});
+  b.tokens[1] = 99;
+  auto s = m.forward_train(b, 1.0f, lp.data(), ent.data());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("tokens[1] = 99"), std::string::npos);
+  b = batch_of({{1, 2, 3}});
+  b.cu_seqlens = {0, 2};
+  s = m.forward_train(b, 1.0f, lp.data(), ent.data());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("cu_seqlens"), std::string::npos);
+  b = batch_of({{1, 2, 3}});
+  EXPECT_FALSE(m.forward_train(b, 0.0f, lp.data(), ent.data()).ok());
+  EXPECT_FALSE(m.backward_train(nullptr, nullptr).ok());  // no forward before it
+  EXPECT_FALSE(m.set_params(std::vector<float>(3)).ok());
+}
+
+// Packing never mixes sequences: each sequence's logits equal those of it run alone.
+TEST(Model, PackedSequencesAreIndependent) {
+  for (const char* fam : {"qwen3_moe", "mixtral"}) {
+    Model m = make(tiny(fam));
+    const int V = m.config().vocab_size;
+    PackedBatch b = sample_batch(V);
+    std::vector<float> all(b.tokens.size() * V);
+    ASSERT_TRUE(m.forward_logits(b, all.data()).ok());
+    for (size_t s = 0; s + 1 < b.cu_seqlens.size(); ++s) {
+      const int a = b.cu_seqlens[s], e = b.cu_seqlens[s + 1];
+      PackedBatch one;
+      one.tokens.assign(b.tokens.begin() + a, b.tokens.begin() + e);
+      one.cu_seqlens = {0, e - a};
+      std::vector<float> lg((e - a) * V);
+      ASSERT_TRUE(m.forward_logits(one, lg.data()).ok());
+      for (int i = 0; i < (e - a) * V; ++i) ASSERT_NEAR(lg[i], all[a * V + i], 2e-5) << fam << " seq " << s;
+    }
+  }
+}
+
+// Central differences in fp32 on a sample of parameters (the golden test checks every gradient
+// against PyTorch; this one needs no Python). Tolerance: 2e-2 relative + 2e-3 absolute.
+TEST(Model, FiniteDifferenceGradients) {
+  for (const char* fam : {"dense", "qwen3_moe", "mixtral"}) {
+    ModelConfig c = tiny(std::string(fam) == "dense" ? "qwen3_moe" : fam);
+    if (std::string(fam) == "dense") c.num_experts = 0;
+    c.shared_expert_intermediate_size = std::string(fam) == "mixtral" ? 8 : 0;
+    Model m = make(c);
+    PackedBatch b = sample_batch(c.vocab_size);
+    m.zero_grads();
+    run_loss(m, b, 0.9f, true);
+    std::vector<float> g(m.grads().begin(), m.grads().end());
+    std::mt19937 r(11);
+    int checked = 0;
+    for (const auto& t : m.tensors()) {
+      for (int rep = 0; rep < 2; ++rep) {
+        const size_t i = t.offset + r() % t.numel();
+        float& p = m.params()[i];
+        const float orig = p, h = 1e-3f;
+        p = orig + h;
+        const double lp = run_loss(m, b, 0.9f, false);
+        p = orig - h;
+        const double lm = run_loss(m, b, 0.9f, false);
+        p = orig;
+        const double num = (lp - lm) / (2 * h);
+        EXPECT_NEAR(g[i], num, 2e-3 + 2e-2 * std::fabs(num)) << fam << " " << t.name << " [" << i - t.offset << "]";
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 40);
+  }
+}
+
+// Issue 6, switch 1: metadata built once per batch vs once per layer and pass; same numbers.
+TEST(Model, PackedMetaCache) {
+  ModelConfig c = tiny();
+  Model on = make(c);
+  c.cache_packed_metadata = false;
+  Model off = make(c);
+  PackedBatch b = sample_batch(c.vocab_size);
+  on.zero_grads();
+  off.zero_grads();
+  const uint64_t b_on = on.packed_meta_builds(), b_off = off.packed_meta_builds();
+  const double l_on = run_loss(on, b, 1.0f, true), l_off = run_loss(off, b, 1.0f, true);
+  EXPECT_EQ(on.packed_meta_builds() - b_on, 1u);
+  EXPECT_EQ(off.packed_meta_builds() - b_off, static_cast<uint64_t>(2 * c.num_hidden_layers));
+  EXPECT_EQ(l_on, l_off);
+  for (size_t i = 0; i < on.grads().size(); ++i) ASSERT_EQ(on.grads()[i], off.grads()[i]) << i;
+}
+
+// Issue 6, switch 2 (recompute part): checkpointing gives the same gradients, bit for bit.
+TEST(Model, ActivationCheckpointingMatches) {
+  for (int layers : {1, 3}) {
+    ModelConfig c = tiny();
+    c.num_hidden_layers = layers;
+    Model plain = make(c);
+    c.activation_checkpointing = true;
+    Model ck = make(c);
+    PackedBatch b = sample_batch(c.vocab_size);
+    plain.zero_grads();
+    ck.zero_grads();
+    EXPECT_EQ(run_loss(plain, b, 1.0f, true), run_loss(ck, b, 1.0f, true));
+    for (size_t i = 0; i < plain.grads().size(); ++i) ASSERT_EQ(plain.grads()[i], ck.grads()[i]) << i;
+    if (layers > 1) {
+      EXPECT_LT(ck.activation_peak_bytes(), plain.activation_peak_bytes());
+    }
+  }
+}
+
+// Issue 6, switch 3 from the model's side: grouped and masked MoE routing give the same gradients.
+TEST(Model, MoeGroupedMatchesMasked) {
+  ModelConfig c = tiny();
+  Model g = make(c);
+  c.moe_grouped = false;
+  Model m = make(c);
+  PackedBatch b = sample_batch(c.vocab_size);
+  g.zero_grads();
+  m.zero_grads();
+  EXPECT_EQ(run_loss(g, b, 1.0f, true), run_loss(m, b, 1.0f, true));
+  for (size_t i = 0; i < g.grads().size(); ++i) ASSERT_EQ(g.grads()[i], m.grads()[i]) << i;
+}
+
+// Sampled log-probs equal a full forward of prompt + completion at the same temperature.
+TEST(Model, KvCacheLogprobsMatchForward) {
+  for (const char* fam : {"qwen3_moe", "mixtral"}) {
+    Model m = make(tiny(fam));
+    std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {5}, {7, 8, 9, 10, 11, 12}};
+    for (float temp : {1.0f, 0.7f, 0.0f}) {
+      SamplingParams sp;
+      sp.temperature = temp;
+      sp.max_new_tokens = 9;
+      sp.seed = 42;
+      sp.top_k = temp == 0.7f ? 10 : 0;
+      sp.top_p = temp == 0.7f ? 0.9f : 1.0f;
+      auto gen = m.generate(prompts, sp);
+      ASSERT_TRUE(gen.ok()) << gen.error().message;
+      std::vector<std::vector<int32_t>> full;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        ASSERT_EQ(gen.value()[i].tokens.size(), 9u);
+        EXPECT_FALSE(gen.value()[i].stopped);
+        auto s = prompts[i];
+        s.insert(s.end(), gen.value()[i].tokens.begin(), gen.value()[i].tokens.end());
+        full.push_back(s);
+      }
+      PackedBatch b = batch_of(full);
+      std::vector<float> lp(b.tokens.size()), ent(b.tokens.size());
+      ASSERT_TRUE(m.forward_train(b, temp == 0.0f ? 1.0f : temp, lp.data(), ent.data()).ok());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const size_t P = prompts[i].size();
+        for (size_t j = 0; j < gen.value()[i].tokens.size(); ++j) {
+          const size_t t = b.cu_seqlens[i] + P - 1 + j;  // position predicting generated token j
+          EXPECT_NEAR(gen.value()[i].logprobs[j], lp[t], 1e-4) << fam << " temp " << temp << " seq " << i;
+        }
+      }
+      if (temp == 0.0f) {  // greedy: each token is the argmax of the forward logits
+        std::vector<float> lg(b.tokens.size() * m.config().vocab_size);
+        ASSERT_TRUE(m.forward_logits(b, lg.data()).ok());
+        const int V = m.config().vocab_size;
+        for (size_t i = 0; i < prompts.size(); ++i)
+          for (size_t j = 0; j < gen.value()[i].tokens.size(); ++j) {
+            const size_t t = b.cu_seqlens[i] + prompts[i].size() - 1 + j;
+            const float* row = lg.data() + t * V;
+            EXPECT_EQ(gen.value()[i].tokens[j], std::max_element(row, row + V) - row);
+          }
+      }
+    }
+  }
+}
+
+TEST(Model, SamplingIsSeededAndStops) {
+  Model m = make(tiny());
+  std::vector<std::vector<int32_t>> prompts = {{1, 2}, {3, 4, 5}};
+  SamplingParams sp;
+  sp.max_new_tokens = 12;
+  sp.seed = 9;
+  auto a = m.generate(prompts, sp), b = m.generate(prompts, sp);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(a.value()[i].tokens, b.value()[i].tokens);
+    EXPECT_EQ(a.value()[i].logprobs, b.value()[i].logprobs);
+  }
+  sp.seed = 10;
+  auto c = m.generate(prompts, sp);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(a.value()[0].tokens, c.value()[0].tokens);
+  // Stop on the 3rd sampled token of prompt 0: it is included and the generation is marked stopped.
+  sp.seed = 9;
+  sp.stop_tokens = {a.value()[0].tokens[2]};
+  auto s = m.generate(prompts, sp);
+  ASSERT_TRUE(s.ok());
+  const auto& g0 = s.value()[0];
+  ASSERT_LE(g0.tokens.size(), 3u);
+  EXPECT_TRUE(g0.stopped);
+  EXPECT_EQ(g0.tokens.back(), a.value()[0].tokens[2]);
+  // Bad sampling input is an error, not a crash.
+  sp.top_p = 0.0f;
+  EXPECT_FALSE(m.generate(prompts, sp).ok());
+  sp.top_p = 1.0f;
+  EXPECT_FALSE(m.generate({{}}, sp).ok());
+  EXPECT_FALSE(m.generate({{1, 500}}, sp).ok());
+}

@@ -1,0 +1,101 @@
+// Internals of troupe::policy::Model shared by model.cpp and its tests: the parameter offsets of
+// each layer, the per-batch activation layout and the KV-cache view. Not a public header.
+// Invariant: every pointer in Acts points into one arena vector and is valid until the next carve().
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "troupe/kernels/moe.h"
+#include "troupe/policy/model.h"
+
+namespace troupe::policy {
+
+// Float offsets of one layer's tensors in the parameter (and gradient) arena.
+struct LayerW {
+  size_t ln1 = 0, wq = 0, wk = 0, wv = 0, wo = 0, qn = 0, kn = 0, ln2 = 0;
+  bool moe = false;
+  size_t wg = 0, wu = 0, wd = 0;           // dense SwiGLU: (I, C), (I, C), (C, I)
+  size_t router = 0, eg = 0, eu = 0, ed = 0;  // (E, C); experts (E, H, C), (E, H, C), (E, C, H)
+  size_t sg = 0, su = 0, sd = 0;           // shared expert (H_shared, C), (H_shared, C), (C, H_shared)
+};
+
+// What one layer's forward saves for its backward (T = tokens of the batch).
+struct LayerActs {
+  float *h1, *x2, *h2;          // (T, C): norm1 out, residual after attention, norm2 out
+  float *rstd1, *rstd2;         // (T)
+  float *q, *qr, *att;          // (T, NH*HD): q proj, q after q_norm + RoPE, attention out
+  float *k, *kr, *v;            // (T, NKV*HD)
+  float *lse;                   // (T, NH)
+  float *rstdq, *rstdk;         // (T*NH), (T*NKV) q/k norm
+  float *g, *u, *a;             // dense FFN (T, I) each
+  float *moe_saved;             // MoE layers: moe_saved_floats(cfg, T) (aliases g/u/a)
+};
+
+// The activation arena carved for one batch size.
+struct Acts {
+  int T = 0;
+  size_t floats = 0;
+  std::vector<float*> resid;    // layer inputs x_0..x_L (T, C) (inference: a ping-pong pair)
+  std::vector<LayerActs> ws;    // one per layer, or one shared under checkpointing
+  float *hf = nullptr, *rstdf = nullptr, *logits = nullptr, *lse_out = nullptr;  // final norm, (T, V), (T)
+  float *y = nullptr, *moe_scratch = nullptr;                                   // FFN output, MoE scratch
+  // Backward scratch (null in inference arenas).
+  float *attn_scratch = nullptr, *dresid = nullptr, *dh = nullptr, *datt = nullptr, *dq = nullptr, *dk = nullptr,
+        *dv = nullptr, *dqr = nullptr, *dkr = nullptr, *dg = nullptr, *du = nullptr, *da = nullptr,
+        *dlogits = nullptr, *x_recompute = nullptr;
+};
+
+// KV cache of a generate() call: (L, slots, cache_len, NKV, HD) for keys and for values.
+struct KvCtx {
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+  size_t layer_stride = 0;
+  int cache_len = 0;
+  bool decode = false;            // false: packed prefill (write cache, packed attention)
+  const int32_t* slot = nullptr;  // (T) cache slot of each row
+  const int32_t* pos = nullptr;   // (T) position written
+  const int32_t* kv_len = nullptr;  // (T) decode: keys visible
+};
+
+struct Model::Impl {
+  explicit Impl(const ModelConfig& c);
+  void build_table();
+  void init_params(uint64_t seed);
+  kernels::MoeWeights moe_weights(int l) const;
+  kernels::MoeGrads moe_grads(int l);
+  size_t layer_ws_floats(int T) const;
+  Acts carve(std::vector<float>& arena, int T, int n_resid, int n_ws, bool with_grads) const;
+  void layer_forward(int l, const float* x, float* x_out, const LayerActs& a, const Acts& acts, const PackedMeta& m,
+                     int T, const KvCtx* kv);
+  void layer_backward(int l, const float* x, const LayerActs& a, const Acts& acts, const PackedMeta& m, int T,
+                      float* dresid, float daux);
+  const PackedMeta& meta_for_layer();
+  Status forward(const PackedBatch& b, bool need_targets);
+  Status backward(const float* dlogp, const float* dentropy);
+  Result<std::vector<Generation>> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                           const SamplingParams& sp);
+
+  ModelConfig cfg;
+  int C = 0, NH = 0, NKV = 0, HD = 0, V = 0, L = 0, I = 0;
+  bool qk = false, any_moe = false, any_dense = false;
+  kernels::MoeConfig moe_cfg;
+
+  std::vector<TensorSpec> table;
+  std::vector<LayerW> layers;
+  size_t wte = 0, wnorm = 0, wlm = 0, n_params = 0;
+  std::vector<float> params, grads, arena;
+
+  // State of the last training forward.
+  PackedBatch batch;
+  PackedMeta meta, layer_meta;
+  Acts acts;
+  float temperature = 1.0f;
+  bool have_train_forward = false;
+  std::vector<kernels::MoeStats> moe_stats;
+  float aux_loss = 0;
+  uint64_t meta_builds = 0;
+  size_t peak_bytes = 0;
+};
+
+}  // namespace troupe::policy
