@@ -1,0 +1,90 @@
+// CURVE key files: generation, loading and validation (every error names the file and line).
+#include "troupe/runtime/curve.h"
+
+#include <sys/stat.h>
+#include <zmq.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace troupe::runtime {
+
+namespace {
+bool valid_z85_key(const std::string& k) {
+  if (k.size() != 40) return false;
+  std::uint8_t raw[32];
+  return zmq_z85_decode(raw, k.c_str()) != nullptr;
+}
+std::string trim(const std::string& s) {
+  auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  auto e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+Result<std::string> read_key_file(const std::string& file, const char* what) {
+  std::ifstream in(file);
+  if (!in) return invalid_input(file + ": cannot open CURVE " + what + " key file");
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    line = trim(line);
+    if (line.empty() || line[0] == '#') continue;
+    if (!valid_z85_key(line)) return invalid_input(file + ":" + std::to_string(n) + ": error: not a 40-character Z85 CURVE key");
+    return line;
+  }
+  return invalid_input(file + ": no CURVE " + what + " key in the file");
+}
+}  // namespace
+
+bool curve_available() { return zmq_has("curve") != 0; }
+
+Result<CurveKeypair> generate_curve_keypair() {
+  if (!curve_available()) return invalid_input("CURVE is not available: libzmq was built without libsodium");
+  char pub[41], sec[41];
+  if (zmq_curve_keypair(pub, sec) != 0) return make_error(ErrorCode::internal, std::string("zmq_curve_keypair: ") + zmq_strerror(zmq_errno()));
+  return CurveKeypair{pub, sec};
+}
+
+Status write_curve_keypair(const CurveKeypair& kp, const std::string& public_file, const std::string& secret_file) {
+  {
+    std::ofstream out(public_file);
+    if (!out) return make_error(ErrorCode::io, public_file + ": cannot write");
+    out << kp.public_key << "\n";
+  }
+  {
+    std::ofstream out(secret_file);
+    if (!out) return make_error(ErrorCode::io, secret_file + ": cannot write");
+    out << kp.secret_key << "\n";
+  }
+  ::chmod(secret_file.c_str(), 0600);
+  return {};
+}
+
+Result<CurveKeypair> load_curve_keypair(const std::string& public_file, const std::string& secret_file) {
+  TROUPE_ASSIGN_OR_RETURN(std::string pub, read_key_file(public_file, "public"));
+  TROUPE_ASSIGN_OR_RETURN(std::string sec, read_key_file(secret_file, "secret"));
+  char derived[41];
+  if (zmq_curve_public(derived, sec.c_str()) != 0 || pub != derived)
+    return invalid_input(secret_file + ": secret key does not match the public key in " + public_file);
+  return CurveKeypair{pub, sec};
+}
+
+Result<std::vector<std::string>> load_authorized_keys(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) return invalid_input(file + ": cannot open the CURVE authorized keys file");
+  std::vector<std::string> keys;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    line = trim(line);
+    if (line.empty() || line[0] == '#') continue;
+    if (!valid_z85_key(line)) return invalid_input(file + ":" + std::to_string(n) + ": error: not a 40-character Z85 CURVE public key");
+    keys.push_back(line);
+  }
+  if (keys.empty()) return invalid_input(file + ": no authorized keys (every peer would be refused)");
+  return keys;
+}
+
+}  // namespace troupe::runtime

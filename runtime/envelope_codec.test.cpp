@@ -1,0 +1,122 @@
+// Envelope codec: round trips, and each malformed-frame class gets its own clear error.
+#include <gtest/gtest.h>
+
+#include "test_messages.h"
+
+using namespace troupe::runtime;
+using namespace troupe::runtime::testing;
+
+namespace {
+EnvelopeHeader hdr() {
+  EnvelopeHeader h;
+  h.sender = {1, 7};
+  h.recipient = {2, 9};
+  h.correlation = 42;
+  h.flags = kFlagRequest;
+  return h;
+}
+Trajectory traj() {
+  Trajectory t;
+  t.episode = 5;
+  t.policy_version = 3;
+  t.tokens = {1, 2, 3, 4};
+  t.logprobs = {-0.5f, -1.25f};
+  t.reward = 1.0f;
+  t.env = "countdown";
+  return t;
+}
+}  // namespace
+
+TEST(EnvelopeCodec, RoundTripKeepsEveryField) {
+  ASSERT_TRUE(register_message<Trajectory>().ok());
+  std::string f = encode_frame(traj(), hdr());
+  Trajectory back;
+  auto h = decode_frame(f.data(), f.size(), back);
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_EQ(back, traj());
+  EXPECT_EQ(h->sender, (ActorId{1, 7}));
+  EXPECT_EQ(h->recipient, (ActorId{2, 9}));
+  EXPECT_EQ(h->correlation, 42u);
+  EXPECT_EQ(h->flags, kFlagRequest);
+  EXPECT_EQ(h->type_id, Trajectory::type_id);
+}
+
+TEST(EnvelopeCodec, BadMagic) {
+  std::string f = encode_frame(traj(), hdr());
+  f[0] = 'X';
+  Trajectory back;
+  auto h = decode_frame(f.data(), f.size(), back);
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.error().message.find("bad magic"), std::string::npos) << h.error().message;
+  EXPECT_EQ(h.error().code, troupe::ErrorCode::invalid_input);
+}
+
+TEST(EnvelopeCodec, WrongVersion) {
+  std::string f = encode_frame(traj(), hdr());
+  f[4] = 9;
+  Trajectory back;
+  auto h = decode_frame(f.data(), f.size(), back);
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.error().message.find("version 9"), std::string::npos) << h.error().message;
+}
+
+TEST(EnvelopeCodec, TruncatedHeaderAndPayload) {
+  std::string f = encode_frame(traj(), hdr());
+  Trajectory back;
+  auto h = decode_frame(f.data(), 10, back);
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.error().message.find("truncated"), std::string::npos) << h.error().message;
+  auto h2 = decode_frame(f.data(), f.size() - 3, back);
+  ASSERT_FALSE(h2.ok());
+  EXPECT_NE(h2.error().message.find("truncated"), std::string::npos) << h2.error().message;
+}
+
+TEST(EnvelopeCodec, UnknownType) {
+  std::string f = encode_frame(traj(), hdr());
+  std::uint32_t bogus = 123456;
+  std::memcpy(&f[8], &bogus, 4);
+  auto h = decode_header(f.data(), f.size());
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.error().message.find("unknown message type id 123456"), std::string::npos) << h.error().message;
+}
+
+TEST(EnvelopeCodec, LyingContainerSizeIsRefusedBeforeAllocating) {
+  Trajectory t = traj();
+  std::string f = encode_frame(t, hdr());
+  // tokens' size tag sits after episode (8) + policy_version (4): claim 2^40 elements.
+  std::uint64_t huge = 1ull << 40;
+  std::memcpy(&f[kHeaderSize + 12], &huge, 8);
+  Trajectory back;
+  auto h = decode_frame(f.data(), f.size(), back);
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.error().message.find("claims"), std::string::npos) << h.error().message;
+}
+
+TEST(EnvelopeCodec, TrailingBytesAreAnError) {
+  Ping p{1, "x"};
+  ASSERT_TRUE(register_message<Ping>().ok());
+  EnvelopeHeader h = hdr();
+  std::string f = encode_frame(p, h);
+  f += "zz";
+  std::uint32_t n = static_cast<std::uint32_t>(f.size() - kHeaderSize);
+  std::memcpy(&f[36], &n, 4);
+  Ping back;
+  auto r = decode_frame(f.data(), f.size(), back);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("trailing"), std::string::npos) << r.error().message;
+}
+
+namespace {
+struct Other {
+  static constexpr std::uint32_t type_id = 9001;  // same as Ping
+  template <class A>
+  void serialize(A&) {}
+};
+}  // namespace
+
+TEST(EnvelopeCodec, TypeIdCollisionIsReported) {
+  ASSERT_TRUE(register_message<Ping>().ok());
+  auto st = register_message<Other>();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("9001"), std::string::npos);
+}

@@ -1,0 +1,112 @@
+// Mail items and the bounded mailbox each actor owns. A payload is either a typed object handed
+// over directly (same process: no encoding) or the bytes of a received frame (zero-copy view into
+// the ZeroMQ message). Invariant: a mailbox never holds more than `capacity` user messages;
+// pushing to a full one blocks until the deadline or fails — it never grows.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <typeinfo>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "troupe/base/result.h"
+#include "troupe/runtime/envelope.h"
+
+namespace troupe::runtime {
+
+class Context;
+
+class Payload {
+ public:
+  Payload() = default;
+  template <class M>
+  static Payload local(std::shared_ptr<const M> obj) {
+    Payload p;
+    p.type_ = &typeid(M);
+    p.local_ = std::move(obj);
+    return p;
+  }
+  // A received frame; the payload starts at `offset` (after the header).
+  static Payload frame(zmq::message_t msg, std::size_t offset) {
+    Payload p;
+    p.frame_ = std::move(msg);
+    p.offset_ = offset;
+    p.has_frame_ = true;
+    return p;
+  }
+  bool is_local() const { return local_ != nullptr; }
+  bool is_frame() const { return has_frame_; }
+  template <class M>
+  const M* local_as() const {
+    return (local_ && *type_ == typeid(M)) ? static_cast<const M*>(local_.get()) : nullptr;
+  }
+  const std::shared_ptr<const void>& local_ptr() const { return local_; }
+  const std::type_info* local_type() const { return type_; }
+  const char* data() const { return static_cast<const char*>(frame_.data()) + offset_; }
+  std::size_t size() const { return has_frame_ ? frame_.size() - offset_ : 0; }
+
+ private:
+  std::shared_ptr<const void> local_;
+  const std::type_info* type_ = nullptr;
+  zmq::message_t frame_;
+  std::size_t offset_ = 0;
+  bool has_frame_ = false;
+};
+
+// One mail item. `task` set = a runtime-internal closure run in the actor's context (reply
+// callbacks, timers, restarts); such items bypass the capacity bound so replies cannot deadlock.
+struct Mail {
+  EnvelopeHeader header;
+  Payload payload;
+  std::function<void(Context&)> task;
+};
+
+enum class Overflow {
+  block,  // wait for room until the send deadline, then fail with ErrorCode::timeout
+  fail,   // fail at once with ErrorCode::timeout ("mailbox full")
+};
+
+class Mailbox {
+ public:
+  explicit Mailbox(std::size_t capacity) : capacity_(capacity == 0 ? 1 : capacity) {}
+
+  // Result: true when the caller must schedule the owner (it was idle).
+  Result<bool> push(Mail&& m, Overflow policy, std::chrono::steady_clock::time_point deadline);
+  // Takes up to max items; an empty result means the mailbox went idle (unscheduled).
+  std::size_t pop_batch(std::vector<Mail>& out, std::size_t max);
+  // After a batch: true = still has mail, stay scheduled; false = idle now.
+  bool finish_batch();
+  // Puts unprocessed items back at the front (actor failed mid-batch).
+  void requeue_front(std::vector<Mail>& items, std::size_t from);
+  // Owner suspended: clear the scheduled flag even though mail may wait.
+  void unschedule();
+  // Claims the scheduled bit (restart/resume): true when the caller must schedule the owner now.
+  bool reschedule_if_pending();
+  // Drops every item; returns them so pending requests can be answered.
+  std::vector<Mail> drain_all();
+  void close();  // further pushes fail
+
+  std::size_t size() const;
+  std::size_t capacity() const { return capacity_; }
+  std::size_t high_water() const;  // the largest user-message depth ever reached
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable not_full_;
+  std::deque<Mail> q_;
+  std::size_t user_count_ = 0;  // items without a task (the bounded kind)
+  std::size_t capacity_;
+  std::size_t high_water_ = 0;
+  std::size_t waiters_ = 0;
+  bool scheduled_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace troupe::runtime

@@ -1,0 +1,408 @@
+// The actor system: actors with typed handlers, bounded mailboxes, a thread-pool scheduler (or a
+// deterministic single-threaded one with a manual clock), request/reply with timeouts, timers,
+// broadcast, supervision, and ZeroMQ transports to other nodes with heartbeats.
+// Invariants: an actor runs one message at a time; the same send() reaches a local actor by
+// direct hand-off and a remote one over ipc/tcp — placement is configuration, never actor code;
+// every request ends exactly once (reply, error reply, timeout, or peer down).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "troupe/base/result.h"
+#include "troupe/runtime/envelope.h"
+#include "troupe/runtime/mailbox.h"
+
+namespace troupe::runtime {
+
+using Clock = std::chrono::steady_clock;
+using Duration = std::chrono::nanoseconds;
+using TimerId = std::uint64_t;
+
+class ActorSystem;
+struct ActorCell;
+
+// --- runtime notices delivered as ordinary typed messages ---
+struct NodeDown {  // a watched peer node stopped answering heartbeats (or was declared dead)
+  static constexpr std::uint32_t type_id = kSystemTypeBase + 3;
+  static constexpr const char* type_name = "NodeDown";
+  std::uint32_t node = 0;
+  std::string role;
+  std::string reason;
+  template <class A>
+  void serialize(A& ar) { ar(node, role, reason); }
+};
+struct ActorDown {  // a monitored actor stopped or exhausted its restarts
+  static constexpr std::uint32_t type_id = kSystemTypeBase + 4;
+  static constexpr const char* type_name = "ActorDown";
+  std::uint64_t actor = 0;  // ActorId::packed()
+  std::string name;
+  std::string reason;
+  template <class A>
+  void serialize(A& ar) { ar(actor, name, reason); }
+};
+
+struct RestartPolicy {
+  int max_restarts = 3;                            // within `window`; one more failure escalates
+  Duration window = std::chrono::seconds(10);
+  Duration backoff_initial = std::chrono::milliseconds(10);  // doubles per restart in the window
+  Duration backoff_max = std::chrono::seconds(1);
+};
+
+struct SpawnOptions {
+  std::string name;                    // registered name ("" = none); lookup()/named() find it
+  std::size_t mailbox_capacity = 0;    // 0 = SystemConfig::mailbox_capacity
+  std::optional<RestartPolicy> restart;  // none = a failure stops the actor (and escalates)
+  ActorId supervisor;                  // who is failed when restarts are exhausted (none = system)
+};
+
+struct HeartbeatConfig {
+  Duration interval = std::chrono::milliseconds(500);
+  Duration timeout = std::chrono::seconds(5);  // silence longer than this = node down
+};
+
+struct CurveConfig {
+  bool enabled = false;
+  std::string public_key_file;       // Z85 text (40 chars), see curve.h
+  std::string secret_key_file;
+  std::string authorized_keys_file;  // one Z85 public key per line; clients not listed are refused
+};
+
+struct SystemConfig {
+  std::uint32_t node_id = 0;
+  std::string role = "main";
+  int threads = 2;  // worker threads; 0 = deterministic mode (run_until_idle/advance, manual clock)
+  std::size_t mailbox_capacity = 1024;
+  Duration send_timeout = std::chrono::seconds(10);  // how long a blocked send waits for room
+  std::string bind;  // "" = local only; "ipc:///path" or "tcp://127.0.0.1:*" (port * = ephemeral)
+  bool allow_nonlocal_bind = false;  // tcp on anything but loopback needs this (and CURVE advised)
+  int hwm = 1000;                    // ZeroMQ send/receive high-water marks (messages)
+  HeartbeatConfig heartbeat;
+  CurveConfig curve;
+};
+
+// One row of the address book / node table (filled from config or by the MPI bootstrap).
+struct PeerInfo {
+  std::uint32_t node = 0;
+  std::string endpoint;
+  std::string role;
+  std::string curve_public_key;  // Z85, required when CURVE is on
+};
+
+class Context;
+
+// An actor: handlers by message type, run one at a time. Handlers may return void or Status;
+// an error Status answers a request with an ErrorReply; an exception or ctx.fail() is a crash
+// (the supervisor's restart policy applies).
+class Actor {
+ public:
+  virtual ~Actor() = default;
+  virtual void on_start(Context&) {}
+  virtual void on_stop(Context&) {}
+
+  template <Message M, class F>
+  void handle(F fn);
+
+  using RawHandler = std::function<Status(Context&, const Mail&)>;
+  const RawHandler* find_handler(std::uint32_t type_id) const {
+    auto it = handlers_.find(type_id);
+    return it == handlers_.end() ? nullptr : &it->second;
+  }
+  const std::optional<Error>& setup_error() const { return setup_error_; }
+
+ private:
+  std::unordered_map<std::uint32_t, RawHandler> handlers_;
+  std::optional<Error> setup_error_;
+};
+
+using ActorFactory = std::function<std::unique_ptr<Actor>()>;
+
+template <class M>
+Result<M> message_from_mail(const Mail& m);
+
+// The handle an actor's code gets: who it is, what it is handling, and everything it may do.
+class Context {
+ public:
+  ActorSystem& system() const { return *sys_; }
+  ActorId self() const { return self_; }
+  ActorId sender() const { return mail_ ? mail_->header.sender : ActorId{}; }
+  const EnvelopeHeader* header() const { return mail_ ? &mail_->header : nullptr; }
+  Clock::time_point now() const;
+
+  template <Message M>
+  Status send(ActorId to, M msg);
+  template <Message M>
+  Status try_send(ActorId to, M msg);  // fails at once if the mailbox/queue is full
+  template <Message M>
+  Status reply(M msg);
+  Status reply_error(const Error& e);
+  template <class Rep, Message Req, class F>
+  void request(ActorId to, Req req, Duration timeout, F on_reply);  // on_reply(Context&, Result<Rep>)
+  template <Message M>
+  Status broadcast(std::span<const ActorId> group, const M& msg);
+
+  TimerId after(Duration delay, std::function<void(Context&)> fn);
+  TimerId every(Duration period, std::function<void(Context&)> fn);
+  void cancel(TimerId id);
+
+  void watch_node(std::uint32_t node);  // NodeDown arrives when it stops answering
+  void monitor(ActorId local_actor);    // ActorDown arrives when it stops for good
+  void fail(Error e);                   // crash after this handler; supervisor decides
+  void stop();                          // stop after this handler
+
+ private:
+  friend class ActorSystem;
+  Context(ActorSystem* s, ActorCell* c, ActorId self, const Mail* m) : sys_(s), cell_(c), self_(self), mail_(m) {}
+  ActorSystem* sys_;
+  ActorCell* cell_;
+  ActorId self_;
+  const Mail* mail_;
+};
+
+class ActorSystem {
+ public:
+  static Result<std::unique_ptr<ActorSystem>> create(SystemConfig config);
+  ~ActorSystem();
+  ActorSystem(const ActorSystem&) = delete;
+  ActorSystem& operator=(const ActorSystem&) = delete;
+
+  std::uint32_t node_id() const { return config_.node_id; }
+  const SystemConfig& config() const { return config_; }
+  std::string endpoint() const { return endpoint_; }  // the bound address, ephemeral port resolved
+  std::string curve_public_key() const { return curve_public_; }
+
+  // --- placement ---
+  Status connect(const std::vector<PeerInfo>& peers);  // skips this node's own row
+  void set_placement(std::map<std::string, std::uint32_t> name_to_node);
+  std::vector<PeerInfo> peers() const;
+
+  // --- actors ---
+  Result<ActorId> spawn(ActorFactory factory, SpawnOptions options = {});
+  template <class A, class... Args>
+  Result<ActorId> spawn_as(SpawnOptions options, Args... args) {
+    return spawn([=]() -> std::unique_ptr<Actor> { return std::make_unique<A>(args...); }, std::move(options));
+  }
+  Status register_name(const std::string& name, ActorId local_actor);
+  // Local name first, then the placement table (name -> node, addressed by alias).
+  Result<ActorId> lookup(std::string_view name) const;
+  // The alias address of `name` on `node` (resolved there on arrival).
+  static ActorId named(std::uint32_t node, std::string_view name);
+  void stop_actor(ActorId id);
+  std::size_t mailbox_size(ActorId id) const;
+  std::size_t mailbox_high_water(ActorId id) const;
+
+  // --- messaging from outside any actor (tests, launchers); sender is this node (local id 0) ---
+  template <Message M>
+  Status send(ActorId to, M msg, Overflow policy = Overflow::block) {
+    return send_from(ActorId{config_.node_id, 0}, to, std::move(msg), 0, 0, policy);
+  }
+  template <class Rep, Message Req>
+  std::future<Result<Rep>> ask(ActorId to, Req req, Duration timeout);
+  template <Message M>
+  Status broadcast(std::span<const ActorId> group, const M& msg, ActorId from = {});
+
+  // --- failure detection ---
+  void on_node_down(std::function<void(const NodeDown&)> fn);  // called on the timer thread
+  void on_escalation(std::function<void(const Error&)> fn);    // a top-level actor gave up
+  bool node_is_down(std::uint32_t node) const;
+  void declare_node_down(std::uint32_t node, const std::string& reason);
+
+  // --- deterministic mode (threads == 0) ---
+  std::size_t run_until_idle();  // runs queued mail on the caller's thread; returns items run
+  void advance(Duration d);      // moves the manual clock, fires due timers, runs until idle
+  Clock::time_point now() const;
+
+  // Stops accepting new mail, lets actors drain until `drain` passes, stops everything.
+  void shutdown(Duration drain = std::chrono::seconds(2));
+
+  // --- plumbing used by the templates above and by Context (not for actor code) ---
+  template <Message M>
+  Status send_from(ActorId from, ActorId to, M msg, std::uint16_t flags, std::uint64_t correlation,
+                   Overflow policy);
+  using RawReply = std::function<void(Context*, Result<std::shared_ptr<Mail>>)>;
+  template <Message Req>
+  void request_from(ActorId from, ActorId to, Req req, Duration timeout, RawReply on_reply);
+  TimerId start_timer(ActorId owner, Duration delay, Duration period, std::function<void(Context&)> fn);
+  void cancel_timer(TimerId id);
+  void watch_node_for(ActorId watcher, std::uint32_t node);
+  void monitor_for(ActorId watcher, ActorId target);
+  void mark_failed(ActorCell* cell, Error e);
+  void mark_stop(ActorCell* cell);
+
+ private:
+  explicit ActorSystem(SystemConfig config);
+  Status start();
+  bool is_local(ActorId id) const { return id.node == config_.node_id; }
+  Status deliver_local(Mail&& mail, Overflow policy);
+  Status send_frame(std::uint32_t node, zmq::message_t frame, Overflow policy);
+  std::uint64_t begin_request(ActorId owner, ActorId to, Duration timeout, RawReply on_reply);
+  void fail_request(std::uint64_t correlation, Error e);
+  template <Message M>
+  static zmq::message_t encode_zmq(const M& m, EnvelopeHeader h);
+
+  struct Impl;
+  friend struct Impl;
+  friend class Context;
+  SystemConfig config_;
+  std::string endpoint_;
+  std::string curve_public_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ================= template implementations =================
+
+template <Message M, class F>
+void Actor::handle(F fn) {
+  if (auto st = register_message<M>(); !st.ok()) {
+    setup_error_ = st.error();
+    return;
+  }
+  handlers_[M::type_id] = [fn = std::move(fn)](Context& ctx, const Mail& mail) -> Status {
+    const M* direct = mail.payload.template local_as<M>();
+    M decoded;
+    if (!direct) {
+      if (!mail.payload.is_frame())
+        return make_error(ErrorCode::internal, std::string("message ") + message_name<M>() + " has no payload");
+      TROUPE_TRY(decode_payload(mail.payload.data(), mail.payload.size(), decoded));
+      direct = &decoded;
+    }
+    if constexpr (std::is_same_v<std::invoke_result_t<F&, Context&, const M&>, void>) {
+      fn(ctx, *direct);
+      return {};
+    } else {
+      return fn(ctx, *direct);
+    }
+  };
+}
+
+template <class M>
+Result<M> message_from_mail(const Mail& m) {
+  if (m.header.type_id == ErrorReply::type_id) {
+    ErrorReply er;
+    if (const auto* d = m.payload.template local_as<ErrorReply>()) er = *d;
+    else if (auto st = decode_payload(m.payload.data(), m.payload.size(), er); !st.ok()) return st.error();
+    return make_error(static_cast<ErrorCode>(er.code), er.message);
+  }
+  if (m.header.type_id != M::type_id)
+    return invalid_input(std::string("expected reply ") + message_name<M>() + ", got " + registered_type_name(m.header.type_id));
+  if (const auto* d = m.payload.template local_as<M>()) {
+    if (m.payload.local_ptr().use_count() == 1) return std::move(*const_cast<M*>(d));  // sole owner: move out
+    return *d;
+  }
+  M out;
+  if (auto st = decode_payload(m.payload.data(), m.payload.size(), out); !st.ok()) return st.error();
+  return out;
+}
+
+template <Message M>
+zmq::message_t ActorSystem::encode_zmq(const M& m, EnvelopeHeader h) {
+  std::size_t n = payload_size_of(m);
+  zmq::message_t frame(kHeaderSize + n);
+  h.type_id = M::type_id;
+  h.payload_size = static_cast<std::uint32_t>(n);
+  write_header(static_cast<char*>(frame.data()), h);
+  write_payload(static_cast<char*>(frame.data()) + kHeaderSize, n, m);
+  return frame;
+}
+
+template <Message M>
+Status ActorSystem::send_from(ActorId from, ActorId to, M msg, std::uint16_t flags, std::uint64_t correlation,
+                              Overflow policy) {
+  EnvelopeHeader h;
+  h.flags = flags;
+  h.type_id = M::type_id;
+  h.sender = from;
+  h.recipient = to;
+  h.correlation = correlation;
+  if (is_local(to)) {
+    Mail mail{h, Payload::local(std::make_shared<const M>(std::move(msg))), {}};
+    return deliver_local(std::move(mail), policy);
+  }
+  return send_frame(to.node, encode_zmq(msg, h), policy);
+}
+
+template <Message M>
+Status ActorSystem::broadcast(std::span<const ActorId> group, const M& msg, ActorId from) {
+  if (!from.node && !from.local) from = ActorId{config_.node_id, 0};
+  std::shared_ptr<const M> shared;  // one object for every local member
+  Status first_error;
+  for (ActorId to : group) {
+    EnvelopeHeader h;
+    h.type_id = M::type_id;
+    h.sender = from;
+    h.recipient = to;
+    Status st;
+    if (is_local(to)) {
+      if (!shared) shared = std::make_shared<const M>(msg);
+      st = deliver_local(Mail{h, Payload::local(shared), {}}, Overflow::block);
+    } else {
+      st = send_frame(to.node, encode_zmq(msg, h), Overflow::block);
+    }
+    if (!st.ok() && first_error.ok()) first_error = st;
+  }
+  return first_error;
+}
+
+template <Message Req>
+void ActorSystem::request_from(ActorId from, ActorId to, Req req, Duration timeout, RawReply on_reply) {
+  std::uint64_t corr = begin_request(from, to, timeout, std::move(on_reply));
+  if (corr == 0) return;  // already failed (target node down)
+  Status st = send_from(from, to, std::move(req), kFlagRequest, corr, Overflow::block);
+  if (!st.ok()) fail_request(corr, st.error());
+}
+
+template <class Rep, Message Req>
+std::future<Result<Rep>> ActorSystem::ask(ActorId to, Req req, Duration timeout) {
+  auto promise = std::make_shared<std::promise<Result<Rep>>>();
+  auto fut = promise->get_future();
+  request_from(ActorId{config_.node_id, 0}, to, std::move(req), timeout,
+               [promise](Context*, Result<std::shared_ptr<Mail>> r) {
+                 if (!r.ok()) promise->set_value(r.error());
+                 else promise->set_value(message_from_mail<Rep>(**r));
+               });
+  return fut;
+}
+
+template <Message M>
+Status Context::send(ActorId to, M msg) {
+  return sys_->send_from(self_, to, std::move(msg), 0, 0, Overflow::block);
+}
+template <Message M>
+Status Context::try_send(ActorId to, M msg) {
+  return sys_->send_from(self_, to, std::move(msg), 0, 0, Overflow::fail);
+}
+template <Message M>
+Status Context::reply(M msg) {
+  if (!mail_ || !(mail_->header.flags & kFlagRequest))
+    return make_error(ErrorCode::internal, std::string("reply(") + message_name<M>() + ") outside a request handler");
+  return sys_->send_from(self_, mail_->header.sender, std::move(msg), kFlagReply, mail_->header.correlation,
+                         Overflow::block);
+}
+template <class Rep, Message Req, class F>
+void Context::request(ActorId to, Req req, Duration timeout, F on_reply) {
+  sys_->request_from(self_, to, std::move(req), timeout,
+                     [cb = std::move(on_reply)](Context* ctx, Result<std::shared_ptr<Mail>> r) mutable {
+                       if (!r.ok()) cb(*ctx, Result<Rep>(r.error()));
+                       else cb(*ctx, message_from_mail<Rep>(**r));
+                     });
+}
+template <Message M>
+Status Context::broadcast(std::span<const ActorId> group, const M& msg) {
+  return sys_->broadcast(group, msg, self_);
+}
+
+}  // namespace troupe::runtime
