@@ -1,0 +1,114 @@
+// launch.metrics_*: CRC-32C matches its check value; metrics.jsonl has one row per write and is cut
+// back on resume; the TensorBoard events read back with the `tensorboard` package; troupe report
+// draws report.png from a run directory.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "troupe/base/build_config.h"
+#include "troupe/launch/metrics.h"
+
+using namespace troupe::launch;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("troupe_metrics_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+void write_rows(const std::string& dir, int steps, int64_t resume_after = -1) {
+  auto sinks = MetricsSinks::open(dir, true, ProgressOptions{"off", "t", steps}, resume_after);
+  ASSERT_TRUE(sinks.ok()) << sinks.error().message;
+  for (int s = resume_after < 0 ? 1 : static_cast<int>(resume_after + 1); s <= steps; ++s) {
+    nlohmann::json row = {{"step", s}, {"phase", s <= 2 ? "sft" : "grpo"}, {"wall_s", 0.1 * s},
+                          {"reward_mean", 0.1 * s}, {"loss", 1.0 / s}, {"tokens_per_s", 100.0}};
+    ASSERT_TRUE((*sinks)->write(row).ok());
+    if (s == 2 || s == steps) {
+      nlohmann::json ev = {{"step", s}, {"phase", s <= 2 ? "sft" : "grpo"}, {"eval_accuracy", 0.05 * s},
+                           {"eval_reward_mean", 0.06 * s}};
+      ASSERT_TRUE((*sinks)->write(ev).ok());
+    }
+  }
+}
+
+int run_python(const std::string& script, const std::string& arg) {
+  std::string path = fs::temp_directory_path() / ("troupe_metrics_check_" + std::to_string(getpid()) + ".py");
+  std::ofstream(path) << script;
+  std::string cmd = troupe::python_executable() + " " + path + " " + arg;
+  return std::system(cmd.c_str());
+}
+
+}  // namespace
+
+TEST(Metrics, Crc32c) {
+  const char* s = "123456789";
+  EXPECT_EQ(crc32c(s, 9), 0xE3069283u);
+}
+
+TEST(Metrics, JsonlAndResume) {
+  std::string dir = temp_dir("jsonl");
+  write_rows(dir, 5);
+  auto count = [&]() {
+    std::ifstream in(dir + "/metrics.jsonl");
+    int n = 0;
+    for (std::string l; std::getline(in, l);) {
+      auto j = nlohmann::json::parse(l);
+      EXPECT_TRUE(j.contains("step"));
+      ++n;
+    }
+    return n;
+  };
+  EXPECT_EQ(count(), 7);
+  write_rows(dir, 5, 2);  // resume after step 2: rows 3..5 (and the final eval) are written again
+  EXPECT_EQ(count(), 7);
+  fs::remove_all(dir);
+}
+
+TEST(Metrics, TensorBoardReadBack) {
+  std::string dir = temp_dir("tb");
+  write_rows(dir, 5);
+  const char* script = R"PY(
+import sys, glob
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+files = glob.glob(sys.argv[1] + "/tb/events.out.tfevents.*")
+assert len(files) == 1, files
+acc = EventAccumulator(files[0])
+acc.Reload()
+tags = acc.Tags()["scalars"]
+for t in ("grpo/reward_mean", "sft/reward_mean", "eval/eval_accuracy", "grpo/loss"):
+    assert t in tags, (t, tags)
+r = acc.Scalars("grpo/reward_mean")
+assert [e.step for e in r] == [3, 4, 5], [e.step for e in r]
+assert abs(r[-1].value - 0.5) < 1e-6, r[-1].value
+ev = acc.Scalars("eval/eval_accuracy")
+assert [e.step for e in ev] == [2, 5]
+assert abs(ev[1].value - 0.25) < 1e-6
+print("tensorboard read", len(tags), "tags")
+)PY";
+  EXPECT_EQ(run_python(script, dir), 0);
+  fs::remove_all(dir);
+}
+
+TEST(Metrics, Report) {
+  std::string dir = temp_dir("report");
+  write_rows(dir, 5);
+  std::string cmd = std::string(TROUPE_BINARY_DIR) + "/bin/troupe report " + dir;
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  ASSERT_TRUE(fs::exists(dir + "/report.png"));
+  std::ifstream in(dir + "/report.png", std::ios::binary);
+  char magic[8] = {};
+  in.read(magic, 8);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  // a directory without metrics is a clear error (exit 2)
+  std::string empty = temp_dir("report_empty");
+  int rc = std::system((std::string(TROUPE_BINARY_DIR) + "/bin/troupe report " + empty + " 2>/dev/null").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  fs::remove_all(dir);
+  fs::remove_all(empty);
+}
