@@ -1,7 +1,16 @@
 # safetensors, HF model directories, tokenizers. target_sources(troupe_policy PRIVATE ...) and tests here.
+# PCRE2 runs the pre-tokenizer regexes of Hugging Face tokenizer.json files (\p{L}, look-ahead).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(TROUPE_PCRE2 REQUIRED IMPORTED_TARGET GLOBAL libpcre2-8)
 target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/model_dir.cpp
 )
+target_link_libraries(troupe_policy PRIVATE PkgConfig::TROUPE_PCRE2)
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.safetensors SOURCES ${CMAKE_CURRENT_LIST_DIR}/safetensors.test.cpp LIBS troupe::policy)
+endif()
+if(TROUPE_BUILD_TESTS)
+  troupe_add_test(NAME policy.tokenizer SOURCES ${CMAKE_CURRENT_LIST_DIR}/tokenizer.test.cpp LIBS troupe::policy)
 endif()

@@ -1,0 +1,67 @@
+// Model directories (DESIGN.md "Model directory"): config.json + model.safetensors (or shards) in
+// the Hugging Face layout of Mixtral or Qwen3-MoE, plus a tokenizer. Loading accepts every
+// expert-tensor layout transformers writes and returns one canonical set of names (below).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "troupe/base/result.h"
+#include "troupe/policy/io/safetensors.h"
+#include "troupe/policy/io/tokenizer.h"
+#include "troupe/policy/model_config.h"
+
+namespace troupe::policy::io {
+
+// Canonical tensor names (transformers >= 5 in-memory names, the same for both families):
+//   model.embed_tokens.weight (V, C), model.norm.weight (C), lm_head.weight (V, C) unless tied
+//   model.layers.{l}.input_layernorm.weight / post_attention_layernorm.weight (C)
+//   model.layers.{l}.self_attn.{q,k,v,o}_proj.weight, q_norm/k_norm.weight (D) for qwen3_moe
+//   dense layer: model.layers.{l}.mlp.{gate,up}_proj.weight (I, C), mlp.down_proj.weight (C, I)
+//   MoE layer:   model.layers.{l}.mlp.gate.weight (E, C) router,
+//                model.layers.{l}.mlp.experts.gate_up_proj (E, 2H, C)  [gate rows first, then up]
+//                model.layers.{l}.mlp.experts.down_proj (E, C, H)
+// On disk these may be per expert (Mixtral block_sparse_moe.experts.{e}.w1/w3/w2, Qwen3
+// mlp.experts.{e}.gate_proj/up_proj/down_proj) or fused as above, or fused transposed
+// (gate_up (E, C, 2H), down (E, H, C)); all load to the canonical form.
+
+// config.json <-> ModelConfig. Unsupported settings (hidden_act other than silu, attention bias,
+// sliding windows, rope scaling) are errors naming the key and the file.
+Result<ModelConfig> config_from_hf_json(const nlohmann::json& j, const std::string& file = "config.json");
+Result<nlohmann::json> config_to_hf_json(const ModelConfig& c);
+
+// Every canonical tensor the config implies, with its shape, in a fixed order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> canonical_tensor_shapes(const ModelConfig& c);
+
+enum class ExpertLayout {
+  per_expert,      // what transformers' save_pretrained writes by default (loadable by 4.x and 5.x)
+  fused,           // gate_up_proj (E, 2H, C), down_proj (E, C, H): save_pretrained(save_original_format=False)
+};
+
+struct ModelDir {
+  std::string path;
+  ModelConfig config;
+  nlohmann::json hf_config;  // config.json as read
+  TensorMap tensors;         // canonical names, fp32, every shape checked against the config
+  std::unique_ptr<Tokenizer> tokenizer;  // null when the directory has none
+  int32_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;  // config.json, else tokenizer's
+};
+
+// Loads config.json, the weights (model.safetensors or model.safetensors.index.json) and the
+// tokenizer if present. Errors name the file, and the tensor where one is at fault.
+Result<ModelDir> load_model_dir(const std::string& path);
+
+// Writes config.json, model.safetensors (Hugging Face layout of config.family) and the tokenizer
+// (if given) into path, creating it. `tensors` are canonical; every one the config implies must be there.
+Status save_model_dir(const std::string& path, const ModelConfig& config, const TensorMap& tensors,
+                      const Tokenizer* tokenizer, ExpertLayout layout = ExpertLayout::per_expert,
+                      int32_t bos_token_id = -1, int32_t eos_token_id = -1, int32_t pad_token_id = -1);
+
+// Converts a file's tensor names to canonical ones (exposed for tests).
+Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource& w);
+// Canonical names -> on-disk names of the family in `layout`.
+Result<TensorMap> hf_tensors_from_canonical(const ModelConfig& c, const TensorMap& canonical, ExpertLayout layout);
+
+}  // namespace troupe::policy::io

@@ -1,0 +1,438 @@
+// Model directories: config.json mapping for Mixtral / Qwen3-MoE and the tensor-name mapping
+// between the on-disk layouts transformers writes and troupe's canonical names. Invariant: what
+// load_model_dir returns has exactly canonical_tensor_shapes(config), each shape checked.
+#include "troupe/policy/io/model_dir.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace troupe::policy::io {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+Error cfg_error(const std::string& file, const std::string& what) { return invalid_input(file + ": " + what); }
+
+// Reads an optional key; wrong type is an error naming the key.
+template <class T>
+Status get_opt(const json& j, const char* key, T& out, const std::string& file) {
+  if (!j.contains(key) || j[key].is_null()) return {};
+  try {
+    out = j[key].get<T>();
+  } catch (const json::exception&) {
+    return cfg_error(file, std::string("key \"") + key + "\" has the wrong type (" + j[key].dump() + ")");
+  }
+  return {};
+}
+
+template <class T>
+Status get_req(const json& j, const char* key, T& out, const std::string& file) {
+  if (!j.contains(key) || j[key].is_null()) return cfg_error(file, std::string("missing key \"") + key + "\"");
+  return get_opt(j, key, out, file);
+}
+
+std::string layer(int l) { return "model.layers." + std::to_string(l) + "."; }
+
+}  // namespace
+
+Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) {
+  if (!j.is_object()) return cfg_error(file, "expected a JSON object");
+  std::string model_type;
+  TROUPE_TRY(get_req(j, "model_type", model_type, file));
+  if (model_type != "mixtral" && model_type != "qwen3_moe")
+    return cfg_error(file, "model_type \"" + model_type + "\" is not supported (troupe loads \"mixtral\" and \"qwen3_moe\")");
+  ModelConfig c;
+  c.family = model_type;
+  TROUPE_TRY(get_req(j, "vocab_size", c.vocab_size, file));
+  TROUPE_TRY(get_req(j, "hidden_size", c.hidden_size, file));
+  TROUPE_TRY(get_req(j, "num_hidden_layers", c.num_hidden_layers, file));
+  TROUPE_TRY(get_req(j, "num_attention_heads", c.num_attention_heads, file));
+  c.num_key_value_heads = c.num_attention_heads;
+  TROUPE_TRY(get_opt(j, "num_key_value_heads", c.num_key_value_heads, file));
+  if (c.num_attention_heads <= 0 || c.hidden_size <= 0 || c.vocab_size <= 0 || c.num_hidden_layers <= 0)
+    return cfg_error(file, "vocab_size, hidden_size, num_hidden_layers and num_attention_heads must be positive");
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  TROUPE_TRY(get_opt(j, "head_dim", c.head_dim, file));
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
+    return cfg_error(file, "num_attention_heads (" + std::to_string(c.num_attention_heads) +
+                               ") must be a multiple of num_key_value_heads (" + std::to_string(c.num_key_value_heads) + ")");
+  TROUPE_TRY(get_opt(j, "max_position_embeddings", c.max_position_embeddings, file));
+  TROUPE_TRY(get_opt(j, "rms_norm_eps", c.rms_norm_eps, file));
+  TROUPE_TRY(get_opt(j, "tie_word_embeddings", c.tie_word_embeddings, file));
+  TROUPE_TRY(get_opt(j, "router_aux_loss_coef", c.router_aux_loss_coef, file));
+  TROUPE_TRY(get_req(j, "num_experts_per_tok", c.num_experts_per_tok, file));
+
+  // rope: transformers < 5 writes rope_theta (+ rope_scaling); >= 5 writes rope_parameters.
+  c.rope_theta = model_type == "mixtral" ? 1e6f : 10000.0f;
+  TROUPE_TRY(get_opt(j, "rope_theta", c.rope_theta, file));
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const json& r = j[key];
+    if (!r.is_object()) return cfg_error(file, std::string("\"") + key + "\" must be an object");
+    std::string type = "default";
+    if (r.contains("rope_type") && r["rope_type"].is_string()) type = r["rope_type"].get<std::string>();
+    if (r.contains("type") && r["type"].is_string()) type = r["type"].get<std::string>();
+    if (type != "default")
+      return cfg_error(file, std::string("\"") + key + "\": rope_type \"" + type + "\" is not supported (only default RoPE)");
+    TROUPE_TRY(get_opt(r, "rope_theta", c.rope_theta, file));
+  }
+
+  std::string act = "silu";
+  TROUPE_TRY(get_opt(j, "hidden_act", act, file));
+  if (act != "silu") return cfg_error(file, "hidden_act \"" + act + "\" is not supported (troupe's MLPs are SwiGLU: silu)");
+  bool bias = false;
+  TROUPE_TRY(get_opt(j, "attention_bias", bias, file));
+  if (bias) return cfg_error(file, "attention_bias true is not supported");
+  bool use_sw = model_type == "mixtral";
+  TROUPE_TRY(get_opt(j, "use_sliding_window", use_sw, file));
+  if (use_sw && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    int sw = 0;
+    TROUPE_TRY(get_opt(j, "sliding_window", sw, file));
+    if (sw < c.max_position_embeddings)
+      return cfg_error(file, "sliding_window " + std::to_string(sw) + " is not supported (troupe attends to the whole causal context)");
+  }
+
+  if (model_type == "mixtral") {
+    TROUPE_TRY(get_req(j, "num_local_experts", c.num_experts, file));
+    TROUPE_TRY(get_req(j, "intermediate_size", c.moe_intermediate_size, file));
+    c.intermediate_size = c.moe_intermediate_size;
+    c.norm_topk_prob = true;
+    // Not in Hugging Face's Mixtral; troupe writes them only when they differ from Mixtral's fixed choice.
+    TROUPE_TRY(get_opt(j, "norm_topk_prob", c.norm_topk_prob, file));
+    TROUPE_TRY(get_opt(j, "mlp_only_layers", c.mlp_only_layers, file));
+  } else {
+    if (j.contains("num_experts") && !j["num_experts"].is_null()) {
+      TROUPE_TRY(get_opt(j, "num_experts", c.num_experts, file));
+    } else {
+      TROUPE_TRY(get_req(j, "num_local_experts", c.num_experts, file));  // transformers >= 5 spelling
+    }
+    TROUPE_TRY(get_req(j, "intermediate_size", c.intermediate_size, file));
+    TROUPE_TRY(get_req(j, "moe_intermediate_size", c.moe_intermediate_size, file));
+    c.norm_topk_prob = false;  // transformers' default for qwen3_moe
+    TROUPE_TRY(get_opt(j, "norm_topk_prob", c.norm_topk_prob, file));
+    int step = 1;
+    TROUPE_TRY(get_opt(j, "decoder_sparse_step", step, file));
+    if (step <= 0) return cfg_error(file, "decoder_sparse_step must be positive");
+    std::vector<int> only;
+    TROUPE_TRY(get_opt(j, "mlp_only_layers", only, file));
+    // transformers: layer l is sparse iff l not in mlp_only_layers and (l + 1) % step == 0.
+    std::set<int> dense(only.begin(), only.end());
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      if ((l + 1) % step != 0) dense.insert(l);
+    c.mlp_only_layers.assign(dense.begin(), dense.end());
+  }
+  TROUPE_TRY(get_opt(j, "shared_expert_intermediate_size", c.shared_expert_intermediate_size, file));
+  for (int l : c.mlp_only_layers)
+    if (l < 0 || l >= c.num_hidden_layers)
+      return cfg_error(file, "mlp_only_layers names layer " + std::to_string(l) + ", outside 0.." +
+                                 std::to_string(c.num_hidden_layers - 1));
+  if (c.num_experts <= 0 || c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
+    return cfg_error(file, "need 0 < num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) +
+                               ") <= number of experts (" + std::to_string(c.num_experts) + ")");
+  if (c.head_dim <= 0 || c.moe_intermediate_size <= 0 || c.intermediate_size <= 0)
+    return cfg_error(file, "head_dim, intermediate_size and moe_intermediate_size must be positive");
+  return c;
+}
+
+Result<json> config_to_hf_json(const ModelConfig& c) {
+  if (c.family != "mixtral" && c.family != "qwen3_moe")
+    return invalid_input("model family \"" + c.family + "\" has no Hugging Face layout (use mixtral or qwen3_moe)");
+  json j;
+  j["model_type"] = c.family;
+  j["architectures"] = {c.family == "mixtral" ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM"};
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;  // read by transformers 4.x and converted by 5.x
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+  j["output_router_logits"] = c.router_aux_loss_coef > 0;
+  j["num_experts_per_tok"] = c.num_experts_per_tok;
+  j["hidden_act"] = "silu";
+  j["attention_dropout"] = 0.0;
+  j["torch_dtype"] = "float32";
+  j["initializer_range"] = 0.02;
+  j["use_cache"] = true;
+  if (c.family == "mixtral") {
+    j["num_local_experts"] = c.num_experts;
+    j["intermediate_size"] = c.moe_intermediate_size;
+    j["sliding_window"] = nullptr;
+    if (!c.norm_topk_prob) j["norm_topk_prob"] = false;       // troupe-only (Mixtral always renormalizes)
+    if (!c.mlp_only_layers.empty()) j["mlp_only_layers"] = c.mlp_only_layers;  // troupe-only
+  } else {
+    j["num_experts"] = c.num_experts;
+    j["intermediate_size"] = c.intermediate_size;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["attention_bias"] = false;
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+  }
+  if (c.shared_expert_intermediate_size > 0) j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+  return j;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> canonical_tensor_shapes(const ModelConfig& c) {
+  using S = std::vector<int64_t>;
+  const int64_t V = c.vocab_size, C = c.hidden_size, D = c.head_dim, E = c.num_experts, H = c.moe_intermediate_size;
+  const int64_t I = c.intermediate_size, Hs = c.shared_expert_intermediate_size;
+  const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
+  std::vector<std::pair<std::string, S>> out;
+  out.push_back({"model.embed_tokens.weight", {V, C}});
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = layer(l);
+    out.push_back({p + "input_layernorm.weight", {C}});
+    out.push_back({p + "self_attn.q_proj.weight", {nq * D, C}});
+    out.push_back({p + "self_attn.k_proj.weight", {nkv * D, C}});
+    out.push_back({p + "self_attn.v_proj.weight", {nkv * D, C}});
+    out.push_back({p + "self_attn.o_proj.weight", {C, nq * D}});
+    if (c.qk_norm()) {
+      out.push_back({p + "self_attn.q_norm.weight", {D}});
+      out.push_back({p + "self_attn.k_norm.weight", {D}});
+    }
+    out.push_back({p + "post_attention_layernorm.weight", {C}});
+    if (c.is_moe_layer(l)) {
+      out.push_back({p + "mlp.gate.weight", {E, C}});
+      out.push_back({p + "mlp.experts.gate_up_proj", {E, 2 * H, C}});
+      out.push_back({p + "mlp.experts.down_proj", {E, C, H}});
+      if (Hs > 0) {
+        out.push_back({p + "mlp.shared_expert.gate_proj.weight", {Hs, C}});
+        out.push_back({p + "mlp.shared_expert.up_proj.weight", {Hs, C}});
+        out.push_back({p + "mlp.shared_expert.down_proj.weight", {C, Hs}});
+        out.push_back({p + "mlp.shared_expert_gate.weight", {1, C}});
+      }
+    } else {
+      out.push_back({p + "mlp.gate_proj.weight", {I, C}});
+      out.push_back({p + "mlp.up_proj.weight", {I, C}});
+      out.push_back({p + "mlp.down_proj.weight", {C, I}});
+    }
+  }
+  out.push_back({"model.norm.weight", {C}});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {V, C}});
+  return out;
+}
+
+namespace {
+
+// (A, B, R) per expert -> transpose of the last two axes.
+Tensor transpose_last2(const Tensor& t) {
+  const int64_t E = t.shape[0], A = t.shape[1], B = t.shape[2];
+  Tensor o{{E, B, A}, std::vector<float>(t.data.size())};
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t a = 0; a < A; ++a)
+      for (int64_t b = 0; b < B; ++b) o.data[(e * B + b) * A + a] = t.data[(e * A + a) * B + b];
+  return o;
+}
+
+struct ExpertNames {
+  std::string gate, up, down;  // per-expert names with {e} replaced by the expert index
+};
+
+ExpertNames per_expert_names(const ModelConfig& c, int l, int e) {
+  const std::string p = layer(l);
+  if (c.family == "mixtral") {
+    const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+    return {q + "w1.weight", q + "w3.weight", q + "w2.weight"};
+  }
+  const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+  return {q + "gate_proj.weight", q + "up_proj.weight", q + "down_proj.weight"};
+}
+
+// The canonical name with Mixtral's legacy module path where it has one.
+std::string disk_alias(const ModelConfig& c, const std::string& canonical) {
+  if (c.family != "mixtral") return canonical;
+  const auto pos = canonical.find(".mlp.");
+  if (pos == std::string::npos) return canonical;
+  return canonical.substr(0, pos) + ".block_sparse_moe." + canonical.substr(pos + 5);
+}
+
+}  // namespace
+
+Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource& w) {
+  TensorMap out;
+  std::set<std::string> used;
+  const int64_t E = c.num_experts, H = c.moe_intermediate_size, C = c.hidden_size;
+  auto take = [&](const std::string& name, const std::vector<int64_t>& shape) -> Result<Tensor> {
+    used.insert(name);
+    return w.read(name, shape);
+  };
+  for (const auto& [name, shape] : canonical_tensor_shapes(c)) {
+    const bool gate_up = name.ends_with("mlp.experts.gate_up_proj");
+    const bool down = name.ends_with("mlp.experts.down_proj");
+    std::string on_disk = w.contains(name) ? name : disk_alias(c, name);
+    if (!gate_up && !down) {
+      if (!w.contains(on_disk)) {
+        if (name == "lm_head.weight") return invalid_input(w.describe() + ": missing tensor 'lm_head.weight' (config.json has tie_word_embeddings false)");
+        return invalid_input(w.describe() + ": missing tensor '" + name + "'");
+      }
+      TROUPE_ASSIGN_OR_RETURN(out[name], take(on_disk, shape));
+      continue;
+    }
+    if (w.contains(on_disk)) {  // fused on disk: (E, 2H, C) / (E, C, H), or transposed (E, C, 2H) / (E, H, C)
+      const SafetensorsEntry* e = w.find(on_disk);
+      const std::vector<int64_t> transposed = {shape[0], shape[2], shape[1]};
+      if (e->shape == shape) {
+        TROUPE_ASSIGN_OR_RETURN(out[name], take(on_disk, shape));
+      } else if (e->shape == transposed) {
+        TROUPE_ASSIGN_OR_RETURN(auto t, take(on_disk, transposed));
+        out[name] = transpose_last2(t);
+      } else {
+        return invalid_input(w.file_of(on_disk) + ": tensor '" + on_disk + "' has shape " + shape_string(e->shape) +
+                             ", expected " + shape_string(shape) + " (or " + shape_string(transposed) + " transposed)");
+      }
+      continue;
+    }
+    // Per expert: stack E matrices.
+    const int l = std::stoi(name.substr(13));  // "model.layers." is 13 characters
+    Tensor t{shape, std::vector<float>(static_cast<size_t>(E) * shape[1] * shape[2])};
+    for (int e = 0; e < E; ++e) {
+      const ExpertNames n = per_expert_names(c, l, e);
+      if (gate_up) {
+        if (!w.contains(n.gate))
+          return invalid_input(w.describe() + ": missing tensor '" + n.gate + "' (nor the fused '" + on_disk + "')");
+        TROUPE_ASSIGN_OR_RETURN(auto g, take(n.gate, {H, C}));
+        TROUPE_ASSIGN_OR_RETURN(auto u, take(n.up, {H, C}));
+        float* dst = t.data.data() + static_cast<size_t>(e) * 2 * H * C;
+        std::copy(g.data.begin(), g.data.end(), dst);
+        std::copy(u.data.begin(), u.data.end(), dst + H * C);
+      } else {
+        if (!w.contains(n.down))
+          return invalid_input(w.describe() + ": missing tensor '" + n.down + "' (nor the fused '" + on_disk + "')");
+        TROUPE_ASSIGN_OR_RETURN(auto d, take(n.down, {C, H}));
+        std::copy(d.data.begin(), d.data.end(), t.data.data() + static_cast<size_t>(e) * C * H);
+      }
+    }
+    out[name] = std::move(t);
+  }
+  for (const auto& n : w.names()) {
+    if (used.count(n)) continue;
+    // transformers sometimes stores the tied head anyway; rotary caches are recomputed.
+    if (n == "lm_head.weight" && c.tie_word_embeddings) continue;
+    if (n.ends_with("rotary_emb.inv_freq")) continue;
+    return invalid_input(w.file_of(n) + ": unexpected tensor '" + n + "' for the " + c.family +
+                         " config in config.json (wrong family, layer count or layout?)");
+  }
+  return out;
+}
+
+Result<TensorMap> hf_tensors_from_canonical(const ModelConfig& c, const TensorMap& canonical, ExpertLayout layout) {
+  TensorMap out;
+  const int64_t E = c.num_experts, H = c.moe_intermediate_size, C = c.hidden_size;
+  for (const auto& [name, shape] : canonical_tensor_shapes(c)) {
+    auto it = canonical.find(name);
+    if (it == canonical.end()) return invalid_input("cannot save: tensor '" + name + "' is missing");
+    if (it->second.shape != shape)
+      return invalid_input("cannot save: tensor '" + name + "' has shape " + shape_string(it->second.shape) +
+                           ", the config implies " + shape_string(shape));
+    const Tensor& t = it->second;
+    const bool gate_up = name.ends_with("mlp.experts.gate_up_proj");
+    const bool down = name.ends_with("mlp.experts.down_proj");
+    if ((!gate_up && !down) || layout == ExpertLayout::fused) {
+      out[name] = t;  // transformers 5 reads fused experts under mlp. for both families
+      continue;
+    }
+    const int l = std::stoi(name.substr(13));
+    for (int e = 0; e < E; ++e) {
+      const ExpertNames n = per_expert_names(c, l, e);
+      if (gate_up) {
+        const float* src = t.data.data() + static_cast<size_t>(e) * 2 * H * C;
+        out[n.gate] = Tensor{{H, C}, std::vector<float>(src, src + H * C)};
+        out[n.up] = Tensor{{H, C}, std::vector<float>(src + H * C, src + 2 * H * C)};
+      } else {
+        const float* src = t.data.data() + static_cast<size_t>(e) * C * H;
+        out[n.down] = Tensor{{C, H}, std::vector<float>(src, src + C * H)};
+      }
+    }
+  }
+  if (layout == ExpertLayout::per_expert && c.family == "mixtral") {
+    TensorMap renamed;
+    for (auto& [n, t] : out) renamed[n.find(".experts.") != std::string::npos ? n : disk_alias(c, n)] = std::move(t);
+    out = std::move(renamed);
+  }
+  return out;
+}
+
+namespace {
+
+int32_t token_id_from(const json& j, const char* key) {
+  if (!j.contains(key)) return -1;
+  const json& v = j[key];
+  if (v.is_number_integer()) return v.get<int32_t>();
+  if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int32_t>();
+  return -1;
+}
+
+}  // namespace
+
+Result<ModelDir> load_model_dir(const std::string& path) {
+  ModelDir d;
+  d.path = path;
+  const fs::path dir(path);
+  if (!fs::is_directory(dir)) return invalid_input(path + ": not a model directory (does not exist or is not a directory)");
+  const std::string cfg_path = (dir / "config.json").string();
+  std::ifstream in(cfg_path);
+  if (!in) return invalid_input(cfg_path + ": missing config.json in model directory " + path);
+  try {
+    d.hf_config = json::parse(in);
+  } catch (const json::exception& e) {
+    return invalid_input(cfg_path + ": not valid JSON: " + e.what());
+  }
+  TROUPE_ASSIGN_OR_RETURN(d.config, config_from_hf_json(d.hf_config, cfg_path));
+  TROUPE_ASSIGN_OR_RETURN(auto w, WeightSource::open_dir(path));
+  TROUPE_ASSIGN_OR_RETURN(d.tensors, canonicalize_tensors(d.config, w));
+  if (fs::exists(dir / kHfTokenizerFile) || fs::exists(dir / kTroupeTokenizerFile)) {
+    TROUPE_ASSIGN_OR_RETURN(d.tokenizer, load_tokenizer_dir(path));
+  }
+  d.bos_token_id = token_id_from(d.hf_config, "bos_token_id");
+  d.eos_token_id = token_id_from(d.hf_config, "eos_token_id");
+  d.pad_token_id = token_id_from(d.hf_config, "pad_token_id");
+  if (d.tokenizer) {
+    if (d.bos_token_id < 0) d.bos_token_id = d.tokenizer->bos_id();
+    if (d.eos_token_id < 0) d.eos_token_id = d.tokenizer->eos_id();
+    if (d.pad_token_id < 0) d.pad_token_id = d.tokenizer->pad_id();
+    if (d.tokenizer->vocab_size() > d.config.vocab_size)
+      return invalid_input(path + ": tokenizer has " + std::to_string(d.tokenizer->vocab_size()) +
+                           " tokens but config.json has vocab_size " + std::to_string(d.config.vocab_size));
+  }
+  return d;
+}
+
+Status save_model_dir(const std::string& path, const ModelConfig& config, const TensorMap& tensors,
+                      const Tokenizer* tokenizer, ExpertLayout layout, int32_t bos, int32_t eos, int32_t pad) {
+  TROUPE_ASSIGN_OR_RETURN(auto j, config_to_hf_json(config));
+  if (tokenizer) {
+    if (bos < 0) bos = tokenizer->bos_id();
+    if (eos < 0) eos = tokenizer->eos_id();
+    if (pad < 0) pad = tokenizer->pad_id();
+  }
+  j["bos_token_id"] = bos >= 0 ? json(bos) : json(nullptr);
+  j["eos_token_id"] = eos >= 0 ? json(eos) : json(nullptr);
+  j["pad_token_id"] = pad >= 0 ? json(pad) : json(nullptr);
+  TROUPE_ASSIGN_OR_RETURN(auto disk, hf_tensors_from_canonical(config, tensors, layout));
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec) return make_error(ErrorCode::io, path + ": cannot create directory (" + ec.message() + ")");
+  TROUPE_TRY(write_safetensors((fs::path(path) / "model.safetensors").string(), disk, {{"format", "pt"}}));
+  const std::string cfg = (fs::path(path) / "config.json").string();
+  {
+    std::ofstream out(cfg + ".tmp");
+    out << j.dump(2) << "\n";
+    if (!out) return make_error(ErrorCode::io, cfg + ": write failed");
+  }
+  fs::rename(cfg + ".tmp", cfg, ec);
+  if (ec) return make_error(ErrorCode::io, cfg + ": cannot rename (" + ec.message() + ")");
+  if (tokenizer) TROUPE_TRY(tokenizer->save(path));
+  return {};
+}
+
+}  // namespace troupe::policy::io
