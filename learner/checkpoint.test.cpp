@@ -1,0 +1,194 @@
+// Checkpoints: round trip, latest/best symlinks, keep-last-K, corrupt/missing/mis-shaped files give
+// errors naming the file, and resume is bit-identical (2N steps == N steps + save/load + N steps).
+#include "troupe/learner/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "troupe/learner/trainer.h"
+
+using namespace troupe::learner;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("troupe_ckpt_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p;
+}
+
+std::vector<Sample> batch_for_step(int step, int V) {
+  std::mt19937_64 rng(1000 + step);
+  std::uniform_int_distribution<int> tok(0, V - 1), len(1, 6);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<Sample> out(8);
+  for (auto& s : out) {
+    for (int i = len(rng); i > 0; --i) s.prompt.push_back(tok(rng));
+    for (int i = len(rng); i > 0; --i) {
+      s.completion.push_back(tok(rng));
+      s.old_logprobs.push_back(-2.0f + 0.2f * nd(rng));
+    }
+    s.advantage = nd(rng);
+  }
+  return out;
+}
+
+LearnerConfig config() {
+  LearnerConfig c;
+  c.optimizer.learning_rate = 1e-2f;
+  c.optimizer.weight_decay = 0.01f;
+  c.optimizer.lr_scheduler_type = LrSchedule::cosine;
+  c.optimizer.warmup_steps = 2;
+  c.optimizer.total_steps = 40;
+  c.batch.num_mini_batches = 2;
+  c.batch.num_iterations = 2;
+  c.batch.shuffle = true;  // exercises the trainer RNG that the checkpoint must restore
+  c.seed = 5;
+  return c;
+}
+
+troupe::Result<std::string> save(Trainer& tr, BigramModel& model, const fs::path& dir, int64_t step, CheckpointOptions o = {},
+                         std::optional<double> metric = std::nullopt) {
+  CheckpointData d;
+  d.step = step;
+  d.policy_version = step + 100;
+  d.trainer_state = tr.state_json();
+  d.extra = {{"data_cursor", step * 8}};
+  d.metric = metric;
+  return save_checkpoint(dir.string(), d, flat_model_writer(model.params(), model.tensors(), {{"vocab_size", 12}}),
+                         tr.optimizer(), model.tensors(), o);
+}
+
+void flip_byte(const fs::path& p, size_t at) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 0x5a;
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&c, 1);
+}
+
+}  // namespace
+
+TEST(Checkpoint, ResumeIsBitIdentical) {
+  const int N = 3;
+  const fs::path dir = fresh_dir("resume");
+  LocalCommunicator comm;
+  BigramModel straight(12, 9);
+  {
+    Trainer tr(straight, config(), comm);
+    for (int s = 0; s < 2 * N; ++s) ASSERT_TRUE(tr.train_step(batch_for_step(s, 12)).ok());
+  }
+  BigramModel first(12, 9);
+  {
+    Trainer tr(first, config(), comm);
+    for (int s = 0; s < N; ++s) ASSERT_TRUE(tr.train_step(batch_for_step(s, 12)).ok());
+    ASSERT_TRUE(save(tr, first, dir, N).ok());
+  }
+  BigramModel resumed(12, 123);  // different init: everything must come from the checkpoint
+  Trainer tr(resumed, config(), comm);
+  auto latest = latest_checkpoint(dir.string());
+  ASSERT_TRUE(latest.ok()) << latest.error().message;
+  auto data = load_checkpoint(*latest, resumed.tensors(), tr.optimizer());
+  ASSERT_TRUE(data.ok()) << data.error().message;
+  ASSERT_TRUE(read_flat_model(*latest, resumed.tensors(), resumed.params()).ok());
+  ASSERT_TRUE(tr.load_state_json(data->trainer_state).ok());
+  EXPECT_EQ(data->step, N);
+  EXPECT_EQ(data->policy_version, N + 100);
+  EXPECT_EQ(data->extra["data_cursor"], N * 8);
+  for (int s = N; s < 2 * N; ++s) ASSERT_TRUE(tr.train_step(batch_for_step(s, 12)).ok());
+  for (size_t i = 0; i < straight.params().size(); ++i)
+    ASSERT_EQ(straight.params()[i], resumed.params()[i]) << "param " << i << " differs after resume";
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, LatestKeepLastAndBest) {
+  const fs::path dir = fresh_dir("keep");
+  LocalCommunicator comm;
+  BigramModel model(12, 1);
+  Trainer tr(model, config(), comm);
+  CheckpointOptions o;
+  o.keep_last = 2;
+  o.best_metric = "eval_accuracy";
+  const double metrics[] = {0.2, 0.9, 0.5, 0.4, 0.7};
+  for (int s = 1; s <= 5; ++s) ASSERT_TRUE(save(tr, model, dir, s * 10, o, metrics[s - 1]).ok());
+  EXPECT_EQ(fs::read_symlink(dir / "latest").string(), "step_50");
+  EXPECT_EQ(fs::read_symlink(dir / "best").string(), "step_20");
+  EXPECT_TRUE(fs::exists(dir / "step_50") && fs::exists(dir / "step_40") && fs::exists(dir / "step_20"));
+  EXPECT_FALSE(fs::exists(dir / "step_10") || fs::exists(dir / "step_30"));
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_NE(e.path().filename().string()[0], '.') << e.path();
+  EXPECT_TRUE(fs::exists(dir / "step_50" / "config.json"));
+  EXPECT_TRUE(fs::exists(dir / "step_50" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir / "step_50" / "optimizer.safetensors"));
+  // saving the same step again replaces it
+  ASSERT_TRUE(save(tr, model, dir, 50, o, 0.1).ok());
+  AdamW opt(model.params().size());
+  EXPECT_TRUE(load_checkpoint((dir / "step_50").string(), model.tensors(), opt).ok());
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, CorruptFilesAreNamed) {
+  const fs::path dir = fresh_dir("corrupt");
+  LocalCommunicator comm;
+  BigramModel model(12, 1);
+  Trainer tr(model, config(), comm);
+  ASSERT_TRUE(tr.train_step(batch_for_step(0, 12)).ok());
+  auto saved = save(tr, model, dir, 1);
+  ASSERT_TRUE(saved.ok());
+  const fs::path step(*saved);
+  AdamW opt(model.params().size());
+
+  flip_byte(step / "optimizer.safetensors", fs::file_size(step / "optimizer.safetensors") - 3);
+  auto r = load_checkpoint(step.string(), model.tensors(), opt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("optimizer.safetensors fails its checksum"), std::string::npos) << r.error().message;
+  flip_byte(step / "optimizer.safetensors", fs::file_size(step / "optimizer.safetensors") - 3);  // undo
+  EXPECT_TRUE(load_checkpoint(step.string(), model.tensors(), opt).ok());
+
+  fs::resize_file(step / "model.safetensors", fs::file_size(step / "model.safetensors") - 4);
+  r = load_checkpoint(step.string(), model.tensors(), opt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("model.safetensors has"), std::string::npos) << r.error().message;
+
+  fs::remove(step / "model.safetensors");
+  r = load_checkpoint(step.string(), model.tensors(), opt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("model.safetensors is missing"), std::string::npos) << r.error().message;
+
+  { std::ofstream(step / "state.json") << "{ not json"; }
+  r = load_checkpoint(step.string(), model.tensors(), opt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("state.json is not a JSON object"), std::string::npos) << r.error().message;
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ShapeMismatchNamesTensorAndFile) {
+  const fs::path dir = fresh_dir("shape");
+  LocalCommunicator comm;
+  BigramModel model(12, 1);
+  Trainer tr(model, config(), comm);
+  auto saved = save(tr, model, dir, 1);
+  ASSERT_TRUE(saved.ok());
+  BigramModel other(10, 1);
+  AdamW opt(other.params().size());
+  auto r = load_checkpoint(*saved, other.tensors(), opt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("embed_tokens"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("optimizer.safetensors"), std::string::npos) << r.error().message;
+  auto m = read_flat_model(*saved, other.tensors(), other.params());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("model.safetensors"), std::string::npos) << m.error().message;
+  EXPECT_FALSE(latest_checkpoint((dir / "nowhere").string()).ok());
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, Crc32KnownValue) {
+  const char* s = "123456789";
+  EXPECT_EQ(crc32_update(0, s, 9), 0xCBF43926u);  // the standard check value
+}
