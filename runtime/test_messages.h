@@ -45,4 +45,22 @@ struct Crash {
   void serialize(A&) {}
 };
 
+struct Go {
+  static constexpr std::uint32_t type_id = 9005;
+  std::string text;
+  template <class A>
+  void serialize(A& ar) { ar(text); }
+};
+struct Arm {
+  static constexpr std::uint32_t type_id = 9006;
+  template <class A>
+  void serialize(A&) {}
+};
+struct Watch {
+  static constexpr std::uint32_t type_id = 9007;
+  std::uint64_t who = 0;
+  template <class A>
+  void serialize(A& ar) { ar(who); }
+};
+
 }  // namespace troupe::runtime::testing

@@ -68,6 +68,13 @@ struct SpawnOptions {
   std::size_t mailbox_capacity = 0;    // 0 = SystemConfig::mailbox_capacity
   std::optional<RestartPolicy> restart;  // none = a failure stops the actor (and escalates)
   ActorId supervisor;                  // who is failed when restarts are exhausted (none = system)
+
+  // Chainable setters (designated initializers that skip fields trip -Wmissing-field-initializers):
+  //   sys.spawn(f, SpawnOptions().named("learner").restart_with(policy).supervised_by(sup))
+  SpawnOptions& named(std::string n) { name = std::move(n); return *this; }
+  SpawnOptions& capacity(std::size_t c) { mailbox_capacity = c; return *this; }
+  SpawnOptions& restart_with(RestartPolicy p) { restart = p; return *this; }
+  SpawnOptions& supervised_by(ActorId s) { supervisor = s; return *this; }
 };
 
 struct HeartbeatConfig {
