@@ -75,7 +75,7 @@ Result<std::vector<std::vector<float>>> compute_completion_logprobs(PolicyModel&
   std::vector<int> lengths;
   for (const auto& s : samples) lengths.push_back(static_cast<int>(s.prompt.size() + s.completion.size()) - 1);
   auto cuts = split_micro_batches(lengths, 0, max_tokens_per_batch);
-  std::vector<float> logp;
+  std::vector<float> logp, entropy;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
     std::vector<const Sample*> ptrs;
     std::vector<Sample> bare;  // without log-probs, so packing ignores them
@@ -89,7 +89,8 @@ Result<std::vector<std::vector<float>>> compute_completion_logprobs(PolicyModel&
     for (auto& s : bare) ptrs.push_back(&s);
     TROUPE_ASSIGN_OR_RETURN(auto packed, pack_samples(ptrs, false));
     logp.assign(packed.batch.tokens.size(), 0.0f);
-    TROUPE_TRY(model.forward_train(packed.batch, temperature, logp.data(), nullptr));
+    entropy.assign(packed.batch.tokens.size(), 0.0f);
+    TROUPE_TRY(model.forward_train(packed.batch, temperature, logp.data(), entropy.data()));
     for (int i = cuts[c]; i < cuts[c + 1]; ++i) {
       const int s = i - cuts[c];
       const size_t P = samples[i].prompt.size(), C = samples[i].completion.size();

@@ -26,6 +26,26 @@ class PolicyModel {
   virtual Status backward_train(const float* dlogp, const float* dentropy) = 0;
 };
 
+// The real policy model behind the interface (it keeps the reference; the Model must outlive it).
+class ModelAdapter final : public PolicyModel {
+ public:
+  explicit ModelAdapter(policy::Model& model) : model_(model) {}
+  std::span<float> params() override { return model_.params(); }
+  std::span<float> grads() override { return model_.grads(); }
+  const std::vector<policy::TensorSpec>& tensors() const override { return model_.tensors(); }
+  void zero_grads() override { model_.zero_grads(); }
+  Status forward_train(const policy::PackedBatch& batch, float temperature, float* logp, float* entropy) override {
+    return model_.forward_train(batch, temperature, logp, entropy);
+  }
+  Status backward_train(const float* dlogp, const float* dentropy) override {
+    return model_.backward_train(dlogp, dentropy);
+  }
+  policy::Model& model() { return model_; }
+
+ private:
+  policy::Model& model_;
+};
+
 // logits_t = W[token_t] + b: one (V, V) table and a (V) bias, named like an HF checkpoint.
 class BigramModel final : public PolicyModel {
  public:
