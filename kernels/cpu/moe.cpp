@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <vector>
 
 namespace troupe::kernels {
 namespace {
@@ -88,6 +89,13 @@ BackwardScratch backward_scratch(const MoeConfig& c, int N) {
   return s;
 }
 
+// Sequential sum (no reassociation), the same in both paths.
+inline float dot_row(const float* a, const float* b, int C) {
+  float acc = 0;
+  for (int i = 0; i < C; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // ---- SwiGLU on a block of rows (shared by routed segments and the shared expert) ----------------
@@ -164,14 +172,15 @@ void router_stats(MoeStats* stats, const float* probs, const int32_t* offsets, c
   if (!stats) return;
   *stats = MoeStats{};
   if (N == 0) return;
+  std::vector<double> p_sum(static_cast<size_t>(c.E), 0.0);
+  for (int t = 0; t < N; ++t)
+    for (int e = 0; e < c.E; ++e) p_sum[static_cast<size_t>(e)] += probs[static_cast<size_t>(t) * c.E + e];
   double aux = 0;
   for (int e = 0; e < c.E; ++e) {
     const int count = offsets[e + 1] - offsets[e];
     stats->max_expert_load = std::max(stats->max_expert_load, count);
     stats->empty_experts += count == 0 ? 1 : 0;
-    double p_mean = 0;
-    for (int t = 0; t < N; ++t) p_mean += probs[static_cast<size_t>(t) * c.E + e];
-    aux += (static_cast<double>(count) / N) * (p_mean / N);
+    aux += (static_cast<double>(count) / N) * (p_sum[static_cast<size_t>(e)] / N);
   }
   stats->aux_loss = static_cast<float>(c.E * aux);
 }
@@ -261,8 +270,11 @@ size_t moe_scratch_floats(const MoeConfig& cfg, int N) {
   return std::max(forward_scratch(cfg, N).total, backward_scratch(cfg, N).total);
 }
 
-void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
-                 const MoeConfig& cfg, int N, float* scratch) {
+namespace {
+
+// identity: the experts are the identity (y = x), for timing and testing the dispatch alone.
+void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                  const MoeConfig& cfg, int N, float* scratch, bool identity) {
   const SavedLayout L = saved_layout(cfg, N);
   const ForwardScratch S = forward_scratch(cfg, N);
   const int E = cfg.E, K = cfg.K, C = cfg.C, H = cfg.H, NK = N * K;
@@ -297,8 +309,8 @@ void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, co
   if (cfg.grouped) {
     moe_route_plan(offsets, row_slot, slot_row, cursor, experts, N, K, E);
     moe_permute(xp, inp, row_slot, N, K, C);
-    experts_forward_grouped(y, g, u, h, xp, offsets, w, cfg);
-    moe_unpermute(out, y, weights, slot_row, N, K, C);
+    if (!identity) experts_forward_grouped(y, g, u, h, xp, offsets, w, cfg);
+    moe_unpermute(out, identity ? xp : y, weights, slot_row, N, K, C);
   } else {
     // Masked loop: for every expert, scan all assignments, gather, compute, scatter.
     int row = 0;
@@ -311,15 +323,17 @@ void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, co
         std::memcpy(xp + static_cast<size_t>(r) * C, inp + static_cast<size_t>(row_slot[r] / K) * C,
                     sizeof(float) * C);
       const size_t r0 = static_cast<size_t>(row), we = static_cast<size_t>(e) * H * C;
-      swiglu_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
-                     w.w_down + we, n, C, H);
+      if (!identity)
+        swiglu_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
+                       w.w_down + we, n, C, H);
+      const float* yrows = identity ? xp : y;
       // Scatter; a token has each expert at most once, so rows of one expert touch distinct tokens.
 #pragma omp parallel for schedule(static)
       for (int r = row; r < end; ++r) {
         const int s = row_slot[r];
         float* o = out + static_cast<size_t>(s / K) * C;
         const float wk = weights[s];
-        const float* yr = y + static_cast<size_t>(r) * C;
+        const float* yr = yrows + static_cast<size_t>(r) * C;
         for (int i = 0; i < C; ++i) o[i] += wk * yr[i];
       }
       row = end;
@@ -329,8 +343,9 @@ void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, co
   router_stats(stats, probs, offsets, cfg, N);
 }
 
-void moe_backward(float* dinp, const MoeGrads& gr, const float* dout, float daux, const float* inp,
-                  const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch) {
+void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float daux, const float* inp,
+                   const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
+                   bool identity) {
   const SavedLayout L = saved_layout(cfg, N);
   const BackwardScratch S = backward_scratch(cfg, N);
   const int E = cfg.E, K = cfg.K, C = cfg.C, H = cfg.H, NK = N * K;
@@ -360,32 +375,28 @@ void moe_backward(float* dinp, const MoeGrads& gr, const float* dout, float daux
   }
 
   // d(out)/d(weight[t,k]) = <y_row, dout[t]>; the row's upstream gradient is weight * dout[t].
+  // Identity experts: y_row is the token's input row.
   const int32_t* srow = ints_at(saved + L.slot_row);
-#pragma omp parallel for schedule(static)
-  for (int s = 0; s < NK; ++s) {
-    const float* yr = y + static_cast<size_t>(srow[s]) * C;
-    const float* d = dout + static_cast<size_t>(s / K) * C;
-    float acc = 0;
-    for (int i = 0; i < C; ++i) acc += yr[i] * d[i];
-    dw[s] = acc;
-  }
-
+  auto y_of = [&](int s) {
+    return identity ? inp + static_cast<size_t>(s / K) * C : y + static_cast<size_t>(srow[s]) * C;
+  };
   if (cfg.grouped) {
     const int32_t* row_slot = ints_at(saved + L.row_slot);
     const int32_t* slot_row = srow;
+    // One fused pass over the permuted rows: gather x, scale dout, and d weight.
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < NK; ++r) {
       const int s = row_slot[r];
-      const float* xs = inp + static_cast<size_t>(s / K) * C;
       const float* d = dout + static_cast<size_t>(s / K) * C;
-      float* xr = xp + static_cast<size_t>(r) * C;
       float* dr = dyp + static_cast<size_t>(r) * C;
       const float wk = weights[s];
-      std::memcpy(xr, xs, sizeof(float) * C);
+      if (!identity)
+        std::memcpy(xp + static_cast<size_t>(r) * C, inp + static_cast<size_t>(s / K) * C, sizeof(float) * C);
       for (int i = 0; i < C; ++i) dr[i] = wk * d[i];
+      dw[s] = dot_row(y_of(s), d, C);
     }
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int e = 0; e < E; ++e) {
+    for (int e = 0; e < (identity ? 0 : E); ++e) {
       const size_t r0 = static_cast<size_t>(offsets[e]), we = static_cast<size_t>(e) * H * C;
       const int n = offsets[e + 1] - offsets[e];
       swiglu_backward(dxp + r0 * C, 0.0f, gr.w_gate + we, gr.w_up + we, gr.w_down + we, dyp + r0 * C, xp + r0 * C,
@@ -393,8 +404,10 @@ void moe_backward(float* dinp, const MoeGrads& gr, const float* dout, float daux
                       du + r0 * H, n, C, H);
     }
     // Backward of the permute: each token gathers its K rows in ascending expert order.
-    moe_unpermute(dinp, dxp, nullptr, slot_row, N, K, C);
+    moe_unpermute(dinp, identity ? dyp : dxp, nullptr, slot_row, N, K, C);
   } else {
+#pragma omp parallel for schedule(static)
+    for (int s = 0; s < NK; ++s) dw[s] = dot_row(y_of(s), dout + static_cast<size_t>(s / K) * C, C);
     // Masked loop mirrored: per expert, rescan the assignments, gather, compute, scatter.
     int32_t* row_slot = ints_at(scratch + S.rows, static_cast<size_t>(NK));
     int row = 0;
@@ -406,20 +419,22 @@ void moe_backward(float* dinp, const MoeGrads& gr, const float* dout, float daux
 #pragma omp parallel for schedule(static)
       for (int r = row; r < end; ++r) {
         const int s = row_slot[r];
-        std::memcpy(xp + static_cast<size_t>(r) * C, inp + static_cast<size_t>(s / K) * C, sizeof(float) * C);
+        if (!identity)
+          std::memcpy(xp + static_cast<size_t>(r) * C, inp + static_cast<size_t>(s / K) * C, sizeof(float) * C);
         const float* d = dout + static_cast<size_t>(s / K) * C;
         float* dr = dyp + static_cast<size_t>(r) * C;
         const float wk = weights[s];
         for (int i = 0; i < C; ++i) dr[i] = wk * d[i];
       }
       const size_t r0 = static_cast<size_t>(row), we = static_cast<size_t>(e) * H * C;
-      swiglu_backward(dxp + r0 * C, 0.0f, gr.w_gate + we, gr.w_up + we, gr.w_down + we, dyp + r0 * C, xp + r0 * C,
-                      g + r0 * H, u + r0 * H, w.w_gate + we, w.w_up + we, w.w_down + we, h + r0 * H, dg + r0 * H,
-                      du + r0 * H, n, C, H);
+      if (!identity)
+        swiglu_backward(dxp + r0 * C, 0.0f, gr.w_gate + we, gr.w_up + we, gr.w_down + we, dyp + r0 * C,
+                        xp + r0 * C, g + r0 * H, u + r0 * H, w.w_gate + we, w.w_up + we, w.w_down + we, h + r0 * H,
+                        dg + r0 * H, du + r0 * H, n, C, H);
 #pragma omp parallel for schedule(static)
       for (int r = row; r < end; ++r) {
         float* o = dinp + static_cast<size_t>(row_slot[r] / K) * C;
-        const float* dr = dxp + static_cast<size_t>(r) * C;
+        const float* dr = (identity ? dyp : dxp) + static_cast<size_t>(r) * C;
         for (int i = 0; i < C; ++i) o[i] += dr[i];
       }
       row = end;
@@ -449,6 +464,38 @@ void moe_backward(float* dinp, const MoeGrads& gr, const float* dout, float daux
   }
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, C, N, 1.0f, dp, E, inp, C, 1.0f, gr.w_router, C);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, E, 1.0f, dp, E, w.w_router, C, 1.0f, dinp, C);
+}
+
+}  // namespace
+
+void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                 const MoeConfig& cfg, int N, float* scratch) {
+  forward_impl(out, saved, stats, inp, w, cfg, N, scratch, false);
+}
+
+void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
+                  const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch) {
+  backward_impl(dinp, g, dout, daux, inp, saved, w, cfg, N, scratch, false);
+}
+
+void moe_dispatch_forward(float* out, float* saved, MoeStats* stats, const float* inp, const float* w_router,
+                          const MoeConfig& cfg, int N, float* scratch) {
+  MoeConfig c = cfg;
+  c.H_shared = 0;
+  MoeWeights w;
+  w.w_router = w_router;
+  forward_impl(out, saved, stats, inp, w, c, N, scratch, true);
+}
+
+void moe_dispatch_backward(float* dinp, float* dw_router, const float* dout, float daux, const float* inp,
+                           const float* saved, const float* w_router, const MoeConfig& cfg, int N, float* scratch) {
+  MoeConfig c = cfg;
+  c.H_shared = 0;
+  MoeWeights w;
+  w.w_router = w_router;
+  MoeGrads g;
+  g.w_router = dw_router;
+  backward_impl(dinp, g, dout, daux, inp, saved, w, c, N, scratch, true);
 }
 
 }  // namespace troupe::kernels

@@ -145,6 +145,32 @@ TEST(Moe, GroupedEqualsMaskedSharedNoRenorm) {
 TEST(Moe, GroupedEqualsMaskedManyExperts) { expect_grouped_equals_masked(Layer(config(16, 8, 64, 2), 300, 5)); }
 TEST(Moe, GroupedEqualsMaskedOneToken) { expect_grouped_equals_masked(Layer(config(16, 8, 7, 2), 1, 6)); }
 
+// The dispatch alone (identity experts) is bit-identical between the paths too, and with
+// renormalized weights it returns the input up to rounding.
+TEST(Moe, DispatchGroupedEqualsMasked) {
+  for (int K : {1, 2, 4}) {
+    Layer L(config(24, 8, 16, K), 211, 40 + K);
+    auto dout = random_vec(static_cast<size_t>(L.N) * 24, 41);
+    std::vector<std::vector<float>> outs, dinps, dwrs;
+    for (bool grouped : {true, false}) {
+      MoeConfig c = L.cfg;
+      c.grouped = grouped;
+      std::vector<float> out(L.x.size(), -1.0f), saved(moe_saved_floats(c, L.N)),
+          scratch(moe_scratch_floats(c, L.N)), dinp(L.x.size(), -1.0f), dwr(L.wr.size(), 0.0f);
+      moe_dispatch_forward(out.data(), saved.data(), nullptr, L.x.data(), L.wr.data(), c, L.N, scratch.data());
+      moe_dispatch_backward(dinp.data(), dwr.data(), dout.data(), 0.1f, L.x.data(), saved.data(), L.wr.data(), c, L.N,
+                            scratch.data());
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], L.x[i], 1e-5 * (1 + std::fabs(L.x[i])));
+      outs.push_back(out);
+      dinps.push_back(dinp);
+      dwrs.push_back(dwr);
+    }
+    expect_bitwise(outs[0], outs[1], "dispatch out");
+    expect_bitwise(dinps[0], dinps[1], "dispatch dinp");
+    expect_bitwise(dwrs[0], dwrs[1], "dispatch d w_router");
+  }
+}
+
 // Inputs positive, router rows of experts >= 3 strongly negative: those experts get no tokens.
 TEST(Moe, EmptyExperts) {
   Layer L(config(16, 12, 8, 2), 64, 7);

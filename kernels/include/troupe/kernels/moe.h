@@ -63,6 +63,14 @@ void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, co
 void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                   const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch);
 
+// The layer with identity experts (y = x; router, permute, unpermute/combine and their backward
+// only), the same code path as moe_forward/moe_backward: what the moe_dispatch_* benchmarks time and
+// what tests use to check the dispatch round trip. Same saved/scratch sizes; cfg.H_shared ignored.
+void moe_dispatch_forward(float* out, float* saved, MoeStats* stats, const float* inp, const float* w_router,
+                          const MoeConfig& cfg, int N, float* scratch);
+void moe_dispatch_backward(float* dinp, float* dw_router, const float* dout, float daux, const float* inp,
+                           const float* saved, const float* w_router, const MoeConfig& cfg, int N, float* scratch);
+
 // ---- Pieces of the layer, public for tests, metrics and the CUDA port --------------------------
 // A token's K experts are stored in ascending expert id (not by weight), so "k order" is
 // "expert order" in every reduction; this is what makes the grouped path and the masked loop
