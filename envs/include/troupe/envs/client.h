@@ -1,0 +1,93 @@
+// EnvClient: how the env actor talks to an environment, whatever it is (built-in, .so plug-in,
+// remote process). Episodes are sessions keyed by an episode id, so one client runs many episodes
+// at once. Remote and isolated clients enforce a timeout on every call, detect a dead worker
+// (signal, exit), restart it, and fail only the episodes that were on it.
+//
+// YAML (launch converts to JSON and calls parse_env_specs):
+//   envs:
+//     - {name: arithmetic, type: builtin, weight: 1.0, config: {digits: 1}}
+//     - {name: rev, type: plugin, path: build/lib/libreverse_env.so, timeout_s: 5}
+//     - {name: rg, type: remote, command: [python, envs/python/examples/reasoning_gym_env.py]}
+//     - {name: mine, type: remote, address: tcp://127.0.0.1:5555}
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/envs/env.h"
+#include "troupe/envs/registry.h"
+#include "troupe/envs/trajectory.h"
+
+namespace troupe::envs {
+
+enum class EnvType { builtin, plugin, remote };
+
+struct EnvSpec {
+  std::string name;                   // instance name: metrics key reward_mean/<name>
+  EnvType type = EnvType::builtin;
+  std::string env;                    // built-in name (default: name)
+  double weight = 1.0;                // share of prompts drawn from this env
+  json config = json::object();       // passed to the env's factory / plug-in create / remote hello
+  std::string path;                   // plugin: the .so
+  std::vector<std::string> command;   // remote: troupe starts this ({bind} -> address; also $TROUPE_ENV_BIND)
+  std::string address;                // remote: connect here (without command: an already running server)
+  bool isolate = false;               // builtin/plugin: run in a troupe-env-worker process (plugin default: true)
+  double timeout_s = 30;              // every reset/step/verify call
+  double startup_timeout_s = 60;      // a started worker must answer hello within this
+  int max_restarts = 100;             // worker restarts before the client gives up (peer_failed)
+  std::string worker;                 // troupe-env-worker binary (default: $TROUPE_ENV_WORKER, build dir, next to exe)
+};
+
+// Checks types, required keys and unknown keys; errors start with `where` (e.g. "config.yaml: envs[1]").
+Result<EnvSpec> parse_env_spec(const json& j, const std::string& where);
+Result<std::vector<EnvSpec>> parse_env_specs(const json& list, const std::string& where);
+json to_json(const EnvSpec& spec);
+
+class EnvClient {
+ public:
+  virtual ~EnvClient() = default;
+  virtual const EnvInfo& info() const = 0;
+  // Starts (or restarts) episode `episode_id`.
+  virtual Result<Observation> reset(const std::string& episode_id, uint64_t seed, const ResetOptions& options) = 0;
+  virtual Result<StepResult> step(const std::string& episode_id, const std::string& action) = 0;
+  // Stateless single-call scoring.
+  virtual Result<VerifyResult> verify(const json& metadata, const std::string& completion) = 0;
+  // Ends an episode and frees its resources. Never fails; unknown ids are ignored. Call it for
+  // every episode, also failed ones (EpisodeGuard does).
+  virtual void release(const std::string& episode_id) = 0;
+  // Worker restarts so far (0 for in-process clients).
+  virtual int restarts() const { return 0; }
+};
+
+// Builds the client the spec asks for: in-process (builtin, plugin with isolate: false),
+// an isolated worker process (builtin/plugin with isolate: true), or remote (command / address).
+Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec);
+// In-process client over any factory (tests, the server side of the protocol).
+std::unique_ptr<EnvClient> make_local_client(EnvFactory factory, json config, EnvInfo info);
+Result<std::unique_ptr<EnvClient>> make_local_client(EnvFactory factory, json config);
+
+// How an error from an EnvClient ends the episode: timeout -> timeout, peer_failed -> worker_crash,
+// anything else -> env_error.
+Termination termination_for(const Error& error);
+
+// Releases an episode when it goes out of scope, whatever happened to it.
+class EpisodeGuard {
+ public:
+  EpisodeGuard(EnvClient& client, std::string episode_id) : client_(&client), id_(std::move(episode_id)) {}
+  ~EpisodeGuard() {
+    if (client_) client_->release(id_);
+  }
+  EpisodeGuard(const EpisodeGuard&) = delete;
+  EpisodeGuard& operator=(const EpisodeGuard&) = delete;
+
+ private:
+  EnvClient* client_;
+  std::string id_;
+};
+
+// The path of the troupe-env-worker binary (spec.worker, $TROUPE_ENV_WORKER, the build dir, or
+// next to the running executable), or an error saying where it looked.
+Result<std::string> find_env_worker(const std::string& configured);
+
+}  // namespace troupe::envs

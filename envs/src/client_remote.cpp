@@ -1,0 +1,341 @@
+// The remote EnvClient: JSON requests over a ZeroMQ REQ socket to a server speaking PROTOCOL.md.
+// When troupe owns the server process (isolated builtin/plugin, or a remote `command`), every call
+// is watched: a worker that dies (signal, exit) or does not answer within timeout_s is killed,
+// restarted (posix_spawn; this process holds a ZeroMQ context, so never a bare fork), and only
+// the episodes that lived on it fail, with the reason.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <zmq.hpp>
+
+#include "troupe/envs/client.h"
+#include "troupe/envs/remote.h"
+
+extern char** environ;
+
+namespace troupe::envs {
+
+namespace {
+
+zmq::context_t& shared_context() {
+  static auto* ctx = new zmq::context_t(1);  // never destroyed: sockets may outlive static teardown
+  return *ctx;
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* name = strsignal(sig);
+    return "killed by signal " + std::to_string(sig) + " (" + (name ? name : "?") + ")";
+  }
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  return "stopped";
+}
+
+ErrorCode code_from_name(const std::string& s) {
+  if (s == "invalid_input") return ErrorCode::invalid_input;
+  if (s == "timeout") return ErrorCode::timeout;
+  if (s == "peer_failed") return ErrorCode::peer_failed;
+  if (s == "io") return ErrorCode::io;
+  return ErrorCode::internal;
+}
+
+class RemoteEnvClient final : public EnvClient {
+ public:
+  explicit RemoteEnvClient(EnvSpec spec) : spec_(std::move(spec)) {}
+
+  ~RemoteEnvClient() override {
+    stop_worker(/*graceful=*/true);
+    remove_log();
+  }
+
+  Status start() {
+    if (!spec_.command.empty() || spec_.type != EnvType::remote) {
+      TROUPE_TRY(build_command());
+    } else {
+      address_ = spec_.address;
+    }
+    return connect_and_hello();
+  }
+
+  const EnvInfo& info() const override { return info_; }
+  int restarts() const override { return restarts_; }
+
+  Result<Observation> reset(const std::string& episode_id, uint64_t seed, const ResetOptions& options) override {
+    std::lock_guard lock(mu_);
+    json req = {{"op", "reset"}, {"session", episode_id}, {"seed", seed}, {"options", to_json(options)}};
+    TROUPE_ASSIGN_OR_RETURN(json r, call(req, "reset", episode_id));
+    sessions_[episode_id] = generation_;
+    return observation_from_json(r, where());
+  }
+
+  Result<StepResult> step(const std::string& episode_id, const std::string& action) override {
+    std::lock_guard lock(mu_);
+    if (auto it = sessions_.find(episode_id); it != sessions_.end() && it->second != generation_)
+      return make_error(ErrorCode::peer_failed, where() + ": episode '" + episode_id +
+                                                    "' was lost when the env worker restarted (" + last_failure_ + ")");
+    TROUPE_ASSIGN_OR_RETURN(json r, call({{"op", "step"}, {"session", episode_id}, {"action", action}}, "step", episode_id));
+    return step_result_from_json(r, where());
+  }
+
+  Result<VerifyResult> verify(const json& metadata, const std::string& completion) override {
+    std::lock_guard lock(mu_);
+    TROUPE_ASSIGN_OR_RETURN(json r, call({{"op", "verify"}, {"metadata", metadata.is_null() ? json::object() : metadata}, {"completion", completion}}, "verify", ""));
+    return verify_result_from_json(r, where());
+  }
+
+  void release(const std::string& episode_id) override {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(episode_id);
+    if (it == sessions_.end()) return;
+    bool live = it->second == generation_;
+    sessions_.erase(it);
+    if (live && sock_) (void)call({{"op", "release"}, {"session", episode_id}}, "release", episode_id);
+  }
+
+ private:
+  std::string where() const {
+    return "env " + spec_.name + (pid_ > 0 ? " (worker pid " + std::to_string(pid_) + ")" : " (" + address_ + ")");
+  }
+
+  Status build_command() {
+    static std::atomic<int> counter{0};
+    address_ = spec_.address;
+    if (address_.empty()) {
+      address_ = "ipc://" + (std::filesystem::temp_directory_path() /
+                             ("troupe-env-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".sock"))
+                                .string();
+      owned_ipc_ = address_.substr(6);
+    }
+    log_path_ = (std::filesystem::temp_directory_path() /
+                 ("troupe-env-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".log")).string();
+    if (spec_.type == EnvType::remote) {
+      argv_ = spec_.command;
+    } else {
+      TROUPE_ASSIGN_OR_RETURN(std::string worker, find_env_worker(spec_.worker));
+      std::string target = spec_.type == EnvType::plugin ? spec_.path : (spec_.env.empty() ? spec_.name : spec_.env);
+      argv_ = {worker, "--bind", "{bind}", "--env", target, "--config", spec_.config.dump(),
+               "--parent-pid", std::to_string(::getpid())};
+    }
+    for (auto& a : argv_) {
+      for (size_t p; (p = a.find("{bind}")) != std::string::npos;) a.replace(p, 6, address_);
+    }
+    return {};
+  }
+
+  Status spawn() {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; e && *e; ++e) {
+      if (std::strncmp(*e, "TROUPE_ENV_BIND=", 16) != 0 && std::strncmp(*e, "TROUPE_ENV_PARENT_PID=", 22) != 0)
+        env_strings.emplace_back(*e);
+    }
+    env_strings.push_back("TROUPE_ENV_BIND=" + address_);
+    env_strings.push_back("TROUPE_ENV_PARENT_PID=" + std::to_string(::getpid()));
+    std::vector<char*> envp, argv;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    for (auto& s : argv_) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    if (!owned_ipc_.empty()) std::filesystem::remove(owned_ipc_);
+    // The worker's stderr goes to a log whose tail is quoted when the worker dies.
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid = 0;
+    int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0)
+      return make_error(ErrorCode::invalid_input, "env " + spec_.name + ": cannot start '" + argv_[0] + "': " + std::strerror(rc));
+    pid_ = pid;
+    return {};
+  }
+
+  bool owns_process() const { return !argv_.empty(); }
+
+  // The last lines the worker wrote to stderr, as " (stderr: ...)", or "".
+  std::string log_tail() const {
+    if (log_path_.empty()) return "";
+    std::ifstream in(log_path_);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!all.empty() && (all.back() == '\n' || all.back() == ' ')) all.pop_back();
+    if (all.empty()) return "";
+    if (all.size() > 600) all = "..." + all.substr(all.size() - 600);
+    return " (stderr: " + all + ")";
+  }
+
+  Status connect_and_hello() {
+    if (owns_process()) TROUPE_TRY(spawn());
+    new_socket();
+    auto r = call_raw({{"op", "hello"}}, spec_.startup_timeout_s, "hello", "");
+    if (!r.ok()) {
+      std::string cmd;
+      for (const auto& a : argv_) cmd += (cmd.empty() ? "" : " ") + a;
+      Error e = r.error();
+      stop_worker(false);
+      if (owns_process()) e.message += " [command: " + cmd + "]";
+      return e;
+    }
+    const json& res = *r;
+    std::string proto = res.value("protocol", "");
+    if (proto != kEnvProtocol) {
+      stop_worker(false);
+      return invalid_input(where() + ": speaks protocol '" + proto + "', troupe needs '" + kEnvProtocol + "'");
+    }
+    auto info = env_info_from_json(res.value("env", json::object()), where() + ": hello");
+    if (!info.ok()) {
+      stop_worker(false);
+      return info.error();
+    }
+    info_ = *info;
+    return {};
+  }
+
+  void new_socket() {
+    sock_ = std::make_unique<zmq::socket_t>(shared_context(), zmq::socket_type::req);
+    sock_->set(zmq::sockopt::linger, 0);
+    sock_->connect(address_);
+  }
+
+  // Sends one request and waits for its reply, watching the worker. No recovery here.
+  Result<json> call_raw(json req, double timeout_s, const char* op, const std::string& episode) {
+    req["id"] = ++next_id_;
+    const std::string text = req.dump(-1, ' ', false, json::error_handler_t::replace);
+    const std::string what = std::string(op) + (episode.empty() ? "" : " of episode '" + episode + "'");
+    try {
+      if (!sock_->send(zmq::buffer(text), zmq::send_flags::dontwait)) {
+        // REQ with no connected peer yet queues; dontwait only fails if the pipe is full.
+        if (!sock_->send(zmq::buffer(text), zmq::send_flags::none))
+          return make_error(ErrorCode::io, where() + ": cannot send " + what);
+      }
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+      for (;;) {
+        zmq::pollitem_t item{sock_->handle(), 0, ZMQ_POLLIN, 0};
+        zmq::poll(&item, 1, std::chrono::milliseconds(20));
+        if (item.revents & ZMQ_POLLIN) break;
+        if (pid_ > 0) {
+          int status = 0;
+          pid_t w = ::waitpid(pid_, &status, WNOHANG);
+          if (w == pid_) {
+            std::string msg = where() + ": env worker " + describe_status(status) + " during " + what + log_tail();
+            pid_ = -1;
+            return make_error(ErrorCode::peer_failed, msg);
+          }
+        }
+        if (std::chrono::steady_clock::now() > deadline) {
+          std::ostringstream os;
+          os << where() << ": no answer to " << what << " within " << timeout_s << " s";
+          return make_error(ErrorCode::timeout, os.str());
+        }
+      }
+      zmq::message_t msg;
+      if (!sock_->recv(msg, zmq::recv_flags::none)) return make_error(ErrorCode::io, where() + ": receive failed");
+      json reply = json::parse(msg.to_string_view(), nullptr, false);
+      if (reply.is_discarded() || !reply.is_object())
+        return make_error(ErrorCode::peer_failed, where() + ": reply to " + what + " is not a JSON object");
+      if (reply.value("id", int64_t{-1}) != next_id_)
+        return make_error(ErrorCode::peer_failed, where() + ": reply id does not match request " + std::to_string(next_id_));
+      if (!reply.value("ok", false)) {
+        json e = reply.value("error", json::object());
+        std::string m = e.is_object() ? e.value("message", std::string("(no message)")) : std::string("(no message)");
+        return make_error(code_from_name(e.is_object() ? e.value("code", std::string("internal")) : "internal"),
+                          where() + ": " + op + " failed: " + m);
+      }
+      return reply.value("result", json::object());
+    } catch (const zmq::error_t& e) {
+      return make_error(ErrorCode::io, where() + ": ZeroMQ error during " + what + ": " + e.what());
+    }
+  }
+
+  // call_raw plus recovery: a timeout or a dead worker kills/restarts it and fails this call.
+  Result<json> call(json req, const char* op, const std::string& episode) {
+    if (!sock_) {
+      Status st = recover(last_failure_.empty() ? "worker not running" : last_failure_);
+      if (!st.ok()) return st.error();
+    }
+    auto r = call_raw(std::move(req), spec_.timeout_s, op, episode);
+    if (r.ok()) return r;
+    const Error& e = r.error();
+    bool broken = e.code == ErrorCode::timeout || e.code == ErrorCode::peer_failed || e.code == ErrorCode::io;
+    if (broken) {
+      last_failure_ = e.message;
+      Status st = recover(e.message);
+      if (!st.ok()) return make_error(e.code, e.message + "; restart failed: " + st.error().message);
+    }
+    return e;
+  }
+
+  Status recover(const std::string& why) {
+    sock_.reset();  // a REQ socket that missed its reply is stuck: make a new one
+    if (!owns_process()) {
+      new_socket();  // someone else's server: sessions may still be alive there
+      return {};
+    }
+    stop_worker(false);
+    ++generation_;  // every episode on the old worker is gone
+    if (restarts_ >= spec_.max_restarts)
+      return make_error(ErrorCode::peer_failed, where() + ": gave up after " + std::to_string(restarts_) +
+                                                    " env worker restarts (last: " + why + ")");
+    ++restarts_;
+    return connect_and_hello();
+  }
+
+  void stop_worker(bool graceful) {
+    if (graceful && sock_ && pid_ > 0) (void)call_raw({{"op", "shutdown"}}, 1.0, "shutdown", "");
+    sock_.reset();
+    if (pid_ > 0) {
+      int status = 0;
+      bool gone = false;
+      for (int i = 0; graceful && i < 50 && !gone; ++i) {
+        gone = ::waitpid(pid_, &status, WNOHANG) == pid_;
+        if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (!gone) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+      }
+      pid_ = -1;
+    }
+    if (!owned_ipc_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove(owned_ipc_, ec);
+    }
+  }
+  void remove_log() {
+    std::error_code ec;
+    if (!log_path_.empty()) std::filesystem::remove(log_path_, ec);
+  }
+
+  EnvSpec spec_;
+  EnvInfo info_;
+  std::string address_, owned_ipc_, log_path_, last_failure_;
+  std::vector<std::string> argv_;  // empty: not ours to start
+  pid_t pid_ = -1;
+  std::unique_ptr<zmq::socket_t> sock_;
+  std::mutex mu_;
+  std::map<std::string, int> sessions_;  // episode -> worker generation it lives on
+  int generation_ = 0, restarts_ = 0;
+  int64_t next_id_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<EnvClient> make_remote_client_impl(const EnvSpec& spec, Status& status) {
+  auto client = std::make_unique<RemoteEnvClient>(spec);
+  status = client->start();
+  if (!status.ok()) return nullptr;
+  return client;
+}
+
+}  // namespace troupe::envs

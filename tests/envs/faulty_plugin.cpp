@@ -1,0 +1,103 @@
+// A deliberately faulty env plug-in for the isolation tests. It behaves like a tiny echo env until
+// an action/completion contains "BOOM" (or reset gets seed 666); then it does what config "fault"
+// says: segfault, exit, throw (a C++ exception across the C ABI), hang (endless loop), or none.
+// Built twice more with -DFAULTY_ABI_VERSION=99 (ABI mismatch) and -DFAULTY_NO_INIT (no entry point).
+#include <troupe/env_plugin.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#ifndef FAULTY_ABI_VERSION
+#define FAULTY_ABI_VERSION TROUPE_ENV_PLUGIN_ABI_VERSION
+#endif
+
+namespace {
+
+struct Faulty {
+  std::string fault = "none";
+  std::string last_prompt;
+};
+
+char* dup(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+
+volatile int sink = 0;
+
+void misbehave(const std::string& fault) {
+  if (fault == "segfault") {
+    std::raise(SIGSEGV);
+  } else if (fault == "exit") {
+    std::exit(3);
+  } else if (fault == "throw") {
+    throw std::runtime_error("faulty plug-in threw");
+  } else if (fault == "hang") {
+    for (;;) sink = sink + 1;  // an endless verifier
+  }
+}
+
+int p_create(const char* config, troupe_env** out, char** err) {
+  auto* f = new Faulty();
+  std::string c = config;
+  for (const char* name : {"segfault", "exit", "throw", "hang"}) {
+    if (c.find(std::string("\"") + name + "\"") != std::string::npos) f->fault = name;
+  }
+  if (c.find("\"fail_create\"") != std::string::npos) {
+    delete f;
+    *err = dup("create refused: fail_create was set");
+    return 1;
+  }
+  *out = reinterpret_cast<troupe_env*>(f);
+  return 0;
+}
+void p_destroy(troupe_env* e) { delete reinterpret_cast<Faulty*>(e); }
+int p_info(troupe_env*, char** out) {
+  *out = dup("{\"name\": \"faulty\", \"version\": \"0.1\", \"multi_turn\": false, \"max_turns\": 1}");
+  return 0;
+}
+int p_reset(troupe_env* e, uint64_t seed, const char*, char** out) {
+  auto* f = reinterpret_cast<Faulty*>(e);
+  if (seed == 666) misbehave(f->fault);
+  f->last_prompt = "say " + std::to_string(seed);
+  *out = dup("{\"text\": \"" + f->last_prompt + "\", \"metadata\": {\"answer\": \"" + std::to_string(seed) + "\"}}");
+  return 0;
+}
+int p_step(troupe_env* e, const char* action, char** out) {
+  auto* f = reinterpret_cast<Faulty*>(e);
+  if (std::strstr(action, "BOOM")) misbehave(f->fault);
+  if (std::strstr(action, "BADJSON")) {
+    *out = dup("{not json");
+    return 0;
+  }
+  *out = dup("{\"reward\": 1.0, \"done\": true}");
+  return 0;
+}
+int p_verify(troupe_env* e, const char*, const char* completion, char** out) {
+  auto* f = reinterpret_cast<Faulty*>(e);
+  if (std::strstr(completion, "BOOM")) misbehave(f->fault);
+  if (std::strstr(completion, "FAIL")) {
+    *out = dup("verifier refused this completion");
+    return 1;
+  }
+  *out = dup("{\"reward\": 0.5}");
+  return 0;
+}
+void p_free(char* s) { std::free(s); }
+
+const troupe_env_plugin kTable = {
+    FAULTY_ABI_VERSION, sizeof(troupe_env_plugin), "faulty", "0.1", p_create, p_destroy, p_info, p_reset,
+    p_step, p_verify, nullptr, p_free,
+};
+
+}  // namespace
+
+#ifndef FAULTY_NO_INIT
+extern "C" TROUPE_ENV_PLUGIN_EXPORT const troupe_env_plugin* troupe_env_plugin_init(uint32_t) { return &kTable; }
+#else
+extern "C" TROUPE_ENV_PLUGIN_EXPORT int not_the_entry_point() { return 0; }
+#endif
