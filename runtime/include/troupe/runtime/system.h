@@ -329,6 +329,7 @@ zmq::message_t ActorSystem::encode_zmq(const M& m, EnvelopeHeader h) {
 template <Message M>
 Status ActorSystem::send_from(ActorId from, ActorId to, M msg, std::uint16_t flags, std::uint64_t correlation,
                               Overflow policy) {
+  (void)register_message<M>();
   EnvelopeHeader h;
   h.flags = flags;
   h.type_id = M::type_id;
@@ -374,6 +375,7 @@ void ActorSystem::request_from(ActorId from, ActorId to, Req req, Duration timeo
 
 template <class Rep, Message Req>
 std::future<Result<Rep>> ActorSystem::ask(ActorId to, Req req, Duration timeout) {
+  (void)register_message<Rep>();  // the reply must decode on arrival
   auto promise = std::make_shared<std::promise<Result<Rep>>>();
   auto fut = promise->get_future();
   request_from(ActorId{config_.node_id, 0}, to, std::move(req), timeout,
@@ -401,6 +403,7 @@ Status Context::reply(M msg) {
 }
 template <class Rep, Message Req, class F>
 void Context::request(ActorId to, Req req, Duration timeout, F on_reply) {
+  (void)register_message<Rep>();  // the reply must decode on arrival
   sys_->request_from(self_, to, std::move(req), timeout,
                      [cb = std::move(on_reply)](Context* ctx, Result<std::shared_ptr<Mail>> r) mutable {
                        if (!r.ok()) cb(*ctx, Result<Rep>(r.error()));
