@@ -72,6 +72,7 @@ class RemoteEnvClient final : public EnvClient {
 
   const EnvInfo& info() const override { return info_; }
   int restarts() const override { return restarts_; }
+  int worker_pid() const override { return pid_; }
 
   Result<Observation> reset(const std::string& episode_id, uint64_t seed, const ResetOptions& options) override {
     std::lock_guard lock(mu_);
@@ -138,11 +139,13 @@ class RemoteEnvClient final : public EnvClient {
   Status spawn() {
     std::vector<std::string> env_strings;
     for (char** e = environ; e && *e; ++e) {
-      if (std::strncmp(*e, "TROUPE_ENV_BIND=", 16) != 0 && std::strncmp(*e, "TROUPE_ENV_PARENT_PID=", 22) != 0)
+      if (std::strncmp(*e, "TROUPE_ENV_BIND=", 16) != 0 && std::strncmp(*e, "TROUPE_ENV_PARENT_PID=", 22) != 0 &&
+          std::strncmp(*e, "TROUPE_ENV_CONFIG=", 18) != 0)
         env_strings.emplace_back(*e);
     }
     env_strings.push_back("TROUPE_ENV_BIND=" + address_);
     env_strings.push_back("TROUPE_ENV_PARENT_PID=" + std::to_string(::getpid()));
+    env_strings.push_back("TROUPE_ENV_CONFIG=" + spec_.config.dump());  // for remote commands (SDK reads it)
     std::vector<char*> envp, argv;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);

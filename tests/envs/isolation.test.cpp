@@ -2,9 +2,13 @@
 // hangs fails only its episode, with the reason; the worker is restarted and other episodes go on.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <thread>
 
 #include "troupe/envs/client.h"
+#include "troupe/envs/remote.h"
 
 using namespace troupe::envs;
 
@@ -129,4 +133,96 @@ TEST(Isolation, HangInResetThenGiveUpAfterMaxRestarts) {
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.error().message.find("gave up after 1 env worker restarts"), std::string::npos) << second.error().message;
   EXPECT_EQ(second.error().code, troupe::ErrorCode::peer_failed);
+}
+
+TEST(Remote, ConnectsToARunningServer) {
+  auto local = make_served_env("countdown", R"({"num_numbers": 3})");
+  ASSERT_TRUE(local.ok()) << local.error().message;
+  std::atomic<bool> stop{false};
+  const std::string addr = "ipc:///tmp/troupe-envs-test-" + std::to_string(::getpid()) + ".sock";
+  troupe::Status served;
+  std::thread server([&] {
+    ServeOptions o;
+    o.bind = addr;
+    o.stop = &stop;
+    o.poll_ms = 20;
+    served = serve_env(std::move(local).value(), o);
+  });
+  auto spec = parse_env_spec({{"name", "cd"}, {"address", addr}, {"timeout_s", 10}}, "test");
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  EXPECT_EQ(spec->type, EnvType::remote);
+  {
+    auto c = make_env_client(*spec);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ((*c)->info().name, "countdown");
+    EXPECT_EQ((*c)->worker_pid(), -1);
+    auto obs = (*c)->reset("x", 5, {});
+    ASSERT_TRUE(obs.ok()) << obs.error().message;
+    auto s = (*c)->step("x", obs->metadata["reference_completion"].get<std::string>());
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s->reward, 1.0);
+    (*c)->release("x");
+  }
+  stop = true;
+  server.join();
+  EXPECT_TRUE(served.ok());
+  std::filesystem::remove(addr.substr(6));
+}
+
+TEST(Remote, ProtocolErrorsAreReplies) {
+  EnvRequestHandler h(std::move(make_served_env("arithmetic", "")).value());
+  EXPECT_EQ(h.handle({{"op", "hello"}, {"id", 1}})["result"]["protocol"], "troupe.env/1");
+  for (const json& bad : {json::array(), json{{"id", 2}}, json{{"op", "dance"}, {"id", 3}},
+                          json{{"op", "reset"}, {"id", 4}}, json{{"op", "reset"}, {"session", "s"}, {"seed", -1}},
+                          json{{"op", "reset"}, {"session", "s"}, {"options", {{"split", "holdout"}}}},
+                          json{{"op", "step"}, {"session", "s"}}, json{{"op", "verify"}, {"metadata", {}}}}) {
+    json r = h.handle(bad);
+    EXPECT_FALSE(r["ok"].get<bool>()) << bad.dump();
+    EXPECT_EQ(r["error"]["code"], "invalid_input") << bad.dump();
+    EXPECT_FALSE(r["error"]["message"].get<std::string>().empty());
+  }
+  EXPECT_FALSE(h.shutdown_requested());
+  EXPECT_TRUE(h.handle({{"op", "shutdown"}, {"id", 9}})["ok"].get<bool>());
+  EXPECT_TRUE(h.shutdown_requested());
+  EXPECT_FALSE(make_served_env("arithmetic", "{nope").ok());
+  EXPECT_FALSE(make_served_env("no_such_builtin", "").ok());
+  EXPECT_FALSE(make_served_env("/nonexistent/x.so", "").ok());
+}
+
+TEST(Specs, ParseAndReject) {
+  auto list = parse_env_specs(json::parse(R"([
+    {"name": "arithmetic", "weight": 2, "config": {"digits": 1}},
+    {"name": "cd", "type": "builtin", "env": "countdown"},
+    {"name": "rev", "type": "plugin", "path": "libreverse_env.so"},
+    {"name": "py", "command": "python my_env.py --flag"}])"),
+                              "cfg.yaml: envs");
+  ASSERT_TRUE(list.ok()) << list.error().message;
+  EXPECT_EQ((*list)[0].weight, 2.0);
+  EXPECT_EQ((*list)[1].env, "countdown");
+  EXPECT_TRUE((*list)[2].isolate);
+  EXPECT_EQ((*list)[3].type, EnvType::remote);
+  EXPECT_EQ((*list)[3].command.size(), 3u);
+  struct Bad {
+    const char* json;
+    const char* expect;
+  };
+  for (const Bad& b : {Bad{R"([{"type": "builtin"}])", "envs[0]: env needs a 'name'"},
+                       Bad{R"([{"name": "nope"}])", "envs[0]: unknown built-in env 'nope'"},
+                       Bad{R"([{"name": "a", "type": "plugin"}])", "needs 'path'"},
+                       Bad{R"([{"name": "a", "type": "remote"}])", "needs 'command'"},
+                       Bad{R"([{"name": "arithmetic", "wieght": 1}])", "unknown key 'wieght'"},
+                       Bad{R"([{"name": "arithmetic", "weight": -1}])", "'weight' must be >= 0"},
+                       Bad{R"([{"name": "arithmetic"}, {"name": "arithmetic"}])", "duplicate env name"},
+                       Bad{R"([{"name": "arithmetic", "type": "docker"}])", "'type' must be builtin, plugin or remote"},
+                       Bad{R"([])", "non-empty list"}}) {
+    auto r = parse_env_specs(json::parse(b.json), "cfg.yaml: envs");
+    ASSERT_FALSE(r.ok()) << b.json;
+    EXPECT_NE(r.error().message.find(b.expect), std::string::npos) << r.error().message;
+    EXPECT_EQ(r.error().message.rfind("cfg.yaml: envs", 0), 0u) << r.error().message;
+  }
+  auto bad_worker = parse_env_spec({{"name", "arithmetic"}, {"isolate", true}, {"worker", "/nonexistent/w"}}, "t");
+  ASSERT_TRUE(bad_worker.ok());
+  auto c = make_env_client(*bad_worker);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.error().message.find("/nonexistent/w"), std::string::npos);
 }

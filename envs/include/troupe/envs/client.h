@@ -58,6 +58,8 @@ class EnvClient {
   virtual void release(const std::string& episode_id) = 0;
   // Worker restarts so far (0 for in-process clients).
   virtual int restarts() const { return 0; }
+  // The worker process id, or -1 (in-process, or a server troupe did not start).
+  virtual int worker_pid() const { return -1; }
 };
 
 // Builds the client the spec asks for: in-process (builtin, plugin with isolate: false),
