@@ -19,9 +19,11 @@ namespace {
 int32_t* ints_at(float* p, size_t n) { return new (p) int32_t[n]; }
 const int32_t* ints_at(const float* p) { return std::launder(reinterpret_cast<const int32_t*>(p)); }
 
-// Offsets (in floats) of the pieces of the saved buffer.
+// Offsets (in floats) of the pieces of the saved buffer. Per token: E probs, K weights, K experts,
+// 2K row maps, and per row the expert's gate/up pre-activations (2H) — y is not kept: backward
+// gets d weight from <h, dout Wd> instead of <y, dout>.
 struct SavedLayout {
-  size_t probs, weights, experts, offsets, row_slot, slot_row, g, u, y, gs, us, total;
+  size_t probs, weights, experts, offsets, row_slot, slot_row, g, u, gs, us, total;
 };
 SavedLayout saved_layout(const MoeConfig& c, int N) {
   const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
@@ -40,29 +42,38 @@ SavedLayout saved_layout(const MoeConfig& c, int N) {
   l.slot_row = take(nk);
   l.g = take(nk * c.H);
   l.u = take(nk * c.H);
-  l.y = take(nk * c.C);
   l.gs = take(n * c.H_shared);
   l.us = take(n * c.H_shared);
   l.total = at;
   return l;
 }
 
+// Forward scratch: permuted inputs xp and outputs yp (N*K, C), hidden h (N*K, H).
 struct ForwardScratch {
-  size_t xp, h, hs, counts, total;
+  size_t xp, yp, h, hs, counts, total;
 };
 ForwardScratch forward_scratch(const MoeConfig& c, int N) {
   const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
   ForwardScratch s{};
-  s.xp = 0;
-  s.h = s.xp + nk * c.C;
-  s.hs = s.h + nk * c.H;
-  s.counts = s.hs + n * c.H_shared;
-  s.total = s.counts + 2 * static_cast<size_t>(c.E);
+  size_t at = 0;
+  auto take = [&](size_t count) {
+    size_t here = at;
+    at += count;
+    return here;
+  };
+  s.xp = take(nk * c.C);
+  s.yp = take(nk * c.C);
+  s.h = take(nk * c.H);
+  s.hs = take(n * c.H_shared);
+  s.counts = take(2 * static_cast<size_t>(c.E));
+  s.total = at;
   return s;
 }
 
+// Backward scratch, aliased by lifetime: xp is overwritten by dx, h by du; dop holds the permuted
+// (unscaled) dout rows, dg the gate gradient.
 struct BackwardScratch {
-  size_t xp, dyp, h, dg, du, dxp, dw, dp, hs, dgs, dus, rows, total;
+  size_t xp, dop, h, dg, dw, wrow, dp, hs, dgs, rows, total;
 };
 BackwardScratch backward_scratch(const MoeConfig& c, int N) {
   const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
@@ -74,16 +85,14 @@ BackwardScratch backward_scratch(const MoeConfig& c, int N) {
     return here;
   };
   s.xp = take(nk * c.C);
-  s.dyp = take(nk * c.C);
+  s.dop = take(nk * c.C);
   s.h = take(nk * c.H);
   s.dg = take(nk * c.H);
-  s.du = take(nk * c.H);
-  s.dxp = take(nk * c.C);
   s.dw = take(nk);
+  s.wrow = take(nk);
   s.dp = take(n * c.E);
   s.hs = take(n * c.H_shared);
   s.dgs = take(n * c.H_shared);
-  s.dus = take(n * c.H_shared);
   s.rows = take(nk);
   s.total = at;
   return s;
@@ -110,16 +119,17 @@ void swiglu_forward(float* y, float* g, float* u, float* h, const float* x, cons
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, H, 1.0f, h, H, wd, H, 0.0f, y, C);
 }
 
-// Backward of swiglu_forward. dWg/dWu/dWd accumulated; dx (n, C) assigned (or accumulated when
-// dx_beta == 1). h, dg, du are (n, H) scratch.
-void swiglu_backward(float* dx, float dx_beta, float* dwg, float* dwu, float* dwd, const float* dy,
-                     const float* x, const float* g, const float* u, const float* wg, const float* wu,
-                     const float* wd, float* h, float* dg, float* du, int n, int C, int H) {
+// Backward of swiglu_forward for the shared expert (weight 1). dWg/dWu/dWd accumulated; dx (n, C)
+// assigned. h (n, H) is scratch that ends holding du; dg (n, H) scratch.
+void swiglu_backward(float* dx, float* dwg, float* dwu, float* dwd, const float* dy, const float* x, const float* g,
+                     const float* u, const float* wg, const float* wu, const float* wd, float* h, float* dg, int n,
+                     int C, int H) {
   if (n == 0) return;
   const size_t nh = static_cast<size_t>(n) * H;
   for (size_t i = 0; i < nh; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, H, n, 1.0f, dy, C, h, H, 1.0f, dwd, H);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, H, C, 1.0f, dy, C, wd, H, 0.0f, dg, H);  // dh
+  float* du = h;  // h is dead after dWd
   for (size_t i = 0; i < nh; ++i) {
     const float s = sigmoid(g[i]), dh = dg[i];
     du[i] = dh * g[i] * s;
@@ -127,7 +137,42 @@ void swiglu_backward(float* dx, float dx_beta, float* dwg, float* dwu, float* dw
   }
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, C, n, 1.0f, dg, H, x, C, 1.0f, dwg, C);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, C, n, 1.0f, du, H, x, C, 1.0f, dwu, C);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, dg, H, wg, C, dx_beta, dx, C);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, dg, H, wg, C, 0.0f, dx, C);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, du, H, wu, C, 1.0f, dx, C);
+}
+
+// Backward of one routed expert over its segment of n permuted rows. The row's output was
+// w_r * y_r with y_r = h_r Wd^T, so with q_r = dout_r Wd (unscaled): d w_r = <h_r, q_r>,
+// dh_r = w_r q_r, dWd += sum_r dout_r^T (w_r h_r). xp (n, C) in: the rows' inputs, out: their dx.
+// dop (n, C): the rows' dout (unscaled); w_row (n): the rows' weights; dw_row (n) out.
+void expert_backward(float* xp, float* dw_row, float* dwg, float* dwu, float* dwd, const float* dop,
+                     const float* w_row, const float* g, const float* u, const float* wg, const float* wu,
+                     const float* wd, float* h, float* dg, int n, int C, int H) {
+  if (n == 0) return;
+  const size_t nh = static_cast<size_t>(n) * H;
+  for (size_t i = 0; i < nh; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, H, C, 1.0f, dop, C, wd, H, 0.0f, dg, H);  // q
+  for (int r = 0; r < n; ++r) {
+    float* hr = h + static_cast<size_t>(r) * H;
+    float* qr = dg + static_cast<size_t>(r) * H;
+    const float wr = w_row[r];
+    dw_row[r] = dot_row(hr, qr, H);
+    for (int i = 0; i < H; ++i) {
+      hr[i] *= wr;  // w h, for dWd
+      qr[i] *= wr;  // dh
+    }
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, H, n, 1.0f, dop, C, h, H, 1.0f, dwd, H);
+  float* du = h;  // w h is dead after dWd
+  for (size_t i = 0; i < nh; ++i) {
+    const float s = sigmoid(g[i]), dh = dg[i];
+    du[i] = dh * g[i] * s;
+    dg[i] = dh * u[i] * s * (1.0f + g[i] * (1.0f - s));
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, C, n, 1.0f, dg, H, xp, C, 1.0f, dwg, C);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, C, n, 1.0f, du, H, xp, C, 1.0f, dwu, C);
+  float* dx = xp;  // the inputs are dead after dWg, dWu
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, dg, H, wg, C, 0.0f, dx, C);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, du, H, wu, C, 1.0f, dx, C);
 }
 
@@ -286,10 +331,11 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
   int32_t* slot_row = ints_at(saved + L.slot_row, static_cast<size_t>(NK));
   float* g = saved + L.g;
   float* u = saved + L.u;
-  float* y = saved + L.y;
   float* xp = scratch + S.xp;
+  float* y = scratch + S.yp;
   float* h = scratch + S.h;
   int32_t* cursor = ints_at(scratch + S.counts, 2 * static_cast<size_t>(E));
+  const float* yrows = identity ? xp : y;
 
   if (N == 0) {
     for (int e = 0; e <= E; ++e) offsets[e] = 0;
@@ -310,7 +356,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
     moe_route_plan(offsets, row_slot, slot_row, cursor, experts, N, K, E);
     moe_permute(xp, inp, row_slot, N, K, C);
     if (!identity) experts_forward_grouped(y, g, u, h, xp, offsets, w, cfg);
-    moe_unpermute(out, identity ? xp : y, weights, slot_row, N, K, C);
+    moe_unpermute(out, yrows, weights, slot_row, N, K, C);
   } else {
     // Masked loop: for every expert, scan all assignments, gather, compute, scatter.
     int row = 0;
@@ -326,7 +372,6 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
       if (!identity)
         swiglu_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
                        w.w_down + we, n, C, H);
-      const float* yrows = identity ? xp : y;
       // Scatter; a token has each expert at most once, so rows of one expert touch distinct tokens.
 #pragma omp parallel for schedule(static)
       for (int r = row; r < end; ++r) {
@@ -343,6 +388,23 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
   router_stats(stats, probs, offsets, cfg, N);
 }
 
+// Gathers permuted row r: its input (unless identity), its dout row (scaled by its weight when
+// identity, where that is already d(expert input)) and its weight.
+inline void gather_backward_row(float* xp, float* dop, float* wrow, int r, int s, const float* inp,
+                                const float* dout, const float* weights, int K, int C, bool identity) {
+  const size_t t = static_cast<size_t>(s / K);
+  const float* d = dout + t * C;
+  float* dr = dop + static_cast<size_t>(r) * C;
+  wrow[r] = weights[s];
+  if (identity) {
+    const float wk = weights[s];
+    for (int i = 0; i < C; ++i) dr[i] = wk * d[i];
+  } else {
+    std::memcpy(xp + static_cast<size_t>(r) * C, inp + t * C, sizeof(float) * C);
+    std::memcpy(dr, d, sizeof(float) * C);
+  }
+}
+
 void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float daux, const float* inp,
                    const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
                    bool identity) {
@@ -354,60 +416,43 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
   const float* weights = saved + L.weights;
   const int32_t* experts = ints_at(saved + L.experts);
   const int32_t* offsets = ints_at(saved + L.offsets);
+  const int32_t* slot_row = ints_at(saved + L.slot_row);
   const float* g = saved + L.g;
   const float* u = saved + L.u;
-  const float* y = saved + L.y;
-  float* xp = scratch + S.xp;
-  float* dyp = scratch + S.dyp;
+  float* xp = scratch + S.xp;    // expert inputs, then their dx
+  float* dop = scratch + S.dop;  // dout rows (identity: d of the expert input)
   float* h = scratch + S.h;
   float* dg = scratch + S.dg;
-  float* du = scratch + S.du;
-  float* dxp = scratch + S.dxp;
-  float* dw = scratch + S.dw;
+  float* dw = scratch + S.dw;    // per row: d weight
+  float* wrow = scratch + S.wrow;
   float* dp = scratch + S.dp;
+  const float* dxrows = identity ? dop : xp;
 
   // Shared expert first: its dx initializes dinp (same order in both paths).
   if (cfg.H_shared > 0) {
-    swiglu_backward(dinp, 0.0f, gr.ws_gate, gr.ws_up, gr.ws_down, dout, inp, saved + L.gs, saved + L.us, w.ws_gate,
-                    w.ws_up, w.ws_down, scratch + S.hs, scratch + S.dgs, scratch + S.dus, N, C, cfg.H_shared);
+    swiglu_backward(dinp, gr.ws_gate, gr.ws_up, gr.ws_down, dout, inp, saved + L.gs, saved + L.us, w.ws_gate, w.ws_up,
+                    w.ws_down, scratch + S.hs, scratch + S.dgs, N, C, cfg.H_shared);
   } else {
     std::memset(dinp, 0, sizeof(float) * static_cast<size_t>(N) * C);
   }
 
-  // d(out)/d(weight[t,k]) = <y_row, dout[t]>; the row's upstream gradient is weight * dout[t].
-  // Identity experts: y_row is the token's input row.
-  const int32_t* srow = ints_at(saved + L.slot_row);
-  auto y_of = [&](int s) {
-    return identity ? inp + static_cast<size_t>(s / K) * C : y + static_cast<size_t>(srow[s]) * C;
+  // One segment of rows [r0, r0+n) of expert e: d weight, expert backward (dx into xp).
+  auto segment = [&](int e, int r0, int n) {
+    if (identity) return;  // d weight is computed per slot below; dx = dop
+    const size_t R = static_cast<size_t>(r0), we = static_cast<size_t>(e) * H * C;
+    expert_backward(xp + R * C, dw + R, gr.w_gate + we, gr.w_up + we, gr.w_down + we, dop + R * C, wrow + R, g + R * H,
+                    u + R * H, w.w_gate + we, w.w_up + we, w.w_down + we, h + R * H, dg + R * H, n, C, H);
   };
+
   if (cfg.grouped) {
     const int32_t* row_slot = ints_at(saved + L.row_slot);
-    const int32_t* slot_row = srow;
-    // One fused pass over the permuted rows: gather x, scale dout, and d weight.
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < NK; ++r) {
-      const int s = row_slot[r];
-      const float* d = dout + static_cast<size_t>(s / K) * C;
-      float* dr = dyp + static_cast<size_t>(r) * C;
-      const float wk = weights[s];
-      if (!identity)
-        std::memcpy(xp + static_cast<size_t>(r) * C, inp + static_cast<size_t>(s / K) * C, sizeof(float) * C);
-      for (int i = 0; i < C; ++i) dr[i] = wk * d[i];
-      dw[s] = dot_row(y_of(s), d, C);
-    }
+    for (int r = 0; r < NK; ++r) gather_backward_row(xp, dop, wrow, r, row_slot[r], inp, dout, weights, K, C, identity);
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int e = 0; e < (identity ? 0 : E); ++e) {
-      const size_t r0 = static_cast<size_t>(offsets[e]), we = static_cast<size_t>(e) * H * C;
-      const int n = offsets[e + 1] - offsets[e];
-      swiglu_backward(dxp + r0 * C, 0.0f, gr.w_gate + we, gr.w_up + we, gr.w_down + we, dyp + r0 * C, xp + r0 * C,
-                      g + r0 * H, u + r0 * H, w.w_gate + we, w.w_up + we, w.w_down + we, h + r0 * H, dg + r0 * H,
-                      du + r0 * H, n, C, H);
-    }
+    for (int e = 0; e < E; ++e) segment(e, offsets[e], offsets[e + 1] - offsets[e]);
     // Backward of the permute: each token gathers its K rows in ascending expert order.
-    moe_unpermute(dinp, identity ? dyp : dxp, nullptr, slot_row, N, K, C);
+    moe_unpermute(dinp, dxrows, nullptr, slot_row, N, K, C);
   } else {
-#pragma omp parallel for schedule(static)
-    for (int s = 0; s < NK; ++s) dw[s] = dot_row(y_of(s), dout + static_cast<size_t>(s / K) * C, C);
     // Masked loop mirrored: per expert, rescan the assignments, gather, compute, scatter.
     int32_t* row_slot = ints_at(scratch + S.rows, static_cast<size_t>(NK));
     int row = 0;
@@ -415,29 +460,24 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
       int end = row;
       for (int s = 0; s < NK; ++s)
         if (experts[s] == e) row_slot[end++] = s;
-      const int n = end - row;
 #pragma omp parallel for schedule(static)
-      for (int r = row; r < end; ++r) {
-        const int s = row_slot[r];
-        if (!identity)
-          std::memcpy(xp + static_cast<size_t>(r) * C, inp + static_cast<size_t>(s / K) * C, sizeof(float) * C);
-        const float* d = dout + static_cast<size_t>(s / K) * C;
-        float* dr = dyp + static_cast<size_t>(r) * C;
-        const float wk = weights[s];
-        for (int i = 0; i < C; ++i) dr[i] = wk * d[i];
-      }
-      const size_t r0 = static_cast<size_t>(row), we = static_cast<size_t>(e) * H * C;
-      if (!identity)
-        swiglu_backward(dxp + r0 * C, 0.0f, gr.w_gate + we, gr.w_up + we, gr.w_down + we, dyp + r0 * C,
-                        xp + r0 * C, g + r0 * H, u + r0 * H, w.w_gate + we, w.w_up + we, w.w_down + we, h + r0 * H,
-                        dg + r0 * H, du + r0 * H, n, C, H);
+      for (int r = row; r < end; ++r)
+        gather_backward_row(xp, dop, wrow, r, row_slot[r], inp, dout, weights, K, C, identity);
+      segment(e, row, end - row);
 #pragma omp parallel for schedule(static)
       for (int r = row; r < end; ++r) {
         float* o = dinp + static_cast<size_t>(row_slot[r] / K) * C;
-        const float* dr = (identity ? dyp : dxp) + static_cast<size_t>(r) * C;
+        const float* dr = dxrows + static_cast<size_t>(r) * C;
         for (int i = 0; i < C; ++i) o[i] += dr[i];
       }
       row = end;
+    }
+  }
+  if (identity) {  // d weight = <y, dout> with y = the token's input
+#pragma omp parallel for schedule(static)
+    for (int s = 0; s < NK; ++s) {
+      const float* xt = inp + static_cast<size_t>(s / K) * C;
+      dw[slot_row[s]] = dot_row(xt, dout + static_cast<size_t>(s / K) * C, C);
     }
   }
 
@@ -449,14 +489,14 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
     const float* p = probs + static_cast<size_t>(t) * E;
     for (int e = 0; e < E; ++e) d[e] = daux != 0.0f ? aux_scale * static_cast<float>(offsets[e + 1] - offsets[e]) : 0.0f;
     const int32_t* ex = experts + static_cast<size_t>(t) * K;
-    const float* dws = dw + static_cast<size_t>(t) * K;
+    auto dws = [&](int k) { return dw[slot_row[t * K + k]]; };
     if (cfg.renormalize) {
       float s = 0, dot = 0;
       for (int k = 0; k < K; ++k) s += p[ex[k]];
-      for (int k = 0; k < K; ++k) dot += dws[k] * weights[t * K + k];
-      for (int k = 0; k < K; ++k) d[ex[k]] += (dws[k] - dot) / s;
+      for (int k = 0; k < K; ++k) dot += dws(k) * weights[t * K + k];
+      for (int k = 0; k < K; ++k) d[ex[k]] += (dws(k) - dot) / s;
     } else {
-      for (int k = 0; k < K; ++k) d[ex[k]] += dws[k];
+      for (int k = 0; k < K; ++k) d[ex[k]] += dws(k);
     }
     float dot = 0;
     for (int e = 0; e < E; ++e) dot += d[e] * p[e];
