@@ -1,0 +1,255 @@
+// MPI bootstrap (allgather of endpoints), signal-driven shutdown and the peer-failure watchdog.
+// Invariant: once a shutdown is triggered the process ends within its bound — finish() or, if
+// the program is stuck (e.g. in a collective with a dead rank), the watchdog's _Exit.
+#include "troupe/runtime/cluster.h"
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace troupe::runtime {
+
+namespace {
+std::atomic<int> g_signal_fd{-1};
+void on_signal(int sig) {
+  int fd = g_signal_fd.load();
+  if (fd >= 0) {
+    unsigned char b = static_cast<unsigned char>(sig);
+    ssize_t n = ::write(fd, &b, 1);
+    (void)n;
+  }
+}
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+Status mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return {};
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, buf, &len);
+  return make_error(ErrorCode::io, std::string("MPI: ") + what + " failed: " + std::string(buf, static_cast<std::size_t>(len)));
+}
+constexpr int kRecord = 512;  // endpoint (256) | curve key (64) | pid (as text, 32)
+}  // namespace
+
+Result<std::unique_ptr<Cluster>> Cluster::bootstrap(ClusterConfig config) {
+  std::unique_ptr<Cluster> c(new Cluster());
+  c->config_ = config;
+  c->mpi_ = config.force_mpi || launched_by_mpi();
+  if (c->mpi_) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      TROUPE_TRY(mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread"));
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->world_);
+  }
+  for (int r = 0; r < c->world_; ++r)
+    c->roles_.push_back(static_cast<std::size_t>(r) < config.roles.size() && !config.roles[r].empty() ? config.roles[r]
+                                                                                                       : "rank" + std::to_string(r));
+  if (config.roles.size() > static_cast<std::size_t>(c->world_))
+    return invalid_input("runtime: the role table names " + std::to_string(config.roles.size()) + " ranks but the job has " +
+                         std::to_string(c->world_));
+
+  SystemConfig sc = config.system;
+  sc.node_id = static_cast<std::uint32_t>(c->rank_);
+  sc.role = c->roles_[static_cast<std::size_t>(c->rank_)];
+  if (c->world_ > 1) {
+    if (config.transport == "ipc")
+      sc.bind = "ipc://" + config.ipc_dir + "/troupe-" + std::to_string(::getpid()) + "-r" + std::to_string(c->rank_);
+    else if (config.transport == "tcp")
+      sc.bind = "tcp://" + config.tcp_host + ":*";
+    else
+      return invalid_input("runtime: transport must be 'ipc' or 'tcp', got '" + config.transport + "'");
+  }
+  TROUPE_ASSIGN_OR_RETURN(c->system_, ActorSystem::create(sc));
+
+  if (c->world_ > 1) {
+    std::vector<char> mine(kRecord, '\0'), all(static_cast<std::size_t>(kRecord) * c->world_, '\0');
+    std::string ep = c->system_->endpoint(), key = c->system_->curve_public_key();
+    std::snprintf(mine.data(), 256, "%s", ep.c_str());
+    std::snprintf(mine.data() + 256, 64, "%s", key.c_str());
+    std::snprintf(mine.data() + 320, 32, "%d", static_cast<int>(::getpid()));
+    TROUPE_TRY(mpi_check(MPI_Allgather(mine.data(), kRecord, MPI_CHAR, all.data(), kRecord, MPI_CHAR, MPI_COMM_WORLD),
+                         "MPI_Allgather of endpoints"));
+    for (int r = 0; r < c->world_; ++r) {
+      const char* rec = all.data() + static_cast<std::size_t>(r) * kRecord;
+      c->book_.push_back(PeerInfo{static_cast<std::uint32_t>(r), std::string(rec, strnlen(rec, 256)),
+                                  c->roles_[static_cast<std::size_t>(r)], std::string(rec + 256, strnlen(rec + 256, 64))});
+    }
+    TROUPE_TRY(c->system_->connect(c->book_));
+    TROUPE_TRY(mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier after connect"));
+  } else {
+    c->book_.push_back(PeerInfo{0, c->system_->endpoint(), c->roles_[0], c->system_->curve_public_key()});
+  }
+
+  Cluster* raw = c.get();
+  c->system_->on_node_down([raw](const NodeDown& d) {
+    ShutdownInfo info;
+    info.reason = ShutdownReason::peer_failed;
+    info.failed_rank = static_cast<int>(d.node);
+    info.failed_role = d.role;
+    info.message = "troupe: rank " + std::to_string(raw->rank_) + " (role " + raw->roles_[static_cast<std::size_t>(raw->rank_)] +
+                   "): peer rank " + std::to_string(d.node) + " (role " + d.role + ") failed: " + d.reason;
+    raw->trigger(info);
+  });
+
+  if (config.install_signal_handlers) {
+    if (::pipe(c->signal_pipe_) != 0) return make_error(ErrorCode::io, "runtime: pipe() for signal handling failed");
+    ::fcntl(c->signal_pipe_[1], F_SETFL, O_NONBLOCK);
+    g_signal_fd = c->signal_pipe_[1];
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    c->signal_thread_ = std::thread([raw] {
+      pollfd p{raw->signal_pipe_[0], POLLIN, 0};
+      while (!raw->done_) {
+        if (::poll(&p, 1, 100) <= 0) continue;
+        unsigned char b = 0;
+        if (::read(raw->signal_pipe_[0], &b, 1) != 1) continue;
+        ShutdownInfo info;
+        info.reason = ShutdownReason::signal;
+        info.signal = b;
+        info.message = "troupe: rank " + std::to_string(raw->rank_) + " (role " + raw->roles_[static_cast<std::size_t>(raw->rank_)] +
+                       "): got " + (b == SIGINT ? "SIGINT" : b == SIGTERM ? "SIGTERM" : "signal " + std::to_string(b)) +
+                       ", draining and stopping";
+        raw->trigger(info);
+      }
+    });
+  }
+  c->watchdog_thread_ = std::thread([raw] { raw->watchdog_loop(); });
+  return c;
+}
+
+void Cluster::trigger(ShutdownInfo info) {
+  {
+    std::lock_guard lock(mu_);
+    if (info_.reason != ShutdownReason::none) {
+      // A peer failure outranks an earlier signal/request: the exit code must say a rank died.
+      if (!(info.reason == ShutdownReason::peer_failed && info_.reason != ShutdownReason::peer_failed)) return;
+    }
+    info_ = info;
+  }
+  std::fprintf(stderr, "%s\n", info.message.c_str());
+  std::fflush(stderr);
+  info_ready_ = true;
+  cv_.notify_all();
+}
+
+void Cluster::watchdog_loop() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return done_.load() || info_.reason != ShutdownReason::none; });
+  if (done_) return;
+  ShutdownInfo first = info_;
+  auto bound = first.reason == ShutdownReason::peer_failed ? config_.peer_failure_grace : config_.shutdown_grace + std::chrono::seconds(1);
+  auto deadline = Clock::now() + bound;
+  // a peer failure arriving during a drain shortens the bound
+  while (!done_ && Clock::now() < deadline) {
+    cv_.wait_until(lock, deadline);
+    if (info_.reason == ShutdownReason::peer_failed && first.reason != ShutdownReason::peer_failed) {
+      first = info_;
+      deadline = std::min(deadline, Clock::now() + config_.peer_failure_grace);
+    }
+  }
+  if (done_ || !config_.hard_exit_watchdog) return;
+  int code = info_.reason == ShutdownReason::peer_failed ? 3 : 1;
+  std::fprintf(stderr, "%s; watchdog: the process did not stop within %lld ms, exiting with code %d\n", info_.message.c_str(),
+               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(bound).count()), code);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+void Cluster::request_shutdown(const std::string& why) {
+  ShutdownInfo info;
+  info.reason = ShutdownReason::requested;
+  info.message = "troupe: rank " + std::to_string(rank_) + ": shutdown requested: " + why;
+  trigger(info);
+}
+
+ShutdownInfo Cluster::wait() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return info_.reason != ShutdownReason::none; });
+  return info_;
+}
+
+bool Cluster::wait_for(Duration d) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, d, [&] { return info_.reason != ShutdownReason::none; });
+}
+
+ShutdownInfo Cluster::info() const {
+  std::lock_guard lock(mu_);
+  return info_;
+}
+
+std::vector<int> Cluster::ranks_with_role(const std::string& role) const {
+  std::vector<int> out;
+  for (std::size_t r = 0; r < roles_.size(); ++r)
+    if (roles_[r] == role) out.push_back(static_cast<int>(r));
+  return out;
+}
+
+void Cluster::barrier() {
+  if (mpi_ && world_ > 1) MPI_Barrier(MPI_COMM_WORLD);
+}
+
+std::vector<long> Cluster::allgather(long value) {
+  std::vector<long> out(static_cast<std::size_t>(world_), value);
+  if (mpi_ && world_ > 1) MPI_Allgather(&value, 1, MPI_LONG, out.data(), 1, MPI_LONG, MPI_COMM_WORLD);
+  return out;
+}
+
+int Cluster::finish() {
+  if (finished_) return info().exit_code();
+  finished_ = true;
+  ShutdownInfo in = info();
+  system_->shutdown(in.reason == ShutdownReason::peer_failed ? Duration{0} : config_.shutdown_grace);
+  if (mpi_ && in.reason != ShutdownReason::peer_failed) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+  }
+  {
+    std::lock_guard lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  return in.exit_code();
+}
+
+Cluster::~Cluster() {
+  if (!finished_ && system_) system_->shutdown(Duration{0});
+  {
+    std::lock_guard lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  if (signal_thread_.joinable()) signal_thread_.join();
+  if (watchdog_thread_.joinable()) watchdog_thread_.join();
+  if (signal_pipe_[0] >= 0) {
+    g_signal_fd = -1;
+    ::close(signal_pipe_[0]);
+    ::close(signal_pipe_[1]);
+  }
+  if (mpi_ && info().reason != ShutdownReason::peer_failed) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+  }
+}
+
+}  // namespace troupe::runtime

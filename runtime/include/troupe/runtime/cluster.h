@@ -1,0 +1,93 @@
+// Process-level bootstrap for the launcher: under mpirun each rank binds its endpoint (ipc, or
+// tcp on 127.0.0.1 with an ephemeral port), allgathers addresses with MPI and connects; without
+// MPI it is one node in one process. Also the shutdown/watchdog facility: SIGINT/SIGTERM drain and
+// stop within a bound; a dead peer rank ends every surviving rank within a bound with exit code 3
+// and a message naming the dead rank and its role.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/base/result.h"
+#include "troupe/runtime/system.h"
+
+namespace troupe::runtime {
+
+struct ClusterConfig {
+  std::string transport = "ipc";      // "ipc" or "tcp" between ranks
+  std::string tcp_host = "127.0.0.1";  // another host needs system.allow_nonlocal_bind (and CURVE)
+  std::string ipc_dir = "/tmp";
+  std::vector<std::string> roles;  // role of each rank; missing entries are "rank<N>"
+  SystemConfig system;             // threads, mailboxes, heartbeat, curve; node_id/bind/role are set here
+  Duration shutdown_grace = std::chrono::seconds(5);      // SIGINT/SIGTERM: drain at most this long
+  Duration peer_failure_grace = std::chrono::seconds(2);  // after a peer is down: exit 3 by then at the latest
+  bool install_signal_handlers = true;
+  bool hard_exit_watchdog = true;  // if the process has not finished by the bound, _Exit (3 / 1) with the message
+  bool force_mpi = false;          // call MPI_Init even when no launcher variables are seen
+};
+
+enum class ShutdownReason { none, requested, signal, peer_failed };
+
+struct ShutdownInfo {
+  ShutdownReason reason = ShutdownReason::none;
+  int signal = 0;
+  int failed_rank = -1;
+  std::string failed_role;
+  std::string message;  // one line, names the dead rank and its role for peer_failed
+  int exit_code() const { return reason == ShutdownReason::peer_failed ? 3 : 0; }
+};
+
+class Cluster {
+ public:
+  // MPI is used when launcher variables (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK) are present.
+  static Result<std::unique_ptr<Cluster>> bootstrap(ClusterConfig config);
+  ~Cluster();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  bool under_mpi() const { return mpi_; }
+  const std::string& role(int rank) const { return roles_.at(static_cast<std::size_t>(rank)); }
+  const std::vector<std::string>& roles() const { return roles_; }
+  std::vector<int> ranks_with_role(const std::string& role) const;
+  ActorSystem& system() { return *system_; }
+  const std::vector<PeerInfo>& address_book() const { return book_; }
+
+  void request_shutdown(const std::string& why);
+  bool shutdown_requested() const { return info_ready_.load(); }
+  ShutdownInfo wait();                  // blocks until a signal, request_shutdown, or peer failure
+  bool wait_for(Duration d);            // true when shutdown was triggered within d
+  ShutdownInfo info() const;
+  // Drains and stops the actor system within the grace, finalizes MPI (not after a peer failure:
+  // collectives with a dead rank would hang). Returns the exit code for the launcher (0 or 3).
+  int finish();
+
+  // MPI helpers for tests and the launcher (no-ops without MPI).
+  void barrier();
+  std::vector<long> allgather(long value);
+
+ private:
+  Cluster() = default;
+  void trigger(ShutdownInfo info);
+  void watchdog_loop();
+
+  ClusterConfig config_;
+  int rank_ = 0, world_ = 1;
+  bool mpi_ = false, finished_ = false;
+  std::vector<std::string> roles_;
+  std::vector<PeerInfo> book_;
+  std::unique_ptr<ActorSystem> system_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  ShutdownInfo info_;
+  std::atomic<bool> info_ready_{false};
+  std::atomic<bool> done_{false};
+  std::thread signal_thread_, watchdog_thread_;
+  int signal_pipe_[2] = {-1, -1};
+};
+
+}  // namespace troupe::runtime
