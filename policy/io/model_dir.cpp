@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 namespace troupe::policy::io {
@@ -209,7 +210,6 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> canonical_tensor_shape
         out.push_back({p + "mlp.shared_expert.gate_proj.weight", {Hs, C}});
         out.push_back({p + "mlp.shared_expert.up_proj.weight", {Hs, C}});
         out.push_back({p + "mlp.shared_expert.down_proj.weight", {C, Hs}});
-        out.push_back({p + "mlp.shared_expert_gate.weight", {1, C}});
       }
     } else {
       out.push_back({p + "mlp.gate_proj.weight", {I, C}});
@@ -248,17 +248,32 @@ ExpertNames per_expert_names(const ModelConfig& c, int l, int e) {
   return {q + "gate_proj.weight", q + "up_proj.weight", q + "down_proj.weight"};
 }
 
-// The canonical name with Mixtral's legacy module path where it has one.
+// The canonical name with Mixtral's legacy module path for MoE-block tensors (router, experts,
+// shared expert); dense layers keep mlp.
 std::string disk_alias(const ModelConfig& c, const std::string& canonical) {
   if (c.family != "mixtral") return canonical;
   const auto pos = canonical.find(".mlp.");
   if (pos == std::string::npos) return canonical;
-  return canonical.substr(0, pos) + ".block_sparse_moe." + canonical.substr(pos + 5);
+  const std::string rest = canonical.substr(pos + 5);
+  if (!rest.starts_with("gate.") && !rest.starts_with("experts.") && !rest.starts_with("shared_expert")) return canonical;
+  return canonical.substr(0, pos) + ".block_sparse_moe." + rest;
 }
 
 }  // namespace
 
-Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource& w) {
+namespace {
+
+// What canonicalize reads from: a file (or shards) or tensors already in memory.
+struct TensorSource {
+  std::function<const std::vector<int64_t>*(const std::string&)> shape_of;  // nullptr when absent
+  std::function<Result<Tensor>(const std::string&, const std::vector<int64_t>&)> read;
+  std::vector<std::string> names;
+  std::function<std::string(const std::string&)> file_of;  // for messages
+  std::string describe;
+  bool contains(const std::string& n) const { return shape_of(n) != nullptr; }
+};
+
+Result<TensorMap> canonicalize(const ModelConfig& c, const TensorSource& w) {
   TensorMap out;
   std::set<std::string> used;
   const int64_t E = c.num_experts, H = c.moe_intermediate_size, C = c.hidden_size;
@@ -272,22 +287,22 @@ Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource&
     std::string on_disk = w.contains(name) ? name : disk_alias(c, name);
     if (!gate_up && !down) {
       if (!w.contains(on_disk)) {
-        if (name == "lm_head.weight") return invalid_input(w.describe() + ": missing tensor 'lm_head.weight' (config.json has tie_word_embeddings false)");
-        return invalid_input(w.describe() + ": missing tensor '" + name + "'");
+        if (name == "lm_head.weight") return invalid_input(w.describe + ": missing tensor 'lm_head.weight' (config.json has tie_word_embeddings false)");
+        return invalid_input(w.describe + ": missing tensor '" + name + "'");
       }
       TROUPE_ASSIGN_OR_RETURN(out[name], take(on_disk, shape));
       continue;
     }
     if (w.contains(on_disk)) {  // fused on disk: (E, 2H, C) / (E, C, H), or transposed (E, C, 2H) / (E, H, C)
-      const SafetensorsEntry* e = w.find(on_disk);
+      const std::vector<int64_t>& disk_shape = *w.shape_of(on_disk);
       const std::vector<int64_t> transposed = {shape[0], shape[2], shape[1]};
-      if (e->shape == shape) {
+      if (disk_shape == shape) {
         TROUPE_ASSIGN_OR_RETURN(out[name], take(on_disk, shape));
-      } else if (e->shape == transposed) {
+      } else if (disk_shape == transposed) {
         TROUPE_ASSIGN_OR_RETURN(auto t, take(on_disk, transposed));
         out[name] = transpose_last2(t);
       } else {
-        return invalid_input(w.file_of(on_disk) + ": tensor '" + on_disk + "' has shape " + shape_string(e->shape) +
+        return invalid_input(w.file_of(on_disk) + ": tensor '" + on_disk + "' has shape " + shape_string(disk_shape) +
                              ", expected " + shape_string(shape) + " (or " + shape_string(transposed) + " transposed)");
       }
       continue;
@@ -299,7 +314,7 @@ Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource&
       const ExpertNames n = per_expert_names(c, l, e);
       if (gate_up) {
         if (!w.contains(n.gate))
-          return invalid_input(w.describe() + ": missing tensor '" + n.gate + "' (nor the fused '" + on_disk + "')");
+          return invalid_input(w.describe + ": missing tensor '" + n.gate + "' (nor the fused '" + on_disk + "')");
         TROUPE_ASSIGN_OR_RETURN(auto g, take(n.gate, {H, C}));
         TROUPE_ASSIGN_OR_RETURN(auto u, take(n.up, {H, C}));
         float* dst = t.data.data() + static_cast<size_t>(e) * 2 * H * C;
@@ -307,14 +322,14 @@ Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource&
         std::copy(u.data.begin(), u.data.end(), dst + H * C);
       } else {
         if (!w.contains(n.down))
-          return invalid_input(w.describe() + ": missing tensor '" + n.down + "' (nor the fused '" + on_disk + "')");
+          return invalid_input(w.describe + ": missing tensor '" + n.down + "' (nor the fused '" + on_disk + "')");
         TROUPE_ASSIGN_OR_RETURN(auto d, take(n.down, {C, H}));
         std::copy(d.data.begin(), d.data.end(), t.data.data() + static_cast<size_t>(e) * C * H);
       }
     }
     out[name] = std::move(t);
   }
-  for (const auto& n : w.names()) {
+  for (const auto& n : w.names) {
     if (used.count(n)) continue;
     // transformers sometimes stores the tied head anyway; rotary caches are recomputed.
     if (n == "lm_head.weight" && c.tie_word_embeddings) continue;
@@ -323,6 +338,41 @@ Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource&
                          " config in config.json (wrong family, layer count or layout?)");
   }
   return out;
+}
+
+}  // namespace
+
+Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource& w) {
+  TensorSource s;
+  s.shape_of = [&w](const std::string& n) -> const std::vector<int64_t>* {
+    const SafetensorsEntry* e = w.find(n);
+    return e ? &e->shape : nullptr;
+  };
+  s.read = [&w](const std::string& n, const std::vector<int64_t>& shape) { return w.read(n, shape); };
+  s.names = w.names();
+  s.file_of = [&w](const std::string& n) { return w.file_of(n); };
+  s.describe = w.describe();
+  return canonicalize(c, s);
+}
+
+Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const TensorMap& m, const std::string& what) {
+  TensorSource s;
+  s.shape_of = [&m](const std::string& n) -> const std::vector<int64_t>* {
+    auto it = m.find(n);
+    return it == m.end() ? nullptr : &it->second.shape;
+  };
+  s.read = [&m, &what](const std::string& n, const std::vector<int64_t>& shape) -> Result<Tensor> {
+    auto it = m.find(n);
+    if (it == m.end()) return invalid_input(what + ": missing tensor '" + n + "'");
+    if (it->second.shape != shape)
+      return invalid_input(what + ": tensor '" + n + "' has shape " + shape_string(it->second.shape) + ", expected " +
+                           shape_string(shape));
+    return it->second;
+  };
+  for (const auto& [n, t] : m) s.names.push_back(n);
+  s.file_of = [&what](const std::string&) { return what; };
+  s.describe = what;
+  return canonicalize(c, s);
 }
 
 Result<TensorMap> hf_tensors_from_canonical(const ModelConfig& c, const TensorMap& canonical, ExpertLayout layout) {

@@ -61,6 +61,8 @@ Status save_model_dir(const std::string& path, const ModelConfig& config, const 
 
 // Converts a file's tensor names to canonical ones (exposed for tests).
 Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource& w);
+// Same for tensors in memory under on-disk names; `what` names them in messages.
+Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const TensorMap& disk_named, const std::string& what);
 // Canonical names -> on-disk names of the family in `layout`.
 Result<TensorMap> hf_tensors_from_canonical(const ModelConfig& c, const TensorMap& canonical, ExpertLayout layout);
 

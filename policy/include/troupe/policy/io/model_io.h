@@ -1,0 +1,36 @@
+// A Model from / to a model directory (DESIGN.md "Model directory"): config.json + model.safetensors
+// in the Hugging Face layout of its family + tokenizer. Glue between model_dir.h and model.h; the
+// Model's tensor table (per-expert HF names) is filled from the canonical tensors, shape-checked.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/policy/io/model_dir.h"
+#include "troupe/policy/model.h"
+
+namespace troupe::policy::io {
+
+struct LoadedModel {
+  Model model;
+  std::unique_ptr<Tokenizer> tokenizer;  // null when the directory has none
+  int32_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
+};
+
+// A Model with the directory's weights (every tensor of its table filled, shapes checked).
+Result<Model> model_from_dir(const ModelDir& dir);
+Result<LoadedModel> load_model(const std::string& path);
+
+// The Model's parameters under canonical names (for save_model_dir, comparisons).
+Result<TensorMap> model_tensors(const Model& model);
+
+// Writes config.json + model.safetensors (transformers-loadable) [+ the tokenizer's file].
+Status save_model(const std::string& path, const Model& model, const Tokenizer* tokenizer = nullptr,
+                  ExpertLayout layout = ExpertLayout::per_expert, int32_t bos_token_id = -1,
+                  int32_t eos_token_id = -1, int32_t pad_token_id = -1);
+
+// log p(tokens[i+1] | tokens[0..i]) for i = 0..n-2 (n-1 values), one forward pass; what `troupe score` prints.
+Result<std::vector<float>> score_tokens(Model& model, const std::vector<int32_t>& tokens);
+
+}  // namespace troupe::policy::io

@@ -1,0 +1,73 @@
+// Model <-> model directory. The Model's table uses per-expert Hugging Face names (Mixtral under
+// block_sparse_moe), so its tensors are exactly the per-expert on-disk names of the family; the
+// canonical map is converted to that layout and copied entry by entry, each shape checked.
+#include "troupe/policy/io/model_io.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace troupe::policy::io {
+
+Result<Model> model_from_dir(const ModelDir& dir) {
+  auto created = Model::create(dir.config, 0);
+  if (!created.ok()) return invalid_input(dir.path + "/config.json: " + created.error().message);
+  Model model = std::move(created).value();
+  TROUPE_ASSIGN_OR_RETURN(auto named, hf_tensors_from_canonical(dir.config, dir.tensors, ExpertLayout::per_expert));
+  std::vector<float> flat(model.params().begin(), model.params().end());
+  for (const TensorSpec& spec : model.tensors()) {
+    auto it = named.find(spec.name);
+    if (it == named.end())
+      return make_error(ErrorCode::internal, dir.path + ": the model's tensor '" + spec.name +
+                                                 "' has no counterpart in the directory's tensors (io/model mapping out of date)");
+    if (it->second.shape != spec.shape)
+      return invalid_input(dir.path + ": tensor '" + spec.name + "' has shape " + shape_string(it->second.shape) +
+                           ", the model expects " + shape_string(spec.shape));
+    std::copy(it->second.data.begin(), it->second.data.end(), flat.begin() + static_cast<std::ptrdiff_t>(spec.offset));
+  }
+  TROUPE_TRY(model.set_params(flat));
+  return model;
+}
+
+Result<LoadedModel> load_model(const std::string& path) {
+  TROUPE_ASSIGN_OR_RETURN(auto dir, load_model_dir(path));
+  TROUPE_ASSIGN_OR_RETURN(auto model, model_from_dir(dir));
+  LoadedModel out{std::move(model), std::move(dir.tokenizer), dir.bos_token_id, dir.eos_token_id, dir.pad_token_id};
+  return out;
+}
+
+Result<TensorMap> model_tensors(const Model& model) {
+  TensorMap named;
+  auto params = model.params();
+  for (const TensorSpec& spec : model.tensors()) {
+    if (spec.name == "lm_head.weight" && model.config().tie_word_embeddings) continue;
+    const float* src = params.data() + spec.offset;
+    named[spec.name] = Tensor{spec.shape, std::vector<float>(src, src + spec.numel())};
+  }
+  return canonicalize_tensors(model.config(), named, "model");
+}
+
+Status save_model(const std::string& path, const Model& model, const Tokenizer* tokenizer, ExpertLayout layout,
+                  int32_t bos, int32_t eos, int32_t pad) {
+  TROUPE_ASSIGN_OR_RETURN(auto tensors, model_tensors(model));
+  return save_model_dir(path, model.config(), tensors, tokenizer, layout, bos, eos, pad);
+}
+
+Result<std::vector<float>> score_tokens(Model& model, const std::vector<int32_t>& tokens) {
+  if (tokens.size() < 2) return invalid_input("score needs at least 2 tokens (got " + std::to_string(tokens.size()) + ")");
+  const int V = model.config().vocab_size;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= V)
+      return invalid_input("token " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                           " is outside the vocabulary (0.." + std::to_string(V - 1) + ")");
+  PackedBatch b;
+  b.tokens = tokens;
+  b.cu_seqlens = {0, static_cast<int32_t>(tokens.size())};
+  b.targets.assign(tokens.begin() + 1, tokens.end());
+  b.targets.push_back(-1);
+  std::vector<float> logp(tokens.size()), entropy(tokens.size());
+  TROUPE_TRY(model.forward_train(b, 1.0f, logp.data(), entropy.data()));
+  logp.pop_back();
+  return logp;
+}
+
+}  // namespace troupe::policy::io
