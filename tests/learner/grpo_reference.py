@@ -1,0 +1,212 @@
+"""PyTorch reference of troupe's GRPO/SFT losses and group advantages, written from the formulas
+(TRL GRPOTrainer._compute_loss, veRL core_algos, NeMo RL calculate_kl) in float64 with autograd.
+
+Usage: grpo_reference.py CASES.json  -- reads the cases and troupe's outputs written by
+learner.grpo_torch_parity, recomputes every one, prints the worst errors and exits 1 on a mismatch.
+Tolerance: |ours - ref| <= atol + rtol*|ref| with atol 1e-7, rtol 1e-5 for gradients (ours are
+fp32), 1e-9 / 1e-7 for losses (ours are accumulated in double from fp32 inputs)."""
+import json
+import math
+import sys
+
+import torch
+
+torch.set_num_threads(2)
+D = torch.float64
+
+
+def padded(flat, cu):
+    """(T) packed -> (S, Lmax) padded with zeros, like TRL's batch layout."""
+    S = len(cu) - 1
+    L = max(cu[s + 1] - cu[s] for s in range(S))
+    out = torch.zeros(S, L, dtype=D)
+    for s in range(S):
+        n = cu[s + 1] - cu[s]
+        out[s, :n] = torch.tensor(flat[cu[s]:cu[s + 1]], dtype=D)
+    return out
+
+
+def unpad(x, cu):
+    return torch.cat([x[s, : cu[s + 1] - cu[s]] for s in range(len(cu) - 1)])
+
+
+def kl_estimate(logp, ref, c):
+    logr = ref - logp
+    if c["kl_input_clamp"] > 0:
+        logr = logr.clamp(min=-c["kl_input_clamp"], max=c["kl_input_clamp"])
+    k = c["kl_estimator"]
+    if k == "k1":
+        kl = -logr
+    elif k == "k2":
+        kl = logr.square() / 2
+    else:
+        kl = torch.exp(logr) - 1 - logr
+    if c["kl_output_clamp"] > 0:
+        kl = kl.clamp(min=-c["kl_output_clamp"], max=c["kl_output_clamp"])
+    return kl
+
+
+def grpo(case):
+    c, cu = case["config"], case["cu_seqlens"]
+    mask = padded(case["mask"], cu)
+    logp = padded(case["logp"], cu).requires_grad_(True)
+    old = padded(case["old"], cu) if case["old"] is not None else logp.detach()
+    ent = padded(case["entropy"], cu).requires_grad_(True) if case["entropy"] is not None else None
+    A = torch.tensor(case["advantages"], dtype=D).unsqueeze(1)
+
+    log_ratio = logp - old
+    if c["importance_sampling_level"] == "sequence":  # GSPO
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    if c["log_ratio_clamp"] > 0:  # veRL clamps the log-ratio to +-20
+        log_ratio = log_ratio.clamp(-c["log_ratio_clamp"], c["log_ratio_clamp"])
+    coef_1 = torch.exp(log_ratio)
+    coef_2 = torch.clamp(coef_1, 1 - c["epsilon"], 1 + c["epsilon_high"])
+    ratio_for_metrics = coef_1
+    if c["delta"] > 0:
+        coef_1 = torch.clamp(coef_1, max=c["delta"])
+    per_tok = -torch.min(coef_1 * A, coef_2 * A)
+    if c["clip_ratio_c"] > 1:  # veRL dual clip for A < 0
+        per_tok = torch.where(A < 0, torch.min(-A * c["clip_ratio_c"], per_tok), per_tok)
+    kl = None
+    if case["ref"] is not None:
+        kl = kl_estimate(logp, padded(case["ref"], cu), c)
+        if c["beta"] != 0:
+            per_tok = per_tok + c["beta"] * kl
+    if ent is not None:
+        per_tok = per_tok - c["entropy_coef"] * ent
+    per_tok = per_tok.expand_as(mask)
+
+    mode, nt, ns = c["loss_agg_mode"], case["num_tokens"], case["num_seqs"]
+    if mode == "token-mean":
+        loss = (per_tok * mask).sum() / nt
+    elif mode == "seq-mean-token-mean":
+        loss = ((per_tok * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / ns
+    elif mode == "seq-mean-token-sum":
+        loss = (per_tok * mask).sum(-1).sum() / ns
+    elif mode == "seq-mean-token-sum-norm":
+        loss = (per_tok * mask).sum() / (ns * c["loss_scale_factor"])
+    else:
+        raise ValueError(mode)
+    loss.backward()
+
+    tokens = mask.sum()
+    r = ratio_for_metrics.detach().expand_as(mask)
+    out = {
+        "loss": loss.item(),
+        "dlogp": unpad(logp.grad, cu),
+        "clip_frac_low": (((r < 1 - c["epsilon"]) & (A < 0)).to(D) * mask).sum().item() / tokens.item(),
+        "clip_frac_high": (((r > 1 + c["epsilon_high"]) & (A > 0)).to(D) * mask).sum().item() / tokens.item(),
+    }
+    if kl is not None:
+        out["kl"] = ((kl.detach() * mask).sum() / tokens).item()
+    if ent is not None:
+        out["dentropy"] = unpad(ent.grad, cu)
+        out["entropy"] = ((ent.detach() * mask).sum() / tokens).item()
+    return out
+
+
+def sft(case):
+    cu = case["cu_seqlens"]
+    mask = padded(case["mask"], cu)
+    logp = padded(case["logp"], cu).requires_grad_(True)
+    loss = -(logp * mask).sum() / case["num_tokens"]
+    loss.backward()
+    return {"loss": loss.item(), "dlogp": unpad(logp.grad, cu)}
+
+
+def nanstd(x):  # TRL's nanstd: unbiased
+    n = (~torch.isnan(x)).sum()
+    if n < 2:
+        return torch.tensor(0.0, dtype=D)
+    m = torch.nanmean(x)
+    return torch.sqrt(torch.nansum((x - m) ** 2) / (n - 1))
+
+
+def advantages(case):
+    G = case["group_size"]
+    r = torch.tensor(case["rewards"], dtype=D) * torch.tensor(case["reward_scale"], dtype=torch.float32).item()
+    r = r.to(torch.float32).to(D)  # troupe scales in fp32
+    if case["reward_clip"] > 0:
+        r = r.clamp(-case["reward_clip"], case["reward_clip"])
+    eps = torch.tensor(case["epsilon"], dtype=torch.float32).item()
+    rg = r.view(-1, G)
+    adv = torch.zeros_like(rg)
+    batch_std = nanstd(r)
+    for g in range(rg.shape[0]):
+        x = rg[g]
+        live = x[~torch.isnan(x)]
+        if live.numel() < 2 or bool((live == live[0]).all()):
+            continue  # G = 1 or all equal: no signal, A = 0
+        mean = live.mean()
+        if case["estimator"] == "rloo":
+            a = (x - mean) * live.numel() / (live.numel() - 1)  # r_i - mean of the others
+        else:
+            a = x - mean
+            if case["estimator"] == "grpo":
+                if case["scale_rewards"] == "group":
+                    a = a / (nanstd(x) + eps)
+                elif case["scale_rewards"] == "batch":
+                    a = a / (batch_std + eps)
+        adv[g] = torch.nan_to_num(a, nan=0.0)
+    adv = adv.view(-1)
+    if case["estimator"] == "reinforce_plus_plus":
+        s = nanstd(adv)
+        if s > 0:
+            adv = (adv - adv.mean()) / (s + eps)
+    return adv
+
+
+def close(ours, ref, atol, rtol):
+    ours = torch.as_tensor(ours, dtype=D)
+    ref = torch.as_tensor(ref, dtype=D)
+    err = (ours - ref).abs()
+    bound = atol + rtol * ref.abs()
+    return bool((err <= bound).all()), float(err.max()) if err.numel() else 0.0
+
+
+def main():
+    cases = json.load(open(sys.argv[1]))["cases"]
+    failures, worst = 0, {}
+    for i, case in enumerate(cases):
+        kind = case["kind"]
+        ours = case["ours"]
+        checks = []
+        if kind == "grpo":
+            ref = grpo(case)
+            checks += [("loss", ours["loss"], ref["loss"], 1e-9, 1e-7),
+                       ("dlogp", ours["dlogp"], ref["dlogp"], 1e-7, 1e-5),
+                       ("clip_frac_low", ours["clip_frac_low"], ref["clip_frac_low"], 1e-12, 0),
+                       ("clip_frac_high", ours["clip_frac_high"], ref["clip_frac_high"], 1e-12, 0)]
+            if "kl" in ref:
+                checks.append(("kl", ours["kl"], ref["kl"], 1e-9, 1e-7))
+            if "dentropy" in ref:
+                checks += [("dentropy", ours["dentropy"], ref["dentropy"], 1e-7, 1e-5),
+                           ("entropy", ours["entropy"], ref["entropy"], 1e-9, 1e-7)]
+            label = "grpo[%s %s %s eps=%g/%g delta=%g c=%g beta=%g]" % (
+                case["config"]["loss_agg_mode"], case["config"]["kl_estimator"],
+                case["config"]["importance_sampling_level"], case["config"]["epsilon"],
+                case["config"]["epsilon_high"], case["config"]["delta"], case["config"]["clip_ratio_c"],
+                case["config"]["beta"])
+        elif kind == "sft":
+            ref = sft(case)
+            checks += [("loss", ours["loss"], ref["loss"], 1e-9, 1e-7), ("dlogp", ours["dlogp"], ref["dlogp"], 1e-7, 1e-5)]
+            label = "sft"
+        else:
+            ref = advantages(case)
+            checks.append(("advantages", ours, ref, 1e-6, 1e-5))
+            label = "advantages[%s %s G=%d]" % (case["estimator"], case["scale_rewards"], case["group_size"])
+        for name, o, r, atol, rtol in checks:
+            ok, err = close(o, r, atol, rtol)
+            key = kind + "." + name
+            worst[key] = max(worst.get(key, 0.0), err)
+            if not ok:
+                failures += 1
+                print("MISMATCH case %d %s %s: max |err| %.3g\n  ours %s\n  ref  %s" % (i, label, name, err, o, r))
+    for k in sorted(worst):
+        print("  %-26s max |ours - torch| = %.3g" % (k, worst[k]))
+    print("grpo_reference: %d cases, %d mismatches" % (len(cases), failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
