@@ -1,25 +1,123 @@
 // `troupe generate` and `troupe score`: sample from / score with a model directory (DESIGN.md).
+// Both load any model directory (ours or transformers-made) through policy::io::load_model; a bad
+// directory is exit 2 with a message naming the file. score's LAST stdout line is its JSON result.
+#include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "troupe/launch/commands.h"
+#include "troupe/policy/io/model_io.h"
 
 namespace troupe::launch {
+namespace {
+
+namespace io = troupe::policy::io;
+
+Result<std::vector<int32_t>> parse_token_list(const std::string& s) {
+  std::vector<int32_t> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) return invalid_input("--tokens: empty entry in \"" + s + "\" (expected e.g. 1,2,3)");
+    item = item.substr(b, e - b + 1);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v < 0 || v > INT32_MAX)
+      return invalid_input("--tokens: \"" + item + "\" is not a token id (expected non-negative integers, e.g. 1,2,3)");
+    out.push_back(static_cast<int32_t>(v));
+  }
+  return out;
+}
+
+int run_score(const std::string& dir, const std::string& tokens_arg, const std::string& text, bool have_tokens,
+              bool have_text) {
+  if (have_tokens == have_text) return report_error(invalid_input("troupe score: give exactly one of --tokens or --text"));
+  auto loaded = io::load_model(dir);
+  if (!loaded.ok()) return report_error(loaded.error());
+  std::vector<int32_t> tokens;
+  if (have_tokens) {
+    auto t = parse_token_list(tokens_arg);
+    if (!t.ok()) return report_error(t.error());
+    tokens = std::move(t).value();
+  } else {
+    if (!loaded->tokenizer)
+      return report_error(invalid_input(dir + ": --text needs a tokenizer (tokenizer.json or troupe_tokenizer.json); use --tokens"));
+    auto t = loaded->tokenizer->encode(text);
+    if (!t.ok()) return report_error(invalid_input("--text: " + t.error().message));
+    tokens = std::move(t).value();
+  }
+  auto lp = io::score_tokens(loaded->model, tokens);
+  if (!lp.ok()) return report_error(lp.error());
+  nlohmann::ordered_json j = {{"tokens", tokens}, {"logprobs", *lp}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+struct GenerateOpts {
+  std::string dir, prompt;
+  int max_tokens = 64;
+  double temperature = 1.0;
+  uint64_t seed = 0;
+  int top_k = 0;
+  double top_p = 1.0;
+  bool json = false;
+};
+
+int run_generate(const GenerateOpts& o) {
+  auto loaded = io::load_model(o.dir);
+  if (!loaded.ok()) return report_error(loaded.error());
+  if (!loaded->tokenizer)
+    return report_error(invalid_input(o.dir + ": troupe generate needs a tokenizer (tokenizer.json or troupe_tokenizer.json)"));
+  auto ids = loaded->tokenizer->encode(o.prompt);
+  if (!ids.ok()) return report_error(invalid_input("--prompt: " + ids.error().message));
+  std::vector<int32_t> prompt = std::move(ids).value();
+  if (prompt.empty()) {
+    if (loaded->bos_token_id < 0) return report_error(invalid_input("--prompt is empty and the model has no bos_token_id"));
+    prompt.push_back(loaded->bos_token_id);
+  }
+  policy::SamplingParams sp;
+  sp.temperature = static_cast<float>(o.temperature);
+  sp.top_k = o.top_k;
+  sp.top_p = static_cast<float>(o.top_p);
+  sp.max_new_tokens = o.max_tokens;
+  sp.seed = o.seed;
+  if (loaded->eos_token_id >= 0) sp.stop_tokens.push_back(loaded->eos_token_id);
+  auto gen = loaded->model.generate({prompt}, sp);
+  if (!gen.ok()) return report_error(gen.error());
+  const policy::Generation& g = (*gen)[0];
+  auto text = loaded->tokenizer->decode(g.tokens, /*skip_special=*/true);
+  if (!text.ok()) return report_error(text.error());
+  if (o.json) {
+    nlohmann::ordered_json j = {{"prompt_tokens", prompt}, {"tokens", g.tokens}, {"logprobs", g.logprobs},
+                        {"text", *text}, {"stopped", g.stopped}};
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("%s\n", text->c_str());
+  }
+  return 0;
+}
+
+}  // namespace
 
 Command add_generate_command(CLI::App& root) {
-  struct Opts {
-    std::string dir, prompt;
-    int max_tokens = 64;
-    double temperature = 1.0;
-    uint64_t seed = 0;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<GenerateOpts>();
   auto* app = root.add_subcommand("generate", "Sample a completion from a model directory");
-  app->add_option("dir", o->dir, "Model directory")->required();
+  app->add_option("dir", o->dir, "Model directory (config.json + model.safetensors + tokenizer)")->required();
   app->add_option("--prompt", o->prompt, "Prompt text")->required();
   app->add_option("--max-tokens", o->max_tokens, "Most new tokens")->check(CLI::Range(1, 1 << 20));
   app->add_option("--temperature", o->temperature, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
   app->add_option("--seed", o->seed, "RNG seed");
-  return {app, [o]() { return report_error(make_error(ErrorCode::internal, "troupe generate is not implemented yet")); }};
+  app->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::Range(0, 1 << 24));
+  app->add_option("--top-p", o->top_p, "Nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0));
+  app->add_flag("--json", o->json, "Print {prompt_tokens, tokens, logprobs, text, stopped} instead of the text");
+  return {app, [o]() { return run_generate(*o); }};
 }
 
 Command add_score_command(CLI::App& root) {
@@ -30,9 +128,9 @@ Command add_score_command(CLI::App& root) {
   auto* app = root.add_subcommand("score", "Log-prob of each token given those before it, as JSON");
   app->add_option("dir", o->dir, "Model directory")->required();
   auto* t = app->add_option("--tokens", o->tokens, "Comma-separated token ids, e.g. 1,2,3");
-  auto* x = app->add_option("--text", o->text, "Text to tokenize and score");
+  auto* x = app->add_option("--text", o->text, "Text to tokenize (no BOS added) and score");
   t->excludes(x);
-  return {app, [o]() { return report_error(make_error(ErrorCode::internal, "troupe score is not implemented yet")); }};
+  return {app, [o, t, x]() { return run_score(o->dir, o->tokens, o->text, t->count() > 0, x->count() > 0); }};
 }
 
 }  // namespace troupe::launch

@@ -1,0 +1,41 @@
+// Writes a troupe-made model directory for the CLI tests: a tiny random Qwen3-MoE (or Mixtral) with
+// troupe's byte tokenizer, plus expected.json holding in-process log-probs of a text, so
+// `troupe score DIR --text` can be checked on our own checkpoints.  Usage: make_checkpoint FAMILY OUT
+#include <cstdio>
+#include <fstream>
+
+#include "troupe/policy/io/model_io.h"
+
+using namespace troupe::policy;
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s FAMILY OUT_DIR\n", argv[0]);
+    return 2;
+  }
+  ModelConfig c;
+  c.family = argv[1];
+  c.vocab_size = 3 + 256;
+  c.hidden_size = 32, c.num_hidden_layers = 2, c.num_attention_heads = 4, c.num_key_value_heads = 2;
+  c.head_dim = 8, c.intermediate_size = 24, c.num_experts = 4, c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16, c.tie_word_embeddings = c.family == "qwen3_moe";
+  if (c.family == "qwen3_moe") c.mlp_only_layers = {0};
+  auto model = Model::create(c, 7);
+  auto tok = io::make_char_tokenizer({});
+  if (!model.ok() || !tok.ok()) {
+    std::fprintf(stderr, "make_checkpoint: %s\n", (!model.ok() ? model.error() : tok.error()).message.c_str());
+    return 1;
+  }
+  const std::string text = "12+35=47";
+  auto ids = (*tok)->encode(text);
+  auto lp = io::score_tokens(*model, *ids);
+  auto st = io::save_model(argv[2], *model, tok->get());
+  if (!lp.ok() || !st.ok()) {
+    std::fprintf(stderr, "make_checkpoint: %s\n", (!lp.ok() ? lp.error() : st.error()).message.c_str());
+    return 1;
+  }
+  nlohmann::json e = {{"family", c.family},
+                      {"cases", {{{"text", text}, {"tokens", *ids}, {"logprobs", *lp}}}}};
+  std::ofstream(std::string(argv[2]) + "/expected.json") << e.dump(1) << "\n";
+  return 0;
+}
