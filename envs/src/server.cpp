@@ -2,6 +2,8 @@
 // A bad request gets an error reply naming what is wrong; the server itself never stops for one.
 #include <unistd.h>
 
+#include <cerrno>
+
 #include <zmq.hpp>
 
 #include "troupe/envs/plugin.h"
@@ -103,7 +105,12 @@ Status serve_env(std::unique_ptr<EnvClient> local, const ServeOptions& options) 
       if (options.stop && options.stop->load()) break;
       if (options.parent_pid > 0 && ::getppid() != options.parent_pid) break;  // orphaned worker
       zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(options.poll_ms));
+      try {
+        zmq::poll(&item, 1, std::chrono::milliseconds(options.poll_ms));
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;  // a signal (SIGTERM/SIGINT): look at the stop flag again
+        throw;
+      }
       if (!(item.revents & ZMQ_POLLIN)) continue;
       zmq::message_t msg;
       if (!sock.recv(msg, zmq::recv_flags::none)) continue;
@@ -116,6 +123,7 @@ Status serve_env(std::unique_ptr<EnvClient> local, const ServeOptions& options) 
   } catch (const zmq::error_t& e) {
     return make_error(ErrorCode::io, "env server on '" + options.bind + "': ZeroMQ error: " + e.what());
   }
+  if (options.bind.starts_with("ipc://")) ::unlink(options.bind.c_str() + 6);  // bound by us: leave no socket file
   return {};
 }
 
