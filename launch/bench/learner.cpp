@@ -1,14 +1,155 @@
-// `troupe bench learner`: see the issue that owns this suite for its cases.
+// `troupe bench learner`: grpo_loss_fused (loss + gradients in one pass vs the same loss composed
+// from separate ops) and allreduce_2ranks (the learner's flat-gradient reduction vs a raw
+// MPI_Allreduce of the same buffer; the suite starts `mpirun -np 2` on a helper binary itself).
+#include <stdio.h>
+#include <sys/wait.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "troupe/base/build_config.h"
+#include "troupe/learner/loss.h"
 
 namespace troupe::bench {
 
+namespace {
+
+struct LossInputs {
+  int T = 0, S = 0;
+  std::vector<int32_t> cu;
+  std::vector<float> mask, logp, old, ref, adv, ent, dlogp, dent;
+};
+
+LossInputs make_inputs(int S, int L) {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> u(0, 1);
+  std::normal_distribution<float> nd(0, 1);
+  LossInputs in;
+  in.S = S;
+  in.cu.push_back(0);
+  for (int s = 0; s < S; ++s) {
+    const int len = L / 2 + static_cast<int>(u(rng) * L);
+    const int prompt = len / 4;
+    for (int t = 0; t < len; ++t) {
+      in.mask.push_back(t < prompt ? 0.0f : 1.0f);
+      const float lp = -3.0f * u(rng);
+      in.logp.push_back(lp);
+      in.old.push_back(lp + 0.1f * nd(rng));
+      in.ref.push_back(lp + 0.2f * nd(rng));
+      in.ent.push_back(2.0f * u(rng));
+    }
+    in.cu.push_back(static_cast<int32_t>(in.mask.size()));
+    in.adv.push_back(nd(rng));
+  }
+  in.T = static_cast<int>(in.mask.size());
+  in.dlogp.resize(in.T);
+  in.dent.resize(in.T);
+  return in;
+}
+
+int bench_grpo_loss(const BenchOptions& opt) {
+  using namespace troupe::learner;
+  const int S = opt.quick ? 128 : 512, L = 512;
+  LossInputs in = make_inputs(S, L);
+  GrpoLossConfig cfg;  // a typical DAPO/GRPO setting: clip-higher, k3 KL, entropy bonus, token-mean
+  cfg.epsilon_high = 0.28f;
+  cfg.beta = 0.04f;
+  cfg.entropy_coef = 0.01f;
+  TokenBatch b{in.T, in.S, in.cu.data(), in.mask.data(), in.old.data(), in.ref.data(), in.adv.data()};
+  LossNorm norm;
+  for (float m : in.mask) norm.num_tokens += m;
+  norm.num_seqs = S;
+  bool ok = true;
+  auto run = [&](bool fused) {
+    return [&, fused] {
+      const double s = time_s([&] {
+        auto r = fused ? grpo_loss_fused(in.dlogp.data(), in.dent.data(), in.logp.data(), in.ent.data(), b, cfg, norm)
+                       : grpo_loss_composed(in.dlogp.data(), in.dent.data(), in.logp.data(), in.ent.data(), b, cfg, norm);
+        ok = ok && r.ok();
+      });
+      return in.T / s;
+    };
+  };
+  run(true)();  // warm caches and allocations
+  run(false)();
+  Paired p = interleaved(opt.quick ? 5 : 11, run(true), run(false));
+  if (!ok) {
+    std::fprintf(stderr, "troupe bench learner: grpo loss failed\n");
+    return 1;
+  }
+  Row row;
+  row.suite = "learner";
+  row.case_name = "grpo_loss_fused";
+  row.metric = "tokens_per_s";
+  row.unit = "tokens/s";
+  row.ours = p.ours;
+  row.baseline = p.baseline;
+  row.baseline_name = "composed_ops";
+  row.better = Better::higher;
+  row.extra = {{"tokens", in.T}, {"sequences", S}, {"threads", 1}};
+  emit(row);
+  return 0;
+}
+
+int bench_allreduce(const BenchOptions& opt) {
+  const std::string helper = std::string(TROUPE_BINARY_DIR) + "/bin/troupe_learner_allreduce_bench";
+  if (!std::filesystem::exists(helper)) {
+    skip_baseline("learner", "allreduce_2ranks", helper + " is not built");
+    return 1;
+  }
+  const std::string cmd = std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 '") +
+                          TROUPE_MPIEXEC + "' --oversubscribe -np 2 '" + helper + "' --reps " + (opt.quick ? "9" : "21") +
+                          " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) {
+    std::fprintf(stderr, "troupe bench learner: cannot start %s\n", cmd.c_str());
+    return 1;
+  }
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = ::pclose(p);
+  nlohmann::json j;
+  for (size_t pos = 0; pos < out.size();) {  // the JSON line among whatever mpirun printed
+    size_t end = out.find('\n', pos);
+    if (end == std::string::npos) end = out.size();
+    auto line = nlohmann::json::parse(out.substr(pos, end - pos), nullptr, false);
+    if (!line.is_discarded() && line.is_object() && line.contains("ours_ms")) j = line;
+    pos = end + 1;
+  }
+  if (rc != 0 || j.is_null()) {
+    std::fprintf(stderr, "troupe bench learner: allreduce_2ranks: `%s` failed (status %d):\n%s\n", cmd.c_str(), rc,
+                 out.c_str());
+    return 1;
+  }
+  Row row;
+  row.suite = "learner";
+  row.case_name = "allreduce_2ranks";
+  row.metric = "ms";
+  row.unit = "ms";
+  row.ours = j["ours_ms"].get<double>();
+  row.baseline = j["raw_ms"].get<double>();
+  row.baseline_name = "raw_mpi_allreduce";
+  row.better = Better::lower;
+  row.extra = {{"floats", j["floats"]}, {"bytes", j["floats"].get<double>() * 4}, {"ranks", 2}};
+  emit(row);
+  return 0;
+}
+
+}  // namespace
+
 int run_learner_suite(const BenchOptions& opt) {
-  (void)opt;
-  std::fprintf(stderr, "troupe bench learner: this suite is not implemented yet\n");
-  return 1;
+  int rc = 0;
+  if (opt.wants("grpo_loss_fused")) rc |= bench_grpo_loss(opt);
+  if (opt.wants("allreduce_2ranks")) rc |= bench_allreduce(opt);
+  return rc;
 }
 
 }  // namespace troupe::bench
