@@ -226,3 +226,26 @@ TEST(Specs, ParseAndReject) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.error().message.find("/nonexistent/w"), std::string::npos);
 }
+
+TEST(Isolation, MultiTurnToolEnvInWorker) {
+  auto spec = parse_env_spec({{"name", "calc"}, {"env", "calculator"}, {"isolate", true}}, "test");
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  auto c = make_env_client(*spec);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_EQ((*c)->info().tools.size(), 1u);  // tools cross the protocol in hello
+  EXPECT_EQ((*c)->info().tools[0].parameters["required"][0], "expression");
+  EXPECT_TRUE((*c)->info().multi_turn);
+  auto obs = (*c)->reset("t", 4, {});
+  ASSERT_TRUE(obs.ok());
+  const auto& turns = obs->metadata["reference_turns"];
+  auto t1 = (*c)->step("t", turns[0].get<std::string>());
+  ASSERT_TRUE(t1.ok());
+  EXPECT_FALSE(t1->done);
+  ASSERT_TRUE(t1->info["tool_calls"].is_array());
+  EXPECT_EQ(t1->info["tool_calls"][0]["result"], obs->metadata["answer"]);
+  auto t2 = (*c)->step("t", turns[1].get<std::string>());
+  ASSERT_TRUE(t2.ok());
+  EXPECT_TRUE(t2->done);
+  EXPECT_EQ(t2->reward, 1.0);
+  EXPECT_EQ(t2->components["tool_used"], 1.0);
+}
