@@ -481,7 +481,12 @@ Status save_model_dir(const std::string& path, const ModelConfig& config, const 
   }
   fs::rename(cfg + ".tmp", cfg, ec);
   if (ec) return make_error(ErrorCode::io, cfg + ": cannot rename (" + ec.message() + ")");
-  if (tokenizer) TROUPE_TRY(tokenizer->save(path));
+  if (tokenizer) {
+    // A stale tokenizer file of the other kind would shadow this one on load (tokenizer.json wins).
+    const bool hf = tokenizer->kind() == "bpe";
+    fs::remove(fs::path(path) / (hf ? kTroupeTokenizerFile : kHfTokenizerFile), ec);
+    TROUPE_TRY(tokenizer->save(path));
+  }
   return {};
 }
 

@@ -16,10 +16,23 @@ using nlohmann::json;
 
 namespace {
 
+// Temporary directories of this process, removed when the test program ends.
+std::vector<fs::path>& temp_dirs() {
+  static std::vector<fs::path> dirs;
+  return dirs;
+}
+struct RemoveTempDirs : ::testing::Environment {
+  void TearDown() override {
+    for (const auto& d : temp_dirs()) fs::remove_all(d);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const remove_temp_dirs = ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
+
 fs::path temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("troupe_modeldir_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
+  temp_dirs().push_back(d);
   return d;
 }
 
@@ -327,4 +340,17 @@ TEST(ModelDir, HfConfigRoundTrip) {
   EXPECT_EQ(step->mlp_only_layers, (std::vector<int>{0, 2}));
   c.family = "llama";
   EXPECT_FALSE(config_to_hf_json(c).ok());
+}
+
+TEST(ModelDir, SavingReplacesATokenizerOfTheOtherKind) {
+  auto src = load_model_dir(fixture("mixtral").string());
+  ASSERT_TRUE(src.ok());
+  auto out = copy_fixture("mixtral", "retok");  // has tokenizer.json
+  auto byte_tok = make_char_tokenizer({});
+  ASSERT_TRUE(save_model_dir(out.string(), src->config, src->tensors, byte_tok->get()).ok());
+  EXPECT_FALSE(fs::exists(out / kHfTokenizerFile));
+  auto back = load_model_dir(out.string());
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->tokenizer->kind(), "byte");
+  EXPECT_EQ(back->eos_token_id, 2);  // from the tokenizer when none is given
 }
