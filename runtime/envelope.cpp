@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <shared_mutex>
 #include <typeindex>
 #include <unordered_map>
 
@@ -20,7 +21,7 @@ struct TypeEntry {
   std::string name;
 };
 struct Registry {
-  std::mutex mu;
+  std::shared_mutex mu;  // read on every received frame, written once per type
   std::unordered_map<std::uint32_t, TypeEntry> types;
 };
 Registry& registry() {
@@ -44,7 +45,7 @@ T get(const char*& p) {
 
 Status register_message_type(std::uint32_t type_id, const std::type_info& type, const char* name) {
   Registry& r = registry();
-  std::lock_guard lock(r.mu);
+  std::unique_lock lock(r.mu);
   auto it = r.types.find(type_id);
   if (it == r.types.end()) {
     r.types.emplace(type_id, TypeEntry{std::type_index(type), name});
@@ -58,13 +59,13 @@ Status register_message_type(std::uint32_t type_id, const std::type_info& type, 
 bool is_registered_type(std::uint32_t type_id) {
   if (type_id >= kSystemTypeBase && type_id <= kSystemTypeBase + 4) return true;
   Registry& r = registry();
-  std::lock_guard lock(r.mu);
+  std::shared_lock lock(r.mu);
   return r.types.count(type_id) != 0;
 }
 
 std::string registered_type_name(std::uint32_t type_id) {
   Registry& r = registry();
-  std::lock_guard lock(r.mu);
+  std::shared_lock lock(r.mu);
   auto it = r.types.find(type_id);
   if (it == r.types.end()) return "unknown type id " + std::to_string(type_id);
   return it->second.name + " (id " + std::to_string(type_id) + ")";

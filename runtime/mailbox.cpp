@@ -23,6 +23,7 @@ Result<bool> Mailbox::push(Mail&& m, Overflow policy, std::chrono::steady_clock:
     if (user_count_ > high_water_) high_water_ = user_count_;
   }
   q_.push_back(std::move(m));
+  approx_size_.store(q_.size(), std::memory_order_relaxed);
   if (!scheduled_) {
     scheduled_ = true;
     return true;
@@ -30,22 +31,14 @@ Result<bool> Mailbox::push(Mail&& m, Overflow policy, std::chrono::steady_clock:
   return false;
 }
 
-std::size_t Mailbox::pop_batch(std::vector<Mail>& out, std::size_t max) {
+std::size_t Mailbox::pop_batch(std::vector<Mail>& out) {
   std::lock_guard lock(mu_);
-  if (q_.empty()) {
-    scheduled_ = false;
-    return 0;
-  }
-  std::size_t n = 0, freed = 0;
-  while (n < max && !q_.empty()) {
-    if (!q_.front().task) ++freed;
-    out.push_back(std::move(q_.front()));
-    q_.pop_front();
-    ++n;
-  }
-  user_count_ -= freed;
-  if (freed && waiters_) not_full_.notify_all();
-  return n;
+  out.swap(q_);
+  approx_size_.store(0, std::memory_order_relaxed);
+  bool had_users = user_count_ != 0;
+  user_count_ = 0;
+  if (had_users && waiters_) not_full_.notify_all();
+  return out.size();
 }
 
 bool Mailbox::finish_batch() {
@@ -59,10 +52,11 @@ bool Mailbox::finish_batch() {
 
 void Mailbox::requeue_front(std::vector<Mail>& items, std::size_t from) {
   std::lock_guard lock(mu_);
-  for (std::size_t i = items.size(); i > from; --i) {
-    if (!items[i - 1].task) ++user_count_;
-    q_.push_front(std::move(items[i - 1]));
-  }
+  std::size_t users = 0;
+  for (std::size_t i = from; i < items.size(); ++i) users += items[i].task ? 0 : 1;
+  q_.insert(q_.begin(), std::make_move_iterator(items.begin() + static_cast<std::ptrdiff_t>(from)), std::make_move_iterator(items.end()));
+  user_count_ += users;
+  approx_size_.store(q_.size(), std::memory_order_relaxed);
 }
 
 void Mailbox::unschedule() {
@@ -80,10 +74,9 @@ bool Mailbox::reschedule_if_pending() {
 std::vector<Mail> Mailbox::drain_all() {
   std::lock_guard lock(mu_);
   std::vector<Mail> out;
-  out.reserve(q_.size());
-  for (auto& m : q_) out.push_back(std::move(m));
-  q_.clear();
+  out.swap(q_);
   user_count_ = 0;
+  approx_size_.store(0, std::memory_order_relaxed);
   if (waiters_) not_full_.notify_all();
   return out;
 }

@@ -25,7 +25,7 @@ TEST(Mailbox, FifoAndScheduleOnce) {
   ASSERT_TRUE(r2.ok());
   EXPECT_FALSE(r2.value());
   std::vector<Mail> out;
-  ASSERT_EQ(mb.pop_batch(out, 10), 2u);
+  ASSERT_EQ(mb.pop_batch(out), 2u);
   EXPECT_EQ(out[0].header.correlation, 1u);
   EXPECT_EQ(out[1].header.correlation, 2u);
   EXPECT_FALSE(mb.finish_batch());  // idle again
@@ -57,7 +57,7 @@ TEST(Mailbox, BlockedPushWaitsForRoomThenTimesOut) {
   std::thread consumer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     std::vector<Mail> out;
-    mb.pop_batch(out, 1);
+    mb.pop_batch(out);
   });
   auto r2 = mb.push(user(3), Overflow::block, far());
   EXPECT_TRUE(r2.ok());

@@ -17,6 +17,8 @@
 #include <thread>
 #include <unordered_set>
 
+#include <unistd.h>
+
 #include "troupe/runtime/curve.h"
 
 namespace troupe::runtime {
@@ -25,6 +27,14 @@ namespace {
 constexpr std::uint32_t kAliasBit = 0x80000000u;
 constexpr std::size_t kMaxActors = 1u << 16;
 constexpr std::size_t kBatch = 64;
+constexpr int kSpin = 2000;  // ~tens of microseconds of polling before a consumer gives up its turn
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
 
 std::uint32_t name_hash(std::string_view name) {
   std::uint32_t h = 2166136261u;  // FNV-1a
@@ -97,6 +107,7 @@ struct ActorSystem::Impl {
   std::mutex runq_mu;
   std::condition_variable runq_cv;
   std::deque<ActorCell*> runq;
+  std::atomic<std::size_t> runq_size{0};
   int idle_workers = 0;
   std::atomic<bool> stopping{false};
   std::vector<std::thread> workers;
@@ -145,6 +156,8 @@ struct ActorSystem::Impl {
     return Clock::now();
   }
 
+  bool runq_waiting() const { return runq_size.load(std::memory_order_relaxed) != 0; }
+
   ActorCell* find_cell(std::uint32_t local) const {
     if (local & kAliasBit) {
       std::shared_lock lock(names_mu);
@@ -160,12 +173,14 @@ struct ActorSystem::Impl {
     if (manual) {
       std::lock_guard lock(runq_mu);
       runq.push_back(c);
+      runq_size = runq.size();
       return;
     }
     bool wake;
     {
       std::lock_guard lock(runq_mu);
       runq.push_back(c);
+      runq_size = runq.size();
       wake = idle_workers > 0;
     }
     if (wake) runq_cv.notify_one();
@@ -173,17 +188,19 @@ struct ActorSystem::Impl {
 
   ActorCell* pop_runnable_blocking() {
     // Spin briefly before sleeping: a futex wake per message would dominate small-message cost.
-    for (int spin = 0; spin < 2000; ++spin) {
-      {
+    for (int spin = 0; spin < 20000; ++spin) {
+      if (runq_waiting() || stopping) {
         std::lock_guard lock(runq_mu);
         if (!runq.empty()) {
           ActorCell* c = runq.front();
           runq.pop_front();
+          runq_size = runq.size();
           return c;
         }
         if (stopping) return nullptr;
       }
-      if (spin > 50) std::this_thread::yield();
+      if (spin > 2000) std::this_thread::yield();
+      else cpu_relax();
     }
     std::unique_lock lock(runq_mu);
     ++idle_workers;
@@ -192,6 +209,7 @@ struct ActorSystem::Impl {
     if (runq.empty()) return nullptr;
     ActorCell* c = runq.front();
     runq.pop_front();
+    runq_size = runq.size();
     return c;
   }
 
@@ -277,25 +295,46 @@ struct ActorSystem::Impl {
       }
       return;
     }
-    batch.clear();
-    std::size_t n = c->mailbox.pop_batch(batch, kBatch);
-    for (std::size_t i = 0; i < n; ++i) {
-      run_one(c, batch[i]);
-      if (c->fail_requested) {
-        c->mailbox.requeue_front(batch, i + 1);
-        batch.clear();
-        handle_failure(c);
+    // Keep the turn while mail keeps coming (spinning briefly when the mailbox runs dry), so a
+    // streaming sender does not pay a run-queue hand-off per message; yield when others wait.
+    for (int turn = 0;; ++turn) {
+      batch.clear();
+      std::size_t n = c->mailbox.pop_batch(batch);
+      if (n == 0) {
+        bool more = false;
+        if (!manual)
+          for (int s = 0; s < kSpin && !runq_waiting(); ++s) {
+            if (c->mailbox.has_mail()) {
+              more = true;
+              break;
+            }
+            cpu_relax();
+          }
+        if (more) continue;
+        if (c->mailbox.finish_batch()) continue;  // mail raced in: still scheduled
         return;
       }
-      if (c->stop_requested) {
-        for (std::size_t j = i + 1; j < n; ++j) reject_mail(c, batch[j], "actor " + c->label() + " has stopped");
-        batch.clear();
-        finish_stop(c, "stopped");
+      for (std::size_t i = 0; i < n; ++i) {
+        run_one(c, batch[i]);
+        if (c->fail_requested) {
+          c->mailbox.requeue_front(batch, i + 1);
+          batch.clear();
+          handle_failure(c);
+          return;
+        }
+        if (c->stop_requested) {
+          for (std::size_t j = i + 1; j < n; ++j) reject_mail(c, batch[j], "actor " + c->label() + " has stopped");
+          batch.clear();
+          finish_stop(c, "stopped");
+          return;
+        }
+      }
+      batch.clear();
+      if (turn >= 16 && runq_waiting()) {  // fairness: still scheduled, go to the back of the queue
+        enqueue(c);
         return;
       }
     }
-    batch.clear();
-    if (c->mailbox.finish_batch()) enqueue(c);
   }
 
   void cancel_cell_timers(ActorCell* c) {
@@ -472,15 +511,29 @@ struct ActorSystem::Impl {
   }
 
   // ---- transport ----
+  // receive-thread-only caches: type ids already checked against the (grow-only) registry, and
+  // the last sender whose liveness was stamped
+  std::unordered_set<std::uint32_t> verified_types;
+  std::uint32_t stamped_node = ~0u;
+  int frames_since_stamp = 0;
+
   void handle_frame(zmq::message_t& msg) {
-    auto h = decode_header(static_cast<const char*>(msg.data()), msg.size());
+    auto h = decode_header(static_cast<const char*>(msg.data()), msg.size(), /*check_type=*/false);
+    if (h.ok() && !verified_types.count(h->type_id)) {
+      if (is_registered_type(h->type_id)) verified_types.insert(h->type_id);
+      else h = invalid_input("unknown message type id " + std::to_string(h->type_id) + " from " + to_string(h->sender));
+    }
     if (!h.ok()) {
       dropped_frames.fetch_add(1);
       spdlog::error("troupe runtime: node {} dropped a malformed frame ({} bytes): {}", self->config_.node_id, msg.size(),
                     h.error().message);
       return;
     }
-    if (Peer* p = find_peer(h->sender.node)) p->last_seen_ns.store(now().time_since_epoch().count());
+    if (h->sender.node != stamped_node || ++frames_since_stamp >= 64 || h->type_id == Heartbeat::type_id) {
+      if (Peer* p = find_peer(h->sender.node)) p->last_seen_ns.store(now().time_since_epoch().count());
+      stamped_node = h->sender.node;
+      frames_since_stamp = 0;
+    }
     if (h->type_id == Heartbeat::type_id) return;
     if (h->recipient.node != self->config_.node_id) {
       dropped_frames.fetch_add(1);
@@ -944,6 +997,7 @@ std::size_t ActorSystem::run_until_idle() {
       if (I.runq.empty()) break;
       c = I.runq.front();
       I.runq.pop_front();
+      I.runq_size = I.runq.size();
     }
     std::size_t before = c->mailbox.size();
     I.process(c, batch);
@@ -1043,6 +1097,7 @@ void ActorSystem::shutdown(Duration drain) {
   }
   if (I.pull) I.pull->close();
   if (I.zctx) I.zctx->close();
+  if (endpoint_.rfind("ipc://", 0) == 0) ::unlink(endpoint_.substr(6).c_str());  // zmq leaves the socket file
 }
 
 // ================= Context =================

@@ -1,14 +1,438 @@
-// `troupe bench runtime`: see the issue that owns this suite for its cases.
+// `troupe bench runtime`: actor messaging against raw ZeroMQ (stream, rtt), actor calls against
+// Ray (calls_*), and the envelope codec against memcpy (codec_4KiB). Ours and each baseline run
+// interleaved in this process; every figure is a median of >= 5 repetitions.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "bench.h"
+#include "troupe/base/build_config.h"
+#include "troupe/runtime/system.h"
+
+extern char** environ;
 
 namespace troupe::bench {
+namespace {
+
+using namespace troupe::runtime;
+using namespace std::chrono_literals;
+const char* kSuite = "runtime";
+
+struct Blob {
+  static constexpr std::uint32_t type_id = 7001;
+  static constexpr const char* type_name = "bench.Blob";
+  std::string data;
+  template <class A>
+  void serialize(A& ar) { ar(data); }
+};
+struct Call {
+  static constexpr std::uint32_t type_id = 7002;
+  static constexpr const char* type_name = "bench.Call";
+  std::string data;
+  template <class A>
+  void serialize(A& ar) { ar(data); }
+};
+struct TrajectoryMsg {  // 4 KiB trajectory-like: 500 tokens + 500 log-probs + scalars
+  static constexpr std::uint32_t type_id = 7003;
+  static constexpr const char* type_name = "bench.Trajectory";
+  std::uint64_t episode = 0;
+  std::int32_t policy_version = 0;
+  std::vector<std::int32_t> tokens;
+  std::vector<float> logprobs;
+  float reward = 0;
+  template <class A>
+  void serialize(A& ar) { ar(episode, policy_version, tokens, logprobs, reward); }
+};
+
+std::string size_name(std::size_t s) {
+  if (s >= (1u << 20)) return std::to_string(s >> 20) + "MiB";
+  if (s >= 1024) return std::to_string(s >> 10) + "KiB";
+  return std::to_string(s) + "B";
+}
+
+// ---- a receiving actor that counts and signals when a target is reached ----
+struct Counter {
+  std::atomic<long> n{0};
+  std::atomic<long> target{-1};
+  std::atomic<bool> hit{false};
+  void reset(long t) {
+    n = 0;
+    hit = false;
+    target = t;
+  }
+  void wait() {
+    while (!hit.load(std::memory_order_acquire)) std::this_thread::yield();
+  }
+};
+std::unique_ptr<Actor> sink_actor(Counter* c) {
+  auto a = std::make_unique<Actor>();
+  a->handle<Blob>([c](Context&, const Blob&) {
+    if (c->n.fetch_add(1, std::memory_order_relaxed) + 1 == c->target.load(std::memory_order_relaxed)) c->hit.store(true, std::memory_order_release);
+  });
+  a->handle<Call>([](Context& ctx, const Call& m) { (void)ctx.reply(Call{m.data}); });
+  return a;
+}
+
+// Ours: node 0 sends, the sink lives on node 0 (inproc: direct hand-off) or on node 1 (ipc/tcp).
+struct OurPair {
+  std::unique_ptr<ActorSystem> a, b;
+  ActorId sink;
+  Counter counter;
+  bool ok = false;
+  std::string error;
+  explicit OurPair(const std::string& transport) {
+    SystemConfig ca, cb;
+    ca.node_id = 0;
+    cb.node_id = 1;
+    ca.threads = cb.threads = 1;
+    ca.heartbeat.interval = cb.heartbeat.interval = 0ms;
+    ca.hwm = cb.hwm = 1000;
+    ca.mailbox_capacity = cb.mailbox_capacity = 1000;
+    std::string pid = std::to_string(::getpid());
+    if (transport == "ipc") {
+      ca.bind = "ipc:///tmp/troupe-bench-" + pid + "-a";
+      cb.bind = "ipc:///tmp/troupe-bench-" + pid + "-b";
+    } else if (transport == "tcp") {
+      ca.bind = cb.bind = "tcp://127.0.0.1:*";
+    }
+    auto ra = ActorSystem::create(ca);
+    if (!ra.ok()) {
+      error = ra.error().message;
+      return;
+    }
+    a = std::move(ra).value();
+    if (transport == "inproc") {
+      auto s = a->spawn([this] { return sink_actor(&counter); });
+      if (!s.ok()) {
+        error = s.error().message;
+        return;
+      }
+      sink = *s;
+    } else {
+      auto rb = ActorSystem::create(cb);
+      if (!rb.ok()) {
+        error = rb.error().message;
+        return;
+      }
+      b = std::move(rb).value();
+      std::vector<PeerInfo> t = {{0, a->endpoint(), "bench-a", ""}, {1, b->endpoint(), "bench-b", ""}};
+      if (auto st = a->connect(t); !st.ok()) {
+        error = st.error().message;
+        return;
+      }
+      if (auto st = b->connect(t); !st.ok()) {
+        error = st.error().message;
+        return;
+      }
+      auto s = b->spawn([this] { return sink_actor(&counter); });
+      if (!s.ok()) {
+        error = s.error().message;
+        return;
+      }
+      sink = *s;
+    }
+    auto warm = a->ask<Call>(sink, Call{"warm"}, 10s).get();
+    if (!warm.ok()) {
+      error = warm.error().message;
+      return;
+    }
+    ok = true;
+  }
+  double stream(std::size_t size, long n, const std::string& src) {
+    counter.reset(n);
+    return n / time_s([&] {
+             for (long i = 0; i < n; ++i) (void)a->send(sink, Blob{std::string(src.data(), size)});
+             counter.wait();
+           });
+  }
+  double rtt_us(long n) {
+    std::string body(64, 'r');
+    return 1e6 * time_s([&] {
+             for (long i = 0; i < n; ++i) (void)a->ask<Call>(sink, Call{body}, 10s).get();
+           }) / n;
+  }
+  double calls(long n, bool pipelined) {
+    std::string body(1024, 'c');
+    return n / time_s([&] {
+             if (pipelined) {
+               std::vector<std::future<Result<Call>>> fs;
+               fs.reserve(static_cast<std::size_t>(n));
+               for (long i = 0; i < n; ++i) fs.push_back(a->ask<Call>(sink, Call{body}, 30s));
+               for (auto& f : fs) (void)f.get();
+             } else {
+               for (long i = 0; i < n; ++i) (void)a->ask<Call>(sink, Call{body}, 30s).get();
+             }
+           });
+  }
+};
+
+// Raw ZeroMQ: PUSH/PULL stream and PAIR echo between the caller and one thread, same HWM.
+struct RawPair {
+  zmq::context_t ctx_a{1}, ctx_b{1};
+  std::string transport;
+  std::string endpoint;
+  explicit RawPair(std::string t) : transport(std::move(t)) {}
+  zmq::context_t& far_ctx() { return transport == "inproc" ? ctx_a : ctx_b; }
+  int uses = 0;
+  std::string bind_addr(std::string tag) {
+    tag += std::to_string(++uses);  // a closed socket's name is released asynchronously: never reuse one
+    if (transport == "inproc") return "inproc://raw-" + tag;
+    if (transport == "ipc") return "ipc:///tmp/troupe-bench-raw-" + std::to_string(::getpid()) + "-" + tag;
+    return "tcp://127.0.0.1:*";
+  }
+  double stream(std::size_t size, long n, const std::string& src) {
+    zmq::socket_t pull(far_ctx(), zmq::socket_type::pull);
+    pull.set(zmq::sockopt::rcvhwm, 1000);
+    pull.bind(bind_addr("s"));
+    std::string ep = pull.get(zmq::sockopt::last_endpoint);
+    zmq::socket_t push(ctx_a, zmq::socket_type::push);
+    push.set(zmq::sockopt::sndhwm, 1000);
+    push.connect(ep);
+    push.send(zmq::buffer("w", 1), zmq::send_flags::none);  // warm the connection
+    zmq::message_t m;
+    (void)pull.recv(m);
+    std::atomic<bool> done{false};
+    std::thread rx([&] {
+      zmq::message_t msg;
+      for (long i = 0; i < n; ++i) (void)pull.recv(msg);
+      done = true;
+    });
+    double rate = n / time_s([&] {
+                    for (long i = 0; i < n; ++i) push.send(zmq::buffer(src.data(), size), zmq::send_flags::none);
+                    while (!done) std::this_thread::yield();
+                  });
+    rx.join();
+    push.set(zmq::sockopt::linger, 0);
+    return rate;
+  }
+  double rtt_us(long n) {
+    zmq::socket_t srv(far_ctx(), zmq::socket_type::pair);
+    srv.bind(bind_addr("r"));
+    std::string ep = srv.get(zmq::sockopt::last_endpoint);
+    zmq::socket_t cli(ctx_a, zmq::socket_type::pair);
+    cli.connect(ep);
+    std::thread echo([&] {
+      zmq::message_t msg;
+      for (long i = 0; i < n + 1; ++i) {
+        (void)srv.recv(msg);
+        srv.send(msg, zmq::send_flags::none);
+      }
+    });
+    std::string body(64 + kHeaderSize, 'r');  // the same bytes our envelope carries
+    zmq::message_t reply;
+    cli.send(zmq::buffer(body), zmq::send_flags::none);
+    (void)cli.recv(reply);
+    double us = 1e6 * time_s([&] {
+                  for (long i = 0; i < n; ++i) {
+                    cli.send(zmq::buffer(body), zmq::send_flags::none);
+                    (void)cli.recv(reply);
+                  }
+                }) / n;
+    echo.join();
+    return us;
+  }
+};
+
+void emit_row(const std::string& name, const char* metric, const char* unit, Paired p, const char* base, Better b,
+              nlohmann::json extra = nlohmann::json::object()) {
+  Row r;
+  r.suite = kSuite;
+  r.case_name = name;
+  r.metric = metric;
+  r.unit = unit;
+  r.ours = p.ours;
+  r.baseline = p.baseline;
+  r.baseline_name = base;
+  r.better = b;
+  r.extra = std::move(extra);
+  emit(r);
+}
+
+// ---- Ray baseline: a child Python process answering "pipelined N" / "sync N" ----
+struct RayServer {
+  pid_t pid = -1;
+  FILE* to = nullptr;
+  FILE* from = nullptr;
+  std::string why_not;
+  bool start() {
+    std::string script = std::string(TROUPE_SOURCE_DIR) + "/launch/bench/runtime_ray.py";
+    std::string py = troupe::python_executable();
+    int in_pipe[2], out_pipe[2];
+    if (::pipe(in_pipe) || ::pipe(out_pipe)) {
+      why_not = "pipe() failed";
+      return false;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in_pipe[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+    posix_spawn_file_actions_addclose(&fa, in_pipe[1]);
+    posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
+    const char* argv[] = {py.c_str(), script.c_str(), nullptr};
+    int rc = posix_spawn(&pid, py.c_str(), &fa, nullptr, const_cast<char**>(argv), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(in_pipe[0]);
+    ::close(out_pipe[1]);
+    if (rc != 0) {
+      why_not = "cannot start " + py + ": " + std::strerror(rc);
+      return false;
+    }
+    to = fdopen(in_pipe[1], "w");
+    from = fdopen(out_pipe[0], "r");
+    std::string line = read_line();
+    if (line.rfind("ready", 0) != 0) {
+      why_not = line.empty() ? "the Ray helper exited before it was ready (" + py + " " + script + ")" : line;
+      stop();
+      return false;
+    }
+    return true;
+  }
+  std::string read_line() {
+    char buf[4096];
+    if (!from || !std::fgets(buf, sizeof buf, from)) return "";
+    std::string s(buf);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    return s;
+  }
+  double run(const char* mode, long n) {
+    std::fprintf(to, "%s %ld\n", mode, n);
+    std::fflush(to);
+    std::string line = read_line();
+    double v = 0;
+    if (std::sscanf(line.c_str(), "calls_per_s %lf", &v) != 1) return 0;
+    return v;
+  }
+  void stop() {
+    if (to) {
+      std::fprintf(to, "quit\n");
+      std::fclose(to);
+      to = nullptr;
+    }
+    if (from) {
+      std::fclose(from);
+      from = nullptr;
+    }
+    if (pid > 0) {
+      int status = 0;
+      for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(100ms);
+      if (waitpid(pid, &status, WNOHANG) == 0) {
+        ::kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+      }
+      pid = -1;
+    }
+  }
+};
+
+}  // namespace
 
 int run_runtime_suite(const BenchOptions& opt) {
-  (void)opt;
-  std::fprintf(stderr, "troupe bench runtime: this suite is not implemented yet\n");
-  return 1;
+  const int reps = std::max(opt.reps, 5);
+  const double scale = opt.quick ? 0.25 : 1.0;
+  auto count = [&](long full) { return std::max(20L, static_cast<long>(full * scale)); };
+  std::string src(1u << 20, 's');
+  const std::vector<std::string> transports = {"inproc", "ipc", "tcp"};
+  const std::vector<std::pair<std::size_t, long>> sizes = {{64, 200000}, {1024, 100000}, {64 * 1024, 6000}, {1u << 20, 400}};
+  int failures = 0;
+
+  for (const auto& t : transports) {
+    bool want_any = false;
+    for (auto& [s, n] : sizes) want_any |= opt.wants("stream_" + size_name(s) + "_" + t);
+    want_any |= opt.wants("rtt_64B_" + t);
+    if (!want_any) continue;
+    OurPair ours(t);
+    if (!ours.ok) {
+      std::fprintf(stderr, "troupe bench runtime: cannot set up %s actors: %s\n", t.c_str(), ours.error.c_str());
+      ++failures;
+      continue;
+    }
+    RawPair raw(t);
+    for (auto& [size, full_n] : sizes) {
+      std::string name = "stream_" + size_name(size) + "_" + t;
+      if (!opt.wants(name)) continue;
+      long n = count(full_n);
+      Paired p = interleaved(reps, [&] { return ours.stream(size, n, src); }, [&] { return raw.stream(size, n, src); });
+      emit_row(name, "msgs_per_s", "msg/s", p, "raw_zmq", Better::higher,
+               {{"bytes", size}, {"messages_per_rep", n}, {"ours_MBps", p.ours * size / 1e6}, {"baseline_MBps", p.baseline * size / 1e6}});
+    }
+    std::string name = "rtt_64B_" + t;
+    if (opt.wants(name)) {
+      long n = count(4000);
+      Paired p = interleaved(reps, [&] { return ours.rtt_us(n); }, [&] { return raw.rtt_us(n); });
+      emit_row(name, "round_trip_us", "us", p, "raw_zmq", Better::lower, {{"round_trips_per_rep", n}});
+    }
+  }
+
+  if (opt.wants("calls_1KiB_pipelined") || opt.wants("calls_1KiB_sync")) {
+    OurPair ours("ipc");  // an actor on another node, like a Ray actor in another process
+    RayServer ray;
+    bool have_ray = ray.start();
+    if (!have_ray) std::fprintf(stderr, "troupe bench runtime: Ray baseline unavailable: %s\n", ray.why_not.c_str());
+    for (bool pipelined : {true, false}) {
+      std::string name = pipelined ? "calls_1KiB_pipelined" : "calls_1KiB_sync";
+      if (!opt.wants(name) || !ours.ok) continue;
+      long n = count(pipelined ? 20000 : 4000);
+      long n_ray = std::max(20L, n / (pipelined ? 4 : 4));
+      if (!have_ray) {
+        skip_baseline(kSuite, name, "Ray is not importable by " + troupe::python_executable() + " (pip install ray): " + ray.why_not);
+        continue;
+      }
+      Paired p = interleaved(reps, [&] { return ours.calls(n, pipelined); },
+                             [&] { return ray.run(pipelined ? "pipelined" : "sync", n_ray); });
+      emit_row(name, "calls_per_s", "call/s", p, "ray", Better::higher, {{"transport", "ipc"}, {"calls_per_rep", n}, {"ray_calls_per_rep", n_ray}});
+    }
+    ray.stop();
+  }
+
+  if (opt.wants("codec_4KiB")) {
+    TrajectoryMsg m;
+    m.episode = 17;
+    m.policy_version = 3;
+    m.tokens.assign(500, 12345);
+    m.logprobs.assign(500, -0.75f);
+    m.reward = 1;
+    EnvelopeHeader h;
+    h.sender = {0, 1};
+    h.recipient = {1, 2};
+    std::size_t payload = payload_size_of(m);
+    std::size_t frame_bytes = kHeaderSize + payload;
+    std::vector<char> buf(frame_bytes), copy_dst(frame_bytes), copy_src(frame_bytes, 'c');
+    TrajectoryMsg out;
+    long n = count(400000);
+    volatile std::size_t sink = 0;
+    auto ours_ns = [&] {
+      return 1e9 * time_s([&] {
+               for (long i = 0; i < n; ++i) {
+                 h.type_id = TrajectoryMsg::type_id;
+                 std::size_t sz = payload_size_of(m);
+                 h.payload_size = static_cast<std::uint32_t>(sz);
+                 write_header(buf.data(), h);
+                 write_payload(buf.data() + kHeaderSize, sz, m);
+                 auto r = decode_frame(buf.data(), kHeaderSize + sz, out);
+                 sink = sink + (r.ok() ? out.tokens.size() : 0);
+               }
+             }) / n;
+    };
+    auto memcpy_ns = [&] {
+      return 1e9 * time_s([&] {
+               for (long i = 0; i < n; ++i) {
+                 std::memcpy(copy_dst.data(), copy_src.data(), frame_bytes);
+                 copy_src[i % frame_bytes] = static_cast<char>(copy_dst[(i + 1) % frame_bytes]);  // keep the copy live
+               }
+             }) / n;
+    };
+    Paired p = interleaved(reps, ours_ns, memcpy_ns);
+    emit_row("codec_4KiB", "ns", "ns", p, "memcpy", Better::lower, {{"frame_bytes", frame_bytes}, {"ops_per_rep", n}});
+  }
+  return failures ? 1 : 0;
 }
 
 }  // namespace troupe::bench

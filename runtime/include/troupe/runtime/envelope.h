@@ -125,7 +125,7 @@ std::string encode_frame(const M& m, EnvelopeHeader h) {
 // Decodes a whole frame expecting type M; any other type id is an error.
 template <Message M>
 Result<EnvelopeHeader> decode_frame(const char* frame, std::size_t size, M& out) {
-  auto h = decode_header(frame, size);
+  auto h = decode_header(frame, size, /*check_type=*/false);  // the id is checked against M below
   if (!h.ok()) return h.error();
   if (h->type_id != M::type_id)
     return invalid_input("expected message type " + std::string(message_name<M>()) + " (id " + std::to_string(M::type_id) +

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
-#include <deque>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -79,10 +79,12 @@ class Mailbox {
 
   // Result: true when the caller must schedule the owner (it was idle).
   Result<bool> push(Mail&& m, Overflow policy, std::chrono::steady_clock::time_point deadline);
-  // Takes up to max items; an empty result means the mailbox went idle (unscheduled).
-  std::size_t pop_batch(std::vector<Mail>& out, std::size_t max);
-  // After a batch: true = still has mail, stay scheduled; false = idle now.
+  // Moves every queued item into `out` (which must be empty) in O(1); stays scheduled.
+  std::size_t pop_batch(std::vector<Mail>& out);
+  // After a batch: true = mail arrived meanwhile, stay scheduled; false = idle (unscheduled) now.
   bool finish_batch();
+  // Lock-free peek for a consumer spinning before it gives up its turn.
+  bool has_mail() const { return approx_size_.load(std::memory_order_relaxed) != 0; }
   // Puts unprocessed items back at the front (actor failed mid-batch).
   void requeue_front(std::vector<Mail>& items, std::size_t from);
   // Owner suspended: clear the scheduled flag even though mail may wait.
@@ -100,13 +102,14 @@ class Mailbox {
  private:
   mutable std::mutex mu_;
   std::condition_variable not_full_;
-  std::deque<Mail> q_;
+  std::vector<Mail> q_;  // FIFO; the consumer swaps the whole vector out, so capacity is reused
   std::size_t user_count_ = 0;  // items without a task (the bounded kind)
   std::size_t capacity_;
   std::size_t high_water_ = 0;
   std::size_t waiters_ = 0;
   bool scheduled_ = false;
   bool closed_ = false;
+  std::atomic<std::size_t> approx_size_{0};
 };
 
 }  // namespace troupe::runtime
