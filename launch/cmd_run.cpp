@@ -6,6 +6,7 @@
 
 #include "troupe/launch/commands.h"
 #include "troupe/launch/config.h"
+#include "troupe/launch/run.h"
 
 namespace troupe::launch {
 
@@ -20,7 +21,14 @@ Command add_run_command(CLI::App& root) {
   app->add_option("config", o->config, "Experiment YAML")->required();
   app->add_option("--set", o->sets, "Override a key: --set grpo.max_steps=10 (repeatable)");
   app->add_option("--resume", o->resume, "Resume the run in this run directory from its latest checkpoint");
-  return {app, [o]() { return report_error(make_error(ErrorCode::internal, "troupe run is not implemented yet")); }};
+  return {app, [o]() {
+            auto loaded = load_config(o->config, o->sets);
+            if (!loaded.ok()) {
+              std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
+              return 2;
+            }
+            return run_experiment(*loaded, RunOptions{o->resume});
+          }};
 }
 
 Command add_validate_command(CLI::App& root) {
@@ -51,12 +59,21 @@ Command add_validate_command(CLI::App& root) {
 Command add_eval_command(CLI::App& root) {
   struct Opts {
     std::string config, checkpoint;
+    std::vector<std::string> sets;
   };
   auto o = std::make_shared<Opts>();
   auto* app = root.add_subcommand("eval", "Held-out metrics of a checkpoint, as one JSON object");
   app->add_option("config", o->config, "Experiment YAML")->required();
   app->add_option("--checkpoint", o->checkpoint, "Model directory (a checkpoint)")->required();
-  return {app, [o]() { return report_error(make_error(ErrorCode::internal, "troupe eval is not implemented yet")); }};
+  app->add_option("--set", o->sets, "Override a key (e.g. eval.num_prompts=100)");
+  return {app, [o]() {
+            auto loaded = load_config(o->config, o->sets);
+            if (!loaded.ok()) {
+              std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
+              return 2;
+            }
+            return eval_checkpoint(*loaded, o->checkpoint);
+          }};
 }
 
 }  // namespace troupe::launch

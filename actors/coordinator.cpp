@@ -1,0 +1,582 @@
+// The step loop. Sync mode: reset envs -> generate G per prompt -> verify -> advantages -> train ->
+// weight sync, one after the other. Async mode: a rollout thread produces step k+1 with version v
+// while the learner trains step k; step k may use weights no older than base + k - max_staleness.
+#include "troupe/actors/coordinator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "troupe/actors/messages.h"
+#include "troupe/actors/roles.h"
+#include "troupe/envs/trajectory.h"
+#include "troupe/learner/advantages.h"
+#include "troupe/learner/checkpoint.h"
+#include "troupe/policy/io/model_dir.h"
+
+namespace troupe::actors {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using runtime::ActorId;
+
+uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
+  auto sm = [](uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  };
+  return sm(sm(sm(sm(seed) ^ a) ^ b) ^ c);
+}
+
+namespace {
+
+constexpr auto kEnvTimeout = std::chrono::seconds(120);
+constexpr auto kLongTimeout = std::chrono::hours(2);
+
+template <class Rep, class Req>
+Result<Rep> ask(runtime::ActorSystem& sys, ActorId to, Req req, runtime::Duration timeout) {
+  auto f = sys.ask<Rep>(to, std::move(req), timeout);
+  return f.get();
+}
+
+double mono_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// One GRPO step's worth of data: groups of G samples, scored.
+struct Coordinator::Rollout {
+  struct Group {
+    std::string env;
+    std::string prompt_text;
+    json metadata;
+    uint64_t seed = 0;
+    std::vector<GenSample> samples;
+    std::vector<double> rewards, correct;
+    std::vector<std::string> errors;
+  };
+  std::vector<Group> groups;
+  int64_t policy_version = 0;
+  double gen_s = 0, env_s = 0, idle_s = 0;
+};
+
+struct Coordinator::Async {
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<int64_t, Result<Rollout>>> queue;  // (k, rollout)
+  int64_t weights_sent = 0;  // newest version the generators have been sent
+  bool stop = false;
+};
+
+Coordinator::Coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hooks, std::string run_dir)
+    : cfg_(std::move(cfg)), peers_(std::move(peers)), hooks_(std::move(hooks)), run_dir_(std::move(run_dir)) {}
+
+Coordinator::~Coordinator() {
+  if (async_ && async_->thread.joinable()) {
+    {
+      std::lock_guard lk(async_->mu);
+      async_->stop = true;
+    }
+    async_->cv.notify_all();
+    async_->thread.join();
+  }
+}
+
+double Coordinator::now_s() const { return wall_offset_ + mono_s() - t0_; }
+
+size_t Coordinator::pick_env(uint64_t r) const {
+  double total = 0;
+  for (const auto& e : cfg_.envs) total += e.weight;
+  double x = static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0) * total;
+  for (size_t i = 0; i < cfg_.envs.size(); ++i) {
+    if (x < cfg_.envs[i].weight) return i;
+    x -= cfg_.envs[i].weight;
+  }
+  return cfg_.envs.size() - 1;
+}
+
+Status Coordinator::emit(json row) {
+  if (hooks_.metrics) return hooks_.metrics(row);
+  return {};
+}
+
+Status Coordinator::sync_weights(double* seconds) {
+  double t = mono_s();
+  auto& sys = *peers_.system;
+  TROUPE_ASSIGN_OR_RETURN(auto w, ask<Weights>(sys, peers_.learners[0], GetWeightsReq{}, kLongTimeout));
+  version_ = w.version;
+  if (async_) {
+    // generators may be busy sampling: queue the weights behind the current request, don't wait
+    TROUPE_TRY(sys.broadcast(std::span<const ActorId>(peers_.generators), w));
+    {
+      std::lock_guard lk(async_->mu);
+      async_->weights_sent = w.version;
+    }
+    async_->cv.notify_all();
+  } else {
+    std::vector<std::future<Result<Ack>>> acks;
+    for (auto g : peers_.generators) acks.push_back(sys.ask<Ack>(g, w, kLongTimeout));
+    for (auto& a : acks) TROUPE_TRY(a.get());
+  }
+  if (seconds) *seconds = mono_s() - t;
+  return {};
+}
+
+Result<Coordinator::Rollout> Coordinator::make_rollout(int64_t step, int64_t k) {
+  auto& sys = *peers_.system;
+  const auto& ro = cfg_.rollout;
+  Rollout r;
+  double t_env = mono_s();
+  int P = ro.prompts_per_step;
+  r.groups.resize(P);
+  std::vector<std::future<Result<EnvObs>>> obs;
+  for (int i = 0; i < P; ++i) {
+    uint64_t rs = mix_seed(cfg_.run.seed, 1, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
+    auto& g = r.groups[i];
+    g.env = cfg_.envs[pick_env(rs)].name;
+    g.seed = mix_seed(rs, 2);
+    EnvResetReq req{g.env, "grpo-" + std::to_string(step) + "-" + std::to_string(i), g.seed, 0};
+    obs.push_back(sys.ask<EnvObs>(peers_.env_workers[i % peers_.env_workers.size()], req, kEnvTimeout));
+  }
+  for (int i = 0; i < P; ++i) {
+    TROUPE_ASSIGN_OR_RETURN(auto o, obs[i].get());
+    r.groups[i].prompt_text = o.text;
+    r.groups[i].metadata = json::parse(o.metadata_json, nullptr, false);
+    (void)sys.send(peers_.env_workers[i % peers_.env_workers.size()],
+             EnvReleaseReq{r.groups[i].env, "grpo-" + std::to_string(step) + "-" + std::to_string(i)});
+  }
+  r.env_s += mono_s() - t_env;
+  // generation: groups spread over generators, G copies of each prompt
+  double t_gen = mono_s();
+  size_t NG = peers_.generators.size();
+  std::vector<std::future<Result<GenerateRep>>> gens;
+  std::vector<std::vector<int>> owned(NG);
+  for (int i = 0; i < P; ++i) owned[i % NG].push_back(i);
+  for (size_t g = 0; g < NG; ++g) {
+    GenerateReq req;
+    for (int i : owned[g])
+      for (int j = 0; j < ro.num_generations; ++j) req.prompts.push_back(r.groups[i].prompt_text);
+    req.sampling = {ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
+                    mix_seed(cfg_.run.seed, 3, static_cast<uint64_t>(k), g)};
+    gens.push_back(sys.ask<GenerateRep>(peers_.generators[g], std::move(req), kLongTimeout));
+  }
+  r.policy_version = -1;
+  for (size_t g = 0; g < NG; ++g) {
+    TROUPE_ASSIGN_OR_RETURN(auto rep, gens[g].get());
+    r.policy_version = r.policy_version < 0 ? rep.policy_version : std::min(r.policy_version, rep.policy_version);
+    size_t n = 0;
+    for (int i : owned[g])
+      for (int j = 0; j < ro.num_generations; ++j) r.groups[i].samples.push_back(std::move(rep.samples[n++]));
+  }
+  r.gen_s = mono_s() - t_gen;
+  // scoring: one verify call per group
+  t_env = mono_s();
+  std::vector<std::future<Result<EnvVerifyRep>>> ver;
+  for (int i = 0; i < P; ++i) {
+    EnvVerifyReq req{r.groups[i].env, r.groups[i].metadata.dump(), {}};
+    for (const auto& s : r.groups[i].samples) req.completions.push_back(s.text);
+    ver.push_back(sys.ask<EnvVerifyRep>(peers_.env_workers[i % peers_.env_workers.size()], std::move(req), kEnvTimeout));
+  }
+  for (int i = 0; i < P; ++i) {
+    TROUPE_ASSIGN_OR_RETURN(auto v, ver[i].get());
+    r.groups[i].rewards = std::move(v.rewards);
+    r.groups[i].correct = std::move(v.correct);
+    r.groups[i].errors = std::move(v.errors);
+  }
+  r.env_s += mono_s() - t_env;
+  return r;
+}
+
+Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_start, double extra_idle) {
+  auto& sys = *peers_.system;
+  const auto& ro = cfg_.rollout;
+  int G = ro.num_generations;
+  // staleness
+  int64_t lag = version_ - r.policy_version;
+  bool stale = async_ && lag > ro.max_staleness;
+  int stale_dropped = 0;
+  std::vector<float> rewards;
+  for (auto& g : r.groups)
+    for (double x : g.rewards) rewards.push_back(static_cast<float>(x));
+  auto lcfg = learner_config(cfg_, learner::Phase::grpo);
+  TROUPE_ASSIGN_OR_RETURN(auto adv, learner::compute_advantages(rewards, G, lcfg.advantage));
+  std::vector<char> keep(r.groups.size(), 1);
+  if (cfg_.grpo.dynamic_sampling) learner::dapo_filter_groups(keep, rewards, G);
+  TrainReq req;
+  req.phase = 0;
+  req.step = k;
+  double resp_len = 0, truncated = 0, correct = 0;
+  int env_failures = 0;
+  std::map<std::string, std::pair<double, int>> per_env;
+  for (size_t gi = 0; gi < r.groups.size(); ++gi) {
+    auto& g = r.groups[gi];
+    for (int j = 0; j < G; ++j) {
+      auto& s = g.samples[j];
+      resp_len += static_cast<double>(s.tokens.size());
+      truncated += s.truncated ? 1 : 0;
+      correct += g.correct[j];
+      if (!g.errors[j].empty()) ++env_failures;
+      auto& pe = per_env[g.env];
+      pe.first += g.rewards[j];
+      pe.second += 1;
+      if (!keep[gi] || s.tokens.empty() || !g.errors[j].empty()) continue;
+      if (stale && cfg_.rollout.stale_policy == "drop") {
+        ++stale_dropped;
+        continue;
+      }
+      TrainSample t;
+      t.prompt = s.prompt_tokens;
+      t.completion = s.tokens;
+      t.old_logprobs = s.logprobs;
+      t.advantage = adv[gi * G + j];
+      t.truncated = s.truncated;
+      req.samples.push_back(std::move(t));
+    }
+  }
+  double n = static_cast<double>(rewards.size());
+  auto rs = learner::stats_of(rewards);
+  json row = {{"step", step}, {"phase", "grpo"}, {"policy_version", r.policy_version},
+              {"reward_mean", rs.mean}, {"reward_std", rs.std}, {"accuracy", correct / n},
+              {"response_len_mean", resp_len / n}, {"truncated_frac", truncated / n},
+              {"env_failures", env_failures}, {"stale_dropped", stale_dropped}, {"staleness", lag}};
+  for (auto& [name, v] : per_env) row["reward_mean/" + name] = v.first / std::max(1, v.second);
+  double learner_s = 0, sync_s = 0;
+  if (!req.samples.empty()) {
+    double t = mono_s();
+    std::vector<std::future<Result<TrainRep>>> reps;
+    for (auto l : peers_.learners) reps.push_back(sys.ask<TrainRep>(l, req, kLongTimeout));
+    json m;
+    for (size_t i = 0; i < reps.size(); ++i) {
+      TROUPE_ASSIGN_OR_RETURN(auto rep, reps[i].get());
+      if (i == 0) m = json::parse(rep.metrics_json, nullptr, false);
+    }
+    learner_s = mono_s() - t;
+    for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
+      row[key] = m.value(key, 0.0);
+    TROUPE_TRY(sync_weights(&sync_s));
+  } else {
+    for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
+      row[key] = 0.0;
+  }
+  double step_s = mono_s() - step_start;
+  double idle = async_ ? extra_idle : std::max(0.0, step_s - r.gen_s - r.env_s);
+  row["gen_s"] = r.gen_s;
+  row["env_s"] = r.env_s;
+  row["learner_s"] = learner_s;
+  row["weight_sync_s"] = sync_s;
+  row["idle_s"] = idle;
+  row["step_s"] = step_s;
+  row["tokens_per_s"] = step_s > 0 ? resp_len / step_s : 0.0;
+  row["wall_s"] = now_s();
+  // trajectories
+  if (cfg_.logger.trajectories && cfg_.logger.trajectories_per_step > 0) {
+    auto w = envs::TrajectoryWriter::open(run_dir_ + "/trajectories/grpo.jsonl");
+    if (w.ok()) {
+      int written = 0;
+      for (size_t gi = 0; gi < r.groups.size() && written < cfg_.logger.trajectories_per_step; ++gi) {
+        auto& g = r.groups[gi];
+        for (int j = 0; j < G && written < cfg_.logger.trajectories_per_step; ++j, ++written) {
+          envs::Trajectory t;
+          t.episode_id = "grpo-" + std::to_string(step) + "-" + std::to_string(gi) + "-" + std::to_string(j);
+          t.env_name = g.env;
+          t.seed = g.seed;
+          t.step = step;
+          t.group = static_cast<int64_t>(gi);
+          t.prompt.text = g.prompt_text;
+          t.prompt.metadata = g.metadata;
+          envs::TurnRecord turn;
+          turn.prompt_tokens = g.samples[j].prompt_tokens;
+          turn.completion_tokens = g.samples[j].tokens;
+          turn.logprobs = g.samples[j].logprobs;
+          turn.policy_version = r.policy_version;
+          turn.completion = g.samples[j].text;
+          turn.truncated = g.samples[j].truncated;
+          turn.observation = g.prompt_text;
+          turn.reward = g.rewards[j];
+          t.turns.push_back(std::move(turn));
+          t.reward = g.rewards[j];
+          t.termination = !g.errors[j].empty() ? envs::Termination::env_error
+                          : g.samples[j].truncated ? envs::Termination::truncated
+                                                   : envs::Termination::done;
+          t.error = g.errors[j];
+          t.extra = {{"advantage", adv[gi * G + j]}};
+          (void)(*w)->write(t);
+        }
+      }
+    }
+  }
+  return emit(row);
+}
+
+Result<json> Coordinator::evaluate() {
+  auto& sys = *peers_.system;
+  int n = cfg_.eval.num_prompts;
+  json out = json::object();
+  double acc_sum = 0, rew_sum = 0;
+  int total = 0;
+  for (const auto& e : cfg_.envs) {
+    std::vector<std::future<Result<EnvObs>>> obs;
+    for (int i = 0; i < n; ++i) {
+      EnvResetReq req{e.name, "eval-" + e.name + "-" + std::to_string(i), static_cast<uint64_t>(i), 1};
+      obs.push_back(sys.ask<EnvObs>(peers_.env_workers[i % peers_.env_workers.size()], req, kEnvTimeout));
+    }
+    std::vector<EnvObs> got;
+    for (int i = 0; i < n; ++i) {
+      TROUPE_ASSIGN_OR_RETURN(auto o, obs[i].get());
+      (void)sys.send(peers_.env_workers[i % peers_.env_workers.size()],
+               EnvReleaseReq{e.name, "eval-" + e.name + "-" + std::to_string(i)});
+      got.push_back(std::move(o));
+    }
+    GenerateReq req;
+    for (auto& o : got) req.prompts.push_back(o.text);
+    req.sampling = {0.0f, 0, 1.0f, cfg_.rollout.max_response_length, 0};
+    TROUPE_ASSIGN_OR_RETURN(auto rep, ask<GenerateRep>(sys, peers_.generators[0], std::move(req), kLongTimeout));
+    double acc = 0, rew = 0;
+    std::vector<std::future<Result<EnvVerifyRep>>> ver;
+    for (int i = 0; i < n; ++i) {
+      EnvVerifyReq v{e.name, got[i].metadata_json, {rep.samples[i].text}};
+      ver.push_back(sys.ask<EnvVerifyRep>(peers_.env_workers[i % peers_.env_workers.size()], std::move(v), kEnvTimeout));
+    }
+    for (int i = 0; i < n; ++i) {
+      TROUPE_ASSIGN_OR_RETURN(auto v, ver[i].get());
+      acc += v.correct[0] >= 1.0 ? 1.0 : 0.0;
+      rew += v.rewards[0];
+    }
+    out["eval_accuracy/" + e.name] = acc / n;
+    out["eval_reward_mean/" + e.name] = rew / n;
+    acc_sum += acc;
+    rew_sum += rew;
+    total += n;
+  }
+  out["eval_accuracy"] = acc_sum / std::max(1, total);
+  out["eval_reward_mean"] = rew_sum / std::max(1, total);
+  out["eval_prompts"] = total;
+  return out;
+}
+
+Status Coordinator::eval_and_log(const std::string& phase) {
+  TROUPE_ASSIGN_OR_RETURN(auto ev, evaluate());
+  ev["step"] = step_;
+  ev["phase"] = phase;
+  ev["policy_version"] = version_;
+  ev["wall_s"] = now_s();
+  last_eval_ = ev;
+  last_eval_step_ = step_;
+  return emit(ev);
+}
+
+Status Coordinator::checkpoint(const std::string& phase, bool force) {
+  if (!cfg_.checkpointing.enabled) return {};
+  bool due = cfg_.checkpointing.every > 0 && step_ % cfg_.checkpointing.every == 0;
+  if (!due && !force) return {};
+  CheckpointReq req;
+  req.dir = run_dir_ + "/checkpoints";
+  req.step = step_;
+  req.extra_json = json{{"global_step", step_}, {"coordinator_phase", phase}, {"wall_s", now_s()}}.dump();
+  const auto& best = cfg_.checkpointing.keep_best_by;
+  if (!best.empty() && last_eval_step_ == step_ && last_eval_.contains(best)) {
+    req.has_metric = true;
+    req.metric = last_eval_[best].get<double>();
+  }
+  std::vector<std::future<Result<CheckpointRep>>> reps;
+  // only learner 0 writes; the others hold identical state
+  TROUPE_ASSIGN_OR_RETURN(auto rep, ask<CheckpointRep>(*peers_.system, peers_.learners[0], req, kLongTimeout));
+  if (hooks_.log) hooks_.log("checkpoint " + rep.path);
+  return {};
+}
+
+Status Coordinator::run_sft(int64_t first_step) {
+  auto& sys = *peers_.system;
+  const auto& tok = *tokenizer_;
+  int S = cfg_.sft.max_steps;
+  for (int64_t k = first_step; k < S; ++k) {
+    double t = mono_s();
+    int B = cfg_.sft.batch_size;
+    std::vector<std::future<Result<EnvObs>>> obs;
+    std::vector<std::string> envn;
+    for (int i = 0; i < B; ++i) {
+      uint64_t rs = mix_seed(cfg_.run.seed, 11, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
+      envn.push_back(cfg_.envs[pick_env(rs)].name);
+      EnvResetReq req{envn.back(), "sft-" + std::to_string(k) + "-" + std::to_string(i), mix_seed(rs, 2), 0};
+      obs.push_back(sys.ask<EnvObs>(peers_.env_workers[i % peers_.env_workers.size()], req, kEnvTimeout));
+    }
+    TrainReq req;
+    req.phase = 1;
+    req.step = k;
+    double tokens = 0;
+    for (int i = 0; i < B; ++i) {
+      TROUPE_ASSIGN_OR_RETURN(auto o, obs[i].get());
+      (void)sys.send(peers_.env_workers[i % peers_.env_workers.size()],
+               EnvReleaseReq{envn[i], "sft-" + std::to_string(k) + "-" + std::to_string(i)});
+      json meta = json::parse(o.metadata_json, nullptr, false);
+      if (!meta.is_object() || !meta.contains("reference_completion") || !meta["reference_completion"].is_string())
+        return invalid_input("sft: env '" + envn[i] + "' gives no reference_completion to train on");
+      TrainSample s;
+      auto p = tok.encode(format_prompt(cfg_.rollout, o.text));
+      auto c = tok.encode(meta["reference_completion"].get<std::string>());
+      if (!p.ok()) return p.error();
+      if (!c.ok()) return c.error();
+      if (tok.bos_id() >= 0) s.prompt.push_back(tok.bos_id());
+      s.prompt.insert(s.prompt.end(), p->begin(), p->end());
+      if (s.prompt.size() > static_cast<size_t>(cfg_.rollout.max_prompt_length))
+        s.prompt.erase(s.prompt.begin(), s.prompt.end() - cfg_.rollout.max_prompt_length);
+      s.completion = *c;
+      if (tok.eos_id() >= 0) s.completion.push_back(tok.eos_id());
+      tokens += static_cast<double>(s.completion.size());
+      req.samples.push_back(std::move(s));
+    }
+    std::vector<std::future<Result<TrainRep>>> reps;
+    for (auto l : peers_.learners) reps.push_back(sys.ask<TrainRep>(l, req, kLongTimeout));
+    json m;
+    for (size_t i = 0; i < reps.size(); ++i) {
+      TROUPE_ASSIGN_OR_RETURN(auto rep, reps[i].get());
+      if (i == 0) m = json::parse(rep.metrics_json, nullptr, false);
+    }
+    double sync_s = 0;
+    TROUPE_TRY(sync_weights(&sync_s));
+    step_ = k + 1;
+    double step_s = mono_s() - t;
+    json row = {{"step", step_}, {"phase", "sft"}, {"policy_version", version_}, {"reward_mean", nullptr},
+                {"reward_std", nullptr}, {"response_len_mean", tokens / B}, {"truncated_frac", 0.0},
+                {"env_failures", 0}, {"weight_sync_s", sync_s}, {"step_s", step_s},
+                {"tokens_per_s", step_s > 0 ? tokens / step_s : 0.0}, {"wall_s", now_s()}};
+    for (const char* key : {"loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
+      row[key] = m.value(key, 0.0);
+    TROUPE_TRY(emit(row));
+    bool last = step_ == S;
+    if (cfg_.eval.every > 0 && step_ % cfg_.eval.every == 0 && !last) TROUPE_TRY(eval_and_log("sft"));
+    if (last) TROUPE_TRY(eval_and_log("sft"));
+    if (!last) TROUPE_TRY(checkpoint("sft", false));
+  }
+  if (S > 0 && first_step < S) TROUPE_TRY(checkpoint("sft", true));
+  return {};
+}
+
+Status Coordinator::run_grpo(int64_t first_k) {
+  int64_t S = cfg_.sft.enabled ? cfg_.sft.max_steps : 0;
+  int64_t K = cfg_.grpo.max_steps;
+  const auto& ro = cfg_.rollout;
+  auto finish_step = [&](int64_t k) -> Status {
+    bool last = k + 1 == K;
+    if (cfg_.eval.every > 0 && step_ % cfg_.eval.every == 0 && !last) TROUPE_TRY(eval_and_log("grpo"));
+    if (last) TROUPE_TRY(eval_and_log("grpo"));
+    if (cfg_.run.max_wall_s > 0 && now_s() > cfg_.run.max_wall_s && !last) {
+      TROUPE_TRY(checkpoint("grpo", true));
+      return make_error(ErrorCode::timeout, "run.max_wall_s reached at step " + std::to_string(step_));
+    }
+    return checkpoint("grpo", last);
+  };
+  if (!ro.async) {
+    for (int64_t k = first_k; k < K; ++k) {
+      double t = mono_s();
+      TROUPE_ASSIGN_OR_RETURN(auto r, make_rollout(S + k + 1, k));
+      step_ = S + k + 1;
+      TROUPE_TRY(train_on(r, step_, k, t, 0));
+      TROUPE_TRY(finish_step(k));
+    }
+    return {};
+  }
+  // async: the rollout thread runs ahead, bounded by the staleness condition
+  async_ = std::make_unique<Async>();
+  async_->weights_sent = version_;
+  int64_t base = version_ - first_k;  // version before GRPO step 0
+  async_->thread = std::thread([this, first_k, K, base, S]() {
+    for (int64_t k = first_k; k < K; ++k) {
+      double wait0 = mono_s();
+      {
+        std::unique_lock lk(async_->mu);
+        async_->cv.wait(lk, [&] {
+          return async_->stop || (async_->weights_sent >= base + k - cfg_.rollout.max_staleness &&
+                                  async_->queue.size() < static_cast<size_t>(std::max(1, cfg_.rollout.max_staleness)));
+        });
+        if (async_->stop) return;
+      }
+      double waited = mono_s() - wait0;
+      auto r = make_rollout(S + k + 1, k);
+      if (r.ok()) r->idle_s = waited;
+      bool failed = !r.ok();
+      {
+        std::lock_guard lk(async_->mu);
+        async_->queue.emplace_back(k, std::move(r));
+      }
+      async_->cv.notify_all();
+      if (failed) return;
+    }
+  });
+  Status result;
+  for (int64_t k = first_k; k < K; ++k) {
+    double t = mono_s();
+    std::pair<int64_t, Result<Rollout>> item{0, Error{}};
+    {
+      std::unique_lock lk(async_->mu);
+      async_->cv.wait(lk, [&] { return !async_->queue.empty(); });
+      item = std::move(async_->queue.front());
+      async_->queue.pop_front();
+    }
+    async_->cv.notify_all();
+    if (!item.second.ok()) {
+      result = item.second.error();
+      break;
+    }
+    step_ = S + k + 1;
+    double idle = item.second->idle_s;
+    if (auto st = train_on(*item.second, step_, k, t, idle); !st.ok()) {
+      result = st;
+      break;
+    }
+    if (auto st = finish_step(k); !st.ok()) {
+      result = st;
+      break;
+    }
+  }
+  {
+    std::lock_guard lk(async_->mu);
+    async_->stop = true;
+  }
+  async_->cv.notify_all();
+  if (async_->thread.joinable()) async_->thread.join();
+  async_.reset();
+  return result;
+}
+
+Status Coordinator::run(bool resume) {
+  t0_ = mono_s();
+  if (!cfg_.policy.path.empty() && (cfg_.policy.tokenizer == "auto" || fs::exists(cfg_.policy.path))) {
+    auto t = policy::io::load_tokenizer_dir(cfg_.policy.path);
+    if (t.ok()) tokenizer_ = std::move(t).value();
+  }
+  if (!tokenizer_) {
+    TROUPE_ASSIGN_OR_RETURN(tokenizer_, make_builtin_tokenizer(cfg_.policy.tokenizer == "auto" ? "char" : cfg_.policy.tokenizer));
+  }
+  int64_t S = cfg_.sft.enabled ? cfg_.sft.max_steps : 0;
+  int64_t start = 0;
+  if (resume) {
+    TROUPE_ASSIGN_OR_RETURN(auto dir, learner::latest_checkpoint(run_dir_ + "/checkpoints"));
+    CheckpointReq req;
+    req.load = true;
+    req.dir = dir;
+    for (auto l : peers_.learners) {
+      TROUPE_ASSIGN_OR_RETURN(auto rep, ask<CheckpointRep>(*peers_.system, l, req, kLongTimeout));
+      json extra = json::parse(rep.extra_json, nullptr, false);
+      start = extra.value("global_step", rep.step);
+      wall_offset_ = extra.value("wall_s", 0.0);
+    }
+    TROUPE_TRY(sync_weights(nullptr));
+    if (hooks_.log) hooks_.log("resumed from " + dir + " at step " + std::to_string(start));
+  }
+  step_ = start;
+  if (cfg_.eval.at_start && start == 0) TROUPE_TRY(eval_and_log(cfg_.sft.enabled ? "sft" : "grpo"));
+  if (cfg_.sft.enabled && start < S) TROUPE_TRY(run_sft(start));
+  if (cfg_.grpo.enabled) TROUPE_TRY(run_grpo(std::max<int64_t>(0, start - S)));
+  return {};
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,81 @@
+// The coordinator: owns the step loop (SFT phase, then GRPO), prompt scheduling by env weight,
+// grouping by prompt, advantages, batching, weight sync (learner -> generators as a Weights
+// message), evaluation, checkpoints and metric rows. It reaches the roles only through messages.
+// Invariant: every random choice is a pure function of (run.seed, step, index), so a sync run on
+// CPU is bit-identical across runs and across --resume.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/experiment_config.h"
+#include "troupe/base/result.h"
+#include "troupe/policy/io/tokenizer.h"
+#include "troupe/runtime/system.h"
+
+namespace troupe::actors {
+
+struct RolePeers {
+  runtime::ActorSystem* system = nullptr;
+  std::vector<runtime::ActorId> env_workers, generators, learners;
+};
+
+struct CoordinatorHooks {
+  std::function<Status(const nlohmann::json& row)> metrics;  // one row per step / evaluation
+  std::function<void(const std::string& line)> log;
+};
+
+// Deterministic 64-bit mix of (seed, a, b, c).
+uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
+
+class Coordinator {
+ public:
+  Coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hooks, std::string run_dir);
+  ~Coordinator();
+
+  // The whole run. resume: continue from run_dir/checkpoints/latest.
+  Status run(bool resume);
+  // Held-out evaluation with the generators' current weights (greedy): eval_accuracy,
+  // eval_reward_mean, and the same per env ("eval_accuracy/<env>").
+  Result<nlohmann::json> evaluate();
+  // Global step reached (for tests).
+  int64_t step() const { return step_; }
+
+  // Per-step time breakdown of the last GRPO step (seconds).
+  struct Breakdown {
+    double generation = 0, env = 0, learner = 0, weight_sync = 0, idle = 0, step = 0;
+  };
+
+ private:
+  struct Rollout;
+  struct Async;
+  Status run_sft(int64_t first_step);
+  Status run_grpo(int64_t first_step);
+  Result<Rollout> make_rollout(int64_t step, int64_t k);
+  Status train_on(Rollout& r, int64_t step, int64_t k, double step_start, double extra_idle);
+  Status sync_weights(double* seconds);
+  Status eval_and_log(const std::string& phase);
+  Status checkpoint(const std::string& phase, bool force);
+  Status emit(nlohmann::json row);
+  double now_s() const;
+  size_t pick_env(uint64_t r) const;
+
+  ExperimentConfig cfg_;
+  RolePeers peers_;
+  CoordinatorHooks hooks_;
+  std::string run_dir_;
+  std::unique_ptr<policy::io::Tokenizer> tokenizer_;
+  int64_t step_ = 0;          // global step (SFT steps, then GRPO steps)
+  int64_t version_ = 0;       // learner policy version
+  double wall_offset_ = 0;    // wall_s already spent before a resume
+  double t0_ = 0;
+  nlohmann::json last_eval_;
+  int64_t last_eval_step_ = -1;
+  std::unique_ptr<Async> async_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,187 @@
+// The messages the roles exchange (type ids 2000-2099). Every one is a plain struct with a cereal
+// serialize(), so the same code runs whether the peer is a thread (direct hand-off) or another rank
+// (ipc/tcp). JSON-valued fields travel as their text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+
+namespace troupe::actors {
+
+// ---- env worker ----
+struct EnvResetReq {
+  static constexpr std::uint32_t type_id = 2001;
+  static constexpr const char* type_name = "actors.EnvResetReq";
+  std::string env;
+  std::string episode_id;
+  std::uint64_t seed = 0;
+  std::int32_t split = 0;  // 0 train, 1 eval
+  template <class A>
+  void serialize(A& ar) { ar(env, episode_id, seed, split); }
+};
+struct EnvObs {
+  static constexpr std::uint32_t type_id = 2002;
+  static constexpr const char* type_name = "actors.EnvObs";
+  std::string text;
+  std::string metadata_json = "{}";
+  double reward = 0;   // step replies only
+  bool done = false;   // step replies only
+  std::string components_json = "{}";
+  double env_s = 0;
+  template <class A>
+  void serialize(A& ar) { ar(text, metadata_json, reward, done, components_json, env_s); }
+};
+struct EnvVerifyReq {  // score G completions of one prompt in one call
+  static constexpr std::uint32_t type_id = 2003;
+  static constexpr const char* type_name = "actors.EnvVerifyReq";
+  std::string env;
+  std::string metadata_json = "{}";
+  std::vector<std::string> completions;
+  template <class A>
+  void serialize(A& ar) { ar(env, metadata_json, completions); }
+};
+struct EnvVerifyRep {
+  static constexpr std::uint32_t type_id = 2004;
+  static constexpr const char* type_name = "actors.EnvVerifyRep";
+  std::vector<double> rewards;
+  std::vector<double> correct;       // components["correct"] when the env reports it, else reward >= 1
+  std::vector<std::string> errors;   // "" = scored; else the episode failed (reward 0)
+  double env_s = 0;
+  template <class A>
+  void serialize(A& ar) { ar(rewards, correct, errors, env_s); }
+};
+struct EnvStepReq {
+  static constexpr std::uint32_t type_id = 2005;
+  static constexpr const char* type_name = "actors.EnvStepReq";
+  std::string env;
+  std::string episode_id;
+  std::string action;
+  template <class A>
+  void serialize(A& ar) { ar(env, episode_id, action); }
+};
+struct EnvReleaseReq {
+  static constexpr std::uint32_t type_id = 2006;
+  static constexpr const char* type_name = "actors.EnvReleaseReq";
+  std::string env;
+  std::string episode_id;
+  template <class A>
+  void serialize(A& ar) { ar(env, episode_id); }
+};
+
+// ---- rollout generator ----
+struct GenSampling {
+  float temperature = 1;
+  std::int32_t top_k = 0;
+  float top_p = 1;
+  std::int32_t max_new_tokens = 32;
+  std::uint64_t seed = 0;
+  template <class A>
+  void serialize(A& ar) { ar(temperature, top_k, top_p, max_new_tokens, seed); }
+};
+struct GenerateReq {  // texts are formatted and tokenized by the generator
+  static constexpr std::uint32_t type_id = 2010;
+  static constexpr const char* type_name = "actors.GenerateReq";
+  std::vector<std::string> prompts;  // one per sample (a group repeats its prompt G times)
+  GenSampling sampling;
+  template <class A>
+  void serialize(A& ar) { ar(prompts, sampling); }
+};
+struct GenSample {
+  std::vector<std::int32_t> prompt_tokens;
+  std::vector<std::int32_t> tokens;
+  std::vector<float> logprobs;
+  std::string text;        // decoded completion, cut after a stop string
+  bool truncated = false;  // hit max_new_tokens without EOS or a stop string
+  bool prompt_cut = false; // the prompt was cut to max_prompt_length
+  template <class A>
+  void serialize(A& ar) { ar(prompt_tokens, tokens, logprobs, text, truncated, prompt_cut); }
+};
+struct GenerateRep {
+  static constexpr std::uint32_t type_id = 2011;
+  static constexpr const char* type_name = "actors.GenerateRep";
+  std::vector<GenSample> samples;
+  std::int64_t policy_version = 0;
+  double generate_s = 0;
+  template <class A>
+  void serialize(A& ar) { ar(samples, policy_version, generate_s); }
+};
+struct Weights {  // learner -> generators: the whole flat parameter arena, tagged with its version
+  static constexpr std::uint32_t type_id = 2012;
+  static constexpr const char* type_name = "actors.Weights";
+  std::int64_t version = 0;
+  std::vector<float> params;
+  template <class A>
+  void serialize(A& ar) { ar(version, params); }
+};
+struct Ack {
+  static constexpr std::uint32_t type_id = 2013;
+  static constexpr const char* type_name = "actors.Ack";
+  std::int64_t value = 0;
+  template <class A>
+  void serialize(A& ar) { ar(value); }
+};
+
+// ---- learner ----
+struct TrainSample {
+  std::vector<std::int32_t> prompt;
+  std::vector<std::int32_t> completion;
+  std::vector<float> mask;
+  std::vector<float> old_logprobs;
+  float advantage = 0;
+  bool truncated = false;
+  template <class A>
+  void serialize(A& ar) { ar(prompt, completion, mask, old_logprobs, advantage, truncated); }
+};
+struct TrainReq {
+  static constexpr std::uint32_t type_id = 2020;
+  static constexpr const char* type_name = "actors.TrainReq";
+  std::int32_t phase = 0;  // 0 grpo, 1 sft
+  std::int64_t step = 0;   // phase-local step (schedules)
+  std::vector<TrainSample> samples;
+  template <class A>
+  void serialize(A& ar) { ar(phase, step, samples); }
+};
+struct TrainRep {
+  static constexpr std::uint32_t type_id = 2021;
+  static constexpr const char* type_name = "actors.TrainRep";
+  std::string metrics_json = "{}";
+  std::int64_t policy_version = 0;
+  double train_s = 0;
+  template <class A>
+  void serialize(A& ar) { ar(metrics_json, policy_version, train_s); }
+};
+struct GetWeightsReq {
+  static constexpr std::uint32_t type_id = 2022;
+  static constexpr const char* type_name = "actors.GetWeightsReq";
+  std::int32_t unused = 0;
+  template <class A>
+  void serialize(A& ar) { ar(unused); }
+};
+struct CheckpointReq {  // save (load = false) or load (load = true) a checkpoint
+  static constexpr std::uint32_t type_id = 2023;
+  static constexpr const char* type_name = "actors.CheckpointReq";
+  bool load = false;
+  std::string dir;  // save: checkpoints dir; load: a step_N dir
+  std::int64_t step = 0;
+  std::string extra_json = "{}";
+  bool has_metric = false;
+  double metric = 0;
+  template <class A>
+  void serialize(A& ar) { ar(load, dir, step, extra_json, has_metric, metric); }
+};
+struct CheckpointRep {
+  static constexpr std::uint32_t type_id = 2024;
+  static constexpr const char* type_name = "actors.CheckpointRep";
+  std::string path;
+  std::int64_t step = 0;
+  std::int64_t policy_version = 0;
+  std::string extra_json = "{}";
+  template <class A>
+  void serialize(A& ar) { ar(path, step, policy_version, extra_json); }
+};
+
+}  // namespace troupe::actors

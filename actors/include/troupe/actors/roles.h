@@ -1,0 +1,121 @@
+// The three worker roles as plain objects (testable without an actor system) and the actors that
+// host them. EnvWorker: env clients by name; Generator: a policy copy that formats prompts and
+// samples; LearnerRole: a policy + trainer that publishes versioned weights. Invariant: a role
+// only learns about the others through messages (actors/messages.h).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/experiment_config.h"
+#include "troupe/actors/messages.h"
+#include "troupe/base/result.h"
+#include "troupe/envs/client.h"
+#include "troupe/learner/communicator.h"
+#include "troupe/learner/trainer.h"
+#include "troupe/policy/io/tokenizer.h"
+#include "troupe/policy/model.h"
+#include "troupe/policy/model_config.h"
+#include "troupe/runtime/system.h"
+
+namespace troupe::actors {
+
+// The policy every role starts from: fresh init (run.seed) or policy.path, plus the tokenizer.
+struct PolicyBundle {
+  std::unique_ptr<policy::Model> model;
+  std::unique_ptr<policy::io::Tokenizer> tokenizer;
+};
+Result<PolicyBundle> make_policy(const ExperimentConfig& cfg);
+// The character tokenizer of built-in tasks: printable ASCII and newline after <pad> <bos> <eos>.
+Result<std::unique_ptr<policy::io::Tokenizer>> make_builtin_tokenizer(const std::string& kind);
+
+// Prompt text as the model sees it (plain: system prompt + text; chat: role-tagged turns).
+std::string format_prompt(const RolloutSection& r, const std::string& text);
+
+// Experiment -> learner settings for one phase.
+learner::LearnerConfig learner_config(const ExperimentConfig& cfg, learner::Phase phase);
+
+// Env specs of the run in the envs API's form (paths relative to `base_dir`).
+Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const std::string& base_dir);
+
+class EnvWorker {
+ public:
+  static Result<std::unique_ptr<EnvWorker>> create(const std::vector<envs::EnvSpec>& specs);
+  Result<EnvObs> reset(const EnvResetReq& r);
+  Result<EnvObs> step(const EnvStepReq& r);
+  Result<EnvVerifyRep> verify(const EnvVerifyReq& r);
+  void release(const EnvReleaseReq& r);
+  const envs::EnvInfo* info(const std::string& env) const;
+
+ private:
+  Result<envs::EnvClient*> client(const std::string& env);
+  std::map<std::string, std::unique_ptr<envs::EnvClient>> clients_;
+};
+
+class Generator {
+ public:
+  static Result<std::unique_ptr<Generator>> create(const ExperimentConfig& cfg);
+  Result<GenerateRep> generate(const GenerateReq& r);
+  Status set_weights(const Weights& w);
+  int64_t version() const { return version_; }
+  const policy::io::Tokenizer& tokenizer() const { return *policy_.tokenizer; }
+
+ private:
+  ExperimentConfig cfg_;
+  PolicyBundle policy_;
+  int64_t version_ = 0;
+  std::vector<int32_t> stop_tokens_;       // EOS + single-token stop strings
+  std::vector<std::string> stop_strings_;  // the rest, cut after decoding
+};
+
+class LearnerRole {
+ public:
+  static Result<std::unique_ptr<LearnerRole>> create(const ExperimentConfig& cfg,
+                                                     std::unique_ptr<learner::Communicator> comm);
+  ~LearnerRole();
+  Result<TrainRep> train(const TrainReq& r);
+  Weights weights() const;
+  Result<CheckpointRep> checkpoint(const CheckpointReq& r);
+  int64_t version() const { return version_; }
+
+ private:
+  LearnerRole() = default;
+  learner::Trainer& trainer_for(learner::Phase phase);
+  struct Adapter;
+  ExperimentConfig cfg_;
+  PolicyBundle policy_;
+  std::unique_ptr<Adapter> adapter_;
+  std::unique_ptr<policy::Model> ref_model_;  // kl_coef > 0: the frozen initial policy
+  std::unique_ptr<Adapter> ref_adapter_;
+  std::unique_ptr<learner::Communicator> comm_;
+  std::unique_ptr<learner::Trainer> trainer_;
+  learner::Phase phase_ = learner::Phase::grpo;
+  bool has_trainer_ = false;
+  int64_t version_ = 0;
+};
+
+// ---- the actors hosting the roles (each answers the requests of its role) ----
+class EnvActor : public runtime::Actor {
+ public:
+  explicit EnvActor(std::shared_ptr<EnvWorker> worker);
+ private:
+  std::shared_ptr<EnvWorker> worker_;
+};
+
+class GeneratorActor : public runtime::Actor {
+ public:
+  explicit GeneratorActor(std::shared_ptr<Generator> gen);
+ private:
+  std::shared_ptr<Generator> gen_;
+};
+
+class LearnerActor : public runtime::Actor {
+ public:
+  explicit LearnerActor(std::shared_ptr<LearnerRole> role);
+ private:
+  std::shared_ptr<LearnerRole> role_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,266 @@
+// `troupe run` and `troupe eval`: place the roles (threads of one process, or MPI ranks from the
+// `cluster` section), prepare the run directory, wire the metrics sinks and run the coordinator.
+// Rank layout under mpirun: learners first (rank 0 also hosts the coordinator), then generators,
+// then env workers; world size must equal learners + generators + env_workers.
+#include "troupe/launch/run.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "troupe/actors/coordinator.h"
+#include "troupe/actors/roles.h"
+#include "troupe/launch/metrics.h"
+#include "troupe/runtime/cluster.h"
+
+namespace troupe::launch {
+namespace fs = std::filesystem;
+using actors::ExperimentConfig;
+using json = nlohmann::json;
+
+namespace {
+
+bool under_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+int world_size_from_env() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 1;
+}
+
+int fail(const Error& e) {
+  std::fprintf(stderr, "troupe: error: %s\n", e.message.c_str());
+  return exit_code_for(e.code);
+}
+
+std::string base_dir_of(const std::string& file) {
+  fs::path p(file);
+  return p.has_parent_path() ? p.parent_path().string() : std::string(".");
+}
+
+struct Roles {
+  std::vector<std::shared_ptr<actors::EnvWorker>> envs;
+  std::vector<std::shared_ptr<actors::Generator>> gens;
+  std::vector<std::shared_ptr<actors::LearnerRole>> learners;
+};
+
+}  // namespace
+
+Result<std::vector<std::string>> rank_roles(const ExperimentConfig& cfg) {
+  std::vector<std::string> roles;
+  for (int i = 0; i < cfg.cluster.learners; ++i) roles.push_back("learner" + std::to_string(i));
+  for (int i = 0; i < cfg.cluster.generators; ++i) roles.push_back("generator" + std::to_string(i));
+  for (int i = 0; i < cfg.cluster.env_workers; ++i) roles.push_back("env" + std::to_string(i));
+  return roles;
+}
+
+int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
+  ExperimentConfig cfg = loaded.config;
+  const bool mpi = under_mpi();
+  auto roles_r = rank_roles(cfg);
+  const auto& roles = *roles_r;
+  if (mpi) {
+    int n = world_size_from_env();
+    if (n != static_cast<int>(roles.size())) {
+      auto m = loaded.mark_of("cluster.learners");
+      std::fprintf(stderr,
+                   "%s:%d:%d: error: cluster: the job has %d ranks but the cluster section places %zu roles "
+                   "(learners %d + generators %d + env_workers %d); run mpirun -np %zu or change cluster\n",
+                   loaded.file.c_str(), m.first, m.second, n, roles.size(), cfg.cluster.learners,
+                   cfg.cluster.generators, cfg.cluster.env_workers, roles.size());
+      return 2;
+    }
+  } else if (cfg.cluster.learners > 1) {
+    auto m = loaded.mark_of("cluster.learners");
+    std::fprintf(stderr,
+                 "%s:%d:%d: error: cluster.learners: %d data-parallel learners need one rank each: run under "
+                 "mpirun -np %zu (one process runs a single learner)\n",
+                 loaded.file.c_str(), m.first, m.second, cfg.cluster.learners, roles.size());
+    return 2;
+  }
+  if (cfg.rollout.max_turns > 1) {
+    auto m = loaded.mark_of("rollout.max_turns");
+    std::fprintf(stderr, "%s:%d:%d: error: rollout.max_turns: not implemented: multi-turn episodes in the coordinator\n",
+                 loaded.file.c_str(), m.first, m.second);
+    return 2;
+  }
+  std::string run_dir = opt.resume_dir.empty() ? cfg.run.dir : opt.resume_dir;
+  cfg.run.dir = run_dir;
+  if (opt.resume_dir.empty() && fs::exists(run_dir + "/checkpoints/latest")) {
+    auto m = loaded.mark_of("run.dir");
+    std::fprintf(stderr,
+                 "%s:%d:%d: error: run.dir: %s already holds a run; continue it with --resume %s or choose another "
+                 "run.dir (--set run.dir=...)\n",
+                 loaded.file.c_str(), m.first, m.second, run_dir.c_str(), run_dir.c_str());
+    return 2;
+  }
+  if (!opt.resume_dir.empty() && !fs::exists(run_dir + "/checkpoints/latest")) {
+    std::fprintf(stderr, "troupe: error: --resume %s: no checkpoints/latest in that run directory\n", run_dir.c_str());
+    return 2;
+  }
+  auto specs = actors::env_specs(cfg, base_dir_of(loaded.file));
+  if (!specs.ok()) return fail(specs.error());
+
+  // bootstrap (one node without MPI)
+  runtime::ClusterConfig cc;
+  cc.transport = cfg.cluster.transport;
+  cc.tcp_host = cfg.cluster.bind_host;
+  if (mpi) cc.roles = roles;
+  cc.system.threads = 3;
+  cc.system.heartbeat.interval = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.heartbeat_s * 1000));
+  cc.system.heartbeat.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.peer_timeout_s * 1000));
+  cc.system.allow_nonlocal_bind = cfg.cluster.bind_host != "127.0.0.1" && cfg.cluster.bind_host != "localhost";
+  if (mpi) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    }
+  }
+  auto cluster_r = runtime::Cluster::bootstrap(cc);
+  if (!cluster_r.ok()) return fail(cluster_r.error());
+  auto& cluster = **cluster_r;
+  auto& sys = cluster.system();
+  const int rank = cluster.rank();
+  const bool single = !cluster.under_mpi();
+
+  // The learners' own communicator (a split of the world; only learner ranks are in it).
+  std::unique_ptr<learner::Communicator> comm;
+  if (!single) {
+    MPI_Comm learners_comm = MPI_COMM_NULL;
+    bool is_learner = rank < cfg.cluster.learners;
+    MPI_Comm_split(MPI_COMM_WORLD, is_learner ? 0 : MPI_UNDEFINED, rank, &learners_comm);
+    if (is_learner) {
+      auto c = learner::make_mpi_communicator(&learners_comm);
+      if (!c.ok()) return fail(c.error());
+      comm = std::move(c).value();
+    }
+  }
+
+  // Spawn the roles this process hosts (every role without MPI).
+  actors::RolePeers peers;
+  peers.system = &sys;
+  Roles hosted;
+  for (size_t r = 0; r < roles.size(); ++r) {
+    const std::string& role = roles[r];
+    auto node = static_cast<uint32_t>(single ? 0 : r);
+    runtime::ActorId addr = runtime::ActorSystem::named(node, role);
+    if (single || static_cast<int>(r) == rank) {
+      runtime::ActorFactory factory;
+      if (role.rfind("learner", 0) == 0) {
+        auto l = actors::LearnerRole::create(cfg, std::move(comm));
+        if (!l.ok()) return fail(l.error());
+        std::shared_ptr<actors::LearnerRole> sp = std::move(l).value();
+        hosted.learners.push_back(sp);
+        factory = [sp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::LearnerActor>(sp); };
+      } else if (role.rfind("generator", 0) == 0) {
+        auto g = actors::Generator::create(cfg);
+        if (!g.ok()) return fail(g.error());
+        std::shared_ptr<actors::Generator> sp = std::move(g).value();
+        hosted.gens.push_back(sp);
+        factory = [sp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::GeneratorActor>(sp); };
+      } else {
+        auto e = actors::EnvWorker::create(*specs);
+        if (!e.ok()) return fail(e.error());
+        std::shared_ptr<actors::EnvWorker> sp = std::move(e).value();
+        hosted.envs.push_back(sp);
+        factory = [sp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::EnvActor>(sp); };
+      }
+      runtime::SpawnOptions so;
+      so.name = role;
+      auto id = sys.spawn(factory, so);
+      if (!id.ok()) return fail(id.error());
+      if (single) addr = *id;
+    }
+    if (role.rfind("learner", 0) == 0) peers.learners.push_back(addr);
+    else if (role.rfind("generator", 0) == 0) peers.generators.push_back(addr);
+    else peers.env_workers.push_back(addr);
+  }
+  cluster.barrier();  // every rank's actors exist before the coordinator sends
+
+  int code = 0;
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "troupe: error: cannot create run.dir %s: %s\n", run_dir.c_str(), ec.message().c_str());
+      code = 1;
+    } else {
+      std::ofstream(run_dir + "/config.resolved.yaml") << resolved_yaml(cfg);
+      int64_t resume_after = -1;
+      if (!opt.resume_dir.empty()) {
+        // keep metric rows up to the checkpoint being resumed
+        std::ifstream in(run_dir + "/checkpoints/latest/state.json");
+        json st = json::parse(in, nullptr, false);
+        resume_after = st.is_object() ? st.value("step", int64_t{0}) : 0;
+      }
+      ProgressOptions po{cfg.logger.progress, cfg.run.name,
+                         (cfg.sft.enabled ? cfg.sft.max_steps : 0) + (cfg.grpo.enabled ? cfg.grpo.max_steps : 0)};
+      auto sinks = MetricsSinks::open(run_dir, cfg.logger.tensorboard, po, resume_after);
+      if (!sinks.ok()) {
+        code = fail(sinks.error());
+      } else {
+        auto* s = sinks->get();
+        actors::CoordinatorHooks hooks;
+        hooks.metrics = [s](const json& row) { return s->write(row); };
+        hooks.log = [s](const std::string& line) { s->message(line); };
+        actors::Coordinator coord(cfg, peers, hooks, run_dir);
+        Status st = coord.run(!opt.resume_dir.empty());
+        s->finish();
+        if (!st.ok()) {
+          code = fail(st.error());
+        } else {
+          s->message("done: " + run_dir + "/metrics.jsonl");
+        }
+      }
+    }
+    if (!single) cluster.request_shutdown(code == 0 ? "run finished" : "run failed");
+  } else {
+    cluster.wait();  // serve until rank 0 ends the run (or a peer fails)
+  }
+  int fin = cluster.finish();
+  return code != 0 ? code : fin;
+}
+
+int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
+  ExperimentConfig cfg = loaded.config;
+  cfg.policy.path = checkpoint;
+  if (cfg.policy.tokenizer != "auto") cfg.policy.tokenizer = "auto";
+  auto specs = actors::env_specs(cfg, base_dir_of(loaded.file));
+  if (!specs.ok()) return fail(specs.error());
+  runtime::SystemConfig sc;
+  sc.threads = 2;
+  auto sys_r = runtime::ActorSystem::create(sc);
+  if (!sys_r.ok()) return fail(sys_r.error());
+  auto& sys = **sys_r;
+  auto g = actors::Generator::create(cfg);
+  if (!g.ok()) return fail(g.error());
+  auto e = actors::EnvWorker::create(*specs);
+  if (!e.ok()) return fail(e.error());
+  std::shared_ptr<actors::Generator> gp = std::move(g).value();
+  std::shared_ptr<actors::EnvWorker> ep = std::move(e).value();
+  auto gid = sys.spawn([gp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::GeneratorActor>(gp); });
+  auto eid = sys.spawn([ep]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::EnvActor>(ep); });
+  if (!gid.ok()) return fail(gid.error());
+  if (!eid.ok()) return fail(eid.error());
+  actors::RolePeers peers{&sys, {*eid}, {*gid}, {}};
+  actors::Coordinator coord(cfg, peers, {}, "");
+  auto r = coord.evaluate();
+  sys.shutdown();
+  if (!r.ok()) return fail(r.error());
+  json out = *r;
+  out["checkpoint"] = checkpoint;
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+}  // namespace troupe::launch
