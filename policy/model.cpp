@@ -148,6 +148,7 @@ Model::Impl::Impl(const ModelConfig& c) : cfg(c) {
   params.assign(n_params, 0.0f);
   grads.assign(n_params, 0.0f);
   moe_stats.assign(L, {});
+  if (cfg.offload_activations) engine = std::make_unique<k::CopyEngine>();
 }
 
 void Model::Impl::build_table() {
@@ -487,6 +488,7 @@ const PackedMeta& Model::Impl::meta_for_layer() {
 Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   TROUPE_TRY(validate_packed_batch(b, V, need_targets));
   const int T = static_cast<int>(b.tokens.size());
+  const size_t TC = static_cast<size_t>(T) * C;
   batch.tokens.assign(b.tokens.begin(), b.tokens.end());
   batch.cu_seqlens.assign(b.cu_seqlens.begin(), b.cu_seqlens.end());
   if (b.targets.empty())
@@ -494,8 +496,21 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   else
     batch.targets.assign(b.targets.begin(), b.targets.end());
   const bool ckpt = cfg.activation_checkpointing;
-  acts = carve(arena, T, L + 1, ckpt ? 1 : L, true);
-  peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float));
+  // Offload only for training forwards (forward_logits has no backward to reload for).
+  offload_step = cfg.offload_activations && need_targets;
+  if (offload_step) {
+    if (!offload || !offload_clean || offload->options().max_floats < TC) {
+      k::OffloadOptions o;
+      o.num_layers = L;
+      o.max_floats = std::max(TC, offload ? offload->options().max_floats : size_t{0});
+      o.double_buffer = cfg.offload_double_buffer;
+      engine->synchronize();  // nothing may still write into the old store
+      TROUPE_ASSIGN_OR_RETURN(offload, k::ActivationOffload::create(*engine, o));
+    }
+    offload_clean = false;
+  }
+  acts = carve(arena, T, offload_step ? 2 : L + 1, ckpt ? 1 : L, true);
+  peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float) + (offload_step ? offload->reload_buffer_bytes() : 0));
   if (cfg.cache_packed_metadata) {
     build_packed_meta(&meta, batch, HD, cfg.rope_theta);
     ++meta_builds;
@@ -503,9 +518,15 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   k::embedding_forward(acts.resid[0], batch.tokens.data(), params.data() + wte, T, C);
   for (int l = 0; l < L; ++l) {
     const PackedMeta& m = meta_for_layer();
-    layer_forward(l, acts.resid[l], acts.resid[l + 1], acts.ws[ckpt ? 0 : l], acts, m, T, nullptr);
+    const bool off = offload_step && offload->offloaded(l);
+    float* x = offload_step ? acts.resid[l % 2] : acts.resid[l];
+    float* x_out = offload_step ? acts.resid[(l + 1) % 2] : acts.resid[l + 1];
+    if (off) TROUPE_TRY(offload->offload_begin(l, x, TC));  // copy overlaps layer l's forward
+    layer_forward(l, x, x_out, acts.ws[ckpt ? 0 : l], acts, m, T, nullptr);
+    if (off) TROUPE_TRY(offload->offload_wait(l));  // layer l+1 overwrites x's buffer
   }
-  k::rmsnorm_forward(acts.hf, acts.rstdf, acts.resid[L], params.data() + wnorm, T, C, cfg.rms_norm_eps);
+  const float* xL = offload_step ? acts.resid[L % 2] : acts.resid[L];
+  k::rmsnorm_forward(acts.hf, acts.rstdf, xL, params.data() + wnorm, T, C, cfg.rms_norm_eps);
   k::matmul_forward(acts.logits, acts.hf, params.data() + wlm, T, C, V);
   aux_loss = 0;
   if (cfg.router_aux_loss_coef > 0)
@@ -515,7 +536,8 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
 }
 
 Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
-  if (!have_train_forward) return make_error(ErrorCode::internal, "backward_train called without a forward_train before it");
+  if (!have_train_forward)
+    return make_error(ErrorCode::internal, "backward_train called without a forward_train before it");
   have_train_forward = false;  // saved activations are consumed (recompute may overwrite them)
   const int T = acts.T;
   const size_t TC = static_cast<size_t>(T) * C;
@@ -526,18 +548,27 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
   std::fill(acts.dh, acts.dh + TC, 0.0f);
   k::matmul_backward(acts.dh, G + wlm, acts.dlogits, acts.hf, P + wlm, T, C, V);
   std::fill(acts.dresid, acts.dresid + TC, 0.0f);
-  k::rmsnorm_backward(acts.dresid, G + wnorm, acts.dh, acts.resid[L], P + wnorm, acts.rstdf, T, C);
+  k::rmsnorm_backward(acts.dresid, G + wnorm, acts.dh, layer_input(L), P + wnorm, acts.rstdf, T, C);
   const bool ckpt = cfg.activation_checkpointing;
   const float daux = cfg.router_aux_loss_coef;
   for (int l = L - 1; l >= 0; --l) {
     const PackedMeta& m = meta_for_layer();
     const LayerActs& a = acts.ws[ckpt ? 0 : l];
+    const bool off = offload_step && offload->offloaded(l);
+    const float* x = layer_input(l);
+    if (off) {
+      TROUPE_ASSIGN_OR_RETURN(x, offload->reload_wait(l));
+    }
+    // Prefetch layer l-1's input into the other reload buffer while layer l runs.
+    if (offload_step && offload->offloaded(l - 1)) TROUPE_TRY(offload->reload_begin(l - 1));
     // Under checkpointing the workspace still holds the last layer's forward; earlier layers are
     // recomputed from their saved input (the output goes to a throwaway buffer).
-    if (ckpt && l != L - 1) layer_forward(l, acts.resid[l], acts.x_recompute, a, acts, m, T, nullptr);
-    layer_backward(l, acts.resid[l], a, acts, m, T, acts.dresid, layers[l].moe ? daux : 0.0f);
+    if (ckpt && l != L - 1) layer_forward(l, x, acts.x_recompute, a, acts, m, T, nullptr);
+    layer_backward(l, x, a, acts, m, T, acts.dresid, layers[l].moe ? daux : 0.0f);
+    if (off) TROUPE_TRY(offload->reload_release(l));
   }
   k::embedding_backward(G + wte, acts.dresid, batch.tokens.data(), T, C);
+  if (offload_step) offload_clean = true;
   return {};
 }
 
@@ -782,5 +813,7 @@ Result<std::vector<Generation>> Model::generate(const std::vector<std::vector<in
 
 uint64_t Model::packed_meta_builds() const { return impl_->meta_builds; }
 size_t Model::activation_peak_bytes() const { return impl_->peak_bytes; }
+kernels::CopyEngine* Model::offload_engine() { return impl_->engine.get(); }
+const kernels::ActivationOffload* Model::activation_offload() const { return impl_->offload.get(); }
 
 }  // namespace troupe::policy

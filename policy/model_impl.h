@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "troupe/kernels/moe.h"
+#include "troupe/kernels/offload.h"
 #include "troupe/policy/model.h"
 
 namespace troupe::policy {
@@ -96,6 +97,14 @@ struct Model::Impl {
   float aux_loss = 0;
   uint64_t meta_builds = 0;
   size_t peak_bytes = 0;
+
+  // Activation offload (offload_activations): layer inputs x_l go to the store in forward and come
+  // back through the reload buffers in backward; the arena keeps a ping-pong pair of layer inputs.
+  std::unique_ptr<kernels::CopyEngine> engine;
+  std::unique_ptr<kernels::ActivationOffload> offload;
+  bool offload_clean = true;  // false from a training forward until its backward completes
+  bool offload_step = false;  // the last forward offloaded (training forward with offload on)
+  const float* layer_input(int l) const { return offload_step ? acts.resid[l % 2] : acts.resid[l]; }
 };
 
 }  // namespace troupe::policy

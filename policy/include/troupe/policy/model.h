@@ -16,6 +16,11 @@
 #include "troupe/base/result.h"
 #include "troupe/policy/model_config.h"
 
+namespace troupe::kernels {
+class CopyEngine;
+class ActivationOffload;
+}  // namespace troupe::kernels
+
 namespace troupe::policy {
 
 struct ModelConfig;  // sizes, MoE layout, optimizations switches — defined in model_config.h
@@ -123,6 +128,10 @@ class Model {
   // Observability for tests and benchmarks.
   uint64_t packed_meta_builds() const;      // PackedMeta constructions since create()
   size_t activation_peak_bytes() const;     // activation arena + reload buffers (offload store excluded)
+  // The offload copy engine and state (offload_activations on; else nullptr). Tests and benchmarks
+  // set its bandwidth limit / injected delays and read its stats.
+  kernels::CopyEngine* offload_engine();
+  const kernels::ActivationOffload* activation_offload() const;
 
   struct Impl;
 
