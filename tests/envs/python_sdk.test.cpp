@@ -87,3 +87,29 @@ TEST(PythonSdk, KilledServerIsRestarted) {
   ASSERT_TRUE(again.ok()) << again.error().message;
   EXPECT_EQ((*c)->verify(again->metadata, again->metadata["answer"].get<std::string>())->reward, 1.0);
 }
+
+TEST(PythonSdk, MultiTurnStep) {
+  auto c = make_env_client(sdk_spec("guess_word_env.py", {{"max_turns", 4}}));
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE((*c)->info().multi_turn);
+  auto obs = (*c)->reset("w", 5, {});
+  ASSERT_TRUE(obs.ok());
+  const std::string word = obs->metadata["answer"];
+  auto miss = (*c)->step("w", "zzz");
+  ASSERT_TRUE(miss.ok()) << miss.error().message;
+  EXPECT_FALSE(miss->done);
+  EXPECT_EQ(miss->observation.text, "Not quite: ___");
+  auto hit = (*c)->step("w", word);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_TRUE(hit->done);
+  EXPECT_DOUBLE_EQ(hit->reward, 0.75);
+  EXPECT_EQ(hit->info["termination"], "solved");
+  (*c)->release("w");
+  ResetOptions eval;
+  eval.split = Split::eval;
+  auto held = (*c)->reset("h", 5, eval);
+  for (const char* w : {"cat", "dog", "sun", "map", "pen", "cup", "hat", "box"}) EXPECT_NE(held->metadata["answer"], w);
+  auto bad = make_env_client(sdk_spec("guess_word_env.py", {{"max_turns", 0}}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("max_turns must be >= 1"), std::string::npos) << bad.error().message;
+}
