@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "troupe/policy/io/model_io.h"
 #include "troupe/policy/io/safetensors.h"
 
 namespace troupe::learner {
@@ -138,6 +139,27 @@ ModelDirWriter flat_model_writer(std::span<const float> params, const std::vecto
     TROUPE_TRY(policy::io::write_safetensors((fs::path(dir) / "model.safetensors").string(), map));
     return write_text_file(fs::path(dir) / "config.json", config_json.dump(2) + "\n");
   };
+}
+
+ModelDirWriter policy_model_writer(const policy::Model& model, const policy::io::Tokenizer* tokenizer, int32_t bos,
+                                   int32_t eos, int32_t pad) {
+  return [&model, tokenizer, bos, eos, pad](const std::string& dir) -> Status {
+    return policy::io::save_model(dir, model, tokenizer, policy::io::ExpertLayout::per_expert, bos, eos, pad);
+  };
+}
+
+Status load_policy_model_params(const std::string& dir, policy::Model& model) {
+  TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(dir));
+  const auto& a = loaded.model.tensors();
+  const auto& b = model.tensors();
+  if (a.size() != b.size())
+    return invalid_input("checkpoint: " + dir + " has " + std::to_string(a.size()) + " tensors, the model has " +
+                         std::to_string(b.size()));
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].name != b[i].name || a[i].shape != b[i].shape || a[i].offset != b[i].offset)
+      return invalid_input("checkpoint: " + dir + ": tensor " + a[i].name + " " + policy::io::shape_string(a[i].shape) +
+                           " does not match the model's " + b[i].name + " " + policy::io::shape_string(b[i].shape));
+  return model.set_params(loaded.model.params());
 }
 
 Status read_flat_model(const std::string& dir, const std::vector<policy::TensorSpec>& specs, std::span<float> params) {

@@ -101,6 +101,36 @@ Result<std::vector<std::vector<float>>> compute_completion_logprobs(PolicyModel&
   return out;
 }
 
+Result<PreparedBatch> prepare_grpo_batch(std::vector<Sample> samples, int group_size, const LearnerConfig& cfg) {
+  if (group_size < 1 || samples.size() % static_cast<size_t>(group_size) != 0)
+    return invalid_input("learner: " + std::to_string(samples.size()) + " samples do not make groups of " +
+                         std::to_string(group_size));
+  const auto& a = cfg.advantage;
+  std::vector<float> rewards;
+  for (auto& s : samples) {
+    if (a.overlong_buffer_len > 0)
+      s.reward += overlong_penalty(static_cast<int>(s.completion.size()), cfg.max_completion_length,
+                                   a.overlong_buffer_len, a.overlong_penalty_factor);
+    rewards.push_back(s.reward);
+  }
+  PreparedBatch out;
+  out.groups_in = static_cast<int>(samples.size() / group_size);
+  std::vector<char> keep(out.groups_in, 1);
+  if (a.filter_groups) dapo_filter_groups(keep, rewards, group_size);
+  // Advantages use the statistics of the kept groups only (batch std included), as after DAPO's refill.
+  std::vector<float> kept_rewards;
+  for (int g = 0; g < out.groups_in; ++g)
+    if (keep[g])
+      for (int i = 0; i < group_size; ++i) {
+        kept_rewards.push_back(rewards[static_cast<size_t>(g) * group_size + i]);
+        out.samples.push_back(std::move(samples[static_cast<size_t>(g) * group_size + i]));
+      }
+  out.groups_kept = static_cast<int>(out.samples.size() / group_size);
+  TROUPE_ASSIGN_OR_RETURN(auto adv, compute_advantages(kept_rewards, group_size, a));
+  for (size_t i = 0; i < adv.size(); ++i) out.samples[i].advantage = adv[i];
+  return out;
+}
+
 Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& comm)
     : model_(model), cfg_(cfg), comm_(comm), opt_(model.params().size()), rng_(cfg.seed) {
   if (cfg_.loss.loss_scale_factor <= 0) cfg_.loss.loss_scale_factor = static_cast<float>(cfg_.max_completion_length);
@@ -234,9 +264,18 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
   out.loss.kl_loss /= steps;
   out.grad_norm = norm_sum / steps;
   out.tokens = total.tokens;
-  std::vector<float> adv;
-  for (const auto& s : batch_in) adv.push_back(s.advantage);
+  std::vector<float> adv, rew;
+  double len = 0, trunc = 0;
+  for (const auto& s : batch_in) {
+    adv.push_back(s.advantage);
+    rew.push_back(s.reward);
+    len += static_cast<double>(s.completion.size());
+    trunc += s.truncated ? 1.0 : 0.0;
+  }
   out.advantages = stats_of(adv);
+  out.rewards = stats_of(rew);
+  out.response_len_mean = len / static_cast<double>(N);
+  out.truncated_frac = trunc / static_cast<double>(N);
   out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   out.tokens_per_s = out.wall_s > 0 ? out.tokens / out.wall_s : 0.0;
   return out;

@@ -190,3 +190,30 @@ TEST(Trainer, BadSamplesAreErrorsNamingTheSample) {
   batch[1].completion[0] = 99;
   EXPECT_FALSE(tr.train_step(batch).ok());
 }
+
+TEST(PrepareGrpoBatch, OverlongPenaltyFilterAndAdvantages) {
+  LearnerConfig c;
+  c.max_completion_length = 6;
+  c.advantage.overlong_buffer_len = 2;
+  c.advantage.filter_groups = true;
+  c.advantage.scale_rewards = StdMode::none;
+  std::vector<Sample> s(6);
+  const float rewards[] = {1, 1, 0, 1, 1, 1};
+  const int lens[] = {2, 2, 2, 2, 5, 2};  // sample 4: 5 tokens in a 2-token buffer before 6 -> -0.5
+  for (int i = 0; i < 6; ++i) {
+    s[i].prompt = {1};
+    s[i].completion.assign(lens[i], 2);
+    s[i].reward = rewards[i];
+  }
+  auto r = prepare_grpo_batch(s, 2, c);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->groups_in, 3);
+  EXPECT_EQ(r->groups_kept, 2);  // group 0 (1, 1) is all equal
+  ASSERT_EQ(r->samples.size(), 4u);
+  EXPECT_FLOAT_EQ(r->samples[0].advantage, -0.5f);
+  EXPECT_FLOAT_EQ(r->samples[1].advantage, 0.5f);
+  EXPECT_FLOAT_EQ(r->samples[2].reward, 0.5f);
+  EXPECT_FLOAT_EQ(r->samples[2].advantage, -0.25f);
+  EXPECT_FLOAT_EQ(r->samples[3].advantage, 0.25f);
+  EXPECT_FALSE(prepare_grpo_batch(s, 4, c).ok());
+}

@@ -16,6 +16,7 @@
 
 #include "troupe/base/result.h"
 #include "troupe/learner/optimizer.h"
+#include "troupe/policy/io/tokenizer.h"
 #include "troupe/policy/model.h"
 
 namespace troupe::learner {
@@ -41,6 +42,14 @@ using ModelDirWriter = std::function<Status(const std::string& dir)>;
 // model.safetensors from the flat parameters and their tensor table, and config.json = config_json.
 ModelDirWriter flat_model_writer(std::span<const float> params, const std::vector<policy::TensorSpec>& specs,
                                  nlohmann::json config_json);
+// The real policy model's directory through policy::io::save_model (config.json, HF-layout
+// model.safetensors, the tokenizer when given). The model and tokenizer must outlive the writer.
+ModelDirWriter policy_model_writer(const policy::Model& model, const policy::io::Tokenizer* tokenizer = nullptr,
+                                   int32_t bos_token_id = -1, int32_t eos_token_id = -1, int32_t pad_token_id = -1);
+// Loads a checkpoint's model directory (policy::io::load_model) and copies its weights into `model`;
+// errors when the directory's tensor table differs from the model's (names, shapes).
+Status load_policy_model_params(const std::string& dir, policy::Model& model);
+
 // Reads dir/model.safetensors into params, checking every name and shape of the table.
 Status read_flat_model(const std::string& dir, const std::vector<policy::TensorSpec>& specs, std::span<float> params);
 

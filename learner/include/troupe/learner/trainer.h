@@ -30,8 +30,20 @@ struct Sample {
   std::vector<float> old_logprobs;      // (completion) recorded at generation; empty = recomputed before the first update
   std::vector<float> ref_logprobs;      // (completion) reference policy; needed when beta != 0
   float advantage = 0;                  // from compute_advantages (unused by SFT)
+  float reward = 0;                     // the scalar reward (metrics only; advantages carry the signal)
   bool truncated = false;               // hit max_completion_length without EOS
 };
+
+// From scored groups to a training batch (what the coordinator does between generation and
+// train_step): adds the DAPO soft overlong punishment to each reward (if configured), drops
+// all-equal groups when advantage.filter_groups is set, and fills `advantage` of each sample.
+// `samples` holds groups of `group_size` consecutive completions of one prompt, `reward` set.
+struct PreparedBatch {
+  std::vector<Sample> samples;  // kept groups, advantages filled
+  int groups_in = 0;
+  int groups_kept = 0;          // the coordinator over-samples until this reaches its target
+};
+Result<PreparedBatch> prepare_grpo_batch(std::vector<Sample> samples, int group_size, const LearnerConfig& cfg);
 
 struct StepMetrics {
   LossSummary loss;        // summed over all optimizer steps of this call, means per token
@@ -42,6 +54,9 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double wall_s = 0;
   Stats advantages;        // over the batch's samples
+  Stats rewards;           // reward_mean / reward_std (population std) of the batch
+  double response_len_mean = 0;
+  double truncated_frac = 0;
 };
 
 // The packing of samples into one PackedBatch: position t predicts targets[t]; mask, old and ref
