@@ -121,6 +121,7 @@ struct ActorSystem::Impl {
   std::unordered_set<TimerId> live_timers;
   std::atomic<TimerId> next_timer{1};
   std::thread timer_thread;
+  Clock::time_point timer_wait_until = Clock::time_point::min();  // what the timer thread sleeps until
   std::atomic<std::int64_t> manual_now_ns{3600'000'000'000};
 
   // requests
@@ -416,13 +417,15 @@ struct ActorSystem::Impl {
   // ---- timers ----
   TimerId add_timer(Clock::time_point when, Duration period, std::function<void()> fn) {
     TimerId id = next_timer.fetch_add(1);
+    bool wake;
     {
       std::lock_guard lock(timers_mu);
       timers.emplace(when, TimerEntry{id, period, std::move(fn)});
       timer_index[id] = when;
       live_timers.insert(id);
+      wake = when < timer_wait_until;  // only wake the timer thread when it would sleep past this one
     }
-    timers_cv.notify_one();
+    if (wake) timers_cv.notify_one();
     return id;
   }
 
@@ -475,12 +478,10 @@ struct ActorSystem::Impl {
   void timer_loop() {
     std::unique_lock lock(timers_mu);
     while (!stopping) {
-      if (timers.empty()) {
-        timers_cv.wait_for(lock, std::chrono::milliseconds(100));
-      } else {
-        Clock::time_point next = timers.begin()->first;
-        if (next > Clock::now()) timers_cv.wait_until(lock, std::min(next, Clock::now() + std::chrono::milliseconds(100)));
-      }
+      Clock::time_point cap = Clock::now() + std::chrono::milliseconds(100);
+      timer_wait_until = timers.empty() ? cap : std::min(timers.begin()->first, cap);
+      if (timer_wait_until > Clock::now()) timers_cv.wait_until(lock, timer_wait_until);
+      timer_wait_until = Clock::time_point::min();  // awake: every new timer is seen on the next pass
       if (stopping) break;
       lock.unlock();
       fire_due(Clock::now());

@@ -122,6 +122,22 @@ std::string encode_frame(const M& m, EnvelopeHeader h) {
   write_payload(frame.data() + kHeaderSize, n, m);
   return frame;
 }
+// One-pass encode into a reusable buffer (grown as needed, never shrunk); returns the frame size
+// (buf may be larger). The hot path for codecs that keep a buffer per connection or thread.
+template <Message M>
+std::size_t encode_frame_into(std::string& buf, const M& m, EnvelopeHeader h) {
+  if (buf.size() < kHeaderSize) buf.resize(kHeaderSize);
+  std::size_t n;
+  {
+    WireOutputArchive ar(buf, kHeaderSize);
+    ar(m);
+    n = ar.size();
+  }
+  h.type_id = M::type_id;
+  h.payload_size = static_cast<std::uint32_t>(n);
+  write_header(buf.data(), h);
+  return kHeaderSize + n;
+}
 // Decodes a whole frame expecting type M; any other type id is an error.
 template <Message M>
 Result<EnvelopeHeader> decode_frame(const char* frame, std::size_t size, M& out) {

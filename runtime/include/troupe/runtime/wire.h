@@ -8,6 +8,7 @@
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -22,13 +23,21 @@ struct WireError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Writes into out[0, capacity) when out != nullptr, otherwise only counts bytes (size pass).
+// Writes into out[0, capacity) when out != nullptr, otherwise only counts bytes (size pass);
+// or appends to a growable std::string from `offset` (one pass, buffer reused across calls).
 class WireOutputArchive : public cereal::OutputArchive<WireOutputArchive, cereal::AllowEmptyClassElision> {
  public:
   explicit WireOutputArchive(char* out = nullptr, std::size_t capacity = 0)
       : cereal::OutputArchive<WireOutputArchive, cereal::AllowEmptyClassElision>(this), out_(out), capacity_(capacity) {}
+  WireOutputArchive(std::string& grow, std::size_t offset)
+      : cereal::OutputArchive<WireOutputArchive, cereal::AllowEmptyClassElision>(this), out_(nullptr), capacity_(0),
+        grow_(&grow), base_(offset) {}
   void saveBinary(const void* data, std::size_t size) {
-    if (out_) {
+    if (grow_) {
+      std::size_t end = base_ + pos_ + size;
+      if (end > grow_->size()) grow_->resize(std::max(end, 2 * grow_->size()));
+      std::memcpy(grow_->data() + base_ + pos_, data, size);
+    } else if (out_) {
       if (pos_ + size > capacity_) throw WireError("wire buffer overflow (size pass disagrees with write pass)");
       std::memcpy(out_ + pos_, data, size);
     }
@@ -39,6 +48,8 @@ class WireOutputArchive : public cereal::OutputArchive<WireOutputArchive, cereal
  private:
   char* out_;
   std::size_t capacity_;
+  std::string* grow_ = nullptr;
+  std::size_t base_ = 0;
   std::size_t pos_ = 0;
 };
 
