@@ -399,7 +399,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
     // Write this step's keys/values at (slot, position) of layer l's cache.
     float* kc = kv->k_cache + static_cast<size_t>(l) * kv->layer_stride;
     float* vc = kv->v_cache + static_cast<size_t>(l) * kv->layer_stride;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (k::parallel_worth(double(T) * KD))
     for (int t = 0; t < T; ++t) {
       const size_t row = (static_cast<size_t>(kv->slot[t]) * kv->cache_len + kv->pos[t]) * KD;
       std::memcpy(kc + row, a.kr + static_cast<size_t>(t) * KD, sizeof(float) * KD);
@@ -415,7 +415,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   }
   k::matmul_forward(a.x2, a.att, P + w.wo, T, QD, C);
   const size_t TC = static_cast<size_t>(T) * C;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (k::parallel_worth(double(TC)))
   for (size_t i = 0; i < TC; ++i) a.x2[i] += x[i];
   k::rmsnorm_forward(a.h2, a.rstd2, a.x2, P + w.ln2, T, C, eps);
   float* y = acts.y;
@@ -427,7 +427,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   } else {
     k::moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, moe_weights(l), moe_cfg, T, acts.moe_scratch);
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (k::parallel_worth(double(TC)))
   for (size_t i = 0; i < TC; ++i) x_out[i] = a.x2[i] + y[i];
 }
 

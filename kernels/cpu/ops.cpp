@@ -5,6 +5,7 @@
 #include "troupe/kernels/ops.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,24 @@ void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, double al
           const double* B, int ldb, double beta, double* Cm, int ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
 }
+
+// BLAS runs single-threaded and the ops split each GEMM over OpenMP threads themselves: one thread
+// pool instead of OpenBLAS's and OpenMP's competing for the same cores (on a loaded 2-core box the
+// two pools spinning against each other cost more than the GEMMs), and callers that already run in
+// parallel (one GEMM per MoE expert) get no nested oversubscription. Set once, for the process.
+const bool blas_single_threaded = [] {
+  openblas_set_num_threads(1);
+  return true;
+}();
+
+// Rows [r0, r1) of n for this thread of the enclosing parallel region.
+inline void thread_rows(int n, int& r0, int& r1) {
+  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+  r0 = static_cast<int>(static_cast<int64_t>(n) * id / nt);
+  r1 = static_cast<int>(static_cast<int64_t>(n) * (id + 1) / nt);
+}
+// Whether a GEMM of this many multiply-adds is worth splitting over threads.
+inline bool split_gemm(double madds) { return madds > 2e5 && !omp_in_parallel() && omp_get_max_threads() > 1; }
 
 template <class T>
 inline T dot(const T* a, const T* b, int n) {
@@ -41,21 +60,53 @@ void matmul_forward(T* out, const T* inp, const T* weight, int N, int C, int OC)
     std::fill(out, out + static_cast<size_t>(N) * OC, T(0));
     return;
   }
-  gemm(CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
+  (void)blas_single_threaded;
+  if (!split_gemm(double(N) * C * OC)) {
+    gemm(CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
+    return;
+  }
+#pragma omp parallel
+  {
+    int r0, r1;
+    thread_rows(N, r0, r1);
+    if (r1 > r0)
+      gemm(CblasNoTrans, CblasTrans, r1 - r0, OC, C, T(1), inp + static_cast<size_t>(r0) * C, C, weight, C, T(0),
+           out + static_cast<size_t>(r0) * OC, OC);
+  }
 }
 
 template <class T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int N, int C, int OC) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
-  if (dinp) gemm(CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
-  if (dweight) gemm(CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
+  if (!split_gemm(double(N) * C * OC)) {
+    if (dinp) gemm(CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
+    if (dweight) gemm(CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
+    return;
+  }
+  // dinp split by token rows, dweight by output rows: each output element has one writer.
+#pragma omp parallel
+  {
+    int r0, r1;
+    if (dinp) {
+      thread_rows(N, r0, r1);
+      if (r1 > r0)
+        gemm(CblasNoTrans, CblasNoTrans, r1 - r0, C, OC, T(1), dout + static_cast<size_t>(r0) * OC, OC, weight, C,
+             T(1), dinp + static_cast<size_t>(r0) * C, C);
+    }
+    if (dweight) {
+      thread_rows(OC, r0, r1);
+      if (r1 > r0)
+        gemm(CblasTrans, CblasNoTrans, r1 - r0, C, N, T(1), dout + r0, OC, inp, C, T(1),
+             dweight + static_cast<size_t>(r0) * C, C);
+    }
+  }
 }
 
 // ---- embedding ------------------------------------------------------------------------------------
 
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * C))
   for (int n = 0; n < N; ++n) {
     const T* row = wte + static_cast<size_t>(tokens[n]) * C;
     std::copy(row, row + C, out + static_cast<size_t>(n) * C);
@@ -65,7 +116,7 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C
 template <class T>
 void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, int C) {
   // Tokens repeat, so rows are not independent; split the channels instead (one writer each).
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * C))
   for (int c0 = 0; c0 < C; c0 += 16) {
     const int c1 = std::min(C, c0 + 16);
     for (int n = 0; n < N; ++n) {
@@ -80,7 +131,7 @@ void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, in
 
 template <class T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int N, int C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * C))
   for (int n = 0; n < N; ++n) {
     const T* x = inp + static_cast<size_t>(n) * C;
     T* y = out + static_cast<size_t>(n) * C;
@@ -94,7 +145,7 @@ void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int N, int 
 template <class T>
 void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const T* rstd, int N,
                       int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * C))
   for (int n = 0; n < N; ++n) {
     const T* x = inp + static_cast<size_t>(n) * C;
     const T* dy = dout + static_cast<size_t>(n) * C;
@@ -106,7 +157,7 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
     for (int c = 0; c < C; ++c) dx[c] += r * weight[c] * dy[c] - k * x[c];
   }
   if (!dweight) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * C))
   for (int c0 = 0; c0 < C; c0 += 16) {
     const int c1 = std::min(C, c0 + 16);
     T acc[16] = {};
@@ -123,7 +174,7 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
 
 void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int HD, float theta) {
   const int half = HD / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * HD * 8))
   for (int n = 0; n < N; ++n) {
     for (int i = 0; i < half; ++i) {
       // Same rounding as Hugging Face: inv_freq in fp32, angle = fp32(pos) * inv_freq in fp32.
@@ -138,7 +189,7 @@ void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int H
 template <class T>
 void rope_forward(T* out, const T* inp, const float* cos, const float* sin, int N, int NH, int HD) {
   const int half = HD / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * NH * HD))
   for (int n = 0; n < N; ++n) {
     const float* cs = cos + static_cast<size_t>(n) * half;
     const float* sn = sin + static_cast<size_t>(n) * half;
@@ -157,7 +208,7 @@ void rope_forward(T* out, const T* inp, const float* cos, const float* sin, int 
 template <class T>
 void rope_backward(T* dinp, const T* dout, const float* cos, const float* sin, int N, int NH, int HD) {
   const int half = HD / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * NH * HD))
   for (int n = 0; n < N; ++n) {
     const float* cs = cos + static_cast<size_t>(n) * half;
     const float* sn = sin + static_cast<size_t>(n) * half;
@@ -181,7 +232,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   const int group = NH / NKV;
   const T scale = T(1) / std::sqrt(T(HD));
   // One (token, head) per iteration; online softmax accumulates straight into the output row.
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) if (parallel_worth(double(N) * NH * HD * 16))
   for (int64_t th = 0; th < static_cast<int64_t>(N) * NH; ++th) {
     const int t = static_cast<int>(th / NH), h = static_cast<int>(th % NH), g = h / group;
     const T* qv = q + static_cast<size_t>(th) * HD;
@@ -216,12 +267,12 @@ void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T*
   const T scale = T(1) / std::sqrt(T(HD));
   T* Dsum = scratch;  // (N, NH): sum_d dout * out, the softmax-backward row term
   const int64_t NTH = static_cast<int64_t>(N) * NH;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(NTH) * HD))
   for (int64_t th = 0; th < NTH; ++th)
     Dsum[th] = dot(dout + static_cast<size_t>(th) * HD, out + static_cast<size_t>(th) * HD, HD);
 
   // dq: one writer per (query, head).
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) if (parallel_worth(double(NTH) * HD * 16))
   for (int64_t th = 0; th < NTH; ++th) {
     const int t = static_cast<int>(th / NH), h = static_cast<int>(th % NH), g = h / group;
     const T* qv = q + static_cast<size_t>(th) * HD;
@@ -238,7 +289,7 @@ void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T*
   }
 
   // dk, dv: one writer per (key, kv head); loops over the queries of its group that see it.
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) if (parallel_worth(double(NTH) * HD * 16))
   for (int64_t jg = 0; jg < static_cast<int64_t>(N) * NKV; ++jg) {
     const int j = static_cast<int>(jg / NKV), g = static_cast<int>(jg % NKV);
     const T* kv = k + static_cast<size_t>(jg) * HD;
@@ -268,7 +319,7 @@ void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_c
                               const int32_t* slot, int B, int cache_len, int NH, int NKV, int HD) {
   const int group = NH / NKV;
   const T scale = T(1) / std::sqrt(T(HD));
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(B) * NH * HD * 16))
   for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; ++bh) {
     const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH), g = h / group;
     const T* qv = q + static_cast<size_t>(bh) * HD;
@@ -301,7 +352,7 @@ void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_c
 
 template <class T>
 void swiglu_forward(T* out, const T* gate, const T* up, int N) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N)))
   for (int i = 0; i < N; ++i) {
     const T g = gate[i];
     out[i] = g / (T(1) + std::exp(-g)) * up[i];
@@ -310,7 +361,7 @@ void swiglu_forward(T* out, const T* gate, const T* up, int N) {
 
 template <class T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int N) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N)))
   for (int i = 0; i < N; ++i) {
     const T g = gate[i];
     const T sig = T(1) / (T(1) + std::exp(-g));
@@ -326,7 +377,7 @@ template <class T>
 void logprob_forward(T* logp, T* entropy, T* lse, const T* logits, const int32_t* targets, float temperature,
                      int N, int V) {
   const T inv_t = T(1) / T(temperature);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * V))
   for (int n = 0; n < N; ++n) {
     const T* z = logits + static_cast<size_t>(n) * V;
     T m = -std::numeric_limits<T>::infinity();
@@ -349,7 +400,7 @@ template <class T>
 void logprob_backward(T* dlogits, const T* dlogp, const T* dentropy, const T* logits, const T* lse,
                       const int32_t* targets, float temperature, int N, int V) {
   const T inv_t = T(1) / T(temperature);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * V))
   for (int n = 0; n < N; ++n) {
     const T* z = logits + static_cast<size_t>(n) * V;
     T* dz = dlogits + static_cast<size_t>(n) * V;

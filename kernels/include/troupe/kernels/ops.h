@@ -12,6 +12,11 @@
 
 namespace troupe::kernels {
 
+// Whether a loop of `work` elementary operations is worth an OpenMP parallel region: small ones
+// (decode steps, norms of a few rows) run on the calling thread, since waking and synchronising a
+// team costs more than they do, above all on a loaded machine.
+inline bool parallel_worth(double work) { return work >= 65536.0; }
+
 // ---- linear layer with Hugging Face (out, in) weights -------------------------------------------
 // out (N, OC) = inp (N, C) . weight (OC, C)^T                                       [assigned]
 template <class T>
