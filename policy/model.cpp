@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 
+#include <omp.h>
+
 #include "model_impl.h"
 #include "troupe/kernels/moe.h"
 #include "troupe/kernels/ops.h"
@@ -278,7 +280,8 @@ size_t Model::Impl::layer_ws_floats(int T) const {
   return n + ffn;
 }
 
-Acts Model::Impl::carve(std::vector<float>& arena, int T, int n_resid, int n_ws, bool with_grads) const {
+Acts Model::Impl::carve(std::vector<float>& arena, int T, int max_seqlen, int n_resid, int n_ws,
+                        bool with_grads) const {
   const size_t t = static_cast<size_t>(T);
   size_t off = 0;
   Acts a;
@@ -296,10 +299,11 @@ Acts Model::Impl::carve(std::vector<float>& arena, int T, int n_resid, int n_ws,
   size_t moe_scr = 0;
   if (any_moe) moe_scr = k::moe_scratch_floats(moe_cfg, T);
   const size_t o_moe = take(moe_scr);
-  size_t o_ascr = 0, o_dres = 0, o_dh = 0, o_datt = 0, o_dq = 0, o_dk = 0, o_dv = 0, o_dqr = 0, o_dkr = 0, o_dg = 0,
+  a.attn_scratch_floats = k::attention_scratch_floats(max_seqlen, omp_get_max_threads());
+  const size_t o_ascr = take(a.attn_scratch_floats);
+  size_t o_dres = 0, o_dh = 0, o_datt = 0, o_dq = 0, o_dk = 0, o_dv = 0, o_dqr = 0, o_dkr = 0, o_dg = 0,
          o_du = 0, o_da = 0, o_dlog = 0, o_xrec = 0;
   if (with_grads) {
-    o_ascr = take(t * NH);
     o_dres = take(t * C);
     o_dh = take(t * C);
     o_datt = take(t * NH * HD);
@@ -353,8 +357,8 @@ Acts Model::Impl::carve(std::vector<float>& arena, int T, int n_resid, int n_ws,
   a.lse_out = B + o_lse;
   a.y = B + o_y;
   a.moe_scratch = B + o_moe;
+  a.attn_scratch = B + o_ascr;
   if (with_grads) {
-    a.attn_scratch = B + o_ascr;
     a.dresid = B + o_dres;
     a.dh = B + o_dh;
     a.datt = B + o_datt;
@@ -411,7 +415,8 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
     const float* vc = kv->v_cache + static_cast<size_t>(l) * kv->layer_stride;
     k::attention_decode_forward(a.att, a.qr, kc, vc, kv->kv_len, kv->slot, T, kv->cache_len, NH, NKV, HD);
   } else {
-    k::attention_forward(a.att, a.lse, a.qr, a.kr, a.v, m.seq_start.data(), m.seq_end.data(), T, NH, NKV, HD);
+    k::attention_forward(a.att, a.lse, acts.attn_scratch, acts.attn_scratch_floats, a.qr, a.kr, a.v,
+                         m.cu_seqlens.data(), m.S, m.max_seqlen, T, NH, NKV, HD);
   }
   k::matmul_forward(a.x2, a.att, P + w.wo, T, QD, C);
   const size_t TC = static_cast<size_t>(T) * C;
@@ -455,8 +460,8 @@ void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, cons
   // Attention.
   std::fill(acts.datt, acts.datt + static_cast<size_t>(T) * QD, 0.0f);
   k::matmul_backward(acts.datt, G + w.wo, dresid, a.att, P + w.wo, T, QD, C);
-  k::attention_backward(acts.dqr, acts.dkr, acts.dv, acts.attn_scratch, acts.datt, a.qr, a.kr, a.v, a.att, a.lse,
-                        m.seq_start.data(), m.seq_end.data(), T, NH, NKV, HD);
+  k::attention_backward(acts.dqr, acts.dkr, acts.dv, acts.attn_scratch, acts.attn_scratch_floats, acts.datt, a.qr,
+                        a.kr, a.v, a.att, a.lse, m.cu_seqlens.data(), m.S, m.max_seqlen, T, NH, NKV, HD);
   k::rope_backward(acts.dqr, acts.dqr, m.rope_cos.data(), m.rope_sin.data(), T, NH, HD);
   k::rope_backward(acts.dkr, acts.dkr, m.rope_cos.data(), m.rope_sin.data(), T, NKV, HD);
   const float* dq = acts.dqr;
@@ -509,7 +514,10 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
     }
     offload_clean = false;
   }
-  acts = carve(arena, T, offload_step ? 2 : L + 1, ckpt ? 1 : L, true);
+  int max_seqlen = 0;
+  for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s)
+    max_seqlen = std::max(max_seqlen, batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]);
+  acts = carve(arena, T, max_seqlen, offload_step ? 2 : L + 1, ckpt ? 1 : L, true);
   peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float) + (offload_step ? offload->reload_buffer_bytes() : 0));
   if (cfg.cache_packed_metadata) {
     build_packed_meta(&meta, batch, HD, cfg.rope_theta);
@@ -680,7 +688,7 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   kv.k_cache = kcache.data();
   kv.v_cache = vcache.data();
   std::vector<float> iarena;
-  Acts ia = carve(iarena, std::max(Tp, B), 2, 1, false);
+  Acts ia = carve(iarena, std::max(Tp, B), max_prompt, 2, 1, false);
   PackedMeta pm;
   build_packed_meta(&pm, pre, HD, cfg.rope_theta);
   std::vector<int32_t> slot(std::max(Tp, B)), pos(std::max(Tp, B)), kv_len(B), active(B), tok(B), plen(B);

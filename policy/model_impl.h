@@ -41,8 +41,10 @@ struct Acts {
   std::vector<LayerActs> ws;    // one per layer, or one shared under checkpointing
   float *hf = nullptr, *rstdf = nullptr, *logits = nullptr, *lse_out = nullptr;  // final norm, (T, V), (T)
   float *y = nullptr, *moe_scratch = nullptr;                                   // FFN output, MoE scratch
+  float* attn_scratch = nullptr;  // score tiles, attention_scratch_floats(max_seqlen, threads)
+  size_t attn_scratch_floats = 0;
   // Backward scratch (null in inference arenas).
-  float *attn_scratch = nullptr, *dresid = nullptr, *dh = nullptr, *datt = nullptr, *dq = nullptr, *dk = nullptr,
+  float *dresid = nullptr, *dh = nullptr, *datt = nullptr, *dq = nullptr, *dk = nullptr,
         *dv = nullptr, *dqr = nullptr, *dkr = nullptr, *dg = nullptr, *du = nullptr, *da = nullptr,
         *dlogits = nullptr, *x_recompute = nullptr;
 };
@@ -66,7 +68,7 @@ struct Model::Impl {
   kernels::MoeWeights moe_weights(int l) const;
   kernels::MoeGrads moe_grads(int l);
   size_t layer_ws_floats(int T) const;
-  Acts carve(std::vector<float>& arena, int T, int n_resid, int n_ws, bool with_grads) const;
+  Acts carve(std::vector<float>& arena, int T, int max_seqlen, int n_resid, int n_ws, bool with_grads) const;
   void layer_forward(int l, const float* x, float* x_out, const LayerActs& a, const Acts& acts, const PackedMeta& m,
                      int T, const KvCtx* kv);
   void layer_backward(int l, const float* x, const LayerActs& a, const Acts& acts, const PackedMeta& m, int T,

@@ -40,7 +40,7 @@ inline void thread_rows(int n, int& r0, int& r1) {
   r1 = static_cast<int>(static_cast<int64_t>(n) * (id + 1) / nt);
 }
 // Whether a GEMM of this many multiply-adds is worth splitting over threads.
-inline bool split_gemm(double madds) { return madds > 2e5 && !omp_in_parallel() && omp_get_max_threads() > 1; }
+inline bool split_gemm(double madds) { return madds > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1; }
 
 template <class T>
 inline T dot(const T* a, const T* b, int n) {
@@ -227,7 +227,7 @@ void rope_backward(T* dinp, const T* dout, const float* cos, const float* sin, i
 // ---- attention ------------------------------------------------------------------------------------
 
 template <class T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* seq_start,
+void attention_forward_reference(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* seq_start,
                        const int32_t* seq_end, int N, int NH, int NKV, int HD) {
   const int group = NH / NKV;
   const T scale = T(1) / std::sqrt(T(HD));
@@ -260,7 +260,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 }
 
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T* q, const T* k, const T* v,
+void attention_backward_reference(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const int32_t* seq_start, const int32_t* seq_end, int N,
                         int NH, int NKV, int HD) {
   const int group = NH / NKV;
@@ -310,6 +310,97 @@ void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T*
           dkv[d] += ds * qv[d];
         }
       }
+    }
+  }
+}
+
+// Fast path: score tiles through BLAS. Forward: one task per (sequence, head); backward: one task
+// per (sequence, kv head), looping over the query heads of its group so dk/dv have one writer.
+size_t attention_scratch_floats(int max_seqlen, int threads) {
+  return static_cast<size_t>(std::max(threads, 1)) * 2 * static_cast<size_t>(max_seqlen) * max_seqlen;
+}
+
+template <class T>
+void attention_forward(T* out, T* lse, T* scratch, size_t scratch_floats, const T* q, const T* k, const T* v,
+                       const int32_t* cu_seqlens, int S, int max_seqlen, int N, int NH, int NKV, int HD) {
+  const int group = NH / NKV;
+  const T scale = T(1) / std::sqrt(T(HD));
+  const size_t tile = static_cast<size_t>(max_seqlen) * max_seqlen;
+  const int slots = static_cast<int>(std::max<size_t>(1, scratch_floats / std::max<size_t>(tile, 1)));
+  const int nt = std::min(slots, parallel_worth(double(N) * NH * HD * 16) ? omp_get_max_threads() : 1);
+  const int QS = NH * HD, KS = NKV * HD;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t sh = 0; sh < static_cast<int64_t>(S) * NH; ++sh) {
+    const int s = static_cast<int>(sh / NH), h = static_cast<int>(sh % NH), g = h / group;
+    const int a = cu_seqlens[s], Ls = cu_seqlens[s + 1] - a;
+    if (Ls <= 0) continue;
+    T* P = scratch + static_cast<size_t>(omp_get_thread_num()) * tile;
+    const T* Q = q + (static_cast<size_t>(a) * NH + h) * HD;
+    const T* K = k + (static_cast<size_t>(a) * NKV + g) * HD;
+    const T* Vv = v + (static_cast<size_t>(a) * NKV + g) * HD;
+    gemm(CblasNoTrans, CblasTrans, Ls, Ls, HD, scale, Q, QS, K, KS, T(0), P, Ls);
+    for (int i = 0; i < Ls; ++i) {
+      T* row = P + static_cast<size_t>(i) * Ls;
+      T m = row[0];
+      for (int j = 1; j <= i; ++j) m = std::max(m, row[j]);
+      T sum = 0;
+      for (int j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - m));
+      const T inv = T(1) / sum;
+      for (int j = 0; j <= i; ++j) row[j] *= inv;
+      for (int j = i + 1; j < Ls; ++j) row[j] = T(0);
+      lse[static_cast<size_t>(a + i) * NH + h] = m + std::log(sum);
+    }
+    gemm(CblasNoTrans, CblasNoTrans, Ls, HD, Ls, T(1), P, Ls, Vv, KS, T(0), out + (static_cast<size_t>(a) * NH + h) * HD,
+         QS);
+  }
+}
+
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, T* scratch, size_t scratch_floats, const T* dout, const T* q,
+                        const T* k, const T* v, const T* out, const T* lse, const int32_t* cu_seqlens, int S,
+                        int max_seqlen, int N, int NH, int NKV, int HD) {
+  const int group = NH / NKV;
+  const T scale = T(1) / std::sqrt(T(HD));
+  const size_t tile = static_cast<size_t>(max_seqlen) * max_seqlen;
+  const int slots = static_cast<int>(std::max<size_t>(1, scratch_floats / std::max<size_t>(2 * tile, 1)));
+  const int nt = std::min(slots, parallel_worth(double(N) * NH * HD * 16) ? omp_get_max_threads() : 1);
+  const int QS = NH * HD, KS = NKV * HD;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t sg = 0; sg < static_cast<int64_t>(S) * NKV; ++sg) {
+    const int s = static_cast<int>(sg / NKV), g = static_cast<int>(sg % NKV);
+    const int a = cu_seqlens[s], Ls = cu_seqlens[s + 1] - a;
+    if (Ls <= 0) continue;
+    T* P = scratch + static_cast<size_t>(omp_get_thread_num()) * 2 * tile;
+    T* dP = P + tile;
+    const T* K = k + (static_cast<size_t>(a) * NKV + g) * HD;
+    const T* Vv = v + (static_cast<size_t>(a) * NKV + g) * HD;
+    T* dK = dk + (static_cast<size_t>(a) * NKV + g) * HD;
+    T* dV = dv + (static_cast<size_t>(a) * NKV + g) * HD;
+    for (int i = 0; i < Ls; ++i) {
+      std::fill(dK + static_cast<size_t>(i) * KS, dK + static_cast<size_t>(i) * KS + HD, T(0));
+      std::fill(dV + static_cast<size_t>(i) * KS, dV + static_cast<size_t>(i) * KS + HD, T(0));
+    }
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      const size_t qo = (static_cast<size_t>(a) * NH + h) * HD;
+      const T* Q = q + qo;
+      const T* dO = dout + qo;
+      const T* O = out + qo;
+      gemm(CblasNoTrans, CblasTrans, Ls, Ls, HD, scale, Q, QS, K, KS, T(0), P, Ls);
+      gemm(CblasNoTrans, CblasTrans, Ls, Ls, HD, T(1), dO, QS, Vv, KS, T(0), dP, Ls);
+      for (int i = 0; i < Ls; ++i) {
+        T* prow = P + static_cast<size_t>(i) * Ls;
+        T* drow = dP + static_cast<size_t>(i) * Ls;
+        const T L = lse[static_cast<size_t>(a + i) * NH + h];
+        const T D = dot(dO + static_cast<size_t>(i) * QS, O + static_cast<size_t>(i) * QS, HD);
+        for (int j = 0; j <= i; ++j) {
+          prow[j] = std::exp(prow[j] - L);
+          drow[j] = prow[j] * (drow[j] - D) * scale;
+        }
+        for (int j = i + 1; j < Ls; ++j) prow[j] = drow[j] = T(0);
+      }
+      gemm(CblasNoTrans, CblasNoTrans, Ls, HD, Ls, T(1), dP, Ls, K, KS, T(0), dq + qo, QS);
+      gemm(CblasTrans, CblasNoTrans, Ls, HD, Ls, T(1), dP, Ls, Q, QS, T(1), dK, KS);
+      gemm(CblasTrans, CblasNoTrans, Ls, HD, Ls, T(1), P, Ls, dO, QS, T(1), dV, KS);
     }
   }
 }
@@ -435,10 +526,15 @@ void logprob_backward(T* dlogits, const T* dlogp, const T* dentropy, const T* lo
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);             \
   template void rope_forward<T>(T*, const T*, const float*, const float*, int, int, int);                  \
   template void rope_backward<T>(T*, const T*, const float*, const float*, int, int, int);                 \
-  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, const int32_t*, \
-                                     int, int, int, int);                                                  \
-  template void attention_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*,    \
-                                      const T*, const int32_t*, const int32_t*, int, int, int, int);       \
+  template void attention_forward_reference<T>(T*, T*, const T*, const T*, const T*, const int32_t*,        \
+                                               const int32_t*, int, int, int, int);                        \
+  template void attention_backward_reference<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*,    \
+                                                const T*, const T*, const int32_t*, const int32_t*, int, int, \
+                                                int, int);                                                 \
+  template void attention_forward<T>(T*, T*, T*, size_t, const T*, const T*, const T*, const int32_t*, int, \
+                                     int, int, int, int, int);                                             \
+  template void attention_backward<T>(T*, T*, T*, T*, size_t, const T*, const T*, const T*, const T*,      \
+                                      const T*, const T*, const int32_t*, int, int, int, int, int, int);   \
   template void attention_decode_forward<T>(T*, const T*, const T*, const T*, const int32_t*,             \
                                             const int32_t*, int, int, int, int, int);                      \
   template void swiglu_forward<T>(T*, const T*, const T*, int);                                            \

@@ -155,29 +155,44 @@ std::vector<OpCase> registry() {
                        return weighted(out, R);
                      })});
   }
-  for (auto [NH, NKV] : {std::pair{4, 2}, std::pair{2, 2}, std::pair{3, 1}}) {  // attention, GQA and MHA
-    const int HD = 4;
-    Packed p = make_packed({3, 1, 4});
-    const int N = p.N;
-    Vec R = randn(N * NH * HD);
-    std::string name = "attention.h" + std::to_string(NH) + "kv" + std::to_string(NKV);
-    cases.push_back({name, {randn(N * NH * HD), randn(N * NKV * HD), randn(N * NKV * HD)},
-                     both([=](auto z, const Inputs& x, Inputs* g) {
-                       using T = decltype(z);
-                       auto q = cast<T>(x[0]), kk = cast<T>(x[1]), v = cast<T>(x[2]);
-                       std::vector<T> out(N * NH * HD), lse(N * NH);
-                       k::attention_forward(out.data(), lse.data(), q.data(), kk.data(), v.data(), p.start.data(),
-                                            p.end.data(), N, NH, NKV, HD);
-                       if (g) {
-                         auto dout = cast<T>(R);
-                         std::vector<T> dq(q.size()), dk(kk.size()), dv(v.size()), scratch(N * NH);
-                         k::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(),
-                                               kk.data(), v.data(), out.data(), lse.data(), p.start.data(),
-                                               p.end.data(), N, NH, NKV, HD);
-                         *g = {back(dq), back(dk), back(dv)};
-                       }
-                       return weighted(out, R);
-                     })});
+  for (bool fast : {true, false}) {
+    for (auto [NH, NKV] : {std::pair{4, 2}, std::pair{2, 2}, std::pair{3, 1}}) {  // attention, GQA and MHA
+      const int HD = 4;
+      Packed p = make_packed({3, 1, 4});
+      const int N = p.N;
+      const std::vector<int32_t> cu = {0, 3, 4, 8};
+      const int S = 3, maxlen = 4;
+      Vec R = randn(N * NH * HD);
+      std::string name = std::string(fast ? "attention" : "attention_ref") + ".h" + std::to_string(NH) + "kv" +
+                         std::to_string(NKV);
+      cases.push_back({name, {randn(N * NH * HD), randn(N * NKV * HD), randn(N * NKV * HD)},
+                       both([=](auto z, const Inputs& x, Inputs* g) {
+                         using T = decltype(z);
+                         auto q = cast<T>(x[0]), kk = cast<T>(x[1]), v = cast<T>(x[2]);
+                         std::vector<T> out(N * NH * HD), lse(N * NH);
+                         std::vector<T> scratch(std::max<size_t>(k::attention_scratch_floats(maxlen, 2), N * NH));
+                         if (fast)
+                           k::attention_forward(out.data(), lse.data(), scratch.data(), scratch.size(), q.data(),
+                                                kk.data(), v.data(), cu.data(), S, maxlen, N, NH, NKV, HD);
+                         else
+                           k::attention_forward_reference(out.data(), lse.data(), q.data(), kk.data(), v.data(),
+                                                          p.start.data(), p.end.data(), N, NH, NKV, HD);
+                         if (g) {
+                           auto dout = cast<T>(R);
+                           std::vector<T> dq(q.size()), dk(kk.size()), dv(v.size());
+                           if (fast)
+                             k::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), scratch.size(),
+                                                   dout.data(), q.data(), kk.data(), v.data(), out.data(), lse.data(),
+                                                   cu.data(), S, maxlen, N, NH, NKV, HD);
+                           else
+                             k::attention_backward_reference(dq.data(), dk.data(), dv.data(), scratch.data(),
+                                                             dout.data(), q.data(), kk.data(), v.data(), out.data(),
+                                                             lse.data(), p.start.data(), p.end.data(), N, NH, NKV, HD);
+                           *g = {back(dq), back(dk), back(dv)};
+                         }
+                         return weighted(out, R);
+                       })});
+    }
   }
   {  // swiglu
     const int N = 12;
@@ -268,6 +283,47 @@ bool check_compare(const OpCase& c) {
   return ok;
 }
 
+// The fast attention (BLAS tiles) against the reference (online softmax) in fp32 on a larger
+// packed batch, forward and backward: |fast - ref| <= 1e-5 * max(1, max|ref|) per tensor.
+bool check_attention_fast_vs_reference() {
+  const std::vector<int> lens = {1, 17, 64, 5, 33};
+  Packed p = make_packed(lens);
+  std::vector<int32_t> cu = {0};
+  for (int L : lens) cu.push_back(cu.back() + L);
+  const int N = p.N, NH = 4, NKV = 2, HD = 16, S = static_cast<int>(lens.size()), maxlen = 64;
+  auto f = [](const Vec& v) { return cast<float>(v); };
+  auto q = f(randn(N * NH * HD)), kk = f(randn(N * NKV * HD)), v = f(randn(N * NKV * HD)), dout = f(randn(N * NH * HD));
+  std::vector<float> o1(q.size()), o2(q.size()), l1(N * NH), l2(N * NH), scratch(k::attention_scratch_floats(maxlen, 4));
+  std::vector<float> dq1(q.size()), dq2(q.size()), dk1(kk.size()), dk2(kk.size()), dv1(v.size()), dv2(v.size()), rs(N * NH);
+  k::attention_forward(o1.data(), l1.data(), scratch.data(), scratch.size(), q.data(), kk.data(), v.data(), cu.data(), S,
+                       maxlen, N, NH, NKV, HD);
+  k::attention_forward_reference(o2.data(), l2.data(), q.data(), kk.data(), v.data(), p.start.data(), p.end.data(), N, NH,
+                                 NKV, HD);
+  k::attention_backward(dq1.data(), dk1.data(), dv1.data(), scratch.data(), scratch.size(), dout.data(), q.data(),
+                        kk.data(), v.data(), o1.data(), l1.data(), cu.data(), S, maxlen, N, NH, NKV, HD);
+  k::attention_backward_reference(dq2.data(), dk2.data(), dv2.data(), rs.data(), dout.data(), q.data(), kk.data(),
+                                  v.data(), o2.data(), l2.data(), p.start.data(), p.end.data(), N, NH, NKV, HD);
+  bool ok = true;
+  double worst = 0;
+  auto cmp = [&](const std::vector<float>& a, const std::vector<float>& b) {
+    double m = 1;
+    for (float x : b) m = std::max(m, double(std::fabs(x)));
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double d = std::fabs(double(a[i]) - b[i]);
+      worst = std::max(worst, d / m);
+      if (!(d <= 1e-5 * m)) ok = false;
+    }
+  };
+  cmp(o1, o2);
+  cmp(l1, l2);
+  cmp(dq1, dq2);
+  cmp(dk1, dk2);
+  cmp(dv1, dv2);
+  std::printf("[%s] compare attention fast vs reference (fp32, lens 1..64) max rel |d| = %.3g\n", ok ? " ok " : "FAIL",
+              worst);
+  return ok;
+}
+
 void perf(const OpCase& c) {
   Inputs g;
   const int reps = 200;
@@ -292,6 +348,8 @@ int main(int argc, char** argv) {
     if (mode == "compare" || mode == "all") ok = check_compare(c) && ok;
     if (mode == "perf") perf(c);
   }
+  if ((mode == "compare" || mode == "all") && (filter.empty() || std::string("attention").find(filter) == 0))
+    ok = check_attention_fast_vs_reference() && ok;
   if (ran == 0) {
     std::printf("no op case matches '%s'\n", filter.c_str());
     return 1;

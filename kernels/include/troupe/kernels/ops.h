@@ -54,18 +54,33 @@ template <class T>
 void rope_backward(T* dinp, const T* dout, const float* cos, const float* sin, int N, int NH, int HD);
 
 // ---- causal grouped-query attention over packed sequences ----------------------------------------
-// Token t attends keys j with seq_start[t] <= j <= t; seq_end[t] is one past its sequence's last
-// token (so attention never crosses cu_seqlens). Query head h uses kv head h / (NH / NKV).
+// Sequence s is tokens [cu_seqlens[s], cu_seqlens[s+1]); token t attends the keys j <= t of its own
+// sequence (attention never crosses cu_seqlens). Query head h uses kv head h / (NH / NKV).
 // q (N, NH, HD), k/v (N, NKV, HD), out (N, NH, HD), lse (N, NH) saved log-sum-exp of the scaled
-// scores; scale = 1/sqrt(HD).                                                            [assigned]
+// scores; scale = 1/sqrt(HD).
+// Fast path: per (sequence, head) score tiles through BLAS; scratch holds one (L x L) tile per
+// thread for the forward and two for the backward (L = max_seqlen). The number of threads used is
+// capped by what scratch_floats allows, so any scratch >= attention_scratch_floats(L, 1) works.
+size_t attention_scratch_floats(int max_seqlen, int threads);  // backward size (forward needs half)
 template <class T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* seq_start,
-                       const int32_t* seq_end, int N, int NH, int NKV, int HD);
-// dq (N, NH, HD), dk/dv (N, NKV, HD); scratch: N*NH values. Deterministic (no atomics).  [assigned]
+void attention_forward(T* out, T* lse, T* scratch, size_t scratch_floats, const T* q, const T* k, const T* v,
+                       const int32_t* cu_seqlens, int S, int max_seqlen, int N, int NH, int NKV, int HD);
+// dq (N, NH, HD), dk/dv (N, NKV, HD). One writer per output row (deterministic).          [assigned]
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, const int32_t* seq_start, const int32_t* seq_end, int N,
-                        int NH, int NKV, int HD);
+void attention_backward(T* dq, T* dk, T* dv, T* scratch, size_t scratch_floats, const T* dout, const T* q,
+                        const T* k, const T* v, const T* out, const T* lse, const int32_t* cu_seqlens, int S,
+                        int max_seqlen, int N, int NH, int NKV, int HD);
+
+// Reference path (the spec the fast path is tested against): token t attends keys
+// seq_start[t] <= j <= t; seq_end[t] is one past its sequence's last token. Online softmax, no
+// scratch beyond ref_scratch (N*NH values) in backward.                                  [assigned]
+template <class T>
+void attention_forward_reference(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* seq_start,
+                                 const int32_t* seq_end, int N, int NH, int NKV, int HD);
+template <class T>
+void attention_backward_reference(T* dq, T* dk, T* dv, T* ref_scratch, const T* dout, const T* q, const T* k,
+                                  const T* v, const T* out, const T* lse, const int32_t* seq_start,
+                                  const int32_t* seq_end, int N, int NH, int NKV, int HD);
 // One new query per sequence against a KV cache (inference). q/out (B, NH, HD);
 // k_cache/v_cache (slots, cache_len, NKV, HD); query b attends the first kv_len[b] rows of cache
 // slot slot[b] (slot == nullptr: slot b), so finished sequences can drop out of the batch.  [assigned]
