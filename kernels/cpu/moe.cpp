@@ -5,12 +5,15 @@
 #include "troupe/kernels/moe.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
 #include <vector>
+
+#include "troupe/kernels/ops.h"
 
 namespace troupe::kernels {
 namespace {
@@ -98,6 +101,28 @@ BackwardScratch backward_scratch(const MoeConfig& c, int N) {
   return s;
 }
 
+// OpenBLAS runs single-threaded in this project (kernels/cpu/ops.cpp): one OpenMP pool. A GEMM
+// called outside a parallel region is split over its M rows here; inside one (one expert per
+// thread) it runs whole. Splitting M never changes an element's K-reduction, so results match.
+void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A, int lda,
+           const float* B, int ldb, float beta, float* Cm, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  const bool split = double(M) * N * K > 2e5 && !omp_in_parallel() && omp_get_max_threads() > 1 && M >= 8;
+  if (!split) {
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int r0 = static_cast<int>(int64_t(M) * id / nt), r1 = static_cast<int>(int64_t(M) * (id + 1) / nt);
+    if (r1 > r0) {
+      const float* a = ta == CblasNoTrans ? A + size_t(r0) * lda : A + r0;
+      cblas_sgemm(CblasRowMajor, ta, tb, r1 - r0, N, K, alpha, a, lda, B, ldb, beta, Cm + size_t(r0) * ldc, ldc);
+    }
+  }
+}
+
 // Sequential sum (no reassociation), the same in both paths.
 inline float dot_row(const float* a, const float* b, int C) {
   float acc = 0;
@@ -112,11 +137,11 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 void swiglu_forward(float* y, float* g, float* u, float* h, const float* x, const float* wg, const float* wu,
                     const float* wd, int n, int C, int H) {
   if (n == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, H, C, 1.0f, x, C, wg, C, 0.0f, g, H);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, H, C, 1.0f, x, C, wu, C, 0.0f, u, H);
+  sgemm(CblasNoTrans, CblasTrans, n, H, C, 1.0f, x, C, wg, C, 0.0f, g, H);
+  sgemm(CblasNoTrans, CblasTrans, n, H, C, 1.0f, x, C, wu, C, 0.0f, u, H);
   const size_t nh = static_cast<size_t>(n) * H;
   for (size_t i = 0; i < nh; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, H, 1.0f, h, H, wd, H, 0.0f, y, C);
+  sgemm(CblasNoTrans, CblasTrans, n, C, H, 1.0f, h, H, wd, H, 0.0f, y, C);
 }
 
 // Backward of swiglu_forward for the shared expert (weight 1). dWg/dWu/dWd accumulated; dx (n, C)
@@ -127,18 +152,18 @@ void swiglu_backward(float* dx, float* dwg, float* dwu, float* dwd, const float*
   if (n == 0) return;
   const size_t nh = static_cast<size_t>(n) * H;
   for (size_t i = 0; i < nh; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, H, n, 1.0f, dy, C, h, H, 1.0f, dwd, H);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, H, C, 1.0f, dy, C, wd, H, 0.0f, dg, H);  // dh
+  sgemm(CblasTrans, CblasNoTrans, C, H, n, 1.0f, dy, C, h, H, 1.0f, dwd, H);
+  sgemm(CblasNoTrans, CblasNoTrans, n, H, C, 1.0f, dy, C, wd, H, 0.0f, dg, H);  // dh
   float* du = h;  // h is dead after dWd
   for (size_t i = 0; i < nh; ++i) {
     const float s = sigmoid(g[i]), dh = dg[i];
     du[i] = dh * g[i] * s;
     dg[i] = dh * u[i] * s * (1.0f + g[i] * (1.0f - s));
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, C, n, 1.0f, dg, H, x, C, 1.0f, dwg, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, C, n, 1.0f, du, H, x, C, 1.0f, dwu, C);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, dg, H, wg, C, 0.0f, dx, C);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, du, H, wu, C, 1.0f, dx, C);
+  sgemm(CblasTrans, CblasNoTrans, H, C, n, 1.0f, dg, H, x, C, 1.0f, dwg, C);
+  sgemm(CblasTrans, CblasNoTrans, H, C, n, 1.0f, du, H, x, C, 1.0f, dwu, C);
+  sgemm(CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, dg, H, wg, C, 0.0f, dx, C);
+  sgemm(CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, du, H, wu, C, 1.0f, dx, C);
 }
 
 // Backward of one routed expert over its segment of n permuted rows. The row's output was
@@ -151,7 +176,7 @@ void expert_backward(float* xp, float* dw_row, float* dwg, float* dwu, float* dw
   if (n == 0) return;
   const size_t nh = static_cast<size_t>(n) * H;
   for (size_t i = 0; i < nh; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, H, C, 1.0f, dop, C, wd, H, 0.0f, dg, H);  // q
+  sgemm(CblasNoTrans, CblasNoTrans, n, H, C, 1.0f, dop, C, wd, H, 0.0f, dg, H);  // q
   for (int r = 0; r < n; ++r) {
     float* hr = h + static_cast<size_t>(r) * H;
     float* qr = dg + static_cast<size_t>(r) * H;
@@ -162,18 +187,18 @@ void expert_backward(float* xp, float* dw_row, float* dwg, float* dwu, float* dw
       qr[i] *= wr;  // dh
     }
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, H, n, 1.0f, dop, C, h, H, 1.0f, dwd, H);
+  sgemm(CblasTrans, CblasNoTrans, C, H, n, 1.0f, dop, C, h, H, 1.0f, dwd, H);
   float* du = h;  // w h is dead after dWd
   for (size_t i = 0; i < nh; ++i) {
     const float s = sigmoid(g[i]), dh = dg[i];
     du[i] = dh * g[i] * s;
     dg[i] = dh * u[i] * s * (1.0f + g[i] * (1.0f - s));
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, C, n, 1.0f, dg, H, xp, C, 1.0f, dwg, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, C, n, 1.0f, du, H, xp, C, 1.0f, dwu, C);
+  sgemm(CblasTrans, CblasNoTrans, H, C, n, 1.0f, dg, H, xp, C, 1.0f, dwg, C);
+  sgemm(CblasTrans, CblasNoTrans, H, C, n, 1.0f, du, H, xp, C, 1.0f, dwu, C);
   float* dx = xp;  // the inputs are dead after dWg, dWu
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, dg, H, wg, C, 0.0f, dx, C);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, du, H, wu, C, 1.0f, dx, C);
+  sgemm(CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, dg, H, wg, C, 0.0f, dx, C);
+  sgemm(CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, du, H, wu, C, 1.0f, dx, C);
 }
 
 // ---- router ----------------------------------------------------------------------------------
@@ -182,8 +207,8 @@ void expert_backward(float* xp, float* dw_row, float* dwg, float* dwu, float* dw
 void router_forward(float* probs, int32_t* experts, float* weights, const float* x, const float* wr,
                     const MoeConfig& c, int N) {
   const int E = c.E, K = c.K, C = c.C;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, E, C, 1.0f, x, C, wr, C, 0.0f, probs, E);
-#pragma omp parallel for schedule(static)
+  sgemm(CblasNoTrans, CblasTrans, N, E, C, 1.0f, x, C, wr, C, 0.0f, probs, E);
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * E * 8))
   for (int t = 0; t < N; ++t) {
     float* p = probs + static_cast<size_t>(t) * E;
     float mx = p[0];
@@ -246,7 +271,7 @@ int scan_expert_rows(int32_t* row_slot, int32_t* slot_row, int e, int row, const
 void experts_forward_grouped(float* y, float* g, float* u, float* h, const float* xp, const int32_t* offsets,
                              const MoeWeights& w, const MoeConfig& c) {
   const int C = c.C, H = c.H;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(offsets[c.E]) * C * H))
   for (int e = 0; e < c.E; ++e) {
     const size_t r0 = static_cast<size_t>(offsets[e]);
     const int n = offsets[e + 1] - offsets[e];
@@ -275,13 +300,13 @@ void moe_route_plan(int32_t* offsets, int32_t* row_slot, int32_t* slot_row, int3
 
 void moe_permute(float* xp, const float* x, const int32_t* row_slot, int N, int K, int C) {
   const int NK = N * K;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
   for (int r = 0; r < NK; ++r)
     std::memcpy(xp + static_cast<size_t>(r) * C, x + static_cast<size_t>(row_slot[r] / K) * C, sizeof(float) * C);
 }
 
 void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * K * C))
   for (int t = 0; t < N; ++t) {
     float* o = out + static_cast<size_t>(t) * C;
     for (int k = 0; k < K; ++k) {
@@ -364,7 +389,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
       offsets[e] = row;
       const int end = scan_expert_rows(row_slot, slot_row, e, row, experts, NK);
       const int n = end - row;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r)
         std::memcpy(xp + static_cast<size_t>(r) * C, inp + static_cast<size_t>(row_slot[r] / K) * C,
                     sizeof(float) * C);
@@ -373,7 +398,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
         swiglu_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
                        w.w_down + we, n, C, H);
       // Scatter; a token has each expert at most once, so rows of one expert touch distinct tokens.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r) {
         const int s = row_slot[r];
         float* o = out + static_cast<size_t>(s / K) * C;
@@ -446,9 +471,9 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
 
   if (cfg.grouped) {
     const int32_t* row_slot = ints_at(saved + L.row_slot);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
     for (int r = 0; r < NK; ++r) gather_backward_row(xp, dop, wrow, r, row_slot[r], inp, dout, weights, K, C, identity);
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(NK) * C * H))
     for (int e = 0; e < E; ++e) segment(e, offsets[e], offsets[e + 1] - offsets[e]);
     // Backward of the permute: each token gathers its K rows in ascending expert order.
     moe_unpermute(dinp, dxrows, nullptr, slot_row, N, K, C);
@@ -460,11 +485,11 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
       int end = row;
       for (int s = 0; s < NK; ++s)
         if (experts[s] == e) row_slot[end++] = s;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r)
         gather_backward_row(xp, dop, wrow, r, row_slot[r], inp, dout, weights, K, C, identity);
       segment(e, row, end - row);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r) {
         float* o = dinp + static_cast<size_t>(row_slot[r] / K) * C;
         const float* dr = dxrows + static_cast<size_t>(r) * C;
@@ -474,7 +499,7 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
     }
   }
   if (identity) {  // d weight = <y, dout> with y = the token's input
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
     for (int s = 0; s < NK; ++s) {
       const float* xt = inp + static_cast<size_t>(s / K) * C;
       dw[slot_row[s]] = dot_row(xt, dout + static_cast<size_t>(s / K) * C, C);
@@ -483,7 +508,7 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
 
   // Router: d weights -> d probs (renormalization, aux loss) -> d logits (softmax) -> dWr, dinp.
   const float aux_scale = daux * static_cast<float>(E) / (static_cast<float>(N) * static_cast<float>(N));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * E * 4))
   for (int t = 0; t < N; ++t) {
     float* d = dp + static_cast<size_t>(t) * E;
     const float* p = probs + static_cast<size_t>(t) * E;
@@ -502,8 +527,8 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
     for (int e = 0; e < E; ++e) dot += d[e] * p[e];
     for (int e = 0; e < E; ++e) d[e] = p[e] * (d[e] - dot);
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, C, N, 1.0f, dp, E, inp, C, 1.0f, gr.w_router, C);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, E, 1.0f, dp, E, w.w_router, C, 1.0f, dinp, C);
+  sgemm(CblasTrans, CblasNoTrans, E, C, N, 1.0f, dp, E, inp, C, 1.0f, gr.w_router, C);
+  sgemm(CblasNoTrans, CblasNoTrans, N, C, E, 1.0f, dp, E, w.w_router, C, 1.0f, dinp, C);
 }
 
 }  // namespace

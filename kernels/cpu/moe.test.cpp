@@ -143,6 +143,9 @@ TEST(Moe, GroupedEqualsMaskedSharedNoRenorm) {
   expect_grouped_equals_masked(Layer(config(32, 24, 8, 2, 40, false), 97, 4));
 }
 TEST(Moe, GroupedEqualsMaskedManyExperts) { expect_grouped_equals_masked(Layer(config(16, 8, 64, 2), 300, 5)); }
+// Big enough that the masked loop splits each expert's GEMMs over threads while the grouped path
+// runs one whole GEMM per expert per thread: still bit-identical.
+TEST(Moe, GroupedEqualsMaskedLarge) { expect_grouped_equals_masked(Layer(config(64, 64, 4, 2, 32), 2048, 9)); }
 TEST(Moe, GroupedEqualsMaskedOneToken) { expect_grouped_equals_masked(Layer(config(16, 8, 7, 2), 1, 6)); }
 
 // The dispatch alone (identity experts) is bit-identical between the paths too, and with

@@ -1,7 +1,9 @@
 // `troupe bench kernels`: the three training optimizations (issue 6) measured on vs off.
 // moe_* cases time the MoE kernels alone (8k tokens, top-2); the step cases time a full training
 // step of the policy model with its switches. Ours and the baseline are interleaved per repetition.
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -9,6 +11,10 @@
 
 #include "bench.h"
 #include "troupe/kernels/moe.h"
+#include "troupe/kernels/offload.h"
+#include "troupe/learner/optimizer.h"
+#include "troupe/policy/model.h"
+#include "troupe/policy/model_config.h"
 
 namespace troupe::bench {
 namespace {
@@ -97,17 +103,242 @@ void moe_cases(const BenchOptions& opt, int reps) {
   }
 }
 
+// ---- full training steps of the policy model ---------------------------------------------------
+
+policy::ModelConfig step_config(int layers) {
+  policy::ModelConfig c;  // the tiny MoE of the policy bench: vocab 256, d_model 128, 8 experts top-2
+  c.num_hidden_layers = layers;
+  c.router_aux_loss_coef = 0.01f;
+  c.cache_packed_metadata = true;
+  c.activation_checkpointing = false;
+  c.offload_activations = false;
+  c.offload_double_buffer = true;
+  c.moe_grouped = true;
+  return c;
+}
+
+policy::PackedBatch make_batch(int T, int seq_len, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  policy::PackedBatch b;
+  b.cu_seqlens.push_back(0);
+  for (int t = 0; t < T; ++t) b.tokens.push_back(tok(rng));
+  for (int start = 0; start < T; start += seq_len) b.cu_seqlens.push_back(std::min(T, start + seq_len));
+  b.targets.resize(static_cast<size_t>(T));
+  for (int t = 0; t < T; ++t) {
+    const bool last = std::find(b.cu_seqlens.begin(), b.cu_seqlens.end(), t + 1) != b.cu_seqlens.end();
+    b.targets[static_cast<size_t>(t)] = last ? -1 : b.tokens[static_cast<size_t>(t) + 1];
+  }
+  return b;
+}
+
+// One model + AdamW; step() = zero grads, forward_train, backward_train, AdamW (a full training step).
+struct Stepper {
+  policy::Model model;
+  learner::AdamW opt;
+  learner::OptimizerConfig ocfg;
+  const policy::PackedBatch* batch;
+  std::vector<float> logp, ent, dlogp;
+  Stepper(policy::Model m, const policy::PackedBatch* b) : model(std::move(m)), opt(model.params().size()), batch(b) {
+    const size_t T = b->tokens.size();
+    logp.resize(T);
+    ent.resize(T);
+    dlogp.assign(T, -1.0f / static_cast<float>(T));
+    ocfg.learning_rate = 1e-4f;
+  }
+  Status step() {
+    model.zero_grads();
+    TROUPE_TRY(model.forward_train(*batch, 1.0f, logp.data(), ent.data()));
+    TROUPE_TRY(model.backward_train(dlogp.data(), nullptr));
+    return opt.step(model.params(), model.grads(), ocfg, ocfg.learning_rate);
+  }
+  Status forward_only() { return model.forward_train(*batch, 1.0f, logp.data(), ent.data()); }
+};
+
+Result<std::unique_ptr<Stepper>> make_stepper(const policy::ModelConfig& cfg, const policy::PackedBatch* batch) {
+  auto m = policy::Model::create(cfg, 7);
+  if (!m.ok()) return m.error();
+  return std::make_unique<Stepper>(std::move(m.value()), batch);
+}
+
+// Runs both steppers alternately; returns median step milliseconds, or an error from a step.
+Result<Paired> time_steps(Stepper& ours, Stepper& base, int reps) {
+  Status failed;
+  auto timed = [&](Stepper& s) {
+    Status st;
+    double t = time_s([&] { st = s.step(); }) * 1e3;
+    if (!st.ok()) failed = st;
+    return t;
+  };
+  TROUPE_TRY(ours.step());  // warm-up: arenas, offload store, first-touch pages
+  TROUPE_TRY(base.step());
+  Paired p = interleaved(reps, [&] { return timed(ours); }, [&] { return timed(base); });
+  if (!failed.ok()) return failed.error();
+  return p;
+}
+
+struct StepCase {
+  const char* name;
+  const char* baseline_name;
+  policy::ModelConfig ours, base;
+  int T, seq_len;
+};
+
+int step_cases(const BenchOptions& opt, int reps) {
+  int rc = 0;
+  auto fail = [&](const char* name, const Error& e) {
+    std::fprintf(stderr, "troupe bench kernels: %s failed: %s\n", name, e.message.c_str());
+    rc = 1;
+  };
+  const int L_meta = 16, L_off = 8;
+  const int T_meta = 1024, T_off = 2048;
+
+  {  // metadata_cache: 16 layers, many short sequences; per-layer rebuild is the baseline.
+    policy::ModelConfig o = step_config(L_meta), b = o;
+    b.cache_packed_metadata = false;
+    if (opt.wants("metadata_cache")) {
+      auto batch = make_batch(T_meta, 16, o.vocab_size, 11);
+      auto so = make_stepper(o, &batch);
+      auto sb = make_stepper(b, &batch);
+      if (!so.ok() || !sb.ok()) {
+        fail("metadata_cache", so.ok() ? sb.error() : so.error());
+      } else {
+        const uint64_t bo = (*so)->model.packed_meta_builds(), bb = (*sb)->model.packed_meta_builds();
+        auto p = time_steps(**so, **sb, reps);
+        if (!p.ok()) {
+          fail("metadata_cache", p.error());
+        } else {
+          const int steps = 1 + std::max(reps, 5);
+          Row r{kSuite, "metadata_cache", "step_ms", "ms", p->ours, p->baseline, "per_layer_rebuild", Better::lower,
+                {{"layers", L_meta}, {"tokens", T_meta}, {"seq_len", 16},
+                 {"meta_builds_per_step_ours", double((*so)->model.packed_meta_builds() - bo) / steps},
+                 {"meta_builds_per_step_baseline", double((*sb)->model.packed_meta_builds() - bb) / steps}}};
+          emit(r);
+        }
+      }
+    }
+  }
+
+  policy::ModelConfig ckpt = step_config(L_off);
+  ckpt.activation_checkpointing = true;
+  policy::ModelConfig dbl = ckpt, sync = ckpt;
+  dbl.offload_activations = sync.offload_activations = true;
+  sync.offload_double_buffer = false;
+  auto batch = make_batch(T_off, 128, ckpt.vocab_size, 12);
+  const nlohmann::json off_extra = {{"layers", L_off}, {"tokens", T_off}, {"seq_len", 128},
+                                    {"activation_checkpointing", true}};
+
+  if (opt.wants("offload_double_vs_sync")) {
+    auto so = make_stepper(dbl, &batch);
+    auto sb = make_stepper(sync, &batch);
+    auto p = so.ok() && sb.ok() ? time_steps(**so, **sb, reps) : Result<Paired>(so.ok() ? sb.error() : so.error());
+    if (!p.ok()) {
+      fail("offload_double_vs_sync", p.error());
+    } else {
+      emit(Row{kSuite, "offload_double_vs_sync", "step_ms", "ms", p->ours, p->baseline, "offload_sync_reload",
+               Better::lower, off_extra});
+    }
+  }
+
+  if (opt.wants("offload_double_vs_none") || opt.wants("offload_memory")) {
+    auto so = make_stepper(dbl, &batch);
+    auto sb = make_stepper(ckpt, &batch);
+    if (!so.ok() || !sb.ok()) {
+      fail("offload_double_vs_none", so.ok() ? sb.error() : so.error());
+    } else {
+      if (opt.wants("offload_double_vs_none")) {
+        auto p = time_steps(**so, **sb, reps);
+        if (!p.ok())
+          fail("offload_double_vs_none", p.error());
+        else
+          emit(Row{kSuite, "offload_double_vs_none", "step_ms", "ms", p->ours, p->baseline, "checkpoint_no_offload",
+                   Better::lower, off_extra});
+      }
+      if (opt.wants("offload_memory")) {
+        if (!opt.wants("offload_double_vs_none") && (!(*so)->step().ok() || !(*sb)->step().ok())) {
+          fail("offload_memory", make_error(ErrorCode::internal, "training step failed"));
+        } else {
+          // Deterministic: the peak is the same every repetition.
+          nlohmann::json extra = off_extra;
+          const auto* off = (*so)->model.activation_offload();
+          if (off) {
+            extra["reload_buffer_bytes"] = off->reload_buffer_bytes();
+            extra["offload_store_bytes"] = off->store_bytes();
+          }
+          emit(Row{kSuite, "offload_memory", "bytes", "bytes", double((*so)->model.activation_peak_bytes()),
+                   double((*sb)->model.activation_peak_bytes()), "checkpoint_no_offload", Better::lower, extra});
+        }
+      }
+    }
+  }
+
+  if (opt.wants("offload_overlap_emulated")) {
+    auto so = make_stepper(dbl, &batch);
+    auto sb = make_stepper(sync, &batch);
+    auto sn = make_stepper(ckpt, &batch);
+    if (!so.ok() || !sb.ok() || !sn.ok()) {
+      fail("offload_overlap_emulated", !so.ok() ? so.error() : !sb.ok() ? sb.error() : sn.error());
+    } else {
+      // Calibrate: one layer's backward (with its recompute) = (step - forward) / L, without offload.
+      std::vector<double> step_ms, fwd_ms;
+      Status st = (*sn)->step();
+      for (int i = 0; i < 3 && st.ok(); ++i) {
+        step_ms.push_back(time_s([&] { st = (*sn)->step(); }) * 1e3);
+        if (st.ok()) fwd_ms.push_back(time_s([&] { st = (*sn)->forward_only(); }) * 1e3);
+      }
+      if (!st.ok()) {
+        fail("offload_overlap_emulated", st.error());
+      } else {
+        const double layer_bwd_s = std::max(1e-4, (median(step_ms) - median(fwd_ms)) / L_off * 1e-3);
+        const double layer_bytes = double(T_off) * dbl.hidden_size * sizeof(float);
+        const double bandwidth = layer_bytes / layer_bwd_s;
+        std::fprintf(stderr,
+                     "troupe bench kernels: offload_overlap_emulated: copy engine limited to %.1f MB/s "
+                     "(one %.2f MB reload ~ one layer backward, %.2f ms)\n",
+                     bandwidth / 1e6, layer_bytes / 1e6, layer_bwd_s * 1e3);
+        (*so)->model.offload_engine()->set_bandwidth(bandwidth);
+        (*sb)->model.offload_engine()->set_bandwidth(bandwidth);
+        auto p = time_steps(**so, **sb, reps);
+        if (!p.ok()) {
+          fail("offload_overlap_emulated", p.error());
+        } else {
+          nlohmann::json extra = off_extra;
+          extra["bandwidth_bytes_per_s"] = bandwidth;
+          extra["layer_input_bytes"] = layer_bytes;
+          extra["layer_backward_ms"] = layer_bwd_s * 1e3;
+          emit(Row{kSuite, "offload_overlap_emulated", "step_ms", "ms", p->ours, p->baseline, "offload_sync_reload",
+                   Better::lower, extra});
+        }
+      }
+    }
+  }
+
+  if (opt.wants("all_vs_none")) {
+    // All three on vs all three off (per-layer metadata, masked loop, offload with synchronous reload).
+    policy::ModelConfig on = dbl, off = sync;
+    off.cache_packed_metadata = false;
+    off.moe_grouped = false;
+    auto short_batch = make_batch(T_off, 32, on.vocab_size, 13);
+    auto so = make_stepper(on, &short_batch);
+    auto sb = make_stepper(off, &short_batch);
+    auto p = so.ok() && sb.ok() ? time_steps(**so, **sb, reps) : Result<Paired>(so.ok() ? sb.error() : so.error());
+    if (!p.ok()) {
+      fail("all_vs_none", p.error());
+    } else {
+      nlohmann::json extra = off_extra;
+      extra["seq_len"] = 32;
+      emit(Row{kSuite, "all_vs_none", "step_ms", "ms", p->ours, p->baseline, "none", Better::lower, extra});
+    }
+  }
+  return rc;
+}
+
 }  // namespace
 
 int run_kernels_suite(const BenchOptions& opt) {
   const int reps = opt.quick ? 5 : std::max(opt.reps, 9);
   moe_cases(opt, reps);
-  for (const char* c : {"metadata_cache", "offload_double_vs_sync", "offload_double_vs_none", "offload_overlap_emulated",
-                        "offload_memory", "all_vs_none"})
-    if (opt.wants(c))
-      std::fprintf(stderr, "troupe bench kernels: no row for %s: not implemented yet (needs the policy model's "
-                   "training step)\n", c);
-  return 0;
+  return step_cases(opt, reps);
 }
 
 }  // namespace troupe::bench

@@ -1,14 +1,324 @@
-// `troupe bench policy`: see the issue that owns this suite for its cases.
+// `troupe bench policy`: the policy model's training step, forward and KV-cache sampling against
+// a PyTorch eager model with the same config (policy_torch.py, a child started with posix_spawn
+// that answers one command per line), and our achieved GFLOP/s against OpenBLAS sgemm. Ours and
+// the baseline alternate repetition by repetition; each figure is a median.
+#include <cblas.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "bench.h"
+#include "troupe/base/build_config.h"
+#include "troupe/learner/optimizer.h"
+#include "troupe/policy/model.h"
+#include "troupe/policy/model_config.h"
+
+extern char** environ;
 
 namespace troupe::bench {
+namespace {
+
+constexpr const char* kSuite = "policy";
+constexpr int kBatch = 16, kSeqLen = 128, kPromptLen = 16, kNewTokens = 64, kThreads = 2;
+
+// The PyTorch child: stdin takes one command per line, stdout answers one JSON line each.
+class TorchChild {
+ public:
+  static Result<std::unique_ptr<TorchChild>> start(const nlohmann::json& config) {
+    const std::string script = std::string(TROUPE_SOURCE_DIR) + "/launch/bench/policy_torch.py";
+    if (access(script.c_str(), R_OK) != 0) return make_error(ErrorCode::io, "cannot read " + script);
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0) return make_error(ErrorCode::io, "pipe failed");
+    if (pipe(from_child) != 0) {
+      close(to_child[0]);
+      close(to_child[1]);
+      return make_error(ErrorCode::io, "pipe failed");
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+    posix_spawn_file_actions_addclose(&actions, to_child[1]);
+    posix_spawn_file_actions_addclose(&actions, from_child[0]);
+    // PyTorch at its best on this machine: OpenBLAS single-threaded, torch's own 2 threads.
+    std::vector<std::string> env_store;
+    for (char** e = environ; *e; ++e)
+      if (std::strncmp(*e, "OPENBLAS_NUM_THREADS=", 21) != 0 && std::strncmp(*e, "OMP_NUM_THREADS=", 16) != 0)
+        env_store.emplace_back(*e);
+    env_store.emplace_back("OPENBLAS_NUM_THREADS=1");
+    env_store.emplace_back("OMP_NUM_THREADS=" + std::to_string(kThreads));
+    std::vector<char*> envp;
+    for (auto& s : env_store) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string python = python_executable(), script_arg = script, cfg_arg = config.dump();
+    std::vector<char*> argv = {python.data(), script_arg.data(), cfg_arg.data(), nullptr};
+    pid_t pid = -1;
+    const int rc = posix_spawnp(&pid, python.c_str(), &actions, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    close(to_child[0]);
+    close(from_child[1]);
+    if (rc != 0) {
+      close(to_child[1]);
+      close(from_child[0]);
+      return make_error(ErrorCode::io, "cannot start " + python + ": " + std::strerror(rc));
+    }
+    auto child = std::unique_ptr<TorchChild>(new TorchChild(pid, fdopen(to_child[1], "w"), fdopen(from_child[0], "r")));
+    auto ready = child->read_line();
+    if (!ready.ok()) return ready.error();
+    if (!ready->value("ready", false)) return make_error(ErrorCode::internal, "PyTorch baseline: " + ready->dump());
+    child->info_ = *ready;
+    return child;
+  }
+
+  ~TorchChild() {
+    if (to_) {
+      std::fputs("quit\n", to_);
+      std::fclose(to_);
+    }
+    if (from_) std::fclose(from_);
+    if (pid_ > 0) {
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+  }
+
+  // Seconds and tokens of one run of `cmd`.
+  Result<nlohmann::json> request(const std::string& cmd) {
+    if (std::fprintf(to_, "%s\n", cmd.c_str()) < 0 || std::fflush(to_) != 0)
+      return make_error(ErrorCode::peer_failed, "PyTorch baseline exited (write failed)");
+    auto r = read_line();
+    if (!r.ok()) return r;
+    if (r->contains("error")) return make_error(ErrorCode::internal, "PyTorch baseline: " + r->dump());
+    return r;
+  }
+  const nlohmann::json& info() const { return info_; }
+
+ private:
+  TorchChild(pid_t pid, FILE* to, FILE* from) : pid_(pid), to_(to), from_(from) {}
+  Result<nlohmann::json> read_line() {
+    std::string line;
+    int c;
+    while ((c = std::fgetc(from_)) != EOF && c != '\n') line.push_back(static_cast<char>(c));
+    if (line.empty()) return make_error(ErrorCode::peer_failed, "PyTorch baseline exited without answering");
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) return make_error(ErrorCode::internal, "PyTorch baseline printed: " + line);
+    return j;
+  }
+  pid_t pid_;
+  FILE* to_;
+  FILE* from_;
+  nlohmann::json info_;
+};
+
+policy::PackedBatch make_batch(int vocab) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  policy::PackedBatch b;
+  b.cu_seqlens.push_back(0);
+  for (int s = 0; s < kBatch; ++s) {
+    for (int t = 0; t < kSeqLen; ++t) b.tokens.push_back(tok(rng));
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+  }
+  b.targets.resize(b.tokens.size());
+  for (int s = 0; s < kBatch; ++s)
+    for (int t = 0; t < kSeqLen; ++t) {
+      const size_t i = static_cast<size_t>(s) * kSeqLen + t;
+      b.targets[i] = t + 1 < kSeqLen ? b.tokens[i + 1] : -1;
+    }
+  return b;
+}
+
+// Matmul FLOPs of one forward over the batch (2 per multiply-add; causal attention counts the
+// keys each query sees); a training step counts 3x (backward = 2x forward).
+double forward_flops(const policy::ModelConfig& c) {
+  const double C = c.hidden_size, qd = double(c.num_attention_heads) * c.head_dim,
+               kd = double(c.num_key_value_heads) * c.head_dim;
+  const double avg_keys = (kSeqLen + 1) / 2.0;
+  double per_token = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    per_token += 2 * C * qd + 2 * 2 * C * kd + 2 * qd * C;   // q, k, v, o projections
+    per_token += 2 * 2 * qd * avg_keys;                      // scores and weighted values
+    if (c.is_moe_layer(l))
+      per_token += 2 * C * c.num_experts + c.num_experts_per_tok * 3 * 2 * C * c.moe_intermediate_size +
+                   (c.shared_expert_intermediate_size > 0 ? 3 * 2 * C * c.shared_expert_intermediate_size : 0);
+    else
+      per_token += 3 * 2 * C * c.intermediate_size;
+  }
+  per_token += 2 * C * c.vocab_size;  // LM head
+  return per_token * kBatch * kSeqLen;
+}
+
+// GFLOP/s of one n x n x n OpenBLAS sgemm on the threads OpenBLAS uses here.
+struct Sgemm {
+  int n = 1024;
+  std::vector<float> a, b, c;
+  Sgemm() : a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n, 0.0f) {}
+  double gflops() {
+    double s = time_s([&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
+                  n);
+    });
+    return 2.0 * n * n * n / s / 1e9;
+  }
+};
+
+}  // namespace
 
 int run_policy_suite(const BenchOptions& opt) {
-  (void)opt;
-  std::fprintf(stderr, "troupe bench policy: this suite is not implemented yet\n");
-  return 1;
+  const int reps = opt.quick ? 5 : std::max(opt.reps, 9);
+  policy::ModelConfig cfg;  // the tiny MoE: vocab 256, d_model 128, 4 layers, 8 experts top-2
+  auto created = policy::Model::create(cfg, 1);
+  if (!created.ok()) {
+    std::fprintf(stderr, "troupe bench policy: %s\n", created.error().message.c_str());
+    return 1;
+  }
+  policy::Model& model = created.value();
+  const auto batch = make_batch(cfg.vocab_size);
+  const size_t T = batch.tokens.size();
+  std::vector<float> logp(T), ent(T), dlogp(T, -1.0f / float(T)), logits(T * size_t(cfg.vocab_size));
+  learner::AdamW adamw(model.params().size());
+  learner::OptimizerConfig ocfg;
+  ocfg.learning_rate = 1e-4f;
+  std::vector<std::vector<int32_t>> prompts(kBatch);
+  {
+    std::mt19937 rng(4);
+    std::uniform_int_distribution<int> tok(0, cfg.vocab_size - 1);
+    for (auto& p : prompts)
+      for (int i = 0; i < kPromptLen; ++i) p.push_back(tok(rng));
+  }
+  policy::SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.max_new_tokens = kNewTokens;
+
+  Status failed;
+  auto note = [&](Status s) {
+    if (!s.ok() && failed.ok()) failed = s;
+  };
+  auto our_train = [&] {
+    return time_s([&] {
+      model.zero_grads();
+      note(model.forward_train(batch, 1.0f, logp.data(), ent.data()));
+      note(model.backward_train(dlogp.data(), nullptr));
+      note(adamw.step(model.params(), model.grads(), ocfg, ocfg.learning_rate));
+    });
+  };
+  auto our_forward = [&] { return time_s([&] { note(model.forward_logits(batch, logits.data())); }); };
+  size_t sampled = 0;
+  auto our_sample = [&] {
+    return time_s([&] {
+      auto g = model.generate(prompts, sp);
+      if (!g.ok()) {
+        note(g.error());
+        return;
+      }
+      sampled = 0;
+      for (auto& x : *g) sampled += x.tokens.size();
+    });
+  };
+  // Warm-up: arenas, KV cache, first-touch pages.
+  our_train();
+  our_forward();
+  our_sample();
+  sp.seed += 1;
+  if (!failed.ok()) {
+    std::fprintf(stderr, "troupe bench policy: our model failed: %s\n", failed.error().message.c_str());
+    return 1;
+  }
+
+  nlohmann::json tcfg = {{"vocab_size", cfg.vocab_size},
+                         {"hidden_size", cfg.hidden_size},
+                         {"num_hidden_layers", cfg.num_hidden_layers},
+                         {"num_attention_heads", cfg.num_attention_heads},
+                         {"num_key_value_heads", cfg.num_key_value_heads},
+                         {"head_dim", cfg.head_dim},
+                         {"num_experts", cfg.num_experts},
+                         {"num_experts_per_tok", cfg.num_experts_per_tok},
+                         {"moe_intermediate_size", cfg.moe_intermediate_size},
+                         {"rms_norm_eps", cfg.rms_norm_eps},
+                         {"rope_theta", cfg.rope_theta},
+                         {"batch", kBatch},
+                         {"seq_len", kSeqLen},
+                         {"prompt_len", kPromptLen},
+                         {"new_tokens", kNewTokens},
+                         {"threads", kThreads}};
+  const nlohmann::json extra = {{"batch", kBatch}, {"seq_len", kSeqLen}, {"layers", cfg.num_hidden_layers},
+                                {"experts", cfg.num_experts}, {"top_k", cfg.num_experts_per_tok},
+                                {"d_model", cfg.hidden_size}, {"vocab", cfg.vocab_size}};
+  std::unique_ptr<TorchChild> torch;
+  if (opt.wants("train_step") || opt.wants("forward") || opt.wants("sample_kv")) {
+    auto t = TorchChild::start(tcfg);
+    if (!t.ok()) {
+      for (const char* c : {"train_step", "forward", "sample_kv"})
+        if (opt.wants(c)) skip_baseline(kSuite, c, "PyTorch baseline unavailable: " + t.error().message);
+    } else {
+      torch = std::move(t.value());
+    }
+  }
+  auto torch_rate = [&](const char* cmd) {
+    auto r = torch->request(cmd);
+    if (!r.ok()) {
+      note(r.error());
+      return 0.0;
+    }
+    return (*r)["tokens"].get<double>() / (*r)["seconds"].get<double>();
+  };
+  struct Case {
+    const char* name;
+    const char* metric;
+    std::function<double()> ours;
+  };
+  const std::vector<Case> cases = {
+      {"train_step", "tokens_per_s", [&] { return double(T) / our_train(); }},
+      {"forward", "tokens_per_s", [&] { return double(T) / our_forward(); }},
+      {"sample_kv", "new_tokens_per_s",
+       [&] {
+         const double s = our_sample();
+         sp.seed += 1;
+         return double(sampled) / s;
+       }},
+  };
+  int rc = 0;
+  for (const auto& c : cases) {
+    if (!opt.wants(c.name) || !torch) continue;
+    Paired p = interleaved(reps, c.ours, [&] { return torch_rate(c.name); });
+    if (!failed.ok()) {
+      std::fprintf(stderr, "troupe bench policy: %s failed: %s\n", c.name, failed.error().message.c_str());
+      failed = Status{};
+      rc = 1;
+      continue;
+    }
+    Row r{kSuite, c.name, c.metric, "tokens/s", p.ours, p.baseline, "torch_eager", Better::higher, extra};
+    r.extra["torch_version"] = torch->info().value("torch", "");
+    r.extra["threads"] = kThreads;
+    emit(r);
+  }
+
+  if (opt.wants("train_step_flops")) {
+    Sgemm sg;
+    sg.gflops();
+    const double flops = 3.0 * forward_flops(cfg);
+    Paired p = interleaved(reps, [&] { return flops / our_train() / 1e9; }, [&] { return sg.gflops(); });
+    if (!failed.ok()) {
+      std::fprintf(stderr, "troupe bench policy: train_step_flops failed: %s\n", failed.error().message.c_str());
+      rc = 1;
+    } else {
+      Row r{kSuite, "train_step_flops", "gflops", "GFLOP/s", p.ours, p.baseline, "sgemm_peak", Better::higher, extra};
+      r.extra["step_gflop"] = flops / 1e9;
+      r.extra["sgemm_n"] = sg.n;
+      r.extra["flop_count"] = "matmuls only, 2 per multiply-add, backward = 2x forward, causal attention";
+      emit(r);
+    }
+  }
+  return rc;
 }
 
 }  // namespace troupe::bench

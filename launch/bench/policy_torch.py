@@ -1,0 +1,197 @@
+"""PyTorch eager baseline of `troupe bench policy`: the same tiny Qwen3-MoE-style model.
+
+The model has RMSNorm, RoPE, GQA attention with q/k norm, and a top-k MoE of SwiGLU experts in the
+Hugging Face per-expert loop. It runs as a child of the bench and answers one command per stdin
+line with one JSON line on stdout, so the parent can interleave its own repetitions with ours:
+  train_step | forward | sample_kv | quit
+Usage: policy_torch.py '<json config>'. It runs eager with torch.set_num_threads(threads).
+"""
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+cfg = json.loads(sys.argv[1])
+torch.set_num_threads(int(cfg.get("threads", 2)))
+torch.manual_seed(0)
+V, C, L = cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"]
+NH, NKV, HD = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+E, K, H = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
+EPS, THETA = cfg.get("rms_norm_eps", 1e-6), cfg.get("rope_theta", 10000.0)
+B, T = cfg["batch"], cfg["seq_len"]
+P, NEW = cfg["prompt_len"], cfg["new_tokens"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * self.weight
+
+
+def rope_tables(n):
+    inv = 1.0 / (THETA ** (torch.arange(0, HD, 2, dtype=torch.float32) / HD))
+    f = torch.outer(torch.arange(n, dtype=torch.float32), inv)
+    emb = torch.cat([f, f], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = nn.Linear(C, NH * HD, bias=False)
+        self.k_proj = nn.Linear(C, NKV * HD, bias=False)
+        self.v_proj = nn.Linear(C, NKV * HD, bias=False)
+        self.o_proj = nn.Linear(NH * HD, C, bias=False)
+        self.q_norm, self.k_norm = RMSNorm(HD), RMSNorm(HD)
+
+    def forward(self, x, cos, sin, cache=None, pos=0):
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, NH, HD)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, NKV, HD)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, NKV, HD).transpose(1, 2)
+        c, s = cos[pos:pos + t], sin[pos:pos + t]
+        q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+        if cache is not None:  # KV cache: (k, v) buffers of (b, NKV, max_len, HD)
+            cache[0][:, :, pos:pos + t] = k
+            cache[1][:, :, pos:pos + t] = v
+            k, v = cache[0][:, :, :pos + t], cache[1][:, :, :pos + t]
+        k = k.repeat_interleave(NH // NKV, dim=1)
+        v = v.repeat_interleave(NH // NKV, dim=1)
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(HD)
+        if t > 1:
+            n = k.shape[2]
+            mask = torch.ones(t, n, dtype=torch.bool).triu(n - t + 1)
+            att = att.masked_fill(mask, float("-inf"))
+        y = att.softmax(-1) @ v
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, NH * HD))
+
+
+class Expert(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj = nn.Linear(C, H, bias=False)
+        self.up_proj = nn.Linear(C, H, bias=False)
+        self.down_proj = nn.Linear(H, C, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Moe(nn.Module):
+    """The Hugging Face Qwen3-MoE / Mixtral sparse block: loop over the experts that were hit."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(C, E, bias=False)
+        self.experts = nn.ModuleList([Expert() for _ in range(E)])
+
+    def forward(self, x):
+        b, t, c = x.shape
+        x = x.view(-1, c)
+        probs = self.gate(x).softmax(-1, dtype=torch.float32)
+        w, sel = probs.topk(K, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        mask = F.one_hot(sel, E).permute(2, 1, 0)
+        for e in torch.nonzero(mask.sum((-1, -2)) > 0).flatten().tolist():
+            idx, tok = torch.where(mask[e])
+            out.index_add_(0, tok, self.experts[e](x[tok]) * w[tok, idx, None])
+        return out.view(b, t, c)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(C), RMSNorm(C)
+        self.self_attn, self.mlp = Attention(), Moe()
+
+    def forward(self, x, cos, sin, cache=None, pos=0):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, pos)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(V, C)
+        self.layers = nn.ModuleList([Block() for _ in range(L)])
+        self.norm = RMSNorm(C)
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.cos, self.sin = rope_tables(max(T, P + NEW) + 1)
+
+    def forward(self, ids, caches=None, pos=0):
+        x = self.embed_tokens(ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, self.cos, self.sin, caches[i] if caches else None, pos)
+        return self.lm_head(self.norm(x))
+
+
+model = Model()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+gen = torch.Generator().manual_seed(1)
+ids = torch.randint(0, V, (B, T), generator=gen)
+targets = torch.roll(ids, -1, dims=1)
+prompts = torch.randint(0, V, (B, P), generator=gen)
+
+
+def train_step():
+    opt.zero_grad(set_to_none=True)
+    logits = model(ids)
+    logp_all = logits.log_softmax(-1)
+    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)[:, :-1]
+    with torch.no_grad():
+        _entropy = -(logp_all.exp() * logp_all).sum(-1)
+    loss = -logp.sum() / logp.numel()
+    loss.backward()
+    opt.step()
+    return B * T
+
+
+def forward():
+    with torch.no_grad():
+        model(ids)
+    return B * T
+
+
+def sample_kv():
+    with torch.no_grad():
+        caches = [(torch.zeros(B, NKV, P + NEW, HD), torch.zeros(B, NKV, P + NEW, HD)) for _ in range(L)]
+        logits = model(prompts, caches, 0)[:, -1]
+        out, lps = [], []
+        for i in range(NEW):
+            logp = logits.log_softmax(-1)
+            tok = torch.multinomial(logp.exp(), 1, generator=gen)
+            out.append(tok)
+            lps.append(logp.gather(-1, tok))
+            if i + 1 < NEW:
+                logits = model(tok, caches, P + i)[:, -1]
+    return B * NEW
+
+
+CASES = {"train_step": train_step, "forward": forward, "sample_kv": sample_kv}
+for fn in CASES.values():  # warm-up
+    fn()
+print(json.dumps({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "quit" or not cmd:
+        break
+    if cmd not in CASES:
+        print(json.dumps({"error": f"unknown command {cmd!r}"}), flush=True)
+        continue
+    t0 = time.perf_counter()
+    n = CASES[cmd]()
+    dt = time.perf_counter() - t0
+    print(json.dumps({"case": cmd, "seconds": dt, "tokens": n}), flush=True)
