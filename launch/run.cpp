@@ -46,6 +46,27 @@ std::string base_dir_of(const std::string& file) {
   return p.has_parent_path() ? p.parent_path().string() : std::string(".");
 }
 
+// Rank 0 -> every other rank when the run is over: stop serving and shut down.
+struct StopRun {
+  static constexpr std::uint32_t type_id = 2099;
+  static constexpr const char* type_name = "launch.StopRun";
+  std::int32_t code = 0;
+  template <class A>
+  void serialize(A& ar) { ar(code); }
+};
+
+class ControlActor : public runtime::Actor {
+ public:
+  explicit ControlActor(runtime::Cluster* c) : cluster_(c) {
+    handle<StopRun>([this](runtime::Context&, const StopRun& m) {
+      cluster_->request_shutdown(m.code == 0 ? "rank 0 finished the run" : "rank 0 failed the run");
+    });
+  }
+
+ private:
+  runtime::Cluster* cluster_;
+};
+
 struct Roles {
   std::vector<std::shared_ptr<actors::EnvWorker>> envs;
   std::vector<std::shared_ptr<actors::Generator>> gens;
@@ -185,6 +206,13 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
     else if (role.rfind("generator", 0) == 0) peers.generators.push_back(addr);
     else peers.env_workers.push_back(addr);
   }
+  if (!single) {
+    runtime::SpawnOptions so;
+    so.name = "control";
+    auto* cp = &cluster;
+    auto id = sys.spawn([cp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<ControlActor>(cp); }, so);
+    if (!id.ok()) return fail(id.error());
+  }
   cluster.barrier();  // every rank's actors exist before the coordinator sends
 
   int code = 0;
@@ -223,7 +251,11 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
         }
       }
     }
-    if (!single) cluster.request_shutdown(code == 0 ? "run finished" : "run failed");
+    if (!single) {
+      for (size_t r = 1; r < roles.size(); ++r)
+        (void)sys.send(runtime::ActorSystem::named(static_cast<uint32_t>(r), "control"), StopRun{code});
+      cluster.request_shutdown(code == 0 ? "run finished" : "run failed");
+    }
   } else {
     cluster.wait();  // serve until rank 0 ends the run (or a peer fails)
   }

@@ -1,0 +1,119 @@
+"""Checks on a troupe run directory, used by the tests/e2e ctest entries.
+
+  check_run.py learned RUN_DIR          reward and held-out accuracy rose (GRPO vs SFT/first steps)
+  check_run.py files RUN_DIR            the run directory has every artifact DESIGN.md lists
+  check_run.py same RUN_A RUN_B         the training rows agree on every non-timing metric
+  check_run.py staleness RUN_DIR N      every GRPO row has staleness <= N
+  check_run.py eval_json FILE           the last line of FILE is one JSON object with eval_accuracy
+"""
+import json
+import os
+import sys
+
+TIMING = ("wall_s", "tokens_per_s", "learner_tokens_per_s")
+
+
+def rows(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def learned(run_dir):
+    rs = rows(run_dir)
+    evals = [r for r in rs if "eval_accuracy" in r]
+    sft = [r for r in evals if r["phase"] == "sft"]
+    grpo = [r for r in evals if r["phase"] == "grpo"]
+    if not grpo:
+        fail("no GRPO eval row")
+    base = sft[-1]["eval_accuracy"] if sft else None
+    train = [r for r in rs if r["phase"] == "grpo" and "eval_accuracy" not in r]
+    n = max(1, len(train) // 4)
+    first = sum(r["reward_mean"] for r in train[:n]) / n
+    last = sum(r["reward_mean"] for r in train[-n:]) / n
+    print("eval after SFT %s, after GRPO %.3f; reward first quarter %.3f, last quarter %.3f"
+          % (base, grpo[-1]["eval_accuracy"], first, last))
+    if base is not None and not grpo[-1]["eval_accuracy"] > base:
+        fail("held-out accuracy did not rise")
+    if not last > first:
+        fail("training reward did not rise")
+
+
+REQUIRED = ["step", "phase", "wall_s", "policy_version", "reward_mean", "reward_std", "response_len_mean",
+            "truncated_frac", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr",
+            "tokens_per_s", "env_failures"]
+
+
+def files(run_dir):
+    for p in ("config.resolved.yaml", "metrics.jsonl", "tb", "checkpoints/latest/config.json",
+              "checkpoints/latest/model.safetensors", "checkpoints/latest/optimizer.safetensors",
+              "checkpoints/latest/state.json"):
+        if not os.path.exists(os.path.join(run_dir, p)):
+            fail("missing " + p)
+    if not [f for f in os.listdir(os.path.join(run_dir, "tb")) if f.startswith("events.out.tfevents")]:
+        fail("no TensorBoard event file")
+    for r in rows(run_dir):
+        if "eval_accuracy" in r:
+            for k in ("eval_reward_mean", "phase", "step"):
+                if k not in r:
+                    fail("eval row lacks " + k)
+            continue
+        for k in REQUIRED:
+            if k not in r:
+                fail("step %s lacks %s" % (r.get("step"), k))
+        if r["phase"] == "grpo" and not any(k.startswith("reward_mean/") for k in r):
+            fail("grpo row lacks per-env reward_mean/<env>")
+    print("run directory complete")
+
+
+def same(a, b):
+    ra = [r for r in rows(a) if "eval_accuracy" not in r]
+    rb = [r for r in rows(b) if "eval_accuracy" not in r]
+    if len(ra) != len(rb):
+        fail("%d vs %d training rows" % (len(ra), len(rb)))
+    for x, y in zip(ra, rb):
+        for k in x:
+            if k in TIMING or k.endswith("_s"):
+                continue
+            if x[k] != y.get(k):
+                fail("step %s: %s = %r vs %r" % (x["step"], k, x[k], y.get(k)))
+    print("%d training rows identical" % len(ra))
+
+
+def staleness(run_dir, n):
+    g = [r for r in rows(run_dir) if r["phase"] == "grpo" and "eval_accuracy" not in r]
+    if not g:
+        fail("no GRPO rows")
+    worst = max(r["staleness"] for r in g)
+    print("max staleness", worst, "idle_s mean", sum(r["idle_s"] for r in g) / len(g))
+    if worst > n:
+        fail("staleness %d > %d" % (worst, n))
+
+
+def eval_json(path):
+    with open(path) as f:
+        last = [line for line in f if line.strip()][-1]
+    j = json.loads(last)
+    if not 0 <= j["eval_accuracy"] <= 1:
+        fail("bad eval_accuracy")
+    print("eval json ok:", last.strip())
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "learned":
+        learned(sys.argv[2])
+    elif cmd == "files":
+        files(sys.argv[2])
+    elif cmd == "same":
+        same(sys.argv[2], sys.argv[3])
+    elif cmd == "staleness":
+        staleness(sys.argv[2], int(sys.argv[3]))
+    elif cmd == "eval_json":
+        eval_json(sys.argv[2])
+    else:
+        fail("unknown check " + cmd)

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# tests/e2e cases: short runs of the committed configs through the real `troupe` binary.
+#   run_case.sh CASE TROUPE PYTHON SOURCE_DIR WORK_DIR [MPIEXEC]
+set -euo pipefail
+CASE=$1 TROUPE=$2 PY=$3 SRC=$4 WORK=$5 MPIEXEC=${6:-mpirun}
+CHECK="$PY $SRC/tests/e2e/check_run.py"
+W=$WORK/$CASE
+rm -rf "$W" && mkdir -p "$W"
+cd "$W"
+Q="--set logger.progress=plain"
+case $CASE in
+  quickstart_short)  # the README's main command, shortened: reward and held-out accuracy must rise
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" --set grpo.max_steps=200 \
+      --set eval.every=0 --set eval.num_prompts=200 --set checkpointing.every=0 $Q
+    $CHECK learned "$W/run"
+    $CHECK files "$W/run"
+    "$TROUPE" eval "$SRC/configs/quickstart.yaml" --checkpoint "$W/run/checkpoints/latest" \
+      --set eval.num_prompts=50 > "$W/eval.json"
+    $CHECK eval_json "$W/eval.json"
+    "$TROUPE" report "$W/run"
+    test -s "$W/run/report.png"
+    ;;
+  resume)  # 2N steps == N steps + --resume + N steps, bit for bit (CPU, sync)
+    S="--set sft.max_steps=20 --set eval.every=0 --set eval.num_prompts=20 --set checkpointing.every=10 $Q"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" --set grpo.max_steps=10 $S
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/b" --set grpo.max_steps=5 $S
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=10 $S
+    $CHECK same "$W/a" "$W/b"
+    # a fresh run into a used run.dir is refused (exit 2)
+    set +e
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" $S 2> "$W/err.txt"
+    rc=$?
+    set -e
+    [ $rc -eq 2 ] && grep -q "already holds a run" "$W/err.txt"
+    ;;
+  async)
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/run" --set sft.max_steps=30 --set grpo.max_steps=30 \
+      --set eval.num_prompts=50 $Q
+    $CHECK staleness "$W/run" 1
+    $CHECK files "$W/run"
+    ;;
+  countdown)
+    "$TROUPE" run "$SRC/configs/countdown.yaml" --set run.dir="$W/run" --set sft.max_steps=5 --set grpo.max_steps=3 \
+      --set eval.num_prompts=10 $Q
+    $CHECK files "$W/run"
+    ;;
+  multi_env)
+    "$TROUPE" run "$SRC/configs/multi_env.yaml" --set run.dir="$W/run" --set sft.max_steps=5 --set grpo.max_steps=4 \
+      --set eval.num_prompts=10 --set "envs[1].path=$(dirname "$TROUPE")/../lib/libreverse_env.so" $Q
+    $CHECK files "$W/run"
+    grep -q '"reward_mean/reverse"' "$W/run/metrics.jsonl"
+    grep -q '"eval_accuracy/reverse"' "$W/run/metrics.jsonl"
+    ;;
+  multinode)  # roles on 4 ranks over tcp 127.0.0.1
+    "$MPIEXEC" --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo \
+      --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" \
+      --set sft.max_steps=5 --set grpo.max_steps=3 --set eval.num_prompts=10 $Q
+    $CHECK files "$W/run"
+    ;;
+  placement_mismatch)  # -np 2 for a 4-role cluster section: exit 2 naming the file and the counts
+    set +e
+    "$MPIEXEC" --oversubscribe --allow-run-as-root -np 2 --mca btl self,tcp --mca btl_tcp_if_include lo \
+      --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" 2> "$W/err.txt"
+    rc=$?
+    set -e
+    cat "$W/err.txt"
+    [ $rc -ne 0 ] && grep -q "multinode.yaml:.*error: cluster: the job has 2 ranks but the cluster section places 4 roles" "$W/err.txt"
+    ;;
+  *) echo "unknown case $CASE"; exit 2 ;;
+esac
+echo "e2e.$CASE ok"
