@@ -105,7 +105,7 @@ int bench_allreduce(const BenchOptions& opt) {
     return 1;
   }
   const std::string cmd = std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 '") +
-                          TROUPE_MPIEXEC + "' --oversubscribe -np 2 '" + helper + "' --reps " + (opt.quick ? "9" : "21") +
+                          TROUPE_MPIEXEC + "' --oversubscribe -np 2 '" + helper + "' --reps " + (opt.quick ? "31" : "61") +
                           " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) {

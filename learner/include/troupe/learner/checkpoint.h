@@ -54,7 +54,8 @@ Status load_policy_model_params(const std::string& dir, policy::Model& model);
 Status read_flat_model(const std::string& dir, const std::vector<policy::TensorSpec>& specs, std::span<float> params);
 
 // Saves checkpoints_dir/step_<data.step>, switches `latest`, updates `best`, prunes old steps.
-// Returns the final directory.
+// Returns the final directory. Under data parallelism call it on rank 0 only: parameters and AdamW
+// moments are identical on every rank (the gradients are all-reduced before each step).
 Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const CheckpointData& data,
                                     const ModelDirWriter& write_model, const AdamW& opt,
                                     const std::vector<policy::TensorSpec>& specs, const CheckpointOptions& options);
