@@ -33,14 +33,19 @@ std::vector<Sample> make_batch(uint64_t seed, int n, int V) {
   return out;
 }
 
+LossAggMode g_agg = LossAggMode::token_mean;
+int g_batch = 12, g_mini = 2, g_budget = 0;
+
 LearnerConfig config(int micro) {
   LearnerConfig c;
+  c.max_completion_length = 7;
   c.optimizer.learning_rate = 1e-2f;
   c.optimizer.max_grad_norm = 1.0f;
   c.loss.beta = 0.04f;
   c.loss.entropy_coef = 0.01f;
-  c.loss.loss_agg_mode = LossAggMode::token_mean;
-  c.batch.num_mini_batches = 2;
+  c.loss.loss_agg_mode = g_agg;
+  c.batch.num_mini_batches = g_mini;
+  if (micro > 0) c.batch.max_tokens_per_micro_batch = g_budget;
   c.batch.num_iterations = 2;
   c.batch.micro_batch_size = micro;
   c.batch.shuffle = true;
@@ -50,7 +55,7 @@ LearnerConfig config(int micro) {
 // Trains `model` for two steps and returns the parameters and the last step's loss.
 template <class MakeModel>
 int compare(const char* name, MakeModel make, Communicator& world, double tol) {
-  const auto batch = make_batch(42, 12, 32);
+  const auto batch = make_batch(42, g_batch, 32);
   auto run = [&](Communicator& comm, int micro, std::vector<float>& params, double& loss) -> Status {
     auto holder = make();
     PolicyModel& m = *holder;
@@ -76,8 +81,8 @@ int compare(const char* name, MakeModel make, Communicator& world, double tol) {
   for (size_t i = 0; i < p_dp.size() && i < p_one.size(); ++i) worst = std::max(worst, std::abs(double(p_dp[i]) - p_one[i]));
   if (p_dp.size() != p_one.size() || worst > tol || std::abs(l_dp - l_one) > 1e-6 * (1 + std::abs(l_one))) bad = 1;
   if (world.rank() == 0)
-    std::printf("%s: %d ranks vs 1 rank: max |dparam| = %.3g (tol %.1g), loss %.9g vs %.9g -> %s\n", name, world.size(),
-                worst, tol, l_dp, l_one, bad ? "MISMATCH" : "ok");
+    std::printf("%s [%s, %d samples, %d mini-batches, token budget %d]: %d ranks vs 1 rank: max |dparam| = %.3g (tol %.1g), loss %.9g vs %.9g -> %s\n", name, to_string(g_agg), g_batch, g_mini,
+                g_budget, world.size(), worst, tol, l_dp, l_one, bad ? "MISMATCH" : "ok");
   return bad;
 }
 
@@ -103,7 +108,22 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     Communicator& world = **comm;
-    bad |= compare("bigram", [] { return BigramHolder{std::make_unique<BigramModel>(32, 3)}; }, world, 1e-6);
+    struct Setting {
+      LossAggMode agg;
+      int batch, mini, budget;
+    };
+    for (auto st : {Setting{LossAggMode::token_mean, 12, 2, 0}, Setting{LossAggMode::seq_mean_token_mean, 10, 3, 9},
+                    Setting{LossAggMode::seq_mean_token_sum_norm, 7, 2, 1}}) {
+      g_agg = st.agg;
+      g_batch = st.batch;
+      g_mini = st.mini;
+      g_budget = st.budget;
+      bad |= compare("bigram", [] { return BigramHolder{std::make_unique<BigramModel>(32, 3)}; }, world, 1e-6);
+    }
+    g_agg = LossAggMode::token_mean;
+    g_batch = 12;
+    g_mini = 2;
+    g_budget = 0;
     policy::ModelConfig mc;
     mc.vocab_size = 32;
     mc.hidden_size = 16;
