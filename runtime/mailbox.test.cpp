@@ -41,7 +41,7 @@ TEST(Mailbox, FullFailsVisiblyAndTasksBypass) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("capacity 2"), std::string::npos);
   Mail task;
-  task.task = [](Context&) {};
+  task.task = make_task([](Context&) {});
   EXPECT_TRUE(mb.push(std::move(task), Overflow::fail, far()).ok());  // replies/timers never deadlock
   EXPECT_EQ(mb.size(), 2u);
   EXPECT_EQ(mb.high_water(), 2u);

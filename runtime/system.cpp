@@ -227,7 +227,7 @@ struct ActorSystem::Impl {
   void post_task(ActorCell* c, std::function<void(Context&)> fn) {
     Mail m;
     m.header.recipient = c->id;
-    m.task = std::move(fn);
+    m.task = make_task(std::move(fn));
     auto r = c->mailbox.push(std::move(m), Overflow::fail, Clock::now());
     if (r.ok() && r.value()) enqueue(c);
   }
@@ -242,7 +242,7 @@ struct ActorSystem::Impl {
     Context ctx(self, c, c->id, &m);
     try {
       if (m.task) {
-        m.task(ctx);
+        (*m.task)(ctx);
         return;
       }
       const Actor::RawHandler* handler = c->actor->find_handler(m.header.type_id);

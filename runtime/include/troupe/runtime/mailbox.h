@@ -36,37 +36,39 @@ class Payload {
   // A received frame; the payload starts at `offset` (after the header).
   static Payload frame(zmq::message_t msg, std::size_t offset) {
     Payload p;
-    p.frame_ = std::move(msg);
+    p.frame_ = std::make_unique<zmq::message_t>(std::move(msg));
     p.offset_ = offset;
-    p.has_frame_ = true;
     return p;
   }
   bool is_local() const { return local_ != nullptr; }
-  bool is_frame() const { return has_frame_; }
+  bool is_frame() const { return frame_ != nullptr; }
   template <class M>
   const M* local_as() const {
     return (local_ && *type_ == typeid(M)) ? static_cast<const M*>(local_.get()) : nullptr;
   }
   const std::shared_ptr<const void>& local_ptr() const { return local_; }
   const std::type_info* local_type() const { return type_; }
-  const char* data() const { return static_cast<const char*>(frame_.data()) + offset_; }
-  std::size_t size() const { return has_frame_ ? frame_.size() - offset_ : 0; }
+  const char* data() const { return frame_ ? static_cast<const char*>(frame_->data()) + offset_ : nullptr; }
+  std::size_t size() const { return frame_ ? frame_->size() - offset_ : 0; }
 
  private:
   std::shared_ptr<const void> local_;
   const std::type_info* type_ = nullptr;
-  zmq::message_t frame_;
+  std::unique_ptr<zmq::message_t> frame_;  // boxed: keeps Mail small on the local hand-off path
   std::size_t offset_ = 0;
-  bool has_frame_ = false;
 };
 
 // One mail item. `task` set = a runtime-internal closure run in the actor's context (reply
 // callbacks, timers, restarts); such items bypass the capacity bound so replies cannot deadlock.
+using MailTask = std::unique_ptr<std::function<void(Context&)>>;
 struct Mail {
   EnvelopeHeader header;
   Payload payload;
-  std::function<void(Context&)> task;
+  MailTask task;
 };
+inline MailTask make_task(std::function<void(Context&)> fn) {
+  return std::make_unique<std::function<void(Context&)>>(std::move(fn));
+}
 
 enum class Overflow {
   block,  // wait for room until the send deadline, then fail with ErrorCode::timeout
