@@ -49,7 +49,11 @@ Result<std::unique_ptr<Cluster>> Cluster::bootstrap(ClusterConfig config) {
     MPI_Initialized(&inited);
     if (!inited) {
       int provided = 0;
-      TROUPE_TRY(mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread"));
+      int wanted = config.mpi_thread_multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
+      TROUPE_TRY(mpi_check(MPI_Init_thread(nullptr, nullptr, wanted, &provided), "MPI_Init_thread"));
+      if (provided < wanted)
+        return make_error(ErrorCode::io, "MPI: asked for thread level " + std::to_string(wanted) + ", the library provides " +
+                                             std::to_string(provided));
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank_);

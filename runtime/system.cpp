@@ -136,6 +136,9 @@ struct ActorSystem::Impl {
   mutable std::shared_mutex peers_mu;
   std::unordered_map<std::uint32_t, std::unique_ptr<Peer>> peers;
   std::atomic<std::uint64_t> dropped_frames{0};
+  // The receive thread is waiting for room in a full mailbox: peers' frames queue up unread
+  // meanwhile, so their silence is ours, not theirs — no one is declared down for it.
+  std::atomic<bool> io_delivering{false};
   std::string curve_secret;
   std::unordered_set<std::string> authorized;
   TimerId heartbeat_timer = 0;
@@ -543,7 +546,9 @@ struct ActorSystem::Impl {
       return;
     }
     Mail mail{*h, Payload::frame(std::move(msg), kHeaderSize), {}};
+    io_delivering.store(true, std::memory_order_relaxed);
     Status st = self->deliver_local(std::move(mail), Overflow::block);
+    io_delivering.store(false, std::memory_order_relaxed);
     if (!st.ok()) spdlog::warn("troupe runtime: node {}: {}", self->config_.node_id, st.error().message);
   }
 
@@ -632,6 +637,7 @@ struct ActorSystem::Impl {
         } catch (const zmq::error_t&) {
         }
       }
+      if (io_delivering.load(std::memory_order_relaxed)) p->last_seen_ns.store(t.time_since_epoch().count());
       Duration silent = t - Clock::time_point(Duration(p->last_seen_ns.load()));
       if (silent > self->config_.heartbeat.timeout)
         self->declare_node_down(p->info.node, "no message or heartbeat for " + ms_text(silent) + " (timeout " +

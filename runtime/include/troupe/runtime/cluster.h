@@ -29,6 +29,7 @@ struct ClusterConfig {
   bool install_signal_handlers = true;
   bool hard_exit_watchdog = true;  // if the process has not finished by the bound, _Exit (3 / 1) with the message
   bool force_mpi = false;          // call MPI_Init even when no launcher variables are seen
+  bool mpi_thread_multiple = false;  // MPI_THREAD_MULTIPLE instead of MPI_THREAD_SERIALIZED
 };
 
 enum class ShutdownReason { none, requested, signal, peer_failed };
