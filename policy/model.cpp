@@ -295,30 +295,22 @@ Acts Model::Impl::carve(std::vector<float>& arena, int T, int max_seqlen, int n_
     off += n;
     return at;
   };
-  const size_t o_hf = take(t * C), o_rstdf = take(t), o_logits = take(t * V), o_lse = take(t), o_y = take(t * C);
-  size_t moe_scr = 0;
-  if (any_moe) moe_scr = k::moe_scratch_floats(moe_cfg, T);
-  const size_t o_moe = take(moe_scr);
+  // Buffers whose lifetimes do not overlap share one region U (this is most of what stays in the
+  // arena under offload): the final norm output and logits (end of forward -> start of backward;
+  // dlogits overwrites logits in place), the MoE kernel's scratch (inside one MoE call), and the
+  // per-layer backward temporaries (inside one layer's backward, after the MoE call).
+  const size_t QD = static_cast<size_t>(NH) * HD, KD = static_cast<size_t>(NKV) * HD;
+  const size_t moe_scr = any_moe ? k::moe_scratch_floats(moe_cfg, T) : 0;
+  const size_t head_n = t * C + t * V;
+  const size_t layer_n = with_grads ? t * (QD * 3 + KD * 3) + (any_dense ? 3 * t * I : 0) : 0;
+  const size_t o_u = take(std::max({moe_scr, head_n, layer_n}));
+  const size_t o_rstdf = take(t), o_lse = take(t), o_y = take(t * C);
   a.attn_scratch_floats = k::attention_scratch_floats(max_seqlen, omp_get_max_threads());
   const size_t o_ascr = take(a.attn_scratch_floats);
-  size_t o_dres = 0, o_dh = 0, o_datt = 0, o_dq = 0, o_dk = 0, o_dv = 0, o_dqr = 0, o_dkr = 0, o_dg = 0,
-         o_du = 0, o_da = 0, o_dlog = 0, o_xrec = 0;
+  size_t o_dres = 0, o_dh = 0;
   if (with_grads) {
     o_dres = take(t * C);
     o_dh = take(t * C);
-    o_datt = take(t * NH * HD);
-    o_dq = take(t * NH * HD);
-    o_dk = take(t * NKV * HD);
-    o_dv = take(t * NKV * HD);
-    o_dqr = take(t * NH * HD);
-    o_dkr = take(t * NKV * HD);
-    if (any_dense) {
-      o_dg = take(t * I);
-      o_du = take(t * I);
-      o_da = take(t * I);
-    }
-    o_dlog = take(t * V);
-    o_xrec = take(t * C);
   }
   if (arena.size() < off) arena.resize(off);
   float* B = arena.data();
@@ -351,27 +343,28 @@ Acts Model::Impl::carve(std::vector<float>& arena, int T, int max_seqlen, int n_
     la.moe_saved = p;
     a.ws.push_back(la);
   }
-  a.hf = B + o_hf;
+  float* U = B + o_u;
+  a.hf = U;
+  a.logits = U + t * C;
+  a.moe_scratch = U;
   a.rstdf = B + o_rstdf;
-  a.logits = B + o_logits;
   a.lse_out = B + o_lse;
   a.y = B + o_y;
-  a.moe_scratch = B + o_moe;
   a.attn_scratch = B + o_ascr;
   if (with_grads) {
     a.dresid = B + o_dres;
     a.dh = B + o_dh;
-    a.datt = B + o_datt;
-    a.dq = B + o_dq;
-    a.dk = B + o_dk;
-    a.dv = B + o_dv;
-    a.dqr = B + o_dqr;
-    a.dkr = B + o_dkr;
-    a.dg = B + o_dg;
-    a.du = B + o_du;
-    a.da = B + o_da;
-    a.dlogits = B + o_dlog;
-    a.x_recompute = B + o_xrec;
+    a.dlogits = a.logits;  // in place
+    a.datt = U;
+    a.dq = a.datt + t * QD;
+    a.dqr = a.dq + t * QD;
+    a.dk = a.dqr + t * QD;
+    a.dv = a.dk + t * KD;
+    a.dkr = a.dv + t * KD;
+    a.dg = a.dkr + t * KD;
+    a.du = a.dg + t * I;
+    a.da = a.du + t * I;
+    a.x_recompute = a.y;  // the recomputed layer output is thrown away; x_out = x2 + y works in place
   }
   a.floats = off;
   return a;

@@ -1,7 +1,9 @@
 // policy.golden: the model end to end against PyTorch. Runs tests/golden/make_golden.py (Debian
 // torch) into a temp dir, loads each fixture's weights into a troupe Model by Hugging Face name,
 // and compares logits, log-probs, entropies, the loss, EVERY gradient and the losses of several
-// AdamW steps (test-local AdamW, same formula as torch.optim.AdamW). Exits 1 on any mismatch.
+// AdamW steps (test-local AdamW, same formula as torch.optim.AdamW); once on the plain path and once
+// with every issue-6 switch flipped (checkpointing + offload, masked MoE loop, per-layer metadata).
+// Exits 1 on any mismatch.
 // Tolerances (fp32 vs fp32, different summation order): per tensor
 //   max |ours - ref| <= atol + rtol * max|ref|  with logits/logp/entropy atol 1e-5 rtol 1e-4,
 //   gradients atol 1e-5 rtol 1e-3, losses |d| <= 1e-4 * max(1, |ref|) (AdamW steps: 1e-3).
@@ -90,7 +92,7 @@ double loss_and_grads(Model& m, const PackedBatch& b, float temp, const std::vec
   return L;
 }
 
-void run_fixture(const std::string& path, const std::string& tag) {
+void run_fixture(const std::string& path, const std::string& tag, bool switches) {
   std::ifstream f(path);
   if (!f) {
     check(false, "cannot open fixture " + path);
@@ -98,6 +100,12 @@ void run_fixture(const std::string& path, const std::string& tag) {
   }
   json j = json::parse(f);
   ModelConfig cfg = config_from(j["config"]);
+  if (switches) {  // the same numbers through the optimized paths: per-layer metadata, recompute, offload
+    cfg.cache_packed_metadata = false;
+    cfg.activation_checkpointing = true;
+    cfg.offload_activations = true;
+    cfg.moe_grouped = false;
+  }
   auto created = Model::create(cfg, 0);
   if (!created.ok()) {
     check(false, tag + ": create: " + created.error().message);
@@ -194,7 +202,10 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  for (const char* tag : {"qwen3_moe", "mixtral"}) run_fixture(dir + "/golden_" + tag + ".json", tag);
+  for (bool switches : {false, true})
+    for (const char* tag : {"qwen3_moe", "mixtral"})
+      run_fixture(dir + "/golden_" + tag + ".json", std::string(tag) + (switches ? "+ckpt+offload+masked+nocache" : ""),
+                  switches);
   if (argc <= 1) std::filesystem::remove_all(dir);
   std::printf("%s (%d failures)\n", failures == 0 ? "golden: all checks passed" : "GOLDEN MISMATCH", failures);
   return failures == 0 ? 0 : 1;

@@ -102,7 +102,8 @@ void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up
 template <class T>
 void logprob_forward(T* logp, T* entropy, T* lse, const T* logits, const int32_t* targets, float temperature,
                      int N, int V);
-// dlogits (N, V) from upstream dlogp (N) and dentropy (N); either may be null (= zeros). [assigned]
+// dlogits (N, V) from upstream dlogp (N) and dentropy (N); either may be null (= zeros).
+// In place (dlogits == logits) is allowed.                                               [assigned]
 template <class T>
 void logprob_backward(T* dlogits, const T* dlogp, const T* dentropy, const T* logits, const T* lse,
                       const int32_t* targets, float temperature, int N, int V);
