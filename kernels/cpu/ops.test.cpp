@@ -3,6 +3,7 @@
 // vs the fp64 one, stated tolerances), perf (timed fp32 forward+backward; prints, never asserts).
 // Each case's loss is L = sum(out * R) for fixed random R, so backward gets dout = R.
 // Usage: kernels_ops_gradcheck_test [grad|compare|perf|all] [case-substring]; exits 1 on any mismatch.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -324,6 +325,46 @@ bool check_attention_fast_vs_reference() {
   return ok;
 }
 
+// KV-cache decode attention against the packed forward: the last token of each sequence, attending
+// its cache slot (slots permuted, so the slot map is exercised), equals the packed output row.
+bool check_decode_vs_packed() {
+  const std::vector<int> lens = {3, 1, 7, 4};
+  Packed p = make_packed(lens);
+  const int N = p.N, NH = 4, NKV = 2, HD = 8, B = static_cast<int>(lens.size()), cache_len = 8;
+  auto f = [](const Vec& v) { return cast<float>(v); };
+  auto q = f(randn(N * NH * HD)), kk = f(randn(N * NKV * HD)), v = f(randn(N * NKV * HD));
+  std::vector<float> out(q.size()), lse(N * NH);
+  k::attention_forward_reference(out.data(), lse.data(), q.data(), kk.data(), v.data(), p.start.data(), p.end.data(), N,
+                                 NH, NKV, HD);
+  const std::vector<int32_t> slot = {2, 0, 3, 1};
+  std::vector<float> kc(static_cast<size_t>(B) * cache_len * NKV * HD), vc(kc.size()), qd(B * NH * HD), od(qd.size());
+  std::vector<int32_t> kv_len(B);
+  int off = 0;
+  for (int b = 0; b < B; ++b) {
+    for (int j = 0; j < lens[b]; ++j)
+      for (int x = 0; x < NKV * HD; ++x) {
+        kc[(static_cast<size_t>(slot[b]) * cache_len + j) * NKV * HD + x] = kk[(off + j) * NKV * HD + x];
+        vc[(static_cast<size_t>(slot[b]) * cache_len + j) * NKV * HD + x] = v[(off + j) * NKV * HD + x];
+      }
+    std::copy_n(q.begin() + (off + lens[b] - 1) * NH * HD, NH * HD, qd.begin() + b * NH * HD);
+    kv_len[b] = lens[b];
+    off += lens[b];
+  }
+  k::attention_decode_forward(od.data(), qd.data(), kc.data(), vc.data(), kv_len.data(), slot.data(), B, cache_len, NH,
+                              NKV, HD);
+  double worst = 0;
+  off = 0;
+  for (int b = 0; b < B; ++b) {
+    for (int x = 0; x < NH * HD; ++x)
+      worst = std::max(worst, double(std::fabs(od[b * NH * HD + x] - out[(off + lens[b] - 1) * NH * HD + x])));
+    off += lens[b];
+  }
+  const bool ok = worst <= 1e-6;
+  std::printf("[%s] compare attention decode (KV cache, slot map) vs packed max |d| = %.3g\n", ok ? " ok " : "FAIL",
+              worst);
+  return ok;
+}
+
 void perf(const OpCase& c) {
   Inputs g;
   const int reps = 200;
@@ -349,7 +390,7 @@ int main(int argc, char** argv) {
     if (mode == "perf") perf(c);
   }
   if ((mode == "compare" || mode == "all") && (filter.empty() || std::string("attention").find(filter) == 0))
-    ok = check_attention_fast_vs_reference() && ok;
+    ok = check_attention_fast_vs_reference() && check_decode_vs_packed() && ok;
   if (ran == 0) {
     std::printf("no op case matches '%s'\n", filter.c_str());
     return 1;
