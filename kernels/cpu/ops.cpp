@@ -316,8 +316,11 @@ void attention_backward_reference(T* dq, T* dk, T* dv, T* scratch, const T* dout
 
 // Fast path: score tiles through BLAS. Forward: one task per (sequence, head); backward: one task
 // per (sequence, kv head), looping over the query heads of its group so dk/dv have one writer.
+constexpr int kAttnBlock = 32;  // query rows per score block
+
 size_t attention_scratch_floats(int max_seqlen, int threads) {
-  return static_cast<size_t>(std::max(threads, 1)) * 2 * static_cast<size_t>(max_seqlen) * max_seqlen;
+  return static_cast<size_t>(std::max(threads, 1)) * 2 * static_cast<size_t>(std::min(max_seqlen, kAttnBlock)) *
+         max_seqlen;
 }
 
 template <class T>
@@ -325,7 +328,7 @@ void attention_forward(T* out, T* lse, T* scratch, size_t scratch_floats, const 
                        const int32_t* cu_seqlens, int S, int max_seqlen, int N, int NH, int NKV, int HD) {
   const int group = NH / NKV;
   const T scale = T(1) / std::sqrt(T(HD));
-  const size_t tile = static_cast<size_t>(max_seqlen) * max_seqlen;
+  const size_t tile = static_cast<size_t>(std::min(max_seqlen, kAttnBlock)) * max_seqlen;  // one score block
   const int slots = static_cast<int>(std::max<size_t>(1, scratch_floats / std::max<size_t>(tile, 1)));
   const int nt = std::min(slots, parallel_worth(double(N) * NH * HD * 16) ? omp_get_max_threads() : 1);
   const int QS = NH * HD, KS = NKV * HD;
@@ -338,20 +341,26 @@ void attention_forward(T* out, T* lse, T* scratch, size_t scratch_floats, const 
     const T* Q = q + (static_cast<size_t>(a) * NH + h) * HD;
     const T* K = k + (static_cast<size_t>(a) * NKV + g) * HD;
     const T* Vv = v + (static_cast<size_t>(a) * NKV + g) * HD;
-    gemm(CblasNoTrans, CblasTrans, Ls, Ls, HD, scale, Q, QS, K, KS, T(0), P, Ls);
-    for (int i = 0; i < Ls; ++i) {
-      T* row = P + static_cast<size_t>(i) * Ls;
-      T m = row[0];
-      for (int j = 1; j <= i; ++j) m = std::max(m, row[j]);
-      T sum = 0;
-      for (int j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - m));
-      const T inv = T(1) / sum;
-      for (int j = 0; j <= i; ++j) row[j] *= inv;
-      for (int j = i + 1; j < Ls; ++j) row[j] = T(0);
-      lse[static_cast<size_t>(a + i) * NH + h] = m + std::log(sum);
+    // Query rows in blocks of kAttnBlock: block [r0, r1) only needs keys [0, r1) (causal), so the
+    // masked upper triangle is mostly never computed. P is (r1 - r0) x r1 with leading dim r1.
+    for (int r0 = 0; r0 < Ls; r0 += kAttnBlock) {
+      const int r1 = std::min(Ls, r0 + kAttnBlock), nr = r1 - r0;
+      gemm(CblasNoTrans, CblasTrans, nr, r1, HD, scale, Q + static_cast<size_t>(r0) * QS, QS, K, KS, T(0), P, r1);
+      for (int i = 0; i < nr; ++i) {
+        const int gi = r0 + i;
+        T* row = P + static_cast<size_t>(i) * r1;
+        T m = row[0];
+        for (int j = 1; j <= gi; ++j) m = std::max(m, row[j]);
+        T sum = 0;
+        for (int j = 0; j <= gi; ++j) sum += (row[j] = std::exp(row[j] - m));
+        const T inv = T(1) / sum;
+        for (int j = 0; j <= gi; ++j) row[j] *= inv;
+        for (int j = gi + 1; j < r1; ++j) row[j] = T(0);
+        lse[static_cast<size_t>(a + gi) * NH + h] = m + std::log(sum);
+      }
+      gemm(CblasNoTrans, CblasNoTrans, nr, HD, r1, T(1), P, r1, Vv, KS, T(0),
+           out + (static_cast<size_t>(a + r0) * NH + h) * HD, QS);
     }
-    gemm(CblasNoTrans, CblasNoTrans, Ls, HD, Ls, T(1), P, Ls, Vv, KS, T(0), out + (static_cast<size_t>(a) * NH + h) * HD,
-         QS);
   }
 }
 
@@ -361,7 +370,7 @@ void attention_backward(T* dq, T* dk, T* dv, T* scratch, size_t scratch_floats, 
                         int max_seqlen, int N, int NH, int NKV, int HD) {
   const int group = NH / NKV;
   const T scale = T(1) / std::sqrt(T(HD));
-  const size_t tile = static_cast<size_t>(max_seqlen) * max_seqlen;
+  const size_t tile = static_cast<size_t>(std::min(max_seqlen, kAttnBlock)) * max_seqlen;  // one score block
   const int slots = static_cast<int>(std::max<size_t>(1, scratch_floats / std::max<size_t>(2 * tile, 1)));
   const int nt = std::min(slots, parallel_worth(double(N) * NH * HD * 16) ? omp_get_max_threads() : 1);
   const int QS = NH * HD, KS = NKV * HD;
@@ -385,22 +394,27 @@ void attention_backward(T* dq, T* dk, T* dv, T* scratch, size_t scratch_floats, 
       const T* Q = q + qo;
       const T* dO = dout + qo;
       const T* O = out + qo;
-      gemm(CblasNoTrans, CblasTrans, Ls, Ls, HD, scale, Q, QS, K, KS, T(0), P, Ls);
-      gemm(CblasNoTrans, CblasTrans, Ls, Ls, HD, T(1), dO, QS, Vv, KS, T(0), dP, Ls);
-      for (int i = 0; i < Ls; ++i) {
-        T* prow = P + static_cast<size_t>(i) * Ls;
-        T* drow = dP + static_cast<size_t>(i) * Ls;
-        const T L = lse[static_cast<size_t>(a + i) * NH + h];
-        const T D = dot(dO + static_cast<size_t>(i) * QS, O + static_cast<size_t>(i) * QS, HD);
-        for (int j = 0; j <= i; ++j) {
-          prow[j] = std::exp(prow[j] - L);
-          drow[j] = prow[j] * (drow[j] - D) * scale;
+      for (int r0 = 0; r0 < Ls; r0 += kAttnBlock) {  // same causal row blocks as the forward
+        const int r1 = std::min(Ls, r0 + kAttnBlock), nr = r1 - r0;
+        const size_t ro = static_cast<size_t>(r0) * QS;
+        gemm(CblasNoTrans, CblasTrans, nr, r1, HD, scale, Q + ro, QS, K, KS, T(0), P, r1);
+        gemm(CblasNoTrans, CblasTrans, nr, r1, HD, T(1), dO + ro, QS, Vv, KS, T(0), dP, r1);
+        for (int i = 0; i < nr; ++i) {
+          const int gi = r0 + i;
+          T* prow = P + static_cast<size_t>(i) * r1;
+          T* drow = dP + static_cast<size_t>(i) * r1;
+          const T L = lse[static_cast<size_t>(a + gi) * NH + h];
+          const T D = dot(dO + static_cast<size_t>(gi) * QS, O + static_cast<size_t>(gi) * QS, HD);
+          for (int j = 0; j <= gi; ++j) {
+            prow[j] = std::exp(prow[j] - L);
+            drow[j] = prow[j] * (drow[j] - D) * scale;
+          }
+          for (int j = gi + 1; j < r1; ++j) prow[j] = drow[j] = T(0);
         }
-        for (int j = i + 1; j < Ls; ++j) prow[j] = drow[j] = T(0);
+        gemm(CblasNoTrans, CblasNoTrans, nr, HD, r1, T(1), dP, r1, K, KS, T(0), dq + qo + ro, QS);
+        gemm(CblasTrans, CblasNoTrans, r1, HD, nr, T(1), dP, r1, Q + ro, QS, T(1), dK, KS);
+        gemm(CblasTrans, CblasNoTrans, r1, HD, nr, T(1), P, r1, dO + ro, QS, T(1), dV, KS);
       }
-      gemm(CblasNoTrans, CblasNoTrans, Ls, HD, Ls, T(1), dP, Ls, K, KS, T(0), dq + qo, QS);
-      gemm(CblasTrans, CblasNoTrans, Ls, HD, Ls, T(1), dP, Ls, Q, QS, T(1), dK, KS);
-      gemm(CblasTrans, CblasNoTrans, Ls, HD, Ls, T(1), P, Ls, dO, QS, T(1), dV, KS);
     }
   }
 }

@@ -157,12 +157,16 @@ std::vector<OpCase> registry() {
                      })});
   }
   for (bool fast : {true, false}) {
-    for (auto [NH, NKV] : {std::pair{4, 2}, std::pair{2, 2}, std::pair{3, 1}}) {  // attention, GQA and MHA
-      const int HD = 4;
-      Packed p = make_packed({3, 1, 4});
+    for (auto [NH, NKV] : {std::pair{4, 2}, std::pair{2, 2}, std::pair{3, 1}, std::pair{2, 1}}) {  // GQA, MHA
+      // The last case has a sequence longer than the fast path's 32-row causal block.
+      const bool longseq = NH == 2 && NKV == 1;
+      const int HD = longseq ? 2 : 4;
+      const std::vector<int> lens = longseq ? std::vector<int>{37, 2} : std::vector<int>{3, 1, 4};
+      Packed p = make_packed(lens);
       const int N = p.N;
-      const std::vector<int32_t> cu = {0, 3, 4, 8};
-      const int S = 3, maxlen = 4;
+      std::vector<int32_t> cu = {0};
+      for (int L : lens) cu.push_back(cu.back() + L);
+      const int S = static_cast<int>(lens.size()), maxlen = *std::max_element(lens.begin(), lens.end());
       Vec R = randn(N * NH * HD);
       std::string name = std::string(fast ? "attention" : "attention_ref") + ".h" + std::to_string(NH) + "kv" +
                          std::to_string(NKV);

@@ -58,9 +58,10 @@ void rope_backward(T* dinp, const T* dout, const float* cos, const float* sin, i
 // sequence (attention never crosses cu_seqlens). Query head h uses kv head h / (NH / NKV).
 // q (N, NH, HD), k/v (N, NKV, HD), out (N, NH, HD), lse (N, NH) saved log-sum-exp of the scaled
 // scores; scale = 1/sqrt(HD).
-// Fast path: per (sequence, head) score tiles through BLAS; scratch holds one (L x L) tile per
-// thread for the forward and two for the backward (L = max_seqlen). The number of threads used is
-// capped by what scratch_floats allows, so any scratch >= attention_scratch_floats(L, 1) works.
+// Fast path: per (sequence, head) causal score blocks (32 query rows x the keys they see) through
+// BLAS; scratch holds one (32 x L) block per thread for the forward and two for the backward
+// (L = max_seqlen). The number of threads used is capped by what scratch_floats allows, so any
+// scratch >= attention_scratch_floats(L, 1) works.
 size_t attention_scratch_floats(int max_seqlen, int threads);  // backward size (forward needs half)
 template <class T>
 void attention_forward(T* out, T* lse, T* scratch, size_t scratch_floats, const T* q, const T* k, const T* v,
