@@ -151,6 +151,11 @@ TEST(Model, BadConfigAndBatchAreErrors) {
   EXPECT_FALSE(m.forward_train(b, 0.0f, lp.data(), ent.data()).ok());
   EXPECT_FALSE(m.backward_train(nullptr, nullptr).ok());  // no forward before it
   EXPECT_FALSE(m.set_params(std::vector<float>(3)).ok());
+  // Empty sequences inside a batch are allowed (they contribute nothing).
+  b = batch_of({{1, 2, 3}, {}, {4, 5}});
+  ASSERT_EQ(b.cu_seqlens, (std::vector<int32_t>{0, 3, 3, 5}));
+  EXPECT_TRUE(m.forward_train(b, 1.0f, lp.data(), ent.data()).ok());
+  EXPECT_TRUE(m.backward_train(lp.data(), nullptr).ok());
 }
 
 // Packing never mixes sequences: each sequence's logits equal those of it run alone.
