@@ -63,6 +63,9 @@ struct KvCtx {
 
 struct Model::Impl {
   explicit Impl(const ModelConfig& c);
+  ~Impl() {
+    if (engine) engine->synchronize();  // no copy may still target the offload store being freed
+  }
   void build_table();
   void init_params(uint64_t seed);
   kernels::MoeWeights moe_weights(int l) const;
