@@ -4,9 +4,15 @@
 #include <stdio.h>
 #include <sys/wait.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,6 +60,79 @@ LossInputs make_inputs(int S, int L) {
   return in;
 }
 
+// Runs `cmd` and returns its stdout (nullopt when it fails).
+std::optional<std::string> run_capture(const std::string& cmd) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  if (::pclose(p) != 0) return std::nullopt;
+  return out;
+}
+
+// Second row of grpo_loss_fused: PyTorch eager (TRL's padded layout, float32, 1 thread) as the
+// baseline, one Python process per repetition, interleaved with ours.
+int bench_grpo_loss_torch(const BenchOptions& opt, const LossInputs& in, const learner::GrpoLossConfig& cfg,
+                          const std::function<double()>& ours) {
+  namespace fs = std::filesystem;
+  const std::string script = std::string(TROUPE_SOURCE_DIR) + "/learner/bench/grpo_loss_torch.py";
+  const std::string py = python_executable();
+  if (!run_capture("'" + py + "' -c 'import torch, numpy' 2>/dev/null")) {
+    skip_baseline("learner", "grpo_loss_fused", "pytorch_eager: torch/numpy not importable by " + py);
+    return 0;
+  }
+  const fs::path dir = fs::temp_directory_path() / ("troupe_bench_grpo_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  int L = 0;
+  for (int s = 0; s < in.S; ++s) L = std::max(L, in.cu[s + 1] - in.cu[s]);
+  auto write = [&](const char* name, const std::vector<float>& packed) {
+    std::vector<float> pad(static_cast<size_t>(in.S) * L, 0.0f);
+    for (int s = 0; s < in.S; ++s)
+      for (int t = in.cu[s]; t < in.cu[s + 1]; ++t) pad[static_cast<size_t>(s) * L + (t - in.cu[s])] = packed[t];
+    std::ofstream f(dir / (std::string(name) + ".f32"), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(pad.data()), static_cast<std::streamsize>(pad.size() * sizeof(float)));
+  };
+  write("mask", in.mask);
+  write("logp", in.logp);
+  write("old", in.old);
+  write("ref", in.ref);
+  write("entropy", in.ent);
+  {
+    std::ofstream f(dir / "adv.f32", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(in.adv.data()), static_cast<std::streamsize>(in.adv.size() * sizeof(float)));
+    std::ofstream m(dir / "meta.json");
+    m << nlohmann::json{{"S", in.S}, {"L", L}, {"T", in.T}, {"epsilon", cfg.epsilon}, {"epsilon_high", cfg.eps_high()},
+                        {"beta", cfg.beta}, {"entropy_coef", cfg.entropy_coef}}.dump();
+  }
+  const std::string cmd = "OPENBLAS_NUM_THREADS=1 TROUPE_TORCH_THREADS=1 '" + py + "' '" + script + "' '" + dir.string() + "'";
+  bool ok = true;
+  auto torch_rep = [&]() -> double {
+    auto out = run_capture(cmd);
+    double v = 0;
+    if (!out || std::sscanf(out->c_str(), "tokens_per_s %lf", &v) != 1) ok = false;
+    return v;
+  };
+  Paired p = interleaved(5, ours, torch_rep);
+  fs::remove_all(dir);
+  if (!ok) {
+    skip_baseline("learner", "grpo_loss_fused", "pytorch_eager: `" + cmd + "` failed");
+    return 0;
+  }
+  Row row;
+  row.suite = "learner";
+  row.case_name = "grpo_loss_fused";
+  row.metric = "tokens_per_s";
+  row.unit = "tokens/s";
+  row.ours = p.ours;
+  row.baseline = p.baseline;
+  row.baseline_name = "pytorch_eager";
+  row.better = Better::higher;
+  row.extra = {{"tokens", in.T}, {"padded_tokens", in.S * L}, {"sequences", in.S}, {"threads", 1}};
+  emit(row);
+  return 0;
+}
+
 int bench_grpo_loss(const BenchOptions& opt) {
   using namespace troupe::learner;
   const int S = opt.quick ? 128 : 512, L = 512;
@@ -95,7 +174,7 @@ int bench_grpo_loss(const BenchOptions& opt) {
   row.better = Better::higher;
   row.extra = {{"tokens", in.T}, {"sequences", S}, {"threads", 1}};
   emit(row);
-  return 0;
+  return bench_grpo_loss_torch(opt, in, cfg, run(true));
 }
 
 int bench_allreduce(const BenchOptions& opt) {
@@ -115,7 +194,7 @@ int bench_allreduce(const BenchOptions& opt) {
   std::string out;
   char buf[4096];
   while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);
+  const int rc = ::pclose(p);  // (not run_capture: on failure the output is printed)
   nlohmann::json j;
   for (size_t pos = 0; pos < out.size();) {  // the JSON line among whatever mpirun printed
     size_t end = out.find('\n', pos);
