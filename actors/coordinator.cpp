@@ -195,7 +195,8 @@ Result<Coordinator::Rollout> Coordinator::make_rollout(int64_t step, int64_t k) 
   return r;
 }
 
-Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_start, double extra_idle) {
+Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_start, double extra_idle,
+                             double learner_wait) {
   auto& sys = *peers_.system;
   const auto& ro = cfg_.rollout;
   int G = ro.num_generations;
@@ -272,7 +273,8 @@ Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_st
   row["env_s"] = r.env_s;
   row["learner_s"] = learner_s;
   row["weight_sync_s"] = sync_s;
-  row["idle_s"] = idle;
+  row["idle_s"] = idle;  // generator idle: no sampling work during this step
+  row["learner_idle_s"] = async_ ? learner_wait : r.gen_s + r.env_s;  // learner waiting for a batch
   row["step_s"] = step_s;
   row["tokens_per_s"] = step_s > 0 ? resp_len / step_s : 0.0;
   row["wall_s"] = now_s();
@@ -479,7 +481,7 @@ Status Coordinator::run_grpo(int64_t first_k) {
       double t = mono_s();
       TROUPE_ASSIGN_OR_RETURN(auto r, make_rollout(S + k + 1, k));
       step_ = S + k + 1;
-      TROUPE_TRY(train_on(r, step_, k, t, 0));
+      TROUPE_TRY(train_on(r, step_, k, t, 0, 0));
       TROUPE_TRY(finish_step(k));
     }
     return {};
@@ -515,6 +517,7 @@ Status Coordinator::run_grpo(int64_t first_k) {
   for (int64_t k = first_k; k < K; ++k) {
     double t = mono_s();
     std::pair<int64_t, Result<Rollout>> item{0, Error{}};
+    double wait0 = mono_s();
     {
       std::unique_lock lk(async_->mu);
       async_->cv.wait(lk, [&] { return !async_->queue.empty(); });
@@ -528,7 +531,7 @@ Status Coordinator::run_grpo(int64_t first_k) {
     }
     step_ = S + k + 1;
     double idle = item.second->idle_s;
-    if (auto st = train_on(*item.second, step_, k, t, idle); !st.ok()) {
+    if (auto st = train_on(*item.second, step_, k, t, idle, mono_s() - wait0); !st.ok()) {
       result = st;
       break;
     }
