@@ -22,7 +22,7 @@ Result<StdMode> parse_std_mode(const std::string& s) {
 Result<AdvantageEstimator> parse_advantage_estimator(const std::string& s) {
   if (s == "grpo") return AdvantageEstimator::grpo;
   if (s == "rloo") return AdvantageEstimator::rloo;
-  if (s == "reinforce_plus_plus" || s == "reinforce++" || s == "reinforce_plus_plus_baseline")
+  if (s == "reinforce_plus_plus" || s == "reinforce_pp" || s == "reinforce++" || s == "reinforce_plus_plus_baseline")
     return AdvantageEstimator::reinforce_pp;
   return bad("adv_estimator", s, "grpo, rloo, reinforce_plus_plus");
 }

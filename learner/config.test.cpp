@@ -16,6 +16,7 @@ TEST(LearnerConfig, ParsesUserNames) {
   EXPECT_EQ(*parse_std_mode("false"), StdMode::none);
   EXPECT_EQ(*parse_std_mode("batch"), StdMode::batch);
   EXPECT_EQ(*parse_advantage_estimator("rloo"), AdvantageEstimator::rloo);
+  EXPECT_EQ(*parse_advantage_estimator("reinforce_pp"), AdvantageEstimator::reinforce_pp);
   EXPECT_EQ(*parse_importance_sampling_level("sequence"), ImportanceSamplingLevel::sequence);
   EXPECT_EQ(*parse_lr_schedule("cosine"), LrSchedule::cosine);
   auto bad = parse_kl_estimator("k4");

@@ -111,7 +111,7 @@ struct LearnerConfig {
 
 // Names as users write them in YAML ("token-mean", "k3", "group", ...). Errors name the value and the choices.
 Result<StdMode> parse_std_mode(const std::string& s);  // group|batch|none (also true/false)
-Result<AdvantageEstimator> parse_advantage_estimator(const std::string& s);  // grpo|rloo|reinforce_plus_plus
+Result<AdvantageEstimator> parse_advantage_estimator(const std::string& s);  // grpo|rloo|reinforce_plus_plus (reinforce_pp)
 Result<KlEstimator> parse_kl_estimator(const std::string& s);  // k1|kl|k2|mse|k3|low_var_kl
 Result<LossAggMode> parse_loss_agg_mode(const std::string& s);  // token-mean|seq-mean-token-mean|... |dapo|grpo|dr_grpo
 Result<ImportanceSamplingLevel> parse_importance_sampling_level(const std::string& s);  // token|sequence
