@@ -262,6 +262,7 @@ struct RayServer {
   FILE* to = nullptr;
   FILE* from = nullptr;
   std::string why_not;
+  bool failed = false;  // a repetition got no figure: the row would be wrong, so none is printed
   bool start() {
     std::string script = std::string(TROUPE_SOURCE_DIR) + "/launch/bench/runtime_ray.py";
     std::string py = troupe::python_executable();
@@ -295,19 +296,25 @@ struct RayServer {
     }
     return true;
   }
+  // Next protocol line ("ready", "calls_per_s X", "ERROR ..."); stray output is skipped.
   std::string read_line() {
     char buf[4096];
-    if (!from || !std::fgets(buf, sizeof buf, from)) return "";
-    std::string s(buf);
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    return s;
+    while (from && std::fgets(buf, sizeof buf, from)) {
+      std::string s(buf);
+      while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+      if (s.rfind("ready", 0) == 0 || s.rfind("calls_per_s ", 0) == 0 || s.rfind("ERROR", 0) == 0) return s;
+    }
+    return "";
   }
   double run(const char* mode, long n) {
     std::fprintf(to, "%s %ld\n", mode, n);
     std::fflush(to);
     std::string line = read_line();
     double v = 0;
-    if (std::sscanf(line.c_str(), "calls_per_s %lf", &v) != 1) return 0;
+    if (std::sscanf(line.c_str(), "calls_per_s %lf", &v) != 1) {
+      std::fprintf(stderr, "troupe bench runtime: the Ray helper stopped answering (%s)\n", line.c_str());
+      failed = true;
+    }
     return v;
   }
   void stop() {
@@ -387,6 +394,10 @@ int run_runtime_suite(const BenchOptions& opt) {
       }
       Paired p = interleaved(reps, [&] { return ours.calls(n, pipelined); },
                              [&] { return ray.run(pipelined ? "pipelined" : "sync", n_ray); });
+      if (ray.failed) {
+        skip_baseline(kSuite, name, "the Ray helper failed during the measurement");
+        break;
+      }
       emit_row(name, "calls_per_s", "call/s", p, "ray", Better::higher, {{"transport", "ipc"}, {"calls_per_rep", n}, {"ray_calls_per_rep", n_ray}});
     }
     ray.stop();

@@ -5,10 +5,21 @@ import os
 import sys
 import time
 
+# The protocol owns the original stdout; anything Ray or its libraries print goes to stderr.
+proto = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+
+
+def say(text):
+    proto.write(text + "\n")
+    proto.flush()
+
+
 try:
     import ray
 except Exception as e:  # noqa: BLE001 - any import failure means "no baseline"
-    print(f"ERROR import ray failed: {e}", flush=True)
+    say(f"ERROR import ray failed: {e}")
     sys.exit(3)
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -24,7 +35,7 @@ class Echo:
 actor = Echo.remote()
 payload = b"x" * 1024
 ray.get(actor.call.remote(payload))  # warm: the actor process is up
-print("ready", flush=True)
+say("ready")
 for line in sys.stdin:
     parts = line.split()
     if not parts or parts[0] == "quit":
@@ -37,5 +48,5 @@ for line in sys.stdin:
         for _ in range(n):
             ray.get(actor.call.remote(payload))
     dt = time.perf_counter() - t0
-    print(f"calls_per_s {n / dt}", flush=True)
+    say(f"calls_per_s {n / dt}")
 ray.shutdown()
