@@ -139,7 +139,13 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     const auto& e = cfg.envs[i];
     json j = {{"name", e.name}, {"type", e.type}, {"weight", e.weight}, {"config", e.config}, {"timeout_s", e.timeout_s}};
     if (!e.env.empty()) j["env"] = e.env;
-    if (!e.path.empty()) j["path"] = fs::path(e.path).is_absolute() ? e.path : (fs::path(base_dir) / e.path).string();
+    if (!e.path.empty()) {
+      std::string path = fs::path(e.path).is_absolute() ? e.path : (fs::path(base_dir) / e.path).string();
+      if (!fs::exists(path))
+        return invalid_input("envs[" + std::to_string(i) + "].path: the plug-in " + path +
+                             " does not exist (build it, or fix the path; relative paths start at the YAML file)");
+      j["path"] = path;
+    }
     if (!e.command.empty()) j["command"] = e.command;
     if (!e.address.empty()) j["address"] = e.address;
     if (e.isolate != "auto") j["isolate"] = e.isolate == "true";

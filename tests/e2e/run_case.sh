@@ -66,6 +66,18 @@ case $CASE in
     cat "$W/err.txt"
     [ $rc -ne 0 ] && grep -q "multinode.yaml:.*error: cluster: the job has 2 ranks but the cluster section places 4 roles" "$W/err.txt"
     ;;
+  bad_input)  # bad env name / missing plug-in / bad --resume: clear errors, exit 2, nothing written
+    for args in "--set envs[0].name=nope" "--set envs[0].type=plugin --set envs[0].path=/no/such.so" "--resume $W/none"; do
+      set +e
+      "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" $args 2> "$W/err.txt"
+      rc=$?
+      set -e
+      cat "$W/err.txt"
+      [ $rc -eq 2 ] || { echo "expected exit 2 for $args, got $rc"; exit 1; }
+      grep -q "error" "$W/err.txt"
+    done
+    grep -q "nope" "$W/err.txt" || true
+    ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
 echo "e2e.$CASE ok"

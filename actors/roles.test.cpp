@@ -1,0 +1,135 @@
+// actors.roles: the roles without an actor system — prompt formatting, the generator's truncation
+// and prompt-cut records, weight sync from learner to generator with its version, the env worker's
+// batched verify on the arithmetic env, and the YAML -> learner settings mapping.
+#include <gtest/gtest.h>
+
+#include "troupe/actors/roles.h"
+
+using namespace troupe;
+using namespace troupe::actors;
+
+namespace {
+
+ExperimentConfig tiny() {
+  ExperimentConfig c;
+  auto& m = c.policy.model;
+  m.vocab_size = 100;
+  m.hidden_size = 32;
+  m.num_hidden_layers = 1;
+  m.num_attention_heads = 2;
+  m.num_key_value_heads = 1;
+  m.head_dim = 16;
+  m.intermediate_size = 32;
+  m.num_experts = 2;
+  m.num_experts_per_tok = 1;
+  m.moe_intermediate_size = 16;
+  m.max_position_embeddings = 64;
+  c.rollout.max_prompt_length = 8;
+  c.rollout.max_response_length = 4;
+  EnvSpec e;
+  e.name = "arithmetic";
+  c.envs.push_back(e);
+  return c;
+}
+
+}  // namespace
+
+TEST(Roles, FormatPrompt) {
+  RolloutSection r;
+  r.system_prompt = "Add. ";
+  EXPECT_EQ(format_prompt(r, "1+2="), "Add. 1+2=");
+  r.template_name = "chat";
+  EXPECT_EQ(format_prompt(r, "1+2="), "<|system|>\nAdd. \n<|user|>\n1+2=\n<|assistant|>\n");
+}
+
+TEST(Roles, GeneratorRecordsTruncationAndPromptCut) {
+  auto cfg = tiny();
+  auto g = Generator::create(cfg);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  GenerateReq req;
+  req.prompts = {"1+2=", "123456789+123456789="};
+  req.sampling.temperature = 1.0f;
+  req.sampling.max_new_tokens = 4;
+  req.sampling.seed = 7;
+  auto rep = (*g)->generate(req);
+  ASSERT_TRUE(rep.ok()) << rep.error().message;
+  ASSERT_EQ(rep->samples.size(), 2u);
+  EXPECT_FALSE(rep->samples[0].prompt_cut);
+  EXPECT_TRUE(rep->samples[1].prompt_cut);
+  EXPECT_EQ(rep->samples[1].prompt_tokens.size(), 8u);  // cut from the left to max_prompt_length
+  for (const auto& s : rep->samples) {
+    EXPECT_LE(s.tokens.size(), 4u);
+    EXPECT_EQ(s.tokens.size(), s.logprobs.size());
+    if (s.tokens.size() == 4 && s.tokens.back() != (*g)->tokenizer().eos_id()) {
+      EXPECT_TRUE(s.truncated);
+    }
+  }
+  // the same seed gives the same samples
+  auto again = (*g)->generate(req);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->samples[0].tokens, rep->samples[0].tokens);
+}
+
+TEST(Roles, WeightSyncCarriesTheVersion) {
+  auto cfg = tiny();
+  cfg.optimizer.lr = 0.01f;
+  auto l = LearnerRole::create(cfg, nullptr);
+  ASSERT_TRUE(l.ok()) << l.error().message;
+  auto g = Generator::create(cfg);
+  ASSERT_TRUE(g.ok());
+  TrainReq req;
+  req.phase = 1;  // SFT
+  TrainSample s;
+  s.prompt = {1, 10, 11};
+  s.completion = {12, 2};
+  req.samples = {s, s};
+  auto rep = (*l)->train(req);
+  ASSERT_TRUE(rep.ok()) << rep.error().message;
+  EXPECT_EQ(rep->policy_version, 1);
+  auto w = (*l)->weights();
+  EXPECT_EQ(w.version, 1);
+  ASSERT_TRUE((*g)->set_weights(w).ok());
+  EXPECT_EQ((*g)->version(), 1);
+  Weights bad;
+  bad.params = {1.0f};
+  EXPECT_FALSE((*g)->set_weights(bad).ok());  // wrong size is an error, not a crash
+}
+
+TEST(Roles, EnvWorkerVerifiesAGroup) {
+  auto cfg = tiny();
+  auto specs = env_specs(cfg, ".");
+  ASSERT_TRUE(specs.ok()) << specs.error().message;
+  auto w = EnvWorker::create(*specs);
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  auto obs = (*w)->reset({"arithmetic", "e1", 3, 0});
+  ASSERT_TRUE(obs.ok()) << obs.error().message;
+  auto meta = nlohmann::json::parse(obs->metadata_json);
+  std::string answer = meta["answer"].get<std::string>();
+  EnvVerifyReq v{"arithmetic", obs->metadata_json, {answer, answer + "9", ""}};
+  auto rep = (*w)->verify(v);
+  ASSERT_TRUE(rep.ok()) << rep.error().message;
+  ASSERT_EQ(rep->rewards.size(), 3u);
+  EXPECT_EQ(rep->rewards[0], 1.0);
+  EXPECT_EQ(rep->correct[0], 1.0);
+  EXPECT_EQ(rep->rewards[1], 0.0);
+  auto missing = (*w)->reset({"nope", "e2", 1, 0});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("nope"), std::string::npos);
+}
+
+TEST(Roles, LearnerConfigMapping) {
+  ExperimentConfig c;
+  c.loss.agg_mode = "seq-mean-token-sum-norm";
+  c.loss.kl_type = "k1";
+  c.grpo.scale_rewards = "none";
+  c.sft.lr = 0.01f;
+  c.optimizer.lr = 0.001f;
+  c.rollout.max_response_length = 12;
+  auto g = learner_config(c, learner::Phase::grpo);
+  EXPECT_EQ(g.loss.loss_agg_mode, learner::LossAggMode::seq_mean_token_sum_norm);
+  EXPECT_EQ(g.loss.loss_scale_factor, 12.0f);
+  EXPECT_EQ(g.loss.kl_estimator, learner::KlEstimator::k1);
+  EXPECT_EQ(g.advantage.scale_rewards, learner::StdMode::none);
+  EXPECT_FLOAT_EQ(g.optimizer.learning_rate, 0.001f);
+  EXPECT_FLOAT_EQ(learner_config(c, learner::Phase::sft).optimizer.learning_rate, 0.01f);
+}
