@@ -27,7 +27,8 @@ namespace {
 constexpr std::uint32_t kAliasBit = 0x80000000u;
 constexpr std::size_t kMaxActors = 1u << 16;
 constexpr std::size_t kBatch = 64;
-constexpr int kSpin = 2000;  // ~tens of microseconds of polling before a consumer gives up its turn
+constexpr int kSpin = 1000;      // ~tens of microseconds of polling before a consumer gives up its turn
+constexpr int kIdleSpin = 2000;  // a worker's polling of the run queue before it sleeps
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -192,7 +193,7 @@ struct ActorSystem::Impl {
 
   ActorCell* pop_runnable_blocking() {
     // Spin briefly before sleeping: a futex wake per message would dominate small-message cost.
-    for (int spin = 0; spin < 20000; ++spin) {
+    for (int spin = 0; spin < kIdleSpin; ++spin) {
       if (runq_waiting() || stopping) {
         std::lock_guard lock(runq_mu);
         if (!runq.empty()) {
@@ -203,8 +204,7 @@ struct ActorSystem::Impl {
         }
         if (stopping) return nullptr;
       }
-      if (spin > 2000) std::this_thread::yield();
-      else cpu_relax();
+      cpu_relax();  // no sched_yield: on a busy box it hands the core to threads we then wait for
     }
     std::unique_lock lock(runq_mu);
     ++idle_workers;
