@@ -283,7 +283,9 @@ struct ActorSystem::Impl {
     }
   }
 
-  void process(ActorCell* c, std::vector<Mail>& batch) {
+  std::vector<Mail> io_batch;  // the receive thread's batch when it runs handlers inline
+
+  void process(ActorCell* c, std::vector<Mail>& batch, bool spin = true) {
     CellState s = c->state.load();
     if (s == CellState::restarting) {
       c->state = CellState::running;
@@ -306,7 +308,7 @@ struct ActorSystem::Impl {
       std::size_t n = c->mailbox.pop_batch(batch);
       if (n == 0) {
         bool more = false;
-        if (!manual)
+        if (!manual && spin)
           for (int s = 0; s < kSpin && !runq_waiting(); ++s) {
             if (c->mailbox.has_mail()) {
               more = true;
@@ -547,7 +549,7 @@ struct ActorSystem::Impl {
     }
     Mail mail{*h, Payload::frame(std::move(msg), kHeaderSize), {}};
     io_delivering.store(true, std::memory_order_relaxed);
-    Status st = self->deliver_local(std::move(mail), Overflow::block);
+    Status st = self->deliver_local(std::move(mail), Overflow::block, /*on_receive_thread=*/true);
     io_delivering.store(false, std::memory_order_relaxed);
     if (!st.ok()) spdlog::warn("troupe runtime: node {}: {}", self->config_.node_id, st.error().message);
   }
@@ -830,7 +832,7 @@ std::size_t ActorSystem::mailbox_high_water(ActorId id) const {
   return c ? c->mailbox.high_water() : 0;
 }
 
-Status ActorSystem::deliver_local(Mail&& mail, Overflow policy) {
+Status ActorSystem::deliver_local(Mail&& mail, Overflow policy, bool on_receive_thread) {
   Impl& I = *impl_;
   if (mail.header.flags & kFlagReply) {
     I.complete(mail.header.correlation, std::make_shared<Mail>(std::move(mail)));
@@ -849,7 +851,15 @@ Status ActorSystem::deliver_local(Mail&& mail, Overflow policy) {
   if (I.manual) policy = Overflow::fail;  // one thread: waiting for room would wait forever
   auto r = c->mailbox.push(std::move(mail), policy, Clock::now() + config_.send_timeout);
   if (!r.ok()) return make_error(r.error().code, "runtime: send to actor " + c->label() + ": " + r.error().message);
-  if (r.value()) I.enqueue(c);
+  if (r.value()) {
+    if (on_receive_thread && config_.inline_receive && !I.manual) {
+      I.busy.fetch_add(1);
+      I.process(c, I.io_batch, /*spin=*/false);  // we own the scheduled bit: exclusive, like a worker
+      I.busy.fetch_sub(1);
+    } else {
+      I.enqueue(c);
+    }
+  }
   return {};
 }
 

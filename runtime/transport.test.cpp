@@ -10,8 +10,9 @@ using namespace troupe::runtime::testing;
 using namespace std::chrono_literals;
 
 namespace {
-std::unique_ptr<ActorSystem> node(std::uint32_t id, const std::string& bind) {
+std::unique_ptr<ActorSystem> node(std::uint32_t id, const std::string& bind, bool inline_receive = false) {
   SystemConfig c;
+  c.inline_receive = inline_receive;
   c.node_id = id;
   c.role = "role" + std::to_string(id);
   c.bind = bind;
@@ -25,8 +26,8 @@ std::unique_ptr<Actor> echo() {
   return a;
 }
 
-void ping_pong(const std::string& bind0, const std::string& bind1) {
-  auto a = node(0, bind0), b = node(1, bind1);
+void ping_pong(const std::string& bind0, const std::string& bind1, bool inline_receive = false) {
+  auto a = node(0, bind0, inline_receive), b = node(1, bind1, inline_receive);
   std::vector<PeerInfo> table = {{0, a->endpoint(), "role0", ""}, {1, b->endpoint(), "role1", ""}};
   ASSERT_TRUE(a->connect(table).ok());
   ASSERT_TRUE(b->connect(table).ok());
@@ -55,6 +56,8 @@ TEST(Transport, PingPongIpc) {
 }
 
 TEST(Transport, PingPongTcpLoopback) { ping_pong("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"); }
+
+TEST(Transport, PingPongInlineReceive) { ping_pong("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", /*inline_receive=*/true); }
 
 TEST(Transport, RefusesNonLoopbackTcpUnlessAllowed) {
   SystemConfig c;

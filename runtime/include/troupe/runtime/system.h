@@ -98,6 +98,10 @@ struct SystemConfig {
   std::string bind;  // "" = local only; "ipc:///path" or "tcp://127.0.0.1:*" (port * = ephemeral)
   bool allow_nonlocal_bind = false;  // tcp on anything but loopback needs this (and CURVE advised)
   int hwm = 1000;                    // ZeroMQ send/receive high-water marks (messages)
+  // Run an idle recipient's handlers right on the receive thread instead of handing it to a
+  // worker: one thread hop less per remote message (latency), but a slow handler stalls this
+  // node's receiving meanwhile. For nodes whose handlers are short (env servers, routers).
+  bool inline_receive = false;
   HeartbeatConfig heartbeat;
   CurveConfig curve;
 };
@@ -254,7 +258,7 @@ class ActorSystem {
   explicit ActorSystem(SystemConfig config);
   Status start();
   bool is_local(ActorId id) const { return id.node == config_.node_id; }
-  Status deliver_local(Mail&& mail, Overflow policy);
+  Status deliver_local(Mail&& mail, Overflow policy, bool on_receive_thread = false);
   Status send_frame(std::uint32_t node, zmq::message_t frame, Overflow policy);
   std::uint64_t begin_request(ActorId owner, ActorId to, Duration timeout, RawReply on_reply);
   void fail_request(std::uint64_t correlation, Error e);
