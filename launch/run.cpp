@@ -107,12 +107,6 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
                  loaded.file.c_str(), m.first, m.second, cfg.cluster.learners, roles.size());
     return 2;
   }
-  if (cfg.rollout.max_turns > 1) {
-    auto m = loaded.mark_of("rollout.max_turns");
-    std::fprintf(stderr, "%s:%d:%d: error: rollout.max_turns: not implemented: multi-turn episodes in the coordinator\n",
-                 loaded.file.c_str(), m.first, m.second);
-    return 2;
-  }
   std::string run_dir = opt.resume_dir.empty() ? cfg.run.dir : opt.resume_dir;
   cfg.run.dir = run_dir;
   if (opt.resume_dir.empty() && fs::exists(run_dir + "/checkpoints/latest")) {

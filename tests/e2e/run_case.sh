@@ -21,7 +21,8 @@ case $CASE in
     test -s "$W/run/report.png"
     ;;
   resume)  # 2N steps == N steps + --resume + N steps, bit for bit (CPU, sync)
-    S="--set sft.max_steps=20 --set eval.every=0 --set eval.num_prompts=20 --set checkpointing.every=10 $Q"
+    # constant lr: a cosine schedule depends on grpo.max_steps, which the first half changes
+    S="--set optimizer.schedule=constant --set sft.max_steps=20 --set eval.every=0 --set eval.num_prompts=20 --set checkpointing.every=10 $Q"
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" --set grpo.max_steps=10 $S
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/b" --set grpo.max_steps=5 $S
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=10 $S
@@ -65,6 +66,13 @@ case $CASE in
     set -e
     cat "$W/err.txt"
     [ $rc -ne 0 ] && grep -q "multinode.yaml:.*error: cluster: the job has 2 ranks but the cluster section places 4 roles" "$W/err.txt"
+    ;;
+  multi_turn)  # guess_number: each turn continues the conversation with the env's feedback
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" --set envs[0].name=guess_number \
+      --set "envs[0].config={max_number: 10, max_turns: 3}" --set rollout.max_turns=3 --set rollout.max_prompt_length=200 \
+      --set policy.model.max_position_embeddings=256 --set sft.enabled=false --set grpo.max_steps=3 \
+      --set rollout.prompts_per_step=4 --set eval.num_prompts=10 $Q
+    $CHECK files "$W/run"
     ;;
   bad_input)  # bad env name / missing plug-in / bad --resume: clear errors, exit 2, nothing written
     for args in "--set envs[0].name=nope" "--set envs[0].type=plugin --set envs[0].path=/no/such.so" "--resume $W/none"; do

@@ -97,8 +97,9 @@ struct GenSample {
   std::string text;        // decoded completion, cut after a stop string
   bool truncated = false;  // hit max_new_tokens without EOS or a stop string
   bool prompt_cut = false; // the prompt was cut to max_prompt_length
+  std::vector<float> mask;  // multi-turn: 1 on sampled tokens, 0 on env feedback (empty = all ones)
   template <class A>
-  void serialize(A& ar) { ar(prompt_tokens, tokens, logprobs, text, truncated, prompt_cut); }
+  void serialize(A& ar) { ar(prompt_tokens, tokens, logprobs, text, truncated, prompt_cut, mask); }
 };
 struct GenerateRep {
   static constexpr std::uint32_t type_id = 2011;
