@@ -585,6 +585,11 @@ Status Coordinator::run_sft(int64_t first_step) {
     if (cfg_.eval.every > 0 && step_ % cfg_.eval.every == 0 && !last) TROUPE_TRY(eval_and_log("sft"));
     if (last) TROUPE_TRY(eval_and_log("sft"));
     if (!last) TROUPE_TRY(checkpoint("sft", false));
+    if (!last && cfg_.run.max_wall_s > 0 && now_s() > cfg_.run.max_wall_s) {
+      TROUPE_TRY(checkpoint("sft", true));
+      return make_error(ErrorCode::timeout, "run.max_wall_s reached at step " + std::to_string(step_) +
+                                                " (continue with --resume " + run_dir_ + ")");
+    }
   }
   if (S > 0 && first_step < S) TROUPE_TRY(checkpoint("sft", true));
   return {};
@@ -600,7 +605,8 @@ Status Coordinator::run_grpo(int64_t first_k) {
     if (last) TROUPE_TRY(eval_and_log("grpo"));
     if (cfg_.run.max_wall_s > 0 && now_s() > cfg_.run.max_wall_s && !last) {
       TROUPE_TRY(checkpoint("grpo", true));
-      return make_error(ErrorCode::timeout, "run.max_wall_s reached at step " + std::to_string(step_));
+      return make_error(ErrorCode::timeout, "run.max_wall_s reached at step " + std::to_string(step_) +
+                                                " (continue with --resume " + run_dir_ + ")");
     }
     return checkpoint("grpo", last);
   };

@@ -201,7 +201,6 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   b.string_list("command", [](E& e) { return &e.command; }, "remote: argv that starts the env server, e.g. [python, env.py, --bind, \"{bind}\"] (empty = use address).");
   b.text("address", [](E& e) { return &e.address; }, "remote: address of a running env server, e.g. tcp://127.0.0.1:5555.");
   b.number("weight", [](E& e) { return &e.weight; }, 0, 1e6, "Share of prompts drawn from this env (normalized over envs).");
-  b.integer("instances", [](E& e) { return &e.instances; }, 1, 65536, "Env instances each env worker hosts.");
   b.number("timeout_s", [](E& e) { return &e.timeout_s; }, 0.001, 86400, "Per-call timeout (reset/step/verify); a late call fails the episode.");
   b.choice("isolate", [](E& e) { return &e.isolate; }, {"auto", "true", "false"}, "Run a builtin/plugin env in its own worker process (crash and hang isolation); auto = plugins only.");
   b.mapping("config", [](E& e) { return &e.config; }, "Env-specific settings, passed to the env as is (e.g. difficulty).");

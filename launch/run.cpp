@@ -5,6 +5,7 @@
 #include "troupe/launch/run.h"
 
 #include <mpi.h>
+#include <omp.h>
 
 #include <chrono>
 #include <cstdio>
@@ -123,6 +124,14 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   }
   auto specs = actors::env_specs(cfg, base_dir_of(loaded.file));
   if (!specs.ok()) return fail(specs.error());
+  // compute threads: as configured, else the cores shared by the ranks on this node
+  int threads = cfg.cluster.threads;
+  if (threads == 0 && mpi) {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
+    threads = std::max(1, omp_get_num_procs() / ranks_here);
+  }
+  if (threads > 0) omp_set_num_threads(threads);
 
   // bootstrap (one node without MPI)
   runtime::ClusterConfig cc;
@@ -238,7 +247,9 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
         actors::Coordinator coord(cfg, peers, hooks, run_dir);
         Status st = coord.run(!opt.resume_dir.empty());
         s->finish();
-        if (!st.ok()) {
+        if (!st.ok() && st.error().code == ErrorCode::timeout && st.error().message.rfind("run.max_wall_s", 0) == 0) {
+          s->message(st.error().message);  // a planned stop, checkpointed: not a failure
+        } else if (!st.ok()) {
           code = fail(st.error());
         } else {
           s->message("done: " + run_dir + "/metrics.jsonl");

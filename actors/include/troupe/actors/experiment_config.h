@@ -81,7 +81,6 @@ struct EnvSpec {
   std::vector<std::string> command;  // remote: argv that starts the env server ({bind} = its address)
   std::string address;             // remote: address of a running env server
   double weight = 1;               // share of the prompts drawn from this env
-  int instances = 4;               // env instances per env worker
   double timeout_s = 10;           // per call
   std::string isolate = "auto";    // auto | true | false: run builtin/plugin envs in a worker process
   nlohmann::json config = nlohmann::json::object();  // passed to the env as is
