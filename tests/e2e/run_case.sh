@@ -57,6 +57,11 @@ case $CASE in
       --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" \
       --set sft.max_steps=5 --set grpo.max_steps=3 --set eval.num_prompts=10 $Q
     $CHECK files "$W/run"
+    "$MPIEXEC" --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo \
+      --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/async" \
+      --set rollout.async=true --set cluster.transport=ipc --set sft.max_steps=3 --set grpo.max_steps=4 \
+      --set eval.num_prompts=10 $Q
+    $CHECK staleness "$W/async" 1
     ;;
   placement_mismatch)  # -np 2 for a 4-role cluster section: exit 2 naming the file and the counts
     set +e
@@ -73,6 +78,14 @@ case $CASE in
       --set policy.model.max_position_embeddings=256 --set sft.enabled=false --set grpo.max_steps=3 \
       --set rollout.prompts_per_step=4 --set eval.num_prompts=10 $Q
     $CHECK files "$W/run"
+    ;;
+  from_model_dir)  # policy.path: a transformers-made directory (BPE tokenizer), then one of our checkpoints
+    S="--set sft.max_steps=2 --set grpo.max_steps=2 --set eval.num_prompts=5 $Q"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/hf" --set policy.path="$SRC/tests/hf_fixture/qwen3_moe" \
+      --set policy.tokenizer=auto $S
+    $CHECK files "$W/hf"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ours" --set policy.path="$W/hf/checkpoints/latest" $S
+    $CHECK files "$W/ours"
     ;;
   bad_input)  # bad env name / missing plug-in / bad --resume: clear errors, exit 2, nothing written
     for args in "--set envs[0].name=nope" "--set envs[0].type=plugin --set envs[0].path=/no/such.so" "--resume $W/none"; do
