@@ -212,6 +212,7 @@ struct RawPair {
                   });
     rx.join();
     push.set(zmq::sockopt::linger, 0);
+    if (transport == "ipc") ::unlink(ep.substr(6).c_str());  // zmq leaves the socket file behind
     return rate;
   }
   double rtt_us(long n) {
@@ -238,6 +239,7 @@ struct RawPair {
                   }
                 }) / n;
     echo.join();
+    if (transport == "ipc") ::unlink(ep.substr(6).c_str());
     return us;
   }
 };
