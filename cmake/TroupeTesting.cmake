@@ -30,9 +30,8 @@ function(troupe_add_test)
   endif()
   set_tests_properties(${T_NAME} PROPERTIES LABELS "${folder};${T_LABELS}" TIMEOUT ${T_TIMEOUT}
                        SKIP_RETURN_CODE ${TROUPE_TEST_SKIP_CODE})
-  if(T_ENV)
-    set_tests_properties(${T_NAME} PROPERTIES ENVIRONMENT "${T_ENV}")
-  endif()
+  # Passive OpenMP waits: spinning workers starve everything else on 2 shared cores.
+  set_tests_properties(${T_NAME} PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE;${T_ENV}")
 endfunction()
 
 function(troupe_add_gpu_test)
@@ -51,5 +50,5 @@ function(troupe_add_mpi_test)
   _troupe_folder_label(${T_NAME} folder)
   set_tests_properties(${T_NAME} PROPERTIES LABELS "${folder};mpi;${T_LABELS}" RUN_SERIAL TRUE
     TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE ${TROUPE_TEST_SKIP_CODE}
-    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;${T_ENV}")
+    ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;${T_ENV}")
 endfunction()
