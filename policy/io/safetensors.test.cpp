@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_temp_dir.h"
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -15,25 +17,7 @@ using namespace troupe::policy::io;
 
 namespace {
 
-// Temporary directories of this process, removed when the test program ends.
-std::vector<fs::path>& temp_dirs() {
-  static std::vector<fs::path> dirs;
-  return dirs;
-}
-struct RemoveTempDirs : ::testing::Environment {
-  void TearDown() override {
-    for (const auto& d : temp_dirs()) fs::remove_all(d);
-  }
-};
-[[maybe_unused]] ::testing::Environment* const remove_temp_dirs = ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("troupe_safetensors_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  temp_dirs().push_back(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return troupe::policy::io::testing::make_temp_dir("safetensors", name); }
 
 TensorMap sample() {
   TensorMap m;
