@@ -64,6 +64,10 @@ struct Coordinator::Rollout {
   };
   std::vector<Group> groups;
   int64_t policy_version = 0;
+  // dynamic sampling: generation round of these groups, its seed base and first group index
+  int round = 0, rounds = 1;
+  uint64_t seed_base = 0;
+  int64_t index0 = 0;
   double gen_s = 0, env_s = 0, idle_s = 0;
 };
 
@@ -130,20 +134,52 @@ Status Coordinator::sync_weights(double* seconds) {
   return {};
 }
 
+// Without dynamic sampling: one round of prompts_per_step groups. With it: more rounds (new
+// prompts, seeds from (run.seed, round)) until prompts_per_step groups with distinct rewards are
+// collected or grpo.max_generation_rounds is reached; every generated group is kept in the
+// rollout (for metrics), train_on picks the first prompts_per_step kept ones.
 Result<Coordinator::Rollout> Coordinator::make_rollout(int64_t step, int64_t k) {
+  TROUPE_ASSIGN_OR_RETURN(auto r, make_round(step, k, 0));
+  if (!cfg_.grpo.dynamic_sampling) return r;
+  int G = cfg_.rollout.num_generations, P = cfg_.rollout.prompts_per_step;
+  auto kept_of = [&](const Rollout& x) {
+    std::vector<float> rw;
+    for (auto& g : x.groups)
+      for (double v : g.rewards) rw.push_back(static_cast<float>(v));
+    std::vector<char> keep(x.groups.size(), 1);
+    return learner::dapo_filter_groups(keep, rw, G);
+  };
+  int kept = kept_of(r);
+  while (kept < P && r.rounds < cfg_.grpo.max_generation_rounds) {
+    TROUPE_ASSIGN_OR_RETURN(auto more, make_round(step, k, r.rounds));
+    kept += kept_of(more);
+    r.rounds += 1;
+    r.gen_s += more.gen_s;
+    r.env_s += more.env_s;
+    r.policy_version = std::min(r.policy_version, more.policy_version);
+    for (auto& g : more.groups) r.groups.push_back(std::move(g));
+  }
+  return r;
+}
+
+Result<Coordinator::Rollout> Coordinator::make_round(int64_t step, int64_t k, int round) {
   auto& sys = *peers_.system;
   const auto& ro = cfg_.rollout;
   Rollout r;
+  r.round = round;
+  r.seed_base = round == 0 ? static_cast<uint64_t>(cfg_.run.seed)
+                           : mix_seed(static_cast<uint64_t>(cfg_.run.seed), 7, static_cast<uint64_t>(round));
+  r.index0 = static_cast<int64_t>(round) * ro.prompts_per_step;
   double t_env = mono_s();
   int P = ro.prompts_per_step;
   r.groups.resize(P);
   std::vector<std::future<Result<EnvObs>>> obs;
   for (int i = 0; i < P; ++i) {
-    uint64_t rs = mix_seed(cfg_.run.seed, 1, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
+    uint64_t rs = mix_seed(r.seed_base, 1, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
     auto& g = r.groups[i];
     g.env = cfg_.envs[pick_env(rs)].name;
     g.seed = mix_seed(rs, 2);
-    EnvResetReq req{g.env, "grpo-" + std::to_string(step) + "-" + std::to_string(i), g.seed, 0};
+    EnvResetReq req{g.env, "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + i), g.seed, 0};
     obs.push_back(sys.ask<EnvObs>(peers_.env_workers[i % peers_.env_workers.size()], req, kEnvTimeout));
   }
   for (int i = 0; i < P; ++i) {
@@ -151,7 +187,7 @@ Result<Coordinator::Rollout> Coordinator::make_rollout(int64_t step, int64_t k) 
     r.groups[i].prompt_text = o.text;
     r.groups[i].metadata = json::parse(o.metadata_json, nullptr, false);
     (void)sys.send(peers_.env_workers[i % peers_.env_workers.size()],
-             EnvReleaseReq{r.groups[i].env, "grpo-" + std::to_string(step) + "-" + std::to_string(i)});
+             EnvReleaseReq{r.groups[i].env, "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + i)});
   }
   r.env_s += mono_s() - t_env;
   if (ro.max_turns > 1) return multi_turn(std::move(r), step, k);
@@ -166,7 +202,7 @@ Result<Coordinator::Rollout> Coordinator::make_rollout(int64_t step, int64_t k) 
     for (int i : owned[g])
       for (int j = 0; j < ro.num_generations; ++j) req.prompts.push_back(r.groups[i].prompt_text);
     req.sampling = {ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
-                    mix_seed(cfg_.run.seed, 3, static_cast<uint64_t>(k), g)};
+                    mix_seed(r.seed_base, 3, static_cast<uint64_t>(k), g)};
     gens.push_back(sys.ask<GenerateRep>(peers_.generators[g], std::move(req), kLongTimeout));
   }
   r.policy_version = -1;
@@ -220,7 +256,8 @@ Result<Coordinator::Rollout> Coordinator::multi_turn(Rollout r, int64_t step, in
     for (int j = 0; j < G; ++j) {
       Episode e;
       e.group = gi;
-      e.id = "grpo-" + std::to_string(step) + "-" + std::to_string(gi) + "-" + std::to_string(j);
+      e.id = "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + static_cast<int64_t>(gi)) + "-" +
+             std::to_string(j);
       e.context = r.groups[gi].prompt_text;
       resets.push_back(sys.ask<EnvObs>(peers_.env_workers[gi % peers_.env_workers.size()],
                                        EnvResetReq{r.groups[gi].env, e.id, r.groups[gi].seed, 0}, kEnvTimeout));
@@ -243,7 +280,7 @@ Result<Coordinator::Rollout> Coordinator::multi_turn(Rollout r, int64_t step, in
       GenerateReq req;
       for (size_t i : owned[g]) req.prompts.push_back(eps[i].context);
       req.sampling = {ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
-                      mix_seed(cfg_.run.seed, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn))};
+                      mix_seed(r.seed_base, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn))};
       gens.push_back(sys.ask<GenerateRep>(peers_.generators[g], std::move(req), kLongTimeout));
     }
     std::vector<GenSample> out(eps.size());
@@ -335,9 +372,34 @@ Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_st
   for (auto& g : r.groups)
     for (double x : g.rewards) rewards.push_back(static_cast<float>(x));
   auto lcfg = learner_config(cfg_, learner::Phase::grpo);
-  TROUPE_ASSIGN_OR_RETURN(auto adv, learner::compute_advantages(rewards, G, lcfg.advantage));
   std::vector<char> keep(r.groups.size(), 1);
-  if (cfg_.grpo.dynamic_sampling) learner::dapo_filter_groups(keep, rewards, G);
+  std::vector<float> adv;
+  int groups_kept = static_cast<int>(r.groups.size());
+  if (cfg_.grpo.dynamic_sampling) {
+    // the first prompts_per_step groups with distinct rewards; advantages over them only
+    learner::dapo_filter_groups(keep, rewards, G);
+    groups_kept = 0;
+    std::vector<float> kept_rewards;
+    for (size_t gi = 0; gi < keep.size(); ++gi) {
+      if (keep[gi] && groups_kept < ro.prompts_per_step) {
+        ++groups_kept;
+        kept_rewards.insert(kept_rewards.end(), rewards.begin() + static_cast<std::ptrdiff_t>(gi * G),
+                            rewards.begin() + static_cast<std::ptrdiff_t>((gi + 1) * G));
+      } else {
+        keep[gi] = 0;
+      }
+    }
+    adv.assign(rewards.size(), 0.0f);
+    if (!kept_rewards.empty()) {
+      TROUPE_ASSIGN_OR_RETURN(auto kadv, learner::compute_advantages(kept_rewards, G, lcfg.advantage));
+      size_t n = 0;
+      for (size_t gi = 0; gi < keep.size(); ++gi)
+        if (keep[gi])
+          for (int j = 0; j < G; ++j) adv[gi * G + j] = kadv[n++];
+    }
+  } else {
+    TROUPE_ASSIGN_OR_RETURN(adv, learner::compute_advantages(rewards, G, lcfg.advantage));
+  }
   TrainReq req;
   req.phase = 0;
   req.step = k;
@@ -375,7 +437,8 @@ Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_st
   json row = {{"step", step}, {"phase", "grpo"}, {"policy_version", r.policy_version},
               {"reward_mean", rs.mean}, {"reward_std", rs.std}, {"accuracy", correct / n},
               {"response_len_mean", resp_len / n}, {"truncated_frac", truncated / n},
-              {"env_failures", env_failures}, {"stale_dropped", stale_dropped}, {"staleness", lag}};
+              {"env_failures", env_failures}, {"stale_dropped", stale_dropped}, {"staleness", lag},
+              {"groups_generated", r.groups.size()}, {"groups_kept", groups_kept}, {"generation_rounds", r.rounds}};
   for (auto& [name, v] : per_env) row["reward_mean/" + name] = v.first / std::max(1, v.second);
   double learner_s = 0, sync_s = 0;
   if (!req.samples.empty()) {

@@ -139,6 +139,15 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     const auto& e = cfg.envs[i];
     json j = {{"name", e.name}, {"type", e.type}, {"weight", e.weight}, {"config", e.config}, {"timeout_s", e.timeout_s}};
     if (!e.env.empty()) j["env"] = e.env;
+    if (e.type == "builtin" && e.env_id() == "dataset" && j["config"].is_object()) {
+      // the dataset env's relative file paths start at the YAML file's folder (or at its base_dir,
+      // itself relative to that folder), whatever the working directory
+      fs::path dir = fs::absolute(base_dir);
+      if (auto it = j["config"].find("base_dir"); it != j["config"].end() && it->is_string())
+        dir = fs::path(it->get<std::string>()).is_absolute() ? fs::path(it->get<std::string>())
+                                                              : dir / it->get<std::string>();
+      j["config"]["base_dir"] = dir.lexically_normal().string();
+    }
     if (!e.path.empty()) {
       std::string path = fs::path(e.path).is_absolute() ? e.path : (fs::path(base_dir) / e.path).string();
       if (!fs::exists(path))

@@ -114,7 +114,8 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.choice("grpo.adv_estimator", [](C& c) { return &c.grpo.adv_estimator; }, {"grpo", "rloo", "reinforce_pp"}, "Baseline: group mean (grpo), leave-one-out (rloo), or batch-normalized REINFORCE++.");
   b.choice("grpo.scale_rewards", [](C& c) { return &c.grpo.scale_rewards; }, {"group", "batch", "none"}, "Divide advantages by the group std, the batch std, or nothing (Dr. GRPO).");
   b.number("grpo.reward_clip", [](C& c) { return &c.grpo.reward_clip; }, 0, 1e6, "Clip rewards to [-c, c] before advantages (0 = off).");
-  b.flag("grpo.dynamic_sampling", [](C& c) { return &c.grpo.dynamic_sampling; }, "Drop groups whose rewards are all equal and refill the batch (DAPO).");
+  b.flag("grpo.dynamic_sampling", [](C& c) { return &c.grpo.dynamic_sampling; }, "DAPO dynamic sampling: drop groups whose rewards are all equal and generate more prompt groups until rollout.prompts_per_step groups are kept (at most grpo.max_generation_rounds rounds; metrics groups_kept, generation_rounds).");
+  b.integer("grpo.max_generation_rounds", [](C& c) { return &c.grpo.max_generation_rounds; }, 1, 1000, "Dynamic sampling: generation rounds of rollout.prompts_per_step prompts per step at most (veRL max_num_gen_batches); when reached, train on the groups kept so far.");
   b.flag("grpo.mask_truncated", [](C& c) { return &c.grpo.mask_truncated; }, "No loss on completions cut at max_response_length.");
 
   // loss
@@ -203,7 +204,7 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   b.number("weight", [](E& e) { return &e.weight; }, 0, 1e6, "Share of prompts drawn from this env (normalized over envs).");
   b.number("timeout_s", [](E& e) { return &e.timeout_s; }, 0.001, 86400, "Per-call timeout (reset/step/verify); a late call fails the episode.");
   b.choice("isolate", [](E& e) { return &e.isolate; }, {"auto", "true", "false"}, "Run a builtin/plugin env in its own worker process (crash and hang isolation); auto = plugins only.");
-  b.mapping("config", [](E& e) { return &e.config; }, "Env-specific settings, passed to the env as is (e.g. difficulty).");
+  b.mapping("config", [](E& e) { return &e.config; }, "Env-specific settings, passed to the env as is (e.g. difficulty); the dataset env's relative train/eval paths (and base_dir) start at the YAML file's folder.");
   return b.keys;
 }
 

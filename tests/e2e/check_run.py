@@ -4,6 +4,7 @@
   check_run.py files RUN_DIR            the run directory has every artifact DESIGN.md lists
   check_run.py same RUN_A RUN_B         the training rows agree on every non-timing metric
   check_run.py staleness RUN_DIR N      every GRPO row has staleness <= N
+  check_run.py dynamic RUN_DIR P R     dynamic sampling: P groups kept unless R rounds ran; both cases seen
   check_run.py eval_json FILE           the last line of FILE is one JSON object with eval_accuracy
 """
 import json
@@ -94,6 +95,26 @@ def staleness(run_dir, n):
         fail("staleness %d > %d" % (worst, n))
 
 
+def dynamic(run_dir, p, max_rounds):
+    g = [r for r in rows(run_dir) if r["phase"] == "grpo" and "eval_accuracy" not in r]
+    if not g:
+        fail("no GRPO rows")
+    refilled = bounded = 0
+    for r in g:
+        kept, rounds, gen = r["groups_kept"], r["generation_rounds"], r["groups_generated"]
+        print("step %d: %d rounds, %d of %d groups kept" % (r["step"], rounds, kept, gen))
+        if gen != rounds * p or not 1 <= rounds <= max_rounds or kept > p:
+            fail("step %d: inconsistent counts" % r["step"])
+        if kept < p and rounds != max_rounds:
+            fail("step %d: stopped at %d rounds with only %d groups kept" % (r["step"], rounds, kept))
+        if kept == p and rounds > 1:
+            refilled += 1
+        if kept < p:
+            bounded += 1
+    if not refilled or not bounded:
+        fail("want a refilled step and a bounded step (refilled %d, bounded %d)" % (refilled, bounded))
+
+
 def eval_json(path):
     with open(path) as f:
         last = [line for line in f if line.strip()][-1]
@@ -113,6 +134,8 @@ if __name__ == "__main__":
         same(sys.argv[2], sys.argv[3])
     elif cmd == "staleness":
         staleness(sys.argv[2], int(sys.argv[3]))
+    elif cmd == "dynamic":
+        dynamic(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif cmd == "eval_json":
         eval_json(sys.argv[2])
     else:

@@ -72,6 +72,26 @@ case $CASE in
     cat "$W/err.txt"
     [ $rc -ne 0 ] && grep -q "multinode.yaml:.*error: cluster: the job has 2 ranks but the cluster section places 4 roles" "$W/err.txt"
     ;;
+  dynamic_sampling)  # DAPO: filtered groups are refilled by more generation rounds (bounded); resume is bit-identical
+    S="--set grpo.dynamic_sampling=true --set grpo.max_generation_rounds=6 --set rollout.prompts_per_step=4 --set sft.max_steps=20 --set optimizer.schedule=constant --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=2 $Q"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" --set grpo.max_steps=4 $S
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/b" --set grpo.max_steps=2 $S
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=4 $S
+    $CHECK same "$W/a" "$W/b"
+    $CHECK dynamic "$W/a" 4 6
+    ;;
+  dataset_relative)  # the dataset env's relative JSONL paths start at the YAML file's folder, not the cwd
+    mkdir -p "$W/cfg/data" "$W/elsewhere"
+    cp "$SRC/configs/quickstart.yaml" "$W/cfg/exp.yaml"
+    for i in 1 2 3 4 5 6 7 8; do echo "{\"question\": \"$i+1=\", \"answer\": \"$((i + 1))\"}"; done > "$W/cfg/data/train.jsonl"
+    echo '{"question": "9+1=", "answer": "10"}' > "$W/cfg/data/eval.jsonl"
+    cd "$W/elsewhere"
+    "$TROUPE" run ../cfg/exp.yaml --set run.dir="$W/run" --set envs[0].name=dataset \
+      --set "envs[0].config={train: data/train.jsonl, eval: data/eval.jsonl, verifier: numeric}" \
+      --set sft.max_steps=2 --set grpo.max_steps=2 --set eval.num_prompts=2 $Q
+    $CHECK files "$W/run"
+    grep -q '"reward_mean/dataset"' "$W/run/metrics.jsonl"
+    ;;
   multi_turn)  # guess_number: each turn continues the conversation with the env's feedback
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" --set envs[0].name=guess_number \
       --set "envs[0].config={max_number: 10, max_turns: 3}" --set rollout.max_turns=3 --set rollout.max_prompt_length=200 \

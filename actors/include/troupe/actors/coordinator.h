@@ -56,6 +56,7 @@ class Coordinator {
   Status run_sft(int64_t first_step);
   Status run_grpo(int64_t first_step);
   Result<Rollout> make_rollout(int64_t step, int64_t k);
+  Result<Rollout> make_round(int64_t step, int64_t k, int round);
   Result<Rollout> multi_turn(Rollout r, int64_t step, int64_t k);
   Status train_on(Rollout& r, int64_t step, int64_t k, double step_start, double extra_idle, double learner_wait);
   Status sync_weights(double* seconds);

@@ -42,7 +42,8 @@ struct GrpoSection {
   std::string adv_estimator = "grpo";   // grpo | rloo | reinforce_pp
   std::string scale_rewards = "group";  // group | batch | none
   float reward_clip = 0;                // clip rewards to [-c, c] (0 = off)
-  bool dynamic_sampling = false;        // drop groups whose rewards are all equal
+  bool dynamic_sampling = false;        // drop groups whose rewards are all equal, refill the batch
+  int max_generation_rounds = 4;        // dynamic sampling: generation rounds per step at most
   bool mask_truncated = false;          // no loss on completions cut at max_response_length
 };
 
