@@ -45,6 +45,15 @@ Result<Rep> ask(runtime::ActorSystem& sys, ActorId to, Req req, runtime::Duratio
   return f.get();
 }
 
+// A finished multi-turn episode is solved when its last step says so ("solved" or "correct"
+// component, as guess_number and calculator report), else when its total reward reaches 1.
+bool episode_solved(const std::string& components_json, double total_reward) {
+  json c = json::parse(components_json, nullptr, false);
+  for (const char* key : {"solved", "correct"})
+    if (c.is_object() && c.contains(key) && c[key].is_number()) return c[key].get<double>() >= 1.0;
+  return total_reward >= 1.0;
+}
+
 double mono_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -246,7 +255,7 @@ Result<Coordinator::Rollout> Coordinator::multi_turn(Rollout r, int64_t step, in
     GenSample merged;
     size_t first_prompt_len = 0;
     double reward = 0;
-    bool done = false, exact = true;
+    bool done = false, exact = true, solved = false;
     std::string error;
   };
   std::vector<Episode> eps;
@@ -326,6 +335,7 @@ Result<Coordinator::Rollout> Coordinator::multi_turn(Rollout r, int64_t step, in
       }
       e.reward += res->reward;
       e.done = res->done || turn + 1 == ro.max_turns;
+      if (e.done) e.solved = episode_solved(res->components_json, e.reward);
       if (e.exact) {
         // an EOS ending a turn that the env continues is not part of the next context: drop it
         size_t n_tok = s.tokens.size();
@@ -353,7 +363,7 @@ Result<Coordinator::Rollout> Coordinator::multi_turn(Rollout r, int64_t step, in
     auto& g = r.groups[e.group];
     g.samples.push_back(std::move(e.merged));
     g.rewards.push_back(e.error.empty() ? e.reward : 0.0);
-    g.correct.push_back(e.error.empty() && e.reward >= 1.0 ? 1.0 : 0.0);
+    g.correct.push_back(e.error.empty() && e.solved ? 1.0 : 0.0);
     g.errors.push_back(e.error);
   }
   return r;
@@ -513,7 +523,7 @@ Result<json> Coordinator::evaluate() {
   auto& sys = *peers_.system;
   int n = cfg_.eval.num_prompts;
   json out = json::object();
-  double acc_sum = 0, rew_sum = 0;
+  double acc_sum = 0, rew_sum = 0, turns_sum = 0;
   int total = 0;
   for (const auto& e : cfg_.envs) {
     std::vector<std::future<Result<EnvObs>>> obs;
@@ -522,11 +532,63 @@ Result<json> Coordinator::evaluate() {
       obs.push_back(sys.ask<EnvObs>(peers_.env_workers[i % peers_.env_workers.size()], req, kEnvTimeout));
     }
     std::vector<EnvObs> got;
+    bool multi = cfg_.rollout.max_turns > 1;
+    auto worker = [&](int i) { return peers_.env_workers[static_cast<size_t>(i) % peers_.env_workers.size()]; };
+    auto id_of = [&](int i) { return "eval-" + e.name + "-" + std::to_string(i); };
     for (int i = 0; i < n; ++i) {
       TROUPE_ASSIGN_OR_RETURN(auto o, obs[i].get());
-      (void)sys.send(peers_.env_workers[i % peers_.env_workers.size()],
-               EnvReleaseReq{e.name, "eval-" + e.name + "-" + std::to_string(i)});
+      if (!multi) (void)sys.send(worker(i), EnvReleaseReq{e.name, id_of(i)});
       got.push_back(std::move(o));
+    }
+    if (multi) {
+      // full episodes, greedy, as training runs them: the context grows by completion + feedback
+      std::vector<std::string> ctx(n);
+      std::vector<double> ep_reward(n, 0.0);
+      std::vector<char> done(n, 0), solved(n, 0);
+      double turns = 0;  // env steps taken, all episodes
+      for (int i = 0; i < n; ++i) ctx[i] = got[i].text;
+      for (int turn = 0; turn < cfg_.rollout.max_turns; ++turn) {
+        std::vector<int> active;
+        for (int i = 0; i < n; ++i)
+          if (!done[i]) active.push_back(i);
+        if (active.empty()) break;
+        GenerateReq req;
+        for (int i : active) req.prompts.push_back(ctx[i]);
+        req.sampling = {0.0f, 0, 1.0f, cfg_.rollout.max_response_length, 0};
+        TROUPE_ASSIGN_OR_RETURN(auto rep, ask<GenerateRep>(sys, peers_.generators[0], std::move(req), kLongTimeout));
+        std::vector<std::future<Result<EnvObs>>> steps;
+        for (size_t a = 0; a < active.size(); ++a)
+          steps.push_back(sys.ask<EnvObs>(worker(active[a]), EnvStepReq{e.name, id_of(active[a]), rep.samples[a].text},
+                                          kEnvTimeout));
+        for (size_t a = 0; a < active.size(); ++a) {
+          int i = active[a];
+          auto res = steps[a].get();
+          if (!res.ok()) {  // a failed episode scores 0
+            done[i] = 1;
+            ep_reward[i] = 0;
+            continue;
+          }
+          ep_reward[i] += res->reward;
+          turns += 1;
+          done[i] = res->done || turn + 1 == cfg_.rollout.max_turns;
+          if (done[i]) solved[i] = episode_solved(res->components_json, ep_reward[i]) ? 1 : 0;
+          ctx[i] += rep.samples[a].text + "\n" + res->text + "\n";
+        }
+      }
+      double acc = 0, rew = 0;
+      for (int i = 0; i < n; ++i) {
+        (void)sys.send(worker(i), EnvReleaseReq{e.name, id_of(i)});
+        acc += solved[i] ? 1.0 : 0.0;
+        rew += ep_reward[i];
+      }
+      out["eval_accuracy/" + e.name] = acc / n;
+      out["eval_reward_mean/" + e.name] = rew / n;
+      out["eval_turns_mean/" + e.name] = turns / n;
+      acc_sum += acc;
+      rew_sum += rew;
+      turns_sum += turns;
+      total += n;
+      continue;
     }
     GenerateReq req;
     for (auto& o : got) req.prompts.push_back(o.text);
@@ -552,6 +614,7 @@ Result<json> Coordinator::evaluate() {
   out["eval_accuracy"] = acc_sum / std::max(1, total);
   out["eval_reward_mean"] = rew_sum / std::max(1, total);
   out["eval_prompts"] = total;
+  if (cfg_.rollout.max_turns > 1) out["eval_turns_mean"] = turns_sum / std::max(1, total);
   return out;
 }
 

@@ -5,6 +5,7 @@
   check_run.py same RUN_A RUN_B         the training rows agree on every non-timing metric
   check_run.py staleness RUN_DIR N      every GRPO row has staleness <= N
   check_run.py dynamic RUN_DIR P R     dynamic sampling: P groups kept unless R rounds ran; both cases seen
+  check_run.py episodes RUN_DIR T      multi-turn eval rows: full episodes (1 < eval_turns_mean <= T)
   check_run.py eval_json FILE           the last line of FILE is one JSON object with eval_accuracy
 """
 import json
@@ -115,6 +116,19 @@ def dynamic(run_dir, p, max_rounds):
         fail("want a refilled step and a bounded step (refilled %d, bounded %d)" % (refilled, bounded))
 
 
+def episodes(run_dir, max_turns):
+    evals = [r for r in rows(run_dir) if "eval_accuracy" in r]
+    if not evals:
+        fail("no eval row")
+    for r in evals:
+        t = r.get("eval_turns_mean")
+        print("eval step %d: accuracy %.3f, reward %.3f, turns %s" % (r["step"], r["eval_accuracy"], r["eval_reward_mean"], t))
+        if t is None or not 1 <= t <= max_turns or not 0 <= r["eval_accuracy"] <= 1:
+            fail("eval row at step %d: bad eval_turns_mean/eval_accuracy" % r["step"])
+    if not any(r["eval_turns_mean"] > 1 for r in evals):
+        fail("eval ran only first turns")
+
+
 def eval_json(path):
     with open(path) as f:
         last = [line for line in f if line.strip()][-1]
@@ -136,6 +150,8 @@ if __name__ == "__main__":
         staleness(sys.argv[2], int(sys.argv[3]))
     elif cmd == "dynamic":
         dynamic(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif cmd == "episodes":
+        episodes(sys.argv[2], int(sys.argv[3]))
     elif cmd == "eval_json":
         eval_json(sys.argv[2])
     else:

@@ -92,12 +92,13 @@ case $CASE in
     $CHECK files "$W/run"
     grep -q '"reward_mean/dataset"' "$W/run/metrics.jsonl"
     ;;
-  multi_turn)  # guess_number: each turn continues the conversation with the env's feedback
+  multi_turn)  # guess_number: each turn continues the conversation with the env's feedback (training and eval)
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" --set envs[0].name=guess_number \
       --set "envs[0].config={max_number: 10, max_turns: 3}" --set rollout.max_turns=3 --set rollout.max_prompt_length=200 \
       --set policy.model.max_position_embeddings=256 --set sft.enabled=false --set grpo.max_steps=3 \
-      --set rollout.prompts_per_step=4 --set eval.num_prompts=10 $Q
+      --set rollout.prompts_per_step=4 --set eval.num_prompts=10 --set eval.at_start=true $Q
     $CHECK files "$W/run"
+    $CHECK episodes "$W/run" 3  # eval plays whole greedy episodes; eval_accuracy = episodes solved
     ;;
   from_model_dir)  # policy.path: a transformers-made directory (BPE tokenizer), then one of our checkpoints
     S="--set sft.max_steps=2 --set grpo.max_steps=2 --set eval.num_prompts=5 $Q"

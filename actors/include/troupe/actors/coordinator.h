@@ -40,7 +40,9 @@ class Coordinator {
   // The whole run. resume: continue from run_dir/checkpoints/latest.
   Status run(bool resume);
   // Held-out evaluation with the generators' current weights (greedy): eval_accuracy,
-  // eval_reward_mean, and the same per env ("eval_accuracy/<env>").
+  // eval_reward_mean, and the same per env ("eval_accuracy/<env>"). With rollout.max_turns > 1 each
+  // prompt is a full greedy episode, as in training: eval_accuracy = episodes solved, eval_reward_mean =
+  // episode reward, eval_turns_mean = env steps per episode.
   Result<nlohmann::json> evaluate();
   // Global step reached (for tests).
   int64_t step() const { return step_; }
