@@ -99,6 +99,15 @@ case $CASE in
       --set rollout.prompts_per_step=4 --set eval.num_prompts=10 --set eval.at_start=true $Q
     $CHECK files "$W/run"
     $CHECK episodes "$W/run" 3  # eval plays whole greedy episodes; eval_accuracy = episodes solved
+    # a scripted remote env solved on turn 2 whatever is said (first-turn verify scores 0): eval and
+    # training must count every episode as solved
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/two" --set envs[0].name=two_turn \
+      --set envs[0].type=remote --set "envs[0].command=[$PY, $SRC/tests/e2e/two_turn_env.py, --bind, '{bind}']" \
+      --set "envs[0].config={}" --set rollout.max_turns=3 --set rollout.max_prompt_length=200 \
+      --set policy.model.max_position_embeddings=256 --set sft.enabled=false --set grpo.max_steps=1 \
+      --set rollout.prompts_per_step=2 --set eval.num_prompts=4 $Q
+    grep -q '"eval_accuracy":1.0,.*"eval_reward_mean":0.5,.*"eval_turns_mean":2.0' "$W/two/metrics.jsonl"
+    grep -q '"accuracy":1.0' "$W/two/metrics.jsonl"
     ;;
   from_model_dir)  # policy.path: a transformers-made directory (BPE tokenizer), then one of our checkpoints
     S="--set sft.max_steps=2 --set grpo.max_steps=2 --set eval.num_prompts=5 $Q"
