@@ -494,6 +494,9 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   else
     batch.targets.assign(b.targets.begin(), b.targets.end());
   const bool ckpt = cfg.activation_checkpointing;
+  // A training forward whose backward never ran may still have offload copies reading the arena's
+  // layer inputs (forward leaves the last ones in flight): finish them before the arena is reused.
+  if (offload && !offload_clean) engine->synchronize();
   // Offload only for training forwards (forward_logits has no backward to reload for).
   offload_step = cfg.offload_activations && need_targets;
   if (offload_step) {
@@ -510,7 +513,11 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   int max_seqlen = 0;
   for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s)
     max_seqlen = std::max(max_seqlen, batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]);
-  acts = carve(arena, T, max_seqlen, offload_step ? 2 : L + 1, ckpt ? 1 : L, true);
+  // Under offload the layer inputs live in a ring of offload_ring buffers: x_l's offload copy may
+  // run on while layers l..l+ring-2 compute; it is waited for only before layer l+ring-1 writes
+  // x_{l+ring} into the same buffer (or, for the last ones, before backward reloads it).
+  offload_ring = offload_step ? std::min(L + 1, kOffloadRing) : L + 1;
+  acts = carve(arena, T, max_seqlen, offload_ring, ckpt ? 1 : L, true);
   peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float) + (offload_step ? offload->reload_buffer_bytes() : 0));
   if (cfg.cache_packed_metadata) {
     build_packed_meta(&meta, batch, HD, cfg.rope_theta);
@@ -520,13 +527,15 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   for (int l = 0; l < L; ++l) {
     const PackedMeta& m = meta_for_layer();
     const bool off = offload_step && offload->offloaded(l);
-    float* x = offload_step ? acts.resid[l % 2] : acts.resid[l];
-    float* x_out = offload_step ? acts.resid[(l + 1) % 2] : acts.resid[l + 1];
-    if (off) TROUPE_TRY(offload->offload_begin(l, x, TC));  // copy overlaps layer l's forward
+    float* x = acts.resid[l % offload_ring];
+    float* x_out = acts.resid[(l + 1) % offload_ring];
+    // x_out's buffer last held x_{l+1-ring}: its offload copy must be done before we overwrite it.
+    const int reused = l + 1 - offload_ring;
+    if (offload_step && reused >= 0 && offload->offloaded(reused)) TROUPE_TRY(offload->offload_wait(reused));
+    if (off) TROUPE_TRY(offload->offload_begin(l, x, TC));  // copy overlaps this and later layers
     layer_forward(l, x, x_out, acts.ws[ckpt ? 0 : l], acts, m, T, nullptr);
-    if (off) TROUPE_TRY(offload->offload_wait(l));  // layer l+1 overwrites x's buffer
   }
-  const float* xL = offload_step ? acts.resid[L % 2] : acts.resid[L];
+  const float* xL = layer_input(L);
   k::rmsnorm_forward(acts.hf, acts.rstdf, xL, params.data() + wnorm, T, C, cfg.rms_norm_eps);
   k::matmul_forward(acts.logits, acts.hf, params.data() + wlm, T, C, V);
   aux_loss = 0;
@@ -558,6 +567,9 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
     const bool off = offload_step && offload->offloaded(l);
     const float* x = layer_input(l);
     if (off) {
+      // Offload copies still in flight from the forward end here at the latest (never later than
+      // the reload, which the FIFO copy engine queues behind them, so this wait costs nothing).
+      TROUPE_TRY(offload->offload_wait(l));
       TROUPE_ASSIGN_OR_RETURN(x, offload->reload_wait(l));
     }
     // Prefetch layer l-1's input into the other reload buffer while layer l runs.

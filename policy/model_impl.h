@@ -104,12 +104,16 @@ struct Model::Impl {
   size_t peak_bytes = 0;
 
   // Activation offload (offload_activations): layer inputs x_l go to the store in forward and come
-  // back through the reload buffers in backward; the arena keeps a ping-pong pair of layer inputs.
+  // back through the reload buffers in backward; the arena keeps a ring of layer inputs, so offload
+  // copies run on under later layers' forward (see offload_ring).
   std::unique_ptr<kernels::CopyEngine> engine;
   std::unique_ptr<kernels::ActivationOffload> offload;
   bool offload_clean = true;  // false from a training forward until its backward completes
   bool offload_step = false;  // the last forward offloaded (training forward with offload on)
-  const float* layer_input(int l) const { return offload_step ? acts.resid[l % 2] : acts.resid[l]; }
+  // Layer-input ring under offload (x_l in resid[l % ring]); L + 1 (every input kept) otherwise.
+  static constexpr int kOffloadRing = 4;
+  int offload_ring = 2;
+  const float* layer_input(int l) const { return acts.resid[l % offload_ring]; }
 };
 
 }  // namespace troupe::policy

@@ -110,7 +110,7 @@ struct OffloadOptions {
 // Protocol (the model calls exactly this; every misuse returns invalid_input naming the layer):
 //   forward, for l = 0..L-1 (only where offloaded(l)):
 //     offload_begin(l, x_l, n)    after x_l is computed; copies it into store slot l
-//     ... run layer l ...
+//     ... run layer l (and later layers, while x_l's arena memory is untouched) ...
 //     offload_wait(l)             before the arena memory of x_l is overwritten or freed
 //   backward, for l = L-1..0:
 //     x = reload_wait(l)          the buffer holding x_l (starts the reload now if nobody did)
