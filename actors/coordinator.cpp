@@ -86,6 +86,7 @@ struct Coordinator::Async {
   std::condition_variable cv;
   std::deque<std::pair<int64_t, Result<Rollout>>> queue;  // (k, rollout)
   int64_t weights_sent = 0;  // newest version the generators have been sent
+  int64_t skipped = 0;       // steps that trained on nothing (no new version): not waited for
   bool stop = false;
 };
 
@@ -467,6 +468,13 @@ Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_st
   } else {
     for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
       row[key] = 0.0;
+    if (async_) {  // no update, no new version: the rollout thread must not wait for one
+      {
+        std::lock_guard lk(async_->mu);
+        async_->skipped += 1;
+      }
+      async_->cv.notify_all();
+    }
   }
   double step_s = mono_s() - step_start;
   double idle = async_ ? extra_idle : std::max(0.0, step_s - r.gen_s - r.env_s);
@@ -756,7 +764,7 @@ Status Coordinator::run_grpo(int64_t first_k) {
       {
         std::unique_lock lk(async_->mu);
         async_->cv.wait(lk, [&] {
-          return async_->stop || (async_->weights_sent >= base + k - cfg_.rollout.max_staleness &&
+          return async_->stop || (async_->weights_sent + async_->skipped >= base + k - cfg_.rollout.max_staleness &&
                                   async_->queue.size() < static_cast<size_t>(std::max(1, cfg_.rollout.max_staleness)));
         });
         if (async_->stop) return;

@@ -79,6 +79,10 @@ case $CASE in
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=4 $S
     $CHECK same "$W/a" "$W/b"
     $CHECK dynamic "$W/a" 4 6
+    # async: steps that keep no group train on nothing; the rollout thread must not wait for their version
+    timeout 120 "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/async" --set sft.max_steps=20 --set grpo.max_steps=6 \
+      --set grpo.dynamic_sampling=true --set grpo.max_generation_rounds=2 --set rollout.prompts_per_step=4 --set eval.num_prompts=10 $Q
+    $CHECK staleness "$W/async" 1
     ;;
   dataset_relative)  # the dataset env's relative JSONL paths start at the YAML file's folder, not the cwd
     mkdir -p "$W/cfg/data" "$W/elsewhere"
