@@ -22,6 +22,16 @@ namespace {
 int32_t* ints_at(float* p, size_t n) { return new (p) int32_t[n]; }
 const int32_t* ints_at(const float* p) { return std::launder(reinterpret_cast<const int32_t*>(p)); }
 
+// Lays pieces out one after another in one flat buffer; offsets and sizes in floats.
+struct BumpLayout {
+  size_t at = 0;
+  size_t take(size_t count) {
+    size_t here = at;
+    at += count;
+    return here;
+  }
+};
+
 // Offsets (in floats) of the pieces of the saved buffer. Per token: E probs, K weights, K experts,
 // 2K row maps, and per row the expert's gate/up pre-activations (2H) — y is not kept: backward
 // gets d weight from <h, dout Wd> instead of <y, dout>.
@@ -31,23 +41,18 @@ struct SavedLayout {
 SavedLayout saved_layout(const MoeConfig& c, int N) {
   const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
   SavedLayout l{};
-  size_t at = 0;
-  auto take = [&](size_t count) {
-    size_t here = at;
-    at += count;
-    return here;
-  };
-  l.probs = take(n * c.E);
-  l.weights = take(nk);
-  l.experts = take(nk);
-  l.offsets = take(static_cast<size_t>(c.E) + 1);
-  l.row_slot = take(nk);
-  l.slot_row = take(nk);
-  l.g = take(nk * c.H);
-  l.u = take(nk * c.H);
-  l.gs = take(n * c.H_shared);
-  l.us = take(n * c.H_shared);
-  l.total = at;
+  BumpLayout b;
+  l.probs = b.take(n * c.E);
+  l.weights = b.take(nk);
+  l.experts = b.take(nk);
+  l.offsets = b.take(static_cast<size_t>(c.E) + 1);
+  l.row_slot = b.take(nk);
+  l.slot_row = b.take(nk);
+  l.g = b.take(nk * c.H);
+  l.u = b.take(nk * c.H);
+  l.gs = b.take(n * c.H_shared);
+  l.us = b.take(n * c.H_shared);
+  l.total = b.at;
   return l;
 }
 
@@ -58,18 +63,13 @@ struct ForwardScratch {
 ForwardScratch forward_scratch(const MoeConfig& c, int N) {
   const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
   ForwardScratch s{};
-  size_t at = 0;
-  auto take = [&](size_t count) {
-    size_t here = at;
-    at += count;
-    return here;
-  };
-  s.xp = take(nk * c.C);
-  s.yp = take(nk * c.C);
-  s.h = take(nk * c.H);
-  s.hs = take(n * c.H_shared);
-  s.counts = take(2 * static_cast<size_t>(c.E));
-  s.total = at;
+  BumpLayout b;
+  s.xp = b.take(nk * c.C);
+  s.yp = b.take(nk * c.C);
+  s.h = b.take(nk * c.H);
+  s.hs = b.take(n * c.H_shared);
+  s.counts = b.take(2 * static_cast<size_t>(c.E));
+  s.total = b.at;
   return s;
 }
 
@@ -81,23 +81,18 @@ struct BackwardScratch {
 BackwardScratch backward_scratch(const MoeConfig& c, int N) {
   const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
   BackwardScratch s{};
-  size_t at = 0;
-  auto take = [&](size_t count) {
-    size_t here = at;
-    at += count;
-    return here;
-  };
-  s.xp = take(nk * c.C);
-  s.dop = take(nk * c.C);
-  s.h = take(nk * c.H);
-  s.dg = take(nk * c.H);
-  s.dw = take(nk);
-  s.wrow = take(nk);
-  s.dp = take(n * c.E);
-  s.hs = take(n * c.H_shared);
-  s.dgs = take(n * c.H_shared);
-  s.rows = take(nk);
-  s.total = at;
+  BumpLayout b;
+  s.xp = b.take(nk * c.C);
+  s.dop = b.take(nk * c.C);
+  s.h = b.take(nk * c.H);
+  s.dg = b.take(nk * c.H);
+  s.dw = b.take(nk);
+  s.wrow = b.take(nk);
+  s.dp = b.take(n * c.E);
+  s.hs = b.take(n * c.H_shared);
+  s.dgs = b.take(n * c.H_shared);
+  s.rows = b.take(nk);
+  s.total = b.at;
   return s;
 }
 
