@@ -186,8 +186,11 @@ void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int H
   }
 }
 
+// Rotates each head's (x1, x2) halves by +angle (sign = 1) or -angle (sign = -1). The backward of
+// a rotation is the rotation by the opposite angle; negating sin is exact, so both directions give
+// the same bits as writing the two formulas out. Safe in place (out == inp).
 template <class T>
-void rope_forward(T* out, const T* inp, const float* cos, const float* sin, int N, int NH, int HD) {
+void rope_rotate(T* out, const T* inp, const float* cos, const float* sin, T sign, int N, int NH, int HD) {
   const int half = HD / 2;
 #pragma omp parallel for schedule(static) if (parallel_worth(double(N) * NH * HD))
   for (int n = 0; n < N; ++n) {
@@ -197,31 +200,22 @@ void rope_forward(T* out, const T* inp, const float* cos, const float* sin, int 
       const T* x = inp + (static_cast<size_t>(n) * NH + h) * HD;
       T* y = out + (static_cast<size_t>(n) * NH + h) * HD;
       for (int i = 0; i < half; ++i) {
-        const T x1 = x[i], x2 = x[i + half];
-        y[i] = x1 * T(cs[i]) - x2 * T(sn[i]);
-        y[i + half] = x2 * T(cs[i]) + x1 * T(sn[i]);
+        const T x1 = x[i], x2 = x[i + half], c = T(cs[i]), s = sign * T(sn[i]);
+        y[i] = x1 * c - x2 * s;
+        y[i + half] = x2 * c + x1 * s;
       }
     }
   }
 }
 
 template <class T>
+void rope_forward(T* out, const T* inp, const float* cos, const float* sin, int N, int NH, int HD) {
+  rope_rotate(out, inp, cos, sin, T(1), N, NH, HD);
+}
+
+template <class T>
 void rope_backward(T* dinp, const T* dout, const float* cos, const float* sin, int N, int NH, int HD) {
-  const int half = HD / 2;
-#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * NH * HD))
-  for (int n = 0; n < N; ++n) {
-    const float* cs = cos + static_cast<size_t>(n) * half;
-    const float* sn = sin + static_cast<size_t>(n) * half;
-    for (int h = 0; h < NH; ++h) {
-      const T* dy = dout + (static_cast<size_t>(n) * NH + h) * HD;
-      T* dx = dinp + (static_cast<size_t>(n) * NH + h) * HD;
-      for (int i = 0; i < half; ++i) {
-        const T d1 = dy[i], d2 = dy[i + half];
-        dx[i] = d1 * T(cs[i]) + d2 * T(sn[i]);
-        dx[i + half] = d2 * T(cs[i]) - d1 * T(sn[i]);
-      }
-    }
-  }
+  rope_rotate(dinp, dout, cos, sin, T(-1), N, NH, HD);
 }
 
 // ---- attention ------------------------------------------------------------------------------------
