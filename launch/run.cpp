@@ -25,15 +25,59 @@ using json = nlohmann::json;
 
 namespace {
 
+// The launcher, read from the environment before MPI_Init. mpirun (Open MPI) and srun with an MPI
+// plugin (--mpi=pmix or pmi2) both give each task a PMI/PMIx rank; the variables are the ones
+// runtime::Cluster checks (cluster.cpp launched_by_mpi), so both agree on whether this is MPI.
+// SLURM_* alone is no MPI job: an sbatch script itself has SLURM_PROCID=0 and SLURM_NTASKS of the
+// allocation, and a bare srun (MpiDefault=none) starts tasks that cannot form a world.
 bool under_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"})
     if (std::getenv(v)) return true;
   return false;
 }
 
+int env_int(const char* name, int dflt) {
+  const char* s = std::getenv(name);
+  return s && *s ? std::atoi(s) : dflt;
+}
+
+// srun started this task (direct launch), as opposed to mpirun, whose ranks may live in a SLURM
+// allocation too but always carry OMPI_COMM_WORLD_SIZE.
+bool under_srun() { return std::getenv("SLURM_STEP_NUM_TASKS") && !std::getenv("OMPI_COMM_WORLD_SIZE"); }
+
+// The ranks of the job; -1 when the launcher does not say (then MPI_Comm_size does).
 int world_size_from_env() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
     if (const char* s = std::getenv(v)) return std::atoi(s);
+  return -1;
+}
+
+// Entry `index` of SLURM's compressed per-node list, e.g. "2(x3),1" = 2,2,2,1; -1 if out of range.
+int slurm_per_node(const char* list, int index) {
+  for (const char* p = list; p && *p;) {
+    char* end = nullptr;
+    long v = std::strtol(p, &end, 10);
+    if (end == p) return -1;
+    long reps = 1;
+    if (end[0] == '(' && end[1] == 'x') {
+      reps = std::strtol(end + 2, &end, 10);
+      if (*end == ')') ++end;
+    }
+    if (index < reps) return static_cast<int>(v);
+    index -= static_cast<int>(reps);
+    p = *end == ',' ? end + 1 : end;
+  }
+  return -1;
+}
+
+// Ranks of this job on this node (they share its cores).
+int local_ranks_from_env() {
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(s));
+  if (under_srun()) {
+    int n = slurm_per_node(std::getenv("SLURM_STEP_TASKS_PER_NODE"), env_int("SLURM_NODEID", 0));
+    if (n > 0) return n;
+  }
+  if (const char* s = std::getenv("MPI_LOCALNRANKS")) return std::max(1, std::atoi(s));  // MPICH hydra
   return 1;
 }
 
@@ -89,23 +133,42 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   const bool mpi = under_mpi();
   auto roles_r = rank_roles(cfg);
   const auto& roles = *roles_r;
+  if (!mpi && under_srun() && env_int("SLURM_STEP_NUM_TASKS", 1) > 1) {
+    if (env_int("SLURM_PROCID", 0) == 0)
+      std::fprintf(stderr,
+                   "troupe: error: srun started %d tasks without an MPI plugin (no PMIx/PMI rank in the environment), "
+                   "so they cannot form one job: run srun --mpi=pmix -n %zu (srun --mpi=list shows the plugins; "
+                   "MpiDefault in slurm.conf sets the default)\n",
+                   env_int("SLURM_STEP_NUM_TASKS", 1), roles.size());
+    return 2;
+  }
   if (mpi) {
     int n = world_size_from_env();
+    if (n < 0) {  // a PMIx launcher that exports no size: ask MPI (initialized below anyway)
+      int inited = 0;
+      MPI_Initialized(&inited);
+      if (!inited) {
+        int provided = 0;
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      }
+      MPI_Comm_size(MPI_COMM_WORLD, &n);
+    }
     if (n != static_cast<int>(roles.size())) {
       auto m = loaded.mark_of("cluster.learners");
       std::fprintf(stderr,
                    "%s:%d:%d: error: cluster: the job has %d ranks but the cluster section places %zu roles "
-                   "(learners %d + generators %d + env_workers %d); run mpirun -np %zu or change cluster\n",
+                   "(learners %d + generators %d + env_workers %d); run %s %zu or change cluster\n",
                    loaded.file.c_str(), m.first, m.second, n, roles.size(), cfg.cluster.learners,
-                   cfg.cluster.generators, cfg.cluster.env_workers, roles.size());
+                   cfg.cluster.generators, cfg.cluster.env_workers, under_srun() ? "srun --mpi=pmix -n" : "mpirun -np",
+                   roles.size());
       return 2;
     }
   } else if (cfg.cluster.learners > 1) {
     auto m = loaded.mark_of("cluster.learners");
     std::fprintf(stderr,
                  "%s:%d:%d: error: cluster.learners: %d data-parallel learners need one rank each: run under "
-                 "mpirun -np %zu (one process runs a single learner)\n",
-                 loaded.file.c_str(), m.first, m.second, cfg.cluster.learners, roles.size());
+                 "mpirun -np %zu or srun --mpi=pmix -n %zu (one process runs a single learner)\n",
+                 loaded.file.c_str(), m.first, m.second, cfg.cluster.learners, roles.size(), roles.size());
     return 2;
   }
   std::string run_dir = opt.resume_dir.empty() ? cfg.run.dir : opt.resume_dir;
@@ -126,10 +189,12 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   if (!specs.ok()) return fail(specs.error());
   // compute threads: as configured, else the cores shared by the ranks on this node
   int threads = cfg.cluster.threads;
+  // (srun -c N / --cpus-per-task=N: N each)
   if (threads == 0 && mpi) {
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
-    threads = std::max(1, omp_get_num_procs() / ranks_here);
+    if (under_srun() && env_int("SLURM_CPUS_PER_TASK", 0) > 0)
+      threads = env_int("SLURM_CPUS_PER_TASK", 1);
+    else
+      threads = std::max(1, omp_get_num_procs() / local_ranks_from_env());
   }
   if (threads > 0) omp_set_num_threads(threads);
 
