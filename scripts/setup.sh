@@ -22,6 +22,7 @@ APT_PACKAGES=(
   libzmq3-dev cppzmq-dev libcereal-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   libopenmpi-dev openmpi-bin libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
   python3-venv python3-pip python3-torch python3-zmq python3-numpy python3-matplotlib
+  slurmctld slurmd slurm-client munge
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

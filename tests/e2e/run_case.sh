@@ -32,7 +32,8 @@ case $CASE in
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" $S 2> "$W/err.txt"
     rc=$?
     set -e
-    [ $rc -eq 2 ] && grep -q "already holds a run" "$W/err.txt"
+    test $rc -eq 2
+    grep -q "already holds a run" "$W/err.txt"
     ;;
   async)
     "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/run" --set sft.max_steps=30 --set grpo.max_steps=30 \
@@ -70,7 +71,37 @@ case $CASE in
     rc=$?
     set -e
     cat "$W/err.txt"
-    [ $rc -ne 0 ] && grep -q "multinode.yaml:.*error: cluster: the job has 2 ranks but the cluster section places 4 roles" "$W/err.txt"
+    test $rc -ne 0
+    grep -q "multinode.yaml:.*error: cluster: the job has 2 ranks but the cluster section places 4 roles" "$W/err.txt"
+    ;;
+  srun)  # the multinode config under srun on a SLURM started here (tests/e2e/slurm_local.sh); 77 = skipped
+    if ! command -v srun > /dev/null || ! command -v slurmd > /dev/null; then
+      echo "e2e.srun SKIPPED: SLURM is not installed (apt-get install slurmctld slurmd slurm-client munge)"
+      exit 77
+    fi
+    SL="$SRC/tests/e2e/slurm_local.sh"
+    SD=$(mktemp -d /tmp/troupe-slurm.XXXXXX)  # short: the daemons' unix sockets live here
+    trap 'bash "$SL" stop "$SD"; rm -rf "$SD"' EXIT
+    trap 'exit 143' TERM INT
+    SLURM_CONF=$(bash "$SL" start "$SD") || exit $?
+    export SLURM_CONF OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+    S="timeout 150 srun --mpi=pmix --kill-on-bad-exit=1"
+    $S -n 4 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" \
+      --set sft.max_steps=5 --set grpo.max_steps=3 --set eval.num_prompts=10 $Q
+    $CHECK files "$W/run"
+    set +e
+    $S -n 2 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/mismatch" 2> "$W/err.txt"
+    rc=$?
+    timeout 60 srun --mpi=none -n 4 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/none" 2> "$W/err_none.txt"
+    rc_none=$?
+    set -e
+    cat "$W/err.txt" "$W/err_none.txt"
+    test $rc -ne 0  # (one `test` a line: set -e does not stop at a failed left side of &&)
+    grep -q "multinode.yaml:.*error: cluster: the job has 2 ranks but the cluster section places 4 roles.*srun --mpi=pmix -n 4" "$W/err.txt"
+    test $rc_none -ne 0
+    grep -q "error: srun started 4 tasks without an MPI plugin.*srun --mpi=pmix -n 4" "$W/err_none.txt"
+    test ! -e "$W/mismatch"
+    test ! -e "$W/none"
     ;;
   dynamic_sampling)  # DAPO: filtered groups are refilled by more generation rounds (bounded); resume is bit-identical
     S="--set grpo.dynamic_sampling=true --set grpo.max_generation_rounds=6 --set rollout.prompts_per_step=4 --set sft.max_steps=20 --set optimizer.schedule=constant --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=2 $Q"
