@@ -96,33 +96,44 @@ BackwardScratch backward_scratch(const MoeConfig& c, int N) {
   return s;
 }
 
-// OpenBLAS runs single-threaded in this project (kernels/cpu/ops.cpp): one OpenMP pool. A GEMM
-// called outside a parallel region is split over its M rows here; inside one (one expert per
-// thread) it runs whole. Splitting M never changes an element's K-reduction, so results match.
+// OpenBLAS runs single-threaded in this project (kernels/cpu/ops.cpp): one OpenMP pool. Every GEMM
+// is cut into the same blocks of kRowBlock output rows whether or not it runs inside a parallel
+// region (one expert per thread) -- outside one, the blocks are spread over the threads. OpenBLAS
+// may pick a different micro-kernel for a different M (its tail kernels round differently), so
+// the same blocks everywhere are what keeps both dispatch paths, and any thread count, bit-identical.
+constexpr int kRowBlock = 256;
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A, int lda,
            const float* B, int ldb, float beta, float* Cm, int ldc) {
   if (M <= 0 || N <= 0) return;
-  const bool split = double(M) * N * K > 2e5 && !omp_in_parallel() && omp_get_max_threads() > 1 && M >= 8;
-  if (!split) {
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
-    return;
-  }
-#pragma omp parallel
-  {
-    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int r0 = static_cast<int>(int64_t(M) * id / nt), r1 = static_cast<int>(int64_t(M) * (id + 1) / nt);
-    if (r1 > r0) {
-      const float* a = ta == CblasNoTrans ? A + size_t(r0) * lda : A + r0;
-      cblas_sgemm(CblasRowMajor, ta, tb, r1 - r0, N, K, alpha, a, lda, B, ldb, beta, Cm + size_t(r0) * ldc, ldc);
-    }
+  const int blocks = (M + kRowBlock - 1) / kRowBlock;
+  const bool split = blocks > 1 && double(M) * N * K > 2e5 && !omp_in_parallel() && omp_get_max_threads() > 1;
+#pragma omp parallel for schedule(static) if (split)
+  for (int b = 0; b < blocks; ++b) {
+    const int r0 = b * kRowBlock, rows = std::min(M - r0, kRowBlock);
+    const float* a = ta == CblasNoTrans ? A + size_t(r0) * lda : A + r0;
+    cblas_sgemm(CblasRowMajor, ta, tb, rows, N, K, alpha, a, lda, B, ldb, beta, Cm + size_t(r0) * ldc, ldc);
   }
 }
 
-// Sequential sum (no reassociation), the same in both paths.
+// Dot product in a fixed order, the same in both paths: 8 interleaved partial sums (the compiler
+// vectorizes them), added left to right, then the tail. Depends only on C, never on the path or
+// the thread count.
 inline float dot_row(const float* a, const float* b, int C) {
-  float acc = 0;
-  for (int i = 0; i < C; ++i) acc += a[i] * b[i];
-  return acc;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= C; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = 0;
+  for (int j = 0; j < 8; ++j) s += acc[j];
+  for (; i < C; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Rows are gathered and scattered at data-dependent places: ask for the next one's cache lines
+// while this one is copied (both paths do this wherever they walk rows).
+constexpr int kAhead = 4;  // rows (or tokens) ahead
+inline void prefetch_row(const float* p, int C) {
+  for (int i = 0; i < C; i += 16) __builtin_prefetch(p + i);
 }
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -296,23 +307,44 @@ void moe_route_plan(int32_t* offsets, int32_t* row_slot, int32_t* slot_row, int3
 void moe_permute(float* xp, const float* x, const int32_t* row_slot, int N, int K, int C) {
   const int NK = N * K;
 #pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
-  for (int r = 0; r < NK; ++r)
+  for (int r = 0; r < NK; ++r) {
+    if (r + kAhead < NK) prefetch_row(x + static_cast<size_t>(row_slot[r + kAhead] / K) * C, C);
     std::memcpy(xp + static_cast<size_t>(r) * C, x + static_cast<size_t>(row_slot[r] / K) * C, sizeof(float) * C);
+  }
 }
 
-void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K, int C) {
+void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K, int C,
+                   bool accumulate) {
+  // One pass over each output row, 8 channels at a time in registers: out[t][i] = ((o + w0 y0) +
+  // w1 y1) + ..., o = out[t][i] or 0 -- the same additions in the same order as zeroing out and
+  // accumulating expert by expert (the masked loop).
+  constexpr int kLanes = 8;
 #pragma omp parallel for schedule(static) if (parallel_worth(double(N) * K * C))
   for (int t = 0; t < N; ++t) {
+    if (t + kAhead < N)
+      for (int k = 0; k < K; ++k) prefetch_row(yp + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
     float* o = out + static_cast<size_t>(t) * C;
-    for (int k = 0; k < K; ++k) {
-      const int s = t * K + k;
-      const float* yr = yp + static_cast<size_t>(slot_row[s]) * C;
-      if (weights) {
-        const float wk = weights[s];
-        for (int i = 0; i < C; ++i) o[i] += wk * yr[i];
-      } else {
-        for (int i = 0; i < C; ++i) o[i] += yr[i];
+    const int32_t* rows = slot_row + static_cast<size_t>(t) * K;
+    const float* wt = weights ? weights + static_cast<size_t>(t) * K : nullptr;
+    int i = 0;
+    for (; i + kLanes <= C; i += kLanes) {
+      float acc[kLanes];
+      for (int j = 0; j < kLanes; ++j) acc[j] = accumulate ? o[i + j] : 0.0f;
+      for (int k = 0; k < K; ++k) {
+        const float* yr = yp + static_cast<size_t>(rows[k]) * C + i;
+        if (wt) {
+          const float wk = wt[k];
+          for (int j = 0; j < kLanes; ++j) acc[j] += wk * yr[j];
+        } else {
+          for (int j = 0; j < kLanes; ++j) acc[j] += yr[j];
+        }
       }
+      for (int j = 0; j < kLanes; ++j) o[i + j] = acc[j];
+    }
+    for (; i < C; ++i) {
+      float acc = accumulate ? o[i] : 0.0f;
+      for (int k = 0; k < K; ++k) acc += (wt ? wt[k] : 1.0f) * yp[static_cast<size_t>(rows[k]) * C + i];
+      o[i] = acc;
     }
   }
 }
@@ -337,9 +369,12 @@ size_t moe_scratch_floats(const MoeConfig& cfg, int N) {
 
 namespace {
 
-// identity: the experts are the identity (y = x), for timing and testing the dispatch alone.
+// top_experts/top_weights given (the dispatcher alone): no router, the experts are the identity
+// (y = x); else the router picks them and the experts are SwiGLUs.
 void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
-                  const MoeConfig& cfg, int N, float* scratch, bool identity) {
+                  const MoeConfig& cfg, int N, float* scratch, const int32_t* top_experts = nullptr,
+                  const float* top_weights = nullptr) {
+  const bool identity = top_experts != nullptr;
   const SavedLayout L = saved_layout(cfg, N);
   const ForwardScratch S = forward_scratch(cfg, N);
   const int E = cfg.E, K = cfg.K, C = cfg.C, H = cfg.H, NK = N * K;
@@ -362,13 +397,18 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
     router_stats(stats, probs, offsets, cfg, N);
     return;
   }
-  router_forward(probs, experts, weights, inp, w.w_router, cfg, N);
+  if (identity) {
+    std::memcpy(experts, top_experts, sizeof(int32_t) * static_cast<size_t>(NK));
+    std::memcpy(weights, top_weights, sizeof(float) * static_cast<size_t>(NK));
+  } else {
+    router_forward(probs, experts, weights, inp, w.w_router, cfg, N);
+  }
 
   // The shared expert (unweighted) is the starting value of every token's sum; else 0.
   if (cfg.H_shared > 0) {
     swiglu_forward(out, saved + L.gs, saved + L.us, scratch + S.hs, inp, w.ws_gate, w.ws_up, w.ws_down, N, C,
                    cfg.H_shared);
-  } else {
+  } else if (!cfg.grouped) {  // the grouped combine assigns instead
     std::memset(out, 0, sizeof(float) * static_cast<size_t>(N) * C);
   }
 
@@ -376,7 +416,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
     moe_route_plan(offsets, row_slot, slot_row, cursor, experts, N, K, E);
     moe_permute(xp, inp, row_slot, N, K, C);
     if (!identity) experts_forward_grouped(y, g, u, h, xp, offsets, w, cfg);
-    moe_unpermute(out, yrows, weights, slot_row, N, K, C);
+    moe_unpermute(out, yrows, weights, slot_row, N, K, C, cfg.H_shared > 0);
   } else {
     // Masked loop: for every expert, scan all assignments, gather, compute, scatter.
     int row = 0;
@@ -385,9 +425,11 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
       const int end = scan_expert_rows(row_slot, slot_row, e, row, experts, NK);
       const int n = end - row;
 #pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
-      for (int r = row; r < end; ++r)
+      for (int r = row; r < end; ++r) {
+        if (r + kAhead < end) prefetch_row(inp + static_cast<size_t>(row_slot[r + kAhead] / K) * C, C);
         std::memcpy(xp + static_cast<size_t>(r) * C, inp + static_cast<size_t>(row_slot[r] / K) * C,
                     sizeof(float) * C);
+      }
       const size_t r0 = static_cast<size_t>(row), we = static_cast<size_t>(e) * H * C;
       if (!identity)
         swiglu_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
@@ -396,6 +438,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
 #pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r) {
         const int s = row_slot[r];
+        if (r + kAhead < end) prefetch_row(out + static_cast<size_t>(row_slot[r + kAhead] / K) * C, C);
         float* o = out + static_cast<size_t>(s / K) * C;
         const float wk = weights[s];
         const float* yr = yrows + static_cast<size_t>(r) * C;
@@ -405,13 +448,17 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
     }
     offsets[E] = row;
   }
-  router_stats(stats, probs, offsets, cfg, N);
+  if (!identity) router_stats(stats, probs, offsets, cfg, N);
 }
 
 // Gathers permuted row r: its input (unless identity), its dout row (scaled by its weight when
 // identity, where that is already d(expert input)) and its weight.
-inline void gather_backward_row(float* xp, float* dop, float* wrow, int r, int s, const float* inp,
+inline void gather_backward_row(float* xp, float* dop, float* wrow, int r, int s, int ahead_s, const float* inp,
                                 const float* dout, const float* weights, int K, int C, bool identity) {
+  if (ahead_s >= 0) {  // the slot of the row kAhead further on
+    prefetch_row(dout + static_cast<size_t>(ahead_s / K) * C, C);
+    if (!identity) prefetch_row(inp + static_cast<size_t>(ahead_s / K) * C, C);
+  }
   const size_t t = static_cast<size_t>(s / K);
   const float* d = dout + t * C;
   float* dr = dop + static_cast<size_t>(r) * C;
@@ -425,9 +472,12 @@ inline void gather_backward_row(float* xp, float* dop, float* wrow, int r, int s
   }
 }
 
+// dweights given (the dispatcher alone, identity experts): d loss / d weights is written there and
+// the router backward is skipped.
 void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float daux, const float* inp,
                    const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
-                   bool identity) {
+                   float* dweights = nullptr) {
+  const bool identity = dweights != nullptr;
   const SavedLayout L = saved_layout(cfg, N);
   const BackwardScratch S = backward_scratch(cfg, N);
   const int E = cfg.E, K = cfg.K, C = cfg.C, H = cfg.H, NK = N * K;
@@ -452,7 +502,7 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
   if (cfg.H_shared > 0) {
     swiglu_backward(dinp, gr.ws_gate, gr.ws_up, gr.ws_down, dout, inp, saved + L.gs, saved + L.us, w.ws_gate, w.ws_up,
                     w.ws_down, scratch + S.hs, scratch + S.dgs, N, C, cfg.H_shared);
-  } else {
+  } else if (!cfg.grouped) {  // the grouped permute backward assigns instead
     std::memset(dinp, 0, sizeof(float) * static_cast<size_t>(N) * C);
   }
 
@@ -467,11 +517,15 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
   if (cfg.grouped) {
     const int32_t* row_slot = ints_at(saved + L.row_slot);
 #pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
-    for (int r = 0; r < NK; ++r) gather_backward_row(xp, dop, wrow, r, row_slot[r], inp, dout, weights, K, C, identity);
+    for (int r = 0; r < NK; ++r)
+      gather_backward_row(xp, dop, wrow, r, row_slot[r], r + kAhead < NK ? row_slot[r + kAhead] : -1, inp, dout, weights, K, C,
+                          identity);
+    if (!identity) {
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(NK) * C * H))
-    for (int e = 0; e < E; ++e) segment(e, offsets[e], offsets[e + 1] - offsets[e]);
+      for (int e = 0; e < E; ++e) segment(e, offsets[e], offsets[e + 1] - offsets[e]);
+    }
     // Backward of the permute: each token gathers its K rows in ascending expert order.
-    moe_unpermute(dinp, dxrows, nullptr, slot_row, N, K, C);
+    moe_unpermute(dinp, dxrows, nullptr, slot_row, N, K, C, cfg.H_shared > 0);
   } else {
     // Masked loop mirrored: per expert, rescan the assignments, gather, compute, scatter.
     int32_t* row_slot = ints_at(scratch + S.rows, static_cast<size_t>(NK));
@@ -482,10 +536,12 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
         if (experts[s] == e) row_slot[end++] = s;
 #pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r)
-        gather_backward_row(xp, dop, wrow, r, row_slot[r], inp, dout, weights, K, C, identity);
+        gather_backward_row(xp, dop, wrow, r, row_slot[r], r + kAhead < end ? row_slot[r + kAhead] : -1, inp, dout, weights, K,
+                            C, identity);
       segment(e, row, end - row);
 #pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r) {
+        if (r + kAhead < end) prefetch_row(dinp + static_cast<size_t>(row_slot[r + kAhead] / K) * C, C);
         float* o = dinp + static_cast<size_t>(row_slot[r] / K) * C;
         const float* dr = dxrows + static_cast<size_t>(r) * C;
         for (int i = 0; i < C; ++i) o[i] += dr[i];
@@ -493,12 +549,13 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
       row = end;
     }
   }
-  if (identity) {  // d weight = <y, dout> with y = the token's input
-#pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
-    for (int s = 0; s < NK; ++s) {
-      const float* xt = inp + static_cast<size_t>(s / K) * C;
-      dw[slot_row[s]] = dot_row(xt, dout + static_cast<size_t>(s / K) * C, C);
+  if (identity) {  // d weight = <y, dout> with y = the token's input; no router behind it
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * C))
+    for (int t = 0; t < N; ++t) {
+      const float d = dot_row(inp + static_cast<size_t>(t) * C, dout + static_cast<size_t>(t) * C, C);
+      for (int k = 0; k < K; ++k) dweights[t * K + k] = d;
     }
+    return;
   }
 
   // Router: d weights -> d probs (renormalization, aux loss) -> d logits (softmax) -> dWr, dinp.
@@ -530,32 +587,26 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
 
 void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
                  const MoeConfig& cfg, int N, float* scratch) {
-  forward_impl(out, saved, stats, inp, w, cfg, N, scratch, false);
+  forward_impl(out, saved, stats, inp, w, cfg, N, scratch);
 }
 
 void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                   const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch) {
-  backward_impl(dinp, g, dout, daux, inp, saved, w, cfg, N, scratch, false);
+  backward_impl(dinp, g, dout, daux, inp, saved, w, cfg, N, scratch);
 }
 
-void moe_dispatch_forward(float* out, float* saved, MoeStats* stats, const float* inp, const float* w_router,
+void moe_dispatch_forward(float* out, float* saved, const int32_t* experts, const float* weights, const float* inp,
                           const MoeConfig& cfg, int N, float* scratch) {
   MoeConfig c = cfg;
   c.H_shared = 0;
-  MoeWeights w;
-  w.w_router = w_router;
-  forward_impl(out, saved, stats, inp, w, c, N, scratch, true);
+  forward_impl(out, saved, nullptr, inp, MoeWeights{}, c, N, scratch, experts, weights);
 }
 
-void moe_dispatch_backward(float* dinp, float* dw_router, const float* dout, float daux, const float* inp,
-                           const float* saved, const float* w_router, const MoeConfig& cfg, int N, float* scratch) {
+void moe_dispatch_backward(float* dinp, float* dweights, const float* dout, const float* inp, const float* saved,
+                           const MoeConfig& cfg, int N, float* scratch) {
   MoeConfig c = cfg;
   c.H_shared = 0;
-  MoeWeights w;
-  w.w_router = w_router;
-  MoeGrads g;
-  g.w_router = dw_router;
-  backward_impl(dinp, g, dout, daux, inp, saved, w, c, N, scratch, true);
+  backward_impl(dinp, MoeGrads{}, dout, 0.0f, inp, saved, MoeWeights{}, c, N, scratch, dweights);
 }
 
 }  // namespace troupe::kernels

@@ -4,6 +4,7 @@
 #include "troupe/kernels/moe.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -146,31 +147,89 @@ TEST(Moe, GroupedEqualsMaskedManyExperts) { expect_grouped_equals_masked(Layer(c
 // Big enough that the masked loop splits each expert's GEMMs over threads while the grouped path
 // runs one whole GEMM per expert per thread: still bit-identical.
 TEST(Moe, GroupedEqualsMaskedLarge) { expect_grouped_equals_masked(Layer(config(64, 64, 4, 2, 32), 2048, 9)); }
+// Every GEMM is cut into the same row blocks at any thread count: 1 and 2 threads, both paths,
+// give the same bits (a layer large enough that the GEMMs are split over the threads).
+TEST(Moe, ThreadCountDoesNotChangeBits) {
+  Layer L(config(64, 64, 4, 2, 32), 2048, 11);
+  auto dout = random_vec(static_cast<size_t>(L.N) * L.cfg.C, 12);
+  const int before = omp_get_max_threads();
+  for (bool grouped : {true, false}) {
+    omp_set_num_threads(1);
+    Result one = run(L, grouped, dout, 0.25f);
+    omp_set_num_threads(2);
+    Result two = run(L, grouped, dout, 0.25f);
+    expect_bitwise(one.out, two.out, "out");
+    expect_bitwise(one.dinp, two.dinp, "dinp");
+    expect_bitwise(one.dwr, two.dwr, "d w_router");
+    expect_bitwise(one.dwg, two.dwg, "d w_gate");
+    expect_bitwise(one.dwd, two.dwd, "d w_down");
+    expect_bitwise(one.dsg, two.dsg, "d ws_gate");
+  }
+  omp_set_num_threads(before);
+}
 TEST(Moe, GroupedEqualsMaskedOneToken) { expect_grouped_equals_masked(Layer(config(16, 8, 7, 2), 1, 6)); }
 
-// The dispatch alone (identity experts) is bit-identical between the paths too, and with
-// renormalized weights it returns the input up to rounding.
+// The dispatcher alone (identity experts, top-k given) is bit-identical between the paths and
+// equals its definition: out[t] = sum_k w[t,k] x[t], dinp[t] = sum_k w[t,k] dout[t] (k ascending,
+// from 0), d w[t,k] = <x[t], dout[t]> (to rounding: the kernel's dot has its own fixed order).
+// Experts are drawn from the first `used` only: the rest stay empty.
 TEST(Moe, DispatchGroupedEqualsMasked) {
   for (int K : {1, 2, 4}) {
-    Layer L(config(24, 8, 16, K), 211, 40 + K);
-    auto dout = random_vec(static_cast<size_t>(L.N) * 24, 41);
-    std::vector<std::vector<float>> outs, dinps, dwrs;
-    for (bool grouped : {true, false}) {
-      MoeConfig c = L.cfg;
-      c.grouped = grouped;
-      std::vector<float> out(L.x.size(), -1.0f), saved(moe_saved_floats(c, L.N)),
-          scratch(moe_scratch_floats(c, L.N)), dinp(L.x.size(), -1.0f), dwr(L.wr.size(), 0.0f);
-      moe_dispatch_forward(out.data(), saved.data(), nullptr, L.x.data(), L.wr.data(), c, L.N, scratch.data());
-      moe_dispatch_backward(dinp.data(), dwr.data(), dout.data(), 0.1f, L.x.data(), saved.data(), L.wr.data(), c, L.N,
-                            scratch.data());
-      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], L.x[i], 1e-5 * (1 + std::fabs(L.x[i])));
-      outs.push_back(out);
-      dinps.push_back(dinp);
-      dwrs.push_back(dwr);
+    for (int used : {16, 5, 4}) {
+      if (used < K) continue;
+      const int N = 211, C = 24, E = 16;
+      MoeConfig base = config(C, 8, E, K);
+      std::mt19937 rng(40 + K * 100 + used);
+      std::vector<int32_t> experts(static_cast<size_t>(N) * K);
+      std::vector<float> weights(experts.size());
+      std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+      for (int t = 0; t < N; ++t) {
+        std::vector<int32_t> pool(static_cast<size_t>(used));
+        for (int e = 0; e < used; ++e) pool[static_cast<size_t>(e)] = e;
+        std::shuffle(pool.begin(), pool.end(), rng);
+        std::sort(pool.begin(), pool.begin() + K);
+        for (int k = 0; k < K; ++k) {
+          experts[static_cast<size_t>(t) * K + k] = pool[static_cast<size_t>(k)];
+          weights[static_cast<size_t>(t) * K + k] = uw(rng);
+        }
+      }
+      auto x = random_vec(static_cast<size_t>(N) * C, 43 + K);
+      auto dout = random_vec(static_cast<size_t>(N) * C, 41 + K);
+      std::vector<float> ref_out(x.size()), ref_dinp(x.size()), ref_dw(experts.size());
+      for (int t = 0; t < N; ++t)
+        for (int i = 0; i < C; ++i) {
+          float o = 0, d = 0;
+          for (int k = 0; k < K; ++k) {
+            const float wk = weights[static_cast<size_t>(t) * K + k];
+            o += wk * x[static_cast<size_t>(t) * C + i];
+            d += wk * dout[static_cast<size_t>(t) * C + i];
+          }
+          ref_out[static_cast<size_t>(t) * C + i] = o;
+          ref_dinp[static_cast<size_t>(t) * C + i] = d;
+        }
+      for (int s = 0; s < N * K; ++s) {
+        float acc = 0;
+        for (int i = 0; i < C; ++i) acc += x[static_cast<size_t>(s / K) * C + i] * dout[static_cast<size_t>(s / K) * C + i];
+        ref_dw[static_cast<size_t>(s)] = acc;
+      }
+      std::vector<std::vector<float>> dws;  // the dot's order is fixed, not the reference's: paths compared
+      for (bool grouped : {true, false}) {
+        MoeConfig c = base;
+        c.grouped = grouped;
+        std::vector<float> out(x.size(), -1.0f), saved(moe_saved_floats(c, N), -3.0f),
+            scratch(moe_scratch_floats(c, N), 5.0f), dinp(x.size(), -1.0f), dw(experts.size(), -1.0f);
+        moe_dispatch_forward(out.data(), saved.data(), experts.data(), weights.data(), x.data(), c, N, scratch.data());
+        moe_dispatch_backward(dinp.data(), dw.data(), dout.data(), x.data(), saved.data(), c, N, scratch.data());
+        expect_bitwise(out, ref_out, grouped ? "grouped dispatch out" : "masked dispatch out");
+        expect_bitwise(dinp, ref_dinp, grouped ? "grouped dispatch dinp" : "masked dispatch dinp");
+        for (size_t i = 0; i < dw.size(); ++i) ASSERT_NEAR(dw[i], ref_dw[i], 1e-5 * (1 + std::fabs(ref_dw[i])));
+        dws.push_back(dw);
+        auto R = moe_saved_routing(saved.data(), c, N);
+        for (int e = used; e < E; ++e) EXPECT_EQ(R.offsets[e + 1] - R.offsets[e], 0);
+        EXPECT_EQ(R.offsets[E], N * K);
+      }
+      expect_bitwise(dws[0], dws[1], "dispatch d weights");
     }
-    expect_bitwise(outs[0], outs[1], "dispatch out");
-    expect_bitwise(dinps[0], dinps[1], "dispatch dinp");
-    expect_bitwise(dwrs[0], dwrs[1], "dispatch d w_router");
   }
 }
 

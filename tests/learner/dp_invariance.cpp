@@ -146,7 +146,10 @@ int main(int argc, char** argv) {
       h.model = std::make_unique<policy::Model>(std::move(m.value()));
       h.adapter = std::make_unique<ModelAdapter>(*h.model);
       return h;
-    }, world, 1e-5);
+    }, world, 2e-4);  // AdamW (lr 1e-2, 8 updates) turns float rounding in coordinates whose gradient
+                      // is near 0 into up to ~lr per update: 8.2e-5 seen on AMD Zen (OpenBLAS Zen
+                      // kernels round differently for the ranks' smaller M), < 1e-5 on Intel. A real
+                      // sharding error moves every parameter by ~lr (1e-2); the loss check stays 1e-6.
     int any = bad;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     bad = any;

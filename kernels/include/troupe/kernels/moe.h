@@ -63,13 +63,17 @@ void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, co
 void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                   const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch);
 
-// The layer with identity experts (y = x; router, permute, unpermute/combine and their backward
-// only), the same code path as moe_forward/moe_backward: what the moe_dispatch_* benchmarks time and
-// what tests use to check the dispatch round trip. Same saved/scratch sizes; cfg.H_shared ignored.
-void moe_dispatch_forward(float* out, float* saved, MoeStats* stats, const float* inp, const float* w_router,
+// The token dispatcher alone: route plan, permute and unpermute/combine, forward and backward, with
+// identity experts (y = x), given each token's top-k -- experts (N, K), ascending per token, and
+// weights (N, K). The router (gate GEMM, softmax, top-k) is left out: it is the same work in both
+// paths and belongs to the whole layer. Same code path as moe_forward/moe_backward (cfg.grouped
+// picks it) and same saved/scratch sizes; cfg.H_shared ignored. What the moe_dispatch_* benchmarks
+// time and what tests use to check the round trip. out (N, C) assigned: out[t] = sum_k w[t,k] x[t].
+void moe_dispatch_forward(float* out, float* saved, const int32_t* experts, const float* weights, const float* inp,
                           const MoeConfig& cfg, int N, float* scratch);
-void moe_dispatch_backward(float* dinp, float* dw_router, const float* dout, float daux, const float* inp,
-                           const float* saved, const float* w_router, const MoeConfig& cfg, int N, float* scratch);
+// dinp (N, C) assigned: sum_k w[t,k] dout[t]; dweights (N, K) assigned: <x[t], dout[t]>.
+void moe_dispatch_backward(float* dinp, float* dweights, const float* dout, const float* inp, const float* saved,
+                           const MoeConfig& cfg, int N, float* scratch);
 
 // ---- Pieces of the layer, public for tests, metrics and the CUDA port --------------------------
 // A token's K experts are stored in ascending expert id (not by weight), so "k order" is
@@ -95,7 +99,9 @@ void moe_route_plan(int32_t* offsets, int32_t* row_slot, int32_t* slot_row, int3
 // Its backward is moe_unpermute with weights == nullptr.
 void moe_permute(float* xp, const float* x, const int32_t* row_slot, int N, int K, int C);
 // Unpermute + combine: out[t] += sum_k weights[t*K+k] * yp[slot_row[t*K+k]] (k ascending), out (N, C)
-// ACCUMULATED; weights == nullptr means 1. Its backward w.r.t. yp is moe_permute of dout scaled by weights.
-void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K, int C);
+// ACCUMULATED (accumulate = false: assigned, with the same bits as zeroing out first); weights ==
+// nullptr means 1. Its backward w.r.t. yp is moe_permute of dout scaled by weights.
+void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K, int C,
+                   bool accumulate = true);
 
 }  // namespace troupe::kernels
