@@ -48,40 +48,43 @@ CopyEvent CopyEngine::copy_async(void* dst, const void* src, size_t bytes) {
   return ev;
 }
 
+void CopyEngine::execute_front(std::unique_lock<std::mutex>& lock, bool by_host) {
+  Job job = std::move(queue_.front());
+  queue_.pop_front();
+  executing_ = true;
+  const uint64_t index = started_++;
+  lock.unlock();
+  const auto t0 = Clock::now();
+  const double delay = job.delay ? job.delay(index) : 0.0;
+  const size_t half = job.bytes / 2;
+  sleep_s(delay / 2);
+  if (half > 0) std::memcpy(job.dst, job.src, half);
+  sleep_s(delay / 2);
+  if (job.bytes > half)
+    std::memcpy(static_cast<char*>(job.dst) + half, static_cast<const char*>(job.src) + half, job.bytes - half);
+  if (job.bandwidth > 0) {
+    const auto until = t0 + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(static_cast<double>(job.bytes) / job.bandwidth));
+    std::this_thread::sleep_until(until);
+  }
+  const double busy = std::chrono::duration<double>(Clock::now() - t0).count();
+  lock.lock();
+  done_seq_ = job.seq;
+  executing_ = false;
+  stats_.copies += 1;
+  stats_.bytes += job.bytes;
+  stats_.busy_s += busy;
+  if (by_host) stats_.host_copies += 1;
+  done_cv_.notify_all();
+  queued_cv_.notify_all();
+}
+
 void CopyEngine::run() {
-  uint64_t index = 0;
+  std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    Job job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      queued_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and drained
-      job = queue_.front();
-      queue_.pop_front();
-    }
-    const auto t0 = Clock::now();
-    const double delay = job.delay ? job.delay(index) : 0.0;
-    ++index;
-    const size_t half = job.bytes / 2;
-    sleep_s(delay / 2);
-    if (half > 0) std::memcpy(job.dst, job.src, half);
-    sleep_s(delay / 2);
-    if (job.bytes > half)
-      std::memcpy(static_cast<char*>(job.dst) + half, static_cast<const char*>(job.src) + half, job.bytes - half);
-    if (job.bandwidth > 0) {
-      const auto until = t0 + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(static_cast<double>(job.bytes) / job.bandwidth));
-      std::this_thread::sleep_until(until);
-    }
-    const double busy = std::chrono::duration<double>(Clock::now() - t0).count();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_seq_ = job.seq;
-      stats_.copies += 1;
-      stats_.bytes += job.bytes;
-      stats_.busy_s += busy;
-    }
-    done_cv_.notify_all();
+    queued_cv_.wait(lock, [this] { return (stop_ && !executing_) || (!queue_.empty() && !executing_); });
+    if (queue_.empty()) return;  // stop_ and drained
+    execute_front(lock, false);
   }
 }
 
@@ -89,7 +92,12 @@ void CopyEngine::wait(CopyEvent event) {
   std::unique_lock<std::mutex> lock(mu_);
   if (done_seq_ >= event.seq) return;
   const auto t0 = Clock::now();
-  done_cv_.wait(lock, [&] { return done_seq_ >= event.seq; });
+  while (done_seq_ < event.seq) {
+    if (!executing_ && !queue_.empty())
+      execute_front(lock, true);  // not started yet: copy it here rather than wait for the thread
+    else
+      done_cv_.wait(lock);
+  }
   stats_.host_wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 

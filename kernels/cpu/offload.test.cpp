@@ -36,6 +36,29 @@ TEST(CopyEngine, FifoOrderAndEvents) {
   EXPECT_EQ(engine.stats().bytes, 40u * 1000 * sizeof(int));
 }
 
+// A waiting host runs copies the copy thread has not started (FIFO, one at a time): with many
+// small copies queued and waited on at once, every copy still lands exactly once, in order, and the
+// two kinds of copies add up.
+TEST(CopyEngine, WaitingHostRunsPendingCopiesInOrder) {
+  CopyEngine engine({0, [](uint64_t i) { return (i % 5 == 0) ? 1e-3 : 0.0; }});
+  for (int round = 0; round < 20; ++round) {
+    std::vector<std::vector<int>> srcs(30, std::vector<int>(256));
+    std::vector<int> dst(256, -1), order;
+    std::vector<CopyEvent> events;
+    for (int i = 0; i < 30; ++i) {
+      std::fill(srcs[i].begin(), srcs[i].end(), round * 100 + i);
+      events.push_back(engine.copy_async(dst.data(), srcs[i].data(), sizeof(int) * 256));
+    }
+    engine.wait(events[14]);
+    for (int i = 0; i <= 14; ++i) ASSERT_TRUE(engine.query(events[i])) << "FIFO: earlier copies are done";
+    engine.wait(events.back());
+    for (int v : dst) ASSERT_EQ(v, round * 100 + 29) << "the last queued copy wins";
+  }
+  const auto st = engine.stats();
+  EXPECT_EQ(st.copies, 600u);
+  EXPECT_LE(st.host_copies, st.copies);
+}
+
 TEST(CopyEngine, WaitBlocksUntilCopyCompleted) {
   CopyEngine engine({0, [](uint64_t) { return 0.05; }});
   std::vector<float> src(1 << 16, 3.0f), dst(1 << 16, 0.0f);

@@ -48,11 +48,15 @@ struct CopyEngineStats {
   uint64_t copies = 0;
   uint64_t bytes = 0;
   double busy_s = 0;       // time the copy thread spent copying (incl. bandwidth sleeps and delays)
-  double host_wait_s = 0;  // time callers spent blocked in wait()/synchronize()
+  double host_wait_s = 0;  // time callers spent blocked in wait()/synchronize() (incl. copies they ran)
+  uint64_t host_copies = 0;  // copies a waiting host ran itself because the copy thread had not started them
 };
 
 // Copies run one at a time in the order they were queued (FIFO): an event completes after its
 // copy and every copy queued before it. Thread-safe; usually one host thread queues and waits.
+// On CPU the copy thread shares the cores with compute threads: a copy it has not started when the
+// host waits for it is run by the waiting host (in FIFO order, one copy at a time, with the same
+// bandwidth and delay emulation), so waiting never costs more than copying synchronously would.
 class CopyEngine {
  public:
   explicit CopyEngine(CopyEngineOptions options = {});
@@ -83,6 +87,8 @@ class CopyEngine {
     std::function<double(uint64_t)> delay;
   };
   void run();
+  // Runs the front job with mu_ held on entry and exit (released while copying).
+  void execute_front(std::unique_lock<std::mutex>& lock, bool by_host);
 
   mutable std::mutex mu_;
   std::condition_variable queued_cv_;
@@ -90,6 +96,8 @@ class CopyEngine {
   std::deque<Job> queue_;
   uint64_t next_seq_ = 1;
   uint64_t done_seq_ = 0;
+  uint64_t started_ = 0;   // copies started so far (the delay function's index)
+  bool executing_ = false;  // a copy is running (on the copy thread or a waiting host)
   bool stop_ = false;
   double bandwidth_ = 0;
   std::function<double(uint64_t)> delay_;
