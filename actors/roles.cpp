@@ -3,6 +3,19 @@
 // plus the actors that host them. All randomness comes from seeds carried in the requests.
 #include "troupe/actors/roles.h"
 
+#include <omp.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -486,20 +499,91 @@ EnvActor::EnvActor(std::shared_ptr<EnvWorker> worker) : worker_(std::move(worker
   handle<EnvReleaseReq>([this](runtime::Context&, const EnvReleaseReq& r) { worker_->release(r); });
 }
 
-GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen) : gen_(std::move(gen)) {
+namespace {
+// OpenMP's nthreads is a per-thread setting: set it on the worker thread that runs the handler.
+void use_threads(int n) {
+  if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
+}
+}  // namespace
+
+int role_threads(const ClusterSection& c, const std::string& role, int fallback) {
+  int own = role.rfind("generator", 0) == 0 ? c.generator_threads : role.rfind("learner", 0) == 0 ? c.learner_threads : 0;
+  return own > 0 ? own : c.threads > 0 ? c.threads : fallback;
+}
+
+// One thread at a fixed nice value that runs jobs handed to it, one at a time; run() waits.
+class ComputeThread {
+ public:
+  ComputeThread(int nice, int threads) : thread_([this, nice, threads] { loop(nice, threads); }) {}
+  ~ComputeThread() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void run(const std::function<void()>& job) {
+    std::unique_lock lk(mu_);
+    job_ = &job;
+    done_ = false;
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return done_; });
+  }
+
+ private:
+  void loop(int nice, int threads) {
+    // Lowering one's own priority needs no privilege; threads started from here inherit it.
+    if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice) != 0)
+      std::fprintf(stderr, "troupe: warning: generator nice %d: %s\n", nice, std::strerror(errno));
+    use_threads(threads);
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || job_ != nullptr; });
+      if (stop_) return;
+      const auto* job = job_;
+      lk.unlock();
+      (*job)();
+      lk.lock();
+      job_ = nullptr;
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::function<void()>* job_ = nullptr;
+  bool done_ = false, stop_ = false;
+  std::thread thread_;
+};
+
+GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int nice)
+    : gen_(std::move(gen)), threads_(threads) {
+  if (nice > 0) compute_ = std::make_unique<ComputeThread>(nice, threads);
   handle<GenerateReq>([this](runtime::Context& ctx, const GenerateReq& r) -> Status {
-    TROUPE_ASSIGN_OR_RETURN(auto rep, gen_->generate(r));
-    return ctx.reply(std::move(rep));
+    Result<GenerateRep> rep = Error{};
+    if (compute_) {
+      compute_->run([&] { rep = gen_->generate(r); });
+    } else {
+      use_threads(threads_);
+      rep = gen_->generate(r);
+    }
+    if (!rep.ok()) return rep.error();
+    return ctx.reply(std::move(rep).value());
   });
   handle<Weights>([this](runtime::Context& ctx, const Weights& w) -> Status {
+    use_threads(threads_);
     TROUPE_TRY(gen_->set_weights(w));
     if (ctx.header() && (ctx.header()->flags & runtime::kFlagRequest)) return ctx.reply(Ack{w.version});
     return {};
   });
 }
 
-LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role) : role_(std::move(role)) {
+GeneratorActor::~GeneratorActor() = default;
+
+LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role, int threads) : role_(std::move(role)), threads_(threads) {
   handle<TrainReq>([this](runtime::Context& ctx, const TrainReq& r) -> Status {
+    use_threads(threads_);
     TROUPE_ASSIGN_OR_RETURN(auto rep, role_->train(r));
     return ctx.reply(std::move(rep));
   });
@@ -507,6 +591,7 @@ LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role) : role_(std::move(
     return ctx.reply(role_->weights());
   });
   handle<CheckpointReq>([this](runtime::Context& ctx, const CheckpointReq& r) -> Status {
+    use_threads(threads_);
     TROUPE_ASSIGN_OR_RETURN(auto rep, role_->checkpoint(r));
     return ctx.reply(std::move(rep));
   });

@@ -1,7 +1,14 @@
 // actors.roles: the roles without an actor system — prompt formatting, the generator's truncation
 // and prompt-cut records, weight sync from learner to generator with its version, the env worker's
-// batched verify on the arithmetic env, and the YAML -> learner settings mapping.
+// batched verify on the arithmetic env, the YAML -> learner settings mapping, per-role compute
+// threads and the generator actor on a low-priority thread.
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "troupe/actors/roles.h"
 
@@ -132,4 +139,61 @@ TEST(Roles, LearnerConfigMapping) {
   EXPECT_EQ(g.advantage.scale_rewards, learner::StdMode::none);
   EXPECT_FLOAT_EQ(g.optimizer.learning_rate, 0.001f);
   EXPECT_FLOAT_EQ(learner_config(c, learner::Phase::sft).optimizer.learning_rate, 0.01f);
+}
+
+// Compute threads per role: the role's own key, else cluster.threads, else the rank's default.
+TEST(Roles, RoleThreads) {
+  ClusterSection c;
+  EXPECT_EQ(role_threads(c, "generator", 2), 2);
+  c.threads = 3;
+  EXPECT_EQ(role_threads(c, "learner0", 2), 3);
+  c.generator_threads = 1;
+  EXPECT_EQ(role_threads(c, "generator1", 2), 1);
+  EXPECT_EQ(role_threads(c, "learner", 2), 3);
+  c.learner_threads = 4;
+  EXPECT_EQ(role_threads(c, "learner", 2), 4);
+  EXPECT_EQ(role_threads(c, "env_worker", 2), 3);
+}
+
+// nice 19: the actor samples on its own thread at that priority and answers exactly what the
+// generator answers when called directly.
+TEST(Roles, GeneratorActorOnALowPriorityThread) {
+  auto cfg = tiny();
+  auto g = Generator::create(cfg);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  std::shared_ptr<Generator> gen = std::move(g).value();
+  GenerateReq req;
+  req.prompts = {"1+2=", "3+4="};
+  req.sampling.temperature = 1.0f;
+  req.sampling.max_new_tokens = 4;
+  req.sampling.seed = 9;
+  auto direct = gen->generate(req);
+  ASSERT_TRUE(direct.ok());
+  runtime::SystemConfig sc;
+  sc.threads = 1;
+  auto sys = runtime::ActorSystem::create(sc);
+  ASSERT_TRUE(sys.ok()) << sys.error().message;
+  auto id = (*sys)->spawn([gen]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<GeneratorActor>(gen, 1, 19); });
+  ASSERT_TRUE(id.ok());
+  auto rep = (*sys)->ask<GenerateRep>(*id, req, std::chrono::seconds(30)).get();
+  ASSERT_TRUE(rep.ok()) << rep.error().message;
+  ASSERT_EQ(rep->samples.size(), direct->samples.size());
+  for (size_t i = 0; i < rep->samples.size(); ++i) {
+    EXPECT_EQ(rep->samples[i].tokens, direct->samples[i].tokens);
+    EXPECT_EQ(rep->samples[i].logprobs, direct->samples[i].logprobs);
+  }
+  // some thread of this process now runs at nice 19 (field 19 of /proc/self/task/*/stat)
+  bool found = false;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream in(t.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string field;
+    for (int f = 3; f <= 19 && (rest >> field); ++f)
+      if (f == 19 && field == "19") found = true;
+  }
+  EXPECT_TRUE(found) << "no thread at nice 19";
+  (*sys)->shutdown();
 }

@@ -197,6 +197,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
       threads = std::max(1, omp_get_num_procs() / local_ranks_from_env());
   }
   if (threads > 0) omp_set_num_threads(threads);
+  const int rank_threads = threads > 0 ? threads : omp_get_max_threads();
 
   // bootstrap (one node without MPI)
   runtime::ClusterConfig cc;
@@ -250,13 +251,18 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
         if (!l.ok()) return fail(l.error());
         std::shared_ptr<actors::LearnerRole> sp = std::move(l).value();
         hosted.learners.push_back(sp);
-        factory = [sp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::LearnerActor>(sp); };
+        const int n = actors::role_threads(cfg.cluster, "learner", rank_threads);
+        factory = [sp, n]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::LearnerActor>(sp, n); };
       } else if (role.rfind("generator", 0) == 0) {
         auto g = actors::Generator::create(cfg);
         if (!g.ok()) return fail(g.error());
         std::shared_ptr<actors::Generator> sp = std::move(g).value();
         hosted.gens.push_back(sp);
-        factory = [sp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::GeneratorActor>(sp); };
+        const int n = actors::role_threads(cfg.cluster, "generator", rank_threads);
+        const int nice = cfg.cluster.generator_nice;
+        factory = [sp, n, nice]() -> std::unique_ptr<runtime::Actor> {
+          return std::make_unique<actors::GeneratorActor>(sp, n, nice);
+        };
       } else {
         auto e = actors::EnvWorker::create(*specs);
         if (!e.ok()) return fail(e.error());

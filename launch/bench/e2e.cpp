@@ -1,15 +1,22 @@
 // `troupe bench e2e`: case async_vs_sync — the quickstart model's GRPO loop in async mode
 // (max_staleness 1) vs sync mode, same process, interleaved runs, median of >= 5. Metric
 // steps_per_s over the GRPO phase; extra fields give the per-step time breakdown of both modes
-// (generation, env, learner, weight sync, generator idle, learner idle) and the share of each idle
-// time async removes (generator idle: no sampling work; learner idle: waiting for a batch).
+// (generation, env, learner, weight sync, generator idle, learner idle, core idle) and the share of
+// each idle time async removes. Generator idle: no sampling work; learner idle: waiting for a
+// batch; idle = the two summed (what the goal counts); core idle: cores x wall - the process's CPU
+// time, per step (the roles share the cores here, so a waiting role's cores are not always idle).
+// Both modes run the same config (cluster.generator_nice 19: sampling yields to the learner).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <omp.h>
 
 #include "bench.h"
 #include "troupe/base/build_config.h"
@@ -25,6 +32,15 @@ struct Measured {
   std::map<std::string, double> per_step;  // mean seconds per GRPO step
 };
 
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return tv(u.ru_utime) + tv(u.ru_stime);
+}
+
 // One run of the quickstart's GRPO phase; nullopt-like (steps_per_s 0) on failure.
 Measured run_once(bool async, int steps, int rep) {
   Measured m;
@@ -38,13 +54,15 @@ Measured run_once(bool async, int steps, int rep) {
                                    "rollout.max_staleness=1", "eval.every=0",
                                    "eval.num_prompts=8",      "checkpointing.enabled=false",
                                    "logger.tensorboard=false", "logger.progress=off",
-                                   "logger.trajectories=false"};
+                                   "logger.trajectories=false", "cluster.generator_nice=19"};
   auto loaded = launch::load_config(std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.yaml", sets);
   if (!loaded.ok()) {
     std::fprintf(stderr, "bench e2e: %s\n", loaded.error().message.c_str());
     return m;
   }
+  const double cpu0 = cpu_s(), wall0 = now_s();
   if (launch::run_experiment(*loaded, {}) != 0) return m;
+  const double cpu = cpu_s() - cpu0, wall = now_s() - wall0;
   std::ifstream in(dir + "/metrics.jsonl");
   std::vector<nlohmann::json> rows;
   for (std::string line; std::getline(in, line);) {
@@ -61,6 +79,9 @@ Measured run_once(bool async, int steps, int rep) {
     for (size_t i = 1; i < rows.size(); ++i) sum += rows[i].value(k, 0.0);
     m.per_step[k] = sum / static_cast<double>(rows.size() - 1);
   }
+  m.per_step["idle_total_s"] = m.per_step["idle_s"] + m.per_step["learner_idle_s"];
+  // over the whole run (set-up included: the same in both modes)
+  m.per_step["core_idle_s"] = std::max(0.0, wall * omp_get_num_procs() - cpu) / static_cast<double>(rows.size());
   return m;
 }
 
@@ -94,20 +115,27 @@ int run_e2e_suite(const BenchOptions& opt) {
   row.baseline_name = "sync";
   row.better = Better::higher;
   nlohmann::json bd_async, bd_sync;
-  for (const char* k : {"gen_s", "env_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s", "step_s"}) {
+  for (const char* k : {"gen_s", "env_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s", "idle_total_s",
+                        "core_idle_s", "step_s"}) {
     std::string name = std::string(k) == "gen_s" ? "generation_s" : std::string(k) == "idle_s" ? "generator_idle_s" : k;
     bd_async[name] = med(async_runs, k);
     bd_sync[name] = med(sync_runs, k);
   }
   double idle_sync = bd_sync["generator_idle_s"].get<double>(), idle_async = bd_async["generator_idle_s"].get<double>();
   double lidle_sync = bd_sync["learner_idle_s"].get<double>(), lidle_async = bd_async["learner_idle_s"].get<double>();
+  double tidle_sync = bd_sync["idle_total_s"].get<double>(), tidle_async = bd_async["idle_total_s"].get<double>();
+  double cidle_sync = bd_sync["core_idle_s"].get<double>(), cidle_async = bd_async["core_idle_s"].get<double>();
   row.extra = {{"max_staleness", 1},
                {"grpo_steps_per_run", steps},
                {"reps", reps},
                {"breakdown_async_per_step", bd_async},
                {"breakdown_sync_per_step", bd_sync},
                {"generator_idle_removed_frac", idle_sync > 0 ? 1.0 - idle_async / idle_sync : 0.0},
-               {"learner_idle_removed_frac", lidle_sync > 0 ? 1.0 - lidle_async / lidle_sync : 0.0}};
+               {"learner_idle_removed_frac", lidle_sync > 0 ? 1.0 - lidle_async / lidle_sync : 0.0},
+               {"idle_removed_frac", tidle_sync > 0 ? 1.0 - tidle_async / tidle_sync : 0.0},
+               {"core_idle_removed_frac", cidle_sync > 0 ? 1.0 - cidle_async / cidle_sync : 0.0},
+               {"cores", omp_get_num_procs()},
+               {"generator_nice", 19}};
   emit(row);
   return 0;
 }

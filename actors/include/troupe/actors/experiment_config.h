@@ -114,6 +114,9 @@ struct ClusterSection {
   double heartbeat_s = 1.0;
   double peer_timeout_s = 30.0;
   int threads = 0;  // compute threads per rank (0 = all cores / ranks on the node)
+  int generator_threads = 0;  // compute threads of a generator (0 = threads)
+  int learner_threads = 0;    // compute threads of a learner (0 = threads)
+  int generator_nice = 0;     // OS priority (nice) of the generator's compute threads (0 = as the process)
 };
 
 struct CheckpointSection {

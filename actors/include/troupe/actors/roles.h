@@ -104,18 +104,36 @@ class EnvActor : public runtime::Actor {
   std::shared_ptr<EnvWorker> worker_;
 };
 
+// threads: OpenMP threads the role computes with (0 = the process default). Actors run on the
+// runtime's worker threads and OpenMP's thread count is per calling thread, so each handler sets
+// it before it computes.
+//
+// nice > 0 (cluster.generator_nice): the generator samples on a thread of its own at that OS
+// priority (and so do the OpenMP threads it starts, which inherit it). With roles sharing cores
+// in one process in async mode, the learner -- the critical path -- then runs at full speed and
+// sampling takes the cycles it leaves. The handler waits for the job, so the model is still
+// touched by one thread at a time.
+class ComputeThread;
 class GeneratorActor : public runtime::Actor {
  public:
-  explicit GeneratorActor(std::shared_ptr<Generator> gen);
+  explicit GeneratorActor(std::shared_ptr<Generator> gen, int threads = 0, int nice = 0);
+  ~GeneratorActor() override;
  private:
   std::shared_ptr<Generator> gen_;
+  int threads_;
+  std::unique_ptr<ComputeThread> compute_;
 };
 
 class LearnerActor : public runtime::Actor {
  public:
-  explicit LearnerActor(std::shared_ptr<LearnerRole> role);
+  explicit LearnerActor(std::shared_ptr<LearnerRole> role, int threads = 0);
  private:
   std::shared_ptr<LearnerRole> role_;
+  int threads_;
 };
+
+// The compute threads of a role ("generator" or "learner") on this rank: its own key, else
+// cluster.threads, else `fallback` (what the launcher resolved for the rank).
+int role_threads(const ClusterSection& c, const std::string& role, int fallback);
 
 }  // namespace troupe::actors
