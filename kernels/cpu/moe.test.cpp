@@ -119,6 +119,12 @@ void expect_grouped_equals_masked(const Layer& L, float daux = 0.25f) {
   expect_bitwise(a.dsg, b.dsg, "d ws_gate");
   expect_bitwise(a.dsu, b.dsu, "d ws_up");
   expect_bitwise(a.dsd, b.dsd, "d ws_down");
+  // the same plan: offsets and row maps (grouped: the fused parallel counting sort; masked: scans)
+  auto ra = moe_saved_routing(a.saved.data(), L.cfg, L.N), rb = moe_saved_routing(b.saved.data(), L.cfg, L.N);
+  const size_t nk = static_cast<size_t>(L.N) * L.cfg.K;
+  EXPECT_TRUE(std::equal(ra.offsets, ra.offsets + L.cfg.E + 1, rb.offsets));
+  EXPECT_TRUE(std::equal(ra.row_slot, ra.row_slot + nk, rb.row_slot));
+  EXPECT_TRUE(std::equal(ra.slot_row, ra.slot_row + nk, rb.slot_row));
   EXPECT_EQ(a.stats.aux_loss, b.stats.aux_loss);
   EXPECT_EQ(a.stats.max_expert_load, b.stats.max_expert_load);
   EXPECT_EQ(a.stats.empty_experts, b.stats.empty_experts);
