@@ -106,10 +106,8 @@ void expect_bitwise(const std::vector<float>& a, const std::vector<float>& b, co
   EXPECT_EQ(first, a.size()) << what << " differs first at " << first << ": " << a[first] << " vs " << b[first];
 }
 
-void expect_grouped_equals_masked(const Layer& L, float daux = 0.25f) {
-  auto dout = random_vec(static_cast<size_t>(L.N) * L.cfg.C, 99);
-  Result a = run(L, true, dout, daux);
-  Result b = run(L, false, dout, daux);
+// The output and every gradient of two runs, bit for bit.
+void expect_same_bits(const Result& a, const Result& b) {
   expect_bitwise(a.out, b.out, "out");
   expect_bitwise(a.dinp, b.dinp, "dinp");
   expect_bitwise(a.dwr, b.dwr, "d w_router");
@@ -119,6 +117,13 @@ void expect_grouped_equals_masked(const Layer& L, float daux = 0.25f) {
   expect_bitwise(a.dsg, b.dsg, "d ws_gate");
   expect_bitwise(a.dsu, b.dsu, "d ws_up");
   expect_bitwise(a.dsd, b.dsd, "d ws_down");
+}
+
+void expect_grouped_equals_masked(const Layer& L, float daux = 0.25f) {
+  auto dout = random_vec(static_cast<size_t>(L.N) * L.cfg.C, 99);
+  Result a = run(L, true, dout, daux);
+  Result b = run(L, false, dout, daux);
+  expect_same_bits(a, b);
   // the same plan: offsets and row maps (grouped: the fused parallel counting sort; masked: scans)
   auto ra = moe_saved_routing(a.saved.data(), L.cfg, L.N), rb = moe_saved_routing(b.saved.data(), L.cfg, L.N);
   const size_t nk = static_cast<size_t>(L.N) * L.cfg.K;
@@ -164,12 +169,7 @@ TEST(Moe, ThreadCountDoesNotChangeBits) {
     Result one = run(L, grouped, dout, 0.25f);
     omp_set_num_threads(2);
     Result two = run(L, grouped, dout, 0.25f);
-    expect_bitwise(one.out, two.out, "out");
-    expect_bitwise(one.dinp, two.dinp, "dinp");
-    expect_bitwise(one.dwr, two.dwr, "d w_router");
-    expect_bitwise(one.dwg, two.dwg, "d w_gate");
-    expect_bitwise(one.dwd, two.dwd, "d w_down");
-    expect_bitwise(one.dsg, two.dsg, "d ws_gate");
+    expect_same_bits(one, two);
   }
   omp_set_num_threads(before);
 }
