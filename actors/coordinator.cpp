@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <ctime>
 #include <deque>
 #include <filesystem>
 #include <mutex>
@@ -103,6 +104,14 @@ Coordinator::~Coordinator() {
     async_->thread.join();
   }
 }
+
+namespace {
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+}  // namespace
 
 double Coordinator::now_s() const { return wall_offset_ + mono_s() - t0_; }
 
@@ -487,6 +496,7 @@ Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_st
   row["step_s"] = step_s;
   row["tokens_per_s"] = step_s > 0 ? resp_len / step_s : 0.0;
   row["wall_s"] = now_s();
+  row["process_cpu_s"] = process_cpu_s();  // CPU time of every thread of this process so far
   // trajectories
   if (cfg_.logger.trajectories && cfg_.logger.trajectories_per_step > 0) {
     auto w = envs::TrajectoryWriter::open(run_dir_ + "/trajectories/grpo.jsonl");

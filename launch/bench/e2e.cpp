@@ -7,13 +7,11 @@
 // time, per step (the roles share the cores here, so a waiting role's cores are not always idle).
 // Both modes run the same config (cluster.generator_nice 19: sampling yields to the learner).
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <omp.h>
@@ -31,15 +29,6 @@ struct Measured {
   double steps_per_s = 0;
   std::map<std::string, double> per_step;  // mean seconds per GRPO step
 };
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double cpu_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
-  return tv(u.ru_utime) + tv(u.ru_stime);
-}
 
 // One run of the quickstart's GRPO phase; nullopt-like (steps_per_s 0) on failure.
 Measured run_once(bool async, int steps, int rep) {
@@ -60,9 +49,7 @@ Measured run_once(bool async, int steps, int rep) {
     std::fprintf(stderr, "bench e2e: %s\n", loaded.error().message.c_str());
     return m;
   }
-  const double cpu0 = cpu_s(), wall0 = now_s();
   if (launch::run_experiment(*loaded, {}) != 0) return m;
-  const double cpu = cpu_s() - cpu0, wall = now_s() - wall0;
   std::ifstream in(dir + "/metrics.jsonl");
   std::vector<nlohmann::json> rows;
   for (std::string line; std::getline(in, line);) {
@@ -80,8 +67,10 @@ Measured run_once(bool async, int steps, int rep) {
     m.per_step[k] = sum / static_cast<double>(rows.size() - 1);
   }
   m.per_step["idle_total_s"] = m.per_step["idle_s"] + m.per_step["learner_idle_s"];
-  // over the whole run (set-up included: the same in both modes)
-  m.per_step["core_idle_s"] = std::max(0.0, wall * omp_get_num_procs() - cpu) / static_cast<double>(rows.size());
+  // cores x wall - the process's CPU time, over the same steps (metrics rows carry process_cpu_s)
+  const double cpu_phase = rows.back().value("process_cpu_s", 0.0) - rows.front().value("process_cpu_s", 0.0);
+  m.per_step["core_idle_s"] = std::max(0.0, (t1 - t0) * omp_get_num_procs() - cpu_phase) /
+                              static_cast<double>(rows.size() - 1);
   return m;
 }
 
