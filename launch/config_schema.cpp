@@ -314,10 +314,10 @@ std::string render_config_readme() {
        "| `async.yaml` | async GRPO (generators sample v while learners train v+1, `max_staleness`) |\n"
        "| `multinode.yaml` | roles on separate ranks: `mpirun --oversubscribe -np 4` over tcp 127.0.0.1 |\n\n"
        "## Quickstart results\n\n"
-       "`troupe run configs/quickstart.yaml` (2 shared CPU cores, about 25 s per run; held-out greedy accuracy\n"
+       "`troupe run configs/quickstart.yaml` (2 shared CPU cores, about 30 s per run; held-out greedy accuracy\n"
        "on 400 eval-split prompts, from `metrics.jsonl` eval rows):\n\n"
        "| seed | after SFT (step 100) | after GRPO (step 700) | gain |\n|---|---|---|---|\n"
-       "| 1 | 0.235 | 0.772 | +0.54 |\n| 2 | 0.640 | 0.858 | +0.22 |\n| 3 | 0.335 | 0.800 | +0.47 |\n\n"
+       "| 1 | 0.302 | 0.682 | +0.38 |\n| 2 | 0.550 | 0.868 | +0.32 |\n| 3 | 0.335 | 0.835 | +0.50 |\n\n"
        "CI runs a shortened version (tests/e2e, `e2e.quickstart_short`: 200 GRPO steps) and asserts that the\n"
        "training reward and the held-out accuracy rose.\n\n";
   ExperimentConfig defaults;

@@ -95,23 +95,14 @@ BackwardScratch backward_scratch(const MoeConfig& c, int N) {
   return s;
 }
 
-// OpenBLAS runs single-threaded in this project (kernels/cpu/ops.cpp): one OpenMP pool. Every GEMM
-// is cut into the same blocks of kRowBlock output rows whether or not it runs inside a parallel
-// region (one expert per thread) -- outside one, the blocks are spread over the threads. OpenBLAS
-// may pick a different micro-kernel for a different M (its tail kernels round differently), so
-// the same blocks everywhere are what keeps both dispatch paths, and any thread count, bit-identical.
-constexpr int kRowBlock = 256;
+// Every GEMM goes through gemm_blocked (ops.h): the same blocks of kGemmRowBlock output rows
+// whether it runs inside a parallel region (grouped: one expert per thread) or outside one (masked:
+// the blocks spread over the threads). OpenBLAS may pick a different micro-kernel for a different
+// M (on Zen its tail kernels round differently), so equal blocks are what keep both dispatch
+// paths, and any thread count, bit-identical.
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A, int lda,
            const float* B, int ldb, float beta, float* Cm, int ldc) {
-  if (M <= 0 || N <= 0) return;
-  const int blocks = (M + kRowBlock - 1) / kRowBlock;
-  const bool split = blocks > 1 && double(M) * N * K > 2e5 && !omp_in_parallel() && omp_get_max_threads() > 1;
-#pragma omp parallel for schedule(static) if (split)
-  for (int b = 0; b < blocks; ++b) {
-    const int r0 = b * kRowBlock, rows = std::min(M - r0, kRowBlock);
-    const float* a = ta == CblasNoTrans ? A + size_t(r0) * lda : A + r0;
-    cblas_sgemm(CblasRowMajor, ta, tb, rows, N, K, alpha, a, lda, B, ldb, beta, Cm + size_t(r0) * ldc, ldc);
-  }
+  gemm_blocked(ta == CblasTrans, tb == CblasTrans, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
 }
 
 // Dot product in a fixed order, the same in both paths: 8 interleaved partial sums (the compiler

@@ -33,14 +33,21 @@ const bool blas_single_threaded = [] {
   return true;
 }();
 
-// Rows [r0, r1) of n for this thread of the enclosing parallel region.
-inline void thread_rows(int n, int& r0, int& r1) {
-  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-  r0 = static_cast<int>(static_cast<int64_t>(n) * id / nt);
-  r1 = static_cast<int>(static_cast<int64_t>(n) * (id + 1) / nt);
+template <class T>
+void gemm_blocked_impl(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B,
+                       int ldb, T beta, T* Cm, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  (void)blas_single_threaded;
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  const int blocks = (M + kGemmRowBlock - 1) / kGemmRowBlock;
+  const bool split = blocks > 1 && double(M) * N * K > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1;
+#pragma omp parallel for schedule(static) if (split)
+  for (int b = 0; b < blocks; ++b) {
+    const int r0 = b * kGemmRowBlock, rows = std::min(M - r0, kGemmRowBlock);
+    const T* a = trans_a ? A + r0 : A + static_cast<size_t>(r0) * lda;  // op(A) row r0
+    gemm(ta, tb, rows, N, K, alpha, a, lda, B, ldb, beta, Cm + static_cast<size_t>(r0) * ldc, ldc);
+  }
 }
-// Whether a GEMM of this many multiply-adds is worth splitting over threads.
-inline bool split_gemm(double madds) { return madds > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1; }
 
 template <class T>
 inline T dot(const T* a, const T* b, int n) {
@@ -51,6 +58,15 @@ inline T dot(const T* a, const T* b, int n) {
 
 }  // namespace
 
+void gemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                  const float* B, int ldb, float beta, float* C, int ldc) {
+  gemm_blocked_impl(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void gemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
+                  const double* B, int ldb, double beta, double* C, int ldc) {
+  gemm_blocked_impl(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 // ---- matmul -----------------------------------------------------------------------------------------
 
 template <class T>
@@ -60,46 +76,15 @@ void matmul_forward(T* out, const T* inp, const T* weight, int N, int C, int OC)
     std::fill(out, out + static_cast<size_t>(N) * OC, T(0));
     return;
   }
-  (void)blas_single_threaded;
-  if (!split_gemm(double(N) * C * OC)) {
-    gemm(CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
-    return;
-  }
-#pragma omp parallel
-  {
-    int r0, r1;
-    thread_rows(N, r0, r1);
-    if (r1 > r0)
-      gemm(CblasNoTrans, CblasTrans, r1 - r0, OC, C, T(1), inp + static_cast<size_t>(r0) * C, C, weight, C, T(0),
-           out + static_cast<size_t>(r0) * OC, OC);
-  }
+  gemm_blocked_impl(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
 }
 
 template <class T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int N, int C, int OC) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
-  if (!split_gemm(double(N) * C * OC)) {
-    if (dinp) gemm(CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
-    if (dweight) gemm(CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
-    return;
-  }
-  // dinp split by token rows, dweight by output rows: each output element has one writer.
-#pragma omp parallel
-  {
-    int r0, r1;
-    if (dinp) {
-      thread_rows(N, r0, r1);
-      if (r1 > r0)
-        gemm(CblasNoTrans, CblasNoTrans, r1 - r0, C, OC, T(1), dout + static_cast<size_t>(r0) * OC, OC, weight, C,
-             T(1), dinp + static_cast<size_t>(r0) * C, C);
-    }
-    if (dweight) {
-      thread_rows(OC, r0, r1);
-      if (r1 > r0)
-        gemm(CblasTrans, CblasNoTrans, r1 - r0, C, N, T(1), dout + r0, OC, inp, C, T(1),
-             dweight + static_cast<size_t>(r0) * C, C);
-    }
-  }
+  // dinp blocks of token rows, dweight blocks of output rows: each output element has one writer.
+  if (dinp) gemm_blocked_impl(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
+  if (dweight) gemm_blocked_impl(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
 }
 
 // ---- embedding ------------------------------------------------------------------------------------

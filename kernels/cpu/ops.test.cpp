@@ -3,6 +3,8 @@
 // vs the fp64 one, stated tolerances), perf (timed fp32 forward+backward; prints, never asserts).
 // Each case's loss is L = sum(out * R) for fixed random R, so backward gets dout = R.
 // Usage: kernels_ops_gradcheck_test [grad|compare|perf|all] [case-substring]; exits 1 on any mismatch.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -369,6 +371,39 @@ bool check_decode_vs_packed() {
   return ok;
 }
 
+// The GEMMs are cut into fixed row blocks (gemm_blocked): a matmul large enough to be spread over
+// the threads gives the same bits on 1 and on 2 threads, forward and backward.
+bool check_matmul_thread_invariance() {
+  const int N = 1000, C = 96, OC = 80;  // > 1e6 multiply-adds, N and OC not multiples of the block
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto vec = [&](size_t n) {
+    std::vector<float> v(n);
+    for (auto& f : v) f = nd(rng);
+    return v;
+  };
+  const auto x = vec(static_cast<size_t>(N) * C), w = vec(static_cast<size_t>(OC) * C),
+             dout = vec(static_cast<size_t>(N) * OC);
+  const int before = omp_get_max_threads();
+  std::vector<std::vector<float>> outs, dxs, dws;
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    std::vector<float> out(static_cast<size_t>(N) * OC), dx(x.size(), 0.5f), dw(w.size(), 0.25f);
+    k::matmul_forward(out.data(), x.data(), w.data(), N, C, OC);
+    k::matmul_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), N, C, OC);
+    outs.push_back(out);
+    dxs.push_back(dx);
+    dws.push_back(dw);
+  }
+  omp_set_num_threads(before);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const bool ok = same(outs[0], outs[1]) && same(dxs[0], dxs[1]) && same(dws[0], dws[1]);
+  std::printf("[%s] matmul forward/backward bit-identical on 1 and 2 threads\n", ok ? " ok " : "FAIL");
+  return ok;
+}
+
 void perf(const OpCase& c) {
   Inputs g;
   const int reps = 200;
@@ -395,6 +430,8 @@ int main(int argc, char** argv) {
   }
   if ((mode == "compare" || mode == "all") && (filter.empty() || std::string("attention").find(filter) == 0))
     ok = check_attention_fast_vs_reference() && check_decode_vs_packed() && ok;
+  if ((mode == "compare" || mode == "all") && (filter.empty() || std::string("matmul").find(filter) == 0))
+    ok = check_matmul_thread_invariance() && ok;
   if (ran == 0) {
     std::printf("no op case matches '%s'\n", filter.c_str());
     return 1;

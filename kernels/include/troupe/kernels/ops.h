@@ -17,6 +17,18 @@ namespace troupe::kernels {
 // team costs more than they do, above all on a loaded machine.
 inline bool parallel_worth(double work) { return work >= 65536.0; }
 
+// ---- GEMM cut into fixed row blocks ---------------------------------------------------------------
+// C (M, N) = alpha op(A) op(B) + beta C, row-major (BLAS), computed as blocks of kGemmRowBlock rows
+// of C, the same blocks whatever the thread count and whether or not the caller is inside a
+// parallel region; outside one, a GEMM of more than 1e6 multiply-adds spreads its blocks over the
+// threads. BLAS may pick a different micro-kernel (rounding differently) for a different M, so
+// fixed blocks are what make every op's result independent of the thread count.
+inline constexpr int kGemmRowBlock = 64;
+void gemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                  const float* B, int ldb, float beta, float* C, int ldc);
+void gemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
+                  const double* B, int ldb, double beta, double* C, int ldc);
+
 // ---- linear layer with Hugging Face (out, in) weights -------------------------------------------
 // out (N, OC) = inp (N, C) . weight (OC, C)^T                                       [assigned]
 template <class T>
