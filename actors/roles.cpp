@@ -9,16 +9,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
-
-#include <chrono>
-#include <filesystem>
-#include <fstream>
 
 #include "troupe/learner/checkpoint.h"
 #include "troupe/policy/io/model_dir.h"

@@ -82,7 +82,7 @@ void CopyEngine::execute_front(std::unique_lock<std::mutex>& lock, bool by_host)
 void CopyEngine::run() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    queued_cv_.wait(lock, [this] { return (stop_ && !executing_) || (!queue_.empty() && !executing_); });
+    queued_cv_.wait(lock, [this] { return !executing_ && (stop_ || !queue_.empty()); });
     if (queue_.empty()) return;  // stop_ and drained
     execute_front(lock, false);
   }
