@@ -506,7 +506,9 @@ void use_threads(int n) {
 }  // namespace
 
 int role_threads(const ClusterSection& c, const std::string& role, int fallback) {
-  int own = role.rfind("generator", 0) == 0 ? c.generator_threads : role.rfind("learner", 0) == 0 ? c.learner_threads : 0;
+  int own = role.rfind("generator", 0) == 0 ? c.generator_threads
+            : role.rfind("learner", 0) == 0 ? c.learner_threads
+                                            : 0;
   return own > 0 ? own : c.threads > 0 ? c.threads : fallback;
 }
 
@@ -580,7 +582,8 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
 
 GeneratorActor::~GeneratorActor() = default;
 
-LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role, int threads) : role_(std::move(role)), threads_(threads) {
+LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role, int threads)
+    : role_(std::move(role)), threads_(threads) {
   handle<TrainReq>([this](runtime::Context& ctx, const TrainReq& r) -> Status {
     use_threads(threads_);
     TROUPE_ASSIGN_OR_RETURN(auto rep, role_->train(r));

@@ -173,7 +173,8 @@ TEST(Roles, GeneratorActorOnALowPriorityThread) {
   sc.threads = 1;
   auto sys = runtime::ActorSystem::create(sc);
   ASSERT_TRUE(sys.ok()) << sys.error().message;
-  auto id = (*sys)->spawn([gen]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<GeneratorActor>(gen, 1, 19); });
+  auto id = (*sys)->spawn(
+      [gen]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<GeneratorActor>(gen, 1, 19); });
   ASSERT_TRUE(id.ok());
   auto rep = (*sys)->ask<GenerateRep>(*id, req, std::chrono::seconds(30)).get();
   ASSERT_TRUE(rep.ok()) << rep.error().message;

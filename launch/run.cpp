@@ -252,7 +252,9 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
         std::shared_ptr<actors::LearnerRole> sp = std::move(l).value();
         hosted.learners.push_back(sp);
         const int n = actors::role_threads(cfg.cluster, "learner", rank_threads);
-        factory = [sp, n]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::LearnerActor>(sp, n); };
+        factory = [sp, n]() -> std::unique_ptr<runtime::Actor> {
+          return std::make_unique<actors::LearnerActor>(sp, n);
+        };
       } else if (role.rfind("generator", 0) == 0) {
         auto g = actors::Generator::create(cfg);
         if (!g.ok()) return fail(g.error());

@@ -307,7 +307,8 @@ void plan_and_permute(int32_t* offsets, int32_t* row_slot, int32_t* slot_row, fl
 #pragma omp parallel num_threads(T)
   {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int s0 = static_cast<int>(int64_t(NK) * id / nt), s1 = static_cast<int>(int64_t(NK) * (id + 1) / nt);
+    const int s0 = static_cast<int>(int64_t(NK) * id / nt),
+              s1 = static_cast<int>(int64_t(NK) * (id + 1) / nt);
     int32_t* cur = cursor.data() + static_cast<size_t>(id) * E;
     for (int s = s0; s < s1; ++s) cur[experts[s]]++;
 #pragma omp barrier
@@ -343,8 +344,8 @@ void moe_permute(float* xp, const float* x, const int32_t* row_slot, int N, int 
   }
 }
 
-void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K, int C,
-                   bool accumulate) {
+void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K,
+                   int C, bool accumulate) {
   // One pass over each output row, 8 channels at a time in registers: out[t][i] = ((o + w0 y0) +
   // w1 y1) + ..., o = out[t][i] or 0 -- the same additions in the same order as zeroing out and
   // accumulating expert by expert (the masked loop).
@@ -352,7 +353,8 @@ void moe_unpermute(float* out, const float* yp, const float* weights, const int3
 #pragma omp parallel for schedule(static) if (parallel_worth(double(N) * K * C))
   for (int t = 0; t < N; ++t) {
     if (t + kAhead < N)
-      for (int k = 0; k < K; ++k) prefetch_row(yp + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
+      for (int k = 0; k < K; ++k)
+        prefetch_row(yp + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
     float* o = out + static_cast<size_t>(t) * C;
     const int32_t* rows = slot_row + static_cast<size_t>(t) * K;
     const float* wt = weights ? weights + static_cast<size_t>(t) * K : nullptr;
@@ -481,8 +483,9 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
 
 // Gathers permuted row r: its input (unless identity), its dout row (scaled by its weight when
 // identity, where that is already d(expert input)) and its weight.
-inline void gather_backward_row(float* xp, float* dop, float* wrow, int r, int s, int ahead_s, const float* inp,
-                                const float* dout, const float* weights, int K, int C, bool identity) {
+inline void gather_backward_row(float* xp, float* dop, float* wrow, int r, int s, int ahead_s,
+                                const float* inp, const float* dout, const float* weights, int K, int C,
+                                bool identity) {
   if (ahead_s >= 0) {  // the slot of the row kAhead further on
     prefetch_row(dout + static_cast<size_t>(ahead_s / K) * C, C);
     if (!identity) prefetch_row(inp + static_cast<size_t>(ahead_s / K) * C, C);
@@ -546,8 +549,8 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
     const int32_t* row_slot = ints_at(saved + L.row_slot);
 #pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
     for (int r = 0; r < NK; ++r)
-      gather_backward_row(xp, dop, wrow, r, row_slot[r], r + kAhead < NK ? row_slot[r + kAhead] : -1, inp, dout, weights, K, C,
-                          identity);
+      gather_backward_row(xp, dop, wrow, r, row_slot[r], r + kAhead < NK ? row_slot[r + kAhead] : -1, inp,
+                          dout, weights, K, C, identity);
     if (!identity) {
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(NK) * C * H))
       for (int e = 0; e < E; ++e) segment(e, offsets[e], offsets[e + 1] - offsets[e]);
@@ -564,8 +567,8 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
         if (experts[s] == e) row_slot[end++] = s;
 #pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r)
-        gather_backward_row(xp, dop, wrow, r, row_slot[r], r + kAhead < end ? row_slot[r + kAhead] : -1, inp, dout, weights, K,
-                            C, identity);
+        gather_backward_row(xp, dop, wrow, r, row_slot[r], r + kAhead < end ? row_slot[r + kAhead] : -1, inp,
+                            dout, weights, K, C, identity);
       segment(e, row, end - row);
 #pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r) {
@@ -623,15 +626,15 @@ void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux,
   backward_impl(dinp, g, dout, daux, inp, saved, w, cfg, N, scratch);
 }
 
-void moe_dispatch_forward(float* out, float* saved, const int32_t* experts, const float* weights, const float* inp,
-                          const MoeConfig& cfg, int N, float* scratch) {
+void moe_dispatch_forward(float* out, float* saved, const int32_t* experts, const float* weights,
+                          const float* inp, const MoeConfig& cfg, int N, float* scratch) {
   MoeConfig c = cfg;
   c.H_shared = 0;
   forward_impl(out, saved, nullptr, inp, MoeWeights{}, c, N, scratch, experts, weights);
 }
 
-void moe_dispatch_backward(float* dinp, float* dweights, const float* dout, const float* inp, const float* saved,
-                           const MoeConfig& cfg, int N, float* scratch) {
+void moe_dispatch_backward(float* dinp, float* dweights, const float* dout, const float* inp,
+                           const float* saved, const MoeConfig& cfg, int N, float* scratch) {
   MoeConfig c = cfg;
   c.H_shared = 0;
   backward_impl(dinp, MoeGrads{}, dout, 0.0f, inp, saved, MoeWeights{}, c, N, scratch, dweights);

@@ -215,7 +215,8 @@ TEST(Moe, DispatchGroupedEqualsMasked) {
         }
       for (int s = 0; s < N * K; ++s) {
         float acc = 0;
-        for (int i = 0; i < C; ++i) acc += x[static_cast<size_t>(s / K) * C + i] * dout[static_cast<size_t>(s / K) * C + i];
+        for (int i = 0; i < C; ++i)
+          acc += x[static_cast<size_t>(s / K) * C + i] * dout[static_cast<size_t>(s / K) * C + i];
         ref_dw[static_cast<size_t>(s)] = acc;
       }
       std::vector<std::vector<float>> dws;  // the dot's order is fixed, not the reference's: paths compared
@@ -224,11 +225,14 @@ TEST(Moe, DispatchGroupedEqualsMasked) {
         c.grouped = grouped;
         std::vector<float> out(x.size(), -1.0f), saved(moe_saved_floats(c, N), -3.0f),
             scratch(moe_scratch_floats(c, N), 5.0f), dinp(x.size(), -1.0f), dw(experts.size(), -1.0f);
-        moe_dispatch_forward(out.data(), saved.data(), experts.data(), weights.data(), x.data(), c, N, scratch.data());
-        moe_dispatch_backward(dinp.data(), dw.data(), dout.data(), x.data(), saved.data(), c, N, scratch.data());
+        moe_dispatch_forward(out.data(), saved.data(), experts.data(), weights.data(), x.data(), c, N,
+                             scratch.data());
+        moe_dispatch_backward(dinp.data(), dw.data(), dout.data(), x.data(), saved.data(), c, N,
+                              scratch.data());
         expect_bitwise(out, ref_out, grouped ? "grouped dispatch out" : "masked dispatch out");
         expect_bitwise(dinp, ref_dinp, grouped ? "grouped dispatch dinp" : "masked dispatch dinp");
-        for (size_t i = 0; i < dw.size(); ++i) ASSERT_NEAR(dw[i], ref_dw[i], 1e-5 * (1 + std::fabs(ref_dw[i])));
+        for (size_t i = 0; i < dw.size(); ++i)
+          ASSERT_NEAR(dw[i], ref_dw[i], 1e-5 * (1 + std::fabs(ref_dw[i])));
         dws.push_back(dw);
         auto R = moe_saved_routing(saved.data(), c, N);
         for (int e = used; e < E; ++e) EXPECT_EQ(R.offsets[e + 1] - R.offsets[e], 0);

@@ -61,10 +61,11 @@ void CopyEngine::execute_front(std::unique_lock<std::mutex>& lock, bool by_host)
   if (half > 0) std::memcpy(job.dst, job.src, half);
   sleep_s(delay / 2);
   if (job.bytes > half)
-    std::memcpy(static_cast<char*>(job.dst) + half, static_cast<const char*>(job.src) + half, job.bytes - half);
+    std::memcpy(static_cast<char*>(job.dst) + half, static_cast<const char*>(job.src) + half,
+                job.bytes - half);
   if (job.bandwidth > 0) {
-    const auto until = t0 + std::chrono::duration_cast<Clock::duration>(
-                                std::chrono::duration<double>(static_cast<double>(job.bytes) / job.bandwidth));
+    const auto until = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                                static_cast<double>(job.bytes) / job.bandwidth));
     std::this_thread::sleep_until(until);
   }
   const double busy = std::chrono::duration<double>(Clock::now() - t0).count();

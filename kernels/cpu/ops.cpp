@@ -34,8 +34,8 @@ const bool blas_single_threaded = [] {
 }();
 
 template <class T>
-void gemm_blocked_impl(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B,
-                       int ldb, T beta, T* Cm, int ldc) {
+void gemm_blocked_impl(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
+                       const T* B, int ldb, T beta, T* Cm, int ldc) {
   if (M <= 0 || N <= 0) return;
   (void)blas_single_threaded;
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;

@@ -37,13 +37,18 @@ Measured run_once(bool async, int steps, int rep) {
                                                   (async ? "async_" : "sync_") + std::to_string(rep)))
                         .string();
   fs::remove_all(dir);
-  std::vector<std::string> sets = {"run.dir=" + dir,          "sft.enabled=false",
+  std::vector<std::string> sets = {"run.dir=" + dir,
+                                   "sft.enabled=false",
                                    "grpo.max_steps=" + std::to_string(steps),
                                    "rollout.async=" + std::string(async ? "true" : "false"),
-                                   "rollout.max_staleness=1", "eval.every=0",
-                                   "eval.num_prompts=8",      "checkpointing.enabled=false",
-                                   "logger.tensorboard=false", "logger.progress=off",
-                                   "logger.trajectories=false", "cluster.generator_nice=19"};
+                                   "rollout.max_staleness=1",
+                                   "eval.every=0",
+                                   "eval.num_prompts=8",
+                                   "checkpointing.enabled=false",
+                                   "logger.tensorboard=false",
+                                   "logger.progress=off",
+                                   "logger.trajectories=false",
+                                   "cluster.generator_nice=19"};
   auto loaded = launch::load_config(std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.yaml", sets);
   if (!loaded.ok()) {
     std::fprintf(stderr, "bench e2e: %s\n", loaded.error().message.c_str());
@@ -69,8 +74,8 @@ Measured run_once(bool async, int steps, int rep) {
   m.per_step["idle_total_s"] = m.per_step["idle_s"] + m.per_step["learner_idle_s"];
   // cores x wall - the process's CPU time, over the same steps (metrics rows carry process_cpu_s)
   const double cpu_phase = rows.back().value("process_cpu_s", 0.0) - rows.front().value("process_cpu_s", 0.0);
-  m.per_step["core_idle_s"] = std::max(0.0, (t1 - t0) * omp_get_num_procs() - cpu_phase) /
-                              static_cast<double>(rows.size() - 1);
+  m.per_step["core_idle_s"] =
+      std::max(0.0, (t1 - t0) * omp_get_num_procs() - cpu_phase) / static_cast<double>(rows.size() - 1);
   return m;
 }
 
@@ -104,16 +109,18 @@ int run_e2e_suite(const BenchOptions& opt) {
   row.baseline_name = "sync";
   row.better = Better::higher;
   nlohmann::json bd_async, bd_sync;
-  for (const char* k : {"gen_s", "env_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s", "idle_total_s",
-                        "core_idle_s", "step_s"}) {
+  for (const char* k : {"gen_s", "env_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s",
+                        "idle_total_s", "core_idle_s", "step_s"}) {
     std::string name = std::string(k) == "gen_s" ? "generation_s" : std::string(k) == "idle_s" ? "generator_idle_s" : k;
     bd_async[name] = med(async_runs, k);
     bd_sync[name] = med(sync_runs, k);
   }
   double idle_sync = bd_sync["generator_idle_s"].get<double>(), idle_async = bd_async["generator_idle_s"].get<double>();
   double lidle_sync = bd_sync["learner_idle_s"].get<double>(), lidle_async = bd_async["learner_idle_s"].get<double>();
-  double tidle_sync = bd_sync["idle_total_s"].get<double>(), tidle_async = bd_async["idle_total_s"].get<double>();
-  double cidle_sync = bd_sync["core_idle_s"].get<double>(), cidle_async = bd_async["core_idle_s"].get<double>();
+  double tidle_sync = bd_sync["idle_total_s"].get<double>(),
+         tidle_async = bd_async["idle_total_s"].get<double>();
+  double cidle_sync = bd_sync["core_idle_s"].get<double>(),
+         cidle_async = bd_async["core_idle_s"].get<double>();
   row.extra = {{"max_staleness", 1},
                {"grpo_steps_per_run", steps},
                {"reps", reps},

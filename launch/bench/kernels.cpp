@@ -87,8 +87,8 @@ struct MoeBench {
              for (int i = 0; i < kDispatchCalls; ++i) {
                kernels::moe_dispatch_forward(out.data(), saved.data(), top_experts.data(), top_weights.data(),
                                              x.data(), cfg, N, scratch.data());
-               kernels::moe_dispatch_backward(dinp.data(), dweights.data(), dout.data(), x.data(), saved.data(), cfg,
-                                              N, scratch.data());
+               kernels::moe_dispatch_backward(dinp.data(), dweights.data(), dout.data(), x.data(),
+                                              saved.data(), cfg, N, scratch.data());
              }
            }) /
            kDispatchCalls;
@@ -108,10 +108,13 @@ void moe_cases(const BenchOptions& opt, int reps) {
       b.dispatch(true);
       b.dispatch(false);
       // a figure is ~ms: always take at least 15 (cheap), the noise of a 2-core VM is larger
-      Paired p = interleaved(std::max(reps, 15), [&] { return b.dispatch(true) * 1e3; },
-                             [&] { return b.dispatch(false) * 1e3; });
+      Paired p = interleaved(
+          std::max(reps, 15), [&] { return b.dispatch(true) * 1e3; },
+          [&] { return b.dispatch(false) * 1e3; });
       Row r{kSuite, dcase, "ms", "ms", p.ours, p.baseline, "masked_loop", Better::lower, extra};
-      r.extra["what"] = "the token dispatcher: route plan + permute + unpermute/combine, forward and backward, identity experts, top-k from the router given (the gate GEMM is in moe_layer_*)";
+      r.extra["what"] =
+          "the token dispatcher: route plan + permute + unpermute/combine, forward and backward, identity "
+          "experts, top-k from the router given (the gate GEMM is in moe_layer_*)";
       emit(r);
     }
     if (opt.wants(lcase)) {

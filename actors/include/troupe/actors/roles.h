@@ -118,6 +118,7 @@ class GeneratorActor : public runtime::Actor {
  public:
   explicit GeneratorActor(std::shared_ptr<Generator> gen, int threads = 0, int nice = 0);
   ~GeneratorActor() override;
+
  private:
   std::shared_ptr<Generator> gen_;
   int threads_;
@@ -127,6 +128,7 @@ class GeneratorActor : public runtime::Actor {
 class LearnerActor : public runtime::Actor {
  public:
   explicit LearnerActor(std::shared_ptr<LearnerRole> role, int threads = 0);
+
  private:
   std::shared_ptr<LearnerRole> role_;
   int threads_;

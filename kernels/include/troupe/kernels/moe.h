@@ -69,11 +69,11 @@ void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux,
 // paths and belongs to the whole layer. Same code path as moe_forward/moe_backward (cfg.grouped
 // picks it) and same saved/scratch sizes; cfg.H_shared ignored. What the moe_dispatch_* benchmarks
 // time and what tests use to check the round trip. out (N, C) assigned: out[t] = sum_k w[t,k] x[t].
-void moe_dispatch_forward(float* out, float* saved, const int32_t* experts, const float* weights, const float* inp,
-                          const MoeConfig& cfg, int N, float* scratch);
+void moe_dispatch_forward(float* out, float* saved, const int32_t* experts, const float* weights,
+                          const float* inp, const MoeConfig& cfg, int N, float* scratch);
 // dinp (N, C) assigned: sum_k w[t,k] dout[t]; dweights (N, K) assigned: <x[t], dout[t]>.
-void moe_dispatch_backward(float* dinp, float* dweights, const float* dout, const float* inp, const float* saved,
-                           const MoeConfig& cfg, int N, float* scratch);
+void moe_dispatch_backward(float* dinp, float* dweights, const float* dout, const float* inp,
+                           const float* saved, const MoeConfig& cfg, int N, float* scratch);
 
 // ---- Pieces of the layer, public for tests, metrics and the CUDA port --------------------------
 // A token's K experts are stored in ascending expert id (not by weight), so "k order" is
@@ -101,7 +101,7 @@ void moe_permute(float* xp, const float* x, const int32_t* row_slot, int N, int 
 // Unpermute + combine: out[t] += sum_k weights[t*K+k] * yp[slot_row[t*K+k]] (k ascending), out (N, C)
 // ACCUMULATED (accumulate = false: assigned, with the same bits as zeroing out first); weights ==
 // nullptr means 1. Its backward w.r.t. yp is moe_permute of dout scaled by weights.
-void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K, int C,
-                   bool accumulate = true);
+void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K,
+                   int C, bool accumulate = true);
 
 }  // namespace troupe::kernels

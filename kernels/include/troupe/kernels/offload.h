@@ -96,7 +96,7 @@ class CopyEngine {
   std::deque<Job> queue_;
   uint64_t next_seq_ = 1;
   uint64_t done_seq_ = 0;
-  uint64_t started_ = 0;   // copies started so far (the delay function's index)
+  uint64_t started_ = 0;    // copies started so far (the delay function's index)
   bool executing_ = false;  // a copy is running (on the copy thread or a waiting host)
   bool stop_ = false;
   double bandwidth_ = 0;
