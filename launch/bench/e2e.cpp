@@ -23,6 +23,8 @@
 
 namespace troupe::bench {
 namespace {
+
+constexpr int kGeneratorNice = 19;  // both modes: sampling yields to the learner
 namespace fs = std::filesystem;
 
 struct Measured {
@@ -48,7 +50,7 @@ Measured run_once(bool async, int steps, int rep) {
                                    "logger.tensorboard=false",
                                    "logger.progress=off",
                                    "logger.trajectories=false",
-                                   "cluster.generator_nice=19"};
+                                   "cluster.generator_nice=" + std::to_string(kGeneratorNice)};
   auto loaded = launch::load_config(std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.yaml", sets);
   if (!loaded.ok()) {
     std::fprintf(stderr, "bench e2e: %s\n", loaded.error().message.c_str());
@@ -115,23 +117,22 @@ int run_e2e_suite(const BenchOptions& opt) {
     bd_async[name] = med(async_runs, k);
     bd_sync[name] = med(sync_runs, k);
   }
-  double idle_sync = bd_sync["generator_idle_s"].get<double>(), idle_async = bd_async["generator_idle_s"].get<double>();
-  double lidle_sync = bd_sync["learner_idle_s"].get<double>(), lidle_async = bd_async["learner_idle_s"].get<double>();
-  double tidle_sync = bd_sync["idle_total_s"].get<double>(),
-         tidle_async = bd_async["idle_total_s"].get<double>();
-  double cidle_sync = bd_sync["core_idle_s"].get<double>(),
-         cidle_async = bd_async["core_idle_s"].get<double>();
+  // share of a breakdown entry that async removes
+  auto removed = [&](const char* key) {
+    const double sync = bd_sync[key].get<double>(), async = bd_async[key].get<double>();
+    return sync > 0 ? 1.0 - async / sync : 0.0;
+  };
   row.extra = {{"max_staleness", 1},
                {"grpo_steps_per_run", steps},
                {"reps", reps},
                {"breakdown_async_per_step", bd_async},
                {"breakdown_sync_per_step", bd_sync},
-               {"generator_idle_removed_frac", idle_sync > 0 ? 1.0 - idle_async / idle_sync : 0.0},
-               {"learner_idle_removed_frac", lidle_sync > 0 ? 1.0 - lidle_async / lidle_sync : 0.0},
-               {"idle_removed_frac", tidle_sync > 0 ? 1.0 - tidle_async / tidle_sync : 0.0},
-               {"core_idle_removed_frac", cidle_sync > 0 ? 1.0 - cidle_async / cidle_sync : 0.0},
+               {"generator_idle_removed_frac", removed("generator_idle_s")},
+               {"learner_idle_removed_frac", removed("learner_idle_s")},
+               {"idle_removed_frac", removed("idle_total_s")},
+               {"core_idle_removed_frac", removed("core_idle_s")},
                {"cores", omp_get_num_procs()},
-               {"generator_nice", 19}};
+               {"generator_nice", kGeneratorNice}};
   emit(row);
   return 0;
 }
