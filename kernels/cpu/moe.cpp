@@ -56,9 +56,9 @@ SavedLayout saved_layout(const MoeConfig& c, int N) {
   return l;
 }
 
-// Forward scratch: permuted inputs xp and outputs yp (N*K, C), hidden h (N*K, H).
+// Forward scratch: permuted inputs xp and outputs yp (N*K, C), hidden h (N*K, H), plan counts (E).
 struct ForwardScratch {
-  size_t xp, yp, h, hs, total;
+  size_t xp, yp, h, hs, counts, total;
 };
 ForwardScratch forward_scratch(const MoeConfig& c, int N) {
   const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
@@ -68,6 +68,7 @@ ForwardScratch forward_scratch(const MoeConfig& c, int N) {
   s.yp = b.take(nk * c.C);
   s.h = b.take(nk * c.H);
   s.hs = b.take(n * c.H_shared);
+  s.counts = b.take(static_cast<size_t>(c.E));
   s.total = b.at;
   return s;
 }
@@ -294,47 +295,6 @@ void moe_route_plan(int32_t* offsets, int32_t* row_slot, int32_t* slot_row, int3
   }
 }
 
-namespace {
-// moe_route_plan + moe_permute in one pass, split over the threads by slot range: per-thread
-// histograms, one exclusive scan (expert-major, thread-minor: a thread's slots precede the next
-// thread's within each expert, so the order is the serial counting sort's), then each thread
-// scatters its slots and copies their rows. Same offsets, row maps and rows as the two calls.
-void plan_and_permute(int32_t* offsets, int32_t* row_slot, int32_t* slot_row, float* xp, const float* x,
-                      const int32_t* experts, int N, int K, int E, int C) {
-  const int NK = N * K;
-  const int T = parallel_worth(double(NK) * C) ? omp_get_max_threads() : 1;
-  std::vector<int32_t> cursor(static_cast<size_t>(T) * E, 0);
-#pragma omp parallel num_threads(T)
-  {
-    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int s0 = static_cast<int>(int64_t(NK) * id / nt),
-              s1 = static_cast<int>(int64_t(NK) * (id + 1) / nt);
-    int32_t* cur = cursor.data() + static_cast<size_t>(id) * E;
-    for (int s = s0; s < s1; ++s) cur[experts[s]]++;
-#pragma omp barrier
-#pragma omp single
-    {
-      int32_t run = 0;
-      for (int e = 0; e < E; ++e) {
-        offsets[e] = run;
-        for (int t = 0; t < nt; ++t) {
-          const int32_t n = cursor[static_cast<size_t>(t) * E + e];
-          cursor[static_cast<size_t>(t) * E + e] = run;
-          run += n;
-        }
-      }
-      offsets[E] = run;
-    }
-    for (int s = s0; s < s1; ++s) {
-      const int32_t row = cur[experts[s]]++;
-      row_slot[row] = s;
-      slot_row[s] = row;
-      std::memcpy(xp + static_cast<size_t>(row) * C, x + static_cast<size_t>(s / K) * C, sizeof(float) * C);
-    }
-  }
-}
-}  // namespace
-
 void moe_permute(float* xp, const float* x, const int32_t* row_slot, int N, int K, int C) {
   const int NK = N * K;
 #pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
@@ -421,6 +381,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
   float* xp = scratch + S.xp;
   float* y = scratch + S.yp;
   float* h = scratch + S.h;
+  int32_t* cursor = ints_at(scratch + S.counts, static_cast<size_t>(E));  // route plan counts
   const float* yrows = identity ? xp : y;
 
   if (N == 0) {
@@ -444,7 +405,8 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
   }
 
   if (cfg.grouped) {
-    plan_and_permute(offsets, row_slot, slot_row, xp, inp, experts, N, K, E, C);
+    moe_route_plan(offsets, row_slot, slot_row, cursor, experts, N, K, E);
+    moe_permute(xp, inp, row_slot, N, K, C);
     if (!identity) experts_forward_grouped(y, g, u, h, xp, offsets, w, cfg);
     moe_unpermute(out, yrows, weights, slot_row, N, K, C, cfg.H_shared > 0);
   } else {

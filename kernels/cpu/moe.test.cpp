@@ -124,7 +124,7 @@ void expect_grouped_equals_masked(const Layer& L, float daux = 0.25f) {
   Result a = run(L, true, dout, daux);
   Result b = run(L, false, dout, daux);
   expect_same_bits(a, b);
-  // the same plan: offsets and row maps (grouped: the fused parallel counting sort; masked: scans)
+  // the same plan: offsets and row maps (grouped: the counting sort; masked: a scan per expert)
   auto ra = moe_saved_routing(a.saved.data(), L.cfg, L.N), rb = moe_saved_routing(b.saved.data(), L.cfg, L.N);
   const size_t nk = static_cast<size_t>(L.N) * L.cfg.K;
   EXPECT_TRUE(std::equal(ra.offsets, ra.offsets + L.cfg.E + 1, rb.offsets));
