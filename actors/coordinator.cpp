@@ -78,6 +78,7 @@ struct Coordinator::Rollout {
   int round = 0, rounds = 1;
   uint64_t seed_base = 0;
   int64_t index0 = 0;
+  int part = 0, parts = 1;  // streamed (rollout.async_chunks): which part of the step's groups
   double gen_s = 0, env_s = 0, idle_s = 0;
 };
 
@@ -181,7 +182,8 @@ Result<Coordinator::Rollout> Coordinator::make_rollout(int64_t step, int64_t k) 
   return r;
 }
 
-Result<Coordinator::Rollout> Coordinator::make_round(int64_t step, int64_t k, int round) {
+Result<Coordinator::Rollout> Coordinator::make_round(int64_t step, int64_t k, int round,
+                                                     const PartSink* sink) {
   auto& sys = *peers_.system;
   const auto& ro = cfg_.rollout;
   Rollout r;
@@ -210,44 +212,85 @@ Result<Coordinator::Rollout> Coordinator::make_round(int64_t step, int64_t k, in
   }
   r.env_s += mono_s() - t_env;
   if (ro.max_turns > 1) return multi_turn(std::move(r), step, k);
-  // generation: groups spread over generators, G copies of each prompt
-  double t_gen = mono_s();
+  // generation: C parts of consecutive groups (rollout.async_chunks when streaming to a sink, else
+  // one), each spread over the generators, G copies of each prompt; every part is requested at
+  // once, and scored as soon as it is back (the generators go on with the next one meanwhile)
+  const int C = sink ? std::min(ro.async_chunks, P) : 1;
   size_t NG = peers_.generators.size();
-  std::vector<std::future<Result<GenerateRep>>> gens;
-  std::vector<std::vector<int>> owned(NG);
-  for (int i = 0; i < P; ++i) owned[i % NG].push_back(i);
-  for (size_t g = 0; g < NG; ++g) {
-    GenerateReq req;
-    for (int i : owned[g])
-      for (int j = 0; j < ro.num_generations; ++j) req.prompts.push_back(r.groups[i].prompt_text);
-    req.sampling = {ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
-                    mix_seed(r.seed_base, 3, static_cast<uint64_t>(k), g)};
-    gens.push_back(sys.ask<GenerateRep>(peers_.generators[g], std::move(req), kLongTimeout));
+  struct Part {
+    int g0 = 0, g1 = 0;
+    std::vector<std::vector<int>> owned;
+    std::vector<std::future<Result<GenerateRep>>> gens;  // invalid where a generator got no group
+  };
+  std::vector<Part> parts(C);
+  for (int c = 0; c < C; ++c) {
+    auto& part = parts[c];
+    part.g0 = P * c / C;
+    part.g1 = P * (c + 1) / C;
+    part.owned.resize(NG);
+    for (int i = part.g0; i < part.g1; ++i) part.owned[static_cast<size_t>(i - part.g0) % NG].push_back(i);
+    for (size_t g = 0; g < NG; ++g) {
+      part.gens.emplace_back();
+      if (part.owned[g].empty()) continue;
+      GenerateReq req;
+      for (int i : part.owned[g])
+        for (int j = 0; j < ro.num_generations; ++j) req.prompts.push_back(r.groups[i].prompt_text);
+      req.sampling = {
+          ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
+          mix_seed(r.seed_base, 3, static_cast<uint64_t>(k), g + 1024 * static_cast<uint64_t>(c))};
+      part.gens.back() = sys.ask<GenerateRep>(peers_.generators[g], std::move(req), kLongTimeout);
+    }
   }
   r.policy_version = -1;
-  for (size_t g = 0; g < NG; ++g) {
-    TROUPE_ASSIGN_OR_RETURN(auto rep, gens[g].get());
-    r.policy_version = r.policy_version < 0 ? rep.policy_version : std::min(r.policy_version, rep.policy_version);
-    size_t n = 0;
-    for (int i : owned[g])
-      for (int j = 0; j < ro.num_generations; ++j) r.groups[i].samples.push_back(std::move(rep.samples[n++]));
+  const double reset_s = r.env_s;
+  double t_gen = mono_s();
+  for (int c = 0; c < C; ++c) {
+    auto& part = parts[c];
+    int64_t version = -1;
+    for (size_t g = 0; g < NG; ++g) {
+      if (!part.gens[g].valid()) continue;
+      TROUPE_ASSIGN_OR_RETURN(auto rep, part.gens[g].get());
+      version = version < 0 ? rep.policy_version : std::min(version, rep.policy_version);
+      size_t n = 0;
+      for (int i : part.owned[g])
+        for (int j = 0; j < ro.num_generations; ++j)
+          r.groups[i].samples.push_back(std::move(rep.samples[n++]));
+    }
+    r.policy_version = r.policy_version < 0 ? version : std::min(r.policy_version, version);
+    const double gen_s = mono_s() - t_gen;
+    // scoring: one verify call per group
+    t_env = mono_s();
+    std::vector<std::future<Result<EnvVerifyRep>>> ver;
+    for (int i = part.g0; i < part.g1; ++i) {
+      EnvVerifyReq req{r.groups[i].env, r.groups[i].metadata.dump(), {}};
+      for (const auto& s : r.groups[i].samples) req.completions.push_back(s.text);
+      ver.push_back(sys.ask<EnvVerifyRep>(peers_.env_workers[i % peers_.env_workers.size()], std::move(req),
+                                          kEnvTimeout));
+    }
+    for (int i = part.g0; i < part.g1; ++i) {
+      TROUPE_ASSIGN_OR_RETURN(auto v, ver[i - part.g0].get());
+      r.groups[i].rewards = std::move(v.rewards);
+      r.groups[i].correct = std::move(v.correct);
+      r.groups[i].errors = std::move(v.errors);
+    }
+    const double env_s = mono_s() - t_env;
+    r.gen_s += gen_s;
+    r.env_s += env_s;
+    t_gen = mono_s();
+    if (sink) {  // this part's groups move to the learner's side now
+      Rollout out;
+      out.policy_version = version;
+      out.round = r.round;
+      out.seed_base = r.seed_base;
+      out.index0 = r.index0 + part.g0;
+      out.part = c;
+      out.parts = C;
+      out.gen_s = gen_s;
+      out.env_s = env_s + (c == 0 ? reset_s : 0.0);  // the resets count with the first part
+      for (int i = part.g0; i < part.g1; ++i) out.groups.push_back(std::move(r.groups[i]));
+      (*sink)(std::move(out));
+    }
   }
-  r.gen_s = mono_s() - t_gen;
-  // scoring: one verify call per group
-  t_env = mono_s();
-  std::vector<std::future<Result<EnvVerifyRep>>> ver;
-  for (int i = 0; i < P; ++i) {
-    EnvVerifyReq req{r.groups[i].env, r.groups[i].metadata.dump(), {}};
-    for (const auto& s : r.groups[i].samples) req.completions.push_back(s.text);
-    ver.push_back(sys.ask<EnvVerifyRep>(peers_.env_workers[i % peers_.env_workers.size()], std::move(req), kEnvTimeout));
-  }
-  for (int i = 0; i < P; ++i) {
-    TROUPE_ASSIGN_OR_RETURN(auto v, ver[i].get());
-    r.groups[i].rewards = std::move(v.rewards);
-    r.groups[i].correct = std::move(v.correct);
-    r.groups[i].errors = std::move(v.errors);
-  }
-  r.env_s += mono_s() - t_env;
   return r;
 }
 
@@ -379,67 +422,53 @@ Result<Coordinator::Rollout> Coordinator::multi_turn(Rollout r, int64_t step, in
   return r;
 }
 
-Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_start, double extra_idle,
-                             double learner_wait) {
-  auto& sys = *peers_.system;
+// What a rollout (a whole step's, or one streamed part's) gives the learners: advantages per group
+// (over the kept groups with dynamic sampling), samples without tokens or with env errors left out,
+// and, in async mode, everything older than max_staleness dropped (stale_policy: drop).
+Result<Coordinator::Prepared> Coordinator::prepare(const Rollout& r) const {
   const auto& ro = cfg_.rollout;
-  int G = ro.num_generations;
-  // staleness
-  int64_t lag = version_ - r.policy_version;
-  bool stale = async_ && lag > ro.max_staleness;
-  int stale_dropped = 0;
+  const int G = ro.num_generations;
+  Prepared p;
+  const int64_t lag = version_ - r.policy_version;
+  const bool stale = async_ && lag > ro.max_staleness;
   std::vector<float> rewards;
   for (auto& g : r.groups)
     for (double x : g.rewards) rewards.push_back(static_cast<float>(x));
   auto lcfg = learner_config(cfg_, learner::Phase::grpo);
   std::vector<char> keep(r.groups.size(), 1);
-  std::vector<float> adv;
-  int groups_kept = static_cast<int>(r.groups.size());
+  p.groups_kept = static_cast<int>(r.groups.size());
   if (cfg_.grpo.dynamic_sampling) {
     // the first prompts_per_step groups with distinct rewards; advantages over them only
     learner::dapo_filter_groups(keep, rewards, G);
-    groups_kept = 0;
+    p.groups_kept = 0;
     std::vector<float> kept_rewards;
     for (size_t gi = 0; gi < keep.size(); ++gi) {
-      if (keep[gi] && groups_kept < ro.prompts_per_step) {
-        ++groups_kept;
+      if (keep[gi] && p.groups_kept < ro.prompts_per_step) {
+        ++p.groups_kept;
         kept_rewards.insert(kept_rewards.end(), rewards.begin() + static_cast<std::ptrdiff_t>(gi * G),
                             rewards.begin() + static_cast<std::ptrdiff_t>((gi + 1) * G));
       } else {
         keep[gi] = 0;
       }
     }
-    adv.assign(rewards.size(), 0.0f);
+    p.adv.assign(rewards.size(), 0.0f);
     if (!kept_rewards.empty()) {
       TROUPE_ASSIGN_OR_RETURN(auto kadv, learner::compute_advantages(kept_rewards, G, lcfg.advantage));
       size_t n = 0;
       for (size_t gi = 0; gi < keep.size(); ++gi)
         if (keep[gi])
-          for (int j = 0; j < G; ++j) adv[gi * G + j] = kadv[n++];
+          for (int j = 0; j < G; ++j) p.adv[gi * G + j] = kadv[n++];
     }
   } else {
-    TROUPE_ASSIGN_OR_RETURN(adv, learner::compute_advantages(rewards, G, lcfg.advantage));
+    TROUPE_ASSIGN_OR_RETURN(p.adv, learner::compute_advantages(rewards, G, lcfg.advantage));
   }
-  TrainReq req;
-  req.phase = 0;
-  req.step = k;
-  double resp_len = 0, truncated = 0, correct = 0;
-  int env_failures = 0;
-  std::map<std::string, std::pair<double, int>> per_env;
   for (size_t gi = 0; gi < r.groups.size(); ++gi) {
-    auto& g = r.groups[gi];
+    const auto& g = r.groups[gi];
     for (int j = 0; j < G; ++j) {
-      auto& s = g.samples[j];
-      resp_len += static_cast<double>(s.tokens.size());
-      truncated += s.truncated ? 1 : 0;
-      correct += g.correct[j];
-      if (!g.errors[j].empty()) ++env_failures;
-      auto& pe = per_env[g.env];
-      pe.first += g.rewards[j];
-      pe.second += 1;
+      const auto& s = g.samples[j];
       if (!keep[gi] || s.tokens.empty() || !g.errors[j].empty()) continue;
       if (stale && cfg_.rollout.stale_policy == "drop") {
-        ++stale_dropped;
+        ++p.stale_dropped;
         continue;
       }
       TrainSample t;
@@ -447,52 +476,165 @@ Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_st
       t.completion = s.tokens;
       t.old_logprobs = s.logprobs;
       t.mask = s.mask;
-      t.advantage = adv[gi * G + j];
+      t.advantage = p.adv[gi * G + j];
       t.truncated = s.truncated;
-      req.samples.push_back(std::move(t));
+      p.samples.push_back(std::move(t));
+    }
+  }
+  return p;
+}
+
+Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_start, double gen_idle) {
+  auto& sys = *peers_.system;
+  TROUPE_ASSIGN_OR_RETURN(auto p, prepare(r));
+  Trained t;
+  if (!p.samples.empty()) {
+    TrainReq req;
+    req.phase = 0;
+    req.step = k;
+    req.samples = std::move(p.samples);
+    double t0 = mono_s();
+    std::vector<std::future<Result<TrainRep>>> reps;
+    for (auto l : peers_.learners) reps.push_back(sys.ask<TrainRep>(l, req, kLongTimeout));
+    for (size_t i = 0; i < reps.size(); ++i) {
+      TROUPE_ASSIGN_OR_RETURN(auto rep, reps[i].get());
+      if (i == 0) t.metrics = json::parse(rep.metrics_json, nullptr, false);
+    }
+    t.learner_s = mono_s() - t0;
+    t.updated = true;
+  }
+  return log_grpo_step(r, p, t, step, step_start, gen_idle);
+}
+
+// Async with rollout.async_chunks > 1: step k's parts arrive one by one; each goes to the learners
+// at once (they accumulate its gradient while the next part is generated), the last one takes the
+// optimizer step. learner_s: the learner's own compute time over the parts.
+Status Coordinator::train_streamed(int64_t step, int64_t k, double step_start) {
+  auto& sys = *peers_.system;
+  Rollout whole;
+  Prepared all;
+  Trained t;
+  std::vector<std::future<Result<TrainRep>>> reps;
+  std::vector<size_t> rep_learner;
+  bool sent = false;
+  double gen_idle = 0;
+  for (int c = 0, C = 1; c < C; ++c) {
+    std::pair<int64_t, Result<Rollout>> item{0, Error{}};
+    {
+      std::unique_lock lk(async_->mu);
+      async_->cv.wait(lk, [&] { return !async_->queue.empty(); });
+      item = std::move(async_->queue.front());
+      async_->queue.pop_front();
+    }
+    async_->cv.notify_all();
+    if (!item.second.ok()) return item.second.error();
+    Rollout& part = *item.second;
+    if (item.first != k || part.part != c)
+      return make_error(ErrorCode::internal, "coordinator: expected part " + std::to_string(c) +
+                                                 " of GRPO step " + std::to_string(k) + ", got part " +
+                                                 std::to_string(part.part) + " of step " +
+                                                 std::to_string(item.first));
+    C = part.parts;
+    if (c == 0) {
+      gen_idle = part.idle_s;
+      whole = Rollout{};
+      whole.policy_version = part.policy_version;
+      whole.seed_base = part.seed_base;
+      whole.index0 = part.index0;
+    }
+    TROUPE_ASSIGN_OR_RETURN(auto p, prepare(part));
+    const bool last = c + 1 == C;
+    if (!p.samples.empty() || (last && sent)) {
+      TrainReq req;
+      req.phase = 0;
+      req.step = k;
+      req.samples = std::move(p.samples);
+      req.more = !last;
+      for (size_t l = 0; l < peers_.learners.size(); ++l) {
+        reps.push_back(sys.ask<TrainRep>(peers_.learners[l], req, kLongTimeout));
+        rep_learner.push_back(l);
+      }
+      sent = true;
+    }
+    all.adv.insert(all.adv.end(), p.adv.begin(), p.adv.end());
+    all.groups_kept += p.groups_kept;
+    all.stale_dropped += p.stale_dropped;
+    whole.policy_version = std::min(whole.policy_version, part.policy_version);
+    whole.gen_s += part.gen_s;
+    whole.env_s += part.env_s;
+    for (auto& g : part.groups) whole.groups.push_back(std::move(g));
+  }
+  for (size_t i = 0; i < reps.size(); ++i) {
+    TROUPE_ASSIGN_OR_RETURN(auto rep, reps[i].get());
+    if (rep_learner[i] != 0) continue;
+    t.learner_s += rep.train_s;
+    if (i + peers_.learners.size() >= reps.size()) t.metrics = json::parse(rep.metrics_json, nullptr, false);
+  }
+  t.updated = sent;
+  return log_grpo_step(whole, all, t, step, step_start, gen_idle);
+}
+
+Status Coordinator::log_grpo_step(const Rollout& r, const Prepared& p, const Trained& tr, int64_t step,
+                                  double step_start, double gen_idle) {
+  const auto& ro = cfg_.rollout;
+  const int G = ro.num_generations;
+  const std::vector<float>& adv = p.adv;
+  std::vector<float> rewards;
+  double resp_len = 0, truncated = 0, correct = 0;
+  int env_failures = 0;
+  std::map<std::string, std::pair<double, int>> per_env;
+  for (const auto& g : r.groups) {
+    for (int j = 0; j < G; ++j) {
+      rewards.push_back(static_cast<float>(g.rewards[j]));
+      resp_len += static_cast<double>(g.samples[j].tokens.size());
+      truncated += g.samples[j].truncated ? 1 : 0;
+      correct += g.correct[j];
+      if (!g.errors[j].empty()) ++env_failures;
+      auto& pe = per_env[g.env];
+      pe.first += g.rewards[j];
+      pe.second += 1;
     }
   }
   double n = static_cast<double>(rewards.size());
   auto rs = learner::stats_of(rewards);
-  json row = {{"step", step}, {"phase", "grpo"}, {"policy_version", r.policy_version},
-              {"reward_mean", rs.mean}, {"reward_std", rs.std}, {"accuracy", correct / n},
-              {"response_len_mean", resp_len / n}, {"truncated_frac", truncated / n},
-              {"env_failures", env_failures}, {"stale_dropped", stale_dropped}, {"staleness", lag},
-              {"groups_generated", r.groups.size()}, {"groups_kept", groups_kept}, {"generation_rounds", r.rounds}};
+  const int64_t lag = version_ - r.policy_version;
+  json row = {{"step", step},
+              {"phase", "grpo"},
+              {"policy_version", r.policy_version},
+              {"reward_mean", rs.mean},
+              {"reward_std", rs.std},
+              {"accuracy", correct / n},
+              {"response_len_mean", resp_len / n},
+              {"truncated_frac", truncated / n},
+              {"env_failures", env_failures},
+              {"stale_dropped", p.stale_dropped},
+              {"staleness", lag},
+              {"groups_generated", r.groups.size()},
+              {"groups_kept", p.groups_kept},
+              {"generation_rounds", r.rounds}};
   for (auto& [name, v] : per_env) row["reward_mean/" + name] = v.first / std::max(1, v.second);
-  double learner_s = 0, sync_s = 0;
-  if (!req.samples.empty()) {
-    double t = mono_s();
-    std::vector<std::future<Result<TrainRep>>> reps;
-    for (auto l : peers_.learners) reps.push_back(sys.ask<TrainRep>(l, req, kLongTimeout));
-    json m;
-    for (size_t i = 0; i < reps.size(); ++i) {
-      TROUPE_ASSIGN_OR_RETURN(auto rep, reps[i].get());
-      if (i == 0) m = json::parse(rep.metrics_json, nullptr, false);
-    }
-    learner_s = mono_s() - t;
-    for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
-      row[key] = m.value(key, 0.0);
+  for (const char* key :
+       {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
+    row[key] = tr.updated ? tr.metrics.value(key, 0.0) : 0.0;
+  double sync_s = 0;
+  if (tr.updated) {
     TROUPE_TRY(sync_weights(&sync_s));
-  } else {
-    for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
-      row[key] = 0.0;
-    if (async_) {  // no update, no new version: the rollout thread must not wait for one
-      {
-        std::lock_guard lk(async_->mu);
-        async_->skipped += 1;
-      }
-      async_->cv.notify_all();
+  } else if (async_) {  // no update, no new version: the rollout thread must not wait for one
+    {
+      std::lock_guard lk(async_->mu);
+      async_->skipped += 1;
     }
+    async_->cv.notify_all();
   }
   double step_s = mono_s() - step_start;
-  double idle = async_ ? extra_idle : std::max(0.0, step_s - r.gen_s - r.env_s);
+  double idle = async_ ? gen_idle : std::max(0.0, step_s - r.gen_s - r.env_s);
   row["gen_s"] = r.gen_s;
   row["env_s"] = r.env_s;
-  row["learner_s"] = learner_s;
+  row["learner_s"] = tr.learner_s;
   row["weight_sync_s"] = sync_s;
   row["idle_s"] = idle;  // generator idle: no sampling work during this step
-  row["learner_idle_s"] = async_ ? learner_wait : r.gen_s + r.env_s;  // learner waiting for a batch
+  row["learner_idle_s"] =
+      std::max(0.0, step_s - tr.learner_s - sync_s);  // learner neither training nor syncing
   row["step_s"] = step_s;
   row["tokens_per_s"] = step_s > 0 ? resp_len / step_s : 0.0;
   row["wall_s"] = now_s();
@@ -759,7 +901,7 @@ Status Coordinator::run_grpo(int64_t first_k) {
       double t = mono_s();
       TROUPE_ASSIGN_OR_RETURN(auto r, make_rollout(S + k + 1, k));
       step_ = S + k + 1;
-      TROUPE_TRY(train_on(r, step_, k, t, 0, 0));
+      TROUPE_TRY(train_on(r, step_, k, t, 0));
       TROUPE_TRY(finish_step(k));
     }
     return {};
@@ -768,50 +910,76 @@ Status Coordinator::run_grpo(int64_t first_k) {
   async_ = std::make_unique<Async>();
   async_->weights_sent = version_;
   int64_t base = version_ - first_k;  // version before GRPO step 0
-  async_->thread = std::thread([this, first_k, K, base, S]() {
-    for (int64_t k = first_k; k < K; ++k) {
-      double wait0 = mono_s();
-      {
-        std::unique_lock lk(async_->mu);
-        async_->cv.wait(lk, [&] {
-          return async_->stop || (async_->weights_sent + async_->skipped >= base + k - cfg_.rollout.max_staleness &&
-                                  async_->queue.size() < static_cast<size_t>(std::max(1, cfg_.rollout.max_staleness)));
-        });
-        if (async_->stop) return;
-      }
-      double waited = mono_s() - wait0;
-      auto r = make_rollout(S + k + 1, k);
-      if (r.ok()) r->idle_s = waited;
-      bool failed = !r.ok();
+  // streamed: each step's groups come in rollout.async_chunks parts, and the learners start on a
+  // part as soon as it is scored (the queue then holds parts; the staleness condition alone bounds
+  // how far ahead the rollout thread runs)
+  const bool streamed = ro.async_chunks > 1;
+  async_->thread = std::thread([this, first_k, K, base, S, streamed]() {
+    auto push = [this](int64_t k, Result<Rollout> r) {
       {
         std::lock_guard lk(async_->mu);
         async_->queue.emplace_back(k, std::move(r));
       }
       async_->cv.notify_all();
+    };
+    for (int64_t k = first_k; k < K; ++k) {
+      double wait0 = mono_s();
+      {
+        std::unique_lock lk(async_->mu);
+        async_->cv.wait(lk, [&] {
+          return async_->stop ||
+                 (async_->weights_sent + async_->skipped >= base + k - cfg_.rollout.max_staleness &&
+                  (streamed ||
+                   async_->queue.size() < static_cast<size_t>(std::max(1, cfg_.rollout.max_staleness))));
+        });
+        if (async_->stop) return;
+      }
+      double waited = mono_s() - wait0;
+      if (streamed) {
+        PartSink sink = [&](Rollout&& part) {
+          part.idle_s = part.part == 0 ? waited : 0.0;
+          push(k, std::move(part));
+        };
+        auto r = make_round(S + k + 1, k, 0, &sink);
+        if (!r.ok()) {
+          push(k, r.error());
+          return;
+        }
+        continue;
+      }
+      auto r = make_rollout(S + k + 1, k);
+      if (r.ok()) r->idle_s = waited;
+      bool failed = !r.ok();
+      push(k, std::move(r));
       if (failed) return;
     }
   });
   Status result;
   for (int64_t k = first_k; k < K; ++k) {
     double t = mono_s();
-    std::pair<int64_t, Result<Rollout>> item{0, Error{}};
-    double wait0 = mono_s();
-    {
-      std::unique_lock lk(async_->mu);
-      async_->cv.wait(lk, [&] { return !async_->queue.empty(); });
-      item = std::move(async_->queue.front());
-      async_->queue.pop_front();
-    }
-    async_->cv.notify_all();
-    if (!item.second.ok()) {
-      result = item.second.error();
-      break;
-    }
     step_ = S + k + 1;
-    double idle = item.second->idle_s;
-    if (auto st = train_on(*item.second, step_, k, t, idle, mono_s() - wait0); !st.ok()) {
-      result = st;
-      break;
+    if (streamed) {
+      if (auto st = train_streamed(step_, k, t); !st.ok()) {
+        result = st;
+        break;
+      }
+    } else {
+      std::pair<int64_t, Result<Rollout>> item{0, Error{}};
+      {
+        std::unique_lock lk(async_->mu);
+        async_->cv.wait(lk, [&] { return !async_->queue.empty(); });
+        item = std::move(async_->queue.front());
+        async_->queue.pop_front();
+      }
+      async_->cv.notify_all();
+      if (!item.second.ok()) {
+        result = item.second.error();
+        break;
+      }
+      if (auto st = train_on(*item.second, step_, k, t, item.second->idle_s); !st.ok()) {
+        result = st;
+        break;
+      }
     }
     if (auto st = finish_step(k); !st.ok()) {
       result = st;

@@ -405,7 +405,23 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
                                                                            trainer.config().batch.temperature));
     for (size_t i = 0; i < samples.size(); ++i) samples[i].ref_logprobs = std::move(ref[i]);
   }
-  TROUPE_ASSIGN_OR_RETURN(auto m, trainer.train_step(samples));
+  const bool streamed = r.more || trainer.accumulating();
+  if (streamed) {
+    if (phase != learner::Phase::grpo)
+      return invalid_input("learner: a partial (streamed) batch is for GRPO only");
+    if (trainer.accumulating() && r.step != streamed_step_)
+      return invalid_input("learner: a part of GRPO step " + std::to_string(r.step) + " arrived while step " +
+                           std::to_string(streamed_step_) + " is being accumulated");
+    streamed_step_ = r.step;
+    TROUPE_TRY(trainer.accumulate(samples));
+    if (r.more) {  // no update yet
+      TrainRep rep;
+      rep.policy_version = version_;
+      rep.train_s = seconds_since(t0);
+      return rep;
+    }
+  }
+  TROUPE_ASSIGN_OR_RETURN(auto m, streamed ? trainer.finish_accumulated() : trainer.train_step(samples));
   ++version_;
   json j = {{"loss", m.loss.loss},
             {"pg_loss", m.loss.pg_loss},

@@ -547,6 +547,27 @@ class Loader {
       error(at("cluster.generators"), "cluster.generators",
             "impossible placement: " + std::to_string(c.cluster.generators) + " generators but only " +
                 std::to_string(c.rollout.prompts_per_step) + " prompts per step (rollout.prompts_per_step)");
+    // Streamed async parts: the learner makes one update from parts it sees one at a time.
+    if (c.rollout.async_chunks > 1) {
+      auto chunks_error = [&](const std::string& why) {
+        error(at("rollout.async_chunks"), "rollout.async_chunks",
+              std::to_string(c.rollout.async_chunks) + " parts per step need " + why);
+      };
+      if (!c.rollout.async) chunks_error("rollout.async: true (sync mode trains on the whole batch)");
+      if (c.rollout.async_chunks > c.rollout.prompts_per_step)
+        chunks_error("at least as many prompts per step (rollout.prompts_per_step = " +
+                     std::to_string(c.rollout.prompts_per_step) + ")");
+      if (c.grpo.num_iterations != 1)
+        chunks_error("grpo.num_iterations: 1 (got " + std::to_string(c.grpo.num_iterations) +
+                     "; later passes need the whole batch)");
+      if (c.grpo.dynamic_sampling) chunks_error("grpo.dynamic_sampling: false (it refills the whole batch)");
+      if (c.rollout.max_turns > 1)
+        chunks_error("rollout.max_turns: 1 (multi-turn episodes run as one batch)");
+      if (c.grpo.scale_rewards == "batch" || c.grpo.adv_estimator == "reinforce_pp")
+        chunks_error(
+            "advantages computed within each group (scale_rewards group or none, adv_estimator grpo or "
+            "rloo): batch statistics need the whole batch");
+    }
     if (c.cluster.transport == "ipc" && c.cluster.bind_host != "127.0.0.1" && c.cluster.bind_host != "localhost")
       error(at("cluster.bind_host"), "cluster.bind_host",
             "bind_host is for transport: tcp; ipc only reaches ranks on this node");

@@ -118,6 +118,29 @@ TEST(Config, EveryNumericKeyHasARange) {
   }
 }
 
+TEST(Config, AsyncChunksNeedsOneUpdateFromGroupLocalParts) {
+  auto m = load_error(std::string(kMinimal) + "rollout:\n  async_chunks: 4\n");
+  EXPECT_NE(m.find("x.yaml:4:3: error: rollout.async_chunks: 4 parts per step need rollout.async: true"),
+            std::string::npos)
+      << m;
+  const std::string async = std::string(kMinimal) + "rollout:\n  async: true\n  async_chunks: 4\n";
+  m = load_error(async + "grpo:\n  num_iterations: 2\n");
+  EXPECT_NE(m.find("need grpo.num_iterations: 1 (got 2"), std::string::npos) << m;
+  m = load_error(async + "grpo:\n  scale_rewards: batch\n");
+  EXPECT_NE(m.find("advantages computed within each group"), std::string::npos) << m;
+  m = load_error(async + "grpo:\n  dynamic_sampling: true\n");
+  EXPECT_NE(m.find("need grpo.dynamic_sampling: false"), std::string::npos) << m;
+  m = load_error(async + "  max_turns: 2\n");
+  EXPECT_NE(m.find("need rollout.max_turns: 1"), std::string::npos) << m;
+  m = load_error(async + "  prompts_per_step: 2\n");
+  EXPECT_NE(m.find("need at least as many prompts per step (rollout.prompts_per_step = 2)"),
+            std::string::npos)
+      << m;
+  m = load_error(async + "  async_chunkz: 2\n");
+  EXPECT_NE(m.find("did you mean 'rollout.async_chunks'"), std::string::npos) << m;
+  EXPECT_TRUE(load_config_text(async, "x.yaml", {}).ok());
+}
+
 TEST(Config, ImpossiblePlacement) {
   auto m = load_error(std::string(kMinimal) +
                       "rollout:\n  prompts_per_step: 1\n  num_generations: 2\ncluster:\n  learners: 3\n");

@@ -160,6 +160,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("rollout.max_turns", [](C& c) { return &c.rollout.max_turns; }, 1, 1024, "Turns per episode for multi-turn envs.");
   b.flag("rollout.async", [](C& c) { return &c.rollout.async; }, "Async mode: generators keep sampling with version v while learners train v+1.");
   b.integer("rollout.max_staleness", [](C& c) { return &c.rollout.max_staleness; }, 0, 1024, "Async: oldest policy version lag a trajectory may have.");
+  b.integer("rollout.async_chunks", [](C& c) { return &c.rollout.async_chunks; }, 1, 1048576, "Async: each step's prompts are generated in this many parts, and the learners start on a part (accumulating its gradient) as soon as it is scored; the optimizer step follows the last part. The update equals the whole batch's up to rounding. 1 = the whole batch at once. Needs one on-policy update per batch (grpo.num_iterations 1, no dynamic sampling), single-turn envs and group-local advantages (scale_rewards group or none, adv_estimator grpo or rloo).");
   b.choice("rollout.stale_policy", [](C& c) { return &c.rollout.stale_policy; }, {"drop", "importance_weight"}, "Async: what happens to older trajectories.");
 
   // cluster

@@ -184,20 +184,67 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
   return m;
 }
 
+Status Trainer::check_batch(const std::vector<Sample>& batch) const {
+  for (size_t i = 0; i < batch.size(); ++i) TROUPE_TRY(check_sample(batch[i], i));
+  for (size_t i = 1; i < batch.size(); ++i)
+    if (batch[i].old_logprobs.empty() != batch[0].old_logprobs.empty())
+      return invalid_input(sample_name(i) + ": old_logprobs must be given for every sample or for none");
+  return {};
+}
+
+double Trainer::sample_tokens(const Sample& s) const {
+  if (cfg_.batch.mask_truncated_completions && s.truncated) return 0.0;
+  if (s.completion_mask.empty()) return static_cast<double>(s.completion.size());
+  return std::accumulate(s.completion_mask.begin(), s.completion_mask.end(), 0.0);
+}
+
+Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum) {
+  auto grads = model_.grads();
+  TROUPE_TRY(comm_.allreduce_sum(grads));
+  norm_sum += clip_grad_norm(grads, cfg_.optimizer.max_grad_norm);
+  out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
+  TROUPE_TRY(opt_.step(model_.params(), grads, cfg_.optimizer, out.lr));
+  ++out.optimizer_steps;
+  return {};
+}
+
+Status Trainer::finish_metrics(StepMetrics& out, const LossMetrics& sums, double norm_sum,
+                               const std::vector<float>& adv, const std::vector<float>& rew, double len,
+                               double trunc, double seconds) {
+  double v[10] = {sums.loss,        sums.pg_loss,      sums.kl_loss,       sums.tokens,
+                  sums.kl_sum,      sums.clip_low_sum, sums.clip_high_sum, sums.dual_clip_sum,
+                  sums.entropy_sum, sums.ratio_sum};
+  TROUPE_TRY(comm_.allreduce_sum(std::span<double>(v, 10)));
+  LossMetrics total{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
+  out.loss = finalize(total);
+  const double steps = std::max(out.optimizer_steps, 1);
+  out.loss.loss /= steps;
+  out.loss.pg_loss /= steps;
+  out.loss.kl_loss /= steps;
+  out.grad_norm = norm_sum / steps;
+  out.tokens = total.tokens;
+  const double n = std::max<double>(1.0, static_cast<double>(adv.size()));
+  out.advantages = stats_of(adv);
+  out.rewards = stats_of(rew);
+  out.response_len_mean = len / n;
+  out.truncated_frac = trunc / n;
+  out.wall_s = seconds;
+  out.tokens_per_s = out.wall_s > 0 ? out.tokens / out.wall_s : 0.0;
+  return {};
+}
+
 Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
   const auto t_start = std::chrono::steady_clock::now();
   TROUPE_TRY(validate(cfg_));
+  if (acc_.active) return invalid_input("learner: train_step while a streamed step is being accumulated");
   const size_t N = batch_in.size();
   const int M = cfg_.batch.num_mini_batches;
   if (N == 0) return invalid_input("learner: empty batch");
   if (N < static_cast<size_t>(M))
     return invalid_input("learner: a batch of " + std::to_string(N) + " samples cannot make num_mini_batches = " +
                          std::to_string(M));
-  for (size_t i = 0; i < N; ++i) TROUPE_TRY(check_sample(batch_in[i], i));
+  TROUPE_TRY(check_batch(batch_in));
   const bool has_old = !batch_in[0].old_logprobs.empty();
-  for (size_t i = 0; i < N; ++i)
-    if (batch_in[i].old_logprobs.empty() == has_old)
-      return invalid_input(sample_name(i) + ": old_logprobs must be given for every sample or for none");
 
   // Old log-probs: recorded at generation, or recomputed now when the batch is used for more than
   // one update (otherwise the update is on-policy: old = logp detached, ratio 1).
@@ -210,12 +257,6 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
     for (size_t i = 0; i < N; ++i) with_old[i].old_logprobs = std::move(old[i]);
     batch = &with_old;
   }
-  const bool mask_trunc = cfg_.batch.mask_truncated_completions;
-  auto sample_tokens = [&](const Sample& s) {
-    if (mask_trunc && s.truncated) return 0.0;
-    if (s.completion_mask.empty()) return static_cast<double>(s.completion.size());
-    return std::accumulate(s.completion_mask.begin(), s.completion_mask.end(), 0.0);
-  };
 
   std::vector<size_t> order(N);
   std::iota(order.begin(), order.end(), size_t{0});
@@ -245,25 +286,9 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
         TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm));
         sums.add(m);
       }
-      auto grads = model_.grads();
-      TROUPE_TRY(comm_.allreduce_sum(grads));
-      norm_sum += clip_grad_norm(grads, cfg_.optimizer.max_grad_norm);
-      out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
-      TROUPE_TRY(opt_.step(model_.params(), grads, cfg_.optimizer, out.lr));
-      ++out.optimizer_steps;
+      TROUPE_TRY(optimizer_step(out, norm_sum));
     }
   }
-  double v[10] = {sums.loss, sums.pg_loss, sums.kl_loss, sums.tokens, sums.kl_sum, sums.clip_low_sum,
-                  sums.clip_high_sum, sums.dual_clip_sum, sums.entropy_sum, sums.ratio_sum};
-  TROUPE_TRY(comm_.allreduce_sum(std::span<double>(v, 10)));
-  LossMetrics total{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
-  out.loss = finalize(total);
-  const double steps = std::max(out.optimizer_steps, 1);
-  out.loss.loss /= steps;
-  out.loss.pg_loss /= steps;
-  out.loss.kl_loss /= steps;
-  out.grad_norm = norm_sum / steps;
-  out.tokens = total.tokens;
   std::vector<float> adv, rew;
   double len = 0, trunc = 0;
   for (const auto& s : batch_in) {
@@ -272,12 +297,82 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
     len += static_cast<double>(s.completion.size());
     trunc += s.truncated ? 1.0 : 0.0;
   }
-  out.advantages = stats_of(adv);
-  out.rewards = stats_of(rew);
-  out.response_len_mean = len / static_cast<double>(N);
-  out.truncated_frac = trunc / static_cast<double>(N);
-  out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  out.tokens_per_s = out.wall_s > 0 ? out.tokens / out.wall_s : 0.0;
+  TROUPE_TRY(
+      finish_metrics(out, sums, norm_sum, adv, rew, len, trunc,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()));
+  return out;
+}
+
+Status Trainer::accumulate(const std::vector<Sample>& part) {
+  const auto t_start = std::chrono::steady_clock::now();
+  TROUPE_TRY(validate(cfg_));
+  if (cfg_.phase != Phase::grpo) return invalid_input("learner: a streamed (partial) batch is for GRPO only");
+  if (cfg_.batch.num_iterations != 1 || cfg_.batch.num_mini_batches != 1)
+    return invalid_input("learner: a streamed batch needs num_iterations = 1 and num_mini_batches = 1 (got " +
+                         std::to_string(cfg_.batch.num_iterations) + " and " +
+                         std::to_string(cfg_.batch.num_mini_batches) + ")");
+  TROUPE_TRY(check_batch(part));
+  if (!acc_.active) {
+    acc_ = Accumulated{};
+    acc_.active = true;
+    model_.zero_grads();
+  }
+  if (!part.empty()) {
+    const bool has_old = !part[0].old_logprobs.empty();
+    if (!acc_.adv.empty() && has_old != acc_.has_old)
+      return invalid_input(
+          "learner: old_logprobs must be given for every part of a streamed batch or for none");
+    acc_.has_old = has_old;
+  }
+  const size_t n = part.size();
+  const int W = comm_.size(), r = comm_.rank();
+  const size_t s0 = n * r / W, s1 = n * (r + 1) / W;
+  std::vector<int> lengths;
+  for (size_t i = s0; i < s1; ++i)
+    lengths.push_back(static_cast<int>(part[i].prompt.size() + part[i].completion.size()) - 1);
+  const auto cuts =
+      split_micro_batches(lengths, cfg_.batch.micro_batch_size, cfg_.batch.max_tokens_per_micro_batch);
+  const LossNorm unit{1.0, 1.0};  // the global normaliser is applied in finish_accumulated()
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    std::vector<const Sample*> mb;
+    for (int i = cuts[c]; i < cuts[c + 1]; ++i) mb.push_back(&part[s0 + static_cast<size_t>(i)]);
+    auto m = run_micro_batch(mb, unit);
+    if (!m.ok()) {
+      acc_ = Accumulated{};  // the partial gradient is dropped with the step
+      return m.error();
+    }
+    acc_.sums.add(*m);
+  }
+  for (const auto& s : part) {
+    acc_.tokens += sample_tokens(s);
+    acc_.seqs += 1;
+    acc_.adv.push_back(s.advantage);
+    acc_.rew.push_back(s.reward);
+    acc_.len += static_cast<double>(s.completion.size());
+    acc_.trunc += s.truncated ? 1.0 : 0.0;
+  }
+  acc_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return {};
+}
+
+Result<StepMetrics> Trainer::finish_accumulated() {
+  const auto t_start = std::chrono::steady_clock::now();
+  if (!acc_.active) return invalid_input("learner: finish of a streamed step that has no parts");
+  Accumulated a = std::move(acc_);
+  acc_ = Accumulated{};
+  if (a.adv.empty()) return invalid_input("learner: empty batch (every part of the streamed step was empty)");
+  // the normaliser the unit-norm parts left out: 1 / tokens (token-mean) or 1 / sequences (seq-mean-*)
+  const double scale =
+      cfg_.loss.loss_agg_mode == LossAggMode::token_mean ? 1.0 / std::max(a.tokens, 1.0) : 1.0 / a.seqs;
+  for (float& g : model_.grads()) g = static_cast<float>(g * scale);
+  a.sums.loss *= scale;
+  a.sums.pg_loss *= scale;
+  a.sums.kl_loss *= scale;
+  StepMetrics out;
+  double norm_sum = 0;
+  TROUPE_TRY(optimizer_step(out, norm_sum));
+  a.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  TROUPE_TRY(finish_metrics(out, a.sums, norm_sum, a.adv, a.rew, a.len, a.trunc, a.seconds));
   return out;
 }
 

@@ -116,6 +116,82 @@ TEST(Trainer, UpdateIsInvariantToMicroBatchSplit) {
   }
 }
 
+TEST(Trainer, StreamedPartsEqualTheWholeBatch) {
+  // A batch that arrives in parts (async rollouts streamed to the learner) makes the same update
+  // as train_step on the whole batch, for every aggregation mode, also with empty parts and
+  // micro-batching inside the parts; metrics agree too.
+  const auto batch = random_batch(3, 12, 12, true, true);
+  for (auto agg :
+       {LossAggMode::token_mean, LossAggMode::seq_mean_token_mean, LossAggMode::seq_mean_token_sum_norm}) {
+    LearnerConfig c = base_config();
+    c.batch.num_mini_batches = 1;
+    c.batch.num_iterations = 1;
+    c.loss.loss_agg_mode = agg;
+    BigramModel whole_model(12, 7);
+    LocalCommunicator comm;
+    Trainer whole(whole_model, c, comm);
+    auto ref = whole.train_step(batch);
+    ASSERT_TRUE(ref.ok()) << ref.error().message;
+    for (int mb : {0, 2}) {
+      LearnerConfig s = c;
+      s.batch.micro_batch_size = mb;
+      BigramModel model(12, 7);
+      Trainer tr(model, s, comm);
+      const std::vector<std::pair<int, int>> parts = {{0, 5}, {5, 5}, {5, 9}, {9, 12}};
+      for (auto [a, b] : parts) {
+        ASSERT_TRUE(tr.accumulate(std::vector<Sample>(batch.begin() + a, batch.begin() + b)).ok());
+        EXPECT_TRUE(tr.accumulating());
+      }
+      auto got = tr.finish_accumulated();
+      ASSERT_TRUE(got.ok()) << got.error().message;
+      EXPECT_FALSE(tr.accumulating());
+      double worst = 0;
+      for (size_t i = 0; i < model.params().size(); ++i)
+        worst = std::max(worst, std::abs(double(model.params()[i]) - whole_model.params()[i]));
+      EXPECT_LT(worst, 2e-6) << to_string(agg) << " micro_batch_size " << mb;
+      EXPECT_NEAR(got->loss.loss, ref->loss.loss, 1e-6);
+      EXPECT_NEAR(got->grad_norm, ref->grad_norm, 1e-5);
+      EXPECT_EQ(got->tokens, ref->tokens);
+      EXPECT_EQ(got->optimizer_steps, 1);
+      EXPECT_NEAR(got->advantages.mean, ref->advantages.mean, 1e-6);
+    }
+  }
+}
+
+TEST(Trainer, StreamedStepErrors) {
+  const auto batch = random_batch(4, 6, 12, true, false);
+  LearnerConfig c = base_config();
+  c.loss.beta = 0;
+  BigramModel model(12, 7);
+  LocalCommunicator comm;
+  {
+    Trainer tr(model, c, comm);  // two mini-batches, two passes: not one on-policy update
+    auto st = tr.accumulate(batch);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.error().message.find("num_iterations = 1 and num_mini_batches = 1"), std::string::npos)
+        << st.error().message;
+  }
+  c.batch.num_mini_batches = 1;
+  c.batch.num_iterations = 1;
+  Trainer tr(model, c, comm);
+  EXPECT_FALSE(tr.finish_accumulated().ok());  // nothing accumulated
+  ASSERT_TRUE(tr.accumulate({}).ok());
+  auto empty = tr.finish_accumulated();
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.error().message.find("every part of the streamed step was empty"), std::string::npos);
+  ASSERT_TRUE(tr.accumulate(std::vector<Sample>(batch.begin(), batch.begin() + 3)).ok());
+  auto no_old = std::vector<Sample>(batch.begin() + 3, batch.end());
+  for (auto& s : no_old) s.old_logprobs.clear();
+  auto mixed = tr.accumulate(no_old);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.error().message.find("every part of a streamed batch"), std::string::npos);
+  auto during = tr.train_step(batch);
+  ASSERT_FALSE(during.ok());
+  EXPECT_NE(during.error().message.find("while a streamed step"), std::string::npos);
+  ASSERT_TRUE(tr.finish_accumulated().ok());  // the good parts still make a step
+  EXPECT_TRUE(tr.train_step(batch).ok());
+}
+
 TEST(Trainer, SplitsByTokenBudget) {
   EXPECT_EQ(split_micro_batches({3, 3, 3, 5, 1}, 0, 6), (std::vector<int>{0, 2, 3, 5}));
   EXPECT_EQ(split_micro_batches({9, 1}, 0, 4), (std::vector<int>{0, 1, 2}));

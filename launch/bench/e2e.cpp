@@ -2,10 +2,11 @@
 // (max_staleness 1) vs sync mode, same process, interleaved runs, median of >= 5. Metric
 // steps_per_s over the GRPO phase; extra fields give the per-step time breakdown of both modes
 // (generation, env, learner, weight sync, generator idle, learner idle, core idle) and the share of
-// each idle time async removes. Generator idle: no sampling work; learner idle: waiting for a
-// batch; idle = the two summed (what the goal counts); core idle: cores x wall - the process's CPU
-// time, per step (the roles share the cores here, so a waiting role's cores are not always idle).
-// Both modes run the same config (cluster.generator_nice 19: sampling yields to the learner).
+// each idle time async removes. Generator idle: no sampling work; learner idle: step time neither
+// training nor syncing weights; idle = the two summed (what the goal counts); core idle: cores x wall - the
+// process's CPU time, per step (the roles share the cores here, so a waiting role's cores are not always
+// idle). Both modes run the same config (cluster.generator_nice 19: sampling yields to the learner); async
+// streams each step to the learner in rollout.async_chunks parts, as configs/async.yaml does.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +26,7 @@ namespace troupe::bench {
 namespace {
 
 constexpr int kGeneratorNice = 19;  // both modes: sampling yields to the learner
+constexpr int kAsyncChunks = 4;     // async: parts per step streamed to the learner (configs/async.yaml)
 namespace fs = std::filesystem;
 
 struct Measured {
@@ -50,7 +52,8 @@ Measured run_once(bool async, int steps, int rep) {
                                    "logger.tensorboard=false",
                                    "logger.progress=off",
                                    "logger.trajectories=false",
-                                   "cluster.generator_nice=" + std::to_string(kGeneratorNice)};
+                                   "cluster.generator_nice=" + std::to_string(kGeneratorNice),
+                                   "rollout.async_chunks=" + std::to_string(async ? kAsyncChunks : 1)};
   auto loaded = launch::load_config(std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.yaml", sets);
   if (!loaded.ok()) {
     std::fprintf(stderr, "bench e2e: %s\n", loaded.error().message.c_str());
@@ -132,7 +135,8 @@ int run_e2e_suite(const BenchOptions& opt) {
                {"idle_removed_frac", removed("idle_total_s")},
                {"core_idle_removed_frac", removed("core_idle_s")},
                {"cores", omp_get_num_procs()},
-               {"generator_nice", kGeneratorNice}};
+               {"generator_nice", kGeneratorNice},
+               {"async_chunks", kAsyncChunks}};
   emit(row);
   return 0;
 }

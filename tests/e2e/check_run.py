@@ -4,6 +4,7 @@
   check_run.py files RUN_DIR            the run directory has every artifact DESIGN.md lists
   check_run.py same RUN_A RUN_B         the training rows agree on every non-timing metric
   check_run.py staleness RUN_DIR N      every GRPO row has staleness <= N
+  check_run.py moved RUN_DIR            most GRPO rows made a real update (reward spread, grad_norm > 0)
   check_run.py dynamic RUN_DIR P R     dynamic sampling: P groups kept unless R rounds ran; both cases seen
   check_run.py episodes RUN_DIR T      multi-turn eval rows: full episodes (1 < eval_turns_mean <= T)
   check_run.py eval_json FILE           the last line of FILE is one JSON object with eval_accuracy
@@ -96,6 +97,14 @@ def staleness(run_dir, n):
         fail("staleness %d > %d" % (worst, n))
 
 
+def moved(run_dir):
+    g = [r for r in rows(run_dir) if r["phase"] == "grpo" and "eval_accuracy" not in r]
+    real = [r for r in g if r["reward_std"] > 0 and r["grad_norm"] > 0]
+    print("%d of %d GRPO rows made an update" % (len(real), len(g)))
+    if len(real) * 2 < len(g):
+        fail("only %d of %d GRPO rows made an update: a comparison of them means little" % (len(real), len(g)))
+
+
 def dynamic(run_dir, p, max_rounds):
     g = [r for r in rows(run_dir) if r["phase"] == "grpo" and "eval_accuracy" not in r]
     if not g:
@@ -148,6 +157,8 @@ if __name__ == "__main__":
         same(sys.argv[2], sys.argv[3])
     elif cmd == "staleness":
         staleness(sys.argv[2], int(sys.argv[3]))
+    elif cmd == "moved":
+        moved(sys.argv[2])
     elif cmd == "dynamic":
         dynamic(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif cmd == "episodes":

@@ -40,11 +40,14 @@ case $CASE in
     test $rc -eq 2
     grep -q "already holds a run" "$W/err.txt"
     ;;
-  async)
-    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/run" --set sft.max_steps=30 --set grpo.max_steps=30 \
-      --set eval.num_prompts=50 $Q
+  async)  # each step's parts streamed to the learner (async_chunks 4); same seed, same metrics
+    S="--set sft.max_steps=30 --set grpo.max_steps=30 --set eval.num_prompts=50 $Q"
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/run" $S
     $CHECK staleness "$W/run" 1
     $CHECK files "$W/run"
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/again" $S
+    $CHECK same "$W/run" "$W/again"
+    $CHECK moved "$W/run"
     ;;
   countdown)
     "$TROUPE" run "$SRC/configs/countdown.yaml" --set run.dir="$W/run" --set sft.max_steps=5 --set grpo.max_steps=3 \
@@ -58,15 +61,15 @@ case $CASE in
     grep -q '"reward_mean/reverse"' "$W/run/metrics.jsonl"
     grep -q '"eval_accuracy/reverse"' "$W/run/metrics.jsonl"
     ;;
-  multinode)  # roles on 4 ranks over tcp 127.0.0.1
+  multinode)  # roles on 4 ranks over tcp 127.0.0.1; async with parts streamed to 2 learner ranks
     "$MPIEXEC" --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo \
       --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" \
       --set sft.max_steps=5 --set grpo.max_steps=3 --set eval.num_prompts=10 $Q
     $CHECK files "$W/run"
     "$MPIEXEC" --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo \
       --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/async" \
-      --set rollout.async=true --set cluster.transport=ipc --set sft.max_steps=3 --set grpo.max_steps=4 \
-      --set eval.num_prompts=10 $Q
+      --set rollout.async=true --set rollout.async_chunks=2 --set cluster.transport=ipc --set sft.max_steps=3 \
+      --set grpo.max_steps=4 --set eval.num_prompts=10 $Q
     $CHECK staleness "$W/async" 1
     ;;
   placement_mismatch)  # -np 2 for a 4-role cluster section: exit 2 naming the file and the counts
@@ -117,7 +120,8 @@ case $CASE in
     $CHECK dynamic "$W/a" 4 6
     # async: steps that keep no group train on nothing; the rollout thread must not wait for their version
     timeout 120 "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/async" --set sft.max_steps=20 --set grpo.max_steps=6 \
-      --set grpo.dynamic_sampling=true --set grpo.max_generation_rounds=2 --set rollout.prompts_per_step=4 --set eval.num_prompts=10 $Q
+      --set grpo.dynamic_sampling=true --set grpo.max_generation_rounds=2 --set rollout.prompts_per_step=4 \
+      --set rollout.async_chunks=1 --set eval.num_prompts=10 $Q
     $CHECK staleness "$W/async" 1
     ;;
   dataset_relative)  # the dataset env's relative JSONL paths start at the YAML file's folder, not the cwd

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "troupe/actors/experiment_config.h"
+#include "troupe/actors/messages.h"
 #include "troupe/base/result.h"
 #include "troupe/policy/io/tokenizer.h"
 #include "troupe/runtime/system.h"
@@ -58,9 +59,26 @@ class Coordinator {
   Status run_sft(int64_t first_step);
   Status run_grpo(int64_t first_step);
   Result<Rollout> make_rollout(int64_t step, int64_t k);
-  Result<Rollout> make_round(int64_t step, int64_t k, int round);
+  using PartSink = std::function<void(Rollout&& part)>;
+  // One generation round. With a sink: in rollout.async_chunks parts, each handed to the sink as
+  // soon as it is scored (its groups move there).
+  Result<Rollout> make_round(int64_t step, int64_t k, int round, const PartSink* sink = nullptr);
   Result<Rollout> multi_turn(Rollout r, int64_t step, int64_t k);
-  Status train_on(Rollout& r, int64_t step, int64_t k, double step_start, double extra_idle, double learner_wait);
+  struct Prepared {  // what a rollout gives the learners
+    std::vector<TrainSample> samples;
+    std::vector<float> adv;  // per sample of the rollout's groups (0 where not kept)
+    int groups_kept = 0, stale_dropped = 0;
+  };
+  struct Trained {  // what the learners gave back
+    bool updated = false;
+    nlohmann::json metrics = nlohmann::json::object();
+    double learner_s = 0;
+  };
+  Result<Prepared> prepare(const Rollout& r) const;
+  Status train_on(Rollout& r, int64_t step, int64_t k, double step_start, double gen_idle);
+  Status train_streamed(int64_t step, int64_t k, double step_start);
+  Status log_grpo_step(const Rollout& r, const Prepared& p, const Trained& tr, int64_t step,
+                       double step_start, double gen_idle);
   Status sync_weights(double* seconds);
   Status eval_and_log(const std::string& phase);
   Status checkpoint(const std::string& phase, bool force);

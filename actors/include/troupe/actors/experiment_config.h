@@ -102,6 +102,7 @@ struct RolloutSection {
   int max_turns = 1;
   bool async = false;
   int max_staleness = 1;
+  int async_chunks = 1;               // async: parts per step streamed to the learners as they are scored
   std::string stale_policy = "drop";  // drop | importance_weight
 };
 

@@ -143,8 +143,11 @@ struct TrainReq {
   std::int32_t phase = 0;  // 0 grpo, 1 sft
   std::int64_t step = 0;   // phase-local step (schedules)
   std::vector<TrainSample> samples;
+  // Streamed GRPO batch (rollout.async_chunks > 1): true = a part, more parts of this step follow
+  // (gradients accumulate, no update, empty metrics in the reply); the step's last part has false.
+  bool more = false;
   template <class A>
-  void serialize(A& ar) { ar(phase, step, samples); }
+  void serialize(A& ar) { ar(phase, step, samples, more); }
 };
 struct TrainRep {
   static constexpr std::uint32_t type_id = 2021;

@@ -94,6 +94,7 @@ class LearnerRole {
   learner::Phase phase_ = learner::Phase::grpo;
   bool has_trainer_ = false;
   int64_t version_ = 0;
+  int64_t streamed_step_ = -1;  // the GRPO step whose parts are being accumulated
 };
 
 // ---- the actors hosting the roles (each answers the requests of its role) ----

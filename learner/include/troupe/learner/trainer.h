@@ -85,6 +85,17 @@ class Trainer {
   // mini-batch. GRPO or SFT per cfg.phase. Errors name the sample and field at fault.
   Result<StepMetrics> train_step(const std::vector<Sample>& batch);
 
+  // The same GRPO step for a batch that arrives in parts (async rollouts, streamed): accumulate()
+  // takes the parts in order, each the same (global order) on every rank, and runs this rank's
+  // shard of it at once, with unit normalisers; finish_accumulated() scales the summed gradient by
+  // the whole batch's global normaliser (known only now), then all-reduce, clipping and AdamW as in
+  // train_step. The update equals train_step's on the concatenated batch up to rounding (the
+  // normaliser is applied after the sum instead of per token). Needs num_iterations = 1 and
+  // num_mini_batches = 1 (one on-policy update per batch); GRPO only. An empty part is allowed.
+  Status accumulate(const std::vector<Sample>& part);
+  Result<StepMetrics> finish_accumulated();
+  bool accumulating() const { return acc_.active; }
+
   AdamW& optimizer() { return opt_; }
   const AdamW& optimizer() const { return opt_; }
   PolicyModel& model() { return model_; }
@@ -96,6 +107,14 @@ class Trainer {
  private:
   Status check_sample(const Sample& s, size_t index) const;
   Result<LossMetrics> run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm);
+  Status check_batch(const std::vector<Sample>& batch) const;
+  double sample_tokens(const Sample& s) const;
+  // All-reduce the accumulated gradient, clip, AdamW: one optimizer step.
+  Status optimizer_step(StepMetrics& out, double& norm_sum);
+  // Metric all-reduce and the per-batch statistics of a finished call.
+  Status finish_metrics(StepMetrics& out, const LossMetrics& sums, double norm_sum,
+                        const std::vector<float>& adv, const std::vector<float>& rew, double len,
+                        double trunc, double seconds);
 
   PolicyModel& model_;
   LearnerConfig cfg_;
@@ -103,6 +122,12 @@ class Trainer {
   AdamW opt_;
   std::mt19937_64 rng_;
   std::vector<float> logp_, entropy_, dlogp_, dentropy_;  // (T) scratch of one micro-batch
+  struct Accumulated {                                    // a streamed step in progress
+    bool active = false, has_old = false;
+    LossMetrics sums;
+    double tokens = 0, seqs = 0, len = 0, trunc = 0, seconds = 0;
+    std::vector<float> adv, rew;
+  } acc_;
 };
 
 }  // namespace troupe::learner
