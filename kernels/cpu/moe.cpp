@@ -6,6 +6,9 @@
 
 #include <cblas.h>
 #include <omp.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -304,40 +307,66 @@ void moe_permute(float* xp, const float* x, const int32_t* row_slot, int N, int 
   }
 }
 
-void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K,
-                   int C, bool accumulate) {
-  // One pass over each output row, 8 channels at a time in registers: out[t][i] = ((o + w0 y0) +
-  // w1 y1) + ..., o = out[t][i] or 0 -- the same additions in the same order as zeroing out and
-  // accumulating expert by expert (the masked loop).
-  constexpr int kLanes = 8;
+namespace {
+// One output row of the combine: o = (o or 0) + w_0 y_0 + w_1 y_1 + ... (k ascending), 8 channels
+// at a time in registers, multiply then add (never fused), so the bits equal zeroing o and
+// accumulating the rows one by one. Instantiated per (weighted, accumulate): the branches stay
+// out of the inner loop, which keeps the row loads back to back.
+template <bool kWeighted, bool kAccumulate>
+inline void combine_row(float* o, const float* yp, const int32_t* rows, const float* wt, int K, int C) {
+  int i = 0;
+#if defined(__SSE2__)
+  for (; i + 8 <= C; i += 8) {
+    __m128 a0 = kAccumulate ? _mm_loadu_ps(o + i) : _mm_setzero_ps();
+    __m128 a1 = kAccumulate ? _mm_loadu_ps(o + i + 4) : _mm_setzero_ps();
+    for (int k = 0; k < K; ++k) {
+      const float* yr = yp + static_cast<size_t>(rows[k]) * C + i;
+      __m128 y0 = _mm_loadu_ps(yr), y1 = _mm_loadu_ps(yr + 4);
+      if (kWeighted) {
+        const __m128 w = _mm_set1_ps(wt[k]);
+        y0 = _mm_mul_ps(w, y0);
+        y1 = _mm_mul_ps(w, y1);
+      }
+      a0 = _mm_add_ps(a0, y0);
+      a1 = _mm_add_ps(a1, y1);
+    }
+    _mm_storeu_ps(o + i, a0);
+    _mm_storeu_ps(o + i + 4, a1);
+  }
+#endif
+  for (; i < C; ++i) {
+    float acc = kAccumulate ? o[i] : 0.0f;
+    for (int k = 0; k < K; ++k) {
+      const float y = yp[static_cast<size_t>(rows[k]) * C + i];
+      acc += kWeighted ? wt[k] * y : y;
+    }
+    o[i] = acc;
+  }
+}
+
+template <bool kWeighted, bool kAccumulate>
+void unpermute_rows(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K,
+                    int C) {
 #pragma omp parallel for schedule(static) if (parallel_worth(double(N) * K * C))
   for (int t = 0; t < N; ++t) {
     if (t + kAhead < N)
-      for (int k = 0; k < K; ++k)
-        prefetch_row(yp + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
-    float* o = out + static_cast<size_t>(t) * C;
-    const int32_t* rows = slot_row + static_cast<size_t>(t) * K;
-    const float* wt = weights ? weights + static_cast<size_t>(t) * K : nullptr;
-    int i = 0;
-    for (; i + kLanes <= C; i += kLanes) {
-      float acc[kLanes];
-      for (int j = 0; j < kLanes; ++j) acc[j] = accumulate ? o[i + j] : 0.0f;
-      for (int k = 0; k < K; ++k) {
-        const float* yr = yp + static_cast<size_t>(rows[k]) * C + i;
-        if (wt) {
-          const float wk = wt[k];
-          for (int j = 0; j < kLanes; ++j) acc[j] += wk * yr[j];
-        } else {
-          for (int j = 0; j < kLanes; ++j) acc[j] += yr[j];
-        }
-      }
-      for (int j = 0; j < kLanes; ++j) o[i + j] = acc[j];
-    }
-    for (; i < C; ++i) {
-      float acc = accumulate ? o[i] : 0.0f;
-      for (int k = 0; k < K; ++k) acc += (wt ? wt[k] : 1.0f) * yp[static_cast<size_t>(rows[k]) * C + i];
-      o[i] = acc;
-    }
+      for (int k = 0; k < K; ++k) prefetch_row(yp + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
+    combine_row<kWeighted, kAccumulate>(out + static_cast<size_t>(t) * C, yp, slot_row + static_cast<size_t>(t) * K,
+                                        kWeighted ? weights + static_cast<size_t>(t) * K : nullptr, K, C);
+  }
+}
+}  // namespace
+
+void moe_unpermute(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K,
+                   int C, bool accumulate) {
+  // One pass over each output row, the same additions in the same order as zeroing out and
+  // accumulating expert by expert (the masked loop).
+  if (weights) {
+    accumulate ? unpermute_rows<true, true>(out, yp, weights, slot_row, N, K, C)
+               : unpermute_rows<true, false>(out, yp, weights, slot_row, N, K, C);
+  } else {
+    accumulate ? unpermute_rows<false, true>(out, yp, weights, slot_row, N, K, C)
+               : unpermute_rows<false, false>(out, yp, weights, slot_row, N, K, C);
   }
 }
 
@@ -518,6 +547,24 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
       for (int e = 0; e < E; ++e) segment(e, offsets[e], offsets[e + 1] - offsets[e]);
     }
     // Backward of the permute: each token gathers its K rows in ascending expert order.
+    if (identity) {
+      // ... and, in the same token-major pass, d weight = <y, dout> with y = the token's input
+      const bool acc = cfg.H_shared > 0;
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * K * C))
+      for (int t = 0; t < N; ++t) {
+        if (t + kAhead < N)
+          for (int k = 0; k < K; ++k)
+            prefetch_row(dxrows + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
+        const size_t tc = static_cast<size_t>(t) * C;
+        if (acc)
+          combine_row<false, true>(dinp + tc, dxrows, slot_row + static_cast<size_t>(t) * K, nullptr, K, C);
+        else
+          combine_row<false, false>(dinp + tc, dxrows, slot_row + static_cast<size_t>(t) * K, nullptr, K, C);
+        const float d = dot_row(inp + tc, dout + tc, C);
+        for (int k = 0; k < K; ++k) dweights[t * K + k] = d;
+      }
+      return;
+    }
     moe_unpermute(dinp, dxrows, nullptr, slot_row, N, K, C, cfg.H_shared > 0);
   } else {
     // Masked loop mirrored: per expert, rescan the assignments, gather, compute, scatter.
@@ -542,7 +589,7 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
       row = end;
     }
   }
-  if (identity) {  // d weight = <y, dout> with y = the token's input; no router behind it
+  if (identity) {  // masked: d weight = <y, dout> with y = the token's input; no router behind it
 #pragma omp parallel for schedule(static) if (parallel_worth(double(N) * C))
     for (int t = 0; t < N; ++t) {
       const float d = dot_row(inp + static_cast<size_t>(t) * C, dout + static_cast<size_t>(t) * C, C);

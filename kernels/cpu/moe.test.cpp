@@ -183,7 +183,7 @@ TEST(Moe, DispatchGroupedEqualsMasked) {
   for (int K : {1, 2, 4}) {
     for (int used : {16, 5, 4}) {
       if (used < K) continue;
-      const int N = 211, C = 24, E = 16;
+      const int N = 211, C = 29, E = 16;  // C: 3 register blocks of 8 and a tail
       MoeConfig base = config(C, 8, E, K);
       std::mt19937 rng(40 + K * 100 + used);
       std::vector<int32_t> experts(static_cast<size_t>(N) * K);
