@@ -298,12 +298,13 @@ void moe_route_plan(int32_t* offsets, int32_t* row_slot, int32_t* slot_row, int3
   }
 }
 
-void moe_permute(float* xp, const float* x, const int32_t* row_slot, int N, int K, int C) {
-  const int NK = N * K;
-#pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
-  for (int r = 0; r < NK; ++r) {
-    if (r + kAhead < NK) prefetch_row(x + static_cast<size_t>(row_slot[r + kAhead] / K) * C, C);
-    std::memcpy(xp + static_cast<size_t>(r) * C, x + static_cast<size_t>(row_slot[r] / K) * C, sizeof(float) * C);
+void moe_permute(float* xp, const float* x, const int32_t* slot_row, int N, int K, int C) {
+  // A walk over the tokens: each x row is read once, in order, and copied to its K rows.
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * K * C))
+  for (int t = 0; t < N; ++t) {
+    const float* src = x + static_cast<size_t>(t) * C;
+    for (int k = 0; k < K; ++k)
+      std::memcpy(xp + static_cast<size_t>(slot_row[t * K + k]) * C, src, sizeof(float) * C);
   }
 }
 
@@ -435,7 +436,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
 
   if (cfg.grouped) {
     moe_route_plan(offsets, row_slot, slot_row, cursor, experts, N, K, E);
-    moe_permute(xp, inp, row_slot, N, K, C);
+    moe_permute(xp, inp, slot_row, N, K, C);
     if (!identity) experts_forward_grouped(y, g, u, h, xp, offsets, w, cfg);
     moe_unpermute(out, yrows, weights, slot_row, N, K, C, cfg.H_shared > 0);
   } else {
@@ -537,11 +538,12 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
   };
 
   if (cfg.grouped) {
-    const int32_t* row_slot = ints_at(saved + L.row_slot);
+    // The rows' gather as a walk over the tokens (as moe_permute): each dout (and x) row is read
+    // once, in order, and written to its K rows.
 #pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
-    for (int r = 0; r < NK; ++r)
-      gather_backward_row(xp, dop, wrow, r, row_slot[r], r + kAhead < NK ? row_slot[r + kAhead] : -1, inp,
-                          dout, weights, K, C, identity);
+    for (int t = 0; t < N; ++t)
+      for (int k = 0; k < K; ++k)
+        gather_backward_row(xp, dop, wrow, slot_row[t * K + k], t * K + k, -1, inp, dout, weights, K, C, identity);
     if (!identity) {
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(NK) * C * H))
       for (int e = 0; e < E; ++e) segment(e, offsets[e], offsets[e + 1] - offsets[e]);

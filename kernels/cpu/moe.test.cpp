@@ -345,13 +345,16 @@ TEST(Moe, PermuteUnpermuteRoundTrip) {
     for (int s = 0; s < N * K; ++s) ASSERT_EQ(row_slot[slot_row[s]], s);
     auto x = random_vec(static_cast<size_t>(N) * C, 20 + K);
     std::vector<float> xp(static_cast<size_t>(N) * K * C), back(x.size(), 0.0f), w(N * K, 1.0f / K);
-    moe_permute(xp.data(), x.data(), row_slot.data(), N, K, C);
+    moe_permute(xp.data(), x.data(), slot_row.data(), N, K, C);
+    for (int r = 0; r < N * K; ++r)  // the definition: row r holds the input of its token
+      for (int c = 0; c < C; ++c)
+        ASSERT_EQ(xp[static_cast<size_t>(r) * C + c], x[static_cast<size_t>(row_slot[r] / K) * C + c]) << r;
     moe_unpermute(back.data(), xp.data(), w.data(), slot_row.data(), N, K, C);
     expect_bitwise(back, x, "unpermute(permute(x))");
     // Gradient of the round trip.
     auto dout = random_vec(x.size(), 40 + K);
     std::vector<float> dyp(xp.size()), dx(x.size(), 0.0f);
-    moe_permute(dyp.data(), dout.data(), row_slot.data(), N, K, C);
+    moe_permute(dyp.data(), dout.data(), slot_row.data(), N, K, C);
     for (int r = 0; r < N * K; ++r)
       for (int c = 0; c < C; ++c) dyp[static_cast<size_t>(r) * C + c] *= w[row_slot[r]];
     moe_unpermute(dx.data(), dyp.data(), nullptr, slot_row.data(), N, K, C);

@@ -95,9 +95,10 @@ MoeRouting moe_saved_routing(const float* saved, const MoeConfig& cfg, int N);
 // counts (E) is scratch. O(N*K + E), no comparison sort.
 void moe_route_plan(int32_t* offsets, int32_t* row_slot, int32_t* slot_row, int32_t* counts,
                     const int32_t* experts, int N, int K, int E);
-// Permute (gather): xp[r] = x[row_slot[r] / K], xp (N*K, C) assigned.
-// Its backward is moe_unpermute with weights == nullptr.
-void moe_permute(float* xp, const float* x, const int32_t* row_slot, int N, int K, int C);
+// Permute: xp[slot_row[t*K+k]] = x[t] (equivalently xp[r] = x[row_slot[r] / K]), xp (N*K, C)
+// assigned; walks the tokens, so each x row is read once. Its backward is moe_unpermute with
+// weights == nullptr.
+void moe_permute(float* xp, const float* x, const int32_t* slot_row, int N, int K, int C);
 // Unpermute + combine: out[t] += sum_k weights[t*K+k] * yp[slot_row[t*K+k]] (k ascending), out (N, C)
 // ACCUMULATED (accumulate = false: assigned, with the same bits as zeroing out first); weights ==
 // nullptr means 1. Its backward w.r.t. yp is moe_permute of dout scaled by weights.
