@@ -351,8 +351,10 @@ void unpermute_rows(float* out, const float* yp, const float* weights, const int
 #pragma omp parallel for schedule(static) if (parallel_worth(double(N) * K * C))
   for (int t = 0; t < N; ++t) {
     if (t + kAhead < N)
-      for (int k = 0; k < K; ++k) prefetch_row(yp + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
-    combine_row<kWeighted, kAccumulate>(out + static_cast<size_t>(t) * C, yp, slot_row + static_cast<size_t>(t) * K,
+      for (int k = 0; k < K; ++k)
+        prefetch_row(yp + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
+    combine_row<kWeighted, kAccumulate>(out + static_cast<size_t>(t) * C, yp,
+                                        slot_row + static_cast<size_t>(t) * K,
                                         kWeighted ? weights + static_cast<size_t>(t) * K : nullptr, K, C);
   }
 }
@@ -543,7 +545,8 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
 #pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
     for (int t = 0; t < N; ++t)
       for (int k = 0; k < K; ++k)
-        gather_backward_row(xp, dop, wrow, slot_row[t * K + k], t * K + k, -1, inp, dout, weights, K, C, identity);
+        gather_backward_row(xp, dop, wrow, slot_row[t * K + k], t * K + k, -1, inp, dout, weights, K, C,
+                            identity);
     if (!identity) {
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(NK) * C * H))
       for (int e = 0; e < E; ++e) segment(e, offsets[e], offsets[e + 1] - offsets[e]);
