@@ -4,6 +4,7 @@
   check_run.py files RUN_DIR            the run directory has every artifact DESIGN.md lists
   check_run.py same RUN_A RUN_B         the training rows agree on every non-timing metric
   check_run.py staleness RUN_DIR N      every GRPO row has staleness <= N
+  check_run.py steps RUN_DIR N          the training rows are steps 1..N, each once (also across --resume)
   check_run.py moved RUN_DIR            most GRPO rows made a real update (reward spread, grad_norm > 0)
   check_run.py dynamic RUN_DIR P R     dynamic sampling: P groups kept unless R rounds ran; both cases seen
   check_run.py episodes RUN_DIR T      multi-turn eval rows: full episodes (1 < eval_turns_mean <= T)
@@ -97,6 +98,13 @@ def staleness(run_dir, n):
         fail("staleness %d > %d" % (worst, n))
 
 
+def steps(run_dir, n):
+    got = [r["step"] for r in rows(run_dir) if "eval_accuracy" not in r]
+    if got != list(range(1, n + 1)):
+        fail("training rows are steps %s, expected 1..%d once each" % (got, n))
+    print("steps 1..%d once each" % n)
+
+
 def moved(run_dir):
     g = [r for r in rows(run_dir) if r["phase"] == "grpo" and "eval_accuracy" not in r]
     real = [r for r in g if r["reward_std"] > 0 and r["grad_norm"] > 0]
@@ -157,6 +165,8 @@ if __name__ == "__main__":
         same(sys.argv[2], sys.argv[3])
     elif cmd == "staleness":
         staleness(sys.argv[2], int(sys.argv[3]))
+    elif cmd == "steps":
+        steps(sys.argv[2], int(sys.argv[3]))
     elif cmd == "moved":
         moved(sys.argv[2])
     elif cmd == "dynamic":

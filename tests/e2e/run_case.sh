@@ -48,6 +48,12 @@ case $CASE in
     "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/again" $S
     $CHECK same "$W/run" "$W/again"
     $CHECK moved "$W/run"
+    # --resume in async mode: the pipeline refills from the checkpoint and the steps continue
+    R="--set sft.max_steps=10 --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=5 $Q"
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/resumed" --set grpo.max_steps=5 $R
+    "$TROUPE" run "$SRC/configs/async.yaml" --resume "$W/resumed" --set grpo.max_steps=10 $R
+    $CHECK steps "$W/resumed" 20
+    $CHECK staleness "$W/resumed" 1
     ;;
   countdown)
     "$TROUPE" run "$SRC/configs/countdown.yaml" --set run.dir="$W/run" --set sft.max_steps=5 --set grpo.max_steps=3 \
