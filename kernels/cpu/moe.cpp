@@ -541,36 +541,26 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
 
   if (cfg.grouped) {
     // The rows' gather as a walk over the tokens (as moe_permute): each dout (and x) row is read
-    // once, in order, and written to its K rows.
+    // once, in order, and written to its K rows. With identity experts the walk also takes
+    // d weight = <y, dout>, y = the token's input, while dout's row is at hand.
 #pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
-    for (int t = 0; t < N; ++t)
+    for (int t = 0; t < N; ++t) {
       for (int k = 0; k < K; ++k)
         gather_backward_row(xp, dop, wrow, slot_row[t * K + k], t * K + k, -1, inp, dout, weights, K, C,
                             identity);
+      if (identity) {
+        const size_t tc = static_cast<size_t>(t) * C;
+        const float d = dot_row(inp + tc, dout + tc, C);
+        for (int k = 0; k < K; ++k) dweights[t * K + k] = d;
+      }
+    }
     if (!identity) {
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(NK) * C * H))
       for (int e = 0; e < E; ++e) segment(e, offsets[e], offsets[e + 1] - offsets[e]);
     }
     // Backward of the permute: each token gathers its K rows in ascending expert order.
-    if (identity) {
-      // ... and, in the same token-major pass, d weight = <y, dout> with y = the token's input
-      const bool acc = cfg.H_shared > 0;
-#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * K * C))
-      for (int t = 0; t < N; ++t) {
-        if (t + kAhead < N)
-          for (int k = 0; k < K; ++k)
-            prefetch_row(dxrows + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
-        const size_t tc = static_cast<size_t>(t) * C;
-        if (acc)
-          combine_row<false, true>(dinp + tc, dxrows, slot_row + static_cast<size_t>(t) * K, nullptr, K, C);
-        else
-          combine_row<false, false>(dinp + tc, dxrows, slot_row + static_cast<size_t>(t) * K, nullptr, K, C);
-        const float d = dot_row(inp + tc, dout + tc, C);
-        for (int k = 0; k < K; ++k) dweights[t * K + k] = d;
-      }
-      return;
-    }
     moe_unpermute(dinp, dxrows, nullptr, slot_row, N, K, C, cfg.H_shared > 0);
+    if (identity) return;
   } else {
     // Masked loop mirrored: per expert, rescan the assignments, gather, compute, scatter.
     int32_t* row_slot = ints_at(scratch + S.rows, static_cast<size_t>(NK));
