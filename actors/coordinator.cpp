@@ -90,6 +90,18 @@ struct Coordinator::Async {
   int64_t weights_sent = 0;  // newest version the generators have been sent
   int64_t skipped = 0;       // steps that trained on nothing (no new version): not waited for
   bool stop = false;
+  // The oldest queued (k, rollout), waiting for one; wakes the rollout thread (the queue shrank).
+  std::pair<int64_t, Result<Rollout>> pop() {
+    std::pair<int64_t, Result<Rollout>> item{0, Error{}};
+    {
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return !queue.empty(); });
+      item = std::move(queue.front());
+      queue.pop_front();
+    }
+    cv.notify_all();
+    return item;
+  }
 };
 
 Coordinator::Coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hooks, std::string run_dir)
@@ -519,14 +531,7 @@ Status Coordinator::train_streamed(int64_t step, int64_t k, double step_start) {
   bool sent = false;
   double gen_idle = 0;
   for (int c = 0, C = 1; c < C; ++c) {
-    std::pair<int64_t, Result<Rollout>> item{0, Error{}};
-    {
-      std::unique_lock lk(async_->mu);
-      async_->cv.wait(lk, [&] { return !async_->queue.empty(); });
-      item = std::move(async_->queue.front());
-      async_->queue.pop_front();
-    }
-    async_->cv.notify_all();
+    auto item = async_->pop();
     if (!item.second.ok()) return item.second.error();
     Rollout& part = *item.second;
     if (item.first != k || part.part != c)
@@ -964,14 +969,7 @@ Status Coordinator::run_grpo(int64_t first_k) {
         break;
       }
     } else {
-      std::pair<int64_t, Result<Rollout>> item{0, Error{}};
-      {
-        std::unique_lock lk(async_->mu);
-        async_->cv.wait(lk, [&] { return !async_->queue.empty(); });
-        item = std::move(async_->queue.front());
-        async_->queue.pop_front();
-      }
-      async_->cv.notify_all();
+      auto item = async_->pop();
       if (!item.second.ok()) {
         result = item.second.error();
         break;
