@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -128,6 +129,51 @@ inline float dot_row(const float* a, const float* b, int C) {
 constexpr int kAhead = 4;  // rows (or tokens) ahead
 inline void prefetch_row(const float* p, int C) {
   for (int i = 0; i < C; i += 16) __builtin_prefetch(p + i);
+}
+
+// Rows written whole and read only by a later pass (the permuted buffers, the combine's output)
+// go around the cache with streaming stores once the buffer is larger than a core's L2: no
+// read-for-ownership of lines about to be overwritten, and they do not evict what the next rows
+// need. Smaller buffers stay in cache. The values written are the same either way. A thread that
+// streamed calls store_fence() before the pass ends (streaming stores are weakly ordered).
+constexpr size_t kStreamBytes = size_t(4) << 20;
+inline bool stream_rows(const float* base, size_t rows, int C) {
+#if defined(__SSE2__)
+  return rows * static_cast<size_t>(C) * sizeof(float) >= kStreamBytes && C % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(base) % 16 == 0;
+#else
+  (void)base, (void)rows, (void)C;
+  return false;
+#endif
+}
+inline void store_fence(bool streamed) {
+#if defined(__SSE2__)
+  if (streamed) _mm_sfence();
+#else
+  (void)streamed;
+#endif
+}
+// dst = src (w == nullptr) or w * src, C floats.
+inline void write_row(float* dst, const float* src, const float* w, int C, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    if (w) {
+      const __m128 wv = _mm_set1_ps(*w);
+      for (int i = 0; i < C; i += 4) _mm_stream_ps(dst + i, _mm_mul_ps(wv, _mm_loadu_ps(src + i)));
+    } else {
+      for (int i = 0; i < C; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+    }
+    return;
+  }
+#else
+  (void)stream;
+#endif
+  if (w) {
+    const float wk = *w;
+    for (int i = 0; i < C; ++i) dst[i] = wk * src[i];
+  } else {
+    std::memcpy(dst, src, sizeof(float) * C);
+  }
 }
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -300,11 +346,16 @@ void moe_route_plan(int32_t* offsets, int32_t* row_slot, int32_t* slot_row, int3
 
 void moe_permute(float* xp, const float* x, const int32_t* slot_row, int N, int K, int C) {
   // A walk over the tokens: each x row is read once, in order, and copied to its K rows.
-#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * K * C))
-  for (int t = 0; t < N; ++t) {
-    const float* src = x + static_cast<size_t>(t) * C;
-    for (int k = 0; k < K; ++k)
-      std::memcpy(xp + static_cast<size_t>(slot_row[t * K + k]) * C, src, sizeof(float) * C);
+  const bool stream = stream_rows(xp, static_cast<size_t>(N) * K, C);
+#pragma omp parallel if (parallel_worth(double(N) * K * C))
+  {
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < N; ++t) {
+      const float* src = x + static_cast<size_t>(t) * C;
+      for (int k = 0; k < K; ++k)
+        write_row(xp + static_cast<size_t>(slot_row[t * K + k]) * C, src, nullptr, C, stream);
+    }
+    store_fence(stream);
   }
 }
 
@@ -314,7 +365,8 @@ namespace {
 // accumulating the rows one by one. Instantiated per (weighted, accumulate): the branches stay
 // out of the inner loop, which keeps the row loads back to back.
 template <bool kWeighted, bool kAccumulate>
-inline void combine_row(float* o, const float* yp, const int32_t* rows, const float* wt, int K, int C) {
+inline void combine_row(float* o, const float* yp, const int32_t* rows, const float* wt, int K, int C,
+                        bool stream) {
   int i = 0;
 #if defined(__SSE2__)
   for (; i + 8 <= C; i += 8) {
@@ -331,9 +383,16 @@ inline void combine_row(float* o, const float* yp, const int32_t* rows, const fl
       a0 = _mm_add_ps(a0, y0);
       a1 = _mm_add_ps(a1, y1);
     }
-    _mm_storeu_ps(o + i, a0);
-    _mm_storeu_ps(o + i + 4, a1);
+    if (stream) {
+      _mm_stream_ps(o + i, a0);
+      _mm_stream_ps(o + i + 4, a1);
+    } else {
+      _mm_storeu_ps(o + i, a0);
+      _mm_storeu_ps(o + i + 4, a1);
+    }
   }
+#else
+  (void)stream;
 #endif
   for (; i < C; ++i) {
     float acc = kAccumulate ? o[i] : 0.0f;
@@ -348,14 +407,19 @@ inline void combine_row(float* o, const float* yp, const int32_t* rows, const fl
 template <bool kWeighted, bool kAccumulate>
 void unpermute_rows(float* out, const float* yp, const float* weights, const int32_t* slot_row, int N, int K,
                     int C) {
-#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * K * C))
-  for (int t = 0; t < N; ++t) {
-    if (t + kAhead < N)
-      for (int k = 0; k < K; ++k)
-        prefetch_row(yp + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
-    combine_row<kWeighted, kAccumulate>(out + static_cast<size_t>(t) * C, yp,
-                                        slot_row + static_cast<size_t>(t) * K,
-                                        kWeighted ? weights + static_cast<size_t>(t) * K : nullptr, K, C);
+  const bool stream = !kAccumulate && stream_rows(out, static_cast<size_t>(N), C);  // assigned rows only
+#pragma omp parallel if (parallel_worth(double(N) * K * C))
+  {
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < N; ++t) {
+      if (t + kAhead < N)
+        for (int k = 0; k < K; ++k)
+          prefetch_row(yp + static_cast<size_t>(slot_row[(t + kAhead) * K + k]) * C, C);
+      combine_row<kWeighted, kAccumulate>(out + static_cast<size_t>(t) * C, yp,
+                                          slot_row + static_cast<size_t>(t) * K,
+                                          kWeighted ? weights + static_cast<size_t>(t) * K : nullptr, K, C, stream);
+    }
+    store_fence(stream);
   }
 }
 }  // namespace
@@ -448,11 +512,17 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
       offsets[e] = row;
       const int end = scan_expert_rows(row_slot, slot_row, e, row, experts, NK);
       const int n = end - row;
-#pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
-      for (int r = row; r < end; ++r) {
-        if (r + kAhead < end) prefetch_row(inp + static_cast<size_t>(row_slot[r + kAhead] / K) * C, C);
-        std::memcpy(xp + static_cast<size_t>(r) * C, inp + static_cast<size_t>(row_slot[r] / K) * C,
-                    sizeof(float) * C);
+      // (the same streaming rule as the grouped permute: this pass writes one expert's rows)
+      const bool stream = stream_rows(xp + static_cast<size_t>(row) * C, static_cast<size_t>(n), C);
+#pragma omp parallel if (parallel_worth(double(end - row) * C))
+      {
+#pragma omp for schedule(static) nowait
+        for (int r = row; r < end; ++r) {
+          if (r + kAhead < end) prefetch_row(inp + static_cast<size_t>(row_slot[r + kAhead] / K) * C, C);
+          write_row(xp + static_cast<size_t>(r) * C, inp + static_cast<size_t>(row_slot[r] / K) * C, nullptr, C,
+                    stream);
+        }
+        store_fence(stream);
       }
       const size_t r0 = static_cast<size_t>(row), we = static_cast<size_t>(e) * H * C;
       if (!identity)
@@ -476,24 +546,23 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
 }
 
 // Gathers permuted row r: its input (unless identity), its dout row (scaled by its weight when
-// identity, where that is already d(expert input)) and its weight.
+// identity, where that is already d(expert input)) and its weight. stream: streaming stores
+// (stream_rows of the rows the pass writes).
 inline void gather_backward_row(float* xp, float* dop, float* wrow, int r, int s, int ahead_s,
                                 const float* inp, const float* dout, const float* weights, int K, int C,
-                                bool identity) {
+                                bool identity, bool stream) {
   if (ahead_s >= 0) {  // the slot of the row kAhead further on
     prefetch_row(dout + static_cast<size_t>(ahead_s / K) * C, C);
     if (!identity) prefetch_row(inp + static_cast<size_t>(ahead_s / K) * C, C);
   }
   const size_t t = static_cast<size_t>(s / K);
-  const float* d = dout + t * C;
   float* dr = dop + static_cast<size_t>(r) * C;
   wrow[r] = weights[s];
   if (identity) {
-    const float wk = weights[s];
-    for (int i = 0; i < C; ++i) dr[i] = wk * d[i];
+    write_row(dr, dout + t * C, weights + s, C, stream);
   } else {
-    std::memcpy(xp + static_cast<size_t>(r) * C, inp + t * C, sizeof(float) * C);
-    std::memcpy(dr, d, sizeof(float) * C);
+    write_row(xp + static_cast<size_t>(r) * C, inp + t * C, nullptr, C, stream);
+    write_row(dr, dout + t * C, nullptr, C, stream);
   }
 }
 
@@ -543,16 +612,21 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
     // The rows' gather as a walk over the tokens (as moe_permute): each dout (and x) row is read
     // once, in order, and written to its K rows. With identity experts the walk also takes
     // d weight = <y, dout>, y = the token's input, while dout's row is at hand.
-#pragma omp parallel for schedule(static) if (parallel_worth(double(NK) * C))
-    for (int t = 0; t < N; ++t) {
-      for (int k = 0; k < K; ++k)
-        gather_backward_row(xp, dop, wrow, slot_row[t * K + k], t * K + k, -1, inp, dout, weights, K, C,
-                            identity);
-      if (identity) {
-        const size_t tc = static_cast<size_t>(t) * C;
-        const float d = dot_row(inp + tc, dout + tc, C);
-        for (int k = 0; k < K; ++k) dweights[t * K + k] = d;
+    const bool stream = stream_rows(dop, static_cast<size_t>(NK), C);
+#pragma omp parallel if (parallel_worth(double(NK) * C))
+    {
+#pragma omp for schedule(static) nowait
+      for (int t = 0; t < N; ++t) {
+        for (int k = 0; k < K; ++k)
+          gather_backward_row(xp, dop, wrow, slot_row[t * K + k], t * K + k, -1, inp, dout, weights, K, C,
+                              identity, stream);
+        if (identity) {
+          const size_t tc = static_cast<size_t>(t) * C;
+          const float d = dot_row(inp + tc, dout + tc, C);
+          for (int k = 0; k < K; ++k) dweights[t * K + k] = d;
+        }
       }
+      store_fence(stream);
     }
     if (!identity) {
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(NK) * C * H))
@@ -569,10 +643,15 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
       int end = row;
       for (int s = 0; s < NK; ++s)
         if (experts[s] == e) row_slot[end++] = s;
-#pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
-      for (int r = row; r < end; ++r)
-        gather_backward_row(xp, dop, wrow, r, row_slot[r], r + kAhead < end ? row_slot[r + kAhead] : -1, inp,
-                            dout, weights, K, C, identity);
+      const bool stream = stream_rows(dop + static_cast<size_t>(row) * C, static_cast<size_t>(end - row), C);
+#pragma omp parallel if (parallel_worth(double(end - row) * C))
+      {
+#pragma omp for schedule(static) nowait
+        for (int r = row; r < end; ++r)
+          gather_backward_row(xp, dop, wrow, r, row_slot[r], r + kAhead < end ? row_slot[r + kAhead] : -1, inp,
+                              dout, weights, K, C, identity, stream);
+        store_fence(stream);
+      }
       segment(e, row, end - row);
 #pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r) {
