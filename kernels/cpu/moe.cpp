@@ -10,7 +10,10 @@
 #include <immintrin.h>
 #endif
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -132,15 +135,29 @@ inline void prefetch_row(const float* p, int C) {
 }
 
 // Rows written whole and read only by a later pass (the permuted buffers, the combine's output)
-// go around the cache with streaming stores once the buffer is larger than a core's L2: no
+// go around the cache with streaming stores once a pass writes more than moe_stream_bytes(): no
 // read-for-ownership of lines about to be overwritten, and they do not evict what the next rows
-// need. Smaller buffers stay in cache. The values written are the same either way. A thread that
+// need. A buffer well inside the last-level cache stays there for the pass that reads it (on a
+// large L3 streaming them to memory costs more than it saves), so the default threshold is a
+// quarter of that cache, at least 4 MiB. The values written are the same either way. A thread that
 // streamed calls store_fence() before the pass ends (streaming stores are weakly ordered).
-constexpr size_t kStreamBytes = size_t(4) << 20;
+size_t default_stream_bytes() {
+  constexpr size_t kFloor = size_t(4) << 20;
+  long llc = -1;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+  llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+  return llc > 0 ? std::max(kFloor, static_cast<size_t>(llc) / 4) : kFloor;
+}
+std::atomic<size_t>& stream_bytes_setting() {
+  static std::atomic<size_t> bytes{default_stream_bytes()};
+  return bytes;
+}
 inline bool stream_rows(const float* base, size_t rows, int C) {
 #if defined(__SSE2__)
-  return rows * static_cast<size_t>(C) * sizeof(float) >= kStreamBytes && C % 4 == 0 &&
-         reinterpret_cast<uintptr_t>(base) % 16 == 0;
+  return rows * static_cast<size_t>(C) * sizeof(float) >= stream_bytes_setting().load(std::memory_order_relaxed) &&
+         C % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
 #else
   (void)base, (void)rows, (void)C;
   return false;
@@ -436,6 +453,9 @@ void moe_unpermute(float* out, const float* yp, const float* weights, const int3
                : unpermute_rows<false, false>(out, yp, weights, slot_row, N, K, C);
   }
 }
+
+size_t moe_stream_bytes() { return stream_bytes_setting().load(std::memory_order_relaxed); }
+void set_moe_stream_bytes(size_t bytes) { stream_bytes_setting().store(bytes, std::memory_order_relaxed); }
 
 MoeRouting moe_saved_routing(const float* saved, const MoeConfig& cfg, int N) {
   const SavedLayout L = saved_layout(cfg, N);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -173,8 +174,20 @@ TEST(Moe, ThreadCountDoesNotChangeBits) {
   }
   omp_set_num_threads(before);
 }
-// Large enough that the grouped permute and combine stream their 4 MB buffers (kStreamBytes).
-TEST(Moe, GroupedEqualsMaskedStreamed) { expect_grouped_equals_masked(Layer(config(64, 16, 4, 2), 8192, 21)); }
+// Sets moe_stream_bytes for a scope: the default depends on this machine's last-level cache, the
+// tests pin it so that they run the streaming stores on every machine.
+struct StreamBytes {
+  size_t before = moe_stream_bytes();
+  explicit StreamBytes(size_t bytes) { set_moe_stream_bytes(bytes); }
+  ~StreamBytes() { set_moe_stream_bytes(before); }
+};
+constexpr size_t kSmallCacheStream = size_t(4) << 20;  // the default on a machine with a 16 MiB L3
+
+// Large enough that the grouped permute and combine stream their 4 MB buffers.
+TEST(Moe, GroupedEqualsMaskedStreamed) {
+  StreamBytes pin(kSmallCacheStream);
+  expect_grouped_equals_masked(Layer(config(64, 16, 4, 2), 8192, 21));
+}
 TEST(Moe, GroupedEqualsMaskedOneToken) { expect_grouped_equals_masked(Layer(config(16, 8, 7, 2), 1, 6)); }
 
 // The dispatcher alone (identity experts, top-k given) is bit-identical between the paths and
@@ -244,9 +257,23 @@ TEST(Moe, DispatchGroupedEqualsMasked) {
     for (int used : {16, 5, 4})
       if (used >= K) expect_dispatch_equals_definition(211, 29, 16, K, used);  // C: 3 blocks of 8 + a tail
 }
-// The benchmark's size: the grouped passes write 4-8 MB buffers, past kStreamBytes, so they use
-// streaming stores (the masked loop's per-expert passes stay under it): same bits.
-TEST(Moe, DispatchGroupedEqualsMaskedStreamed) { expect_dispatch_equals_definition(8192, 128, 16, 2, 16); }
+// The benchmark's size. With a 4 MiB threshold the grouped passes (4-8 MB buffers) stream and the
+// masked loop's per-expert passes do not; with 0 every aligned pass streams; with SIZE_MAX none
+// does: the same bits each time (the definition is checked bitwise).
+TEST(Moe, DispatchGroupedEqualsMaskedStreamed) {
+  for (size_t bytes : {kSmallCacheStream, size_t(0), SIZE_MAX}) {
+    StreamBytes pin(bytes);
+    expect_dispatch_equals_definition(8192, 128, 16, 2, 16);
+  }
+}
+TEST(Moe, StreamBytesDefaultFollowsTheCache) {
+  EXPECT_GE(moe_stream_bytes(), kSmallCacheStream);
+  {
+    StreamBytes pin(123);
+    EXPECT_EQ(moe_stream_bytes(), 123u);
+  }
+  EXPECT_GE(moe_stream_bytes(), kSmallCacheStream);
+}
 
 // Inputs positive, router rows of experts >= 3 strongly negative: those experts get no tokens.
 TEST(Moe, EmptyExperts) {

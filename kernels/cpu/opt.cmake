@@ -5,7 +5,7 @@ if(TROUPE_BUILD_TESTS)
   # One binary, several ctest names (kernels.moe_*), each a gtest filter.
   troupe_add_test(NAME kernels.moe_grouped_vs_masked TARGET kernels_moe_test
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/moe.test.cpp LIBS troupe::kernels
-                  ARGS --gtest_filter=Moe.GroupedEqualsMasked*:Moe.DispatchGroupedEqualsMasked*:Moe.EmptyExperts:Moe.AllTokensOnOneExpert ENV OMP_WAIT_POLICY=PASSIVE)
+                  ARGS --gtest_filter=Moe.GroupedEqualsMasked*:Moe.DispatchGroupedEqualsMasked*:Moe.EmptyExperts:Moe.AllTokensOnOneExpert:Moe.StreamBytes* ENV OMP_WAIT_POLICY=PASSIVE)
   troupe_add_test(NAME kernels.moe_routing TARGET kernels_moe_test
                   ARGS --gtest_filter=Moe.EachTokenReachesItsTopK:Moe.TopKTiesGoToLowerIndex:Moe.ZeroTokens ENV OMP_WAIT_POLICY=PASSIVE)
   troupe_add_test(NAME kernels.moe_permute_roundtrip TARGET kernels_moe_test ARGS --gtest_filter=Moe.PermuteUnpermuteRoundTrip ENV OMP_WAIT_POLICY=PASSIVE)

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -103,7 +104,12 @@ void moe_cases(const BenchOptions& opt, int reps) {
     if (!opt.wants(dcase) && !opt.wants(lcase)) continue;
     MoeBench b(E, N, C, H);
     nlohmann::json extra = {{"tokens", N}, {"top_k", 2}, {"experts", E}, {"d_model", C}, {"expert_hidden", H},
-                            {"scans_per_layer_ours", 1}, {"scans_per_layer_baseline", E}};
+                            {"scans_per_layer_ours", 1}, {"scans_per_layer_baseline", E},
+                            // the masked loop forks ~E times more parallel regions, so how idle OpenMP
+                            // threads wait weighs on it most (troupe sets PASSIVE unless the user chose;
+                            // ACTIVE, spinning, is the masked loop's best on an otherwise idle machine)
+                            {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "unset"},
+                            {"stream_bytes", kernels::moe_stream_bytes()}};
     if (opt.wants(dcase)) {
       b.dispatch(true);
       b.dispatch(false);

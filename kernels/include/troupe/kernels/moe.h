@@ -75,6 +75,13 @@ void moe_dispatch_forward(float* out, float* saved, const int32_t* experts, cons
 void moe_dispatch_backward(float* dinp, float* dweights, const float* dout, const float* inp,
                            const float* saved, const MoeConfig& cfg, int N, float* scratch);
 
+// Passes that write whole rows read only by a later pass (permute, row gather, assigning combine)
+// use streaming stores once one pass writes at least this many bytes. Default: a quarter of the
+// last-level cache (sysconf), at least 4 MiB. Values are the same either way; tests set it to run
+// both ways (0: always when aligned, SIZE_MAX: never).
+size_t moe_stream_bytes();
+void set_moe_stream_bytes(size_t bytes);
+
 // ---- Pieces of the layer, public for tests, metrics and the CUDA port --------------------------
 // A token's K experts are stored in ascending expert id (not by weight), so "k order" is
 // "expert order" in every reduction; this is what makes the grouped path and the masked loop
