@@ -199,6 +199,27 @@ TEST(Config, BadSet) {
   EXPECT_NE(m.find("there are only 1 envs"), std::string::npos) << m;
 }
 
+// A --resume may change where, how long and how the run is placed, logged, evaluated and
+// checkpointed; any other difference from the run's config is a conflict naming the key.
+TEST(Config, ResumeConflicts) {
+  auto a = load_config_text(kMinimal, "x.yaml");
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  auto same = load_config_text(kMinimal, "x.yaml",
+                               {"grpo.max_steps=77", "cluster.threads=1", "logger.progress=plain", "eval.every=3",
+                                "checkpointing.keep_last=5", "run.dir=/elsewhere", "policy.model.moe_grouped=false"});
+  ASSERT_TRUE(same.ok()) << same.error().message;
+  EXPECT_TRUE(resume_conflicts(a->config, same->config).empty());
+  auto changed = load_config_text(kMinimal, "x.yaml", {"loss.kl_coef=0.1", "run.seed=9", "envs[0].weight=2"});
+  ASSERT_TRUE(changed.ok()) << changed.error().message;
+  auto d = resume_conflicts(a->config, changed->config);
+  std::vector<std::string> keys;
+  for (const auto& c : d) keys.push_back(c.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"run.seed", "loss.kl_coef", "envs[0].weight"}));
+  EXPECT_EQ(d[1].before, "0.0");
+  EXPECT_EQ(d[1].now, "0.1");
+  EXPECT_NE(resume_may_change_summary().find("grpo.max_steps"), std::string::npos);
+}
+
 TEST(Config, ResolvedRoundTrip) {
   auto r = load_config_text(
       "rollout:\n  temperature: 0.7\n  stop: [\"\\n\", \"a\\\"b\"]\n  system_prompt: \"Solve: \"\n"

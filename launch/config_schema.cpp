@@ -307,7 +307,16 @@ std::string render_config_readme() {
        "tab indentation, wrong types and out-of-range values are errors (`FILE:LINE:COL: error: key: ...`,\n"
        "exit code 2) and nothing starts until the file is valid. Override any key from the command line:\n"
        "`troupe run X.yaml --set rollout.temperature=0.7 --set envs[0].weight=2`.\n\n"
-       "Example experiments in this folder (each run by a test):\n\n"
+       "`troupe run X.yaml --resume RUN_DIR` continues the run from `RUN_DIR/checkpoints/latest` with the same\n"
+       "YAML and `--set` flags (raise `grpo.max_steps` to train longer). Before it writes anything it checks\n"
+       "that the checkpoint is whole (every file's size and CRC-32 against its `state.json`; if not, the error\n"
+       "names the file and the earlier checkpoints that are whole, to point `latest` at) and that no key that\n"
+       "changes what is trained differs from the run's `config.resolved.yaml` (the error lists each key with\n"
+       "both values). A resume may change: " +
+           resume_may_change_summary() +
+           ". Metric rows after the checkpoint's step are dropped and computed again; in sync mode on the\n"
+           "same kind of CPU the resumed run's metrics equal an uninterrupted run's bit for bit.\n\n"
+           "Example experiments in this folder (each run by a test):\n\n"
        "| file | what it runs |\n|---|---|\n"
        "| `quickstart.yaml` | tiny char-level MoE: SFT warm-up, then GRPO on the built-in `arithmetic` env |\n"
        "| `countdown.yaml` | GRPO on the built-in `countdown` env |\n"
@@ -398,6 +407,62 @@ std::string resolved_yaml(const ExperimentConfig& cfg_in) {
     o << indent << parts.back() << ": " << render_value(k.field(cfg)) << "\n";
   }
   return o.str();
+}
+
+namespace {
+// Keys a --resume may change: where and how long the run goes, how it is placed, logged, evaluated
+// and checkpointed, and the optimizations that are bit-identical to the plain path.
+bool resume_may_change(const std::string& path) {
+  static const char* const kPrefixes[] = {"cluster.", "checkpointing.", "logger.", "eval."};
+  static const char* const kKeys[] = {"run.dir",
+                                      "run.name",
+                                      "run.max_wall_s",
+                                      "sft.max_steps",
+                                      "grpo.max_steps",
+                                      "policy.model.cache_packed_metadata",
+                                      "policy.model.activation_checkpointing",
+                                      "policy.model.offload_activations",
+                                      "policy.model.offload_double_buffer",
+                                      "policy.model.moe_grouped",
+                                      "envs[].address",
+                                      "envs[].timeout_s",
+                                      "envs[].isolate"};
+  for (const char* p : kPrefixes)
+    if (path.rfind(p, 0) == 0) return true;
+  for (const char* k : kKeys)
+    if (path == k) return true;
+  return false;
+}
+}  // namespace
+
+std::string resume_may_change_summary() {
+  return "run.dir, run.name, run.max_wall_s, sft.max_steps, grpo.max_steps, cluster.*, checkpointing.*, logger.*, "
+         "eval.*, the bit-identical policy.model switches (cache_packed_metadata, activation_checkpointing, "
+         "offload_activations, offload_double_buffer, moe_grouped), envs[].address, envs[].timeout_s, envs[].isolate";
+}
+
+std::vector<ResumeConflict> resume_conflicts(const ExperimentConfig& before_in, const ExperimentConfig& now_in) {
+  ExperimentConfig before = before_in, now = now_in;  // the schema's accessors take a mutable root
+  std::vector<ResumeConflict> out;
+  for (const auto& k : config_schema()) {
+    if (k.path == "envs") {
+      if (before.envs.size() != now.envs.size()) {
+        out.push_back({"envs", std::to_string(before.envs.size()) + " entries", std::to_string(now.envs.size()) + " entries"});
+        continue;
+      }
+      for (size_t i = 0; i < now.envs.size(); ++i)
+        for (const auto& ek : env_entry_schema()) {
+          if (resume_may_change("envs[]." + ek.path)) continue;
+          std::string a = render_value(ek.field(before.envs[i])), b = render_value(ek.field(now.envs[i]));
+          if (a != b) out.push_back({"envs[" + std::to_string(i) + "]." + ek.path, a, b});
+        }
+      continue;
+    }
+    if (resume_may_change(k.path)) continue;
+    std::string a = render_value(k.field(before)), b = render_value(k.field(now));
+    if (a != b) out.push_back({k.path, a, b});
+  }
+  return out;
 }
 
 }  // namespace troupe::launch

@@ -7,6 +7,7 @@
 #include <mpi.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "troupe/actors/coordinator.h"
 #include "troupe/actors/roles.h"
 #include "troupe/launch/metrics.h"
+#include "troupe/learner/checkpoint.h"
 #include "troupe/runtime/cluster.h"
 
 namespace troupe::launch {
@@ -112,6 +114,68 @@ class ControlActor : public runtime::Actor {
   runtime::Cluster* cluster_;
 };
 
+// Before a --resume touches the run directory (every rank checks, nothing is written): the
+// checkpoint it continues from is whole, and the config is the run's own (config.resolved.yaml)
+// up to the keys a resume may change. Exit code 2 with the reason otherwise.
+int check_resume(const LoadedConfig& loaded, const std::string& run_dir) {
+  const std::string ckpts = run_dir + "/checkpoints";
+  auto latest = learner::latest_checkpoint(ckpts);
+  if (!latest.ok()) {
+    std::fprintf(stderr, "troupe: error: --resume %s: %s\n", run_dir.c_str(), latest.error().message.c_str());
+    return 2;
+  }
+  auto state = learner::verify_checkpoint(*latest);
+  if (!state.ok()) {
+    // Name the earlier checkpoints that are whole, newest first: the run can go on from one of them.
+    std::vector<std::pair<long, std::string>> steps;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(ckpts, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("step_", 0) != 0 || fs::is_symlink(e.path()) || !e.is_directory()) continue;
+      if (fs::equivalent(e.path(), *latest, ec)) continue;
+      char* end = nullptr;
+      const long n = std::strtol(name.c_str() + 5, &end, 10);
+      if (end && *end == '\0') steps.emplace_back(n, name);
+    }
+    std::sort(steps.rbegin(), steps.rend());
+    std::string whole;
+    for (const auto& [n, name] : steps)
+      if (learner::verify_checkpoint(ckpts + "/" + name).ok()) whole += (whole.empty() ? "" : ", ") + name;
+    std::fprintf(stderr,
+                 "troupe: error: --resume %s: %s; nothing in the run directory was changed. %s\n", run_dir.c_str(),
+                 state.error().message.c_str(),
+                 whole.empty() ? "No earlier checkpoint is whole either."
+                               : ("Earlier checkpoints that are whole: " + whole + "; to go on from the newest: ln -sfn " +
+                                  whole.substr(0, whole.find(',')) + " " + ckpts + "/latest")
+                                     .c_str());
+    return 2;
+  }
+  const std::string stored = run_dir + "/config.resolved.yaml";
+  if (!fs::exists(stored)) {
+    std::fprintf(stderr, "troupe: warning: --resume %s: no config.resolved.yaml, the config is not compared\n",
+                 run_dir.c_str());
+    return 0;
+  }
+  auto before = load_config(stored);
+  if (!before.ok()) {
+    std::fprintf(stderr, "troupe: error: --resume %s: the run's own config does not load:\n%s\n", run_dir.c_str(),
+                 before.error().message.c_str());
+    return 2;
+  }
+  auto diffs = resume_conflicts(before->config, loaded.config);
+  if (diffs.empty()) return 0;
+  std::string lines;
+  for (const auto& d : diffs) {
+    lines += "  " + d.key + ": " + d.before + " (the run) -> " + d.now + " (" + loaded.file + " and --set)\n";
+  }
+  std::fprintf(stderr,
+               "troupe: error: --resume %s: %zu key(s) differ from %s, and they change what the run trains:\n%s"
+               "Resume with the run's YAML and --set flags (config.resolved.yaml lists every value it used), or start "
+               "a new run.dir. A resume may change: %s\n",
+               run_dir.c_str(), diffs.size(), stored.c_str(), lines.c_str(), resume_may_change_summary().c_str());
+  return 2;
+}
+
 struct Roles {
   std::vector<std::shared_ptr<actors::EnvWorker>> envs;
   std::vector<std::shared_ptr<actors::Generator>> gens;
@@ -184,6 +248,9 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   if (!opt.resume_dir.empty() && !fs::exists(run_dir + "/checkpoints/latest")) {
     std::fprintf(stderr, "troupe: error: --resume %s: no checkpoints/latest in that run directory\n", run_dir.c_str());
     return 2;
+  }
+  if (!opt.resume_dir.empty()) {
+    if (int rc = check_resume(loaded, run_dir); rc != 0) return rc;
   }
   auto specs = actors::env_specs(cfg, base_dir_of(loaded.file));
   if (!specs.ok()) return fail(specs.error());
@@ -303,6 +370,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
       int64_t resume_after = -1;
       if (!opt.resume_dir.empty()) {
         // keep metric rows up to the checkpoint being resumed
+        // (check_resume verified this state.json before anything was written)
         std::ifstream in(run_dir + "/checkpoints/latest/state.json");
         json st = json::parse(in, nullptr, false);
         resume_after = st.is_object() ? st.value("step", int64_t{0}) : 0;

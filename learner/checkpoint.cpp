@@ -284,19 +284,20 @@ Result<std::string> latest_checkpoint(const std::string& checkpoints_dir) {
   return target.string();
 }
 
-Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
-                                       AdamW& opt) {
+Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
   const fs::path dir(step_dir);
   TROUPE_ASSIGN_OR_RETURN(auto state, read_json_file(dir / kStateFile));
   const std::string sfile = (dir / kStateFile).string();
-  if (!state.contains("files") || !state["files"].is_object() || !state.contains("step") ||
+  if (!state.is_object() || !state.contains("files") || !state["files"].is_object() || !state.contains("step") ||
       !state["step"].is_number_integer())
     return invalid_input("checkpoint: " + sfile + " lacks 'files' or an integer 'step'");
   for (auto it = state["files"].begin(); it != state["files"].end(); ++it) {
     const fs::path p = dir / it.key();
     if (!fs::exists(p)) return invalid_input("checkpoint: " + p.string() + " is missing (listed in " + sfile + ")");
     const auto& e = it.value();
-    if (!e.contains("crc32") || !e.contains("bytes")) return invalid_input("checkpoint: " + sfile + ": bad entry for " + it.key());
+    if (!e.is_object() || !e.contains("crc32") || !e["crc32"].is_string() || !e.contains("bytes") ||
+        !e["bytes"].is_number_unsigned())
+      return invalid_input("checkpoint: " + sfile + ": bad entry for " + it.key());
     if (fs::file_size(p) != e["bytes"].get<uint64_t>())
       return invalid_input("checkpoint: " + p.string() + " has " + std::to_string(fs::file_size(p)) + " bytes, " + sfile +
                            " says " + std::to_string(e["bytes"].get<uint64_t>()) + ": the file is truncated or corrupt");
@@ -305,6 +306,13 @@ Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::v
       return invalid_input("checkpoint: " + p.string() + " fails its checksum (crc32 " + hex32(crc) + ", expected " +
                            e["crc32"].get<std::string>() + "): the file is corrupt");
   }
+  return state;
+}
+
+Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
+                                       AdamW& opt) {
+  const fs::path dir(step_dir);
+  TROUPE_ASSIGN_OR_RETURN(auto state, verify_checkpoint(step_dir));
   TROUPE_ASSIGN_OR_RETURN(auto file, policy::io::SafetensorsFile::open((dir / kOptimizerFile).string()));
   if (opt.size() == 0 && !specs.empty()) opt = AdamW(specs.back().offset + specs.back().numel());
   for (const auto& s : specs) {

@@ -148,8 +148,15 @@ TEST(Checkpoint, CorruptFilesAreNamed) {
   auto r = load_checkpoint(step.string(), model.tensors(), opt);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("optimizer.safetensors fails its checksum"), std::string::npos) << r.error().message;
+  // verify_checkpoint (what the launcher runs before a --resume writes anything) says the same
+  auto v = verify_checkpoint(step.string());
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.error().message, r.error().message);
   flip_byte(step / "optimizer.safetensors", fs::file_size(step / "optimizer.safetensors") - 3);  // undo
   EXPECT_TRUE(load_checkpoint(step.string(), model.tensors(), opt).ok());
+  v = verify_checkpoint(step.string());
+  ASSERT_TRUE(v.ok()) << v.error().message;
+  EXPECT_EQ((*v)["step"].get<int64_t>(), 1);
 
   fs::resize_file(step / "model.safetensors", fs::file_size(step / "model.safetensors") - 4);
   r = load_checkpoint(step.string(), model.tensors(), opt);

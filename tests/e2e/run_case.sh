@@ -39,6 +39,34 @@ case $CASE in
     set -e
     test $rc -eq 2
     grep -q "already holds a run" "$W/err.txt"
+    # a --resume that would change what is trained is refused, and so is one from a corrupt
+    # checkpoint (naming the file and the earlier whole checkpoints); neither touches the run directory
+    before=$(md5sum "$W/b/metrics.jsonl" "$W/b/config.resolved.yaml")
+    set +e
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=12 --set loss.kl_coef=0.05 $S \
+      2> "$W/err.txt"
+    rc=$?
+    set -e
+    cat "$W/err.txt"
+    test $rc -eq 2
+    grep -q "loss.kl_coef: 0.0 (the run) -> 0.05" "$W/err.txt"
+    latest=$(readlink -f "$W/b/checkpoints/latest")
+    printf 'XX' | dd of="$latest/model.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
+    set +e
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=12 $S 2> "$W/err.txt"
+    rc=$?
+    set -e
+    cat "$W/err.txt"
+    test $rc -eq 2
+    grep -q "model.safetensors fails its checksum" "$W/err.txt"
+    grep -q "nothing in the run directory was changed" "$W/err.txt"
+    test "$(md5sum "$W/b/metrics.jsonl" "$W/b/config.resolved.yaml")" = "$before"
+    # going on from the earlier checkpoint the error names: the steps continue from there
+    earlier=$(sed -n 's/.*ln -sfn \(step_[0-9]*\) .*/\1/p' "$W/err.txt")
+    test -n "$earlier"
+    ln -sfn "$earlier" "$W/b/checkpoints/latest"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=12 $S
+    $CHECK steps "$W/b" 32
     ;;
   async)  # each step's parts streamed to the learner (async_chunks 4); same seed, same metrics
     S="--set sft.max_steps=30 --set grpo.max_steps=30 --set eval.num_prompts=50 $Q"

@@ -66,6 +66,15 @@ Result<LoadedConfig> load_config_text(const std::string& text, const std::string
 // it loads back to the same config).
 std::string resolved_yaml(const actors::ExperimentConfig& cfg);
 
+// A --resume continues the experiment its run directory holds: every key that changes what is
+// trained must equal the run's config.resolved.yaml. One difference, values rendered as YAML.
+struct ResumeConflict {
+  std::string key, before, now;
+};
+std::vector<ResumeConflict> resume_conflicts(const actors::ExperimentConfig& before, const actors::ExperimentConfig& now);
+// The keys a --resume may change, for messages and docs.
+std::string resume_may_change_summary();
+
 // configs/README.md generated from the schema.
 std::string render_config_readme();
 

@@ -63,6 +63,11 @@ Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const Ch
 // The directory `latest` points to (error when there is none).
 Result<std::string> latest_checkpoint(const std::string& checkpoints_dir);
 
+// Checks a step directory without loading it: state.json parses and has an integer step, and every
+// file it lists exists with its size and CRC-32 (an error names the bad file). Returns state.json.
+// The launcher calls it before a --resume touches the run directory.
+Result<nlohmann::json> verify_checkpoint(const std::string& step_dir);
+
 // Verifies the checksum and size of every file state.json lists (an error names the bad file), loads
 // the AdamW moments into opt (names and shapes checked against specs) and returns the state.
 // The model weights are read separately (read_flat_model or policy::io::load_model_dir).
