@@ -440,6 +440,7 @@ TEST(Moe, FiniteDifferenceGradient) {
     check(L.wd, base.dwd, "w_down");
     if (c.H_shared > 0) {
       check(L.sg, base.dsg, "ws_gate");
+      check(L.su, base.dsu, "ws_up");
       check(L.sd, base.dsd, "ws_down");
     }
     // dinp is assigned, not accumulated.

@@ -7,7 +7,7 @@ if(TROUPE_BUILD_TESTS)
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/moe.test.cpp LIBS troupe::kernels
                   ARGS --gtest_filter=Moe.GroupedEqualsMasked*:Moe.DispatchGroupedEqualsMasked*:Moe.EmptyExperts:Moe.AllTokensOnOneExpert:Moe.StreamBytes* ENV OMP_WAIT_POLICY=PASSIVE)
   troupe_add_test(NAME kernels.moe_routing TARGET kernels_moe_test
-                  ARGS --gtest_filter=Moe.EachTokenReachesItsTopK:Moe.TopKTiesGoToLowerIndex:Moe.ZeroTokens ENV OMP_WAIT_POLICY=PASSIVE)
+                  ARGS --gtest_filter=Moe.EachTokenReachesItsTopK:Moe.TopKTiesGoToLowerIndex:Moe.ZeroTokens:Moe.ThreadCountDoesNotChangeBits ENV OMP_WAIT_POLICY=PASSIVE)
   troupe_add_test(NAME kernels.moe_permute_roundtrip TARGET kernels_moe_test ARGS --gtest_filter=Moe.PermuteUnpermuteRoundTrip ENV OMP_WAIT_POLICY=PASSIVE)
   troupe_add_test(NAME kernels.moe_gradcheck TARGET kernels_moe_test ARGS --gtest_filter=Moe.FiniteDifferenceGradient ENV OMP_WAIT_POLICY=PASSIVE)
 endif()
