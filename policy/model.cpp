@@ -576,7 +576,9 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
     if (offload_step && offload->offloaded(l - 1)) TROUPE_TRY(offload->reload_begin(l - 1));
     // Under checkpointing the workspace still holds the last layer's forward; earlier layers are
     // recomputed from their saved input (the output goes to a throwaway buffer).
-    if (ckpt && l != L - 1) layer_forward(l, x, acts.x_recompute, a, acts, m, T, nullptr);
+    // Without the cache the recompute is a pass of its own and rebuilds the metadata too.
+    if (ckpt && l != L - 1)
+      layer_forward(l, x, acts.x_recompute, a, acts, cfg.cache_packed_metadata ? m : meta_for_layer(), T, nullptr);
     layer_backward(l, x, a, acts, m, T, acts.dresid, layers[l].moe ? daux : 0.0f);
     if (off) TROUPE_TRY(offload->reload_release(l));
   }

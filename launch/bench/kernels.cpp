@@ -222,9 +222,8 @@ int step_cases(const BenchOptions& opt, int reps) {
     rc = 1;
   };
   const int L_meta = 16, L_off = 8, kMemLayers = 48;
-  // --quick: 512 tokens per step (the suite then takes well under a minute on the shared 2-core
-  // box); the full run uses the larger batches the cases were designed at.
-  const int T_meta = opt.quick ? 512 : 1024, T_off = opt.quick ? 512 : 2048;
+  // The same batches with or without --quick (which only takes fewer repetitions).
+  const int T_meta = 1024, T_off = 2048;
 
   {  // metadata_cache: 16 layers, many short sequences; per-layer rebuild is the baseline.
     policy::ModelConfig o = step_config(L_meta), b = o;

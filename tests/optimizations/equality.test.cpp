@@ -205,6 +205,12 @@ TEST(Equality, MetadataCacheOnOff) {
   Trace c = run(ck);
   expect_same(a, c, "metadata cache + checkpointing");
   EXPECT_EQ(c.meta_builds, 2u);
+  // Without the cache the recompute (every layer but the last) rebuilds it as well.
+  auto ck_plain = plain;
+  ck_plain.activation_checkpointing = true;
+  Trace d = run(ck_plain);
+  expect_same(a, d, "checkpointing without the metadata cache");
+  EXPECT_EQ(d.meta_builds, 2u * (3 * L - 1)) << "forward L + recompute L-1 + backward L, per batch";
 }
 
 TEST(Equality, MoeGroupedOnOff) {
