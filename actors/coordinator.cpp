@@ -794,23 +794,39 @@ Status Coordinator::eval_and_log(const std::string& phase) {
   return emit(ev);
 }
 
+bool Coordinator::improves_best(double value) {
+  if (!best_known_) {
+    best_known_ = true;
+    auto best = learner::verify_checkpoint(run_dir_ + "/checkpoints/best");
+    if (best.ok() && best->contains("metric") && (*best)["metric"].contains("value"))
+      best_value_ = (*best)["metric"]["value"].get<double>();
+  }
+  if (!best_value_) return true;
+  return cfg_.checkpointing.higher_is_better ? value > *best_value_ : value < *best_value_;
+}
+
 Status Coordinator::checkpoint(const std::string& phase, bool force) {
   if (!cfg_.checkpointing.enabled) return {};
+  const auto& best = cfg_.checkpointing.keep_best_by;
+  const bool scored = !best.empty() && last_eval_step_ == step_ && last_eval_.contains(best) &&
+                      last_eval_[best].is_number();
+  const bool better = scored && improves_best(last_eval_[best].get<double>());
   bool due = cfg_.checkpointing.every > 0 && step_ % cfg_.checkpointing.every == 0;
-  if (!due && !force) return {};
+  // an eval that beats the best so far is kept even between regular checkpoints
+  if (!due && !force && !better) return {};
   CheckpointReq req;
   req.dir = run_dir_ + "/checkpoints";
   req.step = step_;
   req.extra_json = json{{"global_step", step_}, {"coordinator_phase", phase}, {"wall_s", now_s()}}.dump();
-  const auto& best = cfg_.checkpointing.keep_best_by;
-  if (!best.empty() && last_eval_step_ == step_ && last_eval_.contains(best)) {
+  if (scored) {
     req.has_metric = true;
     req.metric = last_eval_[best].get<double>();
   }
   std::vector<std::future<Result<CheckpointRep>>> reps;
   // only learner 0 writes; the others hold identical state
   TROUPE_ASSIGN_OR_RETURN(auto rep, ask<CheckpointRep>(*peers_.system, peers_.learners[0], req, kLongTimeout));
-  if (hooks_.log) hooks_.log("checkpoint " + rep.path);
+  if (better) best_value_ = req.metric;
+  if (hooks_.log) hooks_.log("checkpoint " + rep.path + (better ? " (best " + best + " so far)" : ""));
   return {};
 }
 

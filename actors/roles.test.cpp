@@ -1,9 +1,10 @@
 // actors.roles: the roles without an actor system — prompt formatting, the generator's truncation
 // and prompt-cut records, weight sync from learner to generator with its version, the env worker's
-// batched verify on the arithmetic env, the YAML -> learner settings mapping, per-role compute
+// batched verify on the arithmetic env, stop strings, the YAML -> learner settings mapping, per-role compute
 // threads and the generator actor on a low-priority thread.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -76,6 +77,56 @@ TEST(Roles, GeneratorRecordsTruncationAndPromptCut) {
   auto again = (*g)->generate(req);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->samples[0].tokens, rep->samples[0].tokens);
+}
+
+// rollout.stop: a one-token stop string stops inside the sampler, a longer one cuts the completion
+// after decoding at the shortest token prefix that contains it. Either way the sample ends with it,
+// is not truncated, keeps a log-prob per token, and equals the unstopped sample up to there.
+TEST(Roles, GeneratorStopsAtStopStrings) {
+  auto cfg = tiny();
+  cfg.rollout.max_response_length = 16;
+  GenerateReq req;
+  req.prompts = {"1+2=", "3+4=", "5+6=", "7+8=", "9+1=", "2+2="};
+  req.sampling.temperature = 1.0f;
+  req.sampling.max_new_tokens = 16;
+  req.sampling.seed = 11;
+  auto plain_g = Generator::create(cfg);
+  ASSERT_TRUE(plain_g.ok()) << plain_g.error().message;
+  auto plain = (*plain_g)->generate(req);
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  // stop strings taken from the first sample's text: a two-character one (several tokens with the
+  // char tokenizer) and a one-character one that appears in some sample
+  std::string t0;  // a long enough text (a sample with an id past the tokenizer's vocabulary has none)
+  for (const auto& smp : plain->samples)
+    if (smp.text.size() > t0.size()) t0 = smp.text;
+  ASSERT_GE(t0.size(), 6u) << "the random policy should not stop this early";
+  const std::string two = t0.substr(3, 2), one = t0.substr(5, 1);
+  for (const auto& stops : {std::vector<std::string>{two}, std::vector<std::string>{one}}) {
+    auto c = cfg;
+    c.rollout.stop = stops;
+    auto g = Generator::create(c);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    auto rep = (*g)->generate(req);
+    ASSERT_TRUE(rep.ok()) << rep.error().message;
+    int cut = 0;
+    for (size_t i = 0; i < rep->samples.size(); ++i) {
+      const auto& s = rep->samples[i];
+      const auto& p = plain->samples[i];
+      const std::string& ss = stops[0];
+      ASSERT_EQ(s.tokens.size(), s.logprobs.size());
+      ASSERT_LE(s.tokens.size(), p.tokens.size());
+      EXPECT_TRUE(std::equal(s.tokens.begin(), s.tokens.end(), p.tokens.begin())) << "sample " << i;
+      const size_t at = p.text.find(ss);
+      if (at == std::string::npos) {
+        EXPECT_EQ(s.tokens, p.tokens) << "sample " << i << " never reaches " << ss;
+        continue;
+      }
+      ++cut;
+      EXPECT_EQ(s.text, p.text.substr(0, at + ss.size())) << "sample " << i << " stop " << ss;
+      EXPECT_FALSE(s.truncated) << "a stopped sample is not truncated";
+    }
+    EXPECT_GE(cut, 1) << "stop " << stops[0];
+  }
 }
 
 TEST(Roles, WeightSyncCarriesTheVersion) {

@@ -180,7 +180,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.flag("checkpointing.enabled", [](C& c) { return &c.checkpointing.enabled; }, "Write checkpoints/step_N/ (model dir + optimizer + state).");
   b.integer("checkpointing.every", [](C& c) { return &c.checkpointing.every; }, 0, 10000000, "Checkpoint every N steps (0 = at the end of each phase only).");
   b.integer("checkpointing.keep_last", [](C& c) { return &c.checkpointing.keep_last; }, 1, 1000000, "Keep the last K checkpoints.");
-  b.text("checkpointing.keep_best_by", [](C& c) { return &c.checkpointing.keep_best_by; }, "Also keep the best checkpoint by this eval metric (e.g. eval_accuracy; empty = off).");
+  b.text("checkpointing.keep_best_by", [](C& c) { return &c.checkpointing.keep_best_by; }, "Also keep the best checkpoint by this eval metric (e.g. eval_accuracy; empty = off); an eval that beats the best so far is checkpointed at once, also between `every` steps, and checkpoints/best points to it.");
   b.flag("checkpointing.higher_is_better", [](C& c) { return &c.checkpointing.higher_is_better; }, "Direction of keep_best_by.");
 
   // logger

@@ -52,6 +52,19 @@ REQUIRED = ["step", "phase", "wall_s", "policy_version", "reward_mean", "reward_
             "tokens_per_s", "env_failures"]
 
 
+def best(run_dir, metric="eval_accuracy"):
+    """checkpoints/best holds the first step with the highest eval metric, even off the checkpoint period."""
+    ev = [r for r in rows(run_dir) if metric in r]
+    if not ev:
+        fail("no eval rows")
+    top = max(r[metric] for r in ev)
+    want = "step_%d" % next(r["step"] for r in ev if r[metric] == top)
+    got = os.path.basename(os.readlink(os.path.join(run_dir, "checkpoints", "best")))
+    if got != want:
+        fail("checkpoints/best is %s, the best %s (%s) is at %s" % (got, metric, top, want))
+    print("best %s %s at %s" % (metric, top, got))
+
+
 def files(run_dir):
     for p in ("config.resolved.yaml", "metrics.jsonl", "tb", "checkpoints/latest/config.json",
               "checkpoints/latest/model.safetensors", "checkpoints/latest/optimizer.safetensors",
@@ -167,6 +180,8 @@ if __name__ == "__main__":
         staleness(sys.argv[2], int(sys.argv[3]))
     elif cmd == "steps":
         steps(sys.argv[2], int(sys.argv[3]))
+    elif cmd == "best":
+        best(sys.argv[2])
     elif cmd == "moved":
         moved(sys.argv[2])
     elif cmd == "dynamic":

@@ -32,6 +32,10 @@ case $CASE in
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/c" --set grpo.max_steps=10 \
       --set cluster.threads=1 --set cluster.generator_nice=19 $S
     $CHECK same "$W/a" "$W/c"
+    # keep_best_by (eval_accuracy): evals every 7 steps, checkpoints every 10; the best eval is kept
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/d" --set grpo.max_steps=10 --set sft.max_steps=20 \
+      --set eval.every=7 --set eval.num_prompts=20 --set checkpointing.every=10 --set checkpointing.keep_last=1 $Q
+    $CHECK best "$W/d"
     # a fresh run into a used run.dir is refused (exit 2)
     set +e
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" $S 2> "$W/err.txt"

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,11 @@ class Coordinator {
   double t0_ = 0;
   nlohmann::json last_eval_;
   int64_t last_eval_step_ = -1;
+  // checkpointing.keep_best_by: the best value checkpointed so far (read from checkpoints/best on
+  // first use, so a resumed run knows it); an eval that beats it is checkpointed at once.
+  bool improves_best(double value);
+  bool best_known_ = false;
+  std::optional<double> best_value_;
   std::unique_ptr<Async> async_;
 };
 
