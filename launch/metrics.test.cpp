@@ -22,8 +22,8 @@ std::string temp_dir(const std::string& name) {
   return p.string();
 }
 
-void write_rows(const std::string& dir, int steps, int64_t resume_after = -1) {
-  auto sinks = MetricsSinks::open(dir, true, ProgressOptions{"off", "t", steps}, resume_after);
+void write_rows(const std::string& dir, int steps, int64_t resume_after = -1, const std::string& progress = "off") {
+  auto sinks = MetricsSinks::open(dir, progress == "off", ProgressOptions{progress, "t", steps}, resume_after);
   ASSERT_TRUE(sinks.ok()) << sinks.error().message;
   for (int s = resume_after < 0 ? 1 : static_cast<int>(resume_after + 1); s <= steps; ++s) {
     nlohmann::json row = {{"step", s}, {"phase", s <= 2 ? "sft" : "grpo"}, {"wall_s", 0.1 * s},
@@ -67,6 +67,30 @@ TEST(Metrics, JsonlAndResume) {
   EXPECT_EQ(count(), 7);
   write_rows(dir, 5, 2);  // resume after step 2: rows 3..5 (and the final eval) are written again
   EXPECT_EQ(count(), 7);
+  fs::remove_all(dir);
+}
+
+// logger.progress: on a terminal one line rewritten in place (step/total, reward or loss, tok/s,
+// ETA), eval results and messages on lines of their own; plain: one log line per step.
+TEST(Metrics, ProgressLines) {
+  std::string dir = temp_dir("progress");
+  testing::internal::CaptureStderr();
+  write_rows(dir, 5, -1, "tty");
+  std::string tty = testing::internal::GetCapturedStderr();
+  EXPECT_NE(tty.find("\r\033[Kt sft  step 1/5 | reward 0.100 | 100 tok/s | ETA"), std::string::npos) << tty;
+  EXPECT_NE(tty.find("\r\033[Kt grpo step 4/5 | reward 0.400 | 100 tok/s | ETA"), std::string::npos) << tty;
+  EXPECT_NE(tty.find("\r\033[K[troupe] eval  sft  step 2: accuracy 0.100, reward 0.120\n"), std::string::npos) << tty;
+  EXPECT_EQ(tty.find("[troupe] t "), std::string::npos) << "no step log lines on a terminal";
+  fs::remove_all(dir);
+  dir = temp_dir("plain");
+  testing::internal::CaptureStderr();
+  write_rows(dir, 5, -1, "plain");
+  std::string plain = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(plain.find('\r'), std::string::npos) << plain;
+  EXPECT_NE(plain.find("[troupe] t grpo step 3/5 | reward 0.300 | 100 tok/s | ETA"), std::string::npos) << plain;
+  int lines = 0;
+  for (char ch : plain) lines += ch == '\n';
+  EXPECT_EQ(lines, 5 + 2) << "a line per step and per eval";
   fs::remove_all(dir);
 }
 
