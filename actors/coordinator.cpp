@@ -805,7 +805,7 @@ bool Coordinator::improves_best(double value) {
   return cfg_.checkpointing.higher_is_better ? value > *best_value_ : value < *best_value_;
 }
 
-Status Coordinator::checkpoint(const std::string& phase, bool force) {
+Status Coordinator::checkpoint(const std::string& phase, bool force, runtime::Duration timeout) {
   if (!cfg_.checkpointing.enabled) return {};
   const auto& best = cfg_.checkpointing.keep_best_by;
   const bool scored = !best.empty() && last_eval_step_ == step_ && last_eval_.contains(best) &&
@@ -824,8 +824,9 @@ Status Coordinator::checkpoint(const std::string& phase, bool force) {
   }
   std::vector<std::future<Result<CheckpointRep>>> reps;
   // only learner 0 writes; the others hold identical state
-  TROUPE_ASSIGN_OR_RETURN(auto rep, ask<CheckpointRep>(*peers_.system, peers_.learners[0], req, kLongTimeout));
+  TROUPE_ASSIGN_OR_RETURN(auto rep, ask<CheckpointRep>(*peers_.system, peers_.learners[0], req, timeout));
   if (better) best_value_ = req.metric;
+  saved_step_ = step_;
   if (hooks_.log) hooks_.log("checkpoint " + rep.path + (better ? " (best " + best + " so far)" : ""));
   return {};
 }
@@ -888,6 +889,7 @@ Status Coordinator::run_sft(int64_t first_step) {
     for (const char* key : {"loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
       row[key] = m.value(key, 0.0);
     TROUPE_TRY(emit(row));
+    done_step_ = step_;
     bool last = step_ == S;
     if (cfg_.eval.every > 0 && step_ % cfg_.eval.every == 0 && !last) TROUPE_TRY(eval_and_log("sft"));
     if (last) TROUPE_TRY(eval_and_log("sft"));
@@ -907,6 +909,7 @@ Status Coordinator::run_grpo(int64_t first_k) {
   int64_t K = cfg_.grpo.max_steps;
   const auto& ro = cfg_.rollout;
   auto finish_step = [&](int64_t k) -> Status {
+    done_step_ = step_;
     bool last = k + 1 == K;
     if (cfg_.eval.every > 0 && step_ % cfg_.eval.every == 0 && !last) TROUPE_TRY(eval_and_log("grpo"));
     if (last) TROUPE_TRY(eval_and_log("grpo"));
@@ -1036,10 +1039,32 @@ Status Coordinator::run(bool resume) {
     if (hooks_.log) hooks_.log("resumed from " + dir + " at step " + std::to_string(start));
   }
   step_ = start;
-  if (cfg_.eval.at_start && start == 0) TROUPE_TRY(eval_and_log(cfg_.sft.enabled ? "sft" : "grpo"));
-  if (cfg_.sft.enabled && start < S) TROUPE_TRY(run_sft(start));
-  if (cfg_.grpo.enabled) TROUPE_TRY(run_grpo(std::max<int64_t>(0, start - S)));
-  return {};
+  done_step_ = saved_step_ = start;
+  auto phases = [&]() -> Status {
+    if (cfg_.eval.at_start && start == 0) TROUPE_TRY(eval_and_log(cfg_.sft.enabled ? "sft" : "grpo"));
+    if (cfg_.sft.enabled && start < S) TROUPE_TRY(run_sft(start));
+    if (cfg_.grpo.enabled) TROUPE_TRY(run_grpo(std::max<int64_t>(0, start - S)));
+    return {};
+  };
+  Status st = phases();
+  if (st.ok()) return st;
+  const bool planned = st.error().code == ErrorCode::timeout && st.error().message.rfind("run.max_wall_s", 0) == 0;
+  return planned ? st : save_what_is_done(st.error());
+}
+
+Status Coordinator::save_what_is_done(const Error& cause) {
+  // Nothing new, no checkpoints, or the learners are what failed (they hold the state): as it was.
+  const bool learner_failed = cause.message.find("learner") != std::string::npos;
+  if (!cfg_.checkpointing.enabled || done_step_ <= saved_step_ || learner_failed) return cause;
+  const int64_t S = cfg_.sft.enabled ? cfg_.sft.max_steps : 0;
+  step_ = done_step_;  // the learners' state is that of the last finished step
+  // (a learner that is alive answers in seconds; one that is not must not hold the exit for hours)
+  Status saved = checkpoint(done_step_ <= S ? "sft" : "grpo", true, std::chrono::seconds(300));
+  if (!saved.ok()) return make_error(cause.code, cause.message + " (saving step " + std::to_string(done_step_) +
+                                                     " failed too: " + saved.error().message + ")");
+  return make_error(cause.code, cause.message + "; steps up to " + std::to_string(done_step_) +
+                                    " are saved in checkpoints/step_" + std::to_string(done_step_) +
+                                    ": remove the cause and continue with --resume " + run_dir_);
 }
 
 }  // namespace troupe::actors

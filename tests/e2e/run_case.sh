@@ -199,6 +199,34 @@ case $CASE in
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ours" --set policy.path="$W/hf/checkpoints/latest" $S
     $CHECK files "$W/ours"
     ;;
+  env_faults)  # a plug-in env that crashes or hangs now and then: the run goes on (env_failures counts
+    # the lost samples); one that crashes all the time fails the run, and the steps done are saved
+    FAULTY="$(dirname "$TROUPE")/../lib/libfaulty_env.so"
+    F="--set envs[0].type=plugin --set envs[0].path=$FAULTY --set sft.enabled=false --set grpo.max_steps=3"
+    F="$F --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=0 $Q"
+    failures() { $PY -c "import json,sys; n=sum(json.loads(l).get('env_failures') or 0 for l in open(sys.argv[1]+'/metrics.jsonl')); print('env_failures', n); sys.exit(0 if n > 0 else 1)" "$1"; }
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/crash" $F \
+      --set 'envs[0].config={"fault": "segfault", "fault_every_verify": 100}'
+    $CHECK steps "$W/crash" 3
+    failures "$W/crash"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/hang" $F --set envs[0].timeout_s=1 \
+      --set 'envs[0].config={"fault": "hang", "fault_every_verify": 150}'
+    $CHECK steps "$W/hang" 3
+    failures "$W/hang"
+    set +e
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/broken" $F --set grpo.max_steps=10 \
+      --set 'envs[0].config={"fault": "segfault", "fault_every_verify": 7}' 2> "$W/err.txt"
+    rc=$?
+    set -e
+    tail -3 "$W/err.txt"
+    [ $rc -ne 0 ] || { echo "a run whose env keeps crashing must fail"; exit 1; }
+    grep -q "gave up after .* env worker restarts" "$W/err.txt"
+    grep -q "Segmentation fault" "$W/err.txt"
+    done_steps=$(sed -n 's/.*steps up to \([0-9]*\) are saved in checkpoints.*/\1/p' "$W/err.txt")
+    test -n "$done_steps"
+    $CHECK steps "$W/broken" "$done_steps"
+    test "$(basename "$(readlink "$W/broken/checkpoints/latest")")" = "step_$done_steps"
+    ;;
   bad_input)  # bad env name / missing plug-in / bad --resume: clear errors, exit 2, nothing written
     for args in "--set envs[0].name=nope" "--set envs[0].type=plugin --set envs[0].path=/no/such.so" "--resume $W/none"; do
       set +e

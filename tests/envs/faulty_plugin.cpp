@@ -1,6 +1,8 @@
 // A deliberately faulty env plug-in for the isolation tests. It behaves like a tiny echo env until
 // an action/completion contains "BOOM" (or reset gets seed 666); then it does what config "fault"
 // says: segfault, exit, throw (a C++ exception across the C ABI), hang (endless loop), or none.
+// With config "fault_every_verify": N it also misbehaves on every Nth verify of this process (for
+// whole training runs, which never write BOOM).
 // Built twice more with -DFAULTY_ABI_VERSION=99 (ABI mismatch) and -DFAULTY_NO_INIT (no entry point).
 #include <troupe/env_plugin.h>
 
@@ -19,7 +21,9 @@ namespace {
 struct Faulty {
   std::string fault = "none";
   std::string last_prompt;
+  long every_verify = 0;
 };
+long verifies_in_this_process = 0;
 
 char* dup(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
@@ -46,6 +50,10 @@ int p_create(const char* config, troupe_env** out, char** err) {
   std::string c = config;
   for (const char* name : {"segfault", "exit", "throw", "hang"}) {
     if (c.find(std::string("\"") + name + "\"") != std::string::npos) f->fault = name;
+  }
+  if (auto at = c.find("\"fault_every_verify\""); at != std::string::npos) {
+    auto colon = c.find(':', at);
+    if (colon != std::string::npos) f->every_verify = std::strtol(c.c_str() + colon + 1, nullptr, 10);
   }
   if (c.find("\"fail_create\"") != std::string::npos) {
     delete f;
@@ -80,6 +88,7 @@ int p_step(troupe_env* e, const char* action, char** out) {
 int p_verify(troupe_env* e, const char*, const char* completion, char** out) {
   auto* f = reinterpret_cast<Faulty*>(e);
   if (std::strstr(completion, "BOOM")) misbehave(f->fault);
+  if (f->every_verify > 0 && ++verifies_in_this_process % f->every_verify == 0) misbehave(f->fault);
   if (std::strstr(completion, "FAIL")) {
     *out = dup("verifier refused this completion");
     return 1;

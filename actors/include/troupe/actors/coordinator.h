@@ -82,7 +82,7 @@ class Coordinator {
                        double step_start, double gen_idle);
   Status sync_weights(double* seconds);
   Status eval_and_log(const std::string& phase);
-  Status checkpoint(const std::string& phase, bool force);
+  Status checkpoint(const std::string& phase, bool force, runtime::Duration timeout = std::chrono::hours(2));
   Status emit(nlohmann::json row);
   double now_s() const;
   size_t pick_env(uint64_t r) const;
@@ -103,6 +103,11 @@ class Coordinator {
   bool improves_best(double value);
   bool best_known_ = false;
   std::optional<double> best_value_;
+  // Steps finished (trained and logged) and the last one checkpointed: when the run fails for a
+  // reason other than a learner (an env that keeps crashing, a generator), what is done is saved.
+  int64_t done_step_ = 0;
+  int64_t saved_step_ = 0;
+  Status save_what_is_done(const Error& cause);
   std::unique_ptr<Async> async_;
 };
 
