@@ -1,5 +1,5 @@
 # launch.cli_help: every subcommand answers --help with exit 0 and names itself (DESIGN.md CLI contract).
-foreach(sub "" run validate eval report bench "env" "env serve" generate score)
+foreach(sub "" run validate eval report bench "env" "env serve" generate score keygen)
   separate_arguments(args UNIX_COMMAND "${sub} --help")
   execute_process(COMMAND ${TROUPE} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)

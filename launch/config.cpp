@@ -568,6 +568,15 @@ class Loader {
             "advantages computed within each group (scale_rewards group or none, adv_estimator grpo or "
             "rloo): batch statistics need the whole batch");
     }
+    if (c.cluster.curve) {
+      if (c.cluster.transport != "tcp")
+        error(at("cluster.curve"), "cluster.curve", "CURVE secures tcp: set cluster.transport: tcp");
+      for (auto [key, value] : {std::pair<const char*, const std::string*>{"cluster.curve_public_key", &c.cluster.curve_public_key},
+                                {"cluster.curve_secret_key", &c.cluster.curve_secret_key},
+                                {"cluster.curve_authorized_keys", &c.cluster.curve_authorized_keys}})
+        if (value->empty())
+          error(at("cluster.curve"), key, "cluster.curve needs this key file (write a pair with troupe keygen PUBLIC SECRET)");
+    }
     if (c.cluster.transport == "ipc" && c.cluster.bind_host != "127.0.0.1" && c.cluster.bind_host != "localhost")
       error(at("cluster.bind_host"), "cluster.bind_host",
             "bind_host is for transport: tcp; ipc only reaches ranks on this node");

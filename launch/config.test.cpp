@@ -157,6 +157,9 @@ TEST(Config, ImpossiblePlacement) {
   EXPECT_NE(m.find("envs: at least one env is required"), std::string::npos) << m;
   m = load_error("envs:\n  - name: a\n  - name: a\n");
   EXPECT_NE(m.find("x.yaml:3:5: error: envs[1].name: env name 'a' is used twice"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "cluster:\n  curve: true\n");
+  EXPECT_NE(m.find("x.yaml:4:3: error: cluster.curve: CURVE secures tcp"), std::string::npos) << m;
+  EXPECT_NE(m.find("error: cluster.curve_secret_key: cluster.curve needs this key file"), std::string::npos) << m;
 }
 
 TEST(Config, SyntaxError) {

@@ -174,6 +174,10 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("cluster.threads", [](C& c) { return &c.cluster.threads; }, 0, 4096, "Compute threads per rank (0 = cores / ranks on the node).");
   b.integer("cluster.generator_threads", [](C& c) { return &c.cluster.generator_threads; }, 0, 4096, "Compute threads of each generator (0 = cluster.threads). In one process the roles share the cores (each runs its own OpenMP team of this size).");
   b.integer("cluster.learner_threads", [](C& c) { return &c.cluster.learner_threads; }, 0, 4096, "Compute threads of each learner (0 = cluster.threads).");
+  b.flag("cluster.curve", [](C& c) { return &c.cluster.curve; }, "tcp between ranks encrypted and authenticated with ZeroMQ CURVE (for real networks); needs transport tcp and the three key files below.");
+  b.text("cluster.curve_public_key", [](C& c) { return &c.cluster.curve_public_key; }, "CURVE: this rank's public key file (Z85 text, written by `troupe keygen PUBLIC SECRET`); relative paths start at the YAML's folder.");
+  b.text("cluster.curve_secret_key", [](C& c) { return &c.cluster.curve_secret_key; }, "CURVE: this rank's secret key file (mode 0600).");
+  b.text("cluster.curve_authorized_keys", [](C& c) { return &c.cluster.curve_authorized_keys; }, "CURVE: file listing the public key of every rank allowed to connect, one per line ('#' comments); others are refused.");
   b.integer("cluster.generator_nice", [](C& c) { return &c.cluster.generator_nice; }, 0, 19, "Generators sample on their own threads at this OS priority (nice; 0 = as the process). With roles sharing cores in async mode, 19 lets the learner run at full speed and sampling take the cycles it leaves.");
 
   // checkpointing

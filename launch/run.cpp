@@ -275,6 +275,14 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   cc.system.heartbeat.interval = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.heartbeat_s * 1000));
   cc.system.heartbeat.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.peer_timeout_s * 1000));
   cc.system.allow_nonlocal_bind = cfg.cluster.bind_host != "127.0.0.1" && cfg.cluster.bind_host != "localhost";
+  if (cfg.cluster.curve) {
+    auto in_yaml_dir = [&](const std::string& p) {
+      return fs::path(p).is_absolute() ? p : (fs::path(base_dir_of(loaded.file)) / p).string();
+    };
+    cc.system.curve = runtime::CurveConfig{true, in_yaml_dir(cfg.cluster.curve_public_key),
+                                           in_yaml_dir(cfg.cluster.curve_secret_key),
+                                           in_yaml_dir(cfg.cluster.curve_authorized_keys)};
+  }
   if (mpi) {
     int inited = 0;
     MPI_Initialized(&inited);

@@ -109,6 +109,47 @@ case $CASE in
       --set rollout.async=true --set rollout.async_chunks=2 --set cluster.transport=ipc --set sft.max_steps=3 \
       --set grpo.max_steps=4 --set eval.num_prompts=10 $Q
     $CHECK staleness "$W/async" 1
+    # cluster.curve: tcp between the ranks encrypted and authenticated (one key pair for all ranks here;
+    # on real nodes each has its own and the authorized-keys file lists them all)
+    "$TROUPE" keygen "$W/rank.pub" "$W/rank.sec" > "$W/authorized_keys"
+    "$MPIEXEC" --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo \
+      --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/curve" \
+      --set cluster.curve=true --set cluster.curve_public_key="$W/rank.pub" --set cluster.curve_secret_key="$W/rank.sec" \
+      --set cluster.curve_authorized_keys="$W/authorized_keys" --set sft.max_steps=3 --set grpo.max_steps=2 \
+      --set eval.num_prompts=10 $Q
+    $CHECK steps "$W/curve" 5
+    ;;
+  dead_rank)  # the generator's rank is SIGKILLed mid-GRPO: the survivors name it (rank, role) within
+    # peer_timeout_s, rank 0 checkpoints the last finished step and every survivor exits 3
+    # (mpirun --enable-recovery: else mpirun kills the job itself; it then returns 0, the ranks' codes are what count)
+    cat > "$W/rank.sh" << 'EOS'
+"$@" &
+echo $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"
+wait $!
+echo $? > "$RANKDIR/rc_$OMPI_COMM_WORLD_RANK"
+EOS
+    export RANKDIR="$W"
+    "$MPIEXEC" --oversubscribe --allow-run-as-root --enable-recovery -x RANKDIR -np 4 --mca btl self,tcp \
+      --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo bash "$W/rank.sh" "$TROUPE" run "$SRC/configs/multinode.yaml" \
+      --set run.dir="$W/run" --set sft.max_steps=5 --set grpo.max_steps=100000 --set eval.every=0 \
+      --set eval.num_prompts=10 --set checkpointing.every=0 --set cluster.peer_timeout_s=5 $Q 2> "$W/err.txt" &
+    job=$!
+    for i in $(seq 1 120); do
+      grep -q '"phase":"grpo"' "$W/run/metrics.jsonl" 2> /dev/null && [ -s "$W/pid_2" ] && break
+      sleep 0.5
+    done
+    grep -q '"phase":"grpo"' "$W/run/metrics.jsonl"
+    kill -9 "$(cat "$W/pid_2")"
+    t0=$(date +%s)
+    wait $job || true
+    echo "survivors finished $(( $(date +%s) - t0 )) s after the kill"
+    grep -v PMIX "$W/err.txt" | tail -6
+    for r in 0 1 3; do test "$(cat "$W/rc_$r")" = 3 || { echo "rank $r exited $(cat "$W/rc_$r"), expected 3"; exit 1; }; done
+    grep -q "peer rank 2 (role generator0) failed" "$W/err.txt"
+    done_steps=$(sed -n 's/.*steps up to \([0-9]*\) are saved in checkpoints.*/\1/p' "$W/err.txt")
+    test -n "$done_steps"
+    $CHECK steps "$W/run" "$done_steps"
+    test "$(basename "$(readlink "$W/run/checkpoints/latest")")" = "step_$done_steps"
     ;;
   placement_mismatch)  # -np 2 for a 4-role cluster section: exit 2 naming the file and the counts
     set +e

@@ -118,6 +118,10 @@ struct ClusterSection {
   int generator_threads = 0;  // compute threads of a generator (0 = threads)
   int learner_threads = 0;    // compute threads of a learner (0 = threads)
   int generator_nice = 0;     // OS priority (nice) of the generator's compute threads (0 = as the process)
+  bool curve = false;                 // tcp between ranks encrypted and authenticated (ZeroMQ CURVE)
+  std::string curve_public_key;       // this rank's key files (Z85, `troupe keygen`), relative to the YAML's folder
+  std::string curve_secret_key;
+  std::string curve_authorized_keys;  // the public keys of every rank allowed to connect, one per line
 };
 
 struct CheckpointSection {

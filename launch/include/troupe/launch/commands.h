@@ -25,6 +25,7 @@ Command add_bench_command(CLI::App& root);      // cmd_bench.cpp: troupe bench S
 Command add_env_command(CLI::App& root);        // cmd_env.cpp:   troupe env serve (PLUGIN.so|BUILTIN) --bind ADDR
 Command add_generate_command(CLI::App& root);   // cmd_model.cpp: troupe generate DIR --prompt TEXT ...
 Command add_score_command(CLI::App& root);      // cmd_model.cpp: troupe score DIR (--tokens ...|--text ...)
+Command add_keygen_command(CLI::App& root);     // cmd_keygen.cpp: troupe keygen PUBLIC SECRET (cluster.curve)
 
 // Prints an error the way every subcommand does ("troupe: error: ...") and returns its exit code.
 int report_error(const Error& error);
