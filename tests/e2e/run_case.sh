@@ -160,6 +160,15 @@ EOS
     cat "$W/err.txt"
     test $rc -ne 0
     grep -q "multinode.yaml:.*error: cluster: the job has 2 ranks but the cluster section places 4 roles" "$W/err.txt"
+    # two learners in one process (no mpirun): refused before anything starts, naming the line
+    set +e
+    "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/single" 2> "$W/err.txt"
+    rc=$?
+    set -e
+    cat "$W/err.txt"
+    test $rc -eq 2
+    grep -q "multinode.yaml:[0-9]*:[0-9]*: error: cluster.learners: 2 data-parallel learners need one rank each: run under mpirun -np 4" "$W/err.txt"
+    test ! -e "$W/single"
     ;;
   srun)  # the multinode config under srun on a SLURM started here (tests/e2e/slurm_local.sh); 77 = skipped
     if ! command -v srun > /dev/null || ! command -v slurmd > /dev/null; then
