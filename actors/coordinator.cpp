@@ -617,7 +617,10 @@ Status Coordinator::log_grpo_step(const Rollout& r, const Prepared& p, const Tra
               {"groups_generated", r.groups.size()},
               {"groups_kept", p.groups_kept},
               {"generation_rounds", r.rounds}};
-  for (auto& [name, v] : per_env) row["reward_mean/" + name] = v.first / std::max(1, v.second);
+  for (auto& [name, v] : per_env) {
+    row["reward_mean/" + name] = v.first / std::max(1, v.second);
+    row["prompts/" + name] = v.second / std::max(1, G);  // groups sampled from this env (envs[].weight)
+  }
   for (const char* key :
        {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
     row[key] = tr.updated ? tr.metrics.value(key, 0.0) : 0.0;

@@ -203,7 +203,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
 std::vector<KeySpec<EnvSpec>> build_env_schema() {
   Builder<EnvSpec> b;
   using E = EnvSpec;
-  b.text("name", [](E& e) { return &e.name; }, "Required. Label in metrics (reward_mean/<name>); the builtin id unless env is set.");
+  b.text("name", [](E& e) { return &e.name; }, "Required. Label in metrics (reward_mean/<name>, prompts/<name>); the builtin id unless env is set.");
   b.choice("type", [](E& e) { return &e.type; }, {"builtin", "plugin", "remote"}, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md).");
   b.text("env", [](E& e) { return &e.env; }, "Builtin env id (empty = name), e.g. arithmetic, countdown.");
   b.text("path", [](E& e) { return &e.path; }, "plugin: path of the shared library (relative to the YAML file).");

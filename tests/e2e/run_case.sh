@@ -98,6 +98,14 @@ case $CASE in
     $CHECK files "$W/run"
     grep -q '"reward_mean/reverse"' "$W/run/metrics.jsonl"
     grep -q '"eval_accuracy/reverse"' "$W/run/metrics.jsonl"
+    # prompts follow the weights (arithmetic 3 : reverse 1)
+    $PY -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + '/metrics.jsonl')]
+n = {e: sum(r.get('prompts/' + e, 0) for r in rows) for e in ('arithmetic', 'reverse')}
+frac = n['arithmetic'] / (n['arithmetic'] + n['reverse'])
+print('prompts per env', n, 'arithmetic share %.2f (weight share 0.75)' % frac)
+sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     ;;
   multinode)  # roles on 4 ranks over tcp 127.0.0.1; async with parts streamed to 2 learner ranks
     "$MPIEXEC" --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo \
