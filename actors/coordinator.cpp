@@ -486,7 +486,13 @@ Result<Coordinator::Prepared> Coordinator::prepare(const Rollout& r) const {
       TrainSample t;
       t.prompt = s.prompt_tokens;
       t.completion = s.tokens;
-      t.old_logprobs = s.logprobs;
+      if (async_ && cfg_.rollout.stale_policy == "importance_weight") {
+        // decoupled PPO: the ratio against the learner's current weights, and the sampler's
+        // log-probs only in the truncated importance weight min(pi_current / pi_sampler, cap)
+        t.behavior_logprobs = s.logprobs;
+      } else {
+        t.old_logprobs = s.logprobs;
+      }
       t.mask = s.mask;
       t.advantage = p.adv[gi * G + j];
       t.truncated = s.truncated;
@@ -622,7 +628,7 @@ Status Coordinator::log_grpo_step(const Rollout& r, const Prepared& p, const Tra
     row["prompts/" + name] = v.second / std::max(1, G);  // groups sampled from this env (envs[].weight)
   }
   for (const char* key :
-       {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
+       {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr", "is_weight_mean"})
     row[key] = tr.updated ? tr.metrics.value(key, 0.0) : 0.0;
   double sync_s = 0;
   if (tr.updated) {

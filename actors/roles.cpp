@@ -118,6 +118,7 @@ learner::LearnerConfig learner_config(const ExperimentConfig& c, learner::Phase 
   s.kl_input_clamp = c.loss.kl_input_clamp;
   s.kl_output_clamp = c.loss.kl_output_clamp;
   s.entropy_coef = c.loss.entropy_coef;
+  s.importance_weight_cap = c.rollout.importance_weight_cap;
   s.loss_agg_mode = c.loss.agg_mode == "seq-mean-token-mean"       ? learner::LossAggMode::seq_mean_token_mean
                     : c.loss.agg_mode == "seq-mean-token-sum-norm" ? learner::LossAggMode::seq_mean_token_sum_norm
                                                                    : learner::LossAggMode::token_mean;
@@ -397,6 +398,7 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
     s.completion = t.completion;
     s.completion_mask = t.mask;
     s.old_logprobs = t.old_logprobs;
+    s.behavior_logprobs = t.behavior_logprobs;
     s.advantage = t.advantage;
     s.truncated = t.truncated;
   }
@@ -429,6 +431,7 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
             {"clip_frac_low", m.loss.clip_frac_low},
             {"clip_frac_high", m.loss.clip_frac_high},
             {"entropy", m.loss.entropy},
+            {"is_weight_mean", m.loss.is_weight_mean},
             {"grad_norm", m.grad_norm},
             {"lr", m.lr},
             {"train_tokens", m.tokens},

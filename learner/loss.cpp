@@ -22,6 +22,7 @@ void LossMetrics::add(const LossMetrics& o) {
   dual_clip_sum += o.dual_clip_sum;
   entropy_sum += o.entropy_sum;
   ratio_sum += o.ratio_sum;
+  is_weight_sum += o.is_weight_sum;
 }
 
 LossSummary finalize(const LossMetrics& m) {
@@ -37,6 +38,7 @@ LossSummary finalize(const LossMetrics& m) {
     s.dual_clip_frac = m.dual_clip_sum / m.tokens;
     s.entropy = m.entropy_sum / m.tokens;
     s.ratio_mean = m.ratio_sum / m.tokens;
+    s.is_weight_mean = m.is_weight_sum / m.tokens;
   }
   return s;
 }
@@ -171,9 +173,10 @@ Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* 
   for (int s = 0; s < b.S; ++s) {
     const int t0 = b.cu_seqlens[s], t1 = b.cu_seqlens[s + 1];
     const double A = b.advantages[s];
-    double seq_tokens = 0, seq_lr = 0;
+    double seq_tokens = 0, seq_lr = 0, seq_iw = 0;  // seq_iw: sum of m * is_weight
     for (int t = t0; t < t1; ++t) {
       seq_tokens += b.mask[t];
+      seq_iw += b.mask[t] * (b.is_weight ? b.is_weight[t] : 1.0);
       if (seq_level && b.logp_old && b.mask[t] != 0) seq_lr += b.mask[t] * (static_cast<double>(logp[t]) - b.logp_old[t]);
     }
     TROUPE_ASSIGN_OR_RETURN(const double ws, aggregation_weight(cfg.loss_agg_mode, seq_tokens, norm, cfg.loss_scale_factor));
@@ -186,7 +189,7 @@ Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* 
       const double lr = log_ratio_of(seq_lr / std::max(seq_tokens, 1.0), 0.0, cfg.log_ratio_clamp, dlr);
       seq_rho = std::exp(lr);
       sq = surrogate(seq_rho, A, cfg);
-      seq_scale = (ws * seq_tokens) * sq.dloss_drho * seq_rho * dlr / std::max(seq_tokens, 1.0);
+      seq_scale = (ws * seq_iw) * sq.dloss_drho * seq_rho * dlr / std::max(seq_tokens, 1.0);
     }
     for (int t = t0; t < t1; ++t) {
       const double mt = b.mask[t];
@@ -215,6 +218,10 @@ Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* 
         m.clip_high_sum += mt * su.clip_high;
         m.dual_clip_sum += mt * su.dual;
       }
+      const double iw = b.is_weight ? b.is_weight[t] : 1.0;
+      pg *= iw;
+      if (!seq_level) g *= iw;  // (the sequence-level gradient sums the weighted tokens already)
+      m.is_weight_sum += mt * iw;
       double l = pg;
       m.pg_loss += w * pg;
       if (b.logp_ref) {
@@ -344,6 +351,10 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
       }
     }
   }
+  Vec iw(T, 1.0);
+  if (b.is_weight)
+    for (int t = 0; t < T; ++t) iw[t] = b.is_weight[t];
+  pg = op_mul(pg, iw);
   Vec per_tok = pg;
   Vec kl(T, 0.0), dkl(T, 0.0);
   if (b.logp_ref) {
@@ -380,6 +391,7 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
     m.kl_sum += mask[t] * kl[t];
     if (entropy) m.entropy_sum += mask[t] * entropy[t];
     m.ratio_sum += mask[t] * ratio[t];
+    m.is_weight_sum += mask[t] * iw[t];
     m.clip_low_sum += mask[t] * (ratio[t] < 1.0 - cfg.epsilon && adv[t] < 0);
     m.clip_high_sum += mask[t] * (ratio[t] > 1.0 + cfg.eps_high() && adv[t] > 0);
     m.dual_clip_sum += mask[t] * dual_active[t];
@@ -387,7 +399,7 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
 
   // backward: d loss / d per_tok = w
   Vec d_pg(T);
-  for (int t = 0; t < T; ++t) d_pg[t] = w[t] * dual_scale[t];
+  for (int t = 0; t < T; ++t) d_pg[t] = w[t] * dual_scale[t] * iw[t];
   Vec d_ratio1 = op_mul(op_mul(d_pg, pick1), adv);
   Vec d_ratio2 = op_mul(op_mul(d_pg, pick2), adv);
   if (cfg.delta > 0) d_ratio1 = op_clamp_grad(d_ratio1, ratio, -INFINITY, cfg.delta);

@@ -16,8 +16,8 @@ namespace {
 struct Inputs {
   int T = 0, S = 0;
   std::vector<int32_t> cu;
-  std::vector<float> mask, logp, old, ref, adv, ent;
-  TokenBatch view(bool with_old = true, bool with_ref = true) const {
+  std::vector<float> mask, logp, old, ref, adv, ent, iw;
+  TokenBatch view(bool with_old = true, bool with_ref = true, bool with_iw = false) const {
     TokenBatch b;
     b.T = T;
     b.S = S;
@@ -26,6 +26,7 @@ struct Inputs {
     b.logp_old = with_old ? old.data() : nullptr;
     b.logp_ref = with_ref ? ref.data() : nullptr;
     b.advantages = adv.data();
+    b.is_weight = with_iw ? iw.data() : nullptr;
     return b;
   }
 };
@@ -47,6 +48,7 @@ Inputs random_inputs(uint64_t seed, int S = 5) {
       in.old.push_back(lp + 0.35f * nd(rng));
       in.ref.push_back(lp + 0.5f * nd(rng));
       in.ent.push_back(2.0f * u(rng));
+      in.iw.push_back(0.2f + 1.8f * u(rng));
     }
     in.cu.push_back(static_cast<int32_t>(in.mask.size()));
     in.adv.push_back(nd(rng));
@@ -91,16 +93,20 @@ TEST(GrpoLoss, FusedMatchesComposedForEveryVariant) {
   for (uint64_t seed = 0; seed < 4; ++seed) {
     Inputs in = random_inputs(seed);
     for (const auto& c : variants()) {
-      for (bool with_old : {true, false}) {
+      for (int v = 0; v < 3; ++v) {
+        const bool with_old = v != 1, with_iw = v == 2;
         std::vector<float> g1(in.T), g2(in.T), e1(in.T), e2(in.T);
-        auto a = grpo_loss_fused(g1.data(), e1.data(), in.logp.data(), in.ent.data(), in.view(with_old), c, norm_of(in));
-        auto b = grpo_loss_composed(g2.data(), e2.data(), in.logp.data(), in.ent.data(), in.view(with_old), c, norm_of(in));
+        auto a = grpo_loss_fused(g1.data(), e1.data(), in.logp.data(), in.ent.data(), in.view(with_old, true, with_iw),
+                                 c, norm_of(in));
+        auto b = grpo_loss_composed(g2.data(), e2.data(), in.logp.data(), in.ent.data(),
+                                    in.view(with_old, true, with_iw), c, norm_of(in));
         ASSERT_TRUE(a.ok() && b.ok());
         EXPECT_NEAR(a->loss, b->loss, 1e-9 + 1e-9 * std::abs(b->loss));
         EXPECT_NEAR(a->kl_sum, b->kl_sum, 1e-9);
         EXPECT_NEAR(a->clip_low_sum, b->clip_low_sum, 0);
         EXPECT_NEAR(a->clip_high_sum, b->clip_high_sum, 0);
         EXPECT_NEAR(a->dual_clip_sum, b->dual_clip_sum, 0);
+        EXPECT_NEAR(a->is_weight_sum, b->is_weight_sum, 1e-9);
         for (int t = 0; t < in.T; ++t) {
           ASSERT_NEAR(g1[t], g2[t], 1e-7 + 1e-6 * std::abs(g2[t])) << "t=" << t << " agg " << to_string(c.loss_agg_mode);
           ASSERT_EQ(e1[t], e2[t]);
@@ -118,9 +124,12 @@ TEST(GrpoLoss, GradientMatchesFiniteDifferences) {
   // and compare with a tolerance that covers float rounding of the inputs.
   const double h = 1e-3;
   int checked = 0, skipped = 0;
-  for (const auto& c : variants()) {
+  const auto all = variants();
+  for (size_t vi = 0; vi < all.size(); ++vi) {
+    const auto& c = all[vi];
+    const bool iw = vi % 2 == 1;  // every other variant with per-token importance weights
     std::vector<float> g(in.T), ge(in.T);
-    auto base = grpo_loss_fused(g.data(), ge.data(), in.logp.data(), in.ent.data(), in.view(), c, norm_of(in));
+    auto base = grpo_loss_fused(g.data(), ge.data(), in.logp.data(), in.ent.data(), in.view(true, true, iw), c, norm_of(in));
     ASSERT_TRUE(base.ok());
     for (int t = 0; t < in.T; ++t) {
       if (in.mask[t] == 0) {
@@ -132,7 +141,8 @@ TEST(GrpoLoss, GradientMatchesFiniteDifferences) {
         p.logp[t] += delta_logp;
         p.ent[t] += delta_ent;
         std::vector<float> d1(in.T), d2(in.T);
-        return grpo_loss_fused(d1.data(), d2.data(), p.logp.data(), p.ent.data(), p.view(), c, norm_of(in))->loss;
+        return grpo_loss_fused(d1.data(), d2.data(), p.logp.data(), p.ent.data(), p.view(true, true, iw), c, norm_of(in))
+            ->loss;
       };
       const float hf = static_cast<float>(h);
       const double hp = static_cast<double>(in.logp[t] + hf) - in.logp[t];
@@ -188,6 +198,32 @@ TEST(GrpoLoss, OnPolicyGradientIsMinusAdvantageOverTokens) {
   EXPECT_NEAR(m->loss, expect, 1e-12);
   EXPECT_EQ(m->clip_low_sum + m->clip_high_sum, 0);
   EXPECT_DOUBLE_EQ(m->ratio_sum, n);
+}
+
+// is_weight scales each token's policy-gradient term (loss and gradient), not the KL or entropy:
+// on-policy, beta 0, no entropy, dlogp_t = -w_t A_s / num_tokens.
+TEST(GrpoLoss, ImportanceWeightScalesThePolicyGradientTerm) {
+  Inputs in = random_inputs(5, 4);
+  GrpoLossConfig c;
+  std::vector<float> g(in.T);
+  auto m = grpo_loss_fused(g.data(), nullptr, in.logp.data(), nullptr, in.view(false, false, true), c, norm_of(in));
+  ASSERT_TRUE(m.ok());
+  const double n = norm_of(in).num_tokens;
+  double wsum = 0;
+  for (int s = 0; s < in.S; ++s)
+    for (int t = in.cu[s]; t < in.cu[s + 1]; ++t) {
+      EXPECT_FLOAT_EQ(g[t], static_cast<float>(-in.mask[t] * in.iw[t] * in.adv[s] / n));
+      wsum += in.mask[t] * in.iw[t];
+    }
+  EXPECT_NEAR(m->is_weight_sum, wsum, 1e-6);
+  // the KL term is not weighted
+  c.beta = 0.1f;
+  std::vector<float> g1(in.T), g2(in.T);
+  Inputs zero_adv = in;
+  for (auto& a : zero_adv.adv) a = 0;
+  ASSERT_TRUE(grpo_loss_fused(g1.data(), nullptr, in.logp.data(), nullptr, zero_adv.view(false, true, true), c, norm_of(in)).ok());
+  ASSERT_TRUE(grpo_loss_fused(g2.data(), nullptr, in.logp.data(), nullptr, zero_adv.view(false, true, false), c, norm_of(in)).ok());
+  for (int t = 0; t < in.T; ++t) ASSERT_EQ(g1[t], g2[t]);
 }
 
 TEST(GrpoLoss, ClipFractionsFollowTrl) {

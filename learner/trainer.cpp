@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -22,11 +23,13 @@ Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples,
   b.cu_seqlens.push_back(0);
   out.has_old = !samples.empty() && !samples[0]->old_logprobs.empty();
   out.has_ref = !samples.empty() && !samples[0]->ref_logprobs.empty();
+  out.has_behavior = !samples.empty() && !samples[0]->behavior_logprobs.empty();
   for (const Sample* s : samples) {
     const size_t P = s->prompt.size(), C = s->completion.size();
     if (P < 1 || C < 1) return invalid_input("learner: a sample needs >= 1 prompt and >= 1 completion token");
-    if (s->old_logprobs.empty() == out.has_old || s->ref_logprobs.empty() == out.has_ref)
-      return invalid_input("learner: old/ref log-probs must be given for every sample of a batch or for none");
+    if (s->old_logprobs.empty() == out.has_old || s->ref_logprobs.empty() == out.has_ref ||
+        s->behavior_logprobs.empty() == out.has_behavior)
+      return invalid_input("learner: old/ref/behavior log-probs must be given for every sample of a batch or for none");
     const float keep = (mask_truncated && s->truncated) ? 0.0f : 1.0f;
     for (size_t t = 0; t + 1 < P + C; ++t) {
       const int32_t x = t < P ? s->prompt[t] : s->completion[t - P];
@@ -38,6 +41,7 @@ Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples,
       out.mask.push_back(completion ? keep * (s->completion_mask.empty() ? 1.0f : s->completion_mask[j]) : 0.0f);
       if (out.has_old) out.logp_old.push_back(completion ? s->old_logprobs[j] : 0.0f);
       if (out.has_ref) out.logp_ref.push_back(completion ? s->ref_logprobs[j] : 0.0f);
+      if (out.has_behavior) out.logp_behavior.push_back(completion ? s->behavior_logprobs[j] : 0.0f);
     }
     b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
     out.advantages.push_back(s->advantage);
@@ -147,6 +151,9 @@ Status Trainer::check_sample(const Sample& s, size_t i) const {
   if (!size_ok(s.old_logprobs))
     return invalid_input(sample_name(i) + ": old_logprobs has " + std::to_string(s.old_logprobs.size()) +
                          " entries for " + std::to_string(C) + " completion tokens");
+  if (!size_ok(s.behavior_logprobs))
+    return invalid_input(sample_name(i) + ": behavior_logprobs has " + std::to_string(s.behavior_logprobs.size()) +
+                         " entries for " + std::to_string(C) + " completion tokens");
   if (!size_ok(s.ref_logprobs))
     return invalid_input(sample_name(i) + ": ref_logprobs has " + std::to_string(s.ref_logprobs.size()) +
                          " entries for " + std::to_string(C) + " completion tokens");
@@ -172,6 +179,18 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
   tb.advantages = packed.advantages.data();
   tb.logp_old = packed.has_old ? packed.logp_old.data() : nullptr;
   tb.logp_ref = packed.has_ref ? packed.logp_ref.data() : nullptr;
+  if (packed.has_behavior && cfg_.phase == Phase::grpo) {
+    // truncated importance weight against the policy that sampled: min(pi_old / pi_behavior, cap),
+    // pi_old the recorded/recomputed old policy or, on-policy, the current one (detached)
+    is_weight_.assign(T, 0.0f);
+    const float* base = tb.logp_old ? tb.logp_old : logp_.data();
+    const double cap = cfg_.loss.importance_weight_cap;
+    for (size_t t = 0; t < T; ++t)
+      if (packed.mask[t] != 0)
+        is_weight_[t] = static_cast<float>(
+            std::min(cap, std::exp(static_cast<double>(base[t]) - packed.logp_behavior[t])));
+    tb.is_weight = is_weight_.data();
+  }
   LossMetrics m;
   if (cfg_.phase == Phase::sft) {
     TROUPE_ASSIGN_OR_RETURN(m, sft_loss(dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data(), tb, norm));
@@ -211,11 +230,11 @@ Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum) {
 Status Trainer::finish_metrics(StepMetrics& out, const LossMetrics& sums, double norm_sum,
                                const std::vector<float>& adv, const std::vector<float>& rew, double len,
                                double trunc, double seconds) {
-  double v[10] = {sums.loss,        sums.pg_loss,      sums.kl_loss,       sums.tokens,
+  double v[11] = {sums.loss,        sums.pg_loss,      sums.kl_loss,       sums.tokens,
                   sums.kl_sum,      sums.clip_low_sum, sums.clip_high_sum, sums.dual_clip_sum,
-                  sums.entropy_sum, sums.ratio_sum};
-  TROUPE_TRY(comm_.allreduce_sum(std::span<double>(v, 10)));
-  LossMetrics total{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
+                  sums.entropy_sum, sums.ratio_sum,    sums.is_weight_sum};
+  TROUPE_TRY(comm_.allreduce_sum(std::span<double>(v, 11)));
+  LossMetrics total{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10]};
   out.loss = finalize(total);
   const double steps = std::max(out.optimizer_steps, 1);
   out.loss.loss /= steps;

@@ -228,6 +228,55 @@ TEST(Trainer, RecomputesOldLogprobsAndReportsMetrics) {
   EXPECT_GT(r->loss.clip_frac_low + r->loss.clip_frac_high, 0.0);
 }
 
+// behavior_logprobs (rollout.stale_policy: importance_weight): the ratio is against the current
+// weights and each token's policy-gradient term is weighted by min(pi_current / pi_behavior, cap).
+TEST(Trainer, BehaviorLogprobsWeightThePolicyGradient) {
+  LearnerConfig c = base_config();
+  c.batch.num_iterations = 1;
+  c.batch.num_mini_batches = 1;
+  c.loss.beta = 0;
+  c.loss.entropy_coef = 0;
+  c.loss.importance_weight_cap = 2.0f;
+  auto batch = random_batch(4, 8, 12, false, false);
+  for (auto& s : batch) s.truncated = false;
+  auto step = [&](float shift) {  // behavior = current - shift (shift < 0: no behavior log-probs)
+    BigramModel model(12, 3);
+    LocalCommunicator comm;
+    Trainer tr(model, c, comm);
+    auto b = batch;
+    if (shift >= 0) {
+      auto cur = compute_completion_logprobs(model, b, c.batch.temperature);
+      EXPECT_TRUE(cur.ok());
+      for (size_t i = 0; i < b.size(); ++i) {
+        b[i].behavior_logprobs = (*cur)[i];
+        for (auto& v : b[i].behavior_logprobs) v -= shift;
+      }
+    }
+    auto r = tr.train_step(b);
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+    return *r;
+  };
+  const auto plain = step(-1), same = step(0), more = step(std::log(1.5f)), capped = step(std::log(5.0f));
+  EXPECT_DOUBLE_EQ(plain.loss.is_weight_mean, 1.0);
+  EXPECT_NEAR(same.loss.is_weight_mean, 1.0, 1e-6);
+  EXPECT_NEAR(same.loss.pg_loss, plain.loss.pg_loss, 1e-6 * std::abs(plain.loss.pg_loss));
+  EXPECT_NEAR(more.loss.is_weight_mean, 1.5, 1e-5);
+  EXPECT_NEAR(more.loss.pg_loss, 1.5 * plain.loss.pg_loss, 1e-5 * std::abs(plain.loss.pg_loss));
+  EXPECT_DOUBLE_EQ(capped.loss.is_weight_mean, 2.0);
+  EXPECT_NEAR(capped.loss.pg_loss, 2.0 * plain.loss.pg_loss, 1e-5 * std::abs(plain.loss.pg_loss));
+  EXPECT_DOUBLE_EQ(more.loss.ratio_mean, 1.0) << "the ratio is against the current weights";
+  // behavior log-probs of the wrong length name the sample
+  auto bad = batch;
+  for (auto& s : bad) s.behavior_logprobs.assign(s.completion.size(), -1.0f);
+  bad[3].behavior_logprobs.pop_back();
+  BigramModel model(12, 3);
+  LocalCommunicator comm;
+  Trainer tr(model, c, comm);
+  auto r = tr.train_step(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("sample 3: behavior_logprobs has"), std::string::npos) << r.error().message;
+}
+
 TEST(Trainer, SftLowersTheNll) {
   LearnerConfig c;
   c.phase = Phase::sft;

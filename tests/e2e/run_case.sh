@@ -86,6 +86,16 @@ case $CASE in
     "$TROUPE" run "$SRC/configs/async.yaml" --resume "$W/resumed" --set grpo.max_steps=10 $R
     $CHECK steps "$W/resumed" 20
     $CHECK staleness "$W/resumed" 1
+    # stale_policy importance_weight: decoupled PPO with the truncated importance weight
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/iw" --set rollout.stale_policy=importance_weight $S
+    $CHECK staleness "$W/iw" 1
+    $CHECK moved "$W/iw"
+    $PY -c "
+import json, sys
+g = [json.loads(l) for l in open(sys.argv[1] + '/metrics.jsonl')]
+w = [r['is_weight_mean'] for r in g if r.get('phase') == 'grpo' and 'is_weight_mean' in r]
+print('is_weight_mean per step: min %.4f max %.4f' % (min(w), max(w)))
+assert len(w) == 30 and all(0 < x <= 2 for x in w) and max(abs(x - 1) for x in w) > 1e-4, w" "$W/iw"
     ;;
   countdown)
     "$TROUPE" run "$SRC/configs/countdown.yaml" --set run.dir="$W/run" --set sft.max_steps=5 --set grpo.max_steps=3 \

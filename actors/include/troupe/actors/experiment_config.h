@@ -104,6 +104,7 @@ struct RolloutSection {
   int max_staleness = 1;
   int async_chunks = 1;               // async: parts per step streamed to the learners as they are scored
   std::string stale_policy = "drop";  // drop | importance_weight
+  float importance_weight_cap = 2.0f;  // importance_weight: truncation of pi_old / pi_behavior
 };
 
 struct ClusterSection {

@@ -131,11 +131,12 @@ struct TrainSample {
   std::vector<std::int32_t> prompt;
   std::vector<std::int32_t> completion;
   std::vector<float> mask;
-  std::vector<float> old_logprobs;
+  std::vector<float> old_logprobs;       // empty: the ratio is taken against the current weights
+  std::vector<float> behavior_logprobs;  // the sampler's, for the truncated importance weight (or empty)
   float advantage = 0;
   bool truncated = false;
   template <class A>
-  void serialize(A& ar) { ar(prompt, completion, mask, old_logprobs, advantage, truncated); }
+  void serialize(A& ar) { ar(prompt, completion, mask, old_logprobs, behavior_logprobs, advantage, truncated); }
 };
 struct TrainReq {
   static constexpr std::uint32_t type_id = 2020;

@@ -67,6 +67,7 @@ struct GrpoLossConfig {
   float entropy_coef = 0.0f;     // entropy bonus: loss -= entropy_coef * H (veRL `entropy_coeff`)
   LossAggMode loss_agg_mode = LossAggMode::token_mean;
   float loss_scale_factor = 0.0f;  // seq-mean-token-sum-norm constant (e.g. max_completion_length); must be > 0 there
+  float importance_weight_cap = 2.0f;  // samples with behavior log-probs: weight min(pi_old / pi_behavior, cap) (TIS)
 
   float eps_high() const { return epsilon_high < 0 ? epsilon : epsilon_high; }
 };

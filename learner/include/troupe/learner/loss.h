@@ -21,6 +21,9 @@ struct TokenBatch {
   const float* logp_old = nullptr;      // (T) log-probs at generation; nullptr = on-policy (old = logp, detached)
   const float* logp_ref = nullptr;      // (T) reference log-probs; may be nullptr when beta == 0
   const float* advantages = nullptr;    // (S) one advantage per sequence (outcome supervision)
+  // (T) a constant (detached) factor on each token's policy-gradient term, e.g. the truncated
+  // importance weight min(pi_old / pi_behaviour, cap) of stale async samples; nullptr = 1
+  const float* is_weight = nullptr;
 };
 
 // Global denominators of one optimizer step.
@@ -41,13 +44,14 @@ struct LossMetrics {
   double dual_clip_sum = 0;   // tokens where the dual clip bound was active
   double entropy_sum = 0;     // sum_t m * H_t
   double ratio_sum = 0;       // sum_t m * rho_t
+  double is_weight_sum = 0;   // sum_t m * is_weight_t (= tokens when no weights are given)
   void add(const LossMetrics& o);
 };
 
 // Means per token of a step's summed metrics.
 struct LossSummary {
   double loss = 0, pg_loss = 0, kl_loss = 0, kl = 0, clip_frac_low = 0, clip_frac_high = 0, dual_clip_frac = 0,
-         entropy = 0, ratio_mean = 0, tokens = 0;
+         entropy = 0, ratio_mean = 0, is_weight_mean = 1, tokens = 0;
 };
 LossSummary finalize(const LossMetrics& m);
 

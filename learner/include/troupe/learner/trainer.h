@@ -29,6 +29,11 @@ struct Sample {
   std::vector<float> completion_mask;   // (completion) 1 = train on it; empty = all ones
   std::vector<float> old_logprobs;      // (completion) recorded at generation; empty = recomputed before the first update
   std::vector<float> ref_logprobs;      // (completion) reference policy; needed when beta != 0
+  // (completion) log-probs of the policy that sampled it, when that is not the one the PPO ratio is
+  // taken against (stale async samples, rollout.stale_policy: importance_weight): each token's
+  // policy-gradient term is weighted by min(exp(old - behavior), loss.importance_weight_cap), old
+  // being old_logprobs or, when those are empty, the current log-probs (detached). Empty = none.
+  std::vector<float> behavior_logprobs;
   float advantage = 0;                  // from compute_advantages (unused by SFT)
   float reward = 0;                     // the scalar reward (metrics only; advantages carry the signal)
   bool truncated = false;               // hit max_completion_length without EOS
@@ -63,8 +68,8 @@ struct StepMetrics {
 // log-probs are laid out per position (completion token j of a sample sits at P - 1 + j).
 struct PackedMicroBatch {
   policy::PackedBatch batch;
-  std::vector<float> mask, logp_old, logp_ref, advantages;  // (T) (T) (T) (S)
-  bool has_old = false, has_ref = false;
+  std::vector<float> mask, logp_old, logp_ref, logp_behavior, advantages;  // (T) (T) (T) (T) (S)
+  bool has_old = false, has_ref = false, has_behavior = false;
 };
 Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples, bool mask_truncated);
 
@@ -121,7 +126,7 @@ class Trainer {
   Communicator& comm_;
   AdamW opt_;
   std::mt19937_64 rng_;
-  std::vector<float> logp_, entropy_, dlogp_, dentropy_;  // (T) scratch of one micro-batch
+  std::vector<float> logp_, entropy_, dlogp_, dentropy_, is_weight_;  // (T) scratch of one micro-batch
   struct Accumulated {                                    // a streamed step in progress
     bool active = false, has_old = false;
     LossMetrics sums;
