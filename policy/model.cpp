@@ -510,19 +510,20 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
     }
     offload_clean = false;
   }
-  int max_seqlen = 0;
-  for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s)
-    max_seqlen = std::max(max_seqlen, batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]);
+  if (cfg.cache_packed_metadata) {  // once per batch, before anything needs it (the arena's attention scratch)
+    build_packed_meta(&meta, batch, HD, cfg.rope_theta);
+    ++meta_builds;
+  }
+  int max_seqlen = cfg.cache_packed_metadata ? meta.max_seqlen : 0;
+  if (!cfg.cache_packed_metadata)
+    for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s)
+      max_seqlen = std::max(max_seqlen, batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]);
   // Under offload the layer inputs live in a ring of offload_ring buffers: x_l's offload copy may
   // run on while layers l..l+ring-2 compute; it is waited for only before layer l+ring-1 writes
   // x_{l+ring} into the same buffer (or, for the last ones, before backward reloads it).
   offload_ring = offload_step ? std::min(L + 1, kOffloadRing) : L + 1;
   acts = carve(arena, T, max_seqlen, offload_ring, ckpt ? 1 : L, true);
   peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float) + (offload_step ? offload->reload_buffer_bytes() : 0));
-  if (cfg.cache_packed_metadata) {
-    build_packed_meta(&meta, batch, HD, cfg.rope_theta);
-    ++meta_builds;
-  }
   k::embedding_forward(acts.resid[0], batch.tokens.data(), params.data() + wte, T, C);
   for (int l = 0; l < L; ++l) {
     const PackedMeta& m = meta_for_layer();
