@@ -513,6 +513,7 @@ Status Coordinator::train_on(Rollout& r, int64_t step, int64_t k, double step_st
     req.samples = std::move(p.samples);
     double t0 = mono_s();
     std::vector<std::future<Result<TrainRep>>> reps;
+    learner_dirty_ = true;  // the learners update now: until the step is done, their state is no step's
     for (auto l : peers_.learners) reps.push_back(sys.ask<TrainRep>(l, req, kLongTimeout));
     for (size_t i = 0; i < reps.size(); ++i) {
       TROUPE_ASSIGN_OR_RETURN(auto rep, reps[i].get());
@@ -561,6 +562,7 @@ Status Coordinator::train_streamed(int64_t step, int64_t k, double step_start) {
       req.step = k;
       req.samples = std::move(p.samples);
       req.more = !last;
+      if (last) learner_dirty_ = true;  // the last part takes the optimizer step
       for (size_t l = 0; l < peers_.learners.size(); ++l) {
         reps.push_back(sys.ask<TrainRep>(peers_.learners[l], req, kLongTimeout));
         rep_learner.push_back(l);
@@ -881,6 +883,7 @@ Status Coordinator::run_sft(int64_t first_step) {
       req.samples.push_back(std::move(s));
     }
     std::vector<std::future<Result<TrainRep>>> reps;
+    learner_dirty_ = true;  // the learners update now: until the step is done, their state is no step's
     for (auto l : peers_.learners) reps.push_back(sys.ask<TrainRep>(l, req, kLongTimeout));
     json m;
     for (size_t i = 0; i < reps.size(); ++i) {
@@ -899,6 +902,7 @@ Status Coordinator::run_sft(int64_t first_step) {
       row[key] = m.value(key, 0.0);
     TROUPE_TRY(emit(row));
     done_step_ = step_;
+    learner_dirty_ = false;
     bool last = step_ == S;
     if (cfg_.eval.every > 0 && step_ % cfg_.eval.every == 0 && !last) TROUPE_TRY(eval_and_log("sft"));
     if (last) TROUPE_TRY(eval_and_log("sft"));
@@ -919,6 +923,7 @@ Status Coordinator::run_grpo(int64_t first_k) {
   const auto& ro = cfg_.rollout;
   auto finish_step = [&](int64_t k) -> Status {
     done_step_ = step_;
+    learner_dirty_ = false;
     bool last = k + 1 == K;
     if (cfg_.eval.every > 0 && step_ % cfg_.eval.every == 0 && !last) TROUPE_TRY(eval_and_log("grpo"));
     if (last) TROUPE_TRY(eval_and_log("grpo"));
@@ -1062,13 +1067,22 @@ Status Coordinator::run(bool resume) {
 }
 
 Status Coordinator::save_what_is_done(const Error& cause) {
-  // Nothing new, no checkpoints, or the learners are what failed (they hold the state): as it was.
+  // Nothing new or no checkpoints: as it was. The learners updated for a step that did not finish
+  // (their state is no step's), or they are what failed: nothing is saved, and the error says so.
+  if (!cfg_.checkpointing.enabled || done_step_ <= saved_step_) return cause;
   const bool learner_failed = cause.message.find("learner") != std::string::npos;
-  if (!cfg_.checkpointing.enabled || done_step_ <= saved_step_ || learner_failed) return cause;
+  if (learner_dirty_ || learner_failed)
+    return make_error(cause.code, cause.message + " (not saved: " +
+                                      (learner_dirty_ ? "the learners had already updated for step " +
+                                                            std::to_string(done_step_ + 1)
+                                                      : std::string("a learner failed")) +
+                                      "; the last checkpoint is step_" + std::to_string(saved_step_) + ")");
   const int64_t S = cfg_.sft.enabled ? cfg_.sft.max_steps : 0;
   step_ = done_step_;  // the learners' state is that of the last finished step
-  // (a learner that is alive answers in seconds; one that is not must not hold the exit for hours)
-  Status saved = checkpoint(done_step_ <= S ? "sft" : "grpo", true, std::chrono::seconds(300));
+  // the save may take longer than the grace a peer failure leaves this process
+  constexpr auto kSaveTimeout = std::chrono::seconds(300);
+  if (hooks_.hold_exit) hooks_.hold_exit(kSaveTimeout);
+  Status saved = checkpoint(done_step_ <= S ? "sft" : "grpo", true, kSaveTimeout);
   if (!saved.ok()) return make_error(cause.code, cause.message + " (saving step " + std::to_string(done_step_) +
                                                      " failed too: " + saved.error().message + ")");
   return make_error(cause.code, cause.message + "; steps up to " + std::to_string(done_step_) +

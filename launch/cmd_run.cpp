@@ -55,10 +55,10 @@ Command add_validate_command(CLI::App& root) {
               const auto& c = loaded->config.cluster;
               const int ranks = c.learners + c.generators + c.env_workers;
               if (c.learners > 1)  // one process hosts one learner: data parallelism needs ranks
-                std::printf("%s: ok (needs mpirun -np %d or srun -n %d: learners %d, generators %d, env_workers %d)\n",
+                std::printf("%s: ok (needs mpirun -np %d or srun --mpi=pmix -n %d: learners %d, generators %d, env_workers %d)\n",
                             o->config.c_str(), ranks, ranks, c.learners, c.generators, c.env_workers);
               else
-                std::printf("%s: ok (one process, or mpirun -np %d / srun -n %d)\n", o->config.c_str(), ranks, ranks);
+                std::printf("%s: ok (one process, or mpirun -np %d / srun --mpi=pmix -n %d)\n", o->config.c_str(), ranks, ranks);
             }
             return 0;
           }};

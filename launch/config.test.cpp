@@ -212,14 +212,15 @@ TEST(Config, ResumeConflicts) {
                                 "checkpointing.keep_last=5", "run.dir=/elsewhere", "policy.model.moe_grouped=false"});
   ASSERT_TRUE(same.ok()) << same.error().message;
   EXPECT_TRUE(resume_conflicts(a->config, same->config).empty());
-  auto changed = load_config_text(kMinimal, "x.yaml", {"loss.kl_coef=0.1", "run.seed=9", "envs[0].weight=2"});
+  auto changed =
+      load_config_text(kMinimal, "x.yaml", {"loss.kl_coef=0.1", "run.seed=9", "envs[0].weight=2", "sft.max_steps=7"});
   ASSERT_TRUE(changed.ok()) << changed.error().message;
   auto d = resume_conflicts(a->config, changed->config);
   std::vector<std::string> keys;
   for (const auto& c : d) keys.push_back(c.key);
-  EXPECT_EQ(keys, (std::vector<std::string>{"run.seed", "loss.kl_coef", "envs[0].weight"}));
-  EXPECT_EQ(d[1].before, "0.0");
-  EXPECT_EQ(d[1].now, "0.1");
+  EXPECT_EQ(keys, (std::vector<std::string>{"run.seed", "sft.max_steps", "loss.kl_coef", "envs[0].weight"}));
+  EXPECT_EQ(d[2].before, "0.0");
+  EXPECT_EQ(d[2].now, "0.1");
   EXPECT_NE(resume_may_change_summary().find("grpo.max_steps"), std::string::npos);
 }
 

@@ -319,8 +319,11 @@ std::string render_config_readme() {
        "changes what is trained differs from the run's `config.resolved.yaml` (the error lists each key with\n"
        "both values). A resume may change: " +
            resume_may_change_summary() +
-           ". Metric rows after the checkpoint's step are dropped and computed again; in sync mode on the\n"
-           "same kind of CPU the resumed run's metrics equal an uninterrupted run's bit for bit.\n\n"
+           " (not sft.max_steps: it decides where the GRPO phase starts). Metric rows after the checkpoint's\n"
+           "step are dropped and computed again. In sync mode on the same kind of CPU, a resume with the same\n"
+           "config gives the metrics of an uninterrupted run bit for bit; raising grpo.max_steps keeps that\n"
+           "only with a schedule that does not depend on it (optimizer.schedule: constant; cosine decays over\n"
+           "max_steps).\n\n"
            "Example experiments in this folder (each run by a test):\n\n"
        "| file | what it runs |\n|---|---|\n"
        "| `quickstart.yaml` | tiny char-level MoE: SFT warm-up, then GRPO on the built-in `arithmetic` env |\n"
@@ -422,7 +425,6 @@ bool resume_may_change(const std::string& path) {
   static const char* const kKeys[] = {"run.dir",
                                       "run.name",
                                       "run.max_wall_s",
-                                      "sft.max_steps",
                                       "grpo.max_steps",
                                       "policy.model.cache_packed_metadata",
                                       "policy.model.activation_checkpointing",
@@ -441,7 +443,7 @@ bool resume_may_change(const std::string& path) {
 }  // namespace
 
 std::string resume_may_change_summary() {
-  return "run.dir, run.name, run.max_wall_s, sft.max_steps, grpo.max_steps, cluster.*, checkpointing.*, logger.*, "
+  return "run.dir, run.name, run.max_wall_s, grpo.max_steps, cluster.*, checkpointing.*, logger.*, "
          "eval.*, the bit-identical policy.model switches (cache_packed_metadata, activation_checkpointing, "
          "offload_activations, offload_double_buffer, moe_grouped), envs[].address, envs[].timeout_s, envs[].isolate";
 }

@@ -393,6 +393,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
         actors::CoordinatorHooks hooks;
         hooks.metrics = [s](const json& row) { return s->write(row); };
         hooks.log = [s](const std::string& line) { s->message(line); };
+        hooks.hold_exit = [&cluster](std::chrono::seconds d) { cluster.hold_exit(d); };
         actors::Coordinator coord(cfg, peers, hooks, run_dir);
         Status st = coord.run(!opt.resume_dir.empty());
         s->finish();

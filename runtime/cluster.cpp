@@ -162,8 +162,8 @@ void Cluster::watchdog_loop() {
   auto bound = first.reason == ShutdownReason::peer_failed ? config_.peer_failure_grace : config_.shutdown_grace + std::chrono::seconds(1);
   auto deadline = Clock::now() + bound;
   // a peer failure arriving during a drain shortens the bound
-  while (!done_ && Clock::now() < deadline) {
-    cv_.wait_until(lock, deadline);
+  while (!done_ && Clock::now() < std::max(deadline, hold_until_)) {
+    cv_.wait_until(lock, std::max(deadline, hold_until_));
     if (info_.reason == ShutdownReason::peer_failed && first.reason != ShutdownReason::peer_failed) {
       first = info_;
       deadline = std::min(deadline, Clock::now() + config_.peer_failure_grace);
@@ -175,6 +175,14 @@ void Cluster::watchdog_loop() {
                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(bound).count()), code);
   std::fflush(stderr);
   std::_Exit(code);
+}
+
+void Cluster::hold_exit(Duration d) {
+  {
+    std::lock_guard lock(mu_);
+    hold_until_ = std::max(hold_until_, Clock::now() + d);
+  }
+  cv_.notify_all();
 }
 
 void Cluster::request_shutdown(const std::string& why) {

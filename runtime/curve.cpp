@@ -1,9 +1,13 @@
 // CURVE key files: generation, loading and validation (every error names the file and line).
 #include "troupe/runtime/curve.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zmq.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -51,13 +55,18 @@ Status write_curve_keypair(const CurveKeypair& kp, const std::string& public_fil
     std::ofstream out(public_file);
     if (!out) return make_error(ErrorCode::io, public_file + ": cannot write");
     out << kp.public_key << "\n";
+    out.flush();
+    if (!out) return make_error(ErrorCode::io, public_file + ": write failed");
   }
-  {
-    std::ofstream out(secret_file);
-    if (!out) return make_error(ErrorCode::io, secret_file + ": cannot write");
-    out << kp.secret_key << "\n";
-  }
-  ::chmod(secret_file.c_str(), 0600);
+  // The secret is never readable by others, not even while it is written: created 0600, and an
+  // existing file is made 0600 before anything is written to it.
+  const int fd = ::open(secret_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return make_error(ErrorCode::io, secret_file + ": cannot write: " + std::strerror(errno));
+  const std::string line = kp.secret_key + "\n";
+  const bool ok = ::fchmod(fd, 0600) == 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  const int err = errno;
+  if (::close(fd) != 0 || !ok)
+    return make_error(ErrorCode::io, secret_file + ": write failed: " + std::strerror(ok ? errno : err));
   return {};
 }
 

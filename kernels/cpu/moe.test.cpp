@@ -4,6 +4,7 @@
 #include "troupe/kernels/moe.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -267,6 +268,11 @@ TEST(Moe, DispatchGroupedEqualsMaskedStreamed) {
   }
 }
 TEST(Moe, StreamBytesDefaultFollowsTheCache) {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  const long llc = l3 > 0 ? l3 : l2;
+  if (llc > 0) {
+    EXPECT_EQ(moe_stream_bytes(), std::max(kSmallCacheStream, static_cast<size_t>(llc) / 4)) << "LLC " << llc;
+  }
   EXPECT_GE(moe_stream_bytes(), kSmallCacheStream);
   {
     StreamBytes pin(123);

@@ -130,6 +130,7 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     # cluster.curve: tcp between the ranks encrypted and authenticated (one key pair for all ranks here;
     # on real nodes each has its own and the authorized-keys file lists them all)
     "$TROUPE" keygen "$W/rank.pub" "$W/rank.sec" > "$W/authorized_keys"
+    test "$(stat -c %a "$W/rank.sec")" = 600
     "$MPIEXEC" --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo \
       --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/curve" \
       --set cluster.curve=true --set cluster.curve_public_key="$W/rank.pub" --set cluster.curve_secret_key="$W/rank.sec" \
@@ -137,8 +138,9 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
       --set eval.num_prompts=10 $Q
     $CHECK steps "$W/curve" 5
     ;;
-  dead_rank)  # the generator's rank is SIGKILLed mid-GRPO: the survivors name it (rank, role) within
-    # peer_timeout_s, rank 0 checkpoints the last finished step and every survivor exits 3
+  dead_rank)  # the env worker's rank is SIGKILLed mid-GRPO: the survivors name it (rank, role) within
+    # peer_timeout_s, rank 0 checkpoints the last finished step and every survivor exits 3 (an env
+    # rank is never asked during an update, so the learners always hold a finished step's state)
     # (mpirun --enable-recovery: else mpirun kills the job itself; it then returns 0, the ranks' codes are what count)
     cat > "$W/rank.sh" << 'EOS'
 "$@" &
@@ -153,17 +155,17 @@ EOS
       --set eval.num_prompts=10 --set checkpointing.every=0 --set cluster.peer_timeout_s=5 $Q 2> "$W/err.txt" &
     job=$!
     for i in $(seq 1 120); do
-      grep -q '"phase":"grpo"' "$W/run/metrics.jsonl" 2> /dev/null && [ -s "$W/pid_2" ] && break
+      grep -q '"phase":"grpo"' "$W/run/metrics.jsonl" 2> /dev/null && [ -s "$W/pid_3" ] && break
       sleep 0.5
     done
     grep -q '"phase":"grpo"' "$W/run/metrics.jsonl"
-    kill -9 "$(cat "$W/pid_2")"
+    kill -9 "$(cat "$W/pid_3")"
     t0=$(date +%s)
     wait $job || true
     echo "survivors finished $(( $(date +%s) - t0 )) s after the kill"
     grep -v PMIX "$W/err.txt" | tail -6
-    for r in 0 1 3; do test "$(cat "$W/rc_$r")" = 3 || { echo "rank $r exited $(cat "$W/rc_$r"), expected 3"; exit 1; }; done
-    grep -q "peer rank 2 (role generator0) failed" "$W/err.txt"
+    for r in 0 1 2; do test "$(cat "$W/rc_$r")" = 3 || { echo "rank $r exited $(cat "$W/rc_$r"), expected 3"; exit 1; }; done
+    grep -q "peer rank 3 (role env0) failed" "$W/err.txt"
     done_steps=$(sed -n 's/.*steps up to \([0-9]*\) are saved in checkpoints.*/\1/p' "$W/err.txt")
     test -n "$done_steps"
     $CHECK steps "$W/run" "$done_steps"

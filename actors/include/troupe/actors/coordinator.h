@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -29,6 +30,9 @@ struct RolePeers {
 struct CoordinatorHooks {
   std::function<Status(const nlohmann::json& row)> metrics;  // one row per step / evaluation
   std::function<void(const std::string& line)> log;
+  // Before the coordinator saves what is done after a failure: keep the process alive this long
+  // (the launcher's peer-failure watchdog would otherwise end it within its grace).
+  std::function<void(std::chrono::seconds)> hold_exit;
 };
 
 // Deterministic 64-bit mix of (seed, a, b, c).
@@ -107,6 +111,7 @@ class Coordinator {
   // reason other than a learner (an env that keeps crashing, a generator), what is done is saved.
   int64_t done_step_ = 0;
   int64_t saved_step_ = 0;
+  bool learner_dirty_ = false;  // an update was sent for a step that is not done yet
   Status save_what_is_done(const Error& cause);
   std::unique_ptr<Async> async_;
 };

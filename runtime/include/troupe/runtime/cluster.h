@@ -59,6 +59,9 @@ class Cluster {
   const std::vector<PeerInfo>& address_book() const { return book_; }
 
   void request_shutdown(const std::string& why);
+  // Keeps the process alive up to d beyond the watchdog's bound (a rank saving its work after a
+  // peer failure); finishing sooner is fine. Calls extend, never shorten.
+  void hold_exit(Duration d);
   bool shutdown_requested() const { return info_ready_.load(); }
   ShutdownInfo wait();                  // blocks until a signal, request_shutdown, or peer failure
   bool wait_for(Duration d);            // true when shutdown was triggered within d
@@ -87,6 +90,7 @@ class Cluster {
   ShutdownInfo info_;
   std::atomic<bool> info_ready_{false};
   std::atomic<bool> done_{false};
+  std::chrono::steady_clock::time_point hold_until_{};  // under mu_
   std::thread signal_thread_, watchdog_thread_;
   int signal_pipe_[2] = {-1, -1};
 };
