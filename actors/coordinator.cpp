@@ -808,9 +808,8 @@ Status Coordinator::eval_and_log(const std::string& phase) {
 bool Coordinator::improves_best(double value) {
   if (!best_known_) {
     best_known_ = true;
-    auto best = learner::verify_checkpoint(run_dir_ + "/checkpoints/best");
-    if (best.ok() && best->contains("metric") && (*best)["metric"].contains("value"))
-      best_value_ = (*best)["metric"]["value"].get<double>();
+    if (fs::exists(run_dir_ + "/checkpoints/best"))  // (a resumed run's; reading state.json is enough)
+      best_value_ = learner::checkpoint_metric(run_dir_ + "/checkpoints/best");
   }
   if (!best_value_) return true;
   return cfg_.checkpointing.higher_is_better ? value > *best_value_ : value < *best_value_;

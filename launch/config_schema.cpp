@@ -419,33 +419,35 @@ std::string resolved_yaml(const ExperimentConfig& cfg_in) {
 
 namespace {
 // Keys a --resume may change: where and how long the run goes, how it is placed, logged, evaluated
-// and checkpointed, and the optimizations that are bit-identical to the plain path.
+// and checkpointed, and the optimizations that are bit-identical to the plain path. (Not
+// sft.max_steps: it decides where the GRPO phase starts.)
+constexpr const char* kResumeMayChangePrefixes[] = {"cluster.", "checkpointing.", "logger.", "eval."};
+constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
+                                                "run.name",
+                                                "run.max_wall_s",
+                                                "grpo.max_steps",
+                                                "policy.model.cache_packed_metadata",
+                                                "policy.model.activation_checkpointing",
+                                                "policy.model.offload_activations",
+                                                "policy.model.offload_double_buffer",
+                                                "policy.model.moe_grouped",
+                                                "envs[].address",
+                                                "envs[].timeout_s",
+                                                "envs[].isolate"};
 bool resume_may_change(const std::string& path) {
-  static const char* const kPrefixes[] = {"cluster.", "checkpointing.", "logger.", "eval."};
-  static const char* const kKeys[] = {"run.dir",
-                                      "run.name",
-                                      "run.max_wall_s",
-                                      "grpo.max_steps",
-                                      "policy.model.cache_packed_metadata",
-                                      "policy.model.activation_checkpointing",
-                                      "policy.model.offload_activations",
-                                      "policy.model.offload_double_buffer",
-                                      "policy.model.moe_grouped",
-                                      "envs[].address",
-                                      "envs[].timeout_s",
-                                      "envs[].isolate"};
-  for (const char* p : kPrefixes)
+  for (const char* p : kResumeMayChangePrefixes)
     if (path.rfind(p, 0) == 0) return true;
-  for (const char* k : kKeys)
+  for (const char* k : kResumeMayChangeKeys)
     if (path == k) return true;
   return false;
 }
 }  // namespace
 
 std::string resume_may_change_summary() {
-  return "run.dir, run.name, run.max_wall_s, grpo.max_steps, cluster.*, checkpointing.*, logger.*, "
-         "eval.*, the bit-identical policy.model switches (cache_packed_metadata, activation_checkpointing, "
-         "offload_activations, offload_double_buffer, moe_grouped), envs[].address, envs[].timeout_s, envs[].isolate";
+  std::string out;
+  for (const char* k : kResumeMayChangeKeys) out += (out.empty() ? "" : ", ") + std::string(k);
+  for (const char* p : kResumeMayChangePrefixes) out += ", " + std::string(p) + "*";
+  return out;
 }
 
 std::vector<ResumeConflict> resume_conflicts(const ExperimentConfig& before_in, const ExperimentConfig& now_in) {

@@ -116,8 +116,9 @@ class ControlActor : public runtime::Actor {
 
 // Before a --resume touches the run directory (every rank checks, nothing is written): the
 // checkpoint it continues from is whole, and the config is the run's own (config.resolved.yaml)
-// up to the keys a resume may change. Exit code 2 with the reason otherwise.
-int check_resume(const LoadedConfig& loaded, const std::string& run_dir) {
+// up to the keys a resume may change. Exit code 2 with the reason otherwise; 0 with *step set to
+// the checkpoint's step.
+int check_resume(const LoadedConfig& loaded, const std::string& run_dir, int64_t* step) {
   const std::string ckpts = run_dir + "/checkpoints";
   auto latest = learner::latest_checkpoint(ckpts);
   if (!latest.ok()) {
@@ -127,20 +128,14 @@ int check_resume(const LoadedConfig& loaded, const std::string& run_dir) {
   auto state = learner::verify_checkpoint(*latest);
   if (!state.ok()) {
     // Name the earlier checkpoints that are whole, newest first: the run can go on from one of them.
-    std::vector<std::pair<long, std::string>> steps;
+    const auto steps = learner::checkpoint_steps(ckpts);
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(ckpts, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("step_", 0) != 0 || fs::is_symlink(e.path()) || !e.is_directory()) continue;
-      if (fs::equivalent(e.path(), *latest, ec)) continue;
-      char* end = nullptr;
-      const long n = std::strtol(name.c_str() + 5, &end, 10);
-      if (end && *end == '\0') steps.emplace_back(n, name);
-    }
-    std::sort(steps.rbegin(), steps.rend());
     std::string whole;
-    for (const auto& [n, name] : steps)
-      if (learner::verify_checkpoint(ckpts + "/" + name).ok()) whole += (whole.empty() ? "" : ", ") + name;
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+      const std::string dir = ckpts + "/" + it->second;
+      if (!fs::equivalent(dir, *latest, ec) && learner::verify_checkpoint(dir).ok())
+        whole += (whole.empty() ? "" : ", ") + it->second;
+    }
     std::fprintf(stderr,
                  "troupe: error: --resume %s: %s; nothing in the run directory was changed. %s\n", run_dir.c_str(),
                  state.error().message.c_str(),
@@ -150,6 +145,7 @@ int check_resume(const LoadedConfig& loaded, const std::string& run_dir) {
                                      .c_str());
     return 2;
   }
+  *step = (*state)["step"].get<int64_t>();
   const std::string stored = run_dir + "/config.resolved.yaml";
   if (!fs::exists(stored)) {
     std::fprintf(stderr, "troupe: warning: --resume %s: no config.resolved.yaml, the config is not compared\n",
@@ -249,8 +245,9 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
     std::fprintf(stderr, "troupe: error: --resume %s: no checkpoints/latest in that run directory\n", run_dir.c_str());
     return 2;
   }
+  int64_t resume_after = -1;  // the checkpoint's step: metric rows after it are dropped
   if (!opt.resume_dir.empty()) {
-    if (int rc = check_resume(loaded, run_dir); rc != 0) return rc;
+    if (int rc = check_resume(loaded, run_dir, &resume_after); rc != 0) return rc;
   }
   auto specs = actors::env_specs(cfg, base_dir_of(loaded.file));
   if (!specs.ok()) return fail(specs.error());
@@ -375,14 +372,6 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
       code = 1;
     } else {
       std::ofstream(run_dir + "/config.resolved.yaml") << resolved_yaml(cfg);
-      int64_t resume_after = -1;
-      if (!opt.resume_dir.empty()) {
-        // keep metric rows up to the checkpoint being resumed
-        // (check_resume verified this state.json before anything was written)
-        std::ifstream in(run_dir + "/checkpoints/latest/state.json");
-        json st = json::parse(in, nullptr, false);
-        resume_after = st.is_object() ? st.value("step", int64_t{0}) : 0;
-      }
       ProgressOptions po{cfg.logger.progress, cfg.run.name,
                          (cfg.sft.enabled ? cfg.sft.max_steps : 0) + (cfg.grpo.enabled ? cfg.grpo.max_steps : 0)};
       auto sinks = MetricsSinks::open(run_dir, cfg.logger.tensorboard, po, resume_after);

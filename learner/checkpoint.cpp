@@ -244,12 +244,9 @@ Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const Ch
   if (fs::is_symlink(root / "best")) best_target = fs::read_symlink(root / "best", ec).string();
   if (!options.best_metric.empty() && data.metric) {
     bool better = true;
-    if (!best_target.empty() && best_target != name && fs::exists(root / best_target / kStateFile)) {
-      auto bj = read_json_file(root / best_target / kStateFile);
-      if (bj.ok() && bj->contains("metric") && (*bj)["metric"].contains("value")) {
-        const double bv = (*bj)["metric"]["value"].get<double>();
-        better = options.higher_is_better ? *data.metric > bv : *data.metric < bv;
-      }
+    if (!best_target.empty() && best_target != name) {
+      if (auto bv = checkpoint_metric((root / best_target).string()))
+        better = options.higher_is_better ? *data.metric > *bv : *data.metric < *bv;
     }
     if (better) {
       TROUPE_TRY(swap_symlink(root, "best", name));
@@ -259,13 +256,7 @@ Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const Ch
 
   // 6. keep the newest K (and whatever latest/best point to)
   if (options.keep_last > 0) {
-    std::vector<std::pair<int64_t, std::string>> steps;
-    for (const auto& e : fs::directory_iterator(root)) {
-      if (!e.is_directory() || e.is_symlink()) continue;
-      auto n = step_of(e.path().filename().string());
-      if (n) steps.emplace_back(*n, e.path().filename().string());
-    }
-    std::sort(steps.begin(), steps.end());
+    const auto steps = checkpoint_steps(root.string());
     const size_t keep = static_cast<size_t>(options.keep_last);
     for (size_t i = 0; i + keep < steps.size(); ++i) {
       if (steps[i].second == name || steps[i].second == best_target) continue;
@@ -273,6 +264,26 @@ Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const Ch
     }
   }
   return final_dir.string();
+}
+
+std::vector<std::pair<int64_t, std::string>> checkpoint_steps(const std::string& checkpoints_dir) {
+  std::vector<std::pair<int64_t, std::string>> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(checkpoints_dir, ec)) {
+    if (!e.is_directory() || e.is_symlink()) continue;
+    auto n = step_of(e.path().filename().string());
+    if (n) steps.emplace_back(*n, e.path().filename().string());
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::optional<double> checkpoint_metric(const std::string& step_dir) {
+  auto j = read_json_file(fs::path(step_dir) / kStateFile);
+  if (!j.ok() || !j->contains("metric") || !(*j)["metric"].is_object() || !(*j)["metric"].contains("value") ||
+      !(*j)["metric"]["value"].is_number())
+    return std::nullopt;
+  return (*j)["metric"]["value"].get<double>();
 }
 
 Result<std::string> latest_checkpoint(const std::string& checkpoints_dir) {

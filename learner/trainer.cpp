@@ -144,19 +144,13 @@ Status Trainer::check_sample(const Sample& s, size_t i) const {
   if (s.prompt.empty()) return invalid_input(sample_name(i) + ": empty prompt");
   if (s.completion.empty()) return invalid_input(sample_name(i) + ": empty completion");
   const size_t C = s.completion.size();
-  auto size_ok = [&](const std::vector<float>& v) { return v.empty() || v.size() == C; };
-  if (!size_ok(s.completion_mask))
-    return invalid_input(sample_name(i) + ": completion_mask has " + std::to_string(s.completion_mask.size()) +
-                         " entries for " + std::to_string(C) + " completion tokens");
-  if (!size_ok(s.old_logprobs))
-    return invalid_input(sample_name(i) + ": old_logprobs has " + std::to_string(s.old_logprobs.size()) +
-                         " entries for " + std::to_string(C) + " completion tokens");
-  if (!size_ok(s.behavior_logprobs))
-    return invalid_input(sample_name(i) + ": behavior_logprobs has " + std::to_string(s.behavior_logprobs.size()) +
-                         " entries for " + std::to_string(C) + " completion tokens");
-  if (!size_ok(s.ref_logprobs))
-    return invalid_input(sample_name(i) + ": ref_logprobs has " + std::to_string(s.ref_logprobs.size()) +
-                         " entries for " + std::to_string(C) + " completion tokens");
+  // each per-token vector is empty or has one entry per completion token
+  for (const auto& [v, field] : {std::pair{&s.completion_mask, "completion_mask"}, std::pair{&s.old_logprobs, "old_logprobs"},
+                                 std::pair{&s.behavior_logprobs, "behavior_logprobs"},
+                                 std::pair{&s.ref_logprobs, "ref_logprobs"}})
+    if (!v->empty() && v->size() != C)
+      return invalid_input(sample_name(i) + ": " + field + " has " + std::to_string(v->size()) + " entries for " +
+                           std::to_string(C) + " completion tokens");
   if (cfg_.phase == Phase::grpo && cfg_.loss.beta != 0 && s.ref_logprobs.empty())
     return invalid_input(sample_name(i) + ": beta = " + std::to_string(cfg_.loss.beta) +
                          " needs ref_logprobs (or set beta: 0)");

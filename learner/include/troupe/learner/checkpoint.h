@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -59,6 +60,12 @@ Status read_flat_model(const std::string& dir, const std::vector<policy::TensorS
 Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const CheckpointData& data,
                                     const ModelDirWriter& write_model, const AdamW& opt,
                                     const std::vector<policy::TensorSpec>& specs, const CheckpointOptions& options);
+
+// The step_N directories of checkpoints_dir (not the latest/best links), ascending by N.
+std::vector<std::pair<int64_t, std::string>> checkpoint_steps(const std::string& checkpoints_dir);
+
+// The best_metric value a checkpoint was saved with (its state.json only; none when absent).
+std::optional<double> checkpoint_metric(const std::string& step_dir);
 
 // The directory `latest` points to (error when there is none).
 Result<std::string> latest_checkpoint(const std::string& checkpoints_dir);
