@@ -1,4 +1,4 @@
-# launch.cli_help: every subcommand answers --help with exit 0 and names itself (DESIGN.md CLI contract).
+# launch.cli_help: every subcommand answers --help with exit 0 and names itself (the CLI contract in docs/architecture.md).
 foreach(sub "" run validate eval report bench "env" "env serve" generate score keygen)
   separate_arguments(args UNIX_COMMAND "${sub} --help")
   execute_process(COMMAND ${TROUPE} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -1,6 +1,6 @@
 // The `troupe` subcommands. Each add_*_command registers its CLI11 subcommand and returns the
 // function that runs it; main() calls the one the user picked and exits with its code
-// (0 ok, 2 bad config/input, 3 a peer or rank failed, 1 anything else — DESIGN.md).
+// (0 ok, 2 bad config/input, 3 a peer or rank failed, 1 anything else — docs/architecture.md).
 #pragma once
 
 #include <CLI/CLI.hpp>
