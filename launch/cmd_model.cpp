@@ -1,4 +1,4 @@
-// `troupe generate` and `troupe score`: sample from / score with a model directory (docs/architecture.md, "Model directory").
+// `troupe generate` and `troupe score`: sample from / score with a model directory (docs/architecture.md).
 // Both load any model directory (ours or transformers-made) through policy::io::load_model; a bad
 // directory is exit 2 with a message naming the file. score's LAST stdout line is its JSON result.
 #include <cstdio>
