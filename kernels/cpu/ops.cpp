@@ -432,6 +432,40 @@ void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_c
   }
 }
 
+// ---- elementwise add, KV cache, packed layout ---------------------------------------------------
+
+template <class T>
+void add_forward(T* out, const T* a, const T* b, size_t n) {
+#pragma omp parallel for schedule(static) if (parallel_worth(double(n)))
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void kv_cache_write(float* k_cache, float* v_cache, const float* k, const float* v, const int32_t* slot,
+                    const int32_t* pos, int T, int cache_len, int KD) {
+#pragma omp parallel for schedule(static) if (parallel_worth(double(T) * KD))
+  for (int t = 0; t < T; ++t) {
+    const size_t row = (static_cast<size_t>(slot[t]) * cache_len + pos[t]) * KD;
+    std::copy(k + static_cast<size_t>(t) * KD, k + static_cast<size_t>(t + 1) * KD, k_cache + row);
+    std::copy(v + static_cast<size_t>(t) * KD, v + static_cast<size_t>(t + 1) * KD, v_cache + row);
+  }
+}
+
+int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
+                      const int32_t* cu_seqlens, int S) {
+  int max_seqlen = 0;
+  for (int s = 0; s < S; ++s) {
+    const int a = cu_seqlens[s], e = cu_seqlens[s + 1];
+    max_seqlen = std::max(max_seqlen, e - a);
+    for (int t = a; t < e; ++t) {
+      positions[t] = t - a;
+      seq_ids[t] = s;
+      seq_start[t] = a;
+      seq_end[t] = e;
+    }
+  }
+  return max_seqlen;
+}
+
 // ---- SwiGLU ---------------------------------------------------------------------------------------
 
 template <class T>
@@ -530,6 +564,7 @@ void logprob_backward(T* dlogits, const T* dlogp, const T* dentropy, const T* lo
                                       const T*, const T*, const int32_t*, int, int, int, int, int, int);   \
   template void attention_decode_forward<T>(T*, const T*, const T*, const T*, const int32_t*,             \
                                             const int32_t*, int, int, int, int, int);                      \
+  template void add_forward<T>(T*, const T*, const T*, size_t);                                             \
   template void swiglu_forward<T>(T*, const T*, const T*, int);                                            \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int);                             \
   template void logprob_forward<T>(T*, T*, T*, const T*, const int32_t*, float, int, int);                 \
