@@ -56,6 +56,21 @@ inline T dot(const T* a, const T* b, int n) {
   return s;
 }
 
+// One key of an online softmax: the output row o (HD) holds sum_j e^(s_j - m) v_j over the keys
+// seen so far, m their largest score and l = sum_j e^(s_j - m); a new largest score rescales both.
+template <class T>
+inline void online_softmax_step(T* o, T& m, T& l, T s, const T* vv, int HD) {
+  if (s > m) {
+    const T r = std::exp(m - s);  // exp(-inf) = 0 on the first key
+    l *= r;
+    for (int d = 0; d < HD; ++d) o[d] *= r;
+    m = s;
+  }
+  const T w = std::exp(s - m);
+  l += w;
+  for (int d = 0; d < HD; ++d) o[d] += w * vv[d];
+}
+
 }  // namespace
 
 void gemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
@@ -221,16 +236,7 @@ void attention_forward_reference(T* out, T* lse, const T* q, const T* k, const T
     for (int j = seq_start[t]; j <= t; ++j) {
       const T* kv = k + (static_cast<size_t>(j) * NKV + g) * HD;
       const T* vv = v + (static_cast<size_t>(j) * NKV + g) * HD;
-      const T s = dot(qv, kv, HD) * scale;
-      if (s > m) {
-        const T r = std::exp(m - s);  // exp(-inf) = 0 on the first key
-        l *= r;
-        for (int d = 0; d < HD; ++d) o[d] *= r;
-        m = s;
-      }
-      const T w = std::exp(s - m);
-      l += w;
-      for (int d = 0; d < HD; ++d) o[d] += w * vv[d];
+      online_softmax_step(o, m, l, dot(qv, kv, HD) * scale, vv, HD);
     }
     const T inv = T(1) / l;
     for (int d = 0; d < HD; ++d) o[d] *= inv;
@@ -414,16 +420,7 @@ void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_c
       const size_t row = (static_cast<size_t>(slot ? slot[b] : b) * cache_len + j) * NKV + g;
       const T* kv = k_cache + row * HD;
       const T* vv = v_cache + row * HD;
-      const T s = dot(qv, kv, HD) * scale;
-      if (s > m) {
-        const T r = std::exp(m - s);
-        l *= r;
-        for (int d = 0; d < HD; ++d) o[d] *= r;
-        m = s;
-      }
-      const T w = std::exp(s - m);
-      l += w;
-      for (int d = 0; d < HD; ++d) o[d] += w * vv[d];
+      online_softmax_step(o, m, l, dot(qv, kv, HD) * scale, vv, HD);
     }
     if (l > 0) {
       const T inv = T(1) / l;
