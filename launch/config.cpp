@@ -11,6 +11,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "troupe/kernels/backend.h"
 #include "troupe/launch/config.h"
 
 namespace troupe::launch {
@@ -499,6 +500,7 @@ class Loader {
     if (m.offload_activations && !m.activation_checkpointing)
       error(at("policy.model.offload_activations"), "policy.model.offload_activations",
             "needs policy.model.activation_checkpointing: true (only checkpointed inputs are offloaded)");
+    if (auto be = kernels::backend_for(m.device); !be.ok()) error(at("policy.device"), "policy.device", be.error().message);
     long long need = static_cast<long long>(c.rollout.max_prompt_length) +
                      static_cast<long long>(c.rollout.max_response_length) * c.rollout.max_turns;
     if (c.policy.path.empty() && need > m.max_position_embeddings)

@@ -75,6 +75,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.text("policy.path", [](C& c) { return &c.policy.path; }, "Start from this model directory (ours or transformers-made); empty = fresh initialization from policy.model.");
   b.choice("policy.tokenizer", [](C& c) { return &c.policy.tokenizer; }, {"char", "byte", "auto"}, "Tokenizer: char (printable ASCII, for built-in tasks), byte, or auto (the model directory's tokenizer).");
   b.number("policy.init_std", [](C& c) { return &c.policy.init_std; }, 0, 1, "Standard deviation of the fresh initialization.");
+  b.choice("policy.device", [](C& c) { return &c.policy.model.device; }, {"cpu", "cuda"}, "Backend the model runs on: cpu (OpenMP + BLAS). cuda is reserved for the CUDA backend, which is not implemented yet: choosing it is an error.");
   b.choice("policy.model.family", [](C& c) { return &c.policy.model.family; }, {"qwen3_moe", "mixtral"}, "Model family (Hugging Face layout of checkpoints): qwen3_moe has per-head q/k RMSNorm.");
   b.integer("policy.model.vocab_size", [](C& c) { return &c.policy.model.vocab_size; }, 2, 1048576, "V: vocabulary size (must cover the tokenizer).");
   b.integer("policy.model.hidden_size", [](C& c) { return &c.policy.model.hidden_size; }, 1, 65536, "C: model width.");

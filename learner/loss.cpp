@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "troupe/kernels/backend.h"
+
 namespace troupe::learner {
 
 void LossMetrics::add(const LossMetrics& o) {
@@ -85,167 +87,41 @@ Status check_batch(const TokenBatch& b, const GrpoLossConfig& cfg, const float* 
 inline double clampd(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
 inline double pass(double x, double lo, double hi) { return (x >= lo && x <= hi) ? 1.0 : 0.0; }
 
-// Clipped surrogate for one ratio value: returns the loss and writes d loss / d rho.
-struct Surrogate {
-  double loss, dloss_drho;
-  bool clip_low, clip_high, dual;
-};
-
-inline Surrogate surrogate(double rho, double A, const GrpoLossConfig& cfg) {
-  const double lo = 1.0 - cfg.epsilon, hi = 1.0 + cfg.eps_high();
-  double r1 = rho, d1 = 1.0;
-  if (cfg.delta > 0) {
-    r1 = std::min<double>(rho, cfg.delta);
-    d1 = rho <= cfg.delta ? 1.0 : 0.0;
-  }
-  const double r2 = clampd(rho, lo, hi), d2 = pass(rho, lo, hi);
-  const double a = -A * r1, b = -A * r2;  // -min(rho A, clip(rho) A) = max(a, b)
-  double l, g;
-  if (a > b) {
-    l = a;
-    g = -A * d1;
-  } else if (b > a) {
-    l = b;
-    g = -A * d2;
-  } else {
-    l = a;
-    g = 0.5 * (-A * d1 - A * d2);
-  }
-  bool dual = false;
-  if (cfg.clip_ratio_c > 1 && A < 0) {  // veRL dual clip: min(-A c, max(a, b)) for negative advantages
-    const double c3 = -A * cfg.clip_ratio_c;
-    if (c3 < l) {
-      l = c3;
-      g = 0;
-      dual = true;
-    } else if (c3 == l) {
-      g *= 0.5;
-    }
-  }
-  return {l, g, rho < lo && A < 0, rho > hi && A > 0, dual};
-}
-
-// KL estimate of one token and d kl / d logp.
-inline void kl_token(double logp, double ref, const GrpoLossConfig& cfg, double& kl, double& dkl_dlogp) {
-  double x = ref - logp, din = 1.0;
-  if (cfg.kl_input_clamp > 0) {
-    din = pass(x, -cfg.kl_input_clamp, cfg.kl_input_clamp);
-    x = clampd(x, -cfg.kl_input_clamp, cfg.kl_input_clamp);
-  }
-  double dx;
-  switch (cfg.kl_estimator) {
-    case KlEstimator::k1: kl = -x; dx = -1.0; break;
-    case KlEstimator::k2: kl = 0.5 * x * x; dx = x; break;
-    case KlEstimator::k3:
-    default: {
-      const double e = std::exp(x);
-      kl = e - 1.0 - x;
-      dx = e - 1.0;
-      break;
-    }
-  }
-  double dout = 1.0;
-  if (cfg.kl_output_clamp > 0) {
-    dout = pass(kl, -cfg.kl_output_clamp, cfg.kl_output_clamp);
-    kl = clampd(kl, -cfg.kl_output_clamp, cfg.kl_output_clamp);
-  }
-  dkl_dlogp = -dx * din * dout;
-}
-
-inline double log_ratio_of(double logp, double old, float clamp_c, double& dlr) {
-  double lr = logp - old;
-  dlr = 1.0;
-  if (clamp_c > 0) {
-    dlr = pass(lr, -clamp_c, clamp_c);
-    lr = clampd(lr, -clamp_c, clamp_c);
-  }
-  return lr;
-}
-
 }  // namespace
 
 Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* logp, const float* entropy,
                                     const TokenBatch& b, const GrpoLossConfig& cfg, const LossNorm& norm) {
   TROUPE_TRY(check_batch(b, cfg, logp, entropy, dlogp, dentropy));
-  LossMetrics m;
-  const bool seq_level = cfg.importance_sampling_level == ImportanceSamplingLevel::sequence;
-  const bool want_entropy = entropy != nullptr;
-  for (int s = 0; s < b.S; ++s) {
-    const int t0 = b.cu_seqlens[s], t1 = b.cu_seqlens[s + 1];
-    const double A = b.advantages[s];
-    double seq_tokens = 0, seq_lr = 0, seq_iw = 0;  // seq_iw: sum of m * is_weight
-    for (int t = t0; t < t1; ++t) {
-      seq_tokens += b.mask[t];
-      seq_iw += b.mask[t] * (b.is_weight ? b.is_weight[t] : 1.0);
-      if (seq_level && b.logp_old && b.mask[t] != 0) seq_lr += b.mask[t] * (static_cast<double>(logp[t]) - b.logp_old[t]);
-    }
-    TROUPE_ASSIGN_OR_RETURN(const double ws, aggregation_weight(cfg.loss_agg_mode, seq_tokens, norm, cfg.loss_scale_factor));
-    // GSPO: one ratio per sequence, rho = exp(mean_t m (logp - old)); its loss is shared by every
-    // token, so d loss / d logp_t = (sum of token weights) * dpg/drho * rho * m_t / L.
-    Surrogate sq{0, 0, false, false, false};
-    double seq_rho = 1.0, seq_scale = 0.0;
-    if (seq_level) {
-      double dlr = 1.0;
-      const double lr = log_ratio_of(seq_lr / std::max(seq_tokens, 1.0), 0.0, cfg.log_ratio_clamp, dlr);
-      seq_rho = std::exp(lr);
-      sq = surrogate(seq_rho, A, cfg);
-      seq_scale = (ws * seq_iw) * sq.dloss_drho * seq_rho * dlr / std::max(seq_tokens, 1.0);
-    }
-    for (int t = t0; t < t1; ++t) {
-      const double mt = b.mask[t];
-      if (mt == 0) {
-        dlogp[t] = 0;
-        if (dentropy) dentropy[t] = 0;
-        continue;
-      }
-      const double w = mt * ws;
-      double pg, g;
-      double rho;
-      if (seq_level) {
-        pg = sq.loss;
-        g = seq_scale * mt;  // already includes the token weights of the whole sequence
-        rho = seq_rho;
-        m.clip_low_sum += mt * sq.clip_low;
-        m.clip_high_sum += mt * sq.clip_high;
-        m.dual_clip_sum += mt * sq.dual;
-      } else {
-        double dlr = 1.0;
-        rho = b.logp_old ? std::exp(log_ratio_of(logp[t], b.logp_old[t], cfg.log_ratio_clamp, dlr)) : 1.0;
-        Surrogate su = surrogate(rho, A, cfg);
-        pg = su.loss;
-        g = w * su.dloss_drho * rho * dlr;
-        m.clip_low_sum += mt * su.clip_low;
-        m.clip_high_sum += mt * su.clip_high;
-        m.dual_clip_sum += mt * su.dual;
-      }
-      const double iw = b.is_weight ? b.is_weight[t] : 1.0;
-      pg *= iw;
-      if (!seq_level) g *= iw;  // (the sequence-level gradient sums the weighted tokens already)
-      m.is_weight_sum += mt * iw;
-      double l = pg;
-      m.pg_loss += w * pg;
-      if (b.logp_ref) {
-        double kl, dkl;
-        kl_token(logp[t], b.logp_ref[t], cfg, kl, dkl);
-        m.kl_sum += mt * kl;
-        if (cfg.beta != 0) {
-          l += cfg.beta * kl;
-          m.kl_loss += w * cfg.beta * kl;
-          g += w * cfg.beta * dkl;
-        }
-      }
-      if (want_entropy) {
-        m.entropy_sum += mt * entropy[t];
-        l -= cfg.entropy_coef * entropy[t];
-      }
-      if (dentropy) dentropy[t] = static_cast<float>(-w * cfg.entropy_coef);
-      m.loss += w * l;
-      m.ratio_sum += mt * rho;
-      m.tokens += mt;
-      dlogp[t] = static_cast<float>(g);
-    }
-  }
-  return m;
+  // The per-sequence weight is 1 / d (token-mean, seq-mean-token-sum[-norm]) or
+  // 1 / (max(seq tokens, 1) d) (seq-mean-token-mean); aggregation_weight says which d is invalid.
+  if (b.S > 0) TROUPE_TRY(aggregation_weight(cfg.loss_agg_mode, 1.0, norm, cfg.loss_scale_factor));
+  kernels::GrpoLossParams p;
+  p.epsilon_low = cfg.epsilon;
+  p.epsilon_high = cfg.eps_high();
+  p.delta = cfg.delta;
+  p.clip_ratio_c = cfg.clip_ratio_c;
+  p.log_ratio_clamp = cfg.log_ratio_clamp;
+  p.sequence_level = cfg.importance_sampling_level == ImportanceSamplingLevel::sequence;
+  p.beta = cfg.beta;
+  p.kl_estimator = cfg.kl_estimator == KlEstimator::k1   ? kernels::KlEstimator::k1
+                   : cfg.kl_estimator == KlEstimator::k2 ? kernels::KlEstimator::k2
+                                                         : kernels::KlEstimator::k3;
+  p.kl_input_clamp = cfg.kl_input_clamp;
+  p.kl_output_clamp = cfg.kl_output_clamp;
+  p.entropy_coef = cfg.entropy_coef;
+  p.agg_per_seq_tokens = cfg.loss_agg_mode == LossAggMode::seq_mean_token_mean;
+  p.agg_denominator = cfg.loss_agg_mode == LossAggMode::token_mean ? norm.num_tokens
+                      : cfg.loss_agg_mode == LossAggMode::seq_mean_token_sum_norm
+                          ? norm.num_seqs * static_cast<double>(cfg.loss_scale_factor)
+                          : norm.num_seqs;
+  const kernels::GrpoLossBatch kb{b.T,  b.S,        b.cu_seqlens, b.mask,      b.advantages,
+                                  logp, b.logp_old, b.logp_ref,   b.is_weight, entropy};
+  // The loss's inputs are host arrays: the CPU backend's op runs on them in place.
+  const kernels::GrpoLossSums s = kernels::cpu_backend().grpo_loss(dlogp, dentropy, kb, p);
+  // LossMetrics in field order.
+  return LossMetrics{s.loss,        s.pg_loss,      s.kl_loss,       s.tokens,
+                     s.kl_sum,      s.clip_low_sum, s.clip_high_sum, s.dual_clip_sum,
+                     s.entropy_sum, s.ratio_sum,    s.is_weight_sum};
 }
 
 // ---- composed: one simple op per step, each with its own temporary, forward then backward ----

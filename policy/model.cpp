@@ -1,19 +1,18 @@
-// The policy model: Qwen3-MoE / Mixtral decoder on the CPU ops of troupe::kernels. Parameters and
-// gradients are one flat arena each laid out from one tensor table (experts of a layer contiguous,
-// so the MoE kernel sees (E, H, C) blocks); activations are a third arena carved per batch size.
-// Backward is the forward's call list reversed; every parameter gradient is accumulated (+=).
+// The policy model: Qwen3-MoE / Mixtral decoder on the ops of a troupe::kernels::Backend (the one
+// policy.device selects). Parameters and gradients are one flat arena each laid out from one tensor
+// table (experts of a layer contiguous, so the MoE kernel sees (E, H, C) blocks); activations are a
+// third arena carved per batch size; all three, and the KV cache, are backend Buffers. No tensor
+// math happens here: every loop over a tensor is a backend op. Backward is the forward's call list
+// reversed; every parameter gradient is accumulated (+=).
 #include "troupe/policy/model.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
-#include <omp.h>
-
 #include "model_impl.h"
-#include "troupe/kernels/moe.h"
-#include "troupe/kernels/ops.h"
+#include "troupe/kernels/backend.h"
+#include "troupe/kernels/random.h"
 
 namespace troupe::policy {
 
@@ -52,7 +51,8 @@ Status validate_packed_batch(const PackedBatch& b, int vocab_size, bool need_tar
   return {};
 }
 
-void build_packed_meta(PackedMeta* m, const PackedBatch& b, int head_dim, float rope_theta) {
+void build_packed_meta(PackedMeta* m, const PackedBatch& b, int head_dim, float rope_theta,
+                       const kernels::Backend& be) {
   const int T = static_cast<int>(b.tokens.size());
   m->T = T;
   m->S = static_cast<int>(b.cu_seqlens.size()) - 1;
@@ -61,20 +61,11 @@ void build_packed_meta(PackedMeta* m, const PackedBatch& b, int head_dim, float 
   m->seq_ids.resize(T);
   m->seq_start.resize(T);
   m->seq_end.resize(T);
-  m->max_seqlen = 0;
-  for (int s = 0; s < m->S; ++s) {
-    const int a = b.cu_seqlens[s], e = b.cu_seqlens[s + 1];
-    m->max_seqlen = std::max(m->max_seqlen, e - a);
-    for (int t = a; t < e; ++t) {
-      m->positions[t] = t - a;
-      m->seq_ids[t] = s;
-      m->seq_start[t] = a;
-      m->seq_end[t] = e;
-    }
-  }
+  m->max_seqlen = be.packed_seq_layout(m->positions.data(), m->seq_ids.data(), m->seq_start.data(),
+                                       m->seq_end.data(), m->cu_seqlens.data(), m->S);
   m->rope_cos.resize(static_cast<size_t>(T) * head_dim / 2);
   m->rope_sin.resize(static_cast<size_t>(T) * head_dim / 2);
-  k::rope_cos_sin(m->rope_cos.data(), m->rope_sin.data(), m->positions.data(), T, head_dim, rope_theta);
+  be.rope_cos_sin(m->rope_cos.data(), m->rope_sin.data(), m->positions.data(), T, head_dim, rope_theta);
 }
 
 Status validate_model_config(const ModelConfig& c) {
@@ -111,25 +102,13 @@ Status validate_model_config(const ModelConfig& c) {
   if (!(c.router_aux_loss_coef >= 0)) return bad("router_aux_loss_coef", "must be >= 0");
   if (c.offload_activations && !c.activation_checkpointing)
     return bad("offload_activations", "needs activation_checkpointing: true (only checkpointed layer inputs are offloaded)");
+  if (auto be = kernels::backend_for(c.device); !be.ok()) return bad("device", "'" + c.device + "': " + be.error().message);
   return {};
 }
 
 // ---- construction ---------------------------------------------------------------------------------
 
-namespace {
-
-// splitmix64: the init and sampling RNG (fixed algorithm, so results do not depend on the C++ library).
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-double uniform01(uint64_t& s) { return static_cast<double>(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0); }
-
-}  // namespace
-
-Model::Impl::Impl(const ModelConfig& c) : cfg(c) {
+Model::Impl::Impl(const ModelConfig& c, const kernels::Backend& backend) : cfg(c), be(&backend) {
   C = c.hidden_size;
   NH = c.num_attention_heads;
   NKV = c.num_key_value_heads;
@@ -147,8 +126,6 @@ Model::Impl::Impl(const ModelConfig& c) : cfg(c) {
   moe_cfg.grouped = c.moe_grouped;
   for (int l = 0; l < L; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
   build_table();
-  params.assign(n_params, 0.0f);
-  grads.assign(n_params, 0.0f);
   moe_stats.assign(L, {});
   if (cfg.offload_activations) engine = std::make_unique<k::CopyEngine>();
 }
@@ -215,56 +192,36 @@ void Model::Impl::build_table() {
   n_params = off;
 }
 
+Status Model::Impl::alloc_params() {
+  TROUPE_ASSIGN_OR_RETURN(params, be->alloc(n_params * sizeof(float)));
+  TROUPE_ASSIGN_OR_RETURN(grads, be->alloc(n_params * sizeof(float)));
+  return {};
+}
+
 void Model::Impl::init_params(uint64_t seed) {
   uint64_t s = seed;
-  std::vector<bool> is_norm(n_params, false);
   for (const auto& t : table) {
-    const bool norm = t.name.find("norm.weight") != std::string::npos;
-    float* p = params.data() + t.offset;
-    const size_t n = t.numel();
-    if (norm) {
-      std::fill(p, p + n, 1.0f);
-      continue;
-    }
-    for (size_t i = 0; i < n; i += 2) {  // Box-Muller, two normals per draw
-      const double u1 = std::max(uniform01(s), 1e-300), u2 = uniform01(s);
-      const double r = std::sqrt(-2.0 * std::log(u1)), a = 2.0 * M_PI * u2;
-      p[i] = static_cast<float>(0.02 * r * std::cos(a));
-      if (i + 1 < n) p[i + 1] = static_cast<float>(0.02 * r * std::sin(a));
-    }
+    if (t.name.find("norm.weight") != std::string::npos)
+      be->fill(P() + t.offset, t.numel(), 1.0f);
+    else
+      be->fill_normal(P() + t.offset, t.numel(), 0.02, &s);
   }
 }
 
-k::MoeWeights Model::Impl::moe_weights(int l) const {
+template <class Tensors>
+Tensors Model::Impl::moe_tensors(int l, float* base) const {
   const LayerW& w = layers[l];
-  const float* P = params.data();
-  k::MoeWeights mw;
-  mw.w_router = P + w.router;
-  mw.w_gate = P + w.eg;
-  mw.w_up = P + w.eu;
-  mw.w_down = P + w.ed;
+  Tensors t;
+  t.w_router = base + w.router;
+  t.w_gate = base + w.eg;
+  t.w_up = base + w.eu;
+  t.w_down = base + w.ed;
   if (moe_cfg.H_shared > 0) {
-    mw.ws_gate = P + w.sg;
-    mw.ws_up = P + w.su;
-    mw.ws_down = P + w.sd;
+    t.ws_gate = base + w.sg;
+    t.ws_up = base + w.su;
+    t.ws_down = base + w.sd;
   }
-  return mw;
-}
-
-k::MoeGrads Model::Impl::moe_grads(int l) {
-  const LayerW& w = layers[l];
-  float* G = grads.data();
-  k::MoeGrads mg;
-  mg.w_router = G + w.router;
-  mg.w_gate = G + w.eg;
-  mg.w_up = G + w.eu;
-  mg.w_down = G + w.ed;
-  if (moe_cfg.H_shared > 0) {
-    mg.ws_gate = G + w.sg;
-    mg.ws_up = G + w.su;
-    mg.ws_down = G + w.sd;
-  }
-  return mg;
+  return t;
 }
 
 // ---- activation arena -----------------------------------------------------------------------------
@@ -276,11 +233,11 @@ size_t Model::Impl::layer_ws_floats(int T) const {
              + t * NH + t * NKV;                                     // rstd_q, rstd_k
   size_t ffn = 0;
   if (any_dense) ffn = std::max(ffn, t * I * 3);
-  if (any_moe) ffn = std::max(ffn, k::moe_saved_floats(moe_cfg, T));
+  if (any_moe) ffn = std::max(ffn, be->moe_saved_floats(moe_cfg, T));
   return n + ffn;
 }
 
-Acts Model::Impl::carve(std::vector<float>& arena, int T, int max_seqlen, int n_resid, int n_ws,
+Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_resid, int n_ws,
                         bool with_grads) const {
   const size_t t = static_cast<size_t>(T);
   size_t off = 0;
@@ -300,20 +257,20 @@ Acts Model::Impl::carve(std::vector<float>& arena, int T, int max_seqlen, int n_
   // dlogits overwrites logits in place), the MoE kernel's scratch (inside one MoE call), and the
   // per-layer backward temporaries (inside one layer's backward, after the MoE call).
   const size_t QD = static_cast<size_t>(NH) * HD, KD = static_cast<size_t>(NKV) * HD;
-  const size_t moe_scr = any_moe ? k::moe_scratch_floats(moe_cfg, T) : 0;
+  const size_t moe_scr = any_moe ? be->moe_scratch_floats(moe_cfg, T) : 0;
   const size_t head_n = t * C + t * V;
   const size_t layer_n = with_grads ? t * (QD * 3 + KD * 3) + (any_dense ? 3 * t * I : 0) : 0;
   const size_t o_u = take(std::max({moe_scr, head_n, layer_n}));
   const size_t o_rstdf = take(t), o_lse = take(t), o_y = take(t * C);
-  a.attn_scratch_floats = k::attention_scratch_floats(max_seqlen, omp_get_max_threads());
+  a.attn_scratch_floats = be->attention_scratch_floats(max_seqlen);
   const size_t o_ascr = take(a.attn_scratch_floats);
   size_t o_dres = 0, o_dh = 0;
   if (with_grads) {
     o_dres = take(t * C);
     o_dh = take(t * C);
   }
-  if (arena.size() < off) arena.resize(off);
-  float* B = arena.data();
+  TROUPE_TRY(be->grow(arena, off * sizeof(float)));
+  float* B = arena.floats();
   for (auto r : resid_off) a.resid.push_back(B + r);
   for (auto w : ws_off) {
     LayerActs la;
@@ -344,7 +301,7 @@ Acts Model::Impl::carve(std::vector<float>& arena, int T, int max_seqlen, int n_
     a.ws.push_back(la);
   }
   float* U = B + o_u;
-  a.hf = U;
+  a.final_norm_out = U;
   a.logits = U + t * C;
   a.moe_scratch = U;
   a.rstdf = B + o_rstdf;
@@ -375,108 +332,103 @@ Acts Model::Impl::carve(std::vector<float>& arena, int T, int max_seqlen, int n_
 void Model::Impl::layer_forward(int l, const float* x, float* x_out, const LayerActs& a, const Acts& acts,
                                 const PackedMeta& m, int T, const KvCtx* kv) {
   const LayerW& w = layers[l];
-  const float* P = params.data();
+  const float* P = this->P();
   const float eps = cfg.rms_norm_eps;
   const int QD = NH * HD, KD = NKV * HD;
-  k::rmsnorm_forward(a.h1, a.rstd1, x, P + w.ln1, T, C, eps);
-  k::matmul_forward(a.q, a.h1, P + w.wq, T, C, QD);
-  k::matmul_forward(a.k, a.h1, P + w.wk, T, C, KD);
-  k::matmul_forward(a.v, a.h1, P + w.wv, T, C, KD);
+  be->rmsnorm_forward(a.h1, a.rstd1, x, P + w.ln1, T, C, eps);
+  be->matmul_forward(a.q, a.h1, P + w.wq, T, C, QD);
+  be->matmul_forward(a.k, a.h1, P + w.wk, T, C, KD);
+  be->matmul_forward(a.v, a.h1, P + w.wv, T, C, KD);
   const float* qsrc = a.q;
   const float* ksrc = a.k;
   if (qk) {
-    k::rmsnorm_forward(a.qr, a.rstdq, a.q, P + w.qn, T * NH, HD, eps);
-    k::rmsnorm_forward(a.kr, a.rstdk, a.k, P + w.kn, T * NKV, HD, eps);
+    be->rmsnorm_forward(a.qr, a.rstdq, a.q, P + w.qn, T * NH, HD, eps);
+    be->rmsnorm_forward(a.kr, a.rstdk, a.k, P + w.kn, T * NKV, HD, eps);
     qsrc = a.qr;
     ksrc = a.kr;
   }
-  k::rope_forward(a.qr, qsrc, m.rope_cos.data(), m.rope_sin.data(), T, NH, HD);
-  k::rope_forward(a.kr, ksrc, m.rope_cos.data(), m.rope_sin.data(), T, NKV, HD);
+  be->rope_forward(a.qr, qsrc, m.rope_cos.data(), m.rope_sin.data(), T, NH, HD);
+  be->rope_forward(a.kr, ksrc, m.rope_cos.data(), m.rope_sin.data(), T, NKV, HD);
   if (kv) {
     // Write this step's keys/values at (slot, position) of layer l's cache.
-    float* kc = kv->k_cache + static_cast<size_t>(l) * kv->layer_stride;
-    float* vc = kv->v_cache + static_cast<size_t>(l) * kv->layer_stride;
-#pragma omp parallel for schedule(static) if (k::parallel_worth(double(T) * KD))
-    for (int t = 0; t < T; ++t) {
-      const size_t row = (static_cast<size_t>(kv->slot[t]) * kv->cache_len + kv->pos[t]) * KD;
-      std::memcpy(kc + row, a.kr + static_cast<size_t>(t) * KD, sizeof(float) * KD);
-      std::memcpy(vc + row, a.v + static_cast<size_t>(t) * KD, sizeof(float) * KD);
-    }
+    be->kv_cache_write(kv->k_cache + static_cast<size_t>(l) * kv->layer_stride,
+                       kv->v_cache + static_cast<size_t>(l) * kv->layer_stride, a.kr, a.v, kv->slot, kv->pos, T,
+                       kv->cache_len, KD);
   }
   if (kv && kv->decode) {
     const float* kc = kv->k_cache + static_cast<size_t>(l) * kv->layer_stride;
     const float* vc = kv->v_cache + static_cast<size_t>(l) * kv->layer_stride;
-    k::attention_decode_forward(a.att, a.qr, kc, vc, kv->kv_len, kv->slot, T, kv->cache_len, NH, NKV, HD);
+    be->attention_decode_forward(a.att, a.qr, kc, vc, kv->kv_len, kv->slot, T, kv->cache_len, NH, NKV, HD);
   } else {
-    k::attention_forward(a.att, a.lse, acts.attn_scratch, acts.attn_scratch_floats, a.qr, a.kr, a.v,
+    be->attention_forward(a.att, a.lse, acts.attn_scratch, acts.attn_scratch_floats, a.qr, a.kr, a.v,
                          m.cu_seqlens.data(), m.S, m.max_seqlen, T, NH, NKV, HD);
   }
-  k::matmul_forward(a.x2, a.att, P + w.wo, T, QD, C);
+  be->matmul_forward(a.x2, a.att, P + w.wo, T, QD, C);
   const size_t TC = static_cast<size_t>(T) * C;
-#pragma omp parallel for schedule(static) if (k::parallel_worth(double(TC)))
-  for (size_t i = 0; i < TC; ++i) a.x2[i] += x[i];
-  k::rmsnorm_forward(a.h2, a.rstd2, a.x2, P + w.ln2, T, C, eps);
+  be->add(a.x2, a.x2, x, TC);  // residual: x2 = x + attention
+  be->rmsnorm_forward(a.h2, a.rstd2, a.x2, P + w.ln2, T, C, eps);
   float* y = acts.y;
   if (!w.moe) {
-    k::matmul_forward(a.g, a.h2, P + w.wg, T, C, I);
-    k::matmul_forward(a.u, a.h2, P + w.wu, T, C, I);
-    k::swiglu_forward(a.a, a.g, a.u, T * I);
-    k::matmul_forward(y, a.a, P + w.wd, T, I, C);
+    be->matmul_forward(a.g, a.h2, P + w.wg, T, C, I);
+    be->matmul_forward(a.u, a.h2, P + w.wu, T, C, I);
+    be->swiglu_forward(a.a, a.g, a.u, T * I);
+    be->matmul_forward(y, a.a, P + w.wd, T, I, C);
   } else {
-    k::moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, moe_weights(l), moe_cfg, T, acts.moe_scratch);
+    be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T,
+                    acts.moe_scratch);
   }
-#pragma omp parallel for schedule(static) if (k::parallel_worth(double(TC)))
-  for (size_t i = 0; i < TC; ++i) x_out[i] = a.x2[i] + y[i];
+  be->add(x_out, a.x2, y, TC);  // residual: x_out = x2 + FFN
 }
 
 void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, const Acts& acts, const PackedMeta& m,
                                  int T, float* dresid, float daux) {
   const LayerW& w = layers[l];
-  const float* P = params.data();
-  float* G = grads.data();
+  const float* P = this->P();
+  float* G = this->G();
   const int QD = NH * HD, KD = NKV * HD;
   const size_t TC = static_cast<size_t>(T) * C;
   // FFN: dresid holds d x_out = d y = part of d x2.
   if (!w.moe) {
     const size_t TI = static_cast<size_t>(T) * I;
-    std::fill(acts.da, acts.da + TI, 0.0f);
-    k::matmul_backward(acts.da, G + w.wd, dresid, a.a, P + w.wd, T, I, C);
-    k::swiglu_backward(acts.dg, acts.du, acts.da, a.g, a.u, T * I);
-    std::fill(acts.dh, acts.dh + TC, 0.0f);
-    k::matmul_backward(acts.dh, G + w.wg, acts.dg, a.h2, P + w.wg, T, C, I);
-    k::matmul_backward(acts.dh, G + w.wu, acts.du, a.h2, P + w.wu, T, C, I);
+    be->zero(acts.da, TI);
+    be->matmul_backward(acts.da, G + w.wd, dresid, a.a, P + w.wd, T, I, C);
+    be->swiglu_backward(acts.dg, acts.du, acts.da, a.g, a.u, T * I);
+    be->zero(acts.dh, TC);
+    be->matmul_backward(acts.dh, G + w.wg, acts.dg, a.h2, P + w.wg, T, C, I);
+    be->matmul_backward(acts.dh, G + w.wu, acts.du, a.h2, P + w.wu, T, C, I);
   } else {
-    k::moe_backward(acts.dh, moe_grads(l), dresid, daux, a.h2, a.moe_saved, moe_weights(l), moe_cfg, T,
+    be->moe_backward(acts.dh, moe_tensors<k::MoeGrads>(l, G), dresid, daux, a.h2, a.moe_saved,
+                     moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T,
                     acts.moe_scratch);
   }
-  k::rmsnorm_backward(dresid, G + w.ln2, acts.dh, a.x2, P + w.ln2, a.rstd2, T, C);  // dresid = d x2
+  be->rmsnorm_backward(dresid, G + w.ln2, acts.dh, a.x2, P + w.ln2, a.rstd2, T, C);  // dresid = d x2
   // Attention.
-  std::fill(acts.datt, acts.datt + static_cast<size_t>(T) * QD, 0.0f);
-  k::matmul_backward(acts.datt, G + w.wo, dresid, a.att, P + w.wo, T, QD, C);
-  k::attention_backward(acts.dqr, acts.dkr, acts.dv, acts.attn_scratch, acts.attn_scratch_floats, acts.datt, a.qr,
+  be->zero(acts.datt, static_cast<size_t>(T) * QD);
+  be->matmul_backward(acts.datt, G + w.wo, dresid, a.att, P + w.wo, T, QD, C);
+  be->attention_backward(acts.dqr, acts.dkr, acts.dv, acts.attn_scratch, acts.attn_scratch_floats, acts.datt, a.qr,
                         a.kr, a.v, a.att, a.lse, m.cu_seqlens.data(), m.S, m.max_seqlen, T, NH, NKV, HD);
-  k::rope_backward(acts.dqr, acts.dqr, m.rope_cos.data(), m.rope_sin.data(), T, NH, HD);
-  k::rope_backward(acts.dkr, acts.dkr, m.rope_cos.data(), m.rope_sin.data(), T, NKV, HD);
+  be->rope_backward(acts.dqr, acts.dqr, m.rope_cos.data(), m.rope_sin.data(), T, NH, HD);
+  be->rope_backward(acts.dkr, acts.dkr, m.rope_cos.data(), m.rope_sin.data(), T, NKV, HD);
   const float* dq = acts.dqr;
   const float* dk = acts.dkr;
   if (qk) {
-    std::fill(acts.dq, acts.dq + static_cast<size_t>(T) * QD, 0.0f);
-    std::fill(acts.dk, acts.dk + static_cast<size_t>(T) * KD, 0.0f);
-    k::rmsnorm_backward(acts.dq, G + w.qn, acts.dqr, a.q, P + w.qn, a.rstdq, T * NH, HD);
-    k::rmsnorm_backward(acts.dk, G + w.kn, acts.dkr, a.k, P + w.kn, a.rstdk, T * NKV, HD);
+    be->zero(acts.dq, static_cast<size_t>(T) * QD);
+    be->zero(acts.dk, static_cast<size_t>(T) * KD);
+    be->rmsnorm_backward(acts.dq, G + w.qn, acts.dqr, a.q, P + w.qn, a.rstdq, T * NH, HD);
+    be->rmsnorm_backward(acts.dk, G + w.kn, acts.dkr, a.k, P + w.kn, a.rstdk, T * NKV, HD);
     dq = acts.dq;
     dk = acts.dk;
   }
-  std::fill(acts.dh, acts.dh + TC, 0.0f);
-  k::matmul_backward(acts.dh, G + w.wq, dq, a.h1, P + w.wq, T, C, QD);
-  k::matmul_backward(acts.dh, G + w.wk, dk, a.h1, P + w.wk, T, C, KD);
-  k::matmul_backward(acts.dh, G + w.wv, acts.dv, a.h1, P + w.wv, T, C, KD);
-  k::rmsnorm_backward(dresid, G + w.ln1, acts.dh, x, P + w.ln1, a.rstd1, T, C);  // dresid = d x
+  be->zero(acts.dh, TC);
+  be->matmul_backward(acts.dh, G + w.wq, dq, a.h1, P + w.wq, T, C, QD);
+  be->matmul_backward(acts.dh, G + w.wk, dk, a.h1, P + w.wk, T, C, KD);
+  be->matmul_backward(acts.dh, G + w.wv, acts.dv, a.h1, P + w.wv, T, C, KD);
+  be->rmsnorm_backward(dresid, G + w.ln1, acts.dh, x, P + w.ln1, a.rstd1, T, C);  // dresid = d x
 }
 
 const PackedMeta& Model::Impl::meta_for_layer() {
   if (cfg.cache_packed_metadata) return meta;
-  build_packed_meta(&layer_meta, batch, HD, cfg.rope_theta);
+  build_packed_meta(&layer_meta, batch, HD, cfg.rope_theta, *be);
   ++meta_builds;
   return layer_meta;
 }
@@ -511,7 +463,7 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
     offload_clean = false;
   }
   if (cfg.cache_packed_metadata) {  // once per batch, before anything needs it (the arena's attention scratch)
-    build_packed_meta(&meta, batch, HD, cfg.rope_theta);
+    build_packed_meta(&meta, batch, HD, cfg.rope_theta, *be);
     ++meta_builds;
   }
   int max_seqlen = cfg.cache_packed_metadata ? meta.max_seqlen : 0;
@@ -522,9 +474,9 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   // run on while layers l..l+ring-2 compute; it is waited for only before layer l+ring-1 writes
   // x_{l+ring} into the same buffer (or, for the last ones, before backward reloads it).
   offload_ring = offload_step ? std::min(L + 1, kOffloadRing) : L + 1;
-  acts = carve(arena, T, max_seqlen, offload_ring, ckpt ? 1 : L, true);
+  TROUPE_ASSIGN_OR_RETURN(acts, carve(arena, T, max_seqlen, offload_ring, ckpt ? 1 : L, true));
   peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float) + (offload_step ? offload->reload_buffer_bytes() : 0));
-  k::embedding_forward(acts.resid[0], batch.tokens.data(), params.data() + wte, T, C);
+  be->embedding_forward(acts.resid[0], batch.tokens.data(), P() + wte, T, C);
   for (int l = 0; l < L; ++l) {
     const PackedMeta& m = meta_for_layer();
     const bool off = offload_step && offload->offloaded(l);
@@ -537,8 +489,8 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
     layer_forward(l, x, x_out, acts.ws[ckpt ? 0 : l], acts, m, T, nullptr);
   }
   const float* xL = layer_input(L);
-  k::rmsnorm_forward(acts.hf, acts.rstdf, xL, params.data() + wnorm, T, C, cfg.rms_norm_eps);
-  k::matmul_forward(acts.logits, acts.hf, params.data() + wlm, T, C, V);
+  be->rmsnorm_forward(acts.final_norm_out, acts.rstdf, xL, P() + wnorm, T, C, cfg.rms_norm_eps);
+  be->matmul_forward(acts.logits, acts.final_norm_out, P() + wlm, T, C, V);
   aux_loss = 0;
   if (cfg.router_aux_loss_coef > 0)
     for (int l = 0; l < L; ++l)
@@ -552,14 +504,14 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
   have_train_forward = false;  // saved activations are consumed (recompute may overwrite them)
   const int T = acts.T;
   const size_t TC = static_cast<size_t>(T) * C;
-  float* G = grads.data();
-  const float* P = params.data();
-  k::logprob_backward(acts.dlogits, dlogp, dentropy, acts.logits, acts.lse_out, batch.targets.data(), temperature,
+  float* G = this->G();
+  const float* P = this->P();
+  be->logprob_backward(acts.dlogits, dlogp, dentropy, acts.logits, acts.lse_out, batch.targets.data(), temperature,
                       T, V);
-  std::fill(acts.dh, acts.dh + TC, 0.0f);
-  k::matmul_backward(acts.dh, G + wlm, acts.dlogits, acts.hf, P + wlm, T, C, V);
-  std::fill(acts.dresid, acts.dresid + TC, 0.0f);
-  k::rmsnorm_backward(acts.dresid, G + wnorm, acts.dh, layer_input(L), P + wnorm, acts.rstdf, T, C);
+  be->zero(acts.dh, TC);
+  be->matmul_backward(acts.dh, G + wlm, acts.dlogits, acts.final_norm_out, P + wlm, T, C, V);
+  be->zero(acts.dresid, TC);
+  be->rmsnorm_backward(acts.dresid, G + wnorm, acts.dh, layer_input(L), P + wnorm, acts.rstdf, T, C);
   const bool ckpt = cfg.activation_checkpointing;
   const float daux = cfg.router_aux_loss_coef;
   for (int l = L - 1; l >= 0; --l) {
@@ -583,81 +535,12 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
     layer_backward(l, x, a, acts, m, T, acts.dresid, layers[l].moe ? daux : 0.0f);
     if (off) TROUPE_TRY(offload->reload_release(l));
   }
-  k::embedding_backward(G + wte, acts.dresid, batch.tokens.data(), T, C);
+  be->embedding_backward(G + wte, acts.dresid, batch.tokens.data(), T, C);
   if (offload_step) offload_clean = true;
   return {};
 }
 
 // ---- KV-cache generation --------------------------------------------------------------------------
-
-namespace {
-
-// Samples one token from a logits row; returns it and its log-prob under softmax(logits / T)
-// (temperature 1 for greedy). order is scratch of V ints.
-int32_t sample_row(const float* logits, int V, const SamplingParams& sp, uint64_t& rng, float* logprob,
-                   std::vector<int32_t>& order, std::vector<double>& prob) {
-  const bool greedy = sp.temperature <= 0.0f;
-  const double inv_t = greedy ? 1.0 : 1.0 / sp.temperature;
-  double m = -std::numeric_limits<double>::infinity();
-  int32_t arg = 0;
-  for (int i = 0; i < V; ++i) {
-    const double z = logits[i] * inv_t;
-    if (z > m) m = z, arg = i;
-  }
-  double s = 0;
-  for (int i = 0; i < V; ++i) s += (prob[i] = std::exp(logits[i] * inv_t - m));
-  const double lse = m + std::log(s);
-  int32_t tok = arg;
-  if (!greedy) {
-    int keep = V;
-    const bool truncate = (sp.top_k > 0 && sp.top_k < V) || sp.top_p < 1.0f;
-    if (truncate) {
-      for (int i = 0; i < V; ++i) order[i] = i;
-      auto by_prob = [&](int32_t a, int32_t b) { return prob[a] > prob[b] || (prob[a] == prob[b] && a < b); };
-      if (sp.top_k > 0 && sp.top_k < V) {
-        keep = sp.top_k;
-        std::partial_sort(order.begin(), order.begin() + keep, order.begin() + V, by_prob);
-      } else {
-        std::sort(order.begin(), order.begin() + V, by_prob);
-      }
-      if (sp.top_p < 1.0f) {
-        double cum = 0;
-        int n = 0;
-        while (n < keep) {
-          cum += prob[order[n]] / s;
-          ++n;
-          if (cum >= sp.top_p) break;
-        }
-        keep = std::max(1, n);
-      }
-      double kept = 0;
-      for (int i = 0; i < keep; ++i) kept += prob[order[i]];
-      double u = uniform01(rng) * kept;
-      tok = order[keep - 1];
-      for (int i = 0; i < keep; ++i) {
-        u -= prob[order[i]];
-        if (u < 0) {
-          tok = order[i];
-          break;
-        }
-      }
-    } else {
-      double u = uniform01(rng) * s;
-      tok = V - 1;
-      for (int i = 0; i < V; ++i) {
-        u -= prob[i];
-        if (u < 0) {
-          tok = i;
-          break;
-        }
-      }
-    }
-  }
-  *logprob = static_cast<float>(logits[tok] * inv_t - lse);
-  return tok;
-}
-
-}  // namespace
 
 Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vector<int32_t>>& prompts,
                                                       const SamplingParams& sp) {
@@ -692,31 +575,36 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   KvCtx kv;
   kv.cache_len = max_prompt + sp.max_new_tokens;
   kv.layer_stride = static_cast<size_t>(B) * kv.cache_len * KD;
-  std::vector<float> kcache(kv.layer_stride * L), vcache(kv.layer_stride * L);
-  kv.k_cache = kcache.data();
-  kv.v_cache = vcache.data();
-  std::vector<float> iarena;
-  Acts ia = carve(iarena, std::max(Tp, B), max_prompt, 2, 1, false);
+  auto floats = [&](size_t n) { return be->alloc(n * sizeof(float)); };
+  TROUPE_ASSIGN_OR_RETURN(k::Buffer kcache, floats(kv.layer_stride * L));
+  TROUPE_ASSIGN_OR_RETURN(k::Buffer vcache, floats(kv.layer_stride * L));
+  kv.k_cache = kcache.floats();
+  kv.v_cache = vcache.floats();
+  k::Buffer iarena;
+  TROUPE_ASSIGN_OR_RETURN(Acts ia, carve(iarena, std::max(Tp, B), max_prompt, 2, 1, false));
   PackedMeta pm;
-  build_packed_meta(&pm, pre, HD, cfg.rope_theta);
+  build_packed_meta(&pm, pre, HD, cfg.rope_theta, *be);
   std::vector<int32_t> slot(std::max(Tp, B)), pos(std::max(Tp, B)), kv_len(B), active(B), tok(B), plen(B);
   std::vector<uint64_t> rng(B);
   for (int b = 0; b < B; ++b) {
     plen[b] = static_cast<int32_t>(prompts[b].size());
     uint64_t s0 = sp.seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(b + 1));
-    rng[b] = splitmix64(s0);
+    rng[b] = k::splitmix64(s0);
   }
-  std::vector<float> last(static_cast<size_t>(B) * C), hl(static_cast<size_t>(B) * C), rl(B),
-      logits(static_cast<size_t>(B) * V);
-  std::vector<int32_t> order(V);
-  std::vector<double> prob(V);
-  const float* P = params.data();
+  // Last position's hidden state, its final norm (and rstd) and logits, per active row.
+  TROUPE_ASSIGN_OR_RETURN(k::Buffer last, floats(static_cast<size_t>(B) * C));
+  TROUPE_ASSIGN_OR_RETURN(k::Buffer hl, floats(static_cast<size_t>(B) * C));
+  TROUPE_ASSIGN_OR_RETURN(k::Buffer rl, floats(B));
+  TROUPE_ASSIGN_OR_RETURN(k::Buffer logits, floats(static_cast<size_t>(B) * V));
+  TROUPE_ASSIGN_OR_RETURN(k::Buffer sample_scratch, be->alloc(be->sample_scratch_bytes(V)));
+  const k::SampleParams spk{sp.temperature, sp.top_k, sp.top_p};
+  const float* P = this->P();
   auto run_layers = [&](const int32_t* tokens, int T, const PackedMeta& m, bool decode) {
     kv.decode = decode;
     kv.slot = slot.data();
     kv.pos = pos.data();
     kv.kv_len = kv_len.data();
-    k::embedding_forward(ia.resid[0], tokens, P + wte, T, C);
+    be->embedding_forward(ia.resid[0], tokens, P + wte, T, C);
     for (int l = 0; l < L; ++l) layer_forward(l, ia.resid[l % 2], ia.resid[(l + 1) % 2], ia.ws[0], ia, m, T, &kv);
     return ia.resid[L % 2];
   };
@@ -724,21 +612,22 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   for (int t = 0; t < Tp; ++t) slot[t] = pm.seq_ids[t], pos[t] = pm.positions[t];
   const float* xL = run_layers(pre.tokens.data(), Tp, pm, false);
   for (int b = 0; b < B; ++b)
-    std::memcpy(last.data() + static_cast<size_t>(b) * C, xL + static_cast<size_t>(pre.cu_seqlens[b + 1] - 1) * C,
-                sizeof(float) * C);
+    be->copy_device_to_device(last.floats() + static_cast<size_t>(b) * C,
+                              xL + static_cast<size_t>(pre.cu_seqlens[b + 1] - 1) * C, sizeof(float) * C);
   int n_active = B;
   for (int b = 0; b < B; ++b) active[b] = b, out[b].tokens.reserve(sp.max_new_tokens), out[b].logprobs.reserve(sp.max_new_tokens);
   PackedMeta dm;  // decode-step metadata: positions and RoPE tables of the active rows
   dm.rope_cos.resize(static_cast<size_t>(B) * HD / 2);
   dm.rope_sin.resize(static_cast<size_t>(B) * HD / 2);
   for (int step = 0;; ++step) {
-    k::rmsnorm_forward(hl.data(), rl.data(), last.data(), P + wnorm, n_active, C, cfg.rms_norm_eps);
-    k::matmul_forward(logits.data(), hl.data(), P + wlm, n_active, C, V);
+    be->rmsnorm_forward(hl.floats(), rl.floats(), last.floats(), P + wnorm, n_active, C, cfg.rms_norm_eps);
+    be->matmul_forward(logits.floats(), hl.floats(), P + wlm, n_active, C, V);
     int n_next = 0;
     for (int i = 0; i < n_active; ++i) {
       const int b = active[i];
       float lp = 0;
-      const int32_t t = sample_row(logits.data() + static_cast<size_t>(i) * V, V, sp, rng[b], &lp, order, prob);
+      const int32_t t =
+          be->sample_token(&lp, logits.floats() + static_cast<size_t>(i) * V, V, spk, &rng[b], sample_scratch.data());
       Generation& g = out[b];
       g.tokens.push_back(t);
       g.logprobs.push_back(lp);
@@ -759,9 +648,9 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
       pos[i] = plen[b] + static_cast<int32_t>(out[b].tokens.size()) - 1;
       kv_len[i] = pos[i] + 1;
     }
-    k::rope_cos_sin(dm.rope_cos.data(), dm.rope_sin.data(), pos.data(), n_active, HD, cfg.rope_theta);
+    be->rope_cos_sin(dm.rope_cos.data(), dm.rope_sin.data(), pos.data(), n_active, HD, cfg.rope_theta);
     const float* x = run_layers(tok.data(), n_active, dm, true);
-    std::memcpy(last.data(), x, sizeof(float) * n_active * C);
+    be->copy_device_to_device(last.floats(), x, sizeof(float) * n_active * C);
   }
   return out;
 }
@@ -770,7 +659,9 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
 
 Result<Model> Model::create(const ModelConfig& cfg, uint64_t seed) {
   TROUPE_TRY(validate_model_config(cfg));
-  auto impl = std::make_unique<Impl>(cfg);
+  TROUPE_ASSIGN_OR_RETURN(const k::Backend* be, k::backend_for(cfg.device));
+  auto impl = std::make_unique<Impl>(cfg, *be);
+  TROUPE_TRY(impl->alloc_params());
   impl->init_params(seed);
   return Model(std::move(impl));
 }
@@ -787,18 +678,19 @@ const TensorSpec* Model::find_tensor(std::string_view name) const {
     if (t.name == name) return &t;
   return nullptr;
 }
-std::span<float> Model::params() { return impl_->params; }
-std::span<const float> Model::params() const { return impl_->params; }
-std::span<float> Model::grads() { return impl_->grads; }
-std::span<const float> Model::grads() const { return impl_->grads; }
+std::span<float> Model::params() { return {impl_->P(), impl_->n_params}; }
+std::span<const float> Model::params() const { return {impl_->P(), impl_->n_params}; }
+std::span<float> Model::grads() { return {impl_->G(), impl_->n_params}; }
+std::span<const float> Model::grads() const { return {impl_->G(), impl_->n_params}; }
+const kernels::Backend& Model::backend() const { return *impl_->be; }
 Status Model::set_params(std::span<const float> flat) {
-  if (flat.size() != impl_->params.size())
+  if (flat.size() != impl_->n_params)
     return invalid_input("set_params: got " + std::to_string(flat.size()) + " floats, the model has " +
-                         std::to_string(impl_->params.size()));
-  std::copy(flat.begin(), flat.end(), impl_->params.begin());
+                         std::to_string(impl_->n_params));
+  impl_->be->copy_host_to_device(impl_->P(), flat.data(), flat.size_bytes());
   return {};
 }
-void Model::zero_grads() { std::fill(impl_->grads.begin(), impl_->grads.end(), 0.0f); }
+void Model::zero_grads() { impl_->be->zero(impl_->G(), impl_->n_params); }
 
 Status Model::forward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy) {
   impl_->have_train_forward = false;
@@ -807,7 +699,7 @@ Status Model::forward_train(const PackedBatch& batch, float temperature, float* 
   TROUPE_TRY(impl_->forward(batch, true));
   Impl& m = *impl_;
   m.temperature = temperature;
-  k::logprob_forward(logp, entropy, m.acts.lse_out, m.acts.logits, m.batch.targets.data(), temperature, m.acts.T,
+  m.be->logprob_forward(logp, entropy, m.acts.lse_out, m.acts.logits, m.batch.targets.data(), temperature, m.acts.T,
                      m.V);
   m.have_train_forward = true;
   return {};
@@ -818,7 +710,7 @@ float Model::last_aux_loss() const { return impl_->aux_loss; }
 Status Model::forward_logits(const PackedBatch& batch, float* logits) {
   impl_->have_train_forward = false;
   TROUPE_TRY(impl_->forward(batch, false));
-  std::memcpy(logits, impl_->acts.logits, sizeof(float) * impl_->acts.T * impl_->V);
+  impl_->be->copy_device_to_host(logits, impl_->acts.logits, sizeof(float) * impl_->acts.T * impl_->V);
   return {};
 }
 

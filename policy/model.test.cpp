@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "troupe/kernels/backend.h"
 #include "troupe/kernels/offload.h"
 #include "troupe/policy/model.h"
 
@@ -134,6 +135,13 @@ TEST(Model, BadConfigAndBatchAreErrors) {
   c = tiny();
   c.mlp_only_layers = {9};
   EXPECT_FALSE(Model::create(c).ok());
+  c = tiny();
+  c.device = "cuda";  // no CUDA backend yet
+  r = Model::create(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("device: 'cuda': the CUDA backend is not implemented yet"), std::string::npos)
+      << r.error().message;
+  EXPECT_EQ(make(tiny()).backend().name(), "cpu");
 
   Model m = make(tiny());
   std::vector<float> lp(8), ent(8);
@@ -211,7 +219,7 @@ TEST(Model, FiniteDifferenceGradients) {
   }
 }
 
-// Issue 6, switch 1: metadata built once per batch vs once per layer and pass; same numbers.
+// Switch cache_packed_metadata: metadata built once per batch vs once per layer and pass; same numbers.
 TEST(Model, PackedMetaCache) {
   ModelConfig c = tiny();
   Model on = make(c);
@@ -228,7 +236,7 @@ TEST(Model, PackedMetaCache) {
   for (size_t i = 0; i < on.grads().size(); ++i) ASSERT_EQ(on.grads()[i], off.grads()[i]) << i;
 }
 
-// Issue 6, switch 2 (recompute part): checkpointing gives the same gradients, bit for bit.
+// Switch activation_checkpointing (recompute part): checkpointing gives the same gradients, bit for bit.
 TEST(Model, ActivationCheckpointingMatches) {
   for (int layers : {1, 3}) {
     ModelConfig c = tiny();
@@ -247,7 +255,7 @@ TEST(Model, ActivationCheckpointingMatches) {
   }
 }
 
-// Issue 6, switch 3 from the model's side: grouped and masked MoE routing give the same gradients.
+// Switch moe_grouped from the model's side: grouped and masked MoE routing give the same gradients.
 TEST(Model, MoeGroupedMatchesMasked) {
   ModelConfig c = tiny();
   Model g = make(c);
@@ -340,7 +348,7 @@ TEST(Model, SamplingIsSeededAndStops) {
   EXPECT_FALSE(m.generate({{1, 500}}, sp).ok());
 }
 
-// Issue 6, switch 2: checkpointing with offload + (double-buffered or synchronous) reload gives the
+// Switch offload_activations: checkpointing with offload + (double-buffered or synchronous) reload gives the
 // plain path's gradients bit for bit, also when the copy engine is slowed by injected delays (a
 // missing wait would read stale or torn layer inputs and change the gradients).
 TEST(Model, ActivationOffloadMatches) {

@@ -1,11 +1,13 @@
 // Internals of troupe::policy::Model shared by model.cpp and its tests: the parameter offsets of
 // each layer, the per-batch activation layout and the KV-cache view. Not a public header.
-// Invariant: every pointer in Acts points into one arena vector and is valid until the next carve().
+// Invariant: every pointer in Acts points into one arena Buffer of the model's backend and is
+// valid until the next carve().
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "troupe/kernels/backend.h"
 #include "troupe/kernels/moe.h"
 #include "troupe/kernels/offload.h"
 #include "troupe/policy/model.h"
@@ -39,7 +41,8 @@ struct Acts {
   size_t floats = 0;
   std::vector<float*> resid;    // layer inputs x_0..x_L (T, C) (inference: a ping-pong pair)
   std::vector<LayerActs> ws;    // one per layer, or one shared under checkpointing
-  float *hf = nullptr, *rstdf = nullptr, *logits = nullptr, *lse_out = nullptr;  // final norm, (T, V), (T)
+  float *final_norm_out = nullptr, *rstdf = nullptr;  // final RMSNorm output (T, C) and its rstd (T)
+  float *logits = nullptr, *lse_out = nullptr;          // (T, V), (T)
   float *y = nullptr, *moe_scratch = nullptr;                                   // FFN output, MoE scratch
   float* attn_scratch = nullptr;  // score tiles, attention_scratch_floats(max_seqlen, threads)
   size_t attn_scratch_floats = 0;
@@ -62,16 +65,19 @@ struct KvCtx {
 };
 
 struct Model::Impl {
-  explicit Impl(const ModelConfig& c);
+  Impl(const ModelConfig& c, const kernels::Backend& backend);
   ~Impl() {
     if (engine) engine->synchronize();  // no copy may still target the offload store being freed
   }
   void build_table();
+  Status alloc_params();  // params and grads, zero-filled, on the backend
   void init_params(uint64_t seed);
-  kernels::MoeWeights moe_weights(int l) const;
-  kernels::MoeGrads moe_grads(int l);
+  // Layer l's MoE tensors at `base`: the parameter arena (kernels::MoeWeights) or the gradient
+  // arena (kernels::MoeGrads), which share one layout.
+  template <class Tensors>
+  Tensors moe_tensors(int l, float* base) const;
   size_t layer_ws_floats(int T) const;
-  Acts carve(std::vector<float>& arena, int T, int max_seqlen, int n_resid, int n_ws, bool with_grads) const;
+  Result<Acts> carve(kernels::Buffer& arena, int T, int max_seqlen, int n_resid, int n_ws, bool with_grads) const;
   void layer_forward(int l, const float* x, float* x_out, const LayerActs& a, const Acts& acts, const PackedMeta& m,
                      int T, const KvCtx* kv);
   void layer_backward(int l, const float* x, const LayerActs& a, const Acts& acts, const PackedMeta& m, int T,
@@ -83,6 +89,7 @@ struct Model::Impl {
                                            const SamplingParams& sp);
 
   ModelConfig cfg;
+  const kernels::Backend* be = nullptr;  // every op, buffer and copy of the model goes through it
   int C = 0, NH = 0, NKV = 0, HD = 0, V = 0, L = 0, I = 0;
   bool qk = false, any_moe = false, any_dense = false;
   kernels::MoeConfig moe_cfg;
@@ -90,7 +97,7 @@ struct Model::Impl {
   std::vector<TensorSpec> table;
   std::vector<LayerW> layers;
   size_t wte = 0, wnorm = 0, wlm = 0, n_params = 0;
-  std::vector<float> params, grads, arena;
+  kernels::Buffer params, grads, arena;  // (n_params) each, and the activation arena
 
   // State of the last training forward.
   PackedBatch batch;
@@ -114,6 +121,8 @@ struct Model::Impl {
   static constexpr int kOffloadRing = 4;
   int offload_ring = 2;
   const float* layer_input(int l) const { return acts.resid[l % offload_ring]; }
+  float* P() const { return params.floats(); }
+  float* G() const { return grads.floats(); }
 };
 
 }  // namespace troupe::policy

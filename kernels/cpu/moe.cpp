@@ -17,7 +17,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "troupe/kernels/ops.h"
@@ -29,15 +31,20 @@ namespace {
 int32_t* ints_at(float* p, size_t n) { return new (p) int32_t[n]; }
 const int32_t* ints_at(const float* p) { return std::launder(reinterpret_cast<const int32_t*>(p)); }
 
-// Lays pieces out one after another in one flat buffer; offsets and sizes in floats.
-struct BumpLayout {
+// Offsets (in floats) of pieces laid out one after another in one flat buffer: each field of L
+// named in `pieces` gets the running offset, then the running offset grows by the piece's count;
+// L::total is the whole size.
+template <class L>
+L bump_layout(std::initializer_list<std::pair<size_t L::*, size_t>> pieces) {
+  L l{};
   size_t at = 0;
-  size_t take(size_t count) {
-    size_t here = at;
+  for (const auto& [field, count] : pieces) {
+    l.*field = at;
     at += count;
-    return here;
   }
-};
+  l.total = at;
+  return l;
+}
 
 // Offsets (in floats) of the pieces of the saved buffer. Per token: E probs, K weights, K experts,
 // 2K row maps, and per row the expert's gate/up pre-activations (2H) — y is not kept: backward
@@ -46,21 +53,11 @@ struct SavedLayout {
   size_t probs, weights, experts, offsets, row_slot, slot_row, g, u, gs, us, total;
 };
 SavedLayout saved_layout(const MoeConfig& c, int N) {
+  using L = SavedLayout;
   const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
-  SavedLayout l{};
-  BumpLayout b;
-  l.probs = b.take(n * c.E);
-  l.weights = b.take(nk);
-  l.experts = b.take(nk);
-  l.offsets = b.take(static_cast<size_t>(c.E) + 1);
-  l.row_slot = b.take(nk);
-  l.slot_row = b.take(nk);
-  l.g = b.take(nk * c.H);
-  l.u = b.take(nk * c.H);
-  l.gs = b.take(n * c.H_shared);
-  l.us = b.take(n * c.H_shared);
-  l.total = b.at;
-  return l;
+  return bump_layout<L>({{&L::probs, n * c.E}, {&L::weights, nk}, {&L::experts, nk},
+                         {&L::offsets, static_cast<size_t>(c.E) + 1}, {&L::row_slot, nk}, {&L::slot_row, nk},
+                         {&L::g, nk * c.H}, {&L::u, nk * c.H}, {&L::gs, n * c.H_shared}, {&L::us, n * c.H_shared}});
 }
 
 // Forward scratch: permuted inputs xp and outputs yp (N*K, C), hidden h (N*K, H), plan counts (E).
@@ -68,16 +65,10 @@ struct ForwardScratch {
   size_t xp, yp, h, hs, counts, total;
 };
 ForwardScratch forward_scratch(const MoeConfig& c, int N) {
+  using L = ForwardScratch;
   const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
-  ForwardScratch s{};
-  BumpLayout b;
-  s.xp = b.take(nk * c.C);
-  s.yp = b.take(nk * c.C);
-  s.h = b.take(nk * c.H);
-  s.hs = b.take(n * c.H_shared);
-  s.counts = b.take(static_cast<size_t>(c.E));
-  s.total = b.at;
-  return s;
+  return bump_layout<L>({{&L::xp, nk * c.C}, {&L::yp, nk * c.C}, {&L::h, nk * c.H}, {&L::hs, n * c.H_shared},
+                         {&L::counts, static_cast<size_t>(c.E)}});
 }
 
 // Backward scratch, aliased by lifetime: xp is overwritten by dx, h by du; dop holds the permuted
@@ -86,21 +77,11 @@ struct BackwardScratch {
   size_t xp, dop, h, dg, dw, wrow, dp, hs, dgs, rows, total;
 };
 BackwardScratch backward_scratch(const MoeConfig& c, int N) {
+  using L = BackwardScratch;
   const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
-  BackwardScratch s{};
-  BumpLayout b;
-  s.xp = b.take(nk * c.C);
-  s.dop = b.take(nk * c.C);
-  s.h = b.take(nk * c.H);
-  s.dg = b.take(nk * c.H);
-  s.dw = b.take(nk);
-  s.wrow = b.take(nk);
-  s.dp = b.take(n * c.E);
-  s.hs = b.take(n * c.H_shared);
-  s.dgs = b.take(n * c.H_shared);
-  s.rows = b.take(nk);
-  s.total = b.at;
-  return s;
+  return bump_layout<L>({{&L::xp, nk * c.C}, {&L::dop, nk * c.C}, {&L::h, nk * c.H}, {&L::dg, nk * c.H},
+                         {&L::dw, nk}, {&L::wrow, nk}, {&L::dp, n * c.E}, {&L::hs, n * c.H_shared},
+                         {&L::dgs, n * c.H_shared}, {&L::rows, nk}});
 }
 
 // Every GEMM goes through gemm_blocked (ops.h): the same blocks of kGemmRowBlock output rows
@@ -194,30 +175,30 @@ inline void write_row(float* dst, const float* src, const float* w, int C, bool 
 }
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// h (nh) = silu(g) * u.
+inline void swiglu_rows(float* h, const float* g, const float* u, size_t nh) {
+  for (size_t i = 0; i < nh; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
+}
 
-// ---- SwiGLU on a block of rows (shared by routed segments and the shared expert) ----------------
+// ---- one expert's SwiGLU FFN on a block of rows (routed segments and the shared expert) ---------
 // g = X Wg^T, u = X Wu^T (n, H); h = silu(g) * u; y = h Wd^T (n, C). g, u kept for backward.
-void swiglu_forward(float* y, float* g, float* u, float* h, const float* x, const float* wg, const float* wu,
-                    const float* wd, int n, int C, int H) {
+void expert_ffn_forward(float* y, float* g, float* u, float* h, const float* x, const float* wg,
+                        const float* wu, const float* wd, int n, int C, int H) {
   if (n == 0) return;
   sgemm(CblasNoTrans, CblasTrans, n, H, C, 1.0f, x, C, wg, C, 0.0f, g, H);
   sgemm(CblasNoTrans, CblasTrans, n, H, C, 1.0f, x, C, wu, C, 0.0f, u, H);
-  const size_t nh = static_cast<size_t>(n) * H;
-  for (size_t i = 0; i < nh; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
+  swiglu_rows(h, g, u, static_cast<size_t>(n) * H);
   sgemm(CblasNoTrans, CblasTrans, n, C, H, 1.0f, h, H, wd, H, 0.0f, y, C);
 }
 
-// Backward of swiglu_forward for the shared expert (weight 1). dWg/dWu/dWd accumulated; dx (n, C)
-// assigned. h (n, H) is scratch that ends holding du; dg (n, H) scratch.
-void swiglu_backward(float* dx, float* dwg, float* dwu, float* dwd, const float* dy, const float* x, const float* g,
-                     const float* u, const float* wg, const float* wu, const float* wd, float* h, float* dg, int n,
-                     int C, int H) {
-  if (n == 0) return;
+// The end of an expert's backward, from dh (in dg) and the saved g, u: du (over h) and dg
+// (SwiGLU backward), dWg += dg^T x, dWu += du^T x, then dx (n, C) = dg Wg + du Wu, assigned. dx
+// may be x: the weight gradients read x before dx is written.
+void expert_ffn_backward_from_dh(float* dx, float* dwg, float* dwu, float* h, float* dg, const float* g,
+                                 const float* u, const float* x, const float* wg, const float* wu, int n, int C,
+                                 int H) {
   const size_t nh = static_cast<size_t>(n) * H;
-  for (size_t i = 0; i < nh; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
-  sgemm(CblasTrans, CblasNoTrans, C, H, n, 1.0f, dy, C, h, H, 1.0f, dwd, H);
-  sgemm(CblasNoTrans, CblasNoTrans, n, H, C, 1.0f, dy, C, wd, H, 0.0f, dg, H);  // dh
-  float* du = h;  // h is dead after dWd
+  float* du = h;
   for (size_t i = 0; i < nh; ++i) {
     const float s = sigmoid(g[i]), dh = dg[i];
     du[i] = dh * g[i] * s;
@@ -229,16 +210,27 @@ void swiglu_backward(float* dx, float* dwg, float* dwu, float* dwd, const float*
   sgemm(CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, du, H, wu, C, 1.0f, dx, C);
 }
 
+// Backward of expert_ffn_forward for the shared expert (weight 1). dWg/dWu/dWd accumulated; dx (n, C)
+// assigned. h (n, H) is scratch that ends holding du; dg (n, H) scratch.
+void shared_expert_backward(float* dx, float* dwg, float* dwu, float* dwd, const float* dy, const float* x,
+                            const float* g, const float* u, const float* wg, const float* wu, const float* wd,
+                            float* h, float* dg, int n, int C, int H) {
+  if (n == 0) return;
+  swiglu_rows(h, g, u, static_cast<size_t>(n) * H);
+  sgemm(CblasTrans, CblasNoTrans, C, H, n, 1.0f, dy, C, h, H, 1.0f, dwd, H);
+  sgemm(CblasNoTrans, CblasNoTrans, n, H, C, 1.0f, dy, C, wd, H, 0.0f, dg, H);  // dh
+  expert_ffn_backward_from_dh(dx, dwg, dwu, h, dg, g, u, x, wg, wu, n, C, H);  // h is dead after dWd
+}
+
 // Backward of one routed expert over its segment of n permuted rows. The row's output was
 // w_r * y_r with y_r = h_r Wd^T, so with q_r = dout_r Wd (unscaled): d w_r = <h_r, q_r>,
 // dh_r = w_r q_r, dWd += sum_r dout_r^T (w_r h_r). xp (n, C) in: the rows' inputs, out: their dx.
 // dop (n, C): the rows' dout (unscaled); w_row (n): the rows' weights; dw_row (n) out.
-void expert_backward(float* xp, float* dw_row, float* dwg, float* dwu, float* dwd, const float* dop,
-                     const float* w_row, const float* g, const float* u, const float* wg, const float* wu,
-                     const float* wd, float* h, float* dg, int n, int C, int H) {
+void routed_expert_backward(float* xp, float* dw_row, float* dwg, float* dwu, float* dwd, const float* dop,
+                            const float* w_row, const float* g, const float* u, const float* wg,
+                            const float* wu, const float* wd, float* h, float* dg, int n, int C, int H) {
   if (n == 0) return;
-  const size_t nh = static_cast<size_t>(n) * H;
-  for (size_t i = 0; i < nh; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
+  swiglu_rows(h, g, u, static_cast<size_t>(n) * H);
   sgemm(CblasNoTrans, CblasNoTrans, n, H, C, 1.0f, dop, C, wd, H, 0.0f, dg, H);  // q
   for (int r = 0; r < n; ++r) {
     float* hr = h + static_cast<size_t>(r) * H;
@@ -251,17 +243,8 @@ void expert_backward(float* xp, float* dw_row, float* dwg, float* dwu, float* dw
     }
   }
   sgemm(CblasTrans, CblasNoTrans, C, H, n, 1.0f, dop, C, h, H, 1.0f, dwd, H);
-  float* du = h;  // w h is dead after dWd
-  for (size_t i = 0; i < nh; ++i) {
-    const float s = sigmoid(g[i]), dh = dg[i];
-    du[i] = dh * g[i] * s;
-    dg[i] = dh * u[i] * s * (1.0f + g[i] * (1.0f - s));
-  }
-  sgemm(CblasTrans, CblasNoTrans, H, C, n, 1.0f, dg, H, xp, C, 1.0f, dwg, C);
-  sgemm(CblasTrans, CblasNoTrans, H, C, n, 1.0f, du, H, xp, C, 1.0f, dwu, C);
-  float* dx = xp;  // the inputs are dead after dWg, dWu
-  sgemm(CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, dg, H, wg, C, 0.0f, dx, C);
-  sgemm(CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, du, H, wu, C, 1.0f, dx, C);
+  // w h is dead after dWd; the inputs xp are dead after dWg, dWu and become dx.
+  expert_ffn_backward_from_dh(xp, dwg, dwu, h, dg, g, u, xp, wg, wu, n, C, H);
 }
 
 // ---- router ----------------------------------------------------------------------------------
@@ -339,7 +322,7 @@ void experts_forward_grouped(float* y, float* g, float* u, float* h, const float
     const size_t r0 = static_cast<size_t>(offsets[e]);
     const int n = offsets[e + 1] - offsets[e];
     const size_t we = static_cast<size_t>(e) * H * C;
-    swiglu_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
+    expert_ffn_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
                    w.w_down + we, n, C, H);
   }
 }
@@ -514,7 +497,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
 
   // The shared expert (unweighted) is the starting value of every token's sum; else 0.
   if (cfg.H_shared > 0) {
-    swiglu_forward(out, saved + L.gs, saved + L.us, scratch + S.hs, inp, w.ws_gate, w.ws_up, w.ws_down, N, C,
+    expert_ffn_forward(out, saved + L.gs, saved + L.us, scratch + S.hs, inp, w.ws_gate, w.ws_up, w.ws_down, N, C,
                    cfg.H_shared);
   } else if (!cfg.grouped) {  // the grouped combine assigns instead
     std::memset(out, 0, sizeof(float) * static_cast<size_t>(N) * C);
@@ -546,7 +529,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
       }
       const size_t r0 = static_cast<size_t>(row), we = static_cast<size_t>(e) * H * C;
       if (!identity)
-        swiglu_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
+        expert_ffn_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
                        w.w_down + we, n, C, H);
       // Scatter; a token has each expert at most once, so rows of one expert touch distinct tokens.
 #pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
@@ -614,7 +597,7 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
 
   // Shared expert first: its dx initializes dinp (same order in both paths).
   if (cfg.H_shared > 0) {
-    swiglu_backward(dinp, gr.ws_gate, gr.ws_up, gr.ws_down, dout, inp, saved + L.gs, saved + L.us, w.ws_gate, w.ws_up,
+    shared_expert_backward(dinp, gr.ws_gate, gr.ws_up, gr.ws_down, dout, inp, saved + L.gs, saved + L.us, w.ws_gate, w.ws_up,
                     w.ws_down, scratch + S.hs, scratch + S.dgs, N, C, cfg.H_shared);
   } else if (!cfg.grouped) {  // the grouped permute backward assigns instead
     std::memset(dinp, 0, sizeof(float) * static_cast<size_t>(N) * C);
@@ -624,7 +607,7 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
   auto segment = [&](int e, int r0, int n) {
     if (identity) return;  // d weight is computed per slot below; dx = dop
     const size_t R = static_cast<size_t>(r0), we = static_cast<size_t>(e) * H * C;
-    expert_backward(xp + R * C, dw + R, gr.w_gate + we, gr.w_up + we, gr.w_down + we, dop + R * C, wrow + R, g + R * H,
+    routed_expert_backward(xp + R * C, dw + R, gr.w_gate + we, gr.w_up + we, gr.w_down + we, dop + R * C, wrow + R, g + R * H,
                     u + R * H, w.w_gate + we, w.w_up + we, w.w_down + we, h + R * H, dg + R * H, n, C, H);
   };
 

@@ -56,6 +56,21 @@ inline T dot(const T* a, const T* b, int n) {
   return s;
 }
 
+// One key of an online softmax: the output row o (HD) holds sum_j e^(s_j - m) v_j over the keys
+// seen so far, m their largest score and l = sum_j e^(s_j - m); a new largest score rescales both.
+template <class T>
+inline void online_softmax_step(T* o, T& m, T& l, T s, const T* vv, int HD) {
+  if (s > m) {
+    const T r = std::exp(m - s);  // exp(-inf) = 0 on the first key
+    l *= r;
+    for (int d = 0; d < HD; ++d) o[d] *= r;
+    m = s;
+  }
+  const T w = std::exp(s - m);
+  l += w;
+  for (int d = 0; d < HD; ++d) o[d] += w * vv[d];
+}
+
 }  // namespace
 
 void gemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
@@ -221,16 +236,7 @@ void attention_forward_reference(T* out, T* lse, const T* q, const T* k, const T
     for (int j = seq_start[t]; j <= t; ++j) {
       const T* kv = k + (static_cast<size_t>(j) * NKV + g) * HD;
       const T* vv = v + (static_cast<size_t>(j) * NKV + g) * HD;
-      const T s = dot(qv, kv, HD) * scale;
-      if (s > m) {
-        const T r = std::exp(m - s);  // exp(-inf) = 0 on the first key
-        l *= r;
-        for (int d = 0; d < HD; ++d) o[d] *= r;
-        m = s;
-      }
-      const T w = std::exp(s - m);
-      l += w;
-      for (int d = 0; d < HD; ++d) o[d] += w * vv[d];
+      online_softmax_step(o, m, l, dot(qv, kv, HD) * scale, vv, HD);
     }
     const T inv = T(1) / l;
     for (int d = 0; d < HD; ++d) o[d] *= inv;
@@ -414,22 +420,47 @@ void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_c
       const size_t row = (static_cast<size_t>(slot ? slot[b] : b) * cache_len + j) * NKV + g;
       const T* kv = k_cache + row * HD;
       const T* vv = v_cache + row * HD;
-      const T s = dot(qv, kv, HD) * scale;
-      if (s > m) {
-        const T r = std::exp(m - s);
-        l *= r;
-        for (int d = 0; d < HD; ++d) o[d] *= r;
-        m = s;
-      }
-      const T w = std::exp(s - m);
-      l += w;
-      for (int d = 0; d < HD; ++d) o[d] += w * vv[d];
+      online_softmax_step(o, m, l, dot(qv, kv, HD) * scale, vv, HD);
     }
     if (l > 0) {
       const T inv = T(1) / l;
       for (int d = 0; d < HD; ++d) o[d] *= inv;
     }
   }
+}
+
+// ---- elementwise add, KV cache, packed layout ---------------------------------------------------
+
+template <class T>
+void add_forward(T* out, const T* a, const T* b, size_t n) {
+#pragma omp parallel for schedule(static) if (parallel_worth(double(n)))
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void kv_cache_write(float* k_cache, float* v_cache, const float* k, const float* v, const int32_t* slot,
+                    const int32_t* pos, int T, int cache_len, int KD) {
+#pragma omp parallel for schedule(static) if (parallel_worth(double(T) * KD))
+  for (int t = 0; t < T; ++t) {
+    const size_t row = (static_cast<size_t>(slot[t]) * cache_len + pos[t]) * KD;
+    std::copy(k + static_cast<size_t>(t) * KD, k + static_cast<size_t>(t + 1) * KD, k_cache + row);
+    std::copy(v + static_cast<size_t>(t) * KD, v + static_cast<size_t>(t + 1) * KD, v_cache + row);
+  }
+}
+
+int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
+                      const int32_t* cu_seqlens, int S) {
+  int max_seqlen = 0;
+  for (int s = 0; s < S; ++s) {
+    const int a = cu_seqlens[s], e = cu_seqlens[s + 1];
+    max_seqlen = std::max(max_seqlen, e - a);
+    for (int t = a; t < e; ++t) {
+      positions[t] = t - a;
+      seq_ids[t] = s;
+      seq_start[t] = a;
+      seq_end[t] = e;
+    }
+  }
+  return max_seqlen;
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------------------
@@ -530,6 +561,7 @@ void logprob_backward(T* dlogits, const T* dlogp, const T* dentropy, const T* lo
                                       const T*, const T*, const int32_t*, int, int, int, int, int, int);   \
   template void attention_decode_forward<T>(T*, const T*, const T*, const T*, const int32_t*,             \
                                             const int32_t*, int, int, int, int, int);                      \
+  template void add_forward<T>(T*, const T*, const T*, size_t);                                             \
   template void swiglu_forward<T>(T*, const T*, const T*, int);                                            \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int);                             \
   template void logprob_forward<T>(T*, T*, T*, const T*, const int32_t*, float, int, int);                 \

@@ -1,4 +1,4 @@
-// The op test registry (STYLE.md point 3): every dense op in ops.h is one case, runnable in three
+// The op test registry: every dense op in ops.h is one case, runnable in three
 // modes: grad (backward vs central finite differences, in double), compare (the fp32 instantiation
 // vs the fp64 one, stated tolerances), perf (timed fp32 forward+backward; prints, never asserts).
 // Each case's loss is L = sum(out * R) for fixed random R, so backward gets dout = R.
@@ -200,6 +200,18 @@ std::vector<OpCase> registry() {
                          return weighted(out, R);
                        })});
     }
+  }
+  {  // residual add: its backward is the identity on both inputs (the model accumulates it)
+    const int N = 12;
+    Vec R = randn(N);
+    cases.push_back({"add", {randn(N), randn(N)}, both([=](auto z, const Inputs& x, Inputs* g) {
+                       using T = decltype(z);
+                       auto a = cast<T>(x[0]), b = cast<T>(x[1]);
+                       std::vector<T> out(N);
+                       k::add_forward(out.data(), a.data(), b.data(), N);
+                       if (g) *g = {R, R};
+                       return weighted(out, R);
+                     })});
   }
   {  // swiglu
     const int N = 12;

@@ -1,5 +1,5 @@
 // The MoE feed-forward layer as one forward/backward pair: route -> permute -> expert compute ->
-// unpermute -> combine (STYLE.md point 4). Two paths with identical results: grouped (counting sort
+// unpermute -> combine. Two paths with identical results: grouped (counting sort
 // by expert, contiguous per-expert segments, one GEMM per segment) and the masked loop (for each
 // expert, scan all assignments). Parameter gradients are ACCUMULATED (+=); dinp is ASSIGNED.
 // N = tokens, C = channels, H = expert hidden size, E = experts, K = experts per token.

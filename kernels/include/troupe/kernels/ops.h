@@ -1,4 +1,4 @@
-// Dense transformer ops on CPU as forward/backward pairs (STYLE.md point 1): the specification every
+// Dense transformer ops on CPU as forward/backward pairs: the specification every
 // device version is tested against. Templated on the scalar (float for the model, double for the
 // finite-difference checks). Shape letters: N tokens (or rows), C channels, OC output channels,
 // NH query heads, NKV key/value heads, HD head dim, V vocab, B sequences in a decode batch.
@@ -100,6 +100,23 @@ void attention_backward_reference(T* dq, T* dk, T* dv, T* ref_scratch, const T* 
 template <class T>
 void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* kv_len,
                               const int32_t* slot, int B, int cache_len, int NH, int NKV, int HD);
+
+// ---- elementwise add (the residual stream) -------------------------------------------------------
+// out (n) = a + b; out may alias a or b.                                                 [assigned]
+template <class T>
+void add_forward(T* out, const T* a, const T* b, size_t n);
+// (Its backward is the identity on both inputs: the model accumulates it into the residual gradient.)
+
+// ---- KV cache ---------------------------------------------------------------------------------------
+// k_cache/v_cache (slots, cache_len, KD): row t of k/v (T, KD) goes to (slot[t], pos[t]).   [assigned]
+void kv_cache_write(float* k_cache, float* v_cache, const float* k, const float* v, const int32_t* slot,
+                    const int32_t* pos, int T, int cache_len, int KD);
+
+// ---- packed-sequence layout ---------------------------------------------------------------------------
+// From cu_seqlens (S+1) of T tokens: each token's position in its sequence, sequence id and the
+// bounds [seq_start, seq_end) of its sequence, all (T). Returns the longest sequence.     [assigned]
+int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
+                      const int32_t* cu_seqlens, int S);
 
 // ---- SwiGLU activation (elementwise over N values) -----------------------------------------------
 // out = silu(gate) * up.                                                                 [assigned]

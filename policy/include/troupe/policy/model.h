@@ -1,4 +1,4 @@
-// The policy model API that learner/, actors/ and launch/ program against (issue 4 implements it).
+// The policy model API that learner/, actors/ and launch/ program against (policy/model.cpp implements it).
 // Contract: parameters, gradients and activations each live in one flat fp32 arena laid out from
 // one tensor table; gradients mirror parameters (same offsets), so zeroing, all-reduce, clipping,
 // AdamW and checkpointing each touch one flat buffer. Training forward/backward run on a packed
@@ -17,6 +17,7 @@
 #include "troupe/policy/model_config.h"
 
 namespace troupe::kernels {
+class Backend;
 class CopyEngine;
 class ActivationOffload;
 }  // namespace troupe::kernels
@@ -77,15 +78,19 @@ struct PackedMeta {
 // Checks a packed batch against a vocabulary: cu_seqlens starts at 0, never decreases, ends at
 // T; tokens in [0, V); targets empty or (T) in [-1, V). The message names the field and index.
 Status validate_packed_batch(const PackedBatch& batch, int vocab_size, bool need_targets);
-// Fills meta (reusing its capacity) from a batch already validated.
-void build_packed_meta(PackedMeta* meta, const PackedBatch& batch, int head_dim, float rope_theta);
+// Fills meta (reusing its capacity) from a batch already validated, with the backend's
+// packed-layout and RoPE-table ops (host memory).
+void build_packed_meta(PackedMeta* meta, const PackedBatch& batch, int head_dim, float rope_theta,
+                       const kernels::Backend& backend);
 
-// Checks sizes and switches (head counts divide, head_dim even, top-k <= experts, ...).
+// Checks sizes and switches (head counts divide, head_dim even, top-k <= experts, a device with a
+// backend, ...).
 Status validate_model_config(const ModelConfig& cfg);
 
 // The decoder-only MoE transformer (Qwen3-MoE or Mixtral layout). Not thread-safe: one caller at a
 // time. Parameters and gradients are one flat fp32 arena each with the same table (tensors());
-// activations are a third arena, grown to the largest batch seen and reused.
+// activations are a third arena, grown to the largest batch seen and reused. All of them are
+// Buffers of the backend cfg.device selects, and every op runs through that backend.
 class Model {
  public:
   // Deterministic init from seed: linear and embedding weights ~ N(0, 0.02), norm weights 1.
@@ -101,6 +106,8 @@ class Model {
   std::span<const float> params() const;
   std::span<float> grads();                                // same layout as params()
   std::span<const float> grads() const;
+  // The backend the model runs on (params()/grads() are host spans while it is host_visible()).
+  const kernels::Backend& backend() const;
   Status set_params(std::span<const float> flat);          // size must equal params().size()
   void zero_grads();
 

@@ -29,7 +29,11 @@ struct ModelConfig {
   float router_aux_loss_coef = 0.0f;  // weight of the load-balancing loss (0 = off)
   int max_position_embeddings = 2048;
 
-  // The three training optimizations (issue 6), each switchable and tested against the plain path.
+  // Where the model runs (YAML `policy.device`): the name kernels::backend_for() resolves. "cpu";
+  // "cuda" is an error until the CUDA backend exists. Not part of a model directory's config.json.
+  std::string device = "cpu";
+
+  // The training optimizations, each switchable and tested against the plain path.
   bool cache_packed_metadata = true;    // build packed-sequence metadata once per batch, shared by layers
   bool activation_checkpointing = false;  // recompute each layer in backward from its saved input
   bool offload_activations = false;     // move checkpointed layer inputs to an offload store

@@ -1,4 +1,4 @@
-// Model directories (DESIGN.md "Model directory"): config.json + model.safetensors (or shards) in
+// Model directories (docs/architecture.md, "Model directory"): config.json + model.safetensors (or shards) in
 // the Hugging Face layout of Mixtral or Qwen3-MoE, plus a tokenizer. Loading accepts every
 // expert-tensor layout transformers writes and returns one canonical set of names (below).
 #pragma once

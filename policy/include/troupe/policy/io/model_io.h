@@ -1,4 +1,4 @@
-// A Model from / to a model directory (DESIGN.md "Model directory"): config.json + model.safetensors
+// A Model from / to a model directory (docs/architecture.md, "Model directory"): config.json + model.safetensors
 // in the Hugging Face layout of its family + tokenizer. Glue between model_dir.h and model.h; the
 // Model's tensor table (per-expert HF names) is filled from the canonical tensors, shape-checked.
 #pragma once

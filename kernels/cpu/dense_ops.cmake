@@ -1,4 +1,5 @@
-# Dense transformer ops (owned by the policy-model work). target_sources(troupe_kernels PRIVATE ...) and tests here.
+# Dense transformer ops (matmul, embedding, norms, RoPE, attention, SwiGLU, log-prob, residual add,
+# KV-cache write, packed layout) and their op test registry.
 target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/ops.cpp)
 if(TROUPE_BUILD_TESTS)
   # The op registry: backward vs central finite differences (fp64) and fp32 vs fp64, every dense op.

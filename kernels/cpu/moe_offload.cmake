@@ -1,4 +1,4 @@
-# MoE routing (grouped + masked loop) and activation offload engine (owned by the optimizations work).
+# The MoE layer (grouped routing and the masked loop) and the activation offload copy engine, with their tests.
 target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/moe.cpp)
 target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/offload.cpp)
 if(TROUPE_BUILD_TESTS)

@@ -1,0 +1,67 @@
+// Device-neutral half of the backend seam (backend.h): Buffer ownership, alloc/grow over a
+// backend's raw memory, and backend_for, the one place that maps a device name to a backend.
+#include "troupe/kernels/backend.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace troupe::kernels {
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : backend_(std::exchange(o.backend_, nullptr)),
+      data_(std::exchange(o.data_, nullptr)),
+      bytes_(std::exchange(o.bytes_, 0)) {}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    backend_ = std::exchange(o.backend_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { release(); }
+
+void Buffer::release() {
+  if (backend_ && data_) backend_->free_bytes(data_, bytes_);
+  backend_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Result<Buffer> Backend::alloc(size_t bytes) const {
+  if (bytes == 0) return Buffer(this, nullptr, 0);
+  void* p = alloc_bytes(bytes);
+  if (!p)
+    return make_error(ErrorCode::internal, std::string(name()) + " backend: out of memory allocating " +
+                                               std::to_string(bytes) + " bytes");
+  return Buffer(this, p, bytes);
+}
+
+Status Backend::grow(Buffer& buf, size_t bytes) const {
+  if (buf.backend() == this && buf.bytes() >= bytes) return {};
+  TROUPE_ASSIGN_OR_RETURN(Buffer bigger, alloc(bytes));
+  if (buf.data()) copy_device_to_device(bigger.data(), buf.data(), std::min(buf.bytes(), bytes));
+  buf = std::move(bigger);
+  return {};
+}
+
+Result<const Backend*> backend_for(std::string_view device) {
+  if (device == "cpu") return &cpu_backend();
+  if (device == "cuda") {
+#if TROUPE_WITH_CUDA
+    return invalid_input("the CUDA backend is not implemented yet; use cpu");
+#else
+    return invalid_input("the CUDA backend is not implemented yet (and this build has no CUDA); use cpu");
+#endif
+  }
+  std::string msg = "'";
+  msg.append(device);
+  msg.append("' is not a device troupe knows; use cpu");
+  return invalid_input(std::move(msg));
+}
+
+}  // namespace troupe::kernels

@@ -1,0 +1,161 @@
+// The CPU backend: the Backend table (backend.h) as a thin layer over the CPU ops (ops.h, moe.h,
+// random.h, grpo_loss.h). Buffers are host memory (calloc), every op runs to completion on the
+// calling thread's OpenMP team, so the queue is always drained and synchronize() has nothing to do.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "troupe/kernels/backend.h"
+#include "troupe/kernels/ops.h"
+
+namespace troupe::kernels {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+  bool host_visible() const override { return true; }
+
+  void copy_host_to_device(void* dst, const void* src, size_t bytes) const override { copy(dst, src, bytes); }
+  void copy_device_to_host(void* dst, const void* src, size_t bytes) const override { copy(dst, src, bytes); }
+  void copy_device_to_device(void* dst, const void* src, size_t bytes) const override {
+    copy(dst, src, bytes);
+  }
+  void synchronize() const override {}
+
+  void zero(float* x, size_t n) const override { std::fill(x, x + n, 0.0f); }
+  void fill(float* x, size_t n, float value) const override { std::fill(x, x + n, value); }
+  void fill_normal(float* x, size_t n, double stddev, uint64_t* rng) const override {
+    kernels::fill_normal(x, n, stddev, rng);
+  }
+
+  void matmul_forward(float* out, const float* inp, const float* weight, int N, int C,
+                      int OC) const override {
+    kernels::matmul_forward(out, inp, weight, N, C, OC);
+  }
+  void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                       int N, int C, int OC) const override {
+    kernels::matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC);
+  }
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C) const override {
+    kernels::embedding_forward(out, tokens, wte, N, C);
+  }
+  void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N,
+                          int C) const override {
+    kernels::embedding_backward(dwte, dout, tokens, N, C);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                       float eps) const override {
+    kernels::rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                        const float* rstd, int N, int C) const override {
+    kernels::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+  void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int HD,
+                    float theta) const override {
+    kernels::rope_cos_sin(cos, sin, positions, N, HD, theta);
+  }
+  void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int N, int NH,
+                    int HD) const override {
+    kernels::rope_forward(out, inp, cos, sin, N, NH, HD);
+  }
+  void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int N, int NH,
+                     int HD) const override {
+    kernels::rope_backward(dinp, dout, cos, sin, N, NH, HD);
+  }
+  size_t attention_scratch_floats(int max_seqlen) const override {
+    return kernels::attention_scratch_floats(max_seqlen, omp_get_max_threads());
+  }
+  void attention_forward(float* out, float* lse, float* scratch, size_t scratch_floats, const float* q,
+                         const float* k, const float* v, const int32_t* cu_seqlens, int S, int max_seqlen,
+                         int N, int NH, int NKV, int HD) const override {
+    kernels::attention_forward(out, lse, scratch, scratch_floats, q, k, v, cu_seqlens, S, max_seqlen, N, NH,
+                               NKV, HD);
+  }
+  void attention_backward(float* dq, float* dk, float* dv, float* scratch, size_t scratch_floats,
+                          const float* dout, const float* q, const float* k, const float* v, const float* out,
+                          const float* lse, const int32_t* cu_seqlens, int S, int max_seqlen, int N, int NH,
+                          int NKV, int HD) const override {
+    kernels::attention_backward(dq, dk, dv, scratch, scratch_floats, dout, q, k, v, out, lse, cu_seqlens, S,
+                                max_seqlen, N, NH, NKV, HD);
+  }
+  void attention_decode_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
+                                const int32_t* kv_len, const int32_t* slot, int B, int cache_len, int NH,
+                                int NKV, int HD) const override {
+    kernels::attention_decode_forward(out, q, k_cache, v_cache, kv_len, slot, B, cache_len, NH, NKV, HD);
+  }
+  void kv_cache_write(float* k_cache, float* v_cache, const float* k, const float* v, const int32_t* slot,
+                      const int32_t* pos, int T, int cache_len, int KD) const override {
+    kernels::kv_cache_write(k_cache, v_cache, k, v, slot, pos, T, cache_len, KD);
+  }
+  void add(float* out, const float* a, const float* b, size_t n) const override { add_forward(out, a, b, n); }
+  void swiglu_forward(float* out, const float* gate, const float* up, int N) const override {
+    kernels::swiglu_forward(out, gate, up, N);
+  }
+  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                       int N) const override {
+    kernels::swiglu_backward(dgate, dup, dout, gate, up, N);
+  }
+  void logprob_forward(float* logp, float* entropy, float* lse, const float* logits, const int32_t* targets,
+                       float temperature, int N, int V) const override {
+    kernels::logprob_forward(logp, entropy, lse, logits, targets, temperature, N, V);
+  }
+  void logprob_backward(float* dlogits, const float* dlogp, const float* dentropy, const float* logits,
+                        const float* lse, const int32_t* targets, float temperature, int N,
+                        int V) const override {
+    kernels::logprob_backward(dlogits, dlogp, dentropy, logits, lse, targets, temperature, N, V);
+  }
+
+  size_t moe_saved_floats(const MoeConfig& cfg, int N) const override {
+    return kernels::moe_saved_floats(cfg, N);
+  }
+  size_t moe_scratch_floats(const MoeConfig& cfg, int N) const override {
+    return kernels::moe_scratch_floats(cfg, N);
+  }
+  void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                   const MoeConfig& cfg, int N, float* scratch) const override {
+    kernels::moe_forward(out, saved, stats, inp, w, cfg, N, scratch);
+  }
+  void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
+                    const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
+                    float* scratch) const override {
+    kernels::moe_backward(dinp, g, dout, daux, inp, saved, w, cfg, N, scratch);
+  }
+
+  int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
+                        const int32_t* cu_seqlens, int S) const override {
+    return kernels::packed_seq_layout(positions, seq_ids, seq_start, seq_end, cu_seqlens, S);
+  }
+
+  size_t sample_scratch_bytes(int V) const override { return kernels::sample_scratch_bytes(V); }
+  int32_t sample_token(float* logprob, const float* logits, int V, const SampleParams& sp, uint64_t* rng,
+                       void* scratch) const override {
+    return kernels::sample_token(logprob, logits, V, sp, rng, scratch);
+  }
+
+  GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch,
+                         const GrpoLossParams& params) const override {
+    return kernels::grpo_loss(dlogp, dentropy, batch, params);
+  }
+
+ protected:
+  void* alloc_bytes(size_t bytes) const override { return std::calloc(bytes, 1); }
+  void free_bytes(void* data, size_t) const override { std::free(data); }
+
+ private:
+  static void copy(void* dst, const void* src, size_t bytes) {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
+};
+
+}  // namespace
+
+const Backend& cpu_backend() {
+  static const CpuBackend backend;
+  return backend;
+}
+
+}  // namespace troupe::kernels

@@ -1,0 +1,171 @@
+// The backend seam: one table of everything a device must do for troupe -- allocate and free
+// buffers, copy host<->device and device<->device, an in-order queue with synchronize(), and the
+// op set of the model, the fused GRPO loss and the packed-sequence metadata. The model and the
+// learner call ops only through a Backend; kernels/cpu/ implements it over the CPU ops of ops.h,
+// moe.h, random.h and grpo_loss.h (the specification every other backend is tested against).
+// backend_for("cpu") picks it; "cuda" is an error until a CUDA backend exists (kernels/README.md
+// says what adding one takes).
+//
+// Pointers given to ops and copies point into Buffers of the same backend ("device memory")
+// unless the parameter says host. Ops and copies run in the order they were issued on the
+// backend's queue; synchronize() returns once everything issued before it has finished. A copy to
+// the host returns with the data in place (it synchronizes first), and a copy from the host may
+// reuse its source on return. Ops return nothing and never allocate; scratch comes from the caller.
+// Shape letters and the [assigned]/[+=] contracts are those of ops.h and moe.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "troupe/base/result.h"
+#include "troupe/kernels/grpo_loss.h"
+#include "troupe/kernels/moe.h"
+#include "troupe/kernels/random.h"
+
+namespace troupe::kernels {
+
+class Backend;
+
+// A block of device memory owned by one backend, freed when the Buffer goes (move-only).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* data() const { return data_; }
+  float* floats() const { return static_cast<float*>(data_); }
+  size_t bytes() const { return bytes_; }
+  size_t num_floats() const { return bytes_ / sizeof(float); }
+  const Backend* backend() const { return backend_; }
+
+ private:
+  friend class Backend;
+  Buffer(const Backend* backend, void* data, size_t bytes) : backend_(backend), data_(data), bytes_(bytes) {}
+  void release();
+
+  const Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- identity ----------------------------------------------------------------------------------
+  virtual std::string_view name() const = 0;  // "cpu"
+  // Whether the host may read and write this backend's buffers directly (the CPU: yes). Where it
+  // may not, Model::params()/grads() need a host copy (see policy/README.md).
+  virtual bool host_visible() const = 0;
+
+  // ---- memory ------------------------------------------------------------------------------------
+  // A zero-filled buffer of `bytes` (at least malloc's alignment); an error when out of memory.
+  Result<Buffer> alloc(size_t bytes) const;
+  // A buffer of at least `bytes`: `buf` itself when it is large enough, else a new one holding
+  // buf's old contents followed by zeros (the old one is freed).
+  Status grow(Buffer& buf, size_t bytes) const;
+  virtual void copy_host_to_device(void* dst, const void* host_src, size_t bytes) const = 0;
+  virtual void copy_device_to_host(void* host_dst, const void* src, size_t bytes) const = 0;
+  virtual void copy_device_to_device(void* dst, const void* src, size_t bytes) const = 0;
+
+  // ---- queue -------------------------------------------------------------------------------------
+  virtual void synchronize() const = 0;
+
+  // ---- fills -------------------------------------------------------------------------------------
+  virtual void zero(float* x, size_t n) const = 0;               // x (n) = 0
+  virtual void fill(float* x, size_t n, float value) const = 0;  // x (n) = value
+  // x (n) = stddev * N(0, 1) drawn from the host RNG state *rng (random.h fill_normal).
+  virtual void fill_normal(float* x, size_t n, double stddev, uint64_t* rng) const = 0;
+
+  // ---- dense ops (ops.h) ---------------------------------------------------------------------------
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, int N, int C,
+                              int OC) const = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                               const float* weight, int N, int C, int OC) const = 0;
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C) const = 0;
+  virtual void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N,
+                                  int C) const = 0;
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                               float eps) const = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                const float* weight, const float* rstd, int N, int C) const = 0;
+  virtual void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int HD,
+                            float theta) const = 0;
+  virtual void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int N, int NH,
+                            int HD) const = 0;
+  virtual void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int N,
+                             int NH, int HD) const = 0;
+  // Scratch floats attention_forward/backward need for sequences of up to max_seqlen tokens.
+  virtual size_t attention_scratch_floats(int max_seqlen) const = 0;
+  virtual void attention_forward(float* out, float* lse, float* scratch, size_t scratch_floats,
+                                 const float* q, const float* k, const float* v, const int32_t* cu_seqlens,
+                                 int S, int max_seqlen, int N, int NH, int NKV, int HD) const = 0;
+  virtual void attention_backward(float* dq, float* dk, float* dv, float* scratch, size_t scratch_floats,
+                                  const float* dout, const float* q, const float* k, const float* v,
+                                  const float* out, const float* lse, const int32_t* cu_seqlens, int S,
+                                  int max_seqlen, int N, int NH, int NKV, int HD) const = 0;
+  virtual void attention_decode_forward(float* out, const float* q, const float* k_cache,
+                                        const float* v_cache, const int32_t* kv_len, const int32_t* slot,
+                                        int B, int cache_len, int NH, int NKV, int HD) const = 0;
+  virtual void kv_cache_write(float* k_cache, float* v_cache, const float* k, const float* v,
+                              const int32_t* slot, const int32_t* pos, int T, int cache_len,
+                              int KD) const = 0;
+  virtual void add(float* out, const float* a, const float* b,
+                   size_t n) const = 0;  // out = a + b (may alias)
+  virtual void swiglu_forward(float* out, const float* gate, const float* up, int N) const = 0;
+  virtual void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                               const float* up, int N) const = 0;
+  virtual void logprob_forward(float* logp, float* entropy, float* lse, const float* logits,
+                               const int32_t* targets, float temperature, int N, int V) const = 0;
+  virtual void logprob_backward(float* dlogits, const float* dlogp, const float* dentropy,
+                                const float* logits, const float* lse, const int32_t* targets,
+                                float temperature, int N, int V) const = 0;
+
+  // ---- MoE layer (moe.h) ---------------------------------------------------------------------------
+  virtual size_t moe_saved_floats(const MoeConfig& cfg, int N) const = 0;
+  virtual size_t moe_scratch_floats(const MoeConfig& cfg, int N) const = 0;
+  // stats: host memory.
+  virtual void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                           const MoeConfig& cfg, int N, float* scratch) const = 0;
+  virtual void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
+                            const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
+                            float* scratch) const = 0;
+
+  // ---- packed-sequence metadata (host arrays) --------------------------------------------------------
+  // ops.h packed_seq_layout: positions, sequence ids and bounds of every token; returns max_seqlen.
+  virtual int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
+                                const int32_t* cu_seqlens, int S) const = 0;
+
+  // ---- sampling (random.h) ---------------------------------------------------------------------------
+  virtual size_t sample_scratch_bytes(int V) const = 0;
+  // One token from a logits row (V); rng and logprob are host memory, scratch a buffer of
+  // sample_scratch_bytes(V).
+  virtual int32_t sample_token(float* logprob, const float* logits, int V, const SampleParams& sp,
+                               uint64_t* rng, void* scratch) const = 0;
+
+  // ---- fused GRPO per-token loss (grpo_loss.h) ------------------------------------------------------
+  virtual GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch,
+                                 const GrpoLossParams& params) const = 0;
+
+ protected:
+  // Raw memory behind alloc(): zero-filled, nullptr when out of memory; free_bytes takes it back.
+  virtual void* alloc_bytes(size_t bytes) const = 0;
+  virtual void free_bytes(void* data, size_t bytes) const = 0;
+
+ private:
+  friend class Buffer;
+};
+
+// The CPU backend (kernels/cpu/): host memory, OpenMP + BLAS ops, synchronous queue.
+const Backend& cpu_backend();
+
+// The backend a device name selects: "cpu"; "cuda" is an error (not implemented yet); anything
+// else is an error that lists the names.
+Result<const Backend*> backend_for(std::string_view device);
+
+}  // namespace troupe::kernels

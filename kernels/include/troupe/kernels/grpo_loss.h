@@ -1,0 +1,55 @@
+// The fused GRPO per-token loss as one op: for each sequence of a packed batch, the clipped
+// surrogate of the importance ratio (token- or sequence-level), the optional KL penalty to a
+// reference policy and the entropy bonus, aggregated with a per-sequence weight; it ASSIGNS
+// dlogp (T) and dentropy (T) and returns the metric sums. Everything in double, then rounded to
+// float once per gradient. Ties of min/max split the gradient in half; clamps pass the gradient at
+// their bounds (as autograd does). The caller validates the batch and the normalisers.
+#pragma once
+
+#include <cstdint>
+
+namespace troupe::kernels {
+
+enum class KlEstimator { k1, k2, k3 };  // k1 = -x, k2 = x^2 / 2, k3 = e^x - 1 - x, x = ref - logp
+
+struct GrpoLossParams {
+  float epsilon_low = 0.2f;  // ratio clip [1 - epsilon_low, 1 + epsilon_high]
+  float epsilon_high = 0.2f;
+  float delta = 0.0f;            // > 0: rho <- min(rho, delta) in the unclipped term
+  float clip_ratio_c = 0.0f;     // > 1: dual clip for A < 0, loss <= -A * c
+  float log_ratio_clamp = 0.0f;  // > 0: clamp logp - old to +-this before exp
+  bool sequence_level = false;   // one ratio per sequence: exp(mean_t m (logp - old)) (GSPO)
+  float beta = 0.0f;             // KL coefficient (the KL metric is summed whenever logp_ref is given)
+  KlEstimator kl_estimator = KlEstimator::k3;
+  float kl_input_clamp = 0.0f;   // > 0: clamp x to +-this before the estimator
+  float kl_output_clamp = 0.0f;  // > 0: clamp the estimate to +-this
+  float entropy_coef = 0.0f;     // loss -= entropy_coef * H
+  // Aggregation: sequence s weighs each of its tokens by m_t / d_s with d_s = agg_denominator,
+  // times max(sum of its mask, 1) when agg_per_seq_tokens. agg_denominator > 0.
+  double agg_denominator = 1.0;
+  bool agg_per_seq_tokens = false;
+};
+
+// Inputs per position t (T) or per sequence s (S); optional ones may be null.
+struct GrpoLossBatch {
+  int T = 0, S = 0;
+  const int32_t* cu_seqlens = nullptr;  // (S+1)
+  const float* mask = nullptr;          // (T)
+  const float* advantages = nullptr;    // (S)
+  const float* logp = nullptr;          // (T) current policy
+  const float* logp_old = nullptr;      // (T) or null: on-policy (ratio 1, detached)
+  const float* logp_ref = nullptr;      // (T) or null: no KL
+  const float* is_weight = nullptr;     // (T) or null: 1
+  const float* entropy = nullptr;       // (T) or null
+};
+
+// Metric sums of the batch (each masked by m_t; loss, pg_loss, kl_loss already weighted).
+struct GrpoLossSums {
+  double loss = 0, pg_loss = 0, kl_loss = 0, tokens = 0, kl_sum = 0, clip_low_sum = 0, clip_high_sum = 0,
+         dual_clip_sum = 0, entropy_sum = 0, ratio_sum = 0, is_weight_sum = 0;
+};
+
+// dlogp (T) assigned; dentropy (T) assigned when not null (-w_t * entropy_coef, 0 where m_t = 0).
+GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& b, const GrpoLossParams& p);
+
+}  // namespace troupe::kernels
