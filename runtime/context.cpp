@@ -9,9 +9,11 @@ namespace troupe::runtime {
 Clock::time_point Context::now() const { return sys_->now(); }
 
 Status Context::reply_error(const Error& e) {
-  if (!mail_ || !(mail_->header.flags & kFlagRequest)) return make_error(ErrorCode::internal, "reply_error outside a request handler");
+  if (!mail_ || !(mail_->header.flags & kFlagRequest))
+    return make_error(ErrorCode::internal, "reply_error outside a request handler");
   ErrorReply er{static_cast<std::int32_t>(e.code), e.message};
-  return sys_->send_from(self_, mail_->header.sender, std::move(er), kFlagReply, mail_->header.correlation, Overflow::block);
+  return sys_->send_from(self_, mail_->header.sender, std::move(er), kFlagReply, mail_->header.correlation,
+                         Overflow::block);
 }
 
 TimerId Context::after(Duration delay, std::function<void(Context&)> fn) {

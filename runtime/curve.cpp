@@ -39,14 +39,16 @@ Result<std::vector<std::string>> read_keys(const std::string& file, const std::s
     ++n;
     line = trim(line);
     if (line.empty() || line[0] == '#') continue;
-    if (!valid_z85_key(line)) return invalid_input(file + ":" + std::to_string(n) + ": error: not a 40-character Z85 " + key_kind);
+    if (!valid_z85_key(line))
+      return invalid_input(file + ":" + std::to_string(n) + ": error: not a 40-character Z85 " + key_kind);
     keys.push_back(line);
     if (first_only) break;
   }
   return keys;
 }
 Result<std::string> read_key_file(const std::string& file, const char* what) {
-  TROUPE_ASSIGN_OR_RETURN(auto keys, read_keys(file, std::string("CURVE ") + what + " key file", "CURVE key", /*first_only=*/true));
+  TROUPE_ASSIGN_OR_RETURN(auto keys,
+                          read_keys(file, std::string("CURVE ") + what + " key file", "CURVE key", /*first_only=*/true));
   if (keys.empty()) return invalid_input(file + ": no CURVE " + what + " key in the file");
   return keys.front();
 }
@@ -91,7 +93,8 @@ Result<CurveKeypair> load_curve_keypair(const std::string& public_file, const st
 }
 
 Result<std::vector<std::string>> load_authorized_keys(const std::string& file) {
-  TROUPE_ASSIGN_OR_RETURN(auto keys, read_keys(file, "the CURVE authorized keys file", "CURVE public key", /*first_only=*/false));
+  TROUPE_ASSIGN_OR_RETURN(auto keys,
+                          read_keys(file, "the CURVE authorized keys file", "CURVE public key", /*first_only=*/false));
   if (keys.empty()) return invalid_input(file + ": no authorized keys (every peer would be refused)");
   return keys;
 }

@@ -26,7 +26,10 @@ struct ActorSystem::Impl final : TurnHandler {
         supervision(*s, actors, timers, scheduler, [this](ActorCell& c) { run_on_stop(c); }),
         requests(actors, timers, scheduler),
         transport(
-            s->config_, timers, [s](Mail&& m) { return s->deliver_local(std::move(m), Overflow::block, /*on_receive_thread=*/true); },
+            s->config_, timers,
+            [s](Mail&& m) {
+              return s->deliver_local(std::move(m), Overflow::block, /*on_receive_thread=*/true);
+            },
             [s](std::uint32_t node, const std::string& reason) { s->declare_node_down(node, reason); }) {}
 
   ActorSystem* self;
@@ -43,7 +46,8 @@ struct ActorSystem::Impl final : TurnHandler {
     try {
       c.actor->on_start(ctx);
     } catch (const std::exception& e) {
-      c.fail_requested = make_error(ErrorCode::internal, "actor " + c.label() + " threw in on_start: " + e.what());
+      c.fail_requested =
+          make_error(ErrorCode::internal, "actor " + c.label() + " threw in on_start: " + e.what());
     }
   }
 
@@ -76,20 +80,26 @@ struct ActorSystem::Impl final : TurnHandler {
       }
       const Actor::RawHandler* handler = c.actor->find_handler(m.header.type_id);
       if (!handler) {
-        std::string why = "actor " + c.label() + " has no handler for " + registered_type_name(m.header.type_id) +
-                          " (from " + to_string(m.header.sender) + ")";
+        std::string why = "actor " + c.label() + " has no handler for " +
+                          registered_type_name(m.header.type_id) + " (from " + to_string(m.header.sender) +
+                          ")";
         spdlog::error("troupe runtime: {}", why);
         if (m.header.flags & kFlagRequest) (void)ctx.reply_error(invalid_input(why));
         return;
       }
       Status st = (*handler)(ctx, m);
       if (!st.ok()) {
-        if (m.header.flags & kFlagRequest) (void)ctx.reply_error(st.error());
-        else spdlog::warn("troupe runtime: actor {} handling {}: {}", c.label(), registered_type_name(m.header.type_id), st.error().message);
+        if (m.header.flags & kFlagRequest)
+          (void)ctx.reply_error(st.error());
+        else
+          spdlog::warn("troupe runtime: actor {} handling {}: {}", c.label(),
+                       registered_type_name(m.header.type_id), st.error().message);
       }
     } catch (const std::exception& e) {
-      std::string what = m.task ? std::string("a timer/reply callback") : registered_type_name(m.header.type_id);
-      Error err = make_error(ErrorCode::internal, "actor " + c.label() + " threw while handling " + what + ": " + e.what());
+      std::string what =
+          m.task ? std::string("a timer/reply callback") : registered_type_name(m.header.type_id);
+      Error err = make_error(ErrorCode::internal,
+                             "actor " + c.label() + " threw while handling " + what + ": " + e.what());
       if (!m.task && (m.header.flags & kFlagRequest)) (void)ctx.reply_error(err);
       c.fail_requested = err;
     }
@@ -102,10 +112,12 @@ struct ActorSystem::Impl final : TurnHandler {
 
 // ---- lifetime ----
 
-ActorSystem::ActorSystem(SystemConfig config) : config_(std::move(config)), impl_(std::make_unique<Impl>(this)) {}
+ActorSystem::ActorSystem(SystemConfig config)
+    : config_(std::move(config)), impl_(std::make_unique<Impl>(this)) {}
 
 Result<std::unique_ptr<ActorSystem>> ActorSystem::create(SystemConfig config) {
-  if (config.threads < 0) return invalid_input("runtime: threads must be >= 0, got " + std::to_string(config.threads));
+  if (config.threads < 0)
+    return invalid_input("runtime: threads must be >= 0, got " + std::to_string(config.threads));
   if (config.mailbox_capacity == 0) return invalid_input("runtime: mailbox_capacity must be >= 1");
   std::unique_ptr<ActorSystem> sys(new ActorSystem(std::move(config)));
   TROUPE_TRY(sys->start());
@@ -153,7 +165,9 @@ void ActorSystem::shutdown(Duration drain) {
 // ---- placement ----
 
 Status ActorSystem::connect(const std::vector<PeerInfo>& peers) { return impl_->transport.connect(peers); }
-void ActorSystem::set_placement(std::map<std::string, std::uint32_t> name_to_node) { impl_->actors.set_placement(std::move(name_to_node)); }
+void ActorSystem::set_placement(std::map<std::string, std::uint32_t> name_to_node) {
+  impl_->actors.set_placement(std::move(name_to_node));
+}
 std::vector<PeerInfo> ActorSystem::peers() const { return impl_->transport.peers(); }
 
 // ---- actors ----
@@ -162,14 +176,17 @@ Result<ActorId> ActorSystem::spawn(ActorFactory factory, SpawnOptions options) {
   Impl& I = *impl_;
   if (I.scheduler.stopping()) return make_error(ErrorCode::internal, "runtime: spawn after shutdown");
   std::uint32_t local = I.actors.next_local();
-  if (local >= ActorTable::kMaxActors) return make_error(ErrorCode::internal, "runtime: more than 65535 actors on one node");
+  if (local >= ActorTable::kMaxActors)
+    return make_error(ErrorCode::internal, "runtime: more than 65535 actors on one node");
   ActorId id{config_.node_id, local};
-  auto cell = std::make_unique<ActorCell>(id, options.name, options.mailbox_capacity ? options.mailbox_capacity : config_.mailbox_capacity);
+  auto cell = std::make_unique<ActorCell>(
+      id, options.name, options.mailbox_capacity ? options.mailbox_capacity : config_.mailbox_capacity);
   cell->factory = std::move(factory);
   cell->restart = options.restart;
   cell->supervisor = options.supervisor;
   cell->actor = cell->factory();
-  if (!cell->actor) return make_error(ErrorCode::internal, "runtime: factory for actor '" + options.name + "' returned null");
+  if (!cell->actor)
+    return make_error(ErrorCode::internal, "runtime: factory for actor '" + options.name + "' returned null");
   if (cell->actor->setup_error()) return *cell->actor->setup_error();
   if (!options.name.empty()) TROUPE_TRY(register_name(options.name, id));
   ActorCell* raw = I.actors.add(std::move(cell));
@@ -177,8 +194,12 @@ Result<ActorId> ActorSystem::spawn(ActorFactory factory, SpawnOptions options) {
   return id;
 }
 
-Status ActorSystem::register_name(const std::string& name, ActorId id) { return impl_->actors.register_name(name, id); }
-ActorId ActorSystem::named(std::uint32_t node, std::string_view name) { return ActorId{node, ActorTable::alias_of(name)}; }
+Status ActorSystem::register_name(const std::string& name, ActorId id) {
+  return impl_->actors.register_name(name, id);
+}
+ActorId ActorSystem::named(std::uint32_t node, std::string_view name) {
+  return ActorId{node, ActorTable::alias_of(name)};
+}
 Result<ActorId> ActorSystem::lookup(std::string_view name) const { return impl_->actors.lookup(name); }
 
 void ActorSystem::stop_actor(ActorId id) {
@@ -205,17 +226,19 @@ Status ActorSystem::deliver_local(Mail&& mail, Overflow policy, bool on_receive_
   }
   ActorCell* c = I.actors.find(mail.header.recipient.local);
   if (!c || c->state == CellState::stopped) {
-    std::string why = "no live actor " + to_string(mail.header.recipient) + " on node " + std::to_string(config_.node_id) +
-                      " for " + registered_type_name(mail.header.type_id);
+    std::string why = "no live actor " + to_string(mail.header.recipient) + " on node " +
+                      std::to_string(config_.node_id) + " for " + registered_type_name(mail.header.type_id);
     if (mail.header.flags & kFlagRequest) {
       ErrorReply er{static_cast<std::int32_t>(ErrorCode::peer_failed), why};
-      (void)send_from(ActorId{config_.node_id, 0}, mail.header.sender, er, kFlagReply, mail.header.correlation, Overflow::fail);
+      (void)send_from(ActorId{config_.node_id, 0}, mail.header.sender, er, kFlagReply,
+                      mail.header.correlation, Overflow::fail);
     }
     return make_error(ErrorCode::peer_failed, "runtime: " + why);
   }
   if (I.scheduler.manual()) policy = Overflow::fail;  // one thread: waiting for room would wait forever
   auto r = c->mailbox.push(std::move(mail), policy, Clock::now() + config_.send_timeout);
-  if (!r.ok()) return make_error(r.error().code, "runtime: send to actor " + c->label() + ": " + r.error().message);
+  if (!r.ok())
+    return make_error(r.error().code, "runtime: send to actor " + c->label() + ": " + r.error().message);
   if (r.value()) {
     if (on_receive_thread && config_.inline_receive && !I.scheduler.manual())
       I.scheduler.turn_here(c, I.io_batch);  // we own the scheduled bit: exclusive, like a worker
@@ -234,8 +257,9 @@ std::uint64_t ActorSystem::begin_request(ActorId owner, ActorId to, Duration tim
   if (!is_local(to)) {
     Peer* p = I.transport.find_peer(to.node);
     if (p && p->down) {
-      Error e = make_error(ErrorCode::peer_failed, "runtime: request to " + to_string(to) + ": node " + std::to_string(to.node) +
-                                                       " (role " + p->info.role + ") is down");
+      Error e = make_error(ErrorCode::peer_failed, "runtime: request to " + to_string(to) + ": node " +
+                                                       std::to_string(to.node) + " (role " + p->info.role +
+                                                       ") is down");
       I.requests.answer(owner, std::move(on_reply), e);
       return 0;
     }
@@ -243,11 +267,14 @@ std::uint64_t ActorSystem::begin_request(ActorId owner, ActorId to, Duration tim
   return I.requests.begin(owner, to, timeout, std::move(on_reply));
 }
 
-void ActorSystem::fail_request(std::uint64_t correlation, Error e) { impl_->requests.complete(correlation, std::move(e)); }
+void ActorSystem::fail_request(std::uint64_t correlation, Error e) {
+  impl_->requests.complete(correlation, std::move(e));
+}
 
 // ---- actor timers: the callback runs as a task in the owner's mailbox ----
 
-TimerId ActorSystem::start_timer(ActorId owner, Duration delay, Duration period, std::function<void(Context&)> fn) {
+TimerId ActorSystem::start_timer(ActorId owner, Duration delay, Duration period,
+                                 std::function<void(Context&)> fn) {
   Impl& I = *impl_;
   ActorCell* c = I.actors.find(owner.local);
   if (!c) return 0;
@@ -275,19 +302,26 @@ void ActorSystem::watch_node_for(ActorId watcher, std::uint32_t node) {
   impl_->supervision.watch_node(watcher, node);
   if (already_down) {
     Peer* p = impl_->transport.find_peer(node);
-    (void)send_from(ActorId{config_.node_id, 0}, watcher, NodeDown{node, p ? p->info.role : "", "already down"}, 0, 0, Overflow::fail);
+    (void)send_from(ActorId{config_.node_id, 0}, watcher,
+                    NodeDown{node, p ? p->info.role : "", "already down"}, 0, 0, Overflow::fail);
   }
 }
 
-void ActorSystem::monitor_for(ActorId watcher, ActorId target) { impl_->supervision.monitor(watcher, target); }
+void ActorSystem::monitor_for(ActorId watcher, ActorId target) {
+  impl_->supervision.monitor(watcher, target);
+}
 
 void ActorSystem::mark_failed(ActorCell* cell, Error e) {
   if (!cell->fail_requested) cell->fail_requested = std::move(e);
 }
 void ActorSystem::mark_stop(ActorCell* cell) { cell->stop_requested = true; }
 
-void ActorSystem::on_node_down(std::function<void(const NodeDown&)> fn) { impl_->supervision.on_node_down(std::move(fn)); }
-void ActorSystem::on_escalation(std::function<void(const Error&)> fn) { impl_->supervision.on_escalation(std::move(fn)); }
+void ActorSystem::on_node_down(std::function<void(const NodeDown&)> fn) {
+  impl_->supervision.on_node_down(std::move(fn));
+}
+void ActorSystem::on_escalation(std::function<void(const Error&)> fn) {
+  impl_->supervision.on_escalation(std::move(fn));
+}
 
 bool ActorSystem::node_is_down(std::uint32_t node) const {
   Peer* p = impl_->transport.find_peer(node);
@@ -299,8 +333,11 @@ void ActorSystem::declare_node_down(std::uint32_t node, const std::string& reaso
   Peer* p = I.transport.find_peer(node);
   if (!p || p->down.exchange(true)) return;
   NodeDown nd{node, p->info.role, reason};
-  spdlog::error("troupe runtime: node {} (role {}, {}) is down: {}", node, p->info.role, p->info.endpoint, reason);
-  I.requests.fail_node(node, make_error(ErrorCode::peer_failed, "runtime: node " + std::to_string(node) + " (role " + p->info.role + ") is down: " + reason));
+  spdlog::error("troupe runtime: node {} (role {}, {}) is down: {}", node, p->info.role, p->info.endpoint,
+                reason);
+  I.requests.fail_node(
+      node, make_error(ErrorCode::peer_failed, "runtime: node " + std::to_string(node) + " (role " +
+                                                   p->info.role + ") is down: " + reason));
   I.supervision.node_down(nd);
 }
 

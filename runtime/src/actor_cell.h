@@ -35,7 +35,9 @@ struct ActorCell {
   std::vector<TimerId> timers;
   std::mutex monitors_mu;
   std::vector<ActorId> monitors;
-  std::string label() const { return name.empty() ? to_string(id) : "'" + name + "' (" + to_string(id) + ")"; }
+  std::string label() const {
+    return name.empty() ? to_string(id) : "'" + name + "' (" + to_string(id) + ")";
+  }
 };
 
 }  // namespace troupe::runtime

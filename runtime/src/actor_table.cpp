@@ -46,11 +46,15 @@ std::vector<ActorCell*> ActorTable::all() const {
 }
 
 Status ActorTable::register_name(const std::string& name, ActorId id) {
-  if (id.node != node_id_) return invalid_input("runtime: register_name('" + name + "'): " + to_string(id) + " is not on this node");
+  if (id.node != node_id_)
+    return invalid_input("runtime: register_name('" + name + "'): " + to_string(id) + " is not on this node");
   std::uint32_t alias = alias_of(name);
   std::unique_lock lock(names_mu_);
-  if (names_.count(name)) return invalid_input("runtime: actor name '" + name + "' is already registered on node " + std::to_string(node_id_));
-  if (aliases_.count(alias)) return invalid_input("runtime: actor name '" + name + "' collides with another name's hash; rename it");
+  if (names_.count(name))
+    return invalid_input("runtime: actor name '" + name + "' is already registered on node " +
+                         std::to_string(node_id_));
+  if (aliases_.count(alias))
+    return invalid_input("runtime: actor name '" + name + "' collides with another name's hash; rename it");
   names_[name] = id.local;
   aliases_[alias] = id.local;
   return {};
@@ -62,8 +66,8 @@ Result<ActorId> ActorTable::lookup(std::string_view name) const {
   if (it != names_.end()) return ActorId{node_id_, it->second};
   auto pl = placement_.find(std::string(name));
   if (pl != placement_.end()) return ActorId{pl->second, alias_of(name)};
-  return invalid_input("runtime: no actor named '" + std::string(name) + "' on node " + std::to_string(node_id_) +
-                       " and none in the placement table");
+  return invalid_input("runtime: no actor named '" + std::string(name) + "' on node " +
+                       std::to_string(node_id_) + " and none in the placement table");
 }
 
 void ActorTable::set_placement(std::map<std::string, std::uint32_t> name_to_node) {

@@ -41,10 +41,10 @@ class ActorTable {
   std::uint32_t node_id_;
   mutable std::mutex cells_mu_;
   std::vector<std::unique_ptr<ActorCell>> owned_;
-  std::unique_ptr<std::atomic<ActorCell*>[]> slots_{new std::atomic<ActorCell*>[kMaxActors]};
+  std::unique_ptr<std::atomic<ActorCell*>[]> slots_ { new std::atomic<ActorCell*>[ kMaxActors ] };
   std::atomic<std::uint32_t> next_local_{1};
   mutable std::shared_mutex names_mu_;
-  std::unordered_map<std::string, std::uint32_t> names_;     // name -> local id
+  std::unordered_map<std::string, std::uint32_t> names_;      // name -> local id
   std::unordered_map<std::uint32_t, std::uint32_t> aliases_;  // alias -> local id
   std::map<std::string, std::uint32_t> placement_;
 };

@@ -12,8 +12,9 @@ std::uint64_t RequestTable::begin(ActorId owner, ActorId to, Duration timeout, R
     pending_[corr] = Pending{owner, to.node, std::move(on_reply), 0};
   }
   TimerId t = timers_.add(timers_.now() + timeout, Duration{0}, [this, corr, to, timeout] {
-    complete(corr, make_error(ErrorCode::timeout, "runtime: request " + std::to_string(corr) + " to " + to_string(to) +
-                                                      " timed out after " + ms_text(timeout)));
+    complete(corr,
+             make_error(ErrorCode::timeout, "runtime: request " + std::to_string(corr) + " to " +
+                                                to_string(to) + " timed out after " + ms_text(timeout)));
   });
   {
     std::lock_guard lock(mu_);

@@ -5,8 +5,8 @@ namespace troupe::runtime {
 
 namespace {
 constexpr std::size_t kBatch = 64;  // a worker's batch buffer, reserved once
-constexpr int kSpin = 1000;      // ~tens of microseconds of polling before a consumer gives up its turn
-constexpr int kIdleSpin = 2000;  // a worker's polling of the run queue before it sleeps
+constexpr int kSpin = 1000;         // ~tens of microseconds of polling before a consumer gives up its turn
+constexpr int kIdleSpin = 2000;     // a worker's polling of the run queue before it sleeps
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();

@@ -26,11 +26,11 @@ namespace troupe::runtime {
 // only the actor system makes) and what follows when the actor crashed or asked to stop.
 class TurnHandler {
  public:
-  virtual void restart(ActorCell& c) = 0;  // rebuild from the factory and run on_start
-  virtual void run(ActorCell& c, Mail& m) = 0;  // one handler or task; a throw sets fail_requested
+  virtual void restart(ActorCell& c) = 0;          // rebuild from the factory and run on_start
+  virtual void run(ActorCell& c, Mail& m) = 0;     // one handler or task; a throw sets fail_requested
   virtual void reject(ActorCell& c, Mail& m) = 0;  // mail for a stopped actor
-  virtual void crashed(ActorCell& c) = 0;  // fail_requested is set
-  virtual void stopped(ActorCell& c) = 0;  // stop_requested is set
+  virtual void crashed(ActorCell& c) = 0;          // fail_requested is set
+  virtual void stopped(ActorCell& c) = 0;          // stop_requested is set
 
  protected:
   ~TurnHandler() = default;
@@ -38,12 +38,13 @@ class TurnHandler {
 
 class Scheduler {
  public:
-  Scheduler(bool manual, TimerQueue& timers, TurnHandler& handler) : manual_(manual), timers_(timers), handler_(handler) {}
+  Scheduler(bool manual, TimerQueue& timers, TurnHandler& handler)
+      : manual_(manual), timers_(timers), handler_(handler) {}
 
   bool manual() const { return manual_; }
   void start(int threads);
 
-  void enqueue(ActorCell* c);  // c's mailbox has just become scheduled
+  void enqueue(ActorCell* c);                                 // c's mailbox has just become scheduled
   void post(ActorCell* c, std::function<void(Context&)> fn);  // a task in c's mailbox, past its bound
   // A turn on the calling thread (the receive thread, which owns c's scheduled bit), no spinning.
   void turn_here(ActorCell* c, std::vector<Mail>& batch);

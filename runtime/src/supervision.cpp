@@ -30,7 +30,8 @@ void Supervision::stopped(ActorCell& c, const std::string& reason) {
     std::lock_guard lock(c.monitors_mu);
     mons.swap(c.monitors);
   }
-  for (ActorId w : mons) (void)sys_.send_from(c.id, w, ActorDown{c.id.packed(), c.name, reason}, 0, 0, Overflow::fail);
+  for (ActorId w : mons)
+    (void)sys_.send_from(c.id, w, ActorDown{c.id.packed(), c.name, reason}, 0, 0, Overflow::fail);
 }
 
 void Supervision::crashed(ActorCell& c) {
@@ -50,8 +51,8 @@ void Supervision::crashed(ActorCell& c) {
       c.restarts.push_back(t);
       c.state = CellState::suspended;
       c.mailbox.unschedule();
-      spdlog::warn("troupe runtime: restarting actor {} in {} (restart {} of {} within {})", c.label(), ms_text(backoff),
-                   c.restarts.size(), p.max_restarts, ms_text(p.window));
+      spdlog::warn("troupe runtime: restarting actor {} in {} (restart {} of {} within {})", c.label(),
+                   ms_text(backoff), c.restarts.size(), p.max_restarts, ms_text(p.window));
       ActorCell* cell = &c;
       timers_.add(timers_.now() + backoff, Duration{0}, [this, cell] {
         cell->state = CellState::restarting;
@@ -59,8 +60,9 @@ void Supervision::crashed(ActorCell& c) {
       });
       return;
     }
-    err = make_error(err.code, "actor " + c.label() + " exhausted its restart policy (" + std::to_string(p.max_restarts) +
-                                   " restarts within " + ms_text(p.window) + "); last failure: " + err.message);
+    err = make_error(err.code, "actor " + c.label() + " exhausted its restart policy (" +
+                                   std::to_string(p.max_restarts) + " restarts within " + ms_text(p.window) +
+                                   "); last failure: " + err.message);
   }
   stopped(c, err.message);
   escalate(c, err);
@@ -86,7 +88,8 @@ void Supervision::escalate(ActorCell& c, const Error& err) {
 void Supervision::monitor(ActorId watcher, ActorId target) {
   ActorCell* c = target.node == sys_.node_id() ? actors_.find(target.local) : nullptr;
   if (!c || c->state == CellState::stopped) {
-    (void)sys_.send_from(node_self(), watcher, ActorDown{target.packed(), c ? c->name : "", "not running"}, 0, 0, Overflow::fail);
+    (void)sys_.send_from(node_self(), watcher, ActorDown{target.packed(), c ? c->name : "", "not running"}, 0,
+                         0, Overflow::fail);
     return;
   }
   std::lock_guard lock(c->monitors_mu);

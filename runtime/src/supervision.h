@@ -25,10 +25,14 @@ class Supervision {
   // run_on_stop calls the actor's on_stop (a Context only the actor system makes).
   Supervision(ActorSystem& sys, ActorTable& actors, TimerQueue& timers, Scheduler& scheduler,
               std::function<void(ActorCell&)> run_on_stop)
-      : sys_(sys), actors_(actors), timers_(timers), scheduler_(scheduler), run_on_stop_(std::move(run_on_stop)) {}
+      : sys_(sys),
+        actors_(actors),
+        timers_(timers),
+        scheduler_(scheduler),
+        run_on_stop_(std::move(run_on_stop)) {}
 
   void stopped(ActorCell& c, const std::string& reason);
-  void crashed(ActorCell& c);  // c.fail_requested is set
+  void crashed(ActorCell& c);          // c.fail_requested is set
   void reject(ActorCell& c, Mail& m);  // mail that reached a stopped actor
 
   void monitor(ActorId watcher, ActorId target);  // ActorDown now if target is not running

@@ -16,11 +16,14 @@ Status check_bind(const SystemConfig& c) {
   const std::string& b = c.bind;
   if (b.rfind("ipc://", 0) == 0) return {};
   if (b.rfind("tcp://", 0) == 0) {
-    std::string host = b.substr(6, b.rfind(':') == std::string::npos || b.rfind(':') < 6 ? std::string::npos : b.rfind(':') - 6);
-    bool loopback = host == "127.0.0.1" || host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+    std::string host = b.substr(
+        6, b.rfind(':') == std::string::npos || b.rfind(':') < 6 ? std::string::npos : b.rfind(':') - 6);
+    bool loopback =
+        host == "127.0.0.1" || host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
     if (!loopback && !c.allow_nonlocal_bind)
       return invalid_input("runtime: refusing to bind " + b +
-                           ": tcp binds to loopback unless runtime.allow_nonlocal_bind is set (enable CURVE for cross-node traffic)");
+                           ": tcp binds to loopback unless runtime.allow_nonlocal_bind is set (enable CURVE "
+                           "for cross-node traffic)");
     return {};
   }
   return invalid_input("runtime: bind address '" + b + "' must start with ipc:// or tcp://");
@@ -32,8 +35,10 @@ Status ZmqTransport::bind() {
   try {
     zctx_ = std::make_unique<zmq::context_t>(1);
     if (config_.curve.enabled) {
-      if (!zmq_has("curve")) return invalid_input("runtime: CURVE requested but this libzmq was built without it");
-      TROUPE_ASSIGN_OR_RETURN(auto kp, load_curve_keypair(config_.curve.public_key_file, config_.curve.secret_key_file));
+      if (!zmq_has("curve"))
+        return invalid_input("runtime: CURVE requested but this libzmq was built without it");
+      TROUPE_ASSIGN_OR_RETURN(
+          auto kp, load_curve_keypair(config_.curve.public_key_file, config_.curve.secret_key_file));
       curve_public_ = kp.public_key;
       curve_secret_ = kp.secret_key;
       TROUPE_ASSIGN_OR_RETURN(auto keys, load_authorized_keys(config_.curve.authorized_keys_file));
@@ -60,7 +65,9 @@ Status ZmqTransport::bind() {
 }
 
 Status ZmqTransport::connect(const std::vector<PeerInfo>& peers) {
-  if (!zctx_) return invalid_input("runtime: node " + std::to_string(config_.node_id) + " has no bind address, cannot connect to peers");
+  if (!zctx_)
+    return invalid_input("runtime: node " + std::to_string(config_.node_id) +
+                         " has no bind address, cannot connect to peers");
   bool any = false;
   for (const PeerInfo& info : peers) {
     if (info.node == config_.node_id) continue;
@@ -70,18 +77,21 @@ Status ZmqTransport::connect(const std::vector<PeerInfo>& peers) {
       p->push = zmq::socket_t(*zctx_, zmq::socket_type::push);
       p->push.set(zmq::sockopt::sndhwm, config_.hwm);
       p->push.set(zmq::sockopt::linger, 200);
-      p->push.set(zmq::sockopt::sndtimeo, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(config_.send_timeout).count()));
+      p->push.set(zmq::sockopt::sndtimeo,
+                  static_cast<int>(
+                      std::chrono::duration_cast<std::chrono::milliseconds>(config_.send_timeout).count()));
       if (config_.curve.enabled) {
         if (info.curve_public_key.size() != 40)
-          return invalid_input("runtime: peer node " + std::to_string(info.node) + " (" + info.role + ") has no valid CURVE public key");
+          return invalid_input("runtime: peer node " + std::to_string(info.node) + " (" + info.role +
+                               ") has no valid CURVE public key");
         p->push.set(zmq::sockopt::curve_serverkey, info.curve_public_key);
         p->push.set(zmq::sockopt::curve_publickey, curve_public_);
         p->push.set(zmq::sockopt::curve_secretkey, curve_secret_);
       }
       p->push.connect(info.endpoint);
     } catch (const zmq::error_t& e) {
-      return invalid_input("runtime: cannot connect to node " + std::to_string(info.node) + " (" + info.role + ") at '" +
-                           info.endpoint + "': " + e.what());
+      return invalid_input("runtime: cannot connect to node " + std::to_string(info.node) + " (" + info.role +
+                           ") at '" + info.endpoint + "': " + e.what());
     }
     p->last_seen_ns = timers_.now().time_since_epoch().count();
     std::unique_lock lock(peers_mu_);
@@ -96,14 +106,21 @@ Status ZmqTransport::connect(const std::vector<PeerInfo>& peers) {
 
 Status ZmqTransport::send(std::uint32_t node, zmq::message_t frame, Overflow policy) {
   Peer* p = find_peer(node);
-  if (!p) return invalid_input("runtime: no route to node " + std::to_string(node) + ": not in node " + std::to_string(config_.node_id) + "'s address book");
-  if (p->down) return make_error(ErrorCode::peer_failed, "runtime: node " + std::to_string(node) + " (role " + p->info.role + ") is down");
+  if (!p)
+    return invalid_input("runtime: no route to node " + std::to_string(node) + ": not in node " +
+                         std::to_string(config_.node_id) + "'s address book");
+  if (p->down)
+    return make_error(ErrorCode::peer_failed,
+                      "runtime: node " + std::to_string(node) + " (role " + p->info.role + ") is down");
   std::lock_guard lock(p->mu);
   try {
-    auto sent = p->push.send(frame, policy == Overflow::fail ? zmq::send_flags::dontwait : zmq::send_flags::none);
+    auto sent =
+        p->push.send(frame, policy == Overflow::fail ? zmq::send_flags::dontwait : zmq::send_flags::none);
     if (!sent)
-      return make_error(ErrorCode::timeout, "runtime: send queue to node " + std::to_string(node) + " (role " + p->info.role + ", " +
-                                                p->info.endpoint + ") is full (hwm " + std::to_string(config_.hwm) + "): receiver too slow or gone");
+      return make_error(ErrorCode::timeout, "runtime: send queue to node " + std::to_string(node) +
+                                                " (role " + p->info.role + ", " + p->info.endpoint +
+                                                ") is full (hwm " + std::to_string(config_.hwm) +
+                                                "): receiver too slow or gone");
   } catch (const zmq::error_t& e) {
     return make_error(ErrorCode::io, "runtime: send to node " + std::to_string(node) + ": " + e.what());
   }
@@ -127,13 +144,16 @@ std::vector<PeerInfo> ZmqTransport::peers() const {
 void ZmqTransport::handle_frame(zmq::message_t& msg) {
   auto h = decode_header(static_cast<const char*>(msg.data()), msg.size(), /*check_type=*/false);
   if (h.ok() && !verified_types_.count(h->type_id)) {
-    if (is_registered_type(h->type_id)) verified_types_.insert(h->type_id);
-    else h = invalid_input("unknown message type id " + std::to_string(h->type_id) + " from " + to_string(h->sender));
+    if (is_registered_type(h->type_id))
+      verified_types_.insert(h->type_id);
+    else
+      h = invalid_input("unknown message type id " + std::to_string(h->type_id) + " from " +
+                        to_string(h->sender));
   }
   if (!h.ok()) {
     dropped_frames_.fetch_add(1);
-    spdlog::error("troupe runtime: node {} dropped a malformed frame ({} bytes): {}", config_.node_id, msg.size(),
-                  h.error().message);
+    spdlog::error("troupe runtime: node {} dropped a malformed frame ({} bytes): {}", config_.node_id,
+                  msg.size(), h.error().message);
     return;
   }
   if (h->sender.node != stamped_node_ || ++frames_since_stamp_ >= 64 || h->type_id == Heartbeat::type_id) {
@@ -144,7 +164,8 @@ void ZmqTransport::handle_frame(zmq::message_t& msg) {
   if (h->type_id == Heartbeat::type_id) return;
   if (h->recipient.node != config_.node_id) {
     dropped_frames_.fetch_add(1);
-    spdlog::error("troupe runtime: node {} got a frame for {} (wrong node); dropped", config_.node_id, to_string(h->recipient));
+    spdlog::error("troupe runtime: node {} got a frame for {} (wrong node); dropped", config_.node_id,
+                  to_string(h->recipient));
     return;
   }
   Mail mail{*h, Payload::frame(std::move(msg), kHeaderSize), {}};
@@ -197,8 +218,9 @@ void ZmqTransport::zap_loop(zmq::socket_t sock) {
       }
       bool ok = !key.empty() && authorized_.count(key);
       if (!ok)
-        spdlog::error("troupe runtime: node {} refused a {} peer from {}: key {} is not in {}", config_.node_id, mechanism,
-                      parts[3].to_string(), key.empty() ? "(none)" : key, config_.curve.authorized_keys_file);
+        spdlog::error("troupe runtime: node {} refused a {} peer from {}: key {} is not in {}",
+                      config_.node_id, mechanism, parts[3].to_string(), key.empty() ? "(none)" : key,
+                      config_.curve.authorized_keys_file);
       sock.send(zmq::buffer(std::string("1.0")), zmq::send_flags::sndmore);
       sock.send(parts[1], zmq::send_flags::sndmore);
       sock.send(zmq::buffer(std::string(ok ? "200" : "400")), zmq::send_flags::sndmore);
@@ -235,7 +257,8 @@ void ZmqTransport::heartbeat_tick() {
     if (delivering_.load(std::memory_order_relaxed)) p->last_seen_ns.store(t.time_since_epoch().count());
     Duration silent = t - Clock::time_point(Duration(p->last_seen_ns.load()));
     if (silent > config_.heartbeat.timeout)
-      on_silent_(p->info.node, "no message or heartbeat for " + ms_text(silent) + " (timeout " + ms_text(config_.heartbeat.timeout) + ")");
+      on_silent_(p->info.node, "no message or heartbeat for " + ms_text(silent) + " (timeout " +
+                                   ms_text(config_.heartbeat.timeout) + ")");
   }
 }
 

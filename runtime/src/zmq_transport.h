@@ -51,7 +51,7 @@ class ZmqTransport {
   Peer* find_peer(std::uint32_t node) const;
   std::vector<PeerInfo> peers() const;  // sorted by node
 
-  void stop();   // the threads end at their next poll
+  void stop();  // the threads end at their next poll
   void join();
   void close();  // sockets, context, the ipc socket file
 
