@@ -25,19 +25,32 @@ std::string trim(const std::string& s) {
   auto e = s.find_last_not_of(" \t\r\n");
   return s.substr(b, e - b + 1);
 }
-Result<std::string> read_key_file(const std::string& file, const char* what) {
+// The keys of a key file, one per line ('#' comments and blank lines skipped), each checked as
+// Z85; with first_only the reading stops at the first. `file_kind` and `key_kind` name them in
+// the errors ("CURVE public key file", "CURVE key").
+Result<std::vector<std::string>> read_keys(const std::string& file, const std::string& file_kind, const char* key_kind,
+                                           bool first_only) {
   std::ifstream in(file);
-  if (!in) return invalid_input(file + ": cannot open CURVE " + what + " key file");
+  if (!in) return invalid_input(file + ": cannot open " + file_kind);
+  std::vector<std::string> keys;
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
     ++n;
     line = trim(line);
     if (line.empty() || line[0] == '#') continue;
-    if (!valid_z85_key(line)) return invalid_input(file + ":" + std::to_string(n) + ": error: not a 40-character Z85 CURVE key");
-    return line;
+    if (!valid_z85_key(line))
+      return invalid_input(file + ":" + std::to_string(n) + ": error: not a 40-character Z85 " + key_kind);
+    keys.push_back(line);
+    if (first_only) break;
   }
-  return invalid_input(file + ": no CURVE " + what + " key in the file");
+  return keys;
+}
+Result<std::string> read_key_file(const std::string& file, const char* what) {
+  TROUPE_ASSIGN_OR_RETURN(auto keys,
+                          read_keys(file, std::string("CURVE ") + what + " key file", "CURVE key", /*first_only=*/true));
+  if (keys.empty()) return invalid_input(file + ": no CURVE " + what + " key in the file");
+  return keys.front();
 }
 }  // namespace
 
@@ -80,18 +93,8 @@ Result<CurveKeypair> load_curve_keypair(const std::string& public_file, const st
 }
 
 Result<std::vector<std::string>> load_authorized_keys(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) return invalid_input(file + ": cannot open the CURVE authorized keys file");
-  std::vector<std::string> keys;
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    line = trim(line);
-    if (line.empty() || line[0] == '#') continue;
-    if (!valid_z85_key(line)) return invalid_input(file + ":" + std::to_string(n) + ": error: not a 40-character Z85 CURVE public key");
-    keys.push_back(line);
-  }
+  TROUPE_ASSIGN_OR_RETURN(auto keys,
+                          read_keys(file, "the CURVE authorized keys file", "CURVE public key", /*first_only=*/false));
   if (keys.empty()) return invalid_input(file + ": no authorized keys (every peer would be refused)");
   return keys;
 }

@@ -111,15 +111,21 @@ Status decode_payload(const char* data, std::size_t size, M& out) {
   return {};
 }
 
+// Writes the whole frame of m into out (room for kHeaderSize + payload_size bytes, payload_size
+// = payload_size_of(m)); h gets M's type id and the payload size.
+template <Message M>
+void write_frame(char* out, std::size_t payload_size, const M& m, EnvelopeHeader h) {
+  h.type_id = M::type_id;
+  h.payload_size = static_cast<std::uint32_t>(payload_size);
+  write_header(out, h);
+  write_payload(out + kHeaderSize, payload_size, m);
+}
 // Whole frame (header + payload) into a std::string: used by tests, the codec bench and tools.
 template <Message M>
 std::string encode_frame(const M& m, EnvelopeHeader h) {
   std::size_t n = payload_size_of(m);
   std::string frame(kHeaderSize + n, '\0');
-  h.type_id = M::type_id;
-  h.payload_size = static_cast<std::uint32_t>(n);
-  write_header(frame.data(), h);
-  write_payload(frame.data() + kHeaderSize, n, m);
+  write_frame(frame.data(), n, m, h);
   return frame;
 }
 // One-pass encode into a reusable buffer (grown as needed, never shrunk); returns the frame size

@@ -145,6 +145,10 @@ using ActorFactory = std::function<std::unique_ptr<Actor>()>;
 template <class M>
 Result<M> message_from_mail(const Mail& m);
 
+// The frame of a remote send, encoded once into the message ZeroMQ sends.
+template <Message M>
+zmq::message_t encode_zmq_frame(const M& m, EnvelopeHeader h);
+
 // The handle an actor's code gets: who it is, what it is handling, and everything it may do.
 class Context {
  public:
@@ -262,8 +266,6 @@ class ActorSystem {
   Status send_frame(std::uint32_t node, zmq::message_t frame, Overflow policy);
   std::uint64_t begin_request(ActorId owner, ActorId to, Duration timeout, RawReply on_reply);
   void fail_request(std::uint64_t correlation, Error e);
-  template <Message M>
-  static zmq::message_t encode_zmq(const M& m, EnvelopeHeader h);
 
   struct Impl;
   friend struct Impl;
@@ -320,13 +322,10 @@ Result<M> message_from_mail(const Mail& m) {
 }
 
 template <Message M>
-zmq::message_t ActorSystem::encode_zmq(const M& m, EnvelopeHeader h) {
+zmq::message_t encode_zmq_frame(const M& m, EnvelopeHeader h) {
   std::size_t n = payload_size_of(m);
   zmq::message_t frame(kHeaderSize + n);
-  h.type_id = M::type_id;
-  h.payload_size = static_cast<std::uint32_t>(n);
-  write_header(static_cast<char*>(frame.data()), h);
-  write_payload(static_cast<char*>(frame.data()) + kHeaderSize, n, m);
+  write_frame(static_cast<char*>(frame.data()), n, m, h);
   return frame;
 }
 
@@ -344,7 +343,7 @@ Status ActorSystem::send_from(ActorId from, ActorId to, M msg, std::uint16_t fla
     Mail mail{h, Payload::local(std::make_shared<const M>(std::move(msg))), {}};
     return deliver_local(std::move(mail), policy);
   }
-  return send_frame(to.node, encode_zmq(msg, h), policy);
+  return send_frame(to.node, encode_zmq_frame(msg, h), policy);
 }
 
 template <Message M>
@@ -362,7 +361,7 @@ Status ActorSystem::broadcast(std::span<const ActorId> group, const M& msg, Acto
       if (!shared) shared = std::make_shared<const M>(msg);
       st = deliver_local(Mail{h, Payload::local(shared), {}}, Overflow::block);
     } else {
-      st = send_frame(to.node, encode_zmq(msg, h), Overflow::block);
+      st = send_frame(to.node, encode_zmq_frame(msg, h), Overflow::block);
     }
     if (!st.ok() && first_error.ok()) first_error = st;
   }
