@@ -276,6 +276,27 @@ TEST(Calculator, MustCallToolThenAnswer) {
   expect_disjoint(*env, 200);
 }
 
+TEST(Calculator, NumbersHaveAllTheirDigitsAndConfigErrorsNameTheEnv) {
+  auto env = make("calculator", {{"digits", 2}, {"terms", 3}, {"ops", "+"}});
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    const std::string expr = env->reset(seed, {})->metadata["expression"];
+    ASSERT_EQ(expr.size(), 8u) << expr;  // "12+34+56": three two-digit numbers
+  }
+  for (const json& cfg : {json{{"ops", ""}}, json{{"ops", "+/"}}, json{{"digits", 10}}, json{{"terms", 9}}}) {
+    auto bad = EnvRegistry::global().create("calculator", cfg);
+    ASSERT_FALSE(bad.ok()) << cfg.dump();
+    EXPECT_NE(bad.error().message.find("env calculator"), std::string::npos) << bad.error().message;
+  }
+}
+
+TEST(Verify, MissingMetadataNamesTheEnv) {
+  for (const char* name : {"arithmetic", "calculator", "guess_number", "countdown"}) {
+    auto v = make(name)->verify(json::object(), "<answer>1</answer>");
+    ASSERT_FALSE(v.ok()) << name;
+    EXPECT_EQ(v.error().message.rfind(std::string(name) + ": verify metadata", 0), 0u) << v.error().message;
+  }
+}
+
 TEST(Tools, ParseToolCalls) {
   auto calls = parse_tool_calls(
       "I'll compute. <tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"1+2\"}}</tool_call>"

@@ -2,6 +2,8 @@
 //   <tool_call>{"name": "calculator", "arguments": {"expression": "123*45"}}</tool_call>
 // read the <tool_result>, then answer in <answer></answer>. Reward 1 for the right answer after at
 // least one tool call (require_tool), format_reward for a wrong or tool-less answer, 0 otherwise.
+#include "builtin/answer_scoring.h"
+#include "builtin/int_expression.h"
 #include "src/config_util.h"
 #include "troupe/envs/builtin.h"
 #include "troupe/envs/expr.h"
@@ -38,27 +40,18 @@ void run_calculator(ToolCall& call) {
 
 class CalculatorEnv final : public Env {
  public:
-  int digits = 3, terms = 2, max_turns = 4, eval_permille = 200;
-  std::string ops = "+-*";
+  detail::IntExpression shape{3, 2, "+-*", true};
+  int max_turns = 4, eval_permille = 200;
   bool require_tool = true;
   double format_reward = 0.1;
 
   EnvInfo info() const override { return {"calculator", "1", true, max_turns, {calculator_tool()}}; }
 
   Result<Observation> reset(uint64_t seed, const ResetOptions& options) override {
-    std::string expr;
-    int64_t hi = 1;
-    for (int i = 0; i < digits; ++i) hi *= 10;
-    TROUPE_TRY(detail::draw_in_split(seed, options.split, eval_permille, "calculator", [&](detail::SplitMix& rng) {
-      expr.clear();
-      for (int t = 0; t < terms; ++t) {
-        if (t > 0) expr += ops[static_cast<size_t>(rng.uniform(0, static_cast<int64_t>(ops.size()) - 1))];
-        expr += std::to_string(rng.uniform(hi / 10, hi - 1));
-      }
-      return expr;
-    }));
-    TROUPE_ASSIGN_OR_RETURN(ExprValue value, eval_expression(expr));
-    answer_ = value.value.to_string();
+    TROUPE_ASSIGN_OR_RETURN(detail::DrawnExpression drawn,
+                            shape.draw_in(seed, options.split, eval_permille, "calculator"));
+    const std::string& expr = drawn.text;
+    answer_ = drawn.answer;
     turns_ = 0;
     tool_calls_ = 0;
     active_ = true;
@@ -113,15 +106,9 @@ class CalculatorEnv final : public Env {
 
   // Scores a final answer alone (tool use cannot be seen here; step() enforces it).
   Result<VerifyResult> verify(const json& metadata, const std::string& completion) override {
-    if (!metadata.contains("answer") || !metadata["answer"].is_string())
-      return invalid_input("calculator: verify metadata has no string 'answer'");
-    VerifyResult v;
+    TROUPE_ASSIGN_OR_RETURN(std::string answer, detail::reference_answer(metadata, "calculator"));
     auto tag = extract_last_tag(completion, "answer");
-    bool correct = tag && verify_numeric(*tag, metadata["answer"].get<std::string>());
-    v.components["correct"] = correct ? 1.0 : 0.0;
-    v.components["format"] = tag ? 1.0 : 0.0;
-    v.reward = correct ? 1.0 : (tag ? format_reward : 0.0);
-    return v;
+    return detail::answer_score(tag && verify_numeric(*tag, answer), tag.has_value(), format_reward);
   }
 
   void release() override { active_ = false; }
@@ -138,18 +125,13 @@ Result<std::unique_ptr<Env>> make_calculator_env(const json& config) {
   detail::ConfigReader r(config, "env calculator");
   TROUPE_TRY(r.check_object());
   auto env = std::make_unique<CalculatorEnv>();
-  TROUPE_ASSIGN_OR_RETURN(auto digits, r.integer("digits", 3, 1, 9));
-  TROUPE_ASSIGN_OR_RETURN(auto terms, r.integer("terms", 2, 1, 8));
-  TROUPE_ASSIGN_OR_RETURN(env->ops, r.string("ops", "+-*"));
+  TROUPE_TRY(env->shape.read(r, 3, "+-*"));
   TROUPE_ASSIGN_OR_RETURN(auto max_turns, r.integer("max_turns", 4, 2, 100));
   TROUPE_ASSIGN_OR_RETURN(env->require_tool, r.boolean("require_tool", true));
   TROUPE_ASSIGN_OR_RETURN(env->format_reward, r.number("format_reward", 0.1, 0.0, 1.0));
   TROUPE_ASSIGN_OR_RETURN(double eval_fraction, r.number("eval_fraction", 0.2, 0.0, 1.0));
   TROUPE_TRY(r.finish());
-  if (env->ops.empty() || env->ops.find_first_not_of("+-*") != std::string::npos)
-    return invalid_input("env calculator: 'ops' must be a non-empty string of + - * (got '" + env->ops + "')");
-  env->digits = static_cast<int>(digits);
-  env->terms = static_cast<int>(terms);
+  TROUPE_TRY(env->shape.check(r.where()));
   env->max_turns = static_cast<int>(max_turns);
   env->eval_permille = static_cast<int>(eval_fraction * 1000 + 0.5);
   return std::unique_ptr<Env>(std::move(env));

@@ -2,6 +2,7 @@
 // exactly once (use_all) or at most once. Scored by countdown_score with exact rationals, no eval.
 #include <algorithm>
 
+#include "builtin/answer_scoring.h"
 #include "builtin/single_turn.h"
 #include "src/config_util.h"
 #include "troupe/envs/builtin.h"
@@ -46,6 +47,21 @@ VerifyResult countdown_score(const std::string& completion, const std::vector<in
   return v;
 }
 
+Result<VerifyResult> detail::countdown_score_of(const json& metadata, const std::string& completion,
+                                                bool use_all, double format_reward, const std::string& env) {
+  auto n = metadata.find("numbers");
+  auto t = metadata.find("target");
+  if (n == metadata.end() || !n->is_array() || t == metadata.end() || !t->is_number_integer())
+    return invalid_input(env +
+                         ": verify metadata needs 'numbers' (array of integers) and 'target' (integer)");
+  std::vector<int64_t> numbers;
+  for (const auto& x : *n) {
+    if (!x.is_number_integer()) return invalid_input(env + ": 'numbers' must hold integers");
+    numbers.push_back(x.get<int64_t>());
+  }
+  return countdown_score(completion, numbers, t->get<int64_t>(), use_all, format_reward);
+}
+
 namespace {
 
 class CountdownEnv final : public detail::SingleTurnEnv {
@@ -58,16 +74,7 @@ class CountdownEnv final : public detail::SingleTurnEnv {
   EnvInfo info() const override { return {"countdown", "1", false, 1, {}}; }
 
   Result<VerifyResult> verify(const json& metadata, const std::string& completion) override {
-    auto n = metadata.find("numbers");
-    auto t = metadata.find("target");
-    if (n == metadata.end() || !n->is_array() || t == metadata.end() || !t->is_number_integer())
-      return invalid_input("countdown: verify metadata needs 'numbers' (array of integers) and 'target' (integer)");
-    std::vector<int64_t> numbers;
-    for (const auto& x : *n) {
-      if (!x.is_number_integer()) return invalid_input("countdown: 'numbers' must hold integers");
-      numbers.push_back(x.get<int64_t>());
-    }
-    return countdown_score(completion, numbers, t->get<int64_t>(), use_all, format_reward);
+    return detail::countdown_score_of(metadata, completion, use_all, format_reward, "countdown");
   }
 
  protected:

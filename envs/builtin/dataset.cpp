@@ -5,6 +5,7 @@
 #include <regex>
 #include <set>
 
+#include "builtin/answer_scoring.h"
 #include "builtin/single_turn.h"
 #include "src/config_util.h"
 #include "troupe/envs/builtin.h"
@@ -59,22 +60,10 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   EnvInfo info() const override { return {"dataset", "1", false, 1, {}}; }
 
   Result<VerifyResult> verify(const json& metadata, const std::string& completion) override {
-    VerifyResult v;
-    if (verifier == Verifier::countdown) {
-      auto n = metadata.find("numbers");
-      auto t = metadata.find("target");
-      if (n == metadata.end() || !n->is_array() || t == metadata.end() || !t->is_number_integer())
-        return invalid_input("dataset: countdown verifier needs 'numbers' and 'target' in the metadata");
-      std::vector<int64_t> numbers;
-      for (const auto& x : *n) {
-        if (!x.is_number_integer()) return invalid_input("dataset: 'numbers' must hold integers");
-        numbers.push_back(x.get<int64_t>());
-      }
-      return countdown_score(completion, numbers, t->get<int64_t>(), true, format_reward > 0 ? format_reward : 0.1);
-    }
-    if (!metadata.contains("answer") || !metadata["answer"].is_string())
-      return invalid_input("dataset: verify metadata has no string 'answer'");
-    const std::string reference = metadata["answer"].get<std::string>();
+    if (verifier == Verifier::countdown)
+      return detail::countdown_score_of(metadata, completion, true, format_reward > 0 ? format_reward : 0.1,
+                                        "dataset");
+    TROUPE_ASSIGN_OR_RETURN(const std::string reference, detail::reference_answer(metadata, "dataset"));
     const std::string given = extract_answer(completion);
     bool correct = false;
     switch (verifier) {
@@ -90,11 +79,7 @@ class DatasetEnv final : public detail::SingleTurnEnv {
       }
       case Verifier::countdown: break;
     }
-    bool tagged = extract_last_tag(completion, "answer").has_value();
-    v.components["correct"] = correct ? 1.0 : 0.0;
-    v.components["format"] = tagged ? 1.0 : 0.0;
-    v.reward = correct ? 1.0 : (tagged ? format_reward : 0.0);
-    return v;
+    return detail::answer_score(correct, extract_last_tag(completion, "answer").has_value(), format_reward);
   }
 
  protected:

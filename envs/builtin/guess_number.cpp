@@ -3,6 +3,7 @@
 // finds the number, 0 if it runs out of turns. Secrets are split train/eval by the stable hash.
 #include <regex>
 
+#include "builtin/answer_scoring.h"
 #include "src/config_util.h"
 #include "troupe/envs/builtin.h"
 #include "troupe/envs/tools.h"
@@ -82,11 +83,10 @@ class GuessNumberEnv final : public Env {
 
   // Single-call scoring: the completion is one guess; right first time scores 1.
   Result<VerifyResult> verify(const json& metadata, const std::string& completion) override {
-    if (!metadata.contains("answer") || !metadata["answer"].is_string())
-      return invalid_input("guess_number: verify metadata has no string 'answer'");
+    TROUPE_ASSIGN_OR_RETURN(std::string answer, detail::reference_answer(metadata, "guess_number"));
     VerifyResult v;
     auto guess = last_integer(completion);
-    v.reward = (guess && std::to_string(*guess) == metadata["answer"].get<std::string>()) ? 1.0 : 0.0;
+    v.reward = (guess && std::to_string(*guess) == answer) ? 1.0 : 0.0;
     v.components["solved"] = v.reward;
     return v;
   }

@@ -9,6 +9,12 @@
 
 namespace troupe::bench {
 
+Row make_row(const std::string& suite, const std::string& case_name, const Metric& metric,
+             const Paired& figures, const std::string& baseline_name, nlohmann::json extra) {
+  return Row{suite,         case_name,     metric.name,     metric.unit, figures.ours, figures.baseline,
+             baseline_name, metric.better, std::move(extra)};
+}
+
 double ratio_of(const Row& row) {
   if (row.better == Better::higher) return row.baseline > 0 ? row.ours / row.baseline : 0.0;
   return row.ours > 0 ? row.baseline / row.ours : 0.0;

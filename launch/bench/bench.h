@@ -1,5 +1,5 @@
 // `troupe bench SUITE`: shared measurement and output helpers for every suite.
-// Output contract (DESIGN.md): one JSON object per line on stdout,
+// Output contract (docs/architecture.md): one JSON object per line on stdout,
 //   {"suite","case","metric","unit","ours","baseline","baseline_name","ratio", ...extra}
 // ratio > 1 always means ours is better; each figure is the median of >= 5 repetitions,
 // ours and the baseline interleaved in the same process run. --quick shortens repetitions,
@@ -25,6 +25,13 @@ struct BenchOptions {
 
 enum class Better { higher, lower };  // is a bigger figure better (throughput) or worse (time)?
 
+// A figure of ours and the baseline's same figure (e.g. the two medians interleaved() returns).
+struct Paired {
+  double ours = 0;
+  double baseline = 0;
+};
+
+// One printed row; suites make it with make_row() below.
 struct Row {
   std::string suite;
   std::string case_name;
@@ -37,6 +44,19 @@ struct Row {
   nlohmann::json extra = nlohmann::json::object();  // extra figures, merged into the row
 };
 
+// What a figure is: its name (the row's "metric"), its unit and which way is better,
+// e.g. {"step_ms", "ms", Better::lower}.
+struct Metric {
+  std::string name;
+  std::string unit;
+  Better better;
+};
+
+// The one way a suite makes a row: `figures.ours` against `figures.baseline` (the baseline named
+// `baseline_name`) for one case of a suite, with extra figures merged into the printed object.
+Row make_row(const std::string& suite, const std::string& case_name, const Metric& metric, const Paired& figures,
+             const std::string& baseline_name, nlohmann::json extra = nlohmann::json::object());
+
 // ratio > 1 means ours is better: higher-is-better -> ours/baseline; lower-is-better -> baseline/ours.
 double ratio_of(const Row& row);
 // Prints the row as one JSON line on stdout and flushes.
@@ -48,10 +68,6 @@ double median(std::vector<double> values);
 
 // Runs ours() and baseline() alternately `reps` times (each returns one figure, e.g. seconds or
 // msgs/s) and returns the two medians.
-struct Paired {
-  double ours = 0;
-  double baseline = 0;
-};
 Paired interleaved(int reps, const std::function<double()>& ours, const std::function<double()>& baseline);
 
 // Wall-clock seconds of fn().

@@ -104,15 +104,6 @@ int run_e2e_suite(const BenchOptions& opt) {
     for (const auto& m : v) x.push_back(key == "steps_per_s" ? m.steps_per_s : m.per_step.at(key));
     return median(x);
   };
-  Row row;
-  row.suite = "e2e";
-  row.case_name = "async_vs_sync";
-  row.metric = "steps_per_s";
-  row.unit = "steps/s";
-  row.ours = med(async_runs, "steps_per_s");
-  row.baseline = med(sync_runs, "steps_per_s");
-  row.baseline_name = "sync";
-  row.better = Better::higher;
   nlohmann::json bd_async, bd_sync;
   for (const char* k : {"gen_s", "env_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s",
                         "idle_total_s", "core_idle_s", "step_s"}) {
@@ -125,19 +116,20 @@ int run_e2e_suite(const BenchOptions& opt) {
     const double sync = bd_sync[key].get<double>(), async = bd_async[key].get<double>();
     return sync > 0 ? 1.0 - async / sync : 0.0;
   };
-  row.extra = {{"max_staleness", 1},
-               {"grpo_steps_per_run", steps},
-               {"reps", reps},
-               {"breakdown_async_per_step", bd_async},
-               {"breakdown_sync_per_step", bd_sync},
-               {"generator_idle_removed_frac", removed("generator_idle_s")},
-               {"learner_idle_removed_frac", removed("learner_idle_s")},
-               {"idle_removed_frac", removed("idle_total_s")},
-               {"core_idle_removed_frac", removed("core_idle_s")},
-               {"cores", omp_get_num_procs()},
-               {"generator_nice", kGeneratorNice},
-               {"async_chunks", kAsyncChunks}};
-  emit(row);
+  emit(make_row("e2e", "async_vs_sync", {"steps_per_s", "steps/s", Better::higher},
+                {med(async_runs, "steps_per_s"), med(sync_runs, "steps_per_s")}, "sync",
+                {{"max_staleness", 1},
+                 {"grpo_steps_per_run", steps},
+                 {"reps", reps},
+                 {"breakdown_async_per_step", bd_async},
+                 {"breakdown_sync_per_step", bd_sync},
+                 {"generator_idle_removed_frac", removed("generator_idle_s")},
+                 {"learner_idle_removed_frac", removed("learner_idle_s")},
+                 {"idle_removed_frac", removed("idle_total_s")},
+                 {"core_idle_removed_frac", removed("core_idle_s")},
+                 {"cores", omp_get_num_procs()},
+                 {"generator_nice", kGeneratorNice},
+                 {"async_chunks", kAsyncChunks}}));
   return 0;
 }
 

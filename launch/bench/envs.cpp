@@ -48,20 +48,15 @@ Result<std::unique_ptr<envs::EnvClient>> client_for(const json& spec_json) {
   return envs::make_env_client(spec);
 }
 
-Row make_row(const std::string& case_name, double ours, double baseline, const std::string& baseline_name) {
-  Row r;
-  r.suite = "envs";
-  r.case_name = case_name;
-  r.metric = "episodes_per_s";
-  r.unit = "episodes/s";
-  r.ours = ours;
-  r.baseline = baseline;
-  r.baseline_name = baseline_name;
-  r.better = Better::higher;
+// An episodes-per-second row, with the per-call cost (and, against in-process, the overhead per call).
+Row episodes_row(const std::string& case_name, Paired figures, const std::string& baseline_name) {
+  Row r =
+      make_row("envs", case_name, {"episodes_per_s", "episodes/s", Better::higher}, figures, baseline_name);
   r.extra["calls_per_episode"] = kCallsPerEpisode;
-  r.extra["us_per_call"] = ours > 0 ? 1e6 / (ours * kCallsPerEpisode) : 0.0;
-  if (baseline_name == "inprocess" && ours > 0 && baseline > 0)
-    r.extra["overhead_us_per_call"] = 1e6 / (ours * kCallsPerEpisode) - 1e6 / (baseline * kCallsPerEpisode);
+  r.extra["us_per_call"] = figures.ours > 0 ? 1e6 / (figures.ours * kCallsPerEpisode) : 0.0;
+  if (baseline_name == "inprocess" && figures.ours > 0 && figures.baseline > 0)
+    r.extra["overhead_us_per_call"] =
+        1e6 / (figures.ours * kCallsPerEpisode) - 1e6 / (figures.baseline * kCallsPerEpisode);
   return r;
 }
 
@@ -85,7 +80,7 @@ int run_envs_suite(const BenchOptions& opt) {
     std::vector<double> v;
     for (int i = 0; i < reps; ++i) v.push_back(inproc_eps(n_inproc));
     double eps = median(v);
-    emit(make_row("episodes_inprocess", eps, eps, "none"));  // no baseline: ratio 1 by definition
+    emit(episodes_row("episodes_inprocess", {eps, eps}, "none"));  // no baseline: ratio 1 by definition
   }
   if (opt.wants("episodes_actor_ipc")) {
     json spec = arith;
@@ -96,7 +91,7 @@ int run_envs_suite(const BenchOptions& opt) {
       rc = 1;
     } else {
       auto p = interleaved(reps, [&] { return run_episodes(**ipc, n_ipc, failed); }, [&] { return inproc_eps(n_ipc); });
-      Row r = make_row("episodes_actor_ipc", p.ours, p.baseline, "inprocess");
+      Row r = episodes_row("episodes_actor_ipc", p, "inprocess");
       r.extra["transport"] = "ipc";
       emit(r);
     }
@@ -112,7 +107,7 @@ int run_envs_suite(const BenchOptions& opt) {
       rc = 1;
     } else {
       auto p = interleaved(reps, [&] { return run_episodes(**py, n_py, failed); }, [&] { return inproc_eps(n_py); });
-      Row r = make_row("episodes_python_sdk", p.ours, p.baseline, "inprocess");
+      Row r = episodes_row("episodes_python_sdk", p, "inprocess");
       r.extra["transport"] = "ipc";
       r.extra["python"] = python_executable();
       emit(r);

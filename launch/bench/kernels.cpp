@@ -1,4 +1,4 @@
-// `troupe bench kernels`: the three training optimizations (issue 6) measured on vs off.
+// `troupe bench kernels`: the three training optimizations measured on vs off.
 // moe_* cases time the MoE kernels alone (8k tokens, top-2); the step cases time a full training
 // step of the policy model with its switches. Ours and the baseline are interleaved per repetition.
 #include <algorithm>
@@ -117,7 +117,7 @@ void moe_cases(const BenchOptions& opt, int reps) {
       Paired p = interleaved(
           std::max(reps, 15), [&] { return b.dispatch(true) * 1e3; },
           [&] { return b.dispatch(false) * 1e3; });
-      Row r{kSuite, dcase, "ms", "ms", p.ours, p.baseline, "masked_loop", Better::lower, extra};
+      Row r = make_row(kSuite, dcase, {"ms", "ms", Better::lower}, p, "masked_loop", extra);
       r.extra["what"] =
           "the token dispatcher: route plan + permute + unpermute/combine, forward and backward, identity "
           "experts, top-k from the router given (the gate GEMM is in moe_layer_*)";
@@ -127,7 +127,7 @@ void moe_cases(const BenchOptions& opt, int reps) {
       b.layer(true);
       b.layer(false);
       Paired p = interleaved(reps, [&] { return b.layer(true) * 1e3; }, [&] { return b.layer(false) * 1e3; });
-      Row r{kSuite, lcase, "ms", "ms", p.ours, p.baseline, "masked_loop", Better::lower, extra};
+      Row r = make_row(kSuite, lcase, {"ms", "ms", Better::lower}, p, "masked_loop", extra);
       r.extra["what"] = "whole MoE layer (SwiGLU experts), forward and backward";
       emit(r);
     }
@@ -241,11 +241,13 @@ int step_cases(const BenchOptions& opt, int reps) {
           fail("metadata_cache", p.error());
         } else {
           const int steps = 1 + std::max(reps, 5);
-          Row r{kSuite, "metadata_cache", "step_ms", "ms", p->ours, p->baseline, "per_layer_rebuild", Better::lower,
-                {{"layers", L_meta}, {"tokens", T_meta}, {"seq_len", 16},
-                 {"meta_builds_per_step_ours", double((*so)->model.packed_meta_builds() - bo) / steps},
-                 {"meta_builds_per_step_baseline", double((*sb)->model.packed_meta_builds() - bb) / steps}}};
-          emit(r);
+          emit(make_row(
+              kSuite, "metadata_cache", {"step_ms", "ms", Better::lower}, *p, "per_layer_rebuild",
+              {{"layers", L_meta},
+               {"tokens", T_meta},
+               {"seq_len", 16},
+               {"meta_builds_per_step_ours", double((*so)->model.packed_meta_builds() - bo) / steps},
+               {"meta_builds_per_step_baseline", double((*sb)->model.packed_meta_builds() - bb) / steps}}));
         }
       }
     }
@@ -267,8 +269,8 @@ int step_cases(const BenchOptions& opt, int reps) {
     if (!p.ok()) {
       fail("offload_double_vs_sync", p.error());
     } else {
-      emit(Row{kSuite, "offload_double_vs_sync", "step_ms", "ms", p->ours, p->baseline, "offload_sync_reload",
-               Better::lower, off_extra});
+      emit(make_row(kSuite, "offload_double_vs_sync", {"step_ms", "ms", Better::lower}, *p,
+                    "offload_sync_reload", off_extra));
     }
   }
 
@@ -279,8 +281,8 @@ int step_cases(const BenchOptions& opt, int reps) {
     if (!p.ok())
       fail("offload_double_vs_none", p.error());
     else
-      emit(Row{kSuite, "offload_double_vs_none", "step_ms", "ms", p->ours, p->baseline, "checkpoint_no_offload",
-               Better::lower, off_extra});
+      emit(make_row(kSuite, "offload_double_vs_none", {"step_ms", "ms", Better::lower}, *p,
+                    "checkpoint_no_offload", off_extra));
   }
 
   if (opt.wants("offload_memory")) {
@@ -316,7 +318,8 @@ int step_cases(const BenchOptions& opt, int reps) {
       // a byte count, not a timing: the same every repetition, so one is measured (not a median)
       extra["deterministic"] = true;
       extra["reps"] = 1;
-      emit(Row{kSuite, "offload_memory", "bytes", "bytes", *o32, *b32, "checkpoint_no_offload", Better::lower, extra});
+      emit(make_row(kSuite, "offload_memory", {"bytes", "bytes", Better::lower}, {*o32, *b32},
+                    "checkpoint_no_offload", extra));
     }
   }
 
@@ -368,8 +371,8 @@ int step_cases(const BenchOptions& opt, int reps) {
           extra["calibration_reps"] = cal_reps;
           extra["layer_input_bytes"] = layer_bytes;
           extra["layer_backward_ms"] = layer_bwd_s * 1e3;
-          emit(Row{kSuite, "offload_overlap_emulated", "step_ms", "ms", p->ours, p->baseline, "offload_sync_reload",
-                   Better::lower, extra});
+          emit(make_row(kSuite, "offload_overlap_emulated", {"step_ms", "ms", Better::lower}, *p,
+                        "offload_sync_reload", extra));
         }
       }
     }
@@ -389,7 +392,7 @@ int step_cases(const BenchOptions& opt, int reps) {
     } else {
       nlohmann::json extra = off_extra;
       extra["seq_len"] = 32;
-      emit(Row{kSuite, "all_vs_none", "step_ms", "ms", p->ours, p->baseline, "none", Better::lower, extra});
+      emit(make_row(kSuite, "all_vs_none", {"step_ms", "ms", Better::lower}, *p, "none", extra));
     }
   }
   return rc;

@@ -119,17 +119,9 @@ int bench_grpo_loss_torch(const BenchOptions& opt, const LossInputs& in, const l
     skip_baseline("learner", "grpo_loss_fused", "pytorch_eager: `" + cmd + "` failed");
     return 0;
   }
-  Row row;
-  row.suite = "learner";
-  row.case_name = "grpo_loss_fused";
-  row.metric = "tokens_per_s";
-  row.unit = "tokens/s";
-  row.ours = p.ours;
-  row.baseline = p.baseline;
-  row.baseline_name = "pytorch_eager";
-  row.better = Better::higher;
-  row.extra = {{"tokens", in.T}, {"padded_tokens", in.S * L}, {"sequences", in.S}, {"threads", 1}};
-  emit(row);
+  emit(make_row("learner", "grpo_loss_fused", {"tokens_per_s", "tokens/s", Better::higher}, p,
+                "pytorch_eager",
+                {{"tokens", in.T}, {"padded_tokens", in.S * L}, {"sequences", in.S}, {"threads", 1}}));
   return 0;
 }
 
@@ -163,17 +155,8 @@ int bench_grpo_loss(const BenchOptions& opt) {
     std::fprintf(stderr, "troupe bench learner: grpo loss failed\n");
     return 1;
   }
-  Row row;
-  row.suite = "learner";
-  row.case_name = "grpo_loss_fused";
-  row.metric = "tokens_per_s";
-  row.unit = "tokens/s";
-  row.ours = p.ours;
-  row.baseline = p.baseline;
-  row.baseline_name = "composed_ops";
-  row.better = Better::higher;
-  row.extra = {{"tokens", in.T}, {"sequences", S}, {"threads", 1}};
-  emit(row);
+  emit(make_row("learner", "grpo_loss_fused", {"tokens_per_s", "tokens/s", Better::higher}, p, "composed_ops",
+                {{"tokens", in.T}, {"sequences", S}, {"threads", 1}}));
   return bench_grpo_loss_torch(opt, in, cfg, run(true));
 }
 
@@ -208,17 +191,9 @@ int bench_allreduce(const BenchOptions& opt) {
                  out.c_str());
     return 1;
   }
-  Row row;
-  row.suite = "learner";
-  row.case_name = "allreduce_2ranks";
-  row.metric = "ms";
-  row.unit = "ms";
-  row.ours = j["ours_ms"].get<double>();
-  row.baseline = j["raw_ms"].get<double>();
-  row.baseline_name = "raw_mpi_allreduce";
-  row.better = Better::lower;
-  row.extra = {{"floats", j["floats"]}, {"bytes", j["floats"].get<double>() * 4}, {"ranks", 2}};
-  emit(row);
+  emit(make_row("learner", "allreduce_2ranks", {"ms", "ms", Better::lower},
+                {j["ours_ms"].get<double>(), j["raw_ms"].get<double>()}, "raw_mpi_allreduce",
+                {{"floats", j["floats"]}, {"bytes", j["floats"].get<double>() * 4}, {"ranks", 2}}));
   return 0;
 }
 

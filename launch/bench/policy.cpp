@@ -296,7 +296,7 @@ int run_policy_suite(const BenchOptions& opt) {
       rc = 1;
       continue;
     }
-    Row r{kSuite, c.name, c.metric, "tokens/s", p.ours, p.baseline, "torch_eager", Better::higher, extra};
+    Row r = make_row(kSuite, c.name, {c.metric, "tokens/s", Better::higher}, p, "torch_eager", extra);
     r.extra["torch_version"] = torch->info().value("torch", "");
     r.extra["threads"] = kThreads;
     emit(r);
@@ -311,7 +311,8 @@ int run_policy_suite(const BenchOptions& opt) {
       std::fprintf(stderr, "troupe bench policy: train_step_flops failed: %s\n", failed.error().message.c_str());
       rc = 1;
     } else {
-      Row r{kSuite, "train_step_flops", "gflops", "GFLOP/s", p.ours, p.baseline, "sgemm_peak", Better::higher, extra};
+      Row r =
+          make_row(kSuite, "train_step_flops", {"gflops", "GFLOP/s", Better::higher}, p, "sgemm_peak", extra);
       r.extra["step_gflop"] = flops / 1e9;
       r.extra["sgemm_n"] = sg.n;
       r.extra["flop_count"] = "matmuls only, 2 per multiply-add, backward = 2x forward, causal attention";

@@ -26,20 +26,19 @@ using namespace troupe::runtime;
 using namespace std::chrono_literals;
 const char* kSuite = "runtime";
 
-struct Blob {
-  static constexpr std::uint32_t type_id = 7001;
-  static constexpr const char* type_name = "bench.Blob";
+// A message of raw bytes; Blob (sent one way) and Call (asked and answered) are two types of it.
+template <std::uint32_t Id, const char* Name>
+struct Bytes {
+  static constexpr std::uint32_t type_id = Id;
+  static constexpr const char* type_name = Name;
   std::string data;
   template <class A>
   void serialize(A& ar) { ar(data); }
 };
-struct Call {
-  static constexpr std::uint32_t type_id = 7002;
-  static constexpr const char* type_name = "bench.Call";
-  std::string data;
-  template <class A>
-  void serialize(A& ar) { ar(data); }
-};
+constexpr char kBlobName[] = "bench.Blob";
+constexpr char kCallName[] = "bench.Call";
+using Blob = Bytes<7001, kBlobName>;
+using Call = Bytes<7002, kCallName>;
 struct TrajectoryMsg {  // 4 KiB trajectory-like: 500 tokens + 500 log-probs + scalars
   static constexpr std::uint32_t type_id = 7003;
   static constexpr const char* type_name = "bench.Trajectory";
@@ -244,21 +243,6 @@ struct RawPair {
   }
 };
 
-void emit_row(const std::string& name, const char* metric, const char* unit, Paired p, const char* base, Better b,
-              nlohmann::json extra = nlohmann::json::object()) {
-  Row r;
-  r.suite = kSuite;
-  r.case_name = name;
-  r.metric = metric;
-  r.unit = unit;
-  r.ours = p.ours;
-  r.baseline = p.baseline;
-  r.baseline_name = base;
-  r.better = b;
-  r.extra = std::move(extra);
-  emit(r);
-}
-
 // ---- Ray baseline: a child Python process answering "pipelined N" / "sync N" ----
 struct RayServer {
   pid_t pid = -1;
@@ -370,14 +354,18 @@ int run_runtime_suite(const BenchOptions& opt) {
       if (!opt.wants(name)) continue;
       long n = count(full_n);
       Paired p = interleaved(reps, [&] { return ours.stream(size, n, src); }, [&] { return raw.stream(size, n, src); });
-      emit_row(name, "msgs_per_s", "msg/s", p, "raw_zmq", Better::higher,
-               {{"bytes", size}, {"messages_per_rep", n}, {"ours_MBps", p.ours * size / 1e6}, {"baseline_MBps", p.baseline * size / 1e6}});
+      emit(make_row(kSuite, name, {"msgs_per_s", "msg/s", Better::higher}, p, "raw_zmq",
+                    {{"bytes", size},
+                     {"messages_per_rep", n},
+                     {"ours_MBps", p.ours * size / 1e6},
+                     {"baseline_MBps", p.baseline * size / 1e6}}));
     }
     std::string name = "rtt_64B_" + t;
     if (opt.wants(name)) {
       long n = count(4000);
       Paired p = interleaved(reps, [&] { return ours.rtt_us(n); }, [&] { return raw.rtt_us(n); });
-      emit_row(name, "round_trip_us", "us", p, "raw_zmq", Better::lower, {{"round_trips_per_rep", n}});
+      emit(make_row(kSuite, name, {"round_trip_us", "us", Better::lower}, p, "raw_zmq",
+                    {{"round_trips_per_rep", n}}));
     }
   }
 
@@ -401,7 +389,8 @@ int run_runtime_suite(const BenchOptions& opt) {
         skip_baseline(kSuite, name, "the Ray helper failed during the measurement");
         break;
       }
-      emit_row(name, "calls_per_s", "call/s", p, "ray", Better::higher, {{"transport", "ipc"}, {"calls_per_rep", n}, {"ray_calls_per_rep", n_ray}});
+      emit(make_row(kSuite, name, {"calls_per_s", "call/s", Better::higher}, p, "ray",
+                    {{"transport", "ipc"}, {"calls_per_rep", n}, {"ray_calls_per_rep", n_ray}}));
     }
     ray.stop();
   }
@@ -441,7 +430,8 @@ int run_runtime_suite(const BenchOptions& opt) {
              }) / n;
     };
     Paired p = interleaved(reps, ours_ns, memcpy_ns);
-    emit_row("codec_4KiB", "ns", "ns", p, "memcpy", Better::lower, {{"frame_bytes", frame_bytes}, {"ops_per_rep", n}});
+    emit(make_row(kSuite, "codec_4KiB", {"ns", "ns", Better::lower}, p, "memcpy",
+                  {{"frame_bytes", frame_bytes}, {"ops_per_rep", n}}));
   }
   return failures ? 1 : 0;
 }

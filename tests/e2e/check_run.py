@@ -1,7 +1,7 @@
 """Checks on a troupe run directory, used by the tests/e2e ctest entries.
 
   check_run.py learned RUN_DIR          reward and held-out accuracy rose (GRPO vs SFT/first steps)
-  check_run.py files RUN_DIR            the run directory has every artifact DESIGN.md lists
+  check_run.py files RUN_DIR            the run directory has every artifact docs/architecture.md lists
   check_run.py same RUN_A RUN_B         the training rows agree on every non-timing metric
   check_run.py staleness RUN_DIR N      every GRPO row has staleness <= N
   check_run.py steps RUN_DIR N          the training rows are steps 1..N, each once (also across --resume)

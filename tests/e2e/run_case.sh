@@ -8,6 +8,18 @@ W=$WORK/$CASE
 rm -rf "$W" && mkdir -p "$W"
 cd "$W"
 Q="--set logger.progress=plain"
+# expect_exit CODE CMD...: runs CMD with its stderr in $W/err.txt; the case fails, showing that
+# stderr, unless CMD exits CODE ("nonzero": any failure). set -e does not stop at CMD's failure.
+expect_exit() {
+  local want=$1 rc=0
+  shift
+  "$@" 2> "$W/err.txt" || rc=$?
+  if [ "$want" = nonzero ] && [ $rc -ne 0 ]; then return 0; fi
+  if [ "$rc" = "$want" ]; then return 0; fi
+  cat "$W/err.txt"
+  echo "expected exit $want, got $rc: $*"
+  exit 1
+}
 case $CASE in
   quickstart_short)  # the README's main command, shortened: reward and held-out accuracy must rise
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" --set grpo.max_steps=200 \
@@ -37,31 +49,19 @@ case $CASE in
       --set eval.every=7 --set eval.num_prompts=20 --set checkpointing.every=10 --set checkpointing.keep_last=1 $Q
     $CHECK best "$W/d"
     # a fresh run into a used run.dir is refused (exit 2)
-    set +e
-    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" $S 2> "$W/err.txt"
-    rc=$?
-    set -e
-    test $rc -eq 2
+    expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" $S
     grep -q "already holds a run" "$W/err.txt"
     # a --resume that would change what is trained is refused, and so is one from a corrupt
     # checkpoint (naming the file and the earlier whole checkpoints); neither touches the run directory
     before=$(md5sum "$W/b/metrics.jsonl" "$W/b/config.resolved.yaml")
-    set +e
-    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=12 --set loss.kl_coef=0.05 $S \
-      2> "$W/err.txt"
-    rc=$?
-    set -e
+    expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=12 \
+      --set loss.kl_coef=0.05 $S
     cat "$W/err.txt"
-    test $rc -eq 2
     grep -q "loss.kl_coef: 0.0 (the run) -> 0.05" "$W/err.txt"
     latest=$(readlink -f "$W/b/checkpoints/latest")
     printf 'XX' | dd of="$latest/model.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
-    set +e
-    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=12 $S 2> "$W/err.txt"
-    rc=$?
-    set -e
+    expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=12 $S
     cat "$W/err.txt"
-    test $rc -eq 2
     grep -q "model.safetensors fails its checksum" "$W/err.txt"
     grep -q "nothing in the run directory was changed" "$W/err.txt"
     test "$(md5sum "$W/b/metrics.jsonl" "$W/b/config.resolved.yaml")" = "$before"
@@ -172,21 +172,14 @@ EOS
     test "$(basename "$(readlink "$W/run/checkpoints/latest")")" = "step_$done_steps"
     ;;
   placement_mismatch)  # -np 2 for a 4-role cluster section: exit 2 naming the file and the counts
-    set +e
-    "$MPIEXEC" --oversubscribe --allow-run-as-root -np 2 --mca btl self,tcp --mca btl_tcp_if_include lo \
-      --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" 2> "$W/err.txt"
-    rc=$?
-    set -e
+    expect_exit nonzero "$MPIEXEC" --oversubscribe --allow-run-as-root -np 2 --mca btl self,tcp \
+      --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" \
+      --set run.dir="$W/run"
     cat "$W/err.txt"
-    test $rc -ne 0
     grep -q "multinode.yaml:.*error: cluster: the job has 2 ranks but the cluster section places 4 roles" "$W/err.txt"
     # two learners in one process (no mpirun): refused before anything starts, naming the line
-    set +e
-    "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/single" 2> "$W/err.txt"
-    rc=$?
-    set -e
+    expect_exit 2 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/single"
     cat "$W/err.txt"
-    test $rc -eq 2
     grep -q "multinode.yaml:[0-9]*:[0-9]*: error: cluster.learners: 2 data-parallel learners need one rank each: run under mpirun -np 4" "$W/err.txt"
     test ! -e "$W/single"
     ;;
@@ -205,17 +198,12 @@ EOS
     $S -n 4 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" \
       --set sft.max_steps=5 --set grpo.max_steps=3 --set eval.num_prompts=10 $Q
     $CHECK files "$W/run"
-    set +e
-    $S -n 2 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/mismatch" 2> "$W/err.txt"
-    rc=$?
-    timeout 60 srun --mpi=none -n 4 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/none" 2> "$W/err_none.txt"
-    rc_none=$?
-    set -e
-    cat "$W/err.txt" "$W/err_none.txt"
-    test $rc -ne 0  # (one `test` a line: set -e does not stop at a failed left side of &&)
+    expect_exit nonzero $S -n 2 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/mismatch"
+    cat "$W/err.txt"
     grep -q "multinode.yaml:.*error: cluster: the job has 2 ranks but the cluster section places 4 roles.*srun --mpi=pmix -n 4" "$W/err.txt"
-    test $rc_none -ne 0
-    grep -q "error: srun started 4 tasks without an MPI plugin.*srun --mpi=pmix -n 4" "$W/err_none.txt"
+    expect_exit nonzero timeout 60 srun --mpi=none -n 4 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/none"
+    cat "$W/err.txt"
+    grep -q "error: srun started 4 tasks without an MPI plugin.*srun --mpi=pmix -n 4" "$W/err.txt"
     test ! -e "$W/mismatch"
     test ! -e "$W/none"
     ;;
@@ -283,13 +271,10 @@ EOS
       --set 'envs[0].config={"fault": "hang", "fault_every_verify": 150}'
     $CHECK steps "$W/hang" 3
     failures "$W/hang"
-    set +e
-    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/broken" $F --set grpo.max_steps=10 \
-      --set 'envs[0].config={"fault": "segfault", "fault_every_verify": 7}' 2> "$W/err.txt"
-    rc=$?
-    set -e
+    # a run whose env keeps crashing must fail
+    expect_exit nonzero "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/broken" $F --set grpo.max_steps=10 \
+      --set 'envs[0].config={"fault": "segfault", "fault_every_verify": 7}'
     tail -3 "$W/err.txt"
-    [ $rc -ne 0 ] || { echo "a run whose env keeps crashing must fail"; exit 1; }
     grep -q "gave up after .* env worker restarts" "$W/err.txt"
     grep -q "Segmentation fault" "$W/err.txt"
     done_steps=$(sed -n 's/.*steps up to \([0-9]*\) are saved in checkpoints.*/\1/p' "$W/err.txt")
@@ -299,12 +284,8 @@ EOS
     ;;
   bad_input)  # bad env name / missing plug-in / bad --resume: clear errors, exit 2, nothing written
     for args in "--set envs[0].name=nope" "--set envs[0].type=plugin --set envs[0].path=/no/such.so" "--resume $W/none"; do
-      set +e
-      "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" $args 2> "$W/err.txt"
-      rc=$?
-      set -e
+      expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" $args
       cat "$W/err.txt"
-      [ $rc -eq 2 ] || { echo "expected exit 2 for $args, got $rc"; exit 1; }
       grep -q "error" "$W/err.txt"
     done
     grep -q "nope" "$W/err.txt" || true
