@@ -43,7 +43,7 @@ LossSummary finalize(const LossMetrics& m) {
   return s;
 }
 
-Result<double> aggregation_weight(LossAggMode mode, double seq_tokens, const LossNorm& norm, float loss_scale_factor) {
+Result<double> aggregation_weight(LossAggMode mode, double seq_tokens, const LossNorm& norm, int agg_norm_length) {
   switch (mode) {
     case LossAggMode::token_mean:
       if (!(norm.num_tokens > 0)) return invalid_input("grpo loss: token-mean needs a positive global token count");
@@ -56,11 +56,11 @@ Result<double> aggregation_weight(LossAggMode mode, double seq_tokens, const Los
       return 1.0 / norm.num_seqs;
     case LossAggMode::seq_mean_token_sum_norm:
       if (!(norm.num_seqs > 0)) return invalid_input("grpo loss: seq-mean-token-sum-norm needs a positive sequence count");
-      if (!(loss_scale_factor > 0))
-        return invalid_input("grpo loss: seq-mean-token-sum-norm needs loss_scale_factor > 0 (e.g. max_completion_length)");
-      return 1.0 / (norm.num_seqs * loss_scale_factor);
+      if (!(agg_norm_length > 0))
+        return invalid_input("grpo loss: seq-mean-token-sum-norm needs agg_norm_length > 0 (e.g. max_completion_length)");
+      return 1.0 / (norm.num_seqs * agg_norm_length);
   }
-  return invalid_input("grpo loss: unknown loss_agg_mode");
+  return invalid_input("grpo loss: unknown agg_mode");
 }
 
 namespace {
@@ -74,11 +74,11 @@ Status check_batch(const TokenBatch& b, const GrpoLossConfig& cfg, const float* 
     return invalid_input("grpo loss: cu_seqlens must start at 0 and end at T=" + std::to_string(b.T));
   for (int s = 0; s < b.S; ++s)
     if (b.cu_seqlens[s + 1] < b.cu_seqlens[s]) return invalid_input("grpo loss: cu_seqlens is not sorted at " + std::to_string(s));
-  if (cfg.beta != 0 && !b.logp_ref)
-    return invalid_input("grpo loss: beta = " + std::to_string(cfg.beta) + " needs reference log-probs (logp_ref)");
+  if (cfg.kl_coef != 0 && !b.logp_ref)
+    return invalid_input("grpo loss: kl_coef = " + std::to_string(cfg.kl_coef) + " needs reference log-probs (logp_ref)");
   if (cfg.entropy_coef != 0 && (!entropy || !dentropy))
     return invalid_input("grpo loss: entropy_coef != 0 needs the per-token entropy");
-  if (cfg.epsilon < 0 || cfg.eps_high() < 0) return invalid_input("grpo loss: epsilon must be >= 0");
+  if (cfg.clip_low < 0 || cfg.clip_high < 0) return invalid_input("grpo loss: clip_low and clip_high must be >= 0");
   return Status::ok_status();
 }
 
@@ -92,11 +92,11 @@ struct Surrogate {
 };
 
 inline Surrogate surrogate(double rho, double A, const GrpoLossConfig& cfg) {
-  const double lo = 1.0 - cfg.epsilon, hi = 1.0 + cfg.eps_high();
+  const double lo = 1.0 - cfg.clip_low, hi = 1.0 + cfg.clip_high;
   double r1 = rho, d1 = 1.0;
-  if (cfg.delta > 0) {
-    r1 = std::min<double>(rho, cfg.delta);
-    d1 = rho <= cfg.delta ? 1.0 : 0.0;
+  if (cfg.two_sided_clip > 0) {
+    r1 = std::min<double>(rho, cfg.two_sided_clip);
+    d1 = rho <= cfg.two_sided_clip ? 1.0 : 0.0;
   }
   const double r2 = clampd(rho, lo, hi), d2 = pass(rho, lo, hi);
   const double a = -A * r1, b = -A * r2;  // -min(rho A, clip(rho) A) = max(a, b)
@@ -112,8 +112,8 @@ inline Surrogate surrogate(double rho, double A, const GrpoLossConfig& cfg) {
     g = 0.5 * (-A * d1 - A * d2);
   }
   bool dual = false;
-  if (cfg.clip_ratio_c > 1 && A < 0) {  // veRL dual clip: min(-A c, max(a, b)) for negative advantages
-    const double c3 = -A * cfg.clip_ratio_c;
+  if (cfg.dual_clip > 1 && A < 0) {  // veRL dual clip: min(-A c, max(a, b)) for negative advantages
+    const double c3 = -A * cfg.dual_clip;
     if (c3 < l) {
       l = c3;
       g = 0;
@@ -133,7 +133,7 @@ inline void kl_token(double logp, double ref, const GrpoLossConfig& cfg, double&
     x = clampd(x, -cfg.kl_input_clamp, cfg.kl_input_clamp);
   }
   double dx;
-  switch (cfg.kl_estimator) {
+  switch (cfg.kl_type) {
     case KlEstimator::k1: kl = -x; dx = -1.0; break;
     case KlEstimator::k2: kl = 0.5 * x * x; dx = x; break;
     case KlEstimator::k3:
@@ -168,7 +168,7 @@ Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* 
                                     const TokenBatch& b, const GrpoLossConfig& cfg, const LossNorm& norm) {
   TROUPE_TRY(check_batch(b, cfg, logp, entropy, dlogp, dentropy));
   LossMetrics m;
-  const bool seq_level = cfg.importance_sampling_level == ImportanceSamplingLevel::sequence;
+  const bool seq_level = cfg.sequence_level_ratio;
   const bool want_entropy = entropy != nullptr;
   for (int s = 0; s < b.S; ++s) {
     const int t0 = b.cu_seqlens[s], t1 = b.cu_seqlens[s + 1];
@@ -179,7 +179,7 @@ Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* 
       seq_iw += b.mask[t] * (b.is_weight ? b.is_weight[t] : 1.0);
       if (seq_level && b.logp_old && b.mask[t] != 0) seq_lr += b.mask[t] * (static_cast<double>(logp[t]) - b.logp_old[t]);
     }
-    TROUPE_ASSIGN_OR_RETURN(const double ws, aggregation_weight(cfg.loss_agg_mode, seq_tokens, norm, cfg.loss_scale_factor));
+    TROUPE_ASSIGN_OR_RETURN(const double ws, aggregation_weight(cfg.agg_mode, seq_tokens, norm, cfg.agg_norm_length));
     // GSPO: one ratio per sequence, rho = exp(mean_t m (logp - old)); its loss is shared by every
     // token, so d loss / d logp_t = (sum of token weights) * dpg/drho * rho * m_t / L.
     Surrogate sq{0, 0, false, false, false};
@@ -228,10 +228,10 @@ Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* 
         double kl, dkl;
         kl_token(logp[t], b.logp_ref[t], cfg, kl, dkl);
         m.kl_sum += mt * kl;
-        if (cfg.beta != 0) {
-          l += cfg.beta * kl;
-          m.kl_loss += w * cfg.beta * kl;
-          g += w * cfg.beta * dkl;
+        if (cfg.kl_coef != 0) {
+          l += cfg.kl_coef * kl;
+          m.kl_loss += w * cfg.kl_coef * kl;
+          g += w * cfg.kl_coef * dkl;
         }
       }
       if (want_entropy) {
@@ -303,14 +303,14 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   TROUPE_TRY(check_batch(b, cfg, logp, entropy, dlogp, dentropy));
   const int T = b.T, S = b.S;
   const int32_t* cu = b.cu_seqlens;
-  const bool seq_level = cfg.importance_sampling_level == ImportanceSamplingLevel::sequence;
+  const bool seq_level = cfg.sequence_level_ratio;
   Vec mask(b.mask, b.mask + T);
   Vec adv = op_broadcast_seq(b.advantages, cu, S, T);
   // weights w_t = m_t * agg(seq)
   Vec seq_tokens = op_seq_sum(mask, cu, S);
   Vec seq_w(S);
   for (int s = 0; s < S; ++s) {
-    TROUPE_ASSIGN_OR_RETURN(seq_w[s], aggregation_weight(cfg.loss_agg_mode, seq_tokens[s], norm, cfg.loss_scale_factor));
+    TROUPE_ASSIGN_OR_RETURN(seq_w[s], aggregation_weight(cfg.agg_mode, seq_tokens[s], norm, cfg.agg_norm_length));
   }
   Vec w = op_mul(mask, op_broadcast_vec(seq_w, cu, S, T));
 
@@ -327,8 +327,8 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   lr_in = log_ratio;
   if (cfg.log_ratio_clamp > 0) log_ratio = op_clamp(log_ratio, -cfg.log_ratio_clamp, cfg.log_ratio_clamp);
   Vec ratio = op_exp(log_ratio);
-  Vec ratio1 = cfg.delta > 0 ? op_clamp(ratio, -INFINITY, cfg.delta) : ratio;
-  Vec ratio2 = op_clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.eps_high());
+  Vec ratio1 = cfg.two_sided_clip > 0 ? op_clamp(ratio, -INFINITY, cfg.two_sided_clip) : ratio;
+  Vec ratio2 = op_clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high);
   Vec surr1 = op_mul(ratio1, adv), surr2 = op_mul(ratio2, adv);
   Vec pg(T), pick1(T), pick2(T);  // d pg / d surr1, d surr2 (-1, -1/2 on ties)
   for (int t = 0; t < T; ++t) {
@@ -338,10 +338,10 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
     pick2[t] = c > a ? -1.0 : (a == c ? -0.5 : 0.0);
   }
   Vec dual_scale(T, 1.0), dual_active(T, 0.0);
-  if (cfg.clip_ratio_c > 1) {
+  if (cfg.dual_clip > 1) {
     for (int t = 0; t < T; ++t) {
       if (adv[t] >= 0) continue;
-      const double c3 = -adv[t] * cfg.clip_ratio_c;
+      const double c3 = -adv[t] * cfg.dual_clip;
       if (c3 < pg[t]) {
         pg[t] = c3;
         dual_scale[t] = 0.0;
@@ -363,7 +363,7 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
     Vec xc = cfg.kl_input_clamp > 0 ? op_clamp(x, -cfg.kl_input_clamp, cfg.kl_input_clamp) : x;
     Vec dk_dx(T);
     for (int t = 0; t < T; ++t) {
-      switch (cfg.kl_estimator) {
+      switch (cfg.kl_type) {
         case KlEstimator::k1: kl[t] = -xc[t]; dk_dx[t] = -1.0; break;
         case KlEstimator::k2: kl[t] = 0.5 * xc[t] * xc[t]; dk_dx[t] = xc[t]; break;
         case KlEstimator::k3: kl[t] = std::exp(xc[t]) - 1.0 - xc[t]; dk_dx[t] = std::exp(xc[t]) - 1.0; break;
@@ -376,8 +376,8 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
     }
     if (cfg.kl_input_clamp > 0) dk_dx = op_clamp_grad(dk_dx, x, -cfg.kl_input_clamp, cfg.kl_input_clamp);
     for (int t = 0; t < T; ++t) dkl[t] = -dk_dx[t];
-    if (cfg.beta != 0)
-      for (int t = 0; t < T; ++t) per_tok[t] += cfg.beta * kl[t];
+    if (cfg.kl_coef != 0)
+      for (int t = 0; t < T; ++t) per_tok[t] += cfg.kl_coef * kl[t];
   }
   if (entropy)
     for (int t = 0; t < T; ++t) per_tok[t] -= cfg.entropy_coef * entropy[t];
@@ -386,14 +386,14 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   for (int t = 0; t < T; ++t) {
     m.loss += w[t] * per_tok[t];
     m.pg_loss += w[t] * pg[t];
-    if (cfg.beta != 0) m.kl_loss += w[t] * cfg.beta * kl[t];
+    if (cfg.kl_coef != 0) m.kl_loss += w[t] * cfg.kl_coef * kl[t];
     m.tokens += mask[t];
     m.kl_sum += mask[t] * kl[t];
     if (entropy) m.entropy_sum += mask[t] * entropy[t];
     m.ratio_sum += mask[t] * ratio[t];
     m.is_weight_sum += mask[t] * iw[t];
-    m.clip_low_sum += mask[t] * (ratio[t] < 1.0 - cfg.epsilon && adv[t] < 0);
-    m.clip_high_sum += mask[t] * (ratio[t] > 1.0 + cfg.eps_high() && adv[t] > 0);
+    m.clip_low_sum += mask[t] * (ratio[t] < 1.0 - cfg.clip_low && adv[t] < 0);
+    m.clip_high_sum += mask[t] * (ratio[t] > 1.0 + cfg.clip_high && adv[t] > 0);
     m.dual_clip_sum += mask[t] * dual_active[t];
   }
 
@@ -402,8 +402,8 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   for (int t = 0; t < T; ++t) d_pg[t] = w[t] * dual_scale[t] * iw[t];
   Vec d_ratio1 = op_mul(op_mul(d_pg, pick1), adv);
   Vec d_ratio2 = op_mul(op_mul(d_pg, pick2), adv);
-  if (cfg.delta > 0) d_ratio1 = op_clamp_grad(d_ratio1, ratio, -INFINITY, cfg.delta);
-  d_ratio2 = op_clamp_grad(d_ratio2, ratio, 1.0 - cfg.epsilon, 1.0 + cfg.eps_high());
+  if (cfg.two_sided_clip > 0) d_ratio1 = op_clamp_grad(d_ratio1, ratio, -INFINITY, cfg.two_sided_clip);
+  d_ratio2 = op_clamp_grad(d_ratio2, ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high);
   Vec d_ratio(T);
   for (int t = 0; t < T; ++t) d_ratio[t] = d_ratio1[t] + d_ratio2[t];
   Vec d_log_ratio = op_mul(d_ratio, ratio);
@@ -418,7 +418,7 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   }
   for (int t = 0; t < T; ++t) {
     double g = d_logp[t];
-    if (cfg.beta != 0) g += w[t] * cfg.beta * dkl[t];
+    if (cfg.kl_coef != 0) g += w[t] * cfg.kl_coef * dkl[t];
     dlogp[t] = mask[t] != 0 ? static_cast<float>(g) : 0.0f;
     if (dentropy) dentropy[t] = mask[t] != 0 ? static_cast<float>(-w[t] * cfg.entropy_coef) : 0.0f;
   }
