@@ -155,7 +155,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.number("loss.kl_output_clamp", [](C& c) { return &c.loss.kl_output_clamp; }, 0, 1e6, "Clamp of the per-token KL value.");
   b.number("loss.entropy_coef", [](C& c) { return &c.loss.entropy_coef; }, 0, 10, "Entropy bonus weight (0 = off).");
   b.enumeration("loss.agg_mode", [](C& c) { return &c.loss.agg_mode; }, {{"token-mean", LossAggMode::token_mean}, {"seq-mean-token-mean", LossAggMode::seq_mean_token_mean}, {"seq-mean-token-sum-norm", LossAggMode::seq_mean_token_sum_norm}}, "Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO).");
-  b.integer("loss.agg_norm_length", [](C& c) { return &c.loss.agg_norm_length; }, 0, 1048576, "Constant of seq-mean-token-sum-norm (0 = rollout.max_response_length).");
+  b.integer("loss.agg_norm_length", [](C& c) { return &c.loss.agg_norm_length; }, 0, 1048576, "Constant of seq-mean-token-sum-norm (0 = rollout.max_response_length * rollout.max_turns).");
   b.flag("loss.sequence_level_ratio", [](C& c) { return &c.loss.sequence_level_ratio; }, "Sequence-level importance ratio (GSPO).");
 
   // optimizer

@@ -69,8 +69,7 @@ std::vector<GrpoLossConfig> variants() {
           c.kl_type = kl;
           c.sequence_level_ratio = sequence_level;
           c.agg_norm_length = 16;
-          c.kl_input_clamp = 0;  // clamps only where a variant sets them
-          c.kl_output_clamp = 0;
+          c.kl_input_clamp = c.kl_output_clamp = 0;  // KL clamps only where a variant sets them
           c.kl_coef = 0.04f;
           c.entropy_coef = 0.01f;
           if (clip == 1) c.clip_high = 0.28f;

@@ -100,8 +100,7 @@ int main(int argc, char** argv) {
             g.kl_type = kl;
             g.sequence_level_ratio = sequence_level;
             g.agg_norm_length = 12;
-            g.kl_input_clamp = 0;  // clamps only where a variant sets them
-            g.kl_output_clamp = 0;
+            g.kl_input_clamp = g.kl_output_clamp = 0;  // KL clamps only where a variant sets them
             g.kl_coef = (clip % 2 == 0) ? 0.04f : 0.0f;
             g.entropy_coef = clip == 4 ? 0.0f : 0.01f;
             if (clip == 1) g.clip_high = 0.28f;
