@@ -239,21 +239,40 @@ TEST(Roles, EnvWorkerVerifiesAGroup) {
   EXPECT_NE(missing.error().message.find("nope"), std::string::npos);
 }
 
-TEST(Roles, LearnerConfigMapping) {
+// The learner's sections are the experiment's as they are; only the per-phase values are derived.
+TEST(Roles, LearnerConfigOfAPhase) {
   ExperimentConfig c;
-  c.loss.agg_mode = "seq-mean-token-sum-norm";
-  c.loss.kl_type = "k1";
-  c.grpo.scale_rewards = "none";
+  c.loss.agg_mode = learner::LossAggMode::seq_mean_token_sum_norm;
+  c.loss.kl_type = learner::KlEstimator::k1;
+  c.loss.clip_high = 0.28f;
+  c.grpo.scale_rewards = learner::StdMode::none;
+  c.grpo.num_iterations = 2;
+  c.grpo.max_steps = 5;
   c.sft.lr = 0.01f;
+  c.sft.max_steps = 3;
   c.optimizer.lr = 0.001f;
+  c.optimizer.schedule = learner::LrSchedule::cosine;
   c.rollout.max_response_length = 12;
+  c.rollout.max_turns = 2;
+  c.rollout.temperature = 0.7f;
+  c.rollout.importance_weight_cap = 3;
   auto g = learner_config(c, learner::Phase::grpo);
-  EXPECT_EQ(g.loss.loss_agg_mode, learner::LossAggMode::seq_mean_token_sum_norm);
-  EXPECT_EQ(g.loss.loss_scale_factor, 12.0f);
-  EXPECT_EQ(g.loss.kl_estimator, learner::KlEstimator::k1);
+  EXPECT_EQ(g.loss.agg_mode, learner::LossAggMode::seq_mean_token_sum_norm);
+  EXPECT_EQ(g.loss.kl_type, learner::KlEstimator::k1);
+  EXPECT_EQ(g.loss.clip_high, 0.28f);
+  EXPECT_EQ(g.loss.agg_norm_length, 0);  // the trainer uses max_completion_length
+  EXPECT_EQ(g.max_completion_length, 24);
   EXPECT_EQ(g.advantage.scale_rewards, learner::StdMode::none);
-  EXPECT_FLOAT_EQ(g.optimizer.learning_rate, 0.001f);
-  EXPECT_FLOAT_EQ(learner_config(c, learner::Phase::sft).optimizer.learning_rate, 0.01f);
+  EXPECT_FLOAT_EQ(g.optimizer.lr, 0.001f);
+  EXPECT_EQ(g.optimizer.total_steps, 10);
+  EXPECT_EQ(g.batch.num_iterations, 2);
+  EXPECT_FLOAT_EQ(g.batch.temperature, 0.7f);
+  EXPECT_FLOAT_EQ(g.importance_weight_cap, 3.0f);
+  auto s = learner_config(c, learner::Phase::sft);
+  EXPECT_FLOAT_EQ(s.optimizer.lr, 0.01f);
+  EXPECT_EQ(s.optimizer.total_steps, 3);
+  EXPECT_EQ(s.batch.num_iterations, 1);
+  EXPECT_FLOAT_EQ(s.batch.temperature, 1.0f);
 }
 
 // Compute threads per role: the role's own key, else cluster.threads, else the rank's default.

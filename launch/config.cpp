@@ -185,7 +185,10 @@ class Loader {
           error(m, key, "'" + s + "' is not one of: " + all + (near.empty() ? "" : "; did you mean '" + near + "'?"));
           return;
         }
-        *std::get<std::string*>(f) = s;
+        if (auto* e = std::get_if<EnumRef>(&f))
+          e->set(s);
+        else
+          *std::get<std::string*>(f) = s;
         return;
       }
       case KeyType::int_list: {
@@ -565,7 +568,7 @@ class Loader {
       if (c.grpo.dynamic_sampling) chunks_error("grpo.dynamic_sampling: false (it refills the whole batch)");
       if (c.rollout.max_turns > 1)
         chunks_error("rollout.max_turns: 1 (multi-turn episodes run as one batch)");
-      if (c.grpo.scale_rewards == "batch" || c.grpo.adv_estimator == "reinforce_pp")
+      if (c.grpo.scale_rewards == learner::StdMode::batch || c.grpo.adv_estimator == learner::AdvantageEstimator::reinforce_pp)
         chunks_error(
             "advantages computed within each group (scale_rewards group or none, adv_estimator grpo or "
             "rloo): batch statistics need the whole batch");

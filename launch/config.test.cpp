@@ -1,10 +1,15 @@
 // launch.config_*: every kind of config error is reported as FILE:LINE:COL: error: key: ..., with
 // suggestions for near misses; --set is typed by the schema; the resolved config loads back the
-// same; configs/README.md agrees with the schema (every key, its default and its range).
+// same. launch.docs_yaml_keys: configs/README.md agrees with the schema (every key, its default and
+// its range), and every YAML key the other READMEs and docs/*.md name is one of its keys.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <regex>
+#include <set>
 #include <sstream>
 
 #include "troupe/base/build_config.h"
@@ -91,6 +96,16 @@ TEST(Config, WrongType) {
   EXPECT_NE(m.find("policy.model.mlp_only_layers[1]: expected an integer, got 'x'"), std::string::npos) << m;
   m = load_error("envs: arithmetic\n");
   EXPECT_NE(m.find("x.yaml:1:7: error: envs: expected a list"), std::string::npos) << m;
+  // enum keys: the value and the choices, at the value's line
+  m = load_error(std::string(kMinimal) + "loss:\n  kl_type: k4\n");
+  EXPECT_NE(m.find("x.yaml:4:12: error: loss.kl_type: 'k4' is not one of: k1, k2, k3"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "loss:\n  agg_mode: seq-mean-token-sum\n");
+  EXPECT_NE(m.find("x.yaml:4:13: error: loss.agg_mode: 'seq-mean-token-sum' is not one of: token-mean, "
+                   "seq-mean-token-mean, seq-mean-token-sum-norm"),
+            std::string::npos)
+      << m;
+  m = load_error(kMinimal, {"grpo.adv_estimator=reinforce_plus_plus"});
+  EXPECT_NE(m.find("grpo.adv_estimator: 'reinforce_plus_plus' is not one of: grpo, rloo, reinforce_pp"), std::string::npos) << m;
 }
 
 TEST(Config, OutOfRange) {
@@ -237,6 +252,21 @@ TEST(Config, ResolvedRoundTrip) {
   EXPECT_EQ(back->config.rollout.stop, r->config.rollout.stop);
   EXPECT_EQ(back->config.envs[0].config, r->config.envs[0].config);
   EXPECT_FLOAT_EQ(back->config.rollout.temperature, 0.7f);
+  // enum keys write the learner's fields and read back by name
+  auto e = load_config_text(std::string(kMinimal) + "loss:\n  kl_type: k1\n  agg_mode: seq-mean-token-mean\n"
+                            "grpo:\n  adv_estimator: rloo\n  scale_rewards: none\noptimizer: {schedule: cosine}\n",
+                            "x.yaml");
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  EXPECT_EQ(e->config.loss.kl_type, troupe::learner::KlEstimator::k1);
+  EXPECT_EQ(e->config.loss.agg_mode, troupe::learner::LossAggMode::seq_mean_token_mean);
+  EXPECT_EQ(e->config.grpo.adv_estimator, troupe::learner::AdvantageEstimator::rloo);
+  EXPECT_EQ(e->config.grpo.scale_rewards, troupe::learner::StdMode::none);
+  EXPECT_EQ(e->config.optimizer.schedule, troupe::learner::LrSchedule::cosine);
+  const std::string ye = resolved_yaml(e->config);
+  EXPECT_NE(ye.find("  kl_type: \"k1\"\n"), std::string::npos) << ye;
+  auto eback = load_config_text(ye, "config.resolved.yaml");
+  ASSERT_TRUE(eback.ok()) << eback.error().message << "\n" << ye;
+  EXPECT_EQ(resolved_yaml(eback->config), ye);
 }
 
 TEST(Config, Readme) {
@@ -259,5 +289,119 @@ TEST(Config, Readme) {
     EXPECT_NE(have.find(cell), std::string::npos) << "configs/README.md lacks " << cell;
   }
   EXPECT_EQ(have, want) << "configs/README.md is out of date: regenerate it with "
-                           "TROUPE_UPDATE_README=1 ctest -R launch.config_readme";
+                           "TROUPE_UPDATE_README=1 ctest -R launch.docs_yaml_keys";
+}
+
+namespace {
+
+// The names ctest knows (`policy.model`, `envs.arithmetic`, ...): dotted like YAML keys, but not keys.
+std::set<std::string> ctest_names() {
+  std::set<std::string> out;
+  const char* ctest = std::getenv("TROUPE_CTEST");
+  std::string cmd = std::string("'") + (ctest && *ctest ? ctest : "ctest") + "' --test-dir '" + TROUPE_BINARY_DIR +
+                    "' -N 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  static const std::regex line(R"(^\s*Test\s+#\d+:\s+(\S+))");
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) {
+    std::cmatch m;
+    if (std::regex_search(buf, m, line)) out.insert(m[1].str());
+  }
+  pclose(p);
+  return out;
+}
+
+}  // namespace
+
+// Every `section.key[.sub]` in backticks (section = a top-level section of configs/README.md) in a
+// README.md anywhere in the repository or in docs/*.md is a key of configs/README.md, a section or a
+// `prefix.*` of its keys. Not keys: file names (`run.cpp`), ctest names (`policy.golden`).
+TEST(Config, DocsYamlKeys) {
+  namespace fs = std::filesystem;
+  const fs::path root = TROUPE_SOURCE_DIR;
+  // configs/README.md: "## `section`" headings, then tables whose first cell is the key
+  std::set<std::string> sections, keys;
+  {
+    std::ifstream in(root / "configs/README.md");
+    ASSERT_TRUE(in) << "cannot read configs/README.md";
+    static const std::regex heading(R"(^## `([a-z_]+)`)"), row(R"(^\| `([^`]+)` \|)");
+    bool in_section = false;
+    for (std::string l; std::getline(in, l);) {
+      std::smatch m;
+      if (std::regex_search(l, m, heading)) {
+        sections.insert(m[1].str());
+        in_section = true;
+      } else if (l.rfind("## ", 0) == 0) {
+        in_section = false;
+      } else if (in_section && std::regex_search(l, m, row)) {
+        keys.insert(m[1].str());
+      }
+    }
+  }
+  ASSERT_TRUE(sections.count("loss") && keys.count("loss.kl_coef") && keys.count("envs[].weight"));
+  const std::set<std::string> tests = ctest_names();
+  auto is_test = [&](const std::string& t) {
+    if (tests.count(t)) return true;
+    if (t.size() > 2 && t.compare(t.size() - 2, 2, ".*") == 0)
+      for (const auto& n : tests)
+        if (n.rfind(t.substr(0, t.size() - 1), 0) == 0) return true;
+    return false;
+  };
+  auto known = [&](const std::string& key) {
+    if (keys.count(key) || key.rfind("envs[].config.", 0) == 0) return true;
+    std::string prefix = key;
+    if (prefix.size() > 2 && prefix.compare(prefix.size() - 2, 2, ".*") == 0) prefix.resize(prefix.size() - 2);
+    for (const auto& k : keys)  // a section (policy.model) or a wildcard (cluster.*)
+      if (k.rfind(prefix + ".", 0) == 0) return true;
+    return false;
+  };
+  static const std::set<std::string> file_ext = {"h",  "cpp", "md",   "yaml", "yml", "py",          "json", "jsonl",
+                                                 "so", "txt", "cmake", "sh",  "toml", "safetensors", "in",   "cu"};
+  std::vector<fs::path> files;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    const std::string name = it->path().filename().string();
+    if (it->is_directory() && (name.rfind(".", 0) == 0 || name.rfind("build", 0) == 0 || name == "runs" ||
+                               name == "__pycache__" || name == "node_modules")) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    const bool doc = it->path().parent_path() == root / "docs" && it->path().extension() == ".md";
+    if (it->is_regular_file() && (name == "README.md" || doc)) files.push_back(it->path());
+  }
+  ASSERT_FALSE(files.empty());
+  // a dotted name not glued to a path or a longer name; envs[0].weight is written envs[].weight
+  static const std::regex token(R"((?:^|[^\w./\[\]-])([a-z_]+(?:\[\d*\])?(?:\.[\w*]+(?:\[\d*\])?)+))");
+  static const std::regex env_index(R"(^envs\[\d*\])");
+  int checked = 0;
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    bool fence = false;
+    int n = 0;
+    for (std::string l; std::getline(in, l);) {
+      ++n;
+      if (l.find("```") != std::string::npos) {
+        fence = !fence;
+        continue;
+      }
+      if (fence) continue;
+      std::stringstream parts(l);
+      std::string span;
+      for (int i = 0; std::getline(parts, span, '`'); ++i) {
+        if (i % 2 == 0) continue;  // outside backticks
+        for (std::sregex_iterator m(span.begin(), span.end(), token), end; m != end; ++m) {
+          std::string t = (*m)[1].str();
+          while (!t.empty() && t.back() == '.') t.pop_back();
+          const std::string first = t.substr(0, t.find_first_of(".["));
+          const std::string last = t.substr(t.rfind('.') + 1);
+          if (!sections.count(first) || file_ext.count(last) || is_test(t)) continue;
+          const std::string key = std::regex_replace(t, env_index, "envs[]");
+          ++checked;
+          EXPECT_TRUE(known(key)) << fs::relative(f, root).string() << ":" << n << ": `" << t
+                                  << "` is not a key of configs/README.md";
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);  // configs/README.md alone names every key
 }

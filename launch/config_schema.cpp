@@ -1,10 +1,14 @@
-// The experiment schema: every YAML key, in README order, with its range and meaning. Defaults come
-// from the field initializers in actors/experiment_config.h (read off a default-constructed config).
-// Adding a field = one line here; the loader, --set, the resolved config and the README follow.
+// The experiment schema: every YAML key, in README order, with its range and meaning. Each key
+// writes its C++ field directly (same name: ExperimentConfig's sections, policy::ModelConfig and
+// learner's AdvantageConfig, GrpoLossConfig and OptimizerConfig); enum keys list their YAML names.
+// Defaults come from the field initializers (read off a default-constructed config). Adding a
+// field = one line here; the loader, --set, the resolved config and the README follow.
 #include <charconv>
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <type_traits>
+#include <utility>
 
 #include "troupe/launch/config.h"
 
@@ -13,6 +17,11 @@ namespace {
 
 using actors::EnvSpec;
 using actors::ExperimentConfig;
+using learner::AdvantageEstimator;
+using learner::KlEstimator;
+using learner::LossAggMode;
+using learner::LrSchedule;
+using learner::StdMode;
 
 constexpr double kIntMax = 2147483647.0;
 
@@ -44,6 +53,24 @@ struct Builder {
   void choice(std::string path, F f, std::vector<std::string> choices, std::string desc) {
     keys.push_back({std::move(path), KeyType::string, std::nullopt, std::nullopt, std::move(choices),
                     std::move(desc), [f](Root& r) -> FieldRef { return f(r); }});
+  }
+  // An enum field: its YAML names in `names`, which are also the key's choices.
+  template <class F, class E = std::remove_pointer_t<std::invoke_result_t<F, Root&>>>
+  void enumeration(std::string path, F f, std::vector<std::pair<std::string, E>> names, std::string desc) {
+    std::vector<std::string> choices;
+    for (const auto& n : names) choices.push_back(n.first);
+    keys.push_back({std::move(path), KeyType::string, std::nullopt, std::nullopt, std::move(choices), std::move(desc),
+                    [f, names](Root& r) -> FieldRef {
+                      E* p = f(r);
+                      EnumRef ref;
+                      for (const auto& [name, value] : names)
+                        if (value == *p) ref.name = name;
+                      ref.set = [p, names](const std::string& s) {
+                        for (const auto& [name, value] : names)
+                          if (name == s) *p = value;
+                      };
+                      return ref;
+                    }});
   }
   template <class F>
   void int_list(std::string path, F f, double lo, double hi, std::string desc) {
@@ -112,8 +139,8 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("grpo.max_steps", [](C& c) { return &c.grpo.max_steps; }, 0, 10000000, "GRPO steps (one generation batch each).");
   b.integer("grpo.num_iterations", [](C& c) { return &c.grpo.num_iterations; }, 1, 64, "Optimization passes over one generation batch (PPO epochs).");
   b.integer("grpo.micro_batch_tokens", [](C& c) { return &c.grpo.micro_batch_tokens; }, 0, 1e9, "Token budget per micro-batch with gradient accumulation (0 = one micro-batch per learner).");
-  b.choice("grpo.adv_estimator", [](C& c) { return &c.grpo.adv_estimator; }, {"grpo", "rloo", "reinforce_pp"}, "Baseline: group mean (grpo), leave-one-out (rloo), or batch-normalized REINFORCE++.");
-  b.choice("grpo.scale_rewards", [](C& c) { return &c.grpo.scale_rewards; }, {"group", "batch", "none"}, "Divide advantages by the group std, the batch std, or nothing (Dr. GRPO).");
+  b.enumeration("grpo.adv_estimator", [](C& c) { return &c.grpo.adv_estimator; }, {{"grpo", AdvantageEstimator::grpo}, {"rloo", AdvantageEstimator::rloo}, {"reinforce_pp", AdvantageEstimator::reinforce_pp}}, "Baseline: group mean (grpo), leave-one-out (rloo), or batch-normalized REINFORCE++.");
+  b.enumeration("grpo.scale_rewards", [](C& c) { return &c.grpo.scale_rewards; }, {{"group", StdMode::group}, {"batch", StdMode::batch}, {"none", StdMode::none}}, "Divide advantages by the group std, the batch std, or nothing (Dr. GRPO).");
   b.number("grpo.reward_clip", [](C& c) { return &c.grpo.reward_clip; }, 0, 1e6, "Clip rewards to [-c, c] before advantages (0 = off).");
   b.flag("grpo.dynamic_sampling", [](C& c) { return &c.grpo.dynamic_sampling; }, "DAPO dynamic sampling: drop groups whose rewards are all equal and generate more prompt groups until rollout.prompts_per_step groups are kept (at most grpo.max_generation_rounds rounds; metrics groups_kept, generation_rounds).");
   b.integer("grpo.max_generation_rounds", [](C& c) { return &c.grpo.max_generation_rounds; }, 1, 1000, "Dynamic sampling: generation rounds of rollout.prompts_per_step prompts per step at most (veRL max_num_gen_batches); when reached, train on the groups kept so far.");
@@ -124,12 +151,12 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.number("loss.clip_high", [](C& c) { return &c.loss.clip_high; }, 0, 10, "epsilon_high of the clipped ratio (1 + eps_high; DAPO raises it).");
   b.number("loss.dual_clip", [](C& c) { return &c.loss.dual_clip; }, 0, 100, "Dual-clip constant c > 1 for negative advantages (0 = off).");
   b.number("loss.kl_coef", [](C& c) { return &c.loss.kl_coef; }, 0, 100, "beta of the KL penalty to the initial policy (0 = no reference model kept).");
-  b.choice("loss.kl_type", [](C& c) { return &c.loss.kl_type; }, {"k1", "k2", "k3"}, "KL estimator.");
+  b.enumeration("loss.kl_type", [](C& c) { return &c.loss.kl_type; }, {{"k1", KlEstimator::k1}, {"k2", KlEstimator::k2}, {"k3", KlEstimator::k3}}, "KL estimator.");
   b.number("loss.kl_input_clamp", [](C& c) { return &c.loss.kl_input_clamp; }, 0, 1e6, "Clamp of (ref - logp) before the estimator (NeMo RL).");
   b.number("loss.kl_output_clamp", [](C& c) { return &c.loss.kl_output_clamp; }, 0, 1e6, "Clamp of the per-token KL value.");
   b.number("loss.entropy_coef", [](C& c) { return &c.loss.entropy_coef; }, 0, 10, "Entropy bonus weight (0 = off).");
-  b.choice("loss.agg_mode", [](C& c) { return &c.loss.agg_mode; }, {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"}, "Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO).");
-  b.integer("loss.agg_norm_length", [](C& c) { return &c.loss.agg_norm_length; }, 0, 1048576, "Constant of seq-mean-token-sum-norm (0 = rollout.max_response_length).");
+  b.enumeration("loss.agg_mode", [](C& c) { return &c.loss.agg_mode; }, {{"token-mean", LossAggMode::token_mean}, {"seq-mean-token-mean", LossAggMode::seq_mean_token_mean}, {"seq-mean-token-sum-norm", LossAggMode::seq_mean_token_sum_norm}}, "Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO).");
+  b.integer("loss.agg_norm_length", [](C& c) { return &c.loss.agg_norm_length; }, 0, 1048576, "Constant of seq-mean-token-sum-norm (0 = rollout.max_response_length * rollout.max_turns).");
   b.flag("loss.sequence_level_ratio", [](C& c) { return &c.loss.sequence_level_ratio; }, "Sequence-level importance ratio (GSPO).");
 
   // optimizer
@@ -141,7 +168,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.number("optimizer.eps", [](C& c) { return &c.optimizer.eps; }, 1e-20, 1, "AdamW epsilon.");
   b.number("optimizer.max_grad_norm", [](C& c) { return &c.optimizer.max_grad_norm; }, 0, 1e6, "Clip gradients to this global norm (0 = off).");
   b.integer("optimizer.warmup_steps", [](C& c) { return &c.optimizer.warmup_steps; }, 0, 10000000, "Linear warm-up steps (per phase).");
-  b.choice("optimizer.schedule", [](C& c) { return &c.optimizer.schedule; }, {"constant", "cosine"}, "Learning-rate schedule after warm-up.");
+  b.enumeration("optimizer.schedule", [](C& c) { return &c.optimizer.schedule; }, {{"constant", LrSchedule::constant}, {"cosine", LrSchedule::cosine}}, "Learning-rate schedule after warm-up.");
   b.number("optimizer.min_lr_ratio", [](C& c) { return &c.optimizer.min_lr_ratio; }, 0, 1, "Cosine floor as a fraction of the peak.");
 
   // envs: a list; its entries' keys are in env_entry_schema()
@@ -300,6 +327,7 @@ std::string render_value(const FieldRef& f) {
       return s + "]";
     }
     std::string operator()(nlohmann::json* p) const { return p ? p->dump() : "[]"; }
+    std::string operator()(const EnumRef& e) const { return quote(e.name); }
   };
   return std::visit(V{}, f);
 }
@@ -308,7 +336,7 @@ std::string render_config_readme() {
   std::ostringstream o;
   o << "# Experiment YAML reference\n\n"
        "<!-- Generated from launch/config_schema.cpp; do not edit by hand. Regenerate with\n"
-       "     TROUPE_UPDATE_README=1 ctest -R launch.config_readme (the test fails when they disagree). -->\n\n"
+       "     TROUPE_UPDATE_README=1 ctest -R launch.docs_yaml_keys (the test fails when they disagree). -->\n\n"
        "Every key troupe reads, with its type, default and allowed range. Unknown keys, duplicate keys,\n"
        "tab indentation, wrong types and out-of-range values are errors (`FILE:LINE:COL: error: key: ...`,\n"
        "exit code 2) and nothing starts until the file is valid. Override any key from the command line:\n"

@@ -71,7 +71,7 @@ Status compute_advantages(std::span<float> adv, std::span<const float> rewards_i
     if (cfg.reward_clip > 0) x = std::clamp(x, -cfg.reward_clip, cfg.reward_clip);
   }
   const int num_groups = static_cast<int>(n / group_size);
-  const double eps = cfg.epsilon_std;
+  const double eps = cfg.std_eps;
   MeanStd batch = mean_std(r.data(), static_cast<int>(n));
 
   for (int g = 0; g < num_groups; ++g) {
@@ -85,7 +85,7 @@ Status compute_advantages(std::span<float> adv, std::span<const float> rewards_i
         continue;
       }
       double a = 0;
-      switch (cfg.estimator) {
+      switch (cfg.adv_estimator) {
         case AdvantageEstimator::grpo:
         case AdvantageEstimator::reinforce_pp:
           a = rg[i] - gs.mean;
@@ -94,7 +94,7 @@ Status compute_advantages(std::span<float> adv, std::span<const float> rewards_i
           a = (rg[i] - gs.mean) * gs.n / (gs.n - 1.0);
           break;
       }
-      if (cfg.estimator == AdvantageEstimator::grpo) {
+      if (cfg.adv_estimator == AdvantageEstimator::grpo) {
         if (cfg.scale_rewards == StdMode::group) a /= (gs.std + eps);
         else if (cfg.scale_rewards == StdMode::batch) a /= (batch.std + eps);
       }
@@ -102,7 +102,7 @@ Status compute_advantages(std::span<float> adv, std::span<const float> rewards_i
     }
   }
 
-  if (cfg.estimator == AdvantageEstimator::reinforce_pp) {
+  if (cfg.adv_estimator == AdvantageEstimator::reinforce_pp) {
     // REINFORCE++ (baseline variant, as in OpenRLHF/veRL): whiten the centred rewards over the
     // whole batch: A <- (A - mean_B A) / (std_B A + eps), over every scored completion (also those
     // of all-equal groups, as veRL does); a batch with no spread is left at 0.

@@ -23,7 +23,7 @@ TEST(Advantages, GroupStdUnbiasedPlusEps) {
   EXPECT_NEAR(a[0], 0.75 / (0.5 + 1e-4), 1e-6);
   EXPECT_NEAR(a[1], -0.25 / (0.5 + 1e-4), 1e-6);
   AdvantageConfig c;
-  c.epsilon_std = 1e-6f;
+  c.std_eps = 1e-6f;
   EXPECT_NEAR(adv_of({1, 0, 0, 0}, 4, c)[0], 0.75 / (0.5 + 1e-6), 1e-6);
 }
 
@@ -50,12 +50,12 @@ TEST(Advantages, AllEqualAndSingletonGroupsAreZeroAndFinite) {
   for (auto mode : {StdMode::group, StdMode::batch, StdMode::none}) {
     AdvantageConfig c;
     c.scale_rewards = mode;
-    c.epsilon_std = 0;  // even without eps: no division by a zero std
+    c.std_eps = 0;  // even without eps: no division by a zero std
     for (float x : adv_of({3, 3, 3, -1, -1, -1}, 3, c)) EXPECT_EQ(x, 0.0f);
     for (float x : adv_of({0.5f, 2.0f, -7.0f}, 1, c)) EXPECT_EQ(x, 0.0f);
   }
   AdvantageConfig rloo;
-  rloo.estimator = AdvantageEstimator::rloo;
+  rloo.adv_estimator = AdvantageEstimator::rloo;
   for (float x : adv_of({1, 2, 3}, 1, rloo)) EXPECT_EQ(x, 0.0f);
 }
 
@@ -72,7 +72,7 @@ TEST(Advantages, NanRewardIsMissing) {
 
 TEST(Advantages, Rloo) {
   AdvantageConfig c;
-  c.estimator = AdvantageEstimator::rloo;
+  c.adv_estimator = AdvantageEstimator::rloo;
   auto a = adv_of({1, 0, 0, 0}, 4, c);
   EXPECT_NEAR(a[0], 1.0, 1e-6);
   EXPECT_NEAR(a[1], -1.0 / 3.0, 1e-6);
@@ -80,8 +80,8 @@ TEST(Advantages, Rloo) {
 
 TEST(Advantages, ReinforcePlusPlusWhitensTheBatch) {
   AdvantageConfig c;
-  c.estimator = AdvantageEstimator::reinforce_pp;
-  c.epsilon_std = 0;
+  c.adv_estimator = AdvantageEstimator::reinforce_pp;
+  c.std_eps = 0;
   auto a = adv_of({1, 0, 0, 0, 2, 0.5f, 1, 1}, 4, c);
   double mean = 0, ss = 0;
   for (float x : a) mean += x;

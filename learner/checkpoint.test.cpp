@@ -40,9 +40,9 @@ std::vector<Sample> batch_for_step(int step, int V) {
 
 LearnerConfig config() {
   LearnerConfig c;
-  c.optimizer.learning_rate = 1e-2f;
+  c.optimizer.lr = 1e-2f;
   c.optimizer.weight_decay = 0.01f;
-  c.optimizer.lr_scheduler_type = LrSchedule::cosine;
+  c.optimizer.schedule = LrSchedule::cosine;
   c.optimizer.warmup_steps = 2;
   c.optimizer.total_steps = 40;
   c.batch.num_mini_batches = 2;

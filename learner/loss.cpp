@@ -45,7 +45,7 @@ LossSummary finalize(const LossMetrics& m) {
   return s;
 }
 
-Result<double> aggregation_weight(LossAggMode mode, double seq_tokens, const LossNorm& norm, float loss_scale_factor) {
+Result<double> aggregation_weight(LossAggMode mode, double seq_tokens, const LossNorm& norm, int agg_norm_length) {
   switch (mode) {
     case LossAggMode::token_mean:
       if (!(norm.num_tokens > 0)) return invalid_input("grpo loss: token-mean needs a positive global token count");
@@ -58,11 +58,11 @@ Result<double> aggregation_weight(LossAggMode mode, double seq_tokens, const Los
       return 1.0 / norm.num_seqs;
     case LossAggMode::seq_mean_token_sum_norm:
       if (!(norm.num_seqs > 0)) return invalid_input("grpo loss: seq-mean-token-sum-norm needs a positive sequence count");
-      if (!(loss_scale_factor > 0))
-        return invalid_input("grpo loss: seq-mean-token-sum-norm needs loss_scale_factor > 0 (e.g. max_completion_length)");
-      return 1.0 / (norm.num_seqs * loss_scale_factor);
+      if (!(agg_norm_length > 0))
+        return invalid_input("grpo loss: seq-mean-token-sum-norm needs agg_norm_length > 0 (e.g. max_completion_length)");
+      return 1.0 / (norm.num_seqs * agg_norm_length);
   }
-  return invalid_input("grpo loss: unknown loss_agg_mode");
+  return invalid_input("grpo loss: unknown agg_mode");
 }
 
 namespace {
@@ -76,11 +76,11 @@ Status check_batch(const TokenBatch& b, const GrpoLossConfig& cfg, const float* 
     return invalid_input("grpo loss: cu_seqlens must start at 0 and end at T=" + std::to_string(b.T));
   for (int s = 0; s < b.S; ++s)
     if (b.cu_seqlens[s + 1] < b.cu_seqlens[s]) return invalid_input("grpo loss: cu_seqlens is not sorted at " + std::to_string(s));
-  if (cfg.beta != 0 && !b.logp_ref)
-    return invalid_input("grpo loss: beta = " + std::to_string(cfg.beta) + " needs reference log-probs (logp_ref)");
+  if (cfg.kl_coef != 0 && !b.logp_ref)
+    return invalid_input("grpo loss: kl_coef = " + std::to_string(cfg.kl_coef) + " needs reference log-probs (logp_ref)");
   if (cfg.entropy_coef != 0 && (!entropy || !dentropy))
     return invalid_input("grpo loss: entropy_coef != 0 needs the per-token entropy");
-  if (cfg.epsilon < 0 || cfg.eps_high() < 0) return invalid_input("grpo loss: epsilon must be >= 0");
+  if (cfg.clip_low < 0 || cfg.clip_high < 0) return invalid_input("grpo loss: clip_low and clip_high must be >= 0");
   return Status::ok_status();
 }
 
@@ -94,25 +94,23 @@ Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* 
   TROUPE_TRY(check_batch(b, cfg, logp, entropy, dlogp, dentropy));
   // The per-sequence weight is 1 / d (token-mean, seq-mean-token-sum[-norm]) or
   // 1 / (max(seq tokens, 1) d) (seq-mean-token-mean); aggregation_weight says which d is invalid.
-  if (b.S > 0) TROUPE_TRY(aggregation_weight(cfg.loss_agg_mode, 1.0, norm, cfg.loss_scale_factor));
+  if (b.S > 0) TROUPE_TRY(aggregation_weight(cfg.agg_mode, 1.0, norm, cfg.agg_norm_length));
   kernels::GrpoLossParams p;
-  p.epsilon_low = cfg.epsilon;
-  p.epsilon_high = cfg.eps_high();
-  p.delta = cfg.delta;
-  p.clip_ratio_c = cfg.clip_ratio_c;
+  p.clip_low = cfg.clip_low;
+  p.clip_high = cfg.clip_high;
+  p.two_sided_clip = cfg.two_sided_clip;
+  p.dual_clip = cfg.dual_clip;
   p.log_ratio_clamp = cfg.log_ratio_clamp;
-  p.sequence_level = cfg.importance_sampling_level == ImportanceSamplingLevel::sequence;
-  p.beta = cfg.beta;
-  p.kl_estimator = cfg.kl_estimator == KlEstimator::k1   ? kernels::KlEstimator::k1
-                   : cfg.kl_estimator == KlEstimator::k2 ? kernels::KlEstimator::k2
-                                                         : kernels::KlEstimator::k3;
+  p.sequence_level_ratio = cfg.sequence_level_ratio;
+  p.kl_coef = cfg.kl_coef;
+  p.kl_type = cfg.kl_type;
   p.kl_input_clamp = cfg.kl_input_clamp;
   p.kl_output_clamp = cfg.kl_output_clamp;
   p.entropy_coef = cfg.entropy_coef;
-  p.agg_per_seq_tokens = cfg.loss_agg_mode == LossAggMode::seq_mean_token_mean;
-  p.agg_denominator = cfg.loss_agg_mode == LossAggMode::token_mean ? norm.num_tokens
-                      : cfg.loss_agg_mode == LossAggMode::seq_mean_token_sum_norm
-                          ? norm.num_seqs * static_cast<double>(cfg.loss_scale_factor)
+  p.agg_per_seq_tokens = cfg.agg_mode == LossAggMode::seq_mean_token_mean;
+  p.agg_denominator = cfg.agg_mode == LossAggMode::token_mean ? norm.num_tokens
+                      : cfg.agg_mode == LossAggMode::seq_mean_token_sum_norm
+                          ? norm.num_seqs * static_cast<double>(cfg.agg_norm_length)
                           : norm.num_seqs;
   const kernels::GrpoLossBatch kb{b.T,  b.S,        b.cu_seqlens, b.mask,      b.advantages,
                                   logp, b.logp_old, b.logp_ref,   b.is_weight, entropy};
@@ -179,14 +177,14 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   TROUPE_TRY(check_batch(b, cfg, logp, entropy, dlogp, dentropy));
   const int T = b.T, S = b.S;
   const int32_t* cu = b.cu_seqlens;
-  const bool seq_level = cfg.importance_sampling_level == ImportanceSamplingLevel::sequence;
+  const bool seq_level = cfg.sequence_level_ratio;
   Vec mask(b.mask, b.mask + T);
   Vec adv = op_broadcast_seq(b.advantages, cu, S, T);
   // weights w_t = m_t * agg(seq)
   Vec seq_tokens = op_seq_sum(mask, cu, S);
   Vec seq_w(S);
   for (int s = 0; s < S; ++s) {
-    TROUPE_ASSIGN_OR_RETURN(seq_w[s], aggregation_weight(cfg.loss_agg_mode, seq_tokens[s], norm, cfg.loss_scale_factor));
+    TROUPE_ASSIGN_OR_RETURN(seq_w[s], aggregation_weight(cfg.agg_mode, seq_tokens[s], norm, cfg.agg_norm_length));
   }
   Vec w = op_mul(mask, op_broadcast_vec(seq_w, cu, S, T));
 
@@ -203,8 +201,8 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   lr_in = log_ratio;
   if (cfg.log_ratio_clamp > 0) log_ratio = op_clamp(log_ratio, -cfg.log_ratio_clamp, cfg.log_ratio_clamp);
   Vec ratio = op_exp(log_ratio);
-  Vec ratio1 = cfg.delta > 0 ? op_clamp(ratio, -INFINITY, cfg.delta) : ratio;
-  Vec ratio2 = op_clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.eps_high());
+  Vec ratio1 = cfg.two_sided_clip > 0 ? op_clamp(ratio, -INFINITY, cfg.two_sided_clip) : ratio;
+  Vec ratio2 = op_clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high);
   Vec surr1 = op_mul(ratio1, adv), surr2 = op_mul(ratio2, adv);
   Vec pg(T), pick1(T), pick2(T);  // d pg / d surr1, d surr2 (-1, -1/2 on ties)
   for (int t = 0; t < T; ++t) {
@@ -214,10 +212,10 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
     pick2[t] = c > a ? -1.0 : (a == c ? -0.5 : 0.0);
   }
   Vec dual_scale(T, 1.0), dual_active(T, 0.0);
-  if (cfg.clip_ratio_c > 1) {
+  if (cfg.dual_clip > 1) {
     for (int t = 0; t < T; ++t) {
       if (adv[t] >= 0) continue;
-      const double c3 = -adv[t] * cfg.clip_ratio_c;
+      const double c3 = -adv[t] * cfg.dual_clip;
       if (c3 < pg[t]) {
         pg[t] = c3;
         dual_scale[t] = 0.0;
@@ -239,7 +237,7 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
     Vec xc = cfg.kl_input_clamp > 0 ? op_clamp(x, -cfg.kl_input_clamp, cfg.kl_input_clamp) : x;
     Vec dk_dx(T);
     for (int t = 0; t < T; ++t) {
-      switch (cfg.kl_estimator) {
+      switch (cfg.kl_type) {
         case KlEstimator::k1: kl[t] = -xc[t]; dk_dx[t] = -1.0; break;
         case KlEstimator::k2: kl[t] = 0.5 * xc[t] * xc[t]; dk_dx[t] = xc[t]; break;
         case KlEstimator::k3: kl[t] = std::exp(xc[t]) - 1.0 - xc[t]; dk_dx[t] = std::exp(xc[t]) - 1.0; break;
@@ -252,8 +250,8 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
     }
     if (cfg.kl_input_clamp > 0) dk_dx = op_clamp_grad(dk_dx, x, -cfg.kl_input_clamp, cfg.kl_input_clamp);
     for (int t = 0; t < T; ++t) dkl[t] = -dk_dx[t];
-    if (cfg.beta != 0)
-      for (int t = 0; t < T; ++t) per_tok[t] += cfg.beta * kl[t];
+    if (cfg.kl_coef != 0)
+      for (int t = 0; t < T; ++t) per_tok[t] += cfg.kl_coef * kl[t];
   }
   if (entropy)
     for (int t = 0; t < T; ++t) per_tok[t] -= cfg.entropy_coef * entropy[t];
@@ -262,14 +260,14 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   for (int t = 0; t < T; ++t) {
     m.loss += w[t] * per_tok[t];
     m.pg_loss += w[t] * pg[t];
-    if (cfg.beta != 0) m.kl_loss += w[t] * cfg.beta * kl[t];
+    if (cfg.kl_coef != 0) m.kl_loss += w[t] * cfg.kl_coef * kl[t];
     m.tokens += mask[t];
     m.kl_sum += mask[t] * kl[t];
     if (entropy) m.entropy_sum += mask[t] * entropy[t];
     m.ratio_sum += mask[t] * ratio[t];
     m.is_weight_sum += mask[t] * iw[t];
-    m.clip_low_sum += mask[t] * (ratio[t] < 1.0 - cfg.epsilon && adv[t] < 0);
-    m.clip_high_sum += mask[t] * (ratio[t] > 1.0 + cfg.eps_high() && adv[t] > 0);
+    m.clip_low_sum += mask[t] * (ratio[t] < 1.0 - cfg.clip_low && adv[t] < 0);
+    m.clip_high_sum += mask[t] * (ratio[t] > 1.0 + cfg.clip_high && adv[t] > 0);
     m.dual_clip_sum += mask[t] * dual_active[t];
   }
 
@@ -278,8 +276,8 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   for (int t = 0; t < T; ++t) d_pg[t] = w[t] * dual_scale[t] * iw[t];
   Vec d_ratio1 = op_mul(op_mul(d_pg, pick1), adv);
   Vec d_ratio2 = op_mul(op_mul(d_pg, pick2), adv);
-  if (cfg.delta > 0) d_ratio1 = op_clamp_grad(d_ratio1, ratio, -INFINITY, cfg.delta);
-  d_ratio2 = op_clamp_grad(d_ratio2, ratio, 1.0 - cfg.epsilon, 1.0 + cfg.eps_high());
+  if (cfg.two_sided_clip > 0) d_ratio1 = op_clamp_grad(d_ratio1, ratio, -INFINITY, cfg.two_sided_clip);
+  d_ratio2 = op_clamp_grad(d_ratio2, ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high);
   Vec d_ratio(T);
   for (int t = 0; t < T; ++t) d_ratio[t] = d_ratio1[t] + d_ratio2[t];
   Vec d_log_ratio = op_mul(d_ratio, ratio);
@@ -294,7 +292,7 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   }
   for (int t = 0; t < T; ++t) {
     double g = d_logp[t];
-    if (cfg.beta != 0) g += w[t] * cfg.beta * dkl[t];
+    if (cfg.kl_coef != 0) g += w[t] * cfg.kl_coef * dkl[t];
     dlogp[t] = mask[t] != 0 ? static_cast<float>(g) : 0.0f;
     if (dentropy) dentropy[t] = mask[t] != 0 ? static_cast<float>(-w[t] * cfg.entropy_coef) : 0.0f;
   }

@@ -63,17 +63,18 @@ std::vector<GrpoLossConfig> variants() {
                    LossAggMode::seq_mean_token_sum_norm})
     for (auto kl : {KlEstimator::k1, KlEstimator::k2, KlEstimator::k3})
       for (int clip = 0; clip < 4; ++clip)
-        for (auto level : {ImportanceSamplingLevel::token, ImportanceSamplingLevel::sequence}) {
+        for (bool sequence_level : {false, true}) {
           GrpoLossConfig c;
-          c.loss_agg_mode = agg;
-          c.kl_estimator = kl;
-          c.importance_sampling_level = level;
-          c.loss_scale_factor = 16;
-          c.beta = 0.04f;
+          c.agg_mode = agg;
+          c.kl_type = kl;
+          c.sequence_level_ratio = sequence_level;
+          c.agg_norm_length = 16;
+          c.kl_input_clamp = c.kl_output_clamp = 0;  // KL clamps only where a variant sets them
+          c.kl_coef = 0.04f;
           c.entropy_coef = 0.01f;
-          if (clip == 1) c.epsilon_high = 0.28f;
-          if (clip == 2) { c.clip_ratio_c = 3.0f; c.log_ratio_clamp = 0.5f; }
-          if (clip == 3) { c.delta = 1.5f; c.kl_input_clamp = 0.6f; c.kl_output_clamp = 0.15f; }
+          if (clip == 1) c.clip_high = 0.28f;
+          if (clip == 2) { c.dual_clip = 3.0f; c.log_ratio_clamp = 0.5f; }
+          if (clip == 3) { c.two_sided_clip = 1.5f; c.kl_input_clamp = 0.6f; c.kl_output_clamp = 0.15f; }
           out.push_back(c);
         }
   return out;
@@ -108,7 +109,7 @@ TEST(GrpoLoss, FusedMatchesComposedForEveryVariant) {
         EXPECT_NEAR(a->dual_clip_sum, b->dual_clip_sum, 0);
         EXPECT_NEAR(a->is_weight_sum, b->is_weight_sum, 1e-9);
         for (int t = 0; t < in.T; ++t) {
-          ASSERT_NEAR(g1[t], g2[t], 1e-7 + 1e-6 * std::abs(g2[t])) << "t=" << t << " agg " << to_string(c.loss_agg_mode);
+          ASSERT_NEAR(g1[t], g2[t], 1e-7 + 1e-6 * std::abs(g2[t])) << "t=" << t << " agg " << static_cast<int>(c.agg_mode);
           ASSERT_EQ(e1[t], e2[t]);
         }
         ++checked;
@@ -151,28 +152,28 @@ TEST(GrpoLoss, GradientMatchesFiniteDifferences) {
       // skip tokens whose ratio / KL sits within the step of a kink
       const int s = static_cast<int>(std::upper_bound(in.cu.begin(), in.cu.end(), t) - in.cu.begin()) - 1;
       double lr = in.logp[t] - in.old[t];
-      if (c.importance_sampling_level == ImportanceSamplingLevel::sequence) {
+      if (c.sequence_level_ratio) {
         double sum = 0, n = 0;
         for (int u = in.cu[s]; u < in.cu[s + 1]; ++u) { sum += in.mask[u] * (in.logp[u] - in.old[u]); n += in.mask[u]; }
         lr = sum / n;
       }
       const double rho = std::exp(lr), x = in.ref[t] - in.logp[t];
       auto near = [&](double v, double k) { return std::abs(v - k) < 0.02; };
-      bool kink = near(rho, 1 - c.epsilon) || near(rho, 1 + c.eps_high()) || (c.delta > 0 && near(rho, c.delta)) ||
+      bool kink = near(rho, 1 - c.clip_low) || near(rho, 1 + c.clip_high) || (c.two_sided_clip > 0 && near(rho, c.two_sided_clip)) ||
                   (c.log_ratio_clamp > 0 && near(std::abs(lr), c.log_ratio_clamp)) ||
                   (c.kl_input_clamp > 0 && near(std::abs(x), c.kl_input_clamp));
       if (c.kl_output_clamp > 0) {
-        double k = c.kl_estimator == KlEstimator::k1 ? -x : c.kl_estimator == KlEstimator::k2 ? 0.5 * x * x : std::exp(x) - 1 - x;
+        double k = c.kl_type == KlEstimator::k1 ? -x : c.kl_type == KlEstimator::k2 ? 0.5 * x * x : std::exp(x) - 1 - x;
         kink = kink || near(std::abs(k), c.kl_output_clamp);
       }
-      if (c.clip_ratio_c > 0 && in.adv[s] < 0) kink = kink || near(rho, c.clip_ratio_c) || rho > 1.5;
+      if (c.dual_clip > 0 && in.adv[s] < 0) kink = kink || near(rho, c.dual_clip) || rho > 1.5;
       if (kink) {
         ++skipped;
         continue;
       }
       ++checked;
-      EXPECT_NEAR(g[t], fd, 2e-4 + 1e-3 * std::abs(fd)) << "token " << t << " agg " << to_string(c.loss_agg_mode)
-                                                        << " kl " << to_string(c.kl_estimator);
+      EXPECT_NEAR(g[t], fd, 2e-4 + 1e-3 * std::abs(fd)) << "token " << t << " agg " << static_cast<int>(c.agg_mode)
+                                                        << " kl " << static_cast<int>(c.kl_type);
       const double fde = (loss_at(0, hf) - loss_at(0, -hf)) / (2 * h);
       EXPECT_NEAR(ge[t], fde, 2e-4 + 1e-3 * std::abs(fde));
     }
@@ -182,7 +183,7 @@ TEST(GrpoLoss, GradientMatchesFiniteDifferences) {
 }
 
 TEST(GrpoLoss, OnPolicyGradientIsMinusAdvantageOverTokens) {
-  // ratio 1, beta 0: loss = -mean A, dlogp = -A_s / num_tokens (reference doc checklist item 2)
+  // ratio 1, kl_coef 0: loss = -mean A, dlogp = -A_s / num_tokens (reference doc checklist item 2)
   Inputs in = random_inputs(3, 3);
   GrpoLossConfig c;
   std::vector<float> g(in.T);
@@ -201,7 +202,7 @@ TEST(GrpoLoss, OnPolicyGradientIsMinusAdvantageOverTokens) {
 }
 
 // is_weight scales each token's policy-gradient term (loss and gradient), not the KL or entropy:
-// on-policy, beta 0, no entropy, dlogp_t = -w_t A_s / num_tokens.
+// on-policy, kl_coef 0, no entropy, dlogp_t = -w_t A_s / num_tokens.
 TEST(GrpoLoss, ImportanceWeightScalesThePolicyGradientTerm) {
   Inputs in = random_inputs(5, 4);
   GrpoLossConfig c;
@@ -217,7 +218,7 @@ TEST(GrpoLoss, ImportanceWeightScalesThePolicyGradientTerm) {
     }
   EXPECT_NEAR(m->is_weight_sum, wsum, 1e-6);
   // the KL term is not weighted
-  c.beta = 0.1f;
+  c.kl_coef = 0.1f;
   std::vector<float> g1(in.T), g2(in.T);
   Inputs zero_adv = in;
   for (auto& a : zero_adv.adv) a = 0;
@@ -248,16 +249,16 @@ TEST(GrpoLoss, ErrorsNameTheProblem) {
   Inputs in = random_inputs(1, 2);
   std::vector<float> g(in.T);
   GrpoLossConfig c;
-  c.beta = 0.1f;
+  c.kl_coef = 0.1f;
   auto r = grpo_loss_fused(g.data(), nullptr, in.logp.data(), nullptr, in.view(true, false), c, norm_of(in));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("reference"), std::string::npos);
-  c.beta = 0;
-  c.loss_agg_mode = LossAggMode::seq_mean_token_sum_norm;
-  c.loss_scale_factor = 0;
+  c.kl_coef = 0;
+  c.agg_mode = LossAggMode::seq_mean_token_sum_norm;
+  c.agg_norm_length = 0;
   r = grpo_loss_fused(g.data(), nullptr, in.logp.data(), nullptr, in.view(), c, norm_of(in));
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("loss_scale_factor"), std::string::npos);
+  EXPECT_NE(r.error().message.find("agg_norm_length"), std::string::npos);
   c = GrpoLossConfig{};
   r = grpo_loss_fused(g.data(), nullptr, in.logp.data(), nullptr, in.view(), c, LossNorm{0, 0});
   ASSERT_FALSE(r.ok());

@@ -10,10 +10,10 @@
 namespace troupe::learner {
 
 double learning_rate_at(const OptimizerConfig& cfg, int64_t step) {
-  const double base = cfg.learning_rate;
+  const double base = cfg.lr;
   if (cfg.warmup_steps > 0 && step < cfg.warmup_steps)
     return base * static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps);
-  if (cfg.lr_scheduler_type == LrSchedule::constant) return base;
+  if (cfg.schedule == LrSchedule::constant) return base;
   const double span = std::max<int64_t>(1, cfg.total_steps - cfg.warmup_steps);
   const double p = std::clamp(static_cast<double>(step - cfg.warmup_steps) / span, 0.0, 1.0);
   const double cos_f = 0.5 * (1.0 + std::cos(std::numbers::pi * p));
@@ -49,7 +49,7 @@ Status AdamW::step(std::span<float> p, std::span<const float> g, const Optimizer
   const float step_size = static_cast<float>(lr / bc1);
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   const float decay = static_cast<float>(1.0 - lr * cfg.weight_decay);
-  const float eps = cfg.adam_epsilon;
+  const float eps = cfg.eps;
   float* m = m_.data();
   float* v = v_.data();
   const size_t n = p.size();

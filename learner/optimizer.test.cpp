@@ -9,7 +9,7 @@ using namespace troupe::learner;
 
 TEST(AdamW, MatchesReferenceOverSeveralSteps) {
   OptimizerConfig c;
-  c.learning_rate = 0.01f;
+  c.lr = 0.01f;
   c.beta1 = 0.9f;
   c.beta2 = 0.95f;
   c.weight_decay = 0.1f;
@@ -18,7 +18,7 @@ TEST(AdamW, MatchesReferenceOverSeveralSteps) {
   AdamW opt(3);
   for (int t = 1; t <= 5; ++t) {
     for (int i = 0; i < 3; ++i) g[i] = static_cast<float>(std::sin(t + i));
-    ASSERT_TRUE(opt.step(p, g, c, c.learning_rate).ok());
+    ASSERT_TRUE(opt.step(p, g, c, c.lr).ok());
     for (int i = 0; i < 3; ++i) {
       const double gi = g[i];
       rm[i] = 0.9 * rm[i] + 0.1 * gi;
@@ -45,12 +45,12 @@ TEST(ClipGradNorm, ScalesToMaxNorm) {
 
 TEST(Schedule, WarmupThenConstantOrCosine) {
   OptimizerConfig c;
-  c.learning_rate = 1.0f;
+  c.lr = 1.0f;
   c.warmup_steps = 4;
   EXPECT_DOUBLE_EQ(learning_rate_at(c, 0), 0.25);
   EXPECT_DOUBLE_EQ(learning_rate_at(c, 3), 1.0);
   EXPECT_DOUBLE_EQ(learning_rate_at(c, 100), 1.0);
-  c.lr_scheduler_type = LrSchedule::cosine;
+  c.schedule = LrSchedule::cosine;
   c.total_steps = 14;
   c.min_lr_ratio = 0.1f;
   EXPECT_NEAR(learning_rate_at(c, 4), 1.0, 1e-12);

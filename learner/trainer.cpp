@@ -120,7 +120,7 @@ Result<PreparedBatch> prepare_grpo_batch(std::vector<Sample> samples, int group_
   PreparedBatch out;
   out.groups_in = static_cast<int>(samples.size() / group_size);
   std::vector<char> keep(out.groups_in, 1);
-  if (a.filter_groups) dapo_filter_groups(keep, rewards, group_size);
+  if (a.dynamic_sampling) dapo_filter_groups(keep, rewards, group_size);
   // Advantages use the statistics of the kept groups only (batch std included), as after DAPO's refill.
   std::vector<float> kept_rewards;
   for (int g = 0; g < out.groups_in; ++g)
@@ -137,7 +137,7 @@ Result<PreparedBatch> prepare_grpo_batch(std::vector<Sample> samples, int group_
 
 Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& comm)
     : model_(model), cfg_(cfg), comm_(comm), opt_(model.params().size()), rng_(cfg.seed) {
-  if (cfg_.loss.loss_scale_factor <= 0) cfg_.loss.loss_scale_factor = static_cast<float>(cfg_.max_completion_length);
+  if (cfg_.loss.agg_norm_length <= 0) cfg_.loss.agg_norm_length = cfg_.max_completion_length;
 }
 
 Status Trainer::check_sample(const Sample& s, size_t i) const {
@@ -151,14 +151,14 @@ Status Trainer::check_sample(const Sample& s, size_t i) const {
     if (!v->empty() && v->size() != C)
       return invalid_input(sample_name(i) + ": " + field + " has " + std::to_string(v->size()) + " entries for " +
                            std::to_string(C) + " completion tokens");
-  if (cfg_.phase == Phase::grpo && cfg_.loss.beta != 0 && s.ref_logprobs.empty())
-    return invalid_input(sample_name(i) + ": beta = " + std::to_string(cfg_.loss.beta) +
-                         " needs ref_logprobs (or set beta: 0)");
+  if (cfg_.phase == Phase::grpo && cfg_.loss.kl_coef != 0 && s.ref_logprobs.empty())
+    return invalid_input(sample_name(i) + ": kl_coef = " + std::to_string(cfg_.loss.kl_coef) +
+                         " needs ref_logprobs (or set kl_coef: 0)");
   return {};
 }
 
 Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm) {
-  TROUPE_ASSIGN_OR_RETURN(auto packed, pack_samples(samples, cfg_.batch.mask_truncated_completions));
+  TROUPE_ASSIGN_OR_RETURN(auto packed, pack_samples(samples, cfg_.batch.mask_truncated));
   const size_t T = packed.batch.tokens.size();
   logp_.assign(T, 0.0f);
   entropy_.assign(T, 0.0f);
@@ -178,7 +178,7 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
     // pi_old the recorded/recomputed old policy or, on-policy, the current one (detached)
     is_weight_.assign(T, 0.0f);
     const float* base = tb.logp_old ? tb.logp_old : logp_.data();
-    const double cap = cfg_.loss.importance_weight_cap;
+    const double cap = cfg_.importance_weight_cap;
     for (size_t t = 0; t < T; ++t)
       if (packed.mask[t] != 0)
         is_weight_[t] = static_cast<float>(
@@ -206,7 +206,7 @@ Status Trainer::check_batch(const std::vector<Sample>& batch) const {
 }
 
 double Trainer::sample_tokens(const Sample& s) const {
-  if (cfg_.batch.mask_truncated_completions && s.truncated) return 0.0;
+  if (cfg_.batch.mask_truncated && s.truncated) return 0.0;
   if (s.completion_mask.empty()) return static_cast<double>(s.completion.size());
   return std::accumulate(s.completion_mask.begin(), s.completion_mask.end(), 0.0);
 }
@@ -291,7 +291,7 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
         const Sample& s = (*batch)[order[i]];
         lengths.push_back(static_cast<int>(s.prompt.size() + s.completion.size()) - 1);
       }
-      const auto cuts = split_micro_batches(lengths, cfg_.batch.micro_batch_size, cfg_.batch.max_tokens_per_micro_batch);
+      const auto cuts = split_micro_batches(lengths, cfg_.batch.micro_batch_size, cfg_.batch.micro_batch_tokens);
       model_.zero_grads();
       for (size_t c = 0; c + 1 < cuts.size(); ++c) {
         std::vector<const Sample*> mb;
@@ -344,7 +344,7 @@ Status Trainer::accumulate(const std::vector<Sample>& part) {
   for (size_t i = s0; i < s1; ++i)
     lengths.push_back(static_cast<int>(part[i].prompt.size() + part[i].completion.size()) - 1);
   const auto cuts =
-      split_micro_batches(lengths, cfg_.batch.micro_batch_size, cfg_.batch.max_tokens_per_micro_batch);
+      split_micro_batches(lengths, cfg_.batch.micro_batch_size, cfg_.batch.micro_batch_tokens);
   const LossNorm unit{1.0, 1.0};  // the global normaliser is applied in finish_accumulated()
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
     std::vector<const Sample*> mb;
@@ -376,7 +376,7 @@ Result<StepMetrics> Trainer::finish_accumulated() {
   if (a.adv.empty()) return invalid_input("learner: empty batch (every part of the streamed step was empty)");
   // the normaliser the unit-norm parts left out: 1 / tokens (token-mean) or 1 / sequences (seq-mean-*)
   const double scale =
-      cfg_.loss.loss_agg_mode == LossAggMode::token_mean ? 1.0 / std::max(a.tokens, 1.0) : 1.0 / a.seqs;
+      cfg_.loss.agg_mode == LossAggMode::token_mean ? 1.0 / std::max(a.tokens, 1.0) : 1.0 / a.seqs;
   for (float& g : model_.grads()) g = static_cast<float>(g * scale);
   a.sums.loss *= scale;
   a.sums.pg_loss *= scale;

@@ -44,16 +44,16 @@ std::vector<float> train_params(const LearnerConfig& cfg, const std::vector<Samp
 
 LearnerConfig base_config() {
   LearnerConfig c;
-  c.optimizer.learning_rate = 1e-2f;
+  c.optimizer.lr = 1e-2f;
   c.optimizer.max_grad_norm = 0.5f;
   c.optimizer.weight_decay = 0.01f;
-  c.loss.beta = 0.04f;
-  c.loss.epsilon_high = 0.28f;
+  c.loss.kl_coef = 0.04f;
+  c.loss.clip_high = 0.28f;
   c.loss.entropy_coef = 0.01f;
   c.batch.num_mini_batches = 2;
   c.batch.num_iterations = 2;
   c.batch.temperature = 0.7f;
-  c.batch.mask_truncated_completions = true;
+  c.batch.mask_truncated = true;
   c.max_completion_length = 8;
   return c;
 }
@@ -95,7 +95,7 @@ TEST(Trainer, UpdateIsInvariantToMicroBatchSplit) {
   const auto batch = random_batch(1, 12, 12, true, true);
   for (auto agg : {LossAggMode::token_mean, LossAggMode::seq_mean_token_mean, LossAggMode::seq_mean_token_sum_norm}) {
     LearnerConfig c = base_config();
-    c.loss.loss_agg_mode = agg;
+    c.loss.agg_mode = agg;
     const auto ref = train_params(c, batch);
     BigramModel init(12, 7);
     double moved = 0;
@@ -105,13 +105,13 @@ TEST(Trainer, UpdateIsInvariantToMicroBatchSplit) {
       LearnerConfig s = c;
       if (split == 0) s.batch.micro_batch_size = 1;
       if (split == 1) s.batch.micro_batch_size = 4;
-      if (split == 2) s.batch.max_tokens_per_micro_batch = 9;
-      if (split == 3) s.batch.max_tokens_per_micro_batch = 1;  // every sample alone
+      if (split == 2) s.batch.micro_batch_tokens = 9;
+      if (split == 3) s.batch.micro_batch_tokens = 1;  // every sample alone
       const auto got = train_params(s, batch);
       ASSERT_EQ(got.size(), ref.size());
       double worst = 0;
       for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - ref[i]));
-      EXPECT_LT(worst, 2e-6) << to_string(agg) << " split " << split;
+      EXPECT_LT(worst, 2e-6) << static_cast<int>(agg) << " split " << split;
     }
   }
 }
@@ -126,7 +126,7 @@ TEST(Trainer, StreamedPartsEqualTheWholeBatch) {
     LearnerConfig c = base_config();
     c.batch.num_mini_batches = 1;
     c.batch.num_iterations = 1;
-    c.loss.loss_agg_mode = agg;
+    c.loss.agg_mode = agg;
     BigramModel whole_model(12, 7);
     LocalCommunicator comm;
     Trainer whole(whole_model, c, comm);
@@ -148,7 +148,7 @@ TEST(Trainer, StreamedPartsEqualTheWholeBatch) {
       double worst = 0;
       for (size_t i = 0; i < model.params().size(); ++i)
         worst = std::max(worst, std::abs(double(model.params()[i]) - whole_model.params()[i]));
-      EXPECT_LT(worst, 2e-6) << to_string(agg) << " micro_batch_size " << mb;
+      EXPECT_LT(worst, 2e-6) << static_cast<int>(agg) << " micro_batch_size " << mb;
       EXPECT_NEAR(got->loss.loss, ref->loss.loss, 1e-6);
       EXPECT_NEAR(got->grad_norm, ref->grad_norm, 1e-5);
       EXPECT_EQ(got->tokens, ref->tokens);
@@ -161,7 +161,7 @@ TEST(Trainer, StreamedPartsEqualTheWholeBatch) {
 TEST(Trainer, StreamedStepErrors) {
   const auto batch = random_batch(4, 6, 12, true, false);
   LearnerConfig c = base_config();
-  c.loss.beta = 0;
+  c.loss.kl_coef = 0;
   BigramModel model(12, 7);
   LocalCommunicator comm;
   {
@@ -219,7 +219,7 @@ TEST(Trainer, RecomputesOldLogprobsAndReportsMetrics) {
   EXPECT_EQ(r->optimizer_steps, 1);
   c.batch.num_iterations = 3;
   c.batch.num_mini_batches = 2;
-  c.optimizer.learning_rate = 0.5f;
+  c.optimizer.lr = 0.5f;
   Trainer tr2(model, c, comm);
   r = tr2.train_step(batch);
   ASSERT_TRUE(r.ok()) << r.error().message;
@@ -234,9 +234,9 @@ TEST(Trainer, BehaviorLogprobsWeightThePolicyGradient) {
   LearnerConfig c = base_config();
   c.batch.num_iterations = 1;
   c.batch.num_mini_batches = 1;
-  c.loss.beta = 0;
+  c.loss.kl_coef = 0;
   c.loss.entropy_coef = 0;
-  c.loss.importance_weight_cap = 2.0f;
+  c.importance_weight_cap = 2.0f;
   auto batch = random_batch(4, 8, 12, false, false);
   for (auto& s : batch) s.truncated = false;
   auto step = [&](float shift) {  // behavior = current - shift (shift < 0: no behavior log-probs)
@@ -280,7 +280,7 @@ TEST(Trainer, BehaviorLogprobsWeightThePolicyGradient) {
 TEST(Trainer, SftLowersTheNll) {
   LearnerConfig c;
   c.phase = Phase::sft;
-  c.optimizer.learning_rate = 0.05f;
+  c.optimizer.lr = 0.05f;
   auto batch = random_batch(3, 6, 12, false, false);
   BigramModel model(12, 1);
   LocalCommunicator comm;
@@ -320,7 +320,7 @@ TEST(PrepareGrpoBatch, OverlongPenaltyFilterAndAdvantages) {
   LearnerConfig c;
   c.max_completion_length = 6;
   c.advantage.overlong_buffer_len = 2;
-  c.advantage.filter_groups = true;
+  c.advantage.dynamic_sampling = true;
   c.advantage.scale_rewards = StdMode::none;
   std::vector<Sample> s(6);
   const float rewards[] = {1, 1, 0, 1, 1, 1};

@@ -116,10 +116,10 @@ TEST(Backend, GrpoLossFiniteDifferenceGradient) {
   std::vector<float> ent{1, 2, 3, 4, 5, 6, 7};
   for (bool seq : {false, true}) {
     k::GrpoLossParams p;
-    p.epsilon_low = p.epsilon_high = 0.5f;  // away from the clip boundaries at these ratios
-    p.beta = 0.1f;
+    p.clip_low = p.clip_high = 0.5f;  // away from the clip boundaries at these ratios
+    p.kl_coef = 0.1f;
     p.entropy_coef = 0.01f;
-    p.sequence_level = seq;
+    p.sequence_level_ratio = seq;
     p.agg_denominator = 3.0;
     p.agg_per_seq_tokens = true;
     k::GrpoLossBatch b;

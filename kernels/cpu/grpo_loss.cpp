@@ -19,11 +19,11 @@ struct Surrogate {
 };
 
 inline Surrogate surrogate(double rho, double A, const GrpoLossParams& p) {
-  const double lo = 1.0 - p.epsilon_low, hi = 1.0 + p.epsilon_high;
+  const double lo = 1.0 - p.clip_low, hi = 1.0 + p.clip_high;
   double r1 = rho, d1 = 1.0;
-  if (p.delta > 0) {
-    r1 = std::min<double>(rho, p.delta);
-    d1 = rho <= p.delta ? 1.0 : 0.0;
+  if (p.two_sided_clip > 0) {
+    r1 = std::min<double>(rho, p.two_sided_clip);
+    d1 = rho <= p.two_sided_clip ? 1.0 : 0.0;
   }
   const double r2 = clampd(rho, lo, hi), d2 = pass(rho, lo, hi);
   const double a = -A * r1, b = -A * r2;  // -min(rho A, clip(rho) A) = max(a, b)
@@ -39,8 +39,8 @@ inline Surrogate surrogate(double rho, double A, const GrpoLossParams& p) {
     g = 0.5 * (-A * d1 - A * d2);
   }
   bool dual = false;
-  if (p.clip_ratio_c > 1 && A < 0) {  // dual clip: min(-A c, max(a, b)) for negative advantages
-    const double c3 = -A * p.clip_ratio_c;
+  if (p.dual_clip > 1 && A < 0) {  // dual clip: min(-A c, max(a, b)) for negative advantages
+    const double c3 = -A * p.dual_clip;
     if (c3 < l) {
       l = c3;
       g = 0;
@@ -60,7 +60,7 @@ inline void kl_token(double logp, double ref, const GrpoLossParams& p, double& k
     x = clampd(x, -p.kl_input_clamp, p.kl_input_clamp);
   }
   double dx;
-  switch (p.kl_estimator) {
+  switch (p.kl_type) {
     case KlEstimator::k1:
       kl = -x;
       dx = -1.0;
@@ -99,7 +99,7 @@ inline double log_ratio_of(double logp, double old, float clamp_c, double& dlr) 
 
 GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& b, const GrpoLossParams& p) {
   GrpoLossSums m;
-  const bool seq_level = p.sequence_level;
+  const bool seq_level = p.sequence_level_ratio;
   const float* logp = b.logp;
   const float* entropy = b.entropy;
   for (int s = 0; s < b.S; ++s) {
@@ -162,10 +162,10 @@ GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& b, co
         double kl, dkl;
         kl_token(logp[t], b.logp_ref[t], p, kl, dkl);
         m.kl_sum += mt * kl;
-        if (p.beta != 0) {
-          l += p.beta * kl;
-          m.kl_loss += w * p.beta * kl;
-          g += w * p.beta * dkl;
+        if (p.kl_coef != 0) {
+          l += p.kl_coef * kl;
+          m.kl_loss += w * p.kl_coef * kl;
+          g += w * p.kl_coef * dkl;
         }
       }
       if (entropy) {

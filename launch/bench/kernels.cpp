@@ -175,13 +175,13 @@ struct Stepper {
     logp.resize(T);
     ent.resize(T);
     dlogp.assign(T, -1.0f / static_cast<float>(T));
-    ocfg.learning_rate = 1e-4f;
+    ocfg.lr = 1e-4f;
   }
   Status step() {
     model.zero_grads();
     TROUPE_TRY(model.forward_train(*batch, 1.0f, logp.data(), ent.data()));
     TROUPE_TRY(model.backward_train(dlogp.data(), nullptr));
-    return opt.step(model.params(), model.grads(), ocfg, ocfg.learning_rate);
+    return opt.step(model.params(), model.grads(), ocfg, ocfg.lr);
   }
   Status forward_only() { return model.forward_train(*batch, 1.0f, logp.data(), ent.data()); }
 };

@@ -102,8 +102,8 @@ int bench_grpo_loss_torch(const BenchOptions& opt, const LossInputs& in, const l
     std::ofstream f(dir / "adv.f32", std::ios::binary);
     f.write(reinterpret_cast<const char*>(in.adv.data()), static_cast<std::streamsize>(in.adv.size() * sizeof(float)));
     std::ofstream m(dir / "meta.json");
-    m << nlohmann::json{{"S", in.S}, {"L", L}, {"T", in.T}, {"epsilon", cfg.epsilon}, {"epsilon_high", cfg.eps_high()},
-                        {"beta", cfg.beta}, {"entropy_coef", cfg.entropy_coef}}.dump();
+    m << nlohmann::json{{"S", in.S}, {"L", L}, {"T", in.T}, {"clip_low", cfg.clip_low}, {"clip_high", cfg.clip_high},
+                        {"kl_coef", cfg.kl_coef}, {"entropy_coef", cfg.entropy_coef}}.dump();
   }
   const std::string cmd = "OPENBLAS_NUM_THREADS=1 TROUPE_TORCH_THREADS=1 '" + py + "' '" + script + "' '" + dir.string() + "'";
   bool ok = true;
@@ -130,9 +130,10 @@ int bench_grpo_loss(const BenchOptions& opt) {
   const int S = opt.quick ? 128 : 512, L = 512;
   LossInputs in = make_inputs(S, L);
   GrpoLossConfig cfg;  // a typical DAPO/GRPO setting: clip-higher, k3 KL, entropy bonus, token-mean
-  cfg.epsilon_high = 0.28f;
-  cfg.beta = 0.04f;
+  cfg.clip_high = 0.28f;
+  cfg.kl_coef = 0.04f;
   cfg.entropy_coef = 0.01f;
+  cfg.kl_input_clamp = cfg.kl_output_clamp = 0;  // no KL clamps, as the PyTorch baseline (TRL)
   TokenBatch b{in.T, in.S, in.cu.data(), in.mask.data(), in.old.data(), in.ref.data(), in.adv.data()};
   LossNorm norm;
   for (float m : in.mask) norm.num_tokens += m;

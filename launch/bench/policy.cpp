@@ -187,7 +187,7 @@ int run_policy_suite(const BenchOptions& opt) {
   std::vector<float> logp(T), ent(T), dlogp(T, -1.0f / float(T)), logits(T * size_t(cfg.vocab_size));
   learner::AdamW adamw(model.params().size());
   learner::OptimizerConfig ocfg;
-  ocfg.learning_rate = 1e-4f;
+  ocfg.lr = 1e-4f;
   std::vector<std::vector<int32_t>> prompts(kBatch);
   {
     std::mt19937 rng(4);
@@ -208,7 +208,7 @@ int run_policy_suite(const BenchOptions& opt) {
       model.zero_grads();
       note(model.forward_train(batch, 1.0f, logp.data(), ent.data()));
       note(model.backward_train(dlogp.data(), nullptr));
-      note(adamw.step(model.params(), model.grads(), ocfg, ocfg.learning_rate));
+      note(adamw.step(model.params(), model.grads(), ocfg, ocfg.lr));
     });
   };
   auto our_forward = [&] { return time_s([&] { note(model.forward_logits(batch, logits.data())); }); };

@@ -23,7 +23,7 @@ def main():
 
     mask, logp0, old, ref, ent0 = (load(n) for n in ("mask", "logp", "old", "ref", "entropy"))
     adv = torch.from_numpy(np.fromfile(os.path.join(d, "adv.f32"), dtype=np.float32)).unsqueeze(1)
-    eps_low, eps_high, beta, ent_coef = meta["epsilon"], meta["epsilon_high"], meta["beta"], meta["entropy_coef"]
+    eps_low, eps_high, beta, ent_coef = meta["clip_low"], meta["clip_high"], meta["kl_coef"], meta["entropy_coef"]
     num_tokens = float(mask.sum())
 
     def step():

@@ -34,18 +34,22 @@ std::vector<Sample> make_batch(uint64_t seed, int n, int V) {
 }
 
 LossAggMode g_agg = LossAggMode::token_mean;
+const char* agg_name(LossAggMode m) {
+  static const char* names[] = {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"};
+  return names[static_cast<int>(m)];
+}
 int g_batch = 12, g_mini = 2, g_budget = 0;
 
 LearnerConfig config(int micro) {
   LearnerConfig c;
   c.max_completion_length = 7;
-  c.optimizer.learning_rate = 1e-2f;
+  c.optimizer.lr = 1e-2f;
   c.optimizer.max_grad_norm = 1.0f;
-  c.loss.beta = 0.04f;
+  c.loss.kl_coef = 0.04f;
   c.loss.entropy_coef = 0.01f;
-  c.loss.loss_agg_mode = g_agg;
+  c.loss.agg_mode = g_agg;
   c.batch.num_mini_batches = g_mini;
-  if (micro > 0) c.batch.max_tokens_per_micro_batch = g_budget;
+  if (micro > 0) c.batch.micro_batch_tokens = g_budget;
   c.batch.num_iterations = 2;
   c.batch.micro_batch_size = micro;
   c.batch.shuffle = true;
@@ -81,7 +85,7 @@ int compare(const char* name, MakeModel make, Communicator& world, double tol) {
   for (size_t i = 0; i < p_dp.size() && i < p_one.size(); ++i) worst = std::max(worst, std::abs(double(p_dp[i]) - p_one[i]));
   if (p_dp.size() != p_one.size() || worst > tol || std::abs(l_dp - l_one) > 1e-6 * (1 + std::abs(l_one))) bad = 1;
   if (world.rank() == 0)
-    std::printf("%s [%s, %d samples, %d mini-batches, token budget %d]: %d ranks vs 1 rank: max |dparam| = %.3g (tol %.1g), loss %.9g vs %.9g -> %s\n", name, to_string(g_agg), g_batch, g_mini,
+    std::printf("%s [%s, %d samples, %d mini-batches, token budget %d]: %d ranks vs 1 rank: max |dparam| = %.3g (tol %.1g), loss %.9g vs %.9g -> %s\n", name, agg_name(g_agg), g_batch, g_mini,
                 g_budget, world.size(), worst, tol, l_dp, l_one, bad ? "MISMATCH" : "ok");
   return bad;
 }

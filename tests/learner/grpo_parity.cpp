@@ -56,20 +56,31 @@ Case random_case(std::mt19937_64& rng) {
   return c;
 }
 
+// The names the reference script reads (the YAML's choices, plus seq-mean-token-sum).
+const char* name(KlEstimator k) { return k == KlEstimator::k1 ? "k1" : k == KlEstimator::k2 ? "k2" : "k3"; }
+const char* name(LossAggMode m) {
+  static const char* names[] = {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"};
+  return names[static_cast<int>(m)];
+}
+const char* name(AdvantageEstimator e) {
+  return e == AdvantageEstimator::grpo ? "grpo" : e == AdvantageEstimator::rloo ? "rloo" : "reinforce_pp";
+}
+const char* name(StdMode m) { return m == StdMode::group ? "group" : m == StdMode::batch ? "batch" : "none"; }
+
 json config_json(const GrpoLossConfig& g) {
-  return {{"epsilon", g.epsilon},
-          {"epsilon_high", g.eps_high()},
-          {"delta", g.delta},
-          {"clip_ratio_c", g.clip_ratio_c},
+  return {{"clip_low", g.clip_low},
+          {"clip_high", g.clip_high},
+          {"two_sided_clip", g.two_sided_clip},
+          {"dual_clip", g.dual_clip},
           {"log_ratio_clamp", g.log_ratio_clamp},
-          {"importance_sampling_level", g.importance_sampling_level == ImportanceSamplingLevel::sequence ? "sequence" : "token"},
-          {"beta", g.beta},
-          {"kl_estimator", to_string(g.kl_estimator)},
+          {"sequence_level_ratio", g.sequence_level_ratio},
+          {"kl_coef", g.kl_coef},
+          {"kl_type", name(g.kl_type)},
           {"kl_input_clamp", g.kl_input_clamp},
           {"kl_output_clamp", g.kl_output_clamp},
           {"entropy_coef", g.entropy_coef},
-          {"loss_agg_mode", to_string(g.loss_agg_mode)},
-          {"loss_scale_factor", g.loss_scale_factor}};
+          {"agg_mode", name(g.agg_mode)},
+          {"agg_norm_length", g.agg_norm_length}};
 }
 
 }  // namespace
@@ -82,19 +93,20 @@ int main(int argc, char** argv) {
                    LossAggMode::seq_mean_token_sum_norm})
     for (auto kl : {KlEstimator::k1, KlEstimator::k2, KlEstimator::k3})
       for (int clip = 0; clip < 5; ++clip)
-        for (auto level : {ImportanceSamplingLevel::token, ImportanceSamplingLevel::sequence})
+        for (bool sequence_level : {false, true})
           for (int policy = 0; policy < 2; ++policy) {
             GrpoLossConfig g;
-            g.loss_agg_mode = agg;
-            g.kl_estimator = kl;
-            g.importance_sampling_level = level;
-            g.loss_scale_factor = 12;
-            g.beta = (clip % 2 == 0) ? 0.04f : 0.0f;
+            g.agg_mode = agg;
+            g.kl_type = kl;
+            g.sequence_level_ratio = sequence_level;
+            g.agg_norm_length = 12;
+            g.kl_input_clamp = g.kl_output_clamp = 0;  // KL clamps only where a variant sets them
+            g.kl_coef = (clip % 2 == 0) ? 0.04f : 0.0f;
             g.entropy_coef = clip == 4 ? 0.0f : 0.01f;
-            if (clip == 1) g.epsilon_high = 0.28f;
-            if (clip == 2) { g.clip_ratio_c = 3.0f; g.log_ratio_clamp = 0.6f; }
-            if (clip == 3) { g.delta = 1.4f; g.kl_input_clamp = 0.7f; g.kl_output_clamp = 0.2f; }
-            if (clip == 4) { g.epsilon = 0.1f; g.epsilon_high = 0.15f; g.kl_input_clamp = 20; g.kl_output_clamp = 10; }
+            if (clip == 1) g.clip_high = 0.28f;
+            if (clip == 2) { g.dual_clip = 3.0f; g.log_ratio_clamp = 0.6f; }
+            if (clip == 3) { g.two_sided_clip = 1.4f; g.kl_input_clamp = 0.7f; g.kl_output_clamp = 0.2f; }
+            if (clip == 4) { g.clip_low = 0.1f; g.clip_high = 0.15f; g.kl_input_clamp = 20; g.kl_output_clamp = 10; }
             Case c = random_case(rng);
             const bool off_policy = policy == 1;
             LossNorm norm;
@@ -102,7 +114,7 @@ int main(int argc, char** argv) {
             norm.num_tokens *= 1.75;  // this micro-batch is part of a bigger optimizer step
             norm.num_seqs = c.S + 3;
             TokenBatch b{c.T, c.S, c.cu.data(), c.mask.data(), off_policy ? c.old.data() : nullptr,
-                         (g.beta != 0 || kl == KlEstimator::k2) ? c.ref.data() : nullptr, c.adv.data()};
+                         (g.kl_coef != 0 || kl == KlEstimator::k2) ? c.ref.data() : nullptr, c.adv.data()};
             std::vector<float> dlogp(c.T), dent(c.T);
             auto r = grpo_loss_fused(dlogp.data(), dent.data(), c.logp.data(), g.entropy_coef != 0 ? c.ent.data() : nullptr, b,
                                      g, norm);
@@ -142,9 +154,9 @@ int main(int argc, char** argv) {
     for (auto mode : {StdMode::group, StdMode::batch, StdMode::none})
       for (int G : {1, 2, 5}) {
         AdvantageConfig a;
-        a.estimator = est;
+        a.adv_estimator = est;
         a.scale_rewards = mode;
-        a.epsilon_std = G == 5 ? 1e-6f : 1e-4f;
+        a.std_eps = G == 5 ? 1e-6f : 1e-4f;
         a.reward_scale = G == 2 ? 2.0f : 1.0f;
         a.reward_clip = G == 2 ? 3.0f : 0.0f;
         std::vector<float> r;
@@ -152,8 +164,8 @@ int main(int argc, char** argv) {
           for (int i = 0; i < G; ++i) r.push_back(g == 1 ? 1.0f : small(rng) * 0.5f + (g == 3 && i == 0 ? 0.1f : 0.0f));
         auto adv = compute_advantages(r, G, a);
         if (!adv.ok()) return 1;
-        cases.push_back({{"kind", "advantages"}, {"estimator", to_string(est)}, {"scale_rewards", to_string(mode)},
-                         {"epsilon", a.epsilon_std}, {"reward_scale", a.reward_scale}, {"reward_clip", a.reward_clip},
+        cases.push_back({{"kind", "advantages"}, {"adv_estimator", name(est)}, {"scale_rewards", name(mode)},
+                         {"std_eps", a.std_eps}, {"reward_scale", a.reward_scale}, {"reward_clip", a.reward_clip},
                          {"group_size", G}, {"rewards", vec(r)}, {"ours", vec(*adv)}});
       }
   const std::string path = (std::filesystem::temp_directory_path() / ("troupe_grpo_parity_" + std::to_string(::getpid()) + ".json")).string();

@@ -34,7 +34,7 @@ def kl_estimate(logp, ref, c):
     logr = ref - logp
     if c["kl_input_clamp"] > 0:
         logr = logr.clamp(min=-c["kl_input_clamp"], max=c["kl_input_clamp"])
-    k = c["kl_estimator"]
+    k = c["kl_type"]
     if k == "k1":
         kl = -logr
     elif k == "k2":
@@ -55,28 +55,28 @@ def grpo(case):
     A = torch.tensor(case["advantages"], dtype=D).unsqueeze(1)
 
     log_ratio = logp - old
-    if c["importance_sampling_level"] == "sequence":  # GSPO
+    if c["sequence_level_ratio"]:  # GSPO
         log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
     if c["log_ratio_clamp"] > 0:  # veRL clamps the log-ratio to +-20
         log_ratio = log_ratio.clamp(-c["log_ratio_clamp"], c["log_ratio_clamp"])
     coef_1 = torch.exp(log_ratio)
-    coef_2 = torch.clamp(coef_1, 1 - c["epsilon"], 1 + c["epsilon_high"])
+    coef_2 = torch.clamp(coef_1, 1 - c["clip_low"], 1 + c["clip_high"])
     ratio_for_metrics = coef_1
-    if c["delta"] > 0:
-        coef_1 = torch.clamp(coef_1, max=c["delta"])
+    if c["two_sided_clip"] > 0:
+        coef_1 = torch.clamp(coef_1, max=c["two_sided_clip"])
     per_tok = -torch.min(coef_1 * A, coef_2 * A)
-    if c["clip_ratio_c"] > 1:  # veRL dual clip for A < 0
-        per_tok = torch.where(A < 0, torch.min(-A * c["clip_ratio_c"], per_tok), per_tok)
+    if c["dual_clip"] > 1:  # veRL dual clip for A < 0
+        per_tok = torch.where(A < 0, torch.min(-A * c["dual_clip"], per_tok), per_tok)
     kl = None
     if case["ref"] is not None:
         kl = kl_estimate(logp, padded(case["ref"], cu), c)
-        if c["beta"] != 0:
-            per_tok = per_tok + c["beta"] * kl
+        if c["kl_coef"] != 0:
+            per_tok = per_tok + c["kl_coef"] * kl
     if ent is not None:
         per_tok = per_tok - c["entropy_coef"] * ent
     per_tok = per_tok.expand_as(mask)
 
-    mode, nt, ns = c["loss_agg_mode"], case["num_tokens"], case["num_seqs"]
+    mode, nt, ns = c["agg_mode"], case["num_tokens"], case["num_seqs"]
     if mode == "token-mean":
         loss = (per_tok * mask).sum() / nt
     elif mode == "seq-mean-token-mean":
@@ -84,7 +84,7 @@ def grpo(case):
     elif mode == "seq-mean-token-sum":
         loss = (per_tok * mask).sum(-1).sum() / ns
     elif mode == "seq-mean-token-sum-norm":
-        loss = (per_tok * mask).sum() / (ns * c["loss_scale_factor"])
+        loss = (per_tok * mask).sum() / (ns * c["agg_norm_length"])
     else:
         raise ValueError(mode)
     loss.backward()
@@ -94,8 +94,8 @@ def grpo(case):
     out = {
         "loss": loss.item(),
         "dlogp": unpad(logp.grad, cu),
-        "clip_frac_low": (((r < 1 - c["epsilon"]) & (A < 0)).to(D) * mask).sum().item() / tokens.item(),
-        "clip_frac_high": (((r > 1 + c["epsilon_high"]) & (A > 0)).to(D) * mask).sum().item() / tokens.item(),
+        "clip_frac_low": (((r < 1 - c["clip_low"]) & (A < 0)).to(D) * mask).sum().item() / tokens.item(),
+        "clip_frac_high": (((r > 1 + c["clip_high"]) & (A > 0)).to(D) * mask).sum().item() / tokens.item(),
     }
     if kl is not None:
         out["kl"] = ((kl.detach() * mask).sum() / tokens).item()
@@ -128,7 +128,7 @@ def advantages(case):
     r = r.to(torch.float32).to(D)  # troupe scales in fp32
     if case["reward_clip"] > 0:
         r = r.clamp(-case["reward_clip"], case["reward_clip"])
-    eps = torch.tensor(case["epsilon"], dtype=torch.float32).item()
+    eps = torch.tensor(case["std_eps"], dtype=torch.float32).item()
     rg = r.view(-1, G)
     adv = torch.zeros_like(rg)
     batch_std = nanstd(r)
@@ -138,18 +138,18 @@ def advantages(case):
         if live.numel() < 2 or bool((live == live[0]).all()):
             continue  # G = 1 or all equal: no signal, A = 0
         mean = live.mean()
-        if case["estimator"] == "rloo":
+        if case["adv_estimator"] == "rloo":
             a = (x - mean) * live.numel() / (live.numel() - 1)  # r_i - mean of the others
         else:
             a = x - mean
-            if case["estimator"] == "grpo":
+            if case["adv_estimator"] == "grpo":
                 if case["scale_rewards"] == "group":
                     a = a / (nanstd(x) + eps)
                 elif case["scale_rewards"] == "batch":
                     a = a / (batch_std + eps)
         adv[g] = torch.nan_to_num(a, nan=0.0)
     adv = adv.view(-1)
-    if case["estimator"] == "reinforce_plus_plus":
+    if case["adv_estimator"] == "reinforce_pp":
         s = nanstd(adv)
         if s > 0:
             adv = (adv - adv.mean()) / (s + eps)
@@ -182,11 +182,10 @@ def main():
             if "dentropy" in ref:
                 checks += [("dentropy", ours["dentropy"], ref["dentropy"], 1e-7, 1e-5),
                            ("entropy", ours["entropy"], ref["entropy"], 1e-9, 1e-7)]
-            label = "grpo[%s %s %s eps=%g/%g delta=%g c=%g beta=%g]" % (
-                case["config"]["loss_agg_mode"], case["config"]["kl_estimator"],
-                case["config"]["importance_sampling_level"], case["config"]["epsilon"],
-                case["config"]["epsilon_high"], case["config"]["delta"], case["config"]["clip_ratio_c"],
-                case["config"]["beta"])
+            cfg = case["config"]
+            label = "grpo[%s %s seq=%s clip=%g/%g two_sided=%g dual=%g kl_coef=%g]" % (
+                cfg["agg_mode"], cfg["kl_type"], cfg["sequence_level_ratio"], cfg["clip_low"], cfg["clip_high"],
+                cfg["two_sided_clip"], cfg["dual_clip"], cfg["kl_coef"])
         elif kind == "sft":
             ref = sft(case)
             checks += [("loss", ours["loss"], ref["loss"], 1e-9, 1e-7), ("dlogp", ours["dlogp"], ref["dlogp"], 1e-7, 1e-5)]
@@ -194,7 +193,7 @@ def main():
         else:
             ref = advantages(case)
             checks.append(("advantages", ours, ref, 1e-6, 1e-5))
-            label = "advantages[%s %s G=%d]" % (case["estimator"], case["scale_rewards"], case["group_size"])
+            label = "advantages[%s %s G=%d]" % (case["adv_estimator"], case["scale_rewards"], case["group_size"])
         for name, o, r, atol, rtol in checks:
             ok, err = close(o, r, atol, rtol)
             key = kind + "." + name

@@ -48,13 +48,13 @@ std::vector<Sample> batch_for(int step) {
 
 LearnerConfig config() {
   LearnerConfig c;
-  c.optimizer.learning_rate = 3e-3f;
+  c.optimizer.lr = 3e-3f;
   c.optimizer.warmup_steps = 2;
   c.batch.num_mini_batches = 2;
   c.batch.num_iterations = 2;  // old log-probs recomputed
   c.batch.shuffle = true;
   c.batch.temperature = 0.9f;
-  c.loss.epsilon_high = 0.28f;
+  c.loss.clip_high = 0.28f;
   c.seed = 3;
   return c;
 }

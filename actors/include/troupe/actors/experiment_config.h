@@ -1,6 +1,9 @@
 // One experiment, as the YAML file describes it, after validation: what every role is told.
-// Defaults live here (the field initializers); launch/config_schema.cpp names every field with
-// its YAML path, range and description, so the schema and these structs cannot drift apart.
+// Defaults live here and in the sections it takes from other libraries (the field initializers):
+// policy.model is policy::ModelConfig, loss and optimizer are learner's GrpoLossConfig and
+// OptimizerConfig, and grpo holds learner's AdvantageConfig, so every C++ field has its YAML key's
+// name. launch/config_schema.cpp names every field with its YAML path, range and description, so
+// the schema and these structs cannot drift apart.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -9,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/learner/config.h"
 #include "troupe/policy/model_config.h"
 
 namespace troupe::actors {
@@ -34,44 +38,15 @@ struct SftSection {
   float lr = 0;         // 0 = optimizer.lr
 };
 
-struct GrpoSection {
+// The advantage keys (adv_estimator, scale_rewards, reward_clip, dynamic_sampling) are the
+// learner's AdvantageConfig; the rest steers the phase.
+struct GrpoSection : learner::AdvantageConfig {
   bool enabled = true;
   int max_steps = 10;
   int num_iterations = 1;       // optimization passes over one generation batch (PPO epochs)
   int micro_batch_tokens = 0;   // token budget per micro-batch (0 = one micro-batch)
-  std::string adv_estimator = "grpo";   // grpo | rloo | reinforce_pp
-  std::string scale_rewards = "group";  // group | batch | none
-  float reward_clip = 0;                // clip rewards to [-c, c] (0 = off)
-  bool dynamic_sampling = false;        // drop groups whose rewards are all equal, refill the batch
-  int max_generation_rounds = 4;        // dynamic sampling: generation rounds per step at most
-  bool mask_truncated = false;          // no loss on completions cut at max_response_length
-};
-
-struct LossSection {
-  float clip_low = 0.2f;
-  float clip_high = 0.2f;
-  float dual_clip = 0;       // 0 = off, else c > 1
-  float kl_coef = 0;         // beta; 0 = no reference policy at all
-  std::string kl_type = "k3";  // k1 | k2 | k3
-  float kl_input_clamp = 20;
-  float kl_output_clamp = 10;
-  float entropy_coef = 0;
-  std::string agg_mode = "token-mean";  // token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
-  int agg_norm_length = 0;              // constant for seq-mean-token-sum-norm (0 = max_response_length)
-  bool sequence_level_ratio = false;    // GSPO
-};
-
-struct OptimizerSection {
-  std::string name = "adamw";
-  float lr = 1e-3f;
-  float weight_decay = 0;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float max_grad_norm = 1.0f;  // 0 = no clipping
-  int warmup_steps = 0;
-  std::string schedule = "constant";  // constant | cosine
-  float min_lr_ratio = 0;
+  int max_generation_rounds = 4;  // dynamic sampling: generation rounds per step at most
+  bool mask_truncated = false;    // no loss on completions cut at max_response_length
 };
 
 struct EnvSpec {
@@ -151,8 +126,8 @@ struct ExperimentConfig {
   PolicySection policy;
   SftSection sft;
   GrpoSection grpo;
-  LossSection loss;
-  OptimizerSection optimizer;
+  learner::GrpoLossConfig loss;
+  learner::OptimizerConfig optimizer;
   std::vector<EnvSpec> envs;
   RolloutSection rollout;
   ClusterSection cluster;

@@ -14,6 +14,7 @@
 #include "troupe/base/result.h"
 #include "troupe/envs/client.h"
 #include "troupe/learner/communicator.h"
+#include "troupe/learner/policy_model.h"
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/io/tokenizer.h"
 #include "troupe/policy/model.h"
@@ -34,7 +35,10 @@ Result<std::unique_ptr<policy::io::Tokenizer>> make_builtin_tokenizer(const std:
 // Prompt text as the model sees it (plain: system prompt + text; chat: role-tagged turns).
 std::string format_prompt(const RolloutSection& r, const std::string& text);
 
-// Experiment -> learner settings for one phase.
+// The learner settings of one phase: the experiment's loss, optimizer and advantage (grpo) sections
+// as they are, plus what is derived per phase: the SFT lr override, total_steps, the batch keys of
+// grpo (num_iterations 1 in SFT), the training temperature (1 in SFT), max_completion_length
+// (rollout.max_response_length * max_turns), importance_weight_cap and the seed.
 learner::LearnerConfig learner_config(const ExperimentConfig& cfg, learner::Phase phase);
 
 // Env specs of the run in the envs API's form (paths relative to `base_dir`).
@@ -83,12 +87,11 @@ class LearnerRole {
  private:
   LearnerRole() = default;
   learner::Trainer& trainer_for(learner::Phase phase);
-  struct Adapter;
   ExperimentConfig cfg_;
   PolicyBundle policy_;
-  std::unique_ptr<Adapter> adapter_;
-  std::unique_ptr<policy::Model> ref_model_;  // kl_coef > 0: the frozen initial policy
-  std::unique_ptr<Adapter> ref_adapter_;
+  std::unique_ptr<learner::ModelAdapter> adapter_;
+  std::unique_ptr<policy::Model> ref_model_;  // loss.kl_coef > 0: the frozen initial policy
+  std::unique_ptr<learner::ModelAdapter> ref_adapter_;
   std::unique_ptr<learner::Communicator> comm_;
   std::unique_ptr<learner::Trainer> trainer_;
   learner::Phase phase_ = learner::Phase::grpo;

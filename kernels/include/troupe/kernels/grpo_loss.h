@@ -13,14 +13,15 @@ namespace troupe::kernels {
 enum class KlEstimator { k1, k2, k3 };  // k1 = -x, k2 = x^2 / 2, k3 = e^x - 1 - x, x = ref - logp
 
 struct GrpoLossParams {
-  float epsilon_low = 0.2f;  // ratio clip [1 - epsilon_low, 1 + epsilon_high]
-  float epsilon_high = 0.2f;
-  float delta = 0.0f;            // > 0: rho <- min(rho, delta) in the unclipped term
-  float clip_ratio_c = 0.0f;     // > 1: dual clip for A < 0, loss <= -A * c
-  float log_ratio_clamp = 0.0f;  // > 0: clamp logp - old to +-this before exp
-  bool sequence_level = false;   // one ratio per sequence: exp(mean_t m (logp - old)) (GSPO)
-  float beta = 0.0f;             // KL coefficient (the KL metric is summed whenever logp_ref is given)
-  KlEstimator kl_estimator = KlEstimator::k3;
+  // Field names follow the YAML keys (loss.*) that set them.
+  float clip_low = 0.2f;  // ratio clip [1 - clip_low, 1 + clip_high]
+  float clip_high = 0.2f;
+  float two_sided_clip = 0.0f;        // > 0: rho <- min(rho, two_sided_clip) in the unclipped term
+  float dual_clip = 0.0f;             // > 1: dual clip for A < 0, loss <= -A * c
+  float log_ratio_clamp = 0.0f;       // > 0: clamp logp - old to +-this before exp
+  bool sequence_level_ratio = false;  // one ratio per sequence: exp(mean_t m (logp - old)) (GSPO)
+  float kl_coef = 0.0f;               // KL coefficient (the KL metric is summed whenever logp_ref is given)
+  KlEstimator kl_type = KlEstimator::k3;
   float kl_input_clamp = 0.0f;   // > 0: clamp x to +-this before the estimator
   float kl_output_clamp = 0.0f;  // > 0: clamp the estimate to +-this
   float entropy_coef = 0.0f;     // loss -= entropy_coef * H

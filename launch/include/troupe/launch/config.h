@@ -16,16 +16,22 @@ namespace troupe::launch {
 
 enum class KeyType { boolean, integer, number, string, int_list, string_list, mapping };
 
+// An enum field (loss.kl_type, ...), seen through its YAML names: the key's choices.
+struct EnumRef {
+  std::string name;                             // the current value's name
+  std::function<void(const std::string&)> set;  // assigns the value of a name among the choices
+};
+
 // Where a key's value lives in the typed struct.
 using FieldRef = std::variant<bool*, int*, float*, double*, std::string*, std::vector<int>*,
-                              std::vector<std::string>*, nlohmann::json*>;
+                              std::vector<std::string>*, nlohmann::json*, EnumRef>;
 
 template <class Root>
 struct KeySpec {
   std::string path;  // "rollout.temperature"; for env entries relative to the entry ("weight")
   KeyType type = KeyType::string;
   std::optional<double> min, max;    // inclusive; every numeric key has both
-  std::vector<std::string> choices;  // allowed values of a string key (empty = any)
+  std::vector<std::string> choices;  // allowed values of a string or enum key (empty = any)
   std::string description;
   std::function<FieldRef(Root&)> field;
 };

@@ -19,7 +19,7 @@ struct TokenBatch {
   const int32_t* cu_seqlens = nullptr;  // (S+1) sequence s owns positions [cu[s], cu[s+1])
   const float* mask = nullptr;          // (T) 1 on completion-token targets (EOS included), 0 elsewhere
   const float* logp_old = nullptr;      // (T) log-probs at generation; nullptr = on-policy (old = logp, detached)
-  const float* logp_ref = nullptr;      // (T) reference log-probs; may be nullptr when beta == 0
+  const float* logp_ref = nullptr;      // (T) reference log-probs; may be nullptr when kl_coef == 0
   const float* advantages = nullptr;    // (S) one advantage per sequence (outcome supervision)
   // (T) a constant (detached) factor on each token's policy-gradient term, e.g. the truncated
   // importance weight min(pi_old / pi_behaviour, cap) of stale async samples; nullptr = 1
@@ -36,11 +36,11 @@ struct LossNorm {
 struct LossMetrics {
   double loss = 0;            // already globally normalised: the sum over micro-batches is the step's loss
   double pg_loss = 0;         // the policy-gradient part of `loss`
-  double kl_loss = 0;         // beta * KL part of `loss` (0 when beta == 0)
+  double kl_loss = 0;         // kl_coef * KL part of `loss` (0 when kl_coef == 0)
   double tokens = 0;          // sum of mask
-  double kl_sum = 0;          // sum_t m * KL_t (computed even when beta == 0 if ref is given)
-  double clip_low_sum = 0;    // tokens with rho < 1 - eps_low and A < 0 (TRL)
-  double clip_high_sum = 0;   // tokens with rho > 1 + eps_high and A > 0 (TRL)
+  double kl_sum = 0;          // sum_t m * KL_t (computed even when kl_coef == 0 if ref is given)
+  double clip_low_sum = 0;    // tokens with rho < 1 - clip_low and A < 0 (TRL)
+  double clip_high_sum = 0;   // tokens with rho > 1 + clip_high and A > 0 (TRL)
   double dual_clip_sum = 0;   // tokens where the dual clip bound was active
   double entropy_sum = 0;     // sum_t m * H_t
   double ratio_sum = 0;       // sum_t m * rho_t
@@ -57,7 +57,7 @@ LossSummary finalize(const LossMetrics& m);
 
 // The fused GRPO loss: one pass over the tokens of each sequence computes loss, both gradients and
 // every metric. `entropy` may be nullptr when entropy_coef == 0 (then dentropy may be nullptr too).
-// Errors: bad sizes, missing ref with beta != 0, non-positive normalisers.
+// Errors: bad sizes, missing ref with kl_coef != 0, non-positive normalisers.
 Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* logp, const float* entropy,
                                     const TokenBatch& batch, const GrpoLossConfig& cfg, const LossNorm& norm);
 
@@ -73,6 +73,6 @@ Result<LossMetrics> sft_loss(float* dlogp, float* dentropy, const float* logp, c
 
 // Per-token weight of the aggregation: loss = sum_t w_t * l_t with w_t = m_t * weight(seq).
 // Exposed for the trainer and tests. Errors when the normaliser it needs is not positive.
-Result<double> aggregation_weight(LossAggMode mode, double seq_tokens, const LossNorm& norm, float loss_scale_factor);
+Result<double> aggregation_weight(LossAggMode mode, double seq_tokens, const LossNorm& norm, int agg_norm_length);
 
 }  // namespace troupe::learner

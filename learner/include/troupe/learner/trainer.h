@@ -28,10 +28,10 @@ struct Sample {
   std::vector<int32_t> completion;      // sampled tokens, EOS included when it stopped
   std::vector<float> completion_mask;   // (completion) 1 = train on it; empty = all ones
   std::vector<float> old_logprobs;      // (completion) recorded at generation; empty = recomputed before the first update
-  std::vector<float> ref_logprobs;      // (completion) reference policy; needed when beta != 0
+  std::vector<float> ref_logprobs;      // (completion) reference policy; needed when loss.kl_coef != 0
   // (completion) log-probs of the policy that sampled it, when that is not the one the PPO ratio is
   // taken against (stale async samples, rollout.stale_policy: importance_weight): each token's
-  // policy-gradient term is weighted by min(exp(old - behavior), loss.importance_weight_cap), old
+  // policy-gradient term is weighted by min(exp(old - behavior), importance_weight_cap), old
   // being old_logprobs or, when those are empty, the current log-probs (detached). Empty = none.
   std::vector<float> behavior_logprobs;
   float advantage = 0;                  // from compute_advantages (unused by SFT)
@@ -41,7 +41,7 @@ struct Sample {
 
 // From scored groups to a training batch (what the coordinator does between generation and
 // train_step): adds the DAPO soft overlong punishment to each reward (if configured), drops
-// all-equal groups when advantage.filter_groups is set, and fills `advantage` of each sample.
+// all-equal groups when advantage.dynamic_sampling is set, and fills `advantage` of each sample.
 // `samples` holds groups of `group_size` consecutive completions of one prompt, `reward` set.
 struct PreparedBatch {
   std::vector<Sample> samples;  // kept groups, advantages filled

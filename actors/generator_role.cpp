@@ -1,0 +1,175 @@
+// The rollout generator (prompt formatting, KV-cache sampling, stop strings, truncation) and the
+// actor that hosts it, optionally on a compute thread of its own at a lower OS priority.
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "role_support.h"
+#include "troupe/actors/roles.h"
+
+namespace troupe::actors {
+
+Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg) {
+  auto g = std::make_unique<Generator>();
+  g->cfg_ = cfg;
+  TROUPE_ASSIGN_OR_RETURN(g->policy_, make_policy(cfg));
+  const auto& tok = *g->policy_.tokenizer;
+  if (tok.eos_id() >= 0) g->stop_tokens_.push_back(tok.eos_id());
+  for (const auto& s : cfg.rollout.stop) {
+    auto ids = tok.encode(s);
+    if (ids.ok() && ids->size() == 1)
+      g->stop_tokens_.push_back((*ids)[0]);  // stops inside the sampler
+    else
+      g->stop_strings_.push_back(s);  // cut after decoding
+  }
+  return g;
+}
+
+Status Generator::set_weights(const Weights& w) {
+  TROUPE_TRY(policy_.model->set_params(w.params));
+  version_ = w.version;
+  return {};
+}
+
+Result<GenerateRep> Generator::generate(const GenerateReq& r) {
+  auto t0 = std::chrono::steady_clock::now();
+  const auto& tok = *policy_.tokenizer;
+  GenerateRep rep;
+  rep.policy_version = version_;
+  std::vector<std::vector<int32_t>> prompts;
+  rep.samples.resize(r.prompts.size());
+  for (size_t i = 0; i < r.prompts.size(); ++i) {
+    auto ids = tok.encode(format_prompt(cfg_.rollout, r.prompts[i]));
+    if (!ids.ok()) return invalid_input("prompt " + std::to_string(i) + ": " + ids.error().message);
+    std::vector<int32_t> p;
+    if (tok.bos_id() >= 0) p.push_back(tok.bos_id());
+    p.insert(p.end(), ids->begin(), ids->end());
+    auto max_len = static_cast<size_t>(cfg_.rollout.max_prompt_length);
+    if (p.size() > max_len) {
+      p.erase(p.begin(), p.end() - static_cast<std::ptrdiff_t>(max_len));
+      rep.samples[i].prompt_cut = true;
+    }
+    prompts.push_back(p);
+  }
+  policy::SamplingParams sp;
+  sp.temperature = r.sampling.temperature;
+  sp.top_k = r.sampling.top_k;
+  sp.top_p = r.sampling.top_p;
+  sp.max_new_tokens = r.sampling.max_new_tokens;
+  sp.stop_tokens = stop_tokens_;
+  sp.seed = r.sampling.seed;
+  TROUPE_ASSIGN_OR_RETURN(auto gens, policy_.model->generate(prompts, sp));
+  for (size_t i = 0; i < gens.size(); ++i) {
+    auto& s = rep.samples[i];
+    s.prompt_tokens = std::move(prompts[i]);
+    s.tokens = std::move(gens[i].tokens);
+    s.logprobs = std::move(gens[i].logprobs);
+    bool stopped = gens[i].stopped;
+    auto text = tok.decode(s.tokens, true);
+    s.text = text.ok() ? *text : std::string();
+    if (!stop_strings_.empty()) {
+      size_t cut = std::string::npos;
+      for (const auto& ss : stop_strings_) cut = std::min(cut, s.text.find(ss));
+      if (cut != std::string::npos) {
+        // the shortest token prefix whose text reaches past the stop string
+        for (size_t k = 1; k <= s.tokens.size(); ++k) {
+          auto t = tok.decode(std::vector<int32_t>(s.tokens.begin(), s.tokens.begin() + static_cast<std::ptrdiff_t>(k)), true);
+          bool hit = false;
+          for (const auto& ss : stop_strings_) hit = hit || (t.ok() && t->find(ss) != std::string::npos);
+          if (hit) {
+            s.tokens.resize(k);
+            s.logprobs.resize(k);
+            s.text = *t;
+            stopped = true;
+            break;
+          }
+        }
+      }
+    }
+    s.truncated = !stopped;
+  }
+  rep.generate_s = seconds_since(t0);
+  return rep;
+}
+
+// One thread at a fixed nice value that runs jobs handed to it, one at a time; run() waits.
+class ComputeThread {
+ public:
+  ComputeThread(int nice, int threads) : thread_([this, nice, threads] { loop(nice, threads); }) {}
+  ~ComputeThread() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void run(const std::function<void()>& job) {
+    std::unique_lock lk(mu_);
+    job_ = &job;
+    done_ = false;
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return done_; });
+  }
+
+ private:
+  void loop(int nice, int threads) {
+    // Lowering one's own priority needs no privilege; threads started from here inherit it.
+    if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice) != 0)
+      std::fprintf(stderr, "troupe: warning: generator nice %d: %s\n", nice, std::strerror(errno));
+    use_threads(threads);
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || job_ != nullptr; });
+      if (stop_) return;
+      const auto* job = job_;
+      lk.unlock();
+      (*job)();
+      lk.lock();
+      job_ = nullptr;
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::function<void()>* job_ = nullptr;
+  bool done_ = false, stop_ = false;
+  std::thread thread_;
+};
+
+GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int nice)
+    : gen_(std::move(gen)), threads_(threads) {
+  if (nice > 0) compute_ = std::make_unique<ComputeThread>(nice, threads);
+  handle<GenerateReq>([this](runtime::Context& ctx, const GenerateReq& r) -> Status {
+    Result<GenerateRep> rep = Error{};
+    if (compute_) {
+      compute_->run([&] { rep = gen_->generate(r); });
+    } else {
+      use_threads(threads_);
+      rep = gen_->generate(r);
+    }
+    if (!rep.ok()) return rep.error();
+    return ctx.reply(std::move(rep).value());
+  });
+  handle<Weights>([this](runtime::Context& ctx, const Weights& w) -> Status {
+    use_threads(threads_);
+    TROUPE_TRY(gen_->set_weights(w));
+    if (ctx.header() && (ctx.header()->flags & runtime::kFlagRequest)) return ctx.reply(Ack{w.version});
+    return {};
+  });
+}
+
+GeneratorActor::~GeneratorActor() = default;
+
+}  // namespace troupe::actors

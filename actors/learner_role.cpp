@@ -1,0 +1,172 @@
+// The learner role (SFT/GRPO steps through learner::Trainer, versioned weights, checkpoints) and
+// the actor that hosts it.
+#include <chrono>
+#include <fstream>
+
+#include "role_support.h"
+#include "troupe/actors/roles.h"
+#include "troupe/learner/checkpoint.h"
+#include "troupe/policy/io/model_dir.h"
+#include "troupe/policy/io/model_io.h"
+
+namespace troupe::actors {
+using json = nlohmann::json;
+
+LearnerRole::~LearnerRole() = default;
+
+Result<std::unique_ptr<LearnerRole>> LearnerRole::create(const ExperimentConfig& cfg,
+                                                         std::unique_ptr<learner::Communicator> comm) {
+  std::unique_ptr<LearnerRole> l(new LearnerRole());
+  l->cfg_ = cfg;
+  TROUPE_ASSIGN_OR_RETURN(l->policy_, make_policy(cfg));
+  l->adapter_ = std::make_unique<learner::ModelAdapter>(*l->policy_.model);
+  if (cfg.loss.kl_coef > 0) {
+    TROUPE_ASSIGN_OR_RETURN(auto ref, make_policy(cfg));
+    l->ref_model_ = std::move(ref.model);
+    l->ref_adapter_ = std::make_unique<learner::ModelAdapter>(*l->ref_model_);
+  }
+  l->comm_ = comm ? std::move(comm) : std::make_unique<learner::LocalCommunicator>();
+  TROUPE_TRY(learner::validate(learner_config(cfg, learner::Phase::grpo)));
+  return l;
+}
+
+learner::Trainer& LearnerRole::trainer_for(learner::Phase phase) {
+  if (!has_trainer_ || phase != phase_) {  // a phase starts with a fresh optimizer and schedule
+    trainer_ = std::make_unique<learner::Trainer>(*adapter_, learner_config(cfg_, phase), *comm_);
+    phase_ = phase;
+    has_trainer_ = true;
+  }
+  return *trainer_;
+}
+
+Result<TrainRep> LearnerRole::train(const TrainReq& r) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto phase = r.phase == 1 ? learner::Phase::sft : learner::Phase::grpo;
+  auto& trainer = trainer_for(phase);
+  std::vector<learner::Sample> samples(r.samples.size());
+  for (size_t i = 0; i < r.samples.size(); ++i) {
+    const auto& t = r.samples[i];
+    auto& s = samples[i];
+    s.prompt = t.prompt;
+    s.completion = t.completion;
+    s.completion_mask = t.mask;
+    s.old_logprobs = t.old_logprobs;
+    s.behavior_logprobs = t.behavior_logprobs;
+    s.advantage = t.advantage;
+    s.truncated = t.truncated;
+  }
+  if (ref_adapter_ && phase == learner::Phase::grpo) {
+    TROUPE_ASSIGN_OR_RETURN(auto ref, learner::compute_completion_logprobs(*ref_adapter_, samples,
+                                                                           trainer.config().batch.temperature));
+    for (size_t i = 0; i < samples.size(); ++i) samples[i].ref_logprobs = std::move(ref[i]);
+  }
+  const bool streamed = r.more || trainer.accumulating();
+  if (streamed) {
+    if (phase != learner::Phase::grpo)
+      return invalid_input("learner: a partial (streamed) batch is for GRPO only");
+    if (trainer.accumulating() && r.step != streamed_step_)
+      return invalid_input("learner: a part of GRPO step " + std::to_string(r.step) + " arrived while step " +
+                           std::to_string(streamed_step_) + " is being accumulated");
+    streamed_step_ = r.step;
+    TROUPE_TRY(trainer.accumulate(samples));
+    if (r.more) {  // no update yet
+      TrainRep rep;
+      rep.policy_version = version_;
+      rep.train_s = seconds_since(t0);
+      return rep;
+    }
+  }
+  TROUPE_ASSIGN_OR_RETURN(auto m, streamed ? trainer.finish_accumulated() : trainer.train_step(samples));
+  ++version_;
+  json j = {{"loss", m.loss.loss},
+            {"pg_loss", m.loss.pg_loss},
+            {"kl", m.loss.kl},
+            {"clip_frac_low", m.loss.clip_frac_low},
+            {"clip_frac_high", m.loss.clip_frac_high},
+            {"entropy", m.loss.entropy},
+            {"is_weight_mean", m.loss.is_weight_mean},
+            {"grad_norm", m.grad_norm},
+            {"lr", m.lr},
+            {"train_tokens", m.tokens},
+            {"learner_tokens_per_s", m.tokens_per_s}};
+  TrainRep rep;
+  rep.metrics_json = j.dump();
+  rep.policy_version = version_;
+  rep.train_s = seconds_since(t0);
+  return rep;
+}
+
+Weights LearnerRole::weights() const {
+  Weights w;
+  w.version = version_;
+  auto p = policy_.model->params();
+  w.params.assign(p.begin(), p.end());
+  return w;
+}
+
+Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
+  const auto& specs = policy_.model->tensors();
+  CheckpointRep rep;
+  if (!r.load) {
+    json extra = json::parse(r.extra_json, nullptr, false);
+    if (extra.is_discarded()) extra = json::object();
+    extra["phase"] = phase_ == learner::Phase::sft ? "sft" : "grpo";
+    auto& trainer = trainer_for(phase_);
+    learner::CheckpointData d;
+    d.step = r.step;
+    d.policy_version = version_;
+    d.trainer_state = trainer.state_json();
+    d.extra = extra;
+    if (r.has_metric) d.metric = r.metric;
+    learner::CheckpointOptions opt;
+    opt.keep_last = cfg_.checkpointing.keep_last;
+    opt.best_metric = cfg_.checkpointing.keep_best_by;
+    opt.higher_is_better = cfg_.checkpointing.higher_is_better;
+    const auto* tok = policy_.tokenizer.get();
+    const auto& model = *policy_.model;
+    learner::ModelDirWriter writer = [&](const std::string& dir) {
+      return policy::io::save_model(dir, model, tok, policy::io::ExpertLayout::per_expert, tok->bos_id(),
+                                    tok->eos_id(), tok->pad_id());
+    };
+    TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, trainer.optimizer(), specs, opt));
+    rep.step = r.step;
+    rep.policy_version = version_;
+    return rep;
+  }
+  // load: the phase (which optimizer) is in state.json's extra
+  std::ifstream in(r.dir + "/state.json");
+  json state = json::parse(in, nullptr, false);
+  if (state.is_discarded() || !state.is_object())
+    return invalid_input(r.dir + "/state.json: missing or not JSON");
+  std::string phase = state.value("extra", json::object()).value("phase", std::string("grpo"));
+  auto& trainer = trainer_for(phase == "sft" ? learner::Phase::sft : learner::Phase::grpo);
+  TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint(r.dir, specs, trainer.optimizer()));
+  TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(r.dir));
+  TROUPE_TRY(policy_.model->set_params(loaded.model.params()));
+  TROUPE_TRY(trainer.load_state_json(d.trainer_state));
+  version_ = d.policy_version;
+  rep.path = r.dir;
+  rep.step = d.step;
+  rep.policy_version = d.policy_version;
+  rep.extra_json = d.extra.dump();
+  return rep;
+}
+
+LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role, int threads)
+    : role_(std::move(role)), threads_(threads) {
+  handle<TrainReq>([this](runtime::Context& ctx, const TrainReq& r) -> Status {
+    use_threads(threads_);
+    TROUPE_ASSIGN_OR_RETURN(auto rep, role_->train(r));
+    return ctx.reply(std::move(rep));
+  });
+  handle<GetWeightsReq>([this](runtime::Context& ctx, const GetWeightsReq&) -> Status {
+    return ctx.reply(role_->weights());
+  });
+  handle<CheckpointReq>([this](runtime::Context& ctx, const CheckpointReq& r) -> Status {
+    use_threads(threads_);
+    TROUPE_ASSIGN_OR_RETURN(auto rep, role_->checkpoint(r));
+    return ctx.reply(std::move(rep));
+  });
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,131 @@
+// What every role starts from: the policy and tokenizer (fresh or from policy.path), the prompt
+// format, the learner settings of a phase, the envs API's specs and the compute threads per role.
+#include <algorithm>
+#include <filesystem>
+
+#include "troupe/actors/roles.h"
+#include "troupe/policy/io/model_dir.h"
+#include "troupe/policy/io/model_io.h"
+
+namespace troupe::actors {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+Result<std::unique_ptr<policy::io::Tokenizer>> make_builtin_tokenizer(const std::string& kind) {
+  policy::io::CharTokenizerSpec spec;
+  spec.kind = kind;
+  if (kind == "char") {
+    spec.chars.assign(1, '\n');  // (not = "\n": GCC 12 then warns a false -Wrestrict on the appends)
+    for (char c = 32; c < 127; ++c) spec.chars.push_back(c);
+  }
+  return policy::io::make_char_tokenizer(spec);
+}
+
+Result<PolicyBundle> make_policy(const ExperimentConfig& cfg) {
+  PolicyBundle b;
+  if (!cfg.policy.path.empty()) {
+    TROUPE_ASSIGN_OR_RETURN(auto dir, policy::io::load_model(cfg.policy.path));
+    b.model = std::make_unique<policy::Model>(std::move(dir.model));
+    if (dir.tokenizer && (dir.bos_token_id >= 0 || dir.eos_token_id >= 0))
+      dir.tokenizer->set_special_ids(dir.bos_token_id >= 0 ? dir.bos_token_id : dir.tokenizer->bos_id(),
+                                     dir.eos_token_id >= 0 ? dir.eos_token_id : dir.tokenizer->eos_id(),
+                                     dir.pad_token_id >= 0 ? dir.pad_token_id : dir.tokenizer->pad_id());
+    if (cfg.policy.tokenizer == "auto" || dir.tokenizer) {
+      if (!dir.tokenizer)
+        return invalid_input("policy.tokenizer: auto, but " + cfg.policy.path + " has no tokenizer file");
+      b.tokenizer = std::move(dir.tokenizer);
+    }
+  } else {
+    TROUPE_ASSIGN_OR_RETURN(auto model, policy::Model::create(cfg.policy.model, static_cast<uint64_t>(cfg.run.seed)));
+    if (cfg.policy.init_std != 0.02f) {  // Model::create draws N(0, 0.02); norms stay at 1
+      std::vector<float> flat(model.params().begin(), model.params().end());
+      float scale = cfg.policy.init_std / 0.02f;
+      for (const auto& s : model.tensors()) {
+        if (s.name.find("norm") != std::string::npos) continue;
+        for (size_t i = 0; i < s.numel(); ++i) flat[s.offset + i] *= scale;
+      }
+      TROUPE_TRY(model.set_params(flat));
+    }
+    b.model = std::make_unique<policy::Model>(std::move(model));
+  }
+  if (!b.tokenizer) {
+    if (cfg.policy.tokenizer == "auto")
+      return invalid_input("policy.tokenizer: auto needs policy.path (a model directory with a tokenizer)");
+    TROUPE_ASSIGN_OR_RETURN(b.tokenizer, make_builtin_tokenizer(cfg.policy.tokenizer));
+  }
+  if (b.tokenizer->vocab_size() > b.model->config().vocab_size)
+    return invalid_input("policy.model.vocab_size: " + std::to_string(b.model->config().vocab_size) +
+                         " is smaller than the " + cfg.policy.tokenizer + " tokenizer's " +
+                         std::to_string(b.tokenizer->vocab_size()) + " tokens");
+  return b;
+}
+
+std::string format_prompt(const RolloutSection& r, const std::string& text) {
+  if (r.template_name == "chat") {
+    std::string s;
+    if (!r.system_prompt.empty()) s += "<|system|>\n" + r.system_prompt + "\n";
+    return s + "<|user|>\n" + text + "\n<|assistant|>\n";
+  }
+  return r.system_prompt + text;
+}
+
+// The loss, optimizer and advantage sections are the learner's own structs; what is left is what
+// depends on the phase or on other sections.
+learner::LearnerConfig learner_config(const ExperimentConfig& c, learner::Phase phase) {
+  const bool sft = phase == learner::Phase::sft;
+  learner::LearnerConfig l;
+  l.phase = phase;
+  l.advantage = c.grpo;
+  l.loss = c.loss;
+  l.optimizer = c.optimizer;
+  if (sft && c.sft.lr > 0) l.optimizer.lr = c.sft.lr;
+  l.optimizer.total_steps = std::max(1, sft ? c.sft.max_steps : c.grpo.max_steps * c.grpo.num_iterations);
+  l.batch.num_iterations = sft ? 1 : c.grpo.num_iterations;
+  l.batch.micro_batch_tokens = c.grpo.micro_batch_tokens;
+  l.batch.mask_truncated = c.grpo.mask_truncated;
+  l.batch.temperature = sft || c.rollout.temperature <= 0 ? 1.0f : c.rollout.temperature;
+  l.max_completion_length = c.rollout.max_response_length * c.rollout.max_turns;  // (the default agg_norm_length)
+  l.importance_weight_cap = c.rollout.importance_weight_cap;
+  l.seed = static_cast<uint64_t>(c.run.seed);
+  return l;
+}
+
+Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const std::string& base_dir) {
+  std::vector<envs::EnvSpec> out;
+  for (size_t i = 0; i < cfg.envs.size(); ++i) {
+    const auto& e = cfg.envs[i];
+    json j = {{"name", e.name}, {"type", e.type}, {"weight", e.weight}, {"config", e.config}, {"timeout_s", e.timeout_s}};
+    if (!e.env.empty()) j["env"] = e.env;
+    if (e.type == "builtin" && e.env_id() == "dataset" && j["config"].is_object()) {
+      // the dataset env's relative file paths start at the YAML file's folder (or at its base_dir,
+      // itself relative to that folder), whatever the working directory
+      fs::path dir = fs::absolute(base_dir);
+      if (auto it = j["config"].find("base_dir"); it != j["config"].end() && it->is_string())
+        dir = fs::path(it->get<std::string>()).is_absolute() ? fs::path(it->get<std::string>())
+                                                              : dir / it->get<std::string>();
+      j["config"]["base_dir"] = dir.lexically_normal().string();
+    }
+    if (!e.path.empty()) {
+      std::string path = fs::path(e.path).is_absolute() ? e.path : (fs::path(base_dir) / e.path).string();
+      if (!fs::exists(path))
+        return invalid_input("envs[" + std::to_string(i) + "].path: the plug-in " + path +
+                             " does not exist (build it, or fix the path; relative paths start at the YAML file)");
+      j["path"] = path;
+    }
+    if (!e.command.empty()) j["command"] = e.command;
+    if (!e.address.empty()) j["address"] = e.address;
+    if (e.isolate != "auto") j["isolate"] = e.isolate == "true";
+    TROUPE_ASSIGN_OR_RETURN(auto spec, envs::parse_env_spec(j, "envs[" + std::to_string(i) + "]"));
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+int role_threads(const ClusterSection& c, const std::string& role, int fallback) {
+  int own = role.rfind("generator", 0) == 0 ? c.generator_threads
+            : role.rfind("learner", 0) == 0 ? c.learner_threads
+                                            : 0;
+  return own > 0 ? own : c.threads > 0 ? c.threads : fallback;
+}
+
+}  // namespace troupe::actors
