@@ -93,21 +93,19 @@ std::string base_dir_of(const std::string& file) {
   return p.has_parent_path() ? p.parent_path().string() : std::string(".");
 }
 
-// Rank 0 -> every other rank when the run is over: stop serving and shut down.
+// Rank 0 -> every other rank when the run is over: stop serving and shut down (why: for the log).
 struct StopRun {
   static constexpr std::uint32_t type_id = 2099;
   static constexpr const char* type_name = "launch.StopRun";
-  std::int32_t code = 0;
+  std::string why;
   template <class A>
-  void serialize(A& ar) { ar(code); }
+  void serialize(A& ar) { ar(why); }
 };
 
 class ControlActor : public runtime::Actor {
  public:
   explicit ControlActor(runtime::Cluster* c) : cluster_(c) {
-    handle<StopRun>([this](runtime::Context&, const StopRun& m) {
-      cluster_->request_shutdown(m.code == 0 ? "rank 0 finished the run" : "rank 0 failed the run");
-    });
+    handle<StopRun>([this](runtime::Context&, const StopRun& m) { cluster_->request_shutdown(m.why); });
   }
 
  private:
@@ -383,8 +381,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
         hooks.metrics = [s](const json& row) { return s->write(row); };
         hooks.log = [s](const std::string& line) { s->message(line); };
         hooks.hold_exit = [&cluster](std::chrono::seconds d) { cluster.hold_exit(d); };
-        actors::Coordinator coord(cfg, peers, hooks, run_dir);
-        Status st = coord.run(!opt.resume_dir.empty());
+        Status st = actors::run_coordinator(cfg, peers, hooks, run_dir, !opt.resume_dir.empty());
         s->finish();
         if (!st.ok() && st.error().code == ErrorCode::timeout && st.error().message.rfind("run.max_wall_s", 0) == 0) {
           s->message(st.error().message);  // a planned stop, checkpointed: not a failure
@@ -396,8 +393,9 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
       }
     }
     if (!single) {
+      const StopRun stop{code == 0 ? "rank 0 finished the run" : "rank 0 failed the run"};
       for (size_t r = 1; r < roles.size(); ++r)
-        (void)sys.send(runtime::ActorSystem::named(static_cast<uint32_t>(r), "control"), StopRun{code});
+        (void)sys.send(runtime::ActorSystem::named(static_cast<uint32_t>(r), "control"), stop);
       cluster.request_shutdown(code == 0 ? "run finished" : "run failed");
     }
   } else {
@@ -429,8 +427,7 @@ int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
   if (!gid.ok()) return fail(gid.error());
   if (!eid.ok()) return fail(eid.error());
   actors::RolePeers peers{&sys, {*eid}, {*gid}, {}};
-  actors::Coordinator coord(cfg, peers, {}, "");
-  auto r = coord.evaluate();
+  auto r = actors::evaluate_policy(cfg, peers);
   sys.shutdown();
   if (!r.ok()) return fail(r.error());
   json out = *r;
