@@ -9,53 +9,31 @@
 #include <string>
 #include <vector>
 
+#include "test_messages.h"  // runtime/: Ping, Pong, Go
+
 using namespace troupe;
 using namespace troupe::runtime;
+using namespace troupe::runtime::testing;
 using namespace std::chrono_literals;
 
 namespace {
 
-struct Ask {
-  static constexpr std::uint32_t type_id = 9201;
-  static constexpr const char* type_name = "test.coroutine.Ask";
-  std::int64_t value = 0;
-  template <class A>
-  void serialize(A& ar) { ar(value); }
-};
-struct Answer {
-  static constexpr std::uint32_t type_id = 9202;
-  static constexpr const char* type_name = "test.coroutine.Answer";
-  std::int64_t value = 0;
-  std::string by;
-  template <class A>
-  void serialize(A& ar) { ar(value, by); }
-};
-struct Begin {  // starts the client's coroutines
-  static constexpr std::uint32_t type_id = 9203;
-  static constexpr const char* type_name = "test.coroutine.Begin";
-  std::int32_t unused = 0;
-  template <class A>
-  void serialize(A& ar) { ar(unused); }
-};
-
-std::unique_ptr<ActorSystem> manual_system() {
+SystemConfig deterministic() {
   SystemConfig c;
-  c.threads = 0;
-  auto s = ActorSystem::create(c);
-  EXPECT_TRUE(s.ok());
-  return std::move(s).value();
+  c.threads = 0;  // run_until_idle / advance on the test's thread, manual clock
+  return c;
 }
 
-// Answers Ask{v} with Answer{v + 1, name} (a negative value: an error reply; 0: no answer), and
-// logs each request as it arrives.
+// Answers Ping{n} with Pong{n + 1, name} (text "refuse": an error reply; "ignore": no answer),
+// and logs each request as it arrives.
 ActorId spawn_server(ActorSystem& sys, std::string name, std::vector<std::string>* log) {
   auto id = sys.spawn([name, log]() {
     auto a = std::make_unique<Actor>();
-    a->handle<Ask>([name, log](Context& ctx, const Ask& q) -> Status {
-      log->push_back(name + " got " + std::to_string(q.value));
-      if (q.value < 0) return invalid_input(name + " refuses " + std::to_string(q.value));
-      if (q.value == 0) return {};
-      return ctx.reply(Answer{q.value + 1, name});
+    a->handle<Ping>([name, log](Context& ctx, const Ping& q) -> Status {
+      log->push_back(name + " got " + std::to_string(q.seq));
+      if (q.text == "refuse") return invalid_input(name + " refuses " + std::to_string(q.seq));
+      if (q.text == "ignore") return {};
+      return ctx.reply(Pong{q.seq + 1, name});
     });
     return a;
   });
@@ -63,12 +41,12 @@ ActorId spawn_server(ActorSystem& sys, std::string name, std::vector<std::string
   return *id;
 }
 
-// An actor whose Begin handler starts `body` as a Task; body's result lands in *out.
+// An actor whose Go handler starts `body` as a Task; body's result lands in *out.
 class Client : public Actor {
  public:
-  using Body = std::function<Task<Result<std::int64_t>>(ActorContext&)>;
-  Client(Body body, std::optional<Result<std::int64_t>>* out) : body_(std::move(body)), out_(out) {
-    handle<Begin>([this](Context& ctx, const Begin&) {
+  using Body = std::function<Task<Result<std::uint64_t>>(ActorContext&)>;
+  Client(Body body, std::optional<Result<std::uint64_t>>* out) : body_(std::move(body)), out_(out) {
+    handle<Go>([this](Context& ctx, const Go&) {
       ActorContext::Scope scope(here_, ctx);
       task_ = wrap();
       task_.start();
@@ -83,16 +61,16 @@ class Client : public Actor {
   }
   ActorContext here_;
   Body body_;
-  std::optional<Result<std::int64_t>>* out_;
+  std::optional<Result<std::uint64_t>>* out_;
   Task<int> task_;
 };
 
 struct Fixture {
-  std::unique_ptr<ActorSystem> sys = manual_system();
+  std::unique_ptr<ActorSystem> sys = std::move(ActorSystem::create(deterministic())).value();
   std::vector<std::string> log;
   ActorId x = spawn_server(*sys, "x", &log);
   ActorId y = spawn_server(*sys, "y", &log);
-  std::optional<Result<std::int64_t>> out;
+  std::optional<Result<std::uint64_t>> out;
   Client* client = nullptr;
 
   void run(Client::Body body) {
@@ -102,17 +80,19 @@ struct Fixture {
       return c;
     });
     ASSERT_TRUE(id.ok());
-    ASSERT_TRUE(sys->send(*id, Begin{}).ok());
+    ASSERT_TRUE(sys->send(*id, Go{}).ok());
     sys->run_until_idle();
   }
 };
 
-Task<Result<std::int64_t>> twice(ActorContext& here, ActorId x, std::vector<std::string>* log) {
+Task<Result<std::uint64_t>> twice(ActorContext& here, ActorId x, std::vector<std::string>* log) {
   ActorId self = here->self();
-  TROUPE_CO_ASSIGN_OR_RETURN(auto a, co_await request<Answer>(here, x, Ask{1}, 1s));
+  auto first = request<Pong>(here, x, Ping{1, ""}, 1s);  // (see coroutine.h: no Ping{...} inside a co_await)
+  TROUPE_CO_ASSIGN_OR_RETURN(auto a, co_await first);
   log->push_back("resumed as the client: " + std::to_string(here->self() == self));
-  TROUPE_CO_ASSIGN_OR_RETURN(auto b, co_await request<Answer>(here, x, Ask{a.value * 10}, 1s));
-  co_return b.value;
+  auto second = request<Pong>(here, x, Ping{a.seq * 10, ""}, 1s);
+  TROUPE_CO_ASSIGN_OR_RETURN(auto b, co_await second);
+  co_return b.seq;
 }
 
 TEST(Coroutine, SequentialRequestsResumeInTheReplyContinuation) {
@@ -124,14 +104,14 @@ TEST(Coroutine, SequentialRequestsResumeInTheReplyContinuation) {
   EXPECT_EQ(f.log, (std::vector<std::string>{"x got 1", "resumed as the client: 1", "x got 20"}));
 }
 
-Task<Result<std::int64_t>> fan_out(ActorContext& here, ActorId x, ActorId y, std::vector<std::string>* log) {
-  auto a = request<Answer>(here, x, Ask{1}, 1s);  // both sent before either is awaited
-  auto b = request<Answer>(here, y, Ask{2}, 1s);
+Task<Result<std::uint64_t>> fan_out(ActorContext& here, ActorId x, ActorId y, std::vector<std::string>* log) {
+  auto a = request<Pong>(here, x, Ping{1, ""}, 1s);  // both sent before either is awaited
+  auto b = request<Pong>(here, y, Ping{2, ""}, 1s);
   log->push_back("both sent");
   TROUPE_CO_ASSIGN_OR_RETURN(auto rb, co_await b);  // awaited in any order
   TROUPE_CO_ASSIGN_OR_RETURN(auto ra, co_await a);  // (ready already: no suspension)
-  log->push_back(ra.by + rb.by);
-  co_return ra.value + rb.value;
+  log->push_back(ra.text + rb.text);
+  co_return ra.seq + rb.seq;
 }
 
 TEST(Coroutine, FanOutStaysParallel) {
@@ -142,12 +122,13 @@ TEST(Coroutine, FanOutStaysParallel) {
   EXPECT_EQ(f.log, (std::vector<std::string>{"both sent", "x got 1", "y got 2", "xy"}));
 }
 
-Task<Result<std::int64_t>> inner(ActorContext& here, ActorId x, std::int64_t v) {
-  TROUPE_CO_ASSIGN_OR_RETURN(auto a, co_await request<Answer>(here, x, Ask{v}, 1s));
-  co_return a.value;
+Task<Result<std::uint64_t>> inner(ActorContext& here, ActorId x, std::uint64_t v, std::string text = "") {
+  auto reply = request<Pong>(here, x, Ping{v, std::move(text)}, 1s);
+  TROUPE_CO_ASSIGN_OR_RETURN(auto a, co_await reply);
+  co_return a.seq;
 }
-Task<Result<std::int64_t>> outer(ActorContext& here, ActorId x) {
-  std::int64_t sum = 0;
+Task<Result<std::uint64_t>> outer(ActorContext& here, ActorId x) {
+  std::uint64_t sum = 0;
   for (int i = 1; i <= 3; ++i) {
     TROUPE_CO_ASSIGN_OR_RETURN(auto v, co_await inner(here, x, i));
     sum += v;
@@ -164,16 +145,16 @@ TEST(Coroutine, NestedTasks) {
 
 TEST(Coroutine, ErrorReplyIsAValue) {
   Fixture f;
-  f.run([&](ActorContext& here) { return inner(here, f.x, -5); });
+  f.run([&](ActorContext& here) { return inner(here, f.x, 5, "refuse"); });
   ASSERT_TRUE(f.out.has_value());
   ASSERT_FALSE(f.out->ok());
   EXPECT_EQ(f.out->error().code, ErrorCode::invalid_input);
-  EXPECT_NE(f.out->error().message.find("x refuses -5"), std::string::npos) << f.out->error().message;
+  EXPECT_NE(f.out->error().message.find("x refuses 5"), std::string::npos) << f.out->error().message;
 }
 
 TEST(Coroutine, TimeoutResumesWithTheError) {
   Fixture f;
-  f.run([&](ActorContext& here) { return inner(here, f.x, 0); });  // x never answers
+  f.run([&](ActorContext& here) { return inner(here, f.x, 1, "ignore"); });  // x never answers
   EXPECT_FALSE(f.out.has_value());
   f.sys->advance(1s);
   ASSERT_TRUE(f.out.has_value());
@@ -183,21 +164,22 @@ TEST(Coroutine, TimeoutResumesWithTheError) {
 
 // Two coroutines of one actor: the producer hands values over through `box` and a Wakeup.
 struct Box {
-  std::vector<std::int64_t> items;
+  std::vector<std::uint64_t> items;
   Wakeup changed;
 };
-Task<Result<std::int64_t>> producer(ActorContext& here, ActorId x, Box* box) {
+Task<Result<std::uint64_t>> producer(ActorContext& here, ActorId x, Box* box) {
   for (int i = 1; i <= 3; ++i) {
-    TROUPE_CO_ASSIGN_OR_RETURN(auto a, co_await request<Answer>(here, x, Ask{i}, 1s));
-    box->items.push_back(a.value);
+    auto reply = request<Pong>(here, x, Ping{static_cast<std::uint64_t>(i), ""}, 1s);
+    TROUPE_CO_ASSIGN_OR_RETURN(auto a, co_await reply);
+    box->items.push_back(a.seq);
     box->changed.notify_all();
   }
   co_return 0;
 }
-Task<Result<std::int64_t>> consumer(ActorContext& here, ActorId x, Box* box) {
-  Task<Result<std::int64_t>> p = producer(here, x, box);
+Task<Result<std::uint64_t>> consumer(ActorContext& here, ActorId x, Box* box) {
+  Task<Result<std::uint64_t>> p = producer(here, x, box);
   p.start();
-  std::int64_t sum = 0;
+  std::uint64_t sum = 0;
   for (size_t taken = 0; taken < 3; ++taken) {
     while (box->items.size() <= taken) co_await box->changed.wait();
     sum += box->items[taken];
@@ -217,7 +199,7 @@ TEST(Coroutine, TwoCoroutinesOfOneActorMeetThroughAWakeup) {
 
 TEST(Coroutine, DestroyedTaskDropsTheLateReply) {
   Fixture f;
-  f.run([&](ActorContext& here) { return inner(here, f.x, 0); });  // suspended: x never answers
+  f.run([&](ActorContext& here) { return inner(here, f.x, 1, "ignore"); });  // suspended: x never answers
   ASSERT_FALSE(f.out.has_value());
   f.client->drop_task();  // the frame goes; the timeout then finds nobody to resume
   f.sys->advance(2s);

@@ -11,7 +11,8 @@ using runtime::request;
 
 Task<Status> sync_weights(RunState& s, double* seconds) {
   double t = mono_s();
-  TROUPE_CO_ASSIGN_OR_RETURN(auto w, co_await request<Weights>(s.here, s.peers.learners[0], GetWeightsReq{}, kLongTimeout));
+  auto weights = request<Weights>(s.here, s.peers.learners[0], GetWeightsReq{}, kLongTimeout);
+  TROUPE_CO_ASSIGN_OR_RETURN(auto w, co_await weights);
   s.version = w.version;
   if (s.async) {
     TROUPE_CO_TRY(s.here->broadcast(std::span<const ActorId>(s.peers.generators), w));

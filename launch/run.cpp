@@ -93,19 +93,21 @@ std::string base_dir_of(const std::string& file) {
   return p.has_parent_path() ? p.parent_path().string() : std::string(".");
 }
 
-// Rank 0 -> every other rank when the run is over: stop serving and shut down (why: for the log).
+// Rank 0 -> every other rank when the run is over: stop serving and shut down.
 struct StopRun {
   static constexpr std::uint32_t type_id = 2099;
   static constexpr const char* type_name = "launch.StopRun";
-  std::string why;
+  std::int32_t code = 0;
   template <class A>
-  void serialize(A& ar) { ar(why); }
+  void serialize(A& ar) { ar(code); }
 };
 
 class ControlActor : public runtime::Actor {
  public:
   explicit ControlActor(runtime::Cluster* c) : cluster_(c) {
-    handle<StopRun>([this](runtime::Context&, const StopRun& m) { cluster_->request_shutdown(m.why); });
+    handle<StopRun>([this](runtime::Context&, const StopRun& m) {
+      cluster_->request_shutdown(m.code == 0 ? "rank 0 finished the run" : "rank 0 failed the run");
+    });
   }
 
  private:
@@ -393,9 +395,8 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
       }
     }
     if (!single) {
-      const StopRun stop{code == 0 ? "rank 0 finished the run" : "rank 0 failed the run"};
       for (size_t r = 1; r < roles.size(); ++r)
-        (void)sys.send(runtime::ActorSystem::named(static_cast<uint32_t>(r), "control"), stop);
+        (void)sys.send(runtime::ActorSystem::named(static_cast<uint32_t>(r), "control"), StopRun{code});
       cluster.request_shutdown(code == 0 ? "run finished" : "run failed");
     }
   } else {

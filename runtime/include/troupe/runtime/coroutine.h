@@ -16,6 +16,10 @@
 // or co_await; destroying a suspended Task abandons what it awaits (a later reply is dropped).
 // Coroutine parameters outlive the first suspension only when passed by value (or when the caller
 // awaits at once and owns the referent); lambdas with captures must not be coroutines.
+// GCC 12: a braced aggregate temporary passed by value inside a co_await expression
+// (`co_await request<Rep>(here, to, Req{"text"}, t)`) is destroyed wrongly (a short string in it
+// is freed from the coroutine frame); send in a statement of its own and await the Reply after,
+// as above (actors.coroutine covers the pattern).
 #pragma once
 
 #include <algorithm>
