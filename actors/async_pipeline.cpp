@@ -87,9 +87,10 @@ Task<Status> train_streamed(RunState& s, Pipeline& pl, int64_t step, int64_t k, 
     if (!item.second.ok()) co_return item.second.error();
     Rollout& part = *item.second;
     if (item.first != k || part.part != c)
-      co_return make_error(ErrorCode::internal, "coordinator: expected part " + std::to_string(c) + " of GRPO step " +
-                                                    std::to_string(k) + ", got part " + std::to_string(part.part) +
-                                                    " of step " + std::to_string(item.first));
+      co_return make_error(ErrorCode::internal, "coordinator: expected part " + std::to_string(c) +
+                                                    " of GRPO step " + std::to_string(k) + ", got part " +
+                                                    std::to_string(part.part) + " of step " +
+                                                    std::to_string(item.first));
     C = part.parts;
     if (c == 0) {
       gen_idle = part.idle_s;
@@ -151,8 +152,10 @@ Task<Status> run_grpo_async(RunState& s, int64_t first_k) {
       result = co_await train_streamed(s, pl, s.step, k, t);
     } else {
       auto item = co_await pop(pl);
-      if (!item.second.ok()) result = item.second.error();
-      else result = co_await train_on(s, *item.second, s.step, k, t, item.second->idle_s);
+      if (!item.second.ok())
+        result = item.second.error();
+      else
+        result = co_await train_on(s, *item.second, s.step, k, t, item.second->idle_s);
     }
     if (result.ok()) result = co_await finish_step(s, k);
   }

@@ -27,8 +27,8 @@ bool improves_best(RunState& s, double value) {
 Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Duration timeout) {
   if (!s.cfg.checkpointing.enabled) co_return Status{};
   const auto& best = s.cfg.checkpointing.keep_best_by;
-  const bool scored =
-      !best.empty() && s.last_eval_step == s.step && s.last_eval.contains(best) && s.last_eval[best].is_number();
+  const bool scored = !best.empty() && s.last_eval_step == s.step && s.last_eval.contains(best) &&
+                      s.last_eval[best].is_number();
   const bool better = scored && improves_best(s, s.last_eval[best].get<double>());
   bool due = s.cfg.checkpointing.every > 0 && s.step % s.cfg.checkpointing.every == 0;
   // an eval that beats the best so far is kept even between regular checkpoints
@@ -42,7 +42,8 @@ Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Dur
     req.metric = s.last_eval[best].get<double>();
   }
   // only learner 0 writes; the others hold identical state
-  TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await request<CheckpointRep>(s.here, s.peers.learners[0], req, timeout));
+  TROUPE_CO_ASSIGN_OR_RETURN(auto rep,
+                             co_await request<CheckpointRep>(s.here, s.peers.learners[0], req, timeout));
   if (better) s.best_value = req.metric;
   s.saved_step = s.step;
   if (s.hooks.log) s.hooks.log("checkpoint " + rep.path + (better ? " (best " + best + " so far)" : ""));
@@ -72,11 +73,12 @@ Task<Status> save_what_is_done(RunState& s, Error cause) {
   if (!s.cfg.checkpointing.enabled || s.done_step <= s.saved_step) co_return cause;
   const bool learner_failed = cause.message.find("learner") != std::string::npos;
   if (s.learner_dirty || learner_failed)
-    co_return make_error(cause.code, cause.message + " (not saved: " +
-                                         (s.learner_dirty ? "the learners had already updated for step " +
-                                                                std::to_string(s.done_step + 1)
-                                                          : std::string("a learner failed")) +
-                                         "; the last checkpoint is step_" + std::to_string(s.saved_step) + ")");
+    co_return make_error(
+        cause.code,
+        cause.message + " (not saved: " +
+            (s.learner_dirty ? "the learners had already updated for step " + std::to_string(s.done_step + 1)
+                             : std::string("a learner failed")) +
+            "; the last checkpoint is step_" + std::to_string(s.saved_step) + ")");
   const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
   s.step = s.done_step;  // the learners' state is that of the last finished step
   // the save may take longer than the grace a peer failure leaves this process

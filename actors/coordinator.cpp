@@ -76,15 +76,17 @@ Task<Status> run_sft(RunState& s, int64_t first_step) {
 
 }  // namespace
 
-Task<Status> finish_grpo_step(RunState& s, const Rollout& r, const Prepared& p, const Trained& tr, int64_t step,
-                              double step_start, double gen_idle) {
+Task<Status> finish_grpo_step(RunState& s, const Rollout& r, const Prepared& p, const Trained& tr,
+                              int64_t step, double step_start, double gen_idle) {
   json row = grpo_step_row(s, r, p, tr, step);
   double sync_s = 0;
   if (tr.updated) TROUPE_CO_TRY(co_await sync_weights(s, &sync_s));
   add_grpo_timings(s, row, r, tr, sync_s, mono_s() - step_start, gen_idle);
   if (s.async) {  // a new version, or none (no update): the rollout coroutine must not wait for it
-    if (tr.updated) s.async->weights_sent = s.version;
-    else s.async->skipped += 1;
+    if (tr.updated)
+      s.async->weights_sent = s.version;
+    else
+      s.async->skipped += 1;
     s.async->changed.notify_all();
   }
   write_trajectories(s, r, p.adv, step);
@@ -147,14 +149,16 @@ Status load_tokenizer(RunState& s) {
     if (t.ok()) s.tokenizer = std::move(t).value();
   }
   if (!s.tokenizer) {
-    TROUPE_ASSIGN_OR_RETURN(s.tokenizer, make_builtin_tokenizer(pol.tokenizer == "auto" ? "char" : pol.tokenizer));
+    TROUPE_ASSIGN_OR_RETURN(s.tokenizer,
+                            make_builtin_tokenizer(pol.tokenizer == "auto" ? "char" : pol.tokenizer));
   }
   return {};
 }
 
 Task<Status> run_phases(RunState& s, int64_t start) {
   const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
-  if (s.cfg.eval.at_start && start == 0) TROUPE_CO_TRY(co_await eval_and_log(s, s.cfg.sft.enabled ? "sft" : "grpo"));
+  if (s.cfg.eval.at_start && start == 0)
+    TROUPE_CO_TRY(co_await eval_and_log(s, s.cfg.sft.enabled ? "sft" : "grpo"));
   if (s.cfg.sft.enabled && start < S) TROUPE_CO_TRY(co_await run_sft(s, start));
   if (s.cfg.grpo.enabled) TROUPE_CO_TRY(co_await run_grpo(s, std::max<int64_t>(0, start - S)));
   co_return Status{};
@@ -173,7 +177,8 @@ Task<Status> run(RunState& s, bool resume) {
   s.done_step = s.saved_step = start;
   Status st = co_await run_phases(s, start);
   if (st.ok()) co_return st;
-  const bool planned = st.error().code == ErrorCode::timeout && st.error().message.rfind("run.max_wall_s", 0) == 0;
+  const bool planned =
+      st.error().code == ErrorCode::timeout && st.error().message.rfind("run.max_wall_s", 0) == 0;
   if (planned) co_return st;
   co_return co_await save_what_is_done(s, st.error());
 }
@@ -194,8 +199,10 @@ struct Coordinator::Impl {
         out = co_await coord::evaluate(s);
       } else {
         Status st = co_await coord::run(s, job == Job::resume);
-        if (st.ok()) out = json{{"step", s.step}};
-        else out = st.error();
+        if (st.ok())
+          out = json{{"step", s.step}};
+        else
+          out = st.error();
       }
     } catch (const std::exception& e) {
       out = make_error(ErrorCode::internal, std::string("coordinator threw: ") + e.what());
@@ -207,8 +214,8 @@ struct Coordinator::Impl {
   }
 };
 
-Coordinator::Coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hooks, std::string run_dir, Job job,
-                         OnEnd on_end)
+Coordinator::Coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hooks, std::string run_dir,
+                         Job job, OnEnd on_end)
     : impl_(std::make_unique<Impl>()) {
   impl_->s.cfg = std::move(cfg);
   impl_->s.peers = std::move(peers);
@@ -237,7 +244,8 @@ Result<json> run_job(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hoo
   auto id = peers.system->spawn(
       [args, job, done]() -> std::unique_ptr<runtime::Actor> {
         auto& [c, p, h, d] = *args;
-        return std::make_unique<Coordinator>(c, p, h, d, job, [done](Result<json> r) { done->set_value(std::move(r)); });
+        return std::make_unique<Coordinator>(c, p, h, d, job,
+                                             [done](Result<json> r) { done->set_value(std::move(r)); });
       },
       runtime::SpawnOptions().named("coordinator"));
   if (!id.ok()) return id.error();
@@ -249,7 +257,8 @@ Result<json> run_job(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hoo
 }
 }  // namespace
 
-Status run_coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hooks, std::string run_dir, bool resume) {
+Status run_coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hooks, std::string run_dir,
+                       bool resume) {
   auto r = run_job(std::move(cfg), std::move(peers), std::move(hooks), std::move(run_dir),
                    resume ? Coordinator::Job::resume : Coordinator::Job::train);
   if (!r.ok()) return r.error();

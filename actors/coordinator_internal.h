@@ -68,10 +68,10 @@ struct Trained {  // what the learners gave back
 // Async mode: the rollout coroutine runs ahead of the training one, in the same actor.
 struct Pipeline {
   std::deque<std::pair<int64_t, Result<Rollout>>> queue;  // (k, rollout or one streamed part)
-  int64_t weights_sent = 0;  // newest version the generators have been sent
-  int64_t skipped = 0;       // steps that trained on nothing (no new version): not waited for
+  int64_t weights_sent = 0;                               // newest version the generators have been sent
+  int64_t skipped = 0;  // steps that trained on nothing (no new version): not waited for
   bool stop = false;
-  runtime::Wakeup changed;   // any of the above changed
+  runtime::Wakeup changed;  // any of the above changed
 };
 
 // The run's state, shared by the parts. Lives in the coordinator actor.
@@ -82,9 +82,9 @@ struct RunState {
   std::string run_dir;
   runtime::ActorContext here;  // the Context the coroutines send with
   std::unique_ptr<policy::io::Tokenizer> tokenizer;
-  int64_t step = 0;         // global step (SFT steps, then GRPO steps)
-  int64_t version = 0;      // learner policy version
-  double wall_offset = 0;   // wall_s already spent before a resume
+  int64_t step = 0;        // global step (SFT steps, then GRPO steps)
+  int64_t version = 0;     // learner policy version
+  double wall_offset = 0;  // wall_s already spent before a resume
   double t0 = 0;
   json last_eval;
   int64_t last_eval_step = -1;
@@ -109,8 +109,8 @@ std::vector<runtime::Reply<TrainRep>> send_train(RunState& s, const TrainReq& re
 bool eval_due(const RunState& s, bool last_of_phase);
 Task<Status> train_on(RunState& s, Rollout& r, int64_t step, int64_t k, double step_start, double gen_idle);
 // The metric row, the weight sync (or, in async mode, the skipped version), trajectories.
-Task<Status> finish_grpo_step(RunState& s, const Rollout& r, const Prepared& p, const Trained& tr, int64_t step,
-                              double step_start, double gen_idle);
+Task<Status> finish_grpo_step(RunState& s, const Rollout& r, const Prepared& p, const Trained& tr,
+                              int64_t step, double step_start, double gen_idle);
 Task<Status> finish_step(RunState& s, int64_t k);  // evals, checkpoints, run.max_wall_s after GRPO step k
 
 // async_pipeline.cpp: the GRPO phase in async mode (rollout.async).
@@ -122,7 +122,8 @@ Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k);
 // One generation round. With a sink: in rollout.async_chunks parts, each handed to the sink as
 // soon as it is scored (its groups move there).
 using PartSink = std::function<void(Rollout&& part)>;
-Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round, const PartSink* sink = nullptr);
+Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round,
+                                 const PartSink* sink = nullptr);
 
 // episodes.cpp: multi-turn episodes (rollout.max_turns > 1).
 Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k);

@@ -33,7 +33,8 @@ struct Episode {
 };
 
 // Turn `turn` of episode e: sample s (this turn's completion) and the env's answer res.
-void add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int turn, int max_turns, int32_t eos) {
+void add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int turn, int max_turns,
+              int32_t eos) {
   // append this turn's sampled tokens (mask 1)
   if (turn == 0) {
     e.merged.prompt_tokens = s.prompt_tokens;
@@ -89,11 +90,11 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     for (int j = 0; j < G; ++j) {
       Episode e;
       e.group = gi;
-      e.id = "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + static_cast<int64_t>(gi)) + "-" +
-             std::to_string(j);
+      e.id = "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + static_cast<int64_t>(gi)) +
+             "-" + std::to_string(j);
       e.context = r.groups[gi].prompt_text;
-      resets.push_back(request<EnvObs>(s.here, s.env_worker(gi), EnvResetReq{r.groups[gi].env, e.id, r.groups[gi].seed, 0},
-                                       kEnvTimeout));
+      resets.push_back(request<EnvObs>(
+          s.here, s.env_worker(gi), EnvResetReq{r.groups[gi].env, e.id, r.groups[gi].seed, 0}, kEnvTimeout));
       eps.push_back(std::move(e));
     }
   }
@@ -112,14 +113,16 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     for (size_t g = 0; g < NG; ++g) {
       GenerateReq req;
       for (size_t i : owned[g]) req.prompts.push_back(eps[i].context);
-      req.sampling = {ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
-                      mix_seed(r.seed_base, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn))};
+      req.sampling = {
+          ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
+          mix_seed(r.seed_base, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn))};
       gens.push_back(request<GenerateRep>(s.here, s.peers.generators[g], std::move(req), kLongTimeout));
     }
     std::vector<GenSample> out(eps.size());
     for (size_t g = 0; g < NG; ++g) {
       TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await gens[g]);
-      if (turn == 0) r.policy_version = g == 0 ? rep.policy_version : std::min(r.policy_version, rep.policy_version);
+      if (turn == 0)
+        r.policy_version = g == 0 ? rep.policy_version : std::min(r.policy_version, rep.policy_version);
       for (size_t n = 0; n < owned[g].size(); ++n) out[owned[g][n]] = std::move(rep.samples[n]);
     }
     r.gen_s += mono_s() - t_gen;
@@ -127,7 +130,8 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     std::vector<Reply<EnvObs>> steps;
     for (size_t i : active)
       steps.push_back(request<EnvObs>(s.here, s.env_worker(eps[i].group),
-                                      EnvStepReq{r.groups[eps[i].group].env, eps[i].id, out[i].text}, kEnvTimeout));
+                                      EnvStepReq{r.groups[eps[i].group].env, eps[i].id, out[i].text},
+                                      kEnvTimeout));
     for (size_t n = 0; n < active.size(); ++n) {
       Result<EnvObs> res = co_await steps[n];
       add_turn(eps[active[n]], out[active[n]], res, turn, ro.max_turns, eos);

@@ -18,7 +18,9 @@ struct EnvScore {
   double acc = 0, reward = 0, turns = 0;
 };
 
-GenSampling greedy(const ExperimentConfig& cfg) { return {0.0f, 0, 1.0f, cfg.rollout.max_response_length, 0}; }
+GenSampling greedy(const ExperimentConfig& cfg) {
+  return {0.0f, 0, 1.0f, cfg.rollout.max_response_length, 0};
+}
 
 std::string eval_id(const std::string& env, int i) { return "eval-" + env + "-" + std::to_string(i); }
 
@@ -28,12 +30,13 @@ Task<Result<EnvScore>> single_turn(RunState& s, std::string env, std::vector<Env
   GenerateReq req;
   for (auto& o : got) req.prompts.push_back(o.text);
   req.sampling = greedy(s.cfg);
-  TROUPE_CO_ASSIGN_OR_RETURN(auto rep,
-                             co_await request<GenerateRep>(s.here, s.peers.generators[0], std::move(req), kLongTimeout));
+  TROUPE_CO_ASSIGN_OR_RETURN(
+      auto rep, co_await request<GenerateRep>(s.here, s.peers.generators[0], std::move(req), kLongTimeout));
   EnvScore out;
   std::vector<Reply<EnvVerifyRep>> ver;
   for (int i = 0; i < n; ++i)
-    ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(i), EnvVerifyReq{env, got[i].metadata_json, {rep.samples[i].text}},
+    ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(i),
+                                        EnvVerifyReq{env, got[i].metadata_json, {rep.samples[i].text}},
                                         kEnvTimeout));
   for (int i = 0; i < n; ++i) {
     TROUPE_CO_ASSIGN_OR_RETURN(auto v, co_await ver[i]);
@@ -65,7 +68,8 @@ Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs
     std::vector<Reply<EnvObs>> steps;
     for (size_t a = 0; a < active.size(); ++a)
       steps.push_back(request<EnvObs>(s.here, s.env_worker(active[a]),
-                                      EnvStepReq{env, eval_id(env, active[a]), rep.samples[a].text}, kEnvTimeout));
+                                      EnvStepReq{env, eval_id(env, active[a]), rep.samples[a].text},
+                                      kEnvTimeout));
     for (size_t a = 0; a < active.size(); ++a) {
       int i = active[a];
       Result<EnvObs> res = co_await steps[a];
@@ -100,7 +104,8 @@ Task<Result<json>> evaluate(RunState& s) {
   for (const auto& e : s.cfg.envs) {
     std::vector<Reply<EnvObs>> obs;
     for (int i = 0; i < n; ++i)
-      obs.push_back(request<EnvObs>(s.here, s.env_worker(i), EnvResetReq{e.name, eval_id(e.name, i), static_cast<uint64_t>(i), 1},
+      obs.push_back(request<EnvObs>(s.here, s.env_worker(i),
+                                    EnvResetReq{e.name, eval_id(e.name, i), static_cast<uint64_t>(i), 1},
                                     kEnvTimeout));
     std::vector<EnvObs> got;
     for (int i = 0; i < n; ++i) {
@@ -109,8 +114,10 @@ Task<Result<json>> evaluate(RunState& s) {
       got.push_back(std::move(o));
     }
     Result<EnvScore> score = EnvScore{};
-    if (multi) score = co_await episodes(s, e.name, std::move(got));
-    else score = co_await single_turn(s, e.name, std::move(got));
+    if (multi)
+      score = co_await episodes(s, e.name, std::move(got));
+    else
+      score = co_await single_turn(s, e.name, std::move(got));
     if (!score.ok()) co_return score.error();
     out["eval_accuracy/" + e.name] = score->acc / n;
     out["eval_reward_mean/" + e.name] = score->reward / n;

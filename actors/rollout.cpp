@@ -73,14 +73,17 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
   double t_env = mono_s();
   int P = ro.prompts_per_step;
   r.groups.resize(P);
-  auto episode_id = [&](int i) { return "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + i); };
+  auto episode_id = [&](int i) {
+    return "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + i);
+  };
   std::vector<Reply<EnvObs>> obs;
   for (int i = 0; i < P; ++i) {
     uint64_t rs = mix_seed(r.seed_base, 1, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
     auto& g = r.groups[i];
     g.env = s.cfg.envs[pick_env(s.cfg, rs)].name;
     g.seed = mix_seed(rs, 2);
-    obs.push_back(request<EnvObs>(s.here, s.env_worker(i), EnvResetReq{g.env, episode_id(i), g.seed, 0}, kEnvTimeout));
+    obs.push_back(
+        request<EnvObs>(s.here, s.env_worker(i), EnvResetReq{g.env, episode_id(i), g.seed, 0}, kEnvTimeout));
   }
   for (int i = 0; i < P; ++i) {
     TROUPE_CO_ASSIGN_OR_RETURN(auto o, co_await obs[i]);
@@ -116,7 +119,8 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
       req.sampling = {
           ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
           mix_seed(r.seed_base, 3, static_cast<uint64_t>(k), g + 1024 * static_cast<uint64_t>(c))};
-      part.gens.back().emplace(request<GenerateRep>(s.here, s.peers.generators[g], std::move(req), kLongTimeout));
+      part.gens.back().emplace(
+          request<GenerateRep>(s.here, s.peers.generators[g], std::move(req), kLongTimeout));
     }
   }
   r.policy_version = -1;
@@ -131,7 +135,8 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
       version = version < 0 ? rep.policy_version : std::min(version, rep.policy_version);
       size_t n = 0;
       for (int i : part.owned[g])
-        for (int j = 0; j < ro.num_generations; ++j) r.groups[i].samples.push_back(std::move(rep.samples[n++]));
+        for (int j = 0; j < ro.num_generations; ++j)
+          r.groups[i].samples.push_back(std::move(rep.samples[n++]));
     }
     r.policy_version = r.policy_version < 0 ? version : std::min(r.policy_version, version);
     const double gen_s = mono_s() - t_gen;

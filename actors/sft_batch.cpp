@@ -18,8 +18,8 @@ Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
   for (int i = 0; i < B; ++i) {
     uint64_t rs = mix_seed(s.cfg.run.seed, 11, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
     envn.push_back(s.cfg.envs[pick_env(s.cfg, rs)].name);
-    obs.push_back(
-        request<EnvObs>(s.here, s.env_worker(i), EnvResetReq{envn.back(), episode_id(i), mix_seed(rs, 2), 0}, kEnvTimeout));
+    obs.push_back(request<EnvObs>(s.here, s.env_worker(i),
+                                  EnvResetReq{envn.back(), episode_id(i), mix_seed(rs, 2), 0}, kEnvTimeout));
   }
   TrainReq req;
   req.phase = 1;
@@ -29,7 +29,8 @@ Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
     TROUPE_CO_ASSIGN_OR_RETURN(auto o, co_await obs[i]);
     (void)s.here->send(s.env_worker(i), EnvReleaseReq{envn[i], episode_id(i)});
     json meta = json::parse(o.metadata_json, nullptr, false);
-    if (!meta.is_object() || !meta.contains("reference_completion") || !meta["reference_completion"].is_string())
+    if (!meta.is_object() || !meta.contains("reference_completion") ||
+        !meta["reference_completion"].is_string())
       co_return invalid_input("sft: env '" + envn[i] + "' gives no reference_completion to train on");
     TrainSample x;
     auto p = tok.encode(format_prompt(s.cfg.rollout, o.text));

@@ -20,10 +20,18 @@ double process_cpu_s() {
 
 json sft_step_row(const RunState& s, const json& learner_metrics, double tokens, int batch, double sync_s,
                   double step_s) {
-  json row = {{"step", s.step}, {"phase", "sft"}, {"policy_version", s.version}, {"reward_mean", nullptr},
-              {"reward_std", nullptr}, {"response_len_mean", tokens / batch}, {"truncated_frac", 0.0},
-              {"env_failures", 0}, {"weight_sync_s", sync_s}, {"step_s", step_s},
-              {"tokens_per_s", step_s > 0 ? tokens / step_s : 0.0}, {"wall_s", s.now_s()}};
+  json row = {{"step", s.step},
+              {"phase", "sft"},
+              {"policy_version", s.version},
+              {"reward_mean", nullptr},
+              {"reward_std", nullptr},
+              {"response_len_mean", tokens / batch},
+              {"truncated_frac", 0.0},
+              {"env_failures", 0},
+              {"weight_sync_s", sync_s},
+              {"step_s", step_s},
+              {"tokens_per_s", step_s > 0 ? tokens / step_s : 0.0},
+              {"wall_s", s.now_s()}};
   for (const char* key : {"loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
     row[key] = learner_metrics.value(key, 0.0);
   return row;
@@ -68,8 +76,8 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
     row["reward_mean/" + name] = v.first / std::max(1, v.second);
     row["prompts/" + name] = v.second / std::max(1, G);  // groups sampled from this env (envs[].weight)
   }
-  for (const char* key :
-       {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr", "is_weight_mean"})
+  for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm",
+                          "lr", "is_weight_mean"})
     row[key] = tr.updated ? tr.metrics.value(key, 0.0) : 0.0;
   return row;
 }
@@ -85,7 +93,8 @@ void add_grpo_timings(const RunState& s, json& row, const Rollout& r, const Trai
   row["learner_s"] = tr.learner_s;
   row["weight_sync_s"] = sync_s;
   row["idle_s"] = idle;  // generator idle: no sampling work during this step
-  row["learner_idle_s"] = std::max(0.0, step_s - tr.learner_s - sync_s);  // learner neither training nor syncing
+  row["learner_idle_s"] =
+      std::max(0.0, step_s - tr.learner_s - sync_s);  // learner neither training nor syncing
   row["step_s"] = step_s;
   row["tokens_per_s"] = step_s > 0 ? resp_len / step_s : 0.0;
   row["wall_s"] = s.now_s();

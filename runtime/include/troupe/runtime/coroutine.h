@@ -34,9 +34,9 @@
 #include "troupe/runtime/system.h"
 
 // TROUPE_TRY / TROUPE_ASSIGN_OR_RETURN for coroutines (co_return instead of return).
-#define TROUPE_CO_TRY(expr)                                   \
-  do {                                                        \
-    auto&& troupe_co_try_r_ = (expr);                         \
+#define TROUPE_CO_TRY(expr)                                         \
+  do {                                                              \
+    auto&& troupe_co_try_r_ = (expr);                               \
     if (!troupe_co_try_r_.ok()) co_return troupe_co_try_r_.error(); \
   } while (0)
 #define TROUPE_CO_ASSIGN_OR_RETURN(lhs, expr) \
@@ -243,7 +243,9 @@ class Wakeup {
   bool has_waiters() const { return !waiting_.empty(); }
 
  private:
-  void forget(Awaiter* a) { waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), a), waiting_.end()); }
+  void forget(Awaiter* a) {
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), a), waiting_.end());
+  }
   std::vector<Awaiter*> waiting_;
 };
 
