@@ -383,8 +383,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
         hooks.metrics = [s](const json& row) { return s->write(row); };
         hooks.log = [s](const std::string& line) { s->message(line); };
         hooks.hold_exit = [&cluster](std::chrono::seconds d) { cluster.hold_exit(d); };
-        actors::Coordinator coord(cfg, peers, hooks, run_dir);
-        Status st = coord.run(!opt.resume_dir.empty());
+        Status st = actors::run_coordinator(cfg, peers, hooks, run_dir, !opt.resume_dir.empty());
         s->finish();
         if (!st.ok() && st.error().code == ErrorCode::timeout && st.error().message.rfind("run.max_wall_s", 0) == 0) {
           s->message(st.error().message);  // a planned stop, checkpointed: not a failure
@@ -429,8 +428,7 @@ int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
   if (!gid.ok()) return fail(gid.error());
   if (!eid.ok()) return fail(eid.error());
   actors::RolePeers peers{&sys, {*eid}, {*gid}, {}};
-  actors::Coordinator coord(cfg, peers, {}, "");
-  auto r = coord.evaluate();
+  auto r = actors::evaluate_policy(cfg, peers);
   sys.shutdown();
   if (!r.ok()) return fail(r.error());
   json out = *r;

@@ -10,23 +10,21 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "troupe/actors/experiment_config.h"
-#include "troupe/actors/messages.h"
 #include "troupe/base/result.h"
-#include "troupe/policy/io/tokenizer.h"
 #include "troupe/runtime/system.h"
 
 namespace troupe::actors {
 
 struct RolePeers {
-  runtime::ActorSystem* system = nullptr;
+  runtime::ActorSystem* system = nullptr;  // the coordinator's (run_coordinator spawns it there)
   std::vector<runtime::ActorId> env_workers, generators, learners;
 };
 
+// Called on the coordinator actor's thread, one at a time.
 struct CoordinatorHooks {
   std::function<Status(const nlohmann::json& row)> metrics;  // one row per step / evaluation
   std::function<void(const std::string& line)> log;
@@ -38,82 +36,41 @@ struct CoordinatorHooks {
 // Deterministic 64-bit mix of (seed, a, b, c).
 uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
 
-class Coordinator {
+// The coordinator actor. Spawned on the system of RolePeers, it starts its job in on_start and
+// runs it as coroutines (runtime/coroutine.h): every wait for a role is a request whose reply
+// continuation resumes the step loop on this actor's thread, so no actor thread ever blocks.
+// When the job ends it stops itself and calls on_end once, from its own thread: train/resume
+// give {"step": the global step reached} or the run's error, evaluate gives the eval row.
+class Coordinator : public runtime::Actor {
  public:
-  Coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hooks, std::string run_dir);
-  ~Coordinator();
-
-  // The whole run. resume: continue from run_dir/checkpoints/latest.
-  Status run(bool resume);
-  // Held-out evaluation with the generators' current weights (greedy): eval_accuracy,
-  // eval_reward_mean, and the same per env ("eval_accuracy/<env>"). With rollout.max_turns > 1 each
-  // prompt is a full greedy episode, as in training: eval_accuracy = episodes solved, eval_reward_mean =
-  // episode reward, eval_turns_mean = env steps per episode.
-  Result<nlohmann::json> evaluate();
-  // Global step reached (for tests).
-  int64_t step() const { return step_; }
-
-  // Per-step time breakdown of the last GRPO step (seconds).
-  struct Breakdown {
-    double generation = 0, env = 0, learner = 0, weight_sync = 0, idle = 0, step = 0;
+  enum class Job {
+    train,     // the whole run: eval at start, SFT, GRPO, checkpoints, metric rows
+    resume,    // the same, continuing from run_dir/checkpoints/latest
+    evaluate,  // held-out greedy evaluation with the generators' current weights (troupe eval)
   };
+  using OnEnd = std::function<void(Result<nlohmann::json>)>;
+  Coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hooks, std::string run_dir, Job job,
+              OnEnd on_end);
+  ~Coordinator() override;
+  void on_start(runtime::Context& ctx) override;
 
  private:
-  struct Rollout;
-  struct Async;
-  Status run_sft(int64_t first_step);
-  Status run_grpo(int64_t first_step);
-  Result<Rollout> make_rollout(int64_t step, int64_t k);
-  using PartSink = std::function<void(Rollout&& part)>;
-  // One generation round. With a sink: in rollout.async_chunks parts, each handed to the sink as
-  // soon as it is scored (its groups move there).
-  Result<Rollout> make_round(int64_t step, int64_t k, int round, const PartSink* sink = nullptr);
-  Result<Rollout> multi_turn(Rollout r, int64_t step, int64_t k);
-  struct Prepared {  // what a rollout gives the learners
-    std::vector<TrainSample> samples;
-    std::vector<float> adv;  // per sample of the rollout's groups (0 where not kept)
-    int groups_kept = 0, stale_dropped = 0;
-  };
-  struct Trained {  // what the learners gave back
-    bool updated = false;
-    nlohmann::json metrics = nlohmann::json::object();
-    double learner_s = 0;
-  };
-  Result<Prepared> prepare(const Rollout& r) const;
-  Status train_on(Rollout& r, int64_t step, int64_t k, double step_start, double gen_idle);
-  Status train_streamed(int64_t step, int64_t k, double step_start);
-  Status log_grpo_step(const Rollout& r, const Prepared& p, const Trained& tr, int64_t step,
-                       double step_start, double gen_idle);
-  Status sync_weights(double* seconds);
-  Status eval_and_log(const std::string& phase);
-  Status checkpoint(const std::string& phase, bool force, runtime::Duration timeout = std::chrono::hours(2));
-  Status emit(nlohmann::json row);
-  double now_s() const;
-  size_t pick_env(uint64_t r) const;
-
-  ExperimentConfig cfg_;
-  RolePeers peers_;
-  CoordinatorHooks hooks_;
-  std::string run_dir_;
-  std::unique_ptr<policy::io::Tokenizer> tokenizer_;
-  int64_t step_ = 0;          // global step (SFT steps, then GRPO steps)
-  int64_t version_ = 0;       // learner policy version
-  double wall_offset_ = 0;    // wall_s already spent before a resume
-  double t0_ = 0;
-  nlohmann::json last_eval_;
-  int64_t last_eval_step_ = -1;
-  // checkpointing.keep_best_by: the best value checkpointed so far (read from checkpoints/best on
-  // first use, so a resumed run knows it); an eval that beats it is checkpointed at once.
-  bool improves_best(double value);
-  bool best_known_ = false;
-  std::optional<double> best_value_;
-  // Steps finished (trained and logged) and the last one checkpointed: when the run fails for a
-  // reason other than a learner (an env that keeps crashing, a generator), what is done is saved.
-  int64_t done_step_ = 0;
-  int64_t saved_step_ = 0;
-  bool learner_dirty_ = false;  // an update was sent for a step that is not done yet
-  Status save_what_is_done(const Error& cause);
-  std::unique_ptr<Async> async_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
+
+// For a thread that is no actor's (the launcher, a test): spawn a Coordinator named
+// "coordinator" on peers.system and wait until its job ends.
+//
+// The whole run (resume: continue from run_dir/checkpoints/latest). A planned run.max_wall_s stop
+// is an ErrorCode::timeout whose message starts with "run.max_wall_s"; another failure first
+// saves the steps that are done, and the error says so.
+Status run_coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks hooks, std::string run_dir,
+                       bool resume);
+// Held-out evaluation with the generators' current weights (greedy): eval_accuracy,
+// eval_reward_mean, and the same per env ("eval_accuracy/<env>"). With rollout.max_turns > 1 each
+// prompt is a full greedy episode, as in training: eval_accuracy = episodes solved,
+// eval_reward_mean = episode reward, eval_turns_mean = env steps per episode.
+Result<nlohmann::json> evaluate_policy(ExperimentConfig cfg, RolePeers peers);
 
 }  // namespace troupe::actors

@@ -1,0 +1,170 @@
+// The GRPO phase in async mode (rollout.async): two coroutines of the coordinator actor. The
+// rollout one produces step k+1 with version v while the training one trains step k; step k may
+// use weights no older than base + k - max_staleness (base: the version before GRPO step 0), and
+// without streaming at most max(1, max_staleness) rollouts wait in the queue. With
+// rollout.async_chunks > 1 each step's groups come in parts and the learners start on a part as
+// soon as it is scored (the queue then holds parts; the staleness condition alone bounds how far
+// ahead the rollout runs).
+#include <algorithm>
+
+#include "coordinator_internal.h"
+
+namespace troupe::actors::coord {
+
+using runtime::Reply;
+
+namespace {
+
+struct Bounds {
+  int64_t first_k = 0, K = 0;  // GRPO steps [first_k, K)
+  int64_t base = 0;            // version before GRPO step 0
+  int64_t S = 0;               // SFT steps before GRPO (global step = S + k + 1)
+  bool streamed = false;
+};
+
+bool may_start(const RunState& s, const Pipeline& pl, const Bounds& b, int64_t k) {
+  const int staleness = s.cfg.rollout.max_staleness;
+  return pl.weights_sent + pl.skipped >= b.base + k - staleness &&
+         (b.streamed || pl.queue.size() < static_cast<size_t>(std::max(1, staleness)));
+}
+
+void push(Pipeline& pl, int64_t k, Result<Rollout> r) {
+  pl.queue.emplace_back(k, std::move(r));
+  pl.changed.notify_all();
+}
+
+// The rollout coroutine: steps first_k..K-1 as the staleness bound lets it; a failed rollout is
+// queued as the error and ends it.
+Task<Status> roll_ahead(RunState& s, Pipeline& pl, Bounds b) {
+  for (int64_t k = b.first_k; k < b.K; ++k) {
+    double wait0 = mono_s();
+    while (!pl.stop && !may_start(s, pl, b, k)) co_await pl.changed.wait();
+    if (pl.stop) co_return Status{};
+    const double waited = mono_s() - wait0;
+    if (b.streamed) {
+      PartSink sink = [&pl, k, waited](Rollout&& part) {
+        part.idle_s = part.part == 0 ? waited : 0.0;
+        push(pl, k, std::move(part));
+      };
+      auto r = co_await make_round(s, b.S + k + 1, k, 0, &sink);
+      if (!r.ok()) {
+        push(pl, k, r.error());
+        co_return Status{};
+      }
+      continue;
+    }
+    auto r = co_await make_rollout(s, b.S + k + 1, k);
+    if (r.ok()) r->idle_s = waited;
+    const bool failed = !r.ok();
+    push(pl, k, std::move(r));
+    if (failed) co_return Status{};
+  }
+  co_return Status{};
+}
+
+// The oldest queued (k, rollout), waiting for one; the rollout coroutine may go on (the queue shrank).
+Task<std::pair<int64_t, Result<Rollout>>> pop(Pipeline& pl) {
+  while (pl.queue.empty()) co_await pl.changed.wait();
+  auto item = std::move(pl.queue.front());
+  pl.queue.pop_front();
+  pl.changed.notify_all();
+  co_return item;
+}
+
+// Step k's parts arrive one by one; each goes to the learners at once (they accumulate its
+// gradient while the next part is generated), the last one takes the optimizer step.
+// learner_s: the learner's own compute time over the parts.
+Task<Status> train_streamed(RunState& s, Pipeline& pl, int64_t step, int64_t k, double step_start) {
+  Rollout whole;
+  Prepared all;
+  Trained t;
+  std::vector<Reply<TrainRep>> reps;
+  std::vector<size_t> rep_learner;
+  bool sent = false;
+  double gen_idle = 0;
+  for (int c = 0, C = 1; c < C; ++c) {
+    auto item = co_await pop(pl);
+    if (!item.second.ok()) co_return item.second.error();
+    Rollout& part = *item.second;
+    if (item.first != k || part.part != c)
+      co_return make_error(ErrorCode::internal, "coordinator: expected part " + std::to_string(c) +
+                                                    " of GRPO step " + std::to_string(k) + ", got part " +
+                                                    std::to_string(part.part) + " of step " +
+                                                    std::to_string(item.first));
+    C = part.parts;
+    if (c == 0) {
+      gen_idle = part.idle_s;
+      whole = Rollout{};
+      whole.policy_version = part.policy_version;
+      whole.seed_base = part.seed_base;
+      whole.index0 = part.index0;
+    }
+    TROUPE_CO_ASSIGN_OR_RETURN(auto p, prepare(s, part));
+    const bool last = c + 1 == C;
+    if (!p.samples.empty() || (last && sent)) {
+      TrainReq req;
+      req.phase = 0;
+      req.step = k;
+      req.samples = std::move(p.samples);
+      req.more = !last;
+      if (last) s.learner_dirty = true;  // the last part takes the optimizer step
+      for (auto& r : send_train(s, req)) reps.push_back(std::move(r));
+      for (size_t l = 0; l < s.peers.learners.size(); ++l) rep_learner.push_back(l);
+      sent = true;
+    }
+    all.adv.insert(all.adv.end(), p.adv.begin(), p.adv.end());
+    all.groups_kept += p.groups_kept;
+    all.stale_dropped += p.stale_dropped;
+    whole.policy_version = std::min(whole.policy_version, part.policy_version);
+    whole.gen_s += part.gen_s;
+    whole.env_s += part.env_s;
+    for (auto& g : part.groups) whole.groups.push_back(std::move(g));
+  }
+  for (size_t i = 0; i < reps.size(); ++i) {
+    TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await reps[i]);
+    if (rep_learner[i] != 0) continue;
+    t.learner_s += rep.train_s;
+    if (i + s.peers.learners.size() >= reps.size()) t.metrics = json::parse(rep.metrics_json, nullptr, false);
+  }
+  t.updated = sent;
+  co_return co_await finish_grpo_step(s, whole, all, t, step, step_start, gen_idle);
+}
+
+}  // namespace
+
+Task<Status> run_grpo_async(RunState& s, int64_t first_k) {
+  Pipeline pl;
+  pl.weights_sent = s.version;
+  Bounds b;
+  b.first_k = first_k;
+  b.K = s.cfg.grpo.max_steps;
+  b.base = s.version - first_k;
+  b.S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
+  b.streamed = s.cfg.rollout.async_chunks > 1;
+  s.async = &pl;
+  Task<Status> ahead = roll_ahead(s, pl, b);
+  ahead.start();
+  Status result;
+  for (int64_t k = first_k; k < b.K && result.ok(); ++k) {
+    double t = mono_s();
+    s.step = b.S + k + 1;
+    if (b.streamed) {
+      result = co_await train_streamed(s, pl, s.step, k, t);
+    } else {
+      auto item = co_await pop(pl);
+      if (!item.second.ok())
+        result = item.second.error();
+      else
+        result = co_await train_on(s, *item.second, s.step, k, t, item.second->idle_s);
+    }
+    if (result.ok()) result = co_await finish_step(s, k);
+  }
+  // the rollout coroutine ends at its next wait, or when the round it is in is done
+  pl.stop = true;
+  pl.changed.notify_all();
+  (void)co_await ahead;
+  s.async = nullptr;
+  co_return result;
+}
+
+}  // namespace troupe::actors::coord

@@ -1,0 +1,96 @@
+// When the run is checkpointed and from what it continues: every checkpointing.every steps, at
+// the end of each phase, and whenever an eval beats the best keep_best_by value so far (learner 0
+// writes; the others hold the same state); --resume loads checkpoints/latest into every learner;
+// a run that fails for a reason other than a learner saves its last finished step first.
+#include <filesystem>
+
+#include "coordinator_internal.h"
+#include "troupe/learner/checkpoint.h"
+
+namespace troupe::actors::coord {
+
+namespace fs = std::filesystem;
+using runtime::request;
+
+namespace {
+bool improves_best(RunState& s, double value) {
+  if (!s.best_known) {
+    s.best_known = true;
+    if (fs::exists(s.run_dir + "/checkpoints/best"))  // (a resumed run's; reading state.json is enough)
+      s.best_value = learner::checkpoint_metric(s.run_dir + "/checkpoints/best");
+  }
+  if (!s.best_value) return true;
+  return s.cfg.checkpointing.higher_is_better ? value > *s.best_value : value < *s.best_value;
+}
+}  // namespace
+
+Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Duration timeout) {
+  if (!s.cfg.checkpointing.enabled) co_return Status{};
+  const auto& best = s.cfg.checkpointing.keep_best_by;
+  const bool scored = !best.empty() && s.last_eval_step == s.step && s.last_eval.contains(best) &&
+                      s.last_eval[best].is_number();
+  const bool better = scored && improves_best(s, s.last_eval[best].get<double>());
+  bool due = s.cfg.checkpointing.every > 0 && s.step % s.cfg.checkpointing.every == 0;
+  // an eval that beats the best so far is kept even between regular checkpoints
+  if (!due && !force && !better) co_return Status{};
+  CheckpointReq req;
+  req.dir = s.run_dir + "/checkpoints";
+  req.step = s.step;
+  req.extra_json = json{{"global_step", s.step}, {"coordinator_phase", phase}, {"wall_s", s.now_s()}}.dump();
+  if (scored) {
+    req.has_metric = true;
+    req.metric = s.last_eval[best].get<double>();
+  }
+  // only learner 0 writes; the others hold identical state
+  TROUPE_CO_ASSIGN_OR_RETURN(auto rep,
+                             co_await request<CheckpointRep>(s.here, s.peers.learners[0], req, timeout));
+  if (better) s.best_value = req.metric;
+  s.saved_step = s.step;
+  if (s.hooks.log) s.hooks.log("checkpoint " + rep.path + (better ? " (best " + best + " so far)" : ""));
+  co_return Status{};
+}
+
+Task<Result<int64_t>> resume_from_latest(RunState& s) {
+  TROUPE_CO_ASSIGN_OR_RETURN(auto dir, learner::latest_checkpoint(s.run_dir + "/checkpoints"));
+  CheckpointReq req;
+  req.load = true;
+  req.dir = dir;
+  int64_t start = 0;
+  for (auto l : s.peers.learners) {
+    TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await request<CheckpointRep>(s.here, l, req, kLongTimeout));
+    json extra = json::parse(rep.extra_json, nullptr, false);
+    start = extra.value("global_step", rep.step);
+    s.wall_offset = extra.value("wall_s", 0.0);
+  }
+  TROUPE_CO_TRY(co_await sync_weights(s, nullptr));
+  if (s.hooks.log) s.hooks.log("resumed from " + dir + " at step " + std::to_string(start));
+  co_return start;
+}
+
+Task<Status> save_what_is_done(RunState& s, Error cause) {
+  // Nothing new or no checkpoints: as it was. The learners updated for a step that did not finish
+  // (their state is no step's), or they are what failed: nothing is saved, and the error says so.
+  if (!s.cfg.checkpointing.enabled || s.done_step <= s.saved_step) co_return cause;
+  const bool learner_failed = cause.message.find("learner") != std::string::npos;
+  if (s.learner_dirty || learner_failed)
+    co_return make_error(
+        cause.code,
+        cause.message + " (not saved: " +
+            (s.learner_dirty ? "the learners had already updated for step " + std::to_string(s.done_step + 1)
+                             : std::string("a learner failed")) +
+            "; the last checkpoint is step_" + std::to_string(s.saved_step) + ")");
+  const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
+  s.step = s.done_step;  // the learners' state is that of the last finished step
+  // the save may take longer than the grace a peer failure leaves this process
+  constexpr auto kSaveTimeout = std::chrono::seconds(300);
+  if (s.hooks.hold_exit) s.hooks.hold_exit(kSaveTimeout);
+  Status saved = co_await checkpoint(s, s.done_step <= S ? "sft" : "grpo", true, kSaveTimeout);
+  if (!saved.ok())
+    co_return make_error(cause.code, cause.message + " (saving step " + std::to_string(s.done_step) +
+                                         " failed too: " + saved.error().message + ")");
+  co_return make_error(cause.code, cause.message + "; steps up to " + std::to_string(s.done_step) +
+                                       " are saved in checkpoints/step_" + std::to_string(s.done_step) +
+                                       ": remove the cause and continue with --resume " + s.run_dir);
+}
+
+}  // namespace troupe::actors::coord

@@ -1,0 +1,163 @@
+// The coordinator's parts and what they share (internal to actors/): the run's state, the data of
+// one GRPO step, and one function per job, each in its own file. Every function that waits for a
+// role is a coroutine (runtime/coroutine.h) running on the coordinator actor's thread.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "troupe/actors/coordinator.h"
+#include "troupe/actors/experiment_config.h"
+#include "troupe/actors/messages.h"
+#include "troupe/base/result.h"
+#include "troupe/policy/io/tokenizer.h"
+#include "troupe/runtime/coroutine.h"
+
+namespace troupe::actors::coord {
+
+using json = nlohmann::json;
+using runtime::ActorId;
+using runtime::Task;
+
+inline constexpr auto kEnvTimeout = std::chrono::seconds(120);
+inline constexpr auto kLongTimeout = std::chrono::hours(2);
+
+double mono_s();  // steady clock, seconds
+
+// One GRPO step's worth of data (or one streamed part of it): groups of G samples, scored.
+struct Rollout {
+  struct Group {
+    std::string env;
+    std::string prompt_text;
+    json metadata;
+    uint64_t seed = 0;
+    std::vector<GenSample> samples;
+    std::vector<double> rewards, correct;
+    std::vector<std::string> errors;
+  };
+  std::vector<Group> groups;
+  int64_t policy_version = 0;
+  // dynamic sampling: generation round of these groups, its seed base and first group index
+  int round = 0, rounds = 1;
+  uint64_t seed_base = 0;
+  int64_t index0 = 0;
+  int part = 0, parts = 1;  // streamed (rollout.async_chunks): which part of the step's groups
+  double gen_s = 0, env_s = 0, idle_s = 0;
+};
+
+struct Prepared {  // what a rollout gives the learners
+  std::vector<TrainSample> samples;
+  std::vector<float> adv;  // per sample of the rollout's groups (0 where not kept)
+  int groups_kept = 0, stale_dropped = 0;
+};
+
+struct Trained {  // what the learners gave back
+  bool updated = false;
+  json metrics = json::object();
+  double learner_s = 0;
+};
+
+// Async mode: the rollout coroutine runs ahead of the training one, in the same actor.
+struct Pipeline {
+  std::deque<std::pair<int64_t, Result<Rollout>>> queue;  // (k, rollout or one streamed part)
+  int64_t weights_sent = 0;                               // newest version the generators have been sent
+  int64_t skipped = 0;  // steps that trained on nothing (no new version): not waited for
+  bool stop = false;
+  runtime::Wakeup changed;  // any of the above changed
+};
+
+// The run's state, shared by the parts. Lives in the coordinator actor.
+struct RunState {
+  ExperimentConfig cfg;
+  RolePeers peers;
+  CoordinatorHooks hooks;
+  std::string run_dir;
+  runtime::ActorContext here;  // the Context the coroutines send with
+  std::unique_ptr<policy::io::Tokenizer> tokenizer;
+  int64_t step = 0;        // global step (SFT steps, then GRPO steps)
+  int64_t version = 0;     // learner policy version
+  double wall_offset = 0;  // wall_s already spent before a resume
+  double t0 = 0;
+  json last_eval;
+  int64_t last_eval_step = -1;
+  // checkpointing.keep_best_by: the best value checkpointed so far (read from checkpoints/best on
+  // first use, so a resumed run knows it); an eval that beats it is checkpointed at once.
+  bool best_known = false;
+  std::optional<double> best_value;
+  // Steps finished (trained and logged) and the last one checkpointed: when the run fails for a
+  // reason other than a learner (an env that keeps crashing, a generator), what is done is saved.
+  int64_t done_step = 0;
+  int64_t saved_step = 0;
+  bool learner_dirty = false;  // an update was sent for a step that is not done yet
+  Pipeline* async = nullptr;   // set while an async GRPO phase runs
+
+  double now_s() const { return wall_offset + mono_s() - t0; }
+  Status emit(json row) const { return hooks.metrics ? hooks.metrics(row) : Status{}; }
+  ActorId env_worker(size_t i) const { return peers.env_workers[i % peers.env_workers.size()]; }
+};
+
+// coordinator.cpp: the step loop's pieces that async_pipeline.cpp shares.
+std::vector<runtime::Reply<TrainRep>> send_train(RunState& s, const TrainReq& req);  // to every learner
+bool eval_due(const RunState& s, bool last_of_phase);
+Task<Status> train_on(RunState& s, Rollout& r, int64_t step, int64_t k, double step_start, double gen_idle);
+// The metric row, the weight sync (or, in async mode, the skipped version), trajectories.
+Task<Status> finish_grpo_step(RunState& s, const Rollout& r, const Prepared& p, const Trained& tr,
+                              int64_t step, double step_start, double gen_idle);
+Task<Status> finish_step(RunState& s, int64_t k);  // evals, checkpoints, run.max_wall_s after GRPO step k
+
+// async_pipeline.cpp: the GRPO phase in async mode (rollout.async).
+Task<Status> run_grpo_async(RunState& s, int64_t first_k);
+
+// rollout.cpp: prompts by env weight, generation, scoring, dynamic-sampling rounds.
+size_t pick_env(const ExperimentConfig& cfg, uint64_t r);
+Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k);
+// One generation round. With a sink: in rollout.async_chunks parts, each handed to the sink as
+// soon as it is scored (its groups move there).
+using PartSink = std::function<void(Rollout&& part)>;
+Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round,
+                                 const PartSink* sink = nullptr);
+
+// episodes.cpp: multi-turn episodes (rollout.max_turns > 1).
+Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k);
+bool episode_solved(const std::string& components_json, double total_reward);
+
+// train_batch.cpp: advantages, kept groups, stale samples -> the learners' samples.
+Result<Prepared> prepare(const RunState& s, const Rollout& r);
+
+// sft_batch.cpp: SFT step k's batch of reference completions; *tokens = completion tokens.
+Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens);
+
+// weight_sync.cpp: the learner's weights to every generator (s.version = theirs). Sync mode waits
+// for every generator's Ack; async mode only queues them (generators may be sampling).
+Task<Status> sync_weights(RunState& s, double* seconds);
+
+// step_metrics.cpp: the metric rows.
+json sft_step_row(const RunState& s, const json& learner_metrics, double tokens, int batch, double sync_s,
+                  double step_s);
+// The GRPO row without its timings (staleness against s.version before the weight sync).
+json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const Trained& tr, int64_t step);
+void add_grpo_timings(const RunState& s, json& row, const Rollout& r, const Trained& tr, double sync_s,
+                      double step_s, double gen_idle);
+
+// trajectory_log.cpp: logger.trajectories rows of a GRPO step.
+void write_trajectories(const RunState& s, const Rollout& r, const std::vector<float>& adv, int64_t step);
+
+// evaluation.cpp: held-out greedy evaluation (see Coordinator::Job::evaluate).
+Task<Result<json>> evaluate(RunState& s);
+Task<Status> eval_and_log(RunState& s, std::string phase);
+
+// checkpoint_policy.cpp: checkpoints (every, at phase ends, keep_best_by), resume, failure saves.
+Task<Status> checkpoint(RunState& s, std::string phase, bool force,
+                        runtime::Duration timeout = std::chrono::hours(2));
+Task<Result<int64_t>> resume_from_latest(RunState& s);  // the global step to continue at
+Task<Status> save_what_is_done(RunState& s, Error cause);
+
+}  // namespace troupe::actors::coord

@@ -1,0 +1,158 @@
+// Multi-turn episodes (rollout.max_turns > 1): every sample of a group is its own episode (same
+// seed); each turn the generators continue the conversation text, the env answers with feedback,
+// until done or max_turns. The training sample is the first prompt + every turn, feedback tokens
+// masked out.
+#include <algorithm>
+
+#include "coordinator_internal.h"
+
+namespace troupe::actors::coord {
+
+using runtime::Reply;
+using runtime::request;
+
+// A finished multi-turn episode is solved when its last step says so ("solved" or "correct"
+// component, as guess_number and calculator report), else when its total reward reaches 1.
+bool episode_solved(const std::string& components_json, double total_reward) {
+  json c = json::parse(components_json, nullptr, false);
+  for (const char* key : {"solved", "correct"})
+    if (c.is_object() && c.contains(key) && c[key].is_number()) return c[key].get<double>() >= 1.0;
+  return total_reward >= 1.0;
+}
+
+namespace {
+
+struct Episode {
+  size_t group = 0;
+  std::string id, context;
+  GenSample merged;
+  size_t first_prompt_len = 0;
+  double reward = 0;
+  bool done = false, exact = true, solved = false;
+  std::string error;
+};
+
+// Turn `turn` of episode e: sample s (this turn's completion) and the env's answer res.
+void add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int turn, int max_turns,
+              int32_t eos) {
+  // append this turn's sampled tokens (mask 1)
+  if (turn == 0) {
+    e.merged.prompt_tokens = s.prompt_tokens;
+    e.first_prompt_len = s.prompt_tokens.size();
+  } else if (s.prompt_tokens.size() < e.first_prompt_len + e.merged.tokens.size() ||
+             !std::equal(e.merged.tokens.begin(), e.merged.tokens.end(),
+                         s.prompt_tokens.begin() + static_cast<std::ptrdiff_t>(e.first_prompt_len))) {
+    e.exact = false;  // the context re-tokenized differently (or was cut): keep only complete turns
+  }
+  if (e.exact && turn > 0) {
+    // feedback tokens between the previous turn and this one (mask 0)
+    size_t have = e.first_prompt_len + e.merged.tokens.size();
+    for (size_t t = have; t < s.prompt_tokens.size(); ++t) {
+      e.merged.tokens.push_back(s.prompt_tokens[t]);
+      e.merged.logprobs.push_back(0.0f);
+      e.merged.mask.push_back(0.0f);
+    }
+  }
+  e.merged.text = s.text;
+  e.merged.truncated = s.truncated;
+  if (!res.ok()) {
+    e.error = res.error().message;
+    e.done = true;
+    return;  // a failed episode is not trained on
+  }
+  e.reward += res->reward;
+  e.done = res->done || turn + 1 == max_turns;
+  if (e.done) e.solved = episode_solved(res->components_json, e.reward);
+  if (e.exact) {
+    // an EOS ending a turn that the env continues is not part of the next context: drop it
+    size_t n_tok = s.tokens.size();
+    if (!e.done && n_tok > 0 && s.tokens.back() == eos) --n_tok;
+    for (size_t t = 0; t < n_tok; ++t) {
+      e.merged.tokens.push_back(s.tokens[t]);
+      e.merged.logprobs.push_back(s.logprobs[t]);
+      e.merged.mask.push_back(1.0f);
+    }
+  }
+  // the next turn sees the completion (without EOS) and the env's feedback
+  e.context += s.text + "\n" + res->text + "\n";
+}
+
+}  // namespace
+
+Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k) {
+  const auto& ro = s.cfg.rollout;
+  const int32_t eos = s.tokenizer->eos_id();
+  int G = ro.num_generations;
+  std::vector<Episode> eps;
+  double t_env = mono_s();
+  std::vector<Reply<EnvObs>> resets;
+  for (size_t gi = 0; gi < r.groups.size(); ++gi) {
+    for (int j = 0; j < G; ++j) {
+      Episode e;
+      e.group = gi;
+      e.id = "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + static_cast<int64_t>(gi)) +
+             "-" + std::to_string(j);
+      e.context = r.groups[gi].prompt_text;
+      resets.push_back(request<EnvObs>(
+          s.here, s.env_worker(gi), EnvResetReq{r.groups[gi].env, e.id, r.groups[gi].seed, 0}, kEnvTimeout));
+      eps.push_back(std::move(e));
+    }
+  }
+  for (auto& f : resets) TROUPE_CO_TRY(co_await f);
+  r.env_s += mono_s() - t_env;
+  size_t NG = s.peers.generators.size();
+  for (int turn = 0; turn < ro.max_turns; ++turn) {
+    std::vector<size_t> active;
+    for (size_t i = 0; i < eps.size(); ++i)
+      if (!eps[i].done) active.push_back(i);
+    if (active.empty()) break;
+    double t_gen = mono_s();
+    std::vector<Reply<GenerateRep>> gens;
+    std::vector<std::vector<size_t>> owned(NG);
+    for (size_t n = 0; n < active.size(); ++n) owned[n % NG].push_back(active[n]);
+    for (size_t g = 0; g < NG; ++g) {
+      GenerateReq req;
+      for (size_t i : owned[g]) req.prompts.push_back(eps[i].context);
+      req.sampling = {
+          ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
+          mix_seed(r.seed_base, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn))};
+      gens.push_back(request<GenerateRep>(s.here, s.peers.generators[g], std::move(req), kLongTimeout));
+    }
+    std::vector<GenSample> out(eps.size());
+    for (size_t g = 0; g < NG; ++g) {
+      TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await gens[g]);
+      if (turn == 0)
+        r.policy_version = g == 0 ? rep.policy_version : std::min(r.policy_version, rep.policy_version);
+      for (size_t n = 0; n < owned[g].size(); ++n) out[owned[g][n]] = std::move(rep.samples[n]);
+    }
+    r.gen_s += mono_s() - t_gen;
+    t_env = mono_s();
+    std::vector<Reply<EnvObs>> steps;
+    for (size_t i : active)
+      steps.push_back(request<EnvObs>(s.here, s.env_worker(eps[i].group),
+                                      EnvStepReq{r.groups[eps[i].group].env, eps[i].id, out[i].text},
+                                      kEnvTimeout));
+    for (size_t n = 0; n < active.size(); ++n) {
+      Result<EnvObs> res = co_await steps[n];
+      add_turn(eps[active[n]], out[active[n]], res, turn, ro.max_turns, eos);
+    }
+    r.env_s += mono_s() - t_env;
+  }
+  for (auto& e : eps) {
+    (void)s.here->send(s.env_worker(e.group), EnvReleaseReq{r.groups[e.group].env, e.id});
+    // a sample must end on a sampled token: drop trailing feedback
+    while (!e.merged.mask.empty() && e.merged.mask.back() == 0.0f) {
+      e.merged.mask.pop_back();
+      e.merged.tokens.pop_back();
+      e.merged.logprobs.pop_back();
+    }
+    auto& g = r.groups[e.group];
+    g.samples.push_back(std::move(e.merged));
+    g.rewards.push_back(e.error.empty() ? e.reward : 0.0);
+    g.correct.push_back(e.error.empty() && e.solved ? 1.0 : 0.0);
+    g.errors.push_back(e.error);
+  }
+  co_return r;
+}
+
+}  // namespace troupe::actors::coord

@@ -1,0 +1,148 @@
+// Held-out evaluation with the generators' current weights (greedy, generator 0): per env
+// eval.num_prompts prompts of its eval split (seed = index); eval_accuracy, eval_reward_mean, and
+// the same per env ("eval_accuracy/<env>"). With rollout.max_turns > 1 each prompt is a full greedy
+// episode, as in training: eval_accuracy = episodes solved, eval_reward_mean = episode reward,
+// eval_turns_mean = env steps per episode.
+#include <algorithm>
+
+#include "coordinator_internal.h"
+
+namespace troupe::actors::coord {
+
+using runtime::Reply;
+using runtime::request;
+
+namespace {
+
+struct EnvScore {
+  double acc = 0, reward = 0, turns = 0;
+};
+
+GenSampling greedy(const ExperimentConfig& cfg) {
+  return {0.0f, 0, 1.0f, cfg.rollout.max_response_length, 0};
+}
+
+std::string eval_id(const std::string& env, int i) { return "eval-" + env + "-" + std::to_string(i); }
+
+// One verify call per prompt of one greedy completion each.
+Task<Result<EnvScore>> single_turn(RunState& s, std::string env, std::vector<EnvObs> got) {
+  const int n = static_cast<int>(got.size());
+  GenerateReq req;
+  for (auto& o : got) req.prompts.push_back(o.text);
+  req.sampling = greedy(s.cfg);
+  TROUPE_CO_ASSIGN_OR_RETURN(
+      auto rep, co_await request<GenerateRep>(s.here, s.peers.generators[0], std::move(req), kLongTimeout));
+  EnvScore out;
+  std::vector<Reply<EnvVerifyRep>> ver;
+  for (int i = 0; i < n; ++i)
+    ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(i),
+                                        EnvVerifyReq{env, got[i].metadata_json, {rep.samples[i].text}},
+                                        kEnvTimeout));
+  for (int i = 0; i < n; ++i) {
+    TROUPE_CO_ASSIGN_OR_RETURN(auto v, co_await ver[i]);
+    out.acc += v.correct[0] >= 1.0 ? 1.0 : 0.0;
+    out.reward += v.rewards[0];
+  }
+  co_return out;
+}
+
+// Full episodes, greedy, as training runs them: the context grows by completion + feedback.
+Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs> got) {
+  const int n = static_cast<int>(got.size());
+  const int max_turns = s.cfg.rollout.max_turns;
+  std::vector<std::string> ctx(n);
+  std::vector<double> ep_reward(n, 0.0);
+  std::vector<char> done(n, 0), solved(n, 0);
+  EnvScore out;  // out.turns: env steps taken, all episodes
+  for (int i = 0; i < n; ++i) ctx[i] = got[i].text;
+  for (int turn = 0; turn < max_turns; ++turn) {
+    std::vector<int> active;
+    for (int i = 0; i < n; ++i)
+      if (!done[i]) active.push_back(i);
+    if (active.empty()) break;
+    GenerateReq req;
+    for (int i : active) req.prompts.push_back(ctx[i]);
+    req.sampling = greedy(s.cfg);
+    TROUPE_CO_ASSIGN_OR_RETURN(
+        auto rep, co_await request<GenerateRep>(s.here, s.peers.generators[0], std::move(req), kLongTimeout));
+    std::vector<Reply<EnvObs>> steps;
+    for (size_t a = 0; a < active.size(); ++a)
+      steps.push_back(request<EnvObs>(s.here, s.env_worker(active[a]),
+                                      EnvStepReq{env, eval_id(env, active[a]), rep.samples[a].text},
+                                      kEnvTimeout));
+    for (size_t a = 0; a < active.size(); ++a) {
+      int i = active[a];
+      Result<EnvObs> res = co_await steps[a];
+      if (!res.ok()) {  // a failed episode scores 0
+        done[i] = 1;
+        ep_reward[i] = 0;
+        continue;
+      }
+      ep_reward[i] += res->reward;
+      out.turns += 1;
+      done[i] = res->done || turn + 1 == max_turns;
+      if (done[i]) solved[i] = episode_solved(res->components_json, ep_reward[i]) ? 1 : 0;
+      ctx[i] += rep.samples[a].text + "\n" + res->text + "\n";
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    (void)s.here->send(s.env_worker(i), EnvReleaseReq{env, eval_id(env, i)});
+    out.acc += solved[i] ? 1.0 : 0.0;
+    out.reward += ep_reward[i];
+  }
+  co_return out;
+}
+
+}  // namespace
+
+Task<Result<json>> evaluate(RunState& s) {
+  const int n = s.cfg.eval.num_prompts;
+  const bool multi = s.cfg.rollout.max_turns > 1;
+  json out = json::object();
+  double acc_sum = 0, rew_sum = 0, turns_sum = 0;
+  int total = 0;
+  for (const auto& e : s.cfg.envs) {
+    std::vector<Reply<EnvObs>> obs;
+    for (int i = 0; i < n; ++i)
+      obs.push_back(request<EnvObs>(s.here, s.env_worker(i),
+                                    EnvResetReq{e.name, eval_id(e.name, i), static_cast<uint64_t>(i), 1},
+                                    kEnvTimeout));
+    std::vector<EnvObs> got;
+    for (int i = 0; i < n; ++i) {
+      TROUPE_CO_ASSIGN_OR_RETURN(auto o, co_await obs[i]);
+      if (!multi) (void)s.here->send(s.env_worker(i), EnvReleaseReq{e.name, eval_id(e.name, i)});
+      got.push_back(std::move(o));
+    }
+    Result<EnvScore> score = EnvScore{};
+    if (multi)
+      score = co_await episodes(s, e.name, std::move(got));
+    else
+      score = co_await single_turn(s, e.name, std::move(got));
+    if (!score.ok()) co_return score.error();
+    out["eval_accuracy/" + e.name] = score->acc / n;
+    out["eval_reward_mean/" + e.name] = score->reward / n;
+    if (multi) out["eval_turns_mean/" + e.name] = score->turns / n;
+    acc_sum += score->acc;
+    rew_sum += score->reward;
+    turns_sum += score->turns;
+    total += n;
+  }
+  out["eval_accuracy"] = acc_sum / std::max(1, total);
+  out["eval_reward_mean"] = rew_sum / std::max(1, total);
+  out["eval_prompts"] = total;
+  if (multi) out["eval_turns_mean"] = turns_sum / std::max(1, total);
+  co_return out;
+}
+
+Task<Status> eval_and_log(RunState& s, std::string phase) {
+  TROUPE_CO_ASSIGN_OR_RETURN(auto ev, co_await evaluate(s));
+  ev["step"] = s.step;
+  ev["phase"] = phase;
+  ev["policy_version"] = s.version;
+  ev["wall_s"] = s.now_s();
+  s.last_eval = ev;
+  s.last_eval_step = s.step;
+  co_return s.emit(ev);
+}
+
+}  // namespace troupe::actors::coord

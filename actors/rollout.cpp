@@ -1,0 +1,179 @@
+// A GRPO step's rollout: prompts drawn by env weight (seeds a pure function of run.seed, step and
+// index), G samples per prompt spread over the generators, one verify call per group; with
+// grpo.dynamic_sampling more rounds until enough groups have distinct rewards. Every request of a
+// stage is sent before the first reply is awaited, so the roles work in parallel.
+#include <algorithm>
+
+#include "coordinator_internal.h"
+#include "troupe/learner/advantages.h"
+
+namespace troupe::actors {
+
+uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
+  auto sm = [](uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  };
+  return sm(sm(sm(sm(seed) ^ a) ^ b) ^ c);
+}
+
+namespace coord {
+
+using runtime::Reply;
+using runtime::request;
+
+size_t pick_env(const ExperimentConfig& cfg, uint64_t r) {
+  double total = 0;
+  for (const auto& e : cfg.envs) total += e.weight;
+  double x = static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0) * total;
+  for (size_t i = 0; i < cfg.envs.size(); ++i) {
+    if (x < cfg.envs[i].weight) return i;
+    x -= cfg.envs[i].weight;
+  }
+  return cfg.envs.size() - 1;
+}
+
+// Without dynamic sampling: one round of prompts_per_step groups. With it: more rounds (new
+// prompts, seeds from (run.seed, round)) until prompts_per_step groups with distinct rewards are
+// collected or grpo.max_generation_rounds is reached; every generated group is kept in the
+// rollout (for metrics), prepare() picks the first prompts_per_step kept ones.
+Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k) {
+  TROUPE_CO_ASSIGN_OR_RETURN(auto r, co_await make_round(s, step, k, 0));
+  if (!s.cfg.grpo.dynamic_sampling) co_return r;
+  int G = s.cfg.rollout.num_generations, P = s.cfg.rollout.prompts_per_step;
+  auto kept_of = [&](const Rollout& x) {
+    std::vector<float> rw;
+    for (auto& g : x.groups)
+      for (double v : g.rewards) rw.push_back(static_cast<float>(v));
+    std::vector<char> keep(x.groups.size(), 1);
+    return learner::dapo_filter_groups(keep, rw, G);
+  };
+  int kept = kept_of(r);
+  while (kept < P && r.rounds < s.cfg.grpo.max_generation_rounds) {
+    TROUPE_CO_ASSIGN_OR_RETURN(auto more, co_await make_round(s, step, k, r.rounds));
+    kept += kept_of(more);
+    r.rounds += 1;
+    r.gen_s += more.gen_s;
+    r.env_s += more.env_s;
+    r.policy_version = std::min(r.policy_version, more.policy_version);
+    for (auto& g : more.groups) r.groups.push_back(std::move(g));
+  }
+  co_return r;
+}
+
+Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round, const PartSink* sink) {
+  const auto& ro = s.cfg.rollout;
+  Rollout r;
+  r.round = round;
+  r.seed_base = round == 0 ? static_cast<uint64_t>(s.cfg.run.seed)
+                           : mix_seed(static_cast<uint64_t>(s.cfg.run.seed), 7, static_cast<uint64_t>(round));
+  r.index0 = static_cast<int64_t>(round) * ro.prompts_per_step;
+  double t_env = mono_s();
+  int P = ro.prompts_per_step;
+  r.groups.resize(P);
+  auto episode_id = [&](int i) {
+    return "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + i);
+  };
+  std::vector<Reply<EnvObs>> obs;
+  for (int i = 0; i < P; ++i) {
+    uint64_t rs = mix_seed(r.seed_base, 1, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
+    auto& g = r.groups[i];
+    g.env = s.cfg.envs[pick_env(s.cfg, rs)].name;
+    g.seed = mix_seed(rs, 2);
+    obs.push_back(
+        request<EnvObs>(s.here, s.env_worker(i), EnvResetReq{g.env, episode_id(i), g.seed, 0}, kEnvTimeout));
+  }
+  for (int i = 0; i < P; ++i) {
+    TROUPE_CO_ASSIGN_OR_RETURN(auto o, co_await obs[i]);
+    r.groups[i].prompt_text = o.text;
+    r.groups[i].metadata = json::parse(o.metadata_json, nullptr, false);
+    (void)s.here->send(s.env_worker(i), EnvReleaseReq{r.groups[i].env, episode_id(i)});
+  }
+  r.env_s += mono_s() - t_env;
+  if (ro.max_turns > 1) co_return co_await multi_turn(s, std::move(r), step, k);
+  // generation: C parts of consecutive groups (rollout.async_chunks when streaming to a sink, else
+  // one), each spread over the generators, G copies of each prompt; every part is requested at
+  // once, and scored as soon as it is back (the generators go on with the next one meanwhile)
+  const int C = sink ? std::min(ro.async_chunks, P) : 1;
+  size_t NG = s.peers.generators.size();
+  struct Part {
+    int g0 = 0, g1 = 0;
+    std::vector<std::vector<int>> owned;
+    std::vector<std::optional<Reply<GenerateRep>>> gens;  // none where a generator got no group
+  };
+  std::vector<Part> parts(C);
+  for (int c = 0; c < C; ++c) {
+    auto& part = parts[c];
+    part.g0 = P * c / C;
+    part.g1 = P * (c + 1) / C;
+    part.owned.resize(NG);
+    for (int i = part.g0; i < part.g1; ++i) part.owned[static_cast<size_t>(i - part.g0) % NG].push_back(i);
+    for (size_t g = 0; g < NG; ++g) {
+      part.gens.emplace_back();
+      if (part.owned[g].empty()) continue;
+      GenerateReq req;
+      for (int i : part.owned[g])
+        for (int j = 0; j < ro.num_generations; ++j) req.prompts.push_back(r.groups[i].prompt_text);
+      req.sampling = {
+          ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
+          mix_seed(r.seed_base, 3, static_cast<uint64_t>(k), g + 1024 * static_cast<uint64_t>(c))};
+      part.gens.back().emplace(
+          request<GenerateRep>(s.here, s.peers.generators[g], std::move(req), kLongTimeout));
+    }
+  }
+  r.policy_version = -1;
+  const double reset_s = r.env_s;
+  double t_gen = mono_s();
+  for (int c = 0; c < C; ++c) {
+    auto& part = parts[c];
+    int64_t version = -1;
+    for (size_t g = 0; g < NG; ++g) {
+      if (!part.gens[g]) continue;
+      TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await *part.gens[g]);
+      version = version < 0 ? rep.policy_version : std::min(version, rep.policy_version);
+      size_t n = 0;
+      for (int i : part.owned[g])
+        for (int j = 0; j < ro.num_generations; ++j)
+          r.groups[i].samples.push_back(std::move(rep.samples[n++]));
+    }
+    r.policy_version = r.policy_version < 0 ? version : std::min(r.policy_version, version);
+    const double gen_s = mono_s() - t_gen;
+    // scoring: one verify call per group
+    t_env = mono_s();
+    std::vector<Reply<EnvVerifyRep>> ver;
+    for (int i = part.g0; i < part.g1; ++i) {
+      EnvVerifyReq req{r.groups[i].env, r.groups[i].metadata.dump(), {}};
+      for (const auto& x : r.groups[i].samples) req.completions.push_back(x.text);
+      ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(i), std::move(req), kEnvTimeout));
+    }
+    for (int i = part.g0; i < part.g1; ++i) {
+      TROUPE_CO_ASSIGN_OR_RETURN(auto v, co_await ver[i - part.g0]);
+      r.groups[i].rewards = std::move(v.rewards);
+      r.groups[i].correct = std::move(v.correct);
+      r.groups[i].errors = std::move(v.errors);
+    }
+    const double env_s = mono_s() - t_env;
+    r.gen_s += gen_s;
+    r.env_s += env_s;
+    t_gen = mono_s();
+    if (sink) {  // this part's groups move to the learner's side now
+      Rollout out;
+      out.policy_version = version;
+      out.round = r.round;
+      out.seed_base = r.seed_base;
+      out.index0 = r.index0 + part.g0;
+      out.part = c;
+      out.parts = C;
+      out.gen_s = gen_s;
+      out.env_s = env_s + (c == 0 ? reset_s : 0.0);  // the resets count with the first part
+      for (int i = part.g0; i < part.g1; ++i) out.groups.push_back(std::move(r.groups[i]));
+      (*sink)(std::move(out));
+    }
+  }
+  co_return r;
+}
+
+}  // namespace coord
+}  // namespace troupe::actors

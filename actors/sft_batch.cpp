@@ -1,0 +1,52 @@
+// An SFT step's batch: sft.batch_size prompts drawn by env weight (seeds from run.seed, the step
+// and the index), each env's reference_completion as the target, tokenized as the generators
+// would see the prompt (template, BOS, cut to max_prompt_length from the left) plus EOS.
+#include "coordinator_internal.h"
+#include "troupe/actors/roles.h"
+
+namespace troupe::actors::coord {
+
+using runtime::Reply;
+using runtime::request;
+
+Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
+  const auto& tok = *s.tokenizer;
+  const int B = s.cfg.sft.batch_size;
+  auto episode_id = [k](int i) { return "sft-" + std::to_string(k) + "-" + std::to_string(i); };
+  std::vector<Reply<EnvObs>> obs;
+  std::vector<std::string> envn;
+  for (int i = 0; i < B; ++i) {
+    uint64_t rs = mix_seed(s.cfg.run.seed, 11, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
+    envn.push_back(s.cfg.envs[pick_env(s.cfg, rs)].name);
+    obs.push_back(request<EnvObs>(s.here, s.env_worker(i),
+                                  EnvResetReq{envn.back(), episode_id(i), mix_seed(rs, 2), 0}, kEnvTimeout));
+  }
+  TrainReq req;
+  req.phase = 1;
+  req.step = k;
+  *tokens = 0;
+  for (int i = 0; i < B; ++i) {
+    TROUPE_CO_ASSIGN_OR_RETURN(auto o, co_await obs[i]);
+    (void)s.here->send(s.env_worker(i), EnvReleaseReq{envn[i], episode_id(i)});
+    json meta = json::parse(o.metadata_json, nullptr, false);
+    if (!meta.is_object() || !meta.contains("reference_completion") ||
+        !meta["reference_completion"].is_string())
+      co_return invalid_input("sft: env '" + envn[i] + "' gives no reference_completion to train on");
+    TrainSample x;
+    auto p = tok.encode(format_prompt(s.cfg.rollout, o.text));
+    auto c = tok.encode(meta["reference_completion"].get<std::string>());
+    if (!p.ok()) co_return p.error();
+    if (!c.ok()) co_return c.error();
+    if (tok.bos_id() >= 0) x.prompt.push_back(tok.bos_id());
+    x.prompt.insert(x.prompt.end(), p->begin(), p->end());
+    if (x.prompt.size() > static_cast<size_t>(s.cfg.rollout.max_prompt_length))
+      x.prompt.erase(x.prompt.begin(), x.prompt.end() - s.cfg.rollout.max_prompt_length);
+    x.completion = *c;
+    if (tok.eos_id() >= 0) x.completion.push_back(tok.eos_id());
+    *tokens += static_cast<double>(x.completion.size());
+    req.samples.push_back(std::move(x));
+  }
+  co_return req;
+}
+
+}  // namespace troupe::actors::coord

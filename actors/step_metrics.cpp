@@ -1,0 +1,104 @@
+// The metric rows of the step loop, one per SFT or GRPO step: rewards and accuracy per step and
+// per env, lengths, staleness, the learners' losses, and the time breakdown (generation, env,
+// learner, weight sync, idle).
+#include <algorithm>
+#include <ctime>
+#include <map>
+
+#include "coordinator_internal.h"
+#include "troupe/learner/advantages.h"
+
+namespace troupe::actors::coord {
+
+namespace {
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+}  // namespace
+
+json sft_step_row(const RunState& s, const json& learner_metrics, double tokens, int batch, double sync_s,
+                  double step_s) {
+  json row = {{"step", s.step},
+              {"phase", "sft"},
+              {"policy_version", s.version},
+              {"reward_mean", nullptr},
+              {"reward_std", nullptr},
+              {"response_len_mean", tokens / batch},
+              {"truncated_frac", 0.0},
+              {"env_failures", 0},
+              {"weight_sync_s", sync_s},
+              {"step_s", step_s},
+              {"tokens_per_s", step_s > 0 ? tokens / step_s : 0.0},
+              {"wall_s", s.now_s()}};
+  for (const char* key : {"loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
+    row[key] = learner_metrics.value(key, 0.0);
+  return row;
+}
+
+json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const Trained& tr, int64_t step) {
+  const int G = s.cfg.rollout.num_generations;
+  std::vector<float> rewards;
+  double resp_len = 0, truncated = 0, correct = 0;
+  int env_failures = 0;
+  std::map<std::string, std::pair<double, int>> per_env;
+  for (const auto& g : r.groups) {
+    for (int j = 0; j < G; ++j) {
+      rewards.push_back(static_cast<float>(g.rewards[j]));
+      resp_len += static_cast<double>(g.samples[j].tokens.size());
+      truncated += g.samples[j].truncated ? 1 : 0;
+      correct += g.correct[j];
+      if (!g.errors[j].empty()) ++env_failures;
+      auto& pe = per_env[g.env];
+      pe.first += g.rewards[j];
+      pe.second += 1;
+    }
+  }
+  double n = static_cast<double>(rewards.size());
+  auto rs = learner::stats_of(rewards);
+  const int64_t lag = s.version - r.policy_version;
+  json row = {{"step", step},
+              {"phase", "grpo"},
+              {"policy_version", r.policy_version},
+              {"reward_mean", rs.mean},
+              {"reward_std", rs.std},
+              {"accuracy", correct / n},
+              {"response_len_mean", resp_len / n},
+              {"truncated_frac", truncated / n},
+              {"env_failures", env_failures},
+              {"stale_dropped", p.stale_dropped},
+              {"staleness", lag},
+              {"groups_generated", r.groups.size()},
+              {"groups_kept", p.groups_kept},
+              {"generation_rounds", r.rounds}};
+  for (auto& [name, v] : per_env) {
+    row["reward_mean/" + name] = v.first / std::max(1, v.second);
+    row["prompts/" + name] = v.second / std::max(1, G);  // groups sampled from this env (envs[].weight)
+  }
+  for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm",
+                          "lr", "is_weight_mean"})
+    row[key] = tr.updated ? tr.metrics.value(key, 0.0) : 0.0;
+  return row;
+}
+
+void add_grpo_timings(const RunState& s, json& row, const Rollout& r, const Trained& tr, double sync_s,
+                      double step_s, double gen_idle) {
+  double resp_len = 0;
+  for (const auto& g : r.groups)
+    for (const auto& x : g.samples) resp_len += static_cast<double>(x.tokens.size());
+  double idle = s.async ? gen_idle : std::max(0.0, step_s - r.gen_s - r.env_s);
+  row["gen_s"] = r.gen_s;
+  row["env_s"] = r.env_s;
+  row["learner_s"] = tr.learner_s;
+  row["weight_sync_s"] = sync_s;
+  row["idle_s"] = idle;  // generator idle: no sampling work during this step
+  row["learner_idle_s"] =
+      std::max(0.0, step_s - tr.learner_s - sync_s);  // learner neither training nor syncing
+  row["step_s"] = step_s;
+  row["tokens_per_s"] = step_s > 0 ? resp_len / step_s : 0.0;
+  row["wall_s"] = s.now_s();
+  row["process_cpu_s"] = process_cpu_s();  // CPU time of every thread of this process so far
+}
+
+}  // namespace troupe::actors::coord
