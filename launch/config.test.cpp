@@ -1,7 +1,7 @@
 // launch.config_*: every kind of config error is reported as FILE:LINE:COL: error: key: ..., with
 // suggestions for near misses; --set is typed by the schema; the resolved config loads back the
-// same. launch.docs_yaml_keys: configs/README.md agrees with the schema (every key, its default and
-// its range), and every YAML key the other READMEs and docs/*.md name is one of its keys.
+// same. launch.config_readme: configs/README.md agrees with the schema (every key, its default and
+// its range); launch.docs_yaml_keys: every YAML key the other READMEs and docs/*.md name is one of its keys.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -289,7 +289,7 @@ TEST(Config, Readme) {
     EXPECT_NE(have.find(cell), std::string::npos) << "configs/README.md lacks " << cell;
   }
   EXPECT_EQ(have, want) << "configs/README.md is out of date: regenerate it with "
-                           "TROUPE_UPDATE_README=1 ctest -R launch.docs_yaml_keys";
+                           "TROUPE_UPDATE_README=1 ctest -R launch.config_readme";
 }
 
 namespace {

@@ -90,7 +90,8 @@ inline double pass(double x, double lo, double hi) { return (x >= lo && x <= hi)
 }  // namespace
 
 Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* logp, const float* entropy,
-                                    const TokenBatch& b, const GrpoLossConfig& cfg, const LossNorm& norm) {
+                                    const TokenBatch& b, const GrpoLossConfig& cfg, const LossNorm& norm,
+                                    const kernels::Backend& backend) {
   TROUPE_TRY(check_batch(b, cfg, logp, entropy, dlogp, dentropy));
   // The per-sequence weight is 1 / d (token-mean, seq-mean-token-sum[-norm]) or
   // 1 / (max(seq tokens, 1) d) (seq-mean-token-mean); aggregation_weight says which d is invalid.
@@ -114,8 +115,7 @@ Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* 
                           : norm.num_seqs;
   const kernels::GrpoLossBatch kb{b.T,  b.S,        b.cu_seqlens, b.mask,      b.advantages,
                                   logp, b.logp_old, b.logp_ref,   b.is_weight, entropy};
-  // The loss's inputs are host arrays: the CPU backend's op runs on them in place.
-  const kernels::GrpoLossSums s = kernels::cpu_backend().grpo_loss(dlogp, dentropy, kb, p);
+  const kernels::GrpoLossSums s = backend.grpo_loss(dlogp, dentropy, kb, p);
   // LossMetrics in field order.
   return LossMetrics{s.loss,        s.pg_loss,      s.kl_loss,       s.tokens,
                      s.kl_sum,      s.clip_low_sum, s.clip_high_sum, s.dual_clip_sum,

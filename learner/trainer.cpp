@@ -190,7 +190,7 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
     TROUPE_ASSIGN_OR_RETURN(m, sft_loss(dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data(), tb, norm));
   } else {
     TROUPE_ASSIGN_OR_RETURN(m, grpo_loss_fused(dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data(), tb,
-                                               cfg_.loss, norm));
+                                               cfg_.loss, norm, model_.backend()));
   }
   const bool need_dentropy = cfg_.phase == Phase::grpo && cfg_.loss.entropy_coef != 0;
   TROUPE_TRY(model_.backward_train(dlogp_.data(), need_dentropy ? dentropy_.data() : nullptr));

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "troupe/base/result.h"
+#include "troupe/kernels/backend.h"
 #include "troupe/learner/config.h"
 
 namespace troupe::learner {
@@ -57,9 +58,12 @@ LossSummary finalize(const LossMetrics& m);
 
 // The fused GRPO loss: one pass over the tokens of each sequence computes loss, both gradients and
 // every metric. `entropy` may be nullptr when entropy_coef == 0 (then dentropy may be nullptr too).
-// Errors: bad sizes, missing ref with kl_coef != 0, non-positive normalisers.
+// Errors: bad sizes, missing ref with kl_coef != 0, non-positive normalisers. The math is the
+// backend's grpo_loss op (the trainer passes its model's backend); the arrays must be ones that
+// backend can read (host arrays on the CPU backend).
 Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* logp, const float* entropy,
-                                    const TokenBatch& batch, const GrpoLossConfig& cfg, const LossNorm& norm);
+                                    const TokenBatch& batch, const GrpoLossConfig& cfg, const LossNorm& norm,
+                                    const kernels::Backend& backend = kernels::cpu_backend());
 
 // The same loss composed from separate simple elementwise ops with temporaries (the benchmark
 // baseline and a cross-check of the fused one). Same contract.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "troupe/base/result.h"
+#include "troupe/kernels/backend.h"
 #include "troupe/policy/model.h"
 
 namespace troupe::learner {
@@ -24,6 +25,8 @@ class PolicyModel {
   virtual Status forward_train(const policy::PackedBatch& batch, float temperature, float* logp, float* entropy) = 0;
   // Accumulates (+=) d loss/d params into grads() for the last forward_train batch (dentropy may be nullptr).
   virtual Status backward_train(const float* dlogp, const float* dentropy) = 0;
+  // The backend the model computes on; the trainer runs the fused loss there too.
+  virtual const kernels::Backend& backend() const { return kernels::cpu_backend(); }
 };
 
 // The real policy model behind the interface (it keeps the reference; the Model must outlive it).
@@ -40,6 +43,7 @@ class ModelAdapter final : public PolicyModel {
   Status backward_train(const float* dlogp, const float* dentropy) override {
     return model_.backward_train(dlogp, dentropy);
   }
+  const kernels::Backend& backend() const override { return model_.backend(); }
   policy::Model& model() { return model_; }
 
  private:
