@@ -96,26 +96,15 @@ Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* 
   // The per-sequence weight is 1 / d (token-mean, seq-mean-token-sum[-norm]) or
   // 1 / (max(seq tokens, 1) d) (seq-mean-token-mean); aggregation_weight says which d is invalid.
   if (b.S > 0) TROUPE_TRY(aggregation_weight(cfg.agg_mode, 1.0, norm, cfg.agg_norm_length));
-  kernels::GrpoLossParams p;
-  p.clip_low = cfg.clip_low;
-  p.clip_high = cfg.clip_high;
-  p.two_sided_clip = cfg.two_sided_clip;
-  p.dual_clip = cfg.dual_clip;
-  p.log_ratio_clamp = cfg.log_ratio_clamp;
-  p.sequence_level_ratio = cfg.sequence_level_ratio;
-  p.kl_coef = cfg.kl_coef;
-  p.kl_type = cfg.kl_type;
-  p.kl_input_clamp = cfg.kl_input_clamp;
-  p.kl_output_clamp = cfg.kl_output_clamp;
-  p.entropy_coef = cfg.entropy_coef;
-  p.agg_per_seq_tokens = cfg.agg_mode == LossAggMode::seq_mean_token_mean;
-  p.agg_denominator = cfg.agg_mode == LossAggMode::token_mean ? norm.num_tokens
-                      : cfg.agg_mode == LossAggMode::seq_mean_token_sum_norm
-                          ? norm.num_seqs * static_cast<double>(cfg.agg_norm_length)
-                          : norm.num_seqs;
+  kernels::GrpoLossAggregation agg;
+  agg.per_seq_tokens = cfg.agg_mode == LossAggMode::seq_mean_token_mean;
+  agg.denominator = cfg.agg_mode == LossAggMode::token_mean ? norm.num_tokens
+                    : cfg.agg_mode == LossAggMode::seq_mean_token_sum_norm
+                        ? norm.num_seqs * static_cast<double>(cfg.agg_norm_length)
+                        : norm.num_seqs;
   const kernels::GrpoLossBatch kb{b.T,  b.S,        b.cu_seqlens, b.mask,      b.advantages,
                                   logp, b.logp_old, b.logp_ref,   b.is_weight, entropy};
-  const kernels::GrpoLossSums s = backend.grpo_loss(dlogp, dentropy, kb, p);
+  const kernels::GrpoLossSums s = backend.grpo_loss(dlogp, dentropy, kb, cfg, agg);
   // LossMetrics in field order.
   return LossMetrics{s.loss,        s.pg_loss,      s.kl_loss,       s.tokens,
                      s.kl_sum,      s.clip_low_sum, s.clip_high_sum, s.dual_clip_sum,

@@ -137,8 +137,8 @@ class CpuBackend final : public Backend {
   }
 
   GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch,
-                         const GrpoLossParams& params) const override {
-    return kernels::grpo_loss(dlogp, dentropy, batch, params);
+                         const GrpoLossParams& params, const GrpoLossAggregation& agg) const override {
+    return kernels::grpo_loss(dlogp, dentropy, batch, params, agg);
   }
 
  protected:

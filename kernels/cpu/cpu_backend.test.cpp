@@ -98,10 +98,11 @@ TEST(Backend, SampleTokenGreedyTopKAndSeed) {
 }
 
 namespace {
-double grpo_loss_at(const std::vector<float>& logp, k::GrpoLossBatch b, const k::GrpoLossParams& p) {
+double grpo_loss_at(const std::vector<float>& logp, k::GrpoLossBatch b, const k::GrpoLossParams& p,
+                    const k::GrpoLossAggregation& agg) {
   std::vector<float> d(logp.size()), de(logp.size());
   b.logp = logp.data();
-  return k::cpu_backend().grpo_loss(d.data(), de.data(), b, p).loss;
+  return k::cpu_backend().grpo_loss(d.data(), de.data(), b, p, agg).loss;
 }
 }  // namespace
 
@@ -120,8 +121,7 @@ TEST(Backend, GrpoLossFiniteDifferenceGradient) {
     p.kl_coef = 0.1f;
     p.entropy_coef = 0.01f;
     p.sequence_level_ratio = seq;
-    p.agg_denominator = 3.0;
-    p.agg_per_seq_tokens = true;
+    const k::GrpoLossAggregation agg{3.0, true};
     k::GrpoLossBatch b;
     b.T = T;
     b.S = S;
@@ -133,13 +133,13 @@ TEST(Backend, GrpoLossFiniteDifferenceGradient) {
     b.entropy = ent.data();
     std::vector<float> dlogp(T), dent(T);
     b.logp = logp.data();
-    k::cpu_backend().grpo_loss(dlogp.data(), dent.data(), b, p);
+    k::cpu_backend().grpo_loss(dlogp.data(), dent.data(), b, p, agg);
     for (int t = 0; t < T; ++t) {
       const float h = 1e-3f;
       std::vector<float> up = logp, dn = logp;
       up[t] += h;
       dn[t] -= h;
-      const double fd = (grpo_loss_at(up, b, p) - grpo_loss_at(dn, b, p)) / (double(up[t]) - dn[t]);
+      const double fd = (grpo_loss_at(up, b, p, agg) - grpo_loss_at(dn, b, p, agg)) / (double(up[t]) - dn[t]);
       EXPECT_NEAR(dlogp[t], fd, 1e-4 + 1e-3 * std::fabs(fd)) << "t=" << t << " seq=" << seq;
       EXPECT_NEAR(dent[t], mask[t] != 0 ? -0.01 / (3.0 * (t < 3 ? 2.0 : 3.0)) : 0.0, 1e-8);
     }

@@ -97,7 +97,8 @@ inline double log_ratio_of(double logp, double old, float clamp_c, double& dlr) 
 
 }  // namespace
 
-GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& b, const GrpoLossParams& p) {
+GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& b, const GrpoLossParams& p,
+                       const GrpoLossAggregation& agg) {
   GrpoLossSums m;
   const bool seq_level = p.sequence_level_ratio;
   const float* logp = b.logp;
@@ -112,8 +113,7 @@ GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& b, co
       if (seq_level && b.logp_old && b.mask[t] != 0)
         seq_lr += b.mask[t] * (static_cast<double>(logp[t]) - b.logp_old[t]);
     }
-    const double ws = p.agg_per_seq_tokens ? 1.0 / (std::max(seq_tokens, 1.0) * p.agg_denominator)
-                                           : 1.0 / p.agg_denominator;
+    const double ws = agg.per_seq_tokens ? 1.0 / (std::max(seq_tokens, 1.0) * agg.denominator) : 1.0 / agg.denominator;
     // Sequence level: one ratio per sequence, rho = exp(mean_t m (logp - old)); its loss is shared
     // by every token, so d loss / d logp_t = (sum of token weights) * dpg/drho * rho * m_t / L.
     Surrogate sq{0, 0, false, false, false};

@@ -150,7 +150,7 @@ class Backend {
 
   // ---- fused GRPO per-token loss (grpo_loss.h) ------------------------------------------------------
   virtual GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch,
-                                 const GrpoLossParams& params) const = 0;
+                                 const GrpoLossParams& params, const GrpoLossAggregation& agg) const = 0;
 
  protected:
   // Raw memory behind alloc(): zero-filled, nullptr when out of memory; free_bytes takes it back.

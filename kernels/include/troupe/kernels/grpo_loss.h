@@ -12,23 +12,27 @@ namespace troupe::kernels {
 
 enum class KlEstimator { k1, k2, k3 };  // k1 = -x, k2 = x^2 / 2, k3 = e^x - 1 - x, x = ref - logp
 
+// The loss's settings. Field names and defaults are the YAML keys (`loss.*`) that set them;
+// learner::GrpoLossConfig is this struct plus the aggregation mode, so the schema writes it directly.
 struct GrpoLossParams {
-  // Field names follow the YAML keys (loss.*) that set them.
-  float clip_low = 0.2f;  // ratio clip [1 - clip_low, 1 + clip_high]
+  float clip_low = 0.2f;              // rho clipped to [1 - clip_low, 1 + clip_high]
   float clip_high = 0.2f;
-  float two_sided_clip = 0.0f;        // > 0: rho <- min(rho, two_sided_clip) in the unclipped term
   float dual_clip = 0.0f;             // > 1: dual clip for A < 0, loss <= -A * c
-  float log_ratio_clamp = 0.0f;       // > 0: clamp logp - old to +-this before exp
-  bool sequence_level_ratio = false;  // one ratio per sequence: exp(mean_t m (logp - old)) (GSPO)
   float kl_coef = 0.0f;               // KL coefficient (the KL metric is summed whenever logp_ref is given)
   KlEstimator kl_type = KlEstimator::k3;
-  float kl_input_clamp = 0.0f;   // > 0: clamp x to +-this before the estimator
-  float kl_output_clamp = 0.0f;  // > 0: clamp the estimate to +-this
-  float entropy_coef = 0.0f;     // loss -= entropy_coef * H
-  // Aggregation: sequence s weighs each of its tokens by m_t / d_s with d_s = agg_denominator,
-  // times max(sum of its mask, 1) when agg_per_seq_tokens. agg_denominator > 0.
-  double agg_denominator = 1.0;
-  bool agg_per_seq_tokens = false;
+  float kl_input_clamp = 20.0f;       // > 0: clamp x to +-this before the estimator
+  float kl_output_clamp = 10.0f;      // > 0: clamp the estimate to +-this
+  float entropy_coef = 0.0f;          // loss -= entropy_coef * H
+  bool sequence_level_ratio = false;  // one ratio per sequence: exp(mean_t m (logp - old)) (GSPO)
+  float two_sided_clip = 0.0f;        // > 0: rho <- min(rho, two_sided_clip) in the unclipped term
+  float log_ratio_clamp = 0.0f;       // > 0: clamp logp - old to +-this before exp
+};
+
+// Aggregation: sequence s weighs each of its tokens by m_t / d_s with d_s = denominator, times
+// max(sum of its mask, 1) when per_seq_tokens. denominator > 0.
+struct GrpoLossAggregation {
+  double denominator = 1.0;
+  bool per_seq_tokens = false;
 };
 
 // Inputs per position t (T) or per sequence s (S); optional ones may be null.
@@ -51,6 +55,7 @@ struct GrpoLossSums {
 };
 
 // dlogp (T) assigned; dentropy (T) assigned when not null (-w_t * entropy_coef, 0 where m_t = 0).
-GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& b, const GrpoLossParams& p);
+GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& b, const GrpoLossParams& p,
+                       const GrpoLossAggregation& agg);
 
 }  // namespace troupe::kernels

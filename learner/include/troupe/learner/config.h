@@ -54,21 +54,17 @@ enum class LossAggMode {
 };
 
 // YAML `loss.*`.
-struct GrpoLossConfig {
-  float clip_low = 0.2f;         // eps_low: rho clipped to 1 - clip_low (TRL `epsilon`, veRL `clip_ratio_low`)
-  float clip_high = 0.2f;        // eps_high: 1 + clip_high (TRL `epsilon_high`, veRL `clip_ratio_high`; DAPO 0.28)
-  float dual_clip = 0.0f;        // > 1: dual clip for A < 0, loss <= -A*c (veRL `clip_ratio_c`, 3.0 there)
-  float kl_coef = 0.0f;          // beta of the KL penalty; 0 = no reference model at all
-  KlEstimator kl_type = KlEstimator::k3;
-  float kl_input_clamp = 20.0f;   // > 0: clamp (ref - logp) to +-this before the estimator (NeMo RL 20)
-  float kl_output_clamp = 10.0f;  // > 0: clamp the estimate to +-this (NeMo RL 10)
-  float entropy_coef = 0.0f;     // entropy bonus: loss -= entropy_coef * H (veRL `entropy_coeff`)
+// YAML `loss.*`: the fused loss op's settings (kernels::GrpoLossParams: clip_low, clip_high,
+// dual_clip, kl_coef, kl_type, kl_input_clamp, kl_output_clamp, entropy_coef, sequence_level_ratio,
+// and two_sided_clip, log_ratio_clamp with no YAML key) plus how the loss is aggregated.
+// Peers' names: clip_low is TRL `epsilon` / veRL `clip_ratio_low`, clip_high TRL `epsilon_high` /
+// veRL `clip_ratio_high` (DAPO 0.28), dual_clip veRL `clip_ratio_c` (3.0 there), kl_coef TRL
+// `beta`, the KL clamps NeMo RL's (20, 10), entropy_coef veRL `entropy_coeff`, sequence_level_ratio
+// GSPO (TRL `importance_sampling_level="sequence"`), two_sided_clip TRL `delta` (INTELLECT-2),
+// log_ratio_clamp veRL's 20.
+struct GrpoLossConfig : kernels::GrpoLossParams {
   LossAggMode agg_mode = LossAggMode::token_mean;
-  int agg_norm_length = 0;       // seq-mean-token-sum-norm constant (0 = max_completion_length)
-  bool sequence_level_ratio = false;  // GSPO: one ratio per sequence (TRL `importance_sampling_level="sequence"`)
-  // no YAML key:
-  float two_sided_clip = 0.0f;   // > 0: rho <- min(rho, two_sided_clip) in the unclipped term (TRL `delta`, INTELLECT-2)
-  float log_ratio_clamp = 0.0f;  // > 0: clamp logp - old to +-this before exp (veRL uses 20)
+  int agg_norm_length = 0;  // seq-mean-token-sum-norm constant (0 = max_completion_length)
 };
 
 enum class LrSchedule { constant, cosine };
