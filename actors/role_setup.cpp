@@ -24,7 +24,7 @@ Result<std::unique_ptr<policy::io::Tokenizer>> make_builtin_tokenizer(const std:
 Result<PolicyBundle> make_policy(const ExperimentConfig& cfg) {
   PolicyBundle b;
   if (!cfg.policy.path.empty()) {
-    TROUPE_ASSIGN_OR_RETURN(auto dir, policy::io::load_model(cfg.policy.path));
+    TROUPE_ASSIGN_OR_RETURN(auto dir, policy::io::load_model(cfg.policy.path, cfg.policy));
     b.model = std::make_unique<policy::Model>(std::move(dir.model));
     if (dir.tokenizer && (dir.bos_token_id >= 0 || dir.eos_token_id >= 0))
       dir.tokenizer->set_special_ids(dir.bos_token_id >= 0 ? dir.bos_token_id : dir.tokenizer->bos_id(),
@@ -36,7 +36,10 @@ Result<PolicyBundle> make_policy(const ExperimentConfig& cfg) {
       b.tokenizer = std::move(dir.tokenizer);
     }
   } else {
-    TROUPE_ASSIGN_OR_RETURN(auto model, policy::Model::create(cfg.policy.model, static_cast<uint64_t>(cfg.run.seed)));
+    policy::ModelConfig mc;
+    static_cast<policy::ModelArchitecture&>(mc) = cfg.policy.model;
+    static_cast<policy::ExecutionOptions&>(mc) = cfg.policy;
+    TROUPE_ASSIGN_OR_RETURN(auto model, policy::Model::create(mc, static_cast<uint64_t>(cfg.run.seed)));
     if (cfg.policy.init_std != 0.02f) {  // Model::create draws N(0, 0.02); norms stay at 1
       std::vector<float> flat(model.params().begin(), model.params().end());
       float scale = cfg.policy.init_std / 0.02f;

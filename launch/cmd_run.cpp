@@ -27,6 +27,7 @@ Command add_run_command(CLI::App& root) {
               std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
               return 2;
             }
+            for (const auto& w : loaded->warnings) std::fprintf(stderr, "%s\n", w.c_str());
             return run_experiment(*loaded, RunOptions{o->resume});
           }};
 }
@@ -48,6 +49,7 @@ Command add_validate_command(CLI::App& root) {
               std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
               return 2;
             }
+            for (const auto& w : loaded->warnings) std::fprintf(stderr, "%s\n", w.c_str());
             if (o->print)
               std::fputs(resolved_yaml(loaded->config).c_str(), stdout);
             else
@@ -80,6 +82,7 @@ Command add_eval_command(CLI::App& root) {
               std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
               return 2;
             }
+            for (const auto& w : loaded->warnings) std::fprintf(stderr, "%s\n", w.c_str());
             return eval_checkpoint(*loaded, o->checkpoint);
           }};
 }

@@ -87,9 +87,26 @@ class Loader {
   std::vector<ConfigError> errors;
   std::vector<std::pair<std::string, std::pair<int, int>>> marks;
 
+  std::vector<std::string> warnings;
+  std::vector<std::string> architecture_keys_set;  // policy.model.* keys the YAML or --set gave
+
   void error(const YAML::Mark& m, std::string key, std::string message) {
     errors.push_back({file_, m.is_null() ? 0 : m.line + 1, m.is_null() ? 0 : m.column + 1, std::move(key),
                       std::move(message)});
+  }
+
+  // A deprecated spelling: the key it now is, with a warning naming both; other keys as they are.
+  std::string resolve_alias(const YAML::Mark& m, const std::string& key) {
+    for (const auto& [old_key, new_key] : config_key_aliases()) {
+      if (key != old_key) continue;
+      std::string where = file_;
+      if (!m.is_null()) where += ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+      warnings.push_back(where + ": warning: " + old_key + " is deprecated; use " + new_key +
+                         " (execution options apply to fresh and loaded models alike)");
+      return new_key;
+    }
+    if (key.rfind("policy.model.", 0) == 0) architecture_keys_set.push_back(key);
+    return key;
   }
 
   // Tabs anywhere in indentation are errors (YAML forbids them; yaml-cpp's message is cryptic).
@@ -321,14 +338,14 @@ class Loader {
   void walk_map(const YAML::Node& n, const std::string& prefix, ExperimentConfig& cfg) {
     auto sibs = children(prefix);
     for (auto it = n.begin(); it != n.end(); ++it) {
-      const YAML::Node& kn = it->first;
-      const YAML::Node& vn = it->second;
+      const YAML::Node kn = it->first;  // copies: handles to the node, not to the iterator's temporary
+      const YAML::Node vn = it->second;
       if (!kn.IsScalar()) {
         error(kn.Mark(), prefix, "keys must be plain names");
         continue;
       }
       std::string name = kn.Scalar();
-      std::string full = prefix.empty() ? name : prefix + "." + name;
+      std::string full = resolve_alias(kn.Mark(), prefix.empty() ? name : prefix + "." + name);
       marks.push_back({full, {kn.Mark().line + 1, kn.Mark().column + 1}});
       if (full == "envs") {
         walk_envs(vn, cfg);
@@ -408,7 +425,7 @@ class Loader {
       error(none, "", "expected --set key.path=value");
       return;
     }
-    std::string path = text.substr(0, eq);
+    std::string path = resolve_alias(none, text.substr(0, eq));
     std::string value = text.substr(eq + 1);
     YAML::Node v;
     try {
@@ -500,10 +517,16 @@ class Loader {
         error(at("policy.model.mlp_only_layers"), "policy.model.mlp_only_layers",
               "layer " + std::to_string(l) + " does not exist (num_hidden_layers = " +
                   std::to_string(m.num_hidden_layers) + ")");
-    if (m.offload_activations && !m.activation_checkpointing)
-      error(at("policy.model.offload_activations"), "policy.model.offload_activations",
-            "needs policy.model.activation_checkpointing: true (only checkpointed inputs are offloaded)");
-    if (auto be = kernels::backend_for(m.device); !be.ok()) error(at("policy.device"), "policy.device", be.error().message);
+    const auto& x = c.policy;  // execution options
+    if (x.offload_activations && !x.activation_checkpointing)
+      error(at("policy.offload_activations"), "policy.offload_activations",
+            "needs policy.activation_checkpointing: true (only checkpointed inputs are offloaded)");
+    if (auto be = kernels::backend_for(x.device); !be.ok()) error(at("policy.device"), "policy.device", be.error().message);
+    if (!c.policy.path.empty())  // a loaded model's architecture is its config.json: never silently ignored
+      for (const auto& key : architecture_keys_set)
+        error(at(key), key,
+              "policy.path is set, so the architecture comes from its config.json; remove this key (execution "
+              "options such as policy.moe_grouped apply to loaded models)");
     long long need = static_cast<long long>(c.rollout.max_prompt_length) +
                      static_cast<long long>(c.rollout.max_response_length) * c.rollout.max_turns;
     if (c.policy.path.empty() && need > m.max_position_embeddings)
@@ -601,6 +624,7 @@ Result<LoadedConfig> finish(Loader& l, LoadedConfig out) {
     return invalid_input(msg);
   }
   out.marks = std::move(l.marks);
+  out.warnings = std::move(l.warnings);
   return out;
 }
 

@@ -224,7 +224,7 @@ TEST(Config, ResumeConflicts) {
   ASSERT_TRUE(a.ok()) << a.error().message;
   auto same = load_config_text(kMinimal, "x.yaml",
                                {"grpo.max_steps=77", "cluster.threads=1", "logger.progress=plain", "eval.every=3",
-                                "checkpointing.keep_last=5", "run.dir=/elsewhere", "policy.model.moe_grouped=false"});
+                                "checkpointing.keep_last=5", "run.dir=/elsewhere", "policy.moe_grouped=false"});
   ASSERT_TRUE(same.ok()) << same.error().message;
   EXPECT_TRUE(resume_conflicts(a->config, same->config).empty());
   auto changed =
@@ -405,3 +405,46 @@ TEST(Config, DocsYamlKeys) {
   }
   EXPECT_GT(checked, 100);  // configs/README.md alone names every key
 }
+
+namespace {
+
+// How the model runs lives under policy.* and applies to loaded models too; the old
+// policy.model.<option> spellings still load, each with a warning naming the new key; with
+// policy.path, an architecture key (policy.model.*) is an error, never silently dropped.
+TEST(Config, ExecutionOptionsUnderPolicy) {
+  auto a = load_config_text(std::string(kMinimal) + "policy:\n  moe_grouped: false\n  activation_checkpointing: true\n",
+                            "x.yaml");
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  EXPECT_FALSE(a->config.policy.moe_grouped);
+  EXPECT_TRUE(a->config.policy.activation_checkpointing);
+  EXPECT_TRUE(a->warnings.empty());
+
+  auto old = load_config_text(std::string(kMinimal) + "policy:\n  model:\n    moe_grouped: false\n", "x.yaml",
+                              {"policy.model.cache_packed_metadata=false"});
+  ASSERT_TRUE(old.ok()) << old.error().message;
+  EXPECT_FALSE(old->config.policy.moe_grouped);
+  EXPECT_FALSE(old->config.policy.cache_packed_metadata);
+  ASSERT_EQ(old->warnings.size(), 2u);
+  EXPECT_NE(old->warnings[0].find("x.yaml:5:5: warning: policy.model.moe_grouped is deprecated; use policy.moe_grouped"),
+            std::string::npos)
+      << old->warnings[0];
+  EXPECT_NE(old->warnings[1].find("policy.model.cache_packed_metadata is deprecated; use policy.cache_packed_metadata"),
+            std::string::npos)
+      << old->warnings[1];
+
+  auto m = load_error(std::string(kMinimal) + "policy:\n  path: /models/x\n  model:\n    hidden_size: 64\n");
+  EXPECT_NE(m.find("x.yaml:6:5: error: policy.model.hidden_size: policy.path is set, so the architecture comes from its "
+                   "config.json"),
+            std::string::npos)
+      << m;
+  auto loaded = load_config_text(std::string(kMinimal) + "policy:\n  path: /models/x\n  moe_grouped: false\n", "x.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  // The resolved config of a loaded model leaves policy.model out, so it loads back (--resume).
+  const std::string resolved = resolved_yaml(loaded->config);
+  EXPECT_EQ(resolved.find("hidden_size"), std::string::npos);
+  auto back = load_config_text(resolved, "config.resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_FALSE(back->config.policy.moe_grouped);
+}
+
+}  // namespace

@@ -99,10 +99,15 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.number("run.max_wall_s", [](C& c) { return &c.run.max_wall_s; }, 0, 1e7, "Stop the run (after a checkpoint) once this many seconds passed; 0 = no limit.");
 
   // policy
-  b.text("policy.path", [](C& c) { return &c.policy.path; }, "Start from this model directory (ours or transformers-made); empty = fresh initialization from policy.model.");
+  b.text("policy.path", [](C& c) { return &c.policy.path; }, "Start from this model directory (ours or transformers-made); its config.json fixes the architecture, so policy.model keys are an error with it. Empty = fresh initialization from policy.model.");
   b.choice("policy.tokenizer", [](C& c) { return &c.policy.tokenizer; }, {"char", "byte", "auto"}, "Tokenizer: char (printable ASCII, for built-in tasks), byte, or auto (the model directory's tokenizer).");
   b.number("policy.init_std", [](C& c) { return &c.policy.init_std; }, 0, 1, "Standard deviation of the fresh initialization.");
-  b.choice("policy.device", [](C& c) { return &c.policy.model.device; }, {"cpu", "cuda"}, "Backend the model runs on: cpu (OpenMP + BLAS). cuda is reserved for the CUDA backend, which is not implemented yet: choosing it is an error.");
+  b.choice("policy.device", [](C& c) { return &c.policy.device; }, {"cpu", "cuda"}, "Backend the model runs on: cpu (OpenMP + BLAS). cuda is reserved for the CUDA backend, which is not implemented yet: choosing it is an error.");
+  b.flag("policy.cache_packed_metadata", [](C& c) { return &c.policy.cache_packed_metadata; }, "Optimization: build packed-sequence metadata once per batch, shared by every layer.");
+  b.flag("policy.activation_checkpointing", [](C& c) { return &c.policy.activation_checkpointing; }, "Optimization: recompute each layer in backward from its saved input.");
+  b.flag("policy.offload_activations", [](C& c) { return &c.policy.offload_activations; }, "Optimization: move checkpointed layer inputs to an offload store (needs activation_checkpointing).");
+  b.flag("policy.offload_double_buffer", [](C& c) { return &c.policy.offload_double_buffer; }, "Optimization: reload layer l-1's input while layer l runs backward.");
+  b.flag("policy.moe_grouped", [](C& c) { return &c.policy.moe_grouped; }, "Optimization: counting-sort grouped MoE routing instead of the masked loop.");
   b.choice("policy.model.family", [](C& c) { return &c.policy.model.family; }, {"qwen3_moe", "mixtral"}, "Model family (Hugging Face layout of checkpoints): qwen3_moe has per-head q/k RMSNorm.");
   b.integer("policy.model.vocab_size", [](C& c) { return &c.policy.model.vocab_size; }, 2, 1048576, "V: vocabulary size (must cover the tokenizer).");
   b.integer("policy.model.hidden_size", [](C& c) { return &c.policy.model.hidden_size; }, 1, 65536, "C: model width.");
@@ -122,11 +127,6 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.flag("policy.model.tie_word_embeddings", [](C& c) { return &c.policy.model.tie_word_embeddings; }, "Share the embedding and LM-head matrices.");
   b.number("policy.model.router_aux_loss_coef", [](C& c) { return &c.policy.model.router_aux_loss_coef; }, 0, 10, "Weight of the load-balancing loss (0 = off).");
   b.integer("policy.model.max_position_embeddings", [](C& c) { return &c.policy.model.max_position_embeddings; }, 1, 1048576, "Longest sequence (prompt + response) the model takes.");
-  b.flag("policy.model.cache_packed_metadata", [](C& c) { return &c.policy.model.cache_packed_metadata; }, "Optimization: build packed-sequence metadata once per batch, shared by every layer.");
-  b.flag("policy.model.activation_checkpointing", [](C& c) { return &c.policy.model.activation_checkpointing; }, "Optimization: recompute each layer in backward from its saved input.");
-  b.flag("policy.model.offload_activations", [](C& c) { return &c.policy.model.offload_activations; }, "Optimization: move checkpointed layer inputs to an offload store (needs activation_checkpointing).");
-  b.flag("policy.model.offload_double_buffer", [](C& c) { return &c.policy.model.offload_double_buffer; }, "Optimization: reload layer l-1's input while layer l runs backward.");
-  b.flag("policy.model.moe_grouped", [](C& c) { return &c.policy.model.moe_grouped; }, "Optimization: counting-sort grouped MoE routing instead of the masked loop.");
 
   // sft
   b.flag("sft.enabled", [](C& c) { return &c.sft.enabled; }, "Run an SFT warm-up phase (on the envs' reference answers) before GRPO.");
@@ -286,6 +286,18 @@ std::string quote(const std::string& s) {
 
 }  // namespace
 
+const std::vector<std::pair<std::string, std::string>>& config_key_aliases() {
+  // The execution options moved from policy.model.* (a fresh model's architecture) to policy.*.
+  static const std::vector<std::pair<std::string, std::string>> aliases = {
+      {"policy.model.cache_packed_metadata", "policy.cache_packed_metadata"},
+      {"policy.model.activation_checkpointing", "policy.activation_checkpointing"},
+      {"policy.model.offload_activations", "policy.offload_activations"},
+      {"policy.model.offload_double_buffer", "policy.offload_double_buffer"},
+      {"policy.model.moe_grouped", "policy.moe_grouped"},
+  };
+  return aliases;
+}
+
 const std::vector<KeySpec<ExperimentConfig>>& config_schema() {
   static const auto keys = build_schema();
   return keys;
@@ -332,6 +344,15 @@ std::string render_value(const FieldRef& f) {
   return std::visit(V{}, f);
 }
 
+std::string deprecated_keys_summary() {
+  std::string out;
+  for (const auto& [old_key, new_key] : config_key_aliases()) {
+    if (!out.empty()) out += ", ";
+    out += old_key + " (now " + new_key + ")";
+  }
+  return out;
+}
+
 std::string render_config_readme() {
   std::ostringstream o;
   o << "# Experiment YAML reference\n\n"
@@ -354,6 +375,10 @@ std::string render_config_readme() {
            "config gives the metrics of an uninterrupted run bit for bit; raising grpo.max_steps keeps that\n"
            "only with a schedule that does not depend on it (optimizer.schedule: constant; cosine decays over\n"
            "max_steps).\n\n"
+           "`policy.*` holds how the model runs (`policy.device` and the training optimizations), for fresh\n"
+           "and loaded models alike; `policy.model.*` is only a fresh model's architecture: with `policy.path` the\n"
+           "architecture is that directory's config.json, and a `policy.model` key is an error. Deprecated\n"
+           "spellings still accepted, each with a warning: " + deprecated_keys_summary() + ".\n\n"
            "Example experiments in this folder (each run by a test):\n\n"
        "| file | what it runs |\n|---|---|\n"
        "| `quickstart.yaml` | tiny char-level MoE: SFT warm-up, then GRPO on the built-in `arithmetic` env |\n"
@@ -414,8 +439,12 @@ std::string resolved_yaml(const ExperimentConfig& cfg_in) {
   ExperimentConfig cfg = cfg_in;  // the schema's accessors take a mutable root
   std::ostringstream o;
   o << "# Resolved by troupe: every key with the value this run used (defaults and --set applied).\n";
+  // A loaded model's architecture is its config.json: policy.model does not apply (and is refused).
+  const bool loaded = !cfg.policy.path.empty();
+  if (loaded) o << "# policy.model is left out: the architecture is policy.path's config.json.\n";
   std::vector<std::string> open;  // current nesting of mapping keys
   for (const auto& k : config_schema()) {
+    if (loaded && k.path.rfind("policy.model.", 0) == 0) continue;
     std::vector<std::string> parts;
     std::stringstream ss(k.path);
     for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
@@ -456,11 +485,11 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "run.name",
                                                 "run.max_wall_s",
                                                 "grpo.max_steps",
-                                                "policy.model.cache_packed_metadata",
-                                                "policy.model.activation_checkpointing",
-                                                "policy.model.offload_activations",
-                                                "policy.model.offload_double_buffer",
-                                                "policy.model.moe_grouped",
+                                                "policy.cache_packed_metadata",
+                                                "policy.activation_checkpointing",
+                                                "policy.offload_activations",
+                                                "policy.offload_double_buffer",
+                                                "policy.moe_grouped",
                                                 "envs[].address",
                                                 "envs[].timeout_s",
                                                 "envs[].isolate"};

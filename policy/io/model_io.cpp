@@ -8,8 +8,10 @@
 
 namespace troupe::policy::io {
 
-Result<Model> model_from_dir(const ModelDir& dir) {
-  auto created = Model::create(dir.config, 0);
+Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec) {
+  ModelConfig config = dir.config;
+  static_cast<ExecutionOptions&>(config) = exec;
+  auto created = Model::create(config, 0);
   if (!created.ok()) return invalid_input(dir.path + "/config.json: " + created.error().message);
   Model model = std::move(created).value();
   TROUPE_ASSIGN_OR_RETURN(auto named, hf_tensors_from_canonical(dir.config, dir.tensors, ExpertLayout::per_expert));
@@ -28,9 +30,9 @@ Result<Model> model_from_dir(const ModelDir& dir) {
   return model;
 }
 
-Result<LoadedModel> load_model(const std::string& path) {
+Result<LoadedModel> load_model(const std::string& path, const ExecutionOptions& exec) {
   TROUPE_ASSIGN_OR_RETURN(auto dir, load_model_dir(path));
-  TROUPE_ASSIGN_OR_RETURN(auto model, model_from_dir(dir));
+  TROUPE_ASSIGN_OR_RETURN(auto model, model_from_dir(dir, exec));
   LoadedModel out{std::move(model), std::move(dir.tokenizer), dir.bos_token_id, dir.eos_token_id, dir.pad_token_id};
   return out;
 }

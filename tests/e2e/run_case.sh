@@ -251,10 +251,15 @@ EOS
     ;;
   from_model_dir)  # policy.path: a transformers-made directory (BPE tokenizer), then one of our checkpoints
     S="--set sft.max_steps=2 --set grpo.max_steps=2 --set eval.num_prompts=5 $Q"
-    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/hf" --set policy.path="$SRC/tests/hf_fixture/qwen3_moe" \
-      --set policy.tokenizer=auto $S
+    # the quickstart without its fresh-model architecture (policy.model), which a loaded model refuses
+    $PY -c "import re,sys; t=open(sys.argv[1]).read(); open(sys.argv[2],'w').write(re.sub(r'\n  model:\n(    .*\n)+', '\n', t))" \
+      "$SRC/configs/quickstart.yaml" "$W/loaded.yaml"
+    expect_exit 2 "$TROUPE" validate "$SRC/configs/quickstart.yaml" --set policy.path="$SRC/tests/hf_fixture/qwen3_moe"
+    grep -q "policy.model.hidden_size: policy.path is set" "$W/err.txt"
+    "$TROUPE" run "$W/loaded.yaml" --set run.dir="$W/hf" --set policy.path="$SRC/tests/hf_fixture/qwen3_moe" \
+      --set policy.tokenizer=auto --set policy.activation_checkpointing=true $S
     $CHECK files "$W/hf"
-    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ours" --set policy.path="$W/hf/checkpoints/latest" $S
+    "$TROUPE" run "$W/loaded.yaml" --set run.dir="$W/ours" --set policy.path="$W/hf/checkpoints/latest" $S
     $CHECK files "$W/ours"
     ;;
   env_faults)  # a plug-in env that crashes or hangs now and then: the run goes on (env_failures counts

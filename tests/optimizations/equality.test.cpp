@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <unistd.h>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "troupe/kernels/offload.h"
 #include "troupe/policy/model.h"
+#include "troupe/policy/io/model_io.h"
 #include "troupe/policy/model_config.h"
 
 namespace troupe {
@@ -60,12 +63,13 @@ struct Trace {
   int sync_reloads = 0, overlapped_reloads = 0;
 };
 
+Trace steps(policy::Model& model);
+
 // Two training steps on two batches (gradients accumulate across them, as in micro-batching).
 Trace run(const policy::ModelConfig& cfg, double max_delay_s = 0) {
-  Trace tr;
   auto m = policy::Model::create(cfg, 5);
   EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
-  if (!m.ok()) return tr;
+  if (!m.ok()) return {};
   policy::Model& model = m.value();
   if (max_delay_s > 0) {
     EXPECT_NE(model.offload_engine(), nullptr);
@@ -77,6 +81,11 @@ Trace run(const policy::ModelConfig& cfg, double max_delay_s = 0) {
       model.offload_engine()->set_delay([delays](uint64_t i) { return (*delays)[i % delays->size()]; });
     }
   }
+  return steps(model);
+}
+
+Trace steps(policy::Model& model) {
+  Trace tr;
   model.zero_grads();
   for (int step = 0; step < 2; ++step) {
     auto b = step == 0 ? batch_of({5, 9, 1, 7}, 1) : batch_of({12, 3, 8}, 2);
@@ -243,6 +252,57 @@ TEST(Equality, ConfigErrorsAreClear) {
   auto m = policy::Model::create(bad, 1);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("offload_activations"), std::string::npos) << m.error().message;
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// A loaded model (policy.path) runs with the YAML's execution options, each on or off, and gives
+// the bits of the plain path: the options are not dropped when the architecture comes from disk.
+TEST(Equality, LoadedModelTakesTheExecutionOptions) {
+  auto created = policy::Model::create(tiny(4), 5);
+  ASSERT_TRUE(created.ok()) << created.error().message;
+  const auto dir = std::filesystem::temp_directory_path() / ("troupe_exec_options_" + std::to_string(::getpid()));
+  ASSERT_TRUE(policy::io::save_model(dir.string(), created.value(), nullptr, policy::io::ExpertLayout::per_expert).ok());
+  auto load = [&](const policy::ExecutionOptions& exec) {
+    auto loaded = policy::io::load_model(dir.string(), exec);
+    EXPECT_TRUE(loaded.ok()) << (loaded.ok() ? "" : loaded.error().message);
+    const policy::ExecutionOptions& got = loaded.value().model.config();
+    EXPECT_EQ(got.cache_packed_metadata, exec.cache_packed_metadata);
+    EXPECT_EQ(got.activation_checkpointing, exec.activation_checkpointing);
+    EXPECT_EQ(got.offload_activations, exec.offload_activations);
+    EXPECT_EQ(got.moe_grouped, exec.moe_grouped);
+    return steps(loaded.value().model);
+  };
+  policy::ExecutionOptions plain;
+  plain.cache_packed_metadata = plain.activation_checkpointing = plain.offload_activations = false;
+  plain.offload_double_buffer = plain.moe_grouped = false;
+  const Trace base = load(plain);
+  const int L = 4;
+  EXPECT_EQ(base.meta_builds, static_cast<uint64_t>(2 * 2 * L));  // per layer and pass: the option is off
+  for (int which = 0; which < 5; ++which) {
+    policy::ExecutionOptions x = plain;
+    std::string name;
+    switch (which) {
+      case 0: x.cache_packed_metadata = true; name = "cache_packed_metadata"; break;
+      case 1: x.activation_checkpointing = true; name = "activation_checkpointing"; break;
+      case 2: x.activation_checkpointing = x.offload_activations = true; name = "offload_activations"; break;
+      case 3: x.activation_checkpointing = x.offload_activations = x.offload_double_buffer = true; name = "offload_double_buffer"; break;
+      default: x.moe_grouped = true; name = "moe_grouped"; break;
+    }
+    const Trace t = load(x);
+    expect_same(base, t, "loaded model, " + name + " on");
+    if (which == 0) {
+      EXPECT_EQ(t.meta_builds, 2u) << "once per batch: the loaded model took the option";
+    }
+    if (which == 3) {
+      EXPECT_GT(t.overlapped_reloads + t.sync_reloads, 0) << "the loaded model offloads";
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // One experiment, as the YAML file describes it, after validation: what every role is told.
 // Defaults live here and in the sections it takes from other libraries (the field initializers):
-// policy.model is policy::ModelConfig, loss and optimizer are learner's GrpoLossConfig and
+// policy is policy::ExecutionOptions (policy.device and the training optimizations) plus
+// policy.model, a fresh model's policy::ModelArchitecture; loss and optimizer are learner's GrpoLossConfig and
 // OptimizerConfig, and grpo holds learner's AdvantageConfig, so every C++ field has its YAML key's
 // name. launch/config_schema.cpp names every field with its YAML path, range and description, so
 // the schema and these structs cannot drift apart.
@@ -24,8 +25,10 @@ struct RunSection {
   double max_wall_s = 0;  // stop the run after this many seconds (0 = no limit)
 };
 
-struct PolicySection {
-  policy::ModelConfig model;
+// How the model runs (policy.device, policy.moe_grouped, ...) applies to fresh and loaded models
+// alike; policy.model is only a fresh model's architecture (a loaded one's is its config.json).
+struct PolicySection : policy::ExecutionOptions {
+  policy::ModelArchitecture model;
   std::string path;               // start from this model directory ("" = fresh initialization)
   std::string tokenizer = "char";  // char | byte | auto (from the model directory)
   float init_std = 0.02f;

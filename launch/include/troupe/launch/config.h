@@ -39,6 +39,8 @@ struct KeySpec {
 // The top-level keys and the keys of one `envs` entry.
 const std::vector<KeySpec<actors::ExperimentConfig>>& config_schema();
 const std::vector<KeySpec<actors::EnvSpec>>& env_entry_schema();
+// Deprecated spellings still accepted (old key, the key it now is); each use is a warning.
+const std::vector<std::pair<std::string, std::string>>& config_key_aliases();
 
 // A value of a key rendered as YAML (defaults in the README, config.resolved.yaml).
 std::string render_value(const FieldRef& f);
@@ -58,6 +60,8 @@ struct LoadedConfig {
   std::string file;
   // Marks of every key seen, so later checks (e.g. placement under MPI) can point at the line.
   std::vector<std::pair<std::string, std::pair<int, int>>> marks;
+  // FILE:LINE:COL: warning: ... lines (deprecated spellings); the commands print them to stderr.
+  std::vector<std::string> warnings;
   std::pair<int, int> mark_of(const std::string& key) const;
 };
 

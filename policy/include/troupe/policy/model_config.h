@@ -1,14 +1,18 @@
-// Sizes and switches of the policy model. Field names follow the Hugging Face config.json of the
-// two supported MoE families (Qwen3-MoE and Mixtral) where one exists, so config.json maps 1:1;
-// the YAML section `policy.model` uses the same names. Shape letters: V vocab, C d_model, L layers.
+// The policy model's architecture and its execution options. Architecture field names follow the
+// Hugging Face config.json of the supported families where one exists, so config.json maps 1:1;
+// the YAML section `policy.model` (a fresh model's architecture) uses the same names. Shape
+// letters: V vocab, C d_model, L layers.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "troupe/policy/execution_options.h"
+
 namespace troupe::policy {
 
-struct ModelConfig {
+// What a checkpoint fixes: shapes, rope, norms, family.
+struct ModelArchitecture {
   std::string family = "qwen3_moe";  // "qwen3_moe" (per-head q/k RMSNorm) or "mixtral"
   int vocab_size = 256;              // V
   int hidden_size = 128;             // C
@@ -29,17 +33,6 @@ struct ModelConfig {
   float router_aux_loss_coef = 0.0f;  // weight of the load-balancing loss (0 = off)
   int max_position_embeddings = 2048;
 
-  // Where the model runs (YAML `policy.device`): the name kernels::backend_for() resolves. "cpu";
-  // "cuda" is an error until the CUDA backend exists. Not part of a model directory's config.json.
-  std::string device = "cpu";
-
-  // The training optimizations, each switchable and tested against the plain path.
-  bool cache_packed_metadata = true;    // build packed-sequence metadata once per batch, shared by layers
-  bool activation_checkpointing = false;  // recompute each layer in backward from its saved input
-  bool offload_activations = false;     // move checkpointed layer inputs to an offload store
-  bool offload_double_buffer = true;    // reload layer l-1's input while layer l runs backward
-  bool moe_grouped = true;              // counting-sort grouped routing vs the masked loop
-
   bool qk_norm() const { return family == "qwen3_moe"; }
   bool is_moe_layer(int l) const {
     if (num_experts <= 0) return false;
@@ -48,5 +41,8 @@ struct ModelConfig {
     return true;
   }
 };
+
+// What the model is built from: its architecture and how it runs.
+struct ModelConfig : ModelArchitecture, ExecutionOptions {};
 
 }  // namespace troupe::policy

@@ -18,9 +18,11 @@ struct LoadedModel {
   int32_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
 };
 
-// A Model with the directory's weights (every tensor of its table filled, shapes checked).
-Result<Model> model_from_dir(const ModelDir& dir);
-Result<LoadedModel> load_model(const std::string& path);
+// A Model with the directory's weights (every tensor of its table filled, shapes checked). The
+// architecture is the directory's config.json; `exec` says how the model runs (backend, training
+// optimizations), as the YAML's policy.* keys do for a fresh model.
+Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec = {});
+Result<LoadedModel> load_model(const std::string& path, const ExecutionOptions& exec = {});
 
 // The Model's parameters under canonical names (for save_model_dir, comparisons).
 Result<TensorMap> model_tensors(const Model& model);

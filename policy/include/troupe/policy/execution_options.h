@@ -1,0 +1,22 @@
+// How a model runs, as opposed to what it is: the backend and the three training optimizations.
+// A checkpoint's config.json fixes the architecture (ModelArchitecture); these come from the YAML
+// (`policy.*`) and apply to fresh and loaded models alike. Every switch is tested against the
+// plain path: on or off, log-probs and gradients are bit-identical.
+#pragma once
+
+#include <string>
+
+namespace troupe::policy {
+
+struct ExecutionOptions {
+  // Where the model runs (YAML `policy.device`): the name kernels::backend_for() resolves. "cpu";
+  // "cuda" is an error until the CUDA backend exists.
+  std::string device = "cpu";
+  bool cache_packed_metadata = true;      // build packed-sequence metadata once per batch, shared by layers
+  bool activation_checkpointing = false;  // recompute each layer in backward from its saved input
+  bool offload_activations = false;       // move checkpointed layer inputs to an offload store
+  bool offload_double_buffer = true;      // reload layer l-1's input while layer l runs backward
+  bool moe_grouped = true;                // counting-sort grouped routing vs the masked loop
+};
+
+}  // namespace troupe::policy
