@@ -130,7 +130,7 @@ TEST(Model, BadConfigAndBatchAreErrors) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("num_key_value_heads"), std::string::npos);
   c = tiny();
-  c.family = "llama";
+  c.family = "gpt2";
   EXPECT_FALSE(Model::create(c).ok());
   c = tiny();
   c.mlp_only_layers = {9};

@@ -229,7 +229,12 @@ TEST(ModelDir, ConfigErrorsNameTheKeyAndFile) {
     std::vector<std::string> parts;
   };
   std::vector<Case> cases = {
-      {"model_type", "llama", {"llama", "model_type"}},
+      {"model_type", "gpt_neox", {"gpt_neox", "model_type"}},
+      {"rope_parameters", json{{"rope_type", "dynamic"}, {"factor", 2.0}, {"rope_theta", 1e4}}, {"dynamic", "rope_type"}},
+      {"rope_scaling", json{{"type", "linear"}}, {"rope_scaling", "missing key \"factor\""}},
+      {"mlp_bias", true, {"mlp_bias"}},
+      {"attention_bias", true, {"attention_bias", "mixtral"}},
+      {"sliding_window", 16, {"sliding_window 16", "use_sliding_window"}},
       {"hidden_act", "gelu", {"hidden_act", "gelu"}},
       {"num_key_value_heads", 3, {"num_key_value_heads"}},
       {"num_experts_per_tok", 9, {"num_experts_per_tok"}},
@@ -322,7 +327,7 @@ TEST(ModelDir, HfConfigRoundTrip) {
   auto step = config_from_hf_json(s);
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(step->mlp_only_layers, (std::vector<int>{0, 2}));
-  c.family = "llama";
+  c.family = "gpt2";
   EXPECT_FALSE(config_to_hf_json(c).ok());
 }
 
