@@ -14,23 +14,17 @@ expected.json: log-probs of a short text and of 301 random tokens (300 log-probs
 greedy continuation, computed by transformers in fp32. Needs: pip install -r requirements.txt (own venv).
     python tests/hf_fixture/make_family_fixtures.py [--out tests/hf_fixture]
 """
-import argparse
 import json
 import os
 import shutil
 
 import torch
-import tokenizers
 import transformers
 from tokenizers import Tokenizer
 
+from make_fixture import start, token_logprobs, write_json
+
 HIDDEN = 64
-
-
-def write_json(path, obj):
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
 
 
 def randomize(model, seed):
@@ -76,13 +70,6 @@ def make_model(name, vocab):
     raise ValueError(name)
 
 
-def token_logprobs(model, ids):
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].double()
-    lp = torch.log_softmax(logits, dim=-1)
-    return [lp[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
-
-
 def greedy(model, prompt, n):
     """transformers' greedy continuation and the smallest top-1/top-2 logit gap along it."""
     with torch.no_grad():
@@ -109,12 +96,7 @@ def to_legacy_rope_spelling(d):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(2)
-    versions = {"transformers": transformers.__version__, "torch": torch.__version__, "tokenizers": tokenizers.__version__}
+    args, versions = start()
     plan = [("llama", "gpt2", 11), ("llama_tied", "gpt2", 12), ("llama_bf16", "gpt2", 11), ("qwen2", "qwen2", 13),
             ("qwen3", "qwen2", 14), ("qwen2_moe", "qwen2", 16)]
     for name, tkind, seed in plan:
