@@ -116,6 +116,8 @@ Status validate_model_config(const ModelConfig& c) {
   static const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"};
   if (std::find(std::begin(kFamilies), std::end(kFamilies), c.family) == std::end(kFamilies))
     return bad("family", "'" + c.family + "' is not supported (use llama, qwen2, qwen3, qwen2_moe, qwen3_moe or mixtral)");
+  if ((c.family == "llama" || c.family == "qwen2" || c.family == "qwen3") && c.num_experts != 0)
+    return bad("num_experts", c.family + " is a dense family (num_experts must be 0, got " + std::to_string(c.num_experts) + ")");
   if (c.family == "qwen2" && !c.qkv_bias) return bad("qkv_bias", "qwen2 has q/k/v biases (must be true)");
   if (c.family == "mixtral" && c.qkv_bias) return bad("qkv_bias", "mixtral has no attention biases");
   if ((c.family == "mixtral" || c.family == "qwen2" || c.family == "qwen2_moe") && c.o_proj_bias)

@@ -218,6 +218,11 @@ TEST(Model, BadConfigAndBatchAreErrors) {
   r = Model::create(c);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("qkv_bias"), std::string::npos);
+  c = tiny_family("qwen3");
+  c.num_experts = 4;
+  r = Model::create(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("dense family"), std::string::npos) << r.error().message;
   c = tiny_family("llama");
   c.rope_type = "yarn";
   r = Model::create(c);
