@@ -84,8 +84,8 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
   return inv;
 }
 
-static void rope_tables(float* cos, float* sin, const int32_t* positions, int N, int head_dim, float rope_theta,
-                        const std::vector<float>& inv_freq, const kernels::Backend& be) {
+static void rope_tables(float* cos, float* sin, const int32_t* positions, int N, int head_dim,
+                        float rope_theta, const std::vector<float>& inv_freq, const kernels::Backend& be) {
   if (inv_freq.empty())
     be.rope_cos_sin(cos, sin, positions, N, head_dim, rope_theta);
   else
@@ -106,7 +106,8 @@ void build_packed_meta(PackedMeta* m, const PackedBatch& b, int head_dim, float 
                                        m->seq_end.data(), m->cu_seqlens.data(), m->S);
   m->rope_cos.resize(static_cast<size_t>(T) * head_dim / 2);
   m->rope_sin.resize(static_cast<size_t>(T) * head_dim / 2);
-  rope_tables(m->rope_cos.data(), m->rope_sin.data(), m->positions.data(), T, head_dim, rope_theta, inv_freq, be);
+  rope_tables(m->rope_cos.data(), m->rope_sin.data(), m->positions.data(), T, head_dim, rope_theta, inv_freq,
+              be);
 }
 
 Status validate_model_config(const ModelConfig& c) {
@@ -115,9 +116,11 @@ Status validate_model_config(const ModelConfig& c) {
   };
   static const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"};
   if (std::find(std::begin(kFamilies), std::end(kFamilies), c.family) == std::end(kFamilies))
-    return bad("family", "'" + c.family + "' is not supported (use llama, qwen2, qwen3, qwen2_moe, qwen3_moe or mixtral)");
+    return bad("family", "'" + c.family +
+                             "' is not supported (use llama, qwen2, qwen3, qwen2_moe, qwen3_moe or mixtral)");
   if ((c.family == "llama" || c.family == "qwen2" || c.family == "qwen3") && c.num_experts != 0)
-    return bad("num_experts", c.family + " is a dense family (num_experts must be 0, got " + std::to_string(c.num_experts) + ")");
+    return bad("num_experts", c.family + " is a dense family (num_experts must be 0, got " +
+                                  std::to_string(c.num_experts) + ")");
   if (c.family == "qwen2" && !c.qkv_bias) return bad("qkv_bias", "qwen2 has q/k/v biases (must be true)");
   if (c.family == "mixtral" && c.qkv_bias) return bad("qkv_bias", "mixtral has no attention biases");
   if ((c.family == "mixtral" || c.family == "qwen2" || c.family == "qwen2_moe") && c.o_proj_bias)
@@ -149,10 +152,12 @@ Status validate_model_config(const ModelConfig& c) {
   if (c.rope_type != "default" && c.rope_type != "linear" && c.rope_type != "llama3")
     return bad("rope_type", "'" + c.rope_type + "' is not supported (default, linear or llama3)");
   if (c.rope_type != "default" && !(c.rope_factor > 0)) return bad("rope_factor", "must be > 0");
-  if (c.rope_type == "llama3" && (!(c.rope_low_freq_factor > 0) || !(c.rope_high_freq_factor > c.rope_low_freq_factor) ||
-                                  c.rope_original_max_position_embeddings <= 0))
-    return bad("rope_low_freq_factor/rope_high_freq_factor/rope_original_max_position_embeddings",
-               "llama3 RoPE needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
+  if (c.rope_type == "llama3" &&
+      (!(c.rope_low_freq_factor > 0) || !(c.rope_high_freq_factor > c.rope_low_freq_factor) ||
+       c.rope_original_max_position_embeddings <= 0))
+    return bad(
+        "rope_low_freq_factor/rope_high_freq_factor/rope_original_max_position_embeddings",
+        "llama3 RoPE needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
   if (!(c.rms_norm_eps > 0)) return bad("rms_norm_eps", "must be > 0");
   if (!(c.router_aux_loss_coef >= 0)) return bad("router_aux_loss_coef", "must be >= 0");
   if (c.offload_activations && !c.activation_checkpointing)
@@ -762,7 +767,8 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
       pos[i] = plen[b] + static_cast<int32_t>(out[b].tokens.size()) - 1;
       kv_len[i] = pos[i] + 1;
     }
-    rope_tables(dm.rope_cos.data(), dm.rope_sin.data(), pos.data(), n_active, HD, cfg.rope_theta, inv_freq, *be);
+    rope_tables(dm.rope_cos.data(), dm.rope_sin.data(), pos.data(), n_active, HD, cfg.rope_theta, inv_freq,
+                *be);
     const float* x = run_layers(tok.data(), n_active, dm, true);
     be->copy_device_to_device(last.floats(), x, sizeof(float) * n_active * C);
   }

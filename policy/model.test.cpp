@@ -38,7 +38,8 @@ ModelConfig tiny(const std::string& family = "qwen3_moe") {
 ModelConfig tiny_family(const std::string& family) {
   ModelConfig c = tiny(family == "llama" || family == "qwen2" || family == "qwen3" ? "qwen3_moe" : family);
   c.family = family;
-  if (family == "llama" || family == "qwen2" || family == "qwen3") c.num_experts = 0, c.mlp_only_layers.clear();
+  if (family == "llama" || family == "qwen2" || family == "qwen3")
+    c.num_experts = 0, c.mlp_only_layers.clear();
   if (family == "llama") {
     c.qkv_bias = c.o_proj_bias = true;
     c.rope_type = "llama3", c.rope_factor = 8, c.rope_original_max_position_embeddings = 4;
@@ -140,7 +141,8 @@ TEST(Model, TableFollowsHuggingFaceNames) {
   Model q2 = make(tiny_family("qwen2_moe"));
   EXPECT_NE(q2.find_tensor("model.layers.1.self_attn.v_proj.bias"), nullptr);
   EXPECT_EQ(q2.find_tensor("model.layers.1.self_attn.o_proj.bias"), nullptr);
-  EXPECT_EQ(q2.find_tensor("model.layers.1.mlp.shared_expert_gate.weight")->shape, (std::vector<int64_t>{1, 16}));
+  EXPECT_EQ(q2.find_tensor("model.layers.1.mlp.shared_expert_gate.weight")->shape,
+            (std::vector<int64_t>{1, 16}));
   EXPECT_NE(q2.find_tensor("model.layers.1.mlp.shared_expert.up_proj.weight"), nullptr);
   EXPECT_NE(make(tiny_family("qwen3")).find_tensor("model.layers.0.self_attn.k_norm.weight"), nullptr);
 }
@@ -192,7 +194,8 @@ TEST(Model, OptimizationsMatchForEveryFamily) {
       Model m = make(cfg);
       m.zero_grads();
       EXPECT_EQ(run_loss(m, b, 1.0f, true), l_plain) << fam << " " << what;
-      for (size_t i = 0; i < m.grads().size(); ++i) ASSERT_EQ(m.grads()[i], plain.grads()[i]) << fam << " " << what << " " << i;
+      for (size_t i = 0; i < m.grads().size(); ++i)
+        ASSERT_EQ(m.grads()[i], plain.grads()[i]) << fam << " " << what << " " << i;
     }
   }
 }

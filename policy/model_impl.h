@@ -17,7 +17,7 @@ namespace troupe::policy {
 // Float offsets of one layer's tensors in the parameter (and gradient) arena.
 struct LayerW {
   size_t ln1 = 0, wq = 0, wk = 0, wv = 0, wo = 0, qn = 0, kn = 0, ln2 = 0;
-  size_t bq = 0, bk = 0, bv = 0, bo = 0;   // attention biases (qkv_bias / o_proj_bias)
+  size_t bq = 0, bk = 0, bv = 0, bo = 0;  // attention biases (qkv_bias / o_proj_bias)
   bool moe = false;
   size_t wg = 0, wu = 0, wd = 0;           // dense SwiGLU: (I, C), (I, C), (C, I)
   size_t router = 0, eg = 0, eu = 0, ed = 0;  // (E, C); experts (E, H, C), (E, H, C), (E, C, H)

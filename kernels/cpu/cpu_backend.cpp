@@ -71,8 +71,8 @@ class CpuBackend final : public Backend {
   void sigmoid_gate_forward(float* out, const float* gate, const float* x, int N, int C) const override {
     kernels::sigmoid_gate_forward(out, gate, x, N, C);
   }
-  void sigmoid_gate_backward(float* dgate, float* dx, const float* dout, const float* gate, const float* x, int N,
-                             int C) const override {
+  void sigmoid_gate_backward(float* dgate, float* dx, const float* dout, const float* gate, const float* x,
+                             int N, int C) const override {
     kernels::sigmoid_gate_backward(dgate, dx, dout, gate, x, N, C);
   }
   void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int N, int NH,

@@ -584,7 +584,8 @@ void logprob_backward(T* dlogits, const T* dlogp, const T* dentropy, const T* lo
   }
 }
 
-void rope_cos_sin_inv_freq(float* cos, float* sin, const int32_t* positions, const float* inv_freq, int N, int HD) {
+void rope_cos_sin_inv_freq(float* cos, float* sin, const int32_t* positions, const float* inv_freq, int N,
+                           int HD) {
   const int half = HD / 2;
 #pragma omp parallel for schedule(static) if (parallel_worth(double(N) * HD * 8))
   for (int n = 0; n < N; ++n) {

@@ -1,6 +1,6 @@
-// Model directories: config.json mapping for Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and Mixtral, and the tensor-name mapping
-// between the on-disk layouts transformers writes and troupe's canonical names. Invariant: what
-// load_model_dir returns has exactly canonical_tensor_shapes(config), each shape checked.
+// Model directories: config.json mapping for Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and Mixtral, and the
+// tensor-name mapping between the on-disk layouts transformers writes and troupe's canonical names.
+// Invariant: what load_model_dir returns has exactly canonical_tensor_shapes(config), each shape checked.
 #include "troupe/policy/io/model_dir.h"
 
 #include <algorithm>
@@ -61,7 +61,8 @@ Status read_rope(const json& j, ModelConfig& c, const std::string& file) {
     float partial = 1.0f;
     TROUPE_TRY(get_opt(r, "partial_rotary_factor", partial, where));
     if (partial != 1.0f)
-      return cfg_error(file, "\"" + k + "\": partial_rotary_factor " + std::to_string(partial) + " is not supported (only 1)");
+      return cfg_error(file, "\"" + k + "\": partial_rotary_factor " + std::to_string(partial) +
+                                 " is not supported (only 1)");
     c.rope_type = type;
     if (type == "default") continue;
     TROUPE_TRY(get_req(r, "factor", c.rope_factor, where));
@@ -70,7 +71,8 @@ Status read_rope(const json& j, ModelConfig& c, const std::string& file) {
       TROUPE_TRY(get_req(r, "low_freq_factor", c.rope_low_freq_factor, where));
       TROUPE_TRY(get_req(r, "high_freq_factor", c.rope_high_freq_factor, where));
       c.rope_original_max_position_embeddings = c.max_position_embeddings;
-      TROUPE_TRY(get_opt(r, "original_max_position_embeddings", c.rope_original_max_position_embeddings, where));
+      TROUPE_TRY(
+          get_opt(r, "original_max_position_embeddings", c.rope_original_max_position_embeddings, where));
       if (!(c.rope_low_freq_factor > 0) || !(c.rope_high_freq_factor > c.rope_low_freq_factor))
         return cfg_error(file, "\"" + k + "\": llama3 RoPE needs 0 < low_freq_factor < high_freq_factor");
     }
@@ -86,7 +88,8 @@ Status check_full_attention(const json& j, const ModelConfig& c, const std::stri
     int sw = 0;
     TROUPE_TRY(get_opt(j, "sliding_window", sw, file));
     if (sw > 0 && sw < c.max_position_embeddings)
-      return cfg_error(file, "sliding_window " + std::to_string(sw) + " with use_sliding_window true is not supported " +
+      return cfg_error(file, "sliding_window " + std::to_string(sw) +
+                                 " with use_sliding_window true is not supported " +
                                  "(troupe attends to the whole causal context)");
   }
   if (j.contains("layer_types") && j["layer_types"].is_array() && !use_sw)
@@ -94,7 +97,8 @@ Status check_full_attention(const json& j, const ModelConfig& c, const std::stri
   if (j.contains("layer_types") && j["layer_types"].is_array())
     for (const auto& t : j["layer_types"])
       if (!t.is_string() || t.get<std::string>() != "full_attention")
-        return cfg_error(file, "layer_types entry " + t.dump() + " is not supported (only \"full_attention\")");
+        return cfg_error(file,
+                         "layer_types entry " + t.dump() + " is not supported (only \"full_attention\")");
   return {};
 }
 
@@ -106,8 +110,9 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
   TROUPE_TRY(get_req(j, "model_type", model_type, file));
   static const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"};
   if (std::find(std::begin(kFamilies), std::end(kFamilies), model_type) == std::end(kFamilies))
-    return cfg_error(file, "model_type \"" + model_type +
-                               "\" is not supported (troupe loads llama, qwen2, qwen3, qwen2_moe, qwen3_moe and mixtral)");
+    return cfg_error(
+        file, "model_type \"" + model_type +
+                  "\" is not supported (troupe loads llama, qwen2, qwen3, qwen2_moe, qwen3_moe and mixtral)");
   const bool moe = is_moe_family(model_type);
   ModelConfig c;
   c.family = model_type;
@@ -151,8 +156,8 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
   if (model_type == "llama" || model_type == "qwen3" || model_type == "qwen3_moe") {
     c.qkv_bias = c.o_proj_bias = attention_bias;
   } else if (attention_bias) {
-    return cfg_error(file, "attention_bias true is not supported for " + model_type + " (transformers' " + model_type +
-                               " does not read it)");
+    return cfg_error(file, "attention_bias true is not supported for " + model_type + " (transformers' " +
+                               model_type + " does not read it)");
   }
   if (model_type == "qwen2") c.qkv_bias = true;
   if (model_type == "qwen2_moe") {
@@ -233,14 +238,19 @@ const char* architecture_of(const std::string& family) {
 Result<json> config_to_hf_json(const ModelConfig& c) {
   const char* arch = architecture_of(c.family);
   if (!arch)
-    return invalid_input("model family \"" + c.family +
-                         "\" has no Hugging Face layout (use llama, qwen2, qwen3, qwen2_moe, qwen3_moe or mixtral)");
+    return invalid_input(
+        "model family \"" + c.family +
+        "\" has no Hugging Face layout (use llama, qwen2, qwen3, qwen2_moe, qwen3_moe or mixtral)");
   const bool attention_bias_family = c.family == "llama" || c.family == "qwen3" || c.family == "qwen3_moe";
   if (attention_bias_family && c.qkv_bias != c.o_proj_bias)
-    return invalid_input("cannot save a " + c.family + " model with qkv_bias != o_proj_bias (config.json has one attention_bias)");
-  if (!attention_bias_family && c.o_proj_bias) return invalid_input("cannot save a " + c.family + " model with o_proj_bias");
-  if (c.family == "qwen2" && !c.qkv_bias) return invalid_input("cannot save a qwen2 model without q/k/v biases");
-  if (c.family == "mixtral" && c.qkv_bias) return invalid_input("cannot save a mixtral model with q/k/v biases");
+    return invalid_input("cannot save a " + c.family +
+                         " model with qkv_bias != o_proj_bias (config.json has one attention_bias)");
+  if (!attention_bias_family && c.o_proj_bias)
+    return invalid_input("cannot save a " + c.family + " model with o_proj_bias");
+  if (c.family == "qwen2" && !c.qkv_bias)
+    return invalid_input("cannot save a qwen2 model without q/k/v biases");
+  if (c.family == "mixtral" && c.qkv_bias)
+    return invalid_input("cannot save a mixtral model with q/k/v biases");
   const bool moe = is_moe_family(c.family);
   json j;
   j["model_type"] = c.family;

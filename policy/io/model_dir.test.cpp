@@ -115,7 +115,7 @@ TEST(ModelDir, FamilyFixtureConfigsMap) {
   EXPECT_FLOAT_EQ(l->config.rope_high_freq_factor, 4.0f);
   EXPECT_EQ(l->config.rope_original_max_position_embeddings, 64);
   EXPECT_FALSE(l->config.qkv_bias || l->config.o_proj_bias || l->config.tie_word_embeddings);
-  EXPECT_EQ(l->config.head_dim, 16);  // hidden_size / num_attention_heads
+  EXPECT_EQ(l->config.head_dim, 16);                        // hidden_size / num_attention_heads
   auto t = load_model_dir(fixture("llama_tied").string());  // transformers 4 spelling: rope_scaling {"type"}
   ASSERT_TRUE(t.ok()) << t.error().message;
   EXPECT_EQ(t->config.rope_type, "linear");
@@ -139,7 +139,8 @@ TEST(ModelDir, FamilyFixtureConfigsMap) {
   EXPECT_FALSE(m->config.norm_topk_prob);
   EXPECT_EQ(m->config.mlp_only_layers, std::vector<int>{0});
   EXPECT_EQ(m->config.shared_expert_intermediate_size, 48);
-  EXPECT_EQ(m->tensors.at("model.layers.1.mlp.shared_expert_gate.weight").shape, (std::vector<int64_t>{1, 64}));
+  EXPECT_EQ(m->tensors.at("model.layers.1.mlp.shared_expert_gate.weight").shape,
+            (std::vector<int64_t>{1, 64}));
   EXPECT_EQ(m->tensors.size(), canonical_tensor_shapes(m->config).size());
 }
 
@@ -303,7 +304,9 @@ TEST(ModelDir, ConfigErrorsNameTheKeyAndFile) {
   };
   std::vector<Case> cases = {
       {"model_type", "gpt_neox", {"gpt_neox", "model_type"}},
-      {"rope_parameters", json{{"rope_type", "dynamic"}, {"factor", 2.0}, {"rope_theta", 1e4}}, {"dynamic", "rope_type"}},
+      {"rope_parameters",
+       json{{"rope_type", "dynamic"}, {"factor", 2.0}, {"rope_theta", 1e4}},
+       {"dynamic", "rope_type"}},
       {"rope_scaling", json{{"type", "linear"}}, {"rope_scaling", "missing key \"factor\""}},
       {"mlp_bias", true, {"mlp_bias"}},
       {"attention_bias", true, {"attention_bias", "mixtral"}},

@@ -1,6 +1,6 @@
-// Writes a troupe-made model directory for the CLI tests: a tiny random model of FAMILY (any supported one) with
-// troupe's byte tokenizer, plus expected.json holding in-process log-probs of a text, so
-// `troupe score DIR --text` can be checked on our own checkpoints.  Usage: make_checkpoint FAMILY OUT
+// Writes a troupe-made model directory for the CLI tests: a tiny random model of FAMILY (any supported one)
+// with troupe's byte tokenizer, plus expected.json holding in-process log-probs of a text, so `troupe score
+// DIR --text` can be checked on our own checkpoints.  Usage: make_checkpoint FAMILY OUT
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
       float* p = model->params().data() + t.offset;
       const bool bias = t.name.ends_with(".bias");
       if (t.name.find("norm") != std::string::npos) continue;
-      for (size_t i = 0; i < t.numel(); ++i) p[i] = bias ? 0.3f * std::sin(static_cast<float>(t.offset + i)) : 10 * p[i];
+      for (size_t i = 0; i < t.numel(); ++i)
+        p[i] = bias ? 0.3f * std::sin(static_cast<float>(t.offset + i)) : 10 * p[i];
     }
   }
   auto tok = io::make_char_tokenizer({});

@@ -73,7 +73,8 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
 void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int HD, float theta);
 // Same with the inverse frequencies given (HD/2), for scaled RoPE (linear, llama3):
 // angle_i = fp32(pos) * inv_freq[i].                                                    [assigned]
-void rope_cos_sin_inv_freq(float* cos, float* sin, const int32_t* positions, const float* inv_freq, int N, int HD);
+void rope_cos_sin_inv_freq(float* cos, float* sin, const int32_t* positions, const float* inv_freq, int N,
+                           int HD);
 // out (N, NH, HD): x1 = x[:HD/2], x2 = x[HD/2:]; out1 = x1 cos - x2 sin; out2 = x2 cos + x1 sin.
 // In place (out == inp) is allowed.                                                     [assigned]
 template <class T>

@@ -90,10 +90,10 @@ void build_packed_meta(PackedMeta* meta, const PackedBatch& batch, int head_dim,
 // backend, ...).
 Status validate_model_config(const ModelConfig& cfg);
 
-// The decoder-only transformer (Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE or Mixtral layout). Not thread-safe: one caller at a
-// time. Parameters and gradients are one flat fp32 arena each with the same table (tensors());
-// activations are a third arena, grown to the largest batch seen and reused. All of them are
-// Buffers of the backend cfg.device selects, and every op runs through that backend.
+// The decoder-only transformer (Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE or Mixtral layout). Not
+// thread-safe: one caller at a time. Parameters and gradients are one flat fp32 arena each with the same
+// table (tensors()); activations are a third arena, grown to the largest batch seen and reused. All of them
+// are Buffers of the backend cfg.device selects, and every op runs through that backend.
 class Model {
  public:
   // Deterministic init from seed: linear and embedding weights ~ N(0, 0.02), norm weights 1.
