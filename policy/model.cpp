@@ -1,4 +1,5 @@
-// The policy model: Qwen3-MoE / Mixtral decoder on the ops of a troupe::kernels::Backend (the one
+// The policy model: a Llama-style decoder (llama, qwen2, qwen3 dense; qwen2_moe, qwen3_moe, mixtral
+// MoE) on the ops of a troupe::kernels::Backend (the one
 // policy.device selects). Parameters and gradients are one flat arena each laid out from one tensor
 // table (experts of a layer contiguous, so the MoE kernel sees (E, H, C) blocks); activations are a
 // third arena carved per batch size; all three, and the KV cache, are backend Buffers. No tensor
@@ -51,8 +52,48 @@ Status validate_packed_batch(const PackedBatch& b, int vocab_size, bool need_tar
   return {};
 }
 
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  if (c.rope_type == "default") return {};
+  const int HD = c.head_dim, half = HD / 2;
+  std::vector<float> inv(half);
+  // fp32 like transformers' _compute_*_parameters (modeling_rope_utils.py).
+  for (int i = 0; i < half; ++i)
+    inv[i] = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(HD));
+  const float factor = c.rope_factor;
+  if (c.rope_type == "linear") {
+    for (auto& f : inv) f /= factor;
+    return inv;
+  }
+  // llama3: wavelengths above original/low_freq_factor are divided by factor, below
+  // original/high_freq_factor kept, and the band between interpolated smoothly.
+  const float old_ctx = static_cast<float>(c.rope_original_max_position_embeddings);
+  const float lff = c.rope_low_freq_factor, hff = c.rope_high_freq_factor;
+  const float low_wavelen = old_ctx / lff, high_wavelen = old_ctx / hff;
+  constexpr float kTwoPi = 6.283185307179586f;
+  for (auto& f : inv) {
+    const float wavelen = kTwoPi / f;
+    const float scaled = wavelen > low_wavelen ? f / factor : f;
+    const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+    if (medium) {
+      const float smooth = (old_ctx / wavelen - lff) / (hff - lff);
+      f = (1.0f - smooth) * scaled / factor + smooth * scaled;
+    } else {
+      f = scaled;
+    }
+  }
+  return inv;
+}
+
+static void rope_tables(float* cos, float* sin, const int32_t* positions, int N, int head_dim,
+                        float rope_theta, const std::vector<float>& inv_freq, const kernels::Backend& be) {
+  if (inv_freq.empty())
+    be.rope_cos_sin(cos, sin, positions, N, head_dim, rope_theta);
+  else
+    be.rope_cos_sin_inv_freq(cos, sin, positions, inv_freq.data(), N, head_dim);
+}
+
 void build_packed_meta(PackedMeta* m, const PackedBatch& b, int head_dim, float rope_theta,
-                       const kernels::Backend& be) {
+                       const std::vector<float>& inv_freq, const kernels::Backend& be) {
   const int T = static_cast<int>(b.tokens.size());
   m->T = T;
   m->S = static_cast<int>(b.cu_seqlens.size()) - 1;
@@ -65,15 +106,25 @@ void build_packed_meta(PackedMeta* m, const PackedBatch& b, int head_dim, float 
                                        m->seq_end.data(), m->cu_seqlens.data(), m->S);
   m->rope_cos.resize(static_cast<size_t>(T) * head_dim / 2);
   m->rope_sin.resize(static_cast<size_t>(T) * head_dim / 2);
-  be.rope_cos_sin(m->rope_cos.data(), m->rope_sin.data(), m->positions.data(), T, head_dim, rope_theta);
+  rope_tables(m->rope_cos.data(), m->rope_sin.data(), m->positions.data(), T, head_dim, rope_theta, inv_freq,
+              be);
 }
 
 Status validate_model_config(const ModelConfig& c) {
   auto bad = [](const std::string& field, const std::string& why) {
     return invalid_input("model config: " + field + ": " + why);
   };
-  if (c.family != "qwen3_moe" && c.family != "mixtral")
-    return bad("family", "'" + c.family + "' is not supported (use qwen3_moe or mixtral)");
+  static const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"};
+  if (std::find(std::begin(kFamilies), std::end(kFamilies), c.family) == std::end(kFamilies))
+    return bad("family", "'" + c.family +
+                             "' is not supported (use llama, qwen2, qwen3, qwen2_moe, qwen3_moe or mixtral)");
+  if ((c.family == "llama" || c.family == "qwen2" || c.family == "qwen3") && c.num_experts != 0)
+    return bad("num_experts", c.family + " is a dense family (num_experts must be 0, got " +
+                                  std::to_string(c.num_experts) + ")");
+  if (c.family == "qwen2" && !c.qkv_bias) return bad("qkv_bias", "qwen2 has q/k/v biases (must be true)");
+  if (c.family == "mixtral" && c.qkv_bias) return bad("qkv_bias", "mixtral has no attention biases");
+  if ((c.family == "mixtral" || c.family == "qwen2" || c.family == "qwen2_moe") && c.o_proj_bias)
+    return bad("o_proj_bias", c.family + " has no o_proj bias");
   if (c.vocab_size <= 0) return bad("vocab_size", "must be > 0");
   if (c.hidden_size <= 0) return bad("hidden_size", "must be > 0");
   if (c.num_hidden_layers <= 0) return bad("num_hidden_layers", "must be > 0");
@@ -98,6 +149,15 @@ Status validate_model_config(const ModelConfig& c) {
     if (c.shared_expert_intermediate_size < 0) return bad("shared_expert_intermediate_size", "must be >= 0");
   }
   if (!(c.rope_theta > 0)) return bad("rope_theta", "must be > 0");
+  if (c.rope_type != "default" && c.rope_type != "linear" && c.rope_type != "llama3")
+    return bad("rope_type", "'" + c.rope_type + "' is not supported (default, linear or llama3)");
+  if (c.rope_type != "default" && !(c.rope_factor > 0)) return bad("rope_factor", "must be > 0");
+  if (c.rope_type == "llama3" &&
+      (!(c.rope_low_freq_factor > 0) || !(c.rope_high_freq_factor > c.rope_low_freq_factor) ||
+       c.rope_original_max_position_embeddings <= 0))
+    return bad(
+        "rope_low_freq_factor/rope_high_freq_factor/rope_original_max_position_embeddings",
+        "llama3 RoPE needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
   if (!(c.rms_norm_eps > 0)) return bad("rms_norm_eps", "must be > 0");
   if (!(c.router_aux_loss_coef >= 0)) return bad("router_aux_loss_coef", "must be >= 0");
   if (c.offload_activations && !c.activation_checkpointing)
@@ -122,7 +182,10 @@ Model::Impl::Impl(const ModelConfig& c, const kernels::Backend& backend) : cfg(c
   moe_cfg.E = c.num_experts;
   moe_cfg.K = c.num_experts_per_tok;
   moe_cfg.renormalize = c.family == "mixtral" ? true : c.norm_topk_prob;
-  moe_cfg.H_shared = c.shared_expert_intermediate_size;
+  // qwen2_moe's gated shared expert runs beside the MoE kernel (whose shared expert is unweighted).
+  moe_cfg.H_shared = c.shared_expert_gated() ? 0 : c.shared_expert_intermediate_size;
+  HS_gated = c.shared_expert_gated() ? c.shared_expert_intermediate_size : 0;
+  inv_freq = rope_inv_freq(c);
   moe_cfg.grouped = c.moe_grouped;
   for (int l = 0; l < L; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
   build_table();
@@ -150,9 +213,13 @@ void Model::Impl::build_table() {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     w.ln1 = add(p + "input_layernorm.weight", {C});
     w.wq = add(p + "self_attn.q_proj.weight", {NH * HD, C});
+    if (cfg.qkv_bias) w.bq = add(p + "self_attn.q_proj.bias", {NH * HD});
     w.wk = add(p + "self_attn.k_proj.weight", {NKV * HD, C});
+    if (cfg.qkv_bias) w.bk = add(p + "self_attn.k_proj.bias", {NKV * HD});
     w.wv = add(p + "self_attn.v_proj.weight", {NKV * HD, C});
+    if (cfg.qkv_bias) w.bv = add(p + "self_attn.v_proj.bias", {NKV * HD});
     w.wo = add(p + "self_attn.o_proj.weight", {C, NH * HD});
+    if (cfg.o_proj_bias) w.bo = add(p + "self_attn.o_proj.bias", {C});
     if (qk) {
       w.qn = add(p + "self_attn.q_norm.weight", {HD});
       w.kn = add(p + "self_attn.k_norm.weight", {HD});
@@ -180,11 +247,12 @@ void Model::Impl::build_table() {
       add_at(x + (mix ? "w3.weight" : "up_proj.weight"), {H, C}, w.eu + eo);
       add_at(x + (mix ? "w2.weight" : "down_proj.weight"), {C, H}, w.ed + eo);
     }
-    if (moe_cfg.H_shared > 0) {
-      const int HS = moe_cfg.H_shared;
+    if (cfg.shared_expert_intermediate_size > 0) {
+      const int HS = cfg.shared_expert_intermediate_size;
       w.sg = add(m + "shared_expert.gate_proj.weight", {HS, C});
       w.su = add(m + "shared_expert.up_proj.weight", {HS, C});
       w.sd = add(m + "shared_expert.down_proj.weight", {C, HS});
+      if (HS_gated > 0) w.sgate = add(m + "shared_expert_gate.weight", {1, C});
     }
   }
   wnorm = add("model.norm.weight", {C});
@@ -203,6 +271,8 @@ void Model::Impl::init_params(uint64_t seed) {
   for (const auto& t : table) {
     if (t.name.find("norm.weight") != std::string::npos)
       be->fill(P() + t.offset, t.numel(), 1.0f);
+    else if (t.name.ends_with(".bias"))
+      be->fill(P() + t.offset, t.numel(), 0.0f);
     else
       be->fill_normal(P() + t.offset, t.numel(), 0.02, &s);
   }
@@ -233,7 +303,7 @@ size_t Model::Impl::layer_ws_floats(int T) const {
              + t * NH + t * NKV;                                     // rstd_q, rstd_k
   size_t ffn = 0;
   if (any_dense) ffn = std::max(ffn, t * I * 3);
-  if (any_moe) ffn = std::max(ffn, be->moe_saved_floats(moe_cfg, T));
+  if (any_moe) ffn = std::max(ffn, be->moe_saved_floats(moe_cfg, T) + shared_saved_floats(T));
   return n + ffn;
 }
 
@@ -260,7 +330,9 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   const size_t moe_scr = any_moe ? be->moe_scratch_floats(moe_cfg, T) : 0;
   const size_t head_n = t * C + t * V;
   const size_t layer_n = with_grads ? t * (QD * 3 + KD * 3) + (any_dense ? 3 * t * I : 0) : 0;
-  const size_t o_u = take(std::max({moe_scr, head_n, layer_n}));
+  // The gated shared expert's output (forward) and backward temporaries also live in U.
+  const size_t shared_n = HS_gated > 0 ? t * C + t + 3 * t * HS_gated : 0;
+  const size_t o_u = take(std::max({moe_scr, head_n, layer_n, shared_n}));
   const size_t o_rstdf = take(t), o_lse = take(t), o_y = take(t * C);
   a.attn_scratch_floats = be->attention_scratch_floats(max_seqlen);
   const size_t o_ascr = take(a.attn_scratch_floats);
@@ -298,6 +370,14 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
     la.u = p + t * I;
     la.a = p + 2 * t * I;
     la.moe_saved = p;
+    if (HS_gated > 0) {
+      const size_t th = t * HS_gated;
+      la.sg = p + be->moe_saved_floats(moe_cfg, T);
+      la.su = la.sg + th;
+      la.sa = la.su + th;
+      la.so = la.sa + th;
+      la.sgl = la.so + t * C;
+    }
     a.ws.push_back(la);
   }
   float* U = B + o_u;
@@ -339,6 +419,11 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   be->matmul_forward(a.q, a.h1, P + w.wq, T, C, QD);
   be->matmul_forward(a.k, a.h1, P + w.wk, T, C, KD);
   be->matmul_forward(a.v, a.h1, P + w.wv, T, C, KD);
+  if (cfg.qkv_bias) {
+    be->bias_forward(a.q, P + w.bq, T, QD);
+    be->bias_forward(a.k, P + w.bk, T, KD);
+    be->bias_forward(a.v, P + w.bv, T, KD);
+  }
   const float* qsrc = a.q;
   const float* ksrc = a.k;
   if (qk) {
@@ -364,6 +449,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
                          m.cu_seqlens.data(), m.S, m.max_seqlen, T, NH, NKV, HD);
   }
   be->matmul_forward(a.x2, a.att, P + w.wo, T, QD, C);
+  if (cfg.o_proj_bias) be->bias_forward(a.x2, P + w.bo, T, C);
   const size_t TC = static_cast<size_t>(T) * C;
   be->add(a.x2, a.x2, x, TC);  // residual: x2 = x + attention
   be->rmsnorm_forward(a.h2, a.rstd2, a.x2, P + w.ln2, T, C, eps);
@@ -376,6 +462,17 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   } else {
     be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T,
                     acts.moe_scratch);
+    if (HS_gated > 0) {  // y += sigmoid(h2 . w_gate) * SwiGLU_shared(h2)
+      const int HS = HS_gated;
+      float* gated = acts.moe_scratch;  // (T, C); the MoE kernel's scratch is free again
+      be->matmul_forward(a.sg, a.h2, P + w.sg, T, C, HS);
+      be->matmul_forward(a.su, a.h2, P + w.su, T, C, HS);
+      be->swiglu_forward(a.sa, a.sg, a.su, T * HS);
+      be->matmul_forward(a.so, a.sa, P + w.sd, T, HS, C);
+      be->matmul_forward(a.sgl, a.h2, P + w.sgate, T, C, 1);
+      be->sigmoid_gate_forward(gated, a.sgl, a.so, T, C);
+      be->add(y, y, gated, TC);
+    }
   }
   be->add(x_out, a.x2, y, TC);  // residual: x_out = x2 + FFN
 }
@@ -400,9 +497,26 @@ void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, cons
     be->moe_backward(acts.dh, moe_tensors<k::MoeGrads>(l, G), dresid, daux, a.h2, a.moe_saved,
                      moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T,
                     acts.moe_scratch);
+    if (HS_gated > 0) {  // the gated shared expert, reversed; its temporaries in U after the MoE call
+      const int HS = HS_gated;
+      const size_t TH = static_cast<size_t>(T) * HS;
+      float* dso = acts.moe_scratch;
+      float* dsgl = dso + TC;
+      float* dsa = dsgl + T;
+      float* dsg = dsa + TH;
+      float* dsu = dsg + TH;
+      be->sigmoid_gate_backward(dsgl, dso, dresid, a.sgl, a.so, T, C);
+      be->matmul_backward(acts.dh, G + w.sgate, dsgl, a.h2, P + w.sgate, T, C, 1);
+      be->zero(dsa, TH);
+      be->matmul_backward(dsa, G + w.sd, dso, a.sa, P + w.sd, T, HS, C);
+      be->swiglu_backward(dsg, dsu, dsa, a.sg, a.su, T * HS);
+      be->matmul_backward(acts.dh, G + w.sg, dsg, a.h2, P + w.sg, T, C, HS);
+      be->matmul_backward(acts.dh, G + w.su, dsu, a.h2, P + w.su, T, C, HS);
+    }
   }
   be->rmsnorm_backward(dresid, G + w.ln2, acts.dh, a.x2, P + w.ln2, a.rstd2, T, C);  // dresid = d x2
   // Attention.
+  if (cfg.o_proj_bias) be->bias_backward(G + w.bo, dresid, T, C);
   be->zero(acts.datt, static_cast<size_t>(T) * QD);
   be->matmul_backward(acts.datt, G + w.wo, dresid, a.att, P + w.wo, T, QD, C);
   be->attention_backward(acts.dqr, acts.dkr, acts.dv, acts.attn_scratch, acts.attn_scratch_floats, acts.datt, a.qr,
@@ -419,6 +533,11 @@ void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, cons
     dq = acts.dq;
     dk = acts.dk;
   }
+  if (cfg.qkv_bias) {
+    be->bias_backward(G + w.bq, dq, T, QD);
+    be->bias_backward(G + w.bk, dk, T, KD);
+    be->bias_backward(G + w.bv, acts.dv, T, KD);
+  }
   be->zero(acts.dh, TC);
   be->matmul_backward(acts.dh, G + w.wq, dq, a.h1, P + w.wq, T, C, QD);
   be->matmul_backward(acts.dh, G + w.wk, dk, a.h1, P + w.wk, T, C, KD);
@@ -428,7 +547,7 @@ void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, cons
 
 const PackedMeta& Model::Impl::meta_for_layer() {
   if (cfg.cache_packed_metadata) return meta;
-  build_packed_meta(&layer_meta, batch, HD, cfg.rope_theta, *be);
+  build_packed_meta(&layer_meta, batch, HD, cfg.rope_theta, inv_freq, *be);
   ++meta_builds;
   return layer_meta;
 }
@@ -463,7 +582,7 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
     offload_clean = false;
   }
   if (cfg.cache_packed_metadata) {  // once per batch, before anything needs it (the arena's attention scratch)
-    build_packed_meta(&meta, batch, HD, cfg.rope_theta, *be);
+    build_packed_meta(&meta, batch, HD, cfg.rope_theta, inv_freq, *be);
     ++meta_builds;
   }
   int max_seqlen = cfg.cache_packed_metadata ? meta.max_seqlen : 0;
@@ -583,7 +702,7 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   k::Buffer iarena;
   TROUPE_ASSIGN_OR_RETURN(Acts ia, carve(iarena, std::max(Tp, B), max_prompt, 2, 1, false));
   PackedMeta pm;
-  build_packed_meta(&pm, pre, HD, cfg.rope_theta, *be);
+  build_packed_meta(&pm, pre, HD, cfg.rope_theta, inv_freq, *be);
   std::vector<int32_t> slot(std::max(Tp, B)), pos(std::max(Tp, B)), kv_len(B), active(B), tok(B), plen(B);
   std::vector<uint64_t> rng(B);
   for (int b = 0; b < B; ++b) {
@@ -648,7 +767,8 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
       pos[i] = plen[b] + static_cast<int32_t>(out[b].tokens.size()) - 1;
       kv_len[i] = pos[i] + 1;
     }
-    be->rope_cos_sin(dm.rope_cos.data(), dm.rope_sin.data(), pos.data(), n_active, HD, cfg.rope_theta);
+    rope_tables(dm.rope_cos.data(), dm.rope_sin.data(), pos.data(), n_active, HD, cfg.rope_theta, inv_freq,
+                *be);
     const float* x = run_layers(tok.data(), n_active, dm, true);
     be->copy_device_to_device(last.floats(), x, sizeof(float) * n_active * C);
   }

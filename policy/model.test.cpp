@@ -32,6 +32,25 @@ ModelConfig tiny(const std::string& family = "qwen3_moe") {
   return c;
 }
 
+// tiny() for any family: llama with attention_bias and llama3 RoPE (original context 4, so the
+// batch's positions cross all three bands), qwen2 with q/k/v biases, dense qwen3, qwen2_moe with its
+// gated shared expert.
+ModelConfig tiny_family(const std::string& family) {
+  ModelConfig c = tiny(family == "llama" || family == "qwen2" || family == "qwen3" ? "qwen3_moe" : family);
+  c.family = family;
+  if (family == "llama" || family == "qwen2" || family == "qwen3")
+    c.num_experts = 0, c.mlp_only_layers.clear();
+  if (family == "llama") {
+    c.qkv_bias = c.o_proj_bias = true;
+    c.rope_type = "llama3", c.rope_factor = 8, c.rope_original_max_position_embeddings = 4;
+  }
+  if (family == "qwen2" || family == "qwen2_moe") c.qkv_bias = true;
+  if (family == "qwen2_moe") c.shared_expert_intermediate_size = 8;
+  return c;
+}
+
+const char* const kAllFamilies[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"};
+
 Model make(const ModelConfig& c, uint64_t seed = 7) {
   auto m = Model::create(c, seed);
   EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
@@ -114,6 +133,71 @@ TEST(Model, TableFollowsHuggingFaceNames) {
   EXPECT_NE(x.find_tensor("model.layers.1.block_sparse_moe.experts.2.w2.weight"), nullptr);
   EXPECT_EQ(x.find_tensor("model.layers.1.self_attn.q_norm.weight"), nullptr);
   EXPECT_EQ(x.find_tensor("lm_head.weight"), nullptr);  // tied
+
+  Model l = make(tiny_family("llama"));
+  EXPECT_EQ(l.find_tensor("model.layers.0.self_attn.q_proj.bias")->shape, (std::vector<int64_t>{32}));
+  EXPECT_EQ(l.find_tensor("model.layers.0.self_attn.o_proj.bias")->shape, (std::vector<int64_t>{16}));
+  EXPECT_EQ(l.find_tensor("model.layers.1.mlp.gate.weight"), nullptr);  // dense
+  Model q2 = make(tiny_family("qwen2_moe"));
+  EXPECT_NE(q2.find_tensor("model.layers.1.self_attn.v_proj.bias"), nullptr);
+  EXPECT_EQ(q2.find_tensor("model.layers.1.self_attn.o_proj.bias"), nullptr);
+  EXPECT_EQ(q2.find_tensor("model.layers.1.mlp.shared_expert_gate.weight")->shape,
+            (std::vector<int64_t>{1, 16}));
+  EXPECT_NE(q2.find_tensor("model.layers.1.mlp.shared_expert.up_proj.weight"), nullptr);
+  EXPECT_NE(make(tiny_family("qwen3")).find_tensor("model.layers.0.self_attn.k_norm.weight"), nullptr);
+}
+
+// llama3 RoPE: short wavelengths kept, long ones divided by factor, the band between interpolated.
+TEST(Model, Llama3RopeFrequencies) {
+  ModelConfig c = tiny_family("llama");
+  c.head_dim = 16, c.rope_theta = 10000, c.rope_original_max_position_embeddings = 64;
+  const auto inv = rope_inv_freq(c);
+  ASSERT_EQ(inv.size(), 8u);
+  for (int i = 0; i < 8; ++i) {
+    const float base = 1.0f / std::pow(10000.0f, 2.0f * i / 16.0f);
+    const float wavelen = 6.2831853f / base;
+    if (wavelen < 16) {
+      EXPECT_FLOAT_EQ(inv[i], base) << i;
+    } else if (wavelen > 64) {
+      EXPECT_FLOAT_EQ(inv[i], base / 8) << i;
+    } else {
+      EXPECT_TRUE(inv[i] < base && inv[i] > base / 8) << i;
+    }
+  }
+  c.rope_type = "default";
+  EXPECT_TRUE(rope_inv_freq(c).empty());
+  c.rope_type = "linear", c.rope_factor = 2;
+  EXPECT_FLOAT_EQ(rope_inv_freq(c)[1], 1.0f / std::pow(10000.0f, 2.0f / 16.0f) / 2);
+}
+
+// Every training optimization gives bit-identical losses and gradients for every family.
+TEST(Model, OptimizationsMatchForEveryFamily) {
+  for (const char* fam : kAllFamilies) {
+    const ModelConfig base = tiny_family(fam);
+    Model plain = make(base);
+    PackedBatch b = sample_batch(base.vocab_size);
+    plain.zero_grads();
+    const double l_plain = run_loss(plain, b, 1.0f, true);
+    std::vector<std::pair<std::string, ModelConfig>> variants;
+    ModelConfig v = base;
+    v.cache_packed_metadata = false;
+    variants.push_back({"no metadata cache", v});
+    v = base;
+    v.activation_checkpointing = true;
+    variants.push_back({"checkpointing", v});
+    v.offload_activations = true;
+    variants.push_back({"offload", v});
+    v = base;
+    v.moe_grouped = false;
+    variants.push_back({"masked MoE", v});
+    for (const auto& [what, cfg] : variants) {
+      Model m = make(cfg);
+      m.zero_grads();
+      EXPECT_EQ(run_loss(m, b, 1.0f, true), l_plain) << fam << " " << what;
+      for (size_t i = 0; i < m.grads().size(); ++i)
+        ASSERT_EQ(m.grads()[i], plain.grads()[i]) << fam << " " << what << " " << i;
+    }
+  }
 }
 
 TEST(Model, DeterministicInit) {
@@ -130,8 +214,23 @@ TEST(Model, BadConfigAndBatchAreErrors) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("num_key_value_heads"), std::string::npos);
   c = tiny();
-  c.family = "llama";
+  c.family = "gpt2";
   EXPECT_FALSE(Model::create(c).ok());
+  c = tiny_family("qwen2");
+  c.qkv_bias = false;
+  r = Model::create(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("qkv_bias"), std::string::npos);
+  c = tiny_family("qwen3");
+  c.num_experts = 4;
+  r = Model::create(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("dense family"), std::string::npos) << r.error().message;
+  c = tiny_family("llama");
+  c.rope_type = "yarn";
+  r = Model::create(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("rope_type: 'yarn'"), std::string::npos) << r.error().message;
   c = tiny();
   c.mlp_only_layers = {9};
   EXPECT_FALSE(Model::create(c).ok());
@@ -168,8 +267,8 @@ TEST(Model, BadConfigAndBatchAreErrors) {
 
 // Packing never mixes sequences: each sequence's logits equal those of it run alone.
 TEST(Model, PackedSequencesAreIndependent) {
-  for (const char* fam : {"qwen3_moe", "mixtral"}) {
-    Model m = make(tiny(fam));
+  for (const char* fam : kAllFamilies) {
+    Model m = make(tiny_family(fam));
     const int V = m.config().vocab_size;
     PackedBatch b = sample_batch(V);
     std::vector<float> all(b.tokens.size() * V);
@@ -189,10 +288,11 @@ TEST(Model, PackedSequencesAreIndependent) {
 // Central differences in fp32 on a sample of parameters (the golden test checks every gradient
 // against PyTorch; this one needs no Python). Tolerance: 2e-2 relative + 2e-3 absolute.
 TEST(Model, FiniteDifferenceGradients) {
-  for (const char* fam : {"dense", "qwen3_moe", "mixtral"}) {
-    ModelConfig c = tiny(std::string(fam) == "dense" ? "qwen3_moe" : fam);
-    if (std::string(fam) == "dense") c.num_experts = 0;
-    c.shared_expert_intermediate_size = std::string(fam) == "mixtral" ? 8 : 0;
+  for (const char* fam : {"dense", "qwen3_moe", "mixtral", "llama", "qwen2", "qwen3", "qwen2_moe"}) {
+    const std::string f = fam;
+    ModelConfig c = f == "dense" ? tiny("qwen3_moe") : tiny_family(f);
+    if (f == "dense") c.num_experts = 0;
+    if (f == "mixtral") c.shared_expert_intermediate_size = 8;
     Model m = make(c);
     PackedBatch b = sample_batch(c.vocab_size);
     m.zero_grads();
@@ -270,8 +370,8 @@ TEST(Model, MoeGroupedMatchesMasked) {
 
 // Sampled log-probs equal a full forward of prompt + completion at the same temperature.
 TEST(Model, KvCacheLogprobsMatchForward) {
-  for (const char* fam : {"qwen3_moe", "mixtral"}) {
-    Model m = make(tiny(fam));
+  for (const char* fam : kAllFamilies) {
+    Model m = make(tiny_family(fam));
     std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {5}, {7, 8, 9, 10, 11, 12}};
     for (float temp : {1.0f, 0.7f, 0.0f}) {
       SamplingParams sp;

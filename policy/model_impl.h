@@ -17,10 +17,12 @@ namespace troupe::policy {
 // Float offsets of one layer's tensors in the parameter (and gradient) arena.
 struct LayerW {
   size_t ln1 = 0, wq = 0, wk = 0, wv = 0, wo = 0, qn = 0, kn = 0, ln2 = 0;
+  size_t bq = 0, bk = 0, bv = 0, bo = 0;  // attention biases (qkv_bias / o_proj_bias)
   bool moe = false;
   size_t wg = 0, wu = 0, wd = 0;           // dense SwiGLU: (I, C), (I, C), (C, I)
   size_t router = 0, eg = 0, eu = 0, ed = 0;  // (E, C); experts (E, H, C), (E, H, C), (E, C, H)
   size_t sg = 0, su = 0, sd = 0;           // shared expert (H_shared, C), (H_shared, C), (C, H_shared)
+  size_t sgate = 0;                        // qwen2_moe shared_expert_gate (1, C)
 };
 
 // What one layer's forward saves for its backward (T = tokens of the batch).
@@ -33,6 +35,8 @@ struct LayerActs {
   float *rstdq, *rstdk;         // (T*NH), (T*NKV) q/k norm
   float *g, *u, *a;             // dense FFN (T, I) each
   float *moe_saved;             // MoE layers: moe_saved_floats(cfg, T) (aliases g/u/a)
+  // qwen2_moe gated shared expert (after moe_saved): gate/up/act (T, HS), output (T, C), gate logit (T).
+  float *sg = nullptr, *su = nullptr, *sa = nullptr, *so = nullptr, *sgl = nullptr;
 };
 
 // The activation arena carved for one batch size.
@@ -77,6 +81,9 @@ struct Model::Impl {
   template <class Tensors>
   Tensors moe_tensors(int l, float* base) const;
   size_t layer_ws_floats(int T) const;
+  size_t shared_saved_floats(int T) const {  // what the gated shared expert saves per layer
+    return HS_gated > 0 ? static_cast<size_t>(T) * (3 * HS_gated + C + 1) : 0;
+  }
   Result<Acts> carve(kernels::Buffer& arena, int T, int max_seqlen, int n_resid, int n_ws, bool with_grads) const;
   void layer_forward(int l, const float* x, float* x_out, const LayerActs& a, const Acts& acts, const PackedMeta& m,
                      int T, const KvCtx* kv);
@@ -93,6 +100,8 @@ struct Model::Impl {
   int C = 0, NH = 0, NKV = 0, HD = 0, V = 0, L = 0, I = 0;
   bool qk = false, any_moe = false, any_dense = false;
   kernels::MoeConfig moe_cfg;
+  int HS_gated = 0;             // qwen2_moe: shared expert size run beside the MoE kernel (else 0)
+  std::vector<float> inv_freq;  // scaled RoPE's inverse frequencies (HD/2); empty = default RoPE
 
   std::vector<TensorSpec> table;
   std::vector<LayerW> layers;

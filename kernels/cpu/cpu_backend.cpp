@@ -58,6 +58,23 @@ class CpuBackend final : public Backend {
                     float theta) const override {
     kernels::rope_cos_sin(cos, sin, positions, N, HD, theta);
   }
+  void rope_cos_sin_inv_freq(float* cos, float* sin, const int32_t* positions, const float* inv_freq, int N,
+                             int HD) const override {
+    kernels::rope_cos_sin_inv_freq(cos, sin, positions, inv_freq, N, HD);
+  }
+  void bias_forward(float* out, const float* bias, int N, int OC) const override {
+    kernels::bias_forward(out, bias, N, OC);
+  }
+  void bias_backward(float* dbias, const float* dout, int N, int OC) const override {
+    kernels::bias_backward(dbias, dout, N, OC);
+  }
+  void sigmoid_gate_forward(float* out, const float* gate, const float* x, int N, int C) const override {
+    kernels::sigmoid_gate_forward(out, gate, x, N, C);
+  }
+  void sigmoid_gate_backward(float* dgate, float* dx, const float* dout, const float* gate, const float* x,
+                             int N, int C) const override {
+    kernels::sigmoid_gate_backward(dgate, dx, dout, gate, x, N, C);
+  }
   void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int N, int NH,
                     int HD) const override {
     kernels::rope_forward(out, inp, cos, sin, N, NH, HD);

@@ -102,6 +102,51 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
   if (dweight) gemm_blocked_impl(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
 }
 
+template <class T>
+void bias_forward(T* out, const T* bias, int N, int OC) {
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * OC))
+  for (int n = 0; n < N; ++n) {
+    T* row = out + static_cast<size_t>(n) * OC;
+    for (int o = 0; o < OC; ++o) row[o] += bias[o];
+  }
+}
+
+template <class T>
+void bias_backward(T* dbias, const T* dout, int N, int OC) {
+  // Columns split over threads; each column sums its rows in order (independent of the thread count).
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * OC))
+  for (int o = 0; o < OC; ++o) {
+    T s = 0;
+    for (int n = 0; n < N; ++n) s += dout[static_cast<size_t>(n) * OC + o];
+    dbias[o] += s;
+  }
+}
+
+template <class T>
+void sigmoid_gate_forward(T* out, const T* gate, const T* x, int N, int C) {
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * C))
+  for (int n = 0; n < N; ++n) {
+    const T sig = T(1) / (T(1) + std::exp(-gate[n]));
+    const size_t r = static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; ++c) out[r + c] = sig * x[r + c];
+  }
+}
+
+template <class T>
+void sigmoid_gate_backward(T* dgate, T* dx, const T* dout, const T* gate, const T* x, int N, int C) {
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * C))
+  for (int n = 0; n < N; ++n) {
+    const T sig = T(1) / (T(1) + std::exp(-gate[n]));
+    const size_t r = static_cast<size_t>(n) * C;
+    T dot = 0;
+    for (int c = 0; c < C; ++c) {
+      dot += dout[r + c] * x[r + c];
+      dx[r + c] = sig * dout[r + c];
+    }
+    dgate[n] = sig * (T(1) - sig) * dot;
+  }
+}
+
 // ---- embedding ------------------------------------------------------------------------------------
 
 template <class T>
@@ -539,11 +584,28 @@ void logprob_backward(T* dlogits, const T* dlogp, const T* dentropy, const T* lo
   }
 }
 
+void rope_cos_sin_inv_freq(float* cos, float* sin, const int32_t* positions, const float* inv_freq, int N,
+                           int HD) {
+  const int half = HD / 2;
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * HD * 8))
+  for (int n = 0; n < N; ++n) {
+    for (int i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(positions[n]) * inv_freq[i];
+      cos[static_cast<size_t>(n) * half + i] = std::cos(angle);
+      sin[static_cast<size_t>(n) * half + i] = std::sin(angle);
+    }
+  }
+}
+
 // ---- explicit instantiations ----------------------------------------------------------------------
 
 #define TROUPE_OPS_INSTANTIATE(T)                                                                          \
   template void matmul_forward<T>(T*, const T*, const T*, int, int, int);                                  \
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);                   \
+  template void bias_forward<T>(T*, const T*, int, int);                                                   \
+  template void bias_backward<T>(T*, const T*, int, int);                                                  \
+  template void sigmoid_gate_forward<T>(T*, const T*, const T*, int, int);                                 \
+  template void sigmoid_gate_backward<T>(T*, T*, const T*, const T*, const T*, int, int);                  \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int, int);                              \
   template void embedding_backward<T>(T*, const T*, const int32_t*, int, int);                             \
   template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int, int, float);                           \

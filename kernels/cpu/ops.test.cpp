@@ -102,6 +102,37 @@ std::vector<OpCase> registry() {
                        return weighted(out, R);
                      })});
   }
+  {  // linear-layer bias (columns summed over rows)
+    const int N = 5, OC = 6;
+    Vec R = randn(N * OC);
+    cases.push_back({"bias", {randn(N * OC), randn(OC)}, both([=](auto z, const Inputs& x, Inputs* g) {
+                       using T = decltype(z);
+                       auto out = cast<T>(x[0]), b = cast<T>(x[1]);
+                       k::bias_forward(out.data(), b.data(), N, OC);
+                       if (g) {
+                         std::vector<T> db(OC, T(0));
+                         k::bias_backward(db.data(), cast<T>(R).data(), N, OC);
+                         *g = {R, back(db)};
+                       }
+                       return weighted(out, R);
+                     })});
+  }
+  {  // per-row sigmoid gate
+    const int N = 4, C = 5;
+    Vec R = randn(N * C);
+    cases.push_back({"sigmoid_gate", {randn(N, 2.0), randn(N * C)}, both([=](auto z, const Inputs& x, Inputs* g) {
+                       using T = decltype(z);
+                       auto ga = cast<T>(x[0]), in = cast<T>(x[1]);
+                       std::vector<T> out(N * C);
+                       k::sigmoid_gate_forward(out.data(), ga.data(), in.data(), N, C);
+                       if (g) {
+                         std::vector<T> dg(N), dx(N * C);
+                         k::sigmoid_gate_backward(dg.data(), dx.data(), cast<T>(R).data(), ga.data(), in.data(), N, C);
+                         *g = {back(dg), back(dx)};
+                       }
+                       return weighted(out, R);
+                     })});
+  }
   {  // embedding (gradient w.r.t. the table; tokens repeat)
     const int N = 6, C = 5, V = 4;
     std::vector<int32_t> tok = {0, 2, 2, 3, 0, 1};

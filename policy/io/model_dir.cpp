@@ -1,6 +1,6 @@
-// Model directories: config.json mapping for Mixtral / Qwen3-MoE and the tensor-name mapping
-// between the on-disk layouts transformers writes and troupe's canonical names. Invariant: what
-// load_model_dir returns has exactly canonical_tensor_shapes(config), each shape checked.
+// Model directories: config.json mapping for Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and Mixtral, and the
+// tensor-name mapping between the on-disk layouts transformers writes and troupe's canonical names.
+// Invariant: what load_model_dir returns has exactly canonical_tensor_shapes(config), each shape checked.
 #include "troupe/policy/io/model_dir.h"
 
 #include <algorithm>
@@ -39,12 +39,81 @@ std::string layer(int l) { return "model.layers." + std::to_string(l) + "."; }
 
 }  // namespace
 
+namespace {
+
+bool is_moe_family(const std::string& f) { return f == "mixtral" || f == "qwen3_moe" || f == "qwen2_moe"; }
+
+// rope_scaling (transformers < 5) or rope_parameters (>= 5): type and its parameters.
+Status read_rope(const json& j, ModelConfig& c, const std::string& file) {
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const json& r = j[key];
+    const std::string k = key;
+    if (!r.is_object()) return cfg_error(file, "\"" + k + "\" must be an object");
+    const std::string where = file + ": \"" + k + "\"";  // errors of its keys name the object too
+    std::string type = "default";
+    if (r.contains("rope_type") && r["rope_type"].is_string()) type = r["rope_type"].get<std::string>();
+    if (r.contains("type") && r["type"].is_string()) type = r["type"].get<std::string>();
+    if (type != "default" && type != "linear" && type != "llama3")
+      return cfg_error(file, "\"" + k + "\": rope_type \"" + type +
+                                 "\" is not supported (troupe implements default, linear and llama3 RoPE)");
+    TROUPE_TRY(get_opt(r, "rope_theta", c.rope_theta, where));
+    float partial = 1.0f;
+    TROUPE_TRY(get_opt(r, "partial_rotary_factor", partial, where));
+    if (partial != 1.0f)
+      return cfg_error(file, "\"" + k + "\": partial_rotary_factor " + std::to_string(partial) +
+                                 " is not supported (only 1)");
+    c.rope_type = type;
+    if (type == "default") continue;
+    TROUPE_TRY(get_req(r, "factor", c.rope_factor, where));
+    if (!(c.rope_factor > 0)) return cfg_error(file, "\"" + k + "\": factor must be > 0");
+    if (type == "llama3") {
+      TROUPE_TRY(get_req(r, "low_freq_factor", c.rope_low_freq_factor, where));
+      TROUPE_TRY(get_req(r, "high_freq_factor", c.rope_high_freq_factor, where));
+      c.rope_original_max_position_embeddings = c.max_position_embeddings;
+      TROUPE_TRY(
+          get_opt(r, "original_max_position_embeddings", c.rope_original_max_position_embeddings, where));
+      if (!(c.rope_low_freq_factor > 0) || !(c.rope_high_freq_factor > c.rope_low_freq_factor))
+        return cfg_error(file, "\"" + k + "\": llama3 RoPE needs 0 < low_freq_factor < high_freq_factor");
+    }
+  }
+  return {};
+}
+
+// Refuses what would make transformers attend to a window instead of the whole causal context.
+Status check_full_attention(const json& j, const ModelConfig& c, const std::string& file) {
+  bool use_sw = c.family == "mixtral";  // Mixtral has no switch: a non-null sliding_window applies
+  TROUPE_TRY(get_opt(j, "use_sliding_window", use_sw, file));
+  if (use_sw && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    int sw = 0;
+    TROUPE_TRY(get_opt(j, "sliding_window", sw, file));
+    if (sw > 0 && sw < c.max_position_embeddings)
+      return cfg_error(file, "sliding_window " + std::to_string(sw) +
+                                 " with use_sliding_window true is not supported " +
+                                 "(troupe attends to the whole causal context)");
+  }
+  if (j.contains("layer_types") && j["layer_types"].is_array() && !use_sw)
+    return {};  // transformers makes every layer full attention without use_sliding_window
+  if (j.contains("layer_types") && j["layer_types"].is_array())
+    for (const auto& t : j["layer_types"])
+      if (!t.is_string() || t.get<std::string>() != "full_attention")
+        return cfg_error(file,
+                         "layer_types entry " + t.dump() + " is not supported (only \"full_attention\")");
+  return {};
+}
+
+}  // namespace
+
 Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) {
   if (!j.is_object()) return cfg_error(file, "expected a JSON object");
   std::string model_type;
   TROUPE_TRY(get_req(j, "model_type", model_type, file));
-  if (model_type != "mixtral" && model_type != "qwen3_moe")
-    return cfg_error(file, "model_type \"" + model_type + "\" is not supported (troupe loads \"mixtral\" and \"qwen3_moe\")");
+  static const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"};
+  if (std::find(std::begin(kFamilies), std::end(kFamilies), model_type) == std::end(kFamilies))
+    return cfg_error(
+        file, "model_type \"" + model_type +
+                  "\" is not supported (troupe loads llama, qwen2, qwen3, qwen2_moe, qwen3_moe and mixtral)");
+  const bool moe = is_moe_family(model_type);
   ModelConfig c;
   c.family = model_type;
   TROUPE_TRY(get_req(j, "vocab_size", c.vocab_size, file));
@@ -55,7 +124,8 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
   TROUPE_TRY(get_opt(j, "num_key_value_heads", c.num_key_value_heads, file));
   if (c.num_attention_heads <= 0 || c.hidden_size <= 0 || c.vocab_size <= 0 || c.num_hidden_layers <= 0)
     return cfg_error(file, "vocab_size, hidden_size, num_hidden_layers and num_attention_heads must be positive");
-  c.head_dim = c.hidden_size / c.num_attention_heads;
+  // transformers' defaults: Qwen3Config has head_dim 128, the others hidden_size / num_attention_heads.
+  c.head_dim = model_type == "qwen3" ? 128 : c.hidden_size / c.num_attention_heads;
   TROUPE_TRY(get_opt(j, "head_dim", c.head_dim, file));
   if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
     return cfg_error(file, "num_attention_heads (" + std::to_string(c.num_attention_heads) +
@@ -63,40 +133,45 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
   TROUPE_TRY(get_opt(j, "max_position_embeddings", c.max_position_embeddings, file));
   TROUPE_TRY(get_opt(j, "rms_norm_eps", c.rms_norm_eps, file));
   TROUPE_TRY(get_opt(j, "tie_word_embeddings", c.tie_word_embeddings, file));
-  TROUPE_TRY(get_opt(j, "router_aux_loss_coef", c.router_aux_loss_coef, file));
-  TROUPE_TRY(get_req(j, "num_experts_per_tok", c.num_experts_per_tok, file));
+  if (moe) {
+    TROUPE_TRY(get_opt(j, "router_aux_loss_coef", c.router_aux_loss_coef, file));
+    TROUPE_TRY(get_req(j, "num_experts_per_tok", c.num_experts_per_tok, file));
+  }
 
   // rope: transformers < 5 writes rope_theta (+ rope_scaling); >= 5 writes rope_parameters.
   c.rope_theta = model_type == "mixtral" ? 1e6f : 10000.0f;
   TROUPE_TRY(get_opt(j, "rope_theta", c.rope_theta, file));
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (!j.contains(key) || j[key].is_null()) continue;
-    const json& r = j[key];
-    if (!r.is_object()) return cfg_error(file, std::string("\"") + key + "\" must be an object");
-    std::string type = "default";
-    if (r.contains("rope_type") && r["rope_type"].is_string()) type = r["rope_type"].get<std::string>();
-    if (r.contains("type") && r["type"].is_string()) type = r["type"].get<std::string>();
-    if (type != "default")
-      return cfg_error(file, std::string("\"") + key + "\": rope_type \"" + type + "\" is not supported (only default RoPE)");
-    TROUPE_TRY(get_opt(r, "rope_theta", c.rope_theta, file));
-  }
+  TROUPE_TRY(read_rope(j, c, file));
 
   std::string act = "silu";
   TROUPE_TRY(get_opt(j, "hidden_act", act, file));
   if (act != "silu") return cfg_error(file, "hidden_act \"" + act + "\" is not supported (troupe's MLPs are SwiGLU: silu)");
-  bool bias = false;
-  TROUPE_TRY(get_opt(j, "attention_bias", bias, file));
-  if (bias) return cfg_error(file, "attention_bias true is not supported");
-  bool use_sw = model_type == "mixtral";
-  TROUPE_TRY(get_opt(j, "use_sliding_window", use_sw, file));
-  if (use_sw && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-    int sw = 0;
-    TROUPE_TRY(get_opt(j, "sliding_window", sw, file));
-    if (sw < c.max_position_embeddings)
-      return cfg_error(file, "sliding_window " + std::to_string(sw) + " is not supported (troupe attends to the whole causal context)");
+  bool mlp_bias = false;
+  TROUPE_TRY(get_opt(j, "mlp_bias", mlp_bias, file));
+  if (mlp_bias) return cfg_error(file, "mlp_bias true is not supported (troupe's MLPs have no biases)");
+  // Attention biases: llama/qwen3/qwen3_moe attention_bias (q, k, v and o); qwen2 always q/k/v;
+  // qwen2_moe qkv_bias (default true); Mixtral none.
+  bool attention_bias = false;
+  TROUPE_TRY(get_opt(j, "attention_bias", attention_bias, file));
+  if (model_type == "llama" || model_type == "qwen3" || model_type == "qwen3_moe") {
+    c.qkv_bias = c.o_proj_bias = attention_bias;
+  } else if (attention_bias) {
+    return cfg_error(file, "attention_bias true is not supported for " + model_type + " (transformers' " +
+                               model_type + " does not read it)");
   }
+  if (model_type == "qwen2") c.qkv_bias = true;
+  if (model_type == "qwen2_moe") {
+    c.qkv_bias = true;
+    TROUPE_TRY(get_opt(j, "qkv_bias", c.qkv_bias, file));
+  }
+  TROUPE_TRY(check_full_attention(j, c, file));
 
-  if (model_type == "mixtral") {
+  if (!moe) {
+    c.num_experts = 0;
+    c.num_experts_per_tok = 0;
+    TROUPE_TRY(get_req(j, "intermediate_size", c.intermediate_size, file));
+    if (c.intermediate_size <= 0) return cfg_error(file, "intermediate_size must be positive");
+  } else if (model_type == "mixtral") {
     TROUPE_TRY(get_req(j, "num_local_experts", c.num_experts, file));
     TROUPE_TRY(get_req(j, "intermediate_size", c.moe_intermediate_size, file));
     c.intermediate_size = c.moe_intermediate_size;
@@ -104,6 +179,7 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
     // Not in Hugging Face's Mixtral; troupe writes them only when they differ from Mixtral's fixed choice.
     TROUPE_TRY(get_opt(j, "norm_topk_prob", c.norm_topk_prob, file));
     TROUPE_TRY(get_opt(j, "mlp_only_layers", c.mlp_only_layers, file));
+    TROUPE_TRY(get_opt(j, "shared_expert_intermediate_size", c.shared_expert_intermediate_size, file));
   } else {
     if (j.contains("num_experts") && !j["num_experts"].is_null()) {
       TROUPE_TRY(get_opt(j, "num_experts", c.num_experts, file));
@@ -112,7 +188,7 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
     }
     TROUPE_TRY(get_req(j, "intermediate_size", c.intermediate_size, file));
     TROUPE_TRY(get_req(j, "moe_intermediate_size", c.moe_intermediate_size, file));
-    c.norm_topk_prob = false;  // transformers' default for qwen3_moe
+    c.norm_topk_prob = false;  // transformers' default for qwen2_moe and qwen3_moe
     TROUPE_TRY(get_opt(j, "norm_topk_prob", c.norm_topk_prob, file));
     int step = 1;
     TROUPE_TRY(get_opt(j, "decoder_sparse_step", step, file));
@@ -124,26 +200,61 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
     for (int l = 0; l < c.num_hidden_layers; ++l)
       if ((l + 1) % step != 0) dense.insert(l);
     c.mlp_only_layers.assign(dense.begin(), dense.end());
+    // Qwen2-MoE always has its (gated) shared expert; Qwen3-MoE has none (troupe reads the key anyway).
+    if (model_type == "qwen2_moe")
+      TROUPE_TRY(get_req(j, "shared_expert_intermediate_size", c.shared_expert_intermediate_size, file));
+    else
+      TROUPE_TRY(get_opt(j, "shared_expert_intermediate_size", c.shared_expert_intermediate_size, file));
   }
-  TROUPE_TRY(get_opt(j, "shared_expert_intermediate_size", c.shared_expert_intermediate_size, file));
   for (int l : c.mlp_only_layers)
     if (l < 0 || l >= c.num_hidden_layers)
       return cfg_error(file, "mlp_only_layers names layer " + std::to_string(l) + ", outside 0.." +
                                  std::to_string(c.num_hidden_layers - 1));
-  if (c.num_experts <= 0 || c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
-    return cfg_error(file, "need 0 < num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) +
-                               ") <= number of experts (" + std::to_string(c.num_experts) + ")");
-  if (c.head_dim <= 0 || c.moe_intermediate_size <= 0 || c.intermediate_size <= 0)
-    return cfg_error(file, "head_dim, intermediate_size and moe_intermediate_size must be positive");
+  if (moe) {
+    if (c.num_experts <= 0 || c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
+      return cfg_error(file, "need 0 < num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) +
+                                 ") <= number of experts (" + std::to_string(c.num_experts) + ")");
+    if (c.moe_intermediate_size <= 0 || c.intermediate_size <= 0)
+      return cfg_error(file, "intermediate_size and moe_intermediate_size must be positive");
+  }
+  if (c.head_dim <= 0) return cfg_error(file, "head_dim must be positive");
   return c;
 }
 
+namespace {
+
+const char* architecture_of(const std::string& family) {
+  if (family == "llama") return "LlamaForCausalLM";
+  if (family == "qwen2") return "Qwen2ForCausalLM";
+  if (family == "qwen3") return "Qwen3ForCausalLM";
+  if (family == "qwen2_moe") return "Qwen2MoeForCausalLM";
+  if (family == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  if (family == "mixtral") return "MixtralForCausalLM";
+  return nullptr;
+}
+
+}  // namespace
+
 Result<json> config_to_hf_json(const ModelConfig& c) {
-  if (c.family != "mixtral" && c.family != "qwen3_moe")
-    return invalid_input("model family \"" + c.family + "\" has no Hugging Face layout (use mixtral or qwen3_moe)");
+  const char* arch = architecture_of(c.family);
+  if (!arch)
+    return invalid_input(
+        "model family \"" + c.family +
+        "\" has no Hugging Face layout (use llama, qwen2, qwen3, qwen2_moe, qwen3_moe or mixtral)");
+  const bool attention_bias_family = c.family == "llama" || c.family == "qwen3" || c.family == "qwen3_moe";
+  if (attention_bias_family && c.qkv_bias != c.o_proj_bias)
+    return invalid_input("cannot save a " + c.family +
+                         " model with qkv_bias != o_proj_bias (config.json has one attention_bias)");
+  if (!attention_bias_family && c.o_proj_bias)
+    return invalid_input("cannot save a " + c.family + " model with o_proj_bias");
+  if (c.family == "qwen2" && !c.qkv_bias)
+    return invalid_input("cannot save a qwen2 model without q/k/v biases");
+  if (c.family == "mixtral" && c.qkv_bias)
+    return invalid_input("cannot save a mixtral model with q/k/v biases");
+  const bool moe = is_moe_family(c.family);
   json j;
   j["model_type"] = c.family;
-  j["architectures"] = {c.family == "mixtral" ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM"};
+  j["architectures"] = {arch};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["num_hidden_layers"] = c.num_hidden_layers;
@@ -153,10 +264,21 @@ Result<json> config_to_hf_json(const ModelConfig& c) {
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;  // read by transformers 4.x and converted by 5.x
+  if (c.rope_type != "default") {
+    json r = {{"rope_type", c.rope_type}, {"factor", c.rope_factor}};
+    if (c.rope_type == "llama3") {
+      r["low_freq_factor"] = c.rope_low_freq_factor;
+      r["high_freq_factor"] = c.rope_high_freq_factor;
+      r["original_max_position_embeddings"] = c.rope_original_max_position_embeddings;
+    }
+    j["rope_scaling"] = r;
+  }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-  j["output_router_logits"] = c.router_aux_loss_coef > 0;
-  j["num_experts_per_tok"] = c.num_experts_per_tok;
+  if (moe) {
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.router_aux_loss_coef > 0;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+  }
   j["hidden_act"] = "silu";
   j["attention_dropout"] = 0.0;
   j["torch_dtype"] = "float32";
@@ -169,17 +291,24 @@ Result<json> config_to_hf_json(const ModelConfig& c) {
     if (!c.norm_topk_prob) j["norm_topk_prob"] = false;       // troupe-only (Mixtral always renormalizes)
     if (!c.mlp_only_layers.empty()) j["mlp_only_layers"] = c.mlp_only_layers;  // troupe-only
   } else {
-    j["num_experts"] = c.num_experts;
     j["intermediate_size"] = c.intermediate_size;
-    j["moe_intermediate_size"] = c.moe_intermediate_size;
-    j["norm_topk_prob"] = c.norm_topk_prob;
-    j["decoder_sparse_step"] = 1;
-    j["mlp_only_layers"] = c.mlp_only_layers;
-    j["attention_bias"] = false;
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = nullptr;
+    if (attention_bias_family) j["attention_bias"] = c.qkv_bias;
+    if (c.family == "llama") j["mlp_bias"] = false;
+    if (c.family == "qwen2_moe") j["qkv_bias"] = c.qkv_bias;
+    if (c.family != "llama") {
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+    }
+    if (moe) {
+      j["num_experts"] = c.num_experts;
+      j["moe_intermediate_size"] = c.moe_intermediate_size;
+      j["norm_topk_prob"] = c.norm_topk_prob;
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = c.mlp_only_layers;
+    }
   }
-  if (c.shared_expert_intermediate_size > 0) j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+  if (moe && (c.shared_expert_intermediate_size > 0 || c.family == "qwen2_moe"))
+    j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
   return j;
 }
 
@@ -197,6 +326,12 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> canonical_tensor_shape
     out.push_back({p + "self_attn.k_proj.weight", {nkv * D, C}});
     out.push_back({p + "self_attn.v_proj.weight", {nkv * D, C}});
     out.push_back({p + "self_attn.o_proj.weight", {C, nq * D}});
+    if (c.qkv_bias) {
+      out.push_back({p + "self_attn.q_proj.bias", {nq * D}});
+      out.push_back({p + "self_attn.k_proj.bias", {nkv * D}});
+      out.push_back({p + "self_attn.v_proj.bias", {nkv * D}});
+    }
+    if (c.o_proj_bias) out.push_back({p + "self_attn.o_proj.bias", {C}});
     if (c.qk_norm()) {
       out.push_back({p + "self_attn.q_norm.weight", {D}});
       out.push_back({p + "self_attn.k_norm.weight", {D}});
@@ -210,6 +345,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> canonical_tensor_shape
         out.push_back({p + "mlp.shared_expert.gate_proj.weight", {Hs, C}});
         out.push_back({p + "mlp.shared_expert.up_proj.weight", {Hs, C}});
         out.push_back({p + "mlp.shared_expert.down_proj.weight", {C, Hs}});
+        if (c.shared_expert_gated()) out.push_back({p + "mlp.shared_expert_gate.weight", {1, C}});
       }
     } else {
       out.push_back({p + "mlp.gate_proj.weight", {I, C}});

@@ -104,6 +104,80 @@ TEST(ModelDir, Qwen3FixtureConfigMaps) {
   EXPECT_TRUE(d->tensors.count("model.layers.1.self_attn.q_norm.weight"));
 }
 
+// The dense and Qwen2-MoE fixtures: the config.json keys of each family land in ModelConfig.
+TEST(ModelDir, FamilyFixtureConfigsMap) {
+  auto l = load_model_dir(fixture("llama").string());
+  ASSERT_TRUE(l.ok()) << l.error().message;
+  EXPECT_EQ(l->config.family, "llama");
+  EXPECT_EQ(l->config.num_experts, 0);
+  EXPECT_EQ(l->config.rope_type, "llama3");
+  EXPECT_FLOAT_EQ(l->config.rope_factor, 8.0f);
+  EXPECT_FLOAT_EQ(l->config.rope_high_freq_factor, 4.0f);
+  EXPECT_EQ(l->config.rope_original_max_position_embeddings, 64);
+  EXPECT_FALSE(l->config.qkv_bias || l->config.o_proj_bias || l->config.tie_word_embeddings);
+  EXPECT_EQ(l->config.head_dim, 16);                        // hidden_size / num_attention_heads
+  auto t = load_model_dir(fixture("llama_tied").string());  // transformers 4 spelling: rope_scaling {"type"}
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_EQ(t->config.rope_type, "linear");
+  EXPECT_FLOAT_EQ(t->config.rope_theta, 20000.0f);
+  EXPECT_TRUE(t->config.tie_word_embeddings);
+  EXPECT_FALSE(t->tensors.count("lm_head.weight"));
+  auto q2 = load_model_dir(fixture("qwen2").string());
+  ASSERT_TRUE(q2.ok()) << q2.error().message;
+  EXPECT_TRUE(q2->config.qkv_bias);
+  EXPECT_FALSE(q2->config.o_proj_bias);
+  EXPECT_EQ(q2->tensors.at("model.layers.1.self_attn.k_proj.bias").shape, (std::vector<int64_t>{32}));
+  auto q3 = load_model_dir(fixture("qwen3").string());
+  ASSERT_TRUE(q3.ok()) << q3.error().message;
+  EXPECT_TRUE(q3->config.qk_norm());
+  EXPECT_EQ(q3->config.head_dim, 24);
+  EXPECT_EQ(q3->tensors.at("model.layers.0.self_attn.o_proj.weight").shape, (std::vector<int64_t>{64, 96}));
+  auto m = load_model_dir(fixture("qwen2_moe").string());
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_TRUE(m->config.shared_expert_gated());
+  EXPECT_TRUE(m->config.qkv_bias);
+  EXPECT_FALSE(m->config.norm_topk_prob);
+  EXPECT_EQ(m->config.mlp_only_layers, std::vector<int>{0});
+  EXPECT_EQ(m->config.shared_expert_intermediate_size, 48);
+  EXPECT_EQ(m->tensors.at("model.layers.1.mlp.shared_expert_gate.weight").shape,
+            (std::vector<int64_t>{1, 64}));
+  EXPECT_EQ(m->tensors.size(), canonical_tensor_shapes(m->config).size());
+}
+
+// config_to_hf_json then config_from_hf_json gives back every architecture field, for every family.
+TEST(ModelDir, HfConfigRoundTripEveryFamily) {
+  for (std::string fam : {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"}) {
+    troupe::policy::ModelConfig c;
+    c.family = fam;
+    const bool dense = fam == "llama" || fam == "qwen2" || fam == "qwen3";
+    if (dense) c.num_experts = 0, c.num_experts_per_tok = 0;
+    if (fam == "llama") {
+      c.qkv_bias = c.o_proj_bias = true;
+      c.rope_type = "llama3", c.rope_factor = 32, c.rope_original_max_position_embeddings = 512;
+    }
+    if (fam == "qwen3") c.rope_type = "linear", c.rope_factor = 2;
+    c.qkv_bias = c.qkv_bias || fam == "qwen2" || fam == "qwen2_moe";
+    if (fam == "qwen2_moe") c.shared_expert_intermediate_size = 64, c.mlp_only_layers = {1};
+    auto j = config_to_hf_json(c);
+    ASSERT_TRUE(j.ok()) << fam << ": " << j.error().message;
+    auto b = config_from_hf_json(*j);
+    ASSERT_TRUE(b.ok()) << fam << ": " << b.error().message;
+    EXPECT_EQ(b->family, fam);
+    EXPECT_EQ(b->num_experts, c.num_experts) << fam;
+    EXPECT_EQ(b->qkv_bias, c.qkv_bias) << fam;
+    EXPECT_EQ(b->o_proj_bias, c.o_proj_bias) << fam;
+    EXPECT_EQ(b->rope_type, c.rope_type) << fam;
+    EXPECT_FLOAT_EQ(b->rope_factor, c.rope_factor) << fam;
+    EXPECT_EQ(b->rope_original_max_position_embeddings, c.rope_original_max_position_embeddings) << fam;
+    EXPECT_EQ(b->shared_expert_intermediate_size, c.shared_expert_intermediate_size) << fam;
+    EXPECT_EQ(b->mlp_only_layers, c.mlp_only_layers) << fam;
+    EXPECT_EQ(canonical_tensor_shapes(*b), canonical_tensor_shapes(c)) << fam;
+  }
+  troupe::policy::ModelConfig bad;
+  bad.family = "qwen2";  // without its q/k/v biases
+  EXPECT_FALSE(config_to_hf_json(bad).ok());
+}
+
 TEST(ModelDir, PerExpertAndFusedLayoutsLoadTheSameWeights) {
   for (std::string fam : {"mixtral", "qwen3_moe"}) {
     auto a = load_model_dir(fixture(fam).string());
@@ -229,7 +303,14 @@ TEST(ModelDir, ConfigErrorsNameTheKeyAndFile) {
     std::vector<std::string> parts;
   };
   std::vector<Case> cases = {
-      {"model_type", "llama", {"llama", "model_type"}},
+      {"model_type", "gpt_neox", {"gpt_neox", "model_type"}},
+      {"rope_parameters",
+       json{{"rope_type", "dynamic"}, {"factor", 2.0}, {"rope_theta", 1e4}},
+       {"dynamic", "rope_type"}},
+      {"rope_scaling", json{{"type", "linear"}}, {"rope_scaling", "missing key \"factor\""}},
+      {"mlp_bias", true, {"mlp_bias"}},
+      {"attention_bias", true, {"attention_bias", "mixtral"}},
+      {"sliding_window", 16, {"sliding_window 16", "use_sliding_window"}},
       {"hidden_act", "gelu", {"hidden_act", "gelu"}},
       {"num_key_value_heads", 3, {"num_key_value_heads"}},
       {"num_experts_per_tok", 9, {"num_experts_per_tok"}},
@@ -322,7 +403,7 @@ TEST(ModelDir, HfConfigRoundTrip) {
   auto step = config_from_hf_json(s);
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(step->mlp_only_layers, (std::vector<int>{0, 2}));
-  c.family = "llama";
+  c.family = "gpt2";
   EXPECT_FALSE(config_to_hf_json(c).ok());
 }
 

@@ -2,7 +2,8 @@
 """CLI checks of `troupe score` / `troupe generate` against expected.json (run by ctest).
     check_cli.py score TROUPE DIR          --tokens and --text log-probs match DIR/expected.json
     check_cli.py generate TROUPE DIR       greedy continuation matches; seeded sampling repeats
-    check_cli.py errors TROUPE FIXTURE_DIR bad directories exit 2 naming the file
+    check_cli.py errors TROUPE FIXTURE_DIR bad directories, config.json keys and tensors exit 2 naming
+                                           the file and the key or tensor
 Exits non-zero on any mismatch. Standard library only."""
 import json
 import os
@@ -81,6 +82,55 @@ def check_generate(troupe, d):
     print(f"{d}: seeded sampling repeatable; plain text output ok")
 
 
+def edit_safetensors_header(path, edit):
+    """Rewrites the JSON header of a .safetensors file in place (same length, padded with spaces)."""
+    data = open(path, "rb").read()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    edit(header)
+    new = json.dumps(header, separators=(",", ":")).encode()
+    if len(new) > n:
+        fail("edited safetensors header is longer than the original")
+    open(path, "wb").write(data[:8] + new + b" " * (n - len(new)) + data[8 + n:])
+
+
+def check_bad_keys_and_tensors(troupe, fixture, tmp):
+    """Unknown family, unsupported config.json values, a missing tensor, a tensor of the wrong shape."""
+    base = json.load(open(os.path.join(fixture, "config.json")))
+    cfg_cases = [
+        ({"model_type": "gpt_neox"}, ["model_type", "gpt_neox"]),
+        ({"hidden_act": "gelu"}, ["hidden_act", "gelu"]),
+        ({"mlp_bias": True}, ["mlp_bias"]),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, ["rope_scaling", "yarn"]),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}, ["rope_parameters", "dynamic"]),
+        ({"use_sliding_window": True, "sliding_window": 16}, ["sliding_window 16"]),
+    ]
+    if base["model_type"] in ("qwen2", "qwen2_moe", "mixtral"):
+        cfg_cases.append(({"attention_bias": True}, ["attention_bias", base["model_type"]]))
+    for i, (change, parts) in enumerate(cfg_cases):
+        d = os.path.join(tmp, f"cfg{i}")
+        shutil.copytree(fixture, d)
+        open(os.path.join(d, "config.json"), "w").write(json.dumps(dict(base, **change)))
+        rc, out, err = run([troupe, "score", d, "--tokens", "1,2,3"])
+        for p in parts + [os.path.join(d, "config.json")]:
+            if rc != 2 or p not in err:
+                fail(f"config.json {change}: exit {rc}, {p!r} not in stderr {err!r}")
+    def rename(h):
+        h["model.norm.weighX"] = h.pop("model.norm.weight")
+    def reshape(h):
+        h["model.norm.weight"]["shape"] = [1] + h["model.norm.weight"]["shape"]
+    for what, edit, parts in (("missing tensor", rename, ["missing tensor 'model.norm.weight'"]),
+                              ("wrong shape", reshape, ["model.norm.weight", "shape"])):
+        d = os.path.join(tmp, what.replace(" ", "_"))
+        shutil.copytree(fixture, d)
+        edit_safetensors_header(os.path.join(d, "model.safetensors"), edit)
+        rc, out, err = run([troupe, "score", d, "--tokens", "1,2,3"])
+        for p in parts + [os.path.join(d, "model.safetensors")]:
+            if rc != 2 or p not in err:
+                fail(f"{what}: exit {rc}, {p!r} not in stderr {err!r}")
+    print(f"{len(cfg_cases)} unsupported config.json values, a missing and a misshapen tensor exit 2 naming file and name")
+
+
 def check_errors(troupe, fixture):
     tmp = tempfile.mkdtemp(prefix="troupe_cli_errors_")
     try:
@@ -112,6 +162,7 @@ def check_errors(troupe, fixture):
         if rc != 2 or "two" not in err:
             fail(f"bad --tokens: exit {rc}, stderr {err!r}")
         print("bad directories and inputs exit 2 naming the file or value")
+        check_bad_keys_and_tensors(troupe, fixture, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

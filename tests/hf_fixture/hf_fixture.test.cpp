@@ -75,4 +75,7 @@ TEST_P(HfFixture, LogprobsAndGreedyMatchTransformers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dirs, HfFixture, ::testing::Values("mixtral", "mixtral_fused", "qwen3_moe", "qwen3_moe_fused"));
+INSTANTIATE_TEST_SUITE_P(Dirs, HfFixture,
+                         ::testing::Values("mixtral", "mixtral_fused", "qwen3_moe", "qwen3_moe_fused",
+                                           "llama", "llama_tied", "llama_bf16", "qwen2", "qwen3",
+                                           "qwen2_moe"));

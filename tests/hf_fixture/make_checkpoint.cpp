@@ -1,6 +1,7 @@
-// Writes a troupe-made model directory for the CLI tests: a tiny random Qwen3-MoE (or Mixtral) with
-// troupe's byte tokenizer, plus expected.json holding in-process log-probs of a text, so
-// `troupe score DIR --text` can be checked on our own checkpoints.  Usage: make_checkpoint FAMILY OUT
+// Writes a troupe-made model directory for the CLI tests: a tiny random model of FAMILY (any supported one)
+// with troupe's byte tokenizer, plus expected.json holding in-process log-probs of a text, so `troupe score
+// DIR --text` can be checked on our own checkpoints.  Usage: make_checkpoint FAMILY OUT
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -18,9 +19,25 @@ int main(int argc, char** argv) {
   c.vocab_size = 3 + 256;
   c.hidden_size = 32, c.num_hidden_layers = 2, c.num_attention_heads = 4, c.num_key_value_heads = 2;
   c.head_dim = 8, c.intermediate_size = 24, c.num_experts = 4, c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 16, c.tie_word_embeddings = c.family == "qwen3_moe";
-  if (c.family == "qwen3_moe") c.mlp_only_layers = {0};
+  c.moe_intermediate_size = 16, c.tie_word_embeddings = c.family == "qwen3_moe" || c.family == "qwen3";
+  if (c.family == "qwen3_moe" || c.family == "qwen2_moe") c.mlp_only_layers = {0};
+  if (c.family == "llama" || c.family == "qwen2" || c.family == "qwen3") c.num_experts = 0;  // dense
+  c.qkv_bias = c.family == "qwen2" || c.family == "qwen2_moe";
+  if (c.family == "qwen2_moe") c.shared_expert_intermediate_size = 12;
+  if (c.family == "llama") {
+    c.rope_type = "llama3", c.rope_factor = 8, c.rope_original_max_position_embeddings = 16;
+    c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
+  }
   auto model = Model::create(c, 7);
+  if (model.ok()) {  // spread the weights (init std 0.02 is near uniform) and give the biases values
+    for (const auto& t : model->tensors()) {
+      float* p = model->params().data() + t.offset;
+      const bool bias = t.name.ends_with(".bias");
+      if (t.name.find("norm") != std::string::npos) continue;
+      for (size_t i = 0; i < t.numel(); ++i)
+        p[i] = bias ? 0.3f * std::sin(static_cast<float>(t.offset + i)) : 10 * p[i];
+    }
+  }
   auto tok = io::make_char_tokenizer({});
   if (!model.ok() || !tok.ok()) {
     std::fprintf(stderr, "make_checkpoint: %s\n", (!model.ok() ? model.error() : tok.error()).message.c_str());

@@ -107,13 +107,18 @@ def token_logprobs(model, ids):
     return [lp[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
 
 
-def main():
+def start():
+    """Command line (--out) and the seeded, 2-thread torch both fixture scripts use; returns (args, versions)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    versions = {"transformers": transformers.__version__, "torch": torch.__version__, "tokenizers": tokenizers.__version__}
+    return args, {"transformers": transformers.__version__, "torch": torch.__version__, "tokenizers": tokenizers.__version__}
+
+
+def main():
+    args, versions = start()
 
     # Tokenizers and their expected encodings.
     toks = {}

@@ -87,6 +87,11 @@ class Backend {
                               int OC) const = 0;
   virtual void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                                const float* weight, int N, int C, int OC) const = 0;
+  virtual void bias_forward(float* out, const float* bias, int N, int OC) const = 0;
+  virtual void bias_backward(float* dbias, const float* dout, int N, int OC) const = 0;
+  virtual void sigmoid_gate_forward(float* out, const float* gate, const float* x, int N, int C) const = 0;
+  virtual void sigmoid_gate_backward(float* dgate, float* dx, const float* dout, const float* gate,
+                                     const float* x, int N, int C) const = 0;
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C) const = 0;
   virtual void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N,
                                   int C) const = 0;
@@ -96,6 +101,8 @@ class Backend {
                                 const float* weight, const float* rstd, int N, int C) const = 0;
   virtual void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int HD,
                             float theta) const = 0;
+  virtual void rope_cos_sin_inv_freq(float* cos, float* sin, const int32_t* positions, const float* inv_freq,
+                                     int N, int HD) const = 0;
   virtual void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int N, int NH,
                             int HD) const = 0;
   virtual void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int N,

@@ -36,6 +36,20 @@ void matmul_forward(T* out, const T* inp, const T* weight, int N, int C, int OC)
 // dinp (N, C) += dout . weight; dweight (OC, C) += dout^T . inp. Either may be null.  [+=]
 template <class T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int N, int C, int OC);
+// Bias of a linear layer: out (N, OC) += bias (OC) on every row.                        [+=]
+template <class T>
+void bias_forward(T* out, const T* bias, int N, int OC);
+// dbias (OC) += sum over rows of dout (N, OC).                                          [+=]
+template <class T>
+void bias_backward(T* dbias, const T* dout, int N, int OC);
+
+// ---- per-row sigmoid gate (Qwen2-MoE's shared_expert_gate) ---------------------------------------
+// out (N, C) = sigmoid(gate[n]) * x (N, C); gate (N) logits.                            [assigned]
+template <class T>
+void sigmoid_gate_forward(T* out, const T* gate, const T* x, int N, int C);
+// dgate (N) = sig' * <dout[n], x[n]>; dx (N, C) = sigmoid(gate[n]) * dout.               [assigned]
+template <class T>
+void sigmoid_gate_backward(T* dgate, T* dx, const T* dout, const T* gate, const T* x, int N, int C);
 
 // ---- token embedding ------------------------------------------------------------------------------
 // out (N, C) = wte (V, C)[tokens]; tokens must be in [0, V) (the model validates them). [assigned]
@@ -57,6 +71,10 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
 // ---- rotary position embedding (Hugging Face rotate_half convention) -----------------------------
 // cos/sin (N, HD/2) for each token's position: angle_i = pos * theta^(-2i/HD).          [assigned]
 void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int HD, float theta);
+// Same with the inverse frequencies given (HD/2), for scaled RoPE (linear, llama3):
+// angle_i = fp32(pos) * inv_freq[i].                                                    [assigned]
+void rope_cos_sin_inv_freq(float* cos, float* sin, const int32_t* positions, const float* inv_freq, int N,
+                           int HD);
 // out (N, NH, HD): x1 = x[:HD/2], x2 = x[HD/2:]; out1 = x1 cos - x2 sin; out2 = x2 cos + x1 sin.
 // In place (out == inp) is allowed.                                                     [assigned]
 template <class T>

@@ -78,19 +78,22 @@ struct PackedMeta {
 // Checks a packed batch against a vocabulary: cu_seqlens starts at 0, never decreases, ends at
 // T; tokens in [0, V); targets empty or (T) in [-1, V). The message names the field and index.
 Status validate_packed_batch(const PackedBatch& batch, int vocab_size, bool need_targets);
+// The inverse RoPE frequencies (head_dim/2) of a scaled rope_type (linear, llama3), in fp32 as
+// transformers computes them; empty for default RoPE (theta^(-2i/head_dim), built by the backend).
+std::vector<float> rope_inv_freq(const ModelConfig& cfg);
 // Fills meta (reusing its capacity) from a batch already validated, with the backend's
-// packed-layout and RoPE-table ops (host memory).
+// packed-layout and RoPE-table ops (host memory). inv_freq: rope_inv_freq() (empty = default).
 void build_packed_meta(PackedMeta* meta, const PackedBatch& batch, int head_dim, float rope_theta,
-                       const kernels::Backend& backend);
+                       const std::vector<float>& inv_freq, const kernels::Backend& backend);
 
 // Checks sizes and switches (head counts divide, head_dim even, top-k <= experts, a device with a
 // backend, ...).
 Status validate_model_config(const ModelConfig& cfg);
 
-// The decoder-only MoE transformer (Qwen3-MoE or Mixtral layout). Not thread-safe: one caller at a
-// time. Parameters and gradients are one flat fp32 arena each with the same table (tensors());
-// activations are a third arena, grown to the largest batch seen and reused. All of them are
-// Buffers of the backend cfg.device selects, and every op runs through that backend.
+// The decoder-only transformer (Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE or Mixtral layout). Not
+// thread-safe: one caller at a time. Parameters and gradients are one flat fp32 arena each with the same
+// table (tensors()); activations are a third arena, grown to the largest batch seen and reused. All of them
+// are Buffers of the backend cfg.device selects, and every op runs through that backend.
 class Model {
  public:
   // Deterministic init from seed: linear and embedding weights ~ N(0, 0.02), norm weights 1.

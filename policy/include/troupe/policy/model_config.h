@@ -1,7 +1,7 @@
 // The policy model's architecture and its execution options. Architecture field names follow the
-// Hugging Face config.json of the supported families where one exists, so config.json maps 1:1;
-// the YAML section `policy.model` (a fresh model's architecture) uses the same names. Shape
-// letters: V vocab, C d_model, L layers.
+// Hugging Face config.json of the supported families (llama, qwen2, qwen3, qwen2_moe, qwen3_moe,
+// mixtral) where one exists, so config.json maps 1:1; the YAML section `policy.model` (a fresh
+// model's architecture) uses the same names. Shape letters: V vocab, C d_model, L layers.
 #pragma once
 
 #include <string>
@@ -13,7 +13,9 @@ namespace troupe::policy {
 
 // What a checkpoint fixes: shapes, rope, norms, family.
 struct ModelArchitecture {
-  std::string family = "qwen3_moe";  // "qwen3_moe" (per-head q/k RMSNorm) or "mixtral"
+  // "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k RMSNorm), "qwen2_moe" (gated shared
+  // expert), "qwen3_moe" (per-head q/k RMSNorm) or "mixtral". Dense families have num_experts 0.
+  std::string family = "qwen3_moe";
   int vocab_size = 256;              // V
   int hidden_size = 128;             // C
   int num_hidden_layers = 4;         // L
@@ -28,12 +30,23 @@ struct ModelArchitecture {
   int shared_expert_intermediate_size = 0;  // 0 = no shared expert
   std::vector<int> mlp_only_layers;  // layers that use a dense SwiGLU instead of MoE (e.g. {0})
   float rope_theta = 10000.0f;
+  // RoPE frequency scaling (config.json rope_scaling / rope_parameters): "default", "linear"
+  // (inv_freq / rope_factor) or "llama3" (Llama 3.1's band-wise scaling with the three below).
+  std::string rope_type = "default";
+  float rope_factor = 1.0f;
+  float rope_low_freq_factor = 1.0f;
+  float rope_high_freq_factor = 4.0f;
+  int rope_original_max_position_embeddings = 8192;
+  bool qkv_bias = false;     // q_proj/k_proj/v_proj have biases (qwen2, qwen2_moe; llama attention_bias)
+  bool o_proj_bias = false;  // o_proj has a bias (llama/qwen3 attention_bias)
   float rms_norm_eps = 1e-6f;
   bool tie_word_embeddings = false;
   float router_aux_loss_coef = 0.0f;  // weight of the load-balancing loss (0 = off)
   int max_position_embeddings = 2048;
 
-  bool qk_norm() const { return family == "qwen3_moe"; }
+  bool qk_norm() const { return family == "qwen3_moe" || family == "qwen3"; }
+  // qwen2_moe scales the shared expert by sigmoid(shared_expert_gate . x) per token.
+  bool shared_expert_gated() const { return family == "qwen2_moe" && shared_expert_intermediate_size > 0; }
   bool is_moe_layer(int l) const {
     if (num_experts <= 0) return false;
     for (int d : mlp_only_layers)
