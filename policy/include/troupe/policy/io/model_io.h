@@ -20,6 +20,7 @@ struct LoadedModel {
 
 // A Model with the directory's weights (every tensor of its table filled, shapes checked).
 Result<Model> model_from_dir(const ModelDir& dir);
+// A path ending in .gguf is imported first (gguf_import.h, cached_gguf_import).
 Result<LoadedModel> load_model(const std::string& path);
 
 // The Model's parameters under canonical names (for save_model_dir, comparisons).
