@@ -396,73 +396,67 @@ const GgufValue* GgufFile::get(const std::string& key) const {
 }
 
 namespace {
-Error missing_key(const std::string& path, const std::string& key) { return invalid_input(path + ": metadata key '" + key + "' is missing"); }
-Error wrong_type(const std::string& path, const std::string& key, const GgufValue& v, const char* want) {
-  return invalid_input(path + ": metadata key '" + key + "' is " + gguf_value_type_name(v.type) + ", expected " + want);
+
+// The value under `key` if it exists and `accept` takes it, converted; else an error naming the file and key.
+template <class T, class Accept, class Convert>
+Result<T> typed(const GgufFile& f, const std::string& key, const char* want, Accept accept, Convert convert) {
+  const GgufValue* v = f.get(key);
+  if (!v) return invalid_input(f.path() + ": metadata key '" + key + "' is missing");
+  if (!accept(*v)) return invalid_input(f.path() + ": metadata key '" + key + "' is " + gguf_value_type_name(v->type) + ", expected " + want);
+  return T(convert(*v));
 }
+
+bool is_array_of(const GgufValue& v, bool (*elem)(const GgufValue&)) {
+  GgufValue probe;
+  probe.type = v.elem_type;
+  return v.type == GgufValueType::array && elem(probe);
+}
+
+template <class T, class Convert>
+std::vector<T> each(const GgufValue& v, Convert convert) {
+  std::vector<T> out;
+  out.reserve(v.array.size());
+  for (const auto& e : v.array) out.push_back(convert(e));
+  return out;
+}
+
+bool integer(const GgufValue& v) { return v.is_integer(); }
+bool number(const GgufValue& v) { return v.is_integer() || v.is_float(); }
+bool text(const GgufValue& v) { return v.type == GgufValueType::string; }
+double as_double(const GgufValue& v) { return v.is_float() ? v.f : static_cast<double>(v.i); }
+
 }  // namespace
 
 Result<int64_t> GgufFile::get_int(const std::string& key) const {
-  const GgufValue* v = get(key);
-  if (!v) return missing_key(path_, key);
-  if (!v->is_integer()) return wrong_type(path_, key, *v, "an integer");
-  return v->i;
+  return typed<int64_t>(*this, key, "an integer", integer, [](const GgufValue& v) { return v.i; });
 }
 
 Result<double> GgufFile::get_float(const std::string& key) const {
-  const GgufValue* v = get(key);
-  if (!v) return missing_key(path_, key);
-  if (v->is_float()) return v->f;
-  if (v->is_integer()) return static_cast<double>(v->i);
-  return wrong_type(path_, key, *v, "a number");
+  return typed<double>(*this, key, "a number", number, as_double);
 }
 
 Result<std::string> GgufFile::get_string(const std::string& key) const {
-  const GgufValue* v = get(key);
-  if (!v) return missing_key(path_, key);
-  if (v->type != GgufValueType::string) return wrong_type(path_, key, *v, "a string");
-  return v->s;
+  return typed<std::string>(*this, key, "a string", text, [](const GgufValue& v) { return v.s; });
 }
 
 Result<bool> GgufFile::get_bool(const std::string& key) const {
-  const GgufValue* v = get(key);
-  if (!v) return missing_key(path_, key);
-  if (v->type != GgufValueType::boolean) return wrong_type(path_, key, *v, "a bool");
-  return v->b;
+  return typed<bool>(*this, key, "a bool", [](const GgufValue& v) { return v.type == GgufValueType::boolean; },
+                     [](const GgufValue& v) { return v.b; });
 }
 
 Result<std::vector<std::string>> GgufFile::get_strings(const std::string& key) const {
-  const GgufValue* v = get(key);
-  if (!v) return missing_key(path_, key);
-  if (v->type != GgufValueType::array || v->elem_type != GgufValueType::string) return wrong_type(path_, key, *v, "an array of strings");
-  std::vector<std::string> out;
-  out.reserve(v->array.size());
-  for (const auto& e : v->array) out.push_back(e.s);
-  return out;
+  return typed<std::vector<std::string>>(*this, key, "an array of strings", [](const GgufValue& v) { return is_array_of(v, text); },
+                                         [](const GgufValue& v) { return each<std::string>(v, [](const GgufValue& e) { return e.s; }); });
 }
 
 Result<std::vector<double>> GgufFile::get_floats(const std::string& key) const {
-  const GgufValue* v = get(key);
-  if (!v) return missing_key(path_, key);
-  GgufValue probe;
-  probe.type = v->elem_type;
-  if (v->type != GgufValueType::array || !(probe.is_float() || probe.is_integer())) return wrong_type(path_, key, *v, "an array of numbers");
-  std::vector<double> out;
-  out.reserve(v->array.size());
-  for (const auto& e : v->array) out.push_back(e.is_float() ? e.f : static_cast<double>(e.i));
-  return out;
+  return typed<std::vector<double>>(*this, key, "an array of numbers", [](const GgufValue& v) { return is_array_of(v, number); },
+                                    [](const GgufValue& v) { return each<double>(v, as_double); });
 }
 
 Result<std::vector<int64_t>> GgufFile::get_ints(const std::string& key) const {
-  const GgufValue* v = get(key);
-  if (!v) return missing_key(path_, key);
-  GgufValue probe;
-  probe.type = v->elem_type;
-  if (v->type != GgufValueType::array || !probe.is_integer()) return wrong_type(path_, key, *v, "an array of integers");
-  std::vector<int64_t> out;
-  out.reserve(v->array.size());
-  for (const auto& e : v->array) out.push_back(e.i);
-  return out;
+  return typed<std::vector<int64_t>>(*this, key, "an array of integers", [](const GgufValue& v) { return is_array_of(v, integer); },
+                                     [](const GgufValue& v) { return each<int64_t>(v, [](const GgufValue& e) { return e.i; }); });
 }
 
 Result<Tensor> GgufFile::read(const std::string& name) const {
