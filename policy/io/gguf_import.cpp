@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <tuple>
 #include <regex>
 
 namespace troupe::policy::io {
@@ -97,6 +99,100 @@ Result<json> byte_level_tokenizer(const GgufFile& f, const std::vector<std::stri
       {"model",
        {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
         {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+        {"vocab", vocab}, {"merges", merges_json}}},
+  };
+}
+
+// Code points of a UTF-8 string, each as its own string (the split points of a SentencePiece piece).
+std::vector<std::string> code_points(const std::string& t) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < t.size();) {
+    const unsigned char c = static_cast<unsigned char>(t[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+    if (i + n > t.size()) n = 1;
+    out.push_back(t.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+// A `llama` (SentencePiece) vocabulary as tokenizer.json: BPE with byte_fallback and a Metaspace
+// pre-tokenizer, as transformers' LlamaTokenizer builds it. The file has no merges: they are every
+// split of a token into two tokens, best merged-token score first (transformers' generate_merges).
+Result<json> sentencepiece_tokenizer(const GgufFile& f, const std::vector<std::string>& tokens) {
+  TROUPE_ASSIGN_OR_RETURN(auto scores, f.get_floats("tokenizer.ggml.scores"));
+  if (scores.size() != tokens.size())
+    return invalid_input(f.path() + ": tokenizer.ggml.scores has " + std::to_string(scores.size()) + " entries, tokenizer.ggml.tokens " +
+                         std::to_string(tokens.size()));
+  std::vector<int64_t> types;
+  if (f.get("tokenizer.ggml.token_type")) {
+    TROUPE_ASSIGN_OR_RETURN(types, f.get_ints("tokenizer.ggml.token_type"));
+  }
+  if (!types.empty() && types.size() != tokens.size())
+    return invalid_input(f.path() + ": tokenizer.ggml.token_type has " + std::to_string(types.size()) + " entries, tokenizer.ggml.tokens " +
+                         std::to_string(tokens.size()));
+  bool add_space_prefix = true;
+  if (f.get("tokenizer.ggml.add_space_prefix")) {
+    TROUPE_ASSIGN_OR_RETURN(add_space_prefix, f.get_bool("tokenizer.ggml.add_space_prefix"));
+  }
+  std::map<std::string, int64_t> vocab_ids;  // first id of each token
+  std::vector<size_t> order;                 // first occurrences, in file order
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (vocab_ids.emplace(tokens[i], static_cast<int64_t>(i)).second) order.push_back(i);
+  struct Merge {
+    std::string l, r;
+    double score;
+    size_t ll, lr;  // lengths in code points
+  };
+  std::vector<Merge> merges;
+  for (size_t i : order) {
+    const auto cps = code_points(tokens[i]);
+    std::vector<Merge> local;
+    std::string l;
+    for (size_t k = 1; k < cps.size(); ++k) {
+      l += cps[k - 1];
+      std::string r;
+      for (size_t q = k; q < cps.size(); ++q) r += cps[q];
+      if (vocab_ids.count(l) && vocab_ids.count(r)) local.push_back({l, r, scores[i], k, cps.size() - k});
+    }
+    std::stable_sort(local.begin(), local.end(), [&](const Merge& a, const Merge& b) {
+      return std::pair(vocab_ids[a.l], vocab_ids[a.r]) < std::pair(vocab_ids[b.l], vocab_ids[b.r]);
+    });
+    merges.insert(merges.end(), local.begin(), local.end());
+  }
+  std::stable_sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) {
+    return std::tuple(a.score, a.ll, a.lr) > std::tuple(b.score, b.ll, b.lr);
+  });
+  json vocab = json::object(), added = json::array(), merges_json = json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    vocab[tokens[i]] = static_cast<int64_t>(i);
+    const int64_t type = types.empty() ? 1 : types[i];
+    if (type == 2 || type == 3 || type == 4)  // unknown and control tokens are special; user-defined ones added
+      added.push_back({{"id", static_cast<int64_t>(i)}, {"content", tokens[i]}, {"single_word", false}, {"lstrip", false},
+                       {"rstrip", false}, {"normalized", false}, {"special", type != 4}});
+  }
+  for (const auto& m : merges) merges_json.push_back(json::array({m.l, m.r}));
+  std::string unk;
+  if (f.get("tokenizer.ggml.unknown_token_id")) {
+    TROUPE_ASSIGN_OR_RETURN(int64_t u, f.get_int("tokenizer.ggml.unknown_token_id"));
+    if (u >= 0 && u < static_cast<int64_t>(tokens.size())) unk = tokens[static_cast<size_t>(u)];
+  }
+  json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                               {{"type", "ByteFallback"}}, {{"type", "Fuse"}}});
+  if (add_space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  return json{
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", add_space_prefix ? "first" : "never"}, {"split", false}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", unk.empty() ? json(nullptr) : json(unk)}, {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", true}, {"byte_fallback", true}, {"ignore_merges", false},
         {"vocab", vocab}, {"merges", merges_json}}},
   };
 }
@@ -245,9 +341,14 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
     return invalid_input(path + ": the tokenizer has " + std::to_string(tokens.size()) + " tokens (tokenizer.ggml.tokens) but token_embd.weight has " +
                          std::to_string(V) + " rows (vocabulary size mismatch)");
   TROUPE_ASSIGN_OR_RETURN(std::string tok_model, f.get_string("tokenizer.ggml.model"));
-  if (tok_model != "gpt2")
-    return invalid_input(path + ": tokenizer.ggml.model \"" + tok_model + "\" is not supported (troupe imports gpt2 byte-level BPE vocabularies)");
-  TROUPE_ASSIGN_OR_RETURN(out.tokenizer, byte_level_tokenizer(f, tokens));
+  if (tok_model == "gpt2") {
+    TROUPE_ASSIGN_OR_RETURN(out.tokenizer, byte_level_tokenizer(f, tokens));
+  } else if (tok_model == "llama") {
+    TROUPE_ASSIGN_OR_RETURN(out.tokenizer, sentencepiece_tokenizer(f, tokens));
+  } else {
+    return invalid_input(path + ": tokenizer.ggml.model \"" + tok_model +
+                         "\" is not supported (troupe imports gpt2 byte-level BPE and llama SentencePiece vocabularies)");
+  }
 
   auto id_of = [&](const std::string& key) -> Result<int64_t> {
     if (!f.get(key)) return int64_t{-1};

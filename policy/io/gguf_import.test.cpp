@@ -163,3 +163,31 @@ TEST(GgufImport, BadInputNamesFileAndReason) {
   std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() - 5000));
   expect_error(p, "runs past the end");
 }
+
+// A `llama` (SentencePiece) vocabulary: tokenizer.json with byte_fallback + Metaspace, merges from the
+// scores; ids equal transformers' GGUF tokenizer (and `tokenizers` on troupe's file: tiny_spm_tokens.json).
+TEST(GgufImport, SentencePieceVocabulary) {
+  const auto d = temp_dir("spm");
+  ASSERT_TRUE(import_gguf_to_dir(fixture("tiny_llama_spm.gguf"), d.string()).ok());
+  const json tj = read_json(d / "tokenizer.json");
+  EXPECT_EQ(tj["model"]["byte_fallback"], true);
+  EXPECT_EQ(tj["pre_tokenizer"]["type"], "Metaspace");
+  EXPECT_EQ(read_json(d / "tokenizer_config.json")["add_bos_token"], true);
+  auto tok = load_tokenizer_dir(d.string());
+  ASSERT_TRUE(tok.ok()) << tok.error().message;
+  EXPECT_EQ((*tok)->bos_id(), 1);
+  const json ref = read_json(fixture("tiny_spm_tokens.json"));
+  ASSERT_FALSE(ref["transformers"].empty());
+  for (auto it = ref["transformers"].begin(); it != ref["transformers"].end(); ++it) {
+    SCOPED_TRACE(it.key());
+    auto ids = (*tok)->encode(it.key());
+    ASSERT_TRUE(ids.ok()) << ids.error().message;
+    EXPECT_EQ(*ids, it.value().get<std::vector<int32_t>>());
+    EXPECT_EQ(*ids, ref["tokenizers_on_troupe_json"][it.key()].get<std::vector<int32_t>>());
+    auto text = (*tok)->decode(*ids);
+    ASSERT_TRUE(text.ok()) << text.error().message;
+    if (it.key().empty() || it.key()[0] != ' ') {  // a leading space is stripped, as in HF
+      EXPECT_EQ(*text, it.key());
+    }
+  }
+}

@@ -12,6 +12,8 @@ tests/gguf/requirements.txt && /tmp/v/bin/python tests/gguf/make_fixtures.py`. T
                     permuted as llama.cpp's convert_hf_to_gguf.py does, no output.weight (tied).
   tiny_llama_hf.gguf  the q/k projections of tiny_llama before the permutation (HF names, F32).
   tiny_llama_badvocab.gguf  tiny_llama with one token fewer than token_embd has rows.
+  tiny_llama_spm.gguf  tiny_llama with a `llama` (SentencePiece) vocabulary: <unk> <s> </s>, 256 <0xXX> byte
+                    tokens, pieces with scores (its expected token ids: make_smollm2_reference.py, tiny_spm_tokens.json).
 """
 import os
 
@@ -60,7 +62,7 @@ def write_types():
     w.add_key_value("t.floats", [0.5, -1.25], T.ARRAY, sub_type=T.FLOAT32)
     w.add_key_value("t.u8s", [7, 8, 9], T.ARRAY, sub_type=T.UINT8)
     w.add_key_value("t.bools", [True, False], T.ARRAY, sub_type=T.BOOL)
-    rows, cols = 2, 512
+    rows, cols = 2, 256
     x = rng.standard_normal((rows, cols)).astype(np.float32)
     tensors = {
         "f32": (x, None),
@@ -123,10 +125,24 @@ def byte_vocab():
     return tokens, types, merges
 
 
-def write_tiny_llama(path, drop_token=False, hf_path=None):
+def spm_vocab():
+    """A SentencePiece-style vocabulary: specials, byte tokens, then pieces by decreasing score."""
+    pieces = ["\u2581", "e", "l", "h", "o", "w", "r", "d", "t", "a", "n", "i", "s", "1", "2", "\u2581t", "he", "ll", "\u2581h",
+              "\u2581w", "or", "ld", "\u2581the", "hell", "\u2581hell", "\u2581hello", "\u2581wor", "\u2581world", "\u2581a",
+              "an", "\u2581an", "in", "is", "\u2581is", "\u2581i", "12", "\u2581\u2581", "\u00e9"]
+    tokens = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(pieces))]
+    return tokens, types, scores
+
+
+def write_tiny_llama(path, drop_token=False, hf_path=None, spm=False):
     C, L, H, KV, I = 32, 2, 4, 2, 64
     D = C // H
-    tokens, types, merges = byte_vocab()
+    if spm:
+        tokens, types, scores = spm_vocab()
+    else:
+        tokens, types, merges = byte_vocab()
     V = len(tokens)
     r = np.random.default_rng(99)
     w = gguf.GGUFWriter(path, "llama")
@@ -141,15 +157,20 @@ def write_tiny_llama(path, drop_token=False, hf_path=None):
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32("llama.vocab_size", V)
     w.add_uint32("llama.rope.dimension_count", D)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "smollm")
+    w.add_string("tokenizer.ggml.model", "llama" if spm else "gpt2")
     w.add_array("tokenizer.ggml.tokens", tokens[:-1] if drop_token else tokens)
     w.add_key_value("tokenizer.ggml.token_type", types[:-1] if drop_token else types, T.ARRAY, sub_type=T.INT32)
-    w.add_array("tokenizer.ggml.merges", merges)
+    if spm:
+        w.add_key_value("tokenizer.ggml.scores", scores, T.ARRAY, sub_type=T.FLOAT32)
+        w.add_uint32("tokenizer.ggml.unknown_token_id", 0)
+        w.add_bool("tokenizer.ggml.add_bos_token", True)
+    else:
+        w.add_string("tokenizer.ggml.pre", "smollm")
+        w.add_array("tokenizer.ggml.merges", merges)
+        w.add_uint32("tokenizer.ggml.padding_token_id", 0)
+        w.add_bool("tokenizer.ggml.add_bos_token", False)
     w.add_uint32("tokenizer.ggml.bos_token_id", 1)
     w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.padding_token_id", 0)
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
     w.add_string("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
     hf = {}
 
@@ -184,6 +205,7 @@ if __name__ == "__main__":
     write_unsupported()
     write_tiny_llama(os.path.join(HERE, "tiny_llama.gguf"), hf_path=os.path.join(HERE, "tiny_llama_hf.gguf"))
     write_tiny_llama(os.path.join(HERE, "tiny_llama_badvocab.gguf"), drop_token=True)
+    write_tiny_llama(os.path.join(HERE, "tiny_llama_spm.gguf"), spm=True)
     for f in sorted(os.listdir(HERE)):
         if f.endswith(".gguf"):
             print(f, os.path.getsize(os.path.join(HERE, f)))

