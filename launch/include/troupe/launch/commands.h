@@ -26,6 +26,7 @@ Command add_env_command(CLI::App& root);        // cmd_env.cpp:   troupe env ser
 Command add_generate_command(CLI::App& root);   // cmd_model.cpp: troupe generate DIR --prompt TEXT ...
 Command add_score_command(CLI::App& root);      // cmd_model.cpp: troupe score DIR (--tokens ...|--text ...)
 Command add_keygen_command(CLI::App& root);     // cmd_keygen.cpp: troupe keygen PUBLIC SECRET (cluster.curve)
+Command add_import_command(CLI::App& root);     // cmd_import.cpp: troupe import MODEL.gguf OUT_DIR [--dtype f32|bf16]
 
 // Prints an error the way every subcommand does ("troupe: error: ...") and returns its exit code.
 int report_error(const Error& error);

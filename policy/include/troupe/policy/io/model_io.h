@@ -22,6 +22,7 @@ struct LoadedModel {
 // architecture is the directory's config.json; `exec` says how the model runs (backend, training
 // optimizations), as the YAML's policy.* keys do for a fresh model.
 Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec = {});
+// A path ending in .gguf is imported first (gguf_import.h, cached_gguf_import).
 Result<LoadedModel> load_model(const std::string& path, const ExecutionOptions& exec = {});
 
 // The Model's parameters under canonical names (for save_model_dir, comparisons).

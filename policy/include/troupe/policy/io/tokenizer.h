@@ -1,6 +1,7 @@
 // Tokenizers: one interface, two implementations — troupe's character/byte tokenizer (its own
-// JSON file, troupe_tokenizer.json) and Hugging Face tokenizer.json byte-level BPE. encode never
-// adds BOS/EOS; special/added tokens written literally in the text encode to their ids.
+// JSON file, troupe_tokenizer.json) and Hugging Face tokenizer.json BPE (byte-level, or SentencePiece-style
+// with byte_fallback). encode never adds BOS/EOS; special/added tokens written literally in the text encode
+// to their ids.
 #pragma once
 
 #include <cstdint>
