@@ -7,6 +7,7 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_dir.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_io.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
 )
 target_link_libraries(troupe_policy PRIVATE PkgConfig::TROUPE_PCRE2)
 if(TROUPE_BUILD_TESTS)
@@ -17,4 +18,7 @@ if(TROUPE_BUILD_TESTS)
 endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.model_dir SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_dir.test.cpp LIBS troupe::policy)
+endif()
+if(TROUPE_BUILD_TESTS)
+  troupe_add_test(NAME policy.chat_template SOURCES ${CMAKE_CURRENT_LIST_DIR}/chat_template.test.cpp LIBS troupe::policy)
 endif()
