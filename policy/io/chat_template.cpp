@@ -9,6 +9,9 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -1856,6 +1859,60 @@ Result<std::string> render_chat(const ChatTemplate& t, const nlohmann::ordered_j
                                  {"bos_token", o.bos_token}, {"eos_token", o.eos_token}};
   for (auto it = o.extra.begin(); it != o.extra.end(); ++it) vars[it.key()] = it.value();
   return t.render(vars);
+}
+
+Result<std::string> read_chat_template_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path jinja_file = fs::path(dir) / "chat_template.jinja";
+  if (fs::exists(jinja_file)) {
+    std::ifstream in(jinja_file, std::ios::binary);
+    if (!in) return invalid_input(jinja_file.string() + ": cannot read");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  const fs::path cfg = fs::path(dir) / "tokenizer_config.json";
+  if (!fs::exists(cfg)) return std::string();
+  nlohmann::json j;
+  try {
+    std::ifstream in(cfg);
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_input(cfg.string() + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("chat_template") || j["chat_template"].is_null()) return std::string();
+  const auto& t = j["chat_template"];
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_array()) {
+    for (const auto& e : t)
+      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+        return e["template"].get<std::string>();
+    return invalid_input(cfg.string() + ": chat_template is a list without a \"default\" entry");
+  }
+  return invalid_input(cfg.string() + ": chat_template must be a string or a list of {name, template}");
+}
+
+Result<std::shared_ptr<const ChatTemplate>> load_chat_template_dir(const std::string& dir) {
+  TROUPE_ASSIGN_OR_RETURN(std::string text, read_chat_template_dir(dir));
+  if (text.empty()) return std::shared_ptr<const ChatTemplate>();
+  namespace fs = std::filesystem;
+  const std::string origin = fs::exists(fs::path(dir) / "chat_template.jinja")
+                                 ? (fs::path(dir) / "chat_template.jinja").string()
+                                 : (fs::path(dir) / "tokenizer_config.json").string() + " chat_template";
+  TROUPE_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::parse(text, origin));
+  return std::shared_ptr<const ChatTemplate>(std::make_shared<ChatTemplate>(std::move(t)));
+}
+
+ChatRenderOptions chat_options_for(const Tokenizer* tokenizer, int32_t bos_id, int32_t eos_id) {
+  ChatRenderOptions o;
+  auto text = [&](int32_t id) -> nlohmann::ordered_json {
+    if (!tokenizer || id < 0) return nullptr;
+    auto s = tokenizer->decode({id}, /*skip_special=*/false);
+    return s.ok() ? nlohmann::ordered_json(*s) : nlohmann::ordered_json(nullptr);
+  };
+  o.bos_token = text(bos_id);
+  o.eos_token = text(eos_id);
+  return o;
 }
 
 }  // namespace troupe::policy::io

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "troupe/base/result.h"
+#include "troupe/policy/io/tokenizer.h"
 
 namespace troupe::policy::io {
 
@@ -46,5 +47,15 @@ struct ChatRenderOptions {
 // tools, documents = none, add_generation_prompt, bos_token, eos_token and `extra`.
 Result<std::string> render_chat(const ChatTemplate& t, const nlohmann::ordered_json& messages,
                                 const ChatRenderOptions& options);
+
+// A model directory's chat template text: chat_template.jinja, else tokenizer_config.json's
+// "chat_template" (a string, or a list of {name, template} from which "default" is taken). Empty
+// when the directory has none; errors name the file.
+Result<std::string> read_chat_template_dir(const std::string& dir);
+// The directory's template parsed (origin: the file it came from); nullptr when it has none.
+Result<std::shared_ptr<const ChatTemplate>> load_chat_template_dir(const std::string& dir);
+
+// Options for a model: bos_token/eos_token are the tokenizer's text of bos_id/eos_id (null when absent).
+ChatRenderOptions chat_options_for(const Tokenizer* tokenizer, int32_t bos_id, int32_t eos_id);
 
 }  // namespace troupe::policy::io
