@@ -87,8 +87,10 @@ struct GenerateReq {  // texts are formatted and tokenized by the generator
   static constexpr const char* type_name = "actors.GenerateReq";
   std::vector<std::string> prompts;  // one per sample (a group repeats its prompt G times)
   GenSampling sampling;
+  // Instead of prompts: token ids used as they are (multi-turn continuations; no template, no BOS added).
+  std::vector<std::vector<std::int32_t>> prompt_tokens;
   template <class A>
-  void serialize(A& ar) { ar(prompts, sampling); }
+  void serialize(A& ar) { ar(prompts, sampling, prompt_tokens); }
 };
 struct GenSample {
   std::vector<std::int32_t> prompt_tokens;
