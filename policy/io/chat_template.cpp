@@ -791,38 +791,23 @@ class Parser {
       }
     }
   }
-  ExprP parse_math1() {
-    ExprP e = parse_concat();
-    while (is_op("+") || is_op("-")) {
-      Tok op = next();
-      e = binary(op.s, e, parse_concat(), op.offset);
-    }
-    return e;
-  }
-  ExprP parse_concat() {
-    ExprP e = parse_math2();
-    while (is_op("~")) {
+  // Left-associative binary operators `ops` over operands parsed by `operand`.
+  ExprP left_assoc(std::initializer_list<const char*> ops, ExprP (Parser::*operand)()) {
+    ExprP e = (this->*operand)();
+    for (;;) {
+      const char* hit = nullptr;
+      for (const char* op : ops)
+        if (is_op(op)) hit = op;
+      if (!hit) return e;
       size_t at = next().offset;
-      e = binary("~", e, parse_math2(), at);
+      e = binary(hit, e, (this->*operand)(), at);
     }
-    return e;
   }
-  ExprP parse_math2() {
-    ExprP e = parse_pow();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      Tok op = next();
-      e = binary(op.s, e, parse_pow(), op.offset);
-    }
-    return e;
-  }
-  ExprP parse_pow() {
-    ExprP e = parse_unary();
-    while (is_op("**")) {
-      size_t at = next().offset;
-      e = binary("**", e, parse_unary(), at);
-    }
-    return e;
-  }
+  ExprP parse_math1() { return left_assoc({"+", "-"}, &Parser::parse_concat); }
+  ExprP parse_concat() { return left_assoc({"~"}, &Parser::parse_math2); }
+  ExprP parse_math2() { return left_assoc({"*", "/", "//", "%"}, &Parser::parse_pow); }
+  ExprP parse_pow() { return left_assoc({"**"}, &Parser::parse_unary_filtered); }
+  ExprP parse_unary_filtered() { return parse_unary(true); }
   ExprP parse_unary(bool with_filter = true) {
     ExprP e;
     if (is_op("-") || is_op("+")) {

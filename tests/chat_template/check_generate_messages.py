@@ -8,26 +8,11 @@ Standard library only."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
-
-def run(cmd):
-    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-    return p.returncode, p.stdout, p.stderr
-
-
-def fail(msg):
-    print("FAIL:", msg)
-    sys.exit(1)
-
-
-def last_json(out):
-    lines = [l for l in out.splitlines() if l.strip()]
-    if not lines:
-        fail("no output")
-    return json.loads(lines[-1])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hf_fixture"))
+from check_cli import fail, last_json, run  # noqa: E402  (the CLI helpers of the hf_fixture checks)
 
 
 def text_tokens(troupe, d, text):
