@@ -45,6 +45,8 @@ Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int t
   size_t n_tok = s.tokens.size();
   if (!e.done && n_tok > 0 && s.tokens.back() == tok.eos_id()) --n_tok;
   if (e.exact) {
+    e.merged.turn_starts.push_back(static_cast<uint32_t>(e.merged.tokens.size()));
+    e.merged.turn_texts.push_back(s.text);
     for (size_t t = 0; t < n_tok; ++t) {
       e.merged.tokens.push_back(s.tokens[t]);
       e.merged.logprobs.push_back(s.logprobs[t]);

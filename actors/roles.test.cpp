@@ -411,6 +411,9 @@ TEST(Roles, MultiTurnTrainingTokensAreTheSampledOnes) {
   EXPECT_EQ(sampled, (std::vector<int32_t>{s0.tokens[0], pad, s1.tokens[0], eos}));
   EXPECT_EQ(lps, (std::vector<float>{-0.5f, -1.5f, -0.125f, -0.0625f}));
   EXPECT_EQ(e.merged.tokens.size() - sampled.size(), f->size());  // the feedback, mask 0
+  // turn entries: turn 1 starts after turn 0's sampled tokens and the feedback
+  EXPECT_EQ(e.merged.turn_starts, (std::vector<uint32_t>{0, static_cast<uint32_t>(2 + f->size())}));
+  EXPECT_EQ(e.merged.turn_texts, (std::vector<std::string>{s0.text, "7"}));
   // A context cut by max_prompt_length: the turn is not trained on.
   coord::Episode c = e;
   c.done = false;
