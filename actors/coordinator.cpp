@@ -147,6 +147,9 @@ Status load_tokenizer(RunState& s) {
   if (!pol.path.empty() && (pol.tokenizer == "auto" || fs::exists(pol.path))) {
     auto t = policy::io::load_tokenizer_dir(pol.path);
     if (t.ok()) s.tokenizer = std::move(t).value();
+    if (fs::is_directory(pol.path)) {
+      TROUPE_ASSIGN_OR_RETURN(s.chat_template, policy::io::load_chat_template_dir(pol.path));
+    }
   }
   if (!s.tokenizer) {
     TROUPE_ASSIGN_OR_RETURN(s.tokenizer,

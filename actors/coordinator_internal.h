@@ -18,6 +18,7 @@
 #include "troupe/actors/experiment_config.h"
 #include "troupe/actors/messages.h"
 #include "troupe/base/result.h"
+#include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/tokenizer.h"
 #include "troupe/runtime/coroutine.h"
 
@@ -82,6 +83,7 @@ struct RunState {
   std::string run_dir;
   runtime::ActorContext here;  // the Context the coroutines send with
   std::unique_ptr<policy::io::Tokenizer> tokenizer;
+  std::shared_ptr<const policy::io::ChatTemplate> chat_template;  // policy.path's (rollout.template chat)
   int64_t step = 0;        // global step (SFT steps, then GRPO steps)
   int64_t version = 0;     // learner policy version
   double wall_offset = 0;  // wall_s already spent before a resume
@@ -115,6 +117,23 @@ Task<Status> finish_step(RunState& s, int64_t k);  // evals, checkpoints, run.ma
 
 // async_pipeline.cpp: the GRPO phase in async mode (rollout.async).
 Task<Status> run_grpo_async(RunState& s, int64_t first_k);
+
+// episodes.cpp: one multi-turn episode (token in, token out).
+struct Episode {
+  size_t group = 0;
+  std::string id, prompt_text;
+  std::vector<int32_t> context;  // the next turn's prompt tokens (after turn 0)
+  GenSample merged;
+  size_t first_prompt_len = 0;
+  double reward = 0;
+  bool done = false, exact = true, solved = false;
+  std::string error;
+};
+// Turn `turn` of episode e: sample s (this turn's completion, sampled from s.prompt_tokens) and the
+// env's answer res. Appends the sampled tokens (mask 1) and, when the episode goes on, the
+// tokenized feedback (mask 0) to e.merged, and sets e.context, the next turn's prompt tokens.
+Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int turn, int max_turns,
+                const policy::io::Tokenizer& tok);
 
 // rollout.cpp: prompts by env weight, generation, scoring, dynamic-sampling rounds.
 size_t pick_env(const ExperimentConfig& cfg, uint64_t r);

@@ -1,7 +1,10 @@
 // Multi-turn episodes (rollout.max_turns > 1): every sample of a group is its own episode (same
-// seed); each turn the generators continue the conversation text, the env answers with feedback,
-// until done or max_turns. The training sample is the first prompt + every turn, feedback tokens
-// masked out.
+// seed); each turn the generators continue the conversation, the env answers with feedback, until
+// done or max_turns. Token in, token out: turn 0's prompt is the env's text (templated and
+// tokenized by the generator); every later turn's prompt is the previous context's tokens + the
+// tokens sampled in that turn + the tokenized feedback ("\n" + feedback + "\n"), so nothing sampled
+// is ever re-tokenized. The training sample is the first prompt + every turn, feedback masked out;
+// it equals the last context token for token (unless max_prompt_length cut a context).
 #include <algorithm>
 
 #include "coordinator_internal.h"
@@ -20,68 +23,55 @@ bool episode_solved(const std::string& components_json, double total_reward) {
   return total_reward >= 1.0;
 }
 
-namespace {
-
-struct Episode {
-  size_t group = 0;
-  std::string id, context;
-  GenSample merged;
-  size_t first_prompt_len = 0;
-  double reward = 0;
-  bool done = false, exact = true, solved = false;
-  std::string error;
-};
-
-// Turn `turn` of episode e: sample s (this turn's completion) and the env's answer res.
-void add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int turn, int max_turns,
-              int32_t eos) {
-  // append this turn's sampled tokens (mask 1)
+Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int turn, int max_turns,
+                const policy::io::Tokenizer& tok) {
   if (turn == 0) {
     e.merged.prompt_tokens = s.prompt_tokens;
     e.first_prompt_len = s.prompt_tokens.size();
-  } else if (s.prompt_tokens.size() < e.first_prompt_len + e.merged.tokens.size() ||
-             !std::equal(e.merged.tokens.begin(), e.merged.tokens.end(),
-                         s.prompt_tokens.begin() + static_cast<std::ptrdiff_t>(e.first_prompt_len))) {
-    e.exact = false;  // the context re-tokenized differently (or was cut): keep only complete turns
-  }
-  if (e.exact && turn > 0) {
-    // feedback tokens between the previous turn and this one (mask 0)
-    size_t have = e.first_prompt_len + e.merged.tokens.size();
-    for (size_t t = have; t < s.prompt_tokens.size(); ++t) {
-      e.merged.tokens.push_back(s.prompt_tokens[t]);
-      e.merged.logprobs.push_back(0.0f);
-      e.merged.mask.push_back(0.0f);
-    }
+  } else if (s.prompt_tokens != e.context) {
+    e.exact = false;  // max_prompt_length cut the context: keep only the complete turns
   }
   e.merged.text = s.text;
   e.merged.truncated = s.truncated;
   if (!res.ok()) {
     e.error = res.error().message;
     e.done = true;
-    return;  // a failed episode is not trained on
+    return {};  // a failed episode is not trained on
   }
   e.reward += res->reward;
   e.done = res->done || turn + 1 == max_turns;
   if (e.done) e.solved = episode_solved(res->components_json, e.reward);
+  // an EOS ending a turn that the env continues is not part of the next context: drop it
+  size_t n_tok = s.tokens.size();
+  if (!e.done && n_tok > 0 && s.tokens.back() == tok.eos_id()) --n_tok;
   if (e.exact) {
-    // an EOS ending a turn that the env continues is not part of the next context: drop it
-    size_t n_tok = s.tokens.size();
-    if (!e.done && n_tok > 0 && s.tokens.back() == eos) --n_tok;
+    e.merged.turn_starts.push_back(static_cast<uint32_t>(e.merged.tokens.size()));
+    e.merged.turn_texts.push_back(s.text);
     for (size_t t = 0; t < n_tok; ++t) {
       e.merged.tokens.push_back(s.tokens[t]);
       e.merged.logprobs.push_back(s.logprobs[t]);
       e.merged.mask.push_back(1.0f);
     }
   }
-  // the next turn sees the completion (without EOS) and the env's feedback
-  e.context += s.text + "\n" + res->text + "\n";
+  if (e.done) return {};
+  // the next turn sees this turn's tokens as sampled and the env's feedback (mask 0 in training)
+  auto fb = tok.encode("\n" + res->text + "\n");
+  if (!fb.ok()) return invalid_input("env feedback: " + fb.error().message);
+  e.context = s.prompt_tokens;
+  e.context.insert(e.context.end(), s.tokens.begin(), s.tokens.begin() + static_cast<std::ptrdiff_t>(n_tok));
+  e.context.insert(e.context.end(), fb->begin(), fb->end());
+  if (e.exact) {
+    for (int32_t id : *fb) {
+      e.merged.tokens.push_back(id);
+      e.merged.logprobs.push_back(0.0f);
+      e.merged.mask.push_back(0.0f);
+    }
+  }
+  return {};
 }
-
-}  // namespace
 
 Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k) {
   const auto& ro = s.cfg.rollout;
-  const int32_t eos = s.tokenizer->eos_id();
   int G = ro.num_generations;
   std::vector<Episode> eps;
   double t_env = mono_s();
@@ -92,7 +82,7 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
       e.group = gi;
       e.id = "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + static_cast<int64_t>(gi)) +
              "-" + std::to_string(j);
-      e.context = r.groups[gi].prompt_text;
+      e.prompt_text = r.groups[gi].prompt_text;
       resets.push_back(request<EnvObs>(
           s.here, s.env_worker(gi), EnvResetReq{r.groups[gi].env, e.id, r.groups[gi].seed, 0}, kEnvTimeout));
       eps.push_back(std::move(e));
@@ -112,7 +102,10 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     for (size_t n = 0; n < active.size(); ++n) owned[n % NG].push_back(active[n]);
     for (size_t g = 0; g < NG; ++g) {
       GenerateReq req;
-      for (size_t i : owned[g]) req.prompts.push_back(eps[i].context);
+      for (size_t i : owned[g]) {
+        if (turn == 0) req.prompts.push_back(eps[i].prompt_text);
+        else req.prompt_tokens.push_back(eps[i].context);
+      }
       req.sampling = {
           ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
           mix_seed(r.seed_base, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn))};
@@ -134,7 +127,7 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
                                       kEnvTimeout));
     for (size_t n = 0; n < active.size(); ++n) {
       Result<EnvObs> res = co_await steps[n];
-      add_turn(eps[active[n]], out[active[n]], res, turn, ro.max_turns, eos);
+      TROUPE_CO_TRY(add_turn(eps[active[n]], out[active[n]], res, turn, ro.max_turns, *s.tokenizer));
     }
     r.env_s += mono_s() - t_env;
   }

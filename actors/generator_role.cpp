@@ -47,13 +47,18 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
   GenerateRep rep;
   rep.policy_version = version_;
   std::vector<std::vector<int32_t>> prompts;
-  rep.samples.resize(r.prompts.size());
-  for (size_t i = 0; i < r.prompts.size(); ++i) {
-    auto ids = tok.encode(format_prompt(cfg_.rollout, r.prompts[i]));
-    if (!ids.ok()) return invalid_input("prompt " + std::to_string(i) + ": " + ids.error().message);
+  const bool by_tokens = !r.prompt_tokens.empty();
+  const size_t n = by_tokens ? r.prompt_tokens.size() : r.prompts.size();
+  rep.samples.resize(n);
+  for (size_t i = 0; i < n; ++i) {
     std::vector<int32_t> p;
-    if (tok.bos_id() >= 0) p.push_back(tok.bos_id());
-    p.insert(p.end(), ids->begin(), ids->end());
+    if (by_tokens) {
+      p = r.prompt_tokens[i];
+    } else {
+      auto ids = encode_prompt(cfg_.rollout, tok, policy_.chat_template.get(), r.prompts[i]);
+      if (!ids.ok()) return invalid_input("prompt " + std::to_string(i) + ": " + ids.error().message);
+      p = std::move(ids).value();
+    }
     auto max_len = static_cast<size_t>(cfg_.rollout.max_prompt_length);
     if (p.size() > max_len) {
       p.erase(p.begin(), p.end() - static_cast<std::ptrdiff_t>(max_len));

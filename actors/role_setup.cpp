@@ -35,6 +35,7 @@ Result<PolicyBundle> make_policy(const ExperimentConfig& cfg) {
         return invalid_input("policy.tokenizer: auto, but " + cfg.policy.path + " has no tokenizer file");
       b.tokenizer = std::move(dir.tokenizer);
     }
+    TROUPE_ASSIGN_OR_RETURN(b.chat_template, policy::io::load_chat_template_dir(cfg.policy.path));
   } else {
     policy::ModelConfig mc;
     static_cast<policy::ModelArchitecture&>(mc) = cfg.policy.model;
@@ -70,6 +71,25 @@ std::string format_prompt(const RolloutSection& r, const std::string& text) {
     return s + "<|user|>\n" + text + "\n<|assistant|>\n";
   }
   return r.system_prompt + text;
+}
+
+Result<std::vector<int32_t>> encode_prompt(const RolloutSection& r, const policy::io::Tokenizer& tok,
+                                           const policy::io::ChatTemplate* chat, const std::string& text) {
+  std::vector<int32_t> ids;
+  if (r.template_name == "chat" && chat) {
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!r.system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", r.system_prompt}});
+    messages.push_back({{"role", "user"}, {"content", text}});
+    auto opts = policy::io::chat_options_for(&tok, tok.bos_id(), tok.eos_id());
+    opts.add_generation_prompt = true;
+    TROUPE_ASSIGN_OR_RETURN(std::string rendered, policy::io::render_chat(*chat, messages, opts));
+    TROUPE_ASSIGN_OR_RETURN(ids, tok.encode(rendered));
+    return ids;
+  }
+  if (tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  TROUPE_ASSIGN_OR_RETURN(auto body, tok.encode(format_prompt(r, text)));
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
 }
 
 // The loss, optimizer and advantage sections are the learner's own structs; what is left is what

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "troupe/actors/roles.h"
+#include "coordinator_internal.h"
 
 using namespace troupe;
 using namespace troupe::actors;
@@ -49,6 +50,37 @@ TEST(Roles, FormatPrompt) {
   EXPECT_EQ(format_prompt(r, "1+2="), "Add. 1+2=");
   r.template_name = "chat";
   EXPECT_EQ(format_prompt(r, "1+2="), "<|system|>\nAdd. \n<|user|>\n1+2=\n<|assistant|>\n");
+}
+
+// rollout.template chat with a model chat template: the template's rendering, no BOS added (the
+// template places its own tokens); without one, the built-in tags after BOS.
+TEST(Roles, EncodePromptWithAChatTemplate) {
+  auto tok = make_builtin_tokenizer("byte");
+  ASSERT_TRUE(tok.ok());
+  auto chat = policy::io::ChatTemplate::parse(
+      "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+      "{% if add_generation_prompt %}[assistant]{% endif %}");
+  ASSERT_TRUE(chat.ok()) << chat.error().message;
+  RolloutSection r;
+  r.system_prompt = "Add.";
+  r.template_name = "chat";
+  auto ids = encode_prompt(r, **tok, &*chat, "1+2=");
+  ASSERT_TRUE(ids.ok()) << ids.error().message;
+  auto want = (*tok)->encode("<bos>[system]Add.[user]1+2=[assistant]");
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(*ids, *want);  // "<bos>" is the special token's id, written once by the template
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), (*tok)->bos_id()), 1);
+  auto builtin = encode_prompt(r, **tok, nullptr, "1+2=");
+  ASSERT_TRUE(builtin.ok());
+  auto body = (*tok)->encode(format_prompt(r, "1+2="));
+  std::vector<int32_t> with_bos = {(*tok)->bos_id()};
+  with_bos.insert(with_bos.end(), body->begin(), body->end());
+  EXPECT_EQ(*builtin, with_bos);
+  auto bad = policy::io::ChatTemplate::parse("{{ raise_exception('no') }}");
+  ASSERT_TRUE(bad.ok());
+  auto err = encode_prompt(r, **tok, &*bad, "x");
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.error().message.find("no"), std::string::npos);
 }
 
 TEST(Roles, GeneratorRecordsTruncationAndPromptCut) {
@@ -331,4 +363,63 @@ TEST(Roles, GeneratorActorOnALowPriorityThread) {
   }
   EXPECT_TRUE(found) << "no thread at nice 19";
   (*sys)->shutdown();
+}
+
+// Multi-turn token in, token out: each turn's prompt is the previous context + the tokens sampled in
+// that turn (EOS of a continued turn dropped) + the tokenized feedback; the training sample equals
+// the last context + the last turn's tokens, its masked positions are exactly the sampled tokens with
+// their log-probs, even where decoding and re-encoding the text would not give the sampled ids back.
+TEST(Roles, MultiTurnTrainingTokensAreTheSampledOnes) {
+  auto tok = make_builtin_tokenizer("byte");
+  ASSERT_TRUE(tok.ok());
+  const auto& t = **tok;
+  const int32_t pad = t.pad_id(), eos = t.eos_id();
+  coord::Episode e;
+  GenSample s0;
+  s0.prompt_tokens = *t.encode("<bos>guess:");
+  s0.tokens = {*t.encode("5")->begin(), pad, eos};  // <pad> vanishes from the decoded text
+  s0.logprobs = {-0.5f, -1.5f, -0.25f};
+  s0.text = *t.decode(s0.tokens, true);
+  EnvObs fb;
+  fb.text = "higher";
+  ASSERT_TRUE(coord::add_turn(e, s0, Result<EnvObs>(fb), 0, 3, t).ok());
+  std::vector<int32_t> ctx = s0.prompt_tokens;
+  ctx.insert(ctx.end(), {s0.tokens[0], pad});
+  auto f = t.encode("\nhigher\n");
+  ctx.insert(ctx.end(), f->begin(), f->end());
+  EXPECT_EQ(e.context, ctx);
+  EXPECT_NE(*t.encode(s0.text), std::vector<int32_t>(s0.tokens.begin(), s0.tokens.end() - 1));  // re-tokenizing loses <pad>
+  GenSample s1;
+  s1.prompt_tokens = e.context;
+  s1.tokens = {*t.encode("7")->begin(), eos};
+  s1.logprobs = {-0.125f, -0.0625f};
+  s1.text = "7";
+  EnvObs done;
+  done.done = true;
+  done.reward = 1;
+  ASSERT_TRUE(coord::add_turn(e, s1, Result<EnvObs>(done), 1, 3, t).ok());
+  EXPECT_TRUE(e.exact);
+  std::vector<int32_t> whole = e.merged.prompt_tokens;
+  whole.insert(whole.end(), e.merged.tokens.begin(), e.merged.tokens.end());
+  std::vector<int32_t> want = s1.prompt_tokens;
+  want.insert(want.end(), s1.tokens.begin(), s1.tokens.end());
+  EXPECT_EQ(whole, want);
+  std::vector<int32_t> sampled;
+  std::vector<float> lps;
+  for (size_t k = 0; k < e.merged.tokens.size(); ++k)
+    if (e.merged.mask[k] == 1.0f) sampled.push_back(e.merged.tokens[k]), lps.push_back(e.merged.logprobs[k]);
+  EXPECT_EQ(sampled, (std::vector<int32_t>{s0.tokens[0], pad, s1.tokens[0], eos}));
+  EXPECT_EQ(lps, (std::vector<float>{-0.5f, -1.5f, -0.125f, -0.0625f}));
+  EXPECT_EQ(e.merged.tokens.size() - sampled.size(), f->size());  // the feedback, mask 0
+  // turn entries: turn 1 starts after turn 0's sampled tokens and the feedback
+  EXPECT_EQ(e.merged.turn_starts, (std::vector<uint32_t>{0, static_cast<uint32_t>(2 + f->size())}));
+  EXPECT_EQ(e.merged.turn_texts, (std::vector<std::string>{s0.text, "7"}));
+  // A context cut by max_prompt_length: the turn is not trained on.
+  coord::Episode c = e;
+  c.done = false;
+  GenSample cut = s1;
+  cut.prompt_tokens.erase(cut.prompt_tokens.begin());
+  ASSERT_TRUE(coord::add_turn(c, cut, Result<EnvObs>(done), 2, 3, t).ok());
+  EXPECT_FALSE(c.exact);
+  EXPECT_EQ(c.merged.tokens.size(), e.merged.tokens.size());
 }

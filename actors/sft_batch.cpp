@@ -33,12 +33,11 @@ Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
         !meta["reference_completion"].is_string())
       co_return invalid_input("sft: env '" + envn[i] + "' gives no reference_completion to train on");
     TrainSample x;
-    auto p = tok.encode(format_prompt(s.cfg.rollout, o.text));
+    auto p = encode_prompt(s.cfg.rollout, tok, s.chat_template.get(), o.text);
     auto c = tok.encode(meta["reference_completion"].get<std::string>());
     if (!p.ok()) co_return p.error();
     if (!c.ok()) co_return c.error();
-    if (tok.bos_id() >= 0) x.prompt.push_back(tok.bos_id());
-    x.prompt.insert(x.prompt.end(), p->begin(), p->end());
+    x.prompt = std::move(p).value();
     if (x.prompt.size() > static_cast<size_t>(s.cfg.rollout.max_prompt_length))
       x.prompt.erase(x.prompt.begin(), x.prompt.end() - s.cfg.rollout.max_prompt_length);
     x.completion = *c;

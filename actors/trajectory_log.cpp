@@ -1,6 +1,8 @@
 // logger.trajectories: the first logger.trajectories_per_step samples of each GRPO step, one
 // Trajectory row each (prompt, tokens, log-probs, reward, advantage, how it ended), appended to
 // run_dir/trajectories/grpo.jsonl.
+#include <algorithm>
+
 #include "coordinator_internal.h"
 #include "troupe/envs/trajectory.h"
 
@@ -24,16 +26,24 @@ void write_trajectories(const RunState& s, const Rollout& r, const std::vector<f
       t.group = static_cast<int64_t>(gi);
       t.prompt.text = g.prompt_text;
       t.prompt.metadata = g.metadata;
-      envs::TurnRecord turn;
-      turn.prompt_tokens = g.samples[j].prompt_tokens;
-      turn.completion_tokens = g.samples[j].tokens;
-      turn.logprobs = g.samples[j].logprobs;
-      turn.policy_version = r.policy_version;
-      turn.completion = g.samples[j].text;
-      turn.truncated = g.samples[j].truncated;
-      turn.observation = g.prompt_text;
-      turn.reward = g.rewards[j];
-      t.turns.push_back(std::move(turn));
+      const GenSample& x = g.samples[j];
+      // multi-turn: one Turn per trained turn, holding the tokens appended in that turn
+      const size_t turns = std::max<size_t>(1, x.turn_starts.size());
+      for (size_t u = 0; u < turns; ++u) {
+        size_t b = x.turn_starts.empty() ? 0 : x.turn_starts[u];
+        size_t e = u + 1 < x.turn_starts.size() ? x.turn_starts[u + 1] : x.tokens.size();
+        envs::TurnRecord turn;
+        turn.prompt_tokens = x.prompt_tokens;
+        turn.prompt_tokens.insert(turn.prompt_tokens.end(), x.tokens.begin(), x.tokens.begin() + static_cast<std::ptrdiff_t>(b));
+        turn.completion_tokens.assign(x.tokens.begin() + static_cast<std::ptrdiff_t>(b), x.tokens.begin() + static_cast<std::ptrdiff_t>(e));
+        turn.logprobs.assign(x.logprobs.begin() + static_cast<std::ptrdiff_t>(b), x.logprobs.begin() + static_cast<std::ptrdiff_t>(e));
+        turn.policy_version = r.policy_version;
+        turn.completion = x.turn_texts.size() > u ? x.turn_texts[u] : x.text;
+        turn.truncated = u + 1 == turns && x.truncated;
+        turn.observation = u == 0 ? g.prompt_text : std::string();
+        turn.reward = u + 1 == turns ? g.rewards[j] : 0.0;
+        t.turns.push_back(std::move(turn));
+      }
       t.reward = g.rewards[j];
       t.termination = !g.errors[j].empty()     ? envs::Termination::env_error
                       : g.samples[j].truncated ? envs::Termination::truncated

@@ -1,12 +1,15 @@
 // `troupe generate` and `troupe score`: sample from / score with a model directory (docs/architecture.md).
 // Both load any model directory (ours or transformers-made) through policy::io::load_model; a bad
 // directory is exit 2 with a message naming the file. score's LAST stdout line is its JSON result.
+// generate --messages renders a conversation with the directory's chat template (policy/io/chat_template.h).
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "troupe/launch/commands.h"
+#include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/model_io.h"
 
 namespace troupe::launch {
@@ -61,7 +64,7 @@ int run_score(const std::string& dir, const std::string& tokens_arg, const std::
 }
 
 struct GenerateOpts {
-  std::string dir, prompt;
+  std::string dir, prompt, messages;
   int max_tokens = 64;
   double temperature = 1.0;
   uint64_t seed = 0;
@@ -70,13 +73,56 @@ struct GenerateOpts {
   bool json = false;
 };
 
+// --messages FILE: a JSON list of {role, content, ...}, or {"messages": [...], "tools": [...], other
+// template variables such as "enable_thinking"}, rendered with the generation prompt.
+Result<std::string> render_messages_file(const std::string& dir, const std::string& file, const io::LoadedModel& m) {
+  nlohmann::ordered_json j;
+  std::ifstream in(file);
+  if (!in) return invalid_input("--messages " + file + ": cannot open");
+  try {
+    j = nlohmann::ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_input("--messages " + file + ": not valid JSON: " + e.what());
+  }
+  nlohmann::ordered_json messages = j;
+  io::ChatRenderOptions opts = io::chat_options_for(m.tokenizer.get(), m.bos_token_id, m.eos_token_id);
+  if (j.is_object()) {
+    if (!j.contains("messages")) return invalid_input("--messages " + file + ": an object needs a \"messages\" list");
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() == "messages") messages = it.value();
+      else if (it.key() == "tools") opts.tools = it.value();
+      else opts.extra[it.key()] = it.value();
+    }
+  }
+  if (!messages.is_array() || messages.empty())
+    return invalid_input("--messages " + file + ": expected a non-empty JSON list of {\"role\", \"content\"}");
+  for (const auto& msg : messages)
+    if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string())
+      return invalid_input("--messages " + file + ": every message needs a \"role\" string");
+  TROUPE_ASSIGN_OR_RETURN(auto tmpl, io::load_chat_template_dir(dir));
+  if (!tmpl)
+    return invalid_input(dir + ": --messages needs a chat template (tokenizer_config.json \"chat_template\" or chat_template.jinja)");
+  opts.add_generation_prompt = true;
+  auto text = io::render_chat(*tmpl, messages, opts);
+  if (!text.ok()) return invalid_input("--messages " + file + ": " + text.error().message);
+  return text;
+}
+
 int run_generate(const GenerateOpts& o) {
+  if (o.prompt.empty() == o.messages.empty())
+    return report_error(invalid_input("troupe generate: give exactly one of --prompt or --messages"));
   auto loaded = io::load_model(o.dir);
   if (!loaded.ok()) return report_error(loaded.error());
   if (!loaded->tokenizer)
     return report_error(invalid_input(o.dir + ": troupe generate needs a tokenizer (tokenizer.json or troupe_tokenizer.json)"));
-  auto ids = loaded->tokenizer->encode(o.prompt);
-  if (!ids.ok()) return report_error(invalid_input("--prompt: " + ids.error().message));
+  std::string prompt_text = o.prompt;
+  if (!o.messages.empty()) {  // the template places BOS/EOS itself; encode adds none
+    auto r = render_messages_file(o.dir, o.messages, *loaded);
+    if (!r.ok()) return report_error(r.error());
+    prompt_text = std::move(r).value();
+  }
+  auto ids = loaded->tokenizer->encode(prompt_text);
+  if (!ids.ok()) return report_error(invalid_input((o.messages.empty() ? "--prompt: " : "--messages: ") + ids.error().message));
   std::vector<int32_t> prompt = std::move(ids).value();
   if (prompt.empty()) {
     if (loaded->bos_token_id < 0) return report_error(invalid_input("--prompt is empty and the model has no bos_token_id"));
@@ -110,7 +156,10 @@ Command add_generate_command(CLI::App& root) {
   auto o = std::make_shared<GenerateOpts>();
   auto* app = root.add_subcommand("generate", "Sample a completion from a model directory");
   app->add_option("dir", o->dir, "Model directory (config.json + model.safetensors + tokenizer)")->required();
-  app->add_option("--prompt", o->prompt, "Prompt text")->required();
+  auto* p = app->add_option("--prompt", o->prompt, "Prompt text");
+  app->add_option("--messages", o->messages,
+                  "JSON file: a list of {role, content} (or {messages, tools, ...}) rendered with the model's chat template and the generation prompt")
+      ->excludes(p);
   app->add_option("--max-tokens", o->max_tokens, "Most new tokens")->check(CLI::Range(1, 1 << 20));
   app->add_option("--temperature", o->temperature, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
   app->add_option("--seed", o->seed, "RNG seed");

@@ -183,7 +183,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("rollout.num_generations", [](C& c) { return &c.rollout.num_generations; }, 1, 4096, "G: completions sampled per prompt (one group).");
   b.integer("rollout.prompts_per_step", [](C& c) { return &c.rollout.prompts_per_step; }, 1, 1048576, "Prompts (groups) per GRPO step.");
   b.string_list("rollout.stop", [](C& c) { return &c.rollout.stop; }, "Stop strings besides EOS; the response ends after the first one.");
-  b.choice("rollout.template", [](C& c) { return &c.rollout.template_name; }, {"plain", "chat"}, "Prompt format: plain (system prompt + text) or chat (role-tagged turns).");
+  b.choice("rollout.template", [](C& c) { return &c.rollout.template_name; }, {"plain", "chat"}, "Prompt format: plain (system prompt + text) or chat: the model's chat template (policy.path's chat_template.jinja or tokenizer_config.json) renders the system prompt and the user turn with the generation prompt, encoded without adding BOS; a model without a template gets the built-in <|system|>/<|user|>/<|assistant|> tags after BOS.");
   b.text("rollout.system_prompt", [](C& c) { return &c.rollout.system_prompt; }, "Prepended to every prompt (empty = none).");
   b.integer("rollout.max_turns", [](C& c) { return &c.rollout.max_turns; }, 1, 1024, "Turns per episode for multi-turn envs.");
   b.flag("rollout.async", [](C& c) { return &c.rollout.async; }, "Async mode: generators keep sampling with version v while learners train v+1.");

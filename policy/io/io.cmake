@@ -9,6 +9,7 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/model_io.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_import.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
 )
 target_link_libraries(troupe_policy PRIVATE PkgConfig::TROUPE_PCRE2)
 if(TROUPE_BUILD_TESTS)
@@ -27,4 +28,7 @@ endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.gguf_import SOURCES ${CMAKE_CURRENT_LIST_DIR}/gguf_import.test.cpp LIBS troupe::policy
     ENV "TROUPE_GGUF_FIXTURES=${PROJECT_SOURCE_DIR}/tests/gguf")
+endif()
+if(TROUPE_BUILD_TESTS)
+  troupe_add_test(NAME policy.chat_template SOURCES ${CMAKE_CURRENT_LIST_DIR}/chat_template.test.cpp LIBS troupe::policy)
 endif()

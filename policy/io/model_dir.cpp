@@ -3,6 +3,8 @@
 // Invariant: what load_model_dir returns has exactly canonical_tensor_shapes(config), each shape checked.
 #include "troupe/policy/io/model_dir.h"
 
+#include "troupe/policy/io/chat_template.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -579,6 +581,7 @@ Result<ModelDir> load_model_dir(const std::string& path) {
   if (fs::exists(dir / kHfTokenizerFile) || fs::exists(dir / kTroupeTokenizerFile)) {
     TROUPE_ASSIGN_OR_RETURN(d.tokenizer, load_tokenizer_dir(path));
   }
+  TROUPE_ASSIGN_OR_RETURN(d.chat_template, read_chat_template_dir(path));
   d.bos_token_id = token_id_from(d.hf_config, "bos_token_id");
   d.eos_token_id = token_id_from(d.hf_config, "eos_token_id");
   d.pad_token_id = token_id_from(d.hf_config, "pad_token_id");

@@ -87,8 +87,10 @@ struct GenerateReq {  // texts are formatted and tokenized by the generator
   static constexpr const char* type_name = "actors.GenerateReq";
   std::vector<std::string> prompts;  // one per sample (a group repeats its prompt G times)
   GenSampling sampling;
+  // Instead of prompts: token ids used as they are (multi-turn continuations; no template, no BOS added).
+  std::vector<std::vector<std::int32_t>> prompt_tokens;
   template <class A>
-  void serialize(A& ar) { ar(prompts, sampling); }
+  void serialize(A& ar) { ar(prompts, sampling, prompt_tokens); }
 };
 struct GenSample {
   std::vector<std::int32_t> prompt_tokens;
@@ -98,8 +100,12 @@ struct GenSample {
   bool truncated = false;  // hit max_new_tokens without EOS or a stop string
   bool prompt_cut = false; // the prompt was cut to max_prompt_length
   std::vector<float> mask;  // multi-turn: 1 on sampled tokens, 0 on env feedback (empty = all ones)
+  // multi-turn: where each trained turn's tokens (its sampled ones, then the feedback) start in
+  // `tokens`, and each turn's completion text
+  std::vector<std::uint32_t> turn_starts;
+  std::vector<std::string> turn_texts;
   template <class A>
-  void serialize(A& ar) { ar(prompt_tokens, tokens, logprobs, text, truncated, prompt_cut, mask); }
+  void serialize(A& ar) { ar(prompt_tokens, tokens, logprobs, text, truncated, prompt_cut, mask, turn_starts, turn_texts); }
 };
 struct GenerateRep {
   static constexpr std::uint32_t type_id = 2011;

@@ -16,6 +16,7 @@
 #include "troupe/learner/communicator.h"
 #include "troupe/learner/policy_model.h"
 #include "troupe/learner/trainer.h"
+#include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/tokenizer.h"
 #include "troupe/policy/model.h"
 #include "troupe/policy/model_config.h"
@@ -27,6 +28,7 @@ namespace troupe::actors {
 struct PolicyBundle {
   std::unique_ptr<policy::Model> model;
   std::unique_ptr<policy::io::Tokenizer> tokenizer;
+  std::shared_ptr<const policy::io::ChatTemplate> chat_template;  // policy.path's, null when it has none
 };
 Result<PolicyBundle> make_policy(const ExperimentConfig& cfg);
 // The character tokenizer of built-in tasks: printable ASCII and newline after <pad> <bos> <eos>.
@@ -34,6 +36,11 @@ Result<std::unique_ptr<policy::io::Tokenizer>> make_builtin_tokenizer(const std:
 
 // Prompt text as the model sees it (plain: system prompt + text; chat: role-tagged turns).
 std::string format_prompt(const RolloutSection& r, const std::string& text);
+// A prompt's token ids (before the max_prompt_length cut). rollout.template chat with a model chat
+// template: the template's rendering of [system prompt,] the user text and the generation prompt,
+// encoded without adding BOS/EOS (the template places them); otherwise BOS + format_prompt's text.
+Result<std::vector<int32_t>> encode_prompt(const RolloutSection& r, const policy::io::Tokenizer& tok,
+                                           const policy::io::ChatTemplate* chat, const std::string& text);
 
 // The learner settings of one phase: the experiment's loss, optimizer and advantage (grpo) sections
 // as they are, plus what is derived per phase: the SFT lr override, total_steps, the batch keys of

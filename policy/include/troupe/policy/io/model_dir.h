@@ -47,6 +47,7 @@ struct ModelDir {
   TensorMap tensors;         // canonical names, fp32, every shape checked against the config
   std::unique_ptr<Tokenizer> tokenizer;  // null when the directory has none
   int32_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;  // config.json, else tokenizer's
+  std::string chat_template;  // Jinja text (chat_template.h: read_chat_template_dir); empty when none
 };
 
 // Loads config.json, the weights (model.safetensors or model.safetensors.index.json) and the
