@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -105,6 +106,27 @@ class TorchChild {
     return r;
   }
   const nlohmann::json& info() const { return info_; }
+
+  // start(), or nullptr after saying on stderr, for each of `cases` the options want, why its
+  // row is absent.
+  static std::unique_ptr<TorchChild> start_for(const nlohmann::json& config, const BenchOptions& opt,
+                                               std::initializer_list<const char*> cases) {
+    auto t = start(config);
+    if (t.ok()) return std::move(t.value());
+    for (const char* c : cases)
+      if (opt.wants(c)) skip_baseline(kSuite, c, "PyTorch baseline unavailable: " + t.error().message);
+    return nullptr;
+  }
+
+  // Tokens per second of one run of `cmd`; 0 when it fails, with the first failure kept in *failed.
+  double tokens_per_s(const std::string& cmd, Status* failed) {
+    auto r = request(cmd);
+    if (!r.ok()) {
+      if (failed->ok()) *failed = r.error();
+      return 0.0;
+    }
+    return (*r)["tokens"].get<double>() / (*r)["seconds"].get<double>();
+  }
 
  private:
   TorchChild(pid_t pid, FILE* to, FILE* from) : pid_(pid), to_(to), from_(from) {}
@@ -263,24 +285,8 @@ int run_tiny_moe_cases(const BenchOptions& opt) {
   const nlohmann::json extra = {{"batch", kBatch}, {"seq_len", kSeqLen}, {"layers", cfg.num_hidden_layers},
                                 {"experts", cfg.num_experts}, {"top_k", cfg.num_experts_per_tok},
                                 {"d_model", cfg.hidden_size}, {"vocab", cfg.vocab_size}};
-  std::unique_ptr<TorchChild> torch;
-  if (opt.wants("train_step") || opt.wants("forward") || opt.wants("sample_kv")) {
-    auto t = TorchChild::start(tcfg);
-    if (!t.ok()) {
-      for (const char* c : {"train_step", "forward", "sample_kv"})
-        if (opt.wants(c)) skip_baseline(kSuite, c, "PyTorch baseline unavailable: " + t.error().message);
-    } else {
-      torch = std::move(t.value());
-    }
-  }
-  auto torch_rate = [&](const char* cmd) {
-    auto r = torch->request(cmd);
-    if (!r.ok()) {
-      note(r.error());
-      return 0.0;
-    }
-    return (*r)["tokens"].get<double>() / (*r)["seconds"].get<double>();
-  };
+  std::unique_ptr<TorchChild> torch = TorchChild::start_for(tcfg, opt, {"train_step", "forward", "sample_kv"});
+  auto torch_rate = [&](const char* cmd) { return torch->tokens_per_s(cmd, &failed); };
   struct Case {
     const char* name;
     const char* metric;
@@ -460,22 +466,9 @@ int run_smollm2_cases(const BenchOptions& opt) {
                                  {"threads", kThreads},
                                  {"cases", cases},
                                  {"warmup", !opt.quick}};
-    auto t = TorchChild::start(tcfg);
-    if (!t.ok()) {
-      for (const char* c : {kRollout, kTrain})
-        if (opt.wants(c)) skip_baseline(kSuite, c, "PyTorch baseline unavailable: " + t.error().message);
-    } else {
-      torch = std::move(t.value());
-    }
+    torch = TorchChild::start_for(tcfg, opt, {kRollout, kTrain});
   }
-  auto torch_rate = [&](const char* cmd) {
-    auto r = torch->request(cmd);
-    if (!r.ok()) {
-      note(r.error());
-      return 0.0;
-    }
-    return (*r)["tokens"].get<double>() / (*r)["seconds"].get<double>();
-  };
+  auto torch_rate = [&](const char* cmd) { return torch->tokens_per_s(cmd, &failed); };
   auto with_torch = [&](Row r) {
     r.extra["torch_version"] = torch->info().value("torch", "");
     return r;
