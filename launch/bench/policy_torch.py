@@ -9,8 +9,8 @@ repetitions with ours:
   train_step | forward | sample_kv | quit
 Sizes: `batch`/`seq_len` (train_step, forward) and `batch`/`prompt_len`/`new_tokens` (sample_kv);
 `train_batch`, `train_seq_len`, `sample_batch` override them per case. `cases` lists the commands
-to answer (default all), each run once first unless `warmup` is false. Usage: policy_torch.py '<json config>'. It runs eager with
-torch.set_num_threads(threads).
+to answer (default all), each run once first unless `warmup` is false.
+Usage: policy_torch.py '<json config>'. It runs eager with torch.set_num_threads(threads).
 """
 import json
 import math
