@@ -1,7 +1,9 @@
 // `troupe bench policy`: the policy model's training step, forward and KV-cache sampling against
 // a PyTorch eager model with the same config (policy_torch.py, a child started with posix_spawn
-// that answers one command per line), and our achieved GFLOP/s against OpenBLAS sgemm. Ours and
-// the baseline alternate repetition by repetition; each figure is a median.
+// that answers one command per line), and our achieved GFLOP/s against OpenBLAS sgemm, on the
+// tiny MoE; then SmolLM2-135M's shape (random weights): rollout and training step against
+// PyTorch, and batch-1 decode against the memory-bandwidth floor of reading every weight once per
+// token. Ours and the baseline alternate repetition by repetition; each figure is a median.
 #include <cblas.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -9,11 +11,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench.h"
@@ -102,6 +107,27 @@ class TorchChild {
   }
   const nlohmann::json& info() const { return info_; }
 
+  // start(), or nullptr after saying on stderr, for each of `cases` the options want, why its
+  // row is absent.
+  static std::unique_ptr<TorchChild> start_for(const nlohmann::json& config, const BenchOptions& opt,
+                                               std::initializer_list<const char*> cases) {
+    auto t = start(config);
+    if (t.ok()) return std::move(t.value());
+    for (const char* c : cases)
+      if (opt.wants(c)) skip_baseline(kSuite, c, "PyTorch baseline unavailable: " + t.error().message);
+    return nullptr;
+  }
+
+  // Tokens per second of one run of `cmd`; 0 when it fails, with the first failure kept in *failed.
+  double tokens_per_s(const std::string& cmd, Status* failed) {
+    auto r = request(cmd);
+    if (!r.ok()) {
+      if (failed->ok()) *failed = r.error();
+      return 0.0;
+    }
+    return (*r)["tokens"].get<double>() / (*r)["seconds"].get<double>();
+  }
+
  private:
   TorchChild(pid_t pid, FILE* to, FILE* from) : pid_(pid), to_(to), from_(from) {}
   Result<nlohmann::json> read_line() {
@@ -119,22 +145,33 @@ class TorchChild {
   nlohmann::json info_;
 };
 
-policy::PackedBatch make_batch(int vocab) {
+// `batch` random sequences of `seq_len` tokens, each target the next token (-1 at the end).
+policy::PackedBatch make_batch(int vocab, int batch = kBatch, int seq_len = kSeqLen) {
   std::mt19937 rng(3);
   std::uniform_int_distribution<int> tok(0, vocab - 1);
   policy::PackedBatch b;
   b.cu_seqlens.push_back(0);
-  for (int s = 0; s < kBatch; ++s) {
-    for (int t = 0; t < kSeqLen; ++t) b.tokens.push_back(tok(rng));
+  for (int s = 0; s < batch; ++s) {
+    for (int t = 0; t < seq_len; ++t) b.tokens.push_back(tok(rng));
     b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
   }
   b.targets.resize(b.tokens.size());
-  for (int s = 0; s < kBatch; ++s)
-    for (int t = 0; t < kSeqLen; ++t) {
-      const size_t i = static_cast<size_t>(s) * kSeqLen + t;
-      b.targets[i] = t + 1 < kSeqLen ? b.tokens[i + 1] : -1;
+  for (int s = 0; s < batch; ++s)
+    for (int t = 0; t < seq_len; ++t) {
+      const size_t i = static_cast<size_t>(s) * seq_len + t;
+      b.targets[i] = t + 1 < seq_len ? b.tokens[i + 1] : -1;
     }
   return b;
+}
+
+// `batch` random prompts of `len` tokens.
+std::vector<std::vector<int32_t>> make_prompts(int vocab, int batch, int len) {
+  std::mt19937 rng(4);
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  std::vector<std::vector<int32_t>> prompts(batch);
+  for (auto& p : prompts)
+    for (int i = 0; i < len; ++i) p.push_back(tok(rng));
+  return prompts;
 }
 
 // Matmul FLOPs of one forward over the batch (2 per multiply-add; causal attention counts the
@@ -171,9 +208,10 @@ struct Sgemm {
   }
 };
 
-}  // namespace
-
-int run_policy_suite(const BenchOptions& opt) {
+// The tiny-MoE cases: train_step, forward, sample_kv against PyTorch, train_step_flops against sgemm.
+int run_tiny_moe_cases(const BenchOptions& opt) {
+  if (!(opt.wants("train_step") || opt.wants("forward") || opt.wants("sample_kv") || opt.wants("train_step_flops")))
+    return 0;
   const int reps = opt.quick ? 5 : std::max(opt.reps, 9);
   policy::ModelConfig cfg;  // the tiny MoE: vocab 256, d_model 128, 4 layers, 8 experts top-2
   auto created = policy::Model::create(cfg, 1);
@@ -188,13 +226,7 @@ int run_policy_suite(const BenchOptions& opt) {
   learner::AdamW adamw(model.params().size());
   learner::OptimizerConfig ocfg;
   ocfg.lr = 1e-4f;
-  std::vector<std::vector<int32_t>> prompts(kBatch);
-  {
-    std::mt19937 rng(4);
-    std::uniform_int_distribution<int> tok(0, cfg.vocab_size - 1);
-    for (auto& p : prompts)
-      for (int i = 0; i < kPromptLen; ++i) p.push_back(tok(rng));
-  }
+  const auto prompts = make_prompts(cfg.vocab_size, kBatch, kPromptLen);
   policy::SamplingParams sp;
   sp.temperature = 1.0f;
   sp.max_new_tokens = kNewTokens;
@@ -253,24 +285,8 @@ int run_policy_suite(const BenchOptions& opt) {
   const nlohmann::json extra = {{"batch", kBatch}, {"seq_len", kSeqLen}, {"layers", cfg.num_hidden_layers},
                                 {"experts", cfg.num_experts}, {"top_k", cfg.num_experts_per_tok},
                                 {"d_model", cfg.hidden_size}, {"vocab", cfg.vocab_size}};
-  std::unique_ptr<TorchChild> torch;
-  if (opt.wants("train_step") || opt.wants("forward") || opt.wants("sample_kv")) {
-    auto t = TorchChild::start(tcfg);
-    if (!t.ok()) {
-      for (const char* c : {"train_step", "forward", "sample_kv"})
-        if (opt.wants(c)) skip_baseline(kSuite, c, "PyTorch baseline unavailable: " + t.error().message);
-    } else {
-      torch = std::move(t.value());
-    }
-  }
-  auto torch_rate = [&](const char* cmd) {
-    auto r = torch->request(cmd);
-    if (!r.ok()) {
-      note(r.error());
-      return 0.0;
-    }
-    return (*r)["tokens"].get<double>() / (*r)["seconds"].get<double>();
-  };
+  std::unique_ptr<TorchChild> torch = TorchChild::start_for(tcfg, opt, {"train_step", "forward", "sample_kv"});
+  auto torch_rate = [&](const char* cmd) { return torch->tokens_per_s(cmd, &failed); };
   struct Case {
     const char* name;
     const char* metric;
@@ -320,6 +336,241 @@ int run_policy_suite(const BenchOptions& opt) {
     }
   }
   return rc;
+}
+
+// ---- SmolLM2-135M's shape ----------------------------------------------------------------------
+
+constexpr const char* kRollout = "rollout_smollm2_b32";
+constexpr const char* kTrain = "train_step_smollm2";
+constexpr const char* kDecode = "decode_smollm2_b1";
+constexpr int kRolloutBatch = 32, kRolloutPrompt = 64, kRolloutNew = 64;
+constexpr int kTrainBatch = 8, kTrainSeq = 256;
+constexpr int kDecodePrompt = 1, kDecodeNew = 32;  // every forward is one token at batch 1
+// Repetitions per side of the rollout and training rows under --quick: one PyTorch rollout takes
+// ~35 s and one training step ~25 s on 2 cores, so five each (plus warm-ups) would not fit the
+// suite's five minutes. Under --quick they run 2 repetitions per side and no warm-up (a cold first
+// repetition costs both sides a few percent) and say so in "reps" and "warmup". Without --quick
+// they warm up and use >= 5 like every other row; decode always does.
+constexpr int kSmolQuickReps = 2;
+
+// SmolLM2-135M (Llama layout: dense SwiGLU layers, no q/k norm, tied embeddings), random weights.
+policy::ModelConfig smollm2_config() {
+  policy::ModelConfig c;
+  c.family = "mixtral";  // `llama` is the family once policy/ has it; with num_experts 0 the math is the same
+  c.vocab_size = 49152;
+  c.hidden_size = 576;
+  c.num_hidden_layers = 30;
+  c.num_attention_heads = 9;
+  c.num_key_value_heads = 3;
+  c.head_dim = 64;
+  c.intermediate_size = 1536;
+  c.num_experts = 0;
+  c.num_experts_per_tok = 0;
+  c.moe_intermediate_size = 0;
+  c.rope_theta = 100000.0f;
+  c.rms_norm_eps = 1e-5f;
+  c.tie_word_embeddings = true;
+  c.max_position_embeddings = 8192;
+  return c;
+}
+
+// interleaved() for any number of repetitions: the SmolLM2 rows under --quick use fewer than 5.
+Paired interleaved_n(int reps, const std::function<double()>& ours, const std::function<double()>& baseline) {
+  if (reps >= 5) return interleaved(reps, ours, baseline);
+  std::vector<double> a, b;
+  for (int i = 0; i < reps; ++i) {
+    const bool ours_first = i % 2 == 0;
+    if (ours_first) a.push_back(ours());
+    b.push_back(baseline());
+    if (!ours_first) a.push_back(ours());
+  }
+  return {median(a), median(b)};
+}
+
+// Memory copy bandwidth: `threads` threads each memcpy their share of a 512 MiB buffer (larger
+// than the caches) into another; bytes read plus bytes written per second.
+struct CopyBandwidth {
+  size_t bytes = size_t(512) << 20;
+  std::vector<char> src, dst;
+  CopyBandwidth() : src(bytes, 1), dst(bytes, 0) {}
+  double gb_per_s(int threads) {
+    const size_t share = bytes / threads;
+    const double s = time_s([&] {
+      std::vector<std::thread> pool;
+      for (int i = 0; i < threads; ++i)
+        pool.emplace_back([&, i] { std::memcpy(dst.data() + i * share, src.data() + i * share, share); });
+      for (auto& t : pool) t.join();
+    });
+    return 2.0 * double(share) * threads / s / 1e9;
+  }
+};
+
+int run_smollm2_cases(const BenchOptions& opt) {
+  const bool rollout = opt.wants(kRollout), train = opt.wants(kTrain), decode = opt.wants(kDecode);
+  if (!rollout && !train && !decode) return 0;
+  const int reps = opt.quick ? kSmolQuickReps : std::max(opt.reps, 5);
+  const policy::ModelConfig cfg = smollm2_config();
+  auto created = policy::Model::create(cfg, 1);
+  if (!created.ok()) {
+    std::fprintf(stderr, "troupe bench policy: SmolLM2 shape: %s\n", created.error().message.c_str());
+    return 1;
+  }
+  policy::Model& model = created.value();
+  const size_t n_params = model.params().size();
+  const nlohmann::json extra = {{"model", "SmolLM2-135M shape, random weights"},
+                                {"params", n_params},
+                                {"layers", cfg.num_hidden_layers},
+                                {"d_model", cfg.hidden_size},
+                                {"vocab", cfg.vocab_size},
+                                {"threads", kThreads},
+                                {"reps", reps},
+                                {"warmup", !opt.quick}};
+  Status failed;
+  auto note = [&](Status s) {
+    if (!s.ok() && failed.ok()) failed = s;
+  };
+  int rc = 0;
+  auto report = [&](const char* name, Row row) {
+    if (!failed.ok()) {
+      std::fprintf(stderr, "troupe bench policy: %s failed: %s\n", name, failed.error().message.c_str());
+      failed = Status{};
+      rc = 1;
+      return;
+    }
+    emit(row);
+  };
+
+  // PyTorch: one child for the rollout and the training step.
+  std::unique_ptr<TorchChild> torch;
+  if (rollout || train) {
+    nlohmann::json cases = nlohmann::json::array();
+    if (rollout) cases.push_back("sample_kv");
+    if (train) cases.push_back("train_step");
+    const nlohmann::json tcfg = {{"vocab_size", cfg.vocab_size},
+                                 {"hidden_size", cfg.hidden_size},
+                                 {"num_hidden_layers", cfg.num_hidden_layers},
+                                 {"num_attention_heads", cfg.num_attention_heads},
+                                 {"num_key_value_heads", cfg.num_key_value_heads},
+                                 {"head_dim", cfg.head_dim},
+                                 {"intermediate_size", cfg.intermediate_size},
+                                 {"num_experts", 0},
+                                 {"qk_norm", cfg.qk_norm()},
+                                 {"tie_word_embeddings", cfg.tie_word_embeddings},
+                                 {"rms_norm_eps", cfg.rms_norm_eps},
+                                 {"rope_theta", cfg.rope_theta},
+                                 {"batch", kTrainBatch},
+                                 {"seq_len", kTrainSeq},
+                                 {"sample_batch", kRolloutBatch},
+                                 {"prompt_len", kRolloutPrompt},
+                                 {"new_tokens", kRolloutNew},
+                                 {"threads", kThreads},
+                                 {"cases", cases},
+                                 {"warmup", !opt.quick}};
+    torch = TorchChild::start_for(tcfg, opt, {kRollout, kTrain});
+  }
+  auto torch_rate = [&](const char* cmd) { return torch->tokens_per_s(cmd, &failed); };
+  auto with_torch = [&](Row r) {
+    r.extra["torch_version"] = torch->info().value("torch", "");
+    return r;
+  };
+
+  if (rollout && torch) {
+    const auto prompts = make_prompts(cfg.vocab_size, kRolloutBatch, kRolloutPrompt);
+    policy::SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.max_new_tokens = kRolloutNew;
+    auto ours = [&] {
+      size_t sampled = 0;
+      const double s = time_s([&] {
+        auto g = model.generate(prompts, sp);
+        if (!g.ok()) return note(g.error());
+        for (auto& x : *g) sampled += x.tokens.size();
+      });
+      sp.seed += 1;
+      return double(sampled) / s;
+    };
+    if (!opt.quick) ours();  // warm-up: KV cache and activation pages
+    Paired p = interleaved_n(reps, ours, [&] { return torch_rate("sample_kv"); });
+    Row r = make_row(kSuite, kRollout, {"new_tokens_per_s", "tokens/s", Better::higher}, p, "torch_eager", extra);
+    r.extra["batch"] = kRolloutBatch;
+    r.extra["prompt_len"] = kRolloutPrompt;
+    r.extra["new_tokens"] = kRolloutNew;
+    report(kRollout, with_torch(r));
+  }
+
+  if (train && torch) {
+    const auto batch = make_batch(cfg.vocab_size, kTrainBatch, kTrainSeq);
+    const size_t T = batch.tokens.size();
+    std::vector<float> logp(T), ent(T), dlogp(T, -1.0f / float(T));
+    learner::AdamW adamw(n_params);
+    learner::OptimizerConfig ocfg;
+    ocfg.lr = 1e-4f;
+    auto ours = [&] {
+      return double(T) / time_s([&] {
+        model.zero_grads();
+        note(model.forward_train(batch, 1.0f, logp.data(), ent.data()));
+        note(model.backward_train(dlogp.data(), nullptr));
+        note(adamw.step(model.params(), model.grads(), ocfg, ocfg.lr));
+      });
+    };
+    if (!opt.quick) ours();  // warm-up: activation arena, optimizer state pages
+    Paired p = interleaved_n(reps, ours, [&] { return torch_rate("train_step"); });
+    Row r = make_row(kSuite, kTrain, {"tokens_per_s", "tokens/s", Better::higher}, p, "torch_eager", extra);
+    r.extra["batch"] = kTrainBatch;
+    r.extra["seq_len"] = kTrainSeq;
+    report(kTrain, with_torch(r));
+  }
+  torch.reset();  // the PyTorch model and its optimizer state are not needed for decode
+
+  if (decode) {
+    const auto prompts = make_prompts(cfg.vocab_size, 1, kDecodePrompt);
+    policy::SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.max_new_tokens = kDecodeNew;
+    auto ours_ms = [&] {
+      size_t sampled = 0;
+      const double s = time_s([&] {
+        auto g = model.generate(prompts, sp);
+        if (!g.ok()) return note(g.error());
+        sampled = (*g)[0].tokens.size();
+      });
+      sp.seed += 1;
+      return sampled > 0 ? 1e3 * s / double(sampled) : 0.0;
+    };
+    // Weights read per generated token: every parameter once (the tied LM head reads the whole
+    // embedding matrix), plus the token's embedding row; the KV cache (< 3 MB here) is left out.
+    const size_t emb = size_t(cfg.vocab_size) * cfg.hidden_size;
+    const double weight_bytes =
+        4.0 * double(n_params - emb + cfg.hidden_size + (cfg.tie_word_embeddings ? emb : 0));
+    CopyBandwidth copy;
+    std::vector<double> copy_gbs;
+    auto floor_ms = [&] {
+      copy_gbs.push_back(copy.gb_per_s(kThreads));
+      return 1e3 * weight_bytes / (copy_gbs.back() * 1e9);
+    };
+    ours_ms();
+    copy.gb_per_s(kThreads);
+    Paired p = interleaved_n(std::max(reps, 5), ours_ms, floor_ms);
+    Row r = make_row(kSuite, kDecode, {"ms_per_token", "ms", Better::lower}, p, "bandwidth_floor", extra);
+    r.extra["batch"] = 1;
+    r.extra["prompt_len"] = kDecodePrompt;
+    r.extra["new_tokens"] = kDecodeNew;
+    r.extra["weight_bytes"] = weight_bytes;
+    r.extra["copy_gb_per_s"] = median(copy_gbs);
+    r.extra["copy"] = "memcpy of 512 MiB on " + std::to_string(kThreads) + " threads, bytes read + written";
+    r.extra["reps"] = std::max(reps, 5);
+    r.extra["warmup"] = true;
+    report(kDecode, r);
+  }
+  return rc;
+}
+
+}  // namespace
+
+int run_policy_suite(const BenchOptions& opt) {
+  const int tiny = run_tiny_moe_cases(opt);
+  const int smollm2 = run_smollm2_cases(opt);
+  return tiny != 0 ? tiny : smollm2;
 }
 
 }  // namespace troupe::bench

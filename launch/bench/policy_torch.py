@@ -1,9 +1,15 @@
-"""PyTorch eager baseline of `troupe bench policy`: the same tiny Qwen3-MoE-style model.
+"""PyTorch eager baseline of `troupe bench policy`: the same model as ours, built from its config.
 
-The model has RMSNorm, RoPE, GQA attention with q/k norm, and a top-k MoE of SwiGLU experts in the
-Hugging Face per-expert loop. It runs as a child of the bench and answers one command per stdin
-line with one JSON line on stdout, so the parent can interleave its own repetitions with ours:
+The model has RMSNorm, RoPE, GQA attention (with per-head q/k norm unless `qk_norm` is false), and
+per layer either a top-k MoE of SwiGLU experts in the Hugging Face per-expert loop or, with
+`num_experts` 0, a dense SwiGLU MLP of `intermediate_size` (the Llama layout); the LM head is tied
+to the embedding with `tie_word_embeddings`. It runs as a child of the bench and answers one
+command per stdin line with one JSON line on stdout, so the parent can interleave its own
+repetitions with ours:
   train_step | forward | sample_kv | quit
+Sizes: `batch`/`seq_len` (train_step, forward) and `batch`/`prompt_len`/`new_tokens` (sample_kv);
+`train_batch`, `train_seq_len`, `sample_batch` override them per case. `cases` lists the commands
+to answer (default all), each run once first unless `warmup` is false.
 Usage: policy_torch.py '<json config>'. It runs eager with torch.set_num_threads(threads).
 """
 import json
@@ -20,10 +26,12 @@ torch.set_num_threads(int(cfg.get("threads", 2)))
 torch.manual_seed(0)
 V, C, L = cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"]
 NH, NKV, HD = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-E, K, H = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
+E, K, H = cfg["num_experts"], cfg.get("num_experts_per_tok", 0), cfg.get("moe_intermediate_size", 0)
+DENSE_H = cfg.get("intermediate_size", 0)  # the SwiGLU MLP of every layer when E == 0
+QK_NORM, TIED = cfg.get("qk_norm", True), cfg.get("tie_word_embeddings", False)
 EPS, THETA = cfg.get("rms_norm_eps", 1e-6), cfg.get("rope_theta", 10000.0)
-B, T = cfg["batch"], cfg["seq_len"]
-P, NEW = cfg["prompt_len"], cfg["new_tokens"]
+B, T = cfg.get("train_batch", cfg["batch"]), cfg.get("train_seq_len", cfg["seq_len"])
+SB, P, NEW = cfg.get("sample_batch", cfg["batch"]), cfg["prompt_len"], cfg["new_tokens"]
 
 
 class RMSNorm(nn.Module):
@@ -54,7 +62,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(C, NKV * HD, bias=False)
         self.v_proj = nn.Linear(C, NKV * HD, bias=False)
         self.o_proj = nn.Linear(NH * HD, C, bias=False)
-        self.q_norm, self.k_norm = RMSNorm(HD), RMSNorm(HD)
+        self.q_norm, self.k_norm = (RMSNorm(HD), RMSNorm(HD)) if QK_NORM else (nn.Identity(), nn.Identity())
 
     def forward(self, x, cos, sin, cache=None, pos=0):
         b, t, _ = x.shape
@@ -79,11 +87,13 @@ class Attention(nn.Module):
 
 
 class Expert(nn.Module):
-    def __init__(self):
+    """A SwiGLU MLP of hidden size h: a routed expert (h = H) or a dense layer's MLP."""
+
+    def __init__(self, h=H):
         super().__init__()
-        self.gate_proj = nn.Linear(C, H, bias=False)
-        self.up_proj = nn.Linear(C, H, bias=False)
-        self.down_proj = nn.Linear(H, C, bias=False)
+        self.gate_proj = nn.Linear(C, h, bias=False)
+        self.up_proj = nn.Linear(C, h, bias=False)
+        self.down_proj = nn.Linear(h, C, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -115,7 +125,7 @@ class Block(nn.Module):
     def __init__(self):
         super().__init__()
         self.input_layernorm, self.post_attention_layernorm = RMSNorm(C), RMSNorm(C)
-        self.self_attn, self.mlp = Attention(), Moe()
+        self.self_attn, self.mlp = Attention(), (Moe() if E > 0 else Expert(DENSE_H))
 
     def forward(self, x, cos, sin, cache=None, pos=0):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, pos)
@@ -129,6 +139,8 @@ class Model(nn.Module):
         self.layers = nn.ModuleList([Block() for _ in range(L)])
         self.norm = RMSNorm(C)
         self.lm_head = nn.Linear(C, V, bias=False)
+        if TIED:
+            self.lm_head.weight = self.embed_tokens.weight
         self.cos, self.sin = rope_tables(max(T, P + NEW) + 1)
 
     def forward(self, ids, caches=None, pos=0):
@@ -143,7 +155,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 gen = torch.Generator().manual_seed(1)
 ids = torch.randint(0, V, (B, T), generator=gen)
 targets = torch.roll(ids, -1, dims=1)
-prompts = torch.randint(0, V, (B, P), generator=gen)
+prompts = torch.randint(0, V, (SB, P), generator=gen)
 
 
 def train_step():
@@ -167,7 +179,7 @@ def forward():
 
 def sample_kv():
     with torch.no_grad():
-        caches = [(torch.zeros(B, NKV, P + NEW, HD), torch.zeros(B, NKV, P + NEW, HD)) for _ in range(L)]
+        caches = [(torch.zeros(SB, NKV, P + NEW, HD), torch.zeros(SB, NKV, P + NEW, HD)) for _ in range(L)]
         logits = model(prompts, caches, 0)[:, -1]
         out, lps = [], []
         for i in range(NEW):
@@ -177,11 +189,12 @@ def sample_kv():
             lps.append(logp.gather(-1, tok))
             if i + 1 < NEW:
                 logits = model(tok, caches, P + i)[:, -1]
-    return B * NEW
+    return SB * NEW
 
 
 CASES = {"train_step": train_step, "forward": forward, "sample_kv": sample_kv}
-for fn in CASES.values():  # warm-up
+CASES = {name: CASES[name] for name in cfg.get("cases", list(CASES))}
+for fn in CASES.values() if cfg.get("warmup", True) else []:  # warm-up
     fn()
 print(json.dumps({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
 for line in sys.stdin:
