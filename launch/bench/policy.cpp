@@ -356,7 +356,7 @@ constexpr int kSmolQuickReps = 2;
 // SmolLM2-135M (Llama layout: dense SwiGLU layers, no q/k norm, tied embeddings), random weights.
 policy::ModelConfig smollm2_config() {
   policy::ModelConfig c;
-  c.family = "mixtral";  // `llama` is the family once policy/ has it; with num_experts 0 the math is the same
+  c.family = "llama";
   c.vocab_size = 49152;
   c.hidden_size = 576;
   c.num_hidden_layers = 30;
