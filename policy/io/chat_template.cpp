@@ -5,6 +5,8 @@
 // message) and turned into a troupe::Error at the two public entry points.
 #include "troupe/policy/io/chat_template.h"
 
+#include "troupe/policy/io/gguf_import.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -1877,7 +1879,11 @@ Result<std::string> read_chat_template_dir(const std::string& dir) {
   return invalid_input(cfg.string() + ": chat_template must be a string or a list of {name, template}");
 }
 
-Result<std::shared_ptr<const ChatTemplate>> load_chat_template_dir(const std::string& dir) {
+Result<std::shared_ptr<const ChatTemplate>> load_chat_template_dir(const std::string& path) {
+  std::string dir = path;
+  if (path.ends_with(".gguf")) {  // a GGUF's template is in its import's tokenizer_config.json
+    TROUPE_ASSIGN_OR_RETURN(dir, cached_gguf_import(path));
+  }
   TROUPE_ASSIGN_OR_RETURN(std::string text, read_chat_template_dir(dir));
   if (text.empty()) return std::shared_ptr<const ChatTemplate>();
   namespace fs = std::filesystem;

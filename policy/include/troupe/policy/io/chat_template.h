@@ -53,6 +53,7 @@ Result<std::string> render_chat(const ChatTemplate& t, const nlohmann::ordered_j
 // when the directory has none; errors name the file.
 Result<std::string> read_chat_template_dir(const std::string& dir);
 // The directory's template parsed (origin: the file it came from); nullptr when it has none.
+// `dir` may also be a .gguf file: its import's tokenizer_config.json (cached_gguf_import) is read.
 Result<std::shared_ptr<const ChatTemplate>> load_chat_template_dir(const std::string& dir);
 
 // Options for a model: bos_token/eos_token are the tokenizer's text of bos_id/eos_id (null when absent).
