@@ -1,5 +1,6 @@
-// `troupe run`, `troupe validate`, `troupe eval`: the experiment launcher (issue: end to end).
+// `troupe run`, `troupe validate`, `troupe eval`: the experiment launcher.
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <cstdio>
@@ -9,6 +10,19 @@
 #include "troupe/launch/run.h"
 
 namespace troupe::launch {
+namespace {
+// The config, its warnings printed; or nothing, its errors printed (the command exits 2).
+std::optional<LoadedConfig> load_and_report(const std::string& file, const std::vector<std::string>& sets) {
+  auto loaded = load_config(file, sets);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
+    return std::nullopt;
+  }
+  for (const auto& w : loaded->warnings) std::fprintf(stderr, "%s\n", w.c_str());
+  return std::move(loaded).value();
+}
+}  // namespace
+
 
 Command add_run_command(CLI::App& root) {
   struct Opts {
@@ -22,12 +36,8 @@ Command add_run_command(CLI::App& root) {
   app->add_option("--set", o->sets, "Override a key: --set grpo.max_steps=10 (repeatable)");
   app->add_option("--resume", o->resume, "Resume the run in this run directory from its latest checkpoint");
   return {app, [o]() {
-            auto loaded = load_config(o->config, o->sets);
-            if (!loaded.ok()) {
-              std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
-              return 2;
-            }
-            for (const auto& w : loaded->warnings) std::fprintf(stderr, "%s\n", w.c_str());
+            auto loaded = load_and_report(o->config, o->sets);
+            if (!loaded) return 2;
             return run_experiment(*loaded, RunOptions{o->resume});
           }};
 }
@@ -44,12 +54,8 @@ Command add_validate_command(CLI::App& root) {
   app->add_option("--set", o->sets, "Override a key: --set grpo.max_steps=10 (repeatable)");
   app->add_flag("--print", o->print, "Print the resolved config (every key) on stdout");
   return {app, [o]() {
-            auto loaded = load_config(o->config, o->sets);
-            if (!loaded.ok()) {
-              std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
-              return 2;
-            }
-            for (const auto& w : loaded->warnings) std::fprintf(stderr, "%s\n", w.c_str());
+            auto loaded = load_and_report(o->config, o->sets);
+            if (!loaded) return 2;
             if (o->print)
               std::fputs(resolved_yaml(loaded->config).c_str(), stdout);
             else
@@ -77,12 +83,8 @@ Command add_eval_command(CLI::App& root) {
   app->add_option("--checkpoint", o->checkpoint, "Model directory (a checkpoint)")->required();
   app->add_option("--set", o->sets, "Override a key (e.g. eval.num_prompts=100)");
   return {app, [o]() {
-            auto loaded = load_config(o->config, o->sets);
-            if (!loaded.ok()) {
-              std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
-              return 2;
-            }
-            for (const auto& w : loaded->warnings) std::fprintf(stderr, "%s\n", w.c_str());
+            auto loaded = load_and_report(o->config, o->sets);
+            if (!loaded) return 2;
             return eval_checkpoint(*loaded, o->checkpoint);
           }};
 }

@@ -2,7 +2,7 @@
 // torch) into a temp dir, loads each fixture's weights into a troupe Model by Hugging Face name,
 // and compares logits, log-probs, entropies, the loss, EVERY gradient and the losses of several
 // AdamW steps (test-local AdamW, same formula as torch.optim.AdamW); once on the plain path and once
-// with every issue-6 switch flipped (checkpointing + offload, masked MoE loop, per-layer metadata).
+// with every training-optimization switch flipped (checkpointing + offload, masked MoE loop, per-layer metadata).
 // Exits 1 on any mismatch.
 // Tolerances (fp32 vs fp32, different summation order): per tensor
 //   max |ours - ref| <= atol + rtol * max|ref|  with logits/logp/entropy atol 1e-5 rtol 1e-4,
