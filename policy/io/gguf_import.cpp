@@ -48,6 +48,18 @@ json split_step(const std::string& regex) {
   return {{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}};
 }
 
+// tokenizer.ggml.token_type, when present, one entry per token (empty when absent).
+Result<std::vector<int64_t>> token_types(const GgufFile& f, size_t num_tokens) {
+  std::vector<int64_t> types;
+  if (f.get("tokenizer.ggml.token_type")) {
+    TROUPE_ASSIGN_OR_RETURN(types, f.get_ints("tokenizer.ggml.token_type"));
+  }
+  if (!types.empty() && types.size() != num_tokens)
+    return invalid_input(f.path() + ": tokenizer.ggml.token_type has " + std::to_string(types.size()) +
+                         " entries, tokenizer.ggml.tokens " + std::to_string(num_tokens));
+  return types;
+}
+
 Result<json> byte_level_tokenizer(const GgufFile& f, const std::vector<std::string>& tokens) {
   std::string pre = "default";
   if (f.get("tokenizer.ggml.pre")) {
@@ -65,13 +77,7 @@ Result<json> byte_level_tokenizer(const GgufFile& f, const std::vector<std::stri
   for (const char* s : p->splits) steps.push_back(split_step(s));
   steps.push_back({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}});
 
-  std::vector<int64_t> types;
-  if (f.get("tokenizer.ggml.token_type")) {
-    TROUPE_ASSIGN_OR_RETURN(types, f.get_ints("tokenizer.ggml.token_type"));
-  }
-  if (!types.empty() && types.size() != tokens.size())
-    return invalid_input(f.path() + ": tokenizer.ggml.token_type has " + std::to_string(types.size()) + " entries, tokenizer.ggml.tokens " +
-                         std::to_string(tokens.size()));
+  TROUPE_ASSIGN_OR_RETURN(const std::vector<int64_t> types, token_types(f, tokens.size()));
   std::vector<std::string> merges;
   if (f.get("tokenizer.ggml.merges")) {
     TROUPE_ASSIGN_OR_RETURN(merges, f.get_strings("tokenizer.ggml.merges"));
@@ -124,13 +130,7 @@ Result<json> sentencepiece_tokenizer(const GgufFile& f, const std::vector<std::s
   if (scores.size() != tokens.size())
     return invalid_input(f.path() + ": tokenizer.ggml.scores has " + std::to_string(scores.size()) + " entries, tokenizer.ggml.tokens " +
                          std::to_string(tokens.size()));
-  std::vector<int64_t> types;
-  if (f.get("tokenizer.ggml.token_type")) {
-    TROUPE_ASSIGN_OR_RETURN(types, f.get_ints("tokenizer.ggml.token_type"));
-  }
-  if (!types.empty() && types.size() != tokens.size())
-    return invalid_input(f.path() + ": tokenizer.ggml.token_type has " + std::to_string(types.size()) + " entries, tokenizer.ggml.tokens " +
-                         std::to_string(tokens.size()));
+  TROUPE_ASSIGN_OR_RETURN(const std::vector<int64_t> types, token_types(f, tokens.size()));
   bool add_space_prefix = true;
   if (f.get("tokenizer.ggml.add_space_prefix")) {
     TROUPE_ASSIGN_OR_RETURN(add_space_prefix, f.get_bool("tokenizer.ggml.add_space_prefix"));
