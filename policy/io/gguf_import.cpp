@@ -48,6 +48,26 @@ json split_step(const std::string& regex) {
   return {{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}};
 }
 
+// A tokenizers-library tokenizer.json with a BPE model: the parts the two GGUF vocabularies differ
+// in are the pre-tokenizer, the decoder, the unknown token and byte fallback (which fuses unknowns).
+json bpe_tokenizer_json(const json& added, const json& pre_tokenizer, const json& decoder, const json& vocab,
+                        const json& merges, const json& unk_token, bool byte_fallback) {
+  return json{
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", pre_tokenizer},
+      {"post_processor", nullptr},
+      {"decoder", decoder},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", unk_token}, {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", byte_fallback}, {"byte_fallback", byte_fallback},
+        {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}}},
+  };
+}
+
 // tokenizer.ggml.token_type, when present, one entry per token (empty when absent).
 Result<std::vector<int64_t>> token_types(const GgufFile& f, size_t num_tokens) {
   std::vector<int64_t> types;
@@ -93,20 +113,9 @@ Result<json> byte_level_tokenizer(const GgufFile& f, const std::vector<std::stri
   }
   json merges_json = json::array();
   for (const auto& m : merges) merges_json.push_back(m);
-  return json{
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", steps}}},
-      {"post_processor", nullptr},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
-        {"vocab", vocab}, {"merges", merges_json}}},
-  };
+  const json pre_tokenizer = {{"type", "Sequence"}, {"pretokenizers", steps}};
+  const json decoder = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  return bpe_tokenizer_json(added, pre_tokenizer, decoder, vocab, merges_json, json(nullptr), false);
 }
 
 // Code points of a UTF-8 string, each as its own string (the split points of a SentencePiece piece).
@@ -180,21 +189,12 @@ Result<json> sentencepiece_tokenizer(const GgufFile& f, const std::vector<std::s
   json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
                                {{"type", "ByteFallback"}}, {{"type", "Fuse"}}});
   if (add_space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-  return json{
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", add_space_prefix ? "first" : "never"}, {"split", false}}},
-      {"post_processor", nullptr},
-      {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}},
-      {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", unk.empty() ? json(nullptr) : json(unk)}, {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr}, {"fuse_unk", true}, {"byte_fallback", true}, {"ignore_merges", false},
-        {"vocab", vocab}, {"merges", merges_json}}},
-  };
+  const json pre_tokenizer = {{"type", "Metaspace"},
+                               {"replacement", "\u2581"},
+                               {"prepend_scheme", add_space_prefix ? "first" : "never"},
+                               {"split", false}};
+  return bpe_tokenizer_json(added, pre_tokenizer, {{"type", "Sequence"}, {"decoders", decoders}}, vocab, merges_json,
+                            unk.empty() ? json(nullptr) : json(unk), true);
 }
 
 // The HF name of blk.N.<part> (weights and biases).
