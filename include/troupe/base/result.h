@@ -70,19 +70,21 @@ class [[nodiscard]] Status {
 
 }  // namespace troupe
 
-// Propagate an error from an expression returning Status or Result<T>.
-#define TROUPE_TRY(expr)                                   \
-  do {                                                     \
-    auto&& troupe_try_r_ = (expr);                         \
-    if (!troupe_try_r_.ok()) return troupe_try_r_.error(); \
+// Propagate an error from an expression returning Status or Result<T>. The _WITH_ forms take the
+// return keyword, so coroutines (runtime/coroutine.h: co_return) use the same definitions.
+#define TROUPE_TRY(expr) TROUPE_TRY_WITH_(return, troupe_try_r_, expr)
+#define TROUPE_TRY_WITH_(ret, tmp, expr) \
+  do {                                   \
+    auto&& tmp = (expr);                 \
+    if (!tmp.ok()) ret tmp.error();      \
   } while (0)
 
 #define TROUPE_CONCAT_INNER_(a, b) a##b
 #define TROUPE_CONCAT_(a, b) TROUPE_CONCAT_INNER_(a, b)
 // TROUPE_ASSIGN_OR_RETURN(auto x, make_x());
 #define TROUPE_ASSIGN_OR_RETURN(lhs, expr) \
-  TROUPE_ASSIGN_OR_RETURN_IMPL_(TROUPE_CONCAT_(troupe_r_, __LINE__), lhs, expr)
-#define TROUPE_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                                  \
-  if (!tmp.ok()) return tmp.error();                  \
+  TROUPE_ASSIGN_OR_RETURN_WITH_(return, TROUPE_CONCAT_(troupe_r_, __LINE__), lhs, expr)
+#define TROUPE_ASSIGN_OR_RETURN_WITH_(ret, tmp, lhs, expr) \
+  auto tmp = (expr);                                       \
+  if (!tmp.ok()) ret tmp.error();                          \
   lhs = std::move(tmp).value()

@@ -34,17 +34,9 @@
 #include "troupe/runtime/system.h"
 
 // TROUPE_TRY / TROUPE_ASSIGN_OR_RETURN for coroutines (co_return instead of return).
-#define TROUPE_CO_TRY(expr)                                         \
-  do {                                                              \
-    auto&& troupe_co_try_r_ = (expr);                               \
-    if (!troupe_co_try_r_.ok()) co_return troupe_co_try_r_.error(); \
-  } while (0)
+#define TROUPE_CO_TRY(expr) TROUPE_TRY_WITH_(co_return, troupe_co_try_r_, expr)
 #define TROUPE_CO_ASSIGN_OR_RETURN(lhs, expr) \
-  TROUPE_CO_ASSIGN_OR_RETURN_IMPL_(TROUPE_CONCAT_(troupe_co_r_, __LINE__), lhs, expr)
-#define TROUPE_CO_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                                     \
-  if (!tmp.ok()) co_return tmp.error();                  \
-  lhs = std::move(tmp).value()
+  TROUPE_ASSIGN_OR_RETURN_WITH_(co_return, TROUPE_CONCAT_(troupe_co_r_, __LINE__), lhs, expr)
 
 namespace troupe::runtime {
 
