@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -614,6 +615,14 @@ class Loader {
   std::string file_;
 };
 
+// A leading "~/" (or a lone "~") stands for $HOME, as in a shell.
+std::string expand_home(const std::string& path) {
+  if (path != "~" && path.rfind("~/", 0) != 0) return path;
+  const char* home = std::getenv("HOME");
+  if (home == nullptr || *home == '\0') return path;
+  return std::string(home) + path.substr(1);
+}
+
 Result<LoadedConfig> finish(Loader& l, LoadedConfig out) {
   if (!l.errors.empty()) {
     std::string msg;
@@ -650,6 +659,8 @@ Result<LoadedConfig> load_config_text(const std::string& text, const std::string
   else if (!root.IsNull())
     l.error(root.Mark(), "", "the top level must be a mapping of sections (run:, policy:, grpo:, ...)");
   for (const auto& o : overrides) l.apply_override(o, out.config);
+  out.config.policy.path = expand_home(out.config.policy.path);
+  out.config.run.dir = expand_home(out.config.run.dir);
   if (l.errors.empty()) l.check_consistency(out.config);
   return finish(l, out);
 }

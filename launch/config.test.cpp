@@ -199,6 +199,20 @@ TEST(Config, SetOverrides) {
   EXPECT_EQ(r->config.policy.model.mlp_only_layers, (std::vector<int>{0, 1}));
 }
 
+// A leading ~/ in policy.path and run.dir is $HOME (configs name the fetched GGUF under ~/.cache).
+TEST(Config, TildeIsHome) {
+  const char* home = std::getenv("HOME");
+  ASSERT_NE(home, nullptr);
+  auto r = load_config_text("run:\n  dir: ~/runs/x\npolicy:\n  path: ~/.cache/m.gguf\n" + std::string(kMinimal), "x.yaml");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->config.run.dir, std::string(home) + "/runs/x");
+  EXPECT_EQ(r->config.policy.path, std::string(home) + "/.cache/m.gguf");
+  auto s = load_config_text(kMinimal, "x.yaml", {"policy.path=~user/m", "run.dir=a~/b"});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(s->config.policy.path, "~user/m");  // only ~/ is expanded
+  EXPECT_EQ(s->config.run.dir, "a~/b");
+}
+
 TEST(Config, BadSet) {
   auto m = load_error(kMinimal, {"rollout.temprature=0.5"});
   EXPECT_NE(m.find("--set rollout.temprature=0.5: error: rollout.temprature: unknown key; did you mean "

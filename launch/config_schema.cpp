@@ -93,13 +93,13 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   Builder<ExperimentConfig> b;
   using C = ExperimentConfig;
   // run
-  b.text("run.dir", [](C& c) { return &c.run.dir; }, "Run directory: config.resolved.yaml, metrics.jsonl, tb/, trajectories/, checkpoints/.");
+  b.text("run.dir", [](C& c) { return &c.run.dir; }, "Run directory: config.resolved.yaml, metrics.jsonl, tb/, trajectories/, checkpoints/ (a leading ~/ is $HOME).");
   b.text("run.name", [](C& c) { return &c.run.name; }, "Name shown in the progress display and TensorBoard.");
   b.integer("run.seed", [](C& c) { return &c.run.seed; }, 0, kIntMax, "Seed of every random stream (init, prompts, sampling); fixed seed + CPU + sync = bit-identical metrics.");
   b.number("run.max_wall_s", [](C& c) { return &c.run.max_wall_s; }, 0, 1e7, "Stop the run (after a checkpoint) once this many seconds passed; 0 = no limit.");
 
   // policy
-  b.text("policy.path", [](C& c) { return &c.policy.path; }, "Start from this model directory (ours or transformers-made); its config.json fixes the architecture, so policy.model keys are an error with it. Empty = fresh initialization from policy.model.");
+  b.text("policy.path", [](C& c) { return &c.policy.path; }, "Start from this model directory (ours or transformers-made) or a .gguf file (imported once into $TROUPE_CACHE/gguf, default ~/.cache/troupe); a leading ~/ is $HOME. Its config.json fixes the architecture, so policy.model keys are an error with it. Empty = fresh initialization from policy.model.");
   b.choice("policy.tokenizer", [](C& c) { return &c.policy.tokenizer; }, {"char", "byte", "auto"}, "Tokenizer: char (printable ASCII, for built-in tasks), byte, or auto (the model directory's tokenizer).");
   b.number("policy.init_std", [](C& c) { return &c.policy.init_std; }, 0, 1, "Standard deviation of the fresh initialization.");
   b.choice("policy.device", [](C& c) { return &c.policy.device; }, {"cpu", "cuda"}, "Backend the model runs on: cpu (OpenMP + BLAS). cuda is reserved for the CUDA backend, which is not implemented yet: choosing it is an error.");

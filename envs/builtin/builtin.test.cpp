@@ -100,6 +100,27 @@ TEST(Arithmetic, FormatReward) {
   EXPECT_EQ(env->verify(obs->metadata, answer)->reward, 0.0);
 }
 
+// format question: asked in words, scored by the last integer of the reply (a chat model's form).
+TEST(Arithmetic, QuestionFormatScoresTheLastNumber) {
+  auto env = make("arithmetic", {{"format", "question"}, {"digits", 2}, {"ops", "+-"}});
+  auto obs = env->reset(3, {});
+  const std::string expr = obs->metadata["expression"], answer = obs->metadata["answer"];
+  EXPECT_EQ(obs->text.rfind("What is ", 0), 0u) << obs->text;
+  EXPECT_EQ(obs->text.back(), '?');
+  EXPECT_EQ(env->verify(obs->metadata, obs->metadata["reference_completion"].get<std::string>())->reward, 1.0);
+  EXPECT_EQ(env->verify(obs->metadata, "The answer is " + answer + ".")->reward, 1.0);
+  EXPECT_EQ(env->verify(obs->metadata, answer + " is wrong, it is 100000")->reward, 0.0);
+  EXPECT_EQ(env->verify(obs->metadata, "no idea")->reward, 0.0);
+  EXPECT_EQ(env->verify(obs->metadata, "no idea")->components.at("format"), 0.0);
+  // negatives, a minus between numbers, thousands separators, leading zeros
+  const json m = [](const std::string& a) { return json{{"answer", a}}; }("-19");
+  EXPECT_EQ(env->verify(m, "23 - 42 = -19")->reward, 1.0);
+  EXPECT_EQ(env->verify(json{{"answer", "19"}}, "42-23=19")->reward, 1.0);
+  EXPECT_EQ(env->verify(json{{"answer", "1234"}}, "so 1,234")->reward, 1.0);
+  EXPECT_EQ(env->verify(json{{"answer", "7"}}, "= 007")->reward, 1.0);
+  EXPECT_EQ(env->verify(json{{"answer", "12"}}, "1,2")->reward, 0.0);
+}
+
 TEST(Arithmetic, ConfigErrorsNameTheKey) {
   for (const json& cfg : {json{{"digits", 0}}, json{{"ops", "/"}}, json{{"format", "xml"}}, json{{"digitz", 2}},
                           json{{"terms", "two"}}, json("not a mapping")}) {
