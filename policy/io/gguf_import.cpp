@@ -1,4 +1,5 @@
-// GGUF -> Hugging Face directory. The config comes from the `llama.*` keys, the tensors from the
+// GGUF -> Hugging Face directory (architectures llama, qwen2, qwen3). The config comes from the
+// `<arch>.*` keys, the tensors from the
 // name map below (q/k rows un-permuted), the tokenizer from `tokenizer.ggml.*`: a `gpt2`
 // byte-level BPE vocabulary becomes a tokenizer.json whose pre-tokenizer follows
 // `tokenizer.ggml.pre` as llama.cpp splits text. Every size the file states is checked against
@@ -208,6 +209,26 @@ const std::vector<std::pair<std::string, std::string>>& block_parts() {
   return table;
 }
 
+// The GGUF architectures troupe imports and how their tensors differ: llama.cpp permutes llama's
+// q/k rows for its interleaved rotary layout (undone here); qwen2 and qwen3 use the rotate-half
+// layout and are stored as in the checkpoint; qwen2 adds q/k/v biases, qwen3 per-head q/k RMSNorm.
+struct GgufArchitecture {
+  const char* name;
+  const char* hf_architecture;
+  bool permuted_qk, qkv_bias, qk_norm;
+};
+
+const GgufArchitecture* gguf_architecture(const std::string& arch) {
+  static const GgufArchitecture table[] = {
+      {"llama", "LlamaForCausalLM", true, false, false},
+      {"qwen2", "Qwen2ForCausalLM", false, true, false},
+      {"qwen3", "Qwen3ForCausalLM", false, false, true},
+  };
+  for (const auto& a : table)
+    if (arch == a.name) return &a;
+  return nullptr;
+}
+
 Result<int64_t> positive(const GgufFile& f, const std::string& key) {
   TROUPE_ASSIGN_OR_RETURN(int64_t v, f.get_int(key));
   if (v <= 0) return invalid_input(f.path() + ": metadata key '" + key + "' must be positive (got " + std::to_string(v) + ")");
@@ -268,7 +289,9 @@ Result<Tensor> unpermute_qk(const Tensor& t, int64_t heads, const std::string& w
 Result<ImportedGguf> import_gguf(const GgufFile& f) {
   const std::string& path = f.path();
   TROUPE_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
-  if (arch != "llama") return invalid_input(path + ": general.architecture \"" + arch + "\" is not supported (troupe imports llama)");
+  const GgufArchitecture* spec = gguf_architecture(arch);
+  if (spec == nullptr)
+    return invalid_input(path + ": general.architecture \"" + arch + "\" is not supported (troupe imports llama, qwen2 and qwen3)");
   const std::string a = arch + ".";
   TROUPE_ASSIGN_OR_RETURN(int64_t C, positive(f, a + "embedding_length"));
   TROUPE_ASSIGN_OR_RETURN(int64_t L, positive(f, a + "block_count"));
@@ -311,6 +334,15 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
     expected[p + "mlp.down_proj.weight"] = {C, I};
     expected[p + "input_layernorm.weight"] = {C};
     expected[p + "post_attention_layernorm.weight"] = {C};
+    if (spec->qkv_bias) {
+      expected[p + "self_attn.q_proj.bias"] = {H * D};
+      expected[p + "self_attn.k_proj.bias"] = {KV * D};
+      expected[p + "self_attn.v_proj.bias"] = {KV * D};
+    }
+    if (spec->qk_norm) {
+      expected[p + "self_attn.q_norm.weight"] = {D};
+      expected[p + "self_attn.k_norm.weight"] = {D};
+    }
   }
   for (const auto& info : f.tensors()) {
     if (info.name == "rope_freqs.weight") continue;  // llama.cpp's precomputed frequencies; the config has rope_scaling
@@ -322,10 +354,10 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
       return invalid_input(path + ": tensor '" + info.name + "' has shape " + shape_string(info.shape()) + ", the metadata implies " +
                            shape_string(e->second));
     TROUPE_ASSIGN_OR_RETURN(Tensor t, f.read(info.name));
-    if (hf.ends_with("self_attn.q_proj.weight")) {
+    if (spec->permuted_qk && hf.ends_with("self_attn.q_proj.weight")) {
       TROUPE_ASSIGN_OR_RETURN(t, unpermute_qk(t, H, path + ": tensor '" + info.name + "'"));
     }
-    if (hf.ends_with("self_attn.k_proj.weight")) {
+    if (spec->permuted_qk && hf.ends_with("self_attn.k_proj.weight")) {
       TROUPE_ASSIGN_OR_RETURN(t, unpermute_qk(t, KV, path + ": tensor '" + info.name + "'"));
     }
     out.tensors[hf] = std::move(t);
@@ -381,8 +413,8 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
 
   // config.json (LlamaConfig) and generation_config.json.
   json& c = out.config;
-  c = {{"architectures", {"LlamaForCausalLM"}},
-       {"model_type", "llama"},
+  c = {{"architectures", {spec->hf_architecture}},
+       {"model_type", arch},
        {"hidden_size", C},
        {"intermediate_size", I},
        {"num_hidden_layers", L},
@@ -394,11 +426,12 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
        {"rms_norm_eps", eps},
        {"rope_theta", theta},
        {"rope_scaling", nullptr},
-       {"attention_bias", false},
-       {"mlp_bias", false},
        {"vocab_size", V},
        {"tie_word_embeddings", tied},
        {"torch_dtype", "float32"}};
+  if (arch == "llama") c["mlp_bias"] = false;
+  if (arch == "llama" || arch == "qwen3") c["attention_bias"] = false;  // qwen2's q/k/v biases are its family's
+  if (arch == "qwen2" || arch == "qwen3") c["use_sliding_window"] = false;
   if (f.get(a + "rope.scaling.type")) {
     TROUPE_ASSIGN_OR_RETURN(std::string type, f.get_string(a + "rope.scaling.type"));
     if (type != "none") {

@@ -1,10 +1,11 @@
-// policy.gguf_import: a tiny llama GGUF (tests/gguf/make_fixtures.py) imported to a Hugging Face
-// directory: config, tied head, q/k un-permuted to the package-side originals, the other tensors
-// equal to the reader's, the rebuilt byte-level BPE tokenizer, and the bad-input paths.
+// policy.gguf_import: tiny llama, qwen2 and qwen3 GGUFs (tests/gguf/make_fixtures.py) imported to
+// Hugging Face directories: config, tied head, llama's q/k un-permuted to the package-side originals,
+// the other tensors equal to the reader's, the rebuilt byte-level BPE tokenizer, and the bad-input paths.
 #include "troupe/policy/io/gguf_import.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -137,10 +138,52 @@ TEST(GgufImport, GgufPathLoadsThroughTheCache) {
   auto again = cached_gguf_import(fixture("tiny_llama.gguf"));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *dir);
-  // load_model takes the .gguf path; until the llama family is in policy/ the loader refuses it by name.
+  // load_model takes the .gguf path (through the same cache).
   auto loaded = load_model(fixture("tiny_llama.gguf"));
-  if (!loaded.ok()) {
-    EXPECT_NE(loaded.error().message.find("llama"), std::string::npos) << loaded.error().message;
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  EXPECT_EQ(loaded->model.config().family, "llama");
+}
+
+// qwen2 (q/k/v biases) and qwen3 (q/k RMSNorm, head_dim from key_length, untied head): stored as in
+// the checkpoint (no q/k permutation), every tensor equal to the reader's under its HF name, and the
+// directory loads in its family and scores text.
+TEST(GgufImport, Qwen2AndQwen3) {
+  for (const std::string arch : {"qwen2", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    auto f = GgufFile::open(fixture("tiny_" + arch + ".gguf"));
+    ASSERT_TRUE(f.ok()) << f.error().message;
+    auto imp = import_gguf(*f);
+    ASSERT_TRUE(imp.ok()) << imp.error().message;
+    const json& c = imp->config;
+    EXPECT_EQ(c["model_type"], arch);
+    EXPECT_EQ(c["architectures"][0], arch == "qwen2" ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM");
+    EXPECT_EQ(c["head_dim"], arch == "qwen2" ? 8 : 16);
+    EXPECT_EQ(c["tie_word_embeddings"], arch == "qwen2");
+    EXPECT_EQ(c["use_sliding_window"], false);
+    EXPECT_FLOAT_EQ(c["rope_theta"].get<float>(), 1e6f);
+    EXPECT_EQ(c.contains("attention_bias"), arch == "qwen3");
+    // 9 tensors per layer + 3 biases (qwen2) or 2 norms (qwen3); embeddings, final norm, head when untied.
+    EXPECT_EQ(imp->tensors.size(), arch == "qwen2" ? 2u + 2u * 12u : 3u + 2u * 11u);
+    for (const auto& info : f->tensors()) {
+      auto want = f->read(info.name);
+      ASSERT_TRUE(want.ok());
+      const std::string hf = hf_name_from_gguf(info.name);
+      ASSERT_TRUE(imp->tensors.count(hf)) << info.name;
+      EXPECT_EQ(imp->tensors[hf].data, want->data) << info.name;
+    }
+    EXPECT_EQ(imp->tensors.count("model.layers.1.self_attn.q_proj.bias"), arch == "qwen2" ? 1u : 0u);
+    EXPECT_EQ(imp->tensors.count("model.layers.1.self_attn.k_norm.weight"), arch == "qwen3" ? 1u : 0u);
+
+    const auto d = temp_dir(arch);
+    ASSERT_TRUE(import_gguf_to_dir(fixture("tiny_" + arch + ".gguf"), d.string()).ok());
+    auto loaded = load_model(d.string());
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+    EXPECT_EQ(loaded->model.config().family, arch);
+    EXPECT_EQ(loaded->model.config().qkv_bias, arch == "qwen2");
+    auto lp = score_tokens(loaded->model, {1, 50, 60, 70, 80});
+    ASSERT_TRUE(lp.ok()) << lp.error().message;
+    ASSERT_EQ(lp->size(), 4u);
+    for (float v : *lp) EXPECT_TRUE(std::isfinite(v) && v < 0.0f) << v;
   }
 }
 

@@ -14,6 +14,10 @@ tests/gguf/requirements.txt && /tmp/v/bin/python tests/gguf/make_fixtures.py`. T
   tiny_llama_badvocab.gguf  tiny_llama with one token fewer than token_embd has rows.
   tiny_llama_spm.gguf  tiny_llama with a `llama` (SentencePiece) vocabulary: <unk> <s> </s>, 256 <0xXX> byte
                     tokens, pieces with scores (its expected token ids: make_smollm2_reference.py, tiny_spm_tokens.json).
+  tiny_qwen2.gguf   a 2-layer qwen2 (d 32, 4 heads, 2 kv heads, q/k/v biases), tied, byte-level BPE (pre qwen2);
+                    stored as in the checkpoint (llama.cpp permutes only llama's q/k).
+  tiny_qwen3.gguf   a 2-layer qwen3 (d 32, 4 heads of 16 = key_length != d / heads, 2 kv heads, q/k RMSNorm), with
+                    an output.weight (untied).
 """
 import os
 
@@ -200,12 +204,73 @@ def write_tiny_llama(path, drop_token=False, hf_path=None, spm=False):
         finish(w)
 
 
+def write_tiny_qwen(path, arch):
+    C, L, H, KV, I = 32, 2, 4, 2, 64
+    D = 8 if arch == "qwen2" else 16
+    tokens, types, merges = byte_vocab()
+    V = len(tokens)
+    r = np.random.default_rng(7 if arch == "qwen2" else 8)
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name("tiny " + arch)
+    w.add_uint32(arch + ".block_count", L)
+    w.add_uint32(arch + ".context_length", 512)
+    w.add_uint32(arch + ".embedding_length", C)
+    w.add_uint32(arch + ".feed_forward_length", I)
+    w.add_uint32(arch + ".attention.head_count", H)
+    w.add_uint32(arch + ".attention.head_count_kv", KV)
+    if arch == "qwen3":
+        w.add_uint32(arch + ".attention.key_length", D)
+        w.add_uint32(arch + ".attention.value_length", D)
+    w.add_float32(arch + ".rope.freq_base", 1000000.0)
+    w.add_float32(arch + ".attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "qwen2")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_key_value("tokenizer.ggml.token_type", types, T.ARRAY, sub_type=T.INT32)
+    w.add_array("tokenizer.ggml.merges", merges)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    w.add_uint32("tokenizer.ggml.padding_token_id", 0)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_string("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+
+    def mat(rows, cols):
+        return (r.standard_normal((rows, cols)) * 0.2).astype(np.float32)
+
+    def vec(n, base=0.0):
+        return (base + 0.1 * r.standard_normal(n)).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(mat(V, C), Q.Q8_0), raw_dtype=Q.Q8_0)
+    w.add_tensor("output_norm.weight", vec(C, 1.0))
+    if arch == "qwen3":
+        w.add_tensor("output.weight", mat(V, C).astype(np.float16))
+    for l in range(L):
+        w.add_tensor(f"blk.{l}.attn_q.weight", mat(H * D, C))
+        w.add_tensor(f"blk.{l}.attn_k.weight", mat(KV * D, C))
+        w.add_tensor(f"blk.{l}.attn_v.weight", mat(KV * D, C).astype(np.float16))
+        if arch == "qwen2":
+            w.add_tensor(f"blk.{l}.attn_q.bias", vec(H * D))
+            w.add_tensor(f"blk.{l}.attn_k.bias", vec(KV * D))
+            w.add_tensor(f"blk.{l}.attn_v.bias", vec(KV * D))
+        else:
+            w.add_tensor(f"blk.{l}.attn_q_norm.weight", vec(D, 1.0))
+            w.add_tensor(f"blk.{l}.attn_k_norm.weight", vec(D, 1.0))
+        w.add_tensor(f"blk.{l}.attn_output.weight", gguf.quants.quantize(mat(C, H * D), Q.Q8_0), raw_dtype=Q.Q8_0)
+        w.add_tensor(f"blk.{l}.ffn_gate.weight", mat(I, C))
+        w.add_tensor(f"blk.{l}.ffn_up.weight", gguf.quants.quantize(mat(I, C), Q.Q4_0), raw_dtype=Q.Q4_0)
+        w.add_tensor(f"blk.{l}.ffn_down.weight", mat(C, I))
+        w.add_tensor(f"blk.{l}.attn_norm.weight", vec(C, 1.0))
+        w.add_tensor(f"blk.{l}.ffn_norm.weight", vec(C, 1.0))
+    finish(w)
+
+
 if __name__ == "__main__":
     write_types()
     write_unsupported()
     write_tiny_llama(os.path.join(HERE, "tiny_llama.gguf"), hf_path=os.path.join(HERE, "tiny_llama_hf.gguf"))
     write_tiny_llama(os.path.join(HERE, "tiny_llama_badvocab.gguf"), drop_token=True)
     write_tiny_llama(os.path.join(HERE, "tiny_llama_spm.gguf"), spm=True)
+    write_tiny_qwen(os.path.join(HERE, "tiny_qwen2.gguf"), "qwen2")
+    write_tiny_qwen(os.path.join(HERE, "tiny_qwen3.gguf"), "qwen3")
     for f in sorted(os.listdir(HERE)):
         if f.endswith(".gguf"):
             print(f, os.path.getsize(os.path.join(HERE, f)))
