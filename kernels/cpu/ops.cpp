@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
+
+#include "small_gemm.h"
 
 namespace troupe::kernels {
 
@@ -33,11 +36,39 @@ const bool blas_single_threaded = [] {
   return true;
 }();
 
+// A float GEMM of one row block against a wide B, as fixed blocks of kGemmColBlock columns of C
+// (ops.h). False when the shape is not one: the row blocks below take it.
+template <class T>
+bool gemm_column_blocks(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B,
+                        int ldb, T beta, T* Cm, int ldc) {
+  if constexpr (!std::is_same_v<T, float>) {
+    return false;
+  } else {
+    if (M > kGemmRowBlock || N <= kGemmColBlock || double(N) * K < kGemmWideMin) return false;
+    const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+    const bool kernel = !trans_a && trans_b && M <= kGemmKernelMaxRows && K > 0 && small_gemm::available();
+    const int blocks = (N + kGemmColBlock - 1) / kGemmColBlock;
+    const bool split = double(M) * N * K > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1;
+#pragma omp parallel for schedule(static) if (split)
+    for (int b = 0; b < blocks; ++b) {
+      const int c0 = b * kGemmColBlock, cols = std::min(N - c0, kGemmColBlock);
+      if (kernel) {
+        small_gemm::gemm_nt_rows(M, c0, c0 + cols, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
+      } else {
+        const T* bb = trans_b ? B + static_cast<size_t>(c0) * ldb : B + c0;  // op(B) column c0
+        gemm(ta, tb, M, cols, K, alpha, A, lda, bb, ldb, beta, Cm + c0, ldc);
+      }
+    }
+    return true;
+  }
+}
+
 template <class T>
 void gemm_blocked_impl(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
                        const T* B, int ldb, T beta, T* Cm, int ldc) {
   if (M <= 0 || N <= 0) return;
   (void)blas_single_threaded;
+  if (gemm_column_blocks(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc)) return;
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
   const int blocks = (M + kGemmRowBlock - 1) / kGemmRowBlock;
   const bool split = blocks > 1 && double(M) * N * K > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1;
@@ -54,6 +85,24 @@ inline T dot(const T* a, const T* b, int n) {
   T s = 0;
   for (int i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// score[i] = dot(q, key i) for n <= kDecodeKeys keys `stride` apart, each the same chain as dot()
+// (one running sum, d = 0..HD-1): a full group runs its keys' chains side by side, which the CPU
+// overlaps (and the compiler may vectorize across keys), where one dot() waits on each addition.
+constexpr int kDecodeKeys = 8;
+template <class T>
+inline void key_scores(T* score, const T* q, const T* keys, size_t stride, int n, int HD) {
+  if (n < kDecodeKeys) {
+    for (int i = 0; i < n; ++i) score[i] = dot(q, keys + i * stride, HD);
+    return;
+  }
+  T s[kDecodeKeys] = {};
+  for (int d = 0; d < HD; ++d) {
+    const T qd = q[d];
+    for (int i = 0; i < kDecodeKeys; ++i) s[i] += qd * keys[i * stride + d];
+  }
+  for (int i = 0; i < kDecodeKeys; ++i) score[i] = s[i];
 }
 
 // One key of an online softmax: the output row o (HD) holds sum_j e^(s_j - m) v_j over the keys
@@ -461,11 +510,15 @@ void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_c
     T* o = out + static_cast<size_t>(bh) * HD;
     std::fill(o, o + HD, T(0));
     T m = -std::numeric_limits<T>::infinity(), l = 0;
-    for (int j = 0; j < kv_len[b]; ++j) {
-      const size_t row = (static_cast<size_t>(slot ? slot[b] : b) * cache_len + j) * NKV + g;
-      const T* kv = k_cache + row * HD;
-      const T* vv = v_cache + row * HD;
-      online_softmax_step(o, m, l, dot(qv, kv, HD) * scale, vv, HD);
+    const size_t stride = static_cast<size_t>(NKV) * HD;  // from one position's key to the next
+    const size_t first = (static_cast<size_t>(slot ? slot[b] : b) * cache_len * NKV + g) * HD;
+    const T* kc = k_cache + first;
+    const T* vc = v_cache + first;
+    T score[kDecodeKeys];
+    for (int j0 = 0; j0 < kv_len[b]; j0 += kDecodeKeys) {
+      const int n = std::min(kDecodeKeys, kv_len[b] - j0);
+      key_scores(score, qv, kc + j0 * stride, stride, n, HD);
+      for (int i = 0; i < n; ++i) online_softmax_step(o, m, l, score[i] * scale, vc + (j0 + i) * stride, HD);
     }
     if (l > 0) {
       const T inv = T(1) / l;

@@ -23,7 +23,18 @@ inline bool parallel_worth(double work) { return work >= 65536.0; }
 // parallel region; outside one, a GEMM of more than 1e6 multiply-adds spreads its blocks over the
 // threads. BLAS may pick a different micro-kernel (rounding differently) for a different M, so
 // fixed blocks are what make every op's result independent of the thread count.
+//
+// A float GEMM of at most kGemmRowBlock rows (a decode step: one row per sequence) against a wide
+// operand (N * K >= kGemmWideMin) is instead cut into fixed blocks of kGemmColBlock columns of C,
+// spread over the threads above 1e6 multiply-adds like the row blocks: one row block would
+// otherwise run on one thread. Its one- and two-row C = A B^T form (matmul_forward at
+// batch 1 and 2) runs our AVX2/FMA row-times-row kernel (cpu/small_gemm.h) where the CPU has it,
+// the rest OpenBLAS per column block. Again the blocks, and so the bits, do not depend on the
+// thread count. Smaller GEMMs (the tiny models of the tests and the quickstart) keep one call.
 inline constexpr int kGemmRowBlock = 64;
+inline constexpr int kGemmColBlock = 64;
+inline constexpr double kGemmWideMin = 65536.0;
+inline constexpr int kGemmKernelMaxRows = 2;
 void gemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                   const float* B, int ldb, float beta, float* C, int ldc);
 void gemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
