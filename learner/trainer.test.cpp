@@ -368,6 +368,7 @@ TEST(Trainer, MismatchMetricsCompareSamplerAndLearnerBeforeTheUpdate) {
         LearnerConfig c = base_config();
         c.batch.num_mini_batches = mini;
         c.batch.num_iterations = 1;
+        c.loss.kl_coef = 0;
         c.optimizer.lr = 0.1f;
         BigramModel model(12, 3);
         LocalCommunicator comm;
