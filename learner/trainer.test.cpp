@@ -351,7 +351,7 @@ namespace {
 TEST(Trainer, MismatchMetricsCompareSamplerAndLearnerBeforeTheUpdate) {
   auto batch = random_batch(5, 8, 12, false, false);
   BigramModel probe(12, 3);
-  auto exact = compute_completion_logprobs(probe, batch, 1.0f);
+  auto exact = compute_completion_logprobs(probe, batch, base_config().batch.temperature);
   ASSERT_TRUE(exact.ok());
   double tokens = 0;
   for (const auto& s : batch) tokens += static_cast<double>(s.completion.size());
