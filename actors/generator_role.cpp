@@ -79,6 +79,8 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
     s.prompt_tokens = std::move(prompts[i]);
     s.tokens = std::move(gens[i].tokens);
     s.logprobs = std::move(gens[i].logprobs);
+    s.experts = std::move(gens[i].experts);
+    const size_t route_width = s.tokens.empty() ? 0 : s.experts.size() / s.tokens.size();
     bool stopped = gens[i].stopped;
     auto text = tok.decode(s.tokens, true);
     s.text = text.ok() ? *text : std::string();
@@ -94,6 +96,7 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
           if (hit) {
             s.tokens.resize(k);
             s.logprobs.resize(k);
+            s.experts.resize(k * route_width);
             s.text = *t;
             stopped = true;
             break;

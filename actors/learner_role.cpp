@@ -54,6 +54,12 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
     s.behavior_logprobs = t.behavior_logprobs;
     s.advantage = t.advantage;
     s.truncated = t.truncated;
+    s.sampler_experts = t.experts;
+    s.score_mismatch = t.policy_version == version_;  // sampled by the weights held now
+  }
+  learner::MismatchSums stale_mismatch;
+  if (phase == learner::Phase::grpo) {
+    TROUPE_ASSIGN_OR_RETURN(stale_mismatch, score_stale(r, samples, trainer));
   }
   if (ref_adapter_ && phase == learner::Phase::grpo) {
     TROUPE_ASSIGN_OR_RETURN(auto ref, learner::compute_completion_logprobs(*ref_adapter_, samples,
@@ -78,6 +84,9 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
   }
   TROUPE_ASSIGN_OR_RETURN(auto m, streamed ? trainer.finish_accumulated() : trainer.train_step(samples));
   ++version_;
+  m.mismatch.add(stale_mismatch);
+  stale_mismatch_ = {};
+  const learner::MismatchSummary mm = learner::summarize(m.mismatch);
   json j = {{"loss", m.loss.loss},
             {"pg_loss", m.loss.pg_loss},
             {"kl", m.loss.kl},
@@ -89,11 +98,54 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
             {"lr", m.lr},
             {"train_tokens", m.tokens},
             {"learner_tokens_per_s", m.tokens_per_s}};
+  if (mm.tokens > 0) {  // sampler vs learner on the same version's weights, before the update
+    j["logprob_diff_max"] = mm.logprob_diff_max;
+    j["logprob_diff_mean"] = mm.logprob_diff_mean;
+    j["mismatch_kl"] = mm.mismatch_kl;
+    j["mismatch_frac"] = mm.mismatch_frac;
+    j["mismatch_tokens"] = mm.tokens;
+    if (mm.has_routing) j["routing_agreement"] = mm.routing_agreement;
+  }
   TrainRep rep;
   rep.metrics_json = j.dump();
   rep.policy_version = version_;
   rep.train_s = seconds_since(t0);
   return rep;
+}
+
+Result<learner::MismatchSums> LearnerRole::score_stale(const TrainReq& r, const std::vector<learner::Sample>& samples,
+                                                      learner::Trainer& trainer) {
+  if (!cfg_.rollout.async) return learner::MismatchSums{};
+  // The weights of this version may sample later steps: keep them for as long as they may be
+  // max_staleness behind (only the versions of this many last updates stay).
+  if (!snapshots_.count(version_)) {
+    auto p = policy_.model->params();
+    snapshots_[version_].assign(p.begin(), p.end());
+  }
+  while (!snapshots_.empty() && snapshots_.begin()->first < version_ - cfg_.rollout.max_staleness)
+    snapshots_.erase(snapshots_.begin());
+  std::map<int64_t, std::vector<const learner::Sample*>> by_version;
+  for (size_t i = 0; i < samples.size(); ++i)
+    if (r.samples[i].policy_version >= 0 && r.samples[i].policy_version != version_ &&
+        snapshots_.count(r.samples[i].policy_version))
+      by_version[r.samples[i].policy_version].push_back(&samples[i]);
+  if (by_version.empty()) return stale_mismatch_;
+  // Each older version's samples are scored with that version's weights (every rank scores all of
+  // them, so the sums need no reduction), then the current weights come back bit for bit.
+  const std::vector<float> current(policy_.model->params().begin(), policy_.model->params().end());
+  learner::MismatchSums sums = stale_mismatch_;
+  for (const auto& [v, list] : by_version) {
+    TROUPE_TRY(policy_.model->set_params(snapshots_[v]));
+    auto part = learner::score_mismatch(*adapter_, list, trainer.config().batch.temperature);
+    if (!part.ok()) {
+      TROUPE_TRY(policy_.model->set_params(current));
+      return part.error();
+    }
+    sums.add(*part);
+  }
+  TROUPE_TRY(policy_.model->set_params(current));
+  stale_mismatch_ = sums;  // streamed parts: carried to the step's last part
+  return sums;
 }
 
 Weights LearnerRole::weights() const {

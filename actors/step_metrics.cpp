@@ -79,6 +79,11 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
   for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm",
                           "lr", "is_weight_mean"})
     row[key] = tr.updated ? tr.metrics.value(key, 0.0) : 0.0;
+  // sampler vs learner on the weights that sampled (present when some response token was compared)
+  if (tr.updated)
+    for (const char* key : {"logprob_diff_max", "logprob_diff_mean", "mismatch_kl", "mismatch_frac", "mismatch_tokens",
+                            "routing_agreement"})
+      if (tr.metrics.contains(key)) row[key] = tr.metrics[key];
   return row;
 }
 

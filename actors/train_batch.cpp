@@ -57,14 +57,18 @@ Result<Prepared> prepare(const RunState& s, const Rollout& r) {
       TrainSample t;
       t.prompt = x.prompt_tokens;
       t.completion = x.tokens;
-      if (async && ro.stale_policy == "importance_weight") {
+      if ((async && ro.stale_policy == "importance_weight") ||
+          s.cfg.loss.mismatch_correction != learner::MismatchCorrection::none) {
         // decoupled PPO: the ratio against the learner's current weights, and the sampler's
-        // log-probs only in the truncated importance weight min(pi_current / pi_sampler, cap)
+        // log-probs only in the importance weight of pi_current / pi_sampler (truncated at the
+        // cap, or the loss.mismatch_correction rule)
         t.behavior_logprobs = x.logprobs;
       } else {
         t.old_logprobs = x.logprobs;
       }
       t.mask = x.mask;
+      t.policy_version = r.policy_version;
+      if (x.mask.empty()) t.experts = x.experts;  // single-turn: one record per completion token
       t.advantage = p.adv[gi * G + j];
       t.truncated = x.truncated;
       p.samples.push_back(std::move(t));

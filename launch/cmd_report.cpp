@@ -1,4 +1,5 @@
-// `troupe report RUN_DIR`: writes RUN_DIR/report.png (reward and eval accuracy by step) with
+// `troupe report RUN_DIR`: writes RUN_DIR/report.png (reward and eval accuracy by step, the SFT
+// loss, the sampler/learner mismatch when the rows have it) with
 // matplotlib, run through troupe::python_executable() (posix_spawn, no shell).
 #include <spawn.h>
 #include <sys/wait.h>
@@ -36,7 +37,9 @@ with open(sys.argv[1]) as f:
 train = [r for r in rows if "eval_accuracy" not in r and "reward_mean" in r and r["reward_mean"] is not None]
 sft = [r for r in rows if "eval_accuracy" not in r and r.get("phase") == "sft" and "loss" in r]
 evals = [r for r in rows if "eval_accuracy" in r]
-fig, axes = plt.subplots(1, 3 if sft else 2, figsize=(15 if sft else 11, 4))
+mism = [r for r in rows if "eval_accuracy" not in r and "logprob_diff_max" in r]
+panels = 2 + (1 if sft else 0) + (1 if mism else 0)
+fig, axes = plt.subplots(1, panels, figsize=(4 + 3.7 * panels, 4))
 ax = axes[0]
 for phase, color in (("grpo", "tab:blue"), ("sft", "tab:gray")):
     pts = [(r["step"], r["reward_mean"]) for r in train if r.get("phase") == phase]
@@ -56,6 +59,20 @@ if sft:
     ax = axes[2]
     ax.plot([r["step"] for r in sft], [r["loss"] for r in sft], color="tab:gray")
     ax.set_xlabel("step"); ax.set_ylabel("loss"); ax.set_title("SFT loss"); ax.grid(alpha=0.3)
+if mism:
+    ax = axes[-1]
+    steps = [r["step"] for r in mism]
+    for key, color in (("logprob_diff_max", "tab:red"), ("logprob_diff_mean", "tab:orange")):
+        ax.plot(steps, [max(r[key], 1e-12) for r in mism], color=color, label=key)
+    ax.set_yscale("log"); ax.set_xlabel("step"); ax.set_ylabel("|logp sampler - logp learner|")
+    ax.set_title("sampler/learner mismatch"); ax.grid(alpha=0.3)
+    if any("routing_agreement" in r for r in mism):
+        ax2 = ax.twinx()
+        pts = [(r["step"], r["routing_agreement"]) for r in mism if "routing_agreement" in r]
+        ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="tab:green", label="routing_agreement")
+        ax2.set_ylim(-0.02, 1.02); ax2.set_ylabel("routing agreement")
+        ax2.legend(loc="lower right")
+    ax.legend(loc="upper left")
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=100)
 print(sys.argv[2])

@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include <yaml-cpp/yaml.h>
 
@@ -519,6 +520,11 @@ class Loader {
               "layer " + std::to_string(l) + " does not exist (num_hidden_layers = " +
                   std::to_string(m.num_hidden_layers) + ")");
     const auto& x = c.policy;  // execution options
+    for (const auto& [lo, hi, key] : {std::tuple{c.loss.mis_low, c.loss.mis_high, "loss.mis_high"},
+                                      std::tuple{c.loss.geo_mask_low, c.loss.geo_mask_high, "loss.geo_mask_high"},
+                                      std::tuple{c.loss.icepop_low, c.loss.icepop_high, "loss.icepop_high"}})
+      if (!(hi > lo))
+        error(at(key), key, std::to_string(hi) + " must be above the lower bound " + std::to_string(lo));
     if (x.offload_activations && !x.activation_checkpointing)
       error(at("policy.offload_activations"), "policy.offload_activations",
             "needs policy.activation_checkpointing: true (only checkpointed inputs are offloaded)");

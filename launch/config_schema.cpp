@@ -108,6 +108,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.flag("policy.offload_activations", [](C& c) { return &c.policy.offload_activations; }, "Optimization: move checkpointed layer inputs to an offload store (needs activation_checkpointing).");
   b.flag("policy.offload_double_buffer", [](C& c) { return &c.policy.offload_double_buffer; }, "Optimization: reload layer l-1's input while layer l runs backward.");
   b.flag("policy.moe_grouped", [](C& c) { return &c.policy.moe_grouped; }, "Optimization: counting-sort grouped MoE routing instead of the masked loop.");
+  b.integer("policy.logprob_chunk", [](C& c) { return &c.policy.logprob_chunk; }, 0, 1073741824, "Training log-probs: vocabulary columns per chunk of the LM head and log-softmax (online log-sum-exp), so no (tokens, vocab) logits buffer exists; 0 = the whole vocabulary at once. A vocabulary of at most one chunk is computed exactly as with 0; a larger one rounds differently (gradients equal to 1e-6 relative).");
   b.choice("policy.model.family", [](C& c) { return &c.policy.model.family; }, {"qwen3_moe", "mixtral"}, "Model family (Hugging Face layout of checkpoints): qwen3_moe has per-head q/k RMSNorm.");
   b.integer("policy.model.vocab_size", [](C& c) { return &c.policy.model.vocab_size; }, 2, 1048576, "V: vocabulary size (must cover the tokenizer).");
   b.integer("policy.model.hidden_size", [](C& c) { return &c.policy.model.hidden_size; }, 1, 65536, "C: model width.");
@@ -158,6 +159,14 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.enumeration("loss.agg_mode", [](C& c) { return &c.loss.agg_mode; }, {{"token-mean", LossAggMode::token_mean}, {"seq-mean-token-mean", LossAggMode::seq_mean_token_mean}, {"seq-mean-token-sum-norm", LossAggMode::seq_mean_token_sum_norm}}, "Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO).");
   b.integer("loss.agg_norm_length", [](C& c) { return &c.loss.agg_norm_length; }, 0, 1048576, "Constant of seq-mean-token-sum-norm (0 = rollout.max_response_length * rollout.max_turns).");
   b.flag("loss.sequence_level_ratio", [](C& c) { return &c.loss.sequence_level_ratio; }, "Sequence-level importance ratio (GSPO).");
+  b.enumeration("loss.mismatch_correction", [](C& c) { return &c.loss.mismatch_correction; }, {{"none", learner::MismatchCorrection::none}, {"tis", learner::MismatchCorrection::tis}, {"mis", learner::MismatchCorrection::mis}, {"seq_geo_mask", learner::MismatchCorrection::seq_geo_mask}, {"icepop", learner::MismatchCorrection::icepop}}, "Correction of the sampler/learner log-prob gap. With one set, the PPO ratio is taken against the learner's own log-probs and each token's policy-gradient term is weighted by a detached w of rho = pi_learner / pi_sampler: tis w = min(rho, loss.tis_cap) (truncated importance sampling); mis w = rho inside [loss.mis_low, loss.mis_high], else 0 (masked importance sampling); seq_geo_mask w = 1 for the tokens of a sequence whose geometric-mean rho is inside [loss.geo_mask_low, loss.geo_mask_high], else 0; icepop w = rho inside [loss.icepop_low, loss.icepop_high], else 0 (IcePop). It replaces rollout.importance_weight_cap's truncation of stale async samples. none: the sampler's log-probs are the old policy of the ratio.");
+  b.number("loss.tis_cap", [](C& c) { return &c.loss.tis_cap; }, 1e-6, 1e6, "mismatch_correction tis: cap of the importance weight.");
+  b.number("loss.mis_low", [](C& c) { return &c.loss.mis_low; }, 0, 1e6, "mismatch_correction mis: tokens with rho below this are dropped (0 = one-sided).");
+  b.number("loss.mis_high", [](C& c) { return &c.loss.mis_high; }, 1e-6, 1e6, "mismatch_correction mis: tokens with rho above this are dropped.");
+  b.number("loss.geo_mask_low", [](C& c) { return &c.loss.geo_mask_low; }, 0, 1e6, "mismatch_correction seq_geo_mask: sequences whose geometric-mean rho is below this are dropped.");
+  b.number("loss.geo_mask_high", [](C& c) { return &c.loss.geo_mask_high; }, 1e-6, 1e6, "mismatch_correction seq_geo_mask: sequences whose geometric-mean rho is above this are dropped.");
+  b.number("loss.icepop_low", [](C& c) { return &c.loss.icepop_low; }, 0, 1e6, "mismatch_correction icepop: alpha, the lower bound of the kept ratios.");
+  b.number("loss.icepop_high", [](C& c) { return &c.loss.icepop_high; }, 1e-6, 1e6, "mismatch_correction icepop: beta, the upper bound of the kept ratios.");
 
   // optimizer
   b.choice("optimizer.name", [](C& c) { return &c.optimizer.name; }, {"adamw"}, "Optimizer.");

@@ -3,6 +3,7 @@
 #include "troupe/learner/config.h"
 
 #include <string>
+#include <tuple>
 
 namespace troupe::learner {
 
@@ -17,6 +18,14 @@ Status validate(const LearnerConfig& c) {
   if (c.loss.agg_mode == LossAggMode::seq_mean_token_sum_norm && c.loss.agg_norm_length <= 0 &&
       c.max_completion_length <= 0)
     return err("seq-mean-token-sum-norm needs agg_norm_length > 0 or max_completion_length > 0");
+  const auto& l = c.loss;
+  if (!(l.tis_cap > 0)) return err("tis_cap must be > 0, got " + std::to_string(l.tis_cap));
+  for (const auto& [lo, hi, name] : {std::tuple{l.mis_low, l.mis_high, "mis"},
+                                     std::tuple{l.geo_mask_low, l.geo_mask_high, "geo_mask"},
+                                     std::tuple{l.icepop_low, l.icepop_high, "icepop"}})
+    if (!(lo >= 0) || !(hi > lo))
+      return err(std::string(name) + "_low and " + name + "_high must satisfy 0 <= low < high, got " +
+                 std::to_string(lo) + " and " + std::to_string(hi));
   if (c.advantage.std_eps < 0) return err("advantage std_eps must be >= 0");
   if (c.advantage.reward_clip < 0) return err("reward_clip must be >= 0");
   if (c.advantage.overlong_buffer_len < 0 || c.advantage.overlong_buffer_len > c.max_completion_length)

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include "troupe/learner/correction.h"
+
 namespace troupe::learner {
 
 namespace {
@@ -24,6 +26,14 @@ Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples,
   out.has_old = !samples.empty() && !samples[0]->old_logprobs.empty();
   out.has_ref = !samples.empty() && !samples[0]->ref_logprobs.empty();
   out.has_behavior = !samples.empty() && !samples[0]->behavior_logprobs.empty();
+  for (const Sample* s : samples) {
+    const auto& sampler = s->behavior_logprobs.empty() ? s->old_logprobs : s->behavior_logprobs;
+    if (s->score_mismatch && !sampler.empty()) out.has_mismatch = true;
+    const size_t C = s->completion.size();
+    if (s->score_mismatch && !s->sampler_experts.empty() && C > 0 && s->sampler_experts.size() % C == 0 &&
+        out.experts_width == 0)
+      out.experts_width = static_cast<int>(s->sampler_experts.size() / C);
+  }
   for (const Sample* s : samples) {
     const size_t P = s->prompt.size(), C = s->completion.size();
     if (P < 1 || C < 1) return invalid_input("learner: a sample needs >= 1 prompt and >= 1 completion token");
@@ -42,9 +52,68 @@ Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples,
       if (out.has_old) out.logp_old.push_back(completion ? s->old_logprobs[j] : 0.0f);
       if (out.has_ref) out.logp_ref.push_back(completion ? s->ref_logprobs[j] : 0.0f);
       if (out.has_behavior) out.logp_behavior.push_back(completion ? s->behavior_logprobs[j] : 0.0f);
+      if (out.has_mismatch) {
+        const auto& sampler = s->behavior_logprobs.empty() ? s->old_logprobs : s->behavior_logprobs;
+        const bool scored = completion && s->score_mismatch && !sampler.empty();
+        const float m = scored ? (s->completion_mask.empty() ? 1.0f : s->completion_mask[j]) : 0.0f;
+        out.mismatch_mask.push_back(m);
+        out.logp_sampler.push_back(scored ? sampler[j] : 0.0f);
+        const size_t W = static_cast<size_t>(out.experts_width);
+        const bool routed = scored && W > 0 && s->sampler_experts.size() == C * W;
+        out.route_mask.push_back(routed ? m : 0.0f);
+        if (W > 0) {
+          if (routed)
+            out.experts.insert(out.experts.end(), s->sampler_experts.begin() + static_cast<std::ptrdiff_t>(j * W),
+                               s->sampler_experts.begin() + static_cast<std::ptrdiff_t>((j + 1) * W));
+          else
+            out.experts.insert(out.experts.end(), W, -1);
+        }
+      }
     }
     b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
     out.advantages.push_back(s->advantage);
+  }
+  return out;
+}
+
+void add_packed_mismatch(MismatchSums& out, const PackedMicroBatch& packed, const float* logp, const PolicyModel& model) {
+  if (!packed.has_mismatch) return;
+  const int T = static_cast<int>(packed.batch.tokens.size());
+  add_logprob_mismatch(out, packed.logp_sampler.data(), logp, packed.mismatch_mask.data(), T);
+  const int W = packed.experts_width;
+  const auto routing = model.last_routing();
+  if (W > 0 && W == model.routing_width() && routing.size() == static_cast<size_t>(T) * W)
+    add_routing_mismatch(out, packed.experts.data(), routing.data(), packed.route_mask.data(), T, W,
+                         model.routing_k());
+}
+
+Result<MismatchSums> score_mismatch(PolicyModel& model, const std::vector<const Sample*>& samples, float temperature,
+                                    int max_tokens_per_batch) {
+  MismatchSums out;
+  std::vector<Sample> bare;  // prompt, completion, mask and what the sampler recorded, nothing else
+  for (const Sample* s : samples) {
+    const auto& sampler = s->behavior_logprobs.empty() ? s->old_logprobs : s->behavior_logprobs;
+    if (sampler.empty()) continue;
+    Sample b;
+    b.prompt = s->prompt;
+    b.completion = s->completion;
+    b.completion_mask = s->completion_mask;
+    b.old_logprobs = sampler;
+    b.sampler_experts = s->sampler_experts;
+    b.score_mismatch = true;
+    bare.push_back(std::move(b));
+  }
+  std::vector<int> lengths;
+  for (const auto& s : bare) lengths.push_back(static_cast<int>(s.prompt.size() + s.completion.size()) - 1);
+  const auto cuts = split_micro_batches(lengths, 0, max_tokens_per_batch);
+  std::vector<float> logp;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    std::vector<const Sample*> ptrs;
+    for (int i = cuts[c]; i < cuts[c + 1]; ++i) ptrs.push_back(&bare[static_cast<size_t>(i)]);
+    TROUPE_ASSIGN_OR_RETURN(auto packed, pack_samples(ptrs, false));
+    logp.assign(packed.batch.tokens.size(), 0.0f);
+    TROUPE_TRY(model.forward_train(packed.batch, temperature, logp.data(), nullptr));
+    add_packed_mismatch(out, packed, logp.data(), model);
   }
   return out;
 }
@@ -157,7 +226,8 @@ Status Trainer::check_sample(const Sample& s, size_t i) const {
   return {};
 }
 
-Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm) {
+Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm,
+                                             bool score, MismatchSums& mismatch) {
   TROUPE_ASSIGN_OR_RETURN(auto packed, pack_samples(samples, cfg_.batch.mask_truncated));
   const size_t T = packed.batch.tokens.size();
   logp_.assign(T, 0.0f);
@@ -165,6 +235,7 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
   dlogp_.assign(T, 0.0f);
   dentropy_.assign(T, 0.0f);
   TROUPE_TRY(model_.forward_train(packed.batch, cfg_.batch.temperature, logp_.data(), entropy_.data()));
+  if (score) add_packed_mismatch(mismatch, packed, logp_.data(), model_);
   TokenBatch tb;
   tb.T = static_cast<int>(T);
   tb.S = static_cast<int>(samples.size());
@@ -174,15 +245,15 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
   tb.logp_old = packed.has_old ? packed.logp_old.data() : nullptr;
   tb.logp_ref = packed.has_ref ? packed.logp_ref.data() : nullptr;
   if (packed.has_behavior && cfg_.phase == Phase::grpo) {
-    // truncated importance weight against the policy that sampled: min(pi_old / pi_behavior, cap),
-    // pi_old the recorded/recomputed old policy or, on-policy, the current one (detached)
+    // importance weight against the policy that sampled, of rho = pi_old / pi_behavior, pi_old the
+    // recorded/recomputed old policy or, on-policy, the current one (detached): the configured
+    // loss.mismatch_correction, else truncated at importance_weight_cap (stale async samples)
     is_weight_.assign(T, 0.0f);
     const float* base = tb.logp_old ? tb.logp_old : logp_.data();
-    const double cap = cfg_.importance_weight_cap;
-    for (size_t t = 0; t < T; ++t)
-      if (packed.mask[t] != 0)
-        is_weight_[t] = static_cast<float>(
-            std::min(cap, std::exp(static_cast<double>(base[t]) - packed.logp_behavior[t])));
+    const auto mode = cfg_.loss.mismatch_correction;
+    correction_weights(is_weight_.data(), base, packed.logp_behavior.data(), packed.mask.data(), tb.cu_seqlens, tb.S,
+                       tb.T, mode == MismatchCorrection::none ? MismatchCorrection::tis : mode, cfg_.loss,
+                       mode == MismatchCorrection::none ? static_cast<double>(cfg_.importance_weight_cap) : 0.0);
     tb.is_weight = is_weight_.data();
   }
   LossMetrics m;
@@ -221,7 +292,7 @@ Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum) {
   return {};
 }
 
-Status Trainer::finish_metrics(StepMetrics& out, const LossMetrics& sums, double norm_sum,
+Status Trainer::finish_metrics(StepMetrics& out, const LossMetrics& sums, const MismatchSums& mismatch, double norm_sum,
                                const std::vector<float>& adv, const std::vector<float>& rew, double len,
                                double trunc, double seconds) {
   double v[11] = {sums.loss,        sums.pg_loss,      sums.kl_loss,       sums.tokens,
@@ -229,6 +300,13 @@ Status Trainer::finish_metrics(StepMetrics& out, const LossMetrics& sums, double
                   sums.entropy_sum, sums.ratio_sum,    sums.is_weight_sum};
   TROUPE_TRY(comm_.allreduce_sum(std::span<double>(v, 11)));
   LossMetrics total{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10]};
+  double mm[6] = {mismatch.tokens, mismatch.diff_sum, mismatch.kl_sum, mismatch.over_tol, mismatch.route_pairs,
+                  mismatch.route_agree};
+  TROUPE_TRY(comm_.allreduce_sum(std::span<double>(mm, 6)));
+  std::vector<double> maxes(static_cast<size_t>(comm_.size()), 0.0);  // a max as a sum of one slot per rank
+  maxes[static_cast<size_t>(comm_.rank())] = mismatch.diff_max;
+  TROUPE_TRY(comm_.allreduce_sum(std::span<double>(maxes)));
+  out.mismatch = MismatchSums{mm[0], mm[1], *std::max_element(maxes.begin(), maxes.end()), mm[2], mm[3], mm[4], mm[5]};
   out.loss = finalize(total);
   const double steps = std::max(out.optimizer_steps, 1);
   out.loss.loss /= steps;
@@ -275,8 +353,19 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
   std::iota(order.begin(), order.end(), size_t{0});
   StepMetrics out;
   LossMetrics sums;
+  MismatchSums mismatch;
   double norm_sum = 0;
   const int W = comm_.size(), r = comm_.rank();
+  // Mismatch of the samples the current weights sampled, before any update: from the first
+  // training forward when one optimizer step follows it (free), else a forward pass of its own
+  // over this rank's share of the batch.
+  const bool score_in_forward = grpo && M == 1 && cfg_.batch.num_iterations == 1;
+  if (grpo && !score_in_forward) {
+    std::vector<const Sample*> mine;
+    for (size_t i = N * r / W; i < N * (r + 1) / W; ++i)
+      if (batch_in[i].score_mismatch) mine.push_back(&batch_in[i]);
+    TROUPE_ASSIGN_OR_RETURN(mismatch, score_mismatch(model_, mine, cfg_.batch.temperature));
+  }
   for (int it = 0; it < cfg_.batch.num_iterations; ++it) {
     if (cfg_.batch.shuffle) std::shuffle(order.begin(), order.end(), rng_);
     for (int k = 0; k < M; ++k) {
@@ -296,7 +385,7 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
       for (size_t c = 0; c + 1 < cuts.size(); ++c) {
         std::vector<const Sample*> mb;
         for (int i = cuts[c]; i < cuts[c + 1]; ++i) mb.push_back(&(*batch)[order[s0 + i]]);
-        TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm));
+        TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm, score_in_forward, mismatch));
         sums.add(m);
       }
       TROUPE_TRY(optimizer_step(out, norm_sum));
@@ -311,7 +400,7 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
     trunc += s.truncated ? 1.0 : 0.0;
   }
   TROUPE_TRY(
-      finish_metrics(out, sums, norm_sum, adv, rew, len, trunc,
+      finish_metrics(out, sums, mismatch, norm_sum, adv, rew, len, trunc,
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()));
   return out;
 }
@@ -349,7 +438,7 @@ Status Trainer::accumulate(const std::vector<Sample>& part) {
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
     std::vector<const Sample*> mb;
     for (int i = cuts[c]; i < cuts[c + 1]; ++i) mb.push_back(&part[s0 + static_cast<size_t>(i)]);
-    auto m = run_micro_batch(mb, unit);
+    auto m = run_micro_batch(mb, unit, true, acc_.mismatch);
     if (!m.ok()) {
       acc_ = Accumulated{};  // the partial gradient is dropped with the step
       return m.error();
@@ -385,7 +474,7 @@ Result<StepMetrics> Trainer::finish_accumulated() {
   double norm_sum = 0;
   TROUPE_TRY(optimizer_step(out, norm_sum));
   a.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  TROUPE_TRY(finish_metrics(out, a.sums, norm_sum, a.adv, a.rew, a.len, a.trunc, a.seconds));
+  TROUPE_TRY(finish_metrics(out, a.sums, a.mismatch, norm_sum, a.adv, a.rew, a.len, a.trunc, a.seconds));
   return out;
 }
 

@@ -342,3 +342,49 @@ TEST(PrepareGrpoBatch, OverlongPenaltyFilterAndAdvantages) {
   EXPECT_FLOAT_EQ(r->samples[3].advantage, 0.25f);
   EXPECT_FALSE(prepare_grpo_batch(s, 4, c).ok());
 }
+
+namespace {
+
+// Samples with score_mismatch compare the sampler's log-probs with the learner's before the
+// update: exact log-probs give 0, a known shift gives that shift, on the free path (one optimizer
+// step) and on the pre-pass (several mini-batches), for old and for behavior log-probs.
+TEST(Trainer, MismatchMetricsCompareSamplerAndLearnerBeforeTheUpdate) {
+  auto batch = random_batch(5, 8, 12, false, false);
+  BigramModel probe(12, 3);
+  auto exact = compute_completion_logprobs(probe, batch, base_config().batch.temperature);
+  ASSERT_TRUE(exact.ok());
+  double tokens = 0;
+  for (const auto& s : batch) tokens += static_cast<double>(s.completion.size());
+  for (int mini : {1, 2})
+    for (bool behavior : {false, true})
+      for (float shift : {0.0f, 0.01f}) {
+        auto b = batch;
+        for (size_t i = 0; i < b.size(); ++i) {
+          std::vector<float> lp = (*exact)[i];
+          for (size_t j = 0; j < lp.size(); ++j) lp[j] += (j % 2 == 0 ? shift : -shift);
+          (behavior ? b[i].behavior_logprobs : b[i].old_logprobs) = lp;
+          b[i].score_mismatch = i != 3;  // sample 3 was not sampled by these weights
+        }
+        LearnerConfig c = base_config();
+        c.batch.num_mini_batches = mini;
+        c.batch.num_iterations = 1;
+        c.loss.kl_coef = 0;
+        c.optimizer.lr = 0.1f;
+        BigramModel model(12, 3);
+        LocalCommunicator comm;
+        Trainer tr(model, c, comm);
+        auto r = tr.train_step(b);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        const auto m = summarize(r->mismatch);
+        const std::string where = "mini " + std::to_string(mini) + " behavior " + std::to_string(behavior);
+        EXPECT_DOUBLE_EQ(m.tokens, tokens - static_cast<double>(b[3].completion.size())) << where;
+        EXPECT_NEAR(m.logprob_diff_max, shift, 1e-6) << where;
+        EXPECT_NEAR(m.logprob_diff_mean, shift, 1e-6) << where;
+        EXPECT_EQ(m.mismatch_frac, shift > 1e-3f ? 1.0 : 0.0) << where;
+        EXPECT_GE(m.mismatch_kl, 0.0);
+        EXPECT_NEAR(m.mismatch_kl, 0.5 * shift * shift, 1e-6) << where;  // k3 ~ x^2 / 2
+        EXPECT_FALSE(m.has_routing);
+      }
+}
+
+}  // namespace

@@ -8,5 +8,7 @@ if(TROUPE_BUILD_TESTS)
     GROUP policy.activation_checkpointing "Model.ActivationCheckpointingMatches"
     GROUP policy.activation_offload "Model.ActivationOffloadMatches"
     GROUP policy.moe_grouped "Model.MoeGroupedMatchesMasked"
-    GROUP policy.kv_cache_logprobs "Model.KvCacheLogprobsMatchForward:Model.SamplingIsSeededAndStops")
+    GROUP policy.kv_cache_logprobs "Model.KvCacheLogprobsMatchForward:Model.SamplingIsSeededAndStops"
+    GROUP policy.routing_record "Model.RoutingRecordMatchesForward"
+    GROUP policy.chunked_logprobs "Model.ChunkedLogprobsMatchWholeVocabulary")
 endif()

@@ -190,6 +190,11 @@ Model::Impl::Impl(const ModelConfig& c, const kernels::Backend& backend) : cfg(c
   for (int l = 0; l < L; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
   build_table();
   moe_stats.assign(L, {});
+  moe_ordinal.assign(L, -1);
+  for (int l = 0, n = 0; l < L; ++l)
+    if (c.is_moe_layer(l)) moe_ordinal[l] = n++;
+  if (any_moe) routing_width = static_cast<int>(std::count_if(moe_ordinal.begin(), moe_ordinal.end(),
+                                                              [](int o) { return o >= 0; })) * moe_cfg.K;
   if (cfg.offload_activations) engine = std::make_unique<k::CopyEngine>();
 }
 
@@ -328,12 +333,12 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   // per-layer backward temporaries (inside one layer's backward, after the MoE call).
   const size_t QD = static_cast<size_t>(NH) * HD, KD = static_cast<size_t>(NKV) * HD;
   const size_t moe_scr = any_moe ? be->moe_scratch_floats(moe_cfg, T) : 0;
-  const size_t head_n = t * C + t * V;
+  const size_t head_n = t * C + t * static_cast<size_t>(head_cols());
   const size_t layer_n = with_grads ? t * (QD * 3 + KD * 3) + (any_dense ? 3 * t * I : 0) : 0;
   // The gated shared expert's output (forward) and backward temporaries also live in U.
   const size_t shared_n = HS_gated > 0 ? t * C + t + 3 * t * HS_gated : 0;
   const size_t o_u = take(std::max({moe_scr, head_n, layer_n, shared_n}));
-  const size_t o_rstdf = take(t), o_lse = take(t), o_y = take(t * C);
+  const size_t o_rstdf = take(t), o_lse = take(t), o_ent = take(t), o_y = take(t * C);
   a.attn_scratch_floats = be->attention_scratch_floats(max_seqlen);
   const size_t o_ascr = take(a.attn_scratch_floats);
   size_t o_dres = 0, o_dh = 0;
@@ -386,6 +391,7 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   a.moe_scratch = U;
   a.rstdf = B + o_rstdf;
   a.lse_out = B + o_lse;
+  a.ent_saved = B + o_ent;
   a.y = B + o_y;
   a.attn_scratch = B + o_ascr;
   if (with_grads) {
@@ -462,6 +468,13 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   } else {
     be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T,
                     acts.moe_scratch);
+    if (routing_out) {  // the experts each token was routed to (host memory on the CPU backend)
+      const k::MoeRouting rt = k::moe_saved_routing(a.moe_saved, moe_cfg, T);
+      const int K = moe_cfg.K;
+      for (int t = 0; t < T; ++t)
+        std::copy(rt.experts + static_cast<size_t>(t) * K, rt.experts + static_cast<size_t>(t + 1) * K,
+                  routing_out + static_cast<size_t>(t) * routing_width + static_cast<size_t>(moe_ordinal[l]) * K);
+    }
     if (HS_gated > 0) {  // y += sigmoid(h2 . w_gate) * SwiGLU_shared(h2)
       const int HS = HS_gated;
       float* gated = acts.moe_scratch;  // (T, C); the MoE kernel's scratch is free again
@@ -596,6 +609,8 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   TROUPE_ASSIGN_OR_RETURN(acts, carve(arena, T, max_seqlen, offload_ring, ckpt ? 1 : L, true));
   peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float) + (offload_step ? offload->reload_buffer_bytes() : 0));
   be->embedding_forward(acts.resid[0], batch.tokens.data(), P() + wte, T, C);
+  routing.assign(static_cast<size_t>(T) * routing_width, -1);
+  routing_out = routing_width > 0 ? routing.data() : nullptr;  // not during backward's recompute
   for (int l = 0; l < L; ++l) {
     const PackedMeta& m = meta_for_layer();
     const bool off = offload_step && offload->offloaded(l);
@@ -607,9 +622,9 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
     if (off) TROUPE_TRY(offload->offload_begin(l, x, TC));  // copy overlaps this and later layers
     layer_forward(l, x, x_out, acts.ws[ckpt ? 0 : l], acts, m, T, nullptr);
   }
+  routing_out = nullptr;
   const float* xL = layer_input(L);
   be->rmsnorm_forward(acts.final_norm_out, acts.rstdf, xL, P() + wnorm, T, C, cfg.rms_norm_eps);
-  be->matmul_forward(acts.logits, acts.final_norm_out, P() + wlm, T, C, V);
   aux_loss = 0;
   if (cfg.router_aux_loss_coef > 0)
     for (int l = 0; l < L; ++l)
@@ -625,10 +640,17 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
   const size_t TC = static_cast<size_t>(T) * C;
   float* G = this->G();
   const float* P = this->P();
-  be->logprob_backward(acts.dlogits, dlogp, dentropy, acts.logits, acts.lse_out, batch.targets.data(), temperature,
-                      T, V);
-  be->zero(acts.dh, TC);
-  be->matmul_backward(acts.dh, G + wlm, acts.dlogits, acts.final_norm_out, P + wlm, T, C, V);
+  if (chunked_head()) {  // each chunk's logits recomputed, its gradient accumulated into dh and the head
+    be->zero(acts.dh, TC);
+    be->chunked_logprob_backward(acts.dh, G + wlm, dlogp, dentropy, acts.final_norm_out, P + wlm, acts.lse_out,
+                                 acts.ent_saved, batch.targets.data(), temperature, T, C, V, cfg.logprob_chunk,
+                                 acts.logits);
+  } else {
+    be->logprob_backward(acts.dlogits, dlogp, dentropy, acts.logits, acts.lse_out, batch.targets.data(),
+                         temperature, T, V);
+    be->zero(acts.dh, TC);
+    be->matmul_backward(acts.dh, G + wlm, acts.dlogits, acts.final_norm_out, P + wlm, T, C, V);
+  }
   be->zero(acts.dresid, TC);
   be->rmsnorm_backward(acts.dresid, G + wnorm, acts.dh, layer_input(L), P + wnorm, acts.rstdf, T, C);
   const bool ckpt = cfg.activation_checkpointing;
@@ -718,23 +740,36 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   TROUPE_ASSIGN_OR_RETURN(k::Buffer sample_scratch, be->alloc(be->sample_scratch_bytes(V)));
   const k::SampleParams spk{sp.temperature, sp.top_k, sp.top_p};
   const float* P = this->P();
+  // Each pass's routing (rows x routing_width): row r's experts chose those of the token sampled from
+  // its output, so a sampled token's record is the routing of the position that predicted it.
+  std::vector<int32_t> route(static_cast<size_t>(std::max(Tp, B)) * routing_width);
+  const size_t RW = static_cast<size_t>(routing_width);
   auto run_layers = [&](const int32_t* tokens, int T, const PackedMeta& m, bool decode) {
     kv.decode = decode;
     kv.slot = slot.data();
     kv.pos = pos.data();
     kv.kv_len = kv_len.data();
+    routing_out = RW > 0 ? route.data() : nullptr;
     be->embedding_forward(ia.resid[0], tokens, P + wte, T, C);
     for (int l = 0; l < L; ++l) layer_forward(l, ia.resid[l % 2], ia.resid[(l + 1) % 2], ia.ws[0], ia, m, T, &kv);
+    routing_out = nullptr;
     return ia.resid[L % 2];
   };
+  std::vector<int32_t> row_route(static_cast<size_t>(B) * RW);  // the routing behind each row's next token
   // Prefill every prompt as one packed batch; keep the last position's logits of each.
   for (int t = 0; t < Tp; ++t) slot[t] = pm.seq_ids[t], pos[t] = pm.positions[t];
   const float* xL = run_layers(pre.tokens.data(), Tp, pm, false);
-  for (int b = 0; b < B; ++b)
+  for (int b = 0; b < B; ++b) {
     be->copy_device_to_device(last.floats() + static_cast<size_t>(b) * C,
                               xL + static_cast<size_t>(pre.cu_seqlens[b + 1] - 1) * C, sizeof(float) * C);
+    std::copy_n(route.begin() + static_cast<std::ptrdiff_t>((pre.cu_seqlens[b + 1] - 1) * RW), RW,
+                row_route.begin() + static_cast<std::ptrdiff_t>(b * RW));
+  }
   int n_active = B;
-  for (int b = 0; b < B; ++b) active[b] = b, out[b].tokens.reserve(sp.max_new_tokens), out[b].logprobs.reserve(sp.max_new_tokens);
+  for (int b = 0; b < B; ++b) {
+    active[b] = b, out[b].tokens.reserve(sp.max_new_tokens), out[b].logprobs.reserve(sp.max_new_tokens);
+    out[b].experts.reserve(static_cast<size_t>(sp.max_new_tokens) * RW);
+  }
   PackedMeta dm;  // decode-step metadata: positions and RoPE tables of the active rows
   dm.rope_cos.resize(static_cast<size_t>(B) * HD / 2);
   dm.rope_sin.resize(static_cast<size_t>(B) * HD / 2);
@@ -750,6 +785,8 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
       Generation& g = out[b];
       g.tokens.push_back(t);
       g.logprobs.push_back(lp);
+      g.experts.insert(g.experts.end(), row_route.begin() + static_cast<std::ptrdiff_t>(b * RW),
+                       row_route.begin() + static_cast<std::ptrdiff_t>((b + 1) * RW));
       if (std::find(sp.stop_tokens.begin(), sp.stop_tokens.end(), t) != sp.stop_tokens.end()) {
         g.stopped = true;
         continue;
@@ -771,6 +808,9 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
                 *be);
     const float* x = run_layers(tok.data(), n_active, dm, true);
     be->copy_device_to_device(last.floats(), x, sizeof(float) * n_active * C);
+    for (int i = 0; i < n_active; ++i)
+      std::copy_n(route.begin() + static_cast<std::ptrdiff_t>(i * RW), RW,
+                  row_route.begin() + static_cast<std::ptrdiff_t>(active[i] * RW));
   }
   return out;
 }
@@ -819,8 +859,17 @@ Status Model::forward_train(const PackedBatch& batch, float temperature, float* 
   TROUPE_TRY(impl_->forward(batch, true));
   Impl& m = *impl_;
   m.temperature = temperature;
-  m.be->logprob_forward(logp, entropy, m.acts.lse_out, m.acts.logits, m.batch.targets.data(), temperature, m.acts.T,
-                     m.V);
+  const int T = m.acts.T;
+  if (m.chunked_head()) {  // policy.logprob_chunk: no (T, V) logits buffer
+    m.be->chunked_logprob_forward(logp, m.acts.ent_saved, m.acts.lse_out, m.acts.final_norm_out, m.P() + m.wlm,
+                                  m.batch.targets.data(), temperature, T, m.C, m.V, m.cfg.logprob_chunk,
+                                  m.acts.logits);
+    if (entropy) m.be->copy_device_to_host(entropy, m.acts.ent_saved, sizeof(float) * T);
+  } else {
+    m.be->matmul_forward(m.acts.logits, m.acts.final_norm_out, m.P() + m.wlm, T, m.C, m.V);
+    m.be->logprob_forward(logp, entropy ? entropy : m.acts.ent_saved, m.acts.lse_out, m.acts.logits,
+                          m.batch.targets.data(), temperature, T, m.V);
+  }
   m.have_train_forward = true;
   return {};
 }
@@ -830,7 +879,20 @@ float Model::last_aux_loss() const { return impl_->aux_loss; }
 Status Model::forward_logits(const PackedBatch& batch, float* logits) {
   impl_->have_train_forward = false;
   TROUPE_TRY(impl_->forward(batch, false));
-  impl_->be->copy_device_to_host(logits, impl_->acts.logits, sizeof(float) * impl_->acts.T * impl_->V);
+  Impl& m = *impl_;
+  const int T = m.acts.T, cols = m.head_cols();
+  for (int c0 = 0; c0 < m.V; c0 += cols) {  // one vocabulary chunk at a time through the arena's head buffer
+    const int n = std::min(cols, m.V - c0);
+    m.be->matmul_forward(m.acts.logits, m.acts.final_norm_out, m.P() + m.wlm + static_cast<size_t>(c0) * m.C, T, m.C,
+                         n);
+    if (n == m.V) {
+      m.be->copy_device_to_host(logits, m.acts.logits, sizeof(float) * T * m.V);
+    } else {
+      for (int t = 0; t < T; ++t)
+        m.be->copy_device_to_host(logits + static_cast<size_t>(t) * m.V + c0, m.acts.logits + static_cast<size_t>(t) * n,
+                                  sizeof(float) * n);
+    }
+  }
   return {};
 }
 
@@ -838,6 +900,9 @@ Result<std::vector<Generation>> Model::generate(const std::vector<std::vector<in
                                                 const SamplingParams& params) {
   return impl_->generate(prompts, params);
 }
+
+int Model::routing_width() const { return impl_->routing_width; }
+std::span<const int32_t> Model::last_routing() const { return impl_->routing; }
 
 uint64_t Model::packed_meta_builds() const { return impl_->meta_builds; }
 size_t Model::activation_peak_bytes() const { return impl_->peak_bytes; }

@@ -3,6 +3,7 @@
 // and KV-cache sampling log-probs against a full forward pass.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -482,3 +483,106 @@ TEST(Model, ActivationOffloadMatches) {
     }
   }
 }
+
+namespace {
+
+// The sampler records, for every sampled token, the top-k experts of each MoE layer at the
+// position whose output sampled it; the training forward records the same positions.
+TEST(Model, RoutingRecordMatchesForward) {
+  Model m = make(tiny());  // layer 0 dense, layers 1-2 MoE, top-2 of 4
+  const int K = m.config().num_experts_per_tok, E = m.config().num_experts;
+  ASSERT_EQ(m.routing_width(), 2 * K);
+  std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {5}, {7, 8, 9, 10, 11, 12}};
+  SamplingParams sp;
+  sp.max_new_tokens = 7;
+  sp.seed = 3;
+  auto gen = m.generate(prompts, sp);
+  ASSERT_TRUE(gen.ok()) << gen.error().message;
+  std::vector<std::vector<int32_t>> full;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto& g = gen.value()[i];
+    ASSERT_EQ(g.experts.size(), g.tokens.size() * static_cast<size_t>(m.routing_width()));
+    for (size_t j = 0; j < g.experts.size(); j += K)
+      for (int k = 0; k < K; ++k) {
+        EXPECT_GE(g.experts[j + k], 0);
+        EXPECT_LT(g.experts[j + k], E);
+        if (k > 0) EXPECT_LT(g.experts[j + k - 1], g.experts[j + k]);  // ascending within a layer
+      }
+    auto s = prompts[i];
+    s.insert(s.end(), g.tokens.begin(), g.tokens.end());
+    full.push_back(s);
+  }
+  PackedBatch b = batch_of(full);
+  std::vector<float> lp(b.tokens.size()), ent(b.tokens.size());
+  ASSERT_TRUE(m.forward_train(b, 1.0f, lp.data(), ent.data()).ok());
+  const auto routing = m.last_routing();
+  ASSERT_EQ(routing.size(), b.tokens.size() * static_cast<size_t>(m.routing_width()));
+  int pairs = 0, same = 0;
+  const size_t W = static_cast<size_t>(m.routing_width());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto& g = gen.value()[i];
+    for (size_t j = 0; j < g.tokens.size(); ++j) {
+      const size_t t = b.cu_seqlens[i] + prompts[i].size() - 1 + j;  // the position predicting token j
+      for (size_t l = 0; l < W; l += K) {
+        ++pairs;
+        same += std::equal(routing.begin() + t * W + l, routing.begin() + t * W + l + K, g.experts.begin() + j * W + l);
+      }
+    }
+  }
+  // Decode and packed forward round differently, which may flip a near tie, but never often.
+  EXPECT_GE(same, pairs * 9 / 10) << same << " of " << pairs;
+  Model dense = make(tiny_family("llama"));
+  EXPECT_EQ(dense.routing_width(), 0);
+  auto dg = dense.generate(prompts, sp);
+  ASSERT_TRUE(dg.ok());
+  EXPECT_TRUE(dg.value()[0].experts.empty());
+}
+
+// policy.logprob_chunk: the LM head over vocabulary chunks equals the whole-vocabulary head (bit
+// for bit with one chunk, to rounding with several) in log-probs, entropies, logits and gradients.
+TEST(Model, ChunkedLogprobsMatchWholeVocabulary) {
+  std::vector<std::vector<int32_t>> seqs = {{1, 2, 3, 4, 5, 6}, {7, 8, 9}, {10, 11, 12, 13, 14, 15, 16, 17}};
+  PackedBatch b = batch_of(seqs);
+  const size_t T = b.tokens.size();
+  struct Run {
+    std::vector<float> lp, ent, grads, logits;
+  };
+  auto run = [&](int chunk) {
+    ModelConfig c = tiny();
+    c.logprob_chunk = chunk;
+    Model m = make(c);
+    Run r;
+    r.lp.resize(T), r.ent.resize(T);
+    std::vector<float> dlp(T, 0.3f), dent(T, -0.05f);
+    EXPECT_TRUE(m.forward_train(b, 0.9f, r.lp.data(), r.ent.data()).ok());
+    m.zero_grads();
+    EXPECT_TRUE(m.backward_train(dlp.data(), dent.data()).ok());
+    r.grads.assign(m.grads().begin(), m.grads().end());
+    r.logits.resize(T * static_cast<size_t>(c.vocab_size));
+    EXPECT_TRUE(m.forward_logits(b, r.logits.data()).ok());
+    return r;
+  };
+  const Run whole = run(0);
+  const Run one = run(37);  // the vocabulary is 37: one chunk
+  EXPECT_EQ(one.lp, whole.lp);
+  EXPECT_EQ(one.ent, whole.ent);
+  EXPECT_EQ(one.grads, whole.grads);
+  EXPECT_EQ(one.logits, whole.logits);
+  auto rel = [](const std::vector<float>& a, const std::vector<float>& w) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num = std::max(num, std::fabs(double(a[i]) - w[i]));
+      den = std::max(den, std::fabs(double(w[i])));
+    }
+    return num / den;
+  };
+  for (int chunk : {5, 16}) {
+    const Run c = run(chunk);
+    EXPECT_LT(rel(c.lp, whole.lp), 1e-6) << chunk;
+    EXPECT_LT(rel(c.ent, whole.ent), 1e-6) << chunk;
+    EXPECT_LT(rel(c.grads, whole.grads), 1e-6) << chunk;
+    EXPECT_LT(rel(c.logits, whole.logits), 1e-6) << chunk;
+  }
+}
+
+}  // namespace

@@ -46,7 +46,9 @@ struct Acts {
   std::vector<float*> resid;    // layer inputs x_0..x_L (T, C) (inference: a ping-pong pair)
   std::vector<LayerActs> ws;    // one per layer, or one shared under checkpointing
   float *final_norm_out = nullptr, *rstdf = nullptr;  // final RMSNorm output (T, C) and its rstd (T)
-  float *logits = nullptr, *lse_out = nullptr;          // (T, V), (T)
+  // (T, V) logits, or with a chunked head (T, chunk) scratch of one vocabulary chunk; (T) lse, and
+  // the entropy a chunked backward reads (T)
+  float *logits = nullptr, *lse_out = nullptr, *ent_saved = nullptr;
   float *y = nullptr, *moe_scratch = nullptr;                                   // FFN output, MoE scratch
   float* attn_scratch = nullptr;  // score tiles, attention_scratch_floats(max_seqlen, threads)
   size_t attn_scratch_floats = 0;
@@ -90,7 +92,10 @@ struct Model::Impl {
   void layer_backward(int l, const float* x, const LayerActs& a, const Acts& acts, const PackedMeta& m, int T,
                       float* dresid, float daux);
   const PackedMeta& meta_for_layer();
-  Status forward(const PackedBatch& b, bool need_targets);
+  Status forward(const PackedBatch& b, bool need_targets);  // up to the final norm (the head is the caller's)
+  // Whether the LM head runs over the vocabulary in chunks (policy.logprob_chunk < V).
+  bool chunked_head() const { return cfg.logprob_chunk > 0 && V > cfg.logprob_chunk; }
+  int head_cols() const { return chunked_head() ? cfg.logprob_chunk : V; }
   Status backward(const float* dlogp, const float* dentropy);
   Result<std::vector<Generation>> generate(const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingParams& sp);
@@ -118,6 +123,13 @@ struct Model::Impl {
   float aux_loss = 0;
   uint64_t meta_builds = 0;
   size_t peak_bytes = 0;
+  // Routing record: while routing_out is set, each MoE layer's forward writes its tokens' top-k
+  // expert ids (ascending) to routing_out[t * routing_width + moe_ordinal[l] * K + k]. The training
+  // forward records into `routing` (T x routing_width); generate() into a scratch of its own.
+  int routing_width = 0;          // (MoE layers) x K; 0 for a dense model
+  std::vector<int> moe_ordinal;   // (L) index of layer l among the MoE layers (-1: dense)
+  int32_t* routing_out = nullptr;
+  std::vector<int32_t> routing;   // of the last forward_train / forward_logits
 
   // Activation offload (offload_activations): layer inputs x_l go to the store in forward and come
   // back through the reload buffers in backward; the arena keeps a ring of layer inputs, so offload

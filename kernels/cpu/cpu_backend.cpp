@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "troupe/kernels/backend.h"
+#include "troupe/kernels/chunked_logprob.h"
 #include "troupe/kernels/ops.h"
 
 namespace troupe::kernels {
@@ -124,6 +125,17 @@ class CpuBackend final : public Backend {
                         const float* lse, const int32_t* targets, float temperature, int N,
                         int V) const override {
     kernels::logprob_backward(dlogits, dlogp, dentropy, logits, lse, targets, temperature, N, V);
+  }
+  void chunked_logprob_forward(float* logp, float* entropy, float* lse, const float* h, const float* W,
+                               const int32_t* targets, float temperature, int N, int C, int V, int chunk,
+                               float* scratch) const override {
+    kernels::chunked_logprob_forward(logp, entropy, lse, h, W, targets, temperature, N, C, V, chunk, scratch);
+  }
+  void chunked_logprob_backward(float* dh, float* dW, const float* dlogp, const float* dentropy, const float* h,
+                                const float* W, const float* lse, const float* entropy, const int32_t* targets,
+                                float temperature, int N, int C, int V, int chunk, float* scratch) const override {
+    kernels::chunked_logprob_backward(dh, dW, dlogp, dentropy, h, W, lse, entropy, targets, temperature, N, C, V,
+                                      chunk, scratch);
   }
 
   size_t moe_saved_floats(const MoeConfig& cfg, int N) const override {

@@ -565,12 +565,66 @@ int run_smollm2_cases(const BenchOptions& opt) {
   return rc;
 }
 
+// ---- the chunked LM head + log-softmax against the whole-vocabulary one --------------------------
+
+constexpr const char* kLogprobPeak = "logprob_peak_bytes_v49152";
+
+// A training step (forward_train + backward_train) of a small model at SmolLM2's vocabulary,
+// policy.logprob_chunk at its default against 0 (one (T, V) logits buffer): the activation
+// arena's peak bytes, and the step times of both in extra fields.
+int run_logprob_chunk_case(const BenchOptions& opt) {
+  if (!opt.wants(kLogprobPeak)) return 0;
+  const int reps = std::max(opt.reps, 5);
+  policy::ModelConfig cfg;  // the tiny MoE's layers, SmolLM2's vocabulary
+  cfg.vocab_size = 49152;
+  cfg.num_hidden_layers = 2;
+  const int chunk = cfg.logprob_chunk;
+  policy::ModelConfig whole_cfg = cfg;
+  whole_cfg.logprob_chunk = 0;
+  auto chunked = policy::Model::create(cfg, 1);
+  auto whole = policy::Model::create(whole_cfg, 1);
+  if (!chunked.ok() || !whole.ok()) {
+    std::fprintf(stderr, "troupe bench policy: %s\n",
+                 (!chunked.ok() ? chunked.error() : whole.error()).message.c_str());
+    return 1;
+  }
+  const int batch_seqs = opt.quick ? 4 : 8, seq = 128;
+  const auto batch = make_batch(cfg.vocab_size, batch_seqs, seq);
+  const size_t T = batch.tokens.size();
+  std::vector<float> logp(T), ent(T), dlogp(T, -1.0f / float(T)), dent(T, 0.01f);
+  Status failed;
+  auto step = [&](policy::Model& m) {
+    return time_s([&] {
+      m.zero_grads();
+      Status s = m.forward_train(batch, 1.0f, logp.data(), ent.data());
+      if (s.ok()) s = m.backward_train(dlogp.data(), dent.data());
+      if (!s.ok() && failed.ok()) failed = s;
+    });
+  };
+  step(*chunked);  // warm-up: arenas, first-touch pages
+  step(*whole);
+  Paired t = interleaved(reps, [&] { return step(*chunked) * 1e3; }, [&] { return step(*whole) * 1e3; });
+  if (!failed.ok()) {
+    std::fprintf(stderr, "troupe bench policy: %s failed: %s\n", kLogprobPeak, failed.error().message.c_str());
+    return 1;
+  }
+  Paired bytes{double(chunked->activation_peak_bytes()), double(whole->activation_peak_bytes())};
+  Row r = make_row(kSuite, kLogprobPeak, {"peak_bytes", "bytes", Better::lower}, bytes, "whole_vocab",
+                   {{"vocab", cfg.vocab_size}, {"chunk", chunk}, {"tokens", T}, {"d_model", cfg.hidden_size},
+                    {"layers", cfg.num_hidden_layers}, {"step_ms", t.ours}, {"whole_vocab_step_ms", t.baseline},
+                    {"time_ratio", t.ours > 0 ? t.baseline / t.ours : 0.0}, {"reps", reps},
+                    {"peak", "activation arena of forward_train + backward_train (logits or one chunk of them)"}});
+  emit(r);
+  return 0;
+}
+
 }  // namespace
 
 int run_policy_suite(const BenchOptions& opt) {
   const int tiny = run_tiny_moe_cases(opt);
   const int smollm2 = run_smollm2_cases(opt);
-  return tiny != 0 ? tiny : smollm2;
+  const int chunk = run_logprob_chunk_case(opt);
+  return tiny != 0 ? tiny : smollm2 != 0 ? smollm2 : chunk;
 }
 
 }  // namespace troupe::bench

@@ -9,6 +9,7 @@
   check_run.py dynamic RUN_DIR P R     dynamic sampling: P groups kept unless R rounds ran; both cases seen
   check_run.py episodes RUN_DIR T      multi-turn eval rows: full episodes (1 < eval_turns_mean <= T)
   check_run.py eval_json FILE           the last line of FILE is one JSON object with eval_accuracy
+  check_run.py mismatch RUN_DIR N       N GRPO rows, each with finite, sane sampler/learner mismatch metrics
 """
 import json
 import os
@@ -25,6 +26,32 @@ def rows(run_dir):
 def fail(msg):
     print("FAIL:", msg)
     sys.exit(1)
+
+
+def mismatch(run_dir, n):
+    import math
+    grpo = [r for r in rows(run_dir) if r["phase"] == "grpo" and "eval_accuracy" not in r]
+    if len(grpo) != int(n):
+        fail("%d GRPO rows, expected %s" % (len(grpo), n))
+    keys = ("logprob_diff_max", "logprob_diff_mean", "mismatch_kl", "mismatch_frac", "mismatch_tokens",
+            "routing_agreement")
+    for r in grpo:
+        for k in keys:
+            if k not in r or not isinstance(r[k], (int, float)) or not math.isfinite(r[k]):
+                fail("step %d: %s missing or not finite: %r" % (r["step"], k, r.get(k)))
+        if not 0 <= r["logprob_diff_mean"] <= r["logprob_diff_max"] < 1:
+            fail("step %d: logprob_diff_mean %g, max %g" % (r["step"], r["logprob_diff_mean"], r["logprob_diff_max"]))
+        if not 0 <= r["mismatch_kl"] < 1e-2 or not 0 <= r["mismatch_frac"] <= 1:
+            fail("step %d: mismatch_kl %g, mismatch_frac %g" % (r["step"], r["mismatch_kl"], r["mismatch_frac"]))
+        if not 0 <= r["routing_agreement"] <= 1:
+            fail("step %d: routing_agreement %g" % (r["step"], r["routing_agreement"]))
+        # every response token is compared, stale ones too (the configs sample G = 8 per group)
+        total = r["response_len_mean"] * r["groups_generated"] * 8
+        if r["env_failures"] == 0 and r["stale_dropped"] == 0 and abs(r["mismatch_tokens"] - total) > 1e-6 * total:
+            fail("step %d: mismatch_tokens %g of %g response tokens" % (r["step"], r["mismatch_tokens"], total))
+    print("mismatch: %d rows, logprob_diff_max <= %.3g, mean <= %.3g, kl <= %.3g, routing_agreement >= %.4f" % (
+        len(grpo), max(r["logprob_diff_max"] for r in grpo), max(r["logprob_diff_mean"] for r in grpo),
+        max(r["mismatch_kl"] for r in grpo), min(r["routing_agreement"] for r in grpo)))
 
 
 def learned(run_dir):
@@ -190,5 +217,7 @@ if __name__ == "__main__":
         episodes(sys.argv[2], int(sys.argv[3]))
     elif cmd == "eval_json":
         eval_json(sys.argv[2])
+    elif cmd == "mismatch":
+        mismatch(sys.argv[2], int(sys.argv[3]))
     else:
         fail("unknown check " + cmd)

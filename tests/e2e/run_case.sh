@@ -295,6 +295,29 @@ EOS
     done
     grep -q "nope" "$W/err.txt" || true
     ;;
+  mismatch_metrics)  # sampler vs learner log-probs and MoE routing on every GRPO step: sync, async, corrections
+    S="--set sft.max_steps=10 --set grpo.max_steps=6 --set eval.every=0 --set eval.num_prompts=20 --set checkpointing.enabled=false $Q"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/sync" $S
+    $CHECK mismatch "$W/sync" 6
+    # async with stale samples: each scored with the weights of the version that sampled it
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/async" $S
+    $CHECK mismatch "$W/async" 6
+    for k in tis mis seq_geo_mask icepop; do
+      "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/$k" --set loss.mismatch_correction=$k $S
+      $CHECK mismatch "$W/$k" 6
+    done
+    # a correction bound out of range, and a lower bound above its upper one: FILE:LINE errors, exit 2
+    sed 's/^  agg_mode: token-mean/  agg_mode: token-mean\n  mismatch_correction: mis\n  mis_low: -0.5/' \
+      "$SRC/configs/quickstart.yaml" > "$W/bad_low.yaml"
+    expect_exit 2 "$TROUPE" validate "$W/bad_low.yaml"
+    cat "$W/err.txt"
+    grep -q "bad_low.yaml:[0-9]*:[0-9]*: error: loss.mis_low" "$W/err.txt"
+    sed 's/^  agg_mode: token-mean/  agg_mode: token-mean\n  icepop_low: 3\n  icepop_high: 2/' \
+      "$SRC/configs/quickstart.yaml" > "$W/bad_order.yaml"
+    expect_exit 2 "$TROUPE" validate "$W/bad_order.yaml"
+    cat "$W/err.txt"
+    grep -q "bad_order.yaml:[0-9]*:[0-9]*: error: loss.icepop_high" "$W/err.txt"
+    ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
 echo "e2e.$CASE ok"

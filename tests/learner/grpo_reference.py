@@ -2,7 +2,8 @@
 (TRL GRPOTrainer._compute_loss, veRL core_algos, NeMo RL calculate_kl) in float64 with autograd.
 
 Usage: grpo_reference.py CASES.json  -- reads the cases and troupe's outputs written by
-learner.grpo_torch_parity, recomputes every one, prints the worst errors and exits 1 on a mismatch.
+learner.grpo_torch_parity (and the loss.mismatch_correction cases of learner.mismatch_corrections),
+recomputes every one, prints the worst errors and exits 1 on a mismatch.
 Tolerance: |ours - ref| <= atol + rtol*|ref| with atol 1e-7, rtol 1e-5 for gradients (ours are
 fp32), 1e-9 / 1e-7 for losses (ours are accumulated in double from fp32 inputs)."""
 import json
@@ -46,6 +47,29 @@ def kl_estimate(logp, ref, c):
     return kl
 
 
+def correction_weights(case, mask, learner, sampler):
+    """The detached weight of loss.mismatch_correction, from the published rules, rho = pi_learner / pi_sampler:
+    tis (truncated IS, Yao et al. 2025): min(rho, C); mis (masked IS, Liu et al. 2025): rho * 1[lo <= rho <= hi];
+    seq_geo_mask (veRL's geometric rejection): 1[lo <= exp(mean_t log rho_t) <= hi] for the whole sequence;
+    icepop (IcePop's M(k; alpha, beta)): rho * 1[alpha <= rho <= beta]."""
+    k = case["correction"]
+    log_rho = (learner - sampler) * mask
+    rho = torch.exp(log_rho)
+    mode = k["mode"]
+    if mode == "tis":
+        w = torch.clamp(rho, max=k["tis_cap"])
+    elif mode == "mis":
+        w = rho * ((rho >= k["mis_low"]) & (rho <= k["mis_high"])).to(D)
+    elif mode == "icepop":
+        w = rho * ((rho >= k["icepop_low"]) & (rho <= k["icepop_high"])).to(D)
+    elif mode == "seq_geo_mask":
+        geo = torch.exp(log_rho.sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        w = ((geo >= k["geo_mask_low"]) & (geo <= k["geo_mask_high"])).to(D).expand_as(mask)
+    else:
+        raise ValueError(mode)
+    return (w * mask).detach().to(torch.float32).to(D)  # troupe rounds each weight once to fp32
+
+
 def grpo(case):
     c, cu = case["config"], case["cu_seqlens"]
     mask = padded(case["mask"], cu)
@@ -53,6 +77,9 @@ def grpo(case):
     old = padded(case["old"], cu) if case["old"] is not None else logp.detach()
     ent = padded(case["entropy"], cu).requires_grad_(True) if case["entropy"] is not None else None
     A = torch.tensor(case["advantages"], dtype=D).unsqueeze(1)
+    weights = None
+    if case.get("sampler") is not None:  # a mismatch correction: its weight of pi_old (else pi_current) / pi_sampler
+        weights = correction_weights(case, mask, old.detach(), padded(case["sampler"], cu))
 
     log_ratio = logp - old
     if c["sequence_level_ratio"]:  # GSPO
@@ -67,6 +94,8 @@ def grpo(case):
     per_tok = -torch.min(coef_1 * A, coef_2 * A)
     if c["dual_clip"] > 1:  # veRL dual clip for A < 0
         per_tok = torch.where(A < 0, torch.min(-A * c["dual_clip"], per_tok), per_tok)
+    if weights is not None:  # on the policy-gradient term only (not KL, not entropy)
+        per_tok = per_tok * weights
     kl = None
     if case["ref"] is not None:
         kl = kl_estimate(logp, padded(case["ref"], cu), c)
@@ -99,6 +128,9 @@ def grpo(case):
     }
     if kl is not None:
         out["kl"] = ((kl.detach() * mask).sum() / tokens).item()
+    if weights is not None:
+        out["weights"] = unpad(weights, cu)
+        out["is_weight_mean"] = (weights.sum() / tokens).item()
     if ent is not None:
         out["dentropy"] = unpad(ent.grad, cu)
         out["entropy"] = ((ent.detach() * mask).sum() / tokens).item()
@@ -171,7 +203,7 @@ def main():
         kind = case["kind"]
         ours = case["ours"]
         checks = []
-        if kind == "grpo":
+        if kind in ("grpo", "correction"):
             ref = grpo(case)
             checks += [("loss", ours["loss"], ref["loss"], 1e-9, 1e-7),
                        ("dlogp", ours["dlogp"], ref["dlogp"], 1e-7, 1e-5),
@@ -182,7 +214,12 @@ def main():
             if "dentropy" in ref:
                 checks += [("dentropy", ours["dentropy"], ref["dentropy"], 1e-7, 1e-5),
                            ("entropy", ours["entropy"], ref["entropy"], 1e-9, 1e-7)]
+            if "weights" in ref:
+                checks += [("weights", ours["weights"], ref["weights"], 1e-7, 1e-6),
+                           ("is_weight_mean", ours["is_weight_mean"], ref["is_weight_mean"], 1e-9, 1e-6)]
             cfg = case["config"]
+            if kind == "correction":
+                cfg = dict(cfg, agg_mode=case["correction"]["mode"] + " " + cfg["agg_mode"])
             label = "grpo[%s %s seq=%s clip=%g/%g two_sided=%g dual=%g kl_coef=%g]" % (
                 cfg["agg_mode"], cfg["kl_type"], cfg["sequence_level_ratio"], cfg["clip_low"], cfg["clip_high"],
                 cfg["two_sided_clip"], cfg["dual_clip"], cfg["kl_coef"])

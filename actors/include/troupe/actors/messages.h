@@ -104,8 +104,11 @@ struct GenSample {
   // `tokens`, and each turn's completion text
   std::vector<std::uint32_t> turn_starts;
   std::vector<std::string> turn_texts;
+  // MoE: (tokens x MoE layers x top-k) the expert ids that routed the position sampling each token
+  // (policy::Generation::experts); empty for a dense model and for multi-turn samples.
+  std::vector<std::int32_t> experts;
   template <class A>
-  void serialize(A& ar) { ar(prompt_tokens, tokens, logprobs, text, truncated, prompt_cut, mask, turn_starts, turn_texts); }
+  void serialize(A& ar) { ar(prompt_tokens, tokens, logprobs, text, truncated, prompt_cut, mask, turn_starts, turn_texts, experts); }
 };
 struct GenerateRep {
   static constexpr std::uint32_t type_id = 2011;
@@ -141,8 +144,10 @@ struct TrainSample {
   std::vector<float> behavior_logprobs;  // the sampler's, for the truncated importance weight (or empty)
   float advantage = 0;
   bool truncated = false;
+  std::int64_t policy_version = -1;    // the version that sampled it (-1: unknown, not scored for the mismatch metrics)
+  std::vector<std::int32_t> experts;   // the sampler's expert ids (GenSample::experts), or empty
   template <class A>
-  void serialize(A& ar) { ar(prompt, completion, mask, old_logprobs, behavior_logprobs, advantage, truncated); }
+  void serialize(A& ar) { ar(prompt, completion, mask, old_logprobs, behavior_logprobs, advantage, truncated, policy_version, experts); }
 };
 struct TrainReq {
   static constexpr std::uint32_t type_id = 2020;

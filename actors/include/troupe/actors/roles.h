@@ -101,6 +101,12 @@ class LearnerRole {
   std::unique_ptr<learner::ModelAdapter> ref_adapter_;
   std::unique_ptr<learner::Communicator> comm_;
   std::unique_ptr<learner::Trainer> trainer_;
+  // Async: the parameters of recent versions (at most rollout.max_staleness back), so that a sample
+  // is scored for the mismatch metrics with the weights that sampled it.
+  std::map<int64_t, std::vector<float>> snapshots_;
+  learner::MismatchSums stale_mismatch_;  // of the stale samples of a streamed step's parts so far
+  Result<learner::MismatchSums> score_stale(const TrainReq& r, const std::vector<learner::Sample>& samples,
+                                            learner::Trainer& trainer);
   learner::Phase phase_ = learner::Phase::grpo;
   bool has_trainer_ = false;
   int64_t version_ = 0;

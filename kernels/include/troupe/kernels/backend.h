@@ -132,6 +132,15 @@ class Backend {
   virtual void logprob_backward(float* dlogits, const float* dlogp, const float* dentropy,
                                 const float* logits, const float* lse, const int32_t* targets,
                                 float temperature, int N, int V) const = 0;
+  // The LM head and log-softmax over the vocabulary in chunks (chunked_logprob.h): no (N, V)
+  // buffer; scratch holds chunked_logprob_scratch_floats(N, V, chunk) floats.
+  virtual void chunked_logprob_forward(float* logp, float* entropy, float* lse, const float* h, const float* W,
+                                       const int32_t* targets, float temperature, int N, int C, int V, int chunk,
+                                       float* scratch) const = 0;
+  virtual void chunked_logprob_backward(float* dh, float* dW, const float* dlogp, const float* dentropy,
+                                        const float* h, const float* W, const float* lse, const float* entropy,
+                                        const int32_t* targets, float temperature, int N, int C, int V, int chunk,
+                                        float* scratch) const = 0;
 
   // ---- MoE layer (moe.h) ---------------------------------------------------------------------------
   virtual size_t moe_saved_floats(const MoeConfig& cfg, int N) const = 0;

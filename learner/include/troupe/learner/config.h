@@ -62,9 +62,26 @@ enum class LossAggMode {
 // `beta`, the KL clamps NeMo RL's (20, 10), entropy_coef veRL `entropy_coeff`, sequence_level_ratio
 // GSPO (TRL `importance_sampling_level="sequence"`), two_sided_clip TRL `delta` (INTELLECT-2),
 // log_ratio_clamp veRL's 20.
+// Correction of the gap between the sampler's and the learner's log-probs of the same weights
+// (YAML loss.mismatch_correction). With one set, the PPO ratio is taken against the learner's own
+// log-probs and each token's policy-gradient term gets a detached weight w_t of
+// rho_t = pi_learner(y_t) / pi_sampler(y_t) (learner/correction.h has the formulas).
+enum class MismatchCorrection {
+  none,          // no weight (the sampler's log-probs are the PPO ratio's old policy)
+  tis,           // w = min(rho, tis_cap)                                  truncated IS (Yao et al. 2025, veRL TIS)
+  mis,           // w = rho if mis_low <= rho <= mis_high, else 0          masked IS (Liu et al. 2025)
+  seq_geo_mask,  // w = 1 for every token of a sequence whose geometric-mean rho is in [geo_mask_low, geo_mask_high], else 0
+  icepop,        // w = rho if icepop_low <= rho <= icepop_high, else 0    IcePop's two-sided mask M(k; alpha, beta)
+};
+
 struct GrpoLossConfig : kernels::GrpoLossParams {
   LossAggMode agg_mode = LossAggMode::token_mean;
   int agg_norm_length = 0;  // seq-mean-token-sum-norm constant (0 = max_completion_length)
+  MismatchCorrection mismatch_correction = MismatchCorrection::none;
+  float tis_cap = 2.0f;          // veRL's TIS cap
+  float mis_low = 0.0f, mis_high = 2.0f;
+  float geo_mask_low = 0.999f, geo_mask_high = 1.001f;  // veRL's geometric rejection bounds
+  float icepop_low = 0.5f, icepop_high = 5.0f;          // IcePop's alpha, beta
 };
 
 enum class LrSchedule { constant, cosine };

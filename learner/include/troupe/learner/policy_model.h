@@ -27,6 +27,11 @@ class PolicyModel {
   virtual Status backward_train(const float* dlogp, const float* dentropy) = 0;
   // The backend the model computes on; the trainer runs the fused loss there too.
   virtual const kernels::Backend& backend() const { return kernels::cpu_backend(); }
+  // MoE routing of the last forward_train: (T x routing_width()) top-k expert ids, routing_k() per
+  // MoE layer, ascending within a layer (policy::Model::last_routing). Dense models: width 0.
+  virtual int routing_width() const { return 0; }
+  virtual int routing_k() const { return 0; }
+  virtual std::span<const int32_t> last_routing() const { return {}; }
 };
 
 // The real policy model behind the interface (it keeps the reference; the Model must outlive it).
@@ -44,6 +49,9 @@ class ModelAdapter final : public PolicyModel {
     return model_.backward_train(dlogp, dentropy);
   }
   const kernels::Backend& backend() const override { return model_.backend(); }
+  int routing_width() const override { return model_.routing_width(); }
+  int routing_k() const override { return model_.routing_width() > 0 ? model_.config().num_experts_per_tok : 0; }
+  std::span<const int32_t> last_routing() const override { return model_.last_routing(); }
   policy::Model& model() { return model_; }
 
  private:

@@ -17,6 +17,7 @@
 #include "troupe/learner/communicator.h"
 #include "troupe/learner/config.h"
 #include "troupe/learner/loss.h"
+#include "troupe/learner/mismatch.h"
 #include "troupe/learner/optimizer.h"
 #include "troupe/learner/policy_model.h"
 
@@ -34,6 +35,13 @@ struct Sample {
   // policy-gradient term is weighted by min(exp(old - behavior), importance_weight_cap), old
   // being old_logprobs or, when those are empty, the current log-probs (detached). Empty = none.
   std::vector<float> behavior_logprobs;
+  // MoE: (completion x routing width) the sampler's top-k expert ids of every MoE layer for each
+  // token (policy::Generation::experts); empty = not recorded.
+  std::vector<int32_t> sampler_experts;
+  // Compare what the sampler recorded (behavior_logprobs, else old_logprobs, and sampler_experts)
+  // with this trainer's forward before the update (StepMetrics::mismatch). Set it when the weights
+  // the trainer holds are the ones that sampled this completion.
+  bool score_mismatch = false;
   float advantage = 0;                  // from compute_advantages (unused by SFT)
   float reward = 0;                     // the scalar reward (metrics only; advantages carry the signal)
   bool truncated = false;               // hit max_completion_length without EOS
@@ -62,6 +70,7 @@ struct StepMetrics {
   Stats rewards;           // reward_mean / reward_std (population std) of the batch
   double response_len_mean = 0;
   double truncated_frac = 0;
+  MismatchSums mismatch;   // of the samples with score_mismatch, all ranks (summarize() for the metrics)
 };
 
 // The packing of samples into one PackedBatch: position t predicts targets[t]; mask, old and ref
@@ -70,8 +79,24 @@ struct PackedMicroBatch {
   policy::PackedBatch batch;
   std::vector<float> mask, logp_old, logp_ref, logp_behavior, advantages;  // (T) (T) (T) (T) (S)
   bool has_old = false, has_ref = false, has_behavior = false;
+  // Mismatch scoring (samples with score_mismatch and recorded log-probs): the response tokens to
+  // compare (T), the sampler's log-probs (T), and where experts were recorded, route_mask (T) and
+  // experts (T x experts_width, -1 elsewhere).
+  bool has_mismatch = false;
+  std::vector<float> mismatch_mask, logp_sampler, route_mask;
+  std::vector<int32_t> experts;
+  int experts_width = 0;
 };
 Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples, bool mask_truncated);
+
+// Adds the mismatch of a packed batch's scored tokens: the sampler's log-probs and experts against
+// logp (T) and `model`'s routing of the forward that produced logp.
+void add_packed_mismatch(MismatchSums& out, const PackedMicroBatch& packed, const float* logp, const PolicyModel& model);
+
+// Forward only: the mismatch between what each sample's sampler recorded (behavior_logprobs, else
+// old_logprobs; sampler_experts) and `model` (every given sample, whatever its score_mismatch).
+Result<MismatchSums> score_mismatch(PolicyModel& model, const std::vector<const Sample*>& samples, float temperature,
+                                    int max_tokens_per_batch = 4096);
 
 // Split of `n` samples (lengths in tokens) into micro-batches: consecutive runs of at most
 // micro_batch_size samples (0 = one run), or, with max_tokens > 0, greedy runs whose total length
@@ -111,13 +136,15 @@ class Trainer {
 
  private:
   Status check_sample(const Sample& s, size_t index) const;
-  Result<LossMetrics> run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm);
+  // score: add the scored samples' mismatch (MismatchSums) from this forward (pre-update weights).
+  Result<LossMetrics> run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm, bool score,
+                                      MismatchSums& mismatch);
   Status check_batch(const std::vector<Sample>& batch) const;
   double sample_tokens(const Sample& s) const;
   // All-reduce the accumulated gradient, clip, AdamW: one optimizer step.
   Status optimizer_step(StepMetrics& out, double& norm_sum);
   // Metric all-reduce and the per-batch statistics of a finished call.
-  Status finish_metrics(StepMetrics& out, const LossMetrics& sums, double norm_sum,
+  Status finish_metrics(StepMetrics& out, const LossMetrics& sums, const MismatchSums& mismatch, double norm_sum,
                         const std::vector<float>& adv, const std::vector<float>& rew, double len,
                         double trunc, double seconds);
 
@@ -130,6 +157,7 @@ class Trainer {
   struct Accumulated {                                    // a streamed step in progress
     bool active = false, has_old = false;
     LossMetrics sums;
+    MismatchSums mismatch;
     double tokens = 0, seqs = 0, len = 0, trunc = 0, seconds = 0;
     std::vector<float> adv, rew;
   } acc_;

@@ -17,6 +17,11 @@ struct ExecutionOptions {
   bool offload_activations = false;       // move checkpointed layer inputs to an offload store
   bool offload_double_buffer = true;      // reload layer l-1's input while layer l runs backward
   bool moe_grouped = true;                // counting-sort grouped routing vs the masked loop
+  // Vocabulary columns per chunk of the LM head + log-softmax in training (0 = the whole vocabulary
+  // at once): no (tokens, vocab) logits buffer. Unlike the switches above this one rounds
+  // differently once the vocabulary exceeds a chunk (an online log-sum-exp); a vocabulary of at
+  // most one chunk runs the whole-vocabulary ops, bit for bit.
+  int logprob_chunk = 4096;
 };
 
 }  // namespace troupe::policy

@@ -58,6 +58,9 @@ struct Generation {
   std::vector<int32_t> tokens;   // sampled tokens (stop token included when hit)
   std::vector<float> logprobs;   // log-prob of each sampled token under the sampling distribution
   bool stopped = false;          // true when a stop token ended it, false when max_new_tokens did (truncated)
+  // MoE: (tokens x Model::routing_width()) the top-k expert ids (ascending) of every MoE layer at the
+  // position whose output sampled each token, layer-major within a token; empty for a dense model.
+  std::vector<int32_t> experts;
 };
 
 // Everything that describes one packed batch, computed on the host once per batch
@@ -134,6 +137,12 @@ class Model {
   // Deterministic for a seed; each prompt has its own RNG stream (seed, prompt index).
   Result<std::vector<Generation>> generate(const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingParams& params);
+
+  // MoE routing record: routing_width() = (MoE layers) x num_experts_per_tok (0 when dense);
+  // last_routing() is (T x routing_width()) of the last forward_train / forward_logits: position t's
+  // top-k expert ids of each MoE layer in layer order, ascending within a layer.
+  int routing_width() const;
+  std::span<const int32_t> last_routing() const;
 
   // Observability for tests and benchmarks.
   uint64_t packed_meta_builds() const;      // PackedMeta constructions since create()

@@ -1,0 +1,159 @@
+// The chunked LM head + log-softmax against the whole-vocabulary ops (matmul + logprob), and its
+// backward against central finite differences (fp64).
+#include "troupe/kernels/chunked_logprob.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "troupe/kernels/ops.h"
+
+namespace troupe::kernels {
+namespace {
+
+template <class T>
+struct Problem {
+  int N, C, V;
+  float temperature;
+  std::vector<T> h, W, dlogp, dent;
+  std::vector<int32_t> targets;
+  Problem(int n, int c, int v, float temp, uint64_t seed) : N(n), C(c), V(v), temperature(temp) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> nd(0, 1);
+    for (int i = 0; i < N * C; ++i) h.push_back(static_cast<T>(nd(rng)));
+    for (int i = 0; i < V * C; ++i) W.push_back(static_cast<T>(0.7 * nd(rng)));
+    for (int i = 0; i < N; ++i) {
+      targets.push_back(i % 5 == 4 ? -1 : static_cast<int32_t>(rng() % static_cast<uint64_t>(V)));
+      dlogp.push_back(static_cast<T>(nd(rng)));
+      dent.push_back(static_cast<T>(nd(rng)));
+    }
+  }
+};
+
+template <class T>
+struct Out {
+  std::vector<T> logp, ent, lse, dh, dW;
+};
+
+// The whole-vocabulary ops: (N, V) logits, log-prob, backward through dlogits.
+template <class T>
+Out<T> whole(const Problem<T>& p) {
+  Out<T> o;
+  o.logp.resize(p.N), o.ent.resize(p.N), o.lse.resize(p.N);
+  o.dh.assign(static_cast<size_t>(p.N) * p.C, T(0)), o.dW.assign(static_cast<size_t>(p.V) * p.C, T(0));
+  std::vector<T> logits(static_cast<size_t>(p.N) * p.V);
+  matmul_forward(logits.data(), p.h.data(), p.W.data(), p.N, p.C, p.V);
+  logprob_forward(o.logp.data(), o.ent.data(), o.lse.data(), logits.data(), p.targets.data(), p.temperature, p.N, p.V);
+  logprob_backward(logits.data(), p.dlogp.data(), p.dent.data(), logits.data(), o.lse.data(), p.targets.data(),
+                   p.temperature, p.N, p.V);
+  matmul_backward(o.dh.data(), o.dW.data(), logits.data(), p.h.data(), p.W.data(), p.N, p.C, p.V);
+  return o;
+}
+
+template <class T>
+Out<T> chunked(const Problem<T>& p, int chunk) {
+  Out<T> o;
+  o.logp.resize(p.N), o.ent.resize(p.N), o.lse.resize(p.N);
+  o.dh.assign(static_cast<size_t>(p.N) * p.C, T(0)), o.dW.assign(static_cast<size_t>(p.V) * p.C, T(0));
+  std::vector<T> scratch(chunked_logprob_scratch_floats(p.N, p.V, chunk));
+  chunked_logprob_forward(o.logp.data(), o.ent.data(), o.lse.data(), p.h.data(), p.W.data(), p.targets.data(),
+                          p.temperature, p.N, p.C, p.V, chunk, scratch.data());
+  chunked_logprob_backward(o.dh.data(), o.dW.data(), p.dlogp.data(), p.dent.data(), p.h.data(), p.W.data(),
+                           o.lse.data(), o.ent.data(), p.targets.data(), p.temperature, p.N, p.C, p.V, chunk,
+                           scratch.data());
+  return o;
+}
+
+template <class T>
+double rel_err(const std::vector<T>& a, const std::vector<T>& b) {  // max |a - b| / max |b|
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+TEST(ChunkedLogprob, OneChunkIsTheWholeVocabularyBitForBit) {
+  Problem<float> p(70, 16, 100, 0.8f, 1);
+  const auto w = whole(p);
+  for (int chunk : {0, 100, 4096}) {
+    const auto c = chunked(p, chunk);
+    EXPECT_EQ(c.logp, w.logp) << chunk;
+    EXPECT_EQ(c.ent, w.ent) << chunk;
+    EXPECT_EQ(c.lse, w.lse) << chunk;
+    EXPECT_EQ(c.dh, w.dh) << chunk;
+    EXPECT_EQ(c.dW, w.dW) << chunk;
+  }
+}
+
+TEST(ChunkedLogprob, ManyChunksEqualTheWholeVocabularyFp64) {
+  Problem<double> p(9, 6, 53, 1.3f, 2);
+  const auto w = whole(p);
+  for (int chunk : {1, 7, 16, 52}) {
+    const auto c = chunked(p, chunk);
+    EXPECT_LT(rel_err(c.logp, w.logp), 1e-13) << chunk;
+    EXPECT_LT(rel_err(c.ent, w.ent), 1e-13) << chunk;
+    EXPECT_LT(rel_err(c.lse, w.lse), 1e-13) << chunk;
+    EXPECT_LT(rel_err(c.dh, w.dh), 1e-12) << chunk;
+    EXPECT_LT(rel_err(c.dW, w.dW), 1e-12) << chunk;
+  }
+}
+
+// In fp32 both paths round (3000-term sums); the chunked one is as close to the fp64 result as the
+// whole-vocabulary one is (within 2x, or 1e-6 relative).
+TEST(ChunkedLogprob, ManyChunksAreAsAccurateAsTheWholeVocabularyFp32) {
+  Problem<float> p(130, 32, 3000, 1.0f, 3);
+  Problem<double> q(130, 32, 3000, 1.0f, 3);  // the same values in fp64
+  for (size_t i = 0; i < q.h.size(); ++i) q.h[i] = p.h[i];
+  for (size_t i = 0; i < q.W.size(); ++i) q.W[i] = p.W[i];
+  for (size_t i = 0; i < q.dlogp.size(); ++i) q.dlogp[i] = p.dlogp[i], q.dent[i] = p.dent[i];
+  const auto exact = whole(q);
+  const auto w = whole(p);
+  auto err = [](const std::vector<float>& a, const std::vector<double>& b) {
+    std::vector<double> ad(a.begin(), a.end());
+    return rel_err(ad, b);
+  };
+  for (int chunk : {256, 1000, 2999}) {
+    const auto c = chunked(p, chunk);
+    EXPECT_LE(err(c.logp, exact.logp), std::max(2 * err(w.logp, exact.logp), 1e-6)) << chunk;
+    EXPECT_LE(err(c.ent, exact.ent), std::max(2 * err(w.ent, exact.ent), 1e-6)) << chunk;
+    EXPECT_LE(err(c.dh, exact.dh), std::max(2 * err(w.dh, exact.dh), 1e-6)) << chunk;
+    EXPECT_LE(err(c.dW, exact.dW), std::max(2 * err(w.dW, exact.dW), 1e-6)) << chunk;
+  }
+}
+
+TEST(ChunkedLogprob, BackwardMatchesFiniteDifferences) {
+  Problem<double> p(6, 5, 29, 0.7f, 4);
+  const int chunk = 8;
+  auto loss = [&](const Problem<double>& q) {
+    std::vector<double> logp(q.N), ent(q.N), lse(q.N), scratch(chunked_logprob_scratch_floats(q.N, q.V, chunk));
+    chunked_logprob_forward(logp.data(), ent.data(), lse.data(), q.h.data(), q.W.data(), q.targets.data(),
+                            q.temperature, q.N, q.C, q.V, chunk, scratch.data());
+    double l = 0;
+    for (int n = 0; n < q.N; ++n) l += q.dlogp[n] * logp[n] + q.dent[n] * ent[n];
+    return l;
+  };
+  const auto g = chunked(p, chunk);
+  const double eps = 1e-6;
+  for (int which = 0; which < 2; ++which) {
+    auto& x = which == 0 ? p.h : p.W;
+    const auto& grad = which == 0 ? g.dh : g.dW;
+    for (size_t i = 0; i < x.size(); i += 3) {
+      const double x0 = x[i];
+      x[i] = x0 + eps;
+      const double lp = loss(p);
+      x[i] = x0 - eps;
+      const double lm = loss(p);
+      x[i] = x0;
+      const double fd = (lp - lm) / (2 * eps);
+      EXPECT_NEAR(grad[i], fd, 1e-6 * std::max(1.0, std::fabs(fd))) << (which == 0 ? "dh " : "dW ") << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace troupe::kernels
