@@ -79,6 +79,14 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
   for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm",
                           "lr", "is_weight_mean"})
     row[key] = tr.updated ? tr.metrics.value(key, 0.0) : 0.0;
+  // failed env calls, only when there were any: env_failures/<reason> (after retries), env_retries
+  for (const auto& g : r.groups)
+    for (size_t j = 0; j < g.errors.size(); ++j)
+      if (!g.errors[j].empty()) {
+        const std::string key = "env_failures/" + (j < g.reasons.size() && !g.reasons[j].empty() ? g.reasons[j] : "env_error");
+        row[key] = row.value(key, 0) + 1;
+      }
+  if (r.retries > 0) row["env_retries"] = r.retries;
   return row;
 }
 
