@@ -168,10 +168,13 @@ const EnvSpec& env_spec(const RunState& s, const std::string& name);
 EnvObs settled(Result<EnvObs> r);  // a request that failed as a failed EnvObs (timeout, worker_crash)
 // `first` is the reply of req on env worker w. Retries go to workers w+1, w+2, ...; with
 // fresh_seed each retry draws a new seed (another prompt of the same env), else the same one.
-Task<ResetOutcome> reset_retrying(RunState& s, Result<EnvObs> first, EnvResetReq req, size_t w, bool fresh_seed);
+// (Arguments by reference, kept alive by the caller's co_await: GCC 12 mishandles by-value
+// coroutine parameters built from temporaries.)
+Task<ResetOutcome> reset_retrying(RunState& s, const Result<EnvObs>& first, const EnvResetReq& req, size_t w,
+                                  bool fresh_seed);
 // `first` is the reply of req on env worker w; completions that failed are retried elsewhere.
-Task<EnvVerifyRep> verify_retrying(RunState& s, Result<EnvVerifyRep> first, EnvVerifyReq req, size_t w,
-                                   int* retries);
+Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& first, const EnvVerifyReq& req,
+                                   size_t w, int* retries);
 // After a step's rollout: stop (peer_failed, exit 3) when an env crossed a bound, naming the env
 // and its last reasons; failures below the bounds are logged and the run goes on.
 Status check_env_failures(RunState& s, const Rollout& r, int64_t step);

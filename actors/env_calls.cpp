@@ -33,9 +33,10 @@ EnvObs settled(Result<EnvObs> r) {
   return o;
 }
 
-Task<ResetOutcome> reset_retrying(RunState& s, Result<EnvObs> first, EnvResetReq req, size_t w, bool fresh_seed) {
+Task<ResetOutcome> reset_retrying(RunState& s, const Result<EnvObs>& first, const EnvResetReq& req, size_t w,
+                                  bool fresh_seed) {
   ResetOutcome out;
-  out.obs = settled(std::move(first));
+  out.obs = settled(first);
   out.episode_id = req.episode_id;
   out.worker = w;
   out.seed = req.seed;
@@ -50,13 +51,14 @@ Task<ResetOutcome> reset_retrying(RunState& s, Result<EnvObs> first, EnvResetReq
     out.episode_id = base_id + "-r" + std::to_string(out.retries);
     out.seed = fresh_seed ? mix_seed(base_seed, 13, static_cast<uint64_t>(out.retries)) : base_seed;
     EnvResetReq again{req.env, out.episode_id, out.seed, req.split};
-    out.obs = settled(co_await request<EnvObs>(s.here, s.env_worker(out.worker), std::move(again), kEnvTimeout));
+    Result<EnvObs> got = co_await request<EnvObs>(s.here, s.env_worker(out.worker), std::move(again), kEnvTimeout);
+    out.obs = settled(std::move(got));
   }
   co_return out;
 }
 
-Task<EnvVerifyRep> verify_retrying(RunState& s, Result<EnvVerifyRep> first, EnvVerifyReq req, size_t w,
-                                   int* retries) {
+Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& first, const EnvVerifyReq& req,
+                                   size_t w, int* retries) {
   const size_t n = req.completions.size();
   EnvVerifyRep v;
   auto fill_failed = [&](EnvVerifyRep& x, const Error& e) {
@@ -69,7 +71,7 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, Result<EnvVerifyRep> first, EnvV
       x.components_json.emplace_back("{}");
     }
   };
-  if (first.ok()) v = std::move(first).value();
+  if (first.ok()) v = *first;
   else fill_failed(v, first.error());
   v.reasons.resize(n);
   v.components_json.resize(n, "{}");
@@ -85,8 +87,8 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, Result<EnvVerifyRep> first, EnvV
     EnvVerifyReq again{req.env, req.metadata_json, {}};
     for (size_t j : failed) again.completions.push_back(req.completions[j]);
     *retries += static_cast<int>(failed.size());
-    auto r = co_await request<EnvVerifyRep>(s.here, s.env_worker(w + static_cast<size_t>(a)), std::move(again),
-                                            kEnvTimeout);
+    Result<EnvVerifyRep> r = co_await request<EnvVerifyRep>(s.here, s.env_worker(w + static_cast<size_t>(a)),
+                                                            std::move(again), kEnvTimeout);
     EnvVerifyRep x;
     if (r.ok() && r->rewards.size() == failed.size()) x = std::move(r).value();
     else fill_failed(x, r.ok() ? Error{ErrorCode::internal, "verify reply has the wrong size"} : r.error());

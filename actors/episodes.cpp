@@ -74,25 +74,27 @@ Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int t
 
 // A step that failed: the episode is reset on the next env worker (same seed), its earlier turns
 // are replayed, and the step is tried again, up to envs[].max_retries times.
-Task<EnvObs> step_retrying(RunState& s, Episode& e, const Rollout::Group& g, std::string action, EnvObs failed,
-                           int* retries) {
+Task<EnvObs> step_retrying(RunState& s, Episode& e, const Rollout::Group& g, const std::string& action,
+                           const EnvObs& failed, int* retries) {
   const int max_retries = env_spec(s, g.env).max_retries;
   const std::string base_id = e.id;
-  EnvObs res = std::move(failed);
+  EnvObs res = failed;
   for (int a = 1; a <= max_retries && !res.error.empty() && !res.fatal; ++a) {
     ++*retries;
     if (s.hooks.log) s.hooks.log("env '" + g.env + "': " + res.reason + ": " + res.error + "; replaying the episode");
     (void)s.here->send(s.env_worker(e.worker), EnvReleaseReq{g.env, e.id});
     e.worker += 1;
     e.id = base_id + "-s" + std::to_string(a);
-    res = settled(co_await request<EnvObs>(s.here, s.env_worker(e.worker), EnvResetReq{g.env, e.id, g.seed, 0},
-                                           kEnvTimeout));
-    for (size_t t = 0; t < e.actions.size() && res.error.empty(); ++t)
-      res = settled(co_await request<EnvObs>(s.here, s.env_worker(e.worker), EnvStepReq{g.env, e.id, e.actions[t]},
-                                             kEnvTimeout));
-    if (res.error.empty())
-      res = settled(co_await request<EnvObs>(s.here, s.env_worker(e.worker), EnvStepReq{g.env, e.id, action},
-                                             kEnvTimeout));
+    {
+      EnvResetReq rq{g.env, e.id, g.seed, 0};
+      Result<EnvObs> got = co_await request<EnvObs>(s.here, s.env_worker(e.worker), std::move(rq), kEnvTimeout);
+      res = settled(std::move(got));
+    }
+    for (size_t t = 0; t <= e.actions.size() && res.error.empty(); ++t) {  // the earlier turns, then this one
+      EnvStepReq sq{g.env, e.id, t < e.actions.size() ? e.actions[t] : action};
+      Result<EnvObs> got = co_await request<EnvObs>(s.here, s.env_worker(e.worker), std::move(sq), kEnvTimeout);
+      res = settled(std::move(got));
+    }
   }
   co_return res;
 }
@@ -135,7 +137,9 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     for (int j = 0; j < G; ++j) {
       auto& e = eps[gi * static_cast<size_t>(G) + static_cast<size_t>(j)];
       // every sample of a group is the same prompt: a retry keeps the seed
-      auto o = co_await reset_retrying(s, co_await resets[n++], EnvResetReq{g.env, e.id, g.seed, 0}, gi, false);
+      Result<EnvObs> first = co_await resets[n++];
+      const EnvResetReq req{g.env, e.id, g.seed, 0};
+      ResetOutcome o = co_await reset_retrying(s, first, req, gi, false);
       r.retries += o.retries;
       e.id = o.episode_id;
       e.worker = o.worker;
@@ -186,9 +190,12 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     for (size_t n = 0; n < active.size(); ++n) {
       auto& e = eps[active[n]];
       const double t_step = mono_s();
-      EnvObs res = settled(co_await steps[n]);
-      if (!res.error.empty() && !res.fatal)
-        res = co_await step_retrying(s, e, r.groups[e.group], out[active[n]].text, std::move(res), &r.retries);
+      Result<EnvObs> got = co_await steps[n];
+      EnvObs res = settled(std::move(got));
+      if (!res.error.empty() && !res.fatal) {
+        const EnvObs failed = res;
+        res = co_await step_retrying(s, e, r.groups[e.group], out[active[n]].text, failed, &r.retries);
+      }
       TurnInfo ti;
       ti.observation = turn == 0 ? e.prompt_text : e.feedback;
       ti.reward = res.reward;

@@ -119,7 +119,8 @@ Task<Result<json>> evaluate(RunState& s) {
                                     kEnvTimeout));
     std::vector<EnvObs> got;
     for (int i = 0; i < n; ++i) {
-      EnvObs o = settled(co_await obs[i]);
+      Result<EnvObs> got_i = co_await obs[i];
+      EnvObs o = settled(std::move(got_i));
       if (!multi) (void)s.here->send(s.env_worker(i), EnvReleaseReq{e.name, eval_id(e.name, i)});
       got.push_back(std::move(o));
     }

@@ -92,8 +92,9 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     auto& g = r.groups[i];
     // single-turn: a retry draws a new seed (another prompt), so the step's batch stays full
     const bool fresh_seed = ro.max_turns <= 1;
-    auto o = co_await reset_retrying(s, co_await obs[i], EnvResetReq{g.env, episode_id(i), g.seed, 0},
-                                     static_cast<size_t>(i), fresh_seed);
+    Result<EnvObs> first = co_await obs[i];
+    const EnvResetReq req{g.env, episode_id(i), g.seed, 0};
+    ResetOutcome o = co_await reset_retrying(s, first, req, static_cast<size_t>(i), fresh_seed);
     r.retries += o.retries;
     (void)s.here->send(s.env_worker(o.worker), EnvReleaseReq{g.env, o.episode_id});
     g.env_version = o.obs.env_version;
@@ -181,8 +182,8 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     }
     for (int i = part.g0; i < part.g1; ++i) {
       if (failed[i]) continue;
-      auto v = co_await verify_retrying(s, co_await *ver[i - part.g0], std::move(vreq[i - part.g0]),
-                                        static_cast<size_t>(i), &r.retries);
+      Result<EnvVerifyRep> first = co_await *ver[i - part.g0];
+      EnvVerifyRep v = co_await verify_retrying(s, first, vreq[i - part.g0], static_cast<size_t>(i), &r.retries);
       r.groups[i].rewards = std::move(v.rewards);
       r.groups[i].correct = std::move(v.correct);
       r.groups[i].errors = std::move(v.errors);

@@ -28,8 +28,9 @@ Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
   std::string last_failure;
   for (int i = 0; i < B; ++i) {
     uint64_t rs = mix_seed(s.cfg.run.seed, 11, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
-    auto got = co_await reset_retrying(s, co_await obs[i], EnvResetReq{envn[i], episode_id(i), mix_seed(rs, 2), 0},
-                                       static_cast<size_t>(i), true);
+    Result<EnvObs> first = co_await obs[i];
+    const EnvResetReq rq{envn[i], episode_id(i), mix_seed(rs, 2), 0};
+    ResetOutcome got = co_await reset_retrying(s, first, rq, static_cast<size_t>(i), true);
     (void)s.here->send(s.env_worker(got.worker), EnvReleaseReq{envn[i], got.episode_id});
     if (!got.obs.error.empty()) {  // no prompt on any try: this example is left out
       last_failure = got.obs.reason + ": " + got.obs.error;

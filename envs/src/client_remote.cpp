@@ -230,6 +230,8 @@ class RemoteEnvClient final : public EnvClient {
       Error e = r.error();
       stop_worker(false);
       if (owns_process()) e.message += " [command: " + cmd + "]";
+      // a worker that exits with 2 while starting refused its config or plug-in: bad input
+      if (WIFEXITED(last_exit_status_) && WEXITSTATUS(last_exit_status_) == 2) e.code = ErrorCode::invalid_input;
       return e;
     }
     const json& res = *r;
@@ -301,6 +303,7 @@ class RemoteEnvClient final : public EnvClient {
           int status = 0;
           pid_t w = ::waitpid(pid_, &status, WNOHANG);
           if (w == pid_) {
+            last_exit_status_ = status;
             std::string msg = where() + ": env worker " + describe_status(status) + " during " + what + log_tail();
             pid_ = -1;
             return make_error(ErrorCode::peer_failed, msg);
@@ -419,6 +422,7 @@ class RemoteEnvClient final : public EnvClient {
   std::vector<std::unique_ptr<zmq::socket_t>> idle_;  // concurrent(): sockets with no call in flight
   int generation_ = 0, restarts_ = 0;
   bool gave_up_ = false;
+  int last_exit_status_ = -1;  // wait status of the last worker that died (-1: none)
   std::atomic<int64_t> next_id_{0};
 };
 

@@ -18,7 +18,7 @@ expect_exit() {
   shift
   "$@" 2> "$W/err.txt" > "$W/out.txt" || rc=$?
   if [ "$rc" = "$want" ]; then return 0; fi
-  tail -20 "$W/out.txt" "$W/err.txt"
+  tail -n 20 "$W/out.txt" "$W/err.txt"
   echo "expected exit $want, got $rc: $*"
   exit 1
 }
@@ -27,7 +27,7 @@ run() {  # run NAME CODE ARGS...: a tiny run in $W/NAME
   shift 2
   expect_exit "$code" "$TROUPE" run "$CFG" --set run.dir="$W/$name" "$@"
 }
-fault() { echo "--set envs[0].config={\"fault\": \"$1\", \"$2\": $3}"; }
+fault() { FA=(--set "envs[0].config={\"fault\": \"$1\", \"$2\": $3}"); }  # sets FA, the --set of the faulty env's config
 # start_server NAME ARGS...: the misbehaving server on a fresh ipc address ($ADDR); stopped at exit
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null || true; done' EXIT
@@ -43,41 +43,41 @@ REMOTE() { echo "--set envs[0].type=remote --set envs[0].path= --set envs[0].add
 case $CASE in
   reset_failures)  # resets that crash, throw or answer garbage: retried elsewhere, batch full, run ok
     for f in segfault throw badjson badutf8; do
-      run $f 0 $FAULTY $(fault $f fault_every_reset 5) --set envs[0].isolate=true
+      fault $f fault_every_reset 5; run $f 0 $FAULTY "${FA[@]}" --set envs[0].isolate=true
       $CHECK steps "$W/$f" 2
       $CHECK atleast "$W/$f" env_retries 1
       $CHECK none "$W/$f" env_failures
     done
-    run inproc 0 $FAULTY $(fault throw fault_every_reset 3) --set envs[0].isolate=false
+    fault throw fault_every_reset 3; run inproc 0 $FAULTY "${FA[@]}" --set envs[0].isolate=false
     $CHECK atleast "$W/inproc" env_retries 1
     ;;
   verify_failures)  # verify that crashes / throws: with retries nothing is lost; without, counted per reason
-    run crash 0 $FAULTY $(fault segfault fault_every_verify 6) --set envs[0].isolate=true
+    fault segfault fault_every_verify 6; run crash 0 $FAULTY "${FA[@]}" --set envs[0].isolate=true
     $CHECK steps "$W/crash" 2
     $CHECK atleast "$W/crash" env_retries 1
     $CHECK none "$W/crash" env_failures
-    run counted 0 $FAULTY $(fault segfault fault_every_verify 6) --set envs[0].max_retries=0
+    fault segfault fault_every_verify 6; run counted 0 $FAULTY "${FA[@]}" --set envs[0].max_retries=0
     $CHECK atleast "$W/counted" env_failures/worker_crash 1
     $CHECK termination "$W/counted" worker_crash
-    run throw 0 $FAULTY $(fault throw fault_every_verify 6) --set envs[0].max_retries=0 --set envs[0].isolate=false
+    fault throw fault_every_verify 6; run throw 0 $FAULTY "${FA[@]}" --set envs[0].max_retries=0 --set envs[0].isolate=false
     $CHECK atleast "$W/throw" env_failures/env_error 1
     $CHECK termination "$W/throw" env_error
     ;;
   step_failures)  # multi-turn: a step that crashes is replayed on a fresh worker
-    run replay 0 $FAULTY $(fault segfault fault_every_step 5) --set rollout.max_turns=2
+    fault segfault fault_every_step 5; run replay 0 $FAULTY "${FA[@]}" --set rollout.max_turns=2
     $CHECK steps "$W/replay" 2
     $CHECK atleast "$W/replay" env_retries 1
-    run counted 0 $FAULTY $(fault badjson fault_every_step 5) --set rollout.max_turns=2 --set envs[0].max_retries=0
+    fault badjson fault_every_step 5; run counted 0 $FAULTY "${FA[@]}" --set rollout.max_turns=2 --set envs[0].max_retries=0
     $CHECK atleast "$W/counted" env_failures/protocol_error 1
     ;;
   timeout_replaced)  # a verify that hangs: the worker is killed and replaced, the call retried
-    run hang 0 $FAULTY $(fault hang fault_every_verify 9) --set envs[0].timeout_s=0.5 --set envs[0].max_retries=0
+    fault hang fault_every_verify 9; run hang 0 $FAULTY "${FA[@]}" --set envs[0].timeout_s=0.5 --set envs[0].max_retries=0
     $CHECK atleast "$W/hang" env_failures/timeout 1
     $CHECK termination "$W/hang" timeout
     grep -q "no answer to verify within 0.5 s" "$W/hang/trajectories/grpo.jsonl"
     ;;
   invalid_reward)  # a reward of 1e308: that episode fails as invalid_reward, the run goes on
-    run big 0 $FAULTY $(fault bigreward fault_every_verify 5) --set envs[0].max_retries=0
+    fault bigreward fault_every_verify 5; run big 0 $FAULTY "${FA[@]}" --set envs[0].max_retries=0
     $CHECK atleast "$W/big" env_failures/invalid_reward 1
     $CHECK termination "$W/big" invalid_reward
     # a range of the env's own: 0.5 is above reward_max 0.25, every episode fails -> exit 3
@@ -85,22 +85,22 @@ case $CASE in
     grep -q "invalid reward" "$W/err.txt"
     ;;
   all_failed_exit3)  # verify throws on every call: exit 3 naming the env and the reasons, never "done"
-    run all 3 $FAULTY $(fault throw fault_every_verify 1) --set envs[0].isolate=false
+    fault throw fault_every_verify 1; run all 3 $FAULTY "${FA[@]}" --set envs[0].isolate=false
     cat "$W/err.txt"
     grep -q "env 'faulty': 32 of 32 episodes of step 1 failed after retries (env_error 32" "$W/err.txt"
     grep -q "every episode failed" "$W/err.txt"
     ! grep -q "done" "$W/out.txt"
     ;;
   failure_frac_exit3)  # more than max_failure_frac of a step's episodes fail: exit 3 naming the bound
-    run frac 3 $FAULTY $(fault throw fault_every_verify 2) --set envs[0].max_retries=0 --set envs[0].max_failure_frac=0.3 \
+    fault throw fault_every_verify 2; run frac 3 $FAULTY "${FA[@]}" --set envs[0].max_retries=0 --set envs[0].max_failure_frac=0.3 \
       --set envs[0].isolate=false
     grep -q "more than envs\[\].max_failure_frac 0.3" "$W/err.txt"
-    run below 0 $FAULTY $(fault throw fault_every_verify 2) --set envs[0].max_retries=0 --set envs[0].max_failure_frac=0.6 \
+    fault throw fault_every_verify 2; run below 0 $FAULTY "${FA[@]}" --set envs[0].max_retries=0 --set envs[0].max_failure_frac=0.6 \
       --set envs[0].isolate=false
     $CHECK atleast "$W/below" env_failures/env_error 8
     ;;
   max_restarts_exit3)  # an env worker that keeps crashing: past envs[].max_restarts the run stops (exit 3)
-    run restarts 3 $FAULTY $(fault segfault fault_every_verify 2) --set envs[0].max_restarts=3
+    fault segfault fault_every_verify 2; run restarts 3 $FAULTY "${FA[@]}" --set envs[0].max_restarts=3
     grep -q "max_restarts (3)" "$W/err.txt"
     grep -q "Segmentation fault" "$W/err.txt"
     ;;
@@ -112,7 +112,7 @@ case $CASE in
     done
     ;;
   tokenizer_fallback)  # a prompt the char tokenizer cannot encode ("café") is mapped, never fatal
-    run cafe 0 $FAULTY $(fault nonascii fault_every_reset 1)
+    fault nonascii fault_every_reset 1; run cafe 0 $FAULTY "${FA[@]}"
     $CHECK steps "$W/cafe" 2
     grep -q 'caf?' "$W/cafe/trajectories/grpo.jsonl"
     ;;
@@ -149,7 +149,7 @@ PY
     grep -q "no_such_key" "$W/err.txt"
     run badvalue 2 $FAULTY --set envs[0].max_failure_frac=2
     expect_exit 2 "$TROUPE" run "$W/missing.yaml"
-    run bounds 3 $FAULTY $(fault throw fault_every_verify 1) --set envs[0].isolate=false
+    fault throw fault_every_verify 1; run bounds 3 $FAULTY "${FA[@]}" --set envs[0].isolate=false
     # the keys envs/README.md documents are accepted
     expect_exit 0 "$TROUPE" validate "$CFG" $FAULTY --set envs[0].startup_timeout_s=20 --set envs[0].max_restarts=5 \
       --set envs[0].worker="$(dirname "$TROUPE")/troupe-env-worker" --set envs[0].max_retries=1 --set envs[0].reward_min=-2
