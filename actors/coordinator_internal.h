@@ -33,6 +33,14 @@ inline constexpr auto kLongTimeout = std::chrono::hours(2);
 
 double mono_s();  // steady clock, seconds
 
+// The env side of one model turn of a multi-turn episode.
+struct TurnInfo {
+  std::string observation;  // what the env showed before the turn (turn 0: the prompt)
+  double reward = 0;
+  std::string info_json = "{}";
+  double env_s = 0, generate_s = 0;
+};
+
 // One GRPO step's worth of data (or one streamed part of it): groups of G samples, scored.
 struct Rollout {
   struct Group {
@@ -43,6 +51,11 @@ struct Rollout {
     std::vector<GenSample> samples;
     std::vector<double> rewards, correct;
     std::vector<std::string> errors;
+    std::vector<std::string> reasons;  // per sample: "" or why it failed (a trajectory termination)
+    std::vector<std::string> components;  // per sample: the reward's parts (JSON), "" when unknown
+    std::string env_version;
+    std::string messages_json = "[]";  // the first observation's chat messages
+    std::vector<std::vector<TurnInfo>> turns;  // multi-turn: per sample, the env side of each turn
   };
   std::vector<Group> groups;
   int64_t policy_version = 0;
@@ -52,6 +65,7 @@ struct Rollout {
   int64_t index0 = 0;
   int part = 0, parts = 1;  // streamed (rollout.async_chunks): which part of the step's groups
   double gen_s = 0, env_s = 0, idle_s = 0;
+  int retries = 0;  // env calls retried on another env worker
 };
 
 struct Prepared {  // what a rollout gives the learners
@@ -127,13 +141,45 @@ struct Episode {
   size_t first_prompt_len = 0;
   double reward = 0;
   bool done = false, exact = true, solved = false;
-  std::string error;
+  std::string error, reason;
+  size_t worker = 0;                 // env worker index that holds the episode
+  std::vector<std::string> actions;  // the turns so far (replayed on another worker after a failure)
+  std::vector<TurnInfo> turns;
+  std::string components = "{}";     // the last step's reward parts
+  std::string feedback;              // the env's last answer (the next turn's observation)
 };
 // Turn `turn` of episode e: sample s (this turn's completion, sampled from s.prompt_tokens) and the
 // env's answer res. Appends the sampled tokens (mask 1) and, when the episode goes on, the
 // tokenized feedback (mask 0) to e.merged, and sets e.context, the next turn's prompt tokens.
 Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int turn, int max_turns,
                 const policy::io::Tokenizer& tok);
+
+// env_calls.cpp: env calls that fail. A failed call (an EnvObs / EnvVerifyRep error, or the
+// request's own failure) is retried on the next env workers up to envs[].max_retries; what still
+// fails is counted and bounded by envs[].max_failure_frac and envs[].max_restarts.
+struct ResetOutcome {
+  EnvObs obs;  // obs.error set: it failed on every try
+  std::string episode_id;
+  size_t worker = 0;  // env worker index that holds the episode
+  uint64_t seed = 0;
+  int retries = 0;
+};
+const EnvSpec& env_spec(const RunState& s, const std::string& name);
+EnvObs settled(Result<EnvObs> r);  // a request that failed as a failed EnvObs (timeout, worker_crash)
+// `first` is the reply of req on env worker w. Retries go to workers w+1, w+2, ...; with
+// fresh_seed each retry draws a new seed (another prompt of the same env), else the same one.
+// (Arguments by reference, kept alive by the caller's co_await: GCC 12 mishandles by-value
+// coroutine parameters built from temporaries.)
+Task<ResetOutcome> reset_retrying(RunState& s, const Result<EnvObs>& first, const EnvResetReq& req, size_t w,
+                                  bool fresh_seed);
+// `first` is the reply of req on env worker w; completions that failed are retried elsewhere.
+Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& first, const EnvVerifyReq& req,
+                                   size_t w, int* retries);
+// After a step's rollout: stop (peer_failed, exit 3) when an env crossed a bound, naming the env
+// and its last reasons; failures below the bounds are logged and the run goes on.
+Status check_env_failures(RunState& s, const Rollout& r, int64_t step);
+// Text the tokenizer cannot encode, mapped so that it can (characters it lacks become '?').
+std::string encodable(const policy::io::Tokenizer& tok, const std::string& text);
 
 // rollout.cpp: prompts by env weight, generation, scoring, dynamic-sampling rounds.
 size_t pick_env(const ExperimentConfig& cfg, uint64_t r);

@@ -1,5 +1,12 @@
 // The env worker (env clients by name: reset, step, verify, release) and the actor that hosts it.
+// A failed env call is a reply, never an error status: it carries the error, its kind (timeout,
+// worker_crash, protocol_error, env_error, invalid_reward) and whether the env is past its bounds,
+// and the coordinator decides (retry elsewhere, count, or stop). Every reward is checked finite and
+// within the env's reward_min/reward_max.
 #include <chrono>
+#include <future>
+#include <mutex>
+#include <thread>
 
 #include "role_support.h"
 #include "troupe/actors/roles.h"
@@ -13,6 +20,7 @@ Result<std::unique_ptr<EnvWorker>> EnvWorker::create(const std::vector<envs::Env
     auto c = envs::make_env_client(s);
     if (!c.ok()) return Error{c.error().code, "env '" + s.name + "': " + c.error().message};
     w->clients_[s.name] = std::move(c).value();
+    w->specs_[s.name] = s;
   }
   return w;
 }
@@ -28,16 +36,38 @@ const envs::EnvInfo* EnvWorker::info(const std::string& env) const {
   return it == clients_.end() ? nullptr : &it->second->info();
 }
 
+bool EnvWorker::concurrent(const std::string& env) const {
+  auto it = clients_.find(env);
+  return it != clients_.end() && it->second->concurrent();
+}
+
+void EnvWorker::fail(EnvObs& out, const std::string& env, const Error& e) const {
+  out.error = e.message;
+  out.reason = envs::termination_name(envs::termination_for(e));
+  auto it = clients_.find(env);
+  out.fatal = it != clients_.end() && it->second->gave_up();
+}
+
 Result<EnvObs> EnvWorker::reset(const EnvResetReq& r) {
   auto t0 = std::chrono::steady_clock::now();
   TROUPE_ASSIGN_OR_RETURN(auto* c, client(r.env));
   envs::ResetOptions opt;
   opt.split = r.split == 1 ? envs::Split::eval : envs::Split::train;
   auto obs = c->reset(r.episode_id, r.seed, opt);
-  if (!obs.ok()) return Error{obs.error().code, "env '" + r.env + "' reset: " + obs.error().message};
   EnvObs out;
-  out.text = obs->text;
-  out.metadata_json = obs->metadata.dump();
+  out.env_version = c->info().version;
+  if (!obs.ok()) {
+    fail(out, r.env, Error{obs.error().code, "env '" + r.env + "' reset of episode '" + r.episode_id +
+                                                 "': " + obs.error().message});
+  } else {
+    out.text = obs->text;
+    out.metadata_json = obs->metadata.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (!obs->messages.empty()) {
+      json m = json::array();
+      for (const auto& msg : obs->messages) m.push_back({{"role", msg.role}, {"content", msg.content}});
+      out.messages_json = m.dump(-1, ' ', false, json::error_handler_t::replace);
+    }
+  }
   out.env_s = seconds_since(t0);
   return out;
 }
@@ -46,13 +76,22 @@ Result<EnvObs> EnvWorker::step(const EnvStepReq& r) {
   auto t0 = std::chrono::steady_clock::now();
   TROUPE_ASSIGN_OR_RETURN(auto* c, client(r.env));
   auto s = c->step(r.episode_id, r.action);
-  if (!s.ok()) return Error{s.error().code, "env '" + r.env + "' step: " + s.error().message};
   EnvObs out;
-  out.text = s->observation.text;
-  out.metadata_json = s->observation.metadata.dump();
-  out.reward = s->reward;
-  out.done = s->done;
-  out.components_json = json(s->components).dump();
+  out.env_version = c->info().version;
+  const std::string what = "step of episode '" + r.episode_id + "'";
+  if (s.ok()) {
+    if (auto bad = envs::check_reward(specs_.at(r.env), s->reward, what); !bad.ok()) s = bad.error();
+  }
+  if (!s.ok()) {
+    fail(out, r.env, Error{s.error().code, "env '" + r.env + "' " + what + ": " + s.error().message});
+  } else {
+    out.text = s->observation.text;
+    out.metadata_json = s->observation.metadata.dump(-1, ' ', false, json::error_handler_t::replace);
+    out.reward = s->reward;
+    out.done = s->done;
+    out.components_json = json(s->components).dump();
+    out.info_json = s->info.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
   out.env_s = seconds_since(t0);
   return out;
 }
@@ -62,19 +101,34 @@ Result<EnvVerifyRep> EnvWorker::verify(const EnvVerifyReq& r) {
   TROUPE_ASSIGN_OR_RETURN(auto* c, client(r.env));
   json meta = json::parse(r.metadata_json, nullptr, false);
   if (meta.is_discarded()) return invalid_input("EnvVerifyReq: metadata is not JSON");
+  const auto& spec = specs_.at(r.env);
   EnvVerifyRep out;
-  for (const auto& completion : r.completions) {
-    auto v = c->verify(meta, completion);
+  // a concurrent env scores the completions at once, each call with its own deadline
+  std::vector<std::future<Result<envs::VerifyResult>>> pending;
+  if (c->concurrent())
+    for (const auto& completion : r.completions)
+      pending.push_back(std::async(std::launch::async, [c, &meta, &completion] { return c->verify(meta, completion); }));
+  for (size_t j = 0; j < r.completions.size(); ++j) {
+    auto v = pending.empty() ? c->verify(meta, r.completions[j]) : pending[j].get();
+    if (v.ok()) {
+      if (auto bad = envs::check_reward(spec, v->reward, "verify of completion " + std::to_string(j)); !bad.ok())
+        v = bad.error();
+    }
     if (!v.ok()) {
       out.rewards.push_back(0);
       out.correct.push_back(0);
       out.errors.push_back(v.error().message);
+      out.reasons.emplace_back(envs::termination_name(envs::termination_for(v.error())));
+      out.components_json.emplace_back("{}");
+      out.fatal = out.fatal || c->gave_up();
       continue;
     }
     out.rewards.push_back(v->reward);
     auto it = v->components.find("correct");
     out.correct.push_back(it != v->components.end() ? it->second : (v->reward >= 1.0 ? 1.0 : 0.0));
     out.errors.emplace_back();
+    out.reasons.emplace_back();
+    out.components_json.push_back(json(v->components).dump());
   }
   out.env_s = seconds_since(t0);
   return out;
@@ -85,20 +139,73 @@ void EnvWorker::release(const EnvReleaseReq& r) {
   if (it != clients_.end()) it->second->release(r.episode_id);
 }
 
-EnvActor::EnvActor(std::shared_ptr<EnvWorker> worker) : worker_(std::move(worker)) {
-  handle<EnvResetReq>([this](runtime::Context& ctx, const EnvResetReq& r) -> Status {
-    TROUPE_ASSIGN_OR_RETURN(auto rep, worker_->reset(r));
+// Calls of a concurrent env run on threads of their own and reply from there; once the actor
+// stops, a late call's reply is dropped (the request has ended by then or fails on its own).
+struct EnvActor::Inflight {
+  std::mutex mu;
+  bool closed = false;
+  runtime::ActorSystem* system = nullptr;
+};
+
+namespace {
+
+template <class Rep, class Req, class Fn>
+Status answer(runtime::Context& ctx, const std::shared_ptr<EnvWorker>& worker,
+              const std::shared_ptr<EnvActor::Inflight>& inflight, const std::string& env, const Req& r, Fn fn) {
+  if (!worker->concurrent(env)) {
+    TROUPE_ASSIGN_OR_RETURN(auto rep, fn(*worker, r));
     return ctx.reply(std::move(rep));
+  }
+  const auto* h = ctx.header();
+  if (!h || !(h->flags & runtime::kFlagRequest)) return {};
+  {
+    std::lock_guard lock(inflight->mu);
+    inflight->system = &ctx.system();
+  }
+  std::thread([worker, inflight, r, fn, self = ctx.self(), to = h->sender, corr = h->correlation]() {
+    Result<Rep> rep = fn(*worker, r);
+    std::lock_guard lock(inflight->mu);
+    if (inflight->closed || !inflight->system) return;
+    if (rep.ok()) {
+      (void)inflight->system->send_from(self, to, std::move(rep).value(), runtime::kFlagReply, corr,
+                                        runtime::Overflow::block);
+    } else {
+      runtime::ErrorReply er{static_cast<std::int32_t>(rep.error().code), rep.error().message};
+      (void)inflight->system->send_from(self, to, std::move(er), runtime::kFlagReply, corr,
+                                        runtime::Overflow::block);
+    }
+  }).detach();
+  return {};
+}
+
+}  // namespace
+
+EnvActor::EnvActor(std::shared_ptr<EnvWorker> worker)
+    : worker_(std::move(worker)), inflight_(std::make_shared<Inflight>()) {
+  handle<EnvResetReq>([this](runtime::Context& ctx, const EnvResetReq& r) -> Status {
+    return answer<EnvObs>(ctx, worker_, inflight_, r.env, r, [](EnvWorker& w, const EnvResetReq& q) { return w.reset(q); });
   });
   handle<EnvStepReq>([this](runtime::Context& ctx, const EnvStepReq& r) -> Status {
-    TROUPE_ASSIGN_OR_RETURN(auto rep, worker_->step(r));
-    return ctx.reply(std::move(rep));
+    return answer<EnvObs>(ctx, worker_, inflight_, r.env, r, [](EnvWorker& w, const EnvStepReq& q) { return w.step(q); });
   });
   handle<EnvVerifyReq>([this](runtime::Context& ctx, const EnvVerifyReq& r) -> Status {
-    TROUPE_ASSIGN_OR_RETURN(auto rep, worker_->verify(r));
-    return ctx.reply(std::move(rep));
+    return answer<EnvVerifyRep>(ctx, worker_, inflight_, r.env, r,
+                                [](EnvWorker& w, const EnvVerifyReq& q) { return w.verify(q); });
   });
-  handle<EnvReleaseReq>([this](runtime::Context&, const EnvReleaseReq& r) { worker_->release(r); });
+  handle<EnvReleaseReq>([this](runtime::Context&, const EnvReleaseReq& r) {
+    if (!worker_->concurrent(r.env)) return worker_->release(r);
+    std::thread([worker = worker_, r] { worker->release(r); }).detach();  // never waits on a hung server
+  });
+}
+
+void EnvActor::on_stop(runtime::Context&) {
+  std::lock_guard lock(inflight_->mu);
+  inflight_->closed = true;
+}
+
+EnvActor::~EnvActor() {
+  std::lock_guard lock(inflight_->mu);
+  inflight_->closed = true;
 }
 
 }  // namespace troupe::actors

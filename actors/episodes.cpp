@@ -33,12 +33,14 @@ Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int t
   }
   e.merged.text = s.text;
   e.merged.truncated = s.truncated;
-  if (!res.ok()) {
-    e.error = res.error().message;
+  if (!res.ok() || !res->error.empty()) {
+    e.error = res.ok() ? res->error : res.error().message;
+    e.reason = res.ok() ? res->reason : settled(res.error()).reason;
     e.done = true;
     return {};  // a failed episode is not trained on
   }
   e.reward += res->reward;
+  e.components = res->components_json;
   e.done = res->done || turn + 1 == max_turns;
   if (e.done) e.solved = episode_solved(res->components_json, e.reward);
   // an EOS ending a turn that the env continues is not part of the next context: drop it
@@ -55,7 +57,7 @@ Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int t
   }
   if (e.done) return {};
   // the next turn sees this turn's tokens as sampled and the env's feedback (mask 0 in training)
-  auto fb = tok.encode("\n" + res->text + "\n");
+  auto fb = tok.encode("\n" + encodable(tok, res->text) + "\n");
   if (!fb.ok()) return invalid_input("env feedback: " + fb.error().message);
   e.context = s.prompt_tokens;
   e.context.insert(e.context.end(), s.tokens.begin(), s.tokens.begin() + static_cast<std::ptrdiff_t>(n_tok));
@@ -70,6 +72,33 @@ Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int t
   return {};
 }
 
+// A step that failed: the episode is reset on the next env worker (same seed), its earlier turns
+// are replayed, and the step is tried again, up to envs[].max_retries times.
+Task<EnvObs> step_retrying(RunState& s, Episode& e, const Rollout::Group& g, const std::string& action,
+                           const EnvObs& failed, int* retries) {
+  const int max_retries = env_spec(s, g.env).max_retries;
+  const std::string base_id = e.id;
+  EnvObs res = failed;
+  for (int a = 1; a <= max_retries && !res.error.empty() && !res.fatal; ++a) {
+    ++*retries;
+    if (s.hooks.log) s.hooks.log("env '" + g.env + "': " + res.reason + ": " + res.error + "; replaying the episode");
+    (void)s.here->send(s.env_worker(e.worker), EnvReleaseReq{g.env, e.id});
+    e.worker += 1;
+    e.id = base_id + "-s" + std::to_string(a);
+    {
+      EnvResetReq rq{g.env, e.id, g.seed, 0};
+      Result<EnvObs> got = co_await request<EnvObs>(s.here, s.env_worker(e.worker), std::move(rq), kEnvTimeout);
+      res = settled(std::move(got));
+    }
+    for (size_t t = 0; t <= e.actions.size() && res.error.empty(); ++t) {  // the earlier turns, then this one
+      EnvStepReq sq{g.env, e.id, t < e.actions.size() ? e.actions[t] : action};
+      Result<EnvObs> got = co_await request<EnvObs>(s.here, s.env_worker(e.worker), std::move(sq), kEnvTimeout);
+      res = settled(std::move(got));
+    }
+  }
+  co_return res;
+}
+
 Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k) {
   const auto& ro = s.cfg.rollout;
   int G = ro.num_generations;
@@ -80,15 +109,47 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     for (int j = 0; j < G; ++j) {
       Episode e;
       e.group = gi;
+      e.worker = gi;
       e.id = "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + static_cast<int64_t>(gi)) +
              "-" + std::to_string(j);
       e.prompt_text = r.groups[gi].prompt_text;
-      resets.push_back(request<EnvObs>(
-          s.here, s.env_worker(gi), EnvResetReq{r.groups[gi].env, e.id, r.groups[gi].seed, 0}, kEnvTimeout));
+      if (!r.groups[gi].errors.empty()) {  // the group's prompt could not be had
+        e.error = r.groups[gi].errors[0];
+        e.reason = r.groups[gi].reasons.empty() ? "env_error" : r.groups[gi].reasons[0];
+        e.done = true;
+      } else {
+        resets.push_back(request<EnvObs>(
+            s.here, s.env_worker(gi), EnvResetReq{r.groups[gi].env, e.id, r.groups[gi].seed, 0}, kEnvTimeout));
+      }
       eps.push_back(std::move(e));
     }
   }
-  for (auto& f : resets) TROUPE_CO_TRY(co_await f);
+  for (size_t gi = 0, n = 0; gi < r.groups.size(); ++gi) {
+    auto& g = r.groups[gi];
+    const bool group_failed = !g.errors.empty();
+    g.errors.clear();
+    g.reasons.clear();
+    g.samples.clear();
+    g.rewards.clear();
+    g.correct.clear();
+    g.components.clear();
+    if (group_failed) continue;
+    for (int j = 0; j < G; ++j) {
+      auto& e = eps[gi * static_cast<size_t>(G) + static_cast<size_t>(j)];
+      // every sample of a group is the same prompt: a retry keeps the seed
+      Result<EnvObs> first = co_await resets[n++];
+      const EnvResetReq req{g.env, e.id, g.seed, 0};
+      ResetOutcome o = co_await reset_retrying(s, first, req, gi, false);
+      r.retries += o.retries;
+      e.id = o.episode_id;
+      e.worker = o.worker;
+      if (!o.obs.error.empty()) {
+        e.error = o.obs.error;
+        e.reason = o.obs.reason;
+        e.done = true;
+      }
+    }
+  }
   r.env_s += mono_s() - t_env;
   size_t NG = s.peers.generators.size();
   for (int turn = 0; turn < ro.max_turns; ++turn) {
@@ -120,19 +181,36 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     }
     r.gen_s += mono_s() - t_gen;
     t_env = mono_s();
+    const double generate_s = mono_s() - t_gen;
     std::vector<Reply<EnvObs>> steps;
     for (size_t i : active)
-      steps.push_back(request<EnvObs>(s.here, s.env_worker(eps[i].group),
+      steps.push_back(request<EnvObs>(s.here, s.env_worker(eps[i].worker),
                                       EnvStepReq{r.groups[eps[i].group].env, eps[i].id, out[i].text},
                                       kEnvTimeout));
     for (size_t n = 0; n < active.size(); ++n) {
-      Result<EnvObs> res = co_await steps[n];
-      TROUPE_CO_TRY(add_turn(eps[active[n]], out[active[n]], res, turn, ro.max_turns, *s.tokenizer));
+      auto& e = eps[active[n]];
+      const double t_step = mono_s();
+      Result<EnvObs> got = co_await steps[n];
+      EnvObs res = settled(std::move(got));
+      if (!res.error.empty() && !res.fatal) {
+        const EnvObs failed = res;
+        res = co_await step_retrying(s, e, r.groups[e.group], out[active[n]].text, failed, &r.retries);
+      }
+      TurnInfo ti;
+      ti.observation = turn == 0 ? e.prompt_text : e.feedback;
+      ti.reward = res.reward;
+      ti.info_json = res.info_json;
+      ti.env_s = mono_s() - t_step;
+      ti.generate_s = generate_s;
+      e.feedback = res.text;
+      e.actions.push_back(out[active[n]].text);
+      TROUPE_CO_TRY(add_turn(e, out[active[n]], Result<EnvObs>(std::move(res)), turn, ro.max_turns, *s.tokenizer));
+      e.turns.push_back(std::move(ti));
     }
     r.env_s += mono_s() - t_env;
   }
   for (auto& e : eps) {
-    (void)s.here->send(s.env_worker(e.group), EnvReleaseReq{r.groups[e.group].env, e.id});
+    (void)s.here->send(s.env_worker(e.worker), EnvReleaseReq{r.groups[e.group].env, e.id});
     // a sample must end on a sampled token: drop trailing feedback
     while (!e.merged.mask.empty() && e.merged.mask.back() == 0.0f) {
       e.merged.mask.pop_back();
@@ -144,6 +222,9 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     g.rewards.push_back(e.error.empty() ? e.reward : 0.0);
     g.correct.push_back(e.error.empty() && e.solved ? 1.0 : 0.0);
     g.errors.push_back(e.error);
+    g.reasons.push_back(e.error.empty() ? std::string() : e.reason.empty() ? "env_error" : e.reason);
+    g.components.push_back(e.error.empty() ? e.components : std::string());
+    g.turns.push_back(std::move(e.turns));
   }
   co_return r;
 }

@@ -28,20 +28,27 @@ std::string eval_id(const std::string& env, int i) { return "eval-" + env + "-" 
 Task<Result<EnvScore>> single_turn(RunState& s, std::string env, std::vector<EnvObs> got) {
   const int n = static_cast<int>(got.size());
   GenerateReq req;
-  for (auto& o : got) req.prompts.push_back(o.text);
+  std::vector<int> live;  // prompts whose reset worked (a failed one scores 0)
+  for (int i = 0; i < n; ++i)
+    if (got[i].error.empty()) {
+      live.push_back(i);
+      req.prompts.push_back(encodable(*s.tokenizer, got[i].text));
+    }
+  EnvScore out;
+  if (live.empty()) co_return out;
   req.sampling = greedy(s.cfg);
   TROUPE_CO_ASSIGN_OR_RETURN(
       auto rep, co_await request<GenerateRep>(s.here, s.peers.generators[0], std::move(req), kLongTimeout));
-  EnvScore out;
   std::vector<Reply<EnvVerifyRep>> ver;
-  for (int i = 0; i < n; ++i)
-    ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(i),
-                                        EnvVerifyReq{env, got[i].metadata_json, {rep.samples[i].text}},
+  for (size_t a = 0; a < live.size(); ++a)
+    ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(live[a]),
+                                        EnvVerifyReq{env, got[live[a]].metadata_json, {rep.samples[a].text}},
                                         kEnvTimeout));
-  for (int i = 0; i < n; ++i) {
-    TROUPE_CO_ASSIGN_OR_RETURN(auto v, co_await ver[i]);
-    out.acc += v.correct[0] >= 1.0 ? 1.0 : 0.0;
-    out.reward += v.rewards[0];
+  for (size_t a = 0; a < live.size(); ++a) {
+    auto v = co_await ver[a];
+    if (!v.ok() || v->rewards.empty() || !v->errors[0].empty()) continue;  // a failed verify scores 0
+    out.acc += v->correct[0] >= 1.0 ? 1.0 : 0.0;
+    out.reward += v->rewards[0];
   }
   co_return out;
 }
@@ -54,7 +61,10 @@ Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs
   std::vector<double> ep_reward(n, 0.0);
   std::vector<char> done(n, 0), solved(n, 0);
   EnvScore out;  // out.turns: env steps taken, all episodes
-  for (int i = 0; i < n; ++i) ctx[i] = got[i].text;
+  for (int i = 0; i < n; ++i) {
+    ctx[i] = encodable(*s.tokenizer, got[i].text);
+    if (!got[i].error.empty()) done[i] = 1;  // its reset failed: it scores 0
+  }
   for (int turn = 0; turn < max_turns; ++turn) {
     std::vector<int> active;
     for (int i = 0; i < n; ++i)
@@ -73,7 +83,7 @@ Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs
     for (size_t a = 0; a < active.size(); ++a) {
       int i = active[a];
       Result<EnvObs> res = co_await steps[a];
-      if (!res.ok()) {  // a failed episode scores 0
+      if (!res.ok() || !res->error.empty()) {  // a failed episode scores 0
         done[i] = 1;
         ep_reward[i] = 0;
         continue;
@@ -82,7 +92,7 @@ Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs
       out.turns += 1;
       done[i] = res->done || turn + 1 == max_turns;
       if (done[i]) solved[i] = episode_solved(res->components_json, ep_reward[i]) ? 1 : 0;
-      ctx[i] += rep.samples[a].text + "\n" + res->text + "\n";
+      ctx[i] += rep.samples[a].text + "\n" + encodable(*s.tokenizer, res->text) + "\n";
     }
   }
   for (int i = 0; i < n; ++i) {
@@ -109,7 +119,8 @@ Task<Result<json>> evaluate(RunState& s) {
                                     kEnvTimeout));
     std::vector<EnvObs> got;
     for (int i = 0; i < n; ++i) {
-      TROUPE_CO_ASSIGN_OR_RETURN(auto o, co_await obs[i]);
+      Result<EnvObs> got_i = co_await obs[i];
+      EnvObs o = settled(std::move(got_i));
       if (!multi) (void)s.here->send(s.env_worker(i), EnvReleaseReq{e.name, eval_id(e.name, i)});
       got.push_back(std::move(o));
     }

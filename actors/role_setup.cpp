@@ -135,9 +135,27 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
                              " does not exist (build it, or fix the path; relative paths start at the YAML file)");
       j["path"] = path;
     }
-    if (!e.command.empty()) j["command"] = e.command;
+    if (!e.command.empty()) {
+      // like path: an argument naming a file or folder relative to the YAML file's folder
+      // (e.g. [python, my_env.py]) is made absolute; other words stay as they are
+      std::vector<std::string> cmd = e.command;
+      for (auto& a : cmd) {
+        if (a.empty() || a[0] == '-' || a.find('{') != std::string::npos || fs::path(a).is_absolute()) continue;
+        std::error_code ec;
+        fs::path there = fs::path(base_dir) / a;
+        if (fs::exists(there, ec)) a = fs::absolute(there).lexically_normal().string();
+      }
+      j["command"] = cmd;
+    }
     if (!e.address.empty()) j["address"] = e.address;
     if (e.isolate != "auto") j["isolate"] = e.isolate == "true";
+    j["startup_timeout_s"] = e.startup_timeout_s;
+    j["max_restarts"] = e.max_restarts;
+    if (!e.worker.empty()) j["worker"] = e.worker;
+    j["max_retries"] = e.max_retries;
+    j["max_failure_frac"] = e.max_failure_frac;
+    j["reward_min"] = e.reward_min;
+    j["reward_max"] = e.reward_max;
     TROUPE_ASSIGN_OR_RETURN(auto spec, envs::parse_env_spec(j, "envs[" + std::to_string(i) + "]"));
     out.push_back(std::move(spec));
   }

@@ -57,6 +57,7 @@ Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k) {
     r.rounds += 1;
     r.gen_s += more.gen_s;
     r.env_s += more.env_s;
+    r.retries += more.retries;
     r.policy_version = std::min(r.policy_version, more.policy_version);
     for (auto& g : more.groups) r.groups.push_back(std::move(g));
   }
@@ -85,14 +86,40 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     obs.push_back(
         request<EnvObs>(s.here, s.env_worker(i), EnvResetReq{g.env, episode_id(i), g.seed, 0}, kEnvTimeout));
   }
+  const int G = ro.num_generations;
+  std::vector<char> failed(P, 0);  // no prompt: its reset failed on every try (the group is lost)
   for (int i = 0; i < P; ++i) {
-    TROUPE_CO_ASSIGN_OR_RETURN(auto o, co_await obs[i]);
-    r.groups[i].prompt_text = o.text;
-    r.groups[i].metadata = json::parse(o.metadata_json, nullptr, false);
-    (void)s.here->send(s.env_worker(i), EnvReleaseReq{r.groups[i].env, episode_id(i)});
+    auto& g = r.groups[i];
+    // single-turn: a retry draws a new seed (another prompt), so the step's batch stays full
+    const bool fresh_seed = ro.max_turns <= 1;
+    Result<EnvObs> first = co_await obs[i];
+    const EnvResetReq req{g.env, episode_id(i), g.seed, 0};
+    ResetOutcome o = co_await reset_retrying(s, first, req, static_cast<size_t>(i), fresh_seed);
+    r.retries += o.retries;
+    (void)s.here->send(s.env_worker(o.worker), EnvReleaseReq{g.env, o.episode_id});
+    g.env_version = o.obs.env_version;
+    if (!o.obs.error.empty()) {
+      failed[i] = 1;
+      g.samples.assign(G, GenSample{});
+      g.rewards.assign(G, 0.0);
+      g.correct.assign(G, 0.0);
+      g.errors.assign(G, o.obs.error);
+      g.reasons.assign(G, o.obs.reason);
+      g.components.assign(G, "");
+      g.metadata = json::object();
+      continue;
+    }
+    g.seed = o.seed;
+    g.prompt_text = encodable(*s.tokenizer, o.obs.text);
+    g.metadata = json::parse(o.obs.metadata_json, nullptr, false);
+    g.messages_json = o.obs.messages_json;
   }
   r.env_s += mono_s() - t_env;
-  if (ro.max_turns > 1) co_return co_await multi_turn(s, std::move(r), step, k);
+  if (ro.max_turns > 1) {
+    TROUPE_CO_ASSIGN_OR_RETURN(auto m, co_await multi_turn(s, std::move(r), step, k));
+    TROUPE_CO_TRY(check_env_failures(s, m, step));
+    co_return m;
+  }
   // generation: C parts of consecutive groups (rollout.async_chunks when streaming to a sink, else
   // one), each spread over the generators, G copies of each prompt; every part is requested at
   // once, and scored as soon as it is back (the generators go on with the next one meanwhile)
@@ -109,7 +136,8 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     part.g0 = P * c / C;
     part.g1 = P * (c + 1) / C;
     part.owned.resize(NG);
-    for (int i = part.g0; i < part.g1; ++i) part.owned[static_cast<size_t>(i - part.g0) % NG].push_back(i);
+    for (int i = part.g0; i < part.g1; ++i)
+      if (!failed[i]) part.owned[static_cast<size_t>(i - part.g0) % NG].push_back(i);
     for (size_t g = 0; g < NG; ++g) {
       part.gens.emplace_back();
       if (part.owned[g].empty()) continue;
@@ -125,6 +153,7 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
   }
   r.policy_version = -1;
   const double reset_s = r.env_s;
+  int retries_sent = 0;  // streamed: retries already counted in an earlier part
   double t_gen = mono_s();
   for (int c = 0; c < C; ++c) {
     auto& part = parts[c];
@@ -142,17 +171,24 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     const double gen_s = mono_s() - t_gen;
     // scoring: one verify call per group
     t_env = mono_s();
-    std::vector<Reply<EnvVerifyRep>> ver;
+    std::vector<std::optional<Reply<EnvVerifyRep>>> ver;
+    std::vector<EnvVerifyReq> vreq;
     for (int i = part.g0; i < part.g1; ++i) {
       EnvVerifyReq req{r.groups[i].env, r.groups[i].metadata.dump(), {}};
       for (const auto& x : r.groups[i].samples) req.completions.push_back(x.text);
-      ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(i), std::move(req), kEnvTimeout));
+      vreq.push_back(req);
+      ver.emplace_back();
+      if (!failed[i]) ver.back().emplace(request<EnvVerifyRep>(s.here, s.env_worker(i), std::move(req), kEnvTimeout));
     }
     for (int i = part.g0; i < part.g1; ++i) {
-      TROUPE_CO_ASSIGN_OR_RETURN(auto v, co_await ver[i - part.g0]);
+      if (failed[i]) continue;
+      Result<EnvVerifyRep> first = co_await *ver[i - part.g0];
+      EnvVerifyRep v = co_await verify_retrying(s, first, vreq[i - part.g0], static_cast<size_t>(i), &r.retries);
       r.groups[i].rewards = std::move(v.rewards);
       r.groups[i].correct = std::move(v.correct);
       r.groups[i].errors = std::move(v.errors);
+      r.groups[i].reasons = std::move(v.reasons);
+      r.groups[i].components = std::move(v.components_json);
     }
     const double env_s = mono_s() - t_env;
     r.gen_s += gen_s;
@@ -169,9 +205,13 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
       out.gen_s = gen_s;
       out.env_s = env_s + (c == 0 ? reset_s : 0.0);  // the resets count with the first part
       for (int i = part.g0; i < part.g1; ++i) out.groups.push_back(std::move(r.groups[i]));
+      out.retries = r.retries - retries_sent;
+      retries_sent = r.retries;
+      if (auto st = check_env_failures(s, out, step); !st.ok()) co_return st.error();
       (*sink)(std::move(out));
     }
   }
+  if (!sink) TROUPE_CO_TRY(check_env_failures(s, r, step));
   co_return r;
 }
 

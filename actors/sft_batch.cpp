@@ -25,16 +25,25 @@ Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
   req.phase = 1;
   req.step = k;
   *tokens = 0;
+  std::string last_failure;
   for (int i = 0; i < B; ++i) {
-    TROUPE_CO_ASSIGN_OR_RETURN(auto o, co_await obs[i]);
-    (void)s.here->send(s.env_worker(i), EnvReleaseReq{envn[i], episode_id(i)});
+    uint64_t rs = mix_seed(s.cfg.run.seed, 11, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
+    Result<EnvObs> first = co_await obs[i];
+    const EnvResetReq rq{envn[i], episode_id(i), mix_seed(rs, 2), 0};
+    ResetOutcome got = co_await reset_retrying(s, first, rq, static_cast<size_t>(i), true);
+    (void)s.here->send(s.env_worker(got.worker), EnvReleaseReq{envn[i], got.episode_id});
+    if (!got.obs.error.empty()) {  // no prompt on any try: this example is left out
+      last_failure = got.obs.reason + ": " + got.obs.error;
+      continue;
+    }
+    const EnvObs& o = got.obs;
     json meta = json::parse(o.metadata_json, nullptr, false);
     if (!meta.is_object() || !meta.contains("reference_completion") ||
         !meta["reference_completion"].is_string())
       co_return invalid_input("sft: env '" + envn[i] + "' gives no reference_completion to train on");
     TrainSample x;
-    auto p = encode_prompt(s.cfg.rollout, tok, s.chat_template.get(), o.text);
-    auto c = tok.encode(meta["reference_completion"].get<std::string>());
+    auto p = encode_prompt(s.cfg.rollout, tok, s.chat_template.get(), encodable(tok, o.text));
+    auto c = tok.encode(encodable(tok, meta["reference_completion"].get<std::string>()));
     if (!p.ok()) co_return p.error();
     if (!c.ok()) co_return c.error();
     x.prompt = std::move(p).value();
@@ -45,6 +54,10 @@ Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
     *tokens += static_cast<double>(x.completion.size());
     req.samples.push_back(std::move(x));
   }
+  if (req.samples.empty())
+    co_return make_error(ErrorCode::peer_failed, "sft step " + std::to_string(k) +
+                                                     ": every prompt's reset failed after retries (last: " +
+                                                     last_failure + ")");
   co_return req;
 }
 

@@ -84,6 +84,14 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
     for (const char* key : {"logprob_diff_max", "logprob_diff_mean", "mismatch_kl", "mismatch_frac", "mismatch_tokens",
                             "routing_agreement"})
       if (tr.metrics.contains(key)) row[key] = tr.metrics[key];
+  // failed env calls, only when there were any: env_failures/<reason> (after retries), env_retries
+  for (const auto& g : r.groups)
+    for (size_t j = 0; j < g.errors.size(); ++j)
+      if (!g.errors[j].empty()) {
+        const std::string key = "env_failures/" + (j < g.reasons.size() && !g.reasons[j].empty() ? g.reasons[j] : "env_error");
+        row[key] = row.value(key, 0) + 1;
+      }
+  if (r.retries > 0) row["env_retries"] = r.retries;
   return row;
 }
 

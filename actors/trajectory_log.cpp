@@ -2,6 +2,7 @@
 // Trajectory row each (prompt, tokens, log-probs, reward, advantage, how it ended), appended to
 // run_dir/trajectories/grpo.jsonl.
 #include <algorithm>
+#include <chrono>
 
 #include "coordinator_internal.h"
 #include "troupe/envs/trajectory.h"
@@ -15,17 +16,26 @@ void write_trajectories(const RunState& s, const Rollout& r, const std::vector<f
   auto w = envs::TrajectoryWriter::open(s.run_dir + "/trajectories/grpo.jsonl");
   if (!w.ok()) return;
   int written = 0;
+  const double now_unix =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (size_t gi = 0; gi < r.groups.size() && written < per_step; ++gi) {
     auto& g = r.groups[gi];
     for (int j = 0; j < G && written < per_step; ++j, ++written) {
       envs::Trajectory t;
       t.episode_id = "grpo-" + std::to_string(step) + "-" + std::to_string(gi) + "-" + std::to_string(j);
       t.env_name = g.env;
+      t.env_version = g.env_version;
       t.seed = g.seed;
       t.step = step;
       t.group = static_cast<int64_t>(gi);
       t.prompt.text = g.prompt_text;
       t.prompt.metadata = g.metadata;
+      if (json m = json::parse(g.messages_json, nullptr, false); m.is_array())
+        for (const auto& msg : m)
+          if (msg.is_object())
+            t.prompt.messages.push_back({msg.value("role", std::string()), msg.value("content", std::string())});
+      if (t.prompt.messages.empty() && !g.prompt_text.empty()) t.prompt.messages.push_back({"user", g.prompt_text});
+      const std::vector<TurnInfo>* env_turns = j < static_cast<int>(g.turns.size()) ? &g.turns[j] : nullptr;
       const GenSample& x = g.samples[j];
       // multi-turn: one Turn per trained turn, holding the tokens appended in that turn
       const size_t turns = std::max<size_t>(1, x.turn_starts.size());
@@ -40,15 +50,35 @@ void write_trajectories(const RunState& s, const Rollout& r, const std::vector<f
         turn.policy_version = r.policy_version;
         turn.completion = x.turn_texts.size() > u ? x.turn_texts[u] : x.text;
         turn.truncated = u + 1 == turns && x.truncated;
-        turn.observation = u == 0 ? g.prompt_text : std::string();
-        turn.reward = u + 1 == turns ? g.rewards[j] : 0.0;
+        // turn 0 saw the prompt (in "prompt"); later turns the env's feedback
+        if (env_turns && u < env_turns->size()) {
+          const TurnInfo& ti = (*env_turns)[u];
+          if (u > 0) turn.observation = ti.observation;
+          turn.reward = ti.reward;
+          if (json info = json::parse(ti.info_json, nullptr, false); info.is_object()) turn.info = info;
+          turn.env_s = ti.env_s;
+          turn.generate_s = ti.generate_s;
+        } else {
+          turn.reward = u + 1 == turns ? g.rewards[j] : 0.0;
+          turn.generate_s = u == 0 ? r.gen_s : 0.0;
+        }
         t.turns.push_back(std::move(turn));
       }
       t.reward = g.rewards[j];
-      t.termination = !g.errors[j].empty()     ? envs::Termination::env_error
+      auto failed_as = envs::Termination::env_error;
+      if (j < static_cast<int>(g.reasons.size()) && !g.reasons[j].empty())
+        if (auto p = envs::parse_termination(g.reasons[j]); p.ok()) failed_as = *p;
+      t.termination = !g.errors[j].empty()     ? failed_as
                       : g.samples[j].truncated ? envs::Termination::truncated
                                                : envs::Termination::done;
       t.error = g.errors[j];
+      if (j < static_cast<int>(g.components.size()) && !g.components[j].empty())
+        if (json c = json::parse(g.components[j], nullptr, false); c.is_object())
+          for (auto it = c.begin(); it != c.end(); ++it)
+            if (it->is_number()) t.reward_components[it.key()] = it->get<double>();
+      // the step's sampling and env time (episodes of a step run together)
+      t.total_s = r.gen_s + r.env_s;
+      t.start_unix_s = now_unix - t.total_s;
       t.extra = {{"advantage", adv[gi * G + j]}};
       (void)(*w)->write(t);
     }

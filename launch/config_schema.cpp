@@ -251,6 +251,13 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   b.number("timeout_s", [](E& e) { return &e.timeout_s; }, 0.001, 86400, "Per-call timeout (reset/step/verify); a late call fails the episode.");
   b.choice("isolate", [](E& e) { return &e.isolate; }, {"auto", "true", "false"}, "Run a builtin/plugin env in its own worker process (crash and hang isolation); auto = plugins only.");
   b.mapping("config", [](E& e) { return &e.config; }, "Env-specific settings, passed to the env as is (e.g. difficulty); the dataset env's relative train/eval paths (and base_dir) start at the YAML file's folder.");
+  b.number("startup_timeout_s", [](E& e) { return &e.startup_timeout_s; }, 0.001, 86400, "A worker or server troupe starts must answer hello within this.");
+  b.integer("max_restarts", [](E& e) { return &e.max_restarts; }, 0, kIntMax, "Env worker restarts (after a crash, hang or malformed reply) per run; one more stops the run (exit 3).");
+  b.text("worker", [](E& e) { return &e.worker; }, "Path of the troupe-env-worker binary for isolated envs (empty = $TROUPE_ENV_WORKER, the build folder, or next to troupe).");
+  b.integer("max_retries", [](E& e) { return &e.max_retries; }, 0, 1000, "A failed reset/step/verify is retried this often on the next env worker (a failed single-turn reset with a new seed, so the batch stays full).");
+  b.number("max_failure_frac", [](E& e) { return &e.max_failure_frac; }, 0, 1, "Stop the run (exit 3) when more than this share of one step's episodes of this env failed after retries; a step where all failed always stops it.");
+  b.number("reward_min", [](E& e) { return &e.reward_min; }, -1e300, 1e300, "Smallest valid reward; a reward below it, above reward_max or not finite fails the episode (invalid_reward).");
+  b.number("reward_max", [](E& e) { return &e.reward_max; }, -1e300, 1e300, "Largest valid reward (see reward_min).");
   return b.keys;
 }
 
@@ -501,7 +508,12 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "policy.moe_grouped",
                                                 "envs[].address",
                                                 "envs[].timeout_s",
-                                                "envs[].isolate"};
+                                                "envs[].isolate",
+                                                "envs[].startup_timeout_s",
+                                                "envs[].max_restarts",
+                                                "envs[].worker",
+                                                "envs[].max_retries",
+                                                "envs[].max_failure_frac"};
 bool resume_may_change(const std::string& path) {
   for (const char* p : kResumeMayChangePrefixes)
     if (path.rfind(p, 0) == 0) return true;

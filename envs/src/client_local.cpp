@@ -3,7 +3,9 @@
 // a call that throws is turned into an env_error and the instance is dropped, never reused.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <sstream>
 #include <mutex>
 #include <set>
 
@@ -157,11 +159,21 @@ Result<std::unique_ptr<EnvClient>> make_local_client(EnvFactory factory, json co
 }
 
 Termination termination_for(const Error& error) {
+  if (error.message.find(kProtocolErrorTag) != std::string::npos) return Termination::protocol_error;
+  if (error.message.find(kInvalidRewardTag) != std::string::npos) return Termination::invalid_reward;
   switch (error.code) {
     case ErrorCode::timeout: return Termination::timeout;
     case ErrorCode::peer_failed: return Termination::worker_crash;
     default: return Termination::env_error;
   }
+}
+
+Status check_reward(const EnvSpec& spec, double reward, const std::string& what) {
+  if (std::isfinite(reward) && reward >= spec.reward_min && reward <= spec.reward_max) return {};
+  std::ostringstream os;
+  os << "env " << spec.name << ": " << kInvalidRewardTag << what << " returned reward " << reward
+     << " (allowed: finite, within reward_min " << spec.reward_min << " .. reward_max " << spec.reward_max << ")";
+  return make_error(ErrorCode::internal, os.str());
 }
 
 Result<std::string> find_env_worker(const std::string& configured) {
@@ -193,7 +205,8 @@ Result<std::string> find_env_worker(const std::string& configured) {
 Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
   if (!j.is_object()) return invalid_input(where + ": an env must be a mapping with at least 'name'");
   static const std::set<std::string> known = {"name", "type", "env", "weight", "config", "path", "command", "address",
-                                              "isolate", "timeout_s", "startup_timeout_s", "max_restarts", "worker"};
+                                              "isolate", "timeout_s", "startup_timeout_s", "max_restarts", "worker",
+                                              "max_retries", "max_failure_frac", "reward_min", "reward_max"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!known.count(it.key())) return invalid_input(where + ": unknown key '" + it.key() + "'");
   }
@@ -223,6 +236,21 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
   double restarts = s.max_restarts;
   TROUPE_TRY(num("max_restarts", restarts, 0));
   s.max_restarts = static_cast<int>(restarts);
+  double retries = s.max_retries;
+  TROUPE_TRY(num("max_retries", retries, 0));
+  s.max_retries = static_cast<int>(retries);
+  TROUPE_TRY(num("max_failure_frac", s.max_failure_frac, 0));
+  if (s.max_failure_frac > 1) return invalid_input(where + ": 'max_failure_frac' must be <= 1");
+  if (j.contains("reward_min") && !j["reward_min"].is_null()) {
+    if (!j["reward_min"].is_number()) return invalid_input(where + ": 'reward_min' must be a number");
+    s.reward_min = j["reward_min"].get<double>();
+  }
+  if (j.contains("reward_max") && !j["reward_max"].is_null()) {
+    if (!j["reward_max"].is_number()) return invalid_input(where + ": 'reward_max' must be a number");
+    s.reward_max = j["reward_max"].get<double>();
+  }
+  if (!(s.reward_min <= s.reward_max))
+    return invalid_input(where + ": 'reward_min' must not be above 'reward_max'");
   if (j.contains("config") && !j["config"].is_null()) {
     if (!j["config"].is_object()) return invalid_input(where + ": 'config' must be a mapping");
     s.config = j["config"];
@@ -293,7 +321,9 @@ Result<std::vector<EnvSpec>> parse_env_specs(const json& list, const std::string
 json to_json(const EnvSpec& s) {
   const char* type = s.type == EnvType::builtin ? "builtin" : s.type == EnvType::plugin ? "plugin" : "remote";
   json j = {{"name", s.name}, {"type", type}, {"weight", s.weight}, {"config", s.config}, {"isolate", s.isolate},
-            {"timeout_s", s.timeout_s}, {"startup_timeout_s", s.startup_timeout_s}, {"max_restarts", s.max_restarts}};
+            {"timeout_s", s.timeout_s}, {"startup_timeout_s", s.startup_timeout_s}, {"max_restarts", s.max_restarts},
+            {"max_retries", s.max_retries}, {"max_failure_frac", s.max_failure_frac},
+            {"reward_min", s.reward_min}, {"reward_max", s.reward_max}};
   if (!s.env.empty()) j["env"] = s.env;
   if (!s.path.empty()) j["path"] = s.path;
   if (!s.command.empty()) j["command"] = s.command;

@@ -72,41 +72,83 @@ class RemoteEnvClient final : public EnvClient {
 
   const EnvInfo& info() const override { return info_; }
   int restarts() const override { return restarts_; }
+  bool gave_up() const override { return gave_up_; }
   int worker_pid() const override { return pid_; }
+  // A server troupe did not start is reached over one REQ socket per call in flight, so one hung
+  // call never delays the next (each has its own deadline).
+  bool concurrent() const override { return !owns_process(); }
 
   Result<Observation> reset(const std::string& episode_id, uint64_t seed, const ResetOptions& options) override {
-    std::lock_guard lock(mu_);
     json req = {{"op", "reset"}, {"session", episode_id}, {"seed", seed}, {"options", to_json(options)}};
+    if (concurrent()) {
+      TROUPE_ASSIGN_OR_RETURN(json r, call_concurrent(std::move(req), "reset", episode_id));
+      std::lock_guard lock(sessions_mu_);
+      sessions_[episode_id] = 0;
+      return parsed(observation_from_json(r, where()));
+    }
+    std::lock_guard lock(mu_);
     TROUPE_ASSIGN_OR_RETURN(json r, call(req, "reset", episode_id));
-    sessions_[episode_id] = generation_;
-    return observation_from_json(r, where());
+    {
+      std::lock_guard slock(sessions_mu_);
+      sessions_[episode_id] = generation_;
+    }
+    return parsed(observation_from_json(r, where()));
   }
 
   Result<StepResult> step(const std::string& episode_id, const std::string& action) override {
+    json req = {{"op", "step"}, {"session", episode_id}, {"action", action}};
+    if (concurrent()) {
+      TROUPE_ASSIGN_OR_RETURN(json r, call_concurrent(std::move(req), "step", episode_id));
+      return parsed(step_result_from_json(r, where()));
+    }
     std::lock_guard lock(mu_);
-    if (auto it = sessions_.find(episode_id); it != sessions_.end() && it->second != generation_)
-      return make_error(ErrorCode::peer_failed, where() + ": episode '" + episode_id +
-                                                    "' was lost when the env worker restarted (" + last_failure_ + ")");
-    TROUPE_ASSIGN_OR_RETURN(json r, call({{"op", "step"}, {"session", episode_id}, {"action", action}}, "step", episode_id));
-    return step_result_from_json(r, where());
+    {
+      std::lock_guard slock(sessions_mu_);
+      if (auto it = sessions_.find(episode_id); it != sessions_.end() && it->second != generation_)
+        return make_error(ErrorCode::peer_failed, where() + ": episode '" + episode_id +
+                                                      "' was lost when the env worker restarted (" + last_failure_ + ")");
+    }
+    TROUPE_ASSIGN_OR_RETURN(json r, call(req, "step", episode_id));
+    return parsed(step_result_from_json(r, where()));
   }
 
   Result<VerifyResult> verify(const json& metadata, const std::string& completion) override {
+    json req = {{"op", "verify"}, {"metadata", metadata.is_null() ? json::object() : metadata}, {"completion", completion}};
+    if (concurrent()) {
+      TROUPE_ASSIGN_OR_RETURN(json r, call_concurrent(std::move(req), "verify", ""));
+      return parsed(verify_result_from_json(r, where()));
+    }
     std::lock_guard lock(mu_);
-    TROUPE_ASSIGN_OR_RETURN(json r, call({{"op", "verify"}, {"metadata", metadata.is_null() ? json::object() : metadata}, {"completion", completion}}, "verify", ""));
-    return verify_result_from_json(r, where());
+    TROUPE_ASSIGN_OR_RETURN(json r, call(req, "verify", ""));
+    return parsed(verify_result_from_json(r, where()));
   }
 
   void release(const std::string& episode_id) override {
+    bool live = false;
+    {
+      std::lock_guard slock(sessions_mu_);
+      auto it = sessions_.find(episode_id);
+      if (it == sessions_.end()) return;
+      live = it->second == generation_;
+      sessions_.erase(it);
+    }
+    if (!live) return;
+    if (concurrent()) {
+      (void)call_concurrent({{"op", "release"}, {"session", episode_id}}, "release", episode_id);
+      return;
+    }
     std::lock_guard lock(mu_);
-    auto it = sessions_.find(episode_id);
-    if (it == sessions_.end()) return;
-    bool live = it->second == generation_;
-    sessions_.erase(it);
-    if (live && sock_) (void)call({{"op", "release"}, {"session", episode_id}}, "release", episode_id);
+    if (sock_) (void)call({{"op", "release"}, {"session", episode_id}}, "release", episode_id);
   }
 
  private:
+  // A reply whose fields have the wrong shape is a protocol error of the server.
+  template <class T>
+  static Result<T> parsed(Result<T> r) {
+    if (r.ok()) return r;
+    return make_error(ErrorCode::invalid_input, std::string(kProtocolErrorTag) + r.error().message);
+  }
+
   std::string where() const {
     return "env " + spec_.name + (pid_ > 0 ? " (worker pid " + std::to_string(pid_) + ")" : " (" + address_ + ")");
   }
@@ -188,6 +230,8 @@ class RemoteEnvClient final : public EnvClient {
       Error e = r.error();
       stop_worker(false);
       if (owns_process()) e.message += " [command: " + cmd + "]";
+      // a worker that exits with 2 while starting refused its config or plug-in: bad input
+      if (WIFEXITED(last_exit_status_) && WEXITSTATUS(last_exit_status_) == 2) e.code = ErrorCode::invalid_input;
       return e;
     }
     const json& res = *r;
@@ -205,32 +249,61 @@ class RemoteEnvClient final : public EnvClient {
     return {};
   }
 
-  void new_socket() {
-    sock_ = std::make_unique<zmq::socket_t>(shared_context(), zmq::socket_type::req);
-    sock_->set(zmq::sockopt::linger, 0);
-    sock_->connect(address_);
+  std::unique_ptr<zmq::socket_t> make_socket() const {
+    auto sock = std::make_unique<zmq::socket_t>(shared_context(), zmq::socket_type::req);
+    sock->set(zmq::sockopt::linger, 0);
+    sock->connect(address_);
+    return sock;
+  }
+  void new_socket() { sock_ = make_socket(); }
+
+  // One call on its own socket (taken from the idle ones, or new); a socket whose call failed is
+  // dropped (a REQ socket that missed its reply is stuck).
+  Result<json> call_concurrent(json req, const char* op, const std::string& episode) {
+    std::unique_ptr<zmq::socket_t> sock;
+    {
+      std::lock_guard lock(idle_mu_);
+      if (!idle_.empty()) {
+        sock = std::move(idle_.back());
+        idle_.pop_back();
+      }
+    }
+    if (!sock) sock = make_socket();
+    auto r = call_raw(*sock, std::move(req), spec_.timeout_s, op, episode);
+    if (r.ok()) {
+      std::lock_guard lock(idle_mu_);
+      idle_.push_back(std::move(sock));
+    }
+    return r;
+  }
+
+  Result<json> call_raw(json req, double timeout_s, const char* op, const std::string& episode) {
+    return call_raw(*sock_, std::move(req), timeout_s, op, episode);
   }
 
   // Sends one request and waits for its reply, watching the worker. No recovery here.
-  Result<json> call_raw(json req, double timeout_s, const char* op, const std::string& episode) {
-    req["id"] = ++next_id_;
+  Result<json> call_raw(zmq::socket_t& sock, json req, double timeout_s, const char* op, const std::string& episode) {
+    const int64_t id = ++next_id_;
+    req["id"] = id;
     const std::string text = req.dump(-1, ' ', false, json::error_handler_t::replace);
     const std::string what = std::string(op) + (episode.empty() ? "" : " of episode '" + episode + "'");
+    const std::string proto = std::string(kProtocolErrorTag);
     try {
-      if (!sock_->send(zmq::buffer(text), zmq::send_flags::dontwait)) {
+      if (!sock.send(zmq::buffer(text), zmq::send_flags::dontwait)) {
         // REQ with no connected peer yet queues; dontwait only fails if the pipe is full.
-        if (!sock_->send(zmq::buffer(text), zmq::send_flags::none))
+        if (!sock.send(zmq::buffer(text), zmq::send_flags::none))
           return make_error(ErrorCode::io, where() + ": cannot send " + what);
       }
       auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
       for (;;) {
-        zmq::pollitem_t item{sock_->handle(), 0, ZMQ_POLLIN, 0};
+        zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
         zmq::poll(&item, 1, std::chrono::milliseconds(20));
         if (item.revents & ZMQ_POLLIN) break;
-        if (pid_ > 0) {
+        if (pid_ > 0 && owns_process()) {
           int status = 0;
           pid_t w = ::waitpid(pid_, &status, WNOHANG);
           if (w == pid_) {
+            last_exit_status_ = status;
             std::string msg = where() + ": env worker " + describe_status(status) + " during " + what + log_tail();
             pid_ = -1;
             return make_error(ErrorCode::peer_failed, msg);
@@ -243,19 +316,33 @@ class RemoteEnvClient final : public EnvClient {
         }
       }
       zmq::message_t msg;
-      if (!sock_->recv(msg, zmq::recv_flags::none)) return make_error(ErrorCode::io, where() + ": receive failed");
+      if (!sock.recv(msg, zmq::recv_flags::none)) return make_error(ErrorCode::io, where() + ": receive failed");
+      if (msg.more()) {  // the protocol has one frame per reply: drain the rest, fail the call
+        int frames = 1;
+        for (zmq::message_t extra; sock.recv(extra, zmq::recv_flags::dontwait); ++frames)
+          if (!extra.more()) {
+            ++frames;
+            break;
+          }
+        return make_error(ErrorCode::peer_failed, where() + ": " + proto + "reply to " + what + " has " +
+                                                      std::to_string(frames) + " frames (the protocol has one)");
+      }
       json reply = json::parse(msg.to_string_view(), nullptr, false);
       if (reply.is_discarded() || !reply.is_object())
-        return make_error(ErrorCode::peer_failed, where() + ": reply to " + what + " is not a JSON object");
-      if (reply.value("id", int64_t{-1}) != next_id_)
-        return make_error(ErrorCode::peer_failed, where() + ": reply id does not match request " + std::to_string(next_id_));
+        return make_error(ErrorCode::peer_failed, where() + ": " + proto + "reply to " + what +
+                                                      " is not a JSON object in UTF-8");
+      const json& rid = reply.contains("id") ? reply["id"] : json();
+      if (!rid.is_number_integer() || rid.get<int64_t>() != id)
+        return make_error(ErrorCode::peer_failed, where() + ": " + proto + "reply id " + rid.dump() +
+                                                      " does not match request " + std::to_string(id) + " (" + what + ")");
       if (!reply.value("ok", false)) {
         json e = reply.value("error", json::object());
         std::string m = e.is_object() ? e.value("message", std::string("(no message)")) : std::string("(no message)");
         return make_error(code_from_name(e.is_object() ? e.value("code", std::string("internal")) : "internal"),
                           where() + ": " + op + " failed: " + m);
       }
-      return reply.value("result", json::object());
+      if (!reply.contains("result")) return json::object();
+      return reply["result"];
     } catch (const zmq::error_t& e) {
       return make_error(ErrorCode::io, where() + ": ZeroMQ error during " + what + ": " + e.what());
     }
@@ -287,9 +374,11 @@ class RemoteEnvClient final : public EnvClient {
     }
     stop_worker(false);
     ++generation_;  // every episode on the old worker is gone
-    if (restarts_ >= spec_.max_restarts)
+    if (restarts_ >= spec_.max_restarts) {
+      gave_up_ = true;
       return make_error(ErrorCode::peer_failed, where() + ": gave up after " + std::to_string(restarts_) +
                                                     " env worker restarts (last: " + why + ")");
+    }
     ++restarts_;
     return connect_and_hello();
   }
@@ -326,10 +415,15 @@ class RemoteEnvClient final : public EnvClient {
   std::vector<std::string> argv_;  // empty: not ours to start
   pid_t pid_ = -1;
   std::unique_ptr<zmq::socket_t> sock_;
-  std::mutex mu_;
+  std::mutex mu_;           // the owned worker's socket (one call at a time)
+  std::mutex sessions_mu_;  // sessions_
   std::map<std::string, int> sessions_;  // episode -> worker generation it lives on
+  std::mutex idle_mu_;
+  std::vector<std::unique_ptr<zmq::socket_t>> idle_;  // concurrent(): sockets with no call in flight
   int generation_ = 0, restarts_ = 0;
-  int64_t next_id_ = 0;
+  bool gave_up_ = false;
+  int last_exit_status_ = -1;  // wait status of the last worker that died (-1: none)
+  std::atomic<int64_t> next_id_{0};
 };
 
 }  // namespace

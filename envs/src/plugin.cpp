@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include "troupe/env_plugin.h"
+#include "troupe/envs/client.h"
 
 namespace troupe::envs {
 
@@ -57,10 +58,13 @@ Result<std::shared_ptr<PluginLibrary>> load_plugin(const std::string& path) {
     return invalid_input(where + ": ABI version mismatch: plug-in has " + std::to_string(got) + ", troupe expects " +
                          std::to_string(TROUPE_ENV_PLUGIN_ABI_VERSION) + " (rebuild it against this troupe's env_plugin.h)");
   }
+  // Everything read from the table is copied before dlclose: the table lives in the library.
   if (table->struct_size < sizeof(troupe_env_plugin)) {
+    const auto got = static_cast<unsigned long long>(table->struct_size);
     dlclose(h);
-    return invalid_input(where + ": function table is smaller than troupe_env_plugin (struct_size " +
-                         std::to_string(table->struct_size) + ")");
+    return invalid_input(where + ": function table field 'struct_size' is " + std::to_string(got) +
+                         ", smaller than sizeof(troupe_env_plugin) = " + std::to_string(sizeof(troupe_env_plugin)) +
+                         " (set it to sizeof(troupe_env_plugin) and rebuild against this troupe's env_plugin.h)");
   }
   const char* missing = nullptr;
   if (!table->create) missing = "create";
@@ -124,7 +128,8 @@ class PluginEnv final : public Env {
     if (out) t().free_string(out);
     if (rc != 0) return make_error(ErrorCode::invalid_input, where(fn) + " failed: " + (text.empty() ? "(no message)" : text));
     json j = json::parse(text, nullptr, false);
-    if (j.is_discarded()) return make_error(ErrorCode::invalid_input, where(fn) + ": returned invalid JSON: " + text.substr(0, 200));
+    if (j.is_discarded()) return make_error(ErrorCode::invalid_input, where(fn) + ": " + kProtocolErrorTag +
+                                                   "returned invalid JSON (or invalid UTF-8): " + text.substr(0, 200));
     return j;
   }
 

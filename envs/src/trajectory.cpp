@@ -18,13 +18,16 @@ const char* termination_name(Termination t) {
     case Termination::timeout: return "timeout";
     case Termination::worker_crash: return "worker_crash";
     case Termination::aborted: return "aborted";
+    case Termination::protocol_error: return "protocol_error";
+    case Termination::invalid_reward: return "invalid_reward";
   }
   return "done";
 }
 
 Result<Termination> parse_termination(const std::string& s) {
   for (auto t : {Termination::done, Termination::max_turns, Termination::truncated, Termination::env_error,
-                 Termination::timeout, Termination::worker_crash, Termination::aborted}) {
+                 Termination::timeout, Termination::worker_crash, Termination::aborted, Termination::protocol_error,
+                 Termination::invalid_reward}) {
     if (s == termination_name(t)) return t;
   }
   return invalid_input("unknown termination '" + s + "'");

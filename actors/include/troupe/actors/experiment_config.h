@@ -60,9 +60,15 @@ struct EnvSpec {
   std::vector<std::string> command;  // remote: argv that starts the env server ({bind} = its address)
   std::string address;             // remote: address of a running env server
   double weight = 1;               // share of the prompts drawn from this env
-  double timeout_s = 10;           // per call
+  double timeout_s = 30;           // per call
   std::string isolate = "auto";    // auto | true | false: run builtin/plugin envs in a worker process
   nlohmann::json config = nlohmann::json::object();  // passed to the env as is
+  double startup_timeout_s = 60;   // a started env server must answer hello within this
+  int max_restarts = 100;          // env worker restarts per run before the env is given up
+  std::string worker;              // troupe-env-worker binary ("" = found automatically)
+  int max_retries = 2;             // a failed episode is retried this often, on the next env worker
+  double max_failure_frac = 0.5;   // more of one step's episodes failing (after retries) stops the run
+  double reward_min = -1e6, reward_max = 1e6;  // a reward outside (or not finite) fails the episode
   const std::string& env_id() const { return env.empty() ? name : env; }
 };
 

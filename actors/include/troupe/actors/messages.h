@@ -32,8 +32,18 @@ struct EnvObs {
   bool done = false;   // step replies only
   std::string components_json = "{}";
   double env_s = 0;
+  // A failed call: why (error), its kind (a trajectory termination: timeout, worker_crash,
+  // protocol_error, env_error, invalid_reward) and whether the env is past its bounds (fatal).
+  std::string error, reason;
+  bool fatal = false;
+  std::string info_json = "{}";      // step replies: the env's step info
+  std::string messages_json = "[]";  // the observation's chat messages
+  std::string env_version;
   template <class A>
-  void serialize(A& ar) { ar(text, metadata_json, reward, done, components_json, env_s); }
+  void serialize(A& ar) {
+    ar(text, metadata_json, reward, done, components_json, env_s, error, reason, fatal, info_json, messages_json,
+       env_version);
+  }
 };
 struct EnvVerifyReq {  // score G completions of one prompt in one call
   static constexpr std::uint32_t type_id = 2003;
@@ -51,8 +61,11 @@ struct EnvVerifyRep {
   std::vector<double> correct;       // components["correct"] when the env reports it, else reward >= 1
   std::vector<std::string> errors;   // "" = scored; else the episode failed (reward 0)
   double env_s = 0;
+  std::vector<std::string> reasons;  // per completion: "" or the failure's kind (see EnvObs::reason)
+  std::vector<std::string> components_json;  // per completion: the reward's parts
+  bool fatal = false;                // the env is past its bounds (restarts): stop the run
   template <class A>
-  void serialize(A& ar) { ar(rewards, correct, errors, env_s); }
+  void serialize(A& ar) { ar(rewards, correct, errors, env_s, reasons, components_json, fatal); }
 };
 struct EnvStepReq {
   static constexpr std::uint32_t type_id = 2005;

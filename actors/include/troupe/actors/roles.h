@@ -59,10 +59,16 @@ class EnvWorker {
   Result<EnvVerifyRep> verify(const EnvVerifyReq& r);
   void release(const EnvReleaseReq& r);
   const envs::EnvInfo* info(const std::string& env) const;
+  // True when the env's calls may run concurrently (a server at `address:`): the actor then runs
+  // each call on a thread of its own, so one hung call never delays the next.
+  bool concurrent(const std::string& env) const;
 
  private:
   Result<envs::EnvClient*> client(const std::string& env);
+  // A failed call as a reply: the error, its kind, and whether the env is past its bounds.
+  void fail(EnvObs& out, const std::string& env, const Error& e) const;
   std::map<std::string, std::unique_ptr<envs::EnvClient>> clients_;
+  std::map<std::string, envs::EnvSpec> specs_;
 };
 
 class Generator {
@@ -117,8 +123,12 @@ class LearnerRole {
 class EnvActor : public runtime::Actor {
  public:
   explicit EnvActor(std::shared_ptr<EnvWorker> worker);
+  ~EnvActor() override;
+  void on_stop(runtime::Context&) override;
+  struct Inflight;  // calls running on their own threads (concurrent envs)
  private:
   std::shared_ptr<EnvWorker> worker_;
+  std::shared_ptr<Inflight> inflight_;
 };
 
 // threads: OpenMP threads the role computes with (0 = the process default). Actors run on the

@@ -37,6 +37,9 @@ struct EnvSpec {
   double startup_timeout_s = 60;      // a started worker must answer hello within this
   int max_restarts = 100;             // worker restarts before the client gives up (peer_failed)
   std::string worker;                 // troupe-env-worker binary (default: $TROUPE_ENV_WORKER, build dir, next to exe)
+  int max_retries = 2;                // a failed episode is retried this often (on the next env worker)
+  double max_failure_frac = 0.5;      // more episodes of one step failing (after retries) stops the run
+  double reward_min = -1e6, reward_max = 1e6;  // a reward outside (or not finite) fails the episode
 };
 
 // Checks types, required keys and unknown keys; errors start with `where` (e.g. "config.yaml: envs[1]").
@@ -58,6 +61,11 @@ class EnvClient {
   virtual void release(const std::string& episode_id) = 0;
   // Worker restarts so far (0 for in-process clients).
   virtual int restarts() const { return 0; }
+  // True once the client gave up (more than max_restarts restarts): every later call fails.
+  virtual bool gave_up() const { return false; }
+  // True when calls may run concurrently from several threads, each with its own deadline (a
+  // server at `address:` that troupe did not start).
+  virtual bool concurrent() const { return false; }
   // The worker process id, or -1 (in-process, or a server troupe did not start).
   virtual int worker_pid() const { return -1; }
 };
@@ -69,9 +77,16 @@ Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec);
 std::unique_ptr<EnvClient> make_local_client(EnvFactory factory, json config, EnvInfo info);
 Result<std::unique_ptr<EnvClient>> make_local_client(EnvFactory factory, json config);
 
-// How an error from an EnvClient ends the episode: timeout -> timeout, peer_failed -> worker_crash,
-// anything else -> env_error.
+// Markers in error messages that say what kind of failure it was (termination_for reads them).
+inline constexpr const char* kProtocolErrorTag = "protocol error: ";
+inline constexpr const char* kInvalidRewardTag = "invalid reward: ";
+
+// How an error from an EnvClient ends the episode: a malformed reply -> protocol_error, a bad
+// reward -> invalid_reward, timeout -> timeout, peer_failed -> worker_crash, else env_error.
 Termination termination_for(const Error& error);
+// The reward check every env call's reward passes: finite and within [spec.reward_min, spec.reward_max].
+// The error names the env and `what` (e.g. "verify of episode 'x'").
+Status check_reward(const EnvSpec& spec, double reward, const std::string& what);
 
 // Releases an episode when it goes out of scope, whatever happened to it.
 class EpisodeGuard {

@@ -25,6 +25,8 @@ enum class Termination {
   timeout,      // an env call ran past its deadline
   worker_crash, // the env worker process died (signal, exit)
   aborted,      // the run stopped the episode (shutdown, staleness)
+  protocol_error,  // the env's reply was malformed (not JSON, wrong id, extra frames, bad UTF-8)
+  invalid_reward,  // a reward that is not finite or lies outside envs[].reward_min/reward_max
 };
 const char* termination_name(Termination t);
 Result<Termination> parse_termination(const std::string& s);

@@ -1,0 +1,86 @@
+"""Checks on a reliability test's run directory.
+
+  check.py count RUN_DIR KEY         prints the sum of KEY over the GRPO rows
+  check.py atleast RUN_DIR KEY N     the sum of KEY over the GRPO rows is >= N
+  check.py none RUN_DIR KEY          no GRPO row has KEY (or it is 0)
+  check.py steps RUN_DIR N           GRPO rows are steps 1..N, each with a full batch (groups_generated)
+  check.py termination RUN_DIR T     some trajectory ended with termination T (and says why in error)
+  check.py trajectories RUN_DIR      every field TRAJECTORY.md lists is filled
+  check.py turns RUN_DIR             multi-turn: one turn entry per model turn, each with info
+"""
+import glob
+import json
+import os
+import sys
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def rows(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r for r in (json.loads(l) for l in f if l.strip()) if r.get("phase") == "grpo" and "reward_mean" in r
+                and "eval_accuracy" not in r]
+
+
+def trajs(run_dir):
+    out = []
+    for p in glob.glob(os.path.join(run_dir, "trajectories", "*.jsonl")):
+        with open(p) as f:
+            out += [json.loads(l) for l in f if l.strip()]
+    if not out:
+        fail("no trajectories")
+    return out
+
+
+cmd, run = sys.argv[1], sys.argv[2]
+if cmd in ("count", "atleast", "none"):
+    key = sys.argv[3]
+    n = sum(r.get(key) or 0 for r in rows(run))
+    print(key, n)
+    if cmd == "atleast" and n < float(sys.argv[4]):
+        fail(f"{key} = {n} < {sys.argv[4]}")
+    if cmd == "none" and n != 0:
+        fail(f"{key} = {n}, expected none")
+elif cmd == "steps":
+    rs = rows(run)
+    want = int(sys.argv[3])
+    if [r["step"] for r in rs] != list(range(1, want + 1)):
+        fail(f"steps {[r['step'] for r in rs]}, expected 1..{want}")
+    for r in rs:
+        if r["groups_generated"] < 8:
+            fail(f"step {r['step']}: only {r['groups_generated']} groups")
+elif cmd == "termination":
+    want = sys.argv[3]
+    hit = [t for t in trajs(run) if t["termination"] == want]
+    if not hit:
+        fail(f"no trajectory ended with {want}: {sorted(set(t['termination'] for t in trajs(run)))}")
+    if not all(t["error"] for t in hit):
+        fail(f"a {want} trajectory has no error message")
+    print(want, len(hit), "e.g.", hit[0]["error"][:200])
+elif cmd == "trajectories":
+    for t in trajs(run):
+        if not t["env"]["version"]:
+            fail("env.version is empty")
+        if not t["prompt"]["messages"]:
+            fail("prompt.messages is empty")
+        if t["termination"] == "done" and not t["reward_components"]:
+            fail("reward_components is empty")
+        if not t["timings"]["total_s"] > 0 or not t["timings"]["start_unix_s"] > 0:
+            fail(f"timings are zero: {t['timings']}")
+        if t["turns"] and t["turns"][0]["observation"] == t["prompt"]["text"] and t["prompt"]["text"]:
+            fail("the prompt is stored twice (prompt.text and turns[0].observation)")
+    print("trajectories ok:", len(trajs(run)))
+elif cmd == "turns":
+    multi = [t for t in trajs(run) if len(t["turns"]) > 1]
+    if not multi:
+        fail("no trajectory has more than one turn entry")
+    for t in multi:
+        for u, turn in enumerate(t["turns"]):
+            if not isinstance(turn["info"], dict) or (u > 0 and not turn["observation"]):
+                fail(f"turn {u} of {t['episode_id']} lacks info or observation: {turn}")
+    print("multi-turn trajectories:", len(multi), "max turns", max(len(t["turns"]) for t in multi))
+else:
+    fail("unknown check " + cmd)
