@@ -1,5 +1,5 @@
 # Model, arenas, forward/backward, KV-cache inference. target_sources(troupe_policy PRIVATE ...) and tests here.
-target_sources(troupe_policy PRIVATE ${CMAKE_CURRENT_LIST_DIR}/model.cpp)
+target_sources(troupe_policy PRIVATE ${CMAKE_CURRENT_LIST_DIR}/model.cpp ${CMAKE_CURRENT_LIST_DIR}/decode_slots.cpp)
 if(TROUPE_BUILD_TESTS)
   # One binary, several ctest names (policy.*), each a gtest filter; policy.model runs the rest.
   troupe_add_test(NAME policy.model TARGET policy_model_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/model.test.cpp LIBS troupe::policy
@@ -11,4 +11,7 @@ if(TROUPE_BUILD_TESTS)
     GROUP policy.kv_cache_logprobs "Model.KvCacheLogprobsMatchForward:Model.SamplingIsSeededAndStops"
     GROUP policy.routing_record "Model.RoutingRecordMatchesForward"
     GROUP policy.chunked_logprobs "Model.ChunkedLogprobsMatchWholeVocabulary")
+endif()
+if(TROUPE_BUILD_TESTS)
+  troupe_add_test(NAME policy.decode_slots SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_slots.test.cpp LIBS troupe::policy)
 endif()

@@ -23,6 +23,7 @@ APT_PACKAGES=(
   libopenmpi-dev openmpi-bin libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
   python3-venv python3-pip python3-torch python3-zmq python3-numpy python3-matplotlib
   slurmctld slurmd slurm-client munge
+  libcpp-httplib-dev
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "bench.h"
+#include "openai_serve.h"
 #include "troupe/base/build_config.h"
 #include "troupe/envs/client.h"
 
@@ -113,6 +114,7 @@ int run_envs_suite(const BenchOptions& opt) {
       emit(r);
     }
   }
+  if (opt.wants("openai_serve_concurrent64") && run_openai_serve_case(opt) != 0) rc = 1;
   return failed ? 1 : rc;
 }
 

@@ -155,6 +155,7 @@ class Model {
   struct Impl;
 
  private:
+  friend class DecodeSlots;  // continuous-batching sampling over the model's layers (decode_slots.h)
   explicit Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

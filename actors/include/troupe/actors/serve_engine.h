@@ -1,0 +1,101 @@
+// The serving engine (actors/serve_engine.cpp): continuous batching of concurrent sampling
+// requests over one policy model. Callers on any thread submit() a request and read its tokens
+// from the returned stream; one compute thread owns the model and a policy::DecodeSlots, admits
+// waiting requests into free slots between decode steps and steps every running sequence together.
+// Used by `troupe serve` (launch/openai_server.cpp) behind the OpenAI-compatible HTTP endpoint.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "troupe/base/result.h"
+#include "troupe/policy/decode_slots.h"
+#include "troupe/policy/model.h"
+
+namespace troupe::actors {
+
+struct ServeRequest {
+  std::vector<int32_t> prompt;
+  policy::SlotSampling sampling;
+  int max_tokens = 16;               // the sequence ends after this many new tokens ("length")
+  std::vector<int32_t> stop_tokens;  // a sampled stop token ends it ("stop"); it is part of the output
+};
+
+enum class ServeFinish { running, stop, length, cancelled, error };
+
+// The tokens of one request, filled by the compute thread as they are sampled.
+class ServeStream {
+ public:
+  // Waits until a token is there or the request ended; false once every token has been read and
+  // the request is over (finish() then says why).
+  bool next(policy::SlotToken* token);
+  // Ends the request at the next step (e.g. a stop string matched or the client left).
+  void cancel();
+  ServeFinish finish() const;
+  std::string error() const;  // finish() == error: why
+
+ private:
+  friend class ServeEngine;
+  void push(policy::SlotToken t);
+  void end(ServeFinish why, std::string error = {});
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<policy::SlotToken> tokens_;
+  ServeFinish finish_ = ServeFinish::running;
+  std::string error_;
+  bool cancelled_ = false;
+};
+
+struct ServeEngineOptions {
+  int slots = 16;              // sequences stepped together at most
+  int context = 2048;          // tokens (prompt + completion) per sequence
+  int prefill_tokens = 4096;   // prompt tokens prefilled per step at most
+  int threads = 0;             // OpenMP threads of the compute thread (0 = the process default)
+};
+
+class ServeEngine {
+ public:
+  // The engine owns `model` from here on (only its compute thread touches it).
+  static Result<std::unique_ptr<ServeEngine>> create(std::unique_ptr<policy::Model> model,
+                                                     const ServeEngineOptions& options);
+  ~ServeEngine();  // ends every request (cancelled) and joins the compute thread
+
+  // Queues a request (thread-safe). A request the slots refuse (prompt too long for the context,
+  // token outside the vocabulary) ends with finish() == error.
+  std::shared_ptr<ServeStream> submit(ServeRequest request);
+
+  int context() const { return options_.context; }
+  int slots() const { return options_.slots; }
+  int vocab_size() const { return vocab_; }
+  // Observability: steps run and the most sequences one step sampled for.
+  uint64_t steps() const;
+  int peak_batch() const;
+
+ private:
+  ServeEngine() = default;
+  void loop();
+  struct Job {
+    ServeRequest request;
+    std::shared_ptr<ServeStream> stream;
+    int produced = 0;
+  };
+  ServeEngineOptions options_;
+  int vocab_ = 0;
+  std::unique_ptr<policy::Model> model_;
+  std::unique_ptr<policy::DecodeSlots> slots_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool stop_ = false;
+  uint64_t steps_ = 0;
+  int peak_batch_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace troupe::actors

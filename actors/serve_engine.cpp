@@ -1,0 +1,173 @@
+// The serving engine: one compute thread that admits queued requests into free decode slots
+// between steps and samples one token for every running sequence per step (serve_engine.h).
+#include "troupe/actors/serve_engine.h"
+
+#include <algorithm>
+#include <map>
+
+#include "role_support.h"
+
+namespace troupe::actors {
+
+bool ServeStream::next(policy::SlotToken* token) {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return !tokens_.empty() || finish_ != ServeFinish::running; });
+  if (tokens_.empty()) return false;
+  *token = std::move(tokens_.front());
+  tokens_.pop_front();
+  return true;
+}
+
+void ServeStream::cancel() {
+  std::lock_guard lk(mu_);
+  cancelled_ = true;
+}
+
+ServeFinish ServeStream::finish() const {
+  std::lock_guard lk(mu_);
+  return finish_;
+}
+
+std::string ServeStream::error() const {
+  std::lock_guard lk(mu_);
+  return error_;
+}
+
+void ServeStream::push(policy::SlotToken t) {
+  {
+    std::lock_guard lk(mu_);
+    tokens_.push_back(std::move(t));
+  }
+  cv_.notify_all();
+}
+
+void ServeStream::end(ServeFinish why, std::string error) {
+  {
+    std::lock_guard lk(mu_);
+    if (finish_ != ServeFinish::running) return;
+    finish_ = why;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+Result<std::unique_ptr<ServeEngine>> ServeEngine::create(std::unique_ptr<policy::Model> model,
+                                                         const ServeEngineOptions& options) {
+  if (!model) return invalid_input("serve engine: no model");
+  std::unique_ptr<ServeEngine> e(new ServeEngine());
+  e->options_ = options;
+  e->vocab_ = model->config().vocab_size;
+  TROUPE_ASSIGN_OR_RETURN(e->slots_,
+                          policy::DecodeSlots::create(*model, options.slots, options.context, options.prefill_tokens));
+  e->model_ = std::move(model);
+  e->thread_ = std::thread([p = e.get()] { p->loop(); });
+  return e;
+}
+
+ServeEngine::~ServeEngine() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (auto& j : queue_) j.stream->end(ServeFinish::cancelled);
+}
+
+std::shared_ptr<ServeStream> ServeEngine::submit(ServeRequest request) {
+  auto stream = std::make_shared<ServeStream>();
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) {
+      stream->end(ServeFinish::cancelled);
+      return stream;
+    }
+    queue_.push_back(Job{std::move(request), stream, 0});
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+uint64_t ServeEngine::steps() const {
+  std::lock_guard lk(mu_);
+  return steps_;
+}
+
+int ServeEngine::peak_batch() const {
+  std::lock_guard lk(mu_);
+  return peak_batch_;
+}
+
+void ServeEngine::loop() {
+  use_threads(options_.threads);
+  std::map<int, Job> running;  // by slot
+  auto is_cancelled = [](const ServeStream& s) {
+    std::lock_guard lk(s.mu_);
+    return s.cancelled_;
+  };
+  for (;;) {
+    {  // admit waiting requests into free slots (they join at this step)
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !running.empty(); });
+      if (stop_) break;
+      while (!queue_.empty() && slots_->free_slots() > 0) {
+        Job j = std::move(queue_.front());
+        queue_.pop_front();
+        if (j.request.max_tokens <= 0) {
+          j.stream->end(ServeFinish::length);
+          continue;
+        }
+        auto slot = slots_->add(j.request.prompt, j.request.sampling);
+        if (!slot.ok()) {
+          j.stream->end(ServeFinish::error, slot.error().message);
+          continue;
+        }
+        running.emplace(*slot, std::move(j));
+      }
+    }
+    for (auto it = running.begin(); it != running.end();) {  // drop the requests cancelled meanwhile
+      if (is_cancelled(*it->second.stream)) {
+        slots_->remove(it->first);
+        it->second.stream->end(ServeFinish::cancelled);
+        it = running.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (running.empty()) continue;
+    auto tokens = slots_->step();
+    if (!tokens.ok()) {  // the model failed: every running request ends with the reason
+      for (auto& [slot, j] : running) {
+        slots_->remove(slot);
+        j.stream->end(ServeFinish::error, tokens.error().message);
+      }
+      running.clear();
+      continue;
+    }
+    {
+      std::lock_guard lk(mu_);
+      ++steps_;
+      peak_batch_ = std::max(peak_batch_, static_cast<int>(tokens->size()));
+    }
+    for (auto& t : *tokens) {
+      auto it = running.find(t.slot);
+      if (it == running.end()) continue;
+      Job& j = it->second;
+      const int32_t id = t.token;
+      j.stream->push(std::move(t));
+      ++j.produced;
+      ServeFinish why = ServeFinish::running;
+      const auto& stops = j.request.stop_tokens;
+      if (std::find(stops.begin(), stops.end(), id) != stops.end()) why = ServeFinish::stop;
+      else if (j.produced >= j.request.max_tokens || slots_->room(it->first) <= 0) why = ServeFinish::length;
+      if (why != ServeFinish::running) {
+        slots_->remove(it->first);
+        j.stream->end(why);
+        running.erase(it);
+      }
+    }
+  }
+  for (auto& [slot, j] : running) j.stream->end(ServeFinish::cancelled);
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,127 @@
+// `troupe serve MODEL_DIR|CHECKPOINT|FILE.gguf --bind HOST:PORT`: the policy behind an
+// OpenAI-compatible HTTP endpoint (openai_server.h), every request in flight batched by one
+// serving engine (actors/serve_engine.h). Prints "troupe serve: listening on http://HOST:PORT"
+// once it accepts requests; SIGINT/SIGTERM stop it (exit 0).
+#include <pthread.h>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "troupe/launch/commands.h"
+#include "troupe/launch/openai_server.h"
+#include "troupe/policy/io/chat_template.h"
+#include "troupe/policy/io/model_io.h"
+
+namespace troupe::launch {
+namespace {
+
+namespace io = troupe::policy::io;
+
+struct ServeOpts {
+  std::string path, bind = "127.0.0.1:8000", name;
+  int max_batch = 16, max_context = 0, prefill_tokens = 4096, threads = 0, http_threads = 0;
+};
+
+Result<std::pair<std::string, int>> parse_bind(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size())
+    return invalid_input("--bind " + s + ": expected HOST:PORT, e.g. 127.0.0.1:8000 (port 0: any free port)");
+  const std::string host = s.substr(0, colon), port_s = s.substr(colon + 1);
+  size_t used = 0;
+  long port = -1;
+  try {
+    port = std::stol(port_s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != port_s.size() || port < 0 || port > 65535)
+    return invalid_input("--bind " + s + ": the port '" + port_s + "' is not a number in [0, 65535]");
+  return std::make_pair(host, static_cast<int>(port));
+}
+
+std::string default_name(const std::string& path) {
+  std::filesystem::path p(path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // a trailing slash
+  std::string name = p.filename().string();
+  if (p.extension() == ".gguf") name = p.stem().string();
+  return name.empty() ? "troupe" : name;
+}
+
+int run_serve(const ServeOpts& o) {
+  auto where = parse_bind(o.bind);
+  if (!where.ok()) return report_error(where.error());
+  auto loaded = io::load_model(o.path);
+  if (!loaded.ok()) return report_error(loaded.error());
+  if (!loaded->tokenizer)
+    return report_error(invalid_input(o.path + ": troupe serve needs a tokenizer (tokenizer.json or troupe_tokenizer.json)"));
+  auto tmpl = io::load_chat_template_dir(o.path);
+  if (!tmpl.ok()) return report_error(tmpl.error());
+  actors::ServeEngineOptions eo;
+  eo.slots = o.max_batch;
+  const int model_ctx = loaded->model.config().max_position_embeddings;
+  eo.context = o.max_context > 0 ? o.max_context : std::min(model_ctx, 2048);
+  if (o.max_context > model_ctx)
+    return report_error(invalid_input("--max-context " + std::to_string(o.max_context) + " exceeds the model's " +
+                                      "max_position_embeddings " + std::to_string(model_ctx)));
+  eo.prefill_tokens = o.prefill_tokens;
+  eo.threads = o.threads;
+  const int32_t bos = loaded->bos_token_id, eos = loaded->eos_token_id;
+  std::shared_ptr<const io::Tokenizer> tok(std::move(loaded->tokenizer));
+  auto engine = actors::ServeEngine::create(std::make_unique<policy::Model>(std::move(loaded->model)), eo);
+  if (!engine.ok()) return report_error(engine.error());
+  OpenAiServerOptions so;
+  so.model_name = o.name.empty() ? default_name(o.path) : o.name;
+  so.http_threads = o.http_threads;
+  OpenAiServer server(std::move(engine).value(), tok, *tmpl, bos, eos, so);
+  auto port = server.bind(where->first, where->second);
+  if (!port.ok()) return report_error(invalid_input("--bind: " + port.error().message));
+
+  // SIGINT/SIGTERM go to one waiting thread (blocked everywhere else), which stops the server.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    server.stop();
+  });
+  std::printf("troupe serve: %s on http://%s:%d (model '%s', %d slots, context %d)\n", "listening",
+              where->first.c_str(), *port, so.model_name.c_str(), eo.slots, eo.context);
+  std::fflush(stdout);
+  Status st = server.serve();
+  pthread_kill(waiter.native_handle(), SIGUSR1);  // wakes the waiter if serve() ended by itself
+  waiter.join();
+  if (!st.ok()) return report_error(st.error());
+  return 0;
+}
+
+}  // namespace
+
+Command add_serve_command(CLI::App& root) {
+  auto o = std::make_shared<ServeOpts>();
+  auto* app = root.add_subcommand(
+      "serve", "Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health)");
+  app->add_option("model", o->path, "Model directory, troupe checkpoint or .gguf file")->required();
+  app->add_option("--bind", o->bind, "HOST:PORT to listen on (port 0: any free port, printed at start)");
+  app->add_option("--model-name", o->name, "The model id requests name (default: the directory's or file's name)");
+  app->add_option("--max-batch", o->max_batch, "Sequences sampled together at most (KV-cache slots)")
+      ->check(CLI::Range(1, 4096));
+  app->add_option("--max-context", o->max_context,
+                  "Tokens per sequence, prompt and completion (default: max_position_embeddings, at most 2048)")
+      ->check(CLI::Range(2, 1 << 20));
+  app->add_option("--prefill-tokens", o->prefill_tokens, "Prompt tokens prefilled per step at most")
+      ->check(CLI::Range(1, 1 << 24));
+  app->add_option("--threads", o->threads, "OpenMP threads of the sampling thread (0: the default)")
+      ->check(CLI::Range(0, 4096));
+  app->add_option("--http-threads", o->http_threads, "HTTP worker threads (0: max-batch + 16)")
+      ->check(CLI::Range(0, 4096));
+  return {app, [o]() { return run_serve(*o); }};
+}
+
+}  // namespace troupe::launch

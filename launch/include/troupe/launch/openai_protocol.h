@@ -1,0 +1,69 @@
+// The OpenAI API's request and response shapes for `troupe serve` (launch/openai_protocol.cpp):
+// a chat or text completion request checked field by field (a bad field is a 400 naming it),
+// tool calls parsed out of a completion's text the way chat-template models write them, and the
+// OpenAI-shaped error body. No HTTP and no model here: openai_server.cpp does both.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace troupe::launch {
+
+using ojson = nlohmann::ordered_json;
+
+// A request refused: HTTP status, OpenAI error type and the request field at fault (may be empty).
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string param;
+  std::string type = "invalid_request_error";
+};
+ojson error_body(const ApiError& e);
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  ojson messages;                      // chat: the list of {role, content, ...}, content made text
+  ojson tools;                         // chat: null or the list of tools given to the template
+  ojson template_kwargs = ojson::object();  // chat: extra template variables (chat_template_kwargs)
+  std::string prompt_text;             // completions: the prompt as text ...
+  std::vector<int32_t> prompt_tokens;  // ... or as token ids
+  bool prompt_is_tokens = false;
+  std::optional<int> max_tokens;       // absent: the server's default
+  std::string max_tokens_field = "max_tokens";  // or max_completion_tokens (chat), for errors
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  int n = 1;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool ignore_eos = false;     // sampling goes on past EOS (a vLLM extension; benchmarks use it)
+};
+
+// Parses and checks a /v1/chat/completions (chat = true) or /v1/completions body.
+std::optional<ApiError> parse_completion_request(const std::string& body, bool chat, int max_n,
+                                                 CompletionRequest* out);
+
+// Tool calls in a completion's text: Hermes/Qwen style <tool_call>{"name": ..., "arguments": ...}</tool_call>
+// blocks, or a whole reply that is one JSON object {"name": ..., "arguments"|"parameters": {...}}
+// (Llama 3). `content` is the text outside the calls (trimmed), `calls` the OpenAI tool_calls list
+// (id, type function, function {name, arguments as a JSON string}); empty when there is none.
+struct ToolCallParse {
+  std::string content;
+  ojson calls = ojson::array();
+};
+ToolCallParse parse_tool_calls(const std::string& text, const std::string& id_prefix);
+
+// Where a text could still turn into `marker` once more text follows: the start of the longest
+// suffix of `text` that is a prefix of `marker`, else text.size(). Streaming holds that part back.
+size_t partial_marker_start(const std::string& text, const std::string& marker);
+
+}  // namespace troupe::launch

@@ -1,0 +1,50 @@
+// The OpenAI-compatible HTTP endpoint of `troupe serve` (launch/openai_server.cpp):
+// /v1/chat/completions and /v1/completions (JSON or SSE streaming), /v1/models and /health over
+// cpp-httplib, in front of an actors::ServeEngine that batches every request in flight. HTTP
+// threads only parse, tokenize, submit to the engine and wait for (or stream) tokens.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "troupe/actors/serve_engine.h"
+#include "troupe/base/result.h"
+#include "troupe/policy/io/chat_template.h"
+#include "troupe/policy/io/tokenizer.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace troupe::launch {
+
+struct OpenAiServerOptions {
+  std::string model_name;   // what /v1/models lists and requests must name
+  int http_threads = 0;     // 0: engine slots + 8
+  int max_n = 16;           // most choices per request
+};
+
+class OpenAiServer {
+ public:
+  // chat_template may be null (then /v1/chat/completions answers 400). eos_id < 0: no stop token.
+  OpenAiServer(std::unique_ptr<actors::ServeEngine> engine, std::shared_ptr<const policy::io::Tokenizer> tokenizer,
+               std::shared_ptr<const policy::io::ChatTemplate> chat_template, int32_t bos_id, int32_t eos_id,
+               OpenAiServerOptions options);
+  ~OpenAiServer();
+
+  // Binds host:port (port 0: a free one) and returns the port; errors name the address.
+  Result<int> bind(const std::string& host, int port);
+  // Serves until stop() (from any thread).
+  Status serve();
+  void stop();
+  actors::ServeEngine& engine() { return *engine_; }
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<actors::ServeEngine> engine_;
+  std::unique_ptr<Impl> impl_;  // declared last: the HTTP side goes before the engine it uses
+};
+
+}  // namespace troupe::launch

@@ -1,0 +1,498 @@
+// The OpenAI-compatible HTTP endpoint (openai_server.h): routes, prompt rendering and tokenizing,
+// reading each choice's tokens from the serving engine, stop strings, tool calls, SSE streaming.
+#include "troupe/launch/openai_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <cstdio>
+#include <optional>
+
+#include "troupe/launch/openai_protocol.h"
+
+namespace troupe::launch {
+
+namespace io = troupe::policy::io;
+
+namespace {
+
+constexpr const char* kToolCallOpen = "<tool_call>";
+
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+// The longest prefix of text that ends on a whole UTF-8 character (and not on U+FFFD, which a
+// decoder writes for bytes whose character is still incomplete).
+size_t utf8_complete_prefix(const std::string& text) {
+  size_t n = text.size();
+  if (n >= 3 && text.compare(n - 3, 3, "\xEF\xBF\xBD") == 0) return n - 3;
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(text[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte
+    size_t need = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    return need > back ? n - back : n;
+  }
+  return n;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// One choice as read from the engine.
+struct Choice {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> top;
+  std::string text;
+  std::string finish = "stop";
+  bool error = false;
+  std::string error_message;
+  size_t content_tokens = 0;  // tokens whose text is the content (a final stop token excluded)
+  size_t streamed = 0;        // bytes of text already sent as deltas (streaming)
+};
+
+}  // namespace
+
+struct OpenAiServer::Impl {
+  httplib::Server http;
+  actors::ServeEngine* engine = nullptr;
+  std::shared_ptr<const io::Tokenizer> tok;
+  std::shared_ptr<const io::ChatTemplate> tmpl;
+  int32_t bos = -1, eos = -1;
+  std::vector<int32_t> chat_stops;  // eos and the end-of-turn tokens the tokenizer has
+  OpenAiServerOptions opt;
+  std::atomic<uint64_t> next_id{1};
+
+  struct Prepared {
+    CompletionRequest req;
+    std::vector<int32_t> prompt;
+    int max_tokens = 16;
+    std::string id;
+  };
+
+  std::string token_text(int32_t id) const {
+    auto t = tok->decode({id}, false);
+    return t.ok() ? *t : std::string();
+  }
+  ojson token_entry(int32_t id, float lp) const {
+    const std::string s = token_text(id);
+    ojson bytes = ojson::array();
+    for (unsigned char c : s) bytes.push_back(static_cast<int>(c));
+    return ojson{{"token", s}, {"logprob", lp}, {"bytes", bytes}};
+  }
+
+  std::optional<ApiError> prepare(const std::string& body, bool chat, Prepared* p) {
+    if (auto e = parse_completion_request(body, chat, opt.max_n, &p->req)) return e;
+    const CompletionRequest& r = p->req;
+    if (r.model != opt.model_name)
+      return ApiError{400, "The model '" + r.model + "' does not exist; this server serves '" + opt.model_name + "'",
+                      "model"};
+    const char* prompt_field = chat ? "messages" : "prompt";
+    if (chat) {
+      if (!tmpl)
+        return ApiError{400, "the model has no chat template; use /v1/completions", "messages"};
+      io::ChatRenderOptions o = io::chat_options_for(tok.get(), bos, eos);
+      o.add_generation_prompt = true;
+      o.tools = r.tools;
+      o.extra = r.template_kwargs;
+      auto text = io::render_chat(*tmpl, r.messages, o);
+      if (!text.ok()) return ApiError{400, "the chat template refused the messages: " + text.error().message, "messages"};
+      auto ids = tok->encode(*text);
+      if (!ids.ok()) return ApiError{400, ids.error().message, "messages"};
+      p->prompt = std::move(ids).value();
+    } else if (r.prompt_is_tokens) {
+      p->prompt = r.prompt_tokens;
+      for (size_t i = 0; i < p->prompt.size(); ++i)
+        if (p->prompt[i] >= engine->vocab_size())
+          return ApiError{400, "prompt[" + std::to_string(i) + "] = " + std::to_string(p->prompt[i]) +
+                                   " is outside the vocabulary of " + std::to_string(engine->vocab_size()),
+                          "prompt"};
+    } else {
+      auto ids = tok->encode(r.prompt_text);
+      if (!ids.ok()) return ApiError{400, ids.error().message, "prompt"};
+      p->prompt = std::move(ids).value();
+    }
+    if (p->prompt.empty()) {  // as `troupe generate`: an empty prompt starts from BOS
+      if (bos < 0) return ApiError{400, "the prompt is empty and the model has no BOS token", prompt_field};
+      p->prompt.push_back(bos);
+    }
+    const int ctx = engine->context();
+    const int n = static_cast<int>(p->prompt.size());
+    if (n >= ctx)
+      return ApiError{400, "the prompt has " + std::to_string(n) + " tokens; this server's context is " +
+                               std::to_string(ctx) + " tokens (prompt and completion)",
+                      prompt_field};
+    p->max_tokens = r.max_tokens ? *r.max_tokens : (chat ? ctx - n : std::min(16, ctx - n));
+    if (n + p->max_tokens > ctx)
+      return ApiError{400, "max_tokens " + std::to_string(p->max_tokens) + " + the prompt's " + std::to_string(n) +
+                               " tokens exceed this server's context of " + std::to_string(ctx) + " tokens",
+                      r.max_tokens_field};
+    p->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id.fetch_add(1));
+    return std::nullopt;
+  }
+
+  std::vector<std::shared_ptr<actors::ServeStream>> submit(const Prepared& p) {
+    const CompletionRequest& r = p.req;
+    // Without a seed every request samples its own stream (the id counter); with one, choice i is
+    // stream i of that seed, as Model::generate samples prompt i.
+    const uint64_t seed = r.seed ? *r.seed : 0x9E3779B97F4A7C15ull * next_id.fetch_add(1);
+    std::vector<std::shared_ptr<actors::ServeStream>> streams;
+    for (int i = 0; i < r.n; ++i) {
+      actors::ServeRequest q;
+      q.prompt = p.prompt;
+      q.sampling.temperature = r.temperature;
+      q.sampling.top_k = r.top_k;
+      q.sampling.top_p = r.top_p;
+      q.sampling.seed = seed;
+      q.sampling.stream = i;
+      q.sampling.top_logprobs = r.top_logprobs;
+      q.max_tokens = p.max_tokens;
+      if (!r.ignore_eos) {
+        if (r.chat) q.stop_tokens = chat_stops;
+        else if (eos >= 0) q.stop_tokens = {eos};
+      }
+      streams.push_back(engine->submit(std::move(q)));
+    }
+    return streams;
+  }
+
+  // Reads one choice to its end; on_delta (streaming) gets each piece of text that is final, with
+  // the index of the token that completed it.
+  Choice consume(actors::ServeStream& s, const CompletionRequest& r,
+                 const std::function<bool(const std::string&, size_t)>& on_delta) {
+    Choice c;
+    size_t emitted = 0;
+    bool stop_string = false;
+    const bool hold_tools = r.chat && !r.tools.is_null();
+    policy::SlotToken t;
+    std::string text;
+    while (s.next(&t)) {
+      c.tokens.push_back(t.token);
+      c.logprobs.push_back(t.logprob);
+      c.top.push_back(std::move(t.top));
+      if (r.stop.empty() && !on_delta) continue;
+      auto d = tok->decode(c.tokens, true);
+      text = d.ok() ? *d : std::string();
+      size_t cut = std::string::npos;
+      for (const auto& ss : r.stop) cut = std::min(cut, text.find(ss));
+      if (cut != std::string::npos) {
+        text.resize(cut);
+        stop_string = true;
+        s.cancel();
+      }
+      if (on_delta) {
+        size_t safe = stop_string ? text.size() : utf8_complete_prefix(text);
+        if (!stop_string)
+          for (const auto& ss : r.stop) safe = std::min(safe, partial_marker_start(text.substr(0, safe), ss));
+        if (hold_tools) {
+          const size_t k = text.find(kToolCallOpen);
+          safe = std::min(safe, k != std::string::npos ? k : partial_marker_start(text.substr(0, safe), kToolCallOpen));
+        }
+        std::string piece = safe > emitted ? text.substr(emitted, safe - emitted) : std::string();
+        if (safe > emitted) emitted = safe;
+        if (!on_delta(piece, c.tokens.size() - 1)) {
+          s.cancel();
+          c.error = true;
+          c.error_message = "the client went away";
+          return c;
+        }
+      }
+      if (stop_string) break;
+    }
+    c.content_tokens = c.tokens.size();
+    if (stop_string) {
+      c.text = text;
+      c.finish = "stop";
+      c.streamed = emitted;
+      return c;
+    }
+    auto d = tok->decode(c.tokens, true);
+    c.text = d.ok() ? *d : std::string();
+    switch (s.finish()) {
+      case actors::ServeFinish::stop:
+        c.finish = "stop";
+        if (c.content_tokens > 0) --c.content_tokens;  // the stop token has no text
+        break;
+      case actors::ServeFinish::length: c.finish = "length"; break;
+      case actors::ServeFinish::error:
+        c.error = true;
+        c.error_message = s.error();
+        break;
+      default: c.finish = "stop"; break;
+    }
+    if (on_delta && emitted < c.text.size() && !hold_tools) {
+      on_delta(c.text.substr(emitted), c.tokens.size() ? c.tokens.size() - 1 : 0);
+      emitted = c.text.size();
+    }
+    c.streamed = emitted;
+    return c;
+  }
+
+  ojson troupe_field(const Prepared& p, const Choice& c) const {
+    return ojson{{"prompt_token_ids", p.prompt},
+                 {"completion_token_ids", c.tokens},
+                 {"completion_logprobs", c.logprobs}};
+  }
+
+  ojson chat_logprobs(const Choice& c, size_t from, size_t to) const {
+    ojson content = ojson::array();
+    for (size_t i = from; i < to && i < c.content_tokens; ++i) {
+      ojson e = token_entry(c.tokens[i], c.logprobs[i]);
+      ojson top = ojson::array();
+      for (const auto& [id, lp] : c.top[i]) top.push_back(token_entry(id, lp));
+      e["top_logprobs"] = top;
+      content.push_back(std::move(e));
+    }
+    return ojson{{"content", content}};
+  }
+
+  ojson completion_logprobs(const Choice& c) const {
+    ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
+    size_t off = 0;
+    for (size_t i = 0; i < c.content_tokens; ++i) {
+      const std::string s = token_text(c.tokens[i]);
+      tokens.push_back(s);
+      lps.push_back(c.logprobs[i]);
+      ojson top = ojson::object();
+      for (const auto& [id, lp] : c.top[i]) top[token_text(id)] = lp;
+      tops.push_back(top);
+      offs.push_back(off);
+      off += s.size();
+    }
+    return ojson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+  }
+
+  ojson usage(const Prepared& p, const std::vector<Choice>& cs) const {
+    size_t n = 0;
+    for (const auto& c : cs) n += c.tokens.size();
+    return ojson{{"prompt_tokens", p.prompt.size()}, {"completion_tokens", n},
+                 {"total_tokens", p.prompt.size() + n}};
+  }
+
+  void reply_error(httplib::Response& res, const ApiError& e) {
+    res.status = e.status;
+    res.set_content(dump(error_body(e)), "application/json");
+  }
+
+  void complete(const Prepared& p, httplib::Response& res) {
+    const CompletionRequest& r = p.req;
+    auto streams = submit(p);
+    std::vector<Choice> cs;
+    for (auto& s : streams) cs.push_back(consume(*s, r, nullptr));
+    ojson choices = ojson::array();
+    for (size_t i = 0; i < cs.size(); ++i) {
+      Choice& c = cs[i];
+      if (c.error) return reply_error(res, ApiError{500, "sampling failed: " + c.error_message, "", "server_error"});
+      ojson ch = {{"index", i}};
+      if (r.chat) {
+        ojson msg = {{"role", "assistant"}, {"content", c.text}};
+        if (!r.tools.is_null()) {
+          ToolCallParse tc = parse_tool_calls(c.text, "call_" + p.id.substr(9) + "_" + std::to_string(i) + "_");
+          if (!tc.calls.empty()) {
+            msg["content"] = tc.content.empty() ? ojson(nullptr) : ojson(tc.content);
+            msg["tool_calls"] = tc.calls;
+            c.finish = "tool_calls";
+          }
+        }
+        ch["message"] = msg;
+        ch["logprobs"] = r.logprobs ? chat_logprobs(c, 0, c.tokens.size()) : ojson(nullptr);
+      } else {
+        ch["text"] = c.text;
+        ch["logprobs"] = r.logprobs ? completion_logprobs(c) : ojson(nullptr);
+      }
+      ch["finish_reason"] = c.finish;
+      ch["troupe"] = troupe_field(p, c);
+      choices.push_back(std::move(ch));
+    }
+    ojson out = {{"id", p.id},
+                 {"object", r.chat ? "chat.completion" : "text_completion"},
+                 {"created", unix_now()},
+                 {"model", opt.model_name},
+                 {"choices", choices},
+                 {"usage", usage(p, cs)}};
+    res.set_content(dump(out), "application/json");
+  }
+
+  void stream(std::shared_ptr<Prepared> p, httplib::Response& res) {
+    auto streams = std::make_shared<std::vector<std::shared_ptr<actors::ServeStream>>>(submit(*p));
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", [this, p, streams](size_t, httplib::DataSink& sink) {
+      const CompletionRequest& r = p->req;
+      const int64_t created = unix_now();
+      auto send = [&](const ojson& j) {
+        const std::string line = "data: " + dump(j) + "\n\n";
+        return sink.write(line.data(), line.size());
+      };
+      auto chunk = [&](ojson choice) {
+        return ojson{{"id", p->id},
+                     {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
+                     {"created", created},
+                     {"model", opt.model_name},
+                     {"choices", ojson::array({std::move(choice)})}};
+      };
+      std::vector<Choice> cs;
+      bool alive = true;
+      for (size_t i = 0; i < streams->size(); ++i) {
+        if (!alive) {
+          (*streams)[i]->cancel();
+          continue;
+        }
+        if (r.chat)
+          alive = send(chunk({{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+                              {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+        Choice c = consume(*(*streams)[i], r, [&](const std::string& piece, size_t) {
+          if (!alive) return false;
+          if (piece.empty()) return true;
+          ojson ch = {{"index", i}};
+          if (r.chat) ch["delta"] = {{"content", piece}};
+          else ch["text"] = piece;
+          ch["logprobs"] = nullptr;
+          ch["finish_reason"] = nullptr;
+          alive = send(chunk(std::move(ch)));
+          return alive;
+        });
+        if (!alive || c.error) {
+          if (c.error && alive)
+            send(error_body(ApiError{500, "sampling failed: " + c.error_message, "", "server_error"}));
+          alive = false;
+          continue;
+        }
+        ojson last = {{"index", i}};
+        if (r.chat) {
+          ojson delta = ojson::object();
+          if (!r.tools.is_null()) {  // the text held back from the first <tool_call> on
+            ToolCallParse tc = parse_tool_calls(c.text, "call_" + p->id.substr(9) + "_" + std::to_string(i) + "_");
+            if (tc.calls.empty()) {
+              if (c.streamed < c.text.size()) delta["content"] = c.text.substr(c.streamed);
+            } else {
+              for (size_t j = 0; j < tc.calls.size(); ++j) tc.calls[j]["index"] = j;
+              delta["tool_calls"] = tc.calls;
+              c.finish = "tool_calls";
+            }
+          }
+          last["delta"] = delta;
+          last["logprobs"] = r.logprobs ? chat_logprobs(c, 0, c.tokens.size()) : ojson(nullptr);
+        } else {
+          last["text"] = "";
+          last["logprobs"] = r.logprobs ? completion_logprobs(c) : ojson(nullptr);
+        }
+        last["finish_reason"] = c.finish;
+        last["troupe"] = troupe_field(*p, c);
+        alive = send(chunk(std::move(last)));
+        cs.push_back(std::move(c));
+      }
+      if (alive && r.include_usage) {
+        ojson u = {{"id", p->id},
+                   {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
+                   {"created", created},
+                   {"model", opt.model_name},
+                   {"choices", ojson::array()},
+                   {"usage", usage(*p, cs)}};
+        alive = send(u);
+      }
+      if (alive) {
+        static const std::string done = "data: [DONE]\n\n";
+        sink.write(done.data(), done.size());
+      }
+      sink.done();
+      return true;
+    });
+  }
+
+  void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+    auto p = std::make_shared<Prepared>();
+    if (auto e = prepare(req.body, chat, p.get())) return reply_error(res, *e);
+    if (p->req.stream) return stream(p, res);
+    complete(*p, res);
+  }
+
+  void routes() {
+    auto guarded = [this](auto fn) {
+      return [this, fn](const httplib::Request& req, httplib::Response& res) {
+        try {
+          fn(req, res);
+        } catch (const std::exception& e) {
+          reply_error(res, ApiError{500, std::string("internal error: ") + e.what(), "", "server_error"});
+        }
+      };
+    };
+    http.Post("/v1/chat/completions", guarded([this](const httplib::Request& q, httplib::Response& s) {
+      handle_completion(q, s, true);
+    }));
+    http.Post("/v1/completions", guarded([this](const httplib::Request& q, httplib::Response& s) {
+      handle_completion(q, s, false);
+    }));
+    http.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& s) {
+      ojson m = {{"id", opt.model_name}, {"object", "model"}, {"created", unix_now()},
+                 {"owned_by", "troupe"}, {"max_model_len", engine->context()}};
+      s.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({m})}}), "application/json");
+    }));
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& s) {
+      ojson h = {{"status", "ok"}, {"model", opt.model_name}, {"engine_steps", engine->steps()},
+                 {"peak_batch", engine->peak_batch()}};
+      s.set_content(dump(h), "application/json");
+    });
+    http.set_error_handler([this](const httplib::Request& q, httplib::Response& s) {
+      if (!s.body.empty()) return;
+      const int status = s.status;
+      reply_error(s, ApiError{status, "no route " + q.method + " " + q.path, "",
+                              status == 404 ? "not_found_error" : "invalid_request_error"});
+      s.status = status;
+    });
+  }
+};
+
+OpenAiServer::OpenAiServer(std::unique_ptr<actors::ServeEngine> engine,
+                           std::shared_ptr<const io::Tokenizer> tokenizer,
+                           std::shared_ptr<const io::ChatTemplate> chat_template, int32_t bos_id, int32_t eos_id,
+                           OpenAiServerOptions options)
+    : engine_(std::move(engine)), impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.engine = engine_.get();
+  m.tok = std::move(tokenizer);
+  m.tmpl = std::move(chat_template);
+  m.bos = bos_id;
+  m.eos = eos_id;
+  m.opt = std::move(options);
+  if (eos_id >= 0) m.chat_stops.push_back(eos_id);
+  for (const char* t : {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>"}) {
+    const int32_t id = m.tok->token_id(t);
+    if (id >= 0 && std::find(m.chat_stops.begin(), m.chat_stops.end(), id) == m.chat_stops.end())
+      m.chat_stops.push_back(id);
+  }
+  const int threads = m.opt.http_threads > 0 ? m.opt.http_threads : engine_->slots() + 16;
+  m.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  m.http.set_payload_max_length(64u << 20);
+  m.http.set_read_timeout(60, 0);
+  m.http.set_write_timeout(60, 0);
+  m.routes();
+}
+
+OpenAiServer::~OpenAiServer() { stop(); }
+
+Result<int> OpenAiServer::bind(const std::string& host, int port) {
+  int bound = -1;
+  if (port == 0) {
+    bound = impl_->http.bind_to_any_port(host);
+  } else if (impl_->http.bind_to_port(host, port)) {
+    bound = port;
+  }
+  if (bound <= 0)
+    return make_error(ErrorCode::io, "cannot listen on " + host + ":" + std::to_string(port) +
+                                         " (address in use or not this machine's)");
+  return bound;
+}
+
+Status OpenAiServer::serve() {
+  if (!impl_->http.listen_after_bind()) return make_error(ErrorCode::io, "the HTTP server stopped with an error");
+  return {};
+}
+
+void OpenAiServer::stop() {
+  if (impl_ && impl_->http.is_running()) impl_->http.stop();
+}
+
+}  // namespace troupe::launch

@@ -1,0 +1,156 @@
+// DecodeSlots (continuous batching): a sequence alone samples exactly what Model::generate samples
+// (tokens and log-probs, same seed and stream); sequences joining and leaving between steps sample
+// what each samples alone; top log-probs are the log-softmax's best; bad input is an error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "troupe/policy/decode_slots.h"
+#include "troupe/policy/model.h"
+
+using namespace troupe::policy;
+
+namespace {
+
+Model make_model(const std::string& family) {
+  ModelConfig c;
+  c.family = family;
+  c.vocab_size = 37;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.intermediate_size = 24;
+  if (family == "qwen3_moe") {
+    c.num_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 12;
+    c.mlp_only_layers = {0};
+  } else {
+    c.num_experts = 0;
+  }
+  auto m = Model::create(c, 5);
+  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
+  Model model = std::move(m.value());
+  std::mt19937 g(5);
+  std::normal_distribution<float> d(0.0f, 0.3f);
+  for (const auto& t : model.tensors()) {
+    if (t.name.find("norm") != std::string::npos) continue;
+    float* p = model.params().data() + t.offset;
+    for (size_t i = 0; i < t.numel(); ++i) p[i] = d(g);
+  }
+  return model;
+}
+
+// Runs the slot sampler until `n` tokens per sequence; sequence i joins at step join[i].
+std::vector<Generation> run_slots(Model& m, const std::vector<std::vector<int32_t>>& prompts,
+                                  const std::vector<SlotSampling>& sp, const std::vector<int>& join, int n) {
+  auto slots = DecodeSlots::create(m, 4, 64);
+  EXPECT_TRUE(slots.ok());
+  std::vector<Generation> out(prompts.size());
+  std::vector<int> slot_of(prompts.size(), -1);
+  std::vector<int> seq_of(4, -1);
+  size_t done = 0;
+  for (int step = 0; done < prompts.size() && step < 1000; ++step) {
+    for (size_t i = 0; i < prompts.size(); ++i)
+      if (join[i] == step) {
+        auto s = (*slots)->add(prompts[i], sp[i]);
+        EXPECT_TRUE(s.ok());
+        slot_of[i] = *s;
+        seq_of[*s] = static_cast<int>(i);
+      }
+    auto toks = (*slots)->step();
+    EXPECT_TRUE(toks.ok());
+    for (const auto& t : *toks) {
+      const int i = seq_of[t.slot];
+      out[i].tokens.push_back(t.token);
+      out[i].logprobs.push_back(t.logprob);
+      if (static_cast<int>(out[i].tokens.size()) == n) {
+        (*slots)->remove(t.slot);
+        seq_of[t.slot] = -1;
+        ++done;
+      }
+    }
+  }
+  EXPECT_EQ(done, prompts.size());
+  return out;
+}
+
+}  // namespace
+
+TEST(DecodeSlots, AloneMatchesGenerateBitForBit) {
+  for (const char* fam : {"qwen3", "qwen3_moe", "llama"}) {
+    Model m = make_model(fam);
+    for (float temp : {0.0f, 1.0f, 0.7f}) {
+      SamplingParams gp;
+      gp.temperature = temp;
+      gp.top_k = temp == 0.7f ? 8 : 0;
+      gp.top_p = temp == 0.7f ? 0.9f : 1.0f;
+      gp.max_new_tokens = 10;
+      gp.seed = 123;
+      const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+      auto gen = m.generate({prompt}, gp);
+      ASSERT_TRUE(gen.ok());
+      SlotSampling sp{temp, gp.top_k, gp.top_p, 123, 0, 0};
+      auto got = run_slots(m, {prompt}, {sp}, {0}, 10);
+      EXPECT_EQ(got[0].tokens, (*gen)[0].tokens) << fam << " temp " << temp;
+      EXPECT_EQ(got[0].logprobs, (*gen)[0].logprobs) << fam << " temp " << temp;
+    }
+  }
+}
+
+TEST(DecodeSlots, JoiningAndLeavingSequencesSampleWhatTheyWouldAlone) {
+  Model m = make_model("qwen3");
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {9}, {4, 5, 6, 7, 8, 9, 10}, {11, 12}, {13, 14, 15}};
+  std::vector<SlotSampling> sp;
+  for (int i = 0; i < 5; ++i) sp.push_back(SlotSampling{i % 2 ? 1.0f : 0.0f, 0, 1.0f, 77, i, 0});
+  // Five sequences over four slots, joining at different steps (the last waits for a free slot).
+  auto together = run_slots(m, prompts, sp, {0, 0, 2, 3, 12}, 12);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto alone = run_slots(m, {prompts[i]}, {sp[i]}, {0}, 12);
+    EXPECT_EQ(together[i].tokens, alone[0].tokens) << "sequence " << i;
+    for (size_t j = 0; j < alone[0].logprobs.size(); ++j)
+      EXPECT_NEAR(together[i].logprobs[j], alone[0].logprobs[j], 1e-4) << "sequence " << i << " token " << j;
+  }
+}
+
+TEST(DecodeSlots, TopLogprobsAndErrors) {
+  Model m = make_model("qwen3");
+  auto slots = DecodeSlots::create(m, 2, 8);
+  ASSERT_TRUE(slots.ok());
+  DecodeSlots& s = **slots;
+  SlotSampling sp;
+  sp.temperature = 0.0f;
+  sp.top_logprobs = 5;
+  auto a = s.add({1, 2, 3}, sp);
+  ASSERT_TRUE(a.ok());
+  auto t = s.step();
+  ASSERT_TRUE(t.ok());
+  ASSERT_EQ(t->size(), 1u);
+  const SlotToken& tok = (*t)[0];
+  ASSERT_EQ(tok.top.size(), 5u);
+  EXPECT_EQ(tok.top[0].first, tok.token);  // greedy: the best token
+  EXPECT_NEAR(tok.top[0].second, tok.logprob, 1e-5);
+  for (size_t i = 1; i < tok.top.size(); ++i) EXPECT_GE(tok.top[i - 1].second, tok.top[i].second);
+  EXPECT_EQ(s.room(*a), 8 - 3 - 1);
+  // Until the context is full; then the sequence is not run any more.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(s.step().ok());
+  EXPECT_EQ(s.room(*a), 0);
+  auto none = s.step();
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  // Bad prompts and parameters are errors; a full set of slots refuses more.
+  EXPECT_FALSE(s.add({}, sp).ok());
+  EXPECT_FALSE(s.add({1, 2, 3, 4, 5, 6, 7, 8}, sp).ok());  // no room for a new token
+  EXPECT_FALSE(s.add({1, 99}, sp).ok());
+  SlotSampling bad = sp;
+  bad.top_p = 0;
+  EXPECT_FALSE(s.add({1}, bad).ok());
+  ASSERT_TRUE(s.add({1}, sp).ok());
+  EXPECT_EQ(s.free_slots(), 0);
+  EXPECT_FALSE(s.add({1}, sp).ok());
+  s.remove(*a);
+  EXPECT_EQ(s.free_slots(), 1);
+}

@@ -1,0 +1,70 @@
+// Continuous-batching KV-cache sampling (policy/decode_slots.cpp): a fixed number of sequence
+// slots over one KV cache. Sequences join (their prompt is prefilled) and leave between steps;
+// each step() samples one token for every sequence in a slot, all of them in one batched pass.
+// Not thread-safe: one caller (the serving engine's compute thread) at a time, and nothing else
+// may use the Model while a DecodeSlots over it is stepping.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "troupe/base/result.h"
+#include "troupe/policy/model.h"
+
+namespace troupe::policy {
+
+// How one sequence is sampled. The RNG stream is the one Model::generate gives prompt `stream` of
+// a batch sampled with `seed`, so a sequence alone in the slots samples what generate samples.
+struct SlotSampling {
+  float temperature = 1.0f;  // 0 = greedy
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  uint64_t seed = 0;
+  int stream = 0;
+  int top_logprobs = 0;      // how many of the most likely tokens to report with each sampled one
+};
+
+// One sampled token of the sequence in `slot`.
+struct SlotToken {
+  int slot = -1;
+  int32_t token = -1;
+  float logprob = 0;  // log softmax(logits / temperature) of the token (temperature 1 when greedy)
+  std::vector<std::pair<int32_t, float>> top;  // top_logprobs most likely (id, logprob), best first
+};
+
+class DecodeSlots {
+ public:
+  // slots sequences of up to `context` tokens (prompt + completion) each; the KV cache is
+  // allocated here, once. prefill_tokens: most prompt tokens prefilled in one step (at least one
+  // prompt always is).
+  static Result<std::unique_ptr<DecodeSlots>> create(Model& model, int slots, int context, int prefill_tokens = 4096);
+  ~DecodeSlots();
+
+  int slots() const;
+  int context() const;
+  int free_slots() const;
+  int occupied() const;  // sequences in slots (prefilled or waiting for their prefill)
+
+  // Claims a free slot for a prompt (1 .. context-1 tokens, each in the vocabulary); its prefill
+  // runs in a later step(). Errors: no free slot, bad prompt, bad sampling parameters.
+  Result<int> add(const std::vector<int32_t>& prompt, const SlotSampling& sampling);
+  // Frees a slot (its sequence is dropped; the token last sampled for it is never fed).
+  void remove(int slot);
+  // Remaining tokens the slot's sequence may still sample before its context is full.
+  int room(int slot) const;
+
+  // Prefills the waiting prompts (up to prefill_tokens), feeds every other sequence the token
+  // sampled for it last, and samples one new token per sequence that ran. A sequence whose context
+  // is full is not run (the caller removes it; room() is 0).
+  Result<std::vector<SlotToken>> step();
+
+  struct State;
+
+ private:
+  explicit DecodeSlots(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace troupe::policy
