@@ -40,8 +40,10 @@ void write_trajectories(const RunState& s, const Rollout& r, const std::vector<f
       // multi-turn: one Turn per trained turn, holding the tokens appended in that turn
       const size_t turns = std::max<size_t>(1, x.turn_starts.size());
       for (size_t u = 0; u < turns; ++u) {
-        size_t b = x.turn_starts.empty() ? 0 : x.turn_starts[u];
-        size_t e = u + 1 < x.turn_starts.size() ? x.turn_starts[u + 1] : x.tokens.size();
+        // (clamped: a last turn whose tokens were all dropped with the trailing feedback is empty)
+        size_t b = std::min<size_t>(x.turn_starts.empty() ? 0 : x.turn_starts[u], x.tokens.size());
+        size_t e = std::clamp<size_t>(u + 1 < x.turn_starts.size() ? x.turn_starts[u + 1] : x.tokens.size(), b,
+                                      x.tokens.size());
         envs::TurnRecord turn;
         turn.prompt_tokens = x.prompt_tokens;
         turn.prompt_tokens.insert(turn.prompt_tokens.end(), x.tokens.begin(), x.tokens.begin() + static_cast<std::ptrdiff_t>(b));
