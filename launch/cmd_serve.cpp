@@ -4,6 +4,8 @@
 // once it accepts requests; SIGINT/SIGTERM stop it (exit 0).
 #include <pthread.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +19,8 @@
 
 namespace troupe::launch {
 namespace {
+
+std::atomic<bool> g_stop_requested{false};
 
 namespace io = troupe::policy::io;
 
@@ -51,6 +55,13 @@ std::string default_name(const std::string& path) {
 }
 
 int run_serve(const ServeOpts& o) {
+  // SIGINT/SIGTERM set a flag (whichever thread takes them: BLAS may start threads before main), and
+  // a watcher thread stops the server when it sees it.
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_stop_requested.store(true); };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   auto where = parse_bind(o.bind);
   if (!where.ok()) return report_error(where.error());
   auto loaded = io::load_model(o.path);
@@ -79,23 +90,16 @@ int run_serve(const ServeOpts& o) {
   auto port = server.bind(where->first, where->second);
   if (!port.ok()) return report_error(invalid_input("--bind: " + port.error().message));
 
-  // SIGINT/SIGTERM go to one waiting thread (blocked everywhere else), which stops the server.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::atomic<bool> served{false};
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    server.stop();
+    while (!served.load() && !g_stop_requested.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!served.load()) server.stop();
   });
   std::printf("troupe serve: %s on http://%s:%d (model '%s', %d slots, context %d)\n", "listening",
               where->first.c_str(), *port, so.model_name.c_str(), eo.slots, eo.context);
   std::fflush(stdout);
   Status st = server.serve();
-  pthread_kill(waiter.native_handle(), SIGUSR1);  // wakes the waiter if serve() ended by itself
+  served.store(true);  // ends the watcher if serve() returned by itself
   waiter.join();
   if (!st.ok()) return report_error(st.error());
   return 0;

@@ -113,9 +113,9 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
       if (m.contains("content")) {
         ojson text;
         if (auto e = content_text(m["content"], at + ".content", &text)) return e;
-        m["content"] = text;
+        m["content"] = text.is_null() ? ojson("") : text;  // templates test `'x' in message.content`
       } else {
-        m["content"] = nullptr;
+        m["content"] = "";  // e.g. an assistant turn that only calls tools
       }
       if (m.contains("tool_calls") && m["tool_calls"].is_array())  // templates read arguments as JSON
         for (auto& c : m["tool_calls"])

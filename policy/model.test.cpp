@@ -506,7 +506,9 @@ TEST(Model, RoutingRecordMatchesForward) {
       for (int k = 0; k < K; ++k) {
         EXPECT_GE(g.experts[j + k], 0);
         EXPECT_LT(g.experts[j + k], E);
-        if (k > 0) EXPECT_LT(g.experts[j + k - 1], g.experts[j + k]);  // ascending within a layer
+        if (k > 0) {
+          EXPECT_LT(g.experts[j + k - 1], g.experts[j + k]);  // ascending within a layer
+        }
       }
     auto s = prompts[i];
     s.insert(s.end(), g.tokens.begin(), g.tokens.end());

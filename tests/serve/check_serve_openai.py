@@ -102,6 +102,12 @@ def main():
         d = os.path.join(tmp, "model")
         shutil.copytree(fixture, d)
         shutil.copy(template, os.path.join(d, "chat_template.jinja"))
+        # Qwen3's tool preamble alone is ~600 byte-level tokens: give the random fixture room for it
+        # (rotary positions have no learned table, so a longer context is the same model).
+        cfg_path = os.path.join(d, "config.json")
+        cfg = json.load(open(cfg_path))
+        cfg["max_position_embeddings"] = 2048
+        json.dump(cfg, open(cfg_path, "w"), indent=2)
 
         # CLI errors: exit 2 naming the input.
         rc, _, err = run([troupe, "serve", d, "--bind", "localhost"])
@@ -111,7 +117,7 @@ def main():
         if rc != 2:
             fail(f"missing model: expected exit 2, got {rc}: {err}")
 
-        server, url = start_server(troupe, d, "--max-batch", "16", "--max-context", "256")
+        server, url = start_server(troupe, d, "--max-batch", "16", "--max-context", "1024")
         base = url + "/v1"
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=60)
         st, h = http(url + "/health")
