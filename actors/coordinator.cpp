@@ -199,7 +199,10 @@ struct Coordinator::Impl {
     Result<json> out = json::object();
     try {
       if (job == Job::evaluate) {
-        out = co_await coord::evaluate(s);
+        if (Status st = coord::load_tokenizer(s); !st.ok())  // prompts are mapped to what it encodes
+          out = st.error();
+        else
+          out = co_await coord::evaluate(s);
       } else {
         Status st = co_await coord::run(s, job == Job::resume);
         if (st.ok())

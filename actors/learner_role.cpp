@@ -1,15 +1,41 @@
 // The learner role (SFT/GRPO steps through learner::Trainer, versioned weights, checkpoints) and
 // the actor that hosts it.
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 
 #include "role_support.h"
 #include "troupe/actors/roles.h"
 #include "troupe/learner/checkpoint.h"
+#include "troupe/policy/io/gguf_import.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
 
 namespace troupe::actors {
+
+namespace {
+
+// A checkpoint of a loaded model keeps what its source directory says beyond the weights and the
+// tokenizer: the chat template (tokenizer_config.json, chat_template.jinja) and the generation
+// defaults, so that `troupe generate --messages` and a later run render prompts the same way.
+Status copy_model_side_files(const std::string& policy_path, const std::string& dir) {
+  if (policy_path.empty()) return {};
+  std::string src = policy_path;
+  if (src.size() > 5 && src.compare(src.size() - 5, 5, ".gguf") == 0) {
+    TROUPE_ASSIGN_OR_RETURN(src, policy::io::cached_gguf_import(src));
+  }
+  namespace fs = std::filesystem;
+  for (const char* name : {"tokenizer_config.json", "chat_template.jinja", "generation_config.json"}) {
+    const fs::path from = fs::path(src) / name, to = fs::path(dir) / name;
+    std::error_code ec;
+    if (!fs::exists(from, ec) || fs::exists(to, ec)) continue;
+    fs::copy_file(from, to, ec);
+    if (ec) return invalid_input("checkpoint: cannot copy " + from.string() + " to " + dir + ": " + ec.message());
+  }
+  return {};
+}
+
+}  // namespace
 using json = nlohmann::json;
 
 LearnerRole::~LearnerRole() = default;
@@ -176,9 +202,10 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     opt.higher_is_better = cfg_.checkpointing.higher_is_better;
     const auto* tok = policy_.tokenizer.get();
     const auto& model = *policy_.model;
-    learner::ModelDirWriter writer = [&](const std::string& dir) {
-      return policy::io::save_model(dir, model, tok, policy::io::ExpertLayout::per_expert, tok->bos_id(),
-                                    tok->eos_id(), tok->pad_id());
+    learner::ModelDirWriter writer = [&](const std::string& dir) -> Status {
+      TROUPE_TRY(policy::io::save_model(dir, model, tok, policy::io::ExpertLayout::per_expert, tok->bos_id(),
+                                        tok->eos_id(), tok->pad_id()));
+      return copy_model_side_files(cfg_.policy.path, dir);
     };
     TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, trainer.optimizer(), specs, opt));
     rep.step = r.step;
