@@ -2,30 +2,25 @@
 // estimators and clamps, clip settings incl. dual clip / delta / GSPO, on- and off-policy), the SFT
 // loss and every advantage mode; our outputs go to a JSON file that tests/learner/grpo_reference.py
 // recomputes with PyTorch autograd from the formulas. Exit code = the script's (non-zero on mismatch).
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <random>
 
 #include <nlohmann/json.hpp>
 
-#include "troupe/base/build_config.h"
 #include "troupe/learner/advantages.h"
 #include "troupe/learner/loss.h"
+#include "torch_reference.h"
 
 using namespace troupe::learner;
+using namespace troupe::learner::testing;
 using nlohmann::json;
 
 namespace {
 
-json vec(const std::vector<float>& v) {
-  json a = json::array();
-  for (float x : v) a.push_back(static_cast<double>(x));
-  return a;
-}
+using troupe::learner::testing::name;  // next to this file's own overloads
+
 
 struct Case {
   int S = 0, T = 0;
@@ -58,10 +53,6 @@ Case random_case(std::mt19937_64& rng) {
 
 // The names the reference script reads (the YAML's choices, plus seq-mean-token-sum).
 const char* name(KlEstimator k) { return k == KlEstimator::k1 ? "k1" : k == KlEstimator::k2 ? "k2" : "k3"; }
-const char* name(LossAggMode m) {
-  static const char* names[] = {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"};
-  return names[static_cast<int>(m)];
-}
 const char* name(AdvantageEstimator e) {
   return e == AdvantageEstimator::grpo ? "grpo" : e == AdvantageEstimator::rloo ? "rloo" : "reinforce_pp";
 }
@@ -168,21 +159,7 @@ int main(int argc, char** argv) {
                          {"std_eps", a.std_eps}, {"reward_scale", a.reward_scale}, {"reward_clip", a.reward_clip},
                          {"group_size", G}, {"rewards", vec(r)}, {"ours", vec(*adv)}});
       }
-  const std::string path = (std::filesystem::temp_directory_path() / ("troupe_grpo_parity_" + std::to_string(::getpid()) + ".json")).string();
-  {
-    std::ofstream f(path);
-    f << json{{"cases", cases}}.dump();
-  }
-  std::printf("wrote %d GRPO loss cases, 1 SFT case and %zu advantage cases to %s\n", n_loss,
-              cases.size() - n_loss - 1, path.c_str());
-  std::fflush(stdout);
-  const std::string script = std::string(TROUPE_SOURCE_DIR) + "/tests/learner/grpo_reference.py";
-  const std::string cmd = "OPENBLAS_NUM_THREADS=1 '" + troupe::python_executable() + "' '" + script + "' '" + path + "'";
-  const int rc = std::system(cmd.c_str());
-  std::filesystem::remove(path);
-  if (rc == -1 || !WIFEXITED(rc)) {
-    std::fprintf(stderr, "could not run %s\n", cmd.c_str());
-    return 1;
-  }
-  return WEXITSTATUS(rc);
+  const std::string what = std::to_string(n_loss) + " GRPO loss cases, 1 SFT case and " +
+                           std::to_string(cases.size() - n_loss - 1) + " advantage cases";
+  return run_torch_reference(cases, "troupe_grpo_parity", what);
 }

@@ -2,30 +2,25 @@
 // icepop) on random packed batches, through learner::correction_weights and the fused GRPO loss
 // with those weights, for several loss settings; grpo_reference.py recomputes the weights from the
 // published formulas and the loss and its gradient with PyTorch autograd. Exit code = the script's.
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <random>
 
 #include <nlohmann/json.hpp>
 
-#include "troupe/base/build_config.h"
 #include "troupe/learner/correction.h"
 #include "troupe/learner/loss.h"
+#include "torch_reference.h"
 
 using namespace troupe::learner;
+using namespace troupe::learner::testing;
 using nlohmann::json;
 
 namespace {
 
-json vec(const std::vector<float>& v) {
-  json a = json::array();
-  for (float x : v) a.push_back(static_cast<double>(x));
-  return a;
-}
+using troupe::learner::testing::name;  // next to this file's own overloads
+
 
 const char* name(MismatchCorrection m) {
   switch (m) {
@@ -36,10 +31,6 @@ const char* name(MismatchCorrection m) {
     case MismatchCorrection::none: break;
   }
   return "none";
-}
-const char* name(LossAggMode m) {
-  static const char* names[] = {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"};
-  return names[static_cast<int>(m)];
 }
 
 }  // namespace
@@ -128,22 +119,5 @@ int main() {
                                  {"entropy", sm.entropy}}}});
       ++n;
     }
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("troupe_mismatch_corrections_" + std::to_string(::getpid()) + ".json"))
-          .string();
-  {
-    std::ofstream f(path);
-    f << json{{"cases", cases}}.dump();
-  }
-  std::printf("wrote %d mismatch-correction cases to %s\n", n, path.c_str());
-  std::fflush(stdout);
-  const std::string script = std::string(TROUPE_SOURCE_DIR) + "/tests/learner/grpo_reference.py";
-  const std::string cmd = "OPENBLAS_NUM_THREADS=1 '" + troupe::python_executable() + "' '" + script + "' '" + path + "'";
-  const int rc = std::system(cmd.c_str());
-  std::filesystem::remove(path);
-  if (rc == -1 || !WIFEXITED(rc)) {
-    std::fprintf(stderr, "could not run %s\n", cmd.c_str());
-    return 1;
-  }
-  return WEXITSTATUS(rc);
+  return run_torch_reference(cases, "troupe_mismatch_corrections", std::to_string(n) + " mismatch-correction cases");
 }
