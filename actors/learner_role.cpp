@@ -20,10 +20,7 @@ namespace {
 // defaults, so that `troupe generate --messages` and a later run render prompts the same way.
 Status copy_model_side_files(const std::string& policy_path, const std::string& dir) {
   if (policy_path.empty()) return {};
-  std::string src = policy_path;
-  if (src.size() > 5 && src.compare(src.size() - 5, 5, ".gguf") == 0) {
-    TROUPE_ASSIGN_OR_RETURN(src, policy::io::cached_gguf_import(src));
-  }
+  TROUPE_ASSIGN_OR_RETURN(std::string src, policy::io::model_dir_for(policy_path));
   namespace fs = std::filesystem;
   for (const char* name : {"tokenizer_config.json", "chat_template.jinja", "generation_config.json"}) {
     const fs::path from = fs::path(src) / name, to = fs::path(dir) / name;

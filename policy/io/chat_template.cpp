@@ -1880,10 +1880,8 @@ Result<std::string> read_chat_template_dir(const std::string& dir) {
 }
 
 Result<std::shared_ptr<const ChatTemplate>> load_chat_template_dir(const std::string& path) {
-  std::string dir = path;
-  if (path.ends_with(".gguf")) {  // a GGUF's template is in its import's tokenizer_config.json
-    TROUPE_ASSIGN_OR_RETURN(dir, cached_gguf_import(path));
-  }
+  // a GGUF's template is in its import's tokenizer_config.json
+  TROUPE_ASSIGN_OR_RETURN(std::string dir, model_dir_for(path));
   TROUPE_ASSIGN_OR_RETURN(std::string text, read_chat_template_dir(dir));
   if (text.empty()) return std::shared_ptr<const ChatTemplate>();
   namespace fs = std::filesystem;

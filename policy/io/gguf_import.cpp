@@ -468,6 +468,11 @@ Status import_gguf_to_dir(const std::string& gguf_path, const std::string& out_d
   return {};
 }
 
+Result<std::string> model_dir_for(const std::string& path) {
+  if (!path.ends_with(".gguf")) return path;
+  return cached_gguf_import(path);
+}
+
 Result<std::string> cached_gguf_import(const std::string& gguf_path) {
   std::error_code ec;
   const auto size = fs::file_size(gguf_path, ec);

@@ -33,11 +33,8 @@ Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec) 
 }
 
 Result<LoadedModel> load_model(const std::string& path, const ExecutionOptions& exec) {
-  if (path.ends_with(".gguf")) {  // imported once into $TROUPE_CACHE/gguf/, then loaded as a directory
-    TROUPE_ASSIGN_OR_RETURN(auto imported, cached_gguf_import(path));
-    return load_model(imported, exec);
-  }
-  TROUPE_ASSIGN_OR_RETURN(auto dir, load_model_dir(path));
+  TROUPE_ASSIGN_OR_RETURN(std::string dir_path, model_dir_for(path));  // a .gguf: its $TROUPE_CACHE/gguf/ import
+  TROUPE_ASSIGN_OR_RETURN(auto dir, load_model_dir(dir_path));
   TROUPE_ASSIGN_OR_RETURN(auto model, model_from_dir(dir, exec));
   LoadedModel out{std::move(model), std::move(dir.tokenizer), dir.bos_token_id, dir.eos_token_id, dir.pad_token_id};
   return out;

@@ -40,4 +40,7 @@ Status import_gguf_to_dir(const std::string& gguf_path, const std::string& out_d
 // /gguf/<file stem>-<size>-<mtime>, imported on first use.
 Result<std::string> cached_gguf_import(const std::string& gguf_path);
 
+// The model directory `path` names: itself, or for a `.gguf` file its cached import.
+Result<std::string> model_dir_for(const std::string& path);
+
 }  // namespace troupe::policy::io
