@@ -14,9 +14,11 @@
 namespace troupe::actors {
 using json = nlohmann::json;
 
-Result<std::unique_ptr<EnvWorker>> EnvWorker::create(const std::vector<envs::EnvSpec>& specs) {
+Result<std::unique_ptr<EnvWorker>> EnvWorker::create(const std::vector<envs::EnvSpec>& specs,
+                                                     const std::string& role) {
   auto w = std::make_unique<EnvWorker>();
-  for (const auto& s : specs) {
+  for (auto s : specs) {
+    s.faults.salt = role;
     auto c = envs::make_env_client(s);
     if (!c.ok()) return Error{c.error().code, "env '" + s.name + "': " + c.error().message};
     w->clients_[s.name] = std::move(c).value();

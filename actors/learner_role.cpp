@@ -1,6 +1,10 @@
 // The learner role (SFT/GRPO steps through learner::Trainer, versioned weights, checkpoints) and
 // the actor that hosts it.
+#include <signal.h>
+
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -18,6 +22,14 @@ namespace {
 // A checkpoint of a loaded model keeps what its source directory says beyond the weights and the
 // tokenizer: the chat template (tokenizer_config.json, chat_template.jinja) and the generation
 // defaults, so that `troupe generate --messages` and a later run render prompts the same way.
+// An injected fault (the faults: section) that kills this process the way SIGKILL from outside would.
+[[noreturn]] void die_by_fault(const std::string& what) {
+  std::fprintf(stderr, "troupe: fault injected: %s\n", what.c_str());
+  std::fflush(stderr);
+  ::raise(SIGKILL);
+  std::abort();
+}
+
 Status copy_model_side_files(const std::string& policy_path, const std::string& dir) {
   if (policy_path.empty()) return {};
   TROUPE_ASSIGN_OR_RETURN(std::string src, policy::io::model_dir_for(policy_path));
@@ -65,6 +77,12 @@ learner::Trainer& LearnerRole::trainer_for(learner::Phase phase) {
 Result<TrainRep> LearnerRole::train(const TrainReq& r) {
   auto t0 = std::chrono::steady_clock::now();
   auto phase = r.phase == 1 ? learner::Phase::sft : learner::Phase::grpo;
+  const auto& faults = cfg_.faults;
+  const int64_t run_step = (cfg_.sft.enabled ? cfg_.sft.max_steps : 0) + r.step + 1;  // the metrics' step
+  if (phase == learner::Phase::grpo && faults.learner_death_step > 0 && run_step == faults.learner_death_step &&
+      comm_->rank() == faults.learner_death_rank)
+    die_by_fault("learner rank " + std::to_string(comm_->rank()) + " killed as step " + std::to_string(run_step) +
+                 " starts");
   auto& trainer = trainer_for(phase);
   std::vector<learner::Sample> samples(r.samples.size());
   for (size_t i = 0; i < r.samples.size(); ++i) {
@@ -202,6 +220,8 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     learner::ModelDirWriter writer = [&](const std::string& dir) -> Status {
       TROUPE_TRY(policy::io::save_model(dir, model, tok, policy::io::ExpertLayout::per_expert, tok->bos_id(),
                                         tok->eos_id(), tok->pad_id()));
+      if (cfg_.faults.checkpoint_interrupt_step > 0 && r.step == cfg_.faults.checkpoint_interrupt_step)
+        die_by_fault("checkpoint of step " + std::to_string(r.step) + " interrupted after its model files");
       return copy_model_side_files(cfg_.policy.path, dir);
     };
     TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, trainer.optimizer(), specs, opt));

@@ -157,6 +157,18 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     j["reward_min"] = e.reward_min;
     j["reward_max"] = e.reward_max;
     TROUPE_ASSIGN_OR_RETURN(auto spec, envs::parse_env_spec(j, "envs[" + std::to_string(i) + "]"));
+    const auto& f = cfg.faults;
+    if (f.env.empty() || f.env == e.name) {
+      spec.faults.seed = static_cast<uint64_t>(f.seed);
+      spec.faults.op = f.env_op;
+      spec.faults.exception = f.env_exception;
+      spec.faults.crash = f.env_crash;
+      spec.faults.hang = f.env_hang;
+      spec.faults.slow = f.env_slow;
+      spec.faults.malformed = f.env_malformed;
+      spec.faults.slow_s = f.env_slow_s;
+      spec.faults.steps = f.env_steps;
+    }
     out.push_back(std::move(spec));
   }
   return out;

@@ -564,6 +564,30 @@ class Loader {
     }
     if (!c.envs.empty() && total_weight <= 0)
       error(at("envs"), "envs", "the env weights sum to 0: no env would get prompts");
+    // Fault injection: the env it names exists; crash and hang need a worker troupe starts.
+    const auto& f = c.faults;
+    if (!f.env.empty() && !names.count(f.env))
+      error(at("faults.env"), "faults.env", "no env is named '" + f.env + "'");
+    if (f.env_exception + f.env_crash + f.env_hang + f.env_slow + f.env_malformed > 1 + 1e-12)
+      error(at("faults"), "faults", "the env fault probabilities sum to more than 1");
+    for (size_t i = 0; i < c.envs.size(); ++i) {
+      const auto& e = c.envs[i];
+      if (!f.env.empty() && f.env != e.name) continue;
+      const bool own_process = (e.type == "plugin" && e.isolate != "false") ||
+                               (e.type == "builtin" && e.isolate == "true") || (e.type == "remote" && !e.command.empty());
+      const bool wire = own_process || e.type == "remote";
+      auto needs = [&](const char* key, double p, bool ok, const char* what) {
+        if (p > 0 && !ok)
+          error(at(std::string("faults.") + key), std::string("faults.") + key,
+                "env '" + e.name + "' " + what + " (set faults.env to another env, or isolate: true)");
+      };
+      needs("env_crash", f.env_crash, own_process, "runs in no worker process troupe starts, so it cannot be crashed");
+      needs("env_hang", f.env_hang, own_process, "runs in no worker process troupe starts, so it cannot be hung");
+      needs("env_malformed", f.env_malformed, wire, "is called in-process: there is no reply to corrupt");
+    }
+    if (f.learner_death_step > 0 && f.learner_death_rank >= c.cluster.learners)
+      error(at("faults.learner_death_rank"), "faults.learner_death_rank",
+            "there are only " + std::to_string(c.cluster.learners) + " learner ranks");
     if (!c.checkpointing.keep_best_by.empty() && c.checkpointing.keep_best_by != "eval_accuracy" &&
         c.checkpointing.keep_best_by != "eval_reward_mean")
       error(at("checkpointing.keep_best_by"), "checkpointing.keep_best_by",

@@ -235,6 +235,21 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("eval.every", [](C& c) { return &c.eval.every; }, 0, 10000000, "Evaluate on the held-out split every K steps (0 = only at the end of each phase).");
   b.integer("eval.num_prompts", [](C& c) { return &c.eval.num_prompts; }, 1, 1048576, "Held-out prompts per env and evaluation (greedy).");
   b.flag("eval.at_start", [](C& c) { return &c.eval.at_start; }, "Also evaluate before the first step.");
+
+  // faults (off by default; docs/reliability.md)
+  b.integer("faults.seed", [](C& c) { return &c.faults.seed; }, 0, kIntMax, "Fault injection: which calls the env fault probabilities below hit is a hash of this seed, the env worker and the call (episode id or payload), so a run with faults is as reproducible as one without.");
+  b.text("faults.env", [](C& c) { return &c.faults.env; }, "The env (an envs[].name) the env faults hit (empty = every env).");
+  b.choice("faults.env_op", [](C& c) { return &c.faults.env_op; }, {"any", "reset", "step", "verify"}, "The env calls the env faults hit.");
+  b.number("faults.env_exception", [](C& c) { return &c.faults.env_exception; }, 0, 1, "Probability per env call that it fails as the env's own error (env_error).");
+  b.number("faults.env_crash", [](C& c) { return &c.faults.env_crash; }, 0, 1, "Probability per env call that the env worker process is SIGKILLed just before it (worker_crash; the worker is restarted). Needs a worker troupe starts: isolate: true or a remote command:.");
+  b.number("faults.env_hang", [](C& c) { return &c.faults.env_hang; }, 0, 1, "Probability per env call that the worker is SIGSTOPped just before it: the call runs into envs[].timeout_s, the worker is killed and replaced (timeout). Needs a worker troupe starts.");
+  b.number("faults.env_slow", [](C& c) { return &c.faults.env_slow; }, 0, 1, "Probability per env call that it starts env_slow_s late (then succeeds).");
+  b.number("faults.env_malformed", [](C& c) { return &c.faults.env_malformed; }, 0, 1, "Probability per env call that its reply is replaced by bytes that are not JSON before troupe parses it (protocol_error). Needs a wire: isolate: true or type remote.");
+  b.number("faults.env_slow_s", [](C& c) { return &c.faults.env_slow_s; }, 0, 3600, "Delay of a slow env call, seconds.");
+  b.int_list("faults.env_steps", [](C& c) { return &c.faults.env_steps; }, 1, kIntMax, "Env faults only during these GRPO steps (the metrics' step; empty = every step; an env worker's verify calls count to the step of its latest reset).");
+  b.integer("faults.learner_death_step", [](C& c) { return &c.faults.learner_death_step; }, 0, kIntMax, "SIGKILL learner rank learner_death_rank as this GRPO step (the metrics' step) starts (0 = off). In one process that is the whole run; resume with --resume --set faults.learner_death_step=0.");
+  b.integer("faults.learner_death_rank", [](C& c) { return &c.faults.learner_death_rank; }, 0, 4095, "The learner rank learner_death_step kills.");
+  b.integer("faults.checkpoint_interrupt_step", [](C& c) { return &c.faults.checkpoint_interrupt_step; }, 0, kIntMax, "Kill the process half-way through writing the checkpoint of this step (after its model files, before its state file and the rename; 0 = off): latest keeps pointing at the previous checkpoint.");
   return b.keys;
 }
 
@@ -496,7 +511,7 @@ namespace {
 // Keys a --resume may change: where and how long the run goes, how it is placed, logged, evaluated
 // and checkpointed, and the optimizations that are bit-identical to the plain path. (Not
 // sft.max_steps: it decides where the GRPO phase starts.)
-constexpr const char* kResumeMayChangePrefixes[] = {"cluster.", "checkpointing.", "logger.", "eval."};
+constexpr const char* kResumeMayChangePrefixes[] = {"cluster.", "checkpointing.", "logger.", "eval.", "faults."};
 constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "run.name",
                                                 "run.max_wall_s",

@@ -338,7 +338,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
           return std::make_unique<actors::GeneratorActor>(sp, n, nice);
         };
       } else {
-        auto e = actors::EnvWorker::create(*specs);
+        auto e = actors::EnvWorker::create(*specs, role);
         if (!e.ok()) return fail(e.error());
         std::shared_ptr<actors::EnvWorker> sp = std::move(e).value();
         hosted.envs.push_back(sp);

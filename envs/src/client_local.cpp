@@ -332,7 +332,8 @@ json to_json(const EnvSpec& s) {
   return j;
 }
 
-Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec) {
+namespace {
+Result<std::unique_ptr<EnvClient>> make_plain_env_client(const EnvSpec& spec) {
   if (spec.type == EnvType::builtin && !spec.isolate) {
     TROUPE_ASSIGN_OR_RETURN(EnvFactory f, EnvRegistry::global().factory(spec.env.empty() ? spec.name : spec.env));
     return make_local_client(std::move(f), spec.config);
@@ -345,6 +346,12 @@ Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec) {
   auto client = make_remote_client_impl(spec, st);
   if (!st.ok()) return st.error();
   return client;
+}
+}  // namespace
+
+Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec) {
+  TROUPE_ASSIGN_OR_RETURN(auto client, make_plain_env_client(spec));
+  return with_injected_faults(std::move(client), spec.faults);
 }
 
 }  // namespace troupe::envs

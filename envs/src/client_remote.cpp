@@ -74,6 +74,10 @@ class RemoteEnvClient final : public EnvClient {
   int restarts() const override { return restarts_; }
   bool gave_up() const override { return gave_up_; }
   int worker_pid() const override { return pid_; }
+  bool corrupt_next_reply() override {
+    corrupt_ = true;
+    return true;
+  }
   // A server troupe did not start is reached over one REQ socket per call in flight, so one hung
   // call never delays the next (each has its own deadline).
   bool concurrent() const override { return !owns_process(); }
@@ -327,7 +331,10 @@ class RemoteEnvClient final : public EnvClient {
         return make_error(ErrorCode::peer_failed, where() + ": " + proto + "reply to " + what + " has " +
                                                       std::to_string(frames) + " frames (the protocol has one)");
       }
-      json reply = json::parse(msg.to_string_view(), nullptr, false);
+      // an injected malformed reply (faults.h) goes through the same checks as a real one
+      const bool corrupt = corrupt_.exchange(false);
+      json reply = json::parse(corrupt ? std::string_view("\x01 injected fault: not JSON") : msg.to_string_view(),
+                               nullptr, false);
       if (reply.is_discarded() || !reply.is_object())
         return make_error(ErrorCode::peer_failed, where() + ": " + proto + "reply to " + what +
                                                       " is not a JSON object in UTF-8");
@@ -414,6 +421,7 @@ class RemoteEnvClient final : public EnvClient {
   std::string address_, owned_ipc_, log_path_, last_failure_;
   std::vector<std::string> argv_;  // empty: not ours to start
   pid_t pid_ = -1;
+  std::atomic<bool> corrupt_{false};
   std::unique_ptr<zmq::socket_t> sock_;
   std::mutex mu_;           // the owned worker's socket (one call at a time)
   std::mutex sessions_mu_;  // sessions_

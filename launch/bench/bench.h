@@ -80,5 +80,6 @@ int run_kernels_suite(const BenchOptions& opt);   // kernels.cpp
 int run_envs_suite(const BenchOptions& opt);      // envs.cpp
 int run_learner_suite(const BenchOptions& opt);   // learner.cpp
 int run_e2e_suite(const BenchOptions& opt);       // e2e.cpp
+int run_reliability_suite(const BenchOptions& opt);  // reliability.cpp
 
 }  // namespace troupe::bench

@@ -130,6 +130,24 @@ struct EvalSection {
   bool at_start = false;  // evaluate before training, too
 };
 
+// Fault injection, off by default (docs/reliability.md): the reliability tests and
+// `troupe bench reliability` make envs, learners and checkpoint writes fail on purpose.
+struct FaultsSection {
+  int seed = 0;                    // the draws below are a hash of this, the call and the env worker
+  std::string env;                 // the env the env faults hit (empty: every env)
+  std::string env_op = "any";      // reset | step | verify | any
+  double env_exception = 0;        // probability per call of each env fault kind
+  double env_crash = 0;
+  double env_hang = 0;
+  double env_slow = 0;
+  double env_malformed = 0;
+  double env_slow_s = 1.0;         // the delay of a slow call
+  std::vector<int> env_steps;      // env faults only in these GRPO steps (empty: every step)
+  int learner_death_step = 0;      // SIGKILL learner rank learner_death_rank as this GRPO step starts
+  int learner_death_rank = 0;
+  int checkpoint_interrupt_step = 0;  // the process is killed half-way through this step's checkpoint
+};
+
 struct ExperimentConfig {
   RunSection run;
   PolicySection policy;
@@ -143,6 +161,7 @@ struct ExperimentConfig {
   CheckpointSection checkpointing;
   LoggerSection logger;
   EvalSection eval;
+  FaultsSection faults;
 };
 
 }  // namespace troupe::actors

@@ -53,7 +53,9 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
 
 class EnvWorker {
  public:
-  static Result<std::unique_ptr<EnvWorker>> create(const std::vector<envs::EnvSpec>& specs);
+  // `role` (e.g. "env3") tells the workers' injected-fault draws apart (faults.h).
+  static Result<std::unique_ptr<EnvWorker>> create(const std::vector<envs::EnvSpec>& specs,
+                                                   const std::string& role = "");
   Result<EnvObs> reset(const EnvResetReq& r);
   Result<EnvObs> step(const EnvStepReq& r);
   Result<EnvVerifyRep> verify(const EnvVerifyReq& r);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "troupe/envs/env.h"
+#include "troupe/envs/faults.h"
 #include "troupe/envs/registry.h"
 #include "troupe/envs/trajectory.h"
 
@@ -40,6 +41,7 @@ struct EnvSpec {
   int max_retries = 2;                // a failed episode is retried this often (on the next env worker)
   double max_failure_frac = 0.5;      // more episodes of one step failing (after retries) stops the run
   double reward_min = -1e6, reward_max = 1e6;  // a reward outside (or not finite) fails the episode
+  EnvFaults faults;                   // injected faults (the YAML faults: section; off by default)
 };
 
 // Checks types, required keys and unknown keys; errors start with `where` (e.g. "config.yaml: envs[1]").
@@ -68,6 +70,9 @@ class EnvClient {
   virtual bool concurrent() const { return false; }
   // The worker process id, or -1 (in-process, or a server troupe did not start).
   virtual int worker_pid() const { return -1; }
+  // Fault injection (faults.h): the next reply read from the wire is replaced by bytes that are not
+  // JSON. False where there is no wire (in-process clients).
+  virtual bool corrupt_next_reply() { return false; }
 };
 
 // Builds the client the spec asks for: in-process (builtin, plugin with isolate: false),

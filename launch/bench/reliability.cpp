@@ -1,0 +1,255 @@
+// `troupe bench reliability`: one row per fault kind of the faults: section. Each case runs a tiny
+// GRPO job (the quickstart's model shrunk, arithmetic in an isolated env worker, 3 steps of
+// 8 prompts x 4 samples, a checkpoint every step) as a child `troupe run` with that fault
+// injected, and once without faults (the baseline). The row's figure is the episodes trained
+// against the fault-free run's (ratio 1 = nothing lost), with the integer fields
+//   faults_injected         "troupe: fault injected" lines the child printed
+//   survived                1 when the faulted job finished all its steps (after a --resume for
+//                           the kinds that kill the process)
+//   episodes_lost           episodes of the finished steps that were not trained (failed after
+//                           retries, or lost with a process)
+//   episodes_trained_twice  episodes of steps whose metrics row appears twice
+//   resumes_bit_identical   1 when a run cut after step 2 (or killed by the fault) and resumed
+//                           gives the uninterrupted faulted run's metrics bit for bit
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "bench.h"
+
+extern char** environ;
+
+namespace troupe::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kSuite = "reliability";
+constexpr int kSteps = 3, kPrompts = 8, kSamples = 4;
+
+constexpr const char* kConfig = R"(run:
+  seed: 5
+policy:
+  tokenizer: char
+  model:
+    family: qwen3_moe
+    vocab_size: 100
+    hidden_size: 32
+    num_hidden_layers: 1
+    num_attention_heads: 2
+    num_key_value_heads: 1
+    head_dim: 16
+    intermediate_size: 32
+    num_experts: 2
+    num_experts_per_tok: 1
+    moe_intermediate_size: 16
+    max_position_embeddings: 64
+sft:
+  enabled: false
+grpo:
+  max_steps: 3
+optimizer:
+  schedule: constant
+envs:
+  - name: arithmetic
+    isolate: true
+    timeout_s: 1
+rollout:
+  max_prompt_length: 16
+  max_response_length: 4
+  num_generations: 4
+  prompts_per_step: 8
+eval:
+  every: 0
+  num_prompts: 4
+checkpointing:
+  enabled: true
+  every: 1
+  keep_last: 5
+logger:
+  tensorboard: false
+  progress: off
+  trajectories: false
+)";
+
+struct Child {
+  int exit_code = -1;
+  std::string err;
+};
+
+// Runs `troupe ARGS...` (this binary) with stdout/stderr to files; waits for it.
+Child run_troupe(const std::vector<std::string>& args, const fs::path& log) {
+  Child c;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> store = {"/proc/self/exe"};
+  store.insert(store.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : store) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    c.err = std::string("cannot start troupe: ") + std::strerror(rc);
+    return c;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  c.err = ss.str();
+  return c;
+}
+
+int count_lines_with(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+// The GRPO training rows of a run directory, in file order.
+std::vector<json> training_rows(const fs::path& dir) {
+  std::vector<json> rows;
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    json r = json::parse(line, nullptr, false);
+    if (r.is_object() && r.value("phase", "") == "grpo" && r.contains("reward_mean") && !r.contains("eval_accuracy"))
+      rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+// Same non-timing figures, step for step.
+bool same_metrics(const std::vector<json>& a, const std::vector<json>& b) {
+  if (a.size() != b.size() || a.empty()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const auto& [k, v] : a[i].items()) {
+      if (k.ends_with("_s") || k == "tokens_per_s" || k == "process_cpu_s") continue;
+      if (!b[i].contains(k) || b[i][k] != v) return false;
+    }
+  return true;
+}
+
+struct Tally {
+  int trained = 0, twice = 0, steps = 0;
+};
+
+Tally tally(const std::vector<json>& rows) {
+  Tally t;
+  std::map<int64_t, int> seen;
+  for (const auto& r : rows) {
+    const int n = r.value("groups_kept", 0) * kSamples - r.value("env_failures", 0);
+    if (seen[r.value("step", int64_t{0})]++ > 0) t.twice += n;
+    else t.trained += n, ++t.steps;
+  }
+  return t;
+}
+
+struct Case {
+  std::string name;
+  std::vector<std::string> faults;  // --set arguments
+  bool kills = false;               // the fault ends the process: finish with --resume
+  std::string off;                  // what turns it off for the resume
+};
+
+}  // namespace
+
+int run_reliability_suite(const BenchOptions& opt) {
+  const fs::path root = fs::temp_directory_path() / ("troupe-bench-reliability-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(root, ec);
+  fs::create_directories(root);
+  const fs::path cfg = root / "tiny.yaml";
+  std::ofstream(cfg) << kConfig;
+  auto run_args = [&](const fs::path& dir, std::vector<std::string> extra) {
+    std::vector<std::string> a = {"run", cfg.string(), "--set", "run.dir=" + dir.string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  auto resume_args = [&](const fs::path& dir, std::vector<std::string> extra) {
+    std::vector<std::string> a = {"run", cfg.string(), "--resume", dir.string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+
+  Child clean = run_troupe(run_args(root / "clean", {}), root / "clean.log");
+  if (clean.exit_code != 0) {
+    std::fprintf(stderr, "troupe bench reliability: the fault-free run failed (exit %d):\n%s\n", clean.exit_code,
+                 clean.err.c_str());
+    return 1;
+  }
+  const Tally base = tally(training_rows(root / "clean"));
+
+  const std::vector<Case> cases = {
+      {"env_exception", {"--set", "faults.env_exception=0.1"}, false, ""},
+      {"env_crash", {"--set", "faults.env_crash=0.05"}, false, ""},
+      {"env_hang", {"--set", "faults.env_hang=0.03"}, false, ""},
+      {"env_slow", {"--set", "faults.env_slow=0.1", "--set", "faults.env_slow_s=0.02"}, false, ""},
+      {"env_malformed", {"--set", "faults.env_malformed=0.1"}, false, ""},
+      {"learner_death", {"--set", "faults.learner_death_step=2"}, true, "faults.learner_death_step=0"},
+      {"checkpoint_interrupt", {"--set", "faults.checkpoint_interrupt_step=2"}, true, "faults.checkpoint_interrupt_step=0"},
+  };
+  int rc = 0;
+  for (const auto& c : cases) {
+    if (!opt.wants(c.name)) continue;
+    const fs::path full = root / (c.name + "_full"), cut = root / (c.name + "_cut");
+    Child a = run_troupe(run_args(full, c.faults), root / (c.name + "_full.log"));
+    int injected = count_lines_with(a.err, "troupe: fault injected:");
+    bool survived = a.exit_code == 0;
+    bool identical = false;
+    std::vector<json> rows;
+    if (c.kills) {
+      // killed by the fault; going on from the last whole checkpoint must give the fault-free run
+      std::vector<std::string> off = c.faults;
+      off.back() = c.off;
+      Child r = run_troupe(resume_args(full, off), root / (c.name + "_resume.log"));
+      survived = a.exit_code != 0 && r.exit_code == 0;
+      rows = training_rows(full);
+      identical = survived && same_metrics(rows, training_rows(root / "clean"));
+      if (r.exit_code != 0)
+        std::fprintf(stderr, "troupe bench reliability: %s: the resume failed (exit %d):\n%s\n", c.name.c_str(),
+                     r.exit_code, r.err.c_str());
+    } else {
+      // the same faulted job cut after step 2 and resumed: the fault draws follow the config alone
+      std::vector<std::string> half = c.faults;
+      half.insert(half.end(), {"--set", "grpo.max_steps=2"});
+      Child h = run_troupe(run_args(cut, half), root / (c.name + "_cut.log"));
+      Child r = run_troupe(resume_args(cut, c.faults), root / (c.name + "_cutresume.log"));
+      rows = training_rows(full);
+      identical = h.exit_code == 0 && r.exit_code == 0 && same_metrics(rows, training_rows(cut));
+    }
+    if (!survived)
+      std::fprintf(stderr, "troupe bench reliability: %s: the faulted run failed (exit %d):\n%s\n", c.name.c_str(),
+                   a.exit_code, a.err.substr(a.err.size() > 4000 ? a.err.size() - 4000 : 0).c_str());
+    const Tally t = tally(rows);
+    const int lost = std::max(0, kSteps * kPrompts * kSamples - t.trained);
+    json extra = {{"faults_injected", injected},
+                  {"survived", survived ? 1 : 0},
+                  {"episodes_lost", lost},
+                  {"episodes_trained_twice", t.twice},
+                  {"resumes_bit_identical", identical ? 1 : 0},
+                  {"steps", t.steps}};
+    emit(make_row(kSuite, c.name, {"episodes_trained", "episodes", Better::higher},
+                  {static_cast<double>(t.trained), static_cast<double>(base.trained)}, "fault_free", extra));
+    if (!survived) rc = 1;
+  }
+  fs::remove_all(root, ec);
+  return rc;
+}
+
+}  // namespace troupe::bench
