@@ -38,9 +38,14 @@ bool eval_due(const RunState& s, bool last_of_phase) {
 namespace {
 
 Status planned_stop_if_out_of_time(const RunState& s, bool last) {
-  if (last || s.cfg.run.max_wall_s <= 0 || s.now_s() <= s.cfg.run.max_wall_s) return {};
-  return make_error(ErrorCode::timeout, "run.max_wall_s reached at step " + std::to_string(s.step) +
-                                            " (continue with --resume " + s.run_dir + ")");
+  if (last) return {};
+  if (s.hooks.stop_requested && s.hooks.stop_requested())
+    return make_error(ErrorCode::timeout, std::string(kStoppedBySignal) + " after step " + std::to_string(s.step) +
+                                              (s.cfg.checkpointing.enabled ? ", which is checkpointed" : "") +
+                                              " (continue with --resume " + s.run_dir + ")");
+  if (s.cfg.run.max_wall_s <= 0 || s.now_s() <= s.cfg.run.max_wall_s) return {};
+  return make_error(ErrorCode::timeout, std::string(kStoppedByWallClock) + " reached at step " +
+                                            std::to_string(s.step) + " (continue with --resume " + s.run_dir + ")");
 }
 
 Task<Status> run_sft(RunState& s, int64_t first_step) {
@@ -114,7 +119,7 @@ Task<Status> train_on(RunState& s, Rollout& r, int64_t step, int64_t k, double s
   co_return co_await finish_grpo_step(s, r, p, t, step, step_start, gen_idle);
 }
 
-// After GRPO step k (global s.step) is trained and logged: evals, checkpoints, run.max_wall_s.
+// After GRPO step k (global s.step) is trained and logged: evals, checkpoints, planned stops.
 Task<Status> finish_step(RunState& s, int64_t k) {
   s.done_step = s.step;
   s.learner_dirty = false;
@@ -168,7 +173,7 @@ Task<Status> run_phases(RunState& s, int64_t start) {
 }
 
 // The whole run. resume: continue from run_dir/checkpoints/latest. A failure (not a planned
-// run.max_wall_s stop) saves the steps that are done first.
+// run.max_wall_s or signal stop) saves the steps that are done first.
 Task<Status> run(RunState& s, bool resume) {
   s.t0 = mono_s();
   TROUPE_CO_TRY(load_tokenizer(s));
@@ -180,9 +185,7 @@ Task<Status> run(RunState& s, bool resume) {
   s.done_step = s.saved_step = start;
   Status st = co_await run_phases(s, start);
   if (st.ok()) co_return st;
-  const bool planned =
-      st.error().code == ErrorCode::timeout && st.error().message.rfind("run.max_wall_s", 0) == 0;
-  if (planned) co_return st;
+  if (is_planned_stop(st.error())) co_return st;
   co_return co_await save_what_is_done(s, st.error());
 }
 

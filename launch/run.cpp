@@ -5,9 +5,12 @@
 #include "troupe/launch/run.h"
 
 #include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -81,6 +84,38 @@ int local_ranks_from_env() {
   }
   if (const char* s = std::getenv("MPI_LOCALNRANKS")) return std::max(1, std::atoi(s));  // MPICH hydra
   return 1;
+}
+
+// SIGTERM / SIGINT during `troupe run`: the rank hosting the coordinator finishes the step in
+// progress, checkpoints it and stops (exit 1); a second signal ends it at once. The other ranks
+// (mpirun and srun signal every rank) wait for the coordinator to end the run, and die by SIGALRM
+// if it has not within kFollowerGraceS.
+std::atomic<bool> g_stop_signal{false};
+volatile sig_atomic_t g_hosts_coordinator = 1;
+constexpr unsigned kFollowerGraceS = 300;
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal.exchange(true)) {  // the second one: the default action, now
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  if (!g_hosts_coordinator) {
+    ::alarm(kFollowerGraceS);
+    return;
+  }
+  const char msg[] = "troupe: signal received: stopping after the step in progress (send it again to stop now)\n";
+  (void)!::write(2, msg, sizeof msg - 1);
+}
+
+void install_stop_signals(bool hosts_coordinator) {
+  g_hosts_coordinator = hosts_coordinator ? 1 : 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
 }
 
 int fail(const Error& e) {
@@ -362,6 +397,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
     if (!id.ok()) return fail(id.error());
   }
   cluster.barrier();  // every rank's actors exist before the coordinator sends
+  install_stop_signals(rank == 0);
 
   int code = 0;
   if (rank == 0) {
@@ -383,10 +419,12 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
         hooks.metrics = [s](const json& row) { return s->write(row); };
         hooks.log = [s](const std::string& line) { s->message(line); };
         hooks.hold_exit = [&cluster](std::chrono::seconds d) { cluster.hold_exit(d); };
+        hooks.stop_requested = [] { return g_stop_signal.load(); };
         Status st = actors::run_coordinator(cfg, peers, hooks, run_dir, !opt.resume_dir.empty());
         s->finish();
-        if (!st.ok() && st.error().code == ErrorCode::timeout && st.error().message.rfind("run.max_wall_s", 0) == 0) {
+        if (!st.ok() && actors::is_planned_stop(st.error())) {
           s->message(st.error().message);  // a planned stop, checkpointed: not a failure
+          if (st.error().message.rfind(actors::kStoppedBySignal, 0) == 0) code = 1;  // but not finished either
         } else if (!st.ok()) {
           code = fail(st.error());
         } else {

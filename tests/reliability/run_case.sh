@@ -228,6 +228,30 @@ PY
     run badrank 2 $CK --set faults.learner_death_step=2 --set faults.learner_death_rank=1
     grep -q "faults.learner_death_rank.*only 1 learner" "$W/err.txt"
     ;;
+  sigterm_checkpoint)  # SIGTERM: the step in progress finishes, is checkpointed, the run stops (exit 1)
+    # within a bound; --resume goes on to the same metrics as a run never stopped
+    CK="--set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic --set optimizer.schedule=constant
+        --set checkpointing.enabled=true --set checkpointing.every=0"
+    "$TROUPE" run "$CFG" --set run.dir="$W/long" $CK --set grpo.max_steps=100000 > "$W/out.txt" 2> "$W/err.txt" &
+    pid=$!
+    for _ in $(seq 200); do
+      [ "$(grep -c '"phase":"grpo"' "$W/long/metrics.jsonl" 2> /dev/null || echo 0)" -ge 3 ] && break
+      sleep 0.1
+    done
+    kill -TERM $pid
+    t0=$(date +%s%N)
+    rc=0; wait $pid || rc=$?
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    echo "stopped ${ms} ms after SIGTERM, exit $rc"; tail -3 "$W/err.txt"
+    test $rc = 1
+    test $ms -lt 20000
+    grep -q "stopped by a signal after step" "$W/err.txt"
+    n=$(readlink "$W/long/checkpoints/latest"); n=${n#step_}
+    test "$($PY -c "import json,sys; print(max(json.loads(l)['step'] for l in open(sys.argv[1]) if 'reward_mean' in l))" "$W/long/metrics.jsonl")" = "$n"
+    expect_exit 0 "$TROUPE" run "$CFG" --resume "$W/long" $CK --set grpo.max_steps=$((n + 2))
+    run whole 0 $CK --set grpo.max_steps=$((n + 2))
+    $PY $SRC/tests/e2e/check_run.py same "$W/whole" "$W/long"
+    ;;
   bench_rows)  # `troupe bench reliability` rows: one per fault kind, nothing lost or trained twice
     "$TROUPE" bench reliability --filter env_crash > "$W/rows.jsonl"
     "$TROUPE" bench reliability --filter checkpoint_interrupt >> "$W/rows.jsonl"

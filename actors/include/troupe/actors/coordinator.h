@@ -31,7 +31,18 @@ struct CoordinatorHooks {
   // Before the coordinator saves what is done after a failure: keep the process alive this long
   // (the launcher's peer-failure watchdog would otherwise end it within its grace).
   std::function<void(std::chrono::seconds)> hold_exit;
+  // True once a signal (SIGTERM, SIGINT) asked the run to stop: after the step in progress the
+  // coordinator checkpoints it and ends the run with an error starting kStoppedBySignal.
+  std::function<bool()> stop_requested;
 };
+
+// The message prefix of the two planned stops (not failures): run.max_wall_s reached, a signal.
+inline constexpr const char* kStoppedByWallClock = "run.max_wall_s";
+inline constexpr const char* kStoppedBySignal = "stopped by a signal";
+inline bool is_planned_stop(const Error& e) {
+  return e.code == ErrorCode::timeout &&
+         (e.message.rfind(kStoppedByWallClock, 0) == 0 || e.message.rfind(kStoppedBySignal, 0) == 0);
+}
 
 // Deterministic 64-bit mix of (seed, a, b, c).
 uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
