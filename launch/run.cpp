@@ -86,10 +86,10 @@ int local_ranks_from_env() {
   return 1;
 }
 
-// SIGTERM / SIGINT during `troupe run`: the rank hosting the coordinator finishes the step in
-// progress, checkpoints it and stops (exit 1); a second signal ends it at once. The other ranks
-// (mpirun and srun signal every rank) wait for the coordinator to end the run, and die by SIGALRM
-// if it has not within kFollowerGraceS.
+// SIGTERM / SIGINT during a one-process `troupe run`: the coordinator finishes the step in
+// progress, checkpoints it and stops (exit 1); a second signal ends it at once. (Kept general:
+// a rank that does not host the coordinator would wait for it, dying by SIGALRM after
+// kFollowerGraceS; under mpirun the cluster's own handlers are used instead.)
 std::atomic<bool> g_stop_signal{false};
 volatile sig_atomic_t g_hosts_coordinator = 1;
 constexpr unsigned kFollowerGraceS = 300;
@@ -303,6 +303,9 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   cc.transport = cfg.cluster.transport;
   cc.tcp_host = cfg.cluster.bind_host;
   if (mpi) cc.roles = roles;
+  // One process: troupe run handles SIGTERM/SIGINT itself (install_stop_signals, a final
+  // checkpoint); under mpirun/srun the cluster's handlers drain and stop every rank.
+  cc.install_signal_handlers = mpi;
   cc.system.threads = 3;
   cc.system.heartbeat.interval = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.heartbeat_s * 1000));
   cc.system.heartbeat.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.peer_timeout_s * 1000));
@@ -397,7 +400,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
     if (!id.ok()) return fail(id.error());
   }
   cluster.barrier();  // every rank's actors exist before the coordinator sends
-  install_stop_signals(rank == 0);
+  if (single) install_stop_signals(true);
 
   int code = 0;
   if (rank == 0) {

@@ -235,7 +235,7 @@ PY
     "$TROUPE" run "$CFG" --set run.dir="$W/long" $CK --set grpo.max_steps=100000 > "$W/out.txt" 2> "$W/err.txt" &
     pid=$!
     for _ in $(seq 200); do
-      [ "$(grep -c '"phase":"grpo"' "$W/long/metrics.jsonl" 2> /dev/null || echo 0)" -ge 3 ] && break
+      [ "$(cat "$W/long/metrics.jsonl" 2> /dev/null | grep -c '"phase":"grpo"')" -ge 3 ] && break
       sleep 0.1
     done
     kill -TERM $pid
