@@ -118,7 +118,24 @@ struct RunState {
   double now_s() const { return wall_offset + mono_s() - t0; }
   Status emit(json row) const { return hooks.metrics ? hooks.metrics(row) : Status{}; }
   ActorId env_worker(size_t i) const { return peers.env_workers[i % peers.env_workers.size()]; }
+  // A generator whose rank is down (under mpirun with two or more generators a dead generator
+  // does not end the job: its prompts go to the others, generation_failover in rollout.cpp).
+  bool generator_alive(size_t g) const {
+    return !peers.system || !peers.system->node_is_down(peers.generators[g].node);
+  }
+  // The first live generator at or after g (cyclically), or none when every one is down.
+  std::optional<size_t> live_generator_from(size_t g) const {
+    for (size_t d = 0; d < peers.generators.size(); ++d)
+      if (generator_alive((g + d) % peers.generators.size())) return (g + d) % peers.generators.size();
+    return std::nullopt;
+  }
 };
+
+// A generation request whose generator died: sent again, unchanged (same prompts, same sampling
+// seed, so the same samples), to the next live generator, until one answers or none is left.
+// Any other failure is returned as it is.
+Task<Result<GenerateRep>> generation_failover(RunState& s, Result<GenerateRep> first, const GenerateReq& req,
+                                              size_t g);
 
 // coordinator.cpp: the step loop's pieces that async_pipeline.cpp shares.
 std::vector<runtime::Reply<TrainRep>> send_train(RunState& s, const TrainReq& req);  // to every learner

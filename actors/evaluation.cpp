@@ -37,8 +37,10 @@ Task<Result<EnvScore>> single_turn(RunState& s, std::string env, std::vector<Env
   EnvScore out;
   if (live.empty()) co_return out;
   req.sampling = greedy(s.cfg);
-  TROUPE_CO_ASSIGN_OR_RETURN(
-      auto rep, co_await request<GenerateRep>(s.here, s.peers.generators[0], std::move(req), kLongTimeout));
+  const size_t g = s.live_generator_from(0).value_or(0);
+  Result<GenerateRep> gen = co_await request<GenerateRep>(s.here, s.peers.generators[g], req, kLongTimeout);
+  if (!gen.ok()) gen = co_await generation_failover(s, std::move(gen), req, g);
+  TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(gen));
   std::vector<Reply<EnvVerifyRep>> ver;
   for (size_t a = 0; a < live.size(); ++a)
     ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(live[a]),
@@ -73,8 +75,10 @@ Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs
     GenerateReq req;
     for (int i : active) req.prompts.push_back(ctx[i]);
     req.sampling = greedy(s.cfg);
-    TROUPE_CO_ASSIGN_OR_RETURN(
-        auto rep, co_await request<GenerateRep>(s.here, s.peers.generators[0], std::move(req), kLongTimeout));
+    const size_t g = s.live_generator_from(0).value_or(0);
+    Result<GenerateRep> gen = co_await request<GenerateRep>(s.here, s.peers.generators[g], req, kLongTimeout);
+    if (!gen.ok()) gen = co_await generation_failover(s, std::move(gen), req, g);
+    TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(gen));
     std::vector<Reply<EnvObs>> steps;
     for (size_t a = 0; a < active.size(); ++a)
       steps.push_back(request<EnvObs>(s.here, s.env_worker(active[a]),

@@ -129,6 +129,7 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     int g0 = 0, g1 = 0;
     std::vector<std::vector<int>> owned;
     std::vector<std::optional<Reply<GenerateRep>>> gens;  // none where a generator got no group
+    std::vector<GenerateReq> reqs;                         // what each was asked (to ask again)
   };
   std::vector<Part> parts(C);
   for (int c = 0; c < C; ++c) {
@@ -147,6 +148,8 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
       req.sampling = {
           ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
           mix_seed(r.seed_base, 3, static_cast<uint64_t>(k), g + 1024 * static_cast<uint64_t>(c))};
+      part.reqs.resize(NG);
+      part.reqs[g] = req;
       part.gens.back().emplace(
           request<GenerateRep>(s.here, s.peers.generators[g], std::move(req), kLongTimeout));
     }
@@ -160,7 +163,9 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     int64_t version = -1;
     for (size_t g = 0; g < NG; ++g) {
       if (!part.gens[g]) continue;
-      TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await *part.gens[g]);
+      Result<GenerateRep> got = co_await *part.gens[g];
+      if (!got.ok()) got = co_await generation_failover(s, std::move(got), part.reqs[g], g);
+      TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(got));
       version = version < 0 ? rep.policy_version : std::min(version, rep.policy_version);
       size_t n = 0;
       for (int i : part.owned[g])
@@ -213,6 +218,20 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
   }
   if (!sink) TROUPE_CO_TRY(check_env_failures(s, r, step));
   co_return r;
+}
+
+Task<Result<GenerateRep>> generation_failover(RunState& s, Result<GenerateRep> got, const GenerateReq& req,
+                                              size_t g) {
+  while (!got.ok() && !s.generator_alive(g)) {
+    auto next = s.live_generator_from(g + 1);
+    if (!next) co_return make_error(ErrorCode::peer_failed, got.error().message + "; no generator is left");
+    if (s.hooks.log)
+      s.hooks.log("generator " + std::to_string(g) + " is down (" + got.error().message + "): its " +
+                  std::to_string(req.prompts.size()) + " prompts go to generator " + std::to_string(*next));
+    g = *next;
+    got = co_await request<GenerateRep>(s.here, s.peers.generators[g], req, kLongTimeout);
+  }
+  co_return got;
 }
 
 }  // namespace coord

@@ -14,12 +14,20 @@ Task<Status> sync_weights(RunState& s, double* seconds) {
   auto weights = request<Weights>(s.here, s.peers.learners[0], GetWeightsReq{}, kLongTimeout);
   TROUPE_CO_ASSIGN_OR_RETURN(auto w, co_await weights);
   s.version = w.version;
+  std::vector<ActorId> live;  // a generator whose rank died is skipped (rollout.cpp's failover)
+  std::vector<size_t> live_index;
+  for (size_t g = 0; g < s.peers.generators.size(); ++g)
+    if (s.generator_alive(g)) live.push_back(s.peers.generators[g]), live_index.push_back(g);
+  if (live.empty()) co_return make_error(ErrorCode::peer_failed, "weight sync: every generator rank is down");
   if (s.async) {
-    TROUPE_CO_TRY(s.here->broadcast(std::span<const ActorId>(s.peers.generators), w));
+    TROUPE_CO_TRY(s.here->broadcast(std::span<const ActorId>(live), w));
   } else {
     std::vector<Reply<Ack>> acks;
-    for (auto g : s.peers.generators) acks.push_back(request<Ack>(s.here, g, w, kLongTimeout));
-    for (auto& a : acks) TROUPE_CO_TRY(co_await a);
+    for (auto g : live) acks.push_back(request<Ack>(s.here, g, w, kLongTimeout));
+    for (size_t i = 0; i < acks.size(); ++i) {
+      Result<Ack> a = co_await acks[i];
+      if (!a.ok() && s.generator_alive(live_index[i])) co_return a.error();  // (a dead one is skipped)
+    }
   }
   if (seconds) *seconds = mono_s() - t;
   co_return Status{};

@@ -306,6 +306,10 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   // One process: troupe run handles SIGTERM/SIGINT itself (install_stop_signals, a final
   // checkpoint); under mpirun/srun the cluster's handlers drain and stop every rank.
   cc.install_signal_handlers = mpi;
+  // A dead generator rank does not end the job while another generator lives: its prompts go to
+  // the others (actors/rollout.cpp, generation_failover); the coordinator fails once none is left.
+  if (cfg.cluster.generators >= 2)
+    cc.survivable_loss = [](const std::string& role) { return role.rfind("generator", 0) == 0; };
   cc.system.threads = 3;
   cc.system.heartbeat.interval = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.heartbeat_s * 1000));
   cc.system.heartbeat.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.peer_timeout_s * 1000));

@@ -100,6 +100,14 @@ Result<std::unique_ptr<Cluster>> Cluster::bootstrap(ClusterConfig config) {
 
   Cluster* raw = c.get();
   c->system_->on_node_down([raw](const NodeDown& d) {
+    if (raw->config_.survivable_loss && raw->config_.survivable_loss(d.role)) {
+      raw->lost_peer_ = true;
+      std::fprintf(stderr, "troupe: rank %d (role %s): peer rank %u (role %s) failed: %s; the job goes on without it\n",
+                   raw->rank_, raw->roles_[static_cast<std::size_t>(raw->rank_)].c_str(), d.node, d.role.c_str(),
+                   d.reason.c_str());
+      std::fflush(stderr);
+      return;
+    }
     ShutdownInfo info;
     info.reason = ShutdownReason::peer_failed;
     info.failed_rank = static_cast<int>(d.node);
@@ -230,7 +238,7 @@ int Cluster::finish() {
   finished_ = true;
   ShutdownInfo in = info();
   system_->shutdown(in.reason == ShutdownReason::peer_failed ? Duration{0} : config_.shutdown_grace);
-  if (mpi_ && in.reason != ShutdownReason::peer_failed) {
+  if (mpi_ && in.reason != ShutdownReason::peer_failed && !lost_peer_) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) MPI_Finalize();
@@ -257,7 +265,7 @@ Cluster::~Cluster() {
     ::close(signal_pipe_[0]);
     ::close(signal_pipe_[1]);
   }
-  if (mpi_ && info().reason != ShutdownReason::peer_failed) {
+  if (mpi_ && info().reason != ShutdownReason::peer_failed && !lost_peer_) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) MPI_Finalize();

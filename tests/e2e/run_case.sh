@@ -171,6 +171,37 @@ EOS
     $CHECK steps "$W/run" "$done_steps"
     test "$(basename "$(readlink "$W/run/checkpoints/latest")")" = "step_$done_steps"
     ;;
+  generator_death)  # one of two generator ranks is SIGKILLed mid-GRPO: its prompts go to the other,
+    # the run finishes (exit 0 on every survivor), and, the same requests being sent again with the
+    # same seeds, its metrics equal a run where nothing died (nothing lost or trained twice)
+    cat > "$W/rank.sh" << 'EOS'
+"$@" &
+echo $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"
+wait $!
+echo $? > "$RANKDIR/rc_$OMPI_COMM_WORLD_RANK"
+EOS
+    export RANKDIR="$W"
+    G="--set sft.max_steps=5 --set grpo.max_steps=25 --set eval.every=0 --set eval.num_prompts=10
+       --set checkpointing.every=0 --set cluster.generators=2 --set cluster.heartbeat_s=0.2 --set cluster.peer_timeout_s=2 $Q"
+    MPI="--oversubscribe --allow-run-as-root --enable-recovery -x RANKDIR -np 5 --mca btl self,tcp
+         --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"
+    "$MPIEXEC" $MPI bash "$W/rank.sh" "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/ref" $G 2> "$W/ref_err.txt"
+    rm -f "$W"/rc_* "$W"/pid_*
+    "$MPIEXEC" $MPI bash "$W/rank.sh" "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" $G 2> "$W/err.txt" &
+    job=$!
+    for i in $(seq 1 240); do
+      [ "$(cat "$W/run/metrics.jsonl" 2> /dev/null | grep -c '"phase":"grpo"')" -ge 3 ] && [ -s "$W/pid_3" ] && break
+      sleep 0.25
+    done
+    kill -9 "$(cat "$W/pid_3")"  # rank 3 is generator1 (learner0, learner1, generator0, generator1, env0)
+    wait $job || true
+    grep -v PMIX "$W/err.txt" | grep -v "grpo step" | tail -6
+    grep -q "peer rank 3 (role generator1) failed.*the job goes on without it" "$W/err.txt"
+    grep -q "generator 1 is down" "$W/err.txt"
+    for r in 0 1 2 4; do test "$(cat "$W/rc_$r")" = 0 || { echo "rank $r exited $(cat "$W/rc_$r"), expected 0"; exit 1; }; done
+    $CHECK steps "$W/run" 30
+    $CHECK same "$W/ref" "$W/run"
+    ;;
   placement_mismatch)  # -np 2 for a 4-role cluster section: exit 2 naming the file and the counts
     expect_exit nonzero "$MPIEXEC" --oversubscribe --allow-run-as-root -np 2 --mca btl self,tcp \
       --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$TROUPE" run "$SRC/configs/multinode.yaml" \

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <memory>
@@ -30,6 +31,10 @@ struct ClusterConfig {
   bool hard_exit_watchdog = true;  // if the process has not finished by the bound, _Exit (3 / 1) with the message
   bool force_mpi = false;          // call MPI_Init even when no launcher variables are seen
   bool mpi_thread_multiple = false;  // MPI_THREAD_MULTIPLE instead of MPI_THREAD_SERIALIZED
+  // A dead rank whose role this returns true for does not end the job: it is reported, its
+  // pending requests fail (peer_failed), and the job's code works around it (e.g. a generator
+  // when others remain). MPI is then not finalized (a dead rank would hang MPI_Finalize).
+  std::function<bool(const std::string& role)> survivable_loss;
 };
 
 enum class ShutdownReason { none, requested, signal, peer_failed };
@@ -90,6 +95,7 @@ class Cluster {
   ShutdownInfo info_;
   std::atomic<bool> info_ready_{false};
   std::atomic<bool> done_{false};
+  std::atomic<bool> lost_peer_{false};  // a survivable_loss rank died: MPI is not finalized
   std::chrono::steady_clock::time_point hold_until_{};  // under mu_
   std::thread signal_thread_, watchdog_thread_;
   int signal_pipe_[2] = {-1, -1};
