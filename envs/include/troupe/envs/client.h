@@ -9,6 +9,7 @@
 //     - {name: rev, type: plugin, path: build/lib/libreverse_env.so, timeout_s: 5}
 //     - {name: rg, type: remote, command: [python, envs/python/examples/reasoning_gym_env.py]}
 //     - {name: mine, type: remote, address: tcp://127.0.0.1:5555}
+//     - {name: ng, type: nemo_gym, url: http://127.0.0.1:8000, config: {data: rows.jsonl}}
 #pragma once
 
 #include <memory>
@@ -21,7 +22,7 @@
 
 namespace troupe::envs {
 
-enum class EnvType { builtin, plugin, remote };
+enum class EnvType { builtin, plugin, remote, nemo_gym };
 
 struct EnvSpec {
   std::string name;                   // instance name: metrics key reward_mean/<name>
@@ -40,6 +41,7 @@ struct EnvSpec {
   int max_retries = 2;                // a failed episode is retried this often (on the next env worker)
   double max_failure_frac = 0.5;      // more episodes of one step failing (after retries) stops the run
   double reward_min = -1e6, reward_max = 1e6;  // a reward outside (or not finite) fails the episode
+  std::string url;                    // nemo_gym: a running resource server (http://HOST:PORT); else `command`
 };
 
 // Checks types, required keys and unknown keys; errors start with `where` (e.g. "config.yaml: envs[1]").
@@ -68,10 +70,14 @@ class EnvClient {
   virtual bool concurrent() const { return false; }
   // The worker process id, or -1 (in-process, or a server troupe did not start).
   virtual int worker_pid() const { return -1; }
+  // Metrics over the eval-split episodes scored since the last call, as {name: number} (nemo_gym:
+  // the server's /aggregate_metrics, with "episodes"); an empty object for envs without any.
+  virtual Result<json> aggregate_eval() { return json::object(); }
 };
 
 // Builds the client the spec asks for: in-process (builtin, plugin with isolate: false),
-// an isolated worker process (builtin/plugin with isolate: true), or remote (command / address).
+// an isolated worker process (builtin/plugin with isolate: true), remote (command / address), or
+// a NeMo Gym resource server over HTTP (nemo_gym: url / command).
 Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec);
 // In-process client over any factory (tests, the server side of the protocol).
 std::unique_ptr<EnvClient> make_local_client(EnvFactory factory, json config, EnvInfo info);
