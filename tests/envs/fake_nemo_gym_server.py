@@ -75,7 +75,12 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(200, out)
 
 
-srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+class Server(ThreadingHTTPServer):
+    request_queue_size = 256  # troupe sends each step's calls at once
+    daemon_threads = True
+
+
+srv = Server(("127.0.0.1", 0), Handler)
 with open(args.port_file + ".tmp", "w") as f:
     f.write(str(srv.server_address[1]))
 import os  # noqa: E402
