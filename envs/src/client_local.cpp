@@ -320,7 +320,7 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
       return invalid_input(where + ": a nemo_gym env needs exactly one of 'url' (a running resource server) or "
                                    "'command' (troupe starts it; {port} is the port it picks)");
   } else {
-    return invalid_input(where + ": 'type' must be builtin, plugin, remote, nemo_gym or reasoning_gym (got '" + type + "')");
+    return invalid_input(where + ": 'type' must be builtin, plugin or remote (or nemo_gym, reasoning_gym; got '" + type + "')");
   }
   if (s.type != EnvType::nemo_gym && !s.url.empty())
     return invalid_input(where + ": 'url' is only for type: nemo_gym");

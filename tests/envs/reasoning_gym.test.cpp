@@ -1,9 +1,11 @@
 // envs.reasoning_gym: `type: reasoning_gym` runs any reasoning-gym task through the Python SDK
 // (reasoning-gym is installed on first use by ensure_reasoning_gym.py when troupe's Python lacks
 // it): episodes score with the task's own verifier, task_config reaches the generator, a huge size
-// costs nothing up front, the eval split never shares a question with train, and a bad task name
-// or config key is a start-up error (invalid_input) naming it.
+// costs nothing up front, the eval split never shares a question with train, a killed task process
+// fails its call as worker_crash and is restarted, and a bad task name or config key is a start-up
+// error (invalid_input) naming it.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cstdio>
 #include <set>
@@ -99,6 +101,22 @@ TEST(ReasoningGym, AnotherTaskAndBadInput) {
   auto s = (*legs)->step("l", obs->metadata["reference_completion"].get<std::string>());
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->reward, 1.0);
+  // the task's process dies: that call fails as worker_crash, the env restarts it and goes on
+  const int pid = (*legs)->worker_pid();
+  ASSERT_GT(pid, 0);
+  ::kill(pid, SIGKILL);
+  auto lost = (*legs)->verify(obs->metadata, "<answer>1</answer>");
+  ASSERT_FALSE(lost.ok());
+  EXPECT_EQ(termination_for(lost.error()), Termination::worker_crash) << lost.error().message;
+  auto back = (*legs)->reset("l2", 7, {});
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->text, obs->text);
+  EXPECT_EQ((*legs)->restarts(), 1);
+  // a completion without the tags is still scored (format 0)
+  auto bare = (*legs)->verify(back->metadata, back->metadata["answer"].get<std::string>());
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(bare->reward, 1.0);
+  EXPECT_EQ(bare->components["format"], 0.0);
 
   auto unknown = rg({{"task", "no_such_task_xyz"}});
   ASSERT_FALSE(unknown.ok());

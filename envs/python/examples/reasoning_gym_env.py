@@ -11,11 +11,9 @@ its config keys are described). As a remote env:
 import os
 import sys
 
-try:
-    from troupe_env.reasoning_gym_env import main
-except ImportError:
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from troupe_env.reasoning_gym_env import main
+# the SDK next to this file first (an installed troupe_env may be older)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from troupe_env.reasoning_gym_env import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

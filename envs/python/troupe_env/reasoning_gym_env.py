@@ -21,11 +21,9 @@ import os
 import re
 import sys
 
-try:
-    from troupe_env import Env, EnvError, serve
-except ImportError:
+if __name__ == "__main__":  # run as a file: the SDK it belongs to first (an installed one may be older)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from troupe_env import Env, EnvError, serve
+from troupe_env import Env, EnvError, serve  # noqa: E402
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _CACHE = {}  # config key -> _Task: shared by the instances of one process
