@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # envs.nemo_gym_run: tiny troupe runs (tests/reliability/tiny.yaml) whose env is a nemo_gym server
 # that misbehaves on purpose (fake_nemo_gym_server.py): failed verifies are counted per reason and
-# the run goes on below envs[].max_failure_frac, or stops (exit 3) naming the bound and the error.
+# the run goes on below envs[].max_failure_frac, or stops (exit 3) naming the bound and the error;
+# and YAML mistakes in nemo_gym / reasoning_gym entries are refused by troupe validate (exit 2).
 #   nemo_gym_run.sh TROUPE PYTHON SOURCE_DIR WORK_DIR
 set -euo pipefail
 TROUPE=$1 PY=$2 SRC=$3 WORK=$4
@@ -53,4 +54,15 @@ start_server frac --fault not_json --every 2
 run frac 3 --set envs[0].max_failure_frac=0.3
 grep -q "max_failure_frac 0.3" "$WORK/frac.err"
 grep -q "protocol_error" "$WORK/frac.err"
+# bad YAML is refused before anything starts (exit 2, FILE:LINE:COL naming the key)
+printf 'envs:\n  - name: ng\n    type: nemo_gym\n    config: {data: rows.jsonl}\n' > "$WORK/no_url.yaml"
+printf 'envs:\n  - name: rg\n    type: reasoning_gym\n' > "$WORK/no_task.yaml"
+printf 'envs:\n  - name: arithmetic\n    url: http://127.0.0.1:1\n' > "$WORK/url_builtin.yaml"
+for c in "no_url:envs\[0\].url: a nemo_gym env needs exactly one of url" "no_task:envs\[0\].config: a reasoning_gym env needs config.task" \
+         "url_builtin:envs\[0\].url: url is only for type: nemo_gym"; do
+  f=${c%%:*} want=${c#*:} rc=0
+  "$TROUPE" validate "$WORK/$f.yaml" 2> "$WORK/$f.err" || rc=$?
+  [ "$rc" = 2 ] || { echo "validate $f.yaml: exit $rc"; cat "$WORK/$f.err"; exit 1; }
+  grep -q "$f.yaml:3:5: error: $want" "$WORK/$f.err" || { echo "validate $f.yaml:"; cat "$WORK/$f.err"; exit 1; }
+done
 echo "nemo_gym runs: ok"
