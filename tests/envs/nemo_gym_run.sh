@@ -58,11 +58,13 @@ grep -q "protocol_error" "$WORK/frac.err"
 printf 'envs:\n  - name: ng\n    type: nemo_gym\n    config: {data: rows.jsonl}\n' > "$WORK/no_url.yaml"
 printf 'envs:\n  - name: rg\n    type: reasoning_gym\n' > "$WORK/no_task.yaml"
 printf 'envs:\n  - name: arithmetic\n    url: http://127.0.0.1:1\n' > "$WORK/url_builtin.yaml"
+printf 'rollout: {max_turns: 2}\nenvs:\n  - name: ng\n    type: nemo_gym\n    url: http://127.0.0.1:1\n    config: {data: rows.jsonl}\n' > "$WORK/turns.yaml"
 for c in "no_url:envs\[0\].url: a nemo_gym env needs exactly one of url" "no_task:envs\[0\].config: a reasoning_gym env needs config.task" \
-         "url_builtin:envs\[0\].url: url is only for type: nemo_gym"; do
+         "url_builtin:envs\[0\].url: url is only for type: nemo_gym" \
+         "turns:envs\[0\].config: config.max_turns 8 is above rollout.max_turns 2"; do
   f=${c%%:*} want=${c#*:} rc=0
   "$TROUPE" validate "$WORK/$f.yaml" 2> "$WORK/$f.err" || rc=$?
   [ "$rc" = 2 ] || { echo "validate $f.yaml: exit $rc"; cat "$WORK/$f.err"; exit 1; }
-  grep -q "$f.yaml:3:5: error: $want" "$WORK/$f.err" || { echo "validate $f.yaml:"; cat "$WORK/$f.err"; exit 1; }
+  grep -q "$f.yaml:[0-9]*:[0-9]*: error: $want" "$WORK/$f.err" || { echo "validate $f.yaml:"; cat "$WORK/$f.err"; exit 1; }
 done
 echo "nemo_gym runs: ok"
