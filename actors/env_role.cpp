@@ -141,6 +141,19 @@ void EnvWorker::release(const EnvReleaseReq& r) {
   if (it != clients_.end()) it->second->release(r.episode_id);
 }
 
+EnvAggregateRep EnvWorker::aggregate(const EnvAggregateReq& r) {
+  EnvAggregateRep out;
+  auto c = client(r.env);
+  if (!c.ok()) {
+    out.error = c.error().message;
+    return out;
+  }
+  auto m = (*c)->aggregate_eval();
+  if (m.ok()) out.metrics_json = m->dump(-1, ' ', false, json::error_handler_t::replace);
+  else out.error = "env '" + r.env + "' aggregate: " + m.error().message;
+  return out;
+}
+
 // Calls of a concurrent env run on threads of their own and reply from there; once the actor
 // stops, a late call's reply is dropped (the request has ended by then or fails on its own).
 struct EnvActor::Inflight {
@@ -193,6 +206,10 @@ EnvActor::EnvActor(std::shared_ptr<EnvWorker> worker)
   handle<EnvVerifyReq>([this](runtime::Context& ctx, const EnvVerifyReq& r) -> Status {
     return answer<EnvVerifyRep>(ctx, worker_, inflight_, r.env, r,
                                 [](EnvWorker& w, const EnvVerifyReq& q) { return w.verify(q); });
+  });
+  handle<EnvAggregateReq>([this](runtime::Context& ctx, const EnvAggregateReq& r) -> Status {
+    return answer<EnvAggregateRep>(ctx, worker_, inflight_, r.env, r,
+                                   [](EnvWorker& w, const EnvAggregateReq& q) -> Result<EnvAggregateRep> { return w.aggregate(q); });
   });
   handle<EnvReleaseReq>([this](runtime::Context&, const EnvReleaseReq& r) {
     if (!worker_->concurrent(r.env)) return worker_->release(r);

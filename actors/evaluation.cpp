@@ -4,6 +4,7 @@
 // episode, as in training: eval_accuracy = episodes solved, eval_reward_mean = episode reward,
 // eval_turns_mean = env steps per episode.
 #include <algorithm>
+#include <map>
 
 #include "coordinator_internal.h"
 
@@ -107,6 +108,37 @@ Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs
   co_return out;
 }
 
+// The env's own eval metrics from every env worker (a NeMo Gym server's /aggregate_metrics over
+// the episodes just evaluated), as eval_env/<env>/<name>; with several workers, each name is the
+// mean of theirs weighted by the episodes each one scored. A worker that cannot aggregate is logged.
+Task<Status> server_metrics(RunState& s, std::string env, json& out) {
+  std::vector<Reply<EnvAggregateRep>> asks;
+  for (size_t w = 0; w < s.peers.env_workers.size(); ++w)
+    asks.push_back(request<EnvAggregateRep>(s.here, s.peers.env_workers[w], EnvAggregateReq{env}, kEnvTimeout));
+  std::map<std::string, std::pair<double, double>> sums;  // name -> (weighted sum, weight)
+  for (auto& a : asks) {
+    Result<EnvAggregateRep> rep = co_await a;
+    std::string error = rep.ok() ? rep->error : rep.error().message;
+    json m = rep.ok() ? json::parse(rep->metrics_json, nullptr, false) : json();
+    if (error.empty() && !m.is_object()) error = "its metrics are not a JSON object";
+    if (!error.empty()) {
+      if (s.hooks.log) s.hooks.log("env '" + env + "': eval metrics: " + error);
+      continue;
+    }
+    const double weight = m.value("episodes", 0.0);
+    if (weight <= 0) continue;
+    for (auto it = m.begin(); it != m.end(); ++it)
+      if (it->is_number() && it.key() != "episodes") {
+        sums[it.key()].first += weight * it->get<double>();
+        sums[it.key()].second += weight;
+      }
+    sums["episodes"].first += weight;
+    sums["episodes"].second = 1;
+  }
+  for (const auto& [name, v] : sums) out["eval_env/" + env + "/" + name] = v.first / v.second;
+  co_return Status{};
+}
+
 }  // namespace
 
 Task<Result<json>> evaluate(RunState& s) {
@@ -134,6 +166,7 @@ Task<Result<json>> evaluate(RunState& s) {
     else
       score = co_await single_turn(s, e.name, std::move(got));
     if (!score.ok()) co_return score.error();
+    if (e.type == "nemo_gym") TROUPE_CO_TRY(co_await server_metrics(s, e.name, out));
     out["eval_accuracy/" + e.name] = score->acc / n;
     out["eval_reward_mean/" + e.name] = score->reward / n;
     if (multi) out["eval_turns_mean/" + e.name] = score->turns / n;

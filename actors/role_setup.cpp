@@ -119,8 +119,8 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     const auto& e = cfg.envs[i];
     json j = {{"name", e.name}, {"type", e.type}, {"weight", e.weight}, {"config", e.config}, {"timeout_s", e.timeout_s}};
     if (!e.env.empty()) j["env"] = e.env;
-    if (e.type == "builtin" && e.env_id() == "dataset" && j["config"].is_object()) {
-      // the dataset env's relative file paths start at the YAML file's folder (or at its base_dir,
+    if (((e.type == "builtin" && e.env_id() == "dataset") || e.type == "nemo_gym") && j["config"].is_object()) {
+      // the dataset and nemo_gym envs' relative file paths start at the YAML file's folder (or at its base_dir,
       // itself relative to that folder), whatever the working directory
       fs::path dir = fs::absolute(base_dir);
       if (auto it = j["config"].find("base_dir"); it != j["config"].end() && it->is_string())
@@ -156,6 +156,7 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     j["max_failure_frac"] = e.max_failure_frac;
     j["reward_min"] = e.reward_min;
     j["reward_max"] = e.reward_max;
+    if (!e.url.empty()) j["url"] = e.url;
     TROUPE_ASSIGN_OR_RETURN(auto spec, envs::parse_env_spec(j, "envs[" + std::to_string(i) + "]"));
     const auto& f = cfg.faults;
     if (f.env.empty() || f.env == e.name) {

@@ -92,6 +92,23 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
         row[key] = row.value(key, 0) + 1;
       }
   if (r.retries > 0) row["env_retries"] = r.retries;
+  // a NeMo Gym server's reward_components: reward_components/<env>/<name>, the mean over the
+  // completions of that env that reported it
+  std::map<std::string, std::pair<double, int>> parts;
+  for (const auto& g : r.groups) {
+    if (env_spec(s, g.env).type != "nemo_gym") continue;
+    for (const auto& c : g.components) {
+      json j = c.empty() ? json() : json::parse(c, nullptr, false);
+      if (!j.is_object()) continue;
+      for (auto it = j.begin(); it != j.end(); ++it)
+        if (it->is_number()) {
+          auto& p = parts["reward_components/" + g.env + "/" + it.key()];
+          p.first += it->get<double>();
+          p.second += 1;
+        }
+    }
+  }
+  for (const auto& [key, v] : parts) row[key] = v.first / v.second;
   return row;
 }
 

@@ -556,6 +556,22 @@ class Loader {
         error(at(pre + ".type"), pre + ".path", "a plugin env needs path: (the .so file)");
       if (e.type == "remote" && e.command.empty() && e.address.empty())
         error(at(pre + ".type"), pre + ".address", "a remote env needs command: (to start it) or address: (to reach it)");
+      if (e.type == "nemo_gym" && e.command.empty() == e.url.empty())
+        error(at(pre + ".type"), pre + ".url",
+              "a nemo_gym env needs exactly one of url: (a running resource server) or command: (troupe starts it)");
+      if (e.type != "nemo_gym" && !e.url.empty()) error(at(pre + ".url"), pre + ".url", "url is only for type: nemo_gym");
+      if (e.type == "nemo_gym" && c.rollout.max_turns > 1) {  // an episode cut before its last turn is never verified
+        long long turns = 8;
+        if (e.config.is_object() && e.config.contains("max_turns") && e.config["max_turns"].is_number_integer())
+          turns = e.config["max_turns"].get<long long>();
+        if (turns > c.rollout.max_turns)
+          error(at(pre + ".config"), pre + ".config",
+                "config.max_turns " + std::to_string(turns) + " is above rollout.max_turns " +
+                    std::to_string(c.rollout.max_turns) + ": episodes would end before /verify scores them");
+      }
+      if (e.type == "reasoning_gym" && !(e.config.is_object() && e.config.contains("task") && e.config["task"].is_string()))
+        error(at(pre + ".type"), pre + ".config",
+              "a reasoning_gym env needs config.task (a reasoning-gym dataset name, e.g. basic_arithmetic)");
       if (e.type != "plugin" && !e.path.empty())
         error(at(pre + ".path"), pre + ".path", "path is only for type: plugin");
       if (!e.config.is_object())

@@ -257,10 +257,10 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   Builder<EnvSpec> b;
   using E = EnvSpec;
   b.text("name", [](E& e) { return &e.name; }, "Required. Label in metrics (reward_mean/<name>, prompts/<name>); the builtin id unless env is set.");
-  b.choice("type", [](E& e) { return &e.type; }, {"builtin", "plugin", "remote"}, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md).");
+  b.choice("type", [](E& e) { return &e.type; }, {"builtin", "plugin", "remote", "nemo_gym", "reasoning_gym"}, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md), nemo_gym (a NeMo Gym resource server over HTTP: url or command), reasoning_gym (any reasoning-gym task: config.task, task_config, size, eval_size, seed).");
   b.text("env", [](E& e) { return &e.env; }, "Builtin env id (empty = name), e.g. arithmetic, countdown.");
   b.text("path", [](E& e) { return &e.path; }, "plugin: path of the shared library (relative to the YAML file).");
-  b.string_list("command", [](E& e) { return &e.command; }, "remote: argv that starts the env server, e.g. [python, env.py, --bind, \"{bind}\"] (empty = use address).");
+  b.string_list("command", [](E& e) { return &e.command; }, "remote: argv that starts the env server, e.g. [python, env.py, --bind, \"{bind}\"] (empty = use address); nemo_gym: argv that starts a resource server, {port} = the port troupe picks on 127.0.0.1.");
   b.text("address", [](E& e) { return &e.address; }, "remote: address of a running env server, e.g. tcp://127.0.0.1:5555.");
   b.number("weight", [](E& e) { return &e.weight; }, 0, 1e6, "Share of prompts drawn from this env (normalized over envs).");
   b.number("timeout_s", [](E& e) { return &e.timeout_s; }, 0.001, 86400, "Per-call timeout (reset/step/verify); a late call fails the episode.");
@@ -273,6 +273,7 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   b.number("max_failure_frac", [](E& e) { return &e.max_failure_frac; }, 0, 1, "Stop the run (exit 3) when more than this share of one step's episodes of this env failed after retries; a step where all failed always stops it.");
   b.number("reward_min", [](E& e) { return &e.reward_min; }, -1e300, 1e300, "Smallest valid reward; a reward below it, above reward_max or not finite fails the episode (invalid_reward).");
   b.number("reward_max", [](E& e) { return &e.reward_max; }, -1e300, 1e300, "Largest valid reward (see reward_min).");
+  b.text("url", [](E& e) { return &e.url; }, "nemo_gym: root of a running NeMo Gym resource server, http://HOST:PORT (else command starts one; {port} in it is the port troupe picks).");
   return b.keys;
 }
 
@@ -416,7 +417,9 @@ std::string render_config_readme() {
        "| `countdown.yaml` | GRPO on the built-in `countdown` env |\n"
        "| `multi_env.yaml` | two envs mixed by weight, one of them a `.so` plug-in |\n"
        "| `async.yaml` | async GRPO (generators sample v while learners train v+1, `max_staleness`) |\n"
-       "| `multinode.yaml` | roles on separate ranks: `mpirun --oversubscribe -np 4` over tcp 127.0.0.1 |\n\n"
+       "| `multinode.yaml` | roles on separate ranks: `mpirun --oversubscribe -np 4` over tcp 127.0.0.1 |\n"
+       "| `nemo_gym_grpo.yaml` | GRPO against NeMo Gym's `example_session_state_mgmt` resource server (`type: nemo_gym`, tool calls over HTTP) |\n"
+       "| `reasoning_gym_grpo.yaml` | SFT + GRPO on a reasoning-gym task (`type: reasoning_gym`, held-out eval split) |\n\n"
        "## Quickstart results\n\n"
        "`troupe run configs/quickstart.yaml` (2 shared CPU cores, about 30 s per run; held-out greedy accuracy\n"
        "on 400 eval-split prompts, from `metrics.jsonl` eval rows):\n\n"

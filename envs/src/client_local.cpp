@@ -20,6 +20,7 @@
 namespace troupe::envs {
 
 std::unique_ptr<EnvClient> make_remote_client_impl(const EnvSpec& spec, Status& status);  // client_remote.cpp
+Result<std::unique_ptr<EnvClient>> make_nemo_gym_client(const EnvSpec& spec);              // client_nemo_gym.cpp
 
 namespace {
 
@@ -206,7 +207,7 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
   if (!j.is_object()) return invalid_input(where + ": an env must be a mapping with at least 'name'");
   static const std::set<std::string> known = {"name", "type", "env", "weight", "config", "path", "command", "address",
                                               "isolate", "timeout_s", "startup_timeout_s", "max_restarts", "worker",
-                                              "max_retries", "max_failure_frac", "reward_min", "reward_max"};
+                                              "max_retries", "max_failure_frac", "reward_min", "reward_max", "url"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!known.count(it.key())) return invalid_input(where + ": unknown key '" + it.key() + "'");
   }
@@ -230,6 +231,7 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
   TROUPE_TRY(str("path", s.path));
   TROUPE_TRY(str("address", s.address));
   TROUPE_TRY(str("worker", s.worker));
+  TROUPE_TRY(str("url", s.url));
   TROUPE_TRY(num("weight", s.weight, 0));
   TROUPE_TRY(num("timeout_s", s.timeout_s, 0.001));
   TROUPE_TRY(num("startup_timeout_s", s.startup_timeout_s, 0.001));
@@ -296,9 +298,32 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
     s.type = EnvType::remote;
     if (s.command.empty() && s.address.empty())
       return invalid_input(where + ": a remote env needs 'command' (troupe starts it) or 'address' (already running)");
+  } else if (type == "reasoning_gym") {
+    // the SDK's reasoning-gym env as a remote process: config.python (default: troupe's Python)
+    // runs envs/python/troupe_env/reasoning_gym_env.py; the rest of config goes to it
+    s.type = EnvType::remote;
+    if (!s.command.empty() || !s.address.empty())
+      return invalid_input(where + ": a reasoning_gym env takes no 'command' or 'address' (troupe starts it)");
+    std::string python = troupe::python_executable();
+    if (auto it = s.config.find("python"); it != s.config.end()) {
+      if (!it->is_string() || it->get<std::string>().empty())
+        return invalid_input(where + ": config 'python' must be the path of a Python interpreter");
+      python = it->get<std::string>();
+      s.config.erase(it);
+    }
+    if (!s.config.contains("task") || !s.config["task"].is_string())
+      return invalid_input(where + ": a reasoning_gym env needs config 'task' (a reasoning-gym dataset name, e.g. basic_arithmetic)");
+    s.command = {python, std::string(TROUPE_SOURCE_DIR) + "/envs/python/troupe_env/reasoning_gym_env.py"};
+  } else if (type == "nemo_gym") {
+    s.type = EnvType::nemo_gym;
+    if (s.command.empty() == s.url.empty())
+      return invalid_input(where + ": a nemo_gym env needs exactly one of 'url' (a running resource server) or "
+                                   "'command' (troupe starts it; {port} is the port it picks)");
   } else {
-    return invalid_input(where + ": 'type' must be builtin, plugin or remote (got '" + type + "')");
+    return invalid_input(where + ": 'type' must be builtin, plugin or remote (or nemo_gym, reasoning_gym; got '" + type + "')");
   }
+  if (s.type != EnvType::nemo_gym && !s.url.empty())
+    return invalid_input(where + ": 'url' is only for type: nemo_gym");
   if (j.contains("isolate") && !j["isolate"].is_null()) {
     if (!j["isolate"].is_boolean()) return invalid_input(where + ": 'isolate' must be true or false");
     s.isolate = j["isolate"].get<bool>();
@@ -319,7 +344,10 @@ Result<std::vector<EnvSpec>> parse_env_specs(const json& list, const std::string
 }
 
 json to_json(const EnvSpec& s) {
-  const char* type = s.type == EnvType::builtin ? "builtin" : s.type == EnvType::plugin ? "plugin" : "remote";
+  const char* type = s.type == EnvType::builtin  ? "builtin"
+                     : s.type == EnvType::plugin ? "plugin"
+                     : s.type == EnvType::remote ? "remote"
+                                                 : "nemo_gym";
   json j = {{"name", s.name}, {"type", type}, {"weight", s.weight}, {"config", s.config}, {"isolate", s.isolate},
             {"timeout_s", s.timeout_s}, {"startup_timeout_s", s.startup_timeout_s}, {"max_restarts", s.max_restarts},
             {"max_retries", s.max_retries}, {"max_failure_frac", s.max_failure_frac},
@@ -329,6 +357,7 @@ json to_json(const EnvSpec& s) {
   if (!s.command.empty()) j["command"] = s.command;
   if (!s.address.empty()) j["address"] = s.address;
   if (!s.worker.empty()) j["worker"] = s.worker;
+  if (!s.url.empty()) j["url"] = s.url;
   return j;
 }
 
@@ -342,6 +371,7 @@ Result<std::unique_ptr<EnvClient>> make_plain_env_client(const EnvSpec& spec) {
     TROUPE_ASSIGN_OR_RETURN(EnvFactory f, plugin_factory(spec.path));
     return make_local_client(std::move(f), spec.config);
   }
+  if (spec.type == EnvType::nemo_gym) return make_nemo_gym_client(spec);
   Status st;
   auto client = make_remote_client_impl(spec, st);
   if (!st.ok()) return st.error();

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "bench.h"
+#include "nemo_gym_http.h"
 #include "openai_serve.h"
 #include "troupe/base/build_config.h"
 #include "troupe/envs/client.h"
@@ -115,6 +116,7 @@ int run_envs_suite(const BenchOptions& opt) {
     }
   }
   if (opt.wants("openai_serve_concurrent64") && run_openai_serve_case(opt) != 0) rc = 1;
+  if (opt.wants("nemo_gym_http") && run_nemo_gym_http_case(opt, inproc_eps) != 0) rc = 1;
   return failed ? 1 : rc;
 }
 

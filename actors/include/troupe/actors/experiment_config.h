@@ -54,7 +54,7 @@ struct GrpoSection : learner::AdvantageConfig {
 
 struct EnvSpec {
   std::string name;                // label in metrics (reward_mean/<name>); builtin id by default
-  std::string type = "builtin";    // builtin | plugin | remote
+  std::string type = "builtin";    // builtin | plugin | remote | nemo_gym
   std::string env;                 // builtin id ("" = name)
   std::string path;                // plugin: path of the .so
   std::vector<std::string> command;  // remote: argv that starts the env server ({bind} = its address)
@@ -69,6 +69,7 @@ struct EnvSpec {
   int max_retries = 2;             // a failed episode is retried this often, on the next env worker
   double max_failure_frac = 0.5;   // more of one step's episodes failing (after retries) stops the run
   double reward_min = -1e6, reward_max = 1e6;  // a reward outside (or not finite) fails the episode
+  std::string url;                 // nemo_gym: a running resource server, http://HOST:PORT
   const std::string& env_id() const { return env.empty() ? name : env; }
 };
 

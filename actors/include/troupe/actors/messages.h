@@ -84,6 +84,23 @@ struct EnvReleaseReq {
   template <class A>
   void serialize(A& ar) { ar(env, episode_id); }
 };
+// After an evaluation: the env's own metrics over the eval episodes it scored since the last ask
+// (nemo_gym: the server's /aggregate_metrics). Reply EnvAggregateRep.
+struct EnvAggregateReq {
+  static constexpr std::uint32_t type_id = 2090;
+  static constexpr const char* type_name = "actors.EnvAggregateReq";
+  std::string env;
+  template <class A>
+  void serialize(A& ar) { ar(env); }
+};
+struct EnvAggregateRep {
+  static constexpr std::uint32_t type_id = 2091;
+  static constexpr const char* type_name = "actors.EnvAggregateRep";
+  std::string metrics_json = "{}";  // {name: number}; "episodes" says how many it covers
+  std::string error;                // "" or why the env could not aggregate
+  template <class A>
+  void serialize(A& ar) { ar(metrics_json, error); }
+};
 
 // ---- rollout generator ----
 struct GenSampling {

@@ -60,6 +60,7 @@ class EnvWorker {
   Result<EnvObs> step(const EnvStepReq& r);
   Result<EnvVerifyRep> verify(const EnvVerifyReq& r);
   void release(const EnvReleaseReq& r);
+  EnvAggregateRep aggregate(const EnvAggregateReq& r);
   const envs::EnvInfo* info(const std::string& env) const;
   // True when the env's calls may run concurrently (a server at `address:`): the actor then runs
   // each call on a thread of its own, so one hung call never delays the next.

@@ -9,6 +9,7 @@
 //     - {name: rev, type: plugin, path: build/lib/libreverse_env.so, timeout_s: 5}
 //     - {name: rg, type: remote, command: [python, envs/python/examples/reasoning_gym_env.py]}
 //     - {name: mine, type: remote, address: tcp://127.0.0.1:5555}
+//     - {name: ng, type: nemo_gym, url: http://127.0.0.1:8000, config: {data: rows.jsonl}}
 #pragma once
 
 #include <memory>
@@ -22,7 +23,7 @@
 
 namespace troupe::envs {
 
-enum class EnvType { builtin, plugin, remote };
+enum class EnvType { builtin, plugin, remote, nemo_gym };
 
 struct EnvSpec {
   std::string name;                   // instance name: metrics key reward_mean/<name>
@@ -42,6 +43,7 @@ struct EnvSpec {
   double max_failure_frac = 0.5;      // more episodes of one step failing (after retries) stops the run
   double reward_min = -1e6, reward_max = 1e6;  // a reward outside (or not finite) fails the episode
   EnvFaults faults;                   // injected faults (the YAML faults: section; off by default)
+  std::string url;                    // nemo_gym: a running resource server (http://HOST:PORT); else `command`
 };
 
 // Checks types, required keys and unknown keys; errors start with `where` (e.g. "config.yaml: envs[1]").
@@ -73,10 +75,14 @@ class EnvClient {
   // Fault injection (faults.h): the next reply read from the wire is replaced by bytes that are not
   // JSON. False where there is no wire (in-process clients).
   virtual bool corrupt_next_reply() { return false; }
+  // Metrics over the eval-split episodes scored since the last call, as {name: number} (nemo_gym:
+  // the server's /aggregate_metrics, with "episodes"); an empty object for envs without any.
+  virtual Result<json> aggregate_eval() { return json::object(); }
 };
 
 // Builds the client the spec asks for: in-process (builtin, plugin with isolate: false),
-// an isolated worker process (builtin/plugin with isolate: true), or remote (command / address).
+// an isolated worker process (builtin/plugin with isolate: true), remote (command / address), or
+// a NeMo Gym resource server over HTTP (nemo_gym: url / command).
 Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec);
 // In-process client over any factory (tests, the server side of the protocol).
 std::unique_ptr<EnvClient> make_local_client(EnvFactory factory, json config, EnvInfo info);
