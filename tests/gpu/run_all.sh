@@ -30,10 +30,14 @@ echo
 printf '%-28s %-8s %8s\n' "test" "result" "seconds"
 printf '%-28s %-8s %8s\n' "----" "------" "-------"
 grep -E "^ *[0-9]+/[0-9]+ Test +#[0-9]+: " "$build/ctest.log" | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //' |
-  awk '{name=$1; res="?"; for (i=2;i<=NF;i++) { if ($i=="Passed") res="passed"; if ($i ~ /Skipped/) res="SKIPPED"; if ($i=="***Failed" || $i=="***Exception:" || $i=="***Timeout") res="FAILED"; if ($i=="sec") secs=$(i-1) } printf "%-28s %-8s %8s\n", name, res, secs }'
+  awk '{name=$1; res="?"; secs="";
+        for (i=2;i<=NF;i++) { if ($i ~ /Passed$/) res="passed"; if ($i ~ /Skipped/) res="SKIPPED";
+                              if ($i ~ /Failed|Exception|Timeout|Not Run/) res="FAILED"; if ($i=="sec") secs=$(i-1) }
+        printf "%-28s %-8s %8s\n", name, res, secs }'
+grep -E '^[0-9]+: FAIL' "$build/ctest.log" | head -40
 echo
 echo "benchmark rows (suite kernels, cuda_*):"
-grep -h '"case":"cuda_' "$build/ctest.log" || true
+grep -h '"case":"cuda_' "$build/ctest.log" | sed -E 's/^[0-9]+: //' || true
 "$build/tests_gpu/troupe_gpu_bench" 2>&1 | grep -E '^\{|cuda' || true
 echo
 echo "total $(( $(date +%s) - t0 )) s; ctest log: $build/ctest.log"
