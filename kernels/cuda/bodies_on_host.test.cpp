@@ -18,6 +18,7 @@
 #include "bodies/chunked_logprob.h"
 #include "bodies/elementwise.h"
 #include "bodies/embedding.h"
+#include "bodies/gemm_args.h"
 #include "bodies/grpo_loss.h"
 #include "bodies/host_grid.h"
 #include "bodies/moe_layer.h"
@@ -138,6 +139,42 @@ struct HostExec {
     for (int s = 0; s < NK; ++s) row_slot[counts[experts[s]]++] = s;
   }
 };
+
+// ---- the cuBLAS call of a row-major GEMM ------------------------------------------------------------
+
+// Column-major reference with BLAS's semantics: C (m, n) = alpha op(A) op(B) + beta C.
+void col_major_sgemm(const ColMajorGemm& g, float alpha, float beta) {
+  for (int j = 0; j < g.n; ++j)
+    for (int i = 0; i < g.m; ++i) {
+      double acc = 0;
+      for (int p = 0; p < g.k; ++p) {
+        const float a = g.trans_first ? g.first[p + static_cast<size_t>(i) * g.ld_first]
+                                      : g.first[i + static_cast<size_t>(p) * g.ld_first];
+        const float b = g.trans_second ? g.second[j + static_cast<size_t>(p) * g.ld_second]
+                                       : g.second[p + static_cast<size_t>(j) * g.ld_second];
+        acc += static_cast<double>(a) * b;
+      }
+      float& c = g.c[i + static_cast<size_t>(j) * g.ldc];
+      c = static_cast<float>(alpha * acc + (beta == 0.0f ? 0.0 : static_cast<double>(beta) * c));
+    }
+}
+
+TEST(CudaBodiesOnHost, RowMajorGemmAsColumnMajorCall) {
+  const int M = 7, N = 5, K = 9;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int lda = (ta ? M : K) + 2, ldb = (tb ? K : N) + 3, ldc = N + 1;  // padded leading dims
+      auto A = randn(static_cast<size_t>(ta ? K : M) * lda, 60), B = randn(static_cast<size_t>(tb ? N : K) * ldb, 61);
+      auto C0 = randn(static_cast<size_t>(M) * ldc, 62);
+      std::vector<float> ref = C0;
+      Guarded<float> got(C0);
+      k::gemm_blocked(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 1.5f, ref.data(), ldc);
+      col_major_sgemm(col_major_gemm(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, got.data(), ldc), 0.5f, 1.5f);
+      expect_near(ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"), got.data(), ref, ref.size(), 1e-5,
+                  1e-5);
+      expect_guards("gemm", got);
+    }
+}
 
 // ---- elementwise family ---------------------------------------------------------------------------
 

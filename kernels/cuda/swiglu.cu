@@ -2,6 +2,7 @@
 // linear layer and the per-row sigmoid gate (bodies/elementwise.h), plus the row-major cuBLAS GEMM
 // every family shares.
 #include "bodies/elementwise.h"
+#include "bodies/gemm_args.h"
 #include "device_lanes.cuh"
 #include "launchers.h"
 
@@ -10,9 +11,10 @@ namespace troupe::kernels::cuda {
 void gemm(const Queue& q, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-  TROUPE_CUBLAS_CHECK(cublasSgemm(q.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                  N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+  const ColMajorGemm g = col_major_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+  TROUPE_CUBLAS_CHECK(cublasSgemm(q.blas, g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  g.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &alpha, g.first,
+                                  g.ld_first, g.second, g.ld_second, &beta, g.c, g.ldc));
 }
 
 void launch_fill(const Queue& q, float* x, size_t n, float value) { launch_elements(FillBody{x, value}, n, q.stream); }
