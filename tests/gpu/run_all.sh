@@ -2,20 +2,23 @@
 # Runs every GPU test and the GPU benchmark rows in one go and prints one summary table. Builds
 # only kernels/ and its GPU tests (kernels/ configured on its own: CUDA, CMake and a C++ compiler
 # are all it needs; no ZeroMQ, MPI, BLAS or gtest), for sm_90 unless CUDA_ARCH says otherwise,
-# with -j16 unless JOBS does. Usage: tests/gpu/run_all.sh [build-dir]   (default build-gpu)
+# with -j16 unless JOBS does. Warnings are not errors here (WERROR=ON makes them so): another CUDA
+# or GCC version may warn where the project's CI does not, and this run is about the GPU.
+# Usage: tests/gpu/run_all.sh [build-dir]   (default build-gpu)
 # Exit status: 0 when no test failed (skipped tests are listed as such), 1 otherwise.
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build-gpu}"
 arch="${CUDA_ARCH:-90}"
 jobs="${JOBS:-16}"
+werror="${WERROR:-OFF}"
 t0=$(date +%s)
 log="$build/run_all.log"
 mkdir -p "$build"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' || echo "gpu: nvidia-smi not available"
 echo "configure + build (sm_$arch, -j$jobs) ..."
 if ! cmake -S "$root/kernels" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-      -DTROUPE_WERROR=ON >"$log" 2>&1; then
+      -DTROUPE_WERROR="$werror" >"$log" 2>&1; then
   tail -40 "$log"; echo "configure FAILED (log: $log)"; exit 1
 fi
 if ! cmake --build "$build" -j"$jobs" >>"$log" 2>&1; then
