@@ -3,8 +3,8 @@
 // through cuBLAS bound to that stream, everything else through the custom kernels of this folder
 // (launchers.h). Copies to the host and ops that return host values (grpo_loss, sample_token, MoE
 // stats) wait for the queue; nothing else does. A failing CUDA/cuBLAS call throws CudaError
-// (check.h) naming the call, file, line and error. Not thread-safe: one thread issues a backend's
-// ops (as the model and the learner do).
+// (check.h) naming the call, file, line and error. Not thread-safe: one thread at a time calls a
+// backend's ops (as the model and the learner do).
 #include <cstdio>
 #include <memory>
 #include <mutex>
