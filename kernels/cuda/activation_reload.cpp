@@ -21,16 +21,16 @@ ActivationReload::ActivationReload(const Queue& compute, int layers, size_t floa
 }
 
 ActivationReload::~ActivationReload() {
-  cudaStreamSynchronize(copy_);
-  cudaStreamSynchronize(q_.stream);
+  TROUPE_CUDA_REPORT(cudaStreamSynchronize(copy_));
+  TROUPE_CUDA_REPORT(cudaStreamSynchronize(q_.stream));
   for (int b = 0; b < 2; ++b) {
-    cudaFree(dev_[b]);
-    cudaEventDestroy(loaded_[b]);
-    cudaEventDestroy(released_[b]);
+    TROUPE_CUDA_REPORT(cudaFree(dev_[b]));
+    TROUPE_CUDA_REPORT(cudaEventDestroy(loaded_[b]));
+    TROUPE_CUDA_REPORT(cudaEventDestroy(released_[b]));
   }
-  cudaEventDestroy(produced_);
-  cudaFreeHost(host_);
-  cudaStreamDestroy(copy_);
+  TROUPE_CUDA_REPORT(cudaEventDestroy(produced_));
+  TROUPE_CUDA_REPORT(cudaFreeHost(host_));
+  TROUPE_CUDA_REPORT(cudaStreamDestroy(copy_));
 }
 
 void ActivationReload::offload(int layer, const float* device_src) {

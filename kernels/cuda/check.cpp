@@ -1,6 +1,8 @@
 // The checked-call layer (check.h): error messages and the checked allocators.
 #include "check.h"
 
+#include <cstdio>
+
 #if TROUPE_HAVE_NCCL
 #include <nccl.h>
 #endif
@@ -15,6 +17,12 @@ void throw_cuda_error(cudaError_t err, const char* call, const char* file, int l
   const std::string what = std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")";
   (void)cudaGetLastError();  // clear a non-sticky error so the next call does not report it again
   throw CudaError(call_error_message(call, file, line, what));
+}
+
+void report_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
+  const std::string what = std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")";
+  (void)cudaGetLastError();
+  std::fprintf(stderr, "troupe: %s\n", call_error_message(call, file, line, what).c_str());
 }
 
 void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line) {
@@ -32,7 +40,7 @@ void throw_nccl_error(int result, const char* call, const char* file, int line) 
 }
 
 namespace {
-std::string oom_message(const char* call, size_t bytes) {
+std::string oom_message(size_t bytes) {
   size_t free_b = 0, total_b = 0;
   std::string what = "out of memory asking for " + std::to_string(bytes) + " bytes";
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
@@ -48,7 +56,7 @@ void* device_alloc(size_t bytes, cudaStream_t stream, const char* file, int line
   const cudaError_t err = cudaMalloc(&p, bytes);
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
-    throw CudaError(call_error_message("cudaMalloc", file, line, oom_message("cudaMalloc", bytes)));
+    throw CudaError(call_error_message("cudaMalloc", file, line, oom_message(bytes)));
   }
   if (err != cudaSuccess) throw_cuda_error(err, "cudaMalloc", file, line);
   const cudaError_t zero = cudaMemsetAsync(p, 0, bytes, stream);

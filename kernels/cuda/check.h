@@ -1,5 +1,6 @@
 // Checked calls into CUDA, cuBLAS and NCCL: every call the CUDA backend makes goes through one of
-// these macros, and a failure throws CudaError whose message names the call, the file and line it
+// these macros (destructors and frees, which must not throw, use TROUPE_CUDA_REPORT: the same
+// message on stderr), and a failure throws CudaError whose message names the call, the file and line it
 // was made from and the library's own error string (cudaGetErrorString, cublasGetStatusString,
 // ncclGetErrorString). Device allocations go through device_alloc, whose out-of-memory error names
 // the bytes asked for and what the device had free. The backend table's ops return nothing, so an
@@ -24,6 +25,8 @@ class CudaError : public std::runtime_error {
 std::string call_error_message(const char* call, const char* file, int line, const std::string& what);
 
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line);
+// For destructors and frees, which must not throw: the same message on stderr.
+void report_cuda_error(cudaError_t err, const char* call, const char* file, int line);
 [[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line);
 // NCCL's result is passed as an int so this header does not need nccl.h.
 [[noreturn]] void throw_nccl_error(int result, const char* call, const char* file, int line);
@@ -41,6 +44,13 @@ void* pinned_alloc(size_t bytes, const char* file, int line);
     const cudaError_t troupe_cuda_err_ = (call);                                                \
     if (troupe_cuda_err_ != cudaSuccess)                                                        \
       ::troupe::kernels::cuda::throw_cuda_error(troupe_cuda_err_, #call, __FILE__, __LINE__);   \
+  } while (0)
+
+#define TROUPE_CUDA_REPORT(call)                                                                \
+  do {                                                                                          \
+    const cudaError_t troupe_cuda_err_ = (call);                                                \
+    if (troupe_cuda_err_ != cudaSuccess)                                                        \
+      ::troupe::kernels::cuda::report_cuda_error(troupe_cuda_err_, #call, __FILE__, __LINE__);  \
   } while (0)
 
 #define TROUPE_CUBLAS_CHECK(call)                                                               \

@@ -207,8 +207,7 @@ class CudaBackend final : public Backend {
   }
   void free_bytes(void* data, size_t) const override {
     // Frees wait for the device; an error here (a failed kernel earlier) is reported, not thrown.
-    if (const cudaError_t err = cudaFree(data); err != cudaSuccess)
-      std::fprintf(stderr, "troupe: cudaFree failed: %s\n", cudaGetErrorString(err));
+    TROUPE_CUDA_REPORT(cudaFree(data));
   }
 
  private:

@@ -1,6 +1,7 @@
 // The NCCL communicator (nccl_comm.h).
 #include "nccl_comm.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "check.h"
@@ -34,7 +35,10 @@ NcclComm::NcclComm(const std::vector<uint8_t>& id_bytes, int nranks, int rank) :
 }
 
 NcclComm::~NcclComm() {
-  if (comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  if (comm_)
+    if (const ncclResult_t r = ncclCommDestroy(static_cast<ncclComm_t>(comm_)); r != ncclSuccess)
+      std::fprintf(stderr, "troupe: %s\n",
+                   call_error_message("ncclCommDestroy", __FILE__, __LINE__, ncclGetErrorString(r)).c_str());
 }
 
 void NcclComm::all_reduce_sum(float* buf, size_t n, cudaStream_t stream) {

@@ -44,9 +44,9 @@ int main() {
             got[size_t(r)].resize(n), weights[size_t(r)].resize(n);
             TROUPE_CUDA_CHECK(cudaMemcpy(got[size_t(r)].data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
             TROUPE_CUDA_CHECK(cudaMemcpy(weights[size_t(r)].data(), dw, n * sizeof(float), cudaMemcpyDeviceToHost));
-            cudaFree(d);
-            cudaFree(dw);
-            cudaStreamDestroy(s);
+            TROUPE_CUDA_REPORT(cudaFree(d));
+            TROUPE_CUDA_REPORT(cudaFree(dw));
+            TROUPE_CUDA_REPORT(cudaStreamDestroy(s));
            } catch (const std::exception& e) {
             std::printf("FAIL rank %d: %s\n", r, e.what());
             ++failures();
