@@ -15,7 +15,11 @@ werror="${WERROR:-OFF}"
 t0=$(date +%s)
 log="$build/run_all.log"
 mkdir -p "$build"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' || echo "gpu: nvidia-smi not available"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+else
+  echo "gpu: nvidia-smi not available"
+fi
 echo "configure + build (sm_$arch, -j$jobs) ..."
 if ! cmake -S "$root/kernels" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
       -DTROUPE_WERROR="$werror" >"$log" 2>&1; then
