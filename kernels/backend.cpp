@@ -8,6 +8,10 @@
 
 namespace troupe::kernels {
 
+#if TROUPE_WITH_CUDA
+Result<const Backend*> cuda_backend();  // kernels/cuda/cuda_backend.cpp
+#endif
+
 Buffer::Buffer(Buffer&& o) noexcept
     : backend_(std::exchange(o.backend_, nullptr)),
       data_(std::exchange(o.data_, nullptr)),
@@ -53,14 +57,14 @@ Result<const Backend*> backend_for(std::string_view device) {
   if (device == "cpu") return &cpu_backend();
   if (device == "cuda") {
 #if TROUPE_WITH_CUDA
-    return invalid_input("the CUDA backend is not implemented yet; use cpu");
+    return cuda_backend();
 #else
-    return invalid_input("the CUDA backend is not implemented yet (and this build has no CUDA); use cpu");
+    return invalid_input("this build of troupe has no CUDA (configure with nvcc installed, TROUPE_CUDA=ON); use cpu");
 #endif
   }
   std::string msg = "'";
   msg.append(device);
-  msg.append("' is not a device troupe knows; use cpu");
+  msg.append("' is not a device troupe knows; use cpu or cuda");
   return invalid_input(std::move(msg));
 }
 

@@ -529,6 +529,11 @@ class Loader {
       error(at("policy.offload_activations"), "policy.offload_activations",
             "needs policy.activation_checkpointing: true (only checkpointed inputs are offloaded)");
     if (auto be = kernels::backend_for(x.device); !be.ok()) error(at("policy.device"), "policy.device", be.error().message);
+    // Options the CUDA backend does not implement yet are errors with it, never a silent fallback.
+    if (x.device == "cuda" && x.offload_activations)
+      error(at("policy.offload_activations"), "policy.offload_activations",
+            "not implemented with policy.device: cuda (the model's offload engine copies host memory); set it to "
+            "false or use policy.device: cpu");
     if (!c.policy.path.empty())  // a loaded model's architecture is its config.json: never silently ignored
       for (const auto& key : architecture_keys_set)
         error(at(key), key,

@@ -83,6 +83,16 @@ TEST(Config, TabIndentation) {
   EXPECT_NE(m.find("x.yaml:4:3: error: tab character"), std::string::npos) << m;
 }
 
+// policy.device: cuda with an option the CUDA backend does not implement is an error at that
+// option's line (besides the device error a machine without a GPU adds).
+TEST(Config, CudaRejectsOptionsItDoesNotImplement) {
+  auto m = load_error(std::string(kMinimal) +
+                      "policy:\n  device: cuda\n  activation_checkpointing: true\n  offload_activations: true\n");
+  EXPECT_NE(m.find("x.yaml:6:"), std::string::npos) << m;
+  EXPECT_NE(m.find("error: policy.offload_activations: not implemented with policy.device: cuda"), std::string::npos)
+      << m;
+}
+
 TEST(Config, WrongType) {
   auto m = load_error(std::string(kMinimal) + "grpo:\n  max_steps: 1.5\n");
   EXPECT_NE(m.find("x.yaml:4:14: error: grpo.max_steps: expected an integer, got '1.5'"), std::string::npos) << m;

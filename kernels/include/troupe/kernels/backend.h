@@ -3,8 +3,8 @@
 // op set of the model, the fused GRPO loss and the packed-sequence metadata. The model and the
 // learner call ops only through a Backend; kernels/cpu/ implements it over the CPU ops of ops.h,
 // moe.h, random.h and grpo_loss.h (the specification every other backend is tested against).
-// backend_for("cpu") picks it; "cuda" is an error until a CUDA backend exists (kernels/README.md
-// says what adding one takes).
+// backend_for("cpu") picks it; backend_for("cuda") the CUDA backend of kernels/cuda/ (kernels/README.md
+// says what adding a backend takes).
 //
 // Pointers given to ops and copies point into Buffers of the same backend ("device memory")
 // unless the parameter says host. Ops and copies run in the order they were issued on the
@@ -180,8 +180,8 @@ class Backend {
 // The CPU backend (kernels/cpu/): host memory, OpenMP + BLAS ops, synchronous queue.
 const Backend& cpu_backend();
 
-// The backend a device name selects: "cpu"; "cuda" is an error (not implemented yet); anything
-// else is an error that lists the names.
+// The backend a device name selects: "cpu", or "cuda" (an error naming the reason when this build
+// has no CUDA or the process sees no usable GPU); anything else is an error that lists the names.
 Result<const Backend*> backend_for(std::string_view device);
 
 }  // namespace troupe::kernels

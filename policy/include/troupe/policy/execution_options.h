@@ -9,8 +9,8 @@
 namespace troupe::policy {
 
 struct ExecutionOptions {
-  // Where the model runs (YAML `policy.device`): the name kernels::backend_for() resolves. "cpu";
-  // "cuda" is an error until the CUDA backend exists.
+  // Where the model runs (YAML `policy.device`): the name kernels::backend_for() resolves, "cpu" or
+  // "cuda" (an error without a usable GPU).
   std::string device = "cpu";
   bool cache_packed_metadata = true;      // build packed-sequence metadata once per batch, shared by layers
   bool activation_checkpointing = false;  // recompute each layer in backward from its saved input

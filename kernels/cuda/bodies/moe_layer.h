@@ -1,0 +1,218 @@
+// The MoE layer's launch sequence (moe.h's grouped path) written once over an executor, so the
+// CUDA backend runs it with cuBLAS and CUB (moe_route.cu's DeviceExec) and the host test runs the
+// very same sequence with host GEMMs and host_grid.h (HostExec in the test). An Exec provides:
+//   gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)   row-major, as ops.h gemm_blocked
+//   each(body, n), rows(body, nrows)                              element and row kernels
+//   zero(ptr, bytes), to_host(host_dst, src, bytes)               (to_host waits for the queue)
+//   route_plan(offsets, row_slot, experts, NK, E, tmp, tmp_bytes) expert histogram, exclusive scan
+//                                                                 and stable sort of the slots by expert
+//   plan_tmp_bytes(NK, E)                                         bytes route_plan needs
+// Saved buffer: the CPU layout (moe_saved_routing reads it); scratch: this file's layouts.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "elementwise.h"
+#include "moe.h"
+#include "troupe/kernels/moe.h"
+
+namespace troupe::kernels::cuda {
+
+struct MoeSwigluBody {  // h = g * sigmoid(g) * u, as the CPU experts compute it
+  float* h;
+  const float* g;
+  const float* u;
+  TROUPE_HD void operator()(size_t i) const { h[i] = g[i] * (1.0f / (1.0f + hd_exp(-g[i]))) * u[i]; }
+};
+
+struct MoeSavedLayout {
+  size_t probs, weights, experts, offsets, row_slot, slot_row, g, u, gs, us, total;
+};
+inline MoeSavedLayout moe_saved_layout(const MoeConfig& c, int N) {
+  const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
+  MoeSavedLayout L{};
+  size_t at = 0;
+  auto put = [&at](size_t& f, size_t count) { f = at, at += count; };
+  put(L.probs, n * c.E), put(L.weights, nk), put(L.experts, nk), put(L.offsets, static_cast<size_t>(c.E) + 1);
+  put(L.row_slot, nk), put(L.slot_row, nk), put(L.g, nk * c.H), put(L.u, nk * c.H);
+  put(L.gs, n * c.H_shared), put(L.us, n * c.H_shared);
+  L.total = at;
+  return L;
+}
+
+// Scratch: forward and backward pieces share one buffer (a call uses one set), then the plan's
+// temporary storage (floats, rounded up).
+struct MoeScratchLayout {
+  size_t xp, yp, h, hs, dop, dg, dw, wrow, dp, dgs, plan, total;
+};
+inline MoeScratchLayout moe_scratch_layout(const MoeConfig& c, int N, size_t plan_bytes) {
+  const size_t n = static_cast<size_t>(N), nk = n * static_cast<size_t>(c.K);
+  MoeScratchLayout L{};
+  size_t at = 0;
+  auto put = [&at](size_t& f, size_t count) { f = at, at += (count + 1) / 2 * 2; };  // 8-byte aligned pieces
+  put(L.xp, nk * c.C), put(L.yp, nk * c.C), put(L.h, nk * c.H), put(L.hs, n * c.H_shared);
+  put(L.dop, nk * c.C), put(L.dg, nk * c.H), put(L.dw, nk), put(L.wrow, nk), put(L.dp, n * c.E);
+  put(L.dgs, n * c.H_shared), put(L.plan, (plan_bytes + sizeof(float) - 1) / sizeof(float));
+  L.total = at;
+  return L;
+}
+
+inline int32_t* moe_ints(float* p) { return reinterpret_cast<int32_t*>(p); }
+inline const int32_t* moe_ints(const float* p) { return reinterpret_cast<const int32_t*>(p); }
+
+// g = X Wg^T, u = X Wu^T (n, H); h = silu(g) u; y = h Wd^T (n, C).
+template <class Exec>
+void moe_expert_forward(Exec& ex, float* y, float* g, float* u, float* h, const float* x, const float* wg,
+                        const float* wu, const float* wd, int n, int C, int H) {
+  if (n == 0) return;
+  ex.gemm(false, true, n, H, C, 1.0f, x, C, wg, C, 0.0f, g, H);
+  ex.gemm(false, true, n, H, C, 1.0f, x, C, wu, C, 0.0f, u, H);
+  ex.each(MoeSwigluBody{h, g, u}, static_cast<size_t>(n) * H);
+  ex.gemm(false, true, n, C, H, 1.0f, h, H, wd, H, 0.0f, y, C);
+}
+
+// From dh (in dg): du (in h), dg; dWg += dg^T x, dWu += du^T x; dx = dg Wg + du Wu (dx may be x).
+template <class Exec>
+void moe_expert_backward_from_dh(Exec& ex, float* dx, float* dwg, float* dwu, float* h, float* dg, const float* g,
+                                 const float* u, const float* x, const float* wg, const float* wu, int n, int C,
+                                 int H) {
+  ex.each(SwigluDhBody{h, dg, g, u}, static_cast<size_t>(n) * H);
+  ex.gemm(true, false, H, C, n, 1.0f, dg, H, x, C, 1.0f, dwg, C);
+  ex.gemm(true, false, H, C, n, 1.0f, h, H, x, C, 1.0f, dwu, C);
+  ex.gemm(false, false, n, C, H, 1.0f, dg, H, wg, C, 0.0f, dx, C);
+  ex.gemm(false, false, n, C, H, 1.0f, h, H, wu, C, 1.0f, dx, C);
+}
+
+inline void moe_host_stats(MoeStats* stats, const std::vector<float>& probs, const std::vector<int32_t>& offsets,
+                           const MoeConfig& c, int N) {
+  *stats = MoeStats{};
+  if (N == 0) return;
+  std::vector<double> p_sum(static_cast<size_t>(c.E), 0.0);
+  for (int t = 0; t < N; ++t)
+    for (int e = 0; e < c.E; ++e) p_sum[static_cast<size_t>(e)] += probs[static_cast<size_t>(t) * c.E + e];
+  double aux = 0;
+  for (int e = 0; e < c.E; ++e) {
+    const int count = offsets[static_cast<size_t>(e) + 1] - offsets[static_cast<size_t>(e)];
+    stats->max_expert_load = std::max(stats->max_expert_load, count);
+    stats->empty_experts += count == 0 ? 1 : 0;
+    aux += (static_cast<double>(count) / N) * (p_sum[static_cast<size_t>(e)] / N);
+  }
+  stats->aux_loss = static_cast<float>(c.E * aux);
+}
+
+template <class Exec>
+void moe_layer_forward(Exec& ex, float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                       const MoeConfig& cfg, int N, float* scratch) {
+  const int E = cfg.E, K = cfg.K, C = cfg.C, H = cfg.H, NK = N * K;
+  const MoeSavedLayout L = moe_saved_layout(cfg, N);
+  const size_t plan_bytes = ex.plan_tmp_bytes(NK, E);
+  const MoeScratchLayout S = moe_scratch_layout(cfg, N, plan_bytes);
+  float* probs = saved + L.probs;
+  float* weights = saved + L.weights;
+  int32_t* experts = moe_ints(saved + L.experts);
+  int32_t* offsets = moe_ints(saved + L.offsets);
+  int32_t* row_slot = moe_ints(saved + L.row_slot);
+  int32_t* slot_row = moe_ints(saved + L.slot_row);
+  if (N == 0) {
+    ex.zero(offsets, sizeof(int32_t) * (static_cast<size_t>(E) + 1));
+    if (stats) *stats = MoeStats{};
+    return;
+  }
+  ex.gemm(false, true, N, E, C, 1.0f, inp, C, w.w_router, C, 0.0f, probs, E);
+  ex.each(RouterTopkBody{probs, experts, weights, E, K, cfg.renormalize}, static_cast<size_t>(N));
+  if (cfg.H_shared > 0)
+    moe_expert_forward(ex, out, saved + L.gs, saved + L.us, scratch + S.hs, inp, w.ws_gate, w.ws_up, w.ws_down, N, C,
+                       cfg.H_shared);
+  ex.route_plan(offsets, row_slot, experts, NK, E, scratch + S.plan, plan_bytes);
+  ex.each(InvertRowsBody{slot_row, row_slot}, static_cast<size_t>(NK));
+  float* xp = scratch + S.xp;
+  float* y = scratch + S.yp;
+  ex.each(PermuteBody{xp, inp, slot_row, K, C}, static_cast<size_t>(NK) * C);
+  std::vector<int32_t> off(static_cast<size_t>(E) + 1);
+  ex.to_host(off.data(), offsets, sizeof(int32_t) * off.size());
+  for (int e = 0; e < E; ++e) {
+    const size_t r0 = static_cast<size_t>(off[static_cast<size_t>(e)]), we = static_cast<size_t>(e) * H * C;
+    const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
+    moe_expert_forward(ex, y + r0 * C, saved + L.g + r0 * H, saved + L.u + r0 * H, scratch + S.h + r0 * H,
+                       xp + r0 * C, w.w_gate + we, w.w_up + we, w.w_down + we, n, C, H);
+  }
+  ex.each(UnpermuteBody{out, y, weights, slot_row, K, C, cfg.H_shared > 0}, static_cast<size_t>(N) * C);
+  if (stats) {
+    std::vector<float> p(static_cast<size_t>(N) * E);
+    ex.to_host(p.data(), probs, sizeof(float) * p.size());
+    moe_host_stats(stats, p, off, cfg, N);
+  }
+}
+
+template <class Exec>
+void moe_layer_backward(Exec& ex, float* dinp, const MoeGrads& gr, const float* dout, float daux, const float* inp,
+                        const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch) {
+  const int E = cfg.E, K = cfg.K, C = cfg.C, H = cfg.H, NK = N * K;
+  if (N == 0) return;
+  const MoeSavedLayout L = moe_saved_layout(cfg, N);
+  const MoeScratchLayout S = moe_scratch_layout(cfg, N, ex.plan_tmp_bytes(NK, E));
+  const float* probs = saved + L.probs;
+  const float* weights = saved + L.weights;
+  const int32_t* experts = moe_ints(saved + L.experts);
+  const int32_t* offsets = moe_ints(saved + L.offsets);
+  const int32_t* slot_row = moe_ints(saved + L.slot_row);
+  float* xp = scratch + S.xp;
+  float* dop = scratch + S.dop;
+  float* h = scratch + S.h;
+  float* dg = scratch + S.dg;
+  float* dw = scratch + S.dw;
+  float* wrow = scratch + S.wrow;
+  float* dp = scratch + S.dp;
+  if (cfg.H_shared > 0) {  // the shared expert's dx initializes dinp
+    const int Hs = cfg.H_shared;
+    float* hs = scratch + S.hs;
+    float* dgs = scratch + S.dgs;
+    ex.each(MoeSwigluBody{hs, saved + L.gs, saved + L.us}, static_cast<size_t>(N) * Hs);
+    ex.gemm(true, false, C, Hs, N, 1.0f, dout, C, hs, Hs, 1.0f, gr.ws_down, Hs);
+    ex.gemm(false, false, N, Hs, C, 1.0f, dout, C, w.ws_down, Hs, 0.0f, dgs, Hs);
+    moe_expert_backward_from_dh(ex, dinp, gr.ws_gate, gr.ws_up, hs, dgs, saved + L.gs, saved + L.us, inp, w.ws_gate,
+                                w.ws_up, N, C, Hs);
+  }
+  ex.each(PermuteBody{xp, inp, slot_row, K, C}, static_cast<size_t>(NK) * C);
+  ex.each(PermuteBody{dop, dout, slot_row, K, C}, static_cast<size_t>(NK) * C);
+  ex.each(PermuteWeightsBody{wrow, weights, slot_row}, static_cast<size_t>(NK));
+  std::vector<int32_t> off(static_cast<size_t>(E) + 1);
+  ex.to_host(off.data(), offsets, sizeof(int32_t) * off.size());
+  for (int e = 0; e < E; ++e) {
+    const size_t R = static_cast<size_t>(off[static_cast<size_t>(e)]), we = static_cast<size_t>(e) * H * C;
+    const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
+    if (n == 0) continue;
+    float* hr = h + R * H;
+    float* qr = dg + R * H;
+    ex.each(MoeSwigluBody{hr, saved + L.g + R * H, saved + L.u + R * H}, static_cast<size_t>(n) * H);
+    ex.gemm(false, false, n, H, C, 1.0f, dop + R * C, C, w.w_down + we, H, 0.0f, qr, H);
+    ex.rows(WeightedRowBody{hr, qr, dw + R, wrow + R, H}, n);
+    ex.gemm(true, false, C, H, n, 1.0f, dop + R * C, C, hr, H, 1.0f, gr.w_down + we, H);
+    moe_expert_backward_from_dh(ex, xp + R * C, gr.w_gate + we, gr.w_up + we, hr, qr, saved + L.g + R * H,
+                                saved + L.u + R * H, xp + R * C, w.w_gate + we, w.w_up + we, n, C, H);
+  }
+  ex.each(UnpermuteBody{dinp, xp, nullptr, slot_row, K, C, cfg.H_shared > 0}, static_cast<size_t>(N) * C);
+  const float aux_scale = daux * static_cast<float>(E) / (static_cast<float>(N) * static_cast<float>(N));
+  ex.each(RouterBackwardBody{dp, probs, weights, experts, offsets, slot_row, dw, daux, aux_scale, E, K,
+                             cfg.renormalize},
+          static_cast<size_t>(N));
+  ex.gemm(true, false, E, C, N, 1.0f, dp, E, inp, C, 1.0f, gr.w_router, C);
+  ex.gemm(false, false, N, C, E, 1.0f, dp, E, w.w_router, C, 1.0f, dinp, C);
+}
+
+// The dispatcher alone (identity experts) for the round-trip tests: route plan from given experts,
+// permute, combine; backward = permute of dout and the unweighted combine.
+template <class Exec>
+void moe_dispatch_round_trip(Exec& ex, float* out, float* back, int32_t* offsets, int32_t* row_slot,
+                             int32_t* slot_row, const int32_t* experts, const float* weights, const float* inp, int N,
+                             int K, int E, int C, float* xp, void* plan_tmp) {
+  const int NK = N * K;
+  ex.route_plan(offsets, row_slot, experts, NK, E, plan_tmp, ex.plan_tmp_bytes(NK, E));
+  ex.each(InvertRowsBody{slot_row, row_slot}, static_cast<size_t>(NK));
+  ex.each(PermuteBody{xp, inp, slot_row, K, C}, static_cast<size_t>(NK) * C);
+  ex.each(UnpermuteBody{out, xp, weights, slot_row, K, C, false}, static_cast<size_t>(N) * C);
+  ex.each(UnpermuteBody{back, xp, nullptr, slot_row, K, C, false}, static_cast<size_t>(N) * C);
+}
+
+}  // namespace troupe::kernels::cuda

@@ -1,0 +1,257 @@
+// The CUDA backend: the Backend table (backend.h) on one NVIDIA GPU. Buffers are cudaMalloc'd
+// device memory; every op is queued on the backend's one non-blocking stream (its queue), GEMMs
+// through cuBLAS bound to that stream, everything else through the custom kernels of this folder
+// (launchers.h). Copies to the host and ops that return host values (grpo_loss, sample_token, MoE
+// stats) wait for the queue; nothing else does. A failing CUDA/cuBLAS call throws CudaError
+// (check.h) naming the call, file, line and error. Not thread-safe: one thread at a time calls a
+// backend's ops (as the model and the learner do).
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "bodies/grpo_loss.h"
+#include "check.h"
+#include "launchers.h"
+#include "troupe/kernels/backend.h"
+#include "troupe/kernels/device.h"
+#include "troupe/kernels/ops.h"
+
+namespace troupe::kernels {
+namespace {
+
+using cuda::Queue;
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&q_.stream, cudaStreamNonBlocking));
+    TROUPE_CUBLAS_CHECK(cublasCreate(&q_.blas));
+    TROUPE_CUBLAS_CHECK(cublasSetStream(q_.blas, q_.stream));
+    TROUPE_CUBLAS_CHECK(cublasSetMathMode(q_.blas, CUBLAS_PEDANTIC_MATH));  // fp32 GEMMs, no TF32
+  }
+  // The process-wide backend lives until exit, when the CUDA runtime may already be gone: its
+  // stream, handle and workspace are left to the driver's teardown.
+  ~CudaBackend() override = default;
+
+  const Queue& queue() const { return q_; }
+
+  std::string_view name() const override { return "cuda"; }
+  bool host_visible() const override { return false; }
+
+  void copy_host_to_device(void* dst, const void* src, size_t bytes) const override {
+    if (!bytes) return;
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, q_.stream));
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));  // the caller may reuse src on return
+  }
+  void copy_device_to_host(void* dst, const void* src, size_t bytes) const override {
+    if (!bytes) return;
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, q_.stream));
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));
+  }
+  void copy_device_to_device(void* dst, const void* src, size_t bytes) const override {
+    if (bytes) TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, q_.stream));
+  }
+  void synchronize() const override { TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream)); }
+
+  void zero(float* x, size_t n) const override {
+    if (n) TROUPE_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), q_.stream));
+  }
+  void fill(float* x, size_t n, float value) const override { cuda::launch_fill(q_, x, n, value); }
+  void fill_normal(float* x, size_t n, double stddev, uint64_t* rng) const override {
+    cuda::launch_fill_normal(q_, x, n, stddev, rng);
+  }
+
+  void matmul_forward(float* out, const float* inp, const float* weight, int N, int C, int OC) const override {
+    if (N <= 0 || OC <= 0) return;
+    if (C <= 0) return zero(out, static_cast<size_t>(N) * OC);
+    cuda::gemm(q_, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+  }
+  void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, int N,
+                       int C, int OC) const override {
+    if (N <= 0 || OC <= 0 || C <= 0) return;
+    if (dinp) cuda::gemm(q_, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+    if (dweight) cuda::gemm(q_, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  }
+  void bias_forward(float* out, const float* bias, int N, int OC) const override {
+    cuda::launch_bias_forward(q_, out, bias, N, OC);
+  }
+  void bias_backward(float* dbias, const float* dout, int N, int OC) const override {
+    cuda::launch_bias_backward(q_, dbias, dout, N, OC);
+  }
+  void sigmoid_gate_forward(float* out, const float* gate, const float* x, int N, int C) const override {
+    cuda::launch_sigmoid_gate_forward(q_, out, gate, x, N, C);
+  }
+  void sigmoid_gate_backward(float* dgate, float* dx, const float* dout, const float* gate, const float* x, int N,
+                             int C) const override {
+    cuda::launch_sigmoid_gate_backward(q_, dgate, dx, dout, gate, x, N, C);
+  }
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C) const override {
+    cuda::launch_embedding_forward(q_, out, tokens, wte, N, C);
+  }
+  void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C) const override {
+    cuda::launch_embedding_backward(q_, dwte, dout, tokens, N, C);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                       float eps) const override {
+    cuda::launch_rmsnorm_forward(q_, out, rstd, inp, weight, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                        const float* rstd, int N, int C) const override {
+    cuda::launch_rmsnorm_backward(q_, dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+  void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int HD, float theta) const override {
+    cuda::launch_rope_cos_sin(q_, cos, sin, positions, nullptr, N, HD, theta);
+  }
+  void rope_cos_sin_inv_freq(float* cos, float* sin, const int32_t* positions, const float* inv_freq, int N,
+                             int HD) const override {
+    cuda::launch_rope_cos_sin(q_, cos, sin, positions, inv_freq, N, HD, 0.0f);
+  }
+  void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int N, int NH,
+                    int HD) const override {
+    cuda::launch_rope_rotate(q_, out, inp, cos, sin, 1.0f, N, NH, HD);
+  }
+  void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int N, int NH,
+                     int HD) const override {
+    cuda::launch_rope_rotate(q_, dinp, dout, cos, sin, -1.0f, N, NH, HD);
+  }
+  // The attention kernels need no scratch (bodies/attention.h); one float keeps callers' buffers non-empty.
+  size_t attention_scratch_floats(int) const override { return 1; }
+  void attention_forward(float* out, float* lse, float*, size_t, const float* q, const float* k, const float* v,
+                         const int32_t* cu_seqlens, int S, int, int N, int NH, int NKV, int HD) const override {
+    cuda::launch_attention_forward(q_, out, lse, q, k, v, cu_seqlens, S, N, NH, NKV, HD);
+  }
+  void attention_backward(float* dq, float* dk, float* dv, float*, size_t, const float* dout, const float* q,
+                          const float* k, const float* v, const float* out, const float* lse,
+                          const int32_t* cu_seqlens, int S, int, int N, int NH, int NKV, int HD) const override {
+    cuda::launch_attention_backward(q_, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, S, N, NH, NKV, HD);
+  }
+  void attention_decode_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
+                                const int32_t* kv_len, const int32_t* slot, int B, int cache_len, int NH, int NKV,
+                                int HD) const override {
+    cuda::launch_attention_decode(q_, out, q, k_cache, v_cache, kv_len, slot, B, cache_len, NH, NKV, HD);
+  }
+  void kv_cache_write(float* k_cache, float* v_cache, const float* k, const float* v, const int32_t* slot,
+                      const int32_t* pos, int T, int cache_len, int KD) const override {
+    cuda::launch_kv_cache_write(q_, k_cache, v_cache, k, v, slot, pos, T, cache_len, KD);
+  }
+  void add(float* out, const float* a, const float* b, size_t n) const override { cuda::launch_add(q_, out, a, b, n); }
+  void swiglu_forward(float* out, const float* gate, const float* up, int N) const override {
+    cuda::launch_swiglu_forward(q_, out, gate, up, static_cast<size_t>(N));
+  }
+  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                       int N) const override {
+    cuda::launch_swiglu_backward(q_, dgate, dup, dout, gate, up, static_cast<size_t>(N));
+  }
+  void logprob_forward(float* logp, float* entropy, float* lse, const float* logits, const int32_t* targets,
+                       float temperature, int N, int V) const override {
+    cuda::launch_logprob_forward(q_, logp, entropy, lse, logits, targets, temperature, N, V);
+  }
+  void logprob_backward(float* dlogits, const float* dlogp, const float* dentropy, const float* logits,
+                        const float* lse, const int32_t* targets, float temperature, int N, int V) const override {
+    cuda::launch_logprob_backward(q_, dlogits, dlogp, dentropy, logits, lse, targets, temperature, N, V);
+  }
+  void chunked_logprob_forward(float* logp, float* entropy, float* lse, const float* h, const float* W,
+                               const int32_t* targets, float temperature, int N, int C, int V, int chunk,
+                               float* scratch) const override {
+    float* sum = static_cast<float*>(workspace(sizeof(float) * static_cast<size_t>(N > 0 ? N : 0)));
+    cuda::launch_chunked_logprob_forward(q_, logp, entropy, lse, h, W, targets, temperature, N, C, V, chunk, scratch,
+                                         sum);
+  }
+  void chunked_logprob_backward(float* dh, float* dW, const float* dlogp, const float* dentropy, const float* h,
+                                const float* W, const float* lse, const float* entropy, const int32_t* targets,
+                                float temperature, int N, int C, int V, int chunk, float* scratch) const override {
+    cuda::launch_chunked_logprob_backward(q_, dh, dW, dlogp, dentropy, h, W, lse, entropy, targets, temperature, N, C,
+                                          V, chunk, scratch);
+  }
+
+  size_t moe_saved_floats(const MoeConfig& cfg, int N) const override { return cuda::moe_device_saved_floats(cfg, N); }
+  size_t moe_scratch_floats(const MoeConfig& cfg, int N) const override {
+    return cuda::moe_device_scratch_floats(cfg, N);
+  }
+  void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                   const MoeConfig& cfg, int N, float* scratch) const override {
+    cuda::launch_moe_forward(q_, out, saved, stats, inp, w, cfg, N, scratch);
+  }
+  void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
+                    const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
+                    float* scratch) const override {
+    cuda::launch_moe_backward(q_, dinp, g, dout, daux, inp, saved, w, cfg, N, scratch);
+  }
+
+  int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
+                        const int32_t* cu_seqlens, int S) const override {
+    return kernels::packed_seq_layout(positions, seq_ids, seq_start, seq_end, cu_seqlens, S);  // host arrays
+  }
+
+  size_t sample_scratch_bytes(int V) const override { return cuda::sample_device_scratch_bytes(V); }
+  int32_t sample_token(float* logprob, const float* logits, int V, const SampleParams& sp, uint64_t* rng,
+                       void* scratch) const override {
+    return cuda::launch_sample_token(q_, logprob, logits, V, sp, rng, scratch);
+  }
+
+  GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch, const GrpoLossParams& params,
+                         const GrpoLossAggregation& agg) const override {
+    const size_t bytes = sizeof(double) * cuda::kGrpoSums * static_cast<size_t>(batch.S > 0 ? batch.S : 0);
+    return cuda::launch_grpo_loss(q_, dlogp, dentropy, static_cast<double*>(workspace(bytes)), batch, params, agg);
+  }
+
+ protected:
+  void* alloc_bytes(size_t bytes) const override {
+    try {
+      return TROUPE_DEVICE_ALLOC(bytes, q_.stream);
+    } catch (const cuda::CudaError& e) {
+      std::fprintf(stderr, "troupe: %s\n", e.what());  // Backend::alloc returns the error with the size
+      return nullptr;
+    }
+  }
+  void free_bytes(void* data, size_t) const override {
+    // Frees wait for the device; an error here (a failed kernel earlier) is reported, not thrown.
+    TROUPE_CUDA_REPORT(cudaFree(data));
+  }
+
+ private:
+  // Device workspace the table's ops need beyond their arguments (the chunked log-softmax's
+  // running sums, the GRPO loss's per-sequence metric rows): grown, never shrunk.
+  void* workspace(size_t bytes) const {
+    if (bytes > ws_bytes_) {
+      TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));  // the old one may still be in use
+      if (ws_) TROUPE_CUDA_CHECK(cudaFree(ws_));
+      ws_ = nullptr;
+      ws_ = TROUPE_DEVICE_ALLOC(bytes, q_.stream);
+      ws_bytes_ = bytes;
+    }
+    return ws_;
+  }
+
+  Queue q_;
+  mutable void* ws_ = nullptr;
+  mutable size_t ws_bytes_ = 0;
+};
+
+}  // namespace
+
+Result<const Backend*> cuda_backend() {
+  static std::once_flag once;
+  static std::unique_ptr<CudaBackend> backend;
+  static std::string failure;
+  std::call_once(once, [] {
+    if (cuda_device_count() == 0) {
+      failure = "no usable CUDA device (cudaGetDeviceCount found none or failed: no GPU or no driver); use cpu";
+      return;
+    }
+    try {
+      backend = std::make_unique<CudaBackend>();
+    } catch (const cuda::CudaError& e) {
+      failure = std::string("the CUDA backend could not start: ") + e.what();
+    }
+  });
+  if (!backend) return invalid_input(failure);
+  return static_cast<const Backend*>(backend.get());
+}
+
+namespace cuda {
+const Queue& backend_queue(const Backend& b) { return static_cast<const CudaBackend&>(b).queue(); }
+}  // namespace cuda
+
+}  // namespace troupe::kernels

@@ -1,0 +1,39 @@
+// The executor the shared launch sequences (bodies/moe_layer.h, bodies/chunked_logprob.h) run on
+// the device with: cuBLAS GEMMs, the generic element/row kernels, and CUB's expert route plan.
+#pragma once
+
+#include "device_lanes.cuh"
+#include "launchers.h"
+
+namespace troupe::kernels::cuda {
+
+// Expert histogram, exclusive scan and stable sort of the slots by expert (CUB), moe_route.cu.
+void moe_route_plan_device(const Queue& q, int32_t* offsets, int32_t* row_slot, const int32_t* experts, int NK, int E,
+                           void* tmp, size_t tmp_bytes);
+
+struct DeviceExec {
+  const Queue& q;
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+            float beta, float* C, int ldc) {
+    cuda::gemm(q, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  template <class Body>
+  void each(const Body& b, size_t n) { launch_elements(b, n, q.stream); }
+  template <class Body>
+  void rows(const Body& b, int n) { launch_rows(b, n, q.stream); }
+  void zero(void* p, size_t bytes) {
+    if (bytes) TROUPE_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, q.stream));
+  }
+  void to_host(void* dst, const void* src, size_t bytes) {
+    if (!bytes) return;
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, q.stream));
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q.stream));
+  }
+  size_t plan_tmp_bytes(int NK, int E) { return moe_plan_tmp_bytes(NK, E); }
+  void route_plan(int32_t* offsets, int32_t* row_slot, const int32_t* experts, int NK, int E, void* tmp,
+                  size_t tmp_bytes) {
+    moe_route_plan_device(q, offsets, row_slot, experts, NK, E, tmp, tmp_bytes);
+  }
+};
+
+}  // namespace troupe::kernels::cuda

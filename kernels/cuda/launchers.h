@@ -1,0 +1,116 @@
+// Host-side launchers of the custom kernels, one group per kernel family .cu file. Each runs its
+// bodies (bodies/*.h) on `stream`; pointers are device memory unless the name says host. The CUDA
+// backend (cuda_backend.cpp) and the GPU tests (tests/gpu/) call these; shapes and [assigned]/[+=]
+// contracts are those of the CPU ops in ops.h, moe.h, chunked_logprob.h, grpo_loss.h, random.h.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "troupe/base/result.h"
+#include "troupe/kernels/grpo_loss.h"
+#include "troupe/kernels/moe.h"
+#include "troupe/kernels/random.h"
+
+namespace troupe::kernels {
+class Backend;
+// The CUDA backend (cuda_backend.cpp): an error when no usable device exists or it cannot start.
+Result<const Backend*> cuda_backend();
+}  // namespace troupe::kernels
+
+namespace troupe::kernels::cuda {
+
+// The queue every launcher of one backend uses: its stream and its cuBLAS handle (bound to it).
+struct Queue {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+};
+
+// The queue of the CUDA backend `b` (b must be what cuda_backend() returned).
+const Queue& backend_queue(const Backend& b);
+
+// Row-major C (M, N) = alpha op(A) op(B) + beta C through cublasSgemm (fp32 in, fp32 accumulate).
+void gemm(const Queue& q, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+
+// swiglu.cu: the elementwise family
+void launch_fill(const Queue& q, float* x, size_t n, float value);
+void launch_add(const Queue& q, float* out, const float* a, const float* b, size_t n);
+void launch_swiglu_forward(const Queue& q, float* out, const float* gate, const float* up, size_t n);
+void launch_swiglu_backward(const Queue& q, float* dgate, float* dup, const float* dout, const float* gate,
+                            const float* up, size_t n);
+void launch_bias_forward(const Queue& q, float* out, const float* bias, int N, int OC);
+void launch_bias_backward(const Queue& q, float* dbias, const float* dout, int N, int OC);
+void launch_sigmoid_gate_forward(const Queue& q, float* out, const float* gate, const float* x, int N, int C);
+void launch_sigmoid_gate_backward(const Queue& q, float* dgate, float* dx, const float* dout, const float* gate,
+                                  const float* x, int N, int C);
+
+// embedding.cu
+void launch_embedding_forward(const Queue& q, float* out, const int32_t* tokens, const float* wte, int N, int C);
+void launch_embedding_backward(const Queue& q, float* dwte, const float* dout, const int32_t* tokens, int N, int C);
+
+// rmsnorm.cu
+void launch_rmsnorm_forward(const Queue& q, float* out, float* rstd, const float* inp, const float* weight, int N,
+                            int C, float eps);
+void launch_rmsnorm_backward(const Queue& q, float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const float* rstd, int N, int C);
+
+// rope.cu (inv_freq null: theta^(-2i/HD))
+void launch_rope_cos_sin(const Queue& q, float* cos, float* sin, const int32_t* positions, const float* inv_freq,
+                         int N, int HD, float theta);
+void launch_rope_rotate(const Queue& q, float* out, const float* inp, const float* cos, const float* sin, float sign,
+                        int N, int NH, int HD);
+
+// logprob.cu; `sum` is N floats of device workspace for the chunked forward
+void launch_logprob_forward(const Queue& q, float* logp, float* entropy, float* lse, const float* logits,
+                            const int32_t* targets, float temperature, int N, int V);
+void launch_logprob_backward(const Queue& q, float* dlogits, const float* dlogp, const float* dentropy,
+                             const float* logits, const float* lse, const int32_t* targets, float temperature, int N,
+                             int V);
+void launch_chunked_logprob_forward(const Queue& q, float* logp, float* entropy, float* lse, const float* h,
+                                    const float* W, const int32_t* targets, float temperature, int N, int C, int V,
+                                    int chunk, float* scratch, float* sum);
+void launch_chunked_logprob_backward(const Queue& q, float* dh, float* dW, const float* dlogp, const float* dentropy,
+                                     const float* h, const float* W, const float* lse, const float* entropy,
+                                     const int32_t* targets, float temperature, int N, int C, int V, int chunk,
+                                     float* scratch);
+
+// grpo_loss.cu; sums: S * kGrpoSums doubles of device workspace. Waits for the queue (the sums
+// come back to the host).
+GrpoLossSums launch_grpo_loss(const Queue& q, float* dlogp, float* dentropy, double* sums, const GrpoLossBatch& b,
+                              const GrpoLossParams& p, const GrpoLossAggregation& agg);
+
+// attention.cu
+void launch_attention_forward(const Queue& q, float* out, float* lse, const float* qv, const float* k, const float* v,
+                              const int32_t* cu_seqlens, int S, int N, int NH, int NKV, int HD);
+void launch_attention_backward(const Queue& q, float* dq, float* dk, float* dv, const float* dout, const float* qv,
+                               const float* k, const float* v, const float* out, const float* lse,
+                               const int32_t* cu_seqlens, int S, int N, int NH, int NKV, int HD);
+void launch_attention_decode(const Queue& q, float* out, const float* qv, const float* k_cache, const float* v_cache,
+                             const int32_t* kv_len, const int32_t* slot, int B, int cache_len, int NH, int NKV, int HD);
+void launch_kv_cache_write(const Queue& q, float* k_cache, float* v_cache, const float* k, const float* v,
+                           const int32_t* slot, const int32_t* pos, int T, int cache_len, int KD);
+
+// moe_route.cu: the whole layer (grouped path), and the dispatcher round trip for tests
+size_t moe_device_saved_floats(const MoeConfig& cfg, int N);
+size_t moe_device_scratch_floats(const MoeConfig& cfg, int N);
+void launch_moe_forward(const Queue& q, float* out, float* saved, MoeStats* host_stats, const float* inp,
+                        const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch);
+void launch_moe_backward(const Queue& q, float* dinp, const MoeGrads& g, const float* dout, float daux,
+                         const float* inp, const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
+                         float* scratch);
+size_t moe_plan_tmp_bytes(int NK, int E);
+void launch_moe_round_trip(const Queue& q, float* out, float* back, int32_t* offsets, int32_t* row_slot,
+                           int32_t* slot_row, const int32_t* experts, const float* weights, const float* inp, int N,
+                           int K, int E, int C, float* xp, void* plan_tmp);
+
+// sampling.cu; rng and logprob are host memory
+void launch_fill_normal(const Queue& q, float* x, size_t n, double stddev, uint64_t* host_rng);
+size_t sample_device_scratch_bytes(int V);
+int32_t launch_sample_token(const Queue& q, float* host_logprob, const float* logits, int V, const SampleParams& sp,
+                            uint64_t* host_rng, void* scratch);
+
+}  // namespace troupe::kernels::cuda
