@@ -200,6 +200,8 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("rollout.async_chunks", [](C& c) { return &c.rollout.async_chunks; }, 1, 1048576, "Async: each step's prompts are generated in this many parts, and the learners start on a part (accumulating its gradient) as soon as it is scored; the optimizer step follows the last part. The update equals the whole batch's up to rounding. 1 = the whole batch at once. Needs one on-policy update per batch (grpo.num_iterations 1, no dynamic sampling), single-turn envs and group-local advantages (scale_rewards group or none, adv_estimator grpo or rloo).");
   b.choice("rollout.stale_policy", [](C& c) { return &c.rollout.stale_policy; }, {"drop", "importance_weight"}, "Async: how trajectories sampled by older weights are trained on. The scheduler never starts a rollout on weights more than max_staleness versions old. drop: the PPO ratio is taken against the sampler's log-probs (tokens that moved are clipped), and a trajectory past max_staleness would be dropped (stale_dropped). importance_weight: decoupled PPO, the ratio against the learner's current weights and each token's policy-gradient term weighted by min(pi_current / pi_sampler, importance_weight_cap) (truncated importance sampling; is_weight_mean in the metrics).");
   b.number("rollout.importance_weight_cap", [](C& c) { return &c.rollout.importance_weight_cap; }, 1, 1000, "stale_policy importance_weight: truncation of the importance weight (veRL's TIS cap is 2).");
+  b.text("rollout.serve", [](C& c) { return &c.rollout.serve; }, "HOST:PORT (loopback): every generator also serves its current policy weights over the OpenAI-compatible routes of troupe serve (generator i on PORT + i; port 0: a free one, logged). Requests under /episodes/EPISODE_ID/v1/... (or with the X-Troupe-Episode header) are recorded token for token into that episode and trained on; other requests are served and not recorded. Envs of type verifiers need it. Empty = off.");
+  b.integer("rollout.serve_slots", [](C& c) { return &c.rollout.serve_slots; }, 1, 4096, "rollout.serve: sequences the endpoint samples together (continuous batching over a copy of the generator's weights).");
 
   // cluster
   b.integer("cluster.learners", [](C& c) { return &c.cluster.learners; }, 1, 4096, "Learner ranks (data parallel).");
@@ -242,11 +244,11 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   Builder<EnvSpec> b;
   using E = EnvSpec;
   b.text("name", [](E& e) { return &e.name; }, "Required. Label in metrics (reward_mean/<name>, prompts/<name>); the builtin id unless env is set.");
-  b.choice("type", [](E& e) { return &e.type; }, {"builtin", "plugin", "remote"}, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md).");
+  b.choice("type", [](E& e) { return &e.type; }, {"builtin", "plugin", "remote", "verifiers"}, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md), verifiers (a verifiers v1 environment server at address, which runs each episode and calls the policy through rollout.serve; its tasks are config.tasks).");
   b.text("env", [](E& e) { return &e.env; }, "Builtin env id (empty = name), e.g. arithmetic, countdown.");
   b.text("path", [](E& e) { return &e.path; }, "plugin: path of the shared library (relative to the YAML file).");
   b.string_list("command", [](E& e) { return &e.command; }, "remote: argv that starts the env server, e.g. [python, env.py, --bind, \"{bind}\"] (empty = use address).");
-  b.text("address", [](E& e) { return &e.address; }, "remote: address of a running env server, e.g. tcp://127.0.0.1:5555.");
+  b.text("address", [](E& e) { return &e.address; }, "remote: address of a running env server, e.g. tcp://127.0.0.1:5555; verifiers: its env server's ZeroMQ address.");
   b.number("weight", [](E& e) { return &e.weight; }, 0, 1e6, "Share of prompts drawn from this env (normalized over envs).");
   b.number("timeout_s", [](E& e) { return &e.timeout_s; }, 0.001, 86400, "Per-call timeout (reset/step/verify); a late call fails the episode.");
   b.choice("isolate", [](E& e) { return &e.isolate; }, {"auto", "true", "false"}, "Run a builtin/plugin env in its own worker process (crash and hang isolation); auto = plugins only.");

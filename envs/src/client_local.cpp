@@ -296,8 +296,12 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
     s.type = EnvType::remote;
     if (s.command.empty() && s.address.empty())
       return invalid_input(where + ": a remote env needs 'command' (troupe starts it) or 'address' (already running)");
+  } else if (type == "verifiers") {
+    s.type = EnvType::verifiers;
+    if (s.address.empty())
+      return invalid_input(where + ": a verifiers env needs 'address' (its env server, e.g. tcp://127.0.0.1:5000)");
   } else {
-    return invalid_input(where + ": 'type' must be builtin, plugin or remote (got '" + type + "')");
+    return invalid_input(where + ": 'type' must be builtin, plugin, remote or verifiers (got '" + type + "')");
   }
   if (j.contains("isolate") && !j["isolate"].is_null()) {
     if (!j["isolate"].is_boolean()) return invalid_input(where + ": 'isolate' must be true or false");
@@ -319,7 +323,10 @@ Result<std::vector<EnvSpec>> parse_env_specs(const json& list, const std::string
 }
 
 json to_json(const EnvSpec& s) {
-  const char* type = s.type == EnvType::builtin ? "builtin" : s.type == EnvType::plugin ? "plugin" : "remote";
+  const char* type = s.type == EnvType::builtin ? "builtin"
+                     : s.type == EnvType::plugin ? "plugin"
+                     : s.type == EnvType::verifiers ? "verifiers"
+                                                    : "remote";
   json j = {{"name", s.name}, {"type", type}, {"weight", s.weight}, {"config", s.config}, {"isolate", s.isolate},
             {"timeout_s", s.timeout_s}, {"startup_timeout_s", s.startup_timeout_s}, {"max_restarts", s.max_restarts},
             {"max_retries", s.max_retries}, {"max_failure_frac", s.max_failure_frac},
@@ -333,6 +340,7 @@ json to_json(const EnvSpec& s) {
 }
 
 Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec) {
+  if (spec.type == EnvType::verifiers) return make_verifiers_client(spec);
   if (spec.type == EnvType::builtin && !spec.isolate) {
     TROUPE_ASSIGN_OR_RETURN(EnvFactory f, EnvRegistry::global().factory(spec.env.empty() ? spec.name : spec.env));
     return make_local_client(std::move(f), spec.config);
