@@ -142,6 +142,7 @@ Result<EnvObs> EnvWorker::run(const EnvRunReq& r) {
   q.sampling = json::parse(r.sampling_json, nullptr, false);
   if (q.metadata.is_discarded() || q.sampling.is_discarded()) return invalid_input("EnvRunReq: metadata or sampling is not JSON");
   q.base_url = r.base_url;
+  q.model = r.model;
   auto res = c->run(r.episode_id, q);
   const std::string what = "run of episode '" + r.episode_id + "'";
   if (res.ok()) {

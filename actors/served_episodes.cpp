@@ -1,6 +1,8 @@
 // Episodes an env runs itself (envs of type verifiers): every sample of a group is one episode,
-// sent to an env worker as EnvRunReq with the base URL of a generator's rollout.serve endpoint for
-// that episode (.../episodes/EPISODE_ID/v1). The env calls the model there for every turn; the
+// sent to an env worker as EnvRunReq with the base URL of a generator's rollout.serve endpoint and
+// the model name "episodes/EPISODE_ID", which ties each request to the episode (one endpoint
+// config for all episodes: the env server keeps an HTTP client per distinct config). The env
+// calls the model there for every turn; the
 // generator records each request token for token, and once the env answers with the reward the
 // coordinator takes the episode's recorded turns (ServedTurnsReq) and builds its training samples.
 // A turn whose prompt extends the previous context token for token continues the same sample (the
@@ -92,7 +94,7 @@ struct Attempt {
 
 EnvRunReq run_req(const RunState& s, const Rollout::Group& g, const Attempt& a, const json& sampling) {
   return EnvRunReq{g.env, a.id, g.metadata.dump(-1, ' ', false, json::error_handler_t::replace),
-                   s.serve_urls[a.generator] + "/episodes/" + a.id + "/v1", sampling.dump()};
+                   s.serve_urls[a.generator] + "/v1", "episodes/" + a.id, sampling.dump()};
 }
 
 }  // namespace
@@ -152,7 +154,7 @@ Task<Status> run_served(RunState& s, Rollout& r, const std::vector<int>& groups,
     std::vector<GenSample> xs = samples_of_turns(served.turns, &version);
     if (res.error.empty() && xs.empty()) {
       res.error = "env '" + g.env + "' episode '" + a.id + "' made no model call through troupe's endpoint (" +
-                  s.serve_urls[a.generator] + "/episodes/" + a.id + "/v1)";
+                  s.serve_urls[a.generator] + "/v1, model episodes/" + a.id + ")";
       res.reason = "env_error";
     }
     if (version >= 0) *oldest = *oldest < 0 ? version : std::min(*oldest, version);
@@ -185,7 +187,7 @@ Task<Result<std::pair<double, double>>> served_eval(RunState& s, const std::stri
     const std::string id = "eval-" + env + "-" + std::to_string(i);
     runs.back().emplace(request<EnvObs>(
         s.here, s.env_worker(i),
-        EnvRunReq{env, id, got[i].metadata_json, s.serve_urls[0] + "/episodes/" + id + "/v1", greedy.dump()},
+        EnvRunReq{env, id, got[i].metadata_json, s.serve_urls[0] + "/v1", "episodes/" + id, greedy.dump()},
         kLongTimeout));
   }
   std::pair<double, double> sums{0.0, 0.0};  // solved, reward

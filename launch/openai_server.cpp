@@ -426,6 +426,9 @@ struct OpenAiServer::Impl {
     auto p = std::make_shared<Prepared>();
     if (auto e = prepare(req.body, chat, p.get())) return reply_error(res, *e);
     if (episode.empty() && req.has_header("X-Troupe-Episode")) episode = req.get_header_value("X-Troupe-Episode");
+    static const std::string kEpisodeModel = "episodes/";  // rollout.serve: model "episodes/ID"
+    if (episode.empty() && opt.record && p->req.model.rfind(kEpisodeModel, 0) == 0)
+      episode = p->req.model.substr(kEpisodeModel.size());
     p->episode = std::move(episode);
     if (p->req.stream) return stream(p, res);
     complete(*p, res);

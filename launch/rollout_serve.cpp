@@ -28,7 +28,8 @@ Result<std::unique_ptr<RolloutServers>> RolloutServers::start(
     if (!bound.ok()) return invalid_input("rollout.serve: generator" + std::to_string(indices[i]) + ": " + bound.error().message);
     const std::string url = "http://" + where.first + ":" + std::to_string(*bound);
     g.set_serve_url(url);
-    std::fprintf(stderr, "troupe: generator%d: rollout.serve listening on %s (an episode's base URL: %s/episodes/ID/v1)\n",
+    std::fprintf(stderr, "troupe: generator%d: rollout.serve listening on %s (requests for an episode: model "
+                 "episodes/ID or base URL %s/episodes/ID/v1)\n",
                  indices[i], url.c_str(), url.c_str());
     OpenAiServer* s = server.get();
     out->servers_.push_back(std::move(server));

@@ -5,7 +5,8 @@
 // ({request_id}). A run's reward is in its trace deltas (each trace's `rewards`: name ->
 // {score, weight}); the reply carries the episode head and each trace's node/call counts, which
 // the assembled deltas must match. Every call has its own socket and deadline, so episodes run
-// concurrently; a run past timeout_s is cancelled on the server.
+// concurrently; a run past timeout_s is cancelled on the server. The model endpoint and name are
+// the caller's (RunRequest): the coordinator sends a generator's base URL and "episodes/ID".
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -101,11 +102,10 @@ class VerifiersEnvClient final : public EnvClient {
     if (!task.is_object()) return invalid_input(where() + ": episode '" + episode_id + "' has no task data");
     json sampling = req.sampling;
     for (auto it = sampling_.begin(); it != sampling_.end(); ++it) sampling[it.key()] = it.value();
-    json client = {{"type", "eval"},
-                   {"base_url", req.base_url},
-                   {"api_key_var", api_key_var_},
-                   {"headers", {{"X-Troupe-Episode", episode_id}}}};
-    json payload = {{"task_data", task}, {"client", client}, {"model", model_}, {"sampling", sampling}};
+    // One client config per endpoint (the server keeps one HTTP client per distinct config): the
+    // episode travels in the model name, which the endpoint reads (req.model, e.g. "episodes/ID").
+    json client = {{"type", "eval"}, {"base_url", req.base_url}, {"api_key_var", api_key_var_}};
+    json payload = {{"task_data", task}, {"client", client}, {"model", req.model}, {"sampling", sampling}};
     const std::string what = where() + ": run of episode '" + episode_id + "'";
     std::map<std::string, TraceState> traces;
     auto on_delta = [&](const json& d) -> Status {
@@ -162,11 +162,11 @@ class VerifiersEnvClient final : public EnvClient {
   }
 
   Status read_config() {
-    static const std::set<std::string> known = {"tasks", "eval_tasks", "model", "sampling", "api_key_var"};
+    static const std::set<std::string> known = {"tasks", "eval_tasks", "sampling", "api_key_var"};
     for (auto it = spec_.config.begin(); it != spec_.config.end(); ++it)
       if (!known.count(it.key()))
         return invalid_input("env " + spec_.name + ": config: unknown key '" + it.key() +
-                             "' (known: tasks, eval_tasks, model, sampling, api_key_var)");
+                             "' (known: tasks, eval_tasks, sampling, api_key_var)");
     auto rows = [&](const char* key, std::vector<json>& out) -> Status {
       if (!spec_.config.contains(key)) return {};
       const json& v = spec_.config[key];
@@ -189,7 +189,6 @@ class VerifiersEnvClient final : public EnvClient {
       out = spec_.config[key].get<std::string>();
       return {};
     };
-    TROUPE_TRY(str("model", model_));
     TROUPE_TRY(str("api_key_var", api_key_var_));
     if (spec_.config.contains("sampling")) {
       if (!spec_.config["sampling"].is_object())
@@ -310,7 +309,6 @@ class VerifiersEnvClient final : public EnvClient {
   EnvSpec spec_;
   EnvInfo info_;
   std::vector<json> train_, eval_;
-  std::string model_ = "policy";
   std::string api_key_var_ = "TROUPE_VERIFIERS_API_KEY";
   json sampling_ = json::object();
 };

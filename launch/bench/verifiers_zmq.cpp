@@ -149,7 +149,8 @@ int run_verifiers_zmq_case(const BenchOptions& opt) {
             auto obs = (*client)->reset(id, static_cast<uint64_t>(i), {});
             envs::RunRequest q;
             if (obs.ok()) q.metadata = obs->metadata;
-            q.base_url = base + "/episodes/" + id + "/v1";
+            q.base_url = base + "/v1";
+            q.model = "episodes/" + id;
             q.sampling = {{"temperature", 1.0}, {"max_tokens", 4}};
             auto r = obs.ok() ? (*client)->run(id, q) : Result<envs::RunResult>(obs.error());
             if (!r.ok() && !failed.exchange(true))

@@ -165,6 +165,13 @@ def main():
         tr = plain["choices"][0]["troupe"]
         if tr.get("episode_id") is not None or "policy_version" not in tr:
             fail(f"a request without an episode: {tr}")
+        # an episode's own base URL names it too (the coordinator never takes this one: not trained)
+        req = urllib.request.Request(url + "/episodes/probe-1/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            tr = json.loads(r.read())["choices"][0]["troupe"]
+        if tr.get("episode_id") != "probe-1" or len(tr["completion_token_ids"]) != len(tr["completion_logprobs"]):
+            fail(f"a request under /episodes/probe-1/v1: {tr}")
         rc = run.p.wait(300)
         run.t.join(5)
         if rc != 0:

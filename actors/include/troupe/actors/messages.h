@@ -93,10 +93,11 @@ struct EnvRunReq {
   std::string env;
   std::string episode_id;
   std::string metadata_json = "{}";  // what the episode's reset gave (the task data)
-  std::string base_url;              // the episode's model endpoint (a generator's rollout.serve + /episodes/ID/v1)
+  std::string base_url;              // the model endpoint (a generator's rollout.serve URL + /v1)
+  std::string model;                 // the model name to send: "episodes/EPISODE_ID" (ties requests to the episode)
   std::string sampling_json = "{}";  // temperature, top_p, max_tokens, ...
   template <class A>
-  void serialize(A& ar) { ar(env, episode_id, metadata_json, base_url, sampling_json); }
+  void serialize(A& ar) { ar(env, episode_id, metadata_json, base_url, model, sampling_json); }
 };
 
 // ---- rollout generator ----

@@ -52,7 +52,8 @@ json to_json(const EnvSpec& spec);
 // OpenAI-compatible endpoint for every turn and answers with the reward.
 struct RunRequest {
   json metadata = json::object();  // what reset() gave the episode (the task data)
-  std::string base_url;            // the model endpoint for this episode (.../v1)
+  std::string base_url;            // the model endpoint (.../v1)
+  std::string model;               // the model name the env sends (names the episode to troupe's endpoint)
   json sampling = json::object();  // temperature, top_p, max_tokens, ...
 };
 struct RunResult {

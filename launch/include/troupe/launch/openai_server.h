@@ -26,7 +26,8 @@ struct OpenAiServerOptions {
   int http_threads = 0;     // 0: engine slots + 8
   int max_n = 16;           // most choices per request
   // rollout.serve (a generator's endpoint during a run): requests may name any model, and every
-  // choice served for an episode (route /episodes/ID/v1/..., or the X-Troupe-Episode header) is
+  // choice served for an episode (route /episodes/ID/v1/..., the X-Troupe-Episode header, or the
+  // model name "episodes/ID") is
   // recorded here token for token. Null: nothing is recorded (troupe serve).
   actors::ServedTurnLog* record = nullptr;
   bool any_model = false;

@@ -1,7 +1,7 @@
 // rollout.serve: during a run, each generator this process hosts also serves its current policy
 // over the OpenAI-compatible routes of `troupe serve` (openai_server.h), generator i on PORT + i
-// (port 0: a free one each). Requests under /episodes/EPISODE_ID/v1/... (or with an
-// X-Troupe-Episode header) are recorded into the generator's ServedTurnLog for that episode; the
+// (port 0: a free one each). Requests for an episode (model "episodes/EPISODE_ID", routes under
+// /episodes/EPISODE_ID/v1/..., or an X-Troupe-Episode header) are recorded into the generator's ServedTurnLog for that episode; the
 // coordinator fetches them (ServedTurnsReq) and trains on them. Serving stops when this object goes.
 #pragma once
 
