@@ -3,6 +3,7 @@
 #include "troupe/launch/openai_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -531,11 +532,20 @@ OpenAiServer::~OpenAiServer() { stop(); }
 
 Result<int> OpenAiServer::bind(const std::string& host, int port) {
   int bound = -1;
+  // cpp-httplib listens with a backlog of 5 (compiled in): a burst of concurrent clients overflows
+  // it and the connections past it are reset. Keep the listening socket and listen again with room.
+  int listening = -1;
+  impl_->http.set_socket_options([&listening](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listening = static_cast<int>(sock);
+  });
   if (port == 0) {
     bound = impl_->http.bind_to_any_port(host);
   } else if (impl_->http.bind_to_port(host, port)) {
     bound = port;
   }
+  impl_->http.set_socket_options(httplib::default_socket_options);
+  if (bound > 0 && listening >= 0) (void)::listen(listening, 1024);
   if (bound <= 0)
     return make_error(ErrorCode::io, "cannot listen on " + host + ":" + std::to_string(port) +
                                          " (address in use or not this machine's)");
