@@ -56,6 +56,9 @@ struct Rollout {
     std::string env_version;
     std::string messages_json = "[]";  // the first observation's chat messages
     std::vector<std::vector<TurnInfo>> turns;  // multi-turn: per sample, the env side of each turn
+    // envs that run their episodes (served_episodes.cpp): per sample, the episode's further
+    // training samples (turns that did not extend the first sample's context), same advantage
+    std::vector<std::vector<GenSample>> more_samples;
   };
   std::vector<Group> groups;
   int64_t policy_version = 0;
@@ -114,6 +117,7 @@ struct RunState {
   int64_t saved_step = 0;
   bool learner_dirty = false;  // an update was sent for a step that is not done yet
   Pipeline* async = nullptr;   // set while an async GRPO phase runs
+  std::vector<std::string> serve_urls;  // each generator's rollout.serve endpoint (asked on first use)
 
   double now_s() const { return wall_offset + mono_s() - t0; }
   Status emit(json row) const { return hooks.metrics ? hooks.metrics(row) : Status{}; }
@@ -197,6 +201,19 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& firs
 Status check_env_failures(RunState& s, const Rollout& r, int64_t step);
 // Text the tokenizer cannot encode, mapped so that it can (characters it lacks become '?').
 std::string encodable(const policy::io::Tokenizer& tok, const std::string& text);
+
+// served_episodes.cpp: episodes an env runs itself (type verifiers) against the generators'
+// rollout.serve endpoints; fills those groups' samples, rewards and errors. *version: the oldest
+// policy version that served any of them (-1: none).
+bool runs_episodes(const RunState& s, const std::string& env);
+// An episode's recorded turns (in finish order) as its training samples: a turn whose prompt
+// extends the previous context token for token continues the sample (the tokens between, mask 0,
+// log-prob 0), any other starts one. *version: the oldest version among them (left if none).
+std::vector<GenSample> samples_of_turns(const std::vector<ServedTurn>& turns, int64_t* version);
+Task<Status> run_served(RunState& s, Rollout& r, const std::vector<int>& groups, int64_t step, int64_t k,
+                        int64_t* version);
+// Greedy held-out episodes of such an env (generator 0's endpoint): the sums of solved and reward.
+Task<Result<std::pair<double, double>>> served_eval(RunState& s, const std::string& env, const std::vector<EnvObs>& got);
 
 // rollout.cpp: prompts by env weight, generation, scoring, dynamic-sampling rounds.
 size_t pick_env(const ExperimentConfig& cfg, uint64_t r);

@@ -136,6 +136,34 @@ Result<EnvVerifyRep> EnvWorker::verify(const EnvVerifyReq& r) {
   return out;
 }
 
+Result<EnvObs> EnvWorker::run(const EnvRunReq& r) {
+  auto t0 = std::chrono::steady_clock::now();
+  TROUPE_ASSIGN_OR_RETURN(auto* c, client(r.env));
+  envs::RunRequest q;
+  q.metadata = json::parse(r.metadata_json, nullptr, false);
+  q.sampling = json::parse(r.sampling_json, nullptr, false);
+  if (q.metadata.is_discarded() || q.sampling.is_discarded()) return invalid_input("EnvRunReq: metadata or sampling is not JSON");
+  q.base_url = r.base_url;
+  q.model = r.model;
+  auto res = c->run(r.episode_id, q);
+  const std::string what = "run of episode '" + r.episode_id + "'";
+  if (res.ok()) {
+    if (auto bad = envs::check_reward(specs_.at(r.env), res->reward, what); !bad.ok()) res = bad.error();
+  }
+  EnvObs out;
+  out.env_version = c->info().version;
+  if (!res.ok()) {
+    fail(out, r.env, Error{res.error().code, "env '" + r.env + "' " + what + ": " + res.error().message});
+  } else {
+    out.reward = res->reward;
+    out.done = true;
+    out.components_json = json(res->components).dump();
+    out.info_json = res->info.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  out.env_s = seconds_since(t0);
+  return out;
+}
+
 void EnvWorker::release(const EnvReleaseReq& r) {
   auto it = clients_.find(r.env);
   if (it != clients_.end()) it->second->release(r.episode_id);
@@ -210,6 +238,9 @@ EnvActor::EnvActor(std::shared_ptr<EnvWorker> worker)
   handle<EnvAggregateReq>([this](runtime::Context& ctx, const EnvAggregateReq& r) -> Status {
     return answer<EnvAggregateRep>(ctx, worker_, inflight_, r.env, r,
                                    [](EnvWorker& w, const EnvAggregateReq& q) -> Result<EnvAggregateRep> { return w.aggregate(q); });
+  });
+  handle<EnvRunReq>([this](runtime::Context& ctx, const EnvRunReq& r) -> Status {
+    return answer<EnvObs>(ctx, worker_, inflight_, r.env, r, [](EnvWorker& w, const EnvRunReq& q) { return w.run(q); });
   });
   handle<EnvReleaseReq>([this](runtime::Context&, const EnvReleaseReq& r) {
     if (!worker_->concurrent(r.env)) return worker_->release(r);

@@ -161,7 +161,11 @@ Task<Result<json>> evaluate(RunState& s) {
       got.push_back(std::move(o));
     }
     Result<EnvScore> score = EnvScore{};
-    if (multi)
+    if (runs_episodes(s, e.name)) {  // a verifiers env runs its own greedy episodes
+      auto sums = co_await served_eval(s, e.name, got);
+      if (!sums.ok()) co_return sums.error();
+      score = EnvScore{sums->first, sums->second, 0};
+    } else if (multi)
       score = co_await episodes(s, e.name, std::move(got));
     else
       score = co_await single_turn(s, e.name, std::move(got));

@@ -32,11 +32,23 @@ Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg
     else
       g->stop_strings_.push_back(s);  // cut after decoding
   }
+  if (!cfg.rollout.serve.empty()) {  // the endpoint samples from a copy of its own, on its own thread
+    TROUPE_ASSIGN_OR_RETURN(auto copy, make_policy(cfg));
+    ServeEngineOptions eo;
+    eo.slots = cfg.rollout.serve_slots;
+    eo.context = std::min(copy.model->config().max_position_embeddings, 4096);
+    eo.threads = role_threads(cfg.cluster, "generator", 0);
+    g->serve_tok_ = std::shared_ptr<const policy::io::Tokenizer>(std::move(copy.tokenizer));
+    g->serve_tmpl_ = copy.chat_template;
+    TROUPE_ASSIGN_OR_RETURN(auto engine, ServeEngine::create(std::move(copy.model), eo));
+    g->engine_ = std::move(engine);
+  }
   return g;
 }
 
 Status Generator::set_weights(const Weights& w) {
   TROUPE_TRY(policy_.model->set_params(w.params));
+  if (engine_) TROUPE_TRY(engine_->set_weights(w.version, w.params));
   version_ = w.version;
   return {};
 }
@@ -169,6 +181,12 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
     }
     if (!rep.ok()) return rep.error();
     return ctx.reply(std::move(rep).value());
+  });
+  handle<ServedTurnsReq>([this](runtime::Context& ctx, const ServedTurnsReq& r) -> Status {
+    return ctx.reply(ServedTurnsRep{gen_->served_turns().take(r.episode_id)});
+  });
+  handle<ServeAddressReq>([this](runtime::Context& ctx, const ServeAddressReq&) -> Status {
+    return ctx.reply(ServeAddressRep{gen_->serve_url()});
   });
   handle<Weights>([this](runtime::Context& ctx, const Weights& w) -> Status {
     use_threads(threads_);

@@ -1,7 +1,8 @@
 // actors.roles: the roles without an actor system — prompt formatting, the generator's truncation
 // and prompt-cut records, weight sync from learner to generator with its version, the env worker's
 // batched verify on the arithmetic env, stop strings, the YAML -> learner settings mapping, per-role compute
-// threads and the generator actor on a low-priority thread.
+// threads, the generator actor on a low-priority thread, and rollout.serve: the generator's serving
+// engine following the weights and served turns becoming training samples.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -422,4 +423,87 @@ TEST(Roles, MultiTurnTrainingTokensAreTheSampledOnes) {
   ASSERT_TRUE(coord::add_turn(c, cut, Result<EnvObs>(done), 2, 3, t).ok());
   EXPECT_FALSE(c.exact);
   EXPECT_EQ(c.merged.tokens.size(), e.merged.tokens.size());
+}
+
+// rollout.serve: the generator's serving engine samples with the generator's weights, follows every
+// weight sync, and tags each request with the version that sampled it.
+TEST(Roles, RolloutServeEngineFollowsTheWeights) {
+  auto cfg = tiny();
+  cfg.optimizer.lr = 0.01f;
+  cfg.rollout.serve = "127.0.0.1:0";
+  cfg.rollout.serve_slots = 4;
+  auto g = Generator::create(cfg);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  ASSERT_TRUE((*g)->serve_engine());
+  auto greedy = [&](const std::vector<int32_t>& prompt, int64_t* version) {
+    ServeRequest q;
+    q.prompt = prompt;
+    q.sampling.temperature = 0;
+    q.max_tokens = 4;
+    auto s = (*g)->serve_engine()->submit(q);
+    std::vector<int32_t> out;
+    policy::SlotToken t;
+    while (s->next(&t)) out.push_back(t.token);
+    *version = s->policy_version();
+    return out;
+  };
+  auto generated = [&](const std::vector<int32_t>& prompt) {
+    GenerateReq r;
+    r.prompt_tokens = {prompt};
+    r.sampling = {0.0f, 0, 1.0f, 4, 0};
+    auto rep = (*g)->generate(r);
+    EXPECT_TRUE(rep.ok());
+    return rep.ok() ? rep->samples[0].tokens : std::vector<int32_t>{};
+  };
+  const std::vector<int32_t> prompt = {1, 10, 11, 12};
+  int64_t v = -1;
+  auto before = greedy(prompt, &v);
+  EXPECT_EQ(v, 0);
+  auto gen_before = generated(prompt);
+  EXPECT_EQ(std::vector<int32_t>(gen_before.begin(), gen_before.begin() + std::min(gen_before.size(), before.size())),
+            std::vector<int32_t>(before.begin(), before.begin() + std::min(gen_before.size(), before.size())));
+  auto l = LearnerRole::create(cfg, nullptr);
+  ASSERT_TRUE(l.ok()) << l.error().message;
+  TrainReq req;
+  req.phase = 1;
+  TrainSample s;
+  s.prompt = {1, 10, 11};
+  s.completion = {12, 2};
+  req.samples = {s, s};
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*l)->train(req).ok());
+  ASSERT_TRUE((*g)->set_weights((*l)->weights()).ok());
+  EXPECT_EQ((*g)->serve_engine()->version(), 3);
+  auto after = greedy(prompt, &v);
+  EXPECT_EQ(v, 3);
+  auto gen_after = generated(prompt);  // both copies have the new weights
+  EXPECT_EQ(std::vector<int32_t>(gen_after.begin(), gen_after.begin() + std::min(gen_after.size(), after.size())),
+            std::vector<int32_t>(after.begin(), after.begin() + std::min(gen_after.size(), after.size())));
+  // what the endpoint serves for an episode is kept until the coordinator takes it
+  ServedTurnLog& log = (*g)->served_turns();
+  log.record("e1", ServedTurn{prompt, after, {}, 3, "length", ""});
+  EXPECT_EQ(log.episodes(), 1u);
+  EXPECT_EQ(log.take("e1").size(), 1u);
+  EXPECT_TRUE(log.take("e1").empty());
+}
+
+// An episode's served turns become training samples token for token: a turn whose prompt extends
+// the context continues the sample (the env's tokens between masked out), any other starts one.
+TEST(Roles, ServedTurnsBecomeTrainingSamples) {
+  ServedTurn a{{1, 5, 6}, {7, 8, 2}, {-0.5f, -0.25f, -0.125f}, 4, "stop", "x"};
+  ServedTurn b{{1, 5, 6, 7, 8, 2, 9, 9}, {10, 2}, {-1.0f, -2.0f}, 4, "stop", "y"};  // extends a
+  ServedTurn c{{1, 5, 6, 3}, {11}, {-3.0f}, 3, "length", "z"};                       // does not
+  int64_t version = -1;
+  auto xs = coord::samples_of_turns({a, b, c}, &version);
+  EXPECT_EQ(version, 3);
+  ASSERT_EQ(xs.size(), 2u);
+  EXPECT_EQ(xs[0].prompt_tokens, a.prompt_tokens);
+  EXPECT_EQ(xs[0].tokens, (std::vector<int32_t>{7, 8, 2, 9, 9, 10, 2}));
+  EXPECT_EQ(xs[0].logprobs, (std::vector<float>{-0.5f, -0.25f, -0.125f, 0.0f, 0.0f, -1.0f, -2.0f}));
+  EXPECT_EQ(xs[0].mask, (std::vector<float>{1, 1, 1, 0, 0, 1, 1}));
+  EXPECT_EQ(xs[0].turn_starts, (std::vector<uint32_t>{0, 5}));
+  EXPECT_FALSE(xs[0].truncated);
+  EXPECT_EQ(xs[1].prompt_tokens, c.prompt_tokens);
+  EXPECT_EQ(xs[1].tokens, c.tokens);
+  EXPECT_TRUE(xs[1].mask.empty());
+  EXPECT_TRUE(xs[1].truncated);
 }

@@ -115,6 +115,16 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     g.messages_json = o.obs.messages_json;
   }
   r.env_s += mono_s() - t_env;
+  // groups whose env runs its episodes itself (type verifiers): done here, skipped below
+  std::vector<char> served(P, 0);
+  std::vector<int> served_groups;
+  for (int i = 0; i < P; ++i)
+    if (!failed[i] && runs_episodes(s, r.groups[i].env)) {
+      served[i] = 1;
+      served_groups.push_back(i);
+    }
+  int64_t served_version = -1;
+  TROUPE_CO_TRY(co_await run_served(s, r, served_groups, step, k, &served_version));
   if (ro.max_turns > 1) {
     TROUPE_CO_ASSIGN_OR_RETURN(auto m, co_await multi_turn(s, std::move(r), step, k));
     TROUPE_CO_TRY(check_env_failures(s, m, step));
@@ -138,7 +148,7 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     part.g1 = P * (c + 1) / C;
     part.owned.resize(NG);
     for (int i = part.g0; i < part.g1; ++i)
-      if (!failed[i]) part.owned[static_cast<size_t>(i - part.g0) % NG].push_back(i);
+      if (!failed[i] && !served[i]) part.owned[static_cast<size_t>(i - part.g0) % NG].push_back(i);
     for (size_t g = 0; g < NG; ++g) {
       part.gens.emplace_back();
       if (part.owned[g].empty()) continue;
@@ -154,7 +164,8 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
           request<GenerateRep>(s.here, s.peers.generators[g], std::move(req), kLongTimeout));
     }
   }
-  r.policy_version = -1;
+  r.policy_version = served_version;
+  const bool any_served = !served_groups.empty();
   const double reset_s = r.env_s;
   int retries_sent = 0;  // streamed: retries already counted in an earlier part
   double t_gen = mono_s();
@@ -172,7 +183,9 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
         for (int j = 0; j < ro.num_generations; ++j)
           r.groups[i].samples.push_back(std::move(rep.samples[n++]));
     }
-    r.policy_version = r.policy_version < 0 ? version : std::min(r.policy_version, version);
+    if (any_served && version < 0) version = served_version;  // a part of served groups only
+    if (!any_served || version >= 0)
+      r.policy_version = r.policy_version < 0 ? version : std::min(r.policy_version, version);
     const double gen_s = mono_s() - t_gen;
     // scoring: one verify call per group
     t_env = mono_s();
@@ -183,10 +196,10 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
       for (const auto& x : r.groups[i].samples) req.completions.push_back(x.text);
       vreq.push_back(req);
       ver.emplace_back();
-      if (!failed[i]) ver.back().emplace(request<EnvVerifyRep>(s.here, s.env_worker(i), std::move(req), kEnvTimeout));
+      if (!failed[i] && !served[i]) ver.back().emplace(request<EnvVerifyRep>(s.here, s.env_worker(i), std::move(req), kEnvTimeout));
     }
     for (int i = part.g0; i < part.g1; ++i) {
-      if (failed[i]) continue;
+      if (failed[i] || served[i]) continue;
       Result<EnvVerifyRep> first = co_await *ver[i - part.g0];
       EnvVerifyRep v = co_await verify_retrying(s, first, vreq[i - part.g0], static_cast<size_t>(i), &r.retries);
       r.groups[i].rewards = std::move(v.rewards);

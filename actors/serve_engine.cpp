@@ -33,6 +33,11 @@ std::string ServeStream::error() const {
   return error_;
 }
 
+int64_t ServeStream::policy_version() const {
+  std::lock_guard lk(mu_);
+  return version_;
+}
+
 void ServeStream::push(policy::SlotToken t) {
   {
     std::lock_guard lk(mu_);
@@ -70,6 +75,7 @@ ServeEngine::~ServeEngine() {
     stop_ = true;
   }
   cv_.notify_all();
+  applied_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   for (auto& j : queue_) j.stream->end(ServeFinish::cancelled);
 }
@@ -86,6 +92,27 @@ std::shared_ptr<ServeStream> ServeEngine::submit(ServeRequest request) {
   }
   cv_.notify_all();
   return stream;
+}
+
+Status ServeEngine::set_weights(int64_t version, const std::vector<float>& params) {
+  std::unique_lock lk(mu_);
+  applied_cv_.wait(lk, [&] { return stop_ || pending_params_ == nullptr; });  // one update at a time
+  if (stop_) return make_error(ErrorCode::internal, "serve engine: stopped before the weights were applied");
+  pending_params_ = &params;
+  pending_version_ = version;
+  const uint64_t ticket = applied_ + 1;
+  cv_.notify_all();
+  applied_cv_.wait(lk, [&] { return stop_ || applied_ >= ticket; });
+  if (applied_ < ticket) {
+    pending_params_ = nullptr;
+    return make_error(ErrorCode::internal, "serve engine: stopped before the weights were applied");
+  }
+  return pending_status_;
+}
+
+int64_t ServeEngine::version() const {
+  std::lock_guard lk(mu_);
+  return version_;
 }
 
 uint64_t ServeEngine::steps() const {
@@ -108,9 +135,16 @@ void ServeEngine::loop() {
   for (;;) {
     {  // admit waiting requests into free slots (they join at this step)
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !running.empty(); });
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !running.empty() || pending_params_ != nullptr; });
       if (stop_) break;
-      while (!queue_.empty() && slots_->free_slots() > 0) {
+      if (pending_params_ != nullptr && running.empty()) {  // new weights: nothing runs on the old ones
+        pending_status_ = model_->set_params(*pending_params_);
+        if (pending_status_.ok()) version_ = pending_version_;
+        pending_params_ = nullptr;
+        ++applied_;
+        applied_cv_.notify_all();
+      }
+      while (pending_params_ == nullptr && !queue_.empty() && slots_->free_slots() > 0) {
         Job j = std::move(queue_.front());
         queue_.pop_front();
         if (j.request.max_tokens <= 0) {
@@ -121,6 +155,10 @@ void ServeEngine::loop() {
         if (!slot.ok()) {
           j.stream->end(ServeFinish::error, slot.error().message);
           continue;
+        }
+        {
+          std::lock_guard sl(j.stream->mu_);
+          j.stream->version_ = version_;
         }
         running.emplace(*slot, std::move(j));
       }

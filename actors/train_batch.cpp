@@ -48,30 +48,34 @@ Result<Prepared> prepare(const RunState& s, const Rollout& r) {
   for (size_t gi = 0; gi < r.groups.size(); ++gi) {
     const auto& g = r.groups[gi];
     for (int j = 0; j < G; ++j) {
-      const auto& x = g.samples[j];
-      if (!keep[gi] || x.tokens.empty() || !g.errors[j].empty()) continue;
-      if (stale && ro.stale_policy == "drop") {
-        ++p.stale_dropped;
-        continue;
+      // an episode the env ran (served_episodes.cpp) may have further samples, same advantage
+      const size_t n_more = j < static_cast<int>(g.more_samples.size()) ? g.more_samples[j].size() : 0;
+      for (size_t m = 0; m <= n_more; ++m) {
+        const auto& x = m == 0 ? g.samples[j] : g.more_samples[j][m - 1];
+        if (!keep[gi] || x.tokens.empty() || !g.errors[j].empty()) continue;
+        if (stale && ro.stale_policy == "drop") {
+          ++p.stale_dropped;
+          continue;
+        }
+        TrainSample t;
+        t.prompt = x.prompt_tokens;
+        t.completion = x.tokens;
+        if ((async && ro.stale_policy == "importance_weight") ||
+            s.cfg.loss.mismatch_correction != learner::MismatchCorrection::none) {
+          // decoupled PPO: the ratio against the learner's current weights, and the sampler's
+          // log-probs only in the importance weight of pi_current / pi_sampler (truncated at the
+          // cap, or the loss.mismatch_correction rule)
+          t.behavior_logprobs = x.logprobs;
+        } else {
+          t.old_logprobs = x.logprobs;
+        }
+        t.mask = x.mask;
+        t.policy_version = r.policy_version;
+        if (x.mask.empty()) t.experts = x.experts;  // single-turn: one record per completion token
+        t.advantage = p.adv[gi * G + j];
+        t.truncated = x.truncated;
+        p.samples.push_back(std::move(t));
       }
-      TrainSample t;
-      t.prompt = x.prompt_tokens;
-      t.completion = x.tokens;
-      if ((async && ro.stale_policy == "importance_weight") ||
-          s.cfg.loss.mismatch_correction != learner::MismatchCorrection::none) {
-        // decoupled PPO: the ratio against the learner's current weights, and the sampler's
-        // log-probs only in the importance weight of pi_current / pi_sampler (truncated at the
-        // cap, or the loss.mismatch_correction rule)
-        t.behavior_logprobs = x.logprobs;
-      } else {
-        t.old_logprobs = x.logprobs;
-      }
-      t.mask = x.mask;
-      t.policy_version = r.policy_version;
-      if (x.mask.empty()) t.experts = x.experts;  // single-turn: one record per completion token
-      t.advantage = p.adv[gi * G + j];
-      t.truncated = x.truncated;
-      p.samples.push_back(std::move(t));
     }
   }
   return p;

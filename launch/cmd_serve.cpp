@@ -29,23 +29,6 @@ struct ServeOpts {
   int max_batch = 16, max_context = 0, prefill_tokens = 4096, threads = 0, http_threads = 0;
 };
 
-Result<std::pair<std::string, int>> parse_bind(const std::string& s) {
-  const size_t colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size())
-    return invalid_input("--bind " + s + ": expected HOST:PORT, e.g. 127.0.0.1:8000 (port 0: any free port)");
-  const std::string host = s.substr(0, colon), port_s = s.substr(colon + 1);
-  size_t used = 0;
-  long port = -1;
-  try {
-    port = std::stol(port_s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != port_s.size() || port < 0 || port > 65535)
-    return invalid_input("--bind " + s + ": the port '" + port_s + "' is not a number in [0, 65535]");
-  return std::make_pair(host, static_cast<int>(port));
-}
-
 std::string default_name(const std::string& path) {
   std::filesystem::path p(path);
   while (!p.empty() && p.filename().empty()) p = p.parent_path();  // a trailing slash
@@ -62,7 +45,7 @@ int run_serve(const ServeOpts& o) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  auto where = parse_bind(o.bind);
+  auto where = parse_bind(o.bind, "--bind");
   if (!where.ok()) return report_error(where.error());
   auto loaded = io::load_model(o.path);
   if (!loaded.ok()) return report_error(loaded.error());

@@ -579,9 +579,27 @@ class Loader {
               "a reasoning_gym env needs config.task (a reasoning-gym dataset name, e.g. basic_arithmetic)");
       if (e.type != "plugin" && !e.path.empty())
         error(at(pre + ".path"), pre + ".path", "path is only for type: plugin");
+      if (e.type == "verifiers") {  // the env server calls the generators' endpoints for every model turn
+        if (e.address.empty())
+          error(at(pre + ".type"), pre + ".address", "a verifiers env needs address: (its env server, e.g. tcp://127.0.0.1:5000)");
+        if (c.rollout.serve.empty())
+          error(at(pre + ".type"), "rollout.serve", "a verifiers env calls the policy over HTTP: set rollout.serve (e.g. 127.0.0.1:0)");
+        if (c.rollout.max_turns > 1)
+          error(at("rollout.max_turns"), "rollout.max_turns", "must be 1 with a verifiers env (its env server runs the turns)");
+      }
       if (!e.config.is_object())
         error(at(pre + ".config"), pre + ".config", "expected a mapping");
       total_weight += e.weight;
+    }
+    if (!c.rollout.serve.empty()) {
+      const std::string& v = c.rollout.serve;
+      const size_t colon = v.rfind(':');
+      const std::string host = colon == std::string::npos ? "" : v.substr(0, colon);
+      const std::string port = colon == std::string::npos ? "" : v.substr(colon + 1);
+      const bool digits = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || std::stol(port) > 65535 || (host != "127.0.0.1" && host != "localhost"))
+        error(at("rollout.serve"), "rollout.serve",
+              "'" + v + "' is not 127.0.0.1:PORT or localhost:PORT (a loopback address; port 0 = a free one)");
     }
     if (!c.envs.empty() && total_weight <= 0)
       error(at("envs"), "envs", "the env weights sum to 0: no env would get prompts");

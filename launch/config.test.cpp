@@ -472,3 +472,22 @@ TEST(Config, ExecutionOptionsUnderPolicy) {
 }
 
 }  // namespace
+
+// A verifiers env calls the policy over HTTP: it needs rollout.serve (a loopback HOST:PORT), its
+// server's address, and single-turn rollouts (its server runs the turns); each is exit 2 naming it.
+TEST(Config, VerifiersEnvNeedsRolloutServe) {
+  const std::string vf = "envs:\n  - name: vf\n    type: verifiers\n    address: tcp://127.0.0.1:5000\n";
+  auto ok = load_config_text(vf + "rollout:\n  serve: 127.0.0.1:0\n", "x.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->config.rollout.serve, "127.0.0.1:0");
+  EXPECT_NE(load_error(vf).find("rollout.serve"), std::string::npos);
+  EXPECT_NE(load_error("envs:\n  - name: vf\n    type: verifiers\nrollout:\n  serve: 127.0.0.1:0\n").find("address"),
+            std::string::npos);
+  EXPECT_NE(load_error(vf + "rollout:\n  serve: 127.0.0.1:0\n  max_turns: 3\n").find("rollout.max_turns"),
+            std::string::npos);
+  for (const char* bad : {"8000", "127.0.0.1:http", "0.0.0.0:8000", "127.0.0.1:70000"}) {
+    const std::string e = load_error(std::string(kMinimal) + "rollout:\n  serve: \"" + bad + "\"\n");
+    EXPECT_NE(e.find("rollout.serve"), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("x.yaml:"), std::string::npos) << e;
+  }
+}

@@ -3,6 +3,7 @@
 #include "troupe/launch/openai_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -71,7 +72,21 @@ struct OpenAiServer::Impl {
     std::vector<int32_t> prompt;
     int max_tokens = 16;
     std::string id;
+    std::string episode;  // rollout.serve: the episode it is served for ("" = none, not recorded)
   };
+
+  // rollout.serve: a finished choice of an episode's request, as sampled.
+  void record(const Prepared& p, const Choice& c, const actors::ServeStream& s) {
+    if (!opt.record || p.episode.empty() || c.error) return;
+    actors::ServedTurn t;
+    t.prompt_tokens = p.prompt;
+    t.tokens = c.tokens;
+    t.logprobs = c.logprobs;
+    t.policy_version = s.policy_version();
+    t.finish = c.finish;
+    t.text = c.text;
+    opt.record->record(p.episode, std::move(t));
+  }
 
   std::string token_text(int32_t id) const {
     auto t = tok->decode({id}, false);
@@ -87,7 +102,7 @@ struct OpenAiServer::Impl {
   std::optional<ApiError> prepare(const std::string& body, bool chat, Prepared* p) {
     if (auto e = parse_completion_request(body, chat, opt.max_n, &p->req)) return e;
     const CompletionRequest& r = p->req;
-    if (r.model != opt.model_name)
+    if (r.model != opt.model_name && !opt.any_model)
       return ApiError{400, "The model '" + r.model + "' does not exist; this server serves '" + opt.model_name + "'",
                       "model"};
     const char* prompt_field = chat ? "messages" : "prompt";
@@ -231,10 +246,13 @@ struct OpenAiServer::Impl {
     return c;
   }
 
-  ojson troupe_field(const Prepared& p, const Choice& c) const {
-    return ojson{{"prompt_token_ids", p.prompt},
-                 {"completion_token_ids", c.tokens},
-                 {"completion_logprobs", c.logprobs}};
+  ojson troupe_field(const Prepared& p, const Choice& c, const actors::ServeStream& s) const {
+    ojson f{{"prompt_token_ids", p.prompt}, {"completion_token_ids", c.tokens}, {"completion_logprobs", c.logprobs}};
+    if (opt.record) {
+      f["policy_version"] = s.policy_version();
+      f["episode_id"] = p.episode.empty() ? ojson(nullptr) : ojson(p.episode);
+    }
+    return f;
   }
 
   ojson chat_logprobs(const Choice& c, size_t from, size_t to) const {
@@ -282,10 +300,11 @@ struct OpenAiServer::Impl {
     auto streams = submit(p);
     std::vector<Choice> cs;
     for (auto& s : streams) cs.push_back(consume(*s, r, nullptr));
+    for (const auto& c : cs)
+      if (c.error) return reply_error(res, ApiError{500, "sampling failed: " + c.error_message, "", "server_error"});
     ojson choices = ojson::array();
     for (size_t i = 0; i < cs.size(); ++i) {
       Choice& c = cs[i];
-      if (c.error) return reply_error(res, ApiError{500, "sampling failed: " + c.error_message, "", "server_error"});
       ojson ch = {{"index", i}};
       if (r.chat) {
         ojson msg = {{"role", "assistant"}, {"content", c.text}};
@@ -304,7 +323,8 @@ struct OpenAiServer::Impl {
         ch["logprobs"] = r.logprobs ? completion_logprobs(c) : ojson(nullptr);
       }
       ch["finish_reason"] = c.finish;
-      ch["troupe"] = troupe_field(p, c);
+      ch["troupe"] = troupe_field(p, c, *streams[i]);
+      record(p, c, *streams[i]);
       choices.push_back(std::move(ch));
     }
     ojson out = {{"id", p.id},
@@ -380,7 +400,8 @@ struct OpenAiServer::Impl {
           last["logprobs"] = r.logprobs ? completion_logprobs(c) : ojson(nullptr);
         }
         last["finish_reason"] = c.finish;
-        last["troupe"] = troupe_field(*p, c);
+        last["troupe"] = troupe_field(*p, c, *(*streams)[i]);
+        record(*p, c, *(*streams)[i]);
         alive = send(chunk(std::move(last)));
         cs.push_back(std::move(c));
       }
@@ -402,11 +423,22 @@ struct OpenAiServer::Impl {
     });
   }
 
-  void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat, std::string episode = {}) {
     auto p = std::make_shared<Prepared>();
     if (auto e = prepare(req.body, chat, p.get())) return reply_error(res, *e);
+    if (episode.empty() && req.has_header("X-Troupe-Episode")) episode = req.get_header_value("X-Troupe-Episode");
+    static const std::string kEpisodeModel = "episodes/";  // rollout.serve: model "episodes/ID"
+    if (episode.empty() && opt.record && p->req.model.rfind(kEpisodeModel, 0) == 0)
+      episode = p->req.model.substr(kEpisodeModel.size());
+    p->episode = std::move(episode);
     if (p->req.stream) return stream(p, res);
     complete(*p, res);
+  }
+
+  void models(const httplib::Request&, httplib::Response& s) {
+    ojson m = {{"id", opt.model_name}, {"object", "model"}, {"created", unix_now()},
+               {"owned_by", "troupe"}, {"max_model_len", engine->context()}};
+    s.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({m})}}), "application/json");
   }
 
   void routes() {
@@ -425,14 +457,22 @@ struct OpenAiServer::Impl {
     http.Post("/v1/completions", guarded([this](const httplib::Request& q, httplib::Response& s) {
       handle_completion(q, s, false);
     }));
-    http.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& s) {
-      ojson m = {{"id", opt.model_name}, {"object", "model"}, {"created", unix_now()},
-                 {"owned_by", "troupe"}, {"max_model_len", engine->context()}};
-      s.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({m})}}), "application/json");
-    }));
+    if (opt.record) {  // rollout.serve: the same routes under an episode's base URL
+      http.Post(R"(/episodes/([^/]+)/v1/chat/completions)", guarded([this](const httplib::Request& q, httplib::Response& s) {
+        handle_completion(q, s, true, q.matches[1].str());
+      }));
+      http.Post(R"(/episodes/([^/]+)/v1/completions)", guarded([this](const httplib::Request& q, httplib::Response& s) {
+        handle_completion(q, s, false, q.matches[1].str());
+      }));
+      http.Get(R"(/episodes/([^/]+)/v1/models)", guarded([this](const httplib::Request& q, httplib::Response& s) {
+        models(q, s);
+      }));
+    }
+    http.Get("/v1/models", guarded([this](const httplib::Request& q, httplib::Response& s) { models(q, s); }));
     http.Get("/health", [this](const httplib::Request&, httplib::Response& s) {
       ojson h = {{"status", "ok"}, {"model", opt.model_name}, {"engine_steps", engine->steps()},
                  {"peak_batch", engine->peak_batch()}};
+      if (opt.record) h["policy_version"] = engine->version();
       s.set_content(dump(h), "application/json");
     });
     http.set_error_handler([this](const httplib::Request& q, httplib::Response& s) {
@@ -445,7 +485,24 @@ struct OpenAiServer::Impl {
   }
 };
 
-OpenAiServer::OpenAiServer(std::unique_ptr<actors::ServeEngine> engine,
+Result<std::pair<std::string, int>> parse_bind(const std::string& s, const std::string& what) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size())
+    return invalid_input(what + " " + s + ": expected HOST:PORT, e.g. 127.0.0.1:8000 (port 0: any free port)");
+  const std::string host = s.substr(0, colon), port_s = s.substr(colon + 1);
+  size_t used = 0;
+  long port = -1;
+  try {
+    port = std::stol(port_s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != port_s.size() || port < 0 || port > 65535)
+    return invalid_input(what + " " + s + ": the port '" + port_s + "' is not a number in [0, 65535]");
+  return std::make_pair(host, static_cast<int>(port));
+}
+
+OpenAiServer::OpenAiServer(std::shared_ptr<actors::ServeEngine> engine,
                            std::shared_ptr<const io::Tokenizer> tokenizer,
                            std::shared_ptr<const io::ChatTemplate> chat_template, int32_t bos_id, int32_t eos_id,
                            OpenAiServerOptions options)
@@ -475,11 +532,20 @@ OpenAiServer::~OpenAiServer() { stop(); }
 
 Result<int> OpenAiServer::bind(const std::string& host, int port) {
   int bound = -1;
+  // cpp-httplib listens with a backlog of 5 (compiled in): a burst of concurrent clients overflows
+  // it and the connections past it are reset. Keep the listening socket and listen again with room.
+  int listening = -1;
+  impl_->http.set_socket_options([&listening](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listening = static_cast<int>(sock);
+  });
   if (port == 0) {
     bound = impl_->http.bind_to_any_port(host);
   } else if (impl_->http.bind_to_port(host, port)) {
     bound = port;
   }
+  impl_->http.set_socket_options(httplib::default_socket_options);
+  if (bound > 0 && listening >= 0) (void)::listen(listening, 1024);
   if (bound <= 0)
     return make_error(ErrorCode::io, "cannot listen on " + host + ":" + std::to_string(port) +
                                          " (address in use or not this machine's)");
@@ -490,6 +556,8 @@ Status OpenAiServer::serve() {
   if (!impl_->http.listen_after_bind()) return make_error(ErrorCode::io, "the HTTP server stopped with an error");
   return {};
 }
+
+bool OpenAiServer::serving() const { return impl_ && impl_->http.is_running(); }
 
 void OpenAiServer::stop() {
   if (impl_ && impl_->http.is_running()) impl_->http.stop();

@@ -20,6 +20,7 @@
 #include "troupe/actors/coordinator.h"
 #include "troupe/actors/roles.h"
 #include "troupe/launch/metrics.h"
+#include "troupe/launch/rollout_serve.h"
 #include "troupe/learner/checkpoint.h"
 #include "troupe/runtime/cluster.h"
 
@@ -210,6 +211,7 @@ int check_resume(const LoadedConfig& loaded, const std::string& run_dir, int64_t
 struct Roles {
   std::vector<std::shared_ptr<actors::EnvWorker>> envs;
   std::vector<std::shared_ptr<actors::Generator>> gens;
+  std::vector<int> gen_indices;  // gens[i] is generator gen_indices[i]
   std::vector<std::shared_ptr<actors::LearnerRole>> learners;
 };
 
@@ -374,6 +376,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
         if (!g.ok()) return fail(g.error());
         std::shared_ptr<actors::Generator> sp = std::move(g).value();
         hosted.gens.push_back(sp);
+        hosted.gen_indices.push_back(std::stoi(role.substr(9)));
         const int n = actors::role_threads(cfg.cluster, "generator", rank_threads);
         const int nice = cfg.cluster.generator_nice;
         factory = [sp, n, nice]() -> std::unique_ptr<runtime::Actor> {
@@ -403,6 +406,9 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
     auto id = sys.spawn([cp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<ControlActor>(cp); }, so);
     if (!id.ok()) return fail(id.error());
   }
+  // rollout.serve: every hosted generator's OpenAI-compatible endpoint listens before the run starts
+  auto serving = RolloutServers::start(cfg, hosted.gens, hosted.gen_indices);
+  if (!serving.ok()) return fail(serving.error());
   cluster.barrier();  // every rank's actors exist before the coordinator sends
   if (single) install_stop_signals(true);
 

@@ -24,6 +24,7 @@ APT_PACKAGES=(
   python3-venv python3-pip python3-torch python3-zmq python3-numpy python3-matplotlib
   slurmctld slurmd slurm-client munge
   libcpp-httplib-dev
+  libmsgpack-dev
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

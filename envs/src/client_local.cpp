@@ -319,8 +319,12 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
     if (s.command.empty() == s.url.empty())
       return invalid_input(where + ": a nemo_gym env needs exactly one of 'url' (a running resource server) or "
                                    "'command' (troupe starts it; {port} is the port it picks)");
+  } else if (type == "verifiers") {
+    s.type = EnvType::verifiers;
+    if (s.address.empty())
+      return invalid_input(where + ": a verifiers env needs 'address' (its env server, e.g. tcp://127.0.0.1:5000)");
   } else {
-    return invalid_input(where + ": 'type' must be builtin, plugin or remote (or nemo_gym, reasoning_gym; got '" + type + "')");
+    return invalid_input(where + ": 'type' must be builtin, plugin or remote (or nemo_gym, reasoning_gym, verifiers; got '" + type + "')");
   }
   if (s.type != EnvType::nemo_gym && !s.url.empty())
     return invalid_input(where + ": 'url' is only for type: nemo_gym");
@@ -344,10 +348,11 @@ Result<std::vector<EnvSpec>> parse_env_specs(const json& list, const std::string
 }
 
 json to_json(const EnvSpec& s) {
-  const char* type = s.type == EnvType::builtin  ? "builtin"
-                     : s.type == EnvType::plugin ? "plugin"
-                     : s.type == EnvType::remote ? "remote"
-                                                 : "nemo_gym";
+  const char* type = s.type == EnvType::builtin     ? "builtin"
+                     : s.type == EnvType::plugin    ? "plugin"
+                     : s.type == EnvType::remote    ? "remote"
+                     : s.type == EnvType::nemo_gym  ? "nemo_gym"
+                                                    : "verifiers";
   json j = {{"name", s.name}, {"type", type}, {"weight", s.weight}, {"config", s.config}, {"isolate", s.isolate},
             {"timeout_s", s.timeout_s}, {"startup_timeout_s", s.startup_timeout_s}, {"max_restarts", s.max_restarts},
             {"max_retries", s.max_retries}, {"max_failure_frac", s.max_failure_frac},
@@ -363,6 +368,7 @@ json to_json(const EnvSpec& s) {
 
 namespace {
 Result<std::unique_ptr<EnvClient>> make_plain_env_client(const EnvSpec& spec) {
+  if (spec.type == EnvType::verifiers) return make_verifiers_client(spec);
   if (spec.type == EnvType::builtin && !spec.isolate) {
     TROUPE_ASSIGN_OR_RETURN(EnvFactory f, EnvRegistry::global().factory(spec.env.empty() ? spec.name : spec.env));
     return make_local_client(std::move(f), spec.config);

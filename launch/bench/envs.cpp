@@ -2,13 +2,15 @@
 // called three ways: in-process (episodes_inprocess), through an isolated env worker process over
 // ipc (episodes_actor_ipc) and through the Python SDK server (episodes_python_sdk). The last two
 // are measured interleaved with the in-process path, which is their baseline; each row also says
-// the per-call overhead (microseconds per env call above the in-process cost).
+// the per-call overhead (microseconds per env call above the in-process cost). Also
+// openai_serve_concurrent64 (openai_serve.cpp) and verifiers_zmq (verifiers_zmq.cpp).
 #include <algorithm>
 #include <cstdio>
 
 #include "bench.h"
 #include "nemo_gym_http.h"
 #include "openai_serve.h"
+#include "verifiers_zmq.h"
 #include "troupe/base/build_config.h"
 #include "troupe/envs/client.h"
 
@@ -117,6 +119,7 @@ int run_envs_suite(const BenchOptions& opt) {
   }
   if (opt.wants("openai_serve_concurrent64") && run_openai_serve_case(opt) != 0) rc = 1;
   if (opt.wants("nemo_gym_http") && run_nemo_gym_http_case(opt, inproc_eps) != 0) rc = 1;
+  if (opt.wants("verifiers_zmq") && run_verifiers_zmq_case(opt) != 0) rc = 1;
   return failed ? 1 : rc;
 }
 

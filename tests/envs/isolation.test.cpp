@@ -213,7 +213,8 @@ TEST(Specs, ParseAndReject) {
                        Bad{R"([{"name": "arithmetic", "wieght": 1}])", "unknown key 'wieght'"},
                        Bad{R"([{"name": "arithmetic", "weight": -1}])", "'weight' must be >= 0"},
                        Bad{R"([{"name": "arithmetic"}, {"name": "arithmetic"}])", "duplicate env name"},
-                       Bad{R"([{"name": "arithmetic", "type": "docker"}])", "'type' must be builtin, plugin or remote"},
+                       Bad{R"([{"name": "arithmetic", "type": "docker"}])", "'type' must be builtin, plugin"},
+                       Bad{R"([{"name": "a", "type": "verifiers"}])", "a verifiers env needs 'address'"},
                        Bad{R"([])", "non-empty list"}}) {
     auto r = parse_env_specs(json::parse(b.json), "cfg.yaml: envs");
     ASSERT_FALSE(r.ok()) << b.json;

@@ -90,6 +90,8 @@ struct RolloutSection {
   int async_chunks = 1;               // async: parts per step streamed to the learners as they are scored
   std::string stale_policy = "drop";  // drop | importance_weight
   float importance_weight_cap = 2.0f;  // importance_weight: truncation of pi_old / pi_behavior
+  std::string serve;    // HOST:PORT: each generator serves its policy over OpenAI-compatible HTTP ("" = off)
+  int serve_slots = 16; // sequences the endpoint samples together
 };
 
 struct ClusterSection {

@@ -87,19 +87,34 @@ struct EnvReleaseReq {
 // After an evaluation: the env's own metrics over the eval episodes it scored since the last ask
 // (nemo_gym: the server's /aggregate_metrics). Reply EnvAggregateRep.
 struct EnvAggregateReq {
-  static constexpr std::uint32_t type_id = 2090;
+  static constexpr std::uint32_t type_id = 2095;
   static constexpr const char* type_name = "actors.EnvAggregateReq";
   std::string env;
   template <class A>
   void serialize(A& ar) { ar(env); }
 };
 struct EnvAggregateRep {
-  static constexpr std::uint32_t type_id = 2091;
+  static constexpr std::uint32_t type_id = 2096;
   static constexpr const char* type_name = "actors.EnvAggregateRep";
   std::string metrics_json = "{}";  // {name: number}; "episodes" says how many it covers
   std::string error;                // "" or why the env could not aggregate
   template <class A>
   void serialize(A& ar) { ar(metrics_json, error); }
+};
+
+// An episode the env runs itself (a verifiers env): it calls the model at base_url for every turn
+// and answers with an EnvObs (reward, components_json, info_json; or error/reason/fatal).
+struct EnvRunReq {
+  static constexpr std::uint32_t type_id = 2094;
+  static constexpr const char* type_name = "actors.EnvRunReq";
+  std::string env;
+  std::string episode_id;
+  std::string metadata_json = "{}";  // what the episode's reset gave (the task data)
+  std::string base_url;              // the model endpoint (a generator's rollout.serve URL + /v1)
+  std::string model;                 // the model name to send: "episodes/EPISODE_ID" (ties requests to the episode)
+  std::string sampling_json = "{}";  // temperature, top_p, max_tokens, ...
+  template <class A>
+  void serialize(A& ar) { ar(env, episode_id, metadata_json, base_url, model, sampling_json); }
 };
 
 // ---- rollout generator ----
@@ -163,6 +178,47 @@ struct Ack {
   std::int64_t value = 0;
   template <class A>
   void serialize(A& ar) { ar(value); }
+};
+
+// ---- rollout.serve: the generator's OpenAI-compatible endpoint during a run ----
+// One request the endpoint served for an episode, token for token (one per choice).
+struct ServedTurn {
+  std::vector<std::int32_t> prompt_tokens;  // as the endpoint rendered and tokenized the request
+  std::vector<std::int32_t> tokens;         // sampled, a final stop token included
+  std::vector<float> logprobs;              // of the sampling distribution, one per token
+  std::int64_t policy_version = 0;          // the weights that sampled every token
+  std::string finish;                       // stop, length (or error)
+  std::string text;
+  template <class A>
+  void serialize(A& ar) { ar(prompt_tokens, tokens, logprobs, policy_version, finish, text); }
+};
+struct ServedTurnsReq {  // hand over (and forget) what the endpoint served for an episode
+  static constexpr std::uint32_t type_id = 2090;
+  static constexpr const char* type_name = "actors.ServedTurnsReq";
+  std::string episode_id;
+  template <class A>
+  void serialize(A& ar) { ar(episode_id); }
+};
+struct ServedTurnsRep {
+  static constexpr std::uint32_t type_id = 2091;
+  static constexpr const char* type_name = "actors.ServedTurnsRep";
+  std::vector<ServedTurn> turns;  // in the order the requests finished
+  template <class A>
+  void serialize(A& ar) { ar(turns); }
+};
+struct ServeAddressReq {
+  static constexpr std::uint32_t type_id = 2092;
+  static constexpr const char* type_name = "actors.ServeAddressReq";
+  std::int32_t unused = 0;
+  template <class A>
+  void serialize(A& ar) { ar(unused); }
+};
+struct ServeAddressRep {
+  static constexpr std::uint32_t type_id = 2093;
+  static constexpr const char* type_name = "actors.ServeAddressRep";
+  std::string url;  // http://HOST:PORT, "" when the generator serves no endpoint
+  template <class A>
+  void serialize(A& ar) { ar(url); }
 };
 
 // ---- learner ----

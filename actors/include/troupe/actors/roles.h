@@ -11,6 +11,8 @@
 
 #include "troupe/actors/experiment_config.h"
 #include "troupe/actors/messages.h"
+#include "troupe/actors/serve_engine.h"
+#include "troupe/actors/served_turns.h"
 #include "troupe/base/result.h"
 #include "troupe/envs/client.h"
 #include "troupe/learner/communicator.h"
@@ -59,6 +61,7 @@ class EnvWorker {
   Result<EnvObs> reset(const EnvResetReq& r);
   Result<EnvObs> step(const EnvStepReq& r);
   Result<EnvVerifyRep> verify(const EnvVerifyReq& r);
+  Result<EnvObs> run(const EnvRunReq& r);  // an episode the env runs itself (EnvClient::run)
   void release(const EnvReleaseReq& r);
   EnvAggregateRep aggregate(const EnvAggregateReq& r);
   const envs::EnvInfo* info(const std::string& env) const;
@@ -82,9 +85,25 @@ class Generator {
   int64_t version() const { return version_; }
   const policy::io::Tokenizer& tokenizer() const { return *policy_.tokenizer; }
 
+  // rollout.serve: the engine behind this generator's OpenAI-compatible endpoint (a copy of the
+  // policy that set_weights updates too), what it served for episodes, and the tokenizer and chat
+  // template the HTTP side renders with. All null/empty when rollout.serve is off. The HTTP server
+  // itself lives in launch/ (rollout_serve.h), which calls set_serve_url once it listens.
+  const std::shared_ptr<ServeEngine>& serve_engine() const { return engine_; }
+  ServedTurnLog& served_turns() { return served_; }
+  const std::shared_ptr<const policy::io::Tokenizer>& serve_tokenizer() const { return serve_tok_; }
+  const std::shared_ptr<const policy::io::ChatTemplate>& serve_chat_template() const { return serve_tmpl_; }
+  void set_serve_url(std::string url) { serve_url_ = std::move(url); }
+  const std::string& serve_url() const { return serve_url_; }
+
  private:
   ExperimentConfig cfg_;
   PolicyBundle policy_;
+  std::shared_ptr<ServeEngine> engine_;
+  ServedTurnLog served_;
+  std::shared_ptr<const policy::io::Tokenizer> serve_tok_;
+  std::shared_ptr<const policy::io::ChatTemplate> serve_tmpl_;
+  std::string serve_url_;
   int64_t version_ = 0;
   std::vector<int32_t> stop_tokens_;       // EOS + single-token stop strings
   std::vector<std::string> stop_strings_;  // the rest, cut after decoding

@@ -39,6 +39,9 @@ class ServeStream {
   void cancel();
   ServeFinish finish() const;
   std::string error() const;  // finish() == error: why
+  // The policy version whose weights sampled every token of this request (set when it is admitted;
+  // weights change only while no request runs, see ServeEngine::set_weights).
+  int64_t policy_version() const;
 
  private:
   friend class ServeEngine;
@@ -50,6 +53,7 @@ class ServeStream {
   ServeFinish finish_ = ServeFinish::running;
   std::string error_;
   bool cancelled_ = false;
+  int64_t version_ = 0;
 };
 
 struct ServeEngineOptions {
@@ -69,6 +73,12 @@ class ServeEngine {
   // Queues a request (thread-safe). A request the slots refuse (prompt too long for the context,
   // token outside the vocabulary) ends with finish() == error.
   std::shared_ptr<ServeStream> submit(ServeRequest request);
+
+  // Replaces the model's parameters (a run's weight sync) and tags the requests admitted from then
+  // on with `version`. Applied between steps once no sequence is running: requests in flight end on
+  // the weights they started with, queued ones wait. Blocks until applied (or the engine stops).
+  Status set_weights(int64_t version, const std::vector<float>& params);
+  int64_t version() const;
 
   int context() const { return options_.context; }
   int slots() const { return options_.slots; }
@@ -93,6 +103,12 @@ class ServeEngine {
   std::condition_variable cv_;
   std::deque<Job> queue_;
   bool stop_ = false;
+  const std::vector<float>* pending_params_ = nullptr;  // set_weights waiting to be applied
+  int64_t pending_version_ = 0;
+  Status pending_status_;
+  uint64_t applied_ = 0;  // weight updates applied so far
+  int64_t version_ = 0;
+  std::condition_variable applied_cv_;
   uint64_t steps_ = 0;
   int peak_batch_ = 0;
   std::thread thread_;

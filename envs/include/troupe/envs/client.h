@@ -10,6 +10,7 @@
 //     - {name: rg, type: remote, command: [python, envs/python/examples/reasoning_gym_env.py]}
 //     - {name: mine, type: remote, address: tcp://127.0.0.1:5555}
 //     - {name: ng, type: nemo_gym, url: http://127.0.0.1:8000, config: {data: rows.jsonl}}
+//     - {name: vf, type: verifiers, address: tcp://127.0.0.1:5000, config: {tasks: [...]}}
 #pragma once
 
 #include <memory>
@@ -23,7 +24,7 @@
 
 namespace troupe::envs {
 
-enum class EnvType { builtin, plugin, remote, nemo_gym };
+enum class EnvType { builtin, plugin, remote, nemo_gym, verifiers };
 
 struct EnvSpec {
   std::string name;                   // instance name: metrics key reward_mean/<name>
@@ -33,7 +34,7 @@ struct EnvSpec {
   json config = json::object();       // passed to the env's factory / plug-in create / remote hello
   std::string path;                   // plugin: the .so
   std::vector<std::string> command;   // remote: troupe starts this ({bind} -> address; also $TROUPE_ENV_BIND)
-  std::string address;                // remote: connect here (without command: an already running server)
+  std::string address;                // remote: connect here (without command: an already running server); verifiers: its env server
   bool isolate = false;               // builtin/plugin: run in a troupe-env-worker process (plugin default: true)
   double timeout_s = 30;              // every reset/step/verify call
   double startup_timeout_s = 60;      // a started worker must answer hello within this
@@ -51,6 +52,20 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where);
 Result<std::vector<EnvSpec>> parse_env_specs(const json& list, const std::string& where);
 json to_json(const EnvSpec& spec);
 
+// An episode the env runs itself (a verifiers environment): it calls the model through an
+// OpenAI-compatible endpoint for every turn and answers with the reward.
+struct RunRequest {
+  json metadata = json::object();  // what reset() gave the episode (the task data)
+  std::string base_url;            // the model endpoint (.../v1)
+  std::string model;               // the model name the env sends (names the episode to troupe's endpoint)
+  json sampling = json::object();  // temperature, top_p, max_tokens, ...
+};
+struct RunResult {
+  double reward = 0;
+  std::map<std::string, double> components;
+  json info = json::object();
+};
+
 class EnvClient {
  public:
   virtual ~EnvClient() = default;
@@ -60,6 +75,12 @@ class EnvClient {
   virtual Result<StepResult> step(const std::string& episode_id, const std::string& action) = 0;
   // Stateless single-call scoring.
   virtual Result<VerifyResult> verify(const json& metadata, const std::string& completion) = 0;
+  // Envs that drive the model themselves (runs_episodes()): one whole episode.
+  virtual bool runs_episodes() const { return false; }
+  virtual Result<RunResult> run(const std::string& episode_id, const RunRequest& request) {
+    (void)request;
+    return invalid_input("env '" + info().name + "' does not run episodes itself (episode '" + episode_id + "')");
+  }
   // Ends an episode and frees its resources. Never fails; unknown ids are ignored. Call it for
   // every episode, also failed ones (EpisodeGuard does).
   virtual void release(const std::string& episode_id) = 0;
@@ -84,6 +105,10 @@ class EnvClient {
 // an isolated worker process (builtin/plugin with isolate: true), remote (command / address), or
 // a NeMo Gym resource server over HTTP (nemo_gym: url / command).
 Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec);
+// A client of a verifiers (v1) environment server (client_verifiers.cpp): ZeroMQ DEALER + msgpack,
+// `health` at start-up, `run` per episode (the task data, the episode's model endpoint and the
+// sampling args), `cancel` for a run past timeout_s. Its tasks come from the spec's config.
+Result<std::unique_ptr<EnvClient>> make_verifiers_client(const EnvSpec& spec);
 // In-process client over any factory (tests, the server side of the protocol).
 std::unique_ptr<EnvClient> make_local_client(EnvFactory factory, json config, EnvInfo info);
 Result<std::unique_ptr<EnvClient>> make_local_client(EnvFactory factory, json config);

@@ -7,8 +7,10 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "troupe/actors/serve_engine.h"
+#include "troupe/actors/served_turns.h"
 #include "troupe/base/result.h"
 #include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/tokenizer.h"
@@ -23,12 +25,21 @@ struct OpenAiServerOptions {
   std::string model_name;   // what /v1/models lists and requests must name
   int http_threads = 0;     // 0: engine slots + 8
   int max_n = 16;           // most choices per request
+  // rollout.serve (a generator's endpoint during a run): requests may name any model, and every
+  // choice served for an episode (route /episodes/ID/v1/..., the X-Troupe-Episode header, or the
+  // model name "episodes/ID") is
+  // recorded here token for token. Null: nothing is recorded (troupe serve).
+  actors::ServedTurnLog* record = nullptr;
+  bool any_model = false;
 };
+
+// "HOST:PORT" (port 0: any free one); errors start with `what` (e.g. "--bind", "rollout.serve").
+Result<std::pair<std::string, int>> parse_bind(const std::string& s, const std::string& what);
 
 class OpenAiServer {
  public:
   // chat_template may be null (then /v1/chat/completions answers 400). eos_id < 0: no stop token.
-  OpenAiServer(std::unique_ptr<actors::ServeEngine> engine, std::shared_ptr<const policy::io::Tokenizer> tokenizer,
+  OpenAiServer(std::shared_ptr<actors::ServeEngine> engine, std::shared_ptr<const policy::io::Tokenizer> tokenizer,
                std::shared_ptr<const policy::io::ChatTemplate> chat_template, int32_t bos_id, int32_t eos_id,
                OpenAiServerOptions options);
   ~OpenAiServer();
@@ -38,12 +49,13 @@ class OpenAiServer {
   // Serves until stop() (from any thread).
   Status serve();
   void stop();
+  bool serving() const;  // serve() is accepting connections
   actors::ServeEngine& engine() { return *engine_; }
 
   struct Impl;
 
  private:
-  std::unique_ptr<actors::ServeEngine> engine_;
+  std::shared_ptr<actors::ServeEngine> engine_;
   std::unique_ptr<Impl> impl_;  // declared last: the HTTP side goes before the engine it uses
 };
 

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""envs.verifiers: troupe as a client of a real verifiers (v1) environment server (the PyPI package
+`verifiers`, a ZeroMQ ROUTER speaking msgpack) whose environment (troupe_vf_echo.py: in-memory
+tasks, a two-turn chat harness) calls the policy through each generator's rollout.serve endpoint.
+    check_verifiers.py TROUPE FIXTURE_MODEL_DIR QWEN3_TEMPLATE
+Checks:
+  - a GRPO run trains on what the endpoint served: no failed episode, reward from the env, and the
+    learner's log-probs of the recorded tokens match the sampler's (mismatch_tokens > 0,
+    logprob_diff_max small), so prompt ids, completion ids and log-probs were recorded token for
+    token; a request without an episode is served (policy_version tagged) while the run goes on;
+  - failure paths: episodes past timeout_s fail as `timeout`, are counted and the run continues
+    (below envs[].max_failure_frac); a server answering with bytes that are not msgpack or with the
+    wrong schema fails its episodes as `protocol_error` and stops the run (exit 3, naming the env);
+    a server that is not there stops the run at start-up (exit 3).
+verifiers==0.4.0 needs Python >= 3.11 and openai >= 2.54: it is installed on first use into a venv
+under $TROUPE_CACHE (default ~/.cache/troupe)/venv-verifiers, and the script re-runs itself there."""
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VENV = os.path.join(os.environ.get("TROUPE_CACHE", os.path.expanduser("~/.cache/troupe")), "venv-verifiers")
+VENV_PY = os.path.join(VENV, "bin", "python")
+PACKAGES = ["verifiers==0.4.0", "openai>=2.54"]
+
+
+def fail(msg):
+    print(f"FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def ensure_verifiers():
+    try:
+        import verifiers.v1  # noqa: F401
+        return
+    except ImportError:
+        pass
+    if os.path.abspath(sys.executable) == os.path.abspath(VENV_PY):
+        fail("the venv has no verifiers package after installing it")
+    base = sys.executable
+    if sys.version_info < (3, 11):  # verifiers 0.4.0 needs 3.11+
+        base = shutil.which("python3.11") or shutil.which("python3.12") or fail("verifiers needs Python >= 3.11")
+    os.makedirs(os.path.dirname(VENV), exist_ok=True)
+    with open(VENV + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ok = os.path.exists(VENV_PY) and subprocess.run(
+            [VENV_PY, "-c", "import verifiers.v1"], capture_output=True).returncode == 0
+        if not ok:
+            print(f"installing {' '.join(PACKAGES)} into {VENV}", flush=True)
+            subprocess.run([base, "-m", "venv", "--clear", VENV], check=True)
+            subprocess.run([VENV_PY, "-m", "pip", "install", "-q", *PACKAGES], check=True)
+    os.execv(VENV_PY, [VENV_PY] + sys.argv)
+
+
+class Proc:
+    """A child process whose output lines are collected by a thread."""
+
+    def __init__(self, argv, env=None):
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.lines = []
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.lines.append(line)
+
+    def wait_line(self, needle, timeout=120):
+        end = time.time() + timeout
+        while time.time() < end:
+            for line in list(self.lines):
+                if needle in line:
+                    return line
+            if self.p.poll() is not None and self.t.is_alive() is False:
+                break
+            time.sleep(0.05)
+        self.stop()
+        fail(f"no line with {needle!r} from {self.p.args}: {''.join(self.lines)[-3000:]}")
+
+    def text(self):
+        return "".join(self.lines)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.t.join(5)
+
+
+def start_vf_server(env_extra=None):
+    env = dict(os.environ, PYTHONPATH=HERE, **(env_extra or {}))
+    s = Proc([sys.executable, os.path.join(HERE, "vf_server.py"), "tcp://127.0.0.1:0"], env)
+    line = s.wait_line("verifiers env server on ")
+    return s, line.split(" on ")[1].strip()
+
+
+TASKS = [{"prompt": f"Say the letter {c}.", "answer": c} for c in "abcdefgh"]
+
+
+def write_config(tmp, name, model, address, max_steps=2, extra_env=None, eval_every=0):
+    env = {"name": "vf", "type": "verifiers", "address": address, "timeout_s": 60, "startup_timeout_s": 30,
+           "config": {"tasks": TASKS[:6], "eval_tasks": TASKS[6:]}}
+    env.update(extra_env or {})
+    cfg = {
+        "run": {"name": name, "dir": os.path.join(tmp, name), "seed": 3},
+        "policy": {"path": model, "tokenizer": "auto"},
+        "rollout": {"serve": "127.0.0.1:0", "serve_slots": 8, "template": "chat", "num_generations": 2,
+                    "prompts_per_step": 2, "max_prompt_length": 256, "max_response_length": 6,
+                    "temperature": 1.0},
+        "grpo": {"max_steps": max_steps},
+        "optimizer": {"lr": 1e-4},
+        "eval": {"num_prompts": 2, "every": eval_every},
+        "checkpointing": {"enabled": False},
+        "logger": {"progress": "off", "tensorboard": False},
+        "envs": [env],
+    }
+    path = os.path.join(tmp, name + ".yaml")
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=1)  # JSON is YAML
+    return path
+
+
+def rows(tmp, name):
+    with open(os.path.join(tmp, name, "metrics.jsonl")) as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+def main():
+    ensure_verifiers()
+    troupe, fixture, template = sys.argv[1:4]
+    tmp = tempfile.mkdtemp(prefix="troupe-vf-")
+    servers = []
+    try:
+        model = os.path.join(tmp, "model")
+        shutil.copytree(fixture, model)
+        shutil.copy(template, os.path.join(model, "chat_template.jinja"))
+        cfg_path = os.path.join(model, "config.json")
+        mc = json.load(open(cfg_path))
+        mc["max_position_embeddings"] = 2048  # room for two chat turns (rotary positions: same model)
+        json.dump(mc, open(cfg_path, "w"), indent=2)
+
+        # 1. a run against the real server: trained on the served tokens
+        server, address = start_vf_server()
+        servers.append(server)
+        t0 = time.time()
+        run = Proc([troupe, "run", write_config(tmp, "ok", model, address)])
+        line = run.wait_line("rollout.serve listening on ")
+        url = line.split("listening on ")[1].split()[0]
+        # a request with no episode: served, tagged with the policy version, not recorded
+        body = json.dumps({"model": "anything", "prompt": "a", "max_tokens": 2}).encode()
+        req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            plain = json.loads(r.read())
+        tr = plain["choices"][0]["troupe"]
+        if tr.get("episode_id") is not None or "policy_version" not in tr:
+            fail(f"a request without an episode: {tr}")
+        # an episode's own base URL names it too (the coordinator never takes this one: not trained)
+        req = urllib.request.Request(url + "/episodes/probe-1/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            tr = json.loads(r.read())["choices"][0]["troupe"]
+        if tr.get("episode_id") != "probe-1" or len(tr["completion_token_ids"]) != len(tr["completion_logprobs"]):
+            fail(f"a request under /episodes/probe-1/v1: {tr}")
+        rc = run.p.wait(300)
+        run.t.join(5)
+        if rc != 0:
+            fail(f"troupe run exited {rc}: {run.text()[-4000:]}")
+        steps = [x for x in rows(tmp, "ok") if x.get("phase") == "grpo" and "loss" in x]
+        evals = [x for x in rows(tmp, "ok") if "eval_accuracy" in x]
+        if len(steps) != 2:
+            fail(f"expected 2 GRPO rows, got {steps}")
+        for x in steps:
+            if x.get("env_failures", 0) != 0:
+                fail(f"episodes failed: {x}")
+            if not (x.get("mismatch_tokens", 0) > 0 and x["logprob_diff_max"] < 0.05):
+                fail(f"the learner did not score the served tokens as sampled: {x}")
+            if x.get("response_len_mean", 0) <= 0 or "reward_mean/vf" not in x:
+                fail(f"no served response or reward: {x}")
+        if not evals or "eval_reward_mean/vf" not in evals[-1]:
+            fail(f"no evaluation of the verifiers env: {evals}")
+        print(f"run ok in {time.time() - t0:.1f}s: mismatch_tokens {[x['mismatch_tokens'] for x in steps]}, "
+              f"logprob_diff_max {[x['logprob_diff_max'] for x in steps]}, reward {[x['reward_mean'] for x in steps]}")
+
+        # 2. timeouts: every other episode sleeps past timeout_s; counted, the run continues
+        slow, slow_address = start_vf_server({"TROUPE_VF_SLOW_EVERY": "2", "TROUPE_VF_SLEEP_S": "30"})
+        servers.append(slow)
+        cfg = write_config(tmp, "timeout", model, slow_address, max_steps=1,
+                           extra_env={"timeout_s": 4, "max_retries": 0, "max_failure_frac": 0.75})
+        p = subprocess.run([troupe, "run", cfg, "--set", "eval.num_prompts=1"], capture_output=True, text=True,
+                           timeout=300)
+        if p.returncode != 0:
+            fail(f"timeout run exited {p.returncode}: {p.stderr[-3000:]}")
+        step = [x for x in rows(tmp, "timeout") if x.get("phase") == "grpo" and "loss" in x][0]
+        if step.get("env_failures/timeout", 0) < 1:
+            fail(f"no timeout counted: {step}")
+        print(f"timeout ok: env_failures/timeout {step['env_failures/timeout']} of 4, run went on")
+
+        # 3. a server that answers malformed (not msgpack) or with the wrong schema: protocol_error, exit 3
+        for mode in ("garbage", "schema"):
+            bad = Proc([sys.executable, os.path.join(HERE, "bad_vf_server.py"), mode])
+            servers.append(bad)
+            bad_address = bad.wait_line("bad verifiers server on ").split(" on ")[1].strip()
+            cfg = write_config(tmp, "bad_" + mode, model, bad_address, max_steps=1,
+                               extra_env={"max_retries": 1})
+            p = subprocess.run([troupe, "run", cfg], capture_output=True, text=True, timeout=300)
+            if p.returncode != 3 or "protocol_error" not in p.stderr or "env 'vf'" not in p.stderr:
+                fail(f"{mode} server: expected exit 3 naming env 'vf' and protocol_error, got {p.returncode}: "
+                     f"{p.stderr[-3000:]}")
+            print(f"{mode} ok: exit 3, {[l for l in p.stderr.splitlines() if 'protocol_error' in l][-1][:200]}")
+
+        # 4. no server at the address: the run stops at start-up
+        cfg = write_config(tmp, "down", model, "tcp://127.0.0.1:9", max_steps=1, extra_env={"startup_timeout_s": 2})
+        p = subprocess.run([troupe, "run", cfg], capture_output=True, text=True, timeout=120)
+        if p.returncode != 3 or "health" not in p.stderr:
+            fail(f"server down: expected exit 3 naming health, got {p.returncode}: {p.stderr[-2000:]}")
+        print("server down ok: exit 3")
+    finally:
+        for s in servers:
+            s.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("envs.verifiers: ok")
+
+
+if __name__ == "__main__":
+    main()
