@@ -160,6 +160,8 @@ Status validate_model_config(const ModelConfig& c) {
         "llama3 RoPE needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
   if (!(c.rms_norm_eps > 0)) return bad("rms_norm_eps", "must be > 0");
   if (!(c.router_aux_loss_coef >= 0)) return bad("router_aux_loss_coef", "must be >= 0");
+  if (c.routing_replay == RoutingReplay::rollout && !any_moe)
+    return bad("routing_replay", "rollout replays MoE routing, but this model is dense (no MoE layer)");
   if (c.offload_activations && !c.activation_checkpointing)
     return bad("offload_activations", "needs activation_checkpointing: true (only checkpointed layer inputs are offloaded)");
   if (auto be = kernels::backend_for(c.device); !be.ok()) return bad("device", "'" + c.device + "': " + be.error().message);
@@ -466,8 +468,10 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
     be->swiglu_forward(a.a, a.g, a.u, T * I);
     be->matmul_forward(y, a.a, P + w.wd, T, I, C);
   } else {
+    const int32_t* route = replaying && !kv ? replay.data() + static_cast<size_t>(moe_ordinal[l]) * T * moe_cfg.K
+                                            : nullptr;
     be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T,
-                    acts.moe_scratch);
+                    acts.moe_scratch, route);
     if (routing_out) {  // the experts each token was routed to (host memory on the CPU backend)
       const k::MoeRouting rt = k::moe_saved_routing(a.moe_saved, moe_cfg, T);
       const int K = moe_cfg.K;
@@ -558,6 +562,35 @@ void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, cons
   be->rmsnorm_backward(dresid, G + w.ln1, acts.dh, x, P + w.ln1, a.rstd1, T, C);  // dresid = d x
 }
 
+Status Model::Impl::set_replay(const PackedBatch& b) {
+  replaying = false;
+  if (cfg.routing_replay != RoutingReplay::rollout || b.experts.empty()) return {};
+  if (routing_width == 0) return invalid_input("packed batch: routing replay needs an MoE model (this one is dense)");
+  const size_t T = b.tokens.size(), RW = static_cast<size_t>(routing_width), K = static_cast<size_t>(moe_cfg.K);
+  if (b.experts.size() != T * RW)
+    return invalid_input("packed batch: experts has " + std::to_string(b.experts.size()) + " ids, expected " +
+                         std::to_string(T) + " tokens x routing width " + std::to_string(RW));
+  const size_t layers = RW / K;
+  replay.resize(T * RW);
+  for (size_t t = 0; t < T; ++t)
+    for (size_t o = 0; o < layers; ++o) {
+      const int32_t* ids = b.experts.data() + t * RW + o * K;
+      int32_t* dst = replay.data() + (o * T + t) * K;
+      std::copy(ids, ids + K, dst);
+      if (ids[0] < 0) continue;  // no record: the router's own top-k
+      for (size_t k = 0; k < K; ++k) {
+        bool ok = ids[k] >= 0 && ids[k] < moe_cfg.E;
+        for (size_t j = 0; j < k && ok; ++j) ok = ids[j] != ids[k];
+        if (!ok)
+          return invalid_input("packed batch: experts of token " + std::to_string(t) + ", MoE layer " +
+                               std::to_string(o) + " are not " + std::to_string(K) + " distinct ids in [0, " +
+                               std::to_string(moe_cfg.E) + ") (id " + std::to_string(ids[k]) + ")");
+      }
+    }
+  replaying = true;
+  return {};
+}
+
 const PackedMeta& Model::Impl::meta_for_layer() {
   if (cfg.cache_packed_metadata) return meta;
   build_packed_meta(&layer_meta, batch, HD, cfg.rope_theta, inv_freq, *be);
@@ -608,6 +641,7 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   offload_ring = offload_step ? std::min(L + 1, kOffloadRing) : L + 1;
   TROUPE_ASSIGN_OR_RETURN(acts, carve(arena, T, max_seqlen, offload_ring, ckpt ? 1 : L, true));
   peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float) + (offload_step ? offload->reload_buffer_bytes() : 0));
+  TROUPE_TRY(set_replay(b));
   be->embedding_forward(acts.resid[0], batch.tokens.data(), P() + wte, T, C);
   routing.assign(static_cast<size_t>(T) * routing_width, -1);
   routing_out = routing_width > 0 ? routing.data() : nullptr;  // not during backward's recompute
@@ -736,9 +770,14 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   TROUPE_ASSIGN_OR_RETURN(k::Buffer last, floats(static_cast<size_t>(B) * C));
   TROUPE_ASSIGN_OR_RETURN(k::Buffer hl, floats(static_cast<size_t>(B) * C));
   TROUPE_ASSIGN_OR_RETURN(k::Buffer rl, floats(B));
-  TROUPE_ASSIGN_OR_RETURN(k::Buffer logits, floats(static_cast<size_t>(B) * V));
-  TROUPE_ASSIGN_OR_RETURN(k::Buffer sample_scratch, be->alloc(be->sample_scratch_bytes(V)));
-  const k::SampleParams spk{sp.temperature, sp.top_k, sp.top_p};
+  // The LM head samples over the vocabulary in chunks of policy.logprob_chunk columns
+  // (chunked_sample.h): no (rows, V) logits buffer beyond one chunk once V exceeds it.
+  const int chunk = cfg.logprob_chunk;
+  TROUPE_ASSIGN_OR_RETURN(k::Buffer sample_scratch, be->alloc(be->chunked_sample_scratch_bytes(B, V, chunk, sp.top_k)));
+  const std::vector<k::SampleParams> row_sp(B, k::SampleParams{sp.temperature, sp.top_k, sp.top_p});
+  std::vector<uint64_t> row_rng(B);
+  std::vector<int32_t> row_tok(B);
+  std::vector<float> row_lp(B);
   const float* P = this->P();
   // Each pass's routing (rows x routing_width): row r's experts chose those of the token sampled from
   // its output, so a sampled token's record is the routing of the position that predicted it.
@@ -775,16 +814,17 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   dm.rope_sin.resize(static_cast<size_t>(B) * HD / 2);
   for (int step = 0;; ++step) {
     be->rmsnorm_forward(hl.floats(), rl.floats(), last.floats(), P + wnorm, n_active, C, cfg.rms_norm_eps);
-    be->matmul_forward(logits.floats(), hl.floats(), P + wlm, n_active, C, V);
+    for (int i = 0; i < n_active; ++i) row_rng[i] = rng[active[i]];
+    be->chunked_sample(row_tok.data(), row_lp.data(), hl.floats(), P + wlm, n_active, C, V, chunk, row_sp.data(),
+                       row_rng.data(), sp.top_k, sample_scratch.data());
     int n_next = 0;
     for (int i = 0; i < n_active; ++i) {
       const int b = active[i];
-      float lp = 0;
-      const int32_t t =
-          be->sample_token(&lp, logits.floats() + static_cast<size_t>(i) * V, V, spk, &rng[b], sample_scratch.data());
+      rng[b] = row_rng[i];
+      const int32_t t = row_tok[i];
       Generation& g = out[b];
       g.tokens.push_back(t);
-      g.logprobs.push_back(lp);
+      g.logprobs.push_back(row_lp[i]);
       g.experts.insert(g.experts.end(), row_route.begin() + static_cast<std::ptrdiff_t>(b * RW),
                        row_route.begin() + static_cast<std::ptrdiff_t>((b + 1) * RW));
       if (std::find(sp.stop_tokens.begin(), sp.stop_tokens.end(), t) != sp.stop_tokens.end()) {

@@ -307,6 +307,18 @@ EOS
       "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/$k" --set loss.mismatch_correction=$k $S
       $CHECK mismatch "$W/$k" 6
     done
+    # routing replay: every recorded (token, MoE layer) routes as the sampler did, sync and async
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/replay" --set policy.moe.routing_replay=rollout $S
+    $CHECK mismatch "$W/replay" 6 routes
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/replay_async" --set policy.moe.routing_replay=rollout $S
+    $CHECK mismatch "$W/replay_async" 6 routes
+    # replay on a dense model: a FILE:LINE error, exit 2
+    sed 's/^    num_experts: 4/    num_experts: 0/' "$SRC/configs/quickstart.yaml" > "$W/dense_replay.yaml"
+    printf '  moe:\n    routing_replay: rollout\n' > "$W/moe_key.txt"
+    sed -i "/^  tokenizer: char/r $W/moe_key.txt" "$W/dense_replay.yaml"
+    expect_exit 2 "$TROUPE" validate "$W/dense_replay.yaml"
+    cat "$W/err.txt"
+    grep -q "dense_replay.yaml:[0-9]*:[0-9]*: error: policy.moe.routing_replay" "$W/err.txt"
     # a correction bound out of range, and a lower bound above its upper one: FILE:LINE errors, exit 2
     sed 's/^  agg_mode: token-mean/  agg_mode: token-mean\n  mismatch_correction: mis\n  mis_low: -0.5/' \
       "$SRC/configs/quickstart.yaml" > "$W/bad_low.yaml"

@@ -8,6 +8,9 @@
 
 namespace troupe::policy {
 
+// MoE routing replay: off, or rollout (train each response token on the experts its sampler chose).
+enum class RoutingReplay { off, rollout };
+
 struct ExecutionOptions {
   // Where the model runs (YAML `policy.device`): the name kernels::backend_for() resolves. "cpu";
   // "cuda" is an error until the CUDA backend exists.
@@ -22,6 +25,10 @@ struct ExecutionOptions {
   // differently once the vocabulary exceeds a chunk (an online log-sum-exp); a vocabulary of at
   // most one chunk runs the whole-vocabulary ops, bit for bit.
   int logprob_chunk = 4096;
+  // Routing replay (YAML `policy.moe.routing_replay: rollout`): a training forward whose batch
+  // carries the sampler's expert ids (PackedBatch::experts) routes each recorded token to those
+  // experts, with gates from its own router over that set, in forward and backward. MoE only.
+  RoutingReplay routing_replay = RoutingReplay::off;
 };
 
 }  // namespace troupe::policy

@@ -43,6 +43,10 @@ struct PackedBatch {
   std::vector<int32_t> tokens;      // (T) input ids
   std::vector<int32_t> cu_seqlens;  // (S+1) cumulative starts, cu_seqlens[0]=0, back()=T
   std::vector<int32_t> targets;     // (T) id predicted at each position (-1 = no target, e.g. last token)
+  // MoE routing replay (ModelConfig::routing_replay): empty, or (T x Model::routing_width()) the
+  // expert ids to route each position to, per MoE layer in layer order, K per layer (a layer's K
+  // distinct ids in [0, num_experts), or -1 first = the router's own top-k). Ignored with replay off.
+  std::vector<int32_t> experts;
 };
 
 struct SamplingParams {
