@@ -13,6 +13,8 @@
 
 #include "model_impl.h"
 #include "troupe/kernels/backend.h"
+#include "troupe/kernels/batch_invariant.h"
+#include "troupe/kernels/chunked_logprob.h"
 #include "troupe/kernels/random.h"
 
 namespace troupe::policy {
@@ -727,6 +729,11 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   if (sp.max_new_tokens < 0)
     return invalid_input("sampling: max_new_tokens must be >= 0, got " + std::to_string(sp.max_new_tokens));
   const int B = static_cast<int>(prompts.size());
+  if (!sp.streams.empty() && sp.streams.size() != prompts.size())
+    return invalid_input("sampling: " + std::to_string(sp.streams.size()) + " streams for " +
+                         std::to_string(prompts.size()) + " prompts");
+  for (int32_t s : sp.streams)
+    if (s < 0) return invalid_input("sampling: a stream must be >= 0, got " + std::to_string(s));
   std::vector<Generation> out(B);
   if (B == 0) return out;
   PackedBatch pre;
@@ -763,7 +770,8 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   std::vector<uint64_t> rng(B);
   for (int b = 0; b < B; ++b) {
     plen[b] = static_cast<int32_t>(prompts[b].size());
-    uint64_t s0 = sp.seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(b + 1));
+    const uint64_t stream = sp.streams.empty() ? static_cast<uint64_t>(b) : static_cast<uint64_t>(sp.streams[b]);
+    uint64_t s0 = sp.seed ^ (0xD1B54A32D192ED03ull * (stream + 1));
     rng[b] = k::splitmix64(s0);
   }
   // Last position's hidden state, its final norm (and rstd) and logits, per active row.
@@ -778,6 +786,13 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   std::vector<uint64_t> row_rng(B);
   std::vector<int32_t> row_tok(B);
   std::vector<float> row_lp(B);
+  // Batch-invariant mode reports the learner's log-softmax of each sampled token (the chunked head
+  // forward_train runs, on these rows) instead of sample_token's double-precision one.
+  k::Buffer bi_scratch;
+  const size_t bi_rows = static_cast<size_t>(B);
+  if (cfg.batch_invariant) {
+    TROUPE_ASSIGN_OR_RETURN(bi_scratch, floats(k::chunked_logprob_scratch_floats(B, V, chunk) + 2 * bi_rows));
+  }
   const float* P = this->P();
   // Each pass's routing (rows x routing_width): row r's experts chose those of the token sampled from
   // its output, so a sampled token's record is the routing of the position that predicted it.
@@ -817,6 +832,12 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
     for (int i = 0; i < n_active; ++i) row_rng[i] = rng[active[i]];
     be->chunked_sample(row_tok.data(), row_lp.data(), hl.floats(), P + wlm, n_active, C, V, chunk, row_sp.data(),
                        row_rng.data(), sp.top_k, sample_scratch.data());
+    if (cfg.batch_invariant) {
+      float* ent = bi_scratch.floats();
+      be->chunked_logprob_forward(row_lp.data(), ent, ent + bi_rows, hl.floats(), P + wlm, row_tok.data(),
+                                  sp.temperature > 0 ? sp.temperature : 1.0f, n_active, C, V, chunk,
+                                  ent + 2 * bi_rows);
+    }
     int n_next = 0;
     for (int i = 0; i < n_active; ++i) {
       const int b = active[i];
@@ -893,6 +914,7 @@ Status Model::set_params(std::span<const float> flat) {
 void Model::zero_grads() { impl_->be->zero(impl_->G(), impl_->n_params); }
 
 Status Model::forward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy) {
+  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);
   impl_->have_train_forward = false;
   if (!(temperature > 0.0f) || !std::isfinite(temperature))
     return invalid_input("forward_train: temperature must be > 0, got " + std::to_string(temperature));
@@ -913,10 +935,14 @@ Status Model::forward_train(const PackedBatch& batch, float temperature, float* 
   m.have_train_forward = true;
   return {};
 }
-Status Model::backward_train(const float* dlogp, const float* dentropy) { return impl_->backward(dlogp, dentropy); }
+Status Model::backward_train(const float* dlogp, const float* dentropy) {
+  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);  // the recompute is a forward
+  return impl_->backward(dlogp, dentropy);
+}
 float Model::last_aux_loss() const { return impl_->aux_loss; }
 
 Status Model::forward_logits(const PackedBatch& batch, float* logits) {
+  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);
   impl_->have_train_forward = false;
   TROUPE_TRY(impl_->forward(batch, false));
   Impl& m = *impl_;
@@ -938,6 +964,7 @@ Status Model::forward_logits(const PackedBatch& batch, float* logits) {
 
 Result<std::vector<Generation>> Model::generate(const std::vector<std::vector<int32_t>>& prompts,
                                                 const SamplingParams& params) {
+  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);
   return impl_->generate(prompts, params);
 }
 

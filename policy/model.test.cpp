@@ -791,3 +791,127 @@ TEST(Model, ChunkedSamplingMatchesWholeVocabulary) {
     }
   }
 }
+
+// policy.batch_invariant: the KV-cache sampler's log-probs and MoE routes equal the packed
+// training forward's bit for bit (every family; plain temperature, top-k, greedy; a chunked head),
+// and a sequence's log-probs do not depend on the other sequences of its batch.
+TEST(Model, BatchInvariantSamplerEqualsLearner) {
+  for (const char* fam : kAllFamilies) {
+    for (int chunk : {4096, 16}) {
+      ModelConfig c = tiny_family(fam);
+      c.batch_invariant = true;
+      c.logprob_chunk = chunk;
+      Model m = make(c);
+      std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {5}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {4, 4}};
+      for (const float temp : {1.0f, 0.7f}) {
+        SamplingParams sp;
+        sp.temperature = temp;
+        sp.top_k = temp < 1.0f ? 5 : 0;
+        sp.max_new_tokens = 12;
+        sp.seed = 31;
+        auto gen = m.generate(prompts, sp);
+        ASSERT_TRUE(gen.ok()) << gen.error().message;
+        std::vector<std::vector<int32_t>> full;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          auto s = prompts[i];
+          s.insert(s.end(), gen.value()[i].tokens.begin(), gen.value()[i].tokens.end());
+          full.push_back(s);
+        }
+        PackedBatch b = batch_of(full);
+        std::vector<float> lp(b.tokens.size()), ent(b.tokens.size());
+        ASSERT_TRUE(m.forward_train(b, temp, lp.data(), ent.data()).ok());
+        const int W = m.routing_width();
+        const auto routing = m.last_routing();
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          const auto& g = gen.value()[i];
+          for (size_t j = 0; j < g.tokens.size(); ++j) {
+            const size_t t = b.cu_seqlens[i] + prompts[i].size() - 1 + j;
+            ASSERT_EQ(g.logprobs[j], lp[t]) << fam << " chunk " << chunk << " temp " << temp << " seq " << i
+                                            << " token " << j;
+            for (int w = 0; w < W; ++w)
+              ASSERT_EQ(g.experts[j * W + w], routing[t * W + w]) << fam << " seq " << i << " token " << j;
+          }
+        }
+        // One sequence alone: the same bits as inside the batch.
+        PackedBatch one = batch_of({full[2]});
+        std::vector<float> lp1(one.tokens.size());
+        ASSERT_TRUE(m.forward_train(one, temp, lp1.data(), nullptr).ok());
+        for (size_t t = 0; t < one.tokens.size(); ++t) ASSERT_EQ(lp1[t], lp[b.cu_seqlens[2] + t]) << fam << " " << t;
+      }
+    }
+  }
+}
+
+// Greedy sampling reports the log-prob at temperature 1, and the gradients of the invariant
+// forward are its gradients (finite differences), also under activation checkpointing.
+TEST(Model, BatchInvariantGreedyAndGradients) {
+  ModelConfig c = tiny();
+  c.batch_invariant = true;
+  Model m = make(c);
+  std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {6, 7}};
+  SamplingParams sp;
+  sp.temperature = 0.0f;
+  sp.max_new_tokens = 6;
+  auto gen = m.generate(prompts, sp);
+  ASSERT_TRUE(gen.ok());
+  std::vector<std::vector<int32_t>> full;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto s = prompts[i];
+    s.insert(s.end(), gen.value()[i].tokens.begin(), gen.value()[i].tokens.end());
+    full.push_back(s);
+  }
+  PackedBatch b = batch_of(full);
+  std::vector<float> lp(b.tokens.size());
+  ASSERT_TRUE(m.forward_train(b, 1.0f, lp.data(), nullptr).ok());
+  for (size_t i = 0; i < prompts.size(); ++i)
+    for (size_t j = 0; j < gen.value()[i].tokens.size(); ++j)
+      ASSERT_EQ(gen.value()[i].logprobs[j], lp[b.cu_seqlens[i] + prompts[i].size() - 1 + j]);
+  PackedBatch sb = sample_batch(c.vocab_size);
+  m.zero_grads();
+  run_loss(m, sb, 0.9f, true);
+  std::vector<float> g(m.grads().begin(), m.grads().end());
+  std::mt19937 r(5);
+  for (const auto& t : m.tensors()) {
+    const size_t i = t.offset + r() % t.numel();
+    float& p = m.params()[i];
+    const float orig = p, h = 1e-3f;
+    p = orig + h;
+    const double lp1 = run_loss(m, sb, 0.9f, false);
+    p = orig - h;
+    const double lm1 = run_loss(m, sb, 0.9f, false);
+    p = orig;
+    const double num = (lp1 - lm1) / (2 * h);
+    EXPECT_NEAR(g[i], num, 2e-3 + 2e-2 * std::fabs(num)) << t.name;
+  }
+  ModelConfig ck = c;
+  ck.activation_checkpointing = true;
+  Model ckm = make(ck);
+  ckm.zero_grads();
+  run_loss(ckm, sb, 0.9f, true);
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(ckm.grads()[i], g[i]) << i;
+}
+
+// SamplingParams::streams: a prompt's draws follow its stream, not its index, so with batch
+// invariance a prompt sampled alone equals itself sampled among others (what lets a step's samples
+// be spread over any number of generators); a wrong count or a negative stream is an error.
+TEST(Model, BatchInvariantStreamsIndependentOfTheBatch) {
+  ModelConfig c = tiny();
+  c.batch_invariant = true;
+  Model m = make(c);
+  SamplingParams sp;
+  sp.max_new_tokens = 10;
+  sp.seed = 77;
+  sp.streams = {4, 9, 2};
+  auto all = m.generate({{1, 2, 3}, {6, 7}, {9, 9, 9, 9}}, sp);
+  ASSERT_TRUE(all.ok());
+  sp.streams = {9};
+  auto one = m.generate({{6, 7}}, sp);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one.value()[0].tokens, all.value()[1].tokens);
+  EXPECT_EQ(one.value()[0].logprobs, all.value()[1].logprobs);
+  EXPECT_EQ(one.value()[0].experts, all.value()[1].experts);
+  sp.streams = {9, 1};
+  EXPECT_FALSE(m.generate({{6, 7}}, sp).ok());
+  sp.streams = {-1};
+  EXPECT_FALSE(m.generate({{6, 7}}, sp).ok());
+}

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/kernels/batch_invariant.h"
 #include "troupe/kernels/ops.h"
 
 namespace troupe::kernels {
@@ -328,8 +329,10 @@ int scan_expert_rows(int32_t* row_slot, int32_t* slot_row, int e, int row, const
 void experts_forward_grouped(float* y, float* g, float* u, float* h, const float* xp, const int32_t* offsets,
                              const MoeWeights& w, const MoeConfig& c) {
   const int C = c.C, H = c.H;
+  const bool invariant = batch_invariant();  // the experts' GEMMs run on other threads: carry the mode
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(offsets[c.E]) * C * H))
   for (int e = 0; e < c.E; ++e) {
+    const BatchInvariantScope mode(invariant);
     const size_t r0 = static_cast<size_t>(offsets[e]);
     const int n = offsets[e + 1] - offsets[e];
     const size_t we = static_cast<size_t>(e) * H * C;

@@ -312,6 +312,11 @@ EOS
     $CHECK mismatch "$W/replay" 6 routes
     "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/replay_async" --set policy.moe.routing_replay=rollout $S
     $CHECK mismatch "$W/replay_async" 6 routes
+    # batch invariance: sampler and learner agree exactly on every step, sync and async
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/invariant" --set policy.batch_invariant=true $S
+    $CHECK mismatch "$W/invariant" 6 exact
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/invariant_async" --set policy.batch_invariant=true $S
+    $CHECK mismatch "$W/invariant_async" 6 exact
     # replay on a dense model: a FILE:LINE error, exit 2
     sed 's/^    num_experts: 4/    num_experts: 0/' "$SRC/configs/quickstart.yaml" > "$W/dense_replay.yaml"
     printf '  moe:\n    routing_replay: rollout\n' > "$W/moe_key.txt"
@@ -330,6 +335,39 @@ EOS
     expect_exit 2 "$TROUPE" validate "$W/bad_order.yaml"
     cat "$W/err.txt"
     grep -q "bad_order.yaml:[0-9]*:[0-9]*: error: loss.icepop_high" "$W/err.txt"
+    ;;
+  rank_change_resume)  # a checkpoint of N learners / M generators resumes with other counts (mpirun)
+    # Batch-invariant kernels and per-sample RNG streams: a sample's tokens do not depend on which
+    # generator, in how big a batch, sampled it. Constant lr: the cosine schedule depends on max_steps.
+    S="--set optimizer.schedule=constant --set sft.max_steps=6 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.every=3 --set policy.batch_invariant=true --set rollout.prompts_per_step=16 \
+       --set cluster.transport=ipc $Q"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" --set grpo.max_steps=6 $S
+    # 1 -> 2 generators (ranks: learner, generator, generator, env): bit for bit the uninterrupted run
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/g" --set grpo.max_steps=3 $S
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/g" --set grpo.max_steps=6 \
+      --set cluster.generators=2 $S
+    $CHECK same "$W/a" "$W/g"
+    # an uninterrupted run on 2 generators is the same run too
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/g2" --set grpo.max_steps=6 \
+      --set cluster.generators=2 $S
+    $CHECK same "$W/a" "$W/g2"
+    # 1 -> 2 learners: the same state resumed (steps before the checkpoint identical, same data
+    # cursor after); the 2-rank all-reduce sums the gradient in another order, so the updates
+    # after it agree to rounding, not bit for bit
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/l12" --set grpo.max_steps=3 $S
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/l12" --set grpo.max_steps=6 \
+      --set cluster.learners=2 $S
+    $CHECK close "$W/a" "$W/l12" 10 1e-3
+    # 2 -> 1 learners: the 2-learner run's own checkpoint, resumed by one learner, goes on as the
+    # uninterrupted 2-learner run does up to the rounding of the all-reduce
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/l2" --set grpo.max_steps=6 \
+      --set cluster.learners=2 $S
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/l21" --set grpo.max_steps=3 \
+      --set cluster.learners=2 $S
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/l21" --set grpo.max_steps=6 $S
+    $CHECK close "$W/l2" "$W/l21" 10 1e-3
     ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac

@@ -29,6 +29,11 @@ struct ExecutionOptions {
   // carries the sampler's expert ids (PackedBatch::experts) routes each recorded token to those
   // experts, with gates from its own router over that set, in forward and backward. MoE only.
   RoutingReplay routing_replay = RoutingReplay::off;
+  // Batch-invariant mode (YAML `policy.batch_invariant`, kernels/batch_invariant.h): every op of a
+  // forward gives each token bits independent of the other rows of its batch and of KV-cache decode
+  // vs packed training forward, and the sampler reports the learner's own log-softmax of the
+  // sampled token, so sampler and learner log-probs (and MoE routes) agree exactly. Slower GEMMs.
+  bool batch_invariant = false;
 };
 
 }  // namespace troupe::policy

@@ -56,6 +56,9 @@ struct SamplingParams {
   int max_new_tokens = 64;
   std::vector<int32_t> stop_tokens;  // e.g. EOS; the stop token is included in the output
   uint64_t seed = 0;
+  // The RNG stream of each prompt (>= 0), so that a prompt's draws do not depend on which other
+  // prompts share the call; empty = each prompt's index.
+  std::vector<int32_t> streams;
 };
 
 struct Generation {
@@ -138,7 +141,8 @@ class Model {
   // KV-cache sampling for a batch of prompts of different lengths. logprobs are log
   // softmax(logits / temperature) of the sampled token (before top-k/top-p truncation), i.e. what
   // forward_train at the same temperature returns; greedy (temperature 0) reports temperature 1.
-  // Deterministic for a seed; each prompt has its own RNG stream (seed, prompt index).
+  // Deterministic for a seed; each prompt has its own RNG stream (seed, params.streams[b] or the
+  // prompt index b).
   Result<std::vector<Generation>> generate(const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingParams& params);
 
