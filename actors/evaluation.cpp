@@ -20,7 +20,7 @@ struct EnvScore {
 };
 
 GenSampling greedy(const ExperimentConfig& cfg) {
-  return {0.0f, 0, 1.0f, cfg.rollout.max_response_length, 0};
+  return {0.0f, 0, 1.0f, cfg.rollout.max_response_length, 0, {}};
 }
 
 std::string eval_id(const std::string& env, int i) { return "eval-" + env + "-" + std::to_string(i); }

@@ -85,6 +85,7 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
   sp.max_new_tokens = r.sampling.max_new_tokens;
   sp.stop_tokens = stop_tokens_;
   sp.seed = r.sampling.seed;
+  sp.streams = r.sampling.streams;
   TROUPE_ASSIGN_OR_RETURN(auto gens, policy_.model->generate(prompts, sp));
   for (size_t i = 0; i < gens.size(); ++i) {
     auto& s = rep.samples[i];

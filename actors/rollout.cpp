@@ -153,11 +153,17 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
       part.gens.emplace_back();
       if (part.owned[g].empty()) continue;
       GenerateReq req;
+      // One seed per part and a stream per sample numbered across the part: a sample's randoms do
+      // not depend on the generator count (with one generator the streams are the prompt indices).
+      std::vector<std::int32_t> streams;
       for (int i : part.owned[g])
-        for (int j = 0; j < ro.num_generations; ++j) req.prompts.push_back(r.groups[i].prompt_text);
-      req.sampling = {
-          ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
-          mix_seed(r.seed_base, 3, static_cast<uint64_t>(k), g + 1024 * static_cast<uint64_t>(c))};
+        for (int j = 0; j < ro.num_generations; ++j) {
+          req.prompts.push_back(r.groups[i].prompt_text);
+          streams.push_back((i - part.g0) * ro.num_generations + j);
+        }
+      req.sampling = {ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
+                      mix_seed(r.seed_base, 3, static_cast<uint64_t>(k), 1024 * static_cast<uint64_t>(c)),
+                      std::move(streams)};
       part.reqs.resize(NG);
       part.reqs[g] = req;
       part.gens.back().emplace(

@@ -49,6 +49,11 @@ void write_trajectories(const RunState& s, const Rollout& r, const std::vector<f
         turn.prompt_tokens.insert(turn.prompt_tokens.end(), x.tokens.begin(), x.tokens.begin() + static_cast<std::ptrdiff_t>(b));
         turn.completion_tokens.assign(x.tokens.begin() + static_cast<std::ptrdiff_t>(b), x.tokens.begin() + static_cast<std::ptrdiff_t>(e));
         turn.logprobs.assign(x.logprobs.begin() + static_cast<std::ptrdiff_t>(b), x.logprobs.begin() + static_cast<std::ptrdiff_t>(e));
+        if (!x.experts.empty() && x.experts.size() % x.tokens.size() == 0) {  // one record per token
+          const size_t w = x.experts.size() / x.tokens.size();
+          turn.experts.assign(x.experts.begin() + static_cast<std::ptrdiff_t>(b * w),
+                              x.experts.begin() + static_cast<std::ptrdiff_t>(e * w));
+        }
         turn.policy_version = r.policy_version;
         turn.completion = x.turn_texts.size() > u ? x.turn_texts[u] : x.text;
         turn.truncated = u + 1 == turns && x.truncated;

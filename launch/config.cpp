@@ -525,6 +525,12 @@ class Loader {
                                       std::tuple{c.loss.icepop_low, c.loss.icepop_high, "loss.icepop_high"}})
       if (!(hi > lo))
         error(at(key), key, std::to_string(hi) + " must be above the lower bound " + std::to_string(lo));
+    bool any_moe = false;
+    for (int l = 0; l < m.num_hidden_layers; ++l) any_moe = any_moe || m.is_moe_layer(l);
+    if (x.routing_replay == policy::RoutingReplay::rollout && c.policy.path.empty() && !any_moe)
+      error(at("policy.moe.routing_replay"), "policy.moe.routing_replay",
+            "rollout replays MoE routing, but policy.model is dense (num_experts = " + std::to_string(m.num_experts) +
+                (m.num_experts > 0 ? ", every layer in mlp_only_layers" : "") + ")");
     if (x.offload_activations && !x.activation_checkpointing)
       error(at("policy.offload_activations"), "policy.offload_activations",
             "needs policy.activation_checkpointing: true (only checkpointed inputs are offloaded)");
@@ -534,6 +540,13 @@ class Loader {
       error(at("policy.offload_activations"), "policy.offload_activations",
             "not implemented with policy.device: cuda (the model's offload engine copies host memory); set it to "
             "false or use policy.device: cpu");
+    if (x.device == "cuda" && c.policy.batch_invariant)
+      error(at("policy.batch_invariant"), "policy.batch_invariant",
+            "not implemented with policy.device: cuda (the CUDA kernels have no fixed-chain GEMM or shared "
+            "attention loop yet); set it to false or use policy.device: cpu");
+    if (x.device == "cuda" && x.routing_replay == policy::RoutingReplay::rollout)
+      error(at("policy.moe.routing_replay"), "policy.moe.routing_replay",
+            "not implemented with policy.device: cuda; set it to off or use policy.device: cpu");
     if (!c.policy.path.empty())  // a loaded model's architecture is its config.json: never silently ignored
       for (const auto& key : architecture_keys_set)
         error(at(key), key,

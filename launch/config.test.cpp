@@ -90,7 +90,9 @@ TEST(Config, CudaRejectsOptionsItDoesNotImplement) {
                       "policy:\n  device: cuda\n  activation_checkpointing: true\n  offload_activations: true\n");
   EXPECT_NE(m.find("x.yaml:6:"), std::string::npos) << m;
   EXPECT_NE(m.find("error: policy.offload_activations: not implemented with policy.device: cuda"), std::string::npos)
-      << m;
+      << m;  m = load_error(std::string(kMinimal) + "policy:\n  device: cuda\n  batch_invariant: true\n");
+  EXPECT_NE(m.find("x.yaml:5:"), std::string::npos) << m;
+  EXPECT_NE(m.find("error: policy.batch_invariant: not implemented with policy.device: cuda"), std::string::npos) << m;
 }
 
 TEST(Config, WrongType) {

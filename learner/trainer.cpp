@@ -26,6 +26,12 @@ Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples,
   out.has_old = !samples.empty() && !samples[0]->old_logprobs.empty();
   out.has_ref = !samples.empty() && !samples[0]->ref_logprobs.empty();
   out.has_behavior = !samples.empty() && !samples[0]->behavior_logprobs.empty();
+  size_t replay_width = 0;  // batch.experts: every recorded completion token, for routing replay
+  for (const Sample* s : samples) {
+    const size_t n = s->completion.size();
+    if (replay_width == 0 && n > 0 && !s->sampler_experts.empty() && s->sampler_experts.size() % n == 0)
+      replay_width = s->sampler_experts.size() / n;
+  }
   for (const Sample* s : samples) {
     const auto& sampler = s->behavior_logprobs.empty() ? s->old_logprobs : s->behavior_logprobs;
     if (s->score_mismatch && !sampler.empty()) out.has_mismatch = true;
@@ -49,6 +55,14 @@ Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples,
       const bool completion = t + 1 >= P;
       const size_t j = t + 1 - P;  // completion index predicted here (valid when `completion`)
       out.mask.push_back(completion ? keep * (s->completion_mask.empty() ? 1.0f : s->completion_mask[j]) : 0.0f);
+      if (replay_width > 0) {
+        const size_t W = replay_width;
+        if (completion && s->sampler_experts.size() == C * W)
+          b.experts.insert(b.experts.end(), s->sampler_experts.begin() + static_cast<std::ptrdiff_t>(j * W),
+                           s->sampler_experts.begin() + static_cast<std::ptrdiff_t>((j + 1) * W));
+        else
+          b.experts.insert(b.experts.end(), W, -1);
+      }
       if (out.has_old) out.logp_old.push_back(completion ? s->old_logprobs[j] : 0.0f);
       if (out.has_ref) out.logp_ref.push_back(completion ? s->ref_logprobs[j] : 0.0f);
       if (out.has_behavior) out.logp_behavior.push_back(completion ? s->behavior_logprobs[j] : 0.0f);

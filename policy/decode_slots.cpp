@@ -9,6 +9,7 @@
 #include <string>
 
 #include "model_impl.h"
+#include "troupe/kernels/batch_invariant.h"
 
 namespace troupe::policy {
 
@@ -65,7 +66,10 @@ Result<std::unique_ptr<DecodeSlots>> DecodeSlots::create(Model& model, int slots
   TROUPE_ASSIGN_OR_RETURN(s->last, floats(static_cast<size_t>(slots) * m.C));
   TROUPE_ASSIGN_OR_RETURN(s->hl, floats(static_cast<size_t>(slots) * m.C));
   TROUPE_ASSIGN_OR_RETURN(s->rl, floats(slots));
-  TROUPE_ASSIGN_OR_RETURN(s->logits, floats(static_cast<size_t>(slots) * m.V));
+  // The head's logits: (slots, V) when the vocabulary fits one policy.logprob_chunk; else one
+  // (1, V) row for a slot that asks for top_logprobs (sampling itself runs over chunks).
+  const bool chunked = m.cfg.logprob_chunk > 0 && m.V > m.cfg.logprob_chunk;
+  TROUPE_ASSIGN_OR_RETURN(s->logits, floats(static_cast<size_t>(chunked ? 1 : slots) * m.V));
   TROUPE_ASSIGN_OR_RETURN(s->scratch, be->alloc(be->sample_scratch_bytes(m.V)));
   s->seq.resize(slots);
   return std::unique_ptr<DecodeSlots>(new DecodeSlots(std::move(s)));
@@ -128,6 +132,7 @@ void DecodeSlots::remove(int slot) {
 Result<std::vector<SlotToken>> DecodeSlots::step() {
   State& s = *s_;
   Model::Impl& m = *s.m;
+  const k::BatchInvariantScope invariant(m.cfg.batch_invariant);  // a slot's rows never depend on the others
   const k::Backend* be = m.be;
   const float* P = m.P();
   const int C = m.C, V = m.V, HD = m.HD;
@@ -213,18 +218,49 @@ Result<std::vector<SlotToken>> DecodeSlots::step() {
   }
   // The LM head over every row, then one token per row.
   be->rmsnorm_forward(s.hl.floats(), s.rl.floats(), s.last.floats(), P + m.wnorm, n_rows, C, m.cfg.rms_norm_eps);
-  be->matmul_forward(s.logits.floats(), s.hl.floats(), P + m.wlm, n_rows, C, V);
   std::vector<int> order = pre;
   order.insert(order.end(), dec.begin(), dec.end());
+  // Over vocabulary chunks (kernels::chunked_sample) once V exceeds one: every row's token at once,
+  // then one (1, V) logits row only for the slots that want their top log-probs.
+  const int chunk = m.cfg.logprob_chunk;
+  const bool chunked = chunk > 0 && V > chunk;
+  std::vector<int32_t> ctok;
+  std::vector<float> clp;
+  if (chunked) {
+    std::vector<k::SampleParams> csp(n_rows);
+    std::vector<uint64_t> crng(n_rows);
+    int max_k = 0;
+    for (int r = 0; r < n_rows; ++r) {
+      const auto& q = s.seq[order[r]];
+      csp[r] = k::SampleParams{q.sp.temperature, q.sp.top_k, q.sp.top_p};
+      crng[r] = q.rng;
+      max_k = std::max(max_k, q.sp.top_k);
+    }
+    TROUPE_TRY(be->grow(s.scratch, be->chunked_sample_scratch_bytes(n_rows, V, chunk, max_k)));
+    ctok.resize(n_rows);
+    clp.resize(n_rows);
+    be->chunked_sample(ctok.data(), clp.data(), s.hl.floats(), P + m.wlm, n_rows, C, V, chunk, csp.data(),
+                       crng.data(), max_k, s.scratch.data());
+    for (int r = 0; r < n_rows; ++r) s.seq[order[r]].rng = crng[r];
+  } else {
+    be->matmul_forward(s.logits.floats(), s.hl.floats(), P + m.wlm, n_rows, C, V);
+  }
   const bool host = be->host_visible();
   out.reserve(order.size());
   for (int r = 0; r < n_rows; ++r) {
     auto& q = s.seq[order[r]];
-    const float* lrow = s.logits.floats() + static_cast<size_t>(r) * V;
+    const float* lrow = s.logits.floats() + (chunked ? 0 : static_cast<size_t>(r) * V);
     SlotToken t;
     t.slot = order[r];
-    const k::SampleParams spk{q.sp.temperature, q.sp.top_k, q.sp.top_p};
-    t.token = be->sample_token(&t.logprob, lrow, V, spk, &q.rng, s.scratch.data());
+    if (chunked) {
+      t.token = ctok[r];
+      t.logprob = clp[r];
+      if (q.sp.top_logprobs > 0)
+        be->matmul_forward(s.logits.floats(), s.hl.floats() + static_cast<size_t>(r) * C, P + m.wlm, 1, C, V);
+    } else {
+      const k::SampleParams spk{q.sp.temperature, q.sp.top_k, q.sp.top_p};
+      t.token = be->sample_token(&t.logprob, lrow, V, spk, &q.rng, s.scratch.data());
+    }
     if (q.sp.top_logprobs > 0) {  // log softmax at the sampling temperature (1 when greedy), on the host
       const float* h = lrow;
       if (!host) {

@@ -13,10 +13,11 @@ using namespace troupe::policy;
 
 namespace {
 
-Model make_model(const std::string& family) {
+Model make_model(const std::string& family, int vocab = 37, int logprob_chunk = 4096) {
   ModelConfig c;
   c.family = family;
-  c.vocab_size = 37;
+  c.vocab_size = vocab;
+  c.logprob_chunk = logprob_chunk;
   c.hidden_size = 16;
   c.num_hidden_layers = 2;
   c.num_attention_heads = 4;
@@ -153,4 +154,41 @@ TEST(DecodeSlots, TopLogprobsAndErrors) {
   EXPECT_FALSE(s.add({1}, sp).ok());
   s.remove(*a);
   EXPECT_EQ(s.free_slots(), 1);
+}
+
+// A vocabulary of several policy.logprob_chunk chunks: the slots sample over chunks as generate
+// does (the same tokens and log-prob bits for a sequence alone), and top log-probs come from a
+// one-row logits buffer.
+TEST(DecodeSlots, ChunkedVocabularyMatchesGenerate) {
+  Model m = make_model("qwen3_moe", 300, 64);
+  for (float temp : {0.0f, 1.0f, 0.7f}) {
+    SamplingParams gp;
+    gp.temperature = temp;
+    gp.top_k = temp == 0.7f ? 8 : 0;
+    gp.top_p = temp == 0.7f ? 0.9f : 1.0f;
+    gp.max_new_tokens = 10;
+    gp.seed = 99;
+    const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+    auto gen = m.generate({prompt}, gp);
+    ASSERT_TRUE(gen.ok());
+    SlotSampling sp{temp, gp.top_k, gp.top_p, 99, 0, 0};
+    auto got = run_slots(m, {prompt}, {sp}, {0}, 10);
+    EXPECT_EQ(got[0].tokens, (*gen)[0].tokens) << "temp " << temp;
+    EXPECT_EQ(got[0].logprobs, (*gen)[0].logprobs) << "temp " << temp;
+  }
+  auto slots = DecodeSlots::create(m, 2, 16);
+  ASSERT_TRUE(slots.ok());
+  SlotSampling sp;
+  sp.temperature = 0.0f;
+  sp.top_logprobs = 4;
+  ASSERT_TRUE((*slots)->add({1, 2, 3}, sp).ok());
+  ASSERT_TRUE((*slots)->add({7, 8}, SlotSampling{}).ok());
+  auto t = (*slots)->step();
+  ASSERT_TRUE(t.ok());
+  ASSERT_EQ(t->size(), 2u);
+  const SlotToken& tok = (*t)[0];
+  ASSERT_EQ(tok.top.size(), 4u);
+  EXPECT_EQ(tok.top[0].first, tok.token);
+  EXPECT_NEAR(tok.top[0].second, tok.logprob, 1e-5);
+  EXPECT_TRUE((*t)[1].top.empty());
 }

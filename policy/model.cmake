@@ -10,7 +10,9 @@ if(TROUPE_BUILD_TESTS)
     GROUP policy.moe_grouped "Model.MoeGroupedMatchesMasked"
     GROUP policy.kv_cache_logprobs "Model.KvCacheLogprobsMatchForward:Model.SamplingIsSeededAndStops"
     GROUP policy.routing_record "Model.RoutingRecordMatchesForward"
-    GROUP policy.chunked_logprobs "Model.ChunkedLogprobsMatchWholeVocabulary")
+    GROUP policy.chunked_logprobs "Model.ChunkedLogprobsMatchWholeVocabulary:Model.ChunkedSamplingMatchesWholeVocabulary"
+    GROUP policy.routing_replay "Model.RoutingReplay*"
+    GROUP policy.batch_invariant "Model.BatchInvariant*")
 endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.decode_slots SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_slots.test.cpp LIBS troupe::policy)

@@ -13,6 +13,8 @@
 
 #include "model_impl.h"
 #include "troupe/kernels/backend.h"
+#include "troupe/kernels/batch_invariant.h"
+#include "troupe/kernels/chunked_logprob.h"
 #include "troupe/kernels/random.h"
 
 namespace troupe::policy {
@@ -160,6 +162,8 @@ Status validate_model_config(const ModelConfig& c) {
         "llama3 RoPE needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
   if (!(c.rms_norm_eps > 0)) return bad("rms_norm_eps", "must be > 0");
   if (!(c.router_aux_loss_coef >= 0)) return bad("router_aux_loss_coef", "must be >= 0");
+  if (c.routing_replay == RoutingReplay::rollout && !any_moe)
+    return bad("routing_replay", "rollout replays MoE routing, but this model is dense (no MoE layer)");
   if (c.offload_activations && !c.activation_checkpointing)
     return bad("offload_activations", "needs activation_checkpointing: true (only checkpointed layer inputs are offloaded)");
   auto be = kernels::backend_for(c.device);
@@ -472,8 +476,10 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
     be->swiglu_forward(a.a, a.g, a.u, T * I);
     be->matmul_forward(y, a.a, P + w.wd, T, I, C);
   } else {
+    const int32_t* route = replaying && !kv ? replay.data() + static_cast<size_t>(moe_ordinal[l]) * T * moe_cfg.K
+                                            : nullptr;
     be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T,
-                    acts.moe_scratch);
+                    acts.moe_scratch, route);
     if (routing_out) {  // the experts each token was routed to (host memory on the CPU backend)
       const k::MoeRouting rt = k::moe_saved_routing(a.moe_saved, moe_cfg, T);
       const int K = moe_cfg.K;
@@ -564,6 +570,35 @@ void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, cons
   be->rmsnorm_backward(dresid, G + w.ln1, acts.dh, x, P + w.ln1, a.rstd1, T, C);  // dresid = d x
 }
 
+Status Model::Impl::set_replay(const PackedBatch& b) {
+  replaying = false;
+  if (cfg.routing_replay != RoutingReplay::rollout || b.experts.empty()) return {};
+  if (routing_width == 0) return invalid_input("packed batch: routing replay needs an MoE model (this one is dense)");
+  const size_t T = b.tokens.size(), RW = static_cast<size_t>(routing_width), K = static_cast<size_t>(moe_cfg.K);
+  if (b.experts.size() != T * RW)
+    return invalid_input("packed batch: experts has " + std::to_string(b.experts.size()) + " ids, expected " +
+                         std::to_string(T) + " tokens x routing width " + std::to_string(RW));
+  const size_t layers = RW / K;
+  replay.resize(T * RW);
+  for (size_t t = 0; t < T; ++t)
+    for (size_t o = 0; o < layers; ++o) {
+      const int32_t* ids = b.experts.data() + t * RW + o * K;
+      int32_t* dst = replay.data() + (o * T + t) * K;
+      std::copy(ids, ids + K, dst);
+      if (ids[0] < 0) continue;  // no record: the router's own top-k
+      for (size_t k = 0; k < K; ++k) {
+        bool ok = ids[k] >= 0 && ids[k] < moe_cfg.E;
+        for (size_t j = 0; j < k && ok; ++j) ok = ids[j] != ids[k];
+        if (!ok)
+          return invalid_input("packed batch: experts of token " + std::to_string(t) + ", MoE layer " +
+                               std::to_string(o) + " are not " + std::to_string(K) + " distinct ids in [0, " +
+                               std::to_string(moe_cfg.E) + ") (id " + std::to_string(ids[k]) + ")");
+      }
+    }
+  replaying = true;
+  return {};
+}
+
 const PackedMeta& Model::Impl::meta_for_layer() {
   if (cfg.cache_packed_metadata) return meta;
   build_packed_meta(&layer_meta, batch, HD, cfg.rope_theta, inv_freq, *be);
@@ -614,6 +649,7 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   offload_ring = offload_step ? std::min(L + 1, kOffloadRing) : L + 1;
   TROUPE_ASSIGN_OR_RETURN(acts, carve(arena, T, max_seqlen, offload_ring, ckpt ? 1 : L, true));
   peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float) + (offload_step ? offload->reload_buffer_bytes() : 0));
+  TROUPE_TRY(set_replay(b));
   be->embedding_forward(acts.resid[0], batch.tokens.data(), P() + wte, T, C);
   routing.assign(static_cast<size_t>(T) * routing_width, -1);
   routing_out = routing_width > 0 ? routing.data() : nullptr;  // not during backward's recompute
@@ -699,6 +735,11 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   if (sp.max_new_tokens < 0)
     return invalid_input("sampling: max_new_tokens must be >= 0, got " + std::to_string(sp.max_new_tokens));
   const int B = static_cast<int>(prompts.size());
+  if (!sp.streams.empty() && sp.streams.size() != prompts.size())
+    return invalid_input("sampling: " + std::to_string(sp.streams.size()) + " streams for " +
+                         std::to_string(prompts.size()) + " prompts");
+  for (int32_t s : sp.streams)
+    if (s < 0) return invalid_input("sampling: a stream must be >= 0, got " + std::to_string(s));
   std::vector<Generation> out(B);
   if (B == 0) return out;
   PackedBatch pre;
@@ -735,16 +776,29 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   std::vector<uint64_t> rng(B);
   for (int b = 0; b < B; ++b) {
     plen[b] = static_cast<int32_t>(prompts[b].size());
-    uint64_t s0 = sp.seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(b + 1));
+    const uint64_t stream = sp.streams.empty() ? static_cast<uint64_t>(b) : static_cast<uint64_t>(sp.streams[b]);
+    uint64_t s0 = sp.seed ^ (0xD1B54A32D192ED03ull * (stream + 1));
     rng[b] = k::splitmix64(s0);
   }
   // Last position's hidden state, its final norm (and rstd) and logits, per active row.
   TROUPE_ASSIGN_OR_RETURN(k::Buffer last, floats(static_cast<size_t>(B) * C));
   TROUPE_ASSIGN_OR_RETURN(k::Buffer hl, floats(static_cast<size_t>(B) * C));
   TROUPE_ASSIGN_OR_RETURN(k::Buffer rl, floats(B));
-  TROUPE_ASSIGN_OR_RETURN(k::Buffer logits, floats(static_cast<size_t>(B) * V));
-  TROUPE_ASSIGN_OR_RETURN(k::Buffer sample_scratch, be->alloc(be->sample_scratch_bytes(V)));
-  const k::SampleParams spk{sp.temperature, sp.top_k, sp.top_p};
+  // The LM head samples over the vocabulary in chunks of policy.logprob_chunk columns
+  // (chunked_sample.h): no (rows, V) logits buffer beyond one chunk once V exceeds it.
+  const int chunk = cfg.logprob_chunk;
+  TROUPE_ASSIGN_OR_RETURN(k::Buffer sample_scratch, be->alloc(be->chunked_sample_scratch_bytes(B, V, chunk, sp.top_k)));
+  const std::vector<k::SampleParams> row_sp(B, k::SampleParams{sp.temperature, sp.top_k, sp.top_p});
+  std::vector<uint64_t> row_rng(B);
+  std::vector<int32_t> row_tok(B);
+  std::vector<float> row_lp(B);
+  // Batch-invariant mode reports the learner's log-softmax of each sampled token (the chunked head
+  // forward_train runs, on these rows) instead of sample_token's double-precision one.
+  k::Buffer bi_scratch;
+  const size_t bi_rows = static_cast<size_t>(B);
+  if (cfg.batch_invariant) {
+    TROUPE_ASSIGN_OR_RETURN(bi_scratch, floats(k::chunked_logprob_scratch_floats(B, V, chunk) + 2 * bi_rows));
+  }
   const float* P = this->P();
   // Each pass's routing (rows x routing_width): row r's experts chose those of the token sampled from
   // its output, so a sampled token's record is the routing of the position that predicted it.
@@ -781,16 +835,23 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   dm.rope_sin.resize(static_cast<size_t>(B) * HD / 2);
   for (int step = 0;; ++step) {
     be->rmsnorm_forward(hl.floats(), rl.floats(), last.floats(), P + wnorm, n_active, C, cfg.rms_norm_eps);
-    be->matmul_forward(logits.floats(), hl.floats(), P + wlm, n_active, C, V);
+    for (int i = 0; i < n_active; ++i) row_rng[i] = rng[active[i]];
+    be->chunked_sample(row_tok.data(), row_lp.data(), hl.floats(), P + wlm, n_active, C, V, chunk, row_sp.data(),
+                       row_rng.data(), sp.top_k, sample_scratch.data());
+    if (cfg.batch_invariant) {
+      float* ent = bi_scratch.floats();
+      be->chunked_logprob_forward(row_lp.data(), ent, ent + bi_rows, hl.floats(), P + wlm, row_tok.data(),
+                                  sp.temperature > 0 ? sp.temperature : 1.0f, n_active, C, V, chunk,
+                                  ent + 2 * bi_rows);
+    }
     int n_next = 0;
     for (int i = 0; i < n_active; ++i) {
       const int b = active[i];
-      float lp = 0;
-      const int32_t t =
-          be->sample_token(&lp, logits.floats() + static_cast<size_t>(i) * V, V, spk, &rng[b], sample_scratch.data());
+      rng[b] = row_rng[i];
+      const int32_t t = row_tok[i];
       Generation& g = out[b];
       g.tokens.push_back(t);
-      g.logprobs.push_back(lp);
+      g.logprobs.push_back(row_lp[i]);
       g.experts.insert(g.experts.end(), row_route.begin() + static_cast<std::ptrdiff_t>(b * RW),
                        row_route.begin() + static_cast<std::ptrdiff_t>((b + 1) * RW));
       if (std::find(sp.stop_tokens.begin(), sp.stop_tokens.end(), t) != sp.stop_tokens.end()) {
@@ -859,6 +920,7 @@ Status Model::set_params(std::span<const float> flat) {
 void Model::zero_grads() { impl_->be->zero(impl_->G(), impl_->n_params); }
 
 Status Model::forward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy) {
+  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);
   impl_->have_train_forward = false;
   if (!(temperature > 0.0f) || !std::isfinite(temperature))
     return invalid_input("forward_train: temperature must be > 0, got " + std::to_string(temperature));
@@ -879,10 +941,14 @@ Status Model::forward_train(const PackedBatch& batch, float temperature, float* 
   m.have_train_forward = true;
   return {};
 }
-Status Model::backward_train(const float* dlogp, const float* dentropy) { return impl_->backward(dlogp, dentropy); }
+Status Model::backward_train(const float* dlogp, const float* dentropy) {
+  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);  // the recompute is a forward
+  return impl_->backward(dlogp, dentropy);
+}
 float Model::last_aux_loss() const { return impl_->aux_loss; }
 
 Status Model::forward_logits(const PackedBatch& batch, float* logits) {
+  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);
   impl_->have_train_forward = false;
   TROUPE_TRY(impl_->forward(batch, false));
   Impl& m = *impl_;
@@ -904,6 +970,7 @@ Status Model::forward_logits(const PackedBatch& batch, float* logits) {
 
 Result<std::vector<Generation>> Model::generate(const std::vector<std::vector<int32_t>>& prompts,
                                                 const SamplingParams& params) {
+  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);
   return impl_->generate(prompts, params);
 }
 

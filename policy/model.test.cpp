@@ -587,3 +587,330 @@ TEST(Model, ChunkedLogprobsMatchWholeVocabulary) {
 }
 
 }  // namespace
+
+namespace {
+
+// The expert record of a packed batch built from prompts + generations: the position predicting
+// completion token j carries that token's record, every other position -1 (router's own top-k).
+std::vector<int32_t> replay_record(const PackedBatch& b, const std::vector<std::vector<int32_t>>& prompts,
+                                   const std::vector<Generation>& gens, int W) {
+  std::vector<int32_t> rec(b.tokens.size() * static_cast<size_t>(W), -1);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    for (size_t j = 0; j < gens[i].tokens.size(); ++j) {
+      const size_t t = b.cu_seqlens[i] + prompts[i].size() - 1 + j;
+      std::copy_n(gens[i].experts.begin() + static_cast<std::ptrdiff_t>(j * W), W,
+                  rec.begin() + static_cast<std::ptrdiff_t>(t * W));
+    }
+  return rec;
+}
+
+// (pairs compared, pairs whose top-k sets agree) of a record against the model's last routing.
+std::pair<int, int> agreement(const std::vector<int32_t>& rec, std::span<const int32_t> routing, int W, int K) {
+  int pairs = 0, same = 0;
+  for (size_t t = 0; t * W < rec.size(); ++t)
+    for (int l = 0; l < W; l += K) {
+      const size_t at = t * W + static_cast<size_t>(l);
+      if (rec[at] < 0) continue;
+      ++pairs;
+      same += std::equal(rec.begin() + static_cast<std::ptrdiff_t>(at), rec.begin() + static_cast<std::ptrdiff_t>(at + K),
+                         routing.begin() + static_cast<std::ptrdiff_t>(at));
+    }
+  return {pairs, same};
+}
+
+}  // namespace
+
+// Routing replay: a learner whose weights differ from the sampler's (another policy version) routes
+// differently on its own; replaying the sampler's record makes every recorded (token, layer) agree.
+TEST(Model, RoutingReplayAgreesWithTheSampler) {
+  ModelConfig c = tiny();
+  Model sampler = make(c);
+  const int K = c.num_experts_per_tok, W = sampler.routing_width();
+  std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {5}, {7, 8, 9, 10, 11, 12}, {4, 4}};
+  SamplingParams sp;
+  sp.max_new_tokens = 9;
+  sp.seed = 5;
+  auto gen = sampler.generate(prompts, sp);
+  ASSERT_TRUE(gen.ok()) << gen.error().message;
+  std::vector<std::vector<int32_t>> full;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto s = prompts[i];
+    s.insert(s.end(), gen.value()[i].tokens.begin(), gen.value()[i].tokens.end());
+    full.push_back(s);
+  }
+  PackedBatch b = batch_of(full);
+  const auto rec = replay_record(b, prompts, gen.value(), W);
+  b.experts = rec;
+  // The learner: the sampler's weights with the routers moved (a later policy version).
+  std::vector<float> params(sampler.params().begin(), sampler.params().end());
+  std::mt19937 g(9);
+  std::normal_distribution<float> d(0.0f, 0.5f);
+  for (const auto& t : sampler.tensors())
+    if (t.name.find("mlp.gate.weight") != std::string::npos)
+      for (size_t i = 0; i < t.numel(); ++i) params[t.offset + i] += d(g);
+  std::vector<float> lp(b.tokens.size()), ent(b.tokens.size());
+  for (bool replay : {false, true}) {
+    ModelConfig lc = c;
+    lc.routing_replay = replay ? RoutingReplay::rollout : RoutingReplay::off;
+    Model learner = make(lc);
+    ASSERT_TRUE(learner.set_params(params).ok());
+    ASSERT_TRUE(learner.forward_train(b, 1.0f, lp.data(), ent.data()).ok());
+    const auto [pairs, same] = agreement(rec, learner.last_routing(), W, K);
+    ASSERT_GT(pairs, 40);
+    if (replay) {
+      EXPECT_EQ(same, pairs);  // by construction
+    } else {
+      EXPECT_LT(same, pairs);  // the metric sees the learner's own routing differ
+    }
+    // Positions without a record route by the learner's own top-k in both modes.
+  }
+  // The sampler's own record replayed on the sampler's weights leaves the log-probs where the
+  // routes already agreed.
+  ModelConfig rc = c;
+  rc.routing_replay = RoutingReplay::rollout;
+  Model same_weights = make(rc);
+  ASSERT_TRUE(same_weights.set_params(std::span<const float>(sampler.params().data(), sampler.params().size())).ok());
+  ASSERT_TRUE(same_weights.forward_train(b, 1.0f, lp.data(), ent.data()).ok());
+  const auto [pairs, same] = agreement(rec, same_weights.last_routing(), W, K);
+  EXPECT_EQ(same, pairs);
+}
+
+TEST(Model, RoutingReplayBadRecordsAreErrors) {
+  ModelConfig c = tiny();
+  c.routing_replay = RoutingReplay::rollout;
+  Model m = make(c);
+  const int W = m.routing_width();
+  PackedBatch b = sample_batch(c.vocab_size);
+  std::vector<float> lp(b.tokens.size());
+  b.experts.assign(b.tokens.size() * W - 1, -1);
+  auto st = m.forward_train(b, 1.0f, lp.data(), nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("routing width"), std::string::npos) << st.error().message;
+  b.experts.assign(b.tokens.size() * W, -1);
+  b.experts[W + 2] = 1, b.experts[W + 3] = 1;  // token 1, MoE layer 1: the same expert twice
+  st = m.forward_train(b, 1.0f, lp.data(), nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("token 1, MoE layer 1"), std::string::npos) << st.error().message;
+  b.experts[W + 2] = 0, b.experts[W + 3] = c.num_experts;  // outside [0, E)
+  EXPECT_FALSE(m.forward_train(b, 1.0f, lp.data(), nullptr).ok());
+  b.experts[W + 3] = 3;
+  EXPECT_TRUE(m.forward_train(b, 1.0f, lp.data(), nullptr).ok());
+  ModelConfig dense = tiny_family("llama");
+  dense.routing_replay = RoutingReplay::rollout;
+  auto bad = Model::create(dense, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("routing_replay"), std::string::npos) << bad.error().message;
+}
+
+// Replayed routing is differentiated as it was taken: gradients (router included, through the
+// gates over the recorded set) against central finite differences, and the same under
+// activation checkpointing (whose recompute must replay too).
+TEST(Model, RoutingReplayFiniteDifferenceGradients) {
+  for (const char* fam : {"qwen3_moe", "mixtral", "qwen2_moe"}) {
+    ModelConfig c = tiny_family(fam);
+    c.routing_replay = RoutingReplay::rollout;
+    Model m = make(c);
+    PackedBatch b = sample_batch(c.vocab_size);
+    const int W = m.routing_width(), K = c.num_experts_per_tok, E = c.num_experts;
+    std::mt19937 r(21);
+    b.experts.assign(b.tokens.size() * W, -1);
+    for (size_t t = 0; t < b.tokens.size(); ++t)
+      for (int l = 0; l < W; l += K) {
+        if (t % 7 == 3) continue;  // a few positions keep their own routing
+        const int e0 = static_cast<int>(r() % E), e1 = (e0 + 1 + static_cast<int>(r() % (E - 1))) % E;
+        b.experts[t * W + l] = e0, b.experts[t * W + l + 1] = e1;
+      }
+    m.zero_grads();
+    run_loss(m, b, 0.9f, true);
+    std::vector<float> g(m.grads().begin(), m.grads().end());
+    int checked = 0;
+    for (const auto& t : m.tensors()) {
+      for (int rep = 0; rep < 2; ++rep) {
+        const size_t i = t.offset + r() % t.numel();
+        float& p = m.params()[i];
+        const float orig = p, h = 1e-3f;
+        p = orig + h;
+        const double lp = run_loss(m, b, 0.9f, false);
+        p = orig - h;
+        const double lm = run_loss(m, b, 0.9f, false);
+        p = orig;
+        const double num = (lp - lm) / (2 * h);
+        EXPECT_NEAR(g[i], num, 2e-3 + 2e-2 * std::fabs(num)) << fam << " " << t.name << " [" << i - t.offset << "]";
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 40);
+    // The replayed routing differs from the router's own: the gradients are not the unreplayed ones.
+    ModelConfig off = c;
+    off.routing_replay = RoutingReplay::off;
+    Model plain = make(off);
+    plain.zero_grads();
+    run_loss(plain, b, 0.9f, true);
+    double diff = 0;
+    for (size_t i = 0; i < g.size(); ++i) diff += std::fabs(plain.grads()[i] - g[i]);
+    EXPECT_GT(diff, 1e-3) << fam;
+    ModelConfig ck = c;
+    ck.activation_checkpointing = true;
+    Model ckm = make(ck);
+    ckm.zero_grads();
+    run_loss(ckm, b, 0.9f, true);
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(ckm.grads()[i], g[i]) << fam << " " << i;
+  }
+}
+
+// The KV-cache sampler over vocabulary chunks (policy.logprob_chunk < V) draws what the
+// whole-vocabulary sampler draws: the same tokens, log-probs to rounding, for each sampling mode.
+TEST(Model, ChunkedSamplingMatchesWholeVocabulary) {
+  ModelConfig c = tiny();
+  c.vocab_size = 300;
+  c.logprob_chunk = 64;
+  Model chunked = make(c);
+  ModelConfig w = c;
+  w.logprob_chunk = 0;
+  Model whole = make(w);
+  std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {5}, {7, 8, 9, 10}};
+  const struct {
+    float temperature;
+    int top_k;
+    float top_p;
+  } modes[] = {{0.0f, 0, 1.0f}, {1.0f, 0, 1.0f}, {0.8f, 7, 1.0f}, {1.0f, 10, 0.7f}, {1.0f, 0, 0.8f}};
+  for (const auto& mode : modes) {
+    SamplingParams sp;
+    sp.temperature = mode.temperature, sp.top_k = mode.top_k, sp.top_p = mode.top_p;
+    sp.max_new_tokens = 8;
+    sp.seed = 17;
+    auto a = chunked.generate(prompts, sp);
+    auto b = whole.generate(prompts, sp);
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(a.value()[i].tokens, b.value()[i].tokens) << sp.temperature << " " << sp.top_k << " " << sp.top_p;
+      ASSERT_EQ(a.value()[i].logprobs.size(), b.value()[i].logprobs.size());
+      for (size_t j = 0; j < a.value()[i].logprobs.size(); ++j)
+        EXPECT_NEAR(a.value()[i].logprobs[j], b.value()[i].logprobs[j], 1e-5);
+    }
+  }
+}
+
+// policy.batch_invariant: the KV-cache sampler's log-probs and MoE routes equal the packed
+// training forward's bit for bit (every family; plain temperature, top-k, greedy; a chunked head),
+// and a sequence's log-probs do not depend on the other sequences of its batch.
+TEST(Model, BatchInvariantSamplerEqualsLearner) {
+  for (const char* fam : kAllFamilies) {
+    for (int chunk : {4096, 16}) {
+      ModelConfig c = tiny_family(fam);
+      c.batch_invariant = true;
+      c.logprob_chunk = chunk;
+      Model m = make(c);
+      std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {5}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {4, 4}};
+      for (const float temp : {1.0f, 0.7f}) {
+        SamplingParams sp;
+        sp.temperature = temp;
+        sp.top_k = temp < 1.0f ? 5 : 0;
+        sp.max_new_tokens = 12;
+        sp.seed = 31;
+        auto gen = m.generate(prompts, sp);
+        ASSERT_TRUE(gen.ok()) << gen.error().message;
+        std::vector<std::vector<int32_t>> full;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          auto s = prompts[i];
+          s.insert(s.end(), gen.value()[i].tokens.begin(), gen.value()[i].tokens.end());
+          full.push_back(s);
+        }
+        PackedBatch b = batch_of(full);
+        std::vector<float> lp(b.tokens.size()), ent(b.tokens.size());
+        ASSERT_TRUE(m.forward_train(b, temp, lp.data(), ent.data()).ok());
+        const int W = m.routing_width();
+        const auto routing = m.last_routing();
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          const auto& g = gen.value()[i];
+          for (size_t j = 0; j < g.tokens.size(); ++j) {
+            const size_t t = b.cu_seqlens[i] + prompts[i].size() - 1 + j;
+            ASSERT_EQ(g.logprobs[j], lp[t]) << fam << " chunk " << chunk << " temp " << temp << " seq " << i
+                                            << " token " << j;
+            for (int w = 0; w < W; ++w)
+              ASSERT_EQ(g.experts[j * W + w], routing[t * W + w]) << fam << " seq " << i << " token " << j;
+          }
+        }
+        // One sequence alone: the same bits as inside the batch.
+        PackedBatch one = batch_of({full[2]});
+        std::vector<float> lp1(one.tokens.size());
+        ASSERT_TRUE(m.forward_train(one, temp, lp1.data(), nullptr).ok());
+        for (size_t t = 0; t < one.tokens.size(); ++t) ASSERT_EQ(lp1[t], lp[b.cu_seqlens[2] + t]) << fam << " " << t;
+      }
+    }
+  }
+}
+
+// Greedy sampling reports the log-prob at temperature 1, and the gradients of the invariant
+// forward are its gradients (finite differences), also under activation checkpointing.
+TEST(Model, BatchInvariantGreedyAndGradients) {
+  ModelConfig c = tiny();
+  c.batch_invariant = true;
+  Model m = make(c);
+  std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {6, 7}};
+  SamplingParams sp;
+  sp.temperature = 0.0f;
+  sp.max_new_tokens = 6;
+  auto gen = m.generate(prompts, sp);
+  ASSERT_TRUE(gen.ok());
+  std::vector<std::vector<int32_t>> full;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto s = prompts[i];
+    s.insert(s.end(), gen.value()[i].tokens.begin(), gen.value()[i].tokens.end());
+    full.push_back(s);
+  }
+  PackedBatch b = batch_of(full);
+  std::vector<float> lp(b.tokens.size());
+  ASSERT_TRUE(m.forward_train(b, 1.0f, lp.data(), nullptr).ok());
+  for (size_t i = 0; i < prompts.size(); ++i)
+    for (size_t j = 0; j < gen.value()[i].tokens.size(); ++j)
+      ASSERT_EQ(gen.value()[i].logprobs[j], lp[b.cu_seqlens[i] + prompts[i].size() - 1 + j]);
+  PackedBatch sb = sample_batch(c.vocab_size);
+  m.zero_grads();
+  run_loss(m, sb, 0.9f, true);
+  std::vector<float> g(m.grads().begin(), m.grads().end());
+  std::mt19937 r(5);
+  for (const auto& t : m.tensors()) {
+    const size_t i = t.offset + r() % t.numel();
+    float& p = m.params()[i];
+    const float orig = p, h = 1e-3f;
+    p = orig + h;
+    const double lp1 = run_loss(m, sb, 0.9f, false);
+    p = orig - h;
+    const double lm1 = run_loss(m, sb, 0.9f, false);
+    p = orig;
+    const double num = (lp1 - lm1) / (2 * h);
+    EXPECT_NEAR(g[i], num, 2e-3 + 2e-2 * std::fabs(num)) << t.name;
+  }
+  ModelConfig ck = c;
+  ck.activation_checkpointing = true;
+  Model ckm = make(ck);
+  ckm.zero_grads();
+  run_loss(ckm, sb, 0.9f, true);
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(ckm.grads()[i], g[i]) << i;
+}
+
+// SamplingParams::streams: a prompt's draws follow its stream, not its index, so with batch
+// invariance a prompt sampled alone equals itself sampled among others (what lets a step's samples
+// be spread over any number of generators); a wrong count or a negative stream is an error.
+TEST(Model, BatchInvariantStreamsIndependentOfTheBatch) {
+  ModelConfig c = tiny();
+  c.batch_invariant = true;
+  Model m = make(c);
+  SamplingParams sp;
+  sp.max_new_tokens = 10;
+  sp.seed = 77;
+  sp.streams = {4, 9, 2};
+  auto all = m.generate({{1, 2, 3}, {6, 7}, {9, 9, 9, 9}}, sp);
+  ASSERT_TRUE(all.ok());
+  sp.streams = {9};
+  auto one = m.generate({{6, 7}}, sp);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one.value()[0].tokens, all.value()[1].tokens);
+  EXPECT_EQ(one.value()[0].logprobs, all.value()[1].logprobs);
+  EXPECT_EQ(one.value()[0].experts, all.value()[1].experts);
+  sp.streams = {9, 1};
+  EXPECT_FALSE(m.generate({{6, 7}}, sp).ok());
+  sp.streams = {-1};
+  EXPECT_FALSE(m.generate({{6, 7}}, sp).ok());
+}

@@ -130,6 +130,12 @@ struct Model::Impl {
   std::vector<int> moe_ordinal;   // (L) index of layer l among the MoE layers (-1: dense)
   int32_t* routing_out = nullptr;
   std::vector<int32_t> routing;   // of the last forward_train / forward_logits
+  // Routing replay of the current training batch (routing_replay and a batch with experts): per MoE
+  // layer (ordinal) a (T, K) block of forced expert ids, -1 rows route as usual; used by every
+  // training-forward layer call (backward's recompute too), never by KV-cache sampling.
+  std::vector<int32_t> replay;
+  bool replaying = false;
+  Status set_replay(const PackedBatch& b);
 
   // Activation offload (offload_activations): layer inputs x_l go to the store in forward and come
   // back through the reload buffers in backward; the arena keeps a ring of layer inputs, so offload

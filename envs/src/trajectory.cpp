@@ -49,6 +49,7 @@ json to_json(const Trajectory& t) {
                      {"reward", turn.reward},
                      {"info", turn.info},
                      {"timings", {{"generate_s", turn.generate_s}, {"env_s", turn.env_s}}}});
+    if (!turn.experts.empty()) turns.back()["experts"] = turn.experts;
   }
   json comps = json::object();
   for (const auto& [k, v] : t.reward_components) comps[k] = v;
@@ -115,6 +116,7 @@ Result<Trajectory> trajectory_from_json(const json& j, const std::string& where)
       TROUPE_TRY(read_field(tj, "completion", turn.completion, w));
       TROUPE_TRY(read_field(tj, "completion_tokens", turn.completion_tokens, w));
       TROUPE_TRY(read_field(tj, "logprobs", turn.logprobs, w));
+      TROUPE_TRY(read_field(tj, "experts", turn.experts, w));
       TROUPE_TRY(read_field(tj, "policy_version", turn.policy_version, w));
       TROUPE_TRY(read_field(tj, "truncated", turn.truncated, w));
       TROUPE_TRY(read_field(tj, "reward", turn.reward, w));

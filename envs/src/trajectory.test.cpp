@@ -27,6 +27,7 @@ TEST(Trajectory, JsonlRoundTrip) {
   turn.prompt_tokens = {1, 2, 3};
   turn.completion_tokens = {4, 5};
   turn.logprobs = {-0.5f, -1.25f};
+  turn.experts = {0, 3, 1, 2};  // MoE: 2 tokens x (1 layer x top-2)
   turn.policy_version = 7;
   turn.completion = "<tool_call>{}</tool_call> \xff bad utf8";
   turn.tool_calls.push_back({"calculator", {{"expression", "2+2"}}, "4", true});
@@ -57,6 +58,7 @@ TEST(Trajectory, JsonlRoundTrip) {
   ASSERT_EQ(r.turns.size(), 1u);
   EXPECT_EQ(r.turns[0].completion_tokens, (std::vector<int32_t>{4, 5}));
   EXPECT_EQ(r.turns[0].logprobs, (std::vector<float>{-0.5f, -1.25f}));
+  EXPECT_EQ(r.turns[0].experts, (std::vector<int32_t>{0, 3, 1, 2}));
   EXPECT_EQ(r.turns[0].policy_version, 7);
   EXPECT_EQ(r.turns[0].tool_calls[0].arguments["expression"], "2+2");
   EXPECT_EQ(r.termination, Termination::worker_crash);
@@ -68,4 +70,13 @@ TEST(Trajectory, JsonlRoundTrip) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find(path + ":3"), std::string::npos) << bad.error().message;
   std::filesystem::remove_all(dir);
+}
+
+// A dense policy's turn records no expert ids: the field is absent, not an empty list.
+TEST(Trajectory, ExpertsOnlyWhenRecorded) {
+  Trajectory t;
+  t.turns.emplace_back();
+  EXPECT_FALSE(to_json(t)["turns"][0].contains("experts"));
+  t.turns[0].experts = {1, 2};
+  EXPECT_EQ(to_json(t)["turns"][0]["experts"], json::array({1, 2}));
 }

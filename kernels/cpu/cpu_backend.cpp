@@ -145,8 +145,8 @@ class CpuBackend final : public Backend {
     return kernels::moe_scratch_floats(cfg, N);
   }
   void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
-                   const MoeConfig& cfg, int N, float* scratch) const override {
-    kernels::moe_forward(out, saved, stats, inp, w, cfg, N, scratch);
+                   const MoeConfig& cfg, int N, float* scratch, const int32_t* route) const override {
+    kernels::moe_forward(out, saved, stats, inp, w, cfg, N, scratch, route);
   }
   void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                     const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
@@ -163,6 +163,13 @@ class CpuBackend final : public Backend {
   int32_t sample_token(float* logprob, const float* logits, int V, const SampleParams& sp, uint64_t* rng,
                        void* scratch) const override {
     return kernels::sample_token(logprob, logits, V, sp, rng, scratch);
+  }
+  size_t chunked_sample_scratch_bytes(int N, int V, int chunk, int max_top_k) const override {
+    return kernels::chunked_sample_scratch_bytes(N, V, chunk, max_top_k);
+  }
+  void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const float* W, int N, int C, int V,
+                      int chunk, const SampleParams* sp, uint64_t* rng, int max_top_k, void* scratch) const override {
+    kernels::chunked_sample(tokens, logprobs, h, W, N, C, V, chunk, sp, rng, max_top_k, scratch);
   }
 
   GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch,

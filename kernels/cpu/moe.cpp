@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/kernels/batch_invariant.h"
 #include "troupe/kernels/ops.h"
 
 namespace troupe::kernels {
@@ -250,8 +251,10 @@ void routed_expert_backward(float* xp, float* dw_row, float* dwg, float* dwu, fl
 // ---- router ----------------------------------------------------------------------------------
 // probs (N, E) = softmax(X Wr^T); experts/weights (N, K): the top-k (ties -> lower index), stored
 // per token in ascending expert id so that "k order" equals "expert order" in every reduction.
+// route (N, K) or null: a token whose row starts with an id >= 0 takes those experts (routing
+// replay) instead of its top-k; its weights come from its own probabilities over that set.
 void router_forward(float* probs, int32_t* experts, float* weights, const float* x, const float* wr,
-                    const MoeConfig& c, int N) {
+                    const MoeConfig& c, int N, const int32_t* route) {
   const int E = c.E, K = c.K, C = c.C;
   sgemm(CblasNoTrans, CblasTrans, N, E, C, 1.0f, x, C, wr, C, 0.0f, probs, E);
 #pragma omp parallel for schedule(static) if (parallel_worth(double(N) * E * 8))
@@ -268,6 +271,15 @@ void router_forward(float* probs, int32_t* experts, float* weights, const float*
     for (int e = 0; e < E; ++e) p[e] *= inv;
     int32_t* ex = experts + static_cast<size_t>(t) * K;
     float* w = weights + static_cast<size_t>(t) * K;
+    const int32_t* forced = route ? route + static_cast<size_t>(t) * K : nullptr;
+    if (forced && forced[0] >= 0) {
+      std::copy(forced, forced + K, ex);
+      std::sort(ex, ex + K);
+      float s = 0;
+      for (int k = 0; k < K; ++k) s += p[ex[k]];
+      for (int k = 0; k < K; ++k) w[k] = c.renormalize ? p[ex[k]] / s : p[ex[k]];
+      continue;
+    }
     for (int k = 0; k < K; ++k) {
       int best = -1;
       for (int e = 0; e < E; ++e) {
@@ -317,8 +329,10 @@ int scan_expert_rows(int32_t* row_slot, int32_t* slot_row, int e, int row, const
 void experts_forward_grouped(float* y, float* g, float* u, float* h, const float* xp, const int32_t* offsets,
                              const MoeWeights& w, const MoeConfig& c) {
   const int C = c.C, H = c.H;
+  const bool invariant = batch_invariant();  // the experts' GEMMs run on other threads: carry the mode
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(offsets[c.E]) * C * H))
   for (int e = 0; e < c.E; ++e) {
+    const BatchInvariantScope mode(invariant);
     const size_t r0 = static_cast<size_t>(offsets[e]);
     const int n = offsets[e + 1] - offsets[e];
     const size_t we = static_cast<size_t>(e) * H * C;
@@ -463,7 +477,7 @@ namespace {
 // top_experts/top_weights given (the dispatcher alone): no router, the experts are the identity
 // (y = x); else the router picks them and the experts are SwiGLUs.
 void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
-                  const MoeConfig& cfg, int N, float* scratch, const int32_t* top_experts = nullptr,
+                  const MoeConfig& cfg, int N, float* scratch, const int32_t* route, const int32_t* top_experts = nullptr,
                   const float* top_weights = nullptr) {
   const bool identity = top_experts != nullptr;
   const SavedLayout L = saved_layout(cfg, N);
@@ -492,7 +506,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
     std::memcpy(experts, top_experts, sizeof(int32_t) * static_cast<size_t>(NK));
     std::memcpy(weights, top_weights, sizeof(float) * static_cast<size_t>(NK));
   } else {
-    router_forward(probs, experts, weights, inp, w.w_router, cfg, N);
+    router_forward(probs, experts, weights, inp, w.w_router, cfg, N, route);
   }
 
   // The shared expert (unweighted) is the starting value of every token's sum; else 0.
@@ -703,8 +717,8 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
 }  // namespace
 
 void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
-                 const MoeConfig& cfg, int N, float* scratch) {
-  forward_impl(out, saved, stats, inp, w, cfg, N, scratch);
+                 const MoeConfig& cfg, int N, float* scratch, const int32_t* route) {
+  forward_impl(out, saved, stats, inp, w, cfg, N, scratch, route);
 }
 
 void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
@@ -716,7 +730,7 @@ void moe_dispatch_forward(float* out, float* saved, const int32_t* experts, cons
                           const float* inp, const MoeConfig& cfg, int N, float* scratch) {
   MoeConfig c = cfg;
   c.H_shared = 0;
-  forward_impl(out, saved, nullptr, inp, MoeWeights{}, c, N, scratch, experts, weights);
+  forward_impl(out, saved, nullptr, inp, MoeWeights{}, c, N, scratch, nullptr, experts, weights);
 }
 
 void moe_dispatch_backward(float* dinp, float* dweights, const float* dout, const float* inp,

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "small_gemm.h"
+#include "troupe/kernels/batch_invariant.h"
 
 namespace troupe::kernels {
 
@@ -63,11 +64,47 @@ bool gemm_column_blocks(bool trans_a, bool trans_b, int M, int N, int K, T alpha
   }
 }
 
+// Batch-invariant C = alpha A B^T + beta C (batch_invariant.h): every element is small_gemm's one
+// fixed chain over K (or, without AVX2/FMA, one sequential sum), whatever M is; blocks of rows and
+// columns only spread the elements over threads.
+void gemm_nt_invariant(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+                       float* Cm, int ldc) {
+  const bool kernel = K > 0 && small_gemm::available();
+  const int rb = (M + kGemmRowBlock - 1) / kGemmRowBlock, cb = (N + kGemmColBlock - 1) / kGemmColBlock;
+  const bool split = double(M) * N * K > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1;
+#pragma omp parallel for schedule(static) if (split)
+  for (int b = 0; b < rb * cb; ++b) {
+    const int r0 = (b / cb) * kGemmRowBlock, rows = std::min(M - r0, kGemmRowBlock);
+    const int c0 = (b % cb) * kGemmColBlock, c1 = std::min(N, c0 + kGemmColBlock);
+    const float* a = A + static_cast<size_t>(r0) * lda;
+    float* c = Cm + static_cast<size_t>(r0) * ldc;
+    if (kernel) {
+      small_gemm::gemm_nt_rows(rows, c0, c1, K, alpha, a, lda, B, ldb, beta, c, ldc);
+      continue;
+    }
+    for (int i = 0; i < rows; ++i)
+      for (int j = c0; j < c1; ++j) {
+        const float* x = a + static_cast<size_t>(i) * lda;
+        const float* y = B + static_cast<size_t>(j) * ldb;
+        float s = 0;
+        for (int k = 0; k < K; ++k) s += x[k] * y[k];
+        float& out = c[static_cast<size_t>(i) * ldc + j];
+        out = beta == 0.0f ? alpha * s : alpha * s + beta * out;
+      }
+  }
+}
+
 template <class T>
 void gemm_blocked_impl(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
                        const T* B, int ldb, T beta, T* Cm, int ldc) {
   if (M <= 0 || N <= 0) return;
   (void)blas_single_threaded;
+  if constexpr (std::is_same_v<T, float>) {
+    if (!trans_a && trans_b && batch_invariant()) {  // every forward GEMM of the model has this form
+      gemm_nt_invariant(M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
+      return;
+    }
+  }
   if (gemm_column_blocks(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc)) return;
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
   const int blocks = (M + kGemmRowBlock - 1) / kGemmRowBlock;
@@ -402,9 +439,54 @@ size_t attention_scratch_floats(int max_seqlen, int threads) {
          max_seqlen;
 }
 
+// One query row against its n keys (and values) `stride` apart: the scores in groups of
+// kDecodeKeys, the online softmax in key order, then o / l; *lse = m + log l when lse is given.
+// The decode step and the batch-invariant training attention both run exactly this.
+template <class T>
+inline void attend_row(T* o, T* lse, const T* qv, const T* kc, const T* vc, size_t stride, int n, int HD, T scale) {
+  std::fill(o, o + HD, T(0));
+  T m = -std::numeric_limits<T>::infinity(), l = 0;
+  T score[kDecodeKeys];
+  for (int j0 = 0; j0 < n; j0 += kDecodeKeys) {
+    const int c = std::min(kDecodeKeys, n - j0);
+    key_scores(score, qv, kc + j0 * stride, stride, c, HD);
+    for (int i = 0; i < c; ++i) online_softmax_step(o, m, l, score[i] * scale, vc + (j0 + i) * stride, HD);
+  }
+  if (l > 0) {
+    const T inv = T(1) / l;
+    for (int d = 0; d < HD; ++d) o[d] *= inv;
+  }
+  if (lse) *lse = m + std::log(l);
+}
+
+// attention_forward in batch-invariant mode: each (token, head) is attend_row over the keys of its
+// sequence up to itself, as a decode step at that position computes it.
+template <class T>
+void attention_forward_invariant(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* cu_seqlens, int S,
+                                 int N, int NH, int NKV, int HD) {
+  const int group = NH / NKV;
+  const T scale = T(1) / std::sqrt(T(HD));
+  const size_t KS = static_cast<size_t>(NKV) * HD;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(N) * NH * HD * 16))
+  for (int64_t sh = 0; sh < static_cast<int64_t>(S) * NH; ++sh) {
+    const int s = static_cast<int>(sh / NH), h = static_cast<int>(sh % NH), g = h / group;
+    const int a = cu_seqlens[s], Ls = cu_seqlens[s + 1] - a;
+    const T* K = k + static_cast<size_t>(a) * KS + static_cast<size_t>(g) * HD;
+    const T* Vv = v + static_cast<size_t>(a) * KS + static_cast<size_t>(g) * HD;
+    for (int i = 0; i < Ls; ++i) {
+      const size_t row = static_cast<size_t>(a + i) * NH + h;
+      attend_row(out + row * HD, lse + row, q + row * HD, K, Vv, KS, i + 1, HD, scale);
+    }
+  }
+}
+
 template <class T>
 void attention_forward(T* out, T* lse, T* scratch, size_t scratch_floats, const T* q, const T* k, const T* v,
                        const int32_t* cu_seqlens, int S, int max_seqlen, int N, int NH, int NKV, int HD) {
+  if (batch_invariant()) {
+    attention_forward_invariant(out, lse, q, k, v, cu_seqlens, S, N, NH, NKV, HD);
+    return;
+  }
   const int group = NH / NKV;
   const T scale = T(1) / std::sqrt(T(HD));
   const size_t tile = static_cast<size_t>(std::min(max_seqlen, kAttnBlock)) * max_seqlen;  // one score block
@@ -506,24 +588,10 @@ void attention_decode_forward(T* out, const T* q, const T* k_cache, const T* v_c
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(B) * NH * HD * 16))
   for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; ++bh) {
     const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH), g = h / group;
-    const T* qv = q + static_cast<size_t>(bh) * HD;
-    T* o = out + static_cast<size_t>(bh) * HD;
-    std::fill(o, o + HD, T(0));
-    T m = -std::numeric_limits<T>::infinity(), l = 0;
     const size_t stride = static_cast<size_t>(NKV) * HD;  // from one position's key to the next
     const size_t first = (static_cast<size_t>(slot ? slot[b] : b) * cache_len * NKV + g) * HD;
-    const T* kc = k_cache + first;
-    const T* vc = v_cache + first;
-    T score[kDecodeKeys];
-    for (int j0 = 0; j0 < kv_len[b]; j0 += kDecodeKeys) {
-      const int n = std::min(kDecodeKeys, kv_len[b] - j0);
-      key_scores(score, qv, kc + j0 * stride, stride, n, HD);
-      for (int i = 0; i < n; ++i) online_softmax_step(o, m, l, score[i] * scale, vc + (j0 + i) * stride, HD);
-    }
-    if (l > 0) {
-      const T inv = T(1) / l;
-      for (int d = 0; d < HD; ++d) o[d] *= inv;
-    }
+    attend_row(out + static_cast<size_t>(bh) * HD, static_cast<T*>(nullptr), q + static_cast<size_t>(bh) * HD,
+               k_cache + first, v_cache + first, stride, kv_len[b], HD, scale);
   }
 }
 

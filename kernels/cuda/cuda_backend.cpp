@@ -170,7 +170,9 @@ class CudaBackend final : public Backend {
     return cuda::moe_device_scratch_floats(cfg, N);
   }
   void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
-                   const MoeConfig& cfg, int N, float* scratch) const override {
+                   const MoeConfig& cfg, int N, float* scratch, const int32_t* route) const override {
+    // routing replay is not implemented on the device: the config refuses it with policy.device cuda
+    if (route) throw cuda::CudaError("CudaBackend::moe_forward: routing replay (recorded experts) is not implemented on CUDA");
     cuda::launch_moe_forward(q_, out, saved, stats, inp, w, cfg, N, scratch);
   }
   void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
@@ -188,6 +190,14 @@ class CudaBackend final : public Backend {
   int32_t sample_token(float* logprob, const float* logits, int V, const SampleParams& sp, uint64_t* rng,
                        void* scratch) const override {
     return cuda::launch_sample_token(q_, logprob, logits, V, sp, rng, scratch);
+  }
+
+  // Chunked sampling from the LM head is not implemented on the device yet (the model does not
+  // run on CUDA: Model::create refuses a backend that is not host-visible); never a CPU fallback.
+  size_t chunked_sample_scratch_bytes(int, int, int, int) const override { return 0; }
+  void chunked_sample(int32_t*, float*, const float*, const float*, int, int, int, int, const SampleParams*, uint64_t*,
+                      int, void*) const override {
+    throw cuda::CudaError("CudaBackend::chunked_sample is not implemented on CUDA");
   }
 
   GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch, const GrpoLossParams& params,

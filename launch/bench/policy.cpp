@@ -618,13 +618,86 @@ int run_logprob_chunk_case(const BenchOptions& opt) {
   return 0;
 }
 
+// ---- batch-invariant mode against the default kernels ---------------------------------------------
+
+constexpr const char* kInvariantTrain = "batch_invariant_overhead_train";
+constexpr const char* kInvariantSample = "batch_invariant_overhead_sample";
+
+// The tiny MoE's training step (forward_train + backward_train) and KV-cache sampling of the same
+// batch with policy.batch_invariant on and off: ratio = time off / time on (1 = no overhead).
+int run_batch_invariant_cases(const BenchOptions& opt) {
+  const bool train = opt.wants(kInvariantTrain), sample = opt.wants(kInvariantSample);
+  if (!train && !sample) return 0;
+  const int reps = opt.quick ? 5 : std::max(opt.reps, 9);
+  policy::ModelConfig off_cfg;  // the tiny MoE: vocab 256, d_model 128, 4 layers, 8 experts top-2
+  policy::ModelConfig on_cfg = off_cfg;
+  on_cfg.batch_invariant = true;
+  auto off = policy::Model::create(off_cfg, 1);
+  auto on = policy::Model::create(on_cfg, 1);
+  if (!off.ok() || !on.ok()) {
+    std::fprintf(stderr, "troupe bench policy: %s\n", (!off.ok() ? off.error() : on.error()).message.c_str());
+    return 1;
+  }
+  const auto batch = make_batch(off_cfg.vocab_size);
+  const size_t T = batch.tokens.size();
+  std::vector<float> logp(T), ent(T), dlogp(T, -1.0f / float(T));
+  const auto prompts = make_prompts(off_cfg.vocab_size, kBatch, kPromptLen);
+  policy::SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.max_new_tokens = kNewTokens;
+  Status failed;
+  auto note = [&](Status s) {
+    if (!s.ok() && failed.ok()) failed = s;
+  };
+  auto step = [&](policy::Model& m) {
+    return time_s([&] {
+      m.zero_grads();
+      note(m.forward_train(batch, 1.0f, logp.data(), ent.data()));
+      note(m.backward_train(dlogp.data(), nullptr));
+    });
+  };
+  auto gen = [&](policy::Model& m) {
+    return time_s([&] {
+      auto g = m.generate(prompts, sp);
+      if (!g.ok()) note(g.error());
+    });
+  };
+  step(*on), step(*off), gen(*on), gen(*off);  // warm-up: arenas, KV cache, first-touch pages
+  nlohmann::json model = {{"vocab_size", off_cfg.vocab_size}, {"hidden_size", off_cfg.hidden_size},
+                          {"layers", off_cfg.num_hidden_layers}, {"experts", off_cfg.num_experts},
+                          {"top_k", off_cfg.num_experts_per_tok}};
+  int rc = 0;
+  auto report = [&](const char* name, const Paired& t, nlohmann::json extra) {
+    if (!failed.ok()) {
+      std::fprintf(stderr, "troupe bench policy: %s failed: %s\n", name, failed.error().message.c_str());
+      rc = 1;
+      return;
+    }
+    extra["model"] = model;
+    extra["on_ms"] = t.ours;
+    extra["off_ms"] = t.baseline;
+    extra["reps"] = reps;
+    extra["goal_ratio"] = 0.77;
+    emit(make_row(kSuite, name, {"ms", "ms", Better::lower}, t, "batch_invariant_off", extra));
+  };
+  if (train)
+    report(kInvariantTrain, interleaved(reps, [&] { return step(*on) * 1e3; }, [&] { return step(*off) * 1e3; }),
+           {{"tokens", T}, {"what", "forward_train + backward_train of one packed batch"}});
+  if (sample)
+    report(kInvariantSample, interleaved(reps, [&] { return gen(*on) * 1e3; }, [&] { return gen(*off) * 1e3; }),
+           {{"prompts", kBatch}, {"prompt_len", kPromptLen}, {"new_tokens", kNewTokens},
+            {"what", "generate: packed prefill + KV-cache decode steps"}});
+  return rc;
+}
+
 }  // namespace
 
 int run_policy_suite(const BenchOptions& opt) {
   const int tiny = run_tiny_moe_cases(opt);
   const int smollm2 = run_smollm2_cases(opt);
   const int chunk = run_logprob_chunk_case(opt);
-  return tiny != 0 ? tiny : smollm2 != 0 ? smollm2 : chunk;
+  const int invariant = run_batch_invariant_cases(opt);
+  return tiny != 0 ? tiny : smollm2 != 0 ? smollm2 : chunk != 0 ? chunk : invariant;
 }
 
 }  // namespace troupe::bench

@@ -9,7 +9,10 @@
   check_run.py dynamic RUN_DIR P R     dynamic sampling: P groups kept unless R rounds ran; both cases seen
   check_run.py episodes RUN_DIR T      multi-turn eval rows: full episodes (1 < eval_turns_mean <= T)
   check_run.py eval_json FILE           the last line of FILE is one JSON object with eval_accuracy
-  check_run.py mismatch RUN_DIR N       N GRPO rows, each with finite, sane sampler/learner mismatch metrics
+  check_run.py close RUN_A RUN_B STEP TOL  rows identical before STEP, then within TOL (relative) with the same step/groups
+  check_run.py mismatch RUN_DIR N [routes|exact]  N GRPO rows, each with finite, sane sampler/learner mismatch
+                                        metrics; routes: routing_agreement exactly 1 on every row (routing
+                                        replay); exact: that and logprob_diff_max exactly 0 (batch invariance)
 """
 import json
 import os
@@ -28,7 +31,7 @@ def fail(msg):
     sys.exit(1)
 
 
-def mismatch(run_dir, n):
+def mismatch(run_dir, n, mode=""):
     import math
     grpo = [r for r in rows(run_dir) if r["phase"] == "grpo" and "eval_accuracy" not in r]
     if len(grpo) != int(n):
@@ -49,6 +52,11 @@ def mismatch(run_dir, n):
         total = r["response_len_mean"] * r["groups_generated"] * 8
         if r["env_failures"] == 0 and r["stale_dropped"] == 0 and abs(r["mismatch_tokens"] - total) > 1e-6 * total:
             fail("step %d: mismatch_tokens %g of %g response tokens" % (r["step"], r["mismatch_tokens"], total))
+        if mode in ("routes", "exact") and r["routing_agreement"] != 1:
+            fail("step %d: routing_agreement %r, expected exactly 1" % (r["step"], r["routing_agreement"]))
+        if mode == "exact" and (r["logprob_diff_max"] != 0 or r["mismatch_kl"] != 0):
+            fail("step %d: logprob_diff_max %r, mismatch_kl %r, expected exactly 0" % (
+                r["step"], r["logprob_diff_max"], r["mismatch_kl"]))
     print("mismatch: %d rows, logprob_diff_max <= %.3g, mean <= %.3g, kl <= %.3g, routing_agreement >= %.4f" % (
         len(grpo), max(r["logprob_diff_max"] for r in grpo), max(r["logprob_diff_mean"] for r in grpo),
         max(r["mismatch_kl"] for r in grpo), min(r["routing_agreement"] for r in grpo)))
@@ -126,6 +134,33 @@ def same(a, b):
             if x[k] != y.get(k):
                 fail("step %s: %s = %r vs %r" % (x["step"], k, x[k], y.get(k)))
     print("%d training rows identical" % len(ra))
+
+
+def close(a, b, first_diff, tol):
+    """The same rows up to step first_diff - 1 bit for bit; from there every non-timing number within
+    tol (relative, plus tol absolute) and the same data cursor (step, phase, groups, tokens sampled)."""
+    ra = [r for r in rows(a) if "eval_accuracy" not in r]
+    rb = [r for r in rows(b) if "eval_accuracy" not in r]
+    if len(ra) != len(rb):
+        fail("%d vs %d training rows" % (len(ra), len(rb)))
+    worst = 0.0
+    for x, y in zip(ra, rb):
+        exact = x["step"] < first_diff
+        for k in x:
+            if k in TIMING or k.endswith("_s"):
+                continue
+            u, v = x[k], y.get(k)
+            if exact or not isinstance(u, (int, float)) or k in ("step", "groups_generated", "groups_kept"):
+                if u != v:
+                    fail("step %s: %s = %r vs %r" % (x["step"], k, u, v))
+                continue
+            if not isinstance(v, (int, float)):
+                fail("step %s: %s = %r vs %r" % (x["step"], k, u, v))
+            d = abs(u - v)
+            worst = max(worst, d / (1 + abs(u)))
+            if d > tol * (1 + abs(u)):
+                fail("step %s: %s = %r vs %r (tolerance %g)" % (x["step"], k, u, v, tol))
+    print("%d training rows: identical before step %d, within %.3g after" % (len(ra), first_diff, worst))
 
 
 def staleness(run_dir, n):
@@ -217,7 +252,9 @@ if __name__ == "__main__":
         episodes(sys.argv[2], int(sys.argv[3]))
     elif cmd == "eval_json":
         eval_json(sys.argv[2])
+    elif cmd == "close":
+        close(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
     elif cmd == "mismatch":
-        mismatch(sys.argv[2], int(sys.argv[3]))
+        mismatch(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "")
     else:
         fail("unknown check " + cmd)

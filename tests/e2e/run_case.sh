@@ -338,6 +338,23 @@ EOS
       "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/$k" --set loss.mismatch_correction=$k $S
       $CHECK mismatch "$W/$k" 6
     done
+    # routing replay: every recorded (token, MoE layer) routes as the sampler did, sync and async
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/replay" --set policy.moe.routing_replay=rollout $S
+    $CHECK mismatch "$W/replay" 6 routes
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/replay_async" --set policy.moe.routing_replay=rollout $S
+    $CHECK mismatch "$W/replay_async" 6 routes
+    # batch invariance: sampler and learner agree exactly on every step, sync and async
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/invariant" --set policy.batch_invariant=true $S
+    $CHECK mismatch "$W/invariant" 6 exact
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/invariant_async" --set policy.batch_invariant=true $S
+    $CHECK mismatch "$W/invariant_async" 6 exact
+    # replay on a dense model: a FILE:LINE error, exit 2
+    sed 's/^    num_experts: 4/    num_experts: 0/' "$SRC/configs/quickstart.yaml" > "$W/dense_replay.yaml"
+    printf '  moe:\n    routing_replay: rollout\n' > "$W/moe_key.txt"
+    sed -i "/^  tokenizer: char/r $W/moe_key.txt" "$W/dense_replay.yaml"
+    expect_exit 2 "$TROUPE" validate "$W/dense_replay.yaml"
+    cat "$W/err.txt"
+    grep -q "dense_replay.yaml:[0-9]*:[0-9]*: error: policy.moe.routing_replay" "$W/err.txt"
     # a correction bound out of range, and a lower bound above its upper one: FILE:LINE errors, exit 2
     sed 's/^  agg_mode: token-mean/  agg_mode: token-mean\n  mismatch_correction: mis\n  mis_low: -0.5/' \
       "$SRC/configs/quickstart.yaml" > "$W/bad_low.yaml"
@@ -349,6 +366,46 @@ EOS
     expect_exit 2 "$TROUPE" validate "$W/bad_order.yaml"
     cat "$W/err.txt"
     grep -q "bad_order.yaml:[0-9]*:[0-9]*: error: loss.icepop_high" "$W/err.txt"
+    ;;
+  rank_change_resume)  # a checkpoint of N learners / M generators resumes with other counts (mpirun)
+    # Batch-invariant kernels and per-sample RNG streams: a sample's tokens do not depend on which
+    # generator, in how big a batch, sampled it. Constant lr: the cosine schedule depends on max_steps.
+    # (SFT long enough that GRPO groups get distinct rewards, so every GRPO step updates the weights)
+    S="--set optimizer.schedule=constant --set sft.max_steps=39 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.every=3 --set policy.batch_invariant=true --set rollout.prompts_per_step=16 \
+       --set cluster.transport=ipc $Q"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" --set grpo.max_steps=6 $S
+    # 1 -> 2 generators (ranks: learner, generator, generator, env): bit for bit the uninterrupted run
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/g" --set grpo.max_steps=3 $S
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/g" --set grpo.max_steps=6 \
+      --set cluster.generators=2 $S
+    "$PY" - "$W/a/metrics.jsonl" << 'EOS'
+import json, sys
+g = [r for r in map(json.loads, open(sys.argv[1])) if r["phase"] == "grpo" and "eval_accuracy" not in r]
+assert len(g) == 6 and all(r["grad_norm"] > 0 for r in g) and any(r["reward_mean"] > 0 for r in g), g
+print("grpo rows update the weights: grad_norm", [round(r["grad_norm"], 4) for r in g])
+EOS
+    $CHECK same "$W/a" "$W/g"
+    # an uninterrupted run on 2 generators is the same run too
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/g2" --set grpo.max_steps=6 \
+      --set cluster.generators=2 $S
+    $CHECK same "$W/a" "$W/g2"
+    # 1 -> 2 learners: the same state resumed (steps before the checkpoint identical, same data
+    # cursor after); the 2-rank all-reduce sums the gradient in another order, so the updates
+    # after it agree to rounding, not bit for bit
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/l12" --set grpo.max_steps=3 $S
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/l12" --set grpo.max_steps=6 \
+      --set cluster.learners=2 $S
+    $CHECK close "$W/a" "$W/l12" 43 1e-3
+    # 2 -> 1 learners: the 2-learner run's own checkpoint, resumed by one learner, goes on as the
+    # uninterrupted 2-learner run does up to the rounding of the all-reduce
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/l2" --set grpo.max_steps=6 \
+      --set cluster.learners=2 $S
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/l21" --set grpo.max_steps=3 \
+      --set cluster.learners=2 $S
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/l21" --set grpo.max_steps=6 $S
+    $CHECK close "$W/l2" "$W/l21" 43 1e-3
     ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac

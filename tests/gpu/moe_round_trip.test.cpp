@@ -57,8 +57,8 @@ void layer(const k::Backend& g, const k::Backend& c, k::MoeConfig cfg, int N) {
   std::vector<float> out(x.size()), saved(c.moe_saved_floats(cfg, N)), scr(c.moe_scratch_floats(cfg, N));
   Dev<float> gout(g, x.size()), gsaved(g, g.moe_saved_floats(cfg, N)), gscr(g, g.moe_scratch_floats(cfg, N));
   k::MoeStats cst, gst;
-  c.moe_forward(out.data(), saved.data(), &cst, x.data(), cw, cfg, N, scr.data());
-  g.moe_forward(gout.p(), gsaved.p(), &gst, gx.p(), gw, cfg, N, gscr.p());
+  c.moe_forward(out.data(), saved.data(), &cst, x.data(), cw, cfg, N, scr.data(), nullptr);
+  g.moe_forward(gout.p(), gsaved.p(), &gst, gx.p(), gw, cfg, N, gscr.p(), nullptr);
   expect_near("moe_forward", gout.host(g), out, 1e-4, 1e-3);
   GPU_CHECK(std::fabs(cst.aux_loss - gst.aux_loss) < 1e-4f, "moe aux loss");
   GPU_CHECK(cst.max_expert_load == gst.max_expert_load, "moe max expert load");

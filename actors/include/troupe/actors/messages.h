@@ -124,8 +124,12 @@ struct GenSampling {
   float top_p = 1;
   std::int32_t max_new_tokens = 32;
   std::uint64_t seed = 0;
+  // The RNG stream of each prompt (policy::SamplingParams::streams); empty = the prompt's index.
+  // The coordinator numbers a step's samples globally, so a sample draws the same randoms on
+  // whichever generator samples it (and however many there are).
+  std::vector<std::int32_t> streams;
   template <class A>
-  void serialize(A& ar) { ar(temperature, top_k, top_p, max_new_tokens, seed); }
+  void serialize(A& ar) { ar(temperature, top_k, top_p, max_new_tokens, seed, streams); }
 };
 struct GenerateReq {  // texts are formatted and tokenized by the generator
   static constexpr std::uint32_t type_id = 2010;

@@ -36,6 +36,9 @@ struct TurnRecord {
   std::vector<int32_t> prompt_tokens;      // tokens fed for this turn (may be only the new ones)
   std::vector<int32_t> completion_tokens;  // sampled tokens
   std::vector<float> logprobs;             // one per completion token, under the sampling policy
+  // MoE policies: (completion_tokens x routing width) the sampler's top-k expert ids of every MoE
+  // layer for each completion token (what routing replay trains with); empty otherwise.
+  std::vector<int32_t> experts;
   int64_t policy_version = -1;
   std::string completion;                  // decoded completion text
   bool truncated = false;

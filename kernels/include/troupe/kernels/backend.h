@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "troupe/base/result.h"
+#include "troupe/kernels/chunked_sample.h"
 #include "troupe/kernels/grpo_loss.h"
 #include "troupe/kernels/moe.h"
 #include "troupe/kernels/random.h"
@@ -146,8 +147,9 @@ class Backend {
   virtual size_t moe_saved_floats(const MoeConfig& cfg, int N) const = 0;
   virtual size_t moe_scratch_floats(const MoeConfig& cfg, int N) const = 0;
   // stats: host memory.
+  // route (N, K) host or device, or null: routing replay (moe.h).
   virtual void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
-                           const MoeConfig& cfg, int N, float* scratch) const = 0;
+                           const MoeConfig& cfg, int N, float* scratch, const int32_t* route) const = 0;
   virtual void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                             const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
                             float* scratch) const = 0;
@@ -163,6 +165,13 @@ class Backend {
   // sample_scratch_bytes(V).
   virtual int32_t sample_token(float* logprob, const float* logits, int V, const SampleParams& sp,
                                uint64_t* rng, void* scratch) const = 0;
+  // One token per row from the LM head over the vocabulary in chunks (chunked_sample.h): h (N, C)
+  // and W (V, C) device memory; tokens, logprobs, sp, rng (N) host; scratch a buffer of
+  // chunked_sample_scratch_bytes(N, V, chunk, max_top_k).
+  virtual size_t chunked_sample_scratch_bytes(int N, int V, int chunk, int max_top_k) const = 0;
+  virtual void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const float* W, int N, int C, int V,
+                              int chunk, const SampleParams* sp, uint64_t* rng, int max_top_k,
+                              void* scratch) const = 0;
 
   // ---- fused GRPO per-token loss (grpo_loss.h) ------------------------------------------------------
   virtual GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch,

@@ -57,8 +57,13 @@ struct MoeStats {
 };
 
 // out (N, C) assigned. saved: moe_saved_floats; scratch: moe_scratch_floats.
+// route (N, K) or null: routing replay. A token whose row holds K distinct expert ids in [0, E)
+// goes to those experts instead of its router's top-k, with combine weights from its own router
+// probabilities over that set (renormalized when cfg.renormalize); a row starting with -1 routes
+// as usual. The choice is saved with the rest, so moe_backward differentiates the same routing
+// (gradients reach the router through the weights). The caller validates the ids.
 void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
-                 const MoeConfig& cfg, int N, float* scratch);
+                 const MoeConfig& cfg, int N, float* scratch, const int32_t* route = nullptr);
 // dinp (N, C) assigned; grads accumulated. daux: d(loss)/d(aux_loss) (0 when no aux loss is used).
 void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                   const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch);

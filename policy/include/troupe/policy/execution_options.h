@@ -8,6 +8,9 @@
 
 namespace troupe::policy {
 
+// MoE routing replay: off, or rollout (train each response token on the experts its sampler chose).
+enum class RoutingReplay { off, rollout };
+
 struct ExecutionOptions {
   // Where the model runs (YAML `policy.device`): the name kernels::backend_for() resolves, "cpu" or
   // "cuda" (an error without a usable GPU).
@@ -22,6 +25,15 @@ struct ExecutionOptions {
   // differently once the vocabulary exceeds a chunk (an online log-sum-exp); a vocabulary of at
   // most one chunk runs the whole-vocabulary ops, bit for bit.
   int logprob_chunk = 4096;
+  // Routing replay (YAML `policy.moe.routing_replay: rollout`): a training forward whose batch
+  // carries the sampler's expert ids (PackedBatch::experts) routes each recorded token to those
+  // experts, with gates from its own router over that set, in forward and backward. MoE only.
+  RoutingReplay routing_replay = RoutingReplay::off;
+  // Batch-invariant mode (YAML `policy.batch_invariant`, kernels/batch_invariant.h): every op of a
+  // forward gives each token bits independent of the other rows of its batch and of KV-cache decode
+  // vs packed training forward, and the sampler reports the learner's own log-softmax of the
+  // sampled token, so sampler and learner log-probs (and MoE routes) agree exactly. Slower GEMMs.
+  bool batch_invariant = false;
 };
 
 }  // namespace troupe::policy

@@ -43,6 +43,10 @@ struct PackedBatch {
   std::vector<int32_t> tokens;      // (T) input ids
   std::vector<int32_t> cu_seqlens;  // (S+1) cumulative starts, cu_seqlens[0]=0, back()=T
   std::vector<int32_t> targets;     // (T) id predicted at each position (-1 = no target, e.g. last token)
+  // MoE routing replay (ModelConfig::routing_replay): empty, or (T x Model::routing_width()) the
+  // expert ids to route each position to, per MoE layer in layer order, K per layer (a layer's K
+  // distinct ids in [0, num_experts), or -1 first = the router's own top-k). Ignored with replay off.
+  std::vector<int32_t> experts;
 };
 
 struct SamplingParams {
@@ -52,6 +56,9 @@ struct SamplingParams {
   int max_new_tokens = 64;
   std::vector<int32_t> stop_tokens;  // e.g. EOS; the stop token is included in the output
   uint64_t seed = 0;
+  // The RNG stream of each prompt (>= 0), so that a prompt's draws do not depend on which other
+  // prompts share the call; empty = each prompt's index.
+  std::vector<int32_t> streams;
 };
 
 struct Generation {
@@ -134,7 +141,8 @@ class Model {
   // KV-cache sampling for a batch of prompts of different lengths. logprobs are log
   // softmax(logits / temperature) of the sampled token (before top-k/top-p truncation), i.e. what
   // forward_train at the same temperature returns; greedy (temperature 0) reports temperature 1.
-  // Deterministic for a seed; each prompt has its own RNG stream (seed, prompt index).
+  // Deterministic for a seed; each prompt has its own RNG stream (seed, params.streams[b] or the
+  // prompt index b).
   Result<std::vector<Generation>> generate(const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingParams& params);
 

@@ -1,0 +1,80 @@
+// The chunked LM-head sampler against sample_token on whole logits rows: the same token, the same
+// log-prob bits and the same RNG state after each draw, for greedy, plain temperature, top-k,
+// top-k + top-p and top-p alone, with rows of different settings in one call.
+#include "troupe/kernels/chunked_sample.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "troupe/kernels/ops.h"
+
+namespace troupe::kernels {
+namespace {
+
+// Row n's logits as the sampler sees them: chunk by chunk from the N-row GEMM, or (rows that need
+// their whole distribution) one (1, V) GEMM of that row.
+std::vector<float> reference_row(const std::vector<float>& h, const std::vector<float>& W, int N, int C, int V,
+                                 int chunk, int n, bool whole_row) {
+  std::vector<float> row(V);
+  if (whole_row || chunk <= 0 || V <= chunk) {
+    if (whole_row) {
+      matmul_forward(row.data(), h.data() + static_cast<size_t>(n) * C, W.data(), 1, C, V);
+    } else {
+      std::vector<float> all(static_cast<size_t>(N) * V);
+      matmul_forward(all.data(), h.data(), W.data(), N, C, V);
+      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(n) * V, V, row.begin());
+    }
+    return row;
+  }
+  for (int c0 = 0; c0 < V; c0 += chunk) {
+    const int cols = std::min(chunk, V - c0);
+    std::vector<float> z(static_cast<size_t>(N) * cols);
+    matmul_forward(z.data(), h.data(), W.data() + static_cast<size_t>(c0) * C, N, C, cols);
+    std::copy_n(z.begin() + static_cast<std::ptrdiff_t>(n) * cols, cols, row.begin() + c0);
+  }
+  return row;
+}
+
+void check(int N, int C, int V, int chunk, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<double> nd(0, 1);
+  std::vector<float> h(static_cast<size_t>(N) * C), W(static_cast<size_t>(V) * C);
+  for (auto& x : h) x = static_cast<float>(nd(g));
+  for (auto& x : W) x = static_cast<float>(0.3 * nd(g));
+  const SampleParams kinds[] = {{0.0f, 0, 1.0f}, {1.0f, 0, 1.0f}, {0.7f, 5, 1.0f},
+                                {1.0f, 8, 0.6f}, {1.0f, 0, 0.9f}, {1.3f, 40, 1.0f}};
+  std::vector<SampleParams> sp(N);
+  std::vector<uint64_t> rng(N), ref_rng(N);
+  for (int n = 0; n < N; ++n) sp[n] = kinds[n % 6], rng[n] = ref_rng[n] = 1000 + static_cast<uint64_t>(n);
+  const int max_k = 40;
+  std::vector<char> scratch(chunked_sample_scratch_bytes(N, V, chunk, max_k) + 16);
+  std::vector<char> ref_scratch(sample_scratch_bytes(V) + 16);
+  std::vector<int32_t> tok(N);
+  std::vector<float> lp(N);
+  for (int draw = 0; draw < 6; ++draw) {
+    chunked_sample(tok.data(), lp.data(), h.data(), W.data(), N, C, V, chunk, sp.data(), rng.data(), max_k,
+                   scratch.data());
+    for (int n = 0; n < N; ++n) {
+      const bool k_on = sp[n].top_k > 0 && sp[n].top_k < V;
+      const bool whole_row = chunk > 0 && V > chunk && sp[n].temperature > 0 && !k_on && sp[n].top_p < 1.0f;
+      const auto row = reference_row(h, W, N, C, V, chunk, n, whole_row);
+      float ref_lp = 0;
+      const int32_t ref = sample_token(&ref_lp, row.data(), V, sp[n], &ref_rng[n], ref_scratch.data());
+      EXPECT_EQ(tok[n], ref) << "row " << n << " draw " << draw;
+      EXPECT_EQ(lp[n], ref_lp) << "row " << n << " draw " << draw;
+      EXPECT_EQ(rng[n], ref_rng[n]) << "row " << n << " draw " << draw;
+    }
+  }
+}
+
+TEST(ChunkedSample, EqualsSampleTokenOnWholeRows) { check(7, 48, 1000, 128, 1); }
+TEST(ChunkedSample, ManyRowsUnevenLastChunk) { check(70, 32, 777, 100, 2); }
+TEST(ChunkedSample, OneChunkIsTheWholeVocabularyPath) {
+  check(5, 32, 300, 4096, 3);
+  check(5, 32, 300, 0, 4);
+}
+
+}  // namespace
+}  // namespace troupe::kernels
