@@ -450,7 +450,7 @@ TEST(Roles, RolloutServeEngineFollowsTheWeights) {
   auto generated = [&](const std::vector<int32_t>& prompt) {
     GenerateReq r;
     r.prompt_tokens = {prompt};
-    r.sampling = {0.0f, 0, 1.0f, 4, 0};
+    r.sampling = {0.0f, 0, 1.0f, 4, 0, {}};
     auto rep = (*g)->generate(r);
     EXPECT_TRUE(rep.ok());
     return rep.ok() ? rep->samples[0].tokens : std::vector<int32_t>{};
