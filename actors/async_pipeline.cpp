@@ -1,13 +1,16 @@
 // The GRPO phase in async mode (rollout.async): two coroutines of the coordinator actor. The
-// rollout one produces step k+1 with version v while the training one trains step k; step k may
-// use weights no older than base + k - max_staleness (base: the version before GRPO step 0), and
+// rollout one produces step k+1 while the training one trains step k. Step k's rollout is sampled
+// with exactly one version, the learners' once step k - max_staleness - 1 was done (Pipeline), and
 // without streaming at most max(1, max_staleness) rollouts wait in the queue. With
 // rollout.async_chunks > 1 each step's groups come in parts and the learners start on a part as
-// soon as it is scored (the queue then holds parts; the staleness condition alone bounds how far
-// ahead the rollout runs).
+// soon as it is scored (the queue then holds parts; the version condition alone bounds how far
+// ahead the rollout runs). Before an eval or a checkpoint the pipeline is drained; a checkpoint
+// keeps the finished rollouts it holds (pipeline_state.h), and a resume trains them.
 #include <algorithm>
+#include <optional>
 
 #include "coordinator_internal.h"
+#include "pipeline_state.h"
 
 namespace troupe::actors::coord {
 
@@ -17,14 +20,22 @@ namespace {
 
 struct Bounds {
   int64_t first_k = 0, K = 0;  // GRPO steps [first_k, K)
-  int64_t base = 0;            // version before GRPO step 0
   int64_t S = 0;               // SFT steps before GRPO (global step = S + k + 1)
   bool streamed = false;
 };
 
+// The version step k's rollout samples with; none while the learners have not got there yet.
+std::optional<int64_t> version_for(const RunState& s, const Pipeline& pl, int64_t k) {
+  const int64_t j = k - s.cfg.rollout.max_staleness - 1;
+  if (j < pl.first_k) return pl.start_version;
+  auto it = pl.version_after.find(j);
+  if (it == pl.version_after.end()) return std::nullopt;
+  return it->second;
+}
+
 bool may_start(const RunState& s, const Pipeline& pl, const Bounds& b, int64_t k) {
   const int staleness = s.cfg.rollout.max_staleness;
-  return pl.weights_sent + pl.skipped >= b.base + k - staleness &&
+  return version_for(s, pl, k).has_value() &&
          (b.streamed || pl.queue.size() < static_cast<size_t>(std::max(1, staleness)));
 }
 
@@ -33,33 +44,84 @@ void push(Pipeline& pl, int64_t k, Result<Rollout> r) {
   pl.changed.notify_all();
 }
 
-// The rollout coroutine: steps first_k..K-1 as the staleness bound lets it; a failed rollout is
-// queued as the error and ends it.
+// The rollout coroutine: steps after pl.produced up to pl.last_k as the versions let it; a failed
+// rollout is queued as the error and ends it.
 Task<Status> roll_ahead(RunState& s, Pipeline& pl, Bounds b) {
-  for (int64_t k = b.first_k; k < b.K; ++k) {
+  struct Ended {  // however the coroutine ends, the training side may stop waiting for it
+    Pipeline& pl;
+    ~Ended() {
+      pl.ended = true;
+      pl.changed.notify_all();
+    }
+  } ended{pl};
+  for (int64_t k = pl.produced + 1; k <= pl.last_k; ++k) {
     double wait0 = mono_s();
     while (!pl.stop && !may_start(s, pl, b, k)) co_await pl.changed.wait();
     if (pl.stop) co_return Status{};
     const double waited = mono_s() - wait0;
+    const int64_t version = *version_for(s, pl, k);
     if (b.streamed) {
       PartSink sink = [&pl, k, waited](Rollout&& part) {
         part.idle_s = part.part == 0 ? waited : 0.0;
         push(pl, k, std::move(part));
       };
-      auto r = co_await make_round(s, b.S + k + 1, k, 0, &sink);
+      auto r = co_await make_round(s, b.S + k + 1, k, 0, &sink, version);
       if (!r.ok()) {
         push(pl, k, r.error());
         co_return Status{};
       }
-      continue;
+    } else {
+      auto r = co_await make_rollout(s, b.S + k + 1, k, version);
+      if (r.ok()) r->idle_s = waited;
+      const bool failed = !r.ok();
+      push(pl, k, std::move(r));
+      if (failed) co_return Status{};
     }
-    auto r = co_await make_rollout(s, b.S + k + 1, k);
-    if (r.ok()) r->idle_s = waited;
-    const bool failed = !r.ok();
-    push(pl, k, std::move(r));
-    if (failed) co_return Status{};
+    pl.produced = k;
+    pl.changed.notify_all();
   }
   co_return Status{};
+}
+
+// A resumed run: the rollouts its checkpoint kept go first into the queue. They were sampled with
+// versions the learners no longer hold; without them (a checkpoint written after a failure, or by
+// a run with another pipeline shape) those steps sample with the checkpoint's version instead.
+Status restore_pipeline(RunState& s, Pipeline& pl, const Bounds& b) {
+  const int staleness = s.cfg.rollout.max_staleness;
+  const int chunks = b.streamed ? s.cfg.rollout.async_chunks : 1;
+  auto log = [&](const std::string& m) {
+    if (s.hooks.log) s.hooks.log(m);
+  };
+  std::string bytes = std::move(s.resumed_pipeline);
+  s.resumed_pipeline.clear();
+  if (bytes.empty()) {
+    if (pl.first_k > 0 && staleness > 0)
+      log("async resume: the checkpoint holds no finished rollouts; steps " + std::to_string(b.S + pl.first_k + 1) +
+          ".." + std::to_string(b.S + pl.first_k + staleness) + " sample with version " +
+          std::to_string(pl.start_version) + " (an uninterrupted run sampled them with older ones)");
+    return {};
+  }
+  TROUPE_ASSIGN_OR_RETURN(auto p, decode_pipeline(bytes, "checkpoint " + std::string("pipeline.bin")));
+  if (p.max_staleness != staleness || p.async_chunks != chunks || p.trained_steps != pl.first_k) {
+    log("async resume: the checkpoint's " + std::to_string(p.finished.size()) +
+        " finished rollouts are not used (saved with max_staleness " + std::to_string(p.max_staleness) +
+        ", async_chunks " + std::to_string(p.async_chunks) + " after GRPO step " + std::to_string(p.trained_steps) +
+        "; this run has " + std::to_string(staleness) + ", " + std::to_string(chunks) + ", " +
+        std::to_string(pl.first_k) + ")");
+    return {};
+  }
+  int64_t last = -1;
+  for (auto& [k, r] : p.finished) {
+    if (k < pl.first_k || k > pl.last_k) continue;
+    last = std::max(last, k);
+    pl.queue.emplace_back(k, std::move(r));
+  }
+  if (last >= 0) {
+    pl.produced = last;
+    log("async resume: the rollouts of steps " + std::to_string(b.S + pl.first_k + 1) + ".." +
+        std::to_string(b.S + last + 1) + ", finished before the checkpoint, train first");
+  }
+  return {};
 }
 
 // The oldest queued (k, rollout), waiting for one; the rollout coroutine may go on (the queue shrank).
@@ -134,13 +196,19 @@ Task<Status> train_streamed(RunState& s, Pipeline& pl, int64_t step, int64_t k, 
 
 Task<Status> run_grpo_async(RunState& s, int64_t first_k) {
   Pipeline pl;
-  pl.weights_sent = s.version;
   Bounds b;
   b.first_k = first_k;
   b.K = s.cfg.grpo.max_steps;
-  b.base = s.version - first_k;
   b.S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
   b.streamed = s.cfg.rollout.async_chunks > 1;
+  pl.first_k = first_k;
+  pl.start_version = s.version;
+  pl.produced = first_k - 1;
+  // With checkpoints, the rollouts of the next max_staleness steps are produced too, so that the
+  // last checkpoint keeps them and a run extended with --resume trains what an uninterrupted
+  // longer run would have.
+  pl.last_k = b.K - 1 + (s.cfg.checkpointing.enabled ? s.cfg.rollout.max_staleness : 0);
+  TROUPE_CO_TRY(restore_pipeline(s, pl, b));
   s.async = &pl;
   Task<Status> ahead = roll_ahead(s, pl, b);
   ahead.start();
@@ -154,6 +222,9 @@ Task<Status> run_grpo_async(RunState& s, int64_t first_k) {
       auto item = co_await pop(pl);
       if (!item.second.ok())
         result = item.second.error();
+      else if (item.first != k)
+        result = make_error(ErrorCode::internal, "coordinator: expected the rollout of GRPO step " + std::to_string(k) +
+                                                     ", got step " + std::to_string(item.first));
       else
         result = co_await train_on(s, *item.second, s.step, k, t, item.second->idle_s);
     }
@@ -165,6 +236,28 @@ Task<Status> run_grpo_async(RunState& s, int64_t first_k) {
   (void)co_await ahead;
   s.async = nullptr;
   co_return result;
+}
+
+Task<Status> drain_pipeline(RunState& s, int64_t k) {
+  Pipeline* pl = s.async;
+  if (!pl) co_return Status{};
+  const int64_t target = std::min(pl->last_k, k + s.cfg.rollout.max_staleness);
+  while (!pl->ended && pl->produced < target) co_await pl->changed.wait();
+  co_return Status{};
+}
+
+std::optional<PipelineState> pipeline_snapshot(const RunState& s, int64_t k) {
+  const Pipeline* pl = s.async;
+  if (!pl) return std::nullopt;
+  PipelineState p;
+  p.max_staleness = s.cfg.rollout.max_staleness;
+  p.async_chunks = s.cfg.rollout.async_chunks > 1 ? s.cfg.rollout.async_chunks : 1;
+  p.trained_steps = k + 1;
+  p.trained_episodes = s.trained_episodes;
+  const int64_t through = std::min(pl->produced, k + s.cfg.rollout.max_staleness);
+  for (const auto& [step, r] : pl->queue)
+    if (step > k && step <= through && r.ok()) p.finished.emplace_back(step, *r);
+  return p;
 }
 
 }  // namespace troupe::actors::coord

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "coordinator_internal.h"
+#include "pipeline_state.h"
 #include "troupe/learner/checkpoint.h"
 
 namespace troupe::actors::coord {
@@ -36,7 +37,22 @@ Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Dur
   CheckpointReq req;
   req.dir = s.run_dir + "/checkpoints";
   req.step = s.step;
-  req.extra_json = json{{"global_step", s.step}, {"coordinator_phase", phase}, {"wall_s", s.now_s()}}.dump();
+  // the episode ledger; async: the pipeline's finished rollouts (pipeline_state.h)
+  const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
+  const int64_t k = s.step - S - 1;  // the GRPO step just done (meaningful in the GRPO phase)
+  PipelineState ledger;
+  ledger.trained_steps = phase == "grpo" ? k + 1 : 0;
+  ledger.trained_episodes = s.trained_episodes;
+  if (phase == "grpo")
+    if (auto p = pipeline_snapshot(s, k)) {
+      ledger = std::move(*p);
+      req.pipeline = encode_pipeline(ledger);
+    }
+  req.extra_json = json{{"global_step", s.step},
+                        {"coordinator_phase", phase},
+                        {"wall_s", s.now_s()},
+                        {"ledger", ledger_json(ledger, s.cfg.rollout.num_generations)}}
+                       .dump();
   if (scored) {
     req.has_metric = true;
     req.metric = s.last_eval[best].get<double>();
@@ -61,6 +77,9 @@ Task<Result<int64_t>> resume_from_latest(RunState& s) {
     json extra = json::parse(rep.extra_json, nullptr, false);
     start = extra.value("global_step", rep.step);
     s.wall_offset = extra.value("wall_s", 0.0);
+    if (extra.contains("ledger") && extra["ledger"].is_object())
+      s.trained_episodes = extra["ledger"].value("trained_episodes", int64_t{0});
+    if (l == s.peers.learners.front()) s.resumed_pipeline = std::move(rep.pipeline);
   }
   TROUPE_CO_TRY(co_await sync_weights(s, nullptr));
   if (s.hooks.log) s.hooks.log("resumed from " + dir + " at step " + std::to_string(start));

@@ -9,6 +9,7 @@
 #include <future>
 
 #include "coordinator_internal.h"
+#include "pipeline_state.h"
 #include "troupe/actors/roles.h"
 #include "troupe/policy/io/model_dir.h"
 
@@ -87,11 +88,10 @@ Task<Status> finish_grpo_step(RunState& s, const Rollout& r, const Prepared& p, 
   double sync_s = 0;
   if (tr.updated) TROUPE_CO_TRY(co_await sync_weights(s, &sync_s));
   add_grpo_timings(s, row, r, tr, sync_s, mono_s() - step_start, gen_idle);
-  if (s.async) {  // a new version, or none (no update): the rollout coroutine must not wait for it
-    if (tr.updated)
-      s.async->weights_sent = s.version;
-    else
-      s.async->skipped += 1;
+  s.trained_episodes += episodes_of(r);
+  if (s.async) {  // the version (new, or the same when nothing trained) later rollouts sample with
+    const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
+    s.async->version_after[step - S - 1] = s.version;
     s.async->changed.notify_all();
   }
   write_trajectories(s, r, p.adv, step);
@@ -124,8 +124,15 @@ Task<Status> finish_step(RunState& s, int64_t k) {
   s.done_step = s.step;
   s.learner_dirty = false;
   const bool last = k + 1 == s.cfg.grpo.max_steps;
+  Status out = planned_stop_if_out_of_time(s, last);
+  // async: an eval or a checkpoint waits for the rollouts sampled with older versions (their
+  // generation requests must not meet newer weights; the checkpoint keeps them). (A checkpoint
+  // for a best eval comes after an eval.)
+  const bool may_save = s.cfg.checkpointing.enabled &&
+                        (last || !out.ok() || (s.cfg.checkpointing.every > 0 && s.step % s.cfg.checkpointing.every == 0));
+  if (s.async && (eval_due(s, last) || may_save)) TROUPE_CO_TRY(co_await drain_pipeline(s, k));
   if (eval_due(s, last)) TROUPE_CO_TRY(co_await eval_and_log(s, "grpo"));
-  if (Status out = planned_stop_if_out_of_time(s, last); !out.ok()) {
+  if (!out.ok()) {
     TROUPE_CO_TRY(co_await checkpoint(s, "grpo", true));
     co_return out;
   }

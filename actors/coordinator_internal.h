@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +45,7 @@ struct TurnInfo {
 // One GRPO step's worth of data (or one streamed part of it): groups of G samples, scored.
 struct Rollout {
   struct Group {
+    int64_t index = 0;  // the prompt's index in its step's sequence (round * prompts_per_step + i)
     std::string env;
     std::string prompt_text;
     json metadata;
@@ -62,6 +64,7 @@ struct Rollout {
   };
   std::vector<Group> groups;
   int64_t policy_version = 0;
+  int64_t sample_version = -1;  // the version every generation request named (-1: the newest)
   // dynamic sampling: generation round of these groups, its seed base and first group index
   int round = 0, rounds = 1;
   uint64_t seed_base = 0;
@@ -84,11 +87,18 @@ struct Trained {  // what the learners gave back
 };
 
 // Async mode: the rollout coroutine runs ahead of the training one, in the same actor.
+// Which version samples step k's rollout depends only on the seed and the config, never on
+// timing: the version the learners had once step k - max_staleness - 1 was done (the phase's
+// first version for the first steps), which every generation request of the rollout names.
 struct Pipeline {
   std::deque<std::pair<int64_t, Result<Rollout>>> queue;  // (k, rollout or one streamed part)
-  int64_t weights_sent = 0;                               // newest version the generators have been sent
-  int64_t skipped = 0;  // steps that trained on nothing (no new version): not waited for
-  bool stop = false;
+  int64_t first_k = 0;         // the phase's first GRPO step (after a resume: the step it continues at)
+  int64_t start_version = 0;   // the learners' version at first_k
+  std::map<int64_t, int64_t> version_after;  // GRPO step k -> the learners' version once it is done
+  int64_t produced = -1;       // the last step whose whole rollout is queued (or trained)
+  int64_t last_k = 0;          // the last step the rollout coroutine produces
+  bool stop = false;           // the training side is done: the rollout coroutine ends
+  bool ended = false;          // the rollout coroutine has ended (done, stopped or failed)
   runtime::Wakeup changed;  // any of the above changed
 };
 
@@ -117,6 +127,8 @@ struct RunState {
   int64_t saved_step = 0;
   bool learner_dirty = false;  // an update was sent for a step that is not done yet
   Pipeline* async = nullptr;   // set while an async GRPO phase runs
+  std::string resumed_pipeline;  // the checkpoint's pipeline.bin (--resume of an async run)
+  int64_t trained_episodes = 0;  // the ledger's count: episodes of the GRPO steps trained so far
   std::vector<std::string> serve_urls;  // each generator's rollout.serve endpoint (asked on first use)
 
   double now_s() const { return wall_offset + mono_s() - t0; }
@@ -124,7 +136,10 @@ struct RunState {
   ActorId env_worker(size_t i) const { return peers.env_workers[i % peers.env_workers.size()]; }
   // A generator whose rank is down (under mpirun with two or more generators a dead generator
   // does not end the job: its prompts go to the others, generation_failover in rollout.cpp).
+  // In one process a generator thread can die alone (its actor failed): generators_down.
+  std::vector<char> generators_down;
   bool generator_alive(size_t g) const {
+    if (g < generators_down.size() && generators_down[g]) return false;
     return !peers.system || !peers.system->node_is_down(peers.generators[g].node);
   }
   // The first live generator at or after g (cyclically), or none when every one is down.
@@ -137,7 +152,8 @@ struct RunState {
 
 // A generation request whose generator died: sent again, unchanged (same prompts, same sampling
 // seed, so the same samples), to the next live generator, until one answers or none is left.
-// Any other failure is returned as it is.
+// A generator whose request failed as peer_failed (its rank is down, or its actor stopped) is
+// dead from then on. Any other failure is returned as it is.
 Task<Result<GenerateRep>> generation_failover(RunState& s, Result<GenerateRep> first, const GenerateReq& req,
                                               size_t g);
 
@@ -152,6 +168,11 @@ Task<Status> finish_step(RunState& s, int64_t k);  // evals, checkpoints, run.ma
 
 // async_pipeline.cpp: the GRPO phase in async mode (rollout.async).
 Task<Status> run_grpo_async(RunState& s, int64_t first_k);
+// After GRPO step k, before an eval or a checkpoint: waits until the rollouts of the steps whose
+// version is older than the learners' (k+1 .. k+max_staleness) are all finished, so that neither
+// the eval's weights nor the checkpoint's contents depend on timing.
+Task<Status> drain_pipeline(RunState& s, int64_t k);
+// (pipeline_state.h: pipeline_snapshot, what a checkpoint keeps of the pipeline)
 
 // episodes.cpp: one multi-turn episode (token in, token out).
 struct Episode {
@@ -217,12 +238,13 @@ Task<Result<std::pair<double, double>>> served_eval(RunState& s, const std::stri
 
 // rollout.cpp: prompts by env weight, generation, scoring, dynamic-sampling rounds.
 size_t pick_env(const ExperimentConfig& cfg, uint64_t r);
-Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k);
+// version: the policy version to sample with (async mode, Rollout::sample_version); -1: the newest.
+Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k, int64_t version = -1);
 // One generation round. With a sink: in rollout.async_chunks parts, each handed to the sink as
 // soon as it is scored (its groups move there).
 using PartSink = std::function<void(Rollout&& part)>;
 Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round,
-                                 const PartSink* sink = nullptr);
+                                 const PartSink* sink = nullptr, int64_t version = -1);
 
 // episodes.cpp: multi-turn episodes (rollout.max_turns > 1).
 Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k);

@@ -159,6 +159,8 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     if (active.empty()) break;
     double t_gen = mono_s();
     std::vector<Reply<GenerateRep>> gens;
+    std::vector<GenerateReq> reqs;  // what each generator was asked (to ask another if it died)
+    std::vector<size_t> sent_to;
     std::vector<std::vector<size_t>> owned(NG);
     for (size_t n = 0; n < active.size(); ++n) owned[n % NG].push_back(active[n]);
     for (size_t g = 0; g < NG; ++g) {
@@ -170,11 +172,19 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
       req.sampling = {
           ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
           mix_seed(r.seed_base, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn)), {}};
-      gens.push_back(request<GenerateRep>(s.here, s.peers.generators[g], std::move(req), kLongTimeout));
+      req.policy_version = r.sample_version;
+      req.step = step;
+      reqs.push_back(req);
+      // (a dead generator's turn goes to a live one: the seed is in the request, so the samples are the same)
+      const size_t to = s.live_generator_from(g).value_or(g);
+      sent_to.push_back(to);
+      gens.push_back(request<GenerateRep>(s.here, s.peers.generators[to], std::move(req), kLongTimeout));
     }
     std::vector<GenSample> out(eps.size());
     for (size_t g = 0; g < NG; ++g) {
-      TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await gens[g]);
+      Result<GenerateRep> got = co_await gens[g];
+      if (!got.ok()) got = co_await generation_failover(s, std::move(got), reqs[g], sent_to[g]);
+      TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(got));
       if (turn == 0)
         r.policy_version = g == 0 ? rep.policy_version : std::min(r.policy_version, rep.policy_version);
       for (size_t n = 0; n < owned[g].size(); ++n) out[owned[g][n]] = std::move(rep.samples[n]);

@@ -53,8 +53,24 @@ Status Generator::set_weights(const Weights& w) {
   return {};
 }
 
+void Generator::hold_weights(Weights w) { held_.push_back(std::move(w)); }
+
+Status Generator::use_version(int64_t version) {
+  while (!held_.empty() && (version < 0 || held_.front().version <= version)) {
+    TROUPE_TRY(set_weights(held_.front()));
+    held_.pop_front();
+  }
+  if (version >= 0 && version_ != version)
+    return make_error(ErrorCode::internal, "generator: asked to sample with policy version " + std::to_string(version) +
+                                               " but it holds version " + std::to_string(version_) +
+                                               (held_.empty() ? std::string() : " and newer ones from " +
+                                                                                    std::to_string(held_.front().version)));
+  return {};
+}
+
 Result<GenerateRep> Generator::generate(const GenerateReq& r) {
   auto t0 = std::chrono::steady_clock::now();
+  TROUPE_TRY(use_version(r.policy_version));
   const auto& tok = *policy_.tokenizer;
   GenerateRep rep;
   rep.policy_version = version_;
@@ -62,6 +78,7 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
   const bool by_tokens = !r.prompt_tokens.empty();
   const size_t n = by_tokens ? r.prompt_tokens.size() : r.prompts.size();
   rep.samples.resize(n);
+  if (n == 0) return rep;  // (only taking the weights)
   for (size_t i = 0; i < n; ++i) {
     std::vector<int32_t> p;
     if (by_tokens) {
@@ -169,10 +186,22 @@ class ComputeThread {
   std::thread thread_;
 };
 
-GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int nice)
-    : gen_(std::move(gen)), threads_(threads) {
+GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int nice, int index, bool own_process)
+    : gen_(std::move(gen)), threads_(threads), index_(index), own_process_(own_process) {
   if (nice > 0) compute_ = std::make_unique<ComputeThread>(nice, threads);
   handle<GenerateReq>([this](runtime::Context& ctx, const GenerateReq& r) -> Status {
+    const auto& f = gen_->config().faults;
+    if (f.generator_death_step > 0 && r.step == f.generator_death_step && index_ == f.generator_death_rank) {
+      const std::string what =
+          "generator " + std::to_string(index_) + " killed as it samples step " + std::to_string(r.step);
+      if (own_process_) die_by_fault(what);
+      // one process: the generator's thread dies alone (its actor fails; what it was asked fails as peer_failed)
+      std::fprintf(stderr, "troupe: fault injected: %s\n", what.c_str());
+      Error died = make_error(ErrorCode::peer_failed, "generator " + std::to_string(index_) + " died (fault injected)");
+      (void)ctx.reply_error(died);
+      ctx.fail(died);
+      return {};
+    }
     Result<GenerateRep> rep = Error{};
     if (compute_) {
       compute_->run([&] { rep = gen_->generate(r); });
@@ -189,10 +218,16 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
   handle<ServeAddressReq>([this](runtime::Context& ctx, const ServeAddressReq&) -> Status {
     return ctx.reply(ServeAddressRep{gen_->serve_url()});
   });
+  // A request (sync mode, resume): taken now, after any held back. A plain message (async mode's
+  // broadcast): held back until a GenerateReq names its version.
   handle<Weights>([this](runtime::Context& ctx, const Weights& w) -> Status {
     use_threads(threads_);
-    TROUPE_TRY(gen_->set_weights(w));
-    if (ctx.header() && (ctx.header()->flags & runtime::kFlagRequest)) return ctx.reply(Ack{w.version});
+    if (ctx.header() && (ctx.header()->flags & runtime::kFlagRequest)) {
+      TROUPE_TRY(gen_->use_version(-1));
+      TROUPE_TRY(gen_->set_weights(w));
+      return ctx.reply(Ack{w.version});
+    }
+    gen_->hold_weights(w);
     return {};
   });
 }

@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "role_support.h"
 #include "troupe/actors/roles.h"
@@ -19,17 +21,55 @@ namespace troupe::actors {
 
 namespace {
 
+constexpr const char* kPipelineFile = "pipeline.bin";  // CheckpointReq::pipeline
+// Async mode: the parameters of the last max_staleness versions (LearnerRole::score_stale), so a
+// resumed run scores the stale samples it trains first as the uninterrupted run did.
+constexpr const char* kSnapshotsFile = "policy_snapshots.bin";
+constexpr char kSnapshotsMagic[8] = {'T', 'R', 'P', 'S', 'N', 'A', 'P', '1'};
+
+Status write_snapshots(const std::string& path, const std::map<int64_t, std::vector<float>>& snaps) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(kSnapshotsMagic, sizeof kSnapshotsMagic);
+  const uint64_t n = snaps.size();
+  out.write(reinterpret_cast<const char*>(&n), sizeof n);
+  for (const auto& [v, p] : snaps) {
+    const uint64_t size = p.size();
+    out.write(reinterpret_cast<const char*>(&v), sizeof v);
+    out.write(reinterpret_cast<const char*>(&size), sizeof size);
+    out.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(size * sizeof(float)));
+  }
+  if (!out.flush()) return make_error(ErrorCode::io, path + ": write failed");
+  return {};
+}
+
+Result<std::map<int64_t, std::vector<float>>> read_snapshots(const std::string& path, size_t params) {
+  std::map<int64_t, std::vector<float>> snaps;
+  std::ifstream in(path, std::ios::binary);
+  char magic[8] = {};
+  uint64_t n = 0;
+  in.read(magic, sizeof magic);
+  in.read(reinterpret_cast<char*>(&n), sizeof n);
+  if (!in || std::memcmp(magic, kSnapshotsMagic, sizeof magic) != 0 || n > 4096)
+    return invalid_input(path + ": not a policy snapshot file");
+  for (uint64_t i = 0; i < n; ++i) {
+    int64_t v = 0;
+    uint64_t size = 0;
+    in.read(reinterpret_cast<char*>(&v), sizeof v);
+    in.read(reinterpret_cast<char*>(&size), sizeof size);
+    if (!in || size != params)
+      return invalid_input(path + ": snapshot " + std::to_string(i) + " holds " + std::to_string(size) +
+                           " parameters, the model has " + std::to_string(params));
+    auto& p = snaps[v];
+    p.resize(size);
+    in.read(reinterpret_cast<char*>(p.data()), static_cast<std::streamsize>(size * sizeof(float)));
+    if (!in) return invalid_input(path + ": truncated");
+  }
+  return snaps;
+}
+
 // A checkpoint of a loaded model keeps what its source directory says beyond the weights and the
 // tokenizer: the chat template (tokenizer_config.json, chat_template.jinja) and the generation
 // defaults, so that `troupe generate --messages` and a later run render prompts the same way.
-// An injected fault (the faults: section) that kills this process the way SIGKILL from outside would.
-[[noreturn]] void die_by_fault(const std::string& what) {
-  std::fprintf(stderr, "troupe: fault injected: %s\n", what.c_str());
-  std::fflush(stderr);
-  ::raise(SIGKILL);
-  std::abort();
-}
-
 Status copy_model_side_files(const std::string& policy_path, const std::string& dir) {
   if (policy_path.empty()) return {};
   TROUPE_ASSIGN_OR_RETURN(std::string src, policy::io::model_dir_for(policy_path));
@@ -222,6 +262,12 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
                                         tok->eos_id(), tok->pad_id()));
       if (cfg_.faults.checkpoint_interrupt_step > 0 && r.step == cfg_.faults.checkpoint_interrupt_step)
         die_by_fault("checkpoint of step " + std::to_string(r.step) + " interrupted after its model files");
+      if (cfg_.rollout.async && !snapshots_.empty()) TROUPE_TRY(write_snapshots(dir + "/" + kSnapshotsFile, snapshots_));
+      if (!r.pipeline.empty()) {  // (listed with its CRC in state.json like the other files)
+        std::ofstream out(dir + "/" + kPipelineFile, std::ios::binary);
+        out.write(r.pipeline.data(), static_cast<std::streamsize>(r.pipeline.size()));
+        if (!out.flush()) return make_error(ErrorCode::io, dir + "/" + kPipelineFile + ": write failed");
+      }
       return copy_model_side_files(cfg_.policy.path, dir);
     };
     TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, trainer.optimizer(), specs, opt));
@@ -245,6 +291,13 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
   rep.step = d.step;
   rep.policy_version = d.policy_version;
   rep.extra_json = d.extra.dump();
+  // (load_checkpoint checked their sizes and CRCs with the others)
+  snapshots_.clear();
+  if (std::filesystem::exists(r.dir + "/" + kSnapshotsFile)) {
+    TROUPE_ASSIGN_OR_RETURN(snapshots_, read_snapshots(r.dir + "/" + kSnapshotsFile, policy_.model->params().size()));
+  }
+  if (std::ifstream p(r.dir + "/" + kPipelineFile, std::ios::binary); p)
+    rep.pipeline.assign(std::istreambuf_iterator<char>(p), std::istreambuf_iterator<char>());
   return rep;
 }
 

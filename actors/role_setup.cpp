@@ -167,6 +167,7 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
       spec.faults.hang = f.env_hang;
       spec.faults.slow = f.env_slow;
       spec.faults.malformed = f.env_malformed;
+      spec.faults.dropped = f.env_drop;
       spec.faults.slow_s = f.env_slow_s;
       spec.faults.steps = f.env_steps;
     }

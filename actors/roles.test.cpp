@@ -187,6 +187,57 @@ TEST(Roles, WeightSyncCarriesTheVersion) {
   EXPECT_FALSE((*g)->set_weights(bad).ok());  // wrong size is an error, not a crash
 }
 
+// Async mode: weights broadcast to a generator are held back until a request names their version,
+// so a step's samples come from exactly the version it asked for, whenever the weights arrived.
+TEST(Roles, GeneratorSamplesWithTheVersionItIsAskedFor) {
+  auto cfg = tiny();
+  auto g = Generator::create(cfg);
+  ASSERT_TRUE(g.ok());
+  Weights v1, v2;
+  GenerateReq probe;
+  probe.prompts = {"1+2="};
+  probe.sampling.temperature = 0.0f;
+  probe.sampling.max_new_tokens = 4;
+  auto base = (*g)->generate(probe);
+  ASSERT_TRUE(base.ok());
+  // two newer versions (perturbed copies of the weights), held back
+  auto l = LearnerRole::create(cfg, nullptr);
+  ASSERT_TRUE(l.ok());
+  v1 = (*l)->weights();
+  v1.version = 1;
+  for (auto& p : v1.params) p *= 1.5f;
+  v2 = v1;
+  v2.version = 2;
+  for (auto& p : v2.params) p = -p;
+  (*g)->hold_weights(v1);
+  (*g)->hold_weights(v2);
+  probe.policy_version = 0;  // what it holds now: the held ones wait
+  auto at0 = (*g)->generate(probe);
+  ASSERT_TRUE(at0.ok()) << at0.error().message;
+  EXPECT_EQ(at0->policy_version, 0);
+  EXPECT_EQ(at0->samples[0].logprobs, base->samples[0].logprobs);
+  probe.policy_version = 1;
+  auto at1 = (*g)->generate(probe);
+  ASSERT_TRUE(at1.ok()) << at1.error().message;
+  EXPECT_EQ(at1->policy_version, 1);
+  EXPECT_EQ((*g)->version(), 1);
+  GenerateReq take;  // no prompts: only take the weights
+  take.policy_version = 2;
+  auto took = (*g)->generate(take);
+  ASSERT_TRUE(took.ok());
+  EXPECT_TRUE(took->samples.empty());
+  EXPECT_EQ((*g)->version(), 2);
+  probe.policy_version = 1;  // gone: never samples with weights it cannot name
+  auto old = (*g)->generate(probe);
+  ASSERT_FALSE(old.ok());
+  EXPECT_NE(old.error().message.find("asked to sample with policy version 1 but it holds version 2"), std::string::npos)
+      << old.error().message;
+  probe.policy_version = 7;  // never received
+  EXPECT_FALSE((*g)->generate(probe).ok());
+  probe.policy_version = -1;  // the newest it has
+  EXPECT_TRUE((*g)->generate(probe).ok());
+}
+
 TEST(Roles, LearnerTrainsOnAStreamedBatchAsOnTheWhole) {
   // GRPO parts (TrainReq.more) accumulate and make one update, equal to the whole batch's up to
   // rounding; the version moves once, at the last part; a part of another step is refused.

@@ -39,8 +39,8 @@ size_t pick_env(const ExperimentConfig& cfg, uint64_t r) {
 // prompts, seeds from (run.seed, round)) until prompts_per_step groups with distinct rewards are
 // collected or grpo.max_generation_rounds is reached; every generated group is kept in the
 // rollout (for metrics), prepare() picks the first prompts_per_step kept ones.
-Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k) {
-  TROUPE_CO_ASSIGN_OR_RETURN(auto r, co_await make_round(s, step, k, 0));
+Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k, int64_t version) {
+  TROUPE_CO_ASSIGN_OR_RETURN(auto r, co_await make_round(s, step, k, 0, nullptr, version));
   if (!s.cfg.grpo.dynamic_sampling) co_return r;
   int G = s.cfg.rollout.num_generations, P = s.cfg.rollout.prompts_per_step;
   auto kept_of = [&](const Rollout& x) {
@@ -52,7 +52,7 @@ Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k) {
   };
   int kept = kept_of(r);
   while (kept < P && r.rounds < s.cfg.grpo.max_generation_rounds) {
-    TROUPE_CO_ASSIGN_OR_RETURN(auto more, co_await make_round(s, step, k, r.rounds));
+    TROUPE_CO_ASSIGN_OR_RETURN(auto more, co_await make_round(s, step, k, r.rounds, nullptr, version));
     kept += kept_of(more);
     r.rounds += 1;
     r.gen_s += more.gen_s;
@@ -64,10 +64,12 @@ Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k) {
   co_return r;
 }
 
-Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round, const PartSink* sink) {
+Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round, const PartSink* sink,
+                                 int64_t version) {
   const auto& ro = s.cfg.rollout;
   Rollout r;
   r.round = round;
+  r.sample_version = version;
   r.seed_base = round == 0 ? static_cast<uint64_t>(s.cfg.run.seed)
                            : mix_seed(static_cast<uint64_t>(s.cfg.run.seed), 7, static_cast<uint64_t>(round));
   r.index0 = static_cast<int64_t>(round) * ro.prompts_per_step;
@@ -81,6 +83,7 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
   for (int i = 0; i < P; ++i) {
     uint64_t rs = mix_seed(r.seed_base, 1, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
     auto& g = r.groups[i];
+    g.index = r.index0 + i;
     g.env = s.cfg.envs[pick_env(s.cfg, rs)].name;
     g.seed = mix_seed(rs, 2);
     obs.push_back(
@@ -164,6 +167,8 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
       req.sampling = {ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
                       mix_seed(r.seed_base, 3, static_cast<uint64_t>(k), 1024 * static_cast<uint64_t>(c)),
                       std::move(streams)};
+      req.policy_version = version;
+      req.step = step;
       part.reqs.resize(NG);
       part.reqs[g] = req;
       part.gens.back().emplace(
@@ -177,21 +182,21 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
   double t_gen = mono_s();
   for (int c = 0; c < C; ++c) {
     auto& part = parts[c];
-    int64_t version = -1;
+    int64_t sampled_by = -1;
     for (size_t g = 0; g < NG; ++g) {
       if (!part.gens[g]) continue;
       Result<GenerateRep> got = co_await *part.gens[g];
       if (!got.ok()) got = co_await generation_failover(s, std::move(got), part.reqs[g], g);
       TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(got));
-      version = version < 0 ? rep.policy_version : std::min(version, rep.policy_version);
+      sampled_by = sampled_by < 0 ? rep.policy_version : std::min(sampled_by, rep.policy_version);
       size_t n = 0;
       for (int i : part.owned[g])
         for (int j = 0; j < ro.num_generations; ++j)
           r.groups[i].samples.push_back(std::move(rep.samples[n++]));
     }
-    if (any_served && version < 0) version = served_version;  // a part of served groups only
-    if (!any_served || version >= 0)
-      r.policy_version = r.policy_version < 0 ? version : std::min(r.policy_version, version);
+    if (any_served && sampled_by < 0) sampled_by = served_version;  // a part of served groups only
+    if (!any_served || sampled_by >= 0)
+      r.policy_version = r.policy_version < 0 ? sampled_by : std::min(r.policy_version, sampled_by);
     const double gen_s = mono_s() - t_gen;
     // scoring: one verify call per group
     t_env = mono_s();
@@ -220,7 +225,8 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     t_gen = mono_s();
     if (sink) {  // this part's groups move to the learner's side now
       Rollout out;
-      out.policy_version = version;
+      out.policy_version = sampled_by;
+      out.sample_version = version;
       out.round = r.round;
       out.seed_base = r.seed_base;
       out.index0 = r.index0 + part.g0;
@@ -241,12 +247,20 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
 
 Task<Result<GenerateRep>> generation_failover(RunState& s, Result<GenerateRep> got, const GenerateReq& req,
                                               size_t g) {
-  while (!got.ok() && !s.generator_alive(g)) {
+  auto dead = [&] {
+    if (got.error().code == ErrorCode::peer_failed && s.generator_alive(g)) {  // its actor stopped
+      s.generators_down.resize(s.peers.generators.size(), 0);
+      s.generators_down[g] = 1;
+    }
+    return !s.generator_alive(g);
+  };
+  while (!got.ok() && dead()) {
     auto next = s.live_generator_from(g + 1);
     if (!next) co_return make_error(ErrorCode::peer_failed, got.error().message + "; no generator is left");
     if (s.hooks.log)
       s.hooks.log("generator " + std::to_string(g) + " is down (" + got.error().message + "): its " +
-                  std::to_string(req.prompts.size()) + " prompts go to generator " + std::to_string(*next));
+                  std::to_string(std::max(req.prompts.size(), req.prompt_tokens.size())) + " prompts go to generator " +
+                  std::to_string(*next));
     g = *next;
     got = co_await request<GenerateRep>(s.here, s.peers.generators[g], req, kLongTimeout);
   }

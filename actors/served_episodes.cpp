@@ -103,6 +103,14 @@ Task<Status> run_served(RunState& s, Rollout& r, const std::vector<int>& groups,
                         int64_t* oldest) {
   if (groups.empty()) co_return Status{};
   TROUPE_CO_TRY(co_await ensure_serve_urls(s));
+  if (r.sample_version >= 0) {  // async mode: the endpoints serve this step with its version
+    GenerateReq take;
+    take.policy_version = r.sample_version;
+    std::vector<runtime::Reply<GenerateRep>> took;
+    for (size_t g = 0; g < s.peers.generators.size(); ++g)
+      if (s.generator_alive(g)) took.push_back(request<GenerateRep>(s.here, s.peers.generators[g], take, kLongTimeout));
+    for (auto& t : took) TROUPE_CO_TRY(co_await t);
+  }
   const auto& ro = s.cfg.rollout;
   const int G = ro.num_generations;
   const size_t NG = s.peers.generators.size();

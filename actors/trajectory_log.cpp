@@ -86,7 +86,8 @@ void write_trajectories(const RunState& s, const Rollout& r, const std::vector<f
       // the step's sampling and env time (episodes of a step run together)
       t.total_s = r.gen_s + r.env_s;
       t.start_unix_s = now_unix - t.total_s;
-      t.extra = {{"advantage", adv[gi * G + j]}};
+      // the episode's identity in the ledger: the step's prompt index and the sample of its group
+      t.extra = {{"advantage", adv[gi * G + j]}, {"prompt_index", g.index}, {"sample", j}};
       (void)(*w)->write(t);
     }
   }

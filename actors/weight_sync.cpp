@@ -19,16 +19,28 @@ Task<Status> sync_weights(RunState& s, double* seconds) {
   for (size_t g = 0; g < s.peers.generators.size(); ++g)
     if (s.generator_alive(g)) live.push_back(s.peers.generators[g]), live_index.push_back(g);
   if (live.empty()) co_return make_error(ErrorCode::peer_failed, "weight sync: every generator rank is down");
+  // A generator whose actor stopped (peer_failed) is dead from then on (rollout.cpp's failover).
+  auto mark_down = [&](size_t g) {
+    s.generators_down.resize(s.peers.generators.size(), 0);
+    s.generators_down[g] = 1;
+  };
   if (s.async) {
-    TROUPE_CO_TRY(s.here->broadcast(std::span<const ActorId>(live), w));
+    if (!s.here->broadcast(std::span<const ActorId>(live), w).ok())  // one is gone: each on its own
+      for (size_t i = 0; i < live.size(); ++i)
+        if (Status st = s.here->send(live[i], w); !st.ok()) {
+          if (st.error().code != ErrorCode::peer_failed) co_return st.error();
+          mark_down(live_index[i]);
+        }
   } else {
     std::vector<Reply<Ack>> acks;
     for (auto g : live) acks.push_back(request<Ack>(s.here, g, w, kLongTimeout));
     for (size_t i = 0; i < acks.size(); ++i) {
       Result<Ack> a = co_await acks[i];
+      if (!a.ok() && a.error().code == ErrorCode::peer_failed) mark_down(live_index[i]);
       if (!a.ok() && s.generator_alive(live_index[i])) co_return a.error();  // (a dead one is skipped)
     }
   }
+  if (!s.live_generator_from(0)) co_return make_error(ErrorCode::peer_failed, "weight sync: every generator is down");
   if (seconds) *seconds = mono_s() - t;
   co_return Status{};
 }

@@ -620,7 +620,7 @@ class Loader {
     const auto& f = c.faults;
     if (!f.env.empty() && !names.count(f.env))
       error(at("faults.env"), "faults.env", "no env is named '" + f.env + "'");
-    if (f.env_exception + f.env_crash + f.env_hang + f.env_slow + f.env_malformed > 1 + 1e-12)
+    if (f.env_exception + f.env_crash + f.env_hang + f.env_slow + f.env_malformed + f.env_drop > 1 + 1e-12)
       error(at("faults"), "faults", "the env fault probabilities sum to more than 1");
     for (size_t i = 0; i < c.envs.size(); ++i) {
       const auto& e = c.envs[i];
@@ -636,10 +636,14 @@ class Loader {
       needs("env_crash", f.env_crash, own_process, "runs in no worker process troupe starts, so it cannot be crashed");
       needs("env_hang", f.env_hang, own_process, "runs in no worker process troupe starts, so it cannot be hung");
       needs("env_malformed", f.env_malformed, wire, "is called in-process: there is no reply to corrupt");
+      needs("env_drop", f.env_drop, wire, "is called in-process: there is no wire to lose a request on");
     }
     if (f.learner_death_step > 0 && f.learner_death_rank >= c.cluster.learners)
       error(at("faults.learner_death_rank"), "faults.learner_death_rank",
             "there are only " + std::to_string(c.cluster.learners) + " learner ranks");
+    if (f.generator_death_step > 0 && f.generator_death_rank >= c.cluster.generators)
+      error(at("faults.generator_death_rank"), "faults.generator_death_rank",
+            "there are only " + std::to_string(c.cluster.generators) + " generators");
     if (!c.checkpointing.keep_best_by.empty() && c.checkpointing.keep_best_by != "eval_accuracy" &&
         c.checkpointing.keep_best_by != "eval_reward_mean")
       error(at("checkpointing.keep_best_by"), "checkpointing.keep_best_by",

@@ -154,6 +154,23 @@ Status TensorBoardWriter::flush() {
   return {};
 }
 
+namespace {
+// Drops the JSON-lines rows of `path` whose "step" is after `step` (and lines that do not parse).
+void keep_rows_through(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::vector<std::string> keep;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;
+    if (j.value("step", int64_t{0}) <= step) keep.push_back(line);
+  }
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  for (const auto& l : keep) out << l << "\n";
+}
+}  // namespace
+
 Result<std::unique_ptr<MetricsSinks>> MetricsSinks::open(const std::string& run_dir, bool tensorboard,
                                                          ProgressOptions progress, int64_t resume_after_step) {
   std::unique_ptr<MetricsSinks> s(new MetricsSinks());
@@ -162,17 +179,10 @@ Result<std::unique_ptr<MetricsSinks>> MetricsSinks::open(const std::string& run_
   if (ec) return make_error(ErrorCode::io, "cannot create the run directory " + run_dir + ": " + ec.message());
   std::string path = run_dir + "/metrics.jsonl";
   if (resume_after_step >= 0) {
-    // keep the rows up to the checkpoint we resume from; later ones will be written again
-    std::vector<std::string> keep;
-    std::ifstream in(path);
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded()) continue;
-      if (j.value("step", int64_t{0}) <= resume_after_step) keep.push_back(line);
-    }
-    in.close();
-    std::ofstream out(path, std::ios::trunc);
-    for (const auto& l : keep) out << l << "\n";
+    // keep the rows up to the checkpoint we resume from; later ones will be written again (the
+    // trajectories too: each episode is in the log once)
+    keep_rows_through(path, resume_after_step);
+    keep_rows_through(run_dir + "/trajectories/grpo.jsonl", resume_after_step);
   }
   s->jsonl_ = std::fopen(path.c_str(), resume_after_step >= 0 ? "ab" : "wb");
   if (!s->jsonl_) return make_error(ErrorCode::io, "cannot write " + path + ": " + std::strerror(errno));

@@ -129,6 +129,43 @@ std::string base_dir_of(const std::string& file) {
   return p.has_parent_path() ? p.parent_path().string() : std::string(".");
 }
 
+// A rank that got SIGTERM/SIGINT -> rank 0: stop after the step in progress, with a final checkpoint.
+struct StopAfterStep {
+  static constexpr std::uint32_t type_id = 2098;
+  static constexpr const char* type_name = "launch.StopAfterStep";
+  std::int32_t rank = 0;
+  std::int32_t signal = 0;
+  template <class A>
+  void serialize(A& ar) { ar(rank, signal); }
+};
+
+// Under mpirun/srun the first signal on any rank is a graceful stop (the cluster's
+// on_first_signal): rank 0's coordinator finishes the step, checkpoints it and ends the run; the
+// other ranks serve until then (at most cluster.graceful_stop_bound). Set once the actors exist.
+struct GracefulStop {
+  std::atomic<runtime::ActorSystem*> sys{nullptr};
+  std::atomic<int> rank{-1};
+};
+GracefulStop g_graceful;
+
+bool graceful_first_signal(int sig) {
+  runtime::ActorSystem* sys = g_graceful.sys.load();
+  const int rank = g_graceful.rank.load();
+  if (!sys || rank < 0) return false;  // still starting up: stop as usual
+  const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  if (rank == 0) {
+    g_stop_signal = true;
+    std::fprintf(stderr, "troupe: rank 0: %s: stopping after the step in progress, with a final checkpoint "
+                 "(send it again to stop now)\n", name);
+  } else {
+    std::fprintf(stderr, "troupe: rank %d: %s: asking rank 0 to stop after the step in progress, with a final "
+                 "checkpoint (send it again to stop now)\n", rank, name);
+    (void)sys->send(runtime::ActorSystem::named(0, "control"), StopAfterStep{rank, sig});
+  }
+  std::fflush(stderr);
+  return true;
+}
+
 // Rank 0 -> every other rank when the run is over: stop serving and shut down.
 struct StopRun {
   static constexpr std::uint32_t type_id = 2099;
@@ -143,6 +180,11 @@ class ControlActor : public runtime::Actor {
   explicit ControlActor(runtime::Cluster* c) : cluster_(c) {
     handle<StopRun>([this](runtime::Context&, const StopRun& m) {
       cluster_->request_shutdown(m.code == 0 ? "rank 0 finished the run" : "rank 0 failed the run");
+    });
+    handle<StopAfterStep>([](runtime::Context&, const StopAfterStep& m) {
+      if (!g_stop_signal.exchange(true))
+        std::fprintf(stderr, "troupe: rank 0: rank %d got %s: stopping after the step in progress, with a final "
+                     "checkpoint\n", m.rank, m.signal == SIGINT ? "SIGINT" : "SIGTERM");
     });
   }
 
@@ -308,6 +350,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   // One process: troupe run handles SIGTERM/SIGINT itself (install_stop_signals, a final
   // checkpoint); under mpirun/srun the cluster's handlers drain and stop every rank.
   cc.install_signal_handlers = mpi;
+  cc.on_first_signal = graceful_first_signal;
   // A dead generator rank does not end the job while another generator lives: its prompts go to
   // the others (actors/rollout.cpp, generation_failover); the coordinator fails once none is left.
   if (cfg.cluster.generators >= 2)
@@ -379,8 +422,10 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
         hosted.gen_indices.push_back(std::stoi(role.substr(9)));
         const int n = actors::role_threads(cfg.cluster, "generator", rank_threads);
         const int nice = cfg.cluster.generator_nice;
-        factory = [sp, n, nice]() -> std::unique_ptr<runtime::Actor> {
-          return std::make_unique<actors::GeneratorActor>(sp, n, nice);
+        const int index = hosted.gen_indices.back();
+        const bool own_process = !single;
+        factory = [sp, n, nice, index, own_process]() -> std::unique_ptr<runtime::Actor> {
+          return std::make_unique<actors::GeneratorActor>(sp, n, nice, index, own_process);
         };
       } else {
         auto e = actors::EnvWorker::create(*specs, role);
@@ -411,6 +456,10 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   if (!serving.ok()) return fail(serving.error());
   cluster.barrier();  // every rank's actors exist before the coordinator sends
   if (single) install_stop_signals(true);
+  if (!single) {
+    g_graceful.sys = &sys;
+    g_graceful.rank = rank;
+  }
 
   int code = 0;
   if (rank == 0) {
@@ -453,6 +502,8 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   } else {
     cluster.wait();  // serve until rank 0 ends the run (or a peer fails)
   }
+  g_graceful.sys = nullptr;  // (the actor system goes with the cluster)
+  g_graceful.rank = -1;
   int fin = cluster.finish();
   return code != 0 ? code : fin;
 }

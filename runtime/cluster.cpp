@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 namespace troupe::runtime {
 
@@ -129,17 +130,32 @@ Result<std::unique_ptr<Cluster>> Cluster::bootstrap(ClusterConfig config) {
     sigaction(SIGTERM, &sa, nullptr);
     c->signal_thread_ = std::thread([raw] {
       pollfd p{raw->signal_pipe_[0], POLLIN, 0};
-      while (!raw->done_) {
-        if (::poll(&p, 1, 100) <= 0) continue;
-        unsigned char b = 0;
-        if (::read(raw->signal_pipe_[0], &b, 1) != 1) continue;
+      std::optional<Clock::time_point> deferred_until;  // a graceful stop the job asked to finish itself
+      unsigned char deferred_signal = 0;
+      auto stop = [raw](unsigned char b, const std::string& how) {
         ShutdownInfo info;
         info.reason = ShutdownReason::signal;
         info.signal = b;
         info.message = "troupe: rank " + std::to_string(raw->rank_) + " (role " + raw->roles_[static_cast<std::size_t>(raw->rank_)] +
-                       "): got " + (b == SIGINT ? "SIGINT" : b == SIGTERM ? "SIGTERM" : "signal " + std::to_string(b)) +
-                       ", draining and stopping";
+                       "): got " + (b == SIGINT ? "SIGINT" : b == SIGTERM ? "SIGTERM" : "signal " + std::to_string(b)) + how;
         raw->trigger(info);
+      };
+      while (!raw->done_) {
+        if (deferred_until && Clock::now() > *deferred_until) {
+          deferred_until.reset();
+          const auto bound_s = std::chrono::duration_cast<std::chrono::seconds>(raw->config_.graceful_stop_bound).count();
+          stop(deferred_signal, ": the graceful stop did not end within " + std::to_string(bound_s) +
+                                    " s; draining and stopping");
+        }
+        if (::poll(&p, 1, 100) <= 0) continue;
+        unsigned char b = 0;
+        if (::read(raw->signal_pipe_[0], &b, 1) != 1) continue;
+        if (!deferred_until && !raw->info_ready_ && raw->config_.on_first_signal && raw->config_.on_first_signal(b)) {
+          deferred_until = Clock::now() + raw->config_.graceful_stop_bound;
+          deferred_signal = b;
+          continue;
+        }
+        stop(b, ", draining and stopping");
       }
     });
   }

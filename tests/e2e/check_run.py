@@ -3,6 +3,7 @@
   check_run.py learned RUN_DIR          reward and held-out accuracy rose (GRPO vs SFT/first steps)
   check_run.py files RUN_DIR            the run directory has every artifact docs/architecture.md lists
   check_run.py same RUN_A RUN_B         the training rows agree on every non-timing metric
+  check_run.py same_evals RUN_A RUN_B   so do the eval rows (and there are some)
   check_run.py staleness RUN_DIR N      every GRPO row has staleness <= N
   check_run.py steps RUN_DIR N          the training rows are steps 1..N, each once (also across --resume)
   check_run.py moved RUN_DIR            most GRPO rows made a real update (reward spread, grad_norm > 0)
@@ -136,6 +137,21 @@ def same(a, b):
     print("%d training rows identical" % len(ra))
 
 
+def same_evals(a, b):
+    same(a, b)
+    ea = [r for r in rows(a) if "eval_accuracy" in r]
+    eb = [r for r in rows(b) if "eval_accuracy" in r]
+    if not ea or len(ea) != len(eb):
+        fail("%d vs %d eval rows" % (len(ea), len(eb)))
+    for x, y in zip(ea, eb):
+        for k in x:
+            if k in TIMING or k.endswith("_s"):
+                continue
+            if x[k] != y.get(k):
+                fail("eval at step %s: %s = %r vs %r" % (x["step"], k, x[k], y.get(k)))
+    print("%d eval rows identical" % len(ea))
+
+
 def close(a, b, first_diff, tol):
     """The same rows up to step first_diff - 1 bit for bit; from there every non-timing number within
     tol (relative, plus tol absolute) and the same data cursor (step, phase, groups, tokens sampled)."""
@@ -238,6 +254,8 @@ if __name__ == "__main__":
         files(sys.argv[2])
     elif cmd == "same":
         same(sys.argv[2], sys.argv[3])
+    elif cmd == "same_evals":
+        same_evals(sys.argv[2], sys.argv[3])
     elif cmd == "staleness":
         staleness(sys.argv[2], int(sys.argv[3]))
     elif cmd == "steps":

@@ -138,6 +138,61 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
       --set eval.num_prompts=10 $Q
     $CHECK steps "$W/curve" 5
     ;;
+  sigterm_mpi)  # under mpirun, SIGTERM to one rank (a learner, not rank 0): rank 0 finishes the step in
+    # progress, checkpoints it and ends the run (exit 1) within a bound, every rank stops; --resume
+    # gives the metrics of a run never stopped. Then SIGTERM to mpirun itself (it forwards it to
+    # every rank; --mca odls_base_sigkill_timeout gives the ranks time before its SIGKILL; mpirun itself
+    # returns about two such timeouts later, its own teardown).
+    cat > "$W/rank.sh" << 'EOS'
+"$@" &
+echo $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"
+wait $!
+echo $? > "$RANKDIR/rc_$OMPI_COMM_WORLD_RANK"
+EOS
+    export RANKDIR="$W"
+    MR="$MPIEXEC --oversubscribe --allow-run-as-root -x RANKDIR -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo
+        --mca oob_tcp_if_include lo --mca odls_base_sigkill_timeout 20"
+    ST="--set sft.max_steps=3 --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=0
+        --set optimizer.schedule=constant $Q"
+    grpo_rows() { grep -c '"phase":"grpo"' "$1/metrics.jsonl" 2> /dev/null || true; }
+    # stop_run DIR TARGET: a long run, SIGTERM to rank TARGET's troupe (or to mpirun) once it logged
+    # 3 GRPO steps; every rank must stop within 60 s, rank 0 (or mpirun) with exit 1, and `latest`
+    # must be the last logged step
+    stop_run() {
+      rm -f "$W"/pid_* "$W"/rc_*
+      if [ "$2" = mpirun ]; then  # (no wrapper: mpirun signals its children, the ranks themselves)
+        $MR --output-filename "$W/out_$1" "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/$1" --set grpo.max_steps=100000 $ST \
+          2> "$W/err_$1.txt" &
+      else
+        $MR bash "$W/rank.sh" "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/$1" \
+          --set grpo.max_steps=100000 $ST 2> "$W/err_$1.txt" &
+      fi
+      job=$!
+      for i in $(seq 1 240); do
+        [ "$(grpo_rows "$W/$1")" -ge 3 ] 2> /dev/null && { [ "$2" = mpirun ] || [ -s "$W/pid_3" ]; } && break
+        sleep 0.25
+      done
+      if [ "$2" = mpirun ]; then kill -TERM $job; else kill -TERM "$(cat "$W/pid_$2")"; fi
+      t0=$(date +%s)
+      rc=0; wait $job || rc=$?
+      echo "$1: every rank stopped $(( $(date +%s) - t0 )) s after SIGTERM to $2 (mpirun exit $rc)"
+      test $(( $(date +%s) - t0 )) -lt 70
+      grep -v PMIX "$W/err_$1.txt" | grep -i "sigterm\|stopped by" | head -6
+      if [ "$2" = mpirun ]; then test $rc = 1; else test "$(cat "$W/rc_0")" = 1; fi
+      cat "$W"/out_$1/1/rank.*/stderr >> "$W/err_$1.txt" 2> /dev/null || true  # (mpirun stops forwarding output)
+      grep -q "stopped by a signal after step" "$W/err_$1.txt"
+      n=$(readlink "$W/$1/checkpoints/latest"); n=${n#step_}
+      last=$($PY -c "import json,sys; print(max(json.loads(l)['step'] for l in open(sys.argv[1]) if 'reward_mean' in l))" "$W/$1/metrics.jsonl")
+      test "$last" = "$n" || { echo "latest checkpoint step_$n, last logged step $last"; exit 1; }
+    }
+    stop_run rank 2
+    grep -q "rank 2: SIGTERM: asking rank 0 to stop after the step in progress" "$W/err_rank.txt"
+    $MR "$TROUPE" run "$SRC/configs/multinode.yaml" --resume "$W/rank" --set grpo.max_steps=$((n - 3 + 2)) $ST
+    $MR "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/whole" --set grpo.max_steps=$((n - 3 + 2)) $ST
+    $CHECK same "$W/whole" "$W/rank"
+    stop_run launcher mpirun
+    grep -q "rank 0: SIGTERM: stopping after the step in progress, with a final checkpoint" "$W/err_launcher.txt"
+    ;;
   dead_rank)  # the env worker's rank is SIGKILLed mid-GRPO: the survivors name it (rank, role) within
     # peer_timeout_s, rank 0 checkpoints the last finished step and every survivor exits 3 (an env
     # rank is never asked during an update, so the learners always hold a finished step's state)

@@ -25,8 +25,11 @@ def base_python():
         if p.returncode == 0:
             root = p.stdout.strip()
     cands += sorted(glob.glob(os.path.join(root, "versions", "3.12*", "bin", "python")), reverse=True)
+    # (a pyenv shim for python3.12 exists on PATH even where it refuses to run: try each one)
     for c in cands:
-        if c and os.path.exists(c):
+        if c and os.path.exists(c) and subprocess.run(
+                [c, "-c", "import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)"],
+                capture_output=True).returncode == 0:
             return c
     return None
 

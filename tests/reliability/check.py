@@ -7,6 +7,12 @@
   check.py termination RUN_DIR T     some trajectory ended with termination T (and says why in error)
   check.py trajectories RUN_DIR      every field TRAJECTORY.md lists is filled
   check.py turns RUN_DIR             multi-turn: one turn entry per model turn, each with info
+  check.py episodes_once RUN_A RUN_B  every trained episode (step, prompt index, sample) is in each
+                                     trajectory log exactly once, and both logs hold the same episodes
+                                     with the same tokens and policy versions (trajectories_per_step
+                                     covers the whole batch)
+  check.py ledger STEP_DIR K N       the checkpoint's ledger: GRPO steps 1..K trained, N rollouts
+                                     finished but not trained (steps K+1..K+N), pipeline.bin listed
 """
 import glob
 import json
@@ -82,5 +88,38 @@ elif cmd == "turns":
             if not isinstance(turn["info"], dict) or (u > 0 and not turn["observation"]):
                 fail(f"turn {u} of {t['episode_id']} lacks info or observation: {turn}")
     print("multi-turn trajectories:", len(multi), "max turns", max(len(t["turns"]) for t in multi))
+elif cmd == "episodes_once":
+    def episodes(run_dir):
+        seen = {}
+        for t in trajs(run_dir):
+            key = (t["step"], t["extra"]["prompt_index"], t["extra"]["sample"])
+            if key in seen:
+                fail(f"{run_dir}: episode {key} is in the trajectory log twice")
+            seen[key] = ([u["completion_tokens"] for u in t["turns"]], [u["policy_version"] for u in t["turns"]])
+        return seen
+    a, b = episodes(run), episodes(sys.argv[3])
+    if a.keys() != b.keys():
+        fail(f"episodes differ: only in {run}: {sorted(a.keys() - b.keys())[:5]}, only in {sys.argv[3]}: "
+             f"{sorted(b.keys() - a.keys())[:5]}")
+    for key in a:
+        if a[key] != b[key]:
+            fail(f"episode {key}: tokens or policy version differ: {a[key]} vs {b[key]}")
+    print("episodes exactly once, identical in both:", len(a))
+elif cmd == "ledger":
+    with open(os.path.join(run, "state.json")) as f:
+        state = json.load(f)
+    led = state["extra"]["ledger"]
+    k, n = int(sys.argv[3]), int(sys.argv[4])
+    if led["trained_grpo_steps"] != k:
+        fail(f"ledger trained_grpo_steps {led['trained_grpo_steps']}, expected {k}")
+    steps = sorted(set(r["grpo_step"] for r in led["finished_not_trained"]))
+    if steps != list(range(k, k + n)):
+        fail(f"ledger finished_not_trained steps (0-based) {steps}, expected {list(range(k, k + n))}")
+    if led["dispatched_not_finished"]:
+        fail(f"episodes in flight at the checkpoint: {led['dispatched_not_finished']}")
+    if n and "pipeline.bin" not in state["files"]:
+        fail("pipeline.bin is not listed (with its CRC) in state.json")
+    print("ledger:", led["trained_grpo_steps"], "steps,", led["trained_episodes"], "episodes trained;",
+          len(led["finished_not_trained"]), "finished rollouts kept for steps", steps)
 else:
     fail("unknown check " + cmd)

@@ -174,7 +174,7 @@ PY
   faults_env)  # the faults: section's env faults are survived (retried), the batch stays full, and a
     # faulted run is as reproducible as any other
     ARITH="--set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic --set envs[0].isolate=true"
-    for k in exception crash hang malformed slow; do
+    for k in exception crash hang malformed drop slow; do
       run $k 0 $ARITH --set faults.env_$k=0.08 --set envs[0].timeout_s=1 --set faults.env_slow_s=0.05
       n=$(grep -c "troupe: fault injected: env 'arithmetic' $k" "$W/err.txt" || true)
       echo "$k: $n faults injected"
@@ -197,7 +197,7 @@ PY
     ;;
   faults_counted)  # without retries each injected kind is counted under its own reason
     ARITH="--set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic --set envs[0].isolate=true"
-    for kr in exception:env_error crash:worker_crash hang:timeout malformed:protocol_error; do
+    for kr in exception:env_error crash:worker_crash hang:timeout malformed:protocol_error drop:timeout; do
       k=${kr%%:*} r=${kr#*:}
       run $k 0 $ARITH --set faults.env_$k=0.1 --set faults.env_op=verify --set envs[0].max_retries=0 --set envs[0].timeout_s=1
       $CHECK atleast "$W/$k" env_failures/$r 1
@@ -251,6 +251,64 @@ PY
     expect_exit 0 "$TROUPE" run "$CFG" --resume "$W/long" $CK --set grpo.max_steps=$((n + 2))
     run whole 0 $CK --set grpo.max_steps=$((n + 2))
     $PY $SRC/tests/e2e/check_run.py same "$W/whole" "$W/long"
+    ;;
+  async_resume)  # async (max_staleness 2, parts streamed): killed mid-run, --resume trains exactly the
+    # uninterrupted run's episodes (each once, same tokens, same versions) and its metrics and evals bit
+    # for bit; the checkpoint's ledger holds the finished rollouts of the next two steps; a run extended
+    # with --resume and a larger grpo.max_steps is the longer run too
+    AS="--set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic --set rollout.async=true
+        --set rollout.max_staleness=2 --set rollout.async_chunks=2 --set grpo.max_steps=7 --set eval.every=2
+        --set checkpointing.enabled=true --set checkpointing.every=2 --set checkpointing.keep_last=10
+        --set optimizer.schedule=constant"
+    run whole 0 $AS
+    run killed 137 $AS --set faults.learner_death_step=6
+    grep -q "fault injected: learner rank 0 killed as step 6 starts" "$W/err.txt"
+    test "$(readlink "$W/killed/checkpoints/latest")" = step_4
+    $CHECK ledger "$W/killed/checkpoints/step_4" 4 2
+    expect_exit 0 "$TROUPE" run "$CFG" --resume "$W/killed" $AS --set faults.learner_death_step=0
+    grep -q "async resume: the rollouts of steps 5..6, finished before the checkpoint, train first" "$W/err.txt"
+    $PY $SRC/tests/e2e/check_run.py same_evals "$W/whole" "$W/killed"
+    $CHECK episodes_once "$W/whole" "$W/killed"
+    run short 0 $AS --set grpo.max_steps=3
+    expect_exit 0 "$TROUPE" run "$CFG" --resume "$W/short" $AS
+    $PY $SRC/tests/e2e/check_run.py same "$W/whole" "$W/short"
+    $CHECK episodes_once "$W/whole" "$W/short"
+    ;;
+  async_timing_free)  # async: which episodes train at which step, sampled by which version, does not
+    # depend on timing: env calls delayed at random (faults.env_slow) give the same metrics and episodes
+    AS="--set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic --set rollout.async=true
+        --set rollout.max_staleness=1 --set grpo.max_steps=5 --set eval.every=2"
+    run calm 0 $AS
+    run jittery 0 $AS --set faults.env_slow=0.3 --set faults.env_slow_s=0.05
+    $PY $SRC/tests/e2e/check_run.py same_evals "$W/calm" "$W/jittery"
+    $CHECK episodes_once "$W/calm" "$W/jittery"
+    run chunked 0 $AS --set rollout.async_chunks=4 --set rollout.max_staleness=2
+    run chunked_jittery 0 $AS --set rollout.async_chunks=4 --set rollout.max_staleness=2 --set faults.env_slow=0.3 \
+      --set faults.env_slow_s=0.05
+    $PY $SRC/tests/e2e/check_run.py same_evals "$W/chunked" "$W/chunked_jittery"
+    ;;
+  generator_death)  # one process, two generators: generator 1's thread dies as it samples step 2
+    # (faults.generator_death_step); its prompts go to generator 0, the run goes on and says so, and
+    # the metrics equal an undisturbed run's (same prompts, same seeds, same weights); sync and async.
+    # With one generator the run stops with exit 3, the last finished step checkpointed.
+    GD="--set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic --set cluster.generators=2
+        --set grpo.max_steps=4 --set eval.every=2"
+    run calm 0 $GD
+    run died 0 $GD --set faults.generator_death_step=2 --set faults.generator_death_rank=1
+    grep -q "fault injected: generator 1 killed as it samples step 2" "$W/err.txt"
+    grep -q "generator 1 is down (generator 1 died (fault injected)): its .* prompts go to generator 0" "$W/err.txt"
+    $PY $SRC/tests/e2e/check_run.py same_evals "$W/calm" "$W/died"
+    run async_calm 0 $GD --set rollout.async=true --set rollout.async_chunks=2
+    run async_died 0 $GD --set rollout.async=true --set rollout.async_chunks=2 --set faults.generator_death_step=3 \
+      --set faults.generator_death_rank=0
+    grep -q "generator 0 is down" "$W/err.txt"
+    $PY $SRC/tests/e2e/check_run.py same_evals "$W/async_calm" "$W/async_died"
+    run alone 3 --set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic --set grpo.max_steps=4 \
+      --set checkpointing.enabled=true --set checkpointing.every=0 --set faults.generator_death_step=3
+    grep -q "no generator is left" "$W/err.txt"
+    test "$(readlink "$W/alone/checkpoints/latest")" = step_2
+    run badrank 2 $GD --set faults.generator_death_step=2 --set faults.generator_death_rank=2
+    grep -q "faults.generator_death_rank.*only 2 generators" "$W/err.txt"
     ;;
   bench_rows)  # `troupe bench reliability` rows: one per fault kind, nothing lost or trained twice
     "$TROUPE" bench reliability --filter env_crash > "$W/rows.jsonl"

@@ -144,10 +144,13 @@ struct FaultsSection {
   double env_hang = 0;
   double env_slow = 0;
   double env_malformed = 0;
+  double env_drop = 0;             // the request is lost on the wire (the call times out)
   double env_slow_s = 1.0;         // the delay of a slow call
   std::vector<int> env_steps;      // env faults only in these GRPO steps (empty: every step)
   int learner_death_step = 0;      // SIGKILL learner rank learner_death_rank as this GRPO step starts
   int learner_death_rank = 0;
+  int generator_death_step = 0;    // generator generator_death_rank dies as it samples this GRPO step
+  int generator_death_rank = 0;    // (its index among cluster.generators)
   int checkpoint_interrupt_step = 0;  // the process is killed half-way through this step's checkpoint
 };
 

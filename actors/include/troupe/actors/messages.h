@@ -138,8 +138,13 @@ struct GenerateReq {  // texts are formatted and tokenized by the generator
   GenSampling sampling;
   // Instead of prompts: token ids used as they are (multi-turn continuations; no template, no BOS added).
   std::vector<std::vector<std::int32_t>> prompt_tokens;
+  // The policy version to sample with (async mode pins each step's rollout to one version, so
+  // which weights sampled it never depends on timing): the generator first takes the Weights it
+  // holds back up to this version; -1 = the newest it has. No prompts: only take them.
+  std::int64_t policy_version = -1;
+  std::int64_t step = 0;  // the global step it samples for (0: an evaluation); faults.generator_death_step
   template <class A>
-  void serialize(A& ar) { ar(prompts, sampling, prompt_tokens); }
+  void serialize(A& ar) { ar(prompts, sampling, prompt_tokens, policy_version, step); }
 };
 struct GenSample {
   std::vector<std::int32_t> prompt_tokens;
@@ -276,8 +281,11 @@ struct CheckpointReq {  // save (load = false) or load (load = true) a checkpoin
   std::string extra_json = "{}";
   bool has_metric = false;
   double metric = 0;
+  // save: the coordinator's async pipeline (rollouts finished but not trained yet, the episode
+  // ledger; pipeline_state.h), written as pipeline.bin next to the weights; empty = none
+  std::string pipeline;
   template <class A>
-  void serialize(A& ar) { ar(load, dir, step, extra_json, has_metric, metric); }
+  void serialize(A& ar) { ar(load, dir, step, extra_json, has_metric, metric, pipeline); }
 };
 struct CheckpointRep {
   static constexpr std::uint32_t type_id = 2024;
@@ -286,8 +294,9 @@ struct CheckpointRep {
   std::int64_t step = 0;
   std::int64_t policy_version = 0;
   std::string extra_json = "{}";
+  std::string pipeline;  // load: the checkpoint's pipeline.bin (empty when it has none)
   template <class A>
-  void serialize(A& ar) { ar(path, step, policy_version, extra_json); }
+  void serialize(A& ar) { ar(path, step, policy_version, extra_json, pipeline); }
 };
 
 }  // namespace troupe::actors

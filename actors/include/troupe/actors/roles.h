@@ -4,6 +4,7 @@
 // only learns about the others through messages (actors/messages.h).
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -80,10 +81,18 @@ class EnvWorker {
 class Generator {
  public:
   static Result<std::unique_ptr<Generator>> create(const ExperimentConfig& cfg);
+  // Samples r's prompts with version r.policy_version (taking the held-back Weights up to it first).
   Result<GenerateRep> generate(const GenerateReq& r);
   Status set_weights(const Weights& w);
+  // Async mode: weights arrive while the generator may still owe samples of an older version.
+  // hold_weights keeps them back, in order; use_version takes those up to `version` (-1: all) and
+  // fails when the generator then does not hold exactly that version (it never samples with
+  // weights it cannot name the version of).
+  void hold_weights(Weights w);
+  Status use_version(int64_t version);
   int64_t version() const { return version_; }
   const policy::io::Tokenizer& tokenizer() const { return *policy_.tokenizer; }
+  const ExperimentConfig& config() const { return cfg_; }
 
   // rollout.serve: the engine behind this generator's OpenAI-compatible endpoint (a copy of the
   // policy that set_weights updates too), what it served for episodes, and the tokenizer and chat
@@ -105,6 +114,7 @@ class Generator {
   std::shared_ptr<const policy::io::ChatTemplate> serve_tmpl_;
   std::string serve_url_;
   int64_t version_ = 0;
+  std::deque<Weights> held_;               // hold_weights: not taken yet, oldest first
   std::vector<int32_t> stop_tokens_;       // EOS + single-token stop strings
   std::vector<std::string> stop_strings_;  // the rest, cut after decoding
 };
@@ -165,12 +175,17 @@ class EnvActor : public runtime::Actor {
 class ComputeThread;
 class GeneratorActor : public runtime::Actor {
  public:
-  explicit GeneratorActor(std::shared_ptr<Generator> gen, int threads = 0, int nice = 0);
+  // index: which of cluster.generators it is; own_process: alone in its process (an mpirun rank),
+  // so that faults.generator_death_step kills the process rather than the actor.
+  explicit GeneratorActor(std::shared_ptr<Generator> gen, int threads = 0, int nice = 0, int index = 0,
+                          bool own_process = false);
   ~GeneratorActor() override;
 
  private:
   std::shared_ptr<Generator> gen_;
   int threads_;
+  int index_;
+  bool own_process_;
   std::unique_ptr<ComputeThread> compute_;
 };
 

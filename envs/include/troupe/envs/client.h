@@ -96,6 +96,9 @@ class EnvClient {
   // Fault injection (faults.h): the next reply read from the wire is replaced by bytes that are not
   // JSON. False where there is no wire (in-process clients).
   virtual bool corrupt_next_reply() { return false; }
+  // Fault injection: the next request is not sent (lost on the wire), so the call runs into its
+  // deadline. False where there is no wire.
+  virtual bool drop_next_request() { return false; }
   // Metrics over the eval-split episodes scored since the last call, as {name: number} (nemo_gym:
   // the server's /aggregate_metrics, with "episodes"); an empty object for envs without any.
   virtual Result<json> aggregate_eval() { return json::object(); }

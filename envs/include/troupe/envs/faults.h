@@ -10,6 +10,8 @@
 //              worker is killed and replaced (timeout)
 //   slow       the call starts slow_s late and then succeeds
 //   malformed  the reply is replaced by bytes that are not JSON before it is parsed (protocol_error)
+//   dropped    the request is lost on the wire: the call runs into timeout_s (timeout; a worker
+//              troupe started is killed and replaced)
 #pragma once
 
 #include <cstdint>
@@ -25,13 +27,13 @@ struct EnvFaults {
   uint64_t seed = 0;
   std::string salt;            // tells env workers apart (the role name)
   std::string op = "any";      // reset | step | verify | any
-  double exception = 0, crash = 0, hang = 0, slow = 0, malformed = 0;  // probability per call
+  double exception = 0, crash = 0, hang = 0, slow = 0, malformed = 0, dropped = 0;  // probability per call
   double slow_s = 1.0;
   std::vector<int> steps;      // only in these GRPO steps (empty: every step)
-  bool any() const { return exception > 0 || crash > 0 || hang > 0 || slow > 0 || malformed > 0; }
-  // Which kinds need a worker process troupe started (crash, hang) or a wire (malformed).
+  bool any() const { return exception > 0 || crash > 0 || hang > 0 || slow > 0 || malformed > 0 || dropped > 0; }
+  // Which kinds need a worker process troupe started (crash, hang) or a wire (malformed, dropped).
   bool needs_process() const { return crash > 0 || hang > 0; }
-  bool needs_wire() const { return malformed > 0; }
+  bool needs_wire() const { return malformed > 0 || dropped > 0; }
 };
 
 // The step of a GRPO episode id ("grpo-STEP-..."), or -1.

@@ -35,6 +35,11 @@ struct ClusterConfig {
   // pending requests fail (peer_failed), and the job's code works around it (e.g. a generator
   // when others remain). MPI is then not finalized (a dead rank would hang MPI_Finalize).
   std::function<bool(const std::string& role)> survivable_loss;
+  // A graceful stop: the first SIGINT/SIGTERM calls this (on the signal thread) instead of draining
+  // and stopping; returning true defers the stop to the job (e.g. a final checkpoint, then
+  // request_shutdown). A second signal, or `graceful_stop_bound` passing first, stops as usual.
+  std::function<bool(int signal)> on_first_signal;
+  Duration graceful_stop_bound = std::chrono::seconds(300);
 };
 
 enum class ShutdownReason { none, requested, signal, peer_failed };
