@@ -138,11 +138,10 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
       --set eval.num_prompts=10 $Q
     $CHECK steps "$W/curve" 5
     ;;
-  sigterm_mpi)  # under mpirun, SIGTERM to one rank (a learner, not rank 0): rank 0 finishes the step in
-    # progress, checkpoints it and ends the run (exit 1) within a bound, every rank stops; --resume
-    # gives the metrics of a run never stopped. Then SIGTERM to mpirun itself (it forwards it to
-    # every rank; --mca odls_base_sigkill_timeout gives the ranks time before its SIGKILL; mpirun itself
-    # returns about two such timeouts later, its own teardown).
+  sigterm_mpi)  # under mpirun, SIGTERM to one rank (not rank 0): rank 0 finishes the step in progress,
+    # checkpoints it and ends the run (exit 1) within a bound, every rank stops; --resume gives the
+    # metrics of a run never stopped. (SIGTERM to mpirun itself is Open MPI's own teardown: it
+    # SIGKILLs the ranks odls_base_sigkill_timeout later, and is not tested here.)
     cat > "$W/rank.sh" << 'EOS'
 "$@" &
 echo $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"
@@ -190,8 +189,6 @@ EOS
     $MR "$TROUPE" run "$SRC/configs/multinode.yaml" --resume "$W/rank" --set grpo.max_steps=$((n - 3 + 2)) $ST
     $MR "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/whole" --set grpo.max_steps=$((n - 3 + 2)) $ST
     $CHECK same "$W/whole" "$W/rank"
-    stop_run launcher mpirun
-    grep -q "rank 0: SIGTERM: stopping after the step in progress, with a final checkpoint" "$W/err_launcher.txt"
     ;;
   dead_rank)  # the env worker's rank is SIGKILLed mid-GRPO: the survivors name it (rank, role) within
     # peer_timeout_s, rank 0 checkpoints the last finished step and every survivor exits 3 (an env
