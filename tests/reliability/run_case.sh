@@ -303,6 +303,13 @@ PY
       --set faults.generator_death_rank=0
     grep -q "generator 0 is down" "$W/err.txt"
     $PY $SRC/tests/e2e/check_run.py same_evals "$W/async_calm" "$W/async_died"
+    # multi-turn: a dead generator's turns go to the other one (the seed travels in the request)
+    MT=(--set envs[0].name=guess_number --set 'envs[0].config={"max_number": 10, "max_turns": 3}' --set rollout.max_turns=3
+        --set rollout.max_prompt_length=200 --set policy.model.max_position_embeddings=256)
+    run turns_calm 0 $GD "${MT[@]}"
+    run turns_died 0 $GD "${MT[@]}" --set faults.generator_death_step=2 --set faults.generator_death_rank=1
+    grep -q "generator 1 is down" "$W/err.txt"
+    $PY $SRC/tests/e2e/check_run.py same_evals "$W/turns_calm" "$W/turns_died"
     run alone 3 --set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic --set grpo.max_steps=4 \
       --set checkpointing.enabled=true --set checkpointing.every=0 --set faults.generator_death_step=3
     grep -q "no generator is left" "$W/err.txt"
