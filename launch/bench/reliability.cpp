@@ -11,6 +11,7 @@
 //   episodes_trained_twice  episodes of steps whose metrics row appears twice
 //   resumes_bit_identical   1 when a run cut after step 2 (or killed by the fault) and resumed
 //                           gives the uninterrupted faulted run's metrics bit for bit
+// Cases with a `mode` (async, two generators) run their own fault-free job as the reference.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -205,6 +206,12 @@ int run_reliability_suite(const BenchOptions& opt) {
       {"env_drop", {"--set", "faults.env_drop=0.05"}, false, "", {}},
       {"learner_death", {"--set", "faults.learner_death_step=2"}, true, "faults.learner_death_step=0", {}},
       {"checkpoint_interrupt", {"--set", "faults.checkpoint_interrupt_step=2"}, true, "faults.checkpoint_interrupt_step=0", {}},
+      // one process, two generators: generator 1's thread dies as step 2 is sampled, generator 0 takes its prompts
+      {"generator_death",
+       {"--set", "faults.generator_death_step=2"},
+       false,
+       "",
+       {"--set", "cluster.generators=2", "--set", "faults.generator_death_rank=1"}},
       // async (max_staleness 2): the checkpoint holds the finished rollouts of the next two steps
       {"learner_death_async",
        {"--set", "faults.learner_death_step=3"},
