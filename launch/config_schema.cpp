@@ -522,13 +522,11 @@ std::string resolved_yaml(const ExperimentConfig& cfg_in) {
 
 namespace {
 // Keys a --resume may change: where and how long the run goes, how it is placed, logged, evaluated
-// and checkpointed, and the optimizations that are bit-identical to the plain path. (Not
+// and checkpointed, the optimizations that are bit-identical to the plain path, and how weights
+// reach the generators (delta and full syncs carry the same values; the dtype is not resumable). (Not
 // sft.max_steps: it decides where the GRPO phase starts.)
 constexpr const char* kResumeMayChangePrefixes[] = {"cluster.", "checkpointing.", "logger.", "eval.", "faults."};
 constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
-                                                "weight_sync.mode",
-                                                "weight_sync.full_every",
-                                                "weight_sync.probe",
                                                 "run.name",
                                                 "run.max_wall_s",
                                                 "grpo.max_steps",
@@ -544,7 +542,10 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "envs[].max_restarts",
                                                 "envs[].worker",
                                                 "envs[].max_retries",
-                                                "envs[].max_failure_frac"};
+                                                "envs[].max_failure_frac",
+                                                "weight_sync.mode",
+                                                "weight_sync.full_every",
+                                                "weight_sync.probe"};
 bool resume_may_change(const std::string& path) {
   for (const char* p : kResumeMayChangePrefixes)
     if (path.rfind(p, 0) == 0) return true;
