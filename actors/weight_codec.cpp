@@ -10,46 +10,206 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstring>
+#include <memory>
 
 namespace troupe::actors {
 
 namespace {
 
-// zstd level 1: the planes are mostly zero runs, which every level finds; higher levels only cost time.
+// zstd level 1: what it gets is a bitmap and a few bytes per change; higher levels only cost time.
 constexpr int kZstdLevel = 1;
-
-inline std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // Bytes per value on the wire: the bf16 half of the bits, or all of them.
 size_t width_of(WeightDtype d) { return d == WeightDtype::bf16 ? 2 : 4; }
 
-// The value's bits as sent: bf16 keeps the high half (the low half is zero after rounding).
-inline std::uint32_t wire_bits(float f, WeightDtype d) {
-  return d == WeightDtype::bf16 ? bits_of(f) >> 16 : bits_of(f);
+// The bits of x rounded to bf16 (ties to even; NaN kept, quiet), low half zero. Branch-free, so the
+// loops below vectorize.
+inline std::uint32_t bf16_bits(std::uint32_t u) {
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const std::uint32_t quiet_nan = (u | 0x00400000u) & 0xffff0000u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
 }
-inline std::uint32_t value_bits(std::uint32_t wire, WeightDtype d) { return d == WeightDtype::bf16 ? wire << 16 : wire; }
 
+// The kernels, one instance per wire width W (2: bf16, 4: fp32); x86 is little-endian, so a
+// value's wire bytes are the low W bytes of its wire bits.
+template <int W>
+inline std::uint32_t to_dtype_bits(std::uint32_t u) {
+  if constexpr (W == 2) return bf16_bits(u);
+  else return u;
+}
+template <int W>
+inline std::uint32_t to_wire(std::uint32_t value_bits) {
+  if constexpr (W == 2) return value_bits >> 16;
+  else return value_bits;
+}
+template <int W>
+inline std::uint32_t from_wire(std::uint32_t wire) {
+  if constexpr (W == 2) return wire << 16;
+  else return wire;
+}
+
+// Full: master -> held (in dtype) and its wire bits into dst, element after element.
+template <int W>
+void encode_full(const float* __restrict m, float* __restrict held, std::uint8_t* __restrict dst, size_t n) {
+  const auto N = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < N; ++i) {
+    const std::uint32_t v = to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[i]));
+    held[i] = std::bit_cast<float>(v);
+    const auto wire = to_wire<W>(v);
+    if constexpr (W == 2) {
+      const auto h = static_cast<std::uint16_t>(wire);
+      std::memcpy(dst + 2 * static_cast<size_t>(i), &h, 2);
+    } else {
+      std::memcpy(dst + 4 * static_cast<size_t>(i), &wire, 4);
+    }
+  }
+}
+template <int W>
+void decode_full(const std::uint8_t* __restrict src, float* __restrict out, size_t n) {
+  const auto N = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < N; ++i) {
+    std::uint32_t wire;
+    if constexpr (W == 2) {
+      std::uint16_t h;
+      std::memcpy(&h, src + 2 * static_cast<size_t>(i), 2);
+      wire = h;
+    } else {
+      std::memcpy(&wire, src + 4 * static_cast<size_t>(i), 4);
+    }
+    out[i] = std::bit_cast<float>(from_wire<W>(wire));
+  }
+}
+// Delta, one chunk of len values, before zstd, in one of two layouts (Weights::chunk_format):
+//   sparse (bf16): [bitmap: ceil(len / 64) little-endian u64 words, bit i set = value i changed]
+//                  [W byte planes of the changed values' XORs, in order: plane p holds byte p of each]
+//   dense (fp32):  [W byte planes of every value's XOR]
+// A small update changes few bf16 values, so zstd only sees a bitmap and a few bytes per change,
+// and the receiver only touches what changed. In fp32 a small update changes the low bits of
+// nearly every value: the planes separate the XORs' zero high bytes from their random low ones.
+constexpr std::uint8_t kChunkZstd = 1;    // a zstd frame (else stored as is)
+constexpr std::uint8_t kChunkSparse = 2;  // the sparse layout (else dense)
+
+inline size_t bitmap_words(size_t len) { return (len + 63) / 64; }
 size_t chunk_count(size_t elements, size_t chunk) { return chunk == 0 ? 0 : (elements + chunk - 1) / chunk; }
 
-// One ZSTD context per OpenMP thread and call (contexts are not shareable between threads).
-struct CCtx {
-  ZSTD_CCtx* c = ZSTD_createCCtx();
-  ~CCtx() { ZSTD_freeCCtx(c); }
+// Sparse: held becomes the new values; the bitmap gets a bit per changed value and `compact` each
+// changed value's XOR, in order. Returns how many changed.
+template <int W>
+size_t encode_sparse(const float* __restrict m, float* __restrict held, size_t len, std::uint8_t* __restrict bitmap,
+                     std::uint32_t* __restrict compact) {
+  size_t j = 0;
+  for (size_t wd = 0, words = bitmap_words(len); wd < words; ++wd) {
+    const size_t base = wd * 64, cnt = std::min<size_t>(64, len - base);
+    std::uint32_t d[64];
+#pragma omp simd
+    for (size_t i = 0; i < cnt; ++i) {
+      const std::uint32_t v = to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[base + i]));
+      d[i] = to_wire<W>(v ^ std::bit_cast<std::uint32_t>(held[base + i]));
+      held[base + i] = std::bit_cast<float>(v);
+    }
+    std::uint64_t bits = 0;
+    for (size_t i = 0; i < cnt; ++i) bits |= static_cast<std::uint64_t>(d[i] != 0) << i;
+    std::memcpy(bitmap + wd * 8, &bits, 8);
+    for (; bits; bits &= bits - 1) compact[j++] = d[std::countr_zero(bits)];
+  }
+  return j;
+}
+// W byte planes of n values.
+template <int W>
+void split_planes(const std::uint32_t* __restrict x, size_t n, std::uint8_t* __restrict planes) {
+  for (int p = 0; p < W; ++p) {
+    std::uint8_t* out = planes + static_cast<size_t>(p) * n;
+#pragma omp simd
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint8_t>(x[i] >> (8 * p));
+  }
+}
+// Dense: held becomes the new values; x gets every value's XOR. Returns how many changed.
+template <int W>
+size_t encode_dense(const float* __restrict m, float* __restrict held, size_t len, std::uint32_t* __restrict x) {
+  size_t changed = 0;
+#pragma omp simd reduction(+ : changed)
+  for (size_t i = 0; i < len; ++i) {
+    const std::uint32_t v = to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[i]));
+    x[i] = to_wire<W>(v ^ std::bit_cast<std::uint32_t>(held[i]));
+    changed += x[i] != 0;
+    held[i] = std::bit_cast<float>(v);
+  }
+  return changed;
+}
+template <int W>
+inline std::uint32_t join_planes(const std::uint8_t* planes, size_t n, size_t i) {
+  std::uint32_t d = 0;
+  for (int p = 0; p < W; ++p) d |= static_cast<std::uint32_t>(planes[static_cast<size_t>(p) * n + i]) << (8 * p);
+  return d;
+}
+// The receiver: XORs one chunk's raw bytes into values (run twice, it restores them). False when
+// the bytes do not have the size their layout says.
+template <int W>
+bool apply_chunk(const std::uint8_t* __restrict raw, size_t raw_size, bool sparse, float* __restrict v, size_t len) {
+  if (!sparse) {
+    if (raw_size != len * W) return false;
+#pragma omp simd
+    for (size_t i = 0; i < len; ++i)
+      v[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(v[i]) ^ from_wire<W>(join_planes<W>(raw, len, i)));
+    return true;
+  }
+  const size_t words = bitmap_words(len);
+  if (raw_size < words * 8) return false;
+  auto word = [&](size_t wd) {
+    std::uint64_t bits;
+    std::memcpy(&bits, raw + wd * 8, 8);
+    if (wd + 1 == words && len % 64) bits &= (std::uint64_t{1} << (len % 64)) - 1;
+    return bits;
+  };
+  size_t changed = 0;
+  for (size_t wd = 0; wd < words; ++wd) changed += static_cast<size_t>(std::popcount(word(wd)));
+  if (raw_size != words * 8 + changed * W) return false;
+  const std::uint8_t* planes = raw + words * 8;
+  size_t j = 0;
+  for (size_t wd = 0; wd < words; ++wd)
+    for (std::uint64_t bits = word(wd); bits; bits &= bits - 1) {
+      float& f = v[wd * 64 + static_cast<size_t>(std::countr_zero(bits))];
+      f = std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) ^ from_wire<W>(join_planes<W>(planes, changed, j++)));
+    }
+  return true;
+}
+
+// Scratch memory that keeps its pages between syncs: a fresh multi-MB vector per chunk and call
+// costs page faults and zero-filling comparable to the encoding itself.
+struct Buffer {
+  std::unique_ptr<std::uint8_t[]> data;
+  size_t capacity = 0, size = 0;
+  std::uint8_t* reserve(size_t n) {
+    if (n > capacity) {
+      data.reset(new std::uint8_t[n]);  // (not value-initialized: every byte used is written first)
+      capacity = n;
+    }
+    size = n;
+    return data.get();
+  }
 };
-struct DCtx {
-  ZSTD_DCtx* d = ZSTD_createDCtx();
-  ~DCtx() { ZSTD_freeDCtx(d); }
+// Per OpenMP thread (the team's threads live on between calls): a chunk's XORs and raw bytes and the
+// zstd contexts (not shareable between threads).
+struct ThreadScratch {
+  Buffer xors;  // a chunk's XORs (u32 each)
+  Buffer raw;   // a chunk's bitmap and planes
+  ZSTD_CCtx* cctx = nullptr;
+  ZSTD_DCtx* dctx = nullptr;
+  ~ThreadScratch() {
+    ZSTD_freeCCtx(cctx);
+    ZSTD_freeDCtx(dctx);
+  }
+  ZSTD_CCtx* compressor() { return cctx ? cctx : (cctx = ZSTD_createCCtx()); }
+  ZSTD_DCtx* decompressor() { return dctx ? dctx : (dctx = ZSTD_createDCtx()); }
 };
+ThreadScratch& thread_scratch() {
+  thread_local ThreadScratch s;
+  return s;
+}
 
 }  // namespace
 
@@ -65,12 +225,7 @@ const char* weights_status_name(WeightsStatus s) {
   return "unknown";
 }
 
-float round_to_bf16(float x) {
-  std::uint32_t u = bits_of(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return float_of((u | 0x00400000u) & 0xffff0000u);  // NaN: quiet, kept
-  u += 0x7fffu + ((u >> 16) & 1u);  // ties to even; a value past the largest bf16 becomes infinity
-  return float_of(u & 0xffff0000u);
-}
+float round_to_bf16(float x) { return std::bit_cast<float>(bf16_bits(std::bit_cast<std::uint32_t>(x))); }
 
 void round_to_dtype(std::span<float> values, WeightDtype dtype) {
   if (dtype != WeightDtype::bf16) return;
@@ -95,8 +250,13 @@ std::vector<std::uint64_t> tensor_checksums(std::span<const float> values,
 
 // ---- learner 0: encoding ----------------------------------------------------------------------
 
+struct WeightEncoder::Frames {
+  std::vector<Buffer> chunk;  // per chunk: its compressed frame (or its raw bytes, stored as they are)
+};
+
 WeightEncoder::WeightEncoder(WeightDtype dtype, std::vector<policy::TensorSpec> tensors)
-    : dtype_(dtype), tensors_(std::move(tensors)) {}
+    : dtype_(dtype), tensors_(std::move(tensors)), frames_(std::make_unique<Frames>()) {}
+WeightEncoder::~WeightEncoder() = default;
 
 void WeightEncoder::encode(std::span<const float> master, std::int64_t version, bool delta, Weights& out) {
   const size_t n = master.size(), W = width_of(dtype_), C = kWeightChunkElements;
@@ -111,61 +271,65 @@ void WeightEncoder::encode(std::span<const float> master, std::int64_t version, 
   out.elements = n;
   out.chunk_elements = C;
   out.chunk_bytes.assign(chunks, 0);
-  out.chunk_zstd.assign(chunks, 0);
+  out.chunk_format.assign(chunks, 0);
   const WeightDtype dt = dtype_;
   float* held = held_.data();
   const float* m = master.data();
   if (!delta) {
     // Full: every value's wire bits, element after element, uncompressed (most bits of a weight are noise).
     out.payload.resize(n * W);
-    std::uint8_t* dst = out.payload.data();
-    const auto N = static_cast<std::ptrdiff_t>(n);
-#pragma omp parallel for schedule(static)
-    for (std::ptrdiff_t i = 0; i < N; ++i) {
-      const float v = dt == WeightDtype::bf16 ? round_to_bf16(m[i]) : m[i];
-      held[i] = v;
-      const std::uint32_t b = wire_bits(v, dt);
-      std::memcpy(dst + static_cast<size_t>(i) * W, &b, W);  // little-endian: the low W bytes
-    }
+    if (dt == WeightDtype::bf16)
+      encode_full<2>(m, held, out.payload.data(), n);
+    else
+      encode_full<4>(m, held, out.payload.data(), n);
     for (size_t c = 0; c < chunks; ++c) out.chunk_bytes[c] = std::min(C, n - c * C) * W;
   } else {
-    // Delta: per chunk, the XOR's byte planes (all low bytes, then the next ...), then zstd.
-    std::vector<std::vector<std::uint8_t>> frames(chunks);
+    // Delta: per chunk, the bitmap of changed values and their XORs' byte planes, then zstd.
+    auto& frames = frames_->chunk;
+    frames.resize(chunks);
     std::uint64_t changed = 0;
     const auto K = static_cast<std::ptrdiff_t>(chunks);
-#pragma omp parallel reduction(+ : changed)
-    {
-      CCtx ctx;
-      std::vector<std::uint8_t> planes;
-#pragma omp for schedule(dynamic)
-      for (std::ptrdiff_t k = 0; k < K; ++k) {
-        const size_t c = static_cast<size_t>(k), a = c * C, len = std::min(C, n - a);
-        planes.resize(len * W);
-        for (size_t i = 0; i < len; ++i) {
-          const float v = dt == WeightDtype::bf16 ? round_to_bf16(m[a + i]) : m[a + i];
-          const std::uint32_t x = wire_bits(v, dt) ^ wire_bits(held[a + i], dt);
-          changed += x != 0;
-          held[a + i] = v;
-          for (size_t p = 0; p < W; ++p) planes[p * len + i] = static_cast<std::uint8_t>(x >> (8 * p));
-        }
-        auto& f = frames[c];
-        f.resize(ZSTD_compressBound(planes.size()));
-        const size_t z = ZSTD_compressCCtx(ctx.c, f.data(), f.size(), planes.data(), planes.size(), kZstdLevel);
-        if (ZSTD_isError(z) || z >= planes.size()) {
-          f.assign(planes.begin(), planes.end());  // incompressible: stored as is
-        } else {
-          f.resize(z);
-          out.chunk_zstd[c] = 1;
-        }
+#pragma omp parallel for schedule(dynamic) reduction(+ : changed)
+    for (std::ptrdiff_t k = 0; k < K; ++k) {
+      ThreadScratch& ts = thread_scratch();
+      const size_t c = static_cast<size_t>(k), a = c * C, len = std::min(C, n - a);
+      auto* x = reinterpret_cast<std::uint32_t*>(ts.xors.reserve(len * 4));
+      const bool sparse = dt == WeightDtype::bf16;
+      size_t ch = 0, raw_size = 0;
+      std::uint8_t* raw = nullptr;
+      if (sparse) {
+        std::uint8_t* bitmap = ts.raw.reserve(bitmap_words(len) * 8 + len * W);
+        ch = encode_sparse<2>(m + a, held + a, len, bitmap, x);
+        raw = bitmap;
+        raw_size = bitmap_words(len) * 8 + ch * W;
+        split_planes<2>(x, ch, raw + bitmap_words(len) * 8);
+      } else {
+        ch = encode_dense<4>(m + a, held + a, len, x);
+        raw = ts.raw.reserve(len * W);
+        raw_size = len * W;
+        split_planes<4>(x, len, raw);
+      }
+      changed += ch;
+      out.chunk_format[c] = sparse ? kChunkSparse : 0;
+      Buffer& f = frames[c];
+      const size_t bound = ZSTD_compressBound(raw_size);
+      std::uint8_t* dst = f.reserve(bound);
+      const size_t z = ZSTD_compressCCtx(ts.compressor(), dst, bound, raw, raw_size, kZstdLevel);
+      if (ZSTD_isError(z) || z >= raw_size) {
+        std::memcpy(dst, raw, raw_size);  // incompressible: stored as is
+        f.size = raw_size;
+      } else {
+        f.size = z;
+        out.chunk_format[c] |= kChunkZstd;
       }
     }
     size_t total = 0;
-    for (size_t c = 0; c < chunks; ++c) total += (out.chunk_bytes[c] = frames[c].size());
+    for (size_t c = 0; c < chunks; ++c) total += (out.chunk_bytes[c] = frames[c].size);
     out.payload.resize(total);
     size_t at = 0;
-    for (auto& f : frames) {
-      std::memcpy(out.payload.data() + at, f.data(), f.size());
-      at += f.size();
+    for (size_t c = 0; c < chunks; ++c) {
+      std::memcpy(out.payload.data() + at, frames[c].data.get(), frames[c].size);
+      at += frames[c].size;
     }
     out.changed = changed;
   }
@@ -194,7 +358,7 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
   const size_t n = values.size(), W = width_of(dtype), C = w.chunk_elements;
   const size_t chunks = chunk_count(n, C);
   if (C == 0 && n > 0) return corrupt("chunk_elements is 0");
-  if (w.chunk_bytes.size() != chunks || w.chunk_zstd.size() != chunks)
+  if (w.chunk_bytes.size() != chunks || w.chunk_format.size() != chunks)
     return corrupt(std::to_string(w.chunk_bytes.size()) + " chunks for " + std::to_string(n) + " values in chunks of " +
                    std::to_string(C));
   std::vector<size_t> at(chunks + 1, 0);
@@ -216,17 +380,13 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
 
   if (enc == WeightEncoding::full) {
     for (size_t c = 0; c < chunks; ++c)
-      if (w.chunk_zstd[c] != 0 || w.chunk_bytes[c] != std::min(C, n - c * C) * W)
+      if (w.chunk_format[c] != 0 || w.chunk_bytes[c] != std::min(C, n - c * C) * W)
         return corrupt("full chunk " + std::to_string(c) + " has " + std::to_string(w.chunk_bytes[c]) + " bytes");
     std::vector<float> fresh(n);
-    float* f = fresh.data();
-    const auto N = static_cast<std::ptrdiff_t>(n);
-#pragma omp parallel for schedule(static)
-    for (std::ptrdiff_t i = 0; i < N; ++i) {
-      std::uint32_t b = 0;
-      std::memcpy(&b, src + static_cast<size_t>(i) * W, W);
-      f[i] = float_of(value_bits(b, dtype));
-    }
+    if (dtype == WeightDtype::bf16)
+      decode_full<2>(src, fresh.data(), n);
+    else
+      decode_full<4>(src, fresh.data(), n);
     if (auto bad = checksum_failure(fresh); !bad.empty()) return corrupt(bad);
     std::copy(fresh.begin(), fresh.end(), values.begin());
     return {};
@@ -237,35 +397,37 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
   std::atomic<std::ptrdiff_t> bad_chunk{-1};
   float* v = values.data();
   auto xor_chunks = [&](const std::vector<std::uint8_t>* which) {
-#pragma omp parallel
-    {
-      DCtx ctx;
-      std::vector<std::uint8_t> planes;
-#pragma omp for schedule(dynamic)
-      for (std::ptrdiff_t k = 0; k < K; ++k) {
-        const size_t c = static_cast<size_t>(k), a = c * C, len = std::min(C, n - a);
-        if (which && !(*which)[c]) continue;
-        planes.resize(len * W);
-        if (w.chunk_zstd[c]) {
-          const size_t r = ZSTD_decompressDCtx(ctx.d, planes.data(), planes.size(), src + at[c], w.chunk_bytes[c]);
-          if (ZSTD_isError(r) || r != planes.size()) {
-            bad_chunk.store(k);
-            continue;
-          }
-        } else {
-          if (w.chunk_bytes[c] != planes.size()) {
-            bad_chunk.store(k);
-            continue;
-          }
-          std::memcpy(planes.data(), src + at[c], planes.size());
+#pragma omp parallel for schedule(dynamic)
+    for (std::ptrdiff_t k = 0; k < K; ++k) {
+      const size_t c = static_cast<size_t>(k), a = c * C, len = std::min(C, n - a);
+      if (which && !(*which)[c]) continue;
+      ThreadScratch& ts = thread_scratch();
+      const std::uint8_t* raw = src + at[c];
+      size_t raw_size = w.chunk_bytes[c];
+      if (w.chunk_format[c] & kChunkZstd) {
+        const unsigned long long content = ZSTD_getFrameContentSize(raw, raw_size);
+        const size_t most = bitmap_words(len) * 8 + len * W;
+        if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content > most) {
+          bad_chunk.store(k);
+          continue;
         }
-        for (size_t i = 0; i < len; ++i) {
-          std::uint32_t x = 0;
-          for (size_t p = 0; p < W; ++p) x |= static_cast<std::uint32_t>(planes[p * len + i]) << (8 * p);
-          v[a + i] = float_of(bits_of(v[a + i]) ^ value_bits(x, dtype));
+        std::uint8_t* out = ts.raw.reserve(static_cast<size_t>(content));
+        const size_t r = ZSTD_decompressDCtx(ts.decompressor(), out, static_cast<size_t>(content), raw, raw_size);
+        if (ZSTD_isError(r) || r != content) {
+          bad_chunk.store(k);
+          continue;
         }
-        if (!which) applied[c] = 1;
+        raw = out;
+        raw_size = r;
       }
+      const bool sparse = w.chunk_format[c] & kChunkSparse;
+      const bool ok = dtype == WeightDtype::bf16 ? apply_chunk<2>(raw, raw_size, sparse, v + a, len)
+                                                 : apply_chunk<4>(raw, raw_size, sparse, v + a, len);
+      if (!ok) {
+        bad_chunk.store(k);
+        continue;
+      }
+      if (!which) applied[c] = 1;
     }
   };
   xor_chunks(nullptr);
@@ -306,7 +468,7 @@ Result<std::vector<float>> probe_logprobs(policy::Model& model, const std::vecto
 std::int64_t first_bit_difference(std::span<const float> a, std::span<const float> b) {
   const size_t n = std::min(a.size(), b.size());
   for (size_t i = 0; i < n; ++i)
-    if (bits_of(a[i]) != bits_of(b[i])) return static_cast<std::int64_t>(i);
+    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return static_cast<std::int64_t>(i);
   return a.size() == b.size() ? -1 : static_cast<std::int64_t>(n);
 }
 

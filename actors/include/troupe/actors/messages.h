@@ -172,9 +172,10 @@ struct GenerateRep {
 // (actors/weight_codec.h; docs/weight_sync.md):
 //   raw (0):   `params` is the whole flat fp32 arena (tests and tools; no checksums);
 //   full (1):  `payload` holds every value in the generators' dtype (fp32 or bf16 bits), uncompressed;
-//   delta (2): `payload` holds, per chunk of `chunk_elements` values, the zstd-compressed byte planes
-//              of the XOR of these values' bits and those of version `base_version`, which the
-//              receiver must hold (else it refuses the message).
+//   delta (2): `payload` holds, per chunk of `chunk_elements` values, the XOR of these values' bits
+//              and those of version `base_version` (which the receiver must hold, else it refuses
+//              the message): a bitmap of the values that changed and the byte planes of their XORs
+//              (sparse), or the byte planes of every value's XOR (dense), zstd-compressed.
 // `checksums` (full, delta): per tensor of the model's table, the xxh3-64 of its values as the
 // receiver must hold them afterwards. With the probe on, `probe_tokens` and learner 0's log-probs
 // of them with exactly these weights travel along; the receiver computes its own and compares.
@@ -190,7 +191,7 @@ struct Weights {
   std::uint64_t elements = 0;      // values in the arena (full, delta)
   std::uint32_t chunk_elements = 0;       // values per chunk (the last one may be shorter)
   std::vector<std::uint64_t> chunk_bytes;  // per chunk: its bytes in payload
-  std::vector<std::uint8_t> chunk_zstd;    // per chunk: 1 = a zstd frame, 0 = stored as is
+  std::vector<std::uint8_t> chunk_format;  // per chunk: bit 0 = a zstd frame (else as is), bit 1 = sparse
   std::vector<std::uint8_t> payload;
   std::vector<std::uint64_t> checksums;    // per tensor, xxh3-64 of its values afterwards
   std::uint64_t changed = 0;               // delta: values that differ from the base version
@@ -198,7 +199,7 @@ struct Weights {
   std::vector<float> probe_logprobs;       // learner 0's, one per token after the first
   template <class A>
   void serialize(A& ar) {
-    ar(version, params, base_version, encoding, dtype, elements, chunk_elements, chunk_bytes, chunk_zstd, payload,
+    ar(version, params, base_version, encoding, dtype, elements, chunk_elements, chunk_bytes, chunk_format, payload,
        checksums, changed, probe_tokens, probe_logprobs);
   }
 };

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,6 +55,7 @@ inline constexpr std::uint32_t kWeightChunkElements = 1u << 20;
 class WeightEncoder {
  public:
   WeightEncoder(WeightDtype dtype, std::vector<policy::TensorSpec> tensors);
+  ~WeightEncoder();
   // The weights of `version` (`master`: the fp32 master arena) into `out`: a delta against the
   // version encoded last when `delta` is true and one was encoded, else in full. Either way the
   // encoder then holds them as the receivers' next base.
@@ -68,6 +70,8 @@ class WeightEncoder {
   std::vector<policy::TensorSpec> tensors_;
   std::vector<float> held_;
   std::int64_t held_version_ = -1;
+  struct Frames;  // the compressed chunks' scratch, kept between calls
+  std::unique_ptr<Frames> frames_;
 };
 
 struct WeightsApplied {
