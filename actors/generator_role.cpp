@@ -58,7 +58,9 @@ Status Generator::set_weights(const Weights& w) {
     ack_.status = static_cast<std::int32_t>(st);
     ack_.detail = why;
     std::string msg = "generator: weights of version " + std::to_string(w.version) + " " + weights_status_name(st) +
-                      ": " + why + " (it keeps version " + std::to_string(version_) + ")";
+                      ": " + why +
+                      (st == WeightsStatus::probe_mismatch ? " (it holds them and will not sample until a sync passes)"
+                                                           : " (it keeps version " + std::to_string(version_) + ")");
     std::fprintf(stderr, "troupe: %s\n", msg.c_str());
     return make_error(ErrorCode::invalid_input, std::move(msg));
   };

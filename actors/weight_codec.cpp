@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <type_traits>
 #include <cstring>
 #include <memory>
 
@@ -50,21 +51,19 @@ inline std::uint32_t from_wire(std::uint32_t wire) {
   else return wire;
 }
 
-// Full: master -> held (in dtype) and its wire bits into dst, element after element.
+// The encoder keeps what the receivers hold in wire form: u16 per bf16 value, u32 per fp32 one.
 template <int W>
-void encode_full(const float* __restrict m, float* __restrict held, std::uint8_t* __restrict dst, size_t n) {
+using WireT = std::conditional_t<W == 2, std::uint16_t, std::uint32_t>;
+
+// Full: master -> held (wire form), which is also the payload (element after element).
+template <int W>
+void encode_full(const float* __restrict m, WireT<W>* __restrict held, std::uint8_t* __restrict dst, size_t n) {
   const auto N = static_cast<std::ptrdiff_t>(n);
 #pragma omp parallel for schedule(static)
   for (std::ptrdiff_t i = 0; i < N; ++i) {
-    const std::uint32_t v = to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[i]));
-    held[i] = std::bit_cast<float>(v);
-    const auto wire = to_wire<W>(v);
-    if constexpr (W == 2) {
-      const auto h = static_cast<std::uint16_t>(wire);
-      std::memcpy(dst + 2 * static_cast<size_t>(i), &h, 2);
-    } else {
-      std::memcpy(dst + 4 * static_cast<size_t>(i), &wire, 4);
-    }
+    const auto wire = static_cast<WireT<W>>(to_wire<W>(to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[i]))));
+    held[i] = wire;
+    std::memcpy(dst + W * static_cast<size_t>(i), &wire, W);
   }
 }
 template <int W>
@@ -96,25 +95,34 @@ constexpr std::uint8_t kChunkSparse = 2;  // the sparse layout (else dense)
 inline size_t bitmap_words(size_t len) { return (len + 63) / 64; }
 size_t chunk_count(size_t elements, size_t chunk) { return chunk == 0 ? 0 : (elements + chunk - 1) / chunk; }
 
-// Sparse: held becomes the new values; the bitmap gets a bit per changed value and `compact` each
-// changed value's XOR, in order. Returns how many changed.
+// Sparse: held becomes the new values (only the changed ones are written); the bitmap gets a bit
+// per changed value and `compact` each changed value's XOR, in order. Returns how many changed.
 template <int W>
-size_t encode_sparse(const float* __restrict m, float* __restrict held, size_t len, std::uint8_t* __restrict bitmap,
+size_t encode_sparse(const float* __restrict m, WireT<W>* __restrict held, size_t len, std::uint8_t* __restrict bitmap,
                      std::uint32_t* __restrict compact) {
   size_t j = 0;
   for (size_t wd = 0, words = bitmap_words(len); wd < words; ++wd) {
     const size_t base = wd * 64, cnt = std::min<size_t>(64, len - base);
     std::uint32_t d[64];
+    std::uint8_t nz[64] = {};
 #pragma omp simd
     for (size_t i = 0; i < cnt; ++i) {
-      const std::uint32_t v = to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[base + i]));
-      d[i] = to_wire<W>(v ^ std::bit_cast<std::uint32_t>(held[base + i]));
-      held[base + i] = std::bit_cast<float>(v);
+      d[i] = to_wire<W>(to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[base + i]))) ^ held[base + i];
+      nz[i] = d[i] != 0;
     }
+    // eight 0/1 bytes -> eight bits: the multiply moves byte k's bit to bit 56 + k, without carries
     std::uint64_t bits = 0;
-    for (size_t i = 0; i < cnt; ++i) bits |= static_cast<std::uint64_t>(d[i] != 0) << i;
+    for (size_t g = 0; g < 8; ++g) {
+      std::uint64_t eight;
+      std::memcpy(&eight, nz + 8 * g, 8);
+      bits |= ((eight * 0x0102040810204080ull) >> 56) << (8 * g);
+    }
     std::memcpy(bitmap + wd * 8, &bits, 8);
-    for (; bits; bits &= bits - 1) compact[j++] = d[std::countr_zero(bits)];
+    for (; bits; bits &= bits - 1) {
+      const auto i = static_cast<size_t>(std::countr_zero(bits));
+      held[base + i] = static_cast<WireT<W>>(held[base + i] ^ d[i]);
+      compact[j++] = d[i];
+    }
   }
   return j;
 }
@@ -129,14 +137,14 @@ void split_planes(const std::uint32_t* __restrict x, size_t n, std::uint8_t* __r
 }
 // Dense: held becomes the new values; x gets every value's XOR. Returns how many changed.
 template <int W>
-size_t encode_dense(const float* __restrict m, float* __restrict held, size_t len, std::uint32_t* __restrict x) {
+size_t encode_dense(const float* __restrict m, WireT<W>* __restrict held, size_t len, std::uint32_t* __restrict x) {
   size_t changed = 0;
 #pragma omp simd reduction(+ : changed)
   for (size_t i = 0; i < len; ++i) {
-    const std::uint32_t v = to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[i]));
-    x[i] = to_wire<W>(v ^ std::bit_cast<std::uint32_t>(held[i]));
+    const auto wire = static_cast<WireT<W>>(to_wire<W>(to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[i]))));
+    x[i] = static_cast<std::uint32_t>(wire ^ held[i]);
     changed += x[i] != 0;
-    held[i] = std::bit_cast<float>(v);
+    held[i] = wire;
   }
   return changed;
 }
@@ -235,15 +243,51 @@ void round_to_dtype(std::span<float> values, WeightDtype dtype) {
   for (std::ptrdiff_t i = 0; i < n; ++i) v[i] = round_to_bf16(v[i]);
 }
 
-std::vector<std::uint64_t> tensor_checksums(std::span<const float> values,
-                                            const std::vector<policy::TensorSpec>& tensors) {
+namespace {
+
+// xxh3-64 of n values in wire form (bf16: the high halves, packed in blocks that stay in L1, so
+// memory is read once).
+std::uint64_t wire_hash(const float* v, size_t n, WeightDtype dtype) {
+  if (dtype != WeightDtype::bf16) return XXH3_64bits(v, n * sizeof(float));
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  constexpr size_t kBlock = 4096;
+  std::uint16_t packed[kBlock];
+  for (size_t a = 0; a < n; a += kBlock) {
+    const size_t len = std::min(kBlock, n - a);
+#pragma omp simd
+    for (size_t i = 0; i < len; ++i) packed[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v[a + i]) >> 16);
+    XXH3_64bits_update(st, packed, len * 2);
+  }
+  const std::uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+// The same checksums straight from a full payload (the values' wire bytes, element after element).
+std::vector<std::uint64_t> payload_checksums(const std::uint8_t* payload, size_t W,
+                                             const std::vector<policy::TensorSpec>& tensors) {
+  std::vector<std::uint64_t> out(tensors.size(), 0);
+  const auto n = static_cast<std::ptrdiff_t>(tensors.size());
+#pragma omp parallel for schedule(dynamic)
+  for (std::ptrdiff_t t = 0; t < n; ++t) {
+    const auto& s = tensors[static_cast<size_t>(t)];
+    out[static_cast<size_t>(t)] = XXH3_64bits(payload + s.offset * W, s.numel() * W);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::uint64_t> weight_checksums(std::span<const float> values,
+                                            const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype) {
   std::vector<std::uint64_t> out(tensors.size(), 0);
   const auto n = static_cast<std::ptrdiff_t>(tensors.size());
 #pragma omp parallel for schedule(dynamic)
   for (std::ptrdiff_t t = 0; t < n; ++t) {
     const auto& s = tensors[static_cast<size_t>(t)];
     if (s.offset + s.numel() > values.size()) continue;  // (the caller checked the table against the arena)
-    out[static_cast<size_t>(t)] = XXH3_64bits(values.data() + s.offset, s.numel() * sizeof(float));
+    out[static_cast<size_t>(t)] = wire_hash(values.data() + s.offset, s.numel(), dtype);
   }
   return out;
 }
@@ -259,9 +303,21 @@ WeightEncoder::WeightEncoder(WeightDtype dtype, std::vector<policy::TensorSpec> 
 WeightEncoder::~WeightEncoder() = default;
 
 void WeightEncoder::encode(std::span<const float> master, std::int64_t version, bool delta, Weights& out) {
-  const size_t n = master.size(), W = width_of(dtype_), C = kWeightChunkElements;
-  delta = delta && held_version_ >= 0 && held_.size() == n;
-  if (held_.size() != n) held_.assign(n, 0.0f);
+  if (dtype_ == WeightDtype::bf16)
+    encode_as<2>(master, version, delta, out);
+  else
+    encode_as<4>(master, version, delta, out);
+}
+
+template <int W>
+void WeightEncoder::encode_as(std::span<const float> master, std::int64_t version, bool delta, Weights& out) {
+  auto& held_wire = [this]() -> std::vector<WireT<W>>& {
+    if constexpr (W == 2) return held16_;
+    else return held32_;
+  }();
+  const size_t n = master.size(), C = kWeightChunkElements;
+  delta = delta && held_version_ >= 0 && held_wire.size() == n;
+  if (held_wire.size() != n) held_wire.assign(n, 0);
   const size_t chunks = chunk_count(n, C);
   out = Weights{};
   out.version = version;
@@ -272,19 +328,17 @@ void WeightEncoder::encode(std::span<const float> master, std::int64_t version, 
   out.chunk_elements = C;
   out.chunk_bytes.assign(chunks, 0);
   out.chunk_format.assign(chunks, 0);
-  const WeightDtype dt = dtype_;
-  float* held = held_.data();
+  WireT<W>* held = held_wire.data();
   const float* m = master.data();
   if (!delta) {
     // Full: every value's wire bits, element after element, uncompressed (most bits of a weight are noise).
     out.payload.resize(n * W);
-    if (dt == WeightDtype::bf16)
-      encode_full<2>(m, held, out.payload.data(), n);
-    else
-      encode_full<4>(m, held, out.payload.data(), n);
+    encode_full<W>(m, held, out.payload.data(), n);
     for (size_t c = 0; c < chunks; ++c) out.chunk_bytes[c] = std::min(C, n - c * C) * W;
   } else {
-    // Delta: per chunk, the bitmap of changed values and their XORs' byte planes, then zstd.
+    // Delta: per chunk, the bitmap of changed values and their XORs' byte planes (bf16: few
+    // change), or the planes of every value's XOR (fp32: nearly all change), then zstd.
+    constexpr bool sparse = W == 2;
     auto& frames = frames_->chunk;
     frames.resize(chunks);
     std::uint64_t changed = 0;
@@ -294,20 +348,16 @@ void WeightEncoder::encode(std::span<const float> master, std::int64_t version, 
       ThreadScratch& ts = thread_scratch();
       const size_t c = static_cast<size_t>(k), a = c * C, len = std::min(C, n - a);
       auto* x = reinterpret_cast<std::uint32_t*>(ts.xors.reserve(len * 4));
-      const bool sparse = dt == WeightDtype::bf16;
       size_t ch = 0, raw_size = 0;
-      std::uint8_t* raw = nullptr;
-      if (sparse) {
-        std::uint8_t* bitmap = ts.raw.reserve(bitmap_words(len) * 8 + len * W);
-        ch = encode_sparse<2>(m + a, held + a, len, bitmap, x);
-        raw = bitmap;
+      std::uint8_t* raw = ts.raw.reserve(bitmap_words(len) * 8 + len * W);
+      if constexpr (sparse) {
+        ch = encode_sparse<W>(m + a, held + a, len, raw, x);
         raw_size = bitmap_words(len) * 8 + ch * W;
-        split_planes<2>(x, ch, raw + bitmap_words(len) * 8);
+        split_planes<W>(x, ch, raw + bitmap_words(len) * 8);
       } else {
-        ch = encode_dense<4>(m + a, held + a, len, x);
-        raw = ts.raw.reserve(len * W);
+        ch = encode_dense<W>(m + a, held + a, len, x);
         raw_size = len * W;
-        split_planes<4>(x, len, raw);
+        split_planes<W>(x, len, raw);
       }
       changed += ch;
       out.chunk_format[c] = sparse ? kChunkSparse : 0;
@@ -334,7 +384,22 @@ void WeightEncoder::encode(std::span<const float> master, std::int64_t version, 
     out.changed = changed;
   }
   held_version_ = version;
-  out.checksums = tensor_checksums(held_, tensors_);
+  // the held wire form is exactly what the checksums cover (for a full sync, also the payload)
+  out.checksums = payload_checksums(reinterpret_cast<const std::uint8_t*>(held), W, tensors_);
+}
+
+std::vector<float> WeightEncoder::held() const {
+  std::vector<float> v(dtype_ == WeightDtype::bf16 ? held16_.size() : held32_.size());
+  const auto n = static_cast<std::ptrdiff_t>(v.size());
+  float* out = v.data();
+  if (dtype_ == WeightDtype::bf16) {
+    const std::uint16_t* h = held16_.data();
+#pragma omp parallel for schedule(static)
+    for (std::ptrdiff_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(h[i]) << 16);
+  } else {
+    std::memcpy(out, held32_.data(), v.size() * 4);
+  }
+  return v;
 }
 
 // ---- a generator: applying ----------------------------------------------------------------------
@@ -369,8 +434,7 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
   const auto K = static_cast<std::ptrdiff_t>(chunks);
   const std::uint8_t* src = w.payload.data();
 
-  auto checksum_failure = [&](std::span<const float> v) -> std::string {
-    auto sums = tensor_checksums(v, tensors);
+  auto first_failure = [&](const std::vector<std::uint64_t>& sums) -> std::string {
     for (size_t t = 0; t < tensors.size(); ++t)
       if (sums[t] != w.checksums[t])
         return "tensor " + tensors[t].name + " fails its checksum after version " + std::to_string(w.version) +
@@ -382,13 +446,14 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
     for (size_t c = 0; c < chunks; ++c)
       if (w.chunk_format[c] != 0 || w.chunk_bytes[c] != std::min(C, n - c * C) * W)
         return corrupt("full chunk " + std::to_string(c) + " has " + std::to_string(w.chunk_bytes[c]) + " bytes");
-    std::vector<float> fresh(n);
+    // The checksums are of the wire form, which a full payload is: checked before a value is written.
+    for (const auto& t : tensors)
+      if (t.offset + t.numel() > n) return refused("tensor " + t.name + " lies past the arena");
+    if (auto bad = first_failure(payload_checksums(src, W, tensors)); !bad.empty()) return corrupt(bad);
     if (dtype == WeightDtype::bf16)
-      decode_full<2>(src, fresh.data(), n);
+      decode_full<2>(src, values.data(), n);
     else
-      decode_full<4>(src, fresh.data(), n);
-    if (auto bad = checksum_failure(fresh); !bad.empty()) return corrupt(bad);
-    std::copy(fresh.begin(), fresh.end(), values.begin());
+      decode_full<4>(src, values.data(), n);
     return {};
   }
 
@@ -436,7 +501,7 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
     why = "delta chunk " + std::to_string(bad_chunk.load()) + " of version " + std::to_string(w.version) +
           " does not decode";
   else
-    why = checksum_failure(values);
+    why = first_failure(weight_checksums(values, tensors, dtype));
   if (!why.empty()) xor_chunks(&applied);  // back to the base version, bit for bit
   return why.empty() ? WeightsApplied{} : corrupt(why);
 }

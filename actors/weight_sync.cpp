@@ -141,11 +141,11 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
   const std::int64_t v = rep.version;
 
   if (st->async) {
-    auto send = [&](size_t g, const Weights& w) {
+    auto send = [&](size_t g, Weights w) {
       st->sent[g] = v;
       st->expected[g] = v;  // (until its Ack says otherwise)
       const std::string name = generator_name(p, g);
-      here->request<Ack>(p.generators[g], w, kSyncTimeout, [st, g, v, name](runtime::Context&, Result<Ack> a) {
+      here->request<Ack>(p.generators[g], std::move(w), kSyncTimeout, [st, g, v, name](runtime::Context&, Result<Ack> a) {
         if (!a.ok()) {  // (a dead generator is skipped by the next sync; a live one is sent the full weights)
           if (v == st->sent[g]) st->expected[g] = -1;
           st->say("weight sync: " + name + " did not acknowledge version " + std::to_string(v) + ": " +
@@ -155,8 +155,10 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
         if (auto e = st->on_ack(g, name, v, *a); e && !st->async_failure) st->async_failure = *e;
       });
     };
-    for (size_t g : to_delta) send(g, *delta);
-    for (size_t g : to_full) send(g, *full);
+    for (size_t i = 0; i < to_delta.size(); ++i)
+      send(to_delta[i], i + 1 == to_delta.size() ? std::move(*delta) : Weights(*delta));
+    for (size_t i = 0; i < to_full.size(); ++i)
+      send(to_full[i], i + 1 == to_full.size() ? std::move(*full) : Weights(*full));
     rep.seconds = steady_s() - t0;
     co_return rep;
   }
@@ -165,7 +167,7 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
   // delta is sent the full weights at once (a second failure is an error).
   std::vector<size_t> retry;
   for (int round = 0; round < 2; ++round) {
-    std::vector<std::pair<size_t, const Weights*>> sends;
+    std::vector<std::pair<size_t, Weights*>> sends;
     if (round == 0) {
       for (size_t g : to_delta) sends.emplace_back(g, &*delta);
       for (size_t g : to_full) sends.emplace_back(g, &*full);
@@ -185,10 +187,18 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
       retry.clear();
     }
     std::vector<Reply<Ack>> acks;
-    for (auto& [g, w] : sends) {
+    for (size_t i = 0; i < sends.size(); ++i) {
+      auto [g, w] = sends[i];
       st->sent[g] = v;
       st->expected[g] = v;
-      acks.push_back(request<Ack>(here, p.generators[g], *w, kSyncTimeout));
+      // The last generator a message goes to gets it moved, not copied (a retry asks learner 0 again).
+      const bool last_use = i + 1 == sends.size() || sends[i + 1].second != w;
+      if (last_use) {
+        acks.push_back(request<Ack>(here, p.generators[g], std::move(*w), kSyncTimeout));
+        (delta && w == &*delta ? delta : full).reset();
+      } else {
+        acks.push_back(request<Ack>(here, p.generators[g], *w, kSyncTimeout));
+      }
     }
     for (size_t i = 0; i < acks.size(); ++i) {
       const size_t g = sends[i].first;

@@ -14,6 +14,8 @@
 #include <limits>
 #include <random>
 
+#include <zstd.h>
+
 #include "troupe/actors/roles.h"
 #include "troupe/actors/weight_codec.h"
 #include "troupe/actors/weight_sync.h"
@@ -147,6 +149,7 @@ TEST(WeightSync, RoundTripIsBitExact) {
       round_to_dtype(expect, dtype);
       ASSERT_TRUE(same_bits(receiver, expect)) << "version " << v;
       ASSERT_TRUE(same_bits(receiver, enc.held()));
+      EXPECT_EQ(weight_checksums(receiver, tensors, dtype), w.checksums);
       if (dtype == WeightDtype::bf16) {
         EXPECT_LT(w.changed, n / 10);
         EXPECT_LT(w.payload.size(), full_bytes / 5);
@@ -155,7 +158,32 @@ TEST(WeightSync, RoundTripIsBitExact) {
         EXPECT_LT(w.payload.size(), full_bytes);
       }
     }
-    enc.encode(master, 4, false, w);  // asked for in full
+    for (size_t i = 5; i < n; ++i) master[i] *= 1.5f;  // a large update: nearly every value changes
+    enc.encode(master, 4, true, w);
+    ASSERT_EQ(apply_weights(w, receiver, tensors, dtype).status, WeightsStatus::applied);
+    EXPECT_GT(w.changed, n * 9 / 10);
+    expect = master;
+    round_to_dtype(expect, dtype);
+    ASSERT_TRUE(same_bits(receiver, expect));
+    // a chunk stored as it is (what the encoder does when zstd does not shrink it) applies the same
+    {
+      small_update(master, 99);
+      enc.encode(master, 5, true, w);
+      ASSERT_EQ(w.chunk_format[0] & 1, 1);
+      std::vector<std::uint8_t> raw(ZSTD_getFrameContentSize(w.payload.data(), w.chunk_bytes[0]));
+      ASSERT_EQ(ZSTD_decompress(raw.data(), raw.size(), w.payload.data(), w.chunk_bytes[0]), raw.size());
+      Weights as_is = w;
+      as_is.payload.assign(raw.begin(), raw.end());
+      as_is.payload.insert(as_is.payload.end(), w.payload.begin() + static_cast<std::ptrdiff_t>(w.chunk_bytes[0]),
+                           w.payload.end());
+      as_is.chunk_bytes[0] = raw.size();
+      as_is.chunk_format[0] &= ~std::uint8_t{1};
+      ASSERT_EQ(apply_weights(as_is, receiver, tensors, dtype).status, WeightsStatus::applied);
+      expect = master;
+      round_to_dtype(expect, dtype);
+      ASSERT_TRUE(same_bits(receiver, expect));
+    }
+    enc.encode(master, 6, false, w);  // asked for in full
     EXPECT_EQ(w.encoding, static_cast<int32_t>(WeightEncoding::full));
     ASSERT_EQ(apply_weights(w, receiver, tensors, dtype).status, WeightsStatus::applied);
     ASSERT_TRUE(same_bits(receiver, expect));

@@ -199,7 +199,9 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world != 1 + kGenerators) die("run under mpirun -np " + std::to_string(1 + kGenerators));
-  const int threads = std::max(1, omp_get_num_procs() / world);
+  // Every rank computes with all cores: the phases take turns (learner 0 encodes while the
+  // generators wait, then they decode), so no core is left idle by a share that assumes they overlap.
+  const int threads = omp_get_num_procs();
   omp_set_num_threads(threads);
 
   ExperimentConfig cfg = bench_config(dtype, quick);

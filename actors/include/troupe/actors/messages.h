@@ -177,7 +177,7 @@ struct GenerateRep {
 //              the message): a bitmap of the values that changed and the byte planes of their XORs
 //              (sparse), or the byte planes of every value's XOR (dense), zstd-compressed.
 // `checksums` (full, delta): per tensor of the model's table, the xxh3-64 of its values as the
-// receiver must hold them afterwards. With the probe on, `probe_tokens` and learner 0's log-probs
+// receiver must hold them afterwards, in wire form (fp32 bytes, or the bf16 halves). With the probe on, `probe_tokens` and learner 0's log-probs
 // of them with exactly these weights travel along; the receiver computes its own and compares.
 // Only Generator::set_weights decodes and applies one.
 struct Weights {
@@ -193,7 +193,7 @@ struct Weights {
   std::vector<std::uint64_t> chunk_bytes;  // per chunk: its bytes in payload
   std::vector<std::uint8_t> chunk_format;  // per chunk: bit 0 = a zstd frame (else as is), bit 1 = sparse
   std::vector<std::uint8_t> payload;
-  std::vector<std::uint64_t> checksums;    // per tensor, xxh3-64 of its values afterwards
+  std::vector<std::uint64_t> checksums;    // per tensor, xxh3-64 of its values afterwards (wire form)
   std::uint64_t changed = 0;               // delta: values that differ from the base version
   std::vector<std::int32_t> probe_tokens;  // empty = no probe check
   std::vector<float> probe_logprobs;       // learner 0's, one per token after the first

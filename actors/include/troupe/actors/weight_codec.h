@@ -43,9 +43,10 @@ float round_to_bf16(float x);
 // Every value of `values` in `dtype` (bf16: rounded in place; fp32: unchanged).
 void round_to_dtype(std::span<float> values, WeightDtype dtype);
 
-// Per tensor of `tensors`: the xxh3-64 of its values' bytes.
-std::vector<std::uint64_t> tensor_checksums(std::span<const float> values,
-                                            const std::vector<policy::TensorSpec>& tensors);
+// Per tensor of `tensors`: the xxh3-64 of its values in wire form (fp32: their bytes; bf16: the
+// high halves of their bits, two bytes each), what Weights::checksums holds.
+std::vector<std::uint64_t> weight_checksums(std::span<const float> values,
+                                            const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype);
 
 // Values per chunk of a payload: a chunk is the unit that is compressed (and decoded) on one thread.
 inline constexpr std::uint32_t kWeightChunkElements = 1u << 20;
@@ -61,14 +62,19 @@ class WeightEncoder {
   // encoder then holds them as the receivers' next base.
   void encode(std::span<const float> master, std::int64_t version, bool delta, Weights& out);
   WeightDtype dtype() const { return dtype_; }
-  // The values sent last (what a receiver holds once it applied them) and their version (-1: none).
-  std::span<const float> held() const { return held_; }
+  // The values sent last (what a receiver holds once it applied them, as fp32) and their version (-1: none).
+  std::vector<float> held() const;
   std::int64_t held_version() const { return held_version_; }
 
  private:
+  template <int W>
+  void encode_as(std::span<const float> master, std::int64_t version, bool delta, Weights& out);
   WeightDtype dtype_;
   std::vector<policy::TensorSpec> tensors_;
-  std::vector<float> held_;
+  // What was sent last, in wire form (the one the dtype uses): half the memory traffic of fp32
+  // copies for bf16, and the bytes the checksums are of.
+  std::vector<std::uint16_t> held16_;
+  std::vector<std::uint32_t> held32_;
   std::int64_t held_version_ = -1;
   struct Frames;  // the compressed chunks' scratch, kept between calls
   std::unique_ptr<Frames> frames_;
