@@ -209,10 +209,11 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
     if (encoder_->dtype() == WeightDtype::fp32) {  // the generators hold the master as it is
       TROUPE_ASSIGN_OR_RETURN(w.probe_logprobs, probe_logprobs(*policy_.model, w.probe_tokens));
     } else {  // with the rounded copy in place for the probe, then the master back bit for bit
-      const std::vector<float> master(policy_.model->params().begin(), policy_.model->params().end());
-      TROUPE_TRY(policy_.model->set_params(encoder_->held()));
+      auto params = policy_.model->params();  // (host memory: Model::params)
+      master_backup_.assign(params.begin(), params.end());
+      encoder_->held_into(params);
       auto lp = probe_logprobs(*policy_.model, w.probe_tokens);
-      TROUPE_TRY(policy_.model->set_params(master));
+      std::copy(master_backup_.begin(), master_backup_.end(), params.begin());
       if (!lp.ok()) return lp.error();
       w.probe_logprobs = std::move(lp).value();
     }

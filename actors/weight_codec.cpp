@@ -388,17 +388,21 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
   out.checksums = payload_checksums(reinterpret_cast<const std::uint8_t*>(held), W, tensors_);
 }
 
-std::vector<float> WeightEncoder::held() const {
-  std::vector<float> v(dtype_ == WeightDtype::bf16 ? held16_.size() : held32_.size());
-  const auto n = static_cast<std::ptrdiff_t>(v.size());
-  float* out = v.data();
+void WeightEncoder::held_into(std::span<float> out) const {
+  const auto n = static_cast<std::ptrdiff_t>(std::min(out.size(), dtype_ == WeightDtype::bf16 ? held16_.size() : held32_.size()));
+  float* o = out.data();
   if (dtype_ == WeightDtype::bf16) {
     const std::uint16_t* h = held16_.data();
 #pragma omp parallel for schedule(static)
-    for (std::ptrdiff_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(h[i]) << 16);
+    for (std::ptrdiff_t i = 0; i < n; ++i) o[i] = std::bit_cast<float>(static_cast<std::uint32_t>(h[i]) << 16);
   } else {
-    std::memcpy(out, held32_.data(), v.size() * 4);
+    std::memcpy(o, held32_.data(), static_cast<size_t>(n) * 4);
   }
+}
+
+std::vector<float> WeightEncoder::held() const {
+  std::vector<float> v(dtype_ == WeightDtype::bf16 ? held16_.size() : held32_.size());
+  held_into(v);
   return v;
 }
 

@@ -151,6 +151,7 @@ class LearnerRole {
   // is scored for the mismatch metrics with the weights that sampled it.
   std::map<int64_t, std::vector<float>> snapshots_;
   std::unique_ptr<WeightEncoder> encoder_;  // learner 0: what the generators were sent last
+  std::vector<float> master_backup_;        // bf16 probe: the master while the rounded copy is in place
   learner::MismatchSums stale_mismatch_;  // of the stale samples of a streamed step's parts so far
   Result<learner::MismatchSums> score_stale(const TrainReq& r, const std::vector<learner::Sample>& samples,
                                             learner::Trainer& trainer);

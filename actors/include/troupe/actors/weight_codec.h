@@ -64,6 +64,7 @@ class WeightEncoder {
   WeightDtype dtype() const { return dtype_; }
   // The values sent last (what a receiver holds once it applied them, as fp32) and their version (-1: none).
   std::vector<float> held() const;
+  void held_into(std::span<float> out) const;  // the same, written into out (its size: the arena's)
   std::int64_t held_version() const { return held_version_; }
 
  private:
