@@ -190,7 +190,10 @@ Task<Status> run(RunState& s, bool resume) {
   }
   s.step = start;
   s.done_step = s.saved_step = start;
-  Status st = co_await run_phases(s, start);
+  // A fresh run starts with a full sync (a resume had one already): every generator then holds a
+  // version learner 0 has checksummed (and probed) before it samples, and later syncs are deltas.
+  Status st = resume ? Status{} : co_await sync_weights(s, nullptr);
+  if (st.ok()) st = co_await run_phases(s, start);
   if (st.ok()) co_return st;
   if (is_planned_stop(st.error())) co_return st;
   co_return co_await save_what_is_done(s, st.error());

@@ -18,6 +18,7 @@
 #include "troupe/actors/coordinator.h"
 #include "troupe/actors/experiment_config.h"
 #include "troupe/actors/messages.h"
+#include "troupe/actors/weight_sync.h"
 #include "troupe/base/result.h"
 #include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/tokenizer.h"
@@ -130,6 +131,7 @@ struct RunState {
   std::string resumed_pipeline;  // the checkpoint's pipeline.bin (--resume of an async run)
   int64_t trained_episodes = 0;  // the ledger's count: episodes of the GRPO steps trained so far
   std::vector<std::string> serve_urls;  // each generator's rollout.serve endpoint (asked on first use)
+  std::unique_ptr<WeightSync> weight_sync;  // what each generator holds (made on the first sync)
 
   double now_s() const { return wall_offset + mono_s() - t0; }
   Status emit(json row) const { return hooks.metrics ? hooks.metrics(row) : Status{}; }
@@ -256,8 +258,9 @@ Result<Prepared> prepare(const RunState& s, const Rollout& r);
 // sft_batch.cpp: SFT step k's batch of reference completions; *tokens = completion tokens.
 Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens);
 
-// weight_sync.cpp: the learner's weights to every generator (s.version = theirs). Sync mode waits
-// for every generator's Ack; async mode only queues them (generators may be sampling).
+// weight_sync.cpp: the learner's weights to every generator (s.version = theirs) through
+// s.weight_sync (troupe/actors/weight_sync.h). Sync mode waits for every generator's Ack; async
+// mode only queues them (generators may be sampling).
 Task<Status> sync_weights(RunState& s, double* seconds);
 
 // step_metrics.cpp: the metric rows.

@@ -22,7 +22,9 @@ namespace troupe::actors {
 Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg) {
   auto g = std::make_unique<Generator>();
   g->cfg_ = cfg;
+  g->dtype_ = weight_dtype_of(cfg.weight_sync.dtype);
   TROUPE_ASSIGN_OR_RETURN(g->policy_, make_policy(cfg));
+  round_to_dtype(g->policy_.model->params(), g->dtype_);  // version 0 as learner 0 would send it
   const auto& tok = *g->policy_.tokenizer;
   if (tok.eos_id() >= 0) g->stop_tokens_.push_back(tok.eos_id());
   for (const auto& s : cfg.rollout.stop) {
@@ -34,6 +36,7 @@ Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg
   }
   if (!cfg.rollout.serve.empty()) {  // the endpoint samples from a copy of its own, on its own thread
     TROUPE_ASSIGN_OR_RETURN(auto copy, make_policy(cfg));
+    round_to_dtype(copy.model->params(), g->dtype_);
     ServeEngineOptions eo;
     eo.slots = cfg.rollout.serve_slots;
     eo.context = std::min(copy.model->config().max_position_embeddings, 4096);
@@ -47,18 +50,95 @@ Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg
 }
 
 Status Generator::set_weights(const Weights& w) {
-  TROUPE_TRY(policy_.model->set_params(w.params));
-  if (engine_) TROUPE_TRY(engine_->set_weights(w.version, w.params));
+  ack_ = Ack{};
+  ack_.value = version_;
+  ack_.version = w.version;
+  // Not applied: the Ack says why, the error says it loudly; the weights and version held stay.
+  auto not_applied = [&](WeightsStatus st, const std::string& why) -> Status {
+    ack_.status = static_cast<std::int32_t>(st);
+    ack_.detail = why;
+    std::string msg = "generator: weights of version " + std::to_string(w.version) + " " + weights_status_name(st) +
+                      ": " + why +
+                      (st == WeightsStatus::probe_mismatch ? " (it holds them and will not sample until a sync passes)"
+                                                           : " (it keeps version " + std::to_string(version_) + ")");
+    std::fprintf(stderr, "troupe: %s\n", msg.c_str());
+    return make_error(ErrorCode::invalid_input, std::move(msg));
+  };
+  const auto encoding = static_cast<WeightEncoding>(w.encoding);
+  auto params = policy_.model->params();
+  if (encoding == WeightEncoding::raw) {
+    if (w.params.size() != params.size())
+      return not_applied(WeightsStatus::refused, std::to_string(w.params.size()) + " values for a model of " +
+                                                     std::to_string(params.size()));
+    std::vector<float> p = w.params;
+    round_to_dtype(p, dtype_);
+    TROUPE_TRY(policy_.model->set_params(p));
+  } else {
+    if (encoding == WeightEncoding::delta && w.base_version != version_)
+      return not_applied(WeightsStatus::refused, "a delta against version " + std::to_string(w.base_version) +
+                                                     ", but this generator holds version " + std::to_string(version_));
+    WeightsApplied r = apply_weights(w, params, policy_.model->tensors(), dtype_);
+    if (r.status != WeightsStatus::applied) return not_applied(r.status, r.detail);
+  }
+  if (engine_ && !holding_) TROUPE_TRY(engine_->set_weights(w.version, std::vector<float>(params.begin(), params.end())));
   version_ = w.version;
+  ack_.value = version_;
+  probe_failure_.clear();
+  if (!w.probe_tokens.empty()) {
+    TROUPE_ASSIGN_OR_RETURN(auto mine, probe_logprobs(*policy_.model, w.probe_tokens));
+    const std::int64_t at = first_bit_difference(mine, w.probe_logprobs);
+    if (at >= 0) {
+      auto value = [](const std::vector<float>& v, std::int64_t i) {
+        return i < static_cast<std::int64_t>(v.size()) ? std::to_string(v[static_cast<size_t>(i)]) : std::string("none");
+      };
+      char bits[64] = "";
+      if (at < static_cast<std::int64_t>(std::min(mine.size(), w.probe_logprobs.size()))) {
+        uint32_t a = 0, b = 0;
+        std::memcpy(&a, &mine[static_cast<size_t>(at)], 4);
+        std::memcpy(&b, &w.probe_logprobs[static_cast<size_t>(at)], 4);
+        std::snprintf(bits, sizeof bits, " (bits 0x%08x vs 0x%08x)", a, b);
+      }
+      ack_.probe_position = at;
+      probe_failure_ = "the probe log-prob at position " + std::to_string(at) + " is " + value(mine, at) +
+                       " here, learner 0 computed " + value(w.probe_logprobs, at) + bits + " with the same " +
+                       weight_dtype_name(dtype_) + " weights";
+      return not_applied(WeightsStatus::probe_mismatch, probe_failure_);
+    }
+  }
   return {};
 }
 
-void Generator::hold_weights(Weights w) { held_.push_back(std::move(w)); }
+Status Generator::hold_weights(const Weights& w) {
+  // Decoded (a delta against the newest version received) and checked now, so the Ack tells the
+  // sender at once; the model goes back to the version it samples with until use_version.
+  auto live = policy_.model->params();
+  const std::vector<float> sampling(live.begin(), live.end());
+  const int64_t sampling_version = version_;
+  if (!held_.empty()) {
+    TROUPE_TRY(policy_.model->set_params(held_.back().params));
+    version_ = held_.back().version;
+  }
+  holding_ = true;
+  Status st = set_weights(w);
+  holding_ = false;
+  if (st.ok()) {
+    auto p = policy_.model->params();
+    held_.push_back({version_, std::vector<float>(p.begin(), p.end())});
+  }
+  TROUPE_TRY(policy_.model->set_params(sampling));
+  version_ = sampling_version;
+  return st;
+}
+
+Status Generator::receive_weights(const Weights& w) { return cfg_.rollout.async ? hold_weights(w) : set_weights(w); }
 
 Status Generator::use_version(int64_t version) {
   while (!held_.empty() && (version < 0 || held_.front().version <= version)) {
-    TROUPE_TRY(set_weights(held_.front()));
+    HeldWeights h = std::move(held_.front());
     held_.pop_front();
+    TROUPE_TRY(policy_.model->set_params(h.params));
+    if (engine_) TROUPE_TRY(engine_->set_weights(h.version, std::move(h.params)));
+    version_ = h.version;
   }
   if (version >= 0 && version_ != version)
     return make_error(ErrorCode::internal, "generator: asked to sample with policy version " + std::to_string(version) +
@@ -69,6 +149,9 @@ Status Generator::use_version(int64_t version) {
 }
 
 Result<GenerateRep> Generator::generate(const GenerateReq& r) {
+  if (!probe_failure_.empty())
+    return make_error(ErrorCode::internal, "generator: will not sample with version " + std::to_string(version_) +
+                                               ", which failed the weight-sync probe check: " + probe_failure_);
   auto t0 = std::chrono::steady_clock::now();
   TROUPE_TRY(use_version(r.policy_version));
   const auto& tok = *policy_.tokenizer;
@@ -218,17 +301,14 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
   handle<ServeAddressReq>([this](runtime::Context& ctx, const ServeAddressReq&) -> Status {
     return ctx.reply(ServeAddressRep{gen_->serve_url()});
   });
-  // A request (sync mode, resume): taken now, after any held back. A plain message (async mode's
-  // broadcast): held back until a GenerateReq names its version.
+  // Sync mode: applied now. Async mode: decoded and checked now, held back until a GenerateReq
+  // names its version (Generator::hold_weights). A request gets the Ack whatever happened (it
+  // names what was not applied and why); a message sent without a reply fails the handler instead.
   handle<Weights>([this](runtime::Context& ctx, const Weights& w) -> Status {
     use_threads(threads_);
-    if (ctx.header() && (ctx.header()->flags & runtime::kFlagRequest)) {
-      TROUPE_TRY(gen_->use_version(-1));
-      TROUPE_TRY(gen_->set_weights(w));
-      return ctx.reply(Ack{w.version});
-    }
-    gen_->hold_weights(w);
-    return {};
+    Status st = gen_->receive_weights(w);
+    if (ctx.header() && (ctx.header()->flags & runtime::kFlagRequest)) return ctx.reply(gen_->weights_ack());
+    return st;
   });
 }
 

@@ -237,6 +237,30 @@ Weights LearnerRole::weights() const {
   return w;
 }
 
+Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
+  const auto& ws = cfg_.weight_sync;
+  if (!encoder_) encoder_ = std::make_unique<WeightEncoder>(weight_dtype_of(ws.dtype), policy_.model->tensors());
+  const bool full_due = ws.mode == "full" || (ws.full_every > 0 && version_ % ws.full_every == 0);
+  const bool delta = !full_due && r.base_version >= 0 && r.base_version == encoder_->held_version();
+  Weights w;
+  encoder_->encode(policy_.model->params(), version_, delta, w);
+  if (ws.probe) {
+    w.probe_tokens = probe_tokens(policy_.model->config().vocab_size);
+    if (encoder_->dtype() == WeightDtype::fp32) {  // the generators hold the master as it is
+      TROUPE_ASSIGN_OR_RETURN(w.probe_logprobs, probe_logprobs(*policy_.model, w.probe_tokens));
+    } else {  // with the rounded copy in place for the probe, then the master back bit for bit
+      auto params = policy_.model->params();  // (host memory: Model::params)
+      master_backup_.assign(params.begin(), params.end());
+      encoder_->held_into(params);
+      auto lp = probe_logprobs(*policy_.model, w.probe_tokens);
+      std::copy(master_backup_.begin(), master_backup_.end(), params.begin());
+      if (!lp.ok()) return lp.error();
+      w.probe_logprobs = std::move(lp).value();
+    }
+  }
+  return w;
+}
+
 Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
   const auto& specs = policy_.model->tensors();
   CheckpointRep rep;
@@ -308,8 +332,10 @@ LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role, int threads)
     TROUPE_ASSIGN_OR_RETURN(auto rep, role_->train(r));
     return ctx.reply(std::move(rep));
   });
-  handle<GetWeightsReq>([this](runtime::Context& ctx, const GetWeightsReq&) -> Status {
-    return ctx.reply(role_->weights());
+  handle<GetWeightsReq>([this](runtime::Context& ctx, const GetWeightsReq& r) -> Status {
+    use_threads(threads_);
+    TROUPE_ASSIGN_OR_RETURN(auto w, role_->weights_for_generators(r));
+    return ctx.reply(std::move(w));
   });
   handle<CheckpointReq>([this](runtime::Context& ctx, const CheckpointReq& r) -> Status {
     use_threads(threads_);

@@ -209,8 +209,10 @@ TEST(Roles, GeneratorSamplesWithTheVersionItIsAskedFor) {
   v2 = v1;
   v2.version = 2;
   for (auto& p : v2.params) p = -p;
-  (*g)->hold_weights(v1);
-  (*g)->hold_weights(v2);
+  ASSERT_TRUE((*g)->hold_weights(v1).ok());
+  ASSERT_TRUE((*g)->hold_weights(v2).ok());
+  EXPECT_EQ((*g)->weights_ack().value, 2);  // acknowledged as received (decoded and checked) at once
+  EXPECT_EQ((*g)->version(), 0);            // but it samples with version 0 until asked
   probe.policy_version = 0;  // what it holds now: the held ones wait
   auto at0 = (*g)->generate(probe);
   ASSERT_TRUE(at0.ok()) << at0.error().message;

@@ -544,6 +544,11 @@ class Loader {
       error(at("policy.batch_invariant"), "policy.batch_invariant",
             "not implemented with policy.device: cuda (the CUDA kernels have no fixed-chain GEMM or shared "
             "attention loop yet); set it to false or use policy.device: cpu");
+    // Exact on-policy sampling needs the generators to hold the learner's own fp32 weights.
+    if (c.policy.batch_invariant && c.weight_sync.dtype != "fp32")
+      error(at("weight_sync.dtype"), "weight_sync.dtype",
+            c.weight_sync.dtype + " generator weights differ from the learner's fp32 master, but policy.batch_invariant "
+            "asks sampler and learner to agree bit for bit; use fp32");
     if (x.device == "cuda" && x.routing_replay == policy::RoutingReplay::rollout)
       error(at("policy.moe.routing_replay"), "policy.moe.routing_replay",
             "not implemented with policy.device: cuda; set it to off or use policy.device: cpu");

@@ -205,6 +205,12 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.text("rollout.serve", [](C& c) { return &c.rollout.serve; }, "HOST:PORT (loopback): every generator also serves its current policy weights over the OpenAI-compatible routes of troupe serve (generator i on PORT + i; port 0: a free one, logged). Requests for an episode (the model name episodes/EPISODE_ID, the base URL .../episodes/EPISODE_ID/v1, or the X-Troupe-Episode header) are recorded token for token into that episode and trained on; other requests are served and not recorded. Envs of type verifiers need it. Empty = off.");
   b.integer("rollout.serve_slots", [](C& c) { return &c.rollout.serve_slots; }, 1, 4096, "rollout.serve: sequences the endpoint samples together (continuous batching over a copy of the generator's weights).");
 
+  // weight_sync
+  b.choice("weight_sync.mode", [](C& c) { return &c.weight_sync.mode; }, {"delta", "full"}, "How learner 0's weights reach the generators after each update (docs/weight_sync.md). delta: the XOR of the new bits and those of the version the generator holds, in byte planes, zstd-compressed (only what changed costs bytes; lossless: fp32 generators then hold the master bit for bit); the full weights go at the start, to a generator that has none acknowledged yet, after a checksum failure or a refused delta, and every full_every versions. full: every sync sends every value. Each tensor is checksummed (xxh3-64) either way.");
+  b.integer("weight_sync.full_every", [](C& c) { return &c.weight_sync.full_every; }, 0, kIntMax, "delta mode: a version divisible by this goes to the generators in full (bounds how long a delta chain gets; 0 = only when needed).");
+  b.choice("weight_sync.dtype", [](C& c) { return &c.weight_sync.dtype; }, {"fp32", "bf16"}, "The generators' weights: fp32 (the learner's master as it is: exact on-policy sampling) or bf16 (the master rounded to the nearest bf16, ties to even; still computed in fp32). bf16 halves a full sync, and a small update leaves most bf16 values unchanged, so deltas get far smaller; the sampler then differs from the learner by that rounding (the mismatch metrics show it). Not with policy.batch_invariant.");
+  b.flag("weight_sync.probe", [](C& c) { return &c.weight_sync.probe; }, "After each sync every generator computes the log-probs of a fixed 32-token probe sequence with its new weights and compares them, bit for bit, with those learner 0 computed with the same weights in the generators' dtype; a mismatch is an error naming the generator, the version and the first differing position (and that generator refuses to sample).");
+
   // cluster
   b.integer("cluster.learners", [](C& c) { return &c.cluster.learners; }, 1, 4096, "Learner ranks (data parallel).");
   b.integer("cluster.generators", [](C& c) { return &c.cluster.generators; }, 1, 4096, "Rollout generator ranks.");
@@ -519,7 +525,8 @@ std::string resolved_yaml(const ExperimentConfig& cfg_in) {
 
 namespace {
 // Keys a --resume may change: where and how long the run goes, how it is placed, logged, evaluated
-// and checkpointed, and the optimizations that are bit-identical to the plain path. (Not
+// and checkpointed, the optimizations that are bit-identical to the plain path, and how weights
+// reach the generators (delta and full syncs carry the same values; the dtype is not resumable). (Not
 // sft.max_steps: it decides where the GRPO phase starts.)
 constexpr const char* kResumeMayChangePrefixes[] = {"cluster.", "checkpointing.", "logger.", "eval.", "faults."};
 constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
@@ -538,7 +545,10 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "envs[].max_restarts",
                                                 "envs[].worker",
                                                 "envs[].max_retries",
-                                                "envs[].max_failure_frac"};
+                                                "envs[].max_failure_frac",
+                                                "weight_sync.mode",
+                                                "weight_sync.full_every",
+                                                "weight_sync.probe"};
 bool resume_may_change(const std::string& path) {
   for (const char* p : kResumeMayChangePrefixes)
     if (path.rfind(p, 0) == 0) return true;

@@ -25,6 +25,7 @@ APT_PACKAGES=(
   slurmctld slurmd slurm-client munge
   libcpp-httplib-dev
   libmsgpack-dev
+  libzstd-dev libxxhash-dev
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

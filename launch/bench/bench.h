@@ -81,5 +81,6 @@ int run_envs_suite(const BenchOptions& opt);      // envs.cpp
 int run_learner_suite(const BenchOptions& opt);   // learner.cpp
 int run_e2e_suite(const BenchOptions& opt);       // e2e.cpp
 int run_reliability_suite(const BenchOptions& opt);  // reliability.cpp
+int run_weight_sync_suite(const BenchOptions& opt);  // weight_sync.cpp (mpirun on troupe_weight_sync_bench)
 
 }  // namespace troupe::bench

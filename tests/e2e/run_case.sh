@@ -379,6 +379,29 @@ EOS
     done
     grep -q "nope" "$W/err.txt" || true
     ;;
+  weight_sync)  # delta weight sync (the default) trains bit for bit as full syncs do, sync and async; bf16 generators
+    # pass the probe on every sync; full_every 4 mixes full syncs into the deltas
+    S="--set sft.max_steps=8 --set grpo.max_steps=8 --set eval.every=0 --set eval.num_prompts=20 --set checkpointing.enabled=false $Q"
+    for cfg in quickstart async; do
+      "$TROUPE" run "$SRC/configs/$cfg.yaml" --set run.dir="$W/${cfg}_delta" --set weight_sync.full_every=4 $S
+      "$TROUPE" run "$SRC/configs/$cfg.yaml" --set run.dir="$W/${cfg}_full" --set weight_sync.mode=full $S
+      $CHECK same "$W/${cfg}_delta" "$W/${cfg}_full"
+      "$TROUPE" run "$SRC/configs/$cfg.yaml" --set run.dir="$W/${cfg}_bf16" --set weight_sync.dtype=bf16 $S
+      $CHECK steps "$W/${cfg}_bf16" 16
+    done
+    # exact on-policy sampling keeps fp32 generators: bf16 with batch_invariant is a config error
+    expect_exit 2 "$TROUPE" validate "$SRC/configs/quickstart.yaml" --set weight_sync.dtype=bf16 --set policy.batch_invariant=true
+    grep -q "weight_sync.dtype" "$W/err.txt"
+    ;;
+  weight_sync_ranks)  # the same across ranks (tcp): delta == full bit for bit, bf16 probes pass on a generator rank
+    M="$MPIEXEC --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"
+    S="--set sft.max_steps=4 --set grpo.max_steps=4 --set eval.num_prompts=10 --set checkpointing.enabled=false $Q"
+    $M "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/delta" --set weight_sync.full_every=3 $S
+    $M "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/full" --set weight_sync.mode=full $S
+    $CHECK same "$W/delta" "$W/full"
+    $M "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/bf16" --set weight_sync.dtype=bf16 $S
+    $CHECK steps "$W/bf16" 8
+    ;;
   mismatch_metrics)  # sampler vs learner log-probs and MoE routing on every GRPO step: sync, async, corrections
     S="--set sft.max_steps=10 --set grpo.max_steps=6 --set eval.every=0 --set eval.num_prompts=20 --set checkpointing.enabled=false $Q"
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/sync" $S

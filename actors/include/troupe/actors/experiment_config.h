@@ -94,6 +94,14 @@ struct RolloutSection {
   int serve_slots = 16; // sequences the endpoint samples together
 };
 
+// How learner 0's weights reach the generators after each update (docs/weight_sync.md).
+struct WeightSyncSection {
+  std::string mode = "delta";  // delta: the XOR against the version the generator holds, zstd-compressed | full
+  int full_every = 50;         // delta mode: versions divisible by this go in full (0 = only when needed)
+  std::string dtype = "fp32";  // the generators' weights: fp32 (the master as is) | bf16 (rounded, nearest even)
+  bool probe = true;           // after each sync the generator's log-probs of a probe sequence must equal learner 0's
+};
+
 struct ClusterSection {
   int learners = 1;
   int generators = 1;
@@ -163,6 +171,7 @@ struct ExperimentConfig {
   learner::OptimizerConfig optimizer;
   std::vector<EnvSpec> envs;
   RolloutSection rollout;
+  WeightSyncSection weight_sync;
   ClusterSection cluster;
   CheckpointSection checkpointing;
   LoggerSection logger;

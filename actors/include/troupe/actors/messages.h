@@ -173,20 +173,52 @@ struct GenerateRep {
   template <class A>
   void serialize(A& ar) { ar(samples, policy_version, generate_s); }
 };
-struct Weights {  // learner -> generators: the whole flat parameter arena, tagged with its version
+// Learner 0 -> generators: the weights of policy version `version`, in one of three encodings
+// (actors/weight_codec.h; docs/weight_sync.md):
+//   raw (0):   `params` is the whole flat fp32 arena (tests and tools; no checksums);
+//   full (1):  `payload` holds every value in the generators' dtype (fp32 or bf16 bits), uncompressed;
+//   delta (2): `payload` holds, per chunk of `chunk_elements` values, the XOR of these values' bits
+//              and those of version `base_version` (which the receiver must hold, else it refuses
+//              the message): a bitmap of the values that changed and the byte planes of their XORs
+//              (sparse), or the byte planes of every value's XOR (dense), zstd-compressed.
+// `checksums` (full, delta): per tensor of the model's table, the xxh3-64 of its values as the
+// receiver must hold them afterwards, in wire form (fp32 bytes, or the bf16 halves). With the probe on, `probe_tokens` and learner 0's log-probs
+// of them with exactly these weights travel along; the receiver computes its own and compares.
+// Only Generator::set_weights decodes and applies one.
+struct Weights {
   static constexpr std::uint32_t type_id = 2012;
   static constexpr const char* type_name = "actors.Weights";
   std::int64_t version = 0;
-  std::vector<float> params;
+  std::vector<float> params;  // raw encoding only
+  std::int64_t base_version = -1;  // delta: the version the XOR is against; else -1
+  std::int32_t encoding = 0;       // WeightEncoding: 0 raw, 1 full, 2 delta
+  std::int32_t dtype = 0;          // WeightDtype: 0 fp32, 1 bf16 (full, delta)
+  std::uint64_t elements = 0;      // values in the arena (full, delta)
+  std::uint32_t chunk_elements = 0;       // values per chunk (the last one may be shorter)
+  std::vector<std::uint64_t> chunk_bytes;  // per chunk: its bytes in payload
+  std::vector<std::uint8_t> chunk_format;  // per chunk: bit 0 = a zstd frame (else as is), bit 1 = sparse
+  std::vector<std::uint8_t> payload;
+  std::vector<std::uint64_t> checksums;    // per tensor, xxh3-64 of its values afterwards (wire form)
+  std::uint64_t changed = 0;               // delta: values that differ from the base version
+  std::vector<std::int32_t> probe_tokens;  // empty = no probe check
+  std::vector<float> probe_logprobs;       // learner 0's, one per token after the first
   template <class A>
-  void serialize(A& ar) { ar(version, params); }
+  void serialize(A& ar) {
+    ar(version, params, base_version, encoding, dtype, elements, chunk_elements, chunk_bytes, chunk_format, payload,
+       checksums, changed, probe_tokens, probe_logprobs);
+  }
 };
+// Generator -> coordinator, the reply to a Weights request: what the generator holds now.
 struct Ack {
   static constexpr std::uint32_t type_id = 2013;
   static constexpr const char* type_name = "actors.Ack";
-  std::int64_t value = 0;
+  std::int64_t value = 0;         // the version the generator holds (and samples with) now
+  std::int32_t status = 0;        // WeightsStatus: 0 applied, 1 checksum_failed, 2 refused, 3 probe_mismatch
+  std::int64_t version = 0;       // the version of the Weights message this answers
+  std::string detail;             // why, when not applied (names the tensor, the versions or the position)
+  std::int64_t probe_position = -1;  // probe_mismatch: the first position whose log-prob differs
   template <class A>
-  void serialize(A& ar) { ar(value); }
+  void serialize(A& ar) { ar(value, status, version, detail, probe_position); }
 };
 
 // ---- rollout.serve: the generator's OpenAI-compatible endpoint during a run ----
@@ -265,12 +297,15 @@ struct TrainRep {
   template <class A>
   void serialize(A& ar) { ar(metrics_json, policy_version, train_s); }
 };
+// Coordinator -> learner 0: its current weights for the generators, as a delta against
+// `base_version` when that is the version it encoded last (and weight_sync says delta and the
+// version is not a full_every one), else in full. Reply: Weights.
 struct GetWeightsReq {
   static constexpr std::uint32_t type_id = 2022;
   static constexpr const char* type_name = "actors.GetWeightsReq";
-  std::int32_t unused = 0;
+  std::int64_t base_version = -1;  // the version the receivers hold (-1: none, a full sync)
   template <class A>
-  void serialize(A& ar) { ar(unused); }
+  void serialize(A& ar) { ar(base_version); }
 };
 struct CheckpointReq {  // save (load = false) or load (load = true) a checkpoint
   static constexpr std::uint32_t type_id = 2023;

@@ -14,6 +14,7 @@
 #include "troupe/actors/messages.h"
 #include "troupe/actors/serve_engine.h"
 #include "troupe/actors/served_turns.h"
+#include "troupe/actors/weight_codec.h"
 #include "troupe/base/result.h"
 #include "troupe/envs/client.h"
 #include "troupe/learner/communicator.h"
@@ -83,14 +84,26 @@ class Generator {
   static Result<std::unique_ptr<Generator>> create(const ExperimentConfig& cfg);
   // Samples r's prompts with version r.policy_version (taking the held-back Weights up to it first).
   Result<GenerateRep> generate(const GenerateReq& r);
+  // Decodes and applies one Weights message (raw, full or delta; weight_codec.h), then runs the
+  // probe check it asks for. Everything a weight message does to a generator happens here, so a
+  // queue of them can be applied in order. Not applied (an error): a delta against another
+  // version than the one held (refused), a payload that fails its checksums (the weights stay as
+  // they were); a probe mismatch is an error too, and generate() then refuses to sample until a
+  // later sync passes the probe. weights_ack() says what the last call did.
   Status set_weights(const Weights& w);
-  // Async mode: weights arrive while the generator may still owe samples of an older version.
-  // hold_weights keeps them back, in order; use_version takes those up to `version` (-1: all) and
-  // fails when the generator then does not hold exactly that version (it never samples with
-  // weights it cannot name the version of).
-  void hold_weights(Weights w);
+  const Ack& weights_ack() const { return ack_; }
+  // Async mode (rollout.async): weights arrive while the generator may still owe samples of an
+  // older version. hold_weights decodes and checks a message at once, against the newest version
+  // received (its Ack says so), but keeps the weights aside, in order; use_version takes those up
+  // to `version` (-1: all) and fails when the generator then does not hold exactly that version (it
+  // never samples with weights it cannot name the version of). receive_weights is the Weights
+  // handler's choice: hold in async mode, set_weights otherwise.
+  Status hold_weights(const Weights& w);
   Status use_version(int64_t version);
+  Status receive_weights(const Weights& w);
   int64_t version() const { return version_; }
+  WeightDtype weight_dtype() const { return dtype_; }
+  policy::Model& model() { return *policy_.model; }
   const policy::io::Tokenizer& tokenizer() const { return *policy_.tokenizer; }
   const ExperimentConfig& config() const { return cfg_; }
 
@@ -114,7 +127,15 @@ class Generator {
   std::shared_ptr<const policy::io::ChatTemplate> serve_tmpl_;
   std::string serve_url_;
   int64_t version_ = 0;
-  std::deque<Weights> held_;               // hold_weights: not taken yet, oldest first
+  struct HeldWeights {
+    int64_t version = 0;
+    std::vector<float> params;  // decoded, in the generator's dtype
+  };
+  std::deque<HeldWeights> held_;           // hold_weights: not taken yet, oldest first
+  bool holding_ = false;                   // set_weights is decoding for hold_weights (the engine waits)
+  WeightDtype dtype_ = WeightDtype::fp32;  // weight_sync.dtype: how this generator holds its weights
+  Ack ack_;                                // what the last set_weights did
+  std::string probe_failure_;              // set while the weights held failed the probe check
   std::vector<int32_t> stop_tokens_;       // EOS + single-token stop strings
   std::vector<std::string> stop_strings_;  // the rest, cut after decoding
 };
@@ -125,7 +146,12 @@ class LearnerRole {
                                                      std::unique_ptr<learner::Communicator> comm);
   ~LearnerRole();
   Result<TrainRep> train(const TrainReq& r);
-  Weights weights() const;
+  Weights weights() const;  // the current version, raw (the whole fp32 arena)
+  // The current version for the generators (weight_sync): a delta against r.base_version when that
+  // is the version encoded last, weight_sync.mode is delta and the version is no full_every
+  // multiple; else in full. With weight_sync.probe, learner 0's probe log-probs with exactly the
+  // weights the generators will hold (in their dtype) travel along.
+  Result<Weights> weights_for_generators(const GetWeightsReq& r);
   Result<CheckpointRep> checkpoint(const CheckpointReq& r);
   int64_t version() const { return version_; }
 
@@ -142,6 +168,8 @@ class LearnerRole {
   // Async: the parameters of recent versions (at most rollout.max_staleness back), so that a sample
   // is scored for the mismatch metrics with the weights that sampled it.
   std::map<int64_t, std::vector<float>> snapshots_;
+  std::unique_ptr<WeightEncoder> encoder_;  // learner 0: what the generators were sent last
+  std::vector<float> master_backup_;        // bf16 probe: the master while the rounded copy is in place
   learner::MismatchSums stale_mismatch_;  // of the stale samples of a streamed step's parts so far
   Result<learner::MismatchSums> score_stale(const TrainReq& r, const std::vector<learner::Sample>& samples,
                                             learner::Trainer& trainer);

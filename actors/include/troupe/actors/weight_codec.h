@@ -1,0 +1,101 @@
+// The weight-sync codec: how learner 0's weights become a Weights message (messages.h) and how a
+// generator applies one. The generators hold their weights in a dtype (fp32: the master as is;
+// bf16: each value rounded to the nearest bf16, ties to even, kept as an fp32 whose low 16 bits
+// are zero, so every kernel still computes in fp32). A sync is full (every value's bits) or a delta
+// (the XOR of the new bits and those of the version the receiver holds, split into byte planes and
+// zstd-compressed per chunk: a small update leaves most bf16 values and the high bytes of fp32
+// values unchanged, so the planes are mostly zeros). Every tensor carries an xxh3-64 checksum of
+// its values as the receiver must hold them; a receiver that gets anything else keeps what it had.
+// The probe: log-probs of a fixed token sequence, which the generator computes with its weights
+// and compares bit for bit with learner 0's (docs/weight_sync.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/messages.h"
+#include "troupe/base/result.h"
+#include "troupe/policy/model.h"
+
+namespace troupe::actors {
+
+enum class WeightDtype : std::int32_t { fp32 = 0, bf16 = 1 };
+enum class WeightEncoding : std::int32_t { raw = 0, full = 1, delta = 2 };
+// Ack::status: what a generator did with a Weights message.
+enum class WeightsStatus : std::int32_t {
+  applied = 0,
+  checksum_failed = 1,  // the payload did not decode to the checksums (corrupt): it keeps its weights
+  refused = 2,          // not for it (a delta against a version it does not hold, another dtype or shape)
+  probe_mismatch = 3,   // applied, but its probe log-probs differ from learner 0's
+};
+
+// weight_sync.dtype's YAML name (fp32 | bf16) -> the dtype; anything else is fp32 (the config
+// loader has refused it already).
+WeightDtype weight_dtype_of(const std::string& name);
+const char* weight_dtype_name(WeightDtype d);
+const char* weights_status_name(WeightsStatus s);
+
+// x rounded to the nearest bf16 (ties to even), as an fp32; NaN stays a (quiet) NaN, infinities stay.
+float round_to_bf16(float x);
+// Every value of `values` in `dtype` (bf16: rounded in place; fp32: unchanged).
+void round_to_dtype(std::span<float> values, WeightDtype dtype);
+
+// Per tensor of `tensors`: the xxh3-64 of its values in wire form (fp32: their bytes; bf16: the
+// high halves of their bits, two bytes each), what Weights::checksums holds.
+std::vector<std::uint64_t> weight_checksums(std::span<const float> values,
+                                            const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype);
+
+// Values per chunk of a payload: a chunk is the unit that is compressed (and decoded) on one thread.
+inline constexpr std::uint32_t kWeightChunkElements = 1u << 20;
+
+// Learner 0's side. It keeps the values it sent last (the receivers' base for the next delta),
+// in the generators' dtype.
+class WeightEncoder {
+ public:
+  WeightEncoder(WeightDtype dtype, std::vector<policy::TensorSpec> tensors);
+  ~WeightEncoder();
+  // The weights of `version` (`master`: the fp32 master arena) into `out`: a delta against the
+  // version encoded last when `delta` is true and one was encoded, else in full. Either way the
+  // encoder then holds them as the receivers' next base.
+  void encode(std::span<const float> master, std::int64_t version, bool delta, Weights& out);
+  WeightDtype dtype() const { return dtype_; }
+  // The values sent last (what a receiver holds once it applied them, as fp32) and their version (-1: none).
+  std::vector<float> held() const;
+  void held_into(std::span<float> out) const;  // the same, written into out (its size: the arena's)
+  std::int64_t held_version() const { return held_version_; }
+
+ private:
+  template <int W>
+  void encode_as(std::span<const float> master, std::int64_t version, bool delta, Weights& out);
+  WeightDtype dtype_;
+  std::vector<policy::TensorSpec> tensors_;
+  // What was sent last, in wire form (the one the dtype uses): half the memory traffic of fp32
+  // copies for bf16, and the bytes the checksums are of.
+  std::vector<std::uint16_t> held16_;
+  std::vector<std::uint32_t> held32_;
+  std::int64_t held_version_ = -1;
+  struct Frames;  // the compressed chunks' scratch, kept between calls
+  std::unique_ptr<Frames> frames_;
+};
+
+struct WeightsApplied {
+  WeightsStatus status = WeightsStatus::applied;
+  std::string detail;  // why, when not applied
+};
+// The receiver's side: applies a full or delta message to `values` (a delta: `values` holds the
+// message's base version; the caller checks that it is the one it holds) and checks every
+// tensor's checksum. Anything but `applied` leaves `values` as they were.
+WeightsApplied apply_weights(const Weights& w, std::span<float> values, const std::vector<policy::TensorSpec>& tensors,
+                             WeightDtype dtype);
+
+// The probe sequence for a model of `vocab_size` tokens: a fixed, spread-out sequence of ids.
+std::vector<std::int32_t> probe_tokens(int vocab_size);
+// log softmax (temperature 1) of each next token of `tokens` under `model` (tokens.size() - 1 values).
+Result<std::vector<float>> probe_logprobs(policy::Model& model, const std::vector<std::int32_t>& tokens);
+// The first index where a and b differ bit for bit (or where one ends), -1 when equal.
+std::int64_t first_bit_difference(std::span<const float> a, std::span<const float> b);
+
+}  // namespace troupe::actors

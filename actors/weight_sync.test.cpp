@@ -1,0 +1,532 @@
+// actors.weight_sync*: the weight-sync codec and protocol. Encode/apply round trips bit for bit
+// (fp32 and bf16, several chunks, odd values); bf16 rounding to nearest even; a corrupt payload
+// fails its checksum and leaves the receiver as it was, and the coordinator then sends that
+// generator the full weights (sync and async); a delta against a version the generator does not
+// hold is refused; full_every and joining generators get full syncs; the probe agrees in fp32 and
+// bf16, and a weight corrupted behind consistent checksums (or a learner log-prob that differs) is
+// a probe mismatch naming the generator, the version and the position.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <random>
+
+#include <zstd.h>
+
+#include "troupe/actors/roles.h"
+#include "troupe/actors/weight_codec.h"
+#include "troupe/actors/weight_sync.h"
+#include "troupe/policy/io/safetensors.h"
+
+using namespace troupe;
+using namespace troupe::actors;
+using runtime::ActorContext;
+using runtime::ActorId;
+using runtime::Task;
+
+namespace {
+
+ExperimentConfig tiny() {
+  ExperimentConfig c;
+  auto& m = c.policy.model;
+  m.vocab_size = 100;
+  m.hidden_size = 32;
+  m.num_hidden_layers = 1;
+  m.num_attention_heads = 2;
+  m.num_key_value_heads = 1;
+  m.head_dim = 16;
+  m.intermediate_size = 32;
+  m.num_experts = 2;
+  m.num_experts_per_tok = 1;
+  m.moe_intermediate_size = 16;
+  m.max_position_embeddings = 64;
+  c.rollout.max_prompt_length = 8;
+  c.rollout.max_response_length = 4;
+  c.optimizer.lr = 0.01f;
+  EnvSpec e;
+  e.name = "arithmetic";
+  c.envs.push_back(e);
+  return c;
+}
+
+TrainReq sft_batch() {
+  TrainReq req;
+  req.phase = 1;
+  TrainSample s;
+  s.prompt = {1, 10, 11};
+  s.completion = {12, 2};
+  req.samples = {s, s};
+  return req;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+}
+
+// Three tensors over 2.5 chunks, so chunks cross tensor boundaries and the last one is short.
+std::vector<policy::TensorSpec> synthetic_tensors() {
+  const size_t n0 = 1000003, n1 = kWeightChunkElements, n2 = 600017;
+  return {{"a.weight", {static_cast<int64_t>(n0)}, 0},
+          {"b.weight", {static_cast<int64_t>(n1)}, n0},
+          {"c.weight", {static_cast<int64_t>(n2)}, n0 + n1}};
+}
+
+std::vector<float> synthetic_weights(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  std::vector<float> w(n);
+  for (auto& x : w) x = d(rng);
+  // values a codec could mishandle
+  w[0] = std::numeric_limits<float>::quiet_NaN();
+  w[1] = std::numeric_limits<float>::infinity();
+  w[2] = -0.0f;
+  w[3] = std::numeric_limits<float>::denorm_min();
+  w[4] = std::numeric_limits<float>::max();
+  return w;
+}
+
+// One AdamW-sized step: every value moves by about 1e-6.
+void small_update(std::vector<float>& w, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (size_t i = 5; i < w.size(); ++i) w[i] += (rng() & 1) ? 1e-6f : -1e-6f;
+}
+
+}  // namespace
+
+TEST(WeightSync, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(round_to_bf16(1.0f), 1.0f);
+  EXPECT_EQ(round_to_bf16(1.0f + std::ldexp(1.0f, -8)), 1.0f);  // a tie: to the even one
+  EXPECT_EQ(round_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 1.0f + std::ldexp(1.0f, -6));  // a tie: up to even
+  EXPECT_EQ(round_to_bf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 1.0f + std::ldexp(1.0f, -7));
+  EXPECT_TRUE(std::isnan(round_to_bf16(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(round_to_bf16(std::numeric_limits<float>::infinity()), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(bits(round_to_bf16(-0.0f)), bits(-0.0f));
+  // the same rounding as the safetensors bf16 writer, on many values
+  auto w = synthetic_weights(100000, 3);
+  for (size_t i = 5; i < w.size(); ++i) {
+    float r = round_to_bf16(w[i]);
+    ASSERT_EQ(bits(r), bits(policy::io::bf16_to_float(policy::io::float_to_bf16(w[i])))) << i;
+    ASSERT_EQ(bits(r) & 0xffffu, 0u);
+  }
+}
+
+// Full, then deltas after small updates, applied by a receiver: bit for bit the encoder's values
+// (the master as it is in fp32, rounded in bf16). In bf16 a small update changes few values and
+// the delta is a small fraction of the full payload.
+TEST(WeightSync, RoundTripIsBitExact) {
+  const auto tensors = synthetic_tensors();
+  const size_t n = tensors.back().offset + tensors.back().numel();
+  for (WeightDtype dtype : {WeightDtype::fp32, WeightDtype::bf16}) {
+    SCOPED_TRACE(weight_dtype_name(dtype));
+    auto master = synthetic_weights(n, 1);
+    WeightEncoder enc(dtype, tensors);
+    std::vector<float> receiver(n, 0.0f);
+    Weights w;
+    enc.encode(master, 0, true, w);  // nothing encoded yet: full whatever was asked
+    ASSERT_EQ(w.encoding, static_cast<int32_t>(WeightEncoding::full));
+    EXPECT_EQ(w.payload.size(), n * (dtype == WeightDtype::bf16 ? 2 : 4));
+    ASSERT_EQ(apply_weights(w, receiver, tensors, dtype).status, WeightsStatus::applied);
+    std::vector<float> expect = master;
+    round_to_dtype(expect, dtype);
+    ASSERT_TRUE(same_bits(receiver, expect));
+    const size_t full_bytes = w.payload.size();
+    for (int64_t v = 1; v <= 3; ++v) {
+      small_update(master, 10 + static_cast<uint64_t>(v));
+      enc.encode(master, v, true, w);
+      ASSERT_EQ(w.encoding, static_cast<int32_t>(WeightEncoding::delta));
+      EXPECT_EQ(w.base_version, v - 1);
+      ASSERT_EQ(apply_weights(w, receiver, tensors, dtype).status, WeightsStatus::applied);
+      expect = master;
+      round_to_dtype(expect, dtype);
+      ASSERT_TRUE(same_bits(receiver, expect)) << "version " << v;
+      ASSERT_TRUE(same_bits(receiver, enc.held()));
+      EXPECT_EQ(weight_checksums(receiver, tensors, dtype), w.checksums);
+      if (dtype == WeightDtype::bf16) {
+        EXPECT_LT(w.changed, n / 10);
+        EXPECT_LT(w.payload.size(), full_bytes / 5);
+      } else {
+        EXPECT_GT(w.changed, n / 2);  // a 1e-6 step moves the low bits of nearly every fp32 value
+        EXPECT_LT(w.payload.size(), full_bytes);
+      }
+    }
+    for (size_t i = 5; i < n; ++i) master[i] *= 1.5f;  // a large update: nearly every value changes
+    enc.encode(master, 4, true, w);
+    ASSERT_EQ(apply_weights(w, receiver, tensors, dtype).status, WeightsStatus::applied);
+    EXPECT_GT(w.changed, n * 9 / 10);
+    expect = master;
+    round_to_dtype(expect, dtype);
+    ASSERT_TRUE(same_bits(receiver, expect));
+    // a chunk stored as it is (what the encoder does when zstd does not shrink it) applies the same
+    {
+      small_update(master, 99);
+      enc.encode(master, 5, true, w);
+      ASSERT_EQ(w.chunk_format[0] & 1, 1);
+      std::vector<std::uint8_t> raw(ZSTD_getFrameContentSize(w.payload.data(), w.chunk_bytes[0]));
+      ASSERT_EQ(ZSTD_decompress(raw.data(), raw.size(), w.payload.data(), w.chunk_bytes[0]), raw.size());
+      Weights as_is = w;
+      as_is.payload.assign(raw.begin(), raw.end());
+      as_is.payload.insert(as_is.payload.end(), w.payload.begin() + static_cast<std::ptrdiff_t>(w.chunk_bytes[0]),
+                           w.payload.end());
+      as_is.chunk_bytes[0] = raw.size();
+      as_is.chunk_format[0] &= ~std::uint8_t{1};
+      ASSERT_EQ(apply_weights(as_is, receiver, tensors, dtype).status, WeightsStatus::applied);
+      expect = master;
+      round_to_dtype(expect, dtype);
+      ASSERT_TRUE(same_bits(receiver, expect));
+    }
+    enc.encode(master, 6, false, w);  // asked for in full
+    EXPECT_EQ(w.encoding, static_cast<int32_t>(WeightEncoding::full));
+    ASSERT_EQ(apply_weights(w, receiver, tensors, dtype).status, WeightsStatus::applied);
+    ASSERT_TRUE(same_bits(receiver, expect));
+  }
+}
+
+// A corrupt payload (a flipped byte, a cut chunk) fails and leaves the receiver bit for bit as it was.
+TEST(WeightSync, ChecksumFailureLeavesTheWeights) {
+  const auto tensors = synthetic_tensors();
+  const size_t n = tensors.back().offset + tensors.back().numel();
+  for (WeightDtype dtype : {WeightDtype::fp32, WeightDtype::bf16}) {
+    auto master = synthetic_weights(n, 2);
+    WeightEncoder enc(dtype, tensors);
+    std::vector<float> receiver(n);
+    Weights full, delta;
+    enc.encode(master, 0, false, full);
+    ASSERT_EQ(apply_weights(full, receiver, tensors, dtype).status, WeightsStatus::applied);
+    const std::vector<float> before = receiver;
+    small_update(master, 7);
+    enc.encode(master, 1, true, delta);
+    Weights bad = delta;
+    bad.payload[bad.payload.size() / 2] ^= 0x5a;
+    auto r = apply_weights(bad, receiver, tensors, dtype);
+    EXPECT_EQ(r.status, WeightsStatus::checksum_failed) << r.detail;
+    EXPECT_TRUE(same_bits(receiver, before));
+    bad = delta;
+    bad.payload.resize(bad.payload.size() - 3);
+    bad.chunk_bytes.back() -= 3;
+    r = apply_weights(bad, receiver, tensors, dtype);
+    EXPECT_EQ(r.status, WeightsStatus::checksum_failed) << r.detail;
+    EXPECT_TRUE(same_bits(receiver, before));
+    bad = full;
+    bad.payload[17] ^= 1;
+    r = apply_weights(bad, receiver, tensors, dtype);
+    EXPECT_EQ(r.status, WeightsStatus::checksum_failed);
+    EXPECT_NE(r.detail.find("a.weight fails its checksum"), std::string::npos) << r.detail;
+    EXPECT_TRUE(same_bits(receiver, before));
+    bad = delta;
+    bad.dtype = dtype == WeightDtype::fp32 ? 1 : 0;
+    EXPECT_EQ(apply_weights(bad, receiver, tensors, dtype).status, WeightsStatus::refused);
+    ASSERT_EQ(apply_weights(delta, receiver, tensors, dtype).status, WeightsStatus::applied);
+  }
+}
+
+// A generator refuses a delta whose base is not the version it holds, and keeps its weights and
+// version; the learner's own weights apply in fp32 and bf16 with the probe passing.
+TEST(WeightSync, WrongBaseIsRefused) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    auto cfg = tiny();
+    cfg.weight_sync.dtype = dtype;
+    auto l = LearnerRole::create(cfg, nullptr);
+    ASSERT_TRUE(l.ok()) << l.error().message;
+    auto g = Generator::create(cfg);
+    ASSERT_TRUE(g.ok());
+    auto w0 = (*l)->weights_for_generators(GetWeightsReq{});
+    ASSERT_TRUE(w0.ok()) << w0.error().message;
+    ASSERT_FALSE(w0->probe_tokens.empty());
+    ASSERT_TRUE((*g)->set_weights(*w0).ok()) << (*g)->weights_ack().detail;
+    EXPECT_EQ((*g)->weights_ack().status, 0);
+    ASSERT_TRUE((*l)->train(sft_batch()).ok());
+    auto w1 = (*l)->weights_for_generators(GetWeightsReq{0});  // delta 0 -> 1, not delivered
+    ASSERT_TRUE(w1.ok());
+    ASSERT_EQ(w1->encoding, static_cast<int32_t>(WeightEncoding::delta));
+    ASSERT_TRUE((*l)->train(sft_batch()).ok());
+    auto w2 = (*l)->weights_for_generators(GetWeightsReq{1});  // delta 1 -> 2
+    ASSERT_TRUE(w2.ok());
+    ASSERT_EQ(w2->base_version, 1);
+    const std::vector<float> before((*g)->model().params().begin(), (*g)->model().params().end());
+    Status st = (*g)->set_weights(*w2);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.error().message.find("a delta against version 1, but this generator holds version 0"),
+              std::string::npos)
+        << st.error().message;
+    EXPECT_EQ((*g)->weights_ack().status, static_cast<int32_t>(WeightsStatus::refused));
+    EXPECT_EQ((*g)->weights_ack().value, 0);
+    EXPECT_EQ((*g)->version(), 0);
+    EXPECT_TRUE(same_bits((*g)->model().params(), before));
+    ASSERT_TRUE((*g)->set_weights(*w1).ok());  // in order, both apply
+    ASSERT_TRUE((*g)->set_weights(*w2).ok()) << (*g)->weights_ack().detail;
+    EXPECT_EQ((*g)->version(), 2);
+    std::vector<float> master((*l)->weights().params);
+    round_to_dtype(master, weight_dtype_of(dtype));
+    EXPECT_TRUE(same_bits((*g)->model().params(), master));
+  }
+}
+
+// One weight corrupted behind consistent checksums: the checksums pass, the probe does not; the
+// generator says where and refuses to sample until a good sync passes the probe.
+TEST(WeightSync, ProbeMismatchIsDetected) {
+  auto cfg = tiny();
+  auto l = LearnerRole::create(cfg, nullptr);
+  ASSERT_TRUE(l.ok());
+  auto g = Generator::create(cfg);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE((*l)->train(sft_batch()).ok());
+  auto good = (*l)->weights_for_generators(GetWeightsReq{});
+  ASSERT_TRUE(good.ok());
+  std::vector<float> corrupt = (*l)->weights().params;
+  const auto* norm = (*g)->model().find_tensor("model.norm.weight");
+  ASSERT_NE(norm, nullptr);
+  corrupt[norm->offset + 3] *= 4.0f;
+  WeightEncoder enc(WeightDtype::fp32, (*g)->model().tensors());
+  Weights bad;
+  enc.encode(corrupt, good->version, false, bad);
+  bad.probe_tokens = good->probe_tokens;
+  bad.probe_logprobs = good->probe_logprobs;
+  Status st = (*g)->set_weights(bad);
+  ASSERT_FALSE(st.ok());
+  const Ack& ack = (*g)->weights_ack();
+  EXPECT_EQ(ack.status, static_cast<int32_t>(WeightsStatus::probe_mismatch));
+  EXPECT_GE(ack.probe_position, 0);
+  EXPECT_NE(st.error().message.find("version 1"), std::string::npos) << st.error().message;
+  EXPECT_NE(st.error().message.find("position " + std::to_string(ack.probe_position)), std::string::npos)
+      << st.error().message;
+  GenerateReq req;
+  req.prompt_tokens = {{1, 10, 11}};
+  req.sampling.max_new_tokens = 2;
+  auto refused = (*g)->generate(req);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("probe"), std::string::npos);
+  ASSERT_TRUE((*g)->set_weights(*good).ok()) << (*g)->weights_ack().detail;
+  EXPECT_TRUE((*g)->generate(req).ok());
+}
+
+// ---- the protocol, with actors: learner 0, generators, and a driver running WeightSync ----
+namespace {
+
+// A generator actor whose incoming Weights can be damaged first, as a faulty network would.
+struct Damage {
+  int64_t corrupt_payload_of = -1;  // flip a payload byte of this version's first message
+  int64_t wrong_probe_of = -1;      // change learner 0's probe log-prob 5 of this version
+};
+class DamagingGenerator : public runtime::Actor {
+ public:
+  DamagingGenerator(std::shared_ptr<Generator> gen, Damage d) : gen_(std::move(gen)), d_(d) {
+    handle<Weights>([this](runtime::Context& ctx, const Weights& in) -> Status {
+      Weights w = in;
+      if (w.version == d_.corrupt_payload_of && !w.payload.empty()) {
+        w.payload[w.payload.size() / 3] ^= 0x81;
+        d_.corrupt_payload_of = -1;  // once
+      }
+      if (w.version == d_.wrong_probe_of && w.probe_logprobs.size() > 5) w.probe_logprobs[5] += 1e-3f;
+      (void)gen_->set_weights(w);
+      return ctx.reply(gen_->weights_ack());
+    });
+    handle<GenerateReq>([this](runtime::Context& ctx, const GenerateReq& r) -> Status {
+      TROUPE_ASSIGN_OR_RETURN(auto rep, gen_->generate(r));
+      return ctx.reply(std::move(rep));
+    });
+  }
+
+ private:
+  std::shared_ptr<Generator> gen_;
+  Damage d_;
+};
+
+struct Outcome {
+  std::vector<Result<WeightSyncReport>> reports;  // the start sync, then one per update
+  std::vector<int64_t> held;                      // what each generator is known to hold at the end
+};
+
+// Syncs at the start, then `updates` times: train, sync. `joins_at`: the second generator is
+// only synced from that update on (it joins). Async: after each sync every generator answers a
+// generation request, so its Ack has arrived before the next sync decides what to send it.
+class Driver : public runtime::Actor {
+ public:
+  Driver(WeightSyncSection cfg, bool async, ActorId learner, std::vector<ActorId> gens, int updates, int joins_at,
+         std::promise<Outcome>* done)
+      : sync_(cfg, async), async_(async), learner_(learner), gens_(std::move(gens)), updates_(updates),
+        joins_at_(joins_at), done_(done) {}
+  void on_start(runtime::Context& ctx) override {
+    ActorContext::Scope scope(here_, ctx);
+    task_ = run();
+    task_.start();
+  }
+
+ private:
+  Task<Status> run() {
+    Outcome out;
+    for (int k = 0; k <= updates_; ++k) {
+      if (k > 0) {
+        auto trained = runtime::request<TrainRep>(here_, learner_, sft_batch(), std::chrono::seconds(60));
+        auto t = co_await trained;
+        if (!t.ok()) {
+          out.reports.push_back(t.error());
+          break;
+        }
+      }
+      peers_.learner = learner_;
+      peers_.generators.assign(gens_.begin(), gens_.begin() + (k >= joins_at_ ? 2 : 1));
+      auto rep = co_await sync_.sync(here_, peers_);
+      const bool ok = rep.ok();
+      out.reports.push_back(std::move(rep));
+      if (!ok) break;
+      if (async_) {  // each generator has handled the weights (and its Ack arrived) once it answers
+        for (size_t g = 0; g < peers_.generators.size(); ++g) {
+          GenerateReq req;
+          req.prompt_tokens = {{1, 10, 11}};
+          req.sampling.max_new_tokens = 1;
+          auto r = runtime::request<GenerateRep>(here_, gens_[g], req, std::chrono::seconds(60));
+          (void)co_await r;
+        }
+      }
+    }
+    for (size_t g = 0; g < gens_.size(); ++g) out.held.push_back(sync_.held(g));
+    here_->stop();
+    done_->set_value(std::move(out));
+    co_return Status{};
+  }
+  WeightSync sync_;
+  bool async_;
+  ActorId learner_;
+  std::vector<ActorId> gens_;
+  int updates_, joins_at_;
+  std::promise<Outcome>* done_;
+  WeightSyncPeers peers_;
+  ActorContext here_;
+  Task<Status> task_;
+};
+
+struct SyncRun {
+  Outcome out;
+  std::shared_ptr<LearnerRole> learner;
+  std::vector<std::shared_ptr<Generator>> gens;
+};
+
+SyncRun run_syncs(const ExperimentConfig& cfg, bool async, int updates, Damage damage0, int joins_at = 0) {
+  SyncRun run;
+  runtime::SystemConfig sc;
+  sc.threads = 2;
+  auto sys = runtime::ActorSystem::create(sc);
+  EXPECT_TRUE(sys.ok());
+  auto l = LearnerRole::create(cfg, nullptr);
+  EXPECT_TRUE(l.ok());
+  run.learner = std::move(l).value();
+  auto lp = run.learner;
+  auto lid = (*sys)->spawn([lp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<LearnerActor>(lp, 1); });
+  std::vector<ActorId> gids;
+  for (int i = 0; i < 2; ++i) {
+    auto g = Generator::create(cfg);
+    EXPECT_TRUE(g.ok());
+    std::shared_ptr<Generator> gp = std::move(g).value();
+    run.gens.push_back(gp);
+    Damage d = i == 0 ? damage0 : Damage{};
+    auto id = (*sys)->spawn(
+        [gp, d]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<DamagingGenerator>(gp, d); });
+    gids.push_back(*id);
+  }
+  std::promise<Outcome> done;
+  auto fut = done.get_future();
+  auto ws = cfg.weight_sync;
+  auto did = (*sys)->spawn([&, ws, gids]() -> std::unique_ptr<runtime::Actor> {
+    return std::make_unique<Driver>(ws, async, *lid, gids, updates, joins_at, &done);
+  });
+  EXPECT_TRUE(did.ok());
+  run.out = fut.get();
+  (*sys)->shutdown();
+  return run;
+}
+
+// Every generator holds learner 0's current weights in its dtype, bit for bit.
+void expect_in_step(const SyncRun& run, const ExperimentConfig& cfg) {
+  std::vector<float> master = run.learner->weights().params;
+  round_to_dtype(master, weight_dtype_of(cfg.weight_sync.dtype));
+  for (size_t g = 0; g < run.gens.size(); ++g) {
+    EXPECT_EQ(run.gens[g]->version(), run.learner->version()) << "generator " << g;
+    EXPECT_TRUE(same_bits(run.gens[g]->model().params(), master)) << "generator " << g;
+    EXPECT_EQ(run.out.held[g], run.learner->version()) << "generator " << g;
+  }
+}
+
+}  // namespace
+
+// full_every 3 with deltas between; a generator that joins at update 4 gets the full weights
+// first, then deltas; mode full sends every version in full.
+TEST(WeightSync, FullEveryAndJoinGetFullSyncs) {
+  auto cfg = tiny();
+  cfg.weight_sync.full_every = 3;
+  SyncRun run = run_syncs(cfg, false, 7, {}, 4);
+  ASSERT_EQ(run.out.reports.size(), 8u);
+  for (int v = 0; v <= 7; ++v) {
+    const auto& r = run.out.reports[static_cast<size_t>(v)];
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->version, v);
+    const int gens = v >= 4 ? 2 : 1;
+    const bool full_due = v % 3 == 0;
+    EXPECT_EQ(r->full, full_due ? gens : (v == 4 ? 1 : 0)) << "version " << v;  // v 4: the joiner
+    EXPECT_EQ(r->delta, gens - r->full) << "version " << v;
+    if (r->delta > 0) {
+      EXPECT_GT(r->changed, 0u);
+      EXPECT_GT(r->delta_bytes, 0u);
+    }
+  }
+  expect_in_step(run, cfg);
+  cfg.weight_sync.mode = "full";
+  run = run_syncs(cfg, false, 2, {});
+  for (const auto& r : run.out.reports) {
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->delta, 0);
+    EXPECT_EQ(r->full, 2);
+  }
+  expect_in_step(run, cfg);
+}
+
+// A delta that arrives corrupt fails its checksum; sync mode sends that generator the full
+// weights at once, async mode at its next sync; the generators end in step with learner 0.
+TEST(WeightSync, ChecksumFailureGetsAFullResync) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    auto cfg = tiny();
+    cfg.weight_sync.dtype = dtype;
+    Damage d;
+    d.corrupt_payload_of = 2;
+    SyncRun run = run_syncs(cfg, false, 3, d);
+    ASSERT_EQ(run.out.reports.size(), 4u);
+    for (const auto& r : run.out.reports) ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(run.out.reports[2]->resent, 1);
+    EXPECT_EQ(run.out.reports[2]->full, 1);  // the resend (the first try was a delta)
+    EXPECT_EQ(run.out.reports[2]->delta, 2);
+    EXPECT_EQ(run.out.reports[3]->delta, 2);  // then deltas again
+    expect_in_step(run, cfg);
+
+    run = run_syncs(cfg, true, 3, d);
+    for (const auto& r : run.out.reports) ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(run.out.reports[2]->resent, 0);  // async: nothing is awaited, so nothing is resent at once
+    EXPECT_EQ(run.out.reports[3]->full, 1);    // but the next sync to it is full
+    EXPECT_EQ(run.out.reports[3]->delta, 1);
+    expect_in_step(run, cfg);
+  }
+}
+
+// Learner 0's probe log-prob differs from the generator's: the sync fails naming the generator,
+// the version and the position.
+TEST(WeightSync, ProbeMismatchFailsTheSync) {
+  auto cfg = tiny();
+  Damage d;
+  d.wrong_probe_of = 2;
+  SyncRun run = run_syncs(cfg, false, 3, d);
+  ASSERT_EQ(run.out.reports.size(), 3u);  // version 2 ends it
+  ASSERT_FALSE(run.out.reports[2].ok());
+  const std::string& m = run.out.reports[2].error().message;
+  EXPECT_NE(m.find("generator 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("version 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("position 5"), std::string::npos) << m;
+}

@@ -1,0 +1,96 @@
+// `troupe bench weight_sync`: learner 0's weights to 1 and to 3 generator ranks after one AdamW
+// step at lr 1e-6, through troupe's real weight-sync path (Weights messages over ZeroMQ tcp,
+// decoded and checksummed by each generator, acknowledged), as a delta and in full, against a raw
+// MPI_Bcast of the generators' full buffer among the same ranks. The suite starts
+// `mpirun -np 4 --mca btl self,tcp` (a network stack, not shared memory) on the helper
+// troupe_weight_sync_bench (weight_sync_ranks.cpp) once per generator dtype: bf16 rows
+// delta_1gen, delta_3gen, full_1gen, full_3gen, and the same with the suffix _fp32. Metric
+// seconds per sync (lower is better; ratio = MPI_Bcast / ours); extra fields bytes_sent (Weights
+// payload summed over the generators), baseline_bytes (the buffer times the generators) and their
+// ratio, changed_frac (values the step changed in the generators' dtype). The model is
+// SmolLM2-135M's shape (random init); --quick: the same widths with 6 layers and a 16384 vocab
+// (the row's "model" says which).
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "bench.h"
+#include "troupe/base/build_config.h"
+
+namespace troupe::bench {
+
+namespace {
+
+constexpr const char* kSuite = "weight_sync";
+
+int run_dtype(const BenchOptions& opt, const std::string& dtype) {
+  const std::string suffix = dtype == "bf16" ? "" : "_" + dtype;
+  bool wanted = false;
+  for (const char* c : {"delta_1gen", "delta_3gen", "full_1gen", "full_3gen"})
+    wanted = wanted || opt.wants(std::string(c) + suffix);
+  if (!wanted) return 0;
+  const std::string helper = std::string(TROUPE_BINARY_DIR) + "/bin/troupe_weight_sync_bench";
+  if (!std::filesystem::exists(helper)) {
+    skip_baseline(kSuite, "delta_1gen" + suffix, helper + " is not built");
+    return 1;
+  }
+  const std::string cmd =
+      std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+                  "OMP_WAIT_POLICY=PASSIVE '") +
+      TROUPE_MPIEXEC + "' --oversubscribe -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo '" +
+      helper + "' --dtype " + dtype + " --reps " + std::to_string(std::max(5, opt.reps)) + (opt.quick ? " --quick" : "") +
+      " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) {
+    std::fprintf(stderr, "troupe bench weight_sync: cannot start %s\n", cmd.c_str());
+    return 1;
+  }
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = ::pclose(p);
+  int rows = 0;
+  for (size_t pos = 0; pos < out.size();) {  // the JSON lines among whatever mpirun printed
+    size_t end = out.find('\n', pos);
+    if (end == std::string::npos) end = out.size();
+    auto j = nlohmann::json::parse(out.substr(pos, end - pos), nullptr, false);
+    pos = end + 1;
+    if (j.is_discarded() || !j.is_object() || !j.contains("weight_sync_case")) continue;
+    const std::string name = j["weight_sync_case"].get<std::string>() + suffix;
+    if (!opt.wants(name)) continue;
+    const double bytes = j["bytes_sent"].get<double>(), base_bytes = j["baseline_bytes"].get<double>();
+    nlohmann::json extra = {{"bytes_sent", bytes},
+                            {"baseline_bytes", base_bytes},
+                            {"bytes_ratio", bytes > 0 ? base_bytes / bytes : 0.0},
+                            {"changed_frac", j["changed_frac"]},
+                            {"dtype", dtype},
+                            {"generators", j["generators"]},
+                            {"params", j["params"]},
+                            {"model", std::string(opt.quick ? "SmolLM2-135M widths, 6 layers, vocab 16384 (--quick)"
+                                                            : "SmolLM2-135M shape")},
+                            {"update", "one AdamW step, lr 1e-6"},
+                            {"transport", "troupe runtime over ZeroMQ tcp (127.0.0.1)"},
+                            {"baseline_transport", "MPI_Bcast, --mca btl self,tcp"},
+                            {"probe", false},
+                            {"reps", j["reps"]},
+                            {"threads_per_rank", j["threads_per_rank"]}};
+    emit(make_row(kSuite, name, {"seconds", "s", Better::lower}, {j["ours"].get<double>(), j["baseline"].get<double>()},
+                  "mpi_bcast", extra));
+    ++rows;
+  }
+  if (rc != 0 || rows == 0) {
+    std::fprintf(stderr, "troupe bench weight_sync: `%s` failed (status %d):\n%s\n", cmd.c_str(), rc, out.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_weight_sync_suite(const BenchOptions& opt) {
+  int rc = 0;
+  for (const char* dtype : {"bf16", "fp32"}) rc |= run_dtype(opt, dtype);
+  return rc;
+}
+
+}  // namespace troupe::bench

@@ -1,0 +1,353 @@
+// troupe_weight_sync_bench: the helper `troupe bench weight_sync` starts under
+// `mpirun -np 4 --mca btl self,tcp`: rank 0 hosts learner 0 (and drives), ranks 1-3 one generator
+// each, connected by troupe's runtime over ZeroMQ tcp as in `troupe run`. Per repetition learner 0
+// takes one AdamW step (lr 1e-6), then the weights go to 1 and to 3 generators through the real
+// path (actors::WeightSync: GetWeightsReq -> Weights -> every generator's set_weights -> Ack) as
+// a delta and in full; the baseline is a raw MPI_Bcast of the generators' full buffer (their dtype)
+// among the same ranks. Ours and the baseline alternate; while rank 0 syncs, the other ranks'
+// main threads wait on a gate message (not in an MPI call, whose polling would take the cores the
+// generators decode on). Rank 0 prints one JSON line per case: {"weight_sync_case": ..., medians}.
+//   troupe_weight_sync_bench --dtype bf16|fp32 --reps N [--quick]
+#include <mpi.h>
+#include <omp.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/roles.h"
+#include "troupe/actors/weight_codec.h"
+#include "troupe/actors/weight_sync.h"
+#include "troupe/runtime/cluster.h"
+
+namespace {
+
+using namespace troupe;
+using actors::ExperimentConfig;
+using runtime::ActorContext;
+using runtime::ActorId;
+using runtime::Task;
+
+constexpr int kGenerators = 3;
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "troupe_weight_sync_bench: %s\n", what.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// SmolLM2-135M's shape (Llama layout, tied embeddings), random init; --quick: 6 layers, vocab 16384.
+ExperimentConfig bench_config(const std::string& dtype, bool quick) {
+  ExperimentConfig c;
+  auto& m = c.policy.model;
+  m.family = "llama";
+  m.vocab_size = quick ? 16384 : 49152;
+  m.hidden_size = 576;
+  m.num_hidden_layers = quick ? 6 : 30;
+  m.num_attention_heads = 9;
+  m.num_key_value_heads = 3;
+  m.head_dim = 64;
+  m.intermediate_size = 1536;
+  m.num_experts = 0;
+  m.num_experts_per_tok = 0;
+  m.moe_intermediate_size = 0;
+  m.rope_theta = 100000.0f;
+  m.rms_norm_eps = 1e-5f;
+  m.tie_word_embeddings = true;
+  m.max_position_embeddings = 8192;
+  c.policy.tokenizer = "byte";
+  c.optimizer.lr = 1e-6f;  // AdamW (constant schedule, no warm-up)
+  c.weight_sync.dtype = dtype;
+  c.weight_sync.full_every = 0;  // every sync of the delta cases is a delta
+  c.weight_sync.probe = false;   // the transfer alone (the probe is a forward on each side)
+  return c;
+}
+
+// One SFT step's batch: a few short sequences (the step only has to move every weight a little).
+actors::TrainReq one_step_batch() {
+  actors::TrainReq req;
+  req.phase = 1;
+  for (int i = 0; i < 2; ++i) {
+    actors::TrainSample s;
+    s.prompt = {1, 40 + i, 41, 42, 43};
+    s.completion = {44, 45 + i, 46, 2};
+    req.samples.push_back(s);
+  }
+  return req;
+}
+
+// Rank 0 -> the other ranks: "phase `phase` of the baseline may start".
+struct GateOpen {
+  static constexpr std::uint32_t type_id = 9601;
+  static constexpr const char* type_name = "bench.GateOpen";
+  std::int32_t phase = 0;
+  template <class A>
+  void serialize(A& ar) { ar(phase); }
+};
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  int opened = -1;
+  void wait_for(int phase) {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return opened >= phase; });
+  }
+};
+class GateActor : public runtime::Actor {
+ public:
+  explicit GateActor(Gate* g) {
+    handle<GateOpen>([g](runtime::Context&, const GateOpen& m) {
+      {
+        std::lock_guard lk(g->mu);
+        g->opened = std::max(g->opened, m.phase);
+      }
+      g->cv.notify_all();
+    });
+  }
+};
+
+// Runs one coroutine job on an actor of its own and waits for it (from the main thread).
+class JobActor : public runtime::Actor {
+ public:
+  using Job = std::function<Task<Status>(ActorContext&)>;
+  JobActor(Job job, std::promise<Status>* done) : job_(std::move(job)), done_(done) {}
+  void on_start(runtime::Context& ctx) override {
+    ActorContext::Scope scope(here_, ctx);
+    task_ = drive();
+    task_.start();
+  }
+
+ private:
+  Task<Status> drive() {
+    Status st = co_await job_(here_);
+    here_->stop();
+    done_->set_value(st);
+    co_return Status{};
+  }
+  Job job_;
+  std::promise<Status>* done_;
+  ActorContext here_;
+  Task<Status> task_;
+};
+
+Status run_job(runtime::ActorSystem& sys, JobActor::Job job) {
+  std::promise<Status> done;
+  auto result = done.get_future();
+  auto id = sys.spawn([&]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<JobActor>(job, &done); });
+  if (!id.ok()) return id.error();
+  return result.get();
+}
+
+Task<Status> train_once(ActorContext& here, ActorId learner, const actors::TrainReq& req) {
+  auto rep = runtime::request<actors::TrainRep>(here, learner, req, std::chrono::hours(1));
+  TROUPE_CO_ASSIGN_OR_RETURN(auto r, co_await rep);
+  (void)r;
+  co_return Status{};
+}
+
+Task<Status> sync_once(ActorContext& here, actors::WeightSync& ws, const actors::WeightSyncPeers& peers,
+                       actors::WeightSyncReport* out) {
+  TROUPE_CO_ASSIGN_OR_RETURN(*out, co_await ws.sync(here, peers));
+  co_return Status{};
+}
+
+// MPI_Bcast of `bytes` from rank 0 among `comm`, between barriers; the slowest rank's seconds (on rank 0).
+double timed_bcast(MPI_Comm comm, std::vector<char>& buf) {
+  MPI_Barrier(comm);
+  const double t0 = MPI_Wtime();
+  for (size_t at = 0; at < buf.size(); at += INT_MAX / 2) {
+    const int n = static_cast<int>(std::min<size_t>(INT_MAX / 2, buf.size() - at));
+    MPI_Bcast(buf.data() + at, n, MPI_BYTE, 0, comm);
+  }
+  double dt = MPI_Wtime() - t0, slowest = 0;
+  MPI_Reduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, comm);
+  return slowest;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dtype = "bf16";
+  int reps = 5;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(5, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 1 + kGenerators) die("run under mpirun -np " + std::to_string(1 + kGenerators));
+  // Every rank computes with all cores: the phases take turns (learner 0 encodes while the
+  // generators wait, then they decode), so no core is left idle by a share that assumes they overlap.
+  const int threads = omp_get_num_procs();
+  omp_set_num_threads(threads);
+
+  ExperimentConfig cfg = bench_config(dtype, quick);
+  runtime::ClusterConfig cc;
+  cc.transport = "tcp";
+  cc.roles = {"learner0"};
+  for (int g = 0; g < kGenerators; ++g) cc.roles.push_back("generator" + std::to_string(g));
+  cc.mpi_thread_multiple = true;
+  cc.system.threads = 2;
+  cc.system.heartbeat.timeout = std::chrono::minutes(10);  // a rank encoding 540 MB is busy, not dead
+  auto cluster_r = runtime::Cluster::bootstrap(cc);
+  if (!cluster_r.ok()) die(cluster_r.error().message);
+  auto& cluster = **cluster_r;
+  auto& sys = cluster.system();
+
+  std::shared_ptr<actors::LearnerRole> learner;
+  size_t elements = 0;
+  if (rank == 0) {
+    auto l = actors::LearnerRole::create(cfg, nullptr);
+    if (!l.ok()) die(l.error().message);
+    learner = std::move(l).value();
+    auto lp = learner;
+    runtime::SpawnOptions so;
+    so.name = "learner0";
+    if (auto id = sys.spawn([lp, threads]() -> std::unique_ptr<runtime::Actor> {
+          return std::make_unique<actors::LearnerActor>(lp, threads);
+        }, so); !id.ok())
+      die(id.error().message);
+    elements = learner->weights().params.size();
+  } else {
+    auto g = actors::Generator::create(cfg);
+    if (!g.ok()) die(g.error().message);
+    std::shared_ptr<actors::Generator> gp = std::move(g).value();
+    elements = gp->model().params().size();
+    runtime::SpawnOptions so;
+    so.name = "generator" + std::to_string(rank - 1);
+    if (auto id = sys.spawn([gp, threads]() -> std::unique_ptr<runtime::Actor> {
+          return std::make_unique<actors::GeneratorActor>(gp, threads);
+        }, so); !id.ok())
+      die(id.error().message);
+  }
+  Gate gate;
+  {
+    runtime::SpawnOptions so;
+    so.name = "gate";
+    if (auto id = sys.spawn([&gate]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<GateActor>(&gate); },
+                            so);
+        !id.ok())
+      die(id.error().message);
+  }
+  cluster.barrier();
+
+  const size_t width = dtype == "bf16" ? 2 : 4;
+  std::vector<char> buf(elements * width, 1);  // the baseline's buffer: the generators' weights in their dtype
+  if (rank == 0) {  // (the bytes themselves do not change what MPI_Bcast costs; the weights' own are used)
+    auto p = learner->weights().params;
+    for (size_t i = 0; i < elements; ++i) {
+      uint32_t b;
+      std::memcpy(&b, &p[i], 4);
+      if (width == 2) b >>= 16;
+      std::memcpy(buf.data() + i * width, &b, width);
+    }
+  }
+  MPI_Comm comm1 = MPI_COMM_NULL;  // ranks 0 and 1: learner 0 and one generator
+  MPI_Comm_split(MPI_COMM_WORLD, rank <= 1 ? 0 : MPI_UNDEFINED, rank, &comm1);
+
+  const ActorId learner_id = runtime::ActorSystem::named(0, "learner0");
+  int phase = 0;
+  for (int gens : {1, kGenerators}) {
+    MPI_Comm comm = gens == 1 ? comm1 : MPI_COMM_WORLD;
+    const bool in_bcast = rank <= gens;
+    if (rank != 0) {  // the generator ranks: each baseline when rank 0 opens its gate
+      for (int r = 0; r < reps; ++r, ++phase) {
+        gate.wait_for(phase);
+        if (in_bcast) timed_bcast(comm, buf);
+      }
+      continue;
+    }
+    actors::WeightSyncPeers peers;
+    peers.learner = learner_id;
+    for (int g = 0; g < gens; ++g)
+      peers.generators.push_back(runtime::ActorSystem::named(static_cast<uint32_t>(g + 1), "generator" + std::to_string(g)));
+    actors::WeightSyncSection delta_cfg = cfg.weight_sync, full_cfg = cfg.weight_sync;
+    full_cfg.mode = "full";
+    actors::WeightSync delta_sync(delta_cfg, false), full_sync(full_cfg, false);
+    actors::WeightSyncReport rep;
+    auto sync = [&](actors::WeightSync& ws) {
+      Status st = run_job(sys, [&](ActorContext& h) { return sync_once(h, ws, peers, &rep); });
+      if (!st.ok()) die("weight sync: " + st.error().message);
+      return rep;
+    };
+    const auto batch = one_step_batch();
+    auto train = [&] {
+      Status st = run_job(sys, [&](ActorContext& h) { return train_once(h, learner_id, batch); });
+      if (!st.ok()) die("train step: " + st.error().message);
+    };
+    // warm-up (untimed): the first sync of each is full, and a delta needs a base
+    sync(delta_sync);
+    sync(full_sync);
+    std::vector<double> delta_s, full_s, bcast_s, changed_frac;
+    std::vector<double> delta_bytes, full_bytes;
+    for (int r = 0; r < reps; ++r, ++phase) {
+      train();  // one AdamW step at lr 1e-6: the update every delta carries
+      auto ours = [&] {
+        auto d = sync(delta_sync);
+        if (d.delta != gens || d.full != 0) die("expected a delta to every generator");
+        delta_s.push_back(d.seconds);
+        delta_bytes.push_back(static_cast<double>(d.bytes_sent));
+        changed_frac.push_back(static_cast<double>(d.changed) / static_cast<double>(d.elements));
+        auto f = sync(full_sync);
+        full_s.push_back(f.seconds);
+        full_bytes.push_back(static_cast<double>(f.bytes_sent));
+      };
+      auto baseline = [&] {
+        for (int q = 1; q < world; ++q) (void)sys.send(runtime::ActorSystem::named(static_cast<uint32_t>(q), "gate"), GateOpen{phase});
+        bcast_s.push_back(timed_bcast(comm, buf));
+      };
+      if (r % 2 == 0) {  // alternate which goes first
+        ours();
+        baseline();
+      } else {
+        baseline();
+        ours();
+      }
+    }
+    const double buffer_bytes = static_cast<double>(buf.size());
+    for (const char* kind : {"delta", "full"}) {
+      const bool is_delta = std::string(kind) == "delta";
+      nlohmann::json row = {{"weight_sync_case", std::string(kind) + "_" + std::to_string(gens) + "gen"},
+                            {"ours", median(is_delta ? delta_s : full_s)},
+                            {"baseline", median(bcast_s)},
+                            {"bytes_sent", median(is_delta ? delta_bytes : full_bytes)},
+                            {"baseline_bytes", buffer_bytes * gens},
+                            {"changed_frac", median(changed_frac)},
+                            {"generators", gens},
+                            {"params", elements},
+                            {"dtype", dtype},
+                            {"reps", reps},
+                            {"threads_per_rank", threads}};
+      std::printf("%s\n", row.dump().c_str());
+      std::fflush(stdout);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (comm1 != MPI_COMM_NULL) MPI_Comm_free(&comm1);
+  cluster.request_shutdown("bench done");
+  cluster.finish();
+  return 0;
+}
