@@ -20,6 +20,17 @@ expect_exit() {
   echo "expected exit $want, got $rc: $*"
   exit 1
 }
+# rank_wrapper: $W/rank.sh runs a rank's command, recording its pid ($W/pid_RANK) and exit code ($W/rc_RANK)
+rank_wrapper() {
+  cat > "$W/rank.sh" << 'EOS'
+"$@" &
+echo $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"
+wait $!
+echo $? > "$RANKDIR/rc_$OMPI_COMM_WORLD_RANK"
+EOS
+  export RANKDIR="$W"
+}
+
 case $CASE in
   quickstart_short)  # the README's main command, shortened: reward and held-out accuracy must rise
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" --set grpo.max_steps=200 \
@@ -142,13 +153,7 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     # checkpoints it and ends the run (exit 1) within a bound, every rank stops; --resume gives the
     # metrics of a run never stopped. (SIGTERM to mpirun itself is Open MPI's own teardown: it
     # SIGKILLs the ranks odls_base_sigkill_timeout later, and is not tested here.)
-    cat > "$W/rank.sh" << 'EOS'
-"$@" &
-echo $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"
-wait $!
-echo $? > "$RANKDIR/rc_$OMPI_COMM_WORLD_RANK"
-EOS
-    export RANKDIR="$W"
+    rank_wrapper
     MR="$MPIEXEC --oversubscribe --allow-run-as-root -x RANKDIR -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo
         --mca oob_tcp_if_include lo --mca odls_base_sigkill_timeout 20"
     ST="--set sft.max_steps=3 --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=0
@@ -194,13 +199,7 @@ EOS
     # peer_timeout_s, rank 0 checkpoints the last finished step and every survivor exits 3 (an env
     # rank is never asked during an update, so the learners always hold a finished step's state)
     # (mpirun --enable-recovery: else mpirun kills the job itself; it then returns 0, the ranks' codes are what count)
-    cat > "$W/rank.sh" << 'EOS'
-"$@" &
-echo $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"
-wait $!
-echo $? > "$RANKDIR/rc_$OMPI_COMM_WORLD_RANK"
-EOS
-    export RANKDIR="$W"
+    rank_wrapper
     "$MPIEXEC" --oversubscribe --allow-run-as-root --enable-recovery -x RANKDIR -np 4 --mca btl self,tcp \
       --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo bash "$W/rank.sh" "$TROUPE" run "$SRC/configs/multinode.yaml" \
       --set run.dir="$W/run" --set sft.max_steps=5 --set grpo.max_steps=100000 --set eval.every=0 \
@@ -226,13 +225,7 @@ EOS
   generator_death)  # one of two generator ranks is SIGKILLed mid-GRPO: its prompts go to the other,
     # the run finishes (exit 0 on every survivor), and, the same requests being sent again with the
     # same seeds, its metrics equal a run where nothing died (nothing lost or trained twice)
-    cat > "$W/rank.sh" << 'EOS'
-"$@" &
-echo $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"
-wait $!
-echo $? > "$RANKDIR/rc_$OMPI_COMM_WORLD_RANK"
-EOS
-    export RANKDIR="$W"
+    rank_wrapper
     G="--set sft.max_steps=5 --set grpo.max_steps=25 --set eval.every=0 --set eval.num_prompts=10
        --set checkpointing.every=0 --set cluster.generators=2 --set cluster.heartbeat_s=0.2 --set cluster.peer_timeout_s=2 $Q"
     MPI="--oversubscribe --allow-run-as-root --enable-recovery -x RANKDIR -np 5 --mca btl self,tcp
