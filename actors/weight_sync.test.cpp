@@ -16,6 +16,7 @@
 
 #include <zstd.h>
 
+#include "tiny_config.test.h"
 #include "troupe/actors/roles.h"
 #include "troupe/actors/weight_codec.h"
 #include "troupe/actors/weight_sync.h"
@@ -30,25 +31,8 @@ using runtime::Task;
 namespace {
 
 ExperimentConfig tiny() {
-  ExperimentConfig c;
-  auto& m = c.policy.model;
-  m.vocab_size = 100;
-  m.hidden_size = 32;
-  m.num_hidden_layers = 1;
-  m.num_attention_heads = 2;
-  m.num_key_value_heads = 1;
-  m.head_dim = 16;
-  m.intermediate_size = 32;
-  m.num_experts = 2;
-  m.num_experts_per_tok = 1;
-  m.moe_intermediate_size = 16;
-  m.max_position_embeddings = 64;
-  c.rollout.max_prompt_length = 8;
-  c.rollout.max_response_length = 4;
+  ExperimentConfig c = test_support::tiny_config();
   c.optimizer.lr = 0.01f;
-  EnvSpec e;
-  e.name = "arithmetic";
-  c.envs.push_back(e);
   return c;
 }
 
