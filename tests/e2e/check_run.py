@@ -123,33 +123,27 @@ def files(run_dir):
     print("run directory complete")
 
 
-def same(a, b):
-    ra = [r for r in rows(a) if "eval_accuracy" not in r]
-    rb = [r for r in rows(b) if "eval_accuracy" not in r]
-    if len(ra) != len(rb):
-        fail("%d vs %d training rows" % (len(ra), len(rb)))
+def identical_rows(ra, rb, what):
+    """Every non-timing value of rows ra equals rb's, row for row."""
+    if len(ra) != len(rb) or (what == "eval" and not ra):
+        fail("%d vs %d %s rows" % (len(ra), len(rb), what))
     for x, y in zip(ra, rb):
         for k in x:
             if k in TIMING or k.endswith("_s"):
                 continue
             if x[k] != y.get(k):
-                fail("step %s: %s = %r vs %r" % (x["step"], k, x[k], y.get(k)))
-    print("%d training rows identical" % len(ra))
+                fail("%s row of step %s: %s = %r vs %r" % (what, x["step"], k, x[k], y.get(k)))
+    print("%d %s rows identical" % (len(ra), what))
+
+
+def same(a, b):
+    identical_rows([r for r in rows(a) if "eval_accuracy" not in r],
+                   [r for r in rows(b) if "eval_accuracy" not in r], "training")
 
 
 def same_evals(a, b):
     same(a, b)
-    ea = [r for r in rows(a) if "eval_accuracy" in r]
-    eb = [r for r in rows(b) if "eval_accuracy" in r]
-    if not ea or len(ea) != len(eb):
-        fail("%d vs %d eval rows" % (len(ea), len(eb)))
-    for x, y in zip(ea, eb):
-        for k in x:
-            if k in TIMING or k.endswith("_s"):
-                continue
-            if x[k] != y.get(k):
-                fail("eval at step %s: %s = %r vs %r" % (x["step"], k, x[k], y.get(k)))
-    print("%d eval rows identical" % len(ea))
+    identical_rows([r for r in rows(a) if "eval_accuracy" in r], [r for r in rows(b) if "eval_accuracy" in r], "eval")
 
 
 def close(a, b, first_diff, tol):
