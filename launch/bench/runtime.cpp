@@ -87,7 +87,7 @@ struct OurPair {
   Counter counter;
   bool ok = false;
   std::string error;
-  explicit OurPair(const std::string& transport, bool inline_receive = false) {
+  explicit OurPair(const std::string& transport) {
     SystemConfig ca, cb;
     ca.node_id = 0;
     cb.node_id = 1;
@@ -95,7 +95,6 @@ struct OurPair {
     ca.heartbeat.interval = cb.heartbeat.interval = 0ms;
     ca.hwm = cb.hwm = 1000;
     ca.mailbox_capacity = cb.mailbox_capacity = 1000;
-    ca.inline_receive = cb.inline_receive = inline_receive;
     std::string pid = std::to_string(::getpid());
     if (transport == "ipc") {
       ca.bind = "ipc:///tmp/troupe-bench-" + pid + "-a";

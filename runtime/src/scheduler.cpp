@@ -1,6 +1,8 @@
 // Scheduler: the run queue, the worker pool, a cell's turn and the deterministic mode (see scheduler.h).
 #include "scheduler.h"
 
+#include <pthread.h>
+
 namespace troupe::runtime {
 
 namespace {
@@ -17,7 +19,11 @@ inline void cpu_relax() {
 }  // namespace
 
 void Scheduler::start(int threads) {
-  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 0; i < threads; ++i)
+    workers_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "troupe-worker");
+      worker_loop();
+    });
 }
 
 void Scheduler::enqueue(ActorCell* c) {
@@ -81,13 +87,13 @@ void Scheduler::worker_loop() {
   }
 }
 
-void Scheduler::turn_here(ActorCell* c, std::vector<Mail>& batch) {
+void Scheduler::turn_inline(ActorCell* c, std::vector<Mail>& batch) {
   busy_.fetch_add(1);
-  turn(c, batch, /*spin=*/false);
+  turn(c, batch, /*spin=*/false, /*max_batches=*/1);
   busy_.fetch_sub(1);
 }
 
-void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin) {
+void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin, int max_batches) {
   CellState s = c->state.load();
   if (s == CellState::restarting) {
     c->state = CellState::running;
@@ -127,17 +133,24 @@ void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin) {
       if (c->fail_requested) {
         c->mailbox.requeue_front(batch, i + 1);
         batch.clear();
+        handler_.after_batch();
         handler_.crashed(*c);
         return;
       }
       if (c->stop_requested) {
         for (std::size_t j = i + 1; j < n; ++j) handler_.reject(*c, batch[j]);
         batch.clear();
+        handler_.after_batch();
         handler_.stopped(*c);
         return;
       }
     }
     batch.clear();
+    handler_.after_batch();
+    if (max_batches && turn + 1 >= max_batches) {  // the rest, if any, is the workers' to run
+      if (c->mailbox.finish_batch()) enqueue(c);
+      return;
+    }
     if (turn >= 16 && others_waiting()) {  // fairness: still scheduled, go to the back of the queue
       enqueue(c);
       return;

@@ -1,10 +1,13 @@
-// ZmqTransport: bind, connect, send, the receive and ZAP threads, heartbeats (see zmq_transport.h).
+// ZmqTransport: bind, connect, send and its batches, the receive threads and their token, the ZAP
+// and flush threads, heartbeats (see zmq_transport.h).
 #include "zmq_transport.h"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include "troupe/runtime/curve.h"
@@ -12,6 +15,32 @@
 namespace troupe::runtime {
 
 namespace {
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+// --- receiving ---
+// Envelopes read before the burst is delivered (and, inline, run: a bounded batch, far below the
+// takeover time for short handlers).
+constexpr std::size_t kBurstEnvelopes = 256;
+// How long an inline actor batch may hold up receiving before the other receive thread takes the
+// socket, how often that thread looks meanwhile, and after how many quiet looks it sleeps until told.
+constexpr std::int64_t kTakeoverNs = 1'000'000;
+constexpr milliseconds kStandbyTick{1};
+constexpr int kQuietTicksBeforeSleep = 200;
+
+// --- sending ---
+// A frame this size or smaller may be coalesced; larger ones always travel as a message of their own.
+constexpr std::size_t kCoalesceMax = 16 * 1024;
+constexpr std::size_t kBatchBytes = 64 * 1024;  // an open batch this full is handed over
+constexpr std::int64_t kLingerNs = 20'000;      // ... and one this old, at the next send to its peer
+// A send this soon after the previous one to the same peer is part of a burst: it is coalesced
+// (an isolated message, such as a request in a round trip, always leaves at once).
+constexpr std::int64_t kBurstGapNs = 3'000;
+constexpr std::size_t kMaxSealed = 4;  // batches ZeroMQ refused before a sender waits for room
+constexpr microseconds kFlushTick{200};  // the flush thread's pace while batches are open
+
+std::int64_t now_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+
 Status check_bind(const SystemConfig& c) {
   const std::string& b = c.bind;
   if (b.rfind("ipc://", 0) == 0) return {};
@@ -45,7 +74,10 @@ Status ZmqTransport::bind() {
       authorized_.insert(keys.begin(), keys.end());
       zmq::socket_t zap(*zctx_, zmq::socket_type::rep);
       zap.bind("inproc://zeromq.zap.01");
-      zap_thread_ = std::thread([this, s = std::move(zap)]() mutable { zap_loop(std::move(s)); });
+      zap_thread_ = std::thread([this, s = std::move(zap)]() mutable {
+        pthread_setname_np(pthread_self(), "troupe-zap");
+        zap_loop(std::move(s));
+      });
     }
     pull_ = std::make_unique<zmq::socket_t>(*zctx_, zmq::socket_type::pull);
     pull_->set(zmq::sockopt::rcvhwm, config_.hwm);
@@ -60,7 +92,10 @@ Status ZmqTransport::bind() {
   } catch (const zmq::error_t& e) {
     return make_error(ErrorCode::io, "runtime: cannot bind " + config_.bind + ": " + e.what());
   }
-  receive_thread_ = std::thread([this] { receive_loop(); });
+  receive_threads_[0] = std::thread([this] { receive_loop(/*primary=*/true); });
+  if (config_.inline_receive && config_.threads > 0)
+    receive_threads_[1] = std::thread([this] { receive_loop(/*primary=*/false); });
+  flush_thread_ = std::thread([this] { flush_loop(); });
   return {};
 }
 
@@ -71,6 +106,12 @@ Status ZmqTransport::connect(const std::vector<PeerInfo>& peers) {
   bool any = false;
   for (const PeerInfo& info : peers) {
     if (info.node == config_.node_id) continue;
+    if (Peer* known = find_peer(info.node)) {
+      // A peer's socket and batches live as long as the transport: a node is connected once.
+      if (known->info.endpoint == info.endpoint) continue;
+      return invalid_input("runtime: node " + std::to_string(info.node) + " is already connected at '" +
+                           known->info.endpoint + "', not '" + info.endpoint + "'");
+    }
     auto p = std::make_unique<Peer>();
     p->info = info;
     try {
@@ -95,7 +136,9 @@ Status ZmqTransport::connect(const std::vector<PeerInfo>& peers) {
     }
     p->last_seen_ns = timers_.now().time_since_epoch().count();
     std::unique_lock lock(peers_mu_);
+    Peer* raw = p.get();
     peers_[info.node] = std::move(p);
+    if (info.node < kDirectPeers) by_node_[info.node].store(raw, std::memory_order_release);
     any = true;
   }
   const Duration interval = config_.heartbeat.interval;
@@ -104,7 +147,9 @@ Status ZmqTransport::connect(const std::vector<PeerInfo>& peers) {
   return {};
 }
 
-Status ZmqTransport::send(std::uint32_t node, zmq::message_t frame, Overflow policy) {
+// ---- sending ----
+
+Status ZmqTransport::send(std::uint32_t node, const FrameWriter& frame, Overflow policy) {
   Peer* p = find_peer(node);
   if (!p)
     return invalid_input("runtime: no route to node " + std::to_string(node) + ": not in node " +
@@ -112,22 +157,173 @@ Status ZmqTransport::send(std::uint32_t node, zmq::message_t frame, Overflow pol
   if (p->down)
     return make_error(ErrorCode::peer_failed,
                       "runtime: node " + std::to_string(node) + " (role " + p->info.role + ") is down");
+  const bool block = policy == Overflow::block;
+  const std::int64_t now = now_ns();
   std::lock_guard lock(p->mu);
-  try {
-    auto sent =
-        p->push.send(frame, policy == Overflow::fail ? zmq::send_flags::dontwait : zmq::send_flags::none);
-    if (!sent)
-      return make_error(ErrorCode::timeout, "runtime: send queue to node " + std::to_string(node) +
-                                                " (role " + p->info.role + ", " + p->info.endpoint +
-                                                ") is full (hwm " + std::to_string(config_.hwm) +
-                                                "): receiver too slow or gone");
-  } catch (const zmq::error_t& e) {
-    return make_error(ErrorCode::io, "runtime: send to node " + std::to_string(node) + ": " + e.what());
+  const bool backlog = p->open_size || !p->sealed.empty();
+  const bool burst = now - p->last_send_ns < kBurstGapNs;
+  p->last_send_ns = now;
+  if (frame.size <= kCoalesceMax && (backlog || burst)) {
+    // Room first: a sender that cannot queue the frame waits (block) or fails, as with a full socket.
+    if (p->sealed.size() >= kMaxSealed) TROUPE_TRY(drain(*p, block));
+    const std::size_t at = p->open_size;
+    if (at + frame.size > p->open_capacity) {  // only a pooled buffer's first use, or an odd big one
+      std::size_t cap = std::max<std::size_t>(BatchBuffers::kCapacity, at + frame.size);
+      char* buf = cap == BatchBuffers::kCapacity ? buffers_.take() : static_cast<char*>(std::malloc(cap));
+      if (!buf) throw std::bad_alloc();
+      if (at) std::memcpy(buf, p->open, at);
+      release_open(*p);
+      p->open = buf;
+      p->open_capacity = cap;
+    }
+    if (at == 0) {
+      p->open_since_ns = now;
+      open_batches_.fetch_add(1, std::memory_order_relaxed);
+    }
+    frame.write(p->open + at, frame.state);  // throws only when the size pass disagrees: the batch is unchanged
+    p->open_size = at + frame.size;
+    if (p->open_size >= kBatchBytes || now - p->open_since_ns >= kLingerNs) {
+      seal_open(*p);
+      (void)drain(*p, /*block=*/false);  // the frame is queued: what ZeroMQ refuses now waits sealed
+    }
+    if (p->open_size || !p->sealed.empty()) list_for_flush(*p);
+    return {};
+  }
+  if (backlog) {  // what was coalesced goes first: frames to a peer leave in order
+    if (p->open_size) seal_open(*p);
+    TROUPE_TRY(drain(*p, block));
+  }
+  zmq::message_t msg(frame.size);
+  frame.write(static_cast<char*>(msg.data()), frame.state);
+  return send_message(*p, msg, block);
+}
+
+void ZmqTransport::seal_open(Peer& p) {
+  // ZeroMQ takes the batch's buffer as it is (no copy) and gives it back once it is written out.
+  if (p.open_capacity == BatchBuffers::kCapacity)
+    p.sealed.emplace_back(p.open, p.open_size, &BatchBuffers::free_fn, &buffers_);
+  else
+    p.sealed.emplace_back(p.open, p.open_size, [](void* data, void*) { std::free(data); }, nullptr);
+  p.open = nullptr;
+  p.open_size = p.open_capacity = 0;
+  open_batches_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void ZmqTransport::release_open(Peer& p) {
+  if (!p.open) return;
+  if (p.open_capacity == BatchBuffers::kCapacity)
+    buffers_.give(p.open);
+  else
+    std::free(p.open);
+  p.open = nullptr;
+  p.open_capacity = 0;
+}
+
+BatchBuffers::~BatchBuffers() {
+  for (char* b : free_) std::free(b);
+}
+
+char* BatchBuffers::take() {
+  {
+    std::lock_guard lock(mu_);
+    if (!free_.empty()) {
+      char* b = free_.back();
+      free_.pop_back();
+      return b;
+    }
+  }
+  return static_cast<char*>(std::malloc(kCapacity));
+}
+
+void BatchBuffers::give(char* buf) {
+  {
+    std::lock_guard lock(mu_);
+    if (free_.size() < 64) {
+      free_.push_back(buf);
+      return;
+    }
+  }
+  std::free(buf);
+}
+
+Status ZmqTransport::drain(Peer& p, bool block) {
+  while (!p.sealed.empty()) {
+    TROUPE_TRY(send_message(p, p.sealed.front(), block));
+    p.sealed.pop_front();
   }
   return {};
 }
 
+Status ZmqTransport::send_message(Peer& p, zmq::message_t& msg, bool block) {
+  try {
+    if (!p.push.send(msg, block ? zmq::send_flags::none : zmq::send_flags::dontwait))
+      return make_error(ErrorCode::timeout, "runtime: send queue to node " + std::to_string(p.info.node) +
+                                                " (role " + p.info.role + ", " + p.info.endpoint +
+                                                ") is full (hwm " + std::to_string(config_.hwm) +
+                                                "): receiver too slow or gone");
+  } catch (const zmq::error_t& e) {
+    return make_error(ErrorCode::io, "runtime: send to node " + std::to_string(p.info.node) + ": " + e.what());
+  }
+  return {};
+}
+
+void ZmqTransport::list_for_flush(Peer& p) {
+  if (p.on_flush_list) return;
+  p.on_flush_list = true;
+  bool wake;
+  {
+    std::lock_guard lock(flush_mu_);
+    flush_list_.push_back(&p);
+    wake = flusher_asleep_;
+  }
+  if (wake) flush_cv_.notify_one();
+}
+
+void ZmqTransport::flush_listed(bool from_flusher) {
+  std::vector<Peer*> listed;
+  {
+    std::lock_guard lock(flush_mu_);
+    if (from_flusher)
+      listed.swap(flush_list_);
+    else
+      listed = flush_list_;
+  }
+  std::vector<Peer*> still;
+  for (Peer* p : listed) {
+    std::lock_guard lock(p->mu);
+    if (p->open_size) seal_open(*p);
+    (void)drain(*p, /*block=*/false);
+    if (!from_flusher) continue;
+    if (p->sealed.empty() || p->down)
+      p->on_flush_list = false;  // a down peer's batches wait for close(), which drops them
+    else
+      still.push_back(p);
+  }
+  if (!still.empty()) {
+    std::lock_guard lock(flush_mu_);
+    flush_list_.insert(flush_list_.end(), still.begin(), still.end());
+  }
+}
+
+void ZmqTransport::flush_loop() {
+  pthread_setname_np(pthread_self(), "troupe-flush");
+  std::unique_lock lock(flush_mu_);
+  while (!stopping_) {
+    if (flush_list_.empty()) {
+      flusher_asleep_ = true;
+      flush_cv_.wait_for(lock, milliseconds(100));
+      flusher_asleep_ = false;
+      continue;
+    }
+    flush_cv_.wait_for(lock, kFlushTick);  // batches grow meanwhile; their senders usually hand them over first
+    lock.unlock();
+    flush_listed(/*from_flusher=*/true);
+    lock.lock();
+  }
+}
+
 Peer* ZmqTransport::find_peer(std::uint32_t node) const {
+  if (node < kDirectPeers) return by_node_[node].load(std::memory_order_acquire);
   std::shared_lock lock(peers_mu_);
   auto it = peers_.find(node);
   return it == peers_.end() ? nullptr : it->second.get();
@@ -141,57 +337,141 @@ std::vector<PeerInfo> ZmqTransport::peers() const {
   return out;
 }
 
-void ZmqTransport::handle_frame(zmq::message_t& msg) {
-  auto h = decode_header(static_cast<const char*>(msg.data()), msg.size(), /*check_type=*/false);
-  if (h.ok() && !verified_types_.count(h->type_id)) {
-    if (is_registered_type(h->type_id))
-      verified_types_.insert(h->type_id);
+// ---- receiving ----
+
+bool ZmqTransport::accept_envelope(const char* data, std::size_t size, EnvelopeHeader& h, std::size_t frame_size) {
+  auto r = decode_batched_header(data, size);
+  if (r.ok() && std::int64_t{r->type_id} != last_verified_type_ && !verified_types_.count(r->type_id)) {
+    if (is_registered_type(r->type_id))
+      verified_types_.insert(r->type_id);
     else
-      h = invalid_input("unknown message type id " + std::to_string(h->type_id) + " from " +
-                        to_string(h->sender));
+      r = invalid_input("unknown message type id " + std::to_string(r->type_id) + " from " + to_string(r->sender));
   }
-  if (!h.ok()) {
+  if (!r.ok()) {
     dropped_frames_.fetch_add(1);
-    spdlog::error("troupe runtime: node {} dropped a malformed frame ({} bytes): {}", config_.node_id,
-                  msg.size(), h.error().message);
-    return;
+    spdlog::error("troupe runtime: node {} dropped a malformed frame ({} bytes): {}", config_.node_id, frame_size,
+                  r.error().message);
+    return false;
   }
-  if (h->sender.node != stamped_node_ || ++frames_since_stamp_ >= 64 || h->type_id == Heartbeat::type_id) {
-    if (Peer* p = find_peer(h->sender.node)) p->last_seen_ns.store(timers_.now().time_since_epoch().count());
-    stamped_node_ = h->sender.node;
-    frames_since_stamp_ = 0;
-  }
-  if (h->type_id == Heartbeat::type_id) return;
-  if (h->recipient.node != config_.node_id) {
-    dropped_frames_.fetch_add(1);
-    spdlog::error("troupe runtime: node {} got a frame for {} (wrong node); dropped", config_.node_id,
-                  to_string(h->recipient));
-    return;
-  }
-  Mail mail{*h, Payload::frame(std::move(msg), kHeaderSize), {}};
-  delivering_.store(true, std::memory_order_relaxed);
-  Status st = deliver_(std::move(mail));
-  delivering_.store(false, std::memory_order_relaxed);
-  if (!st.ok()) spdlog::warn("troupe runtime: node {}: {}", config_.node_id, st.error().message);
+  h = *r;
+  last_verified_type_ = h.type_id;
+  return true;
 }
 
-void ZmqTransport::receive_loop() {
+void ZmqTransport::split_frame(zmq::message_t& msg, std::vector<Mail>& out) {
+  SharedFrame* frame = SharedFrame::adopt(std::move(msg));
+  const char* base = frame->data();
+  const std::size_t size = frame->size();
+  std::size_t at = 0;
+  do {
+    EnvelopeHeader h;
+    if (!accept_envelope(base + at, size - at, h, size)) break;  // the rest cannot be framed: dropped
+    if (h.sender.node != stamped_node_ || ++frames_since_stamp_ >= 64 || h.type_id == Heartbeat::type_id) {
+      if (Peer* p = find_peer(h.sender.node)) p->last_seen_ns.store(timers_.now().time_since_epoch().count());
+      stamped_node_ = h.sender.node;
+      frames_since_stamp_ = 0;
+    }
+    if (h.type_id == Heartbeat::type_id) {
+      // liveness only
+    } else if (h.recipient.node != config_.node_id) {
+      dropped_frames_.fetch_add(1);
+      spdlog::error("troupe runtime: node {} got a frame for {} (wrong node); dropped", config_.node_id,
+                    to_string(h.recipient));
+    } else {
+      out.push_back(Mail{h, Payload::frame(frame, at + kHeaderSize, h.payload_size), {}});
+    }
+    at += kHeaderSize + h.payload_size;
+  } while (at < size);
+  frame->release();
+}
+
+void ZmqTransport::receive_loop(bool primary) {
+  pthread_setname_np(pthread_self(), primary ? "troupe-recv" : "troupe-recv2");
+  bool holding = false;
+  if (primary) {
+    receiver_token_.lock();
+    holding = true;
+  }
+  std::vector<Mail> burst, batch;
+  burst.reserve(2 * kBurstEnvelopes);
+  batch.reserve(64);
   zmq::pollitem_t items[] = {{pull_->handle(), 0, ZMQ_POLLIN, 0}};
   while (!stopping_) {
+    if (!holding) {
+      if (!stand_by()) break;
+      holding = true;
+    }
+    ActorCell* run = nullptr;
     try {
-      zmq::poll(items, 1, std::chrono::milliseconds(50));
+      zmq::poll(items, 1, milliseconds(50));
       if (!(items[0].revents & ZMQ_POLLIN)) continue;
-      for (int i = 0; i < 256; ++i) {
+      while (burst.size() < kBurstEnvelopes) {
         zmq::message_t msg;
-        auto got = pull_->recv(msg, zmq::recv_flags::dontwait);
-        if (!got) break;
-        handle_frame(msg);
+        if (!pull_->recv(msg, zmq::recv_flags::dontwait)) break;
+        split_frame(msg, burst);
       }
     } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) return;
+      if (e.num() == ETERM) break;
       spdlog::error("troupe runtime: node {} receive loop: {}", config_.node_id, e.what());
     }
+    if (burst.empty()) continue;
+    bool may_run_inline = config_.inline_receive && config_.threads > 0 &&
+                          running_inline_.load(std::memory_order_relaxed) == 0;  // the other one stands by
+    delivering_.store(true, std::memory_order_relaxed);
+    run = sink_.deliver(burst, may_run_inline);
+    delivering_.store(false, std::memory_order_relaxed);
+    if (!run) continue;
+    // Run the actor's batch here, without a worker's wake-up; the other receive thread takes the
+    // socket if this lasts.
+    running_inline_.fetch_add(1);
+    token_released_ns_.store(now_ns());
+    receiver_token_.unlock();
+    holding = false;
+    if (standby_deep_.load()) {
+      std::lock_guard lock(standby_mu_);
+      standby_cv_.notify_one();
+    }
+    sink_.run_inline(run, batch);
+    running_inline_.fetch_sub(1);
+    if (receiver_token_.try_lock()) {
+      holding = true;
+      token_released_ns_.store(0);
+    }  // else the other thread took the socket: this one stands by now
   }
+  if (holding) receiver_token_.unlock();
+}
+
+bool ZmqTransport::stand_by() {
+  int quiet_ticks = 0;
+  std::unique_lock lock(standby_mu_);
+  while (!stopping_) {
+    std::int64_t released = token_released_ns_.load();
+    if (released != 0) {
+      quiet_ticks = 0;
+      std::int64_t waited = now_ns() - released;
+      if (waited >= kTakeoverNs) {
+        if (receiver_token_.try_lock()) {
+          token_released_ns_.store(0);
+          return true;
+        }
+        standby_cv_.wait_for(lock, kStandbyTick);  // its holder is back
+      } else {
+        standby_cv_.wait_for(lock, std::chrono::nanoseconds(kTakeoverNs - waited));
+      }
+      continue;
+    }
+    if (++quiet_ticks < kQuietTicksBeforeSleep) {
+      standby_cv_.wait_for(lock, kStandbyTick);
+      continue;
+    }
+    // No inline runs lately: sleep until the next one says so (the look below closes the race
+    // with a release that did not see this flag).
+    standby_deep_.store(true);
+    if (token_released_ns_.load() == 0) standby_cv_.wait_for(lock, milliseconds(50));
+    standby_deep_.store(false);
+    quiet_ticks = kQuietTicksBeforeSleep;  // stay asleep next time round unless an inline run began
+  }
+  return false;
 }
 
 void ZmqTransport::zap_loop(zmq::socket_t sock) {
@@ -242,15 +522,18 @@ void ZmqTransport::heartbeat_tick() {
     for (auto& [n, p] : peers_) ps.push_back(p.get());
   }
   Heartbeat hb{++heartbeat_seq_};
+  const std::size_t n = payload_size_of(hb);
   for (Peer* p : ps) {
     if (p->down) continue;
     EnvelopeHeader h;
     h.sender = ActorId{config_.node_id, 0};
     h.recipient = ActorId{p->info.node, 0};
     {
-      std::lock_guard lock(p->mu);
+      zmq::message_t frame(kHeaderSize + n);
+      write_frame(static_cast<char*>(frame.data()), n, hb, h);
+      std::lock_guard lock(p->mu);  // liveness only: it may overtake coalesced mail
       try {
-        (void)p->push.send(encode_zmq_frame(hb, h), zmq::send_flags::dontwait);
+        (void)p->push.send(frame, zmq::send_flags::dontwait);
       } catch (const zmq::error_t&) {
       }
     }
@@ -262,17 +545,36 @@ void ZmqTransport::heartbeat_tick() {
   }
 }
 
-void ZmqTransport::stop() { stopping_ = true; }
+void ZmqTransport::stop() {
+  stopping_ = true;
+  {
+    std::lock_guard lock(flush_mu_);
+    flush_cv_.notify_all();
+  }
+  {
+    std::lock_guard lock(standby_mu_);
+    standby_cv_.notify_all();
+  }
+}
 
 void ZmqTransport::join() {
-  if (receive_thread_.joinable()) receive_thread_.join();
+  for (auto& t : receive_threads_)
+    if (t.joinable()) t.join();
   if (zap_thread_.joinable()) zap_thread_.join();
+  if (flush_thread_.joinable()) flush_thread_.join();
 }
 
 void ZmqTransport::close() {
   {
     std::unique_lock lock(peers_mu_);
     for (auto& [n, p] : peers_) {
+      {
+        std::lock_guard plock(p->mu);  // a last hand-over of what is still batched
+        if (p->open_size) seal_open(*p);
+        if (!p->down) (void)drain(*p, /*block=*/false);
+        p->sealed.clear();
+        release_open(*p);
+      }
       p->push.set(zmq::sockopt::linger, 0);
       p->push.close();
     }

@@ -83,6 +83,10 @@ void write_header(char* out, const EnvelopeHeader& h);
 // Validates magic, version, payload length against frame_size, and (when check_type) that the
 // type id is registered or a system type.
 Result<EnvelopeHeader> decode_header(const char* frame, std::size_t frame_size, bool check_type = true);
+// The header of the first envelope of a batch (envelopes back to back in one transport message):
+// the same checks, except that its payload need only fit in `available` bytes; the next envelope
+// starts kHeaderSize + payload_size bytes in. The type id is not checked.
+Result<EnvelopeHeader> decode_batched_header(const char* data, std::size_t available);
 
 // --- payload codec ---
 template <class M>

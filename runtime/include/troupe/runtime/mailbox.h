@@ -1,6 +1,6 @@
 // Mail items and the bounded mailbox each actor owns. A payload is either a typed object handed
-// over directly (same process: no encoding) or the bytes of a received frame (zero-copy view into
-// the ZeroMQ message). Invariant: a mailbox never holds more than `capacity` user messages;
+// over directly (same process: no encoding) or the bytes of a received envelope (a zero-copy view
+// into the ZeroMQ message, which may carry several envelopes). Invariant: a mailbox never holds more than `capacity` user messages;
 // pushing to a full one blocks until the deadline or fails — it never grows.
 #pragma once
 
@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include <zmq.hpp>
@@ -23,9 +24,46 @@ namespace troupe::runtime {
 
 class Context;
 
+// A received ZeroMQ message, shared by the envelopes it carries. The count is intrusive: moving a
+// payload copies a pointer, and libzmq is called only when the last envelope is done with it.
+class SharedFrame {
+ public:
+  static SharedFrame* adopt(zmq::message_t&& msg) { return new SharedFrame(std::move(msg)); }  // count 1
+  void retain() { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+  const char* data() const { return static_cast<const char*>(msg_.data()); }
+  std::size_t size() const { return msg_.size(); }
+
+ private:
+  explicit SharedFrame(zmq::message_t&& msg) : msg_(std::move(msg)) {}
+  zmq::message_t msg_;
+  std::atomic<std::uint32_t> refs_{1};
+};
+
 class Payload {
  public:
   Payload() = default;
+  Payload(Payload&& o) noexcept
+      : local_(std::move(o.local_)), type_(o.type_), frame_(std::exchange(o.frame_, nullptr)), data_(o.data_), size_(o.size_) {}
+  Payload& operator=(Payload&& o) noexcept {
+    if (this != &o) {
+      if (frame_) frame_->release();
+      local_ = std::move(o.local_);
+      type_ = o.type_;
+      frame_ = std::exchange(o.frame_, nullptr);
+      data_ = o.data_;
+      size_ = o.size_;
+    }
+    return *this;
+  }
+  Payload(const Payload&) = delete;
+  Payload& operator=(const Payload&) = delete;
+  ~Payload() {
+    if (frame_) frame_->release();
+  }
+
   template <class M>
   static Payload local(std::shared_ptr<const M> obj) {
     Payload p;
@@ -33,11 +71,13 @@ class Payload {
     p.local_ = std::move(obj);
     return p;
   }
-  // A received frame; the payload starts at `offset` (after the header).
-  static Payload frame(zmq::message_t msg, std::size_t offset) {
+  // Bytes [offset, offset + size) of a received message; takes a reference to it.
+  static Payload frame(SharedFrame* f, std::size_t offset, std::size_t size) {
     Payload p;
-    p.frame_ = std::make_unique<zmq::message_t>(std::move(msg));
-    p.offset_ = offset;
+    f->retain();
+    p.frame_ = f;
+    p.data_ = f->data() + offset;
+    p.size_ = size;
     return p;
   }
   bool is_local() const { return local_ != nullptr; }
@@ -48,14 +88,15 @@ class Payload {
   }
   const std::shared_ptr<const void>& local_ptr() const { return local_; }
   const std::type_info* local_type() const { return type_; }
-  const char* data() const { return frame_ ? static_cast<const char*>(frame_->data()) + offset_ : nullptr; }
-  std::size_t size() const { return frame_ ? frame_->size() - offset_ : 0; }
+  const char* data() const { return frame_ ? data_ : nullptr; }
+  std::size_t size() const { return frame_ ? size_ : 0; }
 
  private:
   std::shared_ptr<const void> local_;
   const std::type_info* type_ = nullptr;
-  std::unique_ptr<zmq::message_t> frame_;  // boxed: keeps Mail small on the local hand-off path
-  std::size_t offset_ = 0;
+  SharedFrame* frame_ = nullptr;
+  const char* data_ = nullptr;
+  std::size_t size_ = 0;
 };
 
 // One mail item. `task` set = a runtime-internal closure run in the actor's context (reply
@@ -81,6 +122,9 @@ class Mailbox {
 
   // Result: true when the caller must schedule the owner (it was idle).
   Result<bool> push(Mail&& m, Overflow policy, std::chrono::steady_clock::time_point deadline);
+  // The same with the deadline `wait` from now, read from the clock only when the mailbox is full
+  // (a clock read per message is a measurable share of a small message's cost).
+  Result<bool> push_within(Mail&& m, Overflow policy, std::chrono::nanoseconds wait);
   // Moves every queued item into `out` (which must be empty) in O(1); stays scheduled.
   std::size_t pop_batch(std::vector<Mail>& out);
   // After a batch: true = mail arrived meanwhile, stay scheduled; false = idle (unscheduled) now.
@@ -102,6 +146,9 @@ class Mailbox {
   std::size_t high_water() const;  // the largest user-message depth ever reached
 
  private:
+  template <class Deadline>
+  Result<bool> push_impl(Mail&& m, Overflow policy, Deadline deadline);
+
   mutable std::mutex mu_;
   std::condition_variable not_full_;
   std::vector<Mail> q_;  // FIFO; the consumer swaps the whole vector out, so capacity is reused

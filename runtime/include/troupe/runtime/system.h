@@ -98,10 +98,11 @@ struct SystemConfig {
   std::string bind;  // "" = local only; "ipc:///path" or "tcp://127.0.0.1:*" (port * = ephemeral)
   bool allow_nonlocal_bind = false;  // tcp on anything but loopback needs this (and CURVE advised)
   int hwm = 1000;                    // ZeroMQ send/receive high-water marks (messages)
-  // Run an idle recipient's handlers right on the receive thread instead of handing it to a
-  // worker: one thread hop less per remote message (latency), but a slow handler stalls this
-  // node's receiving meanwhile. For nodes whose handlers are short (env servers, routers).
-  bool inline_receive = false;
+  // Run an idle recipient's batch of remote mail right on the receive thread instead of waking a
+  // worker: one thread hop less per remote message. A handler that runs longer than a
+  // millisecond does not stall this node's receiving: a second receive thread takes the socket
+  // over meanwhile. false = every remote message goes through the worker pool.
+  bool inline_receive = true;
   HeartbeatConfig heartbeat;
   CurveConfig curve;
 };
@@ -145,9 +146,13 @@ using ActorFactory = std::function<std::unique_ptr<Actor>()>;
 template <class M>
 Result<M> message_from_mail(const Mail& m);
 
-// The frame of a remote send, encoded once into the message ZeroMQ sends.
-template <Message M>
-zmq::message_t encode_zmq_frame(const M& m, EnvelopeHeader h);
+// One frame (header + payload) of a remote send, written once, straight where the transport
+// wants it: into a ZeroMQ message of its own or appended to a batch for the same peer.
+struct FrameWriter {
+  std::size_t size = 0;                                     // kHeaderSize + payload
+  void (*write)(char* out, const void* state) = nullptr;  // writes exactly `size` bytes
+  const void* state = nullptr;
+};
 
 // The handle an actor's code gets: who it is, what it is handling, and everything it may do.
 class Context {
@@ -262,8 +267,15 @@ class ActorSystem {
   explicit ActorSystem(SystemConfig config);
   Status start();
   bool is_local(ActorId id) const { return id.node == config_.node_id; }
-  Status deliver_local(Mail&& mail, Overflow policy, bool on_receive_thread = false);
-  Status send_frame(std::uint32_t node, zmq::message_t frame, Overflow policy);
+  Status deliver_local(Mail&& mail, Overflow policy);
+  // Remote sends: the frame of m (header h) to h.recipient's node.
+  template <Message M>
+  Status send_remote(const M& m, const EnvelopeHeader& h, Overflow policy);
+  Status send_frame(std::uint32_t node, const FrameWriter& frame, Overflow policy);
+  // A reply completes its request; other mail goes into its actor's mailbox. Returns the actor
+  // when this push made it runnable (the caller runs or enqueues it), null otherwise. A full
+  // mailbox under Overflow::fail leaves `mail` as it was (ErrorCode::timeout).
+  Result<ActorCell*> route_local(Mail&& mail, Overflow policy);
   std::uint64_t begin_request(ActorId owner, ActorId to, Duration timeout, RawReply on_reply);
   void fail_request(std::uint64_t correlation, Error e);
 
@@ -322,11 +334,19 @@ Result<M> message_from_mail(const Mail& m) {
 }
 
 template <Message M>
-zmq::message_t encode_zmq_frame(const M& m, EnvelopeHeader h) {
-  std::size_t n = payload_size_of(m);
-  zmq::message_t frame(kHeaderSize + n);
-  write_frame(static_cast<char*>(frame.data()), n, m, h);
-  return frame;
+Status ActorSystem::send_remote(const M& m, const EnvelopeHeader& h, Overflow policy) {
+  struct State {
+    const M* m;
+    const EnvelopeHeader* h;
+    std::size_t payload;
+  } state{&m, &h, payload_size_of(m)};
+  FrameWriter w{kHeaderSize + state.payload,
+                [](char* out, const void* p) {
+                  const auto* s = static_cast<const State*>(p);
+                  write_frame(out, s->payload, *s->m, *s->h);
+                },
+                &state};
+  return send_frame(h.recipient.node, w, policy);
 }
 
 template <Message M>
@@ -343,7 +363,7 @@ Status ActorSystem::send_from(ActorId from, ActorId to, M msg, std::uint16_t fla
     Mail mail{h, Payload::local(std::make_shared<const M>(std::move(msg))), {}};
     return deliver_local(std::move(mail), policy);
   }
-  return send_frame(to.node, encode_zmq_frame(msg, h), policy);
+  return send_remote(msg, h, policy);
 }
 
 template <Message M>
@@ -361,7 +381,7 @@ Status ActorSystem::broadcast(std::span<const ActorId> group, const M& msg, Acto
       if (!shared) shared = std::make_shared<const M>(msg);
       st = deliver_local(Mail{h, Payload::local(shared), {}}, Overflow::block);
     } else {
-      st = send_frame(to.node, encode_zmq_frame(msg, h), Overflow::block);
+      st = send_remote(msg, h, Overflow::block);
     }
     if (!st.ok() && first_error.ok()) first_error = st;
   }
