@@ -3,12 +3,22 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+
 namespace troupe::runtime {
 
 namespace {
 constexpr std::size_t kBatch = 64;  // a worker's batch buffer, reserved once
-constexpr int kSpin = 1000;         // ~tens of microseconds of polling before a consumer gives up its turn
-constexpr int kIdleSpin = 2000;     // a worker's polling of the run queue before it sleeps
+// Polling before a consumer gives up its turn, or an idle worker sleeps: adaptive, between these
+// bounds (a pause is ~10-150 cycles). Polling that finds work grows the budget (mail comes in
+// quick succession: a sleep and wake-up per message would dominate its cost); polling that
+// comes up empty halves it (large messages, slow producers: the polling would only take CPU
+// from the threads that produce the work).
+constexpr int kSpinMin = 16;
+constexpr int kSpinMax = 2000;
+constexpr int kSpinStart = 500;
+inline int spin_grown(int budget) { return std::min(kSpinMax, budget + budget / 2 + 16); }
+inline int spin_shrunk(int budget) { return std::max(kSpinMin, budget / 2); }
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -53,19 +63,22 @@ void Scheduler::post(ActorCell* c, std::function<void(Context&)> fn) {
 
 ActorCell* Scheduler::pop_runnable_blocking() {
   // Spin briefly before sleeping: a futex wake per message would dominate small-message cost.
-  for (int spin = 0; spin < kIdleSpin; ++spin) {
+  thread_local int budget = kSpinStart;
+  for (int spin = 0; spin < budget; ++spin) {
     if (others_waiting() || stopping_) {
       std::lock_guard lock(runq_mu_);
       if (!runq_.empty()) {
         ActorCell* c = runq_.front();
         runq_.pop_front();
         runq_size_ = runq_.size();
+        budget = spin_grown(budget);
         return c;
       }
       if (stopping_) return nullptr;
     }
     cpu_relax();  // no sched_yield: on a busy box it hands the core to threads we then wait for
   }
+  budget = spin_shrunk(budget);
   std::unique_lock lock(runq_mu_);
   ++idle_workers_;
   runq_cv_.wait(lock, [&] { return stopping_ || !runq_.empty(); });
@@ -116,14 +129,20 @@ void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin, int max_
     std::size_t n = c->mailbox.pop_batch(batch);
     if (n == 0) {
       bool more = false;
-      if (!manual_ && spin)
-        for (int s = 0; s < kSpin && !others_waiting(); ++s) {
+      if (!manual_ && spin) {
+        int s = 0;
+        for (; s < c->spin_budget && !others_waiting(); ++s) {
           if (c->mailbox.has_mail()) {
             more = true;
             break;
           }
           cpu_relax();
         }
+        if (more)
+          c->spin_budget = spin_grown(c->spin_budget);
+        else if (s == c->spin_budget)  // not cut short by other cells waiting: the mail was late
+          c->spin_budget = spin_shrunk(c->spin_budget);
+      }
       if (more) continue;
       if (c->mailbox.finish_batch()) continue;  // mail raced in: still scheduled
       return;
