@@ -246,8 +246,9 @@ std::size_t ActorSystem::mailbox_high_water(ActorId id) const {
 Result<ActorCell*> ActorSystem::route_local(Mail&& mail, Overflow policy) {
   Impl& I = *impl_;
   if (mail.header.flags & kFlagReply) {
-    I.requests.complete(mail.header.correlation, std::make_shared<Mail>(std::move(mail)));
-    return nullptr;
+    ActorCell* runnable = nullptr;  // the requester, when its continuation is the first thing it has to do
+    I.requests.complete(mail.header.correlation, std::make_shared<Mail>(std::move(mail)), &runnable);
+    return runnable;
   }
   ActorCell* c = I.actors.find(mail.header.recipient.local);
   if (!c || c->state == CellState::stopped) {

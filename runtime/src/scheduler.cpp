@@ -54,11 +54,15 @@ void Scheduler::enqueue(ActorCell* c) {
 }
 
 void Scheduler::post(ActorCell* c, std::function<void(Context&)> fn) {
+  if (post_task(c, std::move(fn))) enqueue(c);
+}
+
+bool Scheduler::post_task(ActorCell* c, std::function<void(Context&)> fn) {
   Mail m;
   m.header.recipient = c->id;
   m.task = make_task(std::move(fn));
-  auto r = c->mailbox.push(std::move(m), Overflow::fail, Clock::now());
-  if (r.ok() && r.value()) enqueue(c);
+  auto r = c->mailbox.push_within(std::move(m), Overflow::fail, Duration{0});  // tasks are never refused for room
+  return r.ok() && r.value();
 }
 
 ActorCell* Scheduler::pop_runnable_blocking() {

@@ -47,6 +47,8 @@ class Scheduler {
 
   void enqueue(ActorCell* c);                                 // c's mailbox has just become scheduled
   void post(ActorCell* c, std::function<void(Context&)> fn);  // a task in c's mailbox, past its bound
+  // The same without the enqueue: true when the caller must run or enqueue c now.
+  bool post_task(ActorCell* c, std::function<void(Context&)> fn);
   // One batch of c's mail on the calling thread (a receive thread, which owns c's scheduled bit),
   // no spinning; mail that arrived meanwhile goes on to the workers.
   void turn_inline(ActorCell* c, std::vector<Mail>& batch);
