@@ -102,7 +102,8 @@ Result<EnvelopeHeader> decode_header_in(const char* frame, std::size_t frame_siz
     return invalid_input("unsupported envelope version " + std::to_string(h.version) + " (this build speaks " +
                          std::to_string(kEnvelopeVersion) + ")");
   h.flags = get<std::uint16_t>(p);
-  if (h.flags & ~std::uint16_t(kFlagRequest | kFlagReply)) return invalid_input("unknown envelope flags " + std::to_string(h.flags));
+  if (h.flags & ~std::uint16_t(kFlagRequest | kFlagReply | kFlagSegmented))
+    return invalid_input("unknown envelope flags " + std::to_string(h.flags));
   if ((h.flags & kFlagRequest) && (h.flags & kFlagReply)) return invalid_input("envelope is both a request and a reply");
   h.type_id = get<std::uint32_t>(p);
   h.sender = ActorId::unpack(get<std::uint64_t>(p));

@@ -161,6 +161,14 @@ Status ZmqTransport::send(std::uint32_t node, const FrameWriter& frame, Overflow
   const std::int64_t now = now_ns();
   std::lock_guard lock(p->mu);
   const bool backlog = p->open_size || !p->sealed.empty();
+  if (frame.segments && !frame.segments->empty()) {
+    p->last_send_ns = now;
+    if (backlog) {
+      if (p->open_size) seal_open(*p);
+      TROUPE_TRY(drain(*p, block));
+    }
+    return send_segmented(*p, frame, block);
+  }
   const bool burst = now - p->last_send_ns < kBurstGapNs;
   p->last_send_ns = now;
   if (frame.size <= kCoalesceMax && (backlog || burst)) {
@@ -196,6 +204,33 @@ Status ZmqTransport::send(std::uint32_t node, const FrameWriter& frame, Overflow
   zmq::message_t msg(frame.size);
   frame.write(static_cast<char*>(msg.data()), frame.state);
   return send_message(*p, msg, block);
+}
+
+Status ZmqTransport::send_segmented(Peer& p, const FrameWriter& frame, bool block) {
+  // One multipart message: the frame, then each long run as it is in the sender's message (kept
+  // alive by frame.owner until ZeroMQ has written it).
+  zmq::message_t head(frame.size);
+  frame.write(static_cast<char*>(head.data()), frame.state);
+  try {
+    auto first = (block ? zmq::send_flags::none : zmq::send_flags::dontwait) | zmq::send_flags::sndmore;
+    if (!p.push.send(head, first))
+      return make_error(ErrorCode::timeout, "runtime: send queue to node " + std::to_string(p.info.node) +
+                                                " (role " + p.info.role + ", " + p.info.endpoint +
+                                                ") is full (hwm " + std::to_string(config_.hwm) +
+                                                "): receiver too slow or gone");
+    const std::vector<WireSegment>& segs = *frame.segments;
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      auto* keep = new std::shared_ptr<const void>(frame.owner);
+      zmq::message_t part(
+          const_cast<char*>(segs[i].data), segs[i].size,
+          [](void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }, keep);
+      // the rest of a message ZeroMQ has begun to take is never refused for room
+      (void)p.push.send(part, i + 1 < segs.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  } catch (const zmq::error_t& e) {
+    return make_error(ErrorCode::io, "runtime: send to node " + std::to_string(p.info.node) + ": " + e.what());
+  }
+  return {};
 }
 
 void ZmqTransport::seal_open(Peer& p) {
@@ -358,7 +393,7 @@ bool ZmqTransport::accept_envelope(const char* data, std::size_t size, EnvelopeH
   return true;
 }
 
-void ZmqTransport::split_frame(zmq::message_t& msg, std::vector<Mail>& out) {
+void ZmqTransport::split_frame(zmq::message_t& msg, std::vector<zmq::message_t>& parts, std::vector<Mail>& out) {
   SharedFrame* frame = SharedFrame::adopt(std::move(msg));
   const char* base = frame->data();
   const std::size_t size = frame->size();
@@ -366,6 +401,15 @@ void ZmqTransport::split_frame(zmq::message_t& msg, std::vector<Mail>& out) {
   do {
     EnvelopeHeader h;
     if (!accept_envelope(base + at, size - at, h, size)) break;  // the rest cannot be framed: dropped
+    const bool segmented = (h.flags & kFlagSegmented) != 0;
+    if (segmented != !parts.empty() || (segmented && kHeaderSize + h.payload_size != size)) {
+      dropped_frames_.fetch_add(1);
+      spdlog::error("troupe runtime: node {} dropped a frame from {} ({} bytes, {} further parts): {}", config_.node_id,
+                    to_string(h.sender), size, parts.size(),
+                    segmented ? "its out-of-line runs must be the message's further parts, the frame alone in its first"
+                              : "further parts belong only to a frame with out-of-line runs");
+      break;
+    }
     if (h.sender.node != stamped_node_ || ++frames_since_stamp_ >= 64 || h.type_id == Heartbeat::type_id) {
       if (Peer* p = find_peer(h.sender.node)) p->last_seen_ns.store(timers_.now().time_since_epoch().count());
       stamped_node_ = h.sender.node;
@@ -378,7 +422,9 @@ void ZmqTransport::split_frame(zmq::message_t& msg, std::vector<Mail>& out) {
       spdlog::error("troupe runtime: node {} got a frame for {} (wrong node); dropped", config_.node_id,
                     to_string(h.recipient));
     } else {
-      out.push_back(Mail{h, Payload::frame(frame, at + kHeaderSize, h.payload_size), {}});
+      if (segmented)
+        for (auto& part : parts) frame->add_part(std::move(part));
+      out.push_back(Mail{h, Payload::frame(frame, at + kHeaderSize, h.payload_size, segmented), {}});
     }
     at += kHeaderSize + h.payload_size;
   } while (at < size);
@@ -393,6 +439,7 @@ void ZmqTransport::receive_loop(bool primary) {
     holding = true;
   }
   std::vector<Mail> burst, batch;
+  std::vector<zmq::message_t> parts;
   burst.reserve(2 * kBurstEnvelopes);
   batch.reserve(64);
   zmq::pollitem_t items[] = {{pull_->handle(), 0, ZMQ_POLLIN, 0}};
@@ -408,7 +455,14 @@ void ZmqTransport::receive_loop(bool primary) {
       while (burst.size() < kBurstEnvelopes) {
         zmq::message_t msg;
         if (!pull_->recv(msg, zmq::recv_flags::dontwait)) break;
-        split_frame(msg, burst);
+        parts.clear();
+        for (bool more = msg.more(); more;) {  // a segmented frame's long runs
+          zmq::message_t part;
+          if (!pull_->recv(part, zmq::recv_flags::dontwait)) break;  // a message's parts arrive together
+          more = part.more();
+          parts.push_back(std::move(part));
+        }
+        split_frame(msg, parts, burst);
       }
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) break;

@@ -119,7 +119,8 @@ class ZmqTransport {
   // --- receiving ---
   void receive_loop(bool primary);
   bool stand_by();  // waits until this thread should take the receiver token; false = stopping
-  void split_frame(zmq::message_t& msg, std::vector<Mail>& out);
+  // A received message (and its further parts, a segmented frame's long runs) into envelopes.
+  void split_frame(zmq::message_t& msg, std::vector<zmq::message_t>& parts, std::vector<Mail>& out);
   bool accept_envelope(const char* data, std::size_t size, EnvelopeHeader& h, std::size_t frame_size);
   void zap_loop(zmq::socket_t sock);
   void heartbeat_tick();
@@ -129,6 +130,7 @@ class ZmqTransport {
   void release_open(Peer& p);  // an unsealed buffer (empty batch) back to where it came from
   Status drain(Peer& p, bool block);  // sealed batches, in order; stops at a full queue unless block
   Status send_message(Peer& p, zmq::message_t& msg, bool block);
+  Status send_segmented(Peer& p, const FrameWriter& frame, bool block);
   void list_for_flush(Peer& p);
   void flush_listed(bool from_flusher);
   void flush_loop();

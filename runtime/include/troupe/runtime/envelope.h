@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <typeinfo>
+#include <vector>
 
 #include "troupe/base/result.h"
 #include "troupe/runtime/wire.h"
@@ -35,8 +36,9 @@ inline constexpr std::uint16_t kEnvelopeVersion = 1;
 inline constexpr std::size_t kHeaderSize = 40;
 
 enum EnvelopeFlags : std::uint16_t {
-  kFlagRequest = 1,  // sender waits for a reply carrying the same correlation id
-  kFlagReply = 2,    // answers the request with this correlation id
+  kFlagRequest = 1,    // sender waits for a reply carrying the same correlation id
+  kFlagReply = 2,      // answers the request with this correlation id
+  kFlagSegmented = 4,  // the payload's long runs travel out of line, as further parts (wire.h)
 };
 
 struct EnvelopeHeader {
@@ -113,6 +115,43 @@ Status decode_payload(const char* data, std::size_t size, M& out) {
     return invalid_input("message " + std::string(message_name<M>()) + ": " + e.what());
   }
   return {};
+}
+// A payload sent with kFlagSegmented: its long runs are `segments`, in order, every one read.
+template <class M>
+Status decode_payload(const char* data, std::size_t size, const WireSegment* segments, std::size_t n_segments, M& out) {
+  try {
+    WireInputArchive ar(data, size, segments, n_segments);
+    ar(out);
+    if (ar.remaining_inline() != 0)
+      return invalid_input("message " + std::string(message_name<M>()) + ": " + std::to_string(ar.remaining_inline()) +
+                           " trailing bytes after the payload");
+    if (ar.segments_left() != 0)
+      return invalid_input("message " + std::string(message_name<M>()) + ": " + std::to_string(ar.segments_left()) +
+                           " out-of-line part(s) left unread");
+  } catch (const std::exception& e) {
+    return invalid_input("message " + std::string(message_name<M>()) + ": " + e.what());
+  }
+  return {};
+}
+
+// --- out-of-line runs (wire.h) ---
+// The payload size of m with its long runs left out, which are listed (pointing into m) in `segments`.
+template <class M>
+std::size_t segmented_payload_size_of(const M& m, std::vector<WireSegment>& segments) {
+  WireOutputArchive counter(WireOutputArchive::Segmented{}, &segments);
+  counter(m);
+  return counter.size();
+}
+// Writes the frame of m with its long runs left out (payload_size from segmented_payload_size_of);
+// h gets M's type id, the payload size and kFlagSegmented.
+template <class M>
+void write_segmented_frame(char* out, std::size_t payload_size, const M& m, EnvelopeHeader h) {
+  h.type_id = M::type_id;
+  h.payload_size = static_cast<std::uint32_t>(payload_size);
+  h.flags |= kFlagSegmented;
+  write_header(out, h);
+  WireOutputArchive ar(WireOutputArchive::Segmented{}, nullptr, out + kHeaderSize, payload_size);
+  ar(m);
 }
 
 // Writes the whole frame of m into out (room for kHeaderSize + payload_size bytes, payload_size

@@ -26,6 +26,8 @@ class Context;
 
 // A received ZeroMQ message, shared by the envelopes it carries. The count is intrusive: moving a
 // payload copies a pointer, and libzmq is called only when the last envelope is done with it.
+// A frame sent with kFlagSegmented arrives as a multipart message: its out-of-line runs are the
+// further parts, kept here as `segments`.
 class SharedFrame {
  public:
   static SharedFrame* adopt(zmq::message_t&& msg) { return new SharedFrame(std::move(msg)); }  // count 1
@@ -35,10 +37,17 @@ class SharedFrame {
   }
   const char* data() const { return static_cast<const char*>(msg_.data()); }
   std::size_t size() const { return msg_.size(); }
+  void add_part(zmq::message_t&& part) {
+    segments_.push_back({static_cast<const char*>(part.data()), part.size()});
+    parts_.push_back(std::move(part));
+  }
+  const std::vector<WireSegment>& segments() const { return segments_; }
 
  private:
   explicit SharedFrame(zmq::message_t&& msg) : msg_(std::move(msg)) {}
   zmq::message_t msg_;
+  std::vector<zmq::message_t> parts_;
+  std::vector<WireSegment> segments_;
   std::atomic<std::uint32_t> refs_{1};
 };
 
@@ -46,7 +55,12 @@ class Payload {
  public:
   Payload() = default;
   Payload(Payload&& o) noexcept
-      : local_(std::move(o.local_)), type_(o.type_), frame_(std::exchange(o.frame_, nullptr)), data_(o.data_), size_(o.size_) {}
+      : local_(std::move(o.local_)),
+        type_(o.type_),
+        frame_(std::exchange(o.frame_, nullptr)),
+        data_(o.data_),
+        size_(o.size_),
+        segmented_(o.segmented_) {}
   Payload& operator=(Payload&& o) noexcept {
     if (this != &o) {
       if (frame_) frame_->release();
@@ -55,6 +69,7 @@ class Payload {
       frame_ = std::exchange(o.frame_, nullptr);
       data_ = o.data_;
       size_ = o.size_;
+      segmented_ = o.segmented_;
     }
     return *this;
   }
@@ -71,13 +86,15 @@ class Payload {
     p.local_ = std::move(obj);
     return p;
   }
-  // Bytes [offset, offset + size) of a received message; takes a reference to it.
-  static Payload frame(SharedFrame* f, std::size_t offset, std::size_t size) {
+  // Bytes [offset, offset + size) of a received message; takes a reference to it. `segmented`:
+  // the envelope's long runs are the message's further parts.
+  static Payload frame(SharedFrame* f, std::size_t offset, std::size_t size, bool segmented = false) {
     Payload p;
     f->retain();
     p.frame_ = f;
     p.data_ = f->data() + offset;
     p.size_ = size;
+    p.segmented_ = segmented;
     return p;
   }
   bool is_local() const { return local_ != nullptr; }
@@ -90,6 +107,8 @@ class Payload {
   const std::type_info* local_type() const { return type_; }
   const char* data() const { return frame_ ? data_ : nullptr; }
   std::size_t size() const { return frame_ ? size_ : 0; }
+  bool segmented() const { return frame_ && segmented_; }
+  const std::vector<WireSegment>& segments() const { return frame_->segments(); }  // segmented() only
 
  private:
   std::shared_ptr<const void> local_;
@@ -97,7 +116,15 @@ class Payload {
   SharedFrame* frame_ = nullptr;
   const char* data_ = nullptr;
   std::size_t size_ = 0;
+  bool segmented_ = false;
 };
+
+// Decodes a received payload (out-of-line parts included) into out.
+template <class M>
+Status decode_payload(const Payload& p, M& out) {
+  if (p.segmented()) return decode_payload(p.data(), p.size(), p.segments().data(), p.segments().size(), out);
+  return decode_payload(p.data(), p.size(), out);
+}
 
 // One mail item. `task` set = a runtime-internal closure run in the actor's context (reply
 // callbacks, timers, restarts); such items bypass the capacity bound so replies cannot deadlock.
