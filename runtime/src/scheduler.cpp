@@ -4,21 +4,24 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace troupe::runtime {
 
 namespace {
 constexpr std::size_t kBatch = 64;  // a worker's batch buffer, reserved once
-// Polling before a consumer gives up its turn, or an idle worker sleeps: adaptive, between these
-// bounds (a pause is ~10-150 cycles). Polling that finds work grows the budget (mail comes in
-// quick succession: a sleep and wake-up per message would dominate its cost); polling that
-// comes up empty halves it (large messages, slow producers: the polling would only take CPU
-// from the threads that produce the work).
-constexpr int kSpinMin = 16;
-constexpr int kSpinMax = 2000;
-constexpr int kSpinStart = 500;
-inline int spin_grown(int budget) { return std::min(kSpinMax, budget + budget / 2 + 16); }
-inline int spin_shrunk(int budget) { return std::max(kSpinMin, budget / 2); }
+// Polling before a consumer gives up its turn, or an idle worker sleeps: adaptive, in time
+// between these bounds. Polling that finds work grows the budget (mail comes in quick
+// succession: a sleep and wake-up per message would dominate its cost); polling that comes up
+// empty halves it (large messages, slow producers: the polling would only take CPU from the
+// threads that produce the work). The floor still covers the gaps of a fast stream, which a
+// sleep per message would slow down further (and so keep in that mode).
+constexpr std::int64_t kSpinMinNs = 1'000;
+constexpr std::int64_t kSpinMaxNs = 60'000;
+constexpr std::int64_t kSpinStartNs = 20'000;
+inline std::int64_t spin_grown(std::int64_t budget) { return std::min(kSpinMaxNs, budget + budget / 2); }
+inline std::int64_t spin_shrunk(std::int64_t budget) { return std::max(kSpinMinNs, budget / 2); }
+inline std::int64_t mono_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -67,8 +70,10 @@ bool Scheduler::post_task(ActorCell* c, std::function<void(Context&)> fn) {
 
 ActorCell* Scheduler::pop_runnable_blocking() {
   // Spin briefly before sleeping: a futex wake per message would dominate small-message cost.
-  thread_local int budget = kSpinStart;
-  for (int spin = 0; spin < budget; ++spin) {
+  thread_local std::int64_t budget = kSpinStartNs;
+  const std::int64_t until = mono_ns() + budget;
+  for (int spin = 0;; ++spin) {
+    if ((spin & 15) == 15 && mono_ns() >= until) break;
     if (others_waiting() || stopping_) {
       std::lock_guard lock(runq_mu_);
       if (!runq_.empty()) {
@@ -134,17 +139,23 @@ void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin, int max_
     if (n == 0) {
       bool more = false;
       if (!manual_ && spin) {
-        int s = 0;
-        for (; s < c->spin_budget && !others_waiting(); ++s) {
+        bool cut_short = false;
+        const std::int64_t until = mono_ns() + c->spin_budget;
+        for (int s = 0;; ++s) {
           if (c->mailbox.has_mail()) {
             more = true;
             break;
           }
+          if (others_waiting()) {
+            cut_short = true;
+            break;
+          }
+          if ((s & 15) == 15 && mono_ns() >= until) break;
           cpu_relax();
         }
         if (more)
           c->spin_budget = spin_grown(c->spin_budget);
-        else if (s == c->spin_budget)  // not cut short by other cells waiting: the mail was late
+        else if (!cut_short)  // the mail was late
           c->spin_budget = spin_shrunk(c->spin_budget);
       }
       if (more) continue;
