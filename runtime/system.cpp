@@ -279,6 +279,10 @@ Status ActorSystem::send_frame(std::uint32_t node, const FrameWriter& frame, Ove
   return impl_->transport.send(node, frame, policy);
 }
 
+Result<bool> ActorSystem::append_frame(std::uint32_t node, const BoundedFrameWriter& frame, Overflow policy) {
+  return impl_->transport.append(node, frame, policy);
+}
+
 std::uint64_t ActorSystem::begin_request(ActorId owner, ActorId to, Duration timeout, RawReply on_reply) {
   Impl& I = *impl_;
   if (!is_local(to)) {

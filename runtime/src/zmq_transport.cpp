@@ -9,6 +9,10 @@
 
 #include <pthread.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 
 #include "troupe/runtime/curve.h"
 
@@ -32,7 +36,7 @@ constexpr int kQuietTicksBeforeSleep = 200;
 // A frame this size or smaller may be coalesced; larger ones always travel as a message of their own.
 constexpr std::size_t kCoalesceMax = 16 * 1024;
 constexpr std::size_t kBatchBytes = 64 * 1024;  // an open batch this full is handed over
-constexpr std::int64_t kLingerNs = 20'000;      // ... and one this old, at the next send to its peer
+constexpr std::int64_t kLingerNs = 100'000;     // ... and one this old, at the next send to its peer
 // A send this soon after the previous one to the same peer is part of a burst: it is coalesced
 // (an isolated message, such as a request in a round trip, always leaves at once).
 constexpr std::int64_t kBurstGapNs = 3'000;
@@ -40,6 +44,44 @@ constexpr std::size_t kMaxSealed = 4;  // batches ZeroMQ refused before a sender
 constexpr microseconds kFlushTick{200};  // the flush thread's pace while batches are open
 
 std::int64_t now_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+
+// The batching heuristics' clock, read on every remote send: the CPU's time-stamp counter where
+// it runs at a constant rate (about a third of a steady_clock read), else steady_clock; the
+// thresholds are converted to its ticks once.
+struct BatchClock {
+  bool tsc = false;
+  std::int64_t burst_gap = kBurstGapNs;
+  std::int64_t linger = kLingerNs;
+  std::int64_t now() const {
+#if defined(__x86_64__)
+    if (tsc) return static_cast<std::int64_t>(__rdtsc());
+#endif
+    return now_ns();
+  }
+};
+
+const BatchClock& batch_clock() {
+  static const BatchClock clock = [] {
+    BatchClock c;
+#if defined(__x86_64__)
+    unsigned a = 0, b = 0, cx = 0, d = 0;
+    if (__get_cpuid(0x80000007, &a, &b, &cx, &d) && (d & (1u << 8))) {  // invariant TSC
+      const std::int64_t t0 = now_ns(), c0 = static_cast<std::int64_t>(__rdtsc());
+      while (now_ns() - t0 < 2'000'000) {
+      }
+      const std::int64_t t1 = now_ns(), c1 = static_cast<std::int64_t>(__rdtsc());
+      const double per_ns = double(c1 - c0) / double(t1 - t0);
+      if (per_ns > 0.1) {
+        c.tsc = true;
+        c.burst_gap = static_cast<std::int64_t>(kBurstGapNs * per_ns);
+        c.linger = static_cast<std::int64_t>(kLingerNs * per_ns);
+      }
+    }
+#endif
+    return c;
+  }();
+  return clock;
+}
 
 Status check_bind(const SystemConfig& c) {
   const std::string& b = c.bind;
@@ -61,6 +103,7 @@ Status check_bind(const SystemConfig& c) {
 
 Status ZmqTransport::bind() {
   TROUPE_TRY(check_bind(config_));
+  (void)batch_clock();  // calibrated here, not on the first send
   try {
     zctx_ = std::make_unique<zmq::context_t>(1);
     if (config_.curve.enabled) {
@@ -158,52 +201,87 @@ Status ZmqTransport::send(std::uint32_t node, const FrameWriter& frame, Overflow
     return make_error(ErrorCode::peer_failed,
                       "runtime: node " + std::to_string(node) + " (role " + p->info.role + ") is down");
   const bool block = policy == Overflow::block;
-  const std::int64_t now = now_ns();
+  const BatchClock& clock = batch_clock();
+  const std::int64_t now = clock.now();
   std::lock_guard lock(p->mu);
   const bool backlog = p->open_size || !p->sealed.empty();
   if (frame.segments && !frame.segments->empty()) {
-    p->last_send_ns = now;
+    p->last_send.store(now, std::memory_order_relaxed);
     if (backlog) {
       if (p->open_size) seal_open(*p);
       TROUPE_TRY(drain(*p, block));
     }
     return send_segmented(*p, frame, block);
   }
-  const bool burst = now - p->last_send_ns < kBurstGapNs;
-  p->last_send_ns = now;
+  const bool burst = now - p->last_send.load(std::memory_order_relaxed) < clock.burst_gap;
   if (frame.size <= kCoalesceMax && (backlog || burst)) {
-    // Room first: a sender that cannot queue the frame waits (block) or fails, as with a full socket.
-    if (p->sealed.size() >= kMaxSealed) TROUPE_TRY(drain(*p, block));
-    const std::size_t at = p->open_size;
-    if (at + frame.size > p->open_capacity) {  // only a pooled buffer's first use, or an odd big one
-      std::size_t cap = std::max<std::size_t>(BatchBuffers::kCapacity, at + frame.size);
-      char* buf = cap == BatchBuffers::kCapacity ? buffers_.take() : static_cast<char*>(std::malloc(cap));
-      if (!buf) throw std::bad_alloc();
-      if (at) std::memcpy(buf, p->open, at);
-      release_open(*p);
-      p->open = buf;
-      p->open_capacity = cap;
-    }
-    if (at == 0) {
-      p->open_since_ns = now;
-      open_batches_.fetch_add(1, std::memory_order_relaxed);
-    }
-    frame.write(p->open + at, frame.state);  // throws only when the size pass disagrees: the batch is unchanged
-    p->open_size = at + frame.size;
-    if (p->open_size >= kBatchBytes || now - p->open_since_ns >= kLingerNs) {
-      seal_open(*p);
-      (void)drain(*p, /*block=*/false);  // the frame is queued: what ZeroMQ refuses now waits sealed
-    }
-    if (p->open_size || !p->sealed.empty()) list_for_flush(*p);
-    return {};
+    bool taken = false;
+    return coalesce(*p, now, block, &frame, nullptr, taken);
   }
+  p->last_send.store(now, std::memory_order_relaxed);
   if (backlog) {  // what was coalesced goes first: frames to a peer leave in order
     if (p->open_size) seal_open(*p);
     TROUPE_TRY(drain(*p, block));
+    p->batching.store(false, std::memory_order_relaxed);
   }
   zmq::message_t msg(frame.size);
   frame.write(static_cast<char*>(msg.data()), frame.state);
   return send_message(*p, msg, block);
+}
+
+Result<bool> ZmqTransport::append(std::uint32_t node, const BoundedFrameWriter& frame, Overflow policy) {
+  Peer* p = find_peer(node);
+  if (!p || p->down) return false;  // send() says why
+  const BatchClock& clock = batch_clock();
+  const std::int64_t now = clock.now();
+  if (!p->batching.load(std::memory_order_relaxed) &&
+      now - p->last_send.load(std::memory_order_relaxed) >= clock.burst_gap)
+    return false;  // no burst: an isolated frame leaves at once, by send()
+  std::lock_guard lock(p->mu);
+  const bool backlog = p->open_size || !p->sealed.empty();
+  if (!backlog && now - p->last_send.load(std::memory_order_relaxed) >= clock.burst_gap) return false;
+  bool taken = false;
+  TROUPE_TRY(coalesce(*p, now, policy == Overflow::block, nullptr, &frame, taken));
+  return taken;
+}
+
+Status ZmqTransport::coalesce(Peer& p, std::int64_t now, bool block, const FrameWriter* sized,
+                              const BoundedFrameWriter* bounded, bool& taken) {
+  // Room first: a sender that cannot queue the frame waits (block) or fails, as with a full socket.
+  if (p.sealed.size() >= kMaxSealed) TROUPE_TRY(drain(p, block));
+  const std::size_t at = p.open_size;
+  if (!p.open) {
+    p.open = buffers_.take();
+    if (!p.open) throw std::bad_alloc();
+    p.open_capacity = BatchBuffers::kCapacity;
+  }
+  // An open batch is sealed at kBatchBytes, so a frame up to kCoalesceMax always fits.
+  const std::size_t room = std::min(p.open_capacity - at, kCoalesceMax);
+  std::size_t size;
+  if (sized) {
+    size = sized->size;
+    sized->write(p.open + at, sized->state);  // throws only when the size pass disagrees: nothing is counted
+  } else {
+    size = bounded->write(p.open + at, room, bounded->state);
+    if (size > room) return {};  // too long for a batch: not taken
+  }
+  taken = true;
+  if (at == 0) {
+    p.open_since = now;
+    open_batches_.fetch_add(1, std::memory_order_relaxed);
+  }
+  p.open_size = at + size;
+  p.last_send.store(now, std::memory_order_relaxed);
+  p.batching.store(true, std::memory_order_relaxed);
+  if (p.open_size >= kBatchBytes || now - p.open_since >= batch_clock().linger) {
+    seal_open(p);
+    (void)drain(p, /*block=*/false);  // the frame is queued: what ZeroMQ refuses now waits sealed
+  }
+  if (p.open_size || !p.sealed.empty())
+    list_for_flush(p);
+  else
+    p.batching.store(false, std::memory_order_relaxed);
+  return {};
 }
 
 Status ZmqTransport::send_segmented(Peer& p, const FrameWriter& frame, bool block) {
@@ -235,10 +313,7 @@ Status ZmqTransport::send_segmented(Peer& p, const FrameWriter& frame, bool bloc
 
 void ZmqTransport::seal_open(Peer& p) {
   // ZeroMQ takes the batch's buffer as it is (no copy) and gives it back once it is written out.
-  if (p.open_capacity == BatchBuffers::kCapacity)
-    p.sealed.emplace_back(p.open, p.open_size, &BatchBuffers::free_fn, &buffers_);
-  else
-    p.sealed.emplace_back(p.open, p.open_size, [](void* data, void*) { std::free(data); }, nullptr);
+  p.sealed.emplace_back(p.open, p.open_size, &BatchBuffers::free_fn, &buffers_);
   p.open = nullptr;
   p.open_size = p.open_capacity = 0;
   open_batches_.fetch_sub(1, std::memory_order_relaxed);
@@ -246,10 +321,7 @@ void ZmqTransport::seal_open(Peer& p) {
 
 void ZmqTransport::release_open(Peer& p) {
   if (!p.open) return;
-  if (p.open_capacity == BatchBuffers::kCapacity)
-    buffers_.give(p.open);
-  else
-    std::free(p.open);
+  buffers_.give(p.open);
   p.open = nullptr;
   p.open_capacity = 0;
 }
@@ -328,6 +400,7 @@ void ZmqTransport::flush_listed(bool from_flusher) {
     std::lock_guard lock(p->mu);
     if (p->open_size) seal_open(*p);
     (void)drain(*p, /*block=*/false);
+    if (p->sealed.empty()) p->batching.store(false, std::memory_order_relaxed);
     if (!from_flusher) continue;
     if (p->sealed.empty() || p->down)
       p->on_flush_list = false;  // a down peer's batches wait for close(), which drops them

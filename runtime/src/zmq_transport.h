@@ -68,10 +68,12 @@ struct Peer {
   char* open = nullptr;
   std::size_t open_size = 0;
   std::size_t open_capacity = 0;
-  std::int64_t open_since_ns = 0;
+  std::int64_t open_since = 0;  // batch-clock ticks (see BatchClock)
   // Batches ZeroMQ refused (its queue was full), oldest first: they leave before anything else.
   std::deque<zmq::message_t> sealed;
-  std::int64_t last_send_ns = 0;
+  // Written under mu, also read without it as a hint (a send that is no burst skips the lock).
+  std::atomic<std::int64_t> last_send{0};
+  std::atomic<bool> batching{false};  // open or sealed batches exist
   bool on_flush_list = false;
   std::atomic<std::int64_t> last_seen_ns{0};
   std::atomic<bool> down{false};
@@ -104,6 +106,8 @@ class ZmqTransport {
 
   Status connect(const std::vector<PeerInfo>& peers);  // skips this node's own row
   Status send(std::uint32_t node, const FrameWriter& frame, Overflow policy);
+  // The one-pass path into a peer's open batch (ActorSystem::append_frame).
+  Result<bool> append(std::uint32_t node, const BoundedFrameWriter& frame, Overflow policy);
   // Hands every open batch to ZeroMQ now (the end of an actor's batch of handlers).
   void flush_open_batches() {
     if (open_batches_.load(std::memory_order_relaxed) != 0) flush_listed(/*from_flusher=*/false);
@@ -126,6 +130,9 @@ class ZmqTransport {
   void heartbeat_tick();
 
   // --- sending (p.mu held) ---
+  // The coalescing branch: frame goes into p's open batch (room first, then hand-over if due).
+  Status coalesce(Peer& p, std::int64_t now, bool block, const FrameWriter* sized, const BoundedFrameWriter* bounded,
+                  bool& taken);
   void seal_open(Peer& p);
   void release_open(Peer& p);  // an unsealed buffer (empty batch) back to where it came from
   Status drain(Peer& p, bool block);  // sealed batches, in order; stops at a full queue unless block

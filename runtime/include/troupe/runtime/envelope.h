@@ -163,6 +163,19 @@ void write_frame(char* out, std::size_t payload_size, const M& m, EnvelopeHeader
   write_header(out, h);
   write_payload(out + kHeaderSize, payload_size, m);
 }
+// One pass: writes the frame of m into out[0, room) if it fits there; returns its size either way
+// (larger than room: out holds nothing usable).
+template <Message M>
+std::size_t write_frame_bounded(char* out, std::size_t room, const M& m, EnvelopeHeader h) {
+  if (room < kHeaderSize) return kHeaderSize + payload_size_of(m);
+  WireOutputArchive ar(WireOutputArchive::Bounded{}, out + kHeaderSize, room - kHeaderSize);
+  ar(m);
+  if (!ar.fits()) return kHeaderSize + ar.size();
+  h.type_id = M::type_id;
+  h.payload_size = static_cast<std::uint32_t>(ar.size());
+  write_header(out, h);
+  return kHeaderSize + ar.size();
+}
 // Whole frame (header + payload) into a std::string: used by tests, the codec bench and tools.
 template <Message M>
 std::string encode_frame(const M& m, EnvelopeHeader h) {

@@ -157,6 +157,12 @@ struct FrameWriter {
   const std::vector<WireSegment>* segments = nullptr;
   std::shared_ptr<const void> owner;
 };
+// A frame of unknown size for the one-pass path into a batch: writes it into out[0, room) if it
+// fits, and returns its size either way.
+struct BoundedFrameWriter {
+  std::size_t (*write)(char* out, std::size_t room, const void* state) = nullptr;
+  const void* state = nullptr;
+};
 
 // The handle an actor's code gets: who it is, what it is handling, and everything it may do.
 class Context {
@@ -279,6 +285,9 @@ class ActorSystem {
   template <Message M>
   Status send_remote_segmented(std::shared_ptr<const M> m, const EnvelopeHeader& h, Overflow policy);
   Status send_frame(std::uint32_t node, const FrameWriter& frame, Overflow policy);
+  // A frame to a peer whose batch is open (a burst): written straight into the batch in one pass.
+  // false = not taken (no burst, or too long for a batch): send it with send_frame.
+  Result<bool> append_frame(std::uint32_t node, const BoundedFrameWriter& frame, Overflow policy);
   // A reply completes its request; other mail goes into its actor's mailbox. Returns the actor
   // when this push made it runnable (the caller runs or enqueues it), null otherwise. A full
   // mailbox under Overflow::fail leaves `mail` as it was (ErrorCode::timeout).
@@ -394,6 +403,20 @@ Status ActorSystem::send_from(ActorId from, ActorId to, M msg, std::uint16_t fla
   if (is_local(to)) {
     Mail mail{h, Payload::local(std::make_shared<const M>(std::move(msg))), {}};
     return deliver_local(std::move(mail), policy);
+  }
+  {
+    struct State {
+      const M* m;
+      const EnvelopeHeader* h;
+    } state{&msg, &h};
+    BoundedFrameWriter w{[](char* out, std::size_t room, const void* p) {
+                           const auto* s = static_cast<const State*>(p);
+                           return write_frame_bounded(out, room, *s->m, *s->h);
+                         },
+                         &state};
+    auto appended = append_frame(to.node, w, policy);
+    if (!appended.ok()) return appended.error();
+    if (*appended) return {};
   }
   std::size_t payload = payload_size_of(msg);
   if (has_out_of_line_runs(msg, payload))

@@ -50,7 +50,19 @@ class WireOutputArchive : public cereal::OutputArchive<WireOutputArchive, cereal
   WireOutputArchive(Segmented, std::vector<WireSegment>* segments, char* out = nullptr, std::size_t capacity = 0)
       : cereal::OutputArchive<WireOutputArchive, cereal::AllowEmptyClassElision>(this), out_(out), capacity_(capacity),
         segments_(segments), segmented_(true) {}
+  // Writes into out[0, room) while it fits and keeps counting past it: one pass that either
+  // leaves the whole payload there (fits()) or tells its size.
+  struct Bounded {};
+  WireOutputArchive(Bounded, char* out, std::size_t room)
+      : cereal::OutputArchive<WireOutputArchive, cereal::AllowEmptyClassElision>(this), out_(out), capacity_(room),
+        bounded_(true) {}
+  bool fits() const { return pos_ <= capacity_; }
   void saveBinary(const void* data, std::size_t size) {
+    if (bounded_) {
+      if (pos_ + size <= capacity_) std::memcpy(out_ + pos_, data, size);
+      pos_ += size;
+      return;
+    }
     if (segmented_ && size >= kWireSegmentMin) {
       if (segments_) segments_->push_back({static_cast<const char*>(data), size});
       return;
@@ -75,6 +87,7 @@ class WireOutputArchive : public cereal::OutputArchive<WireOutputArchive, cereal
   std::size_t pos_ = 0;
   std::vector<WireSegment>* segments_ = nullptr;
   bool segmented_ = false;
+  bool bounded_ = false;
 };
 
 class WireInputArchive : public cereal::InputArchive<WireInputArchive, cereal::AllowEmptyClassElision> {
