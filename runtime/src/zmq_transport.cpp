@@ -397,7 +397,13 @@ void ZmqTransport::flush_listed(bool from_flusher) {
   }
   std::vector<Peer*> still;
   for (Peer* p : listed) {
-    std::lock_guard lock(p->mu);
+    // Nobody waits here behind a sender blocked on a full socket: that sender hands the batch
+    // over, or the flush thread at a later tick.
+    std::unique_lock lock(p->mu, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      if (from_flusher) still.push_back(p);
+      continue;
+    }
     if (p->open_size) seal_open(*p);
     (void)drain(*p, /*block=*/false);
     if (p->sealed.empty()) p->batching.store(false, std::memory_order_relaxed);
