@@ -83,7 +83,9 @@ void write_header(char* out, const EnvelopeHeader& h) {
   put(p, h.payload_size);
 }
 
-Result<EnvelopeHeader> decode_header(const char* frame, std::size_t frame_size, bool check_type) {
+namespace {
+// exact: the frame is this one envelope; otherwise its payload need only fit in frame_size.
+Result<EnvelopeHeader> decode_header_in(const char* frame, std::size_t frame_size, bool exact) {
   if (frame_size < kHeaderSize)
     return invalid_input("truncated frame: " + std::to_string(frame_size) + " bytes, the header alone needs " +
                          std::to_string(kHeaderSize));
@@ -100,19 +102,31 @@ Result<EnvelopeHeader> decode_header(const char* frame, std::size_t frame_size, 
     return invalid_input("unsupported envelope version " + std::to_string(h.version) + " (this build speaks " +
                          std::to_string(kEnvelopeVersion) + ")");
   h.flags = get<std::uint16_t>(p);
-  if (h.flags & ~std::uint16_t(kFlagRequest | kFlagReply)) return invalid_input("unknown envelope flags " + std::to_string(h.flags));
+  if (h.flags & ~std::uint16_t(kFlagRequest | kFlagReply | kFlagSegmented))
+    return invalid_input("unknown envelope flags " + std::to_string(h.flags));
   if ((h.flags & kFlagRequest) && (h.flags & kFlagReply)) return invalid_input("envelope is both a request and a reply");
   h.type_id = get<std::uint32_t>(p);
   h.sender = ActorId::unpack(get<std::uint64_t>(p));
   h.recipient = ActorId::unpack(get<std::uint64_t>(p));
   h.correlation = get<std::uint64_t>(p);
   h.payload_size = get<std::uint32_t>(p);
-  if (std::size_t(h.payload_size) != frame_size - kHeaderSize)
+  const std::size_t room = frame_size - kHeaderSize;
+  if (exact ? std::size_t(h.payload_size) != room : std::size_t(h.payload_size) > room)
     return invalid_input("payload length mismatch: header says " + std::to_string(h.payload_size) + " bytes, frame has " +
-                         std::to_string(frame_size - kHeaderSize) + (h.payload_size > frame_size - kHeaderSize ? " (truncated)" : ""));
-  if (check_type && !is_registered_type(h.type_id))
-    return invalid_input("unknown message type id " + std::to_string(h.type_id) + " from " + to_string(h.sender));
+                         std::to_string(room) + (h.payload_size > room ? " (truncated)" : ""));
   return h;
+}
+}  // namespace
+
+Result<EnvelopeHeader> decode_header(const char* frame, std::size_t frame_size, bool check_type) {
+  auto h = decode_header_in(frame, frame_size, /*exact=*/true);
+  if (h.ok() && check_type && !is_registered_type(h->type_id))
+    return invalid_input("unknown message type id " + std::to_string(h->type_id) + " from " + to_string(h->sender));
+  return h;
+}
+
+Result<EnvelopeHeader> decode_batched_header(const char* data, std::size_t available) {
+  return decode_header_in(data, available, /*exact=*/false);
 }
 
 }  // namespace troupe::runtime

@@ -120,3 +120,79 @@ TEST(EnvelopeCodec, TypeIdCollisionIsReported) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().message.find("9001"), std::string::npos);
 }
+
+TEST(EnvelopeCodec, BatchedEnvelopesAreFramedOneAfterAnother) {
+  ASSERT_TRUE(register_message<Ping>().ok());
+  std::string batch = encode_frame(Ping{1, "one"}, hdr()) + encode_frame(Ping{2, std::string(300, 't')}, hdr());
+  auto first = decode_batched_header(batch.data(), batch.size());
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  std::size_t next = kHeaderSize + first->payload_size;
+  auto second = decode_batched_header(batch.data() + next, batch.size() - next);
+  ASSERT_TRUE(second.ok()) << second.error().message;
+  EXPECT_EQ(next + kHeaderSize + second->payload_size, batch.size());
+  Ping back;
+  ASSERT_TRUE(decode_payload(batch.data() + next + kHeaderSize, second->payload_size, back).ok());
+  EXPECT_EQ(back.seq, 2u);
+  // a batch cut short: its last envelope is truncated, not silently shortened
+  auto cut = decode_batched_header(batch.data() + next, batch.size() - next - 1);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.error().message.find("truncated"), std::string::npos) << cut.error().message;
+  // the strict decoder still wants one envelope per frame
+  EXPECT_FALSE(decode_header(batch.data(), batch.size()).ok());
+}
+
+namespace {
+// Long runs (a string and a float vector past kWireSegmentMin) around short fields.
+Trajectory long_traj() {
+  Trajectory t = traj();
+  t.tokens.assign(40000, 7);  // 160 KB
+  t.logprobs = {-1.5f};       // short: stays inline
+  t.env = std::string(70000, 'e');
+  return t;
+}
+}  // namespace
+
+TEST(EnvelopeCodec, SegmentedFrameLeavesLongRunsOutOfLine) {
+  ASSERT_TRUE(register_message<Trajectory>().ok());
+  Trajectory t = long_traj();
+  std::vector<WireSegment> segments;
+  std::size_t payload = segmented_payload_size_of(t, segments);
+  ASSERT_EQ(segments.size(), 2u);
+  EXPECT_EQ(segments[0].data, reinterpret_cast<const char*>(t.tokens.data()));  // the message's own memory
+  EXPECT_EQ(segments[1].size, t.env.size());
+  EXPECT_LT(payload, 200u);  // only the short fields and size tags
+  std::string f(kHeaderSize + payload, '\0');
+  write_segmented_frame(f.data(), payload, t, hdr());
+  auto h = decode_header(f.data(), f.size());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_TRUE(h->flags & kFlagSegmented);
+  EXPECT_TRUE(h->flags & kFlagRequest);
+  Trajectory back;
+  auto st = decode_payload(f.data() + kHeaderSize, payload, segments.data(), segments.size(), back);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  EXPECT_EQ(back, t);
+}
+
+TEST(EnvelopeCodec, SegmentedFrameWithWrongPartsIsAnError) {
+  Trajectory t = long_traj();
+  std::vector<WireSegment> segments;
+  std::size_t payload = segmented_payload_size_of(t, segments);
+  std::string f(kHeaderSize + payload, '\0');
+  write_segmented_frame(f.data(), payload, t, hdr());
+  const char* body = f.data() + kHeaderSize;
+  Trajectory back;
+  // a missing part: the string's size tag is refused before anything is allocated
+  auto missing = decode_payload(body, payload, segments.data(), 1, back);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("claims 70000"), std::string::npos) << missing.error().message;
+  std::vector<WireSegment> longer = segments;
+  longer[1].size += 1;  // never read: the size check comes first
+  auto wrong = decode_payload(body, payload, longer.data(), longer.size(), back);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.error().message.find("out-of-line part 1"), std::string::npos) << wrong.error().message;
+  std::vector<WireSegment> extra = segments;
+  extra.push_back(segments[0]);
+  auto unread = decode_payload(body, payload, extra.data(), extra.size(), back);
+  ASSERT_FALSE(unread.ok());
+  EXPECT_NE(unread.error().message.find("left unread"), std::string::npos) << unread.error().message;
+}

@@ -53,3 +53,40 @@ TEST(EnvelopeFuzz, MutatedFramesNeverCrash) {
   EXPECT_GT(rejected, 50000);
   EXPECT_GT(ok, 0);  // some flips land in values (floats, ints) and stay valid
 }
+
+// What a receive thread does with a (mutated) batch: frame envelope after envelope with
+// decode_batched_header, decode each payload, some of them as if segmented with random parts.
+TEST(EnvelopeFuzz, MutatedBatchesAndSegmentedFramesNeverCrash) {
+  ASSERT_TRUE(register_message<Trajectory>().ok());
+  std::mt19937_64 rng(99);
+  Trajectory t;
+  t.tokens.assign(20, 3);
+  t.env = "countdown";
+  EnvelopeHeader h;
+  std::string batch = encode_frame(t, h) + encode_frame(Ping{4, "p"}, h) + encode_frame(t, h);
+  std::string part(kWireSegmentMin + 5, 'x');
+  int framed = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string f = batch;
+    int flips = 1 + static_cast<int>(rng() % 6);
+    for (int k = 0; k < flips; ++k) f[rng() % f.size()] = static_cast<char>(rng());
+    if (rng() % 4 == 0) f.resize(rng() % f.size());
+    std::size_t at = 0;
+    while (at < f.size()) {
+      auto hh = decode_batched_header(f.data() + at, f.size() - at);
+      if (!hh.ok()) break;
+      ++framed;
+      ASSERT_LE(at + kHeaderSize + hh->payload_size, f.size());
+      Trajectory out;
+      const char* body = f.data() + at + kHeaderSize;
+      if (rng() % 2) {
+        WireSegment segs[2] = {{part.data(), part.size() - rng() % 10}, {part.data(), rng() % part.size()}};
+        (void)decode_payload(body, hh->payload_size, segs, rng() % 3, out);
+      } else {
+        (void)decode_payload(body, hh->payload_size, out);
+      }
+      at += kHeaderSize + hh->payload_size;
+    }
+  }
+  EXPECT_GT(framed, 20000);
+}

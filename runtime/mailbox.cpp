@@ -5,6 +5,15 @@
 namespace troupe::runtime {
 
 Result<bool> Mailbox::push(Mail&& m, Overflow policy, std::chrono::steady_clock::time_point deadline) {
+  return push_impl(std::move(m), policy, [deadline] { return deadline; });
+}
+
+Result<bool> Mailbox::push_within(Mail&& m, Overflow policy, std::chrono::nanoseconds wait) {
+  return push_impl(std::move(m), policy, [wait] { return std::chrono::steady_clock::now() + wait; });
+}
+
+template <class Deadline>
+Result<bool> Mailbox::push_impl(Mail&& m, Overflow policy, Deadline deadline) {
   std::unique_lock lock(mu_);
   if (closed_) return make_error(ErrorCode::peer_failed, "mailbox closed (actor stopped)");
   if (!m.task) {
@@ -12,7 +21,7 @@ Result<bool> Mailbox::push(Mail&& m, Overflow policy, std::chrono::steady_clock:
       if (policy == Overflow::fail)
         return make_error(ErrorCode::timeout, "mailbox full (capacity " + std::to_string(capacity_) + ")");
       ++waiters_;
-      bool room = not_full_.wait_until(lock, deadline, [&] { return closed_ || user_count_ < capacity_; });
+      bool room = not_full_.wait_until(lock, deadline(), [&] { return closed_ || user_count_ < capacity_; });
       --waiters_;
       if (closed_) return make_error(ErrorCode::peer_failed, "mailbox closed (actor stopped)");
       if (!room)

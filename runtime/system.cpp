@@ -7,6 +7,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <utility>
+
 #include "src/actor_cell.h"
 #include "src/actor_table.h"
 #include "src/request_table.h"
@@ -17,7 +19,7 @@
 
 namespace troupe::runtime {
 
-struct ActorSystem::Impl final : TurnHandler {
+struct ActorSystem::Impl final : TurnHandler, ZmqTransport::Sink {
   explicit Impl(ActorSystem* s)
       : self(s),
         actors(s->config_.node_id),
@@ -25,12 +27,8 @@ struct ActorSystem::Impl final : TurnHandler {
         scheduler(/*manual=*/s->config_.threads == 0, timers, *this),
         supervision(*s, actors, timers, scheduler, [this](ActorCell& c) { run_on_stop(c); }),
         requests(actors, timers, scheduler),
-        transport(
-            s->config_, timers,
-            [s](Mail&& m) {
-              return s->deliver_local(std::move(m), Overflow::block, /*on_receive_thread=*/true);
-            },
-            [s](std::uint32_t node, const std::string& reason) { s->declare_node_down(node, reason); }) {}
+        transport(s->config_, timers, *this,
+                  [s](std::uint32_t node, const std::string& reason) { s->declare_node_down(node, reason); }) {}
 
   ActorSystem* self;
   ActorTable actors;
@@ -39,7 +37,6 @@ struct ActorSystem::Impl final : TurnHandler {
   Supervision supervision;
   RequestTable requests;
   ZmqTransport transport;
-  std::vector<Mail> io_batch;  // the receive thread's batch when it runs handlers inline
   bool shut_down = false;
 
   static void run_on_start(ActorCell& c, Context& ctx) {
@@ -108,6 +105,34 @@ struct ActorSystem::Impl final : TurnHandler {
   void reject(ActorCell& c, Mail& m) override { supervision.reject(c, m); }
   void crashed(ActorCell& c) override { supervision.crashed(c); }
   void stopped(ActorCell& c) override { supervision.stopped(c, "stopped"); }
+  void after_batch() override { transport.flush_open_batches(); }
+
+  // --- ZmqTransport::Sink (a receive thread) ---
+  ActorCell* deliver(std::vector<Mail>& burst, bool may_run_inline) override {
+    ActorCell* inline_cell = nullptr;
+    for (Mail& m : burst) {
+      auto r = self->route_local(std::move(m), Overflow::fail);
+      if (!r.ok() && r.error().code == ErrorCode::timeout && !scheduler.manual()) {
+        // A full mailbox: wait for room (remote senders are throttled meanwhile), but first give
+        // the actor this burst was to run here to the workers: it may be the one we wait for.
+        if (inline_cell) scheduler.enqueue(std::exchange(inline_cell, nullptr));
+        r = self->route_local(std::move(m), Overflow::block);
+      }
+      if (!r.ok()) {
+        spdlog::warn("troupe runtime: node {}: {}", self->config_.node_id, r.error().message);
+        continue;
+      }
+      if (ActorCell* c = *r) {
+        if (may_run_inline && !inline_cell)
+          inline_cell = c;
+        else
+          scheduler.enqueue(c);
+      }
+    }
+    burst.clear();
+    return inline_cell;
+  }
+  void run_inline(ActorCell* c, std::vector<Mail>& batch) override { scheduler.turn_inline(c, batch); }
 };
 
 // ---- lifetime ----
@@ -218,11 +243,12 @@ std::size_t ActorSystem::mailbox_high_water(ActorId id) const {
 
 // ---- messaging ----
 
-Status ActorSystem::deliver_local(Mail&& mail, Overflow policy, bool on_receive_thread) {
+Result<ActorCell*> ActorSystem::route_local(Mail&& mail, Overflow policy) {
   Impl& I = *impl_;
   if (mail.header.flags & kFlagReply) {
-    I.requests.complete(mail.header.correlation, std::make_shared<Mail>(std::move(mail)));
-    return {};
+    ActorCell* runnable = nullptr;  // the requester, when its continuation is the first thing it has to do
+    I.requests.complete(mail.header.correlation, std::make_shared<Mail>(std::move(mail)), &runnable);
+    return runnable;
   }
   ActorCell* c = I.actors.find(mail.header.recipient.local);
   if (!c || c->state == CellState::stopped) {
@@ -236,20 +262,25 @@ Status ActorSystem::deliver_local(Mail&& mail, Overflow policy, bool on_receive_
     return make_error(ErrorCode::peer_failed, "runtime: " + why);
   }
   if (I.scheduler.manual()) policy = Overflow::fail;  // one thread: waiting for room would wait forever
-  auto r = c->mailbox.push(std::move(mail), policy, Clock::now() + config_.send_timeout);
+  auto r = c->mailbox.push_within(std::move(mail), policy, config_.send_timeout);
   if (!r.ok())
     return make_error(r.error().code, "runtime: send to actor " + c->label() + ": " + r.error().message);
-  if (r.value()) {
-    if (on_receive_thread && config_.inline_receive && !I.scheduler.manual())
-      I.scheduler.turn_here(c, I.io_batch);  // we own the scheduled bit: exclusive, like a worker
-    else
-      I.scheduler.enqueue(c);
-  }
+  return r.value() ? c : nullptr;
+}
+
+Status ActorSystem::deliver_local(Mail&& mail, Overflow policy) {
+  auto r = route_local(std::move(mail), policy);
+  if (!r.ok()) return r.error();
+  if (*r) impl_->scheduler.enqueue(*r);
   return {};
 }
 
-Status ActorSystem::send_frame(std::uint32_t node, zmq::message_t frame, Overflow policy) {
-  return impl_->transport.send(node, std::move(frame), policy);
+Status ActorSystem::send_frame(std::uint32_t node, const FrameWriter& frame, Overflow policy) {
+  return impl_->transport.send(node, frame, policy);
+}
+
+Result<bool> ActorSystem::append_frame(std::uint32_t node, const BoundedFrameWriter& frame, Overflow policy) {
+  return impl_->transport.append(node, frame, policy);
 }
 
 std::uint64_t ActorSystem::begin_request(ActorId owner, ActorId to, Duration timeout, RawReply on_reply) {

@@ -33,6 +33,7 @@ struct ActorCell {
   bool stop_requested = false;
   std::optional<Error> fail_requested;
   std::vector<TimerId> timers;
+  std::int64_t spin_budget = 20'000;  // ns the scheduler polls for more mail before giving up the turn (adaptive)
   std::mutex monitors_mu;
   std::vector<ActorId> monitors;
   std::string label() const {

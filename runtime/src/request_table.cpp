@@ -24,7 +24,7 @@ std::uint64_t RequestTable::begin(ActorId owner, ActorId to, Duration timeout, R
   return corr;
 }
 
-void RequestTable::complete(std::uint64_t corr, Outcome r) {
+void RequestTable::complete(std::uint64_t corr, Outcome r, ActorCell** runnable) {
   Pending p;
   {
     std::lock_guard lock(mu_);
@@ -34,10 +34,10 @@ void RequestTable::complete(std::uint64_t corr, Outcome r) {
     pending_.erase(it);
   }
   if (p.timer) timers_.remove(p.timer);
-  answer(p.owner, std::move(p.on_reply), std::move(r));
+  answer(p.owner, std::move(p.on_reply), std::move(r), runnable);
 }
 
-void RequestTable::answer(ActorId owner, RawReply on_reply, Outcome r) {
+void RequestTable::answer(ActorId owner, RawReply on_reply, Outcome r, ActorCell** runnable) {
   if (owner.local == 0) {
     on_reply(nullptr, std::move(r));
     return;
@@ -46,7 +46,11 @@ void RequestTable::answer(ActorId owner, RawReply on_reply, Outcome r) {
   if (!c) return;
   auto shared = std::make_shared<Outcome>(std::move(r));
   auto cb = std::make_shared<RawReply>(std::move(on_reply));
-  scheduler_.post(c, [shared, cb](Context& ctx) { (*cb)(&ctx, std::move(*shared)); });
+  auto task = [shared, cb](Context& ctx) { (*cb)(&ctx, std::move(*shared)); };
+  if (!runnable)
+    scheduler_.post(c, std::move(task));
+  else if (scheduler_.post_task(c, std::move(task)))
+    *runnable = c;
 }
 
 void RequestTable::fail_node(std::uint32_t node, const Error& e) {

@@ -27,12 +27,14 @@ class RequestTable {
 
   // Registers a request to `to` with its timeout; returns its correlation id (never 0).
   std::uint64_t begin(ActorId owner, ActorId to, Duration timeout, RawReply on_reply);
-  void complete(std::uint64_t correlation, Outcome r);
+  // With `runnable`, an owner actor the completion made runnable is handed back there (the caller
+  // runs or enqueues it) instead of being enqueued.
+  void complete(std::uint64_t correlation, Outcome r, ActorCell** runnable = nullptr);
   void fail_node(std::uint32_t node, const Error& e);  // every request to that node
   // Shutdown: asks from outside any actor get `e`; requests of actors are dropped.
   void abandon_all(const Error& e);
   // Hands `r` to the owner's callback the way a completion does, for a request never registered.
-  void answer(ActorId owner, RawReply on_reply, Outcome r);
+  void answer(ActorId owner, RawReply on_reply, Outcome r, ActorCell** runnable = nullptr);
 
  private:
   struct Pending {

@@ -1,12 +1,27 @@
 // Scheduler: the run queue, the worker pool, a cell's turn and the deterministic mode (see scheduler.h).
 #include "scheduler.h"
 
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+
 namespace troupe::runtime {
 
 namespace {
 constexpr std::size_t kBatch = 64;  // a worker's batch buffer, reserved once
-constexpr int kSpin = 1000;         // ~tens of microseconds of polling before a consumer gives up its turn
-constexpr int kIdleSpin = 2000;     // a worker's polling of the run queue before it sleeps
+// Polling before a consumer gives up its turn, or an idle worker sleeps: adaptive, in time
+// between these bounds. Polling that finds work grows the budget (mail comes in quick
+// succession: a sleep and wake-up per message would dominate its cost); polling that comes up
+// empty halves it (large messages, slow producers: the polling would only take CPU from the
+// threads that produce the work). The floor still covers the gaps of a fast stream, which a
+// sleep per message would slow down further (and so keep in that mode).
+constexpr std::int64_t kSpinMinNs = 1'000;
+constexpr std::int64_t kSpinMaxNs = 60'000;
+constexpr std::int64_t kSpinStartNs = 20'000;
+inline std::int64_t spin_grown(std::int64_t budget) { return std::min(kSpinMaxNs, budget + budget / 2); }
+inline std::int64_t spin_shrunk(std::int64_t budget) { return std::max(kSpinMinNs, budget / 2); }
+inline std::int64_t mono_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -17,7 +32,11 @@ inline void cpu_relax() {
 }  // namespace
 
 void Scheduler::start(int threads) {
-  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 0; i < threads; ++i)
+    workers_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "troupe-worker");
+      worker_loop();
+    });
 }
 
 void Scheduler::enqueue(ActorCell* c) {
@@ -38,28 +57,37 @@ void Scheduler::enqueue(ActorCell* c) {
 }
 
 void Scheduler::post(ActorCell* c, std::function<void(Context&)> fn) {
+  if (post_task(c, std::move(fn))) enqueue(c);
+}
+
+bool Scheduler::post_task(ActorCell* c, std::function<void(Context&)> fn) {
   Mail m;
   m.header.recipient = c->id;
   m.task = make_task(std::move(fn));
-  auto r = c->mailbox.push(std::move(m), Overflow::fail, Clock::now());
-  if (r.ok() && r.value()) enqueue(c);
+  auto r = c->mailbox.push_within(std::move(m), Overflow::fail, Duration{0});  // tasks are never refused for room
+  return r.ok() && r.value();
 }
 
 ActorCell* Scheduler::pop_runnable_blocking() {
   // Spin briefly before sleeping: a futex wake per message would dominate small-message cost.
-  for (int spin = 0; spin < kIdleSpin; ++spin) {
+  thread_local std::int64_t budget = kSpinStartNs;
+  const std::int64_t until = mono_ns() + budget;
+  for (int spin = 0;; ++spin) {
+    if ((spin & 15) == 15 && mono_ns() >= until) break;
     if (others_waiting() || stopping_) {
       std::lock_guard lock(runq_mu_);
       if (!runq_.empty()) {
         ActorCell* c = runq_.front();
         runq_.pop_front();
         runq_size_ = runq_.size();
+        budget = spin_grown(budget);
         return c;
       }
       if (stopping_) return nullptr;
     }
     cpu_relax();  // no sched_yield: on a busy box it hands the core to threads we then wait for
   }
+  budget = spin_shrunk(budget);
   std::unique_lock lock(runq_mu_);
   ++idle_workers_;
   runq_cv_.wait(lock, [&] { return stopping_ || !runq_.empty(); });
@@ -81,13 +109,13 @@ void Scheduler::worker_loop() {
   }
 }
 
-void Scheduler::turn_here(ActorCell* c, std::vector<Mail>& batch) {
+void Scheduler::turn_inline(ActorCell* c, std::vector<Mail>& batch) {
   busy_.fetch_add(1);
-  turn(c, batch, /*spin=*/false);
+  turn(c, batch, /*spin=*/false, /*max_batches=*/1);
   busy_.fetch_sub(1);
 }
 
-void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin) {
+void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin, int max_batches) {
   CellState s = c->state.load();
   if (s == CellState::restarting) {
     c->state = CellState::running;
@@ -110,14 +138,26 @@ void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin) {
     std::size_t n = c->mailbox.pop_batch(batch);
     if (n == 0) {
       bool more = false;
-      if (!manual_ && spin)
-        for (int s = 0; s < kSpin && !others_waiting(); ++s) {
+      if (!manual_ && spin) {
+        bool cut_short = false;
+        const std::int64_t until = mono_ns() + c->spin_budget;
+        for (int s = 0;; ++s) {
           if (c->mailbox.has_mail()) {
             more = true;
             break;
           }
+          if (others_waiting()) {
+            cut_short = true;
+            break;
+          }
+          if ((s & 15) == 15 && mono_ns() >= until) break;
           cpu_relax();
         }
+        if (more)
+          c->spin_budget = spin_grown(c->spin_budget);
+        else if (!cut_short)  // the mail was late
+          c->spin_budget = spin_shrunk(c->spin_budget);
+      }
       if (more) continue;
       if (c->mailbox.finish_batch()) continue;  // mail raced in: still scheduled
       return;
@@ -127,17 +167,24 @@ void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin) {
       if (c->fail_requested) {
         c->mailbox.requeue_front(batch, i + 1);
         batch.clear();
+        handler_.after_batch();
         handler_.crashed(*c);
         return;
       }
       if (c->stop_requested) {
         for (std::size_t j = i + 1; j < n; ++j) handler_.reject(*c, batch[j]);
         batch.clear();
+        handler_.after_batch();
         handler_.stopped(*c);
         return;
       }
     }
     batch.clear();
+    handler_.after_batch();
+    if (max_batches && turn + 1 >= max_batches) {  // the rest, if any, is the workers' to run
+      if (c->mailbox.finish_batch()) enqueue(c);
+      return;
+    }
     if (turn >= 16 && others_waiting()) {  // fairness: still scheduled, go to the back of the queue
       enqueue(c);
       return;

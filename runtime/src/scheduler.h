@@ -31,6 +31,7 @@ class TurnHandler {
   virtual void reject(ActorCell& c, Mail& m) = 0;  // mail for a stopped actor
   virtual void crashed(ActorCell& c) = 0;          // fail_requested is set
   virtual void stopped(ActorCell& c) = 0;          // stop_requested is set
+  virtual void after_batch() = 0;                  // a batch of handlers ran (hand over batched sends)
 
  protected:
   ~TurnHandler() = default;
@@ -46,8 +47,11 @@ class Scheduler {
 
   void enqueue(ActorCell* c);                                 // c's mailbox has just become scheduled
   void post(ActorCell* c, std::function<void(Context&)> fn);  // a task in c's mailbox, past its bound
-  // A turn on the calling thread (the receive thread, which owns c's scheduled bit), no spinning.
-  void turn_here(ActorCell* c, std::vector<Mail>& batch);
+  // The same without the enqueue: true when the caller must run or enqueue c now.
+  bool post_task(ActorCell* c, std::function<void(Context&)> fn);
+  // One batch of c's mail on the calling thread (a receive thread, which owns c's scheduled bit),
+  // no spinning; mail that arrived meanwhile goes on to the workers.
+  void turn_inline(ActorCell* c, std::vector<Mail>& batch);
 
   // --- deterministic mode ---
   std::size_t run_until_idle();  // items run
@@ -63,7 +67,8 @@ class Scheduler {
   bool others_waiting() const { return runq_size_.load(std::memory_order_relaxed) != 0; }
   ActorCell* pop_runnable_blocking();
   void worker_loop();
-  void turn(ActorCell* c, std::vector<Mail>& batch, bool spin);
+  // max_batches 0 = keep the turn while mail keeps coming (fairness aside)
+  void turn(ActorCell* c, std::vector<Mail>& batch, bool spin, int max_batches = 0);
 
   const bool manual_;
   TimerQueue& timers_;

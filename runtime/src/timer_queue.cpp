@@ -1,6 +1,8 @@
 // TimerQueue: the deadline-ordered timers, the timer thread and the manual clock (see timer_queue.h).
 #include "timer_queue.h"
 
+#include <pthread.h>
+
 namespace troupe::runtime {
 
 Clock::time_point TimerQueue::now() const {
@@ -83,7 +85,10 @@ std::size_t TimerQueue::fire_due(Clock::time_point t) {
 }
 
 void TimerQueue::start_thread() {
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "troupe-timer");
+    loop();
+  });
 }
 
 void TimerQueue::stop() {

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <typeinfo>
+#include <vector>
 
 #include "troupe/base/result.h"
 #include "troupe/runtime/wire.h"
@@ -35,8 +36,9 @@ inline constexpr std::uint16_t kEnvelopeVersion = 1;
 inline constexpr std::size_t kHeaderSize = 40;
 
 enum EnvelopeFlags : std::uint16_t {
-  kFlagRequest = 1,  // sender waits for a reply carrying the same correlation id
-  kFlagReply = 2,    // answers the request with this correlation id
+  kFlagRequest = 1,    // sender waits for a reply carrying the same correlation id
+  kFlagReply = 2,      // answers the request with this correlation id
+  kFlagSegmented = 4,  // the payload's long runs travel out of line, as further parts (wire.h)
 };
 
 struct EnvelopeHeader {
@@ -83,6 +85,10 @@ void write_header(char* out, const EnvelopeHeader& h);
 // Validates magic, version, payload length against frame_size, and (when check_type) that the
 // type id is registered or a system type.
 Result<EnvelopeHeader> decode_header(const char* frame, std::size_t frame_size, bool check_type = true);
+// The header of the first envelope of a batch (envelopes back to back in one transport message):
+// the same checks, except that its payload need only fit in `available` bytes; the next envelope
+// starts kHeaderSize + payload_size bytes in. The type id is not checked.
+Result<EnvelopeHeader> decode_batched_header(const char* data, std::size_t available);
 
 // --- payload codec ---
 template <class M>
@@ -110,6 +116,43 @@ Status decode_payload(const char* data, std::size_t size, M& out) {
   }
   return {};
 }
+// A payload sent with kFlagSegmented: its long runs are `segments`, in order, every one read.
+template <class M>
+Status decode_payload(const char* data, std::size_t size, const WireSegment* segments, std::size_t n_segments, M& out) {
+  try {
+    WireInputArchive ar(data, size, segments, n_segments);
+    ar(out);
+    if (ar.remaining_inline() != 0)
+      return invalid_input("message " + std::string(message_name<M>()) + ": " + std::to_string(ar.remaining_inline()) +
+                           " trailing bytes after the payload");
+    if (ar.segments_left() != 0)
+      return invalid_input("message " + std::string(message_name<M>()) + ": " + std::to_string(ar.segments_left()) +
+                           " out-of-line part(s) left unread");
+  } catch (const std::exception& e) {
+    return invalid_input("message " + std::string(message_name<M>()) + ": " + e.what());
+  }
+  return {};
+}
+
+// --- out-of-line runs (wire.h) ---
+// The payload size of m with its long runs left out, which are listed (pointing into m) in `segments`.
+template <class M>
+std::size_t segmented_payload_size_of(const M& m, std::vector<WireSegment>& segments) {
+  WireOutputArchive counter(WireOutputArchive::Segmented{}, &segments);
+  counter(m);
+  return counter.size();
+}
+// Writes the frame of m with its long runs left out (payload_size from segmented_payload_size_of);
+// h gets M's type id, the payload size and kFlagSegmented.
+template <class M>
+void write_segmented_frame(char* out, std::size_t payload_size, const M& m, EnvelopeHeader h) {
+  h.type_id = M::type_id;
+  h.payload_size = static_cast<std::uint32_t>(payload_size);
+  h.flags |= kFlagSegmented;
+  write_header(out, h);
+  WireOutputArchive ar(WireOutputArchive::Segmented{}, nullptr, out + kHeaderSize, payload_size);
+  ar(m);
+}
 
 // Writes the whole frame of m into out (room for kHeaderSize + payload_size bytes, payload_size
 // = payload_size_of(m)); h gets M's type id and the payload size.
@@ -119,6 +162,19 @@ void write_frame(char* out, std::size_t payload_size, const M& m, EnvelopeHeader
   h.payload_size = static_cast<std::uint32_t>(payload_size);
   write_header(out, h);
   write_payload(out + kHeaderSize, payload_size, m);
+}
+// One pass: writes the frame of m into out[0, room) if it fits there; returns its size either way
+// (larger than room: out holds nothing usable).
+template <Message M>
+std::size_t write_frame_bounded(char* out, std::size_t room, const M& m, EnvelopeHeader h) {
+  if (room < kHeaderSize) return kHeaderSize + payload_size_of(m);
+  WireOutputArchive ar(WireOutputArchive::Bounded{}, out + kHeaderSize, room - kHeaderSize);
+  ar(m);
+  if (!ar.fits()) return kHeaderSize + ar.size();
+  h.type_id = M::type_id;
+  h.payload_size = static_cast<std::uint32_t>(ar.size());
+  write_header(out, h);
+  return kHeaderSize + ar.size();
 }
 // Whole frame (header + payload) into a std::string: used by tests, the codec bench and tools.
 template <Message M>

@@ -98,10 +98,11 @@ struct SystemConfig {
   std::string bind;  // "" = local only; "ipc:///path" or "tcp://127.0.0.1:*" (port * = ephemeral)
   bool allow_nonlocal_bind = false;  // tcp on anything but loopback needs this (and CURVE advised)
   int hwm = 1000;                    // ZeroMQ send/receive high-water marks (messages)
-  // Run an idle recipient's handlers right on the receive thread instead of handing it to a
-  // worker: one thread hop less per remote message (latency), but a slow handler stalls this
-  // node's receiving meanwhile. For nodes whose handlers are short (env servers, routers).
-  bool inline_receive = false;
+  // Run an idle recipient's batch of remote mail right on the receive thread instead of waking a
+  // worker: one thread hop less per remote message. A handler that runs longer than a
+  // millisecond does not stall this node's receiving: a second receive thread takes the socket
+  // over meanwhile. false = every remote message goes through the worker pool.
+  bool inline_receive = true;
   HeartbeatConfig heartbeat;
   CurveConfig curve;
 };
@@ -145,9 +146,23 @@ using ActorFactory = std::function<std::unique_ptr<Actor>()>;
 template <class M>
 Result<M> message_from_mail(const Mail& m);
 
-// The frame of a remote send, encoded once into the message ZeroMQ sends.
-template <Message M>
-zmq::message_t encode_zmq_frame(const M& m, EnvelopeHeader h);
+// One frame (header + payload) of a remote send, written once, straight where the transport
+// wants it: into a ZeroMQ message of its own or appended to a batch for the same peer.
+// A frame with out-of-line runs (kFlagSegmented) lists them in `segments`, pointing into memory
+// that `owner` keeps alive until ZeroMQ is done with them (it sends them as they are).
+struct FrameWriter {
+  std::size_t size = 0;                                     // kHeaderSize + payload
+  void (*write)(char* out, const void* state) = nullptr;  // writes exactly `size` bytes
+  const void* state = nullptr;
+  const std::vector<WireSegment>* segments = nullptr;
+  std::shared_ptr<const void> owner;
+};
+// A frame of unknown size for the one-pass path into a batch: writes it into out[0, room) if it
+// fits, and returns its size either way.
+struct BoundedFrameWriter {
+  std::size_t (*write)(char* out, std::size_t room, const void* state) = nullptr;
+  const void* state = nullptr;
+};
 
 // The handle an actor's code gets: who it is, what it is handling, and everything it may do.
 class Context {
@@ -262,8 +277,21 @@ class ActorSystem {
   explicit ActorSystem(SystemConfig config);
   Status start();
   bool is_local(ActorId id) const { return id.node == config_.node_id; }
-  Status deliver_local(Mail&& mail, Overflow policy, bool on_receive_thread = false);
-  Status send_frame(std::uint32_t node, zmq::message_t frame, Overflow policy);
+  Status deliver_local(Mail&& mail, Overflow policy);
+  // Remote sends: the frame of m (header h) to h.recipient's node.
+  template <Message M>
+  Status send_remote(const M& m, const EnvelopeHeader& h, Overflow policy, std::size_t payload);
+  // Long runs (wire.h) go to the socket as they are, kept alive by the shared message.
+  template <Message M>
+  Status send_remote_segmented(std::shared_ptr<const M> m, const EnvelopeHeader& h, Overflow policy);
+  Status send_frame(std::uint32_t node, const FrameWriter& frame, Overflow policy);
+  // A frame to a peer whose batch is open (a burst): written straight into the batch in one pass.
+  // false = not taken (no burst, or too long for a batch): send it with send_frame.
+  Result<bool> append_frame(std::uint32_t node, const BoundedFrameWriter& frame, Overflow policy);
+  // A reply completes its request; other mail goes into its actor's mailbox. Returns the actor
+  // when this push made it runnable (the caller runs or enqueues it), null otherwise. A full
+  // mailbox under Overflow::fail leaves `mail` as it was (ErrorCode::timeout).
+  Result<ActorCell*> route_local(Mail&& mail, Overflow policy);
   std::uint64_t begin_request(ActorId owner, ActorId to, Duration timeout, RawReply on_reply);
   void fail_request(std::uint64_t correlation, Error e);
 
@@ -290,7 +318,7 @@ void Actor::handle(F fn) {
     if (!direct) {
       if (!mail.payload.is_frame())
         return make_error(ErrorCode::internal, std::string("message ") + message_name<M>() + " has no payload");
-      TROUPE_TRY(decode_payload(mail.payload.data(), mail.payload.size(), decoded));
+      TROUPE_TRY(decode_payload(mail.payload, decoded));
       direct = &decoded;
     }
     if constexpr (std::is_same_v<std::invoke_result_t<F&, Context&, const M&>, void>) {
@@ -307,7 +335,7 @@ Result<M> message_from_mail(const Mail& m) {
   if (m.header.type_id == ErrorReply::type_id) {
     ErrorReply er;
     if (const auto* d = m.payload.template local_as<ErrorReply>()) er = *d;
-    else if (auto st = decode_payload(m.payload.data(), m.payload.size(), er); !st.ok()) return st.error();
+    else if (auto st = decode_payload(m.payload, er); !st.ok()) return st.error();
     return make_error(static_cast<ErrorCode>(er.code), er.message);
   }
   if (m.header.type_id != M::type_id)
@@ -317,16 +345,49 @@ Result<M> message_from_mail(const Mail& m) {
     return *d;
   }
   M out;
-  if (auto st = decode_payload(m.payload.data(), m.payload.size(), out); !st.ok()) return st.error();
+  if (auto st = decode_payload(m.payload, out); !st.ok()) return st.error();
   return out;
 }
 
 template <Message M>
-zmq::message_t encode_zmq_frame(const M& m, EnvelopeHeader h) {
-  std::size_t n = payload_size_of(m);
-  zmq::message_t frame(kHeaderSize + n);
-  write_frame(static_cast<char*>(frame.data()), n, m, h);
-  return frame;
+Status ActorSystem::send_remote(const M& m, const EnvelopeHeader& h, Overflow policy, std::size_t payload) {
+  struct State {
+    const M* m;
+    const EnvelopeHeader* h;
+    std::size_t payload;
+  } state{&m, &h, payload};
+  FrameWriter w{kHeaderSize + payload,
+                [](char* out, const void* p) {
+                  const auto* s = static_cast<const State*>(p);
+                  write_frame(out, s->payload, *s->m, *s->h);
+                },
+                &state, nullptr, nullptr};
+  return send_frame(h.recipient.node, w, policy);
+}
+
+template <Message M>
+bool has_out_of_line_runs(const M& m, std::size_t payload) {
+  if (payload < kWireSegmentMin) return false;
+  std::vector<WireSegment> segments;
+  (void)segmented_payload_size_of(m, segments);
+  return !segments.empty();
+}
+
+template <Message M>
+Status ActorSystem::send_remote_segmented(std::shared_ptr<const M> m, const EnvelopeHeader& h, Overflow policy) {
+  std::vector<WireSegment> segments;
+  struct State {
+    const M* m;
+    const EnvelopeHeader* h;
+    std::size_t payload;
+  } state{m.get(), &h, segmented_payload_size_of(*m, segments)};
+  FrameWriter w{kHeaderSize + state.payload,
+                [](char* out, const void* p) {
+                  const auto* s = static_cast<const State*>(p);
+                  write_segmented_frame(out, s->payload, *s->m, *s->h);
+                },
+                &state, &segments, m};
+  return send_frame(h.recipient.node, w, policy);
 }
 
 template <Message M>
@@ -343,13 +404,32 @@ Status ActorSystem::send_from(ActorId from, ActorId to, M msg, std::uint16_t fla
     Mail mail{h, Payload::local(std::make_shared<const M>(std::move(msg))), {}};
     return deliver_local(std::move(mail), policy);
   }
-  return send_frame(to.node, encode_zmq_frame(msg, h), policy);
+  {
+    struct State {
+      const M* m;
+      const EnvelopeHeader* h;
+    } state{&msg, &h};
+    BoundedFrameWriter w{[](char* out, std::size_t room, const void* p) {
+                           const auto* s = static_cast<const State*>(p);
+                           return write_frame_bounded(out, room, *s->m, *s->h);
+                         },
+                         &state};
+    auto appended = append_frame(to.node, w, policy);
+    if (!appended.ok()) return appended.error();
+    if (*appended) return {};
+  }
+  std::size_t payload = payload_size_of(msg);
+  if (has_out_of_line_runs(msg, payload))
+    return send_remote_segmented(std::make_shared<const M>(std::move(msg)), h, policy);
+  return send_remote(msg, h, policy, payload);
 }
 
 template <Message M>
 Status ActorSystem::broadcast(std::span<const ActorId> group, const M& msg, ActorId from) {
   if (!from.node && !from.local) from = ActorId{config_.node_id, 0};
-  std::shared_ptr<const M> shared;  // one object for every local member
+  std::shared_ptr<const M> shared;  // one object for every local member (and remote long runs)
+  std::size_t payload = 0;
+  bool long_runs = false, sized = false;
   Status first_error;
   for (ActorId to : group) {
     EnvelopeHeader h;
@@ -361,7 +441,17 @@ Status ActorSystem::broadcast(std::span<const ActorId> group, const M& msg, Acto
       if (!shared) shared = std::make_shared<const M>(msg);
       st = deliver_local(Mail{h, Payload::local(shared), {}}, Overflow::block);
     } else {
-      st = send_frame(to.node, encode_zmq_frame(msg, h), Overflow::block);
+      if (!sized) {
+        payload = payload_size_of(msg);
+        long_runs = has_out_of_line_runs(msg, payload);
+        sized = true;
+      }
+      if (long_runs) {
+        if (!shared) shared = std::make_shared<const M>(msg);
+        st = send_remote_segmented(shared, h, Overflow::block);
+      } else {
+        st = send_remote(msg, h, Overflow::block, payload);
+      }
     }
     if (!st.ok() && first_error.ok()) first_error = st;
   }

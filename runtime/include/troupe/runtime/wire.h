@@ -15,12 +15,24 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace troupe::runtime {
 
 // Thrown inside the decoder only; decode_* functions turn it into an Error value.
 struct WireError : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// Out-of-line runs: a remote send may leave every binary run (a string's or an arithmetic
+// vector's bytes) of at least kWireSegmentMin bytes out of the payload and hand the run's own
+// memory to the transport as a part of its own (no copy into the frame); the reader then takes
+// each run of that size from the next part, in order. Both sides apply the same rule, so
+// nothing marks where a run was left out.
+inline constexpr std::size_t kWireSegmentMin = 64 * 1024;
+struct WireSegment {
+  const char* data = nullptr;
+  std::size_t size = 0;
 };
 
 // Writes into out[0, capacity) when out != nullptr, otherwise only counts bytes (size pass);
@@ -32,7 +44,29 @@ class WireOutputArchive : public cereal::OutputArchive<WireOutputArchive, cereal
   WireOutputArchive(std::string& grow, std::size_t offset)
       : cereal::OutputArchive<WireOutputArchive, cereal::AllowEmptyClassElision>(this), out_(nullptr), capacity_(0),
         grow_(&grow), base_(offset) {}
+  // Out-of-line runs (see kWireSegmentMin): a counting pass that lists them in `segments`, or a
+  // write pass into out[0, capacity) that leaves them out (segments == nullptr).
+  struct Segmented {};
+  WireOutputArchive(Segmented, std::vector<WireSegment>* segments, char* out = nullptr, std::size_t capacity = 0)
+      : cereal::OutputArchive<WireOutputArchive, cereal::AllowEmptyClassElision>(this), out_(out), capacity_(capacity),
+        segments_(segments), segmented_(true) {}
+  // Writes into out[0, room) while it fits and keeps counting past it: one pass that either
+  // leaves the whole payload there (fits()) or tells its size.
+  struct Bounded {};
+  WireOutputArchive(Bounded, char* out, std::size_t room)
+      : cereal::OutputArchive<WireOutputArchive, cereal::AllowEmptyClassElision>(this), out_(out), capacity_(room),
+        bounded_(true) {}
+  bool fits() const { return pos_ <= capacity_; }
   void saveBinary(const void* data, std::size_t size) {
+    if (bounded_) {
+      if (pos_ + size <= capacity_) std::memcpy(out_ + pos_, data, size);
+      pos_ += size;
+      return;
+    }
+    if (segmented_ && size >= kWireSegmentMin) {
+      if (segments_) segments_->push_back({static_cast<const char*>(data), size});
+      return;
+    }
     if (grow_) {
       std::size_t end = base_ + pos_ + size;
       if (end > grow_->size()) grow_->resize(std::max(end, 2 * grow_->size()));
@@ -51,26 +85,56 @@ class WireOutputArchive : public cereal::OutputArchive<WireOutputArchive, cereal
   std::string* grow_ = nullptr;
   std::size_t base_ = 0;
   std::size_t pos_ = 0;
+  std::vector<WireSegment>* segments_ = nullptr;
+  bool segmented_ = false;
+  bool bounded_ = false;
 };
 
 class WireInputArchive : public cereal::InputArchive<WireInputArchive, cereal::AllowEmptyClassElision> {
  public:
   WireInputArchive(const char* data, std::size_t size)
       : cereal::InputArchive<WireInputArchive, cereal::AllowEmptyClassElision>(this), data_(data), size_(size) {}
+  // A payload whose out-of-line runs (see kWireSegmentMin) are `segments`, in order.
+  WireInputArchive(const char* data, std::size_t size, const WireSegment* segments, std::size_t n_segments)
+      : cereal::InputArchive<WireInputArchive, cereal::AllowEmptyClassElision>(this), data_(data), size_(size),
+        segments_(segments), n_segments_(n_segments), segmented_(true) {
+    for (std::size_t i = 0; i < n_segments; ++i) segment_bytes_left_ += segments[i].size;
+  }
   void loadBinary(void* out, std::size_t size) {
+    if (segmented_ && size >= kWireSegmentMin) {
+      if (next_segment_ == n_segments_)
+        throw WireError("payload reads a " + std::to_string(size) + "-byte run out of line but its " +
+                        std::to_string(n_segments_) + " out-of-line part(s) are used up");
+      const WireSegment& s = segments_[next_segment_];
+      if (s.size != size)
+        throw WireError("out-of-line part " + std::to_string(next_segment_) + " has " + std::to_string(s.size) +
+                        " bytes, the payload reads " + std::to_string(size));
+      std::memcpy(out, s.data, size);
+      ++next_segment_;
+      segment_bytes_left_ -= size;
+      return;
+    }
     if (size > size_ - pos_)
       throw WireError("truncated payload: needed " + std::to_string(size) + " bytes at offset " + std::to_string(pos_) +
                       ", have " + std::to_string(size_ - pos_));
     std::memcpy(out, data_ + pos_, size);
     pos_ += size;
   }
-  std::size_t remaining() const { return size_ - pos_; }
+  // Bytes left to read, out-of-line parts included (what a container's claimed size is checked against).
+  std::size_t remaining() const { return size_ - pos_ + segment_bytes_left_; }
+  std::size_t remaining_inline() const { return size_ - pos_; }
+  std::size_t segments_left() const { return n_segments_ - next_segment_; }
   std::size_t consumed() const { return pos_; }
 
  private:
   const char* data_;
   std::size_t size_;
   std::size_t pos_ = 0;
+  const WireSegment* segments_ = nullptr;
+  std::size_t n_segments_ = 0;
+  std::size_t next_segment_ = 0;
+  std::size_t segment_bytes_left_ = 0;
+  bool segmented_ = false;
 };
 
 template <class T>
