@@ -151,6 +151,10 @@ void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin, int max_
             break;
           }
           if ((s & 15) == 15 && mono_ns() >= until) break;
+          // a few pauses between looks: each look pulls the line the producer writes on every push
+          cpu_relax();
+          cpu_relax();
+          cpu_relax();
           cpu_relax();
         }
         if (more)

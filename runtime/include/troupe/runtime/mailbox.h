@@ -215,7 +215,9 @@ class Mailbox {
   std::size_t waiters_ = 0;
   bool scheduled_ = false;
   bool closed_ = false;
-  std::atomic<std::size_t> approx_size_{0};
+  // On a cache line of its own: a consumer polls it while its producer pushes, and the lock and
+  // the queue should not travel between their cores with every poll.
+  alignas(64) std::atomic<std::size_t> approx_size_{0};
 };
 
 }  // namespace troupe::runtime
