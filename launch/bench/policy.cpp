@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "smollm2_shape.h"
 #include "troupe/base/build_config.h"
 #include "troupe/learner/optimizer.h"
 #include "troupe/policy/model.h"
@@ -353,24 +354,10 @@ constexpr int kDecodePrompt = 1, kDecodeNew = 32;  // every forward is one token
 // they warm up and use >= 5 like every other row; decode always does.
 constexpr int kSmolQuickReps = 2;
 
-// SmolLM2-135M (Llama layout: dense SwiGLU layers, no q/k norm, tied embeddings), random weights.
+// SmolLM2-135M's shape, random weights.
 policy::ModelConfig smollm2_config() {
   policy::ModelConfig c;
-  c.family = "llama";
-  c.vocab_size = 49152;
-  c.hidden_size = 576;
-  c.num_hidden_layers = 30;
-  c.num_attention_heads = 9;
-  c.num_key_value_heads = 3;
-  c.head_dim = 64;
-  c.intermediate_size = 1536;
-  c.num_experts = 0;
-  c.num_experts_per_tok = 0;
-  c.moe_intermediate_size = 0;
-  c.rope_theta = 100000.0f;
-  c.rms_norm_eps = 1e-5f;
-  c.tie_word_embeddings = true;
-  c.max_position_embeddings = 8192;
+  static_cast<policy::ModelArchitecture&>(c) = smollm2_135m_architecture();
   return c;
 }
 

@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "bench.h"
+#include "smollm2_shape.h"
 #include "troupe/actors/roles.h"
 #include "troupe/actors/weight_codec.h"
 #include "troupe/actors/weight_sync.h"
@@ -48,31 +50,15 @@ constexpr int kGenerators = 3;
   std::abort();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // SmolLM2-135M's shape (Llama layout, tied embeddings), random init; --quick: 6 layers, vocab 16384.
 ExperimentConfig bench_config(const std::string& dtype, bool quick) {
   ExperimentConfig c;
   auto& m = c.policy.model;
-  m.family = "llama";
-  m.vocab_size = quick ? 16384 : 49152;
-  m.hidden_size = 576;
-  m.num_hidden_layers = quick ? 6 : 30;
-  m.num_attention_heads = 9;
-  m.num_key_value_heads = 3;
-  m.head_dim = 64;
-  m.intermediate_size = 1536;
-  m.num_experts = 0;
-  m.num_experts_per_tok = 0;
-  m.moe_intermediate_size = 0;
-  m.rope_theta = 100000.0f;
-  m.rms_norm_eps = 1e-5f;
-  m.tie_word_embeddings = true;
-  m.max_position_embeddings = 8192;
+  m = bench::smollm2_135m_architecture();
+  if (quick) {
+    m.vocab_size = 16384;
+    m.num_hidden_layers = 6;
+  }
   c.policy.tokenizer = "byte";
   c.optimizer.lr = 1e-6f;  // AdamW (constant schedule, no warm-up)
   c.weight_sync.dtype = dtype;
@@ -331,11 +317,11 @@ int main(int argc, char** argv) {
     for (const char* kind : {"delta", "full"}) {
       const bool is_delta = std::string(kind) == "delta";
       nlohmann::json row = {{"weight_sync_case", std::string(kind) + "_" + std::to_string(gens) + "gen"},
-                            {"ours", median(is_delta ? delta_s : full_s)},
-                            {"baseline", median(bcast_s)},
-                            {"bytes_sent", median(is_delta ? delta_bytes : full_bytes)},
+                            {"ours", bench::median(is_delta ? delta_s : full_s)},
+                            {"baseline", bench::median(bcast_s)},
+                            {"bytes_sent", bench::median(is_delta ? delta_bytes : full_bytes)},
                             {"baseline_bytes", buffer_bytes * gens},
-                            {"changed_frac", median(changed_frac)},
+                            {"changed_frac", bench::median(changed_frac)},
                             {"generators", gens},
                             {"params", elements},
                             {"dtype", dtype},
