@@ -153,12 +153,7 @@ TEST(Roles, WeightSyncCarriesTheVersion) {
   ASSERT_TRUE(l.ok()) << l.error().message;
   auto g = Generator::create(cfg);
   ASSERT_TRUE(g.ok());
-  TrainReq req;
-  req.phase = 1;  // SFT
-  TrainSample s;
-  s.prompt = {1, 10, 11};
-  s.completion = {12, 2};
-  req.samples = {s, s};
+  TrainReq req = test_support::tiny_sft_batch();
   auto rep = (*l)->train(req);
   ASSERT_TRUE(rep.ok()) << rep.error().message;
   EXPECT_EQ(rep->policy_version, 1);
@@ -501,12 +496,7 @@ TEST(Roles, RolloutServeEngineFollowsTheWeights) {
             std::vector<int32_t>(before.begin(), before.begin() + std::min(gen_before.size(), before.size())));
   auto l = LearnerRole::create(cfg, nullptr);
   ASSERT_TRUE(l.ok()) << l.error().message;
-  TrainReq req;
-  req.phase = 1;
-  TrainSample s;
-  s.prompt = {1, 10, 11};
-  s.completion = {12, 2};
-  req.samples = {s, s};
+  TrainReq req = test_support::tiny_sft_batch();
   for (int i = 0; i < 3; ++i) ASSERT_TRUE((*l)->train(req).ok());
   ASSERT_TRUE((*g)->set_weights((*l)->weights()).ok());
   EXPECT_EQ((*g)->serve_engine()->version(), 3);

@@ -1,8 +1,9 @@
-// The actors tests' experiment: the quickstart's MoE shrunk to one layer of width 32, the
+// The actors tests' experiment and SFT batch: the quickstart's MoE shrunk to one layer of width 32, the
 // arithmetic env, short prompts and completions (fast enough for every role test).
 #pragma once
 
 #include "troupe/actors/experiment_config.h"
+#include "troupe/actors/messages.h"
 
 namespace troupe::actors::test_support {
 
@@ -26,6 +27,17 @@ inline ExperimentConfig tiny_config() {
   e.name = "arithmetic";
   c.envs.push_back(e);
   return c;
+}
+
+// An SFT step of two identical short samples (enough to move every weight a little).
+inline TrainReq tiny_sft_batch() {
+  TrainReq req;
+  req.phase = 1;  // SFT
+  TrainSample s;
+  s.prompt = {1, 10, 11};
+  s.completion = {12, 2};
+  req.samples = {s, s};
+  return req;
 }
 
 }  // namespace troupe::actors::test_support

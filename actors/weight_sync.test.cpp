@@ -36,15 +36,7 @@ ExperimentConfig tiny() {
   return c;
 }
 
-TrainReq sft_batch() {
-  TrainReq req;
-  req.phase = 1;
-  TrainSample s;
-  s.prompt = {1, 10, 11};
-  s.completion = {12, 2};
-  req.samples = {s, s};
-  return req;
-}
+TrainReq sft_batch() { return test_support::tiny_sft_batch(); }
 
 uint32_t bits(float f) {
   uint32_t u;
