@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,6 +15,7 @@
 #include "troupe/policy/io/gguf_import.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
+#include "troupe/policy/io/safetensors.h"
 
 namespace troupe::actors {
 
@@ -24,45 +24,26 @@ namespace {
 constexpr const char* kPipelineFile = "pipeline.bin";  // CheckpointReq::pipeline
 // Async mode: the parameters of the last max_staleness versions (LearnerRole::score_stale), so a
 // resumed run scores the stale samples it trains first as the uninterrupted run did.
-constexpr const char* kSnapshotsFile = "policy_snapshots.bin";
-constexpr char kSnapshotsMagic[8] = {'T', 'R', 'P', 'S', 'N', 'A', 'P', '1'};
+constexpr const char* kSnapshotsFile = "policy_snapshots.safetensors";  // one 1-D tensor "version_<v>" each
 
 Status write_snapshots(const std::string& path, const std::map<int64_t, std::vector<float>>& snaps) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(kSnapshotsMagic, sizeof kSnapshotsMagic);
-  const uint64_t n = snaps.size();
-  out.write(reinterpret_cast<const char*>(&n), sizeof n);
-  for (const auto& [v, p] : snaps) {
-    const uint64_t size = p.size();
-    out.write(reinterpret_cast<const char*>(&v), sizeof v);
-    out.write(reinterpret_cast<const char*>(&size), sizeof size);
-    out.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(size * sizeof(float)));
-  }
-  if (!out.flush()) return make_error(ErrorCode::io, path + ": write failed");
-  return {};
+  policy::io::TensorMap tensors;
+  for (const auto& [v, p] : snaps)
+    tensors["version_" + std::to_string(v)] = {{static_cast<int64_t>(p.size())}, p};
+  return policy::io::write_safetensors(path, tensors);
 }
 
 Result<std::map<int64_t, std::vector<float>>> read_snapshots(const std::string& path, size_t params) {
+  TROUPE_ASSIGN_OR_RETURN(auto tensors, policy::io::read_safetensors(path));
   std::map<int64_t, std::vector<float>> snaps;
-  std::ifstream in(path, std::ios::binary);
-  char magic[8] = {};
-  uint64_t n = 0;
-  in.read(magic, sizeof magic);
-  in.read(reinterpret_cast<char*>(&n), sizeof n);
-  if (!in || std::memcmp(magic, kSnapshotsMagic, sizeof magic) != 0 || n > 4096)
-    return invalid_input(path + ": not a policy snapshot file");
-  for (uint64_t i = 0; i < n; ++i) {
-    int64_t v = 0;
-    uint64_t size = 0;
-    in.read(reinterpret_cast<char*>(&v), sizeof v);
-    in.read(reinterpret_cast<char*>(&size), sizeof size);
-    if (!in || size != params)
-      return invalid_input(path + ": snapshot " + std::to_string(i) + " holds " + std::to_string(size) +
+  for (auto& [name, t] : tensors) {
+    char* end = nullptr;
+    const long long v = name.rfind("version_", 0) == 0 ? std::strtoll(name.c_str() + 8, &end, 10) : -1;
+    if (v < 0 || !end || *end != '\0') return invalid_input(path + ": tensor '" + name + "' is not version_<N>");
+    if (t.data.size() != params)
+      return invalid_input(path + ": " + name + " holds " + std::to_string(t.data.size()) +
                            " parameters, the model has " + std::to_string(params));
-    auto& p = snaps[v];
-    p.resize(size);
-    in.read(reinterpret_cast<char*>(p.data()), static_cast<std::streamsize>(size * sizeof(float)));
-    if (!in) return invalid_input(path + ": truncated");
+    snaps[v] = std::move(t.data);
   }
   return snaps;
 }
