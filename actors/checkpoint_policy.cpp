@@ -25,13 +25,17 @@ bool improves_best(RunState& s, double value) {
 }
 }  // namespace
 
+bool periodic_checkpoint_due(const RunState& s) {
+  return s.cfg.checkpointing.every > 0 && s.step % s.cfg.checkpointing.every == 0;
+}
+
 Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Duration timeout) {
   if (!s.cfg.checkpointing.enabled) co_return Status{};
   const auto& best = s.cfg.checkpointing.keep_best_by;
   const bool scored = !best.empty() && s.last_eval_step == s.step && s.last_eval.contains(best) &&
                       s.last_eval[best].is_number();
   const bool better = scored && improves_best(s, s.last_eval[best].get<double>());
-  bool due = s.cfg.checkpointing.every > 0 && s.step % s.cfg.checkpointing.every == 0;
+  bool due = periodic_checkpoint_due(s);
   // an eval that beats the best so far is kept even between regular checkpoints
   if (!due && !force && !better) co_return Status{};
   CheckpointReq req;

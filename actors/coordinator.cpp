@@ -128,8 +128,7 @@ Task<Status> finish_step(RunState& s, int64_t k) {
   // async: an eval or a checkpoint waits for the rollouts sampled with older versions (their
   // generation requests must not meet newer weights; the checkpoint keeps them). (A checkpoint
   // for a best eval comes after an eval.)
-  const bool may_save = s.cfg.checkpointing.enabled &&
-                        (last || !out.ok() || (s.cfg.checkpointing.every > 0 && s.step % s.cfg.checkpointing.every == 0));
+  const bool may_save = s.cfg.checkpointing.enabled && (last || !out.ok() || periodic_checkpoint_due(s));
   if (s.async && (eval_due(s, last) || may_save)) TROUPE_CO_TRY(co_await drain_pipeline(s, k));
   if (eval_due(s, last)) TROUPE_CO_TRY(co_await eval_and_log(s, "grpo"));
   if (!out.ok()) {

@@ -144,6 +144,10 @@ struct RunState {
     if (g < generators_down.size() && generators_down[g]) return false;
     return !peers.system || !peers.system->node_is_down(peers.generators[g].node);
   }
+  void mark_generator_down(size_t g) {
+    generators_down.resize(peers.generators.size(), 0);
+    generators_down[g] = 1;
+  }
   // The first live generator at or after g (cyclically), or none when every one is down.
   std::optional<size_t> live_generator_from(size_t g) const {
     for (size_t d = 0; d < peers.generators.size(); ++d)
@@ -279,6 +283,7 @@ Task<Result<json>> evaluate(RunState& s);
 Task<Status> eval_and_log(RunState& s, std::string phase);
 
 // checkpoint_policy.cpp: checkpoints (every, at phase ends, keep_best_by), resume, failure saves.
+bool periodic_checkpoint_due(const RunState& s);  // checkpointing.every divides the step
 Task<Status> checkpoint(RunState& s, std::string phase, bool force,
                         runtime::Duration timeout = std::chrono::hours(2));
 Task<Result<int64_t>> resume_from_latest(RunState& s);  // the global step to continue at

@@ -249,8 +249,7 @@ Task<Result<GenerateRep>> generation_failover(RunState& s, Result<GenerateRep> g
                                               size_t g) {
   auto dead = [&] {
     if (got.error().code == ErrorCode::peer_failed && s.generator_alive(g)) {  // its actor stopped
-      s.generators_down.resize(s.peers.generators.size(), 0);
-      s.generators_down[g] = 1;
+      s.mark_generator_down(g);
     }
     return !s.generator_alive(g);
   };

@@ -230,10 +230,7 @@ Task<Status> sync_weights(RunState& s, double* seconds) {
   peers.learner = s.peers.learners[0];
   peers.generators = s.peers.generators;
   peers.alive = [&s](size_t g) { return s.generator_alive(g); };
-  peers.mark_down = [&s](size_t g) {
-    s.generators_down.resize(s.peers.generators.size(), 0);
-    s.generators_down[g] = 1;
-  };
+  peers.mark_down = [&s](size_t g) { s.mark_generator_down(g); };
   peers.log = s.hooks.log;
   TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await s.weight_sync->sync(s.here, peers));
   if (!s.live_generator_from(0)) co_return make_error(ErrorCode::peer_failed, "weight sync: every generator is down");
