@@ -170,7 +170,7 @@ Task<Status> train_streamed(RunState& s, Pipeline& pl, int64_t step, int64_t k, 
       req.samples = std::move(p.samples);
       req.more = !last;
       if (last) s.learner_dirty = true;  // the last part takes the optimizer step
-      for (auto& r : send_train(s, req)) reps.push_back(std::move(r));
+      for (auto& r : send_train(s, std::move(req))) reps.push_back(std::move(r));
       for (size_t l = 0; l < s.peers.learners.size(); ++l) rep_learner.push_back(l);
       sent = true;
     }

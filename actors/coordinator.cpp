@@ -26,9 +26,11 @@ double mono_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::vector<Reply<TrainRep>> send_train(RunState& s, const TrainReq& req) {
+std::vector<Reply<TrainRep>> send_train(RunState& s, TrainReq req) {
+  // one batch object for every learner of this process (each reads its slice), not a copy each
+  auto shared = std::make_shared<const TrainReq>(std::move(req));
   std::vector<Reply<TrainRep>> reps;
-  for (auto l : s.peers.learners) reps.push_back(request<TrainRep>(s.here, l, req, kLongTimeout));
+  for (auto l : s.peers.learners) reps.push_back(request<TrainRep>(s.here, l, shared, kLongTimeout));
   return reps;
 }
 
@@ -56,7 +58,7 @@ Task<Status> run_sft(RunState& s, int64_t first_step) {
     double tokens = 0;
     TROUPE_CO_ASSIGN_OR_RETURN(auto req, co_await sft_batch(s, k, &tokens));
     s.learner_dirty = true;  // the learners update now: until the step is done, their state is no step's
-    auto reps = send_train(s, req);
+    auto reps = send_train(s, std::move(req));
     json m;
     for (size_t i = 0; i < reps.size(); ++i) {
       TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await reps[i]);
@@ -108,7 +110,7 @@ Task<Status> train_on(RunState& s, Rollout& r, int64_t step, int64_t k, double s
     req.samples = std::move(p.samples);
     double t0 = mono_s();
     s.learner_dirty = true;  // the learners update now: until the step is done, their state is no step's
-    auto reps = send_train(s, req);
+    auto reps = send_train(s, std::move(req));
     for (size_t i = 0; i < reps.size(); ++i) {
       TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await reps[i]);
       if (i == 0) t.metrics = json::parse(rep.metrics_json, nullptr, false);

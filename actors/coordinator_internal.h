@@ -164,7 +164,7 @@ Task<Result<GenerateRep>> generation_failover(RunState& s, Result<GenerateRep> f
                                               size_t g);
 
 // coordinator.cpp: the step loop's pieces that async_pipeline.cpp shares.
-std::vector<runtime::Reply<TrainRep>> send_train(RunState& s, const TrainReq& req);  // to every learner
+std::vector<runtime::Reply<TrainRep>> send_train(RunState& s, TrainReq req);  // to every learner (one shared object)
 bool eval_due(const RunState& s, bool last_of_phase);
 Task<Status> train_on(RunState& s, Rollout& r, int64_t step, int64_t k, double step_start, double gen_idle);
 // The metric row, the weight sync (or, in async mode, the skipped version), trajectories.

@@ -82,5 +82,6 @@ int run_learner_suite(const BenchOptions& opt);   // learner.cpp
 int run_e2e_suite(const BenchOptions& opt);       // e2e.cpp
 int run_reliability_suite(const BenchOptions& opt);  // reliability.cpp
 int run_weight_sync_suite(const BenchOptions& opt);  // weight_sync.cpp (mpirun on troupe_weight_sync_bench)
+int run_scale_suite(const BenchOptions& opt);        // scale.cpp (the coordinator against simulated roles)
 
 }  // namespace troupe::bench

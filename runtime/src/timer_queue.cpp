@@ -19,8 +19,9 @@ TimerId TimerQueue::add(Clock::time_point when, Duration period, std::function<v
   bool wake;
   {
     std::lock_guard lock(mu_);
-    timers_.emplace(when, Entry{id, period, std::move(fn)});
-    index_[id] = when;
+    const Key key{when, inserted_++};
+    timers_.emplace(key, Entry{id, period, std::move(fn)});
+    index_[id] = key;
     live_.insert(id);
     wake = when < wait_until_;  // only wake the timer thread when it would sleep past this one
   }
@@ -33,12 +34,7 @@ void TimerQueue::remove(TimerId id) {
   live_.erase(id);
   auto it = index_.find(id);
   if (it == index_.end()) return;
-  auto range = timers_.equal_range(it->second);
-  for (auto t = range.first; t != range.second; ++t)
-    if (t->second.id == id) {
-      timers_.erase(t);
-      break;
-    }
+  timers_.erase(it->second);
   index_.erase(it);
 }
 
@@ -54,8 +50,8 @@ void TimerQueue::forget(TimerId id) {
 
 std::optional<Clock::time_point> TimerQueue::next_deadline(Clock::time_point limit) {
   std::lock_guard lock(mu_);
-  if (timers_.empty() || timers_.begin()->first > limit) return std::nullopt;
-  return timers_.begin()->first;
+  if (timers_.empty() || timers_.begin()->first.first > limit) return std::nullopt;
+  return timers_.begin()->first.first;
 }
 
 std::size_t TimerQueue::fire_due(Clock::time_point t) {
@@ -64,16 +60,17 @@ std::size_t TimerQueue::fire_due(Clock::time_point t) {
     Entry e;
     {
       std::lock_guard lock(mu_);
-      if (timers_.empty() || timers_.begin()->first > t) break;
+      if (timers_.empty() || timers_.begin()->first.first > t) break;
       auto it = timers_.begin();
-      Clock::time_point when = it->first;
+      Clock::time_point when = it->first.first;
       e = std::move(it->second);
       timers_.erase(it);
       if (e.period.count() > 0) {
         Clock::time_point next = when + e.period;
         if (next <= t && !manual_) next = t + e.period;  // fell behind: do not burst
-        timers_.emplace(next, Entry{e.id, e.period, e.fn});
-        index_[e.id] = next;
+        const Key key{next, inserted_++};
+        timers_.emplace(key, Entry{e.id, e.period, e.fn});
+        index_[e.id] = key;
       } else {
         index_.erase(e.id);
       }
@@ -104,7 +101,7 @@ void TimerQueue::loop() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     Clock::time_point cap = Clock::now() + std::chrono::milliseconds(100);
-    wait_until_ = timers_.empty() ? cap : std::min(timers_.begin()->first, cap);
+    wait_until_ = timers_.empty() ? cap : std::min(timers_.begin()->first.first, cap);
     if (wait_until_ > Clock::now()) cv_.wait_until(lock, wait_until_);
     wait_until_ = Clock::time_point::min();  // awake: every new timer is seen on the next pass
     if (stopping_) break;

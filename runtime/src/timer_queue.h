@@ -55,8 +55,13 @@ class TimerQueue {
   const bool manual_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::multimap<Clock::time_point, Entry> timers_;
-  std::unordered_map<TimerId, Clock::time_point> index_;
+  // Ordered by deadline, then by insertion (a sequence number), so timers due together fire in
+  // the order they were set and one is found by its key without scanning its equals (in
+  // deterministic mode a fan-out's request timeouts all share one deadline).
+  using Key = std::pair<Clock::time_point, std::uint64_t>;
+  std::map<Key, Entry> timers_;
+  std::unordered_map<TimerId, Key> index_;
+  std::uint64_t inserted_ = 0;
   std::unordered_set<TimerId> live_;
   std::atomic<TimerId> next_id_{1};
   std::atomic<bool> stopping_{false};

@@ -188,9 +188,10 @@ class [[nodiscard]] Reply {
   std::shared_ptr<State> st_;
 };
 
-// Sends `req` now (Context::request on the current Context) and returns its Reply.
-template <class Rep, Message Req>
-Reply<Rep> request(ActorContext& here, ActorId to, Req req, Duration timeout) {
+// Sends `req` now (Context::request on the current Context) and returns its Reply. `req` may be a
+// std::shared_ptr<const Req>: the same request to many actors, local ones sharing the object.
+template <class Rep, class ReqOrShared>
+Reply<Rep> request(ActorContext& here, ActorId to, ReqOrShared req, Duration timeout) {
   auto st = std::make_shared<typename Reply<Rep>::State>();
   st->here = &here;
   here->template request<Rep>(to, std::move(req), timeout, [st](Context& c, Result<Rep> r) {

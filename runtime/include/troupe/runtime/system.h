@@ -182,6 +182,10 @@ class Context {
   Status reply_error(const Error& e);
   template <class Rep, Message Req, class F>
   void request(ActorId to, Req req, Duration timeout, F on_reply);  // on_reply(Context&, Result<Rep>)
+  // The same request to several actors without a copy each: local recipients share the object
+  // (their handlers get it const), a remote one is encoded from it.
+  template <class Rep, Message Req, class F>
+  void request(ActorId to, std::shared_ptr<const Req> req, Duration timeout, F on_reply);
   template <Message M>
   Status broadcast(std::span<const ActorId> group, const M& msg);
 
@@ -197,6 +201,9 @@ class Context {
  private:
   friend class ActorSystem;
   Context(ActorSystem* s, ActorCell* c, ActorId self, const Mail* m) : sys_(s), cell_(c), self_(self), mail_(m) {}
+  // on_reply(Context&, Result<Rep>) as the system's untyped reply callback
+  template <class Rep, class F>
+  static std::function<void(Context*, Result<std::shared_ptr<Mail>>)> typed_reply(F on_reply);
   ActorSystem* sys_;
   ActorCell* cell_;
   ActorId self_;
@@ -263,9 +270,14 @@ class ActorSystem {
   template <Message M>
   Status send_from(ActorId from, ActorId to, M msg, std::uint16_t flags, std::uint64_t correlation,
                    Overflow policy);
+  template <Message M>  // a local recipient gets this object itself (shared, const)
+  Status send_from(ActorId from, ActorId to, std::shared_ptr<const M> msg, std::uint16_t flags,
+                   std::uint64_t correlation, Overflow policy);
   using RawReply = std::function<void(Context*, Result<std::shared_ptr<Mail>>)>;
   template <Message Req>
   void request_from(ActorId from, ActorId to, Req req, Duration timeout, RawReply on_reply);
+  template <Message Req>
+  void request_from(ActorId from, ActorId to, std::shared_ptr<const Req> req, Duration timeout, RawReply on_reply);
   TimerId start_timer(ActorId owner, Duration delay, Duration period, std::function<void(Context&)> fn);
   void cancel_timer(TimerId id);
   void watch_node_for(ActorId watcher, std::uint32_t node);
@@ -425,6 +437,20 @@ Status ActorSystem::send_from(ActorId from, ActorId to, M msg, std::uint16_t fla
 }
 
 template <Message M>
+Status ActorSystem::send_from(ActorId from, ActorId to, std::shared_ptr<const M> msg, std::uint16_t flags,
+                              std::uint64_t correlation, Overflow policy) {
+  if (!is_local(to)) return send_from(from, to, M(*msg), flags, correlation, policy);  // encoded per peer anyway
+  (void)register_message<M>();
+  EnvelopeHeader h;
+  h.flags = flags;
+  h.type_id = M::type_id;
+  h.sender = from;
+  h.recipient = to;
+  h.correlation = correlation;
+  return deliver_local(Mail{h, Payload::local(std::move(msg)), {}}, policy);
+}
+
+template <Message M>
 Status ActorSystem::broadcast(std::span<const ActorId> group, const M& msg, ActorId from) {
   if (!from.node && !from.local) from = ActorId{config_.node_id, 0};
   std::shared_ptr<const M> shared;  // one object for every local member (and remote long runs)
@@ -466,6 +492,15 @@ void ActorSystem::request_from(ActorId from, ActorId to, Req req, Duration timeo
   if (!st.ok()) fail_request(corr, st.error());
 }
 
+template <Message Req>
+void ActorSystem::request_from(ActorId from, ActorId to, std::shared_ptr<const Req> req, Duration timeout,
+                               RawReply on_reply) {
+  std::uint64_t corr = begin_request(from, to, timeout, std::move(on_reply));
+  if (corr == 0) return;  // already failed (target node down)
+  Status st = send_from(from, to, std::move(req), kFlagRequest, corr, Overflow::block);
+  if (!st.ok()) fail_request(corr, st.error());
+}
+
 template <class Rep, Message Req>
 std::future<Result<Rep>> ActorSystem::ask(ActorId to, Req req, Duration timeout) {
   (void)register_message<Rep>();  // the reply must decode on arrival
@@ -496,12 +531,19 @@ Status Context::reply(M msg) {
 }
 template <class Rep, Message Req, class F>
 void Context::request(ActorId to, Req req, Duration timeout, F on_reply) {
+  sys_->request_from(self_, to, std::move(req), timeout, typed_reply<Rep>(std::move(on_reply)));
+}
+template <class Rep, Message Req, class F>
+void Context::request(ActorId to, std::shared_ptr<const Req> req, Duration timeout, F on_reply) {
+  sys_->request_from(self_, to, std::move(req), timeout, typed_reply<Rep>(std::move(on_reply)));
+}
+template <class Rep, class F>
+std::function<void(Context*, Result<std::shared_ptr<Mail>>)> Context::typed_reply(F on_reply) {
   (void)register_message<Rep>();  // the reply must decode on arrival
-  sys_->request_from(self_, to, std::move(req), timeout,
-                     [cb = std::move(on_reply)](Context* ctx, Result<std::shared_ptr<Mail>> r) mutable {
-                       if (!r.ok()) cb(*ctx, Result<Rep>(r.error()));
-                       else cb(*ctx, message_from_mail<Rep>(**r));
-                     });
+  return [cb = std::move(on_reply)](Context* ctx, Result<std::shared_ptr<Mail>> r) mutable {
+    if (!r.ok()) cb(*ctx, Result<Rep>(r.error()));
+    else cb(*ctx, message_from_mail<Rep>(**r));
+  };
 }
 template <Message M>
 Status Context::broadcast(std::span<const ActorId> group, const M& msg) {

@@ -1,0 +1,55 @@
+// The simulated roles of scale_sim.h (internal to actors/): an env worker, a generator and a
+// learner that answer the coordinator's messages after a delay from SimTiming instead of doing
+// the work, and the world they share (the manual clock's pending replies, learner 0's link, the
+// CPU time their handlers took, the staleness of trained samples).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <queue>
+#include <vector>
+
+#include "troupe/actors/scale_sim.h"
+#include "troupe/runtime/system.h"
+
+namespace troupe::actors::sim {
+
+// A steady clock in seconds (cheap: the CPU time clock of a thread is a system call, which at
+// thousands of handlers per step would cost more than what it measures).
+double clock_s();
+
+struct SimWorld {
+  ScaleSimConfig cfg;
+  // When the pending simulated replies fall due (the driver advances the manual clock to the
+  // earliest); each is also a timer of its actor, which sends the reply.
+  std::priority_queue<runtime::Clock::time_point, std::vector<runtime::Clock::time_point>, std::greater<>> due;
+  runtime::Clock::time_point link_free{};  // learner 0's link (rank 0's): busy until then
+  double roles_s = 0;  // time in the simulated roles' handlers (they run on the driver's thread)
+  std::int64_t messages = 0;
+  std::int64_t learner_version = 0;  // learner 0's policy version
+  std::map<std::int64_t, std::int64_t> staleness;
+
+  // The time `bytes` leave learner 0's link when they are queued on it now.
+  runtime::Clock::time_point send_on_link(runtime::Clock::time_point now, double bytes);
+};
+
+// Adds the time of its scope to SimWorld::roles_s.
+class RoleCpu {
+ public:
+  explicit RoleCpu(SimWorld& w) : w_(w), t0_(clock_s()) {}
+  ~RoleCpu() { w_.roles_s += clock_s() - t0_; }
+  RoleCpu(const RoleCpu&) = delete;
+  RoleCpu& operator=(const RoleCpu&) = delete;
+
+ private:
+  SimWorld& w_;
+  double t0_;
+};
+
+// The three roles; `index` is the role's index among its kind (seeds its random draws).
+std::unique_ptr<runtime::Actor> make_sim_env(SimWorld& w, int index);
+std::unique_ptr<runtime::Actor> make_sim_generator(SimWorld& w, int index);
+std::unique_ptr<runtime::Actor> make_sim_learner(SimWorld& w, int index);
+
+}  // namespace troupe::actors::sim
