@@ -190,9 +190,10 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
       TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(got));
       sampled_by = sampled_by < 0 ? rep.policy_version : std::min(sampled_by, rep.policy_version);
       size_t n = 0;
-      for (int i : part.owned[g])
-        for (int j = 0; j < ro.num_generations; ++j)
-          r.groups[i].samples.push_back(std::move(rep.samples[n++]));
+      for (int i : part.owned[g]) {
+        r.groups[i].samples.reserve(static_cast<size_t>(ro.num_generations));
+        for (int j = 0; j < ro.num_generations; ++j) r.groups[i].samples.push_back(std::move(rep.samples[n++]));
+      }
     }
     if (any_served && sampled_by < 0) sampled_by = served_version;  // a part of served groups only
     if (!any_served || sampled_by >= 0)

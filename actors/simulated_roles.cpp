@@ -115,6 +115,7 @@ class SimGenerator : public runtime::Actor {
       rep.policy_version = r.policy_version >= 0 ? r.policy_version : held_;
       const size_t n = std::max(r.prompts.size(), r.prompt_tokens.size());
       int longest = 0;
+      rep.samples.reserve(n);
       for (size_t i = 0; i < n; ++i) {
         const uint64_t stream = i < r.sampling.streams.size() ? static_cast<uint64_t>(r.sampling.streams[i]) : i;
         const uint64_t h = mix_seed(r.sampling.seed, stream, 31);

@@ -45,6 +45,12 @@ Result<Prepared> prepare(const RunState& s, const Rollout& r) {
   } else {
     TROUPE_ASSIGN_OR_RETURN(p.adv, learner::compute_advantages(rewards, G, lcfg.advantage));
   }
+  size_t n_samples = 0;
+  for (const auto& g : r.groups) {
+    n_samples += g.samples.size();
+    for (const auto& more : g.more_samples) n_samples += more.size();
+  }
+  p.samples.reserve(n_samples);  // (one allocation: growing it would reallocate a large block again and again)
   for (size_t gi = 0; gi < r.groups.size(); ++gi) {
     const auto& g = r.groups[gi];
     for (int j = 0; j < G; ++j) {

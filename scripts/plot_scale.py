@@ -5,7 +5,8 @@
     .venv/bin/python scripts/plot_scale.py /tmp/scale.jsonl docs/
 
 writes scale_coordinator_ms.png (coordinator CPU ms per step against the generator count, one
-line per learner count, with the budget) and scale_steps_per_s.png (simulated steps/s).
+line per learner count, with the budget) and scale_samples_per_s.png (simulated samples trained
+per second: each generator adds a group of samples to every step).
 """
 import json
 import sys
@@ -27,7 +28,7 @@ def main(rows_path, out_dir):
         by_learners[r["learners"]].append(r)
     figures = [
         ("scale_coordinator_ms.png", "ours", "coordinator CPU time per step (ms)", True),
-        ("scale_steps_per_s.png", "steps_per_s", "simulated GRPO steps per second", False),
+        ("scale_samples_per_s.png", "samples_per_s", "simulated samples trained per second", False),
     ]
     for name, key, label, with_budget in figures:
         fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)

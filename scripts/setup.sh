@@ -26,6 +26,7 @@ APT_PACKAGES=(
   libcpp-httplib-dev
   libmsgpack-dev
   libzstd-dev libxxhash-dev
+  libjemalloc-dev
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -60,6 +60,7 @@ int run_scale_suite(const BenchOptions& opt) {
           {"steps", last.steps},
           {"reps", reps},
           {"steps_per_s", last.steps_per_s},
+          {"samples_per_s", last.steps_per_s * generators * c.groups_per_generator * c.num_generations},
           {"sim_step_s", last.steps_per_s > 0 ? 1.0 / last.steps_per_s : 0.0},
           {"staleness", staleness},
           {"staleness_mean", samples > 0 ? lag_sum / samples : 0.0},

@@ -5,10 +5,10 @@
 // real role would send, after a delay from a timing model (per generated token, per trained
 // token, env latency drawn from a log-normal, message latency, the weight broadcast over learner
 // 0's link) instead of running a model. Nothing sleeps: the manual clock jumps to the next reply.
-// What it measures: the coordinator's own time per step (everything runs on the caller's thread:
-// its time less the simulated roles' handlers, so the runtime's delivery of the coordinator's
-// messages counts as the coordinator's), simulated steps/s and the staleness of what each step
-// trains.
+// What it measures: the coordinator's own CPU time per step (everything runs on the caller's
+// thread: its CPU time times the share of its wall time outside the simulated roles' handlers, so
+// the runtime's delivery of the coordinator's messages counts as the coordinator's), simulated
+// steps/s and the staleness of what each step trains.
 // `troupe bench scale` prints it for 1 to 1,000 generators and 1 to 256 learners (docs/scale.md).
 #pragma once
 
@@ -59,7 +59,7 @@ struct ScaleSimReport {
   double steps_per_s = 0;              // simulated, over the steps after the first
   double coordinator_s = 0;            // over the steps after the first
   double coordinator_ms_per_step = 0;  // coordinator_s / (steps - 1)
-  double roles_s = 0;              // the simulated roles' handlers, all steps
+  double roles_s = 0;                  // wall time in the simulated roles' handlers, all steps
   std::int64_t messages = 0;           // requests the simulated roles answered
   std::map<std::int64_t, std::int64_t> staleness;  // learner version - sampling version -> trained samples
   std::vector<double> step_sim_s;      // simulated duration of each step (row to row; the first from the start)
