@@ -15,23 +15,30 @@ std::vector<std::pair<std::string, std::string>> ipv4_interfaces() {
     if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
     char text[INET_ADDRSTRLEN] = {};
     const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
-    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr) out.emplace_back(a->ifa_name, text);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr)
+      out.emplace_back(a->ifa_name, text);
   }
   ::freeifaddrs(list);
   return out;
 }
 
-Result<std::string> resolve_bind_host(const std::string& host) { return resolve_bind_host(host, ipv4_interfaces()); }
+Result<std::string> resolve_bind_host(const std::string& host) {
+  return resolve_bind_host(host, ipv4_interfaces());
+}
 
 Result<std::string> resolve_bind_host(const std::string& host,
                                       const std::vector<std::pair<std::string, std::string>>& interfaces) {
   std::string listed;
-  for (const auto& [name, address] : interfaces) listed += (listed.empty() ? "" : ", ") + name + " " + address;
-  const std::string these = " (this node's interfaces: " + (listed.empty() ? std::string("none with IPv4") : listed) + ")";
+  for (const auto& [name, address] : interfaces)
+    listed += (listed.empty() ? "" : ", ") + name + " " + address;
+  const std::string these =
+      " (this node's interfaces: " + (listed.empty() ? std::string("none with IPv4") : listed) + ")";
   if (host.empty() || host == "*" || host == "0.0.0.0" || host == "::" || host == "[::]")
-    return invalid_input("'" + host +
-                         "' binds every interface but gives peers no address to reach this rank: name this node's "
-                         "interface (e.g. eth0, the same name on every node) or one of its addresses" + these);
+    return invalid_input(
+        "'" + host +
+        "' binds every interface but gives peers no address to reach this rank: name this node's "
+        "interface (e.g. eth0, the same name on every node) or one of its addresses" +
+        these);
   if (host == "localhost") return std::string("127.0.0.1");
   in_addr parsed{};
   if (::inet_pton(AF_INET, host.c_str(), &parsed) == 1) {

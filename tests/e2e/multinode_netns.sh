@@ -31,9 +31,9 @@ command -v timeout > /dev/null || skip "no timeout command"
 A=troupe_a$$ B=troupe_b$$ NET=10.251.0
 cleanup() {  # processes left in the namespaces (a run past its timeout), then the namespaces and their veth
   for ns in $A $B; do
-    pids=$(ip netns pids $ns 2> /dev/null || true)
+    pids=$(ip netns pids "$ns" 2> /dev/null || true)
     if [ -n "$pids" ]; then kill -9 $pids 2> /dev/null || true; fi
-    ip netns del $ns 2> /dev/null || true
+    ip netns del "$ns" 2> /dev/null || true
   done
 }
 trap cleanup EXIT
@@ -48,8 +48,8 @@ try "create a veth pair between namespaces" ip -n $A link add tr0 type veth peer
 ip -n $A addr add $NET.1/30 dev tr0
 ip -n $B addr add $NET.2/30 dev tr0
 for ns in $A $B; do
-  ip -n $ns link set lo up
-  ip -n $ns link set tr0 up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" link set tr0 up
 done
 try "run a command in a namespace" ip netns exec $A true
 mkdir -p "$W/keys" "$W/hostA" "$W/hostB" "$W/hostX"
@@ -103,7 +103,7 @@ captured() {
   ip netns exec $A timeout -k 2 $((limit + 10)) "$PY" "$SRC/tests/e2e/wire_capture.py" capture tr0 "$W/wire_$name.bin" \
     $((limit + 10)) > "$W/capture_$name.txt" 2>&1 &
   local cap=$!
-  for i in $(seq 1 100); do grep -qs capturing "$W/capture_$name.txt" && break; sleep 0.1; done
+  for _ in $(seq 1 100); do grep -qs capturing "$W/capture_$name.txt" && break; sleep 0.1; done
   grep -qs capturing "$W/capture_$name.txt" || { cat "$W/capture_$name.txt"; echo "the capture did not start"; exit 1; }
   run "$@" || rc=$?
   kill -TERM $cap
