@@ -700,6 +700,11 @@ class Loader {
     if (c.cluster.transport == "ipc" && c.cluster.bind_host != "127.0.0.1" && c.cluster.bind_host != "localhost")
       error(at("cluster.bind_host"), "cluster.bind_host",
             "bind_host is for transport: tcp; ipc only reaches ranks on this node");
+    const std::string& bh = c.cluster.bind_host;
+    if (bh.empty() || bh == "*" || bh == "0.0.0.0" || bh == "::" || bh == "[::]")
+      error(at("cluster.bind_host"), "cluster.bind_host",
+            "'" + bh + "' binds every interface but gives the other ranks no address to reach this one: name the "
+            "nodes' interface (e.g. eth0, resolved on each node) or an address of the node");
   }
 
  private:

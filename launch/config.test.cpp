@@ -187,6 +187,12 @@ TEST(Config, ImpossiblePlacement) {
   m = load_error(std::string(kMinimal) + "cluster:\n  curve: true\n");
   EXPECT_NE(m.find("x.yaml:4:3: error: cluster.curve: CURVE secures tcp"), std::string::npos) << m;
   EXPECT_NE(m.find("error: cluster.curve_secret_key: cluster.curve needs this key file"), std::string::npos) << m;
+  // a wildcard bind gives the other ranks no address to connect to
+  m = load_error(std::string(kMinimal) + "cluster:\n  transport: tcp\n  bind_host: 0.0.0.0\n");
+  EXPECT_NE(m.find("x.yaml:5:3: error: cluster.bind_host: '0.0.0.0' binds every interface"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "cluster:\n  transport: tcp\n", {"cluster.bind_host='*'"});
+  EXPECT_NE(m.find("cluster.bind_host: '*' binds every interface"), std::string::npos) << m;
+  EXPECT_TRUE(load_config_text(std::string(kMinimal) + "cluster:\n  transport: tcp\n  bind_host: eth0\n", "x.yaml", {}).ok());
 }
 
 TEST(Config, SyntaxError) {

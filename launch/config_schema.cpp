@@ -216,7 +216,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("cluster.generators", [](C& c) { return &c.cluster.generators; }, 1, 4096, "Rollout generator ranks.");
   b.integer("cluster.env_workers", [](C& c) { return &c.cluster.env_workers; }, 1, 4096, "Env worker ranks.");
   b.choice("cluster.transport", [](C& c) { return &c.cluster.transport; }, {"ipc", "tcp"}, "Transport between ranks under mpirun (one process always uses inproc).");
-  b.text("cluster.bind_host", [](C& c) { return &c.cluster.bind_host; }, "tcp: interface to bind (127.0.0.1 = this machine only).");
+  b.text("cluster.bind_host", [](C& c) { return &c.cluster.bind_host; }, "tcp: where each rank listens: an IPv4 address of its node or an interface name (e.g. eth0), resolved on the rank's own node, so one config serves hosts of different addresses (127.0.0.1 = this machine only; a wildcard such as 0.0.0.0 is refused: peers could not reach it).");
   b.number("cluster.heartbeat_s", [](C& c) { return &c.cluster.heartbeat_s; }, 0.01, 3600, "Heartbeat period between ranks.");
   b.number("cluster.peer_timeout_s", [](C& c) { return &c.cluster.peer_timeout_s; }, 0.1, 86400, "A peer silent this long is declared dead (exit 3).");
   b.integer("cluster.threads", [](C& c) { return &c.cluster.threads; }, 0, 4096, "Compute threads per rank (0 = cores / ranks on the node).");

@@ -346,6 +346,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   runtime::ClusterConfig cc;
   cc.transport = cfg.cluster.transport;
   cc.tcp_host = cfg.cluster.bind_host;
+  cc.tcp_host_name = "cluster.bind_host";
   if (mpi) cc.roles = roles;
   // One process: troupe run handles SIGTERM/SIGINT itself (install_stop_signals, a final
   // checkpoint); under mpirun/srun the cluster's handlers drain and stop every rank.
@@ -376,11 +377,23 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
     }
   }
   auto cluster_r = runtime::Cluster::bootstrap(cc);
-  if (!cluster_r.ok()) return fail(cluster_r.error());
+  if (!cluster_r.ok()) {
+    const int code = fail(cluster_r.error());
+    // the other ranks may be waiting in the bootstrap's MPI_Allgather (this rank alone could not
+    // bind, e.g. a cluster.bind_host its node lacks): end the whole job, not just this rank
+    if (mpi) MPI_Abort(MPI_COMM_WORLD, code);
+    return code;
+  }
   auto& cluster = **cluster_r;
   auto& sys = cluster.system();
   const int rank = cluster.rank();
   const bool single = !cluster.under_mpi();
+  if (!single && rank == 0) {  // where every rank listens (each resolved cluster.bind_host on its own node)
+    std::string where;
+    for (const auto& p : cluster.address_book())
+      where += (where.empty() ? "" : ", ") + std::to_string(p.node) + " " + p.role + " at " + p.endpoint;
+    std::fprintf(stderr, "troupe: %d ranks: %s\n", cluster.world_size(), where.c_str());
+  }
 
   // The learners' own communicator (a split of the world; only learner ranks are in it).
   std::unique_ptr<learner::Communicator> comm;

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <optional>
 
+#include "troupe/runtime/bind_host.h"
+
 namespace troupe::runtime {
 
 namespace {
@@ -73,8 +75,13 @@ Result<std::unique_ptr<Cluster>> Cluster::bootstrap(ClusterConfig config) {
   if (c->world_ > 1) {
     if (config.transport == "ipc")
       sc.bind = "ipc://" + config.ipc_dir + "/troupe-" + std::to_string(::getpid()) + "-r" + std::to_string(c->rank_);
-    else if (config.transport == "tcp")
-      sc.bind = "tcp://" + config.tcp_host + ":*";
+    else if (config.transport == "tcp") {
+      auto host = resolve_bind_host(config.tcp_host);  // on this node: a hostfile's ranks each resolve their own
+      if (!host.ok())
+        return invalid_input("runtime: rank " + std::to_string(c->rank_) + " (role " + c->roles_[static_cast<std::size_t>(c->rank_)] +
+                             "): " + config.tcp_host_name + ": " + host.error().message);
+      sc.bind = "tcp://" + *host + ":*";
+    }
     else
       return invalid_input("runtime: transport must be 'ipc' or 'tcp', got '" + config.transport + "'");
   }
@@ -160,6 +167,7 @@ Result<std::unique_ptr<Cluster>> Cluster::bootstrap(ClusterConfig config) {
     });
   }
   c->watchdog_thread_ = std::thread([raw] { raw->watchdog_loop(); });
+  c->bootstrapped_ = true;
   return c;
 }
 
@@ -281,7 +289,9 @@ Cluster::~Cluster() {
     ::close(signal_pipe_[0]);
     ::close(signal_pipe_[1]);
   }
-  if (mpi_ && info().reason != ShutdownReason::peer_failed && !lost_peer_) {
+  // (not after a failed bootstrap: the other ranks may be in its MPI_Allgather, and MPI_Finalize
+  // would wait for them; the caller aborts the job instead)
+  if (mpi_ && bootstrapped_ && info().reason != ShutdownReason::peer_failed && !lost_peer_) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) MPI_Finalize();

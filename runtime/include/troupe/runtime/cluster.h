@@ -1,8 +1,8 @@
 // Process-level bootstrap for the launcher: under mpirun each rank binds its endpoint (ipc, or
-// tcp on 127.0.0.1 with an ephemeral port), allgathers addresses with MPI and connects; without
-// MPI it is one node in one process. Also the shutdown/watchdog facility: SIGINT/SIGTERM drain and
-// stop within a bound; a dead peer rank ends every surviving rank within a bound with exit code 3
-// and a message naming the dead rank and its role.
+// tcp on an ephemeral port of tcp_host, resolved on the rank's own node), allgathers addresses
+// with MPI and connects; without MPI it is one node in one process. Also the shutdown/watchdog
+// facility: SIGINT/SIGTERM drain and stop within a bound; a dead peer rank ends every surviving
+// rank within a bound with exit code 3 and a message naming the dead rank and its role.
 #pragma once
 
 #include <atomic>
@@ -21,7 +21,10 @@ namespace troupe::runtime {
 
 struct ClusterConfig {
   std::string transport = "ipc";      // "ipc" or "tcp" between ranks
-  std::string tcp_host = "127.0.0.1";  // another host needs system.allow_nonlocal_bind (and CURVE)
+  // An IPv4 address of the node or an interface name (resolve_bind_host, bind_host.h); a
+  // non-loopback one needs system.allow_nonlocal_bind (and CURVE between hosts).
+  std::string tcp_host = "127.0.0.1";
+  std::string tcp_host_name = "tcp host";  // what errors about tcp_host call it (the launcher: its config key)
   std::string ipc_dir = "/tmp";
   std::vector<std::string> roles;  // role of each rank; missing entries are "rank<N>"
   SystemConfig system;             // threads, mailboxes, heartbeat, curve; node_id/bind/role are set here
@@ -56,6 +59,8 @@ struct ShutdownInfo {
 class Cluster {
  public:
   // MPI is used when launcher variables (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK) are present.
+  // After an error MPI is left initialized, not finalized: the other ranks may be waiting in the
+  // bootstrap's MPI_Allgather, so the caller ends the job (MPI_Abort) rather than this rank alone.
   static Result<std::unique_ptr<Cluster>> bootstrap(ClusterConfig config);
   ~Cluster();
 
@@ -101,6 +106,7 @@ class Cluster {
   std::atomic<bool> info_ready_{false};
   std::atomic<bool> done_{false};
   std::atomic<bool> lost_peer_{false};  // a survivable_loss rank died: MPI is not finalized
+  bool bootstrapped_ = false;           // bootstrap() returned it; a failed one does not finalize MPI
   std::chrono::steady_clock::time_point hold_until_{};  // under mu_
   std::thread signal_thread_, watchdog_thread_;
   int signal_pipe_[2] = {-1, -1};
