@@ -37,8 +37,9 @@ void chunked_logprob_backward(T* dh, T* dW, const T* dlogp, const T* dentropy, c
 // tiles in order, on the calling thread.
 using RowLossGrad = std::function<void(int t0, int t1)>;
 
-// Rows per tile of the fused call: as many whole-vocabulary rows as N x min(V, chunk) floats hold
-// (at least 1, at most N); N when V <= chunk.
+// Rows per tile of the fused call: as many whole-vocabulary rows as N x chunk floats hold, but at
+// least min(64, N / 4) (OpenBLAS runs GEMMs of fewer rows well below its speed) and at least 1; N
+// when V <= chunk. So a tile is at most max(N x chunk, a quarter of N x V) floats.
 int chunked_logprob_fused_rows(int N, int V, int chunk);
 // Floats of scratch the fused call needs: the larger of chunked_logprob_scratch_floats and one tile.
 size_t chunked_logprob_fused_scratch_floats(int N, int V, int chunk);
@@ -49,10 +50,11 @@ size_t chunked_logprob_fused_scratch_floats(int N, int V, int chunk);
 // logp/entropy/lse of a row are the same bits whenever the GEMM gives the same logits, as in the
 // batch-invariant mode), grad(t0, t1), then the tile's logits gradient in place and its two GEMM
 // products dh[t0..t1) += dlogits W and dW += dlogits^T h[t0..t1). Three GEMMs over the vocabulary
-// instead of the separate calls' four (their backward recomputes the logits). Outputs logp,
-// entropy, lse (N) assigned; dh (N, C) and dW (V, C) accumulated (+=); dentropy may be null (no
-// entropy term, and grad must not write it). With V <= chunk it is one tile through the
-// whole-vocabulary ops, bit for bit what the separate calls give.
+// instead of the separate calls' four (their backward recomputes the logits), each as fixed blocks
+// of its output (one single-threaded BLAS call each, spread over the threads: results do not
+// depend on the thread count). Outputs logp, entropy, lse (N) assigned; dh (N, C) and dW (V, C)
+// accumulated (+=; dW may be null); dentropy null = no entropy term. With V <= chunk it is one tile
+// through the whole-vocabulary ops, bit for bit what the separate calls give.
 template <class T>
 void chunked_logprob_fused(T* logp, T* entropy, T* lse, T* dh, T* dW, const T* dlogp, const T* dentropy,
                            const RowLossGrad& grad, const T* h, const T* W, const int32_t* targets, float temperature,
