@@ -4,6 +4,7 @@
 #include "troupe/kernels/chunked_logprob.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -249,6 +250,22 @@ TEST(ChunkedLogprobFused, IsAsAccurateAsTheWholeVocabularyFp32) {
     EXPECT_LE(err(f.dh, exact.dh), std::max(2 * err(c.dh, exact.dh), 1e-6)) << chunk;
     EXPECT_LE(err(f.dW, exact.dW), std::max(2 * err(c.dW, exact.dW), 1e-6)) << chunk;
   }
+}
+
+// The tiles' GEMMs are fixed blocks and the row loops one writer per row: the thread count does
+// not change a bit (here every GEMM and row loop is large enough to be split).
+TEST(ChunkedLogprobFused, IsIndependentOfTheThreadCount) {
+  Problem<float> p(70, 32, 5000, 1.0f, 7);  // 17 rows a tile: 2.7M multiply-adds, 85k logits
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const auto one = fused(p, 256);
+  omp_set_num_threads(3);
+  const auto three = fused(p, 256);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(one.logp, three.logp);
+  EXPECT_EQ(one.ent, three.ent);
+  EXPECT_EQ(one.dh, three.dh);
+  EXPECT_EQ(one.dW, three.dW);
 }
 
 // In the batch-invariant mode a row's logits do not depend on the GEMM's row count, so the fused
