@@ -36,6 +36,15 @@ void Buffer::release() {
   bytes_ = 0;
 }
 
+void Backend::chunked_logprob_fused(float* logp, float* entropy, float* lse, float* dh, float* dW, const float* dlogp,
+                                    const float* dentropy, const RowLossGrad& grad, const float* h, const float* W,
+                                    const int32_t* targets, float temperature, int N, int C, int V, int chunk,
+                                    float* scratch) const {
+  chunked_logprob_forward(logp, entropy, lse, h, W, targets, temperature, N, C, V, chunk, scratch);
+  if (N > 0) grad(0, N);
+  chunked_logprob_backward(dh, dW, dlogp, dentropy, h, W, lse, entropy, targets, temperature, N, C, V, chunk, scratch);
+}
+
 Result<Buffer> Backend::alloc(size_t bytes) const {
   if (bytes == 0) return Buffer(this, nullptr, 0);
   void* p = alloc_bytes(bytes);

@@ -103,7 +103,7 @@ Result<LossMetrics> grpo_loss_fused(float* dlogp, float* dentropy, const float* 
                         ? norm.num_seqs * static_cast<double>(cfg.agg_norm_length)
                         : norm.num_seqs;
   const kernels::GrpoLossBatch kb{b.T,  b.S,        b.cu_seqlens, b.mask,      b.advantages,
-                                  logp, b.logp_old, b.logp_ref,   b.is_weight, entropy};
+                                  logp, b.logp_old, b.logp_ref,   b.is_weight, entropy, b.seq_tokens};
   const kernels::GrpoLossSums s = backend.grpo_loss(dlogp, dentropy, kb, cfg, agg);
   // LossMetrics in field order.
   return LossMetrics{s.loss,        s.pg_loss,      s.kl_loss,       s.tokens,

@@ -248,8 +248,6 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
   entropy_.assign(T, 0.0f);
   dlogp_.assign(T, 0.0f);
   dentropy_.assign(T, 0.0f);
-  TROUPE_TRY(model_.forward_train(packed.batch, cfg_.batch.temperature, logp_.data(), entropy_.data()));
-  if (score) add_packed_mismatch(mismatch, packed, logp_.data(), model_);
   TokenBatch tb;
   tb.T = static_cast<int>(T);
   tb.S = static_cast<int>(samples.size());
@@ -258,26 +256,75 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
   tb.advantages = packed.advantages.data();
   tb.logp_old = packed.has_old ? packed.logp_old.data() : nullptr;
   tb.logp_ref = packed.has_ref ? packed.logp_ref.data() : nullptr;
-  if (packed.has_behavior && cfg_.phase == Phase::grpo) {
-    // importance weight against the policy that sampled, of rho = pi_old / pi_behavior, pi_old the
-    // recorded/recomputed old policy or, on-policy, the current one (detached): the configured
-    // loss.mismatch_correction, else truncated at importance_weight_cap (stale async samples)
-    is_weight_.assign(T, 0.0f);
+  const bool grpo = cfg_.phase == Phase::grpo;
+  // Importance weight against the policy that sampled, of rho = pi_old / pi_behavior, pi_old the
+  // recorded/recomputed old policy or, on-policy, the current one (detached): the configured
+  // loss.mismatch_correction, else truncated at importance_weight_cap (stale async samples).
+  const bool weighted = packed.has_behavior && grpo;
+  const auto mode = cfg_.loss.mismatch_correction == MismatchCorrection::none ? MismatchCorrection::tis
+                                                                              : cfg_.loss.mismatch_correction;
+  const double cap = cfg_.loss.mismatch_correction == MismatchCorrection::none
+                         ? static_cast<double>(cfg_.importance_weight_cap)
+                         : 0.0;
+  auto weights = [&](int t0, int t1, const int32_t* cu, int S) {  // rows [t0, t1); cu/S: seq_geo_mask only
     const float* base = tb.logp_old ? tb.logp_old : logp_.data();
-    const auto mode = cfg_.loss.mismatch_correction;
-    correction_weights(is_weight_.data(), base, packed.logp_behavior.data(), packed.mask.data(), tb.cu_seqlens, tb.S,
-                       tb.T, mode == MismatchCorrection::none ? MismatchCorrection::tis : mode, cfg_.loss,
-                       mode == MismatchCorrection::none ? static_cast<double>(cfg_.importance_weight_cap) : 0.0);
+    correction_weights(is_weight_.data() + t0, base + t0, packed.logp_behavior.data() + t0, packed.mask.data() + t0,
+                       cu, S, t1 - t0, mode, cfg_.loss, cap);
+  };
+  if (weighted) {
+    is_weight_.assign(T, 0.0f);
     tb.is_weight = is_weight_.data();
   }
-  LossMetrics m;
-  if (cfg_.phase == Phase::sft) {
-    TROUPE_ASSIGN_OR_RETURN(m, sft_loss(dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data(), tb, norm));
-  } else {
-    TROUPE_ASSIGN_OR_RETURN(m, grpo_loss_fused(dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data(), tb,
-                                               cfg_.loss, norm, model_.backend()));
+  auto loss = [&](const TokenBatch& b, float* dlogp, float* dentropy, const float* logp, const float* entropy) {
+    return grpo ? grpo_loss_fused(dlogp, dentropy, logp, entropy, b, cfg_.loss, norm, model_.backend())
+                : sft_loss(dlogp, dentropy, logp, entropy, b, norm);
+  };
+  const bool need_dentropy = grpo && cfg_.loss.entropy_coef != 0;
+  // The loss's derivative at a position depends on that position alone (so the model may take it
+  // tile by tile of rows, forward_backward_train) unless it needs a mean over a sequence of the
+  // current log-probs: the sequence-level ratio, or on-policy the sequence-level geometric-mean mask.
+  const bool per_token = !grpo || (!cfg_.loss.sequence_level_ratio &&
+                                   !(weighted && !tb.logp_old && mode == MismatchCorrection::seq_geo_mask));
+  if (per_token) {
+    if (weighted && tb.logp_old) weights(0, tb.T, tb.cu_seqlens, tb.S);  // fixed before the forward
+    std::vector<double> seq_tokens(tb.S, 0.0);  // each sequence's mask sum, summed as grpo_loss sums it
+    for (int s = 0; s < tb.S; ++s)
+      for (int t = tb.cu_seqlens[s]; t < tb.cu_seqlens[s + 1]; ++t) seq_tokens[s] += tb.mask[t];
+    std::vector<int32_t> cu;
+    Status failed;
+    // rows [t0, t1) as a batch of their own: the sequences they touch, cut to those rows
+    auto grad = [&](int t0, int t1) {
+      if (weighted && !tb.logp_old) weights(t0, t1, nullptr, 0);  // token-level modes only here
+      TokenBatch b = tb;
+      b.T = t1 - t0;
+      b.mask = tb.mask + t0;
+      if (b.logp_old) b.logp_old += t0;
+      if (b.logp_ref) b.logp_ref += t0;
+      if (b.is_weight) b.is_weight += t0;
+      if (t0 > 0 || t1 < tb.T) {
+        const int s0 = static_cast<int>(std::upper_bound(tb.cu_seqlens, tb.cu_seqlens + tb.S + 1, t0) - tb.cu_seqlens) - 1;
+        const int s1 = static_cast<int>(std::lower_bound(tb.cu_seqlens, tb.cu_seqlens + tb.S + 1, t1) - tb.cu_seqlens);
+        cu.clear();
+        for (int s = s0; s <= s1; ++s) cu.push_back(std::clamp(tb.cu_seqlens[s], t0, t1) - t0);
+        b.S = s1 - s0;
+        b.cu_seqlens = cu.data();
+        b.advantages = tb.advantages + s0;
+        b.seq_tokens = seq_tokens.data() + s0;
+      }
+      auto r = loss(b, dlogp_.data() + t0, dentropy_.data() + t0, logp_.data() + t0, entropy_.data() + t0);
+      if (!r.ok() && failed.ok()) failed = r.error();
+    };
+    TROUPE_TRY(model_.forward_backward_train(packed.batch, cfg_.batch.temperature, logp_.data(), entropy_.data(),
+                                             dlogp_.data(), need_dentropy ? dentropy_.data() : nullptr, grad));
+    TROUPE_TRY(failed);
+    if (score) add_packed_mismatch(mismatch, packed, logp_.data(), model_);
+    // The metrics of the whole micro-batch (the gradients it assigns again are the ones grad gave).
+    return loss(tb, dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data());
   }
-  const bool need_dentropy = cfg_.phase == Phase::grpo && cfg_.loss.entropy_coef != 0;
+  TROUPE_TRY(model_.forward_train(packed.batch, cfg_.batch.temperature, logp_.data(), entropy_.data()));
+  if (score) add_packed_mismatch(mismatch, packed, logp_.data(), model_);
+  if (weighted) weights(0, tb.T, tb.cu_seqlens, tb.S);
+  TROUPE_ASSIGN_OR_RETURN(LossMetrics m, loss(tb, dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data()));
   TROUPE_TRY(model_.backward_train(dlogp_.data(), need_dentropy ? dentropy_.data() : nullptr));
   return m;
 }

@@ -388,3 +388,93 @@ TEST(Trainer, MismatchMetricsCompareSamplerAndLearnerBeforeTheUpdate) {
 }
 
 }  // namespace
+
+namespace {
+
+// A policy::Model behind the learner's interface without forward_backward_train: the interface's
+// default (forward_train, the loss's derivative over every row, backward_train).
+class SeparateCalls final : public PolicyModel {
+ public:
+  explicit SeparateCalls(troupe::policy::Model& m) : m_(m) {}
+  std::span<float> params() override { return m_.params(); }
+  std::span<float> grads() override { return m_.grads(); }
+  const std::vector<troupe::policy::TensorSpec>& tensors() const override { return m_.tensors(); }
+  void zero_grads() override { m_.zero_grads(); }
+  troupe::Status forward_train(const troupe::policy::PackedBatch& b, float temperature, float* logp,
+                               float* entropy) override {
+    return m_.forward_train(b, temperature, logp, entropy);
+  }
+  troupe::Status backward_train(const float* dlogp, const float* dentropy) override {
+    return m_.backward_train(dlogp, dentropy);
+  }
+
+ private:
+  troupe::policy::Model& m_;
+};
+
+}  // namespace
+
+// A model whose head runs over vocabulary chunks takes the per-token losses tile by tile of rows
+// (forward_backward_train, tiles cutting sequences): the step's gradients and loss equal the
+// separate calls' to 1e-6 relative for GRPO (token-mean and seq-mean-token-mean, KL, entropy,
+// on-policy importance weights computed per tile) and SFT; the losses that need a sequence mean of
+// the current log-probs (on-policy seq_geo_mask, the sequence-level ratio) take the separate
+// calls, bit for bit.
+TEST(Trainer, TiledHeadEqualsSeparateCalls) {
+  troupe::policy::ModelConfig mc;  // the tiny MoE, a vocabulary of 64 in chunks of 8
+  mc.vocab_size = 64;
+  mc.num_hidden_layers = 2;
+  mc.logprob_chunk = 8;
+  auto compare = [&](const LearnerConfig& c, const std::vector<Sample>& batch, bool bitwise, const char* what) {
+    auto a = troupe::policy::Model::create(mc, 3);
+    auto b = troupe::policy::Model::create(mc, 3);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ModelAdapter tiled(*a);
+    SeparateCalls separate(*b);
+    LocalCommunicator comm_a, comm_b;
+    Trainer ta(tiled, c, comm_a), tb(separate, c, comm_b);
+    auto ra = ta.train_step(batch);
+    auto rb = tb.train_step(batch);
+    ASSERT_TRUE(ra.ok() && rb.ok()) << what << ": " << (ra.ok() ? rb.error().message : ra.error().message);
+    const auto ga = tiled.grads(), gb = separate.grads();
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ga.size(); ++i) {
+      num = std::max(num, std::fabs(double(ga[i]) - gb[i]));
+      den = std::max(den, std::fabs(double(gb[i])));
+    }
+    EXPECT_GT(den, 0.0) << what;
+    if (bitwise) {
+      EXPECT_EQ(num, 0.0) << what;
+      EXPECT_EQ(ra->loss.loss, rb->loss.loss) << what;
+    } else {
+      EXPECT_LT(num / den, 1e-6) << what;
+      EXPECT_NEAR(ra->loss.loss, rb->loss.loss, 1e-6 * std::fabs(rb->loss.loss)) << what;
+      EXPECT_NEAR(ra->loss.entropy, rb->loss.entropy, 1e-6 * std::fabs(rb->loss.entropy)) << what;
+    }
+  };
+  LearnerConfig c = base_config();
+  c.batch.num_mini_batches = 1;
+  c.batch.num_iterations = 1;
+  const auto batch = random_batch(5, 12, mc.vocab_size, true, true);  // about 80 rows: tiles of 20
+  compare(c, batch, false, "grpo token-mean, KL, entropy");
+  LearnerConfig seq = c;
+  seq.loss.agg_mode = LossAggMode::seq_mean_token_mean;
+  compare(seq, batch, false, "grpo seq-mean-token-mean");
+  auto on_policy = random_batch(6, 12, mc.vocab_size, false, true);
+  for (auto& s : on_policy)
+    for (size_t j = 0; j < s.completion.size(); ++j) s.behavior_logprobs.push_back(-4.0f + 0.1f * float(j % 5));
+  LearnerConfig tis = c;
+  tis.importance_weight_cap = 3.0f;
+  compare(tis, on_policy, false, "grpo on-policy, truncated importance weights per tile");
+  LearnerConfig geo = c;
+  geo.loss.mismatch_correction = MismatchCorrection::seq_geo_mask;
+  geo.loss.geo_mask_low = 0.0f;
+  geo.loss.geo_mask_high = 1e9f;
+  compare(geo, on_policy, true, "grpo on-policy seq_geo_mask (separate calls)");
+  LearnerConfig gspo = c;
+  gspo.loss.sequence_level_ratio = true;
+  compare(gspo, batch, true, "grpo sequence-level ratio (separate calls)");
+  LearnerConfig sft;
+  sft.phase = Phase::sft;
+  compare(sft, batch, false, "sft");
+}

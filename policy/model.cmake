@@ -10,7 +10,7 @@ if(TROUPE_BUILD_TESTS)
     GROUP policy.moe_grouped "Model.MoeGroupedMatchesMasked"
     GROUP policy.kv_cache_logprobs "Model.KvCacheLogprobsMatchForward:Model.SamplingIsSeededAndStops"
     GROUP policy.routing_record "Model.RoutingRecordMatchesForward"
-    GROUP policy.chunked_logprobs "Model.ChunkedLogprobsMatchWholeVocabulary:Model.ChunkedSamplingMatchesWholeVocabulary"
+    GROUP policy.chunked_logprobs "Model.ChunkedLogprobsMatchWholeVocabulary:Model.ChunkedSamplingMatchesWholeVocabulary:Model.FusedHead*"
     GROUP policy.routing_replay "Model.RoutingReplay*"
     GROUP policy.batch_invariant "Model.BatchInvariant*")
 endif()

@@ -343,7 +343,8 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   // per-layer backward temporaries (inside one layer's backward, after the MoE call).
   const size_t QD = static_cast<size_t>(NH) * HD, KD = static_cast<size_t>(NKV) * HD;
   const size_t moe_scr = any_moe ? be->moe_scratch_floats(moe_cfg, T) : 0;
-  const size_t head_n = t * C + t * static_cast<size_t>(head_cols());
+  const size_t head_n = t * C + (chunked_head() ? k::chunked_logprob_fused_scratch_floats(T, V, cfg.logprob_chunk)
+                                                : t * static_cast<size_t>(V));
   const size_t layer_n = with_grads ? t * (QD * 3 + KD * 3) + (any_dense ? 3 * t * I : 0) : 0;
   // The gated shared expert's output (forward) and backward temporaries also live in U.
   const size_t shared_n = HS_gated > 0 ? t * C + t + 3 * t * HS_gated : 0;
@@ -693,6 +694,14 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
     be->zero(acts.dh, TC);
     be->matmul_backward(acts.dh, G + wlm, acts.dlogits, acts.final_norm_out, P + wlm, T, C, V);
   }
+  return backward_body();
+}
+
+Status Model::Impl::backward_body() {
+  const int T = acts.T;
+  const size_t TC = static_cast<size_t>(T) * C;
+  float* G = this->G();
+  const float* P = this->P();
   be->zero(acts.dresid, TC);
   be->rmsnorm_backward(acts.dresid, G + wnorm, acts.dh, layer_input(L), P + wnorm, acts.rstdf, T, C);
   const bool ckpt = cfg.activation_checkpointing;
@@ -941,6 +950,31 @@ Status Model::forward_train(const PackedBatch& batch, float temperature, float* 
   m.have_train_forward = true;
   return {};
 }
+Status Model::forward_backward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy,
+                                     float* dlogp, float* dentropy, const kernels::RowLossGrad& grad) {
+  Impl& m = *impl_;
+  if (!m.chunked_head() || !m.be->host_visible()) {  // nothing to fuse (or grad cannot read the outputs)
+    TROUPE_TRY(forward_train(batch, temperature, logp, entropy));
+    if (!batch.tokens.empty()) grad(0, static_cast<int>(batch.tokens.size()));
+    return backward_train(dlogp, dentropy);
+  }
+  const kernels::BatchInvariantScope invariant(m.cfg.batch_invariant);
+  m.have_train_forward = false;
+  if (!(temperature > 0.0f) || !std::isfinite(temperature))
+    return invalid_input("forward_backward_train: temperature must be > 0, got " + std::to_string(temperature));
+  if (!logp || !dlogp) return invalid_input("forward_backward_train: logp and dlogp are required");
+  TROUPE_TRY(m.forward(batch, true));
+  m.temperature = temperature;
+  const int T = m.acts.T;
+  // The head once over tiles of rows (kernels::chunked_logprob_fused): logits, log-softmax, grad,
+  // the logits gradient and both GEMM products, no recompute.
+  m.be->zero(m.acts.dh, static_cast<size_t>(T) * m.C);
+  m.be->chunked_logprob_fused(logp, entropy ? entropy : m.acts.ent_saved, m.acts.lse_out, m.acts.dh, m.G() + m.wlm,
+                              dlogp, dentropy, grad, m.acts.final_norm_out, m.P() + m.wlm, m.batch.targets.data(),
+                              temperature, T, m.C, m.V, m.cfg.logprob_chunk, m.acts.logits);
+  return m.backward_body();
+}
+
 Status Model::backward_train(const float* dlogp, const float* dentropy) {
   const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);  // the recompute is a forward
   return impl_->backward(dlogp, dentropy);

@@ -586,6 +586,103 @@ TEST(Model, ChunkedLogprobsMatchWholeVocabulary) {
   }
 }
 
+// forward_backward_train: with several chunks the head runs once over row tiles and equals
+// forward_train + grad + backward_train (and the whole vocabulary) to 1e-6 relative, for a grad that
+// reads each row's log-prob and entropy; with one chunk it is those calls bit for bit. Checkpointing
+// with offload gives its same bits, routing replay and the batch-invariant mode keep working (in
+// that mode its log-probs are forward_train's bits).
+TEST(Model, FusedHeadMatchesSeparateCalls) {
+  std::vector<std::vector<int32_t>> seqs = {{1, 2, 3, 4, 5, 6}, {7, 8, 9}, {10, 11, 12, 13, 14, 15, 16, 17}};
+  const PackedBatch plain = batch_of(seqs);
+  const size_t T = plain.tokens.size();
+  struct Run {
+    std::vector<float> lp, ent, grads;
+    std::vector<std::pair<int, int>> tiles;
+  };
+  auto run = [&](const ModelConfig& c, bool fused, const PackedBatch& b) {
+    Model m = make(c);
+    Run r;
+    r.lp.resize(T), r.ent.resize(T);
+    std::vector<float> dlp(T, NAN), dent(T, NAN);
+    auto grad = [&](int t0, int t1) {
+      r.tiles.emplace_back(t0, t1);
+      for (int t = t0; t < t1; ++t) dlp[t] = 0.3f + 0.2f * r.lp[t], dent[t] = -0.05f + 0.01f * r.ent[t];
+    };
+    m.zero_grads();
+    if (fused) {
+      EXPECT_TRUE(m.forward_backward_train(b, 0.9f, r.lp.data(), r.ent.data(), dlp.data(), dent.data(), grad).ok());
+    } else {
+      EXPECT_TRUE(m.forward_train(b, 0.9f, r.lp.data(), r.ent.data()).ok());
+      grad(0, static_cast<int>(T));
+      EXPECT_TRUE(m.backward_train(dlp.data(), dent.data()).ok());
+    }
+    r.grads.assign(m.grads().begin(), m.grads().end());
+    return r;
+  };
+  auto rel = [](const std::vector<float>& a, const std::vector<float>& w) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num = std::max(num, std::fabs(double(a[i]) - w[i]));
+      den = std::max(den, std::fabs(double(w[i])));
+    }
+    return num / den;
+  };
+  auto with_chunk = [](int chunk) {
+    ModelConfig c = tiny();
+    c.logprob_chunk = chunk;
+    return c;
+  };
+  const Run whole = run(with_chunk(0), false, plain);
+  const Run one = run(with_chunk(37), true, plain);  // one chunk: the separate calls
+  EXPECT_EQ(one.tiles, (std::vector<std::pair<int, int>>{{0, 17}}));
+  EXPECT_EQ(one.lp, whole.lp);
+  EXPECT_EQ(one.ent, whole.ent);
+  EXPECT_EQ(one.grads, whole.grads);
+  for (int chunk : {5, 16}) {  // max(17 * 5 / 37, 17 / 4) = 4 and 17 * 16 / 37 = 7 rows a tile
+    const Run f = run(with_chunk(chunk), true, plain);
+    const Run sep = run(with_chunk(chunk), false, plain);
+    EXPECT_EQ(f.tiles.size(), chunk == 5 ? 5u : 3u) << chunk;
+    EXPECT_LT(rel(f.lp, whole.lp), 1e-6) << chunk;
+    EXPECT_LT(rel(f.ent, whole.ent), 1e-6) << chunk;
+    EXPECT_LT(rel(f.grads, whole.grads), 1e-6) << chunk;
+    EXPECT_LT(rel(f.grads, sep.grads), 1e-6) << chunk;
+  }
+  const Run f5 = run(with_chunk(5), true, plain);
+  ModelConfig ck = with_chunk(5);
+  ck.activation_checkpointing = true;
+  ck.offload_activations = true;
+  const Run ckpt = run(ck, true, plain);
+  EXPECT_EQ(ckpt.lp, f5.lp);
+  EXPECT_EQ(ckpt.grads, f5.grads);
+  // Routing replay of a record (the model's own routing with one position's experts moved).
+  PackedBatch replayed = plain;
+  {
+    Model m = make(with_chunk(5));
+    std::vector<float> lp(T), ent(T);
+    ASSERT_TRUE(m.forward_train(plain, 0.9f, lp.data(), ent.data()).ok());
+    replayed.experts.assign(m.last_routing().begin(), m.last_routing().end());
+    const int K = tiny().num_experts_per_tok;
+    std::vector<int32_t> moved;  // position 3, first MoE layer: experts the router did not pick
+    for (int e = 0; e < tiny().num_experts && static_cast<int>(moved.size()) < K; ++e)
+      if (std::find(replayed.experts.begin() + 3 * m.routing_width(),
+                    replayed.experts.begin() + 3 * m.routing_width() + K, e) ==
+          replayed.experts.begin() + 3 * m.routing_width() + K)
+        moved.push_back(e);
+    std::copy(moved.begin(), moved.end(), replayed.experts.begin() + 3 * m.routing_width());
+  }
+  ModelConfig rc = with_chunk(5);
+  rc.routing_replay = RoutingReplay::rollout;
+  const Run rf = run(rc, true, replayed), rs = run(rc, false, replayed);
+  EXPECT_LT(rel(rf.grads, rs.grads), 1e-6);
+  EXPECT_GT(rel(rf.grads, f5.grads), 1e-4) << "the replayed record must change the gradients";
+  ModelConfig bi = with_chunk(5);
+  bi.batch_invariant = true;
+  const Run bf = run(bi, true, plain), bs = run(bi, false, plain);
+  EXPECT_EQ(bf.lp, bs.lp);
+  EXPECT_EQ(bf.ent, bs.ent);
+  EXPECT_LT(rel(bf.grads, bs.grads), 1e-6);
+}
+
 }  // namespace
 
 namespace {

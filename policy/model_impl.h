@@ -97,6 +97,7 @@ struct Model::Impl {
   bool chunked_head() const { return cfg.logprob_chunk > 0 && V > cfg.logprob_chunk; }
   int head_cols() const { return chunked_head() ? cfg.logprob_chunk : V; }
   Status backward(const float* dlogp, const float* dentropy);
+  Status backward_body();  // from acts.dh (the head's input gradient) down: final norm, layers, embedding
   Result<std::vector<Generation>> generate(const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingParams& sp);
 

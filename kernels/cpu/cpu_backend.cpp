@@ -137,6 +137,13 @@ class CpuBackend final : public Backend {
     kernels::chunked_logprob_backward(dh, dW, dlogp, dentropy, h, W, lse, entropy, targets, temperature, N, C, V,
                                       chunk, scratch);
   }
+  void chunked_logprob_fused(float* logp, float* entropy, float* lse, float* dh, float* dW, const float* dlogp,
+                             const float* dentropy, const RowLossGrad& grad, const float* h, const float* W,
+                             const int32_t* targets, float temperature, int N, int C, int V, int chunk,
+                             float* scratch) const override {
+    kernels::chunked_logprob_fused(logp, entropy, lse, dh, dW, dlogp, dentropy, grad, h, W, targets, temperature, N, C,
+                                   V, chunk, scratch);
+  }
 
   size_t moe_saved_floats(const MoeConfig& cfg, int N) const override {
     return kernels::moe_saved_floats(cfg, N);

@@ -113,6 +113,7 @@ GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& b, co
       if (seq_level && b.logp_old && b.mask[t] != 0)
         seq_lr += b.mask[t] * (static_cast<double>(logp[t]) - b.logp_old[t]);
     }
+    if (b.seq_tokens) seq_tokens = b.seq_tokens[s];
     const double ws = agg.per_seq_tokens ? 1.0 / (std::max(seq_tokens, 1.0) * agg.denominator) : 1.0 / agg.denominator;
     // Sequence level: one ratio per sequence, rho = exp(mean_t m (logp - old)); its loss is shared
     // by every token, so d loss / d logp_t = (sum of token weights) * dpg/drho * rho * m_t / L.

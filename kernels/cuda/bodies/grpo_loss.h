@@ -109,6 +109,7 @@ struct GrpoSequenceBody {  // over S sequences
       if (seq_level && b.logp_old && b.mask[t] != 0)
         seq_lr += b.mask[t] * (static_cast<double>(b.logp[t]) - b.logp_old[t]);
     }
+    if (b.seq_tokens) seq_tokens = b.seq_tokens[s];  // a tile of rows: the whole sequence's count
     const double toks1 = seq_tokens > 1.0 ? seq_tokens : 1.0;
     const double ws = agg.per_seq_tokens ? 1.0 / (toks1 * agg.denominator) : 1.0 / agg.denominator;
     GrpoSurrogate sq{0, 0, false, false, false};

@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "troupe/base/result.h"
+#include "troupe/kernels/chunked_logprob.h"
 #include "troupe/kernels/chunked_sample.h"
 #include "troupe/kernels/grpo_loss.h"
 #include "troupe/kernels/moe.h"
@@ -142,6 +143,14 @@ class Backend {
                                         const float* h, const float* W, const float* lse, const float* entropy,
                                         const int32_t* targets, float temperature, int N, int C, int V, int chunk,
                                         float* scratch) const = 0;
+  // Both in one pass for a loss of per-row terms (chunked_logprob_fused: three GEMMs over the
+  // vocabulary, not four); scratch holds chunked_logprob_fused_scratch_floats(N, V, chunk) floats.
+  // grad runs on the host between tiles, on the arrays it was handed. This default body is the two
+  // calls above with grad(0, N) between them (the recompute path), for a backend without a fused one.
+  virtual void chunked_logprob_fused(float* logp, float* entropy, float* lse, float* dh, float* dW,
+                                     const float* dlogp, const float* dentropy, const RowLossGrad& grad,
+                                     const float* h, const float* W, const int32_t* targets, float temperature, int N,
+                                     int C, int V, int chunk, float* scratch) const;
 
   // ---- MoE layer (moe.h) ---------------------------------------------------------------------------
   virtual size_t moe_saved_floats(const MoeConfig& cfg, int N) const = 0;

@@ -46,6 +46,9 @@ struct GrpoLossBatch {
   const float* logp_ref = nullptr;      // (T) or null: no KL
   const float* is_weight = nullptr;     // (T) or null: 1
   const float* entropy = nullptr;       // (T) or null
+  // (S) or null: each sequence's mask sum over all its positions, for a batch that holds only some
+  // rows of its sequences (a tile of rows; token-level ratio only). Null: summed from mask.
+  const double* seq_tokens = nullptr;
 };
 
 // Metric sums of the batch (each masked by m_t; loss, pg_loss, kl_loss already weighted).

@@ -25,6 +25,9 @@ struct TokenBatch {
   // (T) a constant (detached) factor on each token's policy-gradient term, e.g. the truncated
   // importance weight min(pi_old / pi_behaviour, cap) of stale async samples; nullptr = 1
   const float* is_weight = nullptr;
+  // (S) each sequence's mask sum over all its positions when the batch holds only some rows of its
+  // sequences (a tile of the fused head; token-level ratio only); nullptr = summed from mask here
+  const double* seq_tokens = nullptr;
 };
 
 // Global denominators of one optimizer step.

@@ -25,6 +25,17 @@ class PolicyModel {
   virtual Status forward_train(const policy::PackedBatch& batch, float temperature, float* logp, float* entropy) = 0;
   // Accumulates (+=) d loss/d params into grads() for the last forward_train batch (dentropy may be nullptr).
   virtual Status backward_train(const float* dlogp, const float* dentropy) = 0;
+  // forward_train, grad(t0, t1) over the rows (it assigns dlogp/dentropy[t0..t1) from logp/
+  // entropy[t0..t1)), backward_train, for a loss whose derivative at each position depends on that
+  // position alone (policy::Model::forward_backward_train, which may call grad once per tile of rows
+  // and run its head once). dentropy null = no entropy term. This default is the three calls.
+  virtual Status forward_backward_train(const policy::PackedBatch& batch, float temperature, float* logp,
+                                        float* entropy, float* dlogp, float* dentropy,
+                                        const kernels::RowLossGrad& grad) {
+    TROUPE_TRY(forward_train(batch, temperature, logp, entropy));
+    if (!batch.tokens.empty()) grad(0, static_cast<int>(batch.tokens.size()));
+    return backward_train(dlogp, dentropy);
+  }
   // The backend the model computes on; the trainer runs the fused loss there too.
   virtual const kernels::Backend& backend() const { return kernels::cpu_backend(); }
   // MoE routing of the last forward_train: (T x routing_width()) top-k expert ids, routing_k() per
@@ -47,6 +58,10 @@ class ModelAdapter final : public PolicyModel {
   }
   Status backward_train(const float* dlogp, const float* dentropy) override {
     return model_.backward_train(dlogp, dentropy);
+  }
+  Status forward_backward_train(const policy::PackedBatch& batch, float temperature, float* logp, float* entropy,
+                                float* dlogp, float* dentropy, const kernels::RowLossGrad& grad) override {
+    return model_.forward_backward_train(batch, temperature, logp, entropy, dlogp, dentropy, grad);
   }
   const kernels::Backend& backend() const override { return model_.backend(); }
   int routing_width() const override { return model_.routing_width(); }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "troupe/base/result.h"
+#include "troupe/kernels/chunked_logprob.h"
 #include "troupe/policy/model_config.h"
 
 namespace troupe::kernels {
@@ -132,6 +133,17 @@ class Model {
   // Backward of loss = sum_t dlogp[t]*logp[t] + dentropy[t]*entropy[t] (+ the router aux loss when
   // router_aux_loss_coef > 0), ACCUMULATED into grads(). Either pointer may be null (= zeros).
   Status backward_train(const float* dlogp, const float* dentropy);
+  // forward_train, then grad(t0, t1) over the rows, then backward_train(dlogp, dentropy), for a loss
+  // whose derivative in each position's logp and entropy depends on that position alone: grad
+  // reads logp/entropy[t0..t1) (entropy may be null only if grad does not read it) and assigns
+  // dlogp[t0..t1) (and dentropy[t0..t1) when dentropy is given; null = no entropy term); all four
+  // are caller-owned (T) host arrays. With a chunked head on a host-visible backend the head runs
+  // once over tiles of rows (kernels::chunked_logprob_fused: three GEMMs over the vocabulary, not
+  // the separate calls' four) and grad is called once per tile, in order; otherwise it is exactly
+  // the three calls, grad(0, T) once. Equal to them within 1e-6 relative (bit for bit when V <=
+  // policy.logprob_chunk). Consumes the forward: no backward_train may follow.
+  Status forward_backward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy,
+                                float* dlogp, float* dentropy, const kernels::RowLossGrad& grad);
   // router_aux_loss_coef * sum over MoE layers of the layer's load-balancing loss, last forward.
   float last_aux_loss() const;
 
