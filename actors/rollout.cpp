@@ -169,6 +169,10 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
                       std::move(streams)};
       req.policy_version = version;
       req.step = step;
+      if (s.async && ro.in_flight_updates) {
+        req.in_flight_steps = in_flight_steps(s, k);
+        req.in_flight_every = ro.in_flight_every;
+      }
       part.reqs.resize(NG);
       part.reqs[g] = req;
       part.gens.back().emplace(
