@@ -72,6 +72,7 @@ struct Rollout {
   int64_t index0 = 0;
   int part = 0, parts = 1;  // streamed (rollout.async_chunks): which part of the step's groups
   double gen_s = 0, env_s = 0, idle_s = 0;
+  double version_wait_s = 0;  // in-flight updates: generation time spent waiting for versions (slowest generator)
   int retries = 0;  // env calls retried on another env worker
 };
 

@@ -245,7 +245,9 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
       if (t % r.in_flight_every != 0) return {};
       const size_t i = static_cast<size_t>(t / r.in_flight_every);
       if (i == 0 || i > r.in_flight_steps.size() || r.in_flight_steps[i - 1] < 0) return {};  // -1: stay
+      const auto w0 = std::chrono::steady_clock::now();
       std::optional<int64_t> v = in_flight_->wait_step(r.in_flight_steps[i - 1]);
+      rep.version_wait_s += seconds_since(w0);
       if (!v || *v == version_) return {};  // released: no newer version will come
       TROUPE_TRY(take_version(*v));
       switches.emplace_back(static_cast<uint32_t>(t), version_);

@@ -29,7 +29,7 @@ void load(A& ar, Rollout::Group& g) {
 template <class A>
 void serialize(A& ar, Rollout& r) {
   ar(r.groups, r.policy_version, r.sample_version, r.round, r.rounds, r.seed_base, r.index0, r.part, r.parts, r.gen_s,
-     r.env_s, r.idle_s, r.retries);
+     r.env_s, r.idle_s, r.version_wait_s, r.retries);
 }
 
 template <class A>

@@ -136,7 +136,9 @@ void add_grpo_timings(const RunState& s, json& row, const Rollout& r, const Trai
   double resp_len = 0;
   for (const auto& g : r.groups)
     for (const auto& x : g.samples) resp_len += static_cast<double>(x.tokens.size());
-  double idle = s.async ? gen_idle : std::max(0.0, step_s - r.gen_s - r.env_s);
+  // (in-flight updates: a generation waiting for a newer version is idle too)
+  double idle = s.async ? gen_idle + r.version_wait_s : std::max(0.0, step_s - r.gen_s - r.env_s);
+  if (s.cfg.rollout.in_flight_updates) row["version_wait_s"] = r.version_wait_s;
   row["gen_s"] = r.gen_s;
   row["env_s"] = r.env_s;
   row["learner_s"] = tr.learner_s;

@@ -195,8 +195,9 @@ struct GenerateRep {
   std::vector<GenSample> samples;
   std::int64_t policy_version = 0;
   double generate_s = 0;
+  double version_wait_s = 0;  // in-flight updates: of generate_s, the time spent waiting for newer versions
   template <class A>
-  void serialize(A& ar) { ar(samples, policy_version, generate_s); }
+  void serialize(A& ar) { ar(samples, policy_version, generate_s, version_wait_s); }
 };
 // Learner 0 -> generators: the weights of policy version `version`, in one of three encodings
 // (actors/weight_codec.h; docs/weight_sync.md):
