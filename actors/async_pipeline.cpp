@@ -103,8 +103,9 @@ Status restore_pipeline(RunState& s, Pipeline& pl, const Bounds& b) {
   }
   TROUPE_ASSIGN_OR_RETURN(auto p, decode_pipeline(bytes, "checkpoint " + std::string("pipeline.bin")));
   const int in_flight = s.cfg.rollout.in_flight_updates ? s.cfg.rollout.in_flight_every : 0;
+  const int min_lag = s.cfg.rollout.in_flight_updates ? s.cfg.rollout.in_flight_min_lag : 0;
   if (p.max_staleness != staleness || p.async_chunks != chunks || p.in_flight_every != in_flight ||
-      p.trained_steps != pl.first_k) {
+      p.in_flight_min_lag != min_lag || p.trained_steps != pl.first_k) {
     log("async resume: the checkpoint's " + std::to_string(p.finished.size()) +
         " finished rollouts are not used (saved with max_staleness " + std::to_string(p.max_staleness) +
         ", async_chunks " + std::to_string(p.async_chunks) + ", in-flight every " + std::to_string(p.in_flight_every) +
@@ -263,8 +264,8 @@ int64_t drained_through(const RunState& s, int64_t k) {
 std::vector<int64_t> in_flight_steps(const RunState& s, int64_t k) {
   const int64_t S = s.cfg.rollout.max_staleness;
   const int64_t first_k = s.async ? s.async->first_k : 0;
-  int64_t cap = k - 1;
-  for (int64_t j = std::max<int64_t>(0, k - S); j < k; ++j)
+  int64_t cap = k - s.cfg.rollout.in_flight_min_lag;
+  for (int64_t j = std::max<int64_t>(0, k - S); j <= cap; ++j)
     if (drains_after(s, j)) {
       cap = j;
       break;
@@ -292,6 +293,7 @@ std::optional<PipelineState> pipeline_snapshot(const RunState& s, int64_t k) {
   p.max_staleness = s.cfg.rollout.max_staleness;
   p.async_chunks = s.cfg.rollout.async_chunks > 1 ? s.cfg.rollout.async_chunks : 1;
   p.in_flight_every = s.cfg.rollout.in_flight_updates ? s.cfg.rollout.in_flight_every : 0;
+  p.in_flight_min_lag = s.cfg.rollout.in_flight_updates ? s.cfg.rollout.in_flight_min_lag : 0;
   p.trained_steps = k + 1;
   p.trained_episodes = s.trained_episodes;
   const int64_t through = std::min(pl->produced, drained_through(s, k));

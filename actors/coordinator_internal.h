@@ -189,8 +189,9 @@ bool drains_after(const RunState& s, int64_t j);
 int64_t drained_through(const RunState& s, int64_t k);
 // rollout.in_flight_updates: the GRPO steps whose versions step k's rollout moves to before decode
 // steps N, 2N, ... (N = rollout.in_flight_every; GenerateReq::in_flight_steps): k - S + i - 1 for
-// i = 1..S (S = max_staleness), none past the first drain point in [k - S, k - 1] (its drain
-// waits for this rollout), -1 (stay) where the step comes before the phase's first one.
+// i = 1..S (S = max_staleness), none past k - rollout.in_flight_min_lag nor the first drain point
+// in [k - S, k - 1] (its drain waits for this rollout), -1 (stay) where the step comes before the
+// phase's first one.
 std::vector<int64_t> in_flight_steps(const RunState& s, int64_t k);
 
 // episodes.cpp: one multi-turn episode (token in, token out).

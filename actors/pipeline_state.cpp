@@ -34,7 +34,8 @@ void serialize(A& ar, Rollout& r) {
 
 template <class A>
 void save(A& ar, const PipelineState& p) {
-  ar(p.format, p.max_staleness, p.async_chunks, p.in_flight_every, p.trained_steps, p.trained_episodes,
+  ar(p.format, p.max_staleness, p.async_chunks, p.in_flight_every, p.in_flight_min_lag, p.trained_steps,
+     p.trained_episodes,
      static_cast<uint64_t>(p.finished.size()));
   for (const auto& [k, r] : p.finished) ar(k, r);
 }
@@ -45,7 +46,8 @@ void load(A& ar, PipelineState& p) {
   if (p.format != 2)
     throw std::runtime_error("format " + std::to_string(p.format) +
                              " (this troupe reads 2; format 1 predates per-token policy versions)");
-  ar(p.max_staleness, p.async_chunks, p.in_flight_every, p.trained_steps, p.trained_episodes, n);
+  ar(p.max_staleness, p.async_chunks, p.in_flight_every, p.in_flight_min_lag, p.trained_steps, p.trained_episodes,
+     n);
   if (n > ar.remaining()) throw std::runtime_error("claims " + std::to_string(n) + " rollouts");
   p.finished.resize(n);
   for (auto& [k, r] : p.finished) ar(k, r);

@@ -699,6 +699,10 @@ class Loader {
         in_flight_error("rollout.max_staleness >= 1 (with 0 a rollout has no newer version to move to)");
       if (c.rollout.async_chunks > 1)
         in_flight_error("rollout.async_chunks: 1 (streamed parts are not supported with in-flight updates)");
+      if (c.rollout.async && c.rollout.in_flight_min_lag > c.rollout.max_staleness)
+        error(at("rollout.in_flight_min_lag"), "rollout.in_flight_min_lag",
+              std::to_string(c.rollout.in_flight_min_lag) + " is more than rollout.max_staleness (" +
+                  std::to_string(c.rollout.max_staleness) + "): no version would be newer than the rollout's first");
       if (c.rollout.max_turns > 1)
         in_flight_error("rollout.max_turns: 1 (multi-turn episodes are not supported with in-flight updates)");
       if (!c.rollout.serve.empty())

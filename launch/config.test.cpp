@@ -157,6 +157,8 @@ TEST(Config, InFlightUpdatesNeedAsyncSingleTurnUnstreamed) {
   EXPECT_NE(m.find("needs rollout.max_turns: 1"), std::string::npos) << m;
   m = load_error(async + "  serve: 127.0.0.1:0\n");
   EXPECT_NE(m.find("needs no rollout.serve"), std::string::npos) << m;
+  m = load_error(async + "  max_staleness: 2\n  in_flight_min_lag: 3\n");
+  EXPECT_NE(m.find("rollout.in_flight_min_lag: 3 is more than rollout.max_staleness (2)"), std::string::npos) << m;
   m = load_error(async + "  in_flight_every: 0\n");
   EXPECT_NE(m.find("rollout.in_flight_every"), std::string::npos) << m;
   EXPECT_TRUE(load_config_text(async + "  in_flight_every: 4\n", "x.yaml", {}).ok());

@@ -7,10 +7,11 @@
 // process's CPU time, per step (the roles share the cores here, so a waiting role's cores are not always
 // idle). Both modes run the same config (cluster.generator_nice 19: sampling yields to the learner); async
 // streams each step to the learner in rollout.async_chunks parts, as configs/async.yaml does.
-// Cases in_flight_vs_staleness1 and in_flight_vs_staleness2 (one set of interleaved runs, two rows):
-// async with in-flight weight updates (max_staleness 2, a switch every kInFlightEvery decode steps)
-// vs async without them at max_staleness 1 and 2, all three unstreamed (async_chunks 1, which in-flight
-// updates need): steps/s, idle, and the mean staleness of the trained tokens.
+// Cases in_flight_vs_staleness1/2 and in_flight_lag2_vs_staleness1/2 (one set of interleaved runs):
+// async with in-flight weight updates (max_staleness 2, a switch every kInFlightEvery decode steps;
+// rollout.in_flight_min_lag 1, and 2) vs async without them at max_staleness 1 and 2, all unstreamed
+// (async_chunks 1, which in-flight updates need): steps/s, idle, and the mean staleness of the
+// trained tokens.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -45,8 +46,10 @@ struct Mode {
   int staleness = 1;
   int chunks = 1;
   bool in_flight = false;
+  int min_lag = 1;
   std::string name() const {
-    return async ? "async" + std::to_string(staleness) + (in_flight ? "_inflight" : "") : "sync";
+    return async ? "async" + std::to_string(staleness) + (in_flight ? "_inflight" + std::to_string(min_lag) : "")
+                 : "sync";
   }
 };
 
@@ -73,6 +76,7 @@ Measured run_once(const Mode& mode, int steps, int rep) {
   if (mode.in_flight) {
     sets.push_back("rollout.in_flight_updates=true");
     sets.push_back("rollout.in_flight_every=" + std::to_string(kInFlightEvery));
+    sets.push_back("rollout.in_flight_min_lag=" + std::to_string(mode.min_lag));
   }
   auto loaded = launch::load_config(std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.yaml", sets);
   if (!loaded.ok()) {
@@ -116,27 +120,37 @@ double med(const std::vector<Measured>& v, const std::string& key) {
   return median(x);
 }
 
-// In-flight updates (max_staleness 2) vs async without them at max_staleness 1 and 2.
+// In-flight updates (max_staleness 2; min_lag 1 and 2) vs async without them at max_staleness 1 and 2.
 int run_in_flight(const BenchOptions& opt) {
-  const bool vs1 = opt.wants("in_flight_vs_staleness1"), vs2 = opt.wants("in_flight_vs_staleness2");
-  if (!vs1 && !vs2) return 0;
+  struct Case {
+    const char* name;
+    int ours;  // index into modes
+    int base;
+  };
+  const std::vector<Case> cases = {{"in_flight_vs_staleness1", 0, 2},
+                                   {"in_flight_vs_staleness2", 0, 3},
+                                   {"in_flight_lag2_vs_staleness1", 1, 2},
+                                   {"in_flight_lag2_vs_staleness2", 1, 3}};
+  const std::vector<Mode> modes = {{true, 2, 1, true, 1}, {true, 2, 1, true, 2}, {true, 1, 1, false, 1},
+                                   {true, 2, 1, false, 1}};
+  std::vector<char> needed(modes.size(), 0);
+  bool any = false;
+  for (const auto& c : cases)
+    if (opt.wants(c.name)) needed[static_cast<size_t>(c.ours)] = needed[static_cast<size_t>(c.base)] = 1, any = true;
+  if (!any) return 0;
   const int steps = opt.quick ? 12 : 30;
   const int reps = std::max(5, opt.reps);
-  const Mode in_flight{true, 2, 1, true}, plain1{true, 1, 1, false}, plain2{true, 2, 1, false};
-  std::vector<Measured> ours, base1, base2;
-  for (int r = 0; r < reps; ++r) {  // interleaved, the first one rotating
-    for (int i = 0; i < 3; ++i) {
-      const int which = (r + i) % 3;
-      if (which == 0) ours.push_back(run_once(in_flight, steps, r));
-      if (which == 1 && vs1) base1.push_back(run_once(plain1, steps, r));
-      if (which == 2 && vs2) base2.push_back(run_once(plain2, steps, r));
-    }
-    for (const auto* v : {&ours, &base1, &base2})
-      if (!v->empty() && v->back().steps_per_s <= 0) {
-        std::fprintf(stderr, "bench e2e: in_flight: a run failed\n");
+  std::vector<std::vector<Measured>> runs(modes.size());
+  for (int r = 0; r < reps; ++r)  // interleaved, the first one rotating
+    for (size_t i = 0; i < modes.size(); ++i) {
+      const size_t m = (static_cast<size_t>(r) + i) % modes.size();
+      if (!needed[m]) continue;
+      runs[m].push_back(run_once(modes[m], steps, r));
+      if (runs[m].back().steps_per_s <= 0) {
+        std::fprintf(stderr, "bench e2e: in_flight: a run (%s) failed\n", modes[m].name().c_str());
         return 1;
       }
-  }
+    }
   auto breakdown = [](const std::vector<Measured>& v) {
     nlohmann::json bd;
     for (const char* k : {"gen_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s", "idle_total_s", "step_s",
@@ -144,17 +158,19 @@ int run_in_flight(const BenchOptions& opt) {
       bd[std::string(k) == "gen_s" ? "generation_s" : std::string(k) == "idle_s" ? "generator_idle_s" : k] = med(v, k);
     return bd;
   };
-  const nlohmann::json bd_ours = breakdown(ours);
-  for (const auto& [name, base, staleness] :
-       {std::tuple{"in_flight_vs_staleness1", &base1, 1}, std::tuple{"in_flight_vs_staleness2", &base2, 2}}) {
-    if (base->empty()) continue;
-    const nlohmann::json bd_base = breakdown(*base);
+  for (const auto& c : cases) {
+    if (!opt.wants(c.name)) continue;
+    const auto& ours = runs[static_cast<size_t>(c.ours)];
+    const auto& base = runs[static_cast<size_t>(c.base)];
+    const Mode& mb = modes[static_cast<size_t>(c.base)];
+    const nlohmann::json bd_ours = breakdown(ours), bd_base = breakdown(base);
     const double idle_base = bd_base["idle_total_s"].get<double>(), idle_ours = bd_ours["idle_total_s"].get<double>();
-    emit(make_row("e2e", name, {"steps_per_s", "steps/s", Better::higher},
-                  {med(ours, "steps_per_s"), med(*base, "steps_per_s")},
-                  "async max_staleness " + std::to_string(staleness) + " without in-flight updates",
+    emit(make_row("e2e", c.name, {"steps_per_s", "steps/s", Better::higher},
+                  {med(ours, "steps_per_s"), med(base, "steps_per_s")},
+                  "async max_staleness " + std::to_string(mb.staleness) + " without in-flight updates",
                   {{"max_staleness", 2},
-                   {"baseline_max_staleness", staleness},
+                   {"in_flight_min_lag", modes[static_cast<size_t>(c.ours)].min_lag},
+                   {"baseline_max_staleness", mb.staleness},
                    {"in_flight_every", kInFlightEvery},
                    {"grpo_steps_per_run", steps},
                    {"reps", reps},

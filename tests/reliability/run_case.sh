@@ -295,6 +295,8 @@ PY
     grep -q "async resume: the rollouts of steps 4..5, finished before the checkpoint, train first" "$W/err.txt"
     $PY $SRC/tests/e2e/check_run.py same_evals "$W/whole" "$W/killed"
     $CHECK episodes_once "$W/whole" "$W/killed"
+    run lag2 0 $AS --set rollout.in_flight_min_lag=2  # one switch, to the version after step k - 2
+    $CHECK in_flight "$W/lag2"
     ;;
   async_timing_free)  # async: which episodes train at which step, sampled by which version, does not
     # depend on timing: env calls delayed at random (faults.env_slow) give the same metrics and episodes

@@ -94,6 +94,7 @@ struct RolloutSection {
   // decode steps fixed by the config, never by timing; docs/weight_sync.md)
   bool in_flight_updates = false;
   int in_flight_every = 16;
+  int in_flight_min_lag = 1;  // step k's rollout moves at most to the version after step k - this
   std::string serve;    // HOST:PORT: each generator serves its policy over OpenAI-compatible HTTP ("" = off)
   int serve_slots = 16; // sequences the endpoint samples together
 };
