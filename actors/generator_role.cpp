@@ -41,7 +41,6 @@ Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg
     TROUPE_ASSIGN_OR_RETURN(g->staging_, make_policy(cfg));
     round_to_dtype(g->staging_.model->params(), g->dtype_);
     g->in_flight_ = std::make_shared<InFlightVersions>();
-    g->version_ = -1;  // the live model takes its first version from the first sync, as the others do
   }
   if (!cfg.rollout.serve.empty()) {  // the endpoint samples from a copy of its own, on its own thread
     TROUPE_ASSIGN_OR_RETURN(auto copy, make_policy(cfg));
@@ -162,11 +161,15 @@ Status Generator::stage_weights(const Weights& w) {
 
 Status Generator::take_version(int64_t version) {
   if (version < 0) version = in_flight_->newest(version_);
-  if (version == version_) return {};
+  if (version == version_ && live_synced_) return {};
   std::vector<float> p;
-  TROUPE_TRY(in_flight_->copy(version, p));
-  TROUPE_TRY(policy_.model->set_params(p));
+  if (Status st = in_flight_->copy(version, p); !st.ok()) {
+    if (version == version_) return {};  // nothing received yet: its own weights are that version
+    return st;
+  }
+  TROUPE_TRY(policy_.model->set_params(p));  // (the first sync's weights too, as the others take them)
   version_ = version;
+  live_synced_ = true;
   return {};
 }
 

@@ -145,6 +145,7 @@ class Generator {
   std::shared_ptr<InFlightVersions> in_flight_;           // in-flight: versions and step notices
   PolicyBundle staging_;                                  // in-flight: holds the newest version received
   int64_t staging_version_ = 0;
+  bool live_synced_ = false;                              // in-flight: the live model holds a received version
   int64_t version_ = 0;
   struct HeldWeights {
     int64_t version = 0;
