@@ -210,7 +210,7 @@ struct GenerateRep {
 // `checksums` (full, delta): per tensor of the model's table, the xxh3-64 of its values as the
 // receiver must hold them afterwards, in wire form (fp32 bytes, or the bf16 halves). With the probe on, `probe_tokens` and learner 0's log-probs
 // of them with exactly these weights travel along; the receiver computes its own and compares.
-// Only Generator::set_weights decodes and applies one.
+// Only Generator::apply_weights_to (set_weights; the staging copy with in-flight updates) decodes and applies one.
 struct Weights {
   static constexpr std::uint32_t type_id = 2012;
   static constexpr const char* type_name = "actors.Weights";
