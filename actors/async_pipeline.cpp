@@ -102,12 +102,15 @@ Status restore_pipeline(RunState& s, Pipeline& pl, const Bounds& b) {
     return {};
   }
   TROUPE_ASSIGN_OR_RETURN(auto p, decode_pipeline(bytes, "checkpoint " + std::string("pipeline.bin")));
-  if (p.max_staleness != staleness || p.async_chunks != chunks || p.trained_steps != pl.first_k) {
+  const int in_flight = s.cfg.rollout.in_flight_updates ? s.cfg.rollout.in_flight_every : 0;
+  const int min_lag = s.cfg.rollout.in_flight_updates ? s.cfg.rollout.in_flight_min_lag : 0;
+  if (p.max_staleness != staleness || p.async_chunks != chunks || p.in_flight_every != in_flight ||
+      p.in_flight_min_lag != min_lag || p.trained_steps != pl.first_k) {
     log("async resume: the checkpoint's " + std::to_string(p.finished.size()) +
         " finished rollouts are not used (saved with max_staleness " + std::to_string(p.max_staleness) +
-        ", async_chunks " + std::to_string(p.async_chunks) + " after GRPO step " + std::to_string(p.trained_steps) +
-        "; this run has " + std::to_string(staleness) + ", " + std::to_string(chunks) + ", " +
-        std::to_string(pl.first_k) + ")");
+        ", async_chunks " + std::to_string(p.async_chunks) + ", in-flight every " + std::to_string(p.in_flight_every) +
+        " after GRPO step " + std::to_string(p.trained_steps) + "; this run has " + std::to_string(staleness) + ", " +
+        std::to_string(chunks) + ", " + std::to_string(in_flight) + ", " + std::to_string(pl.first_k) + ")");
     return {};
   }
   int64_t last = -1;
@@ -230,18 +233,55 @@ Task<Status> run_grpo_async(RunState& s, int64_t first_k) {
     }
     if (result.ok()) result = co_await finish_step(s, k);
   }
-  // the rollout coroutine ends at its next wait, or when the round it is in is done
+  // the rollout coroutine ends at its next wait, or when the round it is in is done (with in-flight
+  // updates a generation waiting for a step that will not be trained goes on with what it has)
   pl.stop = true;
   pl.changed.notify_all();
+  if (s.cfg.rollout.in_flight_updates)
+    for (size_t g = 0; g < s.peers.generators.size(); ++g)
+      if (s.generator_alive(g)) (void)s.here->send(s.peers.generators[g], StepVersion{0, 0, true});
   (void)co_await ahead;
   s.async = nullptr;
   co_return result;
 }
 
+bool drains_after(const RunState& s, int64_t j) {
+  const int64_t K = s.cfg.grpo.max_steps;
+  if (j + 1 >= K) return true;  // the phase's last step (and none after it is trained)
+  const int64_t step = (s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0) + j + 1;
+  const bool eval = s.cfg.eval.every > 0 && step % s.cfg.eval.every == 0;
+  const bool save = s.cfg.checkpointing.enabled && s.cfg.checkpointing.every > 0 && step % s.cfg.checkpointing.every == 0;
+  return eval || save;
+}
+
+int64_t drained_through(const RunState& s, int64_t k) {
+  const Pipeline* pl = s.async;
+  const int64_t last = pl ? pl->last_k : k;
+  if (s.cfg.rollout.in_flight_updates && !drains_after(s, k)) return std::min(last, k + 1);
+  return std::min(last, k + s.cfg.rollout.max_staleness);
+}
+
+std::vector<int64_t> in_flight_steps(const RunState& s, int64_t k) {
+  const int64_t S = s.cfg.rollout.max_staleness;
+  const int64_t first_k = s.async ? s.async->first_k : 0;
+  int64_t cap = k - s.cfg.rollout.in_flight_min_lag;
+  for (int64_t j = std::max<int64_t>(0, k - S); j <= cap; ++j)
+    if (drains_after(s, j)) {
+      cap = j;
+      break;
+    }
+  std::vector<int64_t> steps;
+  for (int64_t i = 1; i <= S; ++i) {
+    const int64_t j = std::min(k - S - 1 + i, cap);
+    steps.push_back(j < first_k ? -1 : j);
+  }
+  return steps;
+}
+
 Task<Status> drain_pipeline(RunState& s, int64_t k) {
   Pipeline* pl = s.async;
   if (!pl) co_return Status{};
-  const int64_t target = std::min(pl->last_k, k + s.cfg.rollout.max_staleness);
+  const int64_t target = drained_through(s, k);
   while (!pl->ended && pl->produced < target) co_await pl->changed.wait();
   co_return Status{};
 }
@@ -252,9 +292,11 @@ std::optional<PipelineState> pipeline_snapshot(const RunState& s, int64_t k) {
   PipelineState p;
   p.max_staleness = s.cfg.rollout.max_staleness;
   p.async_chunks = s.cfg.rollout.async_chunks > 1 ? s.cfg.rollout.async_chunks : 1;
+  p.in_flight_every = s.cfg.rollout.in_flight_updates ? s.cfg.rollout.in_flight_every : 0;
+  p.in_flight_min_lag = s.cfg.rollout.in_flight_updates ? s.cfg.rollout.in_flight_min_lag : 0;
   p.trained_steps = k + 1;
   p.trained_episodes = s.trained_episodes;
-  const int64_t through = std::min(pl->produced, k + s.cfg.rollout.max_staleness);
+  const int64_t through = std::min(pl->produced, drained_through(s, k));
   for (const auto& [step, r] : pl->queue)
     if (step > k && step <= through && r.ok()) p.finished.emplace_back(step, *r);
   return p;

@@ -95,6 +95,9 @@ Task<Status> finish_grpo_step(RunState& s, const Rollout& r, const Prepared& p, 
     const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
     s.async->version_after[step - S - 1] = s.version;
     s.async->changed.notify_all();
+    if (s.cfg.rollout.in_flight_updates)  // after its Weights, so a generator holds the version it names
+      for (size_t g = 0; g < s.peers.generators.size(); ++g)
+        if (s.generator_alive(g)) (void)s.here->send(s.peers.generators[g], StepVersion{step - S - 1, s.version, false});
   }
   write_trajectories(s, r, p.adv, step);
   co_return s.emit(row);

@@ -72,6 +72,7 @@ struct Rollout {
   int64_t index0 = 0;
   int part = 0, parts = 1;  // streamed (rollout.async_chunks): which part of the step's groups
   double gen_s = 0, env_s = 0, idle_s = 0;
+  double version_wait_s = 0;  // in-flight updates: generation time spent waiting for versions (slowest generator)
   int retries = 0;  // env calls retried on another env worker
 };
 
@@ -179,6 +180,19 @@ Task<Status> run_grpo_async(RunState& s, int64_t first_k);
 // the eval's weights nor the checkpoint's contents depend on timing.
 Task<Status> drain_pipeline(RunState& s, int64_t k);
 // (pipeline_state.h: pipeline_snapshot, what a checkpoint keeps of the pipeline)
+// Whether the GRPO step j is a drain point whatever the timing: an eval or a checkpoint follows it
+// by the config (eval.every, checkpointing.every, the phase's last step).
+bool drains_after(const RunState& s, int64_t j);
+// The last step whose rollout drain_pipeline(s, k) finishes: k + max_staleness (at most the last
+// one produced); with in-flight updates after a step that is no drain point (a stop for time or
+// a signal), k + 1: later rollouts wait for versions of steps that will not be trained.
+int64_t drained_through(const RunState& s, int64_t k);
+// rollout.in_flight_updates: the GRPO steps whose versions step k's rollout moves to before decode
+// steps N, 2N, ... (N = rollout.in_flight_every; GenerateReq::in_flight_steps): k - S + i - 1 for
+// i = 1..S (S = max_staleness), none past k - rollout.in_flight_min_lag nor the first drain point
+// in [k - S, k - 1] (its drain waits for this rollout), -1 (stay) where the step comes before the
+// phase's first one.
+std::vector<int64_t> in_flight_steps(const RunState& s, int64_t k);
 
 // episodes.cpp: one multi-turn episode (token in, token out).
 struct Episode {

@@ -11,9 +11,12 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "in_flight_versions.h"
 #include "role_support.h"
 #include "troupe/actors/roles.h"
 
@@ -34,6 +37,11 @@ Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg
     else
       g->stop_strings_.push_back(s);  // cut after decoding
   }
+  if (cfg.rollout.async && cfg.rollout.in_flight_updates) {  // Weights decode on a copy of their own
+    TROUPE_ASSIGN_OR_RETURN(g->staging_, make_policy(cfg));
+    round_to_dtype(g->staging_.model->params(), g->dtype_);
+    g->in_flight_ = std::make_shared<InFlightVersions>();
+  }
   if (!cfg.rollout.serve.empty()) {  // the endpoint samples from a copy of its own, on its own thread
     TROUPE_ASSIGN_OR_RETURN(auto copy, make_policy(cfg));
     round_to_dtype(copy.model->params(), g->dtype_);
@@ -50,8 +58,13 @@ Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg
 }
 
 Status Generator::set_weights(const Weights& w) {
+  return apply_weights_to(*policy_.model, version_, w, engine_ && !holding_, probe_failure_);
+}
+
+Status Generator::apply_weights_to(policy::Model& model, int64_t& held, const Weights& w, bool to_engine,
+                                   std::string& probe_failure) {
   ack_ = Ack{};
-  ack_.value = version_;
+  ack_.value = held;
   ack_.version = w.version;
   // Not applied: the Ack says why, the error says it loudly; the weights and version held stay.
   auto not_applied = [&](WeightsStatus st, const std::string& why) -> Status {
@@ -60,32 +73,32 @@ Status Generator::set_weights(const Weights& w) {
     std::string msg = "generator: weights of version " + std::to_string(w.version) + " " + weights_status_name(st) +
                       ": " + why +
                       (st == WeightsStatus::probe_mismatch ? " (it holds them and will not sample until a sync passes)"
-                                                           : " (it keeps version " + std::to_string(version_) + ")");
+                                                           : " (it keeps version " + std::to_string(held) + ")");
     std::fprintf(stderr, "troupe: %s\n", msg.c_str());
     return make_error(ErrorCode::invalid_input, std::move(msg));
   };
   const auto encoding = static_cast<WeightEncoding>(w.encoding);
-  auto params = policy_.model->params();
+  auto params = model.params();
   if (encoding == WeightEncoding::raw) {
     if (w.params.size() != params.size())
       return not_applied(WeightsStatus::refused, std::to_string(w.params.size()) + " values for a model of " +
                                                      std::to_string(params.size()));
     std::vector<float> p = w.params;
     round_to_dtype(p, dtype_);
-    TROUPE_TRY(policy_.model->set_params(p));
+    TROUPE_TRY(model.set_params(p));
   } else {
-    if (encoding == WeightEncoding::delta && w.base_version != version_)
+    if (encoding == WeightEncoding::delta && w.base_version != held)
       return not_applied(WeightsStatus::refused, "a delta against version " + std::to_string(w.base_version) +
-                                                     ", but this generator holds version " + std::to_string(version_));
-    WeightsApplied r = apply_weights(w, params, policy_.model->tensors(), dtype_);
+                                                     ", but this generator holds version " + std::to_string(held));
+    WeightsApplied r = apply_weights(w, params, model.tensors(), dtype_);
     if (r.status != WeightsStatus::applied) return not_applied(r.status, r.detail);
   }
-  if (engine_ && !holding_) TROUPE_TRY(engine_->set_weights(w.version, std::vector<float>(params.begin(), params.end())));
-  version_ = w.version;
-  ack_.value = version_;
-  probe_failure_.clear();
+  if (to_engine) TROUPE_TRY(engine_->set_weights(w.version, std::vector<float>(params.begin(), params.end())));
+  held = w.version;
+  ack_.value = held;
+  probe_failure.clear();
   if (!w.probe_tokens.empty()) {
-    TROUPE_ASSIGN_OR_RETURN(auto mine, probe_logprobs(*policy_.model, w.probe_tokens));
+    TROUPE_ASSIGN_OR_RETURN(auto mine, probe_logprobs(model, w.probe_tokens));
     const std::int64_t at = first_bit_difference(mine, w.probe_logprobs);
     if (at >= 0) {
       auto value = [](const std::vector<float>& v, std::int64_t i) {
@@ -99,10 +112,10 @@ Status Generator::set_weights(const Weights& w) {
         std::snprintf(bits, sizeof bits, " (bits 0x%08x vs 0x%08x)", a, b);
       }
       ack_.probe_position = at;
-      probe_failure_ = "the probe log-prob at position " + std::to_string(at) + " is " + value(mine, at) +
+      probe_failure = "the probe log-prob at position " + std::to_string(at) + " is " + value(mine, at) +
                        " here, learner 0 computed " + value(w.probe_logprobs, at) + bits + " with the same " +
                        weight_dtype_name(dtype_) + " weights";
-      return not_applied(WeightsStatus::probe_mismatch, probe_failure_);
+      return not_applied(WeightsStatus::probe_mismatch, probe_failure);
     }
   }
   return {};
@@ -130,7 +143,43 @@ Status Generator::hold_weights(const Weights& w) {
   return st;
 }
 
-Status Generator::receive_weights(const Weights& w) { return cfg_.rollout.async ? hold_weights(w) : set_weights(w); }
+Status Generator::receive_weights(const Weights& w) {
+  if (in_flight_) return stage_weights(w);
+  return cfg_.rollout.async ? hold_weights(w) : set_weights(w);
+}
+
+Status Generator::stage_weights(const Weights& w) {
+  // Decoded against the newest version received (the staging model holds it) and checked now, so
+  // the Ack tells the sender at once; kept by version until a generation moves to it. A probe
+  // failure keeps the version out (a generation that needs it fails, naming it).
+  std::string probe_failure;
+  TROUPE_TRY(apply_weights_to(*staging_.model, staging_version_, w, false, probe_failure));
+  auto p = staging_.model->params();
+  in_flight_->add(staging_version_, std::vector<float>(p.begin(), p.end()));
+  return {};
+}
+
+Status Generator::take_version(int64_t version) {
+  if (version < 0) version = in_flight_->newest(version_);
+  if (version == version_ && live_synced_) return {};
+  std::vector<float> p;
+  if (Status st = in_flight_->copy(version, p); !st.ok()) {
+    if (version == version_) return {};  // nothing received yet: its own weights are that version
+    return st;
+  }
+  TROUPE_TRY(policy_.model->set_params(p));  // (the first sync's weights too, as the others take them)
+  version_ = version;
+  live_synced_ = true;
+  return {};
+}
+
+void Generator::step_done(const StepVersion& s) {
+  if (!in_flight_) return;
+  if (s.release)
+    in_flight_->release();
+  else
+    in_flight_->step_done(s.grpo_step, s.version);
+}
 
 Status Generator::use_version(int64_t version) {
   while (!held_.empty() && (version < 0 || held_.front().version <= version)) {
@@ -153,7 +202,12 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
     return make_error(ErrorCode::internal, "generator: will not sample with version " + std::to_string(version_) +
                                                ", which failed the weight-sync probe check: " + probe_failure_);
   auto t0 = std::chrono::steady_clock::now();
-  TROUPE_TRY(use_version(r.policy_version));
+  if (in_flight_) {
+    TROUPE_TRY(take_version(r.policy_version));
+    if (r.policy_version >= 0) in_flight_->drop_before(r.policy_version);  // later requests name newer ones
+  } else {
+    TROUPE_TRY(use_version(r.policy_version));
+  }
   const auto& tok = *policy_.tokenizer;
   GenerateRep rep;
   rep.policy_version = version_;
@@ -186,6 +240,23 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
   sp.stop_tokens = stop_tokens_;
   sp.seed = r.sampling.seed;
   sp.streams = r.sampling.streams;
+  // In-flight updates: before decode step i * every the weights move to the version after GRPO
+  // step in_flight_steps[i-1] (waited for: the switch points never depend on timing).
+  std::vector<std::pair<uint32_t, int64_t>> switches = {{0, version_}};  // (first token, version)
+  if (in_flight_ && r.in_flight_every > 0 && !r.in_flight_steps.empty()) {
+    sp.before_decode_step = [&](int t) -> Status {
+      if (t % r.in_flight_every != 0) return {};
+      const size_t i = static_cast<size_t>(t / r.in_flight_every);
+      if (i == 0 || i > r.in_flight_steps.size() || r.in_flight_steps[i - 1] < 0) return {};  // -1: stay
+      const auto w0 = std::chrono::steady_clock::now();
+      std::optional<int64_t> v = in_flight_->wait_step(r.in_flight_steps[i - 1]);
+      rep.version_wait_s += seconds_since(w0);
+      if (!v || *v == version_) return {};  // released: no newer version will come
+      TROUPE_TRY(take_version(*v));
+      switches.emplace_back(static_cast<uint32_t>(t), version_);
+      return {};
+    };
+  }
   TROUPE_ASSIGN_OR_RETURN(auto gens, policy_.model->generate(prompts, sp));
   for (size_t i = 0; i < gens.size(); ++i) {
     auto& s = rep.samples[i];
@@ -218,6 +289,12 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
       }
     }
     s.truncated = !stopped;
+    if (in_flight_)
+      for (const auto& [first, v] : switches)
+        if (first < s.tokens.size() || first == 0) {
+          s.version_starts.push_back(first);
+          s.versions.push_back(v);
+        }
   }
   rep.generate_s = seconds_since(t0);
   return rep;
@@ -269,9 +346,57 @@ class ComputeThread {
   std::thread thread_;
 };
 
+// rollout.in_flight_updates: generations run here, one at a time in arrival order, and reply
+// themselves, so that the actor's thread stays free for the Weights and StepVersion messages a
+// generation waits for (an actor thread never blocks on mail only its own mailbox delivers).
+class GenerationThread {
+ public:
+  GenerationThread(int nice, int threads) : thread_([this, nice, threads] { loop(nice, threads); }) {}
+  ~GenerationThread() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void post(std::function<void()> job) {
+    {
+      std::lock_guard lk(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void loop(int nice, int threads) {
+    if (nice != 0 && setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice) != 0)
+      std::fprintf(stderr, "troupe: warning: generator nice %d: %s\n", nice, std::strerror(errno));
+    use_threads(threads);
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;  // (generations not started are dropped: their requester is going too)
+      auto job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lk.unlock();
+      job();
+      lk.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int nice, int index, bool own_process)
     : gen_(std::move(gen)), threads_(threads), index_(index), own_process_(own_process) {
-  if (nice > 0) compute_ = std::make_unique<ComputeThread>(nice, threads);
+  if (gen_->in_flight())
+    generation_ = std::make_unique<GenerationThread>(nice, threads);
+  else if (nice > 0)
+    compute_ = std::make_unique<ComputeThread>(nice, threads);
   handle<GenerateReq>([this](runtime::Context& ctx, const GenerateReq& r) -> Status {
     const auto& f = gen_->config().faults;
     if (f.generator_death_step > 0 && r.step == f.generator_death_step && index_ == f.generator_death_rank) {
@@ -285,6 +410,23 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
       ctx.fail(died);
       return {};
     }
+    if (generation_) {  // the reply leaves from the generation thread
+      runtime::ActorSystem* sys = &ctx.system();
+      const runtime::ActorId self = ctx.self(), to = ctx.sender();
+      const bool request = ctx.header() && (ctx.header()->flags & runtime::kFlagRequest);
+      const std::uint64_t corr = ctx.header() ? ctx.header()->correlation : 0;
+      generation_->post([this, sys, self, to, request, corr, r] {
+        Result<GenerateRep> rep = gen_->generate(r);
+        if (!request) return;
+        if (rep.ok()) {
+          (void)sys->send_from(self, to, std::move(rep).value(), runtime::kFlagReply, corr, runtime::Overflow::block);
+        } else {
+          runtime::ErrorReply er{static_cast<std::int32_t>(rep.error().code), rep.error().message};
+          (void)sys->send_from(self, to, std::move(er), runtime::kFlagReply, corr, runtime::Overflow::block);
+        }
+      });
+      return {};
+    }
     Result<GenerateRep> rep = Error{};
     if (compute_) {
       compute_->run([&] { rep = gen_->generate(r); });
@@ -294,6 +436,10 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
     }
     if (!rep.ok()) return rep.error();
     return ctx.reply(std::move(rep).value());
+  });
+  handle<StepVersion>([this](runtime::Context&, const StepVersion& v) -> Status {
+    gen_->step_done(v);
+    return {};
   });
   handle<ServedTurnsReq>([this](runtime::Context& ctx, const ServedTurnsReq& r) -> Status {
     return ctx.reply(ServedTurnsRep{gen_->served_turns().take(r.episode_id)});
@@ -312,6 +458,9 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
   });
 }
 
-GeneratorActor::~GeneratorActor() = default;
+GeneratorActor::~GeneratorActor() {
+  // a generation waiting for a step that will not come goes on with what it has, and ends
+  if (generation_) gen_->step_done(StepVersion{0, 0, true});
+}
 
 }  // namespace troupe::actors

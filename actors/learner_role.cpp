@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -117,7 +118,9 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
     s.advantage = t.advantage;
     s.truncated = t.truncated;
     s.sampler_experts = t.experts;
-    s.score_mismatch = t.policy_version == version_;  // sampled by the weights held now
+    // sampled by the weights held now (in-flight updates: every token by them)
+    s.score_mismatch = t.versions.empty() ? t.policy_version == version_
+                                          : t.versions.size() == 1 && t.versions[0] == version_;
   }
   learner::MismatchSums stale_mismatch;
   if (phase == learner::Phase::grpo) {
@@ -187,10 +190,30 @@ Result<learner::MismatchSums> LearnerRole::score_stale(const TrainReq& r, const 
   while (!snapshots_.empty() && snapshots_.begin()->first < version_ - cfg_.rollout.max_staleness)
     snapshots_.erase(snapshots_.begin());
   std::map<int64_t, std::vector<const learner::Sample*>> by_version;
-  for (size_t i = 0; i < samples.size(); ++i)
-    if (r.samples[i].policy_version >= 0 && r.samples[i].policy_version != version_ &&
-        snapshots_.count(r.samples[i].policy_version))
-      by_version[r.samples[i].policy_version].push_back(&samples[i]);
+  // in-flight updates: a sample's tokens of each version, as a copy masked to them, scored with
+  // that version's weights (the current version's too when the sample has older tokens)
+  std::deque<learner::Sample> per_version;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const TrainSample& t = r.samples[i];
+    if (!t.versions.empty()) {
+      if (samples[i].score_mismatch) continue;  // the training forward scores it
+      const size_t n = t.completion.size();
+      for (size_t u = 0; u < t.versions.size(); ++u) {
+        if (!snapshots_.count(t.versions[u])) continue;
+        const size_t b = std::min<size_t>(t.version_starts[u], n);
+        const size_t e = u + 1 < t.versions.size() ? std::min<size_t>(t.version_starts[u + 1], n) : n;
+        if (e <= b) continue;
+        learner::Sample& part = per_version.emplace_back(samples[i]);
+        if (part.completion_mask.empty()) part.completion_mask.assign(n, 1.0f);
+        for (size_t x = 0; x < n; ++x)
+          if (x < b || x >= e) part.completion_mask[x] = 0.0f;
+        by_version[t.versions[u]].push_back(&part);
+      }
+      continue;
+    }
+    if (t.policy_version >= 0 && t.policy_version != version_ && snapshots_.count(t.policy_version))
+      by_version[t.policy_version].push_back(&samples[i]);
+  }
   if (by_version.empty()) return stale_mismatch_;
   // Each older version's samples are scored with that version's weights (every rank scores all of
   // them, so the sums need no reduction), then the current weights come back bit for bit.

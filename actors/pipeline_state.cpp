@@ -29,20 +29,25 @@ void load(A& ar, Rollout::Group& g) {
 template <class A>
 void serialize(A& ar, Rollout& r) {
   ar(r.groups, r.policy_version, r.sample_version, r.round, r.rounds, r.seed_base, r.index0, r.part, r.parts, r.gen_s,
-     r.env_s, r.idle_s, r.retries);
+     r.env_s, r.idle_s, r.version_wait_s, r.retries);
 }
 
 template <class A>
 void save(A& ar, const PipelineState& p) {
-  ar(p.format, p.max_staleness, p.async_chunks, p.trained_steps, p.trained_episodes,
+  ar(p.format, p.max_staleness, p.async_chunks, p.in_flight_every, p.in_flight_min_lag, p.trained_steps,
+     p.trained_episodes,
      static_cast<uint64_t>(p.finished.size()));
   for (const auto& [k, r] : p.finished) ar(k, r);
 }
 template <class A>
 void load(A& ar, PipelineState& p) {
   uint64_t n = 0;
-  ar(p.format, p.max_staleness, p.async_chunks, p.trained_steps, p.trained_episodes, n);
-  if (p.format != 1) throw std::runtime_error("format " + std::to_string(p.format) + " (this troupe reads 1)");
+  ar(p.format);
+  if (p.format != 2)
+    throw std::runtime_error("format " + std::to_string(p.format) +
+                             " (this troupe reads 2; format 1 predates per-token policy versions)");
+  ar(p.max_staleness, p.async_chunks, p.in_flight_every, p.in_flight_min_lag, p.trained_steps, p.trained_episodes,
+     n);
   if (n > ar.remaining()) throw std::runtime_error("claims " + std::to_string(n) + " rollouts");
   p.finished.resize(n);
   for (auto& [k, r] : p.finished) ar(k, r);

@@ -17,10 +17,12 @@ namespace troupe::actors::coord {
 
 struct PipelineState {
   static constexpr const char* type_name = "actors.PipelineState";
-  int32_t format = 1;
+  int32_t format = 2;  // 2: samples carry per-token versions (GenSample::version_starts)
   // the pipeline's shape when it was saved: a resume with another one cannot use the rollouts
   int32_t max_staleness = 0;
   int32_t async_chunks = 1;
+  int32_t in_flight_every = 0;    // rollout.in_flight_every with in_flight_updates on, else 0
+  int32_t in_flight_min_lag = 0;  // rollout.in_flight_min_lag with in_flight_updates on, else 0
   int64_t trained_steps = 0;     // GRPO steps [0, trained_steps) are trained
   int64_t trained_episodes = 0;  // their episodes (groups x samples, every round)
   // Rollouts finished and scored but not trained, in the order they train: (GRPO step k, the

@@ -1,5 +1,6 @@
 // actors.roles: the roles without an actor system — prompt formatting, the generator's truncation
-// and prompt-cut records, weight sync from learner to generator with its version, the env worker's
+// and prompt-cut records, weight sync from learner to generator with its version (held back in async
+// mode, switched mid-decode with in-flight updates), the env worker's
 // batched verify on the arithmetic env, stop strings, the YAML -> learner settings mapping, per-role compute
 // threads, the generator actor on a low-priority thread, and rollout.serve: the generator's serving
 // engine following the weights and served turns becoming training samples.
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "tiny_config.test.h"
@@ -217,6 +219,79 @@ TEST(Roles, GeneratorSamplesWithTheVersionItIsAskedFor) {
   EXPECT_FALSE((*g)->generate(probe).ok());
   probe.policy_version = -1;  // the newest it has
   EXPECT_TRUE((*g)->generate(probe).ok());
+}
+
+// In-flight updates: a generation moves to newer versions before decode steps every, 2*every, ...,
+// once the coordinator says which version each named step ended with (it waits until then); each
+// sample records where each version's tokens start. The tokens before the first switch are those
+// of a generation with the first version alone.
+TEST(Roles, GeneratorMovesToNewerVersionsMidDecode) {
+  auto cfg = tiny();
+  cfg.rollout.async = true;
+  cfg.rollout.in_flight_updates = true;
+  cfg.rollout.max_staleness = 2;
+  auto g = Generator::create(cfg);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE((*g)->in_flight());
+  auto l = LearnerRole::create(cfg, nullptr);
+  ASSERT_TRUE(l.ok());
+  Weights v0 = (*l)->weights(), v1 = v0, v2 = v0;
+  v1.version = 1;
+  for (auto& p : v1.params) p *= 1.5f;
+  v2.version = 2;
+  for (auto& p : v2.params) p = -p;
+  for (const Weights* w : {&v0, &v1, &v2}) ASSERT_TRUE((*g)->receive_weights(*w).ok());
+  EXPECT_EQ((*g)->weights_ack().value, 2);  // decoded and checked at once (on the staging copy)
+  GenerateReq req;
+  req.prompts.assign(8, "1+2=");
+  req.sampling.max_new_tokens = 6;
+  req.sampling.seed = 5;
+  req.policy_version = 0;
+  auto plain = (*g)->generate(req);  // version 0 alone
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  req.in_flight_steps = {10, 11};  // before decode step 2: the version after GRPO step 10, step 4: after 11
+  req.in_flight_every = 2;
+  Result<GenerateRep> moved = Error{};
+  std::thread t([&] { moved = (*g)->generate(req); });
+  (*g)->step_done(StepVersion{10, 1, false});
+  (*g)->step_done(StepVersion{11, 2, false});
+  t.join();
+  ASSERT_TRUE(moved.ok()) << moved.error().message;
+  EXPECT_EQ(moved->policy_version, 0);
+  int switched = 0;
+  for (size_t i = 0; i < moved->samples.size(); ++i) {
+    const auto& x = moved->samples[i];
+    const auto& y = plain->samples[i];
+    std::vector<uint32_t> starts = {0};
+    std::vector<int64_t> versions = {0};
+    if (x.tokens.size() > 2) starts.push_back(2), versions.push_back(1);
+    if (x.tokens.size() > 4) starts.push_back(4), versions.push_back(2);
+    EXPECT_EQ(x.version_starts, starts) << i;
+    EXPECT_EQ(x.versions, versions) << i;
+    switched += versions.size() > 1;
+    const size_t n = std::min<size_t>({2, x.tokens.size(), y.tokens.size()});
+    for (size_t j = 0; j < n; ++j) {  // sampled by version 0 in both
+      EXPECT_EQ(x.tokens[j], y.tokens[j]);
+      EXPECT_EQ(x.logprobs[j], y.logprobs[j]);
+    }
+  }
+  EXPECT_GT(switched, 0);
+  // the next request starts with its own version again (kept: versions from the last request's on)
+  req.in_flight_steps = {12};
+  req.policy_version = 1;
+  Result<GenerateRep> released = Error{};
+  std::thread t2([&] { released = (*g)->generate(req); });
+  (*g)->step_done(StepVersion{0, 0, true});  // no step 12 will come: it goes on with version 1
+  t2.join();
+  ASSERT_TRUE(released.ok()) << released.error().message;
+  for (const auto& x : released->samples) EXPECT_EQ(x.versions, std::vector<int64_t>{1});
+  req.in_flight_steps.clear();
+  req.policy_version = 0;  // dropped once a request started with version 1
+  auto gone = (*g)->generate(req);
+  ASSERT_FALSE(gone.ok());
+  EXPECT_NE(gone.error().message.find("asked to sample with policy version 0 but it holds versions 1, 2"),
+            std::string::npos)
+      << gone.error().message;
 }
 
 TEST(Roles, LearnerTrainsOnAStreamedBatchAsOnTheWhole) {

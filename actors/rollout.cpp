@@ -58,6 +58,7 @@ Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k, int64_t
     r.gen_s += more.gen_s;
     r.env_s += more.env_s;
     r.retries += more.retries;
+    r.version_wait_s += more.version_wait_s;
     r.policy_version = std::min(r.policy_version, more.policy_version);
     for (auto& g : more.groups) r.groups.push_back(std::move(g));
   }
@@ -169,6 +170,10 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
                       std::move(streams)};
       req.policy_version = version;
       req.step = step;
+      if (s.async && ro.in_flight_updates) {
+        req.in_flight_steps = in_flight_steps(s, k);
+        req.in_flight_every = ro.in_flight_every;
+      }
       part.reqs.resize(NG);
       part.reqs[g] = req;
       part.gens.back().emplace(
@@ -183,12 +188,14 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
   for (int c = 0; c < C; ++c) {
     auto& part = parts[c];
     int64_t sampled_by = -1;
+    double version_wait = 0;
     for (size_t g = 0; g < NG; ++g) {
       if (!part.gens[g]) continue;
       Result<GenerateRep> got = co_await *part.gens[g];
       if (!got.ok()) got = co_await generation_failover(s, std::move(got), part.reqs[g], g);
       TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(got));
       sampled_by = sampled_by < 0 ? rep.policy_version : std::min(sampled_by, rep.policy_version);
+      version_wait = std::max(version_wait, rep.version_wait_s);
       size_t n = 0;
       for (int i : part.owned[g]) {
         r.groups[i].samples.reserve(static_cast<size_t>(ro.num_generations));
@@ -223,6 +230,7 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     const double env_s = mono_s() - t_env;
     r.gen_s += gen_s;
     r.env_s += env_s;
+    r.version_wait_s += version_wait;
     t_gen = mono_s();
     if (sink) {  // this part's groups move to the learner's side now
       Rollout out;

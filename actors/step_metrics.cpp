@@ -72,6 +72,25 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
               {"groups_generated", r.groups.size()},
               {"groups_kept", p.groups_kept},
               {"generation_rounds", r.rounds}};
+  if (s.cfg.rollout.in_flight_updates) {
+    // each completion token's lag behind the learners' version (tokens of every generated sample)
+    double sum = 0, tokens = 0;
+    int64_t worst = 0;
+    for (const auto& g : r.groups)
+      for (const auto& x : g.samples)
+        for (size_t i = 0; i < x.versions.size(); ++i) {
+          const size_t b = std::min<size_t>(x.version_starts[i], x.tokens.size());
+          const size_t e = i + 1 < x.versions.size() ? std::min<size_t>(x.version_starts[i + 1], x.tokens.size())
+                                                     : x.tokens.size();
+          if (e <= b) continue;
+          const int64_t l = s.version - x.versions[i];
+          sum += static_cast<double>(l) * static_cast<double>(e - b);
+          tokens += static_cast<double>(e - b);
+          worst = std::max(worst, l);
+        }
+    row["token_staleness_mean"] = tokens > 0 ? sum / tokens : 0.0;
+    row["token_staleness_max"] = worst;
+  }
   for (auto& [name, v] : per_env) {
     row["reward_mean/" + name] = v.first / std::max(1, v.second);
     row["prompts/" + name] = v.second / std::max(1, G);  // groups sampled from this env (envs[].weight)
@@ -117,7 +136,9 @@ void add_grpo_timings(const RunState& s, json& row, const Rollout& r, const Trai
   double resp_len = 0;
   for (const auto& g : r.groups)
     for (const auto& x : g.samples) resp_len += static_cast<double>(x.tokens.size());
-  double idle = s.async ? gen_idle : std::max(0.0, step_s - r.gen_s - r.env_s);
+  // (in-flight updates: a generation waiting for a newer version is idle too)
+  double idle = s.async ? gen_idle + r.version_wait_s : std::max(0.0, step_s - r.gen_s - r.env_s);
+  if (s.cfg.rollout.in_flight_updates) row["version_wait_s"] = r.version_wait_s;
   row["gen_s"] = r.gen_s;
   row["env_s"] = r.env_s;
   row["learner_s"] = tr.learner_s;

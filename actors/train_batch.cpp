@@ -77,6 +77,8 @@ Result<Prepared> prepare(const RunState& s, const Rollout& r) {
         }
         t.mask = x.mask;
         t.policy_version = r.policy_version;
+        t.version_starts = x.version_starts;  // in-flight updates: each token's version
+        t.versions = x.versions;
         if (x.mask.empty()) t.experts = x.experts;  // single-turn: one record per completion token
         t.advantage = p.adv[gi * G + j];
         t.truncated = x.truncated;

@@ -54,7 +54,7 @@ void write_trajectories(const RunState& s, const Rollout& r, const std::vector<f
           turn.experts.assign(x.experts.begin() + static_cast<std::ptrdiff_t>(b * w),
                               x.experts.begin() + static_cast<std::ptrdiff_t>(e * w));
         }
-        turn.policy_version = r.policy_version;
+        turn.policy_version = r.policy_version;  // (in-flight updates: the first; extra.token_versions has each)
         turn.completion = x.turn_texts.size() > u ? x.turn_texts[u] : x.text;
         turn.truncated = u + 1 == turns && x.truncated;
         // turn 0 saw the prompt (in "prompt"); later turns the env's feedback
@@ -88,6 +88,11 @@ void write_trajectories(const RunState& s, const Rollout& r, const std::vector<f
       t.start_unix_s = now_unix - t.total_s;
       // the episode's identity in the ledger: the step's prompt index and the sample of its group
       t.extra = {{"advantage", adv[gi * G + j]}, {"prompt_index", g.index}, {"sample", j}};
+      if (!x.versions.empty()) {  // in-flight updates: [first completion token, policy version] per switch
+        json tv = json::array();
+        for (size_t i = 0; i < x.versions.size(); ++i) tv.push_back({x.version_starts[i], x.versions[i]});
+        t.extra["token_versions"] = std::move(tv);
+      }
       (void)(*w)->write(t);
     }
   }

@@ -688,6 +688,26 @@ class Loader {
             "advantages computed within each group (scale_rewards group or none, adv_estimator grpo or "
             "rloo): batch statistics need the whole batch");
     }
+    // In-flight weight updates: one single-turn generation request per generator and step, whose
+    // switch points the coordinator fixes from the config (async_pipeline.cpp).
+    if (c.rollout.in_flight_updates) {
+      auto in_flight_error = [&](const std::string& why) {
+        error(at("rollout.in_flight_updates"), "rollout.in_flight_updates", "needs " + why);
+      };
+      if (!c.rollout.async) in_flight_error("rollout.async: true (sync mode samples every step with the newest weights)");
+      if (c.rollout.async && c.rollout.max_staleness < 1)
+        in_flight_error("rollout.max_staleness >= 1 (with 0 a rollout has no newer version to move to)");
+      if (c.rollout.async_chunks > 1)
+        in_flight_error("rollout.async_chunks: 1 (streamed parts are not supported with in-flight updates)");
+      if (c.rollout.async && c.rollout.in_flight_min_lag > c.rollout.max_staleness)
+        error(at("rollout.in_flight_min_lag"), "rollout.in_flight_min_lag",
+              std::to_string(c.rollout.in_flight_min_lag) + " is more than rollout.max_staleness (" +
+                  std::to_string(c.rollout.max_staleness) + "): no version would be newer than the rollout's first");
+      if (c.rollout.max_turns > 1)
+        in_flight_error("rollout.max_turns: 1 (multi-turn episodes are not supported with in-flight updates)");
+      if (!c.rollout.serve.empty())
+        in_flight_error("no rollout.serve (the endpoint's copy of the policy is not switched mid-decode)");
+    }
     if (c.cluster.curve) {
       if (c.cluster.transport != "tcp")
         error(at("cluster.curve"), "cluster.curve", "CURVE secures tcp: set cluster.transport: tcp");

@@ -145,6 +145,25 @@ TEST(Config, EveryNumericKeyHasARange) {
   }
 }
 
+TEST(Config, InFlightUpdatesNeedAsyncSingleTurnUnstreamed) {
+  auto m = load_error(std::string(kMinimal) + "rollout:\n  in_flight_updates: true\n");
+  EXPECT_NE(m.find("x.yaml:4:3: error: rollout.in_flight_updates: needs rollout.async: true"), std::string::npos) << m;
+  const std::string async = std::string(kMinimal) + "rollout:\n  async: true\n  in_flight_updates: true\n";
+  m = load_error(async + "  max_staleness: 0\n");
+  EXPECT_NE(m.find("needs rollout.max_staleness >= 1"), std::string::npos) << m;
+  m = load_error(async + "  async_chunks: 2\n");
+  EXPECT_NE(m.find("needs rollout.async_chunks: 1"), std::string::npos) << m;
+  m = load_error(async + "  max_turns: 2\n");
+  EXPECT_NE(m.find("needs rollout.max_turns: 1"), std::string::npos) << m;
+  m = load_error(async + "  serve: 127.0.0.1:0\n");
+  EXPECT_NE(m.find("needs no rollout.serve"), std::string::npos) << m;
+  m = load_error(async + "  max_staleness: 2\n  in_flight_min_lag: 3\n");
+  EXPECT_NE(m.find("rollout.in_flight_min_lag: 3 is more than rollout.max_staleness (2)"), std::string::npos) << m;
+  m = load_error(async + "  in_flight_every: 0\n");
+  EXPECT_NE(m.find("rollout.in_flight_every"), std::string::npos) << m;
+  EXPECT_TRUE(load_config_text(async + "  in_flight_every: 4\n", "x.yaml", {}).ok());
+}
+
 TEST(Config, AsyncChunksNeedsOneUpdateFromGroupLocalParts) {
   auto m = load_error(std::string(kMinimal) + "rollout:\n  async_chunks: 4\n");
   EXPECT_NE(m.find("x.yaml:4:3: error: rollout.async_chunks: 4 parts per step need rollout.async: true"),

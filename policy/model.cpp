@@ -880,6 +880,7 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
       pos[i] = plen[b] + static_cast<int32_t>(out[b].tokens.size()) - 1;
       kv_len[i] = pos[i] + 1;
     }
+    if (sp.before_decode_step) TROUPE_TRY(sp.before_decode_step(step + 1));
     rope_tables(dm.rope_cos.data(), dm.rope_sin.data(), pos.data(), n_active, HD, cfg.rope_theta, inv_freq,
                 *be);
     const float* x = run_layers(tok.data(), n_active, dm, true);

@@ -7,12 +7,18 @@
 // process's CPU time, per step (the roles share the cores here, so a waiting role's cores are not always
 // idle). Both modes run the same config (cluster.generator_nice 19: sampling yields to the learner); async
 // streams each step to the learner in rollout.async_chunks parts, as configs/async.yaml does.
+// Cases in_flight_vs_staleness1/2 and in_flight_lag2_vs_staleness1/2 (one set of interleaved runs):
+// async with in-flight weight updates (max_staleness 2, a switch every kInFlightEvery decode steps;
+// rollout.in_flight_min_lag 1, and 2) vs async without them at max_staleness 1 and 2, all unstreamed
+// (async_chunks 1, which in-flight updates need): steps/s, idle, and the mean staleness of the
+// trained tokens.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <unistd.h>
 
 #include <omp.h>
@@ -27,6 +33,7 @@ namespace {
 
 constexpr int kGeneratorNice = 19;  // both modes: sampling yields to the learner
 constexpr int kAsyncChunks = 4;     // async: parts per step streamed to the learner (configs/async.yaml)
+constexpr int kInFlightEvery = 2;   // in-flight: decode steps between switches (the quickstart samples <= 6 tokens)
 namespace fs = std::filesystem;
 
 struct Measured {
@@ -34,18 +41,30 @@ struct Measured {
   std::map<std::string, double> per_step;  // mean seconds per GRPO step
 };
 
+struct Mode {
+  bool async = false;
+  int staleness = 1;
+  int chunks = 1;
+  bool in_flight = false;
+  int min_lag = 1;
+  std::string name() const {
+    return async ? "async" + std::to_string(staleness) + (in_flight ? "_inflight" + std::to_string(min_lag) : "")
+                 : "sync";
+  }
+};
+
 // One run of the quickstart's GRPO phase; nullopt-like (steps_per_s 0) on failure.
-Measured run_once(bool async, int steps, int rep) {
+Measured run_once(const Mode& mode, int steps, int rep) {
   Measured m;
   std::string dir = (fs::temp_directory_path() / ("troupe_bench_e2e_" + std::to_string(getpid()) + "_" +
-                                                  (async ? "async_" : "sync_") + std::to_string(rep)))
+                                                  mode.name() + "_" + std::to_string(rep)))
                         .string();
   fs::remove_all(dir);
   std::vector<std::string> sets = {"run.dir=" + dir,
                                    "sft.enabled=false",
                                    "grpo.max_steps=" + std::to_string(steps),
-                                   "rollout.async=" + std::string(async ? "true" : "false"),
-                                   "rollout.max_staleness=1",
+                                   "rollout.async=" + std::string(mode.async ? "true" : "false"),
+                                   "rollout.max_staleness=" + std::to_string(mode.staleness),
                                    "eval.every=0",
                                    "eval.num_prompts=8",
                                    "checkpointing.enabled=false",
@@ -53,7 +72,12 @@ Measured run_once(bool async, int steps, int rep) {
                                    "logger.progress=off",
                                    "logger.trajectories=false",
                                    "cluster.generator_nice=" + std::to_string(kGeneratorNice),
-                                   "rollout.async_chunks=" + std::to_string(async ? kAsyncChunks : 1)};
+                                   "rollout.async_chunks=" + std::to_string(mode.chunks)};
+  if (mode.in_flight) {
+    sets.push_back("rollout.in_flight_updates=true");
+    sets.push_back("rollout.in_flight_every=" + std::to_string(kInFlightEvery));
+    sets.push_back("rollout.in_flight_min_lag=" + std::to_string(mode.min_lag));
+  }
   auto loaded = launch::load_config(std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.yaml", sets);
   if (!loaded.ok()) {
     std::fprintf(stderr, "bench e2e: %s\n", loaded.error().message.c_str());
@@ -77,6 +101,12 @@ Measured run_once(bool async, int steps, int rep) {
     m.per_step[k] = sum / static_cast<double>(rows.size() - 1);
   }
   m.per_step["idle_total_s"] = m.per_step["idle_s"] + m.per_step["learner_idle_s"];
+  {  // the trained tokens' lag behind the learners (without in-flight updates: the rollout's)
+    double sum = 0;
+    for (size_t i = 1; i < rows.size(); ++i)
+      sum += rows[i].value("token_staleness_mean", rows[i].value("staleness", 0.0));
+    m.per_step["token_staleness_mean"] = sum / static_cast<double>(rows.size() - 1);
+  }
   // cores x wall - the process's CPU time, over the same steps (metrics rows carry process_cpu_s)
   const double cpu_phase = rows.back().value("process_cpu_s", 0.0) - rows.front().value("process_cpu_s", 0.0);
   m.per_step["core_idle_s"] =
@@ -84,26 +114,97 @@ Measured run_once(bool async, int steps, int rep) {
   return m;
 }
 
+double med(const std::vector<Measured>& v, const std::string& key) {
+  std::vector<double> x;
+  for (const auto& m : v) x.push_back(key == "steps_per_s" ? m.steps_per_s : m.per_step.at(key));
+  return median(x);
+}
+
+// In-flight updates (max_staleness 2; min_lag 1 and 2) vs async without them at max_staleness 1 and 2.
+int run_in_flight(const BenchOptions& opt) {
+  struct Case {
+    const char* name;
+    int ours;  // index into modes
+    int base;
+  };
+  const std::vector<Case> cases = {{"in_flight_vs_staleness1", 0, 2},
+                                   {"in_flight_vs_staleness2", 0, 3},
+                                   {"in_flight_lag2_vs_staleness1", 1, 2},
+                                   {"in_flight_lag2_vs_staleness2", 1, 3}};
+  const std::vector<Mode> modes = {{true, 2, 1, true, 1}, {true, 2, 1, true, 2}, {true, 1, 1, false, 1},
+                                   {true, 2, 1, false, 1}};
+  std::vector<char> needed(modes.size(), 0);
+  bool any = false;
+  for (const auto& c : cases)
+    if (opt.wants(c.name)) needed[static_cast<size_t>(c.ours)] = needed[static_cast<size_t>(c.base)] = 1, any = true;
+  if (!any) return 0;
+  const int steps = opt.quick ? 12 : 30;
+  const int reps = std::max(5, opt.reps);
+  std::vector<std::vector<Measured>> runs(modes.size());
+  for (int r = 0; r < reps; ++r)  // interleaved, the first one rotating
+    for (size_t i = 0; i < modes.size(); ++i) {
+      const size_t m = (static_cast<size_t>(r) + i) % modes.size();
+      if (!needed[m]) continue;
+      runs[m].push_back(run_once(modes[m], steps, r));
+      if (runs[m].back().steps_per_s <= 0) {
+        std::fprintf(stderr, "bench e2e: in_flight: a run (%s) failed\n", modes[m].name().c_str());
+        return 1;
+      }
+    }
+  auto breakdown = [](const std::vector<Measured>& v) {
+    nlohmann::json bd;
+    for (const char* k : {"gen_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s", "idle_total_s", "step_s",
+                          "token_staleness_mean"})
+      bd[std::string(k) == "gen_s" ? "generation_s" : std::string(k) == "idle_s" ? "generator_idle_s" : k] = med(v, k);
+    return bd;
+  };
+  for (const auto& c : cases) {
+    if (!opt.wants(c.name)) continue;
+    const auto& ours = runs[static_cast<size_t>(c.ours)];
+    const auto& base = runs[static_cast<size_t>(c.base)];
+    const Mode& mb = modes[static_cast<size_t>(c.base)];
+    const nlohmann::json bd_ours = breakdown(ours), bd_base = breakdown(base);
+    const double idle_base = bd_base["idle_total_s"].get<double>(), idle_ours = bd_ours["idle_total_s"].get<double>();
+    emit(make_row("e2e", c.name, {"steps_per_s", "steps/s", Better::higher},
+                  {med(ours, "steps_per_s"), med(base, "steps_per_s")},
+                  "async max_staleness " + std::to_string(mb.staleness) + " without in-flight updates",
+                  {{"max_staleness", 2},
+                   {"in_flight_min_lag", modes[static_cast<size_t>(c.ours)].min_lag},
+                   {"baseline_max_staleness", mb.staleness},
+                   {"in_flight_every", kInFlightEvery},
+                   {"grpo_steps_per_run", steps},
+                   {"reps", reps},
+                   {"idle_total_s", idle_ours},
+                   {"baseline_idle_total_s", idle_base},
+                   {"idle_removed_frac", idle_base > 0 ? 1.0 - idle_ours / idle_base : 0.0},
+                   {"token_staleness_mean", bd_ours["token_staleness_mean"]},
+                   {"baseline_token_staleness_mean", bd_base["token_staleness_mean"]},
+                   {"breakdown_per_step", bd_ours},
+                   {"breakdown_baseline_per_step", bd_base},
+                   {"cores", omp_get_num_procs()},
+                   {"generator_nice", kGeneratorNice},
+                   {"async_chunks", 1}}));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_e2e_suite(const BenchOptions& opt) {
+  if (int rc = run_in_flight(opt); rc != 0) return rc;
   if (!opt.wants("async_vs_sync")) return 0;
   int steps = opt.quick ? 12 : 30;
   int reps = std::max(5, opt.reps);
   std::vector<Measured> async_runs, sync_runs;
+  const Mode async{true, 1, kAsyncChunks, false}, sync{};
   for (int r = 0; r < reps; ++r) {  // interleaved: async, sync, async, sync, ...
-    async_runs.push_back(run_once(true, steps, r));
-    sync_runs.push_back(run_once(false, steps, r));
+    async_runs.push_back(run_once(async, steps, r));
+    sync_runs.push_back(run_once(sync, steps, r));
     if (async_runs.back().steps_per_s <= 0 || sync_runs.back().steps_per_s <= 0) {
       std::fprintf(stderr, "bench e2e: async_vs_sync: a run failed\n");
       return 1;
     }
   }
-  auto med = [](const std::vector<Measured>& v, const std::string& key) {
-    std::vector<double> x;
-    for (const auto& m : v) x.push_back(key == "steps_per_s" ? m.steps_per_s : m.per_step.at(key));
-    return median(x);
-  };
   nlohmann::json bd_async, bd_sync;
   for (const char* k : {"gen_s", "env_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s",
                         "idle_total_s", "core_idle_s", "step_s"}) {

@@ -95,7 +95,8 @@ elif cmd == "episodes_once":
             key = (t["step"], t["extra"]["prompt_index"], t["extra"]["sample"])
             if key in seen:
                 fail(f"{run_dir}: episode {key} is in the trajectory log twice")
-            seen[key] = ([u["completion_tokens"] for u in t["turns"]], [u["policy_version"] for u in t["turns"]])
+            seen[key] = ([u["completion_tokens"] for u in t["turns"]], [u["policy_version"] for u in t["turns"]],
+                         t["extra"].get("token_versions"))
         return seen
     a, b = episodes(run), episodes(sys.argv[3])
     if a.keys() != b.keys():
@@ -105,6 +106,28 @@ elif cmd == "episodes_once":
         if a[key] != b[key]:
             fail(f"episode {key}: tokens or policy version differ: {a[key]} vs {b[key]}")
     print("episodes exactly once, identical in both:", len(a))
+elif cmd == "in_flight":
+    # in-flight weight updates: some completions change version mid-way, each token's version is
+    # at least the rollout's first, and the rows report per-token staleness below the rollout's
+    switched = 0
+    for t in trajs(run):
+        tv = t["extra"].get("token_versions")
+        if not tv:
+            fail(f"{t['episode_id']}: no extra.token_versions")
+        n = len(t["turns"][0]["completion_tokens"])
+        if tv[0][0] != 0 or tv[0][1] != t["turns"][0]["policy_version"]:
+            fail(f"{t['episode_id']}: token_versions {tv} do not start at token 0 with the turn's version")
+        if any(b[0] <= a[0] or b[1] <= a[1] or b[0] >= n for a, b in zip(tv, tv[1:])):
+            fail(f"{t['episode_id']}: token_versions {tv} not increasing within {n} tokens")
+        switched += len(tv) > 1
+    if not switched:
+        fail("no completion changed policy version mid-way")
+    grpo = [r for r in rows(run) if r.get("phase") == "grpo" and "eval_accuracy" not in r]
+    if not all("token_staleness_mean" in r and r["token_staleness_mean"] <= r["staleness"] for r in grpo):
+        fail("a GRPO row lacks token_staleness_mean or reports more than its rollout's staleness")
+    if not any(r["token_staleness_mean"] < r["staleness"] for r in grpo):
+        fail("no step's tokens are fresher than its rollout's first version")
+    print("in-flight:", switched, "completions switched version mid-way")
 elif cmd == "ledger":
     with open(os.path.join(run, "state.json")) as f:
         state = json.load(f)

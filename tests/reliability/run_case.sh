@@ -274,6 +274,30 @@ PY
     $PY $SRC/tests/e2e/check_run.py same "$W/whole" "$W/short"
     $CHECK episodes_once "$W/whole" "$W/short"
     ;;
+  async_in_flight_resume)  # async with in-flight weight updates (max_staleness 2, a switch every 2 decode
+    # steps): token versions change mid-completion; two runs, a run with env calls delayed at random
+    # and a run killed mid-way then resumed give the same metrics, evals and episodes (tokens and
+    # per-token versions) bit for bit
+    AS="--set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic --set rollout.async=true
+        --set rollout.max_staleness=2 --set rollout.in_flight_updates=true --set rollout.in_flight_every=2
+        --set rollout.max_response_length=8 --set rollout.stale_policy=importance_weight --set grpo.max_steps=7
+        --set eval.every=3 --set checkpointing.enabled=true --set checkpointing.every=3
+        --set checkpointing.keep_last=10 --set optimizer.schedule=constant"
+    run whole 0 $AS
+    $CHECK in_flight "$W/whole"
+    run again 0 $AS --set faults.env_slow=0.3 --set faults.env_slow_s=0.02
+    $PY $SRC/tests/e2e/check_run.py same_evals "$W/whole" "$W/again"
+    $CHECK episodes_once "$W/whole" "$W/again"
+    run killed 137 $AS --set faults.learner_death_step=5
+    test "$(readlink "$W/killed/checkpoints/latest")" = step_3
+    $CHECK ledger "$W/killed/checkpoints/step_3" 3 2
+    expect_exit 0 "$TROUPE" run "$CFG" --resume "$W/killed" $AS --set faults.learner_death_step=0
+    grep -q "async resume: the rollouts of steps 4..5, finished before the checkpoint, train first" "$W/err.txt"
+    $PY $SRC/tests/e2e/check_run.py same_evals "$W/whole" "$W/killed"
+    $CHECK episodes_once "$W/whole" "$W/killed"
+    run lag2 0 $AS --set rollout.in_flight_min_lag=2  # one switch, to the version after step k - 2
+    $CHECK in_flight "$W/lag2"
+    ;;
   async_timing_free)  # async: which episodes train at which step, sampled by which version, does not
     # depend on timing: env calls delayed at random (faults.env_slow) give the same metrics and episodes
     AS="--set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic --set rollout.async=true

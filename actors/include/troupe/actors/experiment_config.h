@@ -90,6 +90,11 @@ struct RolloutSection {
   int async_chunks = 1;               // async: parts per step streamed to the learners as they are scored
   std::string stale_policy = "drop";  // drop | importance_weight
   float importance_weight_cap = 2.0f;  // importance_weight: truncation of pi_old / pi_behavior
+  // async: generators move to newer weights between decode steps (every in_flight_every steps, at
+  // decode steps fixed by the config, never by timing; docs/weight_sync.md)
+  bool in_flight_updates = false;
+  int in_flight_every = 16;
+  int in_flight_min_lag = 1;  // step k's rollout moves at most to the version after step k - this
   std::string serve;    // HOST:PORT: each generator serves its policy over OpenAI-compatible HTTP ("" = off)
   int serve_slots = 16; // sequences the endpoint samples together
 };

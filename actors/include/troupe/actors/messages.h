@@ -143,8 +143,25 @@ struct GenerateReq {  // texts are formatted and tokenized by the generator
   // holds back up to this version; -1 = the newest it has. No prompts: only take them.
   std::int64_t policy_version = -1;
   std::int64_t step = 0;  // the global step it samples for (0: an evaluation); faults.generator_death_step
+  // rollout.in_flight_updates: before decode step i * in_flight_every (i = 1, 2, ...) the generator
+  // moves to the version the learners had once GRPO step in_flight_steps[i-1] was done (it waits
+  // for that StepVersion); after the list's end it keeps the last one. Empty = one version.
+  std::vector<std::int64_t> in_flight_steps;
+  std::int32_t in_flight_every = 0;
   template <class A>
-  void serialize(A& ar) { ar(prompts, sampling, prompt_tokens, policy_version, step); }
+  void serialize(A& ar) { ar(prompts, sampling, prompt_tokens, policy_version, step, in_flight_steps, in_flight_every); }
+};
+// Coordinator -> generators (rollout.in_flight_updates): GRPO step `grpo_step` is done and the
+// learners hold `version` (its Weights were sent before this). release = true: no further step
+// will be done; a generation waiting for one goes on with the version it has.
+struct StepVersion {
+  static constexpr std::uint32_t type_id = 2014;
+  static constexpr const char* type_name = "actors.StepVersion";
+  std::int64_t grpo_step = 0;
+  std::int64_t version = 0;
+  bool release = false;
+  template <class A>
+  void serialize(A& ar) { ar(grpo_step, version, release); }
 };
 struct GenSample {
   std::vector<std::int32_t> prompt_tokens;
@@ -161,8 +178,16 @@ struct GenSample {
   // MoE: (tokens x MoE layers x top-k) the expert ids that routed the position sampling each token
   // (policy::Generation::experts); empty for a dense model and for multi-turn samples.
   std::vector<std::int32_t> experts;
+  // rollout.in_flight_updates: the policy version of each completion token, compactly: tokens
+  // [version_starts[i], version_starts[i+1]) were sampled by versions[i] (version_starts[0] = 0).
+  // Empty = every token by the reply's policy_version.
+  std::vector<std::uint32_t> version_starts;
+  std::vector<std::int64_t> versions;
   template <class A>
-  void serialize(A& ar) { ar(prompt_tokens, tokens, logprobs, text, truncated, prompt_cut, mask, turn_starts, turn_texts, experts); }
+  void serialize(A& ar) {
+    ar(prompt_tokens, tokens, logprobs, text, truncated, prompt_cut, mask, turn_starts, turn_texts, experts,
+       version_starts, versions);
+  }
 };
 struct GenerateRep {
   static constexpr std::uint32_t type_id = 2011;
@@ -170,8 +195,9 @@ struct GenerateRep {
   std::vector<GenSample> samples;
   std::int64_t policy_version = 0;
   double generate_s = 0;
+  double version_wait_s = 0;  // in-flight updates: of generate_s, the time spent waiting for newer versions
   template <class A>
-  void serialize(A& ar) { ar(samples, policy_version, generate_s); }
+  void serialize(A& ar) { ar(samples, policy_version, generate_s, version_wait_s); }
 };
 // Learner 0 -> generators: the weights of policy version `version`, in one of three encodings
 // (actors/weight_codec.h; docs/weight_sync.md):
@@ -184,7 +210,7 @@ struct GenerateRep {
 // `checksums` (full, delta): per tensor of the model's table, the xxh3-64 of its values as the
 // receiver must hold them afterwards, in wire form (fp32 bytes, or the bf16 halves). With the probe on, `probe_tokens` and learner 0's log-probs
 // of them with exactly these weights travel along; the receiver computes its own and compares.
-// Only Generator::set_weights decodes and applies one.
+// Only Generator::apply_weights_to (set_weights; the staging copy with in-flight updates) decodes and applies one.
 struct Weights {
   static constexpr std::uint32_t type_id = 2012;
   static constexpr const char* type_name = "actors.Weights";
@@ -273,8 +299,16 @@ struct TrainSample {
   bool truncated = false;
   std::int64_t policy_version = -1;    // the version that sampled it (-1: unknown, not scored for the mismatch metrics)
   std::vector<std::int32_t> experts;   // the sampler's expert ids (GenSample::experts), or empty
+  // rollout.in_flight_updates: per completion token, the version that sampled it (as in GenSample:
+  // tokens from version_starts[i] on by versions[i]); empty = every token by policy_version, which
+  // is then the oldest of them.
+  std::vector<std::uint32_t> version_starts;
+  std::vector<std::int64_t> versions;
   template <class A>
-  void serialize(A& ar) { ar(prompt, completion, mask, old_logprobs, behavior_logprobs, advantage, truncated, policy_version, experts); }
+  void serialize(A& ar) {
+    ar(prompt, completion, mask, old_logprobs, behavior_logprobs, advantage, truncated, policy_version, experts,
+       version_starts, versions);
+  }
 };
 struct TrainReq {
   static constexpr std::uint32_t type_id = 2020;

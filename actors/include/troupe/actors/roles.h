@@ -29,6 +29,8 @@
 namespace troupe::actors {
 
 // The policy every role starts from: fresh init (run.seed) or policy.path, plus the tokenizer.
+class InFlightVersions;  // in_flight_versions.h (internal)
+
 struct PolicyBundle {
   std::unique_ptr<policy::Model> model;
   std::unique_ptr<policy::io::Tokenizer> tokenizer;
@@ -101,6 +103,14 @@ class Generator {
   Status hold_weights(const Weights& w);
   Status use_version(int64_t version);
   Status receive_weights(const Weights& w);
+  // rollout.in_flight_updates: Weights are decoded and checked on a staging copy of the model
+  // (so the actor's thread never touches the model a generation is running on) and kept by
+  // version; generate() runs on the actor's compute thread, starts with r.policy_version and,
+  // before decode step i * r.in_flight_every, moves to the version step_done() names for GRPO
+  // step r.in_flight_steps[i-1], waiting for it. Each sample records its tokens' versions.
+  // step_done and receive_weights may run while generate() runs (on another thread).
+  bool in_flight() const { return in_flight_ != nullptr; }
+  void step_done(const StepVersion& s);
   int64_t version() const { return version_; }
   WeightDtype weight_dtype() const { return dtype_; }
   policy::Model& model() { return *policy_.model; }
@@ -126,6 +136,16 @@ class Generator {
   std::shared_ptr<const policy::io::Tokenizer> serve_tok_;
   std::shared_ptr<const policy::io::ChatTemplate> serve_tmpl_;
   std::string serve_url_;
+  // Decodes w into `model`, which holds version `held` (updated when applied): the Ack, the probe
+  // check (a failure is kept in probe_failure), the serving engine's copy when to_engine.
+  Status apply_weights_to(policy::Model& model, int64_t& held, const Weights& w, bool to_engine,
+                          std::string& probe_failure);
+  Status stage_weights(const Weights& w);                 // in-flight: receive_weights
+  Status take_version(int64_t version);                   // in-flight: the live model to `version`
+  std::shared_ptr<InFlightVersions> in_flight_;           // in-flight: versions and step notices
+  PolicyBundle staging_;                                  // in-flight: holds the newest version received
+  int64_t staging_version_ = 0;
+  bool live_synced_ = false;                              // in-flight: the live model holds a received version
   int64_t version_ = 0;
   struct HeldWeights {
     int64_t version = 0;
@@ -201,6 +221,7 @@ class EnvActor : public runtime::Actor {
 // sampling takes the cycles it leaves. The handler waits for the job, so the model is still
 // touched by one thread at a time.
 class ComputeThread;
+class GenerationThread;
 class GeneratorActor : public runtime::Actor {
  public:
   // index: which of cluster.generators it is; own_process: alone in its process (an mpirun rank),
@@ -215,6 +236,7 @@ class GeneratorActor : public runtime::Actor {
   int index_;
   bool own_process_;
   std::unique_ptr<ComputeThread> compute_;
+  std::unique_ptr<GenerationThread> generation_;  // rollout.in_flight_updates: generate() off the actor's thread
 };
 
 class LearnerActor : public runtime::Actor {

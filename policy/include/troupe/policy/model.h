@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -60,6 +61,11 @@ struct SamplingParams {
   // The RNG stream of each prompt (>= 0), so that a prompt's draws do not depend on which other
   // prompts share the call; empty = each prompt's index.
   std::vector<int32_t> streams;
+  // Called before decode step t (t >= 1: the forward pass whose output samples each running
+  // sequence's completion token t), between steps, on the calling thread. It may change the
+  // model's parameters (set_params): the KV cache of the tokens before t stays as older weights
+  // computed it. An error ends generate() with it. Empty = none.
+  std::function<Status(int t)> before_decode_step;
 };
 
 struct Generation {
