@@ -485,6 +485,16 @@ TEST(Model, ActivationOffloadMatches) {
 
 namespace {
 
+// max |a - w| / max |w|
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& w) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(double(a[i]) - w[i]));
+    den = std::max(den, std::fabs(double(w[i])));
+  }
+  return num / den;
+}
+
 // The sampler records, for every sampled token, the top-k experts of each MoE layer at the
 // position whose output sampled it; the training forward records the same positions.
 TEST(Model, RoutingRecordMatchesForward) {
@@ -569,14 +579,7 @@ TEST(Model, ChunkedLogprobsMatchWholeVocabulary) {
   EXPECT_EQ(one.ent, whole.ent);
   EXPECT_EQ(one.grads, whole.grads);
   EXPECT_EQ(one.logits, whole.logits);
-  auto rel = [](const std::vector<float>& a, const std::vector<float>& w) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      num = std::max(num, std::fabs(double(a[i]) - w[i]));
-      den = std::max(den, std::fabs(double(w[i])));
-    }
-    return num / den;
-  };
+  const auto rel = max_rel_diff;
   for (int chunk : {5, 16}) {
     const Run c = run(chunk);
     EXPECT_LT(rel(c.lp, whole.lp), 1e-6) << chunk;
@@ -619,14 +622,7 @@ TEST(Model, FusedHeadMatchesSeparateCalls) {
     r.grads.assign(m.grads().begin(), m.grads().end());
     return r;
   };
-  auto rel = [](const std::vector<float>& a, const std::vector<float>& w) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      num = std::max(num, std::fabs(double(a[i]) - w[i]));
-      den = std::max(den, std::fabs(double(w[i])));
-    }
-    return num / den;
-  };
+  const auto rel = max_rel_diff;
   auto with_chunk = [](int chunk) {
     ModelConfig c = tiny();
     c.logprob_chunk = chunk;

@@ -82,6 +82,42 @@ double rel_err(const std::vector<T>& a, const std::vector<T>& b) {  // max |a - 
   return den > 0 ? num / den : num;
 }
 
+// Every output of `a` within `fwd` (log-probs, entropies, log-sum-exps) and `bwd` (gradients)
+// relative error of the reference `w`.
+template <class T>
+void expect_close(const Out<T>& a, const Out<T>& w, double fwd, double bwd, int chunk) {
+  EXPECT_LT(rel_err(a.logp, w.logp), fwd) << chunk;
+  EXPECT_LT(rel_err(a.ent, w.ent), fwd) << chunk;
+  EXPECT_LT(rel_err(a.lse, w.lse), fwd) << chunk;
+  EXPECT_LT(rel_err(a.dh, w.dh), bwd) << chunk;
+  EXPECT_LT(rel_err(a.dW, w.dW), bwd) << chunk;
+}
+
+// The fp32 problem of the accuracy tests and the same values in fp64.
+struct Fp32AndFp64 {
+  Problem<float> p{130, 32, 3000, 1.0f, 3};
+  Problem<double> q{130, 32, 3000, 1.0f, 3};
+  Fp32AndFp64() {
+    for (size_t i = 0; i < q.h.size(); ++i) q.h[i] = p.h[i];
+    for (size_t i = 0; i < q.W.size(); ++i) q.W[i] = p.W[i];
+    for (size_t i = 0; i < q.dlogp.size(); ++i) q.dlogp[i] = p.dlogp[i], q.dent[i] = p.dent[i];
+  }
+};
+
+double err_vs_fp64(const std::vector<float>& a, const std::vector<double>& b) {
+  std::vector<double> ad(a.begin(), a.end());
+  return rel_err(ad, b);
+}
+
+// `a` (fp32) is as close to the fp64 result as the fp32 reference `ref` is (within 2x, or 1e-6).
+void expect_as_accurate(const Out<float>& a, const Out<float>& ref, const Out<double>& exact, int chunk) {
+  const auto err = err_vs_fp64;
+  EXPECT_LE(err(a.logp, exact.logp), std::max(2 * err(ref.logp, exact.logp), 1e-6)) << chunk;
+  EXPECT_LE(err(a.ent, exact.ent), std::max(2 * err(ref.ent, exact.ent), 1e-6)) << chunk;
+  EXPECT_LE(err(a.dh, exact.dh), std::max(2 * err(ref.dh, exact.dh), 1e-6)) << chunk;
+  EXPECT_LE(err(a.dW, exact.dW), std::max(2 * err(ref.dW, exact.dW), 1e-6)) << chunk;
+}
+
 TEST(ChunkedLogprob, OneChunkIsTheWholeVocabularyBitForBit) {
   Problem<float> p(70, 16, 100, 0.8f, 1);
   const auto w = whole(p);
@@ -99,36 +135,18 @@ TEST(ChunkedLogprob, ManyChunksEqualTheWholeVocabularyFp64) {
   Problem<double> p(9, 6, 53, 1.3f, 2);
   const auto w = whole(p);
   for (int chunk : {1, 7, 16, 52}) {
-    const auto c = chunked(p, chunk);
-    EXPECT_LT(rel_err(c.logp, w.logp), 1e-13) << chunk;
-    EXPECT_LT(rel_err(c.ent, w.ent), 1e-13) << chunk;
-    EXPECT_LT(rel_err(c.lse, w.lse), 1e-13) << chunk;
-    EXPECT_LT(rel_err(c.dh, w.dh), 1e-12) << chunk;
-    EXPECT_LT(rel_err(c.dW, w.dW), 1e-12) << chunk;
+    expect_close(chunked(p, chunk), w, 1e-13, 1e-12, chunk);
   }
 }
 
 // In fp32 both paths round (3000-term sums); the chunked one is as close to the fp64 result as the
 // whole-vocabulary one is (within 2x, or 1e-6 relative).
 TEST(ChunkedLogprob, ManyChunksAreAsAccurateAsTheWholeVocabularyFp32) {
-  Problem<float> p(130, 32, 3000, 1.0f, 3);
-  Problem<double> q(130, 32, 3000, 1.0f, 3);  // the same values in fp64
-  for (size_t i = 0; i < q.h.size(); ++i) q.h[i] = p.h[i];
-  for (size_t i = 0; i < q.W.size(); ++i) q.W[i] = p.W[i];
-  for (size_t i = 0; i < q.dlogp.size(); ++i) q.dlogp[i] = p.dlogp[i], q.dent[i] = p.dent[i];
-  const auto exact = whole(q);
+  const Fp32AndFp64 both;
+  const auto& p = both.p;
+  const auto exact = whole(both.q);
   const auto w = whole(p);
-  auto err = [](const std::vector<float>& a, const std::vector<double>& b) {
-    std::vector<double> ad(a.begin(), a.end());
-    return rel_err(ad, b);
-  };
-  for (int chunk : {256, 1000, 2999}) {
-    const auto c = chunked(p, chunk);
-    EXPECT_LE(err(c.logp, exact.logp), std::max(2 * err(w.logp, exact.logp), 1e-6)) << chunk;
-    EXPECT_LE(err(c.ent, exact.ent), std::max(2 * err(w.ent, exact.ent), 1e-6)) << chunk;
-    EXPECT_LE(err(c.dh, exact.dh), std::max(2 * err(w.dh, exact.dh), 1e-6)) << chunk;
-    EXPECT_LE(err(c.dW, exact.dW), std::max(2 * err(w.dW, exact.dW), 1e-6)) << chunk;
-  }
+  for (int chunk : {256, 1000, 2999}) expect_as_accurate(chunked(p, chunk), w, exact, chunk);
 }
 
 TEST(ChunkedLogprob, BackwardMatchesFiniteDifferences) {
@@ -216,12 +234,7 @@ TEST(ChunkedLogprobFused, EqualsTheWholeVocabularyFp64) {
   Problem<double> p(9, 6, 53, 1.3f, 2);
   const auto w = whole(p);
   for (int chunk : {1, 7, 16, 52}) {  // 2, 2, 2 and 8 rows a tile
-    const auto f = fused(p, chunk);
-    EXPECT_LT(rel_err(f.logp, w.logp), 1e-13) << chunk;
-    EXPECT_LT(rel_err(f.ent, w.ent), 1e-13) << chunk;
-    EXPECT_LT(rel_err(f.lse, w.lse), 1e-13) << chunk;
-    EXPECT_LT(rel_err(f.dh, w.dh), 1e-12) << chunk;
-    EXPECT_LT(rel_err(f.dW, w.dW), 1e-12) << chunk;
+    expect_close(fused(p, chunk), w, 1e-13, 1e-12, chunk);
   }
 }
 
@@ -229,26 +242,14 @@ TEST(ChunkedLogprobFused, EqualsTheWholeVocabularyFp64) {
 // (within 2x, or 1e-6 relative). (Both fp32 paths are ~1.5e-5 from fp64 here: logits of std ~4
 // summed over 3000 columns; the model-level test checks 1e-6 against the whole vocabulary.)
 TEST(ChunkedLogprobFused, IsAsAccurateAsTheWholeVocabularyFp32) {
-  Problem<float> p(130, 32, 3000, 1.0f, 3);
-  Problem<double> q(130, 32, 3000, 1.0f, 3);
-  for (size_t i = 0; i < q.h.size(); ++i) q.h[i] = p.h[i];
-  for (size_t i = 0; i < q.W.size(); ++i) q.W[i] = p.W[i];
-  for (size_t i = 0; i < q.dlogp.size(); ++i) q.dlogp[i] = p.dlogp[i], q.dent[i] = p.dent[i];
-  const auto exact = whole(q);
+  const Fp32AndFp64 both;
+  const auto& p = both.p;
+  const auto exact = whole(both.q);
   const auto w = whole(p);
-  auto err = [](const std::vector<float>& a, const std::vector<double>& b) {
-    std::vector<double> ad(a.begin(), a.end());
-    return rel_err(ad, b);
-  };
   for (int chunk : {256, 1000, 2999}) {  // 32, 43 and 129 rows a tile
     const auto f = fused(p, chunk);
-    const auto c = chunked(p, chunk);
-    EXPECT_LE(err(f.logp, exact.logp), std::max(2 * err(w.logp, exact.logp), 1e-6)) << chunk;
-    EXPECT_LE(err(f.ent, exact.ent), std::max(2 * err(w.ent, exact.ent), 1e-6)) << chunk;
-    EXPECT_LE(err(f.dh, exact.dh), std::max(2 * err(w.dh, exact.dh), 1e-6)) << chunk;
-    EXPECT_LE(err(f.dW, exact.dW), std::max(2 * err(w.dW, exact.dW), 1e-6)) << chunk;
-    EXPECT_LE(err(f.dh, exact.dh), std::max(2 * err(c.dh, exact.dh), 1e-6)) << chunk;
-    EXPECT_LE(err(f.dW, exact.dW), std::max(2 * err(c.dW, exact.dW), 1e-6)) << chunk;
+    expect_as_accurate(f, w, exact, chunk);
+    expect_as_accurate(f, chunked(p, chunk), exact, chunk);
   }
 }
 

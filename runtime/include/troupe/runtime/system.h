@@ -274,6 +274,16 @@ class ActorSystem {
   Status send_from(ActorId from, ActorId to, std::shared_ptr<const M> msg, std::uint16_t flags,
                    std::uint64_t correlation, Overflow policy);
   using RawReply = std::function<void(Context*, Result<std::shared_ptr<Mail>>)>;
+  template <Message M>
+  static EnvelopeHeader header_for(ActorId from, ActorId to, std::uint16_t flags, std::uint64_t correlation) {
+    EnvelopeHeader h;
+    h.flags = flags;
+    h.type_id = M::type_id;
+    h.sender = from;
+    h.recipient = to;
+    h.correlation = correlation;
+    return h;
+  }
   template <Message Req>
   void request_from(ActorId from, ActorId to, Req req, Duration timeout, RawReply on_reply);
   template <Message Req>
@@ -405,17 +415,9 @@ Status ActorSystem::send_remote_segmented(std::shared_ptr<const M> m, const Enve
 template <Message M>
 Status ActorSystem::send_from(ActorId from, ActorId to, M msg, std::uint16_t flags, std::uint64_t correlation,
                               Overflow policy) {
+  if (is_local(to)) return send_from(from, to, std::make_shared<const M>(std::move(msg)), flags, correlation, policy);
   (void)register_message<M>();
-  EnvelopeHeader h;
-  h.flags = flags;
-  h.type_id = M::type_id;
-  h.sender = from;
-  h.recipient = to;
-  h.correlation = correlation;
-  if (is_local(to)) {
-    Mail mail{h, Payload::local(std::make_shared<const M>(std::move(msg))), {}};
-    return deliver_local(std::move(mail), policy);
-  }
+  const EnvelopeHeader h = header_for<M>(from, to, flags, correlation);
   {
     struct State {
       const M* m;
@@ -441,13 +443,7 @@ Status ActorSystem::send_from(ActorId from, ActorId to, std::shared_ptr<const M>
                               std::uint64_t correlation, Overflow policy) {
   if (!is_local(to)) return send_from(from, to, M(*msg), flags, correlation, policy);  // encoded per peer anyway
   (void)register_message<M>();
-  EnvelopeHeader h;
-  h.flags = flags;
-  h.type_id = M::type_id;
-  h.sender = from;
-  h.recipient = to;
-  h.correlation = correlation;
-  return deliver_local(Mail{h, Payload::local(std::move(msg)), {}}, policy);
+  return deliver_local(Mail{header_for<M>(from, to, flags, correlation), Payload::local(std::move(msg)), {}}, policy);
 }
 
 template <Message M>
