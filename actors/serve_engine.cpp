@@ -38,12 +38,19 @@ int64_t ServeStream::policy_version() const {
   return version_;
 }
 
+void ServeStream::wake_per_token(bool on) {
+  std::lock_guard lk(mu_);
+  wake_per_token_ = on;
+}
+
 void ServeStream::push(policy::SlotToken t) {
+  bool wake;
   {
     std::lock_guard lk(mu_);
     tokens_.push_back(std::move(t));
+    wake = wake_per_token_;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 void ServeStream::end(ServeFinish why, std::string error) {

@@ -184,6 +184,7 @@ struct OpenAiServer::Impl {
     const bool hold_tools = r.chat && !r.tools.is_null();
     policy::SlotToken t;
     std::string text;
+    if (r.stop.empty() && !on_delta) s.wake_per_token(false);  // nothing to do before the end
     while (s.next(&t)) {
       c.tokens.push_back(t.token);
       c.logprobs.push_back(t.logprob);

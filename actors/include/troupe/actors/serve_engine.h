@@ -37,6 +37,9 @@ class ServeStream {
   bool next(policy::SlotToken* token);
   // Ends the request at the next step (e.g. a stop string matched or the client left).
   void cancel();
+  // false: a reader that only wants the whole completion is woken when the request ends, not for
+  // every token (next() still returns each token; one wake-up per request instead of one per step).
+  void wake_per_token(bool on);
   ServeFinish finish() const;
   std::string error() const;  // finish() == error: why
   // The policy version whose weights sampled every token of this request (set when it is admitted;
@@ -53,6 +56,7 @@ class ServeStream {
   ServeFinish finish_ = ServeFinish::running;
   std::string error_;
   bool cancelled_ = false;
+  bool wake_per_token_ = true;
   int64_t version_ = 0;
 };
 
