@@ -272,14 +272,16 @@ def main():
         print("bad requests: 400 with the field named")
 
         # Concurrency: 16 requests at once are batched (the engine stepped several sequences together).
+        # Each is long enough (160 tokens) to still run while the client's other threads send theirs:
+        # the tiny model finishes a short request before Python has started the next thread.
         def one(i):
             r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"q{i}"}],
-                                               max_tokens=24, temperature=1, seed=i, extra_body={"ignore_eos": True})
+                                               max_tokens=160, temperature=1, seed=i, extra_body={"ignore_eos": True})
             return len(troupe_of(r.choices[0])["completion_token_ids"])
         t0 = time.time()
         with concurrent.futures.ThreadPoolExecutor(16) as ex:
             lens = list(ex.map(one, range(16)))
-        if lens != [24] * 16:
+        if lens != [160] * 16:
             fail(f"concurrent completions: {lens}")
         st, h = http(url + "/health")
         if h.get("peak_batch", 0) < 4:
