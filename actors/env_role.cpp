@@ -187,7 +187,6 @@ EnvAggregateRep EnvWorker::aggregate(const EnvAggregateReq& r) {
 struct EnvActor::Inflight {
   std::mutex mu;
   bool closed = false;
-  runtime::ActorSystem* system = nullptr;
 };
 
 namespace {
@@ -199,24 +198,13 @@ Status answer(runtime::Context& ctx, const std::shared_ptr<EnvWorker>& worker,
     TROUPE_ASSIGN_OR_RETURN(auto rep, fn(*worker, r));
     return ctx.reply(std::move(rep));
   }
-  const auto* h = ctx.header();
-  if (!h || !(h->flags & runtime::kFlagRequest)) return {};
-  {
-    std::lock_guard lock(inflight->mu);
-    inflight->system = &ctx.system();
-  }
-  std::thread([worker, inflight, r, fn, self = ctx.self(), to = h->sender, corr = h->correlation]() {
+  runtime::ReplyTo reply = ctx.reply_later();
+  if (!reply) return {};
+  std::thread([worker, inflight, r, fn, reply]() {
     Result<Rep> rep = fn(*worker, r);
     std::lock_guard lock(inflight->mu);
-    if (inflight->closed || !inflight->system) return;
-    if (rep.ok()) {
-      (void)inflight->system->send_from(self, to, std::move(rep).value(), runtime::kFlagReply, corr,
-                                        runtime::Overflow::block);
-    } else {
-      runtime::ErrorReply er{static_cast<std::int32_t>(rep.error().code), rep.error().message};
-      (void)inflight->system->send_from(self, to, std::move(er), runtime::kFlagReply, corr,
-                                        runtime::Overflow::block);
-    }
+    if (inflight->closed) return;
+    (void)(rep.ok() ? reply.send(std::move(rep).value()) : reply.send_error(rep.error()));
   }).detach();
   return {};
 }

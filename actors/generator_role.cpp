@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -300,59 +301,15 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
   return rep;
 }
 
-// One thread at a fixed nice value that runs jobs handed to it, one at a time; run() waits.
+// One thread at a fixed nice value (0: as the process) that runs the jobs handed to it, one at a
+// time in arrival order: post() returns at once, run() waits for its job. With
+// rollout.in_flight_updates a generation is posted and replies itself, so that the actor's thread
+// stays free for the Weights and StepVersion messages it waits for (an actor thread never blocks
+// on mail only its own mailbox delivers).
 class ComputeThread {
  public:
   ComputeThread(int nice, int threads) : thread_([this, nice, threads] { loop(nice, threads); }) {}
   ~ComputeThread() {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void run(const std::function<void()>& job) {
-    std::unique_lock lk(mu_);
-    job_ = &job;
-    done_ = false;
-    cv_.notify_all();
-    cv_.wait(lk, [&] { return done_; });
-  }
-
- private:
-  void loop(int nice, int threads) {
-    // Lowering one's own priority needs no privilege; threads started from here inherit it.
-    if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice) != 0)
-      std::fprintf(stderr, "troupe: warning: generator nice %d: %s\n", nice, std::strerror(errno));
-    use_threads(threads);
-    std::unique_lock lk(mu_);
-    for (;;) {
-      cv_.wait(lk, [&] { return stop_ || job_ != nullptr; });
-      if (stop_) return;
-      const auto* job = job_;
-      lk.unlock();
-      (*job)();
-      lk.lock();
-      job_ = nullptr;
-      done_ = true;
-      cv_.notify_all();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const std::function<void()>* job_ = nullptr;
-  bool done_ = false, stop_ = false;
-  std::thread thread_;
-};
-
-// rollout.in_flight_updates: generations run here, one at a time in arrival order, and reply
-// themselves, so that the actor's thread stays free for the Weights and StepVersion messages a
-// generation waits for (an actor thread never blocks on mail only its own mailbox delivers).
-class GenerationThread {
- public:
-  GenerationThread(int nice, int threads) : thread_([this, nice, threads] { loop(nice, threads); }) {}
-  ~GenerationThread() {
     {
       std::lock_guard lk(mu_);
       stop_ = true;
@@ -367,16 +324,25 @@ class GenerationThread {
     }
     cv_.notify_all();
   }
+  void run(const std::function<void()>& job) {
+    std::promise<void> done;
+    post([&] {
+      job();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
 
  private:
   void loop(int nice, int threads) {
+    // Lowering one's own priority needs no privilege; threads started from here inherit it.
     if (nice != 0 && setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice) != 0)
       std::fprintf(stderr, "troupe: warning: generator nice %d: %s\n", nice, std::strerror(errno));
     use_threads(threads);
     std::unique_lock lk(mu_);
     for (;;) {
       cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
-      if (stop_) return;  // (generations not started are dropped: their requester is going too)
+      if (stop_) return;  // (jobs not started are dropped: their requester is going too)
       auto job = std::move(jobs_.front());
       jobs_.pop_front();
       lk.unlock();
@@ -393,10 +359,7 @@ class GenerationThread {
 
 GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int nice, int index, bool own_process)
     : gen_(std::move(gen)), threads_(threads), index_(index), own_process_(own_process) {
-  if (gen_->in_flight())
-    generation_ = std::make_unique<GenerationThread>(nice, threads);
-  else if (nice > 0)
-    compute_ = std::make_unique<ComputeThread>(nice, threads);
+  if (gen_->in_flight() || nice > 0) compute_ = std::make_unique<ComputeThread>(nice, threads);
   handle<GenerateReq>([this](runtime::Context& ctx, const GenerateReq& r) -> Status {
     const auto& f = gen_->config().faults;
     if (f.generator_death_step > 0 && r.step == f.generator_death_step && index_ == f.generator_death_rank) {
@@ -410,20 +373,11 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
       ctx.fail(died);
       return {};
     }
-    if (generation_) {  // the reply leaves from the generation thread
-      runtime::ActorSystem* sys = &ctx.system();
-      const runtime::ActorId self = ctx.self(), to = ctx.sender();
-      const bool request = ctx.header() && (ctx.header()->flags & runtime::kFlagRequest);
-      const std::uint64_t corr = ctx.header() ? ctx.header()->correlation : 0;
-      generation_->post([this, sys, self, to, request, corr, r] {
+    if (gen_->in_flight()) {  // the reply leaves from the compute thread
+      compute_->post([this, reply = ctx.reply_later(), r] {
         Result<GenerateRep> rep = gen_->generate(r);
-        if (!request) return;
-        if (rep.ok()) {
-          (void)sys->send_from(self, to, std::move(rep).value(), runtime::kFlagReply, corr, runtime::Overflow::block);
-        } else {
-          runtime::ErrorReply er{static_cast<std::int32_t>(rep.error().code), rep.error().message};
-          (void)sys->send_from(self, to, std::move(er), runtime::kFlagReply, corr, runtime::Overflow::block);
-        }
+        if (!reply) return;
+        (void)(rep.ok() ? reply.send(std::move(rep).value()) : reply.send_error(rep.error()));
       });
       return {};
     }
@@ -460,7 +414,7 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
 
 GeneratorActor::~GeneratorActor() {
   // a generation waiting for a step that will not come goes on with what it has, and ends
-  if (generation_) gen_->step_done(StepVersion{0, 0, true});
+  if (gen_->in_flight()) gen_->step_done(StepVersion{0, 0, true});
 }
 
 }  // namespace troupe::actors

@@ -93,7 +93,7 @@ Result<ScaleSimReport> run_scale_sim(const ScaleSimConfig& cfg) {
     peers.env_workers.push_back(id);
   }
   for (int i = 0; i < cfg.generators; ++i) {
-    TROUPE_ASSIGN_OR_RETURN(auto id, sys->spawn([w = world.get(), i] { return sim::make_sim_generator(*w, i); }));
+    TROUPE_ASSIGN_OR_RETURN(auto id, sys->spawn([w = world.get()] { return sim::make_sim_generator(*w); }));
     peers.generators.push_back(id);
   }
   for (int i = 0; i < cfg.learners; ++i) {

@@ -45,16 +45,14 @@ double unit(uint64_t h) { return static_cast<double>(h >> 11) * (1.0 / 900719925
 // The reply to the request being handled, sent by a timer `delay_s` simulated seconds from now.
 template <class M>
 void reply_after(Context& ctx, SimWorld& w, double delay_s, M msg) {
-  const runtime::EnvelopeHeader* h = ctx.header();
-  if (!h || !(h->flags & runtime::kFlagRequest)) return;  // (a plain send: nothing to answer)
-  const runtime::ActorId to = h->sender, self = ctx.self();
-  const std::uint64_t correlation = h->correlation;
+  runtime::ReplyTo reply = ctx.reply_later();
+  if (!reply) return;  // (a plain send: nothing to answer)
   const auto delay = seconds(delay_s);
   w.due.push(ctx.now() + delay);
   ++w.messages;
-  ctx.after(delay, [&w, to, self, correlation, m = std::move(msg)](Context& c) mutable {
+  ctx.after(delay, [&w, reply, m = std::move(msg)](Context&) mutable {
     RoleCpu cpu(w);
-    (void)c.system().send_from(self, to, std::move(m), runtime::kFlagReply, correlation, runtime::Overflow::fail);
+    (void)reply.send(std::move(m));
   });
 }
 
@@ -107,7 +105,7 @@ class SimEnv : public runtime::Actor {
 
 class SimGenerator : public runtime::Actor {
  public:
-  SimGenerator(SimWorld& w, int index) : w_(w), index_(index) {
+  explicit SimGenerator(SimWorld& w) : w_(w) {
     handle<GenerateReq>([this](Context& ctx, const GenerateReq& r) {
       RoleCpu cpu(w_);
       const auto& cfg = w_.cfg;
@@ -158,7 +156,6 @@ class SimGenerator : public runtime::Actor {
 
  private:
   SimWorld& w_;
-  [[maybe_unused]] int index_;
   std::int64_t held_ = 0;
   Clock::time_point busy_until_{};
   std::map<std::int64_t, Clock::time_point> ready_;  // version -> when its weights are applied here
@@ -185,7 +182,6 @@ class SimLearner : public runtime::Actor {
       const auto start = std::max(arrived, busy_until_);
       busy_until_ = start + seconds(compute);
       if (!r.more) ++version_;
-      if (index_ == 0) w_.learner_version = version_;
       TrainRep rep;
       rep.metrics_json = "{\"loss\":0.0}";
       rep.policy_version = version_;
@@ -219,9 +215,7 @@ class SimLearner : public runtime::Actor {
 }  // namespace
 
 std::unique_ptr<runtime::Actor> make_sim_env(SimWorld& w, int index) { return std::make_unique<SimEnv>(w, index); }
-std::unique_ptr<runtime::Actor> make_sim_generator(SimWorld& w, int index) {
-  return std::make_unique<SimGenerator>(w, index);
-}
+std::unique_ptr<runtime::Actor> make_sim_generator(SimWorld& w) { return std::make_unique<SimGenerator>(w); }
 std::unique_ptr<runtime::Actor> make_sim_learner(SimWorld& w, int index) {
   return std::make_unique<SimLearner>(w, index);
 }

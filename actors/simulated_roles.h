@@ -27,7 +27,6 @@ struct SimWorld {
   runtime::Clock::time_point link_free{};  // learner 0's link (rank 0's): busy until then
   double roles_s = 0;  // time in the simulated roles' handlers (they run on the driver's thread)
   std::int64_t messages = 0;
-  std::int64_t learner_version = 0;  // learner 0's policy version
   std::map<std::int64_t, std::int64_t> staleness;
 
   // The time `bytes` leave learner 0's link when they are queued on it now.
@@ -47,9 +46,10 @@ class RoleCpu {
   double t0_;
 };
 
-// The three roles; `index` is the role's index among its kind (seeds its random draws).
+// The three roles. An env worker's index seeds its latency draws; learner 0 (index 0) records the
+// staleness of what it trains. A generator's draws come from each request's sampling seed.
 std::unique_ptr<runtime::Actor> make_sim_env(SimWorld& w, int index);
-std::unique_ptr<runtime::Actor> make_sim_generator(SimWorld& w, int index);
+std::unique_ptr<runtime::Actor> make_sim_generator(SimWorld& w);
 std::unique_ptr<runtime::Actor> make_sim_learner(SimWorld& w, int index);
 
 }  // namespace troupe::actors::sim

@@ -8,12 +8,16 @@ namespace troupe::runtime {
 
 Clock::time_point Context::now() const { return sys_->now(); }
 
-Status Context::reply_error(const Error& e) {
-  if (!mail_ || !(mail_->header.flags & kFlagRequest))
-    return make_error(ErrorCode::internal, "reply_error outside a request handler");
-  ErrorReply er{static_cast<std::int32_t>(e.code), e.message};
-  return sys_->send_from(self_, mail_->header.sender, std::move(er), kFlagReply, mail_->header.correlation,
-                         Overflow::block);
+ReplyTo Context::reply_later() const {
+  if (!mail_ || !(mail_->header.flags & kFlagRequest)) return {};
+  return ReplyTo{sys_, self_, mail_->header.sender, mail_->header.correlation};
+}
+
+Status Context::reply_error(const Error& e) { return reply_later().send_error(e); }
+
+Status ReplyTo::send_error(const Error& e) const {
+  if (!sys) return make_error(ErrorCode::internal, "reply_error outside a request handler");
+  return send(ErrorReply{static_cast<std::int32_t>(e.code), e.message});
 }
 
 TimerId Context::after(Duration delay, std::function<void(Context&)> fn) {

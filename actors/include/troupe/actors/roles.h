@@ -219,9 +219,9 @@ class EnvActor : public runtime::Actor {
 // priority (and so do the OpenMP threads it starts, which inherit it). With roles sharing cores
 // in one process in async mode, the learner -- the critical path -- then runs at full speed and
 // sampling takes the cycles it leaves. The handler waits for the job, so the model is still
-// touched by one thread at a time.
+// touched by one thread at a time. With rollout.in_flight_updates the generation always runs on
+// that thread (at nice 0 unless set) and replies from it, the handler returning at once.
 class ComputeThread;
-class GenerationThread;
 class GeneratorActor : public runtime::Actor {
  public:
   // index: which of cluster.generators it is; own_process: alone in its process (an mpirun rank),
@@ -236,7 +236,6 @@ class GeneratorActor : public runtime::Actor {
   int index_;
   bool own_process_;
   std::unique_ptr<ComputeThread> compute_;
-  std::unique_ptr<GenerationThread> generation_;  // rollout.in_flight_updates: generate() off the actor's thread
 };
 
 class LearnerActor : public runtime::Actor {

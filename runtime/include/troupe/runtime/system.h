@@ -116,6 +116,20 @@ struct PeerInfo {
 };
 
 class Context;
+class ActorSystem;
+
+// Where the reply to a request goes, for a handler that answers after it returns (from a timer,
+// or from a thread of its own): Context::reply_later() gives it. Empty when the mail handled was
+// no request; then send() and send_error() fail.
+struct ReplyTo {
+  ActorSystem* sys = nullptr;
+  ActorId self, to;
+  std::uint64_t correlation = 0;
+  explicit operator bool() const { return sys != nullptr; }
+  template <Message M>
+  Status send(M msg) const;
+  Status send_error(const Error& e) const;  // the requester gets the error (an ErrorReply)
+};
 
 // An actor: handlers by message type, run one at a time. Handlers may return void or Status;
 // an error Status answers a request with an ErrorReply; an exception or ctx.fail() is a crash
@@ -180,6 +194,7 @@ class Context {
   template <Message M>
   Status reply(M msg);
   Status reply_error(const Error& e);
+  ReplyTo reply_later() const;  // the reply address of the request being handled (empty if none)
   template <class Rep, Message Req, class F>
   void request(ActorId to, Req req, Duration timeout, F on_reply);  // on_reply(Context&, Result<Rep>)
   // The same request to several actors without a copy each: local recipients share the object
@@ -520,10 +535,13 @@ Status Context::try_send(ActorId to, M msg) {
 }
 template <Message M>
 Status Context::reply(M msg) {
-  if (!mail_ || !(mail_->header.flags & kFlagRequest))
+  return reply_later().send(std::move(msg));
+}
+template <Message M>
+Status ReplyTo::send(M msg) const {
+  if (!sys)
     return make_error(ErrorCode::internal, std::string("reply(") + message_name<M>() + ") outside a request handler");
-  return sys_->send_from(self_, mail_->header.sender, std::move(msg), kFlagReply, mail_->header.correlation,
-                         Overflow::block);
+  return sys->send_from(self, to, std::move(msg), kFlagReply, correlation, Overflow::block);
 }
 template <class Rep, Message Req, class F>
 void Context::request(ActorId to, Req req, Duration timeout, F on_reply) {
