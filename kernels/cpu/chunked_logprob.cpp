@@ -17,6 +17,7 @@
 #define TROUPE_LOGPROB_X86 1
 #endif
 
+#include "blas_gemm.h"
 #include "troupe/kernels/batch_invariant.h"
 #include "troupe/kernels/ops.h"
 
@@ -197,19 +198,6 @@ constexpr int64_t kFusedMinRows = 64;
 constexpr int kFusedVocabBlock = 2048;  // columns of the logits / rows of dW per block
 constexpr int kFusedHiddenBlock = 64;   // columns of dh per block
 
-void blas(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
-          float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-              ldb, beta, C, ldc);
-}
-void blas(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B, int ldb,
-          double beta, double* C, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-              ldb, beta, C, ldc);
-}
-
-bool split_gemm(double macs) { return macs > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1; }
-
 // S (R, V) = h (R, C) W^T; in the batch-invariant mode matmul_forward (its fixed per-element chain,
 // the chunked forward's and the sampler's bits).
 template <class T>
@@ -219,10 +207,10 @@ void tile_logits(T* S, const T* h, const T* W, int R, int C, int V) {
     return;
   }
   const int blocks = (V + kFusedVocabBlock - 1) / kFusedVocabBlock;
-#pragma omp parallel for schedule(static) if (split_gemm(double(R) * V * C))
+#pragma omp parallel for schedule(static) if (gemm_worth_splitting(double(R) * V * C))
   for (int b = 0; b < blocks; ++b) {
     const int c0 = b * kFusedVocabBlock, cols = std::min(kFusedVocabBlock, V - c0);
-    blas(false, true, R, cols, C, T(1), h, C, W + static_cast<size_t>(c0) * C, C, T(0), S + c0, V);
+    gemm(CblasNoTrans, CblasTrans, R, cols, C, T(1), h, C, W + static_cast<size_t>(c0) * C, C, T(0), S + c0, V);
   }
 }
 
@@ -230,16 +218,16 @@ void tile_logits(T* S, const T* h, const T* W, int R, int C, int V) {
 template <class T>
 void tile_backward(T* dh, T* dW, const T* S, const T* h, const T* W, int R, int C, int V) {
   const int hb = (C + kFusedHiddenBlock - 1) / kFusedHiddenBlock, vb = (V + kFusedVocabBlock - 1) / kFusedVocabBlock;
-#pragma omp parallel for schedule(static) if (split_gemm(double(R) * V * C))
+#pragma omp parallel for schedule(static) if (gemm_worth_splitting(double(R) * V * C))
   for (int b = 0; b < hb; ++b) {
     const int j0 = b * kFusedHiddenBlock, cols = std::min(kFusedHiddenBlock, C - j0);
-    blas(false, false, R, cols, V, T(1), S, V, W + j0, C, T(1), dh + j0, C);
+    gemm(CblasNoTrans, CblasNoTrans, R, cols, V, T(1), S, V, W + j0, C, T(1), dh + j0, C);
   }
   if (!dW) return;
-#pragma omp parallel for schedule(static) if (split_gemm(double(R) * V * C))
+#pragma omp parallel for schedule(static) if (gemm_worth_splitting(double(R) * V * C))
   for (int b = 0; b < vb; ++b) {
     const int v0 = b * kFusedVocabBlock, rows = std::min(kFusedVocabBlock, V - v0);
-    blas(true, false, rows, C, R, T(1), S + v0, V, h, C, T(1), dW + static_cast<size_t>(v0) * C, C);
+    gemm(CblasTrans, CblasNoTrans, rows, C, R, T(1), S + v0, V, h, C, T(1), dW + static_cast<size_t>(v0) * C, C);
   }
 }
 

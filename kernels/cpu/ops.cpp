@@ -12,21 +12,13 @@
 #include <limits>
 #include <type_traits>
 
+#include "blas_gemm.h"
 #include "small_gemm.h"
 #include "troupe/kernels/batch_invariant.h"
 
 namespace troupe::kernels {
 
 namespace {
-
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A, int lda,
-          const float* B, int ldb, float beta, float* Cm, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
-}
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, double alpha, const double* A, int lda,
-          const double* B, int ldb, double beta, double* Cm, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
-}
 
 // BLAS runs single-threaded and the ops split each GEMM over OpenMP threads themselves: one thread
 // pool instead of OpenBLAS's and OpenMP's competing for the same cores (on a loaded 2-core box the
@@ -49,7 +41,7 @@ bool gemm_column_blocks(bool trans_a, bool trans_b, int M, int N, int K, T alpha
     const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
     const bool kernel = !trans_a && trans_b && M <= kGemmKernelMaxRows && K > 0 && small_gemm::available();
     const int blocks = (N + kGemmColBlock - 1) / kGemmColBlock;
-    const bool split = double(M) * N * K > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1;
+    const bool split = gemm_worth_splitting(double(M) * N * K);
 #pragma omp parallel for schedule(static) if (split)
     for (int b = 0; b < blocks; ++b) {
       const int c0 = b * kGemmColBlock, cols = std::min(N - c0, kGemmColBlock);
@@ -71,7 +63,7 @@ void gemm_nt_invariant(int M, int N, int K, float alpha, const float* A, int lda
                        float* Cm, int ldc) {
   const bool kernel = K > 0 && small_gemm::available();
   const int rb = (M + kGemmRowBlock - 1) / kGemmRowBlock, cb = (N + kGemmColBlock - 1) / kGemmColBlock;
-  const bool split = double(M) * N * K > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1;
+  const bool split = gemm_worth_splitting(double(M) * N * K);
 #pragma omp parallel for schedule(static) if (split)
   for (int b = 0; b < rb * cb; ++b) {
     const int r0 = (b / cb) * kGemmRowBlock, rows = std::min(M - r0, kGemmRowBlock);
@@ -108,7 +100,7 @@ void gemm_blocked_impl(bool trans_a, bool trans_b, int M, int N, int K, T alpha,
   if (gemm_column_blocks(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc)) return;
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
   const int blocks = (M + kGemmRowBlock - 1) / kGemmRowBlock;
-  const bool split = blocks > 1 && double(M) * N * K > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1;
+  const bool split = blocks > 1 && gemm_worth_splitting(double(M) * N * K);
 #pragma omp parallel for schedule(static) if (split)
   for (int b = 0; b < blocks; ++b) {
     const int r0 = b * kGemmRowBlock, rows = std::min(M - r0, kGemmRowBlock);
