@@ -200,8 +200,7 @@ Result<learner::MismatchSums> LearnerRole::score_stale(const TrainReq& r, const 
       const size_t n = t.completion.size();
       for (size_t u = 0; u < t.versions.size(); ++u) {
         if (!snapshots_.count(t.versions[u])) continue;
-        const size_t b = std::min<size_t>(t.version_starts[u], n);
-        const size_t e = u + 1 < t.versions.size() ? std::min<size_t>(t.version_starts[u + 1], n) : n;
+        const auto [b, e] = version_span(t.version_starts, u, n);
         if (e <= b) continue;
         learner::Sample& part = per_version.emplace_back(samples[i]);
         if (part.completion_mask.empty()) part.completion_mask.assign(n, 1.0f);

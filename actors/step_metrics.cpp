@@ -79,9 +79,7 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
     for (const auto& g : r.groups)
       for (const auto& x : g.samples)
         for (size_t i = 0; i < x.versions.size(); ++i) {
-          const size_t b = std::min<size_t>(x.version_starts[i], x.tokens.size());
-          const size_t e = i + 1 < x.versions.size() ? std::min<size_t>(x.version_starts[i + 1], x.tokens.size())
-                                                     : x.tokens.size();
+          const auto [b, e] = version_span(x.version_starts, i, x.tokens.size());
           if (e <= b) continue;
           const int64_t l = s.version - x.versions[i];
           sum += static_cast<double>(l) * static_cast<double>(e - b);

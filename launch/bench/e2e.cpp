@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <tuple>
@@ -120,6 +121,17 @@ double med(const std::vector<Measured>& v, const std::string& key) {
   return median(x);
 }
 
+// The median per-step figures `keys` of a mode's runs, as a row reports them (gen_s is
+// generation_s, idle_s generator_idle_s).
+nlohmann::json breakdown(const std::vector<Measured>& v, std::initializer_list<const char*> keys) {
+  nlohmann::json bd;
+  for (const char* k : keys) {
+    const std::string key = k;
+    bd[key == "gen_s" ? "generation_s" : key == "idle_s" ? "generator_idle_s" : key] = med(v, key);
+  }
+  return bd;
+}
+
 // In-flight updates (max_staleness 2; min_lag 1 and 2) vs async without them at max_staleness 1 and 2.
 int run_in_flight(const BenchOptions& opt) {
   struct Case {
@@ -151,19 +163,16 @@ int run_in_flight(const BenchOptions& opt) {
         return 1;
       }
     }
-  auto breakdown = [](const std::vector<Measured>& v) {
-    nlohmann::json bd;
-    for (const char* k : {"gen_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s", "idle_total_s", "step_s",
-                          "token_staleness_mean"})
-      bd[std::string(k) == "gen_s" ? "generation_s" : std::string(k) == "idle_s" ? "generator_idle_s" : k] = med(v, k);
-    return bd;
+  auto in_flight_breakdown = [](const std::vector<Measured>& v) {
+    return breakdown(v, {"gen_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s", "idle_total_s", "step_s",
+                         "token_staleness_mean"});
   };
   for (const auto& c : cases) {
     if (!opt.wants(c.name)) continue;
     const auto& ours = runs[static_cast<size_t>(c.ours)];
     const auto& base = runs[static_cast<size_t>(c.base)];
     const Mode& mb = modes[static_cast<size_t>(c.base)];
-    const nlohmann::json bd_ours = breakdown(ours), bd_base = breakdown(base);
+    const nlohmann::json bd_ours = in_flight_breakdown(ours), bd_base = in_flight_breakdown(base);
     const double idle_base = bd_base["idle_total_s"].get<double>(), idle_ours = bd_ours["idle_total_s"].get<double>();
     emit(make_row("e2e", c.name, {"steps_per_s", "steps/s", Better::higher},
                   {med(ours, "steps_per_s"), med(base, "steps_per_s")},
@@ -205,13 +214,9 @@ int run_e2e_suite(const BenchOptions& opt) {
       return 1;
     }
   }
-  nlohmann::json bd_async, bd_sync;
-  for (const char* k : {"gen_s", "env_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s",
-                        "idle_total_s", "core_idle_s", "step_s"}) {
-    std::string name = std::string(k) == "gen_s" ? "generation_s" : std::string(k) == "idle_s" ? "generator_idle_s" : k;
-    bd_async[name] = med(async_runs, k);
-    bd_sync[name] = med(sync_runs, k);
-  }
+  const auto keys = {"gen_s", "env_s", "learner_s", "weight_sync_s", "idle_s", "learner_idle_s",
+                     "idle_total_s", "core_idle_s", "step_s"};
+  const nlohmann::json bd_async = breakdown(async_runs, keys), bd_sync = breakdown(sync_runs, keys);
   // share of a breakdown entry that async removes
   auto removed = [&](const char* key) {
     const double sync = bd_sync[key].get<double>(), async = bd_async[key].get<double>();

@@ -3,8 +3,11 @@
 // (ipc/tcp). JSON-valued fields travel as their text.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cereal/types/string.hpp>
@@ -118,6 +121,14 @@ struct EnvRunReq {
 };
 
 // ---- rollout generator ----
+// Per-token policy versions (GenSample, TrainSample): the tokens [first, second) of a completion of
+// n tokens that versions[u] sampled, given version_starts (empty when none of them is in range).
+inline std::pair<std::size_t, std::size_t> version_span(const std::vector<std::uint32_t>& version_starts,
+                                                        std::size_t u, std::size_t n) {
+  const std::size_t b = std::min<std::size_t>(version_starts[u], n);
+  const std::size_t e = u + 1 < version_starts.size() ? std::min<std::size_t>(version_starts[u + 1], n) : n;
+  return {b, std::max(b, e)};
+}
 struct GenSampling {
   float temperature = 1;
   std::int32_t top_k = 0;
