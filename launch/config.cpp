@@ -14,6 +14,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "troupe/kernels/backend.h"
+#include "troupe/runtime/bind_host.h"
 #include "troupe/launch/config.h"
 
 namespace troupe::launch {
@@ -721,7 +722,7 @@ class Loader {
       error(at("cluster.bind_host"), "cluster.bind_host",
             "bind_host is for transport: tcp; ipc only reaches ranks on this node");
     const std::string& bh = c.cluster.bind_host;
-    if (bh.empty() || bh == "*" || bh == "0.0.0.0" || bh == "::" || bh == "[::]")
+    if (runtime::is_wildcard_bind_host(bh))
       error(at("cluster.bind_host"), "cluster.bind_host",
             "'" + bh + "' binds every interface but gives the other ranks no address to reach this one: name the "
             "nodes' interface (e.g. eth0, resolved on each node) or an address of the node");

@@ -22,6 +22,10 @@ std::vector<std::pair<std::string, std::string>> ipv4_interfaces() {
   return out;
 }
 
+bool is_wildcard_bind_host(const std::string& host) {
+  return host.empty() || host == "*" || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
 Result<std::string> resolve_bind_host(const std::string& host) {
   return resolve_bind_host(host, ipv4_interfaces());
 }
@@ -33,7 +37,7 @@ Result<std::string> resolve_bind_host(const std::string& host,
     listed += (listed.empty() ? "" : ", ") + name + " " + address;
   const std::string these =
       " (this node's interfaces: " + (listed.empty() ? std::string("none with IPv4") : listed) + ")";
-  if (host.empty() || host == "*" || host == "0.0.0.0" || host == "::" || host == "[::]")
+  if (is_wildcard_bind_host(host))
     return invalid_input(
         "'" + host +
         "' binds every interface but gives peers no address to reach this rank: name this node's "

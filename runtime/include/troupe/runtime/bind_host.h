@@ -15,6 +15,9 @@ namespace troupe::runtime {
 // (interface name, IPv4 address) of every interface of this node that has one, as getifaddrs lists them.
 std::vector<std::pair<std::string, std::string>> ipv4_interfaces();
 
+// "", "*", "0.0.0.0", "::", "[::]": every interface, none a peer could reach (refused).
+bool is_wildcard_bind_host(const std::string& host);
+
 // `host` as the IPv4 address to bind; an error (invalid_input, "'HOST' is ...") names the value
 // and lists this node's interfaces with their addresses. `interfaces` defaults to ipv4_interfaces().
 Result<std::string> resolve_bind_host(const std::string& host);
