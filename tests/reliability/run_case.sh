@@ -28,6 +28,22 @@ run() {  # run NAME CODE ARGS...: a tiny run in $W/NAME
   expect_exit "$code" "$TROUPE" run "$CFG" --set run.dir="$W/$name" "$@"
 }
 fault() { FA=(--set "envs[0].config={\"fault\": \"$1\", \"$2\": $3}"); }  # sets FA, the --set of the faulty env's config
+# kill_and_resume DEATH CKPT RESUMED ARGS...: $W/killed loses learner rank 0 (SIGKILL) as GRPO step
+# DEATH starts; its latest checkpoint is step CKPT, whose ledger holds the finished rollouts of the
+# next two steps; --resume trains those first (steps RESUMED, "A..B") and gives the evals, metrics and
+# episodes of $W/whole (the same ARGS, uninterrupted).
+kill_and_resume() {
+  local death=$1 ckpt=$2 resumed=$3
+  shift 3
+  run killed 137 "$@" --set faults.learner_death_step="$death"
+  grep -q "fault injected: learner rank 0 killed as step $death starts" "$W/err.txt"
+  test "$(readlink "$W/killed/checkpoints/latest")" = "step_$ckpt"
+  $CHECK ledger "$W/killed/checkpoints/step_$ckpt" "$ckpt" 2
+  expect_exit 0 "$TROUPE" run "$CFG" --resume "$W/killed" "$@" --set faults.learner_death_step=0
+  grep -q "async resume: the rollouts of steps $resumed, finished before the checkpoint, train first" "$W/err.txt"
+  $PY $SRC/tests/e2e/check_run.py same_evals "$W/whole" "$W/killed"
+  $CHECK episodes_once "$W/whole" "$W/killed"
+}
 # start_server NAME ARGS...: the misbehaving server on a fresh ipc address ($ADDR); stopped at exit
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null || true; done' EXIT
@@ -261,14 +277,7 @@ PY
         --set checkpointing.enabled=true --set checkpointing.every=2 --set checkpointing.keep_last=10
         --set optimizer.schedule=constant"
     run whole 0 $AS
-    run killed 137 $AS --set faults.learner_death_step=6
-    grep -q "fault injected: learner rank 0 killed as step 6 starts" "$W/err.txt"
-    test "$(readlink "$W/killed/checkpoints/latest")" = step_4
-    $CHECK ledger "$W/killed/checkpoints/step_4" 4 2
-    expect_exit 0 "$TROUPE" run "$CFG" --resume "$W/killed" $AS --set faults.learner_death_step=0
-    grep -q "async resume: the rollouts of steps 5..6, finished before the checkpoint, train first" "$W/err.txt"
-    $PY $SRC/tests/e2e/check_run.py same_evals "$W/whole" "$W/killed"
-    $CHECK episodes_once "$W/whole" "$W/killed"
+    kill_and_resume 6 4 5..6 $AS
     run short 0 $AS --set grpo.max_steps=3
     expect_exit 0 "$TROUPE" run "$CFG" --resume "$W/short" $AS
     $PY $SRC/tests/e2e/check_run.py same "$W/whole" "$W/short"
@@ -288,13 +297,7 @@ PY
     run again 0 $AS --set faults.env_slow=0.3 --set faults.env_slow_s=0.02
     $PY $SRC/tests/e2e/check_run.py same_evals "$W/whole" "$W/again"
     $CHECK episodes_once "$W/whole" "$W/again"
-    run killed 137 $AS --set faults.learner_death_step=5
-    test "$(readlink "$W/killed/checkpoints/latest")" = step_3
-    $CHECK ledger "$W/killed/checkpoints/step_3" 3 2
-    expect_exit 0 "$TROUPE" run "$CFG" --resume "$W/killed" $AS --set faults.learner_death_step=0
-    grep -q "async resume: the rollouts of steps 4..5, finished before the checkpoint, train first" "$W/err.txt"
-    $PY $SRC/tests/e2e/check_run.py same_evals "$W/whole" "$W/killed"
-    $CHECK episodes_once "$W/whole" "$W/killed"
+    kill_and_resume 5 3 4..5 $AS
     run lag2 0 $AS --set rollout.in_flight_min_lag=2  # one switch, to the version after step k - 2
     $CHECK in_flight "$W/lag2"
     ;;
