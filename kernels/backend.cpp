@@ -64,6 +64,7 @@ Status Backend::grow(Buffer& buf, size_t bytes) const {
 
 Result<const Backend*> backend_for(std::string_view device) {
   if (device == "cpu") return &cpu_backend();
+  if (device == "cpu_fenced") return &cpu_fenced_backend();
   if (device == "cuda") {
 #if TROUPE_WITH_CUDA
     return cuda_backend();
@@ -73,7 +74,7 @@ Result<const Backend*> backend_for(std::string_view device) {
   }
   std::string msg = "'";
   msg.append(device);
-  msg.append("' is not a device troupe knows; use cpu or cuda");
+  msg.append("' is not a device troupe knows; use cpu, cuda or cpu_fenced");
   return invalid_input(std::move(msg));
 }
 

@@ -275,8 +275,12 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
     is_weight_.assign(T, 0.0f);
     tb.is_weight = is_weight_.data();
   }
+  // The loss reads the host arrays the model hands back: on the model's backend when the host's
+  // memory is its memory (cpu), else on the CPU backend (the per-token loss is O(tokens)).
+  const kernels::Backend& loss_backend =
+      model_.backend().host_visible() ? model_.backend() : kernels::cpu_backend();
   auto loss = [&](const TokenBatch& b, float* dlogp, float* dentropy, const float* logp, const float* entropy) {
-    return grpo ? grpo_loss_fused(dlogp, dentropy, logp, entropy, b, cfg_.loss, norm, model_.backend())
+    return grpo ? grpo_loss_fused(dlogp, dentropy, logp, entropy, b, cfg_.loss, norm, loss_backend)
                 : sft_loss(dlogp, dentropy, logp, entropy, b, norm);
   };
   const bool need_dentropy = grpo && cfg_.loss.entropy_coef != 0;

@@ -24,6 +24,8 @@ struct DecodeSlots::State {
   int slots = 0, context = 0, prefill_tokens = 0;
   KvCtx kv;
   k::Buffer kcache, vcache, arena, last, hl, rl, logits, scratch;
+  k::Buffer ints;     // each pass's tokens, slots, positions and visible keys on the device
+  PackedMeta pm, dm;  // prefill and decode metadata (their device buffers reused)
   struct Seq {
     SlotPhase phase = SlotPhase::free;
     std::vector<int32_t> prompt;
@@ -161,11 +163,14 @@ Result<std::vector<SlotToken>> DecodeSlots::step() {
   auto run_layers = [&](const int32_t* tokens, int T, int max_seqlen, const PackedMeta& meta, bool decode)
       -> Result<const float*> {
     TROUPE_ASSIGN_OR_RETURN(Acts ia, m.carve(s.arena, T, max_seqlen, 2, 1, false));
+    const size_t n = static_cast<size_t>(T);
+    TROUPE_TRY(be->grow(s.ints, sizeof(int32_t) * 4 * n));  // all four first: growing moves the buffer
+    TROUPE_ASSIGN_OR_RETURN(const int32_t* d_tok, m.stage_ints(s.ints, tokens, n, 0));
+    TROUPE_ASSIGN_OR_RETURN(s.kv.slot, m.stage_ints(s.ints, s.slot.data(), n, n));
+    TROUPE_ASSIGN_OR_RETURN(s.kv.pos, m.stage_ints(s.ints, s.pos.data(), n, 2 * n));
+    TROUPE_ASSIGN_OR_RETURN(s.kv.kv_len, m.stage_ints(s.ints, s.kv_len.data(), n, 3 * n));
     s.kv.decode = decode;
-    s.kv.slot = s.slot.data();
-    s.kv.pos = s.pos.data();
-    s.kv.kv_len = s.kv_len.data();
-    be->embedding_forward(ia.resid[0], tokens, P + m.wte, T, C);
+    be->embedding_forward(ia.resid[0], d_tok, P + m.wte, T, C);
     for (int l = 0; l < m.L; ++l)
       m.layer_forward(l, ia.resid[l % 2], ia.resid[(l + 1) % 2], ia.ws[0], ia, meta, T, &s.kv);
     return ia.resid[m.L % 2];
@@ -182,8 +187,8 @@ Result<std::vector<SlotToken>> DecodeSlots::step() {
       max_prompt = std::max(max_prompt, static_cast<int>(p.size()));
     }
     const int Tp = static_cast<int>(batch.tokens.size());
-    PackedMeta pm;
-    build_packed_meta(&pm, batch, HD, m.cfg.rope_theta, m.inv_freq, *be);
+    PackedMeta& pm = s.pm;
+    TROUPE_TRY(build_packed_meta(&pm, batch, HD, m.cfg.rope_theta, m.d_inv_freq(), *be));
     s.slot.resize(std::max<size_t>(s.slot.size(), Tp));
     s.pos.resize(std::max<size_t>(s.pos.size(), Tp));
     s.kv_len.resize(std::max<size_t>(s.kv_len.size(), Tp));
@@ -206,14 +211,8 @@ Result<std::vector<SlotToken>> DecodeSlots::step() {
       s.kv_len[i] = s.pos[i] + 1;
       s.tok[i] = q.next;
     }
-    PackedMeta dm;
-    dm.rope_cos.resize(static_cast<size_t>(B) * HD / 2);
-    dm.rope_sin.resize(static_cast<size_t>(B) * HD / 2);
-    if (m.inv_freq.empty())
-      be->rope_cos_sin(dm.rope_cos.data(), dm.rope_sin.data(), s.pos.data(), B, HD, m.cfg.rope_theta);
-    else
-      be->rope_cos_sin_inv_freq(dm.rope_cos.data(), dm.rope_sin.data(), s.pos.data(), m.inv_freq.data(), B, HD);
-    TROUPE_ASSIGN_OR_RETURN(const float* x, run_layers(s.tok.data(), B, 1, dm, true));
+    TROUPE_TRY(build_decode_meta(&s.dm, s.pos.data(), B, HD, m.cfg.rope_theta, m.d_inv_freq(), *be));
+    TROUPE_ASSIGN_OR_RETURN(const float* x, run_layers(s.tok.data(), B, 1, s.dm, true));
     be->copy_device_to_device(s.last.floats() + static_cast<size_t>(row) * C, x, sizeof(float) * B * C);
   }
   // The LM head over every row, then one token per row.

@@ -17,3 +17,8 @@ endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.decode_slots SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_slots.test.cpp LIBS troupe::policy)
 endif()
+if(TROUPE_BUILD_TESTS)
+  # The model's device path (host mirror, every host array copied to the device) on the fenced CPU backend.
+  troupe_add_test(NAME policy.device_path SOURCES ${CMAKE_CURRENT_LIST_DIR}/device_path.test.cpp LIBS troupe::policy
+                  ENV OMP_WAIT_POLICY=PASSIVE)
+endif()

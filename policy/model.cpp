@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "model_impl.h"
 #include "troupe/kernels/backend.h"
@@ -86,16 +87,34 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
   return inv;
 }
 
-static void rope_tables(float* cos, float* sin, const int32_t* positions, int N, int head_dim,
-                        float rope_theta, const std::vector<float>& inv_freq, const kernels::Backend& be) {
-  if (inv_freq.empty())
-    be.rope_cos_sin(cos, sin, positions, N, head_dim, rope_theta);
-  else
-    be.rope_cos_sin_inv_freq(cos, sin, positions, inv_freq.data(), N, head_dim);
+namespace {
+
+// meta->dev laid out for T tokens and S sequences: cu_seqlens (S+1) and positions (T) as int32,
+// then the RoPE tables (T, head_dim/2) each, 16-byte aligned.
+Status carve_meta_dev(PackedMeta* m, int T, int S, int head_dim, const kernels::Backend& be) {
+  const size_t ints = (static_cast<size_t>(S + 1) + T + 3) / 4 * 4;
+  const size_t half = static_cast<size_t>(T) * head_dim / 2;
+  TROUPE_TRY(be.grow(m->dev, sizeof(int32_t) * ints + sizeof(float) * 2 * half));
+  auto* base = static_cast<int32_t*>(m->dev.data());
+  m->d_cu_seqlens = base;
+  m->d_positions = base + S + 1;
+  m->rope_cos = reinterpret_cast<float*>(base + ints);
+  m->rope_sin = m->rope_cos + half;
+  return {};
 }
 
-void build_packed_meta(PackedMeta* m, const PackedBatch& b, int head_dim, float rope_theta,
-                       const std::vector<float>& inv_freq, const kernels::Backend& be) {
+void rope_tables(const PackedMeta& m, int N, int head_dim, float rope_theta, const float* inv_freq,
+                 const kernels::Backend& be) {
+  if (!inv_freq)
+    be.rope_cos_sin(m.rope_cos, m.rope_sin, m.d_positions, N, head_dim, rope_theta);
+  else
+    be.rope_cos_sin_inv_freq(m.rope_cos, m.rope_sin, m.d_positions, inv_freq, N, head_dim);
+}
+
+}  // namespace
+
+Status build_packed_meta(PackedMeta* m, const PackedBatch& b, int head_dim, float rope_theta, const float* inv_freq,
+                         const kernels::Backend& be) {
   const int T = static_cast<int>(b.tokens.size());
   m->T = T;
   m->S = static_cast<int>(b.cu_seqlens.size()) - 1;
@@ -106,10 +125,22 @@ void build_packed_meta(PackedMeta* m, const PackedBatch& b, int head_dim, float 
   m->seq_end.resize(T);
   m->max_seqlen = be.packed_seq_layout(m->positions.data(), m->seq_ids.data(), m->seq_start.data(),
                                        m->seq_end.data(), m->cu_seqlens.data(), m->S);
-  m->rope_cos.resize(static_cast<size_t>(T) * head_dim / 2);
-  m->rope_sin.resize(static_cast<size_t>(T) * head_dim / 2);
-  rope_tables(m->rope_cos.data(), m->rope_sin.data(), m->positions.data(), T, head_dim, rope_theta, inv_freq,
-              be);
+  TROUPE_TRY(carve_meta_dev(m, T, m->S, head_dim, be));
+  be.copy_host_to_device(m->d_cu_seqlens, m->cu_seqlens.data(), sizeof(int32_t) * (m->S + 1));
+  be.copy_host_to_device(m->d_positions, m->positions.data(), sizeof(int32_t) * T);
+  rope_tables(*m, T, head_dim, rope_theta, inv_freq, be);
+  return {};
+}
+
+Status build_decode_meta(PackedMeta* m, const int32_t* pos, int B, int head_dim, float rope_theta,
+                         const float* inv_freq, const kernels::Backend& be) {
+  m->T = B;
+  m->S = 0;
+  m->max_seqlen = 1;
+  TROUPE_TRY(carve_meta_dev(m, B, 0, head_dim, be));
+  be.copy_host_to_device(m->d_positions, pos, sizeof(int32_t) * B);
+  rope_tables(*m, B, head_dim, rope_theta, inv_freq, be);
+  return {};
 }
 
 Status validate_model_config(const ModelConfig& c) {
@@ -168,11 +199,10 @@ Status validate_model_config(const ModelConfig& c) {
     return bad("offload_activations", "needs activation_checkpointing: true (only checkpointed layer inputs are offloaded)");
   auto be = kernels::backend_for(c.device);
   if (!be.ok()) return bad("device", "'" + c.device + "': " + be.error().message);
-  // The model still hands ops host arrays (tokens, cu_seqlens, PackedMeta, logp outputs; see
-  // README "Backend"), so a backend whose memory the host cannot touch is refused, not crashed.
-  if (!(*be)->host_visible())
-    return bad("device", "'" + c.device + "': the model does not run on a device backend yet (it passes host "
-                         "arrays to ops); the backend itself is tested by the gpu tests");
+  // The offload copy engine copies layer inputs with host memcpy; a device backend's reload engine
+  // is not wired into the model yet.
+  if (c.offload_activations && !(*be)->host_visible())
+    return bad("offload_activations", "is not implemented on device '" + c.device + "' yet (cpu only)");
   return {};
 }
 
@@ -278,7 +308,34 @@ void Model::Impl::build_table() {
 Status Model::Impl::alloc_params() {
   TROUPE_ASSIGN_OR_RETURN(params, be->alloc(n_params * sizeof(float)));
   TROUPE_ASSIGN_OR_RETURN(grads, be->alloc(n_params * sizeof(float)));
+  mirrored = !be->host_visible();
+  if (mirrored) {
+    host_params.assign(n_params, 0.0f);
+    host_grads.assign(n_params, 0.0f);
+  }
+  if (!inv_freq.empty()) {
+    TROUPE_ASSIGN_OR_RETURN(inv_freq_dev, be->alloc(inv_freq.size() * sizeof(float)));
+    be->copy_host_to_device(inv_freq_dev.data(), inv_freq.data(), inv_freq.size() * sizeof(float));
+  }
   return {};
+}
+
+Result<int32_t*> Model::Impl::stage_ints(k::Buffer& buf, const int32_t* host, size_t n, size_t at) const {
+  TROUPE_TRY(be->grow(buf, sizeof(int32_t) * (at + n)));
+  int32_t* d = static_cast<int32_t*>(buf.data()) + at;
+  be->copy_host_to_device(d, host, sizeof(int32_t) * n);
+  return d;
+}
+
+void Model::Impl::record_routing(int l, const LayerActs& a, int T) {
+  if (!routing_out) return;
+  const int K = moe_cfg.K;
+  routing_tmp.resize(static_cast<size_t>(T) * K);
+  be->moe_experts_to_host(routing_tmp.data(), a.moe_saved, moe_cfg, T);
+  for (int t = 0; t < T; ++t)
+    std::copy(routing_tmp.begin() + static_cast<std::ptrdiff_t>(t) * K,
+              routing_tmp.begin() + static_cast<std::ptrdiff_t>(t + 1) * K,
+              routing_out + static_cast<size_t>(t) * routing_width + static_cast<size_t>(moe_ordinal[l]) * K);
 }
 
 void Model::Impl::init_params(uint64_t seed) {
@@ -291,6 +348,7 @@ void Model::Impl::init_params(uint64_t seed) {
     else
       be->fill_normal(P() + t.offset, t.numel(), 0.02, &s);
   }
+  if (mirrored) be->copy_device_to_host(host_params.data(), P(), sizeof(float) * n_params);
 }
 
 template <class Tensors>
@@ -349,13 +407,15 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   // The gated shared expert's output (forward) and backward temporaries also live in U.
   const size_t shared_n = HS_gated > 0 ? t * C + t + 3 * t * HS_gated : 0;
   const size_t o_u = take(std::max({moe_scr, head_n, layer_n, shared_n}));
-  const size_t o_rstdf = take(t), o_lse = take(t), o_ent = take(t), o_y = take(t * C);
+  const size_t o_rstdf = take(t), o_lse = take(t), o_ent = take(t), o_logp = take(t), o_y = take(t * C);
   a.attn_scratch_floats = be->attention_scratch_floats(max_seqlen);
   const size_t o_ascr = take(a.attn_scratch_floats);
-  size_t o_dres = 0, o_dh = 0;
+  size_t o_dres = 0, o_dh = 0, o_dlp = 0, o_dent = 0;
   if (with_grads) {
     o_dres = take(t * C);
     o_dh = take(t * C);
+    o_dlp = take(t);
+    o_dent = take(t);
   }
   TROUPE_TRY(be->grow(arena, off * sizeof(float)));
   float* B = arena.floats();
@@ -403,11 +463,14 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   a.rstdf = B + o_rstdf;
   a.lse_out = B + o_lse;
   a.ent_saved = B + o_ent;
+  a.logp_out = B + o_logp;
   a.y = B + o_y;
   a.attn_scratch = B + o_ascr;
   if (with_grads) {
     a.dresid = B + o_dres;
     a.dh = B + o_dh;
+    a.dlogp_in = B + o_dlp;
+    a.dent_in = B + o_dent;
     a.dlogits = a.logits;  // in place
     a.datt = U;
     a.dq = a.datt + t * QD;
@@ -449,8 +512,8 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
     qsrc = a.qr;
     ksrc = a.kr;
   }
-  be->rope_forward(a.qr, qsrc, m.rope_cos.data(), m.rope_sin.data(), T, NH, HD);
-  be->rope_forward(a.kr, ksrc, m.rope_cos.data(), m.rope_sin.data(), T, NKV, HD);
+  be->rope_forward(a.qr, qsrc, m.rope_cos, m.rope_sin, T, NH, HD);
+  be->rope_forward(a.kr, ksrc, m.rope_cos, m.rope_sin, T, NKV, HD);
   if (kv) {
     // Write this step's keys/values at (slot, position) of layer l's cache.
     be->kv_cache_write(kv->k_cache + static_cast<size_t>(l) * kv->layer_stride,
@@ -463,7 +526,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
     be->attention_decode_forward(a.att, a.qr, kc, vc, kv->kv_len, kv->slot, T, kv->cache_len, NH, NKV, HD);
   } else {
     be->attention_forward(a.att, a.lse, acts.attn_scratch, acts.attn_scratch_floats, a.qr, a.kr, a.v,
-                         m.cu_seqlens.data(), m.S, m.max_seqlen, T, NH, NKV, HD);
+                         m.d_cu_seqlens, m.S, m.max_seqlen, T, NH, NKV, HD);
   }
   be->matmul_forward(a.x2, a.att, P + w.wo, T, QD, C);
   if (cfg.o_proj_bias) be->bias_forward(a.x2, P + w.bo, T, C);
@@ -481,13 +544,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
                                             : nullptr;
     be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T,
                     acts.moe_scratch, route);
-    if (routing_out) {  // the experts each token was routed to (host memory on the CPU backend)
-      const k::MoeRouting rt = k::moe_saved_routing(a.moe_saved, moe_cfg, T);
-      const int K = moe_cfg.K;
-      for (int t = 0; t < T; ++t)
-        std::copy(rt.experts + static_cast<size_t>(t) * K, rt.experts + static_cast<size_t>(t + 1) * K,
-                  routing_out + static_cast<size_t>(t) * routing_width + static_cast<size_t>(moe_ordinal[l]) * K);
-    }
+    record_routing(l, a, T);
     if (HS_gated > 0) {  // y += sigmoid(h2 . w_gate) * SwiGLU_shared(h2)
       const int HS = HS_gated;
       float* gated = acts.moe_scratch;  // (T, C); the MoE kernel's scratch is free again
@@ -546,9 +603,9 @@ void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, cons
   be->zero(acts.datt, static_cast<size_t>(T) * QD);
   be->matmul_backward(acts.datt, G + w.wo, dresid, a.att, P + w.wo, T, QD, C);
   be->attention_backward(acts.dqr, acts.dkr, acts.dv, acts.attn_scratch, acts.attn_scratch_floats, acts.datt, a.qr,
-                        a.kr, a.v, a.att, a.lse, m.cu_seqlens.data(), m.S, m.max_seqlen, T, NH, NKV, HD);
-  be->rope_backward(acts.dqr, acts.dqr, m.rope_cos.data(), m.rope_sin.data(), T, NH, HD);
-  be->rope_backward(acts.dkr, acts.dkr, m.rope_cos.data(), m.rope_sin.data(), T, NKV, HD);
+                        a.kr, a.v, a.att, a.lse, m.d_cu_seqlens, m.S, m.max_seqlen, T, NH, NKV, HD);
+  be->rope_backward(acts.dqr, acts.dqr, m.rope_cos, m.rope_sin, T, NH, HD);
+  be->rope_backward(acts.dkr, acts.dkr, m.rope_cos, m.rope_sin, T, NKV, HD);
   const float* dq = acts.dqr;
   const float* dk = acts.dkr;
   if (qk) {
@@ -600,11 +657,11 @@ Status Model::Impl::set_replay(const PackedBatch& b) {
   return {};
 }
 
-const PackedMeta& Model::Impl::meta_for_layer() {
-  if (cfg.cache_packed_metadata) return meta;
-  build_packed_meta(&layer_meta, batch, HD, cfg.rope_theta, inv_freq, *be);
+Result<const PackedMeta*> Model::Impl::meta_for_layer() {
+  if (cfg.cache_packed_metadata) return &meta;
+  TROUPE_TRY(build_packed_meta(&layer_meta, batch, HD, cfg.rope_theta, d_inv_freq(), *be));
   ++meta_builds;
-  return layer_meta;
+  return &layer_meta;
 }
 
 // ---- training forward / backward ------------------------------------------------------------------
@@ -637,7 +694,7 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
     offload_clean = false;
   }
   if (cfg.cache_packed_metadata) {  // once per batch, before anything needs it (the arena's attention scratch)
-    build_packed_meta(&meta, batch, HD, cfg.rope_theta, inv_freq, *be);
+    TROUPE_TRY(build_packed_meta(&meta, batch, HD, cfg.rope_theta, d_inv_freq(), *be));
     ++meta_builds;
   }
   int max_seqlen = cfg.cache_packed_metadata ? meta.max_seqlen : 0;
@@ -651,11 +708,14 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   TROUPE_ASSIGN_OR_RETURN(acts, carve(arena, T, max_seqlen, offload_ring, ckpt ? 1 : L, true));
   peak_bytes = std::max(peak_bytes, acts.floats * sizeof(float) + (offload_step ? offload->reload_buffer_bytes() : 0));
   TROUPE_TRY(set_replay(b));
-  be->embedding_forward(acts.resid[0], batch.tokens.data(), P() + wte, T, C);
+  TROUPE_ASSIGN_OR_RETURN(d_tokens, stage_ints(tokens_dev, batch.tokens.data(), batch.tokens.size()));
+  TROUPE_ASSIGN_OR_RETURN(d_targets, stage_ints(targets_dev, batch.targets.data(), batch.targets.size()));
+  be->embedding_forward(acts.resid[0], d_tokens, P() + wte, T, C);
   routing.assign(static_cast<size_t>(T) * routing_width, -1);
   routing_out = routing_width > 0 ? routing.data() : nullptr;  // not during backward's recompute
   for (int l = 0; l < L; ++l) {
-    const PackedMeta& m = meta_for_layer();
+    TROUPE_ASSIGN_OR_RETURN(const PackedMeta* mp, meta_for_layer());
+    const PackedMeta& m = *mp;
     const bool off = offload_step && offload->offloaded(l);
     float* x = acts.resid[l % offload_ring];
     float* x_out = acts.resid[(l + 1) % offload_ring];
@@ -683,14 +743,17 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
   const size_t TC = static_cast<size_t>(T) * C;
   float* G = this->G();
   const float* P = this->P();
+  // The caller's host arrays, copied to the device (null stays null: zeros).
+  const float* dlp = nullptr;
+  const float* dent = nullptr;
+  if (dlogp) be->copy_host_to_device(acts.dlogp_in, dlogp, sizeof(float) * T), dlp = acts.dlogp_in;
+  if (dentropy) be->copy_host_to_device(acts.dent_in, dentropy, sizeof(float) * T), dent = acts.dent_in;
   if (chunked_head()) {  // each chunk's logits recomputed, its gradient accumulated into dh and the head
     be->zero(acts.dh, TC);
-    be->chunked_logprob_backward(acts.dh, G + wlm, dlogp, dentropy, acts.final_norm_out, P + wlm, acts.lse_out,
-                                 acts.ent_saved, batch.targets.data(), temperature, T, C, V, cfg.logprob_chunk,
-                                 acts.logits);
+    be->chunked_logprob_backward(acts.dh, G + wlm, dlp, dent, acts.final_norm_out, P + wlm, acts.lse_out,
+                                 acts.ent_saved, d_targets, temperature, T, C, V, cfg.logprob_chunk, acts.logits);
   } else {
-    be->logprob_backward(acts.dlogits, dlogp, dentropy, acts.logits, acts.lse_out, batch.targets.data(),
-                         temperature, T, V);
+    be->logprob_backward(acts.dlogits, dlp, dent, acts.logits, acts.lse_out, d_targets, temperature, T, V);
     be->zero(acts.dh, TC);
     be->matmul_backward(acts.dh, G + wlm, acts.dlogits, acts.final_norm_out, P + wlm, T, C, V);
   }
@@ -707,7 +770,8 @@ Status Model::Impl::backward_body() {
   const bool ckpt = cfg.activation_checkpointing;
   const float daux = cfg.router_aux_loss_coef;
   for (int l = L - 1; l >= 0; --l) {
-    const PackedMeta& m = meta_for_layer();
+    TROUPE_ASSIGN_OR_RETURN(const PackedMeta* mp, meta_for_layer());
+    const PackedMeta& m = *mp;
     const LayerActs& a = acts.ws[ckpt ? 0 : l];
     const bool off = offload_step && offload->offloaded(l);
     const float* x = layer_input(l);
@@ -722,12 +786,17 @@ Status Model::Impl::backward_body() {
     // Under checkpointing the workspace still holds the last layer's forward; earlier layers are
     // recomputed from their saved input (the output goes to a throwaway buffer).
     // Without the cache the recompute is a pass of its own and rebuilds the metadata too.
-    if (ckpt && l != L - 1)
-      layer_forward(l, x, acts.x_recompute, a, acts, cfg.cache_packed_metadata ? m : meta_for_layer(), T, nullptr);
+    if (ckpt && l != L - 1) {
+      const PackedMeta* rm = mp;
+      if (!cfg.cache_packed_metadata) {
+        TROUPE_ASSIGN_OR_RETURN(rm, meta_for_layer());
+      }
+      layer_forward(l, x, acts.x_recompute, a, acts, *rm, T, nullptr);
+    }
     layer_backward(l, x, a, acts, m, T, acts.dresid, layers[l].moe ? daux : 0.0f);
     if (off) TROUPE_TRY(offload->reload_release(l));
   }
-  be->embedding_backward(G + wte, acts.dresid, batch.tokens.data(), T, C);
+  be->embedding_backward(G + wte, acts.dresid, d_tokens, T, C);
   if (offload_step) offload_clean = true;
   return {};
 }
@@ -780,7 +849,7 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   k::Buffer iarena;
   TROUPE_ASSIGN_OR_RETURN(Acts ia, carve(iarena, std::max(Tp, B), max_prompt, 2, 1, false));
   PackedMeta pm;
-  build_packed_meta(&pm, pre, HD, cfg.rope_theta, inv_freq, *be);
+  TROUPE_TRY(build_packed_meta(&pm, pre, HD, cfg.rope_theta, d_inv_freq(), *be));
   std::vector<int32_t> slot(std::max(Tp, B)), pos(std::max(Tp, B)), kv_len(B), active(B), tok(B), plen(B);
   std::vector<uint64_t> rng(B);
   for (int b = 0; b < B; ++b) {
@@ -806,20 +875,24 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   k::Buffer bi_scratch;
   const size_t bi_rows = static_cast<size_t>(B);
   if (cfg.batch_invariant) {
-    TROUPE_ASSIGN_OR_RETURN(bi_scratch, floats(k::chunked_logprob_scratch_floats(B, V, chunk) + 2 * bi_rows));
+    TROUPE_ASSIGN_OR_RETURN(bi_scratch, floats(k::chunked_logprob_scratch_floats(B, V, chunk) + 3 * bi_rows));
   }
   const float* P = this->P();
   // Each pass's routing (rows x routing_width): row r's experts chose those of the token sampled from
   // its output, so a sampled token's record is the routing of the position that predicted it.
   std::vector<int32_t> route(static_cast<size_t>(std::max(Tp, B)) * routing_width);
   const size_t RW = static_cast<size_t>(routing_width);
-  auto run_layers = [&](const int32_t* tokens, int T, const PackedMeta& m, bool decode) {
+  // Each pass's host integers (tokens, cache slots, positions, visible keys) go to the device in
+  // one buffer first: step_ints holds four (rows) arrays.
+  const size_t rows_cap = static_cast<size_t>(std::max(Tp, B));
+  auto run_layers = [&](const int32_t* tokens, int T, const PackedMeta& m, bool decode) -> Result<const float*> {
+    TROUPE_ASSIGN_OR_RETURN(const int32_t* d_tok, stage_ints(step_ints, tokens, T, 0));
+    TROUPE_ASSIGN_OR_RETURN(kv.slot, stage_ints(step_ints, slot.data(), T, rows_cap));
+    TROUPE_ASSIGN_OR_RETURN(kv.pos, stage_ints(step_ints, pos.data(), T, 2 * rows_cap));
+    TROUPE_ASSIGN_OR_RETURN(kv.kv_len, stage_ints(step_ints, kv_len.data(), T, 3 * rows_cap));
     kv.decode = decode;
-    kv.slot = slot.data();
-    kv.pos = pos.data();
-    kv.kv_len = kv_len.data();
     routing_out = RW > 0 ? route.data() : nullptr;
-    be->embedding_forward(ia.resid[0], tokens, P + wte, T, C);
+    be->embedding_forward(ia.resid[0], d_tok, P + wte, T, C);
     for (int l = 0; l < L; ++l) layer_forward(l, ia.resid[l % 2], ia.resid[(l + 1) % 2], ia.ws[0], ia, m, T, &kv);
     routing_out = nullptr;
     return ia.resid[L % 2];
@@ -827,7 +900,8 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   std::vector<int32_t> row_route(static_cast<size_t>(B) * RW);  // the routing behind each row's next token
   // Prefill every prompt as one packed batch; keep the last position's logits of each.
   for (int t = 0; t < Tp; ++t) slot[t] = pm.seq_ids[t], pos[t] = pm.positions[t];
-  const float* xL = run_layers(pre.tokens.data(), Tp, pm, false);
+  TROUPE_TRY(be->grow(step_ints, sizeof(int32_t) * 4 * rows_cap));
+  TROUPE_ASSIGN_OR_RETURN(const float* xL, run_layers(pre.tokens.data(), Tp, pm, false));
   for (int b = 0; b < B; ++b) {
     be->copy_device_to_device(last.floats() + static_cast<size_t>(b) * C,
                               xL + static_cast<size_t>(pre.cu_seqlens[b + 1] - 1) * C, sizeof(float) * C);
@@ -840,18 +914,19 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
     out[b].experts.reserve(static_cast<size_t>(sp.max_new_tokens) * RW);
   }
   PackedMeta dm;  // decode-step metadata: positions and RoPE tables of the active rows
-  dm.rope_cos.resize(static_cast<size_t>(B) * HD / 2);
-  dm.rope_sin.resize(static_cast<size_t>(B) * HD / 2);
   for (int step = 0;; ++step) {
     be->rmsnorm_forward(hl.floats(), rl.floats(), last.floats(), P + wnorm, n_active, C, cfg.rms_norm_eps);
     for (int i = 0; i < n_active; ++i) row_rng[i] = rng[active[i]];
     be->chunked_sample(row_tok.data(), row_lp.data(), hl.floats(), P + wlm, n_active, C, V, chunk, row_sp.data(),
                        row_rng.data(), sp.top_k, sample_scratch.data());
-    if (cfg.batch_invariant) {
-      float* ent = bi_scratch.floats();
-      be->chunked_logprob_forward(row_lp.data(), ent, ent + bi_rows, hl.floats(), P + wlm, row_tok.data(),
+    if (cfg.batch_invariant) {  // scratch: log-probs, entropy, lse (rows each), then the op's scratch
+      float* lp = bi_scratch.floats();
+      float* ent = lp + bi_rows;
+      TROUPE_ASSIGN_OR_RETURN(const int32_t* d_tok, stage_ints(step_ints, row_tok.data(), n_active, 0));
+      be->chunked_logprob_forward(lp, ent, ent + bi_rows, hl.floats(), P + wlm, d_tok,
                                   sp.temperature > 0 ? sp.temperature : 1.0f, n_active, C, V, chunk,
                                   ent + 2 * bi_rows);
+      be->copy_device_to_host(row_lp.data(), lp, sizeof(float) * n_active);
     }
     int n_next = 0;
     for (int i = 0; i < n_active; ++i) {
@@ -881,9 +956,8 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
       kv_len[i] = pos[i] + 1;
     }
     if (sp.before_decode_step) TROUPE_TRY(sp.before_decode_step(step + 1));
-    rope_tables(dm.rope_cos.data(), dm.rope_sin.data(), pos.data(), n_active, HD, cfg.rope_theta, inv_freq,
-                *be);
-    const float* x = run_layers(tok.data(), n_active, dm, true);
+    TROUPE_TRY(build_decode_meta(&dm, pos.data(), n_active, HD, cfg.rope_theta, d_inv_freq(), *be));
+    TROUPE_ASSIGN_OR_RETURN(const float* x, run_layers(tok.data(), n_active, dm, true));
     be->copy_device_to_device(last.floats(), x, sizeof(float) * n_active * C);
     for (int i = 0; i < n_active; ++i)
       std::copy_n(route.begin() + static_cast<std::ptrdiff_t>(i * RW), RW,
@@ -915,19 +989,54 @@ const TensorSpec* Model::find_tensor(std::string_view name) const {
     if (t.name == name) return &t;
   return nullptr;
 }
-std::span<float> Model::params() { return {impl_->P(), impl_->n_params}; }
-std::span<const float> Model::params() const { return {impl_->P(), impl_->n_params}; }
-std::span<float> Model::grads() { return {impl_->G(), impl_->n_params}; }
-std::span<const float> Model::grads() const { return {impl_->G(), impl_->n_params}; }
+std::span<float> Model::params() {
+  Impl& m = *impl_;
+  if (!m.mirrored) return {m.P(), m.n_params};
+  m.params_host_newer = true;  // the caller may write: the next op that reads the weights uploads them
+  return m.host_params;
+}
+std::span<const float> Model::params() const {
+  const Impl& m = *impl_;
+  if (!m.mirrored) return {m.P(), m.n_params};
+  return m.host_params;
+}
+std::span<const float> Model::grads() const {
+  const Impl& m = *impl_;
+  if (!m.mirrored) return {m.grads.floats(), m.n_params};
+  if (m.grads_device_newer) {  // what backward accumulated since the last download
+    m.be->copy_device_to_host(m.host_grads.data(), m.grads.floats(), sizeof(float) * m.n_params);
+    m.grads_device_newer = false;
+  }
+  return m.host_grads;
+}
+std::span<float> Model::grads() {
+  Impl& m = *impl_;
+  if (!m.mirrored) return {m.G(), m.n_params};
+  std::as_const(*this).grads();
+  m.grads_host_newer = true;  // the caller may write: the next backward uploads them first
+  return m.host_grads;
+}
 const kernels::Backend& Model::backend() const { return *impl_->be; }
 Status Model::set_params(std::span<const float> flat) {
   if (flat.size() != impl_->n_params)
     return invalid_input("set_params: got " + std::to_string(flat.size()) + " floats, the model has " +
                          std::to_string(impl_->n_params));
-  impl_->be->copy_host_to_device(impl_->P(), flat.data(), flat.size_bytes());
+  Impl& m = *impl_;
+  m.be->copy_host_to_device(m.params.floats(), flat.data(), flat.size_bytes());
+  if (m.mirrored) {
+    if (flat.data() != m.host_params.data()) std::copy(flat.begin(), flat.end(), m.host_params.begin());
+    m.params_host_newer = false;
+  }
   return {};
 }
-void Model::zero_grads() { impl_->be->zero(impl_->G(), impl_->n_params); }
+void Model::zero_grads() {
+  Impl& m = *impl_;
+  m.be->zero(m.grads.floats(), m.n_params);
+  if (m.mirrored) {
+    std::fill(m.host_grads.begin(), m.host_grads.end(), 0.0f);
+    m.grads_host_newer = m.grads_device_newer = false;
+  }
+}
 
 Status Model::forward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy) {
   const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);
@@ -939,15 +1048,16 @@ Status Model::forward_train(const PackedBatch& batch, float temperature, float* 
   m.temperature = temperature;
   const int T = m.acts.T;
   if (m.chunked_head()) {  // policy.logprob_chunk: no (T, V) logits buffer
-    m.be->chunked_logprob_forward(logp, m.acts.ent_saved, m.acts.lse_out, m.acts.final_norm_out, m.P() + m.wlm,
-                                  m.batch.targets.data(), temperature, T, m.C, m.V, m.cfg.logprob_chunk,
+    m.be->chunked_logprob_forward(m.acts.logp_out, m.acts.ent_saved, m.acts.lse_out, m.acts.final_norm_out,
+                                  m.P() + m.wlm, m.d_targets, temperature, T, m.C, m.V, m.cfg.logprob_chunk,
                                   m.acts.logits);
-    if (entropy) m.be->copy_device_to_host(entropy, m.acts.ent_saved, sizeof(float) * T);
   } else {
     m.be->matmul_forward(m.acts.logits, m.acts.final_norm_out, m.P() + m.wlm, T, m.C, m.V);
-    m.be->logprob_forward(logp, entropy ? entropy : m.acts.ent_saved, m.acts.lse_out, m.acts.logits,
-                          m.batch.targets.data(), temperature, T, m.V);
+    m.be->logprob_forward(m.acts.logp_out, m.acts.ent_saved, m.acts.lse_out, m.acts.logits, m.d_targets, temperature,
+                          T, m.V);
   }
+  if (logp) m.be->copy_device_to_host(logp, m.acts.logp_out, sizeof(float) * T);
+  if (entropy) m.be->copy_device_to_host(entropy, m.acts.ent_saved, sizeof(float) * T);
   m.have_train_forward = true;
   return {};
 }
@@ -971,7 +1081,7 @@ Status Model::forward_backward_train(const PackedBatch& batch, float temperature
   // the logits gradient and both GEMM products, no recompute.
   m.be->zero(m.acts.dh, static_cast<size_t>(T) * m.C);
   m.be->chunked_logprob_fused(logp, entropy ? entropy : m.acts.ent_saved, m.acts.lse_out, m.acts.dh, m.G() + m.wlm,
-                              dlogp, dentropy, grad, m.acts.final_norm_out, m.P() + m.wlm, m.batch.targets.data(),
+                              dlogp, dentropy, grad, m.acts.final_norm_out, m.P() + m.wlm, m.d_targets,
                               temperature, T, m.C, m.V, m.cfg.logprob_chunk, m.acts.logits);
   return m.backward_body();
 }

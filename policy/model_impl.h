@@ -49,6 +49,9 @@ struct Acts {
   // (T, V) logits, or with a chunked head (T, chunk) scratch of one vocabulary chunk; (T) lse, and
   // the entropy a chunked backward reads (T)
   float *logits = nullptr, *lse_out = nullptr, *ent_saved = nullptr;
+  // (T) each: the log-probs forward_train hands back, and backward's dlogp/dentropy (device copies
+  // of the caller's host arrays).
+  float *logp_out = nullptr, *dlogp_in = nullptr, *dent_in = nullptr;
   float *y = nullptr, *moe_scratch = nullptr;                                   // FFN output, MoE scratch
   float* attn_scratch = nullptr;  // score tiles, attention_scratch_floats(max_seqlen, threads)
   size_t attn_scratch_floats = 0;
@@ -91,7 +94,7 @@ struct Model::Impl {
                      int T, const KvCtx* kv);
   void layer_backward(int l, const float* x, const LayerActs& a, const Acts& acts, const PackedMeta& m, int T,
                       float* dresid, float daux);
-  const PackedMeta& meta_for_layer();
+  Result<const PackedMeta*> meta_for_layer();
   Status forward(const PackedBatch& b, bool need_targets);  // up to the final norm (the head is the caller's)
   // Whether the LM head runs over the vocabulary in chunks (policy.logprob_chunk < V).
   bool chunked_head() const { return cfg.logprob_chunk > 0 && V > cfg.logprob_chunk; }
@@ -149,8 +152,38 @@ struct Model::Impl {
   static constexpr int kOffloadRing = 4;
   int offload_ring = 2;
   const float* layer_input(int l) const { return acts.resid[l % offload_ring]; }
-  float* P() const { return params.floats(); }
-  float* G() const { return grads.floats(); }
+  // Device pointers to the weights and the gradients for the ops. On a device backend they first
+  // upload what the host wrote through Model::params()/grads() (the host mirror below); G() also
+  // marks the device gradients as newer than the mirror (its callers accumulate into them).
+  float* P() const {
+    if (params_host_newer) upload(params, host_params, &params_host_newer);
+    return params.floats();
+  }
+  float* G() const {
+    if (grads_host_newer) upload(grads, host_grads, &grads_host_newer);
+    grads_device_newer = mirrored;
+    return grads.floats();
+  }
+  void upload(const kernels::Buffer& dst, const std::vector<float>& src, bool* flag) const {
+    be->copy_host_to_device(dst.data(), src.data(), sizeof(float) * src.size());
+    *flag = false;
+  }
+  // Host mirror of params and grads where the backend is not host-visible (Model::params()).
+  bool mirrored = false;
+  std::vector<float> host_params;
+  mutable std::vector<float> host_grads;
+  mutable bool params_host_newer = false, grads_host_newer = false, grads_device_newer = false;
+  // The host arrays ops read, copied to the device: RoPE's scaled inverse frequencies (null for
+  // default RoPE), the training batch's tokens and targets, and generate()'s per-step integers.
+  kernels::Buffer inv_freq_dev, tokens_dev, targets_dev, step_ints;
+  const float* d_inv_freq() const { return inv_freq.empty() ? nullptr : inv_freq_dev.floats(); }
+  const int32_t *d_tokens = nullptr, *d_targets = nullptr;
+  // Copies n host ints into buf (grown as needed, at element offset `at`) and returns the device
+  // address (valid until buf grows again: grow buf for every array of a pass first).
+  Result<int32_t*> stage_ints(kernels::Buffer& buf, const int32_t* host, size_t n, size_t at = 0) const;
+  // The (T, K) experts of MoE layer l's forward, written into routing_out (host) when it is set.
+  void record_routing(int l, const LayerActs& a, int T);
+  std::vector<int32_t> routing_tmp;
 };
 
 }  // namespace troupe::policy

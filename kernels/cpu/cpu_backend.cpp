@@ -160,6 +160,9 @@ class CpuBackend final : public Backend {
                     float* scratch) const override {
     kernels::moe_backward(dinp, g, dout, daux, inp, saved, w, cfg, N, scratch);
   }
+  void moe_experts_to_host(int32_t* host_experts, const float* saved, const MoeConfig& cfg, int N) const override {
+    if (N > 0) copy(host_experts, moe_saved_routing(saved, cfg, N).experts, sizeof(int32_t) * N * cfg.K);
+  }
 
   int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
                         const int32_t* cu_seqlens, int S) const override {

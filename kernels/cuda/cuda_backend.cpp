@@ -180,6 +180,9 @@ class CudaBackend final : public Backend {
                     float* scratch) const override {
     cuda::launch_moe_backward(q_, dinp, g, dout, daux, inp, saved, w, cfg, N, scratch);
   }
+  void moe_experts_to_host(int32_t* host_experts, const float* saved, const MoeConfig& cfg, int N) const override {
+    cuda::copy_moe_experts_to_host(q_, host_experts, saved, cfg, N);
+  }
 
   int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
                         const int32_t* cu_seqlens, int S) const override {
@@ -192,12 +195,22 @@ class CudaBackend final : public Backend {
     return cuda::launch_sample_token(q_, logprob, logits, V, sp, rng, scratch);
   }
 
-  // Chunked sampling from the LM head is not implemented on the device yet (the model does not
-  // run on CUDA: Model::create refuses a backend that is not host-visible); never a CPU fallback.
-  size_t chunked_sample_scratch_bytes(int, int, int, int) const override { return 0; }
-  void chunked_sample(int32_t*, float*, const float*, const float*, int, int, int, int, const SampleParams*, uint64_t*,
-                      int, void*) const override {
-    throw cuda::CudaError("CudaBackend::chunked_sample is not implemented on CUDA");
+  // Sampling from the LM head without an (N, V) logits buffer: each row's whole logits row (one
+  // GEMM against the head into a (1, V) scratch row), then sample_token on it -- what
+  // chunked_sample draws by its contract (chunked_sample.h: sample_token on the row's whole
+  // logits), one row at a time rather than over vocabulary chunks.
+  static size_t row_bytes(int V) { return (sizeof(float) * static_cast<size_t>(V > 0 ? V : 0) + 255) / 256 * 256; }
+  size_t chunked_sample_scratch_bytes(int, int V, int, int) const override {
+    return row_bytes(V) + cuda::sample_device_scratch_bytes(V);
+  }
+  void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const float* W, int N, int C, int V, int,
+                      const SampleParams* sp, uint64_t* rng, int, void* scratch) const override {
+    float* row = static_cast<float*>(scratch);
+    void* tmp = static_cast<char*>(scratch) + row_bytes(V);
+    for (int n = 0; n < N; ++n) {
+      matmul_forward(row, h + static_cast<size_t>(n) * C, W, 1, C, V);
+      tokens[n] = cuda::launch_sample_token(q_, logprobs + n, row, V, sp[n], rng + n, tmp);
+    }
   }
 
   GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch, const GrpoLossParams& params,

@@ -102,6 +102,9 @@ void launch_moe_forward(const Queue& q, float* out, float* saved, MoeStats* host
 void launch_moe_backward(const Queue& q, float* dinp, const MoeGrads& g, const float* dout, float daux,
                          const float* inp, const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
                          float* scratch);
+// The (N, K) chosen experts of a forward's saved buffer, copied to the host (waits for the queue).
+void copy_moe_experts_to_host(const Queue& q, int32_t* host_experts, const float* saved, const MoeConfig& cfg,
+                              int N);
 size_t moe_plan_tmp_bytes(int NK, int E);
 void launch_moe_round_trip(const Queue& q, float* out, float* back, int32_t* offsets, int32_t* row_slot,
                            int32_t* slot_row, const int32_t* experts, const float* weights, const float* inp, int N,

@@ -79,6 +79,15 @@ void launch_moe_forward(const Queue& q, float* out, float* saved, MoeStats* host
   moe_layer_forward(ex, out, saved, host_stats, inp, w, cfg, N, scratch);
 }
 
+void copy_moe_experts_to_host(const Queue& q, int32_t* host_experts, const float* saved, const MoeConfig& cfg,
+                              int N) {
+  if (N <= 0 || cfg.K <= 0) return;
+  const int32_t* experts = reinterpret_cast<const int32_t*>(saved + moe_saved_layout(cfg, N).experts);
+  TROUPE_CUDA_CHECK(cudaMemcpyAsync(host_experts, experts, sizeof(int32_t) * static_cast<size_t>(N) * cfg.K,
+                                    cudaMemcpyDeviceToHost, q.stream));
+  TROUPE_CUDA_CHECK(cudaStreamSynchronize(q.stream));
+}
+
 void launch_moe_backward(const Queue& q, float* dinp, const MoeGrads& g, const float* dout, float daux,
                          const float* inp, const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
                          float* scratch) {

@@ -162,6 +162,9 @@ class Backend {
   virtual void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                             const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
                             float* scratch) const = 0;
+  // The experts each of the N tokens went to in the moe_forward that filled `saved` (N, K),
+  // ascending per token, copied into host_experts (host memory): the model's routing record.
+  virtual void moe_experts_to_host(int32_t* host_experts, const float* saved, const MoeConfig& cfg, int N) const = 0;
 
   // ---- packed-sequence metadata (host arrays) --------------------------------------------------------
   // ops.h packed_seq_layout: positions, sequence ids and bounds of every token; returns max_seqlen.
@@ -197,9 +200,16 @@ class Backend {
 
 // The CPU backend (kernels/cpu/): host memory, OpenMP + BLAS ops, synchronous queue.
 const Backend& cpu_backend();
+// The fenced CPU backend (kernels/cpu/fenced_backend.cpp, device name "cpu_fenced"): the CPU ops
+// behind device addresses the host cannot dereference (a PROT_NONE range), so any host access to
+// device memory faults and any host array passed where the table wants device memory aborts,
+// naming the op. Not host_visible: it runs the model's device path (what a GPU backend runs) on
+// the CPU, bit for bit the CPU backend's numbers, so tests can check that path without a GPU.
+const Backend& cpu_fenced_backend();
 
-// The backend a device name selects: "cpu", or "cuda" (an error naming the reason when this build
-// has no CUDA or the process sees no usable GPU); anything else is an error that lists the names.
+// The backend a device name selects: "cpu", "cpu_fenced", or "cuda" (an error naming the reason
+// when this build has no CUDA or the process sees no usable GPU); anything else is an error that
+// lists the names.
 Result<const Backend*> backend_for(std::string_view device);
 
 }  // namespace troupe::kernels

@@ -36,7 +36,8 @@ class PolicyModel {
     if (!batch.tokens.empty()) grad(0, static_cast<int>(batch.tokens.size()));
     return backward_train(dlogp, dentropy);
   }
-  // The backend the model computes on; the trainer runs the fused loss there too.
+  // The backend the model computes on; the trainer runs the fused loss there too when the host can
+  // read its memory (else on the CPU backend: the loss's arrays are host arrays).
   virtual const kernels::Backend& backend() const { return kernels::cpu_backend(); }
   // MoE routing of the last forward_train: (T x routing_width()) top-k expert ids, routing_k() per
   // MoE layer, ascending within a layer (policy::Model::last_routing). Dense models: width 0.

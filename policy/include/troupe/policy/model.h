@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "troupe/base/result.h"
+#include "troupe/kernels/backend.h"
 #include "troupe/kernels/chunked_logprob.h"
 #include "troupe/policy/model_config.h"
 
@@ -77,8 +78,9 @@ struct Generation {
   std::vector<int32_t> experts;
 };
 
-// Everything that describes one packed batch, computed on the host once per batch
-// (cache_packed_metadata) and shared read-only by every layer, forward, backward and recompute.
+// Everything that describes one packed batch, computed once per batch (cache_packed_metadata) and
+// shared read-only by every layer, forward, backward and recompute. The host arrays steer the
+// model's loops; the ops read the device half, built with them on the model's backend.
 struct PackedMeta {
   int T = 0;                         // tokens
   int S = 0;                         // sequences
@@ -88,8 +90,12 @@ struct PackedMeta {
   std::vector<int32_t> seq_ids;      // (T)
   std::vector<int32_t> seq_start;    // (T) attention block bounds: token t sees keys [seq_start[t], t]
   std::vector<int32_t> seq_end;      // (T) one past the last token of t's sequence
-  std::vector<float> rope_cos;       // (T, head_dim/2)
-  std::vector<float> rope_sin;       // (T, head_dim/2)
+  // Device memory (one buffer of the backend, reused by the next build): what the ops read.
+  kernels::Buffer dev;
+  int32_t* d_cu_seqlens = nullptr;  // (S+1)
+  int32_t* d_positions = nullptr;   // (T)
+  float* rope_cos = nullptr;        // (T, head_dim/2)
+  float* rope_sin = nullptr;        // (T, head_dim/2)
 };
 
 // Checks a packed batch against a vocabulary: cu_seqlens starts at 0, never decreases, ends at
@@ -98,10 +104,15 @@ Status validate_packed_batch(const PackedBatch& batch, int vocab_size, bool need
 // The inverse RoPE frequencies (head_dim/2) of a scaled rope_type (linear, llama3), in fp32 as
 // transformers computes them; empty for default RoPE (theta^(-2i/head_dim), built by the backend).
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
-// Fills meta (reusing its capacity) from a batch already validated, with the backend's
-// packed-layout and RoPE-table ops (host memory). inv_freq: rope_inv_freq() (empty = default).
-void build_packed_meta(PackedMeta* meta, const PackedBatch& batch, int head_dim, float rope_theta,
-                       const std::vector<float>& inv_freq, const kernels::Backend& backend);
+// Fills meta (reusing its capacity and device buffer) from a batch already validated: the layout
+// with the backend's packed-layout op (host arrays), then cu_seqlens and positions copied to the
+// device and the RoPE tables built there. inv_freq: rope_inv_freq() on the device (null = default).
+Status build_packed_meta(PackedMeta* meta, const PackedBatch& batch, int head_dim, float rope_theta,
+                         const float* inv_freq, const kernels::Backend& backend);
+// A decode step's metadata: B rows at host positions pos (one token each, no sequences), their
+// positions and RoPE tables on the device.
+Status build_decode_meta(PackedMeta* meta, const int32_t* pos, int B, int head_dim, float rope_theta,
+                         const float* inv_freq, const kernels::Backend& backend);
 
 // Checks sizes and switches (head counts divide, head_dim even, top-k <= experts, a device with a
 // backend, ...).
@@ -122,11 +133,20 @@ class Model {
   const ModelConfig& config() const;
   const std::vector<TensorSpec>& tensors() const;       // Hugging Face names, offsets into params()
   const TensorSpec* find_tensor(std::string_view name) const;  // nullptr when absent
+  // Parameters and gradients as host spans (fp32, one flat array each in tensors() order). On a
+  // host-visible backend (cpu) they are the model's own arrays. On a device backend (cuda,
+  // cpu_fenced) they are a host mirror, kept in step with the device: the mutable params() marks
+  // the mirror as written, and the next op that reads the weights uploads it first; grads() brings
+  // down what backward accumulated on the device (once per backward), and the mutable grads() has
+  // the next backward upload what the host wrote. So the optimizer runs on the host over fp32
+  // master weights (as ZeRO-Offload's CPU Adam does): one download of the gradients and one upload
+  // of the weights per step. A span is valid until the next call into the model; write through it
+  // before that call.
   std::span<float> params();
   std::span<const float> params() const;
   std::span<float> grads();                                // same layout as params()
   std::span<const float> grads() const;
-  // The backend the model runs on (params()/grads() are host spans while it is host_visible()).
+  // The backend the model runs on.
   const kernels::Backend& backend() const;
   Status set_params(std::span<const float> flat);          // size must equal params().size()
   void zero_grads();

@@ -1,0 +1,278 @@
+// The model's device path -- what it runs on a backend whose memory the host cannot touch (cuda) --
+// on the fenced CPU backend (device "cpu_fenced": device addresses fault on the host, a host array
+// handed to an op aborts naming it). Every family, the switches that change the call list, the
+// training step, forward_logits, generate and continuous batching must equal the cpu backend's
+// results bit for bit, and the host mirror of the weights and gradients must stay in step.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "troupe/kernels/backend.h"
+#include "troupe/policy/decode_slots.h"
+#include "troupe/policy/model.h"
+
+using namespace troupe::policy;
+
+namespace {
+
+ModelConfig tiny(const std::string& family) {
+  ModelConfig c;
+  c.family = family;
+  c.vocab_size = 53;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.intermediate_size = 24;
+  const bool moe = family == "qwen2_moe" || family == "qwen3_moe" || family == "mixtral";
+  if (moe) {
+    c.num_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 12;
+    c.mlp_only_layers = {0};
+    c.router_aux_loss_coef = 0.01f;
+  } else {
+    c.num_experts = 0;
+  }
+  if (family == "llama") {
+    c.qkv_bias = c.o_proj_bias = true;
+    c.rope_type = "llama3", c.rope_factor = 8, c.rope_original_max_position_embeddings = 4;
+  }
+  if (family == "qwen2" || family == "qwen2_moe") c.qkv_bias = true;
+  if (family == "qwen2_moe") c.shared_expert_intermediate_size = 8;
+  return c;
+}
+
+Model make(ModelConfig c, const std::string& device) {
+  c.device = device;
+  auto m = Model::create(c, 11);
+  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
+  Model model = std::move(m.value());
+  // Larger weights than the init (non-trivial attention and routing), written through the host span.
+  std::mt19937 g(5);
+  std::normal_distribution<float> d(0.0f, 0.3f);
+  auto p = model.params();
+  for (const auto& t : model.tensors())
+    if (t.name.find("norm") == std::string::npos)
+      for (size_t i = 0; i < t.numel(); ++i) p[t.offset + i] = d(g);
+  return model;
+}
+
+PackedBatch batch() {
+  PackedBatch b;
+  const std::vector<std::vector<int32_t>> seqs = {{1, 5, 9, 2, 7, 7, 3}, {4, 8}, {11, 12, 13, 14, 15, 16, 17, 18, 19}};
+  b.cu_seqlens.push_back(0);
+  for (const auto& s : seqs) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      b.tokens.push_back(s[i]);
+      b.targets.push_back(i + 1 < s.size() ? s[i + 1] : -1);
+    }
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+  }
+  return b;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), sizeof(T) * a.size()) == 0);
+}
+template <class S>
+std::vector<float> vec(S s) {
+  return std::vector<float>(s.begin(), s.end());
+}
+
+// What one model computes: a training step (forward, a loss of both outputs, backward twice so
+// gradients accumulate), the routing record, forward_logits and generate.
+struct Run {
+  std::vector<float> logp, entropy, grads, logits;
+  std::vector<int32_t> routing;
+  std::vector<Generation> gens;
+  float aux = 0;
+};
+
+Run run(Model& m) {
+  Run r;
+  const PackedBatch b = batch();
+  const size_t T = b.tokens.size();
+  r.logp.resize(T);
+  r.entropy.resize(T);
+  std::vector<float> dlogp(T), dent(T);
+  for (size_t t = 0; t < T; ++t) dlogp[t] = 0.1f * static_cast<float>(t % 5) - 0.2f, dent[t] = 0.01f * t;
+  m.zero_grads();
+  for (int rep = 0; rep < 2; ++rep) {
+    EXPECT_TRUE(m.forward_train(b, 0.9f, r.logp.data(), r.entropy.data()).ok());
+    EXPECT_TRUE(m.backward_train(dlogp.data(), dent.data()).ok());
+  }
+  r.aux = m.last_aux_loss();
+  r.grads = vec(std::as_const(m).grads());
+  r.routing.assign(m.last_routing().begin(), m.last_routing().end());
+  r.logits.resize(T * static_cast<size_t>(m.config().vocab_size));
+  EXPECT_TRUE(m.forward_logits(b, r.logits.data()).ok());
+  SamplingParams sp;
+  sp.max_new_tokens = 6;
+  sp.temperature = 0.8f;
+  sp.top_k = 7;
+  sp.seed = 3;
+  auto g = m.generate({{1, 2, 3}, {9}, {4, 4, 4, 4, 4}}, sp);
+  EXPECT_TRUE(g.ok()) << (g.ok() ? "" : g.error().message);
+  if (g.ok()) r.gens = std::move(*g);
+  return r;
+}
+
+void expect_same(const Run& a, const Run& b, const std::string& what) {
+  EXPECT_TRUE(same_bits(a.logp, b.logp)) << what << ": logp";
+  EXPECT_TRUE(same_bits(a.entropy, b.entropy)) << what << ": entropy";
+  EXPECT_TRUE(same_bits(a.grads, b.grads)) << what << ": grads";
+  EXPECT_TRUE(same_bits(a.logits, b.logits)) << what << ": forward_logits";
+  EXPECT_TRUE(same_bits(a.routing, b.routing)) << what << ": routing record";
+  EXPECT_EQ(a.aux, b.aux) << what << ": aux loss";
+  ASSERT_EQ(a.gens.size(), b.gens.size()) << what;
+  for (size_t i = 0; i < a.gens.size(); ++i) {
+    EXPECT_EQ(a.gens[i].tokens, b.gens[i].tokens) << what << ": generation " << i;
+    EXPECT_TRUE(same_bits(a.gens[i].logprobs, b.gens[i].logprobs)) << what << ": generation " << i << " logprobs";
+    EXPECT_EQ(a.gens[i].experts, b.gens[i].experts) << what << ": generation " << i << " experts";
+  }
+}
+
+TEST(DevicePath, FencedBackendIsNotHostVisible) {
+  auto be = troupe::kernels::backend_for("cpu_fenced");
+  ASSERT_TRUE(be.ok());
+  EXPECT_FALSE((*be)->host_visible());
+  EXPECT_EQ((*be)->name(), "cpu_fenced");
+}
+
+TEST(DevicePath, EveryFamilyEqualsCpuBitForBit) {
+  for (const char* family : {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"}) {
+    Model cpu = make(tiny(family), "cpu");
+    Model dev = make(tiny(family), "cpu_fenced");
+    EXPECT_TRUE(same_bits(vec(std::as_const(cpu).params()), vec(std::as_const(dev).params()))) << family;
+    expect_same(run(cpu), run(dev), family);
+  }
+}
+
+TEST(DevicePath, SwitchesEqualCpuBitForBit) {
+  struct Case {
+    const char* name;
+    void (*set)(ModelConfig&);
+  };
+  const Case cases[] = {
+      {"chunked head", [](ModelConfig& c) { c.logprob_chunk = 16; }},
+      {"checkpointing", [](ModelConfig& c) { c.activation_checkpointing = true; }},
+      {"metadata per layer", [](ModelConfig& c) { c.cache_packed_metadata = false; }},
+      {"masked MoE", [](ModelConfig& c) { c.moe_grouped = false; }},
+      {"batch invariant", [](ModelConfig& c) { c.batch_invariant = true, c.logprob_chunk = 16; }},
+  };
+  for (const auto& k : cases) {
+    ModelConfig c = tiny("qwen3_moe");
+    k.set(c);
+    Model cpu = make(c, "cpu");
+    Model dev = make(c, "cpu_fenced");
+    expect_same(run(cpu), run(dev), k.name);
+  }
+}
+
+TEST(DevicePath, HostMirrorStaysInStep) {
+  Model cpu = make(tiny("qwen3"), "cpu");
+  Model dev = make(tiny("qwen3"), "cpu_fenced");
+  const PackedBatch b = batch();
+  const size_t T = b.tokens.size();
+  std::vector<float> lc(T), ld(T), dl(T, 0.5f);
+  // A write through params() reaches the next forward (an SGD step, as an optimizer does it).
+  for (Model* m : {&cpu, &dev}) {
+    m->zero_grads();
+    ASSERT_TRUE(m->forward_train(b, 1.0f, lc.data(), nullptr).ok());
+    ASSERT_TRUE(m->backward_train(dl.data(), nullptr).ok());
+    auto g = m->grads();
+    auto p = m->params();
+    for (size_t i = 0; i < p.size(); ++i) p[i] -= 0.1f * g[i];
+  }
+  ASSERT_TRUE(cpu.forward_train(b, 1.0f, lc.data(), nullptr).ok());
+  ASSERT_TRUE(dev.forward_train(b, 1.0f, ld.data(), nullptr).ok());
+  EXPECT_TRUE(same_bits(lc, ld)) << "a write through params() did not reach the device";
+  // A write through grads() is what the next backward accumulates onto (gradient accumulation
+  // after an all-reduce or a clip scaled the host copy).
+  for (Model* m : {&cpu, &dev}) {
+    for (float& g : m->grads()) g *= 0.5f;
+    ASSERT_TRUE(m->backward_train(dl.data(), nullptr).ok());
+  }
+  EXPECT_TRUE(same_bits(vec(std::as_const(cpu).grads()), vec(std::as_const(dev).grads())));
+  // set_params replaces both copies; zero_grads clears both.
+  std::vector<float> flat(cpu.params().size(), 0.01f);
+  ASSERT_TRUE(cpu.set_params(flat).ok());
+  ASSERT_TRUE(dev.set_params(flat).ok());
+  EXPECT_TRUE(same_bits(vec(std::as_const(dev).params()), flat));
+  dev.zero_grads();
+  for (float g : std::as_const(dev).grads()) ASSERT_EQ(g, 0.0f);
+  ASSERT_TRUE(cpu.forward_train(b, 1.0f, lc.data(), nullptr).ok());
+  ASSERT_TRUE(dev.forward_train(b, 1.0f, ld.data(), nullptr).ok());
+  EXPECT_TRUE(same_bits(lc, ld)) << "set_params did not reach the device";
+}
+
+TEST(DevicePath, DecodeSlotsEqualCpuBitForBit) {
+  for (int chunk : {0, 16}) {
+    ModelConfig c = tiny("qwen3_moe");
+    c.logprob_chunk = chunk;
+    Model cpu = make(c, "cpu");
+    Model dev = make(c, "cpu_fenced");
+    std::vector<std::vector<SlotToken>> out[2];
+    Model* models[2] = {&cpu, &dev};
+    for (int i = 0; i < 2; ++i) {
+      auto slots = DecodeSlots::create(*models[i], 3, 32, 16);
+      ASSERT_TRUE(slots.ok()) << slots.error().message;
+      SlotSampling sp;
+      sp.temperature = 0.7f;
+      sp.seed = 9;
+      sp.top_logprobs = 3;
+      ASSERT_TRUE((*slots)->add({1, 2, 3, 4}, sp).ok());
+      sp.stream = 1;
+      ASSERT_TRUE((*slots)->add({7, 7}, sp).ok());
+      for (int step = 0; step < 6; ++step) {
+        if (step == 2) {  // a sequence joins mid-flight (continuous batching)
+          sp.stream = 2;
+          ASSERT_TRUE((*slots)->add({5, 6, 8}, sp).ok());
+        }
+        auto t = (*slots)->step();
+        ASSERT_TRUE(t.ok()) << t.error().message;
+        out[i].push_back(std::move(*t));
+      }
+    }
+    ASSERT_EQ(out[0].size(), out[1].size());
+    for (size_t s = 0; s < out[0].size(); ++s) {
+      ASSERT_EQ(out[0][s].size(), out[1][s].size()) << "step " << s;
+      for (size_t r = 0; r < out[0][s].size(); ++r) {
+        const SlotToken &a = out[0][s][r], &b = out[1][s][r];
+        EXPECT_EQ(a.slot, b.slot);
+        EXPECT_EQ(a.token, b.token) << "chunk " << chunk << " step " << s;
+        EXPECT_EQ(a.logprob, b.logprob);
+        EXPECT_EQ(a.top, b.top);
+      }
+    }
+  }
+}
+
+TEST(DevicePath, OffloadIsRefusedOffTheCpuBackend) {
+  ModelConfig c = tiny("qwen3");
+  c.device = "cpu_fenced";
+  c.activation_checkpointing = c.offload_activations = true;
+  auto m = Model::create(c, 1);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("offload_activations"), std::string::npos) << m.error().message;
+  EXPECT_NE(m.error().message.find("cpu_fenced"), std::string::npos) << m.error().message;
+}
+
+// The fence itself: a host array where the table wants device memory aborts naming the op.
+TEST(DevicePathDeathTest, HostPointerToAnOpAborts) {
+  const troupe::kernels::Backend& be = troupe::kernels::cpu_fenced_backend();
+  auto buf = be.alloc(64 * sizeof(float));
+  ASSERT_TRUE(buf.ok());
+  std::vector<float> host(64);
+  EXPECT_DEATH(be.add(buf->floats(), host.data(), buf->floats(), 64), "add: pointer .* is host memory");
+  EXPECT_DEATH(be.copy_device_to_host(buf->data(), buf->data(), 4), "copy_device_to_host: pointer .* is device memory");
+  EXPECT_DEATH({ volatile float x = buf->floats()[0]; (void)x; }, "");  // the host cannot read device memory
+}
+
+}  // namespace
