@@ -386,6 +386,19 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     expect_exit 2 "$TROUPE" validate "$SRC/configs/quickstart.yaml" --set weight_sync.dtype=bf16 --set policy.batch_invariant=true
     grep -q "weight_sync.dtype" "$W/err.txt"
     ;;
+  device_path)  # policy.device cpu_fenced (the device path a GPU takes: host mirror of the weights, every op
+    # on device memory the host cannot touch) trains bit for bit as cpu does, sync and async
+    S="--set sft.max_steps=8 --set grpo.max_steps=6 --set eval.every=3 --set eval.num_prompts=20 --set checkpointing.enabled=false $Q"
+    for cfg in quickstart async; do
+      "$TROUPE" run "$SRC/configs/$cfg.yaml" --set run.dir="$W/${cfg}_cpu" $S
+      "$TROUPE" run "$SRC/configs/$cfg.yaml" --set run.dir="$W/${cfg}_fenced" --set policy.device=cpu_fenced $S
+      $CHECK same "$W/${cfg}_cpu" "$W/${cfg}_fenced"
+    done
+    # an option not implemented off the cpu backend is a FILE:LINE error, not a fallback
+    expect_exit 2 "$TROUPE" validate "$SRC/configs/quickstart.yaml" --set policy.device=cpu_fenced \
+      --set policy.activation_checkpointing=true --set policy.offload_activations=true
+    grep -q "policy.offload_activations" "$W/err.txt" && grep -q "cpu_fenced" "$W/err.txt"
+    ;;
   weight_sync_ranks)  # the same across ranks (tcp): delta == full bit for bit, bf16 probes pass on a generator rank
     M="$MPIEXEC --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"
     S="--set sft.max_steps=4 --set grpo.max_steps=4 --set eval.num_prompts=10 --set checkpointing.enabled=false $Q"

@@ -12,8 +12,8 @@ namespace troupe::policy {
 enum class RoutingReplay { off, rollout };
 
 struct ExecutionOptions {
-  // Where the model runs (YAML `policy.device`): the name kernels::backend_for() resolves, "cpu" or
-  // "cuda" (an error without a usable GPU).
+  // Where the model runs (YAML `policy.device`): the name kernels::backend_for() resolves, "cpu",
+  // "cuda" (an error without a usable GPU) or "cpu_fenced" (the device path on the CPU, for tests).
   std::string device = "cpu";
   bool cache_packed_metadata = true;      // build packed-sequence metadata once per batch, shared by layers
   bool activation_checkpointing = false;  // recompute each layer in backward from its saved input
