@@ -18,7 +18,11 @@ if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.decode_slots SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_slots.test.cpp LIBS troupe::policy)
 endif()
 if(TROUPE_BUILD_TESTS)
-  # The model's device path (host mirror, every host array copied to the device) on the fenced CPU backend.
-  troupe_add_test(NAME policy.device_path SOURCES ${CMAKE_CURRENT_LIST_DIR}/device_path.test.cpp LIBS troupe::policy
-                  ENV OMP_WAIT_POLICY=PASSIVE)
+  # The model's device path (host mirror, every host array copied to the device): bit for bit on the
+  # fenced CPU backend, and within tolerance on a GPU (skipped, exit 77, without one).
+  troupe_add_test(NAME policy.device_path OWN_MAIN SOURCES ${CMAKE_CURRENT_LIST_DIR}/device_path.test.cpp
+                  LIBS troupe::policy ENV OMP_WAIT_POLICY=PASSIVE)
+  troupe_add_gpu_test(NAME gpu.model_on_cuda TARGET policy_model_on_cuda_test
+                      SOURCES ${CMAKE_CURRENT_LIST_DIR}/device_path.test.cpp LIBS troupe::policy)
+  target_compile_definitions(policy_model_on_cuda_test PRIVATE TROUPE_TEST_DEVICE="cuda")
 endif()
