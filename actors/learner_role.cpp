@@ -83,13 +83,15 @@ Result<std::unique_ptr<LearnerRole>> LearnerRole::create(const ExperimentConfig&
     l->ref_adapter_ = std::make_unique<learner::ModelAdapter>(*l->ref_model_);
   }
   l->comm_ = comm ? std::move(comm) : std::make_unique<learner::LocalCommunicator>();
+  // Learner ranks on GPUs sum their gradients with NCCL; elsewhere (null) over comm on the host.
+  TROUPE_ASSIGN_OR_RETURN(l->device_comm_, learner::join_device_collective(l->policy_.model->backend(), *l->comm_));
   TROUPE_TRY(learner::validate(learner_config(cfg, learner::Phase::grpo)));
   return l;
 }
 
 learner::Trainer& LearnerRole::trainer_for(learner::Phase phase) {
   if (!has_trainer_ || phase != phase_) {  // a phase starts with a fresh optimizer and schedule
-    trainer_ = std::make_unique<learner::Trainer>(*adapter_, learner_config(cfg_, phase), *comm_);
+    trainer_ = std::make_unique<learner::Trainer>(*adapter_, learner_config(cfg_, phase), *comm_, device_comm_.get());
     phase_ = phase;
     has_trainer_ = true;
   }

@@ -45,6 +45,10 @@ void Backend::chunked_logprob_fused(float* logp, float* entropy, float* lse, flo
   chunked_logprob_backward(dh, dW, dlogp, dentropy, h, W, lse, entropy, targets, temperature, N, C, V, chunk, scratch);
 }
 
+Result<std::unique_ptr<DeviceCollective>> Backend::join_collective(const std::vector<uint8_t>&, int, int) const {
+  return invalid_input(std::string(name()) + " backend: no device collectives (reduce host copies instead)");
+}
+
 Result<Buffer> Backend::alloc(size_t bytes) const {
   if (bytes == 0) return Buffer(this, nullptr, 0);
   void* p = alloc_bytes(bytes);

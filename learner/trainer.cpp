@@ -218,8 +218,8 @@ Result<PreparedBatch> prepare_grpo_batch(std::vector<Sample> samples, int group_
   return out;
 }
 
-Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& comm)
-    : model_(model), cfg_(cfg), comm_(comm), opt_(model.params().size()), rng_(cfg.seed) {
+Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& comm, kernels::DeviceCollective* device)
+    : model_(model), cfg_(cfg), comm_(comm), device_(device), opt_(model.params().size()), rng_(cfg.seed) {
   if (cfg_.loss.agg_norm_length <= 0) cfg_.loss.agg_norm_length = cfg_.max_completion_length;
 }
 
@@ -348,8 +348,11 @@ double Trainer::sample_tokens(const Sample& s) const {
 }
 
 Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum) {
+  // The sum over learner ranks: on the device (NCCL) before the gradients come down, else over
+  // comm on the host copy. The same sum either way, so clipping and AdamW below are one code path.
+  if (device_) TROUPE_TRY(model_.all_reduce_grads(*device_));
   auto grads = model_.grads();
-  TROUPE_TRY(comm_.allreduce_sum(grads));
+  if (!device_) TROUPE_TRY(comm_.allreduce_sum(grads));
   norm_sum += clip_grad_norm(grads, cfg_.optimizer.max_grad_norm);
   out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
   TROUPE_TRY(opt_.step(model_.params(), grads, cfg_.optimizer, out.lr));

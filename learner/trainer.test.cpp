@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 using namespace troupe::learner;
@@ -477,4 +478,74 @@ TEST(Trainer, TiledHeadEqualsSeparateCalls) {
   LearnerConfig sft;
   sft.phase = Phase::sft;
   compare(sft, batch, false, "sft");
+}
+
+namespace {
+
+// Two identical learner ranks seen from rank 0: every all-reduce doubles (x + x), broadcasts keep.
+class TwinRanks final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  troupe::Status allreduce_sum(std::span<float> b) override {
+    for (float& x : b) x = x + x;
+    return {};
+  }
+  troupe::Status allreduce_sum(std::span<double> b) override {
+    for (double& x : b) x = x + x;
+    return {};
+  }
+  troupe::Status barrier() override { return {}; }
+  troupe::Status broadcast(std::span<float>, int) override { return {}; }
+};
+
+// The same on the device: x + x through the backend's add op, counting its calls.
+class TwinDevice final : public troupe::kernels::DeviceCollective {
+ public:
+  explicit TwinDevice(const troupe::kernels::Backend& be) : be_(be) {}
+  void all_reduce_sum(float* buf, size_t n) override {
+    ++calls;
+    be_.add(buf, buf, buf, n);
+  }
+  void broadcast(float*, size_t, int) override {}
+  int calls = 0;
+
+ private:
+  const troupe::kernels::Backend& be_;
+};
+
+}  // namespace
+
+// Learner ranks whose gradients live on a device sum them there (NCCL on GPUs) before they come
+// down: on the fenced device backend, a step with the device collective equals, bit for bit, the
+// step that all-reduces the host copy; the device sum ran once per optimizer step.
+TEST(Trainer, DeviceCollectiveEqualsHostAllReduce) {
+  troupe::policy::ModelConfig mc;
+  mc.vocab_size = 32;
+  mc.num_hidden_layers = 2;
+  mc.device = "cpu_fenced";
+  auto a = troupe::policy::Model::create(mc, 3);
+  auto b = troupe::policy::Model::create(mc, 3);
+  ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? "" : a.error().message);
+  ModelAdapter host_sum(*a), device_sum(*b);
+  TwinRanks comm_a, comm_b;
+  TwinDevice dev(b->backend());
+  LearnerConfig c = base_config();
+  Trainer ta(host_sum, c, comm_a), tb(device_sum, c, comm_b, &dev);
+  const auto batch = random_batch(9, 8, mc.vocab_size, true, true);
+  for (int step = 0; step < 2; ++step) {
+    auto ra = ta.train_step(batch);
+    auto rb = tb.train_step(batch);
+    ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message : ra.error().message);
+    EXPECT_EQ(ra->loss.loss, rb->loss.loss);
+    EXPECT_EQ(ra->grad_norm, rb->grad_norm);
+  }
+  EXPECT_EQ(dev.calls, 2 * c.batch.num_mini_batches * c.batch.num_iterations);
+  const auto pa = host_sum.params(), pb = device_sum.params();
+  ASSERT_EQ(pa.size(), pb.size());
+  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size_bytes()));
+  // A backend without device collectives (cpu, cpu_fenced): no collective, the host path.
+  auto none = join_device_collective(b->backend(), comm_b);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
 }

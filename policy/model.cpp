@@ -1029,6 +1029,15 @@ Status Model::set_params(std::span<const float> flat) {
   }
   return {};
 }
+Status Model::all_reduce_grads(kernels::DeviceCollective& c) {
+  Impl& m = *impl_;
+  try {
+    c.all_reduce_sum(m.G(), m.n_params);  // G(): the host's writes go up first; the sum is newer than the mirror
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::internal, std::string("gradient all-reduce on the device: ") + e.what());
+  }
+  return {};
+}
 void Model::zero_grads() {
   Impl& m = *impl_;
   m.be->zero(m.grads.floats(), m.n_params);

@@ -13,6 +13,7 @@
 #include "bodies/grpo_loss.h"
 #include "check.h"
 #include "launchers.h"
+#include "nccl_comm.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/device.h"
 #include "troupe/kernels/ops.h"
@@ -21,6 +22,18 @@ namespace troupe::kernels {
 namespace {
 
 using cuda::Queue;
+
+class NcclCollective final : public DeviceCollective {
+ public:
+  NcclCollective(const std::vector<uint8_t>& id, int nranks, int rank, cudaStream_t stream)
+      : comm_(id, nranks, rank), stream_(stream) {}
+  void all_reduce_sum(float* buf, size_t n) override { comm_.all_reduce_sum(buf, n, stream_); }
+  void broadcast(float* buf, size_t n, int root) override { comm_.broadcast(buf, n, root, stream_); }
+
+ private:
+  cuda::NcclComm comm_;
+  cudaStream_t stream_;
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -210,6 +223,21 @@ class CudaBackend final : public Backend {
     for (int n = 0; n < N; ++n) {
       matmul_forward(row, h + static_cast<size_t>(n) * C, W, 1, C, V);
       tokens[n] = cuda::launch_sample_token(q_, logprobs + n, row, V, sp[n], rng + n, tmp);
+    }
+  }
+
+  // NCCL between the ranks' GPUs (nccl_comm.h), on this backend's stream.
+  std::vector<uint8_t> collective_id() const override {
+    return cuda::NcclComm::available() ? cuda::NcclComm::unique_id() : std::vector<uint8_t>{};
+  }
+  Result<std::unique_ptr<DeviceCollective>> join_collective(const std::vector<uint8_t>& id, int nranks,
+                                                            int rank) const override {
+    try {
+      return std::unique_ptr<DeviceCollective>(new NcclCollective(id, nranks, rank, q_.stream));
+    } catch (const cuda::CudaError& e) {
+      return make_error(ErrorCode::internal, std::string("cuda backend: joining the NCCL communicator (rank ") +
+                                                 std::to_string(rank) + " of " + std::to_string(nranks) +
+                                                 "): " + e.what());
     }
   }
 

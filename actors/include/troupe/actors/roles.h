@@ -184,6 +184,7 @@ class LearnerRole {
   std::unique_ptr<policy::Model> ref_model_;  // loss.kl_coef > 0: the frozen initial policy
   std::unique_ptr<learner::ModelAdapter> ref_adapter_;
   std::unique_ptr<learner::Communicator> comm_;
+  std::unique_ptr<kernels::DeviceCollective> device_comm_;  // the learners' NCCL communicator (cuda), or null
   std::unique_ptr<learner::Trainer> trainer_;
   // Async: the parameters of recent versions (at most rollout.max_staleness back), so that a sample
   // is scored for the mismatch metrics with the weights that sampled it.

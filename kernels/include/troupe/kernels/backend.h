@@ -16,7 +16,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
+#include <vector>
 
 #include "troupe/base/result.h"
 #include "troupe/kernels/chunked_logprob.h"
@@ -28,6 +30,16 @@
 namespace troupe::kernels {
 
 class Backend;
+
+// A collective over the ranks of a job on one backend's device buffers (NCCL on cuda): sums and
+// broadcasts in place, queued on the backend's queue in call order. Every rank makes the same
+// calls in the same order. A failure throws (the CUDA backend's CudaError names the call).
+class DeviceCollective {
+ public:
+  virtual ~DeviceCollective() = default;
+  virtual void all_reduce_sum(float* device_buf, size_t n) = 0;
+  virtual void broadcast(float* device_buf, size_t n, int root) = 0;
+};
 
 // A block of device memory owned by one backend, freed when the Buffer goes (move-only).
 class Buffer {
@@ -184,6 +196,15 @@ class Backend {
   virtual void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const float* W, int N, int C, int V,
                               int chunk, const SampleParams* sp, uint64_t* rng, int max_top_k,
                               void* scratch) const = 0;
+
+  // ---- collectives between ranks (optional) -------------------------------------------------------
+  // The id rank 0 makes and sends every rank out of band (the learners' MPI communicator) to join
+  // one collective; empty when this backend has no device collectives (cpu, cpu_fenced: the caller
+  // reduces host copies over MPI instead).
+  virtual std::vector<uint8_t> collective_id() const { return {}; }
+  // Joins the collective of `nranks` ranks named by rank 0's collective_id() as `rank`.
+  virtual Result<std::unique_ptr<DeviceCollective>> join_collective(const std::vector<uint8_t>& id, int nranks,
+                                                                    int rank) const;
 
   // ---- fused GRPO per-token loss (grpo_loss.h) ------------------------------------------------------
   virtual GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch,

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "troupe/base/result.h"
+#include "troupe/kernels/backend.h"
 
 namespace troupe::learner {
 
@@ -32,6 +33,13 @@ class LocalCommunicator final : public Communicator {
   Status barrier() override { return {}; }
   Status broadcast(std::span<float>, int) override { return {}; }
 };
+
+// The learner ranks' collective on their model's device (NCCL on cuda): rank 0 makes the id
+// (Backend::collective_id), comm broadcasts it, every rank joins. Null (no error) with one rank or
+// a backend without device collectives (cpu): the trainer then all-reduces over comm on the host.
+// Every rank must call it, with the same backend.
+Result<std::unique_ptr<kernels::DeviceCollective>> join_device_collective(const kernels::Backend& backend,
+                                                                          Communicator& comm);
 
 // MPI over a duplicate of *mpi_comm (a pointer to an MPI_Comm, void* so this header needs no mpi.h;
 // nullptr = MPI_COMM_WORLD). MPI must be initialised. Errors are returned, never aborted on.

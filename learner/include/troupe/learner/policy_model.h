@@ -39,6 +39,11 @@ class PolicyModel {
   // The backend the model computes on; the trainer runs the fused loss there too when the host can
   // read its memory (else on the CPU backend: the loss's arrays are host arrays).
   virtual const kernels::Backend& backend() const { return kernels::cpu_backend(); }
+  // Sums grads() over the ranks of a device collective (learner ranks on GPUs: NCCL) where the
+  // model's gradients live on the device; the trainer calls it instead of the host all-reduce.
+  virtual Status all_reduce_grads(kernels::DeviceCollective&) {
+    return invalid_input("this model keeps no gradients on a device: all-reduce grads() on the host");
+  }
   // MoE routing of the last forward_train: (T x routing_width()) top-k expert ids, routing_k() per
   // MoE layer, ascending within a layer (policy::Model::last_routing). Dense models: width 0.
   virtual int routing_width() const { return 0; }
@@ -65,6 +70,7 @@ class ModelAdapter final : public PolicyModel {
     return model_.forward_backward_train(batch, temperature, logp, entropy, dlogp, dentropy, grad);
   }
   const kernels::Backend& backend() const override { return model_.backend(); }
+  Status all_reduce_grads(kernels::DeviceCollective& c) override { return model_.all_reduce_grads(c); }
   int routing_width() const override { return model_.routing_width(); }
   int routing_k() const override { return model_.routing_width() > 0 ? model_.config().num_experts_per_tok : 0; }
   std::span<const int32_t> last_routing() const override { return model_.last_routing(); }

@@ -109,7 +109,10 @@ Result<std::vector<std::vector<float>>> compute_completion_logprobs(PolicyModel&
 
 class Trainer {
  public:
-  Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& comm);
+  // device: a collective of the learner ranks on the model's device (join_device_collective), or
+  // null: the gradient all-reduce runs over comm on the host copy of the gradients.
+  Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& comm,
+          kernels::DeviceCollective* device = nullptr);
 
   // One generation batch, the same (global order) on every rank: rank r trains on its shard of each
   // mini-batch. GRPO or SFT per cfg.phase. Errors name the sample and field at fault.
@@ -151,6 +154,7 @@ class Trainer {
   PolicyModel& model_;
   LearnerConfig cfg_;
   Communicator& comm_;
+  kernels::DeviceCollective* device_;
   AdamW opt_;
   std::mt19937_64 rng_;
   std::vector<float> logp_, entropy_, dlogp_, dentropy_, is_weight_;  // (T) scratch of one micro-batch

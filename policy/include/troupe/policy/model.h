@@ -150,6 +150,9 @@ class Model {
   const kernels::Backend& backend() const;
   Status set_params(std::span<const float> flat);          // size must equal params().size()
   void zero_grads();
+  // Sums the gradients over the ranks of `c` on the device (NCCL on cuda), what the host wrote
+  // through grads() included; the next grads() brings the sum down.
+  Status all_reduce_grads(kernels::DeviceCollective& c);
 
   // Training forward on a packed batch (targets required). Per position t:
   //   logp[t] = log softmax(logits[t] / temperature)[targets[t]]  (0 where targets[t] == -1)
