@@ -45,6 +45,61 @@ void Backend::chunked_logprob_fused(float* logp, float* entropy, float* lse, flo
   chunked_logprob_backward(dh, dW, dlogp, dentropy, h, W, lse, entropy, targets, temperature, N, C, V, chunk, scratch);
 }
 
+namespace {
+
+// Backend::make_layer_offload's default: the backend's synchronous copies, one reload buffer.
+class CopyingLayerOffload final : public LayerOffload {
+ public:
+  CopyingLayerOffload(const Backend& be, const OffloadOptions& o, Buffer reload)
+      : be_(be), options_(o), store_(static_cast<size_t>(o.num_layers) * o.max_floats),
+        stored_(static_cast<size_t>(o.num_layers), 0), reload_(std::move(reload)) {}
+  bool offloaded(int l) const override { return offloads_layer(options_, l); }
+  Status offload_begin(int l, const float* x, size_t n) override {
+    TROUPE_TRY(check(l, n, "offload_begin"));
+    be_.copy_device_to_host(slot(l), x, n * sizeof(float));  // waits for the queue: x is final
+    stored_[static_cast<size_t>(l)] = n;
+    return {};
+  }
+  Status offload_wait(int l) override { return check(l, 0, "offload_wait"); }
+  Status reload_begin(int l) override { return check(l, 0, "reload_begin"); }
+  Result<const float*> reload_wait(int l) override {
+    TROUPE_TRY(check(l, 0, "reload_wait"));
+    // The one buffer's last reader (layer l+1's backward) was queued before: the queue orders them.
+    be_.copy_host_to_device(reload_.data(), slot(l), stored_[static_cast<size_t>(l)] * sizeof(float));
+    return reload_.floats();
+  }
+  Status reload_release(int l) override { return check(l, 0, "reload_release"); }
+  size_t reload_buffer_bytes() const override { return reload_.bytes(); }
+  const OffloadOptions& options() const override { return options_; }
+  void synchronize() override { be_.synchronize(); }
+
+ private:
+  float* slot(int l) { return store_.data() + static_cast<size_t>(l) * options_.max_floats; }
+  Status check(int l, size_t n, const char* what) const {
+    if (!offloaded(l))
+      return invalid_input(std::string("activation offload: ") + what + ": layer " + std::to_string(l) +
+                           " is not offloaded");
+    if (n > options_.max_floats)
+      return invalid_input(std::string("activation offload: ") + what + ": " + std::to_string(n) +
+                           " floats exceed the slot's " + std::to_string(options_.max_floats));
+    return {};
+  }
+  const Backend& be_;
+  OffloadOptions options_;
+  std::vector<float> store_;
+  std::vector<size_t> stored_;
+  Buffer reload_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<LayerOffload>> Backend::make_layer_offload(const OffloadOptions& o) const {
+  if (o.num_layers <= 0 || o.max_floats == 0)
+    return invalid_input("activation offload: num_layers and max_floats must be > 0");
+  TROUPE_ASSIGN_OR_RETURN(Buffer reload, alloc(o.max_floats * sizeof(float)));
+  return std::unique_ptr<LayerOffload>(new CopyingLayerOffload(*this, o, std::move(reload)));
+}
+
 Result<std::unique_ptr<DeviceCollective>> Backend::join_collective(const std::vector<uint8_t>&, int, int) const {
   return invalid_input(std::string(name()) + " backend: no device collectives (reduce host copies instead)");
 }

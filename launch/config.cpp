@@ -537,10 +537,6 @@ class Loader {
             "needs policy.activation_checkpointing: true (only checkpointed inputs are offloaded)");
     if (auto be = kernels::backend_for(x.device); !be.ok()) error(at("policy.device"), "policy.device", be.error().message);
     // Options the CUDA backend does not implement yet are errors with it, never a silent fallback.
-    if (x.device != "cpu" && x.offload_activations)
-      error(at("policy.offload_activations"), "policy.offload_activations",
-            "not implemented with policy.device: " + x.device +
-                " (the model's offload engine copies host memory); set it to false or use policy.device: cpu");
     if (x.device == "cuda" && c.policy.batch_invariant)
       error(at("policy.batch_invariant"), "policy.batch_invariant",
             "not implemented with policy.device: cuda (the CUDA kernels have no fixed-chain GEMM or shared "

@@ -199,10 +199,6 @@ Status validate_model_config(const ModelConfig& c) {
     return bad("offload_activations", "needs activation_checkpointing: true (only checkpointed layer inputs are offloaded)");
   auto be = kernels::backend_for(c.device);
   if (!be.ok()) return bad("device", "'" + c.device + "': " + be.error().message);
-  // The offload copy engine copies layer inputs with host memcpy; a device backend's reload engine
-  // is not wired into the model yet.
-  if (c.offload_activations && !(*be)->host_visible())
-    return bad("offload_activations", "is not implemented on device '" + c.device + "' yet (cpu only)");
   return {};
 }
 
@@ -235,7 +231,8 @@ Model::Impl::Impl(const ModelConfig& c, const kernels::Backend& backend) : cfg(c
     if (c.is_moe_layer(l)) moe_ordinal[l] = n++;
   if (any_moe) routing_width = static_cast<int>(std::count_if(moe_ordinal.begin(), moe_ordinal.end(),
                                                               [](int o) { return o >= 0; })) * moe_cfg.K;
-  if (cfg.offload_activations) engine = std::make_unique<k::CopyEngine>();
+  // The CPU copy engine serves the cpu backend; a device backend brings its own (make_layer_offload).
+  if (cfg.offload_activations && backend.host_visible()) engine = std::make_unique<k::CopyEngine>();
 }
 
 void Model::Impl::build_table() {
@@ -679,7 +676,7 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   const bool ckpt = cfg.activation_checkpointing;
   // A training forward whose backward never ran may still have offload copies reading the arena's
   // layer inputs (forward leaves the last ones in flight): finish them before the arena is reused.
-  if (offload && !offload_clean) engine->synchronize();
+  if (offload && !offload_clean) offload->synchronize();
   // Offload only for training forwards (forward_logits has no backward to reload for).
   offload_step = cfg.offload_activations && need_targets;
   if (offload_step) {
@@ -688,8 +685,12 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
       o.num_layers = L;
       o.max_floats = std::max(TC, offload ? offload->options().max_floats : size_t{0});
       o.double_buffer = cfg.offload_double_buffer;
-      engine->synchronize();  // nothing may still write into the old store
-      TROUPE_ASSIGN_OR_RETURN(offload, k::ActivationOffload::create(*engine, o));
+      if (offload) offload->synchronize();  // nothing may still write into the old store
+      if (engine) {
+        TROUPE_ASSIGN_OR_RETURN(offload, k::ActivationOffload::create(*engine, o));
+      } else {
+        TROUPE_ASSIGN_OR_RETURN(offload, be->make_layer_offload(o));
+      }
     }
     offload_clean = false;
   }
@@ -1134,6 +1135,8 @@ std::span<const int32_t> Model::last_routing() const { return impl_->routing; }
 uint64_t Model::packed_meta_builds() const { return impl_->meta_builds; }
 size_t Model::activation_peak_bytes() const { return impl_->peak_bytes; }
 kernels::CopyEngine* Model::offload_engine() { return impl_->engine.get(); }
-const kernels::ActivationOffload* Model::activation_offload() const { return impl_->offload.get(); }
+const kernels::ActivationOffload* Model::activation_offload() const {
+  return dynamic_cast<const kernels::ActivationOffload*>(impl_->offload.get());
+}
 
 }  // namespace troupe::policy

@@ -145,7 +145,7 @@ struct Model::Impl {
   // back through the reload buffers in backward; the arena keeps a ring of layer inputs, so offload
   // copies run on under later layers' forward (see offload_ring).
   std::unique_ptr<kernels::CopyEngine> engine;
-  std::unique_ptr<kernels::ActivationOffload> offload;
+  std::unique_ptr<kernels::LayerOffload> offload;  // ActivationOffload on cpu; the backend's elsewhere
   bool offload_clean = true;  // false from a training forward until its backward completes
   bool offload_step = false;  // the last forward offloaded (training forward with offload on)
   // Layer-input ring under offload (x_l in resid[l % ring]); L + 1 (every input kept) otherwise.

@@ -156,10 +156,9 @@ Result<std::unique_ptr<ActivationOffload>> ActivationOffload::create(CopyEngine&
   return std::unique_ptr<ActivationOffload>(new ActivationOffload(engine, options));
 }
 
-bool ActivationOffload::offloaded(int l) const {
-  if (l < 0 || l >= options_.num_layers) return false;
-  return options_.offload_last || l != options_.num_layers - 1;
-}
+bool ActivationOffload::offloaded(int l) const { return offloads_layer(options_, l); }
+
+void ActivationOffload::synchronize() { engine_.synchronize(); }
 
 Status ActivationOffload::check_layer(int l, const char* what) const {
   if (l < 0 || l >= options_.num_layers)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "launchers.h"
+#include "troupe/kernels/offload.h"
 
 namespace troupe::kernels::cuda {
 
@@ -27,9 +28,12 @@ class ActivationReload {
   ActivationReload(const ActivationReload&) = delete;
   ActivationReload& operator=(const ActivationReload&) = delete;
 
-  // Copies layer's activation (device, `floats`) to its host slot once the compute stream has
-  // produced it; returns at once (the copy runs on the copy stream).
-  void offload(int layer, const float* device_src);
+  // Copies layer's activation (device, n floats, default all `floats`) to its host slot once the
+  // compute stream has produced it; returns at once (the copy runs on the copy stream).
+  void offload(int layer, const float* device_src, size_t n = static_cast<size_t>(-1));
+  // Work queued on the compute stream after this call waits for layer's offload copy (so it may
+  // overwrite the source).
+  void offload_done(int layer);
   // The layer's activation in a device buffer, ready for work queued on the compute stream after
   // this call; prefetches layer-1 when double buffered. Call in descending layer order.
   const float* acquire(int layer);
@@ -37,6 +41,7 @@ class ActivationReload {
   // be overwritten after it.
   void release(int layer);
   bool double_buffered() const { return double_buffer_; }
+  void synchronize();  // both streams drained (between steps, never inside the loop)
 
  private:
   void load(int layer);  // queue the host->device copy of `layer` into its buffer on the copy stream
@@ -48,7 +53,15 @@ class ActivationReload {
   float* host_ = nullptr;  // pinned, layers * floats
   float* dev_[2] = {nullptr, nullptr};
   cudaEvent_t loaded_[2] = {nullptr, nullptr}, released_[2] = {nullptr, nullptr}, produced_ = nullptr;
+  std::vector<cudaEvent_t> offloaded_;  // per layer: its offload copy
+  std::vector<size_t> n_;               // per layer: floats offloaded
   std::vector<bool> in_flight_;  // per layer: its load has been queued
 };
+
+// The model's layer-input offload (offload.h LayerOffload) on the CUDA backend's queue: an
+// ActivationReload with one slot per layer; offload_wait orders the compute stream after the
+// layer's offload copy, reload_wait is acquire (which also starts layer-1's reload when double
+// buffered), reload_release is release. Errors (CUDA calls, out of memory) come back as Status.
+Result<std::unique_ptr<LayerOffload>> make_cuda_layer_offload(const Queue& q, const OffloadOptions& options);
 
 }  // namespace troupe::kernels::cuda

@@ -12,6 +12,7 @@
 
 #include "bodies/grpo_loss.h"
 #include "check.h"
+#include "activation_reload.h"
 #include "launchers.h"
 #include "nccl_comm.h"
 #include "troupe/kernels/backend.h"
@@ -224,6 +225,11 @@ class CudaBackend final : public Backend {
       matmul_forward(row, h + static_cast<size_t>(n) * C, W, 1, C, V);
       tokens[n] = cuda::launch_sample_token(q_, logprobs + n, row, V, sp[n], rng + n, tmp);
     }
+  }
+
+  // Double-buffered reload of checkpointed layer inputs: pinned store, a copy stream, events.
+  Result<std::unique_ptr<LayerOffload>> make_layer_offload(const OffloadOptions& options) const override {
+    return cuda::make_cuda_layer_offload(q_, options);
   }
 
   // NCCL between the ranks' GPUs (nccl_comm.h), on this backend's stream.

@@ -25,6 +25,7 @@
 #include "troupe/kernels/chunked_sample.h"
 #include "troupe/kernels/grpo_loss.h"
 #include "troupe/kernels/moe.h"
+#include "troupe/kernels/offload.h"
 #include "troupe/kernels/random.h"
 
 namespace troupe::kernels {
@@ -196,6 +197,14 @@ class Backend {
   virtual void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const float* W, int N, int C, int V,
                               int chunk, const SampleParams* sp, uint64_t* rng, int max_top_k,
                               void* scratch) const = 0;
+
+  // ---- activation offload (checkpointed layer inputs, offload.h) ----------------------------------
+  // The layer-input offload on this backend: x and the reload buffers are device memory, the store
+  // is host memory. This default copies synchronously through the backend's own copies (offload
+  // at offload_begin, reload at reload_wait; nothing overlaps); a device with copy engines
+  // overrides it (cuda: pinned store, a copy stream, double-buffered reload). The cpu model runs
+  // ActivationOffload over its CPU copy engine instead.
+  virtual Result<std::unique_ptr<LayerOffload>> make_layer_offload(const OffloadOptions& options) const;
 
   // ---- collectives between ranks (optional) -------------------------------------------------------
   // The id rank 0 makes and sends every rank out of band (the learners' MPI communicator) to join

@@ -132,23 +132,49 @@ struct OffloadOptions {
 // offload_sync_reload baseline). A buffer's contents are valid from reload_wait(l) until
 // reload_release(l). The copy engine's FIFO order makes the next step's offload of slot l wait
 // for this step's reload of slot l.
-class ActivationOffload {
+//
+// LayerOffload is that protocol; ActivationOffload (over the CPU copy engine) is the model's on
+// the cpu backend, and Backend::make_layer_offload gives a device backend's (the CUDA double
+// buffer: pinned store, copy stream, events; elsewhere synchronous copies through the backend).
+// On a device, x and the reloaded buffers are device memory and "wait" orders the backend's queue.
+class LayerOffload {
+ public:
+  virtual ~LayerOffload() = default;
+  virtual bool offloaded(int l) const = 0;  // whether layer l's input goes to the store
+  virtual Status offload_begin(int l, const float* x, size_t n) = 0;
+  virtual Status offload_wait(int l) = 0;
+  virtual Status reload_begin(int l) = 0;
+  virtual Result<const float*> reload_wait(int l) = 0;
+  virtual Status reload_release(int l) = 0;
+  virtual size_t reload_buffer_bytes() const = 0;  // both reload buffers (or the one)
+  virtual const OffloadOptions& options() const = 0;
+  virtual void synchronize() = 0;  // every copy queued so far has completed
+};
+
+// Whether layer l's input is offloaded under these options (every layer but the last, unless
+// offload_last): the rule every LayerOffload follows.
+inline bool offloads_layer(const OffloadOptions& o, int l) {
+  return l >= 0 && l < o.num_layers && (o.offload_last || l != o.num_layers - 1);
+}
+
+class ActivationOffload final : public LayerOffload {
  public:
   static Result<std::unique_ptr<ActivationOffload>> create(CopyEngine& engine, const OffloadOptions& options);
 
-  bool offloaded(int l) const;  // whether layer l's input goes to the store
+  bool offloaded(int l) const override;
 
-  Status offload_begin(int l, const float* x, size_t n);
-  Status offload_wait(int l);
-  Status reload_begin(int l);
-  Result<const float*> reload_wait(int l);
-  Status reload_release(int l);
+  Status offload_begin(int l, const float* x, size_t n) override;
+  Status offload_wait(int l) override;
+  Status reload_begin(int l) override;
+  Result<const float*> reload_wait(int l) override;
+  Status reload_release(int l) override;
+  void synchronize() override;
 
-  size_t reload_buffer_bytes() const;  // both reload buffers (or the one)
+  size_t reload_buffer_bytes() const override;  // both reload buffers (or the one)
   size_t store_bytes() const;          // host offload store (all slots)
   int sync_reloads() const { return sync_reloads_; }      // reloads that reload_wait had to start itself
   int overlapped_reloads() const { return overlapped_; }  // reloads started early by reload_begin
-  const OffloadOptions& options() const { return options_; }
+  const OffloadOptions& options() const override { return options_; }
 
  private:
   ActivationOffload(CopyEngine& engine, const OffloadOptions& options);

@@ -196,7 +196,8 @@ class Model {
   // Observability for tests and benchmarks.
   uint64_t packed_meta_builds() const;      // PackedMeta constructions since create()
   size_t activation_peak_bytes() const;     // activation arena + reload buffers (offload store excluded)
-  // The offload copy engine and state (offload_activations on; else nullptr). Tests and benchmarks
+  // The CPU offload copy engine and state (offload_activations on the cpu backend; else nullptr: a
+  // device backend's offload is its own). Tests and benchmarks
   // set its bandwidth limit / injected delays and read its stats.
   kernels::CopyEngine* offload_engine();
   const kernels::ActivationOffload* activation_offload() const;
