@@ -136,8 +136,9 @@ void moe_cases(const BenchOptions& opt, int reps) {
 
 // ---- full training steps of the policy model ---------------------------------------------------
 
-policy::ModelConfig step_config(int layers) {
+policy::ModelConfig step_config(int layers, const std::string& device = "cpu") {
   policy::ModelConfig c;  // the tiny MoE of the policy bench: vocab 256, d_model 128, 8 experts top-2
+  c.device = device;
   c.num_hidden_layers = layers;
   c.router_aux_loss_coef = 0.01f;
   c.cache_packed_metadata = true;
@@ -215,10 +216,15 @@ struct StepCase {
   int T, seq_len;
 };
 
-int step_cases(const BenchOptions& opt, int reps) {
+// The model-step cases on `device`; every case name gets the prefix `pre` ("" on cpu, "cuda_" on the
+// GPU). The copy-engine cases (offload_memory, offload_overlap_emulated) are the CPU engine's own.
+int step_cases(const BenchOptions& opt, int reps, const std::string& device, const std::string& pre) {
+  auto want = [&](const char* n) { return opt.wants(pre + n); };
+  auto name = [&](const char* n) { return pre + n; };
+  const bool cpu = device == "cpu";
   int rc = 0;
-  auto fail = [&](const char* name, const Error& e) {
-    std::fprintf(stderr, "troupe bench kernels: %s failed: %s\n", name, e.message.c_str());
+  auto fail = [&](const char* n, const Error& e) {
+    std::fprintf(stderr, "troupe bench kernels: %s failed: %s\n", name(n).c_str(), e.message.c_str());
     rc = 1;
   };
   const int L_meta = 16, L_off = 8, kMemLayers = 48;
@@ -226,9 +232,9 @@ int step_cases(const BenchOptions& opt, int reps) {
   const int T_meta = 1024, T_off = 2048;
 
   {  // metadata_cache: 16 layers, many short sequences; per-layer rebuild is the baseline.
-    policy::ModelConfig o = step_config(L_meta), b = o;
+    policy::ModelConfig o = step_config(L_meta, device), b = o;
     b.cache_packed_metadata = false;
-    if (opt.wants("metadata_cache")) {
+    if (want("metadata_cache")) {
       auto batch = make_batch(T_meta, 16, o.vocab_size, 11);
       auto so = make_stepper(o, &batch);
       auto sb = make_stepper(b, &batch);
@@ -242,7 +248,7 @@ int step_cases(const BenchOptions& opt, int reps) {
         } else {
           const int steps = 1 + std::max(reps, 5);
           emit(make_row(
-              kSuite, "metadata_cache", {"step_ms", "ms", Better::lower}, *p, "per_layer_rebuild",
+              kSuite, name("metadata_cache"), {"step_ms", "ms", Better::lower}, *p, "per_layer_rebuild",
               {{"layers", L_meta},
                {"tokens", T_meta},
                {"seq_len", 16},
@@ -253,7 +259,7 @@ int step_cases(const BenchOptions& opt, int reps) {
     }
   }
 
-  policy::ModelConfig ckpt = step_config(L_off);
+  policy::ModelConfig ckpt = step_config(L_off, device);
   ckpt.activation_checkpointing = true;
   policy::ModelConfig dbl = ckpt, sync = ckpt;
   dbl.offload_activations = sync.offload_activations = true;
@@ -262,30 +268,30 @@ int step_cases(const BenchOptions& opt, int reps) {
   const nlohmann::json off_extra = {{"layers", L_off}, {"tokens", T_off}, {"seq_len", 128},
                                     {"activation_checkpointing", true}};
 
-  if (opt.wants("offload_double_vs_sync")) {
+  if (want("offload_double_vs_sync")) {
     auto so = make_stepper(dbl, &batch);
     auto sb = make_stepper(sync, &batch);
     auto p = so.ok() && sb.ok() ? time_steps(**so, **sb, reps) : Result<Paired>(so.ok() ? sb.error() : so.error());
     if (!p.ok()) {
       fail("offload_double_vs_sync", p.error());
     } else {
-      emit(make_row(kSuite, "offload_double_vs_sync", {"step_ms", "ms", Better::lower}, *p,
+      emit(make_row(kSuite, name("offload_double_vs_sync"), {"step_ms", "ms", Better::lower}, *p,
                     "offload_sync_reload", off_extra));
     }
   }
 
-  if (opt.wants("offload_double_vs_none")) {
+  if (want("offload_double_vs_none")) {
     auto so = make_stepper(dbl, &batch);
     auto sb = make_stepper(ckpt, &batch);
     auto p = so.ok() && sb.ok() ? time_steps(**so, **sb, reps) : Result<Paired>(so.ok() ? sb.error() : so.error());
     if (!p.ok())
       fail("offload_double_vs_none", p.error());
     else
-      emit(make_row(kSuite, "offload_double_vs_none", {"step_ms", "ms", Better::lower}, *p,
+      emit(make_row(kSuite, name("offload_double_vs_none"), {"step_ms", "ms", Better::lower}, *p,
                     "checkpoint_no_offload", off_extra));
   }
 
-  if (opt.wants("offload_memory")) {
+  if (cpu && want("offload_memory")) {
     // Deterministic (the arena layout depends only on the config and batch), so one step each.
     // Measured at 48 layers (Qwen3-30B-A3B's depth: checkpointed layer inputs grow with depth, the
     // one-layer workspace does not) and, as extra figures, at the 8 layers of the timing cases.
@@ -323,7 +329,7 @@ int step_cases(const BenchOptions& opt, int reps) {
     }
   }
 
-  if (opt.wants("offload_overlap_emulated")) {
+  if (cpu && want("offload_overlap_emulated")) {
     auto so = make_stepper(dbl, &batch);
     auto sb = make_stepper(sync, &batch);
     auto sn = make_stepper(ckpt, &batch);
@@ -378,7 +384,7 @@ int step_cases(const BenchOptions& opt, int reps) {
     }
   }
 
-  if (opt.wants("all_vs_none")) {
+  if (want("all_vs_none")) {
     // All three on vs all three off (per-layer metadata, masked loop, offload with synchronous reload).
     policy::ModelConfig on = dbl, off = sync;
     off.cache_packed_metadata = false;
@@ -392,7 +398,7 @@ int step_cases(const BenchOptions& opt, int reps) {
     } else {
       nlohmann::json extra = off_extra;
       extra["seq_len"] = 32;
-      emit(make_row(kSuite, "all_vs_none", {"step_ms", "ms", Better::lower}, *p, "none", extra));
+      emit(make_row(kSuite, name("all_vs_none"), {"step_ms", "ms", Better::lower}, *p, "none", extra));
     }
   }
   return rc;
@@ -403,7 +409,14 @@ int step_cases(const BenchOptions& opt, int reps) {
 int run_kernels_suite(const BenchOptions& opt) {
   const int reps = opt.quick ? 5 : std::max(opt.reps, 9);
   moe_cases(opt, reps);
-  return step_cases(opt, reps);
+  int rc = step_cases(opt, reps, "cpu", "");
+  // cuda_*: the same training steps (each optimization on vs off) on the GPU, when there is one.
+  auto gpu = kernels::backend_for("cuda");
+  if (gpu.ok()) return step_cases(opt, reps, "cuda", "cuda_") | rc;
+  for (const char* c : {"cuda_metadata_cache", "cuda_offload_double_vs_sync", "cuda_offload_double_vs_none",
+                        "cuda_all_vs_none"})
+    if (opt.wants(c)) skip_baseline(kSuite, c, gpu.error().message);
+  return rc;
 }
 
 }  // namespace troupe::bench
