@@ -536,6 +536,12 @@ class Loader {
       error(at("policy.offload_activations"), "policy.offload_activations",
             "needs policy.activation_checkpointing: true (only checkpointed inputs are offloaded)");
     if (auto be = kernels::backend_for(x.device); !be.ok()) error(at("policy.device"), "policy.device", be.error().message);
+    if (x.compute_dtype == "bf16" && x.device != "cuda")
+      error(at("policy.compute_dtype"), "policy.compute_dtype",
+            "bf16 GEMMs are implemented on policy.device: cuda only (got " + x.device + "); use fp32");
+    if (x.compute_dtype == "bf16" && c.policy.batch_invariant)
+      error(at("policy.compute_dtype"), "policy.compute_dtype",
+            "bf16 with policy.batch_invariant: exact on-policy sampling runs fp32 GEMMs; use fp32");
     // Options the CUDA backend does not implement yet are errors with it, never a silent fallback.
     if (x.device == "cuda" && c.policy.batch_invariant)
       error(at("policy.batch_invariant"), "policy.batch_invariant",

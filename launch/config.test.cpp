@@ -92,6 +92,12 @@ TEST(Config, CudaRejectsOptionsItDoesNotImplement) {
   m = load_error(std::string(kMinimal) + "policy:\n  device: cuda\n  moe:\n    routing_replay: rollout\n");
   EXPECT_NE(m.find("error: policy.moe.routing_replay: not implemented with policy.device: cuda"), std::string::npos)
       << m;
+  // bf16 GEMMs exist on cuda only: on cpu the key's line says so
+  m = load_error(std::string(kMinimal) + "policy:\n  compute_dtype: bf16\n");
+  EXPECT_NE(m.find("x.yaml:4:"), std::string::npos) << m;
+  EXPECT_NE(m.find("error: policy.compute_dtype: bf16 GEMMs are implemented on policy.device: cuda only (got cpu)"),
+            std::string::npos)
+      << m;
 }
 
 TEST(Config, WrongType) {

@@ -134,7 +134,7 @@ void DecodeSlots::remove(int slot) {
 Result<std::vector<SlotToken>> DecodeSlots::step() {
   State& s = *s_;
   Model::Impl& m = *s.m;
-  const k::BatchInvariantScope invariant(m.cfg.batch_invariant);  // a slot's rows never depend on the others
+  const OpScopes scopes(m.cfg);  // batch invariance: a slot's rows never depend on the others
   const k::Backend* be = m.be;
   const float* P = m.P();
   const int C = m.C, V = m.V, HD = m.HD;

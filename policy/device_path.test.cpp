@@ -294,6 +294,47 @@ TEST(DevicePath, DecodeSlotsEqualCpuBitForBit) {
   }
 }
 
+// policy.compute_dtype bf16: GEMMs on bf16 operands with fp32 accumulation. On cuda the training
+// forward stays within bf16 rounding of the fp32 cpu model's and SGD steps raise the batch's
+// log-likelihood; a backend without bf16 GEMMs (cpu_fenced, cpu) refuses the option.
+TEST(DevicePath, Bf16Compute) {
+  ModelConfig c = tiny("qwen3_moe");
+  c.compute_dtype = "bf16";
+  if (kExact) {
+    c.device = kDevice;
+    auto m = Model::create(c, 1);
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.error().message.find("compute_dtype"), std::string::npos) << m.error().message;
+    return;
+  }
+  Model dev = make(c);
+  ModelConfig f = c;
+  f.compute_dtype = "fp32";
+  Model cpu = make(f, "cpu");
+  const PackedBatch b = batch();
+  const size_t T = b.tokens.size();
+  std::vector<float> lc(T), ld(T), dl(T, -1.0f);
+  ASSERT_TRUE(cpu.forward_train(b, 1.0f, lc.data(), nullptr).ok());
+  ASSERT_TRUE(dev.forward_train(b, 1.0f, ld.data(), nullptr).ok());
+  double first = 0;
+  for (size_t t = 0; t < T; ++t) {
+    EXPECT_NEAR(ld[t], lc[t], 0.05 + 0.02 * std::fabs(lc[t])) << "token " << t;
+    first += ld[t];
+  }
+  for (int step = 0; step < 5; ++step) {  // minimise -sum logp
+    dev.zero_grads();
+    ASSERT_TRUE(dev.forward_train(b, 1.0f, ld.data(), nullptr).ok());
+    ASSERT_TRUE(dev.backward_train(dl.data(), nullptr).ok());
+    auto g = dev.grads();
+    auto p = dev.params();
+    for (size_t i = 0; i < p.size(); ++i) p[i] -= 0.05f * g[i];
+  }
+  ASSERT_TRUE(dev.forward_train(b, 1.0f, ld.data(), nullptr).ok());
+  double last = 0;
+  for (float v : ld) last += v;
+  EXPECT_GT(last, first);
+}
+
 // The fence itself: a host array where the table wants device memory aborts naming the op.
 TEST(DevicePathDeathTest, HostPointerToAnOpAborts) {
   if (!kExact) return;  // the fence is the fenced backend's

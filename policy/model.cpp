@@ -199,6 +199,12 @@ Status validate_model_config(const ModelConfig& c) {
     return bad("offload_activations", "needs activation_checkpointing: true (only checkpointed layer inputs are offloaded)");
   auto be = kernels::backend_for(c.device);
   if (!be.ok()) return bad("device", "'" + c.device + "': " + be.error().message);
+  if (c.compute_dtype != "fp32" && c.compute_dtype != "bf16")
+    return bad("compute_dtype", "'" + c.compute_dtype + "' is not fp32 or bf16");
+  if (c.compute_dtype == "bf16" && !(*be)->supports_bf16_compute())
+    return bad("compute_dtype", "bf16 GEMMs are not implemented on device '" + c.device + "' (cuda only)");
+  if (c.compute_dtype == "bf16" && c.batch_invariant)
+    return bad("compute_dtype", "bf16 with batch_invariant: exact on-policy sampling runs fp32 GEMMs");
   return {};
 }
 
@@ -1049,7 +1055,7 @@ void Model::zero_grads() {
 }
 
 Status Model::forward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy) {
-  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);
+  const OpScopes scopes(impl_->cfg);
   impl_->have_train_forward = false;
   if (!(temperature > 0.0f) || !std::isfinite(temperature))
     return invalid_input("forward_train: temperature must be > 0, got " + std::to_string(temperature));
@@ -1079,7 +1085,7 @@ Status Model::forward_backward_train(const PackedBatch& batch, float temperature
     if (!batch.tokens.empty()) grad(0, static_cast<int>(batch.tokens.size()));
     return backward_train(dlogp, dentropy);
   }
-  const kernels::BatchInvariantScope invariant(m.cfg.batch_invariant);
+  const OpScopes scopes(m.cfg);
   m.have_train_forward = false;
   if (!(temperature > 0.0f) || !std::isfinite(temperature))
     return invalid_input("forward_backward_train: temperature must be > 0, got " + std::to_string(temperature));
@@ -1097,13 +1103,13 @@ Status Model::forward_backward_train(const PackedBatch& batch, float temperature
 }
 
 Status Model::backward_train(const float* dlogp, const float* dentropy) {
-  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);  // the recompute is a forward
+  const OpScopes scopes(impl_->cfg);  // the recompute is a forward
   return impl_->backward(dlogp, dentropy);
 }
 float Model::last_aux_loss() const { return impl_->aux_loss; }
 
 Status Model::forward_logits(const PackedBatch& batch, float* logits) {
-  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);
+  const OpScopes scopes(impl_->cfg);
   impl_->have_train_forward = false;
   TROUPE_TRY(impl_->forward(batch, false));
   Impl& m = *impl_;
@@ -1125,7 +1131,7 @@ Status Model::forward_logits(const PackedBatch& batch, float* logits) {
 
 Result<std::vector<Generation>> Model::generate(const std::vector<std::vector<int32_t>>& prompts,
                                                 const SamplingParams& params) {
-  const kernels::BatchInvariantScope invariant(impl_->cfg.batch_invariant);
+  const OpScopes scopes(impl_->cfg);
   return impl_->generate(prompts, params);
 }
 

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "troupe/kernels/backend.h"
+#include "troupe/kernels/batch_invariant.h"
+#include "troupe/kernels/compute_dtype.h"
 #include "troupe/kernels/moe.h"
 #include "troupe/kernels/offload.h"
 #include "troupe/policy/model.h"
@@ -71,6 +73,16 @@ struct KvCtx {
   const int32_t* slot = nullptr;  // (T) cache slot of each row
   const int32_t* pos = nullptr;   // (T) position written
   const int32_t* kv_len = nullptr;  // (T) decode: keys visible
+};
+
+// The per-thread modes the model's ops run under (batch invariance, GEMM precision), set by every
+// public entry point for its duration.
+struct OpScopes {
+  explicit OpScopes(const ModelConfig& c)
+      : invariant(c.batch_invariant),
+        dtype(c.compute_dtype == "bf16" ? kernels::ComputeDtype::bf16 : kernels::ComputeDtype::fp32) {}
+  kernels::BatchInvariantScope invariant;
+  kernels::ComputeDtypeScope dtype;
 };
 
 struct Model::Impl {

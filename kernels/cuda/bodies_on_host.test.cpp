@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bodies/attention.h"
+#include "bodies/bf16.h"
 #include "bodies/chunked_logprob.h"
 #include "bodies/elementwise.h"
 #include "bodies/embedding.h"
@@ -177,6 +178,68 @@ TEST(CudaBodiesOnHost, RowMajorGemmAsColumnMajorCall) {
 }
 
 // ---- elementwise family ---------------------------------------------------------------------------
+
+// The bf16 GEMMs' operand rounding (bodies/bf16.h) against a reference that takes the nearer of
+// the two bf16 neighbours in exact double arithmetic (ties to the even one); NaN stays a quiet NaN,
+// infinities stay, values from the largest bf16 plus half an ulp round to infinity; a strided
+// (rows, cols, ld) source packs into rows, inside its guards.
+uint16_t bf16_reference(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint16_t lo = static_cast<uint16_t>(u >> 16);  // truncated toward zero
+  if (std::isinf(x)) return lo;
+  auto value = [](uint16_t b) {  // the bf16 as a double; the bits past the largest finite one: 2^128
+    if ((b & 0x7fffu) == 0x7f80u) return std::copysign(std::ldexp(1.0, 128), (b & 0x8000u) ? -1.0 : 1.0);
+    const uint32_t w = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &w, 4);
+    return static_cast<double>(f);
+  };
+  const uint16_t hi = static_cast<uint16_t>(lo + 1);  // one bf16 ulp further from zero
+  const double d_lo = std::fabs(static_cast<double>(x) - value(lo)), d_hi = std::fabs(value(hi) - static_cast<double>(x));
+  if (d_lo < d_hi) return lo;
+  if (d_hi < d_lo) return hi;
+  return (lo & 1u) ? hi : lo;
+}
+
+TEST(CudaBodiesOnHost, Bf16Rounding) {
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<uint32_t> bits;
+  int checked = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t u = bits(rng);
+    float x;
+    std::memcpy(&x, &u, 4);
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(hd_bf16_bits(x), bf16_reference(x)) << std::hexfloat << x;
+    ++checked;
+  }
+  EXPECT_GT(checked, 190000);
+  for (uint32_t lo : {0x3f80u, 0x3f81u, 0xbf80u, 0xbf81u, 0x0001u, 0x7f7fu}) {  // exact ties, even and odd
+    const uint32_t w = (lo << 16) | 0x8000u;
+    float x;
+    std::memcpy(&x, &w, 4);
+    EXPECT_EQ(hd_bf16_bits(x), bf16_reference(x)) << std::hex << w;
+    EXPECT_EQ(hd_bf16_bits(x) & 1u, 0u) << std::hex << w;  // ties go to even
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(hd_bf16_bits(inf), 0x7f80u);
+  EXPECT_EQ(hd_bf16_bits(-inf), 0xff80u);
+  EXPECT_EQ(hd_bf16_bits(std::numeric_limits<float>::max()), 0x7f80u);  // past max bf16 + half ulp
+  EXPECT_EQ(hd_bf16_bits(-0.0f), 0x8000u);
+  EXPECT_EQ(hd_bf16_bits(1.0f), 0x3f80u);
+  const uint16_t nan = hd_bf16_bits(std::numeric_limits<float>::signaling_NaN());
+  EXPECT_EQ(nan & 0x7f80u, 0x7f80u);
+  EXPECT_NE(nan & 0x0040u, 0u);  // quiet
+  // Packing a strided (3, 5) block with leading dimension 7.
+  const size_t rows = 3, cols = 5, ld = 7;
+  auto src = randn(rows * ld, 9);
+  Guarded<uint16_t> dst(rows * cols);
+  host_for_each(ToBf16Body{dst.data(), src.data(), cols, ld}, rows * cols);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < cols; ++c) EXPECT_EQ(dst[r * cols + c], bf16_reference(src[r * ld + c]));
+  EXPECT_TRUE(dst.guards_intact());
+}
 
 TEST(CudaBodiesOnHost, ElementwiseFamily) {
   const int N = 7, C = 37;

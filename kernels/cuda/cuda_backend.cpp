@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
     TROUPE_CUBLAS_CHECK(cublasCreate(&q_.blas));
     TROUPE_CUBLAS_CHECK(cublasSetStream(q_.blas, q_.stream));
     TROUPE_CUBLAS_CHECK(cublasSetMathMode(q_.blas, CUBLAS_PEDANTIC_MATH));  // fp32 GEMMs, no TF32
+    q_.bf16 = &bf16_ws_;  // policy.compute_dtype bf16: cuda::gemm's rounded operands
   }
   // The process-wide backend lives until exit, when the CUDA runtime may already be gone: its
   // stream, handle and workspace are left to the driver's teardown.
@@ -52,6 +53,7 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const override { return "cuda"; }
   bool host_visible() const override { return false; }
+  bool supports_bf16_compute() const override { return true; }  // cuda::gemm: GemmEx on bf16 copies
 
   void copy_host_to_device(void* dst, const void* src, size_t bytes) const override {
     if (!bytes) return;
@@ -282,6 +284,7 @@ class CudaBackend final : public Backend {
   }
 
   Queue q_;
+  cuda::Bf16Workspace bf16_ws_;
   mutable void* ws_ = nullptr;
   mutable size_t ws_bytes_ = 0;
 };

@@ -23,16 +23,26 @@ Result<const Backend*> cuda_backend();
 
 namespace troupe::kernels::cuda {
 
-// The queue every launcher of one backend uses: its stream and its cuBLAS handle (bound to it).
+// Device scratch of the bf16 GEMMs: their operands rounded to bf16 (grown, never shrunk).
+struct Bf16Workspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// The queue every launcher of one backend uses: its stream, its cuBLAS handle (bound to it) and
+// the bf16 GEMMs' workspace (null: fp32 GEMMs only).
 struct Queue {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  Bf16Workspace* bf16 = nullptr;
 };
 
 // The queue of the CUDA backend `b` (b must be what cuda_backend() returned).
 const Queue& backend_queue(const Backend& b);
 
-// Row-major C (M, N) = alpha op(A) op(B) + beta C through cublasSgemm (fp32 in, fp32 accumulate).
+// Row-major C (M, N) = alpha op(A) op(B) + beta C: cublasSgemm (fp32 in, fp32 accumulate), or,
+// while the calling thread's compute_dtype() is bf16 (compute_dtype.h), cublasGemmEx on copies of
+// A and B rounded to bf16 (bodies/bf16.h) with fp32 accumulation and C (needs q.bf16).
 void gemm(const Queue& q, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
 

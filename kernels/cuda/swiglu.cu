@@ -1,16 +1,56 @@
 // The elementwise kernel family: fills, the residual add, SwiGLU forward/backward, the bias of a
 // linear layer and the per-row sigmoid gate (bodies/elementwise.h), plus the row-major cuBLAS GEMM
 // every family shares.
+#include "bodies/bf16.h"
 #include "bodies/elementwise.h"
 #include "bodies/gemm_args.h"
+#include "check.h"
 #include "device_lanes.cuh"
 #include "launchers.h"
+#include "troupe/kernels/compute_dtype.h"
 
 namespace troupe::kernels::cuda {
+
+namespace {
+
+// C = alpha op(A) op(B) + beta C on bf16 copies of A and B (packed into the queue's workspace),
+// fp32 accumulation into fp32 C: the row-major call swapped into cuBLAS's column-major one as in
+// gemm_args.h, with the packed copies' leading dimensions.
+void gemm_bf16(const Queue& q, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc) {
+  const size_t ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
+  const size_t a_elems = ar * ac, b_elems = br * bc;
+  const size_t a_bytes = (a_elems * sizeof(uint16_t) + 255) / 256 * 256, bytes = a_bytes + b_elems * sizeof(uint16_t);
+  Bf16Workspace& ws = *q.bf16;
+  if (bytes > ws.bytes) {
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q.stream));  // the old copies may still be read
+    if (ws.data) TROUPE_CUDA_CHECK(cudaFree(ws.data));
+    ws.data = nullptr;
+    ws.bytes = 0;
+    ws.data = TROUPE_DEVICE_ALLOC(bytes, q.stream);
+    ws.bytes = bytes;
+  }
+  auto* a16 = static_cast<uint16_t*>(ws.data);
+  auto* b16 = reinterpret_cast<uint16_t*>(static_cast<char*>(ws.data) + a_bytes);
+  if (a_elems) launch_elements(ToBf16Body{a16, A, ac, static_cast<size_t>(lda)}, a_elems, q.stream);
+  if (b_elems) launch_elements(ToBf16Body{b16, B, bc, static_cast<size_t>(ldb)}, b_elems, q.stream);
+  // Tensor cores for bf16 inputs: the handle's pedantic mode (no TF32 for fp32 GEMMs) is lifted for this call.
+  TROUPE_CUBLAS_CHECK(cublasSetMathMode(q.blas, CUBLAS_DEFAULT_MATH));
+  const cublasStatus_t st =
+      cublasGemmEx(q.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha,
+                   b16, CUDA_R_16BF, static_cast<int>(bc), a16, CUDA_R_16BF, static_cast<int>(ac), &beta, C,
+                   CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  TROUPE_CUBLAS_CHECK(cublasSetMathMode(q.blas, CUBLAS_PEDANTIC_MATH));
+  TROUPE_CUBLAS_CHECK(st);
+}
+
+}  // namespace
 
 void gemm(const Queue& q, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
+  if (q.bf16 && compute_dtype() == ComputeDtype::bf16 && K > 0)
+    return gemm_bf16(q, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   const ColMajorGemm g = col_major_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
   TROUPE_CUBLAS_CHECK(cublasSgemm(q.blas, g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   g.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &alpha, g.first,

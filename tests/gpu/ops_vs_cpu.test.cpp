@@ -1,10 +1,13 @@
 // gpu.ops_vs_cpu: every op of the backend table on the CUDA backend against the CPU backend (the
 // specification) on the same inputs: dense ops, RoPE, packed and decode attention, KV write,
 // log-softmax whole and chunked, the fused GRPO loss, fill_normal and sampling. Skipped without a GPU.
+#include <cstring>
 #include <vector>
 
+#include "bodies/bf16.h"
 #include "gpu_test.h"
 #include "troupe/kernels/chunked_logprob.h"
+#include "troupe/kernels/compute_dtype.h"
 
 namespace troupe::gpu_test {
 namespace {
@@ -25,6 +28,28 @@ void dense_ops(const k::Backend& g, const k::Backend& c) {
     g.matmul_backward(gdinp.p(), gdw.p(), gd.p(), gx.p(), gw.p(), N, C, OC);
     expect_near("matmul_backward.dinp", gdinp.host(g), dinp, 1e-4, 1e-4);
     expect_near("matmul_backward.dweight", gdw.host(g), dw, 1e-3, 1e-4);
+  }
+  {  // bf16 GEMMs (policy.compute_dtype bf16): the CPU GEMMs of the operands rounded to bf16
+    auto bf16 = [](V v) {
+      for (float& f : v) {
+        const uint32_t b = static_cast<uint32_t>(k::cuda::hd_bf16_bits(f)) << 16;
+        std::memcpy(&f, &b, 4);
+      }
+      return v;
+    };
+    const V xr = bf16(x), wr = bf16(w), doutr = bf16(dout);
+    V out(size_t(N) * OC), dinp(x.size()), dw(w.size());
+    Dev<float> gx(g, x), gw(g, w), gout(g, out.size()), gd(g, dout), gdinp(g, x.size()), gdw(g, w.size());
+    c.matmul_forward(out.data(), xr.data(), wr.data(), N, C, OC);
+    c.matmul_backward(dinp.data(), dw.data(), doutr.data(), xr.data(), wr.data(), N, C, OC);
+    {
+      const k::ComputeDtypeScope scope(k::ComputeDtype::bf16);
+      g.matmul_forward(gout.p(), gx.p(), gw.p(), N, C, OC);
+      g.matmul_backward(gdinp.p(), gdw.p(), gd.p(), gx.p(), gw.p(), N, C, OC);
+    }
+    expect_near("matmul_forward bf16", gout.host(g), out, 1e-4, 1e-3);
+    expect_near("matmul_backward.dinp bf16", gdinp.host(g), dinp, 1e-4, 1e-3);
+    expect_near("matmul_backward.dweight bf16", gdw.host(g), dw, 1e-3, 1e-3);
   }
   {  // bias, sigmoid gate, add, swiglu, fill, zero
     V b = randn(OC, 6), y = dout, db = randn(OC, 7), gate = randn(N, 8);

@@ -77,6 +77,8 @@ class Backend {
   // Whether the host may read and write this backend's buffers directly (the CPU: yes). Where it
   // may not, Model::params()/grads() need a host copy (see policy/README.md).
   virtual bool host_visible() const = 0;
+  // Whether its GEMMs honour ComputeDtype::bf16 (compute_dtype.h); the model refuses bf16 otherwise.
+  virtual bool supports_bf16_compute() const { return false; }
 
   // ---- memory ------------------------------------------------------------------------------------
   // A zero-filled buffer of `bytes` (at least malloc's alignment); an error when out of memory.

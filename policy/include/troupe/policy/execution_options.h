@@ -34,6 +34,10 @@ struct ExecutionOptions {
   // vs packed training forward, and the sampler reports the learner's own log-softmax of the
   // sampled token, so sampler and learner log-probs (and MoE routes) agree exactly. Slower GEMMs.
   bool batch_invariant = false;
+  // GEMM precision (YAML `policy.compute_dtype`, kernels/compute_dtype.h): "fp32", or "bf16" (GEMM
+  // operands rounded to bf16, fp32 accumulation and outputs, fp32 master weights). bf16 needs a
+  // backend that supports it (cuda).
+  std::string compute_dtype = "fp32";
 };
 
 }  // namespace troupe::policy
