@@ -6,6 +6,7 @@
 // (check.h) naming the call, file, line and error. Thread-safe: a lock serializes the queuing of
 // ops and copies, so roles of one process (learner and generator threads) may share the GPU.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,7 +39,8 @@ class NcclCollective final : public DeviceCollective {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() {
+  explicit CudaBackend(int device) : device_(device) {
+    TROUPE_CUDA_CHECK(cudaSetDevice(device_));
     TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&q_.stream, cudaStreamNonBlocking));
     TROUPE_CUBLAS_CHECK(cublasCreate(&q_.blas));
     TROUPE_CUBLAS_CHECK(cublasSetStream(q_.blas, q_.stream));
@@ -56,148 +58,148 @@ class CudaBackend final : public Backend {
   bool supports_bf16_compute() const override { return true; }  // cuda::gemm: GemmEx on bf16 copies
 
   void copy_host_to_device(void* dst, const void* src, size_t bytes) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     if (!bytes) return;
     TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, q_.stream));
     TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));  // the caller may reuse src on return
   }
   void copy_device_to_host(void* dst, const void* src, size_t bytes) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     if (!bytes) return;
     TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, q_.stream));
     TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));
   }
   void copy_device_to_device(void* dst, const void* src, size_t bytes) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     if (bytes) TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, q_.stream));
   }
-  void synchronize() const override { const Guard guard(mu_); TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream)); }
+  void synchronize() const override { const Guard guard(*this); TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream)); }
 
   void zero(float* x, size_t n) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     if (n) TROUPE_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), q_.stream));
   }
-  void fill(float* x, size_t n, float value) const override { const Guard guard(mu_); cuda::launch_fill(q_, x, n, value); }
+  void fill(float* x, size_t n, float value) const override { const Guard guard(*this); cuda::launch_fill(q_, x, n, value); }
   void fill_normal(float* x, size_t n, double stddev, uint64_t* rng) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     cuda::launch_fill_normal(q_, x, n, stddev, rng);
   }
 
   void matmul_forward(float* out, const float* inp, const float* weight, int N, int C, int OC) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     if (N <= 0 || OC <= 0) return;
     if (C <= 0) return zero(out, static_cast<size_t>(N) * OC);
     cuda::gemm(q_, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
   }
   void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, int N,
                        int C, int OC) const override {
-                         const Guard guard(mu_);
+                         const Guard guard(*this);
     if (N <= 0 || OC <= 0 || C <= 0) return;
     if (dinp) cuda::gemm(q_, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
     if (dweight) cuda::gemm(q_, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   }
   void bias_forward(float* out, const float* bias, int N, int OC) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     cuda::launch_bias_forward(q_, out, bias, N, OC);
   }
   void bias_backward(float* dbias, const float* dout, int N, int OC) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     cuda::launch_bias_backward(q_, dbias, dout, N, OC);
   }
   void sigmoid_gate_forward(float* out, const float* gate, const float* x, int N, int C) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     cuda::launch_sigmoid_gate_forward(q_, out, gate, x, N, C);
   }
   void sigmoid_gate_backward(float* dgate, float* dx, const float* dout, const float* gate, const float* x, int N,
                              int C) const override {
-                               const Guard guard(mu_);
+                               const Guard guard(*this);
     cuda::launch_sigmoid_gate_backward(q_, dgate, dx, dout, gate, x, N, C);
   }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     cuda::launch_embedding_forward(q_, out, tokens, wte, N, C);
   }
   void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     cuda::launch_embedding_backward(q_, dwte, dout, tokens, N, C);
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
                        float eps) const override {
-                         const Guard guard(mu_);
+                         const Guard guard(*this);
     cuda::launch_rmsnorm_forward(q_, out, rstd, inp, weight, N, C, eps);
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                         const float* rstd, int N, int C) const override {
-                          const Guard guard(mu_);
+                          const Guard guard(*this);
     cuda::launch_rmsnorm_backward(q_, dinp, dweight, dout, inp, weight, rstd, N, C);
   }
   void rope_cos_sin(float* cos, float* sin, const int32_t* positions, int N, int HD, float theta) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     cuda::launch_rope_cos_sin(q_, cos, sin, positions, nullptr, N, HD, theta);
   }
   void rope_cos_sin_inv_freq(float* cos, float* sin, const int32_t* positions, const float* inv_freq, int N,
                              int HD) const override {
-                               const Guard guard(mu_);
+                               const Guard guard(*this);
     cuda::launch_rope_cos_sin(q_, cos, sin, positions, inv_freq, N, HD, 0.0f);
   }
   void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int N, int NH,
                     int HD) const override {
-                      const Guard guard(mu_);
+                      const Guard guard(*this);
     cuda::launch_rope_rotate(q_, out, inp, cos, sin, 1.0f, N, NH, HD);
   }
   void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int N, int NH,
                      int HD) const override {
-                       const Guard guard(mu_);
+                       const Guard guard(*this);
     cuda::launch_rope_rotate(q_, dinp, dout, cos, sin, -1.0f, N, NH, HD);
   }
   // The attention kernels need no scratch (bodies/attention.h); one float keeps callers' buffers non-empty.
   size_t attention_scratch_floats(int) const override { return 1; }
   void attention_forward(float* out, float* lse, float*, size_t, const float* q, const float* k, const float* v,
                          const int32_t* cu_seqlens, int S, int, int N, int NH, int NKV, int HD) const override {
-                           const Guard guard(mu_);
+                           const Guard guard(*this);
     cuda::launch_attention_forward(q_, out, lse, q, k, v, cu_seqlens, S, N, NH, NKV, HD);
   }
   void attention_backward(float* dq, float* dk, float* dv, float*, size_t, const float* dout, const float* q,
                           const float* k, const float* v, const float* out, const float* lse,
                           const int32_t* cu_seqlens, int S, int, int N, int NH, int NKV, int HD) const override {
-                            const Guard guard(mu_);
+                            const Guard guard(*this);
     cuda::launch_attention_backward(q_, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, S, N, NH, NKV, HD);
   }
   void attention_decode_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                                 const int32_t* kv_len, const int32_t* slot, int B, int cache_len, int NH, int NKV,
                                 int HD) const override {
-                                  const Guard guard(mu_);
+                                  const Guard guard(*this);
     cuda::launch_attention_decode(q_, out, q, k_cache, v_cache, kv_len, slot, B, cache_len, NH, NKV, HD);
   }
   void kv_cache_write(float* k_cache, float* v_cache, const float* k, const float* v, const int32_t* slot,
                       const int32_t* pos, int T, int cache_len, int KD) const override {
-                        const Guard guard(mu_);
+                        const Guard guard(*this);
     cuda::launch_kv_cache_write(q_, k_cache, v_cache, k, v, slot, pos, T, cache_len, KD);
   }
-  void add(float* out, const float* a, const float* b, size_t n) const override { const Guard guard(mu_); cuda::launch_add(q_, out, a, b, n); }
+  void add(float* out, const float* a, const float* b, size_t n) const override { const Guard guard(*this); cuda::launch_add(q_, out, a, b, n); }
   void swiglu_forward(float* out, const float* gate, const float* up, int N) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     cuda::launch_swiglu_forward(q_, out, gate, up, static_cast<size_t>(N));
   }
   void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                        int N) const override {
-                         const Guard guard(mu_);
+                         const Guard guard(*this);
     cuda::launch_swiglu_backward(q_, dgate, dup, dout, gate, up, static_cast<size_t>(N));
   }
   void logprob_forward(float* logp, float* entropy, float* lse, const float* logits, const int32_t* targets,
                        float temperature, int N, int V) const override {
-                         const Guard guard(mu_);
+                         const Guard guard(*this);
     cuda::launch_logprob_forward(q_, logp, entropy, lse, logits, targets, temperature, N, V);
   }
   void logprob_backward(float* dlogits, const float* dlogp, const float* dentropy, const float* logits,
                         const float* lse, const int32_t* targets, float temperature, int N, int V) const override {
-                          const Guard guard(mu_);
+                          const Guard guard(*this);
     cuda::launch_logprob_backward(q_, dlogits, dlogp, dentropy, logits, lse, targets, temperature, N, V);
   }
   void chunked_logprob_forward(float* logp, float* entropy, float* lse, const float* h, const float* W,
                                const int32_t* targets, float temperature, int N, int C, int V, int chunk,
                                float* scratch) const override {
-                                 const Guard guard(mu_);
+                                 const Guard guard(*this);
     float* sum = static_cast<float*>(workspace(sizeof(float) * static_cast<size_t>(N > 0 ? N : 0)));
     cuda::launch_chunked_logprob_forward(q_, logp, entropy, lse, h, W, targets, temperature, N, C, V, chunk, scratch,
                                          sum);
@@ -205,19 +207,19 @@ class CudaBackend final : public Backend {
   void chunked_logprob_backward(float* dh, float* dW, const float* dlogp, const float* dentropy, const float* h,
                                 const float* W, const float* lse, const float* entropy, const int32_t* targets,
                                 float temperature, int N, int C, int V, int chunk, float* scratch) const override {
-                                  const Guard guard(mu_);
+                                  const Guard guard(*this);
     cuda::launch_chunked_logprob_backward(q_, dh, dW, dlogp, dentropy, h, W, lse, entropy, targets, temperature, N, C,
                                           V, chunk, scratch);
   }
 
   size_t moe_saved_floats(const MoeConfig& cfg, int N) const override { return cuda::moe_device_saved_floats(cfg, N); }
   size_t moe_scratch_floats(const MoeConfig& cfg, int N) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     return cuda::moe_device_scratch_floats(cfg, N);
   }
   void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
                    const MoeConfig& cfg, int N, float* scratch, const int32_t* route) const override {
-                     const Guard guard(mu_);
+                     const Guard guard(*this);
     // routing replay is not implemented on the device: the config refuses it with policy.device cuda
     if (route) throw cuda::CudaError("CudaBackend::moe_forward: routing replay (recorded experts) is not implemented on CUDA");
     cuda::launch_moe_forward(q_, out, saved, stats, inp, w, cfg, N, scratch);
@@ -225,24 +227,24 @@ class CudaBackend final : public Backend {
   void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                     const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
                     float* scratch) const override {
-                      const Guard guard(mu_);
+                      const Guard guard(*this);
     cuda::launch_moe_backward(q_, dinp, g, dout, daux, inp, saved, w, cfg, N, scratch);
   }
   void moe_experts_to_host(int32_t* host_experts, const float* saved, const MoeConfig& cfg, int N) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     cuda::copy_moe_experts_to_host(q_, host_experts, saved, cfg, N);
   }
 
   int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
                         const int32_t* cu_seqlens, int S) const override {
-                          const Guard guard(mu_);
+                          const Guard guard(*this);
     return kernels::packed_seq_layout(positions, seq_ids, seq_start, seq_end, cu_seqlens, S);  // host arrays
   }
 
   size_t sample_scratch_bytes(int V) const override { return cuda::sample_device_scratch_bytes(V); }
   int32_t sample_token(float* logprob, const float* logits, int V, const SampleParams& sp, uint64_t* rng,
                        void* scratch) const override {
-                         const Guard guard(mu_);
+                         const Guard guard(*this);
     return cuda::launch_sample_token(q_, logprob, logits, V, sp, rng, scratch);
   }
 
@@ -252,12 +254,12 @@ class CudaBackend final : public Backend {
   // logits), one row at a time rather than over vocabulary chunks.
   static size_t row_bytes(int V) { return (sizeof(float) * static_cast<size_t>(V > 0 ? V : 0) + 255) / 256 * 256; }
   size_t chunked_sample_scratch_bytes(int, int V, int, int) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     return row_bytes(V) + cuda::sample_device_scratch_bytes(V);
   }
   void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const float* W, int N, int C, int V, int,
                       const SampleParams* sp, uint64_t* rng, int, void* scratch) const override {
-                        const Guard guard(mu_);
+                        const Guard guard(*this);
     float* row = static_cast<float*>(scratch);
     void* tmp = static_cast<char*>(scratch) + row_bytes(V);
     for (int n = 0; n < N; ++n) {
@@ -268,18 +270,18 @@ class CudaBackend final : public Backend {
 
   // Double-buffered reload of checkpointed layer inputs: pinned store, a copy stream, events.
   Result<std::unique_ptr<LayerOffload>> make_layer_offload(const OffloadOptions& options) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     return cuda::make_cuda_layer_offload(q_, options);
   }
 
   // NCCL between the ranks' GPUs (nccl_comm.h), on this backend's stream.
   std::vector<uint8_t> collective_id() const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     return cuda::NcclComm::available() ? cuda::NcclComm::unique_id() : std::vector<uint8_t>{};
   }
   Result<std::unique_ptr<DeviceCollective>> join_collective(const std::vector<uint8_t>& id, int nranks,
                                                             int rank) const override {
-                                                              const Guard guard(mu_);
+                                                              const Guard guard(*this);
     try {
       return std::unique_ptr<DeviceCollective>(new NcclCollective(id, nranks, rank, q_.stream));
     } catch (const cuda::CudaError& e) {
@@ -291,14 +293,14 @@ class CudaBackend final : public Backend {
 
   GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch, const GrpoLossParams& params,
                          const GrpoLossAggregation& agg) const override {
-                           const Guard guard(mu_);
+                           const Guard guard(*this);
     const size_t bytes = sizeof(double) * cuda::kGrpoSums * static_cast<size_t>(batch.S > 0 ? batch.S : 0);
     return cuda::launch_grpo_loss(q_, dlogp, dentropy, static_cast<double*>(workspace(bytes)), batch, params, agg);
   }
 
  protected:
   void* alloc_bytes(size_t bytes) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     try {
       return TROUPE_DEVICE_ALLOC(bytes, q_.stream);
     } catch (const cuda::CudaError& e) {
@@ -307,7 +309,7 @@ class CudaBackend final : public Backend {
     }
   }
   void free_bytes(void* data, size_t) const override {
-    const Guard guard(mu_);
+    const Guard guard(*this);
     // Frees wait for the device; an error here (a failed kernel earlier) is reported, not thrown.
     TROUPE_CUDA_REPORT(cudaFree(data));
   }
@@ -328,8 +330,14 @@ class CudaBackend final : public Backend {
 
   // Roles of one process (a learner and a generator thread) may share the GPU: every op and copy
   // holds this lock while it queues its work, so the shared workspaces are used in stream order.
-  using Guard = std::lock_guard<std::recursive_mutex>;
+  // It also makes the backend's GPU the calling thread's current device (the CUDA runtime's
+  // current device is per thread, and the stream and buffers belong to that device).
+  struct Guard {
+    explicit Guard(const CudaBackend& b) : lock(b.mu_) { TROUPE_CUDA_CHECK(cudaSetDevice(b.device_)); }
+    std::lock_guard<std::recursive_mutex> lock;
+  };
   mutable std::recursive_mutex mu_;
+  int device_ = 0;
   Queue q_;
   cuda::Bf16Workspace bf16_ws_;
   mutable void* ws_ = nullptr;
@@ -337,6 +345,17 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
+
+// The GPU this process uses: TROUPE_CUDA_DEVICE when set, else the node-local rank (Open MPI's
+// OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK) modulo the
+// devices it sees, else device 0: so the ranks of one node (learners for NCCL, GPU generators)
+// each get their own GPU, as CUDA_VISIBLE_DEVICES leaves them numbered.
+static int cuda_device_for_this_process(int count) {
+  if (const char* v = std::getenv("TROUPE_CUDA_DEVICE"); v && *v) return std::atoi(v);
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* v = std::getenv(name); v && *v && count > 0) return std::atoi(v) % count;
+  return 0;
+}
 
 Result<const Backend*> cuda_backend() {
   static std::once_flag once;
@@ -347,8 +366,15 @@ Result<const Backend*> cuda_backend() {
       failure = "no usable CUDA device (cudaGetDeviceCount found none or failed: no GPU or no driver); use cpu";
       return;
     }
+    const int count = cuda_device_count();
+    const int device = cuda_device_for_this_process(count);
+    if (device < 0 || device >= count) {
+      failure = "TROUPE_CUDA_DEVICE=" + std::to_string(device) + " is not a device of this process (it sees " +
+                std::to_string(count) + ")";
+      return;
+    }
     try {
-      backend = std::make_unique<CudaBackend>();
+      backend = std::make_unique<CudaBackend>(device);
     } catch (const cuda::CudaError& e) {
       failure = std::string("the CUDA backend could not start: ") + e.what();
     }
