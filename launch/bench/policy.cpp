@@ -209,12 +209,23 @@ struct Sgemm {
   }
 };
 
-// The tiny-MoE cases: train_step, forward, sample_kv against PyTorch, train_step_flops against sgemm.
-int run_tiny_moe_cases(const BenchOptions& opt) {
-  if (!(opt.wants("train_step") || opt.wants("forward") || opt.wants("sample_kv") || opt.wants("train_step_flops")))
+// The tiny-MoE cases: train_step, forward, sample_kv against PyTorch, train_step_flops against sgemm,
+// on `device`; on cuda the names take the prefix cuda_ and PyTorch runs on the GPU too (no flops row).
+int run_tiny_moe_cases(const BenchOptions& opt, const std::string& device = "cpu") {
+  const std::string pre = device == "cpu" ? "" : device + "_";
+  auto want = [&](const char* n) { return opt.wants(pre + n); };
+  if (!(want("train_step") || want("forward") || want("sample_kv") || (pre.empty() && want("train_step_flops"))))
     return 0;
+  if (!pre.empty()) {
+    if (auto be = kernels::backend_for(device); !be.ok()) {
+      for (const char* c : {"train_step", "forward", "sample_kv"})
+        if (want(c)) skip_baseline(kSuite, pre + c, be.error().message);
+      return 0;
+    }
+  }
   const int reps = opt.quick ? 5 : std::max(opt.reps, 9);
   policy::ModelConfig cfg;  // the tiny MoE: vocab 256, d_model 128, 4 layers, 8 experts top-2
+  cfg.device = device;
   auto created = policy::Model::create(cfg, 1);
   if (!created.ok()) {
     std::fprintf(stderr, "troupe bench policy: %s\n", created.error().message.c_str());
@@ -282,11 +293,14 @@ int run_tiny_moe_cases(const BenchOptions& opt) {
                          {"seq_len", kSeqLen},
                          {"prompt_len", kPromptLen},
                          {"new_tokens", kNewTokens},
-                         {"threads", kThreads}};
+                         {"threads", kThreads},
+                         {"device", device}};
   const nlohmann::json extra = {{"batch", kBatch}, {"seq_len", kSeqLen}, {"layers", cfg.num_hidden_layers},
                                 {"experts", cfg.num_experts}, {"top_k", cfg.num_experts_per_tok},
                                 {"d_model", cfg.hidden_size}, {"vocab", cfg.vocab_size}};
-  std::unique_ptr<TorchChild> torch = TorchChild::start_for(tcfg, opt, {"train_step", "forward", "sample_kv"});
+  const std::string names[] = {pre + "train_step", pre + "forward", pre + "sample_kv"};
+  std::unique_ptr<TorchChild> torch =
+      TorchChild::start_for(tcfg, opt, {names[0].c_str(), names[1].c_str(), names[2].c_str()});
   auto torch_rate = [&](const char* cmd) { return torch->tokens_per_s(cmd, &failed); };
   struct Case {
     const char* name;
@@ -305,7 +319,7 @@ int run_tiny_moe_cases(const BenchOptions& opt) {
   };
   int rc = 0;
   for (const auto& c : cases) {
-    if (!opt.wants(c.name) || !torch) continue;
+    if (!want(c.name) || !torch) continue;
     Paired p = interleaved(reps, c.ours, [&] { return torch_rate(c.name); });
     if (!failed.ok()) {
       std::fprintf(stderr, "troupe bench policy: %s failed: %s\n", c.name, failed.error().message.c_str());
@@ -313,13 +327,13 @@ int run_tiny_moe_cases(const BenchOptions& opt) {
       rc = 1;
       continue;
     }
-    Row r = make_row(kSuite, c.name, {c.metric, "tokens/s", Better::higher}, p, "torch_eager", extra);
+    Row r = make_row(kSuite, pre + c.name, {c.metric, "tokens/s", Better::higher}, p, "torch_eager", extra);
     r.extra["torch_version"] = torch->info().value("torch", "");
     r.extra["threads"] = kThreads;
     emit(r);
   }
 
-  if (opt.wants("train_step_flops")) {
+  if (pre.empty() && want("train_step_flops")) {
     Sgemm sg;
     sg.gflops();
     const double flops = 3.0 * forward_flops(cfg);
@@ -706,7 +720,7 @@ int run_batch_invariant_cases(const BenchOptions& opt) {
 }  // namespace
 
 int run_policy_suite(const BenchOptions& opt) {
-  const int tiny = run_tiny_moe_cases(opt);
+  const int tiny = run_tiny_moe_cases(opt) | run_tiny_moe_cases(opt, "cuda");
   const int smollm2 = run_smollm2_cases(opt);
   const int chunk = run_logprob_chunk_case(opt);
   const int invariant = run_batch_invariant_cases(opt);

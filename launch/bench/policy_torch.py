@@ -10,7 +10,7 @@ repetitions with ours:
 Sizes: `batch`/`seq_len` (train_step, forward) and `batch`/`prompt_len`/`new_tokens` (sample_kv);
 `train_batch`, `train_seq_len`, `sample_batch` override them per case. `cases` lists the commands
 to answer (default all), each run once first unless `warmup` is false.
-Usage: policy_torch.py '<json config>'. It runs eager with torch.set_num_threads(threads).
+Usage: policy_torch.py '<json config>'. It runs eager with torch.set_num_threads(threads), on the config's "device" (cpu, or cuda for the cuda_* rows).
 """
 import json
 import math
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(int(cfg.get("threads", 2)))
 torch.manual_seed(0)
+DEV = torch.device(cfg.get("device", "cpu"))  # cuda: the cuda_* rows, PyTorch on the same GPU
 V, C, L = cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"]
 NH, NKV, HD = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
 E, K, H = cfg["num_experts"], cfg.get("num_experts_per_tok", 0), cfg.get("moe_intermediate_size", 0)
@@ -150,12 +151,15 @@ class Model(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-model = Model()
+model = Model().to(DEV)
+model.cos, model.sin = model.cos.to(DEV), model.sin.to(DEV)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 gen = torch.Generator().manual_seed(1)
-ids = torch.randint(0, V, (B, T), generator=gen)
+ids = torch.randint(0, V, (B, T), generator=gen).to(DEV)
 targets = torch.roll(ids, -1, dims=1)
-prompts = torch.randint(0, V, (SB, P), generator=gen)
+prompts = torch.randint(0, V, (SB, P), generator=gen).to(DEV)
+if DEV.type != "cpu":
+    gen = torch.Generator(device=DEV).manual_seed(1)
 
 
 def train_step():
@@ -179,7 +183,8 @@ def forward():
 
 def sample_kv():
     with torch.no_grad():
-        caches = [(torch.zeros(SB, NKV, P + NEW, HD), torch.zeros(SB, NKV, P + NEW, HD)) for _ in range(L)]
+        caches = [(torch.zeros(SB, NKV, P + NEW, HD, device=DEV), torch.zeros(SB, NKV, P + NEW, HD, device=DEV))
+                  for _ in range(L)]
         logits = model(prompts, caches, 0)[:, -1]
         out, lps = [], []
         for i in range(NEW):
@@ -206,5 +211,7 @@ for line in sys.stdin:
         continue
     t0 = time.perf_counter()
     n = CASES[cmd]()
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     print(json.dumps({"case": cmd, "seconds": dt, "tokens": n}), flush=True)
