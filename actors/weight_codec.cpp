@@ -7,6 +7,9 @@
 #include <omp.h>
 #include <xxhash.h>
 #include <zstd.h>
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>  // XXH3 with the widest vectors the CPU has (the same hashes)
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -135,8 +138,9 @@ inline std::uint64_t nonzero_bits(const T* d, size_t cnt) {
 // layout. Returns how many changed; *raw_size its bytes.
 // With st, the new values (wire form) are hashed into it, a block at a time while in cache.
 template <int W>
-size_t encode_sparse(const float* __restrict m, WireT<W>* __restrict held, size_t len, std::uint8_t* __restrict raw,
-                     WireT<W>* __restrict xors, size_t* raw_size, XXH3_state_t* st) {
+[[gnu::always_inline]] inline size_t encode_sparse_body(const float* __restrict m, WireT<W>* __restrict held, size_t len,
+                                                        std::uint8_t* __restrict raw, WireT<W>* __restrict xors,
+                                                        size_t* raw_size, XXH3_state_t* st) {
   std::uint8_t* gaps = raw + 4;
   size_t g = 0, j = 0, next = 0;  // next: the position after the previous change
   for (size_t base = 0; base < len; base += 64) {
@@ -170,6 +174,30 @@ size_t encode_sparse(const float* __restrict m, WireT<W>* __restrict held, size_
   }
   *raw_size = 4 + g + W * j;
   return j;
+}
+// The same pass compiled for AVX2 too (the bf16 rounding and the compares take twice the values
+// per instruction), picked at run time.
+template <int W>
+size_t encode_sparse_generic(const float* m, WireT<W>* held, size_t len, std::uint8_t* raw, WireT<W>* xors,
+                             size_t* raw_size, XXH3_state_t* st) {
+  return encode_sparse_body<W>(m, held, len, raw, xors, raw_size, st);
+}
+#if defined(__x86_64__)
+template <int W>
+__attribute__((target("avx2,bmi,bmi2"))) size_t encode_sparse_avx2(const float* m, WireT<W>* held, size_t len,
+                                                                      std::uint8_t* raw, WireT<W>* xors,
+                                                                      size_t* raw_size, XXH3_state_t* st) {
+  return encode_sparse_body<W>(m, held, len, raw, xors, raw_size, st);
+}
+#endif
+template <int W>
+size_t encode_sparse(const float* m, WireT<W>* held, size_t len, std::uint8_t* raw, WireT<W>* xors, size_t* raw_size,
+                     XXH3_state_t* st) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+  if (avx2) return encode_sparse_avx2<W>(m, held, len, raw, xors, raw_size, st);
+#endif
+  return encode_sparse_generic<W>(m, held, len, raw, xors, raw_size, st);
 }
 // W byte planes of n values.
 template <int W>
@@ -386,7 +414,7 @@ ChunkPlan plan_chunks(const std::vector<policy::TensorSpec>& tensors, size_t n, 
 }
 
 // Hashes values [a, b) of the receiver's arena in wire form into st.
-inline void hash_values(XXH3_state_t* st, const float* v, size_t n, size_t W) {
+[[gnu::always_inline]] inline void hash_values(XXH3_state_t* st, const float* v, size_t n, size_t W) {
   if (W == 4) {
     XXH3_64bits_update(st, v, n * 4);
     return;
@@ -474,8 +502,9 @@ bool apply_chunk(const std::uint8_t* __restrict raw, size_t raw_size, bool spars
 
 // The same, with the chunk's values hashed into st as it goes (block by block, each while in cache).
 template <int W>
-bool apply_chunk_hashed(const std::uint8_t* __restrict raw, size_t raw_size, bool sparse, float* __restrict v,
-                        size_t len, XXH3_state_t* st) {
+[[gnu::always_inline]] inline bool apply_chunk_hashed_body(const std::uint8_t* __restrict raw, size_t raw_size,
+                                                           bool sparse, float* __restrict v, size_t len,
+                                                           XXH3_state_t* st) {
   if (!sparse) {
     if (raw_size != len * W) return false;
     for (size_t b = 0; b < len; b += kHashBlock) {
@@ -499,6 +528,24 @@ bool apply_chunk_hashed(const std::uint8_t* __restrict raw, size_t raw_size, boo
   undo.open(raw, raw_size, len);
   undo.apply_until(v, len, walk.j);
   return false;
+}
+// (compiled for AVX2 too, as encode_sparse)
+#if defined(__x86_64__)
+template <int W>
+__attribute__((target("avx2,bmi,bmi2"))) bool apply_chunk_hashed_avx2(const std::uint8_t* raw, size_t raw_size,
+                                                                        bool sparse, float* v, size_t len,
+                                                                        XXH3_state_t* st) {
+  return apply_chunk_hashed_body<W>(raw, raw_size, sparse, v, len, st);
+}
+#endif
+template <int W>
+bool apply_chunk_hashed(const std::uint8_t* raw, size_t raw_size, bool sparse, float* v, size_t len,
+                        XXH3_state_t* st) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+  if (avx2) return apply_chunk_hashed_avx2<W>(raw, raw_size, sparse, v, len, st);
+#endif
+  return apply_chunk_hashed_body<W>(raw, raw_size, sparse, v, len, st);
 }
 
 // A chunk's raw bytes: decompressed into the thread's scratch when it is a zstd frame. Null when
@@ -695,8 +742,9 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
     for (size_t c = 0; c < start.size(); ++c) {
       const size_t end = c + 1 < start.size() ? start[c + 1] : n;
       if ((c == 0 && start[c] != 0) || start[c] >= end || end > n || end - start[c] > C)
-        return corrupt("delta chunk " + std::to_string(c) + " starts at value " + std::to_string(start[c]) +
-                       ", not after the previous one and at most " + std::to_string(C) + " values before the next");
+        return corrupt("delta chunk " + std::to_string(c) + " spans values [" + std::to_string(start[c]) + ", " +
+                       std::to_string(end) + "): not where the previous one ends (0 for the first), empty, past the arena's " +
+                       std::to_string(n) + " values or longer than chunk_elements (" + std::to_string(C) + ")");
     }
   } else {
     for (size_t a = 0; a < n; a += C) start.push_back(a);
