@@ -7,6 +7,9 @@
 #include <omp.h>
 #include <xxhash.h>
 #include <zstd.h>
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>  // XXH3 with the widest vectors the CPU has (the same hashes)
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -14,13 +17,24 @@
 #include <type_traits>
 #include <cstring>
 #include <memory>
+#include <utility>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace troupe::actors {
 
 namespace {
 
-// zstd level 1: what it gets is a bitmap and a few bytes per change; higher levels only cost time.
-constexpr int kZstdLevel = 1;
+// zstd levels. Sparse chunks (bf16) are about a byte of gap and two of XOR per change: a fast
+// (negative) level only finds the runs (the XORs' high bytes are mostly zero, unchanged tensors are
+// runs of gap 255) and leaves the rest as it is, at a fraction of level 1's time on both sides and
+// 1.5x its bytes. Dense chunks (fp32) are planes of mostly random low bytes: level 1.
+constexpr int kZstdLevelSparse = -10;
+constexpr int kZstdLevelDense = 1;
+
+// Values per hash update: a block of wire values hashed while it is still in L1/L2.
+constexpr size_t kHashBlock = 4096;
 
 // Bytes per value on the wire: the bf16 half of the bits, or all of them.
 size_t width_of(WeightDtype d) { return d == WeightDtype::bf16 ? 2 : 4; }
@@ -83,48 +97,107 @@ void decode_full(const std::uint8_t* __restrict src, float* __restrict out, size
   }
 }
 // Delta, one chunk of len values, before zstd, in one of two layouts (Weights::chunk_format):
-//   sparse (bf16): [bitmap: ceil(len / 64) little-endian u64 words, bit i set = value i changed]
+//   sparse (bf16): [u32 count of changed values, little-endian]
+//                  [gaps: per changed value, the unchanged values before it since the previous one
+//                   (or the chunk's start), as bytes: 255 means "255 more, go on", a byte < 255 ends it]
 //                  [W byte planes of the changed values' XORs, in order: plane p holds byte p of each]
 //   dense (fp32):  [W byte planes of every value's XOR]
-// A small update changes few bf16 values, so zstd only sees a bitmap and a few bytes per change,
-// and the receiver only touches what changed. In fp32 a small update changes the low bits of
-// nearly every value: the planes separate the XORs' zero high bytes from their random low ones.
+// A small update changes few bf16 values, so zstd only sees about a byte of position and two of
+// XOR per change, and the receiver only touches what changed. In fp32 a small update changes the
+// low bits of nearly every value: the planes separate the XORs' zero high bytes from their random
+// low ones.
 constexpr std::uint8_t kChunkZstd = 1;    // a zstd frame (else stored as is)
 constexpr std::uint8_t kChunkSparse = 2;  // the sparse layout (else dense)
 
-inline size_t bitmap_words(size_t len) { return (len + 63) / 64; }
 size_t chunk_count(size_t elements, size_t chunk) { return chunk == 0 ? 0 : (elements + chunk - 1) / chunk; }
+// The most bytes a sparse chunk of len values takes before zstd.
+size_t sparse_bound(size_t len, size_t W) { return 4 + len * (1 + W) + len / 255 + 1; }
 
-// Sparse: held becomes the new values (only the changed ones are written); the bitmap gets a bit
-// per changed value and `compact` each changed value's XOR, in order. Returns how many changed.
+// 64 (or, at a chunk's end, cnt < 64) XORs -> a bit per value, set where it is nonzero.
+template <class T>
+inline std::uint64_t nonzero_bits(const T* d, size_t cnt) {
+#if defined(__SSE2__)
+  if (sizeof(T) == 2 && cnt == 64) {
+    const __m128i zero = _mm_setzero_si128();
+    std::uint64_t zeros = 0;
+    for (int q = 0; q < 4; ++q) {  // 16 values -> 16 bits
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + 16 * q));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + 16 * q + 8));
+      const __m128i z = _mm_packs_epi16(_mm_cmpeq_epi16(a, zero), _mm_cmpeq_epi16(b, zero));
+      zeros |= static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm_movemask_epi8(z))) << (16 * q);
+    }
+    return ~zeros;
+  }
+#endif
+  std::uint64_t bits = 0;
+  for (size_t i = 0; i < cnt; ++i) bits |= static_cast<std::uint64_t>(d[i] != 0) << i;
+  return bits;
+}
+
+// Sparse: held becomes the new values (only the changed ones are written); `raw` gets the sparse
+// layout. Returns how many changed; *raw_size its bytes.
+// With st, the new values (wire form) are hashed into it, a block at a time while in cache.
 template <int W>
-size_t encode_sparse(const float* __restrict m, WireT<W>* __restrict held, size_t len, std::uint8_t* __restrict bitmap,
-                     std::uint32_t* __restrict compact) {
-  size_t j = 0;
-  for (size_t wd = 0, words = bitmap_words(len); wd < words; ++wd) {
-    const size_t base = wd * 64, cnt = std::min<size_t>(64, len - base);
-    std::uint32_t d[64];
-    std::uint8_t nz[64] = {};
+[[gnu::always_inline]] inline size_t encode_sparse_body(const float* __restrict m, WireT<W>* __restrict held, size_t len,
+                                                        std::uint8_t* __restrict raw, WireT<W>* __restrict xors,
+                                                        size_t* raw_size, XXH3_state_t* st) {
+  std::uint8_t* gaps = raw + 4;
+  size_t g = 0, j = 0, next = 0;  // next: the position after the previous change
+  for (size_t base = 0; base < len; base += 64) {
+    const size_t cnt = std::min<size_t>(64, len - base);
+    alignas(16) WireT<W> d[64];
 #pragma omp simd
-    for (size_t i = 0; i < cnt; ++i) {
-      d[i] = to_wire<W>(to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[base + i]))) ^ held[base + i];
-      nz[i] = d[i] != 0;
+    for (size_t i = 0; i < cnt; ++i)
+      d[i] = static_cast<WireT<W>>(to_wire<W>(to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[base + i]))) ^
+                                   held[base + i]);
+    for (std::uint64_t bits = nonzero_bits(d, cnt); bits; bits &= bits - 1) {
+      const size_t i = static_cast<size_t>(std::countr_zero(bits)), at = base + i;
+      size_t gap = at - next;
+      for (; gap >= 255; gap -= 255) gaps[g++] = 255;
+      gaps[g++] = static_cast<std::uint8_t>(gap);
+      held[at] = static_cast<WireT<W>>(held[at] ^ d[i]);
+      xors[j++] = d[i];
+      next = at + 1;
     }
-    // eight 0/1 bytes -> eight bits: the multiply moves byte k's bit to bit 56 + k, without carries
-    std::uint64_t bits = 0;
-    for (size_t g = 0; g < 8; ++g) {
-      std::uint64_t eight;
-      std::memcpy(&eight, nz + 8 * g, 8);
-      bits |= ((eight * 0x0102040810204080ull) >> 56) << (8 * g);
-    }
-    std::memcpy(bitmap + wd * 8, &bits, 8);
-    for (; bits; bits &= bits - 1) {
-      const auto i = static_cast<size_t>(std::countr_zero(bits));
-      held[base + i] = static_cast<WireT<W>>(held[base + i] ^ d[i]);
-      compact[j++] = d[i];
+    if (st && (base + cnt == len || (base + cnt) % kHashBlock == 0)) {
+      const size_t from = (base / kHashBlock) * kHashBlock;
+      XXH3_64bits_update(st, held + from, (base + cnt - from) * W);
     }
   }
+  const auto count = static_cast<std::uint32_t>(j);
+  std::memcpy(raw, &count, 4);
+  std::uint8_t* planes = gaps + g;
+  for (int p = 0; p < W; ++p) {
+    std::uint8_t* out = planes + static_cast<size_t>(p) * j;
+#pragma omp simd
+    for (size_t i = 0; i < j; ++i) out[i] = static_cast<std::uint8_t>(xors[i] >> (8 * p));
+  }
+  *raw_size = 4 + g + W * j;
   return j;
+}
+// The same pass compiled for AVX2 too (the bf16 rounding and the compares take twice the values
+// per instruction), picked at run time.
+template <int W>
+size_t encode_sparse_generic(const float* m, WireT<W>* held, size_t len, std::uint8_t* raw, WireT<W>* xors,
+                             size_t* raw_size, XXH3_state_t* st) {
+  return encode_sparse_body<W>(m, held, len, raw, xors, raw_size, st);
+}
+#if defined(__x86_64__)
+template <int W>
+__attribute__((target("avx2,bmi,bmi2"))) size_t encode_sparse_avx2(const float* m, WireT<W>* held, size_t len,
+                                                                      std::uint8_t* raw, WireT<W>* xors,
+                                                                      size_t* raw_size, XXH3_state_t* st) {
+  return encode_sparse_body<W>(m, held, len, raw, xors, raw_size, st);
+}
+#endif
+template <int W>
+size_t encode_sparse(const float* m, WireT<W>* held, size_t len, std::uint8_t* raw, WireT<W>* xors, size_t* raw_size,
+                     XXH3_state_t* st) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+  if (avx2) return encode_sparse_avx2<W>(m, held, len, raw, xors, raw_size, st);
+#endif
+  return encode_sparse_generic<W>(m, held, len, raw, xors, raw_size, st);
 }
 // W byte planes of n values.
 template <int W>
@@ -135,16 +208,22 @@ void split_planes(const std::uint32_t* __restrict x, size_t n, std::uint8_t* __r
     for (size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint8_t>(x[i] >> (8 * p));
   }
 }
-// Dense: held becomes the new values; x gets every value's XOR. Returns how many changed.
+// Dense: held becomes the new values; x gets every value's XOR. Returns how many changed. With
+// st, the new values are hashed into it as they go.
 template <int W>
-size_t encode_dense(const float* __restrict m, WireT<W>* __restrict held, size_t len, std::uint32_t* __restrict x) {
+size_t encode_dense(const float* __restrict m, WireT<W>* __restrict held, size_t len, std::uint32_t* __restrict x,
+                    XXH3_state_t* st) {
   size_t changed = 0;
+  for (size_t b = 0; b < len; b += kHashBlock) {
+    const size_t e = std::min(len, b + kHashBlock);
 #pragma omp simd reduction(+ : changed)
-  for (size_t i = 0; i < len; ++i) {
-    const auto wire = static_cast<WireT<W>>(to_wire<W>(to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[i]))));
-    x[i] = static_cast<std::uint32_t>(wire ^ held[i]);
-    changed += x[i] != 0;
-    held[i] = wire;
+    for (size_t i = b; i < e; ++i) {
+      const auto wire = static_cast<WireT<W>>(to_wire<W>(to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[i]))));
+      x[i] = static_cast<std::uint32_t>(wire ^ held[i]);
+      changed += x[i] != 0;
+      held[i] = wire;
+    }
+    if (st) XXH3_64bits_update(st, held + b, (e - b) * W);
   }
   return changed;
 }
@@ -154,38 +233,6 @@ inline std::uint32_t join_planes(const std::uint8_t* planes, size_t n, size_t i)
   for (int p = 0; p < W; ++p) d |= static_cast<std::uint32_t>(planes[static_cast<size_t>(p) * n + i]) << (8 * p);
   return d;
 }
-// The receiver: XORs one chunk's raw bytes into values (run twice, it restores them). False when
-// the bytes do not have the size their layout says.
-template <int W>
-bool apply_chunk(const std::uint8_t* __restrict raw, size_t raw_size, bool sparse, float* __restrict v, size_t len) {
-  if (!sparse) {
-    if (raw_size != len * W) return false;
-#pragma omp simd
-    for (size_t i = 0; i < len; ++i)
-      v[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(v[i]) ^ from_wire<W>(join_planes<W>(raw, len, i)));
-    return true;
-  }
-  const size_t words = bitmap_words(len);
-  if (raw_size < words * 8) return false;
-  auto word = [&](size_t wd) {
-    std::uint64_t bits;
-    std::memcpy(&bits, raw + wd * 8, 8);
-    if (wd + 1 == words && len % 64) bits &= (std::uint64_t{1} << (len % 64)) - 1;
-    return bits;
-  };
-  size_t changed = 0;
-  for (size_t wd = 0; wd < words; ++wd) changed += static_cast<size_t>(std::popcount(word(wd)));
-  if (raw_size != words * 8 + changed * W) return false;
-  const std::uint8_t* planes = raw + words * 8;
-  size_t j = 0;
-  for (size_t wd = 0; wd < words; ++wd)
-    for (std::uint64_t bits = word(wd); bits; bits &= bits - 1) {
-      float& f = v[wd * 64 + static_cast<size_t>(std::countr_zero(bits))];
-      f = std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) ^ from_wire<W>(join_planes<W>(planes, changed, j++)));
-    }
-  return true;
-}
-
 // Scratch memory that keeps its pages between syncs: a fresh multi-MB vector per chunk and call
 // costs page faults and zero-filling comparable to the encoding itself.
 struct Buffer {
@@ -204,13 +251,16 @@ struct Buffer {
 // zstd contexts (not shareable between threads).
 struct ThreadScratch {
   Buffer xors;  // a chunk's XORs (u32 each)
-  Buffer raw;   // a chunk's bitmap and planes
+  Buffer raw;   // a chunk's bytes before zstd (gaps and planes, or planes)
   ZSTD_CCtx* cctx = nullptr;
   ZSTD_DCtx* dctx = nullptr;
+  XXH3_state_t* hash = nullptr;  // a tensor's checksum, hashed as its chunks go
   ~ThreadScratch() {
     ZSTD_freeCCtx(cctx);
     ZSTD_freeDCtx(dctx);
+    XXH3_freeState(hash);
   }
+  XXH3_state_t* hasher() { return hash ? hash : (hash = XXH3_createState()); }
   ZSTD_CCtx* compressor() { return cctx ? cctx : (cctx = ZSTD_createCCtx()); }
   ZSTD_DCtx* decompressor() { return dctx ? dctx : (dctx = ZSTD_createDCtx()); }
 };
@@ -292,10 +342,237 @@ std::vector<std::uint64_t> weight_checksums(std::span<const float> values,
   return out;
 }
 
+// ---- chunks and tensors ------------------------------------------------------------------------
+
+namespace {
+
+// The values of a delta are cut into chunks (each compressed and decoded on one thread). When the
+// tensor table tiles the arena (every value in exactly one tensor, as a dense model's does), each
+// tensor is cut into chunks of its own, and a tensor's chunks are encoded (and applied) by one
+// thread in order, which hashes the tensor in the same pass over its values: memory is read once.
+// Otherwise the chunks cut the arena evenly and the checksums are a pass of their own.
+struct ChunkPlan {
+  std::vector<size_t> start;  // per chunk, its first value; a sentinel n at the end
+  struct Unit {
+    size_t tensor, first, last;  // tensor index, chunks [first, last)
+  };
+  std::vector<Unit> units;  // empty: the table does not tile the arena (no fused hashing)
+  size_t chunks() const { return start.empty() ? 0 : start.size() - 1; }
+};
+
+// Tensor indices by offset when they tile [0, n) exactly; empty otherwise.
+std::vector<size_t> tiling_order(const std::vector<policy::TensorSpec>& tensors, size_t n) {
+  std::vector<size_t> order(tensors.size());
+  for (size_t t = 0; t < order.size(); ++t) order[t] = t;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return tensors[x].offset < tensors[y].offset; });
+  size_t at = 0;
+  for (size_t t : order) {
+    if (tensors[t].offset != at) return {};
+    at += tensors[t].numel();
+  }
+  if (at != n) return {};
+  return order;
+}
+
+// The units over given chunk starts: each tensor's chunks, when every chunk lies inside one tensor
+// and the tensors tile the arena; the largest first (the dynamic schedule then balances them).
+std::vector<ChunkPlan::Unit> units_of(const std::vector<policy::TensorSpec>& tensors, const std::vector<size_t>& start,
+                                      size_t n) {
+  const auto order = tiling_order(tensors, n);
+  if (order.empty() && n > 0) return {};
+  std::vector<ChunkPlan::Unit> units;
+  size_t c = 0;
+  const size_t chunks = start.size() - 1;
+  for (size_t t : order) {
+    const size_t lo = tensors[t].offset, hi = lo + tensors[t].numel();
+    if (hi == lo) continue;
+    if (c >= chunks || start[c] != lo) return {};
+    const size_t first = c;
+    while (c < chunks && start[c + 1] <= hi) ++c;
+    if (start[c] != hi) return {};  // a chunk crosses the tensor's end
+    units.push_back({t, first, c});
+  }
+  std::stable_sort(units.begin(), units.end(),
+                   [&](const auto& x, const auto& y) { return start[x.last] - start[x.first] > start[y.last] - start[y.first]; });
+  return units;
+}
+
+// The encoder's plan: per tensor chunks of at most C values when the table tiles the arena, else
+// chunks of C over the arena.
+ChunkPlan plan_chunks(const std::vector<policy::TensorSpec>& tensors, size_t n, size_t C) {
+  ChunkPlan plan;
+  const auto order = tiling_order(tensors, n);
+  if (!order.empty()) {
+    for (size_t t : order)
+      for (size_t a = 0, len = tensors[t].numel(); a < len; a += C) plan.start.push_back(tensors[t].offset + a);
+  } else {
+    for (size_t a = 0; a < n; a += C) plan.start.push_back(a);
+  }
+  plan.start.push_back(n);
+  if (!order.empty()) plan.units = units_of(tensors, plan.start, n);
+  return plan;
+}
+
+// Hashes values [a, b) of the receiver's arena in wire form into st.
+[[gnu::always_inline]] inline void hash_values(XXH3_state_t* st, const float* v, size_t n, size_t W) {
+  if (W == 4) {
+    XXH3_64bits_update(st, v, n * 4);
+    return;
+  }
+  std::uint16_t packed[kHashBlock];
+  for (size_t a = 0; a < n; a += kHashBlock) {
+    const size_t len = std::min(kHashBlock, n - a);
+#pragma omp simd
+    for (size_t i = 0; i < len; ++i) packed[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v[a + i]) >> 16);
+    XXH3_64bits_update(st, packed, len * 2);
+  }
+}
+
+// The receiver's walk over one sparse chunk's changes, resumable: apply_until(end) XORs the
+// changes at positions < end into v (the chunk's first value). `bad` when the gaps lead outside
+// the chunk or run out.
+template <int W>
+struct SparseWalk {
+  const std::uint8_t* gaps = nullptr;
+  const std::uint8_t* planes = nullptr;
+  size_t G = 0, count = 0, len = 0;
+  size_t g = 0, j = 0, next = 0, at = 0;
+  bool have = false, bad = false;
+  bool open(const std::uint8_t* raw, size_t raw_size, size_t chunk_len) {
+    len = chunk_len;
+    if (raw_size < 4) return false;
+    std::uint32_t c;
+    std::memcpy(&c, raw, 4);
+    count = c;
+    if (count > len || raw_size < 4 + count * (1 + W)) return false;
+    gaps = raw + 4;
+    G = raw_size - 4 - count * W;
+    planes = gaps + G;
+    return true;
+  }
+  void apply_until(float* __restrict v, size_t end, size_t most = SIZE_MAX) {
+    while (j < count && j < most) {
+      if (!have) {
+        size_t gap = 0;
+        while (g < G && gaps[g] == 255) gap += 255, ++g;
+        if (g == G) {
+          bad = true;
+          return;
+        }
+        gap += gaps[g++];
+        at = next + gap;
+        if (at >= len) {
+          bad = true;
+          return;
+        }
+        have = true;
+      }
+      if (at >= end) return;
+      std::uint32_t d = 0;
+      for (int p = 0; p < W; ++p) d |= static_cast<std::uint32_t>(planes[static_cast<size_t>(p) * count + j]) << (8 * p);
+      v[at] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(v[at]) ^ from_wire<W>(d));
+      next = at + 1;
+      ++j;
+      have = false;
+    }
+  }
+  bool complete() const { return !bad && j == count && g == G; }
+};
+
+// XORs one chunk's raw bytes into v (run twice, it restores them). False (and v as it was) when
+// the bytes do not have the size or the content their layout says.
+template <int W>
+bool apply_chunk(const std::uint8_t* __restrict raw, size_t raw_size, bool sparse, float* __restrict v, size_t len) {
+  if (!sparse) {
+    if (raw_size != len * W) return false;
+#pragma omp simd
+    for (size_t i = 0; i < len; ++i)
+      v[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(v[i]) ^ from_wire<W>(join_planes<W>(raw, len, i)));
+    return true;
+  }
+  SparseWalk<W> walk;
+  if (!walk.open(raw, raw_size, len)) return false;
+  walk.apply_until(v, len);
+  if (walk.complete()) return true;
+  SparseWalk<W> undo;  // back as they were
+  undo.open(raw, raw_size, len);
+  undo.apply_until(v, len, walk.j);
+  return false;
+}
+
+// The same, with the chunk's values hashed into st as it goes (block by block, each while in cache).
+template <int W>
+[[gnu::always_inline]] inline bool apply_chunk_hashed_body(const std::uint8_t* __restrict raw, size_t raw_size,
+                                                           bool sparse, float* __restrict v, size_t len,
+                                                           XXH3_state_t* st) {
+  if (!sparse) {
+    if (raw_size != len * W) return false;
+    for (size_t b = 0; b < len; b += kHashBlock) {
+      const size_t e = std::min(len, b + kHashBlock);
+#pragma omp simd
+      for (size_t i = b; i < e; ++i)
+        v[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(v[i]) ^ from_wire<W>(join_planes<W>(raw, len, i)));
+      hash_values(st, v + b, e - b, W);
+    }
+    return true;
+  }
+  SparseWalk<W> walk;
+  if (!walk.open(raw, raw_size, len)) return false;
+  for (size_t b = 0; b < len && !walk.bad; b += kHashBlock) {
+    const size_t e = std::min(len, b + kHashBlock);
+    walk.apply_until(v, e);
+    hash_values(st, v + b, e - b, W);
+  }
+  if (walk.complete()) return true;
+  SparseWalk<W> undo;
+  undo.open(raw, raw_size, len);
+  undo.apply_until(v, len, walk.j);
+  return false;
+}
+// (compiled for AVX2 too, as encode_sparse)
+#if defined(__x86_64__)
+template <int W>
+__attribute__((target("avx2,bmi,bmi2"))) bool apply_chunk_hashed_avx2(const std::uint8_t* raw, size_t raw_size,
+                                                                        bool sparse, float* v, size_t len,
+                                                                        XXH3_state_t* st) {
+  return apply_chunk_hashed_body<W>(raw, raw_size, sparse, v, len, st);
+}
+#endif
+template <int W>
+bool apply_chunk_hashed(const std::uint8_t* raw, size_t raw_size, bool sparse, float* v, size_t len,
+                        XXH3_state_t* st) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+  if (avx2) return apply_chunk_hashed_avx2<W>(raw, raw_size, sparse, v, len, st);
+#endif
+  return apply_chunk_hashed_body<W>(raw, raw_size, sparse, v, len, st);
+}
+
+// A chunk's raw bytes: decompressed into the thread's scratch when it is a zstd frame. Null when
+// it does not decode to at most `most` bytes.
+const std::uint8_t* chunk_raw(const std::uint8_t* src, size_t bytes, bool zstd, size_t most, size_t* raw_size) {
+  if (!zstd) {
+    *raw_size = bytes;
+    return src;
+  }
+  const unsigned long long content = ZSTD_getFrameContentSize(src, bytes);
+  if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content > most) return nullptr;
+  ThreadScratch& ts = thread_scratch();
+  std::uint8_t* out = ts.raw.reserve(static_cast<size_t>(content));
+  const size_t r = ZSTD_decompressDCtx(ts.decompressor(), out, static_cast<size_t>(content), src, bytes);
+  if (ZSTD_isError(r) || r != content) return nullptr;
+  *raw_size = r;
+  return out;
+}
+
+}  // namespace
+
 // ---- learner 0: encoding ----------------------------------------------------------------------
 
 struct WeightEncoder::Frames {
   std::vector<Buffer> chunk;  // per chunk: its compressed frame (or its raw bytes, stored as they are)
+  ChunkPlan plan;             // (made for the arena's size on first use)
+  size_t planned_for = SIZE_MAX;
 };
 
 WeightEncoder::WeightEncoder(WeightDtype dtype, std::vector<policy::TensorSpec> tensors)
@@ -318,7 +595,6 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
   const size_t n = master.size(), C = kWeightChunkElements;
   delta = delta && held_version_ >= 0 && held_wire.size() == n;
   if (held_wire.size() != n) held_wire.assign(n, 0);
-  const size_t chunks = chunk_count(n, C);
   out = Weights{};
   out.version = version;
   out.base_version = delta ? held_version_ : -1;
@@ -326,66 +602,96 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
   out.dtype = static_cast<std::int32_t>(dtype_);
   out.elements = n;
   out.chunk_elements = C;
-  out.chunk_bytes.assign(chunks, 0);
-  out.chunk_format.assign(chunks, 0);
   WireT<W>* held = held_wire.data();
   const float* m = master.data();
   if (!delta) {
     // Full: every value's wire bits, element after element, uncompressed (most bits of a weight are noise).
+    const size_t chunks = chunk_count(n, C);
+    out.chunk_bytes.assign(chunks, 0);
+    out.chunk_format.assign(chunks, 0);
     out.payload.resize(n * W);
     encode_full<W>(m, held, out.payload.data(), n);
     for (size_t c = 0; c < chunks; ++c) out.chunk_bytes[c] = std::min(C, n - c * C) * W;
+    held_version_ = version;
+    // the held wire form is exactly what the checksums cover, and the payload
+    out.checksums = payload_checksums(reinterpret_cast<const std::uint8_t*>(held), W, tensors_);
+    return;
+  }
+  // Delta: per chunk, the gaps between changed values and their XORs' byte planes (bf16: few
+  // change), or the planes of every value's XOR (fp32: nearly all change), then zstd.
+  if (frames_->planned_for != n) {
+    frames_->plan = plan_chunks(tensors_, n, C);
+    frames_->planned_for = n;
+  }
+  const ChunkPlan& plan = frames_->plan;
+  const size_t chunks = plan.chunks();
+  out.chunk_bytes.assign(chunks, 0);
+  out.chunk_format.assign(chunks, 0);
+  out.chunk_starts.assign(plan.start.begin(), plan.start.end() - 1);
+  constexpr bool sparse = W == 2;
+  auto& frames = frames_->chunk;
+  frames.resize(chunks);
+  const bool fused = !plan.units.empty();
+  if (fused) out.checksums.assign(tensors_.size(), 0);
+  // One chunk: held becomes the new values, frames[c] its frame; hashed into st when given.
+  auto encode_chunk = [&](size_t c, XXH3_state_t* st) -> size_t {
+    ThreadScratch& ts = thread_scratch();
+    const size_t a = plan.start[c], len = plan.start[c + 1] - a;
+    size_t ch = 0, raw_size = 0;
+    std::uint8_t* raw = ts.raw.reserve(sparse ? sparse_bound(len, W) : len * W);
+    auto* x = reinterpret_cast<std::uint32_t*>(ts.xors.reserve(len * 4));
+    if constexpr (sparse) {
+      ch = encode_sparse<W>(m + a, held + a, len, raw, reinterpret_cast<WireT<W>*>(x), &raw_size, st);
+    } else {
+      ch = encode_dense<W>(m + a, held + a, len, x, st);
+      raw_size = len * W;
+      split_planes<W>(x, len, raw);
+    }
+    out.chunk_format[c] = sparse ? kChunkSparse : 0;
+    Buffer& f = frames[c];
+    const size_t bound = ZSTD_compressBound(raw_size);
+    std::uint8_t* dst = f.reserve(bound);
+    const size_t z = ZSTD_compressCCtx(ts.compressor(), dst, bound, raw, raw_size, sparse ? kZstdLevelSparse : kZstdLevelDense);
+    if (ZSTD_isError(z) || z >= raw_size) {
+      std::memcpy(dst, raw, raw_size);  // incompressible: stored as is
+      f.size = raw_size;
+    } else {
+      f.size = z;
+      out.chunk_format[c] |= kChunkZstd;
+    }
+    return ch;
+  };
+  std::uint64_t changed = 0;
+  if (fused) {
+    const auto U = static_cast<std::ptrdiff_t>(plan.units.size());
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : changed)
+    for (std::ptrdiff_t u = 0; u < U; ++u) {
+      const auto& unit = plan.units[static_cast<size_t>(u)];
+      XXH3_state_t* st = thread_scratch().hasher();
+      XXH3_64bits_reset(st);
+      for (size_t c = unit.first; c < unit.last; ++c) changed += encode_chunk(c, st);
+      out.checksums[unit.tensor] = XXH3_64bits_digest(st);
+    }
   } else {
-    // Delta: per chunk, the bitmap of changed values and their XORs' byte planes (bf16: few
-    // change), or the planes of every value's XOR (fp32: nearly all change), then zstd.
-    constexpr bool sparse = W == 2;
-    auto& frames = frames_->chunk;
-    frames.resize(chunks);
-    std::uint64_t changed = 0;
     const auto K = static_cast<std::ptrdiff_t>(chunks);
 #pragma omp parallel for schedule(dynamic) reduction(+ : changed)
-    for (std::ptrdiff_t k = 0; k < K; ++k) {
-      ThreadScratch& ts = thread_scratch();
-      const size_t c = static_cast<size_t>(k), a = c * C, len = std::min(C, n - a);
-      auto* x = reinterpret_cast<std::uint32_t*>(ts.xors.reserve(len * 4));
-      size_t ch = 0, raw_size = 0;
-      std::uint8_t* raw = ts.raw.reserve(bitmap_words(len) * 8 + len * W);
-      if constexpr (sparse) {
-        ch = encode_sparse<W>(m + a, held + a, len, raw, x);
-        raw_size = bitmap_words(len) * 8 + ch * W;
-        split_planes<W>(x, ch, raw + bitmap_words(len) * 8);
-      } else {
-        ch = encode_dense<W>(m + a, held + a, len, x);
-        raw_size = len * W;
-        split_planes<W>(x, len, raw);
-      }
-      changed += ch;
-      out.chunk_format[c] = sparse ? kChunkSparse : 0;
-      Buffer& f = frames[c];
-      const size_t bound = ZSTD_compressBound(raw_size);
-      std::uint8_t* dst = f.reserve(bound);
-      const size_t z = ZSTD_compressCCtx(ts.compressor(), dst, bound, raw, raw_size, kZstdLevel);
-      if (ZSTD_isError(z) || z >= raw_size) {
-        std::memcpy(dst, raw, raw_size);  // incompressible: stored as is
-        f.size = raw_size;
-      } else {
-        f.size = z;
-        out.chunk_format[c] |= kChunkZstd;
-      }
-    }
-    size_t total = 0;
-    for (size_t c = 0; c < chunks; ++c) total += (out.chunk_bytes[c] = frames[c].size);
-    out.payload.resize(total);
-    size_t at = 0;
-    for (size_t c = 0; c < chunks; ++c) {
-      std::memcpy(out.payload.data() + at, frames[c].data.get(), frames[c].size);
-      at += frames[c].size;
-    }
-    out.changed = changed;
+    for (std::ptrdiff_t k = 0; k < K; ++k) changed += encode_chunk(static_cast<size_t>(k), nullptr);
   }
+  size_t total = 0;
+  for (size_t c = 0; c < chunks; ++c) total += (out.chunk_bytes[c] = frames[c].size);
+  out.payload.resize(total);
+  size_t at = 0;
+  for (size_t c = 0; c < chunks; ++c) {
+    std::memcpy(out.payload.data() + at, frames[c].data.get(), frames[c].size);
+    at += frames[c].size;
+  }
+  out.changed = changed;
   held_version_ = version;
-  // the held wire form is exactly what the checksums cover (for a full sync, also the payload)
-  out.checksums = payload_checksums(reinterpret_cast<const std::uint8_t*>(held), W, tensors_);
+  // the held wire form is exactly what the checksums cover
+  if (!fused) out.checksums = payload_checksums(reinterpret_cast<const std::uint8_t*>(held), W, tensors_);
+  else  // a tensor of no values is in no unit
+    for (size_t t = 0; t < tensors_.size(); ++t)
+      if (tensors_[t].numel() == 0) out.checksums[t] = XXH3_64bits(nullptr, 0);
 }
 
 void WeightEncoder::held_into(std::span<float> out) const {
@@ -424,12 +730,30 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
   if (w.checksums.size() != tensors.size())
     return refused(std::to_string(w.checksums.size()) + " tensor checksums for a model of " +
                    std::to_string(tensors.size()) + " tensors");
+  for (const auto& t : tensors)
+    if (t.offset + t.numel() > values.size()) return refused("tensor " + t.name + " lies past the arena");
   const size_t n = values.size(), W = width_of(dtype), C = w.chunk_elements;
-  const size_t chunks = chunk_count(n, C);
   if (C == 0 && n > 0) return corrupt("chunk_elements is 0");
+  // Chunk starts: given (a delta's chunks follow the tensors), else every C values.
+  std::vector<size_t> start;
+  if (!w.chunk_starts.empty()) {
+    if (enc != WeightEncoding::delta) return corrupt("a full payload with chunk starts");
+    start.assign(w.chunk_starts.begin(), w.chunk_starts.end());
+    for (size_t c = 0; c < start.size(); ++c) {
+      const size_t end = c + 1 < start.size() ? start[c + 1] : n;
+      if ((c == 0 && start[c] != 0) || start[c] >= end || end > n || end - start[c] > C)
+        return corrupt("delta chunk " + std::to_string(c) + " spans values [" + std::to_string(start[c]) + ", " +
+                       std::to_string(end) + "): not where the previous one ends (0 for the first), empty, past the arena's " +
+                       std::to_string(n) + " values or longer than chunk_elements (" + std::to_string(C) + ")");
+    }
+  } else {
+    for (size_t a = 0; a < n; a += C) start.push_back(a);
+  }
+  start.push_back(n);
+  const size_t chunks = start.size() - 1;
   if (w.chunk_bytes.size() != chunks || w.chunk_format.size() != chunks)
-    return corrupt(std::to_string(w.chunk_bytes.size()) + " chunks for " + std::to_string(n) + " values in chunks of " +
-                   std::to_string(C));
+    return corrupt(std::to_string(w.chunk_bytes.size()) + " chunks for " + std::to_string(n) + " values in " +
+                   std::to_string(chunks) + " chunks");
   std::vector<size_t> at(chunks + 1, 0);
   for (size_t c = 0; c < chunks; ++c) at[c + 1] = at[c] + w.chunk_bytes[c];
   if (at[chunks] != w.payload.size())
@@ -448,11 +772,9 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
 
   if (enc == WeightEncoding::full) {
     for (size_t c = 0; c < chunks; ++c)
-      if (w.chunk_format[c] != 0 || w.chunk_bytes[c] != std::min(C, n - c * C) * W)
+      if (w.chunk_format[c] != 0 || w.chunk_bytes[c] != (start[c + 1] - start[c]) * W)
         return corrupt("full chunk " + std::to_string(c) + " has " + std::to_string(w.chunk_bytes[c]) + " bytes");
     // The checksums are of the wire form, which a full payload is: checked before a value is written.
-    for (const auto& t : tensors)
-      if (t.offset + t.numel() > n) return refused("tensor " + t.name + " lies past the arena");
     if (auto bad = first_failure(payload_checksums(src, W, tensors)); !bad.empty()) return corrupt(bad);
     if (dtype == WeightDtype::bf16)
       decode_full<2>(src, values.data(), n);
@@ -461,52 +783,64 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
     return {};
   }
 
-  // Delta, in place. xor_chunks XORs the chunks `which` selects into values; run twice it restores them.
+  // Delta, in place. One chunk: decoded and XORed into values (hashed into st when given); run
+  // twice it restores them. False when it does not decode.
+  float* v = values.data();
+  auto xor_chunk = [&](size_t c, XXH3_state_t* st) {
+    const size_t a = start[c], len = start[c + 1] - a;
+    const bool sparse = w.chunk_format[c] & kChunkSparse;
+    const size_t most = sparse ? sparse_bound(len, W) : len * W;
+    size_t raw_size = 0;
+    const std::uint8_t* raw = chunk_raw(src + at[c], w.chunk_bytes[c], w.chunk_format[c] & kChunkZstd, most, &raw_size);
+    if (!raw) return false;
+    if (st)
+      return dtype == WeightDtype::bf16 ? apply_chunk_hashed<2>(raw, raw_size, sparse, v + a, len, st)
+                                        : apply_chunk_hashed<4>(raw, raw_size, sparse, v + a, len, st);
+    return dtype == WeightDtype::bf16 ? apply_chunk<2>(raw, raw_size, sparse, v + a, len)
+                                      : apply_chunk<4>(raw, raw_size, sparse, v + a, len);
+  };
   std::vector<std::uint8_t> applied(chunks, 0);
   std::atomic<std::ptrdiff_t> bad_chunk{-1};
-  float* v = values.data();
-  auto xor_chunks = [&](const std::vector<std::uint8_t>* which) {
+  // Each tensor's chunks on one thread, hashed as they are applied, when the chunks follow the
+  // tensors; else every chunk, then the checksums in a pass of their own.
+  const auto units = units_of(tensors, start, n);
+  std::vector<std::uint64_t> sums;
+  if (!units.empty()) {
+    sums.assign(tensors.size(), 0);
+    for (size_t t = 0; t < tensors.size(); ++t)
+      if (tensors[t].numel() == 0) sums[t] = XXH3_64bits(nullptr, 0);
+    const auto U = static_cast<std::ptrdiff_t>(units.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (std::ptrdiff_t u = 0; u < U; ++u) {
+      const auto& unit = units[static_cast<size_t>(u)];
+      XXH3_state_t* st = thread_scratch().hasher();
+      XXH3_64bits_reset(st);
+      bool ok = true;
+      for (size_t c = unit.first; c < unit.last && ok; ++c) {
+        ok = xor_chunk(c, st);
+        if (ok) applied[c] = 1;
+        else bad_chunk.store(static_cast<std::ptrdiff_t>(c));
+      }
+      sums[unit.tensor] = XXH3_64bits_digest(st);
+    }
+  } else {
 #pragma omp parallel for schedule(dynamic)
     for (std::ptrdiff_t k = 0; k < K; ++k) {
-      const size_t c = static_cast<size_t>(k), a = c * C, len = std::min(C, n - a);
-      if (which && !(*which)[c]) continue;
-      ThreadScratch& ts = thread_scratch();
-      const std::uint8_t* raw = src + at[c];
-      size_t raw_size = w.chunk_bytes[c];
-      if (w.chunk_format[c] & kChunkZstd) {
-        const unsigned long long content = ZSTD_getFrameContentSize(raw, raw_size);
-        const size_t most = bitmap_words(len) * 8 + len * W;
-        if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content > most) {
-          bad_chunk.store(k);
-          continue;
-        }
-        std::uint8_t* out = ts.raw.reserve(static_cast<size_t>(content));
-        const size_t r = ZSTD_decompressDCtx(ts.decompressor(), out, static_cast<size_t>(content), raw, raw_size);
-        if (ZSTD_isError(r) || r != content) {
-          bad_chunk.store(k);
-          continue;
-        }
-        raw = out;
-        raw_size = r;
-      }
-      const bool sparse = w.chunk_format[c] & kChunkSparse;
-      const bool ok = dtype == WeightDtype::bf16 ? apply_chunk<2>(raw, raw_size, sparse, v + a, len)
-                                                 : apply_chunk<4>(raw, raw_size, sparse, v + a, len);
-      if (!ok) {
-        bad_chunk.store(k);
-        continue;
-      }
-      if (!which) applied[c] = 1;
+      if (xor_chunk(static_cast<size_t>(k), nullptr)) applied[static_cast<size_t>(k)] = 1;
+      else bad_chunk.store(k);
     }
-  };
-  xor_chunks(nullptr);
+  }
   std::string why;
   if (bad_chunk.load() >= 0)
     why = "delta chunk " + std::to_string(bad_chunk.load()) + " of version " + std::to_string(w.version) +
           " does not decode";
   else
-    why = first_failure(weight_checksums(values, tensors, dtype));
-  if (!why.empty()) xor_chunks(&applied);  // back to the base version, bit for bit
+    why = first_failure(units.empty() ? weight_checksums(values, tensors, dtype) : sums);
+  if (!why.empty()) {  // back to the base version, bit for bit
+#pragma omp parallel for schedule(dynamic)
+    for (std::ptrdiff_t k = 0; k < K; ++k)
+      if (applied[static_cast<size_t>(k)]) (void)xor_chunk(static_cast<size_t>(k), nullptr);
+  }
   return why.empty() ? WeightsApplied{} : corrupt(why);
 }
 

@@ -7,6 +7,7 @@
 // a probe mismatch naming the generator, the version and the position.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -48,7 +49,8 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
-// Three tensors over 2.5 chunks, so chunks cross tensor boundaries and the last one is short.
+// Three tensors over 2.5 chunks: a full payload's chunks cross tensor boundaries and its last one
+// is short; a delta's follow the tensors (one chunk each, b's exactly a chunk long).
 std::vector<policy::TensorSpec> synthetic_tensors() {
   const size_t n0 = 1000003, n1 = kWeightChunkElements, n2 = 600017;
   return {{"a.weight", {static_cast<int64_t>(n0)}, 0},
@@ -164,6 +166,126 @@ TEST(WeightSync, RoundTripIsBitExact) {
     ASSERT_EQ(apply_weights(w, receiver, tensors, dtype).status, WeightsStatus::applied);
     ASSERT_TRUE(same_bits(receiver, expect));
   }
+}
+
+// A table that does not tile the arena (a tensor that aliases part of another, as MoE experts'
+// do): the delta's chunks then cut the arena evenly and the checksums are a pass of their own,
+// with the same results, and a corrupt delta still leaves the receiver as it was. With a tiling
+// table every chunk lies inside one tensor.
+TEST(WeightSync, ChunksFollowTheTensorsOrCutTheArena) {
+  auto tensors = synthetic_tensors();
+  const size_t n = tensors.back().offset + tensors.back().numel();
+  for (WeightDtype dtype : {WeightDtype::fp32, WeightDtype::bf16}) {
+    SCOPED_TRACE(weight_dtype_name(dtype));
+    {
+      auto master = synthetic_weights(n, 3);
+      WeightEncoder enc(dtype, tensors);
+      Weights w;
+      enc.encode(master, 0, false, w);
+      small_update(master, 4);
+      enc.encode(master, 1, true, w);
+      ASSERT_EQ(w.encoding, static_cast<int32_t>(WeightEncoding::delta));
+      ASSERT_EQ(w.chunk_starts.size(), 3u);  // a chunk per tensor (each has at most a chunk's values)
+      for (const auto& t : tensors)
+        EXPECT_NE(std::find(w.chunk_starts.begin(), w.chunk_starts.end(), t.offset), w.chunk_starts.end()) << t.name;
+    }
+    auto aliased = tensors;
+    aliased.push_back({"b.view", {1000}, tensors[1].offset + 17});
+    auto master = synthetic_weights(n, 5);
+    WeightEncoder enc(dtype, aliased);
+    std::vector<float> receiver(n, 0.0f);
+    Weights w;
+    enc.encode(master, 0, false, w);
+    ASSERT_EQ(apply_weights(w, receiver, aliased, dtype).status, WeightsStatus::applied);
+    for (int64_t v = 1; v <= 2; ++v) {
+      small_update(master, 20 + static_cast<uint64_t>(v));
+      enc.encode(master, v, true, w);
+      ASSERT_EQ(w.encoding, static_cast<int32_t>(WeightEncoding::delta));
+      ASSERT_EQ(w.chunk_starts.size(), (n + kWeightChunkElements - 1) / kWeightChunkElements);
+      ASSERT_EQ(apply_weights(w, receiver, aliased, dtype).status, WeightsStatus::applied);
+      std::vector<float> expect = master;
+      round_to_dtype(expect, dtype);
+      ASSERT_TRUE(same_bits(receiver, expect)) << "version " << v;
+      EXPECT_EQ(weight_checksums(receiver, aliased, dtype), w.checksums);
+    }
+    const std::vector<float> before = receiver;
+    small_update(master, 30);
+    enc.encode(master, 3, true, w);
+    w.payload[w.payload.size() / 3] ^= 0x21;
+    auto r = apply_weights(w, receiver, aliased, dtype);
+    EXPECT_EQ(r.status, WeightsStatus::checksum_failed) << r.detail;
+    EXPECT_TRUE(same_bits(receiver, before));
+  }
+}
+
+// A bf16 delta chunk whose gaps lead past the chunk's end after some changes were applied, or
+// whose gap bytes run out: it does not decode, and the changes it applied are undone.
+TEST(WeightSync, BadGapsAreUndone) {
+  const auto tensors = synthetic_tensors();
+  const size_t n = tensors.back().offset + tensors.back().numel();
+  auto master = synthetic_weights(n, 6);
+  WeightEncoder enc(WeightDtype::bf16, tensors);
+  std::vector<float> receiver(n, 0.0f);
+  Weights w;
+  enc.encode(master, 0, false, w);
+  ASSERT_EQ(apply_weights(w, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  small_update(master, 8);
+  enc.encode(master, 1, true, w);
+  ASSERT_EQ(w.chunk_format[0], 3);  // sparse, zstd
+  std::vector<std::uint8_t> raw(ZSTD_getFrameContentSize(w.payload.data(), w.chunk_bytes[0]));
+  ASSERT_EQ(ZSTD_decompress(raw.data(), raw.size(), w.payload.data(), w.chunk_bytes[0]), raw.size());
+  std::uint32_t count = 0;
+  std::memcpy(&count, raw.data(), 4);
+  ASSERT_GT(count, 100u);
+  const size_t gap_bytes = raw.size() - 4 - 2 * static_cast<size_t>(count);
+  // chunk 0 stored as it is, with its gaps edited
+  auto with_gaps = [&](auto edit) {
+    Weights bad = w;
+    std::vector<std::uint8_t> r = raw;
+    edit(r);
+    bad.payload.assign(r.begin(), r.end());
+    bad.payload.insert(bad.payload.end(), w.payload.begin() + static_cast<std::ptrdiff_t>(w.chunk_bytes[0]),
+                       w.payload.end());
+    bad.chunk_bytes[0] = r.size();
+    bad.chunk_format[0] = 2;
+    return bad;
+  };
+  const std::vector<float> before = receiver;
+  {  // a gap in the middle that jumps past the chunk's end
+    Weights bad = with_gaps([&](std::vector<std::uint8_t>& r) {
+      for (size_t g = 4 + gap_bytes / 2; g < 4 + gap_bytes / 2 + 5000; ++g) r[g] = 255;
+    });
+    auto r = apply_weights(bad, receiver, tensors, WeightDtype::bf16);
+    EXPECT_EQ(r.status, WeightsStatus::checksum_failed);
+    EXPECT_NE(r.detail.find("delta chunk 0 of version 1 does not decode"), std::string::npos) << r.detail;
+    EXPECT_TRUE(same_bits(receiver, before));
+  }
+  {  // the last gap byte is a "go on": the gaps run out
+    Weights bad = with_gaps([&](std::vector<std::uint8_t>& r) { r[4 + gap_bytes - 1] = 255; });
+    auto r = apply_weights(bad, receiver, tensors, WeightDtype::bf16);
+    EXPECT_EQ(r.status, WeightsStatus::checksum_failed);
+    EXPECT_TRUE(same_bits(receiver, before));
+  }
+  {  // a count larger than the bytes hold
+    Weights bad = with_gaps([&](std::vector<std::uint8_t>& r) {
+      const std::uint32_t too_many = static_cast<std::uint32_t>(r.size());
+      std::memcpy(r.data(), &too_many, 4);
+    });
+    EXPECT_EQ(apply_weights(bad, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::checksum_failed);
+    EXPECT_TRUE(same_bits(receiver, before));
+  }
+  {  // chunk starts that do not fit the arena
+    Weights bad = w;
+    bad.chunk_starts[1] = bad.chunk_starts[2];
+    auto r = apply_weights(bad, receiver, tensors, WeightDtype::bf16);
+    EXPECT_EQ(r.status, WeightsStatus::checksum_failed);
+    EXPECT_NE(r.detail.find("delta chunk 0 spans values [0, 2048579)"), std::string::npos) << r.detail;
+    EXPECT_TRUE(same_bits(receiver, before));
+  }
+  ASSERT_EQ(apply_weights(w, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  std::vector<float> expect = master;
+  round_to_dtype(expect, WeightDtype::bf16);
+  EXPECT_TRUE(same_bits(receiver, expect));
 }
 
 // A corrupt payload (a flipped byte, a cut chunk) fails and leaves the receiver bit for bit as it was.

@@ -71,7 +71,7 @@ int run_dtype(const BenchOptions& opt, const std::string& dtype) {
                             {"update", "one AdamW step, lr 1e-6"},
                             {"transport", "troupe runtime over ZeroMQ tcp (127.0.0.1)"},
                             {"baseline_transport", "MPI_Bcast, --mca btl self,tcp"},
-                            {"probe", false},
+                            {"probe", j.value("probe", false)},
                             {"reps", j["reps"]},
                             {"threads_per_rank", j["threads_per_rank"]}};
     emit(make_row(kSuite, name, {"seconds", "s", Better::lower}, {j["ours"].get<double>(), j["baseline"].get<double>()},

@@ -7,7 +7,9 @@
 // among the same ranks. Ours and the baseline alternate; while rank 0 syncs, the other ranks'
 // main threads wait on a gate message (not in an MPI call, whose polling would take the cores the
 // generators decode on). Rank 0 prints one JSON line per case: {"weight_sync_case": ..., medians}.
-//   troupe_weight_sync_bench --dtype bf16|fp32 --reps N [--quick]
+// The suite times the sync with weight_sync.probe off (the transfer, decode and checksums alone);
+// --probe turns it on (learner 0 and every generator then also run the probe's forward pass).
+//   troupe_weight_sync_bench --dtype bf16|fp32 --reps N [--quick] [--probe]
 #include <mpi.h>
 #include <omp.h>
 
@@ -51,7 +53,7 @@ constexpr int kGenerators = 3;
 }
 
 // SmolLM2-135M's shape (Llama layout, tied embeddings), random init; --quick: 6 layers, vocab 16384.
-ExperimentConfig bench_config(const std::string& dtype, bool quick) {
+ExperimentConfig bench_config(const std::string& dtype, bool quick, bool probe) {
   ExperimentConfig c;
   auto& m = c.policy.model;
   m = bench::smollm2_135m_architecture();
@@ -63,7 +65,7 @@ ExperimentConfig bench_config(const std::string& dtype, bool quick) {
   c.optimizer.lr = 1e-6f;  // AdamW (constant schedule, no warm-up)
   c.weight_sync.dtype = dtype;
   c.weight_sync.full_every = 0;  // every sync of the delta cases is a delta
-  c.weight_sync.probe = false;   // the transfer alone (the probe is a forward on each side)
+  c.weight_sync.probe = probe;   // off: the transfer alone (the probe is a forward on each side)
   return c;
 }
 
@@ -173,11 +175,12 @@ double timed_bcast(MPI_Comm comm, std::vector<char>& buf) {
 int main(int argc, char** argv) {
   std::string dtype = "bf16";
   int reps = 5;
-  bool quick = false;
+  bool quick = false, probe = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(5, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--probe")) probe = true;
   }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -190,7 +193,7 @@ int main(int argc, char** argv) {
   const int threads = omp_get_num_procs();
   omp_set_num_threads(threads);
 
-  ExperimentConfig cfg = bench_config(dtype, quick);
+  ExperimentConfig cfg = bench_config(dtype, quick, probe);
   runtime::ClusterConfig cc;
   cc.transport = "tcp";
   cc.roles = {"learner0"};
@@ -325,6 +328,7 @@ int main(int argc, char** argv) {
                             {"generators", gens},
                             {"params", elements},
                             {"dtype", dtype},
+                            {"probe", probe},
                             {"reps", reps},
                             {"threads_per_rank", threads}};
       std::printf("%s\n", row.dump().c_str());

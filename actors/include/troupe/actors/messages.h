@@ -239,10 +239,13 @@ struct Weights {
   std::uint64_t changed = 0;               // delta: values that differ from the base version
   std::vector<std::int32_t> probe_tokens;  // empty = no probe check
   std::vector<float> probe_logprobs;       // learner 0's, one per token after the first
+  // delta: per chunk, its first value (the chunks follow the tensors, at most chunk_elements
+  // values each); empty: chunks of chunk_elements values from the arena's start
+  std::vector<std::uint64_t> chunk_starts;
   template <class A>
   void serialize(A& ar) {
     ar(version, params, base_version, encoding, dtype, elements, chunk_elements, chunk_bytes, chunk_format, payload,
-       checksums, changed, probe_tokens, probe_logprobs);
+       checksums, changed, probe_tokens, probe_logprobs, chunk_starts);
   }
 };
 // Generator -> coordinator, the reply to a Weights request: what the generator holds now.

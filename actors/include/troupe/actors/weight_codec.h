@@ -2,10 +2,12 @@
 // generator applies one. The generators hold their weights in a dtype (fp32: the master as is;
 // bf16: each value rounded to the nearest bf16, ties to even, kept as an fp32 whose low 16 bits
 // are zero, so every kernel still computes in fp32). A sync is full (every value's bits) or a delta
-// (the XOR of the new bits and those of the version the receiver holds, split into byte planes and
-// zstd-compressed per chunk: a small update leaves most bf16 values and the high bytes of fp32
-// values unchanged, so the planes are mostly zeros). Every tensor carries an xxh3-64 checksum of
-// its values as the receiver must hold them; a receiver that gets anything else keeps what it had.
+// (the XOR of the new bits and those of the version the receiver holds, zstd-compressed per chunk:
+// bf16, where a small update changes few values, as the gaps between changed values and their
+// XORs' byte planes; fp32, where it changes the low bytes of nearly all, as the byte planes of
+// every XOR). A delta's chunks follow the tensors when the table tiles the arena, so each side
+// hashes a tensor in the pass that encodes or applies it. Every tensor carries an xxh3-64 checksum
+// of its values as the receiver must hold them; a receiver that gets anything else keeps what it had.
 // The probe: log-probs of a fixed token sequence, which the generator computes with its weights
 // and compares bit for bit with learner 0's (docs/weight_sync.md).
 #pragma once
@@ -48,7 +50,8 @@ void round_to_dtype(std::span<float> values, WeightDtype dtype);
 std::vector<std::uint64_t> weight_checksums(std::span<const float> values,
                                             const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype);
 
-// Values per chunk of a payload: a chunk is the unit that is compressed (and decoded) on one thread.
+// Values per chunk of a payload (a delta's chunks, which follow the tensors, may be shorter): a
+// chunk is the unit that is compressed (and decoded) on one thread.
 inline constexpr std::uint32_t kWeightChunkElements = 1u << 20;
 
 // Learner 0's side. It keeps the values it sent last (the receivers' base for the next delta),
