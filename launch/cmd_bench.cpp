@@ -17,7 +17,7 @@ Command add_bench_command(CLI::App& root) {
   app->add_option("suite", o->suite, "runtime | policy | kernels | envs | learner | e2e | reliability | weight_sync | scale")
       ->required()
       ->check(CLI::IsMember({"runtime", "policy", "kernels", "envs", "learner", "e2e", "reliability", "weight_sync", "scale"}));
-  app->add_flag("--quick", o->bench.quick, "Fewer repetitions (>= 5 per figure, 2 for the SmolLM2-sized policy rows; each row says its reps); every case still runs");
+  app->add_flag("--quick", o->bench.quick, "Fewer repetitions (>= 5 per figure, 2 for the SmolLM2-sized policy rows and the SmolLM2 serving row; each row says its reps); every case still runs");
   app->add_option("--filter", o->bench.filter, "Only cases whose name contains this text");
   app->add_option("--reps", o->bench.reps, "Repetitions per figure (>= 5)")->check(CLI::Range(5, 1000));
   return {app, [o]() -> int {

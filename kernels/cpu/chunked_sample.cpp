@@ -34,18 +34,26 @@ inline size_t align8(size_t n) { return (n + 7) & ~size_t{7}; }
 
 }  // namespace
 
-size_t chunked_sample_scratch_bytes(int N, int V, int chunk, int max_top_k) {
+size_t chunked_sample_scratch_bytes(int N, int V, int chunk, int max_top_k, size_t cache_bytes) {
   N = std::max(N, 0);
   V = std::max(V, 0);
   const bool whole = chunk <= 0 || V <= chunk;
-  const size_t cols = whole ? static_cast<size_t>(V) : static_cast<size_t>(chunk);
+  // Logits: the whole (N, V) for one chunk; beyond it, one chunk's (N, chunk) when recomputing, or
+  // every chunk's when the (N', V) logits of a call with N' <= N rows fit cache_bytes, so a scratch
+  // sized for N serves every smaller call (the model sizes it for its batch, then samples its
+  // active rows).
+  size_t logit_floats = static_cast<size_t>(N) * (whole ? static_cast<size_t>(V) : static_cast<size_t>(chunk));
+  if (!whole) {
+    const size_t cached_rows = std::min(static_cast<size_t>(N), cache_bytes / (sizeof(float) * V));
+    logit_floats = std::max(logit_floats, cached_rows * V);
+  }
   const size_t kcap = whole ? 0 : static_cast<size_t>(std::clamp(max_top_k, 0, chunk));
-  return align8(sizeof(float) * N * cols) + align8(sizeof(RowState) * N) + align8(sizeof(Candidate) * N * kcap) +
+  return align8(sizeof(float) * logit_floats) + align8(sizeof(RowState) * N) + align8(sizeof(Candidate) * N * kcap) +
          align8(sizeof(float) * V) + sample_scratch_bytes(V);
 }
 
 void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const float* W, int N, int C, int V, int chunk,
-                    const SampleParams* sp, uint64_t* rng, int max_top_k, void* scratch) {
+                    const SampleParams* sp, uint64_t* rng, int max_top_k, void* scratch, size_t cache_bytes) {
   if (N <= 0 || V <= 0) return;
   char* base = static_cast<char*>(scratch);
   float* logits = reinterpret_cast<float*>(base);
@@ -57,7 +65,11 @@ void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const floa
     return;
   }
   const int kcap = std::clamp(max_top_k, 0, chunk);
-  char* p = base + align8(sizeof(float) * N * chunk);
+  // Every chunk's logits stay in the scratch when the (N, V) of them fit cache_bytes: chunk c0's
+  // (N, cols) block at logits + N * c0, each from the very GEMM the recomputing path runs.
+  const bool cached = sizeof(float) * static_cast<size_t>(N) * V <= cache_bytes;
+  const size_t logit_floats = static_cast<size_t>(N) * (cached ? V : chunk);
+  char* p = base + align8(sizeof(float) * logit_floats);
   RowState* st = reinterpret_cast<RowState*>(p);
   p += align8(sizeof(RowState) * N);
   Candidate* cand = reinterpret_cast<Candidate*>(p);
@@ -73,7 +85,22 @@ void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const floa
     r.top_k = !r.greedy && k_on && sp[n].top_k <= kcap;
     r.whole_row = !r.greedy && ((k_on && !r.top_k) || (!k_on && sp[n].top_p < 1.0f));
   }
+  // Runs per_row(state, n, z, c0, cols) over every chunk in index order for every row sampled over
+  // chunks: z is row n's logits of columns c0 .. c0 + cols. Recomputing, each chunk's GEMM runs
+  // again on every pass; cached, the GEMMs ran once (below) and each row walks its chunks on one
+  // thread. Either way a row sees the same logits in the same order, so the results are equal.
   auto for_chunks = [&](auto&& per_row) {
+    if (cached) {
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * V))
+      for (int n = 0; n < N; ++n) {
+        if (st[n].whole_row) continue;
+        for (int c0 = 0; c0 < V; c0 += chunk) {
+          const int cols = std::min(chunk, V - c0);
+          per_row(st[n], n, logits + static_cast<size_t>(N) * c0 + static_cast<size_t>(n) * cols, c0, cols);
+        }
+      }
+      return;
+    }
     for (int c0 = 0; c0 < V; c0 += chunk) {
       const int cols = std::min(chunk, V - c0);
       matmul_forward(logits, h, W + static_cast<size_t>(c0) * C, N, C, cols);
@@ -82,6 +109,11 @@ void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const floa
         if (!st[n].whole_row) per_row(st[n], n, logits + static_cast<size_t>(n) * cols, c0, cols);
     }
   };
+  if (cached)
+    for (int c0 = 0; c0 < V; c0 += chunk) {
+      const int cols = std::min(chunk, V - c0);
+      matmul_forward(logits + static_cast<size_t>(N) * c0, h, W + static_cast<size_t>(c0) * C, N, C, cols);
+    }
   // Pass 1: max and argmax (the first index of the largest z / temperature).
   for_chunks([](RowState& r, int, const float* z, int c0, int cols) {
     for (int i = 0; i < cols; ++i) {

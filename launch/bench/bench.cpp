@@ -56,6 +56,18 @@ Paired interleaved(int reps, const std::function<double()>& ours, const std::fun
   return {median(a), median(b)};
 }
 
+Paired interleaved_n(int reps, const std::function<double()>& ours, const std::function<double()>& baseline) {
+  if (reps >= 5) return interleaved(reps, ours, baseline);
+  std::vector<double> a, b;
+  for (int i = 0; i < std::max(reps, 1); ++i) {
+    const bool ours_first = i % 2 == 0;
+    if (ours_first) a.push_back(ours());
+    b.push_back(baseline());
+    if (!ours_first) a.push_back(ours());
+  }
+  return {median(a), median(b)};
+}
+
 double time_s(const std::function<void()>& fn) {
   auto t0 = std::chrono::steady_clock::now();
   fn();

@@ -70,6 +70,10 @@ double median(std::vector<double> values);
 // msgs/s) and returns the two medians.
 Paired interleaved(int reps, const std::function<double()>& ours, const std::function<double()>& baseline);
 
+// interleaved() for any number of repetitions (>= 1): the rows whose one repetition takes
+// minutes (the SmolLM2-sized rows) use fewer than 5 under --quick and say so in a "reps" field.
+Paired interleaved_n(int reps, const std::function<double()>& ours, const std::function<double()>& baseline);
+
 // Wall-clock seconds of fn().
 double time_s(const std::function<void()>& fn);
 

@@ -375,19 +375,6 @@ policy::ModelConfig smollm2_config() {
   return c;
 }
 
-// interleaved() for any number of repetitions: the SmolLM2 rows under --quick use fewer than 5.
-Paired interleaved_n(int reps, const std::function<double()>& ours, const std::function<double()>& baseline) {
-  if (reps >= 5) return interleaved(reps, ours, baseline);
-  std::vector<double> a, b;
-  for (int i = 0; i < reps; ++i) {
-    const bool ours_first = i % 2 == 0;
-    if (ours_first) a.push_back(ours());
-    b.push_back(baseline());
-    if (!ours_first) a.push_back(ours());
-  }
-  return {median(a), median(b)};
-}
-
 // Memory copy bandwidth: `threads` threads each memcpy their share of a 512 MiB buffer (larger
 // than the caches) into another; bytes read plus bytes written per second.
 struct CopyBandwidth {
