@@ -297,18 +297,26 @@ namespace {
 
 // xxh3-64 of n values in wire form (bf16: the high halves, packed in blocks that stay in L1, so
 // memory is read once).
-std::uint64_t wire_hash(const float* v, size_t n, WeightDtype dtype) {
-  if (dtype != WeightDtype::bf16) return XXH3_64bits(v, n * sizeof(float));
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  constexpr size_t kBlock = 4096;
-  std::uint16_t packed[kBlock];
-  for (size_t a = 0; a < n; a += kBlock) {
-    const size_t len = std::min(kBlock, n - a);
+// Hashes n values in wire form (W bytes each: fp32 as they are, bf16 their high halves) into st.
+[[gnu::always_inline]] inline void hash_values(XXH3_state_t* st, const float* v, size_t n, size_t W) {
+  if (W == 4) {
+    XXH3_64bits_update(st, v, n * 4);
+    return;
+  }
+  std::uint16_t packed[kHashBlock];
+  for (size_t a = 0; a < n; a += kHashBlock) {
+    const size_t len = std::min(kHashBlock, n - a);
 #pragma omp simd
     for (size_t i = 0; i < len; ++i) packed[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v[a + i]) >> 16);
     XXH3_64bits_update(st, packed, len * 2);
   }
+}
+
+std::uint64_t wire_hash(const float* v, size_t n, WeightDtype dtype) {
+  if (dtype != WeightDtype::bf16) return XXH3_64bits(v, n * sizeof(float));
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  hash_values(st, v, n, 2);
   const std::uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return h;
@@ -413,20 +421,6 @@ ChunkPlan plan_chunks(const std::vector<policy::TensorSpec>& tensors, size_t n, 
   return plan;
 }
 
-// Hashes values [a, b) of the receiver's arena in wire form into st.
-[[gnu::always_inline]] inline void hash_values(XXH3_state_t* st, const float* v, size_t n, size_t W) {
-  if (W == 4) {
-    XXH3_64bits_update(st, v, n * 4);
-    return;
-  }
-  std::uint16_t packed[kHashBlock];
-  for (size_t a = 0; a < n; a += kHashBlock) {
-    const size_t len = std::min(kHashBlock, n - a);
-#pragma omp simd
-    for (size_t i = 0; i < len; ++i) packed[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v[a + i]) >> 16);
-    XXH3_64bits_update(st, packed, len * 2);
-  }
-}
 
 // The receiver's walk over one sparse chunk's changes, resumable: apply_until(end) XORs the
 // changes at positions < end into v (the chunk's first value). `bad` when the gaps lead outside

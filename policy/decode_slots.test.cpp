@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "test_models.h"
 #include "troupe/policy/decode_slots.h"
 #include "troupe/policy/model.h"
 
@@ -32,17 +33,7 @@ Model make_model(const std::string& family, int vocab = 37, int logprob_chunk = 
   } else {
     c.num_experts = 0;
   }
-  auto m = Model::create(c, 5);
-  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
-  Model model = std::move(m.value());
-  std::mt19937 g(5);
-  std::normal_distribution<float> d(0.0f, 0.3f);
-  for (const auto& t : model.tensors()) {
-    if (t.name.find("norm") != std::string::npos) continue;
-    float* p = model.params().data() + t.offset;
-    for (size_t i = 0; i < t.numel(); ++i) p[i] = d(g);
-  }
-  return model;
+  return test::make(c, 5);
 }
 
 // Runs the slot sampler until `n` tokens per sequence; sequence i joins at step join[i].

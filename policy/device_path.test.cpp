@@ -12,10 +12,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "test_models.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/policy/decode_slots.h"
 #include "troupe/policy/model.h"
@@ -31,63 +31,13 @@ namespace {
 const std::string kDevice = TROUPE_TEST_DEVICE;
 const bool kExact = kDevice == "cpu_fenced";  // the fenced backend runs the CPU ops themselves
 
-ModelConfig tiny(const std::string& family) {
-  ModelConfig c;
-  c.family = family;
-  c.vocab_size = 53;
-  c.hidden_size = 16;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.intermediate_size = 24;
-  const bool moe = family == "qwen2_moe" || family == "qwen3_moe" || family == "mixtral";
-  if (moe) {
-    c.num_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.moe_intermediate_size = 12;
-    c.mlp_only_layers = {0};
-    c.router_aux_loss_coef = 0.01f;
-  } else {
-    c.num_experts = 0;
-  }
-  if (family == "llama") {
-    c.qkv_bias = c.o_proj_bias = true;
-    c.rope_type = "llama3", c.rope_factor = 8, c.rope_original_max_position_embeddings = 4;
-  }
-  if (family == "qwen2" || family == "qwen2_moe") c.qkv_bias = true;
-  if (family == "qwen2_moe") c.shared_expert_intermediate_size = 8;
-  return c;
-}
-
+// The device's model of a config: test::make (seed 11) on kDevice or the given device.
 Model make(ModelConfig c, const std::string& device = kDevice) {
   c.device = device;
-  auto m = Model::create(c, 11);
-  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
-  Model model = std::move(m.value());
-  // Larger weights than the init (non-trivial attention and routing), written through the host span.
-  std::mt19937 g(5);
-  std::normal_distribution<float> d(0.0f, 0.3f);
-  auto p = model.params();
-  for (const auto& t : model.tensors())
-    if (t.name.find("norm") == std::string::npos)
-      for (size_t i = 0; i < t.numel(); ++i) p[t.offset + i] = d(g);
-  return model;
+  return test::make(c, 11);
 }
 
-PackedBatch batch() {
-  PackedBatch b;
-  const std::vector<std::vector<int32_t>> seqs = {{1, 5, 9, 2, 7, 7, 3}, {4, 8}, {11, 12, 13, 14, 15, 16, 17, 18, 19}};
-  b.cu_seqlens.push_back(0);
-  for (const auto& s : seqs) {
-    for (size_t i = 0; i < s.size(); ++i) {
-      b.tokens.push_back(s[i]);
-      b.targets.push_back(i + 1 < s.size() ? s[i + 1] : -1);
-    }
-    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
-  }
-  return b;
-}
+PackedBatch batch() { return test::batch_of({{1, 5, 9, 2, 7, 7, 3}, {4, 8}, {11, 12, 13, 14, 15, 16, 17, 18, 19}}); }
 
 // Equal bit for bit on cpu_fenced; on a GPU within 1e-4 + 1e-3 |a| (NaN where the other is NaN).
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -174,9 +124,9 @@ TEST(DevicePath, BackendIsNotHostVisible) {
 }
 
 TEST(DevicePath, EveryFamilyEqualsCpuBitForBit) {
-  for (const char* family : {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"}) {
-    Model cpu = make(tiny(family), "cpu");
-    Model dev = make(tiny(family));
+  for (const char* family : test::kAllFamilies) {
+    Model cpu = make(test::tiny_family(family), "cpu");
+    Model dev = make(test::tiny_family(family));
     EXPECT_TRUE(same_bits(vec(std::as_const(cpu).params()), vec(std::as_const(dev).params()))) << family;
     expect_same(run(cpu), run(dev), family);
   }
@@ -203,7 +153,7 @@ TEST(DevicePath, SwitchesEqualCpuBitForBit) {
   };
   for (const auto& k : cases) {
     if (!kExact && std::string(k.name) == "batch invariant") continue;  // a cpu-only option
-    ModelConfig c = tiny("qwen3_moe");
+    ModelConfig c = test::tiny("qwen3_moe");
     k.set(c);
     Model cpu = make(c, "cpu");
     Model dev = make(c);
@@ -212,8 +162,8 @@ TEST(DevicePath, SwitchesEqualCpuBitForBit) {
 }
 
 TEST(DevicePath, HostMirrorStaysInStep) {
-  Model cpu = make(tiny("qwen3"), "cpu");
-  Model dev = make(tiny("qwen3"));
+  Model cpu = make(test::tiny_family("qwen3"), "cpu");
+  Model dev = make(test::tiny_family("qwen3"));
   const PackedBatch b = batch();
   const size_t T = b.tokens.size();
   std::vector<float> lc(T), ld(T), dl(T, 0.5f);
@@ -250,7 +200,7 @@ TEST(DevicePath, HostMirrorStaysInStep) {
 
 TEST(DevicePath, DecodeSlotsEqualCpuBitForBit) {
   for (int chunk : {0, 16}) {
-    ModelConfig c = tiny("qwen3_moe");
+    ModelConfig c = test::tiny("qwen3_moe");
     c.logprob_chunk = chunk;
     Model cpu = make(c, "cpu");
     Model dev = make(c);
@@ -298,7 +248,7 @@ TEST(DevicePath, DecodeSlotsEqualCpuBitForBit) {
 // forward stays within bf16 rounding of the fp32 cpu model's and SGD steps raise the batch's
 // log-likelihood; a backend without bf16 GEMMs (cpu_fenced, cpu) refuses the option.
 TEST(DevicePath, Bf16Compute) {
-  ModelConfig c = tiny("qwen3_moe");
+  ModelConfig c = test::tiny("qwen3_moe");
   c.compute_dtype = "bf16";
   if (kExact) {
     c.device = kDevice;

@@ -9,76 +9,13 @@
 
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/offload.h"
+#include "test_models.h"
 #include "troupe/policy/model.h"
 
 using namespace troupe::policy;
+using namespace troupe::policy::test;
 
 namespace {
-
-ModelConfig tiny(const std::string& family = "qwen3_moe") {
-  ModelConfig c;
-  c.family = family;
-  c.vocab_size = 37;
-  c.hidden_size = 16;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.intermediate_size = 24;
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 12;
-  c.mlp_only_layers = {0};
-  c.router_aux_loss_coef = 0.01f;
-  return c;
-}
-
-// tiny() for any family: llama with attention_bias and llama3 RoPE (original context 4, so the
-// batch's positions cross all three bands), qwen2 with q/k/v biases, dense qwen3, qwen2_moe with its
-// gated shared expert.
-ModelConfig tiny_family(const std::string& family) {
-  ModelConfig c = tiny(family == "llama" || family == "qwen2" || family == "qwen3" ? "qwen3_moe" : family);
-  c.family = family;
-  if (family == "llama" || family == "qwen2" || family == "qwen3")
-    c.num_experts = 0, c.mlp_only_layers.clear();
-  if (family == "llama") {
-    c.qkv_bias = c.o_proj_bias = true;
-    c.rope_type = "llama3", c.rope_factor = 8, c.rope_original_max_position_embeddings = 4;
-  }
-  if (family == "qwen2" || family == "qwen2_moe") c.qkv_bias = true;
-  if (family == "qwen2_moe") c.shared_expert_intermediate_size = 8;
-  return c;
-}
-
-const char* const kAllFamilies[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"};
-
-Model make(const ModelConfig& c, uint64_t seed = 7) {
-  auto m = Model::create(c, seed);
-  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
-  // Larger weights than the default init so the tests see non-trivial attention and routing.
-  Model model = std::move(m.value());
-  std::mt19937 g(static_cast<unsigned>(seed));
-  std::normal_distribution<float> d(0.0f, 0.3f);
-  for (const auto& t : model.tensors()) {
-    if (t.name.find("norm") != std::string::npos) continue;
-    float* p = model.params().data() + t.offset;
-    for (size_t i = 0; i < t.numel(); ++i) p[i] = d(g);
-  }
-  return model;
-}
-
-PackedBatch batch_of(const std::vector<std::vector<int32_t>>& seqs) {
-  PackedBatch b;
-  b.cu_seqlens.push_back(0);
-  for (const auto& s : seqs) {
-    for (size_t i = 0; i < s.size(); ++i) {
-      b.tokens.push_back(s[i]);
-      b.targets.push_back(i + 1 < s.size() ? s[i + 1] : -1);
-    }
-    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
-  }
-  return b;
-}
 
 PackedBatch sample_batch(int V) {
   std::mt19937 g(3);
