@@ -1,11 +1,12 @@
-// Activation offload for checkpointed training: a copy engine (one FIFO copy thread on CPU; a
-// CUDA copy stream + pinned buffers + events later) and ActivationOffload, which moves each
+// Activation offload for checkpointed training: a copy engine (one FIFO copy thread on CPU; on
+// CUDA a copy stream + pinned buffers + events, kernels/cuda/activation_reload.h, behind the same
+// LayerOffload protocol below) and ActivationOffload, which moves each
 // checkpointed layer input out of the activation arena into a host store and reloads it in
 // backward into one of two reload buffers, so the reload of layer l-1 overlaps layer l's backward.
 // Invariant: a reload buffer is never written while a layer still reads it, and never read before
 // its copy has completed; the protocol below enforces both and reports misuse as an error.
 //
-// CUDA mapping (same interface): copy_async = cudaMemcpyAsync on the copy stream + cudaEventRecord;
+// The CUDA mapping (make_cuda_layer_offload): copy_async = cudaMemcpyAsync on the copy stream + cudaEventRecord;
 // wait = cudaStreamWaitEvent(compute stream, event) (host-side: cudaEventSynchronize); the store is
 // pinned host memory (cudaHostAlloc); reload_release records an event on the compute stream and the
 // next reload into that buffer makes the copy stream wait on it. On CPU the compute "stream" is the
