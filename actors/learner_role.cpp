@@ -258,7 +258,9 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
       master_backup_.assign(params.begin(), params.end());
       encoder_->held_into(params);
       auto lp = probe_logprobs(*policy_.model, w.probe_tokens);
-      std::copy(master_backup_.begin(), master_backup_.end(), params.begin());
+      // set_params, not a write through `params`: on a device backend the probe's forward has
+      // uploaded the rounded copy, and only a new write marks the mirror for upload again.
+      TROUPE_TRY(policy_.model->set_params(master_backup_));
       if (!lp.ok()) return lp.error();
       w.probe_logprobs = std::move(lp).value();
     }

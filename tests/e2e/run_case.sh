@@ -387,13 +387,19 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     grep -q "weight_sync.dtype" "$W/err.txt"
     ;;
   device_path)  # policy.device cpu_fenced (the device path a GPU takes: host mirror of the weights, every op
-    # on device memory the host cannot touch) trains bit for bit as cpu does, sync and async
+    # on device memory the host cannot touch) trains bit for bit as cpu does: sync, async, bf16 generators, offload
     S="--set sft.max_steps=8 --set grpo.max_steps=6 --set eval.every=3 --set eval.num_prompts=20 --set checkpointing.enabled=false $Q"
     for cfg in quickstart async; do
       "$TROUPE" run "$SRC/configs/$cfg.yaml" --set run.dir="$W/${cfg}_cpu" $S
       "$TROUPE" run "$SRC/configs/$cfg.yaml" --set run.dir="$W/${cfg}_fenced" --set policy.device=cpu_fenced $S
       $CHECK same "$W/${cfg}_cpu" "$W/${cfg}_fenced"
     done
+    # bf16 generators: learner 0's probe swaps the rounded copy in and the master back (on a device
+    # backend the master must reach the device again)
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/bf16_cpu" --set weight_sync.dtype=bf16 $S
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/bf16_fenced" --set weight_sync.dtype=bf16 \
+      --set policy.device=cpu_fenced $S
+    $CHECK same "$W/bf16_cpu" "$W/bf16_fenced"
     # activation offload through the device backend's own copies: the same numbers too
     O="--set policy.activation_checkpointing=true --set policy.offload_activations=true"
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/offload_cpu" $O $S
