@@ -857,7 +857,7 @@ Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vec
   TROUPE_ASSIGN_OR_RETURN(Acts ia, carve(iarena, std::max(Tp, B), max_prompt, 2, 1, false));
   PackedMeta pm;
   TROUPE_TRY(build_packed_meta(&pm, pre, HD, cfg.rope_theta, d_inv_freq(), *be));
-  std::vector<int32_t> slot(std::max(Tp, B)), pos(std::max(Tp, B)), kv_len(B), active(B), tok(B), plen(B);
+  std::vector<int32_t> slot(std::max(Tp, B)), pos(std::max(Tp, B)), kv_len(std::max(Tp, B)), active(B), tok(B), plen(B);
   std::vector<uint64_t> rng(B);
   for (int b = 0; b < B; ++b) {
     plen[b] = static_cast<int32_t>(prompts[b].size());
