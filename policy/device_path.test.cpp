@@ -39,8 +39,9 @@ Model make(ModelConfig c, const std::string& device = kDevice) {
 
 PackedBatch batch() { return test::batch_of({{1, 5, 9, 2, 7, 7, 3}, {4, 8}, {11, 12, 13, 14, 15, 16, 17, 18, 19}}); }
 
-// Equal bit for bit on cpu_fenced; on a GPU within 1e-4 + 1e-3 |a| (NaN where the other is NaN).
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+// Whether a and b agree: bit for bit on cpu_fenced; on a GPU within 1e-4 + 1e-3 |a| (NaN where the
+// other is NaN).
+bool matches(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return false;
   if (kExact) return a.empty() || std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -55,8 +56,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   }
   return true;
 }
-bool same_bits(const std::vector<int32_t>& a, const std::vector<int32_t>& b) { return a == b; }
-bool same_value(float a, float b) { return same_bits(std::vector<float>{a}, std::vector<float>{b}); }
+bool matches(const std::vector<int32_t>& a, const std::vector<int32_t>& b) { return a == b; }
+bool matches_value(float a, float b) { return matches(std::vector<float>{a}, std::vector<float>{b}); }
 
 template <class S>
 std::vector<float> vec(S s) {
@@ -102,16 +103,16 @@ Run run(Model& m) {
 }
 
 void expect_same(const Run& a, const Run& b, const std::string& what) {
-  EXPECT_TRUE(same_bits(a.logp, b.logp)) << what << ": logp";
-  EXPECT_TRUE(same_bits(a.entropy, b.entropy)) << what << ": entropy";
-  EXPECT_TRUE(same_bits(a.grads, b.grads)) << what << ": grads";
-  EXPECT_TRUE(same_bits(a.logits, b.logits)) << what << ": forward_logits";
-  EXPECT_TRUE(same_bits(a.routing, b.routing)) << what << ": routing record";
-  EXPECT_TRUE(same_value(a.aux, b.aux)) << what << ": aux loss";
+  EXPECT_TRUE(matches(a.logp, b.logp)) << what << ": logp";
+  EXPECT_TRUE(matches(a.entropy, b.entropy)) << what << ": entropy";
+  EXPECT_TRUE(matches(a.grads, b.grads)) << what << ": grads";
+  EXPECT_TRUE(matches(a.logits, b.logits)) << what << ": forward_logits";
+  EXPECT_TRUE(matches(a.routing, b.routing)) << what << ": routing record";
+  EXPECT_TRUE(matches_value(a.aux, b.aux)) << what << ": aux loss";
   ASSERT_EQ(a.gens.size(), b.gens.size()) << what;
   for (size_t i = 0; i < a.gens.size(); ++i) {
     EXPECT_EQ(a.gens[i].tokens, b.gens[i].tokens) << what << ": generation " << i;
-    EXPECT_TRUE(same_bits(a.gens[i].logprobs, b.gens[i].logprobs)) << what << ": generation " << i << " logprobs";
+    EXPECT_TRUE(matches(a.gens[i].logprobs, b.gens[i].logprobs)) << what << ": generation " << i << " logprobs";
     EXPECT_EQ(a.gens[i].experts, b.gens[i].experts) << what << ": generation " << i << " experts";
   }
 }
@@ -127,7 +128,7 @@ TEST(DevicePath, EveryFamilyEqualsCpuBitForBit) {
   for (const char* family : test::kAllFamilies) {
     Model cpu = make(test::tiny_family(family), "cpu");
     Model dev = make(test::tiny_family(family));
-    EXPECT_TRUE(same_bits(vec(std::as_const(cpu).params()), vec(std::as_const(dev).params()))) << family;
+    EXPECT_TRUE(matches(vec(std::as_const(cpu).params()), vec(std::as_const(dev).params()))) << family;
     expect_same(run(cpu), run(dev), family);
   }
 }
@@ -178,24 +179,24 @@ TEST(DevicePath, HostMirrorStaysInStep) {
   }
   ASSERT_TRUE(cpu.forward_train(b, 1.0f, lc.data(), nullptr).ok());
   ASSERT_TRUE(dev.forward_train(b, 1.0f, ld.data(), nullptr).ok());
-  EXPECT_TRUE(same_bits(lc, ld)) << "a write through params() did not reach the device";
+  EXPECT_TRUE(matches(lc, ld)) << "a write through params() did not reach the device";
   // A write through grads() is what the next backward accumulates onto (gradient accumulation
   // after an all-reduce or a clip scaled the host copy).
   for (Model* m : {&cpu, &dev}) {
     for (float& g : m->grads()) g *= 0.5f;
     ASSERT_TRUE(m->backward_train(dl.data(), nullptr).ok());
   }
-  EXPECT_TRUE(same_bits(vec(std::as_const(cpu).grads()), vec(std::as_const(dev).grads())));
+  EXPECT_TRUE(matches(vec(std::as_const(cpu).grads()), vec(std::as_const(dev).grads())));
   // set_params replaces both copies; zero_grads clears both.
   std::vector<float> flat(cpu.params().size(), 0.01f);
   ASSERT_TRUE(cpu.set_params(flat).ok());
   ASSERT_TRUE(dev.set_params(flat).ok());
-  EXPECT_TRUE(same_bits(vec(std::as_const(dev).params()), flat));
+  EXPECT_TRUE(matches(vec(std::as_const(dev).params()), flat));
   dev.zero_grads();
   for (float g : std::as_const(dev).grads()) ASSERT_EQ(g, 0.0f);
   ASSERT_TRUE(cpu.forward_train(b, 1.0f, lc.data(), nullptr).ok());
   ASSERT_TRUE(dev.forward_train(b, 1.0f, ld.data(), nullptr).ok());
-  EXPECT_TRUE(same_bits(lc, ld)) << "set_params did not reach the device";
+  EXPECT_TRUE(matches(lc, ld)) << "set_params did not reach the device";
 }
 
 TEST(DevicePath, DecodeSlotsEqualCpuBitForBit) {
@@ -233,11 +234,11 @@ TEST(DevicePath, DecodeSlotsEqualCpuBitForBit) {
         const SlotToken &a = out[0][s][r], &b = out[1][s][r];
         EXPECT_EQ(a.slot, b.slot);
         EXPECT_EQ(a.token, b.token) << "chunk " << chunk << " step " << s;
-        EXPECT_TRUE(same_value(a.logprob, b.logprob));
+        EXPECT_TRUE(matches_value(a.logprob, b.logprob));
         ASSERT_EQ(a.top.size(), b.top.size());
         for (size_t j = 0; j < a.top.size(); ++j) {
           EXPECT_EQ(a.top[j].first, b.top[j].first);
-          EXPECT_TRUE(same_value(a.top[j].second, b.top[j].second));
+          EXPECT_TRUE(matches_value(a.top[j].second, b.top[j].second));
         }
       }
     }

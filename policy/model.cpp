@@ -751,10 +751,13 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
   float* G = this->G();
   const float* P = this->P();
   // The caller's host arrays, copied to the device (null stays null: zeros).
-  const float* dlp = nullptr;
-  const float* dent = nullptr;
-  if (dlogp) be->copy_host_to_device(acts.dlogp_in, dlogp, sizeof(float) * T), dlp = acts.dlogp_in;
-  if (dentropy) be->copy_host_to_device(acts.dent_in, dentropy, sizeof(float) * T), dent = acts.dent_in;
+  auto upload_row = [&](float* dst, const float* host) -> const float* {
+    if (!host) return nullptr;
+    be->copy_host_to_device(dst, host, sizeof(float) * T);
+    return dst;
+  };
+  const float* dlp = upload_row(acts.dlogp_in, dlogp);
+  const float* dent = upload_row(acts.dent_in, dentropy);
   if (chunked_head()) {  // each chunk's logits recomputed, its gradient accumulated into dh and the head
     be->zero(acts.dh, TC);
     be->chunked_logprob_backward(acts.dh, G + wlm, dlp, dent, acts.final_norm_out, P + wlm, acts.lse_out,
