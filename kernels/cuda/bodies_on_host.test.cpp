@@ -123,6 +123,12 @@ struct HostExec {
             float beta, float* C, int ldc) {
     k::gemm_blocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
+  // In reverse order: a phase's GEMMs must not depend on each other's order.
+  void gemm_batch(const std::vector<RowMajorGemm>& calls) {
+    for (auto it = calls.rbegin(); it != calls.rend(); ++it)
+      gemm(it->trans_a, it->trans_b, it->M, it->N, it->K, it->alpha, it->A, it->lda, it->B, it->ldb, it->beta, it->C,
+           it->ldc);
+  }
   template <class Body>
   void each(const Body& b, size_t n) { host_for_each(b, n); }
   template <class Body>

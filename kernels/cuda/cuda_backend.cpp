@@ -46,6 +46,7 @@ class CudaBackend final : public Backend {
     TROUPE_CUBLAS_CHECK(cublasSetStream(q_.blas, q_.stream));
     TROUPE_CUBLAS_CHECK(cublasSetMathMode(q_.blas, CUBLAS_PEDANTIC_MATH));  // fp32 GEMMs, no TF32
     q_.bf16 = &bf16_ws_;  // policy.compute_dtype bf16: cuda::gemm's rounded operands
+    q_.experts = &expert_ws_;  // the MoE experts' batched GEMMs (expert_gemm.h)
   }
   // The process-wide backend lives until exit, when the CUDA runtime may already be gone: its
   // stream, handle and workspace are left to the driver's teardown.
@@ -340,6 +341,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   Queue q_;
   cuda::Bf16Workspace bf16_ws_;
+  cuda::ExpertGemmWorkspace expert_ws_;
   mutable void* ws_ = nullptr;
   mutable size_t ws_bytes_ = 0;
 };

@@ -17,6 +17,7 @@ struct DeviceExec {
             float beta, float* C, int ldc) {
     cuda::gemm(q, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
+  void gemm_batch(const std::vector<RowMajorGemm>& calls) { cuda::gemm_batch(q, calls); }
   template <class Body>
   void each(const Body& b, size_t n) { launch_elements(b, n, q.stream); }
   template <class Body>

@@ -9,7 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "bodies/gemm_args.h"
 #include "troupe/base/result.h"
 #include "troupe/kernels/grpo_loss.h"
 #include "troupe/kernels/moe.h"
@@ -29,12 +31,25 @@ struct Bf16Workspace {
   size_t bytes = 0;
 };
 
-// The queue every launcher of one backend uses: its stream, its cuBLAS handle (bound to it) and
-// the bf16 GEMMs' workspace (null: fp32 GEMMs only).
+// What gemm_batch (expert_gemm.cpp) keeps between calls: the device array of operand pointers the
+// grouped GEMM reads (grown, never shrunk), and the side streams with their own cuBLAS handles and
+// events (made on first use).
+struct ExpertGemmWorkspace {
+  void* pointers = nullptr;
+  size_t pointer_bytes = 0;
+  std::vector<cudaStream_t> streams;
+  std::vector<cublasHandle_t> handles;
+  std::vector<cudaEvent_t> done;
+  cudaEvent_t fork = nullptr;
+};
+
+// The queue every launcher of one backend uses: its stream, its cuBLAS handle (bound to it), the
+// bf16 GEMMs' workspace (null: fp32 GEMMs only) and gemm_batch's (null: one GEMM after the other).
 struct Queue {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   Bf16Workspace* bf16 = nullptr;
+  ExpertGemmWorkspace* experts = nullptr;
 };
 
 // The queue of the CUDA backend `b` (b must be what cuda_backend() returned).
@@ -45,6 +60,12 @@ const Queue& backend_queue(const Backend& b);
 // A and B rounded to bf16 (bodies/bf16.h) with fp32 accumulation and C (needs q.bf16).
 void gemm(const Queue& q, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
+
+// expert_gemm.cpp: independent row-major GEMMs (one phase of the MoE experts' segments), issued
+// as expert_gemm() says (troupe/kernels/expert_gemm.h): one cuBLAS grouped-batched GEMM, one GEMM
+// per call spread over side streams joined back through events, or one after the other. Without
+// q.experts, or while compute_dtype() is bf16, one after the other through gemm().
+void gemm_batch(const Queue& q, const std::vector<RowMajorGemm>& calls);
 
 // swiglu.cu: the elementwise family
 void launch_fill(const Queue& q, float* x, size_t n, float value);

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "bench.h"
+#include "troupe/kernels/backend.h"
+#include "troupe/kernels/expert_gemm.h"
 #include "troupe/kernels/moe.h"
 #include "troupe/kernels/offload.h"
 #include "troupe/learner/optimizer.h"
@@ -406,15 +408,89 @@ int step_cases(const BenchOptions& opt, int reps, const std::string& device, con
 
 }  // namespace
 
+// cuda_moe_grouped_vs_{streams,per_expert}_e{E}: one MoE layer's forward + backward on the GPU
+// with the experts' GEMMs as one grouped-batched cuBLAS call per phase (ours) against the same GEMMs
+// spread over side streams, or issued one per expert (expert_gemm.h). The layer of moe_layer_*
+// (8192 tokens, top-2, d_model 128, expert hidden 128) and one at a real model's width (2048
+// tokens, d_model 1024, expert hidden 512): small GEMMs, where launching them is what costs.
+std::vector<std::string> cuda_moe_cases() {
+  std::vector<std::string> v;
+  for (const char* shape : {"e8", "e64", "e64_wide"})
+    for (const char* base : {"streams", "per_expert"})
+      v.push_back(std::string("cuda_moe_grouped_vs_") + base + "_" + shape);
+  return v;
+}
+
+int cuda_moe_expert_gemm_cases(const BenchOptions& opt, int reps, const kernels::Backend& gpu) {
+  struct Shape {
+    const char* name;
+    int E, N, C, H;
+  };
+  int rc = 0;
+  for (const Shape sh : {Shape{"e8", 8, 8192, 128, 128}, Shape{"e64", 64, 8192, 128, 128},
+                         Shape{"e64_wide", 64, 2048, 1024, 512}}) {
+    const std::string vs_streams = std::string("cuda_moe_grouped_vs_streams_") + sh.name;
+    const std::string vs_each = std::string("cuda_moe_grouped_vs_per_expert_") + sh.name;
+    if (!opt.wants(vs_streams) && !opt.wants(vs_each)) continue;
+    MoeBench b(sh.E, sh.N, sh.C, sh.H);
+    std::vector<kernels::Buffer> bufs;
+    auto up = [&](const std::vector<float>& h) -> float* {
+      auto buf = gpu.alloc(sizeof(float) * h.size());
+      if (!buf.ok()) return nullptr;
+      gpu.copy_host_to_device(buf->data(), h.data(), sizeof(float) * h.size());
+      bufs.push_back(std::move(*buf));
+      return bufs.back().floats();
+    };
+    float *x = up(b.x), *wr = up(b.wr), *wg = up(b.wg), *wu = up(b.wu), *wd = up(b.wd), *dout = up(b.dout),
+          *out = up(b.out), *dinp = up(b.dinp), *dwr = up(b.dwr), *dwg = up(b.dwg), *dwu = up(b.dwu),
+          *dwd = up(b.dwd);
+    float* saved = up(std::vector<float>(gpu.moe_saved_floats(b.cfg, sh.N)));
+    float* scratch = up(std::vector<float>(gpu.moe_scratch_floats(b.cfg, sh.N)));
+    if (!x || !wr || !wg || !wu || !wd || !dout || !out || !dinp || !dwr || !dwg || !dwu || !dwd || !saved ||
+        !scratch) {
+      std::fprintf(stderr, "troupe bench kernels: %s: out of GPU memory\n", vs_streams.c_str());
+      rc = 1;
+      continue;
+    }
+    const kernels::MoeWeights w{wr, wg, wu, wd, nullptr, nullptr, nullptr};
+    const kernels::MoeGrads g{dwr, dwg, dwu, dwd, nullptr, nullptr, nullptr};
+    auto layer_ms = [&](kernels::ExpertGemm mode) {
+      kernels::set_expert_gemm(mode);
+      return time_s([&] {
+               gpu.moe_forward(out, saved, nullptr, x, w, b.cfg, sh.N, scratch, nullptr);
+               gpu.moe_backward(dinp, g, dout, 0.0f, x, saved, w, b.cfg, sh.N, scratch);
+               gpu.synchronize();
+             }) *
+             1e3;
+    };
+    for (auto m : {kernels::ExpertGemm::grouped, kernels::ExpertGemm::streams, kernels::ExpertGemm::per_expert})
+      layer_ms(m);  // warm-up: cuBLAS heuristics, side streams, the pointer array
+    const nlohmann::json extra = {{"tokens", sh.N}, {"top_k", 2}, {"experts", sh.E}, {"d_model", sh.C},
+                                  {"expert_hidden", sh.H}, {"gemms_per_layer", 9 * sh.E}};
+    for (auto [name, base] : {std::pair{vs_streams, kernels::ExpertGemm::streams},
+                              std::pair{vs_each, kernels::ExpertGemm::per_expert}}) {
+      if (!opt.wants(name)) continue;
+      Paired p = interleaved(std::max(reps, 15), [&] { return layer_ms(kernels::ExpertGemm::grouped); },
+                             [&, base = base] { return layer_ms(base); });
+      emit(make_row(kSuite, name, {"ms", "ms", Better::lower}, p, std::string(kernels::expert_gemm_name(base)),
+                    extra));
+    }
+    kernels::set_expert_gemm(kernels::ExpertGemm::grouped);
+  }
+  return rc;
+}
+
 int run_kernels_suite(const BenchOptions& opt) {
   const int reps = opt.quick ? 5 : std::max(opt.reps, 9);
   moe_cases(opt, reps);
   int rc = step_cases(opt, reps, "cpu", "");
   // cuda_*: the same training steps (each optimization on vs off) on the GPU, when there is one.
   auto gpu = kernels::backend_for("cuda");
-  if (gpu.ok()) return step_cases(opt, reps, "cuda", "cuda_") | rc;
-  for (const char* c : {"cuda_metadata_cache", "cuda_offload_double_vs_sync", "cuda_offload_double_vs_none",
-                        "cuda_all_vs_none"})
+  if (gpu.ok()) return step_cases(opt, reps, "cuda", "cuda_") | cuda_moe_expert_gemm_cases(opt, reps, **gpu) | rc;
+  std::vector<std::string> gpu_cases = {"cuda_metadata_cache", "cuda_offload_double_vs_sync",
+                                        "cuda_offload_double_vs_none", "cuda_all_vs_none"};
+  for (const std::string& c : cuda_moe_cases()) gpu_cases.push_back(c);
+  for (const std::string& c : gpu_cases)
     if (opt.wants(c)) skip_baseline(kSuite, c, gpu.error().message);
   return rc;
 }

@@ -2,17 +2,21 @@
 // format (docs/architecture.md: ratio > 1 means ours is better; medians of 5 interleaved
 // repetitions). Each row is one optimization on vs off on the GPU, or the GPU against the CPU
 // backend on the same op: chunked vs whole-vocabulary LM head + log-softmax (time and peak bytes
-// of logits), the fp32 cuBLAS GEMM and packed attention vs the CPU backend. Exits 77 without a GPU.
+// of logits), the fp32 cuBLAS GEMM and packed attention vs the CPU backend, and the MoE experts'
+// GEMMs grouped vs on side streams vs one per expert (expert_gemm.h). Exits 77 without a GPU.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/chunked_logprob.h"
 #include "troupe/kernels/device.h"
+#include "troupe/kernels/expert_gemm.h"
+#include "troupe/kernels/moe.h"
 
 namespace k = troupe::kernels;
 
@@ -121,6 +125,40 @@ int main() {
     };
     const auto [ours, base] = interleaved(g, step(g, gb, gcu), c, step(c, cb, ccu));
     row("cuda_attention_fwd_bwd", "time", ours, "cpu backend", base, ",\"S\":8,\"L\":256,\"NH\":8,\"NKV\":2,\"HD\":64");
+  }
+  // MoE layer forward + backward: the experts' GEMMs as one grouped-batched call per phase vs on
+  // side streams vs one per expert (the shapes of troupe bench kernels' cuda_moe_grouped_vs_* rows).
+  for (const auto& [shape, E, N, C, H] : {std::tuple{"e8", 8, 8192, 128, 128}, std::tuple{"e64", 64, 8192, 128, 128},
+                                          std::tuple{"e64_wide", 64, 2048, 1024, 512}}) {
+    k::MoeConfig cfg;
+    cfg.C = C, cfg.H = H, cfg.E = E, cfg.K = 2;
+    const size_t EHC = size_t(E) * H * C;
+    k::Buffer x = buf(g, size_t(N) * C), wr = buf(g, size_t(E) * C), wg = buf(g, EHC), wu = buf(g, EHC),
+              wd = buf(g, EHC), out = buf(g, size_t(N) * C), dout = buf(g, size_t(N) * C), dx = buf(g, size_t(N) * C),
+              dwr = buf(g, size_t(E) * C), dwg = buf(g, EHC), dwu = buf(g, EHC), dwd = buf(g, EHC),
+              saved = buf(g, g.moe_saved_floats(cfg, N)), scratch = buf(g, g.moe_scratch_floats(cfg, N));
+    uint64_t rng = 5;
+    g.fill_normal(x.floats(), x.num_floats(), 1.0, &rng);
+    g.fill_normal(dout.floats(), dout.num_floats(), 1.0, &rng);
+    for (k::Buffer* b : {&wr, &wg, &wu, &wd}) g.fill_normal(b->floats(), b->num_floats(), 0.06, &rng);
+    const k::MoeWeights w{wr.floats(), wg.floats(), wu.floats(), wd.floats(), nullptr, nullptr, nullptr};
+    const k::MoeGrads gr{dwr.floats(), dwg.floats(), dwu.floats(), dwd.floats(), nullptr, nullptr, nullptr};
+    auto layer = [&](k::ExpertGemm mode) {
+      return [&, mode] {
+        k::set_expert_gemm(mode);
+        g.moe_forward(out.floats(), saved.floats(), nullptr, x.floats(), w, cfg, N, scratch.floats(), nullptr);
+        g.moe_backward(dx.floats(), gr, dout.floats(), 0.0f, x.floats(), saved.floats(), w, cfg, N, scratch.floats());
+      };
+    };
+    const std::string extra = ",\"experts\":" + std::to_string(E) + ",\"tokens\":" + std::to_string(N) +
+                              ",\"d_model\":" + std::to_string(C) + ",\"expert_hidden\":" + std::to_string(H);
+    for (k::ExpertGemm base : {k::ExpertGemm::streams, k::ExpertGemm::per_expert}) {
+      const auto [ours, b] = interleaved(g, layer(k::ExpertGemm::grouped), g, layer(base));
+      const std::string name = std::string("cuda_moe_grouped_vs_") + std::string(k::expert_gemm_name(base)) + "_" +
+                               shape;
+      row(name.c_str(), "time", ours, std::string(k::expert_gemm_name(base)).c_str(), b, extra);
+    }
+    k::set_expert_gemm(k::ExpertGemm::grouped);
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 
 #include "gpu_test.h"
 #include "launchers.h"
+#include "troupe/kernels/expert_gemm.h"
 #include "troupe/kernels/moe.h"
 
 namespace troupe::gpu_test {
@@ -85,7 +86,14 @@ int main() {
   return run_gpu_test("gpu.moe_round_trip", [] {
     const k::Backend& g = cuda();
     round_trip(g);
-    layer(g, k::cpu_backend(), {64, 32, 8, 2, true, 0, true}, 200);
-    layer(g, k::cpu_backend(), {48, 24, 6, 1, false, 16, true}, 130);
+    // Every way of issuing the experts' GEMMs (expert_gemm.h) against the CPU layer.
+    for (k::ExpertGemm m : {k::ExpertGemm::grouped, k::ExpertGemm::streams, k::ExpertGemm::per_expert}) {
+      k::set_expert_gemm(m);
+      std::printf("experts' GEMMs: %s\n", std::string(k::expert_gemm_name(m)).c_str());
+      layer(g, k::cpu_backend(), {64, 32, 8, 2, true, 0, true}, 200);
+      layer(g, k::cpu_backend(), {48, 24, 6, 1, false, 16, true}, 130);
+      layer(g, k::cpu_backend(), {32, 16, 16, 4, true, 0, true}, 7);  // empty experts: fewer GEMMs than E
+    }
+    k::set_expert_gemm(k::ExpertGemm::grouped);
   });
 }

@@ -6,6 +6,22 @@
 
 namespace troupe::kernels::cuda {
 
+// One row-major GEMM as ops.h gemm_blocked takes it: C (M, N) = alpha op(A) op(B) + beta C. A batch
+// of these (independent: no output is another's input) is what an executor's gemm_batch issues, as
+// the MoE layer's per-expert GEMMs of one phase (moe_layer.h).
+struct RowMajorGemm {
+  bool trans_a, trans_b;
+  int M, N, K;
+  float alpha;
+  const float* A;
+  int lda;
+  const float* B;
+  int ldb;
+  float beta;
+  float* C;
+  int ldc;
+};
+
 struct ColMajorGemm {
   bool trans_first, trans_second;  // cublas transa, transb
   int m, n, k;

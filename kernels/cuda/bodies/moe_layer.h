@@ -2,6 +2,8 @@
 // CUDA backend runs it with cuBLAS and CUB (moe_route.cu's DeviceExec) and the host test runs the
 // very same sequence with host GEMMs and host_grid.h (HostExec in the test). An Exec provides:
 //   gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)   row-major, as ops.h gemm_blocked
+//   gemm_batch(std::vector<RowMajorGemm>)                         independent GEMMs of one phase (the
+//                                                                 experts' segments), in any order
 //   each(body, n), rows(body, nrows)                              element and row kernels
 //   zero(ptr, bytes), to_host(host_dst, src, bytes)               (to_host waits for the queue)
 //   route_plan(offsets, row_slot, experts, NK, E, tmp, tmp_bytes) expert histogram, exclusive scan
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "elementwise.h"
+#include "gemm_args.h"
 #include "moe.h"
 #include "troupe/kernels/moe.h"
 
@@ -131,12 +134,24 @@ void moe_layer_forward(Exec& ex, float* out, float* saved, MoeStats* stats, cons
   ex.each(PermuteBody{xp, inp, slot_row, K, C}, static_cast<size_t>(NK) * C);
   std::vector<int32_t> off(static_cast<size_t>(E) + 1);
   ex.to_host(off.data(), offsets, sizeof(int32_t) * off.size());
+  // The routed experts phase by phase: each phase is one GEMM per non-empty segment, issued as one
+  // batch (ex.gemm_batch: grouped, on streams or one by one); the elementwise SwiGLU runs once over
+  // all NK rows, since the segments tile them.
+  float* g = saved + L.g;
+  float* u = saved + L.u;
+  float* h = scratch + S.h;
+  std::vector<RowMajorGemm> gate_up, down;
   for (int e = 0; e < E; ++e) {
     const size_t r0 = static_cast<size_t>(off[static_cast<size_t>(e)]), we = static_cast<size_t>(e) * H * C;
     const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
-    moe_expert_forward(ex, y + r0 * C, saved + L.g + r0 * H, saved + L.u + r0 * H, scratch + S.h + r0 * H,
-                       xp + r0 * C, w.w_gate + we, w.w_up + we, w.w_down + we, n, C, H);
+    if (n == 0) continue;
+    gate_up.push_back({false, true, n, H, C, 1.0f, xp + r0 * C, C, w.w_gate + we, C, 0.0f, g + r0 * H, H});
+    gate_up.push_back({false, true, n, H, C, 1.0f, xp + r0 * C, C, w.w_up + we, C, 0.0f, u + r0 * H, H});
+    down.push_back({false, true, n, C, H, 1.0f, h + r0 * H, H, w.w_down + we, H, 0.0f, y + r0 * C, C});
   }
+  ex.gemm_batch(gate_up);
+  ex.each(MoeSwigluBody{h, g, u}, static_cast<size_t>(NK) * H);
+  ex.gemm_batch(down);
   ex.each(UnpermuteBody{out, y, weights, slot_row, K, C, cfg.H_shared > 0}, static_cast<size_t>(N) * C);
   if (stats) {
     std::vector<float> p(static_cast<size_t>(N) * E);
@@ -179,19 +194,33 @@ void moe_layer_backward(Exec& ex, float* dinp, const MoeGrads& gr, const float* 
   ex.each(PermuteWeightsBody{wrow, weights, slot_row}, static_cast<size_t>(NK));
   std::vector<int32_t> off(static_cast<size_t>(E) + 1);
   ex.to_host(off.data(), offsets, sizeof(int32_t) * off.size());
+  // Phase by phase as in forward, each phase one batch of per-segment GEMMs. Phases that read what
+  // an earlier one wrote (or overwrite what it read: dx lands in xp, which dWg/dWu read) follow it.
+  const float* g = saved + L.g;
+  const float* u = saved + L.u;
+  std::vector<RowMajorGemm> dh, dwd, dwgu, dx_g, dx_u;
   for (int e = 0; e < E; ++e) {
     const size_t R = static_cast<size_t>(off[static_cast<size_t>(e)]), we = static_cast<size_t>(e) * H * C;
     const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
     if (n == 0) continue;
+    float* x = xp + R * C;
     float* hr = h + R * H;
     float* qr = dg + R * H;
-    ex.each(MoeSwigluBody{hr, saved + L.g + R * H, saved + L.u + R * H}, static_cast<size_t>(n) * H);
-    ex.gemm(false, false, n, H, C, 1.0f, dop + R * C, C, w.w_down + we, H, 0.0f, qr, H);
-    ex.rows(WeightedRowBody{hr, qr, dw + R, wrow + R, H}, n);
-    ex.gemm(true, false, C, H, n, 1.0f, dop + R * C, C, hr, H, 1.0f, gr.w_down + we, H);
-    moe_expert_backward_from_dh(ex, xp + R * C, gr.w_gate + we, gr.w_up + we, hr, qr, saved + L.g + R * H,
-                                saved + L.u + R * H, xp + R * C, w.w_gate + we, w.w_up + we, n, C, H);
+    dh.push_back({false, false, n, H, C, 1.0f, dop + R * C, C, w.w_down + we, H, 0.0f, qr, H});
+    dwd.push_back({true, false, C, H, n, 1.0f, dop + R * C, C, hr, H, 1.0f, gr.w_down + we, H});
+    dwgu.push_back({true, false, H, C, n, 1.0f, qr, H, x, C, 1.0f, gr.w_gate + we, C});
+    dwgu.push_back({true, false, H, C, n, 1.0f, hr, H, x, C, 1.0f, gr.w_up + we, C});
+    dx_g.push_back({false, false, n, C, H, 1.0f, qr, H, w.w_gate + we, C, 0.0f, x, C});
+    dx_u.push_back({false, false, n, C, H, 1.0f, hr, H, w.w_up + we, C, 1.0f, x, C});
   }
+  ex.each(MoeSwigluBody{h, g, u}, static_cast<size_t>(NK) * H);   // h = silu(g) u
+  ex.gemm_batch(dh);                                                // dh = dy Wd (in dg)
+  ex.rows(WeightedRowBody{h, dg, dw, wrow, H}, NK);                 // d weight; h, dh *= weight
+  ex.gemm_batch(dwd);                                               // dWd += dy^T (w h)
+  ex.each(SwigluDhBody{h, dg, g, u}, static_cast<size_t>(NK) * H);  // du (in h), dg
+  ex.gemm_batch(dwgu);                                              // dWg += dg^T x, dWu += du^T x
+  ex.gemm_batch(dx_g);                                              // dx = dg Wg (in xp)
+  ex.gemm_batch(dx_u);                                              // dx += du Wu
   ex.each(UnpermuteBody{dinp, xp, nullptr, slot_row, K, C, cfg.H_shared > 0}, static_cast<size_t>(N) * C);
   const float aux_scale = daux * static_cast<float>(E) / (static_cast<float>(N) * static_cast<float>(N));
   ex.each(RouterBackwardBody{dp, probs, weights, experts, offsets, slot_row, dw, daux, aux_scale, E, K,
