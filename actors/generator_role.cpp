@@ -80,7 +80,30 @@ Status Generator::apply_weights_to(policy::Model& model, int64_t& held, const We
   };
   const auto encoding = static_cast<WeightEncoding>(w.encoding);
   auto params = model.params();
-  if (encoding == WeightEncoding::raw) {
+  if (encoding == WeightEncoding::device) {
+    // The values come by the weight group's broadcast; every member takes each one, whatever it
+    // then makes of it, so the group stays in step with learner 0.
+    if (!weight_group_)
+      return not_applied(WeightsStatus::refused, "the weights come by broadcast, but this generator is in no weight group");
+    std::vector<float> received(static_cast<size_t>(w.elements));
+    if (Status st = weight_group_->receive(received); !st.ok())
+      return not_applied(WeightsStatus::refused, st.error().message);
+    if (received.size() != params.size())
+      return not_applied(WeightsStatus::refused, std::to_string(received.size()) + " values for a model of " +
+                                                     std::to_string(params.size()));
+    if (w.dtype != static_cast<std::int32_t>(dtype_))
+      return not_applied(WeightsStatus::refused, std::string("values in ") +
+                                                     weight_dtype_name(static_cast<WeightDtype>(w.dtype)) +
+                                                     ", but this generator holds " + weight_dtype_name(dtype_));
+    const auto& tensors = model.tensors();
+    const auto sums = weight_checksums(received, tensors, dtype_);
+    for (size_t t = 0; t < sums.size(); ++t)
+      if (t >= w.checksums.size() || sums[t] != w.checksums[t])
+        return not_applied(WeightsStatus::checksum_failed,
+                           "tensor " + tensors[t].name + " fails its checksum after version " +
+                               std::to_string(w.version) + " came by broadcast");
+    std::copy(received.begin(), received.end(), params.begin());
+  } else if (encoding == WeightEncoding::raw) {
     if (w.params.size() != params.size())
       return not_applied(WeightsStatus::refused, std::to_string(w.params.size()) + " values for a model of " +
                                                      std::to_string(params.size()));
@@ -119,6 +142,11 @@ Status Generator::apply_weights_to(policy::Model& model, int64_t& held, const We
       return not_applied(WeightsStatus::probe_mismatch, probe_failure);
     }
   }
+  return {};
+}
+
+Status Generator::join_weight_group(const WeightGroupReq& r) {
+  TROUPE_ASSIGN_OR_RETURN(weight_group_, WeightGroup::join(policy_.model->backend(), r.id, r.nranks, r.rank));
   return {};
 }
 
@@ -394,6 +422,10 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
   handle<StepVersion>([this](runtime::Context&, const StepVersion& v) -> Status {
     gen_->step_done(v);
     return {};
+  });
+  handle<WeightGroupReq>([this](runtime::Context& ctx, const WeightGroupReq& r) -> Status {
+    TROUPE_TRY(gen_->join_weight_group(r));
+    return ctx.reply(WeightGroupRep{});
   });
   handle<ServedTurnsReq>([this](runtime::Context& ctx, const ServedTurnsReq& r) -> Status {
     return ctx.reply(ServedTurnsRep{gen_->served_turns().take(r.episode_id)});

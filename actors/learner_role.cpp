@@ -245,10 +245,25 @@ Weights LearnerRole::weights() const {
 Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
   const auto& ws = cfg_.weight_sync;
   if (!encoder_) encoder_ = std::make_unique<WeightEncoder>(weight_dtype_of(ws.dtype), policy_.model->tensors());
-  const bool full_due = ws.mode == "full" || (ws.full_every > 0 && version_ % ws.full_every == 0);
-  const bool delta = !full_due && r.base_version >= 0 && r.base_version == encoder_->held_version();
   Weights w;
-  encoder_->encode(policy_.model->params(), version_, delta, w);
+  std::vector<float> sent;  // by broadcast: the values as the generators will hold them
+  if (r.device) {
+    if (!weight_group_)
+      return make_error(ErrorCode::internal, "learner 0: asked for the weights by broadcast, but it is in no weight group");
+    auto master = policy_.model->params();
+    sent.assign(master.begin(), master.end());
+    round_to_dtype(sent, encoder_->dtype());
+    w.version = version_;
+    w.encoding = static_cast<std::int32_t>(WeightEncoding::device);
+    w.dtype = static_cast<std::int32_t>(encoder_->dtype());
+    w.elements = sent.size();
+    w.checksums = weight_checksums(sent, policy_.model->tensors(), encoder_->dtype());
+    TROUPE_TRY(weight_group_->send(sent));
+  } else {
+    const bool full_due = ws.mode == "full" || (ws.full_every > 0 && version_ % ws.full_every == 0);
+    const bool delta = !full_due && r.base_version >= 0 && r.base_version == encoder_->held_version();
+    encoder_->encode(policy_.model->params(), version_, delta, w);
+  }
   if (ws.probe) {
     w.probe_tokens = probe_tokens(policy_.model->config().vocab_size);
     if (encoder_->dtype() == WeightDtype::fp32) {  // the generators hold the master as it is
@@ -256,7 +271,10 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
     } else {  // with the rounded copy in place for the probe, then the master back bit for bit
       auto params = policy_.model->params();  // (host memory: Model::params)
       master_backup_.assign(params.begin(), params.end());
-      encoder_->held_into(params);
+      if (r.device)
+        std::copy(sent.begin(), sent.end(), params.begin());
+      else
+        encoder_->held_into(params);
       auto lp = probe_logprobs(*policy_.model, w.probe_tokens);
       // set_params, not a write through `params`: on a device backend the probe's forward has
       // uploaded the rounded copy, and only a new write marks the mirror for upload again.
@@ -266,6 +284,16 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
     }
   }
   return w;
+}
+
+Result<WeightGroupRep> LearnerRole::weight_group(const WeightGroupReq& r) {
+  WeightGroupRep rep;
+  if (r.op == 0) {
+    TROUPE_ASSIGN_OR_RETURN(rep.id, WeightGroup::make_id(policy_.model->backend()));
+    return rep;
+  }
+  TROUPE_ASSIGN_OR_RETURN(weight_group_, WeightGroup::join(policy_.model->backend(), r.id, r.nranks, r.rank));
+  return rep;
 }
 
 Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
@@ -343,6 +371,10 @@ LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role, int threads)
     use_threads(threads_);
     TROUPE_ASSIGN_OR_RETURN(auto w, role_->weights_for_generators(r));
     return ctx.reply(std::move(w));
+  });
+  handle<WeightGroupReq>([this](runtime::Context& ctx, const WeightGroupReq& r) -> Status {
+    TROUPE_ASSIGN_OR_RETURN(auto rep, role_->weight_group(r));
+    return ctx.reply(std::move(rep));
   });
   handle<CheckpointReq>([this](runtime::Context& ctx, const CheckpointReq& r) -> Status {
     use_threads(threads_);

@@ -11,6 +11,7 @@
 #include "coordinator_internal.h"
 #include "troupe/actors/messages.h"
 #include "troupe/actors/weight_codec.h"
+#include "troupe/actors/weight_group.h"
 
 namespace troupe::actors {
 
@@ -44,6 +45,7 @@ struct WeightSync::State {
   std::vector<std::int64_t> sent;      // the version it was sent last (-1: none)
   std::int64_t published = -1;         // the version learner 0 encoded last
   std::optional<Error> async_failure;  // an async Ack's probe mismatch, returned by the next sync
+  int group = 0;  // weight_sync.transport nccl: 0 not formed yet, 1 formed (broadcasts), -1 left (a member died)
   std::function<void(const std::string&)> log;
 
   void say(const std::string& line) const {
@@ -78,6 +80,63 @@ struct WeightSync::State {
   }
 };
 
+namespace {
+
+// weight_sync.transport nccl: learner 0 makes the group's id, then it (rank 0) and every generator
+// (rank g + 1) join at once -- an NCCL join returns only when all ranks have joined -- and the
+// coordinator awaits them all.
+Task<Status> form_weight_group(ActorContext& here, const WeightSyncPeers& p, int& group,
+                               const std::function<void(const std::string&)>& say) {
+  const size_t G = p.generators.size();
+  for (size_t g = 0; g < G; ++g)
+    if (p.alive && !p.alive(g))
+      co_return make_error(ErrorCode::peer_failed, "weight sync: " + generator_name(p, g) +
+                                                       " is down before the weight group (weight_sync.transport "
+                                                       "nccl) formed");
+  WeightGroupReq make;
+  make.op = 0;
+  auto made = request<WeightGroupRep>(here, p.learner, make, kSyncTimeout);
+  TROUPE_CO_ASSIGN_OR_RETURN(WeightGroupRep idrep, co_await made);
+  const bool nccl = !idrep.id.empty() && idrep.id[0] == 'N';
+  for (size_t g = 0; g < G; ++g) {
+    const bool shares = p.generators[g].node == p.learner.node;
+    if (nccl && shares)
+      co_return make_error(ErrorCode::invalid_input,
+                           "weight_sync.transport nccl: " + generator_name(p, g) +
+                               " shares a process with learner 0; NCCL needs every member in a process of its own, "
+                               "on a GPU of its own: run the generators on ranks of their own (mpirun/srun)");
+    if (!nccl && !shares)
+      co_return make_error(ErrorCode::invalid_input,
+                           "weight_sync.transport nccl: policy.device has no device collectives, so the weight "
+                           "group is in-process, but " + generator_name(p, g) + " runs in another process than "
+                           "learner 0 (node " + std::to_string(p.learner.node) + ")");
+  }
+  const int nranks = static_cast<int>(G) + 1;
+  std::vector<Reply<WeightGroupRep>> joins;
+  WeightGroupReq join;
+  join.op = 1;
+  join.id = idrep.id;
+  join.nranks = nranks;
+  join.rank = 0;
+  joins.push_back(request<WeightGroupRep>(here, p.learner, join, kSyncTimeout));
+  for (size_t g = 0; g < G; ++g) {
+    join.rank = static_cast<int>(g) + 1;
+    joins.push_back(request<WeightGroupRep>(here, p.generators[g], join, kSyncTimeout));
+  }
+  for (size_t i = 0; i < joins.size(); ++i) {
+    Result<WeightGroupRep> r = co_await joins[i];
+    if (!r.ok())
+      co_return make_error(r.error().code, "weight sync: " + (i == 0 ? std::string("learner 0") : generator_name(p, i - 1)) +
+                                               " could not join the weight group: " + r.error().message);
+  }
+  group = 1;
+  if (say) say("weight sync: learner 0 and " + std::to_string(G) + " generator(s) joined the weight group (" +
+      (nccl ? "NCCL" : "in-process") + "); weights go by broadcast");
+  co_return Status{};
+}
+
+}  // namespace
+
 WeightSync::WeightSync(WeightSyncSection cfg, bool async) : st_(std::make_shared<State>()) {
   st_->cfg = std::move(cfg);
   st_->async = async;
@@ -103,6 +162,21 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
   for (size_t g = 0; g < G; ++g)
     if (!p.alive || p.alive(g)) live.push_back(g);
   if (live.empty()) co_return make_error(ErrorCode::peer_failed, "weight sync: every generator rank is down");
+  // weight_sync.transport nccl: by broadcast while every member of the weight group is alive (a
+  // broadcast needs them all); once one is down, over ZeroMQ for the rest of the run.
+  bool by_broadcast = false;
+  if (st->cfg.transport == "nccl") {
+    if (st->group == 0) {
+      TROUPE_CO_TRY(co_await form_weight_group(here, p, st->group, st->log));
+    }
+    if (st->group == 1 && live.size() == G) {
+      by_broadcast = true;
+    } else if (st->group == 1) {
+      st->group = -1;
+      st->say("weight sync: a generator is down, so the weight group is not used again: the weights go over "
+              "ZeroMQ from now on");
+    }
+  }
 
   // A delta goes to the generators that will hold what learner 0 encoded last; the others get
   // the full weights (learner 0 answers in full anyway when the version is a full_every one).
@@ -110,7 +184,8 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
   if (st->cfg.mode == "delta" && st->published >= 0)
     for (size_t g : live) delta_wanted = delta_wanted || st->expected[g] == st->published;
   GetWeightsReq ask;
-  ask.base_version = delta_wanted ? st->published : -1;
+  ask.base_version = delta_wanted && !by_broadcast ? st->published : -1;
+  ask.device = by_broadcast;
   auto first_reply = request<Weights>(here, p.learner, ask, kSyncTimeout);
   TROUPE_CO_ASSIGN_OR_RETURN(Weights first, co_await first_reply);
   WeightSyncReport rep;
@@ -136,7 +211,8 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
   }
   if (full) rep.full_bytes = wire_bytes(*full);
   rep.delta = static_cast<int>(to_delta.size());
-  rep.full = static_cast<int>(to_full.size());
+  rep.full = by_broadcast ? 0 : static_cast<int>(to_full.size());
+  rep.broadcast = by_broadcast ? static_cast<int>(to_full.size()) : 0;
   rep.bytes_sent = rep.delta_bytes * to_delta.size() + rep.full_bytes * to_full.size();
   const std::int64_t v = rep.version;
 

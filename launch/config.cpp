@@ -539,6 +539,10 @@ class Loader {
     if (x.compute_dtype == "bf16" && x.device != "cuda")
       error(at("policy.compute_dtype"), "policy.compute_dtype",
             "bf16 GEMMs are implemented on policy.device: cuda only (got " + x.device + "); use fp32");
+    if (c.weight_sync.transport == "nccl" && x.device != "cuda" && x.device != "cpu_fenced")
+      error(at("weight_sync.transport"), "weight_sync.transport",
+            "nccl broadcasts the weights between the members' devices: it needs policy.device cuda (or cpu_fenced, "
+            "in one process), got " + x.device + "; use zmq");
     if (x.compute_dtype == "bf16" && c.policy.batch_invariant)
       error(at("policy.compute_dtype"), "policy.compute_dtype",
             "bf16 with policy.batch_invariant: exact on-policy sampling runs fp32 GEMMs; use fp32");

@@ -98,6 +98,15 @@ TEST(Config, CudaRejectsOptionsItDoesNotImplement) {
   EXPECT_NE(m.find("error: policy.compute_dtype: bf16 GEMMs are implemented on policy.device: cuda only (got cpu)"),
             std::string::npos)
       << m;
+  // weights by broadcast need a device backend
+  m = load_error(std::string(kMinimal) + "weight_sync:\n  transport: nccl\n");
+  EXPECT_NE(m.find("x.yaml:4:"), std::string::npos) << m;
+  EXPECT_NE(m.find("error: weight_sync.transport: nccl broadcasts the weights between the members' devices: it needs "
+                   "policy.device cuda (or cpu_fenced, in one process), got cpu"),
+            std::string::npos)
+      << m;
+  m = load_error(std::string(kMinimal) + "weight_sync:\n  transport: mpi\n");
+  EXPECT_NE(m.find("x.yaml:4:"), std::string::npos) << m;
 }
 
 TEST(Config, WrongType) {

@@ -406,6 +406,16 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/offload_fenced" --set policy.device=cpu_fenced $O $S
     $CHECK same "$W/offload_cpu" "$W/offload_fenced"
     $CHECK same "$W/quickstart_cpu" "$W/offload_fenced"
+    # weight_sync.transport nccl: the values by broadcast over the weight group (in-process on
+    # cpu_fenced), sync and async, fp32 and bf16 generators: the same numbers as over ZeroMQ
+    B="--set policy.device=cpu_fenced --set weight_sync.transport=nccl"
+    for cfg in quickstart async; do
+      "$TROUPE" run "$SRC/configs/$cfg.yaml" --set run.dir="$W/${cfg}_bcast" $B $S 2>&1 | tee "$W/${cfg}_bcast.log"
+      grep -q "joined the weight group (in-process)" "$W/${cfg}_bcast.log"
+      $CHECK same "$W/${cfg}_cpu" "$W/${cfg}_bcast"
+    done
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/bf16_bcast" --set weight_sync.dtype=bf16 $B $S
+    $CHECK same "$W/bf16_cpu" "$W/bf16_bcast"
     ;;
   weight_sync_ranks)  # the same across ranks (tcp): delta == full bit for bit, bf16 probes pass on a generator rank
     M="$MPIEXEC --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"

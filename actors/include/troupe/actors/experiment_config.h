@@ -105,6 +105,7 @@ struct WeightSyncSection {
   int full_every = 50;         // delta mode: versions divisible by this go in full (0 = only when needed)
   std::string dtype = "fp32";  // the generators' weights: fp32 (the master as is) | bf16 (rounded, nearest even)
   bool probe = true;           // after each sync the generator's log-probs of a probe sequence must equal learner 0's
+  std::string transport = "zmq";  // zmq: Weights messages | nccl: values by broadcast over the weight group
 };
 
 struct ClusterSection {

@@ -228,7 +228,7 @@ struct Weights {
   std::int64_t version = 0;
   std::vector<float> params;  // raw encoding only
   std::int64_t base_version = -1;  // delta: the version the XOR is against; else -1
-  std::int32_t encoding = 0;       // WeightEncoding: 0 raw, 1 full, 2 delta
+  std::int32_t encoding = 0;       // WeightEncoding: 0 raw, 1 full, 2 delta, 3 device (values by broadcast)
   std::int32_t dtype = 0;          // WeightDtype: 0 fp32, 1 bf16 (full, delta)
   std::uint64_t elements = 0;      // values in the arena (full, delta)
   std::uint32_t chunk_elements = 0;       // values per chunk (the last one may be shorter)
@@ -352,8 +352,31 @@ struct GetWeightsReq {
   static constexpr std::uint32_t type_id = 2022;
   static constexpr const char* type_name = "actors.GetWeightsReq";
   std::int64_t base_version = -1;  // the version the receivers hold (-1: none, a full sync)
+  // weight_sync.transport nccl: the values go by broadcast over the weight group (WeightGroupReq),
+  // the reply carries only their version, checksums and probe (encoding 3, device)
+  bool device = false;
   template <class A>
-  void serialize(A& ar) { ar(base_version); }
+  void serialize(A& ar) { ar(base_version, device); }
+};
+// Coordinator -> learner 0 and the generators (weight_sync.transport nccl): the device group the
+// weights are broadcast over (NCCL on cuda; in-process on cpu_fenced). op 0 (learner 0): make the
+// group's id; op 1: join it as `rank` of `nranks` (learner 0 is rank 0, generator g is g + 1).
+struct WeightGroupReq {
+  static constexpr std::uint32_t type_id = 2097;
+  static constexpr const char* type_name = "actors.WeightGroupReq";
+  std::int32_t op = 0;
+  std::vector<std::uint8_t> id;
+  std::int32_t nranks = 0;
+  std::int32_t rank = 0;
+  template <class A>
+  void serialize(A& ar) { ar(op, id, nranks, rank); }
+};
+struct WeightGroupRep {
+  static constexpr std::uint32_t type_id = 2098;
+  static constexpr const char* type_name = "actors.WeightGroupRep";
+  std::vector<std::uint8_t> id;  // op 0: the group's id
+  template <class A>
+  void serialize(A& ar) { ar(id); }
 };
 struct CheckpointReq {  // save (load = false) or load (load = true) a checkpoint
   static constexpr std::uint32_t type_id = 2023;

@@ -15,6 +15,7 @@
 #include "troupe/actors/serve_engine.h"
 #include "troupe/actors/served_turns.h"
 #include "troupe/actors/weight_codec.h"
+#include "troupe/actors/weight_group.h"
 #include "troupe/base/result.h"
 #include "troupe/envs/client.h"
 #include "troupe/learner/communicator.h"
@@ -94,6 +95,9 @@ class Generator {
   // later sync passes the probe. weights_ack() says what the last call did.
   Status set_weights(const Weights& w);
   const Ack& weights_ack() const { return ack_; }
+  // weight_sync.transport nccl: joins the weight group (WeightGroupReq op 1); Weights of encoding
+  // device then take their values from its broadcast.
+  Status join_weight_group(const WeightGroupReq& r);
   // Async mode (rollout.async): weights arrive while the generator may still owe samples of an
   // older version. hold_weights decodes and checks a message at once, against the newest version
   // received (its Ack says so), but keeps the weights aside, in order; use_version takes those up
@@ -156,6 +160,7 @@ class Generator {
   WeightDtype dtype_ = WeightDtype::fp32;  // weight_sync.dtype: how this generator holds its weights
   Ack ack_;                                // what the last set_weights did
   std::string probe_failure_;              // set while the weights held failed the probe check
+  std::unique_ptr<WeightGroup> weight_group_;  // weight_sync.transport nccl: where device Weights' values come from
   std::vector<int32_t> stop_tokens_;       // EOS + single-token stop strings
   std::vector<std::string> stop_strings_;  // the rest, cut after decoding
 };
@@ -171,7 +176,11 @@ class LearnerRole {
   // is the version encoded last, weight_sync.mode is delta and the version is no full_every
   // multiple; else in full. With weight_sync.probe, learner 0's probe log-probs with exactly the
   // weights the generators will hold (in their dtype) travel along.
+  // r.device (weight_sync.transport nccl): the values go to the weight group by broadcast, the
+  // message carries their version, checksums and probe.
   Result<Weights> weights_for_generators(const GetWeightsReq& r);
+  // Learner 0: makes the weight group's id (op 0) or joins it as rank 0 (op 1).
+  Result<WeightGroupRep> weight_group(const WeightGroupReq& r);
   Result<CheckpointRep> checkpoint(const CheckpointReq& r);
   int64_t version() const { return version_; }
 
@@ -190,6 +199,7 @@ class LearnerRole {
   // is scored for the mismatch metrics with the weights that sampled it.
   std::map<int64_t, std::vector<float>> snapshots_;
   std::unique_ptr<WeightEncoder> encoder_;  // learner 0: what the generators were sent last
+  std::unique_ptr<WeightGroup> weight_group_;  // learner 0, weight_sync.transport nccl: the broadcast's group
   std::vector<float> master_backup_;        // bf16 probe: the master while the rounded copy is in place
   learner::MismatchSums stale_mismatch_;  // of the stale samples of a streamed step's parts so far
   Result<learner::MismatchSums> score_stale(const TrainReq& r, const std::vector<learner::Sample>& samples,

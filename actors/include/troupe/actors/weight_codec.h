@@ -25,7 +25,9 @@
 namespace troupe::actors {
 
 enum class WeightDtype : std::int32_t { fp32 = 0, bf16 = 1 };
-enum class WeightEncoding : std::int32_t { raw = 0, full = 1, delta = 2 };
+// device: no payload; the values go over the weight group's broadcast (weight_group.h), the
+// message carries their checksums (and the probe) as a full one would.
+enum class WeightEncoding : std::int32_t { raw = 0, full = 1, delta = 2, device = 3 };
 // Ack::status: what a generator did with a Weights message.
 enum class WeightsStatus : std::int32_t {
   applied = 0,

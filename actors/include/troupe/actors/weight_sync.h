@@ -37,7 +37,8 @@ struct WeightSyncReport {
   std::int64_t version = 0;   // learner 0's, now the generators'
   int full = 0, delta = 0;    // generators sent the full weights / a delta (retries included)
   int resent = 0;             // sync mode: generators sent the full weights again after a failed Ack
-  std::uint64_t bytes_sent = 0;     // Weights payload bytes, summed over the generators sent to
+  int broadcast = 0;          // weight_sync.transport nccl: generators that took the values by broadcast
+  std::uint64_t bytes_sent = 0;     // Weights payload bytes (over ZeroMQ), summed over the generators sent to
   std::uint64_t delta_bytes = 0;    // the delta's payload (0 when none was sent)
   std::uint64_t full_bytes = 0;     // the full payload (0 when none was sent)
   std::uint64_t elements = 0;       // values in the arena
