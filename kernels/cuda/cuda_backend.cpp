@@ -5,6 +5,7 @@
 // stats) wait for the queue; nothing else does. A failing CUDA/cuBLAS call throws CudaError
 // (check.h) naming the call, file, line and error. Thread-safe: a lock serializes the queuing of
 // ops and copies, so roles of one process (learner and generator threads) may share the GPU.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -252,20 +253,36 @@ class CudaBackend final : public Backend {
   // Sampling from the LM head without an (N, V) logits buffer: each row's whole logits row (one
   // GEMM against the head into a (1, V) scratch row), then sample_token on it -- what
   // chunked_sample draws by its contract (chunked_sample.h: sample_token on the row's whole
-  // logits), one row at a time rather than over vocabulary chunks.
-  static size_t row_bytes(int V) { return (sizeof(float) * static_cast<size_t>(V > 0 ? V : 0) + 255) / 256 * 256; }
-  size_t chunked_sample_scratch_bytes(int, int V, int, int) const override {
+  // logits), a block of rows at a time rather than over vocabulary chunks: one GEMM gives the
+  // block's (rows, V) logits, every row's sampling kernels are queued back to back, and one copy
+  // brings the block's tokens and log-probs back (one wait per block, not per row). A block holds
+  // as many rows as keep its logits within kSampleBlockBytes.
+  static constexpr size_t kSampleBlockBytes = size_t(64) << 20;
+  static int sample_block_rows(int N, int V) {
+    const size_t per_row = sizeof(float) * static_cast<size_t>(V > 0 ? V : 1);
+    const size_t fit = std::max<size_t>(1, kSampleBlockBytes / per_row);
+    return static_cast<int>(std::min<size_t>(fit, static_cast<size_t>(N > 0 ? N : 1)));
+  }
+  static size_t logits_bytes(int rows, int V) {
+    return (sizeof(float) * static_cast<size_t>(rows) * static_cast<size_t>(V > 0 ? V : 0) + 255) / 256 * 256;
+  }
+  size_t chunked_sample_scratch_bytes(int N, int V, int, int) const override {
     const Guard guard(*this);
-    return row_bytes(V) + cuda::sample_device_scratch_bytes(V);
+    const int rows = sample_block_rows(N, V);
+    return logits_bytes(rows, V) + cuda::sample_rows_device_scratch_bytes(rows, V);
   }
   void chunked_sample(int32_t* tokens, float* logprobs, const float* h, const float* W, int N, int C, int V, int,
                       const SampleParams* sp, uint64_t* rng, int, void* scratch) const override {
-                        const Guard guard(*this);
-    float* row = static_cast<float*>(scratch);
-    void* tmp = static_cast<char*>(scratch) + row_bytes(V);
-    for (int n = 0; n < N; ++n) {
-      matmul_forward(row, h + static_cast<size_t>(n) * C, W, 1, C, V);
-      tokens[n] = cuda::launch_sample_token(q_, logprobs + n, row, V, sp[n], rng + n, tmp);
+    const Guard guard(*this);
+    if (N <= 0) return;
+    // (the scratch was sized for at most N rows: a smaller N here gets blocks no larger than that)
+    const int block = sample_block_rows(N, V);
+    float* logits = static_cast<float*>(scratch);
+    void* tmp = static_cast<char*>(scratch) + logits_bytes(block, V);
+    for (int n0 = 0; n0 < N; n0 += block) {
+      const int rows = std::min(block, N - n0);
+      matmul_forward(logits, h + static_cast<size_t>(n0) * C, W, rows, C, V);
+      cuda::launch_sample_tokens(q_, tokens + n0, logprobs + n0, logits, rows, V, sp + n0, rng + n0, tmp);
     }
   }
 

@@ -146,5 +146,11 @@ void launch_fill_normal(const Queue& q, float* x, size_t n, double stddev, uint6
 size_t sample_device_scratch_bytes(int V);
 int32_t launch_sample_token(const Queue& q, float* host_logprob, const float* logits, int V, const SampleParams& sp,
                             uint64_t* host_rng, void* scratch);
+// `rows` rows of logits (rows, V) at once: each row sampled as launch_sample_token does (its own
+// params and rng, drawn in row order), every row's kernels queued back to back in its own part of
+// the scratch, then one copy of the tokens and log-probs to the host and one wait.
+size_t sample_rows_device_scratch_bytes(int rows, int V);
+void launch_sample_tokens(const Queue& q, int32_t* host_tokens, float* host_logprobs, const float* logits, int rows,
+                          int V, const SampleParams* sp, uint64_t* host_rng, void* scratch);
 
 }  // namespace troupe::kernels::cuda

@@ -41,10 +41,12 @@ void launch_fill_normal(const Queue& q, float* x, size_t n, double stddev, uint6
 
 size_t sample_device_scratch_bytes(int V) { return V > 0 ? sample_tmp(V).total : 0; }
 
-int32_t launch_sample_token(const Queue& q, float* host_logprob, const float* logits, int V, const SampleParams& sp,
-                            uint64_t* host_rng, void* scratch) {
-  const SampleTmp t = sample_tmp(V);
-  char* base = static_cast<char*>(scratch);
+namespace {
+
+// One row's kernels: the stats pass, the sort when top-k/top-p truncate, the finishing thread
+// (which writes *tok and *lp on the device).
+void queue_sample_row(const Queue& q, int32_t* tok, float* lp, const float* logits, int V, const SampleParams& sp,
+                      uint64_t* host_rng, char* base, const SampleTmp& t) {
   auto at = [base](size_t off) { return static_cast<void*>(base + off); };
   double* prob = static_cast<double*>(at(t.prob));
   double* keys_out = static_cast<double*>(at(t.keys_out));
@@ -52,8 +54,6 @@ int32_t launch_sample_token(const Queue& q, float* host_logprob, const float* lo
   int32_t* sorted = static_cast<int32_t*>(at(t.sorted));
   double* stats = static_cast<double*>(at(t.stats));
   int32_t* arg = static_cast<int32_t*>(at(t.arg));
-  int32_t* tok = static_cast<int32_t*>(at(t.tok));
-  float* lp = static_cast<float*>(at(t.lp));
   const bool greedy = sp.temperature <= 0.0f;
   const double inv_t = greedy ? 1.0 : 1.0 / sp.temperature;
   launch_rows(SampleStatsBody{stats, arg, prob, order, logits, inv_t, V}, 1, q.stream);
@@ -67,11 +67,48 @@ int32_t launch_sample_token(const Queue& q, float* host_logprob, const float* lo
   launch_elements(SampleFinishBody{tok, lp, stats, arg, prob, (!greedy && truncate) ? sorted : nullptr, logits, inv_t,
                                    u01, V, sp.top_k, sp.top_p, greedy},
                   1, q.stream);
+}
+
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+
+}  // namespace
+
+int32_t launch_sample_token(const Queue& q, float* host_logprob, const float* logits, int V, const SampleParams& sp,
+                            uint64_t* host_rng, void* scratch) {
+  const SampleTmp t = sample_tmp(V);
+  char* base = static_cast<char*>(scratch);
+  int32_t* tok = reinterpret_cast<int32_t*>(base + t.tok);
+  float* lp = reinterpret_cast<float*>(base + t.lp);
+  queue_sample_row(q, tok, lp, logits, V, sp, host_rng, base, t);
   int32_t token = 0;
   TROUPE_CUDA_CHECK(cudaMemcpyAsync(&token, tok, sizeof(token), cudaMemcpyDeviceToHost, q.stream));
   TROUPE_CUDA_CHECK(cudaMemcpyAsync(host_logprob, lp, sizeof(float), cudaMemcpyDeviceToHost, q.stream));
   TROUPE_CUDA_CHECK(cudaStreamSynchronize(q.stream));
   return token;
+}
+
+// Layout: the rows' tokens, then their log-probs, then one sample_tmp(V) per row.
+size_t sample_rows_device_scratch_bytes(int rows, int V) {
+  if (rows <= 0 || V <= 0) return 0;
+  const size_t r = static_cast<size_t>(rows);
+  return round256(sizeof(int32_t) * r) + round256(sizeof(float) * r) + r * sample_tmp(V).total;
+}
+
+void launch_sample_tokens(const Queue& q, int32_t* host_tokens, float* host_logprobs, const float* logits, int rows,
+                          int V, const SampleParams* sp, uint64_t* host_rng, void* scratch) {
+  if (rows <= 0) return;
+  const SampleTmp t = sample_tmp(V);
+  const size_t r = static_cast<size_t>(rows);
+  char* base = static_cast<char*>(scratch);
+  int32_t* toks = reinterpret_cast<int32_t*>(base);
+  float* lps = reinterpret_cast<float*>(base + round256(sizeof(int32_t) * r));
+  char* rows_base = base + round256(sizeof(int32_t) * r) + round256(sizeof(float) * r);
+  for (size_t i = 0; i < r; ++i)
+    queue_sample_row(q, toks + i, lps + i, logits + i * static_cast<size_t>(V), V, sp[i], host_rng + i,
+                     rows_base + i * t.total, t);
+  TROUPE_CUDA_CHECK(cudaMemcpyAsync(host_tokens, toks, sizeof(int32_t) * r, cudaMemcpyDeviceToHost, q.stream));
+  TROUPE_CUDA_CHECK(cudaMemcpyAsync(host_logprobs, lps, sizeof(float) * r, cudaMemcpyDeviceToHost, q.stream));
+  TROUPE_CUDA_CHECK(cudaStreamSynchronize(q.stream));
 }
 
 }  // namespace troupe::kernels::cuda
