@@ -67,6 +67,20 @@ void* device_alloc(size_t bytes, cudaStream_t stream, const char* file, int line
   return p;
 }
 
+void device_grow(void*& data, size_t& bytes, size_t need, cudaStream_t stream, const char* file, int line) {
+  if (need <= bytes) return;
+  const cudaError_t wait = cudaStreamSynchronize(stream);
+  if (wait != cudaSuccess) throw_cuda_error(wait, "cudaStreamSynchronize", file, line);
+  if (data) {
+    const cudaError_t freed = cudaFree(data);
+    if (freed != cudaSuccess) throw_cuda_error(freed, "cudaFree", file, line);
+  }
+  data = nullptr;
+  bytes = 0;
+  data = device_alloc(need, stream, file, line);
+  bytes = need;
+}
+
 void* pinned_alloc(size_t bytes, const char* file, int line) {
   if (bytes == 0) return nullptr;
   void* p = nullptr;

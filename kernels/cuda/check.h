@@ -34,6 +34,7 @@ void report_cuda_error(cudaError_t err, const char* call, const char* file, int 
 // cudaMalloc of `bytes`, zero-filled on `stream`; on failure a CudaError naming the size (and, on
 // out-of-memory, the device's free and total bytes). bytes == 0 gives nullptr.
 void* device_alloc(size_t bytes, cudaStream_t stream, const char* file, int line);
+void device_grow(void*& data, size_t& bytes, size_t need, cudaStream_t stream, const char* file, int line);
 // cudaMallocHost (pinned host memory) with the same error.
 void* pinned_alloc(size_t bytes, const char* file, int line);
 
@@ -68,4 +69,8 @@ void* pinned_alloc(size_t bytes, const char* file, int line);
   } while (0)
 
 #define TROUPE_DEVICE_ALLOC(bytes, stream) ::troupe::kernels::cuda::device_alloc((bytes), (stream), __FILE__, __LINE__)
+// A device workspace (data, bytes) grown to at least `need` bytes: the stream is waited for first
+// (queued work may still read the old block), which is then freed and replaced (zero-filled).
+#define TROUPE_DEVICE_GROW(data, bytes, need, stream) \
+  ::troupe::kernels::cuda::device_grow((data), (bytes), (need), (stream), __FILE__, __LINE__)
 #define TROUPE_PINNED_ALLOC(bytes) ::troupe::kernels::cuda::pinned_alloc((bytes), __FILE__, __LINE__)

@@ -43,14 +43,7 @@ void grouped(const Queue& q, const std::vector<RowMajorGemm>& calls) {
   }
   ExpertGemmWorkspace& ws = *q.experts;
   const size_t bytes = sizeof(float*) * ptrs.size();
-  if (bytes > ws.pointer_bytes) {
-    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q.stream));  // the old array may still be read
-    if (ws.pointers) TROUPE_CUDA_CHECK(cudaFree(ws.pointers));
-    ws.pointers = nullptr;
-    ws.pointer_bytes = 0;
-    ws.pointers = TROUPE_DEVICE_ALLOC(bytes, q.stream);
-    ws.pointer_bytes = bytes;
-  }
+  TROUPE_DEVICE_GROW(ws.pointers, ws.pointer_bytes, bytes, q.stream);
   // From pageable memory the copy returns once `ptrs` is staged: it may go out of scope after.
   TROUPE_CUDA_CHECK(cudaMemcpyAsync(ws.pointers, ptrs.data(), bytes, cudaMemcpyHostToDevice, q.stream));
   auto* dev = static_cast<const float**>(ws.pointers);

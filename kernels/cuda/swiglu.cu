@@ -22,14 +22,7 @@ void gemm_bf16(const Queue& q, bool trans_a, bool trans_b, int M, int N, int K, 
   const size_t a_elems = ar * ac, b_elems = br * bc;
   const size_t a_bytes = (a_elems * sizeof(uint16_t) + 255) / 256 * 256, bytes = a_bytes + b_elems * sizeof(uint16_t);
   Bf16Workspace& ws = *q.bf16;
-  if (bytes > ws.bytes) {
-    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q.stream));  // the old copies may still be read
-    if (ws.data) TROUPE_CUDA_CHECK(cudaFree(ws.data));
-    ws.data = nullptr;
-    ws.bytes = 0;
-    ws.data = TROUPE_DEVICE_ALLOC(bytes, q.stream);
-    ws.bytes = bytes;
-  }
+  TROUPE_DEVICE_GROW(ws.data, ws.bytes, bytes, q.stream);
   auto* a16 = static_cast<uint16_t*>(ws.data);
   auto* b16 = reinterpret_cast<uint16_t*>(static_cast<char*>(ws.data) + a_bytes);
   if (a_elems) launch_elements(ToBf16Body{a16, A, ac, static_cast<size_t>(lda)}, a_elems, q.stream);
