@@ -416,6 +416,11 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     done
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/bf16_bcast" --set weight_sync.dtype=bf16 $B $S
     $CHECK same "$W/bf16_cpu" "$W/bf16_bcast"
+    # two generators taking in-flight updates (each broadcast is staged, then taken between decode steps)
+    F="--set rollout.in_flight_updates=true --set rollout.async_chunks=1 --set cluster.generators=2"
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/inflight_zmq" $F $S
+    "$TROUPE" run "$SRC/configs/async.yaml" --set run.dir="$W/inflight_bcast" $F $B $S
+    $CHECK same "$W/inflight_zmq" "$W/inflight_bcast"
     ;;
   weight_sync_ranks)  # the same across ranks (tcp): delta == full bit for bit, bf16 probes pass on a generator rank
     M="$MPIEXEC --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"
