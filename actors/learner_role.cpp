@@ -258,7 +258,6 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
     w.dtype = static_cast<std::int32_t>(encoder_->dtype());
     w.elements = sent.size();
     w.checksums = weight_checksums(sent, policy_.model->tensors(), encoder_->dtype());
-    TROUPE_TRY(weight_group_->send(sent));
   } else {
     const bool full_due = ws.mode == "full" || (ws.full_every > 0 && version_ % ws.full_every == 0);
     const bool delta = !full_due && r.base_version >= 0 && r.base_version == encoder_->held_version();
@@ -283,6 +282,10 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
       w.probe_logprobs = std::move(lp).value();
     }
   }
+  // The broadcast goes last: with NCCL it is queued on the model's stream and completes only once
+  // every generator takes it, which it does when it gets this reply's message, so any later work
+  // of this model that waits for its stream (the probe's log-probs) would wait forever.
+  if (r.device) TROUPE_TRY(weight_group_->send(sent));
   return w;
 }
 
