@@ -430,6 +430,11 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     $CHECK same "$W/delta" "$W/full"
     $M "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/bf16" --set weight_sync.dtype=bf16 $S
     $CHECK steps "$W/bf16" 8
+    # weights by broadcast on cpu_fenced: its weight group is in-process, so generators on other
+    # ranks are an error naming the generator, before any step
+    expect_exit nonzero $M "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/bcast" \
+      --set policy.device=cpu_fenced --set weight_sync.transport=nccl $S
+    grep -q "so the weight group is in-process, but generator 0 (node" "$W/err.txt" || { cat "$W/err.txt"; exit 1; }
     ;;
   mismatch_metrics)  # sampler vs learner log-probs and MoE routing on every GRPO step: sync, async, corrections
     S="--set sft.max_steps=10 --set grpo.max_steps=6 --set eval.every=0 --set eval.num_prompts=20 --set checkpointing.enabled=false $Q"
