@@ -26,11 +26,14 @@ namespace troupe::actors {
 
 namespace {
 
-// zstd levels. Sparse chunks (bf16) are about a byte of gap and two of XOR per change: a fast
-// (negative) level only finds the runs (the XORs' high bytes are mostly zero, unchanged tensors are
-// runs of gap 255) and leaves the rest as it is, at a fraction of level 1's time on both sides and
-// 1.5x its bytes. Dense chunks (fp32) are planes of mostly random low bytes: level 1.
-constexpr int kZstdLevelSparse = -10;
+// zstd levels. Sparse chunks (bf16) are about a byte of gap and two of XOR per change: a very fast
+// (negative) level only finds the long runs (the XORs' high bytes are mostly zero, unchanged tensors
+// are runs of gap 255) and leaves the rest as it is. For SmolLM2-135M after a step at lr 1e-6 (5.6M
+// of 135M values change), per sync on one core: level -30 takes 7 ms less to compress and 4 ms
+// less to decompress than level -10 for 12% more bytes (12.0 MB against 10.7; stored as is: 16.7
+// MB for 5 and 1 ms less again), and level 1 makes 7.1 MB in 16 and 9 ms more than level -10.
+// Dense chunks (fp32) are planes of mostly random low bytes: level 1.
+constexpr int kZstdLevelSparse = -30;
 constexpr int kZstdLevelDense = 1;
 
 // Values per hash update: a block of wire values hashed while it is still in L1/L2.
