@@ -111,9 +111,9 @@ class Bytes {
         return;
       }
     }
-    std::string s(static_cast<std::size_t>(n), '\0');
-    ar(cereal::binary_data(s.data(), s.size()));
-    *this = Bytes(std::move(s));
+    if (owner_) *this = Bytes();
+    own_.resize(static_cast<std::size_t>(n));
+    ar(cereal::binary_data(own_.data(), own_.size()));
   }
 
  private:

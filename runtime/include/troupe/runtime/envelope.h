@@ -75,7 +75,7 @@ bool is_registered_type(std::uint32_t type_id);
 std::string registered_type_name(std::uint32_t type_id);
 
 template <Message M>
-Status register_message() {
+const Status& register_message() {  // called on every send: a reference, no copy
   static const Status registered = register_message_type(M::type_id, typeid(M), message_name<M>());  // once per type
   return registered;
 }
