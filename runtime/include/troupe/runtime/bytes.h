@@ -11,8 +11,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <cereal/cereal.hpp>
@@ -44,45 +46,37 @@ class SharedBuffer {
 
 class Bytes {
  public:
-  Bytes() = default;
+  Bytes() : own_() {}
   Bytes(std::string s) : own_(std::move(s)) {}  // NOLINT(google-explicit-constructor): takes s, no copy
-  Bytes(const char* s) : own_(s) {}  // NOLINT(google-explicit-constructor): copies a C string
+  Bytes(const char* s) : own_(s) {}             // NOLINT(google-explicit-constructor): copies a C string
   Bytes(const char* data, std::size_t size) : own_(data, size) {}  // copies
   // A view of [data, data + size) inside `owner`'s memory; takes a reference to owner.
   static Bytes shared(SharedBuffer* owner, const char* data, std::size_t size) {
     Bytes b;
     owner->retain();
+    b.own_.~basic_string();
+    b.view_ = {data, size};
     b.owner_ = owner;
-    b.data_ = data;
-    b.size_ = size;
     return b;
   }
 
-  Bytes(const Bytes& o) : own_(o.own_), owner_(o.owner_), data_(o.data_), size_(o.size_) {
-    if (owner_) owner_->retain();
-  }
-  Bytes(Bytes&& o) noexcept
-      : own_(std::move(o.own_)), owner_(std::exchange(o.owner_, nullptr)), data_(o.data_), size_(std::exchange(o.size_, 0)) {}
+  Bytes(const Bytes& o) { construct_from(o); }
+  Bytes(Bytes&& o) noexcept { construct_from(std::move(o)); }
   Bytes& operator=(const Bytes& o) {
     if (this != &o) *this = Bytes(o);
     return *this;
   }
   Bytes& operator=(Bytes&& o) noexcept {
     if (this != &o) {
-      if (owner_) owner_->release();
-      own_ = std::move(o.own_);
-      owner_ = std::exchange(o.owner_, nullptr);
-      data_ = o.data_;
-      size_ = std::exchange(o.size_, 0);
+      destroy();
+      construct_from(std::move(o));
     }
     return *this;
   }
-  ~Bytes() {
-    if (owner_) owner_->release();
-  }
+  ~Bytes() { destroy(); }
 
-  const char* data() const { return owner_ ? data_ : own_.data(); }
-  std::size_t size() const { return owner_ ? size_ : own_.size(); }
+  const char* data() const { return owner_ ? view_.data : own_.data(); }
+  std::size_t size() const { return owner_ ? view_.size : own_.size(); }
   bool empty() const { return size() == 0; }
   std::string_view view() const { return {data(), size()}; }
   operator std::string_view() const { return view(); }  // NOLINT(google-explicit-constructor)
@@ -117,10 +111,43 @@ class Bytes {
   }
 
  private:
-  std::string own_;                 // the bytes, unless shared
-  SharedBuffer* owner_ = nullptr;   // shared: holds a reference; the bytes are [data_, data_ + size_)
-  const char* data_ = nullptr;
-  std::size_t size_ = 0;
+  struct View {
+    const char* data;
+    std::size_t size;
+  };
+  // Leaves o empty (owning nothing) when it was a view; a moved-from string otherwise.
+  void construct_from(Bytes&& o) noexcept {
+    if (o.owner_) {
+      view_ = o.view_;
+      owner_ = std::exchange(o.owner_, nullptr);
+      ::new (&o.own_) std::string();
+    } else {
+      ::new (&own_) std::string(std::move(o.own_));
+      owner_ = nullptr;
+    }
+  }
+  void construct_from(const Bytes& o) {
+    if (o.owner_) {
+      view_ = o.view_;
+      owner_ = o.owner_;
+      owner_->retain();
+    } else {
+      ::new (&own_) std::string(o.own_);
+      owner_ = nullptr;
+    }
+  }
+  void destroy() noexcept {
+    if (owner_)
+      owner_->release();
+    else
+      own_.~basic_string();
+  }
+
+  union {
+    std::string own_;  // the bytes, unless owner_ is set
+    View view_;        // owner_ set: the bytes are [view_.data, view_.data + view_.size) of its memory
+  };
+  SharedBuffer* owner_ = nullptr;  // a reference held while this is a view
 };
 
 }  // namespace troupe::runtime
