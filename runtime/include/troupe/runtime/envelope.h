@@ -75,7 +75,7 @@ bool is_registered_type(std::uint32_t type_id);
 std::string registered_type_name(std::uint32_t type_id);
 
 template <Message M>
-Status register_message() {
+const Status& register_message() {  // called on every send: a reference, no copy
   static const Status registered = register_message_type(M::type_id, typeid(M), message_name<M>());  // once per type
   return registered;
 }
@@ -103,10 +103,13 @@ void write_payload(char* out, std::size_t capacity, const M& m) {
   WireOutputArchive ar(out, capacity);
   ar(m);
 }
+// `owner`: the received memory the payload lies in; Bytes fields share their long runs with it
+// instead of copying them (bytes.h). Null: everything is copied.
 template <class M>
-Status decode_payload(const char* data, std::size_t size, M& out) {
+Status decode_payload(const char* data, std::size_t size, M& out, SharedBuffer* owner = nullptr) {
   try {
     WireInputArchive ar(data, size);
+    ar.set_owner(owner);
     ar(out);
     if (ar.remaining() != 0)
       return invalid_input("message " + std::string(message_name<M>()) + ": " + std::to_string(ar.remaining()) +
@@ -118,9 +121,11 @@ Status decode_payload(const char* data, std::size_t size, M& out) {
 }
 // A payload sent with kFlagSegmented: its long runs are `segments`, in order, every one read.
 template <class M>
-Status decode_payload(const char* data, std::size_t size, const WireSegment* segments, std::size_t n_segments, M& out) {
+Status decode_payload(const char* data, std::size_t size, const WireSegment* segments, std::size_t n_segments, M& out,
+                      SharedBuffer* owner = nullptr) {
   try {
     WireInputArchive ar(data, size, segments, n_segments);
+    ar.set_owner(owner);
     ar(out);
     if (ar.remaining_inline() != 0)
       return invalid_input("message " + std::string(message_name<M>()) + ": " + std::to_string(ar.remaining_inline()) +

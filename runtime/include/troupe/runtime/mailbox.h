@@ -19,6 +19,7 @@
 #include <zmq.hpp>
 
 #include "troupe/base/result.h"
+#include "troupe/runtime/bytes.h"
 #include "troupe/runtime/envelope.h"
 
 namespace troupe::runtime {
@@ -29,13 +30,10 @@ class Context;
 // payload copies a pointer, and libzmq is called only when the last envelope is done with it.
 // A frame sent with kFlagSegmented arrives as a multipart message: its out-of-line runs are the
 // further parts, kept here as `segments`.
-class SharedFrame {
+// Bytes fields decoded from it share its memory the same way (bytes.h).
+class SharedFrame final : public SharedBuffer {
  public:
   static SharedFrame* adopt(zmq::message_t&& msg) { return new SharedFrame(std::move(msg)); }  // count 1
-  void retain() { refs_.fetch_add(1, std::memory_order_relaxed); }
-  void release() {
-    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
-  }
   const char* data() const { return static_cast<const char*>(msg_.data()); }
   std::size_t size() const { return msg_.size(); }
   void add_part(zmq::message_t&& part) {
@@ -49,7 +47,6 @@ class SharedFrame {
   zmq::message_t msg_;
   std::vector<zmq::message_t> parts_;
   std::vector<WireSegment> segments_;
-  std::atomic<std::uint32_t> refs_{1};
 };
 
 class Payload {
@@ -110,6 +107,7 @@ class Payload {
   std::size_t size() const { return frame_ ? size_ : 0; }
   bool segmented() const { return frame_ && segmented_; }
   const std::vector<WireSegment>& segments() const { return frame_->segments(); }  // segmented() only
+  SharedFrame* shared_frame() const { return frame_; }  // the received message (frames only)
 
  private:
   std::shared_ptr<const void> local_;
@@ -120,11 +118,13 @@ class Payload {
   bool segmented_ = false;
 };
 
-// Decodes a received payload (out-of-line parts included) into out.
+// Decodes a received payload (out-of-line parts included) into out; its Bytes fields share long
+// runs with the received message (bytes.h).
 template <class M>
 Status decode_payload(const Payload& p, M& out) {
-  if (p.segmented()) return decode_payload(p.data(), p.size(), p.segments().data(), p.segments().size(), out);
-  return decode_payload(p.data(), p.size(), out);
+  if (p.segmented())
+    return decode_payload(p.data(), p.size(), p.segments().data(), p.segments().size(), out, p.shared_frame());
+  return decode_payload(p.data(), p.size(), out, p.shared_frame());
 }
 
 // One mail item. `task` set = a runtime-internal closure run in the actor's context (reply

@@ -350,20 +350,20 @@ void Actor::handle(F fn) {
     return;
   }
   handlers_[M::type_id] = [fn = std::move(fn)](Context& ctx, const Mail& mail) -> Status {
-    const M* direct = mail.payload.template local_as<M>();
+    auto call = [&](const M& m) -> Status {
+      if constexpr (std::is_same_v<std::invoke_result_t<F&, Context&, const M&>, void>) {
+        fn(ctx, m);
+        return {};
+      } else {
+        return fn(ctx, m);
+      }
+    };
+    if (const M* direct = mail.payload.template local_as<M>()) return call(*direct);  // local: the sender's object
+    if (!mail.payload.is_frame())
+      return make_error(ErrorCode::internal, std::string("message ") + message_name<M>() + " has no payload");
     M decoded;
-    if (!direct) {
-      if (!mail.payload.is_frame())
-        return make_error(ErrorCode::internal, std::string("message ") + message_name<M>() + " has no payload");
-      TROUPE_TRY(decode_payload(mail.payload, decoded));
-      direct = &decoded;
-    }
-    if constexpr (std::is_same_v<std::invoke_result_t<F&, Context&, const M&>, void>) {
-      fn(ctx, *direct);
-      return {};
-    } else {
-      return fn(ctx, *direct);
-    }
+    TROUPE_TRY(decode_payload(mail.payload, decoded));
+    return call(decoded);
   };
 }
 

@@ -35,6 +35,13 @@ struct WireSegment {
   std::size_t size = 0;
 };
 
+// Received memory that decoded fields may point into instead of copying (bytes.h).
+class SharedBuffer;
+// A run at least this long that a receiver decodes into a Bytes field is shared with the received
+// message, not copied: a frame that long travels in a ZeroMQ message of its own (batches take
+// frames up to 16 KiB), so a kept Bytes never pins other envelopes' memory.
+inline constexpr std::size_t kWireShareMin = 16 * 1024;
+
 // Writes into out[0, capacity) when out != nullptr, otherwise only counts bytes (size pass);
 // or appends to a growable std::string from `offset` (one pass, buffer reused across calls).
 class WireOutputArchive : public cereal::OutputArchive<WireOutputArchive, cereal::AllowEmptyClassElision> {
@@ -100,25 +107,17 @@ class WireInputArchive : public cereal::InputArchive<WireInputArchive, cereal::A
         segments_(segments), n_segments_(n_segments), segmented_(true) {
     for (std::size_t i = 0; i < n_segments; ++i) segment_bytes_left_ += segments[i].size;
   }
-  void loadBinary(void* out, std::size_t size) {
-    if (segmented_ && size >= kWireSegmentMin) {
-      if (next_segment_ == n_segments_)
-        throw WireError("payload reads a " + std::to_string(size) + "-byte run out of line but its " +
-                        std::to_string(n_segments_) + " out-of-line part(s) are used up");
-      const WireSegment& s = segments_[next_segment_];
-      if (s.size != size)
-        throw WireError("out-of-line part " + std::to_string(next_segment_) + " has " + std::to_string(s.size) +
-                        " bytes, the payload reads " + std::to_string(size));
-      std::memcpy(out, s.data, size);
-      ++next_segment_;
-      segment_bytes_left_ -= size;
-      return;
-    }
-    if (size > size_ - pos_)
-      throw WireError("truncated payload: needed " + std::to_string(size) + " bytes at offset " + std::to_string(pos_) +
-                      ", have " + std::to_string(size_ - pos_));
-    std::memcpy(out, data_ + pos_, size);
-    pos_ += size;
+  void loadBinary(void* out, std::size_t size) { std::memcpy(out, take(size), size); }
+  // The memory that decoded Bytes may share (the received message); none: every run is copied.
+  void set_owner(SharedBuffer* owner) { owner_ = owner; }
+  // Reads the next run of `size` bytes without copying it when it is long enough to share
+  // (kWireShareMin) and an owner is set: returns where it lies and sets `owner`; else reads
+  // nothing and returns nullptr (the caller copies it with loadBinary). A lying size is an error.
+  const char* share(std::size_t size, SharedBuffer*& owner) {
+    if (!owner_ || size < kWireShareMin) return nullptr;
+    const char* at = take(size);
+    owner = owner_;
+    return at;
   }
   // Bytes left to read, out-of-line parts included (what a container's claimed size is checked against).
   std::size_t remaining() const { return size_ - pos_ + segment_bytes_left_; }
@@ -127,6 +126,27 @@ class WireInputArchive : public cereal::InputArchive<WireInputArchive, cereal::A
   std::size_t consumed() const { return pos_; }
 
  private:
+  // Where the next run of `size` bytes lies (an out-of-line part, or inline), consumed.
+  const char* take(std::size_t size) {
+    if (segmented_ && size >= kWireSegmentMin) {
+      if (next_segment_ == n_segments_)
+        throw WireError("payload reads a " + std::to_string(size) + "-byte run out of line but its " +
+                        std::to_string(n_segments_) + " out-of-line part(s) are used up");
+      const WireSegment& s = segments_[next_segment_];
+      if (s.size != size)
+        throw WireError("out-of-line part " + std::to_string(next_segment_) + " has " + std::to_string(s.size) +
+                        " bytes, the payload reads " + std::to_string(size));
+      ++next_segment_;
+      segment_bytes_left_ -= size;
+      return s.data;
+    }
+    if (size > size_ - pos_)
+      throw WireError("truncated payload: needed " + std::to_string(size) + " bytes at offset " + std::to_string(pos_) +
+                      ", have " + std::to_string(size_ - pos_));
+    const char* at = data_ + pos_;
+    pos_ += size;
+    return at;
+  }
   const char* data_;
   std::size_t size_;
   std::size_t pos_ = 0;
@@ -135,6 +155,7 @@ class WireInputArchive : public cereal::InputArchive<WireInputArchive, cereal::A
   std::size_t next_segment_ = 0;
   std::size_t segment_bytes_left_ = 0;
   bool segmented_ = false;
+  SharedBuffer* owner_ = nullptr;
 };
 
 template <class T>
