@@ -606,8 +606,9 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
     const size_t chunks = chunk_count(n, C);
     out.chunk_bytes.assign(chunks, 0);
     out.chunk_format.assign(chunks, 0);
-    out.payload.resize(n * W);
-    encode_full<W>(m, held, out.payload.data(), n);
+    std::string payload(n * W, '\0');
+    encode_full<W>(m, held, reinterpret_cast<std::uint8_t*>(payload.data()), n);
+    out.payload = std::move(payload);
     for (size_t c = 0; c < chunks; ++c) out.chunk_bytes[c] = std::min(C, n - c * C) * W;
     held_version_ = version;
     // the held wire form is exactly what the checksums cover, and the payload
@@ -676,12 +677,13 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
   }
   size_t total = 0;
   for (size_t c = 0; c < chunks; ++c) total += (out.chunk_bytes[c] = frames[c].size);
-  out.payload.resize(total);
+  std::string payload(total, '\0');
   size_t at = 0;
   for (size_t c = 0; c < chunks; ++c) {
-    std::memcpy(out.payload.data() + at, frames[c].data.get(), frames[c].size);
+    std::memcpy(payload.data() + at, frames[c].data.get(), frames[c].size);
     at += frames[c].size;
   }
+  out.payload = std::move(payload);
   out.changed = changed;
   held_version_ = version;
   // the held wire form is exactly what the checksums cover
@@ -757,7 +759,7 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
     return corrupt("the chunks add up to " + std::to_string(at[chunks]) + " bytes, the payload has " +
                    std::to_string(w.payload.size()));
   const auto K = static_cast<std::ptrdiff_t>(chunks);
-  const std::uint8_t* src = w.payload.data();
+  const auto* src = reinterpret_cast<const std::uint8_t*>(w.payload.data());
 
   auto first_failure = [&](const std::vector<std::uint64_t>& sums) -> std::string {
     for (size_t t = 0; t < tensors.size(); ++t)

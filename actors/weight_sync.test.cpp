@@ -39,6 +39,13 @@ ExperimentConfig tiny() {
 
 TrainReq sft_batch() { return test_support::tiny_sft_batch(); }
 
+// One byte of a message's payload XORed with mask (the payload is immutable Bytes: copied, changed, put back).
+void flip_payload(Weights& w, size_t at, unsigned mask) {
+  std::string p = w.payload.str();
+  p.at(at) = static_cast<char>(static_cast<unsigned char>(p.at(at)) ^ mask);
+  w.payload = std::move(p);
+}
+
 uint32_t bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -151,9 +158,9 @@ TEST(WeightSync, RoundTripIsBitExact) {
       std::vector<std::uint8_t> raw(ZSTD_getFrameContentSize(w.payload.data(), w.chunk_bytes[0]));
       ASSERT_EQ(ZSTD_decompress(raw.data(), raw.size(), w.payload.data(), w.chunk_bytes[0]), raw.size());
       Weights as_is = w;
-      as_is.payload.assign(raw.begin(), raw.end());
-      as_is.payload.insert(as_is.payload.end(), w.payload.begin() + static_cast<std::ptrdiff_t>(w.chunk_bytes[0]),
-                           w.payload.end());
+      std::string stored(raw.begin(), raw.end());
+      stored.append(w.payload.begin() + w.chunk_bytes[0], w.payload.end());
+      as_is.payload = std::move(stored);
       as_is.chunk_bytes[0] = raw.size();
       as_is.chunk_format[0] &= ~std::uint8_t{1};
       ASSERT_EQ(apply_weights(as_is, receiver, tensors, dtype).status, WeightsStatus::applied);
@@ -211,7 +218,7 @@ TEST(WeightSync, ChunksFollowTheTensorsOrCutTheArena) {
     const std::vector<float> before = receiver;
     small_update(master, 30);
     enc.encode(master, 3, true, w);
-    w.payload[w.payload.size() / 3] ^= 0x21;
+    flip_payload(w, w.payload.size() / 3, 0x21);
     auto r = apply_weights(w, receiver, aliased, dtype);
     EXPECT_EQ(r.status, WeightsStatus::checksum_failed) << r.detail;
     EXPECT_TRUE(same_bits(receiver, before));
@@ -243,9 +250,9 @@ TEST(WeightSync, BadGapsAreUndone) {
     Weights bad = w;
     std::vector<std::uint8_t> r = raw;
     edit(r);
-    bad.payload.assign(r.begin(), r.end());
-    bad.payload.insert(bad.payload.end(), w.payload.begin() + static_cast<std::ptrdiff_t>(w.chunk_bytes[0]),
-                       w.payload.end());
+    std::string stored(r.begin(), r.end());
+    stored.append(w.payload.begin() + w.chunk_bytes[0], w.payload.end());
+    bad.payload = std::move(stored);
     bad.chunk_bytes[0] = r.size();
     bad.chunk_format[0] = 2;
     return bad;
@@ -303,18 +310,18 @@ TEST(WeightSync, ChecksumFailureLeavesTheWeights) {
     small_update(master, 7);
     enc.encode(master, 1, true, delta);
     Weights bad = delta;
-    bad.payload[bad.payload.size() / 2] ^= 0x5a;
+    flip_payload(bad, bad.payload.size() / 2, 0x5a);
     auto r = apply_weights(bad, receiver, tensors, dtype);
     EXPECT_EQ(r.status, WeightsStatus::checksum_failed) << r.detail;
     EXPECT_TRUE(same_bits(receiver, before));
     bad = delta;
-    bad.payload.resize(bad.payload.size() - 3);
+    bad.payload = std::string(bad.payload.view().substr(0, bad.payload.size() - 3));
     bad.chunk_bytes.back() -= 3;
     r = apply_weights(bad, receiver, tensors, dtype);
     EXPECT_EQ(r.status, WeightsStatus::checksum_failed) << r.detail;
     EXPECT_TRUE(same_bits(receiver, before));
     bad = full;
-    bad.payload[17] ^= 1;
+    flip_payload(bad, 17, 1);
     r = apply_weights(bad, receiver, tensors, dtype);
     EXPECT_EQ(r.status, WeightsStatus::checksum_failed);
     EXPECT_NE(r.detail.find("a.weight fails its checksum"), std::string::npos) << r.detail;
@@ -421,7 +428,7 @@ class DamagingGenerator : public runtime::Actor {
     handle<Weights>([this](runtime::Context& ctx, const Weights& in) -> Status {
       Weights w = in;
       if (w.version == d_.corrupt_payload_of && !w.payload.empty()) {
-        w.payload[w.payload.size() / 3] ^= 0x81;
+        flip_payload(w, w.payload.size() / 3, 0x81);
         d_.corrupt_payload_of = -1;  // once
       }
       if (w.version == d_.wrong_probe_of && w.probe_logprobs.size() > 5) w.probe_logprobs[5] += 1e-3f;

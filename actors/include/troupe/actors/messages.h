@@ -13,6 +13,8 @@
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 
+#include "troupe/runtime/bytes.h"
+
 namespace troupe::actors {
 
 // ---- env worker ----
@@ -234,7 +236,8 @@ struct Weights {
   std::uint32_t chunk_elements = 0;       // values per chunk (the last one may be shorter)
   std::vector<std::uint64_t> chunk_bytes;  // per chunk: its bytes in payload
   std::vector<std::uint8_t> chunk_format;  // per chunk: bit 0 = a zstd frame (else as is), bit 1 = sparse
-  std::vector<std::uint8_t> payload;
+  // (a runtime::Bytes: a long payload is received as a view into the ZeroMQ message, not copied)
+  runtime::Bytes payload;
   std::vector<std::uint64_t> checksums;    // per tensor, xxh3-64 of its values afterwards (wire form)
   std::uint64_t changed = 0;               // delta: values that differ from the base version
   std::vector<std::int32_t> probe_tokens;  // empty = no probe check
