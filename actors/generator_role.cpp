@@ -85,12 +85,13 @@ Status Generator::apply_weights_to(policy::Model& model, int64_t& held, const We
     // then makes of it, so the group stays in step with learner 0.
     if (!weight_group_)
       return not_applied(WeightsStatus::refused, "the weights come by broadcast, but this generator is in no weight group");
-    std::vector<float> received(static_cast<size_t>(w.elements));
+    if (w.elements != params.size())  // (the sender's count: no broadcast of another size is taken)
+      return not_applied(WeightsStatus::refused, std::to_string(w.elements) + " values by broadcast for a model of " +
+                                                     std::to_string(params.size()) +
+                                                     "; the weight group is out of step from here on");
+    std::vector<float> received(params.size());
     if (Status st = weight_group_->receive(received); !st.ok())
       return not_applied(WeightsStatus::refused, st.error().message);
-    if (received.size() != params.size())
-      return not_applied(WeightsStatus::refused, std::to_string(received.size()) + " values for a model of " +
-                                                     std::to_string(params.size()));
     if (w.dtype != static_cast<std::int32_t>(dtype_))
       return not_applied(WeightsStatus::refused, std::string("values in ") +
                                                      weight_dtype_name(static_cast<WeightDtype>(w.dtype)) +

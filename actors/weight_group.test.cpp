@@ -107,6 +107,14 @@ TEST(WeightGroup, ChecksumFailureKeepsTheWeightsAndNoGroupIsRefused) {
   ASSERT_TRUE(again.ok());
   ASSERT_TRUE((*g)->set_weights(*again).ok()) << (*g)->weights_ack().detail;
   EXPECT_TRUE(same_bits((*g)->model().params(), (*l)->weights().params));
+  // A count that is not the model's is refused before anything is taken from the group.
+  Weights wrong = *again;
+  wrong.elements += 1;
+  Status miscount = (*g)->set_weights(wrong);
+  ASSERT_FALSE(miscount.ok());
+  EXPECT_EQ((*g)->weights_ack().status, static_cast<int32_t>(WeightsStatus::refused));
+  EXPECT_NE(miscount.error().message.find("values by broadcast for a model of"), std::string::npos)
+      << miscount.error().message;
   // A generator in no group refuses device weights and keeps version 0.
   Status out = (*outsider)->set_weights(*again);
   ASSERT_FALSE(out.ok());
