@@ -406,31 +406,35 @@ int step_cases(const BenchOptions& opt, int reps, const std::string& device, con
   return rc;
 }
 
-}  // namespace
-
 // cuda_moe_grouped_vs_{streams,per_expert}_e{E}: one MoE layer's forward + backward on the GPU
 // with the experts' GEMMs as one grouped-batched cuBLAS call per phase (ours) against the same GEMMs
 // spread over side streams, or issued one per expert (expert_gemm.h). The layer of moe_layer_*
 // (8192 tokens, top-2, d_model 128, expert hidden 128) and one at a real model's width (2048
 // tokens, d_model 1024, expert hidden 512): small GEMMs, where launching them is what costs.
+struct CudaMoeShape {
+  const char* name;
+  int E, N, C, H;
+};
+constexpr CudaMoeShape kCudaMoeShapes[] = {
+    {"e8", 8, 8192, 128, 128}, {"e64", 64, 8192, 128, 128}, {"e64_wide", 64, 2048, 1024, 512}};
+
+std::string cuda_moe_case(kernels::ExpertGemm baseline, const CudaMoeShape& sh) {
+  return "cuda_moe_grouped_vs_" + std::string(kernels::expert_gemm_name(baseline)) + "_" + sh.name;
+}
+
 std::vector<std::string> cuda_moe_cases() {
   std::vector<std::string> v;
-  for (const char* shape : {"e8", "e64", "e64_wide"})
-    for (const char* base : {"streams", "per_expert"})
-      v.push_back(std::string("cuda_moe_grouped_vs_") + base + "_" + shape);
+  for (const CudaMoeShape& sh : kCudaMoeShapes)
+    for (auto base : {kernels::ExpertGemm::streams, kernels::ExpertGemm::per_expert})
+      v.push_back(cuda_moe_case(base, sh));
   return v;
 }
 
 int cuda_moe_expert_gemm_cases(const BenchOptions& opt, int reps, const kernels::Backend& gpu) {
-  struct Shape {
-    const char* name;
-    int E, N, C, H;
-  };
   int rc = 0;
-  for (const Shape sh : {Shape{"e8", 8, 8192, 128, 128}, Shape{"e64", 64, 8192, 128, 128},
-                         Shape{"e64_wide", 64, 2048, 1024, 512}}) {
-    const std::string vs_streams = std::string("cuda_moe_grouped_vs_streams_") + sh.name;
-    const std::string vs_each = std::string("cuda_moe_grouped_vs_per_expert_") + sh.name;
+  for (const CudaMoeShape& sh : kCudaMoeShapes) {
+    const std::string vs_streams = cuda_moe_case(kernels::ExpertGemm::streams, sh);
+    const std::string vs_each = cuda_moe_case(kernels::ExpertGemm::per_expert, sh);
     if (!opt.wants(vs_streams) && !opt.wants(vs_each)) continue;
     MoeBench b(sh.E, sh.N, sh.C, sh.H);
     std::vector<kernels::Buffer> bufs;
@@ -479,6 +483,8 @@ int cuda_moe_expert_gemm_cases(const BenchOptions& opt, int reps, const kernels:
   }
   return rc;
 }
+
+}  // namespace
 
 int run_kernels_suite(const BenchOptions& opt) {
   const int reps = opt.quick ? 5 : std::max(opt.reps, 9);
