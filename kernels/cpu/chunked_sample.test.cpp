@@ -39,17 +39,26 @@ std::vector<float> reference_row(const std::vector<float>& h, const std::vector<
   return row;
 }
 
-void check(int N, int C, int V, int chunk, uint64_t seed, size_t cache_bytes = kChunkedSampleCacheBytes) {
+// Greedy, plain, top-k, top-k with top-p, top-p, and a wide top-k: row n samples with kKinds[n % 6].
+constexpr SampleParams kKinds[] = {{0.0f, 0, 1.0f}, {1.0f, 0, 1.0f}, {0.7f, 5, 1.0f},
+                                   {1.0f, 8, 0.6f}, {1.0f, 0, 0.9f}, {1.3f, 40, 1.0f}};
+
+// Hidden states h (N, C) ~ N(0, 1) and an LM head W (V, C) ~ N(0, 0.3^2), from `seed`.
+void random_head(int N, int C, int V, uint64_t seed, std::vector<float>& h, std::vector<float>& W) {
   std::mt19937_64 g(seed);
   std::normal_distribution<double> nd(0, 1);
-  std::vector<float> h(static_cast<size_t>(N) * C), W(static_cast<size_t>(V) * C);
+  h.resize(static_cast<size_t>(N) * C);
+  W.resize(static_cast<size_t>(V) * C);
   for (auto& x : h) x = static_cast<float>(nd(g));
   for (auto& x : W) x = static_cast<float>(0.3 * nd(g));
-  const SampleParams kinds[] = {{0.0f, 0, 1.0f}, {1.0f, 0, 1.0f}, {0.7f, 5, 1.0f},
-                                {1.0f, 8, 0.6f}, {1.0f, 0, 0.9f}, {1.3f, 40, 1.0f}};
+}
+
+void check(int N, int C, int V, int chunk, uint64_t seed, size_t cache_bytes = kChunkedSampleCacheBytes) {
+  std::vector<float> h, W;
+  random_head(N, C, V, seed, h, W);
   std::vector<SampleParams> sp(N);
   std::vector<uint64_t> rng(N), ref_rng(N);
-  for (int n = 0; n < N; ++n) sp[n] = kinds[n % 6], rng[n] = ref_rng[n] = 1000 + static_cast<uint64_t>(n);
+  for (int n = 0; n < N; ++n) sp[n] = kKinds[n % 6], rng[n] = ref_rng[n] = 1000 + static_cast<uint64_t>(n);
   const int max_k = 40;
   std::vector<char> scratch(chunked_sample_scratch_bytes(N, V, chunk, max_k, cache_bytes) + 16);
   std::vector<char> ref_scratch(sample_scratch_bytes(V) + 16);
@@ -84,15 +93,10 @@ TEST(ChunkedSample, RecomputingPathEqualsSampleToken) {
 TEST(ChunkedSample, CachedAndRecomputingPathsAgree) {
   const int N_max = 40, C = 32, V = 900, chunk = 128, max_k = 40;
   const size_t budget = sizeof(float) * 24 * V;  // caches calls of up to 24 rows
-  std::mt19937_64 g(7);
-  std::normal_distribution<double> nd(0, 1);
-  std::vector<float> h(static_cast<size_t>(N_max) * C), W(static_cast<size_t>(V) * C);
-  for (auto& x : h) x = static_cast<float>(nd(g));
-  for (auto& x : W) x = static_cast<float>(0.3 * nd(g));
-  const SampleParams kinds[] = {{0.0f, 0, 1.0f}, {1.0f, 0, 1.0f}, {0.7f, 5, 1.0f},
-                                {1.0f, 8, 0.6f}, {1.0f, 0, 0.9f}, {1.3f, 40, 1.0f}};
+  std::vector<float> h, W;
+  random_head(N_max, C, V, 7, h, W);
   std::vector<SampleParams> sp(N_max);
-  for (int n = 0; n < N_max; ++n) sp[n] = kinds[n % 6];
+  for (int n = 0; n < N_max; ++n) sp[n] = kKinds[n % 6];
   std::vector<char> cached(chunked_sample_scratch_bytes(N_max, V, chunk, max_k, budget));
   std::vector<char> recomputed(chunked_sample_scratch_bytes(N_max, V, chunk, max_k, 0));
   EXPECT_GE(cached.size(), sizeof(float) * 24 * V);
