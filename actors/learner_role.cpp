@@ -246,13 +246,19 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
   const auto& ws = cfg_.weight_sync;
   if (!encoder_) encoder_ = std::make_unique<WeightEncoder>(weight_dtype_of(ws.dtype), policy_.model->tensors());
   Weights w;
-  std::vector<float> sent;  // by broadcast: the values as the generators will hold them
+  // By broadcast: the values as the generators will hold them (fp32: the master itself, read only;
+  // bf16: a rounded copy in `rounded`).
+  std::span<const float> sent;
+  std::vector<float> rounded;
   if (r.device) {
     if (!weight_group_)
       return make_error(ErrorCode::internal, "learner 0: asked for the weights by broadcast, but it is in no weight group");
-    auto master = policy_.model->params();
-    sent.assign(master.begin(), master.end());
-    round_to_dtype(sent, encoder_->dtype());
+    sent = policy_.model->params();
+    if (encoder_->dtype() != WeightDtype::fp32) {
+      rounded.assign(sent.begin(), sent.end());
+      round_to_dtype(rounded, encoder_->dtype());
+      sent = rounded;
+    }
     w.version = version_;
     w.encoding = static_cast<std::int32_t>(WeightEncoding::device);
     w.dtype = static_cast<std::int32_t>(encoder_->dtype());
@@ -271,7 +277,7 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
       auto params = policy_.model->params();  // (host memory: Model::params)
       master_backup_.assign(params.begin(), params.end());
       if (r.device)
-        std::copy(sent.begin(), sent.end(), params.begin());
+        std::copy(rounded.begin(), rounded.end(), params.begin());
       else
         encoder_->held_into(params);
       auto lp = probe_logprobs(*policy_.model, w.probe_tokens);
