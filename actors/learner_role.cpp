@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <utility>
 
 #include "role_support.h"
 #include "troupe/actors/roles.h"
@@ -69,6 +70,30 @@ Status copy_model_side_files(const std::string& policy_path, const std::string& 
 }  // namespace
 using json = nlohmann::json;
 
+// Learner 0's optimizer steps hand each block of the new master to the weight encoder, which
+// prepares the next delta there (WeightEncoder::begin_prepare). The model's write count at the end
+// of the step says whether the prepared delta still describes the master when the weights are asked for.
+class LearnerRole::DeltaPrep final : public learner::StepObserver {
+ public:
+  DeltaPrep(WeightEncoder& encoder, const policy::Model& model) : encoder_(encoder), model_(model) {}
+  std::span<const std::pair<size_t, size_t>> begin_step(size_t n) override { return encoder_.begin_prepare(n); }
+  void updated(size_t range, size_t begin, size_t end, const float* params) override {
+    encoder_.prepare_block(range, begin, end, params);
+  }
+  void end_step() override {
+    encoder_.end_prepare();
+    writes_at_end_ = model_.params_writes();
+  }
+  // Nothing has written the master since the prepared step (a checkpoint load, a set_params).
+  bool still_current() const { return model_.params_writes() == writes_at_end_; }
+
+ private:
+  WeightEncoder& encoder_;
+  const policy::Model& model_;
+  std::uint64_t writes_at_end_ = 0;
+};
+
+LearnerRole::LearnerRole() = default;
 LearnerRole::~LearnerRole() = default;
 
 Result<std::unique_ptr<LearnerRole>> LearnerRole::create(const ExperimentConfig& cfg,
@@ -92,6 +117,7 @@ Result<std::unique_ptr<LearnerRole>> LearnerRole::create(const ExperimentConfig&
 learner::Trainer& LearnerRole::trainer_for(learner::Phase phase) {
   if (!has_trainer_ || phase != phase_) {  // a phase starts with a fresh optimizer and schedule
     trainer_ = std::make_unique<learner::Trainer>(*adapter_, learner_config(cfg_, phase), *comm_, device_comm_.get());
+    trainer_->set_step_observer(delta_prep_.get());
     phase_ = phase;
     has_trainer_ = true;
   }
@@ -244,7 +270,13 @@ Weights LearnerRole::weights() const {
 
 Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
   const auto& ws = cfg_.weight_sync;
-  if (!encoder_) encoder_ = std::make_unique<WeightEncoder>(weight_dtype_of(ws.dtype), policy_.model->tensors());
+  if (!encoder_) {
+    encoder_ = std::make_unique<WeightEncoder>(weight_dtype_of(ws.dtype), policy_.model->tensors());
+    if (!r.device && ws.mode != "full" && ws.prepare_in_step) {  // deltas over ZeroMQ: prepared in each step from now on
+      delta_prep_ = std::make_unique<DeltaPrep>(*encoder_, *policy_.model);
+      if (trainer_) trainer_->set_step_observer(delta_prep_.get());
+    }
+  }
   Weights w;
   // By broadcast: the values as the generators will hold them (fp32: the master itself, read only;
   // bf16: a rounded copy in `rounded`).
@@ -267,7 +299,8 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
   } else {
     const bool full_due = ws.mode == "full" || (ws.full_every > 0 && version_ % ws.full_every == 0);
     const bool delta = !full_due && r.base_version >= 0 && r.base_version == encoder_->held_version();
-    encoder_->encode(policy_.model->params(), version_, delta, w);
+    if (encoder_->has_prepared() && !(delta_prep_ && delta_prep_->still_current())) encoder_->discard_prepared();
+    encoder_->encode(std::as_const(*policy_.model).params(), version_, delta, w);
   }
   if (ws.probe) {
     w.probe_tokens = probe_tokens(policy_.model->config().vocab_size);

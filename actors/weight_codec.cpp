@@ -572,9 +572,199 @@ struct WeightEncoder::Frames {
   size_t planned_for = SIZE_MAX;
 };
 
+namespace {
+
+// A growing array of trivially copyable T that keeps its memory between steps (not
+// value-initialized: every element used is written first).
+template <class T>
+struct GrowBuffer {
+  std::unique_ptr<T[]> data;
+  size_t capacity = 0, size = 0;
+  T* room_for(size_t more) {  // room for `more` past size; the pointer is to data[size]
+    if (size + more > capacity) {
+      const size_t cap = std::max(size + more, capacity + capacity / 2);
+      std::unique_ptr<T[]> grown(new T[cap]);
+      if (size) std::memcpy(grown.get(), data.get(), size * sizeof(T));
+      data = std::move(grown);
+      capacity = cap;
+    }
+    return data.get() + size;
+  }
+};
+
+// One chunk's changes as a step prepared them: the sparse layout's gaps, the changed values' XORs
+// (wire form) and the position after the last change (where the next gap counts from).
+struct PreparedChunk {
+  GrowBuffer<std::uint8_t> gaps;
+  GrowBuffer<std::uint16_t> xors;
+  size_t next = 0;
+  void clear() { gaps.size = xors.size = next = 0; }
+};
+
+// master[b, e) (a piece of one chunk starting at chunk_start): each value rounded to bf16 and
+// compared with held; a change is recorded in pc and written into held; the new wire values are
+// hashed into st. The same gaps, XORs and hash as encode_sparse_body over the chunk.
+[[gnu::always_inline]] inline void prepare_piece_body(const float* __restrict m, std::uint16_t* __restrict held,
+                                                      size_t b, size_t e, size_t chunk_start, PreparedChunk& pc,
+                                                      XXH3_state_t* st) {
+  alignas(64) std::uint16_t packed[kHashBlock];
+  for (size_t a = b; a < e; a += kHashBlock) {
+    const size_t len = std::min(kHashBlock, e - a);
+    std::uint8_t* gaps = pc.gaps.room_for(len + len / 255 + 1);
+    std::uint16_t* xors = pc.xors.room_for(len);
+    size_t g = 0, j = 0, next = pc.next;
+    for (size_t base = 0; base < len; base += 64) {
+      const size_t cnt = std::min<size_t>(64, len - base);
+      alignas(16) std::uint16_t d[64];
+#pragma omp simd
+      for (size_t i = 0; i < cnt; ++i) {
+        const auto wire = static_cast<std::uint16_t>(to_wire<2>(to_dtype_bits<2>(std::bit_cast<std::uint32_t>(m[a + base + i]))));
+        packed[base + i] = wire;
+        d[i] = static_cast<std::uint16_t>(wire ^ held[a + base + i]);
+      }
+      for (std::uint64_t bits = nonzero_bits(d, cnt); bits; bits &= bits - 1) {
+        const size_t i = static_cast<size_t>(std::countr_zero(bits)), at = a + base + i - chunk_start;
+        size_t gap = at - next;
+        for (; gap >= 255; gap -= 255) gaps[g++] = 255;
+        gaps[g++] = static_cast<std::uint8_t>(gap);
+        held[a + base + i] = packed[base + i];
+        xors[j++] = d[i];
+        next = at + 1;
+      }
+    }
+    pc.gaps.size += g;
+    pc.xors.size += j;
+    pc.next = next;
+    XXH3_64bits_update(st, packed, len * 2);
+  }
+}
+void prepare_piece_generic(const float* m, std::uint16_t* held, size_t b, size_t e, size_t chunk_start,
+                           PreparedChunk& pc, XXH3_state_t* st) {
+  prepare_piece_body(m, held, b, e, chunk_start, pc, st);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2,bmi,bmi2"))) void prepare_piece_avx2(const float* m, std::uint16_t* held, size_t b,
+                                                                   size_t e, size_t chunk_start, PreparedChunk& pc,
+                                                                   XXH3_state_t* st) {
+  prepare_piece_body(m, held, b, e, chunk_start, pc, st);
+}
+#endif
+void prepare_piece(const float* m, std::uint16_t* held, size_t b, size_t e, size_t chunk_start, PreparedChunk& pc,
+                   XXH3_state_t* st) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+  if (avx2) return prepare_piece_avx2(m, held, b, e, chunk_start, pc, st);
+#endif
+  prepare_piece_generic(m, held, b, e, chunk_start, pc, st);
+}
+
+// Calls fn(position in the chunk, XOR) for each change of pc, in order.
+template <class Fn>
+void for_each_change(const PreparedChunk& pc, Fn&& fn) {
+  size_t g = 0, next = 0;
+  for (size_t j = 0; j < pc.xors.size; ++j) {
+    size_t gap = 0;
+    while (pc.gaps.data[g] == 255) gap += 255, ++g;
+    gap += pc.gaps.data[g++];
+    fn(next + gap, pc.xors.data[j]);
+    next += gap + 1;
+  }
+}
+
+}  // namespace
+
+struct WeightEncoder::Prepared {
+  enum class State { none, preparing, ready };
+  State state = State::none;
+  size_t n = 0;
+  std::vector<std::pair<size_t, size_t>> ranges;  // per unit of the plan: its tensor's values
+  std::vector<size_t> cursor;                      // per unit: the chunk its next block is in
+  std::vector<PreparedChunk> chunks;               // per chunk of the plan
+  std::vector<XXH3_state_t*> hash;                 // per unit
+  std::vector<std::uint64_t> checksums;            // per tensor, of the step's values
+  std::int64_t encodes = 0;
+  ~Prepared() {
+    for (auto* h : hash) XXH3_freeState(h);
+  }
+};
+
 WeightEncoder::WeightEncoder(WeightDtype dtype, std::vector<policy::TensorSpec> tensors)
-    : dtype_(dtype), tensors_(std::move(tensors)), frames_(std::make_unique<Frames>()) {}
+    : dtype_(dtype),
+      tensors_(std::move(tensors)),
+      frames_(std::make_unique<Frames>()),
+      prepared_(std::make_unique<Prepared>()) {}
 WeightEncoder::~WeightEncoder() = default;
+
+std::span<const std::pair<size_t, size_t>> WeightEncoder::begin_prepare(size_t n) {
+  Prepared& p = *prepared_;
+  if (p.state != Prepared::State::none) undo_prepared();  // a second step: against the same base again
+  if (dtype_ != WeightDtype::bf16 || held_version_ < 0 || held16_.size() != n) return {};
+  if (frames_->planned_for != n) {
+    frames_->plan = plan_chunks(tensors_, n, kWeightChunkElements);
+    frames_->planned_for = n;
+  }
+  const ChunkPlan& plan = frames_->plan;
+  if (plan.units.empty()) return {};
+  if (p.n != n || p.ranges.size() != plan.units.size()) {
+    p.n = n;
+    p.ranges.clear();
+    for (const auto& u : plan.units) p.ranges.emplace_back(plan.start[u.first], plan.start[u.last]);
+    p.chunks = std::vector<PreparedChunk>(plan.chunks());
+    for (auto* h : p.hash) XXH3_freeState(h);
+    p.hash.assign(plan.units.size(), nullptr);
+    for (auto*& h : p.hash) h = XXH3_createState();
+  }
+  for (auto& c : p.chunks) c.clear();
+  p.cursor.resize(plan.units.size());
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    p.cursor[u] = plan.units[u].first;
+    XXH3_64bits_reset(p.hash[u]);
+  }
+  p.state = Prepared::State::preparing;
+  return p.ranges;
+}
+
+void WeightEncoder::prepare_block(size_t range, size_t begin, size_t end, const float* master) {
+  Prepared& p = *prepared_;
+  const ChunkPlan& plan = frames_->plan;
+  size_t& c = p.cursor[range];
+  while (begin < end) {
+    while (plan.start[c + 1] <= begin) ++c;  // the chunk holding `begin` (blocks come in order)
+    const size_t e = std::min(end, plan.start[c + 1]);
+    prepare_piece(master, held16_.data(), begin, e, plan.start[c], p.chunks[c], p.hash[range]);
+    begin = e;
+  }
+}
+
+void WeightEncoder::end_prepare() {
+  Prepared& p = *prepared_;
+  if (p.state != Prepared::State::preparing) return;
+  const ChunkPlan& plan = frames_->plan;
+  p.checksums.assign(tensors_.size(), XXH3_64bits(nullptr, 0));  // (a tensor of no values is in no unit)
+  for (size_t u = 0; u < plan.units.size(); ++u) p.checksums[plan.units[u].tensor] = XXH3_64bits_digest(p.hash[u]);
+  p.state = Prepared::State::ready;
+}
+
+bool WeightEncoder::has_prepared() const { return prepared_->state == Prepared::State::ready; }
+std::int64_t WeightEncoder::prepared_encodes() const { return prepared_->encodes; }
+
+void WeightEncoder::discard_prepared() {
+  if (prepared_->state != Prepared::State::none) undo_prepared();
+}
+
+void WeightEncoder::undo_prepared() {
+  Prepared& p = *prepared_;
+  const ChunkPlan& plan = frames_->plan;
+  std::uint16_t* held = held16_.data();
+  const auto K = static_cast<std::ptrdiff_t>(p.chunks.size());
+#pragma omp parallel for schedule(dynamic)
+  for (std::ptrdiff_t k = 0; k < K; ++k) {
+    std::uint16_t* h = held + plan.start[static_cast<size_t>(k)];
+    for_each_change(p.chunks[static_cast<size_t>(k)], [h](size_t at, std::uint16_t x) { h[at] ^= x; });
+  }
+  for (auto& c : p.chunks) c.clear();
+  p.state = Prepared::State::none;
+}
 
 void WeightEncoder::encode(std::span<const float> master, std::int64_t version, bool delta, Weights& out) {
   if (dtype_ == WeightDtype::bf16)
@@ -591,6 +781,19 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
   }();
   const size_t n = master.size(), C = kWeightChunkElements;
   delta = delta && held_version_ >= 0 && held_wire.size() == n;
+  bool from_prepared = false;
+  if constexpr (W == 2) {  // a step's prepared delta: held already holds its values
+    Prepared& p = *prepared_;
+    from_prepared = delta && p.state == Prepared::State::ready && p.n == n;
+    if (!from_prepared && p.state != Prepared::State::none) {
+      if (delta) {
+        undo_prepared();
+      } else {  // a full encoding rewrites all of held
+        for (auto& c : p.chunks) c.clear();
+        p.state = Prepared::State::none;
+      }
+    }
+  }
   if (held_wire.size() != n) held_wire.assign(n, 0);
   out = Weights{};
   out.version = version;
@@ -631,6 +834,22 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
   frames.resize(chunks);
   const bool fused = !plan.units.empty();
   if (fused) out.checksums.assign(tensors_.size(), 0);
+  // frames[c]: chunk c's raw bytes, compressed (or as they are when that does not make them shorter).
+  auto seal = [&](size_t c, const std::uint8_t* raw, size_t raw_size) {
+    ThreadScratch& ts = thread_scratch();
+    out.chunk_format[c] = sparse ? kChunkSparse : 0;
+    Buffer& f = frames[c];
+    const size_t bound = ZSTD_compressBound(raw_size);
+    std::uint8_t* dst = f.reserve(bound);
+    const size_t z = ZSTD_compressCCtx(ts.compressor(), dst, bound, raw, raw_size, sparse ? kZstdLevelSparse : kZstdLevelDense);
+    if (ZSTD_isError(z) || z >= raw_size) {
+      std::memcpy(dst, raw, raw_size);  // incompressible: stored as is
+      f.size = raw_size;
+    } else {
+      f.size = z;
+      out.chunk_format[c] |= kChunkZstd;
+    }
+  };
   // One chunk: held becomes the new values, frames[c] its frame; hashed into st when given.
   auto encode_chunk = [&](size_t c, XXH3_state_t* st) -> size_t {
     ThreadScratch& ts = thread_scratch();
@@ -645,22 +864,38 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
       raw_size = len * W;
       split_planes<W>(x, len, raw);
     }
-    out.chunk_format[c] = sparse ? kChunkSparse : 0;
-    Buffer& f = frames[c];
-    const size_t bound = ZSTD_compressBound(raw_size);
-    std::uint8_t* dst = f.reserve(bound);
-    const size_t z = ZSTD_compressCCtx(ts.compressor(), dst, bound, raw, raw_size, sparse ? kZstdLevelSparse : kZstdLevelDense);
-    if (ZSTD_isError(z) || z >= raw_size) {
-      std::memcpy(dst, raw, raw_size);  // incompressible: stored as is
-      f.size = raw_size;
-    } else {
-      f.size = z;
-      out.chunk_format[c] |= kChunkZstd;
-    }
+    seal(c, raw, raw_size);
     return ch;
   };
   std::uint64_t changed = 0;
-  if (fused) {
+  if (from_prepared) {  // the step did the reading, comparing and hashing: the same layout from its record
+    if constexpr (W == 2) {
+      Prepared& p = *prepared_;
+      const auto K = static_cast<std::ptrdiff_t>(chunks);
+#pragma omp parallel for schedule(dynamic) reduction(+ : changed)
+      for (std::ptrdiff_t k = 0; k < K; ++k) {
+        const auto c = static_cast<size_t>(k);
+        const PreparedChunk& pc = p.chunks[c];
+        const size_t j = pc.xors.size, G = pc.gaps.size;
+        std::uint8_t* raw = thread_scratch().raw.reserve(4 + G + 2 * j);
+        const auto count = static_cast<std::uint32_t>(j);
+        std::memcpy(raw, &count, 4);
+        if (G) std::memcpy(raw + 4, pc.gaps.data.get(), G);
+        std::uint8_t* planes = raw + 4 + G;
+#pragma omp simd
+        for (size_t i = 0; i < j; ++i) {
+          planes[i] = static_cast<std::uint8_t>(pc.xors.data[i]);
+          planes[j + i] = static_cast<std::uint8_t>(pc.xors.data[i] >> 8);
+        }
+        seal(c, raw, 4 + G + 2 * j);
+        changed += j;
+      }
+      out.checksums = p.checksums;
+      for (auto& pc : p.chunks) pc.clear();
+      p.state = Prepared::State::none;
+      ++p.encodes;
+    }
+  } else if (fused) {
     const auto U = static_cast<std::ptrdiff_t>(plan.units.size());
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : changed)
     for (std::ptrdiff_t u = 0; u < U; ++u) {
@@ -687,6 +922,7 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
   out.changed = changed;
   held_version_ = version;
   // the held wire form is exactly what the checksums cover
+  if (from_prepared) return;
   if (!fused) out.checksums = payload_checksums(reinterpret_cast<const std::uint8_t*>(held), W, tensors_);
   else  // a tensor of no values is in no unit
     for (size_t t = 0; t < tensors_.size(); ++t)
@@ -700,6 +936,19 @@ void WeightEncoder::held_into(std::span<float> out) const {
     const std::uint16_t* h = held16_.data();
 #pragma omp parallel for schedule(static)
     for (std::ptrdiff_t i = 0; i < n; ++i) o[i] = std::bit_cast<float>(static_cast<std::uint32_t>(h[i]) << 16);
+    // While a step's delta is prepared, held16_ holds its values: the base is them XOR its changes.
+    const Prepared& p = *prepared_;
+    if (p.state != Prepared::State::none && out.size() == held16_.size()) {
+      const ChunkPlan& plan = frames_->plan;
+      const auto K = static_cast<std::ptrdiff_t>(p.chunks.size());
+#pragma omp parallel for schedule(dynamic)
+      for (std::ptrdiff_t k = 0; k < K; ++k) {
+        float* oc = o + plan.start[static_cast<size_t>(k)];
+        for_each_change(p.chunks[static_cast<size_t>(k)], [oc](size_t at, std::uint16_t x) {
+          oc[at] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(oc[at]) ^ (static_cast<std::uint32_t>(x) << 16));
+        });
+      }
+    }
   } else {
     std::memcpy(o, held32_.data(), static_cast<size_t>(n) * 4);
   }

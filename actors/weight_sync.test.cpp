@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <limits>
 #include <random>
@@ -223,6 +224,133 @@ TEST(WeightSync, ChunksFollowTheTensorsOrCutTheArena) {
     EXPECT_EQ(r.status, WeightsStatus::checksum_failed) << r.detail;
     EXPECT_TRUE(same_bits(receiver, before));
   }
+}
+
+namespace {
+
+// What an optimizer step does with a StepObserver (learner/optimizer.h): each range of the
+// encoder's begin_prepare updated block by block (4096 values, on OpenMP threads, ranges in
+// parallel), prepare_block after each; the whole arena at once when it returns no ranges.
+// Returns whether the encoder prepared.
+template <class Update>
+bool step_with_prepare(WeightEncoder& enc, std::vector<float>& master, Update&& update) {
+  const auto ranges = enc.begin_prepare(master.size());
+  if (ranges.empty()) {
+    update(size_t{0}, master.size());
+    return false;
+  }
+  const auto R = static_cast<std::ptrdiff_t>(ranges.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::ptrdiff_t r = 0; r < R; ++r) {
+    const auto [lo, hi] = ranges[static_cast<size_t>(r)];
+    for (size_t b = lo; b < hi; b += 4096) {
+      const size_t e = std::min(hi, b + 4096);
+      update(b, e);
+      enc.prepare_block(static_cast<size_t>(r), b, e, master.data());
+    }
+  }
+  enc.end_prepare();
+  return true;
+}
+
+// The same small update as small_update, for [b, e) alone.
+auto small_update_of(std::vector<float>& w, uint64_t seed) {
+  return [&w, seed](size_t b, size_t e) {
+    for (size_t i = std::max<size_t>(b, 5); i < e; ++i) w[i] += ((seed ^ (i * 0x9E3779B97F4A7C15ull)) >> 63) ? 1e-6f : -1e-6f;
+  };
+}
+
+void expect_same_message(const Weights& a, const Weights& b) {
+  EXPECT_EQ(a.version, b.version);
+  EXPECT_EQ(a.base_version, b.base_version);
+  EXPECT_EQ(a.encoding, b.encoding);
+  EXPECT_EQ(a.changed, b.changed);
+  EXPECT_EQ(a.chunk_starts, b.chunk_starts);
+  EXPECT_EQ(a.chunk_bytes, b.chunk_bytes);
+  EXPECT_EQ(a.chunk_format, b.chunk_format);
+  EXPECT_EQ(a.checksums, b.checksums);
+  EXPECT_TRUE(a.payload == b.payload.view());
+}
+
+}  // namespace
+
+// A delta prepared during the step (the encoder sees each block as the optimizer writes it) is
+// the message the encoder makes from the master afterwards, bit for bit: after one step, after
+// two steps before an encode (prepared again against the same base), and after the master was
+// changed behind the prepared step (discarded, read again). While a step is prepared, held() is
+// still the base. Nothing is prepared for fp32, before the first encode or for a table that does
+// not tile the arena.
+TEST(WeightSync, PreparedDeltaIsTheSameMessage) {
+  const auto tensors = synthetic_tensors();
+  const size_t n = tensors.back().offset + tensors.back().numel();
+  auto master = synthetic_weights(n, 7);
+  WeightEncoder plain(WeightDtype::bf16, tensors), prepared(WeightDtype::bf16, tensors);
+  EXPECT_TRUE(prepared.begin_prepare(n).empty());  // nothing encoded yet: no base
+  Weights a, b;
+  plain.encode(master, 0, true, a);
+  prepared.encode(master, 0, true, b);
+  expect_same_message(a, b);
+  std::vector<float> receiver(n, 0.0f);
+  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+
+  // one step
+  ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 1)));
+  ASSERT_TRUE(prepared.has_prepared());
+  EXPECT_TRUE(same_bits(prepared.held(), plain.held()));  // still the base
+  plain.encode(master, 1, true, a);
+  prepared.encode(master, 1, true, b);
+  EXPECT_EQ(prepared.prepared_encodes(), 1);
+  EXPECT_FALSE(prepared.has_prepared());
+  ASSERT_EQ(b.encoding, static_cast<int32_t>(WeightEncoding::delta));
+  EXPECT_GT(b.changed, 0u);
+  expect_same_message(a, b);
+  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  ASSERT_TRUE(same_bits(receiver, prepared.held()));
+
+  // two steps, one encode
+  ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 2)));
+  ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 3)));
+  plain.encode(master, 2, true, a);
+  prepared.encode(master, 2, true, b);
+  EXPECT_EQ(prepared.prepared_encodes(), 2);
+  expect_same_message(a, b);
+  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+
+  // the master changed after the step (as a checkpoint load would): discarded, read again
+  ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 4)));
+  small_update(master, 5);
+  prepared.discard_prepared();
+  EXPECT_FALSE(prepared.has_prepared());
+  plain.encode(master, 3, true, a);
+  prepared.encode(master, 3, true, b);
+  EXPECT_EQ(prepared.prepared_encodes(), 2);
+  expect_same_message(a, b);
+  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+
+  // a prepared step, then a full sync: the full message, and the next delta from its base
+  ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 6)));
+  plain.encode(master, 4, false, a);
+  prepared.encode(master, 4, false, b);
+  expect_same_message(a, b);
+  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 7)));
+  plain.encode(master, 5, true, a);
+  prepared.encode(master, 5, true, b);
+  expect_same_message(a, b);
+  std::vector<float> expect = master;
+  round_to_dtype(expect, WeightDtype::bf16);
+  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  EXPECT_TRUE(same_bits(receiver, expect));
+
+  // nothing to prepare: fp32, or a table that does not tile the arena
+  WeightEncoder fp32(WeightDtype::fp32, tensors);
+  fp32.encode(master, 0, false, a);
+  EXPECT_TRUE(fp32.begin_prepare(n).empty());
+  auto aliased = tensors;
+  aliased.push_back({"b.view", {1000}, tensors[1].offset + 17});
+  WeightEncoder untiled(WeightDtype::bf16, aliased);
+  untiled.encode(master, 0, false, a);
+  EXPECT_TRUE(untiled.begin_prepare(n).empty());
 }
 
 // A bf16 delta chunk whose gaps lead past the chunk's end after some changes were applied, or
@@ -562,6 +690,74 @@ void expect_in_step(const SyncRun& run, const ExperimentConfig& cfg) {
 }
 
 }  // namespace
+
+// Learner 0 prepares each bf16 delta in its optimizer step: the delta it sends is the one it
+// makes without preparing (weight_sync.prepare_in_step false), bit for bit, and the receiver
+// applies it. A checkpoint loaded after the step changes the master behind the prepared delta:
+// the next delta is made from the master again, and the receiver still gets what learner 0 holds.
+TEST(WeightSync, LearnerPreparesDeltasInItsSteps) {
+  ExperimentConfig cfg = tiny();
+  cfg.weight_sync.dtype = "bf16";
+  ExperimentConfig plain_cfg = cfg;
+  plain_cfg.weight_sync.prepare_in_step = false;
+  auto l = LearnerRole::create(cfg, nullptr);
+  auto plain = LearnerRole::create(plain_cfg, nullptr);
+  ASSERT_TRUE(l.ok() && plain.ok());
+  GetWeightsReq first;
+  auto w0 = (*l)->weights_for_generators(first);
+  ASSERT_TRUE(w0.ok()) << w0.error().message;
+  ASSERT_TRUE((*plain)->weights_for_generators(first).ok());
+  auto gen = Generator::create(cfg);
+  ASSERT_TRUE(gen.ok());
+  const auto tensors = (*gen)->model().tensors();  // the learner's table (the same model)
+  std::vector<float> receiver((*l)->weights().params.size(), 0.0f);
+  ASSERT_EQ(apply_weights(*w0, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  auto rounded_master = [&] {
+    auto m = (*l)->weights().params;
+    round_to_dtype(m, WeightDtype::bf16);
+    return m;
+  };
+  const std::string dir = ::testing::TempDir() + "/prepared_delta_ckpt";
+  std::filesystem::remove_all(dir);
+  for (int64_t v = 1; v <= 2; ++v) {
+    ASSERT_TRUE((*l)->train(sft_batch()).ok());
+    ASSERT_TRUE((*plain)->train(sft_batch()).ok());
+    GetWeightsReq next;
+    next.base_version = v - 1;
+    auto w = (*l)->weights_for_generators(next);
+    auto p = (*plain)->weights_for_generators(next);
+    ASSERT_TRUE(w.ok() && p.ok());
+    ASSERT_EQ(w->encoding, static_cast<int32_t>(WeightEncoding::delta));
+    EXPECT_EQ((*l)->prepared_deltas(), v);
+    EXPECT_EQ((*plain)->prepared_deltas(), 0);
+    expect_same_message(*p, *w);
+    EXPECT_EQ(w->probe_logprobs, p->probe_logprobs);
+    ASSERT_EQ(apply_weights(*w, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+    EXPECT_TRUE(same_bits(receiver, rounded_master()));
+    if (v == 1) {
+      CheckpointReq save;
+      save.dir = dir;
+      save.step = 1;
+      ASSERT_TRUE((*l)->checkpoint(save).ok());
+    }
+  }
+  // a step, then the checkpoint of version 1 loaded over it: the prepared delta is stale
+  ASSERT_TRUE((*l)->train(sft_batch()).ok());
+  CheckpointReq load;
+  load.load = true;
+  load.dir = dir + "/step_1";
+  auto loaded = (*l)->checkpoint(load);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  GetWeightsReq next;
+  next.base_version = 2;
+  auto w = (*l)->weights_for_generators(next);
+  ASSERT_TRUE(w.ok());
+  ASSERT_EQ(w->encoding, static_cast<int32_t>(WeightEncoding::delta));
+  EXPECT_EQ((*l)->prepared_deltas(), 2);  // not taken
+  ASSERT_EQ(apply_weights(*w, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  EXPECT_TRUE(same_bits(receiver, rounded_master()));
+  std::filesystem::remove_all(dir);
+}
 
 // full_every 3 with deltas between; a generator that joins at update 4 gets the full weights
 // first, then deltas; mode full sends every version in full.

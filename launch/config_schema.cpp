@@ -214,6 +214,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("weight_sync.full_every", [](C& c) { return &c.weight_sync.full_every; }, 0, kIntMax, "delta mode: a version divisible by this goes to the generators in full (bounds how long a delta chain gets; 0 = only when needed).");
   b.choice("weight_sync.dtype", [](C& c) { return &c.weight_sync.dtype; }, {"fp32", "bf16"}, "The generators' weights: fp32 (the learner's master as it is: exact on-policy sampling) or bf16 (the master rounded to the nearest bf16, ties to even; still computed in fp32). bf16 halves a full sync, and a small update leaves most bf16 values unchanged, so deltas get far smaller; the sampler then differs from the learner by that rounding (the mismatch metrics show it). Not with policy.batch_invariant.");
   b.choice("weight_sync.transport", [](C& c) { return &c.weight_sync.transport; }, {"zmq", "nccl"}, "How the weights' values travel. zmq: in the Weights message (delta or full, weight_sync.mode). nccl: learner 0 and every generator join one device collective at the first sync (the weight group: an NCCL communicator with policy.device cuda, every member in a process of its own on a GPU of its own; in-process with cpu_fenced, every member in one process) and learner 0 broadcasts the values in the generators' dtype, device to device; the Weights message then carries only their version, per-tensor checksums and probe, and each generator checks them as it would a full sync. Needs policy.device cuda or cpu_fenced. Once a generator is down the group is not used again and the weights go over ZeroMQ.");
+  b.flag("weight_sync.prepare_in_step", [](C& c) { return &c.weight_sync.prepare_in_step; }, "bf16 deltas over zmq: learner 0's optimizer step hands each block of new master values, while still in cache, to the weight encoder, which compares it with what the generators hold, records the changes and hashes the tensor there; the sync then only compresses and sends (the same message, bit for bit, without reading the 4-byte master again). Costs the step that work; false: the sync does it all, reading the master once more. Not used with fp32 (every value changes), mode full or transport nccl.");
   b.flag("weight_sync.probe", [](C& c) { return &c.weight_sync.probe; }, "After each sync every generator computes the log-probs of a fixed 32-token probe sequence with its new weights and compares them, bit for bit, with those learner 0 computed with the same weights in the generators' dtype; a mismatch is an error naming the generator, the version and the first differing position (and that generator refuses to sample).");
 
   // cluster
@@ -554,7 +555,8 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "weight_sync.mode",
                                                 "weight_sync.full_every",
                                                 "weight_sync.probe",
-                                                "weight_sync.transport"};
+                                                "weight_sync.transport",
+                                                "weight_sync.prepare_in_step"};
 bool resume_may_change(const std::string& path) {
   for (const char* p : kResumeMayChangePrefixes)
     if (path.rfind(p, 0) == 0) return true;

@@ -38,7 +38,31 @@ double clip_grad_norm(std::span<float> g, double max_norm) {
   return norm;
 }
 
-Status AdamW::step(std::span<float> p, std::span<const float> g, const OptimizerConfig& cfg, double lr) {
+namespace {
+
+// Parameters per block: the unit the update walks and hands to a StepObserver (in L1/L2 still).
+constexpr size_t kStepBlock = 4096;
+
+struct AdamWCoefficients {
+  float b1, b2, step_size, inv_sqrt_bc2, decay, eps;
+};
+
+// The update of [b, e): the same code for every block, so the values do not depend on the split.
+inline void adamw_block(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                        size_t b, size_t e, const AdamWCoefficients& k) {
+  for (size_t i = b; i < e; ++i) {
+    const float gi = g[i];
+    m[i] = k.b1 * m[i] + (1.0f - k.b1) * gi;
+    v[i] = k.b2 * v[i] + (1.0f - k.b2) * gi * gi;
+    const float denom = std::sqrt(v[i]) * k.inv_sqrt_bc2 + k.eps;
+    p[i] = p[i] * k.decay - k.step_size * m[i] / denom;
+  }
+}
+
+}  // namespace
+
+Status AdamW::step(std::span<float> p, std::span<const float> g, const OptimizerConfig& cfg, double lr,
+                   StepObserver* watch) {
   if (p.size() != m_.size() || g.size() != m_.size())
     return invalid_input("adamw: " + std::to_string(p.size()) + " params / " + std::to_string(g.size()) +
                          " grads for an optimizer of " + std::to_string(m_.size()));
@@ -46,19 +70,37 @@ Status AdamW::step(std::span<float> p, std::span<const float> g, const Optimizer
   const float b1 = cfg.beta1, b2 = cfg.beta2;
   const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(t));
-  const float step_size = static_cast<float>(lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float decay = static_cast<float>(1.0 - lr * cfg.weight_decay);
-  const float eps = cfg.eps;
+  const AdamWCoefficients k{b1,
+                            b2,
+                            static_cast<float>(lr / bc1),
+                            static_cast<float>(1.0 / std::sqrt(bc2)),
+                            static_cast<float>(1.0 - lr * cfg.weight_decay),
+                            cfg.eps};
+  float* pp = p.data();
+  const float* gp = g.data();
   float* m = m_.data();
   float* v = v_.data();
   const size_t n = p.size();
-  for (size_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + eps;
-    p[i] = p[i] * decay - step_size * m[i] / denom;
+  const auto ranges = watch ? watch->begin_step(n) : std::span<const std::pair<size_t, size_t>>{};
+  if (!ranges.empty()) {
+    const auto R = static_cast<std::ptrdiff_t>(ranges.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (std::ptrdiff_t r = 0; r < R; ++r) {
+      const auto [lo, hi] = ranges[static_cast<size_t>(r)];
+      for (size_t b = lo; b < hi; b += kStepBlock) {
+        const size_t e = std::min(hi, b + kStepBlock);
+        adamw_block(pp, gp, m, v, b, e, k);
+        watch->updated(static_cast<size_t>(r), b, e, pp);
+      }
+    }
+    watch->end_step();
+  } else {
+    const auto B = static_cast<std::ptrdiff_t>((n + kStepBlock - 1) / kStepBlock);
+#pragma omp parallel for schedule(static)
+    for (std::ptrdiff_t blk = 0; blk < B; ++blk) {
+      const size_t b = static_cast<size_t>(blk) * kStepBlock;
+      adamw_block(pp, gp, m, v, b, std::min(n, b + kStepBlock), k);
+    }
   }
   step_ = t;
   return Status::ok_status();

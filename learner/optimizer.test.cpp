@@ -1,9 +1,14 @@
-// AdamW against a hand-written double-precision reference, clipping by global norm, schedules.
+// AdamW against a hand-written double-precision reference, the same values on 1 and 2 threads and
+// with a StepObserver (which sees every block once, in order, after it is written), clipping by
+// global norm, schedules.
 #include "troupe/learner/optimizer.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
+#include <cstring>
+#include <mutex>
 
 using namespace troupe::learner;
 
@@ -31,6 +36,71 @@ TEST(AdamW, MatchesReferenceOverSeveralSteps) {
   }
   EXPECT_EQ(opt.steps(), 5);
   EXPECT_FALSE(opt.step(std::span<float>(p.data(), 2), g, c, 0.1).ok());
+}
+
+namespace {
+
+// Hands the step three ranges out of order (the middle one starts past a block boundary) and
+// records, per range, the blocks it was shown with a copy of their values at that moment.
+struct RecordingObserver : StepObserver {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  std::vector<std::vector<std::pair<size_t, size_t>>> seen;
+  std::vector<float> values_when_seen;
+  std::mutex mu;
+  int steps_begun = 0, steps_ended = 0;
+  std::span<const std::pair<size_t, size_t>> begin_step(size_t n) override {
+    ranges = {{5000, n}, {0, 4100}, {4100, 5000}};
+    seen.assign(ranges.size(), {});
+    values_when_seen.assign(n, 0.0f);
+    ++steps_begun;
+    return ranges;
+  }
+  void updated(size_t range, size_t begin, size_t end, const float* params) override {
+    std::lock_guard lk(mu);
+    seen[range].emplace_back(begin, end);
+    std::memcpy(values_when_seen.data() + begin, params + begin, (end - begin) * sizeof(float));
+  }
+  void end_step() override { ++steps_ended; }
+};
+
+}  // namespace
+
+// The update is elementwise: one thread, two threads and a watched step give the same bits, and
+// the observer sees each range front to back in blocks that tile it, each with its final values.
+TEST(AdamW, ThreadsAndObserverDoNotChangeTheValues) {
+  const size_t n = 20000;
+  OptimizerConfig c;
+  c.lr = 1e-3f;
+  c.weight_decay = 0.01f;
+  std::vector<float> p0(n), g(n);
+  for (size_t i = 0; i < n; ++i) {
+    p0[i] = std::sin(0.37f * static_cast<float>(i));
+    g[i] = std::cos(0.11f * static_cast<float>(i));
+  }
+  auto run = [&](int threads, StepObserver* watch) {
+    std::vector<float> p = p0;
+    AdamW opt(n);
+    omp_set_num_threads(threads);
+    for (int t = 0; t < 3; ++t) EXPECT_TRUE(opt.step(p, g, c, c.lr, watch).ok());
+    return p;
+  };
+  const auto one = run(1, nullptr), two = run(2, nullptr);
+  RecordingObserver watch;
+  const auto watched = run(2, &watch);
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(one.data(), watched.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(watch.steps_begun, 3);
+  EXPECT_EQ(watch.steps_ended, 3);
+  for (size_t r = 0; r < watch.ranges.size(); ++r) {
+    size_t at = watch.ranges[r].first;
+    for (auto [b, e] : watch.seen[r]) {
+      EXPECT_EQ(b, at) << "range " << r;
+      EXPECT_LT(b, e);
+      at = e;
+    }
+    EXPECT_EQ(at, watch.ranges[r].second) << "range " << r;
+  }
+  EXPECT_EQ(std::memcmp(watch.values_when_seen.data(), watched.data(), n * sizeof(float)), 0);
 }
 
 TEST(ClipGradNorm, ScalesToMaxNorm) {

@@ -355,7 +355,7 @@ Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum) {
   if (!device_) TROUPE_TRY(comm_.allreduce_sum(grads));
   norm_sum += clip_grad_norm(grads, cfg_.optimizer.max_grad_norm);
   out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
-  TROUPE_TRY(opt_.step(model_.params(), grads, cfg_.optimizer, out.lr));
+  TROUPE_TRY(opt_.step(model_.params(), grads, cfg_.optimizer, out.lr, watch_));
   ++out.optimizer_steps;
   return {};
 }

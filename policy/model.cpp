@@ -1001,10 +1001,12 @@ const TensorSpec* Model::find_tensor(std::string_view name) const {
 }
 std::span<float> Model::params() {
   Impl& m = *impl_;
+  ++m.params_writes;
   if (!m.mirrored) return {m.P(), m.n_params};
   m.params_host_newer = true;  // the caller may write: the next op that reads the weights uploads them
   return m.host_params;
 }
+std::uint64_t Model::params_writes() const { return impl_->params_writes; }
 std::span<const float> Model::params() const {
   const Impl& m = *impl_;
   if (!m.mirrored) return {m.P(), m.n_params};
@@ -1032,6 +1034,7 @@ Status Model::set_params(std::span<const float> flat) {
     return invalid_input("set_params: got " + std::to_string(flat.size()) + " floats, the model has " +
                          std::to_string(impl_->n_params));
   Impl& m = *impl_;
+  ++m.params_writes;
   m.be->copy_host_to_device(m.params.floats(), flat.data(), flat.size_bytes());
   if (m.mirrored) {
     if (flat.data() != m.host_params.data()) std::copy(flat.begin(), flat.end(), m.host_params.begin());

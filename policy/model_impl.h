@@ -185,6 +185,7 @@ struct Model::Impl {
   std::vector<float> host_params;
   mutable std::vector<float> host_grads;
   mutable bool params_host_newer = false, grads_host_newer = false, grads_device_newer = false;
+  std::uint64_t params_writes = 0;  // Model::params_writes()
   // The host arrays ops read, copied to the device: RoPE's scaled inverse frequencies (null for
   // default RoPE), the training batch's tokens and targets, and generate()'s per-step integers.
   kernels::Buffer inv_freq_dev, tokens_dev, targets_dev, step_ints;

@@ -9,7 +9,10 @@
 // generators decode on). Rank 0 prints one JSON line per case: {"weight_sync_case": ..., medians}.
 // The suite times the sync with weight_sync.probe off (the transfer, decode and checksums alone);
 // --probe turns it on (learner 0 and every generator then also run the probe's forward pass).
-//   troupe_weight_sync_bench --dtype bf16|fp32 --reps N [--quick] [--probe]
+// bf16 deltas are prepared in the optimizer step (weight_sync.prepare_in_step); --no-prepare
+// leaves it all to the sync. Each row also gives the step's median seconds (step_s) and the share
+// of delta syncs that took a prepared delta (prepared).
+//   troupe_weight_sync_bench --dtype bf16|fp32 --reps N [--quick] [--probe] [--no-prepare]
 #include <mpi.h>
 #include <omp.h>
 
@@ -53,7 +56,7 @@ constexpr int kGenerators = 3;
 }
 
 // SmolLM2-135M's shape (Llama layout, tied embeddings), random init; --quick: 6 layers, vocab 16384.
-ExperimentConfig bench_config(const std::string& dtype, bool quick, bool probe) {
+ExperimentConfig bench_config(const std::string& dtype, bool quick, bool probe, bool prepare) {
   ExperimentConfig c;
   auto& m = c.policy.model;
   m = bench::smollm2_135m_architecture();
@@ -66,6 +69,7 @@ ExperimentConfig bench_config(const std::string& dtype, bool quick, bool probe) 
   c.weight_sync.dtype = dtype;
   c.weight_sync.full_every = 0;  // every sync of the delta cases is a delta
   c.weight_sync.probe = probe;   // off: the transfer alone (the probe is a forward on each side)
+  c.weight_sync.prepare_in_step = prepare;
   return c;
 }
 
@@ -175,12 +179,13 @@ double timed_bcast(MPI_Comm comm, std::vector<char>& buf) {
 int main(int argc, char** argv) {
   std::string dtype = "bf16";
   int reps = 5;
-  bool quick = false, probe = false;
+  bool quick = false, probe = false, prepare = true;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(5, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--probe")) probe = true;
+    else if (!std::strcmp(argv[i], "--no-prepare")) prepare = false;
   }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -193,7 +198,7 @@ int main(int argc, char** argv) {
   const int threads = omp_get_num_procs();
   omp_set_num_threads(threads);
 
-  ExperimentConfig cfg = bench_config(dtype, quick, probe);
+  ExperimentConfig cfg = bench_config(dtype, quick, probe, prepare);
   runtime::ClusterConfig cc;
   cc.transport = "tcp";
   cc.roles = {"learner0"};
@@ -290,10 +295,11 @@ int main(int argc, char** argv) {
     // warm-up (untimed): the first sync of each is full, and a delta needs a base
     sync(delta_sync);
     sync(full_sync);
-    std::vector<double> delta_s, full_s, bcast_s, changed_frac;
+    std::vector<double> delta_s, full_s, bcast_s, changed_frac, step_s;
     std::vector<double> delta_bytes, full_bytes;
+    const int64_t prepared_before = learner->prepared_deltas();
     for (int r = 0; r < reps; ++r, ++phase) {
-      train();  // one AdamW step at lr 1e-6: the update every delta carries
+      step_s.push_back(bench::time_s(train));  // one AdamW step at lr 1e-6: the update every delta carries
       auto ours = [&] {
         auto d = sync(delta_sync);
         if (d.delta != gens || d.full != 0) die("expected a delta to every generator");
@@ -325,6 +331,8 @@ int main(int argc, char** argv) {
                             {"bytes_sent", bench::median(is_delta ? delta_bytes : full_bytes)},
                             {"baseline_bytes", buffer_bytes * gens},
                             {"changed_frac", bench::median(changed_frac)},
+                            {"step_s", bench::median(step_s)},
+                            {"prepared", static_cast<double>(learner->prepared_deltas() - prepared_before) / reps},
                             {"generators", gens},
                             {"params", elements},
                             {"dtype", dtype},

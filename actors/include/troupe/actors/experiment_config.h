@@ -106,6 +106,7 @@ struct WeightSyncSection {
   std::string dtype = "fp32";  // the generators' weights: fp32 (the master as is) | bf16 (rounded, nearest even)
   bool probe = true;           // after each sync the generator's log-probs of a probe sequence must equal learner 0's
   std::string transport = "zmq";  // zmq: Weights messages | nccl: values by broadcast over the weight group
+  bool prepare_in_step = true;    // bf16 deltas: learner 0 prepares the next delta inside each optimizer step
 };
 
 struct ClusterSection {

@@ -183,9 +183,11 @@ class LearnerRole {
   Result<WeightGroupRep> weight_group(const WeightGroupReq& r);
   Result<CheckpointRep> checkpoint(const CheckpointReq& r);
   int64_t version() const { return version_; }
+  // Learner 0: how many delta syncs took the delta prepared in the optimizer step (the bench, tests).
+  int64_t prepared_deltas() const { return encoder_ ? encoder_->prepared_encodes() : 0; }
 
  private:
-  LearnerRole() = default;
+  LearnerRole();
   learner::Trainer& trainer_for(learner::Phase phase);
   ExperimentConfig cfg_;
   PolicyBundle policy_;
@@ -199,6 +201,9 @@ class LearnerRole {
   // is scored for the mismatch metrics with the weights that sampled it.
   std::map<int64_t, std::vector<float>> snapshots_;
   std::unique_ptr<WeightEncoder> encoder_;  // learner 0: what the generators were sent last
+  // Learner 0, delta sync over ZeroMQ: has the encoder prepare the next delta in each optimizer step.
+  class DeltaPrep;
+  std::unique_ptr<DeltaPrep> delta_prep_;
   std::unique_ptr<WeightGroup> weight_group_;  // learner 0, weight_sync.transport nccl: the broadcast's group
   std::vector<float> master_backup_;        // bf16 probe: the master while the rounded copy is in place
   learner::MismatchSums stale_mismatch_;  // of the stale samples of a streamed step's parts so far

@@ -129,6 +129,8 @@ class Trainer {
   Result<StepMetrics> finish_accumulated();
   bool accumulating() const { return acc_.active; }
 
+  // Hands every optimizer step's blocks to `watch` (AdamW::step) from now on; null: none.
+  void set_step_observer(StepObserver* watch) { watch_ = watch; }
   AdamW& optimizer() { return opt_; }
   const AdamW& optimizer() const { return opt_; }
   PolicyModel& model() { return model_; }
@@ -156,6 +158,7 @@ class Trainer {
   Communicator& comm_;
   kernels::DeviceCollective* device_;
   AdamW opt_;
+  StepObserver* watch_ = nullptr;
   std::mt19937_64 rng_;
   std::vector<float> logp_, entropy_, dlogp_, dentropy_, is_weight_;  // (T) scratch of one micro-batch
   struct Accumulated {                                    // a streamed step in progress

@@ -144,6 +144,9 @@ class Model {
   // before that call.
   std::span<float> params();
   std::span<const float> params() const;
+  // How many times the parameters may have been written: each mutable params() and set_params()
+  // counts one. Equal counts at two moments: nothing has written them in between.
+  std::uint64_t params_writes() const;
   std::span<float> grads();                                // same layout as params()
   std::span<const float> grads() const;
   // The backend the model runs on.
