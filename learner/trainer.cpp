@@ -347,7 +347,7 @@ double Trainer::sample_tokens(const Sample& s) const {
   return std::accumulate(s.completion_mask.begin(), s.completion_mask.end(), 0.0);
 }
 
-Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum) {
+Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum, bool last) {
   // The sum over learner ranks: on the device (NCCL) before the gradients come down, else over
   // comm on the host copy. The same sum either way, so clipping and AdamW below are one code path.
   if (device_) TROUPE_TRY(model_.all_reduce_grads(*device_));
@@ -355,7 +355,7 @@ Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum) {
   if (!device_) TROUPE_TRY(comm_.allreduce_sum(grads));
   norm_sum += clip_grad_norm(grads, cfg_.optimizer.max_grad_norm);
   out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
-  TROUPE_TRY(opt_.step(model_.params(), grads, cfg_.optimizer, out.lr, watch_));
+  TROUPE_TRY(opt_.step(model_.params(), grads, cfg_.optimizer, out.lr, last ? watch_ : nullptr));
   ++out.optimizer_steps;
   return {};
 }
@@ -456,7 +456,7 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
         TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm, score_in_forward, mismatch));
         sums.add(m);
       }
-      TROUPE_TRY(optimizer_step(out, norm_sum));
+      TROUPE_TRY(optimizer_step(out, norm_sum, it + 1 == cfg_.batch.num_iterations && k + 1 == M));
     }
   }
   std::vector<float> adv, rew;
@@ -540,7 +540,7 @@ Result<StepMetrics> Trainer::finish_accumulated() {
   a.sums.kl_loss *= scale;
   StepMetrics out;
   double norm_sum = 0;
-  TROUPE_TRY(optimizer_step(out, norm_sum));
+  TROUPE_TRY(optimizer_step(out, norm_sum, true));
   a.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   TROUPE_TRY(finish_metrics(out, a.sums, a.mismatch, norm_sum, a.adv, a.rew, a.len, a.trunc, a.seconds));
   return out;

@@ -117,6 +117,36 @@ TEST(Trainer, UpdateIsInvariantToMicroBatchSplit) {
   }
 }
 
+// A step observer watches only the last optimizer step of each train step (2 mini-batches x 2
+// iterations here: 4 optimizer steps, 1 watched), and sees the parameters the step ends with.
+TEST(Trainer, StepObserverWatchesTheLastOptimizerStep) {
+  struct Watch : StepObserver {
+    std::vector<std::pair<size_t, size_t>> whole;
+    std::vector<float> seen;
+    int begun = 0, ended = 0;
+    std::span<const std::pair<size_t, size_t>> begin_step(size_t n) override {
+      ++begun;
+      whole = {{0, n}};
+      seen.assign(n, 0.0f);
+      return whole;
+    }
+    void updated(size_t, size_t b, size_t e, const float* p) override { std::copy(p + b, p + e, seen.begin() + static_cast<std::ptrdiff_t>(b)); }
+    void end_step() override { ++ended; }
+  } watch;
+  const auto batch = random_batch(1, 12, 12, true, true);
+  BigramModel model(12, 7);
+  LocalCommunicator comm;
+  Trainer tr(model, base_config(), comm);
+  tr.set_step_observer(&watch);
+  auto r = tr.train_step(batch);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->optimizer_steps, 4);
+  EXPECT_EQ(watch.begun, 1);
+  EXPECT_EQ(watch.ended, 1);
+  const auto p = model.params();
+  EXPECT_TRUE(std::equal(p.begin(), p.end(), watch.seen.begin(), watch.seen.end()));
+}
+
 TEST(Trainer, StreamedPartsEqualTheWholeBatch) {
   // A batch that arrives in parts (async rollouts streamed to the learner) makes the same update
   // as train_step on the whole batch, for every aggregation mode, also with empty parts and

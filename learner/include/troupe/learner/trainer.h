@@ -129,7 +129,8 @@ class Trainer {
   Result<StepMetrics> finish_accumulated();
   bool accumulating() const { return acc_.active; }
 
-  // Hands every optimizer step's blocks to `watch` (AdamW::step) from now on; null: none.
+  // Hands the blocks of each train step's last optimizer step to `watch` (AdamW::step) from now
+  // on (what it prepares describes the weights the step ends with); null: none.
   void set_step_observer(StepObserver* watch) { watch_ = watch; }
   AdamW& optimizer() { return opt_; }
   const AdamW& optimizer() const { return opt_; }
@@ -147,7 +148,8 @@ class Trainer {
   Status check_batch(const std::vector<Sample>& batch) const;
   double sample_tokens(const Sample& s) const;
   // All-reduce the accumulated gradient, clip, AdamW: one optimizer step.
-  Status optimizer_step(StepMetrics& out, double& norm_sum);
+  // last: the train step's last optimizer step, the one the step observer watches.
+  Status optimizer_step(StepMetrics& out, double& norm_sum, bool last);
   // Metric all-reduce and the per-batch statistics of a finished call.
   Status finish_metrics(StepMetrics& out, const LossMetrics& sums, const MismatchSums& mismatch, double norm_sum,
                         const std::vector<float>& adv, const std::vector<float>& rew, double len,
