@@ -353,6 +353,36 @@ TEST(WeightSync, PreparedDeltaIsTheSameMessage) {
   EXPECT_TRUE(untiled.begin_prepare(n).empty());
 }
 
+// The encoder writes a later payload into the memory of an earlier one only once no message
+// points into it: a message still alive keeps its bytes, whatever is encoded meanwhile.
+TEST(WeightSync, PayloadMemoryIsReusedOnlyWhenFree) {
+  const auto tensors = synthetic_tensors();
+  const size_t n = tensors.back().offset + tensors.back().numel();
+  auto master = synthetic_weights(n, 11);
+  WeightEncoder enc(WeightDtype::bf16, tensors);
+  auto kept = std::make_unique<Weights>();
+  enc.encode(master, 0, false, *kept);
+  const std::string kept_bytes = kept->payload.str();
+  const char* first = kept->payload.data();
+  Weights w;
+  small_update(master, 12);
+  enc.encode(master, 1, false, w);  // the first message is alive: new memory
+  EXPECT_NE(w.payload.data(), first);
+  EXPECT_TRUE(kept->payload == kept_bytes);
+  const char* second = w.payload.data();
+  kept.reset();
+  w = Weights{};  // both gone: the next full payload reuses the kept buffer
+  small_update(master, 13);
+  Weights again;
+  enc.encode(master, 2, false, again);
+  EXPECT_EQ(again.payload.data(), second);
+  std::vector<float> receiver(n, 0.0f);
+  ASSERT_EQ(apply_weights(again, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  std::vector<float> expect = master;
+  round_to_dtype(expect, WeightDtype::bf16);
+  EXPECT_TRUE(same_bits(receiver, expect));
+}
+
 // A bf16 delta chunk whose gaps lead past the chunk's end after some changes were applied, or
 // whose gap bytes run out: it does not decode, and the changes it applied are undone.
 TEST(WeightSync, BadGapsAreUndone) {
