@@ -7,7 +7,9 @@
 // delta_1gen, delta_3gen, full_1gen, full_3gen, and the same with the suffix _fp32. Metric
 // seconds per sync (lower is better; ratio = MPI_Bcast / ours); extra fields bytes_sent (Weights
 // payload summed over the generators), baseline_bytes (the buffer times the generators) and their
-// ratio, changed_frac (values the step changed in the generators' dtype). The model is
+// ratio, changed_frac (values the step changed in the generators' dtype), step_s (the learner's
+// train step, which with bf16 includes preparing the delta) and prepared (the share of delta
+// syncs that took the delta prepared in the step). The model is
 // SmolLM2-135M's shape (random init); --quick: the same widths with 6 layers and a 16384 vocab
 // (the row's "model" says which).
 #include <cstdio>
@@ -72,6 +74,10 @@ int run_dtype(const BenchOptions& opt, const std::string& dtype) {
                             {"transport", "troupe runtime over ZeroMQ tcp (127.0.0.1)"},
                             {"baseline_transport", "MPI_Bcast, --mca btl self,tcp"},
                             {"probe", j.value("probe", false)},
+                            // the learner's train step (forward, backward, AdamW); with bf16 it
+                            // includes preparing the delta (weight_sync.prepare_in_step)
+                            {"step_s", j["step_s"]},
+                            {"prepared", j["prepared"]},
                             {"reps", j["reps"]},
                             {"threads_per_rank", j["threads_per_rank"]}};
     emit(make_row(kSuite, name, {"seconds", "s", Better::lower}, {j["ours"].get<double>(), j["baseline"].get<double>()},
