@@ -1,6 +1,6 @@
 // `troupe bench runtime`: actor messaging against raw ZeroMQ (stream, rtt), actor calls against
 // Ray (calls_*), and the envelope codec against memcpy (codec_4KiB). Ours and each baseline run
-// interleaved in this process; every figure is a median of >= 5 repetitions.
+// interleaved in this process; every figure is a median of >= 5 repetitions (>= 9 for stream_*).
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -381,6 +381,9 @@ struct RayServer {
 
 int run_runtime_suite(const BenchOptions& opt) {
   const int reps = std::max(opt.reps, 5);
+  // The stream rows' repetitions are short (tens of ms) and loopback tcp's vary by +-20% from one
+  // to the next on a 2-core VM: their medians take 9 at least, so one run's ratio is steady.
+  const int stream_reps = std::max(reps, 9);
   const double scale = opt.quick ? 0.5 : 2.0;  // each repetition lasts tens of ms even in --quick
   auto count = [&](long full) { return std::max(20L, static_cast<long>(full * scale)); };
   std::string src(1u << 20, 's');
@@ -404,7 +407,7 @@ int run_runtime_suite(const BenchOptions& opt) {
       std::string name = "stream_" + size_name(size) + "_" + t;
       if (!opt.wants(name)) continue;
       long n = count(full_n);
-      Paired p = interleaved(reps, [&] { return ours.stream(size, n, src); }, [&] { return raw.stream(size, n, src); });
+      Paired p = interleaved(stream_reps, [&] { return ours.stream(size, n, src); }, [&] { return raw.stream(size, n, src); });
       emit(make_row(kSuite, name, {"msgs_per_s", "msg/s", Better::higher}, p, "raw_zmq",
                     {{"bytes", size},
                      {"messages_per_rep", n},
