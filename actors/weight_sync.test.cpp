@@ -293,53 +293,45 @@ TEST(WeightSync, PreparedDeltaIsTheSameMessage) {
   std::vector<float> receiver(n, 0.0f);
   ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
 
+  // Both encoders' message of `version`: equal, the prepared one taken from a step `took` times
+  // so far, and applied by the receiver.
+  auto encode_both = [&](int64_t version, bool delta, int64_t took) {
+    plain.encode(master, version, delta, a);
+    prepared.encode(master, version, delta, b);
+    EXPECT_EQ(prepared.prepared_encodes(), took);
+    EXPECT_FALSE(prepared.has_prepared());
+    expect_same_message(a, b);
+    return apply_weights(b, receiver, tensors, WeightDtype::bf16).status == WeightsStatus::applied;
+  };
+
   // one step
   ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 1)));
   ASSERT_TRUE(prepared.has_prepared());
   EXPECT_TRUE(same_bits(prepared.held(), plain.held()));  // still the base
-  plain.encode(master, 1, true, a);
-  prepared.encode(master, 1, true, b);
-  EXPECT_EQ(prepared.prepared_encodes(), 1);
-  EXPECT_FALSE(prepared.has_prepared());
+  ASSERT_TRUE(encode_both(1, true, 1));
   ASSERT_EQ(b.encoding, static_cast<int32_t>(WeightEncoding::delta));
   EXPECT_GT(b.changed, 0u);
-  expect_same_message(a, b);
-  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
   ASSERT_TRUE(same_bits(receiver, prepared.held()));
 
   // two steps, one encode
   ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 2)));
   ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 3)));
-  plain.encode(master, 2, true, a);
-  prepared.encode(master, 2, true, b);
-  EXPECT_EQ(prepared.prepared_encodes(), 2);
-  expect_same_message(a, b);
-  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  ASSERT_TRUE(encode_both(2, true, 2));
 
   // the master changed after the step (as a checkpoint load would): discarded, read again
   ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 4)));
   small_update(master, 5);
   prepared.discard_prepared();
   EXPECT_FALSE(prepared.has_prepared());
-  plain.encode(master, 3, true, a);
-  prepared.encode(master, 3, true, b);
-  EXPECT_EQ(prepared.prepared_encodes(), 2);
-  expect_same_message(a, b);
-  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  ASSERT_TRUE(encode_both(3, true, 2));
 
   // a prepared step, then a full sync: the full message, and the next delta from its base
   ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 6)));
-  plain.encode(master, 4, false, a);
-  prepared.encode(master, 4, false, b);
-  expect_same_message(a, b);
-  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
+  ASSERT_TRUE(encode_both(4, false, 2));
   ASSERT_TRUE(step_with_prepare(prepared, master, small_update_of(master, 7)));
-  plain.encode(master, 5, true, a);
-  prepared.encode(master, 5, true, b);
-  expect_same_message(a, b);
+  ASSERT_TRUE(encode_both(5, true, 3));
   std::vector<float> expect = master;
   round_to_dtype(expect, WeightDtype::bf16);
-  ASSERT_EQ(apply_weights(b, receiver, tensors, WeightDtype::bf16).status, WeightsStatus::applied);
   EXPECT_TRUE(same_bits(receiver, expect));
 
   // nothing to prepare: fp32, or a table that does not tile the arena
