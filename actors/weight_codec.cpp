@@ -689,7 +689,8 @@ void prepare_piece(const float* m, std::uint16_t* held, size_t b, size_t e, size
   alignas(64) std::uint16_t packed[kHashBlock];
   for (size_t a = b; a < e; a += kHashBlock) {
     const size_t len = std::min(kHashBlock, e - a);
-    std::uint8_t* gaps = pc.gaps.room_for(len + len / 255 + 1);
+    // a byte per change, and the 255s of the gaps since the chunk's last change (before this piece too)
+    std::uint8_t* gaps = pc.gaps.room_for(len + (a + len - chunk_start - pc.next) / 255 + 1);
     std::uint16_t* xors = pc.xors.room_for(len);
     SparseCursor c{0, 0, pc.next};
     sparse_scan(m + a, held + a, len, a - chunk_start, gaps, xors, c, packed);

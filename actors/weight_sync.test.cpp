@@ -334,6 +334,25 @@ TEST(WeightSync, PreparedDeltaIsTheSameMessage) {
   round_to_dtype(expect, WeightDtype::bf16);
   EXPECT_TRUE(same_bits(receiver, expect));
 
+  // A fresh encoder whose first prepared step is a long unchanged run, then a run where every
+  // value changes: the record's first growth holds the gap's 255s and a byte per change.
+  {
+    WeightEncoder fresh_plain(WeightDtype::bf16, tensors), fresh(WeightDtype::bf16, tensors);
+    Weights fa, fb;
+    auto moved = master;
+    fresh_plain.encode(moved, 0, false, fa);
+    fresh.encode(moved, 0, false, fb);
+    const size_t to = tensors[1].offset + tensors[1].numel(), from = to - 8192;
+    ASSERT_TRUE(step_with_prepare(fresh, moved, [&](size_t b0, size_t e0) {
+      for (size_t i = std::max(b0, from); i < std::min(e0, to); ++i) moved[i] = moved[i] * 1.5f + 0.01f;
+    }));
+    fresh_plain.encode(moved, 1, true, fa);
+    fresh.encode(moved, 1, true, fb);
+    EXPECT_EQ(fresh.prepared_encodes(), 1);
+    expect_same_message(fa, fb);
+    EXPECT_GE(fb.changed, 8000u);
+  }
+
   // nothing to prepare: fp32, or a table that does not tile the arena
   WeightEncoder fp32(WeightDtype::fp32, tensors);
   fp32.encode(master, 0, false, a);
