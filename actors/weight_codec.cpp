@@ -141,7 +141,7 @@ inline std::uint64_t nonzero_bits(const T* d, size_t cnt) {
 // form (into `packed`, which the checksum hashes) and compared with held; each change is written
 // into held and recorded: its gap (the unchanged values since the position c.next, as bytes: 255
 // means "255 more, go on") in gaps[c.g...], its XOR in xors[c.j...]. pos0 is m[0]'s position in
-// its chunk. The AVX2 version takes 16 values per step; both write the same bytes.
+// its chunk.
 struct SparseCursor {
   size_t g = 0, j = 0, next = 0;  // gap bytes and XORs written, the position after the last change
 };
@@ -153,41 +153,26 @@ struct SparseCursor {
   xors[j++] = x;
   next = at + 1;
 }
-[[gnu::always_inline]] inline void sparse_scan_tail(const float* __restrict m, std::uint16_t* __restrict held,
-                                                    size_t from, size_t len, size_t pos0, std::uint8_t* __restrict gaps,
-                                                    std::uint16_t* __restrict xors, size_t& g, size_t& j, size_t& next,
-                                                    std::uint16_t* __restrict packed) {
-  for (size_t i = from; i < len; ++i) {
-    const auto wire = static_cast<std::uint16_t>(bf16_bits(std::bit_cast<std::uint32_t>(m[i])) >> 16);
-    packed[i] = wire;
-    const auto d = static_cast<std::uint16_t>(wire ^ held[i]);
-    if (d) {
-      held[i] = wire;
-      record_change(pos0 + i, d, gaps, xors, g, j, next);
-    }
-  }
-}
 [[gnu::always_inline]] inline void sparse_scan_body(const float* __restrict m, std::uint16_t* __restrict held,
                                                     size_t len, size_t pos0, std::uint8_t* __restrict gaps,
                                                     std::uint16_t* __restrict xors, SparseCursor& c,
                                                     std::uint16_t* __restrict packed) {
   size_t g = c.g, j = c.j, next = c.next;
-  size_t base = 0;
-  for (; base + 64 <= len; base += 64) {
+  for (size_t base = 0; base < len; base += 64) {
+    const size_t cnt = std::min<size_t>(64, len - base);
     alignas(16) std::uint16_t d[64];
 #pragma omp simd
-    for (size_t i = 0; i < 64; ++i) {
+    for (size_t i = 0; i < cnt; ++i) {
       const auto wire = static_cast<std::uint16_t>(bf16_bits(std::bit_cast<std::uint32_t>(m[base + i])) >> 16);
       packed[base + i] = wire;
       d[i] = static_cast<std::uint16_t>(wire ^ held[base + i]);
     }
-    for (std::uint64_t bits = nonzero_bits(d, 64); bits; bits &= bits - 1) {
+    for (std::uint64_t bits = nonzero_bits(d, cnt); bits; bits &= bits - 1) {
       const size_t i = static_cast<size_t>(std::countr_zero(bits));
       held[base + i] = packed[base + i];
       record_change(pos0 + base + i, d[i], gaps, xors, g, j, next);
     }
   }
-  sparse_scan_tail(m, held, base, len, pos0, gaps, xors, g, j, next, packed);
   c = {g, j, next};
 }
 // The same scan compiled for AVX2 too (the rounding and compares take twice the values per
@@ -213,6 +198,20 @@ void sparse_scan(const float* m, std::uint16_t* held, size_t len, size_t pos0, s
   sparse_scan_generic(m, held, len, pos0, gaps, xors, c, packed);
 }
 
+// The sparse layout around gaps already at raw + 4 (G bytes): the count before them, the j XORs'
+// byte planes after them. Returns the layout's bytes.
+size_t finish_sparse(std::uint8_t* __restrict raw, size_t G, const std::uint16_t* __restrict xors, size_t j) {
+  const auto count = static_cast<std::uint32_t>(j);
+  std::memcpy(raw, &count, 4);
+  std::uint8_t* planes = raw + 4 + G;
+#pragma omp simd
+  for (size_t i = 0; i < j; ++i) {
+    planes[i] = static_cast<std::uint8_t>(xors[i]);
+    planes[j + i] = static_cast<std::uint8_t>(xors[i] >> 8);
+  }
+  return 4 + G + 2 * j;
+}
+
 // Sparse (bf16): held becomes the new values (only the changed ones are written); `raw` gets the
 // sparse layout, `xors` the changed values' XORs on the way. Returns how many changed; *raw_size
 // its bytes. With st, the new values (wire form) are hashed into it, a block at a time in cache.
@@ -226,15 +225,7 @@ size_t encode_sparse(const float* m, std::uint16_t* held, size_t len, std::uint8
     sparse_scan(m + a, held + a, n, a, gaps, xors, c, packed);
     if (st) XXH3_64bits_update(st, packed, n * 2);
   }
-  const auto count = static_cast<std::uint32_t>(c.j);
-  std::memcpy(raw, &count, 4);
-  std::uint8_t* planes = gaps + c.g;
-#pragma omp simd
-  for (size_t i = 0; i < c.j; ++i) {
-    planes[i] = static_cast<std::uint8_t>(xors[i]);
-    planes[c.j + i] = static_cast<std::uint8_t>(xors[i] >> 8);
-  }
-  *raw_size = 4 + c.g + 2 * c.j;
+  *raw_size = finish_sparse(raw, c.g, xors, c.j);
   return c.j;
 }
 // W byte planes of n values.
@@ -650,6 +641,14 @@ struct WeightEncoder::Frames {
   ChunkPlan plan;             // (made for the arena's size on first use)
   size_t planned_for = SIZE_MAX;
   PayloadPool payloads;       // the messages' payload memory, reused
+  // The delta chunks' plan for an arena of n values (made once per size).
+  const ChunkPlan& plan_for(const std::vector<policy::TensorSpec>& tensors, size_t n) {
+    if (planned_for != n) {
+      plan = plan_chunks(tensors, n, kWeightChunkElements);
+      planned_for = n;
+    }
+    return plan;
+  }
 };
 
 namespace {
@@ -701,16 +700,21 @@ void prepare_piece(const float* m, std::uint16_t* held, size_t b, size_t e, size
   }
 }
 
-// Calls fn(position in the chunk, XOR) for each change of pc, in order.
+// Calls fn(position in the arena, XOR) for each recorded change, the chunks on the OpenMP threads.
 template <class Fn>
-void for_each_change(const PreparedChunk& pc, Fn&& fn) {
-  size_t g = 0, next = 0;
-  for (size_t j = 0; j < pc.xors.size; ++j) {
-    size_t gap = 0;
-    while (pc.gaps.data[g] == 255) gap += 255, ++g;
-    gap += pc.gaps.data[g++];
-    fn(next + gap, pc.xors.data[j]);
-    next += gap + 1;
+void for_each_change(const std::vector<PreparedChunk>& chunks, const ChunkPlan& plan, Fn&& fn) {
+  const auto K = static_cast<std::ptrdiff_t>(chunks.size());
+#pragma omp parallel for schedule(dynamic)
+  for (std::ptrdiff_t k = 0; k < K; ++k) {
+    const PreparedChunk& pc = chunks[static_cast<size_t>(k)];
+    size_t g = 0, next = plan.start[static_cast<size_t>(k)];
+    for (size_t j = 0; j < pc.xors.size; ++j) {
+      size_t gap = 0;
+      while (pc.gaps.data[g] == 255) gap += 255, ++g;
+      gap += pc.gaps.data[g++];
+      fn(next + gap, pc.xors.data[j]);
+      next += gap + 1;
+    }
   }
 }
 
@@ -726,6 +730,10 @@ struct WeightEncoder::Prepared {
   std::vector<XXH3_state_t*> hash;                 // per unit
   std::vector<std::uint64_t> checksums;            // per tensor, of the step's values
   std::int64_t encodes = 0;
+  void reset() {  // nothing prepared (the caller has dealt with held)
+    for (auto& c : chunks) c.clear();
+    state = State::none;
+  }
   ~Prepared() {
     for (auto* h : hash) XXH3_freeState(h);
   }
@@ -742,11 +750,7 @@ std::span<const std::pair<size_t, size_t>> WeightEncoder::begin_prepare(size_t n
   Prepared& p = *prepared_;
   if (p.state != Prepared::State::none) undo_prepared();  // a second step: against the same base again
   if (dtype_ != WeightDtype::bf16 || held_version_ < 0 || held16_.size() != n) return {};
-  if (frames_->planned_for != n) {
-    frames_->plan = plan_chunks(tensors_, n, kWeightChunkElements);
-    frames_->planned_for = n;
-  }
-  const ChunkPlan& plan = frames_->plan;
+  const ChunkPlan& plan = frames_->plan_for(tensors_, n);
   if (plan.units.empty()) return {};
   if (p.n != n || p.ranges.size() != plan.units.size()) {
     p.n = n;
@@ -757,7 +761,6 @@ std::span<const std::pair<size_t, size_t>> WeightEncoder::begin_prepare(size_t n
     p.hash.assign(plan.units.size(), nullptr);
     for (auto*& h : p.hash) h = XXH3_createState();
   }
-  for (auto& c : p.chunks) c.clear();
   p.cursor.resize(plan.units.size());
   for (size_t u = 0; u < plan.units.size(); ++u) {
     p.cursor[u] = plan.units[u].first;
@@ -796,17 +799,9 @@ void WeightEncoder::discard_prepared() {
 }
 
 void WeightEncoder::undo_prepared() {
-  Prepared& p = *prepared_;
-  const ChunkPlan& plan = frames_->plan;
   std::uint16_t* held = held16_.data();
-  const auto K = static_cast<std::ptrdiff_t>(p.chunks.size());
-#pragma omp parallel for schedule(dynamic)
-  for (std::ptrdiff_t k = 0; k < K; ++k) {
-    std::uint16_t* h = held + plan.start[static_cast<size_t>(k)];
-    for_each_change(p.chunks[static_cast<size_t>(k)], [h](size_t at, std::uint16_t x) { h[at] ^= x; });
-  }
-  for (auto& c : p.chunks) c.clear();
-  p.state = Prepared::State::none;
+  for_each_change(prepared_->chunks, frames_->plan, [held](size_t at, std::uint16_t x) { held[at] ^= x; });
+  prepared_->reset();
 }
 
 void WeightEncoder::encode(std::span<const float> master, std::int64_t version, bool delta, Weights& out) {
@@ -832,8 +827,7 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
       if (delta) {
         undo_prepared();
       } else {  // a full encoding rewrites all of held
-        for (auto& c : p.chunks) c.clear();
-        p.state = Prepared::State::none;
+        p.reset();
       }
     }
   }
@@ -863,11 +857,7 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
   }
   // Delta: per chunk, the gaps between changed values and their XORs' byte planes (bf16: few
   // change), or the planes of every value's XOR (fp32: nearly all change), then zstd.
-  if (frames_->planned_for != n) {
-    frames_->plan = plan_chunks(tensors_, n, C);
-    frames_->planned_for = n;
-  }
-  const ChunkPlan& plan = frames_->plan;
+  const ChunkPlan& plan = frames_->plan_for(tensors_, n);
   const size_t chunks = plan.chunks();
   out.chunk_bytes.assign(chunks, 0);
   out.chunk_format.assign(chunks, 0);
@@ -921,21 +911,12 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
         const PreparedChunk& pc = p.chunks[c];
         const size_t j = pc.xors.size, G = pc.gaps.size;
         std::uint8_t* raw = thread_scratch().raw.reserve(4 + G + 2 * j);
-        const auto count = static_cast<std::uint32_t>(j);
-        std::memcpy(raw, &count, 4);
         if (G) std::memcpy(raw + 4, pc.gaps.data.get(), G);
-        std::uint8_t* planes = raw + 4 + G;
-#pragma omp simd
-        for (size_t i = 0; i < j; ++i) {
-          planes[i] = static_cast<std::uint8_t>(pc.xors.data[i]);
-          planes[j + i] = static_cast<std::uint8_t>(pc.xors.data[i] >> 8);
-        }
-        seal(c, raw, 4 + G + 2 * j);
+        seal(c, raw, finish_sparse(raw, G, pc.xors.data.get(), j));
         changed += j;
       }
       out.checksums = p.checksums;
-      for (auto& pc : p.chunks) pc.clear();
-      p.state = Prepared::State::none;
+      p.reset();
       ++p.encodes;
     }
   } else if (fused) {
@@ -981,17 +962,10 @@ void WeightEncoder::held_into(std::span<float> out) const {
     for (std::ptrdiff_t i = 0; i < n; ++i) o[i] = std::bit_cast<float>(static_cast<std::uint32_t>(h[i]) << 16);
     // While a step's delta is prepared, held16_ holds its values: the base is them XOR its changes.
     const Prepared& p = *prepared_;
-    if (p.state != Prepared::State::none && out.size() == held16_.size()) {
-      const ChunkPlan& plan = frames_->plan;
-      const auto K = static_cast<std::ptrdiff_t>(p.chunks.size());
-#pragma omp parallel for schedule(dynamic)
-      for (std::ptrdiff_t k = 0; k < K; ++k) {
-        float* oc = o + plan.start[static_cast<size_t>(k)];
-        for_each_change(p.chunks[static_cast<size_t>(k)], [oc](size_t at, std::uint16_t x) {
-          oc[at] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(oc[at]) ^ (static_cast<std::uint32_t>(x) << 16));
-        });
-      }
-    }
+    if (p.state != Prepared::State::none && out.size() == held16_.size())
+      for_each_change(p.chunks, frames_->plan, [o](size_t at, std::uint16_t x) {
+        o[at] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(o[at]) ^ (static_cast<std::uint32_t>(x) << 16));
+      });
   } else {
     std::memcpy(o, held32_.data(), static_cast<size_t>(n) * 4);
   }
