@@ -59,8 +59,9 @@ class WeightSync {
   // The version generator g is known to hold (its last Ack), -1 before any.
   std::int64_t held(size_t g) const;
 
+  struct State;  // what each generator holds and was sent (weight_sync.cpp)
+
  private:
-  struct State;
   std::shared_ptr<State> st_;
 };
 

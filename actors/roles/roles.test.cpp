@@ -17,7 +17,7 @@
 
 #include "tiny_config.test.h"
 #include "troupe/actors/roles.h"
-#include "coordinator_internal.h"
+#include "coordinator/coordinator_internal.h"
 
 using namespace troupe;
 using namespace troupe::actors;

@@ -13,6 +13,7 @@
 
 #include "role_support.h"
 #include "troupe/actors/roles.h"
+#include "troupe/actors/step_counter.h"
 #include "troupe/learner/checkpoint.h"
 #include "troupe/policy/io/gguf_import.h"
 #include "troupe/policy/io/model_dir.h"
@@ -125,10 +126,10 @@ learner::Trainer& LearnerRole::trainer_for(learner::Phase phase) {
 }
 
 Result<TrainRep> LearnerRole::train(const TrainReq& r) {
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = MonoClock::now();
   auto phase = r.phase == 1 ? learner::Phase::sft : learner::Phase::grpo;
   const auto& faults = cfg_.faults;
-  const int64_t run_step = (cfg_.sft.enabled ? cfg_.sft.max_steps : 0) + r.step + 1;  // the metrics' step
+  const int64_t run_step = StepCounter::of(cfg_).global_of_grpo(r.step);  // the metrics' step
   if (phase == learner::Phase::grpo && faults.learner_death_step > 0 && run_step == faults.learner_death_step &&
       comm_->rank() == faults.learner_death_rank)
     die_by_fault("learner rank " + std::to_string(comm_->rank()) + " killed as step " + std::to_string(run_step) +
@@ -404,25 +405,19 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
 
 LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role, int threads)
     : role_(std::move(role)), threads_(threads) {
-  handle<TrainReq>([this](runtime::Context& ctx, const TrainReq& r) -> Status {
-    use_threads(threads_);
-    TROUPE_ASSIGN_OR_RETURN(auto rep, role_->train(r));
-    return ctx.reply(std::move(rep));
-  });
-  handle<GetWeightsReq>([this](runtime::Context& ctx, const GetWeightsReq& r) -> Status {
-    use_threads(threads_);
-    TROUPE_ASSIGN_OR_RETURN(auto w, role_->weights_for_generators(r));
-    return ctx.reply(std::move(w));
-  });
-  handle<WeightGroupReq>([this](runtime::Context& ctx, const WeightGroupReq& r) -> Status {
-    TROUPE_ASSIGN_OR_RETURN(auto rep, role_->weight_group(r));
-    return ctx.reply(std::move(rep));
-  });
-  handle<CheckpointReq>([this](runtime::Context& ctx, const CheckpointReq& r) -> Status {
-    use_threads(threads_);
-    TROUPE_ASSIGN_OR_RETURN(auto rep, role_->checkpoint(r));
-    return ctx.reply(std::move(rep));
-  });
+  // Each request answered by the role's method, on this actor's thread count where `threads`
+  // (a weight group join only waits for the others).
+  auto answer = [this](auto method, bool threads) {
+    return [this, method, threads](runtime::Context& ctx, const auto& r) -> Status {
+      if (threads) use_threads(threads_);
+      TROUPE_ASSIGN_OR_RETURN(auto rep, ((*role_).*method)(r));
+      return ctx.reply(std::move(rep));
+    };
+  };
+  handle<TrainReq>(answer(&LearnerRole::train, true));
+  handle<GetWeightsReq>(answer(&LearnerRole::weights_for_generators, true));
+  handle<WeightGroupReq>(answer(&LearnerRole::weight_group, false));
+  handle<CheckpointReq>(answer(&LearnerRole::checkpoint, true));
 }
 
 }  // namespace troupe::actors

@@ -25,6 +25,15 @@ GenSampling greedy(const ExperimentConfig& cfg) {
 
 std::string eval_id(const std::string& env, int i) { return "eval-" + env + "-" + std::to_string(i); }
 
+// req's prompts completed greedily by generator 0 (the next live one when it is down).
+Task<Result<GenerateRep>> generate_greedy(RunState& s, GenerateReq& req) {
+  req.sampling = greedy(s.cfg);
+  const size_t g = s.live_generator_from(0).value_or(0);
+  Result<GenerateRep> gen = co_await request<GenerateRep>(s.here, s.peers.generators[g], req, kLongTimeout);
+  if (!gen.ok()) gen = co_await generation_failover(s, std::move(gen), req, g);
+  co_return gen;
+}
+
 // One verify call per prompt of one greedy completion each.
 Task<Result<EnvScore>> single_turn(RunState& s, std::string env, std::vector<EnvObs> got) {
   const int n = static_cast<int>(got.size());
@@ -37,11 +46,7 @@ Task<Result<EnvScore>> single_turn(RunState& s, std::string env, std::vector<Env
     }
   EnvScore out;
   if (live.empty()) co_return out;
-  req.sampling = greedy(s.cfg);
-  const size_t g = s.live_generator_from(0).value_or(0);
-  Result<GenerateRep> gen = co_await request<GenerateRep>(s.here, s.peers.generators[g], req, kLongTimeout);
-  if (!gen.ok()) gen = co_await generation_failover(s, std::move(gen), req, g);
-  TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(gen));
+  TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await generate_greedy(s, req));
   std::vector<Reply<EnvVerifyRep>> ver;
   for (size_t a = 0; a < live.size(); ++a)
     ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(live[a]),
@@ -75,11 +80,7 @@ Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs
     if (active.empty()) break;
     GenerateReq req;
     for (int i : active) req.prompts.push_back(ctx[i]);
-    req.sampling = greedy(s.cfg);
-    const size_t g = s.live_generator_from(0).value_or(0);
-    Result<GenerateRep> gen = co_await request<GenerateRep>(s.here, s.peers.generators[g], req, kLongTimeout);
-    if (!gen.ok()) gen = co_await generation_failover(s, std::move(gen), req, g);
-    TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(gen));
+    TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await generate_greedy(s, req));
     std::vector<Reply<EnvObs>> steps;
     for (size_t a = 0; a < active.size(); ++a)
       steps.push_back(request<EnvObs>(s.here, s.env_worker(active[a]),

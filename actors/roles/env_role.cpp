@@ -51,7 +51,7 @@ void EnvWorker::fail(EnvObs& out, const std::string& env, const Error& e) const 
 }
 
 Result<EnvObs> EnvWorker::reset(const EnvResetReq& r) {
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = MonoClock::now();
   TROUPE_ASSIGN_OR_RETURN(auto* c, client(r.env));
   envs::ResetOptions opt;
   opt.split = r.split == 1 ? envs::Split::eval : envs::Split::train;
@@ -75,7 +75,7 @@ Result<EnvObs> EnvWorker::reset(const EnvResetReq& r) {
 }
 
 Result<EnvObs> EnvWorker::step(const EnvStepReq& r) {
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = MonoClock::now();
   TROUPE_ASSIGN_OR_RETURN(auto* c, client(r.env));
   auto s = c->step(r.episode_id, r.action);
   EnvObs out;
@@ -99,7 +99,7 @@ Result<EnvObs> EnvWorker::step(const EnvStepReq& r) {
 }
 
 Result<EnvVerifyRep> EnvWorker::verify(const EnvVerifyReq& r) {
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = MonoClock::now();
   TROUPE_ASSIGN_OR_RETURN(auto* c, client(r.env));
   json meta = json::parse(r.metadata_json, nullptr, false);
   if (meta.is_discarded()) return invalid_input("EnvVerifyReq: metadata is not JSON");
@@ -137,7 +137,7 @@ Result<EnvVerifyRep> EnvWorker::verify(const EnvVerifyReq& r) {
 }
 
 Result<EnvObs> EnvWorker::run(const EnvRunReq& r) {
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = MonoClock::now();
   TROUPE_ASSIGN_OR_RETURN(auto* c, client(r.env));
   envs::RunRequest q;
   q.metadata = json::parse(r.metadata_json, nullptr, false);

@@ -5,16 +5,13 @@
 #include <omp.h>
 #include <signal.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
-namespace troupe::actors {
+#include "troupe/base/clock.h"  // seconds_since, for the timing fields of replies
 
-inline double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+namespace troupe::actors {
 
 // OpenMP's nthreads is a per-thread setting: set it on the worker thread that runs the handler.
 inline void use_threads(int n) {

@@ -25,8 +25,8 @@ bool improves_best(RunState& s, double value) {
 }
 }  // namespace
 
-bool periodic_checkpoint_due(const RunState& s) {
-  return s.cfg.checkpointing.every > 0 && s.step % s.cfg.checkpointing.every == 0;
+bool periodic_checkpoint_due(const ExperimentConfig& cfg, int64_t step) {
+  return cfg.checkpointing.every > 0 && step % cfg.checkpointing.every == 0;
 }
 
 Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Duration timeout) {
@@ -35,20 +35,19 @@ Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Dur
   const bool scored = !best.empty() && s.last_eval_step == s.step && s.last_eval.contains(best) &&
                       s.last_eval[best].is_number();
   const bool better = scored && improves_best(s, s.last_eval[best].get<double>());
-  bool due = periodic_checkpoint_due(s);
+  bool due = periodic_checkpoint_due(s.cfg, s.step);
   // an eval that beats the best so far is kept even between regular checkpoints
   if (!due && !force && !better) co_return Status{};
   CheckpointReq req;
   req.dir = s.run_dir + "/checkpoints";
   req.step = s.step;
   // the episode ledger; async: the pipeline's finished rollouts (pipeline_state.h)
-  const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
-  const int64_t k = s.step - S - 1;  // the GRPO step just done (meaningful in the GRPO phase)
+  const int64_t k = s.steps().grpo_of_global(s.step);  // the GRPO step just done (meaningful in the GRPO phase)
   PipelineState ledger;
   ledger.trained_steps = phase == "grpo" ? k + 1 : 0;
   ledger.trained_episodes = s.trained_episodes;
   if (phase == "grpo")
-    if (auto p = pipeline_snapshot(s, k)) {
+    if (auto p = s.pipeline ? s.pipeline->snapshot(s, k) : std::nullopt) {
       ledger = std::move(*p);
       req.pipeline = encode_pipeline(ledger);
     }
@@ -102,12 +101,11 @@ Task<Status> save_what_is_done(RunState& s, Error cause) {
             (s.learner_dirty ? "the learners had already updated for step " + std::to_string(s.done_step + 1)
                              : std::string("a learner failed")) +
             "; the last checkpoint is step_" + std::to_string(s.saved_step) + ")");
-  const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
   s.step = s.done_step;  // the learners' state is that of the last finished step
   // the save may take longer than the grace a peer failure leaves this process
   constexpr auto kSaveTimeout = std::chrono::seconds(300);
   if (s.hooks.hold_exit) s.hooks.hold_exit(kSaveTimeout);
-  Status saved = co_await checkpoint(s, s.done_step <= S ? "sft" : "grpo", true, kSaveTimeout);
+  Status saved = co_await checkpoint(s, s.steps().in_sft(s.done_step) ? "sft" : "grpo", true, kSaveTimeout);
   if (!saved.ok())
     co_return make_error(cause.code, cause.message + " (saving step " + std::to_string(s.done_step) +
                                          " failed too: " + saved.error().message + ")");

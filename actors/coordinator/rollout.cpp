@@ -3,6 +3,7 @@
 // grpo.dynamic_sampling more rounds until enough groups have distinct rewards. Every request of a
 // stage is sent before the first reply is awaited, so the roles work in parallel.
 #include <algorithm>
+#include <optional>
 
 #include "coordinator_internal.h"
 #include "troupe/learner/advantages.h"
@@ -65,16 +66,14 @@ Task<Result<Rollout>> make_rollout(RunState& s, int64_t step, int64_t k, int64_t
   co_return r;
 }
 
-Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round, const PartSink* sink,
-                                 int64_t version) {
+namespace {
+
+// The step's prompts: one env reset per group (retried on other env workers; single-turn with a
+// fresh seed, so the step's batch stays full), each group's env, seed and prompt. Returns, per
+// group, whether its reset failed on every try (the group is lost: its samples score 0).
+Task<std::vector<char>> reset_prompts(RunState& s, Rollout& r, int64_t step, int64_t k) {
   const auto& ro = s.cfg.rollout;
-  Rollout r;
-  r.round = round;
-  r.sample_version = version;
-  r.seed_base = round == 0 ? static_cast<uint64_t>(s.cfg.run.seed)
-                           : mix_seed(static_cast<uint64_t>(s.cfg.run.seed), 7, static_cast<uint64_t>(round));
-  r.index0 = static_cast<int64_t>(round) * ro.prompts_per_step;
-  double t_env = mono_s();
+  double t_env = mono_seconds();
   int P = ro.prompts_per_step;
   r.groups.resize(P);
   auto episode_id = [&](int i) {
@@ -118,33 +117,25 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     g.metadata = json::parse(o.obs.metadata_json, nullptr, false);
     g.messages_json = o.obs.messages_json;
   }
-  r.env_s += mono_s() - t_env;
-  // groups whose env runs its episodes itself (type verifiers): done here, skipped below
-  std::vector<char> served(P, 0);
-  std::vector<int> served_groups;
-  for (int i = 0; i < P; ++i)
-    if (!failed[i] && runs_episodes(s, r.groups[i].env)) {
-      served[i] = 1;
-      served_groups.push_back(i);
-    }
-  int64_t served_version = -1;
-  TROUPE_CO_TRY(co_await run_served(s, r, served_groups, step, k, &served_version));
-  if (ro.max_turns > 1) {
-    TROUPE_CO_ASSIGN_OR_RETURN(auto m, co_await multi_turn(s, std::move(r), step, k));
-    TROUPE_CO_TRY(check_env_failures(s, m, step));
-    co_return m;
-  }
-  // generation: C parts of consecutive groups (rollout.async_chunks when streaming to a sink, else
-  // one), each spread over the generators, G copies of each prompt; every part is requested at
-  // once, and scored as soon as it is back (the generators go on with the next one meanwhile)
-  const int C = sink ? std::min(ro.async_chunks, P) : 1;
+  r.env_s += mono_seconds() - t_env;
+  co_return failed;
+}
+
+// One part of a round's generation: groups [g0, g1), spread over the generators.
+struct Part {
+  int g0 = 0, g1 = 0;
+  std::vector<std::vector<int>> owned;
+  std::vector<std::optional<Reply<GenerateRep>>> gens;  // none where a generator got no group
+  std::vector<GenerateReq> reqs;                         // what each was asked (to ask again)
+};
+
+// C parts of consecutive groups, each spread over the generators, G copies of each prompt; every
+// part is requested at once. Groups with skip[i] set (no prompt, or served) are not generated.
+std::vector<Part> request_parts(RunState& s, const Rollout& r, int64_t step, int64_t k, int C,
+                                const std::vector<char>& skip, int64_t version) {
+  const auto& ro = s.cfg.rollout;
+  const int P = ro.prompts_per_step;
   size_t NG = s.peers.generators.size();
-  struct Part {
-    int g0 = 0, g1 = 0;
-    std::vector<std::vector<int>> owned;
-    std::vector<std::optional<Reply<GenerateRep>>> gens;  // none where a generator got no group
-    std::vector<GenerateReq> reqs;                         // what each was asked (to ask again)
-  };
   std::vector<Part> parts(C);
   for (int c = 0; c < C; ++c) {
     auto& part = parts[c];
@@ -152,7 +143,7 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
     part.g1 = P * (c + 1) / C;
     part.owned.resize(NG);
     for (int i = part.g0; i < part.g1; ++i)
-      if (!failed[i] && !served[i]) part.owned[static_cast<size_t>(i - part.g0) % NG].push_back(i);
+      if (!skip[i]) part.owned[static_cast<size_t>(i - part.g0) % NG].push_back(i);
     for (size_t g = 0; g < NG; ++g) {
       part.gens.emplace_back();
       if (part.owned[g].empty()) continue;
@@ -170,80 +161,134 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
                       std::move(streams)};
       req.policy_version = version;
       req.step = step;
-      if (s.async && ro.in_flight_updates) {
-        req.in_flight_steps = in_flight_steps(s, k);
-        req.in_flight_every = ro.in_flight_every;
-      }
+      s.pipeline->name_in_flight(s, k, req);
       part.reqs.resize(NG);
       part.reqs[g] = req;
       part.gens.back().emplace(
           request<GenerateRep>(s.here, s.peers.generators[g], std::move(req), kLongTimeout));
     }
   }
+  return parts;
+}
+
+struct PartSampled {
+  int64_t sampled_by = -1;  // the oldest policy version that sampled any of the part's groups (-1: none)
+  double version_wait = 0;  // in-flight updates: the slowest generator's wait for versions
+};
+
+// A part's samples into its groups, a generator that died replaced by the next live one.
+Task<Result<PartSampled>> collect_part(RunState& s, Rollout& r, Part& part) {
+  const int G = s.cfg.rollout.num_generations;
+  PartSampled out;
+  for (size_t g = 0; g < part.gens.size(); ++g) {
+    if (!part.gens[g]) continue;
+    Result<GenerateRep> got = co_await *part.gens[g];
+    if (!got.ok()) got = co_await generation_failover(s, std::move(got), part.reqs[g], g);
+    TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(got));
+    out.sampled_by = out.sampled_by < 0 ? rep.policy_version : std::min(out.sampled_by, rep.policy_version);
+    out.version_wait = std::max(out.version_wait, rep.version_wait_s);
+    size_t n = 0;
+    for (int i : part.owned[g]) {
+      r.groups[i].samples.reserve(static_cast<size_t>(G));
+      for (int j = 0; j < G; ++j) r.groups[i].samples.push_back(std::move(rep.samples[n++]));
+    }
+  }
+  co_return out;
+}
+
+// Scoring: one verify call per group of the part (retried on other env workers).
+Task<Status> score_part(RunState& s, Rollout& r, const Part& part, const std::vector<char>& skip) {
+  std::vector<std::optional<Reply<EnvVerifyRep>>> ver;
+  std::vector<EnvVerifyReq> vreq;
+  for (int i = part.g0; i < part.g1; ++i) {
+    EnvVerifyReq req{r.groups[i].env, r.groups[i].metadata.dump(), {}};
+    for (const auto& x : r.groups[i].samples) req.completions.push_back(x.text);
+    vreq.push_back(req);
+    ver.emplace_back();
+    if (!skip[i]) ver.back().emplace(request<EnvVerifyRep>(s.here, s.env_worker(i), std::move(req), kEnvTimeout));
+  }
+  for (int i = part.g0; i < part.g1; ++i) {
+    if (skip[i]) continue;
+    Result<EnvVerifyRep> first = co_await *ver[i - part.g0];
+    EnvVerifyRep v = co_await verify_retrying(s, first, vreq[i - part.g0], static_cast<size_t>(i), &r.retries);
+    r.groups[i].rewards = std::move(v.rewards);
+    r.groups[i].correct = std::move(v.correct);
+    r.groups[i].errors = std::move(v.errors);
+    r.groups[i].reasons = std::move(v.reasons);
+    r.groups[i].components = std::move(v.components_json);
+  }
+  co_return Status{};
+}
+
+// Part c of C of round r as a rollout of its own (its groups move out of r).
+Rollout take_part(Rollout& r, const Part& part, int c, int C, int64_t sampled_by) {
+  Rollout out;
+  out.policy_version = sampled_by;
+  out.sample_version = r.sample_version;
+  out.round = r.round;
+  out.seed_base = r.seed_base;
+  out.index0 = r.index0 + part.g0;
+  out.part = c;
+  out.parts = C;
+  for (int i = part.g0; i < part.g1; ++i) out.groups.push_back(std::move(r.groups[i]));
+  return out;
+}
+
+}  // namespace
+
+Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round, const PartSink* sink,
+                                 int64_t version) {
+  const auto& ro = s.cfg.rollout;
+  Rollout r;
+  r.round = round;
+  r.sample_version = version;
+  r.seed_base = round == 0 ? static_cast<uint64_t>(s.cfg.run.seed)
+                           : mix_seed(static_cast<uint64_t>(s.cfg.run.seed), 7, static_cast<uint64_t>(round));
+  r.index0 = static_cast<int64_t>(round) * ro.prompts_per_step;
+  int P = ro.prompts_per_step;
+  // skip: groups not generated below (their prompt failed, or their env runs its episodes)
+  std::vector<char> skip = co_await reset_prompts(s, r, step, k);
+  // groups whose env runs its episodes itself (type verifiers): done here, skipped below
+  std::vector<int> served_groups;
+  for (int i = 0; i < P; ++i)
+    if (!skip[i] && runs_episodes(s, r.groups[i].env)) {
+      skip[i] = 1;
+      served_groups.push_back(i);
+    }
+  int64_t served_version = -1;
+  TROUPE_CO_TRY(co_await run_served(s, r, served_groups, step, k, &served_version));
+  if (ro.max_turns > 1) {
+    TROUPE_CO_ASSIGN_OR_RETURN(auto m, co_await multi_turn(s, std::move(r), step, k));
+    TROUPE_CO_TRY(check_env_failures(s, m, step));
+    co_return m;
+  }
+  // generation: C parts (rollout.async_chunks when streaming to a sink, else one), every part
+  // requested at once and scored as soon as it is back (the generators go on with the next one)
+  const int C = sink ? std::min(ro.async_chunks, P) : 1;
+  std::vector<Part> parts = request_parts(s, r, step, k, C, skip, version);
   r.policy_version = served_version;
   const bool any_served = !served_groups.empty();
   const double reset_s = r.env_s;
   int retries_sent = 0;  // streamed: retries already counted in an earlier part
-  double t_gen = mono_s();
+  double t_gen = mono_seconds();
   for (int c = 0; c < C; ++c) {
-    auto& part = parts[c];
-    int64_t sampled_by = -1;
-    double version_wait = 0;
-    for (size_t g = 0; g < NG; ++g) {
-      if (!part.gens[g]) continue;
-      Result<GenerateRep> got = co_await *part.gens[g];
-      if (!got.ok()) got = co_await generation_failover(s, std::move(got), part.reqs[g], g);
-      TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(got));
-      sampled_by = sampled_by < 0 ? rep.policy_version : std::min(sampled_by, rep.policy_version);
-      version_wait = std::max(version_wait, rep.version_wait_s);
-      size_t n = 0;
-      for (int i : part.owned[g]) {
-        r.groups[i].samples.reserve(static_cast<size_t>(ro.num_generations));
-        for (int j = 0; j < ro.num_generations; ++j) r.groups[i].samples.push_back(std::move(rep.samples[n++]));
-      }
-    }
+    TROUPE_CO_ASSIGN_OR_RETURN(const PartSampled got, co_await collect_part(s, r, parts[c]));
+    int64_t sampled_by = got.sampled_by;
     if (any_served && sampled_by < 0) sampled_by = served_version;  // a part of served groups only
     if (!any_served || sampled_by >= 0)
       r.policy_version = r.policy_version < 0 ? sampled_by : std::min(r.policy_version, sampled_by);
-    const double gen_s = mono_s() - t_gen;
-    // scoring: one verify call per group
-    t_env = mono_s();
-    std::vector<std::optional<Reply<EnvVerifyRep>>> ver;
-    std::vector<EnvVerifyReq> vreq;
-    for (int i = part.g0; i < part.g1; ++i) {
-      EnvVerifyReq req{r.groups[i].env, r.groups[i].metadata.dump(), {}};
-      for (const auto& x : r.groups[i].samples) req.completions.push_back(x.text);
-      vreq.push_back(req);
-      ver.emplace_back();
-      if (!failed[i] && !served[i]) ver.back().emplace(request<EnvVerifyRep>(s.here, s.env_worker(i), std::move(req), kEnvTimeout));
-    }
-    for (int i = part.g0; i < part.g1; ++i) {
-      if (failed[i] || served[i]) continue;
-      Result<EnvVerifyRep> first = co_await *ver[i - part.g0];
-      EnvVerifyRep v = co_await verify_retrying(s, first, vreq[i - part.g0], static_cast<size_t>(i), &r.retries);
-      r.groups[i].rewards = std::move(v.rewards);
-      r.groups[i].correct = std::move(v.correct);
-      r.groups[i].errors = std::move(v.errors);
-      r.groups[i].reasons = std::move(v.reasons);
-      r.groups[i].components = std::move(v.components_json);
-    }
-    const double env_s = mono_s() - t_env;
+    const double gen_s = mono_seconds() - t_gen;
+    const double t_env = mono_seconds();
+    TROUPE_CO_TRY(co_await score_part(s, r, parts[c], skip));
+    const double env_s = mono_seconds() - t_env;
     r.gen_s += gen_s;
     r.env_s += env_s;
-    r.version_wait_s += version_wait;
-    t_gen = mono_s();
+    r.version_wait_s += got.version_wait;
+    t_gen = mono_seconds();
     if (sink) {  // this part's groups move to the learner's side now
-      Rollout out;
-      out.policy_version = sampled_by;
-      out.sample_version = version;
-      out.round = r.round;
-      out.seed_base = r.seed_base;
-      out.index0 = r.index0 + part.g0;
-      out.part = c;
-      out.parts = C;
+      Rollout out = take_part(r, parts[c], c, C, sampled_by);
       out.gen_s = gen_s;
       out.env_s = env_s + (c == 0 ? reset_s : 0.0);  // the resets count with the first part
-      for (int i = part.g0; i < part.g1; ++i) out.groups.push_back(std::move(r.groups[i]));
       out.retries = r.retries - retries_sent;
       retries_sent = r.retries;
       if (auto st = check_env_failures(s, out, step); !st.ok()) co_return st.error();

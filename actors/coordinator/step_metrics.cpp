@@ -134,8 +134,7 @@ void add_grpo_timings(const RunState& s, json& row, const Rollout& r, const Trai
   double resp_len = 0;
   for (const auto& g : r.groups)
     for (const auto& x : g.samples) resp_len += static_cast<double>(x.tokens.size());
-  // (in-flight updates: a generation waiting for a newer version is idle too)
-  double idle = s.async ? gen_idle + r.version_wait_s : std::max(0.0, step_s - r.gen_s - r.env_s);
+  double idle = s.pipeline->generator_idle_s(r, gen_idle, step_s);
   if (s.cfg.rollout.in_flight_updates) row["version_wait_s"] = r.version_wait_s;
   row["gen_s"] = r.gen_s;
   row["env_s"] = r.env_s;

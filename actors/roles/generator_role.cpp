@@ -231,7 +231,7 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
   if (!probe_failure_.empty())
     return make_error(ErrorCode::internal, "generator: will not sample with version " + std::to_string(version_) +
                                                ", which failed the weight-sync probe check: " + probe_failure_);
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = MonoClock::now();
   if (in_flight_) {
     TROUPE_TRY(take_version(r.policy_version));
     if (r.policy_version >= 0) in_flight_->drop_before(r.policy_version);  // later requests name newer ones
@@ -278,7 +278,7 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
       if (t % r.in_flight_every != 0) return {};
       const size_t i = static_cast<size_t>(t / r.in_flight_every);
       if (i == 0 || i > r.in_flight_steps.size() || r.in_flight_steps[i - 1] < 0) return {};  // -1: stay
-      const auto w0 = std::chrono::steady_clock::now();
+      const auto w0 = MonoClock::now();
       std::optional<int64_t> v = in_flight_->wait_step(r.in_flight_steps[i - 1]);
       rep.version_wait_s += seconds_since(w0);
       if (!v || *v == version_) return {};  // released: no newer version will come

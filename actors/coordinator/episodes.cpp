@@ -99,11 +99,15 @@ Task<EnvObs> step_retrying(RunState& s, Episode& e, const Rollout::Group& g, con
   co_return res;
 }
 
-Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k) {
-  const auto& ro = s.cfg.rollout;
-  int G = ro.num_generations;
+namespace {
+
+// The episodes of a round's groups, G per group, each reset on its group's env worker (a retry
+// elsewhere keeps the seed: every sample of a group is the same prompt); a group whose prompt
+// could not be had gives failed episodes. The groups' per-sample lists are cleared for them.
+Task<std::vector<Episode>> start_episodes(RunState& s, Rollout& r, int64_t step) {
+  const int G = s.cfg.rollout.num_generations;
   std::vector<Episode> eps;
-  double t_env = mono_s();
+  double t_env = mono_seconds();
   std::vector<Reply<EnvObs>> resets;
   for (size_t gi = 0; gi < r.groups.size(); ++gi) {
     for (int j = 0; j < G; ++j) {
@@ -150,75 +154,85 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
       }
     }
   }
-  r.env_s += mono_s() - t_env;
+  r.env_s += mono_seconds() - t_env;
+  co_return eps;
+}
+
+// Turn `turn`'s completions of the active episodes (out[i] for episode i), spread over the generators.
+Task<Result<std::vector<GenSample>>> generate_turn(RunState& s, Rollout& r, const std::vector<Episode>& eps,
+                                                   const std::vector<size_t>& active, int turn, int64_t step,
+                                                   int64_t k) {
+  const auto& ro = s.cfg.rollout;
   size_t NG = s.peers.generators.size();
-  for (int turn = 0; turn < ro.max_turns; ++turn) {
-    std::vector<size_t> active;
-    for (size_t i = 0; i < eps.size(); ++i)
-      if (!eps[i].done) active.push_back(i);
-    if (active.empty()) break;
-    double t_gen = mono_s();
-    std::vector<Reply<GenerateRep>> gens;
-    std::vector<GenerateReq> reqs;  // what each generator was asked (to ask another if it died)
-    std::vector<size_t> sent_to;
-    std::vector<std::vector<size_t>> owned(NG);
-    for (size_t n = 0; n < active.size(); ++n) owned[n % NG].push_back(active[n]);
-    for (size_t g = 0; g < NG; ++g) {
-      GenerateReq req;
-      for (size_t i : owned[g]) {
-        if (turn == 0) req.prompts.push_back(eps[i].prompt_text);
-        else req.prompt_tokens.push_back(eps[i].context);
-      }
-      req.sampling = {
-          ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
-          mix_seed(r.seed_base, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn)), {}};
-      req.policy_version = r.sample_version;
-      req.step = step;
-      reqs.push_back(req);
-      // (a dead generator's turn goes to a live one: the seed is in the request, so the samples are the same)
-      const size_t to = s.live_generator_from(g).value_or(g);
-      sent_to.push_back(to);
-      gens.push_back(request<GenerateRep>(s.here, s.peers.generators[to], std::move(req), kLongTimeout));
+  std::vector<Reply<GenerateRep>> gens;
+  std::vector<GenerateReq> reqs;  // what each generator was asked (to ask another if it died)
+  std::vector<size_t> sent_to;
+  std::vector<std::vector<size_t>> owned(NG);
+  for (size_t n = 0; n < active.size(); ++n) owned[n % NG].push_back(active[n]);
+  for (size_t g = 0; g < NG; ++g) {
+    GenerateReq req;
+    for (size_t i : owned[g]) {
+      if (turn == 0) req.prompts.push_back(eps[i].prompt_text);
+      else req.prompt_tokens.push_back(eps[i].context);
     }
-    std::vector<GenSample> out(eps.size());
-    for (size_t g = 0; g < NG; ++g) {
-      Result<GenerateRep> got = co_await gens[g];
-      if (!got.ok()) got = co_await generation_failover(s, std::move(got), reqs[g], sent_to[g]);
-      TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(got));
-      if (turn == 0)
-        r.policy_version = g == 0 ? rep.policy_version : std::min(r.policy_version, rep.policy_version);
-      for (size_t n = 0; n < owned[g].size(); ++n) out[owned[g][n]] = std::move(rep.samples[n]);
-    }
-    r.gen_s += mono_s() - t_gen;
-    t_env = mono_s();
-    const double generate_s = mono_s() - t_gen;
-    std::vector<Reply<EnvObs>> steps;
-    for (size_t i : active)
-      steps.push_back(request<EnvObs>(s.here, s.env_worker(eps[i].worker),
-                                      EnvStepReq{r.groups[eps[i].group].env, eps[i].id, out[i].text},
-                                      kEnvTimeout));
-    for (size_t n = 0; n < active.size(); ++n) {
-      auto& e = eps[active[n]];
-      const double t_step = mono_s();
-      Result<EnvObs> got = co_await steps[n];
-      EnvObs res = settled(std::move(got));
-      if (!res.error.empty() && !res.fatal) {
-        const EnvObs failed = res;
-        res = co_await step_retrying(s, e, r.groups[e.group], out[active[n]].text, failed, &r.retries);
-      }
-      TurnInfo ti;
-      ti.observation = turn == 0 ? e.prompt_text : e.feedback;
-      ti.reward = res.reward;
-      ti.info_json = res.info_json;
-      ti.env_s = mono_s() - t_step;
-      ti.generate_s = generate_s;
-      e.feedback = res.text;
-      e.actions.push_back(out[active[n]].text);
-      TROUPE_CO_TRY(add_turn(e, out[active[n]], Result<EnvObs>(std::move(res)), turn, ro.max_turns, *s.tokenizer));
-      e.turns.push_back(std::move(ti));
-    }
-    r.env_s += mono_s() - t_env;
+    req.sampling = {
+        ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
+        mix_seed(r.seed_base, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn)), {}};
+    req.policy_version = r.sample_version;
+    req.step = step;
+    reqs.push_back(req);
+    // (a dead generator's turn goes to a live one: the seed is in the request, so the samples are the same)
+    const size_t to = s.live_generator_from(g).value_or(g);
+    sent_to.push_back(to);
+    gens.push_back(request<GenerateRep>(s.here, s.peers.generators[to], std::move(req), kLongTimeout));
   }
+  std::vector<GenSample> out(eps.size());
+  for (size_t g = 0; g < NG; ++g) {
+    Result<GenerateRep> got = co_await gens[g];
+    if (!got.ok()) got = co_await generation_failover(s, std::move(got), reqs[g], sent_to[g]);
+    TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(got));
+    if (turn == 0)
+      r.policy_version = g == 0 ? rep.policy_version : std::min(r.policy_version, rep.policy_version);
+    for (size_t n = 0; n < owned[g].size(); ++n) out[owned[g][n]] = std::move(rep.samples[n]);
+  }
+  co_return out;
+}
+
+// The env's side of turn `turn`: each active episode's completion out[i] stepped (a failed step
+// retried on another worker), the turn recorded and its tokens added to the episode.
+Task<Status> step_turn(RunState& s, Rollout& r, std::vector<Episode>& eps, const std::vector<size_t>& active,
+                       std::vector<GenSample>& out, int turn, double generate_s) {
+  const int max_turns = s.cfg.rollout.max_turns;
+  std::vector<Reply<EnvObs>> steps;
+  for (size_t i : active)
+    steps.push_back(request<EnvObs>(s.here, s.env_worker(eps[i].worker),
+                                    EnvStepReq{r.groups[eps[i].group].env, eps[i].id, out[i].text},
+                                    kEnvTimeout));
+  for (size_t n = 0; n < active.size(); ++n) {
+    auto& e = eps[active[n]];
+    const double t_step = mono_seconds();
+    Result<EnvObs> got = co_await steps[n];
+    EnvObs res = settled(std::move(got));
+    if (!res.error.empty() && !res.fatal) {
+      const EnvObs failed = res;
+      res = co_await step_retrying(s, e, r.groups[e.group], out[active[n]].text, failed, &r.retries);
+    }
+    TurnInfo ti;
+    ti.observation = turn == 0 ? e.prompt_text : e.feedback;
+    ti.reward = res.reward;
+    ti.info_json = res.info_json;
+    ti.env_s = mono_seconds() - t_step;
+    ti.generate_s = generate_s;
+    e.feedback = res.text;
+    e.actions.push_back(out[active[n]].text);
+    TROUPE_CO_TRY(add_turn(e, out[active[n]], Result<EnvObs>(std::move(res)), turn, max_turns, *s.tokenizer));
+    e.turns.push_back(std::move(ti));
+  }
+  co_return Status{};
+}
+
+// Finished episodes as their groups' samples (released on their env workers).
+void close_episodes(RunState& s, Rollout& r, std::vector<Episode>& eps) {
   for (auto& e : eps) {
     (void)s.here->send(s.env_worker(e.worker), EnvReleaseReq{r.groups[e.group].env, e.id});
     // a sample must end on a sampled token: drop trailing feedback
@@ -236,6 +250,26 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     g.components.push_back(e.error.empty() ? e.components : std::string());
     g.turns.push_back(std::move(e.turns));
   }
+}
+
+}  // namespace
+
+Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k) {
+  std::vector<Episode> eps = co_await start_episodes(s, r, step);
+  for (int turn = 0; turn < s.cfg.rollout.max_turns; ++turn) {
+    std::vector<size_t> active;
+    for (size_t i = 0; i < eps.size(); ++i)
+      if (!eps[i].done) active.push_back(i);
+    if (active.empty()) break;
+    double t_gen = mono_seconds();
+    TROUPE_CO_ASSIGN_OR_RETURN(auto out, co_await generate_turn(s, r, eps, active, turn, step, k));
+    r.gen_s += mono_seconds() - t_gen;
+    double t_env = mono_seconds();
+    const double generate_s = mono_seconds() - t_gen;
+    TROUPE_CO_TRY(co_await step_turn(s, r, eps, active, out, turn, generate_s));
+    r.env_s += mono_seconds() - t_env;
+  }
+  close_episodes(s, r, eps);
   co_return r;
 }
 

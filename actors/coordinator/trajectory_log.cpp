@@ -9,7 +9,7 @@
 
 namespace troupe::actors::coord {
 
-void write_trajectories(const RunState& s, const Rollout& r, const std::vector<float>& adv, int64_t step) {
+void write_trajectories(const RunSetup& s, const Rollout& r, const std::vector<float>& adv, int64_t step) {
   const int G = s.cfg.rollout.num_generations;
   const int per_step = s.cfg.logger.trajectories_per_step;
   if (!s.cfg.logger.trajectories || per_step <= 0) return;

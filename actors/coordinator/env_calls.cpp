@@ -13,7 +13,7 @@ namespace troupe::actors::coord {
 
 using runtime::request;
 
-const EnvSpec& env_spec(const RunState& s, const std::string& name) {
+const EnvSpec& env_spec(const RunSetup& s, const std::string& name) {
   for (const auto& e : s.cfg.envs)
     if (e.name == name) return e;
   return s.cfg.envs.front();

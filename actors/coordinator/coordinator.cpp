@@ -1,15 +1,14 @@
-// The step loop, as an actor. Sync mode: reset envs -> generate G per prompt -> verify ->
-// advantages -> train -> weight sync, one after the other. Async mode (async_pipeline.cpp): a
-// rollout coroutine produces step k+1 with version v while the learners train step k. Every wait
-// for a role is a co_await (runtime/coroutine.h): the actor's thread is never blocked, the loop
-// goes on in the reply continuations.
+// The coordinator actor and its run: the phases (eval at start, SFT steps, then the GRPO phase
+// through a StepPipeline: sync_pipeline.cpp or, with rollout.async, async_pipeline.cpp), the first
+// full weight sync, resume, and the save after a failure. Every wait for a role is a co_await
+// (runtime/coroutine.h): the actor's thread is never blocked, the loop goes on in the reply
+// continuations.
 #include "troupe/actors/coordinator.h"
 
 #include <filesystem>
 #include <future>
 
 #include "coordinator_internal.h"
-#include "pipeline_state.h"
 #include "troupe/actors/roles.h"
 #include "troupe/policy/io/model_dir.h"
 
@@ -22,39 +21,12 @@ namespace coord {
 using runtime::Reply;
 using runtime::request;
 
-double mono_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::vector<Reply<TrainRep>> send_train(RunState& s, TrainReq req) {
-  // one batch object for every learner of this process (each reads its slice), not a copy each
-  auto shared = std::make_shared<const TrainReq>(std::move(req));
-  std::vector<Reply<TrainRep>> reps;
-  for (auto l : s.peers.learners) reps.push_back(request<TrainRep>(s.here, l, shared, kLongTimeout));
-  return reps;
-}
-
-bool eval_due(const RunState& s, bool last_of_phase) {
-  return last_of_phase || (s.cfg.eval.every > 0 && s.step % s.cfg.eval.every == 0);
-}
-
 namespace {
 
-Status planned_stop_if_out_of_time(const RunState& s, bool last) {
-  if (last) return {};
-  if (s.hooks.stop_requested && s.hooks.stop_requested())
-    return make_error(ErrorCode::timeout, std::string(kStoppedBySignal) + " after step " + std::to_string(s.step) +
-                                              (s.cfg.checkpointing.enabled ? ", which is checkpointed" : "") +
-                                              " (continue with --resume " + s.run_dir + ")");
-  if (s.cfg.run.max_wall_s <= 0 || s.now_s() <= s.cfg.run.max_wall_s) return {};
-  return make_error(ErrorCode::timeout, std::string(kStoppedByWallClock) + " reached at step " +
-                                            std::to_string(s.step) + " (continue with --resume " + s.run_dir + ")");
-}
-
 Task<Status> run_sft(RunState& s, int64_t first_step) {
-  const int S = s.cfg.sft.max_steps;
+  const int64_t S = s.steps().sft_steps;  // (this phase runs only with sft.enabled)
   for (int64_t k = first_step; k < S; ++k) {
-    double t = mono_s();
+    double t = mono_seconds();
     double tokens = 0;
     TROUPE_CO_ASSIGN_OR_RETURN(auto req, co_await sft_batch(s, k, &tokens));
     s.learner_dirty = true;  // the learners update now: until the step is done, their state is no step's
@@ -67,11 +39,11 @@ Task<Status> run_sft(RunState& s, int64_t first_step) {
     double sync_s = 0;
     TROUPE_CO_TRY(co_await sync_weights(s, &sync_s));
     s.step = k + 1;
-    TROUPE_CO_TRY(s.emit(sft_step_row(s, m, tokens, s.cfg.sft.batch_size, sync_s, mono_s() - t)));
+    TROUPE_CO_TRY(s.emit(sft_step_row(s, m, tokens, s.cfg.sft.batch_size, sync_s, mono_seconds() - t)));
     s.done_step = s.step;
     s.learner_dirty = false;
     const bool last = s.step == S;
-    if (eval_due(s, last)) TROUPE_CO_TRY(co_await eval_and_log(s, "sft"));
+    if (eval_due(s.cfg, s.step, last)) TROUPE_CO_TRY(co_await eval_and_log(s, "sft"));
     if (!last) TROUPE_CO_TRY(co_await checkpoint(s, "sft", false));
     if (Status out = planned_stop_if_out_of_time(s, last); !out.ok()) {
       TROUPE_CO_TRY(co_await checkpoint(s, "sft", true));
@@ -82,80 +54,13 @@ Task<Status> run_sft(RunState& s, int64_t first_step) {
   co_return Status{};
 }
 
-}  // namespace
-
-Task<Status> finish_grpo_step(RunState& s, const Rollout& r, const Prepared& p, const Trained& tr,
-                              int64_t step, double step_start, double gen_idle) {
-  json row = grpo_step_row(s, r, p, tr, step);
-  double sync_s = 0;
-  if (tr.updated) TROUPE_CO_TRY(co_await sync_weights(s, &sync_s));
-  add_grpo_timings(s, row, r, tr, sync_s, mono_s() - step_start, gen_idle);
-  s.trained_episodes += episodes_of(r);
-  if (s.async) {  // the version (new, or the same when nothing trained) later rollouts sample with
-    const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
-    s.async->version_after[step - S - 1] = s.version;
-    s.async->changed.notify_all();
-    if (s.cfg.rollout.in_flight_updates)  // after its Weights, so a generator holds the version it names
-      for (size_t g = 0; g < s.peers.generators.size(); ++g)
-        if (s.generator_alive(g)) (void)s.here->send(s.peers.generators[g], StepVersion{step - S - 1, s.version, false});
-  }
-  write_trajectories(s, r, p.adv, step);
-  co_return s.emit(row);
-}
-
-Task<Status> train_on(RunState& s, Rollout& r, int64_t step, int64_t k, double step_start, double gen_idle) {
-  TROUPE_CO_ASSIGN_OR_RETURN(auto p, prepare(s, r));
-  Trained t;
-  if (!p.samples.empty()) {
-    TrainReq req;
-    req.phase = 0;
-    req.step = k;
-    req.samples = std::move(p.samples);
-    double t0 = mono_s();
-    s.learner_dirty = true;  // the learners update now: until the step is done, their state is no step's
-    auto reps = send_train(s, std::move(req));
-    for (size_t i = 0; i < reps.size(); ++i) {
-      TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await reps[i]);
-      if (i == 0) t.metrics = json::parse(rep.metrics_json, nullptr, false);
-    }
-    t.learner_s = mono_s() - t0;
-    t.updated = true;
-  }
-  co_return co_await finish_grpo_step(s, r, p, t, step, step_start, gen_idle);
-}
-
-// After GRPO step k (global s.step) is trained and logged: evals, checkpoints, planned stops.
-Task<Status> finish_step(RunState& s, int64_t k) {
-  s.done_step = s.step;
-  s.learner_dirty = false;
-  const bool last = k + 1 == s.cfg.grpo.max_steps;
-  Status out = planned_stop_if_out_of_time(s, last);
-  // async: an eval or a checkpoint waits for the rollouts sampled with older versions (their
-  // generation requests must not meet newer weights; the checkpoint keeps them). (A checkpoint
-  // for a best eval comes after an eval.)
-  const bool may_save = s.cfg.checkpointing.enabled && (last || !out.ok() || periodic_checkpoint_due(s));
-  if (s.async && (eval_due(s, last) || may_save)) TROUPE_CO_TRY(co_await drain_pipeline(s, k));
-  if (eval_due(s, last)) TROUPE_CO_TRY(co_await eval_and_log(s, "grpo"));
-  if (!out.ok()) {
-    TROUPE_CO_TRY(co_await checkpoint(s, "grpo", true));
-    co_return out;
-  }
-  co_return co_await checkpoint(s, "grpo", last);
-}
-
-namespace {
-
+// The GRPO phase from GRPO step first_k, through the pipeline the config asks for.
 Task<Status> run_grpo(RunState& s, int64_t first_k) {
-  if (s.cfg.rollout.async) co_return co_await run_grpo_async(s, first_k);
-  const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
-  for (int64_t k = first_k; k < s.cfg.grpo.max_steps; ++k) {
-    double t = mono_s();
-    TROUPE_CO_ASSIGN_OR_RETURN(auto r, co_await make_rollout(s, S + k + 1, k));
-    s.step = S + k + 1;
-    TROUPE_CO_TRY(co_await train_on(s, r, s.step, k, t, 0));
-    TROUPE_CO_TRY(co_await finish_step(s, k));
-  }
-  co_return Status{};
+  std::unique_ptr<StepPipeline> pipeline = s.cfg.rollout.async ? make_async_pipeline() : make_sync_pipeline();
+  s.pipeline = pipeline.get();
+  Status st = co_await pipeline->run(s, first_k);
+  s.pipeline = nullptr;
+  co_return st;
 }
 
 Status load_tokenizer(RunState& s) {
@@ -175,18 +80,18 @@ Status load_tokenizer(RunState& s) {
 }
 
 Task<Status> run_phases(RunState& s, int64_t start) {
-  const int64_t S = s.cfg.sft.enabled ? s.cfg.sft.max_steps : 0;
+  const StepCounter steps = s.steps();
   if (s.cfg.eval.at_start && start == 0)
     TROUPE_CO_TRY(co_await eval_and_log(s, s.cfg.sft.enabled ? "sft" : "grpo"));
-  if (s.cfg.sft.enabled && start < S) TROUPE_CO_TRY(co_await run_sft(s, start));
-  if (s.cfg.grpo.enabled) TROUPE_CO_TRY(co_await run_grpo(s, std::max<int64_t>(0, start - S)));
+  if (s.cfg.sft.enabled && start < steps.sft_steps) TROUPE_CO_TRY(co_await run_sft(s, start));
+  if (s.cfg.grpo.enabled) TROUPE_CO_TRY(co_await run_grpo(s, steps.first_grpo_from(start)));
   co_return Status{};
 }
 
 // The whole run. resume: continue from run_dir/checkpoints/latest. A failure (not a planned
 // run.max_wall_s or signal stop) saves the steps that are done first.
 Task<Status> run(RunState& s, bool resume) {
-  s.t0 = mono_s();
+  s.t0 = mono_seconds();
   TROUPE_CO_TRY(load_tokenizer(s));
   int64_t start = 0;
   if (resume) {

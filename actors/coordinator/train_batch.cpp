@@ -10,7 +10,7 @@ namespace troupe::actors::coord {
 Result<Prepared> prepare(const RunState& s, const Rollout& r) {
   const auto& ro = s.cfg.rollout;
   const int G = ro.num_generations;
-  const bool async = s.async != nullptr;
+  const bool async = s.pipeline && s.pipeline->rollouts_may_lag();  // async mode: samples may be stale
   Prepared p;
   const int64_t lag = s.version - r.policy_version;
   const bool stale = async && lag > ro.max_staleness;

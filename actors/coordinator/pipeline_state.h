@@ -39,9 +39,7 @@ Result<PipelineState> decode_pipeline(const std::string& bytes, const std::strin
 // trained, and per finished rollout its step, part, policy version and prompts (index, env, seed).
 json ledger_json(const PipelineState& p, int num_generations);
 
-// What a checkpoint after GRPO step k keeps of the running async pipeline (async_pipeline.cpp);
-// none when no async phase runs.
-std::optional<PipelineState> pipeline_snapshot(const RunState& s, int64_t k);
+// (What a checkpoint after GRPO step k keeps of the running pipeline: StepPipeline::snapshot.)
 
 // Episodes of a rollout: groups x samples.
 int64_t episodes_of(const Rollout& r);

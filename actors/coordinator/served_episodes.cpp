@@ -114,7 +114,7 @@ Task<Status> run_served(RunState& s, Rollout& r, const std::vector<int>& groups,
   const auto& ro = s.cfg.rollout;
   const int G = ro.num_generations;
   const size_t NG = s.peers.generators.size();
-  const double t0 = mono_s();
+  const double t0 = mono_seconds();
   std::vector<Attempt> attempts;
   std::vector<json> sampling;
   std::vector<Reply<EnvObs>> runs;
@@ -181,7 +181,7 @@ Task<Status> run_served(RunState& s, Rollout& r, const std::vector<int>& groups,
     g.reasons.push_back(ok ? std::string() : res.reason.empty() ? "env_error" : res.reason);
     g.components.push_back(ok ? res.components_json : std::string());
   }
-  r.gen_s += mono_s() - t0;
+  r.gen_s += mono_seconds() - t0;
   co_return Status{};
 }
 

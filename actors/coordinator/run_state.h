@@ -1,0 +1,110 @@
+// The coordinator's run state (internal to actors/coordinator/), split by concern: the run's setup
+// and placement (config, roles, tokenizer, which generators are alive), the sinks its rows and log
+// lines go to, its progress (steps done and saved, timing, evals), the weight sync's state, and the
+// GRPO phase's pipeline. RunState is all of them; a function that needs one concern takes that one.
+// It lives in the coordinator actor and is only touched on the actor's thread.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/coordinator.h"
+#include "troupe/actors/experiment_config.h"
+#include "troupe/actors/step_counter.h"
+#include "troupe/actors/weight_sync.h"
+#include "troupe/base/clock.h"
+#include "troupe/base/result.h"
+#include "troupe/policy/io/chat_template.h"
+#include "troupe/policy/io/tokenizer.h"
+#include "troupe/runtime/coroutine.h"
+
+namespace troupe::actors::coord {
+
+using json = nlohmann::json;
+using runtime::ActorId;
+
+class StepPipeline;
+
+// What the run is and who plays it: the config, the roles and the coordinator's own context, the
+// tokenizer, and which generators are still alive.
+struct RunSetup {
+  ExperimentConfig cfg;
+  RolePeers peers;
+  std::string run_dir;
+  runtime::ActorContext here;  // the Context the coroutines send with
+  std::unique_ptr<policy::io::Tokenizer> tokenizer;
+  std::shared_ptr<const policy::io::ChatTemplate> chat_template;  // policy.path's (rollout.template chat)
+  std::vector<std::string> serve_urls;  // each generator's rollout.serve endpoint (asked on first use)
+
+  StepCounter steps() const { return StepCounter::of(cfg); }
+  ActorId env_worker(size_t i) const { return peers.env_workers[i % peers.env_workers.size()]; }
+  // A generator whose rank is down (under mpirun with two or more generators a dead generator
+  // does not end the job: its prompts go to the others, generation_failover in rollout.cpp).
+  // In one process a generator thread can die alone (its actor failed): generators_down.
+  std::vector<char> generators_down;
+  bool generator_alive(size_t g) const {
+    if (g < generators_down.size() && generators_down[g]) return false;
+    return !peers.system || !peers.system->node_is_down(peers.generators[g].node);
+  }
+  void mark_generator_down(size_t g) {
+    generators_down.resize(peers.generators.size(), 0);
+    generators_down[g] = 1;
+  }
+  // The first live generator at or after g (cyclically), or none when every one is down.
+  std::optional<size_t> live_generator_from(size_t g) const {
+    for (size_t d = 0; d < peers.generators.size(); ++d)
+      if (generator_alive((g + d) % peers.generators.size())) return (g + d) % peers.generators.size();
+    return std::nullopt;
+  }
+};
+
+// Where the run's metric rows and log lines go (the launcher's hooks, called on the actor's thread).
+struct RunSinks {
+  CoordinatorHooks hooks;
+  Status emit(json row) const { return hooks.metrics ? hooks.metrics(row) : Status{}; }
+  void log(const std::string& line) const {
+    if (hooks.log) hooks.log(line);
+  }
+};
+
+// How far the run is: the global step, what is finished and saved, its clock, its evals.
+struct RunProgress {
+  int64_t step = 0;        // global step (SFT steps, then GRPO steps: StepCounter)
+  double wall_offset = 0;  // wall_s already spent before a resume
+  double t0 = 0;
+  json last_eval;
+  int64_t last_eval_step = -1;
+  // checkpointing.keep_best_by: the best value checkpointed so far (read from checkpoints/best on
+  // first use, so a resumed run knows it); an eval that beats it is checkpointed at once.
+  bool best_known = false;
+  std::optional<double> best_value;
+  // Steps finished (trained and logged) and the last one checkpointed: when the run fails for a
+  // reason other than a learner (an env that keeps crashing, a generator), what is done is saved.
+  int64_t done_step = 0;
+  int64_t saved_step = 0;
+  bool learner_dirty = false;    // an update was sent for a step that is not done yet
+  int64_t trained_episodes = 0;  // the ledger's count: episodes of the GRPO steps trained so far
+
+  double now_s() const { return wall_offset + mono_seconds() - t0; }
+};
+
+// The weights: the learners' policy version (the generators' once synced) and what each generator holds.
+struct SyncState {
+  int64_t version = 0;                      // learner policy version
+  std::unique_ptr<WeightSync> weight_sync;  // what each generator holds (made on the first sync)
+};
+
+// The GRPO phase's step pipeline (sync or async, step_pipeline.h) while that phase runs.
+struct PipelineSlot {
+  StepPipeline* pipeline = nullptr;  // set while a GRPO phase runs
+  std::string resumed_pipeline;      // the checkpoint's pipeline.bin (--resume of an async run)
+};
+
+struct RunState : RunSetup, RunSinks, RunProgress, SyncState, PipelineSlot {};
+
+}  // namespace troupe::actors::coord

@@ -1,0 +1,25 @@
+// The coordinator's weight sync: learner 0's weights to every live generator through the run's
+// WeightSync (troupe/actors/weight_sync.h), which the first sync makes; the generators the sync
+// finds dead are marked down, and s.version becomes the version they now hold.
+#include <memory>
+
+#include "coordinator_internal.h"
+
+namespace troupe::actors::coord {
+
+Task<Status> sync_weights(RunState& s, double* seconds) {
+  if (!s.weight_sync) s.weight_sync = std::make_unique<WeightSync>(s.cfg.weight_sync, s.cfg.rollout.async);
+  WeightSyncPeers peers;
+  peers.learner = s.peers.learners[0];
+  peers.generators = s.peers.generators;
+  peers.alive = [&s](size_t g) { return s.generator_alive(g); };
+  peers.mark_down = [&s](size_t g) { s.mark_generator_down(g); };
+  peers.log = s.hooks.log;
+  TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await s.weight_sync->sync(s.here, peers));
+  if (!s.live_generator_from(0)) co_return make_error(ErrorCode::peer_failed, "weight sync: every generator is down");
+  s.version = rep.version;
+  if (seconds) *seconds = rep.seconds;
+  co_return Status{};
+}
+
+}  // namespace troupe::actors::coord

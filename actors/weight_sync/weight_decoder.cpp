@@ -1,0 +1,188 @@
+// A generator's side of the codec (weight_decoder.h): a Weights message checked against the
+// generator's model (dtype, size, tensor table, chunk layout), then applied: a full payload after
+// its checksums match, a delta in place with each tensor hashed as it is applied and everything
+// undone (XOR again) when a chunk does not decode or a checksum fails: never a mix of two versions.
+#include "troupe/actors/weight_decoder.h"
+
+#include <omp.h>
+
+#include <atomic>
+#include <string>
+#include <utility>
+
+#include "delta_coding.h"
+#include "wire_format.h"
+#include "wire_hash.h"
+
+namespace troupe::actors {
+
+using namespace codec;
+
+namespace {
+
+WeightsApplied refused(std::string why) { return WeightsApplied{WeightsStatus::refused, std::move(why)}; }
+WeightsApplied corrupt(std::string why) { return WeightsApplied{WeightsStatus::checksum_failed, std::move(why)}; }
+
+// Why w is not for values of this shape and dtype ("" when it is).
+std::string refusal(const Weights& w, size_t n, const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype) {
+  const auto enc = static_cast<WeightEncoding>(w.encoding);
+  if (enc != WeightEncoding::full && enc != WeightEncoding::delta)
+    return "encoding " + std::to_string(w.encoding) + " is neither full (1) nor delta (2)";
+  if (w.dtype != static_cast<std::int32_t>(dtype))
+    return std::string("the weights are in ") + weight_dtype_name(static_cast<WeightDtype>(w.dtype)) +
+           ", this generator holds " + weight_dtype_name(dtype) + " (weight_sync.dtype differs between the ranks)";
+  if (w.elements != n) return std::to_string(w.elements) + " values for a model of " + std::to_string(n);
+  if (w.checksums.size() != tensors.size())
+    return std::to_string(w.checksums.size()) + " tensor checksums for a model of " + std::to_string(tensors.size()) +
+           " tensors";
+  for (const auto& t : tensors)
+    if (t.offset + t.numel() > n) return "tensor " + t.name + " lies past the arena";
+  return {};
+}
+
+// The message's chunk layout over n values: per chunk its first value (given: a delta's chunks
+// follow the tensors; else every chunk_elements values), a sentinel n, and where each chunk's
+// bytes start in the payload (a sentinel: the payload's size). "" or why the layout is corrupt.
+struct ChunkLayout {
+  std::vector<size_t> start, at;
+  size_t chunks() const { return start.size() - 1; }
+};
+std::string layout_of(const Weights& w, size_t n, ChunkLayout& l) {
+  const size_t C = w.chunk_elements;
+  if (C == 0 && n > 0) return "chunk_elements is 0";
+  auto& start = l.start;
+  if (!w.chunk_starts.empty()) {
+    if (static_cast<WeightEncoding>(w.encoding) != WeightEncoding::delta) return "a full payload with chunk starts";
+    start.assign(w.chunk_starts.begin(), w.chunk_starts.end());
+    for (size_t c = 0; c < start.size(); ++c) {
+      const size_t end = c + 1 < start.size() ? start[c + 1] : n;
+      if ((c == 0 && start[c] != 0) || start[c] >= end || end > n || end - start[c] > C)
+        return "delta chunk " + std::to_string(c) + " spans values [" + std::to_string(start[c]) + ", " +
+               std::to_string(end) + "): not where the previous one ends (0 for the first), empty, past the arena's " +
+               std::to_string(n) + " values or longer than chunk_elements (" + std::to_string(C) + ")";
+    }
+  } else {
+    for (size_t a = 0; a < n; a += C) start.push_back(a);
+  }
+  start.push_back(n);
+  const size_t chunks = l.chunks();
+  if (w.chunk_bytes.size() != chunks || w.chunk_format.size() != chunks)
+    return std::to_string(w.chunk_bytes.size()) + " chunks for " + std::to_string(n) + " values in " +
+           std::to_string(chunks) + " chunks";
+  l.at.assign(chunks + 1, 0);
+  for (size_t c = 0; c < chunks; ++c) l.at[c + 1] = l.at[c] + w.chunk_bytes[c];
+  if (l.at[chunks] != w.payload.size())
+    return "the chunks add up to " + std::to_string(l.at[chunks]) + " bytes, the payload has " +
+           std::to_string(w.payload.size());
+  return {};
+}
+
+// The first tensor whose sum is not its checksum, as the reason ("" when all match).
+std::string first_failure(const Weights& w, const std::vector<policy::TensorSpec>& tensors,
+                          const std::vector<std::uint64_t>& sums) {
+  for (size_t t = 0; t < tensors.size(); ++t)
+    if (sums[t] != w.checksums[t])
+      return "tensor " + tensors[t].name + " fails its checksum after version " + std::to_string(w.version) +
+             (static_cast<WeightEncoding>(w.encoding) == WeightEncoding::delta
+                  ? " was applied to base version " + std::to_string(w.base_version)
+                  : "");
+  return {};
+}
+
+WeightsApplied apply_full(const Weights& w, const ChunkLayout& l, std::span<float> values,
+                          const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype) {
+  const size_t W = width_of(dtype);
+  const auto* src = reinterpret_cast<const std::uint8_t*>(w.payload.data());
+  for (size_t c = 0; c < l.chunks(); ++c)
+    if (w.chunk_format[c] != 0 || w.chunk_bytes[c] != (l.start[c + 1] - l.start[c]) * W)
+      return corrupt("full chunk " + std::to_string(c) + " has " + std::to_string(w.chunk_bytes[c]) + " bytes");
+  // The checksums are of the wire form, which a full payload is: checked before a value is written.
+  if (auto bad = first_failure(w, tensors, payload_checksums(src, W, tensors)); !bad.empty()) return corrupt(bad);
+  if (dtype == WeightDtype::bf16)
+    decode_full<2>(src, values.data(), values.size());
+  else
+    decode_full<4>(src, values.data(), values.size());
+  return {};
+}
+
+// A delta's chunk c decoded and XORed into values (hashed into st when given); run twice it
+// restores them. False when it does not decode.
+bool xor_chunk(const Weights& w, const ChunkLayout& l, size_t c, float* v, WeightDtype dtype, XXH3_state_t* st) {
+  const size_t W = width_of(dtype);
+  const size_t a = l.start[c], len = l.start[c + 1] - a;
+  const bool sparse = w.chunk_format[c] & kChunkSparse;
+  const size_t most = sparse ? sparse_bound(len, W) : len * W;
+  size_t raw_size = 0;
+  const auto* src = reinterpret_cast<const std::uint8_t*>(w.payload.data());
+  const std::uint8_t* raw = chunk_raw(src + l.at[c], w.chunk_bytes[c], w.chunk_format[c] & kChunkZstd, most, &raw_size);
+  if (!raw) return false;
+  if (st)
+    return dtype == WeightDtype::bf16 ? apply_chunk_hashed<2>(raw, raw_size, sparse, v + a, len, st)
+                                      : apply_chunk_hashed<4>(raw, raw_size, sparse, v + a, len, st);
+  return dtype == WeightDtype::bf16 ? apply_chunk<2>(raw, raw_size, sparse, v + a, len)
+                                    : apply_chunk<4>(raw, raw_size, sparse, v + a, len);
+}
+
+WeightsApplied apply_delta(const Weights& w, const ChunkLayout& l, std::span<float> values,
+                           const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype) {
+  const size_t chunks = l.chunks(), n = values.size();
+  const auto K = static_cast<std::ptrdiff_t>(chunks);
+  float* v = values.data();
+  std::vector<std::uint8_t> applied(chunks, 0);
+  std::atomic<std::ptrdiff_t> bad_chunk{-1};
+  // Each tensor's chunks on one thread, hashed as they are applied, when the chunks follow the
+  // tensors; else every chunk, then the checksums in a pass of their own.
+  const auto units = units_of(tensors, l.start, n);
+  std::vector<std::uint64_t> sums;
+  if (!units.empty()) {
+    sums.assign(tensors.size(), 0);
+    for (size_t t = 0; t < tensors.size(); ++t)
+      if (tensors[t].numel() == 0) sums[t] = empty_checksum();
+    const auto U = static_cast<std::ptrdiff_t>(units.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (std::ptrdiff_t u = 0; u < U; ++u) {
+      const auto& unit = units[static_cast<size_t>(u)];
+      XXH3_state_t* st = thread_scratch().hasher();
+      XXH3_64bits_reset(st);
+      bool ok = true;
+      for (size_t c = unit.first; c < unit.last && ok; ++c) {
+        ok = xor_chunk(w, l, c, v, dtype, st);
+        if (ok) applied[c] = 1;
+        else bad_chunk.store(static_cast<std::ptrdiff_t>(c));
+      }
+      sums[unit.tensor] = XXH3_64bits_digest(st);
+    }
+  } else {
+#pragma omp parallel for schedule(dynamic)
+    for (std::ptrdiff_t k = 0; k < K; ++k) {
+      if (xor_chunk(w, l, static_cast<size_t>(k), v, dtype, nullptr)) applied[static_cast<size_t>(k)] = 1;
+      else bad_chunk.store(k);
+    }
+  }
+  std::string why;
+  if (bad_chunk.load() >= 0)
+    why = "delta chunk " + std::to_string(bad_chunk.load()) + " of version " + std::to_string(w.version) +
+          " does not decode";
+  else
+    why = first_failure(w, tensors, units.empty() ? weight_checksums(values, tensors, dtype) : sums);
+  if (!why.empty()) {  // back to the base version, bit for bit
+#pragma omp parallel for schedule(dynamic)
+    for (std::ptrdiff_t k = 0; k < K; ++k)
+      if (applied[static_cast<size_t>(k)]) (void)xor_chunk(w, l, static_cast<size_t>(k), v, dtype, nullptr);
+  }
+  return why.empty() ? WeightsApplied{} : corrupt(why);
+}
+
+}  // namespace
+
+WeightsApplied apply_weights(const Weights& w, std::span<float> values, const std::vector<policy::TensorSpec>& tensors,
+                             WeightDtype dtype) {
+  if (std::string why = refusal(w, values.size(), tensors, dtype); !why.empty()) return refused(std::move(why));
+  ChunkLayout layout;
+  if (std::string why = layout_of(w, values.size(), layout); !why.empty()) return corrupt(std::move(why));
+  if (static_cast<WeightEncoding>(w.encoding) == WeightEncoding::full)
+    return apply_full(w, layout, values, tensors, dtype);
+  return apply_delta(w, layout, values, tensors, dtype);  // in place
+}
+
+}  // namespace troupe::actors

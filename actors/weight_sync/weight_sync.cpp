@@ -1,0 +1,331 @@
+// Weight sync: learner 0's weights, tagged with their version (and a delta's base version), to
+// every generator as Weights messages, never through files; every generator acknowledges each
+// one (troupe/actors/weight_sync.h says when a generator gets the full weights). Sync mode awaits
+// the Acks (the next step samples with the new weights); async mode sends and goes on (the
+// generators take the weights after the request they are sampling), and each Ack updates, on
+// arrival, what its generator is known to hold.
+#include "troupe/actors/weight_sync.h"
+
+#include <chrono>
+
+#include "troupe/actors/messages.h"
+#include "troupe/actors/weight_codec.h"
+#include "troupe/actors/weight_group.h"
+#include "troupe/base/clock.h"
+
+namespace troupe::actors {
+
+using runtime::ActorContext;
+using runtime::ActorId;
+using runtime::Reply;
+using runtime::request;
+using runtime::Task;
+
+namespace {
+
+constexpr auto kSyncTimeout = std::chrono::hours(2);
+
+std::string generator_name(const WeightSyncPeers& p, size_t g) {
+  return "generator " + std::to_string(g) + " (node " + std::to_string(p.generators[g].node) + ")";
+}
+
+std::uint64_t wire_bytes(const Weights& w) { return w.payload.size() + w.params.size() * sizeof(float); }
+
+}  // namespace
+
+struct WeightSync::State {
+  WeightSyncSection cfg;
+  bool async = false;
+  std::vector<std::int64_t> held;      // per generator: the version its last Ack confirmed (-1: none)
+  std::vector<std::int64_t> expected;  // what it holds once it handled what it was sent (-1: unknown: full next)
+  std::vector<std::int64_t> sent;      // the version it was sent last (-1: none)
+  std::int64_t published = -1;         // the version learner 0 encoded last
+  std::optional<Error> async_failure;  // an async Ack's probe mismatch, returned by the next sync
+  int group = 0;  // weight_sync.transport nccl: 0 not formed yet, 1 formed (broadcasts), -1 left (a member died)
+  std::function<void(const std::string&)> log;
+
+  void say(const std::string& line) const {
+    if (log) log(line);
+  }
+  void size_to(size_t G) {
+    held.resize(G, -1);
+    expected.resize(G, -1);
+    sent.resize(G, -1);
+  }
+  // Ack from generator g (`name`) for the message of version v. Returns the error a probe
+  // mismatch is; a failed checksum or a refused delta only makes its next sync a full one.
+  std::optional<Error> on_ack(size_t g, const std::string& name, std::int64_t v, const Ack& a) {
+    const auto status = static_cast<WeightsStatus>(a.status);
+    if (status == WeightsStatus::applied) {
+      held[g] = a.value;
+      if (a.value == sent[g]) expected[g] = a.value;
+      return std::nullopt;
+    }
+    held[g] = a.value;
+    if (v == sent[g]) expected[g] = -1;  // (an older message's failure: the newer one in flight answers for itself)
+    if (status == WeightsStatus::probe_mismatch) {
+      expected[g] = -1;
+      return make_error(ErrorCode::internal, "weight sync: " + name + ", version " + std::to_string(v) +
+                                                 ": probe mismatch at position " + std::to_string(a.probe_position) +
+                                                 ": " + a.detail);
+    }
+    say("weight sync: " + name + " did not apply version " + std::to_string(v) + " (" +
+        weights_status_name(status) + ": " + a.detail + "); it holds version " + std::to_string(a.value) +
+        " and is sent the full weights");
+    return std::nullopt;
+  }
+};
+
+namespace {
+
+// weight_sync.transport nccl: learner 0 makes the group's id, then it (rank 0) and every generator
+// (rank g + 1) join at once -- an NCCL join returns only when all ranks have joined -- and the
+// coordinator awaits them all.
+Task<Status> form_weight_group(ActorContext& here, const WeightSyncPeers& p, int& group,
+                               const std::function<void(const std::string&)>& say) {
+  const size_t G = p.generators.size();
+  for (size_t g = 0; g < G; ++g)
+    if (p.alive && !p.alive(g))
+      co_return make_error(ErrorCode::peer_failed, "weight sync: " + generator_name(p, g) +
+                                                       " is down before the weight group (weight_sync.transport "
+                                                       "nccl) formed");
+  WeightGroupReq make;
+  make.op = 0;
+  auto made = request<WeightGroupRep>(here, p.learner, make, kSyncTimeout);
+  TROUPE_CO_ASSIGN_OR_RETURN(WeightGroupRep idrep, co_await made);
+  const bool nccl = !idrep.id.empty() && idrep.id[0] == 'N';
+  for (size_t g = 0; g < G; ++g) {
+    const bool shares = p.generators[g].node == p.learner.node;
+    if (nccl && shares)
+      co_return make_error(ErrorCode::invalid_input,
+                           "weight_sync.transport nccl: " + generator_name(p, g) +
+                               " shares a process with learner 0; NCCL needs every member in a process of its own, "
+                               "on a GPU of its own: run the generators on ranks of their own (mpirun/srun)");
+    if (!nccl && !shares)
+      co_return make_error(ErrorCode::invalid_input,
+                           "weight_sync.transport nccl: policy.device has no device collectives, so the weight "
+                           "group is in-process, but " + generator_name(p, g) + " runs in another process than "
+                           "learner 0 (node " + std::to_string(p.learner.node) + ")");
+  }
+  const int nranks = static_cast<int>(G) + 1;
+  std::vector<Reply<WeightGroupRep>> joins;
+  WeightGroupReq join;
+  join.op = 1;
+  join.id = idrep.id;
+  join.nranks = nranks;
+  join.rank = 0;
+  joins.push_back(request<WeightGroupRep>(here, p.learner, join, kSyncTimeout));
+  for (size_t g = 0; g < G; ++g) {
+    join.rank = static_cast<int>(g) + 1;
+    joins.push_back(request<WeightGroupRep>(here, p.generators[g], join, kSyncTimeout));
+  }
+  for (size_t i = 0; i < joins.size(); ++i) {
+    Result<WeightGroupRep> r = co_await joins[i];
+    if (!r.ok())
+      co_return make_error(r.error().code, "weight sync: " + (i == 0 ? std::string("learner 0") : generator_name(p, i - 1)) +
+                                               " could not join the weight group: " + r.error().message);
+  }
+  group = 1;
+  if (say) say("weight sync: learner 0 and " + std::to_string(G) + " generator(s) joined the weight group (" +
+      (nccl ? "NCCL" : "in-process") + "); weights go by broadcast");
+  co_return Status{};
+}
+
+// What one sync sends: learner 0's answer (a delta, or the full weights) and the full weights when
+// a generator needs them; which live generator gets which.
+struct Outgoing {
+  std::optional<Weights> delta, full;
+  std::vector<size_t> to_delta, to_full;
+};
+
+// The live generators (a generator whose rank died is skipped: rollout.cpp's failover).
+std::vector<size_t> live_generators(const WeightSyncPeers& p) {
+  std::vector<size_t> live;
+  for (size_t g = 0; g < p.generators.size(); ++g)
+    if (!p.alive || p.alive(g)) live.push_back(g);
+  return live;
+}
+
+// weight_sync.transport nccl: by broadcast while every member of the weight group is alive (a
+// broadcast needs them all); once one is down, over ZeroMQ for the rest of the run.
+Task<Result<bool>> by_broadcast(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st, size_t live) {
+  if (st.cfg.transport != "nccl") co_return false;
+  if (st.group == 0) {
+    TROUPE_CO_TRY(co_await form_weight_group(here, p, st.group, st.log));
+  }
+  if (st.group == 1 && live == p.generators.size()) co_return true;
+  if (st.group == 1) {
+    st.group = -1;
+    st.say("weight sync: a generator is down, so the weight group is not used again: the weights go over "
+           "ZeroMQ from now on");
+  }
+  co_return false;
+}
+
+// Learner 0's full weights (GetWeightsReq base -1).
+Task<Result<Weights>> full_weights(ActorContext& here, const WeightSyncPeers& p) {
+  GetWeightsReq whole;  // base -1: in full
+  auto reply = request<Weights>(here, p.learner, whole, kSyncTimeout);
+  co_return co_await reply;
+}
+
+// A delta goes to the generators that will hold what learner 0 encoded last; the others get
+// the full weights (learner 0 answers in full anyway when the version is a full_every one).
+Task<Status> fetch(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st, const std::vector<size_t>& live,
+                   bool broadcast, Outgoing& out, WeightSyncReport& rep) {
+  bool delta_wanted = false;
+  if (st.cfg.mode == "delta" && st.published >= 0)
+    for (size_t g : live) delta_wanted = delta_wanted || st.expected[g] == st.published;
+  GetWeightsReq ask;
+  ask.base_version = delta_wanted && !broadcast ? st.published : -1;
+  ask.device = broadcast;
+  auto first_reply = request<Weights>(here, p.learner, ask, kSyncTimeout);
+  TROUPE_CO_ASSIGN_OR_RETURN(Weights first, co_await first_reply);
+  rep.version = first.version;
+  rep.elements = first.elements ? first.elements : first.params.size();
+  st.published = first.version;
+  if (first.encoding == static_cast<std::int32_t>(WeightEncoding::delta))
+    out.delta = std::move(first);
+  else
+    out.full = std::move(first);
+  for (size_t g : live) (out.delta && st.expected[g] == out.delta->base_version ? out.to_delta : out.to_full).push_back(g);
+  if (!out.to_full.empty() && !out.full) {
+    TROUPE_CO_ASSIGN_OR_RETURN(Weights w, co_await full_weights(here, p));
+    out.full = std::move(w);
+  }
+  if (out.delta) {
+    rep.delta_bytes = wire_bytes(*out.delta);
+    rep.changed = out.delta->changed;
+  }
+  if (out.full) rep.full_bytes = wire_bytes(*out.full);
+  rep.delta = static_cast<int>(out.to_delta.size());
+  rep.full = broadcast ? 0 : static_cast<int>(out.to_full.size());
+  rep.broadcast = broadcast ? static_cast<int>(out.to_full.size()) : 0;
+  rep.bytes_sent = rep.delta_bytes * out.to_delta.size() + rep.full_bytes * out.to_full.size();
+  co_return Status{};
+}
+
+// Async mode: every message sent, none awaited; each Ack updates what its generator holds when it
+// comes (a probe mismatch is kept for the next sync to return).
+void send_unawaited(ActorContext& here, const WeightSyncPeers& p, const std::shared_ptr<WeightSync::State>& st,
+                    Outgoing& out, std::int64_t v) {
+  auto send = [&](size_t g, Weights w) {
+    st->sent[g] = v;
+    st->expected[g] = v;  // (until its Ack says otherwise)
+    const std::string name = generator_name(p, g);
+    here->request<Ack>(p.generators[g], std::move(w), kSyncTimeout, [st, g, v, name](runtime::Context&, Result<Ack> a) {
+      if (!a.ok()) {  // (a dead generator is skipped by the next sync; a live one is sent the full weights)
+        if (v == st->sent[g]) st->expected[g] = -1;
+        st->say("weight sync: " + name + " did not acknowledge version " + std::to_string(v) + ": " +
+                a.error().message);
+        return;
+      }
+      if (auto e = st->on_ack(g, name, v, *a); e && !st->async_failure) st->async_failure = *e;
+    });
+  };
+  for (size_t i = 0; i < out.to_delta.size(); ++i)
+    send(out.to_delta[i], i + 1 == out.to_delta.size() ? std::move(*out.delta) : Weights(*out.delta));
+  for (size_t i = 0; i < out.to_full.size(); ++i)
+    send(out.to_full[i], i + 1 == out.to_full.size() ? std::move(*out.full) : Weights(*out.full));
+}
+
+// One round of sync mode: sends[i] to its generator, every Ack awaited. A generator whose Ack
+// reports a failed checksum or a refused delta goes into *retry (round 0) or fails the sync (round 1).
+Task<Status> send_round(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st, Outgoing& out,
+                        const std::vector<std::pair<size_t, Weights*>>& sends, std::int64_t v, int round,
+                        std::vector<size_t>& retry) {
+  std::vector<Reply<Ack>> acks;
+  for (size_t i = 0; i < sends.size(); ++i) {
+    auto [g, w] = sends[i];
+    st.sent[g] = v;
+    st.expected[g] = v;
+    // The last generator a message goes to gets it moved, not copied (a retry asks learner 0 again).
+    const bool last_use = i + 1 == sends.size() || sends[i + 1].second != w;
+    if (last_use) {
+      acks.push_back(request<Ack>(here, p.generators[g], std::move(*w), kSyncTimeout));
+      (out.delta && w == &*out.delta ? out.delta : out.full).reset();
+    } else {
+      acks.push_back(request<Ack>(here, p.generators[g], *w, kSyncTimeout));
+    }
+  }
+  for (size_t i = 0; i < acks.size(); ++i) {
+    const size_t g = sends[i].first;
+    Result<Ack> a = co_await acks[i];
+    if (!a.ok()) {
+      st.expected[g] = -1;
+      if (a.error().code == ErrorCode::peer_failed && p.mark_down) p.mark_down(g);
+      if (p.alive && !p.alive(g)) continue;  // (a dead one is skipped)
+      co_return a.error();
+    }
+    if (auto e = st.on_ack(g, generator_name(p, g), v, *a)) co_return *e;
+    if (a->status == static_cast<std::int32_t>(WeightsStatus::applied)) continue;
+    if (round == 1)
+      co_return make_error(ErrorCode::internal, "weight sync: " + generator_name(p, g) +
+                                                    " could not apply the full weights of version " +
+                                                    std::to_string(v) + " either: " + a->detail);
+    retry.push_back(g);
+  }
+  co_return Status{};
+}
+
+// Sync mode: every Ack is awaited; a generator whose Ack reports a failed checksum or a refused
+// delta is sent the full weights at once (a second failure is an error).
+Task<Status> send_awaited(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st, Outgoing& out,
+                          WeightSyncReport& rep) {
+  std::vector<std::pair<size_t, Weights*>> sends;
+  for (size_t g : out.to_delta) sends.emplace_back(g, &*out.delta);
+  for (size_t g : out.to_full) sends.emplace_back(g, &*out.full);
+  std::vector<size_t> retry;
+  TROUPE_CO_TRY(co_await send_round(here, p, st, out, sends, rep.version, 0, retry));
+  if (retry.empty()) co_return Status{};
+  if (!out.full) {
+    TROUPE_CO_ASSIGN_OR_RETURN(Weights w, co_await full_weights(here, p));
+    out.full = std::move(w);
+    rep.full_bytes = wire_bytes(*out.full);
+  }
+  sends.clear();
+  for (size_t g : retry) sends.emplace_back(g, &*out.full);
+  rep.full += static_cast<int>(retry.size());
+  rep.resent += static_cast<int>(retry.size());
+  rep.bytes_sent += rep.full_bytes * retry.size();
+  std::vector<size_t> again;
+  co_return co_await send_round(here, p, st, out, sends, rep.version, 1, again);
+}
+
+}  // namespace
+
+WeightSync::WeightSync(WeightSyncSection cfg, bool async) : st_(std::make_shared<State>()) {
+  st_->cfg = std::move(cfg);
+  st_->async = async;
+}
+WeightSync::~WeightSync() = default;
+WeightSync::WeightSync(WeightSync&&) noexcept = default;
+WeightSync& WeightSync::operator=(WeightSync&&) noexcept = default;
+
+std::int64_t WeightSync::held(size_t g) const { return g < st_->held.size() ? st_->held[g] : -1; }
+
+Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const WeightSyncPeers& p) {
+  std::shared_ptr<State> st = st_;  // async Acks may outlive this call
+  const double t0 = mono_seconds();
+  if (st->async_failure) {
+    Error e = *st->async_failure;
+    st->async_failure.reset();
+    co_return e;
+  }
+  st->size_to(p.generators.size());
+  st->log = p.log;
+  const std::vector<size_t> live = live_generators(p);
+  if (live.empty()) co_return make_error(ErrorCode::peer_failed, "weight sync: every generator rank is down");
+  TROUPE_CO_ASSIGN_OR_RETURN(const bool broadcast, co_await by_broadcast(here, p, *st, live.size()));
+  WeightSyncReport rep;
+  Outgoing out;
+  TROUPE_CO_TRY(co_await fetch(here, p, *st, live, broadcast, out, rep));
+  if (st->async)
+    send_unawaited(here, p, st, out, rep.version);
+  else
+    TROUPE_CO_TRY(co_await send_awaited(here, p, *st, out, rep));
+  rep.seconds = mono_seconds() - t0;
+  co_return rep;
+}
+
+}  // namespace troupe::actors
