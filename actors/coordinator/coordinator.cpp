@@ -18,9 +18,6 @@ using json = nlohmann::json;
 
 namespace coord {
 
-using runtime::Reply;
-using runtime::request;
-
 namespace {
 
 Task<Status> run_sft(RunState& s, int64_t first_step) {
