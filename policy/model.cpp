@@ -198,12 +198,10 @@ Status validate_model_config(const ModelConfig& c) {
   if (c.offload_activations && !c.activation_checkpointing)
     return bad("offload_activations", "needs activation_checkpointing: true (only checkpointed layer inputs are offloaded)");
   auto be = kernels::backend_for(c.device);
-  if (!be.ok()) return bad("device", "'" + c.device + "': " + be.error().message);
-  if (c.compute_dtype != "fp32" && c.compute_dtype != "bf16")
-    return bad("compute_dtype", "'" + c.compute_dtype + "' is not fp32 or bf16");
-  if (c.compute_dtype == "bf16" && !(*be)->supports_bf16_compute())
-    return bad("compute_dtype", "bf16 GEMMs are not implemented on device '" + c.device + "' (cuda only)");
-  if (c.compute_dtype == "bf16" && c.batch_invariant)
+  if (!be.ok()) return bad("device", "'" + enum_string(c.device) + "': " + be.error().message);
+  if (c.compute_dtype == kernels::ComputeDtype::bf16 && !(*be)->supports_bf16_compute())
+    return bad("compute_dtype", "bf16 GEMMs are not implemented on device '" + enum_string(c.device) + "' (cuda only)");
+  if (c.compute_dtype == kernels::ComputeDtype::bf16 && c.batch_invariant)
     return bad("compute_dtype", "bf16 with batch_invariant: exact on-policy sampling runs fp32 GEMMs");
   return {};
 }

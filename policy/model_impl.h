@@ -80,7 +80,7 @@ struct KvCtx {
 struct OpScopes {
   explicit OpScopes(const ModelConfig& c)
       : invariant(c.batch_invariant),
-        dtype(c.compute_dtype == "bf16" ? kernels::ComputeDtype::bf16 : kernels::ComputeDtype::fp32) {}
+        dtype(c.compute_dtype) {}
   kernels::BatchInvariantScope invariant;
   kernels::ComputeDtypeScope dtype;
 };
