@@ -10,6 +10,7 @@
 #include <string>
 
 #include "model_impl.h"
+#include "sampling_checks.h"
 #include "troupe/kernels/batch_invariant.h"
 
 namespace troupe::policy {
@@ -118,11 +119,7 @@ int DecodeSlots::room(int slot) const {
 
 Result<int> DecodeSlots::add(const std::vector<int32_t>& prompt, const SlotSampling& sp) {
   State& s = *s_;
-  if (!(sp.temperature >= 0.0f) || !std::isfinite(sp.temperature))
-    return invalid_input("sampling: temperature must be >= 0, got " + std::to_string(sp.temperature));
-  if (!(sp.top_p > 0.0f && sp.top_p <= 1.0f))
-    return invalid_input("sampling: top_p must be in (0, 1], got " + std::to_string(sp.top_p));
-  if (sp.top_k < 0) return invalid_input("sampling: top_k must be >= 0, got " + std::to_string(sp.top_k));
+  TROUPE_TRY(check_sampling(sp.temperature, sp.top_k, sp.top_p));
   if (sp.top_logprobs < 0 || sp.top_logprobs > s.m->V)
     return invalid_input("sampling: top_logprobs must be in [0, " + std::to_string(s.m->V) + "], got " +
                          std::to_string(sp.top_logprobs));

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model_impl.h"
+#include "sampling_checks.h"
 #include "troupe/policy/decode_slots.h"
 
 namespace troupe::policy {
@@ -16,11 +17,7 @@ namespace {
 // The checks of generate's inputs (sampling parameters, streams, prompts), in the order they are
 // reported; the longest prompt when they pass.
 Result<int> check_generate_inputs(const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& sp, int V) {
-  if (!(sp.temperature >= 0.0f) || !std::isfinite(sp.temperature))
-    return invalid_input("sampling: temperature must be >= 0, got " + std::to_string(sp.temperature));
-  if (!(sp.top_p > 0.0f && sp.top_p <= 1.0f))
-    return invalid_input("sampling: top_p must be in (0, 1], got " + std::to_string(sp.top_p));
-  if (sp.top_k < 0) return invalid_input("sampling: top_k must be >= 0, got " + std::to_string(sp.top_k));
+  TROUPE_TRY(check_sampling(sp.temperature, sp.top_k, sp.top_p));
   if (sp.max_new_tokens < 0)
     return invalid_input("sampling: max_new_tokens must be >= 0, got " + std::to_string(sp.max_new_tokens));
   if (!sp.streams.empty() && sp.streams.size() != prompts.size())
