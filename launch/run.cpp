@@ -18,6 +18,7 @@
 #include <fstream>
 
 #include "troupe/actors/coordinator.h"
+#include "troupe/actors/messages.h"
 #include "troupe/actors/roles.h"
 #include "troupe/launch/metrics.h"
 #include "troupe/launch/rollout_serve.h"
@@ -28,6 +29,8 @@ namespace troupe::launch {
 namespace fs = std::filesystem;
 using actors::ExperimentConfig;
 using json = nlohmann::json;
+using actors::StopAfterStep;
+using actors::StopRun;
 
 namespace {
 
@@ -129,16 +132,6 @@ std::string base_dir_of(const std::string& file) {
   return p.has_parent_path() ? p.parent_path().string() : std::string(".");
 }
 
-// A rank that got SIGTERM/SIGINT -> rank 0: stop after the step in progress, with a final checkpoint.
-struct StopAfterStep {
-  static constexpr std::uint32_t type_id = 2098;
-  static constexpr const char* type_name = "launch.StopAfterStep";
-  std::int32_t rank = 0;
-  std::int32_t signal = 0;
-  template <class A>
-  void serialize(A& ar) { ar(rank, signal); }
-};
-
 // Under mpirun/srun the first signal on any rank is a graceful stop (the cluster's
 // on_first_signal): rank 0's coordinator finishes the step, checkpoints it and ends the run; the
 // other ranks serve until then (at most cluster.graceful_stop_bound). Set once the actors exist.
@@ -165,15 +158,6 @@ bool graceful_first_signal(int sig) {
   std::fflush(stderr);
   return true;
 }
-
-// Rank 0 -> every other rank when the run is over: stop serving and shut down.
-struct StopRun {
-  static constexpr std::uint32_t type_id = 2099;
-  static constexpr const char* type_name = "launch.StopRun";
-  std::int32_t code = 0;
-  template <class A>
-  void serialize(A& ar) { ar(code); }
-};
 
 class ControlActor : public runtime::Actor {
  public:
@@ -524,7 +508,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
 int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
   ExperimentConfig cfg = loaded.config;
   cfg.policy.path = checkpoint;
-  if (cfg.policy.tokenizer != "auto") cfg.policy.tokenizer = "auto";
+  cfg.policy.tokenizer = actors::TokenizerKind::from_model;
   auto specs = actors::env_specs(cfg, base_dir_of(loaded.file));
   if (!specs.ok()) return fail(specs.error());
   runtime::SystemConfig sc;

@@ -177,7 +177,7 @@ Task<Result<std::vector<GenSample>>> generate_turn(RunState& s, Rollout& r, cons
     }
     req.sampling = {
         ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
-        mix_seed(r.seed_base, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn)), {}};
+        mix_seed(r.seed_base, seed_stream::turn_sampling, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn)), {}};
     req.policy_version = r.sample_version;
     req.step = step;
     reqs.push_back(req);

@@ -53,7 +53,7 @@ Task<Status> train_on(RunState& s, Rollout& r, int64_t step, int64_t k, double s
   Trained t;
   if (!p.samples.empty()) {
     TrainReq req;
-    req.phase = 0;
+    req.phase = learner::Phase::grpo;
     req.step = k;
     req.samples = std::move(p.samples);
     double t0 = mono_seconds();

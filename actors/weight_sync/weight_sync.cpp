@@ -149,7 +149,7 @@ std::vector<size_t> live_generators(const WeightSyncPeers& p) {
 // weight_sync.transport nccl: by broadcast while every member of the weight group is alive (a
 // broadcast needs them all); once one is down, over ZeroMQ for the rest of the run.
 Task<Result<bool>> by_broadcast(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st, size_t live) {
-  if (st.cfg.transport != "nccl") co_return false;
+  if (st.cfg.transport != WeightTransport::nccl) co_return false;
   if (st.group == 0) {
     TROUPE_CO_TRY(co_await form_weight_group(here, p, st.group, st.log));
   }
@@ -174,7 +174,7 @@ Task<Result<Weights>> full_weights(ActorContext& here, const WeightSyncPeers& p)
 Task<Status> fetch(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st, const std::vector<size_t>& live,
                    bool broadcast, Outgoing& out, WeightSyncReport& rep) {
   bool delta_wanted = false;
-  if (st.cfg.mode == "delta" && st.published >= 0)
+  if (st.cfg.mode == WeightSyncMode::delta && st.published >= 0)
     for (size_t g : live) delta_wanted = delta_wanted || st.expected[g] == st.published;
   GetWeightsReq ask;
   ask.base_version = delta_wanted && !broadcast ? st.published : -1;
