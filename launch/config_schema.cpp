@@ -49,11 +49,6 @@ struct Builder {
     keys.push_back({std::move(path), KeyType::string, std::nullopt, std::nullopt, {}, std::move(desc),
                     [f](Root& r) -> FieldRef { return f(r); }});
   }
-  template <class F>
-  void choice(std::string path, F f, std::vector<std::string> choices, std::string desc) {
-    keys.push_back({std::move(path), KeyType::string, std::nullopt, std::nullopt, std::move(choices),
-                    std::move(desc), [f](Root& r) -> FieldRef { return f(r); }});
-  }
   // An enum field: its YAML names in `names`, which are also the key's choices.
   template <class F, class E = std::remove_pointer_t<std::invoke_result_t<F, Root&>>>
   void enumeration(std::string path, F f, std::vector<std::pair<std::string, E>> names, std::string desc) {
