@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/expert_gemm.h"
 #include "troupe/kernels/moe.h"

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 #include "smollm2_shape.h"
 #include "troupe/base/build_config.h"
 #include "troupe/learner/optimizer.h"

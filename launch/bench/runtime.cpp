@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 #include "troupe/base/build_config.h"
 #include "troupe/runtime/system.h"
 

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "bench.h"
-#include "troupe/actors/scale_sim.h"
+#include "troupe/bench/bench.h"
+#include "troupe/bench/scale_sim.h"
 
 namespace troupe::bench {
 
@@ -27,16 +27,16 @@ int run_scale_suite(const BenchOptions& opt) {
       std::snprintf(name_buf, sizeof name_buf, "g%d_l%d", generators, learners);
       const std::string name = name_buf;
       if (!opt.wants(name)) continue;
-      actors::ScaleSimConfig c;
+      ScaleSimConfig c;
       c.generators = generators;
       c.learners = learners;
       c.steps = opt.quick ? 4 : 6;
       c.async = true;
       c.max_staleness = 1;
       std::vector<double> ms;
-      actors::ScaleSimReport last;
+      ScaleSimReport last;
       for (int r = 0; r < reps; ++r) {
-        auto rep = actors::run_scale_sim(c);
+        auto rep = run_scale_sim(c);
         if (!rep.ok()) {
           std::fprintf(stderr, "troupe bench scale: %s: %s\n", name.c_str(), rep.error().message.c_str());
           return 1;

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 #include "smollm2_shape.h"
 #include "troupe/actors/roles.h"
 #include "troupe/actors/weight_codec.h"
