@@ -1,6 +1,6 @@
 // `troupe bench scale`: the coordinator's cost per GRPO step for 1 to 1,000 generators and 1 to 256
 // learners, measured by running the real coordinator against simulated roles on the deterministic
-// scheduler (actors/scale_sim.h; docs/scale.md). One row per (generators, learners): metric
+// scheduler (scale_sim.h; docs/scale.md). One row per (generators, learners): metric
 // coordinator_ms_per_step (the coordinator's CPU time per step, the median over the repetitions)
 // against the budget of 1 ms per started hundred generators; simulated steps/s and the staleness
 // of the trained samples as extra fields.

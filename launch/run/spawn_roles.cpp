@@ -1,6 +1,6 @@
 // Step 6 of `troupe run`: the actors of the roles this process hosts (its own rank's role under
-// MPI, every role in one process) and the address of every role, hosted here or not: a rank's
-// role is named on its node ("generator3" on node 1 + learners + 3); one process uses the spawned ids.
+// MPI, every role in one process) and the address of every role, hosted here or not: under MPI a
+// role's name on its rank's node, in one process the id its spawn returned.
 #include "run/steps.h"
 
 namespace troupe::launch::run {
