@@ -2,6 +2,9 @@
 // command and read its output; each JSON object line is parsed once, here.
 #include "child_process.h"
 
+#include <spawn.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 
@@ -43,6 +46,22 @@ std::string mpirun_command(const std::string& env, int np, const std::string& mp
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " + env + "'" +
          TROUPE_MPIEXEC + "' --oversubscribe -np " + std::to_string(np) + mpi_args + " '" + helper + "' " +
          helper_args + " 2>&1";
+}
+
+int spawn_piped(pid_t* pid, const int to_child[2], const int from_child[2], char* const argv[], char* const envp[],
+                bool search_path) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+  posix_spawn_file_actions_addclose(&actions, to_child[1]);
+  posix_spawn_file_actions_addclose(&actions, from_child[0]);
+  const int rc = search_path ? posix_spawnp(pid, argv[0], &actions, nullptr, argv, envp)
+                             : posix_spawn(pid, argv[0], &actions, nullptr, argv, envp);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  return rc;
 }
 
 }  // namespace troupe::bench

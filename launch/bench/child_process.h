@@ -3,6 +3,8 @@
 // here exits; a command that cannot start is a nullopt, and its status is the caller's to judge.
 #pragma once
 
+#include <sys/types.h>
+
 #include <nlohmann/json.hpp>
 
 #include <optional>
@@ -31,5 +33,11 @@ std::optional<std::string> helper_binary(const std::string& name, const std::str
 // `env` (e.g. "OMP_WAIT_POLICY=PASSIVE ") and `mpi_args` (e.g. " --mca btl self,tcp") may be empty.
 std::string mpirun_command(const std::string& env, int np, const std::string& mpi_args, const std::string& helper,
                            const std::string& helper_args);
+
+// Starts argv[0] (looked up on PATH when `search_path`) with `envp`, its stdin the read end of
+// `to_child` and its stdout the write end of `from_child` (the child closes the other ends), and
+// closes the child's ends here: a baseline answering line by line. posix_spawn's result (0: *pid set).
+int spawn_piped(pid_t* pid, const int to_child[2], const int from_child[2], char* const argv[], char* const envp[],
+                bool search_path);
 
 }  // namespace troupe::bench

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.h"
 #include "troupe/bench/bench.h"
 #include "smollm2_shape.h"
 #include "troupe/base/build_config.h"
@@ -49,12 +50,6 @@ class TorchChild {
       close(to_child[1]);
       return make_error(ErrorCode::io, "pipe failed");
     }
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-    posix_spawn_file_actions_addclose(&actions, to_child[1]);
-    posix_spawn_file_actions_addclose(&actions, from_child[0]);
     // PyTorch at its best on this machine: OpenBLAS single-threaded, torch's own 2 threads.
     std::vector<std::string> env_store;
     for (char** e = environ; *e; ++e)
@@ -68,10 +63,7 @@ class TorchChild {
     std::string python = python_executable(), script_arg = script, cfg_arg = config.dump();
     std::vector<char*> argv = {python.data(), script_arg.data(), cfg_arg.data(), nullptr};
     pid_t pid = -1;
-    const int rc = posix_spawnp(&pid, python.c_str(), &actions, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    close(to_child[0]);
-    close(from_child[1]);
+    const int rc = spawn_piped(&pid, to_child, from_child, argv.data(), envp.data(), true);
     if (rc != 0) {
       close(to_child[1]);
       close(from_child[0]);

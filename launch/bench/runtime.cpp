@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.h"
 #include "troupe/bench/bench.h"
 #include "troupe/base/build_config.h"
 #include "troupe/runtime/system.h"
@@ -309,17 +310,8 @@ struct RayServer {
       why_not = "pipe() failed";
       return false;
     }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in_pipe[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-    posix_spawn_file_actions_addclose(&fa, in_pipe[1]);
-    posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
     const char* argv[] = {py.c_str(), script.c_str(), nullptr};
-    int rc = posix_spawn(&pid, py.c_str(), &fa, nullptr, const_cast<char**>(argv), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(in_pipe[0]);
-    ::close(out_pipe[1]);
+    int rc = spawn_piped(&pid, in_pipe, out_pipe, const_cast<char**>(argv), environ, false);
     if (rc != 0) {
       why_not = "cannot start " + py + ": " + std::strerror(rc);
       return false;
