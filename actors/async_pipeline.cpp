@@ -168,7 +168,7 @@ Task<Status> train_streamed(RunState& s, Pipeline& pl, int64_t step, int64_t k, 
     const bool last = c + 1 == C;
     if (!p.samples.empty() || (last && sent)) {
       TrainReq req;
-      req.phase = 0;
+      req.phase = learner::Phase::grpo;
       req.step = k;
       req.samples = std::move(p.samples);
       req.more = !last;

@@ -108,7 +108,7 @@ Task<Status> train_on(RunState& s, Rollout& r, int64_t step, int64_t k, double s
   Trained t;
   if (!p.samples.empty()) {
     TrainReq req;
-    req.phase = 0;
+    req.phase = learner::Phase::grpo;
     req.step = k;
     req.samples = std::move(p.samples);
     double t0 = mono_s();
@@ -160,7 +160,7 @@ Task<Status> run_grpo(RunState& s, int64_t first_k) {
 
 Status load_tokenizer(RunState& s) {
   const auto& pol = s.cfg.policy;
-  if (!pol.path.empty() && (pol.tokenizer == "auto" || fs::exists(pol.path))) {
+  if (!pol.path.empty() && (pol.tokenizer == TokenizerKind::from_model || fs::exists(pol.path))) {
     auto t = policy::io::load_tokenizer_dir(pol.path);
     if (t.ok()) s.tokenizer = std::move(t).value();
     if (fs::is_directory(pol.path)) {
@@ -169,7 +169,7 @@ Status load_tokenizer(RunState& s) {
   }
   if (!s.tokenizer) {
     TROUPE_ASSIGN_OR_RETURN(s.tokenizer,
-                            make_builtin_tokenizer(pol.tokenizer == "auto" ? "char" : pol.tokenizer));
+                            make_builtin_tokenizer(pol.tokenizer == TokenizerKind::from_model ? "char" : enum_string(pol.tokenizer)));
   }
   return {};
 }

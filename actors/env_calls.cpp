@@ -49,7 +49,7 @@ Task<ResetOutcome> reset_retrying(RunState& s, const Result<EnvObs>& first, cons
     (void)s.here->send(s.env_worker(out.worker), EnvReleaseReq{req.env, out.episode_id});
     out.worker = w + static_cast<size_t>(out.retries);
     out.episode_id = base_id + "-r" + std::to_string(out.retries);
-    out.seed = fresh_seed ? mix_seed(base_seed, 13, static_cast<uint64_t>(out.retries)) : base_seed;
+    out.seed = fresh_seed ? mix_seed(base_seed, seed_stream::env_retry, static_cast<uint64_t>(out.retries)) : base_seed;
     EnvResetReq again{req.env, out.episode_id, out.seed, req.split};
     Result<EnvObs> got = co_await request<EnvObs>(s.here, s.env_worker(out.worker), std::move(again), kEnvTimeout);
     out.obs = settled(std::move(got));

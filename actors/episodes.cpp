@@ -171,7 +171,7 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
       }
       req.sampling = {
           ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
-          mix_seed(r.seed_base, 4, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn)), {}};
+          mix_seed(r.seed_base, seed_stream::turn_sampling, static_cast<uint64_t>(k), g * 1024 + static_cast<uint64_t>(turn)), {}};
       req.policy_version = r.sample_version;
       req.step = step;
       reqs.push_back(req);

@@ -170,7 +170,7 @@ Task<Result<json>> evaluate(RunState& s) {
     else
       score = co_await single_turn(s, e.name, std::move(got));
     if (!score.ok()) co_return score.error();
-    if (e.type == "nemo_gym") TROUPE_CO_TRY(co_await server_metrics(s, e.name, out));
+    if (e.type == EnvType::nemo_gym) TROUPE_CO_TRY(co_await server_metrics(s, e.name, out));
     out["eval_accuracy/" + e.name] = score->acc / n;
     out["eval_reward_mean/" + e.name] = score->reward / n;
     if (multi) out["eval_turns_mean/" + e.name] = score->turns / n;

@@ -26,7 +26,7 @@ namespace troupe::actors {
 Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg) {
   auto g = std::make_unique<Generator>();
   g->cfg_ = cfg;
-  g->dtype_ = weight_dtype_of(cfg.weight_sync.dtype);
+  g->dtype_ = cfg.weight_sync.dtype;
   TROUPE_ASSIGN_OR_RETURN(g->policy_, make_policy(cfg));
   round_to_dtype(g->policy_.model->params(), g->dtype_);  // version 0 as learner 0 would send it
   const auto& tok = *g->policy_.tokenizer;

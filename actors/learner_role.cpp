@@ -126,7 +126,7 @@ learner::Trainer& LearnerRole::trainer_for(learner::Phase phase) {
 
 Result<TrainRep> LearnerRole::train(const TrainReq& r) {
   auto t0 = std::chrono::steady_clock::now();
-  auto phase = r.phase == 1 ? learner::Phase::sft : learner::Phase::grpo;
+  const learner::Phase phase = r.phase;
   const auto& faults = cfg_.faults;
   const int64_t run_step = (cfg_.sft.enabled ? cfg_.sft.max_steps : 0) + r.step + 1;  // the metrics' step
   if (phase == learner::Phase::grpo && faults.learner_death_step > 0 && run_step == faults.learner_death_step &&
@@ -271,8 +271,8 @@ Weights LearnerRole::weights() const {
 Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
   const auto& ws = cfg_.weight_sync;
   if (!encoder_) {
-    encoder_ = std::make_unique<WeightEncoder>(weight_dtype_of(ws.dtype), policy_.model->tensors());
-    if (!r.device && ws.mode != "full" && ws.prepare_in_step) {  // deltas over ZeroMQ: prepared in each step from now on
+    encoder_ = std::make_unique<WeightEncoder>(ws.dtype, policy_.model->tensors());
+    if (!r.device && ws.mode != WeightSyncMode::full && ws.prepare_in_step) {  // deltas over ZeroMQ: prepared in each step from now on
       delta_prep_ = std::make_unique<DeltaPrep>(*encoder_, *policy_.model);
       if (trainer_) trainer_->set_step_observer(delta_prep_.get());
     }
@@ -297,7 +297,7 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
     w.elements = sent.size();
     w.checksums = weight_checksums(sent, policy_.model->tensors(), encoder_->dtype());
   } else {
-    const bool full_due = ws.mode == "full" || (ws.full_every > 0 && version_ % ws.full_every == 0);
+    const bool full_due = ws.mode == WeightSyncMode::full || (ws.full_every > 0 && version_ % ws.full_every == 0);
     const bool delta = !full_due && r.base_version >= 0 && r.base_version == encoder_->held_version();
     if (encoder_->has_prepared() && !(delta_prep_ && delta_prep_->still_current())) encoder_->discard_prepared();
     encoder_->encode(std::as_const(*policy_.model).params(), version_, delta, w);

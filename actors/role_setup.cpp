@@ -30,7 +30,7 @@ Result<PolicyBundle> make_policy(const ExperimentConfig& cfg) {
       dir.tokenizer->set_special_ids(dir.bos_token_id >= 0 ? dir.bos_token_id : dir.tokenizer->bos_id(),
                                      dir.eos_token_id >= 0 ? dir.eos_token_id : dir.tokenizer->eos_id(),
                                      dir.pad_token_id >= 0 ? dir.pad_token_id : dir.tokenizer->pad_id());
-    if (cfg.policy.tokenizer == "auto" || dir.tokenizer) {
+    if (cfg.policy.tokenizer == TokenizerKind::from_model || dir.tokenizer) {
       if (!dir.tokenizer)
         return invalid_input("policy.tokenizer: auto, but " + cfg.policy.path + " has no tokenizer file");
       b.tokenizer = std::move(dir.tokenizer);
@@ -53,19 +53,19 @@ Result<PolicyBundle> make_policy(const ExperimentConfig& cfg) {
     b.model = std::make_unique<policy::Model>(std::move(model));
   }
   if (!b.tokenizer) {
-    if (cfg.policy.tokenizer == "auto")
+    if (cfg.policy.tokenizer == TokenizerKind::from_model)
       return invalid_input("policy.tokenizer: auto needs policy.path (a model directory with a tokenizer)");
-    TROUPE_ASSIGN_OR_RETURN(b.tokenizer, make_builtin_tokenizer(cfg.policy.tokenizer));
+    TROUPE_ASSIGN_OR_RETURN(b.tokenizer, make_builtin_tokenizer(enum_string(cfg.policy.tokenizer)));
   }
   if (b.tokenizer->vocab_size() > b.model->config().vocab_size)
     return invalid_input("policy.model.vocab_size: " + std::to_string(b.model->config().vocab_size) +
-                         " is smaller than the " + cfg.policy.tokenizer + " tokenizer's " +
+                         " is smaller than the " + enum_string(cfg.policy.tokenizer) + " tokenizer's " +
                          std::to_string(b.tokenizer->vocab_size()) + " tokens");
   return b;
 }
 
 std::string format_prompt(const RolloutSection& r, const std::string& text) {
-  if (r.template_name == "chat") {
+  if (r.template_name == PromptTemplate::chat) {
     std::string s;
     if (!r.system_prompt.empty()) s += "<|system|>\n" + r.system_prompt + "\n";
     return s + "<|user|>\n" + text + "\n<|assistant|>\n";
@@ -76,7 +76,7 @@ std::string format_prompt(const RolloutSection& r, const std::string& text) {
 Result<std::vector<int32_t>> encode_prompt(const RolloutSection& r, const policy::io::Tokenizer& tok,
                                            const policy::io::ChatTemplate* chat, const std::string& text) {
   std::vector<int32_t> ids;
-  if (r.template_name == "chat" && chat) {
+  if (r.template_name == PromptTemplate::chat && chat) {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (!r.system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", r.system_prompt}});
     messages.push_back({{"role", "user"}, {"content", text}});
@@ -117,9 +117,9 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
   std::vector<envs::EnvSpec> out;
   for (size_t i = 0; i < cfg.envs.size(); ++i) {
     const auto& e = cfg.envs[i];
-    json j = {{"name", e.name}, {"type", e.type}, {"weight", e.weight}, {"config", e.config}, {"timeout_s", e.timeout_s}};
+    json j = {{"name", e.name}, {"type", enum_name(e.type)}, {"weight", e.weight}, {"config", e.config}, {"timeout_s", e.timeout_s}};
     if (!e.env.empty()) j["env"] = e.env;
-    if (((e.type == "builtin" && e.env_id() == "dataset") || e.type == "nemo_gym") && j["config"].is_object()) {
+    if (((e.type == EnvType::builtin && e.env_id() == "dataset") || e.type == EnvType::nemo_gym) && j["config"].is_object()) {
       // the dataset and nemo_gym envs' relative file paths start at the YAML file's folder (or at its base_dir,
       // itself relative to that folder), whatever the working directory
       fs::path dir = fs::absolute(base_dir);
@@ -148,7 +148,7 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
       j["command"] = cmd;
     }
     if (!e.address.empty()) j["address"] = e.address;
-    if (e.isolate != "auto") j["isolate"] = e.isolate == "true";
+    if (e.isolate != IsolateMode::detect) j["isolate"] = e.isolate == IsolateMode::yes;
     j["startup_timeout_s"] = e.startup_timeout_s;
     j["max_restarts"] = e.max_restarts;
     if (!e.worker.empty()) j["worker"] = e.worker;
@@ -161,7 +161,7 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     const auto& f = cfg.faults;
     if (f.env.empty() || f.env == e.name) {
       spec.faults.seed = static_cast<uint64_t>(f.seed);
-      spec.faults.op = f.env_op;
+      spec.faults.op = enum_string(f.env_op);
       spec.faults.exception = f.env_exception;
       spec.faults.crash = f.env_crash;
       spec.faults.hang = f.env_hang;

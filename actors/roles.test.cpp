@@ -35,7 +35,7 @@ TEST(Roles, FormatPrompt) {
   RolloutSection r;
   r.system_prompt = "Add. ";
   EXPECT_EQ(format_prompt(r, "1+2="), "Add. 1+2=");
-  r.template_name = "chat";
+  r.template_name = PromptTemplate::chat;
   EXPECT_EQ(format_prompt(r, "1+2="), "<|system|>\nAdd. \n<|user|>\n1+2=\n<|assistant|>\n");
 }
 
@@ -50,7 +50,7 @@ TEST(Roles, EncodePromptWithAChatTemplate) {
   ASSERT_TRUE(chat.ok()) << chat.error().message;
   RolloutSection r;
   r.system_prompt = "Add.";
-  r.template_name = "chat";
+  r.template_name = PromptTemplate::chat;
   auto ids = encode_prompt(r, **tok, &*chat, "1+2=");
   ASSERT_TRUE(ids.ok()) << ids.error().message;
   auto want = (*tok)->encode("<bos>[system]Add.[user]1+2=[assistant]");

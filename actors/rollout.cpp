@@ -9,15 +9,6 @@
 
 namespace troupe::actors {
 
-uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
-  auto sm = [](uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-  };
-  return sm(sm(sm(sm(seed) ^ a) ^ b) ^ c);
-}
 
 namespace coord {
 
@@ -72,7 +63,7 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
   r.round = round;
   r.sample_version = version;
   r.seed_base = round == 0 ? static_cast<uint64_t>(s.cfg.run.seed)
-                           : mix_seed(static_cast<uint64_t>(s.cfg.run.seed), 7, static_cast<uint64_t>(round));
+                           : mix_seed(static_cast<uint64_t>(s.cfg.run.seed), seed_stream::rollout_round, static_cast<uint64_t>(round));
   r.index0 = static_cast<int64_t>(round) * ro.prompts_per_step;
   double t_env = mono_s();
   int P = ro.prompts_per_step;
@@ -82,11 +73,11 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
   };
   std::vector<Reply<EnvObs>> obs;
   for (int i = 0; i < P; ++i) {
-    uint64_t rs = mix_seed(r.seed_base, 1, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
+    uint64_t rs = mix_seed(r.seed_base, seed_stream::grpo_prompt, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
     auto& g = r.groups[i];
     g.index = r.index0 + i;
     g.env = s.cfg.envs[pick_env(s.cfg, rs)].name;
-    g.seed = mix_seed(rs, 2);
+    g.seed = mix_seed(rs, seed_stream::env_reset);
     obs.push_back(
         request<EnvObs>(s.here, s.env_worker(i), EnvResetReq{g.env, episode_id(i), g.seed, 0}, kEnvTimeout));
   }
@@ -166,7 +157,7 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
           streams.push_back((i - part.g0) * ro.num_generations + j);
         }
       req.sampling = {ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
-                      mix_seed(r.seed_base, 3, static_cast<uint64_t>(k), 1024 * static_cast<uint64_t>(c)),
+                      mix_seed(r.seed_base, seed_stream::sampling, static_cast<uint64_t>(k), 1024 * static_cast<uint64_t>(c)),
                       std::move(streams)};
       req.policy_version = version;
       req.step = step;

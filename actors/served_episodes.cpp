@@ -20,7 +20,7 @@ namespace troupe::actors::coord {
 using runtime::Reply;
 using runtime::request;
 
-bool runs_episodes(const RunState& s, const std::string& env) { return env_spec(s, env).type == "verifiers"; }
+bool runs_episodes(const RunState& s, const std::string& env) { return env_spec(s, env).type == EnvType::verifiers; }
 
 namespace {
 
@@ -127,7 +127,7 @@ Task<Status> run_served(RunState& s, Rollout& r, const std::vector<int>& groups,
       json sp = {{"temperature", ro.temperature},
                  {"top_p", ro.top_p},
                  {"max_tokens", ro.max_response_length},
-                 {"seed", mix_seed(r.seed_base, 5, static_cast<uint64_t>(k),
+                 {"seed", mix_seed(r.seed_base, seed_stream::served_sampling, static_cast<uint64_t>(k),
                                    static_cast<uint64_t>(i) * 4096 + static_cast<uint64_t>(j))}};
       if (ro.top_k > 0) sp["top_k"] = ro.top_k;
       if (!ro.stop.empty()) sp["stop"] = ro.stop;

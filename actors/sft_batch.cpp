@@ -16,20 +16,20 @@ Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
   std::vector<Reply<EnvObs>> obs;
   std::vector<std::string> envn;
   for (int i = 0; i < B; ++i) {
-    uint64_t rs = mix_seed(s.cfg.run.seed, 11, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
+    uint64_t rs = mix_seed(s.cfg.run.seed, seed_stream::sft_prompt, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
     envn.push_back(s.cfg.envs[pick_env(s.cfg, rs)].name);
     obs.push_back(request<EnvObs>(s.here, s.env_worker(i),
-                                  EnvResetReq{envn.back(), episode_id(i), mix_seed(rs, 2), 0}, kEnvTimeout));
+                                  EnvResetReq{envn.back(), episode_id(i), mix_seed(rs, seed_stream::env_reset), 0}, kEnvTimeout));
   }
   TrainReq req;
-  req.phase = 1;
+  req.phase = learner::Phase::sft;
   req.step = k;
   *tokens = 0;
   std::string last_failure;
   for (int i = 0; i < B; ++i) {
-    uint64_t rs = mix_seed(s.cfg.run.seed, 11, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
+    uint64_t rs = mix_seed(s.cfg.run.seed, seed_stream::sft_prompt, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
     Result<EnvObs> first = co_await obs[i];
-    const EnvResetReq rq{envn[i], episode_id(i), mix_seed(rs, 2), 0};
+    const EnvResetReq rq{envn[i], episode_id(i), mix_seed(rs, seed_stream::env_reset), 0};
     ResetOutcome got = co_await reset_retrying(s, first, rq, static_cast<size_t>(i), true);
     (void)s.here->send(s.env_worker(got.worker), EnvReleaseReq{envn[i], got.episode_id});
     if (!got.obs.error.empty()) {  // no prompt on any try: this example is left out

@@ -113,7 +113,7 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
   // completions of that env that reported it
   std::map<std::string, std::pair<double, int>> parts;
   for (const auto& g : r.groups) {
-    if (env_spec(s, g.env).type != "nemo_gym") continue;
+    if (env_spec(s, g.env).type != EnvType::nemo_gym) continue;
     for (const auto& c : g.components) {
       json j = c.empty() ? json() : json::parse(c, nullptr, false);
       if (!j.is_object()) continue;

@@ -32,7 +32,7 @@ inline ExperimentConfig tiny_config() {
 // An SFT step of two identical short samples (enough to move every weight a little).
 inline TrainReq tiny_sft_batch() {
   TrainReq req;
-  req.phase = 1;  // SFT
+  req.phase = learner::Phase::sft;
   TrainSample s;
   s.prompt = {1, 10, 11};
   s.completion = {12, 2};

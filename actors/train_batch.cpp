@@ -59,14 +59,14 @@ Result<Prepared> prepare(const RunState& s, const Rollout& r) {
       for (size_t m = 0; m <= n_more; ++m) {
         const auto& x = m == 0 ? g.samples[j] : g.more_samples[j][m - 1];
         if (!keep[gi] || x.tokens.empty() || !g.errors[j].empty()) continue;
-        if (stale && ro.stale_policy == "drop") {
+        if (stale && ro.stale_policy == StalePolicy::drop) {
           ++p.stale_dropped;
           continue;
         }
         TrainSample t;
         t.prompt = x.prompt_tokens;
         t.completion = x.tokens;
-        if ((async && ro.stale_policy == "importance_weight") ||
+        if ((async && ro.stale_policy == StalePolicy::importance_weight) ||
             s.cfg.loss.mismatch_correction != learner::MismatchCorrection::none) {
           // decoupled PPO: the ratio against the learner's current weights, and the sampler's
           // log-probs only in the importance weight of pi_current / pi_sampler (truncated at the

@@ -300,8 +300,8 @@ ThreadScratch& thread_scratch() {
 
 }  // namespace
 
-WeightDtype weight_dtype_of(const std::string& name) { return name == "bf16" ? WeightDtype::bf16 : WeightDtype::fp32; }
-const char* weight_dtype_name(WeightDtype d) { return d == WeightDtype::bf16 ? "bf16" : "fp32"; }
+WeightDtype weight_dtype_of(const std::string& name) { return enum_from_name<WeightDtype>(name).value_or(WeightDtype::fp32); }
+const char* weight_dtype_name(WeightDtype d) { return enum_name(d).data(); }
 const char* weights_status_name(WeightsStatus s) {
   switch (s) {
     case WeightsStatus::applied: return "applied";

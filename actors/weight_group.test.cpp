@@ -23,9 +23,9 @@ namespace {
 ExperimentConfig fenced(const char* dtype) {
   ExperimentConfig c = test_support::tiny_config();
   c.optimizer.lr = 0.01f;
-  c.policy.device = "cpu_fenced";
-  c.weight_sync.transport = "nccl";
-  c.weight_sync.dtype = dtype;
+  c.policy.device = kernels::DeviceKind::cpu_fenced;
+  c.weight_sync.transport = WeightTransport::nccl;
+  c.weight_sync.dtype = weight_dtype_of(dtype);
   return c;
 }
 

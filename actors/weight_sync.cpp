@@ -165,7 +165,7 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
   // weight_sync.transport nccl: by broadcast while every member of the weight group is alive (a
   // broadcast needs them all); once one is down, over ZeroMQ for the rest of the run.
   bool by_broadcast = false;
-  if (st->cfg.transport == "nccl") {
+  if (st->cfg.transport == WeightTransport::nccl) {
     if (st->group == 0) {
       TROUPE_CO_TRY(co_await form_weight_group(here, p, st->group, st->log));
     }
@@ -181,7 +181,7 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
   // A delta goes to the generators that will hold what learner 0 encoded last; the others get
   // the full weights (learner 0 answers in full anyway when the version is a full_every one).
   bool delta_wanted = false;
-  if (st->cfg.mode == "delta" && st->published >= 0)
+  if (st->cfg.mode == WeightSyncMode::delta && st->published >= 0)
     for (size_t g : live) delta_wanted = delta_wanted || st->expected[g] == st->published;
   GetWeightsReq ask;
   ask.base_version = delta_wanted && !by_broadcast ? st->published : -1;

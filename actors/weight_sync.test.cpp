@@ -508,7 +508,7 @@ TEST(WeightSync, WrongBaseIsRefused) {
   for (const char* dtype : {"fp32", "bf16"}) {
     SCOPED_TRACE(dtype);
     auto cfg = tiny();
-    cfg.weight_sync.dtype = dtype;
+    cfg.weight_sync.dtype = weight_dtype_of(dtype);
     auto l = LearnerRole::create(cfg, nullptr);
     ASSERT_TRUE(l.ok()) << l.error().message;
     auto g = Generator::create(cfg);
@@ -722,7 +722,7 @@ SyncRun run_syncs(const ExperimentConfig& cfg, bool async, int updates, Damage d
 // Every generator holds learner 0's current weights in its dtype, bit for bit.
 void expect_in_step(const SyncRun& run, const ExperimentConfig& cfg) {
   std::vector<float> master = run.learner->weights().params;
-  round_to_dtype(master, weight_dtype_of(cfg.weight_sync.dtype));
+  round_to_dtype(master, cfg.weight_sync.dtype);
   for (size_t g = 0; g < run.gens.size(); ++g) {
     EXPECT_EQ(run.gens[g]->version(), run.learner->version()) << "generator " << g;
     EXPECT_TRUE(same_bits(run.gens[g]->model().params(), master)) << "generator " << g;
@@ -738,7 +738,7 @@ void expect_in_step(const SyncRun& run, const ExperimentConfig& cfg) {
 // the next delta is made from the master again, and the receiver still gets what learner 0 holds.
 TEST(WeightSync, LearnerPreparesDeltasInItsSteps) {
   ExperimentConfig cfg = tiny();
-  cfg.weight_sync.dtype = "bf16";
+  cfg.weight_sync.dtype = WeightDtype::bf16;
   ExperimentConfig plain_cfg = cfg;
   plain_cfg.weight_sync.prepare_in_step = false;
   auto l = LearnerRole::create(cfg, nullptr);
@@ -821,7 +821,7 @@ TEST(WeightSync, FullEveryAndJoinGetFullSyncs) {
     }
   }
   expect_in_step(run, cfg);
-  cfg.weight_sync.mode = "full";
+  cfg.weight_sync.mode = WeightSyncMode::full;
   run = run_syncs(cfg, false, 2, {});
   for (const auto& r : run.out.reports) {
     ASSERT_TRUE(r.ok());
@@ -837,7 +837,7 @@ TEST(WeightSync, ChecksumFailureGetsAFullResync) {
   for (const char* dtype : {"fp32", "bf16"}) {
     SCOPED_TRACE(dtype);
     auto cfg = tiny();
-    cfg.weight_sync.dtype = dtype;
+    cfg.weight_sync.dtype = weight_dtype_of(dtype);
     Damage d;
     d.corrupt_payload_of = 2;
     SyncRun run = run_syncs(cfg, false, 3, d);

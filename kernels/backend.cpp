@@ -137,4 +137,6 @@ Result<const Backend*> backend_for(std::string_view device) {
   return invalid_input(std::move(msg));
 }
 
+Result<const Backend*> backend_for(DeviceKind device) { return backend_for(enum_name(device)); }
+
 }  // namespace troupe::kernels

@@ -72,6 +72,14 @@ struct Builder {
                       return ref;
                     }});
   }
+  // An enum field whose YAML names are declared beside the enum (troupe/base/enum_names.h).
+  template <class F, class E = std::remove_pointer_t<std::invoke_result_t<F, Root&>>>
+    requires has_enum_names<E>
+  void enumeration(std::string path, F f, std::string desc) {
+    std::vector<std::pair<std::string, E>> names;
+    for (const auto& [name, value] : EnumNames<E>::table) names.emplace_back(std::string(name), value);
+    enumeration(std::move(path), f, std::move(names), std::move(desc));
+  }
   template <class F>
   void int_list(std::string path, F f, double lo, double hi, std::string desc) {
     keys.push_back({std::move(path), KeyType::int_list, lo, hi, {}, std::move(desc),
@@ -89,8 +97,8 @@ struct Builder {
   }
 };
 
-std::vector<KeySpec<ExperimentConfig>> build_schema() {
-  Builder<ExperimentConfig> b;
+// run, policy.
+void add_run_and_policy_keys(Builder<ExperimentConfig>& b) {
   using C = ExperimentConfig;
   // run
   b.text("run.dir", [](C& c) { return &c.run.dir; }, "Run directory: config.resolved.yaml, metrics.jsonl, tb/, trajectories/, checkpoints/ (a leading ~/ is $HOME).");
@@ -100,10 +108,10 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
 
   // policy
   b.text("policy.path", [](C& c) { return &c.policy.path; }, "Start from this model directory (ours or transformers-made) or a .gguf file (imported once into $TROUPE_CACHE/gguf, default ~/.cache/troupe); a leading ~/ is $HOME. Its config.json fixes the architecture, so policy.model keys are an error with it. Empty = fresh initialization from policy.model.");
-  b.choice("policy.tokenizer", [](C& c) { return &c.policy.tokenizer; }, {"char", "byte", "auto"}, "Tokenizer: char (printable ASCII, for built-in tasks), byte, or auto (the model directory's tokenizer).");
+  b.enumeration("policy.tokenizer", [](C& c) { return &c.policy.tokenizer; }, "Tokenizer: char (printable ASCII, for built-in tasks), byte, or auto (the model directory's tokenizer).");
   b.number("policy.init_std", [](C& c) { return &c.policy.init_std; }, 0, 1, "Standard deviation of the fresh initialization.");
-  b.choice("policy.device", [](C& c) { return &c.policy.device; }, {"cpu", "cuda", "cpu_fenced"}, "Backend the model runs on: cpu (OpenMP + BLAS), cuda (one NVIDIA GPU: cuBLAS and the kernels of kernels/cuda/), or cpu_fenced (the CPU ops behind device memory the host cannot touch: runs the device path cuda takes -- host mirror of the weights, every host array copied to the device -- on a machine without a GPU, with the cpu backend's numbers; for tests). cuda is an error when the build has no CUDA or the process sees no GPU.");
-  b.choice("policy.compute_dtype", [](C& c) { return &c.policy.compute_dtype; }, {"fp32", "bf16"}, "GEMM precision: fp32, or bf16 (every GEMM reads its operands rounded to bf16 and accumulates in fp32 into fp32 outputs, on tensor cores; master weights, activations, gradients and every other op stay fp32). bf16 needs policy.device: cuda and is an error with policy.batch_invariant.");
+  b.enumeration("policy.device", [](C& c) { return &c.policy.device; }, "Backend the model runs on: cpu (OpenMP + BLAS), cuda (one NVIDIA GPU: cuBLAS and the kernels of kernels/cuda/), or cpu_fenced (the CPU ops behind device memory the host cannot touch: runs the device path cuda takes -- host mirror of the weights, every host array copied to the device -- on a machine without a GPU, with the cpu backend's numbers; for tests). cuda is an error when the build has no CUDA or the process sees no GPU.");
+  b.enumeration("policy.compute_dtype", [](C& c) { return &c.policy.compute_dtype; }, "GEMM precision: fp32, or bf16 (every GEMM reads its operands rounded to bf16 and accumulates in fp32 into fp32 outputs, on tensor cores; master weights, activations, gradients and every other op stay fp32). bf16 needs policy.device: cuda and is an error with policy.batch_invariant.");
   b.flag("policy.cache_packed_metadata", [](C& c) { return &c.policy.cache_packed_metadata; }, "Optimization: build packed-sequence metadata once per batch, shared by every layer.");
   b.flag("policy.activation_checkpointing", [](C& c) { return &c.policy.activation_checkpointing; }, "Optimization: recompute each layer in backward from its saved input.");
   b.flag("policy.offload_activations", [](C& c) { return &c.policy.offload_activations; }, "Optimization: move checkpointed layer inputs to an offload store in host memory (needs activation_checkpointing): a copy thread on cpu, a copy stream into pinned memory on cuda.");
@@ -132,6 +140,11 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.number("policy.model.router_aux_loss_coef", [](C& c) { return &c.policy.model.router_aux_loss_coef; }, 0, 10, "Weight of the load-balancing loss (0 = off).");
   b.integer("policy.model.max_position_embeddings", [](C& c) { return &c.policy.model.max_position_embeddings; }, 1, 1048576, "Longest sequence (prompt + response) the model takes.");
 
+}
+
+// sft, grpo, loss, optimizer.
+void add_training_keys(Builder<ExperimentConfig>& b) {
+  using C = ExperimentConfig;
   // sft
   b.flag("sft.enabled", [](C& c) { return &c.sft.enabled; }, "Run an SFT warm-up phase (on the envs' reference answers) before GRPO.");
   b.integer("sft.max_steps", [](C& c) { return &c.sft.max_steps; }, 0, 10000000, "SFT optimizer steps.");
@@ -172,7 +185,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.number("loss.icepop_high", [](C& c) { return &c.loss.icepop_high; }, 1e-6, 1e6, "mismatch_correction icepop: beta, the upper bound of the kept ratios.");
 
   // optimizer
-  b.choice("optimizer.name", [](C& c) { return &c.optimizer.name; }, {"adamw"}, "Optimizer.");
+  b.enumeration("optimizer.name", [](C& c) { return &c.optimizer.name; }, {{"adamw", learner::OptimizerKind::adamw}}, "Optimizer.");
   b.number("optimizer.lr", [](C& c) { return &c.optimizer.lr; }, 0, 10, "Peak learning rate.");
   b.number("optimizer.weight_decay", [](C& c) { return &c.optimizer.weight_decay; }, 0, 10, "Decoupled weight decay.");
   b.number("optimizer.beta1", [](C& c) { return &c.optimizer.beta1; }, 0, 0.999999, "AdamW beta1.");
@@ -183,6 +196,11 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.enumeration("optimizer.schedule", [](C& c) { return &c.optimizer.schedule; }, {{"constant", LrSchedule::constant}, {"cosine", LrSchedule::cosine}}, "Learning-rate schedule after warm-up.");
   b.number("optimizer.min_lr_ratio", [](C& c) { return &c.optimizer.min_lr_ratio; }, 0, 1, "Cosine floor as a fraction of the peak.");
 
+}
+
+// envs, rollout, weight_sync.
+void add_rollout_keys(Builder<ExperimentConfig>& b) {
+  using C = ExperimentConfig;
   // envs: a list; its entries' keys are in env_entry_schema()
   b.mapping("envs", [](C& c) { return static_cast<nlohmann::json*>(nullptr); }, "List of environments; each entry has the keys envs[].* below.");
 
@@ -195,13 +213,13 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("rollout.num_generations", [](C& c) { return &c.rollout.num_generations; }, 1, 4096, "G: completions sampled per prompt (one group).");
   b.integer("rollout.prompts_per_step", [](C& c) { return &c.rollout.prompts_per_step; }, 1, 1048576, "Prompts (groups) per GRPO step.");
   b.string_list("rollout.stop", [](C& c) { return &c.rollout.stop; }, "Stop strings besides EOS; the response ends after the first one.");
-  b.choice("rollout.template", [](C& c) { return &c.rollout.template_name; }, {"plain", "chat"}, "Prompt format: plain (system prompt + text) or chat: the model's chat template (policy.path's chat_template.jinja or tokenizer_config.json) renders the system prompt and the user turn with the generation prompt, encoded without adding BOS; a model without a template gets the built-in <|system|>/<|user|>/<|assistant|> tags after BOS.");
+  b.enumeration("rollout.template", [](C& c) { return &c.rollout.template_name; }, "Prompt format: plain (system prompt + text) or chat: the model's chat template (policy.path's chat_template.jinja or tokenizer_config.json) renders the system prompt and the user turn with the generation prompt, encoded without adding BOS; a model without a template gets the built-in <|system|>/<|user|>/<|assistant|> tags after BOS.");
   b.text("rollout.system_prompt", [](C& c) { return &c.rollout.system_prompt; }, "Prepended to every prompt (empty = none).");
   b.integer("rollout.max_turns", [](C& c) { return &c.rollout.max_turns; }, 1, 1024, "Turns per episode for multi-turn envs.");
   b.flag("rollout.async", [](C& c) { return &c.rollout.async; }, "Async mode: generators keep sampling with version v while learners train v+1.");
   b.integer("rollout.max_staleness", [](C& c) { return &c.rollout.max_staleness; }, 0, 1024, "Async: oldest policy version lag a trajectory may have.");
   b.integer("rollout.async_chunks", [](C& c) { return &c.rollout.async_chunks; }, 1, 1048576, "Async: each step's prompts are generated in this many parts, and the learners start on a part (accumulating its gradient) as soon as it is scored; the optimizer step follows the last part. The update equals the whole batch's up to rounding. 1 = the whole batch at once. Needs one on-policy update per batch (grpo.num_iterations 1, no dynamic sampling), single-turn envs and group-local advantages (scale_rewards group or none, adv_estimator grpo or rloo).");
-  b.choice("rollout.stale_policy", [](C& c) { return &c.rollout.stale_policy; }, {"drop", "importance_weight"}, "Async: how trajectories sampled by older weights are trained on. The scheduler never starts a rollout on weights more than max_staleness versions old. drop: the PPO ratio is taken against the sampler's log-probs (tokens that moved are clipped), and a trajectory past max_staleness would be dropped (stale_dropped). importance_weight: decoupled PPO, the ratio against the learner's current weights and each token's policy-gradient term weighted by min(pi_current / pi_sampler, importance_weight_cap) (truncated importance sampling; is_weight_mean in the metrics).");
+  b.enumeration("rollout.stale_policy", [](C& c) { return &c.rollout.stale_policy; }, "Async: how trajectories sampled by older weights are trained on. The scheduler never starts a rollout on weights more than max_staleness versions old. drop: the PPO ratio is taken against the sampler's log-probs (tokens that moved are clipped), and a trajectory past max_staleness would be dropped (stale_dropped). importance_weight: decoupled PPO, the ratio against the learner's current weights and each token's policy-gradient term weighted by min(pi_current / pi_sampler, importance_weight_cap) (truncated importance sampling; is_weight_mean in the metrics).");
   b.number("rollout.importance_weight_cap", [](C& c) { return &c.rollout.importance_weight_cap; }, 1, 1000, "stale_policy importance_weight: truncation of the importance weight (veRL's TIS cap is 2).");
   b.flag("rollout.in_flight_updates", [](C& c) { return &c.rollout.in_flight_updates; }, "Async: a generator takes newer weights between decode steps instead of finishing its episodes on the version the rollout started with. Step k's rollout starts with its pinned version (the learners' after step k - max_staleness - 1); before decode step i * in_flight_every it moves to the learners' version after step k - max_staleness - 1 + i (waiting for it; at most the version after step k - 1, and after no step past an eval or checkpoint that drains it), so the switch points depend on the config only. The KV cache of older tokens is kept. Each completion token records its version; mismatch metrics and the off-policy correction use the per-token behaviour log-probs and versions. Needs max_staleness >= 1, single-turn envs, async_chunks 1, no rollout.serve.");
   b.integer("rollout.in_flight_every", [](C& c) { return &c.rollout.in_flight_every; }, 1, 1048576, "in_flight_updates: decode steps between two weight switches of a generation.");
@@ -210,18 +228,23 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("rollout.serve_slots", [](C& c) { return &c.rollout.serve_slots; }, 1, 4096, "rollout.serve: sequences the endpoint samples together (continuous batching over a copy of the generator's weights).");
 
   // weight_sync
-  b.choice("weight_sync.mode", [](C& c) { return &c.weight_sync.mode; }, {"delta", "full"}, "How learner 0's weights reach the generators after each update (docs/weight_sync.md). delta: the XOR of the new bits and those of the version the generator holds, in byte planes, zstd-compressed (only what changed costs bytes; lossless: fp32 generators then hold the master bit for bit); the full weights go at the start, to a generator that has none acknowledged yet, after a checksum failure or a refused delta, and every full_every versions. full: every sync sends every value. Each tensor is checksummed (xxh3-64) either way.");
+  b.enumeration("weight_sync.mode", [](C& c) { return &c.weight_sync.mode; }, "How learner 0's weights reach the generators after each update (docs/weight_sync.md). delta: the XOR of the new bits and those of the version the generator holds, in byte planes, zstd-compressed (only what changed costs bytes; lossless: fp32 generators then hold the master bit for bit); the full weights go at the start, to a generator that has none acknowledged yet, after a checksum failure or a refused delta, and every full_every versions. full: every sync sends every value. Each tensor is checksummed (xxh3-64) either way.");
   b.integer("weight_sync.full_every", [](C& c) { return &c.weight_sync.full_every; }, 0, kIntMax, "delta mode: a version divisible by this goes to the generators in full (bounds how long a delta chain gets; 0 = only when needed).");
-  b.choice("weight_sync.dtype", [](C& c) { return &c.weight_sync.dtype; }, {"fp32", "bf16"}, "The generators' weights: fp32 (the learner's master as it is: exact on-policy sampling) or bf16 (the master rounded to the nearest bf16, ties to even; still computed in fp32). bf16 halves a full sync, and a small update leaves most bf16 values unchanged, so deltas get far smaller; the sampler then differs from the learner by that rounding (the mismatch metrics show it). Not with policy.batch_invariant.");
-  b.choice("weight_sync.transport", [](C& c) { return &c.weight_sync.transport; }, {"zmq", "nccl"}, "How the weights' values travel. zmq: in the Weights message (delta or full, weight_sync.mode). nccl: learner 0 and every generator join one device collective at the first sync (the weight group: an NCCL communicator with policy.device cuda, every member in a process of its own on a GPU of its own; in-process with cpu_fenced, every member in one process) and learner 0 broadcasts the values in the generators' dtype, device to device; the Weights message then carries only their version, per-tensor checksums and probe, and each generator checks them as it would a full sync. Needs policy.device cuda or cpu_fenced. Once a generator is down the group is not used again and the weights go over ZeroMQ.");
+  b.enumeration("weight_sync.dtype", [](C& c) { return &c.weight_sync.dtype; }, "The generators' weights: fp32 (the learner's master as it is: exact on-policy sampling) or bf16 (the master rounded to the nearest bf16, ties to even; still computed in fp32). bf16 halves a full sync, and a small update leaves most bf16 values unchanged, so deltas get far smaller; the sampler then differs from the learner by that rounding (the mismatch metrics show it). Not with policy.batch_invariant.");
+  b.enumeration("weight_sync.transport", [](C& c) { return &c.weight_sync.transport; }, "How the weights' values travel. zmq: in the Weights message (delta or full, weight_sync.mode). nccl: learner 0 and every generator join one device collective at the first sync (the weight group: an NCCL communicator with policy.device cuda, every member in a process of its own on a GPU of its own; in-process with cpu_fenced, every member in one process) and learner 0 broadcasts the values in the generators' dtype, device to device; the Weights message then carries only their version, per-tensor checksums and probe, and each generator checks them as it would a full sync. Needs policy.device cuda or cpu_fenced. Once a generator is down the group is not used again and the weights go over ZeroMQ.");
   b.flag("weight_sync.prepare_in_step", [](C& c) { return &c.weight_sync.prepare_in_step; }, "bf16 deltas over zmq: learner 0's optimizer step hands each block of new master values, while still in cache, to the weight encoder, which compares it with what the generators hold, records the changes and hashes the tensor there; the sync then only compresses and sends (the same message, bit for bit, without reading the 4-byte master again). The work moves rather than shrinks (learner 0's step takes about as much longer as the sync gets shorter), so the generators get new weights sooner after the step; false: the sync does it all, reading the master once more. Only the last optimizer step of a train step prepares. Not used with fp32 (every value changes), mode full or transport nccl.");
   b.flag("weight_sync.probe", [](C& c) { return &c.weight_sync.probe; }, "After each sync every generator computes the log-probs of a fixed 32-token probe sequence with its new weights and compares them, bit for bit, with those learner 0 computed with the same weights in the generators' dtype; a mismatch is an error naming the generator, the version and the first differing position (and that generator refuses to sample).");
 
+}
+
+// cluster.
+void add_cluster_keys(Builder<ExperimentConfig>& b) {
+  using C = ExperimentConfig;
   // cluster
   b.integer("cluster.learners", [](C& c) { return &c.cluster.learners; }, 1, 4096, "Learner ranks (data parallel).");
   b.integer("cluster.generators", [](C& c) { return &c.cluster.generators; }, 1, 4096, "Rollout generator ranks.");
   b.integer("cluster.env_workers", [](C& c) { return &c.cluster.env_workers; }, 1, 4096, "Env worker ranks.");
-  b.choice("cluster.transport", [](C& c) { return &c.cluster.transport; }, {"ipc", "tcp"}, "Transport between ranks under mpirun (one process always uses inproc).");
+  b.enumeration("cluster.transport", [](C& c) { return &c.cluster.transport; }, "Transport between ranks under mpirun (one process always uses inproc).");
   b.text("cluster.bind_host", [](C& c) { return &c.cluster.bind_host; }, "tcp: where each rank listens: an IPv4 address of its node or an interface name (e.g. eth0), resolved on the rank's own node, so one config serves hosts of different addresses (127.0.0.1 = this machine only; a wildcard such as 0.0.0.0 is refused: peers could not reach it).");
   b.number("cluster.heartbeat_s", [](C& c) { return &c.cluster.heartbeat_s; }, 0.01, 3600, "Heartbeat period between ranks.");
   b.number("cluster.peer_timeout_s", [](C& c) { return &c.cluster.peer_timeout_s; }, 0.1, 86400, "A peer silent this long is declared dead (exit 3).");
@@ -234,6 +257,11 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.text("cluster.curve_authorized_keys", [](C& c) { return &c.cluster.curve_authorized_keys; }, "CURVE: file listing the public key of every rank allowed to connect, one per line ('#' comments); others are refused.");
   b.integer("cluster.generator_nice", [](C& c) { return &c.cluster.generator_nice; }, 0, 19, "Generators sample on their own threads at this OS priority (nice; 0 = as the process). With roles sharing cores in async mode, 19 lets the learner run at full speed and sampling take the cycles it leaves.");
 
+}
+
+// checkpointing, logger, eval, faults.
+void add_output_keys(Builder<ExperimentConfig>& b) {
+  using C = ExperimentConfig;
   // checkpointing
   b.flag("checkpointing.enabled", [](C& c) { return &c.checkpointing.enabled; }, "Write checkpoints/step_N/ (model dir + optimizer + state).");
   b.integer("checkpointing.every", [](C& c) { return &c.checkpointing.every; }, 0, 10000000, "Checkpoint every N steps (0 = at the end of each phase only).");
@@ -243,7 +271,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
 
   // logger
   b.flag("logger.tensorboard", [](C& c) { return &c.logger.tensorboard; }, "Write TensorBoard event files to tb/ (metrics.jsonl is always written).");
-  b.choice("logger.progress", [](C& c) { return &c.logger.progress; }, {"auto", "tty", "plain", "off"}, "Progress display: auto (tty on a terminal, else plain log lines).");
+  b.enumeration("logger.progress", [](C& c) { return &c.logger.progress; }, "Progress display: auto (tty on a terminal, else plain log lines).");
   b.flag("logger.trajectories", [](C& c) { return &c.logger.trajectories; }, "Write sampled trajectories to trajectories/*.jsonl.");
   b.integer("logger.trajectories_per_step", [](C& c) { return &c.logger.trajectories_per_step; }, 0, 1048576, "At most this many trajectories written per step.");
 
@@ -255,7 +283,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   // faults (off by default; docs/reliability.md)
   b.integer("faults.seed", [](C& c) { return &c.faults.seed; }, 0, kIntMax, "Fault injection: which calls the env fault probabilities below hit is a hash of this seed, the env worker and the call (episode id or payload), so a run with faults is as reproducible as one without.");
   b.text("faults.env", [](C& c) { return &c.faults.env; }, "The env (an envs[].name) the env faults hit (empty = every env).");
-  b.choice("faults.env_op", [](C& c) { return &c.faults.env_op; }, {"any", "reset", "step", "verify"}, "The env calls the env faults hit.");
+  b.enumeration("faults.env_op", [](C& c) { return &c.faults.env_op; }, "The env calls the env faults hit.");
   b.number("faults.env_exception", [](C& c) { return &c.faults.env_exception; }, 0, 1, "Probability per env call that it fails as the env's own error (env_error).");
   b.number("faults.env_crash", [](C& c) { return &c.faults.env_crash; }, 0, 1, "Probability per env call that the env worker process is SIGKILLed just before it (worker_crash; the worker is restarted). Needs a worker troupe starts: isolate: true or a remote command:.");
   b.number("faults.env_hang", [](C& c) { return &c.faults.env_hang; }, 0, 1, "Probability per env call that the worker is SIGSTOPped just before it: the call runs into envs[].timeout_s, the worker is killed and replaced (timeout). Needs a worker troupe starts.");
@@ -269,6 +297,15 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   b.integer("faults.generator_death_step", [](C& c) { return &c.faults.generator_death_step; }, 0, kIntMax, "Generator generator_death_rank dies as it is asked to sample this GRPO step (the metrics' step; 0 = off): under mpirun its rank is SIGKILLed, in one process its actor (thread) fails. With two or more generators its prompts go to the others and the run goes on; with one the run stops with exit 3.");
   b.integer("faults.generator_death_rank", [](C& c) { return &c.faults.generator_death_rank; }, 0, 4095, "The generator (index among cluster.generators) generator_death_step kills.");
   b.integer("faults.checkpoint_interrupt_step", [](C& c) { return &c.faults.checkpoint_interrupt_step; }, 0, kIntMax, "Kill the process half-way through writing the checkpoint of this step (after its model files, before its state file and the rename; 0 = off): latest keeps pointing at the previous checkpoint.");
+}
+
+std::vector<KeySpec<ExperimentConfig>> build_schema() {
+  Builder<ExperimentConfig> b;
+  add_run_and_policy_keys(b);
+  add_training_keys(b);
+  add_rollout_keys(b);
+  add_cluster_keys(b);
+  add_output_keys(b);
   return b.keys;
 }
 
@@ -276,14 +313,14 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   Builder<EnvSpec> b;
   using E = EnvSpec;
   b.text("name", [](E& e) { return &e.name; }, "Required. Label in metrics (reward_mean/<name>, prompts/<name>); the builtin id unless env is set.");
-  b.choice("type", [](E& e) { return &e.type; }, {"builtin", "plugin", "remote", "nemo_gym", "reasoning_gym", "verifiers"}, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md), nemo_gym (a NeMo Gym resource server over HTTP: url or command), reasoning_gym (any reasoning-gym task: config.task, task_config, size, eval_size, seed), verifiers (a verifiers v1 environment server at address, which runs each episode and calls the policy through rollout.serve; its tasks are config.tasks).");
+  b.enumeration("type", [](E& e) { return &e.type; }, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md), nemo_gym (a NeMo Gym resource server over HTTP: url or command), reasoning_gym (any reasoning-gym task: config.task, task_config, size, eval_size, seed), verifiers (a verifiers v1 environment server at address, which runs each episode and calls the policy through rollout.serve; its tasks are config.tasks).");
   b.text("env", [](E& e) { return &e.env; }, "Builtin env id (empty = name), e.g. arithmetic, countdown.");
   b.text("path", [](E& e) { return &e.path; }, "plugin: path of the shared library (relative to the YAML file).");
   b.string_list("command", [](E& e) { return &e.command; }, "remote: argv that starts the env server, e.g. [python, env.py, --bind, \"{bind}\"] (empty = use address); nemo_gym: argv that starts a resource server, {port} = the port troupe picks on 127.0.0.1.");
   b.text("address", [](E& e) { return &e.address; }, "remote: address of a running env server, e.g. tcp://127.0.0.1:5555; verifiers: its env server's ZeroMQ address.");
   b.number("weight", [](E& e) { return &e.weight; }, 0, 1e6, "Share of prompts drawn from this env (normalized over envs).");
   b.number("timeout_s", [](E& e) { return &e.timeout_s; }, 0.001, 86400, "Per-call timeout (reset/step/verify); a late call fails the episode.");
-  b.choice("isolate", [](E& e) { return &e.isolate; }, {"auto", "true", "false"}, "Run a builtin/plugin env in its own worker process (crash and hang isolation); auto = plugins only.");
+  b.enumeration("isolate", [](E& e) { return &e.isolate; }, "Run a builtin/plugin env in its own worker process (crash and hang isolation); auto = plugins only.");
   b.mapping("config", [](E& e) { return &e.config; }, "Env-specific settings, passed to the env as is (e.g. difficulty); the dataset env's relative train/eval paths (and base_dir) start at the YAML file's folder.");
   b.number("startup_timeout_s", [](E& e) { return &e.startup_timeout_s; }, 0.001, 86400, "A worker or server troupe starts must answer hello within this.");
   b.integer("max_restarts", [](E& e) { return &e.max_restarts; }, 0, kIntMax, "Env worker restarts (after a crash, hang or malformed reply) per run; one more stops the run (exit 3).");

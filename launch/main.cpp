@@ -7,6 +7,7 @@
 #include <exception>
 #include <vector>
 
+#include "troupe/actors/messages.h"
 #include "troupe/base/build_config.h"
 #include "troupe/launch/commands.h"
 
@@ -28,6 +29,8 @@ int main(int argc, char** argv) {
     execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
   }
   using namespace troupe::launch;
+  if (troupe::Status registered = troupe::actors::register_messages(); !registered.ok())
+    return report_error(registered.error());  // two message types share an id: a bug, caught before anything runs
   CLI::App app{"troupe — actor-based RL post-training (GRPO, SFT) for MoE language models"};
   app.set_version_flag("--version", TROUPE_VERSION_STRING);
   app.require_subcommand(1);

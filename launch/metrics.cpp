@@ -190,7 +190,8 @@ Result<std::unique_ptr<MetricsSinks>> MetricsSinks::open(const std::string& run_
     TROUPE_ASSIGN_OR_RETURN(s->tb_, TensorBoardWriter::open(run_dir + "/tb"));
   }
   s->progress_ = std::move(progress);
-  s->tty_ = s->progress_.mode == "tty" || (s->progress_.mode == "auto" && isatty(STDERR_FILENO));
+  s->tty_ = s->progress_.mode == actors::ProgressMode::tty ||
+            (s->progress_.mode == actors::ProgressMode::detect && isatty(STDERR_FILENO));
   return s;
 }
 
@@ -220,7 +221,7 @@ Status MetricsSinks::write(const nlohmann::json& row) {
 }
 
 void MetricsSinks::message(const std::string& text) {
-  if (progress_.mode == "off") return;
+  if (progress_.mode == actors::ProgressMode::off) return;
   if (line_open_) {
     std::fputs("\r\033[K", stderr);
     line_open_ = false;
@@ -229,7 +230,7 @@ void MetricsSinks::message(const std::string& text) {
 }
 
 void MetricsSinks::show_progress(const nlohmann::json& row) {
-  if (progress_.mode == "off") return;
+  if (progress_.mode == actors::ProgressMode::off) return;
   bool eval = row.contains("eval_accuracy");
   std::string phase = row.value("phase", std::string("?"));
   long long step = row.value("step", 0LL);

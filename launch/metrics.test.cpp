@@ -23,7 +23,7 @@ std::string temp_dir(const std::string& name) {
 }
 
 void write_rows(const std::string& dir, int steps, int64_t resume_after = -1, const std::string& progress = "off") {
-  auto sinks = MetricsSinks::open(dir, progress == "off", ProgressOptions{progress, "t", steps}, resume_after);
+  auto sinks = MetricsSinks::open(dir, progress == "off", ProgressOptions{*troupe::enum_from_name<troupe::actors::ProgressMode>(progress), "t", steps}, resume_after);
   ASSERT_TRUE(sinks.ok()) << sinks.error().message;
   for (int s = resume_after < 0 ? 1 : static_cast<int>(resume_after + 1); s <= steps; ++s) {
     nlohmann::json row = {{"step", s}, {"phase", s <= 2 ? "sft" : "grpo"}, {"wall_s", 0.1 * s},

@@ -95,7 +95,7 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
 int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
   ExperimentConfig cfg = loaded.config;
   cfg.policy.path = checkpoint;
-  if (cfg.policy.tokenizer != "auto") cfg.policy.tokenizer = "auto";
+  cfg.policy.tokenizer = actors::TokenizerKind::from_model;
   auto specs = actors::env_specs(cfg, base_dir_of(loaded.file));
   if (!specs.ok()) return fail(specs.error());
   runtime::SystemConfig sc;

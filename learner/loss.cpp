@@ -159,6 +159,29 @@ Vec op_broadcast_vec(const Vec& per_seq, const int32_t* cu, int S, int T) {
     for (int t = cu[s]; t < cu[s + 1]; ++t) out[t] = per_seq[s];
   return out;
 }
+
+// The KL penalty per token against the reference policy, kl[t], and its derivative in logp, dkl[t]
+// (with the optional input and output clamps).
+void kl_term(Vec& kl, Vec& dkl, const float* logp_ref, const float* logp, const GrpoLossConfig& cfg, int T) {
+  Vec x(T);
+  for (int t = 0; t < T; ++t) x[t] = static_cast<double>(logp_ref[t]) - logp[t];
+  Vec xc = cfg.kl_input_clamp > 0 ? op_clamp(x, -cfg.kl_input_clamp, cfg.kl_input_clamp) : x;
+  Vec dk_dx(T);
+  for (int t = 0; t < T; ++t) {
+    switch (cfg.kl_type) {
+      case KlEstimator::k1: kl[t] = -xc[t]; dk_dx[t] = -1.0; break;
+      case KlEstimator::k2: kl[t] = 0.5 * xc[t] * xc[t]; dk_dx[t] = xc[t]; break;
+      case KlEstimator::k3: kl[t] = std::exp(xc[t]) - 1.0 - xc[t]; dk_dx[t] = std::exp(xc[t]) - 1.0; break;
+    }
+  }
+  Vec kl_raw = kl;
+  if (cfg.kl_output_clamp > 0) {
+    kl = op_clamp(kl_raw, -cfg.kl_output_clamp, cfg.kl_output_clamp);
+    dk_dx = op_clamp_grad(dk_dx, kl_raw, -cfg.kl_output_clamp, cfg.kl_output_clamp);
+  }
+  if (cfg.kl_input_clamp > 0) dk_dx = op_clamp_grad(dk_dx, x, -cfg.kl_input_clamp, cfg.kl_input_clamp);
+  for (int t = 0; t < T; ++t) dkl[t] = -dk_dx[t];
+}
 }  // namespace
 
 Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const float* logp, const float* entropy,
@@ -221,24 +244,7 @@ Result<LossMetrics> grpo_loss_composed(float* dlogp, float* dentropy, const floa
   Vec per_tok = pg;
   Vec kl(T, 0.0), dkl(T, 0.0);
   if (b.logp_ref) {
-    Vec x(T);
-    for (int t = 0; t < T; ++t) x[t] = static_cast<double>(b.logp_ref[t]) - logp[t];
-    Vec xc = cfg.kl_input_clamp > 0 ? op_clamp(x, -cfg.kl_input_clamp, cfg.kl_input_clamp) : x;
-    Vec dk_dx(T);
-    for (int t = 0; t < T; ++t) {
-      switch (cfg.kl_type) {
-        case KlEstimator::k1: kl[t] = -xc[t]; dk_dx[t] = -1.0; break;
-        case KlEstimator::k2: kl[t] = 0.5 * xc[t] * xc[t]; dk_dx[t] = xc[t]; break;
-        case KlEstimator::k3: kl[t] = std::exp(xc[t]) - 1.0 - xc[t]; dk_dx[t] = std::exp(xc[t]) - 1.0; break;
-      }
-    }
-    Vec kl_raw = kl;
-    if (cfg.kl_output_clamp > 0) {
-      kl = op_clamp(kl_raw, -cfg.kl_output_clamp, cfg.kl_output_clamp);
-      dk_dx = op_clamp_grad(dk_dx, kl_raw, -cfg.kl_output_clamp, cfg.kl_output_clamp);
-    }
-    if (cfg.kl_input_clamp > 0) dk_dx = op_clamp_grad(dk_dx, x, -cfg.kl_input_clamp, cfg.kl_input_clamp);
-    for (int t = 0; t < T; ++t) dkl[t] = -dk_dx[t];
+    kl_term(kl, dkl, b.logp_ref, logp, cfg, T);
     if (cfg.kl_coef != 0)
       for (int t = 0; t < T; ++t) per_tok[t] += cfg.kl_coef * kl[t];
   }

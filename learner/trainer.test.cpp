@@ -553,7 +553,7 @@ TEST(Trainer, DeviceCollectiveEqualsHostAllReduce) {
   troupe::policy::ModelConfig mc;
   mc.vocab_size = 32;
   mc.num_hidden_layers = 2;
-  mc.device = "cpu_fenced";
+  mc.device = troupe::kernels::DeviceKind::cpu_fenced;
   auto a = troupe::policy::Model::create(mc, 3);
   auto b = troupe::policy::Model::create(mc, 3);
   ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? "" : a.error().message);

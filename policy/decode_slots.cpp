@@ -1,7 +1,8 @@
 // Continuous-batching KV-cache sampling: sequences in fixed slots of one KV cache join and leave
-// between steps (decode_slots.h). It runs the model's own layer forward (model_impl.h) the way
-// Model::generate does -- a packed prefill of new prompts, then decode steps whose rows are every
-// running sequence -- so one sequence alone computes exactly what generate computes for it.
+// between steps (decode_slots.h). It runs the model's own layer forward (model_impl.h): a packed
+// prefill of new prompts, then decode steps whose rows are every running sequence. This is troupe's
+// one decode loop: Model::generate (generate.cpp) drives it too, so one sequence alone computes
+// exactly what generate computes for it.
 #include "troupe/policy/decode_slots.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "model_impl.h"
+#include "sampling_checks.h"
 #include "troupe/kernels/batch_invariant.h"
 
 namespace troupe::policy {
@@ -21,11 +23,13 @@ enum class SlotPhase { free, waiting, running };
 
 struct DecodeSlots::State {
   Model::Impl* m = nullptr;
-  int slots = 0, context = 0, prefill_tokens = 0;
+  int slots = 0, context = 0;
+  DecodeOptions opt;
   KvCtx kv;
   k::Buffer kcache, vcache, arena, last, hl, rl, logits, scratch;
-  k::Buffer ints;     // each pass's tokens, slots, positions and visible keys on the device
-  PackedMeta pm, dm;  // prefill and decode metadata (their device buffers reused)
+  k::Buffer ints;       // each pass's tokens, slots, positions and visible keys on the device
+  k::Buffer learner;    // learner_logprobs: log-probs, entropy, lse (slots each), then the op's scratch
+  PackedMeta pm, dm;    // prefill and decode metadata (their device buffers reused)
   struct Seq {
     SlotPhase phase = SlotPhase::free;
     std::vector<int32_t> prompt;
@@ -34,28 +38,50 @@ struct DecodeSlots::State {
     int sampled = 0;      // tokens sampled so far
     int32_t next = -1;    // the token to feed at the next decode step
     uint64_t order = 0;   // admission order (prefill is first come, first served)
+    std::vector<int32_t> experts;  // record_experts: the routing behind the next token sampled
   };
   std::vector<Seq> seq;
   uint64_t admitted = 0;
   // Per-step host arrays, sized once for the largest step.
-  std::vector<int32_t> slot, pos, kv_len, tok, rows;
+  std::vector<int32_t> slot, pos, kv_len, tok, rows, route;
   std::vector<float> host_logits;
+
+  int room(int i) const {
+    const Seq& q = seq[i];
+    return std::max(0, context - static_cast<int>(q.prompt.size()) - q.sampled);
+  }
+  void plan_rows(std::vector<int>& pre, std::vector<int>& dec) const;
+  void size_step_arrays(size_t n);
+  Result<const float*> run_layers(const int32_t* tokens, int T, int max_seqlen, const PackedMeta& meta, bool decode);
+  void keep_routing(int slot, size_t row);
+  Status prefill(const std::vector<int>& pre);
+  Status decode(const std::vector<int>& dec, int row);
+  Status draw_tokens(const std::vector<int>& order, std::vector<SlotToken>& out);
+  Status learner_logprobs(std::vector<SlotToken>& out);
+  void top_logprobs(SlotToken& t, int row);
 };
 
 DecodeSlots::DecodeSlots(std::unique_ptr<State> s) : s_(std::move(s)) {}
 DecodeSlots::~DecodeSlots() = default;
 
 Result<std::unique_ptr<DecodeSlots>> DecodeSlots::create(Model& model, int slots, int context, int prefill_tokens) {
+  DecodeOptions o;
+  o.prefill_tokens = prefill_tokens;
+  return create(model, slots, context, o);
+}
+
+Result<std::unique_ptr<DecodeSlots>> DecodeSlots::create(Model& model, int slots, int context,
+                                                         const DecodeOptions& options) {
   Model::Impl& m = *model.impl_;
   if (slots < 1) return invalid_input("decode slots: slots must be >= 1, got " + std::to_string(slots));
   if (context < 2) return invalid_input("decode slots: context must be >= 2 tokens, got " + std::to_string(context));
-  if (prefill_tokens < 1)
-    return invalid_input("decode slots: prefill_tokens must be >= 1, got " + std::to_string(prefill_tokens));
+  if (options.prefill_tokens < 1)
+    return invalid_input("decode slots: prefill_tokens must be >= 1, got " + std::to_string(options.prefill_tokens));
   auto s = std::make_unique<State>();
   s->m = &m;
   s->slots = slots;
   s->context = context;
-  s->prefill_tokens = prefill_tokens;
+  s->opt = options;
   const int KD = m.NKV * m.HD;
   s->kv.cache_len = context;
   s->kv.layer_stride = static_cast<size_t>(slots) * context * KD;
@@ -65,14 +91,14 @@ Result<std::unique_ptr<DecodeSlots>> DecodeSlots::create(Model& model, int slots
   TROUPE_ASSIGN_OR_RETURN(s->vcache, floats(s->kv.layer_stride * m.L));
   s->kv.k_cache = s->kcache.floats();
   s->kv.v_cache = s->vcache.floats();
+  // Each row's last hidden state, its final norm (and rstd).
   TROUPE_ASSIGN_OR_RETURN(s->last, floats(static_cast<size_t>(slots) * m.C));
   TROUPE_ASSIGN_OR_RETURN(s->hl, floats(static_cast<size_t>(slots) * m.C));
   TROUPE_ASSIGN_OR_RETURN(s->rl, floats(slots));
-  // The head's logits: (slots, V) when the vocabulary fits one policy.logprob_chunk; else one
-  // (1, V) row for a slot that asks for top_logprobs (sampling itself runs over chunks).
-  const bool chunked = m.cfg.logprob_chunk > 0 && m.V > m.cfg.logprob_chunk;
-  TROUPE_ASSIGN_OR_RETURN(s->logits, floats(static_cast<size_t>(chunked ? 1 : slots) * m.V));
-  TROUPE_ASSIGN_OR_RETURN(s->scratch, be->alloc(be->sample_scratch_bytes(m.V)));
+  if (options.learner_logprobs && m.cfg.batch_invariant) {
+    const size_t n = k::chunked_logprob_scratch_floats(slots, m.V, m.cfg.logprob_chunk) + 3 * static_cast<size_t>(slots);
+    TROUPE_ASSIGN_OR_RETURN(s->learner, floats(n));
+  }
   s->seq.resize(slots);
   return std::unique_ptr<DecodeSlots>(new DecodeSlots(std::move(s)));
 }
@@ -88,17 +114,12 @@ int DecodeSlots::free_slots() const { return s_->slots - occupied(); }
 
 int DecodeSlots::room(int slot) const {
   if (slot < 0 || slot >= s_->slots || s_->seq[slot].phase == SlotPhase::free) return 0;
-  const auto& q = s_->seq[slot];
-  return std::max(0, s_->context - static_cast<int>(q.prompt.size()) - q.sampled);
+  return s_->room(slot);
 }
 
 Result<int> DecodeSlots::add(const std::vector<int32_t>& prompt, const SlotSampling& sp) {
   State& s = *s_;
-  if (!(sp.temperature >= 0.0f) || !std::isfinite(sp.temperature))
-    return invalid_input("sampling: temperature must be >= 0, got " + std::to_string(sp.temperature));
-  if (!(sp.top_p > 0.0f && sp.top_p <= 1.0f))
-    return invalid_input("sampling: top_p must be in (0, 1], got " + std::to_string(sp.top_p));
-  if (sp.top_k < 0) return invalid_input("sampling: top_k must be >= 0, got " + std::to_string(sp.top_k));
+  TROUPE_TRY(check_sampling(sp.temperature, sp.top_k, sp.top_p));
   if (sp.top_logprobs < 0 || sp.top_logprobs > s.m->V)
     return invalid_input("sampling: top_logprobs must be in [0, " + std::to_string(s.m->V) + "], got " +
                          std::to_string(sp.top_logprobs));
@@ -118,11 +139,13 @@ Result<int> DecodeSlots::add(const std::vector<int32_t>& prompt, const SlotSampl
   q.phase = SlotPhase::waiting;
   q.prompt = prompt;
   q.sp = sp;
-  uint64_t s0 = sp.seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(sp.stream + 1));  // as Model::generate
+  // The stream's RNG: seed ^ (0xD1B54A32D192ED03 * (stream + 1)) in 64-bit arithmetic.
+  uint64_t s0 = sp.seed ^ (0xD1B54A32D192ED03ull * (static_cast<uint64_t>(sp.stream) + 1));
   q.rng = k::splitmix64(s0);
   q.sampled = 0;
   q.next = -1;
   q.order = s.admitted++;
+  q.experts.clear();
   return slot;
 }
 
@@ -131,161 +154,234 @@ void DecodeSlots::remove(int slot) {
   s_->seq[slot] = State::Seq{};
 }
 
+// Rows of this step: the prompts prefilled now (admission order, within the token budget), then the
+// running sequences with room left (slot order).
+void DecodeSlots::State::plan_rows(std::vector<int>& pre, std::vector<int>& dec) const {
+  std::vector<int> waiting;
+  for (int i = 0; i < slots; ++i) {
+    if (seq[i].phase == SlotPhase::waiting) waiting.push_back(i);
+    else if (seq[i].phase == SlotPhase::running && room(i) > 0) dec.push_back(i);
+  }
+  std::sort(waiting.begin(), waiting.end(), [&](int a, int b) { return seq[a].order < seq[b].order; });
+  int budget = 0;
+  for (int i : waiting) {
+    const int n = static_cast<int>(seq[i].prompt.size());
+    if (!pre.empty() && budget + n > opt.prefill_tokens) break;
+    pre.push_back(i);
+    budget += n;
+  }
+}
+
+void DecodeSlots::State::size_step_arrays(size_t n) {
+  slot.resize(std::max(slot.size(), n));
+  pos.resize(std::max(pos.size(), n));
+  kv_len.resize(std::max(kv_len.size(), n));
+}
+
+// Embedding and every layer over T rows (slot/pos/kv_len set for them); the last layer's output.
+Result<const float*> DecodeSlots::State::run_layers(const int32_t* tokens, int T, int max_seqlen,
+                                                    const PackedMeta& meta, bool decode) {
+  const k::Backend* be = m->be;
+  TROUPE_ASSIGN_OR_RETURN(Acts ia, m->carve(arena, std::max(T, opt.arena_rows), std::max(max_seqlen, opt.arena_seqlen),
+                                            2, 1, false));
+  const size_t n = static_cast<size_t>(T);
+  TROUPE_TRY(be->grow(ints, sizeof(int32_t) * 4 * n));  // all four first: growing moves the buffer
+  TROUPE_ASSIGN_OR_RETURN(const int32_t* d_tok, m->stage_ints(ints, tokens, n, 0));
+  TROUPE_ASSIGN_OR_RETURN(kv.slot, m->stage_ints(ints, slot.data(), n, n));
+  TROUPE_ASSIGN_OR_RETURN(kv.pos, m->stage_ints(ints, pos.data(), n, 2 * n));
+  TROUPE_ASSIGN_OR_RETURN(kv.kv_len, m->stage_ints(ints, kv_len.data(), n, 3 * n));
+  kv.decode = decode;
+  // Row r's routing is that of the token sampled from its output.
+  const size_t RW = static_cast<size_t>(m->routing_width);
+  const bool record = opt.record_experts && RW > 0;
+  if (record) route.resize(std::max(route.size(), n * RW));
+  m->routing_out = record ? route.data() : nullptr;
+  be->embedding_forward(ia.resid[0], d_tok, m->P() + m->wte, T, m->C);
+  for (int l = 0; l < m->L; ++l)
+    m->layer_forward(l, ia.resid[l % 2], ia.resid[(l + 1) % 2], ia.ws[0], ia, meta, T, &kv);
+  m->routing_out = nullptr;
+  return ia.resid[m->L % 2];
+}
+
+// The routing recorded for the pass's row `row` becomes that of the slot's next token.
+void DecodeSlots::State::keep_routing(int i, size_t row) {
+  const size_t RW = static_cast<size_t>(m->routing_width);
+  if (!opt.record_experts || RW == 0) return;
+  const auto from = route.begin() + static_cast<std::ptrdiff_t>(row * RW);
+  seq[i].experts.assign(from, from + static_cast<std::ptrdiff_t>(RW));
+}
+
+// Packed prefill of the new prompts; each one's last position goes to rows 0.. of `last`.
+Status DecodeSlots::State::prefill(const std::vector<int>& pre) {
+  const k::Backend* be = m->be;
+  PackedBatch batch;
+  batch.cu_seqlens.push_back(0);
+  int max_prompt = 0;
+  for (int i : pre) {
+    const auto& p = seq[i].prompt;
+    batch.tokens.insert(batch.tokens.end(), p.begin(), p.end());
+    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
+    max_prompt = std::max(max_prompt, static_cast<int>(p.size()));
+  }
+  const int Tp = static_cast<int>(batch.tokens.size());
+  TROUPE_TRY(build_packed_meta(&pm, batch, m->HD, m->cfg.rope_theta, m->d_inv_freq(), *be));
+  size_step_arrays(Tp);
+  for (int t = 0; t < Tp; ++t) slot[t] = pre[pm.seq_ids[t]], pos[t] = pm.positions[t];
+  TROUPE_ASSIGN_OR_RETURN(const float* xL, run_layers(batch.tokens.data(), Tp, max_prompt, pm, false));
+  const size_t C = static_cast<size_t>(m->C);
+  for (size_t j = 0; j < pre.size(); ++j) {
+    const size_t at = static_cast<size_t>(batch.cu_seqlens[j + 1] - 1);
+    be->copy_device_to_device(last.floats() + j * C, xL + at * C, sizeof(float) * C);
+    keep_routing(pre[j], at);
+  }
+  return {};
+}
+
+// One decode step of the running sequences, each fed its last sampled token; rows row.. of `last`.
+Status DecodeSlots::State::decode(const std::vector<int>& dec, int row) {
+  const k::Backend* be = m->be;
+  const int B = static_cast<int>(dec.size());
+  size_step_arrays(B);
+  tok.resize(B);
+  for (int i = 0; i < B; ++i) {
+    const auto& q = seq[dec[i]];
+    slot[i] = dec[i];
+    pos[i] = static_cast<int32_t>(q.prompt.size()) + q.sampled - 1;
+    kv_len[i] = pos[i] + 1;
+    tok[i] = q.next;
+  }
+  TROUPE_TRY(build_decode_meta(&dm, pos.data(), B, m->HD, m->cfg.rope_theta, m->d_inv_freq(), *be));
+  TROUPE_ASSIGN_OR_RETURN(const float* x, run_layers(tok.data(), B, 1, dm, true));
+  const size_t C = static_cast<size_t>(m->C);
+  be->copy_device_to_device(last.floats() + static_cast<size_t>(row) * C, x, sizeof(float) * B * C);
+  for (int i = 0; i < B; ++i) keep_routing(dec[i], static_cast<size_t>(i));
+  return {};
+}
+
+// One token per row (order[r] is row r's slot) from the LM head over the final-norm rows `hl`:
+// kernels::chunked_sample draws them all at once (over vocabulary chunks once V exceeds
+// policy.logprob_chunk, else matmul + sample_token per row), except that with a whole-vocabulary
+// head and a row wanting top_logprobs the (rows, V) logits are kept and each row is sampled from them.
+Status DecodeSlots::State::draw_tokens(const std::vector<int>& order, std::vector<SlotToken>& out) {
+  const k::Backend* be = m->be;
+  const float* W = m->P() + m->wlm;
+  const int n_rows = static_cast<int>(order.size()), C = m->C, V = m->V, chunk = m->cfg.logprob_chunk;
+  const bool chunked = chunk > 0 && V > chunk;
+  bool any_top = false;
+  int max_k = 0;
+  std::vector<k::SampleParams> sp(n_rows);
+  std::vector<uint64_t> rng(n_rows);
+  for (int r = 0; r < n_rows; ++r) {
+    const auto& q = seq[order[r]];
+    sp[r] = k::SampleParams{q.sp.temperature, q.sp.top_k, q.sp.top_p};
+    rng[r] = q.rng;
+    max_k = std::max(max_k, q.sp.top_k);
+    any_top = any_top || q.sp.top_logprobs > 0;
+  }
+  out.resize(n_rows);
+  if (chunked && any_top) TROUPE_TRY(be->grow(logits, sizeof(float) * V));  // top_logprobs' one row
+  if (!chunked && any_top) {
+    TROUPE_TRY(be->grow(logits, sizeof(float) * static_cast<size_t>(n_rows) * V));
+    TROUPE_TRY(be->grow(scratch, be->sample_scratch_bytes(V)));
+    be->matmul_forward(logits.floats(), hl.floats(), W, n_rows, C, V);
+    for (int r = 0; r < n_rows; ++r)
+      out[r].token = be->sample_token(&out[r].logprob, logits.floats() + static_cast<size_t>(r) * V, V, sp[r], &rng[r],
+                                      scratch.data());
+  } else {
+    TROUPE_TRY(be->grow(scratch, be->chunked_sample_scratch_bytes(n_rows, V, chunk, max_k)));
+    std::vector<int32_t> tokens(n_rows);
+    std::vector<float> lps(n_rows);
+    be->chunked_sample(tokens.data(), lps.data(), hl.floats(), W, n_rows, C, V, chunk, sp.data(), rng.data(), max_k,
+                       scratch.data());
+    for (int r = 0; r < n_rows; ++r) out[r].token = tokens[r], out[r].logprob = lps[r];
+  }
+  for (int r = 0; r < n_rows; ++r) out[r].slot = order[r], seq[order[r]].rng = rng[r];
+  return {};
+}
+
+// learner_logprobs under batch_invariant: each row's log-prob is the learner's chunked log-softmax
+// of its token at its sampling temperature (1 when greedy), one call per run of equal temperatures.
+Status DecodeSlots::State::learner_logprobs(std::vector<SlotToken>& out) {
+  if (!opt.learner_logprobs || !m->cfg.batch_invariant) return {};
+  const k::Backend* be = m->be;
+  const int n_rows = static_cast<int>(out.size());
+  const size_t cap = static_cast<size_t>(slots);
+  float* lp = learner.floats();
+  float* ent = lp + cap;
+  tok.resize(std::max<size_t>(tok.size(), n_rows));
+  for (int r = 0; r < n_rows; ++r) tok[r] = out[r].token;
+  TROUPE_ASSIGN_OR_RETURN(const int32_t* d_tok, m->stage_ints(ints, tok.data(), n_rows, 0));
+  std::vector<float> host(n_rows);
+  for (int r0 = 0, r1 = 0; r0 < n_rows; r0 = r1) {
+    const float temp = seq[out[r0].slot].sp.temperature;
+    while (r1 < n_rows && seq[out[r1].slot].sp.temperature == temp) ++r1;
+    const size_t o = static_cast<size_t>(r0);
+    be->chunked_logprob_forward(lp + o, ent + o, ent + cap + o, hl.floats() + o * m->C, m->P() + m->wlm, d_tok + o,
+                                temp > 0 ? temp : 1.0f, r1 - r0, m->C, m->V, m->cfg.logprob_chunk, ent + 2 * cap);
+  }
+  be->copy_device_to_host(host.data(), lp, sizeof(float) * n_rows);
+  for (int r = 0; r < n_rows; ++r) out[r].logprob = host[r];
+  return {};
+}
+
+// The row's top_logprobs most likely tokens: log softmax at the sampling temperature (1 when
+// greedy), on the host, from its logits row (computed here for a chunked head).
+void DecodeSlots::State::top_logprobs(SlotToken& t, int row) {
+  const auto& q = seq[t.slot];
+  if (q.sp.top_logprobs <= 0) return;
+  const k::Backend* be = m->be;
+  const int C = m->C, V = m->V;
+  const bool chunked = m->cfg.logprob_chunk > 0 && V > m->cfg.logprob_chunk;
+  const float* lrow = logits.floats() + (chunked ? 0 : static_cast<size_t>(row) * V);
+  if (chunked)
+    be->matmul_forward(logits.floats(), hl.floats() + static_cast<size_t>(row) * C, m->P() + m->wlm, 1, C, V);
+  const float* h = lrow;
+  if (!be->host_visible()) {
+    host_logits.resize(V);
+    be->copy_device_to_host(host_logits.data(), lrow, sizeof(float) * V);
+    h = host_logits.data();
+  }
+  const float inv_t = q.sp.temperature > 0 ? 1.0f / q.sp.temperature : 1.0f;
+  double mx = -INFINITY;
+  for (int v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(h[v]) * inv_t);
+  double sum = 0;
+  for (int v = 0; v < V; ++v) sum += std::exp(static_cast<double>(h[v]) * inv_t - mx);
+  const double lse = mx + std::log(sum);
+  rows.resize(V);
+  for (int v = 0; v < V; ++v) rows[v] = v;
+  const int kk = std::min(q.sp.top_logprobs, V);
+  std::partial_sort(rows.begin(), rows.begin() + kk, rows.end(),
+                    [&](int32_t a, int32_t b) { return h[a] != h[b] ? h[a] > h[b] : a < b; });
+  for (int j = 0; j < kk; ++j)
+    t.top.emplace_back(rows[j], static_cast<float>(static_cast<double>(h[rows[j]]) * inv_t - lse));
+}
+
 Result<std::vector<SlotToken>> DecodeSlots::step() {
   State& s = *s_;
   Model::Impl& m = *s.m;
   const OpScopes scopes(m.cfg);  // batch invariance: a slot's rows never depend on the others
-  const k::Backend* be = m.be;
-  const float* P = m.P();
-  const int C = m.C, V = m.V, HD = m.HD;
-  std::vector<SlotToken> out;
-  // Rows of this step: the prompts prefilled now (admission order, within the token budget), then
-  // the running sequences with room left.
   std::vector<int> pre, dec;
-  {
-    std::vector<int> waiting;
-    for (int i = 0; i < s.slots; ++i) {
-      const auto& q = s.seq[i];
-      if (q.phase == SlotPhase::waiting) waiting.push_back(i);
-      else if (q.phase == SlotPhase::running && room(i) > 0) dec.push_back(i);
-    }
-    std::sort(waiting.begin(), waiting.end(), [&](int a, int b) { return s.seq[a].order < s.seq[b].order; });
-    int budget = 0;
-    for (int i : waiting) {
-      const int n = static_cast<int>(s.seq[i].prompt.size());
-      if (!pre.empty() && budget + n > s.prefill_tokens) break;
-      pre.push_back(i);
-      budget += n;
-    }
-  }
-  const int n_rows = static_cast<int>(pre.size() + dec.size());
-  if (n_rows == 0) return out;
-  auto run_layers = [&](const int32_t* tokens, int T, int max_seqlen, const PackedMeta& meta, bool decode)
-      -> Result<const float*> {
-    TROUPE_ASSIGN_OR_RETURN(Acts ia, m.carve(s.arena, T, max_seqlen, 2, 1, false));
-    const size_t n = static_cast<size_t>(T);
-    TROUPE_TRY(be->grow(s.ints, sizeof(int32_t) * 4 * n));  // all four first: growing moves the buffer
-    TROUPE_ASSIGN_OR_RETURN(const int32_t* d_tok, m.stage_ints(s.ints, tokens, n, 0));
-    TROUPE_ASSIGN_OR_RETURN(s.kv.slot, m.stage_ints(s.ints, s.slot.data(), n, n));
-    TROUPE_ASSIGN_OR_RETURN(s.kv.pos, m.stage_ints(s.ints, s.pos.data(), n, 2 * n));
-    TROUPE_ASSIGN_OR_RETURN(s.kv.kv_len, m.stage_ints(s.ints, s.kv_len.data(), n, 3 * n));
-    s.kv.decode = decode;
-    be->embedding_forward(ia.resid[0], d_tok, P + m.wte, T, C);
-    for (int l = 0; l < m.L; ++l)
-      m.layer_forward(l, ia.resid[l % 2], ia.resid[(l + 1) % 2], ia.ws[0], ia, meta, T, &s.kv);
-    return ia.resid[m.L % 2];
-  };
-  int row = 0;
-  if (!pre.empty()) {  // packed prefill of the new prompts; keep each one's last position
-    PackedBatch batch;
-    batch.cu_seqlens.push_back(0);
-    int max_prompt = 0;
-    for (int i : pre) {
-      const auto& p = s.seq[i].prompt;
-      batch.tokens.insert(batch.tokens.end(), p.begin(), p.end());
-      batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
-      max_prompt = std::max(max_prompt, static_cast<int>(p.size()));
-    }
-    const int Tp = static_cast<int>(batch.tokens.size());
-    PackedMeta& pm = s.pm;
-    TROUPE_TRY(build_packed_meta(&pm, batch, HD, m.cfg.rope_theta, m.d_inv_freq(), *be));
-    s.slot.resize(std::max<size_t>(s.slot.size(), Tp));
-    s.pos.resize(std::max<size_t>(s.pos.size(), Tp));
-    s.kv_len.resize(std::max<size_t>(s.kv_len.size(), Tp));
-    for (int t = 0; t < Tp; ++t) s.slot[t] = pre[pm.seq_ids[t]], s.pos[t] = pm.positions[t];
-    TROUPE_ASSIGN_OR_RETURN(const float* xL, run_layers(batch.tokens.data(), Tp, max_prompt, pm, false));
-    for (size_t j = 0; j < pre.size(); ++j, ++row)
-      be->copy_device_to_device(s.last.floats() + static_cast<size_t>(row) * C,
-                                xL + static_cast<size_t>(batch.cu_seqlens[j + 1] - 1) * C, sizeof(float) * C);
-  }
-  if (!dec.empty()) {  // one decode step of the running sequences, each fed its last sampled token
-    const int B = static_cast<int>(dec.size());
-    s.slot.resize(std::max<size_t>(s.slot.size(), B));
-    s.pos.resize(std::max<size_t>(s.pos.size(), B));
-    s.kv_len.resize(std::max<size_t>(s.kv_len.size(), B));
-    s.tok.resize(B);
-    for (int i = 0; i < B; ++i) {
-      const auto& q = s.seq[dec[i]];
-      s.slot[i] = dec[i];
-      s.pos[i] = static_cast<int32_t>(q.prompt.size()) + q.sampled - 1;
-      s.kv_len[i] = s.pos[i] + 1;
-      s.tok[i] = q.next;
-    }
-    TROUPE_TRY(build_decode_meta(&s.dm, s.pos.data(), B, HD, m.cfg.rope_theta, m.d_inv_freq(), *be));
-    TROUPE_ASSIGN_OR_RETURN(const float* x, run_layers(s.tok.data(), B, 1, s.dm, true));
-    be->copy_device_to_device(s.last.floats() + static_cast<size_t>(row) * C, x, sizeof(float) * B * C);
-  }
+  s.plan_rows(pre, dec);
+  std::vector<SlotToken> out;
+  if (pre.empty() && dec.empty()) return out;
+  if (!pre.empty()) TROUPE_TRY(s.prefill(pre));
+  if (!dec.empty()) TROUPE_TRY(s.decode(dec, static_cast<int>(pre.size())));
   // The LM head over every row, then one token per row.
-  be->rmsnorm_forward(s.hl.floats(), s.rl.floats(), s.last.floats(), P + m.wnorm, n_rows, C, m.cfg.rms_norm_eps);
   std::vector<int> order = pre;
   order.insert(order.end(), dec.begin(), dec.end());
-  // Over vocabulary chunks (kernels::chunked_sample) once V exceeds one: every row's token at once,
-  // then one (1, V) logits row only for the slots that want their top log-probs.
-  const int chunk = m.cfg.logprob_chunk;
-  const bool chunked = chunk > 0 && V > chunk;
-  std::vector<int32_t> ctok;
-  std::vector<float> clp;
-  if (chunked) {
-    std::vector<k::SampleParams> csp(n_rows);
-    std::vector<uint64_t> crng(n_rows);
-    int max_k = 0;
-    for (int r = 0; r < n_rows; ++r) {
-      const auto& q = s.seq[order[r]];
-      csp[r] = k::SampleParams{q.sp.temperature, q.sp.top_k, q.sp.top_p};
-      crng[r] = q.rng;
-      max_k = std::max(max_k, q.sp.top_k);
-    }
-    TROUPE_TRY(be->grow(s.scratch, be->chunked_sample_scratch_bytes(n_rows, V, chunk, max_k)));
-    ctok.resize(n_rows);
-    clp.resize(n_rows);
-    be->chunked_sample(ctok.data(), clp.data(), s.hl.floats(), P + m.wlm, n_rows, C, V, chunk, csp.data(),
-                       crng.data(), max_k, s.scratch.data());
-    for (int r = 0; r < n_rows; ++r) s.seq[order[r]].rng = crng[r];
-  } else {
-    be->matmul_forward(s.logits.floats(), s.hl.floats(), P + m.wlm, n_rows, C, V);
-  }
-  const bool host = be->host_visible();
-  out.reserve(order.size());
+  const int n_rows = static_cast<int>(order.size());
+  m.be->rmsnorm_forward(s.hl.floats(), s.rl.floats(), s.last.floats(), m.P() + m.wnorm, n_rows, m.C,
+                        m.cfg.rms_norm_eps);
+  TROUPE_TRY(s.draw_tokens(order, out));
+  TROUPE_TRY(s.learner_logprobs(out));
   for (int r = 0; r < n_rows; ++r) {
-    auto& q = s.seq[order[r]];
-    const float* lrow = s.logits.floats() + (chunked ? 0 : static_cast<size_t>(r) * V);
-    SlotToken t;
-    t.slot = order[r];
-    if (chunked) {
-      t.token = ctok[r];
-      t.logprob = clp[r];
-      if (q.sp.top_logprobs > 0)
-        be->matmul_forward(s.logits.floats(), s.hl.floats() + static_cast<size_t>(r) * C, P + m.wlm, 1, C, V);
-    } else {
-      const k::SampleParams spk{q.sp.temperature, q.sp.top_k, q.sp.top_p};
-      t.token = be->sample_token(&t.logprob, lrow, V, spk, &q.rng, s.scratch.data());
-    }
-    if (q.sp.top_logprobs > 0) {  // log softmax at the sampling temperature (1 when greedy), on the host
-      const float* h = lrow;
-      if (!host) {
-        s.host_logits.resize(V);
-        be->copy_device_to_host(s.host_logits.data(), lrow, sizeof(float) * V);
-        h = s.host_logits.data();
-      }
-      const float inv_t = q.sp.temperature > 0 ? 1.0f / q.sp.temperature : 1.0f;
-      double mx = -INFINITY;
-      for (int v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(h[v]) * inv_t);
-      double sum = 0;
-      for (int v = 0; v < V; ++v) sum += std::exp(static_cast<double>(h[v]) * inv_t - mx);
-      const double lse = mx + std::log(sum);
-      s.rows.resize(V);
-      for (int v = 0; v < V; ++v) s.rows[v] = v;
-      const int kk = std::min(q.sp.top_logprobs, V);
-      std::partial_sort(s.rows.begin(), s.rows.begin() + kk, s.rows.end(), [&](int32_t a, int32_t b) {
-        return h[a] != h[b] ? h[a] > h[b] : a < b;
-      });
-      for (int j = 0; j < kk; ++j)
-        t.top.emplace_back(s.rows[j], static_cast<float>(static_cast<double>(h[s.rows[j]]) * inv_t - lse));
-    }
+    SlotToken& t = out[r];
+    auto& q = s.seq[t.slot];
+    s.top_logprobs(t, r);
+    if (s.opt.record_experts) t.experts = q.experts;
     q.phase = SlotPhase::running;
     q.next = t.token;
     ++q.sampled;
-    out.push_back(std::move(t));
   }
   return out;
 }

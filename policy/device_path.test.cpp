@@ -33,7 +33,7 @@ const bool kExact = kDevice == "cpu_fenced";  // the fenced backend runs the CPU
 
 // The device's model of a config: test::make (seed 11) on kDevice or the given device.
 Model make(ModelConfig c, const std::string& device = kDevice) {
-  c.device = device;
+  c.device = *troupe::enum_from_name<troupe::kernels::DeviceKind>(device);
   return test::make(c, 11);
 }
 
@@ -250,9 +250,9 @@ TEST(DevicePath, DecodeSlotsEqualCpuBitForBit) {
 // log-likelihood; a backend without bf16 GEMMs (cpu_fenced, cpu) refuses the option.
 TEST(DevicePath, Bf16Compute) {
   ModelConfig c = test::tiny("qwen3_moe");
-  c.compute_dtype = "bf16";
+  c.compute_dtype = troupe::kernels::ComputeDtype::bf16;
   if (kExact) {
-    c.device = kDevice;
+    c.device = *troupe::enum_from_name<troupe::kernels::DeviceKind>(kDevice);
     auto m = Model::create(c, 1);
     ASSERT_FALSE(m.ok());
     EXPECT_NE(m.error().message.find("compute_dtype"), std::string::npos) << m.error().message;
@@ -260,7 +260,7 @@ TEST(DevicePath, Bf16Compute) {
   }
   Model dev = make(c);
   ModelConfig f = c;
-  f.compute_dtype = "fp32";
+  f.compute_dtype = troupe::kernels::ComputeDtype::fp32;
   Model cpu = make(f, "cpu");
   const PackedBatch b = batch();
   const size_t T = b.tokens.size();

@@ -198,12 +198,10 @@ Status validate_model_config(const ModelConfig& c) {
   if (c.offload_activations && !c.activation_checkpointing)
     return bad("offload_activations", "needs activation_checkpointing: true (only checkpointed layer inputs are offloaded)");
   auto be = kernels::backend_for(c.device);
-  if (!be.ok()) return bad("device", "'" + c.device + "': " + be.error().message);
-  if (c.compute_dtype != "fp32" && c.compute_dtype != "bf16")
-    return bad("compute_dtype", "'" + c.compute_dtype + "' is not fp32 or bf16");
-  if (c.compute_dtype == "bf16" && !(*be)->supports_bf16_compute())
-    return bad("compute_dtype", "bf16 GEMMs are not implemented on device '" + c.device + "' (cuda only)");
-  if (c.compute_dtype == "bf16" && c.batch_invariant)
+  if (!be.ok()) return bad("device", "'" + enum_string(c.device) + "': " + be.error().message);
+  if (c.compute_dtype == kernels::ComputeDtype::bf16 && !(*be)->supports_bf16_compute())
+    return bad("compute_dtype", "bf16 GEMMs are not implemented on device '" + enum_string(c.device) + "' (cuda only)");
+  if (c.compute_dtype == kernels::ComputeDtype::bf16 && c.batch_invariant)
     return bad("compute_dtype", "bf16 with batch_invariant: exact on-policy sampling runs fp32 GEMMs");
   return {};
 }
@@ -811,171 +809,6 @@ Status Model::Impl::backward_body() {
   return {};
 }
 
-// ---- KV-cache generation --------------------------------------------------------------------------
-
-Result<std::vector<Generation>> Model::Impl::generate(const std::vector<std::vector<int32_t>>& prompts,
-                                                      const SamplingParams& sp) {
-  if (!(sp.temperature >= 0.0f) || !std::isfinite(sp.temperature))
-    return invalid_input("sampling: temperature must be >= 0, got " + std::to_string(sp.temperature));
-  if (!(sp.top_p > 0.0f && sp.top_p <= 1.0f))
-    return invalid_input("sampling: top_p must be in (0, 1], got " + std::to_string(sp.top_p));
-  if (sp.top_k < 0) return invalid_input("sampling: top_k must be >= 0, got " + std::to_string(sp.top_k));
-  if (sp.max_new_tokens < 0)
-    return invalid_input("sampling: max_new_tokens must be >= 0, got " + std::to_string(sp.max_new_tokens));
-  const int B = static_cast<int>(prompts.size());
-  if (!sp.streams.empty() && sp.streams.size() != prompts.size())
-    return invalid_input("sampling: " + std::to_string(sp.streams.size()) + " streams for " +
-                         std::to_string(prompts.size()) + " prompts");
-  for (int32_t s : sp.streams)
-    if (s < 0) return invalid_input("sampling: a stream must be >= 0, got " + std::to_string(s));
-  std::vector<Generation> out(B);
-  if (B == 0) return out;
-  PackedBatch pre;
-  pre.cu_seqlens.push_back(0);
-  int max_prompt = 0;
-  for (int b = 0; b < B; ++b) {
-    if (prompts[b].empty()) return invalid_input("sampling: prompt " + std::to_string(b) + " is empty");
-    for (size_t i = 0; i < prompts[b].size(); ++i)
-      if (prompts[b][i] < 0 || prompts[b][i] >= V)
-        return invalid_input("sampling: prompt " + std::to_string(b) + " token " + std::to_string(i) + " = " +
-                             std::to_string(prompts[b][i]) + " is outside the vocabulary [0, " + std::to_string(V) +
-                             ")");
-    pre.tokens.insert(pre.tokens.end(), prompts[b].begin(), prompts[b].end());
-    pre.cu_seqlens.push_back(static_cast<int32_t>(pre.tokens.size()));
-    max_prompt = std::max(max_prompt, static_cast<int>(prompts[b].size()));
-  }
-  if (sp.max_new_tokens == 0) return out;
-  const int Tp = static_cast<int>(pre.tokens.size());
-  const int KD = NKV * HD;
-  // All buffers are sized once here; the decode loop below allocates nothing.
-  KvCtx kv;
-  kv.cache_len = max_prompt + sp.max_new_tokens;
-  kv.layer_stride = static_cast<size_t>(B) * kv.cache_len * KD;
-  auto floats = [&](size_t n) { return be->alloc(n * sizeof(float)); };
-  TROUPE_ASSIGN_OR_RETURN(k::Buffer kcache, floats(kv.layer_stride * L));
-  TROUPE_ASSIGN_OR_RETURN(k::Buffer vcache, floats(kv.layer_stride * L));
-  kv.k_cache = kcache.floats();
-  kv.v_cache = vcache.floats();
-  k::Buffer iarena;
-  TROUPE_ASSIGN_OR_RETURN(Acts ia, carve(iarena, std::max(Tp, B), max_prompt, 2, 1, false));
-  PackedMeta pm;
-  TROUPE_TRY(build_packed_meta(&pm, pre, HD, cfg.rope_theta, d_inv_freq(), *be));
-  std::vector<int32_t> slot(std::max(Tp, B)), pos(std::max(Tp, B)), kv_len(std::max(Tp, B)), active(B), tok(B), plen(B);
-  std::vector<uint64_t> rng(B);
-  for (int b = 0; b < B; ++b) {
-    plen[b] = static_cast<int32_t>(prompts[b].size());
-    const uint64_t stream = sp.streams.empty() ? static_cast<uint64_t>(b) : static_cast<uint64_t>(sp.streams[b]);
-    uint64_t s0 = sp.seed ^ (0xD1B54A32D192ED03ull * (stream + 1));
-    rng[b] = k::splitmix64(s0);
-  }
-  // Last position's hidden state, its final norm (and rstd) and logits, per active row.
-  TROUPE_ASSIGN_OR_RETURN(k::Buffer last, floats(static_cast<size_t>(B) * C));
-  TROUPE_ASSIGN_OR_RETURN(k::Buffer hl, floats(static_cast<size_t>(B) * C));
-  TROUPE_ASSIGN_OR_RETURN(k::Buffer rl, floats(B));
-  // The LM head samples over the vocabulary in chunks of policy.logprob_chunk columns
-  // (chunked_sample.h): no (rows, V) logits buffer beyond one chunk once V exceeds it.
-  const int chunk = cfg.logprob_chunk;
-  TROUPE_ASSIGN_OR_RETURN(k::Buffer sample_scratch, be->alloc(be->chunked_sample_scratch_bytes(B, V, chunk, sp.top_k)));
-  const std::vector<k::SampleParams> row_sp(B, k::SampleParams{sp.temperature, sp.top_k, sp.top_p});
-  std::vector<uint64_t> row_rng(B);
-  std::vector<int32_t> row_tok(B);
-  std::vector<float> row_lp(B);
-  // Batch-invariant mode reports the learner's log-softmax of each sampled token (the chunked head
-  // forward_train runs, on these rows) instead of sample_token's double-precision one.
-  k::Buffer bi_scratch;
-  const size_t bi_rows = static_cast<size_t>(B);
-  if (cfg.batch_invariant) {
-    TROUPE_ASSIGN_OR_RETURN(bi_scratch, floats(k::chunked_logprob_scratch_floats(B, V, chunk) + 3 * bi_rows));
-  }
-  const float* P = this->P();
-  // Each pass's routing (rows x routing_width): row r's experts chose those of the token sampled from
-  // its output, so a sampled token's record is the routing of the position that predicted it.
-  std::vector<int32_t> route(static_cast<size_t>(std::max(Tp, B)) * routing_width);
-  const size_t RW = static_cast<size_t>(routing_width);
-  // Each pass's host integers (tokens, cache slots, positions, visible keys) go to the device in
-  // one buffer first: step_ints holds four (rows) arrays.
-  const size_t rows_cap = static_cast<size_t>(std::max(Tp, B));
-  auto run_layers = [&](const int32_t* tokens, int T, const PackedMeta& m, bool decode) -> Result<const float*> {
-    TROUPE_ASSIGN_OR_RETURN(const int32_t* d_tok, stage_ints(step_ints, tokens, T, 0));
-    TROUPE_ASSIGN_OR_RETURN(kv.slot, stage_ints(step_ints, slot.data(), T, rows_cap));
-    TROUPE_ASSIGN_OR_RETURN(kv.pos, stage_ints(step_ints, pos.data(), T, 2 * rows_cap));
-    TROUPE_ASSIGN_OR_RETURN(kv.kv_len, stage_ints(step_ints, kv_len.data(), T, 3 * rows_cap));
-    kv.decode = decode;
-    routing_out = RW > 0 ? route.data() : nullptr;
-    be->embedding_forward(ia.resid[0], d_tok, P + wte, T, C);
-    for (int l = 0; l < L; ++l) layer_forward(l, ia.resid[l % 2], ia.resid[(l + 1) % 2], ia.ws[0], ia, m, T, &kv);
-    routing_out = nullptr;
-    return ia.resid[L % 2];
-  };
-  std::vector<int32_t> row_route(static_cast<size_t>(B) * RW);  // the routing behind each row's next token
-  // Prefill every prompt as one packed batch; keep the last position's logits of each.
-  for (int t = 0; t < Tp; ++t) slot[t] = pm.seq_ids[t], pos[t] = pm.positions[t];
-  TROUPE_TRY(be->grow(step_ints, sizeof(int32_t) * 4 * rows_cap));
-  TROUPE_ASSIGN_OR_RETURN(const float* xL, run_layers(pre.tokens.data(), Tp, pm, false));
-  for (int b = 0; b < B; ++b) {
-    be->copy_device_to_device(last.floats() + static_cast<size_t>(b) * C,
-                              xL + static_cast<size_t>(pre.cu_seqlens[b + 1] - 1) * C, sizeof(float) * C);
-    std::copy_n(route.begin() + static_cast<std::ptrdiff_t>((pre.cu_seqlens[b + 1] - 1) * RW), RW,
-                row_route.begin() + static_cast<std::ptrdiff_t>(b * RW));
-  }
-  int n_active = B;
-  for (int b = 0; b < B; ++b) {
-    active[b] = b, out[b].tokens.reserve(sp.max_new_tokens), out[b].logprobs.reserve(sp.max_new_tokens);
-    out[b].experts.reserve(static_cast<size_t>(sp.max_new_tokens) * RW);
-  }
-  PackedMeta dm;  // decode-step metadata: positions and RoPE tables of the active rows
-  for (int step = 0;; ++step) {
-    be->rmsnorm_forward(hl.floats(), rl.floats(), last.floats(), P + wnorm, n_active, C, cfg.rms_norm_eps);
-    for (int i = 0; i < n_active; ++i) row_rng[i] = rng[active[i]];
-    be->chunked_sample(row_tok.data(), row_lp.data(), hl.floats(), P + wlm, n_active, C, V, chunk, row_sp.data(),
-                       row_rng.data(), sp.top_k, sample_scratch.data());
-    if (cfg.batch_invariant) {  // scratch: log-probs, entropy, lse (rows each), then the op's scratch
-      float* lp = bi_scratch.floats();
-      float* ent = lp + bi_rows;
-      TROUPE_ASSIGN_OR_RETURN(const int32_t* d_tok, stage_ints(step_ints, row_tok.data(), n_active, 0));
-      be->chunked_logprob_forward(lp, ent, ent + bi_rows, hl.floats(), P + wlm, d_tok,
-                                  sp.temperature > 0 ? sp.temperature : 1.0f, n_active, C, V, chunk,
-                                  ent + 2 * bi_rows);
-      be->copy_device_to_host(row_lp.data(), lp, sizeof(float) * n_active);
-    }
-    int n_next = 0;
-    for (int i = 0; i < n_active; ++i) {
-      const int b = active[i];
-      rng[b] = row_rng[i];
-      const int32_t t = row_tok[i];
-      Generation& g = out[b];
-      g.tokens.push_back(t);
-      g.logprobs.push_back(row_lp[i]);
-      g.experts.insert(g.experts.end(), row_route.begin() + static_cast<std::ptrdiff_t>(b * RW),
-                       row_route.begin() + static_cast<std::ptrdiff_t>((b + 1) * RW));
-      if (std::find(sp.stop_tokens.begin(), sp.stop_tokens.end(), t) != sp.stop_tokens.end()) {
-        g.stopped = true;
-        continue;
-      }
-      if (static_cast<int>(g.tokens.size()) >= sp.max_new_tokens) continue;
-      active[n_next] = b;
-      tok[n_next] = t;
-      ++n_next;
-    }
-    n_active = n_next;
-    if (n_active == 0) break;
-    for (int i = 0; i < n_active; ++i) {
-      const int b = active[i];
-      slot[i] = b;
-      pos[i] = plen[b] + static_cast<int32_t>(out[b].tokens.size()) - 1;
-      kv_len[i] = pos[i] + 1;
-    }
-    if (sp.before_decode_step) TROUPE_TRY(sp.before_decode_step(step + 1));
-    TROUPE_TRY(build_decode_meta(&dm, pos.data(), n_active, HD, cfg.rope_theta, d_inv_freq(), *be));
-    TROUPE_ASSIGN_OR_RETURN(const float* x, run_layers(tok.data(), n_active, dm, true));
-    be->copy_device_to_device(last.floats(), x, sizeof(float) * n_active * C);
-    for (int i = 0; i < n_active; ++i)
-      std::copy_n(route.begin() + static_cast<std::ptrdiff_t>(i * RW), RW,
-                  row_route.begin() + static_cast<std::ptrdiff_t>(active[i] * RW));
-  }
-  return out;
-}
-
 // ---- Model (public API forwards to Impl) ----------------------------------------------------------
 
 Result<Model> Model::create(const ModelConfig& cfg, uint64_t seed) {
@@ -1133,12 +966,6 @@ Status Model::forward_logits(const PackedBatch& batch, float* logits) {
     }
   }
   return {};
-}
-
-Result<std::vector<Generation>> Model::generate(const std::vector<std::vector<int32_t>>& prompts,
-                                                const SamplingParams& params) {
-  const OpScopes scopes(impl_->cfg);
-  return impl_->generate(prompts, params);
 }
 
 int Model::routing_width() const { return impl_->routing_width; }

@@ -173,7 +173,7 @@ TEST(Model, BadConfigAndBatchAreErrors) {
   c.mlp_only_layers = {9};
   EXPECT_FALSE(Model::create(c).ok());
   c = tiny();
-  c.device = "cuda";  // no GPU, or the model not yet on device memory: a clear error, never the CPU
+  c.device = troupe::kernels::DeviceKind::cuda;  // no GPU, or the model not yet on device memory: a clear error, never the CPU
   r = Model::create(c);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("device: 'cuda': "), std::string::npos) << r.error().message;

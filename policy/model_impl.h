@@ -63,7 +63,7 @@ struct Acts {
         *dlogits = nullptr, *x_recompute = nullptr;
 };
 
-// KV cache of a generate() call: (L, slots, cache_len, NKV, HD) for keys and for values.
+// KV cache of a DecodeSlots (decode_slots.cpp): (L, slots, cache_len, NKV, HD) for keys and for values.
 struct KvCtx {
   float* k_cache = nullptr;
   float* v_cache = nullptr;
@@ -80,7 +80,7 @@ struct KvCtx {
 struct OpScopes {
   explicit OpScopes(const ModelConfig& c)
       : invariant(c.batch_invariant),
-        dtype(c.compute_dtype == "bf16" ? kernels::ComputeDtype::bf16 : kernels::ComputeDtype::fp32) {}
+        dtype(c.compute_dtype) {}
   kernels::BatchInvariantScope invariant;
   kernels::ComputeDtypeScope dtype;
 };
@@ -113,8 +113,6 @@ struct Model::Impl {
   int head_cols() const { return chunked_head() ? cfg.logprob_chunk : V; }
   Status backward(const float* dlogp, const float* dentropy);
   Status backward_body();  // from acts.dh (the head's input gradient) down: final norm, layers, embedding
-  Result<std::vector<Generation>> generate(const std::vector<std::vector<int32_t>>& prompts,
-                                           const SamplingParams& sp);
 
   ModelConfig cfg;
   const kernels::Backend* be = nullptr;  // every op, buffer and copy of the model goes through it
@@ -141,7 +139,7 @@ struct Model::Impl {
   size_t peak_bytes = 0;
   // Routing record: while routing_out is set, each MoE layer's forward writes its tokens' top-k
   // expert ids (ascending) to routing_out[t * routing_width + moe_ordinal[l] * K + k]. The training
-  // forward records into `routing` (T x routing_width); generate() into a scratch of its own.
+  // forward records into `routing` (T x routing_width); DecodeSlots into a scratch of its own.
   int routing_width = 0;          // (MoE layers) x K; 0 for a dense model
   std::vector<int> moe_ordinal;   // (L) index of layer l among the MoE layers (-1: dense)
   int32_t* routing_out = nullptr;
@@ -187,8 +185,8 @@ struct Model::Impl {
   mutable bool params_host_newer = false, grads_host_newer = false, grads_device_newer = false;
   std::uint64_t params_writes = 0;  // Model::params_writes()
   // The host arrays ops read, copied to the device: RoPE's scaled inverse frequencies (null for
-  // default RoPE), the training batch's tokens and targets, and generate()'s per-step integers.
-  kernels::Buffer inv_freq_dev, tokens_dev, targets_dev, step_ints;
+  // default RoPE) and the training batch's tokens and targets.
+  kernels::Buffer inv_freq_dev, tokens_dev, targets_dev;
   const float* d_inv_freq() const { return inv_freq.empty() ? nullptr : inv_freq_dev.floats(); }
   const int32_t *d_tokens = nullptr, *d_targets = nullptr;
   // Copies n host ints into buf (grown as needed, at element offset `at`) and returns the device

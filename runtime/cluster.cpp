@@ -45,74 +45,93 @@ constexpr int kRecord = 512;  // endpoint (256) | curve key (64) | pid (as text,
 
 Result<std::unique_ptr<Cluster>> Cluster::bootstrap(ClusterConfig config) {
   std::unique_ptr<Cluster> c(new Cluster());
-  c->config_ = config;
-  c->mpi_ = config.force_mpi || launched_by_mpi();
-  if (c->mpi_) {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) {
-      int provided = 0;
-      int wanted = config.mpi_thread_multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
-      TROUPE_TRY(mpi_check(MPI_Init_thread(nullptr, nullptr, wanted, &provided), "MPI_Init_thread"));
-      if (provided < wanted)
-        return make_error(ErrorCode::io, "MPI: asked for thread level " + std::to_string(wanted) + ", the library provides " +
-                                             std::to_string(provided));
-    }
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &c->world_);
-  }
-  for (int r = 0; r < c->world_; ++r)
-    c->roles_.push_back(static_cast<std::size_t>(r) < config.roles.size() && !config.roles[r].empty() ? config.roles[r]
-                                                                                                       : "rank" + std::to_string(r));
-  if (config.roles.size() > static_cast<std::size_t>(c->world_))
-    return invalid_input("runtime: the role table names " + std::to_string(config.roles.size()) + " ranks but the job has " +
-                         std::to_string(c->world_));
-
-  SystemConfig sc = config.system;
-  sc.node_id = static_cast<std::uint32_t>(c->rank_);
-  sc.role = c->roles_[static_cast<std::size_t>(c->rank_)];
-  if (c->world_ > 1) {
-    if (config.transport == "ipc")
-      sc.bind = "ipc://" + config.ipc_dir + "/troupe-" + std::to_string(::getpid()) + "-r" + std::to_string(c->rank_);
-    else if (config.transport == "tcp") {
-      auto host = resolve_bind_host(config.tcp_host);  // on this node: a hostfile's ranks each resolve their own
-      if (!host.ok())
-        return invalid_input("runtime: rank " + std::to_string(c->rank_) + " (role " + c->roles_[static_cast<std::size_t>(c->rank_)] +
-                             "): " + config.tcp_host_name + ": " + host.error().message);
-      sc.bind = "tcp://" + *host + ":*";
-    }
-    else
-      return invalid_input("runtime: transport must be 'ipc' or 'tcp', got '" + config.transport + "'");
-  }
+  c->config_ = std::move(config);
+  TROUPE_TRY(c->join_mpi());
+  TROUPE_TRY(c->name_ranks());
+  TROUPE_ASSIGN_OR_RETURN(SystemConfig sc, c->system_config());
   TROUPE_ASSIGN_OR_RETURN(c->system_, ActorSystem::create(sc));
-
-  if (c->world_ > 1) {
-    std::vector<char> mine(kRecord, '\0'), all(static_cast<std::size_t>(kRecord) * c->world_, '\0');
-    std::string ep = c->system_->endpoint(), key = c->system_->curve_public_key();
-    std::snprintf(mine.data(), 256, "%s", ep.c_str());
-    std::snprintf(mine.data() + 256, 64, "%s", key.c_str());
-    std::snprintf(mine.data() + 320, 32, "%d", static_cast<int>(::getpid()));
-    TROUPE_TRY(mpi_check(MPI_Allgather(mine.data(), kRecord, MPI_CHAR, all.data(), kRecord, MPI_CHAR, MPI_COMM_WORLD),
-                         "MPI_Allgather of endpoints"));
-    for (int r = 0; r < c->world_; ++r) {
-      const char* rec = all.data() + static_cast<std::size_t>(r) * kRecord;
-      c->book_.push_back(PeerInfo{static_cast<std::uint32_t>(r), std::string(rec, strnlen(rec, 256)),
-                                  c->roles_[static_cast<std::size_t>(r)], std::string(rec + 256, strnlen(rec + 256, 64))});
-    }
-    TROUPE_TRY(c->system_->connect(c->book_));
-    TROUPE_TRY(mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier after connect"));
-  } else {
-    c->book_.push_back(PeerInfo{0, c->system_->endpoint(), c->roles_[0], c->system_->curve_public_key()});
-  }
-
+  TROUPE_TRY(c->exchange_addresses());
+  c->watch_peers();
+  if (c->config_.install_signal_handlers) TROUPE_TRY(c->install_signal_handlers());
   Cluster* raw = c.get();
-  c->system_->on_node_down([raw](const NodeDown& d) {
-    if (raw->config_.survivable_loss && raw->config_.survivable_loss(d.role)) {
-      raw->lost_peer_ = true;
+  c->watchdog_thread_ = std::thread([raw] { raw->watchdog_loop(); });
+  c->bootstrapped_ = true;
+  return c;
+}
+
+Status Cluster::join_mpi() {
+  mpi_ = config_.force_mpi || launched_by_mpi();
+  if (!mpi_) return {};
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    int wanted = config_.mpi_thread_multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
+    TROUPE_TRY(mpi_check(MPI_Init_thread(nullptr, nullptr, wanted, &provided), "MPI_Init_thread"));
+    if (provided < wanted)
+      return make_error(ErrorCode::io, "MPI: asked for thread level " + std::to_string(wanted) + ", the library provides " +
+                                           std::to_string(provided));
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_);
+  return {};
+}
+
+Status Cluster::name_ranks() {
+  for (int r = 0; r < world_; ++r)
+    roles_.push_back(static_cast<std::size_t>(r) < config_.roles.size() && !config_.roles[r].empty() ? config_.roles[r]
+                                                                                                     : "rank" + std::to_string(r));
+  if (config_.roles.size() > static_cast<std::size_t>(world_))
+    return invalid_input("runtime: the role table names " + std::to_string(config_.roles.size()) + " ranks but the job has " +
+                         std::to_string(world_));
+  return {};
+}
+
+Result<SystemConfig> Cluster::system_config() const {
+  SystemConfig sc = config_.system;
+  sc.node_id = static_cast<std::uint32_t>(rank_);
+  sc.role = roles_[static_cast<std::size_t>(rank_)];
+  if (world_ <= 1) return sc;
+  if (config_.transport == TransportKind::ipc) {
+    sc.bind = "ipc://" + config_.ipc_dir + "/troupe-" + std::to_string(::getpid()) + "-r" + std::to_string(rank_);
+    return sc;
+  }
+  auto host = resolve_bind_host(config_.tcp_host);  // on this node: a hostfile's ranks each resolve their own
+  if (!host.ok())
+    return invalid_input("runtime: rank " + std::to_string(rank_) + " (role " + roles_[static_cast<std::size_t>(rank_)] +
+                         "): " + config_.tcp_host_name + ": " + host.error().message);
+  sc.bind = "tcp://" + *host + ":*";
+  return sc;
+}
+
+Status Cluster::exchange_addresses() {
+  if (world_ <= 1) {
+    book_.push_back(PeerInfo{0, system_->endpoint(), roles_[0], system_->curve_public_key()});
+    return {};
+  }
+  std::vector<char> mine(kRecord, '\0'), all(static_cast<std::size_t>(kRecord) * world_, '\0');
+  std::string ep = system_->endpoint(), key = system_->curve_public_key();
+  std::snprintf(mine.data(), 256, "%s", ep.c_str());
+  std::snprintf(mine.data() + 256, 64, "%s", key.c_str());
+  std::snprintf(mine.data() + 320, 32, "%d", static_cast<int>(::getpid()));
+  TROUPE_TRY(mpi_check(MPI_Allgather(mine.data(), kRecord, MPI_CHAR, all.data(), kRecord, MPI_CHAR, MPI_COMM_WORLD),
+                       "MPI_Allgather of endpoints"));
+  for (int r = 0; r < world_; ++r) {
+    const char* rec = all.data() + static_cast<std::size_t>(r) * kRecord;
+    book_.push_back(PeerInfo{static_cast<std::uint32_t>(r), std::string(rec, strnlen(rec, 256)),
+                             roles_[static_cast<std::size_t>(r)], std::string(rec + 256, strnlen(rec + 256, 64))});
+  }
+  TROUPE_TRY(system_->connect(book_));
+  return mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier after connect");
+}
+
+void Cluster::watch_peers() {
+  system_->on_node_down([this](const NodeDown& d) {
+    if (config_.survivable_loss && config_.survivable_loss(d.role)) {
+      lost_peer_ = true;
       std::fprintf(stderr, "troupe: rank %d (role %s): peer rank %u (role %s) failed: %s; the job goes on without it\n",
-                   raw->rank_, raw->roles_[static_cast<std::size_t>(raw->rank_)].c_str(), d.node, d.role.c_str(),
-                   d.reason.c_str());
+                   rank_, roles_[static_cast<std::size_t>(rank_)].c_str(), d.node, d.role.c_str(), d.reason.c_str());
       std::fflush(stderr);
       return;
     }
@@ -120,55 +139,56 @@ Result<std::unique_ptr<Cluster>> Cluster::bootstrap(ClusterConfig config) {
     info.reason = ShutdownReason::peer_failed;
     info.failed_rank = static_cast<int>(d.node);
     info.failed_role = d.role;
-    info.message = "troupe: rank " + std::to_string(raw->rank_) + " (role " + raw->roles_[static_cast<std::size_t>(raw->rank_)] +
+    info.message = "troupe: rank " + std::to_string(rank_) + " (role " + roles_[static_cast<std::size_t>(rank_)] +
                    "): peer rank " + std::to_string(d.node) + " (role " + d.role + ") failed: " + d.reason;
-    raw->trigger(info);
+    trigger(info);
   });
+}
 
-  if (config.install_signal_handlers) {
-    if (::pipe(c->signal_pipe_) != 0) return make_error(ErrorCode::io, "runtime: pipe() for signal handling failed");
-    ::fcntl(c->signal_pipe_[1], F_SETFL, O_NONBLOCK);
-    g_signal_fd = c->signal_pipe_[1];
-    struct sigaction sa;
-    std::memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
-    c->signal_thread_ = std::thread([raw] {
-      pollfd p{raw->signal_pipe_[0], POLLIN, 0};
-      std::optional<Clock::time_point> deferred_until;  // a graceful stop the job asked to finish itself
-      unsigned char deferred_signal = 0;
-      auto stop = [raw](unsigned char b, const std::string& how) {
-        ShutdownInfo info;
-        info.reason = ShutdownReason::signal;
-        info.signal = b;
-        info.message = "troupe: rank " + std::to_string(raw->rank_) + " (role " + raw->roles_[static_cast<std::size_t>(raw->rank_)] +
-                       "): got " + (b == SIGINT ? "SIGINT" : b == SIGTERM ? "SIGTERM" : "signal " + std::to_string(b)) + how;
-        raw->trigger(info);
-      };
-      while (!raw->done_) {
-        if (deferred_until && Clock::now() > *deferred_until) {
-          deferred_until.reset();
-          const auto bound_s = std::chrono::duration_cast<std::chrono::seconds>(raw->config_.graceful_stop_bound).count();
-          stop(deferred_signal, ": the graceful stop did not end within " + std::to_string(bound_s) +
-                                    " s; draining and stopping");
-        }
-        if (::poll(&p, 1, 100) <= 0) continue;
-        unsigned char b = 0;
-        if (::read(raw->signal_pipe_[0], &b, 1) != 1) continue;
-        if (!deferred_until && !raw->info_ready_ && raw->config_.on_first_signal && raw->config_.on_first_signal(b)) {
-          deferred_until = Clock::now() + raw->config_.graceful_stop_bound;
-          deferred_signal = b;
-          continue;
-        }
-        stop(b, ", draining and stopping");
-      }
-    });
+Status Cluster::install_signal_handlers() {
+  if (::pipe(signal_pipe_) != 0) return make_error(ErrorCode::io, "runtime: pipe() for signal handling failed");
+  ::fcntl(signal_pipe_[1], F_SETFL, O_NONBLOCK);
+  g_signal_fd = signal_pipe_[1];
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal_thread_ = std::thread([this] { signal_loop(); });
+  return {};
+}
+
+// The first signal may be a graceful stop the job finishes itself (on_first_signal), bounded by
+// graceful_stop_bound; any other signal, or that bound passing, drains and stops.
+void Cluster::signal_loop() {
+  pollfd p{signal_pipe_[0], POLLIN, 0};
+  std::optional<Clock::time_point> deferred_until;
+  unsigned char deferred_signal = 0;
+  auto stop = [this](unsigned char b, const std::string& how) {
+    ShutdownInfo info;
+    info.reason = ShutdownReason::signal;
+    info.signal = b;
+    info.message = "troupe: rank " + std::to_string(rank_) + " (role " + roles_[static_cast<std::size_t>(rank_)] +
+                   "): got " + (b == SIGINT ? "SIGINT" : b == SIGTERM ? "SIGTERM" : "signal " + std::to_string(b)) + how;
+    trigger(info);
+  };
+  while (!done_) {
+    if (deferred_until && Clock::now() > *deferred_until) {
+      deferred_until.reset();
+      const auto bound_s = std::chrono::duration_cast<std::chrono::seconds>(config_.graceful_stop_bound).count();
+      stop(deferred_signal, ": the graceful stop did not end within " + std::to_string(bound_s) + " s; draining and stopping");
+    }
+    if (::poll(&p, 1, 100) <= 0) continue;
+    unsigned char b = 0;
+    if (::read(signal_pipe_[0], &b, 1) != 1) continue;
+    if (!deferred_until && !info_ready_ && config_.on_first_signal && config_.on_first_signal(b)) {
+      deferred_until = Clock::now() + config_.graceful_stop_bound;
+      deferred_signal = b;
+      continue;
+    }
+    stop(b, ", draining and stopping");
   }
-  c->watchdog_thread_ = std::thread([raw] { raw->watchdog_loop(); });
-  c->bootstrapped_ = true;
-  return c;
 }
 
 void Cluster::trigger(ShutdownInfo info) {

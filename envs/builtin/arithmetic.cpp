@@ -124,13 +124,12 @@ Result<std::unique_ptr<Env>> make_arithmetic_env(const json& config) {
   TROUPE_TRY(env->shape.read(r, 1, "+"));
   TROUPE_ASSIGN_OR_RETURN(env->format, r.string("format", "plain"));
   TROUPE_ASSIGN_OR_RETURN(env->format_reward, r.number("format_reward", 0.0, 0.0, 1.0));
-  TROUPE_ASSIGN_OR_RETURN(double eval_fraction, r.number("eval_fraction", 0.2, 0.0, 1.0));
+  TROUPE_ASSIGN_OR_RETURN(env->eval_permille, r.eval_permille());
   TROUPE_TRY(r.finish());
   TROUPE_TRY(env->shape.check(r.where()));
   if (env->format != "plain" && env->format != "answer_tags" && env->format != "question")
     return invalid_input("env arithmetic: 'format' must be plain, answer_tags or question (got '" + env->format +
                          "')");
-  env->eval_permille = static_cast<int>(eval_fraction * 1000 + 0.5);
   return std::unique_ptr<Env>(std::move(env));
 }
 

@@ -129,11 +129,10 @@ Result<std::unique_ptr<Env>> make_calculator_env(const json& config) {
   TROUPE_ASSIGN_OR_RETURN(auto max_turns, r.integer("max_turns", 4, 2, 100));
   TROUPE_ASSIGN_OR_RETURN(env->require_tool, r.boolean("require_tool", true));
   TROUPE_ASSIGN_OR_RETURN(env->format_reward, r.number("format_reward", 0.1, 0.0, 1.0));
-  TROUPE_ASSIGN_OR_RETURN(double eval_fraction, r.number("eval_fraction", 0.2, 0.0, 1.0));
+  TROUPE_ASSIGN_OR_RETURN(env->eval_permille, r.eval_permille());
   TROUPE_TRY(r.finish());
   TROUPE_TRY(env->shape.check(r.where()));
   env->max_turns = static_cast<int>(max_turns);
-  env->eval_permille = static_cast<int>(eval_fraction * 1000 + 0.5);
   return std::unique_ptr<Env>(std::move(env));
 }
 

@@ -134,11 +134,10 @@ Result<std::unique_ptr<Env>> make_countdown_env(const json& config) {
   TROUPE_ASSIGN_OR_RETURN(env->max_target, r.integer("max_target", 100, 1, 1000000000));
   TROUPE_ASSIGN_OR_RETURN(env->use_all, r.boolean("use_all", true));
   TROUPE_ASSIGN_OR_RETURN(env->format_reward, r.number("format_reward", 0.1, 0.0, 1.0));
-  TROUPE_ASSIGN_OR_RETURN(double eval_fraction, r.number("eval_fraction", 0.2, 0.0, 1.0));
+  TROUPE_ASSIGN_OR_RETURN(env->eval_permille, r.eval_permille());
   TROUPE_TRY(r.finish());
   if (env->min_number > env->max_number) return invalid_input("env countdown: min_number > max_number");
   env->num_numbers = static_cast<int>(n);
-  env->eval_permille = static_cast<int>(eval_fraction * 1000 + 0.5);
   return std::unique_ptr<Env>(std::move(env));
 }
 

@@ -163,7 +163,7 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   TROUPE_ASSIGN_OR_RETURN(std::string verifier, r.string("verifier", "exact"));
   TROUPE_ASSIGN_OR_RETURN(std::string base_dir, r.string("base_dir", ""));
   TROUPE_ASSIGN_OR_RETURN(env->format_reward, r.number("format_reward", 0.0, 0.0, 1.0));
-  TROUPE_ASSIGN_OR_RETURN(double eval_fraction, r.number("eval_fraction", 0.2, 0.0, 1.0));
+  TROUPE_ASSIGN_OR_RETURN(const int eval_permille, r.eval_permille());
   TROUPE_TRY(r.finish());
   if (verifier == "exact") env->verifier = Verifier::exact;
   else if (verifier == "numeric") env->verifier = Verifier::numeric;
@@ -182,9 +182,8 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
     if (env->train.empty()) return invalid_input("env dataset: every train row's prompt is also in the eval file");
   } else {
     // No held-out file: split the train file by a stable hash of each prompt.
-    int permille = static_cast<int>(eval_fraction * 1000 + 0.5);
     std::vector<Row> kept;
-    for (auto& row : env->train) (in_eval_bucket(row.prompt, permille) ? env->eval : kept).push_back(std::move(row));
+    for (auto& row : env->train) (in_eval_bucket(row.prompt, eval_permille) ? env->eval : kept).push_back(std::move(row));
     env->train = std::move(kept);
   }
   return std::unique_ptr<Env>(std::move(env));

@@ -107,10 +107,9 @@ Result<std::unique_ptr<Env>> make_guess_number_env(const json& config) {
   auto env = std::make_unique<GuessNumberEnv>();
   TROUPE_ASSIGN_OR_RETURN(env->max_number, r.integer("max_number", 100, 2, 1000000000));
   TROUPE_ASSIGN_OR_RETURN(auto max_turns, r.integer("max_turns", 8, 1, 1000));
-  TROUPE_ASSIGN_OR_RETURN(double eval_fraction, r.number("eval_fraction", 0.2, 0.0, 1.0));
+  TROUPE_ASSIGN_OR_RETURN(env->eval_permille, r.eval_permille());
   TROUPE_TRY(r.finish());
   env->max_turns = static_cast<int>(max_turns);
-  env->eval_permille = static_cast<int>(eval_fraction * 1000 + 0.5);
   return std::unique_ptr<Env>(std::move(env));
 }
 

@@ -6,31 +6,26 @@
 // POST /verify with the Responses-API output, whose `reward` and `reward_components` are the
 // episode's. Every call has the deadline timeout_s. Calls run concurrently (concurrent() is true).
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <httplib.h>
 
-#include <atomic>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 
+#include "child_process.h"
+#include "troupe/base/clock.h"
 #include "troupe/envs/client.h"
 #include "troupe/envs/nemo_gym.h"
 #include "troupe/envs/tools.h"
-
-extern char** environ;
 
 namespace troupe::envs {
 
@@ -112,7 +107,7 @@ class NemoGymClient final : public EnvClient {
                              "' must be http://HOST:PORT (a resource server's root; https and paths are not supported)");
     }
     // ready once GET / answers at all (NeMo Gym servers answer {"status": "ok"})
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(spec_.startup_timeout_s);
+    const double deadline = mono_seconds() + spec_.startup_timeout_s;
     std::string last = "no answer";
     while (true) {
       httplib::Client c(base_url_);
@@ -120,28 +115,28 @@ class NemoGymClient final : public EnvClient {
       c.set_read_timeout(2, 0);
       if (auto r = c.Get("/")) return {};
       else last = httplib::to_string(r.error());
-      if (pid_ > 0) {
-        int status = 0;
-        if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-          pid_ = -1;
-          return make_error(WIFEXITED(status) && WEXITSTATUS(status) == 2 ? ErrorCode::invalid_input : ErrorCode::peer_failed,
-                            "env " + spec_.name + ": the NeMo Gym server exited while starting (" + describe(status) +
-                                ")" + log_tail() + " [command: " + command_text() + "]");
-        }
+      if (server_.pid() > 0 && !server_.alive()) {
+        const int status = server_.exit_status();
+        return make_error(WIFEXITED(status) && WEXITSTATUS(status) == 2 ? ErrorCode::invalid_input : ErrorCode::peer_failed,
+                          "env " + spec_.name + ": the NeMo Gym server exited while starting (" +
+                              detail::describe_wait_status(status) + ")" + server_.log_tail() + " [command: " +
+                              server_.command_text() + "]");
       }
-      if (std::chrono::steady_clock::now() >= deadline) break;
+      if (mono_seconds() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    Error timed_out = make_error(ErrorCode::timeout, "env " + spec_.name + ": the NeMo Gym server at " + base_url_ +
+                                                         " did not answer GET / within startup_timeout_s " +
+                                                         std::to_string(spec_.startup_timeout_s) + " s (" + last + ")" +
+                                                         server_.log_tail() +
+                                                         (owns_server() ? " [command: " + server_.command_text() + "]" : ""));
     stop_server();
-    return make_error(ErrorCode::timeout, "env " + spec_.name + ": the NeMo Gym server at " + base_url_ +
-                                              " did not answer GET / within startup_timeout_s " +
-                                              std::to_string(spec_.startup_timeout_s) + " s (" + last + ")" +
-                                              log_tail() + (argv_.empty() ? "" : " [command: " + command_text() + "]"));
+    return timed_out;
   }
 
   const EnvInfo& info() const override { return info_; }
   bool concurrent() const override { return true; }
-  int worker_pid() const override { return pid_; }
+  int worker_pid() const override { return server_.pid(); }
   bool gave_up() const override { return server_gone(); }
 
   Result<Observation> reset(const std::string& episode_id, uint64_t seed, const ResetOptions& options) override {
@@ -308,7 +303,7 @@ class NemoGymClient final : public EnvClient {
                           bool any_status = false) {
     const std::string where = "env " + spec_.name + ": " + what + ": POST " + base_url_ + path;
     if (server_gone())
-      return make_error(ErrorCode::peer_failed, where + ": the NeMo Gym server troupe started has exited" + log_tail());
+      return make_error(ErrorCode::peer_failed, where + ": the NeMo Gym server troupe started has exited" + server_.log_tail());
     httplib::Client c(base_url_);
     const auto secs = static_cast<time_t>(spec_.timeout_s);
     const auto usecs = static_cast<time_t>((spec_.timeout_s - static_cast<double>(secs)) * 1e6);
@@ -317,15 +312,15 @@ class NemoGymClient final : public EnvClient {
     c.set_write_timeout(secs, usecs);
     httplib::Headers headers;
     if (!cookies.empty()) headers.emplace("Cookie", cookie_header(cookies));
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = MonoClock::now();
     auto r = c.Post(path.c_str(), headers, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
     if (!r) {
-      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double took = seconds_since(t0);
       auto e = r.error();
       if (e == httplib::Error::ConnectionTimeout || (e == httplib::Error::Read && took >= 0.9 * spec_.timeout_s))
         return make_error(ErrorCode::timeout, where + ": no answer within timeout_s " + std::to_string(spec_.timeout_s) + " s");
       if (server_gone())
-        return make_error(ErrorCode::peer_failed, where + ": the NeMo Gym server troupe started has exited" + log_tail());
+        return make_error(ErrorCode::peer_failed, where + ": the NeMo Gym server troupe started has exited" + server_.log_tail());
       return make_error(ErrorCode::io, where + ": " + httplib::to_string(e));
     }
     take_cookies(r->headers, cookies);
@@ -337,104 +332,35 @@ class NemoGymClient final : public EnvClient {
   }
 
   // ---- the server process troupe started ----
+  bool owns_server() const { return !spec_.command.empty(); }
+
   Status spawn(int port) {
-    argv_ = spec_.command;
-    for (auto& a : argv_)
+    detail::ChildOptions o;
+    o.argv = spec_.command;
+    for (auto& a : o.argv)
       for (const auto& [key, value] : {std::pair<std::string, std::string>{"{port}", std::to_string(port)},
                                        {"{host}", "127.0.0.1"}, {"{url}", base_url_}})
         for (size_t p; (p = a.find(key)) != std::string::npos;) a.replace(p, key.size(), value);
-    std::vector<std::string> env_strings;
-    for (char** e = environ; e && *e; ++e)
-      if (std::strncmp(*e, "TROUPE_NEMO_GYM_PORT=", 21) != 0) env_strings.emplace_back(*e);
-    env_strings.push_back("TROUPE_NEMO_GYM_PORT=" + std::to_string(port));
-    std::vector<char*> envp, argv;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    for (auto& s : argv_) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    log_path_ = (std::filesystem::temp_directory_path() /
-                 ("troupe-nemo-gym-" + std::to_string(::getpid()) + "-" + std::to_string(port) + ".log"))
-                    .string();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // its own group: stopping it stops its children
-    posix_spawnattr_setpgroup(&attr, 0);
-    pid_t pid = 0;
-    int rc = posix_spawnp(&pid, argv[0], &actions, &attr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-    if (rc != 0)
-      return invalid_input("env " + spec_.name + ": cannot start '" + argv_[0] + "': " + std::strerror(rc));
-    pid_ = pid;
-    return {};
+    o.env = {{"TROUPE_NEMO_GYM_PORT", std::to_string(port)}};
+    o.log_path = (std::filesystem::temp_directory_path() /
+                  ("troupe-nemo-gym-" + std::to_string(::getpid()) + "-" + std::to_string(port) + ".log"))
+                     .string();
+    o.stdout_to_null = true;
+    o.own_group = true;  // stopping it stops its children
+    return server_.start(std::move(o), "env " + spec_.name);
   }
 
-  bool server_gone() const {
-    if (argv_.empty()) return false;
-    std::lock_guard lock(pid_mu_);
-    if (pid_ <= 0) return true;
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      exit_status_ = status;
-      pid_ = -1;
-      return true;
-    }
-    return false;
-  }
+  bool server_gone() const { return owns_server() && !server_.alive(); }
 
-  void stop_server() {
-    std::lock_guard lock(pid_mu_);
-    if (pid_ > 0) {
-      ::kill(-pid_, SIGTERM);
-      int status = 0;
-      bool gone = false;
-      for (int i = 0; i < 100 && !gone; ++i) {
-        gone = ::waitpid(pid_, &status, WNOHANG) == pid_;
-        if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      ::kill(-pid_, SIGKILL);
-      if (!gone) ::waitpid(pid_, &status, 0);
-      pid_ = -1;
-    }
-    if (!log_path_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove(log_path_, ec);
-    }
-  }
-
-  static std::string describe(int status) {
-    if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-    if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
-    return "stopped";
-  }
-  std::string log_tail() const {
-    if (log_path_.empty()) return "";
-    std::ifstream in(log_path_);
-    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    while (!all.empty() && (all.back() == '\n' || all.back() == ' ')) all.pop_back();
-    if (all.empty()) return "";
-    if (all.size() > 600) all = "..." + all.substr(all.size() - 600);
-    return " (stderr: " + all + ")";
-  }
-  std::string command_text() const {
-    std::string cmd;
-    for (const auto& a : argv_) cmd += (cmd.empty() ? "" : " ") + a;
-    return cmd;
-  }
+  // SIGTERM to its process group, two seconds to exit, then SIGKILL.
+  void stop_server() { server_.stop(2.0, SIGTERM); }
 
   EnvSpec spec_;
   nemo_gym::Settings settings_;
   nemo_gym::Splits splits_;
   EnvInfo info_;
-  std::string base_url_, log_path_;
-  std::vector<std::string> argv_;  // empty: a server troupe did not start
-  mutable std::mutex pid_mu_;
-  mutable pid_t pid_ = -1;
-  mutable int exit_status_ = 0;
+  std::string base_url_;
+  mutable detail::ChildProcess server_;  // started from spec_.command (owns_server()); removes its log
   std::mutex mu_;  // sessions_, eval_responses_
   std::map<std::string, Session> sessions_;
   json eval_responses_ = json::array();

@@ -1,29 +1,22 @@
 // The remote EnvClient: JSON requests over a ZeroMQ REQ socket to a server speaking PROTOCOL.md.
 // When troupe owns the server process (isolated builtin/plugin, or a remote `command`), every call
 // is watched: a worker that dies (signal, exit) or does not answer within timeout_s is killed,
-// restarted (posix_spawn; this process holds a ZeroMQ context, so never a bare fork), and only
-// the episodes that lived on it fail, with the reason.
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
+// restarted (ChildProcess: fork+exec, as this process holds a ZeroMQ context), and only the
+// episodes that lived on it fail, with the reason.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
-#include <thread>
 #include <zmq.hpp>
 
+#include "child_process.h"
+#include "troupe/base/clock.h"
 #include "troupe/envs/client.h"
 #include "troupe/envs/remote.h"
-
-extern char** environ;
 
 namespace troupe::envs {
 
@@ -32,16 +25,6 @@ namespace {
 zmq::context_t& shared_context() {
   static auto* ctx = new zmq::context_t(1);  // never destroyed: sockets may outlive static teardown
   return *ctx;
-}
-
-std::string describe_status(int status) {
-  if (WIFSIGNALED(status)) {
-    int sig = WTERMSIG(status);
-    const char* name = strsignal(sig);
-    return "killed by signal " + std::to_string(sig) + " (" + (name ? name : "?") + ")";
-  }
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  return "stopped";
 }
 
 ErrorCode code_from_name(const std::string& s) {
@@ -58,7 +41,6 @@ class RemoteEnvClient final : public EnvClient {
 
   ~RemoteEnvClient() override {
     stop_worker(/*graceful=*/true);
-    remove_log();
   }
 
   Status start() {
@@ -73,7 +55,7 @@ class RemoteEnvClient final : public EnvClient {
   const EnvInfo& info() const override { return info_; }
   int restarts() const override { return restarts_; }
   bool gave_up() const override { return gave_up_; }
-  int worker_pid() const override { return pid_; }
+  int worker_pid() const override { return worker_.pid(); }
   bool corrupt_next_reply() override {
     corrupt_ = true;
     return true;
@@ -157,8 +139,9 @@ class RemoteEnvClient final : public EnvClient {
     return make_error(ErrorCode::invalid_input, std::string(kProtocolErrorTag) + r.error().message);
   }
 
-  std::string where() const {
-    return "env " + spec_.name + (pid_ > 0 ? " (worker pid " + std::to_string(pid_) + ")" : " (" + address_ + ")");
+  std::string where() const { return where(worker_.pid()); }
+  std::string where(pid_t pid) const {
+    return "env " + spec_.name + (pid > 0 ? " (worker pid " + std::to_string(pid) + ")" : " (" + address_ + ")");
   }
 
   Status build_command() {
@@ -187,59 +170,29 @@ class RemoteEnvClient final : public EnvClient {
   }
 
   Status spawn() {
-    std::vector<std::string> env_strings;
-    for (char** e = environ; e && *e; ++e) {
-      if (std::strncmp(*e, "TROUPE_ENV_BIND=", 16) != 0 && std::strncmp(*e, "TROUPE_ENV_PARENT_PID=", 22) != 0 &&
-          std::strncmp(*e, "TROUPE_ENV_CONFIG=", 18) != 0)
-        env_strings.emplace_back(*e);
-    }
-    env_strings.push_back("TROUPE_ENV_BIND=" + address_);
-    env_strings.push_back("TROUPE_ENV_PARENT_PID=" + std::to_string(::getpid()));
-    env_strings.push_back("TROUPE_ENV_CONFIG=" + spec_.config.dump());  // for remote commands (SDK reads it)
-    std::vector<char*> envp, argv;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    for (auto& s : argv_) argv.push_back(s.data());
-    argv.push_back(nullptr);
     if (!owned_ipc_.empty()) std::filesystem::remove(owned_ipc_);
-    // The worker's stderr goes to a log whose tail is quoted when the worker dies.
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    pid_t pid = 0;
-    int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0)
-      return make_error(ErrorCode::invalid_input, "env " + spec_.name + ": cannot start '" + argv_[0] + "': " + std::strerror(rc));
-    pid_ = pid;
-    return {};
+    detail::ChildOptions o;
+    o.argv = argv_;
+    o.env = {{"TROUPE_ENV_BIND", address_},
+             {"TROUPE_ENV_PARENT_PID", std::to_string(::getpid())},
+             {"TROUPE_ENV_CONFIG", spec_.config.dump()}};  // for remote commands (the SDK reads it)
+    o.log_path = log_path_;  // quoted when the worker dies
+    return worker_.start(std::move(o), "env " + spec_.name);
   }
 
   bool owns_process() const { return !argv_.empty(); }
-
-  // The last lines the worker wrote to stderr, as " (stderr: ...)", or "".
-  std::string log_tail() const {
-    if (log_path_.empty()) return "";
-    std::ifstream in(log_path_);
-    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    while (!all.empty() && (all.back() == '\n' || all.back() == ' ')) all.pop_back();
-    if (all.empty()) return "";
-    if (all.size() > 600) all = "..." + all.substr(all.size() - 600);
-    return " (stderr: " + all + ")";
-  }
 
   Status connect_and_hello() {
     if (owns_process()) TROUPE_TRY(spawn());
     new_socket();
     auto r = call_raw({{"op", "hello"}}, spec_.startup_timeout_s, "hello", "");
     if (!r.ok()) {
-      std::string cmd;
-      for (const auto& a : argv_) cmd += (cmd.empty() ? "" : " ") + a;
       Error e = r.error();
       stop_worker(false);
-      if (owns_process()) e.message += " [command: " + cmd + "]";
+      if (owns_process()) e.message += " [command: " + worker_.command_text() + "]";
       // a worker that exits with 2 while starting refused its config or plug-in: bad input
-      if (WIFEXITED(last_exit_status_) && WEXITSTATUS(last_exit_status_) == 2) e.code = ErrorCode::invalid_input;
+      const int status = worker_.exit_status();
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 2) e.code = ErrorCode::invalid_input;
       return e;
     }
     const json& res = *r;
@@ -303,22 +256,16 @@ class RemoteEnvClient final : public EnvClient {
         if (!sock.send(zmq::buffer(text), zmq::send_flags::none))
           return make_error(ErrorCode::io, where() + ": cannot send " + what);
       }
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+      const double deadline = mono_seconds() + timeout_s;
       for (;;) {
         zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
         zmq::poll(&item, 1, std::chrono::milliseconds(20));
         if (item.revents & ZMQ_POLLIN) break;
-        if (pid_ > 0 && owns_process()) {
-          int status = 0;
-          pid_t w = ::waitpid(pid_, &status, WNOHANG);
-          if (w == pid_) {
-            last_exit_status_ = status;
-            std::string msg = where() + ": env worker " + describe_status(status) + " during " + what + log_tail();
-            pid_ = -1;
-            return make_error(ErrorCode::peer_failed, msg);
-          }
-        }
-        if (std::chrono::steady_clock::now() > deadline) {
+        if (const pid_t pid = worker_.pid(); pid > 0 && !worker_.alive())
+          return make_error(ErrorCode::peer_failed, where(pid) + ": env worker " +
+                                                        detail::describe_wait_status(worker_.exit_status()) +
+                                                        " during " + what + worker_.log_tail());
+        if (mono_seconds() > deadline) {
           std::ostringstream os;
           os << where() << ": no answer to " << what << " within " << timeout_s << " s";
           return make_error(ErrorCode::timeout, os.str());
@@ -395,37 +342,21 @@ class RemoteEnvClient final : public EnvClient {
     return connect_and_hello();
   }
 
+  // Graceful: a shutdown request, then half a second to exit; else (or then) SIGKILL.
   void stop_worker(bool graceful) {
-    if (graceful && sock_ && pid_ > 0) (void)call_raw({{"op", "shutdown"}}, 1.0, "shutdown", "");
+    if (graceful && sock_ && worker_.pid() > 0) (void)call_raw({{"op", "shutdown"}}, 1.0, "shutdown", "");
     sock_.reset();
-    if (pid_ > 0) {
-      int status = 0;
-      bool gone = false;
-      for (int i = 0; graceful && i < 50 && !gone; ++i) {
-        gone = ::waitpid(pid_, &status, WNOHANG) == pid_;
-        if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      if (!gone) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-      }
-      pid_ = -1;
-    }
+    worker_.stop(graceful ? 0.5 : 0.0, 0);
     if (!owned_ipc_.empty()) {
       std::error_code ec;
       std::filesystem::remove(owned_ipc_, ec);
     }
   }
-  void remove_log() {
-    std::error_code ec;
-    if (!log_path_.empty()) std::filesystem::remove(log_path_, ec);
-  }
-
   EnvSpec spec_;
   EnvInfo info_;
   std::string address_, owned_ipc_, log_path_, last_failure_;
   std::vector<std::string> argv_;  // empty: not ours to start
-  pid_t pid_ = -1;
+  detail::ChildProcess worker_;  // the server troupe started (owns_process()); removes log_path_
   std::atomic<bool> corrupt_{false};
   std::atomic<bool> drop_{false};
   std::unique_ptr<zmq::socket_t> sock_;
@@ -436,7 +367,6 @@ class RemoteEnvClient final : public EnvClient {
   std::vector<std::unique_ptr<zmq::socket_t>> idle_;  // concurrent(): sockets with no call in flight
   int generation_ = 0, restarts_ = 0;
   bool gave_up_ = false;
-  int last_exit_status_ = -1;  // wait status of the last worker that died (-1: none)
   std::atomic<int64_t> next_id_{0};
 };
 

@@ -45,6 +45,11 @@ class ConfigReader {
     if (!v->is_string()) return bad(key, "a string");
     return v->get<std::string>();
   }
+  // `eval_fraction` (default 0.2), as the per-mille in_eval_bucket takes.
+  Result<int> eval_permille() {
+    TROUPE_ASSIGN_OR_RETURN(double fraction, number("eval_fraction", 0.2, 0.0, 1.0));
+    return static_cast<int>(fraction * 1000 + 0.5);
+  }
   const json* raw(const std::string& key) { return find(key); }
   Status finish() const {
     if (!cfg_.is_object()) return {};

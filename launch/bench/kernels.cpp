@@ -140,7 +140,7 @@ void moe_cases(const BenchOptions& opt, int reps) {
 
 policy::ModelConfig step_config(int layers, const std::string& device = "cpu") {
   policy::ModelConfig c;  // the tiny MoE of the policy bench: vocab 256, d_model 128, 8 experts top-2
-  c.device = device;
+  c.device = *enum_from_name<kernels::DeviceKind>(device);
   c.num_hidden_layers = layers;
   c.router_aux_loss_coef = 0.01f;
   c.cache_packed_metadata = true;

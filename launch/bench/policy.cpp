@@ -325,7 +325,7 @@ int run_tiny_moe_cases(const BenchOptions& opt, const std::string& device = "cpu
   }
   const int reps = opt.quick ? 5 : std::max(opt.reps, 9);
   policy::ModelConfig cfg;  // the tiny MoE: vocab 256, d_model 128, 4 layers, 8 experts top-2
-  cfg.device = device;
+  cfg.device = *enum_from_name<kernels::DeviceKind>(device);
   auto created = policy::Model::create(cfg, 1);
   if (!created.ok()) {
     std::fprintf(stderr, "troupe bench policy: %s\n", created.error().message.c_str());

@@ -16,6 +16,7 @@
 #include "child_process.h"
 #include "troupe/bench/bench.h"
 #include "troupe/base/build_config.h"
+#include "troupe/base/message_ids.h"
 #include "troupe/runtime/system.h"
 
 extern char** environ;
@@ -40,10 +41,10 @@ struct RawBytes {
 };
 constexpr char kBlobName[] = "bench.Blob";
 constexpr char kCallName[] = "bench.Call";
-using Blob = RawBytes<7001, kBlobName>;
-using Call = RawBytes<7002, kCallName>;
+using Blob = RawBytes<message_id::bench_blob, kBlobName>;
+using Call = RawBytes<message_id::bench_call, kCallName>;
 struct TrajectoryMsg {  // 4 KiB trajectory-like: 500 tokens + 500 log-probs + scalars
-  static constexpr std::uint32_t type_id = 7003;
+  static constexpr std::uint32_t type_id = message_id::bench_trajectory;
   static constexpr const char* type_name = "bench.Trajectory";
   std::uint64_t episode = 0;
   std::int32_t policy_version = 0;
@@ -55,7 +56,7 @@ struct TrajectoryMsg {  // 4 KiB trajectory-like: 500 tokens + 500 log-probs + s
 };
 
 struct RttGo {  // tells the round-trip client how many round trips to make
-  static constexpr std::uint32_t type_id = 7004;
+  static constexpr std::uint32_t type_id = message_id::bench_rtt_go;
   static constexpr const char* type_name = "bench.RttGo";
   long n = 0;
   template <class A>

@@ -33,6 +33,7 @@
 
 #include "troupe/bench/bench.h"
 #include "smollm2_shape.h"
+#include "troupe/actors/messages.h"
 #include "troupe/actors/roles.h"
 #include "troupe/actors/weight_codec.h"
 #include "troupe/actors/weight_sync.h"
@@ -64,9 +65,9 @@ ExperimentConfig bench_config(const std::string& dtype, bool quick, bool probe, 
     m.vocab_size = 16384;
     m.num_hidden_layers = 6;
   }
-  c.policy.tokenizer = "byte";
+  c.policy.tokenizer = actors::TokenizerKind::byte_level;
   c.optimizer.lr = 1e-6f;  // AdamW (constant schedule, no warm-up)
-  c.weight_sync.dtype = dtype;
+  c.weight_sync.dtype = actors::weight_dtype_of(dtype);
   c.weight_sync.full_every = 0;  // every sync of the delta cases is a delta
   c.weight_sync.probe = probe;   // off: the transfer alone (the probe is a forward on each side)
   c.weight_sync.prepare_in_step = prepare;
@@ -76,7 +77,7 @@ ExperimentConfig bench_config(const std::string& dtype, bool quick, bool probe, 
 // One SFT step's batch: a few short sequences (the step only has to move every weight a little).
 actors::TrainReq one_step_batch() {
   actors::TrainReq req;
-  req.phase = 1;
+  req.phase = learner::Phase::sft;
   for (int i = 0; i < 2; ++i) {
     actors::TrainSample s;
     s.prompt = {1, 40 + i, 41, 42, 43};
@@ -88,7 +89,7 @@ actors::TrainReq one_step_batch() {
 
 // Rank 0 -> the other ranks: "phase `phase` of the baseline may start".
 struct GateOpen {
-  static constexpr std::uint32_t type_id = 9601;
+  static constexpr std::uint32_t type_id = message_id::bench_gate_open;
   static constexpr const char* type_name = "bench.GateOpen";
   std::int32_t phase = 0;
   template <class A>
@@ -208,7 +209,7 @@ struct HelperRank {
 
 runtime::ClusterConfig helper_cluster() {
   runtime::ClusterConfig cc;
-  cc.transport = "tcp";
+  cc.transport = runtime::TransportKind::tcp;
   cc.roles = {"learner0"};
   for (int g = 0; g < kGenerators; ++g) cc.roles.push_back("generator" + std::to_string(g));
   cc.mpi_thread_multiple = true;
@@ -306,7 +307,7 @@ void time_syncs(HelperRank& b, int gens, MPI_Comm comm) {
   for (int g = 0; g < gens; ++g)
     peers.generators.push_back(runtime::ActorSystem::named(static_cast<uint32_t>(g + 1), "generator" + std::to_string(g)));
   actors::WeightSyncSection delta_cfg = b.cfg.weight_sync, full_cfg = b.cfg.weight_sync;
-  full_cfg.mode = "full";
+  full_cfg.mode = actors::WeightSyncMode::full;
   actors::WeightSync delta_sync(delta_cfg, false), full_sync(full_cfg, false);
   actors::WeightSyncReport rep;
   auto sync = [&](actors::WeightSync& ws) {

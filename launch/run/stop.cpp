@@ -9,8 +9,11 @@
 #include <cstdio>
 
 #include "run/steps.h"
+#include "troupe/actors/messages.h"
 
 namespace troupe::launch::run {
+using actors::StopAfterStep;
+using actors::StopRun;
 
 namespace {
 
@@ -36,16 +39,6 @@ void on_stop_signal(int sig) {
   (void)!::write(2, msg, sizeof msg - 1);
 }
 
-// A rank that got SIGTERM/SIGINT -> rank 0: stop after the step in progress, with a final checkpoint.
-struct StopAfterStep {
-  static constexpr std::uint32_t type_id = 2098;
-  static constexpr const char* type_name = "launch.StopAfterStep";
-  std::int32_t rank = 0;
-  std::int32_t signal = 0;
-  template <class A>
-  void serialize(A& ar) { ar(rank, signal); }
-};
-
 // Under mpirun/srun the first signal on any rank is a graceful stop (the cluster's
 // on_first_signal): rank 0's coordinator finishes the step, checkpoints it and ends the run; the
 // other ranks serve until then (at most cluster.graceful_stop_bound). Set once the actors exist.
@@ -54,15 +47,6 @@ struct GracefulStop {
   std::atomic<int> rank{-1};
 };
 GracefulStop g_graceful;
-
-// Rank 0 -> every other rank when the run is over: stop serving and shut down.
-struct StopRun {
-  static constexpr std::uint32_t type_id = 2099;
-  static constexpr const char* type_name = "launch.StopRun";
-  std::int32_t code = 0;
-  template <class A>
-  void serialize(A& ar) { ar(code); }
-};
 
 class ControlActor : public runtime::Actor {
  public:

@@ -286,44 +286,52 @@ Result<Tensor> unpermute_qk(const Tensor& t, int64_t heads, const std::string& w
   return out;
 }
 
-Result<ImportedGguf> import_gguf(const GgufFile& f) {
+namespace {
+
+// The model's shape from the GGUF metadata (and token_embd.weight's rows, the vocabulary).
+struct GgufShape {
+  int64_t C = 0, L = 0, H = 0, KV = 0, I = 0, ctx = 0, D = 0, V = 0;
+  double theta = 0, eps = 0;
+};
+
+Result<GgufShape> read_shape(const GgufFile& f, const std::string& arch) {
   const std::string& path = f.path();
-  TROUPE_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
-  const GgufArchitecture* spec = gguf_architecture(arch);
-  if (spec == nullptr)
-    return invalid_input(path + ": general.architecture \"" + arch + "\" is not supported (troupe imports llama, qwen2 and qwen3)");
   const std::string a = arch + ".";
-  TROUPE_ASSIGN_OR_RETURN(int64_t C, positive(f, a + "embedding_length"));
-  TROUPE_ASSIGN_OR_RETURN(int64_t L, positive(f, a + "block_count"));
-  TROUPE_ASSIGN_OR_RETURN(int64_t H, positive(f, a + "attention.head_count"));
-  TROUPE_ASSIGN_OR_RETURN(int64_t KV, positive_or(f, a + "attention.head_count_kv", H));
-  TROUPE_ASSIGN_OR_RETURN(int64_t I, positive(f, a + "feed_forward_length"));
-  TROUPE_ASSIGN_OR_RETURN(int64_t ctx, positive_or(f, a + "context_length", 2048));
-  TROUPE_ASSIGN_OR_RETURN(int64_t D, positive_or(f, a + "attention.key_length", C / H));
-  TROUPE_ASSIGN_OR_RETURN(int64_t rot, positive_or(f, a + "rope.dimension_count", D));
-  TROUPE_ASSIGN_OR_RETURN(double theta, float_or(f, a + "rope.freq_base", 10000.0));
-  TROUPE_ASSIGN_OR_RETURN(double eps, float_or(f, a + "attention.layer_norm_rms_epsilon", 1e-5));
-  if (rot != D)
-    return invalid_input(path + ": " + a + "rope.dimension_count " + std::to_string(rot) + " differs from head_dim " + std::to_string(D) +
+  GgufShape s;
+  TROUPE_ASSIGN_OR_RETURN(s.C, positive(f, a + "embedding_length"));
+  TROUPE_ASSIGN_OR_RETURN(s.L, positive(f, a + "block_count"));
+  TROUPE_ASSIGN_OR_RETURN(s.H, positive(f, a + "attention.head_count"));
+  TROUPE_ASSIGN_OR_RETURN(s.KV, positive_or(f, a + "attention.head_count_kv", s.H));
+  TROUPE_ASSIGN_OR_RETURN(s.I, positive(f, a + "feed_forward_length"));
+  TROUPE_ASSIGN_OR_RETURN(s.ctx, positive_or(f, a + "context_length", 2048));
+  TROUPE_ASSIGN_OR_RETURN(s.D, positive_or(f, a + "attention.key_length", s.C / s.H));
+  TROUPE_ASSIGN_OR_RETURN(int64_t rot, positive_or(f, a + "rope.dimension_count", s.D));
+  TROUPE_ASSIGN_OR_RETURN(s.theta, float_or(f, a + "rope.freq_base", 10000.0));
+  TROUPE_ASSIGN_OR_RETURN(s.eps, float_or(f, a + "attention.layer_norm_rms_epsilon", 1e-5));
+  if (rot != s.D)
+    return invalid_input(path + ": " + a + "rope.dimension_count " + std::to_string(rot) + " differs from head_dim " + std::to_string(s.D) +
                          " (partial rotary embeddings are not supported)");
-  if (H % KV != 0) return invalid_input(path + ": head_count " + std::to_string(H) + " is not a multiple of head_count_kv " + std::to_string(KV));
+  if (s.H % s.KV != 0) return invalid_input(path + ": head_count " + std::to_string(s.H) + " is not a multiple of head_count_kv " + std::to_string(s.KV));
 
   const GgufTensorInfo* embd = f.find("token_embd.weight");
   if (!embd || embd->ne.size() != 2) return invalid_input(path + ": missing 2-D tensor 'token_embd.weight'");
-  const int64_t V = embd->ne[1];
-  if (embd->ne[0] != C)
-    return invalid_input(path + ": token_embd.weight has rows of " + std::to_string(embd->ne[0]) + ", embedding_length is " + std::to_string(C));
+  s.V = embd->ne[1];
+  if (embd->ne[0] != s.C)
+    return invalid_input(path + ": token_embd.weight has rows of " + std::to_string(embd->ne[0]) + ", embedding_length is " + std::to_string(s.C));
   if (f.get(a + "vocab_size")) {
     TROUPE_ASSIGN_OR_RETURN(int64_t v, f.get_int(a + "vocab_size"));
-    if (v != V)
-      return invalid_input(path + ": " + a + "vocab_size " + std::to_string(v) + " differs from token_embd.weight's " + std::to_string(V) + " rows");
+    if (v != s.V)
+      return invalid_input(path + ": " + a + "vocab_size " + std::to_string(v) + " differs from token_embd.weight's " + std::to_string(s.V) + " rows");
   }
+  return s;
+}
 
-  // Tensors: every one mapped, shape-checked against the config, q/k un-permuted.
-  ImportedGguf out;
+// Every tensor a model of this shape has (HF names) and its shape.
+std::map<std::string, std::vector<int64_t>> expected_tensors(const GgufShape& s, const GgufArchitecture& spec) {
+  const int64_t C = s.C, H = s.H, KV = s.KV, D = s.D, I = s.I, V = s.V;
   std::map<std::string, std::vector<int64_t>> expected = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}},
                                                           {"lm_head.weight", {V, C}}};
-  for (int64_t l = 0; l < L; ++l) {
+  for (int64_t l = 0; l < s.L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     expected[p + "self_attn.q_proj.weight"] = {H * D, C};
     expected[p + "self_attn.k_proj.weight"] = {KV * D, C};
@@ -334,31 +342,40 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
     expected[p + "mlp.down_proj.weight"] = {C, I};
     expected[p + "input_layernorm.weight"] = {C};
     expected[p + "post_attention_layernorm.weight"] = {C};
-    if (spec->qkv_bias) {
+    if (spec.qkv_bias) {
       expected[p + "self_attn.q_proj.bias"] = {H * D};
       expected[p + "self_attn.k_proj.bias"] = {KV * D};
       expected[p + "self_attn.v_proj.bias"] = {KV * D};
     }
-    if (spec->qk_norm) {
+    if (spec.qk_norm) {
       expected[p + "self_attn.q_norm.weight"] = {D};
       expected[p + "self_attn.k_norm.weight"] = {D};
     }
   }
+  return expected;
+}
+
+// Tensors: every one mapped, shape-checked against the config, q/k un-permuted; none missing but a
+// tied lm_head.
+Status import_tensors(const GgufFile& f, const std::string& arch, const GgufArchitecture& spec, const GgufShape& s,
+                      ImportedGguf& out) {
+  const std::string& path = f.path();
+  const auto expected = expected_tensors(s, spec);
   for (const auto& info : f.tensors()) {
     if (info.name == "rope_freqs.weight") continue;  // llama.cpp's precomputed frequencies; the config has rope_scaling
     const std::string hf = hf_name_from_gguf(info.name);
     auto e = expected.find(hf);
     if (hf.empty() || e == expected.end())
-      return invalid_input(path + ": tensor '" + info.name + "' has no place in a " + arch + " model of " + std::to_string(L) + " layers");
+      return invalid_input(path + ": tensor '" + info.name + "' has no place in a " + arch + " model of " + std::to_string(s.L) + " layers");
     if (info.shape() != e->second)
       return invalid_input(path + ": tensor '" + info.name + "' has shape " + shape_string(info.shape()) + ", the metadata implies " +
                            shape_string(e->second));
     TROUPE_ASSIGN_OR_RETURN(Tensor t, f.read(info.name));
-    if (spec->permuted_qk && hf.ends_with("self_attn.q_proj.weight")) {
-      TROUPE_ASSIGN_OR_RETURN(t, unpermute_qk(t, H, path + ": tensor '" + info.name + "'"));
+    if (spec.permuted_qk && hf.ends_with("self_attn.q_proj.weight")) {
+      TROUPE_ASSIGN_OR_RETURN(t, unpermute_qk(t, s.H, path + ": tensor '" + info.name + "'"));
     }
-    if (spec->permuted_qk && hf.ends_with("self_attn.k_proj.weight")) {
-      TROUPE_ASSIGN_OR_RETURN(t, unpermute_qk(t, KV, path + ": tensor '" + info.name + "'"));
+    if (spec.permuted_qk && hf.ends_with("self_attn.k_proj.weight")) {
+      TROUPE_ASSIGN_OR_RETURN(t, unpermute_qk(t, s.KV, path + ": tensor '" + info.name + "'"));
     }
     out.tensors[hf] = std::move(t);
   }
@@ -366,8 +383,18 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
   for (const auto& [name, shape] : expected)
     if (!out.tensors.count(name) && !(tied && name == "lm_head.weight"))
       return invalid_input(path + ": missing tensor for '" + name + "'");
+  return {};
+}
 
-  // Tokenizer.
+// The special tokens' ids (-1: none).
+struct SpecialIds {
+  int64_t bos = -1, eos = -1, pad = -1, unk = -1;
+};
+
+// tokenizer.json and tokenizer_config.json; the special tokens' ids.
+Result<SpecialIds> import_tokenizer(const GgufFile& f, const GgufShape& s, ImportedGguf& out) {
+  const std::string& path = f.path();
+  const int64_t V = s.V;
   TROUPE_ASSIGN_OR_RETURN(auto tokens, f.get_strings("tokenizer.ggml.tokens"));
   if (static_cast<int64_t>(tokens.size()) != V)
     return invalid_input(path + ": the tokenizer has " + std::to_string(tokens.size()) + " tokens (tokenizer.ggml.tokens) but token_embd.weight has " +
@@ -388,10 +415,11 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
     if (id < 0 || id >= V) return invalid_input(path + ": " + key + " " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(V));
     return id;
   };
-  TROUPE_ASSIGN_OR_RETURN(int64_t bos, id_of("tokenizer.ggml.bos_token_id"));
-  TROUPE_ASSIGN_OR_RETURN(int64_t eos, id_of("tokenizer.ggml.eos_token_id"));
-  TROUPE_ASSIGN_OR_RETURN(int64_t pad, id_of("tokenizer.ggml.padding_token_id"));
-  TROUPE_ASSIGN_OR_RETURN(int64_t unk, id_of("tokenizer.ggml.unknown_token_id"));
+  SpecialIds ids;
+  TROUPE_ASSIGN_OR_RETURN(ids.bos, id_of("tokenizer.ggml.bos_token_id"));
+  TROUPE_ASSIGN_OR_RETURN(ids.eos, id_of("tokenizer.ggml.eos_token_id"));
+  TROUPE_ASSIGN_OR_RETURN(ids.pad, id_of("tokenizer.ggml.padding_token_id"));
+  TROUPE_ASSIGN_OR_RETURN(ids.unk, id_of("tokenizer.ggml.unknown_token_id"));
   bool add_bos = false, add_eos = false;
   if (f.get("tokenizer.ggml.add_bos_token")) {
     TROUPE_ASSIGN_OR_RETURN(add_bos, f.get_bool("tokenizer.ggml.add_bos_token"));
@@ -402,31 +430,37 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
 
   json& tc = out.tokenizer_config;
   tc = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"add_bos_token", add_bos}, {"add_eos_token", add_eos},
-        {"model_max_length", ctx}, {"clean_up_tokenization_spaces", false}};
-  for (auto [key, id] : {std::pair{"bos_token", bos}, {"eos_token", eos}, {"pad_token", pad}, {"unk_token", unk}}) {
+        {"model_max_length", s.ctx}, {"clean_up_tokenization_spaces", false}};
+  for (auto [key, id] : {std::pair{"bos_token", ids.bos}, {"eos_token", ids.eos}, {"pad_token", ids.pad}, {"unk_token", ids.unk}}) {
     if (id >= 0) tc[key] = token_or_null(tokens, id);
     else tc[key] = nullptr;
   }
   if (f.get("tokenizer.chat_template")) {
     TROUPE_ASSIGN_OR_RETURN(tc["chat_template"], f.get_string("tokenizer.chat_template"));
   }
+  return ids;
+}
 
-  // config.json (LlamaConfig) and generation_config.json.
+// config.json (the HF config of the architecture) and generation_config.json.
+Status import_config(const GgufFile& f, const std::string& arch, const GgufArchitecture& spec, const GgufShape& s,
+                     const SpecialIds& ids, ImportedGguf& out) {
+  const std::string a = arch + ".";
+  const bool tied = !out.tensors.count("lm_head.weight");
   json& c = out.config;
-  c = {{"architectures", {spec->hf_architecture}},
+  c = {{"architectures", {spec.hf_architecture}},
        {"model_type", arch},
-       {"hidden_size", C},
-       {"intermediate_size", I},
-       {"num_hidden_layers", L},
-       {"num_attention_heads", H},
-       {"num_key_value_heads", KV},
-       {"head_dim", D},
+       {"hidden_size", s.C},
+       {"intermediate_size", s.I},
+       {"num_hidden_layers", s.L},
+       {"num_attention_heads", s.H},
+       {"num_key_value_heads", s.KV},
+       {"head_dim", s.D},
        {"hidden_act", "silu"},
-       {"max_position_embeddings", ctx},
-       {"rms_norm_eps", eps},
-       {"rope_theta", theta},
+       {"max_position_embeddings", s.ctx},
+       {"rms_norm_eps", s.eps},
+       {"rope_theta", s.theta},
        {"rope_scaling", nullptr},
-       {"vocab_size", V},
+       {"vocab_size", s.V},
        {"tie_word_embeddings", tied},
        {"torch_dtype", "float32"}};
   if (arch == "llama") c["mlp_bias"] = false;
@@ -447,8 +481,23 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
   }
   json& g = out.generation_config;
   g = {{"_from_model_config", true}};
-  for (auto [key, id] : {std::pair{"bos_token_id", bos}, {"eos_token_id", eos}, {"pad_token_id", pad}})
+  for (auto [key, id] : {std::pair{"bos_token_id", ids.bos}, {"eos_token_id", ids.eos}, {"pad_token_id", ids.pad}})
     if (id >= 0) c[key] = id, g[key] = id;
+  return {};
+}
+
+}  // namespace
+
+Result<ImportedGguf> import_gguf(const GgufFile& f) {
+  TROUPE_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
+  const GgufArchitecture* spec = gguf_architecture(arch);
+  if (spec == nullptr)
+    return invalid_input(f.path() + ": general.architecture \"" + arch + "\" is not supported (troupe imports llama, qwen2 and qwen3)");
+  TROUPE_ASSIGN_OR_RETURN(const GgufShape shape, read_shape(f, arch));
+  ImportedGguf out;
+  TROUPE_TRY(import_tensors(f, arch, *spec, shape, out));
+  TROUPE_ASSIGN_OR_RETURN(const SpecialIds ids, import_tokenizer(f, shape, out));
+  TROUPE_TRY(import_config(f, arch, *spec, shape, ids, out));
   return out;
 }
 

@@ -10,6 +10,13 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_import.cpp
   ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
+  # The Jinja subset of chat templates (internal headers beside them).
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/value.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/lexer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/parser.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/renderer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/builtins.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/filters.cpp
 )
 target_link_libraries(troupe_policy PRIVATE PkgConfig::TROUPE_PCRE2)
 if(TROUPE_BUILD_TESTS)

@@ -24,6 +24,15 @@ using nlohmann::json;
 
 namespace {
 
+// A tokenizer's save(): j, indented by 2, as dir/file.
+Status save_json(const std::string& dir, const char* file, const json& j) {
+  const std::string path = (fs::path(dir) / file).string();
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) return make_error(ErrorCode::io, path + ": write failed");
+  return {};
+}
+
 void append_utf8(std::string& s, uint32_t cp) {
   if (cp < 0x80) {
     s.push_back(static_cast<char>(cp));
@@ -207,11 +216,7 @@ class CharTokenizer final : public Tokenizer {
     json j = {{"troupe_tokenizer", 1}, {"kind", spec_.kind}, {"special_tokens", spec_.special_tokens},
               {"pad", spec_.pad}, {"bos", spec_.bos}, {"eos", spec_.eos}, {"unk", spec_.unk}};
     if (spec_.kind == "char") j["chars"] = spec_.chars;
-    const std::string path = (fs::path(dir) / kTroupeTokenizerFile).string();
-    std::ofstream out(path);
-    out << j.dump(2) << "\n";
-    if (!out) return make_error(ErrorCode::io, path + ": write failed");
-    return {};
+    return save_json(dir, kTroupeTokenizerFile, j);
   }
 
  private:
@@ -430,13 +435,7 @@ class BpeTokenizer final : public Tokenizer {
     return s;
   }
 
-  Status save(const std::string& dir) const override {
-    const std::string path = (fs::path(dir) / kHfTokenizerFile).string();
-    std::ofstream out(path);
-    out << json_.dump(2) << "\n";
-    if (!out) return make_error(ErrorCode::io, path + ": write failed");
-    return {};
-  }
+  Status save(const std::string& dir) const override { return save_json(dir, kHfTokenizerFile, json_); }
 
  private:
   void add_token(const std::string& t, int32_t id) {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "troupe/base/clock.h"
+
 namespace troupe::runtime {
 
 namespace {
@@ -21,7 +23,6 @@ constexpr std::int64_t kSpinMaxNs = 60'000;
 constexpr std::int64_t kSpinStartNs = 20'000;
 inline std::int64_t spin_grown(std::int64_t budget) { return std::min(kSpinMaxNs, budget + budget / 2); }
 inline std::int64_t spin_shrunk(std::int64_t budget) { return std::max(kSpinMinNs, budget / 2); }
-inline std::int64_t mono_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -71,9 +72,9 @@ bool Scheduler::post_task(ActorCell* c, std::function<void(Context&)> fn) {
 ActorCell* Scheduler::pop_runnable_blocking() {
   // Spin briefly before sleeping: a futex wake per message would dominate small-message cost.
   thread_local std::int64_t budget = kSpinStartNs;
-  const std::int64_t until = mono_ns() + budget;
+  const std::int64_t until = mono_nanoseconds() + budget;
   for (int spin = 0;; ++spin) {
-    if ((spin & 15) == 15 && mono_ns() >= until) break;
+    if ((spin & 15) == 15 && mono_nanoseconds() >= until) break;
     if (others_waiting() || stopping_) {
       std::lock_guard lock(runq_mu_);
       if (!runq_.empty()) {
@@ -140,7 +141,7 @@ void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin, int max_
       bool more = false;
       if (!manual_ && spin) {
         bool cut_short = false;
-        const std::int64_t until = mono_ns() + c->spin_budget;
+        const std::int64_t until = mono_nanoseconds() + c->spin_budget;
         for (int s = 0;; ++s) {
           if (c->mailbox.has_mail()) {
             more = true;
@@ -150,7 +151,7 @@ void Scheduler::turn(ActorCell* c, std::vector<Mail>& batch, bool spin, int max_
             cut_short = true;
             break;
           }
-          if ((s & 15) == 15 && mono_ns() >= until) break;
+          if ((s & 15) == 15 && mono_nanoseconds() >= until) break;
           // a few pauses between looks: each look pulls the line the producer writes on every push
           cpu_relax();
           cpu_relax();

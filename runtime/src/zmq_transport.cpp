@@ -14,6 +14,7 @@
 #include <x86intrin.h>
 #endif
 
+#include "troupe/base/clock.h"
 #include "troupe/runtime/curve.h"
 
 namespace troupe::runtime {
@@ -43,8 +44,6 @@ constexpr std::int64_t kBurstGapNs = 3'000;
 constexpr std::size_t kMaxSealed = 4;  // batches ZeroMQ refused before a sender waits for room
 constexpr microseconds kFlushTick{200};  // the flush thread's pace while batches are open
 
-std::int64_t now_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
-
 // The batching heuristics' clock, read on every remote send: the CPU's time-stamp counter where
 // it runs at a constant rate (about a third of a steady_clock read), else steady_clock; the
 // thresholds are converted to its ticks once.
@@ -56,7 +55,7 @@ struct BatchClock {
 #if defined(__x86_64__)
     if (tsc) return static_cast<std::int64_t>(__rdtsc());
 #endif
-    return now_ns();
+    return mono_nanoseconds();
   }
 };
 
@@ -66,10 +65,10 @@ const BatchClock& batch_clock() {
 #if defined(__x86_64__)
     unsigned a = 0, b = 0, cx = 0, d = 0;
     if (__get_cpuid(0x80000007, &a, &b, &cx, &d) && (d & (1u << 8))) {  // invariant TSC
-      const std::int64_t t0 = now_ns(), c0 = static_cast<std::int64_t>(__rdtsc());
-      while (now_ns() - t0 < 2'000'000) {
+      const std::int64_t t0 = mono_nanoseconds(), c0 = static_cast<std::int64_t>(__rdtsc());
+      while (mono_nanoseconds() - t0 < 2'000'000) {
       }
-      const std::int64_t t1 = now_ns(), c1 = static_cast<std::int64_t>(__rdtsc());
+      const std::int64_t t1 = mono_nanoseconds(), c1 = static_cast<std::int64_t>(__rdtsc());
       const double per_ns = double(c1 - c0) / double(t1 - t0);
       if (per_ns > 0.1) {
         c.tsc = true;
@@ -557,7 +556,7 @@ void ZmqTransport::receive_loop(bool primary) {
     // Run the actor's batch here, without a worker's wake-up; the other receive thread takes the
     // socket if this lasts.
     running_inline_.fetch_add(1);
-    token_released_ns_.store(now_ns());
+    token_released_ns_.store(mono_nanoseconds());
     receiver_token_.unlock();
     holding = false;
     if (standby_deep_.load()) {
@@ -581,7 +580,7 @@ bool ZmqTransport::stand_by() {
     std::int64_t released = token_released_ns_.load();
     if (released != 0) {
       quiet_ticks = 0;
-      std::int64_t waited = now_ns() - released;
+      std::int64_t waited = mono_nanoseconds() - released;
       if (waited >= kTakeoverNs) {
         if (receiver_token_.try_lock()) {
           token_released_ns_.store(0);

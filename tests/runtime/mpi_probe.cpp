@@ -57,7 +57,12 @@ int main(int argc, char** argv) {
   }
   std::string mode = argv[1];
   ClusterConfig cfg;
-  cfg.transport = argv[2];
+  const auto transport = troupe::enum_from_name<TransportKind>(argv[2]);
+  if (!transport) {
+    std::fprintf(stderr, "runtime_mpi_probe: transport must be ipc or tcp, got '%s'\n", argv[2]);
+    return 2;
+  }
+  cfg.transport = *transport;
   cfg.roles = {"coordinator", "learner", "generator", "env"};
   cfg.system.threads = 1;
   cfg.system.heartbeat = HeartbeatConfig{.interval = 100ms, .timeout = 1000ms};

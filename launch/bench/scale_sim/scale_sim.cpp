@@ -27,6 +27,7 @@ using actors::EnvSpec;
 using actors::CoordinatorHooks;
 using actors::ExperimentConfig;
 using actors::RolePeers;
+using actors::WeightSyncMode;
 
 ExperimentConfig experiment_for(const ScaleSimConfig& c) {
   ExperimentConfig e;
@@ -44,7 +45,7 @@ ExperimentConfig experiment_for(const ScaleSimConfig& c) {
   e.rollout.max_response_length = c.max_response_tokens;
   e.rollout.async = c.async;
   e.rollout.max_staleness = c.max_staleness;
-  e.weight_sync.mode = "delta";  // full at the start and every full_every versions
+  e.weight_sync.mode = WeightSyncMode::delta;  // full at the start and every full_every versions
   e.weight_sync.probe = false;
   e.checkpointing.enabled = false;
   e.logger.trajectories = false;

@@ -74,7 +74,7 @@ class SimEnv : public runtime::Actor {
     handle<EnvResetReq>([this](Context& ctx, const EnvResetReq& r) {
       RoleCpu cpu(w_);
       EnvObs obs;
-      const uint64_t h = mix_seed(w_.cfg.seed, r.seed, 11);
+      const uint64_t h = mix_seed(w_.cfg.seed, r.seed, seed_stream::sim_env_prompt);
       obs.text = std::to_string(h % 10) + "+" + std::to_string((h >> 8) % 10) + "=";
       obs.metadata_json = "{\"answer\":" + std::to_string(h % 10 + (h >> 8) % 10) + "}";
       reply_after(ctx, w_, latency(h), std::move(obs));
@@ -83,7 +83,7 @@ class SimEnv : public runtime::Actor {
       RoleCpu cpu(w_);
       EnvVerifyRep rep;
       const size_t n = r.completions.size();
-      uint64_t h = mix_seed(w_.cfg.seed, hash_text(r.metadata_json), 12, static_cast<uint64_t>(calls_++));
+      uint64_t h = mix_seed(w_.cfg.seed, hash_text(r.metadata_json), seed_stream::sim_env_verify, static_cast<uint64_t>(calls_++));
       for (const auto& c : r.completions) {
         const double reward = (hash_text(c) ^ h) % 3 == 0 ? 1.0 : 0.0;  // about a third solved
         rep.rewards.push_back(reward);
@@ -105,8 +105,8 @@ class SimEnv : public runtime::Actor {
   // A call's latency: log-normal (median, sigma) plus the request and the reply on the wire.
   double latency(uint64_t h) const {
     const auto& t = w_.cfg.timing;
-    const double u1 = std::max(1e-12, unit(mix_seed(h, 21, static_cast<uint64_t>(index_))));
-    const double u2 = unit(mix_seed(h, 22, static_cast<uint64_t>(index_)));
+    const double u1 = std::max(1e-12, unit(mix_seed(h, seed_stream::sim_latency_u1, static_cast<uint64_t>(index_))));
+    const double u2 = unit(mix_seed(h, seed_stream::sim_latency_u2, static_cast<uint64_t>(index_)));
     const double normal = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
     return t.env_median_s * std::exp(t.env_sigma * normal) + 2 * t.message_s;
   }
@@ -128,7 +128,7 @@ class SimGenerator : public runtime::Actor {
       rep.samples.reserve(n);
       for (size_t i = 0; i < n; ++i) {
         const uint64_t stream = i < r.sampling.streams.size() ? static_cast<uint64_t>(r.sampling.streams[i]) : i;
-        const uint64_t h = mix_seed(r.sampling.seed, stream, 31);
+        const uint64_t h = mix_seed(r.sampling.seed, stream, seed_stream::sim_response_length);
         const int lo = std::min(cfg.min_response_tokens, r.sampling.max_new_tokens);
         const int len = lo + static_cast<int>(h % static_cast<uint64_t>(r.sampling.max_new_tokens - lo + 1));
         longest = std::max(longest, len);

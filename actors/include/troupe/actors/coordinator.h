@@ -15,6 +15,7 @@
 
 #include "troupe/actors/experiment_config.h"
 #include "troupe/base/result.h"
+#include "troupe/base/seed_streams.h"
 #include "troupe/runtime/system.h"
 
 namespace troupe::actors {
@@ -44,8 +45,8 @@ inline bool is_planned_stop(const Error& e) {
          (e.message.rfind(kStoppedByWallClock, 0) == 0 || e.message.rfind(kStoppedBySignal, 0) == 0);
 }
 
-// Deterministic 64-bit mix of (seed, a, b, c).
-uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
+// Deterministic 64-bit mix of (seed, a, b, c); the streams are named in troupe/base/seed_streams.h.
+using troupe::mix_seed;
 
 // The coordinator actor. Spawned on the system of RolePeers, it starts its job in on_start and
 // runs it as coroutines (runtime/coroutine.h): every wait for a role is a request whose reply

@@ -13,10 +13,25 @@
 #include <string>
 #include <vector>
 
+#include "troupe/actors/weight_dtype.h"
+#include "troupe/base/enum_names.h"
 #include "troupe/learner/config.h"
 #include "troupe/policy/model_config.h"
+#include "troupe/runtime/transport_kind.h"
 
 namespace troupe::actors {
+
+// The enum-valued keys, each parsed once by the schema (launch/config_schema.cpp) through the
+// YAML names at the end of this file.
+enum class TokenizerKind { char_level, byte_level, from_model };  // policy.tokenizer: char | byte | auto
+enum class PromptTemplate { plain, chat };                        // rollout.template
+enum class StalePolicy { drop, importance_weight };               // rollout.stale_policy
+enum class WeightSyncMode { delta, full };                        // weight_sync.mode
+enum class WeightTransport { zmq, nccl };                         // weight_sync.transport
+enum class ProgressMode { detect, tty, plain, off };              // logger.progress: auto | tty | plain | off
+enum class EnvFaultOp { any, reset, step, verify };               // faults.env_op
+enum class EnvType { builtin, plugin, remote, nemo_gym, reasoning_gym, verifiers };  // envs[].type
+enum class IsolateMode { detect, yes, no };                       // envs[].isolate: auto | true | false
 
 struct RunSection {
   std::string dir = "runs/default";  // run directory (metrics, checkpoints, resolved config)
@@ -30,7 +45,7 @@ struct RunSection {
 struct PolicySection : policy::ExecutionOptions {
   policy::ModelArchitecture model;
   std::string path;               // start from this model directory ("" = fresh initialization)
-  std::string tokenizer = "char";  // char | byte | auto (from the model directory)
+  TokenizerKind tokenizer = TokenizerKind::char_level;  // char | byte | auto (from the model directory)
   float init_std = 0.02f;
 };
 
@@ -54,14 +69,14 @@ struct GrpoSection : learner::AdvantageConfig {
 
 struct EnvSpec {
   std::string name;                // label in metrics (reward_mean/<name>); builtin id by default
-  std::string type = "builtin";    // builtin | plugin | remote | nemo_gym
+  EnvType type = EnvType::builtin;
   std::string env;                 // builtin id ("" = name)
   std::string path;                // plugin: path of the .so
   std::vector<std::string> command;  // remote: argv that starts the env server ({bind} = its address)
   std::string address;             // remote: address of a running env server
   double weight = 1;               // share of the prompts drawn from this env
   double timeout_s = 30;           // per call
-  std::string isolate = "auto";    // auto | true | false: run builtin/plugin envs in a worker process
+  IsolateMode isolate = IsolateMode::detect;  // auto | true | false: run builtin/plugin envs in a worker process
   nlohmann::json config = nlohmann::json::object();  // passed to the env as is
   double startup_timeout_s = 60;   // a started env server must answer hello within this
   int max_restarts = 100;          // env worker restarts per run before the env is given up
@@ -82,13 +97,13 @@ struct RolloutSection {
   int num_generations = 8;       // G
   int prompts_per_step = 8;
   std::vector<std::string> stop;  // stop strings (besides EOS)
-  std::string template_name = "plain";  // plain | chat
+  PromptTemplate template_name = PromptTemplate::plain;
   std::string system_prompt;
   int max_turns = 1;
   bool async = false;
   int max_staleness = 1;
   int async_chunks = 1;               // async: parts per step streamed to the learners as they are scored
-  std::string stale_policy = "drop";  // drop | importance_weight
+  StalePolicy stale_policy = StalePolicy::drop;
   float importance_weight_cap = 2.0f;  // importance_weight: truncation of pi_old / pi_behavior
   // async: generators move to newer weights between decode steps (every in_flight_every steps, at
   // decode steps fixed by the config, never by timing; docs/weight_sync.md)
@@ -101,11 +116,11 @@ struct RolloutSection {
 
 // How learner 0's weights reach the generators after each update (docs/weight_sync.md).
 struct WeightSyncSection {
-  std::string mode = "delta";  // delta: the XOR against the version the generator holds, zstd-compressed | full
+  WeightSyncMode mode = WeightSyncMode::delta;  // delta: the XOR against the version the generator holds, zstd-compressed | full
   int full_every = 50;         // delta mode: versions divisible by this go in full (0 = only when needed)
-  std::string dtype = "fp32";  // the generators' weights: fp32 (the master as is) | bf16 (rounded, nearest even)
+  WeightDtype dtype = WeightDtype::fp32;  // the generators' weights: fp32 (the master as is) | bf16 (rounded, nearest even)
   bool probe = true;           // after each sync the generator's log-probs of a probe sequence must equal learner 0's
-  std::string transport = "zmq";  // zmq: Weights messages | nccl: values by broadcast over the weight group
+  WeightTransport transport = WeightTransport::zmq;  // zmq: Weights messages | nccl: values by broadcast over the weight group
   bool prepare_in_step = true;    // bf16 deltas: learner 0 prepares the next delta inside each optimizer step
 };
 
@@ -113,7 +128,7 @@ struct ClusterSection {
   int learners = 1;
   int generators = 1;
   int env_workers = 1;
-  std::string transport = "ipc";  // ipc | tcp (between ranks; one process always uses inproc)
+  runtime::TransportKind transport = runtime::TransportKind::ipc;  // between ranks; one process always uses inproc
   std::string bind_host = "127.0.0.1";
   double heartbeat_s = 1.0;
   double peer_timeout_s = 30.0;
@@ -137,7 +152,7 @@ struct CheckpointSection {
 
 struct LoggerSection {
   bool tensorboard = true;
-  std::string progress = "auto";  // auto | tty | plain | off
+  ProgressMode progress = ProgressMode::detect;  // auto | tty | plain | off
   bool trajectories = true;       // write trajectories/*.jsonl
   int trajectories_per_step = 8;  // at most this many per step are written
 };
@@ -153,7 +168,7 @@ struct EvalSection {
 struct FaultsSection {
   int seed = 0;                    // the draws below are a hash of this, the call and the env worker
   std::string env;                 // the env the env faults hit (empty: every env)
-  std::string env_op = "any";      // reset | step | verify | any
+  EnvFaultOp env_op = EnvFaultOp::any;
   double env_exception = 0;        // probability per call of each env fault kind
   double env_crash = 0;
   double env_hang = 0;
@@ -187,3 +202,24 @@ struct ExperimentConfig {
 };
 
 }  // namespace troupe::actors
+
+// The YAML names of the enums above (troupe/base/enum_names.h).
+namespace troupe {
+#define TROUPE_ENUM_NAMES(E, ...)                                            \
+  template <>                                                                \
+  struct EnumNames<actors::E> {                                              \
+    using V = actors::E;                                                     \
+    static constexpr std::pair<std::string_view, V> table[] = {__VA_ARGS__}; \
+  };
+TROUPE_ENUM_NAMES(TokenizerKind, {"char", V::char_level}, {"byte", V::byte_level}, {"auto", V::from_model})
+TROUPE_ENUM_NAMES(PromptTemplate, {"plain", V::plain}, {"chat", V::chat})
+TROUPE_ENUM_NAMES(StalePolicy, {"drop", V::drop}, {"importance_weight", V::importance_weight})
+TROUPE_ENUM_NAMES(WeightSyncMode, {"delta", V::delta}, {"full", V::full})
+TROUPE_ENUM_NAMES(WeightTransport, {"zmq", V::zmq}, {"nccl", V::nccl})
+TROUPE_ENUM_NAMES(ProgressMode, {"auto", V::detect}, {"tty", V::tty}, {"plain", V::plain}, {"off", V::off})
+TROUPE_ENUM_NAMES(EnvFaultOp, {"any", V::any}, {"reset", V::reset}, {"step", V::step}, {"verify", V::verify})
+TROUPE_ENUM_NAMES(EnvType, {"builtin", V::builtin}, {"plugin", V::plugin}, {"remote", V::remote},
+                  {"nemo_gym", V::nemo_gym}, {"reasoning_gym", V::reasoning_gym}, {"verifiers", V::verifiers})
+TROUPE_ENUM_NAMES(IsolateMode, {"auto", V::detect}, {"true", V::yes}, {"false", V::no})
+#undef TROUPE_ENUM_NAMES
+}  // namespace troupe

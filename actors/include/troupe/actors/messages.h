@@ -1,6 +1,6 @@
-// The messages the roles exchange (type ids 2000-2099). Every one is a plain struct with a cereal
-// serialize(), so the same code runs whether the peer is a thread (direct hand-off) or another rank
-// (ipc/tcp). JSON-valued fields travel as their text.
+// The messages the roles exchange. Every one is a plain struct with a cereal serialize(), so the
+// same code runs whether the peer is a thread (direct hand-off) or another rank (ipc/tcp).
+// JSON-valued fields travel as their text. Type ids come from the one table, troupe/base/message_ids.h.
 #pragma once
 
 #include <algorithm>
@@ -10,16 +10,20 @@
 #include <utility>
 #include <vector>
 
+#include <cereal/types/common.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 
+#include "troupe/base/message_ids.h"
+#include "troupe/base/result.h"
+#include "troupe/learner/config.h"
 #include "troupe/runtime/bytes.h"
 
 namespace troupe::actors {
 
 // ---- env worker ----
 struct EnvResetReq {
-  static constexpr std::uint32_t type_id = 2001;
+  static constexpr std::uint32_t type_id = message_id::env_reset_req;
   static constexpr const char* type_name = "actors.EnvResetReq";
   std::string env;
   std::string episode_id;
@@ -29,7 +33,7 @@ struct EnvResetReq {
   void serialize(A& ar) { ar(env, episode_id, seed, split); }
 };
 struct EnvObs {
-  static constexpr std::uint32_t type_id = 2002;
+  static constexpr std::uint32_t type_id = message_id::env_obs;
   static constexpr const char* type_name = "actors.EnvObs";
   std::string text;
   std::string metadata_json = "{}";
@@ -51,7 +55,7 @@ struct EnvObs {
   }
 };
 struct EnvVerifyReq {  // score G completions of one prompt in one call
-  static constexpr std::uint32_t type_id = 2003;
+  static constexpr std::uint32_t type_id = message_id::env_verify_req;
   static constexpr const char* type_name = "actors.EnvVerifyReq";
   std::string env;
   std::string metadata_json = "{}";
@@ -60,7 +64,7 @@ struct EnvVerifyReq {  // score G completions of one prompt in one call
   void serialize(A& ar) { ar(env, metadata_json, completions); }
 };
 struct EnvVerifyRep {
-  static constexpr std::uint32_t type_id = 2004;
+  static constexpr std::uint32_t type_id = message_id::env_verify_rep;
   static constexpr const char* type_name = "actors.EnvVerifyRep";
   std::vector<double> rewards;
   std::vector<double> correct;       // components["correct"] when the env reports it, else reward >= 1
@@ -73,7 +77,7 @@ struct EnvVerifyRep {
   void serialize(A& ar) { ar(rewards, correct, errors, env_s, reasons, components_json, fatal); }
 };
 struct EnvStepReq {
-  static constexpr std::uint32_t type_id = 2005;
+  static constexpr std::uint32_t type_id = message_id::env_step_req;
   static constexpr const char* type_name = "actors.EnvStepReq";
   std::string env;
   std::string episode_id;
@@ -82,7 +86,7 @@ struct EnvStepReq {
   void serialize(A& ar) { ar(env, episode_id, action); }
 };
 struct EnvReleaseReq {
-  static constexpr std::uint32_t type_id = 2006;
+  static constexpr std::uint32_t type_id = message_id::env_release_req;
   static constexpr const char* type_name = "actors.EnvReleaseReq";
   std::string env;
   std::string episode_id;
@@ -92,14 +96,14 @@ struct EnvReleaseReq {
 // After an evaluation: the env's own metrics over the eval episodes it scored since the last ask
 // (nemo_gym: the server's /aggregate_metrics). Reply EnvAggregateRep.
 struct EnvAggregateReq {
-  static constexpr std::uint32_t type_id = 2095;
+  static constexpr std::uint32_t type_id = message_id::env_aggregate_req;
   static constexpr const char* type_name = "actors.EnvAggregateReq";
   std::string env;
   template <class A>
   void serialize(A& ar) { ar(env); }
 };
 struct EnvAggregateRep {
-  static constexpr std::uint32_t type_id = 2096;
+  static constexpr std::uint32_t type_id = message_id::env_aggregate_rep;
   static constexpr const char* type_name = "actors.EnvAggregateRep";
   std::string metrics_json = "{}";  // {name: number}; "episodes" says how many it covers
   std::string error;                // "" or why the env could not aggregate
@@ -110,7 +114,7 @@ struct EnvAggregateRep {
 // An episode the env runs itself (a verifiers env): it calls the model at base_url for every turn
 // and answers with an EnvObs (reward, components_json, info_json; or error/reason/fatal).
 struct EnvRunReq {
-  static constexpr std::uint32_t type_id = 2094;
+  static constexpr std::uint32_t type_id = message_id::env_run_req;
   static constexpr const char* type_name = "actors.EnvRunReq";
   std::string env;
   std::string episode_id;
@@ -145,7 +149,7 @@ struct GenSampling {
   void serialize(A& ar) { ar(temperature, top_k, top_p, max_new_tokens, seed, streams); }
 };
 struct GenerateReq {  // texts are formatted and tokenized by the generator
-  static constexpr std::uint32_t type_id = 2010;
+  static constexpr std::uint32_t type_id = message_id::generate_req;
   static constexpr const char* type_name = "actors.GenerateReq";
   std::vector<std::string> prompts;  // one per sample (a group repeats its prompt G times)
   GenSampling sampling;
@@ -168,7 +172,7 @@ struct GenerateReq {  // texts are formatted and tokenized by the generator
 // learners hold `version` (its Weights were sent before this). release = true: no further step
 // will be done; a generation waiting for one goes on with the version it has.
 struct StepVersion {
-  static constexpr std::uint32_t type_id = 2014;
+  static constexpr std::uint32_t type_id = message_id::step_version;
   static constexpr const char* type_name = "actors.StepVersion";
   std::int64_t grpo_step = 0;
   std::int64_t version = 0;
@@ -203,7 +207,7 @@ struct GenSample {
   }
 };
 struct GenerateRep {
-  static constexpr std::uint32_t type_id = 2011;
+  static constexpr std::uint32_t type_id = message_id::generate_rep;
   static constexpr const char* type_name = "actors.GenerateRep";
   std::vector<GenSample> samples;
   std::int64_t policy_version = 0;
@@ -225,7 +229,7 @@ struct GenerateRep {
 // of them with exactly these weights travel along; the receiver computes its own and compares.
 // Only Generator::apply_weights_to (set_weights; the staging copy with in-flight updates) decodes and applies one.
 struct Weights {
-  static constexpr std::uint32_t type_id = 2012;
+  static constexpr std::uint32_t type_id = message_id::weights;
   static constexpr const char* type_name = "actors.Weights";
   std::int64_t version = 0;
   std::vector<float> params;  // raw encoding only
@@ -253,7 +257,7 @@ struct Weights {
 };
 // Generator -> coordinator, the reply to a Weights request: what the generator holds now.
 struct Ack {
-  static constexpr std::uint32_t type_id = 2013;
+  static constexpr std::uint32_t type_id = message_id::ack;
   static constexpr const char* type_name = "actors.Ack";
   std::int64_t value = 0;         // the version the generator holds (and samples with) now
   std::int32_t status = 0;        // WeightsStatus: 0 applied, 1 checksum_failed, 2 refused, 3 probe_mismatch
@@ -277,28 +281,28 @@ struct ServedTurn {
   void serialize(A& ar) { ar(prompt_tokens, tokens, logprobs, policy_version, finish, text); }
 };
 struct ServedTurnsReq {  // hand over (and forget) what the endpoint served for an episode
-  static constexpr std::uint32_t type_id = 2090;
+  static constexpr std::uint32_t type_id = message_id::served_turns_req;
   static constexpr const char* type_name = "actors.ServedTurnsReq";
   std::string episode_id;
   template <class A>
   void serialize(A& ar) { ar(episode_id); }
 };
 struct ServedTurnsRep {
-  static constexpr std::uint32_t type_id = 2091;
+  static constexpr std::uint32_t type_id = message_id::served_turns_rep;
   static constexpr const char* type_name = "actors.ServedTurnsRep";
   std::vector<ServedTurn> turns;  // in the order the requests finished
   template <class A>
   void serialize(A& ar) { ar(turns); }
 };
 struct ServeAddressReq {
-  static constexpr std::uint32_t type_id = 2092;
+  static constexpr std::uint32_t type_id = message_id::serve_address_req;
   static constexpr const char* type_name = "actors.ServeAddressReq";
   std::int32_t unused = 0;
   template <class A>
   void serialize(A& ar) { ar(unused); }
 };
 struct ServeAddressRep {
-  static constexpr std::uint32_t type_id = 2093;
+  static constexpr std::uint32_t type_id = message_id::serve_address_rep;
   static constexpr const char* type_name = "actors.ServeAddressRep";
   std::string url;  // http://HOST:PORT, "" when the generator serves no endpoint
   template <class A>
@@ -328,9 +332,9 @@ struct TrainSample {
   }
 };
 struct TrainReq {
-  static constexpr std::uint32_t type_id = 2020;
+  static constexpr std::uint32_t type_id = message_id::train_req;
   static constexpr const char* type_name = "actors.TrainReq";
-  std::int32_t phase = 0;  // 0 grpo, 1 sft
+  learner::Phase phase = learner::Phase::grpo;
   std::int64_t step = 0;   // phase-local step (schedules)
   std::vector<TrainSample> samples;
   // Streamed GRPO batch (rollout.async_chunks > 1): true = a part, more parts of this step follow
@@ -340,7 +344,7 @@ struct TrainReq {
   void serialize(A& ar) { ar(phase, step, samples, more); }
 };
 struct TrainRep {
-  static constexpr std::uint32_t type_id = 2021;
+  static constexpr std::uint32_t type_id = message_id::train_rep;
   static constexpr const char* type_name = "actors.TrainRep";
   std::string metrics_json = "{}";
   std::int64_t policy_version = 0;
@@ -352,7 +356,7 @@ struct TrainRep {
 // `base_version` when that is the version it encoded last (and weight_sync says delta and the
 // version is not a full_every one), else in full. Reply: Weights.
 struct GetWeightsReq {
-  static constexpr std::uint32_t type_id = 2022;
+  static constexpr std::uint32_t type_id = message_id::get_weights_req;
   static constexpr const char* type_name = "actors.GetWeightsReq";
   std::int64_t base_version = -1;  // the version the receivers hold (-1: none, a full sync)
   // weight_sync.transport nccl: the values go by broadcast over the weight group (WeightGroupReq),
@@ -365,7 +369,7 @@ struct GetWeightsReq {
 // weights are broadcast over (NCCL on cuda; in-process on cpu_fenced). op 0 (learner 0): make the
 // group's id; op 1: join it as `rank` of `nranks` (learner 0 is rank 0, generator g is g + 1).
 struct WeightGroupReq {
-  static constexpr std::uint32_t type_id = 2097;
+  static constexpr std::uint32_t type_id = message_id::weight_group_req;
   static constexpr const char* type_name = "actors.WeightGroupReq";
   std::int32_t op = 0;
   std::vector<std::uint8_t> id;
@@ -375,14 +379,14 @@ struct WeightGroupReq {
   void serialize(A& ar) { ar(op, id, nranks, rank); }
 };
 struct WeightGroupRep {
-  static constexpr std::uint32_t type_id = 2098;
+  static constexpr std::uint32_t type_id = message_id::weight_group_rep;
   static constexpr const char* type_name = "actors.WeightGroupRep";
   std::vector<std::uint8_t> id;  // op 0: the group's id
   template <class A>
   void serialize(A& ar) { ar(id); }
 };
 struct CheckpointReq {  // save (load = false) or load (load = true) a checkpoint
-  static constexpr std::uint32_t type_id = 2023;
+  static constexpr std::uint32_t type_id = message_id::checkpoint_req;
   static constexpr const char* type_name = "actors.CheckpointReq";
   bool load = false;
   std::string dir;  // save: checkpoints dir; load: a step_N dir
@@ -397,7 +401,7 @@ struct CheckpointReq {  // save (load = false) or load (load = true) a checkpoin
   void serialize(A& ar) { ar(load, dir, step, extra_json, has_metric, metric, pipeline); }
 };
 struct CheckpointRep {
-  static constexpr std::uint32_t type_id = 2024;
+  static constexpr std::uint32_t type_id = message_id::checkpoint_rep;
   static constexpr const char* type_name = "actors.CheckpointRep";
   std::string path;
   std::int64_t step = 0;
@@ -407,5 +411,37 @@ struct CheckpointRep {
   template <class A>
   void serialize(A& ar) { ar(path, step, policy_version, extra_json, pipeline); }
 };
+
+// ---- run control: the ranks' control actors (launch/) ----
+// A rank that got SIGTERM/SIGINT -> rank 0: stop after the step in progress, with a final checkpoint.
+struct StopAfterStep {
+  static constexpr std::uint32_t type_id = message_id::stop_after_step;
+  static constexpr const char* type_name = "launch.StopAfterStep";
+  std::int32_t rank = 0;
+  std::int32_t signal = 0;
+  template <class A>
+  void serialize(A& ar) { ar(rank, signal); }
+};
+// Rank 0 -> every other rank when the run is over: stop serving and shut down.
+struct StopRun {
+  static constexpr std::uint32_t type_id = message_id::stop_run;
+  static constexpr const char* type_name = "launch.StopRun";
+  std::int32_t code = 0;
+  template <class A>
+  void serialize(A& ar) { ar(code); }
+};
+
+// Every message type above, for registration and the id test.
+template <class... M>
+struct MessageList {};
+using RoleMessages =
+    MessageList<EnvResetReq, EnvObs, EnvVerifyReq, EnvVerifyRep, EnvStepReq, EnvReleaseReq, EnvAggregateReq,
+                EnvAggregateRep, EnvRunReq, GenerateReq, StepVersion, GenerateRep, Weights, Ack, ServedTurnsReq,
+                ServedTurnsRep, ServeAddressReq, ServeAddressRep, TrainReq, TrainRep, GetWeightsReq, WeightGroupReq,
+                WeightGroupRep, CheckpointReq, CheckpointRep, StopAfterStep, StopRun>;
+
+// Registers every type of RoleMessages and the runtime's own with the runtime (the troupe binary
+// calls it first thing): an error names both types when two claim one id.
+Status register_messages();
 
 }  // namespace troupe::actors

@@ -20,12 +20,12 @@
 #include <vector>
 
 #include "troupe/actors/messages.h"
+#include "troupe/actors/weight_dtype.h"
 #include "troupe/base/result.h"
 #include "troupe/policy/model.h"
 
 namespace troupe::actors {
 
-enum class WeightDtype : std::int32_t { fp32 = 0, bf16 = 1 };
 // device: no payload; the values go over the weight group's broadcast (weight_group.h), the
 // message carries their checksums (and the probe) as a full one would.
 enum class WeightEncoding : std::int32_t { raw = 0, full = 1, delta = 2, device = 3 };

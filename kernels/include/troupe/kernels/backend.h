@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "troupe/base/enum_names.h"
 #include "troupe/base/result.h"
 #include "troupe/kernels/chunked_logprob.h"
 #include "troupe/kernels/chunked_sample.h"
@@ -244,4 +245,16 @@ const Backend& cpu_fenced_backend();
 // lists the names.
 Result<const Backend*> backend_for(std::string_view device);
 
+// The devices by kind (YAML policy.device): the same backends, the names below.
+enum class DeviceKind { cpu, cuda, cpu_fenced };
+Result<const Backend*> backend_for(DeviceKind device);
+
 }  // namespace troupe::kernels
+
+namespace troupe {
+template <>
+struct EnumNames<kernels::DeviceKind> {
+  static constexpr std::pair<std::string_view, kernels::DeviceKind> table[] = {
+      {"cpu", kernels::DeviceKind::cpu}, {"cuda", kernels::DeviceKind::cuda}, {"cpu_fenced", kernels::DeviceKind::cpu_fenced}};
+};
+}  // namespace troupe

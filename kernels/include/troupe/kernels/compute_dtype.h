@@ -7,6 +7,11 @@
 // GemmEx on tensor cores); the model refuses bf16 on any other.
 #pragma once
 
+#include <string_view>
+#include <utility>
+
+#include "troupe/base/enum_names.h"
+
 namespace troupe::kernels {
 
 enum class ComputeDtype { fp32, bf16 };
@@ -27,3 +32,11 @@ class ComputeDtypeScope {
 };
 
 }  // namespace troupe::kernels
+
+namespace troupe {
+template <>
+struct EnumNames<kernels::ComputeDtype> {
+  static constexpr std::pair<std::string_view, kernels::ComputeDtype> table[] = {{"fp32", kernels::ComputeDtype::fp32},
+                                                                                 {"bf16", kernels::ComputeDtype::bf16}};
+};
+}  // namespace troupe

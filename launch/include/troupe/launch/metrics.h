@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "troupe/actors/experiment_config.h"
 #include "troupe/base/result.h"
 
 namespace troupe::launch {
@@ -39,7 +40,7 @@ class TensorBoardWriter {
 // The three sinks together. Every row has "step" and "phase"; numeric fields become TensorBoard
 // scalars named "<phase>/<field>" (eval rows: "eval/<field>").
 struct ProgressOptions {
-  std::string mode = "auto";  // auto | tty | plain | off
+  actors::ProgressMode mode = actors::ProgressMode::detect;  // logger.progress
   std::string name;
   int total_steps = 0;        // across phases, for the ETA
 };

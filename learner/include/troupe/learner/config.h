@@ -85,10 +85,11 @@ struct GrpoLossConfig : kernels::GrpoLossParams {
 };
 
 enum class LrSchedule { constant, cosine };
+enum class OptimizerKind { adamw };  // YAML optimizer.name
 
 // YAML `optimizer.*`.
 struct OptimizerConfig {
-  std::string name = "adamw";  // the only optimizer
+  OptimizerKind name = OptimizerKind::adamw;  // the only optimizer
   float lr = 1e-3f;            // peak learning rate
   float weight_decay = 0.0f;   // decoupled (AdamW); veRL uses 0.01
   float beta1 = 0.9f;          // adam_beta1

@@ -32,6 +32,22 @@ struct SlotToken {
   int32_t token = -1;
   float logprob = 0;  // log softmax(logits / temperature) of the token (temperature 1 when greedy)
   std::vector<std::pair<int32_t, float>> top;  // top_logprobs most likely (id, logprob), best first
+  // With DecodeOptions::record_experts on a MoE model: (Model::routing_width()) the top-k expert ids
+  // of every MoE layer at the position whose output sampled the token (as Generation::experts).
+  std::vector<int32_t> experts;
+};
+
+// How the slots run beyond their number and context. The serving engine keeps the defaults;
+// Model::generate (policy/generate.cpp) sets the rest, which is how it has always sampled.
+struct DecodeOptions {
+  int prefill_tokens = 4096;      // most prompt tokens prefilled in one step (at least one prompt always is)
+  bool record_experts = false;    // fill SlotToken::experts
+  // Under batch_invariant, SlotToken::logprob is the learner's log-softmax of the token (the chunked
+  // head forward_train runs) instead of the sampler's double-precision one.
+  bool learner_logprobs = false;
+  // Every pass lays its activation arena out for at least arena_rows rows and arena_seqlen-token
+  // prompts (one layout for all steps); 0 = each pass's own rows and longest prompt.
+  int arena_rows = 0, arena_seqlen = 0;
 };
 
 class DecodeSlots {
@@ -40,6 +56,7 @@ class DecodeSlots {
   // allocated here, once. prefill_tokens: most prompt tokens prefilled in one step (at least one
   // prompt always is).
   static Result<std::unique_ptr<DecodeSlots>> create(Model& model, int slots, int context, int prefill_tokens = 4096);
+  static Result<std::unique_ptr<DecodeSlots>> create(Model& model, int slots, int context, const DecodeOptions& options);
   ~DecodeSlots();
 
   int slots() const;

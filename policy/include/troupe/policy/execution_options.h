@@ -6,15 +6,18 @@
 
 #include <string>
 
+#include "troupe/kernels/backend.h"
+#include "troupe/kernels/compute_dtype.h"
+
 namespace troupe::policy {
 
 // MoE routing replay: off, or rollout (train each response token on the experts its sampler chose).
 enum class RoutingReplay { off, rollout };
 
 struct ExecutionOptions {
-  // Where the model runs (YAML `policy.device`): the name kernels::backend_for() resolves, "cpu",
-  // "cuda" (an error without a usable GPU) or "cpu_fenced" (the device path on the CPU, for tests).
-  std::string device = "cpu";
+  // Where the model runs (YAML `policy.device`): the backend kernels::backend_for() resolves, cpu,
+  // cuda (an error without a usable GPU) or cpu_fenced (the device path on the CPU, for tests).
+  kernels::DeviceKind device = kernels::DeviceKind::cpu;
   bool cache_packed_metadata = true;      // build packed-sequence metadata once per batch, shared by layers
   bool activation_checkpointing = false;  // recompute each layer in backward from its saved input
   bool offload_activations = false;       // move checkpointed layer inputs to an offload store
@@ -34,10 +37,10 @@ struct ExecutionOptions {
   // vs packed training forward, and the sampler reports the learner's own log-softmax of the
   // sampled token, so sampler and learner log-probs (and MoE routes) agree exactly. Slower GEMMs.
   bool batch_invariant = false;
-  // GEMM precision (YAML `policy.compute_dtype`, kernels/compute_dtype.h): "fp32", or "bf16" (GEMM
+  // GEMM precision (YAML `policy.compute_dtype`, kernels/compute_dtype.h): fp32, or bf16 (GEMM
   // operands rounded to bf16, fp32 accumulation and outputs, fp32 master weights). bf16 needs a
   // backend that supports it (cuda).
-  std::string compute_dtype = "fp32";
+  kernels::ComputeDtype compute_dtype = kernels::ComputeDtype::fp32;
 };
 
 }  // namespace troupe::policy

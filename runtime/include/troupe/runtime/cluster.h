@@ -16,11 +16,12 @@
 
 #include "troupe/base/result.h"
 #include "troupe/runtime/system.h"
+#include "troupe/runtime/transport_kind.h"
 
 namespace troupe::runtime {
 
 struct ClusterConfig {
-  std::string transport = "ipc";      // "ipc" or "tcp" between ranks
+  TransportKind transport = TransportKind::ipc;  // between ranks
   // An IPv4 address of the node or an interface name (resolve_bind_host, bind_host.h); a
   // non-loopback one needs system.allow_nonlocal_bind (and CURVE between hosts).
   std::string tcp_host = "127.0.0.1";
@@ -93,6 +94,14 @@ class Cluster {
   Cluster() = default;
   void trigger(ShutdownInfo info);
   void watchdog_loop();
+  // bootstrap's steps, in order.
+  Status join_mpi();                           // rank and world size (1 without MPI)
+  Status name_ranks();                         // roles_ from the role table
+  Result<SystemConfig> system_config() const;  // this rank's actor system: node id, role, bind address
+  Status exchange_addresses();                 // every rank's endpoint and CURVE key, then connect
+  void watch_peers();                          // a failed peer shuts the job down unless its loss is survivable
+  Status install_signal_handlers();            // SIGINT/SIGTERM -> signal_loop
+  void signal_loop();
 
   ClusterConfig config_;
   int rank_ = 0, world_ = 1;

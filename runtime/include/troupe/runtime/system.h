@@ -431,7 +431,7 @@ template <Message M>
 Status ActorSystem::send_from(ActorId from, ActorId to, M msg, std::uint16_t flags, std::uint64_t correlation,
                               Overflow policy) {
   if (is_local(to)) return send_from(from, to, std::make_shared<const M>(std::move(msg)), flags, correlation, policy);
-  (void)register_message<M>();
+  if (const Status& registered = register_message<M>(); !registered.ok()) return registered;
   const EnvelopeHeader h = header_for<M>(from, to, flags, correlation);
   {
     struct State {
@@ -457,7 +457,7 @@ template <Message M>
 Status ActorSystem::send_from(ActorId from, ActorId to, std::shared_ptr<const M> msg, std::uint16_t flags,
                               std::uint64_t correlation, Overflow policy) {
   if (!is_local(to)) return send_from(from, to, M(*msg), flags, correlation, policy);  // encoded per peer anyway
-  (void)register_message<M>();
+  if (const Status& registered = register_message<M>(); !registered.ok()) return registered;
   return deliver_local(Mail{header_for<M>(from, to, flags, correlation), Payload::local(std::move(msg)), {}}, policy);
 }
 
@@ -514,9 +514,12 @@ void ActorSystem::request_from(ActorId from, ActorId to, std::shared_ptr<const R
 
 template <class Rep, Message Req>
 std::future<Result<Rep>> ActorSystem::ask(ActorId to, Req req, Duration timeout) {
-  (void)register_message<Rep>();  // the reply must decode on arrival
   auto promise = std::make_shared<std::promise<Result<Rep>>>();
   auto fut = promise->get_future();
+  if (const Status& registered = register_message<Rep>(); !registered.ok()) {  // the reply must decode on arrival
+    promise->set_value(registered.error());
+    return fut;
+  }
   request_from(ActorId{config_.node_id, 0}, to, std::move(req), timeout,
                [promise](Context*, Result<std::shared_ptr<Mail>> r) {
                  if (!r.ok()) promise->set_value(r.error());
@@ -553,7 +556,10 @@ void Context::request(ActorId to, std::shared_ptr<const Req> req, Duration timeo
 }
 template <class Rep, class F>
 std::function<void(Context*, Result<std::shared_ptr<Mail>>)> Context::typed_reply(F on_reply) {
-  (void)register_message<Rep>();  // the reply must decode on arrival
+  if (const Status& registered = register_message<Rep>(); !registered.ok())  // the reply must decode on arrival
+    return [cb = std::move(on_reply), error = registered.error()](Context* ctx, Result<std::shared_ptr<Mail>>) mutable {
+      cb(*ctx, Result<Rep>(error));
+    };
   return [cb = std::move(on_reply)](Context* ctx, Result<std::shared_ptr<Mail>> r) mutable {
     if (!r.ok()) cb(*ctx, Result<Rep>(r.error()));
     else cb(*ctx, message_from_mail<Rep>(**r));
