@@ -161,7 +161,7 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     const auto& f = cfg.faults;
     if (f.env.empty() || f.env == e.name) {
       spec.faults.seed = static_cast<uint64_t>(f.seed);
-      spec.faults.op = enum_string(f.env_op);
+      spec.faults.op = f.env_op;
       spec.faults.exception = f.env_exception;
       spec.faults.crash = f.env_crash;
       spec.faults.hang = f.env_hang;

@@ -49,11 +49,6 @@ struct Builder {
     keys.push_back({std::move(path), KeyType::string, std::nullopt, std::nullopt, {}, std::move(desc),
                     [f](Root& r) -> FieldRef { return f(r); }});
   }
-  template <class F>
-  void choice(std::string path, F f, std::vector<std::string> choices, std::string desc) {
-    keys.push_back({std::move(path), KeyType::string, std::nullopt, std::nullopt, std::move(choices),
-                    std::move(desc), [f](Root& r) -> FieldRef { return f(r); }});
-  }
   // An enum field: its YAML names in `names`, which are also the key's choices.
   template <class F, class E = std::remove_pointer_t<std::invoke_result_t<F, Root&>>>
   void enumeration(std::string path, F f, std::vector<std::pair<std::string, E>> names, std::string desc) {
@@ -120,7 +115,7 @@ void add_run_and_policy_keys(Builder<ExperimentConfig>& b) {
   b.integer("policy.logprob_chunk", [](C& c) { return &c.policy.logprob_chunk; }, 0, 1073741824, "Training log-probs: vocabulary columns per chunk of the LM head and log-softmax (online log-sum-exp; a per-token loss runs the head once over tiles of whole rows, as many as tokens x chunk floats hold but at least min(64, tokens / 4)), so no (tokens, vocab) logits buffer exists; 0 = the whole vocabulary at once. A vocabulary of at most one chunk is computed exactly as with 0; a larger one rounds differently (gradients equal to 1e-6 relative).");
   b.flag("policy.batch_invariant", [](C& c) { return &c.policy.batch_invariant; }, "Batch-invariant kernels: every op of a forward gives each token bits independent of the other rows of its batch and of KV-cache decode vs packed training forward (fixed-chain GEMMs for any row count, the decode step's attention loop in training, the learner's log-softmax for the sampler's log-probs), so sampler and learner agree exactly (logprob_diff_max 0, routing_agreement 1). Costs speed (the overhead is a troupe bench policy row); results differ in rounding from the default kernels.");
   b.enumeration("policy.moe.routing_replay", [](C& c) { return &c.policy.routing_replay; }, {{"off", policy::RoutingReplay::off}, {"rollout", policy::RoutingReplay::rollout}}, "MoE routing replay: rollout trains each response token on the top-k experts its sampler recorded (per MoE layer), with gates recomputed from the learner's own router logits over that set, in forward and backward; routing_agreement is then 1 by construction. off: the learner routes by its own top-k. An error on a dense model.");
-  b.choice("policy.model.family", [](C& c) { return &c.policy.model.family; }, {"qwen3_moe", "mixtral"}, "Model family (Hugging Face layout of checkpoints): qwen3_moe has per-head q/k RMSNorm.");
+  b.enumeration("policy.model.family", [](C& c) { return &c.policy.model.family; }, {{"qwen3_moe", policy::ModelFamily::qwen3_moe}, {"mixtral", policy::ModelFamily::mixtral}}, "Model family (Hugging Face layout of checkpoints): qwen3_moe has per-head q/k RMSNorm.");
   b.integer("policy.model.vocab_size", [](C& c) { return &c.policy.model.vocab_size; }, 2, 1048576, "V: vocabulary size (must cover the tokenizer).");
   b.integer("policy.model.hidden_size", [](C& c) { return &c.policy.model.hidden_size; }, 1, 65536, "C: model width.");
   b.integer("policy.model.num_hidden_layers", [](C& c) { return &c.policy.model.num_hidden_layers; }, 1, 1024, "L: number of transformer layers.");

@@ -16,7 +16,7 @@ namespace {
 
 Model make_model(const std::string& family, int vocab = 37, int logprob_chunk = 4096) {
   ModelConfig c;
-  c.family = family;
+  c.family = *troupe::enum_from_name<ModelFamily>(family);
   c.vocab_size = vocab;
   c.logprob_chunk = logprob_chunk;
   c.hidden_size = 16;

@@ -147,17 +147,14 @@ Status validate_model_config(const ModelConfig& c) {
   auto bad = [](const std::string& field, const std::string& why) {
     return invalid_input("model config: " + field + ": " + why);
   };
-  static const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"};
-  if (std::find(std::begin(kFamilies), std::end(kFamilies), c.family) == std::end(kFamilies))
-    return bad("family", "'" + c.family +
-                             "' is not supported (use llama, qwen2, qwen3, qwen2_moe, qwen3_moe or mixtral)");
-  if ((c.family == "llama" || c.family == "qwen2" || c.family == "qwen3") && c.num_experts != 0)
-    return bad("num_experts", c.family + " is a dense family (num_experts must be 0, got " +
+  using F = ModelFamily;
+  if (!is_moe_family(c.family) && c.num_experts != 0)
+    return bad("num_experts", enum_string(c.family) + " is a dense family (num_experts must be 0, got " +
                                   std::to_string(c.num_experts) + ")");
-  if (c.family == "qwen2" && !c.qkv_bias) return bad("qkv_bias", "qwen2 has q/k/v biases (must be true)");
-  if (c.family == "mixtral" && c.qkv_bias) return bad("qkv_bias", "mixtral has no attention biases");
-  if ((c.family == "mixtral" || c.family == "qwen2" || c.family == "qwen2_moe") && c.o_proj_bias)
-    return bad("o_proj_bias", c.family + " has no o_proj bias");
+  if (c.family == F::qwen2 && !c.qkv_bias) return bad("qkv_bias", "qwen2 has q/k/v biases (must be true)");
+  if (c.family == F::mixtral && c.qkv_bias) return bad("qkv_bias", "mixtral has no attention biases");
+  if ((c.family == F::mixtral || c.family == F::qwen2 || c.family == F::qwen2_moe) && c.o_proj_bias)
+    return bad("o_proj_bias", enum_string(c.family) + " has no o_proj bias");
   if (c.vocab_size <= 0) return bad("vocab_size", "must be > 0");
   if (c.hidden_size <= 0) return bad("hidden_size", "must be > 0");
   if (c.num_hidden_layers <= 0) return bad("num_hidden_layers", "must be > 0");
@@ -221,7 +218,7 @@ Model::Impl::Impl(const ModelConfig& c, const kernels::Backend& backend) : cfg(c
   moe_cfg.H = c.moe_intermediate_size;
   moe_cfg.E = c.num_experts;
   moe_cfg.K = c.num_experts_per_tok;
-  moe_cfg.renormalize = c.family == "mixtral" ? true : c.norm_topk_prob;
+  moe_cfg.renormalize = c.family == ModelFamily::mixtral ? true : c.norm_topk_prob;
   // qwen2_moe's gated shared expert runs beside the MoE kernel (whose shared expert is unweighted).
   moe_cfg.H_shared = c.shared_expert_gated() ? 0 : c.shared_expert_intermediate_size;
   HS_gated = c.shared_expert_gated() ? c.shared_expert_intermediate_size : 0;
@@ -251,7 +248,7 @@ void Model::Impl::build_table() {
   auto add_at = [&](const std::string& name, std::vector<int64_t> shape, size_t at) {
     table.push_back(TensorSpec{name, std::move(shape), at});
   };
-  const bool mix = cfg.family == "mixtral";
+  const bool mix = cfg.family == ModelFamily::mixtral;
   wte = add("model.embed_tokens.weight", {V, C});
   layers.resize(L);
   for (int l = 0; l < L; ++l) {

@@ -11,10 +11,13 @@
 
 namespace troupe::policy::test {
 
+// A family by its config.json name (the tests name families as users do).
+inline ModelFamily family_named(const std::string& name) { return *enum_from_name<ModelFamily>(name); }
+
 // A 3-layer qwen3_moe (or mixtral) of width 16: 4 experts top-2, layer 0 dense.
 inline ModelConfig tiny(const std::string& family = "qwen3_moe") {
   ModelConfig c;
-  c.family = family;
+  c.family = family_named(family);
   c.vocab_size = 37;
   c.hidden_size = 16;
   c.num_hidden_layers = 3;
@@ -36,7 +39,7 @@ inline ModelConfig tiny(const std::string& family = "qwen3_moe") {
 inline ModelConfig tiny_family(const std::string& family) {
   const bool dense = family == "llama" || family == "qwen2" || family == "qwen3";
   ModelConfig c = tiny(dense ? "qwen3_moe" : family);
-  c.family = family;
+  c.family = family_named(family);
   if (dense) c.num_experts = 0, c.mlp_only_layers.clear();
   if (family == "llama") {
     c.qkv_bias = c.o_proj_bias = true;

@@ -59,7 +59,7 @@ class FaultInjectingClient final : public EnvClient {
   Result<Observation> reset(const std::string& episode_id, uint64_t seed, const ResetOptions& options) override {
     const int st = step_of_episode(episode_id);
     if (st >= 0) current_step_ = st;
-    Kind k = draw("reset", episode_id + "/" + std::to_string(seed), st);
+    Kind k = draw(FaultOp::reset, episode_id + "/" + std::to_string(seed), st);
     if (k == Kind::exception) return injected_error("reset", episode_id);
     apply(k, "reset", episode_id);
     return inner_->reset(episode_id, seed, options);
@@ -67,27 +67,27 @@ class FaultInjectingClient final : public EnvClient {
   Result<StepResult> step(const std::string& episode_id, const std::string& action) override {
     const int st = step_of_episode(episode_id);
     if (st >= 0) current_step_ = st;
-    Kind k = draw("step", episode_id + "/" + action, st);
+    Kind k = draw(FaultOp::step, episode_id + "/" + action, st);
     if (k == Kind::exception) return injected_error("step", episode_id);
     apply(k, "step", episode_id);
     return inner_->step(episode_id, action);
   }
   Result<VerifyResult> verify(const json& metadata, const std::string& completion) override {
-    Kind k = draw("verify", metadata.dump() + "/" + completion, current_step_.load());
+    Kind k = draw(FaultOp::verify, metadata.dump() + "/" + completion, current_step_.load());
     if (k == Kind::exception) return injected_error("verify", "");
     apply(k, "verify", "");
     return inner_->verify(metadata, completion);
   }
 
  private:
-  Kind draw(const char* op, const std::string& key, int step) {
-    if (f_.op != "any" && f_.op != op) return Kind::none;
+  Kind draw(FaultOp op, const std::string& key, int step) {
+    if (f_.op != FaultOp::any && f_.op != op) return Kind::none;
     if (!f_.steps.empty()) {
       bool listed = false;
       for (int s : f_.steps) listed = listed || s == step;
       if (!listed) return Kind::none;
     }
-    uint64_t h = fnv1a(fnv1a(fnv1a(0xcbf29ce484222325ULL, f_.salt), op), key);
+    uint64_t h = fnv1a(fnv1a(fnv1a(0xcbf29ce484222325ULL, f_.salt), std::string(enum_name(op))), key);
     uint64_t seen;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -8,7 +8,7 @@ namespace troupe::bench {
 
 inline policy::ModelArchitecture smollm2_135m_architecture() {
   policy::ModelArchitecture a;
-  a.family = "llama";
+  a.family = policy::ModelFamily::llama;
   a.vocab_size = 49152;
   a.hidden_size = 576;
   a.num_hidden_layers = 30;

@@ -141,7 +141,7 @@ TEST(GgufImport, GgufPathLoadsThroughTheCache) {
   // load_model takes the .gguf path (through the same cache).
   auto loaded = load_model(fixture("tiny_llama.gguf"));
   ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-  EXPECT_EQ(loaded->model.config().family, "llama");
+  EXPECT_EQ(troupe::enum_name(loaded->model.config().family), "llama");
 }
 
 // qwen2 (q/k/v biases) and qwen3 (q/k RMSNorm, head_dim from key_length, untied head): stored as in
@@ -178,7 +178,7 @@ TEST(GgufImport, Qwen2AndQwen3) {
     ASSERT_TRUE(import_gguf_to_dir(fixture("tiny_" + arch + ".gguf"), d.string()).ok());
     auto loaded = load_model(d.string());
     ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-    EXPECT_EQ(loaded->model.config().family, arch);
+    EXPECT_EQ(troupe::enum_name(loaded->model.config().family), arch);
     EXPECT_EQ(loaded->model.config().qkv_bias, arch == "qwen2");
     auto lp = score_tokens(loaded->model, {1, 50, 60, 70, 80});
     ASSERT_TRUE(lp.ok()) << lp.error().message;

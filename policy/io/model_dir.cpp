@@ -43,8 +43,6 @@ std::string layer(int l) { return "model.layers." + std::to_string(l) + "."; }
 
 namespace {
 
-bool is_moe_family(const std::string& f) { return f == "mixtral" || f == "qwen3_moe" || f == "qwen2_moe"; }
-
 // rope_scaling (transformers < 5) or rope_parameters (>= 5): type and its parameters.
 Status read_rope(const json& j, ModelConfig& c, const std::string& file) {
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
@@ -84,7 +82,7 @@ Status read_rope(const json& j, ModelConfig& c, const std::string& file) {
 
 // Refuses what would make transformers attend to a window instead of the whole causal context.
 Status check_full_attention(const json& j, const ModelConfig& c, const std::string& file) {
-  bool use_sw = c.family == "mixtral";  // Mixtral has no switch: a non-null sliding_window applies
+  bool use_sw = c.family == ModelFamily::mixtral;  // Mixtral has no switch: a non-null sliding_window applies
   TROUPE_TRY(get_opt(j, "use_sliding_window", use_sw, file));
   if (use_sw && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     int sw = 0;
@@ -110,14 +108,16 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
   if (!j.is_object()) return cfg_error(file, "expected a JSON object");
   std::string model_type;
   TROUPE_TRY(get_req(j, "model_type", model_type, file));
-  static const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"};
-  if (std::find(std::begin(kFamilies), std::end(kFamilies), model_type) == std::end(kFamilies))
+  const auto family = enum_from_name<ModelFamily>(model_type);
+  if (!family)
     return cfg_error(
         file, "model_type \"" + model_type +
                   "\" is not supported (troupe loads llama, qwen2, qwen3, qwen2_moe, qwen3_moe and mixtral)");
-  const bool moe = is_moe_family(model_type);
+  using F = ModelFamily;
+  const F fam = *family;
+  const bool moe = is_moe_family(fam);
   ModelConfig c;
-  c.family = model_type;
+  c.family = fam;
   TROUPE_TRY(get_req(j, "vocab_size", c.vocab_size, file));
   TROUPE_TRY(get_req(j, "hidden_size", c.hidden_size, file));
   TROUPE_TRY(get_req(j, "num_hidden_layers", c.num_hidden_layers, file));
@@ -127,7 +127,7 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
   if (c.num_attention_heads <= 0 || c.hidden_size <= 0 || c.vocab_size <= 0 || c.num_hidden_layers <= 0)
     return cfg_error(file, "vocab_size, hidden_size, num_hidden_layers and num_attention_heads must be positive");
   // transformers' defaults: Qwen3Config has head_dim 128, the others hidden_size / num_attention_heads.
-  c.head_dim = model_type == "qwen3" ? 128 : c.hidden_size / c.num_attention_heads;
+  c.head_dim = fam == F::qwen3 ? 128 : c.hidden_size / c.num_attention_heads;
   TROUPE_TRY(get_opt(j, "head_dim", c.head_dim, file));
   if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
     return cfg_error(file, "num_attention_heads (" + std::to_string(c.num_attention_heads) +
@@ -141,7 +141,7 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
   }
 
   // rope: transformers < 5 writes rope_theta (+ rope_scaling); >= 5 writes rope_parameters.
-  c.rope_theta = model_type == "mixtral" ? 1e6f : 10000.0f;
+  c.rope_theta = fam == F::mixtral ? 1e6f : 10000.0f;
   TROUPE_TRY(get_opt(j, "rope_theta", c.rope_theta, file));
   TROUPE_TRY(read_rope(j, c, file));
 
@@ -155,14 +155,14 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
   // qwen2_moe qkv_bias (default true); Mixtral none.
   bool attention_bias = false;
   TROUPE_TRY(get_opt(j, "attention_bias", attention_bias, file));
-  if (model_type == "llama" || model_type == "qwen3" || model_type == "qwen3_moe") {
+  if (fam == F::llama || fam == F::qwen3 || fam == F::qwen3_moe) {
     c.qkv_bias = c.o_proj_bias = attention_bias;
   } else if (attention_bias) {
     return cfg_error(file, "attention_bias true is not supported for " + model_type + " (transformers' " +
                                model_type + " does not read it)");
   }
-  if (model_type == "qwen2") c.qkv_bias = true;
-  if (model_type == "qwen2_moe") {
+  if (fam == F::qwen2) c.qkv_bias = true;
+  if (fam == F::qwen2_moe) {
     c.qkv_bias = true;
     TROUPE_TRY(get_opt(j, "qkv_bias", c.qkv_bias, file));
   }
@@ -173,7 +173,7 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
     c.num_experts_per_tok = 0;
     TROUPE_TRY(get_req(j, "intermediate_size", c.intermediate_size, file));
     if (c.intermediate_size <= 0) return cfg_error(file, "intermediate_size must be positive");
-  } else if (model_type == "mixtral") {
+  } else if (fam == F::mixtral) {
     TROUPE_TRY(get_req(j, "num_local_experts", c.num_experts, file));
     TROUPE_TRY(get_req(j, "intermediate_size", c.moe_intermediate_size, file));
     c.intermediate_size = c.moe_intermediate_size;
@@ -203,7 +203,7 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
       if ((l + 1) % step != 0) dense.insert(l);
     c.mlp_only_layers.assign(dense.begin(), dense.end());
     // Qwen2-MoE always has its (gated) shared expert; Qwen3-MoE has none (troupe reads the key anyway).
-    if (model_type == "qwen2_moe")
+    if (fam == F::qwen2_moe)
       TROUPE_TRY(get_req(j, "shared_expert_intermediate_size", c.shared_expert_intermediate_size, file));
     else
       TROUPE_TRY(get_opt(j, "shared_expert_intermediate_size", c.shared_expert_intermediate_size, file));
@@ -225,37 +225,36 @@ Result<ModelConfig> config_from_hf_json(const json& j, const std::string& file) 
 
 namespace {
 
-const char* architecture_of(const std::string& family) {
-  if (family == "llama") return "LlamaForCausalLM";
-  if (family == "qwen2") return "Qwen2ForCausalLM";
-  if (family == "qwen3") return "Qwen3ForCausalLM";
-  if (family == "qwen2_moe") return "Qwen2MoeForCausalLM";
-  if (family == "qwen3_moe") return "Qwen3MoeForCausalLM";
-  if (family == "mixtral") return "MixtralForCausalLM";
-  return nullptr;
+const char* architecture_of(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::llama: return "LlamaForCausalLM";
+    case ModelFamily::qwen2: return "Qwen2ForCausalLM";
+    case ModelFamily::qwen3: return "Qwen3ForCausalLM";
+    case ModelFamily::qwen2_moe: return "Qwen2MoeForCausalLM";
+    case ModelFamily::qwen3_moe: return "Qwen3MoeForCausalLM";
+    case ModelFamily::mixtral: return "MixtralForCausalLM";
+  }
+  return "";
 }
 
 }  // namespace
 
 Result<json> config_to_hf_json(const ModelConfig& c) {
+  using F = ModelFamily;
   const char* arch = architecture_of(c.family);
-  if (!arch)
-    return invalid_input(
-        "model family \"" + c.family +
-        "\" has no Hugging Face layout (use llama, qwen2, qwen3, qwen2_moe, qwen3_moe or mixtral)");
-  const bool attention_bias_family = c.family == "llama" || c.family == "qwen3" || c.family == "qwen3_moe";
+  const bool attention_bias_family = c.family == F::llama || c.family == F::qwen3 || c.family == F::qwen3_moe;
   if (attention_bias_family && c.qkv_bias != c.o_proj_bias)
-    return invalid_input("cannot save a " + c.family +
+    return invalid_input("cannot save a " + enum_string(c.family) +
                          " model with qkv_bias != o_proj_bias (config.json has one attention_bias)");
   if (!attention_bias_family && c.o_proj_bias)
-    return invalid_input("cannot save a " + c.family + " model with o_proj_bias");
-  if (c.family == "qwen2" && !c.qkv_bias)
+    return invalid_input("cannot save a " + enum_string(c.family) + " model with o_proj_bias");
+  if (c.family == F::qwen2 && !c.qkv_bias)
     return invalid_input("cannot save a qwen2 model without q/k/v biases");
-  if (c.family == "mixtral" && c.qkv_bias)
+  if (c.family == F::mixtral && c.qkv_bias)
     return invalid_input("cannot save a mixtral model with q/k/v biases");
   const bool moe = is_moe_family(c.family);
   json j;
-  j["model_type"] = c.family;
+  j["model_type"] = enum_name(c.family);
   j["architectures"] = {arch};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -286,7 +285,7 @@ Result<json> config_to_hf_json(const ModelConfig& c) {
   j["torch_dtype"] = "float32";
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
-  if (c.family == "mixtral") {
+  if (c.family == F::mixtral) {
     j["num_local_experts"] = c.num_experts;
     j["intermediate_size"] = c.moe_intermediate_size;
     j["sliding_window"] = nullptr;
@@ -295,9 +294,9 @@ Result<json> config_to_hf_json(const ModelConfig& c) {
   } else {
     j["intermediate_size"] = c.intermediate_size;
     if (attention_bias_family) j["attention_bias"] = c.qkv_bias;
-    if (c.family == "llama") j["mlp_bias"] = false;
-    if (c.family == "qwen2_moe") j["qkv_bias"] = c.qkv_bias;
-    if (c.family != "llama") {
+    if (c.family == F::llama) j["mlp_bias"] = false;
+    if (c.family == F::qwen2_moe) j["qkv_bias"] = c.qkv_bias;
+    if (c.family != F::llama) {
       j["use_sliding_window"] = false;
       j["sliding_window"] = nullptr;
     }
@@ -309,7 +308,7 @@ Result<json> config_to_hf_json(const ModelConfig& c) {
       j["mlp_only_layers"] = c.mlp_only_layers;
     }
   }
-  if (moe && (c.shared_expert_intermediate_size > 0 || c.family == "qwen2_moe"))
+  if (moe && (c.shared_expert_intermediate_size > 0 || c.family == F::qwen2_moe))
     j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
   return j;
 }
@@ -378,7 +377,7 @@ struct ExpertNames {
 
 ExpertNames per_expert_names(const ModelConfig& c, int l, int e) {
   const std::string p = layer(l);
-  if (c.family == "mixtral") {
+  if (c.family == ModelFamily::mixtral) {
     const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
     return {q + "w1.weight", q + "w3.weight", q + "w2.weight"};
   }
@@ -389,7 +388,7 @@ ExpertNames per_expert_names(const ModelConfig& c, int l, int e) {
 // The canonical name with Mixtral's legacy module path for MoE-block tensors (router, experts,
 // shared expert); dense layers keep mlp.
 std::string disk_alias(const ModelConfig& c, const std::string& canonical) {
-  if (c.family != "mixtral") return canonical;
+  if (c.family != ModelFamily::mixtral) return canonical;
   const auto pos = canonical.find(".mlp.");
   if (pos == std::string::npos) return canonical;
   const std::string rest = canonical.substr(pos + 5);
@@ -472,7 +471,7 @@ Result<TensorMap> canonicalize(const ModelConfig& c, const TensorSource& w) {
     // transformers sometimes stores the tied head anyway; rotary caches are recomputed.
     if (n == "lm_head.weight" && c.tie_word_embeddings) continue;
     if (n.ends_with("rotary_emb.inv_freq")) continue;
-    return invalid_input(w.file_of(n) + ": unexpected tensor '" + n + "' for the " + c.family +
+    return invalid_input(w.file_of(n) + ": unexpected tensor '" + n + "' for the " + enum_string(c.family) +
                          " config in config.json (wrong family, layer count or layout?)");
   }
   return out;
@@ -542,7 +541,7 @@ Result<TensorMap> hf_tensors_from_canonical(const ModelConfig& c, const TensorMa
       }
     }
   }
-  if (layout == ExpertLayout::per_expert && c.family == "mixtral") {
+  if (layout == ExpertLayout::per_expert && c.family == ModelFamily::mixtral) {
     TensorMap renamed;
     for (auto& [n, t] : out) renamed[n.find(".experts.") != std::string::npos ? n : disk_alias(c, n)] = std::move(t);
     out = std::move(renamed);

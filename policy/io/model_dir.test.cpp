@@ -58,7 +58,7 @@ TEST(ModelDir, MixtralFixtureConfigMaps) {
   auto d = load_model_dir(fixture("mixtral").string());
   ASSERT_TRUE(d.ok()) << d.error().message;
   const auto& c = d->config;
-  EXPECT_EQ(c.family, "mixtral");
+  EXPECT_EQ(troupe::enum_name(c.family), "mixtral");
   EXPECT_FALSE(c.qk_norm());
   EXPECT_EQ(c.vocab_size, 360);
   EXPECT_EQ(c.hidden_size, 32);
@@ -88,7 +88,7 @@ TEST(ModelDir, Qwen3FixtureConfigMaps) {
   auto d = load_model_dir(fixture("qwen3_moe").string());
   ASSERT_TRUE(d.ok()) << d.error().message;
   const auto& c = d->config;
-  EXPECT_EQ(c.family, "qwen3_moe");
+  EXPECT_EQ(troupe::enum_name(c.family), "qwen3_moe");
   EXPECT_TRUE(c.qk_norm());
   EXPECT_EQ(c.num_experts, 4);  // written as num_local_experts by transformers 5
   EXPECT_EQ(c.intermediate_size, 24);
@@ -108,7 +108,7 @@ TEST(ModelDir, Qwen3FixtureConfigMaps) {
 TEST(ModelDir, FamilyFixtureConfigsMap) {
   auto l = load_model_dir(fixture("llama").string());
   ASSERT_TRUE(l.ok()) << l.error().message;
-  EXPECT_EQ(l->config.family, "llama");
+  EXPECT_EQ(troupe::enum_name(l->config.family), "llama");
   EXPECT_EQ(l->config.num_experts, 0);
   EXPECT_EQ(l->config.rope_type, "llama3");
   EXPECT_FLOAT_EQ(l->config.rope_factor, 8.0f);
@@ -148,7 +148,7 @@ TEST(ModelDir, FamilyFixtureConfigsMap) {
 TEST(ModelDir, HfConfigRoundTripEveryFamily) {
   for (std::string fam : {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"}) {
     troupe::policy::ModelConfig c;
-    c.family = fam;
+    c.family = *troupe::enum_from_name<troupe::policy::ModelFamily>(fam);
     const bool dense = fam == "llama" || fam == "qwen2" || fam == "qwen3";
     if (dense) c.num_experts = 0, c.num_experts_per_tok = 0;
     if (fam == "llama") {
@@ -162,7 +162,7 @@ TEST(ModelDir, HfConfigRoundTripEveryFamily) {
     ASSERT_TRUE(j.ok()) << fam << ": " << j.error().message;
     auto b = config_from_hf_json(*j);
     ASSERT_TRUE(b.ok()) << fam << ": " << b.error().message;
-    EXPECT_EQ(b->family, fam);
+    EXPECT_EQ(troupe::enum_name(b->family), fam);
     EXPECT_EQ(b->num_experts, c.num_experts) << fam;
     EXPECT_EQ(b->qkv_bias, c.qkv_bias) << fam;
     EXPECT_EQ(b->o_proj_bias, c.o_proj_bias) << fam;
@@ -174,7 +174,7 @@ TEST(ModelDir, HfConfigRoundTripEveryFamily) {
     EXPECT_EQ(canonical_tensor_shapes(*b), canonical_tensor_shapes(c)) << fam;
   }
   troupe::policy::ModelConfig bad;
-  bad.family = "qwen2";  // without its q/k/v biases
+  bad.family = troupe::policy::ModelFamily::qwen2;  // without its q/k/v biases
   EXPECT_FALSE(config_to_hf_json(bad).ok());
 }
 
@@ -233,7 +233,7 @@ TEST(ModelDir, SaveWritesTransformersNamesAndRoundTrips) {
 TEST(ModelDir, TransposedFusedExpertsLoad) {
   for (std::string fam : {"mixtral", "qwen3_moe"}) {
     troupe::policy::ModelConfig c;
-    c.family = fam;
+    c.family = *troupe::enum_from_name<troupe::policy::ModelFamily>(fam);
     c.vocab_size = 40, c.hidden_size = 24, c.num_hidden_layers = 2, c.num_attention_heads = 2;
     c.num_key_value_heads = 1, c.head_dim = 12, c.num_experts = 3, c.num_experts_per_tok = 2;
     c.moe_intermediate_size = 8, c.intermediate_size = fam == "mixtral" ? 8 : 20;
@@ -384,7 +384,7 @@ TEST(ModelDir, TensorErrorsNameTheTensorAndFile) {
 
 TEST(ModelDir, HfConfigRoundTrip) {
   troupe::policy::ModelConfig c;
-  c.family = "qwen3_moe";
+  c.family = troupe::policy::ModelFamily::qwen3_moe;
   c.mlp_only_layers = {0, 2};
   c.norm_topk_prob = false;
   c.router_aux_loss_coef = 0.01f;
@@ -403,8 +403,6 @@ TEST(ModelDir, HfConfigRoundTrip) {
   auto step = config_from_hf_json(s);
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(step->mlp_only_layers, (std::vector<int>{0, 2}));
-  c.family = "gpt2";
-  EXPECT_FALSE(config_to_hf_json(c).ok());
 }
 
 TEST(ModelDir, SavingReplacesATokenizerOfTheOtherKind) {

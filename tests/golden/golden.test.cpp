@@ -52,7 +52,7 @@ void compare(const std::string& name, const float* ours, const std::vector<doubl
 
 ModelConfig config_from(const json& j) {
   ModelConfig c;
-  c.family = j["family"];
+  c.family = *troupe::enum_from_name<troupe::policy::ModelFamily>(j["family"].get<std::string>());
   c.vocab_size = j["vocab_size"];
   c.hidden_size = j["hidden_size"];
   c.num_hidden_layers = j["num_hidden_layers"];

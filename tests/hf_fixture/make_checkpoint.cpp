@@ -15,16 +15,22 @@ int main(int argc, char** argv) {
     return 2;
   }
   ModelConfig c;
-  c.family = argv[1];
+  const std::string family = argv[1];
+  const auto known = troupe::enum_from_name<troupe::policy::ModelFamily>(family);
+  if (!known) {
+    std::fprintf(stderr, "make_checkpoint: unknown family '%s'\n", argv[1]);
+    return 2;
+  }
+  c.family = *known;
   c.vocab_size = 3 + 256;
   c.hidden_size = 32, c.num_hidden_layers = 2, c.num_attention_heads = 4, c.num_key_value_heads = 2;
   c.head_dim = 8, c.intermediate_size = 24, c.num_experts = 4, c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 16, c.tie_word_embeddings = c.family == "qwen3_moe" || c.family == "qwen3";
-  if (c.family == "qwen3_moe" || c.family == "qwen2_moe") c.mlp_only_layers = {0};
-  if (c.family == "llama" || c.family == "qwen2" || c.family == "qwen3") c.num_experts = 0;  // dense
-  c.qkv_bias = c.family == "qwen2" || c.family == "qwen2_moe";
-  if (c.family == "qwen2_moe") c.shared_expert_intermediate_size = 12;
-  if (c.family == "llama") {
+  c.moe_intermediate_size = 16, c.tie_word_embeddings = family == "qwen3_moe" || family == "qwen3";
+  if (family == "qwen3_moe" || family == "qwen2_moe") c.mlp_only_layers = {0};
+  if (family == "llama" || family == "qwen2" || family == "qwen3") c.num_experts = 0;  // dense
+  c.qkv_bias = family == "qwen2" || family == "qwen2_moe";
+  if (family == "qwen2_moe") c.shared_expert_intermediate_size = 12;
+  if (family == "llama") {
     c.rope_type = "llama3", c.rope_factor = 8, c.rope_original_max_position_embeddings = 16;
     c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
   }
@@ -51,7 +57,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "make_checkpoint: %s\n", (!lp.ok() ? lp.error() : st.error()).message.c_str());
     return 1;
   }
-  nlohmann::json e = {{"family", c.family},
+  nlohmann::json e = {{"family", family},
                       {"cases", {{{"text", text}, {"tokens", *ids}, {"logprobs", *lp}}}}};
   std::ofstream(std::string(argv[2]) + "/expected.json") << e.dump(1) << "\n";
   return 0;

@@ -229,7 +229,7 @@ TEST(Equality, MoeGroupedOnOff) {
   expect_same(run(plain), run(grouped), "moe grouped");
   // With a shared expert, no renormalization and top-1 (Mixtral-style layout).
   auto p2 = tiny(3);
-  p2.family = "mixtral";
+  p2.family = troupe::policy::ModelFamily::mixtral;
   p2.shared_expert_intermediate_size = 24;
   p2.norm_topk_prob = false;
   p2.num_experts_per_tok = 1;

@@ -15,6 +15,7 @@
 
 #include "troupe/actors/weight_dtype.h"
 #include "troupe/base/enum_names.h"
+#include "troupe/envs/faults.h"
 #include "troupe/learner/config.h"
 #include "troupe/policy/model_config.h"
 #include "troupe/runtime/transport_kind.h"
@@ -29,7 +30,6 @@ enum class StalePolicy { drop, importance_weight };               // rollout.sta
 enum class WeightSyncMode { delta, full };                        // weight_sync.mode
 enum class WeightTransport { zmq, nccl };                         // weight_sync.transport
 enum class ProgressMode { detect, tty, plain, off };              // logger.progress: auto | tty | plain | off
-enum class EnvFaultOp { any, reset, step, verify };               // faults.env_op
 enum class EnvType { builtin, plugin, remote, nemo_gym, reasoning_gym, verifiers };  // envs[].type
 enum class IsolateMode { detect, yes, no };                       // envs[].isolate: auto | true | false
 
@@ -168,7 +168,7 @@ struct EvalSection {
 struct FaultsSection {
   int seed = 0;                    // the draws below are a hash of this, the call and the env worker
   std::string env;                 // the env the env faults hit (empty: every env)
-  EnvFaultOp env_op = EnvFaultOp::any;
+  envs::FaultOp env_op = envs::FaultOp::any;  // reset | step | verify | any
   double env_exception = 0;        // probability per call of each env fault kind
   double env_crash = 0;
   double env_hang = 0;
@@ -217,7 +217,6 @@ TROUPE_ENUM_NAMES(StalePolicy, {"drop", V::drop}, {"importance_weight", V::impor
 TROUPE_ENUM_NAMES(WeightSyncMode, {"delta", V::delta}, {"full", V::full})
 TROUPE_ENUM_NAMES(WeightTransport, {"zmq", V::zmq}, {"nccl", V::nccl})
 TROUPE_ENUM_NAMES(ProgressMode, {"auto", V::detect}, {"tty", V::tty}, {"plain", V::plain}, {"off", V::off})
-TROUPE_ENUM_NAMES(EnvFaultOp, {"any", V::any}, {"reset", V::reset}, {"step", V::step}, {"verify", V::verify})
 TROUPE_ENUM_NAMES(EnvType, {"builtin", V::builtin}, {"plugin", V::plugin}, {"remote", V::remote},
                   {"nemo_gym", V::nemo_gym}, {"reasoning_gym", V::reasoning_gym}, {"verifiers", V::verifiers})
 TROUPE_ENUM_NAMES(IsolateMode, {"auto", V::detect}, {"true", V::yes}, {"false", V::no})

@@ -19,14 +19,19 @@
 #include <string>
 #include <vector>
 
+#include "troupe/base/enum_names.h"
+
 namespace troupe::envs {
+
+// The env calls faults hit (YAML faults.env_op).
+enum class FaultOp { any, reset, step, verify };
 
 class EnvClient;
 
 struct EnvFaults {
   uint64_t seed = 0;
   std::string salt;            // tells env workers apart (the role name)
-  std::string op = "any";      // reset | step | verify | any
+  FaultOp op = FaultOp::any;
   double exception = 0, crash = 0, hang = 0, slow = 0, malformed = 0, dropped = 0;  // probability per call
   double slow_s = 1.0;
   std::vector<int> steps;      // only in these GRPO steps (empty: every step)
@@ -44,3 +49,12 @@ int step_of_episode(const std::string& episode_id);
 std::unique_ptr<EnvClient> with_injected_faults(std::unique_ptr<EnvClient> inner, EnvFaults faults);
 
 }  // namespace troupe::envs
+
+namespace troupe {
+template <>
+struct EnumNames<envs::FaultOp> {
+  using O = envs::FaultOp;
+  static constexpr std::pair<std::string_view, O> table[] = {
+      {"any", O::any}, {"reset", O::reset}, {"step", O::step}, {"verify", O::verify}};
+};
+}  // namespace troupe

@@ -7,15 +7,22 @@
 #include <string>
 #include <vector>
 
+#include "troupe/base/enum_names.h"
 #include "troupe/policy/execution_options.h"
 
 namespace troupe::policy {
+
+// The supported families (config.json model_type, YAML policy.model.family); the names below.
+enum class ModelFamily { llama, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral };
+inline bool is_moe_family(ModelFamily f) {
+  return f == ModelFamily::mixtral || f == ModelFamily::qwen3_moe || f == ModelFamily::qwen2_moe;
+}
 
 // What a checkpoint fixes: shapes, rope, norms, family.
 struct ModelArchitecture {
   // "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k RMSNorm), "qwen2_moe" (gated shared
   // expert), "qwen3_moe" (per-head q/k RMSNorm) or "mixtral". Dense families have num_experts 0.
-  std::string family = "qwen3_moe";
+  ModelFamily family = ModelFamily::qwen3_moe;
   int vocab_size = 256;              // V
   int hidden_size = 128;             // C
   int num_hidden_layers = 4;         // L
@@ -44,9 +51,9 @@ struct ModelArchitecture {
   float router_aux_loss_coef = 0.0f;  // weight of the load-balancing loss (0 = off)
   int max_position_embeddings = 2048;
 
-  bool qk_norm() const { return family == "qwen3_moe" || family == "qwen3"; }
+  bool qk_norm() const { return family == ModelFamily::qwen3_moe || family == ModelFamily::qwen3; }
   // qwen2_moe scales the shared expert by sigmoid(shared_expert_gate . x) per token.
-  bool shared_expert_gated() const { return family == "qwen2_moe" && shared_expert_intermediate_size > 0; }
+  bool shared_expert_gated() const { return family == ModelFamily::qwen2_moe && shared_expert_intermediate_size > 0; }
   bool is_moe_layer(int l) const {
     if (num_experts <= 0) return false;
     for (int d : mlp_only_layers)
@@ -59,3 +66,13 @@ struct ModelArchitecture {
 struct ModelConfig : ModelArchitecture, ExecutionOptions {};
 
 }  // namespace troupe::policy
+
+namespace troupe {
+template <>
+struct EnumNames<policy::ModelFamily> {
+  using F = policy::ModelFamily;
+  static constexpr std::pair<std::string_view, F> table[] = {{"llama", F::llama},         {"qwen2", F::qwen2},
+                                                             {"qwen3", F::qwen3},         {"qwen2_moe", F::qwen2_moe},
+                                                             {"qwen3_moe", F::qwen3_moe}, {"mixtral", F::mixtral}};
+};
+}  // namespace troupe
