@@ -2,7 +2,7 @@
 #include <map>
 #include <memory>
 
-#include "bench/bench.h"
+#include "troupe/bench/bench.h"
 #include "troupe/launch/commands.h"
 
 namespace troupe::launch {

@@ -1,4 +1,5 @@
-// `troupe run`, `troupe validate`, `troupe eval`: the experiment launcher.
+// `troupe run`, `troupe validate`, `troupe eval`: the CLI of the experiment launcher (run.h does
+// the work); a config that does not load prints its errors and exits 2.
 #include <memory>
 #include <optional>
 #include <vector>
@@ -21,19 +22,27 @@ std::optional<LoadedConfig> load_and_report(const std::string& file, const std::
   for (const auto& w : loaded->warnings) std::fprintf(stderr, "%s\n", w.c_str());
   return std::move(loaded).value();
 }
+
+// The experiment YAML and its --set overrides, as `run` and `validate` take them.
+struct ConfigArgs {
+  std::string config;
+  std::vector<std::string> sets;
+};
+
+void add_config_args(CLI::App* app, ConfigArgs& a) {
+  app->add_option("config", a.config, "Experiment YAML")->required();
+  app->add_option("--set", a.sets, "Override a key: --set grpo.max_steps=10 (repeatable)");
+}
 }  // namespace
 
 
 Command add_run_command(CLI::App& root) {
-  struct Opts {
-    std::string config;
-    std::vector<std::string> sets;
+  struct Opts : ConfigArgs {
     std::string resume;
   };
   auto o = std::make_shared<Opts>();
   auto* app = root.add_subcommand("run", "Run an experiment described by a YAML file (alone or under mpirun)");
-  app->add_option("config", o->config, "Experiment YAML")->required();
-  app->add_option("--set", o->sets, "Override a key: --set grpo.max_steps=10 (repeatable)");
+  add_config_args(app, *o);
   app->add_option("--resume", o->resume, "Resume the run in this run directory from its latest checkpoint");
   return {app, [o]() {
             auto loaded = load_and_report(o->config, o->sets);
@@ -43,15 +52,12 @@ Command add_run_command(CLI::App& root) {
 }
 
 Command add_validate_command(CLI::App& root) {
-  struct Opts {
-    std::string config;
-    std::vector<std::string> sets;
+  struct Opts : ConfigArgs {
     bool print = false;
   };
   auto o = std::make_shared<Opts>();
   auto* app = root.add_subcommand("validate", "Check an experiment YAML without running it");
-  app->add_option("config", o->config, "Experiment YAML")->required();
-  app->add_option("--set", o->sets, "Override a key: --set grpo.max_steps=10 (repeatable)");
+  add_config_args(app, *o);
   app->add_flag("--print", o->print, "Print the resolved config (every key) on stdout");
   return {app, [o]() {
             auto loaded = load_and_report(o->config, o->sets);

@@ -1,5 +1,5 @@
 // Shared helpers of `troupe bench`: medians, interleaving, and the JSON-lines row format.
-#include "bench.h"
+#include "troupe/bench/bench.h"
 
 #include <algorithm>
 #include <chrono>

@@ -24,7 +24,7 @@
 
 #include <omp.h>
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 #include "troupe/base/build_config.h"
 #include "troupe/launch/config.h"
 #include "troupe/launch/run.h"

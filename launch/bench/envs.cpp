@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 #include "nemo_gym_http.h"
 #include "openai_serve.h"
 #include "verifiers_zmq.h"

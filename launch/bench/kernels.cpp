@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/expert_gemm.h"
 #include "troupe/kernels/moe.h"
@@ -211,199 +211,187 @@ Result<Paired> time_steps(Stepper& ours, Stepper& base, int reps) {
   return p;
 }
 
-struct StepCase {
-  const char* name;
-  const char* baseline_name;
-  policy::ModelConfig ours, base;
-  int T, seq_len;
-};
-
-// The model-step cases on `device`; every case name gets the prefix `pre` ("" on cpu, "cuda_" on the
-// GPU). The copy-engine cases (offload_memory, offload_overlap_emulated) are the CPU engine's own.
-int step_cases(const BenchOptions& opt, int reps, const std::string& device, const std::string& pre) {
-  auto want = [&](const char* n) { return opt.wants(pre + n); };
-  auto name = [&](const char* n) { return pre + n; };
-  const bool cpu = device == "cpu";
+// What the model-step cases on one device share: which cases run, their names (every name gets the
+// prefix `pre`: "" on cpu, "cuda_" on the GPU), the repetitions, and whether any failed.
+struct StepBench {
+  const BenchOptions& opt;
+  int reps;
+  std::string pre;
   int rc = 0;
-  auto fail = [&](const char* n, const Error& e) {
+
+  bool want(const char* n) const { return opt.wants(pre + n); }
+  std::string name(const char* n) const { return pre + n; }
+  void fail(const char* n, const Error& e) {
     std::fprintf(stderr, "troupe bench kernels: %s failed: %s\n", name(n).c_str(), e.message.c_str());
     rc = 1;
+  }
+  // `ours` against `base` on one batch: the median step milliseconds of each, one row named `n`.
+  void step_row(const char* n, const policy::ModelConfig& ours, const policy::ModelConfig& base,
+                const policy::PackedBatch& batch, const char* baseline_name, const nlohmann::json& extra) {
+    auto so = make_stepper(ours, &batch);
+    auto sb = make_stepper(base, &batch);
+    auto p = so.ok() && sb.ok() ? time_steps(**so, **sb, reps) : Result<Paired>(so.ok() ? sb.error() : so.error());
+    if (!p.ok()) return fail(n, p.error());
+    emit(make_row(kSuite, name(n), {"step_ms", "ms", Better::lower}, *p, baseline_name, extra));
+  }
+};
+
+constexpr int kMetaLayers = 16, kOffLayers = 8, kMemLayers = 48;
+// The same batches with or without --quick (which only takes fewer repetitions).
+constexpr int kMetaTokens = 1024, kOffTokens = 2048;
+
+// metadata_cache: 16 layers, many short sequences; per-layer rebuild is the baseline.
+void metadata_cache_case(StepBench& b, const std::string& device) {
+  policy::ModelConfig o = step_config(kMetaLayers, device), base = o;
+  base.cache_packed_metadata = false;
+  auto batch = make_batch(kMetaTokens, 16, o.vocab_size, 11);
+  auto so = make_stepper(o, &batch);
+  auto sb = make_stepper(base, &batch);
+  if (!so.ok() || !sb.ok()) return b.fail("metadata_cache", so.ok() ? sb.error() : so.error());
+  const uint64_t bo = (*so)->model.packed_meta_builds(), bb = (*sb)->model.packed_meta_builds();
+  auto p = time_steps(**so, **sb, b.reps);
+  if (!p.ok()) return b.fail("metadata_cache", p.error());
+  const int steps = 1 + std::max(b.reps, 5);
+  emit(make_row(kSuite, b.name("metadata_cache"), {"step_ms", "ms", Better::lower}, *p, "per_layer_rebuild",
+                {{"layers", kMetaLayers},
+                 {"tokens", kMetaTokens},
+                 {"seq_len", 16},
+                 {"meta_builds_per_step_ours", double((*so)->model.packed_meta_builds() - bo) / steps},
+                 {"meta_builds_per_step_baseline", double((*sb)->model.packed_meta_builds() - bb) / steps}}));
+}
+
+// The offload cases' configs: activation checkpointing alone (ckpt), with offload and a double
+// reload buffer (dbl, ours), with offload and a synchronous reload (sync); one batch for all.
+struct OffloadSet {
+  policy::ModelConfig ckpt, dbl, sync;
+  policy::PackedBatch batch;
+  nlohmann::json extra;
+
+  explicit OffloadSet(const std::string& device) : ckpt(step_config(kOffLayers, device)) {
+    ckpt.activation_checkpointing = true;
+    dbl = sync = ckpt;
+    dbl.offload_activations = sync.offload_activations = true;
+    sync.offload_double_buffer = false;
+    batch = make_batch(kOffTokens, 128, ckpt.vocab_size, 12);
+    extra = {{"layers", kOffLayers}, {"tokens", kOffTokens}, {"seq_len", 128}, {"activation_checkpointing", true}};
+  }
+};
+
+// offload_memory: peak activation bytes with offload vs without. Deterministic (the arena layout
+// depends only on the config and batch), so one step each. Measured at 48 layers (Qwen3-30B-A3B's
+// depth: checkpointed layer inputs grow with depth, the one-layer workspace does not) and, as extra
+// figures, at the 8 layers of the timing cases.
+void offload_memory_case(StepBench& b, const OffloadSet& set) {
+  auto peak = [&](const policy::ModelConfig& base, int layers, size_t* reload, size_t* store) -> Result<double> {
+    policy::ModelConfig c = base;
+    c.num_hidden_layers = layers;
+    auto s = make_stepper(c, &set.batch);
+    if (!s.ok()) return s.error();
+    TROUPE_TRY((*s)->step());
+    if (const auto* off = (*s)->model.activation_offload()) {
+      if (reload) *reload = off->reload_buffer_bytes();
+      if (store) *store = off->store_bytes();
+    }
+    return double((*s)->model.activation_peak_bytes());
   };
-  const int L_meta = 16, L_off = 8, kMemLayers = 48;
-  // The same batches with or without --quick (which only takes fewer repetitions).
-  const int T_meta = 1024, T_off = 2048;
+  size_t reload = 0, store = 0;
+  auto o32 = peak(set.dbl, kMemLayers, &reload, &store);
+  auto b32 = peak(set.ckpt, kMemLayers, nullptr, nullptr);
+  auto o8 = peak(set.dbl, kOffLayers, nullptr, nullptr);
+  auto b8 = peak(set.ckpt, kOffLayers, nullptr, nullptr);
+  if (!o32.ok() || !b32.ok() || !o8.ok() || !b8.ok())
+    return b.fail("offload_memory",
+                  !o32.ok() ? o32.error() : !b32.ok() ? b32.error() : !o8.ok() ? o8.error() : b8.error());
+  nlohmann::json extra = set.extra;
+  extra["layers"] = kMemLayers;
+  extra["reload_buffer_bytes"] = reload;
+  extra["offload_store_bytes"] = store;
+  extra["ours_8_layers"] = *o8;
+  extra["baseline_8_layers"] = *b8;
+  // a byte count, not a timing: the same every repetition, so one is measured (not a median)
+  extra["deterministic"] = true;
+  extra["reps"] = 1;
+  emit(make_row(kSuite, "offload_memory", {"bytes", "bytes", Better::lower}, {*o32, *b32}, "checkpoint_no_offload",
+                extra));
+}
 
-  {  // metadata_cache: 16 layers, many short sequences; per-layer rebuild is the baseline.
-    policy::ModelConfig o = step_config(L_meta, device), b = o;
-    b.cache_packed_metadata = false;
-    if (want("metadata_cache")) {
-      auto batch = make_batch(T_meta, 16, o.vocab_size, 11);
-      auto so = make_stepper(o, &batch);
-      auto sb = make_stepper(b, &batch);
-      if (!so.ok() || !sb.ok()) {
-        fail("metadata_cache", so.ok() ? sb.error() : so.error());
-      } else {
-        const uint64_t bo = (*so)->model.packed_meta_builds(), bb = (*sb)->model.packed_meta_builds();
-        auto p = time_steps(**so, **sb, reps);
-        if (!p.ok()) {
-          fail("metadata_cache", p.error());
-        } else {
-          const int steps = 1 + std::max(reps, 5);
-          emit(make_row(
-              kSuite, name("metadata_cache"), {"step_ms", "ms", Better::lower}, *p, "per_layer_rebuild",
-              {{"layers", L_meta},
-               {"tokens", T_meta},
-               {"seq_len", 16},
-               {"meta_builds_per_step_ours", double((*so)->model.packed_meta_builds() - bo) / steps},
-               {"meta_builds_per_step_baseline", double((*sb)->model.packed_meta_builds() - bb) / steps}}));
-        }
-      }
-    }
+// One layer's backward (with its recompute) without offload, free of the fixed costs (LM head,
+// embedding, AdamW): the difference between L and L/2 layers, step minus forward, in seconds.
+// Each of the four times is the minimum over `cal_reps` repetitions: the least-disturbed run is the
+// compute time itself, while a median still carries the load of other jobs on a shared box (which
+// made the calibrated bandwidth vary by 2.5x between runs).
+Result<double> layer_backward_s(const OffloadSet& set, Stepper& full, int cal_reps) {
+  policy::ModelConfig half = set.ckpt;
+  half.num_hidden_layers = kOffLayers / 2;
+  auto sh = make_stepper(half, &set.batch);
+  Status st = sh.ok() ? (*sh)->step() : Status(sh.error());
+  if (st.ok()) st = full.step();
+  double step_full = 1e30, fwd_full = 1e30, step_half = 1e30, fwd_half = 1e30;
+  for (int i = 0; i < cal_reps && st.ok(); ++i) {
+    step_full = std::min(step_full, time_s([&] { st = full.step(); }));
+    if (st.ok()) fwd_full = std::min(fwd_full, time_s([&] { st = full.forward_only(); }));
+    if (st.ok()) step_half = std::min(step_half, time_s([&] { st = (*sh)->step(); }));
+    if (st.ok()) fwd_half = std::min(fwd_half, time_s([&] { st = (*sh)->forward_only(); }));
   }
+  if (!st.ok()) return st.error();
+  return std::max(1e-4, ((step_full - fwd_full) - (step_half - fwd_half)) / (kOffLayers - kOffLayers / 2));
+}
 
-  policy::ModelConfig ckpt = step_config(L_off, device);
-  ckpt.activation_checkpointing = true;
-  policy::ModelConfig dbl = ckpt, sync = ckpt;
-  dbl.offload_activations = sync.offload_activations = true;
-  sync.offload_double_buffer = false;
-  auto batch = make_batch(T_off, 128, ckpt.vocab_size, 12);
-  const nlohmann::json off_extra = {{"layers", L_off}, {"tokens", T_off}, {"seq_len", 128},
-                                    {"activation_checkpointing", true}};
+// offload_overlap_emulated: the CPU copy engine limited to the bandwidth at which one layer's
+// reload takes one layer's backward, double buffer vs synchronous reload.
+void offload_overlap_case(StepBench& b, const OffloadSet& set) {
+  auto so = make_stepper(set.dbl, &set.batch);
+  auto sb = make_stepper(set.sync, &set.batch);
+  auto sn = make_stepper(set.ckpt, &set.batch);
+  if (!so.ok() || !sb.ok() || !sn.ok())
+    return b.fail("offload_overlap_emulated", !so.ok() ? so.error() : !sb.ok() ? sb.error() : sn.error());
+  const int cal_reps = std::max(b.reps, 5);
+  auto layer_bwd_s = layer_backward_s(set, **sn, cal_reps);
+  if (!layer_bwd_s.ok()) return b.fail("offload_overlap_emulated", layer_bwd_s.error());
+  const double layer_bytes = double(kOffTokens) * set.dbl.hidden_size * sizeof(float);
+  const double bandwidth = layer_bytes / *layer_bwd_s;
+  std::fprintf(stderr,
+               "troupe bench kernels: offload_overlap_emulated: copy engine limited to %.1f MB/s "
+               "(one %.2f MB reload ~ one layer backward, %.2f ms)\n",
+               bandwidth / 1e6, layer_bytes / 1e6, *layer_bwd_s * 1e3);
+  (*so)->model.offload_engine()->set_bandwidth(bandwidth);
+  (*sb)->model.offload_engine()->set_bandwidth(bandwidth);
+  auto p = time_steps(**so, **sb, b.reps);
+  if (!p.ok()) return b.fail("offload_overlap_emulated", p.error());
+  nlohmann::json extra = set.extra;
+  extra["bandwidth_bytes_per_s"] = bandwidth;
+  extra["bandwidth_mb_per_s"] = bandwidth / 1e6;
+  extra["calibration_reps"] = cal_reps;
+  extra["layer_input_bytes"] = layer_bytes;
+  extra["layer_backward_ms"] = *layer_bwd_s * 1e3;
+  emit(make_row(kSuite, "offload_overlap_emulated", {"step_ms", "ms", Better::lower}, *p, "offload_sync_reload",
+                extra));
+}
 
-  if (want("offload_double_vs_sync")) {
-    auto so = make_stepper(dbl, &batch);
-    auto sb = make_stepper(sync, &batch);
-    auto p = so.ok() && sb.ok() ? time_steps(**so, **sb, reps) : Result<Paired>(so.ok() ? sb.error() : so.error());
-    if (!p.ok()) {
-      fail("offload_double_vs_sync", p.error());
-    } else {
-      emit(make_row(kSuite, name("offload_double_vs_sync"), {"step_ms", "ms", Better::lower}, *p,
-                    "offload_sync_reload", off_extra));
-    }
-  }
-
-  if (want("offload_double_vs_none")) {
-    auto so = make_stepper(dbl, &batch);
-    auto sb = make_stepper(ckpt, &batch);
-    auto p = so.ok() && sb.ok() ? time_steps(**so, **sb, reps) : Result<Paired>(so.ok() ? sb.error() : so.error());
-    if (!p.ok())
-      fail("offload_double_vs_none", p.error());
-    else
-      emit(make_row(kSuite, name("offload_double_vs_none"), {"step_ms", "ms", Better::lower}, *p,
-                    "checkpoint_no_offload", off_extra));
-  }
-
-  if (cpu && want("offload_memory")) {
-    // Deterministic (the arena layout depends only on the config and batch), so one step each.
-    // Measured at 48 layers (Qwen3-30B-A3B's depth: checkpointed layer inputs grow with depth, the
-    // one-layer workspace does not) and, as extra figures, at the 8 layers of the timing cases.
-    auto peak = [&](const policy::ModelConfig& base, int layers, size_t* reload, size_t* store) -> Result<double> {
-      policy::ModelConfig c = base;
-      c.num_hidden_layers = layers;
-      auto s = make_stepper(c, &batch);
-      if (!s.ok()) return s.error();
-      TROUPE_TRY((*s)->step());
-      if (const auto* off = (*s)->model.activation_offload()) {
-        if (reload) *reload = off->reload_buffer_bytes();
-        if (store) *store = off->store_bytes();
-      }
-      return double((*s)->model.activation_peak_bytes());
-    };
-    size_t reload = 0, store = 0;
-    auto o32 = peak(dbl, kMemLayers, &reload, &store);
-    auto b32 = peak(ckpt, kMemLayers, nullptr, nullptr);
-    auto o8 = peak(dbl, L_off, nullptr, nullptr);
-    auto b8 = peak(ckpt, L_off, nullptr, nullptr);
-    if (!o32.ok() || !b32.ok() || !o8.ok() || !b8.ok()) {
-      fail("offload_memory", !o32.ok() ? o32.error() : !b32.ok() ? b32.error() : !o8.ok() ? o8.error() : b8.error());
-    } else {
-      nlohmann::json extra = off_extra;
-      extra["layers"] = kMemLayers;
-      extra["reload_buffer_bytes"] = reload;
-      extra["offload_store_bytes"] = store;
-      extra["ours_8_layers"] = *o8;
-      extra["baseline_8_layers"] = *b8;
-      // a byte count, not a timing: the same every repetition, so one is measured (not a median)
-      extra["deterministic"] = true;
-      extra["reps"] = 1;
-      emit(make_row(kSuite, "offload_memory", {"bytes", "bytes", Better::lower}, {*o32, *b32},
-                    "checkpoint_no_offload", extra));
-    }
-  }
-
-  if (cpu && want("offload_overlap_emulated")) {
-    auto so = make_stepper(dbl, &batch);
-    auto sb = make_stepper(sync, &batch);
-    auto sn = make_stepper(ckpt, &batch);
-    if (!so.ok() || !sb.ok() || !sn.ok()) {
-      fail("offload_overlap_emulated", !so.ok() ? so.error() : !sb.ok() ? sb.error() : sn.error());
-    } else {
-      // Calibrate one layer's backward (with its recompute) without offload, free of the fixed
-      // costs (LM head, embedding, AdamW): the difference between L and L/2 layers, step minus forward.
-      policy::ModelConfig half = ckpt;
-      half.num_hidden_layers = L_off / 2;
-      auto sh = make_stepper(half, &batch);
-      Status st = sh.ok() ? (*sh)->step() : Status(sh.error());
-      if (st.ok()) st = (*sn)->step();
-      // Each of the four times is the minimum over >= 5 repetitions: the least-disturbed run is the
-      // compute time itself, while a median still carries the load of other jobs on a shared box
-      // (which made the calibrated bandwidth vary by 2.5x between runs).
-      const int cal_reps = std::max(reps, 5);
-      double step_full = 1e30, fwd_full = 1e30, step_half = 1e30, fwd_half = 1e30;
-      for (int i = 0; i < cal_reps && st.ok(); ++i) {
-        step_full = std::min(step_full, time_s([&] { st = (*sn)->step(); }));
-        if (st.ok()) fwd_full = std::min(fwd_full, time_s([&] { st = (*sn)->forward_only(); }));
-        if (st.ok()) step_half = std::min(step_half, time_s([&] { st = (*sh)->step(); }));
-        if (st.ok()) fwd_half = std::min(fwd_half, time_s([&] { st = (*sh)->forward_only(); }));
-      }
-      if (!st.ok()) {
-        fail("offload_overlap_emulated", st.error());
-      } else {
-        const double layer_bwd_s =
-            std::max(1e-4, ((step_full - fwd_full) - (step_half - fwd_half)) / (L_off - L_off / 2));
-        const double layer_bytes = double(T_off) * dbl.hidden_size * sizeof(float);
-        const double bandwidth = layer_bytes / layer_bwd_s;
-        std::fprintf(stderr,
-                     "troupe bench kernels: offload_overlap_emulated: copy engine limited to %.1f MB/s "
-                     "(one %.2f MB reload ~ one layer backward, %.2f ms)\n",
-                     bandwidth / 1e6, layer_bytes / 1e6, layer_bwd_s * 1e3);
-        (*so)->model.offload_engine()->set_bandwidth(bandwidth);
-        (*sb)->model.offload_engine()->set_bandwidth(bandwidth);
-        auto p = time_steps(**so, **sb, reps);
-        if (!p.ok()) {
-          fail("offload_overlap_emulated", p.error());
-        } else {
-          nlohmann::json extra = off_extra;
-          extra["bandwidth_bytes_per_s"] = bandwidth;
-          extra["bandwidth_mb_per_s"] = bandwidth / 1e6;
-          extra["calibration_reps"] = cal_reps;
-          extra["layer_input_bytes"] = layer_bytes;
-          extra["layer_backward_ms"] = layer_bwd_s * 1e3;
-          emit(make_row(kSuite, "offload_overlap_emulated", {"step_ms", "ms", Better::lower}, *p,
-                        "offload_sync_reload", extra));
-        }
-      }
-    }
-  }
-
-  if (want("all_vs_none")) {
+// The model-step cases on `device`. The copy-engine cases (offload_memory, offload_overlap_emulated)
+// are the CPU engine's own.
+int step_cases(const BenchOptions& opt, int reps, const std::string& device, const std::string& pre) {
+  StepBench b{opt, reps, pre};
+  const bool cpu = device == "cpu";
+  if (b.want("metadata_cache")) metadata_cache_case(b, device);
+  const OffloadSet set(device);
+  if (b.want("offload_double_vs_sync"))
+    b.step_row("offload_double_vs_sync", set.dbl, set.sync, set.batch, "offload_sync_reload", set.extra);
+  if (b.want("offload_double_vs_none"))
+    b.step_row("offload_double_vs_none", set.dbl, set.ckpt, set.batch, "checkpoint_no_offload", set.extra);
+  if (cpu && b.want("offload_memory")) offload_memory_case(b, set);
+  if (cpu && b.want("offload_overlap_emulated")) offload_overlap_case(b, set);
+  if (b.want("all_vs_none")) {
     // All three on vs all three off (per-layer metadata, masked loop, offload with synchronous reload).
-    policy::ModelConfig on = dbl, off = sync;
+    policy::ModelConfig on = set.dbl, off = set.sync;
     off.cache_packed_metadata = false;
     off.moe_grouped = false;
-    auto short_batch = make_batch(T_off, 32, on.vocab_size, 13);
-    auto so = make_stepper(on, &short_batch);
-    auto sb = make_stepper(off, &short_batch);
-    auto p = so.ok() && sb.ok() ? time_steps(**so, **sb, reps) : Result<Paired>(so.ok() ? sb.error() : so.error());
-    if (!p.ok()) {
-      fail("all_vs_none", p.error());
-    } else {
-      nlohmann::json extra = off_extra;
-      extra["seq_len"] = 32;
-      emit(make_row(kSuite, name("all_vs_none"), {"step_ms", "ms", Better::lower}, *p, "none", extra));
-    }
+    auto short_batch = make_batch(kOffTokens, 32, on.vocab_size, 13);
+    nlohmann::json extra = set.extra;
+    extra["seq_len"] = 32;
+    b.step_row("all_vs_none", on, off, short_batch, "none", extra);
   }
-  return rc;
+  return b.rc;
 }
 
 // cuda_moe_grouped_vs_{streams,per_expert}_e{E}: one MoE layer's forward + backward on the GPU

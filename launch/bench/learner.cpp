@@ -19,7 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench.h"
+#include "child_process.h"
+#include "troupe/bench/bench.h"
 #include "troupe/base/build_config.h"
 #include "troupe/learner/loss.h"
 
@@ -62,13 +63,9 @@ LossInputs make_inputs(int S, int L) {
 
 // Runs `cmd` and returns its stdout (nullopt when it fails).
 std::optional<std::string> run_capture(const std::string& cmd) {
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return std::nullopt;
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  if (::pclose(p) != 0) return std::nullopt;
-  return out;
+  auto out = run_child(cmd);
+  if (!out || out->status != 0) return std::nullopt;
+  return std::move(out->text);
 }
 
 // Second row of grpo_loss_fused: PyTorch eager (TRL's padded layout, float32, 1 thread) as the
@@ -162,34 +159,17 @@ int bench_grpo_loss(const BenchOptions& opt) {
 }
 
 int bench_allreduce(const BenchOptions& opt) {
-  const std::string helper = std::string(TROUPE_BINARY_DIR) + "/bin/troupe_learner_allreduce_bench";
-  if (!std::filesystem::exists(helper)) {
-    skip_baseline("learner", "allreduce_2ranks", helper + " is not built");
-    return 1;
-  }
-  const std::string cmd = std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 '") +
-                          TROUPE_MPIEXEC + "' --oversubscribe -np 2 '" + helper + "' --reps " + (opt.quick ? "31" : "61") +
-                          " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) {
-    std::fprintf(stderr, "troupe bench learner: cannot start %s\n", cmd.c_str());
-    return 1;
-  }
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);  // (not run_capture: on failure the output is printed)
+  const auto helper = helper_binary("troupe_learner_allreduce_bench", "learner", "allreduce_2ranks");
+  if (!helper) return 1;
+  const std::string cmd = mpirun_command("", 2, "", *helper, std::string("--reps ") + (opt.quick ? "31" : "61"));
+  const auto out = run_child(cmd, "learner");  // (on failure the output is printed)
+  if (!out) return 1;
   nlohmann::json j;
-  for (size_t pos = 0; pos < out.size();) {  // the JSON line among whatever mpirun printed
-    size_t end = out.find('\n', pos);
-    if (end == std::string::npos) end = out.size();
-    auto line = nlohmann::json::parse(out.substr(pos, end - pos), nullptr, false);
-    if (!line.is_discarded() && line.is_object() && line.contains("ours_ms")) j = line;
-    pos = end + 1;
-  }
-  if (rc != 0 || j.is_null()) {
-    std::fprintf(stderr, "troupe bench learner: allreduce_2ranks: `%s` failed (status %d):\n%s\n", cmd.c_str(), rc,
-                 out.c_str());
+  for (const auto& line : out->objects)  // the JSON line among whatever mpirun printed
+    if (line.contains("ours_ms")) j = line;
+  if (out->status != 0 || j.is_null()) {
+    std::fprintf(stderr, "troupe bench learner: allreduce_2ranks: `%s` failed (status %d):\n%s\n", cmd.c_str(),
+                 out->status, out->text.c_str());
     return 1;
   }
   emit(make_row("learner", "allreduce_2ranks", {"ms", "ms", Better::lower},

@@ -4,7 +4,7 @@
 
 #include <functional>
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 
 namespace troupe::bench {
 

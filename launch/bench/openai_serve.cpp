@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "troupe/base/build_config.h"
-#include "troupe/launch/openai_server.h"
+#include "troupe/serve/openai_server.h"
 #include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/model_io.h"
 
@@ -113,10 +113,10 @@ int run_openai_serve_case(const BenchOptions& opt) {
   std::shared_ptr<const io::Tokenizer> tok(std::move(loaded->tokenizer));
   auto engine = actors::ServeEngine::create(std::make_unique<policy::Model>(std::move(loaded->model)), eo);
   if (!engine.ok()) return fail(engine.error().message);
-  launch::OpenAiServerOptions so;
+  serve::OpenAiServerOptions so;
   so.model_name = "bench";
   so.http_threads = kRequests + 8;
-  launch::OpenAiServer server(std::move(engine).value(), tok, *tmpl, bos, eos, so);
+  serve::OpenAiServer server(std::move(engine).value(), tok, *tmpl, bos, eos, so);
   const std::string host = "127.0.0.1";
   auto port = server.bind(host, 0);
   if (!port.ok()) return fail(port.error().message);

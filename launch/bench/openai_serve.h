@@ -2,7 +2,7 @@
 // against `troupe serve`'s endpoint, in process, vs the same 64 one at a time.
 #pragma once
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 
 namespace troupe::bench {
 

@@ -21,7 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "bench.h"
+#include "child_process.h"
+#include "troupe/bench/bench.h"
 #include "smollm2_shape.h"
 #include "troupe/base/build_config.h"
 #include "troupe/learner/optimizer.h"
@@ -49,12 +50,6 @@ class TorchChild {
       close(to_child[1]);
       return make_error(ErrorCode::io, "pipe failed");
     }
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-    posix_spawn_file_actions_addclose(&actions, to_child[1]);
-    posix_spawn_file_actions_addclose(&actions, from_child[0]);
     // PyTorch at its best on this machine: OpenBLAS single-threaded, torch's own 2 threads.
     std::vector<std::string> env_store;
     for (char** e = environ; *e; ++e)
@@ -68,10 +63,7 @@ class TorchChild {
     std::string python = python_executable(), script_arg = script, cfg_arg = config.dump();
     std::vector<char*> argv = {python.data(), script_arg.data(), cfg_arg.data(), nullptr};
     pid_t pid = -1;
-    const int rc = posix_spawnp(&pid, python.c_str(), &actions, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    close(to_child[0]);
-    close(from_child[1]);
+    const int rc = spawn_piped(&pid, to_child, from_child, argv.data(), envp.data(), true);
     if (rc != 0) {
       close(to_child[1]);
       close(from_child[0]);
@@ -209,6 +201,114 @@ struct Sgemm {
   }
 };
 
+// The first failure among timed calls (later ones are dropped until it is reported).
+struct FirstFailure {
+  Status failed;
+  void note(Status s) {
+    if (!s.ok() && failed.ok()) failed = s;
+  }
+  bool ok() const { return failed.ok(); }
+  // Says "troupe bench policy: NAME failed: ..." and clears it; false when nothing failed.
+  bool report(const char* name) {
+    if (failed.ok()) return false;
+    std::fprintf(stderr, "troupe bench policy: %s failed: %s\n", name, failed.error().message.c_str());
+    failed = Status{};
+    return true;
+  }
+};
+
+// A training step on one packed batch: zero_grads, forward_train, backward_train with the loss's
+// gradient -1/T per token, then AdamW at lr 1e-4 unless made without an optimizer (0 params).
+struct TrainStep {
+  const policy::PackedBatch& batch;
+  std::vector<float> logp, ent, dlogp;
+  learner::AdamW adamw;
+  learner::OptimizerConfig ocfg;
+  bool with_optimizer;
+
+  TrainStep(const policy::PackedBatch& b, size_t optimizer_params)
+      : batch(b),
+        logp(b.tokens.size()),
+        ent(b.tokens.size()),
+        dlogp(b.tokens.size(), -1.0f / float(b.tokens.size())),
+        adamw(optimizer_params),
+        with_optimizer(optimizer_params > 0) {
+    ocfg.lr = 1e-4f;
+  }
+  // Seconds of one step of `m`.
+  double seconds(policy::Model& m, FirstFailure& f) {
+    return time_s([&] {
+      m.zero_grads();
+      f.note(m.forward_train(batch, 1.0f, logp.data(), ent.data()));
+      f.note(m.backward_train(dlogp.data(), nullptr));
+      if (with_optimizer) f.note(adamw.step(m.params(), m.grads(), ocfg, ocfg.lr));
+    });
+  }
+};
+
+// Sampling at temperature 1, `new_tokens` per prompt.
+policy::SamplingParams sampling(int new_tokens) {
+  policy::SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.max_new_tokens = new_tokens;
+  return sp;
+}
+
+// Seconds of one generate() over `prompts`; *sampled (if given) the tokens it sampled.
+double timed_generate(policy::Model& m, const std::vector<std::vector<int32_t>>& prompts,
+                      const policy::SamplingParams& sp, FirstFailure& f, size_t* sampled) {
+  return time_s([&] {
+    auto g = m.generate(prompts, sp);
+    if (!g.ok()) return f.note(g.error());
+    if (!sampled) return;
+    *sampled = 0;
+    for (auto& x : *g) *sampled += x.tokens.size();
+  });
+}
+
+// The PyTorch child's config: the attention shape every model of the suite sets, plus `more`.
+nlohmann::json torch_config(const policy::ModelConfig& cfg, const nlohmann::json& more) {
+  nlohmann::json c = {{"vocab_size", cfg.vocab_size},
+                      {"hidden_size", cfg.hidden_size},
+                      {"num_hidden_layers", cfg.num_hidden_layers},
+                      {"num_attention_heads", cfg.num_attention_heads},
+                      {"num_key_value_heads", cfg.num_key_value_heads},
+                      {"head_dim", cfg.head_dim},
+                      {"rms_norm_eps", cfg.rms_norm_eps},
+                      {"rope_theta", cfg.rope_theta},
+                      {"threads", kThreads}};
+  c.update(more);
+  return c;
+}
+
+// The PyTorch child's config for the tiny MoE.
+nlohmann::json tiny_moe_torch_config(const policy::ModelConfig& cfg, const std::string& device) {
+  return torch_config(cfg, {{"num_experts", cfg.num_experts},
+                            {"num_experts_per_tok", cfg.num_experts_per_tok},
+                            {"moe_intermediate_size", cfg.moe_intermediate_size},
+                            {"batch", kBatch},
+                            {"seq_len", kSeqLen},
+                            {"prompt_len", kPromptLen},
+                            {"new_tokens", kNewTokens},
+                            {"device", device}});
+}
+
+// train_step_flops: our training step's achieved GFLOP/s against an OpenBLAS sgemm's; 1 if it failed.
+int tiny_moe_flops_row(const policy::ModelConfig& cfg, int reps, const std::function<double()>& our_train,
+                       FirstFailure& failed, const nlohmann::json& extra) {
+  Sgemm sg;
+  sg.gflops();
+  const double flops = 3.0 * forward_flops(cfg);
+  Paired p = interleaved(reps, [&] { return flops / our_train() / 1e9; }, [&] { return sg.gflops(); });
+  if (failed.report("train_step_flops")) return 1;
+  Row r = make_row(kSuite, "train_step_flops", {"gflops", "GFLOP/s", Better::higher}, p, "sgemm_peak", extra);
+  r.extra["step_gflop"] = flops / 1e9;
+  r.extra["sgemm_n"] = sg.n;
+  r.extra["flop_count"] = "matmuls only, 2 per multiply-add, backward = 2x forward, causal attention";
+  emit(r);
+  return 0;
+}
+
 // The tiny-MoE cases: train_step, forward, sample_kv against PyTorch, train_step_flops against sgemm,
 // on `device`; on cuda the names take the prefix cuda_ and PyTorch runs on the GPU too (no flops row).
 int run_tiny_moe_cases(const BenchOptions& opt, const std::string& device = "cpu") {
@@ -234,74 +334,33 @@ int run_tiny_moe_cases(const BenchOptions& opt, const std::string& device = "cpu
   policy::Model& model = created.value();
   const auto batch = make_batch(cfg.vocab_size);
   const size_t T = batch.tokens.size();
-  std::vector<float> logp(T), ent(T), dlogp(T, -1.0f / float(T)), logits(T * size_t(cfg.vocab_size));
-  learner::AdamW adamw(model.params().size());
-  learner::OptimizerConfig ocfg;
-  ocfg.lr = 1e-4f;
+  std::vector<float> logits(T * size_t(cfg.vocab_size));
+  TrainStep train(batch, model.params().size());
   const auto prompts = make_prompts(cfg.vocab_size, kBatch, kPromptLen);
-  policy::SamplingParams sp;
-  sp.temperature = 1.0f;
-  sp.max_new_tokens = kNewTokens;
+  policy::SamplingParams sp = sampling(kNewTokens);
 
-  Status failed;
-  auto note = [&](Status s) {
-    if (!s.ok() && failed.ok()) failed = s;
-  };
-  auto our_train = [&] {
-    return time_s([&] {
-      model.zero_grads();
-      note(model.forward_train(batch, 1.0f, logp.data(), ent.data()));
-      note(model.backward_train(dlogp.data(), nullptr));
-      note(adamw.step(model.params(), model.grads(), ocfg, ocfg.lr));
-    });
-  };
-  auto our_forward = [&] { return time_s([&] { note(model.forward_logits(batch, logits.data())); }); };
+  FirstFailure failed;
+  auto our_train = [&] { return train.seconds(model, failed); };
+  auto our_forward = [&] { return time_s([&] { failed.note(model.forward_logits(batch, logits.data())); }); };
   size_t sampled = 0;
-  auto our_sample = [&] {
-    return time_s([&] {
-      auto g = model.generate(prompts, sp);
-      if (!g.ok()) {
-        note(g.error());
-        return;
-      }
-      sampled = 0;
-      for (auto& x : *g) sampled += x.tokens.size();
-    });
-  };
+  auto our_sample = [&] { return timed_generate(model, prompts, sp, failed, &sampled); };
   // Warm-up: arenas, KV cache, first-touch pages.
   our_train();
   our_forward();
   our_sample();
   sp.seed += 1;
   if (!failed.ok()) {
-    std::fprintf(stderr, "troupe bench policy: our model failed: %s\n", failed.error().message.c_str());
+    std::fprintf(stderr, "troupe bench policy: our model failed: %s\n", failed.failed.error().message.c_str());
     return 1;
   }
 
-  nlohmann::json tcfg = {{"vocab_size", cfg.vocab_size},
-                         {"hidden_size", cfg.hidden_size},
-                         {"num_hidden_layers", cfg.num_hidden_layers},
-                         {"num_attention_heads", cfg.num_attention_heads},
-                         {"num_key_value_heads", cfg.num_key_value_heads},
-                         {"head_dim", cfg.head_dim},
-                         {"num_experts", cfg.num_experts},
-                         {"num_experts_per_tok", cfg.num_experts_per_tok},
-                         {"moe_intermediate_size", cfg.moe_intermediate_size},
-                         {"rms_norm_eps", cfg.rms_norm_eps},
-                         {"rope_theta", cfg.rope_theta},
-                         {"batch", kBatch},
-                         {"seq_len", kSeqLen},
-                         {"prompt_len", kPromptLen},
-                         {"new_tokens", kNewTokens},
-                         {"threads", kThreads},
-                         {"device", device}};
   const nlohmann::json extra = {{"batch", kBatch}, {"seq_len", kSeqLen}, {"layers", cfg.num_hidden_layers},
                                 {"experts", cfg.num_experts}, {"top_k", cfg.num_experts_per_tok},
                                 {"d_model", cfg.hidden_size}, {"vocab", cfg.vocab_size}};
   const std::string names[] = {pre + "train_step", pre + "forward", pre + "sample_kv"};
-  std::unique_ptr<TorchChild> torch =
-      TorchChild::start_for(tcfg, opt, {names[0].c_str(), names[1].c_str(), names[2].c_str()});
-  auto torch_rate = [&](const char* cmd) { return torch->tokens_per_s(cmd, &failed); };
+  std::unique_ptr<TorchChild> torch = TorchChild::start_for(tiny_moe_torch_config(cfg, device), opt,
+                                                            {names[0].c_str(), names[1].c_str(), names[2].c_str()});
+  auto torch_rate = [&](const char* cmd) { return torch->tokens_per_s(cmd, &failed.failed); };
   struct Case {
     const char* name;
     const char* metric;
@@ -321,9 +380,7 @@ int run_tiny_moe_cases(const BenchOptions& opt, const std::string& device = "cpu
   for (const auto& c : cases) {
     if (!want(c.name) || !torch) continue;
     Paired p = interleaved(reps, c.ours, [&] { return torch_rate(c.name); });
-    if (!failed.ok()) {
-      std::fprintf(stderr, "troupe bench policy: %s failed: %s\n", c.name, failed.error().message.c_str());
-      failed = Status{};
+    if (failed.report(c.name)) {
       rc = 1;
       continue;
     }
@@ -332,24 +389,7 @@ int run_tiny_moe_cases(const BenchOptions& opt, const std::string& device = "cpu
     r.extra["threads"] = kThreads;
     emit(r);
   }
-
-  if (pre.empty() && want("train_step_flops")) {
-    Sgemm sg;
-    sg.gflops();
-    const double flops = 3.0 * forward_flops(cfg);
-    Paired p = interleaved(reps, [&] { return flops / our_train() / 1e9; }, [&] { return sg.gflops(); });
-    if (!failed.ok()) {
-      std::fprintf(stderr, "troupe bench policy: train_step_flops failed: %s\n", failed.error().message.c_str());
-      rc = 1;
-    } else {
-      Row r =
-          make_row(kSuite, "train_step_flops", {"gflops", "GFLOP/s", Better::higher}, p, "sgemm_peak", extra);
-      r.extra["step_gflop"] = flops / 1e9;
-      r.extra["sgemm_n"] = sg.n;
-      r.extra["flop_count"] = "matmuls only, 2 per multiply-add, backward = 2x forward, causal attention";
-      emit(r);
-    }
-  }
+  if (pre.empty() && want("train_step_flops")) rc |= tiny_moe_flops_row(cfg, reps, our_train, failed, extra);
   return rc;
 }
 
@@ -393,6 +433,125 @@ struct CopyBandwidth {
   }
 };
 
+// What the SmolLM2-shaped rows share: the model, the repetitions, their extra fields, the
+// PyTorch child (rollout and training rows; null when absent) and the first failure.
+struct SmolBench {
+  const policy::ModelConfig& cfg;
+  policy::Model& model;
+  bool quick;
+  int reps;
+  nlohmann::json extra;
+  std::unique_ptr<TorchChild> torch;
+  FirstFailure failed;
+  int rc = 0;
+
+  void report(const char* name, const Row& row) {
+    if (failed.report(name)) {
+      rc = 1;
+      return;
+    }
+    emit(row);
+  }
+  double torch_rate(const char* cmd) { return torch->tokens_per_s(cmd, &failed.failed); }
+  Row with_torch(Row r) const {
+    r.extra["torch_version"] = torch->info().value("torch", "");
+    return r;
+  }
+};
+
+// The PyTorch child's config for SmolLM2's shape, running the cases the rows want.
+nlohmann::json smollm2_torch_config(const policy::ModelConfig& cfg, bool rollout, bool train, bool quick) {
+  nlohmann::json cases = nlohmann::json::array();
+  if (rollout) cases.push_back("sample_kv");
+  if (train) cases.push_back("train_step");
+  return torch_config(cfg, {{"intermediate_size", cfg.intermediate_size},
+                            {"num_experts", 0},
+                            {"qk_norm", cfg.qk_norm()},
+                            {"tie_word_embeddings", cfg.tie_word_embeddings},
+                            {"batch", kTrainBatch},
+                            {"seq_len", kTrainSeq},
+                            {"sample_batch", kRolloutBatch},
+                            {"prompt_len", kRolloutPrompt},
+                            {"new_tokens", kRolloutNew},
+                            {"cases", cases},
+                            {"warmup", !quick}});
+}
+
+// rollout_smollm2_b32: KV-cache sampling of 32 prompts against PyTorch.
+void smollm2_rollout_row(SmolBench& b) {
+  const auto prompts = make_prompts(b.cfg.vocab_size, kRolloutBatch, kRolloutPrompt);
+  policy::SamplingParams sp = sampling(kRolloutNew);
+  auto ours = [&] {
+    size_t sampled = 0;
+    const double s = timed_generate(b.model, prompts, sp, b.failed, &sampled);
+    sp.seed += 1;
+    return double(sampled) / s;
+  };
+  if (!b.quick) ours();  // warm-up: KV cache and activation pages
+  Paired p = interleaved_n(b.reps, ours, [&] { return b.torch_rate("sample_kv"); });
+  Row r = make_row(kSuite, kRollout, {"new_tokens_per_s", "tokens/s", Better::higher}, p, "torch_eager", b.extra);
+  r.extra["batch"] = kRolloutBatch;
+  r.extra["prompt_len"] = kRolloutPrompt;
+  r.extra["new_tokens"] = kRolloutNew;
+  b.report(kRollout, b.with_torch(r));
+}
+
+// train_step_smollm2: one training step (with AdamW) of 8 x 256 tokens against PyTorch.
+void smollm2_train_row(SmolBench& b) {
+  const auto batch = make_batch(b.cfg.vocab_size, kTrainBatch, kTrainSeq);
+  const size_t T = batch.tokens.size();
+  TrainStep train(batch, b.model.params().size());
+  auto ours = [&] { return double(T) / train.seconds(b.model, b.failed); };
+  if (!b.quick) ours();  // warm-up: activation arena, optimizer state pages
+  Paired p = interleaved_n(b.reps, ours, [&] { return b.torch_rate("train_step"); });
+  Row r = make_row(kSuite, kTrain, {"tokens_per_s", "tokens/s", Better::higher}, p, "torch_eager", b.extra);
+  r.extra["batch"] = kTrainBatch;
+  r.extra["seq_len"] = kTrainSeq;
+  b.report(kTrain, b.with_torch(r));
+}
+
+// decode_smollm2_b1: milliseconds per token at batch 1 against the time to read every weight once
+// at the measured memory-copy bandwidth.
+void smollm2_decode_row(SmolBench& b) {
+  const auto& cfg = b.cfg;
+  const auto prompts = make_prompts(cfg.vocab_size, 1, kDecodePrompt);
+  policy::SamplingParams sp = sampling(kDecodeNew);
+  auto ours_ms = [&] {
+    size_t sampled = 0;
+    const double s = time_s([&] {
+      auto g = b.model.generate(prompts, sp);
+      if (!g.ok()) return b.failed.note(g.error());
+      sampled = (*g)[0].tokens.size();
+    });
+    sp.seed += 1;
+    return sampled > 0 ? 1e3 * s / double(sampled) : 0.0;
+  };
+  // Weights read per generated token: every parameter once (the tied LM head reads the whole
+  // embedding matrix), plus the token's embedding row; the KV cache (< 3 MB here) is left out.
+  const size_t n_params = b.model.params().size();
+  const size_t emb = size_t(cfg.vocab_size) * cfg.hidden_size;
+  const double weight_bytes = 4.0 * double(n_params - emb + cfg.hidden_size + (cfg.tie_word_embeddings ? emb : 0));
+  CopyBandwidth copy;
+  std::vector<double> copy_gbs;
+  auto floor_ms = [&] {
+    copy_gbs.push_back(copy.gb_per_s(kThreads));
+    return 1e3 * weight_bytes / (copy_gbs.back() * 1e9);
+  };
+  ours_ms();
+  copy.gb_per_s(kThreads);
+  Paired p = interleaved_n(std::max(b.reps, 5), ours_ms, floor_ms);
+  Row r = make_row(kSuite, kDecode, {"ms_per_token", "ms", Better::lower}, p, "bandwidth_floor", b.extra);
+  r.extra["batch"] = 1;
+  r.extra["prompt_len"] = kDecodePrompt;
+  r.extra["new_tokens"] = kDecodeNew;
+  r.extra["weight_bytes"] = weight_bytes;
+  r.extra["copy_gb_per_s"] = median(copy_gbs);
+  r.extra["copy"] = "memcpy of 512 MiB on " + std::to_string(kThreads) + " threads, bytes read + written";
+  r.extra["reps"] = std::max(b.reps, 5);
+  r.extra["warmup"] = true;
+  b.report(kDecode, r);
+}
+
 int run_smollm2_cases(const BenchOptions& opt) {
   const bool rollout = opt.wants(kRollout), train = opt.wants(kTrain), decode = opt.wants(kDecode);
   if (!rollout && !train && !decode) return 0;
@@ -403,154 +562,23 @@ int run_smollm2_cases(const BenchOptions& opt) {
     std::fprintf(stderr, "troupe bench policy: SmolLM2 shape: %s\n", created.error().message.c_str());
     return 1;
   }
-  policy::Model& model = created.value();
-  const size_t n_params = model.params().size();
-  const nlohmann::json extra = {{"model", "SmolLM2-135M shape, random weights"},
-                                {"params", n_params},
-                                {"layers", cfg.num_hidden_layers},
-                                {"d_model", cfg.hidden_size},
-                                {"vocab", cfg.vocab_size},
-                                {"threads", kThreads},
-                                {"reps", reps},
-                                {"warmup", !opt.quick}};
-  Status failed;
-  auto note = [&](Status s) {
-    if (!s.ok() && failed.ok()) failed = s;
-  };
-  int rc = 0;
-  auto report = [&](const char* name, Row row) {
-    if (!failed.ok()) {
-      std::fprintf(stderr, "troupe bench policy: %s failed: %s\n", name, failed.error().message.c_str());
-      failed = Status{};
-      rc = 1;
-      return;
-    }
-    emit(row);
-  };
-
+  SmolBench b{cfg, created.value(), opt.quick, reps, {}, nullptr, {}};
+  b.extra = {{"model", "SmolLM2-135M shape, random weights"},
+             {"params", b.model.params().size()},
+             {"layers", cfg.num_hidden_layers},
+             {"d_model", cfg.hidden_size},
+             {"vocab", cfg.vocab_size},
+             {"threads", kThreads},
+             {"reps", reps},
+             {"warmup", !opt.quick}};
   // PyTorch: one child for the rollout and the training step.
-  std::unique_ptr<TorchChild> torch;
-  if (rollout || train) {
-    nlohmann::json cases = nlohmann::json::array();
-    if (rollout) cases.push_back("sample_kv");
-    if (train) cases.push_back("train_step");
-    const nlohmann::json tcfg = {{"vocab_size", cfg.vocab_size},
-                                 {"hidden_size", cfg.hidden_size},
-                                 {"num_hidden_layers", cfg.num_hidden_layers},
-                                 {"num_attention_heads", cfg.num_attention_heads},
-                                 {"num_key_value_heads", cfg.num_key_value_heads},
-                                 {"head_dim", cfg.head_dim},
-                                 {"intermediate_size", cfg.intermediate_size},
-                                 {"num_experts", 0},
-                                 {"qk_norm", cfg.qk_norm()},
-                                 {"tie_word_embeddings", cfg.tie_word_embeddings},
-                                 {"rms_norm_eps", cfg.rms_norm_eps},
-                                 {"rope_theta", cfg.rope_theta},
-                                 {"batch", kTrainBatch},
-                                 {"seq_len", kTrainSeq},
-                                 {"sample_batch", kRolloutBatch},
-                                 {"prompt_len", kRolloutPrompt},
-                                 {"new_tokens", kRolloutNew},
-                                 {"threads", kThreads},
-                                 {"cases", cases},
-                                 {"warmup", !opt.quick}};
-    torch = TorchChild::start_for(tcfg, opt, {kRollout, kTrain});
-  }
-  auto torch_rate = [&](const char* cmd) { return torch->tokens_per_s(cmd, &failed); };
-  auto with_torch = [&](Row r) {
-    r.extra["torch_version"] = torch->info().value("torch", "");
-    return r;
-  };
-
-  if (rollout && torch) {
-    const auto prompts = make_prompts(cfg.vocab_size, kRolloutBatch, kRolloutPrompt);
-    policy::SamplingParams sp;
-    sp.temperature = 1.0f;
-    sp.max_new_tokens = kRolloutNew;
-    auto ours = [&] {
-      size_t sampled = 0;
-      const double s = time_s([&] {
-        auto g = model.generate(prompts, sp);
-        if (!g.ok()) return note(g.error());
-        for (auto& x : *g) sampled += x.tokens.size();
-      });
-      sp.seed += 1;
-      return double(sampled) / s;
-    };
-    if (!opt.quick) ours();  // warm-up: KV cache and activation pages
-    Paired p = interleaved_n(reps, ours, [&] { return torch_rate("sample_kv"); });
-    Row r = make_row(kSuite, kRollout, {"new_tokens_per_s", "tokens/s", Better::higher}, p, "torch_eager", extra);
-    r.extra["batch"] = kRolloutBatch;
-    r.extra["prompt_len"] = kRolloutPrompt;
-    r.extra["new_tokens"] = kRolloutNew;
-    report(kRollout, with_torch(r));
-  }
-
-  if (train && torch) {
-    const auto batch = make_batch(cfg.vocab_size, kTrainBatch, kTrainSeq);
-    const size_t T = batch.tokens.size();
-    std::vector<float> logp(T), ent(T), dlogp(T, -1.0f / float(T));
-    learner::AdamW adamw(n_params);
-    learner::OptimizerConfig ocfg;
-    ocfg.lr = 1e-4f;
-    auto ours = [&] {
-      return double(T) / time_s([&] {
-        model.zero_grads();
-        note(model.forward_train(batch, 1.0f, logp.data(), ent.data()));
-        note(model.backward_train(dlogp.data(), nullptr));
-        note(adamw.step(model.params(), model.grads(), ocfg, ocfg.lr));
-      });
-    };
-    if (!opt.quick) ours();  // warm-up: activation arena, optimizer state pages
-    Paired p = interleaved_n(reps, ours, [&] { return torch_rate("train_step"); });
-    Row r = make_row(kSuite, kTrain, {"tokens_per_s", "tokens/s", Better::higher}, p, "torch_eager", extra);
-    r.extra["batch"] = kTrainBatch;
-    r.extra["seq_len"] = kTrainSeq;
-    report(kTrain, with_torch(r));
-  }
-  torch.reset();  // the PyTorch model and its optimizer state are not needed for decode
-
-  if (decode) {
-    const auto prompts = make_prompts(cfg.vocab_size, 1, kDecodePrompt);
-    policy::SamplingParams sp;
-    sp.temperature = 1.0f;
-    sp.max_new_tokens = kDecodeNew;
-    auto ours_ms = [&] {
-      size_t sampled = 0;
-      const double s = time_s([&] {
-        auto g = model.generate(prompts, sp);
-        if (!g.ok()) return note(g.error());
-        sampled = (*g)[0].tokens.size();
-      });
-      sp.seed += 1;
-      return sampled > 0 ? 1e3 * s / double(sampled) : 0.0;
-    };
-    // Weights read per generated token: every parameter once (the tied LM head reads the whole
-    // embedding matrix), plus the token's embedding row; the KV cache (< 3 MB here) is left out.
-    const size_t emb = size_t(cfg.vocab_size) * cfg.hidden_size;
-    const double weight_bytes =
-        4.0 * double(n_params - emb + cfg.hidden_size + (cfg.tie_word_embeddings ? emb : 0));
-    CopyBandwidth copy;
-    std::vector<double> copy_gbs;
-    auto floor_ms = [&] {
-      copy_gbs.push_back(copy.gb_per_s(kThreads));
-      return 1e3 * weight_bytes / (copy_gbs.back() * 1e9);
-    };
-    ours_ms();
-    copy.gb_per_s(kThreads);
-    Paired p = interleaved_n(std::max(reps, 5), ours_ms, floor_ms);
-    Row r = make_row(kSuite, kDecode, {"ms_per_token", "ms", Better::lower}, p, "bandwidth_floor", extra);
-    r.extra["batch"] = 1;
-    r.extra["prompt_len"] = kDecodePrompt;
-    r.extra["new_tokens"] = kDecodeNew;
-    r.extra["weight_bytes"] = weight_bytes;
-    r.extra["copy_gb_per_s"] = median(copy_gbs);
-    r.extra["copy"] = "memcpy of 512 MiB on " + std::to_string(kThreads) + " threads, bytes read + written";
-    r.extra["reps"] = std::max(reps, 5);
-    r.extra["warmup"] = true;
-    report(kDecode, r);
-  }
-  return rc;
+  if (rollout || train)
+    b.torch = TorchChild::start_for(smollm2_torch_config(cfg, rollout, train, opt.quick), opt, {kRollout, kTrain});
+  if (rollout && b.torch) smollm2_rollout_row(b);
+  if (train && b.torch) smollm2_train_row(b);
+  b.torch.reset();  // the PyTorch model and its optimizer state are not needed for decode
+  if (decode) smollm2_decode_row(b);
+  return b.rc;
 }
 
 // ---- the chunked LM head + log-softmax against the whole-vocabulary one --------------------------
@@ -587,10 +615,8 @@ int run_logprob_chunk_case(const BenchOptions& opt) {
   auto loss_grad = [&](int t0, int t1) {  // a per-token loss: -mean logp - 0.01 * sum H
     for (int t = t0; t < t1; ++t) dlogp[t] = -1.0f / float(T), dent[t] = 0.01f;
   };
-  Status failed;
-  auto note = [&](Status s) {
-    if (!s.ok() && failed.ok()) failed = s;
-  };
+  FirstFailure failed;
+  auto note = [&](Status s) { failed.note(s); };
   auto step = [&](policy::Model& m) {
     return time_s([&] {
       m.zero_grads();
@@ -615,10 +641,7 @@ int run_logprob_chunk_case(const BenchOptions& opt) {
         return step(*chunked) * 1e3;
       },
       [&] { return step(*whole) * 1e3; });
-  if (!failed.ok()) {
-    std::fprintf(stderr, "troupe bench policy: %s failed: %s\n", kLogprobPeak, failed.error().message.c_str());
-    return 1;
-  }
+  if (failed.report(kLogprobPeak)) return 1;
   Paired bytes{double(chunked->activation_peak_bytes()), double(whole->activation_peak_bytes())};
   const double recompute = median(recompute_ms);
   Row r = make_row(kSuite, kLogprobPeak, {"peak_bytes", "bytes", Better::lower}, bytes, "whole_vocab",
@@ -654,36 +677,19 @@ int run_batch_invariant_cases(const BenchOptions& opt) {
   }
   const auto batch = make_batch(off_cfg.vocab_size);
   const size_t T = batch.tokens.size();
-  std::vector<float> logp(T), ent(T), dlogp(T, -1.0f / float(T));
+  TrainStep fwd_bwd(batch, 0);  // forward and backward, no optimizer
   const auto prompts = make_prompts(off_cfg.vocab_size, kBatch, kPromptLen);
-  policy::SamplingParams sp;
-  sp.temperature = 1.0f;
-  sp.max_new_tokens = kNewTokens;
-  Status failed;
-  auto note = [&](Status s) {
-    if (!s.ok() && failed.ok()) failed = s;
-  };
-  auto step = [&](policy::Model& m) {
-    return time_s([&] {
-      m.zero_grads();
-      note(m.forward_train(batch, 1.0f, logp.data(), ent.data()));
-      note(m.backward_train(dlogp.data(), nullptr));
-    });
-  };
-  auto gen = [&](policy::Model& m) {
-    return time_s([&] {
-      auto g = m.generate(prompts, sp);
-      if (!g.ok()) note(g.error());
-    });
-  };
+  const policy::SamplingParams sp = sampling(kNewTokens);
+  FirstFailure failed;
+  auto step = [&](policy::Model& m) { return fwd_bwd.seconds(m, failed); };
+  auto gen = [&](policy::Model& m) { return timed_generate(m, prompts, sp, failed, nullptr); };
   step(*on), step(*off), gen(*on), gen(*off);  // warm-up: arenas, KV cache, first-touch pages
   nlohmann::json model = {{"vocab_size", off_cfg.vocab_size}, {"hidden_size", off_cfg.hidden_size},
                           {"layers", off_cfg.num_hidden_layers}, {"experts", off_cfg.num_experts},
                           {"top_k", off_cfg.num_experts_per_tok}};
   int rc = 0;
   auto report = [&](const char* name, const Paired& t, nlohmann::json extra) {
-    if (!failed.ok()) {
-      std::fprintf(stderr, "troupe bench policy: %s failed: %s\n", name, failed.error().message.c_str());
+    if (failed.report(name)) {
       rc = 1;
       return;
     }

@@ -25,7 +25,7 @@
 #include <map>
 #include <sstream>
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 
 extern char** environ;
 

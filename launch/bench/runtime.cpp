@@ -13,7 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "bench.h"
+#include "child_process.h"
+#include "troupe/bench/bench.h"
 #include "troupe/base/build_config.h"
 #include "troupe/base/message_ids.h"
 #include "troupe/runtime/system.h"
@@ -310,17 +311,8 @@ struct RayServer {
       why_not = "pipe() failed";
       return false;
     }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in_pipe[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-    posix_spawn_file_actions_addclose(&fa, in_pipe[1]);
-    posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
     const char* argv[] = {py.c_str(), script.c_str(), nullptr};
-    int rc = posix_spawn(&pid, py.c_str(), &fa, nullptr, const_cast<char**>(argv), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(in_pipe[0]);
-    ::close(out_pipe[1]);
+    int rc = spawn_piped(&pid, in_pipe, out_pipe, const_cast<char**>(argv), environ, false);
     if (rc != 0) {
       why_not = "cannot start " + py + ": " + std::strerror(rc);
       return false;
@@ -378,129 +370,143 @@ struct RayServer {
   }
 };
 
+// The repetitions and message counts of the suite's rows.
+struct RuntimeSizes {
+  int reps;
+  // The stream rows' repetitions are short (tens of ms) and loopback tcp's vary by +-20% from one
+  // to the next on a 2-core VM: their medians take 9 at least, so one run's ratio is steady.
+  int stream_reps;
+  double scale;  // each repetition lasts tens of ms even in --quick
+  long count(long full) const { return std::max(20L, static_cast<long>(full * scale)); }
+};
+
+const std::vector<std::pair<std::size_t, long>> kStreamSizes = {
+    {64, 200000}, {1024, 100000}, {64 * 1024, 6000}, {1u << 20, 400}};
+
+// rtt_64B_<transport>: round trips of 64 bytes against a raw ZeroMQ echo.
+void rtt_row(const RuntimeSizes& z, const std::string& t, OurPair& ours, RawPair& raw) {
+  // Remote: actor to actor, one thread per side like raw ZeroMQ's client and echo threads; the
+  // round trip asked from outside any actor (a std::future handed to the asking thread, one
+  // thread hop more) is the row's ask_get_us. inproc: asked from outside, since two actors of
+  // one node may share one worker thread and then never cross threads at all.
+  const bool remote = t != "inproc";
+  long n = z.count(4000);
+  Paired p = interleaved(z.reps, [&] { return remote ? ours.actor_rtt_us(n) : ours.ask_get_us(n); },
+                         [&] { return raw.rtt_us(n); });
+  nlohmann::json extra = {{"round_trips_per_rep", n}, {"ours_method", remote ? "actor_to_actor" : "ask_get"}};
+  if (remote) {
+    Paired ask = interleaved(z.reps, [&] { return ours.ask_get_us(n); }, [&] { return raw.rtt_us(n); });
+    extra["ask_get_us"] = ask.ours;
+    extra["ask_get_baseline_us"] = ask.baseline;
+    extra["ask_get_ratio"] = ask.ours > 0 ? ask.baseline / ask.ours : 0.0;
+  }
+  emit(make_row(kSuite, "rtt_64B_" + t, {"round_trip_us", "us", Better::lower}, p, "raw_zmq", extra));
+}
+
+// The stream and round-trip rows of one transport; 1 if its actors could not be set up.
+int transport_rows(const BenchOptions& opt, const RuntimeSizes& z, const std::string& t, const std::string& src) {
+  bool want_any = false;
+  for (auto& [s, n] : kStreamSizes) want_any |= opt.wants("stream_" + size_name(s) + "_" + t);
+  want_any |= opt.wants("rtt_64B_" + t);
+  if (!want_any) return 0;
+  OurPair ours(t);
+  if (!ours.ok) {
+    std::fprintf(stderr, "troupe bench runtime: cannot set up %s actors: %s\n", t.c_str(), ours.error.c_str());
+    return 1;
+  }
+  RawPair raw(t);
+  for (auto& [size, full_n] : kStreamSizes) {
+    std::string name = "stream_" + size_name(size) + "_" + t;
+    if (!opt.wants(name)) continue;
+    long n = z.count(full_n);
+    Paired p = interleaved(z.stream_reps, [&] { return ours.stream(size, n, src); }, [&] { return raw.stream(size, n, src); });
+    emit(make_row(kSuite, name, {"msgs_per_s", "msg/s", Better::higher}, p, "raw_zmq",
+                  {{"bytes", size},
+                   {"messages_per_rep", n},
+                   {"ours_MBps", p.ours * size / 1e6},
+                   {"baseline_MBps", p.baseline * size / 1e6}}));
+  }
+  if (opt.wants("rtt_64B_" + t)) rtt_row(z, t, ours, raw);
+  return 0;
+}
+
+// calls_1KiB_pipelined / calls_1KiB_sync: calls to an actor on another node against a Ray actor.
+void calls_rows(const BenchOptions& opt, const RuntimeSizes& z) {
+  OurPair ours("ipc");  // an actor on another node, like a Ray actor in another process
+  RayServer ray;
+  bool have_ray = ray.start();
+  if (!have_ray) std::fprintf(stderr, "troupe bench runtime: Ray baseline unavailable: %s\n", ray.why_not.c_str());
+  for (bool pipelined : {true, false}) {
+    std::string name = pipelined ? "calls_1KiB_pipelined" : "calls_1KiB_sync";
+    if (!opt.wants(name) || !ours.ok) continue;
+    long n = z.count(pipelined ? 20000 : 4000);
+    long n_ray = std::max(20L, n / (pipelined ? 4 : 4));
+    if (!have_ray) {
+      skip_baseline(kSuite, name, "Ray is not importable by " + troupe::python_executable() + " (pip install ray): " + ray.why_not);
+      continue;
+    }
+    Paired p = interleaved(z.reps, [&] { return ours.calls(n, pipelined); },
+                           [&] { return ray.run(pipelined ? "pipelined" : "sync", n_ray); });
+    if (ray.failed) {
+      skip_baseline(kSuite, name, "the Ray helper failed during the measurement");
+      break;
+    }
+    emit(make_row(kSuite, name, {"calls_per_s", "call/s", Better::higher}, p, "ray",
+                  {{"transport", "ipc"}, {"calls_per_rep", n}, {"ray_calls_per_rep", n_ray}}));
+  }
+  ray.stop();
+}
+
+// codec_4KiB: encoding and decoding a 4 KiB trajectory frame against a memcpy of its bytes.
+void codec_row(const RuntimeSizes& z) {
+  TrajectoryMsg m;
+  m.episode = 17;
+  m.policy_version = 3;
+  m.tokens.assign(500, 12345);
+  m.logprobs.assign(500, -0.75f);
+  m.reward = 1;
+  EnvelopeHeader h;
+  h.sender = {0, 1};
+  h.recipient = {1, 2};
+  std::size_t payload = payload_size_of(m);
+  std::size_t frame_bytes = kHeaderSize + payload;
+  std::string enc;  // reused, as a connection's buffer would be
+  std::vector<char> copy_dst(frame_bytes), copy_src(frame_bytes, 'c');
+  TrajectoryMsg out;
+  long n = z.count(400000);
+  volatile std::size_t sink = 0;
+  auto ours_ns = [&] {
+    return 1e9 * time_s([&] {
+             for (long i = 0; i < n; ++i) {
+               std::size_t sz = encode_frame_into(enc, m, h);
+               auto r = decode_frame(enc.data(), sz, out);
+               sink = sink + (r.ok() ? out.tokens.size() : 0);
+             }
+           }) / n;
+  };
+  auto memcpy_ns = [&] {
+    return 1e9 * time_s([&] {
+             for (long i = 0; i < n; ++i) {
+               std::memcpy(copy_dst.data(), copy_src.data(), frame_bytes);
+               copy_src[i % frame_bytes] = static_cast<char>(copy_dst[(i + 1) % frame_bytes]);  // keep the copy live
+             }
+           }) / n;
+  };
+  Paired p = interleaved(z.reps, ours_ns, memcpy_ns);
+  emit(make_row(kSuite, "codec_4KiB", {"ns", "ns", Better::lower}, p, "memcpy",
+                {{"frame_bytes", frame_bytes}, {"ops_per_rep", n}}));
+}
+
 }  // namespace
 
 int run_runtime_suite(const BenchOptions& opt) {
   const int reps = std::max(opt.reps, 5);
-  // The stream rows' repetitions are short (tens of ms) and loopback tcp's vary by +-20% from one
-  // to the next on a 2-core VM: their medians take 9 at least, so one run's ratio is steady.
-  const int stream_reps = std::max(reps, 9);
-  const double scale = opt.quick ? 0.5 : 2.0;  // each repetition lasts tens of ms even in --quick
-  auto count = [&](long full) { return std::max(20L, static_cast<long>(full * scale)); };
+  const RuntimeSizes z{reps, std::max(reps, 9), opt.quick ? 0.5 : 2.0};
   std::string src(1u << 20, 's');
-  const std::vector<std::string> transports = {"inproc", "ipc", "tcp"};
-  const std::vector<std::pair<std::size_t, long>> sizes = {{64, 200000}, {1024, 100000}, {64 * 1024, 6000}, {1u << 20, 400}};
   int failures = 0;
-
-  for (const auto& t : transports) {
-    bool want_any = false;
-    for (auto& [s, n] : sizes) want_any |= opt.wants("stream_" + size_name(s) + "_" + t);
-    want_any |= opt.wants("rtt_64B_" + t);
-    if (!want_any) continue;
-    OurPair ours(t);
-    if (!ours.ok) {
-      std::fprintf(stderr, "troupe bench runtime: cannot set up %s actors: %s\n", t.c_str(), ours.error.c_str());
-      ++failures;
-      continue;
-    }
-    RawPair raw(t);
-    for (auto& [size, full_n] : sizes) {
-      std::string name = "stream_" + size_name(size) + "_" + t;
-      if (!opt.wants(name)) continue;
-      long n = count(full_n);
-      Paired p = interleaved(stream_reps, [&] { return ours.stream(size, n, src); }, [&] { return raw.stream(size, n, src); });
-      emit(make_row(kSuite, name, {"msgs_per_s", "msg/s", Better::higher}, p, "raw_zmq",
-                    {{"bytes", size},
-                     {"messages_per_rep", n},
-                     {"ours_MBps", p.ours * size / 1e6},
-                     {"baseline_MBps", p.baseline * size / 1e6}}));
-    }
-    std::string name = "rtt_64B_" + t;
-    if (opt.wants(name)) {
-      // Remote: actor to actor, one thread per side like raw ZeroMQ's client and echo threads; the
-      // round trip asked from outside any actor (a std::future handed to the asking thread, one
-      // thread hop more) is the row's ask_get_us. inproc: asked from outside, since two actors of
-      // one node may share one worker thread and then never cross threads at all.
-      const bool remote = t != "inproc";
-      long n = count(4000);
-      Paired p = interleaved(reps, [&] { return remote ? ours.actor_rtt_us(n) : ours.ask_get_us(n); },
-                             [&] { return raw.rtt_us(n); });
-      nlohmann::json extra = {{"round_trips_per_rep", n},
-                              {"ours_method", remote ? "actor_to_actor" : "ask_get"}};
-      if (remote) {
-        Paired ask = interleaved(reps, [&] { return ours.ask_get_us(n); }, [&] { return raw.rtt_us(n); });
-        extra["ask_get_us"] = ask.ours;
-        extra["ask_get_baseline_us"] = ask.baseline;
-        extra["ask_get_ratio"] = ask.ours > 0 ? ask.baseline / ask.ours : 0.0;
-      }
-      emit(make_row(kSuite, name, {"round_trip_us", "us", Better::lower}, p, "raw_zmq", extra));
-    }
-  }
-
-  if (opt.wants("calls_1KiB_pipelined") || opt.wants("calls_1KiB_sync")) {
-    OurPair ours("ipc");  // an actor on another node, like a Ray actor in another process
-    RayServer ray;
-    bool have_ray = ray.start();
-    if (!have_ray) std::fprintf(stderr, "troupe bench runtime: Ray baseline unavailable: %s\n", ray.why_not.c_str());
-    for (bool pipelined : {true, false}) {
-      std::string name = pipelined ? "calls_1KiB_pipelined" : "calls_1KiB_sync";
-      if (!opt.wants(name) || !ours.ok) continue;
-      long n = count(pipelined ? 20000 : 4000);
-      long n_ray = std::max(20L, n / (pipelined ? 4 : 4));
-      if (!have_ray) {
-        skip_baseline(kSuite, name, "Ray is not importable by " + troupe::python_executable() + " (pip install ray): " + ray.why_not);
-        continue;
-      }
-      Paired p = interleaved(reps, [&] { return ours.calls(n, pipelined); },
-                             [&] { return ray.run(pipelined ? "pipelined" : "sync", n_ray); });
-      if (ray.failed) {
-        skip_baseline(kSuite, name, "the Ray helper failed during the measurement");
-        break;
-      }
-      emit(make_row(kSuite, name, {"calls_per_s", "call/s", Better::higher}, p, "ray",
-                    {{"transport", "ipc"}, {"calls_per_rep", n}, {"ray_calls_per_rep", n_ray}}));
-    }
-    ray.stop();
-  }
-
-  if (opt.wants("codec_4KiB")) {
-    TrajectoryMsg m;
-    m.episode = 17;
-    m.policy_version = 3;
-    m.tokens.assign(500, 12345);
-    m.logprobs.assign(500, -0.75f);
-    m.reward = 1;
-    EnvelopeHeader h;
-    h.sender = {0, 1};
-    h.recipient = {1, 2};
-    std::size_t payload = payload_size_of(m);
-    std::size_t frame_bytes = kHeaderSize + payload;
-    std::string enc;  // reused, as a connection's buffer would be
-    std::vector<char> copy_dst(frame_bytes), copy_src(frame_bytes, 'c');
-    TrajectoryMsg out;
-    long n = count(400000);
-    volatile std::size_t sink = 0;
-    auto ours_ns = [&] {
-      return 1e9 * time_s([&] {
-               for (long i = 0; i < n; ++i) {
-                 std::size_t sz = encode_frame_into(enc, m, h);
-                 auto r = decode_frame(enc.data(), sz, out);
-                 sink = sink + (r.ok() ? out.tokens.size() : 0);
-               }
-             }) / n;
-    };
-    auto memcpy_ns = [&] {
-      return 1e9 * time_s([&] {
-               for (long i = 0; i < n; ++i) {
-                 std::memcpy(copy_dst.data(), copy_src.data(), frame_bytes);
-                 copy_src[i % frame_bytes] = static_cast<char>(copy_dst[(i + 1) % frame_bytes]);  // keep the copy live
-               }
-             }) / n;
-    };
-    Paired p = interleaved(reps, ours_ns, memcpy_ns);
-    emit(make_row(kSuite, "codec_4KiB", {"ns", "ns", Better::lower}, p, "memcpy",
-                  {{"frame_bytes", frame_bytes}, {"ops_per_rep", n}}));
-  }
+  for (const std::string t : {"inproc", "ipc", "tcp"}) failures += transport_rows(opt, z, t, src);
+  if (opt.wants("calls_1KiB_pipelined") || opt.wants("calls_1KiB_sync")) calls_rows(opt, z);
+  if (opt.wants("codec_4KiB")) codec_row(z);
   return failures ? 1 : 0;
 }
 

@@ -1,14 +1,14 @@
 // `troupe bench scale`: the coordinator's cost per GRPO step for 1 to 1,000 generators and 1 to 256
 // learners, measured by running the real coordinator against simulated roles on the deterministic
-// scheduler (actors/scale_sim.h; docs/scale.md). One row per (generators, learners): metric
+// scheduler (scale_sim.h; docs/scale.md). One row per (generators, learners): metric
 // coordinator_ms_per_step (the coordinator's CPU time per step, the median over the repetitions)
 // against the budget of 1 ms per started hundred generators; simulated steps/s and the staleness
 // of the trained samples as extra fields.
 #include <cmath>
 #include <cstdio>
 
-#include "bench.h"
-#include "troupe/actors/scale_sim.h"
+#include "troupe/bench/bench.h"
+#include "troupe/bench/scale_sim.h"
 
 namespace troupe::bench {
 
@@ -27,16 +27,16 @@ int run_scale_suite(const BenchOptions& opt) {
       std::snprintf(name_buf, sizeof name_buf, "g%d_l%d", generators, learners);
       const std::string name = name_buf;
       if (!opt.wants(name)) continue;
-      actors::ScaleSimConfig c;
+      ScaleSimConfig c;
       c.generators = generators;
       c.learners = learners;
       c.steps = opt.quick ? 4 : 6;
       c.async = true;
       c.max_staleness = 1;
       std::vector<double> ms;
-      actors::ScaleSimReport last;
+      ScaleSimReport last;
       for (int r = 0; r < reps; ++r) {
-        auto rep = actors::run_scale_sim(c);
+        auto rep = run_scale_sim(c);
         if (!rep.ok()) {
           std::fprintf(stderr, "troupe bench scale: %s: %s\n", name.c_str(), rep.error().message.c_str());
           return 1;

@@ -2,7 +2,7 @@
 // client against a real verifiers env server, vs the verifiers package's own Python client.
 #pragma once
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 
 namespace troupe::bench {
 

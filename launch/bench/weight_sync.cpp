@@ -13,11 +13,11 @@
 // SmolLM2-135M's shape (random init); --quick: the same widths with 6 layers and a 16384 vocab
 // (the row's "model" says which).
 #include <cstdio>
-#include <filesystem>
+#include <algorithm>
 #include <string>
 
-#include "bench.h"
-#include "troupe/base/build_config.h"
+#include "child_process.h"
+#include "troupe/bench/bench.h"
 
 namespace troupe::bench {
 
@@ -31,33 +31,16 @@ int run_dtype(const BenchOptions& opt, const std::string& dtype) {
   for (const char* c : {"delta_1gen", "delta_3gen", "full_1gen", "full_3gen"})
     wanted = wanted || opt.wants(std::string(c) + suffix);
   if (!wanted) return 0;
-  const std::string helper = std::string(TROUPE_BINARY_DIR) + "/bin/troupe_weight_sync_bench";
-  if (!std::filesystem::exists(helper)) {
-    skip_baseline(kSuite, "delta_1gen" + suffix, helper + " is not built");
-    return 1;
-  }
-  const std::string cmd =
-      std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
-                  "OMP_WAIT_POLICY=PASSIVE '") +
-      TROUPE_MPIEXEC + "' --oversubscribe -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo '" +
-      helper + "' --dtype " + dtype + " --reps " + std::to_string(std::max(5, opt.reps)) + (opt.quick ? " --quick" : "") +
-      " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) {
-    std::fprintf(stderr, "troupe bench weight_sync: cannot start %s\n", cmd.c_str());
-    return 1;
-  }
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);
+  const auto helper = helper_binary("troupe_weight_sync_bench", kSuite, "delta_1gen" + suffix);
+  if (!helper) return 1;
+  const std::string cmd = mpirun_command(
+      "OMP_WAIT_POLICY=PASSIVE ", 4, " --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo",
+      *helper, "--dtype " + dtype + " --reps " + std::to_string(std::max(5, opt.reps)) + (opt.quick ? " --quick" : ""));
+  const auto out = run_child(cmd, "weight_sync");
+  if (!out) return 1;
   int rows = 0;
-  for (size_t pos = 0; pos < out.size();) {  // the JSON lines among whatever mpirun printed
-    size_t end = out.find('\n', pos);
-    if (end == std::string::npos) end = out.size();
-    auto j = nlohmann::json::parse(out.substr(pos, end - pos), nullptr, false);
-    pos = end + 1;
-    if (j.is_discarded() || !j.is_object() || !j.contains("weight_sync_case")) continue;
+  for (const auto& j : out->objects) {  // the JSON lines among whatever mpirun printed
+    if (!j.contains("weight_sync_case")) continue;
     const std::string name = j["weight_sync_case"].get<std::string>() + suffix;
     if (!opt.wants(name)) continue;
     const double bytes = j["bytes_sent"].get<double>(), base_bytes = j["baseline_bytes"].get<double>();
@@ -84,8 +67,9 @@ int run_dtype(const BenchOptions& opt, const std::string& dtype) {
                   "mpi_bcast", extra));
     ++rows;
   }
-  if (rc != 0 || rows == 0) {
-    std::fprintf(stderr, "troupe bench weight_sync: `%s` failed (status %d):\n%s\n", cmd.c_str(), rc, out.c_str());
+  if (out->status != 0 || rows == 0) {
+    std::fprintf(stderr, "troupe bench weight_sync: `%s` failed (status %d):\n%s\n", cmd.c_str(), out->status,
+                 out->text.c_str());
     return 1;
   }
   return 0;

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "bench.h"
+#include "troupe/bench/bench.h"
 #include "smollm2_shape.h"
 #include "troupe/actors/messages.h"
 #include "troupe/actors/roles.h"
@@ -175,31 +175,39 @@ double timed_bcast(MPI_Comm comm, std::vector<char>& buf) {
   return slowest;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct HelperArgs {
   std::string dtype = "bf16";
   int reps = 5;
   bool quick = false, probe = false, prepare = true;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(5, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--probe")) probe = true;
-    else if (!std::strcmp(argv[i], "--no-prepare")) prepare = false;
-  }
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 1 + kGenerators) die("run under mpirun -np " + std::to_string(1 + kGenerators));
-  // Every rank computes with all cores: the phases take turns (learner 0 encodes while the
-  // generators wait, then they decode), so no core is left idle by a share that assumes they overlap.
-  const int threads = omp_get_num_procs();
-  omp_set_num_threads(threads);
+};
 
-  ExperimentConfig cfg = bench_config(dtype, quick, probe, prepare);
+HelperArgs parse_args(int argc, char** argv) {
+  HelperArgs a;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) a.dtype = argv[++i];
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) a.reps = std::max(5, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--quick")) a.quick = true;
+    else if (!std::strcmp(argv[i], "--probe")) a.probe = true;
+    else if (!std::strcmp(argv[i], "--no-prepare")) a.prepare = false;
+  }
+  return a;
+}
+
+// What every rank of the helper holds: its role (learner 0 on rank 0, else a generator), the
+// gate, the baseline's buffer, and the phase counter both sides step in lockstep.
+struct HelperRank {
+  HelperArgs args;
+  int rank = 0, world = 1, threads = 1;
+  ExperimentConfig cfg;
+  runtime::ActorSystem* sys = nullptr;
+  std::shared_ptr<actors::LearnerRole> learner;  // rank 0
+  size_t elements = 0;                           // parameters of this rank's model
+  Gate gate;
+  std::vector<char> buf;  // the baseline's buffer: the generators' weights in their dtype
+  int phase = 0;
+};
+
+runtime::ClusterConfig helper_cluster() {
   runtime::ClusterConfig cc;
   cc.transport = runtime::TransportKind::tcp;
   cc.roles = {"learner0"};
@@ -207,141 +215,181 @@ int main(int argc, char** argv) {
   cc.mpi_thread_multiple = true;
   cc.system.threads = 2;
   cc.system.heartbeat.timeout = std::chrono::minutes(10);  // a rank encoding 540 MB is busy, not dead
-  auto cluster_r = runtime::Cluster::bootstrap(cc);
-  if (!cluster_r.ok()) die(cluster_r.error().message);
-  auto& cluster = **cluster_r;
-  auto& sys = cluster.system();
+  return cc;
+}
 
-  std::shared_ptr<actors::LearnerRole> learner;
-  size_t elements = 0;
-  if (rank == 0) {
-    auto l = actors::LearnerRole::create(cfg, nullptr);
+// Spawns this rank's role ("learner0" or "generatorN") and its gate; sets b.learner and b.elements.
+void spawn_rank_actors(HelperRank& b) {
+  const int threads = b.threads;
+  runtime::SpawnOptions so;
+  Result<ActorId> id = ActorId{};
+  if (b.rank == 0) {
+    auto l = actors::LearnerRole::create(b.cfg, nullptr);
     if (!l.ok()) die(l.error().message);
-    learner = std::move(l).value();
-    auto lp = learner;
-    runtime::SpawnOptions so;
+    b.learner = std::move(l).value();
+    auto lp = b.learner;
     so.name = "learner0";
-    if (auto id = sys.spawn([lp, threads]() -> std::unique_ptr<runtime::Actor> {
-          return std::make_unique<actors::LearnerActor>(lp, threads);
-        }, so); !id.ok())
-      die(id.error().message);
-    elements = learner->weights().params.size();
+    id = b.sys->spawn([lp, threads]() -> std::unique_ptr<runtime::Actor> {
+      return std::make_unique<actors::LearnerActor>(lp, threads);
+    }, so);
+    b.elements = b.learner->weights().params.size();
   } else {
-    auto g = actors::Generator::create(cfg);
+    auto g = actors::Generator::create(b.cfg);
     if (!g.ok()) die(g.error().message);
     std::shared_ptr<actors::Generator> gp = std::move(g).value();
-    elements = gp->model().params().size();
-    runtime::SpawnOptions so;
-    so.name = "generator" + std::to_string(rank - 1);
-    if (auto id = sys.spawn([gp, threads]() -> std::unique_ptr<runtime::Actor> {
-          return std::make_unique<actors::GeneratorActor>(gp, threads);
-        }, so); !id.ok())
-      die(id.error().message);
+    b.elements = gp->model().params().size();
+    so.name = "generator" + std::to_string(b.rank - 1);
+    id = b.sys->spawn([gp, threads]() -> std::unique_ptr<runtime::Actor> {
+      return std::make_unique<actors::GeneratorActor>(gp, threads);
+    }, so);
   }
-  Gate gate;
-  {
-    runtime::SpawnOptions so;
-    so.name = "gate";
-    if (auto id = sys.spawn([&gate]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<GateActor>(&gate); },
-                            so);
-        !id.ok())
-      die(id.error().message);
-  }
-  cluster.barrier();
+  if (!id.ok()) die(id.error().message);
+  so.name = "gate";
+  Gate* gate = &b.gate;
+  if (auto g = b.sys->spawn([gate]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<GateActor>(gate); }, so);
+      !g.ok())
+    die(g.error().message);
+}
 
-  const size_t width = dtype == "bf16" ? 2 : 4;
-  std::vector<char> buf(elements * width, 1);  // the baseline's buffer: the generators' weights in their dtype
-  if (rank == 0) {  // (the bytes themselves do not change what MPI_Bcast costs; the weights' own are used)
-    auto p = learner->weights().params;
-    for (size_t i = 0; i < elements; ++i) {
-      uint32_t b;
-      std::memcpy(&b, &p[i], 4);
-      if (width == 2) b >>= 16;
-      std::memcpy(buf.data() + i * width, &b, width);
+// The baseline's buffer, on rank 0 filled with learner 0's weights in the generators' dtype (the
+// bytes themselves do not change what MPI_Bcast costs; the weights' own are used).
+void fill_baseline_buffer(HelperRank& b) {
+  const size_t width = b.args.dtype == "bf16" ? 2 : 4;
+  b.buf.assign(b.elements * width, 1);
+  if (b.rank != 0) return;
+  auto p = b.learner->weights().params;
+  for (size_t i = 0; i < b.elements; ++i) {
+    uint32_t v;
+    std::memcpy(&v, &p[i], 4);
+    if (width == 2) v >>= 16;
+    std::memcpy(b.buf.data() + i * width, &v, width);
+  }
+}
+
+// Rank 0's samples of one generator count, per repetition.
+struct SyncSamples {
+  std::vector<double> delta_s, full_s, bcast_s, changed_frac, step_s;
+  std::vector<double> delta_bytes, full_bytes;
+  int64_t prepared = 0;  // delta syncs that took a delta prepared in the step
+};
+
+// Prints the delta and full rows of `gens` generators (rank 0).
+void print_rows(const HelperRank& b, int gens, const SyncSamples& s) {
+  const double buffer_bytes = static_cast<double>(b.buf.size());
+  for (const char* kind : {"delta", "full"}) {
+    const bool is_delta = std::string(kind) == "delta";
+    nlohmann::json row = {{"weight_sync_case", std::string(kind) + "_" + std::to_string(gens) + "gen"},
+                          {"ours", bench::median(is_delta ? s.delta_s : s.full_s)},
+                          {"baseline", bench::median(s.bcast_s)},
+                          {"bytes_sent", bench::median(is_delta ? s.delta_bytes : s.full_bytes)},
+                          {"baseline_bytes", buffer_bytes * gens},
+                          {"changed_frac", bench::median(s.changed_frac)},
+                          {"step_s", bench::median(s.step_s)},
+                          {"prepared", static_cast<double>(s.prepared) / b.args.reps},
+                          {"generators", gens},
+                          {"params", b.elements},
+                          {"dtype", b.args.dtype},
+                          {"probe", b.args.probe},
+                          {"reps", b.args.reps},
+                          {"threads_per_rank", b.threads}};
+    std::printf("%s\n", row.dump().c_str());
+    std::fflush(stdout);
+  }
+}
+
+// Rank 0 with `gens` generators: per repetition one AdamW step, then a delta and a full sync
+// (ours) and the gated MPI_Bcast (baseline), alternating which goes first.
+void time_syncs(HelperRank& b, int gens, MPI_Comm comm) {
+  auto& sys = *b.sys;
+  const ActorId learner_id = runtime::ActorSystem::named(0, "learner0");
+  actors::WeightSyncPeers peers;
+  peers.learner = learner_id;
+  for (int g = 0; g < gens; ++g)
+    peers.generators.push_back(runtime::ActorSystem::named(static_cast<uint32_t>(g + 1), "generator" + std::to_string(g)));
+  actors::WeightSyncSection delta_cfg = b.cfg.weight_sync, full_cfg = b.cfg.weight_sync;
+  full_cfg.mode = actors::WeightSyncMode::full;
+  actors::WeightSync delta_sync(delta_cfg, false), full_sync(full_cfg, false);
+  actors::WeightSyncReport rep;
+  auto sync = [&](actors::WeightSync& ws) {
+    Status st = run_job(sys, [&](ActorContext& h) { return sync_once(h, ws, peers, &rep); });
+    if (!st.ok()) die("weight sync: " + st.error().message);
+    return rep;
+  };
+  const auto batch = one_step_batch();
+  auto train = [&] {
+    Status st = run_job(sys, [&](ActorContext& h) { return train_once(h, learner_id, batch); });
+    if (!st.ok()) die("train step: " + st.error().message);
+  };
+  // warm-up (untimed): the first sync of each is full, and a delta needs a base
+  sync(delta_sync);
+  sync(full_sync);
+  SyncSamples s;
+  const int64_t prepared_before = b.learner->prepared_deltas();
+  for (int r = 0; r < b.args.reps; ++r, ++b.phase) {
+    s.step_s.push_back(bench::time_s(train));  // one AdamW step at lr 1e-6: the update every delta carries
+    auto ours = [&] {
+      auto d = sync(delta_sync);
+      if (d.delta != gens || d.full != 0) die("expected a delta to every generator");
+      s.delta_s.push_back(d.seconds);
+      s.delta_bytes.push_back(static_cast<double>(d.bytes_sent));
+      s.changed_frac.push_back(static_cast<double>(d.changed) / static_cast<double>(d.elements));
+      auto f = sync(full_sync);
+      s.full_s.push_back(f.seconds);
+      s.full_bytes.push_back(static_cast<double>(f.bytes_sent));
+    };
+    auto baseline = [&] {
+      for (int q = 1; q < b.world; ++q)
+        (void)sys.send(runtime::ActorSystem::named(static_cast<uint32_t>(q), "gate"), GateOpen{b.phase});
+      s.bcast_s.push_back(timed_bcast(comm, b.buf));
+    };
+    if (r % 2 == 0) {  // alternate which goes first
+      ours();
+      baseline();
+    } else {
+      baseline();
+      ours();
     }
   }
-  MPI_Comm comm1 = MPI_COMM_NULL;  // ranks 0 and 1: learner 0 and one generator
-  MPI_Comm_split(MPI_COMM_WORLD, rank <= 1 ? 0 : MPI_UNDEFINED, rank, &comm1);
+  s.prepared = b.learner->prepared_deltas() - prepared_before;
+  print_rows(b, gens, s);
+}
 
-  const ActorId learner_id = runtime::ActorSystem::named(0, "learner0");
-  int phase = 0;
+}  // namespace
+
+int main(int argc, char** argv) {
+  HelperRank b;
+  b.args = parse_args(argc, argv);
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &b.world);
+  if (b.world != 1 + kGenerators) die("run under mpirun -np " + std::to_string(1 + kGenerators));
+  // Every rank computes with all cores: the phases take turns (learner 0 encodes while the
+  // generators wait, then they decode), so no core is left idle by a share that assumes they overlap.
+  b.threads = omp_get_num_procs();
+  omp_set_num_threads(b.threads);
+
+  b.cfg = bench_config(b.args.dtype, b.args.quick, b.args.probe, b.args.prepare);
+  auto cluster_r = runtime::Cluster::bootstrap(helper_cluster());
+  if (!cluster_r.ok()) die(cluster_r.error().message);
+  auto& cluster = **cluster_r;
+  b.sys = &cluster.system();
+  spawn_rank_actors(b);
+  cluster.barrier();
+  fill_baseline_buffer(b);
+  MPI_Comm comm1 = MPI_COMM_NULL;  // ranks 0 and 1: learner 0 and one generator
+  MPI_Comm_split(MPI_COMM_WORLD, b.rank <= 1 ? 0 : MPI_UNDEFINED, b.rank, &comm1);
+
   for (int gens : {1, kGenerators}) {
     MPI_Comm comm = gens == 1 ? comm1 : MPI_COMM_WORLD;
-    const bool in_bcast = rank <= gens;
-    if (rank != 0) {  // the generator ranks: each baseline when rank 0 opens its gate
-      for (int r = 0; r < reps; ++r, ++phase) {
-        gate.wait_for(phase);
-        if (in_bcast) timed_bcast(comm, buf);
-      }
+    if (b.rank == 0) {
+      time_syncs(b, gens, comm);
       continue;
     }
-    actors::WeightSyncPeers peers;
-    peers.learner = learner_id;
-    for (int g = 0; g < gens; ++g)
-      peers.generators.push_back(runtime::ActorSystem::named(static_cast<uint32_t>(g + 1), "generator" + std::to_string(g)));
-    actors::WeightSyncSection delta_cfg = cfg.weight_sync, full_cfg = cfg.weight_sync;
-    full_cfg.mode = actors::WeightSyncMode::full;
-    actors::WeightSync delta_sync(delta_cfg, false), full_sync(full_cfg, false);
-    actors::WeightSyncReport rep;
-    auto sync = [&](actors::WeightSync& ws) {
-      Status st = run_job(sys, [&](ActorContext& h) { return sync_once(h, ws, peers, &rep); });
-      if (!st.ok()) die("weight sync: " + st.error().message);
-      return rep;
-    };
-    const auto batch = one_step_batch();
-    auto train = [&] {
-      Status st = run_job(sys, [&](ActorContext& h) { return train_once(h, learner_id, batch); });
-      if (!st.ok()) die("train step: " + st.error().message);
-    };
-    // warm-up (untimed): the first sync of each is full, and a delta needs a base
-    sync(delta_sync);
-    sync(full_sync);
-    std::vector<double> delta_s, full_s, bcast_s, changed_frac, step_s;
-    std::vector<double> delta_bytes, full_bytes;
-    const int64_t prepared_before = learner->prepared_deltas();
-    for (int r = 0; r < reps; ++r, ++phase) {
-      step_s.push_back(bench::time_s(train));  // one AdamW step at lr 1e-6: the update every delta carries
-      auto ours = [&] {
-        auto d = sync(delta_sync);
-        if (d.delta != gens || d.full != 0) die("expected a delta to every generator");
-        delta_s.push_back(d.seconds);
-        delta_bytes.push_back(static_cast<double>(d.bytes_sent));
-        changed_frac.push_back(static_cast<double>(d.changed) / static_cast<double>(d.elements));
-        auto f = sync(full_sync);
-        full_s.push_back(f.seconds);
-        full_bytes.push_back(static_cast<double>(f.bytes_sent));
-      };
-      auto baseline = [&] {
-        for (int q = 1; q < world; ++q) (void)sys.send(runtime::ActorSystem::named(static_cast<uint32_t>(q), "gate"), GateOpen{phase});
-        bcast_s.push_back(timed_bcast(comm, buf));
-      };
-      if (r % 2 == 0) {  // alternate which goes first
-        ours();
-        baseline();
-      } else {
-        baseline();
-        ours();
-      }
-    }
-    const double buffer_bytes = static_cast<double>(buf.size());
-    for (const char* kind : {"delta", "full"}) {
-      const bool is_delta = std::string(kind) == "delta";
-      nlohmann::json row = {{"weight_sync_case", std::string(kind) + "_" + std::to_string(gens) + "gen"},
-                            {"ours", bench::median(is_delta ? delta_s : full_s)},
-                            {"baseline", bench::median(bcast_s)},
-                            {"bytes_sent", bench::median(is_delta ? delta_bytes : full_bytes)},
-                            {"baseline_bytes", buffer_bytes * gens},
-                            {"changed_frac", bench::median(changed_frac)},
-                            {"step_s", bench::median(step_s)},
-                            {"prepared", static_cast<double>(learner->prepared_deltas() - prepared_before) / reps},
-                            {"generators", gens},
-                            {"params", elements},
-                            {"dtype", dtype},
-                            {"probe", probe},
-                            {"reps", reps},
-                            {"threads_per_rank", threads}};
-      std::printf("%s\n", row.dump().c_str());
-      std::fflush(stdout);
+    // the generator ranks: each baseline when rank 0 opens its gate
+    for (int r = 0; r < b.args.reps; ++r, ++b.phase) {
+      b.gate.wait_for(b.phase);
+      if (b.rank <= gens) timed_bcast(comm, b.buf);
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);

@@ -1,5 +1,6 @@
-// The launcher's two run entry points (launch/run.cpp): a whole experiment (threads of one process,
-// or the MPI ranks of `mpirun -np N troupe run`) and the held-out evaluation of a checkpoint.
+// The launcher's two run entry points (launch/run.cpp, its steps in launch/run/): a whole experiment
+// (threads of one process, or the MPI ranks of `mpirun -np N troupe run`) and the held-out
+// evaluation of a checkpoint.
 // Both return the process exit code (0, 2 bad config/input, 3 a peer failed, 1 otherwise).
 #pragma once
 

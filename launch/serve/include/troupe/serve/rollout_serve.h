@@ -13,9 +13,9 @@
 #include "troupe/actors/experiment_config.h"
 #include "troupe/actors/roles.h"
 #include "troupe/base/result.h"
-#include "troupe/launch/openai_server.h"
+#include "troupe/serve/openai_server.h"
 
-namespace troupe::launch {
+namespace troupe::serve {
 
 // The model id the endpoint lists (/v1/models); requests may name any model.
 inline constexpr const char* kRolloutServeModel = "policy";
@@ -35,4 +35,4 @@ class RolloutServers {
   std::vector<std::thread> threads_;
 };
 
-}  // namespace troupe::launch
+}  // namespace troupe::serve

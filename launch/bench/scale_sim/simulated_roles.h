@@ -1,4 +1,4 @@
-// The simulated roles of scale_sim.h (internal to actors/): an env worker, a generator and a
+// The simulated roles of scale_sim.h (internal to the bench library): an env worker, a generator and a
 // learner that answer the coordinator's messages after a delay from SimTiming instead of doing
 // the work, and the world they share (the manual clock's pending replies, learner 0's link, the
 // CPU time their handlers took, the staleness of trained samples).
@@ -10,14 +10,11 @@
 #include <queue>
 #include <vector>
 
-#include "troupe/actors/scale_sim.h"
+#include "troupe/bench/scale_sim.h"
+#include "troupe/base/clock.h"
 #include "troupe/runtime/system.h"
 
-namespace troupe::actors::sim {
-
-// A steady clock in seconds (cheap: the CPU time clock of a thread is a system call, which at
-// thousands of handlers per step would cost more than what it measures).
-double clock_s();
+namespace troupe::bench::sim {
 
 struct SimWorld {
   ScaleSimConfig cfg;
@@ -33,11 +30,12 @@ struct SimWorld {
   runtime::Clock::time_point send_on_link(runtime::Clock::time_point now, double bytes);
 };
 
-// Adds the time of its scope to SimWorld::roles_s.
+// Adds the time of its scope to SimWorld::roles_s (the monotonic clock: a thread's CPU clock is a
+// system call, too dear for thousands of handlers per step).
 class RoleCpu {
  public:
-  explicit RoleCpu(SimWorld& w) : w_(w), t0_(clock_s()) {}
-  ~RoleCpu() { w_.roles_s += clock_s() - t0_; }
+  explicit RoleCpu(SimWorld& w) : w_(w), t0_(mono_seconds()) {}
+  ~RoleCpu() { w_.roles_s += mono_seconds() - t0_; }
   RoleCpu(const RoleCpu&) = delete;
   RoleCpu& operator=(const RoleCpu&) = delete;
 
@@ -52,4 +50,4 @@ std::unique_ptr<runtime::Actor> make_sim_env(SimWorld& w, int index);
 std::unique_ptr<runtime::Actor> make_sim_generator(SimWorld& w);
 std::unique_ptr<runtime::Actor> make_sim_learner(SimWorld& w, int index);
 
-}  // namespace troupe::actors::sim
+}  // namespace troupe::bench::sim

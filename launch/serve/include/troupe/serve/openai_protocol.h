@@ -1,4 +1,4 @@
-// The OpenAI API's request and response shapes for `troupe serve` (launch/openai_protocol.cpp):
+// The OpenAI API's request and response shapes for `troupe serve` (launch/serve/openai_protocol.cpp):
 // a chat or text completion request checked field by field (a bad field is a 400 naming it),
 // tool calls parsed out of a completion's text the way chat-template models write them, and the
 // OpenAI-shaped error body. No HTTP and no model here: openai_server.cpp does both.
@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace troupe::launch {
+namespace troupe::serve {
 
 using ojson = nlohmann::ordered_json;
 
@@ -66,4 +66,4 @@ ToolCallParse parse_tool_calls(const std::string& text, const std::string& id_pr
 // suffix of `text` that is a prefix of `marker`, else text.size(). Streaming holds that part back.
 size_t partial_marker_start(const std::string& text, const std::string& marker);
 
-}  // namespace troupe::launch
+}  // namespace troupe::serve

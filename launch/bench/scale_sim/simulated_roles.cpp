@@ -11,14 +11,26 @@
 #include "troupe/actors/coordinator.h"
 #include "troupe/actors/messages.h"
 
-namespace troupe::actors::sim {
+namespace troupe::bench::sim {
 
 using runtime::Clock;
 using runtime::Context;
-
-double clock_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using actors::Ack;
+using actors::EnvAggregateRep;
+using actors::EnvAggregateReq;
+using actors::EnvObs;
+using actors::EnvReleaseReq;
+using actors::EnvResetReq;
+using actors::EnvVerifyRep;
+using actors::EnvVerifyReq;
+using actors::GenSample;
+using actors::GenerateRep;
+using actors::GenerateReq;
+using actors::GetWeightsReq;
+using actors::TrainRep;
+using actors::TrainReq;
+using actors::mix_seed;
+using actors::Weights;
 
 Clock::time_point SimWorld::send_on_link(Clock::time_point now, double bytes) {
   const auto start = std::max(now, link_free);
@@ -220,4 +232,4 @@ std::unique_ptr<runtime::Actor> make_sim_learner(SimWorld& w, int index) {
   return std::make_unique<SimLearner>(w, index);
 }
 
-}  // namespace troupe::actors::sim
+}  // namespace troupe::bench::sim

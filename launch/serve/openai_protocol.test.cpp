@@ -2,9 +2,9 @@
 // formats chat-template models write (Hermes/Qwen <tool_call> blocks, a Llama 3 JSON reply).
 #include <gtest/gtest.h>
 
-#include "troupe/launch/openai_protocol.h"
+#include "troupe/serve/openai_protocol.h"
 
-using namespace troupe::launch;
+using namespace troupe::serve;
 
 namespace {
 std::string param_of(const std::string& body, bool chat) {

@@ -1,9 +1,9 @@
 // OpenAI request checking, tool-call parsing and error bodies for `troupe serve` (openai_protocol.h).
-#include "troupe/launch/openai_protocol.h"
+#include "troupe/serve/openai_protocol.h"
 
 #include <cmath>
 
-namespace troupe::launch {
+namespace troupe::serve {
 
 ojson error_body(const ApiError& e) {
   ojson err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
@@ -245,4 +245,4 @@ size_t partial_marker_start(const std::string& text, const std::string& marker) 
   return text.size();
 }
 
-}  // namespace troupe::launch
+}  // namespace troupe::serve

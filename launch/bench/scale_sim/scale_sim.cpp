@@ -6,7 +6,7 @@
 // clock is a system call, too dear for thousands of handlers per step). Preemption on a loaded
 // machine then stretches both shares alike and the estimate stays the CPU time the coordinator
 // (and the runtime's delivery of its messages) used.
-#include "troupe/actors/scale_sim.h"
+#include "troupe/bench/scale_sim.h"
 
 #include <time.h>
 
@@ -16,12 +16,18 @@
 #include "simulated_roles.h"
 #include "troupe/actors/coordinator.h"
 
-namespace troupe::actors {
+namespace troupe::bench {
 
 namespace {
 
 using json = nlohmann::json;
 using runtime::Clock;
+using actors::Coordinator;
+using actors::EnvSpec;
+using actors::CoordinatorHooks;
+using actors::ExperimentConfig;
+using actors::RolePeers;
+using actors::WeightSyncMode;
 
 ExperimentConfig experiment_for(const ScaleSimConfig& c) {
   ExperimentConfig e;
@@ -103,13 +109,13 @@ Result<ScaleSimReport> run_scale_sim(const ScaleSimConfig& cfg) {
   sys->run_until_idle();
 
   t0 = sys->now();
-  wall0 = sim::clock_s();
+  wall0 = mono_seconds();
   roles0 = world->roles_s;
   auto sim_now = [&] { return std::chrono::duration<double>(sys->now() - t0).count(); };
   CoordinatorHooks hooks;
   hooks.metrics = [&](const json& row) -> Status {
     if (row.contains("staleness"))  // a training step's row (not the closing evaluation's)
-      marks.push_back({sim_now(), sim::clock_s() - wall0, world->roles_s - roles0, thread_cpu_s()});
+      marks.push_back({sim_now(), mono_seconds() - wall0, world->roles_s - roles0, thread_cpu_s()});
     return {};
   };
   auto factory = [&]() -> std::unique_ptr<runtime::Actor> {
@@ -155,4 +161,4 @@ Result<ScaleSimReport> run_scale_sim(const ScaleSimConfig& cfg) {
   return rep;
 }
 
-}  // namespace troupe::actors
+}  // namespace troupe::bench

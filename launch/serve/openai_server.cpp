@@ -1,6 +1,6 @@
 // The OpenAI-compatible HTTP endpoint (openai_server.h): routes, prompt rendering and tokenizing,
 // reading each choice's tokens from the serving engine, stop strings, tool calls, SSE streaming.
-#include "troupe/launch/openai_server.h"
+#include "troupe/serve/openai_server.h"
 
 #include <httplib.h>
 #include <sys/socket.h>
@@ -11,9 +11,9 @@
 #include <cstdio>
 #include <optional>
 
-#include "troupe/launch/openai_protocol.h"
+#include "troupe/serve/openai_protocol.h"
 
-namespace troupe::launch {
+namespace troupe::serve {
 
 namespace io = troupe::policy::io;
 
@@ -564,4 +564,4 @@ void OpenAiServer::stop() {
   if (impl_ && impl_->http.is_running()) impl_->http.stop();
 }
 
-}  // namespace troupe::launch
+}  // namespace troupe::serve

@@ -3,9 +3,9 @@
 // max_staleness, and the simulated step time follows the timing model.
 #include <gtest/gtest.h>
 
-#include "troupe/actors/scale_sim.h"
+#include "troupe/bench/scale_sim.h"
 
-namespace troupe::actors {
+namespace troupe::bench {
 namespace {
 
 ScaleSimConfig small(bool async) {
@@ -81,4 +81,4 @@ TEST(ScaleSim, BadSizesAreRefused) {
 }
 
 }  // namespace
-}  // namespace troupe::actors
+}  // namespace troupe::bench

@@ -1,4 +1,4 @@
-// The OpenAI-compatible HTTP endpoint of `troupe serve` (launch/openai_server.cpp):
+// The OpenAI-compatible HTTP endpoint of `troupe serve` (launch/serve/openai_server.cpp):
 // /v1/chat/completions and /v1/completions (JSON or SSE streaming), /v1/models and /health over
 // cpp-httplib, in front of an actors::ServeEngine that batches every request in flight. HTTP
 // threads only parse, tokenize, submit to the engine and wait for (or stream) tokens.
@@ -19,7 +19,7 @@ namespace httplib {
 class Server;
 }
 
-namespace troupe::launch {
+namespace troupe::serve {
 
 struct OpenAiServerOptions {
   std::string model_name;   // what /v1/models lists and requests must name
@@ -59,4 +59,4 @@ class OpenAiServer {
   std::unique_ptr<Impl> impl_;  // declared last: the HTTP side goes before the engine it uses
 };
 
-}  // namespace troupe::launch
+}  // namespace troupe::serve

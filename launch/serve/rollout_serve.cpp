@@ -1,11 +1,11 @@
 // rollout.serve (rollout_serve.h): one OpenAiServer per hosted generator over the generator's own
 // serving engine and ServedTurnLog, each serving on a thread of its own until the run ends.
-#include "troupe/launch/rollout_serve.h"
+#include "troupe/serve/rollout_serve.h"
 
 #include <chrono>
 #include <cstdio>
 
-namespace troupe::launch {
+namespace troupe::serve {
 
 Result<std::unique_ptr<RolloutServers>> RolloutServers::start(
     const actors::ExperimentConfig& cfg, const std::vector<std::shared_ptr<actors::Generator>>& gens,
@@ -48,4 +48,4 @@ RolloutServers::~RolloutServers() {
   for (auto& t : threads_) t.join();
 }
 
-}  // namespace troupe::launch
+}  // namespace troupe::serve

@@ -19,7 +19,7 @@
 
 #include "troupe/base/result.h"
 
-namespace troupe::actors {
+namespace troupe::bench {
 
 // What the simulated roles cost, in simulated seconds. Defaults: a small GPU job (one
 // generator's batch advances one token per decode step; learners share the trained tokens).
@@ -70,4 +70,4 @@ struct ScaleSimReport {
 // coordinator waits for something no simulated role will send), or the coordinator's error.
 Result<ScaleSimReport> run_scale_sim(const ScaleSimConfig& cfg);
 
-}  // namespace troupe::actors
+}  // namespace troupe::bench

@@ -1,0 +1,92 @@
+// Step 5 of `troupe run`: this process's cluster from the `cluster` section (transport, bind host,
+// heartbeats, CURVE keys relative to the YAML), its bootstrap (one node without MPI), and the
+// learners' own MPI communicator. A dead generator rank is a survivable loss while another lives.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "run/steps.h"
+
+namespace troupe::launch::run {
+namespace fs = std::filesystem;
+
+namespace {
+
+runtime::ClusterConfig cluster_config(const LoadedConfig& loaded, const actors::ExperimentConfig& cfg,
+                                      const Launcher& launcher, const Placement& placement) {
+  const bool mpi = launcher.mpi;
+  // bootstrap (one node without MPI)
+  runtime::ClusterConfig cc;
+  cc.transport = cfg.cluster.transport;
+  cc.tcp_host = cfg.cluster.bind_host;
+  cc.tcp_host_name = "cluster.bind_host";
+  if (mpi)
+    for (const auto& role : placement) cc.roles.push_back(role.name);
+  // One process: troupe run handles SIGTERM/SIGINT itself (install_stop_signals, a final
+  // checkpoint); under mpirun/srun the cluster's handlers drain and stop every rank.
+  cc.install_signal_handlers = mpi;
+  cc.on_first_signal = graceful_first_signal;
+  // A dead generator rank does not end the job while another generator lives: its prompts go to
+  // the others (actors/rollout.cpp, generation_failover); the coordinator fails once none is left.
+  if (cfg.cluster.generators >= 2)
+    cc.survivable_loss = [placement](const std::string& role) {
+      for (const auto& r : placement)
+        if (r.name == role) return r.kind == RoleKind::generator;
+      return false;
+    };
+  cc.system.threads = 3;
+  cc.system.heartbeat.interval = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.heartbeat_s * 1000));
+  cc.system.heartbeat.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.peer_timeout_s * 1000));
+  cc.system.allow_nonlocal_bind = cfg.cluster.bind_host != "127.0.0.1" && cfg.cluster.bind_host != "localhost";
+  if (cfg.cluster.curve) {
+    auto in_yaml_dir = [&](const std::string& p) {
+      return fs::path(p).is_absolute() ? p : (fs::path(base_dir_of(loaded.file)) / p).string();
+    };
+    cc.system.curve = runtime::CurveConfig{true, in_yaml_dir(cfg.cluster.curve_public_key),
+                                           in_yaml_dir(cfg.cluster.curve_secret_key),
+                                           in_yaml_dir(cfg.cluster.curve_authorized_keys)};
+  }
+  return cc;
+}
+
+}  // namespace
+
+int start_cluster(const LoadedConfig& loaded, const actors::ExperimentConfig& cfg, const Launcher& launcher,
+                  const Placement& placement, std::unique_ptr<runtime::Cluster>* out) {
+  runtime::ClusterConfig cc = cluster_config(loaded, cfg, launcher, placement);
+  if (launcher.mpi) ensure_mpi_initialized();
+  auto cluster_r = runtime::Cluster::bootstrap(cc);
+  if (!cluster_r.ok()) {
+    const int code = fail(cluster_r.error());
+    // the other ranks may be waiting in the bootstrap's MPI_Allgather (this rank alone could not
+    // bind, e.g. a cluster.bind_host its node lacks): end the whole job, not just this rank
+    if (launcher.mpi) MPI_Abort(MPI_COMM_WORLD, code);
+    return code;
+  }
+  *out = std::move(cluster_r).value();
+  runtime::Cluster& cluster = **out;
+  if (cluster.under_mpi() && cluster.rank() == 0) {  // where every rank listens (each resolved cluster.bind_host on its own node)
+    std::string where;
+    for (const auto& p : cluster.address_book())
+      where += (where.empty() ? "" : ", ") + std::to_string(p.node) + " " + p.role + " at " + p.endpoint;
+    std::fprintf(stderr, "troupe: %d ranks: %s\n", cluster.world_size(), where.c_str());
+  }
+  return 0;
+}
+
+Result<std::unique_ptr<learner::Communicator>> learners_communicator(runtime::Cluster& cluster, int learners) {
+  std::unique_ptr<learner::Communicator> comm;
+  if (!cluster.under_mpi()) return comm;
+  MPI_Comm learners_comm = MPI_COMM_NULL;
+  const int rank = cluster.rank();
+  const bool is_learner = rank < learners;
+  MPI_Comm_split(MPI_COMM_WORLD, is_learner ? 0 : MPI_UNDEFINED, rank, &learners_comm);
+  if (is_learner) {
+    TROUPE_ASSIGN_OR_RETURN(comm, learner::make_mpi_communicator(&learners_comm));
+  }
+  return comm;
+}
+
+}  // namespace troupe::launch::run

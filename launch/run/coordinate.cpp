@@ -1,0 +1,59 @@
+// Step 7 of `troupe run`, on rank 0: the run directory (created, config.resolved.yaml), the metrics
+// sinks (metrics.jsonl, tb/, the progress line; rows after a resumed checkpoint dropped) and the
+// coordinator over every role. A planned stop is checkpointed, not a failure; by a signal it exits 1.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "run/steps.h"
+#include "troupe/launch/metrics.h"
+
+namespace troupe::launch::run {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// The coordinator's run with its hooks into the sinks, the cluster and the stop signals.
+int run_coordinator_into(const actors::ExperimentConfig& cfg, const RunOptions& opt, const actors::RolePeers& peers,
+                         runtime::Cluster& cluster, MetricsSinks* s) {
+  const std::string& run_dir = cfg.run.dir;
+  actors::CoordinatorHooks hooks;
+  hooks.metrics = [s](const json& row) { return s->write(row); };
+  hooks.log = [s](const std::string& line) { s->message(line); };
+  hooks.hold_exit = [&cluster](std::chrono::seconds d) { cluster.hold_exit(d); };
+  hooks.stop_requested = [] { return stop_requested(); };
+  Status st = actors::run_coordinator(cfg, peers, hooks, run_dir, !opt.resume_dir.empty());
+  s->finish();
+  int code = 0;
+  if (!st.ok() && actors::is_planned_stop(st.error())) {
+    s->message(st.error().message);  // a planned stop, checkpointed: not a failure
+    if (st.error().message.rfind(actors::kStoppedBySignal, 0) == 0) code = 1;  // but not finished either
+  } else if (!st.ok()) {
+    code = fail(st.error());
+  } else {
+    s->message("done: " + run_dir + "/metrics.jsonl");
+  }
+  return code;
+}
+
+}  // namespace
+
+int coordinate_run(const actors::ExperimentConfig& cfg, const RunOptions& opt, int64_t resume_after,
+                   const actors::RolePeers& peers, runtime::Cluster& cluster) {
+  const std::string& run_dir = cfg.run.dir;
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "troupe: error: cannot create run.dir %s: %s\n", run_dir.c_str(), ec.message().c_str());
+    return 1;
+  }
+  std::ofstream(run_dir + "/config.resolved.yaml") << resolved_yaml(cfg);
+  ProgressOptions po{cfg.logger.progress, cfg.run.name,
+                     (cfg.sft.enabled ? cfg.sft.max_steps : 0) + (cfg.grpo.enabled ? cfg.grpo.max_steps : 0)};
+  auto sinks = MetricsSinks::open(run_dir, cfg.logger.tensorboard, po, resume_after);
+  if (!sinks.ok()) return fail(sinks.error());
+  return run_coordinator_into(cfg, opt, peers, cluster, sinks->get());
+}
+
+}  // namespace troupe::launch::run

@@ -1,0 +1,29 @@
+// `troupe serve`'s server (launch/serve/model_server.cpp): a model directory, troupe checkpoint or
+// .gguf, with its tokenizer and chat template, behind an OpenAiServer whose one ServeEngine batches
+// every request in flight. Errors are values naming the path or the option at fault.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "troupe/base/result.h"
+#include "troupe/serve/openai_server.h"
+
+namespace troupe::serve {
+
+struct ModelServerOptions {
+  std::string path;  // model directory, checkpoint or .gguf file
+  std::string name;  // the model id requests name ("": the directory's or file's name)
+  int max_batch = 16, max_context = 0, prefill_tokens = 4096, threads = 0, http_threads = 0;
+};
+
+struct ModelServer {
+  std::unique_ptr<OpenAiServer> server;  // not bound yet
+  std::string model_name;
+  int slots = 0;
+  int context = 0;  // tokens per sequence
+};
+
+Result<ModelServer> open_model_server(const ModelServerOptions& o);
+
+}  // namespace troupe::serve
