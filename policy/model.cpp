@@ -56,14 +56,14 @@ Status validate_packed_batch(const PackedBatch& b, int vocab_size, bool need_tar
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& c) {
-  if (c.rope_type == "default") return {};
+  if (c.rope_type == RopeType::unscaled) return {};
   const int HD = c.head_dim, half = HD / 2;
   std::vector<float> inv(half);
   // fp32 like transformers' _compute_*_parameters (modeling_rope_utils.py).
   for (int i = 0; i < half; ++i)
     inv[i] = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(HD));
   const float factor = c.rope_factor;
-  if (c.rope_type == "linear") {
+  if (c.rope_type == RopeType::linear) {
     for (auto& f : inv) f /= factor;
     return inv;
   }
@@ -179,10 +179,8 @@ Status validate_model_config(const ModelConfig& c) {
     if (c.shared_expert_intermediate_size < 0) return bad("shared_expert_intermediate_size", "must be >= 0");
   }
   if (!(c.rope_theta > 0)) return bad("rope_theta", "must be > 0");
-  if (c.rope_type != "default" && c.rope_type != "linear" && c.rope_type != "llama3")
-    return bad("rope_type", "'" + c.rope_type + "' is not supported (default, linear or llama3)");
-  if (c.rope_type != "default" && !(c.rope_factor > 0)) return bad("rope_factor", "must be > 0");
-  if (c.rope_type == "llama3" &&
+  if (c.rope_type != RopeType::unscaled && !(c.rope_factor > 0)) return bad("rope_factor", "must be > 0");
+  if (c.rope_type == RopeType::llama3 &&
       (!(c.rope_low_freq_factor > 0) || !(c.rope_high_freq_factor > c.rope_low_freq_factor) ||
        c.rope_original_max_position_embeddings <= 0))
     return bad(

@@ -102,9 +102,9 @@ TEST(Model, Llama3RopeFrequencies) {
       EXPECT_TRUE(inv[i] < base && inv[i] > base / 8) << i;
     }
   }
-  c.rope_type = "default";
+  c.rope_type = RopeType::unscaled;
   EXPECT_TRUE(rope_inv_freq(c).empty());
-  c.rope_type = "linear", c.rope_factor = 2;
+  c.rope_type = RopeType::linear, c.rope_factor = 2;
   EXPECT_FLOAT_EQ(rope_inv_freq(c)[1], 1.0f / std::pow(10000.0f, 2.0f / 16.0f) / 2);
 }
 
@@ -161,11 +161,6 @@ TEST(Model, BadConfigAndBatchAreErrors) {
   r = Model::create(c);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("dense family"), std::string::npos) << r.error().message;
-  c = tiny_family("llama");
-  c.rope_type = "yarn";
-  r = Model::create(c);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("rope_type: 'yarn'"), std::string::npos) << r.error().message;
   c = tiny();
   c.mlp_only_layers = {9};
   EXPECT_FALSE(Model::create(c).ok());

@@ -43,7 +43,7 @@ inline ModelConfig tiny_family(const std::string& family) {
   if (dense) c.num_experts = 0, c.mlp_only_layers.clear();
   if (family == "llama") {
     c.qkv_bias = c.o_proj_bias = true;
-    c.rope_type = "llama3", c.rope_factor = 8, c.rope_original_max_position_embeddings = 4;
+    c.rope_type = RopeType::llama3, c.rope_factor = 8, c.rope_original_max_position_embeddings = 4;
   }
   if (family == "qwen2" || family == "qwen2_moe") c.qkv_bias = true;
   if (family == "qwen2_moe") c.shared_expert_intermediate_size = 8;

@@ -54,7 +54,8 @@ Status read_rope(const json& j, ModelConfig& c, const std::string& file) {
     std::string type = "default";
     if (r.contains("rope_type") && r["rope_type"].is_string()) type = r["rope_type"].get<std::string>();
     if (r.contains("type") && r["type"].is_string()) type = r["type"].get<std::string>();
-    if (type != "default" && type != "linear" && type != "llama3")
+    const auto rope = enum_from_name<RopeType>(type);
+    if (!rope)
       return cfg_error(file, "\"" + k + "\": rope_type \"" + type +
                                  "\" is not supported (troupe implements default, linear and llama3 RoPE)");
     TROUPE_TRY(get_opt(r, "rope_theta", c.rope_theta, where));
@@ -63,11 +64,11 @@ Status read_rope(const json& j, ModelConfig& c, const std::string& file) {
     if (partial != 1.0f)
       return cfg_error(file, "\"" + k + "\": partial_rotary_factor " + std::to_string(partial) +
                                  " is not supported (only 1)");
-    c.rope_type = type;
-    if (type == "default") continue;
+    c.rope_type = *rope;
+    if (*rope == RopeType::unscaled) continue;
     TROUPE_TRY(get_req(r, "factor", c.rope_factor, where));
     if (!(c.rope_factor > 0)) return cfg_error(file, "\"" + k + "\": factor must be > 0");
-    if (type == "llama3") {
+    if (*rope == RopeType::llama3) {
       TROUPE_TRY(get_req(r, "low_freq_factor", c.rope_low_freq_factor, where));
       TROUPE_TRY(get_req(r, "high_freq_factor", c.rope_high_freq_factor, where));
       c.rope_original_max_position_embeddings = c.max_position_embeddings;
@@ -265,9 +266,9 @@ Result<json> config_to_hf_json(const ModelConfig& c) {
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;  // read by transformers 4.x and converted by 5.x
-  if (c.rope_type != "default") {
-    json r = {{"rope_type", c.rope_type}, {"factor", c.rope_factor}};
-    if (c.rope_type == "llama3") {
+  if (c.rope_type != RopeType::unscaled) {
+    json r = {{"rope_type", enum_name(c.rope_type)}, {"factor", c.rope_factor}};
+    if (c.rope_type == RopeType::llama3) {
       r["low_freq_factor"] = c.rope_low_freq_factor;
       r["high_freq_factor"] = c.rope_high_freq_factor;
       r["original_max_position_embeddings"] = c.rope_original_max_position_embeddings;

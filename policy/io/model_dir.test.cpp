@@ -110,7 +110,7 @@ TEST(ModelDir, FamilyFixtureConfigsMap) {
   ASSERT_TRUE(l.ok()) << l.error().message;
   EXPECT_EQ(troupe::enum_name(l->config.family), "llama");
   EXPECT_EQ(l->config.num_experts, 0);
-  EXPECT_EQ(l->config.rope_type, "llama3");
+  EXPECT_EQ(l->config.rope_type, troupe::policy::RopeType::llama3);
   EXPECT_FLOAT_EQ(l->config.rope_factor, 8.0f);
   EXPECT_FLOAT_EQ(l->config.rope_high_freq_factor, 4.0f);
   EXPECT_EQ(l->config.rope_original_max_position_embeddings, 64);
@@ -118,7 +118,7 @@ TEST(ModelDir, FamilyFixtureConfigsMap) {
   EXPECT_EQ(l->config.head_dim, 16);                        // hidden_size / num_attention_heads
   auto t = load_model_dir(fixture("llama_tied").string());  // transformers 4 spelling: rope_scaling {"type"}
   ASSERT_TRUE(t.ok()) << t.error().message;
-  EXPECT_EQ(t->config.rope_type, "linear");
+  EXPECT_EQ(t->config.rope_type, troupe::policy::RopeType::linear);
   EXPECT_FLOAT_EQ(t->config.rope_theta, 20000.0f);
   EXPECT_TRUE(t->config.tie_word_embeddings);
   EXPECT_FALSE(t->tensors.count("lm_head.weight"));
@@ -153,9 +153,9 @@ TEST(ModelDir, HfConfigRoundTripEveryFamily) {
     if (dense) c.num_experts = 0, c.num_experts_per_tok = 0;
     if (fam == "llama") {
       c.qkv_bias = c.o_proj_bias = true;
-      c.rope_type = "llama3", c.rope_factor = 32, c.rope_original_max_position_embeddings = 512;
+      c.rope_type = troupe::policy::RopeType::llama3, c.rope_factor = 32, c.rope_original_max_position_embeddings = 512;
     }
-    if (fam == "qwen3") c.rope_type = "linear", c.rope_factor = 2;
+    if (fam == "qwen3") c.rope_type = troupe::policy::RopeType::linear, c.rope_factor = 2;
     c.qkv_bias = c.qkv_bias || fam == "qwen2" || fam == "qwen2_moe";
     if (fam == "qwen2_moe") c.shared_expert_intermediate_size = 64, c.mlp_only_layers = {1};
     auto j = config_to_hf_json(c);

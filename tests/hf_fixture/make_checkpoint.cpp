@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   c.qkv_bias = family == "qwen2" || family == "qwen2_moe";
   if (family == "qwen2_moe") c.shared_expert_intermediate_size = 12;
   if (family == "llama") {
-    c.rope_type = "llama3", c.rope_factor = 8, c.rope_original_max_position_embeddings = 16;
+    c.rope_type = troupe::policy::RopeType::llama3, c.rope_factor = 8, c.rope_original_max_position_embeddings = 16;
     c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
   }
   auto model = Model::create(c, 7);

@@ -14,6 +14,9 @@ namespace troupe::policy {
 
 // The supported families (config.json model_type, YAML policy.model.family); the names below.
 enum class ModelFamily { llama, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral };
+// RoPE frequency scaling (config.json rope_scaling / rope_parameters rope_type): default (none),
+// linear, llama3.
+enum class RopeType { unscaled, linear, llama3 };
 inline bool is_moe_family(ModelFamily f) {
   return f == ModelFamily::mixtral || f == ModelFamily::qwen3_moe || f == ModelFamily::qwen2_moe;
 }
@@ -39,7 +42,7 @@ struct ModelArchitecture {
   float rope_theta = 10000.0f;
   // RoPE frequency scaling (config.json rope_scaling / rope_parameters): "default", "linear"
   // (inv_freq / rope_factor) or "llama3" (Llama 3.1's band-wise scaling with the three below).
-  std::string rope_type = "default";
+  RopeType rope_type = RopeType::unscaled;
   float rope_factor = 1.0f;
   float rope_low_freq_factor = 1.0f;
   float rope_high_freq_factor = 4.0f;
@@ -74,5 +77,10 @@ struct EnumNames<policy::ModelFamily> {
   static constexpr std::pair<std::string_view, F> table[] = {{"llama", F::llama},         {"qwen2", F::qwen2},
                                                              {"qwen3", F::qwen3},         {"qwen2_moe", F::qwen2_moe},
                                                              {"qwen3_moe", F::qwen3_moe}, {"mixtral", F::mixtral}};
+};
+template <>
+struct EnumNames<policy::RopeType> {
+  using R = policy::RopeType;
+  static constexpr std::pair<std::string_view, R> table[] = {{"default", R::unscaled}, {"linear", R::linear}, {"llama3", R::llama3}};
 };
 }  // namespace troupe
