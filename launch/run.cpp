@@ -69,12 +69,6 @@ int run_on_cluster(const ExperimentConfig& cfg, const RunOptions& opt, const run
 
 }  // namespace
 
-Result<std::vector<std::string>> rank_roles(const ExperimentConfig& cfg) {
-  std::vector<std::string> roles;
-  for (const auto& role : run::plan_placement(cfg.cluster)) roles.push_back(role.name);
-  return roles;
-}
-
 int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   ExperimentConfig cfg = loaded.config;
   const run::Launcher launcher = run::detect_launcher();

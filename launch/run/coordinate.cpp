@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "run/steps.h"
+#include "troupe/actors/step_counter.h"
 #include "troupe/launch/metrics.h"
 
 namespace troupe::launch::run {
@@ -49,8 +50,8 @@ int coordinate_run(const actors::ExperimentConfig& cfg, const RunOptions& opt, i
     return 1;
   }
   std::ofstream(run_dir + "/config.resolved.yaml") << resolved_yaml(cfg);
-  ProgressOptions po{cfg.logger.progress, cfg.run.name,
-                     (cfg.sft.enabled ? cfg.sft.max_steps : 0) + (cfg.grpo.enabled ? cfg.grpo.max_steps : 0)};
+  const int total_steps = static_cast<int>(actors::StepCounter::of(cfg).sft_steps) + (cfg.grpo.enabled ? cfg.grpo.max_steps : 0);
+  ProgressOptions po{cfg.logger.progress, cfg.run.name, total_steps};
   auto sinks = MetricsSinks::open(run_dir, cfg.logger.tensorboard, po, resume_after);
   if (!sinks.ok()) return fail(sinks.error());
   return run_coordinator_into(cfg, opt, peers, cluster, sinks->get());

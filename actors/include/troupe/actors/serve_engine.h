@@ -2,7 +2,7 @@
 // requests over one policy model. Callers on any thread submit() a request and read its tokens
 // from the returned stream; one compute thread owns the model and a policy::DecodeSlots, admits
 // waiting requests into free slots between decode steps and steps every running sequence together.
-// Used by `troupe serve` (launch/openai_server.cpp) behind the OpenAI-compatible HTTP endpoint.
+// Used by `troupe serve` (launch/serve/openai_server.cpp) behind the OpenAI-compatible HTTP endpoint.
 #pragma once
 
 #include <condition_variable>

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <string>
-#include <vector>
 
 #include "troupe/launch/config.h"
 
@@ -15,8 +14,7 @@ struct RunOptions {
   std::string resume_dir;  // non-empty: continue this run directory from checkpoints/latest
 };
 
-// Role of each rank: learner0.., generator0.., env0.. (rank 0 also hosts the coordinator).
-Result<std::vector<std::string>> rank_roles(const actors::ExperimentConfig& cfg);
+// Runs the experiment on every rank (under mpirun/srun each rank runs the same command).
 int run_experiment(const LoadedConfig& loaded, const RunOptions& opt);
 // Prints one JSON object: eval_accuracy, eval_reward_mean (and per env), checkpoint.
 int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint);
