@@ -71,7 +71,7 @@ Status load_tokenizer(RunState& s) {
   }
   if (!s.tokenizer) {
     TROUPE_ASSIGN_OR_RETURN(s.tokenizer,
-                            make_builtin_tokenizer(pol.tokenizer == TokenizerKind::from_model ? "char" : enum_string(pol.tokenizer)));
+                            make_builtin_tokenizer(enum_string(pol.tokenizer == TokenizerKind::from_model ? TokenizerKind::char_level : pol.tokenizer)));
   }
   return {};
 }

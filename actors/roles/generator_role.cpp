@@ -94,8 +94,8 @@ Status Generator::apply_weights_to(policy::Model& model, int64_t& held, const We
       return not_applied(WeightsStatus::refused, st.error().message);
     if (w.dtype != static_cast<std::int32_t>(dtype_))
       return not_applied(WeightsStatus::refused, std::string("values in ") +
-                                                     weight_dtype_name(static_cast<WeightDtype>(w.dtype)) +
-                                                     ", but this generator holds " + weight_dtype_name(dtype_));
+                                                     enum_string(static_cast<WeightDtype>(w.dtype)) +
+                                                     ", but this generator holds " + enum_string(dtype_));
     const auto& tensors = model.tensors();
     const auto sums = weight_checksums(received, tensors, dtype_);
     for (size_t t = 0; t < sums.size(); ++t)
@@ -139,7 +139,7 @@ Status Generator::apply_weights_to(policy::Model& model, int64_t& held, const We
       ack_.probe_position = at;
       probe_failure = "the probe log-prob at position " + std::to_string(at) + " is " + value(mine, at) +
                        " here, learner 0 computed " + value(w.probe_logprobs, at) + bits + " with the same " +
-                       weight_dtype_name(dtype_) + " weights";
+                       enum_string(dtype_) + " weights";
       return not_applied(WeightsStatus::probe_mismatch, probe_failure);
     }
   }

@@ -29,8 +29,8 @@ std::string refusal(const Weights& w, size_t n, const std::vector<policy::Tensor
   if (enc != WeightEncoding::full && enc != WeightEncoding::delta)
     return "encoding " + std::to_string(w.encoding) + " is neither full (1) nor delta (2)";
   if (w.dtype != static_cast<std::int32_t>(dtype))
-    return std::string("the weights are in ") + weight_dtype_name(static_cast<WeightDtype>(w.dtype)) +
-           ", this generator holds " + weight_dtype_name(dtype) + " (weight_sync.dtype differs between the ranks)";
+    return std::string("the weights are in ") + enum_string(static_cast<WeightDtype>(w.dtype)) +
+           ", this generator holds " + enum_string(dtype) + " (weight_sync.dtype differs between the ranks)";
   if (w.elements != n) return std::to_string(w.elements) + " values for a model of " + std::to_string(n);
   if (w.checksums.size() != tensors.size())
     return std::to_string(w.checksums.size()) + " tensor checksums for a model of " + std::to_string(tensors.size()) +

@@ -9,8 +9,6 @@
 
 namespace troupe::actors {
 
-WeightDtype weight_dtype_of(const std::string& name) { return enum_from_name<WeightDtype>(name).value_or(WeightDtype::fp32); }
-const char* weight_dtype_name(WeightDtype d) { return enum_name(d).data(); }
 const char* weights_status_name(WeightsStatus s) {
   switch (s) {
     case WeightsStatus::applied: return "applied";

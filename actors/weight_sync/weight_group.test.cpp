@@ -25,7 +25,7 @@ ExperimentConfig fenced(const char* dtype) {
   c.optimizer.lr = 0.01f;
   c.policy.device = kernels::DeviceKind::cpu_fenced;
   c.weight_sync.transport = WeightTransport::nccl;
-  c.weight_sync.dtype = weight_dtype_of(dtype);
+  c.weight_sync.dtype = *enum_from_name<WeightDtype>(dtype);
   return c;
 }
 
@@ -65,7 +65,7 @@ TEST(WeightGroup, GeneratorsTakeLearnerZerosWeightsByBroadcast) {
       EXPECT_FALSE(w->checksums.empty());
       EXPECT_FALSE(w->probe_logprobs.empty());
       std::vector<float> master((*l)->weights().params);
-      round_to_dtype(master, weight_dtype_of(dtype));
+      round_to_dtype(master, *enum_from_name<WeightDtype>(dtype));
       for (auto& g : gens) {
         ASSERT_TRUE(g->set_weights(*w).ok()) << g->weights_ack().detail;  // (the probe passes, bit for bit)
         EXPECT_EQ(g->weights_ack().status, 0);

@@ -112,7 +112,7 @@ TEST(WeightSync, RoundTripIsBitExact) {
   const auto tensors = synthetic_tensors();
   const size_t n = tensors.back().offset + tensors.back().numel();
   for (WeightDtype dtype : {WeightDtype::fp32, WeightDtype::bf16}) {
-    SCOPED_TRACE(weight_dtype_name(dtype));
+    SCOPED_TRACE(enum_string(dtype));
     auto master = synthetic_weights(n, 1);
     WeightEncoder enc(dtype, tensors);
     std::vector<float> receiver(n, 0.0f);
@@ -184,7 +184,7 @@ TEST(WeightSync, ChunksFollowTheTensorsOrCutTheArena) {
   auto tensors = synthetic_tensors();
   const size_t n = tensors.back().offset + tensors.back().numel();
   for (WeightDtype dtype : {WeightDtype::fp32, WeightDtype::bf16}) {
-    SCOPED_TRACE(weight_dtype_name(dtype));
+    SCOPED_TRACE(enum_string(dtype));
     {
       auto master = synthetic_weights(n, 3);
       WeightEncoder enc(dtype, tensors);
@@ -508,7 +508,7 @@ TEST(WeightSync, WrongBaseIsRefused) {
   for (const char* dtype : {"fp32", "bf16"}) {
     SCOPED_TRACE(dtype);
     auto cfg = tiny();
-    cfg.weight_sync.dtype = weight_dtype_of(dtype);
+    cfg.weight_sync.dtype = *enum_from_name<WeightDtype>(dtype);
     auto l = LearnerRole::create(cfg, nullptr);
     ASSERT_TRUE(l.ok()) << l.error().message;
     auto g = Generator::create(cfg);
@@ -540,7 +540,7 @@ TEST(WeightSync, WrongBaseIsRefused) {
     ASSERT_TRUE((*g)->set_weights(*w2).ok()) << (*g)->weights_ack().detail;
     EXPECT_EQ((*g)->version(), 2);
     std::vector<float> master((*l)->weights().params);
-    round_to_dtype(master, weight_dtype_of(dtype));
+    round_to_dtype(master, *enum_from_name<WeightDtype>(dtype));
     EXPECT_TRUE(same_bits((*g)->model().params(), master));
   }
 }
@@ -837,7 +837,7 @@ TEST(WeightSync, ChecksumFailureGetsAFullResync) {
   for (const char* dtype : {"fp32", "bf16"}) {
     SCOPED_TRACE(dtype);
     auto cfg = tiny();
-    cfg.weight_sync.dtype = weight_dtype_of(dtype);
+    cfg.weight_sync.dtype = *enum_from_name<WeightDtype>(dtype);
     Damage d;
     d.corrupt_payload_of = 2;
     SyncRun run = run_syncs(cfg, false, 3, d);

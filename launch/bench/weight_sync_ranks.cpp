@@ -67,7 +67,7 @@ ExperimentConfig bench_config(const std::string& dtype, bool quick, bool probe, 
   }
   c.policy.tokenizer = actors::TokenizerKind::byte_level;
   c.optimizer.lr = 1e-6f;  // AdamW (constant schedule, no warm-up)
-  c.weight_sync.dtype = actors::weight_dtype_of(dtype);
+  c.weight_sync.dtype = enum_from_name<actors::WeightDtype>(dtype).value_or(actors::WeightDtype::fp32);
   c.weight_sync.full_every = 0;  // every sync of the delta cases is a delta
   c.weight_sync.probe = probe;   // off: the transfer alone (the probe is a forward on each side)
   c.weight_sync.prepare_in_step = prepare;

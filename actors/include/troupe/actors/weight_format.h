@@ -25,10 +25,7 @@ enum class WeightsStatus : std::int32_t {
   probe_mismatch = 3,   // applied, but its probe log-probs differ from learner 0's
 };
 
-// weight_sync.dtype's YAML name (fp32 | bf16) -> the dtype; anything else is fp32 (the config
-// loader has refused it already).
-WeightDtype weight_dtype_of(const std::string& name);
-const char* weight_dtype_name(WeightDtype d);
+// WeightDtype's names (fp32 | bf16) are in weight_dtype.h: enum_name / enum_from_name.
 const char* weights_status_name(WeightsStatus s);
 
 // x rounded to the nearest bf16 (ties to even), as an fp32; NaN stays a (quiet) NaN, infinities stay.
