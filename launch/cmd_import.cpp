@@ -15,7 +15,7 @@ Command add_import_command(CLI::App& root) {
   };
   auto o = std::make_shared<Opts>();
   auto* app = root.add_subcommand("import", "Convert a GGUF model file to a Hugging Face model directory");
-  app->add_option("gguf", o->gguf, "GGUF file (llama architecture, gpt2 byte-level BPE vocabulary)")->required();
+  app->add_option("gguf", o->gguf, "GGUF file (architectures llama, qwen2, qwen3; a gpt2 byte-level BPE or llama SentencePiece vocabulary; tensors F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)")->required();
   app->add_option("out_dir", o->out, "Directory to write (created)")->required();
   app->add_option("--dtype", o->dtype, "Weight dtype of model.safetensors")->check(CLI::IsMember({"f32", "bf16"}));
   return {app, [o]() {

@@ -502,6 +502,9 @@ TEST(Config, ExecutionOptionsUnderPolicy) {
                    "config.json"),
             std::string::npos)
       << m;
+  auto many = load_error(std::string(kMinimal) + "policy:\n  path: /models/x\n  model:\n    hidden_size: 64\n    head_dim: 16\n");
+  EXPECT_NE(many.find("remove the policy.model section (hidden_size, head_dim)"), std::string::npos) << many;
+  EXPECT_EQ(many.find("policy.model.head_dim:"), std::string::npos) << "one error for the whole section: " << many;
   auto loaded = load_config_text(std::string(kMinimal) + "policy:\n  path: /models/x\n  moe_grouped: false\n", "x.yaml");
   ASSERT_TRUE(loaded.ok()) << loaded.error().message;
   // The resolved config of a loaded model leaves policy.model out, so it loads back (--resume).

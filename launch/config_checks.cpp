@@ -37,11 +37,14 @@ void check_model(const ExperimentConfig& c, const ConfigReport& report) {
 void check_model_source(const ExperimentConfig& c, const std::vector<std::string>& architecture_keys_set,
                         const ConfigReport& report) {
   const auto& m = c.policy.model;
-  if (!c.policy.path.empty())  // never silently ignored
-    for (const auto& key : architecture_keys_set)
-      report(key, key,
-             "policy.path is set, so the architecture comes from its config.json; remove this key (execution "
-             "options such as policy.moe_grouped apply to loaded models)");
+  if (!c.policy.path.empty() && !architecture_keys_set.empty()) {  // never silently ignored; one error for the section
+    std::string keys;
+    for (const auto& key : architecture_keys_set) keys += (keys.empty() ? "" : ", ") + key.substr(key.rfind('.') + 1);
+    const std::string& first = architecture_keys_set.front();
+    report(first, first,
+           "policy.path is set, so the architecture comes from its config.json; remove the policy.model section (" +
+               keys + ") (execution options such as policy.moe_grouped apply to loaded models)");
+  }
   long long need = static_cast<long long>(c.rollout.max_prompt_length) +
                    static_cast<long long>(c.rollout.max_response_length) * c.rollout.max_turns;
   if (c.policy.path.empty() && need > m.max_position_embeddings)
