@@ -1,6 +1,7 @@
 // `dataset`: prompts and answers from the user's JSONL files (train and held-out), a prompt template
-// over each row's fields, scored by a chosen verifier. Rows are checked when the env is created:
-// a malformed row, a missing field or a bad regex is an error naming FILE:LINE.
+// over each row's fields, scored by a chosen verifier on the answer `extract` finds. Rows are checked
+// when the env is created: a malformed row, a missing field, a bad regex or a reference without an
+// answer (extract) is an error naming FILE:LINE.
 #include <fstream>
 #include <regex>
 #include <set>

@@ -198,7 +198,7 @@ std::optional<Num> binomial(const Num& n, const Num& k) {
   return r;
 }
 
-// The value a letter (or an unknown \command) takes at evaluation point k (1..kPoints): fixed, and
+// The value a letter (or an unknown \command) takes at point k (0 while reading, 1..kPoints to compare): fixed, and
 // the same in the Python SDK.
 double variable_value(const std::string& name, int k) {
   uint64_t h = 1469598103934665603ULL;  // FNV-1a
@@ -285,7 +285,7 @@ class Scalar {
   }
   std::optional<Num> variable(const std::string& name) {
     vars_.insert(name);
-    return real(point_ == 0 ? 1.0 : variable_value(name, point_), false);
+    return real(variable_value(name, point_), false);
   }
   std::optional<Num> number() {
     size_t start = i_;

@@ -425,7 +425,7 @@ class _Scalar:
 
     def variable(self, name):
         self.vars.add(name)
-        return _real(1.0 if self.point == 0 else _variable_value(name, self.point), False)
+        return _real(_variable_value(name, self.point), False)
 
     def number(self):
         start, n, d, dot, big = self.i, 0, 1, False, False
