@@ -25,6 +25,7 @@ constexpr i128 kLimit = INT64_MAX;  // an exact value's numerator and denominato
 constexpr int kPoints = 3;          // points an expression in letters is evaluated at
 constexpr size_t kMaxLen = 1000;    // longer answers are compared as strings
 constexpr int kMaxDepth = 64;
+constexpr size_t kMaxSet = 64;      // larger sets are compared in order
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
@@ -482,9 +483,11 @@ bool ordered_equal(const std::vector<std::string>& a, const std::vector<std::str
   return true;
 }
 
-// Every element of a matched to a distinct equal element of b (greedy, in order).
+// Every element of a matched to a distinct equal element of b (greedy, in order); sets of more than
+// kMaxSet elements are compared in order (bounded time).
 bool unordered_equal(const std::vector<std::string>& a, const std::vector<std::string>& b) {
   if (a.size() != b.size()) return false;
+  if (a.size() > kMaxSet) return ordered_equal(a, b);
   std::vector<bool> used(b.size(), false);
   for (const auto& x : a) {
     bool found = false;

@@ -127,6 +127,7 @@ _LIMIT = 2**63 - 1   # an exact value's numerator and denominator stay within in
 _POINTS = 3          # points an expression in letters is evaluated at
 _MAX_LEN = 1000      # longer answers are compared as strings
 _MAX_DEPTH = 64
+_MAX_SET = 64        # larger sets are compared in order
 _REPLACEMENTS = [
     ("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", " "), ("\\;", " "), ("\\:", " "), ("\\ ", " "),
     ("~", " "), ("\\displaystyle", ""), ("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\dbinom", "\\binom"), ("\\tbinom", "\\binom"), ("\\%", "%"),
@@ -596,6 +597,8 @@ def _ordered_equal(a, b):
 def _unordered_equal(a, b):
     if len(a) != len(b):
         return False
+    if len(a) > _MAX_SET:  # larger sets are compared in order (bounded time)
+        return _ordered_equal(a, b)
     used = [False] * len(b)
     for x in a:
         for j, y in enumerate(b):
