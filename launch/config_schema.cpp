@@ -436,6 +436,25 @@ std::string deprecated_keys_summary() {
   return out;
 }
 
+// The built-in `dataset` env's `envs[].config` keys (read by envs/builtin/dataset.cpp, which checks them).
+std::string dataset_env_keys_table() {
+  return "\nThe built-in `dataset` env (`- {name: NAME, type: builtin, env: dataset, config: {...}}`) reads these\n"
+         "`envs[].config` keys (behaviour: [envs/README.md](../envs/README.md#built-in-environments), answer\n"
+         "extraction and the math verifier: [docs/answers.md](../docs/answers.md)):\n\n"
+         "| key | type | default | range / values | description |\n|---|---|---|---|---|\n"
+         "| `envs[].config.train` | string | `\"\"` | any | Required. JSONL file of training rows, one JSON object a line (relative: to the YAML's folder). |\n"
+         "| `envs[].config.eval` | string | `\"\"` | any | JSONL file of held-out rows (empty = train rows split by a hash of each prompt, eval_fraction). |\n"
+         "| `envs[].config.template` | string | `\"{question}\"` | any | The prompt: each {field} is the row's field ({{ and }} are braces). |\n"
+         "| `envs[].config.answer_field` | string | `\"answer\"` | any | The row's field holding the reference answer (a string or a number). |\n"
+         "| `envs[].config.verifier` | string | `\"exact\"` | `exact`, `numeric`, `regex`, `countdown`, `math` | exact: equal strings; numeric: equal rationals; regex: the reference fully matches; countdown: rows' numbers and target; math: mathematically equal (fractions, decimals, percentages, LaTeX, expressions, sets, tuples, units). |\n"
+         "| `envs[].config.extract` | string | `\"answer_tag\"` | `answer_tag`, `last_number`, `boxed`, `gsm8k`, `regex` | Which part of a response is its answer: the last `<answer>...</answer>` else the first line; the last number; the last `\\boxed{...}`; the text after the last `####`; group 1 of pattern's last match. Other than answer_tag it is applied to a text reference too. |\n"
+         "| `envs[].config.pattern` | string | `\"\"` | any | extract: regex: an ECMAScript regex with a capture group (checked when the env starts). |\n"
+         "| `envs[].config.extract_reference` | bool | `true` | `true`, `false` | Apply extract to the text reference at load (a row without the answer is an error naming FILE:LINE); false: the field already is the answer. |\n"
+         "| `envs[].config.base_dir` | string | `\"\"` | any | Folder that relative train and eval paths start at (troupe run sets it to the YAML's folder). |\n"
+         "| `envs[].config.format_reward` | float | `0.0` | 0 .. 1 | Reward of a well-formed wrong answer (an answer tag; with another extract: an extracted answer). |\n"
+         "| `envs[].config.eval_fraction` | float | `0.2` | 0 .. 1 | Share of train rows held out when there is no eval file. |\n";
+}
+
 std::string render_config_readme() {
   std::ostringstream o;
   o << "# Experiment YAML reference\n\n"
@@ -505,6 +524,7 @@ std::string render_config_readme() {
           << (e.type == KeyType::mapping ? std::string("{}") : render_value(e.field(d))) << "` | " << range << " | "
           << e.description << " |\n";
       }
+      o << dataset_env_keys_table();
       continue;
     }
     std::string range = "any";

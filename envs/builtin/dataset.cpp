@@ -1,6 +1,7 @@
 // `dataset`: prompts and answers from the user's JSONL files (train and held-out), a prompt template
-// over each row's fields, scored by a chosen verifier. Rows are checked when the env is created:
-// a malformed row, a missing field or a bad regex is an error naming FILE:LINE.
+// over each row's fields, scored by a chosen verifier on the answer `extract` finds. Rows are checked
+// when the env is created: a malformed row, a missing field, a bad regex or a reference without an
+// answer (extract) is an error naming FILE:LINE.
 #include <fstream>
 #include <regex>
 #include <set>
@@ -8,8 +9,10 @@
 #include "builtin/answer_scoring.h"
 #include "builtin/single_turn.h"
 #include "src/config_util.h"
+#include "troupe/envs/answer_extract.h"
 #include "troupe/envs/builtin.h"
 #include "troupe/envs/expr.h"
+#include "troupe/envs/math_equal.h"
 #include "troupe/envs/tools.h"
 
 namespace troupe::envs {
@@ -24,7 +27,7 @@ bool verify_numeric(const std::string& answer, const std::string& reference) {
 
 namespace {
 
-enum class Verifier { exact, numeric, regex, countdown };
+enum class Verifier { exact, numeric, regex, countdown, math };
 
 struct Row {
   std::string prompt, answer, reference_completion;
@@ -55,6 +58,7 @@ class DatasetEnv final : public detail::SingleTurnEnv {
  public:
   std::vector<Row> train, eval;
   Verifier verifier = Verifier::exact;
+  AnswerExtractor extractor;  // which part of a response (and of a text reference) is the answer
   double format_reward = 0;
 
   EnvInfo info() const override { return {"dataset", "1", false, 1, {}}; }
@@ -64,7 +68,8 @@ class DatasetEnv final : public detail::SingleTurnEnv {
       return detail::countdown_score_of(metadata, completion, true, format_reward > 0 ? format_reward : 0.1,
                                         "dataset");
     TROUPE_ASSIGN_OR_RETURN(const std::string reference, detail::reference_answer(metadata, "dataset"));
-    const std::string given = extract_answer(completion);
+    const auto extracted = extract_answer_with(extractor, completion);
+    const std::string given = extracted.value_or("");
     bool correct = false;
     switch (verifier) {
       case Verifier::exact: correct = verify_exact(given, reference); break;
@@ -77,9 +82,12 @@ class DatasetEnv final : public detail::SingleTurnEnv {
         }
         break;
       }
+      case Verifier::math: correct = extracted.has_value() && math_equal(given, reference); break;
       case Verifier::countdown: break;
     }
-    return detail::answer_score(correct, extract_last_tag(completion, "answer").has_value(), format_reward);
+    const bool well_formed = extractor.how == ExtractHow::answer_tag ? extract_last_tag(completion, "answer").has_value()
+                                                                     : extracted.has_value();
+    return detail::answer_score(correct, well_formed, format_reward);
   }
 
  protected:
@@ -96,8 +104,10 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   }
 };
 
+// `extractor` takes a text reference's answer out of it when `extract_reference`, and shapes the
+// default SFT target.
 Result<std::vector<Row>> load_rows(const std::string& path, const std::string& tpl, const std::string& answer_field,
-                                   Verifier verifier) {
+                                   Verifier verifier, const AnswerExtractor& extractor, bool extract_reference) {
   std::ifstream in(path);
   if (!in) return invalid_input("env dataset: cannot open '" + path + "'");
   std::vector<Row> rows;
@@ -111,6 +121,7 @@ Result<std::vector<Row>> load_rows(const std::string& path, const std::string& t
     Row row;
     row.where = where;
     TROUPE_ASSIGN_OR_RETURN(row.prompt, render_template(tpl, j, where + ": error"));
+    std::string raw;  // the reference text before extraction
     if (verifier == Verifier::countdown) {
       if (!j.contains("numbers") || !j["numbers"].is_array() || !j.contains("target") || !j["target"].is_number_integer())
         return invalid_input(where + ": error: countdown rows need 'numbers' (array of integers) and 'target' (integer)");
@@ -122,7 +133,10 @@ Result<std::vector<Row>> load_rows(const std::string& path, const std::string& t
       auto it = j.find(answer_field);
       if (it == j.end()) return invalid_input(where + ": error: row has no answer field '" + answer_field + "'");
       if (it->is_string()) {
-        row.answer = it->get<std::string>();
+        raw = it->get<std::string>();
+        auto got = extract_reference ? extract_reference_answer(extractor, raw) : Result<std::string>(raw);
+        if (!got.ok()) return invalid_input(where + ": error: " + got.error().message);
+        row.answer = *got;
       } else if (it->is_number()) {
         row.answer = it->dump();
       } else {
@@ -141,7 +155,9 @@ Result<std::vector<Row>> load_rows(const std::string& path, const std::string& t
     if (auto c = j.find("completion"); c != j.end() && c->is_string()) {
       row.reference_completion = c->get<std::string>();
     } else {
-      row.reference_completion = "<answer>" + row.answer + "</answer>";
+      const bool plain = verifier == Verifier::countdown || raw.empty();
+      row.reference_completion = reference_completion_for(verifier == Verifier::countdown ? AnswerExtractor{} : extractor,
+                                                          plain ? row.answer : raw, row.answer);
     }
     row.fields = std::move(j);
     rows.push_back(std::move(row));
@@ -161,6 +177,9 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   TROUPE_ASSIGN_OR_RETURN(std::string tpl, r.string("template", "{question}"));
   TROUPE_ASSIGN_OR_RETURN(std::string answer_field, r.string("answer_field", "answer"));
   TROUPE_ASSIGN_OR_RETURN(std::string verifier, r.string("verifier", "exact"));
+  TROUPE_ASSIGN_OR_RETURN(std::string extract, r.string("extract", "answer_tag"));
+  TROUPE_ASSIGN_OR_RETURN(std::string pattern, r.string("pattern", ""));
+  TROUPE_ASSIGN_OR_RETURN(const bool extract_reference, r.boolean("extract_reference", true));
   TROUPE_ASSIGN_OR_RETURN(std::string base_dir, r.string("base_dir", ""));
   TROUPE_ASSIGN_OR_RETURN(env->format_reward, r.number("format_reward", 0.0, 0.0, 1.0));
   TROUPE_ASSIGN_OR_RETURN(const int eval_permille, r.eval_permille());
@@ -169,12 +188,20 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   else if (verifier == "numeric") env->verifier = Verifier::numeric;
   else if (verifier == "regex") env->verifier = Verifier::regex;
   else if (verifier == "countdown") env->verifier = Verifier::countdown;
-  else return invalid_input("env dataset: 'verifier' must be exact, numeric, regex or countdown (got '" + verifier + "')");
+  else if (verifier == "math") env->verifier = Verifier::math;
+  else return invalid_input("env dataset: 'verifier' must be exact, numeric, regex, countdown or math (got '" + verifier + "')");
+  auto how = enum_from_name<ExtractHow>(extract);
+  if (!how)
+    return invalid_input("env dataset: 'extract' must be answer_tag, last_number, boxed, gsm8k or regex (got '" + extract + "')");
+  auto extractor = make_answer_extractor(*how, pattern);
+  if (!extractor.ok()) return invalid_input("env dataset: " + extractor.error().message);
+  env->extractor = std::move(*extractor);
+
   if (train.empty()) return invalid_input("env dataset: config needs 'train' (a JSONL file)");
   auto resolve = [&](const std::string& p) { return (base_dir.empty() || p.starts_with("/")) ? p : base_dir + "/" + p; };
-  TROUPE_ASSIGN_OR_RETURN(env->train, load_rows(resolve(train), tpl, answer_field, env->verifier));
+  TROUPE_ASSIGN_OR_RETURN(env->train, load_rows(resolve(train), tpl, answer_field, env->verifier, env->extractor, extract_reference));
   if (!eval.empty()) {
-    TROUPE_ASSIGN_OR_RETURN(env->eval, load_rows(resolve(eval), tpl, answer_field, env->verifier));
+    TROUPE_ASSIGN_OR_RETURN(env->eval, load_rows(resolve(eval), tpl, answer_field, env->verifier, env->extractor, extract_reference));
     // Keep the splits disjoint even when the files overlap: a held-out prompt is never trained on.
     std::set<std::string> held_out;
     for (const auto& row : env->eval) held_out.insert(row.prompt);

@@ -308,6 +308,22 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     $CHECK files "$W/run"
     grep -q '"reward_mean/dataset"' "$W/run/metrics.jsonl"
     ;;
+  dataset_gsm8k)  # raw GSM8K rows: extract: gsm8k takes the reference after ####, verifier: math scores the
+                  # response's final answer; a row whose reference has no #### stops the start naming FILE:LINE
+    mkdir -p "$W/data"
+    for i in 1 2 3 4 5 6 7 8; do
+      echo "{\"question\": \"$i+$i=\", \"answer\": \"$i+$i=$((2 * i)).\\n#### $((2 * i))\"}"
+    done > "$W/data/train.jsonl"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" --set envs[0].name=dataset \
+      --set "envs[0].config={train: $W/data/train.jsonl, extract: gsm8k, verifier: math, eval_fraction: 0.25}" \
+      --set rollout.max_response_length=12 --set sft.max_steps=2 --set grpo.max_steps=2 --set eval.num_prompts=2 $Q
+    $CHECK files "$W/run"
+    grep -q '"reward_mean/dataset"' "$W/run/metrics.jsonl"
+    echo '{"question": "9+9=", "answer": "9+9=18"}' >> "$W/data/train.jsonl"
+    expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/bad" --set envs[0].name=dataset \
+      --set "envs[0].config={train: $W/data/train.jsonl, extract: gsm8k, verifier: math}" $Q
+    grep -q "train.jsonl:9: error: reference '9+9=18' has no '####'" "$W/err.txt" || { cat "$W/err.txt"; exit 1; }
+    ;;
   multi_turn)  # guess_number: each turn continues the conversation with the env's feedback (training and eval)
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" --set envs[0].name=guess_number \
       --set "envs[0].config={max_number: 10, max_turns: 3}" --set rollout.max_turns=3 --set rollout.max_prompt_length=200 \

@@ -17,6 +17,7 @@ stateless. A single-turn env only needs reset() and verify(): the default step()
 with verify() against the metadata reset() returned and ends the episode.
 """
 from .server import Env, EnvError, serve, handle_request, PROTOCOL
+from . import answers  # answers.extract(text, how, pattern), answers.math_equal(answer, reference)
 
-__all__ = ["Env", "EnvError", "serve", "handle_request", "PROTOCOL"]
+__all__ = ["Env", "EnvError", "serve", "handle_request", "PROTOCOL", "answers"]
 __version__ = "0.1.0"
