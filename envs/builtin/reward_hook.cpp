@@ -41,6 +41,7 @@ std::string seconds_text(double s) {
 }  // namespace
 
 struct RewardHook::Worker {
+  std::string log_path;  // its stderr, the same file at every restart (removed with proc)
   ChildProcess proc;
   int fd = -1;          // our end of the socketpair (-1: not running)
   std::string pending;  // bytes received after the last complete line
@@ -91,7 +92,13 @@ Result<std::shared_ptr<RewardHook>> RewardHook::open(const RewardHookConfig& con
                                  "YAML, or my_pkg.rewards:score)");
   if (!std::filesystem::exists(hook->script_))
     return invalid_input(where + ": the worker script " + hook->script_ + " is missing");
-  for (int i = 0; i < config.workers; ++i) hook->workers_.push_back(std::make_unique<Worker>());
+  static std::atomic<int> counter{0};
+  for (int i = 0; i < config.workers; ++i) {
+    hook->workers_.push_back(std::make_unique<Worker>());
+    hook->workers_.back()->log_path =
+        (std::filesystem::temp_directory_path() /
+         ("troupe-reward-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".log")).string();
+  }
   for (auto& w : hook->workers_) TROUPE_TRY(hook->start(*w));
   (*registry)[key] = hook;
   return hook;
@@ -103,12 +110,10 @@ Status RewardHook::start(Worker& w) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     return make_error(ErrorCode::io, name() + ": socketpair: " + std::strerror(errno));
-  static std::atomic<int> counter{0};
   ChildOptions o;
   o.argv = {config_.python, script_, "--reward", config_.reward, "--base-dir", config_.base_dir};
   o.env = {{"PYTHONDONTWRITEBYTECODE", "1"}};  // no __pycache__ beside the user's file
-  o.log_path = (std::filesystem::temp_directory_path() /
-                ("troupe-reward-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".log")).string();
+  o.log_path = w.log_path;
   o.stdio_fd = sv[1];
   Status st = w.proc.start(std::move(o), name());
   ::close(sv[1]);
