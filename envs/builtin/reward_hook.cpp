@@ -115,6 +115,7 @@ Status RewardHook::start(Worker& w) {
   o.env = {{"PYTHONDONTWRITEBYTECODE", "1"}};  // no __pycache__ beside the user's file
   o.log_path = w.log_path;
   o.stdio_fd = sv[1];
+  o.own_group = true;  // a terminal's Ctrl-C for troupe does not reach it (troupe finishes the step first)
   Status st = w.proc.start(std::move(o), name());
   ::close(sv[1]);
   if (!st.ok()) {

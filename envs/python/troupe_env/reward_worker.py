@@ -15,6 +15,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import sys
 import traceback
 
@@ -108,6 +109,10 @@ def main():
     parser.add_argument("--reward", required=True, help="MODULE:FUNCTION or FILE.py:FUNCTION")
     parser.add_argument("--base-dir", default="", help="the experiment YAML's folder (files and modules start here)")
     args = parser.parse_args()
+    # troupe stops a worker by closing its stdin (or SIGKILL); a Ctrl-C or SIGTERM meant for the run
+    # must not kill it mid-step while troupe finishes that step
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # the protocol keeps the real stdout; anything else written to fd 1 (print, C extensions) goes to stderr
     proto = os.fdopen(os.dup(1), "w", encoding="utf-8", newline="\n")
     os.dup2(2, 1)
