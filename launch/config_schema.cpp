@@ -316,7 +316,7 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   b.number("weight", [](E& e) { return &e.weight; }, 0, 1e6, "Share of prompts drawn from this env (normalized over envs).");
   b.number("timeout_s", [](E& e) { return &e.timeout_s; }, 0.001, 86400, "Per-call timeout (reset/step/verify); a late call fails the episode.");
   b.enumeration("isolate", [](E& e) { return &e.isolate; }, "Run a builtin/plugin env in its own worker process (crash and hang isolation); auto = plugins only.");
-  b.mapping("config", [](E& e) { return &e.config; }, "Env-specific settings, passed to the env as is (e.g. difficulty); the dataset env's relative train/eval paths (and base_dir) start at the YAML file's folder.");
+  b.mapping("config", [](E& e) { return &e.config; }, "Env-specific settings, passed to the env as is (e.g. difficulty); the dataset env's relative train/eval paths, its reward hook's file or module (verifier: python) and base_dir start at the YAML file's folder; in a remote env's config each string that is a relative path naming an existing file or folder there is made absolute.");
   b.number("startup_timeout_s", [](E& e) { return &e.startup_timeout_s; }, 0.001, 86400, "A worker or server troupe starts must answer hello within this.");
   b.integer("max_restarts", [](E& e) { return &e.max_restarts; }, 0, kIntMax, "Env worker restarts (after a crash, hang or malformed reply) per run; one more stops the run (exit 3).");
   b.text("worker", [](E& e) { return &e.worker; }, "Path of the troupe-env-worker binary for isolated envs (empty = $TROUPE_ENV_WORKER, the build folder, or next to troupe).");
@@ -489,7 +489,8 @@ std::string render_config_readme() {
        "| `async.yaml` | async GRPO (generators sample v while learners train v+1, `max_staleness`) |\n"
        "| `multinode.yaml` | roles on separate ranks: `mpirun --oversubscribe -np 4` over tcp 127.0.0.1 |\n"
        "| `nemo_gym_grpo.yaml` | GRPO against NeMo Gym's `example_session_state_mgmt` resource server (`type: nemo_gym`, tool calls over HTTP) |\n"
-       "| `reasoning_gym_grpo.yaml` | SFT + GRPO on a reasoning-gym task (`type: reasoning_gym`, held-out eval split) |\n\n"
+       "| `reasoning_gym_grpo.yaml` | SFT + GRPO on a reasoning-gym task (`type: reasoning_gym`, held-out eval split) |\n"
+       "| `python_reward.yaml` | SFT + GRPO on a JSONL file (`configs/data/python_reward_train.jsonl`) scored by a Python function (`python_reward.py`, the `dataset` env's `verifier: python`) |\n\n"
        "## Quickstart results\n\n"
        "`troupe run configs/quickstart.yaml` (2 shared CPU cores, about 30 s per run; held-out greedy accuracy\n"
        "on 400 eval-split prompts, from `metrics.jsonl` eval rows):\n\n"

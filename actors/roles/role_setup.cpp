@@ -113,6 +113,25 @@ learner::LearnerConfig learner_config(const ExperimentConfig& c, learner::Phase 
   return l;
 }
 
+namespace {
+// A remote env's config: each string (at any depth) that is a relative path naming an existing file
+// or folder under base_dir is made absolute, as a `command` argument is; other strings stay.
+void resolve_config_paths(json& v, const std::string& base_dir) {
+  if (v.is_object() || v.is_array()) {
+    for (auto& x : v) resolve_config_paths(x, base_dir);
+    return;
+  }
+  if (!v.is_string()) return;
+  const std::string a = v.get<std::string>();
+  if (a.empty() || a == "." || a == ".." || a[0] == '-' || a.find('{') != std::string::npos || a.find('\n') != std::string::npos ||
+      fs::path(a).is_absolute())
+    return;
+  std::error_code ec;
+  const fs::path there = fs::path(base_dir) / a;
+  if (fs::exists(there, ec)) v = fs::absolute(there).lexically_normal().string();
+}
+}  // namespace
+
 Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const std::string& base_dir) {
   std::vector<envs::EnvSpec> out;
   for (size_t i = 0; i < cfg.envs.size(); ++i) {
@@ -128,6 +147,7 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
                                                               : dir / it->get<std::string>();
       j["config"]["base_dir"] = dir.lexically_normal().string();
     }
+    if (e.type == EnvType::remote) resolve_config_paths(j["config"], base_dir);
     if (!e.path.empty()) {
       std::string path = fs::path(e.path).is_absolute() ? e.path : (fs::path(base_dir) / e.path).string();
       if (!fs::exists(path))

@@ -3,10 +3,12 @@
 // when the env is created: a malformed row, a missing field, a bad regex or a reference without an
 // answer (extract) is an error naming FILE:LINE.
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 
 #include "builtin/answer_scoring.h"
+#include "builtin/reward_hook.h"
 #include "builtin/single_turn.h"
 #include "src/config_util.h"
 #include "troupe/envs/answer_extract.h"
@@ -27,7 +29,7 @@ bool verify_numeric(const std::string& answer, const std::string& reference) {
 
 namespace {
 
-enum class Verifier { exact, numeric, regex, countdown, math };
+enum class Verifier { exact, numeric, regex, countdown, math, python };
 
 struct Row {
   std::string prompt, answer, reference_completion;
@@ -60,10 +62,14 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   Verifier verifier = Verifier::exact;
   AnswerExtractor extractor;  // which part of a response (and of a text reference) is the answer
   double format_reward = 0;
+  std::string answer_field;                         // python: the row's raw reference
+  std::shared_ptr<detail::RewardHook> hook;         // python: the user's function
+  std::map<std::string, const Row*> rows_by_where;  // python: FILE:LINE -> its row
 
   EnvInfo info() const override { return {"dataset", "1", false, 1, {}}; }
 
   Result<VerifyResult> verify(const json& metadata, const std::string& completion) override {
+    if (verifier == Verifier::python) return verify_python(metadata, completion);
     if (verifier == Verifier::countdown)
       return detail::countdown_score_of(metadata, completion, true, format_reward > 0 ? format_reward : 0.1,
                                         "dataset");
@@ -83,11 +89,26 @@ class DatasetEnv final : public detail::SingleTurnEnv {
         break;
       }
       case Verifier::math: correct = extracted.has_value() && math_equal(given, reference); break;
-      case Verifier::countdown: break;
+      case Verifier::countdown:
+      case Verifier::python: break;
     }
     const bool well_formed = extractor.how == ExtractHow::answer_tag ? extract_last_tag(completion, "answer").has_value()
                                                                      : extracted.has_value();
     return detail::answer_score(correct, well_formed, format_reward);
+  }
+
+  // The hook gets the prompt, the raw reference (the row's answer field as written) and the whole row.
+  Result<VerifyResult> verify_python(const json& metadata, const std::string& completion) {
+    auto it = rows_by_where.find(metadata.value("row", std::string()));
+    if (it == rows_by_where.end())
+      return invalid_input("dataset: verify needs the metadata's 'row' (FILE:LINE) of a loaded row (got " +
+                           metadata.value("row", json()).dump() + ")");
+    const Row& row = *it->second;
+    return hook->score(row.prompt, completion, row.fields.value(answer_field, json()), row.fields);
+  }
+  void index_rows() {
+    for (const auto* rows : {&train, &eval})
+      for (const Row& row : *rows) rows_by_where[row.where] = &row;
   }
 
  protected:
@@ -183,19 +204,24 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   TROUPE_ASSIGN_OR_RETURN(std::string base_dir, r.string("base_dir", ""));
   TROUPE_ASSIGN_OR_RETURN(env->format_reward, r.number("format_reward", 0.0, 0.0, 1.0));
   TROUPE_ASSIGN_OR_RETURN(const int eval_permille, r.eval_permille());
+  TROUPE_ASSIGN_OR_RETURN(detail::RewardHookConfig hook, detail::read_reward_hook_config(r));
   TROUPE_TRY(r.finish());
   if (verifier == "exact") env->verifier = Verifier::exact;
   else if (verifier == "numeric") env->verifier = Verifier::numeric;
   else if (verifier == "regex") env->verifier = Verifier::regex;
   else if (verifier == "countdown") env->verifier = Verifier::countdown;
   else if (verifier == "math") env->verifier = Verifier::math;
-  else return invalid_input("env dataset: 'verifier' must be exact, numeric, regex, countdown or math (got '" + verifier + "')");
+  else if (verifier == "python") env->verifier = Verifier::python;
+  else return invalid_input("env dataset: 'verifier' must be exact, numeric, regex, countdown, math or python (got '" + verifier + "')");
   auto how = enum_from_name<ExtractHow>(extract);
   if (!how)
     return invalid_input("env dataset: 'extract' must be answer_tag, last_number, boxed, gsm8k or regex (got '" + extract + "')");
   auto extractor = make_answer_extractor(*how, pattern);
   if (!extractor.ok()) return invalid_input("env dataset: " + extractor.error().message);
   env->extractor = std::move(*extractor);
+  if ((env->verifier == Verifier::python) != !hook.reward.empty())
+    return invalid_input(hook.reward.empty() ? "env dataset: verifier python needs 'reward' (MODULE:FUNCTION)"
+                                             : "env dataset: 'reward' is for verifier: python (got '" + verifier + "')");
 
   if (train.empty()) return invalid_input("env dataset: config needs 'train' (a JSONL file)");
   auto resolve = [&](const std::string& p) { return (base_dir.empty() || p.starts_with("/")) ? p : base_dir + "/" + p; };
@@ -212,6 +238,12 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
     std::vector<Row> kept;
     for (auto& row : env->train) (in_eval_bucket(row.prompt, eval_permille) ? env->eval : kept).push_back(std::move(row));
     env->train = std::move(kept);
+  }
+  if (env->verifier == Verifier::python) {
+    hook.base_dir = base_dir;
+    env->answer_field = answer_field;
+    TROUPE_ASSIGN_OR_RETURN(env->hook, detail::RewardHook::open(hook));
+    env->index_rows();
   }
   return std::unique_ptr<Env>(std::move(env));
 }

@@ -59,7 +59,12 @@ Status ChildProcess::start(ChildOptions options, const std::string& where) {
   std::vector<char*> envp = pointers(env_strings), argv = pointers(argv_strings);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  if (options_.stdout_to_null) posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  if (options_.stdio_fd >= 0) {
+    posix_spawn_file_actions_adddup2(&actions, options_.stdio_fd, 0);
+    posix_spawn_file_actions_adddup2(&actions, options_.stdio_fd, 1);
+  } else if (options_.stdout_to_null) {
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  }
   if (!options_.log_path.empty())
     posix_spawn_file_actions_addopen(&actions, 2, options_.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawnattr_t attr;

@@ -23,6 +23,7 @@ struct ChildOptions {
   std::string log_path;                                   // the child's stderr (truncated at each start)
   bool stdout_to_null = false;                            // else the child shares our stdout
   bool own_group = false;                                 // a process group of its own: stop() stops its children too
+  int stdio_fd = -1;  // >= 0: the child's stdin and stdout are this descriptor (e.g. a socketpair end; still the caller's to close)
 };
 
 class ChildProcess {

@@ -1,9 +1,10 @@
 // ChildProcess: start with the stderr log, exit status and tail, stop with a grace period (a whole
-// process group with own_group), a command that cannot start.
+// process group with own_group), a command that cannot start, a descriptor as stdin and stdout.
 #include "child_process.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -124,4 +125,23 @@ TEST(ChildProcess, CommandThatCannotStart) {
   EXPECT_EQ(c.pid(), -1);
   EXPECT_FALSE(c.alive());
   EXPECT_EQ(c.log_tail(), "");
+}
+
+TEST(ChildProcess, StdioFdIsTheChildsStdinAndStdout) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  ChildProcess c;
+  ChildOptions o;
+  o.argv = {"sh", "-c", "read x; echo \"got $x\""};
+  o.stdio_fd = sv[1];
+  ASSERT_TRUE(c.start(o, "test").ok());
+  ::close(sv[1]);
+  ASSERT_EQ(::write(sv[0], "hi\n", 3), 3);
+  std::string out;
+  char buf[64];
+  for (ssize_t n; (n = ::read(sv[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  ::close(sv[0]);
+  EXPECT_EQ(out, "got hi\n");
+  c.stop(5.0, 0);
+  EXPECT_EQ(describe_wait_status(c.exit_status()), "exited with status 0");
 }

@@ -20,6 +20,10 @@ const char* termination_name(Termination t) {
     case Termination::aborted: return "aborted";
     case Termination::protocol_error: return "protocol_error";
     case Termination::invalid_reward: return "invalid_reward";
+    case Termination::reward_timeout: return "reward_timeout";
+    case Termination::reward_crash: return "reward_crash";
+    case Termination::reward_error: return "reward_error";
+    case Termination::reward_bad_return: return "reward_bad_return";
   }
   return "done";
 }
@@ -27,7 +31,8 @@ const char* termination_name(Termination t) {
 Result<Termination> parse_termination(const std::string& s) {
   for (auto t : {Termination::done, Termination::max_turns, Termination::truncated, Termination::env_error,
                  Termination::timeout, Termination::worker_crash, Termination::aborted, Termination::protocol_error,
-                 Termination::invalid_reward}) {
+                 Termination::invalid_reward, Termination::reward_timeout, Termination::reward_crash,
+                 Termination::reward_error, Termination::reward_bad_return}) {
     if (s == termination_name(t)) return t;
   }
   return invalid_input("unknown termination '" + s + "'");

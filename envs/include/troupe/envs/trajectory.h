@@ -27,6 +27,10 @@ enum class Termination {
   aborted,      // the run stopped the episode (shutdown, staleness)
   protocol_error,  // the env's reply was malformed (not JSON, wrong id, extra frames, bad UTF-8)
   invalid_reward,  // a reward that is not finite or lies outside envs[].reward_min/reward_max
+  reward_timeout,     // a reward hook (dataset `verifier: python`) ran past reward_timeout_s
+  reward_crash,       // a reward hook's worker process died (or answered garbage)
+  reward_error,       // a reward hook's function raised
+  reward_bad_return,  // a reward hook's function returned something else than a number or a dict of numbers
 };
 const char* termination_name(Termination t);
 Result<Termination> parse_termination(const std::string& s);
