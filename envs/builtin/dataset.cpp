@@ -1,11 +1,11 @@
 // `dataset`: prompts and answers from the user's JSONL files (train and held-out), a prompt template
 // over each row's fields, scored by a chosen verifier. Rows are checked when the env is created:
 // a malformed row, a missing field or a bad regex is an error naming FILE:LINE.
-#include <fstream>
 #include <regex>
 #include <set>
 
 #include "builtin/answer_scoring.h"
+#include "builtin/dataset_rows.h"
 #include "builtin/single_turn.h"
 #include "src/config_util.h"
 #include "troupe/envs/builtin.h"
@@ -24,32 +24,13 @@ bool verify_numeric(const std::string& answer, const std::string& reference) {
 
 namespace {
 
+using detail::DatasetRow;
+using detail::load_rows;
+using detail::RowRules;
+
 enum class Verifier { exact, numeric, regex, countdown };
 
-struct Row {
-  std::string prompt, answer, reference_completion;
-  json fields;
-  std::string where;  // FILE:LINE
-};
-
-// "{field}" -> the row's field (strings as is, other JSON dumped); "{{" and "}}" are literal braces.
-Result<std::string> render_template(const std::string& tpl, const json& row, const std::string& where) {
-  std::string out;
-  for (size_t i = 0; i < tpl.size(); ++i) {
-    char c = tpl[i];
-    if (c == '{' && i + 1 < tpl.size() && tpl[i + 1] == '{') { out += '{'; ++i; continue; }
-    if (c == '}' && i + 1 < tpl.size() && tpl[i + 1] == '}') { out += '}'; ++i; continue; }
-    if (c != '{') { out += c; continue; }
-    size_t end = tpl.find('}', i);
-    if (end == std::string::npos) return invalid_input(where + ": template has an unclosed '{'");
-    std::string key = tpl.substr(i + 1, end - i - 1);
-    auto it = row.find(key);
-    if (it == row.end()) return invalid_input(where + ": row has no field '" + key + "' used by the template");
-    out += it->is_string() ? it->get<std::string>() : it->dump();
-    i = end;
-  }
-  return out;
-}
+using Row = DatasetRow;
 
 class DatasetEnv final : public detail::SingleTurnEnv {
  public:
@@ -96,58 +77,15 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   }
 };
 
-Result<std::vector<Row>> load_rows(const std::string& path, const std::string& tpl, const std::string& answer_field,
-                                   Verifier verifier) {
-  std::ifstream in(path);
-  if (!in) return invalid_input("env dataset: cannot open '" + path + "'");
-  std::vector<Row> rows;
-  std::string line;
-  for (int lineno = 1; std::getline(in, line); ++lineno) {
-    const std::string where = path + ":" + std::to_string(lineno);
-    if (trim(line).empty()) continue;
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded()) return invalid_input(where + ": error: not valid JSON");
-    if (!j.is_object()) return invalid_input(where + ": error: a row must be a JSON object");
-    Row row;
-    row.where = where;
-    TROUPE_ASSIGN_OR_RETURN(row.prompt, render_template(tpl, j, where + ": error"));
-    if (verifier == Verifier::countdown) {
-      if (!j.contains("numbers") || !j["numbers"].is_array() || !j.contains("target") || !j["target"].is_number_integer())
-        return invalid_input(where + ": error: countdown rows need 'numbers' (array of integers) and 'target' (integer)");
-      for (const auto& x : j["numbers"]) {
-        if (!x.is_number_integer()) return invalid_input(where + ": error: 'numbers' must hold integers");
-      }
-      row.answer = std::to_string(j["target"].get<int64_t>());
-    } else {
-      auto it = j.find(answer_field);
-      if (it == j.end()) return invalid_input(where + ": error: row has no answer field '" + answer_field + "'");
-      if (it->is_string()) {
-        row.answer = it->get<std::string>();
-      } else if (it->is_number()) {
-        row.answer = it->dump();
-      } else {
-        return invalid_input(where + ": error: answer field '" + answer_field + "' must be a string or a number");
-      }
-      if (verifier == Verifier::regex) {
-        try {
-          std::regex check(row.answer, std::regex::ECMAScript);
-        } catch (const std::regex_error& e) {
-          return invalid_input(where + ": error: answer is not a valid regex: " + e.what());
-        }
-      }
-      if (verifier == Verifier::numeric && !parse_number(row.answer).ok())
-        return invalid_input(where + ": error: answer '" + row.answer + "' is not a number (numeric verifier)");
-    }
-    if (auto c = j.find("completion"); c != j.end() && c->is_string()) {
-      row.reference_completion = c->get<std::string>();
-    } else {
-      row.reference_completion = "<answer>" + row.answer + "</answer>";
-    }
-    row.fields = std::move(j);
-    rows.push_back(std::move(row));
-  }
-  if (rows.empty()) return invalid_input("env dataset: '" + path + "' has no rows");
-  return rows;
+// What each row must hold for the verifier (dataset_rows.h).
+RowRules rules_for(const std::string& tpl, const std::string& answer_field, Verifier verifier) {
+  RowRules rules;
+  rules.tpl = tpl;
+  rules.answer_field = answer_field;
+  rules.countdown = verifier == Verifier::countdown;
+  rules.answer_regex = verifier == Verifier::regex;
+  rules.answer_number = verifier == Verifier::numeric;
+  return rules;
 }
 
 }  // namespace
@@ -172,9 +110,10 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   else return invalid_input("env dataset: 'verifier' must be exact, numeric, regex or countdown (got '" + verifier + "')");
   if (train.empty()) return invalid_input("env dataset: config needs 'train' (a JSONL file)");
   auto resolve = [&](const std::string& p) { return (base_dir.empty() || p.starts_with("/")) ? p : base_dir + "/" + p; };
-  TROUPE_ASSIGN_OR_RETURN(env->train, load_rows(resolve(train), tpl, answer_field, env->verifier));
+  const RowRules rules = rules_for(tpl, answer_field, env->verifier);
+  TROUPE_ASSIGN_OR_RETURN(env->train, load_rows(resolve(train), rules));
   if (!eval.empty()) {
-    TROUPE_ASSIGN_OR_RETURN(env->eval, load_rows(resolve(eval), tpl, answer_field, env->verifier));
+    TROUPE_ASSIGN_OR_RETURN(env->eval, load_rows(resolve(eval), rules));
     // Keep the splits disjoint even when the files overlap: a held-out prompt is never trained on.
     std::set<std::string> held_out;
     for (const auto& row : env->eval) held_out.insert(row.prompt);

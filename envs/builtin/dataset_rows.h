@@ -1,0 +1,39 @@
+// Private to the `dataset` env: a dataset file's rows read and checked into prompts and answers
+// (the template over each row's fields, the answer field). Every error names FILE:LINE (or
+// FILE:ROW for row-indexed formats); a loaded row always has its prompt, answer and completion.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "troupe/envs/env.h"
+
+namespace troupe::envs::detail {
+
+struct DatasetRow {
+  std::string prompt, answer, reference_completion;
+  json fields;
+  std::string where;  // FILE:LINE
+};
+
+// What each row must hold beyond the template's fields: countdown rows carry `numbers` and
+// `target` (the answer is the target); the others the answer field, which must also be a valid
+// regex (`answer_regex`) or a number (`answer_number`) when the verifier needs one.
+struct RowRules {
+  std::string tpl = "{question}";
+  std::string answer_field = "answer";
+  bool countdown = false;
+  bool answer_regex = false;
+  bool answer_number = false;
+};
+
+// "{field}" -> the row's field (strings as is, other JSON dumped); "{{" and "}}" are literal braces.
+Result<std::string> render_template(const std::string& tpl, const json& row, const std::string& where);
+
+// One row (a JSON value from `where`) checked and rendered.
+Result<DatasetRow> make_row(json j, const std::string& where, const RowRules& rules);
+
+// Every row of a JSONL file; an error when it cannot be read, a row is bad or there is none.
+Result<std::vector<DatasetRow>> load_rows(const std::string& path, const RowRules& rules);
+
+}  // namespace troupe::envs::detail
