@@ -6,8 +6,10 @@
 
 #include "builtin/answer_scoring.h"
 #include "builtin/dataset_rows.h"
+#include "builtin/row_order.h"
 #include "builtin/single_turn.h"
 #include "src/config_util.h"
+#include "troupe/base/build_config.h"
 #include "troupe/envs/builtin.h"
 #include "troupe/envs/expr.h"
 #include "troupe/envs/tools.h"
@@ -26,7 +28,9 @@ namespace {
 
 using detail::DatasetRow;
 using detail::load_rows;
+using detail::RowOrder;
 using detail::RowRules;
+using detail::RowSource;
 
 enum class Verifier { exact, numeric, regex, countdown };
 
@@ -37,6 +41,8 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   std::vector<Row> train, eval;
   Verifier verifier = Verifier::exact;
   double format_reward = 0;
+  bool shuffle = false;
+  std::unique_ptr<RowOrder> order;  // with shuffle
 
   EnvInfo info() const override { return {"dataset", "1", false, 1, {}}; }
 
@@ -67,12 +73,18 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   Result<Observation> make_instance(uint64_t seed, const ResetOptions& options) override {
     const auto& rows = options.split == Split::eval ? eval : train;
     if (rows.empty()) return invalid_input(std::string("dataset: the ") + split_name(options.split) + " split has no rows");
-    const Row& row = rows[seed % rows.size()];
+    // shuffle: the train split's n-th draw (options.extra["draw"], which the coordinator numbers
+    // per env) takes the row RowOrder gives; otherwise, and for eval, row seed mod N.
+    const auto draw = options.extra.find("draw");
+    const bool ordered = shuffle && options.split == Split::train && draw != options.extra.end() &&
+                         draw->is_number_unsigned();
+    const Row& row = ordered ? rows[order->row_of(draw->get<uint64_t>(), rows.size())] : rows[seed % rows.size()];
     json meta = row.fields;
     meta["answer"] = row.answer;
     meta["reference_completion"] = row.reference_completion;
     meta["row"] = row.where;
     meta["split"] = split_name(options.split);
+    if (ordered) meta["epoch"] = RowOrder::epoch_of(draw->get<uint64_t>(), rows.size());
     return detail::text_observation(row.prompt, std::move(meta));
   }
 };
@@ -86,6 +98,17 @@ RowRules rules_for(const std::string& tpl, const std::string& answer_field, Veri
   rules.answer_regex = verifier == Verifier::regex;
   rules.answer_number = verifier == Verifier::numeric;
   return rules;
+}
+
+// How one file is read: config `split_key` (its split, else the only one, else `prefer`),
+// `max_rows` and `python` (what reads parquet files and datasets directories).
+Result<RowSource> read_source(detail::ConfigReader& r, const std::string& split_key, const std::string& prefer) {
+  RowSource src;
+  TROUPE_ASSIGN_OR_RETURN(src.split, r.string(split_key, ""));
+  src.prefer = src.split.empty() ? prefer : "";
+  TROUPE_ASSIGN_OR_RETURN(src.max_rows, r.integer("max_rows", 0, 0, INT64_MAX));
+  TROUPE_ASSIGN_OR_RETURN(src.python, r.string("python", troupe::python_executable()));
+  return src;
 }
 
 }  // namespace
@@ -102,18 +125,27 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   TROUPE_ASSIGN_OR_RETURN(std::string base_dir, r.string("base_dir", ""));
   TROUPE_ASSIGN_OR_RETURN(env->format_reward, r.number("format_reward", 0.0, 0.0, 1.0));
   TROUPE_ASSIGN_OR_RETURN(const int eval_permille, r.eval_permille());
+  TROUPE_ASSIGN_OR_RETURN(RowSource train_src, read_source(r, "split", "train"));
+  TROUPE_ASSIGN_OR_RETURN(RowSource eval_src, read_source(r, "eval_split", "test"));
+  TROUPE_ASSIGN_OR_RETURN(env->shuffle, r.boolean("shuffle", false));
+  TROUPE_ASSIGN_OR_RETURN(const int64_t order_seed, r.integer("seed", 0, INT64_MIN, INT64_MAX));
+  env->order = std::make_unique<RowOrder>(static_cast<uint64_t>(order_seed));
   TROUPE_TRY(r.finish());
   if (verifier == "exact") env->verifier = Verifier::exact;
   else if (verifier == "numeric") env->verifier = Verifier::numeric;
   else if (verifier == "regex") env->verifier = Verifier::regex;
   else if (verifier == "countdown") env->verifier = Verifier::countdown;
   else return invalid_input("env dataset: 'verifier' must be exact, numeric, regex or countdown (got '" + verifier + "')");
-  if (train.empty()) return invalid_input("env dataset: config needs 'train' (a JSONL file)");
+  if (train.empty())
+    return invalid_input("env dataset: config needs 'train' (a JSONL or parquet file, or a datasets directory)");
   auto resolve = [&](const std::string& p) { return (base_dir.empty() || p.starts_with("/")) ? p : base_dir + "/" + p; };
   const RowRules rules = rules_for(tpl, answer_field, env->verifier);
-  TROUPE_ASSIGN_OR_RETURN(env->train, load_rows(resolve(train), rules));
+  if (eval.empty() && !eval_src.split.empty()) return invalid_input("env dataset: 'eval_split' needs 'eval' (a file or directory)");
+  train_src.path = resolve(train);
+  eval_src.path = resolve(eval);
+  TROUPE_ASSIGN_OR_RETURN(env->train, load_rows(train_src, rules));
   if (!eval.empty()) {
-    TROUPE_ASSIGN_OR_RETURN(env->eval, load_rows(resolve(eval), rules));
+    TROUPE_ASSIGN_OR_RETURN(env->eval, load_rows(eval_src, rules));
     // Keep the splits disjoint even when the files overlap: a held-out prompt is never trained on.
     std::set<std::string> held_out;
     for (const auto& row : env->eval) held_out.insert(row.prompt);

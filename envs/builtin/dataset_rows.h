@@ -33,7 +33,23 @@ Result<std::string> render_template(const std::string& tpl, const json& row, con
 // One row (a JSON value from `where`) checked and rendered.
 Result<DatasetRow> make_row(json j, const std::string& where, const RowRules& rules);
 
-// Every row of a JSONL file; an error when it cannot be read, a row is bad or there is none.
-Result<std::vector<DatasetRow>> load_rows(const std::string& path, const RowRules& rules);
+// Where a split's rows come from: a JSONL file (any other name), a `.parquet` or `.arrow` file, or
+// a directory (a `datasets` save_to_disk Dataset or DatasetDict, or a folder of .arrow/.parquet
+// files); the last three are read by the SDK's troupe_env/read_rows.py run with `python`.
+struct RowSource {
+  std::string path;
+  std::string split;      // a DatasetDict's split ("" : the only one, else `prefer`)
+  std::string prefer;     // the split taken when there are several and `split` is empty
+  int64_t max_rows = 0;   // read at most this many rows (0: all)
+  std::string python;     // the interpreter that runs read_rows.py
+};
+
+// True when `path` is read by read_rows.py rather than as JSONL.
+bool is_table_source(const std::string& path);
+
+// Every row of the source, in its order; an error when it cannot be read, a row is bad or there
+// is none. JSONL rows are named FILE:LINE, table rows FILE:ROW (ROW counts from 1; a DatasetDict
+// split is named DIR[SPLIT]:ROW).
+Result<std::vector<DatasetRow>> load_rows(const RowSource& source, const RowRules& rules);
 
 }  // namespace troupe::envs::detail
