@@ -436,6 +436,41 @@ std::string deprecated_keys_summary() {
   return out;
 }
 
+namespace {
+// The built-in dataset env's `config:` keys (read by envs/builtin/dataset.cpp, not by this schema).
+std::string dataset_env_keys() {
+  return "\nThe built-in `dataset` env's `config:` (`envs/builtin/dataset.cpp`; unknown keys are errors):\n\n"
+         "| config key | type | default | description |\n|---|---|---|---|\n"
+         "| `train` | string | required | The train rows: a JSONL file (one JSON object per line), a `.parquet` or `.arrow` "
+         "file, or a Hugging Face `datasets` directory (`save_to_disk` of a Dataset or DatasetDict, or a folder of "
+         "`.arrow`/`.parquet` files as the Hub cache holds). Relative to `base_dir`. |\n"
+         "| `eval` | string | `\"\"` | The held-out rows, in the same formats (may name the same directory as "
+         "`train`); train rows whose prompt is also here are dropped. Without it, rows are split by a hash of the "
+         "prompt (`eval_fraction`). |\n"
+         "| `split` | string | `\"\"` | The split of a DatasetDict (or multi-split folder) `train` takes; empty: the "
+         "only one, else `train`. An unknown split is an error listing the splits. |\n"
+         "| `eval_split` | string | `\"\"` | The split `eval` takes; empty: the only one, else `test`. |\n"
+         "| `max_rows` | int | `0` | Read at most this many rows of each file (0: all), before the train/eval split. |\n"
+         "| `shuffle` | bool | `false` | false: a train prompt is row `seed mod N` of the N train rows (drawn with "
+         "replacement: the seed is a hash of run.seed, the step and the prompt's index). true: epochs; the env's "
+         "n-th draw of the run takes row perm_e[n mod N], e = n / N, perm_e a permutation from `seed` and e, so "
+         "every row once per epoch; the coordinator numbers the draws (retries and dynamic-sampling rounds "
+         "included) and checkpoints the count, so `--resume` draws on bit for bit. `metadata.epoch` says the epoch. |\n"
+         "| `seed` | int | run.seed | The seed of the shuffle order. |\n"
+         "| `template` | string | `\"{question}\"` | The prompt: `{field}` is the row's field, `{{`/`}}` literal braces. |\n"
+         "| `answer_field` | string | `\"answer\"` | The field holding the reference answer (a string or number). |\n"
+         "| `verifier` | string | `\"exact\"` | How a completion is scored (envs/README.md). |\n"
+         "| `format_reward` | float | `0` | Reward for a well-formed wrong answer. |\n"
+         "| `eval_fraction` | float | `0.2` | Without `eval`: the share of rows held out. |\n"
+         "| `base_dir` | string | the YAML's folder | Where relative `train`/`eval` paths start. |\n"
+         "| `python` | string | $TROUPE_PYTHON or the configured one | The Python (with pyarrow) that reads parquet "
+         "files and `datasets` directories (`envs/python/troupe_env/read_rows.py`). |\n\n"
+         "Eval prompt i is row i mod N of the eval rows, in file order, shuffle or not. `troupe validate` reads "
+         "every row of every dataset env and names a bad one as FILE:LINE (JSONL) or FILE:ROW (a table's row, "
+         "counted from 1; `DIR[SPLIT]:ROW` in a DatasetDict).\n";
+}
+}  // namespace
+
 std::string render_config_readme() {
   std::ostringstream o;
   o << "# Experiment YAML reference\n\n"
@@ -505,6 +540,7 @@ std::string render_config_readme() {
           << (e.type == KeyType::mapping ? std::string("{}") : render_value(e.field(d))) << "` | " << range << " | "
           << e.description << " |\n";
       }
+      o << dataset_env_keys();
       continue;
     }
     std::string range = "any";

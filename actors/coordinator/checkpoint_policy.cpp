@@ -2,6 +2,7 @@
 // the end of each phase, and whenever an eval beats the best keep_best_by value so far (learner 0
 // writes; the others hold the same state); --resume loads checkpoints/latest into every learner;
 // a run that fails for a reason other than a learner saves its last finished step first.
+#include <algorithm>
 #include <filesystem>
 
 #include "coordinator_internal.h"
@@ -46,16 +47,21 @@ Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Dur
   PipelineState ledger;
   ledger.trained_steps = phase == "grpo" ? k + 1 : 0;
   ledger.trained_episodes = s.trained_episodes;
+  int64_t through = phase == "grpo" ? k : -1;  // the last GRPO step whose rollout the checkpoint holds
   if (phase == "grpo")
     if (auto p = s.pipeline ? s.pipeline->snapshot(s, k) : std::nullopt) {
       ledger = std::move(*p);
       req.pipeline = encode_pipeline(ledger);
+      for (const auto& f : ledger.finished) through = std::max(through, f.first);
     }
-  req.extra_json = json{{"global_step", s.step},
-                        {"coordinator_phase", phase},
-                        {"wall_s", s.now_s()},
-                        {"ledger", ledger_json(ledger, s.cfg.rollout.num_generations)}}
-                       .dump();
+  json extra = {{"global_step", s.step},
+                {"coordinator_phase", phase},
+                {"wall_s", s.now_s()},
+                {"ledger", ledger_json(ledger, s.cfg.rollout.num_generations)}};
+  // the envs' draw counts that go with the saved rollouts (a resumed run draws on from there)
+  const auto& draws = phase == "grpo" ? s.draws_after(through) : s.draws;
+  if (!draws.empty()) extra["draws"] = draws;
+  req.extra_json = extra.dump();
   if (scored) {
     req.has_metric = true;
     req.metric = s.last_eval[best].get<double>();
@@ -82,6 +88,10 @@ Task<Result<int64_t>> resume_from_latest(RunState& s) {
     s.wall_offset = extra.value("wall_s", 0.0);
     if (extra.contains("ledger") && extra["ledger"].is_object())
       s.trained_episodes = extra["ledger"].value("trained_episodes", int64_t{0});
+    s.draws.clear();
+    if (auto d = extra.find("draws"); d != extra.end() && d->is_object())
+      for (auto it = d->begin(); it != d->end(); ++it)
+        if (it->is_number_integer()) s.draws[it.key()] = it->get<int64_t>();
     if (l == s.peers.learners.front()) s.resumed_pipeline = std::move(rep.pipeline);
   }
   TROUPE_CO_TRY(co_await sync_weights(s, nullptr));
