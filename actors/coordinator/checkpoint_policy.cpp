@@ -24,6 +24,15 @@ bool improves_best(RunState& s, double value) {
   if (!s.best_value) return true;
   return s.cfg.checkpointing.higher_is_better ? value > *s.best_value : value < *s.best_value;
 }
+
+// The envs' draw counts that go with what a checkpoint after GRPO step k (-1: in SFT) keeps: the
+// counts once the last rollout it holds was made (a resumed run draws on from there).
+const std::map<std::string, int64_t>& saved_draws(const RunState& s, int64_t k, const PipelineState& ledger) {
+  if (k < 0) return s.draws;
+  int64_t through = k;
+  for (const auto& f : ledger.finished) through = std::max(through, f.first);
+  return s.draws_after(through);
+}
 }  // namespace
 
 bool periodic_checkpoint_due(const ExperimentConfig& cfg, int64_t step) {
@@ -47,20 +56,16 @@ Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Dur
   PipelineState ledger;
   ledger.trained_steps = phase == "grpo" ? k + 1 : 0;
   ledger.trained_episodes = s.trained_episodes;
-  int64_t through = phase == "grpo" ? k : -1;  // the last GRPO step whose rollout the checkpoint holds
   if (phase == "grpo")
     if (auto p = s.pipeline ? s.pipeline->snapshot(s, k) : std::nullopt) {
       ledger = std::move(*p);
       req.pipeline = encode_pipeline(ledger);
-      for (const auto& f : ledger.finished) through = std::max(through, f.first);
     }
   json extra = {{"global_step", s.step},
                 {"coordinator_phase", phase},
                 {"wall_s", s.now_s()},
                 {"ledger", ledger_json(ledger, s.cfg.rollout.num_generations)}};
-  // the envs' draw counts that go with the saved rollouts (a resumed run draws on from there)
-  const auto& draws = phase == "grpo" ? s.draws_after(through) : s.draws;
-  if (!draws.empty()) extra["draws"] = draws;
+  extra["draws"] = json(saved_draws(s, phase == "grpo" ? k : -1, ledger));
   req.extra_json = extra.dump();
   if (scored) {
     req.has_metric = true;

@@ -1,6 +1,7 @@
-// `dataset`: prompts and answers from the user's JSONL files (train and held-out), a prompt template
-// over each row's fields, scored by a chosen verifier. Rows are checked when the env is created:
-// a malformed row, a missing field or a bad regex is an error naming FILE:LINE.
+// `dataset`: prompts and answers from the user's files (train and held-out; JSONL, parquet or a
+// `datasets` directory: dataset_rows.h), a prompt template over each row's fields, scored by a chosen
+// verifier; train rows drawn by seed, or once per epoch with shuffle (row_order.h). Rows are checked
+// when the env is created: a malformed row, a missing field or a bad regex is an error naming FILE:LINE.
 #include <regex>
 #include <set>
 
