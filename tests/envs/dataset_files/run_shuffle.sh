@@ -2,8 +2,8 @@
 # envs.dataset_files_run: whole runs of the dataset env with shuffle: true (a parquet train file).
 # Every row is drawn once per epoch in the order the trajectories show; 5 steps + --resume + 5 steps
 # (the checkpoint inside epoch 1, epoch 2 begun after it) equal 10 uninterrupted steps bit for bit,
-# draws included; without shuffle the draws are today's (row seed mod N). `troupe validate` reads
-# every row: a bad row exits 2 naming FILE:LINE.
+# draws included (sync; async with SFT; with retried resets); without shuffle the draws are
+# today's (row seed mod N). `troupe validate` reads every row: a bad row exits 2 naming FILE:LINE.
 #   run_shuffle.sh TROUPE PYTHON SOURCE_DIR WORK_DIR
 set -euo pipefail
 TROUPE=$1 PY=$2 SRC=$3 WORK=$4
@@ -22,34 +22,51 @@ PY
 CFG="$WORK/exp.yaml"
 cp "$SRC/configs/quickstart.yaml" "$CFG"
 ENV="{train: data/train.parquet, python: $APY, eval_fraction: 0.0, shuffle: true}"
-S=(--set envs[0].name=data --set envs[0].env=dataset --set "envs[0].config=$ENV" --set sft.enabled=false --set rollout.prompts_per_step=5
+S=(--set envs[0].name=data --set envs[0].env=dataset --set "envs[0].config=$ENV" --set rollout.prompts_per_step=5
    --set rollout.num_generations=4 --set logger.trajectories_per_step=20 --set optimizer.schedule=constant
    --set eval.every=0 --set eval.num_prompts=4 --set checkpointing.every=5 --set logger.progress=off)
-"$TROUPE" run "$CFG" --set run.dir="$WORK/a" --set grpo.max_steps=10 "${S[@]}"
-"$TROUPE" run "$CFG" --set run.dir="$WORK/b" --set grpo.max_steps=5 "${S[@]}"
-"$TROUPE" run "$CFG" --resume "$WORK/b" --set grpo.max_steps=10 "${S[@]}"
-$CHECK same "$WORK/a" "$WORK/b"
-# the rows each step drew (group order), from the trajectories: each epoch of 20 draws takes
-# every row once, the resumed run draws what the uninterrupted one did
-"$PY" - "$WORK/a" "$WORK/b" <<'PY'
+# draws RUN: the (row, epoch) each GRPO group drew, in (step, group) order, from the trajectories
+draws() {
+  "$PY" - "$1" <<'PY'
 import json, sys
-def draws(run):
-    seen = {}
-    for line in open(run + "/trajectories/grpo.jsonl"):
-        t = json.loads(line)
-        m = t["prompt"]["metadata"]
-        seen[(t["step"], t["group"])] = (m["row"], m["epoch"])
-    return [seen[k] for k in sorted(seen)]
-a, b = draws(sys.argv[1]), draws(sys.argv[2])
+seen = {}
+for line in open(sys.argv[1] + "/trajectories/grpo.jsonl"):
+    t = json.loads(line)
+    m = t["prompt"]["metadata"]
+    seen[(t["step"], t["group"])] = (m["row"], m["epoch"])
+print(json.dumps([seen[k] for k in sorted(seen)]))
+PY
+}
+# resumed NAME CONFIG SETS...: 10 steps, and 5 + --resume + 5, give the same metrics and draws
+resumed() {
+  local name=$1 cfg=$2
+  shift 2
+  "$TROUPE" run "$cfg" --set run.dir="$WORK/$name-a" --set grpo.max_steps=10 "${S[@]}" "$@"
+  "$TROUPE" run "$cfg" --set run.dir="$WORK/$name-b" --set grpo.max_steps=5 "${S[@]}" "$@"
+  "$TROUPE" run "$cfg" --resume "$WORK/$name-b" --set grpo.max_steps=10 "${S[@]}" "$@"
+  $CHECK same "$WORK/$name-a" "$WORK/$name-b"
+  draws "$WORK/$name-a" > "$WORK/$name-a.draws"
+  draws "$WORK/$name-b" > "$WORK/$name-b.draws"
+  cmp "$WORK/$name-a.draws" "$WORK/$name-b.draws"
+}
+resumed sync "$CFG" --set sft.enabled=false
+# each epoch of 20 draws takes every row once, each in its own order
+"$PY" - "$WORK/sync-a.draws" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))
 assert len(a) == 50, len(a)
-assert a == b, "the resumed run drew other rows"
 for e in range(2):
-    rows = [r for r, ep in a[20 * e:20 * (e + 1)]]
-    assert len(set(rows)) == 20, (e, rows)
+    assert len({r for r, _ in a[20 * e:20 * (e + 1)]}) == 20, (e, a)
     assert all(ep == e for _, ep in a[20 * e:20 * (e + 1)]), a
-assert a[:20] != a[20:40], "each epoch has its own order"
+assert [r for r, _ in a[:20]] != [r for r, _ in a[20:40]], "each epoch has its own order"
 print("shuffle: every row once per epoch; resumed draws identical")
 PY
+# async with SFT examples drawn first (a checkpoint keeps rollouts made ahead, with their draws),
+# and retried resets (injected reset faults: each retry draws the next row)
+cp "$SRC/configs/async.yaml" "$WORK/async.yaml"
+resumed async "$WORK/async.yaml" --set sft.max_steps=2 --set sft.batch_size=6
+resumed faults "$CFG" --set sft.enabled=false --set faults.env_exception=0.15 --set faults.env_op=reset --set faults.seed=3
+grep -q '"env_retries"' "$WORK/faults-a/metrics.jsonl"
 # without shuffle (the key absent): draws are row seed mod N, as before, and a JSONL and a
 # parquet file give the same run
 P=(--set envs[0].name=data --set envs[0].env=dataset --set sft.enabled=false --set rollout.prompts_per_step=5 --set grpo.max_steps=3
