@@ -61,6 +61,13 @@ for e in range(2):
 assert [r for r, _ in a[:20]] != [r for r, _ in a[20:40]], "each epoch has its own order"
 print("shuffle: every row once per epoch; resumed draws identical")
 PY
+# the metric data/epoch/<env>: the latest epoch each step drew from (steps 0-3 epoch 0, 4-7 epoch 1, ...)
+"$PY" - "$WORK/sync-a/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+epochs = [r["data/epoch/data"] for r in rows if r.get("phase") == "grpo" and "reward_mean" in r]
+assert epochs == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2], epochs
+PY
 # async with SFT examples drawn first (a checkpoint keeps rollouts made ahead, with their draws),
 # and retried resets (injected reset faults: each retry draws the next row)
 cp "$SRC/configs/async.yaml" "$WORK/async.yaml"
