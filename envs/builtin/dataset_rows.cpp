@@ -155,8 +155,9 @@ Status run_reader(const RowSource& src, const std::string& out) {
       if (!trim(line).empty()) err = trim(line);  // the reader's error is its last line
   }
   if (err.starts_with("error: ")) err = err.substr(7);
-  return invalid_input("env dataset: " + (err.empty() ? "cannot read '" + src.path + "'" : err) + " (read by " +
-                       src.python + ", which " + describe_wait_status(status) + ")");
+  if (err.empty()) err = "cannot read it";
+  if (err.find(src.path) == std::string::npos) err = "'" + src.path + "': " + err;  // name the file
+  return invalid_input("env dataset: " + err + " (read by " + src.python + ", which " + describe_wait_status(status) + ")");
 }
 
 // The rows of a parquet/arrow file or datasets directory, through read_rows.py.

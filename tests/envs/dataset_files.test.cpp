@@ -196,6 +196,7 @@ TEST_F(DatasetFiles, ErrorsNameTheFileAndRow) {
   if (run_text("/usr/bin/python3 -c 'import pyarrow' 2>/dev/null && echo has") != "has\n") {
     const std::string e = error_of({{"train", "rows.parquet"}, {"python", "/usr/bin/python3"}});
     EXPECT_NE(e.find("needs pyarrow"), std::string::npos) << e;
+    EXPECT_NE(e.find("'" + d + "/rows.parquet': "), std::string::npos) << e;
     EXPECT_NE(e.find("-m pip install pyarrow"), std::string::npos) << e;
   }
 }
