@@ -62,6 +62,10 @@ Command add_validate_command(CLI::App& root) {
   return {app, [o]() {
             auto loaded = load_and_report(o->config, o->sets);
             if (!loaded) return 2;
+            if (Status data = check_env_data(*loaded); !data.ok()) {
+              std::fprintf(stderr, "%s: error: %s\n", o->config.c_str(), data.error().message.c_str());
+              return 2;
+            }
             if (o->print)
               std::fputs(resolved_yaml(loaded->config).c_str(), stdout);
             else

@@ -436,23 +436,36 @@ std::string deprecated_keys_summary() {
   return out;
 }
 
-// The built-in `dataset` env's `envs[].config` keys (read by envs/builtin/dataset.cpp, which checks them).
+// The built-in `dataset` env's `envs[].config` keys (read and checked by envs/builtin/dataset.cpp and
+// dataset_rows.cpp, not by this schema; unknown keys are errors there).
 std::string dataset_env_keys_table() {
   return "\nThe built-in `dataset` env (`- {name: NAME, type: builtin, env: dataset, config: {...}}`) reads these\n"
          "`envs[].config` keys (behaviour: [envs/README.md](../envs/README.md#built-in-environments), answer\n"
          "extraction and the math verifier: [docs/answers.md](../docs/answers.md)):\n\n"
          "| key | type | default | range / values | description |\n|---|---|---|---|---|\n"
-         "| `envs[].config.train` | string | `\"\"` | any | Required. JSONL file of training rows, one JSON object a line (relative: to the YAML's folder). |\n"
-         "| `envs[].config.eval` | string | `\"\"` | any | JSONL file of held-out rows (empty = train rows split by a hash of each prompt, eval_fraction). |\n"
+         "| `envs[].config.train` | string | `\"\"` | any | Required. The train rows: a JSONL file (one JSON object a line), a `.parquet` or `.arrow` file, or a Hugging Face `datasets` directory (`save_to_disk` of a Dataset or DatasetDict, or a folder of `.arrow`/`.parquet` files as the Hub cache holds). Relative to base_dir. |\n"
+         "| `envs[].config.eval` | string | `\"\"` | any | The held-out rows, in the same formats (may name the same directory as train); train rows whose prompt is also here are dropped. Empty: train rows split by a hash of each prompt (eval_fraction). |\n"
+         "| `envs[].config.split` | string | `\"\"` | any | The split of a DatasetDict (or multi-split folder) train takes; empty: the only one, else `train`. An unknown split is an error listing the splits. |\n"
+         "| `envs[].config.eval_split` | string | `\"\"` | any | The split eval takes; empty: the only one, else `test`. |\n"
+         "| `envs[].config.max_rows` | int | `0` | 0 .. | Read at most this many rows of each file (0: all), before the train/eval split. |\n"
+         "| `envs[].config.shuffle` | bool | `false` | `true`, `false` | false: a train prompt is row `seed mod N` of the N train rows (drawn with replacement; the seed is a hash of run.seed, the step and the prompt's index). true: epochs; the env's n-th draw of the run takes row perm_e[n mod N], e = n / N, perm_e a permutation from seed and e, so every row once per epoch; the coordinator numbers the draws (retries and dynamic-sampling rounds included) and checkpoints the count, so `--resume` draws on bit for bit; `data/epoch/<env>` is logged. |\n"
+         "| `envs[].config.seed` | int | run.seed | any | The seed of the shuffle order. |\n"
          "| `envs[].config.template` | string | `\"{question}\"` | any | The prompt: each {field} is the row's field ({{ and }} are braces). |\n"
          "| `envs[].config.answer_field` | string | `\"answer\"` | any | The row's field holding the reference answer (a string or a number). |\n"
-         "| `envs[].config.verifier` | string | `\"exact\"` | `exact`, `numeric`, `regex`, `countdown`, `math` | exact: equal strings; numeric: equal rationals; regex: the reference fully matches; countdown: rows' numbers and target; math: mathematically equal (fractions, decimals, percentages, LaTeX, expressions, sets, tuples, units). |\n"
+         "| `envs[].config.verifier` | string | `\"exact\"` | `exact`, `numeric`, `regex`, `countdown`, `math`, `python` | exact: equal strings; numeric: equal rationals; regex: the reference fully matches; countdown: rows' numbers and target; math: mathematically equal (fractions, decimals, percentages, LaTeX, expressions, sets, tuples, units); python: the function named by reward. |\n"
          "| `envs[].config.extract` | string | `\"answer_tag\"` | `answer_tag`, `last_number`, `boxed`, `gsm8k`, `regex` | Which part of a response is its answer: the last `<answer>...</answer>` else the first line; the last number; the last `\\boxed{...}`; the text after the last `####`; group 1 of pattern's last match. Other than answer_tag it is applied to a text reference too. |\n"
          "| `envs[].config.pattern` | string | `\"\"` | any | extract: regex: an ECMAScript regex with a capture group (checked when the env starts). |\n"
          "| `envs[].config.extract_reference` | bool | `true` | `true`, `false` | Apply extract to the text reference at load (a row without the answer is an error naming FILE:LINE); false: the field already is the answer. |\n"
-         "| `envs[].config.base_dir` | string | `\"\"` | any | Folder that relative train and eval paths start at (troupe run sets it to the YAML's folder). |\n"
+         "| `envs[].config.reward` | string | `\"\"` | MODULE:FUNCTION | verifier: python: `FILE.py:FUNCTION` (beside the YAML) or `MODULE:FUNCTION` (importable), called as function(prompt, response, reference, row) -> float or dict (named components, summed unless it has `reward`); a missing module or function is an error at start. |\n"
+         "| `envs[].config.reward_timeout_s` | float | `10` | > 0 | verifier: python: a call's deadline; past it the worker is killed and restarted and the episode fails as reward_timeout. |\n"
+         "| `envs[].config.reward_workers` | int | `2` | 1 .. 64 | verifier: python: Python worker processes per env worker. |\n"
+         "| `envs[].config.python` | string | $TROUPE_PYTHON or the configured one | any | The Python that runs the reward hook and reads parquet files and `datasets` directories (with pyarrow). |\n"
+         "| `envs[].config.base_dir` | string | the YAML's folder | any | Folder that relative train and eval paths start at (troupe run sets it). |\n"
          "| `envs[].config.format_reward` | float | `0.0` | 0 .. 1 | Reward of a well-formed wrong answer (an answer tag; with another extract: an extracted answer). |\n"
-         "| `envs[].config.eval_fraction` | float | `0.2` | 0 .. 1 | Share of train rows held out when there is no eval file. |\n";
+         "| `envs[].config.eval_fraction` | float | `0.2` | 0 .. 1 | Share of train rows held out when there is no eval file. |\n\n"
+         "Eval prompt i is row i mod N of the eval rows, in file order, shuffle or not. `troupe validate` reads every row of "
+         "every dataset env and names a bad one as FILE:LINE (JSONL) or FILE:ROW (a table's row, counted from 1; "
+         "`DIR[SPLIT]:ROW` in a DatasetDict).\n";
 }
 
 std::string render_config_readme() {

@@ -1,5 +1,6 @@
 # launch.validate_cli: `troupe validate` exits 0 on a good file and 2 on a bad one, printing
-# FILE:LINE:COL: error: key: ... on stderr; a bad --set names the override.
+# FILE:LINE:COL: error: key: ... on stderr; a bad --set names the override; a bad dataset row is
+# named FILE:LINE.
 set(dir ${WORK}/validate_cli)
 file(MAKE_DIRECTORY ${dir})
 file(WRITE ${dir}/good.yaml "envs:\n  - name: arithmetic\n")
@@ -22,6 +23,13 @@ endif()
 execute_process(COMMAND ${TROUPE} validate ${dir}/good.yaml --set grpo.max_steps=ten RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(NOT rc EQUAL 2 OR NOT err MATCHES "--set grpo.max_steps=ten: error: grpo.max_steps: expected an integer")
   message(FATAL_ERROR "validate --set: rc=${rc} stderr=${err}")
+endif()
+# the dataset env's rows are read and checked: a bad row is named FILE:LINE (exit 2)
+file(WRITE ${dir}/rows.jsonl "{\"question\": \"1+1=\", \"answer\": \"2\"}\n{\"question\": \"2+2=\"}\n")
+file(WRITE ${dir}/data.yaml "envs:\n  - name: data\n    env: dataset\n    config: {train: rows.jsonl}\n")
+execute_process(COMMAND ${TROUPE} validate ${dir}/data.yaml RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "data.yaml: error: envs\\[0\\] \\(data\\): [^\n]*/rows.jsonl:2: error: row has no answer field 'answer'")
+  message(FATAL_ERROR "validate of a bad dataset row: rc=${rc} stderr=${err}")
 endif()
 execute_process(COMMAND ${TROUPE} validate ${dir}/missing.yaml RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(NOT rc EQUAL 2)

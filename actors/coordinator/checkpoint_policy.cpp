@@ -2,6 +2,7 @@
 // the end of each phase, and whenever an eval beats the best keep_best_by value so far (learner 0
 // writes; the others hold the same state); --resume loads checkpoints/latest into every learner;
 // a run that fails for a reason other than a learner saves its last finished step first.
+#include <algorithm>
 #include <filesystem>
 
 #include "coordinator_internal.h"
@@ -22,6 +23,15 @@ bool improves_best(RunState& s, double value) {
   }
   if (!s.best_value) return true;
   return s.cfg.checkpointing.higher_is_better ? value > *s.best_value : value < *s.best_value;
+}
+
+// The envs' draw counts that go with what a checkpoint after GRPO step k (-1: in SFT) keeps: the
+// counts once the last rollout it holds was made (a resumed run draws on from there).
+const std::map<std::string, int64_t>& saved_draws(const RunState& s, int64_t k, const PipelineState& ledger) {
+  if (k < 0) return s.draws;
+  int64_t through = k;
+  for (const auto& f : ledger.finished) through = std::max(through, f.first);
+  return s.draws_after(through);
 }
 }  // namespace
 
@@ -51,11 +61,12 @@ Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Dur
       ledger = std::move(*p);
       req.pipeline = encode_pipeline(ledger);
     }
-  req.extra_json = json{{"global_step", s.step},
-                        {"coordinator_phase", phase},
-                        {"wall_s", s.now_s()},
-                        {"ledger", ledger_json(ledger, s.cfg.rollout.num_generations)}}
-                       .dump();
+  json extra = {{"global_step", s.step},
+                {"coordinator_phase", phase},
+                {"wall_s", s.now_s()},
+                {"ledger", ledger_json(ledger, s.cfg.rollout.num_generations)}};
+  extra["draws"] = json(saved_draws(s, phase == "grpo" ? k : -1, ledger));
+  req.extra_json = extra.dump();
   if (scored) {
     req.has_metric = true;
     req.metric = s.last_eval[best].get<double>();
@@ -82,6 +93,10 @@ Task<Result<int64_t>> resume_from_latest(RunState& s) {
     s.wall_offset = extra.value("wall_s", 0.0);
     if (extra.contains("ledger") && extra["ledger"].is_object())
       s.trained_episodes = extra["ledger"].value("trained_episodes", int64_t{0});
+    s.draws.clear();
+    if (auto d = extra.find("draws"); d != extra.end() && d->is_object())
+      for (auto it = d->begin(); it != d->end(); ++it)
+        if (it->is_number_integer()) s.draws[it.key()] = it->get<int64_t>();
     if (l == s.peers.learners.front()) s.resumed_pipeline = std::move(rep.pipeline);
   }
   TROUPE_CO_TRY(co_await sync_weights(s, nullptr));

@@ -77,6 +77,7 @@ struct ResetOutcome {
   std::string episode_id;
   size_t worker = 0;  // env worker index that holds the episode
   uint64_t seed = 0;
+  int64_t draw = -1;  // the env's draw number of the try that answered
   int retries = 0;
 };
 const EnvSpec& env_spec(const RunSetup& s, const std::string& name);

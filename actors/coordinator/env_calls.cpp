@@ -40,6 +40,7 @@ Task<ResetOutcome> reset_retrying(RunState& s, const Result<EnvObs>& first, cons
   out.episode_id = req.episode_id;
   out.worker = w;
   out.seed = req.seed;
+  out.draw = req.draw;
   const int max_retries = env_spec(s, req.env).max_retries;
   const std::string base_id = req.episode_id;
   const uint64_t base_seed = req.seed;
@@ -50,7 +51,10 @@ Task<ResetOutcome> reset_retrying(RunState& s, const Result<EnvObs>& first, cons
     out.worker = w + static_cast<size_t>(out.retries);
     out.episode_id = base_id + "-r" + std::to_string(out.retries);
     out.seed = fresh_seed ? mix_seed(base_seed, seed_stream::env_retry, static_cast<uint64_t>(out.retries)) : base_seed;
-    EnvResetReq again{req.env, out.episode_id, out.seed, req.split};
+    // a fresh prompt is the env's next draw (the order is deterministic: one coroutine makes the
+    // rollouts, step by step, and awaits its groups' resets in order)
+    if (fresh_seed && req.draw >= 0) out.draw = s.next_draw(req.env);
+    EnvResetReq again{req.env, out.episode_id, out.seed, req.split, out.draw};
     Result<EnvObs> got = co_await request<EnvObs>(s.here, s.env_worker(out.worker), std::move(again), kEnvTimeout);
     out.obs = settled(std::move(got));
   }

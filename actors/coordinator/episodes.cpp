@@ -86,7 +86,7 @@ Task<EnvObs> step_retrying(RunState& s, Episode& e, const Rollout::Group& g, con
     e.worker += 1;
     e.id = base_id + "-s" + std::to_string(a);
     {
-      EnvResetReq rq{g.env, e.id, g.seed, 0};
+      EnvResetReq rq{g.env, e.id, g.seed, 0, g.draw};
       Result<EnvObs> got = co_await request<EnvObs>(s.here, s.env_worker(e.worker), std::move(rq), kEnvTimeout);
       res = settled(std::move(got));
     }
@@ -123,7 +123,8 @@ Task<std::vector<Episode>> start_episodes(RunState& s, Rollout& r, int64_t step)
         e.done = true;
       } else {
         resets.push_back(request<EnvObs>(
-            s.here, s.env_worker(gi), EnvResetReq{r.groups[gi].env, e.id, r.groups[gi].seed, 0}, kEnvTimeout));
+            s.here, s.env_worker(gi), EnvResetReq{r.groups[gi].env, e.id, r.groups[gi].seed, 0, r.groups[gi].draw},
+            kEnvTimeout));
       }
       eps.push_back(std::move(e));
     }
@@ -142,7 +143,7 @@ Task<std::vector<Episode>> start_episodes(RunState& s, Rollout& r, int64_t step)
       auto& e = eps[gi * static_cast<size_t>(G) + static_cast<size_t>(j)];
       // every sample of a group is the same prompt: a retry keeps the seed
       Result<EnvObs> first = co_await resets[n++];
-      const EnvResetReq req{g.env, e.id, g.seed, 0};
+      const EnvResetReq req{g.env, e.id, g.seed, 0, g.draw};
       ResetOutcome o = co_await reset_retrying(s, first, req, gi, false);
       r.retries += o.retries;
       e.id = o.episode_id;

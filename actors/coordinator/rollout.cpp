@@ -76,8 +76,9 @@ Task<std::vector<char>> reset_prompts(RunState& s, Rollout& r, int64_t step, int
     g.index = r.index0 + i;
     g.env = s.cfg.envs[pick_env(s.cfg, rs)].name;
     g.seed = mix_seed(rs, seed_stream::env_reset);
-    obs.push_back(
-        request<EnvObs>(s.here, s.env_worker(i), EnvResetReq{g.env, episode_id(i), g.seed, 0}, kEnvTimeout));
+    g.draw = s.next_draw(g.env);
+    obs.push_back(request<EnvObs>(s.here, s.env_worker(i), EnvResetReq{g.env, episode_id(i), g.seed, 0, g.draw},
+                                  kEnvTimeout));
   }
   const int G = ro.num_generations;
   std::vector<char> failed(P, 0);  // no prompt: its reset failed on every try (the group is lost)
@@ -86,8 +87,9 @@ Task<std::vector<char>> reset_prompts(RunState& s, Rollout& r, int64_t step, int
     // single-turn: a retry draws a new seed (another prompt), so the step's batch stays full
     const bool fresh_seed = ro.max_turns <= 1;
     Result<EnvObs> first = co_await obs[i];
-    const EnvResetReq req{g.env, episode_id(i), g.seed, 0};
+    const EnvResetReq req{g.env, episode_id(i), g.seed, 0, g.draw};
     ResetOutcome o = co_await reset_retrying(s, first, req, static_cast<size_t>(i), fresh_seed);
+    g.draw = o.draw;
     r.retries += o.retries;
     (void)s.here->send(s.env_worker(o.worker), EnvReleaseReq{g.env, o.episode_id});
     g.env_version = o.obs.env_version;
@@ -235,6 +237,7 @@ Task<Result<Rollout>> make_round(RunState& s, int64_t step, int64_t k, int round
   r.seed_base = round == 0 ? static_cast<uint64_t>(s.cfg.run.seed)
                            : mix_seed(static_cast<uint64_t>(s.cfg.run.seed), seed_stream::rollout_round, static_cast<uint64_t>(round));
   r.index0 = static_cast<int64_t>(round) * ro.prompts_per_step;
+  if (round == 0) s.note_draws_before(k);
   int P = ro.prompts_per_step;
   // skip: groups not generated below (their prompt failed, or their env runs its episodes)
   std::vector<char> skip = co_await reset_prompts(s, r, step, k);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -91,6 +92,22 @@ struct RunProgress {
   int64_t trained_episodes = 0;  // the ledger's count: episodes of the GRPO steps trained so far
 
   double now_s() const { return wall_offset + mono_seconds() - t0; }
+
+  // Each env's train draws so far (EnvResetReq::draw numbers them: the dataset env's shuffle
+  // order), and their counts before each GRPO step's rollout began, so a checkpoint saves the
+  // counts that go with the rollouts it keeps. Checkpointed (state.json's "draws").
+  std::map<std::string, int64_t> draws;
+  std::map<int64_t, std::map<std::string, int64_t>> draws_before_rollout;
+  int64_t next_draw(const std::string& env) { return draws[env]++; }
+  void note_draws_before(int64_t k) {
+    draws_before_rollout[k] = draws;
+    while (draws_before_rollout.size() > 64) draws_before_rollout.erase(draws_before_rollout.begin());
+  }
+  // The counts once GRPO step `through`'s rollout is done (the next one may have begun already).
+  const std::map<std::string, int64_t>& draws_after(int64_t through) const {
+    auto it = draws_before_rollout.find(through + 1);
+    return it != draws_before_rollout.end() ? it->second : draws;
+  }
 };
 
 // The weights: the learners' policy version (the generators' once synced) and what each generator holds.

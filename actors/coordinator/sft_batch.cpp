@@ -15,11 +15,14 @@ Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
   auto episode_id = [k](int i) { return "sft-" + std::to_string(k) + "-" + std::to_string(i); };
   std::vector<Reply<EnvObs>> obs;
   std::vector<std::string> envn;
+  std::vector<int64_t> draws;
   for (int i = 0; i < B; ++i) {
     uint64_t rs = mix_seed(s.cfg.run.seed, seed_stream::sft_prompt, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
     envn.push_back(s.cfg.envs[pick_env(s.cfg, rs)].name);
-    obs.push_back(request<EnvObs>(s.here, s.env_worker(i),
-                                  EnvResetReq{envn.back(), episode_id(i), mix_seed(rs, seed_stream::env_reset), 0}, kEnvTimeout));
+    draws.push_back(s.next_draw(envn.back()));
+    obs.push_back(request<EnvObs>(
+        s.here, s.env_worker(i), EnvResetReq{envn.back(), episode_id(i), mix_seed(rs, seed_stream::env_reset), 0, draws.back()},
+        kEnvTimeout));
   }
   TrainReq req;
   req.phase = learner::Phase::sft;
@@ -29,7 +32,7 @@ Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
   for (int i = 0; i < B; ++i) {
     uint64_t rs = mix_seed(s.cfg.run.seed, seed_stream::sft_prompt, static_cast<uint64_t>(k), static_cast<uint64_t>(i));
     Result<EnvObs> first = co_await obs[i];
-    const EnvResetReq rq{envn[i], episode_id(i), mix_seed(rs, seed_stream::env_reset), 0};
+    const EnvResetReq rq{envn[i], episode_id(i), mix_seed(rs, seed_stream::env_reset), 0, draws[i]};
     ResetOutcome got = co_await reset_retrying(s, first, rq, static_cast<size_t>(i), true);
     (void)s.here->send(s.env_worker(got.worker), EnvReleaseReq{envn[i], got.episode_id});
     if (!got.obs.error.empty()) {  // no prompt on any try: this example is left out

@@ -31,6 +31,7 @@ struct Rollout {
     std::string prompt_text;
     json metadata;
     uint64_t seed = 0;
+    int64_t draw = -1;  // the env's draw number (EnvResetReq::draw; not saved with the rollout)
     std::vector<GenSample> samples;
     std::vector<double> rewards, correct;
     std::vector<std::string> errors;

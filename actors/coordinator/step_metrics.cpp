@@ -16,6 +16,16 @@ double process_cpu_s() {
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
+
+// data/epoch/<env>: the latest epoch of an env's rows this step drew from, for envs that say
+// (the dataset env with shuffle: metadata.epoch); absent otherwise.
+void add_data_epochs(json& row, const Rollout& r) {
+  for (const auto& g : r.groups)
+    if (g.metadata.is_object() && g.metadata.contains("epoch") && g.metadata["epoch"].is_number_integer()) {
+      const std::string key = "data/epoch/" + g.env;
+      row[key] = std::max(row.value(key, int64_t{0}), g.metadata["epoch"].get<int64_t>());
+    }
+}
 }  // namespace
 
 json sft_step_row(const RunState& s, const json& learner_metrics, double tokens, int batch, double sync_s,
@@ -93,6 +103,7 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
     row["reward_mean/" + name] = v.first / std::max(1, v.second);
     row["prompts/" + name] = v.second / std::max(1, G);  // groups sampled from this env (envs[].weight)
   }
+  add_data_epochs(row, r);
   for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm",
                           "lr", "is_weight_mean"})
     row[key] = tr.updated ? tr.metrics.value(key, 0.0) : 0.0;

@@ -55,6 +55,7 @@ Result<EnvObs> EnvWorker::reset(const EnvResetReq& r) {
   TROUPE_ASSIGN_OR_RETURN(auto* c, client(r.env));
   envs::ResetOptions opt;
   opt.split = r.split == 1 ? envs::Split::eval : envs::Split::train;
+  if (r.draw >= 0) opt.extra["draw"] = static_cast<uint64_t>(r.draw);
   auto obs = c->reset(r.episode_id, r.seed, opt);
   EnvObs out;
   out.env_version = c->info().version;

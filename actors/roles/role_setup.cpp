@@ -146,6 +146,8 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
         dir = fs::path(it->get<std::string>()).is_absolute() ? fs::path(it->get<std::string>())
                                                               : dir / it->get<std::string>();
       j["config"]["base_dir"] = dir.lexically_normal().string();
+      // the dataset env's shuffle order comes from run.seed unless its config names a seed
+      if (e.type == EnvType::builtin && !j["config"].contains("seed")) j["config"]["seed"] = cfg.run.seed;
     }
     if (e.type == EnvType::remote) resolve_config_paths(j["config"], base_dir);
     if (!e.path.empty()) {

@@ -1,16 +1,19 @@
-// `dataset`: prompts and answers from the user's JSONL files (train and held-out), a prompt template
-// over each row's fields, scored by a chosen verifier on the answer `extract` finds. Rows are checked
-// when the env is created: a malformed row, a missing field, a bad regex or a reference without an
-// answer (extract) is an error naming FILE:LINE.
-#include <fstream>
+// `dataset`: prompts and answers from the user's files (train and held-out; JSONL, parquet or a
+// `datasets` directory: dataset_rows.h), a prompt template over each row's fields, scored by a chosen
+// verifier on the answer `extract` finds (or by the user's Python function); train rows drawn by seed,
+// or once per epoch with shuffle (row_order.h). Rows are checked when the env is created: a malformed
+// row, a missing field, a bad regex or a reference without an answer is an error naming FILE:LINE.
 #include <map>
 #include <regex>
 #include <set>
 
 #include "builtin/answer_scoring.h"
+#include "builtin/dataset_rows.h"
 #include "builtin/reward_hook.h"
+#include "builtin/row_order.h"
 #include "builtin/single_turn.h"
 #include "src/config_util.h"
+#include "troupe/base/build_config.h"
 #include "troupe/envs/answer_extract.h"
 #include "troupe/envs/builtin.h"
 #include "troupe/envs/expr.h"
@@ -29,32 +32,15 @@ bool verify_numeric(const std::string& answer, const std::string& reference) {
 
 namespace {
 
+using detail::DatasetRow;
+using detail::load_rows;
+using detail::RowOrder;
+using detail::RowRules;
+using detail::RowSource;
+
 enum class Verifier { exact, numeric, regex, countdown, math, python };
 
-struct Row {
-  std::string prompt, answer, reference_completion;
-  json fields;
-  std::string where;  // FILE:LINE
-};
-
-// "{field}" -> the row's field (strings as is, other JSON dumped); "{{" and "}}" are literal braces.
-Result<std::string> render_template(const std::string& tpl, const json& row, const std::string& where) {
-  std::string out;
-  for (size_t i = 0; i < tpl.size(); ++i) {
-    char c = tpl[i];
-    if (c == '{' && i + 1 < tpl.size() && tpl[i + 1] == '{') { out += '{'; ++i; continue; }
-    if (c == '}' && i + 1 < tpl.size() && tpl[i + 1] == '}') { out += '}'; ++i; continue; }
-    if (c != '{') { out += c; continue; }
-    size_t end = tpl.find('}', i);
-    if (end == std::string::npos) return invalid_input(where + ": template has an unclosed '{'");
-    std::string key = tpl.substr(i + 1, end - i - 1);
-    auto it = row.find(key);
-    if (it == row.end()) return invalid_input(where + ": row has no field '" + key + "' used by the template");
-    out += it->is_string() ? it->get<std::string>() : it->dump();
-    i = end;
-  }
-  return out;
-}
+using Row = DatasetRow;
 
 class DatasetEnv final : public detail::SingleTurnEnv {
  public:
@@ -65,6 +51,8 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   std::string answer_field;                         // python: the row's raw reference
   std::shared_ptr<detail::RewardHook> hook;         // python: the user's function
   std::map<std::string, const Row*> rows_by_where;  // python: FILE:LINE -> its row
+  bool shuffle = false;
+  std::unique_ptr<RowOrder> order;  // with shuffle
 
   EnvInfo info() const override { return {"dataset", "1", false, 1, {}}; }
 
@@ -115,76 +103,45 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   Result<Observation> make_instance(uint64_t seed, const ResetOptions& options) override {
     const auto& rows = options.split == Split::eval ? eval : train;
     if (rows.empty()) return invalid_input(std::string("dataset: the ") + split_name(options.split) + " split has no rows");
-    const Row& row = rows[seed % rows.size()];
+    // shuffle: the train split's n-th draw (options.extra["draw"], which the coordinator numbers
+    // per env) takes the row RowOrder gives; otherwise, and for eval, row seed mod N.
+    const auto draw = options.extra.find("draw");
+    const bool ordered = shuffle && options.split == Split::train && draw != options.extra.end() &&
+                         draw->is_number_unsigned();
+    const Row& row = ordered ? rows[order->row_of(draw->get<uint64_t>(), rows.size())] : rows[seed % rows.size()];
     json meta = row.fields;
     meta["answer"] = row.answer;
     meta["reference_completion"] = row.reference_completion;
     meta["row"] = row.where;
     meta["split"] = split_name(options.split);
+    if (ordered) meta["epoch"] = RowOrder::epoch_of(draw->get<uint64_t>(), rows.size());
     return detail::text_observation(row.prompt, std::move(meta));
   }
 };
 
-// `extractor` takes a text reference's answer out of it when `extract_reference`, and shapes the
-// default SFT target.
-Result<std::vector<Row>> load_rows(const std::string& path, const std::string& tpl, const std::string& answer_field,
-                                   Verifier verifier, const AnswerExtractor& extractor, bool extract_reference) {
-  std::ifstream in(path);
-  if (!in) return invalid_input("env dataset: cannot open '" + path + "'");
-  std::vector<Row> rows;
-  std::string line;
-  for (int lineno = 1; std::getline(in, line); ++lineno) {
-    const std::string where = path + ":" + std::to_string(lineno);
-    if (trim(line).empty()) continue;
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded()) return invalid_input(where + ": error: not valid JSON");
-    if (!j.is_object()) return invalid_input(where + ": error: a row must be a JSON object");
-    Row row;
-    row.where = where;
-    TROUPE_ASSIGN_OR_RETURN(row.prompt, render_template(tpl, j, where + ": error"));
-    std::string raw;  // the reference text before extraction
-    if (verifier == Verifier::countdown) {
-      if (!j.contains("numbers") || !j["numbers"].is_array() || !j.contains("target") || !j["target"].is_number_integer())
-        return invalid_input(where + ": error: countdown rows need 'numbers' (array of integers) and 'target' (integer)");
-      for (const auto& x : j["numbers"]) {
-        if (!x.is_number_integer()) return invalid_input(where + ": error: 'numbers' must hold integers");
-      }
-      row.answer = std::to_string(j["target"].get<int64_t>());
-    } else {
-      auto it = j.find(answer_field);
-      if (it == j.end()) return invalid_input(where + ": error: row has no answer field '" + answer_field + "'");
-      if (it->is_string()) {
-        raw = it->get<std::string>();
-        auto got = extract_reference ? extract_reference_answer(extractor, raw) : Result<std::string>(raw);
-        if (!got.ok()) return invalid_input(where + ": error: " + got.error().message);
-        row.answer = *got;
-      } else if (it->is_number()) {
-        row.answer = it->dump();
-      } else {
-        return invalid_input(where + ": error: answer field '" + answer_field + "' must be a string or a number");
-      }
-      if (verifier == Verifier::regex) {
-        try {
-          std::regex check(row.answer, std::regex::ECMAScript);
-        } catch (const std::regex_error& e) {
-          return invalid_input(where + ": error: answer is not a valid regex: " + e.what());
-        }
-      }
-      if (verifier == Verifier::numeric && !parse_number(row.answer).ok())
-        return invalid_input(where + ": error: answer '" + row.answer + "' is not a number (numeric verifier)");
-    }
-    if (auto c = j.find("completion"); c != j.end() && c->is_string()) {
-      row.reference_completion = c->get<std::string>();
-    } else {
-      const bool plain = verifier == Verifier::countdown || raw.empty();
-      row.reference_completion = reference_completion_for(verifier == Verifier::countdown ? AnswerExtractor{} : extractor,
-                                                          plain ? row.answer : raw, row.answer);
-    }
-    row.fields = std::move(j);
-    rows.push_back(std::move(row));
-  }
-  if (rows.empty()) return invalid_input("env dataset: '" + path + "' has no rows");
-  return rows;
+// What each row must hold for the verifier, and how its reference text gives the answer (dataset_rows.h).
+RowRules rules_for(const std::string& tpl, const std::string& answer_field, Verifier verifier,
+                   const AnswerExtractor& extractor, bool extract_reference) {
+  RowRules rules;
+  rules.tpl = tpl;
+  rules.answer_field = answer_field;
+  rules.countdown = verifier == Verifier::countdown;
+  rules.answer_regex = verifier == Verifier::regex;
+  rules.answer_number = verifier == Verifier::numeric;
+  rules.extractor = extractor;
+  rules.extract_reference = extract_reference;
+  return rules;
+}
+
+// How one file is read: config `split_key` (its split, else the only one, else `prefer`),
+// `max_rows` and `python` (what reads parquet files and datasets directories).
+Result<RowSource> read_source(detail::ConfigReader& r, const std::string& split_key, const std::string& prefer) {
+  RowSource src;
+  TROUPE_ASSIGN_OR_RETURN(src.split, r.string(split_key, ""));
+  src.prefer = src.split.empty() ? prefer : "";
+  TROUPE_ASSIGN_OR_RETURN(src.max_rows, r.integer("max_rows", 0, 0, INT64_MAX));
+  TROUPE_ASSIGN_OR_RETURN(src.python, r.string("python", troupe::python_executable()));
+  return src;
 }
 
 }  // namespace
@@ -205,6 +162,11 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   TROUPE_ASSIGN_OR_RETURN(env->format_reward, r.number("format_reward", 0.0, 0.0, 1.0));
   TROUPE_ASSIGN_OR_RETURN(const int eval_permille, r.eval_permille());
   TROUPE_ASSIGN_OR_RETURN(detail::RewardHookConfig hook, detail::read_reward_hook_config(r));
+  TROUPE_ASSIGN_OR_RETURN(RowSource train_src, read_source(r, "split", "train"));
+  TROUPE_ASSIGN_OR_RETURN(RowSource eval_src, read_source(r, "eval_split", "test"));
+  TROUPE_ASSIGN_OR_RETURN(env->shuffle, r.boolean("shuffle", false));
+  TROUPE_ASSIGN_OR_RETURN(const int64_t order_seed, r.integer("seed", 0, INT64_MIN, INT64_MAX));
+  env->order = std::make_unique<RowOrder>(static_cast<uint64_t>(order_seed));
   TROUPE_TRY(r.finish());
   if (verifier == "exact") env->verifier = Verifier::exact;
   else if (verifier == "numeric") env->verifier = Verifier::numeric;
@@ -222,12 +184,16 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   if ((env->verifier == Verifier::python) != !hook.reward.empty())
     return invalid_input(hook.reward.empty() ? "env dataset: verifier python needs 'reward' (MODULE:FUNCTION)"
                                              : "env dataset: 'reward' is for verifier: python (got '" + verifier + "')");
-
-  if (train.empty()) return invalid_input("env dataset: config needs 'train' (a JSONL file)");
+  if (train.empty())
+    return invalid_input("env dataset: config needs 'train' (a JSONL or parquet file, or a datasets directory)");
   auto resolve = [&](const std::string& p) { return (base_dir.empty() || p.starts_with("/")) ? p : base_dir + "/" + p; };
-  TROUPE_ASSIGN_OR_RETURN(env->train, load_rows(resolve(train), tpl, answer_field, env->verifier, env->extractor, extract_reference));
+  const RowRules rules = rules_for(tpl, answer_field, env->verifier, env->extractor, extract_reference);
+  if (eval.empty() && !eval_src.split.empty()) return invalid_input("env dataset: 'eval_split' needs 'eval' (a file or directory)");
+  train_src.path = resolve(train);
+  eval_src.path = resolve(eval);
+  TROUPE_ASSIGN_OR_RETURN(env->train, load_rows(train_src, rules));
   if (!eval.empty()) {
-    TROUPE_ASSIGN_OR_RETURN(env->eval, load_rows(resolve(eval), tpl, answer_field, env->verifier, env->extractor, extract_reference));
+    TROUPE_ASSIGN_OR_RETURN(env->eval, load_rows(eval_src, rules));
     // Keep the splits disjoint even when the files overlap: a held-out prompt is never trained on.
     std::set<std::string> held_out;
     for (const auto& row : env->eval) held_out.insert(row.prompt);

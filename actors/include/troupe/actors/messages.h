@@ -29,8 +29,11 @@ struct EnvResetReq {
   std::string episode_id;
   std::uint64_t seed = 0;
   std::int32_t split = 0;  // 0 train, 1 eval
+  // train resets: the env's draw number (its n-th prompt of the run, counted by the coordinator
+  // and checkpointed), given to the env as ResetOptions.extra["draw"]; -1: none
+  std::int64_t draw = -1;
   template <class A>
-  void serialize(A& ar) { ar(env, episode_id, seed, split); }
+  void serialize(A& ar) { ar(env, episode_id, seed, split, draw); }
 };
 struct EnvObs {
   static constexpr std::uint32_t type_id = message_id::env_obs;

@@ -18,5 +18,8 @@ struct RunOptions {
 int run_experiment(const LoadedConfig& loaded, const RunOptions& opt);
 // Prints one JSON object: eval_accuracy, eval_reward_mean (and per env), checkpoint.
 int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint);
+// `troupe validate`: makes every built-in env as a run would (the dataset env reads and checks
+// every row of its files); the first error, naming the env and the file and line (env_data_check.cpp).
+Status check_env_data(const LoadedConfig& loaded);
 
 }  // namespace troupe::launch
