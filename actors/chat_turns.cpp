@@ -59,6 +59,16 @@ Result<ojson> parse_messages(const std::string& messages_json, const std::string
   return m;
 }
 
+// The assistant's content: sampled[0, n) decoded with special tokens kept; ids the tokenizer lacks
+// (a model whose vocabulary is larger than its tokenizer's) are left out of the text only.
+Result<std::string> content_text(const policy::io::Tokenizer& tok, const std::vector<int32_t>& sampled, size_t n) {
+  std::vector<int32_t> ids(sampled.begin(), sampled.begin() + static_cast<std::ptrdiff_t>(n));
+  auto text = tok.decode(ids, /*skip_special=*/false);
+  if (text.ok()) return text;
+  std::erase_if(ids, [&](int32_t id) { return id < 0 || id >= tok.vocab_size(); });
+  return tok.decode(ids, /*skip_special=*/false);
+}
+
 }  // namespace
 
 Result<ChatFormat> make_chat_format(const policy::io::Tokenizer& tok,
@@ -136,9 +146,7 @@ Result<ChatTurn> ChatConversation::add_turn(const policy::io::Tokenizer& tok, co
   const bool ends_turn =
       n > 0 && (sampled.back() == tok.eos_id() || (end_of_turn_id_ >= 0 && sampled.back() == end_of_turn_id_));
   if (ends_turn) --n;  // rule 1
-  TROUPE_ASSIGN_OR_RETURN(std::string content,
-                          tok.decode(std::vector<int32_t>(sampled.begin(), sampled.begin() + static_cast<std::ptrdiff_t>(n)),
-                                     /*skip_special=*/false));
+  TROUPE_ASSIGN_OR_RETURN(std::string content, content_text(tok, sampled, n));
   ojson msgs = messages_;
   msgs.push_back({{"role", "assistant"}, {"content", content}});
   for (const auto& m : feedback) msgs.push_back(m);
