@@ -1,7 +1,8 @@
 // actors.chat_turns: multi-turn chat (rollout.template chat) on SmolLM2's, Llama 3.2's and Qwen3's
 // official templates (tests/chat_template/templates): a conversation's context, built turn by turn
 // from sampled tokens plus the appended turns, equals the tokenization of a full re-render of the
-// whole conversation token for token; where a template rewrites earlier turns the turn says so.
+// whole conversation token for token (and the tokenization of transformers' rendering of it,
+// tests/chat_template/references.json); where a template rewrites earlier turns the turn says so.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -153,6 +154,14 @@ void expect_full_rerender(const Family& fam) {
   Episode e = run(s, kFirst, guess_turns());
   EXPECT_EQ(e.rerendered, e.turns) << fam.file;
   EXPECT_EQ(e.context, full_rerender(s, e.all)) << fam.file;
+  // the re-render is transformers' (tests/chat_template/references.json, made by make_references.py)
+  bool golden = false;
+  for (const auto& ref : ojson::parse(read(fs::path(TROUPE_SOURCE_DIR) / "tests/chat_template/references.json")))
+    if (ref["template"] == fam.file && ref["messages"] == e.all && ref["add_generation_prompt"] == true) {
+      EXPECT_EQ(ids(*s.tok, ref["expected"].get<std::string>()), e.context) << fam.file;
+      golden = true;
+    }
+  EXPECT_TRUE(golden) << "no transformers reference of the conversation for " << fam.file;
   // the end-of-turn tokens that were sampled stay sampled (mask 1); the cut turn's is appended (mask 0)
   const int32_t eot = s.tok->token_id(fam.file == kLlama32.file ? "<|eot_id|>" : "<|im_end|>");
   auto prompt = encode_chat_prompt(s.format, *s.tok, kFirst);
