@@ -13,7 +13,7 @@
 //     turns otherwise than the context holds them (Qwen3 drops the reasoning of earlier turns,
 //     Llama trims contents): X = what the template puts after an assistant content in the anchor
 //     conversation [user "x", assistant content] + feedback messages, and the turn counts as
-//     not re-rendered (rollout metric chat_turns_rerender_mismatch).
+//     not re-rendered (ChatTurn::rerendered; the run log counts such turns per step).
 //  3. X is tokenized alone. When the sample's last token equals X's first token it stays (mask 1,
 //     the model learns to end its turn) and X's other tokens follow; else an EOS is dropped (as in
 //     the plain format) and all of X follows (mask 0).
