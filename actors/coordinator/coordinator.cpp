@@ -6,6 +6,7 @@
 #include "troupe/actors/coordinator.h"
 
 #include <filesystem>
+#include <fstream>
 #include <future>
 
 #include "coordinator_internal.h"
@@ -60,6 +61,21 @@ Task<Status> run_grpo(RunState& s, int64_t first_k) {
   co_return st;
 }
 
+// rollout.template chat: the coordinator renders the later turns of an episode, so its tokenizer
+// takes the special ids the generators sample with (config.json's, as make_policy gives them).
+void use_model_special_ids(const std::string& dir, policy::io::Tokenizer& tok) {
+  std::ifstream in(fs::path(dir) / "config.json");
+  json c = in ? json::parse(in, nullptr, false) : json();
+  if (!c.is_object()) return;
+  auto id = [&](const char* key, int32_t fallback) {
+    const json v = c.value(key, json());
+    if (v.is_number_integer()) return v.get<int32_t>();
+    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int32_t>();
+    return fallback;
+  };
+  tok.set_special_ids(id("bos_token_id", tok.bos_id()), id("eos_token_id", tok.eos_id()), id("pad_token_id", tok.pad_id()));
+}
+
 Status load_tokenizer(RunState& s) {
   const auto& pol = s.cfg.policy;
   if (!pol.path.empty() && (pol.tokenizer == TokenizerKind::from_model || fs::exists(pol.path))) {
@@ -67,6 +83,7 @@ Status load_tokenizer(RunState& s) {
     if (t.ok()) s.tokenizer = std::move(t).value();
     if (fs::is_directory(pol.path)) {
       TROUPE_ASSIGN_OR_RETURN(s.chat_template, policy::io::load_chat_template_dir(pol.path));
+      if (s.tokenizer && s.cfg.rollout.template_name == PromptTemplate::chat) use_model_special_ids(pol.path, *s.tokenizer);
     }
   }
   if (!s.tokenizer) {

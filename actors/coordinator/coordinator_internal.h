@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "run_state.h"
 #include "step_data.h"
 #include "step_pipeline.h"
+#include "troupe/actors/chat_turns.h"
 #include "troupe/actors/coordinator.h"
 #include "troupe/actors/experiment_config.h"
 #include "troupe/actors/messages.h"
@@ -62,6 +64,9 @@ struct Episode {
   std::vector<TurnInfo> turns;
   std::string components = "{}";     // the last step's reward parts
   std::string feedback;              // the env's last answer (the next turn's observation)
+  std::string messages_json;         // rollout.template chat: the first prompt's messages ("": none)
+  std::shared_ptr<ChatConversation> chat;  // rollout.template chat: the conversation the context renders
+  int rerender_mismatches = 0;       // chat turns whose context is not the template's re-render
 };
 // Turn `turn` of episode e: sample s (this turn's completion, sampled from s.prompt_tokens) and the
 // env's answer res. Appends the sampled tokens (mask 1) and, when the episode goes on, the
@@ -96,6 +101,11 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& firs
 Status check_env_failures(RunState& s, const Rollout& r, int64_t step);
 // Text the tokenizer cannot encode, mapped so that it can (characters it lacks become '?').
 std::string encodable(const policy::io::Tokenizer& tok, const std::string& text);
+// The same for each string content of a JSON list of chat messages ("" when there are none).
+std::string encodable_messages(const policy::io::Tokenizer& tok, const std::string& messages_json);
+// What a generation request carries as a prompt's messages (GenerateReq::prompt_messages): the
+// env's messages, encodable, under rollout.template chat; "" under plain (the text is the prompt).
+std::string prompt_messages_of(const RunState& s, const std::string& messages_json);
 
 // served_episodes.cpp: episodes an env runs itself (type verifiers) against the generators'
 // rollout.serve endpoints; fills those groups' samples, rewards and errors. *version: the oldest

@@ -168,4 +168,18 @@ std::string encodable(const policy::io::Tokenizer& tok, const std::string& text)
   return out;
 }
 
+std::string encodable_messages(const policy::io::Tokenizer& tok, const std::string& messages_json) {
+  nlohmann::ordered_json m = nlohmann::ordered_json::parse(messages_json, nullptr, false);
+  if (!m.is_array() || m.empty()) return "";
+  for (auto& x : m)
+    if (x.is_object() && x.contains("content") && x["content"].is_string())
+      x["content"] = encodable(tok, x["content"].get<std::string>());
+  return m.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+std::string prompt_messages_of(const RunState& s, const std::string& messages_json) {
+  if (s.cfg.rollout.template_name != PromptTemplate::chat) return "";
+  return encodable_messages(*s.tokenizer, messages_json);
+}
+
 }  // namespace troupe::actors::coord

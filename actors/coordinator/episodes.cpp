@@ -1,10 +1,12 @@
 // Multi-turn episodes (rollout.max_turns > 1): every sample of a group is its own episode (same
 // seed); each turn the generators continue the conversation, the env answers with feedback, until
-// done or max_turns. Token in, token out: turn 0's prompt is the env's text (templated and
-// tokenized by the generator); every later turn's prompt is the previous context's tokens + the
-// tokens sampled in that turn + the tokenized feedback ("\n" + feedback + "\n"), so nothing sampled
-// is ever re-tokenized. The training sample is the first prompt + every turn, feedback masked out;
-// it equals the last context token for token (unless max_prompt_length cut a context).
+// done or max_turns. Token in, token out: turn 0's prompt is the env's text or messages (templated
+// and tokenized by the generator); every later turn's prompt is the previous context's tokens + the
+// tokens sampled in that turn + the env's answer, so nothing sampled is ever re-tokenized. The
+// answer: plain format, the tokenized "\n" + feedback + "\n" (a continued turn's EOS dropped);
+// rollout.template chat, the chat template's own turns (troupe/actors/chat_turns.h has the rule).
+// The training sample is the first prompt + every turn, the env's tokens masked out; it equals the
+// last context token for token (unless max_prompt_length cut a context).
 #include <algorithm>
 
 #include "coordinator_internal.h"
@@ -21,6 +23,24 @@ bool episode_solved(const std::string& components_json, double total_reward) {
   for (const char* key : {"solved", "correct"})
     if (c.is_object() && c.contains(key) && c[key].is_number()) return c[key].get<double>() >= 1.0;
   return total_reward >= 1.0;
+}
+
+// The tokens that follow turn `turn`'s sampled ones in the next context (mask 0), and how many of
+// the sampled ones stay (*kept).
+static Result<std::vector<int32_t>> answer_tokens(Episode& e, const GenSample& s, const EnvObs& res,
+                                                  const policy::io::Tokenizer& tok, size_t* kept) {
+  if (e.chat) {
+    TROUPE_ASSIGN_OR_RETURN(auto fb, feedback_messages(encodable(tok, res.text),
+                                                       encodable_messages(tok, res.messages_json), res.info_json));
+    TROUPE_ASSIGN_OR_RETURN(ChatTurn t, e.chat->add_turn(tok, s.tokens, fb));
+    if (!t.rerendered) ++e.rerender_mismatches;
+    *kept = t.kept;
+    return std::move(t.appended);
+  }
+  // an EOS ending a turn that the env continues is not part of the next context: drop it
+  *kept = s.tokens.size();
+  if (*kept > 0 && s.tokens.back() == tok.eos_id()) --*kept;
+  return tok.encode("\n" + encodable(tok, res.text) + "\n");
 }
 
 Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int turn, int max_turns,
@@ -43,9 +63,13 @@ Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int t
   e.components = res->components_json;
   e.done = res->done || turn + 1 == max_turns;
   if (e.done) e.solved = episode_solved(res->components_json, e.reward);
-  // an EOS ending a turn that the env continues is not part of the next context: drop it
   size_t n_tok = s.tokens.size();
-  if (!e.done && n_tok > 0 && s.tokens.back() == tok.eos_id()) --n_tok;
+  std::vector<int32_t> fb;
+  if (!e.done) {
+    auto got = answer_tokens(e, s, *res, tok, &n_tok);
+    if (!got.ok()) return invalid_input("env feedback: " + got.error().message);
+    fb = std::move(got).value();
+  }
   if (e.exact) {
     e.merged.turn_starts.push_back(static_cast<uint32_t>(e.merged.tokens.size()));
     e.merged.turn_texts.push_back(s.text);
@@ -56,14 +80,12 @@ Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int t
     }
   }
   if (e.done) return {};
-  // the next turn sees this turn's tokens as sampled and the env's feedback (mask 0 in training)
-  auto fb = tok.encode("\n" + encodable(tok, res->text) + "\n");
-  if (!fb.ok()) return invalid_input("env feedback: " + fb.error().message);
+  // the next turn sees this turn's tokens as sampled and the env's answer (mask 0 in training)
   e.context = s.prompt_tokens;
   e.context.insert(e.context.end(), s.tokens.begin(), s.tokens.begin() + static_cast<std::ptrdiff_t>(n_tok));
-  e.context.insert(e.context.end(), fb->begin(), fb->end());
+  e.context.insert(e.context.end(), fb.begin(), fb.end());
   if (e.exact) {
-    for (int32_t id : *fb) {
+    for (int32_t id : fb) {
       e.merged.tokens.push_back(id);
       e.merged.logprobs.push_back(0.0f);
       e.merged.mask.push_back(0.0f);
@@ -101,10 +123,22 @@ Task<EnvObs> step_retrying(RunState& s, Episode& e, const Rollout::Group& g, con
 
 namespace {
 
+// rollout.template chat: each live episode's conversation, from the messages its first prompt renders.
+Status start_chats(const RunState& s, std::vector<Episode>& eps) {
+  TROUPE_ASSIGN_OR_RETURN(ChatFormat f, make_chat_format(*s.tokenizer, s.chat_template));
+  for (auto& e : eps) {
+    if (e.done) continue;
+    TROUPE_ASSIGN_OR_RETURN(auto messages, first_messages(s.cfg.rollout.system_prompt, e.prompt_text, e.messages_json));
+    TROUPE_ASSIGN_OR_RETURN(ChatConversation c, ChatConversation::start(f, *s.tokenizer, std::move(messages)));
+    e.chat = std::make_shared<ChatConversation>(std::move(c));
+  }
+  return {};
+}
+
 // The episodes of a round's groups, G per group, each reset on its group's env worker (a retry
 // elsewhere keeps the seed: every sample of a group is the same prompt); a group whose prompt
 // could not be had gives failed episodes. The groups' per-sample lists are cleared for them.
-Task<std::vector<Episode>> start_episodes(RunState& s, Rollout& r, int64_t step) {
+Task<Result<std::vector<Episode>>> start_episodes(RunState& s, Rollout& r, int64_t step) {
   const int G = s.cfg.rollout.num_generations;
   std::vector<Episode> eps;
   double t_env = mono_seconds();
@@ -117,6 +151,7 @@ Task<std::vector<Episode>> start_episodes(RunState& s, Rollout& r, int64_t step)
       e.id = "grpo-" + std::to_string(step) + "-" + std::to_string(r.index0 + static_cast<int64_t>(gi)) +
              "-" + std::to_string(j);
       e.prompt_text = r.groups[gi].prompt_text;
+      e.messages_json = prompt_messages_of(s, r.groups[gi].messages_json);
       if (!r.groups[gi].errors.empty()) {  // the group's prompt could not be had
         e.error = r.groups[gi].errors[0];
         e.reason = r.groups[gi].reasons.empty() ? "env_error" : r.groups[gi].reasons[0];
@@ -156,6 +191,7 @@ Task<std::vector<Episode>> start_episodes(RunState& s, Rollout& r, int64_t step)
     }
   }
   r.env_s += mono_seconds() - t_env;
+  if (s.cfg.rollout.template_name == PromptTemplate::chat) TROUPE_CO_TRY(start_chats(s, eps));
   co_return eps;
 }
 
@@ -173,8 +209,12 @@ Task<Result<std::vector<GenSample>>> generate_turn(RunState& s, Rollout& r, cons
   for (size_t g = 0; g < NG; ++g) {
     GenerateReq req;
     for (size_t i : owned[g]) {
-      if (turn == 0) req.prompts.push_back(eps[i].prompt_text);
-      else req.prompt_tokens.push_back(eps[i].context);
+      if (turn == 0) {
+        req.prompts.push_back(eps[i].prompt_text);
+        req.prompt_messages.push_back(eps[i].messages_json);
+      } else {
+        req.prompt_tokens.push_back(eps[i].context);
+      }
     }
     req.sampling = {
         ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
@@ -256,7 +296,7 @@ void close_episodes(RunState& s, Rollout& r, std::vector<Episode>& eps) {
 }  // namespace
 
 Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k) {
-  std::vector<Episode> eps = co_await start_episodes(s, r, step);
+  TROUPE_CO_ASSIGN_OR_RETURN(std::vector<Episode> eps, co_await start_episodes(s, r, step));
   for (int turn = 0; turn < s.cfg.rollout.max_turns; ++turn) {
     std::vector<size_t> active;
     for (size_t i = 0; i < eps.size(); ++i)
@@ -270,6 +310,16 @@ Task<Result<Rollout>> multi_turn(RunState& s, Rollout r, int64_t step, int64_t k
     TROUPE_CO_TRY(co_await step_turn(s, r, eps, active, out, turn, generate_s));
     r.env_s += mono_seconds() - t_env;
   }
+  int mismatches = 0, turns = 0;
+  for (const auto& e : eps) {
+    mismatches += e.rerender_mismatches;
+    turns += static_cast<int>(e.turns.size());
+  }
+  if (mismatches > 0 && s.hooks.log)
+    s.hooks.log("step " + std::to_string(step) + ": " + std::to_string(mismatches) + " of " + std::to_string(turns) +
+                " chat turns: the chat template renders the earlier turns otherwise than they were sampled, so "
+                "the env's answer followed the template's turn after an assistant message instead of a re-render "
+                "(rule: actors/README.md, multi-turn chat)");
   close_episodes(s, r, eps);
   co_return r;
 }

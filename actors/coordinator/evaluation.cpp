@@ -43,6 +43,7 @@ Task<Result<EnvScore>> single_turn(RunState& s, std::string env, std::vector<Env
     if (got[i].error.empty()) {
       live.push_back(i);
       req.prompts.push_back(encodable(*s.tokenizer, got[i].text));
+      req.prompt_messages.push_back(prompt_messages_of(s, got[i].messages_json));
     }
   EnvScore out;
   if (live.empty()) co_return out;
@@ -61,6 +62,45 @@ Task<Result<EnvScore>> single_turn(RunState& s, std::string env, std::vector<Env
   co_return out;
 }
 
+// The prompts of an eval turn: the episodes' texts (plain: the whole conversation as text, as
+// before token-in/token-out training existed) or, with rollout.template chat, their first prompts'
+// messages, then their contexts' tokens (training's rule, chat_turns.h).
+struct EvalChats {
+  std::vector<std::shared_ptr<ChatConversation>> chats;  // empty under plain
+  std::vector<std::vector<int32_t>> ctx;
+};
+
+Result<EvalChats> start_eval_chats(const RunState& s, const std::vector<EnvObs>& got) {
+  EvalChats c;
+  if (s.cfg.rollout.template_name != PromptTemplate::chat) return c;
+  TROUPE_ASSIGN_OR_RETURN(ChatFormat f, make_chat_format(*s.tokenizer, s.chat_template));
+  for (const auto& o : got) {
+    TROUPE_ASSIGN_OR_RETURN(auto m, first_messages(s.cfg.rollout.system_prompt, encodable(*s.tokenizer, o.text),
+                                                   prompt_messages_of(s, o.messages_json)));
+    TROUPE_ASSIGN_OR_RETURN(ChatConversation conv, ChatConversation::start(f, *s.tokenizer, std::move(m)));
+    c.chats.push_back(std::make_shared<ChatConversation>(std::move(conv)));
+  }
+  c.ctx.resize(got.size());
+  return c;
+}
+
+// Episode i's next context after its greedy turn `sample` and the env's answer `res`.
+Status next_eval_context(const RunState& s, EvalChats& c, std::vector<std::string>& ctx, int i, const GenSample& sample,
+                         const EnvObs& res) {
+  const auto& tok = *s.tokenizer;
+  if (c.chats.empty()) {
+    ctx[i] += sample.text + "\n" + encodable(tok, res.text) + "\n";
+    return {};
+  }
+  TROUPE_ASSIGN_OR_RETURN(auto fb, feedback_messages(encodable(tok, res.text), encodable_messages(tok, res.messages_json),
+                                                     res.info_json));
+  TROUPE_ASSIGN_OR_RETURN(ChatTurn t, c.chats[i]->add_turn(tok, sample.tokens, fb));
+  c.ctx[i] = sample.prompt_tokens;
+  c.ctx[i].insert(c.ctx[i].end(), sample.tokens.begin(), sample.tokens.begin() + static_cast<std::ptrdiff_t>(t.kept));
+  c.ctx[i].insert(c.ctx[i].end(), t.appended.begin(), t.appended.end());
+  return {};
+}
+
 // Full episodes, greedy, as training runs them: the context grows by completion + feedback.
 Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs> got) {
   const int n = static_cast<int>(got.size());
@@ -73,13 +113,18 @@ Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs
     ctx[i] = encodable(*s.tokenizer, got[i].text);
     if (!got[i].error.empty()) done[i] = 1;  // its reset failed: it scores 0
   }
+  TROUPE_CO_ASSIGN_OR_RETURN(EvalChats chats, start_eval_chats(s, got));
   for (int turn = 0; turn < max_turns; ++turn) {
     std::vector<int> active;
     for (int i = 0; i < n; ++i)
       if (!done[i]) active.push_back(i);
     if (active.empty()) break;
     GenerateReq req;
-    for (int i : active) req.prompts.push_back(ctx[i]);
+    for (int i : active) {
+      if (chats.chats.empty() || turn == 0) req.prompts.push_back(ctx[i]);
+      if (!chats.chats.empty() && turn == 0) req.prompt_messages.push_back(prompt_messages_of(s, got[i].messages_json));
+      if (!chats.chats.empty() && turn > 0) req.prompt_tokens.push_back(chats.ctx[i]);
+    }
     TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await generate_greedy(s, req));
     std::vector<Reply<EnvObs>> steps;
     for (size_t a = 0; a < active.size(); ++a)
@@ -98,7 +143,9 @@ Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs
       out.turns += 1;
       done[i] = res->done || turn + 1 == max_turns;
       if (done[i]) solved[i] = episode_solved(res->components_json, ep_reward[i]) ? 1 : 0;
-      ctx[i] += rep.samples[a].text + "\n" + encodable(*s.tokenizer, res->text) + "\n";
+      else {
+        TROUPE_CO_TRY(next_eval_context(s, chats, ctx, i, rep.samples[a], *res));
+      }
     }
   }
   for (int i = 0; i < n; ++i) {

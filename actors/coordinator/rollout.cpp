@@ -143,11 +143,14 @@ std::vector<Part> request_parts(RunState& s, const Rollout& r, int64_t step, int
       // One seed per part and a stream per sample numbered across the part: a sample's randoms do
       // not depend on the generator count (with one generator the streams are the prompt indices).
       std::vector<std::int32_t> streams;
-      for (int i : part.owned[g])
+      for (int i : part.owned[g]) {
+        const std::string messages = prompt_messages_of(s, r.groups[i].messages_json);
         for (int j = 0; j < ro.num_generations; ++j) {
           req.prompts.push_back(r.groups[i].prompt_text);
+          req.prompt_messages.push_back(messages);
           streams.push_back((i - part.g0) * ro.num_generations + j);
         }
+      }
       req.sampling = {ro.temperature, ro.top_k, ro.top_p, ro.max_response_length,
                       mix_seed(r.seed_base, seed_stream::sampling, static_cast<uint64_t>(k), 1024 * static_cast<uint64_t>(c)),
                       std::move(streams)};

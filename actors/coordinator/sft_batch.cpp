@@ -45,7 +45,8 @@ Task<Result<TrainReq>> sft_batch(RunState& s, int64_t k, double* tokens) {
         !meta["reference_completion"].is_string())
       co_return invalid_input("sft: env '" + envn[i] + "' gives no reference_completion to train on");
     TrainSample x;
-    auto p = encode_prompt(s.cfg.rollout, tok, s.chat_template.get(), encodable(tok, o.text));
+    auto p = encode_prompt(s.cfg.rollout, tok, s.chat_template.get(), encodable(tok, o.text),
+                           prompt_messages_of(s, o.messages_json));
     auto c = tok.encode(encodable(tok, meta["reference_completion"].get<std::string>()));
     if (!p.ok()) co_return p.error();
     if (!c.ok()) co_return c.error();

@@ -50,6 +50,14 @@ void EnvWorker::fail(EnvObs& out, const std::string& env, const Error& e) const 
   out.fatal = it != clients_.end() && it->second->gave_up();
 }
 
+// An observation's chat messages as EnvObs carries them ("[]" when it has none).
+static std::string messages_json_of(const envs::Observation& o) {
+  if (o.messages.empty()) return "[]";
+  json m = json::array();
+  for (const auto& msg : o.messages) m.push_back({{"role", msg.role}, {"content", msg.content}});
+  return m.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 Result<EnvObs> EnvWorker::reset(const EnvResetReq& r) {
   auto t0 = MonoClock::now();
   TROUPE_ASSIGN_OR_RETURN(auto* c, client(r.env));
@@ -65,11 +73,7 @@ Result<EnvObs> EnvWorker::reset(const EnvResetReq& r) {
   } else {
     out.text = obs->text;
     out.metadata_json = obs->metadata.dump(-1, ' ', false, json::error_handler_t::replace);
-    if (!obs->messages.empty()) {
-      json m = json::array();
-      for (const auto& msg : obs->messages) m.push_back({{"role", msg.role}, {"content", msg.content}});
-      out.messages_json = m.dump(-1, ' ', false, json::error_handler_t::replace);
-    }
+    out.messages_json = messages_json_of(*obs);
   }
   out.env_s = seconds_since(t0);
   return out;
@@ -94,6 +98,7 @@ Result<EnvObs> EnvWorker::step(const EnvStepReq& r) {
     out.done = s->done;
     out.components_json = json(s->components).dump();
     out.info_json = s->info.dump(-1, ' ', false, json::error_handler_t::replace);
+    out.messages_json = messages_json_of(s->observation);
   }
   out.env_s = seconds_since(t0);
   return out;

@@ -251,7 +251,8 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
     if (by_tokens) {
       p = r.prompt_tokens[i];
     } else {
-      auto ids = encode_prompt(cfg_.rollout, tok, policy_.chat_template.get(), r.prompts[i]);
+      auto ids = encode_prompt(cfg_.rollout, tok, policy_.chat_template.get(), r.prompts[i],
+                               i < r.prompt_messages.size() ? r.prompt_messages[i] : std::string());
       if (!ids.ok()) return invalid_input("prompt " + std::to_string(i) + ": " + ids.error().message);
       p = std::move(ids).value();
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "troupe/actors/chat_turns.h"
 #include "troupe/actors/roles.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
@@ -74,18 +75,17 @@ std::string format_prompt(const RolloutSection& r, const std::string& text) {
 }
 
 Result<std::vector<int32_t>> encode_prompt(const RolloutSection& r, const policy::io::Tokenizer& tok,
-                                           const policy::io::ChatTemplate* chat, const std::string& text) {
-  std::vector<int32_t> ids;
-  if (r.template_name == PromptTemplate::chat && chat) {
-    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    if (!r.system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", r.system_prompt}});
-    messages.push_back({{"role", "user"}, {"content", text}});
-    auto opts = policy::io::chat_options_for(&tok, tok.bos_id(), tok.eos_id());
-    opts.add_generation_prompt = true;
-    TROUPE_ASSIGN_OR_RETURN(std::string rendered, policy::io::render_chat(*chat, messages, opts));
-    TROUPE_ASSIGN_OR_RETURN(ids, tok.encode(rendered));
-    return ids;
+                                           const policy::io::ChatTemplate* chat, const std::string& text,
+                                           const std::string& messages_json) {
+  const bool has_messages = !messages_json.empty() && messages_json != "[]";
+  if (r.template_name == PromptTemplate::chat && (chat || has_messages)) {
+    std::shared_ptr<const policy::io::ChatTemplate> tmpl;
+    if (chat) tmpl = std::shared_ptr<const policy::io::ChatTemplate>(std::shared_ptr<void>(), chat);  // (not owned)
+    TROUPE_ASSIGN_OR_RETURN(ChatFormat f, make_chat_format(tok, std::move(tmpl)));
+    TROUPE_ASSIGN_OR_RETURN(auto messages, first_messages(r.system_prompt, text, messages_json));
+    return encode_chat_prompt(f, tok, messages);
   }
+  std::vector<int32_t> ids;
   if (tok.bos_id() >= 0) ids.push_back(tok.bos_id());
   TROUPE_ASSIGN_OR_RETURN(auto body, tok.encode(format_prompt(r, text)));
   ids.insert(ids.end(), body.begin(), body.end());

@@ -137,13 +137,15 @@ Observation observation_of(const json& row) {
   }
   auto tools = tools_of(row);
   if (!tools.empty()) {
-    text += "\n\nTools: call one by writing <tool_call>{\"name\": \"NAME\", \"arguments\": {...}}</tool_call>; "
-            "its answer comes back in <tool_result>. A reply without a tool call ends the task.";
+    std::string how = "\n\nTools: call one by writing <tool_call>{\"name\": \"NAME\", \"arguments\": {...}}</tool_call>; "
+                      "its answer comes back in <tool_result>. A reply without a tool call ends the task.";
     for (const auto& t : tools) {
-      text += "\n- " + t.name;
-      if (!t.description.empty()) text += ": " + t.description;
-      text += " Parameters: " + t.parameters.dump();
+      how += "\n- " + t.name;
+      if (!t.description.empty()) how += ": " + t.description;
+      how += " Parameters: " + t.parameters.dump();
     }
+    text += how;
+    o.messages.back().content += how;  // the messages are the prompt under rollout.template chat
   }
   o.text = text;
   return o;

@@ -54,6 +54,13 @@ RESULT_Z = {"role": "tool", "content": "{\"temp\": 11, \"sky\": \"rain\"}"}
 FINAL = {"role": "assistant", "content": "Paris 18 C clear; Zürich 11 C rain."}
 THINK_A = {"role": "assistant", "content": "<think>\n2+3 is 5.\n</think>\n\n5"}
 REASON_A = {"role": "assistant", "content": "20", "reasoning_content": "5 times 4 is 20."}
+# a multi-turn chat episode as actors.chat_turns builds it (env answers as user and tool turns)
+GUESS = [{"role": "system", "content": "You are terse."},
+         {"role": "user", "content": "Guess my number from 1 to 10, or call the calculator."},
+         {"role": "assistant", "content": "5"}, {"role": "user", "content": "higher"},
+         {"role": "assistant", "content": "<tool_call>{\"name\": \"calculator\"}</tool_call>"},
+         {"role": "tool", "content": "{\"result\": 12}"},
+         {"role": "assistant", "content": "8"}, {"role": "user", "content": "lower, 2 guesses left"}]
 
 CASES = {
     "HuggingFaceTB-SmolLM2-135M-Instruct.jinja": {
@@ -64,6 +71,7 @@ CASES = {
             ([U1, A1, U2], None, False, {}),
             ([SYS, U1, A1, U2, A2], None, False, {}),
             ([SYS, U1, A1, U2], None, True, {}),
+            (GUESS, None, True, {}),
         ],
     },
     "meta-llama-Llama-3.2-3B-Instruct.jinja": {
@@ -76,6 +84,7 @@ CASES = {
             ([TOOL_Q, CALL_ONE, {"role": "ipython", "content": {"temp": 18}}, FINAL], [WEATHER_TOOL, ADD_TOOL], False,
              {"date_string": "03 Dec 2026", "tools_in_user_message": False}),
             ([SYS, U1], None, True, {"date_string": "26 Jul 2024", "custom_tools": [ADD_TOOL]}),
+            (GUESS, None, True, {"date_string": "03 Dec 2026"}),
         ],
     },
     "Qwen-Qwen2.5-7B-Instruct.jinja": {
@@ -97,6 +106,7 @@ CASES = {
             ([U1, THINK_A, U2, REASON_A], None, False, {}),
             ([SYS, TOOL_Q, CALL_TWO, RESULT_P, RESULT_Z], [WEATHER_TOOL, ADD_TOOL], True, {}),
             ([TOOL_Q, CALL_ONE, RESULT_P, FINAL], [WEATHER_TOOL], False, {"enable_thinking": False}),
+            (GUESS, None, True, {}),
         ],
     },
 }

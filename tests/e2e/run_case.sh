@@ -341,6 +341,24 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     grep -q '"eval_accuracy":1.0,.*"eval_reward_mean":0.5,.*"eval_turns_mean":2.0' "$W/two/metrics.jsonl"
     grep -q '"accuracy":1.0' "$W/two/metrics.jsonl"
     ;;
+  chat_multi_turn)  # rollout.template chat on the Qwen3 template: the env's messages are the prompt,
+    # its answers are the template's user and tool turns (check_chat_turns.py checks every turn's tokens)
+    cp -r "$SRC/tests/hf_fixture/qwen3_moe" "$W/model"
+    cp "$SRC/tests/chat_template/templates/Qwen-Qwen3-0.6B.jinja" "$W/model/chat_template.jinja"
+    $PY -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c['max_position_embeddings']=1024; json.dump(c, open(p,'w'))" \
+      "$W/model/config.json"
+    $PY -c "import re,sys; t=open(sys.argv[1]).read(); open(sys.argv[2],'w').write(re.sub(r'\n  model:\n(    .*\n)+', '\n', t))" \
+      "$SRC/configs/quickstart.yaml" "$W/loaded.yaml"
+    "$TROUPE" run "$W/loaded.yaml" --set run.dir="$W/run" --set policy.path="$W/model" --set policy.tokenizer=auto \
+      --set envs[0].name=chat_turns --set envs[0].type=remote --set "envs[0].config={}" \
+      --set "envs[0].command=[$PY, $SRC/tests/e2e/chat_turns_env.py, --bind, '{bind}']" \
+      --set rollout.template=chat --set rollout.max_turns=3 --set rollout.max_prompt_length=1000 \
+      --set rollout.max_response_length=6 --set sft.enabled=false --set grpo.max_steps=1 \
+      --set rollout.prompts_per_step=2 --set eval.num_prompts=2 $Q
+    $CHECK files "$W/run"
+    $PY "$SRC/tests/e2e/check_chat_turns.py" "$TROUPE" "$W/model" "$W/run"
+    grep -q '"eval_accuracy":1.0' "$W/run/metrics.jsonl"
+    ;;
   from_model_dir)  # policy.path: a transformers-made directory (BPE tokenizer), then one of our checkpoints
     S="--set sft.max_steps=2 --set grpo.max_steps=2 --set eval.num_prompts=5 $Q"
     # the quickstart without its fresh-model architecture (policy.model), which a loaded model refuses

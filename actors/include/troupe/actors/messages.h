@@ -168,8 +168,13 @@ struct GenerateReq {  // texts are formatted and tokenized by the generator
   // for that StepVersion); after the list's end it keeps the last one. Empty = one version.
   std::vector<std::int64_t> in_flight_steps;
   std::int32_t in_flight_every = 0;
+  // rollout.template chat: per prompt, the env's chat messages (a JSON list; "" or "[]": none), which
+  // then become the prompt instead of the text (roles.h encode_prompt). Empty: none for any prompt.
+  std::vector<std::string> prompt_messages;
   template <class A>
-  void serialize(A& ar) { ar(prompts, sampling, prompt_tokens, policy_version, step, in_flight_steps, in_flight_every); }
+  void serialize(A& ar) {
+    ar(prompts, sampling, prompt_tokens, policy_version, step, in_flight_steps, in_flight_every, prompt_messages);
+  }
 };
 // Coordinator -> generators (rollout.in_flight_updates): GRPO step `grpo_step` is done and the
 // learners hold `version` (its Weights were sent before this). release = true: no further step

@@ -44,10 +44,14 @@ Result<std::unique_ptr<policy::io::Tokenizer>> make_builtin_tokenizer(const std:
 // Prompt text as the model sees it (plain: system prompt + text; chat: role-tagged turns).
 std::string format_prompt(const RolloutSection& r, const std::string& text);
 // A prompt's token ids (before the max_prompt_length cut). rollout.template chat with a model chat
-// template: the template's rendering of [system prompt,] the user text and the generation prompt,
-// encoded without adding BOS/EOS (the template places them); otherwise BOS + format_prompt's text.
+// template: the template's rendering of the conversation (first_messages: the env's messages when
+// messages_json has any, else [system prompt,] the user text) and the generation prompt, encoded
+// without adding BOS/EOS (the template places them); chat without a model template: BOS + the
+// built-in tags of that conversation (== format_prompt's text when there are no messages);
+// otherwise (plain) BOS + format_prompt's text, messages ignored.
 Result<std::vector<int32_t>> encode_prompt(const RolloutSection& r, const policy::io::Tokenizer& tok,
-                                           const policy::io::ChatTemplate* chat, const std::string& text);
+                                           const policy::io::ChatTemplate* chat, const std::string& text,
+                                           const std::string& messages_json = "");
 
 // The learner settings of one phase: the experiment's loss, optimizer and advantage (grpo) sections
 // as they are, plus what is derived per phase: the SFT lr override, total_steps, the batch keys of

@@ -41,7 +41,8 @@ Result<Splits> load_splits(const Settings& s, const std::string& where);
 // The tools a row offers (responses_create_params.tools of type function), as ToolSpecs.
 std::vector<ToolSpec> tools_of(const json& row);
 // The prompt: the row's messages (system/developer, user, ...) as text, then the tools and how to
-// call them (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as envs/README.md documents).
+// call them (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as envs/README.md documents);
+// the same messages as chat messages, the tools paragraph appended to the last one.
 Observation observation_of(const json& row);
 
 // The output items of one episode, in the Responses API's shapes.
