@@ -2,12 +2,14 @@
 #include "troupe/serve/openai_protocol.h"
 
 #include <cmath>
+#include <set>
 
 namespace troupe::serve {
 
 ojson error_body(const ApiError& e) {
   ojson err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;
+  if (!e.code.empty()) err["code"] = e.code;
   return ojson{{"error", err}};
 }
 
@@ -89,7 +91,7 @@ std::optional<ojson> tool_call_of(const std::string& json_text, const std::strin
 }  // namespace
 
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat, int max_n,
-                                                 CompletionRequest* out) {
+                                                 CompletionRequest* out, bool strict) {
   CompletionRequest r;
   r.chat = chat;
   ojson j;
@@ -99,6 +101,8 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     return ApiError{400, std::string("the request body is not valid JSON: ") + e.what(), ""};
   }
   if (!j.is_object()) return ApiError{400, "the request body must be a JSON object", ""};
+  if (strict)
+    if (auto e = strict_field_error(j, chat)) return e;
   if (!j.contains("model") || !j["model"].is_string()) return bad("model", "'model' (a string) is required");
   r.model = j["model"].get<std::string>();
   if (chat) {
@@ -207,6 +211,81 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
   if (auto e = bool_field(j, "ignore_eos", &r.ignore_eos)) return e;
   *out = std::move(r);
   return std::nullopt;
+}
+
+namespace {
+
+// Fields read (or accepted and ignored) in strict mode, per route.
+const std::set<std::string>& known_fields(bool chat) {
+  static const std::set<std::string> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop", "stream", "stream_options",
+      "logprobs", "ignore_eos", "user", "frequency_penalty", "presence_penalty", "logit_bias"};
+  static const std::set<std::string> chat_fields = [] {
+    std::set<std::string> s = common;
+    for (const char* k : {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                          "parallel_tool_calls", "chat_template_kwargs", "response_format", "metadata", "store",
+                          "service_tier"})
+      s.insert(k);
+    return s;
+  }();
+  static const std::set<std::string> completion_fields = [] {
+    std::set<std::string> s = common;
+    for (const char* k : {"prompt", "echo", "best_of", "suffix"}) s.insert(k);
+    return s;
+  }();
+  return chat ? chat_fields : completion_fields;
+}
+
+ApiError not_implemented(const std::string& param, const std::string& what) {
+  return bad(param, what + " is not implemented by this server (troupe serve); leave '" + param + "' out");
+}
+
+// A field that is accepted only with a value that asks for nothing (0, false, {}, 1, null, "").
+std::optional<ApiError> no_op_value(const ojson& j, const char* key, const ojson& allowed) {
+  if (!j.contains(key) || j[key].is_null() || j[key] == allowed) return std::nullopt;
+  return not_implemented(key, std::string("'") + key + "': " + j[key].dump());
+}
+
+std::optional<ApiError> response_format_error(const ojson& j) {
+  if (!j.contains("response_format") || j["response_format"].is_null()) return std::nullopt;
+  const ojson& f = j["response_format"];
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    return bad("response_format", "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}");
+  const std::string type = f["type"].get<std::string>();
+  if (type == "text") return std::nullopt;
+  if (type == "json_object" || type == "json_schema")
+    return not_implemented("response_format", "response_format " + type + " (constrained JSON decoding)");
+  return bad("response_format", "'response_format.type' must be text, json_object or json_schema, got " + f["type"].dump());
+}
+
+std::optional<ApiError> tool_choice_error(const ojson& j) {
+  if (!j.contains("tool_choice") || j["tool_choice"].is_null()) return std::nullopt;
+  const ojson& c = j["tool_choice"];
+  if (c.is_string() && (c == "none" || c == "auto")) return std::nullopt;
+  if (c.is_string() && c == "required") return not_implemented("tool_choice", "tool_choice 'required'");
+  if (c.is_object()) return not_implemented("tool_choice", "forcing a named tool");
+  return bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", ...}");
+}
+
+}  // namespace
+
+std::optional<ApiError> strict_field_error(const ojson& j, bool chat) {
+  const auto& known = known_fields(chat);
+  for (const auto& [key, value] : j.items())
+    if (!known.count(key))
+      return bad(key, "'" + key + "' is not a field this server reads (" + std::string(chat ? "/v1/chat/completions" :
+                      "/v1/completions") + "; docs/serving.md lists them)");
+  for (const char* k : {"frequency_penalty", "presence_penalty"})
+    if (auto e = no_op_value(j, k, 0)) return e;
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null() && j["logit_bias"] != ojson::object())
+    return not_implemented("logit_bias", "'logit_bias'");
+  if (chat) {
+    if (auto e = response_format_error(j)) return e;
+    return tool_choice_error(j);
+  }
+  if (auto e = no_op_value(j, "echo", false)) return e;
+  if (auto e = no_op_value(j, "best_of", 1)) return e;
+  return no_op_value(j, "suffix", "");
 }
 
 ToolCallParse parse_tool_calls(const std::string& text, const std::string& id_prefix) {
