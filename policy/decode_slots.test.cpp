@@ -97,7 +97,7 @@ TEST(DecodeSlots, JoiningAndLeavingSequencesSampleWhatTheyWouldAlone) {
   Model m = make_model("qwen3");
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {9}, {4, 5, 6, 7, 8, 9, 10}, {11, 12}, {13, 14, 15}};
   std::vector<SlotSampling> sp;
-  for (int i = 0; i < 5; ++i) sp.push_back(SlotSampling{i % 2 ? 1.0f : 0.0f, 0, 1.0f, 77, i, 0});
+  for (int i = 0; i < 5; ++i) sp.push_back(SlotSampling{i % 2 ? 1.0f : 0.0f, 0, 1.0f, 77, i, 0, nullptr});
   // Five sequences over four slots, joining at different steps (the last waits for a free slot).
   auto together = run_slots(m, prompts, sp, {0, 0, 2, 3, 12}, 12);
   for (size_t i = 0; i < prompts.size(); ++i) {

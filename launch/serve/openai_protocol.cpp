@@ -149,6 +149,8 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     if (auto e = bool_field(j, "logprobs", &r.logprobs)) return e;
     if (auto e = int_field(j, "top_logprobs", &r.top_logprobs, 0, 20)) return e;
     if (r.top_logprobs > 0 && !r.logprobs) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (strict && j.contains("response_format") && j["response_format"].is_object())
+      r.json_object = j["response_format"].value("type", "") == "json_object";
   } else {
     if (!j.contains("prompt")) return bad("prompt", "'prompt' is required");
     const ojson& p = j["prompt"];
@@ -252,9 +254,10 @@ std::optional<ApiError> response_format_error(const ojson& j) {
   if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
     return bad("response_format", "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}");
   const std::string type = f["type"].get<std::string>();
-  if (type == "text") return std::nullopt;
-  if (type == "json_object" || type == "json_schema")
-    return not_implemented("response_format", "response_format " + type + " (constrained JSON decoding)");
+  if (type == "text" || type == "json_object") return std::nullopt;
+  if (type == "json_schema")
+    return bad("response_format", "response_format.json_schema (decoding constrained to a schema) is not implemented "
+                                  "by this server; response_format {\"type\": \"json_object\"} is");
   return bad("response_format", "'response_format.type' must be text, json_object or json_schema, got " + f["type"].dump());
 }
 

@@ -18,6 +18,7 @@
 
 #include "troupe/base/clock.h"
 #include "troupe/serve/api_keys.h"
+#include "troupe/serve/json_constraint.h"
 #include "troupe/serve/openai_protocol.h"
 
 namespace troupe::serve {
@@ -129,6 +130,13 @@ struct OpenAiServer::Impl {
   std::atomic<int> admitted_requests{0};
   std::atomic<bool> draining{false};
   Watchdog watchdog;
+  std::once_flag texts_once;
+  std::shared_ptr<const TokenTexts> texts;  // json_object: every token's text, computed on first use
+
+  const std::shared_ptr<const TokenTexts>& token_texts() {
+    std::call_once(texts_once, [this] { texts = TokenTexts::of(*tok, engine->vocab_size()); });
+    return texts;
+  }
 
   // Holds a request's place in the bound (released when the last copy goes: streamed requests
   // keep one in their content provider until the last chunk is written).
@@ -266,6 +274,7 @@ struct OpenAiServer::Impl {
       q.sampling.stream = i;
       q.sampling.top_logprobs = r.top_logprobs;
       q.max_tokens = p.max_tokens;
+      if (r.json_object) q.sampling.constraint = json_object_constraint(token_texts(), chat_stops);
       if (!r.ignore_eos) {
         if (r.chat) q.stop_tokens = chat_stops;
         else if (eos >= 0) q.stop_tokens = {eos};

@@ -6,8 +6,8 @@ chat (plain, streamed, logprobs, stop strings, n, tools rendered by the template
 extension field (prompt and completion token ids and log-probs), determinism (same seed -> same
 tokens; temperature 0 and seeded sampling equal `troupe generate`), 16 concurrent requests batched
 by the engine, log-prob entries as many as completion_tokens, and 400s naming the field for bad
-requests (unknown fields, response_format json_object/json_schema, tool_choice required) while the
-server stays up.
+requests (unknown fields, response_format json_schema, tool_choice required) while the server
+stays up; response_format json_object replies are JSON objects (constrained decoding).
     check_serve_openai.py TROUPE FIXTURE_MODEL_DIR QWEN3_TEMPLATE
 The `openai` package is installed on first use into a venv under $TROUPE_CACHE (default
 ~/.cache/troupe)/venv-openai; the script then re-runs itself with that venv's python."""
@@ -288,6 +288,29 @@ def main():
             except openai.BadRequestError as e:
                 if e.param != param:
                     fail(f"{kw}: the 400 names {e.param}, not {param}: {e}")
+        try:
+            client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+            fail("response_format json_schema accepted")
+        except openai.BadRequestError as e:
+            if e.param != "response_format" or "json_schema" not in str(e):
+                fail(f"json_schema: {e}")
+        # response_format json_object: constrained decoding keeps every reply a JSON-object prefix, whole
+        # when it stopped (the random fixture rambles inside strings; some seeds close the object).
+        stopped = 0
+        for seed in range(1, 9):
+            r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=300, seed=seed,
+                                               response_format={"type": "json_object"})
+            text = r.choices[0].message.content
+            if not text.lstrip().startswith("{"):
+                fail(f"json_object seed {seed}: {text!r}")
+            if r.choices[0].finish_reason == "stop":
+                if not isinstance(json.loads(text), dict):
+                    fail(f"json_object seed {seed}: not an object: {text!r}")
+                stopped += 1
+        if stopped == 0:
+            fail("json_object: no seed of 8 closed its object within 300 tokens")
+        print(f"response_format json_object: {stopped} of 8 replies closed a valid JSON object, the rest a prefix")
         client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, user="u", seed=1, n=1,
                                        frequency_penalty=0, presence_penalty=0, parallel_tool_calls=True)
         st, j = http(url + "/v1/nothing", "{}")

@@ -53,6 +53,7 @@ struct CompletionRequest {
   bool logprobs = false;
   int top_logprobs = 0;
   bool ignore_eos = false;     // sampling goes on past EOS (a vLLM extension; benchmarks use it)
+  bool json_object = false;    // chat, strict: response_format json_object (constrained decoding)
 };
 
 // Parses and checks a /v1/chat/completions (chat = true) or /v1/completions body. strict (`troupe
@@ -63,7 +64,7 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
                                                  CompletionRequest* out, bool strict = false);
 
 // strict mode's field check of a request object: unknown fields, and known ones asking for what is
-// not implemented (response_format json_object/json_schema, tool_choice required or a function,
+// not implemented (response_format json_schema, tool_choice required or a function,
 // non-zero penalties, a logit_bias, echo, best_of > 1, suffix) are a 400 naming the field.
 std::optional<ApiError> strict_field_error(const ojson& request, bool chat);
 

@@ -1,0 +1,72 @@
+// response_format json_object's pieces: JsonPrefix accepts exactly the prefixes of one JSON object
+// (checked against whole documents and their every prefix), and the token mask allows only tokens
+// that keep the text such a prefix, the stop tokens only once the object is closed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "troupe/serve/json_constraint.h"
+
+using namespace troupe::serve;
+
+namespace {
+bool prefix_ok(const std::string& s) {
+  JsonPrefix p;
+  return p.feed(s);
+}
+bool whole(const std::string& s) {
+  JsonPrefix p;
+  return p.feed(s) && p.complete();
+}
+}  // namespace
+
+TEST(JsonPrefix, AcceptsObjectsAndEveryPrefix) {
+  for (const std::string doc :
+       {R"({})", R"({"a": 1})", R"( {"a": [1, -2.5e+3, 0, 0.25, true, false, null, "x\"\\\u00e9\n"], "b": {"c": {}}})",
+        "{\n  \"k\": \"\xC3\xA9t\xC3\xA9\",\n  \"n\": -0.0E-1\n}", R"({"a":[],"b":[[]],"c":[{}]})"}) {
+    EXPECT_TRUE(whole(doc)) << doc;
+    for (size_t n = 0; n < doc.size(); ++n) EXPECT_TRUE(prefix_ok(doc.substr(0, n))) << doc.substr(0, n);
+    JsonPrefix p;
+    EXPECT_TRUE(p.feed(doc.substr(0, doc.size() - 1)));
+    EXPECT_FALSE(p.complete()) << doc;
+  }
+}
+
+TEST(JsonPrefix, RefusesWhatNoObjectStartsWith) {
+  for (const std::string bad :
+       {"[", "1", "\"a\"", "x", "{a", "{\"a\" 1", "{\"a\":}", "{\"a\":1,}", "{\"a\":01", "{\"a\":-}", "{\"a\":1.}",
+        "{\"a\":1e}", "{\"a\":tru}", "{\"a\":nul,", "{\"a\":[1}", "{\"a\":\"\x01\"}", "{\"a\":\"\\q\"}",
+        "{\"a\":\"\\u12G\"}", "{} ", "{}x", "{]", "{\"a\":[1,]}"})
+    EXPECT_FALSE(prefix_ok(bad) && whole(bad + "}")) << bad;
+  EXPECT_FALSE(prefix_ok("{}x"));
+  EXPECT_FALSE(prefix_ok("{\"a\":01"));
+  EXPECT_FALSE(prefix_ok(std::string("{") + std::string(JsonPrefix::kMaxBlanks + 1, ' ')));
+  EXPECT_TRUE(prefix_ok(std::string("{") + std::string(JsonPrefix::kMaxBlanks, ' ')));
+  std::string deep(JsonPrefix::kMaxDepth, '[');
+  deep[0] = '{';
+  EXPECT_FALSE(prefix_ok("{\"a\":" + deep));
+}
+
+TEST(JsonObjectConstraint, MasksTokensThatBreakTheObject) {
+  auto texts = std::make_shared<TokenTexts>();
+  texts->text = {"", "{", "}", "\"a\"", ":", "1", "x", " ", "{\"b\":2}", ""};  // 0 and 9: special/stop
+  const int V = static_cast<int>(texts->text.size());
+  auto c = json_object_constraint(texts, {9});
+  auto allowed = [&] {
+    std::vector<float> logits(V, 0.0f);
+    c->mask(logits.data(), V);
+    std::string out;
+    for (int v = 0; v < V; ++v) out += std::isinf(logits[v]) ? '.' : 'x';
+    return out;
+  };
+  EXPECT_EQ(allowed(), ".x.....xx.");  // '{', ' ', a whole object
+  c->accept(1);
+  EXPECT_EQ(allowed(), "..xx...x..");  // '}', a key, ' '
+  c->accept(3);
+  EXPECT_EQ(allowed(), "....x..x..");
+  c->accept(4);
+  c->accept(5);
+  EXPECT_EQ(allowed(), "..x..x.x..");  // more digits, '}', ' '
+  c->accept(2);
+  EXPECT_EQ(allowed(), ".........x");  // closed: only the stop token
+}
