@@ -88,6 +88,38 @@ std::optional<ojson> tool_call_of(const std::string& json_text, const std::strin
   return ojson{{"id", id}, {"type", "function"}, {"function", {{"name", j["name"]}, {"arguments", arg_text}}}};
 }
 
+// The chat messages, each content made text (templates test `'x' in message.content`) and each
+// assistant tool call's arguments parsed back to JSON (templates read them as objects).
+std::optional<ApiError> chat_messages(const ojson& j, ojson* out) {
+  if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
+    return bad("messages", "'messages' must be a non-empty list of {\"role\", \"content\"}");
+  *out = ojson::array();
+  for (size_t i = 0; i < j["messages"].size(); ++i) {
+    ojson m = j["messages"][i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      return bad(at + ".role", "'" + at + "' must be an object with a 'role' string");
+    if (m.contains("content")) {
+      ojson text;
+      if (auto e = content_text(m["content"], at + ".content", &text)) return e;
+      m["content"] = text.is_null() ? ojson("") : text;  // templates test `'x' in message.content`
+    } else {
+      m["content"] = "";  // e.g. an assistant turn that only calls tools
+    }
+    if (m.contains("tool_calls") && m["tool_calls"].is_array())  // templates read arguments as JSON
+      for (auto& c : m["tool_calls"])
+        if (c.is_object() && c.contains("function") && c["function"].is_object() &&
+            c["function"].contains("arguments") && c["function"]["arguments"].is_string()) {
+          try {
+            c["function"]["arguments"] = ojson::parse(c["function"]["arguments"].get<std::string>());
+          } catch (const nlohmann::json::exception&) {  // not JSON: the template gets the string
+          }
+        }
+    out->push_back(std::move(m));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat, int max_n,
@@ -106,32 +138,7 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
   if (!j.contains("model") || !j["model"].is_string()) return bad("model", "'model' (a string) is required");
   r.model = j["model"].get<std::string>();
   if (chat) {
-    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
-      return bad("messages", "'messages' must be a non-empty list of {\"role\", \"content\"}");
-    r.messages = ojson::array();
-    for (size_t i = 0; i < j["messages"].size(); ++i) {
-      ojson m = j["messages"][i];
-      const std::string at = "messages[" + std::to_string(i) + "]";
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        return bad(at + ".role", "'" + at + "' must be an object with a 'role' string");
-      if (m.contains("content")) {
-        ojson text;
-        if (auto e = content_text(m["content"], at + ".content", &text)) return e;
-        m["content"] = text.is_null() ? ojson("") : text;  // templates test `'x' in message.content`
-      } else {
-        m["content"] = "";  // e.g. an assistant turn that only calls tools
-      }
-      if (m.contains("tool_calls") && m["tool_calls"].is_array())  // templates read arguments as JSON
-        for (auto& c : m["tool_calls"])
-          if (c.is_object() && c.contains("function") && c["function"].is_object() &&
-              c["function"].contains("arguments") && c["function"]["arguments"].is_string()) {
-            try {
-              c["function"]["arguments"] = ojson::parse(c["function"]["arguments"].get<std::string>());
-            } catch (const nlohmann::json::exception&) {  // not JSON: the template gets the string
-            }
-          }
-      r.messages.push_back(std::move(m));
-    }
+    if (auto e = chat_messages(j, &r.messages)) return e;
     r.tools = nullptr;
     if (j.contains("tools") && !j["tools"].is_null()) {
       if (!j["tools"].is_array()) return bad("tools", "'tools' must be a list of {\"type\": \"function\", ...}");
