@@ -1,6 +1,7 @@
-// response_format json_object (json_constraint.h): the JSON-object prefix validator and the token
-// mask built on it. Invariant: a token is allowed only if feeding its bytes to a copy of the state
-// succeeds, so every completion is a prefix of one JSON object (whole once a stop token is drawn).
+// response_format json_object and json_schema (json_constraint.h): the JSON-object prefix validator
+// and the token mask built on it or on SchemaPrefix. Invariant: a token is allowed only if feeding
+// its bytes to a copy of the state succeeds, so every completion is a prefix of one admitted
+// document (whole once a stop token is drawn).
 #include "troupe/serve/json_constraint.h"
 
 #include <algorithm>
@@ -155,10 +156,13 @@ std::shared_ptr<const TokenTexts> TokenTexts::of(const policy::io::Tokenizer& to
 
 namespace {
 
-class JsonObjectConstraint : public policy::TokenConstraint {
+// State: JsonPrefix or SchemaPrefix (feed(bytes), complete(), copyable).
+template <class State>
+class JsonConstraint : public policy::TokenConstraint {
  public:
-  JsonObjectConstraint(std::shared_ptr<const TokenTexts> texts, std::vector<int32_t> stops)
-      : texts_(std::move(texts)), stops_(std::move(stops)) {}
+  JsonConstraint(std::shared_ptr<const TokenTexts> texts, std::vector<int32_t> stops, State state,
+                 std::shared_ptr<const JsonSchema> schema = nullptr)
+      : texts_(std::move(texts)), stops_(std::move(stops)), schema_(std::move(schema)), state_(state) {}
 
   void mask(float* logits, int vocab) override {
     allowed_.assign(static_cast<size_t>(vocab), 0);
@@ -168,7 +172,7 @@ class JsonObjectConstraint : public policy::TokenConstraint {
       if (is_stop(v)) {
         allowed_[v] = state_.complete();
       } else if (!state_.complete() && !texts_->text[v].empty()) {
-        JsonPrefix next = state_;
+        State next = state_;
         allowed_[v] = next.feed(texts_->text[v]);
       }
       any = any || allowed_[v];
@@ -187,7 +191,8 @@ class JsonObjectConstraint : public policy::TokenConstraint {
   bool is_stop(int32_t v) const { return std::find(stops_.begin(), stops_.end(), v) != stops_.end(); }
   std::shared_ptr<const TokenTexts> texts_;
   std::vector<int32_t> stops_;
-  JsonPrefix state_;
+  std::shared_ptr<const JsonSchema> schema_;  // what a SchemaPrefix state points into
+  State state_;
   std::vector<char> allowed_;
 };
 
@@ -195,7 +200,14 @@ class JsonObjectConstraint : public policy::TokenConstraint {
 
 std::shared_ptr<policy::TokenConstraint> json_object_constraint(std::shared_ptr<const TokenTexts> texts,
                                                                 std::vector<int32_t> stops) {
-  return std::make_shared<JsonObjectConstraint>(std::move(texts), std::move(stops));
+  return std::make_shared<JsonConstraint<JsonPrefix>>(std::move(texts), std::move(stops), JsonPrefix());
+}
+
+std::shared_ptr<policy::TokenConstraint> json_schema_constraint(std::shared_ptr<const TokenTexts> texts,
+                                                                std::shared_ptr<const JsonSchema> schema,
+                                                                std::vector<int32_t> stops) {
+  SchemaPrefix start(schema.get());
+  return std::make_shared<JsonConstraint<SchemaPrefix>>(std::move(texts), std::move(stops), start, std::move(schema));
 }
 
 }  // namespace troupe::serve

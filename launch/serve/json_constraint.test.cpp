@@ -70,3 +70,67 @@ TEST(JsonObjectConstraint, MasksTokensThatBreakTheObject) {
   c->accept(2);
   EXPECT_EQ(allowed(), ".........x");  // closed: only the stop token
 }
+
+namespace {
+std::shared_ptr<const JsonSchema> schema_of(const std::string& text) {
+  auto s = compile_json_schema(nlohmann::ordered_json::parse(text));
+  EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
+  return s.ok() ? *s : nullptr;
+}
+bool schema_prefix(const std::shared_ptr<const JsonSchema>& s, const std::string& text) {
+  SchemaPrefix p(s.get());
+  return p.feed(text);
+}
+bool schema_whole(const std::shared_ptr<const JsonSchema>& s, const std::string& text) {
+  SchemaPrefix p(s.get());
+  return p.feed(text) && p.complete();
+}
+const char* kPerson = R"({"type": "object", "properties": {
+    "name": {"type": "string"}, "age": {"type": "integer"}, "score": {"type": "number"},
+    "ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}},
+    "color": {"enum": ["red", "green", 7, null]}, "extra": {}, "none": {"type": "null"},
+    "inner": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+  "required": ["name", "age"], "additionalProperties": false})";
+}  // namespace
+
+TEST(SchemaPrefix, AcceptsWhatTheSchemaAdmitsAndEveryPrefix) {
+  auto s = schema_of(kPerson);
+  ASSERT_TRUE(s);
+  for (const std::string doc :
+       {R"({"name": "Al", "age": 3})", R"({"age": -12, "name": "\"q\"\u00e9"})",
+        R"({"name":"a","age":0,"score":-1.5e3,"ok":false,"tags":["x","y"],"color":"green","extra":{"k":[1,{}]},"none":null,"inner":{"x":1}})",
+        R"({"name": "a", "age": 1, "color": 7, "tags": []})", R"({"name": "a", "age": 1, "color": null})"}) {
+    EXPECT_TRUE(schema_whole(s, doc)) << doc;
+    for (size_t n = 0; n < doc.size(); ++n) EXPECT_TRUE(schema_prefix(s, doc.substr(0, n))) << doc.substr(0, n);
+  }
+}
+
+TEST(SchemaPrefix, RefusesWhatTheSchemaDoesNot) {
+  auto s = schema_of(kPerson);
+  ASSERT_TRUE(s);
+  for (const std::string bad :
+       {R"({"nam)" "x", R"({"name": 1)", R"({"name": "a"})", R"({"age": 1.5)", R"({"age": 1e3)",
+        R"({"name": "a", "age": 1, "name")", R"({"other")", R"({"name": "a", "age": 1, "ok": 1)",
+        R"({"name": "a", "age": 1, "tags": [1)", R"({"name": "a", "age": 1, "color": "blue")",
+        R"({"name": "a", "age": 1, "color": 70)", R"({"name": "a", "age": 1, "inner": {}})", R"([)",
+        R"({"name": "a", "age": 1, "none": 0)", R"({"name": "a", "age": 1,})", R"({"name": "a", "age": 1}})"})
+    EXPECT_FALSE(schema_prefix(s, bad)) << bad;
+  auto any = schema_of("{}");  // any value, at the root too
+  EXPECT_TRUE(schema_whole(any, R"([1, "a", {"b": null}])"));
+  EXPECT_TRUE(schema_whole(schema_of(R"({"type": "object"})"), "{}"));
+  EXPECT_FALSE(schema_prefix(schema_of(R"({"type": "object"})"), R"({")"));
+}
+
+TEST(SchemaPrefix, CompileErrorsNameThePath) {
+  for (const auto& [text, path] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}})", "schema.properties.a.pattern"},
+           {R"({"anyOf": []})", "schema.anyOf"},
+           {R"({"type": ["string", "null"]})", "schema.type"},
+           {R"({"type": "object", "additionalProperties": true})", "schema.additionalProperties"},
+           {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", "schema.required"},
+           {R"({"type": "array", "items": {"$ref": "#"}})", "schema.items.$ref"}}) {
+    auto s = compile_json_schema(nlohmann::ordered_json::parse(text));
+    ASSERT_FALSE(s.ok()) << text;
+    EXPECT_NE(s.error().message.find(path), std::string::npos) << s.error().message;
+  }
+}

@@ -156,8 +156,11 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     if (auto e = bool_field(j, "logprobs", &r.logprobs)) return e;
     if (auto e = int_field(j, "top_logprobs", &r.top_logprobs, 0, 20)) return e;
     if (r.top_logprobs > 0 && !r.logprobs) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    if (strict && j.contains("response_format") && j["response_format"].is_object())
-      r.json_object = j["response_format"].value("type", "") == "json_object";
+    if (strict && j.contains("response_format") && j["response_format"].is_object()) {  // checked by strict_field_error
+      const ojson& f = j["response_format"];
+      r.json_object = f.value("type", "") == "json_object";
+      if (f.value("type", "") == "json_schema") r.json_schema = *compile_json_schema(f["json_schema"]["schema"]);
+    }
   } else {
     if (!j.contains("prompt")) return bad("prompt", "'prompt' is required");
     const ojson& p = j["prompt"];
@@ -262,9 +265,13 @@ std::optional<ApiError> response_format_error(const ojson& j) {
     return bad("response_format", "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}");
   const std::string type = f["type"].get<std::string>();
   if (type == "text" || type == "json_object") return std::nullopt;
-  if (type == "json_schema")
-    return bad("response_format", "response_format.json_schema (decoding constrained to a schema) is not implemented "
-                                  "by this server; response_format {\"type\": \"json_object\"} is");
+  if (type == "json_schema") {
+    if (!f.contains("json_schema") || !f["json_schema"].is_object() || !f["json_schema"].contains("schema"))
+      return bad("response_format", "response_format.json_schema must be {\"name\": ..., \"schema\": {...}}");
+    if (auto c = compile_json_schema(f["json_schema"]["schema"]); !c.ok())
+      return bad("response_format", "response_format.json_schema." + c.error().message);
+    return std::nullopt;
+  }
   return bad("response_format", "'response_format.type' must be text, json_object or json_schema, got " + f["type"].dump());
 }
 

@@ -275,6 +275,7 @@ struct OpenAiServer::Impl {
       q.sampling.top_logprobs = r.top_logprobs;
       q.max_tokens = p.max_tokens;
       if (r.json_object) q.sampling.constraint = json_object_constraint(token_texts(), chat_stops);
+      if (r.json_schema) q.sampling.constraint = json_schema_constraint(token_texts(), r.json_schema, chat_stops);
       if (!r.ignore_eos) {
         if (r.chat) q.stop_tokens = chat_stops;
         else if (eos >= 0) q.stop_tokens = {eos};

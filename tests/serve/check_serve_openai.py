@@ -6,8 +6,9 @@ chat (plain, streamed, logprobs, stop strings, n, tools rendered by the template
 extension field (prompt and completion token ids and log-probs), determinism (same seed -> same
 tokens; temperature 0 and seeded sampling equal `troupe generate`), 16 concurrent requests batched
 by the engine, log-prob entries as many as completion_tokens, and 400s naming the field for bad
-requests (unknown fields, response_format json_schema, tool_choice required) while the server
-stays up; response_format json_object replies are JSON objects (constrained decoding).
+requests (unknown fields, a json_schema keyword outside the supported subset, tool_choice required)
+while the server stays up; response_format json_object and json_schema replies are JSON objects /
+documents the schema admits (constrained decoding).
     check_serve_openai.py TROUPE FIXTURE_MODEL_DIR QWEN3_TEMPLATE
 The `openai` package is installed on first use into a venv under $TROUPE_CACHE (default
 ~/.cache/troupe)/venv-openai; the script then re-runs itself with that venv's python."""
@@ -290,11 +291,34 @@ def main():
                     fail(f"{kw}: the 400 names {e.param}, not {param}: {e}")
         try:
             client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, response_format={
-                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
-            fail("response_format json_schema accepted")
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                    "type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}}})
+            fail("response_format json_schema with a pattern accepted")
         except openai.BadRequestError as e:
-            if e.param != "response_format" or "json_schema" not in str(e):
-                fail(f"json_schema: {e}")
+            if e.param != "response_format" or "schema.properties.a.pattern" not in str(e):
+                fail(f"json_schema pattern: {e}")
+        # response_format json_schema: the stopped replies are documents the schema admits.
+        schema = {"type": "object", "properties": {"age": {"type": "integer"}, "ok": {"type": "boolean"},
+                                                   "color": {"enum": ["red", "green", None]},
+                                                   "xs": {"type": "array", "items": {"type": "number"}}},
+                  "required": ["age", "ok"], "additionalProperties": False}
+        stopped = 0
+        for seed in range(1, 9):
+            r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=300, seed=seed,
+                                               response_format={"type": "json_schema",
+                                                                "json_schema": {"name": "p", "schema": schema}})
+            if r.choices[0].finish_reason != "stop":
+                continue
+            doc = json.loads(r.choices[0].message.content)
+            if (set(doc) - set(schema["properties"]) or not {"age", "ok"} <= set(doc)
+                    or type(doc["age"]) is not int or type(doc["ok"]) is not bool
+                    or doc.get("color", "red") not in ("red", "green", None)
+                    or any(type(x) not in (int, float) for x in doc.get("xs", []))):
+                fail(f"json_schema seed {seed}: {doc} does not match the schema")
+            stopped += 1
+        if stopped == 0:
+            fail("json_schema: no seed of 8 closed its object within 300 tokens")
+        print(f"response_format json_schema: {stopped} of 8 replies closed, each admitted by the schema")
         # response_format json_object: constrained decoding keeps every reply a JSON-object prefix, whole
         # when it stopped (the random fixture rambles inside strings; some seeds close the object).
         stopped = 0

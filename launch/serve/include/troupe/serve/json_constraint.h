@@ -1,4 +1,4 @@
-// Constrained decoding for response_format json_object (launch/serve/json_constraint.cpp): an
+// Constrained decoding for response_format json_object / json_schema (launch/serve/json_constraint.cpp): an
 // incremental validator of JSON-object prefixes, and a policy::TokenConstraint that allows only the
 // tokens whose text keeps the completion a prefix of one JSON object (and the stop tokens once the
 // object is closed). Each token's text is computed once per tokenizer (TokenTexts).
@@ -11,6 +11,7 @@
 
 #include "troupe/policy/decode_slots.h"
 #include "troupe/policy/io/tokenizer.h"
+#include "troupe/serve/json_schema.h"
 
 namespace troupe::serve {
 
@@ -54,6 +55,10 @@ struct TokenTexts {
 
 // A constraint for one sequence: a JSON object, then one of `stops` (end-of-turn tokens).
 std::shared_ptr<policy::TokenConstraint> json_object_constraint(std::shared_ptr<const TokenTexts> texts,
+                                                                std::vector<int32_t> stops);
+// The same for the documents `schema` admits (response_format json_schema).
+std::shared_ptr<policy::TokenConstraint> json_schema_constraint(std::shared_ptr<const TokenTexts> texts,
+                                                                std::shared_ptr<const JsonSchema> schema,
                                                                 std::vector<int32_t> stops);
 
 }  // namespace troupe::serve

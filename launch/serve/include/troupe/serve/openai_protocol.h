@@ -5,12 +5,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "troupe/serve/json_schema.h"
 
 namespace troupe::serve {
 
@@ -54,6 +57,7 @@ struct CompletionRequest {
   int top_logprobs = 0;
   bool ignore_eos = false;     // sampling goes on past EOS (a vLLM extension; benchmarks use it)
   bool json_object = false;    // chat, strict: response_format json_object (constrained decoding)
+  std::shared_ptr<const JsonSchema> json_schema;  // chat, strict: response_format json_schema's, compiled
 };
 
 // Parses and checks a /v1/chat/completions (chat = true) or /v1/completions body. strict (`troupe
@@ -64,7 +68,7 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
                                                  CompletionRequest* out, bool strict = false);
 
 // strict mode's field check of a request object: unknown fields, and known ones asking for what is
-// not implemented (response_format json_schema, tool_choice required or a function,
+// not implemented (a response_format json_schema outside the supported subset, tool_choice required or a function,
 // non-zero penalties, a logit_bias, echo, best_of > 1, suffix) are a 400 naming the field.
 std::optional<ApiError> strict_field_error(const ojson& request, bool chat);
 
