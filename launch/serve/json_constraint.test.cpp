@@ -1,6 +1,7 @@
-// response_format json_object's pieces: JsonPrefix accepts exactly the prefixes of one JSON object
-// (checked against whole documents and their every prefix), and the token mask allows only tokens
-// that keep the text such a prefix, the stop tokens only once the object is closed.
+// Constrained JSON decoding: SchemaPrefix over JsonSchema::any_object (json_object) accepts exactly
+// the prefixes of one JSON object, over a compiled schema those of the documents it admits (whole
+// documents and their every prefix, and malformed ones); schema compile errors name the path; the
+// token mask allows only tokens that keep the text such a prefix, the stop tokens once it is closed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,28 +12,28 @@ using namespace troupe::serve;
 
 namespace {
 bool prefix_ok(const std::string& s) {
-  JsonPrefix p;
+  SchemaPrefix p(JsonSchema::any_object().get());
   return p.feed(s);
 }
 bool whole(const std::string& s) {
-  JsonPrefix p;
+  SchemaPrefix p(JsonSchema::any_object().get());
   return p.feed(s) && p.complete();
 }
 }  // namespace
 
-TEST(JsonPrefix, AcceptsObjectsAndEveryPrefix) {
+TEST(JsonObject, AcceptsObjectsAndEveryPrefix) {
   for (const std::string doc :
        {R"({})", R"({"a": 1})", R"( {"a": [1, -2.5e+3, 0, 0.25, true, false, null, "x\"\\\u00e9\n"], "b": {"c": {}}})",
         "{\n  \"k\": \"\xC3\xA9t\xC3\xA9\",\n  \"n\": -0.0E-1\n}", R"({"a":[],"b":[[]],"c":[{}]})"}) {
     EXPECT_TRUE(whole(doc)) << doc;
     for (size_t n = 0; n < doc.size(); ++n) EXPECT_TRUE(prefix_ok(doc.substr(0, n))) << doc.substr(0, n);
-    JsonPrefix p;
+    SchemaPrefix p(JsonSchema::any_object().get());
     EXPECT_TRUE(p.feed(doc.substr(0, doc.size() - 1)));
     EXPECT_FALSE(p.complete()) << doc;
   }
 }
 
-TEST(JsonPrefix, RefusesWhatNoObjectStartsWith) {
+TEST(JsonObject, RefusesWhatNoObjectStartsWith) {
   for (const std::string bad :
        {"[", "1", "\"a\"", "x", "{a", "{\"a\" 1", "{\"a\":}", "{\"a\":1,}", "{\"a\":01", "{\"a\":-}", "{\"a\":1.}",
         "{\"a\":1e}", "{\"a\":tru}", "{\"a\":nul,", "{\"a\":[1}", "{\"a\":\"\x01\"}", "{\"a\":\"\\q\"}",
@@ -40,9 +41,9 @@ TEST(JsonPrefix, RefusesWhatNoObjectStartsWith) {
     EXPECT_FALSE(prefix_ok(bad) && whole(bad + "}")) << bad;
   EXPECT_FALSE(prefix_ok("{}x"));
   EXPECT_FALSE(prefix_ok("{\"a\":01"));
-  EXPECT_FALSE(prefix_ok(std::string("{") + std::string(JsonPrefix::kMaxBlanks + 1, ' ')));
-  EXPECT_TRUE(prefix_ok(std::string("{") + std::string(JsonPrefix::kMaxBlanks, ' ')));
-  std::string deep(JsonPrefix::kMaxDepth, '[');
+  EXPECT_FALSE(prefix_ok(std::string("{") + std::string(SchemaPrefix::kMaxBlanks + 1, ' ')));
+  EXPECT_TRUE(prefix_ok(std::string("{") + std::string(SchemaPrefix::kMaxBlanks, ' ')));
+  std::string deep(SchemaPrefix::kMaxDepth, '[');
   deep[0] = '{';
   EXPECT_FALSE(prefix_ok("{\"a\":" + deep));
 }

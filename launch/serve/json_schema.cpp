@@ -104,6 +104,17 @@ Result<int> compile_node(const ojson& s, const std::string& path, JsonSchema& ou
 
 }  // namespace
 
+std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
+  static const std::shared_ptr<const JsonSchema> s = [] {
+    auto out = std::make_shared<JsonSchema>();
+    out->nodes.emplace_back();
+    out->nodes[0].kind = Kind::object;
+    out->nodes[0].any_keys = true;
+    return std::shared_ptr<const JsonSchema>(std::move(out));
+  }();
+  return s;
+}
+
 Result<std::shared_ptr<const JsonSchema>> compile_json_schema(const ojson& schema) {
   auto out = std::make_shared<JsonSchema>();
   TROUPE_ASSIGN_OR_RETURN(const int root, compile_node(schema, "schema", *out, 0));
@@ -155,7 +166,8 @@ bool SchemaPrefix::start_value(unsigned char c, int node_index) {
     len_ = 0;
     return enum_byte(c);
   }
-  if (c == '{' && (k == Kind::any || k == Kind::object)) return open('{', k == Kind::any ? -1 : node_index);
+  if (c == '{' && (k == Kind::any || k == Kind::object))
+    return open('{', k == Kind::any || n->any_keys ? -1 : node_index);
   if (c == '[' && (k == Kind::any || k == Kind::array)) return open('[', k == Kind::any ? -1 : n->items);
   if (c == '"' && (k == Kind::any || k == Kind::string)) {
     mode_ = Mode::string;
@@ -234,7 +246,9 @@ bool SchemaPrefix::key_end() {
   return false;
 }
 
-// Number sub-states as JsonPrefix::number; integers take no fraction or exponent.
+// Number sub-states: 0 after '-', 1 a leading 0, 2 integer digits, 3 after '.', 4 fraction digits,
+// 5 after 'e', 6 after the exponent's sign, 7 exponent digits; 1, 2, 4 and 7 may end the number.
+// Integers take no fraction or exponent.
 bool SchemaPrefix::number(unsigned char c) {
   const bool d = is_digit(c), e = !integer_ && (c == 'e' || c == 'E'), dot = !integer_ && c == '.';
   switch (sub_) {

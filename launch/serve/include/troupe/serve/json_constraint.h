@@ -1,7 +1,7 @@
-// Constrained decoding for response_format json_object / json_schema (launch/serve/json_constraint.cpp): an
-// incremental validator of JSON-object prefixes, and a policy::TokenConstraint that allows only the
-// tokens whose text keeps the completion a prefix of one JSON object (and the stop tokens once the
-// object is closed). Each token's text is computed once per tokenizer (TokenTexts).
+// Constrained decoding for response_format json_object / json_schema (launch/serve/json_constraint.cpp):
+// a policy::TokenConstraint that allows only the tokens whose text keeps the completion a prefix of
+// one JSON object (any, or one a schema admits: SchemaPrefix, json_schema.h), and the stop tokens
+// once it is closed. Each token's text is computed once per tokenizer (TokenTexts).
 #pragma once
 
 #include <cstdint>
@@ -14,38 +14,6 @@
 #include "troupe/serve/json_schema.h"
 
 namespace troupe::serve {
-
-// A byte-by-byte check that the text so far is a prefix of one JSON object (RFC 8259 values inside,
-// nesting at most kMaxDepth, at most kMaxBlanks whitespace bytes in a row outside strings so that a
-// model cannot pad forever). Bytes >= 0x80 are accepted inside strings only. Small and copyable.
-class JsonPrefix {
- public:
-  static constexpr int kMaxDepth = 32;
-  static constexpr int kMaxBlanks = 16;
-  // False (the state is then unspecified) when c cannot extend the text.
-  bool feed(unsigned char c);
-  bool feed(const std::string& bytes);
-  bool complete() const;  // the object is closed
-
- private:
-  enum class Mode : uint8_t {
-    start, value, first_value_or_end, first_key_or_end, key, colon, after_value, string, escape, unicode, number,
-    literal, done
-  };
-  bool structural(unsigned char c);
-  bool start_value(unsigned char c);
-  bool open(char bracket);
-  bool close(char bracket);
-  bool number(unsigned char c);
-  void value_done();
-  char stack_[kMaxDepth] = {};
-  uint8_t depth_ = 0;
-  Mode mode_ = Mode::start;
-  bool in_key_ = false;
-  uint8_t sub_ = 0;      // number: its sub-state; unicode: hex digits left; literal: bytes matched
-  uint8_t literal_ = 0;  // 0 true, 1 false, 2 null
-  uint8_t blanks_ = 0;
-};
 
 // Every token's text (Tokenizer::decode of the token alone, special tokens empty).
 struct TokenTexts {

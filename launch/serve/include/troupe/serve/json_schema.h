@@ -23,19 +23,25 @@ struct JsonSchema {
     std::vector<std::string> names;  // object: its properties, in the schema's order ...
     std::vector<int> props;          // ... and their nodes
     uint64_t required = 0;           // object: bit i set when names[i] is required
+    bool any_keys = false;           // object: any properties with any values (names unused)
     int items = -1;                  // array: the items' node (-1: any value)
     std::vector<std::string> values;  // enum: each value as JSON text
   };
   std::vector<Node> nodes;  // nodes[0] is the root
   static constexpr int kMaxProperties = 64;
   static constexpr int kMaxText = 64;  // longest property name or enum value text
+  // One JSON object, anything inside (response_format json_object).
+  static std::shared_ptr<const JsonSchema> any_object();
 };
 
 // `schema` (response_format.json_schema.schema); errors name the path, e.g. schema.properties.a.
 Result<std::shared_ptr<const JsonSchema>> compile_json_schema(const nlohmann::ordered_json& schema);
 
-// As JsonPrefix (json_constraint.h), for the documents `schema` admits. Objects take only their
-// declared properties, each at most once, and close once the required ones are there.
+// A byte-by-byte check that the text so far is a prefix of a document `schema` admits (RFC 8259
+// values; nesting at most kMaxDepth; at most kMaxBlanks whitespace bytes in a row outside strings,
+// so that a model cannot pad forever; bytes >= 0x80 only inside strings). Objects take only their
+// declared properties, each at most once, and close once the required ones are there. feed() is
+// false (the state then unspecified) for a byte that cannot extend the text. Small and copyable.
 class SchemaPrefix {
  public:
   static constexpr int kMaxDepth = 32;
