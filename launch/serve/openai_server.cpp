@@ -131,7 +131,7 @@ struct OpenAiServer::Impl {
   std::atomic<bool> draining{false};
   Watchdog watchdog;
   std::once_flag texts_once;
-  std::shared_ptr<const TokenTexts> texts;  // json_object: every token's text, computed on first use
+  std::shared_ptr<const TokenTexts> texts;  // response_format: every token's text, computed on first use
 
   const std::shared_ptr<const TokenTexts>& token_texts() {
     std::call_once(texts_once, [this] { texts = TokenTexts::of(*tok, engine->vocab_size()); });

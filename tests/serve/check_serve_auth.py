@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """launch.serve_auth: `troupe serve` fit for real use, on the tiny Qwen3 fixture (stdlib HTTP only):
 API keys (--api-key-file, TROUPE_API_KEY; 401 without a valid bearer key, /health open; exit 2
-naming an unreadable or empty keys file), per-request limits (--max-tokens-cap, --max-prompt-tokens:
+naming an unreadable or empty keys file or an empty TROUPE_API_KEY), per-request limits (--max-tokens-cap, --max-prompt-tokens:
 400 naming the limit; --max-body-bytes: 413), the bounded queue (--max-queue: 429 with Retry-After),
 --request-timeout-s (504) and the SIGTERM drain (in-flight requests finish, new ones get 503, exit 0).
     check_serve_auth.py TROUPE FIXTURE_MODEL_DIR
@@ -76,6 +76,9 @@ def check_keys(troupe, d, tmp):
     rc = subprocess.run([troupe, "serve", d, "--api-key-file", empty], capture_output=True, text=True)
     if rc.returncode != 2 or "empty.keys" not in rc.stderr:
         fail(f"empty keys file: expected exit 2 naming it, got {rc.returncode}: {rc.stderr}")
+    rc = subprocess.run([troupe, "serve", d], capture_output=True, text=True, env=dict(os.environ, TROUPE_API_KEY=" "))
+    if rc.returncode != 2 or "TROUPE_API_KEY" not in rc.stderr:
+        fail(f"empty TROUPE_API_KEY: expected exit 2 naming it, got {rc.returncode}: {rc.stderr}")
     keys = os.path.join(tmp, "api.keys")
     open(keys, "w").write("# production keys\nsk-first-key\n\n   sk-second-key  \n")
     p, url = start(troupe, d, "--api-key-file", keys)
