@@ -3,7 +3,7 @@
 API keys (--api-key-file, TROUPE_API_KEY; 401 without a valid bearer key, /health open; exit 2
 naming an unreadable or empty keys file or an empty TROUPE_API_KEY), per-request limits (--max-tokens-cap, --max-prompt-tokens:
 400 naming the limit; --max-body-bytes: 413), the bounded queue (--max-queue: 429 with Retry-After),
---request-timeout-s (504) and the SIGTERM drain (in-flight requests finish, new ones get 503, exit 0).
+--request-timeout-s (504; streamed: an error event) and the SIGTERM drain (in-flight requests finish, new ones get 503, exit 0).
     check_serve_auth.py TROUPE FIXTURE_MODEL_DIR
 A long request is max_tokens 4000 with ignore_eos: about 3 s on one core of the fixture, long enough
 to overlap the others; nothing asserts a speed."""
@@ -157,6 +157,12 @@ def check_queue_and_timeout(troupe, d):
                      what="a request past the timeout")
         if time.time() - t0 > 20:
             fail(f"the timed-out request took {time.time() - t0:.1f} s")
+        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(completion(tokens=4000, stream=True)).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            events = r.read().decode(errors="replace")
+        if '"code":"timeout"' not in events or "[DONE]" in events:
+            fail(f"a streamed request past the timeout: no timeout error event: {events[-300:]!r}")
         if http(url + "/v1/completions", completion(tokens=8))[0] != 200:
             fail("a short request after a timeout failed")
     finally:
