@@ -614,14 +614,18 @@ struct OpenAiServer::Impl {
       if (opt.record) h["policy_version"] = engine->version();
       s.set_content(dump(h), "application/json");
     });
+    // Answered before the body is read: the connection closes after the reply, so that the unread
+    // body is never taken for the next request of a kept-alive connection.
     http.set_pre_routing_handler([this](const httplib::Request& q, httplib::Response& s) {
       if (draining.load()) {
+        s.set_header("Connection", "close");
         reply_error(s, ApiError{503, "the server is shutting down", "", "server_error", "server_shutting_down"});
         return httplib::Server::HandlerResponse::Handled;
       }
-      if (opt.api_keys.empty() || q.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-      if (bearer_matches(q.get_header_value("Authorization"), opt.api_keys))
+      if (opt.api_keys.empty() || q.path == "/health" ||
+          bearer_matches(q.get_header_value("Authorization"), opt.api_keys))
         return httplib::Server::HandlerResponse::Unhandled;
+      s.set_header("Connection", "close");
       s.set_header("WWW-Authenticate", "Bearer");
       reply_error(s, ApiError{401, "a valid API key is required: send the header 'Authorization: Bearer KEY' with a "
                                    "key of this server (troupe serve --api-key-file or TROUPE_API_KEY)",

@@ -8,6 +8,7 @@ naming an unreadable or empty keys file or an empty TROUPE_API_KEY), per-request
 A long request is max_tokens 4000 with ignore_eos: about 3 s on one core of the fixture, long enough
 to overlap the others; nothing asserts a speed."""
 import concurrent.futures
+import http.client as http_client
 import json
 import os
 import shutil
@@ -89,6 +90,15 @@ def check_keys(troupe, d, tmp):
             if got[1]["error"].get("code") != "invalid_api_key" or got[2].get("WWW-Authenticate") != "Bearer":
                 fail(f"401 shape: {got}")
         expect_error(http(url + "/v1/models"), 401, what="/v1/models without a key")
+        # A 401 is answered before the body is read: the connection closes, and a client that keeps
+        # connections alive (http.client here, httpx in the openai package) sends the next request afresh.
+        conn = http_client.HTTPConnection(url.replace("http://", ""), timeout=60)
+        for key, want in (("sk-wrong", 401), ("sk-first-key", 200), ("sk-first-key", 200)):
+            conn.request("POST", "/v1/completions", json.dumps(completion()), {"Authorization": f"Bearer {key}"})
+            r = conn.getresponse()
+            r.read()
+            if r.status != want or (want == 401 and r.getheader("Connection") != "close"):
+                fail(f"kept-alive connection, key {key}: {r.status} {r.getheaders()}")
         for key in ("sk-first-key", "sk-second-key"):
             st, j, _ = http(url + "/v1/completions", completion(), key=key)
             if st != 200 or j["usage"]["completion_tokens"] != 8:
