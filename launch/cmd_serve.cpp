@@ -53,6 +53,9 @@ void drain_on_signal(serve::OpenAiServer& server, const std::atomic<bool>& serve
   const double t0 = mono_seconds();
   while (server.in_flight() > 0 && g_signals.load() < 2 && mono_seconds() - t0 < limit)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // stop() acts only on a server that listens: a signal taken while the model was still loading
+  // waits here until serve() has started (or returned by itself).
+  while (!server.serving() && !served.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   server.stop();
 }
 

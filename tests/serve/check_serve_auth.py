@@ -181,6 +181,16 @@ def check_queue_and_timeout(troupe, d):
 
 
 def check_drain(troupe, d):
+    for _ in range(5):  # a signal right at start-up (as the listening line is printed) stops it too
+        p, _ = start(troupe, d)
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            fail("SIGTERM at start-up: the server did not stop")
+        if rc != 0:
+            fail(f"SIGTERM at start-up: exit {rc}")
     p, url = start(troupe, d)
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         long = ex.submit(http, url + "/v1/completions", completion(tokens=4000), None, 120)
