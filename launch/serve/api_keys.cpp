@@ -2,6 +2,7 @@
 // request's bearer token. A key never appears in an error message.
 #include "troupe/serve/api_keys.h"
 
+#include <cctype>
 #include <fstream>
 
 namespace troupe::serve {
@@ -35,8 +36,10 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 }
 
 bool bearer_matches(std::string_view header, const std::vector<std::string>& keys) {
-  static constexpr std::string_view kBearer = "Bearer ";
-  if (header.size() < kBearer.size() || header.substr(0, kBearer.size()) != kBearer) return false;
+  static constexpr std::string_view kBearer = "bearer ";  // the scheme is case-insensitive (RFC 7235)
+  if (header.size() < kBearer.size()) return false;
+  for (size_t i = 0; i < kBearer.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(header[i])) != kBearer[i]) return false;
   std::string_view token = header.substr(kBearer.size());
   while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) token.remove_suffix(1);
   bool any = false;

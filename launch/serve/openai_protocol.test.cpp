@@ -1,7 +1,9 @@
 // The OpenAI request checks (every bad field is a 400 naming it) and tool-call parsing of the
-// formats chat-template models write (Hermes/Qwen <tool_call> blocks, a Llama 3 JSON reply).
+// formats chat-template models write (Hermes/Qwen <tool_call> blocks, a Llama 3 JSON reply); the
+// strict field checks of troupe serve; the API-key checks (bearer scheme, constant-time compare).
 #include <gtest/gtest.h>
 
+#include "troupe/serve/api_keys.h"
 #include "troupe/serve/openai_protocol.h"
 
 using namespace troupe::serve;
@@ -125,4 +127,19 @@ TEST(OpenAiProtocol, StrictFields) {
   EXPECT_FALSE(r.json_object);
   ASSERT_FALSE(parse_completion_request("{" + m + R"(,"response_format":{"type":"json_object"}})", true, 4, &r, true));
   EXPECT_TRUE(r.json_object);
+}
+
+TEST(ApiKeys, BearerAndConstantTimeCompare) {
+  const std::vector<std::string> keys = {"sk-one", "sk-two-longer"};
+  EXPECT_TRUE(bearer_matches("Bearer sk-one", keys));
+  EXPECT_TRUE(bearer_matches("bearer sk-two-longer ", keys));
+  for (const char* h : {"", "Bearer", "Bearer ", "Bearer sk-on", "Bearer sk-one1", "Basic sk-one", "sk-one",
+                        "Bearer SK-ONE", "Bearer  sk-one"})
+    EXPECT_FALSE(bearer_matches(h, keys)) << h;
+  EXPECT_TRUE(constant_time_equal("", ""));
+  EXPECT_TRUE(constant_time_equal("abc", "abc"));
+  EXPECT_FALSE(constant_time_equal("abc", "abd"));
+  EXPECT_FALSE(constant_time_equal("abc", "ab"));
+  EXPECT_FALSE(constant_time_equal(std::string("a\0", 2), "a"));
+  EXPECT_FALSE(read_api_key_file("/nonexistent/keys").ok());
 }
