@@ -27,6 +27,7 @@ struct DecodeSlots::State {
   DecodeOptions opt;
   KvCtx kv;
   k::Buffer kcache, vcache, arena, last, hl, rl, logits, scratch;
+  k::Buffer masked;     // a constrained row's logits (constrained_draw)
   k::Buffer ints;       // each pass's tokens, slots, positions and visible keys on the device
   k::Buffer learner;    // learner_logprobs: log-probs, entropy, lse (slots each), then the op's scratch
   PackedMeta pm, dm;    // prefill and decode metadata (their device buffers reused)
@@ -44,7 +45,7 @@ struct DecodeSlots::State {
   uint64_t admitted = 0;
   // Per-step host arrays, sized once for the largest step.
   std::vector<int32_t> slot, pos, kv_len, tok, rows, route;
-  std::vector<float> host_logits;
+  std::vector<float> host_logits, host_masked;
 
   int room(int i) const {
     const Seq& q = seq[i];
@@ -57,6 +58,7 @@ struct DecodeSlots::State {
   Status prefill(const std::vector<int>& pre);
   Status decode(const std::vector<int>& dec, int row);
   Status draw_tokens(const std::vector<int>& order, std::vector<SlotToken>& out);
+  Status constrained_draw(int row, const k::SampleParams& sp, uint64_t* rng, SlotToken& t);
   Status learner_logprobs(std::vector<SlotToken>& out);
   void top_logprobs(SlotToken& t, int row);
 };
@@ -271,13 +273,16 @@ Status DecodeSlots::State::draw_tokens(const std::vector<int>& order, std::vecto
   int max_k = 0;
   std::vector<k::SampleParams> sp(n_rows);
   std::vector<uint64_t> rng(n_rows);
+  bool any_constrained = false;
   for (int r = 0; r < n_rows; ++r) {
     const auto& q = seq[order[r]];
     sp[r] = k::SampleParams{q.sp.temperature, q.sp.top_k, q.sp.top_p};
     rng[r] = q.rng;
     max_k = std::max(max_k, q.sp.top_k);
     any_top = any_top || q.sp.top_logprobs > 0;
+    any_constrained = any_constrained || q.sp.constraint != nullptr;
   }
+  const std::vector<uint64_t> rng_before = any_constrained ? rng : std::vector<uint64_t>();
   out.resize(n_rows);
   if (chunked && any_top) TROUPE_TRY(be->grow(logits, sizeof(float) * V));  // top_logprobs' one row
   if (!chunked && any_top) {
@@ -295,7 +300,32 @@ Status DecodeSlots::State::draw_tokens(const std::vector<int>& order, std::vecto
                        scratch.data());
     for (int r = 0; r < n_rows; ++r) out[r].token = tokens[r], out[r].logprob = lps[r];
   }
-  for (int r = 0; r < n_rows; ++r) out[r].slot = order[r], seq[order[r]].rng = rng[r];
+  for (int r = 0; r < n_rows; ++r) out[r].slot = order[r];
+  for (int r = 0; any_constrained && r < n_rows; ++r)
+    if (seq[order[r]].sp.constraint) {
+      rng[r] = rng_before[r];
+      TROUPE_TRY(constrained_draw(r, sp[r], &rng[r], out[r]));
+    }
+  for (int r = 0; r < n_rows; ++r) seq[order[r]].rng = rng[r];
+  return {};
+}
+
+// A constrained row is drawn again, from the RNG state it had before this step's draw, from its
+// own logits row with the tokens its constraint disallows at -inf (the logits buffer is left as
+// top_logprobs expects it).
+Status DecodeSlots::State::constrained_draw(int row, const k::SampleParams& sp, uint64_t* rng, SlotToken& t) {
+  const k::Backend* be = m->be;
+  const int C = m->C, V = m->V;
+  TROUPE_TRY(be->grow(masked, sizeof(float) * V));
+  TROUPE_TRY(be->grow(scratch, be->sample_scratch_bytes(V)));
+  be->matmul_forward(masked.floats(), hl.floats() + static_cast<size_t>(row) * C, m->P() + m->wlm, 1, C, V);
+  host_masked.resize(V);
+  be->copy_device_to_host(host_masked.data(), masked.floats(), sizeof(float) * V);
+  TokenConstraint& c = *seq[t.slot].sp.constraint;
+  c.mask(host_masked.data(), V);
+  be->copy_host_to_device(masked.floats(), host_masked.data(), sizeof(float) * V);
+  t.token = be->sample_token(&t.logprob, masked.floats(), V, sp, rng, scratch.data());
+  c.accept(t.token);
   return {};
 }
 

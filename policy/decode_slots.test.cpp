@@ -1,6 +1,7 @@
 // DecodeSlots (continuous batching): a sequence alone samples exactly what Model::generate samples
 // (tokens and log-probs, same seed and stream); sequences joining and leaving between steps sample
-// what each samples alone; top log-probs are the log-softmax's best; bad input is an error.
+// what each samples alone; a constrained sequence draws only allowed tokens and leaves the others'
+// draws unchanged; top log-probs are the log-softmax's best; bad input is an error.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -97,7 +98,7 @@ TEST(DecodeSlots, JoiningAndLeavingSequencesSampleWhatTheyWouldAlone) {
   Model m = make_model("qwen3");
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {9}, {4, 5, 6, 7, 8, 9, 10}, {11, 12}, {13, 14, 15}};
   std::vector<SlotSampling> sp;
-  for (int i = 0; i < 5; ++i) sp.push_back(SlotSampling{i % 2 ? 1.0f : 0.0f, 0, 1.0f, 77, i, 0});
+  for (int i = 0; i < 5; ++i) sp.push_back(SlotSampling{i % 2 ? 1.0f : 0.0f, 0, 1.0f, 77, i, 0, nullptr});
   // Five sequences over four slots, joining at different steps (the last waits for a free slot).
   auto together = run_slots(m, prompts, sp, {0, 0, 2, 3, 12}, 12);
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -105,6 +106,37 @@ TEST(DecodeSlots, JoiningAndLeavingSequencesSampleWhatTheyWouldAlone) {
     EXPECT_EQ(together[i].tokens, alone[0].tokens) << "sequence " << i;
     for (size_t j = 0; j < alone[0].logprobs.size(); ++j)
       EXPECT_NEAR(together[i].logprobs[j], alone[0].logprobs[j], 1e-4) << "sequence " << i << " token " << j;
+  }
+}
+
+namespace {
+// Allows only the tokens v with v % 3 == 0, and records what it was told.
+class EveryThird : public TokenConstraint {
+ public:
+  void mask(float* logits, int vocab) override {
+    for (int v = 0; v < vocab; ++v)
+      if (v % 3 != 0) logits[v] = -INFINITY;
+  }
+  void accept(int32_t token) override { accepted.push_back(token); }
+  std::vector<int32_t> accepted;
+};
+}  // namespace
+
+TEST(DecodeSlots, ConstrainedSequencesDrawOnlyAllowedTokensAndLeaveTheOthersAlone) {
+  Model m = make_model("qwen3");
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {9, 4}, {5}};
+  for (float temp : {0.0f, 1.0f}) {
+    auto c = std::make_shared<EveryThird>();
+    std::vector<SlotSampling> sp;
+    for (int i = 0; i < 3; ++i) sp.push_back(SlotSampling{temp, 0, 1.0f, 5, i, 0, i == 1 ? c : nullptr});
+    auto together = run_slots(m, prompts, sp, {0, 0, 1}, 10);
+    for (int32_t t : together[1].tokens) EXPECT_EQ(t % 3, 0) << "temp " << temp;
+    EXPECT_EQ(c->accepted, together[1].tokens);
+    for (float lp : together[1].logprobs) EXPECT_LE(lp, 0.0f);
+    for (size_t i : {0u, 2u}) {  // the unconstrained sequences sample what they sample alone
+      auto alone = run_slots(m, {prompts[i]}, {sp[i]}, {0}, 10);
+      EXPECT_EQ(together[i].tokens, alone[0].tokens) << "sequence " << i << " temp " << temp;
+    }
   }
 }
 

@@ -44,6 +44,13 @@ Result<ModelServer> open_model_server(const ModelServerOptions& o) {
   OpenAiServerOptions so;
   so.model_name = o.name.empty() ? default_name(o.path) : o.name;
   so.http_threads = o.http_threads;
+  so.api_keys = o.api_keys;
+  so.max_tokens_cap = o.max_tokens_cap;
+  so.max_prompt_tokens = o.max_prompt_tokens;
+  so.max_body_bytes = o.max_body_bytes;
+  so.max_queue = o.max_queue;
+  so.request_timeout_s = o.request_timeout_s;
+  so.strict_fields = true;
   ModelServer out;
   out.model_name = so.model_name;
   out.slots = eo.slots;

@@ -2,12 +2,14 @@
 #include "troupe/serve/openai_protocol.h"
 
 #include <cmath>
+#include <set>
 
 namespace troupe::serve {
 
 ojson error_body(const ApiError& e) {
   ojson err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;
+  if (!e.code.empty()) err["code"] = e.code;
   return ojson{{"error", err}};
 }
 
@@ -86,10 +88,42 @@ std::optional<ojson> tool_call_of(const std::string& json_text, const std::strin
   return ojson{{"id", id}, {"type", "function"}, {"function", {{"name", j["name"]}, {"arguments", arg_text}}}};
 }
 
+// The chat messages, each content made text (templates test `'x' in message.content`) and each
+// assistant tool call's arguments parsed back to JSON (templates read them as objects).
+std::optional<ApiError> chat_messages(const ojson& j, ojson* out) {
+  if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
+    return bad("messages", "'messages' must be a non-empty list of {\"role\", \"content\"}");
+  *out = ojson::array();
+  for (size_t i = 0; i < j["messages"].size(); ++i) {
+    ojson m = j["messages"][i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      return bad(at + ".role", "'" + at + "' must be an object with a 'role' string");
+    if (m.contains("content")) {
+      ojson text;
+      if (auto e = content_text(m["content"], at + ".content", &text)) return e;
+      m["content"] = text.is_null() ? ojson("") : text;  // templates test `'x' in message.content`
+    } else {
+      m["content"] = "";  // e.g. an assistant turn that only calls tools
+    }
+    if (m.contains("tool_calls") && m["tool_calls"].is_array())  // templates read arguments as JSON
+      for (auto& c : m["tool_calls"])
+        if (c.is_object() && c.contains("function") && c["function"].is_object() &&
+            c["function"].contains("arguments") && c["function"]["arguments"].is_string()) {
+          try {
+            c["function"]["arguments"] = ojson::parse(c["function"]["arguments"].get<std::string>());
+          } catch (const nlohmann::json::exception&) {  // not JSON: the template gets the string
+          }
+        }
+    out->push_back(std::move(m));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat, int max_n,
-                                                 CompletionRequest* out) {
+                                                 CompletionRequest* out, bool strict) {
   CompletionRequest r;
   r.chat = chat;
   ojson j;
@@ -99,35 +133,12 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     return ApiError{400, std::string("the request body is not valid JSON: ") + e.what(), ""};
   }
   if (!j.is_object()) return ApiError{400, "the request body must be a JSON object", ""};
+  if (strict)
+    if (auto e = strict_field_error(j, chat)) return e;
   if (!j.contains("model") || !j["model"].is_string()) return bad("model", "'model' (a string) is required");
   r.model = j["model"].get<std::string>();
   if (chat) {
-    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
-      return bad("messages", "'messages' must be a non-empty list of {\"role\", \"content\"}");
-    r.messages = ojson::array();
-    for (size_t i = 0; i < j["messages"].size(); ++i) {
-      ojson m = j["messages"][i];
-      const std::string at = "messages[" + std::to_string(i) + "]";
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        return bad(at + ".role", "'" + at + "' must be an object with a 'role' string");
-      if (m.contains("content")) {
-        ojson text;
-        if (auto e = content_text(m["content"], at + ".content", &text)) return e;
-        m["content"] = text.is_null() ? ojson("") : text;  // templates test `'x' in message.content`
-      } else {
-        m["content"] = "";  // e.g. an assistant turn that only calls tools
-      }
-      if (m.contains("tool_calls") && m["tool_calls"].is_array())  // templates read arguments as JSON
-        for (auto& c : m["tool_calls"])
-          if (c.is_object() && c.contains("function") && c["function"].is_object() &&
-              c["function"].contains("arguments") && c["function"]["arguments"].is_string()) {
-            try {
-              c["function"]["arguments"] = ojson::parse(c["function"]["arguments"].get<std::string>());
-            } catch (const nlohmann::json::exception&) {  // not JSON: the template gets the string
-            }
-          }
-      r.messages.push_back(std::move(m));
-    }
+    if (auto e = chat_messages(j, &r.messages)) return e;
     r.tools = nullptr;
     if (j.contains("tools") && !j["tools"].is_null()) {
       if (!j["tools"].is_array()) return bad("tools", "'tools' must be a list of {\"type\": \"function\", ...}");
@@ -145,6 +156,11 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     if (auto e = bool_field(j, "logprobs", &r.logprobs)) return e;
     if (auto e = int_field(j, "top_logprobs", &r.top_logprobs, 0, 20)) return e;
     if (r.top_logprobs > 0 && !r.logprobs) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (strict && j.contains("response_format") && j["response_format"].is_object()) {  // checked by strict_field_error
+      const ojson& f = j["response_format"];
+      r.json_object = f.value("type", "") == "json_object";
+      if (f.value("type", "") == "json_schema") r.json_schema = *compile_json_schema(f["json_schema"]["schema"]);
+    }
   } else {
     if (!j.contains("prompt")) return bad("prompt", "'prompt' is required");
     const ojson& p = j["prompt"];
@@ -207,6 +223,86 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
   if (auto e = bool_field(j, "ignore_eos", &r.ignore_eos)) return e;
   *out = std::move(r);
   return std::nullopt;
+}
+
+namespace {
+
+// Fields read (or accepted and ignored) in strict mode, per route.
+const std::set<std::string>& known_fields(bool chat) {
+  static const std::set<std::string> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop", "stream", "stream_options",
+      "logprobs", "ignore_eos", "user", "frequency_penalty", "presence_penalty", "logit_bias"};
+  static const std::set<std::string> chat_fields = [] {
+    std::set<std::string> s = common;
+    for (const char* k : {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                          "parallel_tool_calls", "chat_template_kwargs", "response_format", "metadata", "store",
+                          "service_tier"})
+      s.insert(k);
+    return s;
+  }();
+  static const std::set<std::string> completion_fields = [] {
+    std::set<std::string> s = common;
+    for (const char* k : {"prompt", "echo", "best_of", "suffix"}) s.insert(k);
+    return s;
+  }();
+  return chat ? chat_fields : completion_fields;
+}
+
+ApiError not_implemented(const std::string& param, const std::string& what) {
+  return bad(param, what + " is not implemented by this server (troupe serve); leave '" + param + "' out");
+}
+
+// A field that is accepted only with a value that asks for nothing (0, false, {}, 1, null, "").
+std::optional<ApiError> no_op_value(const ojson& j, const char* key, const ojson& allowed) {
+  if (!j.contains(key) || j[key].is_null() || j[key] == allowed) return std::nullopt;
+  return not_implemented(key, std::string("'") + key + "': " + j[key].dump());
+}
+
+std::optional<ApiError> response_format_error(const ojson& j) {
+  if (!j.contains("response_format") || j["response_format"].is_null()) return std::nullopt;
+  const ojson& f = j["response_format"];
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    return bad("response_format", "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}");
+  const std::string type = f["type"].get<std::string>();
+  if (type == "text" || type == "json_object") return std::nullopt;
+  if (type == "json_schema") {
+    if (!f.contains("json_schema") || !f["json_schema"].is_object() || !f["json_schema"].contains("schema"))
+      return bad("response_format", "response_format.json_schema must be {\"name\": ..., \"schema\": {...}}");
+    if (auto c = compile_json_schema(f["json_schema"]["schema"]); !c.ok())
+      return bad("response_format", "response_format.json_schema." + c.error().message);
+    return std::nullopt;
+  }
+  return bad("response_format", "'response_format.type' must be text, json_object or json_schema, got " + f["type"].dump());
+}
+
+std::optional<ApiError> tool_choice_error(const ojson& j) {
+  if (!j.contains("tool_choice") || j["tool_choice"].is_null()) return std::nullopt;
+  const ojson& c = j["tool_choice"];
+  if (c.is_string() && (c == "none" || c == "auto")) return std::nullopt;
+  if (c.is_string() && c == "required") return not_implemented("tool_choice", "tool_choice 'required'");
+  if (c.is_object()) return not_implemented("tool_choice", "forcing a named tool");
+  return bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", ...}");
+}
+
+}  // namespace
+
+std::optional<ApiError> strict_field_error(const ojson& j, bool chat) {
+  const auto& known = known_fields(chat);
+  for (const auto& [key, value] : j.items())
+    if (!known.count(key))
+      return bad(key, "'" + key + "' is not a field this server reads (" + std::string(chat ? "/v1/chat/completions" :
+                      "/v1/completions") + "; docs/serving.md lists them)");
+  for (const char* k : {"frequency_penalty", "presence_penalty"})
+    if (auto e = no_op_value(j, k, 0)) return e;
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null() && j["logit_bias"] != ojson::object())
+    return not_implemented("logit_bias", "'logit_bias'");
+  if (chat) {
+    if (auto e = response_format_error(j)) return e;
+    return tool_choice_error(j);
+  }
+  if (auto e = no_op_value(j, "echo", false)) return e;
+  if (auto e = no_op_value(j, "best_of", 1)) return e;
+  return no_op_value(j, "suffix", "");
 }
 
 ToolCallParse parse_tool_calls(const std::string& text, const std::string& id_prefix) {

@@ -1,7 +1,9 @@
 // The OpenAI request checks (every bad field is a 400 naming it) and tool-call parsing of the
-// formats chat-template models write (Hermes/Qwen <tool_call> blocks, a Llama 3 JSON reply).
+// formats chat-template models write (Hermes/Qwen <tool_call> blocks, a Llama 3 JSON reply); the
+// strict field checks of troupe serve; the API-key checks (bearer scheme, constant-time compare).
 #include <gtest/gtest.h>
 
+#include "troupe/serve/api_keys.h"
 #include "troupe/serve/openai_protocol.h"
 
 using namespace troupe::serve;
@@ -96,4 +98,48 @@ TEST(OpenAiProtocol, PartialMarker) {
   EXPECT_EQ(partial_marker_start("hello", "<tool_call>"), 5u);
   EXPECT_EQ(partial_marker_start("ab", "b"), 2u);  // a whole one-character marker is not partial
   EXPECT_EQ(partial_marker_start("xxST", "STOP"), 2u);
+}
+
+// strict (troupe serve): an unknown field, or a known one asking for what is not implemented, is a
+// 400 naming it; the fields OpenAI clients send routinely pass when they ask for nothing.
+TEST(OpenAiProtocol, StrictFields) {
+  auto strict = [](const std::string& body, bool chat) {
+    CompletionRequest r;
+    auto e = parse_completion_request(body, chat, 4, &r, true);
+    return e ? e->param : std::string("<ok>");
+  };
+  const std::string m = R"("model":"m","messages":[{"role":"user","content":"a"}])";
+  EXPECT_EQ(strict("{" + m + R"(,"user":"u","seed":1,"n":1,"stream_options":{"include_usage":true},"store":false,
+      "metadata":{},"parallel_tool_calls":true,"frequency_penalty":0,"presence_penalty":0.0,"logit_bias":{},
+      "response_format":{"type":"text"},"tool_choice":"auto"})", true), "<ok>");
+  EXPECT_EQ(strict("{" + m + R"(,"foo":1})", true), "foo");
+  EXPECT_EQ(strict("{" + m + R"(,"frequency_penalty":0.5})", true), "frequency_penalty");
+  EXPECT_EQ(strict("{" + m + R"(,"logit_bias":{"1":2}})", true), "logit_bias");
+  EXPECT_EQ(strict("{" + m + R"(,"tool_choice":"required"})", true), "tool_choice");
+  EXPECT_EQ(strict("{" + m + R"(,"response_format":{"type":"xml"}})", true), "response_format");
+  EXPECT_EQ(strict("{" + m + R"(,"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","minProperties":1}}}})", true),
+            "response_format");
+  EXPECT_EQ(strict(R"({"model":"m","prompt":"x","echo":true})", false), "echo");
+  EXPECT_EQ(strict(R"({"model":"m","prompt":"x","best_of":1,"echo":false,"suffix":""})", false), "<ok>");
+  EXPECT_EQ(strict(R"({"model":"m","prompt":"x","messages":[]})", false), "messages");
+  CompletionRequest r;  // lenient (rollout.serve): the same unknown field is ignored
+  EXPECT_FALSE(parse_completion_request("{" + m + R"(,"foo":1,"response_format":{"type":"json_object"}})", true, 4, &r));
+  EXPECT_FALSE(r.json_object);
+  ASSERT_FALSE(parse_completion_request("{" + m + R"(,"response_format":{"type":"json_object"}})", true, 4, &r, true));
+  EXPECT_TRUE(r.json_object);
+}
+
+TEST(ApiKeys, BearerAndConstantTimeCompare) {
+  const std::vector<std::string> keys = {"sk-one", "sk-two-longer"};
+  EXPECT_TRUE(bearer_matches("Bearer sk-one", keys));
+  EXPECT_TRUE(bearer_matches("bearer sk-two-longer ", keys));
+  for (const char* h : {"", "Bearer", "Bearer ", "Bearer sk-on", "Bearer sk-one1", "Basic sk-one", "sk-one",
+                        "Bearer SK-ONE", "Bearer  sk-one"})
+    EXPECT_FALSE(bearer_matches(h, keys)) << h;
+  EXPECT_TRUE(constant_time_equal("", ""));
+  EXPECT_TRUE(constant_time_equal("abc", "abc"));
+  EXPECT_FALSE(constant_time_equal("abc", "abd"));
+  EXPECT_FALSE(constant_time_equal("abc", "ab"));
+  EXPECT_FALSE(constant_time_equal(std::string("a\0", 2), "a"));
+  EXPECT_FALSE(read_api_key_file("/nonexistent/keys").ok());
 }

@@ -7,10 +7,18 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
+#include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <functional>
+#include <list>
+#include <mutex>
 #include <optional>
+#include <thread>
 
+#include "troupe/base/clock.h"
+#include "troupe/serve/api_keys.h"
+#include "troupe/serve/json_constraint.h"
 #include "troupe/serve/openai_protocol.h"
 
 namespace troupe::serve {
@@ -55,6 +63,58 @@ struct Choice {
   size_t streamed = 0;        // bytes of text already sent as deltas (streaming)
 };
 
+// A request's deadline: past it the watchdog cancels its streams and marks it expired.
+struct Deadline {
+  int64_t at_ns = 0;
+  std::vector<std::shared_ptr<actors::ServeStream>> streams;
+  std::atomic<bool> expired{false};
+};
+
+// Cancels the streams of requests past their deadline (--request-timeout-s), checking every 50 ms.
+class Watchdog {
+ public:
+  Watchdog() = default;
+  ~Watchdog() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void watch(const std::shared_ptr<Deadline>& d) {
+    std::lock_guard lk(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    watched_.push_back(d);
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lk(mu_);
+    while (!stop_) {
+      cv_.wait_for(lk, std::chrono::milliseconds(50));
+      const int64_t now = mono_nanoseconds();
+      for (auto it = watched_.begin(); it != watched_.end();) {
+        auto d = it->lock();
+        if (d && now < d->at_ns) {
+          ++it;
+          continue;
+        }
+        if (d) {
+          d->expired.store(true);
+          for (auto& s : d->streams) s->cancel();
+        }
+        it = watched_.erase(it);
+      }
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::list<std::weak_ptr<Deadline>> watched_;
+  std::thread thread_;
+};
+
 }  // namespace
 
 struct OpenAiServer::Impl {
@@ -66,6 +126,43 @@ struct OpenAiServer::Impl {
   std::vector<int32_t> chat_stops;  // eos and the end-of-turn tokens the tokenizer has
   OpenAiServerOptions opt;
   std::atomic<uint64_t> next_id{1};
+  std::atomic<int> admitted{0};       // choices of the completion requests running or queued
+  std::atomic<int> admitted_requests{0};
+  std::atomic<bool> draining{false};
+  Watchdog watchdog;
+  std::once_flag texts_once;
+  std::shared_ptr<const TokenTexts> texts;  // response_format: every token's text, computed on first use
+
+  const std::shared_ptr<const TokenTexts>& token_texts() {
+    std::call_once(texts_once, [this] { texts = TokenTexts::of(*tok, engine->vocab_size()); });
+    return texts;
+  }
+
+  // Holds a request's place in the bound (released when the last copy goes: streamed requests
+  // keep one in their content provider until the last chunk is written).
+  struct Admission {
+    Impl* m;
+    int n;
+    ~Admission() {
+      m->admitted.fetch_sub(n);
+      m->admitted_requests.fetch_sub(1);
+    }
+  };
+
+  // A place for n choices, or the 429 / 503 that refuses it.
+  std::optional<ApiError> admit(int n, std::shared_ptr<Admission>* out) {
+    const int cur = admitted.fetch_add(n);
+    admitted_requests.fetch_add(1);
+    std::shared_ptr<Admission> held(new Admission{this, n});
+    if (draining.load()) return ApiError{503, "the server is shutting down", "", "server_error", "server_shutting_down"};
+    if (opt.max_queue >= 0 && cur + n > engine->slots() + opt.max_queue)
+      return ApiError{429, "the server is busy: " + std::to_string(cur) + " choices are running or queued (--max-batch " +
+                               std::to_string(engine->slots()) + " + --max-queue " + std::to_string(opt.max_queue) +
+                               "); retry later",
+                      "", "server_error", "rate_limit_exceeded"};
+    *out = std::move(held);
+    return std::nullopt;
+  }
 
   struct Prepared {
     CompletionRequest req;
@@ -73,6 +170,9 @@ struct OpenAiServer::Impl {
     int max_tokens = 16;
     std::string id;
     std::string episode;  // rollout.serve: the episode it is served for ("" = none, not recorded)
+    std::shared_ptr<Admission> admission;
+    std::shared_ptr<Deadline> deadline;  // null without --request-timeout-s
+    bool expired() const { return deadline && deadline->expired.load(); }
   };
 
   // rollout.serve: a finished choice of an episode's request, as sampled.
@@ -100,11 +200,11 @@ struct OpenAiServer::Impl {
   }
 
   std::optional<ApiError> prepare(const std::string& body, bool chat, Prepared* p) {
-    if (auto e = parse_completion_request(body, chat, opt.max_n, &p->req)) return e;
+    if (auto e = parse_completion_request(body, chat, opt.max_n, &p->req, opt.strict_fields)) return e;
     const CompletionRequest& r = p->req;
     if (r.model != opt.model_name && !opt.any_model)
-      return ApiError{400, "The model '" + r.model + "' does not exist; this server serves '" + opt.model_name + "'",
-                      "model"};
+      return ApiError{404, "The model '" + r.model + "' does not exist; this server serves '" + opt.model_name + "'",
+                      "model", "invalid_request_error", "model_not_found"};
     const char* prompt_field = chat ? "messages" : "prompt";
     if (chat) {
       if (!tmpl)
@@ -136,11 +236,20 @@ struct OpenAiServer::Impl {
     }
     const int ctx = engine->context();
     const int n = static_cast<int>(p->prompt.size());
+    if (opt.max_prompt_tokens > 0 && n > opt.max_prompt_tokens)
+      return ApiError{400, "the prompt has " + std::to_string(n) + " tokens; this server takes at most " +
+                               std::to_string(opt.max_prompt_tokens) + " (--max-prompt-tokens)",
+                      prompt_field};
+    if (opt.max_tokens_cap > 0 && r.max_tokens && *r.max_tokens > opt.max_tokens_cap)
+      return ApiError{400, r.max_tokens_field + " " + std::to_string(*r.max_tokens) + " exceeds this server's cap of " +
+                               std::to_string(opt.max_tokens_cap) + " (--max-tokens-cap)",
+                      r.max_tokens_field};
     if (n >= ctx)
       return ApiError{400, "the prompt has " + std::to_string(n) + " tokens; this server's context is " +
                                std::to_string(ctx) + " tokens (prompt and completion)",
                       prompt_field};
     p->max_tokens = r.max_tokens ? *r.max_tokens : (chat ? ctx - n : std::min(16, ctx - n));
+    if (!r.max_tokens && opt.max_tokens_cap > 0) p->max_tokens = std::min(p->max_tokens, opt.max_tokens_cap);
     if (n + p->max_tokens > ctx)
       return ApiError{400, "max_tokens " + std::to_string(p->max_tokens) + " + the prompt's " + std::to_string(n) +
                                " tokens exceed this server's context of " + std::to_string(ctx) + " tokens",
@@ -165,6 +274,8 @@ struct OpenAiServer::Impl {
       q.sampling.stream = i;
       q.sampling.top_logprobs = r.top_logprobs;
       q.max_tokens = p.max_tokens;
+      if (r.json_object) q.sampling.constraint = json_object_constraint(token_texts(), chat_stops);
+      if (r.json_schema) q.sampling.constraint = json_schema_constraint(token_texts(), r.json_schema, chat_stops);
       if (!r.ignore_eos) {
         if (r.chat) q.stop_tokens = chat_stops;
         else if (eos >= 0) q.stop_tokens = {eos};
@@ -258,7 +369,7 @@ struct OpenAiServer::Impl {
 
   ojson chat_logprobs(const Choice& c, size_t from, size_t to) const {
     ojson content = ojson::array();
-    for (size_t i = from; i < to && i < c.content_tokens; ++i) {
+    for (size_t i = from; i < to && i < c.tokens.size(); ++i) {
       ojson e = token_entry(c.tokens[i], c.logprobs[i]);
       ojson top = ojson::array();
       for (const auto& [id, lp] : c.top[i]) top.push_back(token_entry(id, lp));
@@ -271,7 +382,7 @@ struct OpenAiServer::Impl {
   ojson completion_logprobs(const Choice& c) const {
     ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
     size_t off = 0;
-    for (size_t i = 0; i < c.content_tokens; ++i) {
+    for (size_t i = 0; i < c.tokens.size(); ++i) {
       const std::string s = token_text(c.tokens[i]);
       tokens.push_back(s);
       lps.push_back(c.logprobs[i]);
@@ -296,11 +407,30 @@ struct OpenAiServer::Impl {
     res.set_content(dump(error_body(e)), "application/json");
   }
 
-  void complete(const Prepared& p, httplib::Response& res) {
-    const CompletionRequest& r = p.req;
+  ApiError timeout_error() const {
+    return ApiError{504, "the request ran longer than this server's --request-timeout-s " +
+                             std::to_string(static_cast<long long>(opt.request_timeout_s)) + " s and was cancelled",
+                    "", "server_error", "timeout"};
+  }
+
+  // Submits the request's choices, under its deadline when there is a timeout.
+  std::vector<std::shared_ptr<actors::ServeStream>> start(Prepared& p) {
     auto streams = submit(p);
+    if (opt.request_timeout_s > 0) {
+      p.deadline = std::make_shared<Deadline>();
+      p.deadline->at_ns = mono_nanoseconds() + static_cast<int64_t>(opt.request_timeout_s * 1e9);
+      p.deadline->streams = streams;
+      watchdog.watch(p.deadline);
+    }
+    return streams;
+  }
+
+  void complete(Prepared& p, httplib::Response& res) {
+    const CompletionRequest& r = p.req;
+    auto streams = start(p);
     std::vector<Choice> cs;
     for (auto& s : streams) cs.push_back(consume(*s, r, nullptr));
+    if (p.expired()) return reply_error(res, timeout_error());
     for (const auto& c : cs)
       if (c.error) return reply_error(res, ApiError{500, "sampling failed: " + c.error_message, "", "server_error"});
     ojson choices = ojson::array();
@@ -338,7 +468,7 @@ struct OpenAiServer::Impl {
   }
 
   void stream(std::shared_ptr<Prepared> p, httplib::Response& res) {
-    auto streams = std::make_shared<std::vector<std::shared_ptr<actors::ServeStream>>>(submit(*p));
+    auto streams = std::make_shared<std::vector<std::shared_ptr<actors::ServeStream>>>(start(*p));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider("text/event-stream", [this, p, streams](size_t, httplib::DataSink& sink) {
       const CompletionRequest& r = p->req;
@@ -375,6 +505,10 @@ struct OpenAiServer::Impl {
           alive = send(chunk(std::move(ch)));
           return alive;
         });
+        if (alive && p->expired()) {
+          send(error_body(timeout_error()));
+          alive = false;
+        }
         if (!alive || c.error) {
           if (c.error && alive)
             send(error_body(ApiError{500, "sampling failed: " + c.error_message, "", "server_error"}));
@@ -432,6 +566,10 @@ struct OpenAiServer::Impl {
     if (episode.empty() && opt.record && p->req.model.rfind(kEpisodeModel, 0) == 0)
       episode = p->req.model.substr(kEpisodeModel.size());
     p->episode = std::move(episode);
+    if (auto e = admit(p->req.n, &p->admission)) {
+      if (e->status == 429) res.set_header("Retry-After", "1");
+      return reply_error(res, *e);
+    }
     if (p->req.stream) return stream(p, res);
     complete(*p, res);
   }
@@ -476,11 +614,34 @@ struct OpenAiServer::Impl {
       if (opt.record) h["policy_version"] = engine->version();
       s.set_content(dump(h), "application/json");
     });
+    // Answered before the body is read: the connection closes after the reply, so that the unread
+    // body is never taken for the next request of a kept-alive connection.
+    http.set_pre_routing_handler([this](const httplib::Request& q, httplib::Response& s) {
+      if (draining.load()) {
+        s.set_header("Connection", "close");
+        reply_error(s, ApiError{503, "the server is shutting down", "", "server_error", "server_shutting_down"});
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      if (opt.api_keys.empty() || q.path == "/health" ||
+          bearer_matches(q.get_header_value("Authorization"), opt.api_keys))
+        return httplib::Server::HandlerResponse::Unhandled;
+      s.set_header("Connection", "close");
+      s.set_header("WWW-Authenticate", "Bearer");
+      reply_error(s, ApiError{401, "a valid API key is required: send the header 'Authorization: Bearer KEY' with a "
+                                   "key of this server (troupe serve --api-key-file or TROUPE_API_KEY)",
+                              "", "invalid_request_error", "invalid_api_key"});
+      return httplib::Server::HandlerResponse::Handled;
+    });
     http.set_error_handler([this](const httplib::Request& q, httplib::Response& s) {
       if (!s.body.empty()) return;
       const int status = s.status;
-      reply_error(s, ApiError{status, "no route " + q.method + " " + q.path, "",
-                              status == 404 ? "not_found_error" : "invalid_request_error"});
+      if (status == 413)
+        reply_error(s, ApiError{413, "the request body exceeds this server's limit of " +
+                                         std::to_string(opt.max_body_bytes) + " bytes (--max-body-bytes)",
+                                ""});
+      else
+        reply_error(s, ApiError{status, "no route " + q.method + " " + q.path, "",
+                                status == 404 ? "not_found_error" : "invalid_request_error"});
       s.status = status;
     });
   }
@@ -521,11 +682,16 @@ OpenAiServer::OpenAiServer(std::shared_ptr<actors::ServeEngine> engine,
     if (id >= 0 && std::find(m.chat_stops.begin(), m.chat_stops.end(), id) == m.chat_stops.end())
       m.chat_stops.push_back(id);
   }
-  const int threads = m.opt.http_threads > 0 ? m.opt.http_threads : engine_->slots() + 16;
+  const int threads = m.opt.http_threads > 0 ? m.opt.http_threads
+                      : m.opt.max_queue >= 0 ? engine_->slots() + m.opt.max_queue + 8
+                                             : engine_->slots() + 16;
   m.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  m.http.set_payload_max_length(64u << 20);
-  m.http.set_read_timeout(60, 0);
-  m.http.set_write_timeout(60, 0);
+  m.http.set_payload_max_length(m.opt.max_body_bytes);
+  // A client that stalls while sending its request or reading the reply is dropped after this.
+  const time_t io_s = m.opt.request_timeout_s > 0 && m.opt.request_timeout_s < 60
+                          ? static_cast<time_t>(std::ceil(m.opt.request_timeout_s)) : 60;
+  m.http.set_read_timeout(io_s, 0);
+  m.http.set_write_timeout(io_s, 0);
   m.routes();
 }
 
@@ -559,6 +725,10 @@ Status OpenAiServer::serve() {
 }
 
 bool OpenAiServer::serving() const { return impl_ && impl_->http.is_running(); }
+
+void OpenAiServer::begin_drain() { impl_->draining.store(true); }
+
+int OpenAiServer::in_flight() const { return impl_->admitted_requests.load(); }
 
 void OpenAiServer::stop() {
   if (impl_ && impl_->http.is_running()) impl_->http.stop();

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""launch.serve_openai: `troupe serve` on a tiny Qwen3 model directory (tests/hf_fixture/qwen3 with
-the Qwen3 chat template), driven by the official `openai` Python client: models, completions and
+"""launch.serve_openai_client: `troupe serve` on a tiny Qwen3 model directory (tests/hf_fixture/qwen3 with
+the Qwen3 chat template, an API key from TROUPE_API_KEY), driven by the official `openai` Python
+client: a wrong key (AuthenticationError), an unknown model (NotFoundError), models, completions and
 chat (plain, streamed, logprobs, stop strings, n, tools rendered by the template), the troupe
 extension field (prompt and completion token ids and log-probs), determinism (same seed -> same
 tokens; temperature 0 and seeded sampling equal `troupe generate`), 16 concurrent requests batched
-by the engine, and 400s naming the field for bad requests while the server stays up.
+by the engine, log-prob entries as many as completion_tokens, and 400s naming the field for bad
+requests (unknown fields, a json_schema keyword outside the supported subset, tool_choice required)
+while the server stays up; response_format json_object and json_schema replies are JSON objects /
+documents the schema admits (constrained decoding).
     check_serve_openai.py TROUPE FIXTURE_MODEL_DIR QWEN3_TEMPLATE
 The `openai` package is installed on first use into a venv under $TROUPE_CACHE (default
 ~/.cache/troupe)/venv-openai; the script then re-runs itself with that venv's python."""
@@ -62,9 +66,13 @@ def troupe_generate(troupe, d, *args):
     return json.loads(out.strip().splitlines()[-1])
 
 
+API_KEY = "sk-troupe-test"
+
+
 def start_server(troupe, d, *extra):
     p = subprocess.Popen([troupe, "serve", d, "--bind", "127.0.0.1:0", "--model-name", "tiny", *extra],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, TROUPE_API_KEY=API_KEY))
     line = p.stdout.readline()
     if "listening on http://" not in line:
         p.kill()
@@ -75,7 +83,8 @@ def start_server(troupe, d, *extra):
 
 def http(url, body=None, method=None):
     req = urllib.request.Request(url, data=body if body is None or isinstance(body, bytes) else body.encode(),
-                                 method=method, headers={"Content-Type": "application/json"})
+                                 method=method, headers={"Content-Type": "application/json",
+                                                         "Authorization": f"Bearer {API_KEY}"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -119,7 +128,13 @@ def main():
 
         server, url = start_server(troupe, d, "--max-batch", "16", "--max-context", "1024")
         base = url + "/v1"
-        client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=base, api_key=API_KEY, max_retries=0, timeout=60)
+        try:
+            openai.OpenAI(base_url=base, api_key="sk-wrong", max_retries=0).models.list()
+            fail("a wrong API key was accepted")
+        except openai.AuthenticationError as e:
+            if e.status_code != 401:
+                fail(f"wrong key: {e}")
         st, h = http(url + "/health")
         if st != 200 or h.get("status") != "ok":
             fail(f"/health: {st} {h}")
@@ -138,9 +153,8 @@ def main():
         if c.choices[0].text != g["text"]:
             fail(f"text {c.choices[0].text!r} != {g['text']!r}")
         lp = c.choices[0].logprobs
-        n_content = len(g["tokens"]) - (1 if g["stopped"] else 0)
         # top_logprobs maps token text to log-prob: tokens with the same text share a key.
-        if len(lp.token_logprobs) != n_content or any(not 1 <= len(x) <= 3 for x in lp.top_logprobs):
+        if len(lp.token_logprobs) != c.usage.completion_tokens or any(not 1 <= len(x) <= 3 for x in lp.top_logprobs):
             fail(f"completion logprobs shape: {lp}")
         if c.usage.completion_tokens != len(g["tokens"]) or c.usage.prompt_tokens != len(g["prompt_tokens"]):
             fail(f"usage {c.usage}")
@@ -171,9 +185,8 @@ def main():
         if t["prompt_token_ids"] != gm["prompt_tokens"]:
             fail("chat prompt tokens differ from the template's rendering (troupe generate --messages)")
         content = ch.choices[0].logprobs.content
-        n_content = len(t["completion_token_ids"]) - (1 if ch.choices[0].finish_reason == "stop" else 0)
-        if len(content) != n_content:
-            fail(f"{len(content)} logprob entries for {n_content} content tokens")
+        if len(content) != ch.usage.completion_tokens or len(content) != len(t["completion_token_ids"]):
+            fail(f"{len(content)} logprob entries for {ch.usage.completion_tokens} completion tokens")
         for e, l in zip(content, t["completion_logprobs"]):
             if abs(e.logprob - l) > 1e-6 or len(e.top_logprobs) != 2 or e.top_logprobs[0].logprob < e.top_logprobs[1].logprob:
                 fail(f"logprob entry {e} vs {l}")
@@ -249,7 +262,7 @@ def main():
 
         # Bad requests: 400 naming the field; the server stays up.
         for body, param in [("{not json", None),
-                            (json.dumps({"model": "other", "prompt": "x"}), "model"),
+                            (json.dumps({"model": "tiny", "prompt": "x", "best_of": 2}), "best_of"),
                             (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 0}), "max_tokens"),
                             (json.dumps({"model": "tiny", "prompt": " ".join(str(i) for i in range(400))}), "prompt"),
                             (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 10000}), "max_tokens"),
@@ -263,9 +276,67 @@ def main():
         try:
             client.chat.completions.create(model="nope", messages=msgs, max_tokens=2)
             fail("unknown model accepted")
-        except openai.BadRequestError as e:
-            if "nope" not in str(e):
+        except openai.NotFoundError as e:
+            if "nope" not in str(e) or e.code != "model_not_found":
                 fail(f"unknown model error does not name it: {e}")
+        # What the server does not implement is refused by name, never ignored.
+        for kw, param in [({"extra_body": {"foo": 1}}, "foo"),
+                          ({"tool_choice": "required", "tools": tools}, "tool_choice"),
+                          ({"frequency_penalty": 0.5}, "frequency_penalty")]:
+            try:
+                client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, **kw)
+                fail(f"{kw} accepted")
+            except openai.BadRequestError as e:
+                if e.param != param:
+                    fail(f"{kw}: the 400 names {e.param}, not {param}: {e}")
+        try:
+            client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                    "type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}}})
+            fail("response_format json_schema with a pattern accepted")
+        except openai.BadRequestError as e:
+            if e.param != "response_format" or "schema.properties.a.pattern" not in str(e):
+                fail(f"json_schema pattern: {e}")
+        # response_format json_schema: the stopped replies are documents the schema admits.
+        schema = {"type": "object", "properties": {"age": {"type": "integer"}, "ok": {"type": "boolean"},
+                                                   "color": {"enum": ["red", "green", None]},
+                                                   "xs": {"type": "array", "items": {"type": "number"}}},
+                  "required": ["age", "ok"], "additionalProperties": False}
+        stopped = 0
+        for seed in range(1, 9):
+            r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=300, seed=seed,
+                                               response_format={"type": "json_schema",
+                                                                "json_schema": {"name": "p", "schema": schema}})
+            if r.choices[0].finish_reason != "stop":
+                continue
+            doc = json.loads(r.choices[0].message.content)
+            if (set(doc) - set(schema["properties"]) or not {"age", "ok"} <= set(doc)
+                    or type(doc["age"]) is not int or type(doc["ok"]) is not bool
+                    or doc.get("color", "red") not in ("red", "green", None)
+                    or any(type(x) not in (int, float) for x in doc.get("xs", []))):
+                fail(f"json_schema seed {seed}: {doc} does not match the schema")
+            stopped += 1
+        if stopped == 0:
+            fail("json_schema: no seed of 8 closed its object within 300 tokens")
+        print(f"response_format json_schema: {stopped} of 8 replies closed, each admitted by the schema")
+        # response_format json_object: constrained decoding keeps every reply a JSON-object prefix, whole
+        # when it stopped (the random fixture rambles inside strings; some seeds close the object).
+        stopped = 0
+        for seed in range(1, 9):
+            r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=300, seed=seed,
+                                               response_format={"type": "json_object"})
+            text = r.choices[0].message.content
+            if not text.lstrip().startswith("{"):
+                fail(f"json_object seed {seed}: {text!r}")
+            if r.choices[0].finish_reason == "stop":
+                if not isinstance(json.loads(text), dict):
+                    fail(f"json_object seed {seed}: not an object: {text!r}")
+                stopped += 1
+        if stopped == 0:
+            fail("json_object: no seed of 8 closed its object within 300 tokens")
+        print(f"response_format json_object: {stopped} of 8 replies closed a valid JSON object, the rest a prefix")
+        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, user="u", seed=1, n=1,
+                                       frequency_penalty=0, presence_penalty=0, parallel_tool_calls=True)
         st, j = http(url + "/v1/nothing", "{}")
         if st != 404 or "error" not in j:
             fail(f"unknown route: {st} {j}")
@@ -293,7 +364,7 @@ def main():
         if rc != 0:
             fail(f"SIGTERM: exit {rc}: {server.stderr.read()}")
         server = None
-        print("launch.serve_openai: ok")
+        print("launch.serve_openai_client: ok")
     finally:
         if server is not None:
             server.kill()

@@ -15,6 +15,17 @@
 
 namespace troupe::policy {
 
+// Constrained decoding of one sequence: before each of its tokens is drawn, mask() sets the logits
+// of the tokens it disallows to -inf (a host copy of the whole vocabulary's logits row); accept()
+// is then told the token drawn. It must leave at least one token allowed. Called on the stepping
+// thread only.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  virtual void mask(float* logits, int vocab) = 0;
+  virtual void accept(int32_t token) = 0;
+};
+
 // How one sequence is sampled. The RNG stream is the one Model::generate gives prompt `stream` of
 // a batch sampled with `seed`, so a sequence alone in the slots samples what generate samples.
 struct SlotSampling {
@@ -24,6 +35,9 @@ struct SlotSampling {
   uint64_t seed = 0;
   int stream = 0;
   int top_logprobs = 0;      // how many of the most likely tokens to report with each sampled one
+  // Null: unconstrained. Else every token is drawn from the masked logits (its log-prob is that of
+  // the masked distribution); the other sequences of the step sample exactly as without it.
+  std::shared_ptr<TokenConstraint> constraint = nullptr;
 };
 
 // One sampled token of the sequence in `slot`.

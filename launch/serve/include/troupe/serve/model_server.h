@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "troupe/base/result.h"
 #include "troupe/serve/openai_server.h"
@@ -15,6 +16,13 @@ struct ModelServerOptions {
   std::string path;  // model directory, checkpoint or .gguf file
   std::string name;  // the model id requests name ("": the directory's or file's name)
   int max_batch = 16, max_context = 0, prefill_tokens = 4096, threads = 0, http_threads = 0;
+  // The HTTP limits (OpenAiServerOptions; docs/serving.md has each flag and its default).
+  std::vector<std::string> api_keys;  // empty: no authentication
+  int max_tokens_cap = 4096;
+  int max_prompt_tokens = 0;          // 0: the context
+  size_t max_body_bytes = 8u << 20;
+  int max_queue = 64;
+  double request_timeout_s = 600;
 };
 
 struct ModelServer {

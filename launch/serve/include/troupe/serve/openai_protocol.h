@@ -5,11 +5,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "troupe/serve/json_schema.h"
 
 namespace troupe::serve {
 
@@ -17,10 +21,16 @@ using ojson = nlohmann::ordered_json;
 
 // A request refused: HTTP status, OpenAI error type and the request field at fault (may be empty).
 struct ApiError {
+  ApiError() = default;
+  ApiError(int status_, std::string message_, std::string param_, std::string type_ = "invalid_request_error",
+           std::string code_ = {})
+      : status(status_), message(std::move(message_)), param(std::move(param_)), type(std::move(type_)),
+        code(std::move(code_)) {}
   int status = 400;
   std::string message;
   std::string param;
   std::string type = "invalid_request_error";
+  std::string code;  // OpenAI's error code (e.g. model_not_found, invalid_api_key); "" = null
 };
 ojson error_body(const ApiError& e);
 
@@ -46,11 +56,21 @@ struct CompletionRequest {
   bool logprobs = false;
   int top_logprobs = 0;
   bool ignore_eos = false;     // sampling goes on past EOS (a vLLM extension; benchmarks use it)
+  bool json_object = false;    // chat, strict: response_format json_object (constrained decoding)
+  std::shared_ptr<const JsonSchema> json_schema;  // chat, strict: response_format json_schema's, compiled
 };
 
-// Parses and checks a /v1/chat/completions (chat = true) or /v1/completions body.
+// Parses and checks a /v1/chat/completions (chat = true) or /v1/completions body. strict (`troupe
+// serve`): a field this server does not read is a 400 naming it, except those OpenAI clients send
+// routinely, which are accepted when they ask for nothing this server would have to do
+// (strict_field_error); rollout.serve parses leniently (other fields ignored).
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat, int max_n,
-                                                 CompletionRequest* out);
+                                                 CompletionRequest* out, bool strict = false);
+
+// strict mode's field check of a request object: unknown fields, and known ones asking for what is
+// not implemented (a response_format json_schema outside the supported subset, tool_choice required or a function,
+// non-zero penalties, a logit_bias, echo, best_of > 1, suffix) are a 400 naming the field.
+std::optional<ApiError> strict_field_error(const ojson& request, bool chat);
 
 // Tool calls in a completion's text: Hermes/Qwen style <tool_call>{"name": ..., "arguments": ...}</tool_call>
 // blocks, or a whole reply that is one JSON object {"name": ..., "arguments"|"parameters": {...}}

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "troupe/actors/serve_engine.h"
 #include "troupe/actors/served_turns.h"
@@ -23,8 +24,16 @@ namespace troupe::serve {
 
 struct OpenAiServerOptions {
   std::string model_name;   // what /v1/models lists and requests must name
-  int http_threads = 0;     // 0: engine slots + 8
+  int http_threads = 0;     // 0: engine slots + max_queue + 8 (slots + 16 when the queue is unbounded)
   int max_n = 16;           // most choices per request
+  // Limits (`troupe serve` sets them from its flags; the defaults here are rollout.serve's).
+  std::vector<std::string> api_keys;  // non-empty: every route but /health needs Authorization: Bearer KEY
+  int max_tokens_cap = 0;             // max_tokens above it: 400; absent max_tokens: at most this (0: none)
+  int max_prompt_tokens = 0;          // longer prompts: 400 (0: only the context bounds them)
+  size_t max_body_bytes = 64u << 20;  // larger bodies: 413
+  int max_queue = -1;                 // choices admitted beyond the engine's slots; past it 429 (-1: no bound)
+  double request_timeout_s = 0;       // a request still running after it is cancelled: 504 (0: none)
+  bool strict_fields = false;         // unknown request fields: 400 (parse_completion_request's strict)
   // rollout.serve (a generator's endpoint during a run): requests may name any model, and every
   // choice served for an episode (route /episodes/ID/v1/..., the X-Troupe-Episode header, or the
   // model name "episodes/ID") is
@@ -50,6 +59,10 @@ class OpenAiServer {
   Status serve();
   void stop();
   bool serving() const;  // serve() is accepting connections
+  // Graceful drain: from now on every request is answered 503; in_flight() counts the admitted
+  // completion requests still running (streamed ones until their last byte is written).
+  void begin_drain();
+  int in_flight() const;
   actors::ServeEngine& engine() { return *engine_; }
 
   struct Impl;
