@@ -269,6 +269,9 @@ void add_output_keys(Builder<ExperimentConfig>& b) {
   b.enumeration("logger.progress", [](C& c) { return &c.logger.progress; }, "Progress display: auto (tty on a terminal, else plain log lines).");
   b.flag("logger.trajectories", [](C& c) { return &c.logger.trajectories; }, "Write sampled trajectories to trajectories/*.jsonl.");
   b.integer("logger.trajectories_per_step", [](C& c) { return &c.logger.trajectories_per_step; }, 0, 1048576, "At most this many trajectories written per step.");
+  b.text("logger.wandb.project", [](C& c) { return &c.logger.wandb.project; }, "Weights & Biases project: every metrics.jsonl row also goes to a W&B run (numeric fields, named as the TensorBoard scalars: <phase>/<field>, eval rows eval/<field>, at the row's step) through the real wandb package, run by $TROUPE_PYTHON (default: the build's Python) in a process of its own; its files under run.dir/wandb/, its output in run.dir/logs/wandb.log. A Python without wandb is an error at start; a W&B process that dies later is logged once and the run goes on without it. Empty = off.");
+  b.text("logger.wandb.name", [](C& c) { return &c.logger.wandb.name; }, "Name of the W&B run (empty = run.name).");
+  b.enumeration("logger.wandb.mode", [](C& c) { return &c.logger.wandb.mode; }, "W&B mode: online (needs a login: wandb login or WANDB_API_KEY), offline (everything kept under run.dir/wandb/; upload later with wandb sync), disabled (no W&B process is started).");
 
   // eval
   b.integer("eval.every", [](C& c) { return &c.eval.every; }, 0, 10000000, "Evaluate on the held-out split every K steps (0 = only at the end of each phase).");
