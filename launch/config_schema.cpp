@@ -328,6 +328,8 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   b.number("reward_min", [](E& e) { return &e.reward_min; }, -1e300, 1e300, "Smallest valid reward; a reward below it, above reward_max or not finite fails the episode (invalid_reward).");
   b.number("reward_max", [](E& e) { return &e.reward_max; }, -1e300, 1e300, "Largest valid reward (see reward_min).");
   b.text("url", [](E& e) { return &e.url; }, "nemo_gym: root of a running NeMo Gym resource server, http://HOST:PORT (else command starts one; {port} in it is the port troupe picks).");
+  b.mapping("environment", [](E& e) { return &e.environment; }, "command: environment variables of the process troupe starts, NAME: value (e.g. {PYTHONPATH: ., MY_KEY: x}), on top of troupe's own environment.");
+  b.text("cwd", [](E& e) { return &e.cwd; }, "command: working directory of the process troupe starts (relative: to the YAML file's folder; empty = troupe's). Its stdout and stderr go to run.dir/logs/env-<name>-<pid>-<n>.log either way.");
   return b.keys;
 }
 

@@ -86,6 +86,8 @@ struct EnvSpec {
   double max_failure_frac = 0.5;   // more of one step's episodes failing (after retries) stops the run
   double reward_min = -1e6, reward_max = 1e6;  // a reward outside (or not finite) fails the episode
   std::string url;                 // nemo_gym: a running resource server, http://HOST:PORT
+  nlohmann::json environment = nlohmann::json::object();  // command: variables set in its environment
+  std::string cwd;                 // command: its working directory ("" = troupe's; relative: the YAML's folder)
   const std::string& env_id() const { return env.empty() ? name : env; }
 };
 
