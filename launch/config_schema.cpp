@@ -311,7 +311,7 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   Builder<EnvSpec> b;
   using E = EnvSpec;
   b.text("name", [](E& e) { return &e.name; }, "Required. Label in metrics (reward_mean/<name>, prompts/<name>); the builtin id unless env is set.");
-  b.enumeration("type", [](E& e) { return &e.type; }, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md), nemo_gym (a NeMo Gym resource server over HTTP: url or command), reasoning_gym (any reasoning-gym task: config.task, task_config, size, eval_size, seed), verifiers (a verifiers v1 environment server at address, which runs each episode and calls the policy through rollout.serve; its tasks are config.tasks).");
+  b.enumeration("type", [](E& e) { return &e.type; }, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md), nemo_gym (a NeMo Gym resource server over HTTP: url or command), reasoning_gym (any reasoning-gym task: config.task, task_config, size, eval_size, seed), verifiers (a verifiers v1 environment server at address, which runs each episode and calls the policy through rollout.serve; its tasks are config.tasks or its taskset's own, config.taskset). Without type: plugin for a path ending in .so, nemo_gym for a url, remote for a command or address, else builtin.");
   b.text("env", [](E& e) { return &e.env; }, "Builtin env id (empty = name), e.g. arithmetic, countdown.");
   b.text("path", [](E& e) { return &e.path; }, "plugin: path of the shared library (relative to the YAML file).");
   b.string_list("command", [](E& e) { return &e.command; }, "remote: argv that starts the env server, e.g. [python, env.py, --bind, \"{bind}\"] (empty = use address); nemo_gym: argv that starts a resource server, {port} = the port troupe picks on 127.0.0.1.");
@@ -328,8 +328,8 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   b.number("reward_min", [](E& e) { return &e.reward_min; }, -1e300, 1e300, "Smallest valid reward; a reward below it, above reward_max or not finite fails the episode (invalid_reward).");
   b.number("reward_max", [](E& e) { return &e.reward_max; }, -1e300, 1e300, "Largest valid reward (see reward_min).");
   b.text("url", [](E& e) { return &e.url; }, "nemo_gym: root of a running NeMo Gym resource server, http://HOST:PORT (else command starts one; {port} in it is the port troupe picks).");
-  b.mapping("environment", [](E& e) { return &e.environment; }, "command: environment variables of the process troupe starts, NAME: value (e.g. {PYTHONPATH: ., MY_KEY: x}), on top of troupe's own environment.");
-  b.text("cwd", [](E& e) { return &e.cwd; }, "command: working directory of the process troupe starts (relative: to the YAML file's folder; empty = troupe's). Its stdout and stderr go to run.dir/logs/env-<name>-<pid>-<n>.log either way.");
+  b.mapping("environment", [](E& e) { return &e.environment; }, "Environment variables of the process troupe starts (a command; a verifiers env's taskset loader), NAME: value (e.g. {PYTHONPATH: ., MY_KEY: x}), on top of troupe's own environment.");
+  b.text("cwd", [](E& e) { return &e.cwd; }, "Working directory of the process troupe starts (a command; a verifiers env's taskset loader; relative: to the YAML file's folder; empty = troupe's). Its stdout and stderr go to run.dir/logs/env-<name>-<pid>-<n>.log either way, kept after the run.");
   return b.keys;
 }
 

@@ -109,11 +109,12 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
         row[key] = row.value(key, 0) + 1;
       }
   if (r.retries > 0) row["env_retries"] = r.retries;
-  // a NeMo Gym server's reward_components: reward_components/<env>/<name>, the mean over the
-  // completions of that env that reported it
+  // a NeMo Gym server's reward_components, a verifiers env's rewards (score x weight) and metrics:
+  // reward_components/<env>/<name>, the mean over the completions of that env that reported it
   std::map<std::string, std::pair<double, int>> parts;
   for (const auto& g : r.groups) {
-    if (env_spec(s, g.env).type != EnvType::nemo_gym) continue;
+    const EnvType type = env_spec(s, g.env).type;
+    if (type != EnvType::nemo_gym && type != EnvType::verifiers) continue;
     for (const auto& c : g.components) {
       json j = c.empty() ? json() : json::parse(c, nullptr, false);
       if (!j.is_object()) continue;

@@ -201,8 +201,9 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
   if (s.type != EnvType::nemo_gym && !s.url.empty())
     return invalid_input(where + ": 'url' is only for type: nemo_gym");
   if (f.has("environment")) TROUPE_TRY(read_environment(j["environment"], s.environment, where));
-  if (s.command.empty() && (!s.environment.empty() || !s.cwd.empty()))
-    return invalid_input(where + ": 'environment' and 'cwd' are for a 'command' troupe starts (this env has none)");
+  if (s.command.empty() && s.type != EnvType::verifiers && (!s.environment.empty() || !s.cwd.empty()))
+    return invalid_input(where + ": 'environment' and 'cwd' are for a 'command' troupe starts (or a verifiers "
+                                 "taskset loader); this env has neither");
   if (f.has("isolate")) {
     if (!j["isolate"].is_boolean()) return invalid_input(where + ": 'isolate' must be true or false");
     s.isolate = j["isolate"].get<bool>();

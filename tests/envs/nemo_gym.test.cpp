@@ -467,7 +467,7 @@ TEST(NemoGymFaults, StartupAndConfigErrors) {
   EXPECT_NE(nocwd.error().message.find("its cwd '/no/such/dir' is not a directory"), std::string::npos) << nocwd.error().message;
   auto envurl = parse_env_spec({{"name", "x"}, {"type", "nemo_gym"}, {"url", "http://a:1"}, {"cwd", "/tmp"}}, "cfg.yaml: envs[0]");
   ASSERT_FALSE(envurl.ok());
-  EXPECT_NE(envurl.error().message.find("'environment' and 'cwd' are for a 'command'"), std::string::npos);
+  EXPECT_NE(envurl.error().message.find("'environment' and 'cwd' are for a 'command' troupe starts"), std::string::npos);
   auto badenv = parse_env_spec({{"name", "x"}, {"type", "remote"}, {"command", {"a"}}, {"environment", {{"A", {1, 2}}}}}, "t");
   ASSERT_FALSE(badenv.ok());
   EXPECT_NE(badenv.error().message.find("environment.A must be a string, number or bool"), std::string::npos);
