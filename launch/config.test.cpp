@@ -79,6 +79,11 @@ TEST(Config, EnvTypeInferred) {
   ASSERT_TRUE(back.ok()) << back.error().message;
   EXPECT_EQ(back->config.envs[2].type, EnvType::remote);
   EXPECT_EQ(back->config.envs[2].environment, e[2].environment);
+  // environment/cwd need a process troupe starts
+  EXPECT_NE(load_error("envs:\n  - name: arithmetic\n    cwd: x\n").find("envs[0].cwd: environment and cwd are for a command"),
+            std::string::npos);
+  EXPECT_NE(load_error("envs:\n  - name: m\n    command: [a]\n    environment: {A: [1]}\n").find("A must be a string"),
+            std::string::npos);
   // a path that is not a .so stays builtin, and the check says what path is for
   EXPECT_NE(load_error("envs:\n  - name: x\n    path: x.py\n").find("path is only for type: plugin"), std::string::npos);
 }

@@ -96,7 +96,7 @@ struct Builder {
 void add_run_and_policy_keys(Builder<ExperimentConfig>& b) {
   using C = ExperimentConfig;
   // run
-  b.text("run.dir", [](C& c) { return &c.run.dir; }, "Run directory: config.resolved.yaml, metrics.jsonl, tb/, trajectories/, checkpoints/ (a leading ~/ is $HOME).");
+  b.text("run.dir", [](C& c) { return &c.run.dir; }, "Run directory: config.resolved.yaml, metrics.jsonl, tb/, trajectories/, checkpoints/, logs/ (the output of the processes troupe starts: env servers, the W&B process), wandb/ (logger.wandb) (a leading ~/ is $HOME).");
   b.text("run.name", [](C& c) { return &c.run.name; }, "Name shown in the progress display and TensorBoard.");
   b.integer("run.seed", [](C& c) { return &c.run.seed; }, 0, kIntMax, "Seed of every random stream (init, prompts, sampling); fixed seed + CPU + sync = bit-identical metrics.");
   b.number("run.max_wall_s", [](C& c) { return &c.run.max_wall_s; }, 0, 1e7, "Stop the run (after a checkpoint) once this many seconds passed; 0 = no limit.");
