@@ -1,4 +1,5 @@
-# Third-party dependencies, all from Debian packages (see scripts/setup.sh for the list).
+# Third-party dependencies, all from Debian packages (see scripts/setup.sh for the list; GoogleTest
+# and Google Benchmark only with tests: setup.sh --test).
 find_package(Threads REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
 find_package(cppzmq REQUIRED)          # brings libzmq

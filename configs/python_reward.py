@@ -2,7 +2,7 @@
 
 troupe calls score(prompt, response, reference, row) for every completion, in a pool of worker
 processes; `reference` is the row's answer field as written in the JSONL (here an int), `row` the
-whole row. A dict's numbers are reward components (logged as reward_components/<env>/<name>) and
+whole row. A dict's numbers are reward components (logged as reward/<name>) and
 the reward is their sum, unless the dict has a "reward" key.
 """
 import re

@@ -374,6 +374,15 @@ class Loader {
     }
   }
 
+  // An entry without `type`: a `path` ending in .so is a plugin, a `url` a nemo_gym server, a
+  // `command` or `address` a remote env (envs/PROTOCOL.md); anything else stays builtin.
+  static void infer_env_type(EnvSpec& spec) {
+    const auto& p = spec.path;
+    if (p.size() > 3 && p.compare(p.size() - 3, 3, ".so") == 0) spec.type = actors::EnvType::plugin;
+    else if (!spec.url.empty()) spec.type = actors::EnvType::nemo_gym;
+    else if (!spec.command.empty() || !spec.address.empty()) spec.type = actors::EnvType::remote;
+  }
+
   void walk_envs(const YAML::Node& n, ExperimentConfig& cfg) {
     if (n.IsNull()) return;
     if (!n.IsSequence()) {
@@ -409,6 +418,7 @@ class Loader {
         }
         assign(*leaf, spec, it->second, it->second.Mark().is_null() ? it->first.Mark() : it->second.Mark(), full);
       }
+      if (!e["type"]) infer_env_type(spec);
       cfg.envs.push_back(std::move(spec));
     }
   }

@@ -53,6 +53,41 @@ TEST(Config, Valid) {
   EXPECT_EQ(r->mark_of("rollout.temperature"), (std::pair<int, int>{5, 3}));
 }
 
+// An entry without `type` gets it from its keys: .so path -> plugin, url -> nemo_gym, command or
+// address -> remote, else builtin; an explicit type always wins. The resolved config names it.
+TEST(Config, EnvTypeInferred) {
+  auto r = load_config_text(
+      "envs:\n  - name: arithmetic\n  - name: rev\n    path: lib/librev.so\n"
+      "  - name: mine\n    command: [python, my_env.py]\n    cwd: envs\n    environment: {PYTHONPATH: ., N: 3}\n"
+      "  - name: there\n    address: tcp://127.0.0.1:5555\n  - name: ng\n    url: http://127.0.0.1:8000\n"
+      "    config: {data: rows.jsonl}\n  - name: ng2\n    type: nemo_gym\n    command: [python, s.py, --port, \"{port}\"]\n"
+      "    config: {data: rows.jsonl}\n",
+      "x.yaml");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  using troupe::actors::EnvType;
+  const auto& e = r->config.envs;
+  ASSERT_EQ(e.size(), 6u);
+  EXPECT_EQ(e[0].type, EnvType::builtin);
+  EXPECT_EQ(e[1].type, EnvType::plugin);
+  EXPECT_EQ(e[2].type, EnvType::remote);
+  EXPECT_EQ(e[2].cwd, "envs");
+  EXPECT_EQ(e[2].environment["N"], 3);
+  EXPECT_EQ(e[3].type, EnvType::remote);
+  EXPECT_EQ(e[4].type, EnvType::nemo_gym);
+  EXPECT_EQ(e[5].type, EnvType::nemo_gym);
+  auto back = load_config_text(resolved_yaml(r->config), "config.resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->config.envs[2].type, EnvType::remote);
+  EXPECT_EQ(back->config.envs[2].environment, e[2].environment);
+  // environment/cwd need a process troupe starts
+  EXPECT_NE(load_error("envs:\n  - name: arithmetic\n    cwd: x\n").find("envs[0].cwd: environment and cwd are for a command"),
+            std::string::npos);
+  EXPECT_NE(load_error("envs:\n  - name: m\n    command: [a]\n    environment: {A: [1]}\n").find("A must be a string"),
+            std::string::npos);
+  // a path that is not a .so stays builtin, and the check says what path is for
+  EXPECT_NE(load_error("envs:\n  - name: x\n    path: x.py\n").find("path is only for type: plugin"), std::string::npos);
+}
+
 TEST(Config, UnknownKey) {
   auto m = load_error(std::string(kMinimal) + "rollout:\n  temprature: 0.5\n");
   EXPECT_NE(m.find("x.yaml:4:3: error: rollout.temprature: unknown key; did you mean 'rollout.temperature'?"),

@@ -106,6 +106,8 @@ void check_execution(const ExperimentConfig& c, const ConfigReport& report) {
            "not implemented with policy.device: cuda; set it to off or use policy.device: cpu");
 }
 
+void check_env_process(const actors::EnvSpec& e, const std::string& pre, const ConfigReport& report);
+
 // One env entry's keys agree with its type.
 void check_env_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const std::string& pre,
                      const ConfigReport& report) {
@@ -138,6 +140,20 @@ void check_env_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const 
       report("rollout.max_turns", "rollout.max_turns", "must be 1 with a verifiers env (its env server runs the turns)");
   }
   if (!e.config.is_object()) report(pre + ".config", pre + ".config", "expected a mapping");
+  check_env_process(e, pre, report);
+}
+
+// environment and cwd: only for a process troupe starts, each variable a scalar.
+void check_env_process(const actors::EnvSpec& e, const std::string& pre, const ConfigReport& report) {
+  const bool starts_process = !e.command.empty() || e.type == EnvType::verifiers;  // a command, a taskset loader
+  const bool has_environment = e.environment.is_object() && !e.environment.empty();
+  if (!starts_process && (has_environment || !e.cwd.empty()))
+    report(pre + (e.cwd.empty() ? ".environment" : ".cwd"), pre + (e.cwd.empty() ? ".environment" : ".cwd"),
+           "environment and cwd are for a command troupe starts (or a verifiers taskset loader); this env has neither");
+  if (e.environment.is_object())
+    for (auto it = e.environment.begin(); it != e.environment.end(); ++it)
+      if (!(it->is_string() || it->is_number() || it->is_boolean()))
+        report(pre + ".environment", pre + ".environment", it.key() + " must be a string, number or bool");
 }
 
 void check_envs(const ExperimentConfig& c, const ConfigReport& report) {

@@ -96,7 +96,7 @@ struct Builder {
 void add_run_and_policy_keys(Builder<ExperimentConfig>& b) {
   using C = ExperimentConfig;
   // run
-  b.text("run.dir", [](C& c) { return &c.run.dir; }, "Run directory: config.resolved.yaml, metrics.jsonl, tb/, trajectories/, checkpoints/ (a leading ~/ is $HOME).");
+  b.text("run.dir", [](C& c) { return &c.run.dir; }, "Run directory: config.resolved.yaml, metrics.jsonl, tb/, trajectories/, checkpoints/, logs/ (the output of the processes troupe starts: env servers, the W&B process), wandb/ (logger.wandb) (a leading ~/ is $HOME).");
   b.text("run.name", [](C& c) { return &c.run.name; }, "Name shown in the progress display and TensorBoard.");
   b.integer("run.seed", [](C& c) { return &c.run.seed; }, 0, kIntMax, "Seed of every random stream (init, prompts, sampling); fixed seed + CPU + sync = bit-identical metrics.");
   b.number("run.max_wall_s", [](C& c) { return &c.run.max_wall_s; }, 0, 1e7, "Stop the run (after a checkpoint) once this many seconds passed; 0 = no limit.");
@@ -269,6 +269,9 @@ void add_output_keys(Builder<ExperimentConfig>& b) {
   b.enumeration("logger.progress", [](C& c) { return &c.logger.progress; }, "Progress display: auto (tty on a terminal, else plain log lines).");
   b.flag("logger.trajectories", [](C& c) { return &c.logger.trajectories; }, "Write sampled trajectories to trajectories/*.jsonl.");
   b.integer("logger.trajectories_per_step", [](C& c) { return &c.logger.trajectories_per_step; }, 0, 1048576, "At most this many trajectories written per step.");
+  b.text("logger.wandb.project", [](C& c) { return &c.logger.wandb.project; }, "Weights & Biases project: every metrics.jsonl row also goes to a W&B run (numeric fields, named as the TensorBoard scalars: <phase>/<field>, eval rows eval/<field>, at the row's step) through the real wandb package, run by $TROUPE_PYTHON (default: the build's Python) in a process of its own; its files under run.dir/wandb/, its output in run.dir/logs/wandb.log. A Python without wandb is an error at start; a W&B process that dies later is logged once and the run goes on without it. Empty = off.");
+  b.text("logger.wandb.name", [](C& c) { return &c.logger.wandb.name; }, "Name of the W&B run (empty = run.name).");
+  b.enumeration("logger.wandb.mode", [](C& c) { return &c.logger.wandb.mode; }, "W&B mode: online (needs a login: wandb login or WANDB_API_KEY), offline (everything kept under run.dir/wandb/; upload later with wandb sync), disabled (no W&B process is started).");
 
   // eval
   b.integer("eval.every", [](C& c) { return &c.eval.every; }, 0, 10000000, "Evaluate on the held-out split every K steps (0 = only at the end of each phase).");
@@ -308,7 +311,7 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   Builder<EnvSpec> b;
   using E = EnvSpec;
   b.text("name", [](E& e) { return &e.name; }, "Required. Label in metrics (reward_mean/<name>, prompts/<name>); the builtin id unless env is set.");
-  b.enumeration("type", [](E& e) { return &e.type; }, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md), nemo_gym (a NeMo Gym resource server over HTTP: url or command), reasoning_gym (any reasoning-gym task: config.task, task_config, size, eval_size, seed), verifiers (a verifiers v1 environment server at address, which runs each episode and calls the policy through rollout.serve; its tasks are config.tasks).");
+  b.enumeration("type", [](E& e) { return &e.type; }, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md), nemo_gym (a NeMo Gym resource server over HTTP: url or command), reasoning_gym (any reasoning-gym task: config.task, task_config, size, eval_size, seed), verifiers (a verifiers v1 environment server at address, which runs each episode and calls the policy through rollout.serve; its tasks are config.tasks or its taskset's own, config.taskset). Without type: plugin for a path ending in .so, nemo_gym for a url, remote for a command or address, else builtin.");
   b.text("env", [](E& e) { return &e.env; }, "Builtin env id (empty = name), e.g. arithmetic, countdown.");
   b.text("path", [](E& e) { return &e.path; }, "plugin: path of the shared library (relative to the YAML file).");
   b.string_list("command", [](E& e) { return &e.command; }, "remote: argv that starts the env server, e.g. [python, env.py, --bind, \"{bind}\"] (empty = use address); nemo_gym: argv that starts a resource server, {port} = the port troupe picks on 127.0.0.1.");
@@ -325,6 +328,8 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   b.number("reward_min", [](E& e) { return &e.reward_min; }, -1e300, 1e300, "Smallest valid reward; a reward below it, above reward_max or not finite fails the episode (invalid_reward).");
   b.number("reward_max", [](E& e) { return &e.reward_max; }, -1e300, 1e300, "Largest valid reward (see reward_min).");
   b.text("url", [](E& e) { return &e.url; }, "nemo_gym: root of a running NeMo Gym resource server, http://HOST:PORT (else command starts one; {port} in it is the port troupe picks).");
+  b.mapping("environment", [](E& e) { return &e.environment; }, "Environment variables of the process troupe starts (a command; a verifiers env's taskset loader), NAME: value (e.g. {PYTHONPATH: ., MY_KEY: x}), on top of troupe's own environment.");
+  b.text("cwd", [](E& e) { return &e.cwd; }, "Working directory of the process troupe starts (a command; a verifiers env's taskset loader; relative: to the YAML file's folder; empty = troupe's). Its stdout and stderr go to run.dir/logs/env-<name>-<pid>-<n>.log either way, kept after the run.");
   return b.keys;
 }
 

@@ -171,6 +171,17 @@ void keep_rows_through(const std::string& path, int64_t step) {
 }
 }  // namespace
 
+std::vector<std::pair<std::string, double>> row_scalars(const nlohmann::json& row) {
+  std::vector<std::pair<std::string, double>> out;
+  const bool eval = row.contains("eval_accuracy") || row.contains("eval_reward_mean");
+  const std::string prefix = eval ? std::string("eval") : row.value("phase", std::string("train"));
+  for (auto it = row.begin(); it != row.end(); ++it) {
+    if (!it.value().is_number() || it.key() == "step") continue;
+    out.emplace_back(prefix + "/" + it.key(), it.value().get<double>());
+  }
+  return out;
+}
+
 Result<std::unique_ptr<MetricsSinks>> MetricsSinks::open(const std::string& run_dir, bool tensorboard,
                                                          ProgressOptions progress, int64_t resume_after_step) {
   std::unique_ptr<MetricsSinks> s(new MetricsSinks());
@@ -204,17 +215,15 @@ Status MetricsSinks::write(const nlohmann::json& row) {
   std::string line = row.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), jsonl_) != line.size() || std::fflush(jsonl_) != 0)
     return make_error(ErrorCode::io, "cannot append to metrics.jsonl: " + std::string(std::strerror(errno)));
-  if (tb_) {
-    int64_t step = row.value("step", int64_t{0});
-    double wall = now_s();
-    bool eval = row.contains("eval_accuracy") || row.contains("eval_reward_mean");
-    std::string phase = row.value("phase", std::string("train"));
-    for (auto it = row.begin(); it != row.end(); ++it) {
-      if (!it.value().is_number() || it.key() == "step") continue;
-      std::string tag = (eval ? std::string("eval") : phase) + "/" + it.key();
-      TROUPE_TRY(tb_->add_scalar(tag, it.value().get<double>(), step, wall));
+  if (tb_ || wandb_) {
+    const int64_t step = row.value("step", int64_t{0});
+    const auto scalars = row_scalars(row);
+    if (tb_) {
+      double wall = now_s();
+      for (const auto& [tag, value] : scalars) TROUPE_TRY(tb_->add_scalar(tag, value, step, wall));
+      TROUPE_TRY(tb_->flush());
     }
-    TROUPE_TRY(tb_->flush());
+    if (wandb_) wandb_->log(step, scalars);
   }
   show_progress(row);
   return {};
@@ -270,6 +279,7 @@ void MetricsSinks::finish() {
   }
   if (tb_) (void)tb_->flush();
   if (jsonl_) std::fflush(jsonl_);
+  if (wandb_) wandb_->finish();  // waits for wandb.finish(); its complaints become log lines
 }
 
 }  // namespace troupe::launch

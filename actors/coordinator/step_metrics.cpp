@@ -120,20 +120,22 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
         row[key] = row.value(key, 0) + 1;
       }
   if (r.retries > 0) row["env_retries"] = r.retries;
-  // a NeMo Gym server's or a reward hook's (dataset, verifier: python) reward_components:
-  // reward_components/<env>/<name>, the mean over the completions of that env that reported it
+  // a NeMo Gym server's reward_components and a verifiers env's rewards (score x weight) and metrics:
+  // reward_components/<env>/<name>; a reward hook's (dataset, verifier: python) named components:
+  // reward/<name>; each the mean over the completions that reported it
   std::map<std::string, std::pair<double, int>> parts;
   for (const auto& g : r.groups) {
     const auto& spec = env_spec(s, g.env);
     const bool reward_hook = spec.type == EnvType::builtin && spec.env_id() == "dataset" &&
                              spec.config.is_object() && spec.config.value("verifier", "") == "python";
-    if (spec.type != EnvType::nemo_gym && !reward_hook) continue;
+    if (spec.type != EnvType::nemo_gym && spec.type != EnvType::verifiers && !reward_hook) continue;
+    const std::string prefix = reward_hook ? "reward/" : "reward_components/" + g.env + "/";
     for (const auto& c : g.components) {
       json j = c.empty() ? json() : json::parse(c, nullptr, false);
       if (!j.is_object()) continue;
       for (auto it = j.begin(); it != j.end(); ++it)
         if (it->is_number()) {
-          auto& p = parts["reward_components/" + g.env + "/" + it.key()];
+          auto& p = parts[prefix + it.key()];
           p.first += it->get<double>();
           p.second += 1;
         }

@@ -179,6 +179,10 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     j["reward_min"] = e.reward_min;
     j["reward_max"] = e.reward_max;
     if (!e.url.empty()) j["url"] = e.url;
+    if (e.environment.is_object() && !e.environment.empty()) j["environment"] = e.environment;
+    if (!e.cwd.empty())  // like path: relative to the YAML file's folder
+      j["cwd"] = (fs::path(e.cwd).is_absolute() ? fs::path(e.cwd) : fs::absolute(fs::path(base_dir) / e.cwd)).lexically_normal().string();
+    if (!e.command.empty() || e.type == EnvType::verifiers) j["log_dir"] = (fs::absolute(cfg.run.dir) / "logs").lexically_normal().string();
     TROUPE_ASSIGN_OR_RETURN(auto spec, envs::parse_env_spec(j, "envs[" + std::to_string(i) + "]"));
     const auto& f = cfg.faults;
     if (f.env.empty() || f.env == e.name) {

@@ -46,7 +46,7 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 
 ChildProcess::~ChildProcess() {
   stop(0.0, 0);
-  if (!options_.log_path.empty()) {
+  if (!options_.log_path.empty() && !options_.keep_log) {
     std::error_code ec;
     std::filesystem::remove(options_.log_path, ec);
   }
@@ -54,6 +54,9 @@ ChildProcess::~ChildProcess() {
 
 Status ChildProcess::start(ChildOptions options, const std::string& where) {
   options_ = std::move(options);
+  if (!options_.cwd.empty() && !std::filesystem::is_directory(options_.cwd))
+    return invalid_input(where + ": cannot start '" + options_.argv[0] + "': its cwd '" + options_.cwd +
+                         "' is not a directory");
   std::vector<std::string> env_strings = child_environment(options_.env);
   std::vector<std::string> argv_strings = options_.argv;
   std::vector<char*> envp = pointers(env_strings), argv = pointers(argv_strings);
@@ -65,8 +68,12 @@ Status ChildProcess::start(ChildOptions options, const std::string& where) {
   } else if (options_.stdout_to_null) {
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
   }
-  if (!options_.log_path.empty())
-    posix_spawn_file_actions_addopen(&actions, 2, options_.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (!options_.log_path.empty()) {
+    const int mode = O_WRONLY | O_CREAT | (options_.keep_log ? O_APPEND : O_TRUNC);
+    posix_spawn_file_actions_addopen(&actions, 2, options_.log_path.c_str(), mode, 0644);
+    if (options_.stdout_to_log && options_.stdio_fd < 0) posix_spawn_file_actions_adddup2(&actions, 2, 1);
+  }
+  if (!options_.cwd.empty()) posix_spawn_file_actions_addchdir_np(&actions, options_.cwd.c_str());
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   if (options_.own_group) {
@@ -126,13 +133,27 @@ std::string ChildProcess::log_tail() const {
   while (!all.empty() && (all.back() == '\n' || all.back() == ' ')) all.pop_back();
   if (all.empty()) return "";
   if (all.size() > 600) all = "..." + all.substr(all.size() - 600);
-  return " (stderr: " + all + ")";
+  return " (" + (options_.keep_log ? "its log " + options_.log_path : std::string("stderr")) + ": " + all + ")";
 }
 
 std::string ChildProcess::command_text() const {
   std::string cmd;
   for (const auto& a : options_.argv) cmd += (cmd.empty() ? "" : " ") + a;
   return cmd;
+}
+
+void place_log(ChildOptions& options, const std::string& log_dir, const std::string& env_name) {
+  static std::atomic<int> counter{0};
+  const std::string stem = "env-" + env_name + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".log";
+  std::error_code ec;
+  if (!log_dir.empty() && (std::filesystem::create_directories(log_dir, ec), std::filesystem::is_directory(log_dir))) {
+    options.log_path = (std::filesystem::path(log_dir) / stem).string();
+    options.keep_log = true;
+    options.stdout_to_log = true;
+    options.stdout_to_null = false;
+    return;
+  }
+  options.log_path = (std::filesystem::temp_directory_path() / ("troupe-" + stem)).string();
 }
 
 std::string describe_wait_status(int status) {

@@ -341,11 +341,13 @@ class NemoGymClient final : public EnvClient {
       for (const auto& [key, value] : {std::pair<std::string, std::string>{"{port}", std::to_string(port)},
                                        {"{host}", "127.0.0.1"}, {"{url}", base_url_}})
         for (size_t p; (p = a.find(key)) != std::string::npos;) a.replace(p, key.size(), value);
-    o.env = {{"TROUPE_NEMO_GYM_PORT", std::to_string(port)}};
-    o.log_path = (std::filesystem::temp_directory_path() /
-                  ("troupe-nemo-gym-" + std::to_string(::getpid()) + "-" + std::to_string(port) + ".log"))
-                     .string();
+    o.env.assign(spec_.environment.begin(), spec_.environment.end());
+    o.env.emplace_back("TROUPE_NEMO_GYM_PORT", std::to_string(port));
+    if (!settings_.server_config.empty())  // the server's own config fields (nemo_gym_serve.py reads them)
+      o.env.emplace_back("TROUPE_NEMO_GYM_SERVER_CONFIG", settings_.server_config.dump());
+    o.cwd = spec_.cwd;
     o.stdout_to_null = true;
+    detail::place_log(o, spec_.log_dir, spec_.name);  // with a run's logs/: stdout and stderr kept there
     o.own_group = true;  // stopping it stops its children
     return server_.start(std::move(o), "env " + spec_.name);
   }
@@ -371,6 +373,9 @@ class NemoGymClient final : public EnvClient {
 Result<std::unique_ptr<EnvClient>> make_nemo_gym_client(const EnvSpec& spec) {
   const std::string where = "env " + spec.name;
   TROUPE_ASSIGN_OR_RETURN(auto settings, nemo_gym::read_settings(spec.config, where + ": config"));
+  if (spec.command.empty() && !settings.server_config.empty())
+    return invalid_input(where + ": config.server_config is for a server troupe starts (command:); set a running "
+                                 "server's config where it is started");
   TROUPE_ASSIGN_OR_RETURN(auto splits, nemo_gym::load_splits(settings, where));
   auto client = std::make_unique<NemoGymClient>(spec, std::move(settings), std::move(splits));
   TROUPE_TRY(client->start());

@@ -153,8 +153,10 @@ class RemoteEnvClient final : public EnvClient {
                                 .string();
       owned_ipc_ = address_.substr(6);
     }
-    log_path_ = (std::filesystem::temp_directory_path() /
-                 ("troupe-env-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".log")).string();
+    detail::ChildOptions placed;
+    detail::place_log(placed, spec_.log_dir, spec_.name);  // with a run's logs/: kept there, stdout too
+    log_path_ = placed.log_path;
+    keep_log_ = placed.keep_log;
     if (spec_.type == EnvType::remote) {
       argv_ = spec_.command;
     } else {
@@ -177,6 +179,12 @@ class RemoteEnvClient final : public EnvClient {
              {"TROUPE_ENV_PARENT_PID", std::to_string(::getpid())},
              {"TROUPE_ENV_CONFIG", spec_.config.dump()}};  // for remote commands (the SDK reads it)
     o.log_path = log_path_;  // quoted when the worker dies
+    o.keep_log = keep_log_;
+    o.stdout_to_log = keep_log_;
+    if (spec_.type == EnvType::remote) {  // a command of the YAML: its environment and cwd
+      for (const auto& [name, value] : spec_.environment) o.env.emplace_back(name, value);
+      o.cwd = spec_.cwd;
+    }
     return worker_.start(std::move(o), "env " + spec_.name);
   }
 
@@ -355,6 +363,7 @@ class RemoteEnvClient final : public EnvClient {
   EnvSpec spec_;
   EnvInfo info_;
   std::string address_, owned_ipc_, log_path_, last_failure_;
+  bool keep_log_ = false;  // log_path_ is in the run's logs/
   std::vector<std::string> argv_;  // empty: not ours to start
   detail::ChildProcess worker_;  // the server troupe started (owns_process()); removes log_path_
   std::atomic<bool> corrupt_{false};

@@ -15,6 +15,8 @@
 #include <zmq.hpp>
 
 #include "msgpack_json.h"
+#include "troupe/base/build_config.h"
+#include "verifiers_tasks.h"
 #include "troupe/envs/client.h"
 
 namespace troupe::envs {
@@ -161,12 +163,51 @@ class VerifiersEnvClient final : public EnvClient {
     return text;
   }
 
+  // config.taskset (and eval_taskset): the taskset's own load(), read by a Python child; eval_size
+  // holds out that many of the last train tasks when there is no eval set.
+  Status load_tasksets() {
+    const json& c = spec_.config;
+    const std::string where = "env " + spec_.name;
+    std::string python = troupe::python_executable();
+    if (c.contains("python")) {
+      if (!c["python"].is_string() || c["python"].get<std::string>().empty())
+        return invalid_input(where + ": config.python must be the path of a Python interpreter");
+      python = c["python"].get<std::string>();
+    }
+    int max_tasks = 0, eval_size = 0;
+    for (auto [key, out] : {std::pair<const char*, int*>{"max_tasks", &max_tasks}, {"eval_size", &eval_size}}) {
+      if (!c.contains(key)) continue;
+      if (!c[key].is_number_integer() || c[key].get<int64_t>() < 0 || c[key].get<int64_t>() > 100000000)
+        return invalid_input(where + ": config." + key + " must be an integer >= 0");
+      *out = c[key].get<int>();
+    }
+    for (auto [key, out] : {std::pair<const char*, std::vector<json>*>{"taskset", &train_}, {"eval_taskset", &eval_}}) {
+      if (!c.contains(key)) continue;
+      if (!c[key].is_object() || !c[key].contains("id") || !c[key]["id"].is_string())
+        return invalid_input(where + ": config." + key + " must be a verifiers taskset config with its 'id'");
+      if (c.contains(key == std::string("taskset") ? "tasks" : "eval_tasks"))
+        return invalid_input(where + ": config." + key + " and inline " + (key == std::string("taskset") ? "tasks" : "eval_tasks") + " exclude each other");
+      TROUPE_ASSIGN_OR_RETURN(*out, detail::load_verifiers_taskset(spec_, c[key], python, max_tasks, where));
+    }
+    if (eval_size > 0) {
+      if (!eval_.empty()) return invalid_input(where + ": config.eval_size is for a taskset without eval tasks");
+      if (static_cast<size_t>(eval_size) >= train_.size())
+        return invalid_input(where + ": config.eval_size " + std::to_string(eval_size) + " leaves no train task of " +
+                             std::to_string(train_.size()));
+      eval_.assign(train_.end() - eval_size, train_.end());
+      train_.resize(train_.size() - static_cast<size_t>(eval_size));
+    }
+    return {};
+  }
+
   Status read_config() {
-    static const std::set<std::string> known = {"tasks", "eval_tasks", "sampling", "api_key_var"};
+    static const std::set<std::string> known = {"tasks", "eval_tasks", "sampling", "api_key_var", "taskset",
+                                                "eval_taskset", "eval_size", "max_tasks", "python"};
     for (auto it = spec_.config.begin(); it != spec_.config.end(); ++it)
       if (!known.count(it.key()))
         return invalid_input("env " + spec_.name + ": config: unknown key '" + it.key() +
-                             "' (known: tasks, eval_tasks, sampling, api_key_var)");
+                             "' (known: tasks, eval_tasks, sampling, api_key_var, taskset, eval_taskset, eval_size, "
+                             "max_tasks, python)");
     auto rows = [&](const char* key, std::vector<json>& out) -> Status {
       if (!spec_.config.contains(key)) return {};
       const json& v = spec_.config[key];
@@ -181,7 +222,9 @@ class VerifiersEnvClient final : public EnvClient {
     };
     TROUPE_TRY(rows("tasks", train_));
     TROUPE_TRY(rows("eval_tasks", eval_));
-    if (train_.empty()) return invalid_input("env " + spec_.name + ": config.tasks: a verifiers env needs its tasks");
+    TROUPE_TRY(load_tasksets());
+    if (train_.empty())
+      return invalid_input("env " + spec_.name + ": config.tasks: a verifiers env needs its tasks (inline, or config.taskset: its taskset's own)");
     if (eval_.empty()) eval_ = train_;
     auto str = [&](const char* key, std::string& out) -> Status {
       if (!spec_.config.contains(key)) return {};

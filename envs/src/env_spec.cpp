@@ -50,7 +50,8 @@ class SpecFields {
 Status check_keys(const json& j, const std::string& where) {
   static const std::set<std::string> known = {"name", "type", "env", "weight", "config", "path", "command", "address",
                                               "isolate", "timeout_s", "startup_timeout_s", "max_restarts", "worker",
-                                              "max_retries", "max_failure_frac", "reward_min", "reward_max", "url"};
+                                              "max_retries", "max_failure_frac", "reward_min", "reward_max", "url",
+                                              "environment", "cwd", "log_dir"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!known.count(it.key())) return invalid_input(where + ": unknown key '" + it.key() + "'");
   }
@@ -66,6 +67,8 @@ Status read_scalars(const SpecFields& f, EnvSpec& s, const std::string& where) {
   TROUPE_TRY(f.str("address", s.address));
   TROUPE_TRY(f.str("worker", s.worker));
   TROUPE_TRY(f.str("url", s.url));
+  TROUPE_TRY(f.str("cwd", s.cwd));
+  TROUPE_TRY(f.str("log_dir", s.log_dir));
   TROUPE_TRY(f.num("weight", s.weight, 0));
   TROUPE_TRY(f.num("timeout_s", s.timeout_s, 0.001));
   TROUPE_TRY(f.num("startup_timeout_s", s.startup_timeout_s, 0.001));
@@ -104,6 +107,20 @@ Status read_command(const json& c, std::vector<std::string>& out, const std::str
   return {};
 }
 
+// `environment`: NAME: value, each value a string, number or bool (written as YAML shows it).
+Status read_environment(const json& e, std::map<std::string, std::string>& out, const std::string& where) {
+  if (!e.is_object()) return invalid_input(where + ": 'environment' must be a mapping NAME: value");
+  for (auto it = e.begin(); it != e.end(); ++it) {
+    if (it.key().empty() || it.key().find('=') != std::string::npos)
+      return invalid_input(where + ": environment: '" + it.key() + "' is not a variable name");
+    const json& v = it.value();
+    if (v.is_string()) out[it.key()] = v.get<std::string>();
+    else if (v.is_number() || v.is_boolean()) out[it.key()] = v.dump();
+    else return invalid_input(where + ": environment." + it.key() + " must be a string, number or bool");
+  }
+  return {};
+}
+
 Status check_builtin(EnvSpec& s, const std::string& where) {
   if (s.env.empty()) s.env = s.name;
   if (EnvRegistry::global().contains(s.env)) return {};
@@ -130,10 +147,11 @@ Status make_reasoning_gym(EnvSpec& s, const std::string& where) {
   return {};
 }
 
-// `type` (default: plugin with a path, remote with a command or address, else builtin) and what
+// `type` (default: plugin with a path, nemo_gym with a url, remote with a command or address, else builtin) and what
 // each type needs.
 Status read_type(std::string type, EnvSpec& s, const std::string& where) {
-  if (type.empty()) type = !s.path.empty() ? "plugin" : (!s.command.empty() || !s.address.empty()) ? "remote" : "builtin";
+  if (type.empty())
+    type = !s.path.empty() ? "plugin" : !s.url.empty() ? "nemo_gym" : (!s.command.empty() || !s.address.empty()) ? "remote" : "builtin";
   if (type == "builtin") {
     s.type = EnvType::builtin;
     return check_builtin(s, where);
@@ -182,6 +200,10 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
   TROUPE_TRY(read_type(type, s, where));
   if (s.type != EnvType::nemo_gym && !s.url.empty())
     return invalid_input(where + ": 'url' is only for type: nemo_gym");
+  if (f.has("environment")) TROUPE_TRY(read_environment(j["environment"], s.environment, where));
+  if (s.command.empty() && s.type != EnvType::verifiers && (!s.environment.empty() || !s.cwd.empty()))
+    return invalid_input(where + ": 'environment' and 'cwd' are for a 'command' troupe starts (or a verifiers "
+                                 "taskset loader); this env has neither");
   if (f.has("isolate")) {
     if (!j["isolate"].is_boolean()) return invalid_input(where + ": 'isolate' must be true or false");
     s.isolate = j["isolate"].get<bool>();
@@ -217,6 +239,9 @@ json to_json(const EnvSpec& s) {
   if (!s.address.empty()) j["address"] = s.address;
   if (!s.worker.empty()) j["worker"] = s.worker;
   if (!s.url.empty()) j["url"] = s.url;
+  if (!s.environment.empty()) j["environment"] = s.environment;
+  if (!s.cwd.empty()) j["cwd"] = s.cwd;
+  if (!s.log_dir.empty()) j["log_dir"] = s.log_dir;
   return j;
 }
 

@@ -22,6 +22,10 @@ Result<Settings> read_settings(const json& config, const std::string& where) {
   TROUPE_ASSIGN_OR_RETURN(s.eval_fraction, r.number("eval_fraction", 0.2, 0.0, 1.0));
   TROUPE_ASSIGN_OR_RETURN(int64_t turns, r.integer("max_turns", 8, 1, 1024));
   TROUPE_ASSIGN_OR_RETURN(std::string base, r.string("base_dir", ""));
+  if (const json* sc = r.raw("server_config")) {
+    if (!sc->is_object()) return invalid_input(where + ": 'server_config' must be a mapping (the server's config fields)");
+    s.server_config = *sc;
+  }
   TROUPE_TRY(r.finish());
   s.max_turns = static_cast<int>(turns);
   if (s.data.empty()) return invalid_input(where + ": 'data' (a JSONL file of NeMo Gym task rows) is required");

@@ -1,6 +1,6 @@
 // Step 7 of `troupe run`, on rank 0: the run directory (created, config.resolved.yaml), the metrics
-// sinks (metrics.jsonl, tb/, the progress line; rows after a resumed checkpoint dropped) and the
-// coordinator over every role. A planned stop is checkpointed, not a failure; by a signal it exits 1.
+// sinks (metrics.jsonl, tb/, the progress line, W&B with logger.wandb; rows after a resumed
+// checkpoint dropped) and the coordinator over every role. A planned stop is checkpointed, not a failure; by a signal it exits 1.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +54,20 @@ int coordinate_run(const actors::ExperimentConfig& cfg, const RunOptions& opt, i
   ProgressOptions po{cfg.logger.progress, cfg.run.name, total_steps};
   auto sinks = MetricsSinks::open(run_dir, cfg.logger.tensorboard, po, resume_after);
   if (!sinks.ok()) return fail(sinks.error());
+  const auto& wb = cfg.logger.wandb;
+  if (!wb.project.empty() && wb.mode != actors::WandbMode::disabled) {
+    MetricsSinks* s = sinks->get();
+    WandbOptions wo;
+    wo.project = wb.project;
+    wo.name = wb.name.empty() ? cfg.run.name : wb.name;
+    wo.mode = wb.mode;
+    wo.run_dir = run_dir;
+    wo.config_file = run_dir + "/config.resolved.yaml";
+    auto w = WandbSink::start(wo, [s](const std::string& m) { s->message(m); });
+    if (!w.ok()) return fail(w.error());
+    s->message("W&B run (" + enum_string(wb.mode) + ") in " + run_dir + "/wandb, its log " + (*w)->log_path());
+    s->attach_wandb(std::move(*w));
+  }
   return run_coordinator_into(cfg, opt, peers, cluster, sinks->get());
 }
 

@@ -3,12 +3,13 @@
 misbehaves on purpose (for the nemo_gym env's run-level failure tests). Rows carry "answer"; the
 reward is 1 when the output's assistant text or a function call's arguments contain it.
 
-  fake_nemo_gym_server.py --port-file PATH [--fault KIND --every N]
+  fake_nemo_gym_server.py --port-file PATH | --port PORT [--fault KIND --every N]
 
 GET / answers {"status": "ok"}; /seed_session sets a session cookie; /verify answers the row with
 "reward" (and reward_components {"found": 0|1}); /aggregate_metrics answers agent_metrics
 {"mean/reward", "count"}. On every Nth /verify it does KIND: http500, not_json, no_reward (no
-"reward" key) or slow (answers after 2 s). The port it bound is written to --port-file."""
+"reward" key) or slow (answers after 2 s). The port it bound is written to --port-file. At start it
+prints its cwd, $FAKE_MARK and $TROUPE_NEMO_GYM_SERVER_CONFIG to stdout."""
 import argparse
 import json
 import threading
@@ -16,7 +17,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 p = argparse.ArgumentParser()
-p.add_argument("--port-file", required=True)
+p.add_argument("--port-file", default="")
+p.add_argument("--port", type=int, default=0)  # troupe's {port} (a server troupe starts)
 p.add_argument("--fault", default="none")
 p.add_argument("--every", type=int, default=0)
 args = p.parse_args()
@@ -80,9 +82,13 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
 
-srv = Server(("127.0.0.1", 0), Handler)
-with open(args.port_file + ".tmp", "w") as f:
-    f.write(str(srv.server_address[1]))
+srv = Server(("127.0.0.1", args.port), Handler)
 import os  # noqa: E402
-os.replace(args.port_file + ".tmp", args.port_file)
+# what a server troupe starts sees (envs.nemo_gym_run reads it back from the run's logs/)
+print(f"fake server: cwd={os.getcwd()} FAKE_MARK={os.environ.get('FAKE_MARK', '')} "
+      f"server_config={os.environ.get('TROUPE_NEMO_GYM_SERVER_CONFIG', '')}", flush=True)
+if args.port_file:
+    with open(args.port_file + ".tmp", "w") as f:
+        f.write(str(srv.server_address[1]))
+    os.replace(args.port_file + ".tmp", args.port_file)
 srv.serve_forever()

@@ -385,6 +385,55 @@ TEST(NemoGymFaults, EachFailureHasItsReason) {
   EXPECT_NE(gone.error().message.find(fake.url() + "/seed_session"), std::string::npos) << gone.error().message;
 }
 
+// A server of one's own (envs/python/examples/nemo_gym_keyword, outside the nemo-gym package):
+// nemo_gym_serve.py takes its file (relative to cwd:), environment: puts its lib/ on PYTHONPATH
+// (relative to that cwd), config.server_config sets its config class's own field, and its stdout
+// and stderr are kept in log_dir (a run's logs/) after the server stopped.
+TEST(NemoGym, OwnServerWithCwdEnvironmentServerConfigAndLogs) {
+  ASSERT_TRUE(fs::exists(nemo_python())) << "no nemo-gym python: '" << nemo_python() << "'";
+  const std::string dir = std::string(TROUPE_TEST_SOURCE_DIR) + "/envs/python/examples/nemo_gym_keyword";
+  const fs::path logs = scratch() / "own_logs";
+  fs::remove_all(logs);
+  auto own = [&](json server_config) {
+    return client({{"command", {nemo_python(), serve_script(), "app.py", "--port", "{port}"}},
+                   {"cwd", dir},
+                   {"environment", {{"PYTHONPATH", "lib"}, {"TROUPE_TEST_MARK", 7}}},
+                   {"log_dir", logs.string()},
+                   {"config", {{"data", dir + "/rows.jsonl"}, {"max_turns", 1}, {"server_config", server_config}}},
+                   {"timeout_s", 30},
+                   {"startup_timeout_s", 240}});
+  };
+  {
+    auto c = own({{"keyword_reward", 0.5}});
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    auto obs = (*c)->reset("a", 0, {});
+    ASSERT_TRUE(obs.ok()) << obs.error().message;
+    EXPECT_NE(obs->text.find("red"), std::string::npos) << obs->text;
+    auto hit = (*c)->step("a", "An apple.");
+    ASSERT_TRUE(hit.ok()) << hit.error().message;
+    EXPECT_EQ(hit->reward, 0.5);  // the server's keyword_reward, from server_config
+    (*c)->release("a");
+    ASSERT_TRUE((*c)->reset("b", 1, {}).ok());
+    auto miss = (*c)->step("b", "A cherry.");
+    ASSERT_TRUE(miss.ok()) << miss.error().message;
+    EXPECT_EQ(miss->reward, 0.0);
+    (*c)->release("b");
+  }
+  std::string log_text;
+  for (const auto& f : fs::directory_iterator(logs)) {
+    EXPECT_EQ(f.path().filename().string().rfind("env-ng-", 0), 0u) << f.path();
+    std::ifstream in(f.path());
+    log_text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  EXPECT_NE(log_text.find("KeywordResourcesServer on http://127.0.0.1:"), std::string::npos) << log_text;  // stderr
+  EXPECT_NE(log_text.find("verify: keyword 'apple' found=True reward=0.5"), std::string::npos) << log_text;  // stdout
+  // a field the server's config class does not have stops the start, quoting the kept log
+  auto bad = own({{"keyword_rewrd", 1}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("has no field keyword_rewrd"), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find(logs.string()), std::string::npos) << bad.error().message;
+}
+
 TEST(NemoGymFaults, StartupAndConfigErrors) {
   // nothing listens there: startup fails within startup_timeout_s, naming the URL
   const int port = free_port();
@@ -412,6 +461,19 @@ TEST(NemoGymFaults, StartupAndConfigErrors) {
   auto badrow = client({{"url", "http://127.0.0.1:1"}, {"config", {{"data", (scratch() / "bad.jsonl").string()}}}});
   ASSERT_FALSE(badrow.ok());
   EXPECT_NE(badrow.error().message.find("bad.jsonl:2"), std::string::npos) << badrow.error().message;
+  // cwd that is not a directory; environment or cwd without a command; server_config for a server at url:
+  auto nocwd = client({{"command", {"sh", "-c", "sleep 9", "{port}"}}, {"cwd", "/no/such/dir"}, {"config", fake_rows()}});
+  ASSERT_FALSE(nocwd.ok());
+  EXPECT_NE(nocwd.error().message.find("its cwd '/no/such/dir' is not a directory"), std::string::npos) << nocwd.error().message;
+  auto envurl = parse_env_spec({{"name", "x"}, {"type", "nemo_gym"}, {"url", "http://a:1"}, {"cwd", "/tmp"}}, "cfg.yaml: envs[0]");
+  ASSERT_FALSE(envurl.ok());
+  EXPECT_NE(envurl.error().message.find("'environment' and 'cwd' are for a 'command' troupe starts"), std::string::npos);
+  auto badenv = parse_env_spec({{"name", "x"}, {"type", "remote"}, {"command", {"a"}}, {"environment", {{"A", {1, 2}}}}}, "t");
+  ASSERT_FALSE(badenv.ok());
+  EXPECT_NE(badenv.error().message.find("environment.A must be a string, number or bool"), std::string::npos);
+  auto scurl = client({{"url", "http://127.0.0.1:1"}, {"config", {{"data", "x.jsonl"}, {"server_config", {{"a", 1}}}}}});
+  ASSERT_FALSE(scurl.ok());
+  EXPECT_NE(scurl.error().message.find("server_config is for a server troupe starts"), std::string::npos) << scurl.error().message;
   auto typo = client({{"url", "http://127.0.0.1:1"}, {"config", {{"data", "x.jsonl"}, {"max_turn", 3}}}});
   ASSERT_FALSE(typo.ok());
   EXPECT_NE(typo.error().message.find("unknown config key 'max_turn'"), std::string::npos);

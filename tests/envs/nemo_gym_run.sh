@@ -2,7 +2,9 @@
 # envs.nemo_gym_run: tiny troupe runs (tests/reliability/tiny.yaml) whose env is a nemo_gym server
 # that misbehaves on purpose (fake_nemo_gym_server.py): failed verifies are counted per reason and
 # the run goes on below envs[].max_failure_frac, or stops (exit 3) naming the bound and the error;
-# and YAML mistakes in nemo_gym / reasoning_gym entries are refused by troupe validate (exit 2).
+# a server troupe starts from command: with cwd:, environment: and config.server_config, its output
+# kept in the run's logs/; and YAML mistakes in nemo_gym / reasoning_gym entries are refused by
+# troupe validate (exit 2).
 #   nemo_gym_run.sh TROUPE PYTHON SOURCE_DIR WORK_DIR
 set -euo pipefail
 TROUPE=$1 PY=$2 SRC=$3 WORK=$4
@@ -54,10 +56,26 @@ start_server frac --fault not_json --every 2
 run frac 3 --set envs[0].max_failure_frac=0.3
 grep -q "max_failure_frac 0.3" "$WORK/frac.err"
 grep -q "protocol_error" "$WORK/frac.err"
+# troupe starts the server (command:) in cwd: with environment: and config.server_config; the
+# server's output stays in the run's logs/; an entry with url: and no type is a nemo_gym env
+mkdir -p "$WORK/own/srv"
+rc=0
+"$TROUPE" run "$SRC/tests/reliability/tiny.yaml" --set run.dir="$WORK/own/run" --set envs[0].name=ng \
+  --set envs[0].type=nemo_gym --set envs[0].path= \
+  --set "envs[0].command=[\"$PY\", \"$SRC/tests/envs/fake_nemo_gym_server.py\", \"--port\", \"{port}\"]" \
+  --set envs[0].cwd="$WORK/own/srv" --set 'envs[0].environment={"FAKE_MARK": "seen-42"}' \
+  --set "envs[0].config={\"data\": \"$WORK/rows.jsonl\", \"max_turns\": 1, \"server_config\": {\"flavour\": \"plain\"}}" \
+  > "$WORK/own.out" 2> "$WORK/own.err" || rc=$?
+[ "$rc" = 0 ] || { tail -n 20 "$WORK/own.err"; echo "own server run: exit $rc"; exit 1; }
+LOG=$(ls "$WORK"/own/run/logs/env-ng-*.log | head -1)
+grep -qF "cwd=$WORK/own/srv FAKE_MARK=seen-42 server_config={\"flavour\":\"plain\"}" "$LOG" || { echo "server log $LOG:"; cat "$LOG"; exit 1; }
+$CHECK steps "$WORK/own/run" 2
+printf 'envs:\n  - name: ng\n    url: http://127.0.0.1:1\n    config: {data: rows.jsonl}\n' > "$WORK/inferred.yaml"
+"$TROUPE" validate "$WORK/inferred.yaml" > /dev/null 2>&1 || { echo "an entry with url: and no type is not a nemo_gym env"; exit 1; }
 # bad YAML is refused before anything starts (exit 2, FILE:LINE:COL naming the key)
 printf 'envs:\n  - name: ng\n    type: nemo_gym\n    config: {data: rows.jsonl}\n' > "$WORK/no_url.yaml"
 printf 'envs:\n  - name: rg\n    type: reasoning_gym\n' > "$WORK/no_task.yaml"
-printf 'envs:\n  - name: arithmetic\n    url: http://127.0.0.1:1\n' > "$WORK/url_builtin.yaml"
+printf 'envs:\n  - name: arithmetic\n    type: builtin\n    url: http://127.0.0.1:1\n' > "$WORK/url_builtin.yaml"
 printf 'rollout: {max_turns: 2}\nenvs:\n  - name: ng\n    type: nemo_gym\n    url: http://127.0.0.1:1\n    config: {data: rows.jsonl}\n' > "$WORK/turns.yaml"
 for c in "no_url:envs\[0\].url: a nemo_gym env needs exactly one of url" "no_task:envs\[0\].config: a reasoning_gym env needs config.task" \
          "url_builtin:envs\[0\].url: url is only for type: nemo_gym" \

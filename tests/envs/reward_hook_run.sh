@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # envs.reward_hook_run: whole runs of configs/python_reward.yaml (the dataset env, `verifier: python`),
-# shortened, from another working directory: it trains, logs reward_components/sums/*, records the
+# shortened, from another working directory: it trains, logs reward/*, records the
 # components in trajectories; a hook that raises or exits for some rows has those episodes counted
 # as reward_error / reward_crash and the run goes on; a missing function is exit 2 naming it; a
 # remote env's relative config path arrives resolved against the YAML's folder.
@@ -36,10 +36,10 @@ grpo = [r for r in rows if r.get("phase") == "grpo" and "reward_mean" in r]
 assert len(grpo) == 3 and all(r["groups_generated"] == 8 for r in grpo), grpo
 assert any(r.get("phase") == "sft" for r in rows), "no SFT rows (the rows' completion field)"
 for r in grpo:
-    for k in ("reward_components/sums/correct", "reward_components/sums/format"):
+    for k in ("reward/correct", "reward/format"):
         assert k in r, f"step {r['step']}: no {k} in {sorted(r)}"
     # the reward is the components' sum: correct (1) or format (0.1), per completion
-    total = r["reward_components/sums/correct"] + r["reward_components/sums/format"]
+    total = r["reward/correct"] + r["reward/format"]
     assert abs(total - r["reward_mean/sums"]) < 1e-9, (total, r["reward_mean/sums"])
 trajs = [json.loads(l) for p in glob.glob(os.path.join(run, "trajectories", "*.jsonl")) for l in open(p) if l.strip()]
 assert trajs and all(set(t["reward_components"]) == {"correct", "format"} for t in trajs), trajs[0]

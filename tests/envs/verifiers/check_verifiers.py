@@ -8,13 +8,17 @@ Checks:
     learner's log-probs of the recorded tokens match the sampler's (mismatch_tokens > 0,
     logprob_diff_max small), so prompt ids, completion ids and log-probs were recorded token for
     token; a request without an episode is served (policy_version tagged) while the run goes on;
+  - the tasks of that run are the taskset's own (config.taskset: its load() through
+    envs/python/verifiers_tasks.py, config.eval_size held out), whose loader log is in the run's logs/;
   - failure paths: episodes past timeout_s fail as `timeout`, are counted and the run continues
     (below envs[].max_failure_frac); a server answering with bytes that are not msgpack or with the
     wrong schema fails its episodes as `protocol_error` and stops the run (exit 3, naming the env);
-    a server that is not there stops the run at start-up (exit 3).
+    a server that is not there stops the run at start-up (exit 3); a taskset that cannot be loaded
+    stops it too (exit 2).
 verifiers==0.4.0 needs Python >= 3.11 and openai >= 2.54: it is installed on first use into a venv
 under $TROUPE_CACHE (default ~/.cache/troupe)/venv-verifiers, and the script re-runs itself there."""
 import fcntl
+import glob
 import json
 import os
 import shutil
@@ -100,7 +104,9 @@ class Proc:
 
 def start_vf_server(env_extra=None):
     env = dict(os.environ, PYTHONPATH=HERE, **(env_extra or {}))
-    s = Proc([sys.executable, os.path.join(HERE, "vf_server.py"), "tcp://127.0.0.1:0"], env)
+    serve = os.path.join(HERE, "..", "..", "..", "envs", "python", "verifiers_serve.py")  # what users run
+    s = Proc([sys.executable, serve, "--taskset", "troupe_vf_echo", "--harness", "troupe_vf_echo",
+              "--address", "tcp://127.0.0.1:0"], env)
     line = s.wait_line("verifiers env server on ")
     return s, line.split(" on ")[1].strip()
 
@@ -153,11 +159,14 @@ def main():
         mc["max_position_embeddings"] = 2048  # room for two chat turns (rotary positions: same model)
         json.dump(mc, open(cfg_path, "w"), indent=2)
 
-        # 1. a run against the real server: trained on the served tokens
+        # 1. a run against the real server: trained on the served tokens; its tasks are the taskset's
+        # own (troupe_vf_echo's load(), through config.taskset: 10 rows, the last 2 held out)
         server, address = start_vf_server()
         servers.append(server)
         t0 = time.time()
-        run = Proc([troupe, "run", write_config(tmp, "ok", model, address)])
+        own_tasks = {"config": {"taskset": {"id": "troupe_vf_echo"}, "eval_size": 2, "python": sys.executable},
+                     "environment": {"PYTHONPATH": HERE}}
+        run = Proc([troupe, "run", write_config(tmp, "ok", model, address, extra_env=own_tasks)])
         line = run.wait_line("rollout.serve listening on ")
         url = line.split("listening on ")[1].split()[0]
         # a request with no episode: served, tagged with the policy version, not recorded
@@ -190,8 +199,13 @@ def main():
                 fail(f"the learner did not score the served tokens as sampled: {x}")
             if x.get("response_len_mean", 0) <= 0 or "reward_mean/vf" not in x:
                 fail(f"no served response or reward: {x}")
+            if "reward_components/vf/contains_answer" not in x:  # the reward's score x weight, per step
+                fail(f"no reward component of the verifiers reward: {sorted(x)}")
         if not evals or "eval_reward_mean/vf" not in evals[-1]:
             fail(f"no evaluation of the verifiers env: {evals}")
+        logs = glob.glob(os.path.join(tmp, "ok", "logs", "env-vf-tasks-*.log"))
+        if len(logs) != 1 or "verifiers_tasks: 10 tasks" not in open(logs[0]).read():
+            fail(f"no taskset loader log with its 10 tasks in the run's logs/: {logs}")
         print(f"run ok in {time.time() - t0:.1f}s: mismatch_tokens {[x['mismatch_tokens'] for x in steps]}, "
               f"logprob_diff_max {[x['logprob_diff_max'] for x in steps]}, reward {[x['reward_mean'] for x in steps]}")
 
@@ -228,6 +242,14 @@ def main():
         if p.returncode != 3 or "health" not in p.stderr:
             fail(f"server down: expected exit 3 naming health, got {p.returncode}: {p.stderr[-2000:]}")
         print("server down ok: exit 3")
+
+        # 5. a taskset that cannot be loaded stops the start (exit 2), quoting the loader's error
+        cfg = write_config(tmp, "no_taskset", model, address, max_steps=1,
+                           extra_env={"config": {"taskset": {"id": "no_such_taskset"}, "python": sys.executable}})
+        p = subprocess.run([troupe, "run", cfg], capture_output=True, text=True, timeout=120)
+        if p.returncode != 2 or "config.taskset" not in p.stderr or "no_such_taskset" not in p.stderr:
+            fail(f"unknown taskset: expected exit 2 naming config.taskset, got {p.returncode}: {p.stderr[-2000:]}")
+        print("unknown taskset ok: exit 2")
     finally:
         for s in servers:
             s.stop()

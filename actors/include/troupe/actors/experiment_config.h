@@ -30,6 +30,7 @@ enum class StalePolicy { drop, importance_weight };               // rollout.sta
 enum class WeightSyncMode { delta, full };                        // weight_sync.mode
 enum class WeightTransport { zmq, nccl };                         // weight_sync.transport
 enum class ProgressMode { detect, tty, plain, off };              // logger.progress: auto | tty | plain | off
+enum class WandbMode { online, offline, disabled };               // logger.wandb.mode
 enum class EnvType { builtin, plugin, remote, nemo_gym, reasoning_gym, verifiers };  // envs[].type
 enum class IsolateMode { detect, yes, no };                       // envs[].isolate: auto | true | false
 
@@ -85,6 +86,8 @@ struct EnvSpec {
   double max_failure_frac = 0.5;   // more of one step's episodes failing (after retries) stops the run
   double reward_min = -1e6, reward_max = 1e6;  // a reward outside (or not finite) fails the episode
   std::string url;                 // nemo_gym: a running resource server, http://HOST:PORT
+  nlohmann::json environment = nlohmann::json::object();  // command: variables set in its environment
+  std::string cwd;                 // command: its working directory ("" = troupe's; relative: the YAML's folder)
   const std::string& env_id() const { return env.empty() ? name : env; }
 };
 
@@ -155,6 +158,11 @@ struct LoggerSection {
   ProgressMode progress = ProgressMode::detect;  // auto | tty | plain | off
   bool trajectories = true;       // write trajectories/*.jsonl
   int trajectories_per_step = 8;  // at most this many per step are written
+  struct Wandb {
+    std::string project;            // W&B project ("" = no W&B logging)
+    std::string name;               // the W&B run's name ("" = run.name)
+    WandbMode mode = WandbMode::online;
+  } wandb;
 };
 
 struct EvalSection {
@@ -217,6 +225,7 @@ TROUPE_ENUM_NAMES(StalePolicy, {"drop", V::drop}, {"importance_weight", V::impor
 TROUPE_ENUM_NAMES(WeightSyncMode, {"delta", V::delta}, {"full", V::full})
 TROUPE_ENUM_NAMES(WeightTransport, {"zmq", V::zmq}, {"nccl", V::nccl})
 TROUPE_ENUM_NAMES(ProgressMode, {"auto", V::detect}, {"tty", V::tty}, {"plain", V::plain}, {"off", V::off})
+TROUPE_ENUM_NAMES(WandbMode, {"online", V::online}, {"offline", V::offline}, {"disabled", V::disabled})
 TROUPE_ENUM_NAMES(EnvType, {"builtin", V::builtin}, {"plugin", V::plugin}, {"remote", V::remote},
                   {"nemo_gym", V::nemo_gym}, {"reasoning_gym", V::reasoning_gym}, {"verifiers", V::verifiers})
 TROUPE_ENUM_NAMES(IsolateMode, {"auto", V::detect}, {"true", V::yes}, {"false", V::no})

@@ -13,6 +13,7 @@
 //     - {name: vf, type: verifiers, address: tcp://127.0.0.1:5000, config: {tasks: [...]}}
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,10 @@ struct EnvSpec {
   double reward_min = -1e6, reward_max = 1e6;  // a reward outside (or not finite) fails the episode
   EnvFaults faults;                   // injected faults (the YAML faults: section; off by default)
   std::string url;                    // nemo_gym: a running resource server (http://HOST:PORT); else `command`
+  std::map<std::string, std::string> environment;  // `command`: variables set in its environment
+  std::string cwd;                    // `command`: its working directory ("" = troupe's)
+  std::string log_dir;                // where the logs of the processes troupe starts go (a run's logs/; "" = a
+                                      // temporary file removed when the process stops)
 };
 
 // Checks types, required keys and unknown keys; errors start with `where` (e.g. "config.yaml: envs[1]").

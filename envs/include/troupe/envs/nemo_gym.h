@@ -18,6 +18,8 @@ struct Settings {
   std::string eval_data;       // JSONL of held-out rows (optional)
   double eval_fraction = 0.2;  // without eval_data: share of `data` rows held out (by a hash of the row)
   int max_turns = 8;           // model turns per episode; the episode is verified after the last
+  json server_config = json::object();  // the server's own config fields: a server troupe starts gets
+                                        // them as JSON in $TROUPE_NEMO_GYM_SERVER_CONFIG
 };
 // Reads `config` (unknown keys are errors naming `where`); relative paths start at config.base_dir.
 Result<Settings> read_settings(const json& config, const std::string& where);

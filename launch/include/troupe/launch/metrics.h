@@ -9,9 +9,12 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "troupe/actors/experiment_config.h"
 #include "troupe/base/result.h"
+#include "troupe/launch/wandb_sink.h"
 
 namespace troupe::launch {
 
@@ -37,8 +40,12 @@ class TensorBoardWriter {
   std::string path_;
 };
 
-// The three sinks together. Every row has "step" and "phase"; numeric fields become TensorBoard
-// scalars named "<phase>/<field>" (eval rows: "eval/<field>").
+// A row's scalars as TensorBoard and W&B name them: each numeric field but "step" as
+// "<phase>/<field>" (eval rows, those with eval_accuracy or eval_reward_mean: "eval/<field>").
+std::vector<std::pair<std::string, double>> row_scalars(const nlohmann::json& row);
+
+// The sinks together. Every row has "step" and "phase"; its row_scalars go to TensorBoard and,
+// when attached, to W&B.
 struct ProgressOptions {
   actors::ProgressMode mode = actors::ProgressMode::detect;  // logger.progress
   std::string name;
@@ -52,6 +59,8 @@ class MetricsSinks {
                                                     ProgressOptions progress, int64_t resume_after_step = -1);
   Status write(const nlohmann::json& row);
   void message(const std::string& text);  // a log line that does not disturb the progress line
+  // Rows from now on also go to W&B (logger.wandb); its failures become one message().
+  void attach_wandb(std::unique_ptr<WandbSink> wandb) { wandb_ = std::move(wandb); }
   void finish();
 
  private:
@@ -59,6 +68,7 @@ class MetricsSinks {
   void show_progress(const nlohmann::json& row);
   std::FILE* jsonl_ = nullptr;
   std::unique_ptr<TensorBoardWriter> tb_;
+  std::unique_ptr<WandbSink> wandb_;
   ProgressOptions progress_;
   bool tty_ = false;
   bool line_open_ = false;
