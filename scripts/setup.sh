@@ -51,10 +51,11 @@ fi
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-if ! .venv/bin/python -c "import tensorboard, troupe_env" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import tensorboard, pyarrow" >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
-  .venv/bin/python -m pip install -q --disable-pip-version-check ./envs/python
 fi
+# The SDK from this checkout, every time (a few seconds), so an updated checkout's SDK is the one used.
+.venv/bin/python -m pip install -q --disable-pip-version-check ./envs/python
 if [ "$MODE" = test ] && ! .venv/bin/python -c "import reasoning_gym, gguf, ray" >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt
 fi

@@ -11,6 +11,7 @@
 
 #include "coordinator_internal.h"
 #include "troupe/actors/roles.h"
+#include "troupe/policy/io/gguf_import.h"
 #include "troupe/policy/io/model_dir.h"
 
 namespace troupe::actors {
@@ -79,11 +80,13 @@ void use_model_special_ids(const std::string& dir, policy::io::Tokenizer& tok) {
 Status load_tokenizer(RunState& s) {
   const auto& pol = s.cfg.policy;
   if (!pol.path.empty() && (pol.tokenizer == TokenizerKind::from_model || fs::exists(pol.path))) {
-    auto t = policy::io::load_tokenizer_dir(pol.path);
+    // a .gguf policy.path is its cached import, as the generators and learners load it
+    TROUPE_ASSIGN_OR_RETURN(const std::string dir, policy::io::model_dir_for(pol.path));
+    auto t = policy::io::load_tokenizer_dir(dir);
     if (t.ok()) s.tokenizer = std::move(t).value();
-    if (fs::is_directory(pol.path)) {
-      TROUPE_ASSIGN_OR_RETURN(s.chat_template, policy::io::load_chat_template_dir(pol.path));
-      if (s.tokenizer && s.cfg.rollout.template_name == PromptTemplate::chat) use_model_special_ids(pol.path, *s.tokenizer);
+    if (fs::is_directory(dir)) {
+      TROUPE_ASSIGN_OR_RETURN(s.chat_template, policy::io::load_chat_template_dir(dir));
+      if (s.tokenizer && s.cfg.rollout.template_name == PromptTemplate::chat) use_model_special_ids(dir, *s.tokenizer);
     }
   }
   if (!s.tokenizer) {

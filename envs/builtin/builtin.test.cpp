@@ -195,6 +195,23 @@ TEST(Dataset, TemplateVerifiersAndSplits) {
   EXPECT_NE(rx.error().message.find(rx_file + ".none"), std::string::npos);
 }
 
+// Instances built from one config share one copy of the rows while any of them lives (an env
+// worker's pool does not read the file once per instance); a later config, or the same one after
+// every instance is gone, reads the file again.
+TEST(Dataset, InstancesOfOneConfigShareTheirRows) {
+  const std::string path = temp_file("shared.jsonl", "{\"question\": \"old\", \"answer\": \"1\"}\n");
+  const json config = {{"train", path}, {"eval_fraction", 0}};
+  auto first = make("dataset", config);
+  { std::ofstream(path) << "{\"question\": \"new\", \"answer\": \"1\"}\n"; }
+  auto second = make("dataset", config);
+  EXPECT_EQ(second->reset(0, {})->text, "old");  // the rows the first instance loaded
+  auto other = make("dataset", {{"train", path}, {"eval_fraction", 0}, {"template", "{question}?"}});
+  EXPECT_EQ(other->reset(0, {})->text, "new?");  // another config reads the file
+  first.reset();
+  second.reset();
+  EXPECT_EQ(make("dataset", config)->reset(0, {})->text, "new");  // nothing held the rows any more
+}
+
 TEST(Dataset, RegexAndCountdownVerifiers) {
   auto rx_file = temp_file("rx2.jsonl", "{\"question\": \"Name a color\", \"answer\": \"(red|blue)\"}\n");
   auto rx = EnvRegistry::global().create("dataset", {{"train", rx_file}, {"eval", rx_file}, {"verifier", "regex"}});

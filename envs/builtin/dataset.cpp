@@ -8,6 +8,7 @@
 #include <set>
 
 #include "builtin/answer_scoring.h"
+#include "builtin/dataset_cache.h"
 #include "builtin/dataset_rows.h"
 #include "builtin/reward_hook.h"
 #include "builtin/row_order.h"
@@ -33,6 +34,7 @@ bool verify_numeric(const std::string& answer, const std::string& reference) {
 namespace {
 
 using detail::DatasetRow;
+using detail::DatasetSplits;
 using detail::load_rows;
 using detail::RowOrder;
 using detail::RowRules;
@@ -44,13 +46,12 @@ using Row = DatasetRow;
 
 class DatasetEnv final : public detail::SingleTurnEnv {
  public:
-  std::vector<Row> train, eval;
+  std::shared_ptr<const DatasetSplits> rows;  // shared by every instance with the same config (dataset_cache)
   Verifier verifier = Verifier::exact;
   AnswerExtractor extractor;  // which part of a response (and of a text reference) is the answer
   double format_reward = 0;
   std::string answer_field;                         // python: the row's raw reference
   std::shared_ptr<detail::RewardHook> hook;         // python: the user's function
-  std::map<std::string, const Row*> rows_by_where;  // python: FILE:LINE -> its row
   bool shuffle = false;
   std::unique_ptr<RowOrder> order;  // with shuffle
 
@@ -87,34 +88,30 @@ class DatasetEnv final : public detail::SingleTurnEnv {
 
   // The hook gets the prompt, the raw reference (the row's answer field as written) and the whole row.
   Result<VerifyResult> verify_python(const json& metadata, const std::string& completion) {
-    auto it = rows_by_where.find(metadata.value("row", std::string()));
-    if (it == rows_by_where.end())
+    auto it = rows->by_where.find(metadata.value("row", std::string()));
+    if (it == rows->by_where.end())
       return invalid_input("dataset: verify needs the metadata's 'row' (FILE:LINE) of a loaded row (got " +
                            metadata.value("row", json()).dump() + ")");
     const Row& row = *it->second;
     return hook->score(row.prompt, completion, row.fields.value(answer_field, json()), row.fields);
   }
-  void index_rows() {
-    for (const auto* rows : {&train, &eval})
-      for (const Row& row : *rows) rows_by_where[row.where] = &row;
-  }
 
  protected:
   Result<Observation> make_instance(uint64_t seed, const ResetOptions& options) override {
-    const auto& rows = options.split == Split::eval ? eval : train;
-    if (rows.empty()) return invalid_input(std::string("dataset: the ") + split_name(options.split) + " split has no rows");
+    const auto& split = options.split == Split::eval ? rows->eval : rows->train;
+    if (split.empty()) return invalid_input(std::string("dataset: the ") + split_name(options.split) + " split has no rows");
     // shuffle: the train split's n-th draw (options.extra["draw"], which the coordinator numbers
     // per env) takes the row RowOrder gives; otherwise, and for eval, row seed mod N.
     const auto draw = options.extra.find("draw");
     const bool ordered = shuffle && options.split == Split::train && draw != options.extra.end() &&
                          draw->is_number_unsigned();
-    const Row& row = ordered ? rows[order->row_of(draw->get<uint64_t>(), rows.size())] : rows[seed % rows.size()];
+    const Row& row = ordered ? split[order->row_of(draw->get<uint64_t>(), split.size())] : split[seed % split.size()];
     json meta = row.fields;
     meta["answer"] = row.answer;
     meta["reference_completion"] = row.reference_completion;
     meta["row"] = row.where;
     meta["split"] = split_name(options.split);
-    if (ordered) meta["epoch"] = RowOrder::epoch_of(draw->get<uint64_t>(), rows.size());
+    if (ordered) meta["epoch"] = RowOrder::epoch_of(draw->get<uint64_t>(), split.size());
     return detail::text_observation(row.prompt, std::move(meta));
   }
 };
@@ -191,25 +188,28 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   if (eval.empty() && !eval_src.split.empty()) return invalid_input("env dataset: 'eval_split' needs 'eval' (a file or directory)");
   train_src.path = resolve(train);
   eval_src.path = resolve(eval);
-  TROUPE_ASSIGN_OR_RETURN(env->train, load_rows(train_src, rules));
-  if (!eval.empty()) {
-    TROUPE_ASSIGN_OR_RETURN(env->eval, load_rows(eval_src, rules));
-    // Keep the splits disjoint even when the files overlap: a held-out prompt is never trained on.
-    std::set<std::string> held_out;
-    for (const auto& row : env->eval) held_out.insert(row.prompt);
-    std::erase_if(env->train, [&](const Row& row) { return held_out.count(row.prompt) > 0; });
-    if (env->train.empty()) return invalid_input("env dataset: every train row's prompt is also in the eval file");
-  } else {
-    // No held-out file: split the train file by a stable hash of each prompt.
-    std::vector<Row> kept;
-    for (auto& row : env->train) (in_eval_bucket(row.prompt, eval_permille) ? env->eval : kept).push_back(std::move(row));
-    env->train = std::move(kept);
-  }
+  TROUPE_ASSIGN_OR_RETURN(env->rows, detail::shared_dataset_splits(config.dump(), [&]() -> Result<DatasetSplits> {
+    DatasetSplits d;
+    TROUPE_ASSIGN_OR_RETURN(d.train, load_rows(train_src, rules));
+    if (!eval.empty()) {
+      TROUPE_ASSIGN_OR_RETURN(d.eval, load_rows(eval_src, rules));
+      // Keep the splits disjoint even when the files overlap: a held-out prompt is never trained on.
+      std::set<std::string> held_out;
+      for (const auto& row : d.eval) held_out.insert(row.prompt);
+      std::erase_if(d.train, [&](const Row& row) { return held_out.count(row.prompt) > 0; });
+      if (d.train.empty()) return invalid_input("env dataset: every train row's prompt is also in the eval file");
+    } else {
+      // No held-out file: split the train file by a stable hash of each prompt.
+      std::vector<Row> kept;
+      for (auto& row : d.train) (in_eval_bucket(row.prompt, eval_permille) ? d.eval : kept).push_back(std::move(row));
+      d.train = std::move(kept);
+    }
+    return d;
+  }));
   if (env->verifier == Verifier::python) {
     hook.base_dir = base_dir;
     env->answer_field = answer_field;
     TROUPE_ASSIGN_OR_RETURN(env->hook, detail::RewardHook::open(hook));
-    env->index_rows();
   }
   return std::unique_ptr<Env>(std::move(env));
 }

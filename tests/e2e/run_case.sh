@@ -365,7 +365,7 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     $PY -c "import re,sys; t=open(sys.argv[1]).read(); open(sys.argv[2],'w').write(re.sub(r'\n  model:\n(    .*\n)+', '\n', t))" \
       "$SRC/configs/quickstart.yaml" "$W/loaded.yaml"
     expect_exit 2 "$TROUPE" validate "$SRC/configs/quickstart.yaml" --set policy.path="$SRC/tests/hf_fixture/qwen3_moe"
-    grep -q "policy.model.hidden_size: policy.path is set" "$W/err.txt"
+    grep -q "policy.model.family: policy.path is set, so the architecture comes from its config.json; remove the policy.model section" "$W/err.txt"
     "$TROUPE" run "$W/loaded.yaml" --set run.dir="$W/hf" --set policy.path="$SRC/tests/hf_fixture/qwen3_moe" \
       --set policy.tokenizer=auto --set policy.activation_checkpointing=true $S
     $CHECK files "$W/hf"

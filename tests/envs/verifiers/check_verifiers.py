@@ -4,6 +4,7 @@
 tasks, a two-turn chat harness) calls the policy through each generator's rollout.serve endpoint.
     check_verifiers.py TROUPE FIXTURE_MODEL_DIR QWEN3_TEMPLATE
 Checks:
+  - configs/verifiers_grpo.yaml runs a step against the server (with the small test model);
   - a GRPO run trains on what the endpoint served: no failed episode, reward from the env, and the
     learner's log-probs of the recorded tokens match the sampler's (mismatch_tokens > 0,
     logprob_diff_max small), so prompt ids, completion ids and log-probs were recorded token for
@@ -208,6 +209,21 @@ def main():
             fail(f"no taskset loader log with its 10 tasks in the run's logs/: {logs}")
         print(f"run ok in {time.time() - t0:.1f}s: mismatch_tokens {[x['mismatch_tokens'] for x in steps]}, "
               f"logprob_diff_max {[x['logprob_diff_max'] for x in steps]}, reward {[x['reward_mean'] for x in steps]}")
+
+        # 1b. the shipped example, configs/verifiers_grpo.yaml, against the same server (the test's small
+        # model instead of SmolLM2, one step)
+        shipped = os.path.join(HERE, "..", "..", "..", "configs", "verifiers_grpo.yaml")
+        p = subprocess.run([troupe, "run", shipped, "--set", f"run.dir={os.path.join(tmp, 'shipped')}",
+                            "--set", f"policy.path={model}", "--set", f"envs[0].address={address}",
+                            "--set", "grpo.max_steps=1", "--set", "rollout.max_response_length=6",
+                            "--set", "eval.num_prompts=2", "--set", "logger.progress=off"],
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            fail(f"configs/verifiers_grpo.yaml exited {p.returncode}: {(p.stdout + p.stderr)[-3000:]}")
+        got = [x for x in rows(tmp, "shipped") if x.get("phase") == "grpo" and "loss" in x]
+        if len(got) != 1 or "reward_mean/letters" not in got[0]:
+            fail(f"configs/verifiers_grpo.yaml: expected one GRPO row of env letters, got {got}")
+        print("configs/verifiers_grpo.yaml ran one step")
 
         # 2. timeouts: every other episode sleeps past timeout_s; counted, the run continues
         slow, slow_address = start_vf_server({"TROUPE_VF_SLOW_EVERY": "2", "TROUPE_VF_SLEEP_S": "30"})
