@@ -124,6 +124,7 @@ Status ZmqTransport::bind() {
     pull_ = std::make_unique<zmq::socket_t>(*zctx_, zmq::socket_type::pull);
     pull_->set(zmq::sockopt::rcvhwm, config_.hwm);
     pull_->set(zmq::sockopt::linger, 0);
+    if (config_.max_message_bytes > 0) pull_->set(zmq::sockopt::maxmsgsize, config_.max_message_bytes);
     if (config_.curve.enabled) {
       pull_->set(zmq::sockopt::curve_server, 1);
       pull_->set(zmq::sockopt::curve_secretkey, curve_secret_);
