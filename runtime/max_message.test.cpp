@@ -1,7 +1,7 @@
 // runtime.max_message: SystemConfig::max_message_bytes bounds what a node's receiving socket takes
 // from a peer. A message part over it never reaches the node (libzmq drops the connection before
 // allocating it; the request waiting for it times out), and the peer's next messages, sent over
-// the reconnected socket, arrive as usual.
+// the reconnected socket, arrive as usual. A sender with the same limit refuses such a part itself.
 #include <gtest/gtest.h>
 
 #include "test_messages.h"
@@ -57,4 +57,28 @@ TEST(MaxMessage, OversizedMessageIsDroppedAndThePeerGoesOn) {
     EXPECT_EQ(after->seq, 4u);
   }
   EXPECT_EQ(largest.load(), static_cast<std::size_t>(kLimit / 2));
+}
+
+TEST(MaxMessage, SenderRefusesAPartOverItsOwnLimit) {
+  constexpr std::int64_t kLimit = 64 * 1024;
+  auto a = node(0, kLimit), b = node(1, kLimit);
+  std::vector<PeerInfo> table = {{0, a->endpoint(), "role0", ""}, {1, b->endpoint(), "role1", ""}};
+  ASSERT_TRUE(a->connect(table).ok());
+  ASSERT_TRUE(b->connect(table).ok());
+  ASSERT_TRUE(b->spawn(
+                   [] {
+                     auto e = std::make_unique<Actor>();
+                     e->handle<Ping>([](Context& ctx, const Ping& p) { (void)ctx.reply(Pong{p.seq + 1, ""}); });
+                     return e;
+                   },
+                   SpawnOptions().named("echo"))
+                  .ok());
+  a->set_placement({{"echo", 1}});
+  auto target = a->lookup("echo");
+  ASSERT_TRUE(target.ok());
+  auto big = a->ask<Pong>(*target, Ping{1, std::string(2 * kLimit, 'b')}, 5s).get();
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.error().message.find("over max_message_bytes 65536"), std::string::npos) << big.error().message;
+  auto fine = a->ask<Pong>(*target, Ping{2, "ok"}, 5s).get();
+  ASSERT_TRUE(fine.ok()) << fine.error().message;
 }
