@@ -1,7 +1,8 @@
 // envs.max_message: envs[].max_message_bytes bounds every env protocol socket. A remote server whose
 // reply is over the limit, or a request over an isolated worker's limit, never reaches the reader:
 // libzmq drops the connection unread, the call fails as a timeout naming the limit, and the next
-// call (on a new connection, or a restarted worker) works.
+// call (on a new connection, or a restarted worker) works. A Python SDK server troupe starts gets
+// the limit too ($TROUPE_ENV_MAX_MESSAGE_BYTES).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,6 +10,7 @@
 
 #include <zmq.hpp>
 
+#include "troupe/base/build_config.h"
 #include "troupe/envs/client.h"
 #include "troupe/envs/remote.h"
 
@@ -100,6 +102,27 @@ TEST(MaxMessage, OversizedRequestRestartsTheIsolatedWorker) {
   auto fine = (*c)->verify(obs->metadata, "nope");
   ASSERT_TRUE(fine.ok()) << fine.error().message;
   EXPECT_EQ(fine->reward, 0.0);
+}
+
+TEST(MaxMessage, PythonSdkServerDropsAnOversizedRequest) {
+  auto spec = parse_env_spec(
+      {{"name", "py"}, {"type", "remote"},
+       {"command", {troupe::python_executable(), std::string(TROUPE_TEST_ENVS_DIR) + "/python/examples/arithmetic_env.py"}},
+       {"environment", {{"PYTHONPATH", std::string(TROUPE_TEST_ENVS_DIR) + "/python"}}},  // this checkout's SDK
+       {"timeout_s", 2.0}, {"startup_timeout_s", 60}, {"max_message_bytes", kLimit}},
+      "test");
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  auto c = make_env_client(*spec);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto obs = (*c)->reset("a", 3, {});
+  ASSERT_TRUE(obs.ok()) << obs.error().message;
+  auto big = (*c)->verify(obs->metadata, std::string(2 * kLimit, '7'));
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.error().code, troupe::ErrorCode::timeout) << big.error().message;
+  EXPECT_EQ((*c)->restarts(), 1);
+  auto fine = (*c)->verify(obs->metadata, obs->metadata["answer"].get<std::string>());
+  ASSERT_TRUE(fine.ok()) << fine.error().message;
+  EXPECT_EQ(fine->reward, 1.0);
 }
 
 TEST(MaxMessage, SpecRejectsATinyLimit) {
