@@ -32,6 +32,7 @@ class SpecFields {
   Status count(const char* k, int& out) const {
     double v = out;
     TROUPE_TRY(num(k, v, 0));
+    if (v > 2147483647.0) return invalid_input(where_ + ": '" + k + "' must be <= 2147483647");
     out = static_cast<int>(v);
     return {};
   }
