@@ -27,23 +27,29 @@ double estimated_parameters(const policy::ModelArchitecture& m) {
   return double(m.vocab_size) * c * (m.tie_word_embeddings ? 1 : 2) + m.num_hidden_layers * layer + c;
 }
 
+// Bytes of the model files at `p` (a file, or a directory's top-level files); 0 when not there.
+double bytes_on_disk(const fs::path& p) {
+  std::error_code ec;
+  double on_disk = 0;
+  if (fs::is_regular_file(p, ec)) return double(fs::file_size(p, ec));
+  if (fs::is_directory(p, ec))
+    for (const auto& f : fs::directory_iterator(p, ec))
+      if (f.is_regular_file(ec)) on_disk += double(f.file_size(ec));
+  return on_disk;
+}
+
 // The largest message part a rank accepts from another: twice the full weights in fp32 plus
 // 64 MiB, at least 256 MiB. With policy.path the weights' size comes from its files on disk
-// (8 bytes per byte there: a 4-bit .gguf still fits as fp32), else from policy.model.
+// (8 bytes per byte there: a 4-bit .gguf still fits as fp32), else from policy.model; a
+// policy.path not found here (as given, or from the YAML's folder) leaves the ranks unbounded.
 std::int64_t cluster_max_message_bytes(const LoadedConfig& loaded, const actors::ExperimentConfig& cfg) {
   double weights = 4 * estimated_parameters(cfg.policy.model);
   if (!cfg.policy.path.empty()) {
-    fs::path p = cfg.policy.path;
-    if (p.is_relative()) p = fs::path(base_dir_of(loaded.file)) / p;
-    std::error_code ec;
-    double on_disk = 0;
-    if (fs::is_regular_file(p, ec)) {
-      on_disk = double(fs::file_size(p, ec));
-    } else if (fs::is_directory(p, ec)) {
-      for (const auto& f : fs::directory_iterator(p, ec))
-        if (f.is_regular_file(ec)) on_disk += double(f.file_size(ec));
-    }
-    if (on_disk > 0) weights = 8 * on_disk;
+    double on_disk = bytes_on_disk(cfg.policy.path);
+    if (on_disk <= 0 && fs::path(cfg.policy.path).is_relative())
+      on_disk = bytes_on_disk(fs::path(base_dir_of(loaded.file)) / cfg.policy.path);
+    if (on_disk <= 0) return -1;
+    weights = 8 * on_disk;
   }
   const double bound = std::max(256.0 * (1 << 20), 2 * weights + 64.0 * (1 << 20));
   return bound >= 9e18 ? -1 : static_cast<std::int64_t>(bound);
