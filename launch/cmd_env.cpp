@@ -19,6 +19,7 @@ void on_env_serve_signal(int) { g_env_serve_stop = true; }
 Command add_env_command(CLI::App& root) {
   struct Opts {
     std::string env, bind, config;
+    long long max_message_bytes = -1;
   };
   auto o = std::make_shared<Opts>();
   auto* app = root.add_subcommand("env", "Environment tools");
@@ -29,6 +30,9 @@ Command add_env_command(CLI::App& root) {
   serve->add_option("env", o->env, "PLUGIN.so path or built-in env name (" + builtins + ")")->required();
   serve->add_option("--bind", o->bind, "ZeroMQ address to bind, e.g. tcp://127.0.0.1:5555 or ipc:///tmp/env.sock")->required();
   serve->add_option("--config", o->config, "The env's config as a JSON object, e.g. '{\"digits\": 2}'");
+  serve->add_option("--max-message-bytes", o->max_message_bytes,
+                    "Largest request accepted (a larger one drops its connection unread; default: no limit)")
+      ->check(CLI::PositiveNumber);
   return {app, [o]() -> int {
             auto local = envs::make_served_env(o->env, o->config);
             if (!local.ok()) return report_error(local.error());
@@ -38,6 +42,7 @@ Command add_env_command(CLI::App& root) {
             opts.bind = o->bind;
             opts.stop = &g_env_serve_stop;
             opts.announce = true;
+            opts.max_message_bytes = o->max_message_bytes;
             auto st = envs::serve_env(std::move(local).value(), opts);
             if (!st.ok()) return report_error(st.error());
             return 0;

@@ -322,6 +322,7 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   b.mapping("config", [](E& e) { return &e.config; }, "Env-specific settings, passed to the env as is (e.g. difficulty); the dataset env's relative train/eval paths, its reward hook's file or module (verifier: python) and base_dir start at the YAML file's folder; in a remote env's config each string that is a relative path naming an existing file or folder there is made absolute.");
   b.number("startup_timeout_s", [](E& e) { return &e.startup_timeout_s; }, 0.001, 86400, "A worker or server troupe starts must answer hello within this.");
   b.integer("max_restarts", [](E& e) { return &e.max_restarts; }, 0, kIntMax, "Env worker restarts (after a crash, hang or malformed reply) per run; one more stops the run (exit 3).");
+  b.integer("max_message_bytes", [](E& e) { return &e.max_message_bytes; }, 1024, kIntMax, "Largest env protocol message (remote, isolated worker, verifiers) a troupe socket accepts (a reply to troupe; a request to a worker troupe starts); a peer sending a larger one has its connection dropped by ZeroMQ without the message being read, so that call runs into timeout_s and its episode fails (timeout).");
   b.text("worker", [](E& e) { return &e.worker; }, "Path of the troupe-env-worker binary for isolated envs (empty = $TROUPE_ENV_WORKER, the build folder, or next to troupe).");
   b.integer("max_retries", [](E& e) { return &e.max_retries; }, 0, 1000, "A failed reset/step/verify is retried this often on the next env worker (a failed single-turn reset with a new seed, so the batch stays full).");
   b.number("max_failure_frac", [](E& e) { return &e.max_failure_frac; }, 0, 1, "Stop the run (exit 3) when more than this share of one step's episodes of this env failed after retries; a step where all failed always stops it.");
@@ -624,6 +625,7 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "envs[].isolate",
                                                 "envs[].startup_timeout_s",
                                                 "envs[].max_restarts",
+                                                "envs[].max_message_bytes",
                                                 "envs[].worker",
                                                 "envs[].max_retries",
                                                 "envs[].max_failure_frac",

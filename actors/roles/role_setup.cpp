@@ -173,6 +173,7 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     if (e.isolate != IsolateMode::detect) j["isolate"] = e.isolate == IsolateMode::yes;
     j["startup_timeout_s"] = e.startup_timeout_s;
     j["max_restarts"] = e.max_restarts;
+    j["max_message_bytes"] = e.max_message_bytes;
     if (!e.worker.empty()) j["worker"] = e.worker;
     j["max_retries"] = e.max_retries;
     j["max_failure_frac"] = e.max_failure_frac;

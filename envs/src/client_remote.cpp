@@ -163,7 +163,8 @@ class RemoteEnvClient final : public EnvClient {
       TROUPE_ASSIGN_OR_RETURN(std::string worker, find_env_worker(spec_.worker));
       std::string target = spec_.type == EnvType::plugin ? spec_.path : (spec_.env.empty() ? spec_.name : spec_.env);
       argv_ = {worker, "--bind", "{bind}", "--env", target, "--config", spec_.config.dump(),
-               "--parent-pid", std::to_string(::getpid())};
+               "--parent-pid", std::to_string(::getpid()), "--max-message-bytes",
+               std::to_string(spec_.max_message_bytes)};
     }
     for (auto& a : argv_) {
       for (size_t p; (p = a.find("{bind}")) != std::string::npos;) a.replace(p, 6, address_);
@@ -177,6 +178,7 @@ class RemoteEnvClient final : public EnvClient {
     o.argv = argv_;
     o.env = {{"TROUPE_ENV_BIND", address_},
              {"TROUPE_ENV_PARENT_PID", std::to_string(::getpid())},
+             {"TROUPE_ENV_MAX_MESSAGE_BYTES", std::to_string(spec_.max_message_bytes)},
              {"TROUPE_ENV_CONFIG", spec_.config.dump()}};  // for remote commands (the SDK reads it)
     o.log_path = log_path_;  // quoted when the worker dies
     o.keep_log = keep_log_;
@@ -221,6 +223,8 @@ class RemoteEnvClient final : public EnvClient {
   std::unique_ptr<zmq::socket_t> make_socket() const {
     auto sock = std::make_unique<zmq::socket_t>(shared_context(), zmq::socket_type::req);
     sock->set(zmq::sockopt::linger, 0);
+    // a reply over the limit is never read: libzmq drops the connection, and the call times out
+    sock->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(spec_.max_message_bytes));
     sock->connect(address_);
     return sock;
   }
@@ -275,7 +279,9 @@ class RemoteEnvClient final : public EnvClient {
                                                         " during " + what + worker_.log_tail());
         if (mono_seconds() > deadline) {
           std::ostringstream os;
-          os << where() << ": no answer to " << what << " within " << timeout_s << " s";
+          os << where() << ": no answer to " << what << " within " << timeout_s
+             << " s (a reply over max_message_bytes " << spec_.max_message_bytes
+             << " is dropped with its connection, unread)";
           return make_error(ErrorCode::timeout, os.str());
         }
       }

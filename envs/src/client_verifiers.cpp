@@ -246,6 +246,8 @@ class VerifiersEnvClient final : public EnvClient {
                     const std::function<Status(const json&)>& on_delta) {
     zmq::socket_t sock(verifiers_context(), zmq::socket_type::dealer);
     sock.set(zmq::sockopt::linger, 200);
+    // a message over the limit is never read: libzmq drops the connection, and the call times out
+    sock.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(spec_.max_message_bytes));
     try {
       sock.connect(spec_.address);
     } catch (const zmq::error_t& e) {
@@ -270,7 +272,9 @@ class VerifiersEnvClient final : public EnvClient {
           sock.send(zmq::buffer(cancel), zmq::send_flags::dontwait);
         }
         return make_error(ErrorCode::timeout, what + ": no reply within timeout_s " + std::to_string(timeout_s) +
-                                                  " s (the run was cancelled on the server)");
+                                                  " s (the run was cancelled on the server; a message over max_message_bytes " +
+                                                  std::to_string(spec_.max_message_bytes) +
+                                                  " is dropped with its connection, unread)");
       }
       std::vector<zmq::message_t> frames;
       for (;;) {

@@ -32,6 +32,7 @@ class SpecFields {
   Status count(const char* k, int& out) const {
     double v = out;
     TROUPE_TRY(num(k, v, 0));
+    if (v > 2147483647.0) return invalid_input(where_ + ": '" + k + "' must be <= 2147483647");
     out = static_cast<int>(v);
     return {};
   }
@@ -49,7 +50,7 @@ class SpecFields {
 
 Status check_keys(const json& j, const std::string& where) {
   static const std::set<std::string> known = {"name", "type", "env", "weight", "config", "path", "command", "address",
-                                              "isolate", "timeout_s", "startup_timeout_s", "max_restarts", "worker",
+                                              "isolate", "timeout_s", "startup_timeout_s", "max_restarts", "max_message_bytes", "worker",
                                               "max_retries", "max_failure_frac", "reward_min", "reward_max", "url",
                                               "environment", "cwd", "log_dir"};
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -73,6 +74,8 @@ Status read_scalars(const SpecFields& f, EnvSpec& s, const std::string& where) {
   TROUPE_TRY(f.num("timeout_s", s.timeout_s, 0.001));
   TROUPE_TRY(f.num("startup_timeout_s", s.startup_timeout_s, 0.001));
   TROUPE_TRY(f.count("max_restarts", s.max_restarts));
+  TROUPE_TRY(f.count("max_message_bytes", s.max_message_bytes));
+  if (s.max_message_bytes < 1024) return invalid_input(where + ": 'max_message_bytes' must be >= 1024");
   TROUPE_TRY(f.count("max_retries", s.max_retries));
   TROUPE_TRY(f.num("max_failure_frac", s.max_failure_frac, 0));
   if (s.max_failure_frac > 1) return invalid_input(where + ": 'max_failure_frac' must be <= 1");
@@ -230,7 +233,7 @@ json to_json(const EnvSpec& s) {
                      : s.type == EnvType::nemo_gym  ? "nemo_gym"
                                                     : "verifiers";
   json j = {{"name", s.name}, {"type", type}, {"weight", s.weight}, {"config", s.config}, {"isolate", s.isolate},
-            {"timeout_s", s.timeout_s}, {"startup_timeout_s", s.startup_timeout_s}, {"max_restarts", s.max_restarts},
+            {"timeout_s", s.timeout_s}, {"startup_timeout_s", s.startup_timeout_s}, {"max_restarts", s.max_restarts}, {"max_message_bytes", s.max_message_bytes},
             {"max_retries", s.max_retries}, {"max_failure_frac", s.max_failure_frac},
             {"reward_min", s.reward_min}, {"reward_max", s.reward_max}};
   if (!s.env.empty()) j["env"] = s.env;

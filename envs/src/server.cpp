@@ -95,6 +95,7 @@ Status serve_env(std::unique_ptr<EnvClient> local, const ServeOptions& options) 
     static auto* ctx = new zmq::context_t(1);
     zmq::socket_t sock(*ctx, zmq::socket_type::rep);
     sock.set(zmq::sockopt::linger, 0);
+    if (options.max_message_bytes > 0) sock.set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
     try {
       sock.bind(options.bind);
     } catch (const zmq::error_t& e) {

@@ -1,6 +1,7 @@
 // troupe-env-worker: the isolated process an env actor runs built-ins and plug-ins in, so a crash
 // or hang kills only this process. Same protocol as `troupe env serve`.
 //   troupe-env-worker --bind ADDR --env (BUILTIN | PLUGIN.so) [--config JSON] [--parent-pid PID]
+//                     [--max-message-bytes N]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -10,6 +11,7 @@
 int main(int argc, char** argv) {
   std::string bind, env, config;
   int parent = 0;
+  long long max_bytes = -1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -23,9 +25,10 @@ int main(int argc, char** argv) {
     else if (a == "--env") env = value();
     else if (a == "--config") config = value();
     else if (a == "--parent-pid") parent = std::atoi(value().c_str());
+    else if (a == "--max-message-bytes") max_bytes = std::atoll(value().c_str());
     else {
       std::fprintf(stderr, "troupe-env-worker: error: unknown argument '%s'\n"
-                           "usage: troupe-env-worker --bind ADDR --env (BUILTIN|PLUGIN.so) [--config JSON] [--parent-pid PID]\n",
+                           "usage: troupe-env-worker --bind ADDR --env (BUILTIN|PLUGIN.so) [--config JSON] [--parent-pid PID] [--max-message-bytes N]\n",
                    a.c_str());
       return 2;
     }
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
   opts.bind = bind;
   opts.parent_pid = parent;
   opts.poll_ms = 50;
+  opts.max_message_bytes = max_bytes;
   auto st = troupe::envs::serve_env(std::move(local).value(), opts);
   if (!st.ok()) {
     std::fprintf(stderr, "troupe-env-worker: error: %s\n", st.error().message.c_str());

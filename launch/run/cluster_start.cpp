@@ -1,8 +1,10 @@
 // Step 5 of `troupe run`: this process's cluster from the `cluster` section (transport, bind host,
 // heartbeats, CURVE keys relative to the YAML), its bootstrap (one node without MPI), and the
 // learners' own MPI communicator. A dead generator rank is a survivable loss while another lives.
+// Every rank's receiving socket is bounded by the model's size (cluster_max_message_bytes).
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +15,45 @@ namespace troupe::launch::run {
 namespace fs = std::filesystem;
 
 namespace {
+
+// An upper bound on the parameters of policy.model (a MoE layer counted with every expert and its
+// dense size too; biases and norms in the headroom).
+double estimated_parameters(const policy::ModelArchitecture& m) {
+  const double c = m.hidden_size, q = double(m.num_attention_heads) * m.head_dim,
+               kv = double(m.num_key_value_heads) * m.head_dim;
+  const double mlp = 3 * c * (m.intermediate_size + double(m.num_experts) * m.moe_intermediate_size +
+                              m.shared_expert_intermediate_size) + c * m.num_experts;
+  const double layer = 2 * c * q + 2 * c * kv + mlp + 2 * c + 2 * double(m.head_dim) + q + 2 * kv + c;
+  return double(m.vocab_size) * c * (m.tie_word_embeddings ? 1 : 2) + m.num_hidden_layers * layer + c;
+}
+
+// Bytes of the model files at `p` (a file, or a directory's top-level files); 0 when not there.
+double bytes_on_disk(const fs::path& p) {
+  std::error_code ec;
+  double on_disk = 0;
+  if (fs::is_regular_file(p, ec)) return double(fs::file_size(p, ec));
+  if (fs::is_directory(p, ec))
+    for (const auto& f : fs::directory_iterator(p, ec))
+      if (f.is_regular_file(ec)) on_disk += double(f.file_size(ec));
+  return on_disk;
+}
+
+// The largest message part a rank accepts from another: twice the full weights in fp32 plus
+// 64 MiB, at least 256 MiB. With policy.path the weights' size comes from its files on disk
+// (8 bytes per byte there: a 4-bit .gguf still fits as fp32), else from policy.model; a
+// policy.path not found here (as given, or from the YAML's folder) leaves the ranks unbounded.
+std::int64_t cluster_max_message_bytes(const LoadedConfig& loaded, const actors::ExperimentConfig& cfg) {
+  double weights = 4 * estimated_parameters(cfg.policy.model);
+  if (!cfg.policy.path.empty()) {
+    double on_disk = bytes_on_disk(cfg.policy.path);
+    if (on_disk <= 0 && fs::path(cfg.policy.path).is_relative())
+      on_disk = bytes_on_disk(fs::path(base_dir_of(loaded.file)) / cfg.policy.path);
+    if (on_disk <= 0) return -1;
+    weights = 8 * on_disk;
+  }
+  const double bound = std::max(256.0 * (1 << 20), 2 * weights + 64.0 * (1 << 20));
+  return bound >= 9e18 ? -1 : static_cast<std::int64_t>(bound);
+}
 
 runtime::ClusterConfig cluster_config(const LoadedConfig& loaded, const actors::ExperimentConfig& cfg,
                                       const Launcher& launcher, const Placement& placement) {
@@ -37,6 +78,7 @@ runtime::ClusterConfig cluster_config(const LoadedConfig& loaded, const actors::
       return false;
     };
   cc.system.threads = 3;
+  cc.system.max_message_bytes = cluster_max_message_bytes(loaded, cfg);
   cc.system.heartbeat.interval = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.heartbeat_s * 1000));
   cc.system.heartbeat.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.cluster.peer_timeout_s * 1000));
   cc.system.allow_nonlocal_bind = cfg.cluster.bind_host != "127.0.0.1" && cfg.cluster.bind_host != "localhost";

@@ -124,6 +124,7 @@ Status ZmqTransport::bind() {
     pull_ = std::make_unique<zmq::socket_t>(*zctx_, zmq::socket_type::pull);
     pull_->set(zmq::sockopt::rcvhwm, config_.hwm);
     pull_->set(zmq::sockopt::linger, 0);
+    if (config_.max_message_bytes > 0) pull_->set(zmq::sockopt::maxmsgsize, config_.max_message_bytes);
     if (config_.curve.enabled) {
       pull_->set(zmq::sockopt::curve_server, 1);
       pull_->set(zmq::sockopt::curve_secretkey, curve_secret_);
@@ -199,6 +200,7 @@ Status ZmqTransport::send(std::uint32_t node, const FrameWriter& frame, Overflow
   if (p->down)
     return make_error(ErrorCode::peer_failed,
                       "runtime: node " + std::to_string(node) + " (role " + p->info.role + ") is down");
+  TROUPE_TRY(check_size(*p, frame));
   const bool block = policy == Overflow::block;
   const BatchClock& clock = batch_clock();
   const std::int64_t now = clock.now();
@@ -226,6 +228,17 @@ Status ZmqTransport::send(std::uint32_t node, const FrameWriter& frame, Overflow
   zmq::message_t msg(frame.size);
   frame.write(static_cast<char*>(msg.data()), frame.state);
   return send_message(*p, msg, block);
+}
+
+Status ZmqTransport::check_size(const Peer& p, const FrameWriter& frame) const {
+  if (config_.max_message_bytes <= 0) return {};
+  std::size_t largest = frame.size;
+  if (frame.segments)
+    for (const WireSegment& s : *frame.segments) largest = std::max(largest, s.size);
+  if (static_cast<std::int64_t>(largest) <= config_.max_message_bytes) return {};
+  return invalid_input("runtime: a message part of " + std::to_string(largest) + " bytes to node " +
+                       std::to_string(p.info.node) + " (role " + p.info.role + ") is over max_message_bytes " +
+                       std::to_string(config_.max_message_bytes) + " (the receiver would drop it unread)");
 }
 
 Result<bool> ZmqTransport::append(std::uint32_t node, const BoundedFrameWriter& frame, Overflow policy) {

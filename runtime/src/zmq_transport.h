@@ -138,6 +138,9 @@ class ZmqTransport {
   Status drain(Peer& p, bool block);  // sealed batches, in order; stops at a full queue unless block
   Status send_message(Peer& p, zmq::message_t& msg, bool block);
   Status send_segmented(Peer& p, const FrameWriter& frame, bool block);
+  // A part over max_message_bytes (every rank of a cluster has the same) would be dropped unread
+  // by the peer: refused here instead, naming the limit.
+  Status check_size(const Peer& p, const FrameWriter& frame) const;
   void list_for_flush(Peer& p);
   void flush_listed(bool from_flusher);
   void flush_loop();

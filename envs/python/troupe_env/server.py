@@ -225,6 +225,9 @@ def serve(factory, bind=None, config=None, argv=None):
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.REP)
     sock.setsockopt(zmq.LINGER, 0)
+    limit = os.environ.get("TROUPE_ENV_MAX_MESSAGE_BYTES", "")
+    if limit.isdigit() and int(limit) > 0:  # envs[].max_message_bytes: a larger request is dropped unread
+        sock.setsockopt(zmq.MAXMSGSIZE, int(limit))
     try:
         sock.bind(bind)
     except zmq.ZMQError as e:

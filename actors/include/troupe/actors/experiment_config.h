@@ -81,6 +81,7 @@ struct EnvSpec {
   nlohmann::json config = nlohmann::json::object();  // passed to the env as is
   double startup_timeout_s = 60;   // a started env server must answer hello within this
   int max_restarts = 100;          // env worker restarts per run before the env is given up
+  int max_message_bytes = 64 << 20;  // largest env protocol message a socket accepts; larger: connection dropped
   std::string worker;              // troupe-env-worker binary ("" = found automatically)
   int max_retries = 2;             // a failed episode is retried this often, on the next env worker
   double max_failure_frac = 0.5;   // more of one step's episodes failing (after retries) stops the run

@@ -40,6 +40,7 @@ struct EnvSpec {
   double timeout_s = 30;              // every reset/step/verify call
   double startup_timeout_s = 60;      // a started worker must answer hello within this
   int max_restarts = 100;             // worker restarts before the client gives up (peer_failed)
+  int max_message_bytes = 64 << 20;   // ZMQ_MAXMSGSIZE of the env protocol sockets (a larger message drops the connection)
   std::string worker;                 // troupe-env-worker binary (default: $TROUPE_ENV_WORKER, build dir, next to exe)
   int max_retries = 2;                // a failed episode is retried this often (on the next env worker)
   double max_failure_frac = 0.5;      // more episodes of one step failing (after retries) stops the run

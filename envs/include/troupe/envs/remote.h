@@ -32,6 +32,7 @@ struct ServeOptions {
   int poll_ms = 100;
   int parent_pid = 0;                        // > 0: exit when this process is gone (workers)
   bool announce = false;                     // print "troupe env: serving NAME on ADDR" to stderr
+  int64_t max_message_bytes = -1;            // > 0: a larger request drops its connection unread (ZMQ_MAXMSGSIZE)
 };
 
 // Serves until a shutdown request, *stop, or the parent dies. Errors: bind failure (names the address).

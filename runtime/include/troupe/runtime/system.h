@@ -98,6 +98,10 @@ struct SystemConfig {
   std::string bind;  // "" = local only; "ipc:///path" or "tcp://127.0.0.1:*" (port * = ephemeral)
   bool allow_nonlocal_bind = false;  // tcp on anything but loopback needs this (and CURVE advised)
   int hwm = 1000;                    // ZeroMQ send/receive high-water marks (messages)
+  // Largest message part (frame) the receiving socket accepts from a peer (ZMQ_MAXMSGSIZE); -1 =
+  // no limit. A peer sending a larger one has its connection dropped by libzmq before the part is
+  // allocated: that message is lost (a request waiting for it times out), the peer reconnects.
+  std::int64_t max_message_bytes = -1;
   // Run an idle recipient's batch of remote mail right on the receive thread instead of waking a
   // worker: one thread hop less per remote message. A handler that runs longer than a
   // millisecond does not stall this node's receiving: a second receive thread takes the socket
