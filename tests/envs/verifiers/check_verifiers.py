@@ -12,7 +12,8 @@ Checks:
   - the tasks of that run are the taskset's own (config.taskset: its load() through
     envs/python/verifiers_tasks.py, config.eval_size held out), whose loader log is in the run's logs/;
   - failure paths: episodes past timeout_s fail as `timeout`, are counted and the run continues
-    (below envs[].max_failure_frac); a server answering with bytes that are not msgpack or with the
+    (below envs[].max_failure_frac); their retries run at once (12 hung episodes with 2 retries
+    each end in about 3 timeouts, not 36); a server answering with bytes that are not msgpack or with the
     wrong schema fails its episodes as `protocol_error` and stops the run (exit 3, naming the env);
     a server that is not there stops the run at start-up (exit 3); a taskset that cannot be loaded
     stops it too (exit 2).
@@ -238,6 +239,27 @@ def main():
         if step.get("env_failures/timeout", 0) < 1:
             fail(f"no timeout counted: {step}")
         print(f"timeout ok: env_failures/timeout {step['env_failures/timeout']} of 4, run went on")
+
+        # 2b. retries run concurrently: every episode sleeps past timeout_s, on every try; the 12
+        # episodes' 3 tries each end in about 3 timeouts of wall time (one after another they would
+        # take 36), then every episode has failed: exit 3
+        hung, hung_address = start_vf_server({"TROUPE_VF_SLOW_EVERY": "1", "TROUPE_VF_SLEEP_S": "60"})
+        servers.append(hung)
+        cfg = write_config(tmp, "hung", model, hung_address, max_steps=1,
+                           extra_env={"timeout_s": 3, "max_retries": 2})
+        with open(cfg) as f:
+            c = json.load(f)
+        c["rollout"]["prompts_per_step"] = 6
+        with open(cfg, "w") as f:
+            json.dump(c, f)
+        t1 = time.time()
+        p = subprocess.run([troupe, "run", cfg], capture_output=True, text=True, timeout=300)
+        wall = time.time() - t1
+        if p.returncode != 3 or "timeout" not in p.stderr or "env 'vf'" not in p.stderr:
+            fail(f"hung server: expected exit 3 naming env 'vf' and timeout, got {p.returncode}: {p.stderr[-3000:]}")
+        if wall > 60:  # liveness bound, generous: start-up + 3 rounds of 3 s, not 12 x 2 retries x 3 s
+            fail(f"hung server: the retries took {wall:.0f} s: they ran one after another")
+        print(f"hung server ok: 12 episodes x 3 tries past timeout_s 3 s ended in {wall:.1f} s (exit 3)")
 
         # 3. a server that answers malformed (not msgpack) or with the wrong schema: protocol_error, exit 3
         for mode in ("garbage", "schema"):
