@@ -183,7 +183,7 @@ PY
     run arith 0 --set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic
     $CHECK trajectories "$W/arith"
     run guess 0 --set envs[0].type=builtin --set envs[0].path= --set envs[0].name=guess_number \
-      --set 'envs[0].config={"max_number": 4, "max_turns": 3}' --set rollout.max_turns=3 \
+      --set 'envs[0].config={"max_number": 10, "max_turns": 3}' --set rollout.max_turns=3 \
       --set policy.model.max_position_embeddings=256 --set rollout.max_prompt_length=200
     $CHECK turns "$W/guess"
     ;;
