@@ -9,6 +9,7 @@ Checks:
     learner's log-probs of the recorded tokens match the sampler's (mismatch_tokens > 0,
     logprob_diff_max small), so prompt ids, completion ids and log-probs were recorded token for
     token; a request without an episode is served (policy_version tagged) while the run goes on;
+  - a model without a chat template is served with the built-in tags (a step, no failed episode);
   - the tasks of that run are the taskset's own (config.taskset: its load() through
     envs/python/verifiers_tasks.py, config.eval_size held out), whose loader log is in the run's logs/;
   - failure paths: episodes past timeout_s fail as `timeout`, are counted and the run continues
@@ -225,6 +226,20 @@ def main():
         if len(got) != 1 or "reward_mean/letters" not in got[0]:
             fail(f"configs/verifiers_grpo.yaml: expected one GRPO row of env letters, got {got}")
         print("configs/verifiers_grpo.yaml ran one step")
+
+        # 1c. a model without a chat template: rollout.serve renders the harness's chat requests with
+        # the built-in tags (as rollout.template chat does), so a step runs with no failed episode
+        bare = os.path.join(tmp, "bare_model")
+        shutil.copytree(model, bare)
+        os.remove(os.path.join(bare, "chat_template.jinja"))
+        p = subprocess.run([troupe, "run", write_config(tmp, "bare", bare, address, max_steps=1)],
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            fail(f"a model without a chat template exited {p.returncode}: {p.stderr[-3000:]}")
+        got = [x for x in rows(tmp, "bare") if x.get("phase") == "grpo" and "loss" in x]
+        if len(got) != 1 or got[0].get("env_failures", 0) != 0 or got[0].get("response_len_mean", 0) <= 0:
+            fail(f"a model without a chat template: expected one GRPO row without failures, got {got}")
+        print("a model without a chat template: served with the built-in tags, one step")
 
         # 2. timeouts: every other episode sleeps past timeout_s; counted, the run continues
         slow, slow_address = start_vf_server({"TROUPE_VF_SLOW_EVERY": "2", "TROUPE_VF_SLEEP_S": "30"})
