@@ -73,12 +73,14 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& firs
       x.errors.push_back(e.message);
       x.reasons.push_back(reason_of(e));
       x.components_json.emplace_back("{}");
+      x.infos_json.emplace_back("{}");
     }
   };
   if (first.ok()) v = *first;
   else fill_failed(v, first.error());
   v.reasons.resize(n);
   v.components_json.resize(n, "{}");
+  v.infos_json.resize(n, "{}");
   const int max_retries = env_spec(s, req.env).max_retries;
   for (int a = 1; a <= max_retries && !v.fatal; ++a) {
     std::vector<size_t> failed;
@@ -98,6 +100,7 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& firs
     else fill_failed(x, r.ok() ? Error{ErrorCode::internal, "verify reply has the wrong size"} : r.error());
     x.reasons.resize(failed.size());
     x.components_json.resize(failed.size(), "{}");
+    x.infos_json.resize(failed.size(), "{}");
     for (size_t m = 0; m < failed.size(); ++m) {
       size_t j = failed[m];
       v.rewards[j] = x.rewards[m];
@@ -105,6 +108,7 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& firs
       v.errors[j] = x.errors[m];
       v.reasons[j] = x.reasons[m];
       v.components_json[j] = x.components_json[m];
+      v.infos_json[j] = x.infos_json[m];
     }
     v.fatal = v.fatal || x.fatal;
   }

@@ -211,6 +211,7 @@ Task<Status> score_part(RunState& s, Rollout& r, const Part& part, const std::ve
     r.groups[i].errors = std::move(v.errors);
     r.groups[i].reasons = std::move(v.reasons);
     r.groups[i].components = std::move(v.components_json);
+    r.groups[i].infos = std::move(v.infos_json);
   }
   co_return Status{};
 }
