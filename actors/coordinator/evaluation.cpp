@@ -146,7 +146,8 @@ Status next_eval_context(const RunState& s, EvalChats& c, std::vector<std::strin
 }
 
 // Eval turn `turn`'s env side: each active episode's completion stepped, a failed step retried as
-// training does (the episode reset on the next env worker, its turns replayed), all at once.
+// training does (the episode reset on the next env worker, its turns replayed), one replay after
+// another as in training: a replay that crashes a worker must not take other episodes' replays with it.
 Task<std::vector<EnvObs>> eval_steps(RunState& s, const std::string& env, std::vector<Episode>& eps,
                                      const std::vector<Rollout::Group>& groups, const std::vector<int>& active,
                                      const GenerateRep& rep, int* retries) {
@@ -157,23 +158,17 @@ Task<std::vector<EnvObs>> eval_steps(RunState& s, const std::string& env, std::v
                                     kEnvTimeout));
   }
   std::vector<EnvObs> res;
-  res.reserve(active.size());  // (the retries hold references into res)
   for (auto& st : steps) {
     Result<EnvObs> got = co_await st;
     res.push_back(settled(std::move(got)));
   }
-  std::vector<int> tries(active.size(), 0);
-  std::vector<Task<EnvObs>> again(active.size());
   for (size_t a = 0; a < active.size(); ++a) {
-    if (res[a].error.empty() || res[a].fatal) continue;
     const auto i = static_cast<size_t>(active[a]);
-    again[a] = step_retrying(s, eps[i], groups[i], rep.samples[a].text, res[a], &tries[a], 1);
-    again[a].start();
-  }
-  for (size_t a = 0; a < active.size(); ++a) {
-    if (again[a].valid()) res[a] = co_await again[a];
-    *retries += tries[a];
-    eps[static_cast<size_t>(active[a])].actions.push_back(rep.samples[a].text);
+    if (!res[a].error.empty() && !res[a].fatal) {
+      const EnvObs failed = res[a];
+      res[a] = co_await step_retrying(s, eps[i], groups[i], rep.samples[a].text, failed, retries, 1);
+    }
+    eps[i].actions.push_back(rep.samples[a].text);
   }
   co_return res;
 }
