@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -73,6 +74,11 @@ struct Episode {
 // tokenized feedback (mask 0) to e.merged, and sets e.context, the next turn's prompt tokens.
 Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int turn, int max_turns,
                 const policy::io::Tokenizer& tok);
+// A step of e that failed (`failed`): e is reset on the next env worker (g's env, seed and draw,
+// `split`), its earlier turns (e.actions) replayed and `action` stepped again, up to
+// envs[].max_retries times; e.id and e.worker follow it. *retries counts the tries.
+Task<EnvObs> step_retrying(RunState& s, Episode& e, const Rollout::Group& g, const std::string& action,
+                           const EnvObs& failed, int* retries, int32_t split = 0);
 
 // env_calls.cpp: env calls that fail. A failed call (an EnvObs / EnvVerifyRep error, or the
 // request's own failure) is retried on the next env workers up to envs[].max_retries; what still
@@ -96,8 +102,18 @@ Task<ResetOutcome> reset_retrying(RunState& s, const Result<EnvObs>& first, cons
 // `first` is the reply of req on env worker w; completions that failed are retried elsewhere.
 Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& first, const EnvVerifyReq& req,
                                    size_t w, int* retries);
-// After a step's rollout: stop (peer_failed, exit 3) when an env crossed a bound, naming the env
-// and its last reasons; failures below the bounds are logged and the run goes on.
+// One env's episodes of a step or an eval: how many, how many failed after retries, per reason.
+struct EnvFailureCount {
+  int total = 0, failed = 0;
+  std::map<std::string, int> reasons;
+  std::string last;  // the last failure's error
+  void add(const std::string& error, const std::string& reason);  // one episode ("" error: it worked)
+};
+// Stop (peer_failed, exit 3) when env's count crossed a bound (more than envs[].max_failure_frac,
+// every episode, or a worker past envs[].max_restarts), naming the env, `where` ("step 3", "the
+// eval at step 3") and its last reasons; failures below the bounds are logged and the run goes on.
+Status check_failure_bound(RunState& s, const std::string& env, const EnvFailureCount& c, const std::string& where);
+// After a step's rollout: check_failure_bound for each env of it.
 Status check_env_failures(RunState& s, const Rollout& r, int64_t step);
 // Text the tokenizer cannot encode, mapped so that it can (characters it lacks become '?').
 std::string encodable(const policy::io::Tokenizer& tok, const std::string& text);
@@ -117,8 +133,17 @@ bool runs_episodes(const RunState& s, const std::string& env);
 std::vector<GenSample> samples_of_turns(const std::vector<ServedTurn>& turns, int64_t* version);
 Task<Status> run_served(RunState& s, Rollout& r, const std::vector<int>& groups, int64_t step, int64_t k,
                         int64_t* version);
-// Greedy held-out episodes of such an env (generator 0's endpoint): the sums of solved and reward.
-Task<Result<std::pair<double, double>>> served_eval(RunState& s, const std::string& env, const std::vector<EnvObs>& got);
+// One env's eval: sums over its scored episodes (acc: solved, reward, turns: env steps), and every
+// episode counted in fails (a failed one, after retries, is left out of the sums); retries: the
+// retries its calls took.
+struct EvalScore {
+  double acc = 0, reward = 0, turns = 0;
+  EnvFailureCount fails;
+  int retries = 0;
+};
+// Greedy held-out episodes of such an env (generator 0's endpoint), one per reset in got (a failed
+// reset counts as a failed episode); a failed run is retried on the next env workers, all at once.
+Task<Result<EvalScore>> served_eval(RunState& s, const std::string& env, const std::vector<ResetOutcome>& got);
 
 // rollout.cpp: prompts by env weight, generation, scoring, dynamic-sampling rounds.
 size_t pick_env(const ExperimentConfig& cfg, uint64_t r);

@@ -73,12 +73,14 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& firs
       x.errors.push_back(e.message);
       x.reasons.push_back(reason_of(e));
       x.components_json.emplace_back("{}");
+      x.infos_json.emplace_back("{}");
     }
   };
   if (first.ok()) v = *first;
   else fill_failed(v, first.error());
   v.reasons.resize(n);
   v.components_json.resize(n, "{}");
+  v.infos_json.resize(n, "{}");
   const int max_retries = env_spec(s, req.env).max_retries;
   for (int a = 1; a <= max_retries && !v.fatal; ++a) {
     std::vector<size_t> failed;
@@ -98,6 +100,7 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& firs
     else fill_failed(x, r.ok() ? Error{ErrorCode::internal, "verify reply has the wrong size"} : r.error());
     x.reasons.resize(failed.size());
     x.components_json.resize(failed.size(), "{}");
+    x.infos_json.resize(failed.size(), "{}");
     for (size_t m = 0; m < failed.size(); ++m) {
       size_t j = failed[m];
       v.rewards[j] = x.rewards[m];
@@ -105,50 +108,52 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& firs
       v.errors[j] = x.errors[m];
       v.reasons[j] = x.reasons[m];
       v.components_json[j] = x.components_json[m];
+      v.infos_json[j] = x.infos_json[m];
     }
     v.fatal = v.fatal || x.fatal;
   }
   co_return v;
 }
 
+void EnvFailureCount::add(const std::string& error, const std::string& reason) {
+  ++total;
+  if (error.empty()) return;
+  ++failed;
+  ++reasons[reason.empty() ? "env_error" : reason];
+  last = error;
+}
+
+Status check_failure_bound(RunState& s, const std::string& env, const EnvFailureCount& c, const std::string& where) {
+  if (c.failed == 0) return {};
+  std::string reasons;
+  for (const auto& [reason, n] : c.reasons) reasons += (reasons.empty() ? "" : ", ") + reason + " " + std::to_string(n);
+  const auto& spec = env_spec(s, env);
+  const double frac = static_cast<double>(c.failed) / std::max(1, c.total);
+  const bool past_restarts =
+      c.last.find("env worker restarts") != std::string::npos && c.last.find("gave up after") != std::string::npos;
+  std::string what = "env '" + env + "': " + std::to_string(c.failed) + " of " + std::to_string(c.total) +
+                     " episodes of " + where + " failed after retries (" + reasons + "; last: " + c.last + ")";
+  if (past_restarts)
+    return make_error(ErrorCode::peer_failed, what + "; the env worker is past envs[].max_restarts (" +
+                                                  std::to_string(spec.max_restarts) + ")");
+  if (c.failed == c.total)
+    return make_error(ErrorCode::peer_failed, what + "; every episode failed, so nothing could be " +
+                                                  (where.rfind("step", 0) == 0 ? "trained on" : "scored"));
+  if (frac > spec.max_failure_frac)
+    return make_error(ErrorCode::peer_failed,
+                      what + "; that is more than envs[].max_failure_frac " + std::to_string(spec.max_failure_frac));
+  if (s.hooks.log) s.hooks.log(what + "; the run goes on");
+  return {};
+}
+
 Status check_env_failures(RunState& s, const Rollout& r, int64_t step) {
-  struct Count {
-    int total = 0, failed = 0;
-    std::map<std::string, int> reasons;
-    std::string last;
-  };
-  std::map<std::string, Count> per_env;
+  std::map<std::string, EnvFailureCount> per_env;
   for (const auto& g : r.groups) {
     auto& c = per_env[g.env];
-    for (size_t j = 0; j < g.errors.size(); ++j) {
-      ++c.total;
-      if (g.errors[j].empty()) continue;
-      ++c.failed;
-      ++c.reasons[j < g.reasons.size() && !g.reasons[j].empty() ? g.reasons[j] : "env_error"];
-      c.last = g.errors[j];
-    }
+    for (size_t j = 0; j < g.errors.size(); ++j) c.add(g.errors[j], j < g.reasons.size() ? g.reasons[j] : "");
   }
-  for (const auto& [name, c] : per_env) {
-    if (c.failed == 0) continue;
-    std::string reasons;
-    for (const auto& [reason, n] : c.reasons) reasons += (reasons.empty() ? "" : ", ") + reason + " " + std::to_string(n);
-    const auto& spec = env_spec(s, name);
-    const double frac = static_cast<double>(c.failed) / std::max(1, c.total);
-    const bool past_restarts = c.last.find("env worker restarts") != std::string::npos &&
-                               c.last.find("gave up after") != std::string::npos;
-    std::string what = "env '" + name + "': " + std::to_string(c.failed) + " of " + std::to_string(c.total) +
-                       " episodes of step " + std::to_string(step) + " failed after retries (" + reasons +
-                       "; last: " + c.last + ")";
-    if (past_restarts)
-      return make_error(ErrorCode::peer_failed, what + "; the env worker is past envs[].max_restarts (" +
-                                                    std::to_string(spec.max_restarts) + ")");
-    if (c.failed == c.total)
-      return make_error(ErrorCode::peer_failed, what + "; every episode failed, so nothing could be trained on");
-    if (frac > spec.max_failure_frac)
-      return make_error(ErrorCode::peer_failed, what + "; that is more than envs[].max_failure_frac " +
-                                                    std::to_string(spec.max_failure_frac));
-    if (s.hooks.log) s.hooks.log(what + "; the run goes on");
-  }
+  for (const auto& [name, c] : per_env)
+    TROUPE_TRY(check_failure_bound(s, name, c, "step " + std::to_string(step)));
   return {};
 }
 

@@ -97,7 +97,7 @@ Status add_turn(Episode& e, const GenSample& s, const Result<EnvObs>& res, int t
 // A step that failed: the episode is reset on the next env worker (same seed), its earlier turns
 // are replayed, and the step is tried again, up to envs[].max_retries times.
 Task<EnvObs> step_retrying(RunState& s, Episode& e, const Rollout::Group& g, const std::string& action,
-                           const EnvObs& failed, int* retries) {
+                           const EnvObs& failed, int* retries, int32_t split) {
   const int max_retries = env_spec(s, g.env).max_retries;
   const std::string base_id = e.id;
   EnvObs res = failed;
@@ -108,7 +108,7 @@ Task<EnvObs> step_retrying(RunState& s, Episode& e, const Rollout::Group& g, con
     e.worker += 1;
     e.id = base_id + "-s" + std::to_string(a);
     {
-      EnvResetReq rq{g.env, e.id, g.seed, 0, g.draw};
+      EnvResetReq rq{g.env, e.id, g.seed, split, g.draw};
       Result<EnvObs> got = co_await request<EnvObs>(s.here, s.env_worker(e.worker), std::move(rq), kEnvTimeout);
       res = settled(std::move(got));
     }

@@ -2,7 +2,10 @@
 // eval.num_prompts prompts of its eval split (seed = index); eval_accuracy, eval_reward_mean, and
 // the same per env ("eval_accuracy/<env>"). With rollout.max_turns > 1 each prompt is a full greedy
 // episode, as in training: eval_accuracy = episodes solved, eval_reward_mean = episode reward,
-// eval_turns_mean = env steps per episode.
+// eval_turns_mean = env steps per episode. A failed reset, step or verify is retried on the next
+// env workers as in training (envs[].max_retries); an episode that still fails is counted per reason
+// (eval_env_failures/<reason>, eval_env_retries) and left out of the means' denominators; more than
+// envs[].max_failure_frac of an env's eval episodes failing stops the run (exit 3), as in training.
 #include <algorithm>
 #include <map>
 
@@ -14,10 +17,6 @@ using runtime::Reply;
 using runtime::request;
 
 namespace {
-
-struct EnvScore {
-  double acc = 0, reward = 0, turns = 0;
-};
 
 GenSampling greedy(const ExperimentConfig& cfg) {
   return {0.0f, 0, 1.0f, cfg.rollout.max_response_length, 0, {}};
@@ -34,30 +33,75 @@ Task<Result<GenerateRep>> generate_greedy(RunState& s, GenerateReq& req) {
   co_return gen;
 }
 
-// One verify call per prompt of one greedy completion each.
-Task<Result<EnvScore>> single_turn(RunState& s, std::string env, std::vector<EnvObs> got) {
+// Each eval prompt's reset on env worker i, a failed one retried on the next workers (same seed:
+// the same prompt), all at once.
+Task<std::vector<ResetOutcome>> eval_resets(RunState& s, std::string env, int n) {
+  std::vector<EnvResetReq> reqs;
+  std::vector<Reply<EnvObs>> obs;
+  for (int i = 0; i < n; ++i) {
+    reqs.push_back(EnvResetReq{env, eval_id(env, i), static_cast<uint64_t>(i), 1});
+    obs.push_back(request<EnvObs>(s.here, s.env_worker(i), reqs.back(), kEnvTimeout));
+  }
+  std::vector<Result<EnvObs>> first;
+  first.reserve(static_cast<size_t>(n));  // (the retries hold references into reqs and first)
+  for (int i = 0; i < n; ++i) first.push_back(co_await obs[i]);
+  std::vector<Task<ResetOutcome>> tries;
+  for (int i = 0; i < n; ++i) {
+    tries.push_back(reset_retrying(s, first[i], reqs[i], static_cast<size_t>(i), false));
+    tries.back().start();
+  }
+  std::vector<ResetOutcome> out;
+  for (auto& t : tries) out.push_back(co_await t);
+  co_return out;
+}
+
+// One verify call per prompt of one greedy completion each (a failed one retried, all at once).
+Task<Result<EvalScore>> single_turn(RunState& s, std::string env, std::vector<ResetOutcome> got) {
   const int n = static_cast<int>(got.size());
   GenerateReq req;
-  std::vector<int> live;  // prompts whose reset worked (a failed one scores 0)
+  std::vector<int> live;  // prompts whose reset worked
+  EvalScore out;
   for (int i = 0; i < n; ++i)
-    if (got[i].error.empty()) {
+    if (got[i].obs.error.empty()) {
       live.push_back(i);
-      req.prompts.push_back(encodable(*s.tokenizer, got[i].text));
-      req.prompt_messages.push_back(prompt_messages_of(s, got[i].messages_json));
+      req.prompts.push_back(encodable(*s.tokenizer, got[i].obs.text));
+      req.prompt_messages.push_back(prompt_messages_of(s, got[i].obs.messages_json));
+    } else {
+      out.fails.add(got[i].obs.error, got[i].obs.reason);
     }
-  EnvScore out;
   if (live.empty()) co_return out;
   TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await generate_greedy(s, req));
+  std::vector<EnvVerifyReq> vreqs;
   std::vector<Reply<EnvVerifyRep>> ver;
-  for (size_t a = 0; a < live.size(); ++a)
-    ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(live[a]),
-                                        EnvVerifyReq{env, got[live[a]].metadata_json, {rep.samples[a].text}},
-                                        kEnvTimeout));
   for (size_t a = 0; a < live.size(); ++a) {
-    auto v = co_await ver[a];
-    if (!v.ok() || v->rewards.empty() || !v->errors[0].empty()) continue;  // a failed verify scores 0
-    out.acc += v->correct[0] >= 1.0 ? 1.0 : 0.0;
-    out.reward += v->rewards[0];
+    const auto& g = got[live[a]];
+    vreqs.push_back(EnvVerifyReq{env, g.obs.metadata_json, {rep.samples[a].text}});
+    ver.push_back(request<EnvVerifyRep>(s.here, s.env_worker(g.worker), vreqs.back(), kEnvTimeout));
+  }
+  std::vector<Result<EnvVerifyRep>> first;
+  first.reserve(live.size());  // (the retries hold references into vreqs and first)
+  for (auto& v : ver) {
+    Result<EnvVerifyRep> r = co_await v;
+    if (r.ok() && (r->rewards.size() != 1 || r->correct.size() != 1 || r->errors.size() != 1))
+      r = Error{ErrorCode::internal, "verify reply has the wrong size"};
+    first.push_back(std::move(r));
+  }
+  std::vector<int> retries(live.size(), 0);
+  std::vector<Task<EnvVerifyRep>> tries;
+  for (size_t a = 0; a < live.size(); ++a) {
+    tries.push_back(verify_retrying(s, first[a], vreqs[a], got[live[a]].worker, &retries[a]));
+    tries.back().start();
+  }
+  for (size_t a = 0; a < live.size(); ++a) {
+    EnvVerifyRep v = co_await tries[a];
+    out.retries += retries[a];
+    if (!v.errors[0].empty()) {
+      out.fails.add(v.errors[0], v.reasons[0]);
+      continue;
+    }
+    out.fails.add("", "");
+    out.acc += v.correct[0] >= 1.0 ? 1.0 : 0.0;
+    out.reward += v.rewards[0];
   }
   co_return out;
 }
@@ -101,19 +145,60 @@ Status next_eval_context(const RunState& s, EvalChats& c, std::vector<std::strin
   return {};
 }
 
+// Eval turn `turn`'s env side: each active episode's completion stepped, a failed step retried as
+// training does (the episode reset on the next env worker, its turns replayed), one replay after
+// another as in training: a replay that crashes a worker must not take other episodes' replays with it.
+Task<std::vector<EnvObs>> eval_steps(RunState& s, const std::string& env, std::vector<Episode>& eps,
+                                     const std::vector<Rollout::Group>& groups, const std::vector<int>& active,
+                                     const GenerateRep& rep, int* retries) {
+  std::vector<Reply<EnvObs>> steps;
+  for (size_t a = 0; a < active.size(); ++a) {
+    const auto& e = eps[static_cast<size_t>(active[a])];
+    steps.push_back(request<EnvObs>(s.here, s.env_worker(e.worker), EnvStepReq{env, e.id, rep.samples[a].text},
+                                    kEnvTimeout));
+  }
+  std::vector<EnvObs> res;
+  for (auto& st : steps) {
+    Result<EnvObs> got = co_await st;
+    res.push_back(settled(std::move(got)));
+  }
+  for (size_t a = 0; a < active.size(); ++a) {
+    const auto i = static_cast<size_t>(active[a]);
+    if (!res[a].error.empty() && !res[a].fatal) {
+      const EnvObs failed = res[a];
+      res[a] = co_await step_retrying(s, eps[i], groups[i], rep.samples[a].text, failed, retries, 1);
+    }
+    eps[i].actions.push_back(rep.samples[a].text);
+  }
+  co_return res;
+}
+
 // Full episodes, greedy, as training runs them: the context grows by completion + feedback.
-Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs> got) {
+Task<Result<EvalScore>> episodes(RunState& s, std::string env, std::vector<ResetOutcome> got) {
   const int n = static_cast<int>(got.size());
   const int max_turns = s.cfg.rollout.max_turns;
   std::vector<std::string> ctx(n);
-  std::vector<double> ep_reward(n, 0.0);
+  std::vector<double> ep_reward(n, 0.0), ep_turns(n, 0.0);
   std::vector<char> done(n, 0), solved(n, 0);
-  EnvScore out;  // out.turns: env steps taken, all episodes
+  std::vector<Episode> eps(static_cast<size_t>(n));
+  std::vector<Rollout::Group> groups(static_cast<size_t>(n));  // what a retry resets: env, seed, draw
+  std::vector<EnvObs> first;
+  EvalScore out;  // out.turns: env steps taken, all scored episodes
   for (int i = 0; i < n; ++i) {
-    ctx[i] = encodable(*s.tokenizer, got[i].text);
-    if (!got[i].error.empty()) done[i] = 1;  // its reset failed: it scores 0
+    ctx[i] = encodable(*s.tokenizer, got[i].obs.text);
+    eps[i].id = got[i].episode_id;
+    eps[i].worker = got[i].worker;
+    groups[i].env = env;
+    groups[i].seed = got[i].seed;
+    groups[i].draw = got[i].draw;
+    if (!got[i].obs.error.empty()) {  // its reset failed on every try
+      done[i] = 1;
+      eps[i].error = got[i].obs.error;
+      eps[i].reason = got[i].obs.reason;
+    }
+    first.push_back(got[i].obs);
   }
-  TROUPE_CO_ASSIGN_OR_RETURN(EvalChats chats, start_eval_chats(s, got));
+  TROUPE_CO_ASSIGN_OR_RETURN(EvalChats chats, start_eval_chats(s, first));
   for (int turn = 0; turn < max_turns; ++turn) {
     std::vector<int> active;
     for (int i = 0; i < n; ++i)
@@ -122,36 +207,35 @@ Task<Result<EnvScore>> episodes(RunState& s, std::string env, std::vector<EnvObs
     GenerateReq req;
     for (int i : active) {
       if (chats.chats.empty() || turn == 0) req.prompts.push_back(ctx[i]);
-      if (!chats.chats.empty() && turn == 0) req.prompt_messages.push_back(prompt_messages_of(s, got[i].messages_json));
+      if (!chats.chats.empty() && turn == 0) req.prompt_messages.push_back(prompt_messages_of(s, first[i].messages_json));
       if (!chats.chats.empty() && turn > 0) req.prompt_tokens.push_back(chats.ctx[i]);
     }
     TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await generate_greedy(s, req));
-    std::vector<Reply<EnvObs>> steps;
-    for (size_t a = 0; a < active.size(); ++a)
-      steps.push_back(request<EnvObs>(s.here, s.env_worker(active[a]),
-                                      EnvStepReq{env, eval_id(env, active[a]), rep.samples[a].text},
-                                      kEnvTimeout));
+    std::vector<EnvObs> res = co_await eval_steps(s, env, eps, groups, active, rep, &out.retries);
     for (size_t a = 0; a < active.size(); ++a) {
       int i = active[a];
-      Result<EnvObs> res = co_await steps[a];
-      if (!res.ok() || !res->error.empty()) {  // a failed episode scores 0
+      if (!res[a].error.empty()) {  // it failed on every try
         done[i] = 1;
-        ep_reward[i] = 0;
+        eps[i].error = res[a].error;
+        eps[i].reason = res[a].reason;
         continue;
       }
-      ep_reward[i] += res->reward;
-      out.turns += 1;
-      done[i] = res->done || turn + 1 == max_turns;
-      if (done[i]) solved[i] = episode_solved(res->components_json, ep_reward[i]) ? 1 : 0;
+      ep_reward[i] += res[a].reward;
+      ep_turns[i] += 1;
+      done[i] = res[a].done || turn + 1 == max_turns;
+      if (done[i]) solved[i] = episode_solved(res[a].components_json, ep_reward[i]) ? 1 : 0;
       else {
-        TROUPE_CO_TRY(next_eval_context(s, chats, ctx, i, rep.samples[a], *res));
+        TROUPE_CO_TRY(next_eval_context(s, chats, ctx, i, rep.samples[a], res[a]));
       }
     }
   }
   for (int i = 0; i < n; ++i) {
-    (void)s.here->send(s.env_worker(i), EnvReleaseReq{env, eval_id(env, i)});
+    (void)s.here->send(s.env_worker(eps[i].worker), EnvReleaseReq{env, eps[i].id});
+    out.fails.add(eps[i].error, eps[i].reason);
+    if (!eps[i].error.empty()) continue;
     out.acc += solved[i] ? 1.0 : 0.0;
     out.reward += ep_reward[i];
+    out.turns += ep_turns[i];
   }
   co_return out;
 }
@@ -189,48 +273,60 @@ Task<Status> server_metrics(RunState& s, std::string env, json& out) {
 
 }  // namespace
 
+namespace {
+
+// The eval row's failure keys (only when non-zero, so a run without faults has none of them).
+void put_failures(json& out, const EnvFailureCount& fails, int retries) {
+  if (fails.failed > 0) out["eval_env_failures"] = fails.failed;
+  for (const auto& [reason, k] : fails.reasons) out["eval_env_failures/" + reason] = k;
+  if (retries > 0) out["eval_env_retries"] = retries;
+}
+
+}  // namespace
+
 Task<Result<json>> evaluate(RunState& s) {
   const int n = s.cfg.eval.num_prompts;
   const bool multi = s.cfg.rollout.max_turns > 1;
   json out = json::object();
   double acc_sum = 0, rew_sum = 0, turns_sum = 0;
-  int total = 0;
+  int total = 0, scored_all = 0, retries = 0;
+  EnvFailureCount fails;  // all envs
   for (const auto& e : s.cfg.envs) {
-    std::vector<Reply<EnvObs>> obs;
-    for (int i = 0; i < n; ++i)
-      obs.push_back(request<EnvObs>(s.here, s.env_worker(i),
-                                    EnvResetReq{e.name, eval_id(e.name, i), static_cast<uint64_t>(i), 1},
-                                    kEnvTimeout));
-    std::vector<EnvObs> got;
-    for (int i = 0; i < n; ++i) {
-      Result<EnvObs> got_i = co_await obs[i];
-      EnvObs o = settled(std::move(got_i));
-      if (!multi) (void)s.here->send(s.env_worker(i), EnvReleaseReq{e.name, eval_id(e.name, i)});
-      got.push_back(std::move(o));
+    std::vector<ResetOutcome> got = co_await eval_resets(s, e.name, n);
+    int reset_retries = 0;
+    for (const auto& o : got) {
+      reset_retries += o.retries;
+      if (!multi) (void)s.here->send(s.env_worker(o.worker), EnvReleaseReq{e.name, o.episode_id});
     }
-    Result<EnvScore> score = EnvScore{};
-    if (runs_episodes(s, e.name)) {  // a verifiers env runs its own greedy episodes
-      auto sums = co_await served_eval(s, e.name, got);
-      if (!sums.ok()) co_return sums.error();
-      score = EnvScore{sums->first, sums->second, 0};
-    } else if (multi)
+    Result<EvalScore> score = EvalScore{};
+    if (runs_episodes(s, e.name))  // a verifiers env runs its own greedy episodes
+      score = co_await served_eval(s, e.name, got);
+    else if (multi)
       score = co_await episodes(s, e.name, std::move(got));
     else
       score = co_await single_turn(s, e.name, std::move(got));
     if (!score.ok()) co_return score.error();
+    score->retries += reset_retries;
+    TROUPE_CO_TRY(check_failure_bound(s, e.name, score->fails, "the eval at step " + std::to_string(s.step)));
     if (e.type == EnvType::nemo_gym) TROUPE_CO_TRY(co_await server_metrics(s, e.name, out));
-    out["eval_accuracy/" + e.name] = score->acc / n;
-    out["eval_reward_mean/" + e.name] = score->reward / n;
-    if (multi) out["eval_turns_mean/" + e.name] = score->turns / n;
+    const int scored = std::max(1, score->fails.total - score->fails.failed);  // failed episodes are left out
+    out["eval_accuracy/" + e.name] = score->acc / scored;
+    out["eval_reward_mean/" + e.name] = score->reward / scored;
+    if (multi) out["eval_turns_mean/" + e.name] = score->turns / scored;
     acc_sum += score->acc;
     rew_sum += score->reward;
     turns_sum += score->turns;
     total += n;
+    scored_all += score->fails.total - score->fails.failed;
+    retries += score->retries;
+    fails.failed += score->fails.failed;
+    for (const auto& [reason, k] : score->fails.reasons) fails.reasons[reason] += k;
   }
-  out["eval_accuracy"] = acc_sum / std::max(1, total);
-  out["eval_reward_mean"] = rew_sum / std::max(1, total);
+  out["eval_accuracy"] = acc_sum / std::max(1, scored_all);
+  out["eval_reward_mean"] = rew_sum / std::max(1, scored_all);
   out["eval_prompts"] = total;
-  if (multi) out["eval_turns_mean"] = turns_sum / std::max(1, total);
+  if (multi) out["eval_turns_mean"] = turns_sum / std::max(1, scored_all);
+  put_failures(out, fails, retries);
   co_return out;
 }
 

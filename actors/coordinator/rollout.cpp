@@ -202,15 +202,36 @@ Task<Status> score_part(RunState& s, Rollout& r, const Part& part, const std::ve
     ver.emplace_back();
     if (!skip[i]) ver.back().emplace(request<EnvVerifyRep>(s.here, s.env_worker(i), std::move(req), kEnvTimeout));
   }
+  // every group's retries start before any is awaited: failed verifies cost one timeout per try, not per group
+  std::vector<Result<EnvVerifyRep>> first;
+  first.reserve(ver.size());  // (the retries hold references into first and vreq)
+  for (int i = part.g0; i < part.g1; ++i) {
+    if (skip[i]) {
+      first.push_back(Result<EnvVerifyRep>(EnvVerifyRep{}));
+      continue;
+    }
+    Result<EnvVerifyRep> got = co_await *ver[i - part.g0];
+    first.push_back(std::move(got));
+  }
+  std::vector<int> retries(ver.size(), 0);
+  std::vector<Task<EnvVerifyRep>> tries(ver.size());
   for (int i = part.g0; i < part.g1; ++i) {
     if (skip[i]) continue;
-    Result<EnvVerifyRep> first = co_await *ver[i - part.g0];
-    EnvVerifyRep v = co_await verify_retrying(s, first, vreq[i - part.g0], static_cast<size_t>(i), &r.retries);
+    const size_t n = static_cast<size_t>(i - part.g0);
+    tries[n] = verify_retrying(s, first[n], vreq[n], static_cast<size_t>(i), &retries[n]);
+    tries[n].start();
+  }
+  for (int i = part.g0; i < part.g1; ++i) {
+    if (skip[i]) continue;
+    const size_t n = static_cast<size_t>(i - part.g0);
+    EnvVerifyRep v = co_await tries[n];
+    r.retries += retries[n];
     r.groups[i].rewards = std::move(v.rewards);
     r.groups[i].correct = std::move(v.correct);
     r.groups[i].errors = std::move(v.errors);
     r.groups[i].reasons = std::move(v.reasons);
     r.groups[i].components = std::move(v.components_json);
+    r.groups[i].infos = std::move(v.infos_json);
   }
   co_return Status{};
 }

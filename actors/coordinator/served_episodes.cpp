@@ -92,9 +92,46 @@ struct Attempt {
   size_t worker = 0, generator = 0;
 };
 
-EnvRunReq run_req(const RunState& s, const Rollout::Group& g, const Attempt& a, const json& sampling) {
-  return EnvRunReq{g.env, a.id, g.metadata.dump(-1, ' ', false, json::error_handler_t::replace),
-                   s.serve_urls[a.generator] + "/v1", "episodes/" + a.id, sampling.dump()};
+// What an episode's runs ask: the env, the prompt's metadata and the sampling parameters.
+struct ServedCall {
+  std::string env, metadata_json;
+  json sampling;
+};
+
+EnvRunReq run_req(const RunState& s, const ServedCall& c, const Attempt& a) {
+  return EnvRunReq{c.env, a.id, c.metadata_json, s.serve_urls[a.generator] + "/v1", "episodes/" + a.id,
+                   c.sampling.dump()};
+}
+
+// An episode's last run and the attempt that made it.
+struct ServedTry {
+  EnvObs res;
+  Attempt a;
+  int retries = 0;
+};
+
+// One episode: its run as attempt `first`, a failed one retried on the next env workers up to
+// envs[].max_retries (new episode id; what the failed attempt served is dropped). Started
+// (Task::start) for every episode before any is awaited, so the runs and their retries of all
+// episodes overlap: a hung run costs one timeout per retry, not one per episode.
+Task<ServedTry> served_episode(RunState& s, const ServedCall& c, const Attempt& first) {
+  ServedTry t;
+  t.a = first;
+  const int max_retries = env_spec(s, c.env).max_retries;
+  for (int retry = 0;; ++retry) {
+    // (requests are named before they are awaited: GCC 12 mishandles temporaries in co_await)
+    auto run = request<EnvObs>(s.here, s.env_worker(t.a.worker), run_req(s, c, t.a), kLongTimeout);
+    Result<EnvObs> got = co_await run;
+    t.res = settled(std::move(got));
+    if (t.res.error.empty() || t.res.fatal || retry >= max_retries) break;
+    ++t.retries;
+    if (s.hooks.log) s.hooks.log("env '" + c.env + "': " + t.res.reason + ": " + t.res.error + "; retrying");
+    auto dropped = request<ServedTurnsRep>(s.here, s.peers.generators[t.a.generator], ServedTurnsReq{t.a.id}, kEnvTimeout);
+    (void)co_await dropped;
+    t.a.id = first.id + "-r" + std::to_string(retry + 1);
+    t.a.worker += 1;
+  }
+  co_return t;
 }
 
 }  // namespace
@@ -115,9 +152,11 @@ Task<Status> run_served(RunState& s, Rollout& r, const std::vector<int>& groups,
   const int G = ro.num_generations;
   const size_t NG = s.peers.generators.size();
   const double t0 = mono_seconds();
+  std::vector<ServedCall> calls;
   std::vector<Attempt> attempts;
-  std::vector<json> sampling;
-  std::vector<Reply<EnvObs>> runs;
+  calls.reserve(groups.size() * static_cast<size_t>(G));  // (the runs hold references into both)
+  attempts.reserve(groups.size() * static_cast<size_t>(G));
+  std::vector<Task<ServedTry>> runs;
   for (int i : groups) {
     for (int j = 0; j < G; ++j) {
       Attempt a;
@@ -131,31 +170,20 @@ Task<Status> run_served(RunState& s, Rollout& r, const std::vector<int>& groups,
                                    static_cast<uint64_t>(i) * 4096 + static_cast<uint64_t>(j))}};
       if (ro.top_k > 0) sp["top_k"] = ro.top_k;
       if (!ro.stop.empty()) sp["stop"] = ro.stop;
-      runs.push_back(request<EnvObs>(s.here, s.env_worker(a.worker), run_req(s, r.groups[i], a, sp), kLongTimeout));
+      const auto& g = r.groups[i];
+      calls.push_back(ServedCall{g.env, g.metadata.dump(-1, ' ', false, json::error_handler_t::replace), std::move(sp)});
       attempts.push_back(std::move(a));
-      sampling.push_back(std::move(sp));
+      runs.push_back(served_episode(s, calls.back(), attempts.back()));
+      runs.back().start();
     }
   }
-  for (size_t n = 0; n < attempts.size(); ++n) {
+  for (size_t n = 0; n < runs.size(); ++n) {
     const int i = groups[n / static_cast<size_t>(G)];
     auto& g = r.groups[i];
-    Attempt& a = attempts[n];
-    Result<EnvObs> got = co_await runs[n];
-    EnvObs res = settled(std::move(got));
-    const int max_retries = env_spec(s, g.env).max_retries;
-    const std::string base_id = a.id;
-    for (int retry = 1; retry <= max_retries && !res.error.empty() && !res.fatal; ++retry) {
-      ++r.retries;
-      if (s.hooks.log) s.hooks.log("env '" + g.env + "': " + res.reason + ": " + res.error + "; retrying");
-      // (requests are named before they are awaited: GCC 12 mishandles temporaries in co_await)
-      auto dropped = request<ServedTurnsRep>(s.here, s.peers.generators[a.generator], ServedTurnsReq{a.id}, kEnvTimeout);
-      (void)co_await dropped;
-      a.id = base_id + "-r" + std::to_string(retry);
-      a.worker += 1;
-      auto again = request<EnvObs>(s.here, s.env_worker(a.worker), run_req(s, g, a, sampling[n]), kLongTimeout);
-      Result<EnvObs> got_again = co_await again;
-      res = settled(std::move(got_again));
-    }
+    ServedTry t = co_await runs[n];
+    r.retries += t.retries;
+    const Attempt& a = t.a;
+    EnvObs& res = t.res;
     auto take = request<ServedTurnsRep>(s.here, s.peers.generators[a.generator], ServedTurnsReq{a.id}, kEnvTimeout);
     TROUPE_CO_ASSIGN_OR_RETURN(auto served, co_await take);
     int64_t version = -1;
@@ -185,31 +213,37 @@ Task<Status> run_served(RunState& s, Rollout& r, const std::vector<int>& groups,
   co_return Status{};
 }
 
-Task<Result<std::pair<double, double>>> served_eval(RunState& s, const std::string& env, const std::vector<EnvObs>& got) {
+Task<Result<EvalScore>> served_eval(RunState& s, const std::string& env, const std::vector<ResetOutcome>& got) {
   TROUPE_CO_TRY(co_await ensure_serve_urls(s));
   const json greedy = {{"temperature", 0.0}, {"max_tokens", s.cfg.rollout.max_response_length}, {"seed", 0}};
-  std::vector<std::optional<Reply<EnvObs>>> runs;
+  std::vector<ServedCall> calls;
+  std::vector<Attempt> attempts;
+  calls.reserve(got.size());  // (the runs hold references into both)
+  attempts.reserve(got.size());
+  std::vector<Task<ServedTry>> runs(got.size());
   for (size_t i = 0; i < got.size(); ++i) {
-    runs.emplace_back();
-    if (!got[i].error.empty()) continue;  // its reset failed: it scores 0
-    const std::string id = "eval-" + env + "-" + std::to_string(i);
-    runs.back().emplace(request<EnvObs>(
-        s.here, s.env_worker(i),
-        EnvRunReq{env, id, got[i].metadata_json, s.serve_urls[0] + "/v1", "episodes/" + id, greedy.dump()},
-        kLongTimeout));
+    if (!got[i].obs.error.empty()) continue;  // its reset failed on every try
+    calls.push_back(ServedCall{env, got[i].obs.metadata_json, greedy});
+    attempts.push_back(Attempt{got[i].episode_id, got[i].worker, 0});
+    runs[i] = served_episode(s, calls.back(), attempts.back());
+    runs[i].start();
   }
-  std::pair<double, double> sums{0.0, 0.0};  // solved, reward
+  EvalScore out;
   for (size_t i = 0; i < got.size(); ++i) {
-    if (!runs[i]) continue;
-    Result<EnvObs> res = co_await *runs[i];
-    const std::string id = "eval-" + env + "-" + std::to_string(i);
-    auto dropped = request<ServedTurnsRep>(s.here, s.peers.generators[0], ServedTurnsReq{id}, kEnvTimeout);
+    if (!runs[i].valid()) {
+      out.fails.add(got[i].obs.error, got[i].obs.reason);
+      continue;
+    }
+    ServedTry t = co_await runs[i];
+    out.retries += t.retries;
+    auto dropped = request<ServedTurnsRep>(s.here, s.peers.generators[0], ServedTurnsReq{t.a.id}, kEnvTimeout);
     (void)co_await dropped;
-    if (!res.ok() || !res->error.empty()) continue;  // a failed episode scores 0
-    sums.first += episode_solved(res->components_json, res->reward) ? 1.0 : 0.0;
-    sums.second += res->reward;
+    out.fails.add(t.res.error, t.res.reason);
+    if (!t.res.error.empty()) continue;  // it failed on every try: left out of the means
+    out.acc += episode_solved(t.res.components_json, t.res.reward) ? 1.0 : 0.0;
+    out.reward += t.res.reward;
   }
-  co_return sums;
+  co_return out;
 }
 
 }  // namespace troupe::actors::coord

@@ -37,6 +37,8 @@ struct Rollout {
     std::vector<std::string> errors;
     std::vector<std::string> reasons;  // per sample: "" or why it failed (a trajectory termination)
     std::vector<std::string> components;  // per sample: the reward's parts (JSON), "" when unknown
+    // single-turn: per sample, the verify's info (JSON, e.g. {"fields": {...}}; not saved with the rollout)
+    std::vector<std::string> infos;
     std::string env_version;
     std::string messages_json = "[]";  // the first observation's chat messages
     std::vector<std::vector<TurnInfo>> turns;  // multi-turn: per sample, the env side of each turn

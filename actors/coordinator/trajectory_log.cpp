@@ -68,6 +68,8 @@ void write_trajectories(const RunSetup& s, const Rollout& r, const std::vector<f
         } else {
           turn.reward = u + 1 == turns ? g.rewards[j] : 0.0;
           turn.generate_s = u == 0 ? r.gen_s : 0.0;
+          if (u + 1 == turns && j < static_cast<int>(g.infos.size()))  // single-turn: the verify's info
+            if (json info = json::parse(g.infos[j], nullptr, false); info.is_object() && !info.empty()) turn.info = info;
         }
         t.turns.push_back(std::move(turn));
       }

@@ -128,6 +128,7 @@ Result<EnvVerifyRep> EnvWorker::verify(const EnvVerifyReq& r) {
       out.errors.push_back(v.error().message);
       out.reasons.emplace_back(envs::termination_name(envs::termination_for(v.error())));
       out.components_json.emplace_back("{}");
+      out.infos_json.emplace_back("{}");
       out.fatal = out.fatal || c->gave_up();
       continue;
     }
@@ -137,6 +138,7 @@ Result<EnvVerifyRep> EnvWorker::verify(const EnvVerifyReq& r) {
     out.errors.emplace_back();
     out.reasons.emplace_back();
     out.components_json.push_back(json(v->components).dump());
+    out.infos_json.push_back(v->info.is_object() ? v->info.dump(-1, ' ', false, json::error_handler_t::replace) : "{}");
   }
   out.env_s = seconds_since(t0);
   return out;

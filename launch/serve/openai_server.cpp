@@ -16,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "troupe/actors/chat_turns.h"
 #include "troupe/base/clock.h"
 #include "troupe/serve/api_keys.h"
 #include "troupe/serve/json_constraint.h"
@@ -206,7 +207,12 @@ struct OpenAiServer::Impl {
       return ApiError{404, "The model '" + r.model + "' does not exist; this server serves '" + opt.model_name + "'",
                       "model", "invalid_request_error", "model_not_found"};
     const char* prompt_field = chat ? "messages" : "prompt";
-    if (chat) {
+    if (chat && !tmpl && opt.builtin_chat_tags) {  // rollout.serve: the built-in tags, as rollout.template chat
+      auto f = actors::make_chat_format(*tok, nullptr);
+      auto ids = f.ok() ? actors::encode_chat_prompt(*f, *tok, r.messages) : Result<std::vector<int32_t>>(f.error());
+      if (!ids.ok()) return ApiError{400, "the built-in chat tags refused the messages: " + ids.error().message, "messages"};
+      p->prompt = std::move(ids).value();
+    } else if (chat) {
       if (!tmpl)
         return ApiError{400, "the model has no chat template; use /v1/completions", "messages"};
       io::ChatRenderOptions o = io::chat_options_for(tok.get(), bos, eos);

@@ -21,6 +21,7 @@ Result<std::unique_ptr<RolloutServers>> RolloutServers::start(
     so.model_name = kRolloutServeModel;
     so.record = &g.served_turns();
     so.any_model = true;
+    so.builtin_chat_tags = true;  // a model without a chat template: the built-in tags, as rollout.template chat
     auto server = std::make_unique<OpenAiServer>(g.serve_engine(), tok, g.serve_chat_template(), tok->bos_id(),
                                                  tok->eos_id(), so);
     const int port = where.second == 0 ? 0 : where.second + indices[i];

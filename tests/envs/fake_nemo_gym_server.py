@@ -6,7 +6,7 @@ reward is 1 when the output's assistant text or a function call's arguments cont
   fake_nemo_gym_server.py --port-file PATH | --port PORT [--fault KIND --every N]
 
 GET / answers {"status": "ok"}; /seed_session sets a session cookie; /verify answers the row with
-"reward" (and reward_components {"found": 0|1}); /aggregate_metrics answers agent_metrics
+"reward" (and reward_components {"found": 0|1}, and the extra field "judge_score"); /aggregate_metrics answers agent_metrics
 {"mean/reward", "count"}. On every Nth /verify it does KIND: http500, not_json, no_reward (no
 "reward" key) or slow (answers after 2 s). The port it bound is written to --port-file. At start it
 prints its cwd, $FAKE_MARK and $TROUPE_NEMO_GYM_SERVER_CONFIG to stdout."""
@@ -74,6 +74,7 @@ class Handler(BaseHTTPRequestHandler):
         if fault != "no_reward":
             out["reward"] = found
             out["reward_components"] = {"found": found}
+            out["judge_score"] = found  # an extra field: troupe keeps it in the turn's info.fields
         self.answer(200, out)
 
 

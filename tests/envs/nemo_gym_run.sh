@@ -43,6 +43,16 @@ $CHECK steps "$WORK/continue" 2
 $CHECK atleast "$WORK/continue" env_failures/env_error 2
 grep -q '"reward_components/ng/found"' "$WORK/continue/metrics.jsonl"
 grep -q '"eval_env/ng/mean/reward"' "$WORK/continue/metrics.jsonl"
+# a single-turn episode keeps the /verify answer's extra fields in its turn's info.fields, as multi-turn does
+"$PY" - "$WORK/continue" <<'PYEOF'
+import glob, json, sys
+ts = [json.loads(l) for p in glob.glob(sys.argv[1] + "/trajectories/*.jsonl") for l in open(p) if l.strip()]
+ok = [t for t in ts if t["termination"] != "env_error"]
+bad = [t["turns"][-1].get("info") for t in ok if "judge_score" not in t["turns"][-1].get("info", {}).get("fields", {})]
+if not ok or bad:
+    sys.exit(f"FAIL: single-turn trajectories without info.fields.judge_score: {len(bad)} of {len(ok)}, e.g. {bad[:1]}")
+print("info.fields kept:", len(ok), "trajectories")
+PYEOF
 # every 4th verify answers after 2 s, past timeout_s 0.5: counted as timeout
 start_server slow --fault slow --every 4
 run slow 0 --set envs[0].timeout_s=0.5 --set envs[0].max_failure_frac=0.5

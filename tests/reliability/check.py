@@ -144,5 +144,25 @@ elif cmd == "ledger":
         fail("pipeline.bin is not listed (with its CRC) in state.json")
     print("ledger:", led["trained_grpo_steps"], "steps,", led["trained_episodes"], "episodes trained;",
           len(led["finished_not_trained"]), "finished rollouts kept for steps", steps)
+elif cmd in ("eval_atleast", "eval_same"):  # eval rows: a key's sum at least N; or the scores equal RUN_B's
+    def evals(run_dir):
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            return [r for r in (json.loads(l) for l in f if l.strip()) if "eval_accuracy" in r]
+    ev = evals(run)
+    if not ev:
+        fail("no eval rows")
+    if cmd == "eval_atleast":
+        key = sys.argv[3]
+        n = sum(r.get(key) or 0 for r in ev)
+        print(key, n)
+        if n < float(sys.argv[4]):
+            fail(f"eval {key} = {n} < {sys.argv[4]}")
+    else:
+        keys = ("step", "eval_accuracy", "eval_reward_mean", "eval_turns_mean", "eval_prompts")
+        a = [{k: r.get(k) for k in keys} for r in ev]
+        b = [{k: r.get(k) for k in keys} for r in evals(sys.argv[3])]
+        if a != b:
+            fail(f"eval rows differ: {a} vs {b}")
+        print("eval rows equal:", a)
 else:
     fail("unknown check " + cmd)

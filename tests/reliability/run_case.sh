@@ -183,7 +183,7 @@ PY
     run arith 0 --set envs[0].type=builtin --set envs[0].path= --set envs[0].name=arithmetic
     $CHECK trajectories "$W/arith"
     run guess 0 --set envs[0].type=builtin --set envs[0].path= --set envs[0].name=guess_number \
-      --set 'envs[0].config={"max_number": 4, "max_turns": 3}' --set rollout.max_turns=3 \
+      --set 'envs[0].config={"max_number": 10, "max_turns": 3}' --set rollout.max_turns=3 \
       --set policy.model.max_position_embeddings=256 --set rollout.max_prompt_length=200
     $CHECK turns "$W/guess"
     ;;
@@ -219,6 +219,35 @@ PY
       $CHECK atleast "$W/$k" env_failures/$r 1
       $CHECK termination "$W/$k" $r
     done
+    ;;
+  eval_verify_failures)  # verifies that fail during eval are retried (the eval's scores equal a fault-free
+    # run's), counted per reason without retries (and left out of eval_accuracy), and past
+    # max_failure_frac stop the run naming the env
+    # (the faulty plug-in's verify answers reward 0.5: a failed episode scored 0 would lower the mean)
+    EV="$FAULTY --set eval.at_start=true --set eval.every=1 --set eval.num_prompts=8"
+    run calm 0 $EV
+    run retried 0 $EV --set faults.env_exception=0.25 --set faults.env_op=verify --set envs[0].max_retries=5
+    $CHECK eval_atleast "$W/retried" eval_env_retries 1
+    ! grep -q eval_env_failures "$W/retried/metrics.jsonl"
+    $CHECK eval_same "$W/retried" "$W/calm"
+    ! grep -q eval_env_ "$W/calm/metrics.jsonl"
+    run counted 0 $EV --set faults.env_exception=0.25 --set faults.env_op=verify --set envs[0].max_retries=0 \
+      --set envs[0].max_failure_frac=0.9
+    $CHECK eval_atleast "$W/counted" eval_env_failures/env_error 1
+    $CHECK eval_same "$W/counted" "$W/calm"
+    run bound 3 $EV --set faults.env_exception=0.8 --set faults.env_op=verify --set envs[0].max_retries=0
+    grep -q "env 'faulty': .* episodes of the eval at step 0 failed after retries (env_error" "$W/err.txt"
+    ;;
+  eval_step_failures)  # multi-turn eval: a failed step replays the episode on the next worker; the eval's
+    # scores equal a fault-free run's
+    MT="--set envs[0].type=builtin --set envs[0].path= --set envs[0].name=guess_number --set envs[0].isolate=true
+        --set envs[0].config={\"max_number\":10,\"max_turns\":3} --set rollout.max_turns=3
+        --set policy.model.max_position_embeddings=256 --set rollout.max_prompt_length=200
+        --set eval.at_start=true --set eval.num_prompts=8"
+    run calm 0 $MT
+    run retried 0 $MT --set faults.env_exception=0.15 --set faults.env_op=step --set envs[0].max_retries=5
+    $CHECK eval_atleast "$W/retried" eval_env_retries 1
+    $CHECK eval_same "$W/retried" "$W/calm"
     ;;
   faults_checkpoint_interrupted)  # a checkpoint write killed half-way: latest still points at the one
     # before, and --resume from it gives the uninterrupted run's metrics bit for bit

@@ -9,10 +9,12 @@ Checks:
     learner's log-probs of the recorded tokens match the sampler's (mismatch_tokens > 0,
     logprob_diff_max small), so prompt ids, completion ids and log-probs were recorded token for
     token; a request without an episode is served (policy_version tagged) while the run goes on;
+  - a model without a chat template is served with the built-in tags (a step, no failed episode);
   - the tasks of that run are the taskset's own (config.taskset: its load() through
     envs/python/verifiers_tasks.py, config.eval_size held out), whose loader log is in the run's logs/;
   - failure paths: episodes past timeout_s fail as `timeout`, are counted and the run continues
-    (below envs[].max_failure_frac); a server answering with bytes that are not msgpack or with the
+    (below envs[].max_failure_frac); their retries run at once (12 hung episodes with 2 retries
+    each end in about 3 timeouts, not 36); a server answering with bytes that are not msgpack or with the
     wrong schema fails its episodes as `protocol_error` and stops the run (exit 3, naming the env);
     a server that is not there stops the run at start-up (exit 3); a taskset that cannot be loaded
     stops it too (exit 2).
@@ -225,6 +227,20 @@ def main():
             fail(f"configs/verifiers_grpo.yaml: expected one GRPO row of env letters, got {got}")
         print("configs/verifiers_grpo.yaml ran one step")
 
+        # 1c. a model without a chat template: rollout.serve renders the harness's chat requests with
+        # the built-in tags (as rollout.template chat does), so a step runs with no failed episode
+        bare = os.path.join(tmp, "bare_model")
+        shutil.copytree(model, bare)
+        os.remove(os.path.join(bare, "chat_template.jinja"))
+        p = subprocess.run([troupe, "run", write_config(tmp, "bare", bare, address, max_steps=1)],
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            fail(f"a model without a chat template exited {p.returncode}: {p.stderr[-3000:]}")
+        got = [x for x in rows(tmp, "bare") if x.get("phase") == "grpo" and "loss" in x]
+        if len(got) != 1 or got[0].get("env_failures", 0) != 0 or got[0].get("response_len_mean", 0) <= 0:
+            fail(f"a model without a chat template: expected one GRPO row without failures, got {got}")
+        print("a model without a chat template: served with the built-in tags, one step")
+
         # 2. timeouts: every other episode sleeps past timeout_s; counted, the run continues
         slow, slow_address = start_vf_server({"TROUPE_VF_SLOW_EVERY": "2", "TROUPE_VF_SLEEP_S": "30"})
         servers.append(slow)
@@ -238,6 +254,27 @@ def main():
         if step.get("env_failures/timeout", 0) < 1:
             fail(f"no timeout counted: {step}")
         print(f"timeout ok: env_failures/timeout {step['env_failures/timeout']} of 4, run went on")
+
+        # 2b. retries run concurrently: every episode sleeps past timeout_s, on every try; the 12
+        # episodes' 3 tries each end in about 3 timeouts of wall time (one after another they would
+        # take 36), then every episode has failed: exit 3
+        hung, hung_address = start_vf_server({"TROUPE_VF_SLOW_EVERY": "1", "TROUPE_VF_SLEEP_S": "60"})
+        servers.append(hung)
+        cfg = write_config(tmp, "hung", model, hung_address, max_steps=1,
+                           extra_env={"timeout_s": 3, "max_retries": 2})
+        with open(cfg) as f:
+            c = json.load(f)
+        c["rollout"]["prompts_per_step"] = 6
+        with open(cfg, "w") as f:
+            json.dump(c, f)
+        t1 = time.time()
+        p = subprocess.run([troupe, "run", cfg], capture_output=True, text=True, timeout=300)
+        wall = time.time() - t1
+        if p.returncode != 3 or "timeout" not in p.stderr or "env 'vf'" not in p.stderr:
+            fail(f"hung server: expected exit 3 naming env 'vf' and timeout, got {p.returncode}: {p.stderr[-3000:]}")
+        if wall > 60:  # liveness bound, generous: start-up + 3 rounds of 3 s, not 12 x 2 retries x 3 s
+            fail(f"hung server: the retries took {wall:.0f} s: they ran one after another")
+        print(f"hung server ok: 12 episodes x 3 tries past timeout_s 3 s ended in {wall:.1f} s (exit 3)")
 
         # 3. a server that answers malformed (not msgpack) or with the wrong schema: protocol_error, exit 3
         for mode in ("garbage", "schema"):

@@ -76,8 +76,10 @@ struct EnvVerifyRep {
   std::vector<std::string> reasons;  // per completion: "" or the failure's kind (see EnvObs::reason)
   std::vector<std::string> components_json;  // per completion: the reward's parts
   bool fatal = false;                // the env is past its bounds (restarts): stop the run
+  std::vector<std::string> infos_json;  // per completion: the verify's info ("{}": none; a NeMo Gym
+                                        // /verify answer's extra fields under "fields")
   template <class A>
-  void serialize(A& ar) { ar(rewards, correct, errors, env_s, reasons, components_json, fatal); }
+  void serialize(A& ar) { ar(rewards, correct, errors, env_s, reasons, components_json, fatal, infos_json); }
 };
 struct EnvStepReq {
   static constexpr std::uint32_t type_id = message_id::env_step_req;

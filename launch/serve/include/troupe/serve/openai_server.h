@@ -40,6 +40,9 @@ struct OpenAiServerOptions {
   // recorded here token for token. Null: nothing is recorded (troupe serve).
   actors::ServedTurnLog* record = nullptr;
   bool any_model = false;
+  // A model without a chat template: /v1/chat/completions renders the built-in tags
+  // (troupe/actors/chat_turns.h, as rollout.template chat does; rollout.serve) instead of a 400.
+  bool builtin_chat_tags = false;
 };
 
 // "HOST:PORT" (port 0: any free one); errors start with `what` (e.g. "--bind", "rollout.serve").
@@ -47,7 +50,8 @@ Result<std::pair<std::string, int>> parse_bind(const std::string& s, const std::
 
 class OpenAiServer {
  public:
-  // chat_template may be null (then /v1/chat/completions answers 400). eos_id < 0: no stop token.
+  // chat_template may be null (then /v1/chat/completions answers 400, or renders the built-in tags
+  // with options.builtin_chat_tags). eos_id < 0: no stop token.
   OpenAiServer(std::shared_ptr<actors::ServeEngine> engine, std::shared_ptr<const policy::io::Tokenizer> tokenizer,
                std::shared_ptr<const policy::io::ChatTemplate> chat_template, int32_t bos_id, int32_t eos_id,
                OpenAiServerOptions options);
