@@ -18,10 +18,12 @@ rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a, b in [(i % 10, i 
 with open(sys.argv[1] + "/train.jsonl", "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
 pq.write_table(pa.Table.from_pylist(rows), sys.argv[1] + "/train.parquet")
+with open(sys.argv[1] + "/eval.jsonl", "w") as f:  # held out: questions the train rows do not have
+    f.writelines(json.dumps({"question": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a, b in [(3, 7), (5, 9), (8, 8)])
 PY
 CFG="$WORK/exp.yaml"
 cp "$SRC/configs/quickstart.yaml" "$CFG"
-ENV="{train: data/train.parquet, python: $APY, eval_fraction: 0.0, shuffle: true}"
+ENV="{train: data/train.parquet, eval: data/eval.jsonl, python: $APY, shuffle: true}"
 S=(--set envs[0].name=data --set envs[0].env=dataset --set "envs[0].config=$ENV" --set rollout.prompts_per_step=5
    --set rollout.num_generations=4 --set logger.trajectories_per_step=20 --set optimizer.schedule=constant
    --set eval.every=0 --set eval.num_prompts=4 --set checkpointing.every=5 --set logger.progress=off)
@@ -78,8 +80,8 @@ grep -q '"env_retries"' "$WORK/faults-a/metrics.jsonl"
 # parquet file give the same run
 P=(--set envs[0].name=data --set envs[0].env=dataset --set sft.enabled=false --set rollout.prompts_per_step=5 --set grpo.max_steps=3
    --set eval.every=0 --set eval.num_prompts=4 --set checkpointing.enabled=false --set logger.progress=off)
-"$TROUPE" run "$CFG" --set run.dir="$WORK/j" --set "envs[0].config={train: data/train.jsonl, eval_fraction: 0.0}" "${P[@]}"
-"$TROUPE" run "$CFG" --set run.dir="$WORK/p" --set "envs[0].config={train: data/train.parquet, python: $APY, eval_fraction: 0.0}" "${P[@]}"
+"$TROUPE" run "$CFG" --set run.dir="$WORK/j" --set "envs[0].config={train: data/train.jsonl, eval: data/eval.jsonl}" "${P[@]}"
+"$TROUPE" run "$CFG" --set run.dir="$WORK/p" --set "envs[0].config={train: data/train.parquet, eval: data/eval.jsonl, python: $APY}" "${P[@]}"
 $CHECK same "$WORK/j" "$WORK/p"
 # troupe validate reads every row: a bad one is named (exit 2), a good file passes
 "$TROUPE" validate "$CFG" --set envs[0].name=data --set envs[0].env=dataset --set "envs[0].config=$ENV"
@@ -89,4 +91,11 @@ rc=0
 cat "$WORK/err.txt"
 test $rc -eq 2
 grep -q "$WORK/data/bad.jsonl:2: error: row has no answer field 'answer'" "$WORK/err.txt"
+# ... and a dataset env without held-out rows (no eval file, eval_fraction 0) is refused, naming why
+rc=0
+"$TROUPE" validate "$CFG" --set envs[0].name=data --set envs[0].env=dataset \
+  --set "envs[0].config={train: data/train.jsonl, eval_fraction: 0.0}" 2> "$WORK/err.txt" || rc=$?
+cat "$WORK/err.txt"
+test $rc -eq 2
+grep -q "its held-out split cannot be drawn" "$WORK/err.txt"
 echo "dataset files run: ok"
