@@ -1,39 +1,13 @@
 #!/usr/bin/env python3
 """Prints the path of a Python that has reasoning-gym and pyzmq (what `type: reasoning_gym` runs):
 this Python when it has both, else a venv under $TROUPE_CACHE (default ~/.cache/troupe)/
-venv-reasoning-gym, installed on first use. Exit 1 with the reason when pip fails.
+venv-reasoning-gym, installed on first use (test_venv.py). Exit 1 with the reason when pip fails.
     ensure_reasoning_gym.py       -> last stdout line: that python"""
-import fcntl
 import os
-import subprocess
 import sys
 
-CACHE = os.environ.get("TROUPE_CACHE", os.path.expanduser("~/.cache/troupe"))
-VENV = os.path.join(CACHE, "venv-reasoning-gym")
-VENV_PY = os.path.join(VENV, "bin", "python")
-PROBE = "import reasoning_gym, zmq"
-
-
-def has(py):
-    return os.path.exists(py) and subprocess.run([py, "-c", PROBE], capture_output=True).returncode == 0
-
-
-def main():
-    if has(sys.executable):
-        print(sys.executable)
-        return
-    os.makedirs(CACHE, exist_ok=True)
-    with open(VENV + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not has(VENV_PY):
-            print(f"installing reasoning-gym and pyzmq into {VENV}", file=sys.stderr, flush=True)
-            subprocess.run([sys.executable, "-m", "venv", "--clear", VENV], check=True)
-            r = subprocess.run([VENV_PY, "-m", "pip", "install", "-q", "reasoning-gym", "pyzmq"])
-            if r.returncode != 0 or not has(VENV_PY):
-                print("ensure_reasoning_gym: pip install reasoning-gym pyzmq failed", file=sys.stderr)
-                sys.exit(1)
-    print(VENV_PY)
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_venv import ensure  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    ensure("venv-reasoning-gym", "import reasoning_gym, zmq", ["reasoning-gym", "pyzmq"], "ensure_reasoning_gym")
