@@ -1,6 +1,8 @@
 // `troupe report RUN_DIR`: writes RUN_DIR/report.png (reward and eval accuracy by step, the SFT
 // loss, the sampler/learner mismatch when the rows have it) with
-// matplotlib, run through troupe::python_executable() (posix_spawn, no shell).
+// matplotlib, run through troupe::python_executable() (posix_spawn, no shell). A torn last line of
+// metrics.jsonl (no newline: a run killed mid-write, or one writing now) is left out with a warning;
+// any other line that is not a JSON object is an error naming FILE:LINE (exit 2).
 #include <spawn.h>
 #include <sys/wait.h>
 
@@ -25,15 +27,25 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 rows = []
 with open(sys.argv[1]) as f:
-    for n, line in enumerate(f, 1):
-        line = line.strip()
-        if not line:
+    lines = f.read().split("\n")
+# the text after the last newline: empty, or a last line a killed run tore (it lacks its newline)
+for n, line in enumerate(lines, 1):
+    torn = n == len(lines)
+    line = line.strip()
+    if not line:
+        continue
+    try:
+        row = json.loads(line)
+        if not isinstance(row, dict):
+            raise ValueError("a JSON " + type(row).__name__)
+        rows.append(row)
+    except ValueError as e:
+        if torn:
+            sys.stderr.write("%s:%d: warning: a torn last line (the run was killed while writing it, or is "
+                             "writing it now); the line is left out\n" % (sys.argv[1], n))
             continue
-        try:
-            rows.append(json.loads(line))
-        except ValueError as e:
-            sys.stderr.write("%s:%d: error: not a JSON object: %s\n" % (sys.argv[1], n, e))
-            sys.exit(2)
+        sys.stderr.write("%s:%d: error: not a JSON object: %s\n" % (sys.argv[1], n, e))
+        sys.exit(2)
 train = [r for r in rows if "eval_accuracy" not in r and "reward_mean" in r and r["reward_mean"] is not None]
 sft = [r for r in rows if "eval_accuracy" not in r and r.get("phase") == "sft" and "loss" in r]
 evals = [r for r in rows if "eval_accuracy" in r]

@@ -3,6 +3,8 @@
 // tag = field << 3 | wire type; varint, 64-bit, length-delimited and 32-bit types).
 #include "troupe/launch/metrics.h"
 
+#include "troupe/launch/run_dir_files.h"
+
 #include <unistd.h>
 
 #include <array>
@@ -154,23 +156,6 @@ Status TensorBoardWriter::flush() {
   return {};
 }
 
-namespace {
-// Drops the JSON-lines rows of `path` whose "step" is after `step` (and lines that do not parse).
-void keep_rows_through(const std::string& path, int64_t step) {
-  if (!fs::exists(path)) return;
-  std::vector<std::string> keep;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded()) continue;
-    if (j.value("step", int64_t{0}) <= step) keep.push_back(line);
-  }
-  in.close();
-  std::ofstream out(path, std::ios::trunc);
-  for (const auto& l : keep) out << l << "\n";
-}
-}  // namespace
-
 std::vector<std::pair<std::string, double>> row_scalars(const nlohmann::json& row) {
   std::vector<std::pair<std::string, double>> out;
   const bool eval = row.contains("eval_accuracy") || row.contains("eval_reward_mean");
@@ -189,11 +174,16 @@ Result<std::unique_ptr<MetricsSinks>> MetricsSinks::open(const std::string& run_
   fs::create_directories(run_dir, ec);
   if (ec) return make_error(ErrorCode::io, "cannot create the run directory " + run_dir + ": " + ec.message());
   std::string path = run_dir + "/metrics.jsonl";
+  const std::string trajectories = run_dir + "/trajectories/grpo.jsonl";
   if (resume_after_step >= 0) {
     // keep the rows up to the checkpoint we resume from; later ones will be written again (the
-    // trajectories too: each episode is in the log once)
-    keep_rows_through(path, resume_after_step);
-    keep_rows_through(run_dir + "/trajectories/grpo.jsonl", resume_after_step);
+    // trajectories too: each episode is in the log once). A torn last line is dropped.
+    for (const std::string& p : {path, trajectories}) {
+      TROUPE_ASSIGN_OR_RETURN(auto cut, keep_jsonl_rows_through(p, resume_after_step));
+      std::fputs(describe_dropped_lines(p, cut).c_str(), stderr);
+    }
+  } else {
+    fs::remove(trajectories, ec);  // a new run in a used run.dir: its episodes only, like its metrics
   }
   s->jsonl_ = std::fopen(path.c_str(), resume_after_step >= 0 ? "ab" : "wb");
   if (!s->jsonl_) return make_error(ErrorCode::io, "cannot write " + path + ": " + std::strerror(errno));

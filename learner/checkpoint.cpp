@@ -1,5 +1,6 @@
 // Checkpoint save/load (see checkpoint.h). Durability order: files -> fsync each -> fsync the temp
-// dir -> rename to step_N -> fsync checkpoints/ -> symlink swap for latest/best -> prune.
+// dir -> rename to step_N -> fsync checkpoints/ -> symlink swap for latest/best -> prune (each old
+// step renamed aside, then removed). A kill at any point leaves latest on a whole step.
 #include "troupe/learner/checkpoint.h"
 
 #include <fcntl.h>
@@ -82,6 +83,31 @@ Status swap_symlink(const fs::path& dir, const std::string& name, const std::str
   fs::rename(tmp, dir / name, ec);  // rename(2) replaces the old link atomically
   if (ec) return io_error("cannot rename " + tmp.string() + " to " + (dir / name).string() + ": " + ec.message());
   return fsync_path(dir, true);
+}
+
+// What a save killed half-way leaves in checkpoints/: its temporary step directory, a step moved
+// aside, a link being swapped. None is a checkpoint (their names do not start with "step_").
+bool is_leftover(const std::string& name) {
+  for (const char* prefix : {".tmp_step_", ".old_step_", ".removing_step_", ".latest.tmp.", ".best.tmp."})
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+void remove_leftovers(const fs::path& root) {
+  std::error_code ec;
+  std::vector<fs::path> old;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (is_leftover(e.path().filename().string())) old.push_back(e.path());
+  for (const auto& p : old) fs::remove_all(p, ec);
+}
+
+// Removes a step directory so that no kill leaves a part of it under its own name: renamed aside
+// first (one rename(2)), then deleted.
+void remove_step(const fs::path& root, const std::string& name) {
+  std::error_code ec;
+  const fs::path aside = root / (".removing_" + name + "." + std::to_string(::getpid()));
+  fs::rename(root / name, aside, ec);
+  fs::remove_all(ec ? root / name : aside, ec);
 }
 
 Result<nlohmann::json> read_json_file(const fs::path& p) {
@@ -180,6 +206,7 @@ Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const Ch
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return io_error("cannot create " + root.string() + ": " + ec.message());
+  remove_leftovers(root);  // (only rank 0 saves: no other save is under way)
   const std::string name = "step_" + std::to_string(data.step);
   const fs::path tmp = root / (".tmp_" + name + "." + std::to_string(::getpid()));
   fs::remove_all(tmp, ec);
@@ -260,7 +287,7 @@ Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const Ch
     const size_t keep = static_cast<size_t>(options.keep_last);
     for (size_t i = 0; i + keep < steps.size(); ++i) {
       if (steps[i].second == name || steps[i].second == best_target) continue;
-      fs::remove_all(root / steps[i].second, ec);
+      remove_step(root, steps[i].second);
     }
   }
   return final_dir.string();
@@ -295,6 +322,31 @@ Result<std::string> latest_checkpoint(const std::string& checkpoints_dir) {
   return target.string();
 }
 
+namespace {
+// One file state.json lists: inside the step directory, a regular file of the listed size and CRC-32.
+Status verify_listed_file(const fs::path& dir, const std::string& rel, const nlohmann::json& e,
+                          const std::string& sfile) {
+  const fs::path p = dir / rel;
+  const fs::path norm = fs::path(rel).lexically_normal();
+  if (norm.is_absolute() || norm.empty() || *norm.begin() == "..")
+    return invalid_input("checkpoint: " + sfile + " lists " + rel + ", which is not inside " + dir.string());
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec)) return invalid_input("checkpoint: " + p.string() + " is missing (listed in " + sfile + ")");
+  if (!e.is_object() || !e.contains("crc32") || !e["crc32"].is_string() || !e.contains("bytes") ||
+      !e["bytes"].is_number_unsigned())
+    return invalid_input("checkpoint: " + sfile + ": bad entry for " + rel);
+  const uint64_t size = fs::file_size(p, ec);
+  if (ec || size != e["bytes"].get<uint64_t>())
+    return invalid_input("checkpoint: " + p.string() + " has " + std::to_string(size) + " bytes, " + sfile + " says " +
+                         std::to_string(e["bytes"].get<uint64_t>()) + ": the file is truncated or corrupt");
+  TROUPE_ASSIGN_OR_RETURN(uint32_t crc, crc32_of_file(p.string()));
+  if (hex32(crc) != e["crc32"].get<std::string>())
+    return invalid_input("checkpoint: " + p.string() + " fails its checksum (crc32 " + hex32(crc) + ", expected " +
+                         e["crc32"].get<std::string>() + "): the file is corrupt");
+  return {};
+}
+}  // namespace
+
 Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
   const fs::path dir(step_dir);
   TROUPE_ASSIGN_OR_RETURN(auto state, read_json_file(dir / kStateFile));
@@ -302,21 +354,12 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
   if (!state.is_object() || !state.contains("files") || !state["files"].is_object() || !state.contains("step") ||
       !state["step"].is_number_integer())
     return invalid_input("checkpoint: " + sfile + " lacks 'files' or an integer 'step'");
-  for (auto it = state["files"].begin(); it != state["files"].end(); ++it) {
-    const fs::path p = dir / it.key();
-    if (!fs::exists(p)) return invalid_input("checkpoint: " + p.string() + " is missing (listed in " + sfile + ")");
-    const auto& e = it.value();
-    if (!e.is_object() || !e.contains("crc32") || !e["crc32"].is_string() || !e.contains("bytes") ||
-        !e["bytes"].is_number_unsigned())
-      return invalid_input("checkpoint: " + sfile + ": bad entry for " + it.key());
-    if (fs::file_size(p) != e["bytes"].get<uint64_t>())
-      return invalid_input("checkpoint: " + p.string() + " has " + std::to_string(fs::file_size(p)) + " bytes, " + sfile +
-                           " says " + std::to_string(e["bytes"].get<uint64_t>()) + ": the file is truncated or corrupt");
-    TROUPE_ASSIGN_OR_RETURN(uint32_t crc, crc32_of_file(p.string()));
-    if (hex32(crc) != e["crc32"].get<std::string>())
-      return invalid_input("checkpoint: " + p.string() + " fails its checksum (crc32 " + hex32(crc) + ", expected " +
-                           e["crc32"].get<std::string>() + "): the file is corrupt");
-  }
+  // a whole checkpoint has its weights and its optimizer moments, whatever else it holds
+  for (const char* required : {"model.safetensors", kOptimizerFile})
+    if (!state["files"].contains(required))
+      return invalid_input("checkpoint: " + sfile + " does not list " + required + ": not a whole checkpoint");
+  for (auto it = state["files"].begin(); it != state["files"].end(); ++it)
+    TROUPE_TRY(verify_listed_file(dir, it.key(), it.value(), sfile));
   return state;
 }
 

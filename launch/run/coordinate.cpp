@@ -3,11 +3,11 @@
 // checkpoint dropped) and the coordinator over every role. A planned stop is checkpointed, not a failure; by a signal it exits 1.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "run/steps.h"
 #include "troupe/actors/step_counter.h"
 #include "troupe/launch/metrics.h"
+#include "troupe/launch/run_dir_files.h"
 
 namespace troupe::launch::run {
 namespace fs = std::filesystem;
@@ -49,7 +49,10 @@ int coordinate_run(const actors::ExperimentConfig& cfg, const RunOptions& opt, i
     std::fprintf(stderr, "troupe: error: cannot create run.dir %s: %s\n", run_dir.c_str(), ec.message().c_str());
     return 1;
   }
-  std::ofstream(run_dir + "/config.resolved.yaml") << resolved_yaml(cfg);
+  // (replaced atomically: a --resume rewrites it, and a kill then must not leave a run whose own
+  // config no longer loads)
+  if (Status st = write_file_atomic(run_dir + "/config.resolved.yaml", resolved_yaml(cfg)); !st.ok())
+    return fail(st.error());
   const int total_steps = static_cast<int>(actors::StepCounter::of(cfg).sft_steps) + (cfg.grpo.enabled ? cfg.grpo.max_steps : 0);
   ProgressOptions po{cfg.logger.progress, cfg.run.name, total_steps};
   auto sinks = MetricsSinks::open(run_dir, cfg.logger.tensorboard, po, resume_after);
