@@ -1,6 +1,6 @@
 // launch.metrics_*: CRC-32C matches its check value; metrics.jsonl has one row per write and is cut
-// back on resume; the TensorBoard events read back with the `tensorboard` package; troupe report
-// draws report.png from a run directory.
+// back on resume (a torn last line dropped, named); the TensorBoard events read back with the
+// `tensorboard` package; troupe report draws report.png from a run directory (a torn last line left out).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,6 +9,7 @@
 
 #include "troupe/base/build_config.h"
 #include "troupe/launch/metrics.h"
+#include "troupe/launch/run_dir_files.h"
 
 using namespace troupe::launch;
 namespace fs = std::filesystem;
@@ -67,6 +68,58 @@ TEST(Metrics, JsonlAndResume) {
   EXPECT_EQ(count(), 7);
   write_rows(dir, 5, 2);  // resume after step 2: rows 3..5 (and the final eval) are written again
   EXPECT_EQ(count(), 7);
+  fs::remove_all(dir);
+}
+
+namespace {
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+// What a kill -9 leaves and a --resume repairs: a torn last line (no newline) is dropped and named
+// (FILE:LINE), rows after the resumed step go, a whole last row that lost only its newline gets it
+// back; a line in the middle that is not JSON is dropped and named too (the file then rewritten by
+// rename, never in place). A new run in a used run.dir starts its trajectories afresh.
+TEST(Metrics, ResumeCutsTornAndLaterLines) {
+  std::string dir = temp_dir("torn");
+  const std::string m = dir + "/metrics.jsonl";
+  std::ofstream(m) << "{\"step\":1}\n{\"step\":2}\n{\"step\":3}\n{\"step\":4,\"reward_m";
+  auto cut = keep_jsonl_rows_through(m, 2);
+  ASSERT_TRUE(cut.ok()) << cut.error().message;
+  EXPECT_EQ(slurp(m), "{\"step\":1}\n{\"step\":2}\n");
+  EXPECT_EQ(cut->kept, 2);
+  EXPECT_EQ(cut->dropped_after_step, 1);
+  EXPECT_EQ(cut->torn_last_line, 4);
+  EXPECT_EQ(describe_dropped_lines(m, *cut),
+            "troupe: warning: " + m + ":4: a torn last line (the run was killed while writing it); the line is dropped\n");
+  std::ofstream(m) << "{\"step\":1}\n{\"step\":2}";  // only the newline lost: the row is whole
+  cut = keep_jsonl_rows_through(m, 2);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(slurp(m), "{\"step\":1}\n{\"step\":2}\n");
+  EXPECT_EQ(cut->torn_last_line, 0);
+  std::ofstream(m) << "{\"step\":1}\ngarbage\n{\"step\":2}\n{\"step\":5}\n";
+  cut = keep_jsonl_rows_through(m, 2);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(slurp(m), "{\"step\":1}\n{\"step\":2}\n");
+  EXPECT_EQ(cut->unparsable_lines, std::vector<int64_t>{2});
+  EXPECT_NE(describe_dropped_lines(m, *cut).find(m + ":2: not a JSON object"), std::string::npos);
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename(), "metrics.jsonl") << e.path();
+  EXPECT_TRUE(keep_jsonl_rows_through(dir + "/none.jsonl", 2).ok());
+  EXPECT_FALSE(fs::exists(dir + "/none.jsonl"));
+  // write_file_atomic: the new text, nothing else left beside it
+  ASSERT_TRUE(write_file_atomic(dir + "/config.resolved.yaml", "a: 1\n").ok());
+  ASSERT_TRUE(write_file_atomic(dir + "/config.resolved.yaml", "a: 2\n").ok());
+  EXPECT_EQ(slurp(dir + "/config.resolved.yaml"), "a: 2\n");
+  EXPECT_FALSE(write_file_atomic(dir + "/no/such/dir/x", "x").ok());
+  // a resume keeps the trajectories through its step, a new run starts them afresh
+  fs::create_directories(dir + "/trajectories");
+  std::ofstream(dir + "/trajectories/grpo.jsonl") << "{\"step\":1}\n{\"step\":3}\n{\"step\":4,";
+  write_rows(dir, 5, 2);
+  EXPECT_EQ(slurp(dir + "/trajectories/grpo.jsonl"), "{\"step\":1}\n");
+  write_rows(dir, 5);
+  EXPECT_FALSE(fs::exists(dir + "/trajectories/grpo.jsonl"));
   fs::remove_all(dir);
 }
 
@@ -129,6 +182,16 @@ TEST(Metrics, Report) {
   char magic[8] = {};
   in.read(magic, 8);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  // a torn last line (a run killed mid-write) is left out with a warning naming it; a bad line
+  // before the last is an error naming FILE:LINE (exit 2)
+  std::ofstream(dir + "/metrics.jsonl", std::ios::app) << "{\"step\": 6, \"rew";
+  const std::string err = dir + "/report.err";
+  ASSERT_EQ(std::system((cmd + " 2> " + err).c_str()), 0);
+  EXPECT_NE(slurp(err).find(dir + "/metrics.jsonl:8: warning: a torn last line"), std::string::npos) << slurp(err);
+  std::ofstream(dir + "/metrics.jsonl", std::ios::app) << "\n{\"step\": 7}\n";
+  int bad = std::system((cmd + " 2> " + err).c_str());
+  EXPECT_EQ(WEXITSTATUS(bad), 2);
+  EXPECT_NE(slurp(err).find(dir + "/metrics.jsonl:8: error: not a JSON object"), std::string::npos) << slurp(err);
   // a directory without metrics is a clear error (exit 2)
   std::string empty = temp_dir("report_empty");
   int rc = std::system((std::string(TROUPE_BINARY_DIR) + "/bin/troupe report " + empty + " 2>/dev/null").c_str());

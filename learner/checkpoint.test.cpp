@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -172,6 +173,60 @@ TEST(Checkpoint, CorruptFilesAreNamed) {
   r = load_checkpoint(step.string(), model.tensors(), opt);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("state.json is not a JSON object"), std::string::npos) << r.error().message;
+  fs::remove_all(dir);
+}
+
+// What a kill -9 in the middle of a save leaves (a temporary step directory, a step moved aside, a
+// link half-swapped) is removed by the next save and never taken for a checkpoint; a state.json
+// that does not list the weights and moments, lists a file outside the step or a directory, is
+// refused with the file named (never an exception).
+TEST(Checkpoint, KilledSaveLeftoversAndPartialState) {
+  const fs::path dir = fresh_dir("leftovers");
+  LocalCommunicator comm;
+  BigramModel model(12, 1);
+  Trainer tr(model, config(), comm);
+  ASSERT_TRUE(save(tr, model, dir, 1).ok());
+  for (const char* left : {".tmp_step_2.999", ".old_step_1.999", ".removing_step_0.999"}) {
+    fs::create_directories(dir / left);
+    std::ofstream(dir / left / "model.safetensors") << "half";
+  }
+  fs::create_directory_symlink("step_1", dir / ".latest.tmp.999");
+  EXPECT_EQ(checkpoint_steps(dir.string()).size(), 1u);
+  CheckpointOptions o;
+  o.keep_last = 1;
+  ASSERT_TRUE(save(tr, model, dir, 2, o).ok());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_2"}));
+
+  const fs::path step = dir / "step_2";
+  std::ifstream in(step / "state.json");
+  nlohmann::json state = nlohmann::json::parse(in);
+  auto rewrite = [&](const nlohmann::json& j) { std::ofstream(step / "state.json") << j.dump(); };
+  for (const char* required : {"model.safetensors", "optimizer.safetensors"}) {
+    nlohmann::json partial = state;
+    partial["files"].erase(required);
+    rewrite(partial);
+    auto v = verify_checkpoint(step.string());
+    ASSERT_FALSE(v.ok());
+    EXPECT_NE(v.error().message.find(std::string("does not list ") + required), std::string::npos) << v.error().message;
+  }
+  nlohmann::json outside = state;
+  outside["files"]["../step_1/model.safetensors"] = state["files"]["model.safetensors"];
+  rewrite(outside);
+  auto v = verify_checkpoint(step.string());
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.error().message.find("not inside"), std::string::npos) << v.error().message;
+  fs::create_directory(step / "sub");
+  nlohmann::json a_dir = state;
+  a_dir["files"]["sub"] = state["files"]["config.json"];
+  rewrite(a_dir);
+  v = verify_checkpoint(step.string());
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.error().message.find("sub is missing"), std::string::npos) << v.error().message;
+  rewrite(state);
+  EXPECT_TRUE(verify_checkpoint(step.string()).ok());
   fs::remove_all(dir);
 }
 
