@@ -10,14 +10,15 @@ process group at once, then checked and continued:
     duplicated or lost before the kill;
   * every checkpoints/step_N that passes the verifier's check (state.json lists each file with its
     size and CRC-32, like learner::verify_checkpoint) is the reference run's step_N: the same files,
-    the same CRCs, the same state but for its wall time; `latest` points at such a step;
+    the same CRCs, the same state but for its timing (wall time; async: pipeline.bin, whose
+    rollouts carry their times); `latest` points at such a step;
   * no process of the run outlives the kill (an isolated env worker exits with its parent);
   * `--resume` (a run killed before its first checkpoint: the run started again in the same
     run.dir) finishes, and the whole run directory then equals the reference: the metrics rows and
     the trajectories, row for row, bit for bit but the timing values, and nothing torn.
 
   kill9.py TROUPE SRC WORK fixed                  kills at fixed points (reliability.kill9)
-  kill9.py TROUPE SRC WORK trials [--trials N] [--seed S] [--time-limit SECONDS]
+  kill9.py TROUPE SRC WORK trials [--trials N] [--seed S] [--time-limit SECONDS] [--variant sync|async|sft]
                                                   N trials at random seeded times (reliability.kill9_trials)
 """
 import argparse
@@ -102,8 +103,11 @@ def verified(step_dir):
 
 
 def comparable_state(state):
+    """state.json but its timing: the wall time, and async's pipeline.bin (its finished rollouts
+    carry their sampling and env times; what they hold is checked by the resumed run's rows)."""
     s = json.loads(json.dumps(state))
     s.get("extra", {}).pop("wall_s", None)
+    s.get("files", {}).pop("pipeline.bin", None)
     return s
 
 
@@ -355,6 +359,16 @@ def trials(ref, work, ref_s, steps_from_s):
         done, ARGS.trials, json.dumps(stats), time.monotonic() - t_start), flush=True)
 
 
+# --variant: the run killed (sync GRPO by default)
+VARIANTS = {
+    "sync": [],
+    # async GRPO, two parts per step, rollouts up to 2 versions old: checkpoints keep finished rollouts
+    "async": ["rollout.async=true", "rollout.max_staleness=2", "rollout.async_chunks=2", "optimizer.schedule=constant"],
+    # 3 SFT steps, then GRPO (one global step count over both phases)
+    "sft": ["sft.enabled=true", "sft.max_steps=3", "sft.batch_size=8"],
+}
+
+
 def main():
     global ARGS, SETS
     ap = argparse.ArgumentParser()
@@ -365,10 +379,12 @@ def main():
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--time-limit", type=float, default=0)
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="sync")
     ARGS = ap.parse_args()
     SETS = ["--set", "envs[0].type=builtin", "--set", "envs[0].path=", "--set", "envs[0].name=arithmetic",
             "--set", "envs[0].isolate=true", "--set", "grpo.max_steps=8", "--set", "eval.every=3",
             "--set", "checkpointing.enabled=true", "--set", "checkpointing.every=1", "--set", "checkpointing.keep_last=2"]
+    SETS += [a for kv in VARIANTS[ARGS.variant] for a in ("--set", kv)]
     # (orphaned descendants of a killed run become this driver's children, so they can be seen)
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     work = os.path.abspath(ARGS.work)
