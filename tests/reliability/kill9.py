@@ -36,6 +36,7 @@ import zlib
 ARGS = None
 SETS = []  # the --set flags of every run (the reference keeps every step (keep_last 100))
 EXTRA = []  # a fixed case's own --set flags (for the killed run and its resumes)
+UNCOMMITTED = []  # kills that left a whole step newer than latest (not used: latest is the commit point)
 
 
 def fail(msg):
@@ -160,6 +161,8 @@ def check_dir(run_dir, ref, what):
     target = os.readlink(latest)
     if target not in whole:
         fail("%s: latest -> %s, which is not a whole checkpoint" % (what, target))
+    if max(whole.values()) > whole[target]:  # killed between a step's rename and the latest swap
+        UNCOMMITTED.append(what)
     return whole[target], torn_total
 
 
@@ -355,6 +358,7 @@ def trials(ref, work, ref_s, steps_from_s):
         print("%s: latest %s, %s, equal to the reference" % (what, latest, "resumed" if latest is not None else
                                                                "no checkpoint: started again"), flush=True)
         subprocess.run(["rm", "-rf", d])
+    stats["newer_than_latest"] = len(UNCOMMITTED)
     print("%d/%d trials resumed (or restarted) correctly: %s; %.0f s" % (
         done, ARGS.trials, json.dumps(stats), time.monotonic() - t_start), flush=True)
 

@@ -54,7 +54,9 @@ struct ProgressOptions {
 
 class MetricsSinks {
  public:
-  // append = true when resuming: metrics.jsonl rows after the resumed step are dropped first.
+  // resume_after_step >= 0 (a --resume): the rows of metrics.jsonl and trajectories/grpo.jsonl after
+  // that step, and a torn last line, are dropped first (keep_jsonl_rows_through; a warning names a
+  // dropped torn line), then rows are appended. A new run (-1): both files start afresh.
   static Result<std::unique_ptr<MetricsSinks>> open(const std::string& run_dir, bool tensorboard,
                                                     ProgressOptions progress, int64_t resume_after_step = -1);
   Status write(const nlohmann::json& row);
