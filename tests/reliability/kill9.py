@@ -259,7 +259,7 @@ def at_time(t):
 
 def has_row(step):
     def cond(d, el):
-        rows, _ = read_jsonl(os.path.join(d, "metrics.jsonl")) if os.path.exists(os.path.join(d, "metrics.jsonl")) else ([], 0)
+        rows, _ = read_jsonl(os.path.join(d, "metrics.jsonl"))  # (none while the file is missing)
         return any(r.get("step", 0) >= step for r in rows)
     return cond
 
