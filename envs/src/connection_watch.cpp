@@ -8,8 +8,8 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -60,7 +60,8 @@ std::string local_of(int fd) {
 ConnectionWatch::ConnectionWatch(zmq::context_t& ctx, zmq::socket_t& sock) : watched_(&sock) {
   static std::atomic<unsigned long> counter{0};
   const std::string addr = "inproc://troupe-connection-watch-" + std::to_string(++counter);
-  if (zmq_socket_monitor(sock.handle(), addr.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0)
+  if (zmq_socket_monitor(sock.handle(), addr.c_str(),
+                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0)
     throw zmq::error_t();
   pair_ = zmq::socket_t(ctx, zmq::socket_type::pair);
   pair_.set(zmq::sockopt::linger, 0);

@@ -16,9 +16,9 @@ namespace troupe::envs {
 class ConnectionWatch {
  public:
   struct Drop {
-    std::string peer;    // "IP:PORT", "ipc://PATH", or the endpoint when the address was not read
-    std::string local;   // our side's address, likewise ("" when not read)
-    double mono_s = 0;   // when the drop was read (base/clock.h mono_seconds)
+    std::string peer;   // "IP:PORT", "ipc://PATH", or the endpoint when the address was not read
+    std::string local;  // our side's address, likewise ("" when not read)
+    double mono_s = 0;  // when the drop was read (base/clock.h mono_seconds)
   };
   // Starts monitoring `sock` of `ctx` (both must outlive this); throws zmq::error_t as cppzmq does.
   ConnectionWatch(zmq::context_t& ctx, zmq::socket_t& sock);

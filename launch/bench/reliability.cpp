@@ -204,8 +204,8 @@ struct Case {
   bool kills = false;               // the fault ends the process: finish with --resume
   std::string off;                  // what turns it off for the resume
   std::vector<std::string> mode;    // --set arguments of the job itself (its fault-free run too)
-  bool eval = false;            // add the eval figures
-  bool failures_are_faults = false;  // faults_injected: the env calls that failed (env_retries + env_failures)
+  bool eval = false;                 // add the eval figures
+  bool failures_are_faults = false;  // faults_injected: failed env calls (env_retries + env_failures)
 };
 
 // The dataset env of the oversized-reply case: 40 train rows, every 8th with a 2 KiB field the env
@@ -218,7 +218,8 @@ std::vector<std::string> write_oversized_dataset(const fs::path& root) {
     if (i % 8 == 3) row["notes"] = std::string(2048, 'n');
     train << row.dump() << "\n";
   }
-  for (int i = 0; i < 4; ++i) eval << json{{"question", "9+" + std::to_string(i) + "="}, {"answer", std::to_string(9 + i)}}.dump() << "\n";
+  for (int i = 0; i < 4; ++i)
+    eval << json{{"question", "9+" + std::to_string(i) + "="}, {"answer", std::to_string(9 + i)}}.dump() << "\n";
   const json config = {{"train", (root / "train.jsonl").string()}, {"eval", (root / "eval.jsonl").string()},
                        {"verifier", "numeric"}, {"extract", "last_number"}};
   return {"--set", "envs[0].name=data", "--set", "envs[0].env=dataset", "--set", "envs[0].config=" + config.dump()};

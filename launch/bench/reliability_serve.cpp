@@ -32,12 +32,18 @@ void send_request(const std::string& host, int port, int i, const std::string& k
   httplib::Client c(host, port);
   c.set_read_timeout(120, 0);
   c.set_bearer_token_auth(key);
-  const nlohmann::json body = {{"model", "bench"}, {"prompt", "request " + std::to_string(i)},
-                               {"max_tokens", kMaxTokens}, {"temperature", 1.0}, {"seed", i}, {"ignore_eos", true}};
+  const nlohmann::json body = {{"model", "bench"},
+                               {"prompt", "request " + std::to_string(i)},
+                               {"max_tokens", kMaxTokens},
+                               {"temperature", 1.0},
+                               {"seed", i},
+                               {"ignore_eos", true}};
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
     auto res = c.Post("/v1/completions", body.dump(), "application/json");
     if (!res) {
-      if (n.other++ == 0) std::fprintf(stderr, "troupe bench reliability: serve_overload: %s\n", httplib::to_string(res.error()).c_str());
+      if (n.other++ == 0)
+        std::fprintf(stderr, "troupe bench reliability: serve_overload: %s\n",
+                     httplib::to_string(res.error()).c_str());
       return;
     }
     if (res->status == 200) {
@@ -50,11 +56,14 @@ void send_request(const std::string& host, int port, int i, const std::string& k
     }
     if (res->status != 429) {
       if (n.other++ == 0)
-        std::fprintf(stderr, "troupe bench reliability: serve_overload: %d %s\n", res->status, res->body.c_str());
+        std::fprintf(stderr, "troupe bench reliability: serve_overload: %d %s\n", res->status,
+                     res->body.c_str());
       return;
     }
-    if (attempt == 0) ++n.first_try_429;
-    else ++n.retries;
+    if (attempt == 0)
+      ++n.first_try_429;
+    else
+      ++n.retries;
     int wait_s = 1;
     if (res->has_header("Retry-After")) {
       ++n.retry_after;
@@ -90,7 +99,8 @@ int run_serve_overload_case(const BenchOptions&) {
   Counts n;
   std::vector<std::thread> ts;
   for (int i = 0; i < kRequests; ++i) ts.emplace_back([&, i] { send_request(host, *port, i, kKey, n); });
-  for (int i = 0; i < kWrongKey; ++i) ts.emplace_back([&, i] { send_request(host, *port, 1000 + i, "sk-wrong", n); });
+  for (int i = 0; i < kWrongKey; ++i)
+    ts.emplace_back([&, i] { send_request(host, *port, 1000 + i, "sk-wrong", n); });
   for (auto& t : ts) t.join();
   Counts after;  // the server serves on
   send_request(host, *port, 0, kKey, after);
