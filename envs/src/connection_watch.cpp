@@ -65,6 +65,9 @@ ConnectionWatch::ConnectionWatch(zmq::context_t& ctx, zmq::socket_t& sock) : wat
     throw zmq::error_t();
   pair_ = zmq::socket_t(ctx, zmq::socket_type::pair);
   pair_.set(zmq::sockopt::linger, 0);
+  // no high-water mark: libzmq's I/O thread blocks sending an event into a full monitor pipe, and
+  // events pile up between calls (an idle socket's reconnects); they are a few bytes each
+  pair_.set(zmq::sockopt::rcvhwm, 0);
   pair_.connect(addr);
 }
 
