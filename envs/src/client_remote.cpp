@@ -14,6 +14,7 @@
 #include <zmq.hpp>
 
 #include "child_process.h"
+#include "connection_watch.h"
 #include "troupe/base/clock.h"
 #include "troupe/envs/client.h"
 #include "troupe/envs/remote.h"
@@ -220,20 +221,29 @@ class RemoteEnvClient final : public EnvClient {
     return {};
   }
 
-  std::unique_ptr<zmq::socket_t> make_socket() const {
-    auto sock = std::make_unique<zmq::socket_t>(shared_context(), zmq::socket_type::req);
-    sock->set(zmq::sockopt::linger, 0);
-    // a reply over the limit is never read: libzmq drops the connection, and the call times out
-    sock->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(spec_.max_message_bytes));
-    sock->connect(address_);
-    return sock;
+  // A REQ socket and the watch on its connection (declared after it: detached first).
+  struct WatchedSocket {
+    zmq::socket_t sock;
+    std::unique_ptr<ConnectionWatch> watch;
+  };
+
+  std::unique_ptr<WatchedSocket> make_socket() const {
+    auto ws = std::make_unique<WatchedSocket>();
+    ws->sock = zmq::socket_t(shared_context(), zmq::socket_type::req);
+    ws->sock.set(zmq::sockopt::linger, 0);
+    // a reply over the limit is never read: libzmq drops the connection, and the call times out;
+    // the watch tells which connection went, and when
+    ws->sock.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(spec_.max_message_bytes));
+    ws->watch = std::make_unique<ConnectionWatch>(shared_context(), ws->sock);
+    ws->sock.connect(address_);
+    return ws;
   }
   void new_socket() { sock_ = make_socket(); }
 
   // One call on its own socket (taken from the idle ones, or new); a socket whose call failed is
   // dropped (a REQ socket that missed its reply is stuck).
   Result<json> call_concurrent(json req, const char* op, const std::string& episode) {
-    std::unique_ptr<zmq::socket_t> sock;
+    std::unique_ptr<WatchedSocket> sock;
     {
       std::lock_guard lock(idle_mu_);
       if (!idle_.empty()) {
@@ -254,8 +264,11 @@ class RemoteEnvClient final : public EnvClient {
     return call_raw(*sock_, std::move(req), timeout_s, op, episode);
   }
 
-  // Sends one request and waits for its reply, watching the worker. No recovery here.
-  Result<json> call_raw(zmq::socket_t& sock, json req, double timeout_s, const char* op, const std::string& episode) {
+  // Sends one request and waits for its reply, watching the worker and the connection. No recovery here.
+  Result<json> call_raw(WatchedSocket& ws, json req, double timeout_s, const char* op, const std::string& episode) {
+    zmq::socket_t& sock = ws.sock;
+    ws.watch->drain();
+    ws.watch->forget_drop();
     const int64_t id = ++next_id_;
     req["id"] = id;
     const std::string text = req.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -268,20 +281,26 @@ class RemoteEnvClient final : public EnvClient {
         if (!sock.send(zmq::buffer(text), zmq::send_flags::none))
           return make_error(ErrorCode::io, where() + ": cannot send " + what);
       }
-      const double deadline = mono_seconds() + timeout_s;
+      const double sent = mono_seconds(), deadline = sent + timeout_s;
       for (;;) {
-        zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1, std::chrono::milliseconds(20));
-        if (item.revents & ZMQ_POLLIN) break;
+        zmq::pollitem_t items[] = {{sock.handle(), 0, ZMQ_POLLIN, 0}, {ws.watch->handle(), 0, ZMQ_POLLIN, 0}};
+        zmq::poll(items, 2, std::chrono::milliseconds(20));
+        if (items[1].revents & ZMQ_POLLIN) ws.watch->drain();
+        if (items[0].revents & ZMQ_POLLIN) break;
         if (const pid_t pid = worker_.pid(); pid > 0 && !worker_.alive())
           return make_error(ErrorCode::peer_failed, where(pid) + ": env worker " +
                                                         detail::describe_wait_status(worker_.exit_status()) +
                                                         " during " + what + worker_.log_tail());
         if (mono_seconds() > deadline) {
           std::ostringstream os;
-          os << where() << ": no answer to " << what << " within " << timeout_s
-             << " s (a reply over max_message_bytes " << spec_.max_message_bytes
-             << " is dropped with its connection, unread)";
+          ws.watch->drain();
+          os << where() << ": no answer to " << what << " within " << timeout_s << " s";
+          if (const std::string note = dropped_connection_note(*ws.watch, sent); !note.empty())
+            os << note << " (a reply over max_message_bytes " << spec_.max_message_bytes
+               << ", or a request over the server's limit, is dropped so, unread)";
+          else
+            os << " (a reply over max_message_bytes " << spec_.max_message_bytes
+               << " is dropped with its connection, unread)";
           return make_error(ErrorCode::timeout, os.str());
         }
       }
@@ -374,12 +393,12 @@ class RemoteEnvClient final : public EnvClient {
   detail::ChildProcess worker_;  // the server troupe started (owns_process()); removes log_path_
   std::atomic<bool> corrupt_{false};
   std::atomic<bool> drop_{false};
-  std::unique_ptr<zmq::socket_t> sock_;
+  std::unique_ptr<WatchedSocket> sock_;
   std::mutex mu_;           // the owned worker's socket (one call at a time)
   std::mutex sessions_mu_;  // sessions_
   std::map<std::string, int> sessions_;  // episode -> worker generation it lives on
   std::mutex idle_mu_;
-  std::vector<std::unique_ptr<zmq::socket_t>> idle_;  // concurrent(): sockets with no call in flight
+  std::vector<std::unique_ptr<WatchedSocket>> idle_;  // concurrent(): sockets with no call in flight
   int generation_ = 0, restarts_ = 0;
   bool gave_up_ = false;
   std::atomic<int64_t> next_id_{0};

@@ -14,7 +14,9 @@
 #include <set>
 #include <zmq.hpp>
 
+#include "connection_watch.h"
 #include "msgpack_json.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/build_config.h"
 #include "verifiers_tasks.h"
 #include "troupe/envs/client.h"
@@ -248,6 +250,7 @@ class VerifiersEnvClient final : public EnvClient {
     sock.set(zmq::sockopt::linger, 200);
     // a message over the limit is never read: libzmq drops the connection, and the call times out
     sock.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(spec_.max_message_bytes));
+    ConnectionWatch watch(verifiers_context(), sock);  // which connection was dropped, and when
     try {
       sock.connect(spec_.address);
     } catch (const zmq::error_t& e) {
@@ -259,11 +262,17 @@ class VerifiersEnvClient final : public EnvClient {
     sock.send(zmq::buffer(method), zmq::send_flags::sndmore);
     sock.send(zmq::buffer(body), zmq::send_flags::none);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    const double sent = mono_seconds();
     const std::string what = where() + ": " + method;
     for (;;) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      zmq::pollitem_t item{static_cast<void*>(sock), 0, ZMQ_POLLIN, 0};
-      if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) {
+      zmq::pollitem_t items[] = {{static_cast<void*>(sock), 0, ZMQ_POLLIN, 0}, {watch.handle(), 0, ZMQ_POLLIN, 0}};
+      const int ready = left.count() > 0 ? zmq::poll(items, 2, left) : 0;
+      if (items[1].revents & ZMQ_POLLIN) {
+        watch.drain();
+        if (!(items[0].revents & ZMQ_POLLIN)) continue;
+      }
+      if (ready == 0) {
         if (method == "run") {  // tell the server to stop the abandoned rollout (best effort)
           const std::string cancel = json_to_msgpack(json{{"request_id", rid}});
           const std::string cid = request_id();
@@ -271,8 +280,10 @@ class VerifiersEnvClient final : public EnvClient {
           sock.send(zmq::buffer(std::string("cancel")), zmq::send_flags::sndmore);
           sock.send(zmq::buffer(cancel), zmq::send_flags::dontwait);
         }
+        watch.drain();
         return make_error(ErrorCode::timeout, what + ": no reply within timeout_s " + std::to_string(timeout_s) +
-                                                  " s (the run was cancelled on the server; a message over max_message_bytes " +
+                                                  " s" + dropped_connection_note(watch, sent) +
+                                                  " (the run was cancelled on the server; a message over max_message_bytes " +
                                                   std::to_string(spec_.max_message_bytes) +
                                                   " is dropped with its connection, unread)");
       }

@@ -1,11 +1,13 @@
 // envs.max_message: envs[].max_message_bytes bounds every env protocol socket. A remote server whose
 // reply is over the limit, or a request over an isolated worker's limit, never reaches the reader:
-// libzmq drops the connection unread, the call fails as a timeout naming the limit, and the next
+// libzmq drops the connection unread, the call fails as a timeout naming the limit and the peer whose
+// connection was dropped (a socket monitor's events: connection_watch.h), and the next
 // call (on a new connection, or a restarted worker) works. A Python SDK server troupe starts gets
 // the limit too ($TROUPE_ENV_MAX_MESSAGE_BYTES).
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <thread>
 
 #include <zmq.hpp>
@@ -80,6 +82,13 @@ TEST(MaxMessage, OversizedRemoteReplyFailsTheCallNotTheClient) {
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.error().code, troupe::ErrorCode::timeout);
   EXPECT_NE(big.error().message.find("max_message_bytes 65536"), std::string::npos) << big.error().message;
+  // the error names the peer whose connection was dropped (the server's address, as getpeername read it)
+  std::printf("the error: %s\n", big.error().message.c_str());
+  const std::string peer = server.address().substr(std::string("tcp://").size());
+  EXPECT_NE(big.error().message.find("env big (" + server.address() + ")"), std::string::npos) << big.error().message;
+  EXPECT_NE(big.error().message.find("the connection to " + peer + " (from 127.0.0.1:"), std::string::npos)
+      << big.error().message;
+  EXPECT_NE(big.error().message.find("was dropped"), std::string::npos) << big.error().message;
   auto again = (*c)->reset("c", 2, {});  // a new connection: the run goes on
   ASSERT_TRUE(again.ok()) << again.error().message;
   EXPECT_EQ(again->text, "xxxxxxxx");
@@ -98,6 +107,11 @@ TEST(MaxMessage, OversizedRequestRestartsTheIsolatedWorker) {
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.error().code, troupe::ErrorCode::timeout);
   EXPECT_NE(big.error().message.find("max_message_bytes"), std::string::npos) << big.error().message;
+  // the worker is named, and the connection to its socket it dropped
+  std::printf("the error: %s\n", big.error().message.c_str());
+  EXPECT_NE(big.error().message.find("env arithmetic (worker pid "), std::string::npos) << big.error().message;
+  EXPECT_NE(big.error().message.find("the connection to ipc://"), std::string::npos) << big.error().message;
+  EXPECT_NE(big.error().message.find("request over the server's limit"), std::string::npos) << big.error().message;
   EXPECT_EQ((*c)->restarts(), 1);
   auto fine = (*c)->verify(obs->metadata, "nope");
   ASSERT_TRUE(fine.ok()) << fine.error().message;

@@ -134,6 +134,9 @@ def check_limits(troupe, d):
                      ["--max-prompt-tokens", "20"], "a long prompt")
         expect_error(http(url + "/v1/completions", raw=json.dumps(completion(prompt="y" * 4000)).encode()), 413,
                      words=["--max-body-bytes", "2048"], what="a large body")
+        big_chat = {"model": "tiny", "messages": [{"role": "user", "content": "z" * 4000}], "max_tokens": 2}
+        expect_error(http(url + "/v1/chat/completions", raw=json.dumps(big_chat).encode()), 413,
+                     words=["--max-body-bytes", "2048"], what="a large chat body (413, not 400)")
         expect_error(http(url + "/v1/completions", completion(foo=1)), 400, "foo", what="an unknown field")
         if http(url + "/v1/completions", completion(user="u1", seed=3))[0] != 200:
             fail("user and seed must be accepted")
