@@ -30,6 +30,8 @@ struct ExportOpts {
 
 // The base's path: --base, else CKPT/base.json's (a relative path is tried as given, then from CKPT).
 Result<io::AdapterBaseRef> base_ref_for(const ExportOpts& o) {
+  if (!fs::is_directory(o.ckpt))
+    return invalid_input(o.ckpt + ": not a directory (expected a LoRA checkpoint or PEFT adapter directory)");
   const std::string ref_file = (fs::path(o.ckpt) / io::kAdapterBaseFile).string();
   if (!o.base.empty()) {
     io::AdapterBaseRef ref{o.base, ""};
@@ -48,9 +50,11 @@ Result<io::AdapterBaseRef> base_ref_for(const ExportOpts& o) {
 }
 
 // The base as a model directory (a .gguf is imported once into $TROUPE_CACHE).
-Result<std::string> base_dir_of(const std::string& path) {
+Result<std::string> base_dir_of(const std::string& path, const ExportOpts& o) {
+  const std::string from = o.base.empty() ? " (named by " + (fs::path(o.ckpt) / io::kAdapterBaseFile).string() + ")" : " (--base)";
+  if (!fs::exists(path)) return invalid_input(path + ": the base model does not exist" + from);
   if (fs::path(path).extension() == ".gguf") return io::cached_gguf_import(path);
-  if (!fs::is_directory(path)) return invalid_input(path + ": the base model is not a directory or a .gguf file");
+  if (!fs::is_directory(path)) return invalid_input(path + ": the base model is not a directory or a .gguf file" + from);
   return path;
 }
 
@@ -102,7 +106,7 @@ Status copy_tokenizer_files(const std::string& from, const std::string& to) {
 Status run_export(const ExportOpts& o) {
   TROUPE_ASSIGN_OR_RETURN(auto ref, base_ref_for(o));
   TROUPE_ASSIGN_OR_RETURN(auto adapter, io::read_peft_adapter(o.ckpt));  // file checks before the (large) base
-  TROUPE_ASSIGN_OR_RETURN(std::string dir, base_dir_of(ref.path));
+  TROUPE_ASSIGN_OR_RETURN(std::string dir, base_dir_of(ref.path, o));
   TROUPE_ASSIGN_OR_RETURN(auto hf_config, read_json_file((fs::path(dir) / "config.json").string()));
   TROUPE_ASSIGN_OR_RETURN(auto base, io::load_model_dir(dir));
   TROUPE_ASSIGN_OR_RETURN(auto model, io::model_from_dir(base, {}));

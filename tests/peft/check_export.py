@@ -7,10 +7,14 @@
                                         -> `export --merge`; transformers loads OUT_DIR, logits == PEFT's,
                                         the base's tokenizer files and chat template are there
     check_export.py errors TROUPE       launch.export_errors: every bad input exits 2 naming the file / key
+    check_export.py gguf TROUPE         launch.export_gguf: an adapter merged into a .gguf base (tests/gguf/
+                                        tiny_qwen3.gguf): W' - W == s·B·A on the adapted modules, the rest equal
 The first two need peft + transformers + torch: they re-run themselves with ensure_peft.py's venv."""
 import json
 import os
+import random
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -154,7 +158,8 @@ def errors(exe, tmp):
         return d
 
     out = lambda name: os.path.join(tmp, "out_" + name)  # noqa: E731
-    expect_error(exe, [os.path.join(tmp, "absent"), out("a")], [os.path.join(tmp, "absent")], "absent checkpoint")
+    expect_error(exe, [os.path.join(tmp, "absent"), out("a")], [os.path.join(tmp, "absent"), "not a directory"],
+                 "absent checkpoint")
     d = variant("no_base_json", drop="base.json")
     expect_error(exe, [d, out("b")], [os.path.join(d, "base.json"), "--base"], "no base.json")
     d = variant("no_weights", drop="adapter_model.safetensors")
@@ -179,7 +184,8 @@ def errors(exe, tmp):
     d = variant("bad_base_json", base_json='{"path": ')
     expect_error(exe, [d, out("k")], [os.path.join(d, "base.json"), "JSON"], "base.json not JSON")
     d = variant("base_gone", base_json={"path": os.path.join(tmp, "gone"), "fingerprint": None})
-    expect_error(exe, [d, out("l"), "--merge"], [os.path.join(tmp, "gone")], "base missing")
+    expect_error(exe, [d, out("l"), "--merge"], [os.path.join(tmp, "gone"), "does not exist", os.path.join(d, "base.json")],
+                 "base missing")
     os.makedirs(out("m"))
     open(os.path.join(out("m"), "x"), "w").close()
     expect_error(exe, [ckpt, out("m"), "--merge"], [out("m"), "not empty"], "OUT_DIR not empty")
@@ -190,14 +196,88 @@ def errors(exe, tmp):
         fail(f"troupe export --help: {r.stdout}")
 
 
+def read_safetensors(path):
+    """{name: (shape, [floats])} of an F32 safetensors file (the format, by hand: no packages needed)."""
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        assert e["dtype"] == "F32", (path, name, e["dtype"])
+        b, end = e["data_offsets"]
+        out[name] = (e["shape"], list(struct.unpack(f"<{(end - b) // 4}f", raw[8 + n + b:8 + n + end])))
+    return out
+
+
+def write_safetensors(path, tensors):
+    header, data = {}, b""
+    for name in sorted(tensors):
+        shape, values = tensors[name]
+        blob = struct.pack(f"<{len(values)}f", *values)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + len(blob)]}
+        data += blob
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+
+
+def gguf(exe, tmp):
+    os.environ["TROUPE_CACHE"] = os.path.join(tmp, "cache")
+    model = os.path.join(ROOT, "tests", "gguf", "tiny_qwen3.gguf")
+    imported = os.path.join(tmp, "imported")
+    r = troupe(exe, "import", model, imported)
+    if r.returncode != 0:
+        fail(f"troupe import: {r.stderr}")
+    base = read_safetensors(os.path.join(imported, "model.safetensors"))
+    rnd, r_, alpha = random.Random(7), 2, 6.0
+    adapter, modules = {}, ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"]
+    for m in modules:
+        out_f, in_f = base[m + ".weight"][0]
+        adapter[f"base_model.model.{m}.lora_A.weight"] = ([r_, in_f], [rnd.uniform(-1, 1) for _ in range(r_ * in_f)])
+        adapter[f"base_model.model.{m}.lora_B.weight"] = ([out_f, r_], [rnd.uniform(-1, 1) for _ in range(out_f * r_)])
+    d = os.path.join(tmp, "adapter")
+    os.makedirs(d)
+    write_safetensors(os.path.join(d, "adapter_model.safetensors"), adapter)
+    with open(os.path.join(d, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": r_, "lora_alpha": alpha, "target_modules": ["q_proj", "down_proj"],
+                   "task_type": "CAUSAL_LM", "bias": "none"}, f)
+    out = os.path.join(tmp, "merged")
+    export(exe, d, out, "--merge", "--base", model)
+    merged = read_safetensors(os.path.join(out, "model.safetensors"))
+    if set(merged) != set(base):
+        fail(f"merged tensors {sorted(set(merged) ^ set(base))} differ from the imported base's")
+    s = alpha / r_
+    for name, (shape, w) in base.items():
+        m = name[:-len(".weight")]
+        if m not in modules:
+            if merged[name][1] != w:
+                fail(f"{name} changed but is not adapted")
+            continue
+        (_, a), (_, b) = adapter[f"base_model.model.{m}.lora_A.weight"], adapter[f"base_model.model.{m}.lora_B.weight"]
+        out_f, in_f = shape
+        worst = max(abs(merged[name][1][o * in_f + i] - w[o * in_f + i] - s * sum(b[o * r_ + k] * a[k * in_f + i] for k in range(r_)))
+                    for o in range(out_f) for i in range(in_f))
+        if worst > 1e-5:
+            fail(f"{name}: merged - base differs from s*B*A by {worst:.3g}")
+        print(f"{name}: max |W' - W - s*B*A| = {worst:.3g}")
+    if not os.path.exists(os.path.join(out, "tokenizer.json")):
+        fail("the merged directory has no tokenizer.json")
+    r = troupe(exe, "score", out, "--text", "hello")
+    if r.returncode != 0:
+        fail(f"troupe score on the merged directory: {r.stderr}")
+
+
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("peft-loads", "merge", "errors"):
+    if len(sys.argv) != 3 or sys.argv[1] not in ("peft-loads", "merge", "errors", "gguf"):
         fail(__doc__)
     mode, exe = sys.argv[1], os.path.abspath(sys.argv[2])
-    if mode != "errors":
+    if mode in ("peft-loads", "merge"):
         in_peft_venv()
     with tempfile.TemporaryDirectory(prefix="troupe_export_") as tmp:
-        {"peft-loads": peft_loads, "merge": merge, "errors": errors}[mode](exe, tmp)
+        {"peft-loads": peft_loads, "merge": merge, "errors": errors, "gguf": gguf}[mode](exe, tmp)
     print("ok")
 
 
