@@ -129,3 +129,43 @@ TEST(LoraMerge, ChangesNothingOnError) {
   EXPECT_NE(st.error().message.find("k_proj"), std::string::npos) << st.error().message;
   for (const auto& [name, t] : before) EXPECT_EQ(base.at(name).data, t.data) << name;
 }
+
+// MoE experts are adapted under their per-expert names (the Model's table points into the fused
+// expert blocks): the flat merge equals the by-name one and moves exactly W by s·B·A.
+TEST(LoraMerge, ExpertModulesOfMoeFamilies) {
+  for (const std::string fam : {"qwen3_moe", "mixtral"}) {
+    auto loaded = load_model(hf_fixture(fam).string());
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+    Model& model = loaded.value().model;
+    const std::string module = fam == "mixtral" ? "model.layers.1.block_sparse_moe.experts.1.w2"
+                                                : "model.layers.1.mlp.experts.1.down_proj";
+    const TensorSpec* w = model.find_tensor(module + ".weight");
+    ASSERT_NE(w, nullptr) << module;
+    const int64_t out = w->shape[0], in = w->shape[1], r = 2;
+    PeftAdapter a;
+    a.config.r = r;
+    a.config.lora_alpha = 3;
+    Tensor A{{r, in}, {}}, B{{out, r}, {}};
+    for (int64_t i = 0; i < r * in; ++i) A.data.push_back(0.01f * static_cast<float>(i % 17) - 0.05f);
+    for (int64_t i = 0; i < out * r; ++i) B.data.push_back(0.02f * static_cast<float>(i % 13) - 0.1f);
+    a.tensors[lora_a_name(module)] = A;
+    a.tensors[lora_b_name(module)] = B;
+    const std::vector<float> before(model.params().begin(), model.params().end());
+    auto by_name = hf_tensors_from_canonical(model.config(), model_tensors(model).value(), ExpertLayout::per_expert).value();
+    ASSERT_TRUE(merge_lora(by_name, a).ok());
+    ASSERT_TRUE(merge_lora(model.params(), model.tensors(), a).ok());
+    EXPECT_EQ(by_name.at(module + ".weight").data,
+              std::vector<float>(model.params().begin() + w->offset, model.params().begin() + w->offset + w->numel()));
+    size_t moved = 0;
+    for (size_t i = 0; i < before.size(); ++i) moved += before[i] != model.params()[i];
+    EXPECT_GT(moved, 0u);
+    EXPECT_LE(moved, w->numel()) << fam << ": values outside " << module << " changed";
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double ba = 0;
+        for (int64_t k = 0; k < r; ++k) ba += static_cast<double>(B.data[o * r + k]) * A.data[k * in + i];
+        const size_t at = w->offset + o * in + i;
+        ASSERT_NEAR(model.params()[at] - before[at], 1.5 * ba, 1e-6) << fam << " [" << o << ", " << i << "]";
+      }
+  }
+}
