@@ -10,6 +10,10 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_import.cpp
   ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
+  # PEFT LoRA adapters: the files, the target kinds, the merge and the base fingerprint (xxHash).
+  ${CMAKE_CURRENT_LIST_DIR}/peft_adapter.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/lora_targets.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/lora_merge.cpp
   # The Jinja subset of chat templates (internal headers beside them).
   ${CMAKE_CURRENT_LIST_DIR}/jinja/value.cpp
   ${CMAKE_CURRENT_LIST_DIR}/jinja/lexer.cpp
@@ -19,6 +23,10 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/jinja/filters.cpp
 )
 target_link_libraries(troupe_policy PRIVATE PkgConfig::TROUPE_PCRE2)
+if(NOT TARGET PkgConfig::TROUPE_XXHASH)
+  pkg_check_modules(TROUPE_XXHASH REQUIRED IMPORTED_TARGET GLOBAL libxxhash)
+endif()
+target_link_libraries(troupe_policy PRIVATE PkgConfig::TROUPE_XXHASH)
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.safetensors SOURCES ${CMAKE_CURRENT_LIST_DIR}/safetensors.test.cpp LIBS troupe::policy)
 endif()
@@ -38,4 +46,11 @@ if(TROUPE_BUILD_TESTS)
 endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.chat_template SOURCES ${CMAKE_CURRENT_LIST_DIR}/chat_template.test.cpp LIBS troupe::policy)
+endif()
+if(TROUPE_BUILD_TESTS)
+  set(_peft_env "TROUPE_PEFT_FIXTURES=${PROJECT_SOURCE_DIR}/tests/peft" "TROUPE_HF_FIXTURES=${PROJECT_SOURCE_DIR}/tests/hf_fixture")
+  troupe_add_test(NAME policy.lora_peft_io SOURCES ${CMAKE_CURRENT_LIST_DIR}/peft_adapter.test.cpp LIBS troupe::policy
+    ENV ${_peft_env})
+  troupe_add_test(NAME policy.lora_merge_golden SOURCES ${CMAKE_CURRENT_LIST_DIR}/lora_merge.test.cpp LIBS troupe::policy
+    ENV ${_peft_env})
 endif()
