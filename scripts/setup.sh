@@ -72,6 +72,7 @@ if [ "$MODE" = test ]; then
   .venv/bin/python tests/envs/ensure_nemo_gym.py > /dev/null || echo "setup: could not install nemo-gym (envs.nemo_gym will try again)"
   .venv/bin/python tests/envs/verifiers/check_verifiers.py --install-only || echo "setup: could not install verifiers (envs.verifiers will try again)"
   .venv/bin/python tests/logger/check_wandb.py --install-only || echo "setup: could not install wandb (launch.wandb will try again)"
+  .venv/bin/python tests/peft/ensure_peft.py > /dev/null || echo "setup: could not install peft/transformers (the LoRA golden tests will try again)"
 fi
 
 WERROR=OFF
