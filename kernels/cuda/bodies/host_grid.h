@@ -75,4 +75,26 @@ void host_for_rows(const Body& body, int rows, int lanes) {
   for (auto& t : threads) t.join();
 }
 
+// body.block(lanes, b, shared) for every block b in [0, body.blocks()), each on `lanes` host
+// threads sharing `shared_bytes` of the block's shared memory (the tile bodies, flash_attention.h).
+template <class Body>
+void host_for_blocks(const Body& body, int lanes, size_t shared_bytes) {
+  const int blocks = body.blocks();
+  if (blocks <= 0) return;
+  std::barrier<> bar(lanes);
+  std::vector<double> shared((shared_bytes + sizeof(double) - 1) / sizeof(double));
+  auto* smem = reinterpret_cast<unsigned char*>(shared.data());
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(lanes));
+  for (int l = 0; l < lanes; ++l)
+    threads.emplace_back([&, l] {
+      HostLanes lane(l, lanes, smem, &bar);
+      for (int b = 0; b < blocks; ++b) {
+        body.block(lane, b, smem);
+        lane.sync();  // the next block reuses the shared memory once every lane is done
+      }
+    });
+  for (auto& t : threads) t.join();
+}
+
 }  // namespace troupe::kernels::cuda
