@@ -81,8 +81,9 @@ Grads cpu_op(const Case& c, const V& q, const V& kk, const V& v, const V& dout) 
 TEST(CudaFlashAttention, MatchesCpuOp) {
   const std::vector<int32_t> packed = {0, 37, 42, 113};  // three sequences of odd lengths
   const std::vector<int32_t> one = {0, 75};              // plain causal
+  const std::vector<int32_t> edge = {0, 5, 5, 6, 14};    // an empty and a one-token sequence
   int seed = 1;
-  for (const auto& cu : {packed, one})
+  for (const auto& cu : {packed, one, edge})
     for (int HD : {32, 64})
       for (auto [NH, NKV] : {std::pair{4, 2}, std::pair{2, 2}})
         for (int tile : {flash_tile(HD), 16}) {
