@@ -59,6 +59,23 @@ TROUPE_HD inline void flash_load_rows(float* dst, const float* x, int t0, int ro
   }
 }
 
+// One row of the forward's online softmax over a tile of scores s[0, cols): the new max m, P = e^(s-m)
+// in place (0 where masked), l rescaled and grown, alpha = e^(m_old - m) for the accumulator.
+TROUPE_HD inline void flash_online_row(float* s, int cols, float& m, float& l, float& alpha) {
+  float mx = m;
+  for (int c = 0; c < cols; ++c) mx = hd_max(mx, s[c]);
+  float sum = 0.0f;
+  alpha = 1.0f;
+  if (mx == hd_neg_inf()) {  // every key so far masked: nothing to add, nothing to rescale
+    for (int c = 0; c < cols; ++c) s[c] = 0.0f;
+  } else {
+    alpha = hd_exp(m - mx);
+    for (int c = 0; c < cols; ++c) sum += (s[c] = hd_exp(s[c] - mx));
+  }
+  m = mx;
+  l = l * alpha + sum;
+}
+
 // Forward, one block per (Q tile, head): out (N, NH, HD), lse (N, NH). The tile's rows see keys
 // from their first row's sequence start up to their last row; each score outside a row's own
 // sequence or after the row is masked.
@@ -99,21 +116,7 @@ struct FlashForwardBody {
                                                          : hd_neg_inf();
       }
       L.sync();
-      for (int r = lane; r < rows; r += nl) {  // online softmax: new max, P = e^(S-m), rescale factor
-        float* s = Ss + r * B;
-        float mx = ms[r];
-        for (int c = 0; c < cols; ++c) mx = hd_max(mx, s[c]);
-        float alpha = 1.0f, sum = 0.0f;
-        if (mx == hd_neg_inf()) {
-          for (int c = 0; c < cols; ++c) s[c] = 0.0f;
-        } else {
-          alpha = hd_exp(ms[r] - mx);
-          for (int c = 0; c < cols; ++c) sum += (s[c] = hd_exp(s[c] - mx));
-        }
-        ms[r] = mx;
-        ls[r] = ls[r] * alpha + sum;
-        as[r] = alpha;
-      }
+      for (int r = lane; r < rows; r += nl) flash_online_row(Ss + r * B, cols, ms[r], ls[r], as[r]);
       L.sync();
       for (int i = lane; i < rows * HD; i += nl) {  // O = diag(alpha) O + P V
         const int r = i / HD, d = i % HD;
