@@ -19,6 +19,7 @@
 #include "bodies/chunked_logprob.h"
 #include "bodies/elementwise.h"
 #include "bodies/embedding.h"
+#include "bodies/flash_attention.h"
 #include "bodies/gemm_args.h"
 #include "bodies/grpo_loss.h"
 #include "bodies/host_grid.h"
@@ -495,18 +496,23 @@ TEST(CudaBodiesOnHost, PackedAttention) {
                        cu.data(), S, L, N, NH, NKV, HD);
   k::attention_backward(rdq.data(), rdk.data(), rdv.data(), scratch.data(), scratch.size(), dout.data(), q.data(),
                         kk.data(), v.data(), rout.data(), rlse.data(), cu.data(), S, L, N, NH, NKV, HD);
-  const AttnShape sh{cu.data(), S, NH, NKV, HD};
-  Guarded<float> out(nq), lse(static_cast<size_t>(N) * NH), dq(nq), dk(nk), dv(nk);
-  host_for_each(AttnForwardBody{out.data(), lse.data(), q.data(), kk.data(), v.data(), sh}, static_cast<size_t>(N) * NH);
-  expect_near("attention_forward", out.data(), rout, nq, 1e-5, 1e-4);
-  expect_near("attention_forward.lse", lse.data(), rlse, lse.size(), 1e-5, 1e-5);
-  const AttnGrads in{dout.data(), q.data(), kk.data(), v.data(), rout.data(), rlse.data()};
-  host_for_each(AttnBackwardDqBody{dq.data(), in, sh}, static_cast<size_t>(N) * NH);
-  host_for_each(AttnBackwardDkDvBody{dk.data(), dv.data(), in, sh}, static_cast<size_t>(N) * NKV);
-  expect_near("attention_backward.dq", dq.data(), rdq, nq, 1e-5, 1e-4);
-  expect_near("attention_backward.dk", dk.data(), rdk, nk, 1e-5, 1e-4);
-  expect_near("attention_backward.dv", dv.data(), rdv, nk, 1e-5, 1e-4);
-  for (auto* g : {&out, &lse, &dq, &dk, &dv}) expect_guards("attention", *g);
+  // The FlashAttention-2 tile bodies (flash_attention.h; kernels.cuda_flash_attention has more cases).
+  for (int lanes : kLaneCounts) {
+    const FlashShape sh{cu.data(), S, N, NH, NKV, HD, 4};
+    Guarded<float> out(nq), lse(static_cast<size_t>(N) * NH), dq(nq), dk(nk), dv(nk);
+    host_for_blocks(FlashForwardBody{out.data(), lse.data(), q.data(), kk.data(), v.data(), sh}, lanes,
+                    flash_forward_floats(sh.tile, HD) * sizeof(float));
+    expect_near("attention_forward", out.data(), rout, nq, 1e-5, 1e-4);
+    expect_near("attention_forward.lse", lse.data(), rlse, lse.size(), 1e-5, 1e-5);
+    const AttnGrads in{dout.data(), q.data(), kk.data(), v.data(), rout.data(), rlse.data()};
+    const size_t bytes = flash_backward_floats(sh.tile, HD) * sizeof(float);
+    host_for_blocks(FlashBackwardDkDvBody{dk.data(), dv.data(), in, sh}, lanes, bytes);
+    host_for_blocks(FlashBackwardDqBody{dq.data(), in, sh}, lanes, bytes);
+    expect_near("attention_backward.dq", dq.data(), rdq, nq, 1e-5, 1e-4);
+    expect_near("attention_backward.dk", dk.data(), rdk, nk, 1e-5, 1e-4);
+    expect_near("attention_backward.dv", dv.data(), rdv, nk, 1e-5, 1e-4);
+    for (auto* g : {&out, &lse, &dq, &dk, &dv}) expect_guards("attention", *g);
+  }
 }
 
 TEST(CudaBodiesOnHost, DecodeAttentionAndKvWrite) {

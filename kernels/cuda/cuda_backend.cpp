@@ -48,6 +48,7 @@ class CudaBackend final : public Backend {
     TROUPE_CUBLAS_CHECK(cublasSetMathMode(q_.blas, CUBLAS_PEDANTIC_MATH));  // fp32 GEMMs, no TF32
     q_.bf16 = &bf16_ws_;  // policy.compute_dtype bf16: cuda::gemm's rounded operands
     q_.experts = &expert_ws_;  // the MoE experts' batched GEMMs (expert_gemm.h)
+    q_.decode = &decode_ws_;  // split-K decode attention's partials
   }
   // The process-wide backend lives until exit, when the CUDA runtime may already be gone: its
   // stream, handle and workspace are left to the driver's teardown.
@@ -154,7 +155,7 @@ class CudaBackend final : public Backend {
                        const Guard guard(*this);
     cuda::launch_rope_rotate(q_, dinp, dout, cos, sin, -1.0f, N, NH, HD);
   }
-  // The attention kernels need no scratch (bodies/attention.h); one float keeps callers' buffers non-empty.
+  // The attention kernels need no scratch (bodies/flash_attention.h); one float keeps callers' buffers non-empty.
   size_t attention_scratch_floats(int) const override { return 1; }
   void attention_forward(float* out, float* lse, float*, size_t, const float* q, const float* k, const float* v,
                          const int32_t* cu_seqlens, int S, int, int N, int NH, int NKV, int HD) const override {
@@ -359,6 +360,7 @@ class CudaBackend final : public Backend {
   Queue q_;
   cuda::Bf16Workspace bf16_ws_;
   cuda::ExpertGemmWorkspace expert_ws_;
+  cuda::DecodeWorkspace decode_ws_;
   mutable void* ws_ = nullptr;
   mutable size_t ws_bytes_ = 0;
 };

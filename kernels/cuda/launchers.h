@@ -31,6 +31,13 @@ struct Bf16Workspace {
   size_t bytes = 0;
 };
 
+// Device scratch of split-K decode attention (attention.cu): per-split partial max, sum and
+// accumulator (grown, never shrunk).
+struct DecodeWorkspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
 // What gemm_batch (expert_gemm.cpp) keeps between calls: the device array of operand pointers the
 // grouped GEMM reads (grown, never shrunk), and the side streams with their own cuBLAS handles and
 // events (made on first use).
@@ -44,12 +51,14 @@ struct ExpertGemmWorkspace {
 };
 
 // The queue every launcher of one backend uses: its stream, its cuBLAS handle (bound to it), the
-// bf16 GEMMs' workspace (null: fp32 GEMMs only) and gemm_batch's (null: one GEMM after the other).
+// bf16 GEMMs' workspace (null: fp32 GEMMs only), gemm_batch's (null: one GEMM after the other) and
+// split-K decode's (null: decode attention one thread per (sequence, head)).
 struct Queue {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   Bf16Workspace* bf16 = nullptr;
   ExpertGemmWorkspace* experts = nullptr;
+  DecodeWorkspace* decode = nullptr;
 };
 
 // The queue of the CUDA backend `b` (b must be what cuda_backend() returned).
@@ -114,7 +123,7 @@ void launch_chunked_logprob_backward(const Queue& q, float* dh, float* dW, const
 GrpoLossSums launch_grpo_loss(const Queue& q, float* dlogp, float* dentropy, double* sums, const GrpoLossBatch& b,
                               const GrpoLossParams& p, const GrpoLossAggregation& agg);
 
-// attention.cu
+// attention.cu: FlashAttention-2 tiles (bodies/flash_attention.h); decode split-K over q.decode
 void launch_attention_forward(const Queue& q, float* out, float* lse, const float* qv, const float* k, const float* v,
                               const int32_t* cu_seqlens, int S, int N, int NH, int NKV, int HD);
 void launch_attention_backward(const Queue& q, float* dq, float* dk, float* dv, const float* dout, const float* qv,

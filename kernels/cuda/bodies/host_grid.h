@@ -3,11 +3,13 @@
 // bodies run for every index of their grid (blocks of kElemThreads, the tail guarded by the body's
 // own bound, as on the device). Row bodies run one "block" of `lanes` host threads per row, which
 // meet at a std::barrier wherever a device block calls __syncthreads(); their reductions add in
-// the device's tree order (lanes.h). Plain C++: never compiled by nvcc.
+// the device's tree order (lanes.h); block bodies likewise, with the block's shared array. Plain
+// C++: never compiled by nvcc.
 #pragma once
 
 #include <barrier>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -70,6 +72,30 @@ void host_for_rows(const Body& body, int rows, int lanes) {
       for (int r = 0; r < rows; ++r) {
         body.row(lane, r);
         lane.sync();  // the next row starts once every lane has finished this one
+      }
+    });
+  for (auto& t : threads) t.join();
+}
+
+// body.block(lanes, b, shared) for every block b in [0, body.blocks()), each on `lanes` host
+// threads sharing `shared_bytes` of the block's shared memory (the tile bodies, flash_attention.h),
+// filled with NaN first so a read of shared memory no lane wrote shows in the results.
+template <class Body>
+void host_for_blocks(const Body& body, int lanes, size_t shared_bytes) {
+  const int blocks = body.blocks();
+  if (blocks <= 0) return;
+  std::barrier<> bar(lanes);
+  std::vector<double> shared((shared_bytes + sizeof(double) - 1) / sizeof(double),
+                             std::numeric_limits<double>::quiet_NaN());
+  auto* smem = reinterpret_cast<unsigned char*>(shared.data());
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(lanes));
+  for (int l = 0; l < lanes; ++l)
+    threads.emplace_back([&, l] {
+      HostLanes lane(l, lanes, smem, &bar);
+      for (int b = 0; b < blocks; ++b) {
+        body.block(lane, b, smem);
+        lane.sync();  // the next block reuses the shared memory once every lane is done
       }
     });
   for (auto& t : threads) t.join();
