@@ -1,0 +1,239 @@
+// The CPU quant ops (quant_matrix.h): y = x W^T and dx += dy W with W in ggml blocks, dequantized
+// on the fly. They take gemm_blocked's paths (ops.cpp) on the dequantized values, so they give
+// matmul_forward/backward's bits wherever the blocks of work are the same: one or two tokens run a
+// fused dequantize-and-FMA chain (small_gemm's per-element chain, AVX2/FMA), other few-token calls
+// dequantize 64-row (64-column) tiles into a thread-local scratch for the BLAS sgemm.
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "blas_gemm.h"
+#include "quant_blocks.h"
+#include "small_gemm.h"
+#include "troupe/kernels/batch_invariant.h"
+#include "troupe/kernels/ops.h"
+#include "troupe/kernels/quant_matrix.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TROUPE_QUANT_X86 1
+#endif
+
+namespace troupe::kernels {
+namespace {
+
+constexpr int kTile = kGemmColBlock;  // W rows (forward) or columns (backward) per tile of a few-token call
+constexpr int kBigTile = 256;         // the same for calls of more than kGemmRowBlock tokens
+
+// A scratch of at least n floats owned by the calling thread (grown, never shrunk).
+float* scratch(size_t n) {
+  thread_local std::vector<float> s;
+  if (s.size() < n) s.resize(n);
+  return s.data();
+}
+
+// gemm_blocked's test for cutting C (M, N) into column blocks (ops.cpp, gemm_column_blocks).
+bool column_blocks(int M, int N, int K) {
+  return M <= kGemmRowBlock && N > kGemmColBlock && double(N) * K >= kGemmWideMin;
+}
+
+#if TROUPE_QUANT_X86
+#define TROUPE_AVX2 __attribute__((target("avx2,fma")))
+
+TROUPE_AVX2 inline __m256 cvt8(__m128i bytes, bool is_signed) {  // the low 8 bytes as 8 floats
+  return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+}
+
+// The 32 values of chunk s of a row, as quant_blocks::dequant32 computes them (mul, then add/sub).
+template <QuantFormat F>
+TROUPE_AVX2 inline void decode32(const uint8_t* row, int s, __m256 v[4]) {
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  if constexpr (F == QuantFormat::q8_0) {
+    const uint8_t* b = row + static_cast<size_t>(s) * 34;
+    const __m256 d = _mm256_set1_ps(quant_blocks::load_half(b));
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18));
+    v[0] = _mm256_mul_ps(d, cvt8(q0, true)), v[1] = _mm256_mul_ps(d, cvt8(_mm_srli_si128(q0, 8), true));
+    v[2] = _mm256_mul_ps(d, cvt8(q1, true)), v[3] = _mm256_mul_ps(d, cvt8(_mm_srli_si128(q1, 8), true));
+  } else if constexpr (F == QuantFormat::q4_0 || F == QuantFormat::q4_1) {
+    const int off = F == QuantFormat::q4_0 ? 2 : 4;
+    const uint8_t* b = row + static_cast<size_t>(s) * quant_block_bytes(F);
+    const __m256 d = _mm256_set1_ps(quant_blocks::load_half(b));
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + off));
+    __m128i n[2] = {_mm_and_si128(qs, low4), _mm_and_si128(_mm_srli_epi16(qs, 4), low4)};
+    if constexpr (F == QuantFormat::q4_0) {  // q - 8 as a signed byte, exact as the int of gguf.cpp
+      n[0] = _mm_sub_epi8(n[0], _mm_set1_epi8(8)), n[1] = _mm_sub_epi8(n[1], _mm_set1_epi8(8));
+    }
+    const bool sgn = F == QuantFormat::q4_0;
+    __m256 q[4] = {cvt8(n[0], sgn), cvt8(_mm_srli_si128(n[0], 8), sgn), cvt8(n[1], sgn), cvt8(_mm_srli_si128(n[1], 8), sgn)};
+    if constexpr (F == QuantFormat::q4_0) {
+      for (int u = 0; u < 4; ++u) v[u] = _mm256_mul_ps(d, q[u]);
+    } else {
+      const __m256 m = _mm256_set1_ps(quant_blocks::load_half(b + 2));
+      for (int u = 0; u < 4; ++u) v[u] = _mm256_add_ps(_mm256_mul_ps(d, q[u]), m);
+    }
+  } else if constexpr (F == QuantFormat::q4_k) {
+    const quant_blocks::Q4kSub k = quant_blocks::q4k_sub(row, s);
+    const __m256 d1 = _mm256_set1_ps(k.d1), m1 = _mm256_set1_ps(k.m1);
+    for (int h = 0; h < 2; ++h) {
+      __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(k.q + 16 * h));
+      x = _mm_and_si128(k.high ? _mm_srli_epi16(x, 4) : x, low4);
+      v[2 * h] = _mm256_sub_ps(_mm256_mul_ps(d1, cvt8(x, false)), m1);
+      v[2 * h + 1] = _mm256_sub_ps(_mm256_mul_ps(d1, cvt8(_mm_srli_si128(x, 8), false)), m1);
+    }
+  } else {  // bf16
+    const uint8_t* b = row + static_cast<size_t>(s) * 64;
+    for (int u = 0; u < 4; ++u) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * u));
+      v[u] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+// small_gemm.cpp's lane sum: (v0 + v4) + (v2 + v6) + ((v1 + v5) + (v3 + v7)).
+TROUPE_AVX2 inline float lane_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// y[j][o + i] for R rows of W from row o and MR tokens: small_gemm's chain (eight lanes of FMAs
+// over k in steps of 8, then lane_sum) on values decoded 32 at a time.
+template <QuantFormat F, int R, int MR>
+TROUPE_AVX2 void chain_tile(const QuantWeights& W, int o, const float* x, float* y) {
+  const auto* w = static_cast<const uint8_t*>(W.data);
+  const size_t rb = W.row_bytes();
+  const int K = W.cols, N = W.rows;
+  __m256 acc[R][MR];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int s = 0; s < K / 32; ++s) {
+    __m256 xv[MR][4];
+    for (int j = 0; j < MR; ++j)
+      for (int u = 0; u < 4; ++u) xv[j][u] = _mm256_loadu_ps(x + static_cast<size_t>(j) * K + 32 * s + 8 * u);
+    for (int i = 0; i < R; ++i) {
+      __m256 v[4];
+      decode32<F>(w + static_cast<size_t>(o + i) * rb, s, v);
+      for (int j = 0; j < MR; ++j)
+        for (int u = 0; u < 4; ++u) acc[i][j] = _mm256_fmadd_ps(v[u], xv[j][u], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < MR; ++j) y[static_cast<size_t>(j) * N + o + i] = lane_sum(acc[i][j]);
+}
+
+template <QuantFormat F, int MR>
+TROUPE_AVX2 void chain_rows_f(const QuantWeights& W, int o0, int o1, const float* x, float* y) {
+  constexpr int R = MR == 1 ? 4 : 2;  // independent chains in flight, within the 16 ymm registers
+  int o = o0;
+  for (; o + R <= o1; o += R) chain_tile<F, R, MR>(W, o, x, y);
+  for (; o < o1; ++o) chain_tile<F, 1, MR>(W, o, x, y);
+}
+
+// Rows [o0, o1) of y (T, N) for T tokens, two at a time, every element one fixed chain.
+template <QuantFormat F>
+void chain_rows(const QuantWeights& W, int o0, int o1, const float* x, float* y, int T) {
+  int t = 0;
+  for (; t + 2 <= T; t += 2)
+    chain_rows_f<F, 2>(W, o0, o1, x + static_cast<size_t>(t) * W.cols, y + static_cast<size_t>(t) * W.rows);
+  if (t < T) chain_rows_f<F, 1>(W, o0, o1, x + static_cast<size_t>(t) * W.cols, y + static_cast<size_t>(t) * W.rows);
+}
+
+void chain(const QuantWeights& W, int o0, int o1, const float* x, float* y, int T) {
+  switch (W.format) {
+    case QuantFormat::q8_0: return chain_rows<QuantFormat::q8_0>(W, o0, o1, x, y, T);
+    case QuantFormat::q4_0: return chain_rows<QuantFormat::q4_0>(W, o0, o1, x, y, T);
+    case QuantFormat::q4_1: return chain_rows<QuantFormat::q4_1>(W, o0, o1, x, y, T);
+    case QuantFormat::q4_k: return chain_rows<QuantFormat::q4_k>(W, o0, o1, x, y, T);
+    case QuantFormat::bf16: return chain_rows<QuantFormat::bf16>(W, o0, o1, x, y, T);
+  }
+}
+#undef TROUPE_AVX2
+#else
+void chain(const QuantWeights&, int, int, const float*, float*, int) {}
+#endif
+
+// Without the chain kernel, batch-invariant mode's one sequential sum per element (ops.cpp).
+void invariant_rows_scalar(const QuantWeights& W, int o0, int o1, const float* x, float* y, int T) {
+  const int K = W.cols;
+  float* tile = scratch(static_cast<size_t>(o1 - o0) * K);
+  dequantize_rows(W, o0, o1, tile);
+  for (int t = 0; t < T; ++t)
+    for (int o = o0; o < o1; ++o) {
+      const float* a = x + static_cast<size_t>(t) * K;
+      const float* b = tile + static_cast<size_t>(o - o0) * K;
+      float s = 0;
+      for (int k = 0; k < K; ++k) s += a[k] * b[k];
+      y[static_cast<size_t>(t) * W.rows + o] = 1.0f * s;
+    }
+}
+
+// Rows [o0, o1) of W dequantized, then y[:, o0:o1] = x . tile^T in blocks of kGemmRowBlock tokens.
+void tile_forward(const QuantWeights& W, int o0, int o1, const float* x, float* y, int T) {
+  const int K = W.cols, N = W.rows, cols = o1 - o0;
+  float* tile = scratch(static_cast<size_t>(cols) * K);
+  dequantize_rows(W, o0, o1, tile);
+  for (int t0 = 0; t0 < T; t0 += kGemmRowBlock)
+    gemm(CblasNoTrans, CblasTrans, std::min(kGemmRowBlock, T - t0), cols, K, 1.0f, x + static_cast<size_t>(t0) * K, K,
+         tile, K, 0.0f, y + static_cast<size_t>(t0) * N + o0, N);
+}
+
+// Columns [c0, c1) of W dequantized (W.rows, c1 - c0), then dx[:, c0:c1] += dy . tile.
+void tile_backward(const QuantWeights& W, int c0, int c1, const float* dy, float* dx, int T) {
+  const int cols = c1 - c0, O = W.rows, C = W.cols;
+  float* tile = scratch(static_cast<size_t>(O) * cols);
+  for (int o = 0; o < O; ++o) dequantize_row_range(W, o, c0, c1, tile + static_cast<size_t>(o) * cols);
+  for (int t0 = 0; t0 < T; t0 += kGemmRowBlock)
+    gemm(CblasNoTrans, CblasNoTrans, std::min(kGemmRowBlock, T - t0), cols, O, 1.0f, dy + static_cast<size_t>(t0) * O, O,
+         tile, cols, 1.0f, dx + static_cast<size_t>(t0) * C + c0, C);
+}
+
+// fn(lo, hi) over [0, n) in pieces of `step`, spread over the OpenMP threads when `split`.
+template <class Fn>
+void over_tiles(int n, int step, bool split, const Fn& fn) {
+  const int tiles = (n + step - 1) / step;
+#pragma omp parallel for schedule(static) if (split && tiles > 1)
+  for (int b = 0; b < tiles; ++b) fn(b * step, std::min(n, (b + 1) * step));
+}
+
+}  // namespace
+
+void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T) {
+  if (T <= 0) return;
+  const int N = W.rows, K = W.cols;
+  const bool split = gemm_worth_splitting(double(T) * N * K), kernel = small_gemm::available();
+  if (batch_invariant()) {  // every element one fixed chain (ops.cpp, gemm_nt_invariant)
+    over_tiles(N, kTile, split, [&](int o0, int o1) {
+      kernel ? chain(W, o0, o1, x, y, T) : invariant_rows_scalar(W, o0, o1, x, y, T);
+    });
+  } else if (column_blocks(T, N, K)) {  // gemm_column_blocks: one 64-column block of y per tile
+    over_tiles(N, kTile, split, [&](int o0, int o1) {
+      kernel && T <= kGemmKernelMaxRows ? chain(W, o0, o1, x, y, T) : tile_forward(W, o0, o1, x, y, T);
+    });
+  } else if (T <= kGemmRowBlock || double(N) * K < kGemmWideMin) {  // a small W: gemm_blocked on all of it
+    float* w = scratch(static_cast<size_t>(N) * K);
+    dequantize_rows(W, 0, N, w);
+    gemm_blocked(false, true, T, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+  } else {  // many tokens against a large W: tiles of W rows, each against every block of tokens
+    over_tiles(N, kBigTile, split, [&](int o0, int o1) { tile_forward(W, o0, o1, x, y, T); });
+  }
+}
+
+void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) {
+  if (T <= 0) return;
+  const int O = W.rows, C = W.cols;
+  const bool split = gemm_worth_splitting(double(T) * O * C);
+  if (column_blocks(T, C, O)) {
+    over_tiles(C, kTile, split, [&](int c0, int c1) { tile_backward(W, c0, c1, dy, dx, T); });
+  } else if (T <= kGemmRowBlock || double(O) * C < kGemmWideMin) {
+    float* w = scratch(static_cast<size_t>(O) * C);
+    dequantize_rows(W, 0, O, w);
+    gemm_blocked(false, false, T, C, O, 1.0f, dy, O, w, C, 1.0f, dx, C);
+  } else {
+    over_tiles(C, kBigTile, split, [&](int c0, int c1) { tile_backward(W, c0, c1, dy, dx, T); });
+  }
+}
+
+}  // namespace troupe::kernels
