@@ -9,6 +9,7 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/model_io.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_import.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gguf_quant.cpp
   ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
   # The Jinja subset of chat templates (internal headers beside them).
   ${CMAKE_CURRENT_LIST_DIR}/jinja/value.cpp
@@ -31,6 +32,10 @@ endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.gguf SOURCES ${CMAKE_CURRENT_LIST_DIR}/gguf.test.cpp LIBS troupe::policy
     ENV "TROUPE_GGUF_FIXTURES=${PROJECT_SOURCE_DIR}/tests/gguf")
+endif()
+if(TROUPE_BUILD_TESTS)
+  troupe_add_test(NAME policy.gguf_quant SOURCES ${CMAKE_CURRENT_LIST_DIR}/gguf_quant.test.cpp LIBS troupe::policy
+    ENV "TROUPE_GGUF_FIXTURES=${PROJECT_SOURCE_DIR}/tests/gguf" OMP_WAIT_POLICY=PASSIVE)
 endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.gguf_import SOURCES ${CMAKE_CURRENT_LIST_DIR}/gguf_import.test.cpp LIBS troupe::policy
