@@ -41,46 +41,47 @@ bool column_blocks(int M, int N, int K) {
 #if TROUPE_QUANT_X86
 #define TROUPE_AVX2 __attribute__((target("avx2,fma")))
 
-TROUPE_AVX2 inline __m256 cvt8(__m128i bytes, bool is_signed) {  // the low 8 bytes as 8 floats
-  return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+// 8 bytes at p widened to 8 int32 lanes (vpmovzxbd / vpmovsxbd from memory: one shuffle uop).
+TROUPE_AVX2 inline __m256i widen8(const uint8_t* p, bool is_signed) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
 }
 
-// The 32 values of chunk s of a row, as quant_blocks::dequant32 computes them (mul, then add/sub).
+// The 32 values of chunk s of a row, equal bit for bit to quant_blocks::dequant32's. A scale times
+// a nibble (or an int8) is exact in fp32 (an fp16 d has 11 significant bits, d * sc of q4_k 17, and
+// q 4 or 8), so fma(d, q, m) rounds once exactly where ggml's d * q + m rounds its add.
 template <QuantFormat F>
 TROUPE_AVX2 inline void decode32(const uint8_t* row, int s, __m256 v[4]) {
-  const __m128i low4 = _mm_set1_epi8(0x0F);
   if constexpr (F == QuantFormat::q8_0) {
     const uint8_t* b = row + static_cast<size_t>(s) * 34;
     const __m256 d = _mm256_set1_ps(quant_blocks::load_half(b));
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
-    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18));
-    v[0] = _mm256_mul_ps(d, cvt8(q0, true)), v[1] = _mm256_mul_ps(d, cvt8(_mm_srli_si128(q0, 8), true));
-    v[2] = _mm256_mul_ps(d, cvt8(q1, true)), v[3] = _mm256_mul_ps(d, cvt8(_mm_srli_si128(q1, 8), true));
-  } else if constexpr (F == QuantFormat::q4_0 || F == QuantFormat::q4_1) {
-    const int off = F == QuantFormat::q4_0 ? 2 : 4;
-    const uint8_t* b = row + static_cast<size_t>(s) * quant_block_bytes(F);
-    const __m256 d = _mm256_set1_ps(quant_blocks::load_half(b));
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + off));
-    __m128i n[2] = {_mm_and_si128(qs, low4), _mm_and_si128(_mm_srli_epi16(qs, 4), low4)};
-    if constexpr (F == QuantFormat::q4_0) {  // q - 8 as a signed byte, exact as the int of gguf.cpp
-      n[0] = _mm_sub_epi8(n[0], _mm_set1_epi8(8)), n[1] = _mm_sub_epi8(n[1], _mm_set1_epi8(8));
-    }
-    const bool sgn = F == QuantFormat::q4_0;
-    __m256 q[4] = {cvt8(n[0], sgn), cvt8(_mm_srli_si128(n[0], 8), sgn), cvt8(n[1], sgn), cvt8(_mm_srli_si128(n[1], 8), sgn)};
-    if constexpr (F == QuantFormat::q4_0) {
-      for (int u = 0; u < 4; ++u) v[u] = _mm256_mul_ps(d, q[u]);
+    for (int u = 0; u < 4; ++u) v[u] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(widen8(b + 2 + 8 * u, true)));
+  } else if constexpr (F == QuantFormat::q4_0 || F == QuantFormat::q4_1 || F == QuantFormat::q4_k) {
+    const uint8_t* q;  // 16 nibble bytes: values 0-15 in the low nibbles, 16-31 in the high ones
+    __m256 d, m;       // value = d * q + m
+    bool high_only = false, low_only = false;
+    if constexpr (F == QuantFormat::q4_k) {
+      const quant_blocks::Q4kSub k = quant_blocks::q4k_sub(row, s);
+      q = k.q, d = _mm256_set1_ps(k.d1), m = _mm256_set1_ps(-k.m1);
+      high_only = k.high, low_only = !k.high;  // a sub-block is one nibble of 32 bytes
     } else {
-      const __m256 m = _mm256_set1_ps(quant_blocks::load_half(b + 2));
-      for (int u = 0; u < 4; ++u) v[u] = _mm256_add_ps(_mm256_mul_ps(d, q[u]), m);
+      const uint8_t* b = row + static_cast<size_t>(s) * quant_block_bytes(F);
+      const float df = quant_blocks::load_half(b);
+      q = b + (F == QuantFormat::q4_0 ? 2 : 4), d = _mm256_set1_ps(df);
+      m = _mm256_set1_ps(F == QuantFormat::q4_0 ? -8.0f * df : quant_blocks::load_half(b + 2));
     }
-  } else if constexpr (F == QuantFormat::q4_k) {
-    const quant_blocks::Q4kSub k = quant_blocks::q4k_sub(row, s);
-    const __m256 d1 = _mm256_set1_ps(k.d1), m1 = _mm256_set1_ps(k.m1);
-    for (int h = 0; h < 2; ++h) {
-      __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(k.q + 16 * h));
-      x = _mm_and_si128(k.high ? _mm_srli_epi16(x, 4) : x, low4);
-      v[2 * h] = _mm256_sub_ps(_mm256_mul_ps(d1, cvt8(x, false)), m1);
-      v[2 * h + 1] = _mm256_sub_ps(_mm256_mul_ps(d1, cvt8(_mm_srli_si128(x, 8), false)), m1);
+    const __m256i low4 = _mm256_set1_epi32(0x0F);
+    if (high_only || low_only) {
+      for (int u = 0; u < 4; ++u) {
+        const __m256i w = widen8(q + 8 * u, false);
+        v[u] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(high_only ? _mm256_srli_epi32(w, 4) : _mm256_and_si256(w, low4)), m);
+      }
+    } else {
+      for (int u = 0; u < 2; ++u) {
+        const __m256i w = widen8(q + 8 * u, false);
+        v[u] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(w, low4)), m);
+        v[u + 2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4)), m);
+      }
     }
   } else {  // bf16
     const uint8_t* b = row + static_cast<size_t>(s) * 64;
@@ -110,14 +111,13 @@ TROUPE_AVX2 void chain_tile(const QuantWeights& W, int o, const float* x, float*
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_setzero_ps();
   for (int s = 0; s < K / 32; ++s) {
-    __m256 xv[MR][4];
-    for (int j = 0; j < MR; ++j)
-      for (int u = 0; u < 4; ++u) xv[j][u] = _mm256_loadu_ps(x + static_cast<size_t>(j) * K + 32 * s + 8 * u);
+    const float* xs = x + 32 * s;  // x is read from L1 by each FMA: registers go to the chains
     for (int i = 0; i < R; ++i) {
       __m256 v[4];
       decode32<F>(w + static_cast<size_t>(o + i) * rb, s, v);
       for (int j = 0; j < MR; ++j)
-        for (int u = 0; u < 4; ++u) acc[i][j] = _mm256_fmadd_ps(v[u], xv[j][u], acc[i][j]);
+        for (int u = 0; u < 4; ++u)
+          acc[i][j] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(xs + static_cast<size_t>(j) * K + 8 * u), acc[i][j]);
     }
   }
   for (int i = 0; i < R; ++i)
@@ -126,7 +126,7 @@ TROUPE_AVX2 void chain_tile(const QuantWeights& W, int o, const float* x, float*
 
 template <QuantFormat F, int MR>
 TROUPE_AVX2 void chain_rows_f(const QuantWeights& W, int o0, int o1, const float* x, float* y) {
-  constexpr int R = MR == 1 ? 4 : 2;  // independent chains in flight, within the 16 ymm registers
+  constexpr int R = MR == 1 ? 8 : 4;  // independent chains in flight, within the 16 ymm registers
   int o = o0;
   for (; o + R <= o1; o += R) chain_tile<F, R, MR>(W, o, x, y);
   for (; o < o1; ++o) chain_tile<F, 1, MR>(W, o, x, y);

@@ -3,6 +3,7 @@
 // GgufFile::read's bit for bit; other readable types go through fp32 into the fallback format.
 #include "troupe/policy/io/gguf_quant.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace troupe::policy::io {
@@ -38,6 +39,23 @@ Result<kernels::QuantMatrix> read_quant_matrix(const GgufFile& file, const std::
   if (!m.ok())
     return invalid_input(what + " (" + ggml_type_name(t->type) + ") cannot be requantized: " + m.error().message);
   return m;
+}
+
+Result<kernels::QuantMatrix> unpermute_qk_rows(const kernels::QuantMatrix& m, int64_t heads, const std::string& what) {
+  if (heads <= 0 || m.rows % heads != 0 || (m.rows / heads) % 2 != 0)
+    return invalid_input(what + ": " + std::to_string(m.rows) + " rows are not " + std::to_string(heads) +
+                         " heads of an even head_dim");
+  const int64_t D = m.rows / heads;
+  const size_t rb = m.view().row_bytes();
+  kernels::QuantMatrix out{m.format, m.rows, m.cols, std::vector<uint8_t>(m.bytes.size())};
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < D / 2; ++i)
+      for (int64_t j = 0; j < 2; ++j) {
+        const auto src = static_cast<size_t>(h * D + 2 * i + j), dst = static_cast<size_t>(h * D + j * (D / 2) + i);
+        std::copy_n(m.bytes.begin() + static_cast<std::ptrdiff_t>(src * rb), rb,
+                    out.bytes.begin() + static_cast<std::ptrdiff_t>(dst * rb));
+      }
+  return out;
 }
 
 }  // namespace troupe::policy::io

@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "troupe/kernels/ops.h"
+#include "troupe/policy/io/gguf_import.h"
 
 namespace fs = std::filesystem;
 namespace k = troupe::kernels;
@@ -123,6 +124,23 @@ TEST(GgufQuant, TinyLlamaProjectionsMultiplyAsTheirImport) {
     ++checked;
   }
   EXPECT_GE(checked, 7);
+}
+
+// llama's q/k: moving rows of blocks gives unpermute_qk's rows of values.
+TEST(GgufQuant, UnpermuteQkMovesRowsOfBlocks) {
+  auto f = GgufFile::open(fixture("tiny_llama.gguf"));
+  ASSERT_TRUE(f.ok());
+  const int64_t heads = f.value().get_int("llama.attention.head_count").value();
+  auto m = read_quant_matrix(f.value(), "blk.0.attn_q.weight");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  auto moved = unpermute_qk_rows(m.value(), heads, "q");
+  ASSERT_TRUE(moved.ok()) << moved.error().message;
+  const Tensor before{{m.value().rows, m.value().cols}, dequantized(m.value())};
+  const auto ref = unpermute_qk(before, heads, "q").value();
+  EXPECT_EQ(dequantized(moved.value()), ref.data);
+  auto bad = unpermute_qk_rows(m.value(), 7, "model.gguf: tensor 'blk.0.attn_q.weight'");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("model.gguf: tensor 'blk.0.attn_q.weight': "), std::string::npos);
 }
 
 }  // namespace

@@ -23,4 +23,8 @@ std::optional<kernels::QuantFormat> quant_format_of_ggml(uint32_t type);
 Result<kernels::QuantMatrix> read_quant_matrix(const GgufFile& file, const std::string& name,
                                                kernels::QuantFormat fallback = kernels::QuantFormat::q8_0);
 
+// unpermute_qk (gguf_import.h) on a quantized matrix: llama's q/k rows back from interleaved rotary
+// pairs to HF's halves, moving whole rows of blocks (a row's values never mix with another's).
+Result<kernels::QuantMatrix> unpermute_qk_rows(const kernels::QuantMatrix& m, int64_t heads, const std::string& what);
+
 }  // namespace troupe::policy::io
