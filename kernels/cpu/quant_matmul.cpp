@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "blas_gemm.h"
@@ -39,7 +40,20 @@ bool column_blocks(int M, int N, int K) {
 }
 
 #if TROUPE_QUANT_X86
-#define TROUPE_AVX2 __attribute__((target("avx2,fma")))
+#define TROUPE_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// Whether this CPU runs the decode chain: small_gemm's kernel (AVX2, FMA) and F16C for the scales.
+bool chain_available() {
+  static const bool ok = small_gemm::available() && __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+// The fp16 at p as a float (vcvtph2ps: exact, as quant_blocks::half_to_float).
+TROUPE_AVX2 inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
 
 // 8 bytes at p widened to 8 int32 lanes (vpmovzxbd / vpmovsxbd from memory: one shuffle uop).
 TROUPE_AVX2 inline __m256i widen8(const uint8_t* p, bool is_signed) {
@@ -54,21 +68,24 @@ template <QuantFormat F>
 TROUPE_AVX2 inline void decode32(const uint8_t* row, int s, __m256 v[4]) {
   if constexpr (F == QuantFormat::q8_0) {
     const uint8_t* b = row + static_cast<size_t>(s) * 34;
-    const __m256 d = _mm256_set1_ps(quant_blocks::load_half(b));
+    const __m256 d = _mm256_set1_ps(half_at(b));
     for (int u = 0; u < 4; ++u) v[u] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(widen8(b + 2 + 8 * u, true)));
   } else if constexpr (F == QuantFormat::q4_0 || F == QuantFormat::q4_1 || F == QuantFormat::q4_k) {
     const uint8_t* q;  // 16 nibble bytes: values 0-15 in the low nibbles, 16-31 in the high ones
     __m256 d, m;       // value = d * q + m
     bool high_only = false, low_only = false;
     if constexpr (F == QuantFormat::q4_k) {
-      const quant_blocks::Q4kSub k = quant_blocks::q4k_sub(row, s);
-      q = k.q, d = _mm256_set1_ps(k.d1), m = _mm256_set1_ps(-k.m1);
-      high_only = k.high, low_only = !k.high;  // a sub-block is one nibble of 32 bytes
+      const uint8_t* b = row + static_cast<size_t>(s / 8) * 144;
+      const int j = s % 8;
+      uint8_t sc, mn;
+      quant_blocks::scale_min_k4(j, b + 4, sc, mn);
+      q = b + 16 + 32 * (j / 2), d = _mm256_set1_ps(half_at(b) * sc), m = _mm256_set1_ps(-(half_at(b + 2) * mn));
+      high_only = (j & 1) != 0, low_only = !high_only;  // a sub-block is one nibble of 32 bytes
     } else {
       const uint8_t* b = row + static_cast<size_t>(s) * quant_block_bytes(F);
-      const float df = quant_blocks::load_half(b);
+      const float df = half_at(b);
       q = b + (F == QuantFormat::q4_0 ? 2 : 4), d = _mm256_set1_ps(df);
-      m = _mm256_set1_ps(F == QuantFormat::q4_0 ? -8.0f * df : quant_blocks::load_half(b + 2));
+      m = _mm256_set1_ps(F == QuantFormat::q4_0 ? -8.0f * df : half_at(b + 2));
     }
     const __m256i low4 = _mm256_set1_epi32(0x0F);
     if (high_only || low_only) {
@@ -152,6 +169,7 @@ void chain(const QuantWeights& W, int o0, int o1, const float* x, float* y, int 
 }
 #undef TROUPE_AVX2
 #else
+bool chain_available() { return false; }
 void chain(const QuantWeights&, int, int, const float*, float*, int) {}
 #endif
 
@@ -203,7 +221,7 @@ void over_tiles(int n, int step, bool split, const Fn& fn) {
 void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T) {
   if (T <= 0) return;
   const int N = W.rows, K = W.cols;
-  const bool split = gemm_worth_splitting(double(T) * N * K), kernel = small_gemm::available();
+  const bool split = gemm_worth_splitting(double(T) * N * K), kernel = chain_available();
   if (batch_invariant()) {  // every element one fixed chain (ops.cpp, gemm_nt_invariant)
     over_tiles(N, kTile, split, [&](int o0, int o1) {
       kernel ? chain(W, o0, o1, x, y, T) : invariant_rows_scalar(W, o0, o1, x, y, T);
