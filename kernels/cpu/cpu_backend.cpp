@@ -40,6 +40,12 @@ class CpuBackend final : public Backend {
                        int N, int C, int OC) const override {
     kernels::matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC);
   }
+  void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T) const override {
+    kernels::quant_matmul_forward(y, x, W, T);
+  }
+  void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) const override {
+    kernels::quant_matmul_backward_input(dx, dy, W, T);
+  }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C) const override {
     kernels::embedding_forward(out, tokens, wte, N, C);
   }

@@ -1,11 +1,20 @@
 # Dense transformer ops (matmul, embedding, norms, RoPE, attention, SwiGLU, log-prob, residual add,
 # KV-cache write, packed layout) and their op test registry.
 target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/ops.cpp ${CMAKE_CURRENT_LIST_DIR}/small_gemm.cpp)
+# Frozen weights in ggml blocks and the GEMMs that dequantize them on the fly. Their values must be
+# ggml's (a multiply, then an add, each rounded), so the compiler may not fuse them into an FMA.
+target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/quant_matrix.cpp ${CMAKE_CURRENT_LIST_DIR}/quant_matmul.cpp)
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/quant_matrix.cpp ${CMAKE_CURRENT_LIST_DIR}/quant_matmul.cpp
+                            PROPERTIES COMPILE_OPTIONS -ffp-contract=off)
 if(TROUPE_BUILD_TESTS)
   # The op registry: backward vs central finite differences (fp64) and fp32 vs fp64, every dense op.
   troupe_add_test(NAME kernels.ops_gradcheck SOURCES ${CMAKE_CURRENT_LIST_DIR}/ops.test.cpp
                   LIBS troupe::kernels OWN_MAIN ARGS all)
   # Few-row GEMMs against a wide operand (column blocks, the row-times-row kernel): bits on 1-3 threads.
+  # Quantized weights: formats, quantize/dequantize, the quant ops against matmul on the dequantized
+  # values (bit for bit where the blocks of work agree), finite differences, the backends.
+  troupe_add_test(NAME kernels.quant_matmul SOURCES ${CMAKE_CURRENT_LIST_DIR}/quant_matmul.test.cpp
+                  LIBS troupe::kernels ENV OMP_WAIT_POLICY=PASSIVE)
   troupe_add_test(NAME kernels.small_gemm SOURCES ${CMAKE_CURRENT_LIST_DIR}/small_gemm.test.cpp
                   LIBS troupe::kernels)
 endif()

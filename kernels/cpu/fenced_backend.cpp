@@ -62,6 +62,14 @@ class FencedBackend final : public Backend {
     const char* f = __func__;
     cpu().matmul_backward(dev(dinp, f), dev(dweight, f), dev(dout, f), dev(inp, f), dev(weight, f), N, C, OC);
   }
+  void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T) const override {
+    const char* f = __func__;
+    cpu().quant_matmul_forward(dev(y, f), dev(x, f), blocks(W, f), T);
+  }
+  void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) const override {
+    const char* f = __func__;
+    cpu().quant_matmul_backward_input(dev(dx, f), dev(dy, f), blocks(W, f), T);
+  }
   void bias_forward(float* out, const float* bias, int N, int OC) const override {
     cpu().bias_forward(dev(out, __func__), dev(bias, __func__), N, OC);
   }
@@ -275,6 +283,14 @@ class FencedBackend final : public Backend {
     std::fprintf(stderr, "troupe: cpu_fenced backend: %s: pointer %p %s\n", op, p, why);
     std::fflush(stderr);
     std::abort();
+  }
+  // W with its blocks translated; its last byte must lie in the same live buffer as its first.
+  QuantWeights blocks(const QuantWeights& W, const char* op) const {
+    QuantWeights h = W;
+    h.data = dev(static_cast<const char*>(W.data), op);
+    if (W.bytes() && dev(static_cast<const char*>(W.data) + W.bytes() - 1, op) != static_cast<const char*>(h.data) + W.bytes() - 1)
+      fail(op, W.data, "holds blocks that run past the end of their buffer");
+    return h;
   }
   // The host block behind a device address (null stays null); aborts on a host pointer or an
   // address outside every live buffer.

@@ -94,6 +94,14 @@ class CudaBackend final : public Backend {
     if (C <= 0) return zero(out, static_cast<size_t>(N) * OC);
     cuda::gemm(q_, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
   }
+  void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T) const override {
+    const Guard guard(*this);
+    cuda::launch_quant_matmul_forward(q_, y, x, W, T);
+  }
+  void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) const override {
+    const Guard guard(*this);
+    cuda::launch_quant_matmul_backward_input(q_, dx, dy, W, T);
+  }
   void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, int N,
                        int C, int OC) const override {
                          const Guard guard(*this);

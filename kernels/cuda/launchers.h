@@ -15,6 +15,7 @@
 #include "troupe/base/result.h"
 #include "troupe/kernels/grpo_loss.h"
 #include "troupe/kernels/moe.h"
+#include "troupe/kernels/quant_matrix.h"
 #include "troupe/kernels/random.h"
 
 namespace troupe::kernels {
@@ -91,6 +92,10 @@ void launch_sigmoid_gate_backward(const Queue& q, float* dgate, float* dx, const
 // embedding.cu
 void launch_embedding_forward(const Queue& q, float* out, const int32_t* tokens, const float* wte, int N, int C);
 void launch_embedding_backward(const Queue& q, float* dwte, const float* dout, const int32_t* tokens, int N, int C);
+
+// quant_matmul.cu: frozen weights in ggml blocks (quant_matrix.h), W.data device memory
+void launch_quant_matmul_forward(const Queue& q, float* y, const float* x, const QuantWeights& W, int T);
+void launch_quant_matmul_backward_input(const Queue& q, float* dx, const float* dy, const QuantWeights& W, int T);
 
 // rmsnorm.cu
 void launch_rmsnorm_forward(const Queue& q, float* out, float* rstd, const float* inp, const float* weight, int N,

@@ -1,4 +1,5 @@
-// `troupe bench kernels`: the three training optimizations measured on vs off.
+// `troupe bench kernels`: the three training optimizations measured on vs off (and, in
+// quant_gemv.cpp, the quantized-weight matvecs against fp32).
 // moe_* cases time the MoE kernels alone (8k tokens, top-2); the step cases time a full training
 // step of the policy model with its switches. Ours and the baseline are interleaved per repetition.
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "quant_gemv.h"
 #include "troupe/bench/bench.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/expert_gemm.h"
@@ -477,6 +479,7 @@ int cuda_moe_expert_gemm_cases(const BenchOptions& opt, int reps, const kernels:
 int run_kernels_suite(const BenchOptions& opt) {
   const int reps = opt.quick ? 5 : std::max(opt.reps, 9);
   moe_cases(opt, reps);
+  quant_gemv_cases(opt, reps);
   int rc = step_cases(opt, reps, "cpu", "");
   // cuda_*: the same training steps (each optimization on vs off) on the GPU, when there is one.
   auto gpu = kernels::backend_for("cuda");

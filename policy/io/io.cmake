@@ -9,6 +9,7 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/model_io.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_import.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gguf_quant.cpp
   ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
   # PEFT LoRA adapters: the files, the target kinds, the merge and the base fingerprint (xxHash).
   ${CMAKE_CURRENT_LIST_DIR}/peft_adapter.cpp
@@ -39,6 +40,10 @@ endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.gguf SOURCES ${CMAKE_CURRENT_LIST_DIR}/gguf.test.cpp LIBS troupe::policy
     ENV "TROUPE_GGUF_FIXTURES=${PROJECT_SOURCE_DIR}/tests/gguf")
+endif()
+if(TROUPE_BUILD_TESTS)
+  troupe_add_test(NAME policy.gguf_quant SOURCES ${CMAKE_CURRENT_LIST_DIR}/gguf_quant.test.cpp LIBS troupe::policy
+    ENV "TROUPE_GGUF_FIXTURES=${PROJECT_SOURCE_DIR}/tests/gguf" OMP_WAIT_POLICY=PASSIVE)
 endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.gguf_import SOURCES ${CMAKE_CURRENT_LIST_DIR}/gguf_import.test.cpp LIBS troupe::policy

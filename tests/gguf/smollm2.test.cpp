@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "troupe/policy/io/gguf_import.h"
+#include "troupe/policy/io/gguf_quant.h"
 #include "troupe/policy/io/model_io.h"
 #include "troupe/policy/io/tokenizer.h"
 
@@ -158,6 +160,32 @@ TEST(GgufSmolLM2, TensorValuesMatchTheGgufPackage) {
     ++checked;
   }
   EXPECT_GE(checked, 8);
+}
+
+// QLoRA's loading path: every projection keeps its Q4_1 blocks and the tied embedding its Q8_0
+// ones (gguf_quant.h), and dequantized (q/k rows unpermuted) they are the fp32 import bit for bit.
+TEST(GgufSmolLM2, ProjectionsLoadAsStoredBlocks) {
+  NEED_MODEL();
+  const auto& imported = fixture().imported->tensors;
+  int checked = 0;
+  for (const auto& info : fixture().file->tensors()) {
+    if (info.ne.size() != 2) continue;
+    SCOPED_TRACE(info.name);
+    auto m = read_quant_matrix(*fixture().file, info.name);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    const std::string hf = hf_name_from_gguf(info.name);
+    EXPECT_EQ(m->format, hf == "model.embed_tokens.weight" ? troupe::kernels::QuantFormat::q8_0 : troupe::kernels::QuantFormat::q4_1);
+    const bool q = hf.ends_with("q_proj.weight"), k = hf.ends_with("k_proj.weight");
+    if (q || k) m = unpermute_qk_rows(*m, q ? 9 : 3, info.name);
+    ASSERT_TRUE(m.ok());
+    std::vector<float> w(static_cast<size_t>(m->rows) * m->cols);
+    troupe::kernels::dequantize_rows(m->view(), 0, m->rows, w.data());
+    const Tensor& ref = imported.at(hf);
+    ASSERT_EQ(w.size(), ref.data.size());
+    EXPECT_EQ(std::memcmp(w.data(), ref.data.data(), w.size() * sizeof(float)), 0);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1 + 30 * 7);
 }
 
 TEST(GgufSmolLM2, QkUnpermutedAsTransformersDoes) {

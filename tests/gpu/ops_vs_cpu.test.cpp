@@ -1,6 +1,7 @@
 // gpu.ops_vs_cpu: every op of the backend table on the CUDA backend against the CPU backend (the
 // specification) on the same inputs: dense ops, RoPE, packed and decode attention, KV write,
-// log-softmax whole and chunked, the fused GRPO loss, fill_normal and sampling. Skipped without a GPU.
+// log-softmax whole and chunked, the fused GRPO loss, fill_normal, sampling and the quant ops (weights
+// in ggml blocks). Skipped without a GPU.
 #include <cstring>
 #include <vector>
 
@@ -288,6 +289,28 @@ void random_ops(const k::Backend& g, const k::Backend& c) {
   }
 }
 
+// Frozen weights in ggml blocks: y = x W^T and dx += dy W, every format, a decode step and a batch.
+void quant_ops(const k::Backend& g, const k::Backend& c) {
+  for (k::QuantFormat f : {k::QuantFormat::q8_0, k::QuantFormat::q4_0, k::QuantFormat::q4_1, k::QuantFormat::q4_k,
+                           k::QuantFormat::bf16})
+    for (int T : {1, 37}) {
+      const int N = 96, K = 512;
+      const auto m = k::quantize_rows(f, randn(size_t(N) * K, 21, 0.05f).data(), N, K).value();
+      V x = randn(size_t(T) * K, 22), dy = randn(size_t(T) * N, 23), dx = randn(size_t(T) * K, 24), y(size_t(T) * N);
+      Dev<uint8_t> gw(g, m.bytes);
+      Dev<float> gx(g, x), gy(g, y.size()), gdy(g, dy), gdx(g, dx);
+      k::QuantWeights W = m.view();
+      c.quant_matmul_forward(y.data(), x.data(), W, T);
+      c.quant_matmul_backward_input(dx.data(), dy.data(), W, T);
+      W.data = gw.p();
+      g.quant_matmul_forward(gy.p(), gx.p(), W, T);
+      g.quant_matmul_backward_input(gdx.p(), gdy.p(), W, T);
+      const std::string what = "quant_matmul " + troupe::enum_string(f) + " T=" + std::to_string(T);
+      expect_near(what + " forward", gy.host(g), y, 1e-4, 1e-4);
+      expect_near(what + " backward_input", gdx.host(g), dx, 1e-4, 1e-4);
+    }
+}
+
 }  // namespace
 }  // namespace troupe::gpu_test
 
@@ -300,5 +323,6 @@ int main() {
     rope_and_attention(g, c);
     logprob_and_loss(g, c);
     random_ops(g, c);
+    quant_ops(g, c);
   });
 }

@@ -27,6 +27,7 @@
 #include "troupe/kernels/grpo_loss.h"
 #include "troupe/kernels/moe.h"
 #include "troupe/kernels/offload.h"
+#include "troupe/kernels/quant_matrix.h"
 #include "troupe/kernels/random.h"
 
 namespace troupe::kernels {
@@ -167,6 +168,14 @@ class Backend {
                                      const float* dlogp, const float* dentropy, const RowLossGrad& grad,
                                      const float* h, const float* W, const int32_t* targets, float temperature, int N,
                                      int C, int V, int chunk, float* scratch) const;
+
+  // ---- frozen quantized weights (quant_matrix.h) ---------------------------------------------------
+  // W.data is device memory holding W.bytes() of blocks (copy a QuantMatrix's bytes in). The CPU
+  // ops quant_matmul_forward / quant_matmul_backward_input are the specification.
+  // y (T, W.rows) [assigned] = x (T, W.cols) . W^T, W dequantized on the fly.
+  virtual void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T) const = 0;
+  // dx (T, W.cols) [+=] dy (T, W.rows) . W (W frozen: no weight gradient).
+  virtual void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) const = 0;
 
   // ---- MoE layer (moe.h) ---------------------------------------------------------------------------
   virtual size_t moe_saved_floats(const MoeConfig& cfg, int N) const = 0;

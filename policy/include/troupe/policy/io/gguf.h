@@ -81,6 +81,8 @@ class GgufFile {
 
   // The tensor as fp32 in row-major shape(); an unsupported type is an error naming it and the tensor.
   Result<Tensor> read(const std::string& name) const;
+  // The tensor's bytes as stored (t.nbytes of them; t one of tensors()), valid while this file lives.
+  const uint8_t* tensor_data(const GgufTensorInfo& t) const { return bytes_->data() + data_start_ + t.offset; }
 
  private:
   std::string path_;
