@@ -76,6 +76,8 @@ Status validate_lora(const LoraConfig& c, const ModelArchitecture& a) {
   if (!(c.dropout >= 0 && c.dropout < 1)) return bad("dropout", "must be in [0, 1), got " + std::to_string(c.dropout));
   if (!(c.lr >= 0) || !std::isfinite(c.lr)) return bad("lr", "must be finite and >= 0 (0 = optimizer.lr), got " + std::to_string(c.lr));
   if (!c.enabled()) return {};
+  if (c.dropout > 0)
+    return bad("dropout", std::to_string(c.dropout) + ": dropout on the low-rank path is not implemented yet; use 0");
   if (c.targets.empty()) return bad("targets", "names no module kind (q, k, v, o, gate, up, down, experts, all_linear)");
   bool moe = false;
   for (int l = 0; l < a.num_hidden_layers; ++l) moe = moe || a.is_moe_layer(l);

@@ -244,6 +244,8 @@ TEST(Lora, BadConfigurationsNameTheKeyAndValue) {
   l = lora(2);
   l.dropout = -0.5f;
   EXPECT_NE(message(check(l, dense)).find("policy.lora.dropout: must be in [0, 1), got -0.5"), std::string::npos);
+  l.dropout = 0.1f;
+  EXPECT_NE(message(check(l, dense)).find("policy.lora.dropout: 0.1"), std::string::npos);
   l = lora(2, {});
   EXPECT_NE(message(check(l, dense)).find("policy.lora.targets: names no module kind"), std::string::npos);
   // Model::create and enable_lora refuse them too.
