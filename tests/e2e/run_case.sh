@@ -474,16 +474,17 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     # adapters alone; --resume, delta vs full sync, cpu_fenced: bit for bit; exact on-policy with
     # batch_invariant; bad policy.lora keys are FILE:LINE errors
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/base" --set grpo.enabled=false \
-      --set eval.every=0 --set eval.num_prompts=20 $Q
+      --set eval.every=0 --set eval.num_prompts=200 $Q
     base=$(readlink -f "$W/base/checkpoints/latest")
     # the quickstart without policy.model (policy.path's config.json is the architecture), with adapters
     sed '/^  model:/,/^    max_position_embeddings/d' "$SRC/configs/quickstart.yaml" > "$W/lora.yaml"
     printf '  path: %s\n  lora:\n    rank: 8\n    alpha: 16\n    targets: [q, k, v, o]\n    lr: 0.002\n' "$base" \
       > "$W/lora_keys.txt"
     sed -i "/^  tokenizer: char/r $W/lora_keys.txt" "$W/lora.yaml"
-    L="--set sft.enabled=false --set eval.every=0 --set eval.num_prompts=100 $Q"
-    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/learn" --set grpo.max_steps=60 $L
+    L="--set sft.enabled=false --set eval.every=0 --set eval.num_prompts=200 $Q"
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/learn" --set grpo.max_steps=100 $L
     $CHECK learned "$W/learn"
+    $CHECK improved "$W/base" "$W/learn"
     # the checkpoint's model.safetensors holds the adapters alone (the base comes from policy.path)
     a=$(stat -c %s "$W/learn/checkpoints/latest/model.safetensors") b=$(stat -c %s "$base/model.safetensors")
     echo "adapter checkpoint $a bytes, base $b bytes"
