@@ -228,6 +228,12 @@ class Loader {
         return;
       }
       case KeyType::string_list: {
+        auto* names = std::get_if<EnumListRef>(&f);
+        if (names && v.IsScalar()) {  // one enum name alone: a one-element list
+          if (!list_choice(spec, v.Scalar(), m, key)) return;
+          names->set({v.Scalar()});
+          return;
+        }
         if (!v.IsSequence() && !v.IsNull()) return expect("a list of strings");
         std::vector<std::string> out;
         for (size_t i = 0; v.IsSequence() && i < v.size(); ++i) {
@@ -235,9 +241,13 @@ class Loader {
             error(v[i].Mark(), key + "[" + std::to_string(i) + "]", "expected a string, got " + node_kind(v[i]));
             return;
           }
+          if (!list_choice(spec, v[i].Scalar(), v[i].Mark(), key + "[" + std::to_string(i) + "]")) return;
           out.push_back(v[i].Scalar());
         }
-        *std::get<std::vector<std::string>*>(f) = out;
+        if (names)
+          names->set(out);
+        else
+          *std::get<std::vector<std::string>*>(f) = out;
         return;
       }
       case KeyType::mapping: {
@@ -246,6 +256,18 @@ class Loader {
         return;
       }
     }
+  }
+
+  // A list element among the key's choices (when it has any), else an error naming them.
+  template <class Root>
+  bool list_choice(const KeySpec<Root>& spec, const std::string& s, const YAML::Mark& m, const std::string& key) {
+    if (spec.choices.empty() || std::find(spec.choices.begin(), spec.choices.end(), s) != spec.choices.end())
+      return true;
+    std::string all;
+    for (const auto& c : spec.choices) all += (all.empty() ? "" : ", ") + c;
+    std::string near = nearest(s, spec.choices);
+    error(m, key, "'" + s + "' is not one of: " + all + (near.empty() ? "" : "; did you mean '" + near + "'?"));
+    return false;
   }
 
   static bool parse_int(const YAML::Node& v, long long& out) {

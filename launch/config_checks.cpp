@@ -2,11 +2,14 @@
 // Single keys (types, ranges, enum names) are the schema's; these see several keys at once.
 #include "config_checks.h"
 
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <tuple>
 #include <utility>
 
 #include "troupe/kernels/backend.h"
+#include "troupe/policy/io/model_dir.h"
 #include "troupe/runtime/bind_host.h"
 
 namespace troupe::launch {
@@ -104,6 +107,28 @@ void check_execution(const ExperimentConfig& c, const ConfigReport& report) {
   if (cuda && x.routing_replay == policy::RoutingReplay::rollout)
     report("policy.moe.routing_replay", "policy.moe.routing_replay",
            "not implemented with policy.device: cuda; set it to off or use policy.device: cpu");
+}
+
+// policy.lora against the architecture: policy.model, or policy.path's config.json when it is a
+// model directory (a .gguf's is checked when the run loads it).
+void check_lora(const ExperimentConfig& c, const ConfigReport& report) {
+  if (!c.policy.lora.enabled()) return;
+  policy::ModelArchitecture arch = c.policy.model;
+  if (!c.policy.path.empty()) {
+    std::ifstream f(std::filesystem::path(c.policy.path) / "config.json");
+    if (!f) return;
+    auto j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_discarded()) return;  // the run's load reports it
+    auto loaded = policy::io::config_from_hf_json(j);
+    if (!loaded.ok()) return;
+    arch = *loaded;
+  }
+  Status s = policy::validate_lora(c.policy.lora, arch);
+  if (s.ok()) return;
+  const std::string& msg = s.error().message;  // "policy.lora.<key>: why"
+  const size_t colon = msg.find(": ");
+  const std::string key = colon == std::string::npos ? "policy.lora.rank" : msg.substr(0, colon);
+  report(key, key, colon == std::string::npos ? msg : msg.substr(colon + 2));
 }
 
 void check_env_process(const actors::EnvSpec& e, const std::string& pre, const ConfigReport& report);
@@ -312,6 +337,7 @@ void check_config(const ExperimentConfig& c, const std::vector<std::string>& arc
   check_model(c, report);
   check_loss(c, report);
   check_execution(c, report);
+  check_lora(c, report);
   check_model_source(c, architecture_keys_set, report);
   check_phases(c, report);
   check_envs(c, report);

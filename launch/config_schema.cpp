@@ -75,6 +75,27 @@ struct Builder {
     for (const auto& [name, value] : EnumNames<E>::table) names.emplace_back(std::string(name), value);
     enumeration(std::move(path), f, std::move(names), std::move(desc));
   }
+  // A list of enum values (names beside the enum, troupe/base/enum_names.h); one name alone in
+  // the YAML is a one-element list.
+  template <class F, class E = typename std::remove_pointer_t<std::invoke_result_t<F, Root&>>::value_type>
+    requires has_enum_names<E>
+  void enum_list(std::string path, F f, std::string desc) {
+    std::vector<std::string> choices;
+    for (const auto& [name, value] : EnumNames<E>::table) choices.emplace_back(name);
+    keys.push_back({std::move(path), KeyType::string_list, std::nullopt, std::nullopt, std::move(choices),
+                    std::move(desc), [f](Root& r) -> FieldRef {
+                      auto* p = f(r);
+                      EnumListRef ref;
+                      for (E v : *p) ref.names.push_back(enum_string(v));
+                      ref.set = [p](const std::vector<std::string>& names) {
+                        p->clear();
+                        for (const auto& n : names)
+                          for (const auto& [name, value] : EnumNames<E>::table)
+                            if (name == n) p->push_back(value);
+                      };
+                      return ref;
+                    }});
+  }
   template <class F>
   void int_list(std::string path, F f, double lo, double hi, std::string desc) {
     keys.push_back({std::move(path), KeyType::int_list, lo, hi, {}, std::move(desc),
@@ -115,6 +136,13 @@ void add_run_and_policy_keys(Builder<ExperimentConfig>& b) {
   b.integer("policy.logprob_chunk", [](C& c) { return &c.policy.logprob_chunk; }, 0, 1073741824, "Training log-probs: vocabulary columns per chunk of the LM head and log-softmax (online log-sum-exp; a per-token loss runs the head once over tiles of whole rows, as many as tokens x chunk floats hold but at least min(64, tokens / 4)), so no (tokens, vocab) logits buffer exists; 0 = the whole vocabulary at once. A vocabulary of at most one chunk is computed exactly as with 0; a larger one rounds differently (gradients equal to 1e-6 relative).");
   b.flag("policy.batch_invariant", [](C& c) { return &c.policy.batch_invariant; }, "Batch-invariant kernels: every op of a forward gives each token bits independent of the other rows of its batch and of KV-cache decode vs packed training forward (fixed-chain GEMMs for any row count, the decode step's attention loop in training, the learner's log-softmax for the sampler's log-probs), so sampler and learner agree exactly (logprob_diff_max 0, routing_agreement 1). Costs speed (the overhead is a troupe bench policy row); results differ in rounding from the default kernels.");
   b.enumeration("policy.moe.routing_replay", [](C& c) { return &c.policy.routing_replay; }, {{"off", policy::RoutingReplay::off}, {"rollout", policy::RoutingReplay::rollout}}, "MoE routing replay: rollout trains each response token on the top-k experts its sampler recorded (per MoE layer), with gates recomputed from the learner's own router logits over that set, in forward and backward; routing_agreement is then 1 by construction. off: the learner routes by its own top-k. An error on a dense model.");
+  b.integer("policy.lora.rank", [](C& c) { return &c.policy.lora.rank; }, 0, 65536, "LoRA rank r: train low-rank adapters A (r, in), B (out, r) beside the targeted linear layers of a frozen base (PEFT's layout and names); 0 = off, the whole model trains. The optimizer, checkpoints and weight sync then carry only the adapters. An error when r exceeds min(in, out) of a targeted layer.");
+  b.number("policy.lora.alpha", [](C& c) { return &c.policy.lora.alpha; }, 0, 1e6, "LoRA alpha: the low-rank path is scaled by alpha / r (alpha / sqrt(r) with use_rslora).");
+  b.number("policy.lora.dropout", [](C& c) { return &c.policy.lora.dropout; }, 0, 0.999, "Dropout on the low-rank path's input (PEFT's lora_dropout). Only 0 (none) is implemented: a value > 0 is an error.");
+  b.enum_list("policy.lora.targets", [](C& c) { return &c.policy.lora.targets; }, "Module kinds that get adapters: q, k, v, o (attention projections), gate, up, down (dense MLP and qwen2_moe's gated shared expert), experts (routed MoE experts: not implemented, an error), all_linear (all of them, never the LM head; an error on an MoE model, whose routed experts it would include). One name alone is a one-element list. A kind that matches no module of the model is an error.");
+  b.enumeration("policy.lora.init", [](C& c) { return &c.policy.lora.init; }, "Adapter init (B = 0 either way, so a fresh adapter leaves the model unchanged): default (A kaiming-uniform with a = sqrt(5), PEFT's default) or gaussian (A ~ N(0, 1/r)); drawn from run.seed.");
+  b.flag("policy.lora.use_rslora", [](C& c) { return &c.policy.lora.use_rslora; }, "Rank-stabilized LoRA: scale by alpha / sqrt(r) instead of alpha / r.");
+  b.number("policy.lora.lr", [](C& c) { return &c.policy.lora.lr; }, 0, 10, "Peak learning rate of the adapters, in both phases (0 = optimizer.lr, or sft.lr in SFT); with LoRA on the adapters are all that trains.");
   b.enumeration("policy.model.family", [](C& c) { return &c.policy.model.family; }, {{"qwen3_moe", policy::ModelFamily::qwen3_moe}, {"mixtral", policy::ModelFamily::mixtral}}, "Model family (Hugging Face layout of checkpoints): qwen3_moe has per-head q/k RMSNorm.");
   b.integer("policy.model.vocab_size", [](C& c) { return &c.policy.model.vocab_size; }, 2, 1048576, "V: vocabulary size (must cover the tokenizer).");
   b.integer("policy.model.hidden_size", [](C& c) { return &c.policy.model.hidden_size; }, 1, 65536, "C: model width.");
@@ -429,6 +457,11 @@ std::string render_value(const FieldRef& f) {
     }
     std::string operator()(nlohmann::json* p) const { return p ? p->dump() : "[]"; }
     std::string operator()(const EnumRef& e) const { return quote(e.name); }
+    std::string operator()(const EnumListRef& e) const {
+      std::string s = "[";
+      for (size_t i = 0; i < e.names.size(); ++i) s += (i ? ", " : "") + quote(e.names[i]);
+      return s + "]";
+    }
   };
   return std::visit(V{}, f);
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "run/steps.h"
+#include "troupe/learner/checkpoint.h"
 #include "troupe/serve/rollout_serve.h"
 
 namespace troupe::launch {
@@ -88,8 +89,11 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
 
 int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
   ExperimentConfig cfg = loaded.config;
-  cfg.policy.path = checkpoint;
-  cfg.policy.tokenizer = actors::TokenizerKind::from_model;
+  const bool lora = cfg.policy.lora.enabled();
+  if (!lora) {  // a LoRA checkpoint holds the adapters alone: the base is the config's, as in the run
+    cfg.policy.path = checkpoint;
+    cfg.policy.tokenizer = actors::TokenizerKind::from_model;
+  }
   auto specs = actors::env_specs(cfg, base_dir_of(loaded.file));
   if (!specs.ok()) return fail(specs.error());
   runtime::SystemConfig sc;
@@ -102,6 +106,12 @@ int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
   auto e = actors::EnvWorker::create(*specs);
   if (!e.ok()) return fail(e.error());
   std::shared_ptr<actors::Generator> gp = std::move(g).value();
+  if (lora) {
+    policy::Model& m = gp->model();
+    std::vector<float> adapters(m.params().size());
+    if (Status s = learner::read_flat_model(checkpoint, m.tensors(), adapters); !s.ok()) return fail(s.error());
+    if (Status s = m.set_params(adapters); !s.ok()) return fail(s.error());
+  }
   std::shared_ptr<actors::EnvWorker> ep = std::move(e).value();
   auto gid = sys.spawn([gp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::GeneratorActor>(gp); });
   auto eid = sys.spawn([ep]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::EnvActor>(ep); });

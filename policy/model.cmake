@@ -1,6 +1,6 @@
 # Model, arenas, forward/backward, KV-cache inference (decode_slots.cpp, the one decode loop, which
 # generate.cpp drives for Model::generate). target_sources(troupe_policy PRIVATE ...) and tests here.
-target_sources(troupe_policy PRIVATE ${CMAKE_CURRENT_LIST_DIR}/model.cpp ${CMAKE_CURRENT_LIST_DIR}/decode_slots.cpp
+target_sources(troupe_policy PRIVATE ${CMAKE_CURRENT_LIST_DIR}/model.cpp ${CMAKE_CURRENT_LIST_DIR}/lora.cpp ${CMAKE_CURRENT_LIST_DIR}/decode_slots.cpp
                                      ${CMAKE_CURRENT_LIST_DIR}/generate.cpp)
 if(TROUPE_BUILD_TESTS)
   # One binary, several ctest names (policy.*), each a gtest filter; policy.model runs the rest.
@@ -27,4 +27,9 @@ if(TROUPE_BUILD_TESTS)
   troupe_add_gpu_test(NAME gpu.model_on_cuda TARGET policy_model_on_cuda_test
                       SOURCES ${CMAKE_CURRENT_LIST_DIR}/device_path.test.cpp LIBS troupe::policy)
   target_compile_definitions(policy_model_on_cuda_test PRIVATE TROUPE_TEST_DEVICE="cuda")
+endif()
+if(TROUPE_BUILD_TESTS)
+  # LoRA: adapter arena, merged-weights forward, finite differences, frozen base, bad configurations.
+  troupe_add_test(NAME policy.lora SOURCES ${CMAKE_CURRENT_LIST_DIR}/lora.test.cpp LIBS troupe::policy
+                  ENV OMP_WAIT_POLICY=PASSIVE)
 endif()

@@ -198,7 +198,7 @@ Status validate_model_config(const ModelConfig& c) {
     return bad("compute_dtype", "bf16 GEMMs are not implemented on device '" + enum_string(c.device) + "' (cuda only)");
   if (c.compute_dtype == kernels::ComputeDtype::bf16 && c.batch_invariant)
     return bad("compute_dtype", "bf16 with batch_invariant: exact on-policy sampling runs fp32 GEMMs");
-  return {};
+  return validate_lora(c.lora, c);
 }
 
 // ---- construction ---------------------------------------------------------------------------------
@@ -406,6 +406,7 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   const size_t o_rstdf = take(t), o_lse = take(t), o_ent = take(t), o_logp = take(t), o_y = take(t * C);
   a.attn_scratch_floats = be->attention_scratch_floats(max_seqlen);
   const size_t o_ascr = take(a.attn_scratch_floats);
+  const size_t o_lora = take(lora ? k::lora_scratch_floats(T, lora_r) : 0);
   size_t o_dres = 0, o_dh = 0, o_dlp = 0, o_dent = 0;
   if (with_grads) {
     o_dres = take(t * C);
@@ -462,6 +463,7 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   a.logp_out = B + o_logp;
   a.y = B + o_y;
   a.attn_scratch = B + o_ascr;
+  if (lora) a.lora_scratch = B + o_lora;
   if (with_grads) {
     a.dresid = B + o_dres;
     a.dh = B + o_dh;
@@ -492,9 +494,9 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   const float eps = cfg.rms_norm_eps;
   const int QD = NH * HD, KD = NKV * HD;
   be->rmsnorm_forward(a.h1, a.rstd1, x, P + w.ln1, T, C, eps);
-  be->matmul_forward(a.q, a.h1, P + w.wq, T, C, QD);
-  be->matmul_forward(a.k, a.h1, P + w.wk, T, C, KD);
-  be->matmul_forward(a.v, a.h1, P + w.wv, T, C, KD);
+  linear_forward(a.q, a.h1, w.wq, w.lq, acts, T, C, QD);
+  linear_forward(a.k, a.h1, w.wk, w.lk, acts, T, C, KD);
+  linear_forward(a.v, a.h1, w.wv, w.lv, acts, T, C, KD);
   if (cfg.qkv_bias) {
     be->bias_forward(a.q, P + w.bq, T, QD);
     be->bias_forward(a.k, P + w.bk, T, KD);
@@ -524,17 +526,17 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
     be->attention_forward(a.att, a.lse, acts.attn_scratch, acts.attn_scratch_floats, a.qr, a.kr, a.v,
                          m.d_cu_seqlens, m.S, m.max_seqlen, T, NH, NKV, HD);
   }
-  be->matmul_forward(a.x2, a.att, P + w.wo, T, QD, C);
+  linear_forward(a.x2, a.att, w.wo, w.lo, acts, T, QD, C);
   if (cfg.o_proj_bias) be->bias_forward(a.x2, P + w.bo, T, C);
   const size_t TC = static_cast<size_t>(T) * C;
   be->add(a.x2, a.x2, x, TC);  // residual: x2 = x + attention
   be->rmsnorm_forward(a.h2, a.rstd2, a.x2, P + w.ln2, T, C, eps);
   float* y = acts.y;
   if (!w.moe) {
-    be->matmul_forward(a.g, a.h2, P + w.wg, T, C, I);
-    be->matmul_forward(a.u, a.h2, P + w.wu, T, C, I);
+    linear_forward(a.g, a.h2, w.wg, w.lg, acts, T, C, I);
+    linear_forward(a.u, a.h2, w.wu, w.lu, acts, T, C, I);
     be->swiglu_forward(a.a, a.g, a.u, T * I);
-    be->matmul_forward(y, a.a, P + w.wd, T, I, C);
+    linear_forward(y, a.a, w.wd, w.ld, acts, T, I, C);
   } else {
     const int32_t* route = replaying && !kv ? replay.data() + static_cast<size_t>(moe_ordinal[l]) * T * moe_cfg.K
                                             : nullptr;
@@ -544,10 +546,10 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
     if (HS_gated > 0) {  // y += sigmoid(h2 . w_gate) * SwiGLU_shared(h2)
       const int HS = HS_gated;
       float* gated = acts.moe_scratch;  // (T, C); the MoE kernel's scratch is free again
-      be->matmul_forward(a.sg, a.h2, P + w.sg, T, C, HS);
-      be->matmul_forward(a.su, a.h2, P + w.su, T, C, HS);
+      linear_forward(a.sg, a.h2, w.sg, w.lg, acts, T, C, HS);
+      linear_forward(a.su, a.h2, w.su, w.lu, acts, T, C, HS);
       be->swiglu_forward(a.sa, a.sg, a.su, T * HS);
-      be->matmul_forward(a.so, a.sa, P + w.sd, T, HS, C);
+      linear_forward(a.so, a.sa, w.sd, w.ld, acts, T, HS, C);
       be->matmul_forward(a.sgl, a.h2, P + w.sgate, T, C, 1);
       be->sigmoid_gate_forward(gated, a.sgl, a.so, T, C);
       be->add(y, y, gated, TC);
@@ -556,48 +558,53 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   be->add(x_out, a.x2, y, TC);  // residual: x_out = x2 + FFN
 }
 
+// The FFN of layer l, reversed: dresid holds d x_out = d y; leaves d h2 in acts.dh.
+void Model::Impl::ffn_backward(int l, const LayerActs& a, const Acts& acts, int T, float* dresid, float daux) {
+  const LayerW& w = layers[l];
+  const size_t TC = static_cast<size_t>(T) * C;
+  if (!w.moe) {
+    const size_t TI = static_cast<size_t>(T) * I;
+    be->zero(acts.da, TI);
+    linear_backward(acts.da, w.wd, w.ld, dresid, a.a, acts, T, I, C);
+    be->swiglu_backward(acts.dg, acts.du, acts.da, a.g, a.u, T * I);
+    be->zero(acts.dh, TC);
+    linear_backward(acts.dh, w.wg, w.lg, acts.dg, a.h2, acts, T, C, I);
+    linear_backward(acts.dh, w.wu, w.lu, acts.du, a.h2, acts, T, C, I);
+    return;
+  }
+  // A frozen base (LoRA) still runs the kernel's backward for d h2; its weight gradients go to the sink.
+  be->moe_backward(acts.dh, lora ? moe_sink_grads(l) : moe_tensors<k::MoeGrads>(l, G()), dresid, daux, a.h2,
+                   a.moe_saved, moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T, acts.moe_scratch);
+  if (HS_gated > 0) {  // the gated shared expert, reversed; its temporaries in U after the MoE call
+    const int HS = HS_gated;
+    const size_t TH = static_cast<size_t>(T) * HS;
+    float* dso = acts.moe_scratch;
+    float* dsgl = dso + TC;
+    float* dsa = dsgl + T;
+    float* dsg = dsa + TH;
+    float* dsu = dsg + TH;
+    be->sigmoid_gate_backward(dsgl, dso, dresid, a.sgl, a.so, T, C);
+    be->matmul_backward(acts.dh, gw(w.sgate), dsgl, a.h2, P() + w.sgate, T, C, 1);
+    be->zero(dsa, TH);
+    linear_backward(dsa, w.sd, w.ld, dso, a.sa, acts, T, HS, C);
+    be->swiglu_backward(dsg, dsu, dsa, a.sg, a.su, T * HS);
+    linear_backward(acts.dh, w.sg, w.lg, dsg, a.h2, acts, T, C, HS);
+    linear_backward(acts.dh, w.su, w.lu, dsu, a.h2, acts, T, C, HS);
+  }
+}
+
 void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, const Acts& acts, const PackedMeta& m,
                                  int T, float* dresid, float daux) {
   const LayerW& w = layers[l];
   const float* P = this->P();
-  float* G = this->G();
   const int QD = NH * HD, KD = NKV * HD;
   const size_t TC = static_cast<size_t>(T) * C;
-  // FFN: dresid holds d x_out = d y = part of d x2.
-  if (!w.moe) {
-    const size_t TI = static_cast<size_t>(T) * I;
-    be->zero(acts.da, TI);
-    be->matmul_backward(acts.da, G + w.wd, dresid, a.a, P + w.wd, T, I, C);
-    be->swiglu_backward(acts.dg, acts.du, acts.da, a.g, a.u, T * I);
-    be->zero(acts.dh, TC);
-    be->matmul_backward(acts.dh, G + w.wg, acts.dg, a.h2, P + w.wg, T, C, I);
-    be->matmul_backward(acts.dh, G + w.wu, acts.du, a.h2, P + w.wu, T, C, I);
-  } else {
-    be->moe_backward(acts.dh, moe_tensors<k::MoeGrads>(l, G), dresid, daux, a.h2, a.moe_saved,
-                     moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T,
-                    acts.moe_scratch);
-    if (HS_gated > 0) {  // the gated shared expert, reversed; its temporaries in U after the MoE call
-      const int HS = HS_gated;
-      const size_t TH = static_cast<size_t>(T) * HS;
-      float* dso = acts.moe_scratch;
-      float* dsgl = dso + TC;
-      float* dsa = dsgl + T;
-      float* dsg = dsa + TH;
-      float* dsu = dsg + TH;
-      be->sigmoid_gate_backward(dsgl, dso, dresid, a.sgl, a.so, T, C);
-      be->matmul_backward(acts.dh, G + w.sgate, dsgl, a.h2, P + w.sgate, T, C, 1);
-      be->zero(dsa, TH);
-      be->matmul_backward(dsa, G + w.sd, dso, a.sa, P + w.sd, T, HS, C);
-      be->swiglu_backward(dsg, dsu, dsa, a.sg, a.su, T * HS);
-      be->matmul_backward(acts.dh, G + w.sg, dsg, a.h2, P + w.sg, T, C, HS);
-      be->matmul_backward(acts.dh, G + w.su, dsu, a.h2, P + w.su, T, C, HS);
-    }
-  }
-  be->rmsnorm_backward(dresid, G + w.ln2, acts.dh, a.x2, P + w.ln2, a.rstd2, T, C);  // dresid = d x2
+  ffn_backward(l, a, acts, T, dresid, daux);
+  be->rmsnorm_backward(dresid, gw(w.ln2), acts.dh, a.x2, P + w.ln2, a.rstd2, T, C);  // dresid = d x2
   // Attention.
-  if (cfg.o_proj_bias) be->bias_backward(G + w.bo, dresid, T, C);
+  if (cfg.o_proj_bias && !lora) be->bias_backward(G() + w.bo, dresid, T, C);
   be->zero(acts.datt, static_cast<size_t>(T) * QD);
-  be->matmul_backward(acts.datt, G + w.wo, dresid, a.att, P + w.wo, T, QD, C);
+  linear_backward(acts.datt, w.wo, w.lo, dresid, a.att, acts, T, QD, C);
   be->attention_backward(acts.dqr, acts.dkr, acts.dv, acts.attn_scratch, acts.attn_scratch_floats, acts.datt, a.qr,
                         a.kr, a.v, a.att, a.lse, m.d_cu_seqlens, m.S, m.max_seqlen, T, NH, NKV, HD);
   be->rope_backward(acts.dqr, acts.dqr, m.rope_cos, m.rope_sin, T, NH, HD);
@@ -607,21 +614,21 @@ void Model::Impl::layer_backward(int l, const float* x, const LayerActs& a, cons
   if (qk) {
     be->zero(acts.dq, static_cast<size_t>(T) * QD);
     be->zero(acts.dk, static_cast<size_t>(T) * KD);
-    be->rmsnorm_backward(acts.dq, G + w.qn, acts.dqr, a.q, P + w.qn, a.rstdq, T * NH, HD);
-    be->rmsnorm_backward(acts.dk, G + w.kn, acts.dkr, a.k, P + w.kn, a.rstdk, T * NKV, HD);
+    be->rmsnorm_backward(acts.dq, gw(w.qn), acts.dqr, a.q, P + w.qn, a.rstdq, T * NH, HD);
+    be->rmsnorm_backward(acts.dk, gw(w.kn), acts.dkr, a.k, P + w.kn, a.rstdk, T * NKV, HD);
     dq = acts.dq;
     dk = acts.dk;
   }
-  if (cfg.qkv_bias) {
-    be->bias_backward(G + w.bq, dq, T, QD);
-    be->bias_backward(G + w.bk, dk, T, KD);
-    be->bias_backward(G + w.bv, acts.dv, T, KD);
+  if (cfg.qkv_bias && !lora) {
+    be->bias_backward(G() + w.bq, dq, T, QD);
+    be->bias_backward(G() + w.bk, dk, T, KD);
+    be->bias_backward(G() + w.bv, acts.dv, T, KD);
   }
   be->zero(acts.dh, TC);
-  be->matmul_backward(acts.dh, G + w.wq, dq, a.h1, P + w.wq, T, C, QD);
-  be->matmul_backward(acts.dh, G + w.wk, dk, a.h1, P + w.wk, T, C, KD);
-  be->matmul_backward(acts.dh, G + w.wv, acts.dv, a.h1, P + w.wv, T, C, KD);
-  be->rmsnorm_backward(dresid, G + w.ln1, acts.dh, x, P + w.ln1, a.rstd1, T, C);  // dresid = d x
+  linear_backward(acts.dh, w.wq, w.lq, dq, a.h1, acts, T, C, QD);
+  linear_backward(acts.dh, w.wk, w.lk, dk, a.h1, acts, T, C, KD);
+  linear_backward(acts.dh, w.wv, w.lv, acts.dv, a.h1, acts, T, C, KD);
+  be->rmsnorm_backward(dresid, gw(w.ln1), acts.dh, x, P + w.ln1, a.rstd1, T, C);  // dresid = d x
 }
 
 Status Model::Impl::set_replay(const PackedBatch& b) {
@@ -741,7 +748,6 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
   have_train_forward = false;  // saved activations are consumed (recompute may overwrite them)
   const int T = acts.T;
   const size_t TC = static_cast<size_t>(T) * C;
-  float* G = this->G();
   const float* P = this->P();
   // The caller's host arrays, copied to the device (null stays null: zeros).
   auto upload_row = [&](float* dst, const float* host) -> const float* {
@@ -753,12 +759,12 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
   const float* dent = upload_row(acts.dent_in, dentropy);
   if (chunked_head()) {  // each chunk's logits recomputed, its gradient accumulated into dh and the head
     be->zero(acts.dh, TC);
-    be->chunked_logprob_backward(acts.dh, G + wlm, dlp, dent, acts.final_norm_out, P + wlm, acts.lse_out,
+    be->chunked_logprob_backward(acts.dh, gw(wlm), dlp, dent, acts.final_norm_out, P + wlm, acts.lse_out,
                                  acts.ent_saved, d_targets, temperature, T, C, V, cfg.logprob_chunk, acts.logits);
   } else {
     be->logprob_backward(acts.dlogits, dlp, dent, acts.logits, acts.lse_out, d_targets, temperature, T, V);
     be->zero(acts.dh, TC);
-    be->matmul_backward(acts.dh, G + wlm, acts.dlogits, acts.final_norm_out, P + wlm, T, C, V);
+    be->matmul_backward(acts.dh, gw(wlm), acts.dlogits, acts.final_norm_out, P + wlm, T, C, V);
   }
   return backward_body();
 }
@@ -766,10 +772,9 @@ Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
 Status Model::Impl::backward_body() {
   const int T = acts.T;
   const size_t TC = static_cast<size_t>(T) * C;
-  float* G = this->G();
   const float* P = this->P();
   be->zero(acts.dresid, TC);
-  be->rmsnorm_backward(acts.dresid, G + wnorm, acts.dh, layer_input(L), P + wnorm, acts.rstdf, T, C);
+  be->rmsnorm_backward(acts.dresid, gw(wnorm), acts.dh, layer_input(L), P + wnorm, acts.rstdf, T, C);
   const bool ckpt = cfg.activation_checkpointing;
   const float daux = cfg.router_aux_loss_coef;
   for (int l = L - 1; l >= 0; --l) {
@@ -799,7 +804,7 @@ Status Model::Impl::backward_body() {
     layer_backward(l, x, a, acts, m, T, acts.dresid, layers[l].moe ? daux : 0.0f);
     if (off) TROUPE_TRY(offload->reload_release(l));
   }
-  be->embedding_backward(G + wte, acts.dresid, d_tokens, T, C);
+  if (!lora) be->embedding_backward(G() + wte, acts.dresid, d_tokens, T, C);  // frozen under LoRA
   if (offload_step) offload_clean = true;
   return {};
 }
@@ -809,9 +814,12 @@ Status Model::Impl::backward_body() {
 Result<Model> Model::create(const ModelConfig& cfg, uint64_t seed) {
   TROUPE_TRY(validate_model_config(cfg));
   TROUPE_ASSIGN_OR_RETURN(const k::Backend* be, k::backend_for(cfg.device));
-  auto impl = std::make_unique<Impl>(cfg, *be);
+  ModelConfig base = cfg;
+  base.lora = LoraConfig{};  // the base first; enable_lora adds the adapters over it
+  auto impl = std::make_unique<Impl>(base, *be);
   TROUPE_TRY(impl->alloc_params());
   impl->init_params(seed);
+  if (cfg.lora.enabled()) TROUPE_TRY(impl->enable_lora(cfg.lora, seed));
   return Model(std::move(impl));
 }
 
@@ -821,59 +829,87 @@ Model& Model::operator=(Model&&) noexcept = default;
 Model::~Model() = default;
 
 const ModelConfig& Model::config() const { return impl_->cfg; }
-const std::vector<TensorSpec>& Model::tensors() const { return impl_->table; }
+// params()/grads() and the calls beside them work on the trainable arena: the adapters under LoRA
+// (Impl::lparams/lgrads), else the base (params/grads). Both keep a host mirror on a device backend.
+namespace {
+struct TrainArena {
+  kernels::Buffer& params;
+  kernels::Buffer& grads;
+  std::vector<float>& host_params;
+  std::vector<float>& host_grads;
+  bool& params_host_newer;
+  bool& grads_host_newer;
+  bool& grads_device_newer;
+  size_t n;
+};
+TrainArena train_arena(Model::Impl& m) {
+  if (m.lora)
+    return {m.lparams, m.lgrads, m.host_lparams, m.host_lgrads, m.lparams_host_newer, m.lgrads_host_newer,
+            m.lgrads_device_newer, m.n_lora};
+  return {m.params, m.grads, m.host_params, m.host_grads, m.params_host_newer, m.grads_host_newer,
+          m.grads_device_newer, m.n_params};
+}
+}  // namespace
+
+const std::vector<TensorSpec>& Model::tensors() const { return impl_->lora ? impl_->lora_table : impl_->table; }
 const TensorSpec* Model::find_tensor(std::string_view name) const {
-  for (const auto& t : impl_->table)
+  for (const auto& t : tensors())
     if (t.name == name) return &t;
   return nullptr;
 }
 std::span<float> Model::params() {
   Impl& m = *impl_;
   ++m.params_writes;
-  if (!m.mirrored) return {m.P(), m.n_params};
-  m.params_host_newer = true;  // the caller may write: the next op that reads the weights uploads them
-  return m.host_params;
+  TrainArena a = train_arena(m);
+  if (!m.mirrored) return {m.lora ? m.LP() : m.P(), a.n};
+  a.params_host_newer = true;  // the caller may write: the next op that reads the weights uploads them
+  return a.host_params;
 }
 std::uint64_t Model::params_writes() const { return impl_->params_writes; }
 std::span<const float> Model::params() const {
-  const Impl& m = *impl_;
-  if (!m.mirrored) return {m.P(), m.n_params};
-  return m.host_params;
+  Impl& m = *impl_;
+  TrainArena a = train_arena(m);
+  if (!m.mirrored) return {m.lora ? m.LP() : m.P(), a.n};
+  return a.host_params;
 }
 std::span<const float> Model::grads() const {
-  const Impl& m = *impl_;
-  if (!m.mirrored) return {m.grads.floats(), m.n_params};
-  if (m.grads_device_newer) {  // what backward accumulated since the last download
-    m.be->copy_device_to_host(m.host_grads.data(), m.grads.floats(), sizeof(float) * m.n_params);
-    m.grads_device_newer = false;
+  Impl& m = *impl_;
+  TrainArena a = train_arena(m);
+  if (!m.mirrored) return {a.grads.floats(), a.n};
+  if (a.grads_device_newer) {  // what backward accumulated since the last download
+    m.be->copy_device_to_host(a.host_grads.data(), a.grads.floats(), sizeof(float) * a.n);
+    a.grads_device_newer = false;
   }
-  return m.host_grads;
+  return a.host_grads;
 }
 std::span<float> Model::grads() {
   Impl& m = *impl_;
-  if (!m.mirrored) return {m.G(), m.n_params};
+  if (!m.mirrored) return {m.lora ? m.LG() : m.G(), train_arena(m).n};
   std::as_const(*this).grads();
-  m.grads_host_newer = true;  // the caller may write: the next backward uploads them first
-  return m.host_grads;
+  TrainArena a = train_arena(m);
+  a.grads_host_newer = true;  // the caller may write: the next backward uploads them first
+  return a.host_grads;
 }
 const kernels::Backend& Model::backend() const { return *impl_->be; }
 Status Model::set_params(std::span<const float> flat) {
-  if (flat.size() != impl_->n_params)
-    return invalid_input("set_params: got " + std::to_string(flat.size()) + " floats, the model has " +
-                         std::to_string(impl_->n_params));
   Impl& m = *impl_;
+  TrainArena a = train_arena(m);
+  if (flat.size() != a.n)
+    return invalid_input("set_params: got " + std::to_string(flat.size()) + " floats, the model has " +
+                         std::to_string(a.n) + (m.lora ? " (LoRA adapters)" : ""));
   ++m.params_writes;
-  m.be->copy_host_to_device(m.params.floats(), flat.data(), flat.size_bytes());
+  m.be->copy_host_to_device(a.params.floats(), flat.data(), flat.size_bytes());
   if (m.mirrored) {
-    if (flat.data() != m.host_params.data()) std::copy(flat.begin(), flat.end(), m.host_params.begin());
-    m.params_host_newer = false;
+    if (flat.data() != a.host_params.data()) std::copy(flat.begin(), flat.end(), a.host_params.begin());
+    a.params_host_newer = false;
   }
   return {};
 }
 Status Model::all_reduce_grads(kernels::DeviceCollective& c) {
   Impl& m = *impl_;
   try {
-    c.all_reduce_sum(m.G(), m.n_params);  // G(): the host's writes go up first; the sum is newer than the mirror
+    // G()/LG(): the host's writes go up first; the sum is newer than the mirror
+    c.all_reduce_sum(m.lora ? m.LG() : m.G(), train_arena(m).n);
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, std::string("gradient all-reduce on the device: ") + e.what());
   }
@@ -881,10 +917,11 @@ Status Model::all_reduce_grads(kernels::DeviceCollective& c) {
 }
 void Model::zero_grads() {
   Impl& m = *impl_;
-  m.be->zero(m.grads.floats(), m.n_params);
+  TrainArena a = train_arena(m);
+  m.be->zero(a.grads.floats(), a.n);
   if (m.mirrored) {
-    std::fill(m.host_grads.begin(), m.host_grads.end(), 0.0f);
-    m.grads_host_newer = m.grads_device_newer = false;
+    std::fill(a.host_grads.begin(), a.host_grads.end(), 0.0f);
+    a.grads_host_newer = a.grads_device_newer = false;
   }
 }
 
@@ -930,7 +967,7 @@ Status Model::forward_backward_train(const PackedBatch& batch, float temperature
   // The head once over tiles of rows (kernels::chunked_logprob_fused): logits, log-softmax, grad,
   // the logits gradient and both GEMM products, no recompute.
   m.be->zero(m.acts.dh, static_cast<size_t>(T) * m.C);
-  m.be->chunked_logprob_fused(logp, entropy ? entropy : m.acts.ent_saved, m.acts.lse_out, m.acts.dh, m.G() + m.wlm,
+  m.be->chunked_logprob_fused(logp, entropy ? entropy : m.acts.ent_saved, m.acts.lse_out, m.acts.dh, m.gw(m.wlm),
                               dlogp, dentropy, grad, m.acts.final_norm_out, m.P() + m.wlm, m.d_targets,
                               temperature, T, m.C, m.V, m.cfg.logprob_chunk, m.acts.logits);
   return m.backward_body();

@@ -16,6 +16,12 @@
 
 namespace troupe::policy {
 
+// One LoRA adapter: float offsets of A (r, in) and B (out, r) in the adapter arena.
+struct LoraSlot {
+  bool on = false;
+  size_t a = 0, b = 0;
+};
+
 // Float offsets of one layer's tensors in the parameter (and gradient) arena.
 struct LayerW {
   size_t ln1 = 0, wq = 0, wk = 0, wv = 0, wo = 0, qn = 0, kn = 0, ln2 = 0;
@@ -25,6 +31,9 @@ struct LayerW {
   size_t router = 0, eg = 0, eu = 0, ed = 0;  // (E, C); experts (E, H, C), (E, H, C), (E, C, H)
   size_t sg = 0, su = 0, sd = 0;           // shared expert (H_shared, C), (H_shared, C), (C, H_shared)
   size_t sgate = 0;                        // qwen2_moe shared_expert_gate (1, C)
+  // LoRA adapters (adapter arena): attention, and the dense MLP's or the gated shared expert's
+  // gate/up/down projections (a layer has one or the other).
+  LoraSlot lq, lk, lv, lo, lg, lu, ld;
 };
 
 // What one layer's forward saves for its backward (T = tokens of the batch).
@@ -55,6 +64,7 @@ struct Acts {
   // of the caller's host arrays).
   float *logp_out = nullptr, *dlogp_in = nullptr, *dent_in = nullptr;
   float *y = nullptr, *moe_scratch = nullptr;                                   // FFN output, MoE scratch
+  float* lora_scratch = nullptr;  // LoRA: lora_scratch_floats(T, r) (u and du of one projection)
   float* attn_scratch = nullptr;  // score tiles, attention_scratch_floats(max_seqlen, threads)
   size_t attn_scratch_floats = 0;
   // Backward scratch (null in inference arenas).
@@ -106,6 +116,13 @@ struct Model::Impl {
                      int T, const KvCtx* kv);
   void layer_backward(int l, const float* x, const LayerActs& a, const Acts& acts, const PackedMeta& m, int T,
                       float* dresid, float daux);
+  void ffn_backward(int l, const LayerActs& a, const Acts& acts, int T, float* dresid, float daux);
+  // A linear layer with its adapter: out = in . W^T (+ scale (in A^T) B^T when s.on), and its
+  // backward: din += dout . W, dW += dout^T in (unless the base is frozen), the adapter's dA, dB.
+  void linear_forward(float* out, const float* in, size_t w, const LoraSlot& s, const Acts& acts, int T, int IN,
+                      int OUT) const;
+  void linear_backward(float* din, size_t w, const LoraSlot& s, const float* dout, const float* in, const Acts& acts,
+                       int T, int IN, int OUT) const;
   Result<const PackedMeta*> meta_for_layer();
   Status forward(const PackedBatch& b, bool need_targets);  // up to the final norm (the head is the caller's)
   // Whether the LM head runs over the vocabulary in chunks (policy.logprob_chunk < V).
@@ -178,6 +195,36 @@ struct Model::Impl {
     be->copy_host_to_device(dst.data(), src.data(), sizeof(float) * src.size());
     *flag = false;
   }
+  // The base weights' gradient at float offset off: null once the base is frozen (LoRA), so the ops
+  // compute input gradients only.
+  float* gw(size_t off) const { return lora ? nullptr : G() + off; }
+
+  // LoRA (Model::enable_lora): the adapter arena, laid out from lora_table (PEFT names), mirrored
+  // on the host like the base arena where the backend is not host-visible. With it on, the base's
+  // gradient buffer is freed; moe_sink takes the gradients the MoE kernel computes for the frozen
+  // router and experts of one layer (thrown away).
+  bool lora = false;
+  int lora_r = 0;
+  float lora_scale = 0;
+  std::vector<TensorSpec> lora_table;
+  size_t n_lora = 0;
+  kernels::Buffer lparams, lgrads, moe_sink;
+  std::vector<float> host_lparams;
+  mutable std::vector<float> host_lgrads;
+  mutable bool lparams_host_newer = false, lgrads_host_newer = false, lgrads_device_newer = false;
+  float* LP() const {
+    if (lparams_host_newer) upload(lparams, host_lparams, &lparams_host_newer);
+    return lparams.floats();
+  }
+  float* LG() const {
+    if (lgrads_host_newer) upload(lgrads, host_lgrads, &lgrads_host_newer);
+    lgrads_device_newer = mirrored;
+    return lgrads.floats();
+  }
+  Status enable_lora(const LoraConfig& lc, uint64_t seed);
+  void build_lora_table();
+  kernels::MoeGrads moe_sink_grads(int l) const;  // layer l's MoE gradients pointed into moe_sink
+
   // Host mirror of params and grads where the backend is not host-visible (Model::params()).
   bool mirrored = false;
   std::vector<float> host_params;

@@ -68,6 +68,17 @@ Status copy_model_side_files(const std::string& policy_path, const std::string& 
   return {};
 }
 
+// config.json of a LoRA checkpoint (whose model.safetensors holds the adapters alone): what the
+// adapters are and which base they sit on.
+nlohmann::json lora_checkpoint_json(const ExperimentConfig& cfg) {
+  const auto& l = cfg.policy.lora;
+  nlohmann::json targets = nlohmann::json::array();
+  for (auto t : l.targets) targets.push_back(enum_string(t));
+  return {{"troupe_lora_adapters", true}, {"base_model", cfg.policy.path.empty() ? "fresh (run.seed)" : cfg.policy.path},
+          {"r", l.rank}, {"lora_alpha", l.alpha}, {"lora_dropout", l.dropout}, {"targets", targets},
+          {"use_rslora", l.use_rslora}};
+}
+
 }  // namespace
 using json = nlohmann::json;
 
@@ -360,8 +371,11 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     const auto* tok = policy_.tokenizer.get();
     const auto& model = *policy_.model;
     learner::ModelDirWriter writer = [&](const std::string& dir) -> Status {
-      TROUPE_TRY(policy::io::save_model(dir, model, tok, policy::io::ExpertLayout::per_expert, tok->bos_id(),
-                                        tok->eos_id(), tok->pad_id()));
+      if (model.lora_enabled())  // the adapters only, flat under their PEFT names; the base is policy.path / run.seed's
+        TROUPE_TRY(learner::flat_model_writer(model.params(), model.tensors(), lora_checkpoint_json(cfg_))(dir));
+      else
+        TROUPE_TRY(policy::io::save_model(dir, model, tok, policy::io::ExpertLayout::per_expert, tok->bos_id(),
+                                          tok->eos_id(), tok->pad_id()));
       if (cfg_.faults.checkpoint_interrupt_step > 0 && r.step == cfg_.faults.checkpoint_interrupt_step)
         die_by_fault("checkpoint of step " + std::to_string(r.step) + " interrupted after its model files");
       if (cfg_.rollout.async && !snapshots_.empty()) TROUPE_TRY(write_snapshots(dir + "/" + kSnapshotsFile, snapshots_));
@@ -385,8 +399,14 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
   std::string phase = state.value("extra", json::object()).value("phase", std::string("grpo"));
   auto& trainer = trainer_for(phase == "sft" ? learner::Phase::sft : learner::Phase::grpo);
   TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint(r.dir, specs, trainer.optimizer()));
-  TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(r.dir));
-  TROUPE_TRY(policy_.model->set_params(loaded.model.params()));
+  if (policy_.model->lora_enabled()) {
+    std::vector<float> adapters(policy_.model->params().size());
+    TROUPE_TRY(learner::read_flat_model(r.dir, specs, adapters));
+    TROUPE_TRY(policy_.model->set_params(adapters));
+  } else {
+    TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(r.dir));
+    TROUPE_TRY(policy_.model->set_params(loaded.model.params()));
+  }
   TROUPE_TRY(trainer.load_state_json(d.trainer_state));
   version_ = d.policy_version;
   rep.path = r.dir;

@@ -53,6 +53,9 @@ Result<PolicyBundle> make_policy(const ExperimentConfig& cfg) {
     }
     b.model = std::make_unique<policy::Model>(std::move(model));
   }
+  // LoRA: adapters over the base just built, their A drawn from run.seed (the same on every rank,
+  // so learners and generators start from one adapter; policy/README.md "LoRA").
+  if (cfg.policy.lora.enabled()) TROUPE_TRY(b.model->enable_lora(cfg.policy.lora, static_cast<uint64_t>(cfg.run.seed)));
   if (!b.tokenizer) {
     if (cfg.policy.tokenizer == TokenizerKind::from_model)
       return invalid_input("policy.tokenizer: auto needs policy.path (a model directory with a tokenizer)");
@@ -102,6 +105,7 @@ learner::LearnerConfig learner_config(const ExperimentConfig& c, learner::Phase 
   l.loss = c.loss;
   l.optimizer = c.optimizer;
   if (sft && c.sft.lr > 0) l.optimizer.lr = c.sft.lr;
+  if (c.policy.lora.enabled() && c.policy.lora.lr > 0) l.optimizer.lr = c.policy.lora.lr;  // only adapters train
   l.optimizer.total_steps = std::max(1, sft ? c.sft.max_steps : c.grpo.max_steps * c.grpo.num_iterations);
   l.batch.num_iterations = sft ? 1 : c.grpo.num_iterations;
   l.batch.micro_batch_tokens = c.grpo.micro_batch_tokens;

@@ -46,6 +46,14 @@ class CpuBackend final : public Backend {
   void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) const override {
     kernels::quant_matmul_backward_input(dx, dy, W, T);
   }
+  void lora_forward(float* out, const float* inp, const float* A, const float* B, float* scratch, int N, int C, int OC,
+                    int r, float scale) const override {
+    kernels::lora_forward(out, inp, A, B, scratch, N, C, OC, r, scale);
+  }
+  void lora_backward(float* dinp, float* dA, float* dB, const float* dout, const float* inp, const float* A,
+                     const float* B, float* scratch, int N, int C, int OC, int r, float scale) const override {
+    kernels::lora_backward(dinp, dA, dB, dout, inp, A, B, scratch, N, C, OC, r, scale);
+  }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C) const override {
     kernels::embedding_forward(out, tokens, wte, N, C);
   }

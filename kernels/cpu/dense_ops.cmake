@@ -1,6 +1,7 @@
 # Dense transformer ops (matmul, embedding, norms, RoPE, attention, SwiGLU, log-prob, residual add,
 # KV-cache write, packed layout) and their op test registry.
-target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/ops.cpp ${CMAKE_CURRENT_LIST_DIR}/small_gemm.cpp)
+target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/ops.cpp ${CMAKE_CURRENT_LIST_DIR}/small_gemm.cpp
+                                     ${CMAKE_CURRENT_LIST_DIR}/lora.cpp)
 # Frozen weights in ggml blocks and the GEMMs that dequantize them on the fly. Their values must be
 # ggml's (a multiply, then an add, each rounded), so the compiler may not fuse them into an FMA.
 target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/quant_matrix.cpp ${CMAKE_CURRENT_LIST_DIR}/quant_matmul.cpp)
@@ -17,4 +18,7 @@ if(TROUPE_BUILD_TESTS)
                   LIBS troupe::kernels ENV OMP_WAIT_POLICY=PASSIVE)
   troupe_add_test(NAME kernels.small_gemm SOURCES ${CMAKE_CURRENT_LIST_DIR}/small_gemm.test.cpp
                   LIBS troupe::kernels)
+  # LoRA's ops: finite differences, fp32 vs fp64, the dX-only matmul backward against the full one.
+  troupe_add_test(NAME kernels.lora SOURCES ${CMAKE_CURRENT_LIST_DIR}/lora.test.cpp LIBS troupe::kernels
+                  ENV OMP_WAIT_POLICY=PASSIVE)
 endif()

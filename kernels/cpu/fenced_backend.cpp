@@ -70,6 +70,17 @@ class FencedBackend final : public Backend {
     const char* f = __func__;
     cpu().quant_matmul_backward_input(dev(dx, f), dev(dy, f), blocks(W, f), T);
   }
+  void lora_forward(float* out, const float* inp, const float* A, const float* B, float* scratch, int N, int C, int OC,
+                    int r, float scale) const override {
+    const char* f = __func__;
+    cpu().lora_forward(dev(out, f), dev(inp, f), dev(A, f), dev(B, f), dev(scratch, f), N, C, OC, r, scale);
+  }
+  void lora_backward(float* dinp, float* dA, float* dB, const float* dout, const float* inp, const float* A,
+                     const float* B, float* scratch, int N, int C, int OC, int r, float scale) const override {
+    const char* f = __func__;
+    cpu().lora_backward(dev(dinp, f), dev(dA, f), dev(dB, f), dev(dout, f), dev(inp, f), dev(A, f), dev(B, f),
+                        dev(scratch, f), N, C, OC, r, scale);
+  }
   void bias_forward(float* out, const float* bias, int N, int OC) const override {
     cpu().bias_forward(dev(out, __func__), dev(bias, __func__), N, OC);
   }

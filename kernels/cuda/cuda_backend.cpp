@@ -109,6 +109,26 @@ class CudaBackend final : public Backend {
     if (dinp) cuda::gemm(q_, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
     if (dweight) cuda::gemm(q_, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   }
+  // LoRA (lora.h): the CPU specification's GEMMs, through cuBLAS.
+  void lora_forward(float* out, const float* inp, const float* A, const float* B, float* scratch, int N, int C, int OC,
+                    int r, float scale) const override {
+    const Guard guard(*this);
+    if (N <= 0 || C <= 0 || OC <= 0 || r <= 0) return;
+    cuda::gemm(q_, false, true, N, r, C, 1.0f, inp, C, A, C, 0.0f, scratch, r);
+    cuda::gemm(q_, false, true, N, OC, r, scale, scratch, r, B, r, 1.0f, out, OC);
+  }
+  void lora_backward(float* dinp, float* dA, float* dB, const float* dout, const float* inp, const float* A,
+                     const float* B, float* scratch, int N, int C, int OC, int r, float scale) const override {
+    const Guard guard(*this);
+    if (N <= 0 || C <= 0 || OC <= 0 || r <= 0) return;
+    float* u = scratch;
+    float* du = scratch + static_cast<size_t>(N) * r;
+    cuda::gemm(q_, false, true, N, r, C, 1.0f, inp, C, A, C, 0.0f, u, r);
+    cuda::gemm(q_, true, false, OC, r, N, scale, dout, OC, u, r, 1.0f, dB, r);
+    cuda::gemm(q_, false, false, N, r, OC, scale, dout, OC, B, r, 0.0f, du, r);
+    cuda::gemm(q_, true, false, r, C, N, 1.0f, du, r, inp, C, 1.0f, dA, C);
+    if (dinp) cuda::gemm(q_, false, false, N, C, r, 1.0f, du, r, A, C, 1.0f, dinp, C);
+  }
   void bias_forward(float* out, const float* bias, int N, int OC) const override {
     const Guard guard(*this);
     cuda::launch_bias_forward(q_, out, bias, N, OC);

@@ -710,6 +710,51 @@ int run_batch_invariant_cases(const BenchOptions& opt) {
   return rc;
 }
 
+// ---- LoRA against full fine-tuning ----------------------------------------------------------------
+
+constexpr const char* kLoraTrain = "lora_train_step_smollm2";
+
+// Parameter + gradient + AdamW (two moments) bytes of a model's trainable arena, plus the frozen
+// base's weights where LoRA keeps one beside it.
+double state_bytes(const policy::Model& m) {
+  const double trainable = static_cast<double>(m.params().size()) * 4 * sizeof(float);
+  return trainable + (m.lora_enabled() ? static_cast<double>(m.base_params().size()) * sizeof(float) : 0.0);
+}
+
+// SmolLM2-135M's shape (random weights), 8 sequences x 256 tokens: a training step (forward,
+// backward, AdamW) with rank-16 adapters on every linear layer against the same step training
+// every weight. ratio = full step time / LoRA step time.
+int run_lora_case(const BenchOptions& opt) {
+  if (!opt.wants(kLoraTrain)) return 0;
+  policy::ModelConfig full_cfg;
+  static_cast<policy::ModelArchitecture&>(full_cfg) = smollm2_135m_architecture();
+  policy::ModelConfig lora_cfg = full_cfg;
+  lora_cfg.lora.rank = 16;
+  lora_cfg.lora.alpha = 16;
+  auto full = policy::Model::create(full_cfg, 1);
+  auto lora = policy::Model::create(lora_cfg, 1);
+  if (!full.ok() || !lora.ok()) {
+    std::fprintf(stderr, "troupe bench policy: %s\n", (!full.ok() ? full.error() : lora.error()).message.c_str());
+    return 1;
+  }
+  constexpr int kSeqs = 8, kTokens = 256;
+  const auto batch = make_batch(full_cfg.vocab_size, kSeqs, kTokens);
+  TrainStep full_step(batch, full->params().size()), lora_step(batch, lora->params().size());
+  FirstFailure failed;
+  lora_step.seconds(*lora, failed), full_step.seconds(*full, failed);  // warm-up: arenas, first-touch pages
+  const int reps = opt.quick ? 2 : std::max(3, opt.reps / 2);
+  const Paired t = interleaved_n(reps, [&] { return lora_step.seconds(*lora, failed) * 1e3; },
+                                 [&] { return full_step.seconds(*full, failed) * 1e3; });
+  if (failed.report(kLoraTrain)) return 1;
+  nlohmann::json extra = {{"model", "SmolLM2-135M shape, random weights"}, {"sequences", kSeqs}, {"seq_len", kTokens},
+                          {"rank", 16}, {"targets", "all_linear"}, {"reps", reps},
+                          {"adapter_params", lora->params().size()}, {"full_params", full->params().size()},
+                          {"state_bytes_ratio", state_bytes(*lora) / state_bytes(*full)},
+                          {"what", "zero_grads + forward_train + backward_train + AdamW"}};
+  emit(make_row(kSuite, kLoraTrain, {"step_ms", "ms", Better::lower}, t, "full_finetune", extra));
+  return 0;
+}
+
 }  // namespace
 
 int run_policy_suite(const BenchOptions& opt) {
@@ -717,7 +762,8 @@ int run_policy_suite(const BenchOptions& opt) {
   const int smollm2 = run_smollm2_cases(opt);
   const int chunk = run_logprob_chunk_case(opt);
   const int invariant = run_batch_invariant_cases(opt);
-  return tiny != 0 ? tiny : smollm2 != 0 ? smollm2 : chunk != 0 ? chunk : invariant;
+  const int lora = run_lora_case(opt);
+  return tiny != 0 ? tiny : smollm2 != 0 ? smollm2 : chunk != 0 ? chunk : invariant != 0 ? invariant : lora;
 }
 
 }  // namespace troupe::bench

@@ -11,12 +11,14 @@
 // train step, which with bf16 includes preparing the delta) and prepared (the share of delta
 // syncs that took the delta prepared in the step). The model is
 // SmolLM2-135M's shape (random init); --quick: the same widths with 6 layers and a 16384 vocab
-// (the row's "model" says which).
+// (the row's "model" says which). lora_sync_1gen runs the helper with rank-16 adapters (--lora 16):
+// the bytes of a sync that carries the adapters alone against a full bf16 sync of the model.
 #include <cstdio>
 #include <algorithm>
 #include <string>
 
 #include "child_process.h"
+#include "smollm2_shape.h"
 #include "troupe/bench/bench.h"
 
 namespace troupe::bench {
@@ -75,12 +77,63 @@ int run_dtype(const BenchOptions& opt, const std::string& dtype) {
   return 0;
 }
 
+// Parameters of the model the helper syncs (SmolLM2-135M's shape; --quick: 6 layers, vocab 16384).
+double smollm2_params(bool quick) {
+  policy::ModelArchitecture a = smollm2_135m_architecture();
+  if (quick) a.vocab_size = 16384, a.num_hidden_layers = 6;
+  const double C = a.hidden_size, QD = a.num_attention_heads * a.head_dim, KD = a.num_key_value_heads * a.head_dim;
+  const double layer = 2 * C + C * QD + 2 * C * KD + QD * C + 3 * C * a.intermediate_size;
+  return a.vocab_size * C + a.num_hidden_layers * layer + C;  // tied embeddings
+}
+
+// lora_sync_1gen: the helper with rank-16 adapters on every linear layer (bf16 generators): a full
+// sync then carries the adapters alone. ours = its bytes, baseline = a full bf16 sync of the whole
+// model (2 bytes per parameter), so ratio = full bf16 bytes / adapter bytes.
+int run_lora(const BenchOptions& opt) {
+  constexpr const char* kCase = "lora_sync_1gen";
+  if (!opt.wants(kCase)) return 0;
+  const auto helper = helper_binary("troupe_weight_sync_bench", kSuite, kCase);
+  if (!helper) return 1;
+  const std::string cmd = mpirun_command(
+      "OMP_WAIT_POLICY=PASSIVE ", 4, " --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo",
+      *helper, std::string("--dtype bf16 --lora 16 --reps 5") + (opt.quick ? " --quick" : ""));
+  const auto out = run_child(cmd, "weight_sync");
+  if (!out) return 1;
+  nlohmann::json full, delta;
+  for (const auto& j : out->objects) {
+    if (!j.contains("weight_sync_case")) continue;
+    if (j["weight_sync_case"] == "full_1gen") full = j;
+    if (j["weight_sync_case"] == "delta_1gen") delta = j;
+  }
+  if (out->status != 0 || full.is_null() || delta.is_null()) {
+    std::fprintf(stderr, "troupe bench weight_sync: `%s` failed (status %d):\n%s\n", cmd.c_str(), out->status,
+                 out->text.c_str());
+    return 1;
+  }
+  const double model_params = smollm2_params(opt.quick);
+  nlohmann::json extra = {{"adapter_params", full["params"]},
+                          {"model_params", model_params},
+                          {"full_sync_s", full["ours"]},
+                          {"delta_sync_s", delta["ours"]},
+                          {"delta_bytes", delta["bytes_sent"]},
+                          {"rank", 16},
+                          {"targets", "all_linear"},
+                          {"dtype", "bf16"},
+                          {"model", std::string(opt.quick ? "SmolLM2-135M widths, 6 layers, vocab 16384 (--quick)"
+                                                          : "SmolLM2-135M shape")},
+                          {"transport", "troupe runtime over ZeroMQ tcp (127.0.0.1)"},
+                          {"reps", full["reps"]}};
+  emit(make_row(kSuite, kCase, {"bytes_sent", "B", Better::lower},
+                {full["bytes_sent"].get<double>(), 2.0 * model_params}, "full_bf16_sync", extra));
+  return 0;
+}
+
 }  // namespace
 
 int run_weight_sync_suite(const BenchOptions& opt) {
   int rc = 0;
   for (const char* dtype : {"bf16", "fp32"}) rc |= run_dtype(opt, dtype);
-  return rc;
+  return rc | run_lora(opt);
 }
 
 }  // namespace troupe::bench

@@ -12,7 +12,7 @@
 // bf16 deltas are prepared in the optimizer step (weight_sync.prepare_in_step); --no-prepare
 // leaves it all to the sync. Each row also gives the step's median seconds (step_s) and the share
 // of delta syncs that took a prepared delta (prepared).
-//   troupe_weight_sync_bench --dtype bf16|fp32 --reps N [--quick] [--probe] [--no-prepare]
+//   troupe_weight_sync_bench --dtype bf16|fp32 --reps N [--quick] [--probe] [--no-prepare] [--lora RANK]
 #include <mpi.h>
 #include <omp.h>
 
@@ -57,7 +57,7 @@ constexpr int kGenerators = 3;
 }
 
 // SmolLM2-135M's shape (Llama layout, tied embeddings), random init; --quick: 6 layers, vocab 16384.
-ExperimentConfig bench_config(const std::string& dtype, bool quick, bool probe, bool prepare) {
+ExperimentConfig bench_config(const std::string& dtype, bool quick, bool probe, bool prepare, int lora_rank) {
   ExperimentConfig c;
   auto& m = c.policy.model;
   m = bench::smollm2_135m_architecture();
@@ -71,6 +71,8 @@ ExperimentConfig bench_config(const std::string& dtype, bool quick, bool probe, 
   c.weight_sync.full_every = 0;  // every sync of the delta cases is a delta
   c.weight_sync.probe = probe;   // off: the transfer alone (the probe is a forward on each side)
   c.weight_sync.prepare_in_step = prepare;
+  c.policy.lora.rank = lora_rank;  // > 0: adapters on every linear layer, so only they are synced
+  c.policy.lora.alpha = static_cast<float>(lora_rank);
   return c;
 }
 
@@ -179,6 +181,7 @@ struct HelperArgs {
   std::string dtype = "bf16";
   int reps = 5;
   bool quick = false, probe = false, prepare = true;
+  int lora = 0;  // LoRA rank (0 = full weights)
 };
 
 HelperArgs parse_args(int argc, char** argv) {
@@ -189,6 +192,7 @@ HelperArgs parse_args(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--quick")) a.quick = true;
     else if (!std::strcmp(argv[i], "--probe")) a.probe = true;
     else if (!std::strcmp(argv[i], "--no-prepare")) a.prepare = false;
+    else if (!std::strcmp(argv[i], "--lora") && i + 1 < argc) a.lora = std::atoi(argv[++i]);
   }
   return a;
 }
@@ -369,7 +373,7 @@ int main(int argc, char** argv) {
   b.threads = omp_get_num_procs();
   omp_set_num_threads(b.threads);
 
-  b.cfg = bench_config(b.args.dtype, b.args.quick, b.args.probe, b.args.prepare);
+  b.cfg = bench_config(b.args.dtype, b.args.quick, b.args.probe, b.args.prepare, b.args.lora);
   auto cluster_r = runtime::Cluster::bootstrap(helper_cluster());
   if (!cluster_r.ok()) die(cluster_r.error().message);
   auto& cluster = **cluster_r;

@@ -42,8 +42,8 @@ Result<LoadedModel> load_model(const std::string& path, const ExecutionOptions& 
 
 Result<TensorMap> model_tensors(const Model& model) {
   TensorMap named;
-  auto params = model.params();
-  for (const TensorSpec& spec : model.tensors()) {
+  auto params = model.base_params();  // with LoRA the base's own weights (adapters unmerged)
+  for (const TensorSpec& spec : model.base_tensors()) {
     if (spec.name == "lm_head.weight" && model.config().tie_word_embeddings) continue;
     const float* src = params.data() + spec.offset;
     named[spec.name] = Tensor{spec.shape, std::vector<float>(src, src + spec.numel())};

@@ -88,6 +88,19 @@ REQUIRED = ["step", "phase", "wall_s", "policy_version", "reward_mean", "reward_
             "tokens_per_s", "env_failures"]
 
 
+def improved(base_dir, run_dir):
+    """run_dir's last held-out accuracy is above base_dir's (the run started from base_dir's model)."""
+    def last_eval(d):
+        ev = [r["eval_accuracy"] for r in rows(d) if "eval_accuracy" in r]
+        if not ev:
+            fail("no eval row in " + d)
+        return ev[-1]
+    a, b = last_eval(base_dir), last_eval(run_dir)
+    print("held-out accuracy %.3f (base) -> %.3f" % (a, b))
+    if not b > a + 0.05:
+        fail("held-out accuracy did not rise by more than 0.05 over the base")
+
+
 def best(run_dir, metric="eval_accuracy"):
     """checkpoints/best holds the first step with the highest eval metric, even off the checkpoint period."""
     ev = [r for r in rows(run_dir) if metric in r]
@@ -248,6 +261,8 @@ if __name__ == "__main__":
         files(sys.argv[2])
     elif cmd == "same":
         same(sys.argv[2], sys.argv[3])
+    elif cmd == "improved":
+        improved(sys.argv[2], sys.argv[3])
     elif cmd == "same_evals":
         same_evals(sys.argv[2], sys.argv[3])
     elif cmd == "staleness":

@@ -470,6 +470,57 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
       --set policy.device=cpu_fenced --set weight_sync.transport=nccl $S
     grep -q "so the weight group is in-process, but generator 0 (node" "$W/err.txt" || { cat "$W/err.txt"; exit 1; }
     ;;
+  lora)  # LoRA adapters (attention) on an SFT-trained quickstart base: GRPO learns; checkpoints hold the
+    # adapters alone; --resume, delta vs full sync, cpu_fenced: bit for bit; exact on-policy with
+    # batch_invariant; bad policy.lora keys are FILE:LINE errors
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/base" --set grpo.enabled=false \
+      --set eval.every=0 --set eval.num_prompts=200 $Q
+    base=$(readlink -f "$W/base/checkpoints/latest")
+    # the quickstart without policy.model (policy.path's config.json is the architecture), with adapters
+    sed '/^  model:/,/^    max_position_embeddings/d' "$SRC/configs/quickstart.yaml" > "$W/lora.yaml"
+    printf '  path: %s\n  lora:\n    rank: 8\n    alpha: 16\n    targets: [q, k, v, o]\n    lr: 0.002\n' "$base" \
+      > "$W/lora_keys.txt"
+    sed -i "/^  tokenizer: char/r $W/lora_keys.txt" "$W/lora.yaml"
+    L="--set sft.enabled=false --set eval.every=0 --set eval.num_prompts=200 $Q"
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/learn" --set grpo.max_steps=100 $L
+    $CHECK learned "$W/learn"
+    $CHECK improved "$W/base" "$W/learn"
+    # the checkpoint's model.safetensors holds the adapters alone (the base comes from policy.path)
+    a=$(stat -c %s "$W/learn/checkpoints/latest/model.safetensors") b=$(stat -c %s "$base/model.safetensors")
+    echo "adapter checkpoint $a bytes, base $b bytes"
+    test $((a * 8)) -lt "$b"
+    grep -q troupe_lora_adapters "$W/learn/checkpoints/latest/config.json"
+    "$TROUPE" eval "$W/lora.yaml" --checkpoint "$W/learn/checkpoints/latest" --set eval.num_prompts=20 > "$W/eval.json"
+    $CHECK eval_json "$W/eval.json"
+    S="--set optimizer.schedule=constant --set checkpointing.every=4 $L"
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/a" --set grpo.max_steps=8 $S
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/b" --set grpo.max_steps=4 $S
+    "$TROUPE" run "$W/lora.yaml" --resume "$W/b" --set grpo.max_steps=8 $S
+    $CHECK same "$W/a" "$W/b"
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/full" --set grpo.max_steps=8 --set weight_sync.mode=full $S
+    $CHECK same "$W/a" "$W/full"
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/fenced" --set grpo.max_steps=8 --set policy.device=cpu_fenced $S
+    $CHECK same "$W/a" "$W/fenced"
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/exact" --set grpo.max_steps=4 --set policy.batch_invariant=true $L
+    $CHECK mismatch "$W/exact" 4 exact
+    # bad input: routed experts (the base is MoE), a rank above a layer's width, a kind with no module
+    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.targets=experts
+    grep -q "lora.yaml:[0-9]*:[0-9]*: error: policy.lora.targets: experts: LoRA on routed MoE experts" "$W/err.txt"
+    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.targets=all_linear
+    grep -q "error: policy.lora.targets: all_linear would adapt the routed experts" "$W/err.txt"
+    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.rank=40
+    grep -q "error: policy.lora.rank: 40 exceeds min(in, out) = 32 of model.layers.0.self_attn.k_proj" "$W/err.txt"
+    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.targets=gate
+    grep -q "error: policy.lora.targets: gate matches no module" "$W/err.txt"
+    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.rank=-2
+    grep -q "policy.lora.rank" "$W/err.txt"
+    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.alpha=-1
+    grep -q "policy.lora.alpha" "$W/err.txt"
+    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.dropout=-0.1
+    grep -q "policy.lora.dropout" "$W/err.txt"
+    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.targets=qq
+    grep -q "'qq' is not one of: q, k, v, o, gate, up, down, experts, all_linear" "$W/err.txt"
+    ;;
   mismatch_metrics)  # sampler vs learner log-probs and MoE routing on every GRPO step: sync, async, corrections
     S="--set sft.max_steps=10 --set grpo.max_steps=6 --set eval.every=0 --set eval.num_prompts=20 --set checkpointing.enabled=false $Q"
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/sync" $S

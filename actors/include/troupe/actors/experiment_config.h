@@ -48,6 +48,7 @@ struct PolicySection : policy::ExecutionOptions {
   std::string path;               // start from this model directory ("" = fresh initialization)
   TokenizerKind tokenizer = TokenizerKind::char_level;  // char | byte | auto (from the model directory)
   float init_std = 0.02f;
+  policy::LoraConfig lora;        // policy.lora: adapters on the frozen base (rank 0 = off)
 };
 
 struct SftSection {

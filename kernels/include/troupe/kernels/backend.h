@@ -25,6 +25,7 @@
 #include "troupe/kernels/chunked_logprob.h"
 #include "troupe/kernels/chunked_sample.h"
 #include "troupe/kernels/grpo_loss.h"
+#include "troupe/kernels/lora.h"
 #include "troupe/kernels/moe.h"
 #include "troupe/kernels/offload.h"
 #include "troupe/kernels/quant_matrix.h"
@@ -106,6 +107,17 @@ class Backend {
                               int OC) const = 0;
   virtual void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                                const float* weight, int N, int C, int OC) const = 0;
+  // The input gradient alone, for a frozen weight (LoRA's base): dinp (N, C) += dout . weight. [+=]
+  virtual void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C,
+                                     int OC) const {
+    matmul_backward(dinp, nullptr, dout, nullptr, weight, N, C, OC);
+  }
+  // LoRA's low-rank path beside a linear layer (lora.h): forward out += scale (inp A^T) B^T;
+  // backward dA, dB [+=] and dinp [+=] (null: none); scratch lora_scratch_floats(N, r).
+  virtual void lora_forward(float* out, const float* inp, const float* A, const float* B, float* scratch, int N,
+                            int C, int OC, int r, float scale) const = 0;
+  virtual void lora_backward(float* dinp, float* dA, float* dB, const float* dout, const float* inp, const float* A,
+                             const float* B, float* scratch, int N, int C, int OC, int r, float scale) const = 0;
   virtual void bias_forward(float* out, const float* bias, int N, int OC) const = 0;
   virtual void bias_backward(float* dbias, const float* dout, int N, int OC) const = 0;
   virtual void sigmoid_gate_forward(float* out, const float* gate, const float* x, int N, int C) const = 0;

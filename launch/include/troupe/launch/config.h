@@ -22,9 +22,15 @@ struct EnumRef {
   std::function<void(const std::string&)> set;  // assigns the value of a name among the choices
 };
 
+// A list of enum values (policy.lora.targets), seen through their YAML names.
+struct EnumListRef {
+  std::vector<std::string> names;                             // the current values' names
+  std::function<void(const std::vector<std::string>&)> set;   // assigns the values of names among the choices
+};
+
 // Where a key's value lives in the typed struct.
 using FieldRef = std::variant<bool*, int*, float*, double*, std::string*, std::vector<int>*,
-                              std::vector<std::string>*, nlohmann::json*, EnumRef>;
+                              std::vector<std::string>*, nlohmann::json*, EnumRef, EnumListRef>;
 
 template <class Root>
 struct KeySpec {

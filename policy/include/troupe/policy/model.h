@@ -124,7 +124,8 @@ Status validate_model_config(const ModelConfig& cfg);
 // are Buffers of the backend cfg.device selects, and every op runs through that backend.
 class Model {
  public:
-  // Deterministic init from seed: linear and embedding weights ~ N(0, 0.02), norm weights 1.
+  // Deterministic init from seed: linear and embedding weights ~ N(0, 0.02), norm weights 1; with
+  // cfg.lora.rank > 0 then enable_lora(cfg.lora, seed).
   static Result<Model> create(const ModelConfig& cfg, uint64_t seed = 0);
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
@@ -153,6 +154,21 @@ class Model {
   const kernels::Backend& backend() const;
   Status set_params(std::span<const float> flat);          // size must equal params().size()
   void zero_grads();
+
+  // LoRA (ModelConfig::lora, policy/README.md "LoRA"). With adapters on, tensors(), params(),
+  // grads(), set_params() and all_reduce_grads() are the TRAINABLE adapter arena, named as PEFT
+  // saves it (base_model.model.<module>.lora_A.weight (r, in), .lora_B.weight (out, r)), so the
+  // optimizer, checkpoints and weight sync carry only the adapters. The frozen base (every
+  // Hugging Face tensor of the model) is a second arena without gradients: base_tensors(),
+  // base_params(), set_base_params(). Without adapters both name the one arena.
+  // Turns adapters on over the current (base) weights: A drawn from mix_seed(seed,
+  // seed_stream::lora_init), B = 0, so the model computes what it computed before. Once only.
+  Status enable_lora(const LoraConfig& lora, uint64_t seed);
+  bool lora_enabled() const;
+  const std::vector<TensorSpec>& base_tensors() const;
+  const TensorSpec* find_base_tensor(std::string_view name) const;
+  std::span<const float> base_params() const;              // host span, valid as params()'s
+  Status set_base_params(std::span<const float> flat);     // size must equal base_params().size()
   // Sums the gradients over the ranks of `c` on the device (NCCL on cuda), what the host wrote
   // through grads() included; the next grads() brings the sum down.
   Status all_reduce_grads(kernels::DeviceCollective& c);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "troupe/base/enum_names.h"
+#include "troupe/base/result.h"
 #include "troupe/policy/execution_options.h"
 
 namespace troupe::policy {
@@ -65,8 +66,37 @@ struct ModelArchitecture {
   }
 };
 
-// What the model is built from: its architecture and how it runs.
-struct ModelConfig : ModelArchitecture, ExecutionOptions {};
+// LoRA (YAML policy.lora): low-rank adapters beside the frozen linear layers they target, PEFT's
+// layout and defaults (policy/README.md, "LoRA"). The module kinds a target names: attention q/k/v/o
+// projections, the MLP's gate/up/down projections (dense layers and the gated shared expert),
+// routed experts, or all of them (all_linear, PEFT's "all-linear": never the LM head).
+enum class LoraTarget { q, k, v, o, gate, up, down, experts, all_linear };
+// How A is drawn (B is always zero, so a fresh adapter leaves the model unchanged):
+// kaiming_uniform (YAML "default", PEFT's init_lora_weights=True: U(-1/sqrt(in), 1/sqrt(in)), i.e.
+// kaiming-uniform with a = sqrt(5)) or gaussian (N(0, 1/r)).
+enum class LoraInit { kaiming_uniform, gaussian };
+
+struct LoraConfig {
+  int rank = 0;                 // r; 0 = no adapters (the whole model trains)
+  float alpha = 8.0f;           // lora_alpha (PEFT's default)
+  float dropout = 0.0f;         // lora_dropout on the low-rank path's input, training forwards only
+  std::vector<LoraTarget> targets{LoraTarget::all_linear};
+  LoraInit init = LoraInit::kaiming_uniform;
+  bool use_rslora = false;      // scale alpha / sqrt(r) instead of alpha / r
+  float lr = 0.0f;              // the adapters' learning rate (0 = optimizer.lr); the learner reads it
+  bool enabled() const { return rank > 0; }
+  float scale() const;          // alpha / r, or alpha / sqrt(r) with use_rslora
+  bool targets_kind(LoraTarget t) const;  // t is listed, or all_linear is
+};
+
+// What the model is built from: its architecture, how it runs, and its adapters.
+struct ModelConfig : ModelArchitecture, ExecutionOptions {
+  LoraConfig lora;
+};
+
+// Checks a LoRA configuration against an architecture; errors name the YAML key
+// (policy.lora.rank, .alpha, .dropout, .targets) and the value.
+Status validate_lora(const LoraConfig& lora, const ModelArchitecture& arch);
 
 }  // namespace troupe::policy
 
@@ -77,6 +107,18 @@ struct EnumNames<policy::ModelFamily> {
   static constexpr std::pair<std::string_view, F> table[] = {{"llama", F::llama},         {"qwen2", F::qwen2},
                                                              {"qwen3", F::qwen3},         {"qwen2_moe", F::qwen2_moe},
                                                              {"qwen3_moe", F::qwen3_moe}, {"mixtral", F::mixtral}};
+};
+template <>
+struct EnumNames<policy::LoraTarget> {
+  using T = policy::LoraTarget;
+  static constexpr std::pair<std::string_view, T> table[] = {
+      {"q", T::q},       {"k", T::k},       {"v", T::v},       {"o", T::o},         {"gate", T::gate},
+      {"up", T::up},     {"down", T::down}, {"experts", T::experts}, {"all_linear", T::all_linear}};
+};
+template <>
+struct EnumNames<policy::LoraInit> {
+  using I = policy::LoraInit;
+  static constexpr std::pair<std::string_view, I> table[] = {{"default", I::kaiming_uniform}, {"gaussian", I::gaussian}};
 };
 template <>
 struct EnumNames<policy::RopeType> {

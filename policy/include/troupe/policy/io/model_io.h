@@ -25,7 +25,8 @@ Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec =
 // A path ending in .gguf is imported first (gguf_import.h, cached_gguf_import).
 Result<LoadedModel> load_model(const std::string& path, const ExecutionOptions& exec = {});
 
-// The Model's parameters under canonical names (for save_model_dir, comparisons).
+// The Model's base parameters under canonical names (for save_model_dir, comparisons); with LoRA
+// the frozen base alone (its adapters are not merged in).
 Result<TensorMap> model_tensors(const Model& model);
 
 // Writes config.json + model.safetensors (transformers-loadable) [+ the tokenizer's file].
