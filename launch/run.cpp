@@ -9,6 +9,7 @@
 
 #include "run/steps.h"
 #include "troupe/learner/checkpoint.h"
+#include "troupe/learner/lora_checkpoint.h"
 #include "troupe/serve/rollout_serve.h"
 
 namespace troupe::launch {
@@ -107,10 +108,7 @@ int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
   if (!e.ok()) return fail(e.error());
   std::shared_ptr<actors::Generator> gp = std::move(g).value();
   if (lora) {
-    policy::Model& m = gp->model();
-    std::vector<float> adapters(m.params().size());
-    if (Status s = learner::read_flat_model(checkpoint, m.tensors(), adapters); !s.ok()) return fail(s.error());
-    if (Status s = m.set_params(adapters); !s.ok()) return fail(s.error());
+    if (Status s = learner::read_lora_adapter_files(checkpoint, gp->model()); !s.ok()) return fail(s.error());
   }
   std::shared_ptr<actors::EnvWorker> ep = std::move(e).value();
   auto gid = sys.spawn([gp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::GeneratorActor>(gp); });

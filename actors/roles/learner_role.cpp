@@ -15,6 +15,7 @@
 #include "troupe/actors/roles.h"
 #include "troupe/actors/step_counter.h"
 #include "troupe/learner/checkpoint.h"
+#include "troupe/learner/lora_checkpoint.h"
 #include "troupe/policy/io/gguf_import.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
@@ -66,17 +67,6 @@ Status copy_model_side_files(const std::string& policy_path, const std::string& 
     if (ec) return invalid_input("checkpoint: cannot copy " + from.string() + " to " + dir + ": " + ec.message());
   }
   return {};
-}
-
-// config.json of a LoRA checkpoint (whose model.safetensors holds the adapters alone): what the
-// adapters are and which base they sit on.
-nlohmann::json lora_checkpoint_json(const ExperimentConfig& cfg) {
-  const auto& l = cfg.policy.lora;
-  nlohmann::json targets = nlohmann::json::array();
-  for (auto t : l.targets) targets.push_back(enum_string(t));
-  return {{"troupe_lora_adapters", true}, {"base_model", cfg.policy.path.empty() ? "fresh (run.seed)" : cfg.policy.path},
-          {"r", l.rank}, {"lora_alpha", l.alpha}, {"lora_dropout", l.dropout}, {"targets", targets},
-          {"use_rslora", l.use_rslora}};
 }
 
 }  // namespace
@@ -371,8 +361,8 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     const auto* tok = policy_.tokenizer.get();
     const auto& model = *policy_.model;
     learner::ModelDirWriter writer = [&](const std::string& dir) -> Status {
-      if (model.lora_enabled())  // the adapters only, flat under their PEFT names; the base is policy.path / run.seed's
-        TROUPE_TRY(learner::flat_model_writer(model.params(), model.tensors(), lora_checkpoint_json(cfg_))(dir));
+      if (model.lora_enabled())  // the adapters only, in PEFT's layout; the base is policy.path / run.seed's (base.json)
+        TROUPE_TRY(learner::write_lora_adapter_files(dir, model, cfg_.policy.path));
       else
         TROUPE_TRY(policy::io::save_model(dir, model, tok, policy::io::ExpertLayout::per_expert, tok->bos_id(),
                                           tok->eos_id(), tok->pad_id()));
@@ -400,9 +390,7 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
   auto& trainer = trainer_for(phase == "sft" ? learner::Phase::sft : learner::Phase::grpo);
   TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint(r.dir, specs, trainer.optimizer()));
   if (policy_.model->lora_enabled()) {
-    std::vector<float> adapters(policy_.model->params().size());
-    TROUPE_TRY(learner::read_flat_model(r.dir, specs, adapters));
-    TROUPE_TRY(policy_.model->set_params(adapters));
+    TROUPE_TRY(learner::read_lora_adapter_files(r.dir, *policy_.model));
   } else {
     TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(r.dir));
     TROUPE_TRY(policy_.model->set_params(loaded.model.params()));

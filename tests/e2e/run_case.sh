@@ -485,13 +485,24 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/learn" --set grpo.max_steps=100 $L
     $CHECK learned "$W/learn"
     $CHECK improved "$W/base" "$W/learn"
-    # the checkpoint's model.safetensors holds the adapters alone (the base comes from policy.path)
-    a=$(stat -c %s "$W/learn/checkpoints/latest/model.safetensors") b=$(stat -c %s "$base/model.safetensors")
+    # the checkpoint holds the adapters alone, in PEFT's layout, and base.json names the base (policy.path)
+    ck=$(readlink -f "$W/learn/checkpoints/latest")
+    a=$(stat -c %s "$ck/adapter_model.safetensors") b=$(stat -c %s "$base/model.safetensors")
     echo "adapter checkpoint $a bytes, base $b bytes"
     test $((a * 8)) -lt "$b"
-    grep -q troupe_lora_adapters "$W/learn/checkpoints/latest/config.json"
-    "$TROUPE" eval "$W/lora.yaml" --checkpoint "$W/learn/checkpoints/latest" --set eval.num_prompts=20 > "$W/eval.json"
+    test ! -e "$ck/model.safetensors"
+    grep -q '"peft_type": "LORA"' "$ck/adapter_config.json"
+    grep -q "\"path\": \"$base\"" "$ck/base.json"
+    "$TROUPE" eval "$W/lora.yaml" --checkpoint "$ck" --set eval.num_prompts=20 > "$W/eval.json"
     $CHECK eval_json "$W/eval.json"
+    # merged into its base: a plain model directory that troupe (and transformers) load
+    "$TROUPE" export "$ck" "$W/merged" --merge
+    test -s "$W/merged/config.json" && test -s "$W/merged/model.safetensors"
+    "$TROUPE" eval "$W/lora.yaml" --checkpoint "$W/merged" --set policy.lora.rank=0 --set eval.num_prompts=20 > "$W/eval_merged.json"
+    $CHECK eval_json "$W/eval_merged.json"
+    # an adapter trained with other settings is refused naming the file and key
+    expect_exit nonzero "$TROUPE" eval "$W/lora.yaml" --checkpoint "$ck" --set policy.lora.rank=4
+    grep -q "adapter_config.json: key 'r' is 8" "$W/err.txt"
     S="--set optimizer.schedule=constant --set checkpointing.every=4 $L"
     "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/a" --set grpo.max_steps=8 $S
     "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/b" --set grpo.max_steps=4 $S
