@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "builtin/judge.h"
@@ -31,7 +32,10 @@ class FakeJudgeServer {
  public:
   FakeJudgeServer() {
     server_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      last_body_ = req.body;
+      {
+        std::lock_guard lock(mu_);
+        last_body_ = req.body;
+      }
       if (req.get_header_value("Authorization") != "Bearer sekret") {
         res.status = 401;
         res.set_content(R"({"error": "bad key"})", "application/json");
@@ -61,12 +65,16 @@ class FakeJudgeServer {
     thread_.join();
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/v1"; }
-  std::string last_body() const { return last_body_; }
+  std::string last_body() const {
+    std::lock_guard lock(mu_);
+    return last_body_;
+  }
 
  private:
   httplib::Server server_;
   int port_ = 0;
   std::thread thread_;
+  mutable std::mutex mu_;  // last_body_ is written on the server's threads
   std::string last_body_;
 };
 
