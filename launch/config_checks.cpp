@@ -222,7 +222,7 @@ void check_faults(const ExperimentConfig& c, const ConfigReport& report) {
   for (const auto& e : c.envs) {
     if (!f.env.empty() && f.env != e.name) continue;
     const bool own_process = (e.type == EnvType::plugin && e.isolate != IsolateMode::no) ||
-                             (e.type == EnvType::builtin && e.isolate == IsolateMode::yes) ||
+                             ((e.type == EnvType::builtin || e.type == EnvType::judge) && e.isolate == IsolateMode::yes) ||
                              (e.type == EnvType::remote && !e.command.empty());
     const bool wire = own_process || e.type == EnvType::remote;
     auto needs = [&](const char* key, double p, bool ok, const char* what) {

@@ -26,6 +26,30 @@ void add_data_epochs(json& row, const Rollout& r) {
       row[key] = std::max(row.value(key, int64_t{0}), g.metadata["epoch"].get<int64_t>());
     }
 }
+
+// A judged env's (dataset with config.judge) completions: judge/parse_fail_frac, the share that
+// still failed as judge_parse after retries, and judge/latency_s, the mean seconds of the judge
+// calls that answered (from each verify's info); both absent in steps without a judged env.
+void add_judge_metrics(const RunState& s, const Rollout& r, json& row) {
+  int judged = 0, parse_fails = 0, timed = 0;
+  double latency = 0;
+  for (const auto& g : r.groups) {
+    const auto& spec = env_spec(s, g.env);
+    if (!spec.config.is_object() || !spec.config.contains("judge")) continue;
+    judged += static_cast<int>(g.rewards.size());
+    for (const auto& reason : g.reasons) parse_fails += reason == "judge_parse" ? 1 : 0;
+    for (const auto& info : g.infos) {
+      json j = json::parse(info, nullptr, false);
+      if (j.is_object() && j.contains("judge_latency_s") && j["judge_latency_s"].is_number()) {
+        latency += j["judge_latency_s"].get<double>();
+        ++timed;
+      }
+    }
+  }
+  if (judged == 0) return;
+  row["judge/parse_fail_frac"] = static_cast<double>(parse_fails) / judged;
+  if (timed > 0) row["judge/latency_s"] = latency / timed;
+}
 }  // namespace
 
 json sft_step_row(const RunState& s, const json& learner_metrics, double tokens, int batch, double sync_s,
@@ -122,12 +146,14 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
   if (r.retries > 0) row["env_retries"] = r.retries;
   // a NeMo Gym server's reward_components and a verifiers env's rewards (score x weight) and metrics:
   // reward_components/<env>/<name>; a reward hook's (dataset, verifier: python) named components:
-  // reward/<name>; each the mean over the completions that reported it
+  // reward/<name>, and so are a judged dataset env's (verifier, judge); each the mean over the
+  // completions that reported it
   std::map<std::string, std::pair<double, int>> parts;
   for (const auto& g : r.groups) {
     const auto& spec = env_spec(s, g.env);
-    const bool reward_hook = spec.type == EnvType::builtin && spec.env_id() == "dataset" &&
-                             spec.config.is_object() && spec.config.value("verifier", "") == "python";
+    const bool dataset = (spec.type == EnvType::builtin && spec.env_id() == "dataset") || spec.type == EnvType::judge;
+    const bool reward_hook = dataset && spec.config.is_object() &&
+                             (spec.config.value("verifier", "") == "python" || spec.config.contains("judge"));
     if (spec.type != EnvType::nemo_gym && spec.type != EnvType::verifiers && !reward_hook) continue;
     const std::string prefix = reward_hook ? "reward/" : "reward_components/" + g.env + "/";
     for (const auto& c : g.components) {
@@ -142,6 +168,7 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
     }
   }
   for (const auto& [key, v] : parts) row[key] = v.first / v.second;
+  add_judge_metrics(s, r, row);
   return row;
 }
 

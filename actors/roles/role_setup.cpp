@@ -142,7 +142,8 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     const auto& e = cfg.envs[i];
     json j = {{"name", e.name}, {"type", enum_name(e.type)}, {"weight", e.weight}, {"config", e.config}, {"timeout_s", e.timeout_s}};
     if (!e.env.empty()) j["env"] = e.env;
-    if (((e.type == EnvType::builtin && e.env_id() == "dataset") || e.type == EnvType::nemo_gym) && j["config"].is_object()) {
+    const bool dataset = (e.type == EnvType::builtin && e.env_id() == "dataset") || e.type == EnvType::judge;
+    if ((dataset || e.type == EnvType::nemo_gym) && j["config"].is_object()) {
       // the dataset and nemo_gym envs' relative file paths start at the YAML file's folder (or at its base_dir,
       // itself relative to that folder), whatever the working directory
       fs::path dir = fs::absolute(base_dir);
@@ -151,7 +152,7 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
                                                               : dir / it->get<std::string>();
       j["config"]["base_dir"] = dir.lexically_normal().string();
       // the dataset env's shuffle order comes from run.seed unless its config names a seed
-      if (e.type == EnvType::builtin && !j["config"].contains("seed")) j["config"]["seed"] = cfg.run.seed;
+      if (dataset && !j["config"].contains("seed")) j["config"]["seed"] = cfg.run.seed;
     }
     if (e.type == EnvType::remote) resolve_config_paths(j["config"], base_dir);
     if (!e.path.empty()) {

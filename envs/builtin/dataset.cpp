@@ -1,8 +1,10 @@
 // `dataset`: prompts and answers from the user's files (train and held-out; JSONL, parquet or a
 // `datasets` directory: dataset_rows.h), a prompt template over each row's fields, scored by a chosen
 // verifier on the answer `extract` finds (or by the user's Python function); train rows drawn by seed,
-// or once per epoch with shuffle (row_order.h). Rows are checked when the env is created: a malformed
-// row, a missing field, a bad regex or a reference without an answer is an error naming FILE:LINE.
+// or once per epoch with shuffle (row_order.h), and/or by an LLM judge (judge.h; the reward is then the
+// weighted sum of the named components). Rows are checked when the env is created: a malformed row, a
+// missing field, a bad regex or a reference without an answer is an error naming FILE:LINE.
+#include <cmath>
 #include <map>
 #include <regex>
 #include <set>
@@ -10,6 +12,7 @@
 #include "builtin/answer_scoring.h"
 #include "builtin/dataset_cache.h"
 #include "builtin/dataset_rows.h"
+#include "builtin/judge.h"
 #include "builtin/reward_hook.h"
 #include "builtin/row_order.h"
 #include "builtin/single_turn.h"
@@ -20,6 +23,7 @@
 #include "troupe/envs/expr.h"
 #include "troupe/envs/math_equal.h"
 #include "troupe/envs/tools.h"
+#include "troupe/envs/trajectory.h"
 
 namespace troupe::envs {
 
@@ -40,7 +44,7 @@ using detail::RowOrder;
 using detail::RowRules;
 using detail::RowSource;
 
-enum class Verifier { exact, numeric, regex, countdown, math, python };
+enum class Verifier { exact, numeric, regex, countdown, math, python, none };  // none: only the judge
 
 using Row = DatasetRow;
 
@@ -54,10 +58,44 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   std::shared_ptr<detail::RewardHook> hook;         // python: the user's function
   bool shuffle = false;
   std::unique_ptr<RowOrder> order;  // with shuffle
+  std::shared_ptr<const detail::Judge> judge;  // config.judge (null: none)
+  std::map<std::string, double> weights;       // reward_weights (a component not named: weight 1)
 
   EnvInfo info() const override { return {"dataset", "1", false, 1, {}}; }
 
   Result<VerifyResult> verify(const json& metadata, const std::string& completion) override {
+    return judge ? verify_judged(metadata, completion) : verify_verifier(metadata, completion);
+  }
+
+  // With a judge: components `verifier` (a built-in verifier's reward; a Python hook's own components,
+  // or `verifier` when it returns a number) and `judge`, the reward their weighted sum. A built-in
+  // verifier's `correct` is kept as a component outside the sum (accuracy metrics read it).
+  Result<VerifyResult> verify_judged(const json& metadata, const std::string& completion) {
+    TROUPE_ASSIGN_OR_RETURN(const Row* row, row_of(metadata));
+    VerifyResult out;
+    std::map<std::string, double> parts;
+    if (verifier != Verifier::none) {
+      TROUPE_ASSIGN_OR_RETURN(VerifyResult v, verify_verifier(metadata, completion));
+      if (verifier == Verifier::python && !v.components.empty()) parts = v.components;
+      else parts["verifier"] = v.reward;
+      if (verifier != Verifier::python && v.components.count("correct")) out.components["correct"] = v.components["correct"];
+    }
+    TROUPE_ASSIGN_OR_RETURN(detail::JudgeScore s, judge->score(row->prompt, completion, row->answer));
+    parts["judge"] = s.score;
+    for (const auto& [name, w] : weights)
+      if (!parts.count(name))
+        return invalid_input(std::string(termination_name(Termination::reward_bad_return)) +
+                             ": env dataset: reward_weights names '" + name + "', which the reward hook did not return");
+    for (const auto& [name, x] : parts) {
+      const auto w = weights.find(name);
+      out.reward += (w == weights.end() ? 1.0 : w->second) * x;
+      out.components[name] = x;
+    }
+    out.info["judge_latency_s"] = s.latency_s;
+    return out;
+  }
+
+  Result<VerifyResult> verify_verifier(const json& metadata, const std::string& completion) {
     if (verifier == Verifier::python) return verify_python(metadata, completion);
     if (verifier == Verifier::countdown)
       return detail::countdown_score_of(metadata, completion, true, format_reward > 0 ? format_reward : 0.1,
@@ -79,7 +117,8 @@ class DatasetEnv final : public detail::SingleTurnEnv {
       }
       case Verifier::math: correct = extracted.has_value() && math_equal(given, reference); break;
       case Verifier::countdown:
-      case Verifier::python: break;
+      case Verifier::python:
+      case Verifier::none: break;
     }
     const bool well_formed = extractor.how == ExtractHow::answer_tag ? extract_last_tag(completion, "answer").has_value()
                                                                      : extracted.has_value();
@@ -88,12 +127,16 @@ class DatasetEnv final : public detail::SingleTurnEnv {
 
   // The hook gets the prompt, the raw reference (the row's answer field as written) and the whole row.
   Result<VerifyResult> verify_python(const json& metadata, const std::string& completion) {
+    TROUPE_ASSIGN_OR_RETURN(const Row* row, row_of(metadata));
+    return hook->score(row->prompt, completion, row->fields.value(answer_field, json()), row->fields);
+  }
+
+  Result<const Row*> row_of(const json& metadata) const {
     auto it = rows->by_where.find(metadata.value("row", std::string()));
     if (it == rows->by_where.end())
       return invalid_input("dataset: verify needs the metadata's 'row' (FILE:LINE) of a loaded row (got " +
                            metadata.value("row", json()).dump() + ")");
-    const Row& row = *it->second;
-    return hook->score(row.prompt, completion, row.fields.value(answer_field, json()), row.fields);
+    return &*it->second;
   }
 
  protected:
@@ -141,6 +184,35 @@ Result<RowSource> read_source(detail::ConfigReader& r, const std::string& split_
   return src;
 }
 
+// `judge` (judge.h) and `reward_weights` ({component: weight}; names checked where they are known:
+// `judge`, and `verifier` for a built-in verifier; a Python hook's names are checked at each call).
+Status read_judge(detail::ConfigReader& r, DatasetEnv& env) {
+  const std::string where = r.where();
+  const json* judge = r.raw("judge");
+  const json* weights = r.raw("reward_weights");
+  if (env.verifier == Verifier::none && !judge)
+    return invalid_input(where + ": verifier: none needs 'judge' (an env needs a reward source)");
+  if (!judge) {
+    if (weights) return invalid_input(where + ": 'reward_weights' needs 'judge' (it weighs the verifier and the judge)");
+    return {};
+  }
+  TROUPE_ASSIGN_OR_RETURN(detail::JudgeConfig config, detail::read_judge_config(*judge, where));
+  env.judge = std::make_shared<const detail::Judge>(std::move(config));
+  if (!weights) return {};
+  if (!weights->is_object()) return invalid_input(where + ": 'reward_weights' must be a mapping {component: weight}");
+  for (auto it = weights->begin(); it != weights->end(); ++it) {
+    if (!it->is_number() || !std::isfinite(it->get<double>()))
+      return invalid_input(where + ": reward_weights." + it.key() + " must be a number");
+    const bool known = it.key() == "judge" || env.verifier == Verifier::python ||
+                       (it.key() == "verifier" && env.verifier != Verifier::none);
+    if (!known)
+      return invalid_input(where + ": reward_weights." + it.key() + " names no reward component (this env's are: " +
+                           (env.verifier == Verifier::none ? "judge" : "verifier, judge") + ")");
+    env.weights[it.key()] = it->get<double>();
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
@@ -164,14 +236,16 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   TROUPE_ASSIGN_OR_RETURN(env->shuffle, r.boolean("shuffle", false));
   TROUPE_ASSIGN_OR_RETURN(const int64_t order_seed, r.integer("seed", 0, INT64_MIN, INT64_MAX));
   env->order = std::make_unique<RowOrder>(static_cast<uint64_t>(order_seed));
-  TROUPE_TRY(r.finish());
   if (verifier == "exact") env->verifier = Verifier::exact;
   else if (verifier == "numeric") env->verifier = Verifier::numeric;
   else if (verifier == "regex") env->verifier = Verifier::regex;
   else if (verifier == "countdown") env->verifier = Verifier::countdown;
   else if (verifier == "math") env->verifier = Verifier::math;
   else if (verifier == "python") env->verifier = Verifier::python;
-  else return invalid_input("env dataset: 'verifier' must be exact, numeric, regex, countdown, math or python (got '" + verifier + "')");
+  else if (verifier == "none") env->verifier = Verifier::none;
+  else return invalid_input("env dataset: 'verifier' must be exact, numeric, regex, countdown, math, python or none (got '" + verifier + "')");
+  TROUPE_TRY(read_judge(r, *env));
+  TROUPE_TRY(r.finish());
   auto how = enum_from_name<ExtractHow>(extract);
   if (!how)
     return invalid_input("env dataset: 'extract' must be answer_tag, last_number, boxed, gsm8k or regex (got '" + extract + "')");

@@ -23,9 +23,10 @@ Result<std::unique_ptr<EnvClient>> make_nemo_gym_client(const EnvSpec& spec);   
 Termination termination_for(const Error& error) {
   if (error.message.find(kProtocolErrorTag) != std::string::npos) return Termination::protocol_error;
   if (error.message.find(kInvalidRewardTag) != std::string::npos) return Termination::invalid_reward;
-  // a reward hook's failure (builtin/reward_hook.h) leads its message with its reason
+  // a reward hook's or judge's failure (builtin/reward_hook.h, builtin/judge.h) leads its message with its reason
   for (auto t : {Termination::reward_timeout, Termination::reward_crash, Termination::reward_error,
-                 Termination::reward_bad_return})
+                 Termination::reward_bad_return, Termination::judge_http, Termination::judge_timeout,
+                 Termination::judge_parse})
     if (error.message.find(std::string(termination_name(t)) + ": ") != std::string::npos) return t;
   switch (error.code) {
     case ErrorCode::timeout: return Termination::timeout;

@@ -170,6 +170,14 @@ Status read_type(std::string type, EnvSpec& s, const std::string& where) {
   } else if (type == "reasoning_gym") {
     s.type = EnvType::remote;
     return make_reasoning_gym(s, where);
+  } else if (type == "judge") {  // the dataset env scored by its judge only (unless config names a verifier)
+    s.type = EnvType::builtin;
+    if (!s.env.empty() && s.env != "dataset")
+      return invalid_input(where + ": a judge env is the built-in dataset env ('env' must be dataset or absent, got '" + s.env + "')");
+    s.env = "dataset";
+    if (!s.config.is_object() || !s.config.contains("judge"))
+      return invalid_input(where + ": a judge env needs config.judge (url, model, rubric, ...)");
+    if (!s.config.contains("verifier")) s.config["verifier"] = "none";
   } else if (type == "nemo_gym") {
     s.type = EnvType::nemo_gym;
     if (s.command.empty() == s.url.empty())
@@ -180,7 +188,7 @@ Status read_type(std::string type, EnvSpec& s, const std::string& where) {
     if (s.address.empty())
       return invalid_input(where + ": a verifiers env needs 'address' (its env server, e.g. tcp://127.0.0.1:5000)");
   } else {
-    return invalid_input(where + ": 'type' must be builtin, plugin or remote (or nemo_gym, reasoning_gym, verifiers; got '" + type + "')");
+    return invalid_input(where + ": 'type' must be builtin, plugin or remote (or nemo_gym, reasoning_gym, verifiers, judge; got '" + type + "')");
   }
   return {};
 }

@@ -24,6 +24,9 @@ const char* termination_name(Termination t) {
     case Termination::reward_crash: return "reward_crash";
     case Termination::reward_error: return "reward_error";
     case Termination::reward_bad_return: return "reward_bad_return";
+    case Termination::judge_http: return "judge_http";
+    case Termination::judge_timeout: return "judge_timeout";
+    case Termination::judge_parse: return "judge_parse";
   }
   return "done";
 }
@@ -32,7 +35,8 @@ Result<Termination> parse_termination(const std::string& s) {
   for (auto t : {Termination::done, Termination::max_turns, Termination::truncated, Termination::env_error,
                  Termination::timeout, Termination::worker_crash, Termination::aborted, Termination::protocol_error,
                  Termination::invalid_reward, Termination::reward_timeout, Termination::reward_crash,
-                 Termination::reward_error, Termination::reward_bad_return}) {
+                 Termination::reward_error, Termination::reward_bad_return, Termination::judge_http,
+                 Termination::judge_timeout, Termination::judge_parse}) {
     if (s == termination_name(t)) return t;
   }
   return invalid_input("unknown termination '" + s + "'");

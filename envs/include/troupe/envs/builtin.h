@@ -3,10 +3,11 @@
 //   arithmetic   {digits:1, terms:2, ops:"+", format:"plain"|"answer_tags", format_reward:0, eval_fraction:0.2}
 //   countdown    {num_numbers:3, min_number:1, max_number:99, max_target:100, use_all:true, format_reward:0.1, eval_fraction:0.2}
 //   dataset      {train:PATH, eval:PATH, template:"{question}", answer_field:"answer",
-//                 verifier:"exact"|"numeric"|"regex"|"countdown"|"math"|"python", extract:"answer_tag"|"last_number"|
+//                 verifier:"exact"|"numeric"|"regex"|"countdown"|"math"|"python"|"none", extract:"answer_tag"|"last_number"|
 //                 "boxed"|"gsm8k"|"regex", pattern:REGEX, extract_reference:true, format_reward:0, base_dir:DIR,
 //                 eval_fraction:0.2, python only: reward:"MODULE:FUNCTION", reward_timeout_s:10, reward_workers:2,
-//                 python:PATH}
+//                 python:PATH, judge:{url, model, api_key_env, rubric, parse, pattern, field, range,
+//                 timeout_s, max_tokens, temperature}, reward_weights:{component: weight}}
 //   guess_number {max_number:100, max_turns:8, eval_fraction:0.2}         (multi-turn, higher/lower hints)
 //   calculator   {digits:3, terms:2, ops:"+-*", max_turns:4, require_tool:true, format_reward:0.1, eval_fraction:0.2}
 // Observation metadata always carries "answer" and "reference_completion" (the text a perfect

@@ -128,7 +128,8 @@ inline constexpr const char* kInvalidRewardTag = "invalid reward: ";
 
 // How an error from an EnvClient ends the episode: a malformed reply -> protocol_error, a bad
 // reward -> invalid_reward, a reward hook's "reward_timeout: " (reward_crash, reward_error,
-// reward_bad_return) -> that reason, timeout -> timeout, peer_failed -> worker_crash, else env_error.
+// reward_bad_return) or a judge's "judge_http: " (judge_timeout, judge_parse) -> that reason,
+// timeout -> timeout, peer_failed -> worker_crash, else env_error.
 Termination termination_for(const Error& error);
 // The reward check every env call's reward passes: finite and within [spec.reward_min, spec.reward_max].
 // The error names the env and `what` (e.g. "verify of episode 'x'").

@@ -31,6 +31,9 @@ enum class Termination {
   reward_crash,       // a reward hook's worker process died (or answered garbage)
   reward_error,       // a reward hook's function raised
   reward_bad_return,  // a reward hook's function returned something else than a number or a dict of numbers
+  judge_http,     // a dataset env's judge (config.judge): no connection, or a non-2xx answer
+  judge_timeout,  // a judge call ran past judge.timeout_s
+  judge_parse,    // a judge's reply held no score (pattern, field), or one outside judge.range
 };
 const char* termination_name(Termination t);
 Result<Termination> parse_termination(const std::string& s);
