@@ -2,7 +2,8 @@
 # The sanitizer builds CI runs after the test suite (.ci/run; docs/reliability.md "Sanitizers"):
 # ASan+UBSan (build-asan/) over the fast unit tests of runtime, envs, policy/io and launch, and
 # TSan (build-tsan/) over runtime's unit tests. Any finding fails its test, and this script exits non-zero.
-#   bash scripts/sanitizers.sh [asan|tsan|all]    (default all; env JOBS, default 2)
+#   bash scripts/sanitizers.sh [asan|tsan|all]    (default all; env JOBS: default 2;
+#   TROUPE_PYTHON: default .venv/bin/python, else /usr/bin/python3)
 # The CMake presets asan and tsan (CMakePresets.json) hold the flags, the ctest selection (never
 # mpirun, GPU or slow tests; none that needs a PyPI venv) and the sanitizer options; only the
 # target sanitizer_tests (tests/sanitizers/CMakeLists.txt: the selection's binaries) is built.
@@ -13,14 +14,14 @@ case "$WHICH" in
   asan) PRESETS=(asan) ;;
   tsan) PRESETS=(tsan) ;;
   all) PRESETS=(asan tsan) ;;
-  -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
   *) echo "sanitizers.sh: unknown argument '$WHICH' (use asan, tsan or all)" >&2; exit 2 ;;
 esac
 JOBS=${JOBS:-2}
 WERROR=OFF
 [ -n "${CI:-}" ] && WERROR=ON
-PYTHON=/usr/bin/python3
-[ -x .venv/bin/python ] && PYTHON=$PWD/.venv/bin/python
+PYTHON=${TROUPE_PYTHON:-/usr/bin/python3}
+[ -z "${TROUPE_PYTHON:-}" ] && [ -x .venv/bin/python ] && PYTHON=$PWD/.venv/bin/python
 
 failed=()
 for p in "${PRESETS[@]}"; do
