@@ -110,5 +110,12 @@ TEST(Soak, ManyWorkersSmallMessagesNoGrowthNothingLost) {
   EXPECT_EQ(bad.load(), 0u);
   EXPECT_EQ(sent.load(), received.load());
   EXPECT_GT(n, 1000u);  // liveness only
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan keeps freed blocks in its quarantine (256 MiB by default): the resident-memory bound
+  // measures the normal allocator only (scripts/sanitizers.sh runs this test under ASan).
+  (void)rss0;
+  (void)rss1;
+#else
   EXPECT_LT(rss1 - rss0, 32.0);
+#endif
 }

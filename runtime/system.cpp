@@ -151,6 +151,10 @@ Result<std::unique_ptr<ActorSystem>> ActorSystem::create(SystemConfig config) {
 
 Status ActorSystem::start() {
   Impl& I = *impl_;
+  // spdlog's registry is a function-local static of libspdlog, made on first use: make it here,
+  // before the runtime's threads log, so they never race to make it (ThreadSanitizer cannot see
+  // the guard inside the uninstrumented library, and reported that race in runtime.curve_auth).
+  (void)spdlog::default_logger_raw();
   if (!config_.bind.empty()) {
     TROUPE_TRY(I.transport.bind());
     endpoint_ = I.transport.endpoint();

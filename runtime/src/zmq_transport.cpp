@@ -311,9 +311,14 @@ Status ZmqTransport::send_segmented(Peer& p, const FrameWriter& frame, bool bloc
     const std::vector<WireSegment>& segs = *frame.segments;
     for (std::size_t i = 0; i < segs.size(); ++i) {
       auto* keep = new std::shared_ptr<const void>(frame.owner);
+      tsan_handoff_release(keep);  // freed on libzmq's I/O thread (the callback below)
       zmq::message_t part(
           const_cast<char*>(segs[i].data), segs[i].size,
-          [](void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }, keep);
+          [](void*, void* hint) {
+            tsan_handoff_acquire(hint);
+            delete static_cast<std::shared_ptr<const void>*>(hint);
+          },
+          keep);
       // the rest of a message ZeroMQ has begun to take is never refused for room
       (void)p.push.send(part, i + 1 < segs.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
@@ -325,6 +330,7 @@ Status ZmqTransport::send_segmented(Peer& p, const FrameWriter& frame, bool bloc
 
 void ZmqTransport::seal_open(Peer& p) {
   // ZeroMQ takes the batch's buffer as it is (no copy) and gives it back once it is written out.
+  tsan_handoff_release(p.open);  // given back on libzmq's I/O thread (BatchBuffers::free_fn)
   p.sealed.emplace_back(p.open, p.open_size, &BatchBuffers::free_fn, &buffers_);
   p.open = nullptr;
   p.open_size = p.open_capacity = 0;

@@ -39,6 +39,7 @@
 
 #include "actor_cell.h"
 #include "timer_queue.h"
+#include "tsan_handoff.h"
 #include "troupe/runtime/system.h"
 
 namespace troupe::runtime {
@@ -52,7 +53,10 @@ class BatchBuffers {
   ~BatchBuffers();
   char* take();
   void give(char* buf);
-  static void free_fn(void* data, void* hint) { static_cast<BatchBuffers*>(hint)->give(static_cast<char*>(data)); }
+  static void free_fn(void* data, void* hint) {
+    tsan_handoff_acquire(data);  // the batch was written on the sending thread (seal_open)
+    static_cast<BatchBuffers*>(hint)->give(static_cast<char*>(data));
+  }
 
  private:
   std::mutex mu_;
