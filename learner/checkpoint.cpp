@@ -295,6 +295,29 @@ Result<std::string> latest_checkpoint(const std::string& checkpoints_dir) {
   return target.string();
 }
 
+namespace {
+
+// A file state.json lists: a relative path inside the step directory (no "..", not absolute, not
+// empty) naming a regular file. An error names state.json and the entry.
+Result<fs::path> listed_file(const fs::path& dir, const std::string& key, const std::string& sfile) {
+  const fs::path rel(key);
+  bool inside = !key.empty() && key.size() < 1024 && key.find('\0') == std::string::npos && rel.is_relative();
+  for (const auto& part : rel)
+    if (part == ".." || part == ".") inside = false;
+  if (!inside)
+    return invalid_input("checkpoint: " + sfile + " lists '" + key.substr(0, 200) +
+                         "', which is not a relative path inside the checkpoint directory");
+  const fs::path p = dir / rel;
+  std::error_code ec;
+  const auto st = fs::symlink_status(p, ec);
+  if (ec || !fs::exists(st)) return invalid_input("checkpoint: " + p.string() + " is missing (listed in " + sfile + ")");
+  if (!fs::is_regular_file(st))
+    return invalid_input("checkpoint: " + p.string() + " (listed in " + sfile + ") is not a regular file");
+  return p;
+}
+
+}  // namespace
+
 Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
   const fs::path dir(step_dir);
   TROUPE_ASSIGN_OR_RETURN(auto state, read_json_file(dir / kStateFile));
@@ -303,20 +326,28 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
       !state["step"].is_number_integer())
     return invalid_input("checkpoint: " + sfile + " lacks 'files' or an integer 'step'");
   for (auto it = state["files"].begin(); it != state["files"].end(); ++it) {
-    const fs::path p = dir / it.key();
-    if (!fs::exists(p)) return invalid_input("checkpoint: " + p.string() + " is missing (listed in " + sfile + ")");
+    TROUPE_ASSIGN_OR_RETURN(const fs::path p, listed_file(dir, it.key(), sfile));
     const auto& e = it.value();
     if (!e.is_object() || !e.contains("crc32") || !e["crc32"].is_string() || !e.contains("bytes") ||
         !e["bytes"].is_number_unsigned())
       return invalid_input("checkpoint: " + sfile + ": bad entry for " + it.key());
-    if (fs::file_size(p) != e["bytes"].get<uint64_t>())
-      return invalid_input("checkpoint: " + p.string() + " has " + std::to_string(fs::file_size(p)) + " bytes, " + sfile +
+    std::error_code ec;
+    const auto size = fs::file_size(p, ec);
+    if (ec) return invalid_input("checkpoint: cannot read the size of " + p.string() + ": " + ec.message());
+    if (size != e["bytes"].get<uint64_t>())
+      return invalid_input("checkpoint: " + p.string() + " has " + std::to_string(size) + " bytes, " + sfile +
                            " says " + std::to_string(e["bytes"].get<uint64_t>()) + ": the file is truncated or corrupt");
     TROUPE_ASSIGN_OR_RETURN(uint32_t crc, crc32_of_file(p.string()));
     if (hex32(crc) != e["crc32"].get<std::string>())
       return invalid_input("checkpoint: " + p.string() + " fails its checksum (crc32 " + hex32(crc) + ", expected " +
                            e["crc32"].get<std::string>() + "): the file is corrupt");
   }
+  for (const char* key : {"policy_version", "optimizer_steps"})
+    if (state.contains(key) && !state[key].is_number_integer())
+      return invalid_input("checkpoint: " + sfile + ": '" + key + "' is not an integer: " + state[key].dump().substr(0, 100));
+  if (state.contains("metric") && !(state["metric"].is_object() && state["metric"].contains("value") &&
+                                    (state["metric"]["value"].is_number() || state["metric"]["value"].is_null())))
+    return invalid_input("checkpoint: " + sfile + ": 'metric' is not {value: a number}: " + state["metric"].dump().substr(0, 100));
   return state;
 }
 
@@ -341,7 +372,8 @@ Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::v
   opt.set_steps(state.value("optimizer_steps", int64_t{0}));
   if (state.contains("trainer")) d.trainer_state = state["trainer"];
   if (state.contains("extra")) d.extra = state["extra"];
-  if (state.contains("metric") && state["metric"].contains("value")) d.metric = state["metric"]["value"].get<double>();
+  if (state.contains("metric") && state["metric"]["value"].is_number())  // else a NaN, saved as null
+    d.metric = state["metric"]["value"].get<double>();
   return d;
 }
 
