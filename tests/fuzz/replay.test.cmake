@@ -1,7 +1,8 @@
 # tests.fuzz_replay: runs every fuzz target's replay binary over corpus/<target>/ and
-# regressions/<target>/. REPLAYS = "target=binary;...", DIR = tests/fuzz. Fails naming the target
+# regressions/<target>/. REPLAYS = "target=binary|...", DIR = tests/fuzz. Fails naming the target
 # whose replay failed, or a target with no corpus at all.
-foreach(entry ${REPLAYS})
+string(REPLACE "|" ";" replays "${REPLAYS}")
+foreach(entry ${replays})
   string(REPLACE "=" ";" parts "${entry}")
   list(GET parts 0 target)
   list(GET parts 1 binary)

@@ -21,7 +21,7 @@ enum class Flow { normal, break_, continue_ };
 // Bounds of one render: nesting (expressions, blocks, macro calls) and work (an evaluation or a
 // statement is one step, building a string or list one more per 64 bytes or items).
 constexpr int kMaxDepth = 200;
-constexpr uint64_t kMaxSteps = 5'000'000;
+constexpr uint64_t kMaxSteps = 1'000'000;
 
 class Renderer {
  public:
@@ -177,6 +177,7 @@ class Renderer {
     if (items.empty()) return render(n.else_body, out);
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
+      charge(1, n.line, n.col);  // an iteration is a step even when its body is empty
       push();
       bind(items[static_cast<size_t>(k)]);
       Object loop = {{"index0", Value::integer(k)},
