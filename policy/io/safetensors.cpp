@@ -181,6 +181,7 @@ Result<Tensor> SafetensorsFile::read(const std::string& name) const {
   t.shape = e->shape;
   const size_t n = t.numel();
   t.data.resize(n);
+  if (n == 0) return t;  // an empty tensor: no bytes to read (data_ may be empty, its data() null)
   const char* src = data_->data() + e->begin;
   if (e->dtype == "F32") {
     std::memcpy(t.data.data(), src, n * 4);

@@ -314,6 +314,7 @@ class Renderer {
       if (r.i > 0 && l.s.size() > kMaxStringBytes / static_cast<uint64_t>(r.i))
         err(e, "a string longer than " + std::to_string(kMaxStringBytes) + " bytes");
       std::string s;
+      if (r.i > 0) s.reserve(l.s.size() * static_cast<uint64_t>(r.i));
       for (int64_t k = 0; k < r.i; ++k) s += l.s;
       return Value::string(s);
     }

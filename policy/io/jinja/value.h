@@ -28,7 +28,7 @@ struct TemplateError {
 // What one render may build (a template is untrusted input: a loop or a doubling must end in an
 // error, not in exhausted memory): the longest string or list, and range()'s length (jinja2's
 // sandbox allows 100000).
-inline constexpr size_t kMaxStringBytes = size_t{16} << 20;
+inline constexpr size_t kMaxStringBytes = size_t{4} << 20;
 inline constexpr size_t kMaxListItems = size_t{1} << 20;
 inline constexpr int64_t kMaxRange = 100000;
 inline constexpr int kMaxValueDepth = 128;  // lists and mappings inside each other
