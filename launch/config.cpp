@@ -284,7 +284,7 @@ class Loader {
 
   // A YAML value as JSON. Aliases are expanded, so the size is bounded (a few lines of aliases can
   // stand for billions of values): past kMaxJsonValues values or kMaxJsonDepth levels, an error.
-  static constexpr size_t kMaxJsonValues = 1000000;
+  static constexpr size_t kMaxJsonValues = 100000;
   static constexpr int kMaxJsonDepth = 100;
   struct TooLarge {};
   nlohmann::json bounded_json(const YAML::Node& v, const YAML::Mark& m, const std::string& key) {
