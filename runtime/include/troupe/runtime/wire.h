@@ -65,6 +65,7 @@ class WireOutputArchive : public cereal::OutputArchive<WireOutputArchive, cereal
         bounded_(true) {}
   bool fits() const { return pos_ <= capacity_; }
   void saveBinary(const void* data, std::size_t size) {
+    if (size == 0) return;  // an empty vector's data() may be null, which memcpy must not get
     if (bounded_) {
       if (pos_ + size <= capacity_) std::memcpy(out_ + pos_, data, size);
       pos_ += size;
@@ -107,7 +108,9 @@ class WireInputArchive : public cereal::InputArchive<WireInputArchive, cereal::A
         segments_(segments), n_segments_(n_segments), segmented_(true) {
     for (std::size_t i = 0; i < n_segments; ++i) segment_bytes_left_ += segments[i].size;
   }
-  void loadBinary(void* out, std::size_t size) { std::memcpy(out, take(size), size); }
+  void loadBinary(void* out, std::size_t size) {
+    if (size != 0) std::memcpy(out, take(size), size);  // an empty vector's data() may be null
+  }
   // The memory that decoded Bytes may share (the received message); none: every run is copied.
   void set_owner(SharedBuffer* owner) { owner_ = owner; }
   // Reads the next run of `size` bytes without copying it when it is long enough to share
