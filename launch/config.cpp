@@ -137,7 +137,11 @@ class Loader {
   }
 
   // yaml-cpp keeps every entry of a mapping with a repeated key and returns the first on lookup.
+  // Each node once: an alias names a node already checked (nested aliases would otherwise make the
+  // walk exponential); nodes are told apart by where they start in the text.
+  std::set<std::size_t> checked_;
   void check_duplicates(const YAML::Node& n, const std::string& path) {
+    if ((n.IsMap() || n.IsSequence()) && !n.Mark().is_null() && !checked_.insert(n.Mark().pos).second) return;
     if (n.IsMap()) {
       std::map<std::string, YAML::Mark> seen;
       for (auto it = n.begin(); it != n.end(); ++it) {
@@ -252,7 +256,7 @@ class Loader {
       }
       case KeyType::mapping: {
         if (!v.IsMap() && !v.IsNull()) return expect("a mapping");
-        *std::get<nlohmann::json*>(f) = v.IsNull() ? nlohmann::json::object() : to_json(v);
+        *std::get<nlohmann::json*>(f) = v.IsNull() ? nlohmann::json::object() : bounded_json(v, m, key);
         return;
       }
     }
@@ -300,15 +304,31 @@ class Loader {
     return true;
   }
 
-  static nlohmann::json to_json(const YAML::Node& n) {
+  // A YAML value as JSON. Aliases are expanded, so the size is bounded (a few lines of aliases can
+  // stand for billions of values): past kMaxJsonValues values or kMaxJsonDepth levels, an error.
+  static constexpr size_t kMaxJsonValues = 100000;
+  static constexpr int kMaxJsonDepth = 100;
+  struct TooLarge {};
+  nlohmann::json bounded_json(const YAML::Node& v, const YAML::Mark& m, const std::string& key) {
+    size_t values = 0;
+    try {
+      return to_json(v, values, 0);
+    } catch (const TooLarge&) {
+      error(m, key, "the value is larger than " + std::to_string(kMaxJsonValues) + " values or nested deeper than " +
+                        std::to_string(kMaxJsonDepth) + " levels (aliases expanded)");
+      return nullptr;
+    }
+  }
+  static nlohmann::json to_json(const YAML::Node& n, size_t& values, int depth) {
+    if (++values > kMaxJsonValues || depth > kMaxJsonDepth) throw TooLarge{};
     if (n.IsMap()) {
       nlohmann::json j = nlohmann::json::object();
-      for (auto it = n.begin(); it != n.end(); ++it) j[it->first.Scalar()] = to_json(it->second);
+      for (auto it = n.begin(); it != n.end(); ++it) j[it->first.Scalar()] = to_json(it->second, values, depth + 1);
       return j;
     }
     if (n.IsSequence()) {
       nlohmann::json j = nlohmann::json::array();
-      for (const auto& e : n) j.push_back(to_json(e));
+      for (const auto& e : n) j.push_back(to_json(e, values, depth + 1));
       return j;
     }
     if (n.IsNull()) return nullptr;
@@ -498,8 +518,14 @@ class Loader {
       if (head == "config" && rest.size() > 6) {  // envs[0].config.difficulty=3
         nlohmann::json* j = &spec.config;
         std::stringstream ss(rest.substr(7));
-        for (std::string part; std::getline(ss, part, '.');) j = &(*j)[part];
-        *j = v.IsNull() ? nlohmann::json(nullptr) : to_json(v);
+        for (std::string part; std::getline(ss, part, '.');) {
+          if (!j->is_object() && !j->is_null()) {
+            error(none, path, "'" + part + "' cannot be set inside a " + std::string(j->type_name()) + " value");
+            return;
+          }
+          j = &(*j)[part];
+        }
+        *j = v.IsNull() ? nlohmann::json(nullptr) : bounded_json(v, none, path);
         return;
       }
       for (const auto& k : env_entry_schema()) {

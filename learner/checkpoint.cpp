@@ -323,28 +323,26 @@ Result<std::string> latest_checkpoint(const std::string& checkpoints_dir) {
 }
 
 namespace {
-// One file state.json lists: inside the step directory, a regular file of the listed size and CRC-32.
-Status verify_listed_file(const fs::path& dir, const std::string& rel, const nlohmann::json& e,
-                          const std::string& sfile) {
+
+// A file state.json lists: a relative path inside the step directory (no "..", not absolute, not
+// empty) naming a regular file. An error names state.json and the entry.
+Result<fs::path> listed_file(const fs::path& dir, const std::string& key, const std::string& sfile) {
+  const fs::path rel(key);
+  bool inside = !key.empty() && key.size() < 1024 && key.find('\0') == std::string::npos && rel.is_relative();
+  for (const auto& part : rel)
+    if (part == ".." || part == ".") inside = false;
+  if (!inside)
+    return invalid_input("checkpoint: " + sfile + " lists '" + key.substr(0, 200) +
+                         "', which is not a relative path inside the checkpoint directory");
   const fs::path p = dir / rel;
-  const fs::path norm = fs::path(rel).lexically_normal();
-  if (norm.is_absolute() || norm.empty() || *norm.begin() == "..")
-    return invalid_input("checkpoint: " + sfile + " lists " + rel + ", which is not inside " + dir.string());
   std::error_code ec;
-  if (!fs::is_regular_file(p, ec)) return invalid_input("checkpoint: " + p.string() + " is missing (listed in " + sfile + ")");
-  if (!e.is_object() || !e.contains("crc32") || !e["crc32"].is_string() || !e.contains("bytes") ||
-      !e["bytes"].is_number_unsigned())
-    return invalid_input("checkpoint: " + sfile + ": bad entry for " + rel);
-  const uint64_t size = fs::file_size(p, ec);
-  if (ec || size != e["bytes"].get<uint64_t>())
-    return invalid_input("checkpoint: " + p.string() + " has " + std::to_string(size) + " bytes, " + sfile + " says " +
-                         std::to_string(e["bytes"].get<uint64_t>()) + ": the file is truncated or corrupt");
-  TROUPE_ASSIGN_OR_RETURN(uint32_t crc, crc32_of_file(p.string()));
-  if (hex32(crc) != e["crc32"].get<std::string>())
-    return invalid_input("checkpoint: " + p.string() + " fails its checksum (crc32 " + hex32(crc) + ", expected " +
-                         e["crc32"].get<std::string>() + "): the file is corrupt");
-  return {};
+  const auto st = fs::symlink_status(p, ec);
+  if (ec || !fs::exists(st)) return invalid_input("checkpoint: " + p.string() + " is missing (listed in " + sfile + ")");
+  if (!fs::is_regular_file(st))
+    return invalid_input("checkpoint: " + p.string() + " (listed in " + sfile + ") is not a regular file");
+  return p;
 }
+
 }  // namespace
 
 Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
@@ -354,12 +352,34 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
   if (!state.is_object() || !state.contains("files") || !state["files"].is_object() || !state.contains("step") ||
       !state["step"].is_number_integer())
     return invalid_input("checkpoint: " + sfile + " lacks 'files' or an integer 'step'");
-  // a whole checkpoint has its weights and its optimizer moments, whatever else it holds
-  for (const char* required : {"model.safetensors", kOptimizerFile})
-    if (!state["files"].contains(required))
-      return invalid_input("checkpoint: " + sfile + " does not list " + required + ": not a whole checkpoint");
-  for (auto it = state["files"].begin(); it != state["files"].end(); ++it)
-    TROUPE_TRY(verify_listed_file(dir, it.key(), it.value(), sfile));
+  // a whole checkpoint has its weights (a LoRA run's: the adapter) and its optimizer moments, whatever else it holds
+  if (!state["files"].contains("model.safetensors") && !state["files"].contains("adapter_model.safetensors"))
+    return invalid_input("checkpoint: " + sfile + " does not list model.safetensors (nor a LoRA run's adapter_model.safetensors): not a whole checkpoint");
+  if (!state["files"].contains(kOptimizerFile))
+    return invalid_input("checkpoint: " + sfile + " does not list " + std::string(kOptimizerFile) + ": not a whole checkpoint");
+  for (auto it = state["files"].begin(); it != state["files"].end(); ++it) {
+    TROUPE_ASSIGN_OR_RETURN(const fs::path p, listed_file(dir, it.key(), sfile));
+    const auto& e = it.value();
+    if (!e.is_object() || !e.contains("crc32") || !e["crc32"].is_string() || !e.contains("bytes") ||
+        !e["bytes"].is_number_unsigned())
+      return invalid_input("checkpoint: " + sfile + ": bad entry for " + it.key());
+    std::error_code ec;
+    const auto size = fs::file_size(p, ec);
+    if (ec) return invalid_input("checkpoint: cannot read the size of " + p.string() + ": " + ec.message());
+    if (size != e["bytes"].get<uint64_t>())
+      return invalid_input("checkpoint: " + p.string() + " has " + std::to_string(size) + " bytes, " + sfile +
+                           " says " + std::to_string(e["bytes"].get<uint64_t>()) + ": the file is truncated or corrupt");
+    TROUPE_ASSIGN_OR_RETURN(uint32_t crc, crc32_of_file(p.string()));
+    if (hex32(crc) != e["crc32"].get<std::string>())
+      return invalid_input("checkpoint: " + p.string() + " fails its checksum (crc32 " + hex32(crc) + ", expected " +
+                           e["crc32"].get<std::string>() + "): the file is corrupt");
+  }
+  for (const char* key : {"policy_version", "optimizer_steps"})
+    if (state.contains(key) && !state[key].is_number_integer())
+      return invalid_input("checkpoint: " + sfile + ": '" + key + "' is not an integer: " + state[key].dump().substr(0, 100));
+  if (state.contains("metric") && !(state["metric"].is_object() && state["metric"].contains("value") &&
+                                    (state["metric"]["value"].is_number() || state["metric"]["value"].is_null())))
+    return invalid_input("checkpoint: " + sfile + ": 'metric' is not {value: a number}: " + state["metric"].dump().substr(0, 100));
   return state;
 }
 
@@ -384,7 +404,8 @@ Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::v
   opt.set_steps(state.value("optimizer_steps", int64_t{0}));
   if (state.contains("trainer")) d.trainer_state = state["trainer"];
   if (state.contains("extra")) d.extra = state["extra"];
-  if (state.contains("metric") && state["metric"].contains("value")) d.metric = state["metric"]["value"].get<double>();
+  if (state.contains("metric") && state["metric"]["value"].is_number())  // else a NaN, saved as null
+    d.metric = state["metric"]["value"].get<double>();
   return d;
 }
 

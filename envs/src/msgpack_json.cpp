@@ -1,5 +1,6 @@
 // msgpack_json.h on msgpack-c: a JSON value packed into an sbuffer, an unpacked msgpack object
-// tree walked into a JSON value.
+// tree walked into a JSON value. Invariant: nothing is allocated for a container the bytes could not
+// hold (msgpack-c would allocate a declared array's slots before reading them).
 #include "msgpack_json.h"
 
 #include <msgpack.h>
@@ -103,7 +104,61 @@ std::string json_to_msgpack(const json& j) {
   return out;
 }
 
+namespace {
+
+uint64_t big_endian(const uint8_t* p, int n) {
+  uint64_t v = 0;
+  for (int k = 0; k < n; ++k) v = (v << 8) | p[k];
+  return v;
+}
+
+// Walks the headers of one msgpack value: every array or map must declare no more elements than
+// bytes remain (each element takes at least one), every str/bin/ext no more bytes. Truncation is
+// left to the unpacker (which then reports it).
+Status check_declared_sizes(const uint8_t* p, size_t size) {
+  uint64_t pending = 1;  // values still to read
+  size_t at = 0;
+  while (pending > 0 && at < size) {
+    const uint8_t t = p[at++];
+    --pending;
+    uint64_t items = 0, bytes = 0;
+    int len_bytes = 0;
+    if (t <= 0x7f || t >= 0xe0 || t == 0xc0 || t == 0xc2 || t == 0xc3) continue;   // fixint, nil, bool
+    if ((t & 0xf0) == 0x80) items = 2u * (t & 0x0f);                                // fixmap
+    else if ((t & 0xf0) == 0x90) items = t & 0x0f;                                  // fixarray
+    else if ((t & 0xe0) == 0xa0) bytes = t & 0x1f;                                  // fixstr
+    else if (t == 0xc4 || t == 0xd9) len_bytes = 1;                                 // bin8, str8
+    else if (t == 0xc5 || t == 0xda || t == 0xdc || t == 0xde) len_bytes = 2;       // bin16, str16, array16, map16
+    else if (t == 0xc6 || t == 0xdb || t == 0xdd || t == 0xdf) len_bytes = 4;       // bin32, str32, array32, map32
+    else if (t >= 0xc7 && t <= 0xc9) len_bytes = t == 0xc7 ? 1 : t == 0xc8 ? 2 : 4, bytes = 1;  // ext8/16/32: + type
+    else if (t == 0xca || t == 0xce || t == 0xd2) bytes = 4;                        // float32, uint32, int32
+    else if (t == 0xcb || t == 0xcf || t == 0xd3) bytes = 8;
+    else if (t == 0xcc || t == 0xd0) bytes = 1;
+    else if (t == 0xcd || t == 0xd1) bytes = 2;
+    else if (t >= 0xd4 && t <= 0xd8) bytes = 1 + (uint64_t{1} << (t - 0xd4));       // fixext 1..16: + type
+    else return invalid_input("msgpack: byte " + std::to_string(t) + " is no msgpack type");
+    if (len_bytes > 0) {
+      if (size - at < static_cast<size_t>(len_bytes)) return {};
+      const uint64_t n = big_endian(p + at, len_bytes);
+      at += static_cast<size_t>(len_bytes);
+      if (t == 0xdc || t == 0xdd) items = n;
+      else if (t == 0xde || t == 0xdf) items = 2 * n;
+      else bytes += n;
+    }
+    if (items > size - at || pending + items > size - at)
+      return invalid_input("msgpack: a container declares " + std::to_string(items) + " values with " +
+                           std::to_string(size - at) + " bytes left");
+    if (bytes > size - at) return {};  // truncated: the unpacker says so
+    pending += items;
+    at += static_cast<size_t>(bytes);
+  }
+  return {};
+}
+
+}  // namespace
+
 Result<json> msgpack_to_json(const void* data, size_t size) {
+  TROUPE_TRY(check_declared_sizes(static_cast<const uint8_t*>(data), size));
   msgpack_unpacked u;
   msgpack_unpacked_init(&u);
   size_t off = 0;

@@ -140,8 +140,9 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     uint64_t numel = 1;
     for (const auto& d : v["shape"]) {
       if (!d.is_number_unsigned()) return bad(path, where + "shape has a non-integer or negative dimension");
+      if (d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, d.get<uint64_t>(), &numel))
+        return bad(path, where + "shape " + v["shape"].dump() + " has more elements than 2^64");
       e.shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
     }
     const json& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
@@ -149,9 +150,10 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     e.begin = off[0].get<uint64_t>();
     e.end = off[1].get<uint64_t>();
     if (e.end < e.begin) return bad(path, where + "data_offsets end < begin");
-    if (e.end - e.begin != numel * esize)
+    uint64_t nbytes = 0;
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(esize), &nbytes) || e.end - e.begin != nbytes)
       return bad(path, where + "data_offsets cover " + std::to_string(e.end - e.begin) + " bytes but " + e.dtype +
-                           " " + shape_string(e.shape) + " needs " + std::to_string(numel * esize));
+                           " " + shape_string(e.shape) + " needs " + (nbytes == numel * esize ? std::to_string(nbytes) : "more than 2^64"));
     if (e.end > data_size)
       return bad(path, "truncated safetensors file: tensor '" + name + "' ends at byte " + std::to_string(e.end) +
                            " of the data section, which has only " + std::to_string(data_size) + " bytes");
@@ -179,6 +181,7 @@ Result<Tensor> SafetensorsFile::read(const std::string& name) const {
   t.shape = e->shape;
   const size_t n = t.numel();
   t.data.resize(n);
+  if (n == 0) return t;  // an empty tensor: no bytes to read (data_ may be empty, its data() null)
   const char* src = data_->data() + e->begin;
   if (e->dtype == "F32") {
     std::memcpy(t.data.data(), src, n * 4);

@@ -87,7 +87,7 @@ Value string_method(const std::string& s, const std::string& name, const Args& a
     std::string out;
     bool first = true;
     for (auto& x : iterate(items, e)) {
-      out += (first ? "" : s) + py_str(x);
+      append_bounded(out, (first ? "" : s) + py_str(x));
       first = false;
     }
     return Value::string(out);
@@ -211,7 +211,7 @@ Value replace(const std::string& s, const Value& from, const Value& to, const Va
   for (;;) {
     size_t f = s.find(from.s, k);
     if (f == std::string::npos || left == 0) break;
-    out += s.substr(k, f - k) + to.s;
+    append_bounded(out, s.substr(k, f - k) + to.s);
     k = f + from.s.size();
     --left;
   }
@@ -256,7 +256,8 @@ bool apply_test(const std::string& name, const Value& v, const Args& a, const Kw
     if (v.t != T::integer) err(e, "test '" + name + "' needs an integer");
     return (v.i % 2 != 0) == (name == "odd");
   }
-  if (name == "divisibleby") return x.t == T::integer && x.i != 0 && v.t == T::integer && v.i % x.i == 0;
+  if (name == "divisibleby")
+    return x.t == T::integer && x.i != 0 && v.t == T::integer && (x.i == -1 || v.i % x.i == 0);
   if (!x.is_num()) err(e, "test '" + name + "' needs a number to compare with");
   double p = v.as_double(), q = x.as_double();
   if (name == "gt") return p > q;
@@ -268,7 +269,7 @@ bool apply_test(const std::string& name, const Value& v, const Args& a, const Kw
 size_t length(const Value& v, const Expr& e) {
   switch (v.t) {
     case T::undefined: return 0;
-    case T::string: return utf8_chars(v.s).size();
+    case T::string: return utf8_length(v.s);
     case T::array: return v.a->size();
     case T::object: return v.o->size();
     default: err(e, std::string("a ") + type_name(v) + " has no length");
@@ -284,6 +285,7 @@ Value attribute_path(const Value& v, const Value& path, const Expr& e) {
     std::string part = p.substr(k, dot == std::string::npos ? std::string::npos : dot - k);
     bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
     if (!cur.defined()) return cur;
+    if (digits && part.size() > 18) err(e, "attribute path index out of range: " + part.substr(0, 40));
     cur = digits ? get_item(cur, Value::integer(std::stoll(part)), e) : get_attr(cur, part, e);
     if (dot == std::string::npos) break;
     k = dot + 1;
@@ -317,8 +319,17 @@ Object make_globals() {
                    if (a.size() == 1) stop = n(0);
                    else start = n(0), stop = n(1), step = a.size() > 2 ? n(2) : 1;
                    if (step == 0) throw TemplateError{0, 0, "range() step cannot be zero"};
+                   // the length as Python computes it, in unsigned arithmetic that cannot overflow
+                   const bool empty = step > 0 ? stop <= start : start <= stop;
+                   const uint64_t span = step > 0 ? static_cast<uint64_t>(stop) - static_cast<uint64_t>(start)
+                                                  : static_cast<uint64_t>(start) - static_cast<uint64_t>(stop);
+                   const uint64_t mag = step > 0 ? static_cast<uint64_t>(step) : uint64_t{0} - static_cast<uint64_t>(step);
+                   const uint64_t len = empty ? 0 : span / mag + (span % mag != 0);
+                   if (len > static_cast<uint64_t>(kMaxRange))
+                     throw TemplateError{0, 0, "range() of more than " + std::to_string(kMaxRange) + " values"};
                    Array out;
-                   for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(Value::integer(k));
+                   for (uint64_t k = 0; k < len; ++k)  // start + k * step stays between start and stop
+                     out.push_back(Value::integer(static_cast<int64_t>(static_cast<uint64_t>(start) + k * static_cast<uint64_t>(step))));
                    return Value::array(std::move(out));
                  }));
   g.emplace_back("strftime_now", Value::function([](const Args& a, const Kwargs&) {

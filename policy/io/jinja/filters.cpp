@@ -46,8 +46,13 @@ Value replace_in(const Call& c) {
 Value tojson(const Call& c) {
   JsonStyle st;
   Value indent = arg(c.a, c.kw, 1000, "indent");
-  if (indent.t == T::integer) st.indent = static_cast<int>(indent.i), st.item_sep = ",";
-  if (!c.a.empty() && c.a[0].t == T::integer) st.indent = static_cast<int>(c.a[0].i), st.item_sep = ",";
+  // Python writes ' ' * indent: none for a negative one; past 1000 it is refused here
+  auto width = [&](int64_t w) {
+    if (w > 1000) err(c.e, "tojson: indent " + std::to_string(w) + " is over 1000");
+    return static_cast<int>(std::max<int64_t>(w, 0));
+  };
+  if (indent.t == T::integer) st.indent = width(indent.i), st.item_sep = ",";
+  if (!c.a.empty() && c.a[0].t == T::integer) st.indent = width(c.a[0].i), st.item_sep = ",";
   if (const Value* x = kwarg(c.kw, "ensure_ascii")) st.ensure_ascii = truthy(*x);
   if (const Value* x = kwarg(c.kw, "sort_keys")) st.sort_keys = truthy(*x);
   if (const Value* x = kwarg(c.kw, "separators"); x && x->t == T::array && x->a->size() == 2)
@@ -67,7 +72,7 @@ Value join(const Call& c) {
   std::string out;
   bool first = true;
   for (auto& x : iterate(c.v, c.e)) {
-    out += (first ? "" : py_str(sep)) + py_str(attr.defined() ? attribute_path(x, attr, c.e) : x);
+    append_bounded(out, (first ? "" : py_str(sep)) + py_str(attr.defined() ? attribute_path(x, attr, c.e) : x));
     first = false;
   }
   return Value::string(out);
@@ -109,7 +114,10 @@ Value reverse(const Call& c) {
 Value to_int(const Call& c) {
   const Value& v = c.v;
   if (v.t == T::integer) return v;
-  if (v.t == T::number) return Value::integer(static_cast<int64_t>(v.d));
+  if (v.t == T::number) {
+    if (!(v.d > -9.2e18 && v.d < 9.2e18)) err(c.e, "int() of " + py_str(v) + ": out of range");
+    return Value::integer(static_cast<int64_t>(v.d));
+  }
   if (v.is_str()) {
     try {
       return Value::integer(std::stoll(v.s));
@@ -181,7 +189,9 @@ Value map(const Call& c) {
 
 Value indent(const Call& c) {
   Value w = arg(c.a, c.kw, 0, "width");
-  std::string pad = w.is_str() ? w.s : std::string(static_cast<size_t>(w.t == T::integer ? w.i : 4), ' ');
+  const int64_t n = w.t == T::integer ? w.i : 4;
+  if (!w.is_str() && n > 1000) err(c.e, "indent: width " + std::to_string(n) + " is over 1000");
+  std::string pad = w.is_str() ? w.s : std::string(static_cast<size_t>(std::max<int64_t>(n, 0)), ' ');
   bool first = truthy(arg(c.a, c.kw, 1, "first")), blank = truthy(arg(c.a, c.kw, 2, "blank"));
   std::string s = py_str(c.v), out;
   size_t k = 0;
@@ -189,7 +199,7 @@ Value indent(const Call& c) {
   while (k <= s.size()) {
     size_t nl = s.find('\n', k);
     std::string line = s.substr(k, nl == std::string::npos ? std::string::npos : nl - k);
-    if ((!line0 || first) && (blank || !line.empty())) out += pad;
+    if ((!line0 || first) && (blank || !line.empty())) append_bounded(out, pad);
     out += line;
     if (nl == std::string::npos) break;
     out += '\n';

@@ -114,8 +114,12 @@ std::vector<Tok> tokenize(const Source& src, const std::string& body, size_t bas
       }
       std::string lit = body.substr(k, e - k);
       lit.erase(std::remove(lit.begin(), lit.end(), '_'), lit.end());
-      if (is_float) toks.push_back({Tok::K::number, lit, 0, std::stod(lit), at});
-      else toks.push_back({Tok::K::integer, lit, std::stoll(lit), 0, at});
+      try {
+        if (is_float) toks.push_back({Tok::K::number, lit, 0, std::stod(lit), at});
+        else toks.push_back({Tok::K::integer, lit, std::stoll(lit), 0, at});
+      } catch (const std::out_of_range&) {
+        src.fail_at(at, "number literal out of range: " + lit.substr(0, 40));
+      }
       k = e;
     } else if (c == '\'' || c == '"') {
       std::string v;

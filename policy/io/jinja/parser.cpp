@@ -1,6 +1,7 @@
 // The chat-template parser (parser.h): statements ({% if/for/set/macro/break/continue/generation %})
 // and expressions in jinja2's precedence, names of filters and tests checked against the built-ins.
-// Invariant: a parse either returns a whole tree or throws TemplateError at the offending token.
+// Invariant: a parse either returns a whole tree or throws TemplateError at the offending token; the
+// tree nests at most kMaxNesting blocks or parenthesized/unary levels, a tag holds at most kMaxTagTokens.
 #include "parser.h"
 
 #include <algorithm>
@@ -14,6 +15,9 @@
 namespace troupe::policy::io::jinja {
 
 namespace {
+
+constexpr int kMaxNesting = 100;
+constexpr size_t kMaxTagTokens = 4096;
 
 class Parser {
  public:
@@ -31,9 +35,26 @@ class Parser {
   size_t pi_ = 0;
   std::vector<Tok> toks_;
   size_t ti_ = 0;
+  int nesting_ = 0;
+
+  // One level deeper (a block, a parenthesized or unary operand) for as long as it lives.
+  class Nest {
+   public:
+    Nest(Parser& p, size_t offset) : p_(p) {
+      if (++p_.nesting_ > kMaxNesting)
+        p_.src_.fail_at(offset, "nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    }
+    ~Nest() { --p_.nesting_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
 
   // -- statements
   Body parse_body(const std::set<std::string>& ends, std::string& end_kw) {
+    Nest nest(*this, pi_ < pieces_.size() ? pieces_[pi_].offset : src_.text.size());
     Body body;
     while (pi_ < pieces_.size()) {
       const Piece& p = pieces_[pi_++];
@@ -47,6 +68,8 @@ class Parser {
       }
       toks_ = tokenize(src_, p.body, p.offset);
       ti_ = 0;
+      if (toks_.size() > kMaxTagTokens)
+        src_.fail_at(p.offset, "a tag of more than " + std::to_string(kMaxTagTokens) + " tokens");
       if (p.k == Piece::K::expr) {
         auto n = make(Node::K::output, peek());
         n->exprs.push_back(parse_expr());
@@ -223,6 +246,7 @@ class Parser {
   // -- expressions (jinja2's precedence)
   ExprP parse_expr(bool with_cond = true) {
     size_t at = peek().offset;
+    Nest nest(*this, at);
     ExprP e = parse_or();
     while (with_cond && is_name("if")) {
       next();
@@ -247,6 +271,7 @@ class Parser {
     return e;
   }
   ExprP parse_not() {
+    Nest nest(*this, peek().offset);
     if (is_name("not")) {
       auto e = make_expr(Expr::K::unary, next().offset);
       e->name = "not";
@@ -292,6 +317,7 @@ class Parser {
   ExprP parse_pow() { return left_assoc({"**"}, &Parser::parse_unary_filtered); }
   ExprP parse_unary_filtered() { return parse_unary(true); }
   ExprP parse_unary(bool with_filter = true) {
+    Nest nest(*this, peek().offset);
     ExprP e;
     if (is_op("-") || is_op("+")) {
       Tok op = next();

@@ -1,7 +1,8 @@
 // The chat-template renderer (renderer.h): a tree walk over the parsed template with jinja2's
 // scoping (a for body and a macro call get their own frame; a macro sees only its frame and the
 // globals), loop.* variables, break/continue, and Python's operators on values.
-// Invariant: the tree is only read; every value a render creates lives in the renderer's frames.
+// Invariant: the tree is only read; every value a render creates lives in the renderer's frames; a
+// render nests at most kMaxDepth evaluations and spends at most kMaxSteps (an error past either).
 #include "renderer.h"
 
 #include <algorithm>
@@ -17,9 +18,39 @@ namespace {
 
 enum class Flow { normal, break_, continue_ };
 
+// Bounds of one render: nesting (expressions, blocks, macro calls) and work (an evaluation or a
+// statement is one step, building a string or list one more per 64 bytes or items).
+constexpr int kMaxDepth = 200;
+constexpr uint64_t kMaxSteps = 1'000'000;
+
 class Renderer {
  public:
   explicit Renderer(Object globals) { scopes_.push_back(std::move(globals)); }
+
+  // One level deeper for as long as it lives; each one is a step of the budget.
+  class Nest {
+   public:
+    Nest(Renderer& r, int line, int col) : r_(r) {
+      if (++r_.depth_ > kMaxDepth) fail(line, col, "the template nests deeper than " + std::to_string(kMaxDepth) + " levels");
+      r_.charge(1, line, col);
+    }
+    ~Nest() { --r_.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Renderer& r_;
+  };
+  void charge(uint64_t steps, int line, int col) {
+    steps_ += steps;
+    if (steps_ > kMaxSteps) fail(line, col, "the template takes more than " + std::to_string(kMaxSteps) + " steps to render");
+  }
+  // A value just built: strings and lists cost by their size.
+  Value charged(Value v, const Expr& e) {
+    if (v.t == T::string) charge(v.s.size() / 64, e.line, e.col);
+    else if (v.t == T::array) charge(v.a->size() / 64, e.line, e.col);
+    return v;
+  }
 
   void push() { scopes_.emplace_back(); }
   void pop() { scopes_.pop_back(); }
@@ -49,11 +80,21 @@ class Renderer {
  private:
   std::vector<Object> scopes_;
   size_t base_ = 0;
+  int depth_ = 0;
+  uint64_t steps_ = 0;
+
+  void append(std::string& out, const std::string& text, const Node& n) {
+    charge(text.size() / 64, n.line, n.col);
+    if (out.size() + text.size() > kMaxStringBytes)
+      fail(n.line, n.col, "the output is longer than " + std::to_string(kMaxStringBytes) + " bytes");
+    out += text;
+  }
 
   Flow render(const Node& n, std::string& out) {
+    Nest nest(*this, n.line, n.col);
     switch (n.k) {
-      case Node::K::text: out += n.text; return Flow::normal;
-      case Node::K::output: out += py_str(eval(*n.exprs[0])); return Flow::normal;
+      case Node::K::text: append(out, n.text, n); return Flow::normal;
+      case Node::K::output: append(out, py_str(eval(*n.exprs[0])), n); return Flow::normal;
       case Node::K::body: return render(n.body, out);
       case Node::K::break_: return Flow::break_;
       case Node::K::continue_: return Flow::continue_;
@@ -69,6 +110,8 @@ class Renderer {
           Value target = lookup(n.text);
           if (target.t != T::object || !target.is_namespace)
             fail(n.line, n.col, "cannot assign attribute '" + n.attr + "' of '" + n.text + "': not a namespace()");
+          if (holds_namespace(v))
+            fail(n.line, n.col, "cannot assign a namespace() (or what holds one) to '" + n.text + "." + n.attr + "'");
           target.put(n.attr, std::move(v));
         }
         return Flow::normal;
@@ -92,6 +135,7 @@ class Renderer {
   }
 
   Value call_macro(const Node& m, const Args& args, const Kwargs& kwargs) {
+    Nest nest(*this, m.line, m.col);
     if (args.size() > m.vars.size()) fail(m.line, m.col, "macro '" + m.text + "' called with too many arguments");
     size_t saved_base = base_;
     push();
@@ -133,6 +177,7 @@ class Renderer {
     if (items.empty()) return render(n.else_body, out);
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
+      charge(1, n.line, n.col);  // an iteration is a step even when its body is empty
       push();
       bind(items[static_cast<size_t>(k)]);
       Object loop = {{"index0", Value::integer(k)},
@@ -154,6 +199,7 @@ class Renderer {
 
   // -- expressions
   Value eval(const Expr& e) {
+    Nest nest(*this, e.line, e.col);
     switch (e.k) {
       case Expr::K::literal: return e.literal;
       case Expr::K::name: return lookup(e.name);
@@ -180,11 +226,12 @@ class Renderer {
         if (e.name == "not") return Value::boolean(!truthy(v));
         if (!v.is_num()) err(e, std::string("bad operand for unary ") + e.name + ": " + type_name(v));
         if (e.name == "+") return v;
+        if (v.t == T::integer && v.i == INT64_MIN) err(e, "integer overflow in unary -");
         return v.t == T::integer ? Value::integer(-v.i) : Value::number(-v.d);
       }
-      case Expr::K::binary: return binary(e);
-      case Expr::K::call: return call(e);
-      case Expr::K::filter: return filter(e);
+      case Expr::K::binary: return charged(binary(e), e);
+      case Expr::K::call: return charged(call(e), e);
+      case Expr::K::filter: return charged(filter(e), e);
       case Expr::K::test: return test(e);
     }
     return {};
@@ -214,7 +261,10 @@ class Renderer {
     };
     int64_t start = clamp(get(1), step > 0 ? 0 : n - 1), stop = clamp(get(2), step > 0 ? n : -1);
     std::vector<Value> out;
-    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(items[static_cast<size_t>(k)]);
+    for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
+      out.push_back(items[static_cast<size_t>(k)]);
+      if (__builtin_add_overflow(k, step, &k)) break;  // past either end
+    }
     if (v.t == T::array) return Value::array(std::move(out));
     std::string s;
     for (auto& c : out) s += c.s;
@@ -261,7 +311,10 @@ class Renderer {
       }
     }
     if (op == "*" && l.is_str() && r.t == T::integer) {
+      if (r.i > 0 && l.s.size() > kMaxStringBytes / static_cast<uint64_t>(r.i))
+        err(e, "a string longer than " + std::to_string(kMaxStringBytes) + " bytes");
       std::string s;
+      if (r.i > 0) s.reserve(l.s.size() * static_cast<uint64_t>(r.i));
       for (int64_t k = 0; k < r.i; ++k) s += l.s;
       return Value::string(s);
     }
@@ -271,20 +324,48 @@ class Renderer {
       return v;
     };
     Value a = num(l), b = num(r);
-    bool ints = a.t == T::integer && b.t == T::integer;
-    if (op == "+") return ints ? Value::integer(a.i + b.i) : Value::number(a.as_double() + b.as_double());
-    if (op == "-") return ints ? Value::integer(a.i - b.i) : Value::number(a.as_double() - b.as_double());
-    if (op == "*") return ints ? Value::integer(a.i * b.i) : Value::number(a.as_double() * b.as_double());
-    if (op == "**") return ints && b.i >= 0 ? Value::integer(static_cast<int64_t>(std::llround(std::pow(a.i, b.i))))
-                                             : Value::number(std::pow(a.as_double(), b.as_double()));
+    if (a.t == T::integer && b.t == T::integer) return int_binary(op, a.i, b.i, e);
+    if (op == "+") return Value::number(a.as_double() + b.as_double());
+    if (op == "-") return Value::number(a.as_double() - b.as_double());
+    if (op == "*") return Value::number(a.as_double() * b.as_double());
+    if (op == "**") return Value::number(std::pow(a.as_double(), b.as_double()));
     if (b.as_double() == 0) err(e, "division by zero");
     if (op == "/") return Value::number(a.as_double() / b.as_double());
-    if (op == "//") {
-      if (ints) return Value::integer(static_cast<int64_t>(std::floor(static_cast<double>(a.i) / static_cast<double>(b.i))));
-      return Value::number(std::floor(a.as_double() / b.as_double()));
-    }
-    if (ints) return Value::integer(((a.i % b.i) + b.i) % b.i);
+    if (op == "//") return Value::number(std::floor(a.as_double() / b.as_double()));
     return Value::number(a.as_double() - b.as_double() * std::floor(a.as_double() / b.as_double()));
+  }
+
+  // Python's integer operators; a result int64 cannot hold is an error (Python's would grow).
+  static Value int_binary(const std::string& op, int64_t a, int64_t b, const Expr& e) {
+    int64_t r = 0;
+    bool overflow = false;
+    if (op == "+") overflow = __builtin_add_overflow(a, b, &r);
+    else if (op == "-") overflow = __builtin_sub_overflow(a, b, &r);
+    else if (op == "*") overflow = __builtin_mul_overflow(a, b, &r);
+    else if (op == "**" && b >= 0) {  // by squaring: at most 64 rounds whatever b is
+      r = 1;
+      int64_t base = a;
+      for (uint64_t n = static_cast<uint64_t>(b); n > 0 && !overflow; n >>= 1) {
+        if ((n & 1) != 0) overflow = __builtin_mul_overflow(r, base, &r);
+        if (n > 1 && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
+      }
+    } else if (op == "**") {
+      return Value::number(std::pow(static_cast<double>(a), static_cast<double>(b)));
+    } else {
+      if (b == 0) err(e, "division by zero");
+      if (op == "/") return Value::number(static_cast<double>(a) / static_cast<double>(b));
+      if (b == -1) {  // the one quotient that can overflow; any remainder is 0
+        overflow = op == "//" && a == INT64_MIN;
+        r = op == "//" && !overflow ? -a : 0;
+      } else if (op == "//") {
+        r = a / b - ((a % b != 0) && ((a < 0) != (b < 0)));  // floor, not truncation
+      } else {
+        r = a % b;
+        if (r != 0 && ((r < 0) != (b < 0))) r += b;  // the sign of the divisor
+      }
+    }
+    if (overflow) err(e, "integer overflow in " + std::to_string(a) + " " + op + " " + std::to_string(b));
+    return Value::integer(r);
   }
 
   void eval_args(const Expr& e, size_t from, Args& args, Kwargs& kwargs) {

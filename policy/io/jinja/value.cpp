@@ -50,7 +50,8 @@ std::string json_string(const std::string& s, bool ensure_ascii) {
 
 }  // namespace
 
-Value from_json(const nlohmann::ordered_json& j) {
+Value from_json(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxValueDepth) fail(0, 0, "template variables nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -60,12 +61,12 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       Array a;
-      for (auto& e : j) a.push_back(from_json(e));
+      for (auto& e : j) a.push_back(from_json(e, depth + 1));
       return Value::array(std::move(a));
     }
     case nlohmann::ordered_json::value_t::object: {
       Object o;
-      for (auto it = j.begin(); it != j.end(); ++it) o.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) o.emplace_back(it.key(), from_json(it.value(), depth + 1));
       return Value::object(std::move(o));
     }
     default: return Value::none();
@@ -87,6 +88,22 @@ bool truthy(const Value& v) {
   return false;
 }
 
+namespace {
+bool holds_namespace(const Value& v, std::vector<const void*>& seen) {
+  if (v.t == T::object && v.is_namespace) return true;
+  const void* id = v.t == T::array ? static_cast<const void*>(v.a.get()) : static_cast<const void*>(v.o.get());
+  if ((v.t != T::array && v.t != T::object) || std::find(seen.begin(), seen.end(), id) != seen.end()) return false;
+  seen.push_back(id);  // shared lists are walked once
+  if (v.t == T::array) return std::any_of(v.a->begin(), v.a->end(), [&](const Value& x) { return holds_namespace(x, seen); });
+  return std::any_of(v.o->begin(), v.o->end(), [&](const auto& kv) { return holds_namespace(kv.second, seen); });
+}
+}  // namespace
+
+bool holds_namespace(const Value& v) {
+  std::vector<const void*> seen;
+  return holds_namespace(v, seen);
+}
+
 bool equal(const Value& x, const Value& y) {
   if (x.is_num() && y.is_num()) return x.as_double() == y.as_double();
   if (x.is_num() && y.t == T::boolean) return x.as_double() == (y.b ? 1 : 0);
@@ -98,11 +115,13 @@ bool equal(const Value& x, const Value& y) {
     case T::boolean: return x.b == y.b;
     case T::string: return x.s == y.s;
     case T::array:
+      if (x.a == y.a) return true;
       if (x.a->size() != y.a->size()) return false;
       for (size_t k = 0; k < x.a->size(); ++k)
         if (!equal((*x.a)[k], (*y.a)[k])) return false;
       return true;
     case T::object:
+      if (x.o == y.o) return true;
       if (x.o->size() != y.o->size()) return false;
       for (auto& [k, v] : *x.o) {
         const Value* w = y.find(k);
@@ -144,7 +163,7 @@ std::string float_repr(double d) {
 void dump_json(const Value& v, const JsonStyle& st, int depth, std::string& out) {
   auto newline = [&](int d) {
     out += '\n';
-    out.append(static_cast<size_t>(st.indent * d), ' ');
+    append_bounded(out, std::string(std::min<size_t>(static_cast<size_t>(st.indent) * static_cast<size_t>(d), kMaxStringBytes + 1), ' '));
   };
   switch (v.t) {
     case T::undefined:
@@ -158,6 +177,7 @@ void dump_json(const Value& v, const JsonStyle& st, int depth, std::string& out)
       if (v.a->empty()) { out += "[]"; return; }
       out += '[';
       for (size_t k = 0; k < v.a->size(); ++k) {
+        if (out.size() > kMaxStringBytes) append_bounded(out, "]");  // shared lists can nest exponentially
         if (k) out += st.item_sep;
         if (st.indent >= 0) newline(depth + 1);
         dump_json((*v.a)[k], st, depth + 1, out);
@@ -208,7 +228,7 @@ std::string py_str(const Value& v, bool repr) {
     case T::function: return "<function>";
     case T::array: {
       std::string out = "[";
-      for (size_t k = 0; k < v.a->size(); ++k) out += (k ? ", " : "") + py_str((*v.a)[k], true);
+      for (size_t k = 0; k < v.a->size(); ++k) append_bounded(out, (k ? ", " : "") + py_str((*v.a)[k], true));
       return out + "]";
     }
     case T::object: {
@@ -216,7 +236,7 @@ std::string py_str(const Value& v, bool repr) {
       std::string out = "{";
       bool first = true;
       for (auto& [k, x] : *v.o) {
-        out += (first ? "" : ", ") + py_repr_string(k) + ": " + py_str(x, true);
+        append_bounded(out, (first ? "" : ", ") + py_repr_string(k) + ": " + py_str(x, true));
         first = false;
       }
       return out + "}";
@@ -225,15 +245,26 @@ std::string py_str(const Value& v, bool repr) {
   return "";
 }
 
+namespace {
+size_t utf8_width(unsigned char lead) { return lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1; }
+}  // namespace
+
 std::vector<std::string> utf8_chars(const std::string& s) {
+  if (utf8_length(s) > kMaxListItems)
+    fail(0, 0, "a string of more than " + std::to_string(kMaxListItems) + " characters taken apart");
   std::vector<std::string> out;
   for (size_t k = 0; k < s.size();) {
-    unsigned char c = static_cast<unsigned char>(s[k]);
-    size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    const size_t n = utf8_width(static_cast<unsigned char>(s[k]));
     out.push_back(s.substr(k, n));
     k += n;
   }
   return out;
+}
+
+size_t utf8_length(const std::string& s) {
+  size_t n = 0;
+  for (size_t k = 0; k < s.size(); k += utf8_width(static_cast<unsigned char>(s[k]))) ++n;
+  return n;
 }
 
 const char* type_name(const Value& v) {
