@@ -14,6 +14,7 @@
 
 #include "bodies/grpo_loss.h"
 #include "check.h"
+#include "workspace_grow.h"
 #include "activation_reload.h"
 #include "launchers.h"
 #include "nccl_comm.h"
@@ -337,13 +338,14 @@ class CudaBackend final : public Backend {
   // Device workspace the table's ops need beyond their arguments (the chunked log-softmax's
   // running sums, the GRPO loss's per-sequence metric rows): grown, never shrunk.
   void* workspace(size_t bytes) const {
-    if (bytes > ws_bytes_) {
-      TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));  // the old one may still be in use
-      if (ws_) TROUPE_CUDA_CHECK(cudaFree(ws_));
-      ws_ = nullptr;
-      ws_ = TROUPE_DEVICE_ALLOC(bytes, q_.stream);
-      ws_bytes_ = bytes;
-    }
+    if (bytes <= ws_bytes_) return ws_;
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));  // the old one may still be in use
+    const cuda::WorkspaceMemory mem{[this](size_t n) { return TROUPE_DEVICE_ALLOC(n, q_.stream); },
+                                    [](void* p) { TROUPE_CUDA_CHECK(cudaFree(p)); }};
+    // A failed grow leaves an empty workspace (the next op tries again) and throws, like any
+    // failing call of an op, naming the workspace and the bytes.
+    if (Status st = cuda::grow_workspace("ops scratch", ws_, ws_bytes_, bytes, mem); !st.ok())
+      throw cuda::CudaError(st.error().message);
     return ws_;
   }
 
