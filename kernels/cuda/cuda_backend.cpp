@@ -385,11 +385,17 @@ Result<const Backend*> cuda_backend() {
   static std::unique_ptr<CudaBackend> backend;
   static std::string failure;
   std::call_once(once, [] {
-    if (cuda_device_count() == 0) {
-      failure = "no usable CUDA device (cudaGetDeviceCount found none or failed: no GPU or no driver); use cpu";
+    const CudaProbe probe = cuda_probe();
+    if (!probe.error.empty()) {
+      failure = "CUDA could not start on this machine's GPU: " + probe.error;
       return;
     }
-    const int count = cuda_device_count();
+    if (probe.devices == 0) {
+      failure = "no usable CUDA device (cudaGetDeviceCount found none, or failed where no /dev/nvidia* "
+                "exists); use cpu";
+      return;
+    }
+    const int count = probe.devices;
     const int device = cuda_device_for_this_process(count);
     if (device < 0 || device >= count) {
       failure = "TROUPE_CUDA_DEVICE=" + std::to_string(device) + " is not a device of this process (it sees " +

@@ -64,8 +64,14 @@ void fill_seeded(const k::Backend& be, k::Buffer& x, k::Buffer& w, uint64_t seed
 }  // namespace
 
 int main() {
-  if (k::cuda_device_count() == 0) {
-    std::fprintf(stderr, "troupe_gpu_bench: no usable CUDA device: no cuda_* rows\n");
+  const k::CudaProbe probe = k::cuda_probe();
+  if (!probe.error.empty()) {
+    std::fprintf(stderr, "troupe_gpu_bench: CUDA could not start on this machine's GPU: %s\n",
+                 probe.error.c_str());
+    return 1;
+  }
+  if (probe.devices == 0) {
+    std::fprintf(stderr, "troupe_gpu_bench: no CUDA device: no cuda_* rows\n");
     return 77;
   }
   auto gr = k::backend_for("cuda");
