@@ -125,11 +125,12 @@ TEST(Config, TabIndentation) {
 // names the missing CUDA in a build without it.
 TEST(Config, CudaDeviceValidatesWithoutTouchingTheRuntime) {
   const int before = troupe::kernels::cuda_runtime_queries();
-  const std::string text = std::string(kMinimal) + "policy:\n  device: cuda\n";
+  const std::string text = std::string(kMinimal) + "policy:\n  device: cuda\n  share_gpu: true\n";
   auto r = load_config_text(text, "x.yaml", {});
   if (troupe::kernels::check_device_built("cuda").ok()) {
     ASSERT_TRUE(r.ok()) << r.error().message;
     EXPECT_EQ(r->config.policy.device, troupe::kernels::DeviceKind::cuda);
+    EXPECT_TRUE(r->config.policy.share_gpu);
   } else {
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.error().message.find("x.yaml:4:"), std::string::npos) << r.error().message;
@@ -137,6 +138,7 @@ TEST(Config, CudaDeviceValidatesWithoutTouchingTheRuntime) {
         << r.error().message;
   }
   EXPECT_EQ(troupe::kernels::cuda_runtime_queries(), before) << "validate asked the CUDA runtime for devices";
+  EXPECT_FALSE(load_config_text(std::string(kMinimal) + "policy:\n  share_gpu: 2\n", "x.yaml", {}).ok());
 }
 
 // policy.device: cuda with an option the CUDA backend does not implement is an error at that

@@ -13,9 +13,12 @@ namespace troupe::kernels {
 
 namespace {
 std::atomic<int> runtime_queries{0};
+std::atomic<bool> share_gpu{false};
 }  // namespace
 
 int cuda_runtime_queries() { return runtime_queries.load(); }
+void set_cuda_share_gpu(bool share) { share_gpu.store(share); }
+bool cuda_share_gpu() { return share_gpu.load(); }
 
 int cuda_device_count() {
 #if TROUPE_WITH_CUDA

@@ -14,6 +14,7 @@
 
 #include "bodies/grpo_loss.h"
 #include "check.h"
+#include "device_pick.h"
 #include "workspace_grow.h"
 #include "activation_reload.h"
 #include "launchers.h"
@@ -369,17 +370,6 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-// The GPU this process uses: TROUPE_CUDA_DEVICE when set, else the node-local rank (Open MPI's
-// OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK) modulo the
-// devices it sees, else device 0: so the ranks of one node (learners for NCCL, GPU generators)
-// each get their own GPU, as CUDA_VISIBLE_DEVICES leaves them numbered.
-static int cuda_device_for_this_process(int count) {
-  if (const char* v = std::getenv("TROUPE_CUDA_DEVICE"); v && *v) return std::atoi(v);
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})
-    if (const char* v = std::getenv(name); v && *v && count > 0) return std::atoi(v) % count;
-  return 0;
-}
-
 Result<const Backend*> cuda_backend() {
   static std::once_flag once;
   static std::unique_ptr<CudaBackend> backend;
@@ -395,15 +385,16 @@ Result<const Backend*> cuda_backend() {
                 "exists); use cpu";
       return;
     }
-    const int count = probe.devices;
-    const int device = cuda_device_for_this_process(count);
-    if (device < 0 || device >= count) {
-      failure = "TROUPE_CUDA_DEVICE=" + std::to_string(device) + " is not a device of this process (it sees " +
-                std::to_string(count) + ")";
+    // The GPU: TROUPE_CUDA_DEVICE, else the node-local rank, one rank per GPU unless
+    // policy.share_gpu (device_pick.h).
+    const Result<int> device =
+        cuda::pick_cuda_device(probe.devices, cuda::device_pick_env(), cuda_share_gpu());
+    if (!device.ok()) {
+      failure = device.error().message;
       return;
     }
     try {
-      backend = std::make_unique<CudaBackend>(device);
+      backend = std::make_unique<CudaBackend>(*device);
     } catch (const cuda::CudaError& e) {
       failure = std::string("the CUDA backend could not start: ") + e.what();
     }

@@ -27,4 +27,9 @@ CudaProbe classify_cuda_probe(int status, int count, const std::string& error, b
 // Whether this machine has NVIDIA device nodes (/dev/nvidia0, /dev/nvidia1, ...).
 bool nvidia_device_nodes_exist();
 
+// policy.share_gpu: may ranks of one node share a GPU (rank r on GPU r modulo the count)? Off, a
+// node with more ranks than GPUs is an error. Read once, when the CUDA backend first starts.
+void set_cuda_share_gpu(bool share);
+bool cuda_share_gpu();
+
 }  // namespace troupe::kernels
