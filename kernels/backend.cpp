@@ -137,6 +137,21 @@ Result<const Backend*> backend_for(std::string_view device) {
   return invalid_input(std::move(msg));
 }
 
+Status check_device_built(std::string_view device) {
+  if (device == "cpu" || device == "cpu_fenced") return {};
+  if (device == "cuda") {
+#if TROUPE_WITH_CUDA
+    return {};
+#else
+    return invalid_input("this build of troupe has no CUDA (configure with nvcc installed, TROUPE_CUDA=ON); use cpu");
+#endif
+  }
+  std::string msg = "'";
+  msg.append(device);
+  msg.append("' is not a device troupe knows; use cpu, cuda or cpu_fenced");
+  return invalid_input(std::move(msg));
+}
+
 Result<const Backend*> backend_for(DeviceKind device) { return backend_for(enum_name(device)); }
 
 }  // namespace troupe::kernels

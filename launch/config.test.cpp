@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include "troupe/base/build_config.h"
+#include "troupe/kernels/backend.h"
+#include "troupe/kernels/device.h"
 #include "troupe/launch/config.h"
 
 using namespace troupe::launch;
@@ -118,8 +120,29 @@ TEST(Config, TabIndentation) {
   EXPECT_NE(m.find("x.yaml:4:3: error: tab character"), std::string::npos) << m;
 }
 
+// Validating a policy.device: cuda config never touches a GPU or the CUDA runtime: it passes on a
+// machine without one when the build has CUDA (the model reports a missing GPU when it starts), and
+// names the missing CUDA in a build without it.
+TEST(Config, CudaDeviceValidatesWithoutTouchingTheRuntime) {
+  const int before = troupe::kernels::cuda_runtime_queries();
+  const std::string text = std::string(kMinimal) + "policy:\n  device: cuda\n  share_gpu: true\n";
+  auto r = load_config_text(text, "x.yaml", {});
+  if (troupe::kernels::check_device_built("cuda").ok()) {
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->config.policy.device, troupe::kernels::DeviceKind::cuda);
+    EXPECT_TRUE(r->config.policy.share_gpu);
+  } else {
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("x.yaml:4:"), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find("error: policy.device: this build of troupe has no CUDA"), std::string::npos)
+        << r.error().message;
+  }
+  EXPECT_EQ(troupe::kernels::cuda_runtime_queries(), before) << "validate asked the CUDA runtime for devices";
+  EXPECT_FALSE(load_config_text(std::string(kMinimal) + "policy:\n  share_gpu: 2\n", "x.yaml", {}).ok());
+}
+
 // policy.device: cuda with an option the CUDA backend does not implement is an error at that
-// option's line (besides the device error a machine without a GPU adds).
+// option's line.
 TEST(Config, CudaRejectsOptionsItDoesNotImplement) {
   auto m = load_error(std::string(kMinimal) + "policy:\n  device: cuda\n  batch_invariant: true\n");
   EXPECT_NE(m.find("x.yaml:5:"), std::string::npos) << m;

@@ -16,6 +16,7 @@
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/batch_invariant.h"
 #include "troupe/kernels/chunked_logprob.h"
+#include "troupe/kernels/device.h"
 #include "troupe/kernels/random.h"
 
 namespace troupe::policy {
@@ -192,6 +193,7 @@ Status validate_model_config(const ModelConfig& c) {
     return bad("routing_replay", "rollout replays MoE routing, but this model is dense (no MoE layer)");
   if (c.offload_activations && !c.activation_checkpointing)
     return bad("offload_activations", "needs activation_checkpointing: true (only checkpointed layer inputs are offloaded)");
+  if (c.share_gpu) kernels::set_cuda_share_gpu(true);  // before the CUDA backend first starts
   auto be = kernels::backend_for(c.device);
   if (!be.ok()) return bad("device", "'" + enum_string(c.device) + "': " + be.error().message);
   if (c.compute_dtype == kernels::ComputeDtype::bf16 && !(*be)->supports_bf16_compute())

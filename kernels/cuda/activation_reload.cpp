@@ -4,6 +4,7 @@
 #include <string>
 
 #include "check.h"
+#include "offload_bounds.h"
 
 namespace troupe::kernels::cuda {
 
@@ -42,7 +43,9 @@ void ActivationReload::offload(int layer, const float* device_src, size_t n) {
   if (layer < 0 || layer >= layers_) throw CudaError("ActivationReload::offload: layer " + std::to_string(layer) +
                                                      " outside [0, " + std::to_string(layers_) + ")");
   const size_t l = static_cast<size_t>(layer);
-  n_[l] = n > floats_ ? floats_ : n;
+  const Result<size_t> floats = offload_floats(layer, n, floats_);
+  if (!floats.ok()) throw CudaError("ActivationReload::offload: " + floats.error().message);
+  n_[l] = *floats;
   float* dst = host_ + l * floats_;
   TROUPE_CUDA_CHECK(cudaEventRecord(produced_, q_.stream));
   TROUPE_CUDA_CHECK(cudaStreamWaitEvent(copy_, produced_, 0));

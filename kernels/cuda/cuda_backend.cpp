@@ -14,6 +14,8 @@
 
 #include "bodies/grpo_loss.h"
 #include "check.h"
+#include "device_pick.h"
+#include "workspace_grow.h"
 #include "activation_reload.h"
 #include "launchers.h"
 #include "nccl_comm.h"
@@ -365,13 +367,14 @@ class CudaBackend final : public Backend {
   // Device workspace the table's ops need beyond their arguments (the chunked log-softmax's
   // running sums, the GRPO loss's per-sequence metric rows): grown, never shrunk.
   void* workspace(size_t bytes) const {
-    if (bytes > ws_bytes_) {
-      TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));  // the old one may still be in use
-      if (ws_) TROUPE_CUDA_CHECK(cudaFree(ws_));
-      ws_ = nullptr;
-      ws_ = TROUPE_DEVICE_ALLOC(bytes, q_.stream);
-      ws_bytes_ = bytes;
-    }
+    if (bytes <= ws_bytes_) return ws_;
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));  // the old one may still be in use
+    const cuda::WorkspaceMemory mem{[this](size_t n) { return TROUPE_DEVICE_ALLOC(n, q_.stream); },
+                                    [](void* p) { TROUPE_CUDA_CHECK(cudaFree(p)); }};
+    // A failed grow leaves an empty workspace (the next op tries again) and throws, like any
+    // failing call of an op, naming the workspace and the bytes.
+    if (Status st = cuda::grow_workspace("ops scratch", ws_, ws_bytes_, bytes, mem); !st.ok())
+      throw cuda::CudaError(st.error().message);
     return ws_;
   }
 
@@ -395,35 +398,31 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-// The GPU this process uses: TROUPE_CUDA_DEVICE when set, else the node-local rank (Open MPI's
-// OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK) modulo the
-// devices it sees, else device 0: so the ranks of one node (learners for NCCL, GPU generators)
-// each get their own GPU, as CUDA_VISIBLE_DEVICES leaves them numbered.
-static int cuda_device_for_this_process(int count) {
-  if (const char* v = std::getenv("TROUPE_CUDA_DEVICE"); v && *v) return std::atoi(v);
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})
-    if (const char* v = std::getenv(name); v && *v && count > 0) return std::atoi(v) % count;
-  return 0;
-}
-
 Result<const Backend*> cuda_backend() {
   static std::once_flag once;
   static std::unique_ptr<CudaBackend> backend;
   static std::string failure;
   std::call_once(once, [] {
-    if (cuda_device_count() == 0) {
-      failure = "no usable CUDA device (cudaGetDeviceCount found none or failed: no GPU or no driver); use cpu";
+    const CudaProbe probe = cuda_probe();
+    if (!probe.error.empty()) {
+      failure = "CUDA could not start on this machine's GPU: " + probe.error;
       return;
     }
-    const int count = cuda_device_count();
-    const int device = cuda_device_for_this_process(count);
-    if (device < 0 || device >= count) {
-      failure = "TROUPE_CUDA_DEVICE=" + std::to_string(device) + " is not a device of this process (it sees " +
-                std::to_string(count) + ")";
+    if (probe.devices == 0) {
+      failure = "no usable CUDA device (cudaGetDeviceCount found none, or failed where no /dev/nvidia* "
+                "exists); use cpu";
+      return;
+    }
+    // The GPU: TROUPE_CUDA_DEVICE, else the node-local rank, one rank per GPU unless
+    // policy.share_gpu (device_pick.h).
+    const Result<int> device =
+        cuda::pick_cuda_device(probe.devices, cuda::device_pick_env(), cuda_share_gpu());
+    if (!device.ok()) {
+      failure = device.error().message;
       return;
     }
     try {
-      backend = std::make_unique<CudaBackend>(device);
+      backend = std::make_unique<CudaBackend>(*device);
     } catch (const cuda::CudaError& e) {
       failure = std::string("the CUDA backend could not start: ") + e.what();
     }

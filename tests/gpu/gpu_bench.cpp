@@ -6,6 +6,7 @@
 // GEMMs grouped vs on side streams vs one per expert (expert_gemm.h). Exits 77 without a GPU.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -53,11 +54,24 @@ k::Buffer buf(const k::Backend& be, size_t floats) {
   return std::move(r.value());
 }
 
+// x ~ N(0, 1) and w ~ N(0, 0.03^2) from one seeded host RNG: the same values on every backend.
+void fill_seeded(const k::Backend& be, k::Buffer& x, k::Buffer& w, uint64_t seed) {
+  uint64_t rng = seed;
+  be.fill_normal(x.floats(), x.num_floats(), 1.0, &rng);
+  be.fill_normal(w.floats(), w.num_floats(), 0.03, &rng);
+}
+
 }  // namespace
 
 int main() {
-  if (k::cuda_device_count() == 0) {
-    std::fprintf(stderr, "troupe_gpu_bench: no usable CUDA device: no cuda_* rows\n");
+  const k::CudaProbe probe = k::cuda_probe();
+  if (!probe.error.empty()) {
+    std::fprintf(stderr, "troupe_gpu_bench: CUDA could not start on this machine's GPU: %s\n",
+                 probe.error.c_str());
+    return 1;
+  }
+  if (probe.devices == 0) {
+    std::fprintf(stderr, "troupe_gpu_bench: no CUDA device: no cuda_* rows\n");
     return 77;
   }
   auto gr = k::backend_for("cuda");
@@ -91,6 +105,9 @@ int main() {
     const int N = 1024, C = 1024, OC = 1024;
     k::Buffer gx = buf(g, size_t(N) * C), gw = buf(g, size_t(OC) * C), go = buf(g, size_t(N) * OC);
     k::Buffer cx = buf(c, size_t(N) * C), cw = buf(c, size_t(OC) * C), co = buf(c, size_t(N) * OC);
+    // Seeded normal inputs, the same on both backends: zeros would let either side's GEMM (or a
+    // BLAS that skips zero blocks) run a case no model produces.
+    fill_seeded(g, gx, gw, 11), fill_seeded(c, cx, cw, 11);
     const auto [ours, base] = interleaved(
         g, [&] { g.matmul_forward(go.floats(), gx.floats(), gw.floats(), N, C, OC); }, c,
         [&] { c.matmul_forward(co.floats(), cx.floats(), cw.floats(), N, C, OC); });

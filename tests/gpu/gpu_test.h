@@ -1,7 +1,8 @@
 // The small harness of the GPU tests (tests/gpu/): no gtest, so they build on a GPU machine that
 // has only CUDA and CMake. A test is a main() that calls run_gpu_test: exit 77 (ctest: skipped)
-// when no usable CUDA device exists, 1 when a check failed, 0 otherwise. Helpers move vectors to
-// and from a backend's buffers and compare with atol + rtol*|ref| and NaN/Inf parity.
+// when no CUDA device exists, 1 when CUDA cannot start on one (cuda_probe) or a check failed, 0
+// otherwise. Helpers move vectors to and from a backend's buffers and compare with atol +
+// rtol*|ref| and NaN/Inf parity.
 #pragma once
 
 #include <chrono>
@@ -104,8 +105,14 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // The test's main: skipped without a device, the checks' verdict otherwise.
+// A CUDA that cannot start where a GPU is (a driver older than the toolkit, ...) fails loudly.
 inline int run_gpu_test(const char* name, const std::function<void()>& body, int min_devices = 1) {
-  const int devices = k::cuda_device_count();
+  const k::CudaProbe probe = k::cuda_probe();
+  if (!probe.error.empty()) {
+    std::printf("FAIL %s: CUDA could not start on this machine's GPU: %s\n", name, probe.error.c_str());
+    return 1;
+  }
+  const int devices = probe.devices;
   if (devices < min_devices) {
     std::printf("%s: %d usable CUDA device(s), needs %d: skipped\n", name, devices, min_devices);
     return 77;

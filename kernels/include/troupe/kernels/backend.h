@@ -270,6 +270,11 @@ Result<const Backend*> backend_for(std::string_view device);
 enum class DeviceKind { cpu, cuda, cpu_fenced };
 Result<const Backend*> backend_for(DeviceKind device);
 
+// Whether this build can run a device, by name, without starting it: never touches a GPU or the
+// CUDA runtime (troupe validate checks configs with it). cuda is fine in a build with CUDA, whether
+// or not this machine has a GPU; backend_for says that when the model starts.
+Status check_device_built(std::string_view device);
+
 }  // namespace troupe::kernels
 
 namespace troupe {

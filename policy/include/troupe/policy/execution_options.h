@@ -18,6 +18,9 @@ struct ExecutionOptions {
   // Where the model runs (YAML `policy.device`): the backend kernels::backend_for() resolves, cpu,
   // cuda (an error without a usable GPU) or cpu_fenced (the device path on the CPU, for tests).
   kernels::DeviceKind device = kernels::DeviceKind::cpu;
+  // May ranks of one node share a GPU (YAML `policy.share_gpu`, kernels/device.h)? Off, more ranks
+  // on a node than GPUs is an error when the CUDA backend starts.
+  bool share_gpu = false;
   bool cache_packed_metadata = true;      // build packed-sequence metadata once per batch, shared by layers
   bool activation_checkpointing = false;  // recompute each layer in backward from its saved input
   bool offload_activations = false;       // move checkpointed layer inputs to an offload store
