@@ -121,22 +121,6 @@ Status Backend::grow(Buffer& buf, size_t bytes) const {
   return {};
 }
 
-Result<const Backend*> backend_for(std::string_view device) {
-  if (device == "cpu") return &cpu_backend();
-  if (device == "cpu_fenced") return &cpu_fenced_backend();
-  if (device == "cuda") {
-#if TROUPE_WITH_CUDA
-    return cuda_backend();
-#else
-    return invalid_input("this build of troupe has no CUDA (configure with nvcc installed, TROUPE_CUDA=ON); use cpu");
-#endif
-  }
-  std::string msg = "'";
-  msg.append(device);
-  msg.append("' is not a device troupe knows; use cpu, cuda or cpu_fenced");
-  return invalid_input(std::move(msg));
-}
-
 Status check_device_built(std::string_view device) {
   if (device == "cpu" || device == "cpu_fenced") return {};
   if (device == "cuda") {
@@ -150,6 +134,17 @@ Status check_device_built(std::string_view device) {
   msg.append(device);
   msg.append("' is not a device troupe knows; use cpu, cuda or cpu_fenced");
   return invalid_input(std::move(msg));
+}
+
+Result<const Backend*> backend_for(std::string_view device) {
+  TROUPE_TRY(check_device_built(device));  // an unknown name, or cuda in a build without it
+  if (device == "cpu") return &cpu_backend();
+  if (device == "cpu_fenced") return &cpu_fenced_backend();
+#if TROUPE_WITH_CUDA
+  return cuda_backend();  // (check_device_built accepted only cuda beyond the two above)
+#else
+  return make_error(ErrorCode::internal, "backend_for: no backend for '" + std::string(device) + "'");
+#endif
 }
 
 Result<const Backend*> backend_for(DeviceKind device) { return backend_for(enum_name(device)); }

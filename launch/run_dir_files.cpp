@@ -44,20 +44,14 @@ Status fsync_dir_of(const std::string& path) {
   return {};
 }
 
-// Writes the chosen lines of `path` (with a newline each) to a temporary file and renames it over `path`.
-Status rewrite_lines(const std::string& path, const std::vector<char>& keep) {
+// Creates PATH.tmp.PID, lets `fill(fd, tmp)` write it, fsyncs it, renames it over PATH and fsyncs
+// the folder. On any failure the temporary file is removed and PATH is as it was.
+template <class Fill>
+Status replace_by_rename(const std::string& path, Fill&& fill) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return io_error("read", path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return io_error("create", tmp);
-  Status st;
-  size_t i = 0;
-  for (std::string line; st.ok() && std::getline(in, line); ++i)
-    if (i < keep.size() && keep[i]) {
-      line += '\n';
-      st = write_all(fd, line.data(), line.size(), tmp);
-    }
+  Status st = fill(fd, tmp);
   if (st.ok() && ::fsync(fd) != 0) st = io_error("fsync", tmp);
   ::close(fd);
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = io_error("rename a temporary file over", path);
@@ -68,21 +62,26 @@ Status rewrite_lines(const std::string& path, const std::vector<char>& keep) {
   return fsync_dir_of(path);
 }
 
+// Writes the chosen lines of `path` (with a newline each) to a temporary file and renames it over `path`.
+Status rewrite_lines(const std::string& path, const std::vector<char>& keep) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return io_error("read", path);
+  return replace_by_rename(path, [&](int fd, const std::string& tmp) {
+    Status st;
+    size_t i = 0;
+    for (std::string line; st.ok() && std::getline(in, line); ++i)
+      if (i < keep.size() && keep[i]) {
+        line += '\n';
+        st = write_all(fd, line.data(), line.size(), tmp);
+      }
+    return st;
+  });
+}
+
 }  // namespace
 
 Status write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return io_error("create", tmp);
-  Status st = write_all(fd, text.data(), text.size(), tmp);
-  if (st.ok() && ::fsync(fd) != 0) st = io_error("fsync", tmp);
-  ::close(fd);
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = io_error("rename a temporary file over", path);
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  return fsync_dir_of(path);
+  return replace_by_rename(path, [&](int fd, const std::string& tmp) { return write_all(fd, text.data(), text.size(), tmp); });
 }
 
 Result<JsonlCut> keep_jsonl_rows_through(const std::string& path, int64_t step) {
