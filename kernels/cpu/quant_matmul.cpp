@@ -17,6 +17,7 @@
 #include "troupe/kernels/quant_matrix.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TROUPE_QUANT_X86 1
 #endif
@@ -44,7 +45,11 @@ bool column_blocks(int M, int N, int K) {
 
 // Whether this CPU runs the decode chain: small_gemm's kernel (AVX2, FMA) and F16C for the scales.
 bool chain_available() {
-  static const bool ok = small_gemm::available() && __builtin_cpu_supports("f16c");
+  // F16C is CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
+  static const bool ok = small_gemm::available() && [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+  }();
   return ok;
 }
 
