@@ -193,7 +193,7 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
             {"lr", m.lr},
             {"train_tokens", m.tokens},
             {"learner_tokens_per_s", m.tokens_per_s},
-            {"state_bytes", static_cast<double>(trainer.state_bytes())}};
+            {"state_bytes", trainer.state_bytes()}};
   if (mm.tokens > 0) {  // sampler vs learner on the same version's weights, before the update
     j["logprob_diff_max"] = mm.logprob_diff_max;
     j["logprob_diff_mean"] = mm.logprob_diff_mean;
