@@ -86,27 +86,33 @@ Status MpiCommunicator::reduce_scatter_sum(std::span<float> buf, std::span<const
   const size_t lo = bounds[static_cast<size_t>(rank_)], hi = bounds[static_cast<size_t>(rank_) + 1];
   std::vector<float> scratch(P * std::min(longest, kScatterChunk));
   std::vector<int> scount(P), sdispl(P), rcount(P), rdispl(P);
+  std::vector<float> sendbuf;
   for (size_t off = 0; off < longest; off += kScatterChunk) {
     const size_t mine = hi - lo > off ? std::min(kScatterChunk, hi - lo - off) : 0;
     for (size_t j = 0; j < P; ++j) {
       const size_t len = bounds[j + 1] - bounds[j];
       scount[j] = static_cast<int>(len > off ? std::min(kScatterChunk, len - off) : 0);
-      sdispl[j] = 0;
       rcount[j] = static_cast<int>(mine);
       rdispl[j] = static_cast<int>(j * mine);
     }
-    // displacements are ints: send from buf + bounds[j] + off through per-destination views
-    std::vector<float> sendbuf;
-    size_t total = 0;
-    for (size_t j = 0; j < P; ++j) total += static_cast<size_t>(scount[j]);
-    sendbuf.resize(total);
-    size_t at = 0;
-    for (size_t j = 0; j < P; ++j) {
-      sdispl[j] = static_cast<int>(at);
-      std::copy_n(buf.data() + bounds[j] + off, scount[j], sendbuf.data() + at);
-      at += static_cast<size_t>(scount[j]);
+    // Alltoallv's displacements are ints: a buffer that fits sends from itself, a larger one
+    // through a copy of this round's parts.
+    const float* from = buf.data();
+    if (buf.size() <= static_cast<size_t>(INT_MAX)) {
+      for (size_t j = 0; j < P; ++j) sdispl[j] = static_cast<int>(bounds[j] + off);
+    } else {
+      size_t total = 0;
+      for (size_t j = 0; j < P; ++j) total += static_cast<size_t>(scount[j]);
+      sendbuf.resize(total);
+      size_t at = 0;
+      for (size_t j = 0; j < P; ++j) {
+        sdispl[j] = static_cast<int>(at);
+        std::copy_n(buf.data() + bounds[j] + off, scount[j], sendbuf.data() + at);
+        at += static_cast<size_t>(scount[j]);
+      }
+      from = sendbuf.data();
     }
-    TROUPE_MPI_CHECK(MPI_Alltoallv(sendbuf.data(), scount.data(), sdispl.data(), MPI_FLOAT, scratch.data(),
+    TROUPE_MPI_CHECK(MPI_Alltoallv(from, scount.data(), sdispl.data(), MPI_FLOAT, scratch.data(),
                                    rcount.data(), rdispl.data(), MPI_FLOAT, comm_));
     float* out = buf.data() + lo + off;
     for (size_t i = 0; i < mine; ++i) {

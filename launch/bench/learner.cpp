@@ -180,14 +180,16 @@ int bench_allreduce(const BenchOptions& opt) {
 }
 
 // The sharded learners against plain data parallelism (troupe_learner_shard_bench under mpirun):
-// a step of SmolLM2-135M's shape, its layer count cut to `layers`, 4 x 256 tokens per rank.
+// a GRPO step of SmolLM2-135M's shape cut to 2 layers (its 49152 x 576 embedding and head kept), 4 x 64
+// tokens per rank (--quick: 1 layer, 4 x 32); SmolLM2's 30 layers and 4 x 256 tokens took minutes a
+// step on 2 shared cores. The figures on the row say which shape ran.
 int bench_shard(const BenchOptions& opt, const std::string& case_name, const std::string& stage, int ranks,
                 bool state_only) {
   const auto helper = helper_binary("troupe_learner_shard_bench", "learner", case_name);
   if (!helper) return 1;
-  const int layers = opt.quick ? 2 : 4;
+  const int layers = opt.quick ? 1 : 2;
   const std::string args = "--stage " + stage + " --layers " + std::to_string(layers) + " --seqs 4 --seq-len " +
-                           (opt.quick ? "64" : "256") + " --reps " + (opt.quick ? "3" : "5") +
+                           (opt.quick ? "32" : "64") + " --reps " + (opt.quick ? "3" : "5") +
                            (state_only ? " --state-only" : "");
   const std::string cmd = mpirun_command("", ranks, "", *helper, args);
   const auto out = run_child(cmd, "learner");
