@@ -220,6 +220,9 @@ void add_training_keys(Builder<ExperimentConfig>& b) {
   b.enumeration("optimizer.schedule", [](C& c) { return &c.optimizer.schedule; }, {{"constant", LrSchedule::constant}, {"cosine", LrSchedule::cosine}}, "Learning-rate schedule after warm-up.");
   b.number("optimizer.min_lr_ratio", [](C& c) { return &c.optimizer.min_lr_ratio; }, 0, 1, "Cosine floor as a fraction of the peak.");
 
+  // learner
+  b.enumeration("learner.shard", [](C& c) { return &c.learner.shard; }, "How the learner ranks (cluster.learners) split the training state of the flat fp32 buffer (ZeRO stages): none = plain data parallel, every rank holds the parameters, gradients and both AdamW moments; optimizer = ZeRO-1: each rank holds the AdamW moments of its contiguous shard only, the gradient is summed on every rank, each rank updates its shard and the shards are all-gathered; gradients = ZeRO-2: as optimizer, but the gradient is reduce-scattered (each rank sums only its shard); parameters = ZeRO-3, not implemented yet (an error). Every stage computes the step of none bit for bit on CPU (the sum runs in rank order, the gradient norm front to back); with one learner all are none. A --resume may change it.");
+
 }
 
 // envs, rollout, weight_sync.
@@ -662,6 +665,7 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "run.name",
                                                 "run.max_wall_s",
                                                 "grpo.max_steps",
+                                                "learner.shard",
                                                 "policy.cache_packed_metadata",
                                                 "policy.activation_checkpointing",
                                                 "policy.offload_activations",

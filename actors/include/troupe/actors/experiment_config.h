@@ -194,6 +194,11 @@ struct FaultsSection {
   int checkpoint_interrupt_step = 0;  // the process is killed half-way through this step's checkpoint
 };
 
+// YAML `learner.*`: how the learner ranks split the training state.
+struct LearnerSection {
+  learner::ShardStage shard = learner::ShardStage::none;  // none | optimizer | gradients | parameters (ZeRO 1-3)
+};
+
 struct ExperimentConfig {
   RunSection run;
   PolicySection policy;
@@ -201,6 +206,7 @@ struct ExperimentConfig {
   GrpoSection grpo;
   learner::GrpoLossConfig loss;
   learner::OptimizerConfig optimizer;
+  LearnerSection learner;
   std::vector<EnvSpec> envs;
   RolloutSection rollout;
   WeightSyncSection weight_sync;
