@@ -1,8 +1,9 @@
-// `troupe serve MODEL_DIR|CHECKPOINT|FILE.gguf|ADAPTER_DIR [--adapter NAME=DIR ...] --bind HOST:PORT`: the CLI of the policy behind an
-// OpenAI-compatible HTTP endpoint (troupe::serve's model_server.h: one serving engine batches
-// every request in flight). Prints "troupe serve: listening on http://HOST:PORT"
-// once it accepts requests; SIGINT/SIGTERM drain it (new requests 503, those in flight finish,
-// then exit 0; a second signal stops it at once). API keys: --api-key-file or TROUPE_API_KEY.
+// `troupe serve MODEL_DIR|CHECKPOINT|FILE.gguf|ADAPTER_DIR [--adapter NAME=DIR ...] --bind HOST:PORT`:
+// the CLI of the policy (and any LoRA adapters beside it) behind an OpenAI-compatible HTTP endpoint
+// (troupe::serve's model_server.h: one serving engine batches every request in flight). Prints
+// "troupe serve: listening on http://HOST:PORT" once it accepts requests; SIGINT/SIGTERM drain it
+// (new requests 503, those in flight finish, then exit 0; a second signal stops it at once).
+// API keys: --api-key-file or TROUPE_API_KEY.
 #include <pthread.h>
 
 #include <atomic>

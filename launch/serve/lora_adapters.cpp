@@ -35,8 +35,8 @@ Result<io::AdapterBaseRef> adapter_base_ref(const std::string& dir, const std::s
     return ref;
   }
   if (!fs::exists(ref_file))
-    return invalid_input(ref_file + ": missing (a troupe LoRA checkpoint records its base there; for another PEFT adapter give " +
-                         flag_name + " PATH)");
+    return invalid_input(ref_file + ": missing (a troupe LoRA checkpoint records its base there; for another PEFT "
+                         "adapter give " + flag_name + " PATH)");
   TROUPE_ASSIGN_OR_RETURN(auto ref, io::read_adapter_base_ref(ref_file));
   if (fs::path(ref.path).is_relative() && !fs::exists(ref.path) && fs::exists(fs::path(dir) / ref.path))
     ref.path = (fs::path(dir) / ref.path).string();

@@ -36,9 +36,11 @@ Status check_adapter_flags(const ModelServerOptions& o, const std::string& base_
     if (name.empty()) return invalid_input("--adapter =" + dir + ": the name is empty (expected NAME=DIR)");
     if (name == base_name)
       return invalid_input("--adapter " + name + "=" + dir + ": '" + name + "' is the base model's name (--model-name)");
-    if (!seen.insert(name).second) return invalid_input("--adapter " + name + "=" + dir + ": the name '" + name + "' is given twice");
+    if (!seen.insert(name).second)
+      return invalid_input("--adapter " + name + "=" + dir + ": the name '" + name + "' is given twice");
     if (!std::filesystem::is_directory(dir))
-      return invalid_input("--adapter " + name + "=" + dir + ": " + dir + " is not a directory (expected a PEFT adapter directory)");
+      return invalid_input("--adapter " + name + "=" + dir + ": " + dir +
+                           " is not a directory (expected a PEFT adapter directory)");
     if (!is_adapter_dir(dir))
       return invalid_input("--adapter " + name + "=" + dir + ": " + dir + " is not a PEFT adapter directory (no " +
                            io::kAdapterConfigFile + ")");
