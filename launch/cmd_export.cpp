@@ -8,9 +8,9 @@
 #include <memory>
 
 #include "troupe/launch/commands.h"
-#include "troupe/policy/io/gguf_import.h"
 #include "troupe/policy/io/model_io.h"
 #include "troupe/policy/io/peft_adapter.h"
+#include "troupe/serve/lora_adapters.h"
 
 namespace troupe::launch {
 
@@ -28,36 +28,6 @@ struct ExportOpts {
   bool merge = false;
 };
 
-// The base's path: --base, else CKPT/base.json's (a relative path is tried as given, then from CKPT).
-Result<io::AdapterBaseRef> base_ref_for(const ExportOpts& o) {
-  if (!fs::is_directory(o.ckpt))
-    return invalid_input(o.ckpt + ": not a directory (expected a LoRA checkpoint or PEFT adapter directory)");
-  const std::string ref_file = (fs::path(o.ckpt) / io::kAdapterBaseFile).string();
-  if (!o.base.empty()) {
-    io::AdapterBaseRef ref{o.base, ""};
-    if (fs::exists(ref_file)) {
-      TROUPE_ASSIGN_OR_RETURN(auto recorded, io::read_adapter_base_ref(ref_file));
-      ref.fingerprint = recorded.fingerprint;
-    }
-    return ref;
-  }
-  if (!fs::exists(ref_file))
-    return invalid_input(ref_file + ": missing (a troupe LoRA checkpoint records its base there; for another PEFT adapter give --base PATH)");
-  TROUPE_ASSIGN_OR_RETURN(auto ref, io::read_adapter_base_ref(ref_file));
-  if (fs::path(ref.path).is_relative() && !fs::exists(ref.path) && fs::exists(fs::path(o.ckpt) / ref.path))
-    ref.path = (fs::path(o.ckpt) / ref.path).string();
-  return ref;
-}
-
-// The base as a model directory (a .gguf is imported once into $TROUPE_CACHE).
-Result<std::string> base_dir_of(const std::string& path, const ExportOpts& o) {
-  const std::string from = o.base.empty() ? " (named by " + (fs::path(o.ckpt) / io::kAdapterBaseFile).string() + ")" : " (--base)";
-  if (!fs::exists(path)) return invalid_input(path + ": the base model does not exist" + from);
-  if (fs::path(path).extension() == ".gguf") return io::cached_gguf_import(path);
-  if (!fs::is_directory(path)) return invalid_input(path + ": the base model is not a directory or a .gguf file" + from);
-  return path;
-}
-
 Result<nlohmann::json> read_json_file(const std::string& file) {
   std::ifstream in(file);
   if (!in) return invalid_input(file + ": cannot open");
@@ -66,14 +36,6 @@ Result<nlohmann::json> read_json_file(const std::string& file) {
   } catch (const nlohmann::json::parse_error& e) {
     return invalid_input(file + ": not valid JSON (" + e.what() + ")");
   }
-}
-
-// Refuses a base whose fingerprint differs from the recorded one (none recorded: not checked).
-Status check_fingerprint(const io::AdapterBaseRef& ref, const std::string& actual, const ExportOpts& o) {
-  if (ref.fingerprint.empty() || ref.fingerprint == actual) return {};
-  return invalid_input((fs::path(o.ckpt) / io::kAdapterBaseFile).string() + ": key 'fingerprint' is " + ref.fingerprint +
-                       " but the base " + ref.path + " has " + actual +
-                       " (its config.json or tensor shapes differ from the model the adapter was trained on)");
 }
 
 Status require_empty_out(const std::string& out) {
@@ -104,15 +66,15 @@ Status copy_tokenizer_files(const std::string& from, const std::string& to) {
 }
 
 Status run_export(const ExportOpts& o) {
-  TROUPE_ASSIGN_OR_RETURN(auto ref, base_ref_for(o));
+  TROUPE_ASSIGN_OR_RETURN(auto ref, serve::adapter_base_ref(o.ckpt, o.base));
   TROUPE_ASSIGN_OR_RETURN(auto adapter, io::read_peft_adapter(o.ckpt));  // file checks before the (large) base
-  TROUPE_ASSIGN_OR_RETURN(std::string dir, base_dir_of(ref.path, o));
+  TROUPE_ASSIGN_OR_RETURN(std::string dir, serve::adapter_base_dir(ref.path, o.ckpt, !o.base.empty()));
   TROUPE_ASSIGN_OR_RETURN(auto hf_config, read_json_file((fs::path(dir) / "config.json").string()));
   TROUPE_ASSIGN_OR_RETURN(auto base, io::load_model_dir(dir));
   TROUPE_ASSIGN_OR_RETURN(auto model, io::model_from_dir(base, {}));
   base.tensors.clear();  // the model holds the weights now
   const std::string fingerprint = io::base_fingerprint(hf_config, model.tensors());
-  TROUPE_TRY(check_fingerprint(ref, fingerprint, o));
+  TROUPE_TRY(serve::check_base_fingerprint(ref, fingerprint, o.ckpt));
   TROUPE_TRY(io::check_adapter_base(adapter, model.tensors()));
   TROUPE_TRY(require_empty_out(o.out));
   if (!o.merge) {

@@ -11,6 +11,7 @@
 #include "troupe/launch/commands.h"
 #include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/model_io.h"
+#include "troupe/serve/lora_adapters.h"
 
 namespace troupe::launch {
 namespace {
@@ -39,11 +40,12 @@ Result<std::vector<int32_t>> parse_token_list(const std::string& s) {
   return out;
 }
 
-int run_score(const std::string& dir, const std::string& tokens_arg, const std::string& text, bool have_tokens,
-              bool have_text) {
+int run_score(const std::string& dir, const std::string& base, const std::string& tokens_arg, const std::string& text,
+              bool have_tokens, bool have_text) {
   if (have_tokens == have_text) return report_error(invalid_input("troupe score: give exactly one of --tokens or --text"));
-  auto loaded = io::load_model(dir);
-  if (!loaded.ok()) return report_error(loaded.error());
+  auto opened = serve::load_for_sampling(dir, base);
+  if (!opened.ok()) return report_error(opened.error());
+  io::LoadedModel* loaded = &opened->loaded;
   std::vector<int32_t> tokens;
   if (have_tokens) {
     auto t = parse_token_list(tokens_arg);
@@ -64,7 +66,7 @@ int run_score(const std::string& dir, const std::string& tokens_arg, const std::
 }
 
 struct GenerateOpts {
-  std::string dir, prompt, messages;
+  std::string dir, base, prompt, messages;
   int max_tokens = 64;
   double temperature = 1.0;
   uint64_t seed = 0;
@@ -111,13 +113,14 @@ Result<std::string> render_messages_file(const std::string& dir, const std::stri
 int run_generate(const GenerateOpts& o) {
   if (o.prompt.empty() == o.messages.empty())
     return report_error(invalid_input("troupe generate: give exactly one of --prompt or --messages"));
-  auto loaded = io::load_model(o.dir);
-  if (!loaded.ok()) return report_error(loaded.error());
+  auto opened = serve::load_for_sampling(o.dir, o.base);  // an adapter directory: applied on its base
+  if (!opened.ok()) return report_error(opened.error());
+  io::LoadedModel* loaded = &opened->loaded;
   if (!loaded->tokenizer)
-    return report_error(invalid_input(o.dir + ": troupe generate needs a tokenizer (tokenizer.json or troupe_tokenizer.json)"));
+    return report_error(invalid_input(opened->model_dir + ": troupe generate needs a tokenizer (tokenizer.json or troupe_tokenizer.json)"));
   std::string prompt_text = o.prompt;
   if (!o.messages.empty()) {  // the template places BOS/EOS itself; encode adds none
-    auto r = render_messages_file(o.dir, o.messages, *loaded);
+    auto r = render_messages_file(opened->model_dir, o.messages, *loaded);
     if (!r.ok()) return report_error(r.error());
     prompt_text = std::move(r).value();
   }
@@ -155,7 +158,11 @@ int run_generate(const GenerateOpts& o) {
 Command add_generate_command(CLI::App& root) {
   auto o = std::make_shared<GenerateOpts>();
   auto* app = root.add_subcommand("generate", "Sample a completion from a model directory");
-  app->add_option("dir", o->dir, "Model directory (config.json + model.safetensors + tokenizer)")->required();
+  app->add_option("dir", o->dir,
+                  "Model directory (config.json + model.safetensors + tokenizer), or a LoRA checkpoint / PEFT adapter "
+                  "directory sampled on its base (base.json's path, or --base)")
+      ->required();
+  app->add_option("--base", o->base, "The base model of an adapter directory DIR, instead of its base.json's path");
   auto* p = app->add_option("--prompt", o->prompt, "Prompt text");
   app->add_option("--messages", o->messages,
                   "JSON file: a list of {role, content} (or {messages, tools, ...}) rendered with the model's chat template and the generation prompt")
@@ -171,15 +178,16 @@ Command add_generate_command(CLI::App& root) {
 
 Command add_score_command(CLI::App& root) {
   struct Opts {
-    std::string dir, tokens, text;
+    std::string dir, base, tokens, text;
   };
   auto o = std::make_shared<Opts>();
   auto* app = root.add_subcommand("score", "Log-prob of each token given those before it, as JSON");
-  app->add_option("dir", o->dir, "Model directory")->required();
+  app->add_option("dir", o->dir, "Model directory, or a LoRA checkpoint / PEFT adapter directory on its base")->required();
+  app->add_option("--base", o->base, "The base model of an adapter directory DIR, instead of its base.json's path");
   auto* t = app->add_option("--tokens", o->tokens, "Comma-separated token ids, e.g. 1,2,3");
   auto* x = app->add_option("--text", o->text, "Text to tokenize (no BOS added) and score");
   t->excludes(x);
-  return {app, [o, t, x]() { return run_score(o->dir, o->tokens, o->text, t->count() > 0, x->count() > 0); }};
+  return {app, [o, t, x]() { return run_score(o->dir, o->base, o->tokens, o->text, t->count() > 0, x->count() > 0); }};
 }
 
 }  // namespace troupe::launch

@@ -84,18 +84,22 @@ Command add_validate_command(CLI::App& root) {
 
 Command add_eval_command(CLI::App& root) {
   struct Opts {
-    std::string config, checkpoint;
+    std::string config, checkpoint, base;
     std::vector<std::string> sets;
   };
   auto o = std::make_shared<Opts>();
   auto* app = root.add_subcommand("eval", "Held-out metrics of a checkpoint, as one JSON object");
   app->add_option("config", o->config, "Experiment YAML")->required();
-  app->add_option("--checkpoint", o->checkpoint, "Model directory (a checkpoint)")->required();
+  app->add_option("--checkpoint", o->checkpoint,
+                  "Model directory (a checkpoint), or a LoRA checkpoint / PEFT adapter directory evaluated on the base "
+                  "(--base, else policy.path, else its base.json's path)")
+      ->required();
+  app->add_option("--base", o->base, "The base model an adapter --checkpoint is evaluated on, instead of policy.path");
   app->add_option("--set", o->sets, "Override a key (e.g. eval.num_prompts=100)");
   return {app, [o]() {
             auto loaded = load_and_report(o->config, o->sets);
             if (!loaded) return 2;
-            return eval_checkpoint(*loaded, o->checkpoint);
+            return eval_checkpoint(*loaded, o->checkpoint, o->base);
           }};
 }
 

@@ -1,8 +1,9 @@
-// `troupe serve MODEL_DIR|CHECKPOINT|FILE.gguf --bind HOST:PORT`: the CLI of the policy behind an
-// OpenAI-compatible HTTP endpoint (troupe::serve's model_server.h: one serving engine batches
-// every request in flight). Prints "troupe serve: listening on http://HOST:PORT"
-// once it accepts requests; SIGINT/SIGTERM drain it (new requests 503, those in flight finish,
-// then exit 0; a second signal stops it at once). API keys: --api-key-file or TROUPE_API_KEY.
+// `troupe serve MODEL_DIR|CHECKPOINT|FILE.gguf|ADAPTER_DIR [--adapter NAME=DIR ...] --bind HOST:PORT`:
+// the CLI of the policy (and any LoRA adapters beside it) behind an OpenAI-compatible HTTP endpoint
+// (troupe::serve's model_server.h: one serving engine batches every request in flight). Prints
+// "troupe serve: listening on http://HOST:PORT" once it accepts requests; SIGINT/SIGTERM drain it
+// (new requests 503, those in flight finish, then exit 0; a second signal stops it at once).
+// API keys: --api-key-file or TROUPE_API_KEY.
 #include <pthread.h>
 
 #include <atomic>
@@ -26,8 +27,19 @@ std::atomic<int> g_signals{0};
 struct ServeOpts {
   std::string bind = "127.0.0.1:8000";
   std::string api_key_file;
+  std::vector<std::string> adapters;  // NAME=DIR
   serve::ModelServerOptions model;
 };
+
+// --adapter NAME=DIR (split at the first '=').
+Status parse_adapter_flags(const std::vector<std::string>& flags, serve::ModelServerOptions* mo) {
+  for (const auto& f : flags) {
+    const size_t eq = f.find('=');
+    if (eq == std::string::npos) return invalid_input("--adapter " + f + ": expected NAME=DIR");
+    mo->adapters.emplace_back(f.substr(0, eq), f.substr(eq + 1));
+  }
+  return {};
+}
 
 // The keys: --api-key-file's, else TROUPE_API_KEY's one key, else none (no authentication).
 Result<std::vector<std::string>> api_keys_of(const ServeOpts& o) {
@@ -73,6 +85,7 @@ int run_serve(const ServeOpts& o) {
   if (!keys.ok()) return report_error(keys.error());
   serve::ModelServerOptions mo = o.model;
   mo.api_keys = std::move(keys).value();
+  if (Status st = parse_adapter_flags(o.adapters, &mo); !st.ok()) return report_error(st.error());
   auto opened = serve::open_model_server(mo);
   if (!opened.ok()) return report_error(opened.error());
   serve::OpenAiServer& server = *opened->server;
@@ -81,9 +94,12 @@ int run_serve(const ServeOpts& o) {
 
   std::atomic<bool> served{false};
   std::thread waiter([&] { drain_on_signal(server, served, mo.request_timeout_s); });
-  std::printf("troupe serve: %s on http://%s:%d (model '%s', %d slots, context %d%s)\n", "listening",
-              where->first.c_str(), *port, opened->model_name.c_str(), opened->slots, opened->context,
-              mo.api_keys.empty() ? ", no API key" : ", API key required");
+  std::string adapters;
+  for (const auto& a : mo.adapters) adapters += (adapters.empty() ? ", adapters '" : "', '") + a.first;
+  if (!adapters.empty()) adapters += "'";
+  std::printf("troupe serve: %s on http://%s:%d (model '%s'%s, %d slots, context %d%s)\n", "listening",
+              where->first.c_str(), *port, opened->model_name.c_str(), adapters.c_str(), opened->slots,
+              opened->context, mo.api_keys.empty() ? ", no API key" : ", API key required");
   std::fflush(stdout);
   Status st = server.serve();
   served.store(true);  // ends the watcher if serve() returned by itself
@@ -98,7 +114,16 @@ Command add_serve_command(CLI::App& root) {
   auto o = std::make_shared<ServeOpts>();
   auto* app = root.add_subcommand(
       "serve", "Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health)");
-  app->add_option("model", o->model.path, "Model directory, troupe checkpoint or .gguf file")->required();
+  app->add_option("model", o->model.path,
+                  "Model directory, troupe checkpoint or .gguf file; or a LoRA checkpoint / PEFT adapter directory, "
+                  "served on its base (base.json's path, or --base)")
+      ->required();
+  app->add_option("--base", o->model.base,
+                  "The base model (directory or .gguf) of an adapter directory MODEL, instead of its base.json's path "
+                  "(base.json's fingerprint, when there is one, is still checked)");
+  app->add_option("--adapter", o->adapters,
+                  "NAME=DIR: serve DIR's LoRA adapter (a LoRA checkpoint or PEFT adapter directory over MODEL) as model "
+                  "NAME beside the base; repeat for more. Requests pick one with \"model\"; all share one batch");
   app->add_option("--bind", o->bind, "HOST:PORT to listen on (port 0: any free port, printed at start)");
   app->add_option("--model-name", o->model.name, "The model id requests name (default: the directory's or file's name)");
   app->add_option("--max-batch", o->model.max_batch, "Sequences sampled together at most (KV-cache slots)")

@@ -10,6 +10,7 @@
 #include "run/steps.h"
 #include "troupe/learner/checkpoint.h"
 #include "troupe/learner/lora_checkpoint.h"
+#include "troupe/serve/lora_adapters.h"
 #include "troupe/serve/rollout_serve.h"
 
 namespace troupe::launch {
@@ -88,10 +89,46 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   return run_on_cluster(cfg, opt, placement, *specs, rank_threads, resume_after, *cluster);
 }
 
-int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
+namespace {
+
+// The base an adapter checkpoint is evaluated on: --base, else policy.path, else its base.json's
+// path ("" for a LoRA run on a fresh base, which records none).
+Result<std::string> eval_base_path(const ExperimentConfig& cfg, const std::string& checkpoint, const std::string& base) {
+  if (!base.empty()) return base;
+  if (!cfg.policy.path.empty()) return cfg.policy.path;
+  if (cfg.policy.lora.enabled() && !fs::exists(fs::path(checkpoint) / policy::io::kAdapterBaseFile)) return std::string();
+  TROUPE_ASSIGN_OR_RETURN(auto ref, serve::adapter_base_ref(checkpoint, "", "--base"));
+  return ref.path;
+}
+
+// The checkpoint's adapter on the generator's model: base.json's fingerprint checked against the base,
+// then a LoRA run's adapters read as --resume reads them (policy.lora), or else any adapter applied as
+// a LoRA of its own (its r, alpha and modules).
+Status load_eval_adapter(const ExperimentConfig& cfg, const std::string& checkpoint, policy::Model& model) {
+  policy::io::AdapterBaseRef ref;
+  if (!cfg.policy.path.empty()) {
+    TROUPE_ASSIGN_OR_RETURN(ref, serve::adapter_base_ref(checkpoint, cfg.policy.path));
+    TROUPE_ASSIGN_OR_RETURN(std::string fingerprint, serve::base_fingerprint_of(cfg.policy.path, model));
+    TROUPE_TRY(serve::check_base_fingerprint(ref, fingerprint, checkpoint));
+  }
+  if (cfg.policy.lora.enabled()) return learner::read_lora_adapter_files(checkpoint, model);
+  TROUPE_ASSIGN_OR_RETURN(auto adapter, serve::read_adapter_for(checkpoint, ref, model));
+  return serve::apply_adapter(model, adapter);
+}
+
+}  // namespace
+
+int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint, const std::string& base) {
   ExperimentConfig cfg = loaded.config;
-  const bool lora = cfg.policy.lora.enabled();
-  if (!lora) {  // a LoRA checkpoint holds the adapters alone: the base is the config's, as in the run
+  const bool adapter = serve::is_adapter_dir(checkpoint);
+  if (adapter) {  // a LoRA checkpoint or PEFT adapter holds the adapters alone: the base is the config's, as in the run
+    auto base_path = eval_base_path(cfg, checkpoint, base);
+    if (!base_path.ok()) return fail(base_path.error());
+    cfg.policy.path = *base_path;
+  } else if (!base.empty()) {
+    return fail(invalid_input("--base " + base + ": only for an adapter checkpoint, and " + checkpoint + " has no " +
+                              policy::io::kAdapterConfigFile));
+  } else if (!cfg.policy.lora.enabled()) {
     cfg.policy.path = checkpoint;
     cfg.policy.tokenizer = actors::TokenizerKind::from_model;
   }
@@ -107,7 +144,9 @@ int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
   auto e = actors::EnvWorker::create(*specs);
   if (!e.ok()) return fail(e.error());
   std::shared_ptr<actors::Generator> gp = std::move(g).value();
-  if (lora) {
+  if (adapter) {
+    if (Status s = load_eval_adapter(cfg, checkpoint, gp->model()); !s.ok()) return fail(s.error());
+  } else if (cfg.policy.lora.enabled()) {
     if (Status s = learner::read_lora_adapter_files(checkpoint, gp->model()); !s.ok()) return fail(s.error());
   }
   std::shared_ptr<actors::EnvWorker> ep = std::move(e).value();

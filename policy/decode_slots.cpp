@@ -44,7 +44,7 @@ struct DecodeSlots::State {
   std::vector<Seq> seq;
   uint64_t admitted = 0;
   // Per-step host arrays, sized once for the largest step.
-  std::vector<int32_t> slot, pos, kv_len, tok, rows, route;
+  std::vector<int32_t> slot, pos, kv_len, tok, rows, route, adapter;
   std::vector<float> host_logits, host_masked;
 
   int room(int i) const {
@@ -125,6 +125,9 @@ Result<int> DecodeSlots::add(const std::vector<int32_t>& prompt, const SlotSampl
   if (sp.top_logprobs < 0 || sp.top_logprobs > s.m->V)
     return invalid_input("sampling: top_logprobs must be in [0, " + std::to_string(s.m->V) + "], got " +
                          std::to_string(sp.top_logprobs));
+  if (sp.adapter < 0 || sp.adapter > static_cast<int>(s.m->served.size()))
+    return invalid_input("sampling: adapter " + std::to_string(sp.adapter) + " is not one of the model's " +
+                         std::to_string(s.m->served.size()) + " served adapters (0 = the base)");
   if (prompt.empty()) return invalid_input("the prompt is empty");
   if (static_cast<int>(prompt.size()) >= s.context)
     return invalid_input("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
@@ -172,6 +175,12 @@ void DecodeSlots::State::plan_rows(std::vector<int>& pre, std::vector<int>& dec)
     pre.push_back(i);
     budget += n;
   }
+  if (m->served.empty()) return;
+  // Served adapters: the rows of one adapter next to each other, so each projection adds each
+  // adapter's delta once over its run of rows.
+  auto by_adapter = [&](int a, int b) { return seq[a].sp.adapter < seq[b].sp.adapter; };
+  std::stable_sort(pre.begin(), pre.end(), by_adapter);
+  std::stable_sort(dec.begin(), dec.end(), by_adapter);
 }
 
 void DecodeSlots::State::size_step_arrays(size_t n) {
@@ -198,10 +207,16 @@ Result<const float*> DecodeSlots::State::run_layers(const int32_t* tokens, int T
   const bool record = opt.record_experts && RW > 0;
   if (record) route.resize(std::max(route.size(), n * RW));
   m->routing_out = record ? route.data() : nullptr;
+  if (!m->served.empty()) {  // each row's served adapter (plan_rows grouped them)
+    adapter.resize(std::max(adapter.size(), n));
+    for (size_t t = 0; t < n; ++t) adapter[t] = seq[slot[t]].sp.adapter;
+    m->row_adapter = adapter.data();
+  }
   be->embedding_forward(ia.resid[0], d_tok, m->P() + m->wte, T, m->C);
   for (int l = 0; l < m->L; ++l)
     m->layer_forward(l, ia.resid[l % 2], ia.resid[(l + 1) % 2], ia.ws[0], ia, meta, T, &kv);
   m->routing_out = nullptr;
+  m->row_adapter = nullptr;
   return ia.resid[m->L % 2];
 }
 

@@ -215,3 +215,110 @@ TEST(DecodeSlots, ChunkedVocabularyMatchesGenerate) {
   EXPECT_NEAR(tok.top[0].second, tok.logprob, 1e-5);
   EXPECT_TRUE((*t)[1].top.empty());
 }
+
+namespace {
+// A random adapter of rank r on `modules` (Hugging Face weight names of m), as served adapter weights.
+ServedAdapterWeights random_adapter(const Model& m, const std::vector<std::string>& weights, int r, float scale,
+                                    uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  ServedAdapterWeights w;
+  w.rank = r;
+  w.scale = scale;
+  for (const auto& name : weights) {
+    const TensorSpec* t = m.find_base_tensor(name);
+    ServedAdapterWeights::Pair p{name, std::vector<float>(r * t->shape[1]), std::vector<float>(t->shape[0] * r)};
+    for (auto& x : p.a) x = u(rng);
+    for (auto& x : p.b) x = u(rng);
+    w.pairs.push_back(std::move(p));
+  }
+  return w;
+}
+
+// The same adapter as the model's own LoRA (enable_lora over `kinds`; modules it leaves alone A = B = 0).
+Model with_own_lora(const ServedAdapterWeights& w, std::vector<LoraTarget> kinds, float alpha) {
+  Model m = make_model("qwen3");
+  LoraConfig lc;
+  lc.rank = w.rank;
+  lc.alpha = alpha;
+  lc.targets = std::move(kinds);
+  EXPECT_TRUE(m.enable_lora(lc, 0).ok());
+  std::vector<float> values(m.params().size(), 0.0f);
+  for (const auto& p : w.pairs) {
+    const std::string mod = p.weight.substr(0, p.weight.size() - 7);  // minus ".weight"
+    for (const auto& t : m.tensors()) {
+      if (t.name == "base_model.model." + mod + ".lora_A.weight") std::copy(p.a.begin(), p.a.end(), values.begin() + t.offset);
+      if (t.name == "base_model.model." + mod + ".lora_B.weight") std::copy(p.b.begin(), p.b.end(), values.begin() + t.offset);
+    }
+  }
+  EXPECT_TRUE(m.set_params(values).ok());
+  return m;
+}
+}  // namespace
+
+TEST(DecodeSlots, ServedAdaptersSampleWhatEachAdapterSamplesAsTheModelsOwnLora) {
+  Model m = make_model("qwen3");
+  const std::string l0 = "model.layers.0.", l1 = "model.layers.1.";
+  std::vector<std::string> all;
+  for (const auto& l : {l0, l1})
+    for (const char* w : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                          "mlp.up_proj", "mlp.down_proj"})
+      all.push_back(l + w + ".weight");
+  const auto x = random_adapter(m, all, 2, 8.0f / 2, 1);
+  const auto y = random_adapter(m, {l0 + "self_attn.q_proj.weight", l1 + "mlp.down_proj.weight"}, 3, 6.0f / 3, 2);
+  ASSERT_EQ(*m.add_served_adapter(x), 1);
+  ASSERT_EQ(*m.add_served_adapter(y), 2);
+  EXPECT_EQ(m.served_adapters(), 2);
+  Model own_x = with_own_lora(x, {LoraTarget::all_linear}, 8.0f);
+  Model own_y = with_own_lora(y, {LoraTarget::q, LoraTarget::down}, 6.0f);
+  Model* own[] = {nullptr, &own_x, &own_y};
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {9}, {4, 5, 6, 7, 8}, {11, 12}, {13, 14, 15}, {2, 2}};
+  std::vector<SlotSampling> sp;
+  for (int i = 0; i < 6; ++i) {
+    sp.push_back(SlotSampling{i % 2 ? 1.0f : 0.0f, 0, 1.0f, 77, i, 0, nullptr});
+    sp.back().adapter = (i * 2) % 3;  // 0 2 1 0 2 1: mixed in every step
+  }
+  auto together = run_slots(m, prompts, sp, {0, 0, 1, 2, 10, 11}, 10);  // 4 slots: the last two wait
+  Model base = make_model("qwen3");
+  bool differs = false;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SlotSampling alone_sp = sp[i];
+    alone_sp.adapter = 0;
+    Model& ref = own[sp[i].adapter] ? *own[sp[i].adapter] : base;
+    auto alone = run_slots(ref, {prompts[i]}, {alone_sp}, {0}, 10);
+    EXPECT_EQ(together[i].tokens, alone[0].tokens) << "sequence " << i << " adapter " << sp[i].adapter;
+    for (size_t j = 0; j < alone[0].logprobs.size(); ++j)
+      EXPECT_NEAR(together[i].logprobs[j], alone[0].logprobs[j], 1e-4) << "sequence " << i << " token " << j;
+    auto plain = run_slots(base, {prompts[i]}, {alone_sp}, {0}, 10);
+    differs = differs || (sp[i].adapter != 0 && plain[0].logprobs != alone[0].logprobs);
+  }
+  EXPECT_TRUE(differs) << "the adapters change nothing";
+  // A sequence alone with its served adapter: bit for bit the model's own LoRA path.
+  SlotSampling s1 = sp[0];
+  s1.adapter = 1;
+  auto served = run_slots(m, {prompts[2]}, {s1}, {0}, 10);
+  s1.adapter = 0;
+  auto ref = run_slots(own_x, {prompts[2]}, {s1}, {0}, 10);
+  EXPECT_EQ(served[0].tokens, ref[0].tokens);
+  EXPECT_EQ(served[0].logprobs, ref[0].logprobs);
+}
+
+TEST(DecodeSlots, ServedAdapterErrors) {
+  Model m = make_model("qwen3");
+  auto bad = random_adapter(m, {"model.layers.0.self_attn.q_proj.weight"}, 2, 1.0f, 3);
+  bad.pairs[0].weight = "model.embed_tokens.weight";
+  auto r = m.add_served_adapter(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("model.embed_tokens.weight"), std::string::npos) << r.error().message;
+  auto big = random_adapter(m, {"model.layers.0.self_attn.k_proj.weight"}, 17, 1.0f, 4);  // k_proj is (16, 16)
+  r = m.add_served_adapter(big);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("exceeds min(in, out) = 16"), std::string::npos) << r.error().message;
+  auto slots = DecodeSlots::create(m, 2, 8);
+  ASSERT_TRUE(slots.ok());
+  SlotSampling sp;
+  sp.adapter = 1;  // none added
+  auto a = (*slots)->add({1, 2}, sp);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.error().message.find("adapter 1"), std::string::npos) << a.error().message;
+}

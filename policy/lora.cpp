@@ -198,6 +198,7 @@ void Model::Impl::linear_forward(float* out, const float* in, size_t w, const Lo
                                  int IN, int OUT) const {
   be->matmul_forward(out, in, P() + w, T, IN, OUT);
   if (s.on) be->lora_forward(out, in, LP() + s.a, LP() + s.b, acts.lora_scratch, T, IN, OUT, lora_r, lora_scale);
+  if (row_adapter) served_lora_forward(out, in, w, acts, T, IN, OUT);
 }
 
 void Model::Impl::linear_backward(float* din, size_t w, const LoraSlot& s, const float* dout, const float* in,

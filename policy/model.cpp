@@ -408,7 +408,7 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   const size_t o_rstdf = take(t), o_lse = take(t), o_ent = take(t), o_logp = take(t), o_y = take(t * C);
   a.attn_scratch_floats = be->attention_scratch_floats(max_seqlen);
   const size_t o_ascr = take(a.attn_scratch_floats);
-  const size_t o_lora = take(lora ? k::lora_scratch_floats(T, lora_r) : 0);
+  const size_t o_lora = take(scratch_rank() > 0 ? k::lora_scratch_floats(T, scratch_rank()) : 0);
   size_t o_dres = 0, o_dh = 0, o_dlp = 0, o_dent = 0;
   if (with_grads) {
     o_dres = take(t * C);
@@ -465,7 +465,7 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   a.logp_out = B + o_logp;
   a.y = B + o_y;
   a.attn_scratch = B + o_ascr;
-  if (lora) a.lora_scratch = B + o_lora;
+  if (scratch_rank() > 0) a.lora_scratch = B + o_lora;
   if (with_grads) {
     a.dresid = B + o_dres;
     a.dh = B + o_dh;

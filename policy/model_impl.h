@@ -4,7 +4,9 @@
 // valid until the next carve().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "troupe/kernels/backend.h"
@@ -224,6 +226,23 @@ struct Model::Impl {
   Status enable_lora(const LoraConfig& lc, uint64_t seed);
   void build_lora_table();
   kernels::MoeGrads moe_sink_grads(int l) const;  // layer l's MoE gradients pointed into moe_sink
+
+  // Adapters served beside the base (Model::add_served_adapter, served_adapters.cpp): each its rank,
+  // scale, arena and one slot per adapted linear layer, keyed by the base weight's float offset (the
+  // `w` linear_forward gets). While row_adapter is set (DecodeSlots, for one pass: a host array of T
+  // adapter ids, 0 = none), linear_forward adds each run of equal ids' low-rank delta.
+  struct ServedAdapter {
+    int r = 0;
+    float scale = 0;
+    kernels::Buffer params;
+    std::vector<std::pair<size_t, LoraSlot>> slots;  // sorted by base offset
+    const LoraSlot* find(size_t w) const;
+  };
+  std::vector<ServedAdapter> served;
+  int served_max_r = 0;
+  const int32_t* row_adapter = nullptr;
+  void served_lora_forward(float* out, const float* in, size_t w, const Acts& acts, int T, int IN, int OUT) const;
+  int scratch_rank() const { return std::max(lora ? lora_r : 0, served_max_r); }
 
   // Host mirror of params and grads where the backend is not host-visible (Model::params()).
   bool mirrored = false;

@@ -1,12 +1,15 @@
-// open_model_server (model_server.h): loads the model, checks it has a tokenizer and that
-// --max-context fits it, and builds the serving engine and the HTTP server over them.
+// open_model_server (model_server.h): loads the model (an adapter directory: on its base), checks the
+// --adapter flags before the base loads and each adapter against it after, checks it has a tokenizer
+// and that --max-context fits it, and builds the serving engine and the HTTP server over them.
 #include "troupe/serve/model_server.h"
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/model_io.h"
+#include "troupe/serve/lora_adapters.h"
 
 namespace troupe::serve {
 namespace {
@@ -21,13 +24,57 @@ std::string default_name(const std::string& path) {
   return name.empty() ? "troupe" : name;
 }
 
+// --adapter NAME=DIR: names unique and not the base's, each DIR an adapter whose own files read
+// (the checks against the base follow once it is loaded).
+Status check_adapter_flags(const ModelServerOptions& o, const std::string& base_name) {
+  if (o.adapters.empty()) return {};
+  if (is_adapter_dir(o.path))
+    return invalid_input("--adapter: MODEL " + o.path + " is itself an adapter directory; serve its base model with "
+                         "--adapter NAME=" + o.path + " instead");
+  std::set<std::string> seen;
+  for (const auto& [name, dir] : o.adapters) {
+    if (name.empty()) return invalid_input("--adapter =" + dir + ": the name is empty (expected NAME=DIR)");
+    if (name == base_name)
+      return invalid_input("--adapter " + name + "=" + dir + ": '" + name + "' is the base model's name (--model-name)");
+    if (!seen.insert(name).second)
+      return invalid_input("--adapter " + name + "=" + dir + ": the name '" + name + "' is given twice");
+    if (!std::filesystem::is_directory(dir))
+      return invalid_input("--adapter " + name + "=" + dir + ": " + dir +
+                           " is not a directory (expected a PEFT adapter directory)");
+    if (!is_adapter_dir(dir))
+      return invalid_input("--adapter " + name + "=" + dir + ": " + dir + " is not a PEFT adapter directory (no " +
+                           io::kAdapterConfigFile + ")");
+    auto read = io::read_peft_adapter(dir);
+    if (!read.ok()) return invalid_input("--adapter " + name + "=" + dir + ": " + read.error().message);
+  }
+  return {};
+}
+
+// Each --adapter checked against the loaded base (its base.json fingerprint, shapes, rank) and added
+// as served adapter 1, 2, ... in the order given.
+Status add_adapters(const ModelServerOptions& o, policy::Model& model) {
+  for (const auto& [name, dir] : o.adapters) {
+    auto added = [&]() -> Result<int> {
+      TROUPE_ASSIGN_OR_RETURN(auto ref, adapter_base_ref(dir, o.path));
+      TROUPE_ASSIGN_OR_RETURN(auto adapter, read_adapter_for(dir, ref, model));
+      return add_served_adapter(model, adapter);
+    }();
+    if (!added.ok()) return invalid_input("--adapter " + name + "=" + dir + ": " + added.error().message);
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<ModelServer> open_model_server(const ModelServerOptions& o) {
-  TROUPE_ASSIGN_OR_RETURN(auto loaded, io::load_model(o.path));
+  const std::string name = o.name.empty() ? default_name(o.path) : o.name;
+  TROUPE_TRY(check_adapter_flags(o, name));
+  TROUPE_ASSIGN_OR_RETURN(auto opened, load_for_sampling(o.path, o.base));
+  io::LoadedModel& loaded = opened.loaded;
   if (!loaded.tokenizer)
-    return invalid_input(o.path + ": troupe serve needs a tokenizer (tokenizer.json or troupe_tokenizer.json)");
-  TROUPE_ASSIGN_OR_RETURN(auto tmpl, io::load_chat_template_dir(o.path));
+    return invalid_input(opened.model_dir + ": troupe serve needs a tokenizer (tokenizer.json or troupe_tokenizer.json)");
+  TROUPE_ASSIGN_OR_RETURN(auto tmpl, io::load_chat_template_dir(opened.model_dir));
+  TROUPE_TRY(add_adapters(o, loaded.model));
   actors::ServeEngineOptions eo;
   eo.slots = o.max_batch;
   const int model_ctx = loaded.model.config().max_position_embeddings;
@@ -42,7 +89,8 @@ Result<ModelServer> open_model_server(const ModelServerOptions& o) {
   TROUPE_ASSIGN_OR_RETURN(auto engine,
                           actors::ServeEngine::create(std::make_unique<policy::Model>(std::move(loaded.model)), eo));
   OpenAiServerOptions so;
-  so.model_name = o.name.empty() ? default_name(o.path) : o.name;
+  so.model_name = name;
+  for (const auto& a : o.adapters) so.adapters.push_back(a.first);
   so.http_threads = o.http_threads;
   so.api_keys = o.api_keys;
   so.max_tokens_cap = o.max_tokens_cap;

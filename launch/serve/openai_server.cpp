@@ -171,6 +171,8 @@ struct OpenAiServer::Impl {
     int max_tokens = 16;
     std::string id;
     std::string episode;  // rollout.serve: the episode it is served for ("" = none, not recorded)
+    std::string model;    // the model id replies name: the base's, or the served adapter's
+    int adapter = 0;      // the served adapter (OpenAiServerOptions::adapters: index + 1); 0 = the base
     std::shared_ptr<Admission> admission;
     std::shared_ptr<Deadline> deadline;  // null without --request-timeout-s
     bool expired() const { return deadline && deadline->expired.load(); }
@@ -203,9 +205,15 @@ struct OpenAiServer::Impl {
   std::optional<ApiError> prepare(const std::string& body, bool chat, Prepared* p) {
     if (auto e = parse_completion_request(body, chat, opt.max_n, &p->req, opt.strict_fields)) return e;
     const CompletionRequest& r = p->req;
-    if (r.model != opt.model_name && !opt.any_model)
-      return ApiError{404, "The model '" + r.model + "' does not exist; this server serves '" + opt.model_name + "'",
-                      "model", "invalid_request_error", "model_not_found"};
+    p->model = opt.model_name;
+    if (r.model != opt.model_name && !opt.any_model) {
+      auto it = std::find(opt.adapters.begin(), opt.adapters.end(), r.model);
+      if (it == opt.adapters.end())
+        return ApiError{404, "The model '" + r.model + "' does not exist; this server serves " + known_models(), "model",
+                        "invalid_request_error", "model_not_found"};
+      p->model = r.model;
+      p->adapter = static_cast<int>(it - opt.adapters.begin()) + 1;
+    }
     const char* prompt_field = chat ? "messages" : "prompt";
     if (chat && !tmpl && opt.builtin_chat_tags) {  // rollout.serve: the built-in tags, as rollout.template chat
       auto f = actors::make_chat_format(*tok, nullptr);
@@ -279,6 +287,7 @@ struct OpenAiServer::Impl {
       q.sampling.seed = seed;
       q.sampling.stream = i;
       q.sampling.top_logprobs = r.top_logprobs;
+      q.sampling.adapter = p.adapter;
       q.max_tokens = p.max_tokens;
       if (r.json_object) q.sampling.constraint = json_object_constraint(token_texts(), chat_stops);
       if (r.json_schema) q.sampling.constraint = json_schema_constraint(token_texts(), r.json_schema, chat_stops);
@@ -467,7 +476,7 @@ struct OpenAiServer::Impl {
     ojson out = {{"id", p.id},
                  {"object", r.chat ? "chat.completion" : "text_completion"},
                  {"created", unix_now()},
-                 {"model", opt.model_name},
+                 {"model", p.model},
                  {"choices", choices},
                  {"usage", usage(p, cs)}};
     res.set_content(dump(out), "application/json");
@@ -487,7 +496,7 @@ struct OpenAiServer::Impl {
         return ojson{{"id", p->id},
                      {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
                      {"created", created},
-                     {"model", opt.model_name},
+                     {"model", p->model},
                      {"choices", ojson::array({std::move(choice)})}};
       };
       std::vector<Choice> cs;
@@ -550,7 +559,7 @@ struct OpenAiServer::Impl {
         ojson u = {{"id", p->id},
                    {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
                    {"created", created},
-                   {"model", opt.model_name},
+                   {"model", p->model},
                    {"choices", ojson::array()},
                    {"usage", usage(*p, cs)}};
         alive = send(u);
@@ -580,10 +589,23 @@ struct OpenAiServer::Impl {
     complete(*p, res);
   }
 
+  // The base first, then each served adapter (with "parent": the base, as vLLM lists LoRA modules).
   void models(const httplib::Request&, httplib::Response& s) {
-    ojson m = {{"id", opt.model_name}, {"object", "model"}, {"created", unix_now()},
-               {"owned_by", "troupe"}, {"max_model_len", engine->context()}};
-    s.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({m})}}), "application/json");
+    const int64_t now = unix_now();
+    ojson data = ojson::array();
+    data.push_back({{"id", opt.model_name}, {"object", "model"}, {"created", now},
+                    {"owned_by", "troupe"}, {"max_model_len", engine->context()}});
+    for (const auto& a : opt.adapters)
+      data.push_back({{"id", a}, {"object", "model"}, {"created", now}, {"owned_by", "troupe"},
+                      {"max_model_len", engine->context()}, {"parent", opt.model_name}});
+    s.set_content(dump(ojson{{"object", "list"}, {"data", data}}), "application/json");
+  }
+
+  // 'base', 'a', 'b' (the 404's list).
+  std::string known_models() const {
+    std::string out = "'" + opt.model_name + "'";
+    for (const auto& a : opt.adapters) out += ", '" + a + "'";
+    return out;
   }
 
   void routes() {

@@ -16,8 +16,10 @@ struct RunOptions {
 
 // Runs the experiment on every rank (under mpirun/srun each rank runs the same command).
 int run_experiment(const LoadedConfig& loaded, const RunOptions& opt);
-// Prints one JSON object: eval_accuracy, eval_reward_mean (and per env), checkpoint.
-int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint);
+// Prints one JSON object: eval_accuracy, eval_reward_mean (and per env), checkpoint. An adapter
+// checkpoint (adapter_config.json: a LoRA run's checkpoint or a PEFT adapter) is evaluated on `base`,
+// else policy.path, else its base.json's path; its base.json fingerprint must match that base.
+int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint, const std::string& base = "");
 // `troupe validate`: makes every built-in env as a run would (the dataset env reads and checks
 // every row of its files); the first error, naming the env and the file and line (env_data_check.cpp).
 Status check_env_data(const LoadedConfig& loaded);

@@ -38,6 +38,8 @@ struct SlotSampling {
   // Null: unconstrained. Else every token is drawn from the masked logits (its log-prob is that of
   // the masked distribution); the other sequences of the step sample exactly as without it.
   std::shared_ptr<TokenConstraint> constraint = nullptr;
+  // The served adapter (Model::add_served_adapter) the sequence runs with; 0 = the base alone.
+  int adapter = 0;
 };
 
 // One sampled token of the sequence in `slot`.

@@ -69,6 +69,20 @@ struct SamplingParams {
   std::function<Status(int t)> before_decode_step;
 };
 
+// One adapter for Model::add_served_adapter: LoRA pairs keyed by the base weight they adapt (its
+// Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight", a 2-D projection the layer runs
+// as a linear layer: attention q k v o, the dense MLP's or the gated shared expert's gate up down),
+// A (rank, in) and B (out, rank) row-major, out += scale · (x Aᵀ) Bᵀ.
+struct ServedAdapterWeights {
+  int rank = 0;
+  float scale = 0;
+  struct Pair {
+    std::string weight;
+    std::vector<float> a, b;
+  };
+  std::vector<Pair> pairs;
+};
+
 struct Generation {
   std::vector<int32_t> tokens;   // sampled tokens (stop token included when hit)
   std::vector<float> logprobs;   // log-prob of each sampled token under the sampling distribution
@@ -169,6 +183,14 @@ class Model {
   const TensorSpec* find_base_tensor(std::string_view name) const;
   std::span<const float> base_params() const;              // host span, valid as params()'s
   Status set_base_params(std::span<const float> flat);     // size must equal base_params().size()
+  // Adapters served beside the base (inference only; policy/served_adapters.cpp): LoRA adapters of
+  // their own rank, scale and modules, each in an arena of its own, applied per sequence by
+  // DecodeSlots (SlotSampling::adapter): every projection runs the base GEMM once over all rows of a
+  // pass, then each run of rows with the same adapter adds s·(x Aᵀ)Bᵀ with that adapter. A row of
+  // adapter a computes what the base with adapter a as its own LoRA (enable_lora) computes. Returns
+  // the new adapter's id (1, 2, ...; 0 is the base alone). Errors name the weight at fault.
+  Result<int> add_served_adapter(const ServedAdapterWeights& adapter);
+  int served_adapters() const;
   // Sums the gradients over the ranks of `c` on the device (NCCL on cuda), what the host wrote
   // through grads() included; the next grads() brings the sum down.
   Status all_reduce_grads(kernels::DeviceCollective& c);

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "troupe/base/result.h"
@@ -15,6 +16,12 @@ namespace troupe::serve {
 struct ModelServerOptions {
   std::string path;  // model directory, checkpoint or .gguf file
   std::string name;  // the model id requests name ("": the directory's or file's name)
+  // path may be an adapter directory (LoRA checkpoint or PEFT adapter): applied on its base, `base`
+  // when given, else its base.json's path.
+  std::string base;
+  // --adapter NAME=DIR: adapters served beside the base (path must be a model, not an adapter); a
+  // request's `model` NAME samples with DIR's adapter.
+  std::vector<std::pair<std::string, std::string>> adapters;
   int max_batch = 16, max_context = 0, prefill_tokens = 4096, threads = 0, http_threads = 0;
   // The HTTP limits (OpenAiServerOptions; docs/serving.md has each flag and its default).
   std::vector<std::string> api_keys;  // empty: no authentication

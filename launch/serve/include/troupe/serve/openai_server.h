@@ -24,6 +24,9 @@ namespace troupe::serve {
 
 struct OpenAiServerOptions {
   std::string model_name;   // what /v1/models lists and requests must name
+  // Served adapters (troupe serve --adapter NAME=DIR): a request naming adapters[i] samples with the
+  // engine model's served adapter i + 1 (Model::add_served_adapter); /v1/models lists them after the base.
+  std::vector<std::string> adapters;
   int http_threads = 0;     // 0: engine slots + max_queue + 8 (slots + 16 when the queue is unbounded)
   int max_n = 16;           // most choices per request
   // Limits (`troupe serve` sets them from its flags; the defaults here are rollout.serve's).
