@@ -22,13 +22,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A tiny dense model directory with the built-in char tokenizer (seeded).
+// A tiny dense (llama) model directory with the built-in char tokenizer (seeded).
 std::string save_tiny_model(const fs::path& dir, int seed) {
   ExperimentConfig c = test_support::tiny_config();
   c.run.seed = seed;
+  c.policy.model.family = policy::ModelFamily::llama;  // dense
   c.policy.model.num_experts = 0;
-  c.policy.model.mlp_only_layers = {0};
-  c.policy.model.family = policy::ModelFamily::qwen3_moe;
   auto b = make_policy(c);
   EXPECT_TRUE(b.ok()) << b.error().message;
   const auto& tok = *b->tokenizer;

@@ -30,7 +30,7 @@ std::string save_judge_model(const fs::path& dir) {
   auto& m = c.policy.model;
   m.vocab_size = 100, m.hidden_size = 16, m.num_hidden_layers = 1, m.num_attention_heads = 2;
   m.num_key_value_heads = 1, m.head_dim = 8, m.intermediate_size = 16, m.num_experts = 0;
-  m.mlp_only_layers = {0}, m.max_position_embeddings = 128;
+  m.family = policy::ModelFamily::llama, m.max_position_embeddings = 128;
   auto b = actors::make_policy(c);
   EXPECT_TRUE(b.ok()) << b.error().message;
   auto& model = *b->model;
