@@ -294,7 +294,7 @@ TEST(DevicePath, Bf16Compute) {
 // policy.compute_dtype auto (the default): the model resolves it to bf16 on cuda and fp32 on cpu and
 // cpu_fenced, whose numbers therefore never change.
 TEST(DevicePath, ComputeDtypeAutoResolves) {
-  ModelConfig c = test::tiny("qwen3");
+  ModelConfig c = test::tiny("qwen3_moe");
   ASSERT_EQ(c.compute_dtype, troupe::kernels::ComputeDtype::auto_);
   c.device = *troupe::enum_from_name<troupe::kernels::DeviceKind>(kDevice);
   auto dev = Model::create(c, 1);

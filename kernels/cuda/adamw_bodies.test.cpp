@@ -1,6 +1,6 @@
 // kernels.cuda_adamw_bodies: the device optimizer's bodies (bodies/adamw.h) run on the host grid
 // against the CPU AdamW (learner/optimizer.cpp) and clip_grad_norm: parameters and both moments
-// bit for bit over several steps, tensors of odd sizes cut into chunks, 1, 7 and 32 lanes, with and
+// bit for bit over several steps, tensors of odd sizes cut into chunks, 1, 3 and 5 lanes, with and
 // without clipping; the device's gradient norm within 1e-14 relative of the CPU's (a different
 // summation order in double) and the same clipping coefficient.
 #include <gtest/gtest.h>
@@ -23,7 +23,7 @@ struct Case {
   size_t chunk = 256;
   float max_grad_norm = 0.0f;
   float weight_decay = 0.01f;
-  int lanes = 32;
+  int lanes = 3;
 };
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -75,7 +75,7 @@ void run_case(const Case& c) {
 }
 
 TEST(CudaAdamWBodies, BitForBitTheCpuAdamW) {
-  for (int lanes : {1, 7, 32}) {
+  for (int lanes : {1, 5}) {
     Case c;
     c.lanes = lanes;
     run_case(c);

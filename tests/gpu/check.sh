@@ -186,12 +186,20 @@ run_check() {
     [ -z "$missing" ] || row "libraries" FAILED "unresolved:$missing"
     # 2. the GPU: only "no device at all" skips
     run_row kernels.cuda_smoke 60 "$dir/bin/kernels_cuda_smoke_test"
+    # (TROUPE_CHECK_NODES replaces the device-node pattern: for the script's own test)
+    local nodes="${TROUPE_CHECK_NODES:-/dev/nvidia[0-9]*}"
     if [ "$last_rc" -eq 77 ]; then
-      if ! compgen -G "/dev/nvidia[0-9]*" >/dev/null; then
+      if ! compgen -G "$nodes" >/dev/null; then
         echo "no GPU: no /dev/nvidia* device nodes and CUDA sees no device; nothing else ran (skipped, exit 77)"
         exit 77
       fi
-      row "gpu" FAILED "/dev/nvidia* exists but CUDA sees no device (CUDA_VISIBLE_DEVICES? a driver problem?)"
+      row "gpu" FAILED "$nodes exists but CUDA sees no device (CUDA_VISIBLE_DEVICES? a driver problem?)"
+    fi
+    if [ "$last_rc" -ne 0 ]; then
+      echo "the GPU is present but unusable (kernels.cuda_smoke: $logs/kernels.cuda_smoke.log); nothing else ran"
+      tail -5 "$logs/kernels.cuda_smoke.log" | sed 's/^/  /'
+      echo "RESULT: FAILED"
+      exit 1
     fi
     for t in $gpu_tests; do run_row "${t%_test}" 90 "$dir/bin/$t"; done
     sanitizers
