@@ -45,14 +45,17 @@ prepare() {
   local out="${1:-$root/build-gpu-check/bundle}"
   local build="${BUILD:-$root/build-gpu-check}" arch="${CUDA_ARCH:-90}" jobs="${JOBS:-2}"
   local targets="troupe policy_model_on_cuda_test kernels_cuda_smoke_test troupe_gpu_bench $gpu_tests"
-  echo "prepare: build $build (sm_$arch), bundle $out"
-  if [ ! -f "$build/CMakeCache.txt" ]; then
+  if [ -f "$build/CMakeCache.txt" ]; then
+    echo "prepare: build $build (an existing build, with its own CUDA architectures), bundle $out"
+  else
+    echo "prepare: build $build (sm_$arch), bundle $out"
+    mkdir -p "$build"
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-      -DTROUPE_WERROR=OFF >"$build.configure.log" 2>&1 || { tail -30 "$build.configure.log"; echo "prepare: configure FAILED"; return 1; }
+      -DTROUPE_WERROR=OFF >"$build/check_configure.log" 2>&1 || { tail -30 "$build/check_configure.log"; echo "prepare: configure FAILED"; return 1; }
   fi
   # shellcheck disable=SC2086
-  cmake --build "$build" -j"$jobs" --target $targets >"$build.build.log" 2>&1 ||
-    { grep -E "error|Error" "$build.build.log" | head -30; echo "prepare: build FAILED (log: $build.build.log)"; return 1; }
+  cmake --build "$build" -j"$jobs" --target $targets >"$build/check_build.log" 2>&1 ||
+    { grep -E "error|Error" "$build/check_build.log" | head -30; echo "prepare: build FAILED (log: $build/check_build.log)"; return 1; }
   rm -rf "$out"
   mkdir -p "$out/bin" "$out/lib" "$out/configs"
   local t f
@@ -70,6 +73,8 @@ prepare() {
   if ldd "$out"/bin/* 2>/dev/null | grep -q "not found"; then
     ldd "$out"/bin/* | grep "not found" | sort -u; echo "prepare: a library does not resolve here"; return 1
   fi
+  # Libraries over 1 MiB travel gzipped (OpenBLAS alone is ~35 MiB); the run half unpacks them.
+  find "$out/lib" -type f -size +1M -exec gzip -9 {} \;
   cp "$root/configs/quickstart.yaml" "$out/configs/"
   cp "$0" "$out/check.sh"
   git -C "$root" rev-parse HEAD >"$out/commit" 2>/dev/null || true
@@ -175,6 +180,8 @@ run_check() {
   local report="${REPORT:-$dir/report.txt}" t0
   logs="$dir/logs"
   rm -rf "$logs"; mkdir -p "$logs"
+  local gz
+  for gz in "$dir"/lib/*.gz; do [ -e "$gz" ] && [ ! -e "${gz%.gz}" ] && gunzip -kf "$gz"; done
   export LD_LIBRARY_PATH="$dir/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export OMP_WAIT_POLICY=PASSIVE
   t0=$(date +%s)
