@@ -104,18 +104,22 @@ Result<std::unique_ptr<DeviceCollective>> Backend::join_collective(const std::ve
   return invalid_input(std::string(name()) + " backend: no device collectives (reduce host copies instead)");
 }
 
-Result<Buffer> Backend::alloc(size_t bytes) const {
+Result<Buffer> Backend::alloc(size_t bytes, std::string_view what) const {
   if (bytes == 0) return Buffer(this, nullptr, 0);
   void* p = alloc_bytes(bytes);
-  if (!p)
-    return make_error(ErrorCode::internal, std::string(name()) + " backend: out of memory allocating " +
-                                               std::to_string(bytes) + " bytes");
+  if (!p) {
+    std::string msg = std::string(name()) + " backend: out of memory allocating ";
+    msg += what.empty() ? std::string("a buffer") : std::string(what);
+    msg += " (" + std::to_string(bytes) + " bytes)";
+    if (const std::string report = memory_report(); !report.empty()) msg += "; " + report;
+    return make_error(ErrorCode::internal, std::move(msg));
+  }
   return Buffer(this, p, bytes);
 }
 
-Status Backend::grow(Buffer& buf, size_t bytes) const {
+Status Backend::grow(Buffer& buf, size_t bytes, std::string_view what) const {
   if (buf.backend() == this && buf.bytes() >= bytes) return {};
-  TROUPE_ASSIGN_OR_RETURN(Buffer bigger, alloc(bytes));
+  TROUPE_ASSIGN_OR_RETURN(Buffer bigger, alloc(bytes, what));
   if (buf.data()) copy_device_to_device(bigger.data(), buf.data(), std::min(buf.bytes(), bytes));
   buf = std::move(bigger);
   return {};

@@ -88,9 +88,9 @@ Result<std::unique_ptr<DecodeSlots>> DecodeSlots::create(Model& model, int slots
   s->kv.cache_len = context;
   s->kv.layer_stride = static_cast<size_t>(slots) * context * KD;
   const k::Backend* be = m.be;
-  auto floats = [&](size_t n) { return be->alloc(n * sizeof(float)); };
-  TROUPE_ASSIGN_OR_RETURN(s->kcache, floats(s->kv.layer_stride * m.L));
-  TROUPE_ASSIGN_OR_RETURN(s->vcache, floats(s->kv.layer_stride * m.L));
+  auto floats = [&](size_t n, std::string_view what = {}) { return be->alloc(n * sizeof(float), what); };
+  TROUPE_ASSIGN_OR_RETURN(s->kcache, floats(s->kv.layer_stride * m.L, "the K cache"));
+  TROUPE_ASSIGN_OR_RETURN(s->vcache, floats(s->kv.layer_stride * m.L, "the V cache"));
   s->kv.k_cache = s->kcache.floats();
   s->kv.v_cache = s->vcache.floats();
   // Each row's last hidden state, its final norm (and rstd).

@@ -31,9 +31,14 @@ namespace {
 const std::string kDevice = TROUPE_TEST_DEVICE;
 const bool kExact = kDevice == "cpu_fenced";  // the fenced backend runs the CPU ops themselves
 
-// The device's model of a config: test::make (seed 11) on kDevice or the given device.
+// The device's model of a config: test::make (seed 11) on kDevice or the given device. On a GPU the
+// comparisons with cpu are of fp32 GEMMs (no TF32): compute_dtype auto would be bf16 there.
 Model make(ModelConfig c, const std::string& device = kDevice) {
   c.device = *troupe::enum_from_name<troupe::kernels::DeviceKind>(device);
+  if (!kExact && c.compute_dtype == troupe::kernels::ComputeDtype::auto_) {
+    c.compute_dtype = troupe::kernels::ComputeDtype::fp32;
+    c.allow_tf32 = false;
+  }
   return test::make(c, 11);
 }
 
@@ -284,6 +289,22 @@ TEST(DevicePath, Bf16Compute) {
   double last = 0;
   for (float v : ld) last += v;
   EXPECT_GT(last, first);
+}
+
+// policy.compute_dtype auto (the default): the model resolves it to bf16 on cuda and fp32 on cpu and
+// cpu_fenced, whose numbers therefore never change.
+TEST(DevicePath, ComputeDtypeAutoResolves) {
+  ModelConfig c = test::tiny("qwen3_moe");
+  ASSERT_EQ(c.compute_dtype, troupe::kernels::ComputeDtype::auto_);
+  c.device = *troupe::enum_from_name<troupe::kernels::DeviceKind>(kDevice);
+  auto dev = Model::create(c, 1);
+  ASSERT_TRUE(dev.ok()) << dev.error().message;
+  EXPECT_EQ(dev->config().compute_dtype,
+            kExact ? troupe::kernels::ComputeDtype::fp32 : troupe::kernels::ComputeDtype::bf16);
+  c.device = troupe::kernels::DeviceKind::cpu;
+  auto cpu = Model::create(c, 1);
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+  EXPECT_EQ(cpu->config().compute_dtype, troupe::kernels::ComputeDtype::fp32);
 }
 
 // The fence itself: a host array where the table wants device memory aborts naming the op.

@@ -138,8 +138,8 @@ Status Model::Impl::enable_lora(const LoraConfig& lc, uint64_t seed) {
   lora_r = lc.rank;
   lora_scale = lc.scale();
   build_lora_table();
-  TROUPE_ASSIGN_OR_RETURN(lparams, be->alloc(n_lora * sizeof(float)));
-  TROUPE_ASSIGN_OR_RETURN(lgrads, be->alloc(n_lora * sizeof(float)));
+  TROUPE_ASSIGN_OR_RETURN(lparams, be->alloc(n_lora * sizeof(float), "the LoRA adapters"));
+  TROUPE_ASSIGN_OR_RETURN(lgrads, be->alloc(n_lora * sizeof(float), "the LoRA adapters' gradients"));
   // A as PEFT draws it, B = 0 (the buffer is zero-filled): the model is unchanged until a step.
   std::vector<float> init(n_lora, 0.0f);
   uint64_t s = mix_seed(seed, seed_stream::lora_init);
@@ -154,6 +154,7 @@ Status Model::Impl::enable_lora(const LoraConfig& lc, uint64_t seed) {
     }
   }
   be->copy_host_to_device(lparams.data(), init.data(), sizeof(float) * n_lora);
+  weights_written(lparams);
   if (mirrored) {
     host_lparams = std::move(init);
     host_lgrads.assign(n_lora, 0.0f);
@@ -234,6 +235,7 @@ Status Model::set_base_params(std::span<const float> flat) {
                          std::to_string(m.n_params));
   ++m.params_writes;
   m.be->copy_host_to_device(m.params.floats(), flat.data(), flat.size_bytes());
+  m.weights_written(m.params);
   if (m.mirrored) {
     if (flat.data() != m.host_params.data()) std::copy(flat.begin(), flat.end(), m.host_params.begin());
     m.params_host_newer = false;

@@ -206,6 +206,8 @@ Status validate_model_config(const ModelConfig& c) {
 // ---- construction ---------------------------------------------------------------------------------
 
 Model::Impl::Impl(const ModelConfig& c, const kernels::Backend& backend) : cfg(c), be(&backend) {
+  // policy.compute_dtype auto: bf16 GEMMs where the backend has them (cuda), fp32 elsewhere
+  cfg.compute_dtype = kernels::resolve_compute_dtype(c.compute_dtype, backend.supports_bf16_compute(), c.batch_invariant);
   C = c.hidden_size;
   NH = c.num_attention_heads;
   NKV = c.num_key_value_heads;
@@ -304,8 +306,8 @@ void Model::Impl::build_table() {
 }
 
 Status Model::Impl::alloc_params() {
-  TROUPE_ASSIGN_OR_RETURN(params, be->alloc(n_params * sizeof(float)));
-  TROUPE_ASSIGN_OR_RETURN(grads, be->alloc(n_params * sizeof(float)));
+  TROUPE_ASSIGN_OR_RETURN(params, be->alloc(n_params * sizeof(float), "the weights (" + std::to_string(n_params) + " floats)"));
+  TROUPE_ASSIGN_OR_RETURN(grads, be->alloc(n_params * sizeof(float), "the gradients (" + std::to_string(n_params) + " floats)"));
   mirrored = !be->host_visible();
   if (mirrored) {
     host_params.assign(n_params, 0.0f);
@@ -346,6 +348,7 @@ void Model::Impl::init_params(uint64_t seed) {
     else
       be->fill_normal(P() + t.offset, t.numel(), 0.02, &s);
   }
+  weights_written(params);
   if (mirrored) be->copy_device_to_host(host_params.data(), P(), sizeof(float) * n_params);
 }
 
@@ -416,7 +419,7 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
     o_dlp = take(t);
     o_dent = take(t);
   }
-  TROUPE_TRY(be->grow(arena, off * sizeof(float)));
+  TROUPE_TRY(be->grow(arena, off * sizeof(float), "the activation arena (" + std::to_string(T) + " tokens)"));
   float* B = arena.floats();
   for (auto r : resid_off) a.resid.push_back(B + r);
   for (auto w : ws_off) {
@@ -901,6 +904,7 @@ Status Model::set_params(std::span<const float> flat) {
                          std::to_string(a.n) + (m.lora ? " (LoRA adapters)" : ""));
   ++m.params_writes;
   m.be->copy_host_to_device(a.params.floats(), flat.data(), flat.size_bytes());
+  m.weights_written(a.params);
   if (m.mirrored) {
     if (flat.data() != a.host_params.data()) std::copy(flat.begin(), flat.end(), a.host_params.begin());
     a.params_host_newer = false;

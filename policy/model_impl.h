@@ -92,7 +92,7 @@ struct KvCtx {
 struct OpScopes {
   explicit OpScopes(const ModelConfig& c)
       : invariant(c.batch_invariant),
-        dtype(c.compute_dtype) {}
+        dtype(c.compute_dtype, c.allow_tf32) {}
   kernels::BatchInvariantScope invariant;
   kernels::ComputeDtypeScope dtype;
 };
@@ -196,7 +196,11 @@ struct Model::Impl {
   void upload(const kernels::Buffer& dst, const std::vector<float>& src, bool* flag) const {
     be->copy_host_to_device(dst.data(), src.data(), sizeof(float) * src.size());
     *flag = false;
+    if (&dst == &params || &dst == &lparams) weights_written(dst);
   }
+  // Every device-side write of a weight arena (params, lparams) tells the backend, which may keep
+  // converted copies of the weights for its GEMMs (Backend::weights_written).
+  void weights_written(const kernels::Buffer& w) const { be->weights_written(w.floats(), w.bytes() / sizeof(float)); }
   // The base weights' gradient at float offset off: null once the base is frozen (LoRA), so the ops
   // compute input gradients only.
   float* gw(size_t off) const { return lora ? nullptr : G() + off; }

@@ -1,6 +1,7 @@
 // kernels.backend: the backend seam on the CPU backend -- device selection, buffers and copies,
 // and the ops the table adds to ops.h (residual add, KV-cache write, packed layout, sampling, the
-// fused GRPO loss, whose gradient is checked against central finite differences).
+// fused GRPO loss, whose gradient is checked against central finite differences), the out-of-memory
+// error's wording and what policy.compute_dtype auto means on each kind of backend.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "troupe/kernels/backend.h"
+#include "troupe/kernels/compute_dtype.h"
 #include "troupe/kernels/device.h"
 
 namespace k = troupe::kernels;
@@ -51,6 +53,48 @@ TEST(Backend, BuffersAreZeroedGrowAndCopy) {
   const void* before = buf.data();
   ASSERT_TRUE(be.grow(buf, 8 * sizeof(float)).ok());  // large enough: kept
   EXPECT_EQ(buf.data(), before);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TROUPE_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TROUPE_TEST_ASAN 1
+#endif
+#endif
+TEST(Backend, OutOfMemoryNamesTheTensorAndLeavesTheBackendUsable) {
+#ifdef TROUPE_TEST_ASAN
+  GTEST_SKIP() << "an impossible allocation aborts under AddressSanitizer";
+#else
+  const k::Backend& be = k::cpu_backend();
+  const size_t huge = size_t(1) << 62;
+  auto a = be.alloc(huge, "the weights (4611686018427387904 bytes)");
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.error().message.find("cpu backend: out of memory allocating the weights"), std::string::npos)
+      << a.error().message;
+  EXPECT_NE(a.error().message.find("(" + std::to_string(huge) + " bytes)"), std::string::npos);
+  EXPECT_NE(be.alloc(huge).error().message.find("allocating a buffer ("), std::string::npos);
+  k::Buffer buf;
+  EXPECT_FALSE(be.grow(buf, huge, "the activation arena").ok());
+  EXPECT_TRUE(be.alloc(64).ok());  // still usable
+#endif
+}
+
+TEST(Backend, ComputeDtypeAutoIsBf16OnlyWhereTheBackendHasBf16Gemms) {
+  using D = k::ComputeDtype;
+  EXPECT_FALSE(k::cpu_backend().supports_bf16_compute());
+  EXPECT_EQ(k::resolve_compute_dtype(D::auto_, k::cpu_backend().supports_bf16_compute(), false), D::fp32);
+  EXPECT_EQ(k::resolve_compute_dtype(D::auto_, true, false), D::bf16);  // cuda
+  EXPECT_EQ(k::resolve_compute_dtype(D::auto_, true, true), D::fp32);   // batch-invariant: exact GEMMs
+  EXPECT_EQ(k::resolve_compute_dtype(D::fp32, true, false), D::fp32);
+  EXPECT_EQ(k::resolve_compute_dtype(D::bf16, false, false), D::bf16);  // (the model refuses it there)
+  {
+    const k::ComputeDtypeScope scope(D::auto_, true);  // auto in a scope counts as fp32
+    EXPECT_EQ(k::compute_dtype(), D::fp32);
+    EXPECT_TRUE(k::allow_tf32());
+  }
+  EXPECT_EQ(k::compute_dtype(), D::fp32);
+  EXPECT_FALSE(k::allow_tf32());
 }
 
 TEST(Backend, AddKvCacheWriteAndPackedLayout) {

@@ -1,5 +1,5 @@
 // The CUDA backend: the Backend table (backend.h) on one NVIDIA GPU. Buffers are cudaMalloc'd
-// device memory; every op is queued on the backend's one non-blocking stream (its queue), GEMMs
+// device memory from the device's stream-ordered pool (cudaMallocAsync, kept between steps); every op is queued on the backend's one non-blocking stream (its queue), GEMMs
 // through cuBLAS bound to that stream, everything else through the custom kernels of this folder
 // (launchers.h). Copies to the host and ops that return host values (grpo_loss, sample_token, MoE
 // stats) wait for the queue; nothing else does. A failing CUDA/cuBLAS call throws CudaError
@@ -12,9 +12,11 @@
 #include <mutex>
 #include <string>
 
+#include "bf16_weight_cache.h"
 #include "bodies/grpo_loss.h"
 #include "check.h"
 #include "device_pick.h"
+#include "memory_pool.h"
 #include "workspace_grow.h"
 #include "activation_reload.h"
 #include "launchers.h"
@@ -28,16 +30,33 @@ namespace {
 
 using cuda::Queue;
 
+// NCCL for the learners' gradient all-reduce (on the compute stream: the gradients are its work)
+// and the weight broadcast, which runs on a stream of its own that first waits (an event) for the
+// work queued so far, so learner 0's compute stream is never held by a broadcast. Each call
+// returns once its collective is done or throws naming the rank (the watchdog, nccl_comm.h).
 class NcclCollective final : public DeviceCollective {
  public:
   NcclCollective(const std::vector<uint8_t>& id, int nranks, int rank, cudaStream_t stream)
-      : comm_(id, nranks, rank), stream_(stream) {}
+      : comm_(id, nranks, rank), stream_(stream) {
+    TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&bcast_, cudaStreamNonBlocking));
+    TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  }
+  ~NcclCollective() override {
+    TROUPE_CUDA_REPORT(cudaEventDestroy(ready_));
+    TROUPE_CUDA_REPORT(cudaStreamDestroy(bcast_));
+  }
   void all_reduce_sum(float* buf, size_t n) override { comm_.all_reduce_sum(buf, n, stream_); }
-  void broadcast(float* buf, size_t n, int root) override { comm_.broadcast(buf, n, root, stream_); }
+  void broadcast(float* buf, size_t n, int root) override {
+    TROUPE_CUDA_CHECK(cudaEventRecord(ready_, stream_));  // buf's staging copy is queued before
+    TROUPE_CUDA_CHECK(cudaStreamWaitEvent(bcast_, ready_, 0));
+    comm_.broadcast(buf, n, root, bcast_);
+  }
 
  private:
   cuda::NcclComm comm_;
   cudaStream_t stream_;
+  cudaStream_t bcast_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
 };
 
 class CudaBackend final : public Backend {
@@ -49,6 +68,12 @@ class CudaBackend final : public Backend {
     TROUPE_CUBLAS_CHECK(cublasSetStream(q_.blas, q_.stream));
     TROUPE_CUBLAS_CHECK(cublasSetMathMode(q_.blas, CUBLAS_PEDANTIC_MATH));  // fp32 GEMMs, no TF32
     q_.bf16 = &bf16_ws_;  // policy.compute_dtype bf16: cuda::gemm's rounded operands
+    q_.weights = &weights_;  // ... and the weights' bf16 copies, converted once per write
+    // Buffers come from the device's default pool in stream order; what a step frees stays in the
+    // pool for the next step (no release threshold) instead of going back to the driver.
+    TROUPE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
+    uint64_t keep = UINT64_MAX;
+    TROUPE_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     q_.experts = &expert_ws_;  // the MoE experts' batched GEMMs (expert_gemm.h)
     q_.decode = &decode_ws_;  // split-K decode attention's partials
   }
@@ -61,6 +86,21 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   bool host_visible() const override { return false; }
   bool supports_bf16_compute() const override { return true; }  // cuda::gemm: GemmEx on bf16 copies
+  void weights_written(const float* w, size_t n) const override {
+    const Guard guard(*this);
+    weights_.weights_written(w, n);
+  }
+  std::string memory_report() const override {
+    const Guard guard(*this);
+    cuda::PoolFigures f;
+    uint64_t v = 0;
+    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &v) == cudaSuccess) f.reserved = v;
+    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &v) == cudaSuccess) f.used = v;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) f.device_free = free_b, f.device_total = total_b;
+    (void)cudaGetLastError();
+    return cuda::pool_report(f);
+  }
 
   void copy_host_to_device(void* dst, const void* src, size_t bytes) const override {
     const Guard guard(*this);
@@ -348,19 +388,38 @@ class CudaBackend final : public Backend {
   }
 
  protected:
+  // Stream-ordered: the block may reuse memory freed earlier on the queue. Out of memory: the pool's
+  // cached blocks go back to the driver and the call is tried once more; failing again, nullptr
+  // (Backend::alloc names the tensor, the bytes and memory_report()) with the error cleared, so
+  // the backend stays usable.
   void* alloc_bytes(size_t bytes) const override {
     const Guard guard(*this);
-    try {
-      return TROUPE_DEVICE_ALLOC(bytes, q_.stream);
-    } catch (const cuda::CudaError& e) {
-      std::fprintf(stderr, "troupe: %s\n", e.what());  // Backend::alloc returns the error with the size
+    void* p = nullptr;
+    cudaError_t err = cudaMallocAsync(&p, bytes, q_.stream);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      TROUPE_CUDA_REPORT(cudaStreamSynchronize(q_.stream));
+      TROUPE_CUDA_REPORT(cudaMemPoolTrimTo(pool_, 0));
+      err = cudaMallocAsync(&p, bytes, q_.stream);
+    }
+    if (err != cudaSuccess) {
+      if (err != cudaErrorMemoryAllocation) cuda::report_cuda_error(err, "cudaMallocAsync", __FILE__, __LINE__);
+      (void)cudaGetLastError();
       return nullptr;
     }
+    if (cudaMemsetAsync(p, 0, bytes, q_.stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      TROUPE_CUDA_REPORT(cudaFreeAsync(p, q_.stream));
+      return nullptr;
+    }
+    return p;
   }
   void free_bytes(void* data, size_t) const override {
     const Guard guard(*this);
-    // Frees wait for the device; an error here (a failed kernel earlier) is reported, not thrown.
-    TROUPE_CUDA_REPORT(cudaFree(data));
+    weights_.forget(data);  // a weight arena's bf16 copy goes with it
+    // Stream-ordered: the memory returns to the pool once the queue's work before this point is
+    // done. An error here (a failed kernel earlier) is reported, not thrown.
+    TROUPE_CUDA_REPORT(cudaFreeAsync(data, q_.stream));
   }
 
  private:
@@ -390,6 +449,15 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   Queue q_;
   cuda::Bf16Workspace bf16_ws_;
+  cudaMemPool_t pool_ = nullptr;
+  // The weights' bf16 copies: blocks from the pool, converted on the queue (bf16_weight_cache.h).
+  mutable cuda::Bf16WeightCache weights_{cuda::Bf16WeightCache::Memory{
+      [this](size_t n) { return static_cast<uint16_t*>(TROUPE_DEVICE_ALLOC(n * sizeof(uint16_t), q_.stream)); },
+      [](uint16_t* p) {  // (also at exit, when the runtime may be gone: silent)
+        (void)cudaFree(p);
+        (void)cudaGetLastError();
+      },
+      [this](uint16_t* dst, const float* src, size_t n) { cuda::convert_to_bf16(q_, dst, src, n); }}};
   cuda::ExpertGemmWorkspace expert_ws_;
   cuda::DecodeWorkspace decode_ws_;
   mutable void* ws_ = nullptr;

@@ -47,10 +47,13 @@ void grouped(const Queue& q, const std::vector<RowMajorGemm>& calls) {
   // From pageable memory the copy returns once `ptrs` is staged: it may go out of scope after.
   TROUPE_CUDA_CHECK(cudaMemcpyAsync(ws.pointers, ptrs.data(), bytes, cudaMemcpyHostToDevice, q.stream));
   auto* dev = static_cast<const float**>(ws.pointers);
-  TROUPE_CUBLAS_CHECK(cublasSgemmGroupedBatched(q.blas, ta.data(), tb.data(), m.data(), n.data(), k.data(),
-                                                alpha.data(), dev, lda.data(), dev + G, ldb.data(), beta.data(),
-                                                const_cast<float* const*>(dev + 2 * G), ldc.data(),
-                                                static_cast<int>(G), group_size.data()));
+  const bool tf32 = allow_tf32();  // policy.allow_tf32, as gemm()
+  if (tf32) TROUPE_CUBLAS_CHECK(cublasSetMathMode(q.blas, CUBLAS_TF32_TENSOR_OP_MATH));
+  const cublasStatus_t st = cublasSgemmGroupedBatched(
+      q.blas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), dev, lda.data(), dev + G, ldb.data(),
+      beta.data(), const_cast<float* const*>(dev + 2 * G), ldc.data(), static_cast<int>(G), group_size.data());
+  if (tf32) TROUPE_CUBLAS_CHECK(cublasSetMathMode(q.blas, CUBLAS_PEDANTIC_MATH));
+  TROUPE_CUBLAS_CHECK(st);
 }
 
 void make_side_streams(ExpertGemmWorkspace& ws) {
@@ -81,7 +84,9 @@ void on_streams(const Queue& q, const std::vector<RowMajorGemm>& calls) {
   for (size_t s = 0; s < used; ++s) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(ws.streams[s], ws.fork, 0));
   for (size_t i = 0; i < calls.size(); ++i) {
     const size_t s = i % used;
-    const Queue side{ws.streams[s], ws.handles[s], nullptr, nullptr};
+    Queue side;
+    side.stream = ws.streams[s];
+    side.blas = ws.handles[s];
     const RowMajorGemm& c = calls[i];
     gemm(side, c.trans_a, c.trans_b, c.M, c.N, c.K, c.alpha, c.A, c.lda, c.B, c.ldb, c.beta, c.C, c.ldc);
   }

@@ -54,10 +54,12 @@ struct ExpertGemmWorkspace {
 // The queue every launcher of one backend uses: its stream, its cuBLAS handle (bound to it), the
 // bf16 GEMMs' workspace (null: fp32 GEMMs only), gemm_batch's (null: one GEMM after the other) and
 // split-K decode's (null: decode attention one thread per (sequence, head)).
+class Bf16WeightCache;  // bf16_weight_cache.h
 struct Queue {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   Bf16Workspace* bf16 = nullptr;
+  Bf16WeightCache* weights = nullptr;  // bf16 copies of the weight arenas (null: every operand packed)
   ExpertGemmWorkspace* experts = nullptr;
   DecodeWorkspace* decode = nullptr;
 };
@@ -67,7 +69,9 @@ const Queue& backend_queue(const Backend& b);
 
 // Row-major C (M, N) = alpha op(A) op(B) + beta C: cublasSgemm (fp32 in, fp32 accumulate), or,
 // while the calling thread's compute_dtype() is bf16 (compute_dtype.h), cublasGemmEx on copies of
-// A and B rounded to bf16 (bodies/bf16.h) with fp32 accumulation and C (needs q.bf16).
+// A and B rounded to bf16 (bodies/bf16.h) with fp32 accumulation and C (needs q.bf16): an operand
+// inside a weight arena q.weights knows reads its bf16 copy, any other is packed per call. fp32
+// GEMMs use TF32 tensor cores while the thread's allow_tf32() is on (policy.allow_tf32).
 void gemm(const Queue& q, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
 
@@ -76,6 +80,20 @@ void gemm(const Queue& q, bool trans_a, bool trans_b, int M, int N, int K, float
 // per call spread over side streams joined back through events, or one after the other. Without
 // q.experts, or while compute_dtype() is bf16, one after the other through gemm().
 void gemm_batch(const Queue& q, const std::vector<RowMajorGemm>& calls);
+// dst (n) = src (n) rounded to bf16 (bodies/bf16.h), on q's stream: the weight copies' conversion.
+void convert_to_bf16(const Queue& q, uint16_t* dst, const float* src, size_t n);
+
+// optimizer.cu: the device AdamW over a table of tensors cut into chunks (bodies/adamw.h; the
+// tables and every pointer in them device memory). launch_grad_norm writes partial[n_chunks], the
+// global norm and the clipping coefficient (clip_grad_norm's; 1 = none); launch_adamw runs the
+// fused step with the gradients scaled by *scale (null: unscaled).
+struct AdamWTensor;
+struct AdamWChunk;
+struct AdamWCoefficients;
+void launch_grad_norm(const Queue& q, const AdamWTensor* tensors, const AdamWChunk* chunks, int n_chunks,
+                      double* partial, double max_norm, double* norm, float* scale);
+void launch_adamw(const Queue& q, const AdamWTensor* tensors, const AdamWChunk* chunks, int n_chunks,
+                  const AdamWCoefficients& k, const float* scale);
 
 // swiglu.cu: the elementwise family
 void launch_fill(const Queue& q, float* x, size_t n, float value);

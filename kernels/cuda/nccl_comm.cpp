@@ -1,10 +1,15 @@
-// The NCCL communicator (nccl_comm.h).
+// The NCCL communicator (nccl_comm.h): a non-blocking communicator whose join and collectives are
+// watched against a deadline (nccl_watch.h); an error or a dead peer aborts it and names the rank.
 #include "nccl_comm.h"
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "check.h"
+#include "nccl_watch.h"
 
 #if TROUPE_HAVE_NCCL
 #include <nccl.h>
@@ -13,6 +18,24 @@
 namespace troupe::kernels::cuda {
 
 #if TROUPE_HAVE_NCCL
+namespace {
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+// The communicator's state: done (ncclSuccess), pending (ncclInProgress), or failed with NCCL's words.
+NcclPoll poll_comm(ncclComm_t c) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(c, &state);
+  if (r != ncclSuccess) return {NcclPoll::State::failed, std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r)};
+  if (state == ncclSuccess) return {NcclPoll::State::done, ""};
+  if (state == ncclInProgress) return {NcclPoll::State::pending, ""};
+  const char* last = ncclGetLastError(c);
+  return {NcclPoll::State::failed, std::string(ncclGetErrorString(state)) + (last && *last ? std::string(": ") + last : "")};
+}
+}  // namespace
+
 bool NcclComm::available() { return true; }
 
 std::vector<uint8_t> NcclComm::unique_id() {
@@ -28,31 +51,76 @@ NcclComm::NcclComm(const std::vector<uint8_t>& id_bytes, int nranks, int rank) :
   if (id_bytes.size() != sizeof(id))
     throw CudaError("NcclComm: a unique id is " + std::to_string(sizeof(id)) + " bytes, got " +
                     std::to_string(id_bytes.size()));
+  const Result<double> timeout = nccl_timeout_s(std::getenv("TROUPE_NCCL_TIMEOUT_S"));
+  if (!timeout.ok()) throw CudaError(timeout.error().message);
+  timeout_s_ = *timeout;
   std::memcpy(&id, id_bytes.data(), sizeof(id));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // returns at once (ncclInProgress); the join is polled below
   ncclComm_t c = nullptr;
-  TROUPE_NCCL_CHECK(ncclCommInitRank(&c, nranks, id, rank));
+  const ncclResult_t r = ncclCommInitRankConfig(&c, nranks, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (c) (void)ncclCommAbort(c);
+    throw_nccl_error(r, "ncclCommInitRankConfig", __FILE__, __LINE__);
+  }
   comm_ = c;
+  const Status st = nccl_wait(
+      "joining the communicator", rank_, nranks_, timeout_s_, [c] { return poll_comm(c); }, seconds_now, sleep_s,
+      [this] { aborted_ = true; (void)ncclCommAbort(static_cast<ncclComm_t>(comm_)); });
+  if (!st.ok()) throw CudaError(st.error().message);
+  TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
 }
 
 NcclComm::~NcclComm() {
-  if (comm_)
+  if (done_) (void)cudaEventDestroy(done_);
+  if (comm_ && !aborted_)
     if (const ncclResult_t r = ncclCommDestroy(static_cast<ncclComm_t>(comm_)); r != ncclSuccess)
       std::fprintf(stderr, "troupe: %s\n",
                    call_error_message("ncclCommDestroy", __FILE__, __LINE__, ncclGetErrorString(r)).c_str());
 }
 
+// A collective on a non-blocking communicator may return ncclInProgress while it is enqueued;
+// then its completion event is polled together with the communicator's async error.
+void NcclComm::wait(const std::string& what, cudaStream_t stream) {
+  if (aborted_) throw CudaError("NCCL rank " + std::to_string(rank_) + ": " + what + ": the communicator was aborted earlier");
+  auto* c = static_cast<ncclComm_t>(comm_);
+  bool recorded = false;
+  const Status st = nccl_wait(
+      what, rank_, nranks_, timeout_s_,
+      [&]() -> NcclPoll {
+        NcclPoll p = poll_comm(c);
+        if (p.state != NcclPoll::State::done) return p;  // still enqueuing, or failed
+        if (!recorded) {
+          if (cudaEventRecord(done_, stream) != cudaSuccess) return {NcclPoll::State::failed, "cudaEventRecord failed"};
+          recorded = true;
+        }
+        const cudaError_t q = cudaEventQuery(done_);
+        if (q == cudaSuccess) return {NcclPoll::State::done, ""};
+        if (q == cudaErrorNotReady) return {NcclPoll::State::pending, ""};
+        (void)cudaGetLastError();
+        return {NcclPoll::State::failed, std::string("the stream failed: ") + cudaGetErrorString(q)};
+      },
+      seconds_now, sleep_s, [&] { aborted_ = true; (void)ncclCommAbort(c); });
+  if (!st.ok()) throw CudaError(st.error().message);
+}
+
 void NcclComm::all_reduce_sum(float* buf, size_t n, cudaStream_t stream) {
-  TROUPE_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm_), stream));
+  const ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm_), stream);
+  if (r != ncclSuccess && r != ncclInProgress) throw_nccl_error(r, "ncclAllReduce", __FILE__, __LINE__);
+  wait("all-reduce of " + std::to_string(n) + " floats", stream);
 }
 
 void NcclComm::broadcast(float* buf, size_t n, int root, cudaStream_t stream) {
-  TROUPE_NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat32, root, static_cast<ncclComm_t>(comm_), stream));
+  const ncclResult_t r = ncclBroadcast(buf, buf, n, ncclFloat32, root, static_cast<ncclComm_t>(comm_), stream);
+  if (r != ncclSuccess && r != ncclInProgress) throw_nccl_error(r, "ncclBroadcast", __FILE__, __LINE__);
+  wait("broadcast of " + std::to_string(n) + " floats from rank " + std::to_string(root), stream);
 }
 #else
 bool NcclComm::available() { return false; }
 std::vector<uint8_t> NcclComm::unique_id() { throw CudaError("this build of troupe has no NCCL"); }
 NcclComm::NcclComm(const std::vector<uint8_t>&, int, int) { throw CudaError("this build of troupe has no NCCL"); }
 NcclComm::~NcclComm() = default;
+void NcclComm::wait(const std::string&, cudaStream_t) {}
 void NcclComm::all_reduce_sum(float*, size_t, cudaStream_t) {}
 void NcclComm::broadcast(float*, size_t, int, cudaStream_t) {}
 #endif

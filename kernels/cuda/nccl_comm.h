@@ -1,15 +1,19 @@
 // NCCL between GPU ranks: all-reduce (sum) of the flat gradient buffer across learner ranks and
 // broadcast of weights from a root (learners to GPU generators). Bootstrap: rank 0 makes a
 // unique id (unique_id()), the ranks exchange it out of band (the learner's MPI communicator
-// broadcasts the bytes), then every rank constructs an NcclComm with it. Calls are checked
-// (TROUPE_NCCL_CHECK) and queued on the given stream. Without NCCL in the build, constructing one
-// is an error.
+// broadcasts the bytes), then every rank constructs an NcclComm with it. The communicator is
+// non-blocking (ncclCommInitRankConfig, blocking = 0): the join and every collective are polled
+// (ncclCommGetAsyncError, the collective's completion event) against a deadline
+// (TROUPE_NCCL_TIMEOUT_S, default 600 s; nccl_watch.h), and an async error or a missed deadline
+// aborts the communicator (ncclCommAbort) and throws a CudaError naming the rank: a dead peer fails
+// loudly instead of hanging. Without NCCL in the build, constructing one is an error.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace troupe::kernels::cuda {
@@ -18,20 +22,27 @@ class NcclComm {
  public:
   static bool available();           // whether this build has NCCL
   static std::vector<uint8_t> unique_id();  // rank 0's id bytes (ncclGetUniqueId)
-  // Joins the communicator of `nranks` ranks as `rank`, on the current CUDA device.
+  // Joins the communicator of `nranks` ranks as `rank`, on the current CUDA device, within the
+  // deadline (throws CudaError naming the rank otherwise).
   NcclComm(const std::vector<uint8_t>& id, int nranks, int rank);
   ~NcclComm();
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
+  // Queued on `stream`; each returns once the collective has finished on the device (the host
+  // polls its completion event and the communicator's async error until the deadline).
   void all_reduce_sum(float* buf, size_t n, cudaStream_t stream);
   void broadcast(float* buf, size_t n, int root, cudaStream_t stream);
   int rank() const { return rank_; }
   int size() const { return nranks_; }
 
  private:
+  void wait(const std::string& what, cudaStream_t stream);  // the watchdog (nccl_watch.h)
   void* comm_ = nullptr;  // ncclComm_t
+  cudaEvent_t done_ = nullptr;
+  double timeout_s_ = 600;
   int nranks_ = 0, rank_ = 0;
+  bool aborted_ = false;
 };
 
 }  // namespace troupe::kernels::cuda

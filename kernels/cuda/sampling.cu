@@ -1,8 +1,12 @@
-// The random-op kernel family: normal initialization from the splitmix64 stream and one-token
+// The random-op kernel family: normal initialization from the splitmix64 stream, one-token
 // sampling (max / argmax / sum block, CUB's stable descending sort when top-k/top-p truncate, the
-// finishing thread) (bodies/sampling.h).
+// finishing thread; bodies/sampling.h), and the rows of a decode step in one launch, one block per
+// row, top-k/top-p by radix select without a sort (bodies/sample_rows.h).
 #include <cub/device/device_radix_sort.cuh>
 
+#include <vector>
+
+#include "bodies/sample_rows.h"
 #include "bodies/sampling.h"
 #include "device_lanes.cuh"
 #include "launchers.h"
@@ -87,27 +91,55 @@ int32_t launch_sample_token(const Queue& q, float* host_logprob, const float* lo
   return token;
 }
 
-// Layout: the rows' tokens, then their log-probs, then one sample_tmp(V) per row.
+// Layout: the rows' tokens, their log-probs, their RowSampling, then (rows, V) probabilities and
+// keys and (rows, kRowLanes) lane partials (bodies/sample_rows.h).
+namespace {
+struct RowsTmp {
+  size_t toks, lps, params, prob, keys, part, total;
+};
+RowsTmp rows_tmp(int rows, int V) {
+  const size_t r = static_cast<size_t>(rows), v = static_cast<size_t>(V);
+  RowsTmp t{};
+  size_t at = 0;
+  auto put = [&](size_t& f, size_t bytes) { f = at, at += round256(bytes); };
+  put(t.toks, sizeof(int32_t) * r), put(t.lps, sizeof(float) * r), put(t.params, sizeof(RowSampling) * r);
+  put(t.prob, sizeof(double) * r * v), put(t.keys, sizeof(uint32_t) * r * v);
+  put(t.part, sizeof(double) * r * kRowLanes);
+  t.total = at;
+  return t;
+}
+}  // namespace
+
 size_t sample_rows_device_scratch_bytes(int rows, int V) {
   if (rows <= 0 || V <= 0) return 0;
-  const size_t r = static_cast<size_t>(rows);
-  return round256(sizeof(int32_t) * r) + round256(sizeof(float) * r) + r * sample_tmp(V).total;
+  return rows_tmp(rows, V).total;
 }
 
+// Every row in one launch: the rows' settings and uniforms (drawn here from each row's stream, as
+// the CPU op draws them) go up in one copy, one block per row samples, one copy each brings the
+// tokens and log-probs back.
 void launch_sample_tokens(const Queue& q, int32_t* host_tokens, float* host_logprobs, const float* logits, int rows,
                           int V, const SampleParams* sp, uint64_t* host_rng, void* scratch) {
   if (rows <= 0) return;
-  const SampleTmp t = sample_tmp(V);
-  const size_t r = static_cast<size_t>(rows);
+  const RowsTmp t = rows_tmp(rows, V);
   char* base = static_cast<char*>(scratch);
-  int32_t* toks = reinterpret_cast<int32_t*>(base);
-  float* lps = reinterpret_cast<float*>(base + round256(sizeof(int32_t) * r));
-  char* rows_base = base + round256(sizeof(int32_t) * r) + round256(sizeof(float) * r);
-  for (size_t i = 0; i < r; ++i)
-    queue_sample_row(q, toks + i, lps + i, logits + i * static_cast<size_t>(V), V, sp[i], host_rng + i,
-                     rows_base + i * t.total, t);
-  TROUPE_CUDA_CHECK(cudaMemcpyAsync(host_tokens, toks, sizeof(int32_t) * r, cudaMemcpyDeviceToHost, q.stream));
-  TROUPE_CUDA_CHECK(cudaMemcpyAsync(host_logprobs, lps, sizeof(float) * r, cudaMemcpyDeviceToHost, q.stream));
+  std::vector<RowSampling> rs(static_cast<size_t>(rows));
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const bool greedy = sp[i].temperature <= 0.0f;
+    rs[i] = {greedy ? 1.0 : 1.0 / sp[i].temperature, greedy ? 0.0 : uniform01(host_rng[i]), sp[i].top_k,
+             sp[i].top_p, greedy ? 1 : 0};
+  }
+  auto* dev_rs = reinterpret_cast<RowSampling*>(base + t.params);
+  // (from pageable memory: the copy has taken rs by the time it returns)
+  TROUPE_CUDA_CHECK(cudaMemcpyAsync(dev_rs, rs.data(), sizeof(RowSampling) * rs.size(), cudaMemcpyHostToDevice,
+                                    q.stream));
+  auto* toks = reinterpret_cast<int32_t*>(base + t.toks);
+  auto* lps = reinterpret_cast<float*>(base + t.lps);
+  launch_rows(SampleRowsBody{toks, lps, logits, dev_rs, reinterpret_cast<double*>(base + t.prob),
+                             reinterpret_cast<uint32_t*>(base + t.keys), reinterpret_cast<double*>(base + t.part), V},
+              rows, q.stream);
+  TROUPE_CUDA_CHECK(cudaMemcpyAsync(host_tokens, toks, sizeof(int32_t) * rs.size(), cudaMemcpyDeviceToHost, q.stream));
+  TROUPE_CUDA_CHECK(cudaMemcpyAsync(host_logprobs, lps, sizeof(float) * rs.size(), cudaMemcpyDeviceToHost, q.stream));
   TROUPE_CUDA_CHECK(cudaStreamSynchronize(q.stream));
 }
 

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -82,13 +83,25 @@ class Backend {
   virtual bool host_visible() const = 0;
   // Whether its GEMMs honour ComputeDtype::bf16 (compute_dtype.h); the model refuses bf16 otherwise.
   virtual bool supports_bf16_compute() const { return false; }
+  // A model's weights [w, w + n) (a whole weight arena in this backend's memory) were written on
+  // the device (initialized, uploaded from the host mirror, set): a backend that keeps converted
+  // copies of the weights for its GEMMs (cuda under bf16: one bf16 copy per arena, made on the
+  // first bf16 GEMM that reads it after this call, so once per optimizer step rather than once
+  // per GEMM) converts them again. The first call for an arena registers it; freeing its buffer
+  // forgets it. The CPU backends keep no copies.
+  virtual void weights_written(const float* w, size_t n) const { (void)w, (void)n; }
 
   // ---- memory ------------------------------------------------------------------------------------
-  // A zero-filled buffer of `bytes` (at least malloc's alignment); an error when out of memory.
-  Result<Buffer> alloc(size_t bytes) const;
+  // A zero-filled buffer of `bytes` (at least malloc's alignment); an error when out of memory,
+  // naming `what` (the tensor, e.g. "the weights"), the bytes and memory_report(). The backend
+  // stays usable after such an error.
+  Result<Buffer> alloc(size_t bytes, std::string_view what = {}) const;
   // A buffer of at least `bytes`: `buf` itself when it is large enough, else a new one holding
   // buf's old contents followed by zeros (the old one is freed).
-  Status grow(Buffer& buf, size_t bytes) const;
+  Status grow(Buffer& buf, size_t bytes, std::string_view what = {}) const;
+  // What the backend's memory holds, for out-of-memory errors (cuda: its pool and the device's
+  // free bytes); empty where there is nothing to say (the CPU).
+  virtual std::string memory_report() const { return {}; }
   virtual void copy_host_to_device(void* dst, const void* host_src, size_t bytes) const = 0;
   virtual void copy_device_to_host(void* host_dst, const void* src, size_t bytes) const = 0;
   virtual void copy_device_to_device(void* dst, const void* src, size_t bytes) const = 0;

@@ -40,10 +40,13 @@ struct ExecutionOptions {
   // vs packed training forward, and the sampler reports the learner's own log-softmax of the
   // sampled token, so sampler and learner log-probs (and MoE routes) agree exactly. Slower GEMMs.
   bool batch_invariant = false;
-  // GEMM precision (YAML `policy.compute_dtype`, kernels/compute_dtype.h): fp32, or bf16 (GEMM
-  // operands rounded to bf16, fp32 accumulation and outputs, fp32 master weights). bf16 needs a
-  // backend that supports it (cuda).
-  kernels::ComputeDtype compute_dtype = kernels::ComputeDtype::fp32;
+  // GEMM precision (YAML `policy.compute_dtype`, kernels/compute_dtype.h): auto (bf16 on a backend
+  // with bf16 GEMMs, cuda; fp32 on cpu and cpu_fenced), fp32, or bf16 (GEMM operands rounded to
+  // bf16, fp32 accumulation and outputs, fp32 master weights). bf16 needs a backend that supports
+  // it (cuda). The model resolves auto when it is made (resolve_compute_dtype).
+  kernels::ComputeDtype compute_dtype = kernels::ComputeDtype::auto_;
+  // YAML `policy.allow_tf32`: may fp32 GEMMs use TF32 tensor cores (cuda; the CPU ignores it)?
+  bool allow_tf32 = true;
 };
 
 }  // namespace troupe::policy

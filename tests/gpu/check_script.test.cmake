@@ -1,0 +1,33 @@
+# gpu.check_script: tests/gpu/check.sh's run half on a machine without a GPU: a bundle holding only
+# kernels.cuda_smoke says "no GPU" and exits 77 (its report file says so too); with a device node
+# pattern that matches (TROUPE_CHECK_NODES) but no usable device it fails (exit 1, "present but
+# unusable") rather than skipping; no argument prints the usage (exit 2). Skipped on a GPU machine.
+if(EXISTS /dev/nvidia0 OR EXISTS /dev/nvidiactl)
+  message("gpu.check_script: skipped: this machine has a GPU (run tests/gpu/check.sh there instead)")
+  return()
+endif()
+set(dir ${WORK}/gpu_check_script)
+file(REMOVE_RECURSE ${dir})
+file(MAKE_DIRECTORY ${dir}/bin)
+file(COPY ${SMOKE} DESTINATION ${dir}/bin)
+get_filename_component(smoke_name ${SMOKE} NAME)
+if(NOT smoke_name STREQUAL "kernels_cuda_smoke_test")
+  file(RENAME ${dir}/bin/${smoke_name} ${dir}/bin/kernels_cuda_smoke_test)
+endif()
+execute_process(COMMAND bash ${SCRIPT} ${dir} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 77 OR NOT out MATCHES "no GPU: no /dev/nvidia\\* device nodes and CUDA sees no device")
+  message(FATAL_ERROR "check.sh without a GPU: rc=${rc}\n${out}\n${err}")
+endif()
+file(READ ${dir}/report.txt report)
+if(NOT report MATCHES "no GPU:")
+  message(FATAL_ERROR "check.sh wrote no 'no GPU' report: ${report}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env TROUPE_CHECK_NODES=/dev/null bash ${SCRIPT} ${dir}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "the GPU is present but unusable" OR NOT out MATCHES "RESULT: FAILED")
+  message(FATAL_ERROR "check.sh with device nodes but no device: rc=${rc}\n${out}\n${err}")
+endif()
+execute_process(COMMAND bash ${SCRIPT} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT out MATCHES "--prepare")
+  message(FATAL_ERROR "check.sh without arguments: rc=${rc}\n${out}")
+endif()
