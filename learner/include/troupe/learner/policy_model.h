@@ -49,6 +49,10 @@ class PolicyModel {
   virtual int routing_width() const { return 0; }
   virtual int routing_k() const { return 0; }
   virtual std::span<const int32_t> last_routing() const { return {}; }
+  // LoRA dropout (policy::Model::set_lora_dropout): whether the model has it, and arming it with a
+  // mask seed for the next training calls (on = false: none).
+  virtual bool has_lora_dropout() const { return false; }
+  virtual void set_lora_dropout(bool /*on*/, uint64_t /*seed*/) {}
 };
 
 // The real policy model behind the interface (it keeps the reference; the Model must outlive it).
@@ -74,6 +78,8 @@ class ModelAdapter final : public PolicyModel {
   int routing_width() const override { return model_.routing_width(); }
   int routing_k() const override { return model_.routing_width() > 0 ? model_.config().num_experts_per_tok : 0; }
   std::span<const int32_t> last_routing() const override { return model_.last_routing(); }
+  bool has_lora_dropout() const override { return model_.lora_enabled() && model_.config().lora.dropout > 0; }
+  void set_lora_dropout(bool on, uint64_t seed) override { model_.set_lora_dropout(on, seed); }
   policy::Model& model() { return model_; }
 
  private:

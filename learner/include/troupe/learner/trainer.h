@@ -145,6 +145,8 @@ class Trainer {
   // score: add the scored samples' mismatch (MismatchSums) from this forward (pre-update weights).
   Result<LossMetrics> run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm, bool score,
                                       MismatchSums& mismatch);
+  Result<LossMetrics> micro_batch_step(const std::vector<const Sample*>& samples, const LossNorm& norm, bool score,
+                                       MismatchSums& mismatch);
   Status check_batch(const std::vector<Sample>& batch) const;
   double sample_tokens(const Sample& s) const;
   // All-reduce the accumulated gradient, clip, AdamW: one optimizer step.
@@ -162,6 +164,7 @@ class Trainer {
   AdamW opt_;
   StepObserver* watch_ = nullptr;
   std::mt19937_64 rng_;
+  uint64_t dropout_micro_ = 0;  // micro-batches of the current optimizer step (LoRA dropout's mask seed)
   std::vector<float> logp_, entropy_, dlogp_, dentropy_, is_weight_;  // (T) scratch of one micro-batch
   struct Accumulated {                                    // a streamed step in progress
     bool active = false, has_old = false;
