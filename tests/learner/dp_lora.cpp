@@ -1,6 +1,7 @@
-// LoRA under data parallelism (mpirun -np 2): the adapters' update of a Trainer that shards each
-// mini-batch over the ranks equals a single-rank Trainer's on the whole batch (as
-// learner.dp_invariance for whole models), and the frozen base stays bit for bit. With
+// LoRA under data parallelism (mpirun -np 2): the adapters' update (all_linear on a small MoE model:
+// attention, a dense MLP, every routed expert) of a Trainer that shards each mini-batch over the
+// ranks equals a single-rank Trainer's on the whole batch (as learner.dp_invariance for whole
+// models), and the frozen base stays bit for bit. With
 // policy.lora.dropout > 0 the masks depend on the rank and micro-batch, so there the check is that
 // two runs of the same layout give the same bits on every rank. Exits non-zero on any mismatch.
 #include <mpi.h>
@@ -61,6 +62,15 @@ policy::ModelConfig model_config(float dropout) {
   mc.lora.rank = 4;
   mc.lora.alpha = 8;
   mc.lora.dropout = dropout;
+  if (dropout > 0) {  // dropout on a dense model (the routed experts' adapters take none)
+    mc.family = policy::ModelFamily::qwen3;
+    mc.num_experts = 0;
+  } else {  // a qwen3_moe with one dense layer: adapters on attention, the dense MLP and every expert
+    mc.num_experts = 4;
+    mc.num_experts_per_tok = 2;
+    mc.moe_intermediate_size = 16;
+    mc.mlp_only_layers = {0};
+  }
   return mc;
 }
 
@@ -123,7 +133,7 @@ int main(int argc, char** argv) {
         worst > 2e-4 || std::abs(dp.loss - one.loss) > 1e-6 * (1 + std::abs(one.loss)) || !base_ok)
       bad = 1;
     if (world.rank() == 0)
-      std::printf("LoRA rank 4: %d ranks vs 1 rank: max |dadapter| = %.3g (tol 2e-4), loss %.9g vs %.9g, base %s -> %s\n",
+      std::printf("LoRA rank 4 (MoE, experts included): %d ranks vs 1 rank: max |dadapter| = %.3g (tol 2e-4), loss %.9g vs %.9g, base %s -> %s\n",
                   world.size(), worst, dp.loss, one.loss, base_ok ? "unchanged" : "CHANGED", bad ? "MISMATCH" : "ok");
     // With dropout: the same layout twice gives the same bits (and differs from no dropout).
     const Run d1 = train(world, 2, 0.2f), d2 = train(world, 2, 0.2f);
