@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "troupe/base/seed_streams.h"
 #include "troupe/learner/correction.h"
 
 namespace troupe::learner {
@@ -262,8 +263,29 @@ Status Trainer::check_sample(const Sample& s, size_t i) const {
   return {};
 }
 
+// LoRA dropout: the loss's forward and backward drop with a mask seeded by (run seed, optimizer
+// step, rank, micro-batch of the step), so a run and its --resume draw the same masks. The
+// mismatch of the sampled tokens is scored without dropout (a forward of its own), as the sampler
+// computed them.
 Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm,
                                              bool score, MismatchSums& mismatch) {
+  if (!model_.has_lora_dropout()) return micro_batch_step(samples, norm, score, mismatch);
+  if (score) {
+    std::vector<const Sample*> scored;
+    for (const Sample* s : samples)
+      if (s->score_mismatch) scored.push_back(s);
+    TROUPE_ASSIGN_OR_RETURN(auto sums, score_mismatch(model_, scored, cfg_.batch.temperature));
+    mismatch.add(sums);
+  }
+  const uint64_t where = (static_cast<uint64_t>(comm_.rank()) << 32) | dropout_micro_++;
+  model_.set_lora_dropout(true, mix_seed(cfg_.seed, seed_stream::lora_dropout, opt_.steps(), where));
+  auto m = micro_batch_step(samples, norm, false, mismatch);
+  model_.set_lora_dropout(false, 0);
+  return m;
+}
+
+Result<LossMetrics> Trainer::micro_batch_step(const std::vector<const Sample*>& samples, const LossNorm& norm,
+                                              bool score, MismatchSums& mismatch) {
   TROUPE_ASSIGN_OR_RETURN(auto packed, pack_samples(samples, cfg_.batch.mask_truncated));
   const size_t T = packed.batch.tokens.size();
   logp_.assign(T, 0.0f);
@@ -450,6 +472,7 @@ Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum, bool last) {
   norm_sum += clip_grad_norm(grads, cfg_.optimizer.max_grad_norm);
   out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
   TROUPE_TRY(opt_.step(model_.params(), grads, cfg_.optimizer, out.lr, last ? watch_ : nullptr));
+  dropout_micro_ = 0;
   ++out.optimizer_steps;
   return {};
 }

@@ -19,7 +19,7 @@ float LoraConfig::scale() const {
 
 bool LoraConfig::targets_kind(LoraTarget t) const {
   for (LoraTarget x : targets)
-    if (x == t || (x == LoraTarget::all_linear && t != LoraTarget::experts)) return true;
+    if (x == t || x == LoraTarget::all_linear) return true;
   return false;
 }
 
@@ -58,6 +58,20 @@ std::vector<LoraModule> layer_modules(const ModelArchitecture& a, int l) {
     m.push_back({LoraTarget::up, mlp + "up_proj", C, H});
     m.push_back({LoraTarget::down, mlp + "down_proj", H, C});
   }
+  // Routed experts, expert by expert (gate, up, down), named as Hugging Face's modules (PEFT's
+  // mlp.experts.N.gate_proj; Mixtral's block_sparse_moe.experts.N.w1 / w3 / w2): the adapters of
+  // one expert are contiguous and every expert's the same size (the MoE kernel's stride).
+  if (a.is_moe_layer(l)) {
+    const bool mix = a.family == ModelFamily::mixtral;
+    const std::string ex = p + (mix ? "block_sparse_moe.experts." : "mlp.experts.");
+    const int EH = a.moe_intermediate_size;
+    for (int e = 0; e < a.num_experts; ++e) {
+      const std::string x = ex + std::to_string(e) + ".";
+      m.push_back({LoraTarget::experts, x + (mix ? "w1" : "gate_proj"), C, EH});
+      m.push_back({LoraTarget::experts, x + (mix ? "w3" : "up_proj"), C, EH});
+      m.push_back({LoraTarget::experts, x + (mix ? "w2" : "down_proj"), EH, C});
+    }
+  }
   return m;
 }
 
@@ -76,20 +90,16 @@ Status validate_lora(const LoraConfig& c, const ModelArchitecture& a) {
   if (!(c.dropout >= 0 && c.dropout < 1)) return bad("dropout", "must be in [0, 1), got " + std::to_string(c.dropout));
   if (!(c.lr >= 0) || !std::isfinite(c.lr)) return bad("lr", "must be finite and >= 0 (0 = optimizer.lr), got " + std::to_string(c.lr));
   if (!c.enabled()) return {};
-  if (c.dropout > 0)
-    return bad("dropout", std::to_string(c.dropout) + ": dropout on the low-rank path is not implemented yet; use 0");
   if (c.targets.empty()) return bad("targets", "names no module kind (q, k, v, o, gate, up, down, experts, all_linear)");
   bool moe = false;
   for (int l = 0; l < a.num_hidden_layers; ++l) moe = moe || a.is_moe_layer(l);
   const std::string fam = enum_string(a.family);
   for (LoraTarget t : c.targets) {
-    if (t == LoraTarget::experts)
-      return bad("targets", moe ? "experts: LoRA on routed MoE experts is not implemented; list the other kinds "
-                                  "(q, k, v, o, gate, up, down: attention, dense MLPs, the gated shared expert)"
-                                : "experts matches no module: this " + fam + " model has no routed experts");
-    if (t == LoraTarget::all_linear && moe)
-      return bad("targets", "all_linear would adapt the routed experts of this " + fam +
-                                " model, which LoRA does not support; list the kinds instead, e.g. [q, k, v, o, gate, up, down]");
+    if (t == LoraTarget::experts && !moe)
+      return bad("targets", "experts matches no module: this " + fam + " model has no routed experts");
+    if ((t == LoraTarget::experts || t == LoraTarget::all_linear) && moe && c.dropout > 0)
+      return bad("dropout", std::to_string(c.dropout) + ": dropout on the routed experts' adapters (targets " +
+                                targets_string(c) + ") is not implemented; use 0 or leave out experts / all_linear");
     const bool mlp_kind = t == LoraTarget::gate || t == LoraTarget::up || t == LoraTarget::down;
     if (mlp_kind && moe && has_kernel_shared_expert(a))
       return bad("targets", enum_string(t) + ": LoRA on the MoE kernel's (ungated) shared expert is not implemented");
@@ -123,6 +133,10 @@ void Model::Impl::build_lora_table() {
       s.b = off;
       lora_table.push_back({"base_model.model." + m.name + ".lora_B.weight", {m.out, r}, off});
       off += static_cast<size_t>(m.out) * r;
+      if (m.kind == LoraTarget::experts) {
+        if (!w.lx.on) w.lx = s;  // expert 0's gate: the others follow at a fixed stride
+        continue;
+      }
       LoraSlot* slots[] = {&w.lq, &w.lk, &w.lv, &w.lo, &w.lg, &w.lu, &w.ld};
       *slots[static_cast<int>(m.kind)] = s;
     }
@@ -134,6 +148,9 @@ Status Model::Impl::enable_lora(const LoraConfig& lc, uint64_t seed) {
   if (lora) return invalid_input("enable_lora: the model's LoRA adapters are already on");
   if (!lc.enabled()) return validate_lora(lc, cfg);
   TROUPE_TRY(validate_lora(lc, cfg));
+  if (any_moe && lc.targets_kind(LoraTarget::experts) && be->name() == "cuda")
+    return invalid_input("policy.lora.targets: adapters on the routed experts run on the cpu backends only "
+                         "(policy.device: cuda has no MoE kernel with adapters yet)");
   cfg.lora = lc;
   lora_r = lc.rank;
   lora_scale = lc.scale();
@@ -195,28 +212,81 @@ k::MoeGrads Model::Impl::moe_sink_grads(int /*l*/) const {
   return g;
 }
 
+// Each adapter draws its own mask (PEFT: one lora_dropout module per adapted layer): the armed
+// seed mixed with the adapter's offset in the arena.
+const float* Model::Impl::lora_input(const float* in, const LoraSlot& s, const Acts& acts, size_t n) const {
+  if (!dropout_applies(s, acts)) return in;
+  be->lora_dropout(acts.lora_x, in, n, cfg.lora.dropout, mix_seed(dropout_seed, s.a));
+  return acts.lora_x;
+}
+
+// Expert e's adapters are at lx.a + e * stride: A (r, C), B (H, r) of gate and of up, A (r, H),
+// B (C, r) of down.
+k::MoeLoraWeights Model::Impl::moe_lora(int l, const float* base) const {
+  const LoraSlot& s = layers[l].lx;
+  k::MoeLoraWeights w;
+  if (!s.on) return w;
+  const size_t r = static_cast<size_t>(lora_r), C_ = static_cast<size_t>(C), H = static_cast<size_t>(moe_cfg.H);
+  w.a_gate = base + s.a;
+  w.b_gate = w.a_gate + r * C_;
+  w.a_up = w.b_gate + H * r;
+  w.b_up = w.a_up + r * C_;
+  w.a_down = w.b_up + H * r;
+  w.b_down = w.a_down + r * H;
+  w.stride = r * (3 * C_ + 3 * H);
+  w.r = lora_r;
+  w.scale = lora_scale;
+  return w;
+}
+k::MoeLoraGrads Model::Impl::moe_lora_grads(int l, float* base) const {
+  const k::MoeLoraWeights w = moe_lora(l, base);
+  auto m = [&](const float* p) { return const_cast<float*>(p); };  // the same offsets, in the writable arena
+  return {m(w.a_gate), m(w.b_gate), m(w.a_up), m(w.b_up), m(w.a_down), m(w.b_down)};
+}
+
 void Model::Impl::linear_forward(float* out, const float* in, size_t w, const LoraSlot& s, const Acts& acts, int T,
                                  int IN, int OUT) const {
   be->matmul_forward(out, in, P() + w, T, IN, OUT);
-  if (s.on) be->lora_forward(out, in, LP() + s.a, LP() + s.b, acts.lora_scratch, T, IN, OUT, lora_r, lora_scale);
+  if (s.on) {
+    const float* x = lora_input(in, s, acts, static_cast<size_t>(T) * IN);
+    be->lora_forward(out, x, LP() + s.a, LP() + s.b, acts.lora_scratch, T, IN, OUT, lora_r, lora_scale);
+  }
   if (row_adapter) served_lora_forward(out, in, w, acts, T, IN, OUT);
 }
 
+// Under dropout the low-rank path saw x = in * mask / (1 - p): dA, dB from x (the mask drawn
+// again), and its input gradient (du A) * mask / (1 - p) added to din.
 void Model::Impl::linear_backward(float* din, size_t w, const LoraSlot& s, const float* dout, const float* in,
                                   const Acts& acts, int T, int IN, int OUT) const {
   if (lora)
     be->matmul_backward_input(din, dout, P() + w, T, IN, OUT);
   else
     be->matmul_backward(din, G() + w, dout, in, P() + w, T, IN, OUT);
-  if (s.on)
+  if (!s.on) return;
+  const size_t n = static_cast<size_t>(T) * IN;
+  if (!dropout_applies(s, acts) || !acts.lora_dx) {
     be->lora_backward(din, LG() + s.a, LG() + s.b, dout, in, LP() + s.a, LP() + s.b, acts.lora_scratch, T, IN, OUT,
                       lora_r, lora_scale);
+    return;
+  }
+  const float* x = lora_input(in, s, acts, n);
+  float* dx = din ? acts.lora_dx : nullptr;
+  if (dx) be->zero(dx, n);
+  be->lora_backward(dx, LG() + s.a, LG() + s.b, dout, x, LP() + s.a, LP() + s.b, acts.lora_scratch, T, IN, OUT,
+                    lora_r, lora_scale);
+  if (!dx) return;
+  be->lora_dropout(dx, dx, n, cfg.lora.dropout, mix_seed(dropout_seed, s.a));
+  be->add(din, din, dx, n);
 }
 
 // ---- the public accessors of the two arenas -------------------------------------------------------
 
 Status Model::enable_lora(const LoraConfig& lora, uint64_t seed) { return impl_->enable_lora(lora, seed); }
 bool Model::lora_enabled() const { return impl_->lora; }
+void Model::set_lora_dropout(bool on, uint64_t seed) {
+  impl_->dropout_armed = on && impl_->lora && impl_->cfg.lora.dropout > 0;
+  impl_->dropout_seed = seed;
+}
 const std::vector<TensorSpec>& Model::base_tensors() const { return impl_->table; }
 const TensorSpec* Model::find_base_tensor(std::string_view name) const {
   for (const auto& t : impl_->table)

@@ -33,4 +33,10 @@ if(TROUPE_BUILD_TESTS)
   # LoRA: adapter arena, merged-weights forward, finite differences, frozen base, bad configurations.
   troupe_add_test(NAME policy.lora SOURCES ${CMAKE_CURRENT_LIST_DIR}/lora.test.cpp LIBS troupe::policy
                   ENV OMP_WAIT_POLICY=PASSIVE)
+  # LoRA dropout: the mask, off/unarmed bit for bit, seeded, finite differences under a fixed mask.
+  troupe_add_test(NAME policy.lora_dropout SOURCES ${CMAKE_CURRENT_LIST_DIR}/lora_dropout.test.cpp
+                  LIBS troupe::policy ENV OMP_WAIT_POLICY=PASSIVE)
+  # LoRA on routed experts: PEFT names, merged forward, grouped = masked, finite differences, round trip.
+  troupe_add_test(NAME policy.lora_experts SOURCES ${CMAKE_CURRENT_LIST_DIR}/lora_experts.test.cpp
+                  LIBS troupe::policy ENV OMP_WAIT_POLICY=PASSIVE)
 endif()

@@ -412,6 +412,9 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   a.attn_scratch_floats = be->attention_scratch_floats(max_seqlen);
   const size_t o_ascr = take(a.attn_scratch_floats);
   const size_t o_lora = take(scratch_rank() > 0 ? k::lora_scratch_floats(T, scratch_rank()) : 0);
+  const bool drop = lora && cfg.lora.dropout > 0;
+  const size_t widest_in = static_cast<size_t>(std::max({C, NH * HD, I, HS_gated}));
+  const size_t o_lx = take(drop ? t * widest_in : 0), o_ldx = take(drop && with_grads ? t * widest_in : 0);
   size_t o_dres = 0, o_dh = 0, o_dlp = 0, o_dent = 0;
   if (with_grads) {
     o_dres = take(t * C);
@@ -469,6 +472,8 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   a.y = B + o_y;
   a.attn_scratch = B + o_ascr;
   if (scratch_rank() > 0) a.lora_scratch = B + o_lora;
+  if (drop) a.lora_x = B + o_lx;
+  if (drop && with_grads) a.lora_dx = B + o_ldx;
   if (with_grads) {
     a.dresid = B + o_dres;
     a.dh = B + o_dh;
@@ -545,8 +550,9 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   } else {
     const int32_t* route = replaying && !kv ? replay.data() + static_cast<size_t>(moe_ordinal[l]) * T * moe_cfg.K
                                             : nullptr;
-    be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T,
-                    acts.moe_scratch, route);
+    k::MoeWeights mw = moe_tensors<k::MoeWeights>(l, this->P());
+    if (layers[l].lx.on) mw.lora = moe_lora(l, LP());
+    be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, mw, moe_cfg, T, acts.moe_scratch, route);
     record_routing(l, a, T);
     if (HS_gated > 0) {  // y += sigmoid(h2 . w_gate) * SwiGLU_shared(h2)
       const int HS = HS_gated;
@@ -578,8 +584,13 @@ void Model::Impl::ffn_backward(int l, const LayerActs& a, const Acts& acts, int 
     return;
   }
   // A frozen base (LoRA) still runs the kernel's backward for d h2; its weight gradients go to the sink.
-  be->moe_backward(acts.dh, lora ? moe_sink_grads(l) : moe_tensors<k::MoeGrads>(l, G()), dresid, daux, a.h2,
-                   a.moe_saved, moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, T, acts.moe_scratch);
+  k::MoeGrads mg = lora ? moe_sink_grads(l) : moe_tensors<k::MoeGrads>(l, G());
+  k::MoeWeights mw = moe_tensors<k::MoeWeights>(l, this->P());
+  if (w.lx.on) {
+    mw.lora = moe_lora(l, LP());
+    mg.lora = moe_lora_grads(l, LG());
+  }
+  be->moe_backward(acts.dh, mg, dresid, daux, a.h2, a.moe_saved, mw, moe_cfg, T, acts.moe_scratch);
   if (HS_gated > 0) {  // the gated shared expert, reversed; its temporaries in U after the MoE call
     const int HS = HS_gated;
     const size_t TH = static_cast<size_t>(T) * HS;
@@ -931,8 +942,24 @@ void Model::zero_grads() {
   }
 }
 
+namespace {
+// LoRA dropout is in force for the duration of a training call (when armed), and only then.
+class DropoutScope {
+ public:
+  explicit DropoutScope(Model::Impl& m) : m_(m), was_(m.dropout_now) { m.dropout_now = m.dropout_armed; }
+  ~DropoutScope() { m_.dropout_now = was_; }
+  DropoutScope(const DropoutScope&) = delete;
+  DropoutScope& operator=(const DropoutScope&) = delete;
+
+ private:
+  Model::Impl& m_;
+  bool was_;
+};
+}  // namespace
+
 Status Model::forward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy) {
   const OpScopes scopes(impl_->cfg);
+  const DropoutScope dropout(*impl_);
   impl_->have_train_forward = false;
   if (!(temperature > 0.0f) || !std::isfinite(temperature))
     return invalid_input("forward_train: temperature must be > 0, got " + std::to_string(temperature));
@@ -957,6 +984,7 @@ Status Model::forward_train(const PackedBatch& batch, float temperature, float* 
 Status Model::forward_backward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy,
                                      float* dlogp, float* dentropy, const kernels::RowLossGrad& grad) {
   Impl& m = *impl_;
+  const DropoutScope dropout(m);
   if (!m.chunked_head() || !m.be->host_visible()) {  // nothing to fuse (or grad cannot read the outputs)
     TROUPE_TRY(forward_train(batch, temperature, logp, entropy));
     if (!batch.tokens.empty()) grad(0, static_cast<int>(batch.tokens.size()));
@@ -981,6 +1009,7 @@ Status Model::forward_backward_train(const PackedBatch& batch, float temperature
 
 Status Model::backward_train(const float* dlogp, const float* dentropy) {
   const OpScopes scopes(impl_->cfg);  // the recompute is a forward
+  const DropoutScope dropout(*impl_);
   return impl_->backward(dlogp, dentropy);
 }
 float Model::last_aux_loss() const { return impl_->aux_loss; }

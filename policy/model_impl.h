@@ -36,6 +36,8 @@ struct LayerW {
   // LoRA adapters (adapter arena): attention, and the dense MLP's or the gated shared expert's
   // gate/up/down projections (a layer has one or the other).
   LoraSlot lq, lk, lv, lo, lg, lu, ld;
+  // Routed experts' adapters: a = expert 0's gate A; expert e's six tensors at a + e * stride.
+  LoraSlot lx;
 };
 
 // What one layer's forward saves for its backward (T = tokens of the batch).
@@ -67,6 +69,9 @@ struct Acts {
   float *logp_out = nullptr, *dlogp_in = nullptr, *dent_in = nullptr;
   float *y = nullptr, *moe_scratch = nullptr;                                   // FFN output, MoE scratch
   float* lora_scratch = nullptr;  // LoRA: lora_scratch_floats(T, r) (u and du of one projection)
+  // LoRA dropout (lora.dropout > 0): the dropped input of one projection and its gradient,
+  // (T, widest input) each.
+  float *lora_x = nullptr, *lora_dx = nullptr;
   float* attn_scratch = nullptr;  // score tiles, attention_scratch_floats(max_seqlen, threads)
   size_t attn_scratch_floats = 0;
   // Backward scratch (null in inference arenas).
@@ -227,9 +232,20 @@ struct Model::Impl {
     lgrads_device_newer = mirrored;
     return lgrads.floats();
   }
+  // LoRA dropout: armed by Model::set_lora_dropout (the learner, around its loss's forward and
+  // backward), in force only inside forward_train / forward_backward_train / backward_train.
+  bool dropout_armed = false, dropout_now = false;
+  uint64_t dropout_seed = 0;
+  bool dropout_applies(const LoraSlot& s, const Acts& a) const { return dropout_now && s.on && a.lora_x; }
+  // The input of adapter s's low-rank path: `in`, or under dropout in * mask / (1 - p) in acts.lora_x.
+  const float* lora_input(const float* in, const LoraSlot& s, const Acts& acts, size_t n) const;
   Status enable_lora(const LoraConfig& lc, uint64_t seed);
   void build_lora_table();
   kernels::MoeGrads moe_sink_grads(int l) const;  // layer l's MoE gradients pointed into moe_sink
+  // Layer l's routed-expert adapters (kernels::MoeLoraWeights) in the adapter arena at `base`
+  // (LP() or, for gradients, LG()); r = 0 when the layer has none.
+  kernels::MoeLoraWeights moe_lora(int l, const float* base) const;
+  kernels::MoeLoraGrads moe_lora_grads(int l, float* base) const;
 
   // Adapters served beside the base (Model::add_served_adapter, served_adapters.cpp): each its rank,
   // scale, arena and one slot per adapted linear layer, keyed by the base weight's float offset (the

@@ -288,6 +288,8 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
   const auto& ws = cfg_.weight_sync;
   if (!encoder_) {
     encoder_ = std::make_unique<WeightEncoder>(ws.dtype, policy_.model->tensors());
+    // LoRA: the weights are the adapters (a few MB), so a full sync is worth compressing.
+    encoder_->set_compress_full(policy_.model->lora_enabled());
     if (!r.device && ws.mode != WeightSyncMode::full && ws.prepare_in_step) {  // deltas over ZeroMQ: prepared in each step from now on
       delta_prep_ = std::make_unique<DeltaPrep>(*encoder_, *policy_.model);
       if (trainer_) trainer_->set_step_observer(delta_prep_.get());

@@ -52,7 +52,6 @@ std::string layout_of(const Weights& w, size_t n, ChunkLayout& l) {
   if (C == 0 && n > 0) return "chunk_elements is 0";
   auto& start = l.start;
   if (!w.chunk_starts.empty()) {
-    if (static_cast<WeightEncoding>(w.encoding) != WeightEncoding::delta) return "a full payload with chunk starts";
     start.assign(w.chunk_starts.begin(), w.chunk_starts.end());
     for (size_t c = 0; c < start.size(); ++c) {
       const size_t end = c + 1 < start.size() ? start[c + 1] : n;
@@ -89,8 +88,25 @@ std::string first_failure(const Weights& w, const std::vector<policy::TensorSpec
   return {};
 }
 
+WeightsApplied apply_delta(const Weights& w, const ChunkLayout& l, std::span<float> values,
+                           const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype);
+
+// Whether a full payload is compressed (WeightEncoder::set_compress_full): the delta against zeros.
+bool compressed_full(const Weights& w) {
+  if (!w.chunk_starts.empty()) return true;
+  for (auto f : w.chunk_format)
+    if (f != 0) return true;
+  return false;
+}
+
 WeightsApplied apply_full(const Weights& w, const ChunkLayout& l, std::span<float> values,
                           const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype) {
+  if (compressed_full(w)) {  // decoded into zeros and checked there; the values only once it all matches
+    std::vector<float> fresh(values.size(), 0.0f);
+    WeightsApplied r = apply_delta(w, l, fresh, tensors, dtype);
+    if (r.status == WeightsStatus::applied) std::copy(fresh.begin(), fresh.end(), values.begin());
+    return r;
+  }
   const size_t W = width_of(dtype);
   const auto* src = reinterpret_cast<const std::uint8_t*>(w.payload.data());
   for (size_t c = 0; c < l.chunks(); ++c)

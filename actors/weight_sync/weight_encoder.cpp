@@ -137,12 +137,12 @@ std::vector<WireT<W>>& held_of(std::vector<std::uint16_t>& held16, std::vector<s
 
 // A chunk's raw bytes into its frame f, compressed (or as they are when that does not make them
 // shorter); format gets the chunk's flags.
-void seal(const std::uint8_t* raw, size_t raw_size, bool sparse, Buffer& f, std::uint8_t& format) {
+void seal(const std::uint8_t* raw, size_t raw_size, bool sparse, Buffer& f, std::uint8_t& format, int level) {
   ThreadScratch& ts = thread_scratch();
   format = sparse ? kChunkSparse : 0;
   const size_t bound = ZSTD_compressBound(raw_size);
   std::uint8_t* dst = f.reserve(bound);
-  const size_t z = ZSTD_compressCCtx(ts.compressor(), dst, bound, raw, raw_size, sparse ? kZstdLevelSparse : kZstdLevelDense);
+  const size_t z = ZSTD_compressCCtx(ts.compressor(), dst, bound, raw, raw_size, level);
   if (ZSTD_isError(z) || z >= raw_size) {
     std::memcpy(dst, raw, raw_size);  // incompressible: stored as is
     f.size = raw_size;
@@ -153,10 +153,11 @@ void seal(const std::uint8_t* raw, size_t raw_size, bool sparse, Buffer& f, std:
 }
 
 // The delta chunk of values [a, e) from the master: held becomes the new values, f the chunk's
-// frame; hashed into st when given. Returns how many values changed.
+// frame; hashed into st when given. Returns how many values changed. level: zstd's (0: the
+// layout's default).
 template <int W>
 size_t encode_delta_chunk(const float* m, WireT<W>* held, size_t a, size_t e, XXH3_state_t* st, Buffer& f,
-                          std::uint8_t& format) {
+                          std::uint8_t& format, int level) {
   constexpr bool sparse = W == 2;
   ThreadScratch& ts = thread_scratch();
   const size_t len = e - a;
@@ -170,7 +171,7 @@ size_t encode_delta_chunk(const float* m, WireT<W>* held, size_t a, size_t e, XX
     raw_size = len * W;
     split_planes<W>(x, len, raw);
   }
-  seal(raw, raw_size, sparse, f, format);
+  seal(raw, raw_size, sparse, f, format, level != 0 ? level : sparse ? kZstdLevelSparse : kZstdLevelDense);
   return ch;
 }
 
@@ -219,7 +220,7 @@ size_t seal_prepared(const std::vector<PreparedChunk>& chunks, std::vector<Buffe
     const size_t j = pc.xors.size, G = pc.gaps.size;
     std::uint8_t* raw = thread_scratch().raw.reserve(4 + G + 2 * j);
     if (G) std::memcpy(raw + 4, pc.gaps.data.get(), G);
-    seal(raw, finish_sparse(raw, G, pc.xors.data.get(), j), true, frames[c], format[c]);
+    seal(raw, finish_sparse(raw, G, pc.xors.data.get(), j), true, frames[c], format[c], kZstdLevelSparse);
     changed += j;
   }
   return changed;
@@ -355,9 +356,14 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
 
 template <int W>
 void WeightEncoder::encode_full_into(const float* m, size_t n, Weights& out) {
+  WireT<W>* held = held_of<W>(held16_, held32_).data();
+  if (compress_full_) {  // the delta against zeros, in a delta's chunks and layouts, at kZstdLevelFull
+    std::fill(held, held + n, WireT<W>{0});
+    encode_delta_into<W>(m, n, false, out, kZstdLevelFull);
+    return;
+  }
   // Every value's wire bits, element after element, uncompressed (most bits of a weight are noise).
   const size_t C = kWeightChunkElements, chunks = chunk_count(n, C);
-  WireT<W>* held = held_of<W>(held16_, held32_).data();
   out.chunk_bytes.assign(chunks, 0);
   out.chunk_format.assign(chunks, 0);
   PayloadBuffer* buf = frames_->payloads.take(PayloadPool::kFull, n * W);
@@ -369,7 +375,7 @@ void WeightEncoder::encode_full_into(const float* m, size_t n, Weights& out) {
 }
 
 template <int W>
-void WeightEncoder::encode_delta_into(const float* m, size_t n, bool from_prepared, Weights& out) {
+void WeightEncoder::encode_delta_into(const float* m, size_t n, bool from_prepared, Weights& out, int level) {
   // Per chunk, the gaps between changed values and their XORs' byte planes (bf16: few change), or
   // the planes of every value's XOR (fp32: nearly all change), then zstd.
   WireT<W>* held = held_of<W>(held16_, held32_).data();
@@ -384,7 +390,8 @@ void WeightEncoder::encode_delta_into(const float* m, size_t n, bool from_prepar
   if (fused) out.checksums.assign(tensors_.size(), 0);
   // One chunk: held becomes the new values, frames[c] its frame; hashed into st when given.
   auto encode_chunk = [&](size_t c, XXH3_state_t* st) {
-    return encode_delta_chunk<W>(m, held, plan.start[c], plan.start[c + 1], st, frames[c], out.chunk_format[c]);
+    return encode_delta_chunk<W>(m, held, plan.start[c], plan.start[c + 1], st, frames[c], out.chunk_format[c],
+                                 level);
   };
   std::uint64_t changed = 0;
   if (from_prepared) {  // the step did the reading, comparing and hashing: the same layout from its record

@@ -176,6 +176,47 @@ TEST(WeightSync, RoundTripIsBitExact) {
   }
 }
 
+// set_compress_full (LoRA adapters): a full payload is the delta against zeros, applied bit for
+// bit (fp32 and bf16) whatever the receiver held, smaller than the raw one (zeros cost almost
+// nothing, signs and exponents shrink), and a corrupt one leaves the receiver as it was.
+TEST(WeightSync, CompressedFullRoundTrip) {
+  const auto tensors = synthetic_tensors();
+  const size_t n = tensors.back().offset + tensors.back().numel();
+  for (WeightDtype dtype : {WeightDtype::fp32, WeightDtype::bf16}) {
+    SCOPED_TRACE(enum_string(dtype));
+    auto master = synthetic_weights(n, 3);
+    std::fill(master.begin() + static_cast<std::ptrdiff_t>(tensors[1].offset),
+              master.begin() + static_cast<std::ptrdiff_t>(tensors[2].offset), 0.0f);  // a fresh lora_B
+    WeightEncoder enc(dtype, tensors);
+    enc.set_compress_full(true);
+    std::vector<float> receiver = synthetic_weights(n, 4);  // whatever it held before
+    Weights w;
+    enc.encode(master, 0, false, w);
+    ASSERT_EQ(w.encoding, static_cast<int32_t>(WeightEncoding::full));
+    EXPECT_EQ(w.base_version, -1);
+    const size_t raw_bytes = n * (dtype == WeightDtype::bf16 ? 2 : 4);
+    EXPECT_LT(w.payload.size(), raw_bytes * 3 / 4);
+    std::vector<float> expect = master;
+    round_to_dtype(expect, dtype);
+    const std::vector<float> before = receiver;
+    Weights bad = w;
+    flip_payload(bad, bad.payload.size() / 3, 0x21);
+    EXPECT_EQ(apply_weights(bad, receiver, tensors, dtype).status, WeightsStatus::checksum_failed);
+    EXPECT_TRUE(same_bits(receiver, before));
+    ASSERT_EQ(apply_weights(w, receiver, tensors, dtype).status, WeightsStatus::applied);
+    ASSERT_TRUE(same_bits(receiver, expect));
+    EXPECT_EQ(weight_checksums(receiver, tensors, dtype), w.checksums);
+    // the encoder holds what it sent: the next delta applies on top
+    small_update(master, 5);
+    enc.encode(master, 1, true, w);
+    ASSERT_EQ(w.encoding, static_cast<int32_t>(WeightEncoding::delta));
+    ASSERT_EQ(apply_weights(w, receiver, tensors, dtype).status, WeightsStatus::applied);
+    expect = master;
+    round_to_dtype(expect, dtype);
+    ASSERT_TRUE(same_bits(receiver, expect));
+  }
+}
+
 // A table that does not tile the arena (a tensor that aliases part of another, as MoE experts'
 // do): the delta's chunks then cut the arena evenly and the checksums are a pass of their own,
 // with the same results, and a corrupt delta still leaves the receiver as it was. With a tiling

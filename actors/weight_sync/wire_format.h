@@ -32,6 +32,10 @@ namespace troupe::actors::codec {
 // Dense chunks (fp32) are planes of mostly random low bytes: level 1.
 inline constexpr int kZstdLevelSparse = -30;
 inline constexpr int kZstdLevelDense = 1;
+// A compressed full payload (WeightEncoder::set_compress_full: LoRA adapters, a few MB) is the
+// delta against zeros at level 3, which entropy-codes the byte planes (negative levels leave
+// literals as they are): a value's sign and exponent byte shrinks to about 3 bits.
+inline constexpr int kZstdLevelFull = 3;
 
 // Values per hash update: a block of wire values hashed while it is still in L1/L2.
 inline constexpr size_t kHashBlock = 4096;

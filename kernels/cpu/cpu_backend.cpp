@@ -54,6 +54,9 @@ class CpuBackend final : public Backend {
                      const float* B, float* scratch, int N, int C, int OC, int r, float scale) const override {
     kernels::lora_backward(dinp, dA, dB, dout, inp, A, B, scratch, N, C, OC, r, scale);
   }
+  void lora_dropout(float* out, const float* in, size_t n, float p, uint64_t seed) const override {
+    kernels::lora_dropout(out, in, n, p, seed);
+  }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C) const override {
     kernels::embedding_forward(out, tokens, wte, N, C);
   }

@@ -81,6 +81,9 @@ class FencedBackend final : public Backend {
     cpu().lora_backward(dev(dinp, f), dev(dA, f), dev(dB, f), dev(dout, f), dev(inp, f), dev(A, f), dev(B, f),
                         dev(scratch, f), N, C, OC, r, scale);
   }
+  void lora_dropout(float* out, const float* in, size_t n, float p, uint64_t seed) const override {
+    cpu().lora_dropout(dev(out, __func__), dev(in, __func__), n, p, seed);
+  }
   void bias_forward(float* out, const float* bias, int N, int OC) const override {
     cpu().bias_forward(dev(out, __func__), dev(bias, __func__), N, OC);
   }
@@ -214,8 +217,15 @@ class FencedBackend final : public Backend {
   void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp, const float* saved,
                     const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch) const override {
     const char* f = __func__;
-    const MoeGrads dg{dev(g.w_router, f), dev(g.w_gate, f), dev(g.w_up, f),  dev(g.w_down, f),
-                      dev(g.ws_gate, f),  dev(g.ws_up, f),  dev(g.ws_down, f)};
+    const MoeGrads dg{dev(g.w_router, f),
+                      dev(g.w_gate, f),
+                      dev(g.w_up, f),
+                      dev(g.w_down, f),
+                      dev(g.ws_gate, f),
+                      dev(g.ws_up, f),
+                      dev(g.ws_down, f),
+                      MoeLoraGrads{dev(g.lora.a_gate, f), dev(g.lora.b_gate, f), dev(g.lora.a_up, f),
+                                   dev(g.lora.b_up, f), dev(g.lora.a_down, f), dev(g.lora.b_down, f)}};
     cpu().moe_backward(dev(dinp, f), dg, dev(dout, f), daux, dev(inp, f), dev(saved, f), weights(w, f), cfg, N,
                        dev(scratch, f));
   }
@@ -329,8 +339,11 @@ class FencedBackend final : public Backend {
     return p && fenced(p) ? dev(p, "moe_forward") : p;
   }
   MoeWeights weights(const MoeWeights& w, const char* f) const {
+    const MoeLoraWeights& l = w.lora;
     return MoeWeights{dev(w.w_router, f), dev(w.w_gate, f), dev(w.w_up, f),  dev(w.w_down, f),
-                      dev(w.ws_gate, f),  dev(w.ws_up, f),  dev(w.ws_down, f)};
+                      dev(w.ws_gate, f),  dev(w.ws_up, f),  dev(w.ws_down, f),
+                      MoeLoraWeights{dev(l.a_gate, f), dev(l.b_gate, f), dev(l.a_up, f), dev(l.b_up, f),
+                                     dev(l.a_down, f), dev(l.b_down, f), l.stride, l.r, l.scale}};
   }
 
   char* base_ = nullptr;

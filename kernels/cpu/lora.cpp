@@ -1,6 +1,7 @@
 // The CPU specification of LoRA's low-rank path (lora.h), composed of gemm_blocked calls, so its
 // bits, like every other GEMM's, do not depend on the thread count (and follow batch-invariant mode).
-// Invariant: four GEMMs in backward, two in forward; u is recomputed from inp and A.
+// Invariant: four GEMMs in backward, two in forward; u is recomputed from inp and A; dropout's mask
+// is a function of (seed, index) alone.
 #include "troupe/kernels/lora.h"
 
 #include "troupe/kernels/ops.h"
@@ -26,6 +27,14 @@ void lora_backward(T* dinp, T* dA, T* dB, const T* dout, const T* inp, const T* 
   gemm_blocked(false, false, N, r, OC, scale, dout, OC, B, r, T(0), du, r);
   gemm_blocked(true, false, r, C, N, T(1), du, r, inp, C, T(1), dA, C);
   if (dinp) gemm_blocked(false, false, N, C, r, T(1), du, r, A, C, T(1), dinp, C);
+}
+
+void lora_dropout(float* out, const float* in, size_t n, float p, uint64_t seed) {
+  const float keep_scale = 1.0f / (1.0f - p);
+  const auto N = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (std::ptrdiff_t i = 0; i < N; ++i)
+    out[i] = lora_dropout_keep(seed, static_cast<size_t>(i), p) ? in[i] * keep_scale : 0.0f;
 }
 
 template void lora_forward<float>(float*, const float*, const float*, const float*, float*, int, int, int, int, float);

@@ -181,15 +181,67 @@ inline void swiglu_rows(float* h, const float* g, const float* u, size_t nh) {
   for (size_t i = 0; i < nh; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
 }
 
+// ---- LoRA on one routed expert (MoeLoraWeights) ---------------------------------------------------
+// Expert e's adapters and their gradients (null: the expert has none).
+struct ExpertLora {
+  const float *ag, *bg, *au, *bu, *ad, *bd;
+  float *dag, *dbg, *dau, *dbu, *dad, *dbd;  // null in forward
+  int r;
+  float s;
+};
+ExpertLora expert_lora(const MoeLoraWeights& l, const MoeLoraGrads* g, int e) {
+  const size_t o = static_cast<size_t>(e) * l.stride;
+  ExpertLora x{l.a_gate + o, l.b_gate + o, l.a_up + o, l.b_up + o, l.a_down + o, l.b_down + o,
+               nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, l.r, l.scale};
+  if (g) {
+    x.dag = g->a_gate + o, x.dbg = g->b_gate + o, x.dau = g->a_up + o, x.dbu = g->b_up + o;
+    x.dad = g->a_down + o, x.dbd = g->b_down + o;
+  }
+  return x;
+}
+// Scratch of (n, r) blocks for one expert's adapters on this thread (kept between calls).
+float* lora_scratch(size_t floats) {
+  thread_local std::vector<float> s;
+  if (s.size() < floats) s.resize(floats);
+  return s.data();
+}
+// y (n, OUT) += s (x A^T) B^T, A (r, IN), B (OUT, r); t (n, r) scratch.
+void lora_add(float* y, const float* x, const float* A, const float* B, float* t, int n, int IN, int OUT, int r,
+              float s) {
+  sgemm(CblasNoTrans, CblasTrans, n, r, IN, 1.0f, x, IN, A, IN, 0.0f, t, r);
+  sgemm(CblasNoTrans, CblasTrans, n, OUT, r, s, t, r, B, r, 1.0f, y, OUT);
+}
+
 // ---- one expert's SwiGLU FFN on a block of rows (routed segments and the shared expert) ---------
-// g = X Wg^T, u = X Wu^T (n, H); h = silu(g) * u; y = h Wd^T (n, C). g, u kept for backward.
+// g = X Wg^T, u = X Wu^T (n, H); h = silu(g) * u; y = h Wd^T (n, C). g, u kept for backward. With
+// adapters (la) each projection adds its low-rank path.
 void expert_ffn_forward(float* y, float* g, float* u, float* h, const float* x, const float* wg,
-                        const float* wu, const float* wd, int n, int C, int H) {
+                        const float* wu, const float* wd, int n, int C, int H, const ExpertLora* la = nullptr) {
   if (n == 0) return;
+  float* t = la ? lora_scratch(static_cast<size_t>(n) * la->r) : nullptr;
   sgemm(CblasNoTrans, CblasTrans, n, H, C, 1.0f, x, C, wg, C, 0.0f, g, H);
+  if (la) lora_add(g, x, la->ag, la->bg, t, n, C, H, la->r, la->s);
   sgemm(CblasNoTrans, CblasTrans, n, H, C, 1.0f, x, C, wu, C, 0.0f, u, H);
+  if (la) lora_add(u, x, la->au, la->bu, t, n, C, H, la->r, la->s);
   swiglu_rows(h, g, u, static_cast<size_t>(n) * H);
   sgemm(CblasNoTrans, CblasTrans, n, C, H, 1.0f, h, H, wd, H, 0.0f, y, C);
+  if (la) lora_add(y, h, la->ad, la->bd, t, n, H, C, la->r, la->s);
+}
+
+// The gate and up adapters' gradients from dg, du (n, H) and the input x (read before dx is
+// written): dA += s (d B)^T x, dB += s d^T (x A^T); tg, tu (n, r) keep d B for dx.
+void lora_gate_up_backward(const ExpertLora& la, const float* dg, const float* du, const float* x, float* tg,
+                           float* tu, float* v, int n, int C, int H) {
+  const int r = la.r;
+  const float s = la.s;
+  sgemm(CblasNoTrans, CblasNoTrans, n, r, H, 1.0f, dg, H, la.bg, r, 0.0f, tg, r);
+  sgemm(CblasNoTrans, CblasNoTrans, n, r, H, 1.0f, du, H, la.bu, r, 0.0f, tu, r);
+  sgemm(CblasTrans, CblasNoTrans, r, C, n, s, tg, r, x, C, 1.0f, la.dag, C);
+  sgemm(CblasTrans, CblasNoTrans, r, C, n, s, tu, r, x, C, 1.0f, la.dau, C);
+  sgemm(CblasNoTrans, CblasTrans, n, r, C, 1.0f, x, C, la.ag, C, 0.0f, v, r);
+  sgemm(CblasTrans, CblasNoTrans, H, r, n, s, dg, H, v, r, 1.0f, la.dbg, r);
+  sgemm(CblasNoTrans, CblasTrans, n, r, C, 1.0f, x, C, la.au, C, 0.0f, v, r);
+  sgemm(CblasTrans, CblasNoTrans, H, r, n, s, du, H, v, r, 1.0f, la.dbu, r);
 }
 
 // The end of an expert's backward, from dh (in dg) and the saved g, u: du (over h) and dg
@@ -197,7 +249,7 @@ void expert_ffn_forward(float* y, float* g, float* u, float* h, const float* x, 
 // may be x: the weight gradients read x before dx is written.
 void expert_ffn_backward_from_dh(float* dx, float* dwg, float* dwu, float* h, float* dg, const float* g,
                                  const float* u, const float* x, const float* wg, const float* wu, int n, int C,
-                                 int H) {
+                                 int H, const ExpertLora* la = nullptr) {
   const size_t nh = static_cast<size_t>(n) * H;
   float* du = h;
   for (size_t i = 0; i < nh; ++i) {
@@ -207,8 +259,16 @@ void expert_ffn_backward_from_dh(float* dx, float* dwg, float* dwu, float* h, fl
   }
   sgemm(CblasTrans, CblasNoTrans, H, C, n, 1.0f, dg, H, x, C, 1.0f, dwg, C);
   sgemm(CblasTrans, CblasNoTrans, H, C, n, 1.0f, du, H, x, C, 1.0f, dwu, C);
+  float* t = la ? lora_scratch(3 * static_cast<size_t>(n) * la->r) : nullptr;
+  float* tg = t;
+  float* tu = la ? t + static_cast<size_t>(n) * la->r : nullptr;
+  if (la) lora_gate_up_backward(*la, dg, du, x, tg, tu, tu + static_cast<size_t>(n) * la->r, n, C, H);
   sgemm(CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, dg, H, wg, C, 0.0f, dx, C);
   sgemm(CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, du, H, wu, C, 1.0f, dx, C);
+  if (la) {  // dx += s (dg Bg) Ag + s (du Bu) Au
+    sgemm(CblasNoTrans, CblasNoTrans, n, C, la->r, la->s, tg, la->r, la->ag, C, 1.0f, dx, C);
+    sgemm(CblasNoTrans, CblasNoTrans, n, C, la->r, la->s, tu, la->r, la->au, C, 1.0f, dx, C);
+  }
 }
 
 // Backward of expert_ffn_forward for the shared expert (weight 1). dWg/dWu/dWd accumulated; dx (n, C)
@@ -227,12 +287,19 @@ void shared_expert_backward(float* dx, float* dwg, float* dwu, float* dwd, const
 // w_r * y_r with y_r = h_r Wd^T, so with q_r = dout_r Wd (unscaled): d w_r = <h_r, q_r>,
 // dh_r = w_r q_r, dWd += sum_r dout_r^T (w_r h_r). xp (n, C) in: the rows' inputs, out: their dx.
 // dop (n, C): the rows' dout (unscaled); w_row (n): the rows' weights; dw_row (n) out.
+// With adapters (la): q = dop (Wd + s Bd Ad), and dBd += s dop^T ((w h) Ad^T), dAd += s (dop Bd)^T (w h).
 void routed_expert_backward(float* xp, float* dw_row, float* dwg, float* dwu, float* dwd, const float* dop,
                             const float* w_row, const float* g, const float* u, const float* wg,
-                            const float* wu, const float* wd, float* h, float* dg, int n, int C, int H) {
+                            const float* wu, const float* wd, float* h, float* dg, int n, int C, int H,
+                            const ExpertLora* la = nullptr) {
   if (n == 0) return;
   swiglu_rows(h, g, u, static_cast<size_t>(n) * H);
   sgemm(CblasNoTrans, CblasNoTrans, n, H, C, 1.0f, dop, C, wd, H, 0.0f, dg, H);  // q
+  float* t = la ? lora_scratch(2 * static_cast<size_t>(n) * la->r) : nullptr;  // (dop Bd), (w h) Ad^T
+  if (la) {
+    sgemm(CblasNoTrans, CblasNoTrans, n, la->r, C, 1.0f, dop, C, la->bd, la->r, 0.0f, t, la->r);
+    sgemm(CblasNoTrans, CblasNoTrans, n, H, la->r, la->s, t, la->r, la->ad, H, 1.0f, dg, H);
+  }
   for (int r = 0; r < n; ++r) {
     float* hr = h + static_cast<size_t>(r) * H;
     float* qr = dg + static_cast<size_t>(r) * H;
@@ -244,8 +311,14 @@ void routed_expert_backward(float* xp, float* dw_row, float* dwg, float* dwu, fl
     }
   }
   sgemm(CblasTrans, CblasNoTrans, C, H, n, 1.0f, dop, C, h, H, 1.0f, dwd, H);
+  if (la) {
+    float* v = t + static_cast<size_t>(n) * la->r;
+    sgemm(CblasNoTrans, CblasTrans, n, la->r, H, 1.0f, h, H, la->ad, H, 0.0f, v, la->r);
+    sgemm(CblasTrans, CblasNoTrans, C, la->r, n, la->s, dop, C, v, la->r, 1.0f, la->dbd, la->r);
+    sgemm(CblasTrans, CblasNoTrans, la->r, H, n, la->s, t, la->r, h, H, 1.0f, la->dad, H);
+  }
   // w h is dead after dWd; the inputs xp are dead after dWg, dWu and become dx.
-  expert_ffn_backward_from_dh(xp, dwg, dwu, h, dg, g, u, xp, wg, wu, n, C, H);
+  expert_ffn_backward_from_dh(xp, dwg, dwu, h, dg, g, u, xp, wg, wu, n, C, H, la);
 }
 
 // ---- router ----------------------------------------------------------------------------------
@@ -336,8 +409,9 @@ void experts_forward_grouped(float* y, float* g, float* u, float* h, const float
     const size_t r0 = static_cast<size_t>(offsets[e]);
     const int n = offsets[e + 1] - offsets[e];
     const size_t we = static_cast<size_t>(e) * H * C;
+    const ExpertLora la = expert_lora(w.lora, nullptr, e);
     expert_ffn_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
-                   w.w_down + we, n, C, H);
+                   w.w_down + we, n, C, H, w.lora.r > 0 ? &la : nullptr);
   }
 }
 
@@ -542,9 +616,10 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
         store_fence(stream);
       }
       const size_t r0 = static_cast<size_t>(row), we = static_cast<size_t>(e) * H * C;
+      const ExpertLora la = expert_lora(w.lora, nullptr, e);
       if (!identity)
         expert_ffn_forward(y + r0 * C, g + r0 * H, u + r0 * H, h + r0 * H, xp + r0 * C, w.w_gate + we, w.w_up + we,
-                       w.w_down + we, n, C, H);
+                       w.w_down + we, n, C, H, w.lora.r > 0 ? &la : nullptr);
       // Scatter; a token has each expert at most once, so rows of one expert touch distinct tokens.
 #pragma omp parallel for schedule(static) if (parallel_worth(double(end - row) * C))
       for (int r = row; r < end; ++r) {
@@ -621,8 +696,10 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
   auto segment = [&](int e, int r0, int n) {
     if (identity) return;  // d weight is computed per slot below; dx = dop
     const size_t R = static_cast<size_t>(r0), we = static_cast<size_t>(e) * H * C;
+    const ExpertLora la = expert_lora(w.lora, &gr.lora, e);
     routed_expert_backward(xp + R * C, dw + R, gr.w_gate + we, gr.w_up + we, gr.w_down + we, dop + R * C, wrow + R, g + R * H,
-                    u + R * H, w.w_gate + we, w.w_up + we, w.w_down + we, h + R * H, dg + R * H, n, C, H);
+                    u + R * H, w.w_gate + we, w.w_up + we, w.w_down + we, h + R * H, dg + R * H, n, C, H,
+                    w.lora.r > 0 ? &la : nullptr);
   };
 
   if (cfg.grouped) {

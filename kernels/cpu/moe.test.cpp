@@ -78,7 +78,7 @@ Result run(const Layer& L, bool grouped, const std::vector<float>& dout, float d
   r.dsg.assign(L.sg.size(), 0.5f);
   r.dsu.assign(L.su.size(), 0.5f);
   r.dsd.assign(L.sd.size(), 0.5f);
-  MoeGrads g{r.dwr.data(), r.dwg.data(), r.dwu.data(), r.dwd.data(), nullptr, nullptr, nullptr};
+  MoeGrads g{r.dwr.data(), r.dwg.data(), r.dwu.data(), r.dwd.data(), nullptr, nullptr, nullptr, {}};
   if (cfg.H_shared > 0) {
     g.ws_gate = r.dsg.data();
     g.ws_up = r.dsu.data();

@@ -270,6 +270,14 @@ TEST(CudaBodiesOnHost, ElementwiseFamily) {
     expect_guards("add", out);
   }
   {
+    Guarded<float> out(n);
+    std::vector<float> ref(n);
+    host_for_each(LoraDropoutBody{out.data(), a.data(), 0.3f, 1.0f / (1.0f - 0.3f), 42}, n);
+    k::lora_dropout(ref.data(), a.data(), n, 0.3f, 42);
+    expect_near("lora_dropout", out.data(), ref, n, 0, 0);
+    expect_guards("lora_dropout", out);
+  }
+  {
     Guarded<float> out(n), dg(n), du(n);
     std::vector<float> ref(n), rdg(n), rdu(n);
     host_for_each(SwigluForwardBody{out.data(), a.data(), b.data()}, n);
@@ -562,14 +570,14 @@ TEST(CudaBodiesOnHost, MoeLayerAndDispatch) {
          sd = randn(static_cast<size_t>(C) * Hs, 46, 0.3f), x = randn(static_cast<size_t>(N) * C, 47),
          dout = randn(static_cast<size_t>(N) * C, 48);
     MoeWeights w{wr.data(), wg.data(), wu.data(), wd.data(), Hs ? sg.data() : nullptr, Hs ? su.data() : nullptr,
-                 Hs ? sd.data() : nullptr};
+                 Hs ? sd.data() : nullptr, {}};
     // CPU op
     std::vector<float> rout(x.size()), rsaved(k::moe_saved_floats(c, N)), rscratch(k::moe_scratch_floats(c, N));
     MoeStats rstats;
     k::moe_forward(rout.data(), rsaved.data(), &rstats, x.data(), w, c, N, rscratch.data());
     std::vector<float> rdx(x.size()), gwr(wr.size()), gwg(wg.size()), gwu(wu.size()), gwd(wd.size()), gsg(sg.size()),
         gsu(su.size()), gsd(sd.size());
-    MoeGrads rg{gwr.data(), gwg.data(), gwu.data(), gwd.data(), gsg.data(), gsu.data(), gsd.data()};
+    MoeGrads rg{gwr.data(), gwg.data(), gwu.data(), gwd.data(), gsg.data(), gsu.data(), gsd.data(), {}};
     k::moe_backward(rdx.data(), rg, dout.data(), 0.3f, x.data(), rsaved.data(), w, c, N, rscratch.data());
     // The launch sequence on the host
     HostExec ex;
@@ -594,7 +602,7 @@ TEST(CudaBodiesOnHost, MoeLayerAndDispatch) {
     EXPECT_EQ(stats.empty_experts, rstats.empty_experts);
     Guarded<float> hwr(wr.size()), hwg(wg.size()), hwu(wu.size()), hwd(wd.size()), hsg(sg.size()), hsu(su.size()),
         hsd(sd.size());
-    MoeGrads hg{hwr.data(), hwg.data(), hwu.data(), hwd.data(), hsg.data(), hsu.data(), hsd.data()};
+    MoeGrads hg{hwr.data(), hwg.data(), hwu.data(), hwd.data(), hsg.data(), hsu.data(), hsd.data(), {}};
     moe_layer_backward(ex, dx.data(), hg, dout.data(), 0.3f, x.data(), saved.data(), w, c, N, scratch.data());
     expect_near("moe_backward.dinp", dx.data(), rdx, rdx.size(), 1e-5, 1e-4);
     expect_near("moe_backward.w_router", hwr.data(), gwr, gwr.size(), 1e-5, 1e-4);

@@ -171,6 +171,10 @@ class CudaBackend final : public Backend {
     cuda::gemm(q_, true, false, r, C, N, 1.0f, du, r, inp, C, 1.0f, dA, C);
     if (dinp) cuda::gemm(q_, false, false, N, C, r, 1.0f, du, r, A, C, 1.0f, dinp, C);
   }
+  void lora_dropout(float* out, const float* in, size_t n, float p, uint64_t seed) const override {
+    const Guard guard(*this);
+    cuda::launch_lora_dropout(q_, out, in, n, p, seed);
+  }
   void bias_forward(float* out, const float* bias, int N, int OC) const override {
     const Guard guard(*this);
     cuda::launch_bias_forward(q_, out, bias, N, OC);

@@ -80,6 +80,9 @@ void launch_fill(const Queue& q, float* x, size_t n, float value) { launch_eleme
 void launch_add(const Queue& q, float* out, const float* a, const float* b, size_t n) {
   launch_elements(AddBody{out, a, b}, n, q.stream);
 }
+void launch_lora_dropout(const Queue& q, float* out, const float* in, size_t n, float p, uint64_t seed) {
+  launch_elements(LoraDropoutBody{out, in, p, 1.0f / (1.0f - p), seed}, n, q.stream);
+}
 void launch_swiglu_forward(const Queue& q, float* out, const float* gate, const float* up, size_t n) {
   launch_elements(SwigluForwardBody{out, gate, up}, n, q.stream);
 }

@@ -63,8 +63,8 @@ struct MoeBench {
   // Seconds for one forward + backward.
   double layer(bool grouped) {
     cfg.grouped = grouped;
-    kernels::MoeWeights w{wr.data(), wg.data(), wu.data(), wd.data(), nullptr, nullptr, nullptr};
-    kernels::MoeGrads g{dwr.data(), dwg.data(), dwu.data(), dwd.data(), nullptr, nullptr, nullptr};
+    kernels::MoeWeights w{wr.data(), wg.data(), wu.data(), wd.data(), nullptr, nullptr, nullptr, {}};
+    kernels::MoeGrads g{dwr.data(), dwg.data(), dwu.data(), dwd.data(), nullptr, nullptr, nullptr, {}};
     return time_s([&] {
       kernels::moe_forward(out.data(), saved.data(), nullptr, x.data(), w, cfg, N, scratch.data());
       kernels::moe_backward(dinp.data(), g, dout.data(), 0.0f, x.data(), saved.data(), w, cfg, N, scratch.data());
@@ -75,7 +75,7 @@ struct MoeBench {
   std::vector<int32_t> top_experts;
   std::vector<float> top_weights, dweights;
   void route_once() {
-    kernels::MoeWeights w{wr.data(), wg.data(), wu.data(), wd.data(), nullptr, nullptr, nullptr};
+    kernels::MoeWeights w{wr.data(), wg.data(), wu.data(), wd.data(), nullptr, nullptr, nullptr, {}};
     kernels::moe_forward(out.data(), saved.data(), nullptr, x.data(), w, cfg, N, scratch.data());
     auto R = kernels::moe_saved_routing(saved.data(), cfg, N);
     const size_t nk = static_cast<size_t>(N) * cfg.K;
@@ -446,8 +446,8 @@ int cuda_moe_expert_gemm_cases(const BenchOptions& opt, int reps, const kernels:
       rc = 1;
       continue;
     }
-    const kernels::MoeWeights w{wr, wg, wu, wd, nullptr, nullptr, nullptr};
-    const kernels::MoeGrads g{dwr, dwg, dwu, dwd, nullptr, nullptr, nullptr};
+    const kernels::MoeWeights w{wr, wg, wu, wd, nullptr, nullptr, nullptr, {}};
+    const kernels::MoeGrads g{dwr, dwg, dwu, dwd, nullptr, nullptr, nullptr, {}};
     auto layer_ms = [&](kernels::ExpertGemm mode) {
       kernels::set_expert_gemm(mode);
       return time_s([&] {

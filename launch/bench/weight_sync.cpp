@@ -12,7 +12,8 @@
 // syncs that took the delta prepared in the step). The model is
 // SmolLM2-135M's shape (random init); --quick: the same widths with 6 layers and a 16384 vocab
 // (the row's "model" says which). lora_sync_1gen runs the helper with rank-16 adapters (--lora 16):
-// the bytes of a sync that carries the adapters alone against a full bf16 sync of the model.
+// the bytes of a full sync that carries the adapters alone (compressed, as a LoRA run's learner
+// sends them) against a full bf16 sync of the model.
 #include <cstdio>
 #include <algorithm>
 #include <string>
@@ -87,8 +88,9 @@ double smollm2_params(bool quick) {
 }
 
 // lora_sync_1gen: the helper with rank-16 adapters on every linear layer (bf16 generators): a full
-// sync then carries the adapters alone. ours = its bytes, baseline = a full bf16 sync of the whole
-// model (2 bytes per parameter), so ratio = full bf16 bytes / adapter bytes.
+// sync then carries the adapters alone, compressed (the delta against zeros, zstd level 3). ours =
+// its bytes, baseline = a full bf16 sync of the whole model (2 bytes per parameter), so ratio =
+// full bf16 bytes / full adapter sync bytes; delta_bytes is a delta's after one more step.
 int run_lora(const BenchOptions& opt) {
   constexpr const char* kCase = "lora_sync_1gen";
   if (!opt.wants(kCase)) return 0;

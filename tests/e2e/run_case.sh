@@ -496,7 +496,8 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     ;;
   lora)  # LoRA adapters (attention) on an SFT-trained quickstart base: GRPO learns; checkpoints hold the
     # adapters alone; --resume, delta vs full sync, cpu_fenced: bit for bit; exact on-policy with
-    # batch_invariant; bad policy.lora keys are FILE:LINE errors
+    # batch_invariant; dropout resumes bit for bit; adapters on the routed experts; bad policy.lora
+    # keys are FILE:LINE errors
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/base" --set grpo.enabled=false \
       --set eval.every=0 --set eval.num_prompts=200 $Q
     base=$(readlink -f "$W/base/checkpoints/latest")
@@ -538,11 +539,21 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     $CHECK same "$W/a" "$W/fenced"
     "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/exact" --set grpo.max_steps=4 --set policy.batch_invariant=true $L
     $CHECK mismatch "$W/exact" 4 exact
-    # bad input: routed experts (the base is MoE), a rank above a layer's width, a kind with no module
-    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.targets=experts
-    grep -q "lora.yaml:[0-9]*:[0-9]*: error: policy.lora.targets: experts: LoRA on routed MoE experts" "$W/err.txt"
-    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.targets=all_linear
-    grep -q "error: policy.lora.targets: all_linear would adapt the routed experts" "$W/err.txt"
+    # dropout: --resume continues bit for bit (the masks follow the optimizer step)
+    D="--set policy.lora.dropout=0.1 $S"
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/da" --set grpo.max_steps=8 $D
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/db" --set grpo.max_steps=4 $D
+    "$TROUPE" run "$W/lora.yaml" --resume "$W/db" --set grpo.max_steps=8 $D
+    $CHECK same "$W/da" "$W/db"
+    # adapters on every linear layer of the MoE base, routed experts included: cpu_fenced bit for bit
+    X="--set policy.lora.targets=all_linear --set grpo.max_steps=4 $S"
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/xa" $X
+    "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/xf" --set policy.device=cpu_fenced $X
+    $CHECK same "$W/xa" "$W/xf"
+    grep -q 'mlp.experts.0.gate_proj' "$(readlink -f "$W/xa/checkpoints/latest")/adapter_config.json"
+    # bad input: dropout on the experts' adapters, a rank above a layer's width, a kind with no module
+    expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.targets=experts --set policy.lora.dropout=0.1
+    grep -q "error: policy.lora.dropout: 0.1" "$W/err.txt"
     expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.rank=40
     grep -q "error: policy.lora.rank: 40 exceeds min(in, out) = 32 of model.layers.0.self_attn.k_proj" "$W/err.txt"
     expect_exit 2 "$TROUPE" validate "$W/lora.yaml" --set policy.lora.targets=gate

@@ -158,8 +158,8 @@ int main() {
     g.fill_normal(x.floats(), x.num_floats(), 1.0, &rng);
     g.fill_normal(dout.floats(), dout.num_floats(), 1.0, &rng);
     for (k::Buffer* b : {&wr, &wg, &wu, &wd}) g.fill_normal(b->floats(), b->num_floats(), 0.06, &rng);
-    const k::MoeWeights w{wr.floats(), wg.floats(), wu.floats(), wd.floats(), nullptr, nullptr, nullptr};
-    const k::MoeGrads gr{dwr.floats(), dwg.floats(), dwu.floats(), dwd.floats(), nullptr, nullptr, nullptr};
+    const k::MoeWeights w{wr.floats(), wg.floats(), wu.floats(), wd.floats(), nullptr, nullptr, nullptr, {}};
+    const k::MoeGrads gr{dwr.floats(), dwg.floats(), dwu.floats(), dwd.floats(), nullptr, nullptr, nullptr, {}};
     auto layer = [&](k::ExpertGemm mode) {
       return [&, mode] {
         k::set_expert_gemm(mode);

@@ -52,9 +52,9 @@ void layer(const k::Backend& g, const k::Backend& c, k::MoeConfig cfg, int N) {
        dout = randn(N * C, 11);
   Dev<float> gwr(g, wr), gwg(g, wg), gwu(g, wu), gwd(g, wd), gsg(g, sg), gsu(g, su), gsd(g, sd), gx(g, x), gdo(g, dout);
   const k::MoeWeights cw{wr.data(), wg.data(), wu.data(), wd.data(), Hs ? sg.data() : nullptr,
-                         Hs ? su.data() : nullptr, Hs ? sd.data() : nullptr};
+                         Hs ? su.data() : nullptr, Hs ? sd.data() : nullptr, {}};
   const k::MoeWeights gw{gwr.p(), gwg.p(), gwu.p(), gwd.p(), Hs ? gsg.p() : nullptr, Hs ? gsu.p() : nullptr,
-                         Hs ? gsd.p() : nullptr};
+                         Hs ? gsd.p() : nullptr, {}};
   std::vector<float> out(x.size()), saved(c.moe_saved_floats(cfg, N)), scr(c.moe_scratch_floats(cfg, N));
   Dev<float> gout(g, x.size()), gsaved(g, g.moe_saved_floats(cfg, N)), gscr(g, g.moe_scratch_floats(cfg, N));
   k::MoeStats cst, gst;
@@ -67,9 +67,9 @@ void layer(const k::Backend& g, const k::Backend& c, k::MoeConfig cfg, int N) {
       dsu(su.size()), dsd(sd.size());
   Dev<float> gdx(g, x.size()), gdwr(g, wr.size()), gdwg(g, wg.size()), gdwu(g, wu.size()), gdwd(g, wd.size()),
       gdsg(g, sg.size()), gdsu(g, su.size()), gdsd(g, sd.size());
-  c.moe_backward(dx.data(), {dwr.data(), dwg.data(), dwu.data(), dwd.data(), dsg.data(), dsu.data(), dsd.data()},
+  c.moe_backward(dx.data(), {dwr.data(), dwg.data(), dwu.data(), dwd.data(), dsg.data(), dsu.data(), dsd.data(), {}},
                  dout.data(), 0.01f, x.data(), saved.data(), cw, cfg, N, scr.data());
-  g.moe_backward(gdx.p(), {gdwr.p(), gdwg.p(), gdwu.p(), gdwd.p(), gdsg.p(), gdsu.p(), gdsd.p()}, gdo.p(), 0.01f, gx.p(),
+  g.moe_backward(gdx.p(), {gdwr.p(), gdwg.p(), gdwu.p(), gdwd.p(), gdsg.p(), gdsu.p(), gdsd.p(), {}}, gdo.p(), 0.01f, gx.p(),
                  gsaved.p(), gw, cfg, N, gscr.p());
   expect_near("moe_backward.dinp", gdx.host(g), dx, 1e-4, 1e-3);
   expect_near("moe_backward.w_router", gdwr.host(g), dwr, 1e-3, 1e-3);

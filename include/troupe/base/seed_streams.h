@@ -30,6 +30,7 @@ inline constexpr std::uint64_t rollout_round = 7;    // (round): the seed base o
 inline constexpr std::uint64_t sft_prompt = 11;      // (step, prompt): an SFT batch's env and reset seed
 inline constexpr std::uint64_t env_retry = 13;       // (retry): a fresh reset seed after a failed reset
 inline constexpr std::uint64_t lora_init = 17;       // the LoRA adapters' A matrices (policy::Model::enable_lora)
+inline constexpr std::uint64_t lora_dropout = 19;    // (optimizer step, rank << 32 | micro-batch): LoRA dropout masks
 
 // --- the scale simulator's simulated roles (launch/bench), never in a training run ---
 inline constexpr std::uint64_t sim_env_prompt = 11;   // third argument: (seed, reset seed, tag)

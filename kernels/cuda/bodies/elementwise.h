@@ -4,6 +4,7 @@
 #pragma once
 
 #include "lanes.h"
+#include "troupe/kernels/lora.h"
 
 namespace troupe::kernels::cuda {
 
@@ -18,6 +19,14 @@ struct AddBody {  // out = a + b (may alias)
   const float* a;
   const float* b;
   TROUPE_HD void operator()(size_t i) const { out[i] = a[i] + b[i]; }
+};
+
+struct LoraDropoutBody {  // out = in * mask / (1 - p), lora.h's mask (may alias)
+  float* out;
+  const float* in;
+  float p, keep_scale;
+  uint64_t seed;
+  TROUPE_HD void operator()(size_t i) const { out[i] = lora_dropout_keep(seed, i, p) ? in[i] * keep_scale : 0.0f; }
 };
 
 struct SwigluForwardBody {

@@ -50,6 +50,11 @@ class WeightEncoder {
   // How many deltas encode() took from a prepared step (tests, the bench).
   std::int64_t prepared_encodes() const;
   WeightDtype dtype() const { return dtype_; }
+  // Full payloads compressed (off by default): coded as the delta against zeros (a delta's chunks
+  // and layouts, zstd level 3), which a generator decodes into zeros and checks before writing a
+  // value. For small arenas (LoRA adapters: a few MB, milliseconds); a whole model's full sync is
+  // mostly incompressible mantissa bits and stays raw.
+  void set_compress_full(bool on) { compress_full_ = on; }
   // The values sent last (what a receiver holds once it applied them, as fp32) and their version (-1: none).
   std::vector<float> held() const;
   void held_into(std::span<float> out) const;  // the same, written into out (its size: the arena's)
@@ -65,7 +70,8 @@ class WeightEncoder {
   template <int W>
   void encode_full_into(const float* master, size_t n, Weights& out);
   template <int W>
-  void encode_delta_into(const float* master, size_t n, bool from_prepared, Weights& out);
+  void encode_delta_into(const float* master, size_t n, bool from_prepared, Weights& out, int level = 0);
+  bool compress_full_ = false;
   WeightDtype dtype_;
   std::vector<policy::TensorSpec> tensors_;
   // What was sent last, in wire form (the one the dtype uses): half the memory traffic of fp32

@@ -131,6 +131,9 @@ class Backend {
                             int C, int OC, int r, float scale) const = 0;
   virtual void lora_backward(float* dinp, float* dA, float* dB, const float* dout, const float* inp, const float* A,
                              const float* B, float* scratch, int N, int C, int OC, int r, float scale) const = 0;
+  // LoRA dropout (lora.h): out (n) = in * mask / (1 - p), the mask a function of (seed, index);
+  // out may alias in.
+  virtual void lora_dropout(float* out, const float* in, size_t n, float p, uint64_t seed) const = 0;
   virtual void bias_forward(float* out, const float* bias, int N, int OC) const = 0;
   virtual void bias_backward(float* dbias, const float* dout, int N, int OC) const = 0;
   virtual void sigmoid_gate_forward(float* out, const float* gate, const float* x, int N, int C) const = 0;

@@ -20,6 +20,23 @@ struct MoeConfig {
   bool grouped = true;        // grouped routing (fast path) vs masked loop (baseline); results must be identical
 };
 
+// LoRA adapters on the routed experts (policy.lora targets: experts), PEFT's layout: per expert
+// A (r, in), B (out, r) of gate (C -> H), up (C -> H) and down (H -> C), expert e's at the
+// pointers + e * stride. The expert FFN becomes g = x Wg^T + s (x Ag^T) Bg^T, u likewise,
+// y = h Wd^T + s (h Ad^T) Bd^T. r = 0: none. Shared experts get none.
+struct MoeLoraWeights {
+  const float *a_gate = nullptr, *b_gate = nullptr, *a_up = nullptr, *b_up = nullptr, *a_down = nullptr,
+              *b_down = nullptr;
+  size_t stride = 0;  // floats from one expert's adapters to the next
+  int r = 0;
+  float scale = 0;
+};
+// Their gradients (accumulated), same layout.
+struct MoeLoraGrads {
+  float *a_gate = nullptr, *b_gate = nullptr, *a_up = nullptr, *b_up = nullptr, *a_down = nullptr,
+        *b_down = nullptr;
+};
+
 // Weights in the Hugging Face layout (row-major, out x in), per expert contiguous.
 struct MoeWeights {
   const float* w_router = nullptr;   // (E, C)
@@ -29,6 +46,7 @@ struct MoeWeights {
   const float* ws_gate = nullptr;    // (H_shared, C) shared expert, or null
   const float* ws_up = nullptr;      // (H_shared, C)
   const float* ws_down = nullptr;    // (C, H_shared)
+  MoeLoraWeights lora;               // adapters on the routed experts (r = 0: none)
 };
 
 // Parameter gradients, same shapes as MoeWeights, accumulated (+=).
@@ -40,6 +58,7 @@ struct MoeGrads {
   float* ws_gate = nullptr;
   float* ws_up = nullptr;
   float* ws_down = nullptr;
+  MoeLoraGrads lora;  // with MoeWeights::lora.r > 0
 };
 
 // What forward saves for backward: one caller-owned buffer of moe_saved_floats(cfg, N) floats

@@ -51,6 +51,10 @@ class PolicyModel {
   virtual std::span<const int32_t> last_routing() const { return {}; }
   // Bytes of parameters the model holds besides params() that train (a LoRA model's frozen base).
   virtual size_t frozen_param_bytes() const { return 0; }
+  // LoRA dropout (policy::Model::set_lora_dropout): whether the model has it, and arming it with a
+  // mask seed for the next training calls (on = false: none).
+  virtual bool has_lora_dropout() const { return false; }
+  virtual void set_lora_dropout(bool /*on*/, uint64_t /*seed*/) {}
 };
 
 // The real policy model behind the interface (it keeps the reference; the Model must outlive it).
@@ -79,6 +83,8 @@ class ModelAdapter final : public PolicyModel {
   size_t frozen_param_bytes() const override {
     return model_.lora_enabled() ? sizeof(float) * model_.base_params().size() : 0;
   }
+  bool has_lora_dropout() const override { return model_.lora_enabled() && model_.config().lora.dropout > 0; }
+  void set_lora_dropout(bool on, uint64_t seed) override { model_.set_lora_dropout(on, seed); }
   policy::Model& model() { return model_; }
 
  private:

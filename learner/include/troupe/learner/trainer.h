@@ -170,6 +170,8 @@ class Trainer {
   // score: add the scored samples' mismatch (MismatchSums) from this forward (pre-update weights).
   Result<LossMetrics> run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm, bool score,
                                       MismatchSums& mismatch);
+  Result<LossMetrics> micro_batch_step(const std::vector<const Sample*>& samples, const LossNorm& norm, bool score,
+                                       MismatchSums& mismatch);
   Status check_batch(const std::vector<Sample>& batch) const;
   // distill.topk > 0: the forward-KL term over the teacher's top-k tokens (distill.h), as a second
   // forward/backward of k copies of each sample whose completion targets are the teacher's j-th
@@ -198,6 +200,7 @@ class Trainer {
   AdamW opt_;
   StepObserver* watch_ = nullptr;
   std::mt19937_64 rng_;
+  uint64_t dropout_micro_ = 0;  // micro-batches of the current optimizer step (LoRA dropout's mask seed)
   std::vector<float> logp_, entropy_, dlogp_, dentropy_, is_weight_;  // (T) scratch of one micro-batch
   DistillSums distill_;  // this call's distillation sums so far (this rank)
   struct Accumulated {                                    // a streamed step in progress

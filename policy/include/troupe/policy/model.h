@@ -179,6 +179,12 @@ class Model {
   // seed_stream::lora_init), B = 0, so the model computes what it computed before. Once only.
   Status enable_lora(const LoraConfig& lora, uint64_t seed);
   bool lora_enabled() const;
+  // LoRA dropout (lora.dropout > 0; a no-op otherwise): on = true arms it with `seed`, so that the
+  // training calls (forward_train, forward_backward_train, backward_train) drop each adapter's
+  // input with a mask that is a function of (seed, adapter, element) alone — the backward and its
+  // recompute draw the forward's mask again. on = false (the default): no dropout anywhere.
+  // Generation, forward_logits and DecodeSlots never drop.
+  void set_lora_dropout(bool on, uint64_t seed = 0);
   const std::vector<TensorSpec>& base_tensors() const;
   const TensorSpec* find_base_tensor(std::string_view name) const;
   std::span<const float> base_params() const;              // host span, valid as params()'s
