@@ -340,9 +340,9 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   Builder<EnvSpec> b;
   using E = EnvSpec;
   b.text("name", [](E& e) { return &e.name; }, "Required. Label in metrics (reward_mean/<name>, prompts/<name>); the builtin id unless env is set.");
-  b.enumeration("type", [](E& e) { return &e.type; }, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md), nemo_gym (a NeMo Gym resource server over HTTP: url or command), reasoning_gym (any reasoning-gym task: config.task, task_config, size, eval_size, seed), verifiers (a verifiers v1 environment server at address, which runs each episode and calls the policy through rollout.serve; its tasks are config.tasks or its taskset's own, config.taskset), judge (the built-in dataset env scored by an LLM judge only: config.judge, verifier none unless config names one). Without type: plugin for a path ending in .so, nemo_gym for a url, remote for a command or address, else builtin.");
+  b.enumeration("type", [](E& e) { return &e.type; }, "builtin (compiled in), plugin (.so with the C ABI), remote (a process speaking envs/PROTOCOL.md), nemo_gym (a NeMo Gym resource server over HTTP: url or command), reasoning_gym (any reasoning-gym task: config.task, task_config, size, eval_size, seed), verifiers (a verifiers v1 environment server at address, which runs each episode and calls the policy through rollout.serve; its tasks are config.tasks or its taskset's own, config.taskset), judge (the built-in dataset env scored by an LLM judge only: config.judge, verifier none unless config names one), reward_model (the built-in dataset env's prompts, each response scored by the sequence-classification model at path: config.center, config.score_template). Without type: plugin for a path ending in .so, nemo_gym for a url, remote for a command or address, else builtin.");
   b.text("env", [](E& e) { return &e.env; }, "Builtin env id (empty = name), e.g. arithmetic, countdown.");
-  b.text("path", [](E& e) { return &e.path; }, "plugin: path of the shared library (relative to the YAML file).");
+  b.text("path", [](E& e) { return &e.path; }, "plugin: path of the shared library; reward_model: the Hugging Face LlamaForSequenceClassification, Qwen2ForSequenceClassification or Qwen3ForSequenceClassification directory (both relative to the YAML file).");
   b.string_list("command", [](E& e) { return &e.command; }, "remote: argv that starts the env server, e.g. [python, env.py, --bind, \"{bind}\"] (empty = use address); nemo_gym: argv that starts a resource server, {port} = the port troupe picks on 127.0.0.1.");
   b.text("address", [](E& e) { return &e.address; }, "remote: address of a running env server, e.g. tcp://127.0.0.1:5555; verifiers: its env server's ZeroMQ address.");
   b.number("weight", [](E& e) { return &e.weight; }, 0, 1e6, "Share of prompts drawn from this env (normalized over envs).");
@@ -518,7 +518,11 @@ std::string dataset_env_keys_table() {
          "| `envs[].config.reward_weights` | mapping | each weight 1 | {component: float} | With judge: the reward is the weighted sum of the components `judge` and `verifier` (a built-in verifier's reward; a Python hook's own components, or `verifier` when it returns a number). A name that is no component is an error at start (a hook's names: at each call, reward_bad_return). Needs judge. |\n\n"
          "Eval prompt i is row i mod N of the eval rows, in file order, shuffle or not. `troupe validate` reads every row of "
          "every dataset env and names a bad one as FILE:LINE (JSONL) or FILE:ROW (a table's row, counted from 1; "
-         "`DIR[SPLIT]:ROW` in a DatasetDict).\n";
+         "`DIR[SPLIT]:ROW` in a DatasetDict).\n"
+         "\nA `type: reward_model` env is the `dataset` env above (its keys; `verifier` defaults to `none`, and then a row needs no answer field) whose responses a sequence-classification model scores ([envs/README.md](../envs/README.md#a-reward-model-type-reward_model)). It also reads:\n\n"
+         "| key | type | default | range / values | description |\n|---|---|---|---|---|\n"
+         "| `envs[].config.center` | string | `\"none\"` | `none`, `batch`, `running` | What is subtracted from each raw score: nothing; the mean of this env's scores in the step (its scored responses of every group); the running mean of every score of this env so far, this step's included (count and mean checkpointed, so `--resume` continues it). Never divided by a standard deviation. |\n"
+         "| `envs[].config.score_template` | string | `\"chat\"` | `chat`, `plain` | How (prompt, response) reaches the model: chat: the user turn and the assistant turn through the model's chat template (no generation prompt); plain: the prompt text followed by the response. Tokenized with the model's tokenizer, no BOS/EOS added. |\n";
 }
 
 std::string render_config_readme() {

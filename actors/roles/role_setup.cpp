@@ -142,7 +142,8 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     const auto& e = cfg.envs[i];
     json j = {{"name", e.name}, {"type", enum_name(e.type)}, {"weight", e.weight}, {"config", e.config}, {"timeout_s", e.timeout_s}};
     if (!e.env.empty()) j["env"] = e.env;
-    const bool dataset = (e.type == EnvType::builtin && e.env_id() == "dataset") || e.type == EnvType::judge;
+    const bool dataset = (e.type == EnvType::builtin && e.env_id() == "dataset") || e.type == EnvType::judge ||
+                         e.type == EnvType::reward_model;
     if ((dataset || e.type == EnvType::nemo_gym) && j["config"].is_object()) {
       // the dataset and nemo_gym envs' relative file paths start at the YAML file's folder (or at its base_dir,
       // itself relative to that folder), whatever the working directory
@@ -157,6 +158,9 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     if (e.type == EnvType::remote) resolve_config_paths(j["config"], base_dir);
     if (!e.path.empty()) {
       std::string path = fs::path(e.path).is_absolute() ? e.path : (fs::path(base_dir) / e.path).string();
+      if (!fs::exists(path) && e.type == EnvType::reward_model)
+        return invalid_input("envs[" + std::to_string(i) + "].path: the reward model directory " + path +
+                             " does not exist (relative paths start at the YAML file)");
       if (!fs::exists(path))
         return invalid_input("envs[" + std::to_string(i) + "].path: the plug-in " + path +
                              " does not exist (build it, or fix the path; relative paths start at the YAML file)");
