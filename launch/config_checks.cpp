@@ -136,7 +136,10 @@ void check_lora(const ExperimentConfig& c, const ConfigReport& report) {
 void check_env_process(const actors::EnvSpec& e, const std::string& pre, const ConfigReport& report);
 
 // type: reward_model: the model directory and the two keys it adds to the dataset env's config.
-void check_reward_model_entry(const actors::EnvSpec& e, const std::string& pre, const ConfigReport& report) {
+void check_reward_model_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const std::string& pre,
+                              const ConfigReport& report) {
+  if (c.rollout.max_turns > 1)  // its responses are scored by verify, which multi-turn episodes never call
+    report("rollout.max_turns", "rollout.max_turns", "must be 1 with a reward_model env (env '" + e.name + "')");
   if (e.path.empty())
     report(pre + ".type", pre + ".path",
            "a reward_model env needs path: (a Hugging Face *ForSequenceClassification directory)");
@@ -178,7 +181,7 @@ void check_env_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const 
            "a reasoning_gym env needs config.task (a reasoning-gym dataset name, e.g. basic_arithmetic)");
   if (e.type != EnvType::plugin && e.type != EnvType::reward_model && !e.path.empty())
     report(pre + ".path", pre + ".path", "path is only for type: plugin or reward_model");
-  if (e.type == EnvType::reward_model) check_reward_model_entry(e, pre, report);
+  if (e.type == EnvType::reward_model) check_reward_model_entry(c, e, pre, report);
   if (e.type == EnvType::verifiers) {  // the env server calls the generators' endpoints for every model turn
     if (e.address.empty())
       report(pre + ".type", pre + ".address", "a verifiers env needs address: (its env server, e.g. tcp://127.0.0.1:5000)");
