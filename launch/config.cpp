@@ -617,6 +617,7 @@ Result<LoadedConfig> load_config_text(const std::string& text, const std::string
     l.error(root.Mark(), "", "the top level must be a mapping of sections (run:, policy:, grpo:, ...)");
   for (const auto& o : overrides) l.apply_override(o, out.config);
   out.config.policy.path = expand_home(out.config.policy.path);
+  out.config.distill.teacher = expand_home(out.config.distill.teacher);
   out.config.run.dir = expand_home(out.config.run.dir);
   if (l.errors.empty()) l.check_consistency(out.config);
   return finish(l, out);

@@ -286,6 +286,29 @@ TEST(Config, ImpossiblePlacement) {
   EXPECT_TRUE(load_config_text(std::string(kMinimal) + "cluster:\n  transport: tcp\n  bind_host: eth0\n", "x.yaml", {}).ok());
 }
 
+// Frozen models need scorers to serve them, and a judge reaching one must run in troupe's process.
+TEST(Config, ScorersServeTheTeacherAndLocalJudges) {
+  auto m = load_error(std::string(kMinimal) + "distill:\n  teacher: /models/t\n");
+  EXPECT_NE(m.find("x.yaml:4:3: error: distill.teacher: the teacher is served by the scorers: set cluster.scorers >= 1"),
+            std::string::npos)
+      << m;
+  EXPECT_TRUE(load_config_text(std::string(kMinimal) + "distill:\n  teacher: /models/t\ncluster:\n  scorers: 2\n",
+                               "x.yaml", {})
+                  .ok());
+  const std::string judged =
+      "envs:\n  - name: graded\n    type: judge\n    config: {train: rows.jsonl, judge: {model: /models/j}}\n";
+  m = load_error(judged);
+  EXPECT_NE(m.find("envs[0].config.judge.model: a judge with a local model"), std::string::npos) << m;
+  m = load_error(judged, {"cluster.scorers=1", "envs[0].isolate=true"});
+  EXPECT_NE(m.find("envs[0].config.judge.model: a judge with a local model reaches the scorers from troupe's own process"),
+            std::string::npos)
+      << m;
+  auto ok = load_config_text(judged, "x.yaml", {"cluster.scorers=1"});
+  EXPECT_TRUE(ok.ok()) << (ok.ok() ? "" : ok.error().message);
+  m = load_error(std::string(kMinimal) + "distill:\n  teacher: /t\n  kind: forward_kl\n", {"cluster.scorers=1"});
+  EXPECT_NE(m.find("distill.kind"), std::string::npos) << m;
+}
+
 TEST(Config, SyntaxError) {
   auto m = load_error("envs: [1, 2\n");
   EXPECT_NE(m.find("x.yaml:"), std::string::npos) << m;

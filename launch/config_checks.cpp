@@ -356,6 +356,25 @@ void check_cluster(const ExperimentConfig& c, const ConfigReport& report) {
            "nodes' interface (e.g. eth0, resolved on each node) or an address of the node");
 }
 
+// The scorers' models: distill.teacher and each judge's local model need a scorer to serve them,
+// and a judge that reaches one by messages must run in troupe's own process.
+void check_scorers(const ExperimentConfig& c, const ConfigReport& report) {
+  if (c.distill.enabled() && c.cluster.scorers < 1)
+    report("distill.teacher", "distill.teacher",
+           "the teacher is served by the scorers: set cluster.scorers >= 1 (each scorer loads it)");
+  for (size_t i = 0; i < c.envs.size(); ++i) {
+    const auto& e = c.envs[i];
+    if (!e.config.is_object() || !e.config.contains("judge") || !e.config["judge"].is_object()) continue;
+    const auto& j = e.config["judge"];
+    if (!j.value("url", std::string()).empty() || !j.contains("model")) continue;
+    const std::string key = "envs[" + std::to_string(i) + "].config.judge.model";
+    if (c.cluster.scorers < 1)
+      report("envs", key, "a judge with a local model (model: PATH, no url) is served by the scorers: set cluster.scorers >= 1");
+    if (e.isolate == actors::IsolateMode::yes)
+      report("envs", key, "a judge with a local model reaches the scorers from troupe's own process: not with isolate: true");
+  }
+}
+
 }  // namespace
 
 void check_config(const ExperimentConfig& c, const std::vector<std::string>& architecture_keys_set,
@@ -375,6 +394,7 @@ void check_config(const ExperimentConfig& c, const std::vector<std::string>& arc
   check_async_chunks(c, report);
   check_in_flight(c, report);
   check_cluster(c, report);
+  check_scorers(c, report);
 }
 
 }  // namespace troupe::launch

@@ -222,6 +222,18 @@ void add_training_keys(Builder<ExperimentConfig>& b) {
 
 }
 
+// distill (on-policy distillation from a teacher on the scorers).
+void add_distill_keys(Builder<ExperimentConfig>& b) {
+  using C = ExperimentConfig;
+  b.text("distill.teacher", [](C& c) { return &c.distill.teacher; }, "On-policy distillation: the teacher model (a model directory or .gguf, as policy.path), served frozen by the scorers (needs cluster.scorers >= 1); its tokenizer must be the student's (else an error at start naming both tokenizers' hashes). Each sampled token's per-token advantage becomes coef x (log p_teacher - log p_student), the student's log-prob being the learner's own recompute; the env reward's GRPO advantage is added times reward_coef. Empty = off.");
+  b.number("distill.coef", [](C& c) { return &c.distill.coef; }, 0, 1e6, "Weight of the reverse-KL advantage coef x (log p_teacher - log p_student) per sampled token (and of the top-k term).");
+  b.enumeration("distill.kind", [](C& c) { return &c.distill.kind; }, "The distillation objective: reverse_kl (the sampled-token estimate of KL(student || teacher) as a per-token advantage, as Thinking Machines' on-policy distillation, NeMo RL and TRL's GKD with lambda 1 do).");
+  b.integer("distill.topk", [](C& c) { return &c.distill.topk; }, 0, 1024, "> 0: also a forward-KL term over the teacher's k most likely tokens at each completion position, sum_j p_T(j) (log p_T(j) - log p_S(j)) (p_T not renormalised over the k), its gradient through the student's log-probs of those tokens (one more forward/backward over k copies of each sample). 0 = off.");
+  b.number("distill.reward_coef", [](C& c) { return &c.distill.reward_coef; }, 0, 1e6, "Adds reward_coef x the env reward's GRPO advantage (grpo.adv_estimator, scale_rewards) to each token's distillation advantage; 0 = distillation alone.");
+  b.number("distill.timeout_s", [](C& c) { return &c.distill.timeout_s; }, 0.1, 86400, "Deadline of one teacher request to a scorer; a request past it (or failed, or to a dead scorer) is retried on the next scorer.");
+  b.integer("distill.max_retries", [](C& c) { return &c.distill.max_retries; }, 0, 1000, "Retries of a failed teacher request (each on the next scorer) before the step fails with exit 3; every failure and retry is counted (scorer/failures, scorer/retries).");
+}
+
 // envs, rollout, weight_sync.
 void add_rollout_keys(Builder<ExperimentConfig>& b) {
   using C = ExperimentConfig;
@@ -279,6 +291,8 @@ void add_cluster_keys(Builder<ExperimentConfig>& b) {
   b.text("cluster.curve_public_key", [](C& c) { return &c.cluster.curve_public_key; }, "CURVE: this rank's public key file (Z85 text, written by `troupe keygen PUBLIC SECRET`); relative paths start at the YAML's folder.");
   b.text("cluster.curve_secret_key", [](C& c) { return &c.cluster.curve_secret_key; }, "CURVE: this rank's secret key file (mode 0600).");
   b.text("cluster.curve_authorized_keys", [](C& c) { return &c.cluster.curve_authorized_keys; }, "CURVE: file listing the public key of every rank allowed to connect, one per line ('#' comments); others are refused.");
+  b.integer("cluster.scorers", [](C& c) { return &c.cluster.scorers; }, 0, 4096, "Scorer ranks: each serves every frozen model of the run (distill.teacher, each judge's local model), placed as generators are (under mpirun one rank each, after the env workers; the same policy.device and GPU rules), batching the requests of every rollout (continuous batching, batch-invariant forwards); no optimizer, no gradients. 0 = none.");
+  b.integer("cluster.scorer_threads", [](C& c) { return &c.cluster.scorer_threads; }, 0, 4096, "Compute threads of each scorer (0 = cluster.threads).");
   b.integer("cluster.generator_nice", [](C& c) { return &c.cluster.generator_nice; }, 0, 19, "Generators sample on their own threads at this OS priority (nice; 0 = as the process). With roles sharing cores in async mode, 19 lets the learner run at full speed and sampling take the cycles it leaves.");
 
 }
@@ -330,6 +344,7 @@ std::vector<KeySpec<ExperimentConfig>> build_schema() {
   Builder<ExperimentConfig> b;
   add_run_and_policy_keys(b);
   add_training_keys(b);
+  add_distill_keys(b);
   add_rollout_keys(b);
   add_cluster_keys(b);
   add_output_keys(b);
@@ -684,7 +699,9 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "weight_sync.full_every",
                                                 "weight_sync.probe",
                                                 "weight_sync.transport",
-                                                "weight_sync.prepare_in_step"};
+                                                "weight_sync.prepare_in_step",
+                                                "distill.timeout_s",
+                                                "distill.max_retries"};
 bool resume_may_change(const std::string& path) {
   for (const char* p : kResumeMayChangePrefixes)
     if (path.rfind(p, 0) == 0) return true;

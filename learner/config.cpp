@@ -43,6 +43,8 @@ Status validate(const LearnerConfig& c) {
     return err("micro_batch_size and micro_batch_tokens must be >= 0");
   if (c.batch.num_iterations < 1) return err("num_iterations must be >= 1");
   if (!(c.batch.temperature > 0)) return err("temperature must be > 0 for training log-probs");
+  if (c.distill.topk < 0) return err("distill.topk must be >= 0, got " + std::to_string(c.distill.topk));
+  if (!(c.distill.coef >= 0)) return err("distill.coef must be >= 0, got " + std::to_string(c.distill.coef));
   return Status::ok_status();
 }
 

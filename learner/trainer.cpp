@@ -26,6 +26,8 @@ Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples,
   out.has_old = !samples.empty() && !samples[0]->old_logprobs.empty();
   out.has_ref = !samples.empty() && !samples[0]->ref_logprobs.empty();
   out.has_behavior = !samples.empty() && !samples[0]->behavior_logprobs.empty();
+  out.has_teacher = !samples.empty();
+  for (const Sample* s : samples) out.has_teacher = out.has_teacher && !s->teacher_logprobs.empty();
   size_t replay_width = 0;  // batch.experts: every recorded completion token, for routing replay
   for (const Sample* s : samples) {
     const size_t n = s->completion.size();
@@ -66,6 +68,7 @@ Result<PackedMicroBatch> pack_samples(const std::vector<const Sample*>& samples,
       if (out.has_old) out.logp_old.push_back(completion ? s->old_logprobs[j] : 0.0f);
       if (out.has_ref) out.logp_ref.push_back(completion ? s->ref_logprobs[j] : 0.0f);
       if (out.has_behavior) out.logp_behavior.push_back(completion ? s->behavior_logprobs[j] : 0.0f);
+      if (out.has_teacher) out.logp_teacher.push_back(completion ? s->teacher_logprobs[j] : 0.0f);
       if (out.has_mismatch) {
         const auto& sampler = s->behavior_logprobs.empty() ? s->old_logprobs : s->behavior_logprobs;
         const bool scored = completion && s->score_mismatch && !sampler.empty();
@@ -230,13 +233,24 @@ Status Trainer::check_sample(const Sample& s, size_t i) const {
   // each per-token vector is empty or has one entry per completion token
   for (const auto& [v, field] : {std::pair{&s.completion_mask, "completion_mask"}, std::pair{&s.old_logprobs, "old_logprobs"},
                                  std::pair{&s.behavior_logprobs, "behavior_logprobs"},
-                                 std::pair{&s.ref_logprobs, "ref_logprobs"}})
+                                 std::pair{&s.ref_logprobs, "ref_logprobs"},
+                                 std::pair{&s.teacher_logprobs, "teacher_logprobs"}})
     if (!v->empty() && v->size() != C)
       return invalid_input(sample_name(i) + ": " + field + " has " + std::to_string(v->size()) + " entries for " +
                            std::to_string(C) + " completion tokens");
   if (cfg_.phase == Phase::grpo && cfg_.loss.kl_coef != 0 && s.ref_logprobs.empty())
     return invalid_input(sample_name(i) + ": kl_coef = " + std::to_string(cfg_.loss.kl_coef) +
                          " needs ref_logprobs (or set kl_coef: 0)");
+  if (cfg_.phase == Phase::grpo && cfg_.distill.enabled()) {
+    if (s.teacher_logprobs.empty())
+      return invalid_input(sample_name(i) + ": distill.teacher is set but the sample has no teacher_logprobs");
+    const size_t K = static_cast<size_t>(cfg_.distill.topk);
+    if (K > 0 && (s.teacher_topk_ids.size() != C * K || s.teacher_topk_logprobs.size() != C * K))
+      return invalid_input(sample_name(i) + ": distill.topk = " + std::to_string(K) + " needs " + std::to_string(C * K) +
+                           " teacher_topk_ids and teacher_topk_logprobs, got " +
+                           std::to_string(s.teacher_topk_ids.size()) + " and " +
+                           std::to_string(s.teacher_topk_logprobs.size()));
+  }
   return {};
 }
 
@@ -257,6 +271,20 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
   tb.logp_old = packed.has_old ? packed.logp_old.data() : nullptr;
   tb.logp_ref = packed.has_ref ? packed.logp_ref.data() : nullptr;
   const bool grpo = cfg_.phase == Phase::grpo;
+  // distill: the env reward's advantage scaled by reward_coef, plus the per-token reverse-KL term
+  // added to each row's derivative (add_distill) after the GRPO loss assigned it
+  const bool distill = grpo && cfg_.distill.enabled();
+  std::vector<double> agg_w;
+  if (distill) {
+    TROUPE_ASSIGN_OR_RETURN(agg_w, aggregation_weights(packed, norm));
+    for (float& a : packed.advantages) a *= cfg_.distill.reward_coef;
+  }
+  auto add_distill = [&](int t0, int t1) {
+    if (distill)
+      distill_reverse_kl(dlogp_.data() + t0, logp_.data() + t0, packed.logp_teacher.data() + t0,
+                         tb.logp_old ? tb.logp_old + t0 : nullptr, packed.mask.data() + t0, agg_w.data() + t0,
+                         t1 - t0, cfg_.distill.coef, distill_);
+  };
   // Importance weight against the policy that sampled, of rho = pi_old / pi_behavior, pi_old the
   // recorded/recomputed old policy or, on-policy, the current one (detached): the configured
   // loss.mismatch_correction, else truncated at importance_weight_cap (stale async samples).
@@ -317,11 +345,13 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
       }
       auto r = loss(b, dlogp_.data() + t0, dentropy_.data() + t0, logp_.data() + t0, entropy_.data() + t0);
       if (!r.ok() && failed.ok()) failed = r.error();
+      add_distill(t0, t1);
     };
     TROUPE_TRY(model_.forward_backward_train(packed.batch, cfg_.batch.temperature, logp_.data(), entropy_.data(),
                                              dlogp_.data(), need_dentropy ? dentropy_.data() : nullptr, grad));
     TROUPE_TRY(failed);
     if (score) add_packed_mismatch(mismatch, packed, logp_.data(), model_);
+    if (distill && cfg_.distill.topk > 0) TROUPE_TRY(run_topk_pass(samples, norm));
     // The metrics of the whole micro-batch (the gradients it assigns again are the ones grad gave).
     return loss(tb, dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data());
   }
@@ -329,8 +359,61 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
   if (score) add_packed_mismatch(mismatch, packed, logp_.data(), model_);
   if (weighted) weights(0, tb.T, tb.cu_seqlens, tb.S);
   TROUPE_ASSIGN_OR_RETURN(LossMetrics m, loss(tb, dlogp_.data(), dentropy_.data(), logp_.data(), entropy_.data()));
+  add_distill(0, tb.T);
   TROUPE_TRY(model_.backward_train(dlogp_.data(), need_dentropy ? dentropy_.data() : nullptr));
+  if (distill && cfg_.distill.topk > 0) TROUPE_TRY(run_topk_pass(samples, norm));
   return m;
+}
+
+Result<std::vector<double>> Trainer::aggregation_weights(const PackedMicroBatch& packed, const LossNorm& norm) const {
+  const auto& cu = packed.batch.cu_seqlens;
+  std::vector<double> w(packed.mask.size(), 0.0);
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    double tokens = 0;
+    for (int32_t t = cu[s]; t < cu[s + 1]; ++t) tokens += packed.mask[static_cast<size_t>(t)];
+    TROUPE_ASSIGN_OR_RETURN(double ws, aggregation_weight(cfg_.loss.agg_mode, tokens, norm, cfg_.loss.agg_norm_length));
+    for (int32_t t = cu[s]; t < cu[s + 1]; ++t) w[static_cast<size_t>(t)] = ws * packed.mask[static_cast<size_t>(t)];
+  }
+  return w;
+}
+
+Status Trainer::run_topk_pass(const std::vector<const Sample*>& samples, const LossNorm& norm) {
+  const size_t K = static_cast<size_t>(cfg_.distill.topk);
+  policy::PackedBatch b;
+  b.cu_seqlens.push_back(0);
+  std::vector<float> mask, teacher;  // per completion position (n); teacher (n x K)
+  std::vector<double> weight;        // per completion position
+  std::vector<size_t> row;           // (n x K): the packed row predicting position p's j-th token
+  for (const Sample* s : samples) {
+    const size_t P = s->prompt.size(), C = s->completion.size(), p0 = mask.size();
+    const float keep = (cfg_.batch.mask_truncated && s->truncated) ? 0.0f : 1.0f;
+    double tokens = 0;
+    for (size_t c = 0; c < C; ++c) {
+      mask.push_back(keep * (s->completion_mask.empty() ? 1.0f : s->completion_mask[c]));
+      tokens += mask.back();
+    }
+    TROUPE_ASSIGN_OR_RETURN(double ws, aggregation_weight(cfg_.loss.agg_mode, tokens, norm, cfg_.loss.agg_norm_length));
+    for (size_t c = 0; c < C; ++c) weight.push_back(ws * mask[p0 + c]);
+    teacher.insert(teacher.end(), s->teacher_topk_logprobs.begin(), s->teacher_topk_logprobs.end());
+    row.resize(mask.size() * K);
+    for (size_t j = 0; j < K; ++j) {  // copy j: the completion's targets are the teacher's j-th tokens
+      const size_t base = b.tokens.size();
+      for (size_t t = 0; t + 1 < P + C; ++t) {
+        b.tokens.push_back(t < P ? s->prompt[t] : s->completion[t - P]);
+        b.targets.push_back(t + 1 < P ? -1 : s->teacher_topk_ids[(t + 1 - P) * K + j]);
+      }
+      b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+      for (size_t c = 0; c < C; ++c) row[(p0 + c) * K + j] = base + P - 1 + c;
+    }
+  }
+  std::vector<float> logp(b.tokens.size(), 0.0f), dlogp(b.tokens.size(), 0.0f);
+  TROUPE_TRY(model_.forward_train(b, cfg_.batch.temperature, logp.data(), nullptr));
+  std::vector<float> student(row.size()), dstudent(row.size());
+  for (size_t i = 0; i < row.size(); ++i) student[i] = logp[row[i]];
+  distill_topk_forward_kl(dstudent.data(), student.data(), teacher.data(), mask.data(), weight.data(),
+                          static_cast<int>(mask.size()), static_cast<int>(K), cfg_.distill.coef, distill_);
+  for (size_t i = 0; i < row.size(); ++i) dlogp[row[i]] = dstudent[i];
+  return model_.backward_train(dlogp.data(), nullptr);
 }
 
 Status Trainer::check_batch(const std::vector<Sample>& batch) const {
@@ -375,6 +458,12 @@ Status Trainer::finish_metrics(StepMetrics& out, const LossMetrics& sums, const 
   maxes[static_cast<size_t>(comm_.rank())] = mismatch.diff_max;
   TROUPE_TRY(comm_.allreduce_sum(std::span<double>(maxes)));
   out.mismatch = MismatchSums{mm[0], mm[1], *std::max_element(maxes.begin(), maxes.end()), mm[2], mm[3], mm[4], mm[5]};
+  if (cfg_.phase == Phase::grpo && cfg_.distill.enabled()) {
+    double d[6] = {distill_.tokens, distill_.reverse_kl_sum, distill_.teacher_logp_sum,
+                   distill_.loss,   distill_.topk_kl_sum,    distill_.topk_loss};
+    TROUPE_TRY(comm_.allreduce_sum(std::span<double>(d, 6)));
+    out.distill = DistillSums{d[0], d[1], d[2], d[3], d[4], d[5]};
+  }
   out.loss = finalize(total);
   const double steps = std::max(out.optimizer_steps, 1);
   out.loss.loss /= steps;
@@ -422,6 +511,7 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
   StepMetrics out;
   LossMetrics sums;
   MismatchSums mismatch;
+  distill_ = DistillSums{};
   double norm_sum = 0;
   const int W = comm_.size(), r = comm_.rank();
   // Mismatch of the samples the current weights sampled, before any update: from the first
@@ -485,6 +575,7 @@ Status Trainer::accumulate(const std::vector<Sample>& part) {
   if (!acc_.active) {
     acc_ = Accumulated{};
     acc_.active = true;
+    distill_ = DistillSums{};
     model_.zero_grads();
   }
   if (!part.empty()) {
@@ -538,6 +629,8 @@ Result<StepMetrics> Trainer::finish_accumulated() {
   a.sums.loss *= scale;
   a.sums.pg_loss *= scale;
   a.sums.kl_loss *= scale;
+  distill_.loss *= scale;
+  distill_.topk_loss *= scale;
   StepMetrics out;
   double norm_sum = 0;
   TROUPE_TRY(optimizer_step(out, norm_sum, true));

@@ -181,6 +181,7 @@ Task<Status> train_streamed(RunState& s, Pipeline& pl, int64_t step, int64_t k, 
       whole.index0 = part.index0;
     }
     TROUPE_CO_ASSIGN_OR_RETURN(auto p, prepare(s, part));
+    TROUPE_CO_TRY(co_await score_teacher(s, p));
     const bool last = c + 1 == C;
     if (!p.samples.empty() || (last && sent)) {
       TrainReq req;
@@ -196,6 +197,7 @@ Task<Status> train_streamed(RunState& s, Pipeline& pl, int64_t step, int64_t k, 
     all.adv.insert(all.adv.end(), p.adv.begin(), p.adv.end());
     all.groups_kept += p.groups_kept;
     all.stale_dropped += p.stale_dropped;
+    all.scorer.add(p.scorer);
     whole.policy_version = std::min(whole.policy_version, part.policy_version);
     whole.gen_s += part.gen_s;
     whole.env_s += part.env_s;

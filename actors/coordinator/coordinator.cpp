@@ -110,6 +110,7 @@ Task<Status> run_phases(RunState& s, int64_t start) {
 Task<Status> run(RunState& s, bool resume) {
   s.t0 = mono_seconds();
   TROUPE_CO_TRY(load_tokenizer(s));
+  TROUPE_CO_TRY(co_await check_teacher(s));
   int64_t start = 0;
   if (resume) {
     TROUPE_CO_ASSIGN_OR_RETURN(start, co_await resume_from_latest(s));

@@ -47,6 +47,13 @@ Status restore_centering(RunState& s, const json& saved);
 Task<Result<GenerateRep>> generation_failover(RunState& s, Result<GenerateRep> first, const GenerateReq& req,
                                               size_t g);
 
+// teacher_scores.cpp (distill): at start, every scorer serves distill.teacher with the student's
+// tokenizer (else invalid_input naming both tokenizer hashes); per step, each prepared sample gets
+// the teacher's log-probs (and top-k) from the scorers, a failed request retried on the next scorer
+// up to distill.max_retries times (counted in p.scorer), after which the step fails (peer_failed).
+Task<Status> check_teacher(RunState& s);
+Task<Status> score_teacher(RunState& s, Prepared& p);
+
 // training_step.cpp: what every step ends with, for the SFT loop and both GRPO pipelines.
 std::vector<runtime::Reply<TrainRep>> send_train(RunState& s, TrainReq req);  // to every learner (one shared object)
 bool eval_due(const ExperimentConfig& cfg, int64_t step, bool last_of_phase);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "troupe/actors/messages.h"
+#include "troupe/actors/scorer.h"
 
 namespace troupe::actors::coord {
 
@@ -61,6 +62,7 @@ struct Rollout {
 
 struct Prepared {  // what a rollout gives the learners
   std::vector<TrainSample> samples;
+  ScorerStats scorer;  // distill: the teacher requests that scored the samples
   std::vector<float> adv;  // per sample of the rollout's groups (0 where not kept)
   int groups_kept = 0, stale_dropped = 0;
 };

@@ -136,6 +136,16 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
     for (const char* key : {"logprob_diff_max", "logprob_diff_mean", "mismatch_kl", "mismatch_frac", "mismatch_tokens",
                             "routing_agreement"})
       if (tr.metrics.contains(key)) row[key] = tr.metrics[key];
+  // distill: the learner's distillation terms, and the teacher requests of this step's scorers
+  if (tr.updated)
+    for (auto it = tr.metrics.begin(); it != tr.metrics.end(); ++it)
+      if (it.key().rfind("distill/", 0) == 0) row[it.key()] = *it;
+  if (s.cfg.distill.enabled()) {
+    row["scorer/requests"] = p.scorer.requests;
+    row["scorer/latency_s"] = p.scorer.requests > 0 ? p.scorer.latency_s / static_cast<double>(p.scorer.requests) : 0.0;
+    row["scorer/failures"] = p.scorer.failures;
+    row["scorer/retries"] = p.scorer.retries;
+  }
   // failed env calls, only when there were any: env_failures/<reason> (after retries), env_retries
   for (const auto& g : r.groups)
     for (size_t j = 0; j < g.errors.size(); ++j)

@@ -50,6 +50,7 @@ Task<Status> finish_grpo_step(RunState& s, const Rollout& r, const Prepared& p, 
 
 Task<Status> train_on(RunState& s, Rollout& r, int64_t step, int64_t k, double step_start, double gen_idle) {
   TROUPE_CO_ASSIGN_OR_RETURN(auto p, prepare(s, r));
+  TROUPE_CO_TRY(co_await score_teacher(s, p));
   Trained t;
   if (!p.samples.empty()) {
     TrainReq req;

@@ -47,7 +47,13 @@ const envs::EnvInfo* EnvWorker::info(const std::string& env) const {
 
 bool EnvWorker::concurrent(const std::string& env) const {
   auto it = clients_.find(env);
-  return it != clients_.end() && it->second->concurrent();
+  if (it != clients_.end() && it->second->concurrent()) return true;
+  // a judge with a local model waits for a scorer's reply: never on a runtime worker thread, which
+  // the scorer's own mail may need
+  auto spec = specs_.find(env);
+  if (spec == specs_.end() || !spec->second.config.is_object()) return false;
+  const auto& j = spec->second.config.value("judge", json::object());
+  return j.is_object() && j.value("url", std::string()).empty() && j.contains("model");
 }
 
 void EnvWorker::fail(EnvObs& out, const std::string& env, const Error& e) const {

@@ -148,6 +148,9 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
     s.advantage = t.advantage;
     s.truncated = t.truncated;
     s.sampler_experts = t.experts;
+    s.teacher_logprobs = t.teacher_logprobs;
+    s.teacher_topk_ids = t.teacher_topk_ids;
+    s.teacher_topk_logprobs = t.teacher_topk_logprobs;
     // sampled by the weights held now (in-flight updates: every token by them)
     s.score_mismatch = t.versions.empty() ? t.policy_version == version_
                                           : t.versions.size() == 1 && t.versions[0] == version_;
@@ -200,6 +203,16 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
     j["mismatch_frac"] = mm.mismatch_frac;
     j["mismatch_tokens"] = mm.tokens;
     if (mm.has_routing) j["routing_agreement"] = mm.routing_agreement;
+  }
+  if (m.distill.tokens > 0) {  // distill: the student (this forward) against the teacher's log-probs
+    const double steps = std::max(m.optimizer_steps, 1);
+    j["distill/reverse_kl"] = m.distill.reverse_kl_sum / m.distill.tokens;
+    j["distill/teacher_logprob"] = m.distill.teacher_logp_sum / m.distill.tokens;
+    j["distill/loss"] = m.distill.loss / steps;
+    if (cfg_.distill.topk > 0) {
+      j["distill/topk_kl"] = m.distill.topk_kl_sum / m.distill.tokens;
+      j["distill/topk_loss"] = m.distill.topk_loss / steps;
+    }
   }
   TrainRep rep;
   rep.metrics_json = j.dump();

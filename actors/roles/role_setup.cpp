@@ -114,6 +114,7 @@ learner::LearnerConfig learner_config(const ExperimentConfig& c, learner::Phase 
   l.max_completion_length = c.rollout.max_response_length * c.rollout.max_turns;  // (the default agg_norm_length)
   l.importance_weight_cap = c.rollout.importance_weight_cap;
   l.seed = static_cast<uint64_t>(c.run.seed);
+  if (!sft) l.distill = c.distill;
   return l;
 }
 
@@ -215,6 +216,7 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
 int role_threads(const ClusterSection& c, const std::string& role, int fallback) {
   int own = role.rfind("generator", 0) == 0 ? c.generator_threads
             : role.rfind("learner", 0) == 0 ? c.learner_threads
+            : role.rfind("scorer", 0) == 0  ? c.scorer_threads
                                             : 0;
   return own > 0 ? own : c.threads > 0 ? c.threads : fallback;
 }

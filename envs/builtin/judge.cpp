@@ -2,6 +2,7 @@
 // chat-completions call (cpp-httplib, http and https). Invariant: every failure of a call is an
 // error led by its reason (judge_http, judge_timeout, judge_parse), never a silent 0.
 #include "builtin/judge.h"
+#include "troupe/envs/local_model.h"
 
 #include <httplib.h>
 
@@ -67,14 +68,19 @@ Status read_range(ConfigReader& r, JudgeConfig& c) {
   return {};
 }
 
-// `url`: an http:// or https:// base URL, split into its origin and path.
-Status check_url(const std::string& where, const std::string& url) {
-  if (url.empty())
-    return invalid_input(where + ": 'url' is required (an OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1)");
+// `url`: an http:// or https:// base URL, split into its origin and path; without it `model` is a
+// local model (a path) that the run's scorers serve.
+Status check_url(const std::string& where, const std::string& url, const std::string& model) {
+  if (url.empty()) {
+    if (model.empty())
+      return invalid_input(where + ": 'url' (an OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1) or "
+                                   "'model' (a local model path, served by the run's scorers) is required");
+    return {};
+  }
   if (!url.starts_with("http://") && !url.starts_with("https://"))
     return invalid_input(where + ": 'url' must be an http:// or https:// base URL of an OpenAI-compatible endpoint "
-                                 "(got '" + url + "'; a judge from a local model path is not supported: serve it "
-                                 "with `troupe serve` and give its URL)");
+                                 "(got '" + url + "'; for a local model give its path as 'model' without 'url': "
+                                 "the run's scorers serve it)");
   return {};
 }
 
@@ -125,8 +131,11 @@ Result<JudgeConfig> read_judge_config(const json& judge, const std::string& wher
   c.max_tokens = static_cast<int>(max_tokens);
   TROUPE_ASSIGN_OR_RETURN(c.temperature, r.number("temperature", 0.0, 0.0, 2.0));
   TROUPE_TRY(r.finish());
-  TROUPE_TRY(check_url(where, c.url));
+  TROUPE_TRY(check_url(where, c.url, c.model));
   if (c.model.empty()) return invalid_input(where + ": 'model' is required (the model name the endpoint serves)");
+  if (c.url.empty() && !c.api_key_env.empty())
+    return invalid_input(where + ": 'url' is required with 'api_key_env' (an OpenAI-compatible base URL, e.g. "
+                                 "http://127.0.0.1:8000/v1); a local model (model: PATH without url) takes no key");
   if (auto rendered = render_rubric(c.rubric, "", "", ""); !rendered.ok())
     return invalid_input(where + ": 'rubric': " + rendered.error().message);
   if (parse == "regex") {
@@ -197,8 +206,29 @@ Judge::Judge(JudgeConfig config) : config_(std::move(config)) {
   path_ += "/chat/completions";
 }
 
+// A local model (model: PATH, no url): the rubric as the prompt of a scorer's generation
+// (local_model.h); a failed call is judge_timeout (its deadline passed) or judge_http (anything else).
+Result<JudgeScore> Judge::score_local(const std::string& message) const {
+  const auto t0 = MonoClock::now();
+  auto text = call_local_model(LocalModelRequest{config_.model, message, config_.max_tokens, config_.temperature,
+                                                 config_.timeout_s});
+  JudgeScore out;
+  out.latency_s = seconds_since(t0);
+  const std::string where = "judge model " + config_.model;
+  if (!text.ok())
+    return judge_error(text.error().code == ErrorCode::timeout || text.error().message.find("timed out") != std::string::npos
+                           ? Termination::judge_timeout
+                           : Termination::judge_http,
+                       where + ": " + text.error().message);
+  auto s = parse_judge_reply(config_, *text);
+  if (!s.ok()) return Error{s.error().code, s.error().message + " (" + where + ")"};
+  out.score = *s;
+  return out;
+}
+
 Result<JudgeScore> Judge::score(const std::string& prompt, const std::string& response, const std::string& reference) const {
   TROUPE_ASSIGN_OR_RETURN(const std::string message, render_rubric(config_.rubric, prompt, response, reference));
+  if (config_.url.empty()) return score_local(message);
   const json body = {{"model", config_.model},
                      {"messages", json::array({{{"role", "user"}, {"content", message}}})},
                      {"max_tokens", config_.max_tokens},

@@ -16,7 +16,7 @@ enum class JudgeParse { regex, json };
 
 struct JudgeConfig {
   std::string url;          // the endpoint's base URL (http[s]://host:port[/path]), e.g. http://127.0.0.1:8000/v1
-  std::string model;        // the model name sent
+  std::string model;        // the model name sent; without url: a local model's path, served by the run's scorers
   std::string api_key_env;  // the environment variable holding the key ("" = no Authorization header)
   std::string api_key;      // its value, read when the config is read
   std::string rubric;       // the user message: {prompt}, {response}, {reference}; {{ and }} are literal braces
@@ -53,6 +53,7 @@ class Judge {
   const JudgeConfig& config() const { return config_; }
 
  private:
+  Result<JudgeScore> score_local(const std::string& message) const;
   JudgeConfig config_;
   std::string origin_;  // scheme://host:port
   std::string path_;    // the base URL's path, then /chat/completions

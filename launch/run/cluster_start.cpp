@@ -1,6 +1,6 @@
 // Step 5 of `troupe run`: this process's cluster from the `cluster` section (transport, bind host,
 // heartbeats, CURVE keys relative to the YAML), its bootstrap (one node without MPI), and the
-// learners' own MPI communicator. A dead generator rank is a survivable loss while another lives.
+// learners' own MPI communicator. A dead generator (or scorer) rank is a survivable loss while another lives.
 // Every rank's receiving socket is bounded by the model's size (cluster_max_message_bytes).
 #include <mpi.h>
 
@@ -71,10 +71,14 @@ runtime::ClusterConfig cluster_config(const LoadedConfig& loaded, const actors::
   cc.on_first_signal = graceful_first_signal;
   // A dead generator rank does not end the job while another generator lives: its prompts go to
   // the others (actors/rollout.cpp, generation_failover); the coordinator fails once none is left.
-  if (cfg.cluster.generators >= 2)
-    cc.survivable_loss = [placement](const std::string& role) {
+  // So does a dead scorer rank while another scorer lives: its requests are retried on the next one
+  // (teacher_scores.cpp, ScorerClient), each such failure counted.
+  const bool spare_generators = cfg.cluster.generators >= 2, spare_scorers = cfg.cluster.scorers >= 2;
+  if (spare_generators || spare_scorers)
+    cc.survivable_loss = [placement, spare_generators, spare_scorers](const std::string& role) {
       for (const auto& r : placement)
-        if (r.name == role) return r.kind == RoleKind::generator;
+        if (r.name == role)
+          return (spare_generators && r.kind == RoleKind::generator) || (spare_scorers && r.kind == RoleKind::scorer);
       return false;
     };
   cc.system.threads = 3;

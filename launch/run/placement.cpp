@@ -1,6 +1,6 @@
 // Step 3 of `troupe run`: the placement of roles on ranks. Rank layout under mpirun: learners first
-// (rank 0 also hosts the coordinator), then generators, then env workers; the world size must
-// equal learners + generators + env_workers. One process hosts them all, in the same order.
+// (rank 0 also hosts the coordinator), then generators, then env workers, then scorers; the world
+// size must equal learners + generators + env_workers + scorers. One process hosts them all, in the same order.
 #include <string>
 
 #include "run/steps.h"
@@ -12,6 +12,7 @@ const char* role_kind_name(RoleKind kind) {
     case RoleKind::learner: return "learner";
     case RoleKind::generator: return "generator";
     case RoleKind::env: return "env";
+    case RoleKind::scorer: return "scorer";
   }
   return "?";
 }
@@ -24,6 +25,7 @@ Placement plan_placement(const actors::ClusterSection& cluster) {
   add(RoleKind::learner, cluster.learners);
   add(RoleKind::generator, cluster.generators);
   add(RoleKind::env, cluster.env_workers);
+  add(RoleKind::scorer, cluster.scorers);
   return placement;
 }
 

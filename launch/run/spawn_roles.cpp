@@ -2,6 +2,7 @@
 // MPI, every role in one process) and the address of every role, hosted here or not: under MPI a
 // role's name on its rank's node, in one process the id its spawn returned.
 #include "run/steps.h"
+#include "troupe/actors/scorer.h"
 
 namespace troupe::launch::run {
 
@@ -32,6 +33,14 @@ Result<runtime::ActorFactory> make_role(const actors::ExperimentConfig& cfg, con
         return std::make_unique<actors::GeneratorActor>(sp, n, nice, index, own_process);
       });
     }
+    case RoleKind::scorer: {
+      TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<actors::Scorer> sp,
+                              actors::Scorer::create(actors::scorer_model_paths(cfg), cfg.policy));
+      hosted.scorers.push_back(sp);
+      return runtime::ActorFactory([sp, n]() -> std::unique_ptr<runtime::Actor> {
+        return std::make_unique<actors::ScorerActor>(sp, n);
+      });
+    }
     case RoleKind::env: break;
   }
   TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<actors::EnvWorker> sp, actors::EnvWorker::create(specs, role.name));
@@ -48,23 +57,28 @@ Result<HostedRoles> spawn_roles(const actors::ExperimentConfig& cfg, const Place
   const bool single = !cluster.under_mpi();
   HostedRoles hosted;
   hosted.peers.system = &sys;
-  for (size_t r = 0; r < placement.size(); ++r) {
-    const PlacedRole& role = placement[r];
-    runtime::ActorId addr = runtime::ActorSystem::named(static_cast<uint32_t>(single ? 0 : r), role.name);
-    if (single || static_cast<int>(r) == cluster.rank()) {
-      TROUPE_ASSIGN_OR_RETURN(runtime::ActorFactory factory,
-                              make_role(cfg, role, single, comm, specs, rank_threads, hosted));
-      runtime::SpawnOptions so;
-      so.name = role.name;
-      TROUPE_ASSIGN_OR_RETURN(runtime::ActorId id, sys.spawn(factory, so));
-      if (single) addr = id;
+  // scorers first: the env workers' judges reach them (in one process by the ids their spawns return)
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t r = 0; r < placement.size(); ++r) {
+      const PlacedRole& role = placement[r];
+      if ((role.kind == RoleKind::scorer) != (pass == 0)) continue;
+      runtime::ActorId addr = runtime::ActorSystem::named(static_cast<uint32_t>(single ? 0 : r), role.name);
+      if (single || static_cast<int>(r) == cluster.rank()) {
+        if (role.kind == RoleKind::env) actors::set_scorer_peers(sys, hosted.peers.scorers, cfg);
+        TROUPE_ASSIGN_OR_RETURN(runtime::ActorFactory factory,
+                                make_role(cfg, role, single, comm, specs, rank_threads, hosted));
+        runtime::SpawnOptions so;
+        so.name = role.name;
+        TROUPE_ASSIGN_OR_RETURN(runtime::ActorId id, sys.spawn(factory, so));
+        if (single) addr = id;
+      }
+      switch (role.kind) {
+        case RoleKind::learner: hosted.peers.learners.push_back(addr); break;
+        case RoleKind::generator: hosted.peers.generators.push_back(addr); break;
+        case RoleKind::env: hosted.peers.env_workers.push_back(addr); break;
+        case RoleKind::scorer: hosted.peers.scorers.push_back(addr); break;
+      }
     }
-    switch (role.kind) {
-      case RoleKind::learner: hosted.peers.learners.push_back(addr); break;
-      case RoleKind::generator: hosted.peers.generators.push_back(addr); break;
-      case RoleKind::env: hosted.peers.env_workers.push_back(addr); break;
-    }
-  }
   return hosted;
 }
 

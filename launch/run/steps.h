@@ -11,6 +11,7 @@
 
 #include "troupe/actors/coordinator.h"
 #include "troupe/actors/roles.h"
+#include "troupe/actors/scorer.h"
 #include "troupe/launch/config.h"
 #include "troupe/launch/run.h"
 #include "troupe/learner/communicator.h"
@@ -37,10 +38,10 @@ int set_compute_threads(int configured, const Launcher& launcher);
 
 // ---- placement.cpp: which rank hosts which role ----------------------------------------------
 
-enum class RoleKind { learner, generator, env };
+enum class RoleKind { learner, generator, env, scorer };
 
 // One role of the run: rank r hosts the r-th (learners first, rank 0 also hosts the coordinator,
-// then generators, then env workers). `name` is what users and logs see: "learner0", "env2".
+// then generators, then env workers, then scorers). `name` is what users and logs see: "learner0", "env2".
 struct PlacedRole {
   RoleKind kind;
   int index;  // among the roles of its kind
@@ -49,7 +50,7 @@ struct PlacedRole {
 using Placement = std::vector<PlacedRole>;
 
 Placement plan_placement(const actors::ClusterSection& cluster);
-// "learner", "generator", "env": the role names' stems (and actors::role_threads' role).
+// "learner", "generator", "env", "scorer": the role names' stems (and actors::role_threads' role).
 const char* role_kind_name(RoleKind kind);
 
 // ---- world_check.cpp ---------------------------------------------------------------------------
@@ -84,6 +85,7 @@ struct HostedRoles {
   std::vector<std::shared_ptr<actors::Generator>> gens;
   std::vector<int> gen_indices;  // gens[i] is generator gen_indices[i]
   std::vector<std::shared_ptr<actors::LearnerRole>> learners;
+  std::vector<std::shared_ptr<actors::Scorer>> scorers;
   actors::RolePeers peers;  // every role's address, hosted here or not
 };
 

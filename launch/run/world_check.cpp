@@ -24,9 +24,9 @@ int check_world(const LoadedConfig& loaded, const Launcher& launcher, size_t rol
       auto m = loaded.mark_of("cluster.learners");
       std::fprintf(stderr,
                    "%s:%d:%d: error: cluster: the job has %d ranks but the cluster section places %zu roles "
-                   "(learners %d + generators %d + env_workers %d); run %s %zu or change cluster\n",
+                   "(learners %d + generators %d + env_workers %d + scorers %d); run %s %zu or change cluster\n",
                    loaded.file.c_str(), m.first, m.second, n, roles, cluster.learners, cluster.generators,
-                   cluster.env_workers, launcher.srun ? "srun --mpi=pmix -n" : "mpirun -np", roles);
+                   cluster.env_workers, cluster.scorers, launcher.srun ? "srun --mpi=pmix -n" : "mpirun -np", roles);
       return 2;
     }
   } else if (cluster.learners > 1) {

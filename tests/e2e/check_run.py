@@ -253,12 +253,33 @@ def eval_json(path):
     print("eval json ok:", last.strip())
 
 
+def distilled(run_dir):
+    """distill: the reverse KL to the teacher fell and the teacher's log-prob of the samples rose."""
+    rs = [r for r in rows(run_dir) if r.get("phase") == "grpo" and "distill/reverse_kl" in r]
+    if len(rs) < 6:
+        fail("%d GRPO rows with distill/reverse_kl" % len(rs))
+    kl = [r["distill/reverse_kl"] for r in rs]
+    tl = [r["distill/teacher_logprob"] for r in rs]
+    first, last = sum(kl[:3]) / 3, sum(kl[-3:]) / 3
+    if not last < 0.8 * first:
+        fail("distill/reverse_kl did not fall: first steps %.4f, last steps %.4f (%s)" % (first, last, kl))
+    if not sum(tl[-3:]) > sum(tl[:3]):
+        fail("distill/teacher_logprob did not rise: %s" % tl)
+    for r in rs:
+        if r.get("scorer/failures", -1) != 0 or r.get("scorer/requests", 0) < 1:
+            fail("step %s: scorer/requests %r, scorer/failures %r" % (r["step"], r.get("scorer/requests"),
+                                                                      r.get("scorer/failures")))
+    print("reverse KL %.4f -> %.4f, teacher log-prob %.4f -> %.4f" % (first, last, sum(tl[:3]) / 3, sum(tl[-3:]) / 3))
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "learned":
         learned(sys.argv[2])
     elif cmd == "files":
         files(sys.argv[2])
+    elif cmd == "distilled":
+        distilled(sys.argv[2])
     elif cmd == "same":
         same(sys.argv[2], sys.argv[3])
     elif cmd == "improved":

@@ -470,6 +470,30 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
       --set policy.device=cpu_fenced --set weight_sync.transport=nccl $S
     grep -q "so the weight group is in-process, but generator 0 (node" "$W/err.txt" || { cat "$W/err.txt"; exit 1; }
     ;;
+  distill)  # on-policy distillation: a fresh quickstart student learns from the quickstart after SFT
+    # (the teacher, served by a scorer): the reverse KL falls; same seed and --resume bit for bit;
+    # top-k + the reward's advantage on two scorers; a teacher with another tokenizer is refused
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/teacher" --set grpo.enabled=false \
+      --set sft.max_steps=60 --set eval.every=0 --set eval.num_prompts=20 $Q
+    T=$(readlink -f "$W/teacher/checkpoints/latest")
+    D="--set sft.enabled=false --set distill.teacher=$T --set cluster.scorers=1 --set optimizer.lr=0.003
+       --set optimizer.schedule=constant --set rollout.prompts_per_step=16 --set eval.every=0
+       --set eval.num_prompts=20 --set checkpointing.every=4 $Q"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" --set grpo.max_steps=12 $D
+    $CHECK distilled "$W/a"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/b" --set grpo.max_steps=4 $D
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/b" --set grpo.max_steps=12 $D
+    $CHECK same "$W/a" "$W/b"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/c" --set grpo.max_steps=2 $D \
+      --set distill.topk=4 --set distill.reward_coef=0.5 --set cluster.scorers=2
+    grep -q '"distill/topk_kl"' "$W/c/metrics.jsonl"
+    expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/d" --set grpo.max_steps=1 $D \
+      --set policy.tokenizer=byte --set policy.model.vocab_size=300
+    grep -q "another tokenizer" "$W/err.txt"
+    grep -q "teacher tokenizer xxh3:" "$W/err.txt"
+    expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/e" $D --set cluster.scorers=0
+    grep -q "distill.teacher: the teacher is served by the scorers" "$W/err.txt"
+    ;;
   lora)  # LoRA adapters (attention) on an SFT-trained quickstart base: GRPO learns; checkpoints hold the
     # adapters alone; --resume, delta vs full sync, cpu_fenced: bit for bit; exact on-policy with
     # batch_invariant; bad policy.lora keys are FILE:LINE errors

@@ -25,6 +25,8 @@ inline constexpr std::uint32_t train_rep = 2021;
 inline constexpr std::uint32_t get_weights_req = 2022;
 inline constexpr std::uint32_t checkpoint_req = 2023;
 inline constexpr std::uint32_t checkpoint_rep = 2024;
+inline constexpr std::uint32_t score_req = 2030;  // a scorer: log-probs, generation (actors/scorer.h)
+inline constexpr std::uint32_t score_rep = 2031;
 inline constexpr std::uint32_t served_turns_req = 2090;
 inline constexpr std::uint32_t served_turns_rep = 2091;
 inline constexpr std::uint32_t serve_address_req = 2092;
@@ -66,6 +68,7 @@ inline constexpr Entry kTable[] = {
     {"step_version", step_version},         {"train_req", train_req},
     {"train_rep", train_rep},               {"get_weights_req", get_weights_req},
     {"checkpoint_req", checkpoint_req},     {"checkpoint_rep", checkpoint_rep},
+    {"score_req", score_req},               {"score_rep", score_rep},
     {"served_turns_req", served_turns_req}, {"served_turns_rep", served_turns_rep},
     {"serve_address_req", serve_address_req}, {"serve_address_rep", serve_address_rep},
     {"env_run_req", env_run_req},           {"env_aggregate_req", env_aggregate_req},

@@ -23,6 +23,7 @@ namespace troupe::actors {
 struct RolePeers {
   runtime::ActorSystem* system = nullptr;  // the coordinator's (run_coordinator spawns it there)
   std::vector<runtime::ActorId> env_workers, generators, learners;
+  std::vector<runtime::ActorId> scorers;  // cluster.scorers: the frozen models (distill.teacher, judges)
 };
 
 // Called on the coordinator actor's thread, one at a time.

@@ -141,6 +141,8 @@ struct ClusterSection {
   int generator_threads = 0;  // compute threads of a generator (0 = threads)
   int learner_threads = 0;    // compute threads of a learner (0 = threads)
   int generator_nice = 0;     // OS priority (nice) of the generator's compute threads (0 = as the process)
+  int scorers = 0;            // scorer ranks: frozen models (distill.teacher, judges' model) served to every rollout
+  int scorer_threads = 0;     // compute threads of a scorer (0 = threads)
   bool curve = false;                 // tcp between ranks encrypted and authenticated (ZeroMQ CURVE)
   std::string curve_public_key;       // this rank's key files (Z85, `troupe keygen`), relative to the YAML's folder
   std::string curve_secret_key;
@@ -201,6 +203,7 @@ struct ExperimentConfig {
   GrpoSection grpo;
   learner::GrpoLossConfig loss;
   learner::OptimizerConfig optimizer;
+  learner::DistillConfig distill;  // on-policy distillation from a teacher on the scorers
   std::vector<EnvSpec> envs;
   RolloutSection rollout;
   WeightSyncSection weight_sync;

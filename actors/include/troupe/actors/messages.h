@@ -335,10 +335,15 @@ struct TrainSample {
   // is then the oldest of them.
   std::vector<std::uint32_t> version_starts;
   std::vector<std::int64_t> versions;
+  // distill: the teacher's log-prob of each completion token, and with distill.topk k its k most
+  // likely tokens and their log-probs at each completion position ((completion) x k); empty = none
+  std::vector<float> teacher_logprobs;
+  std::vector<std::int32_t> teacher_topk_ids;
+  std::vector<float> teacher_topk_logprobs;
   template <class A>
   void serialize(A& ar) {
     ar(prompt, completion, mask, old_logprobs, behavior_logprobs, advantage, truncated, policy_version, experts,
-       version_starts, versions);
+       version_starts, versions, teacher_logprobs, teacher_topk_ids, teacher_topk_logprobs);
   }
 };
 struct TrainReq {
@@ -422,6 +427,53 @@ struct CheckpointRep {
   void serialize(A& ar) { ar(path, step, policy_version, extra_json, pipeline); }
 };
 
+// ---- scorer: a frozen model that scores or generates for every rollout (actors/scorer.h) ----
+// What a ScoreReq asks. A new kind is one more enumerator here, one more branch in
+// Scorer::run_batch (roles/scorer_role.cpp), and the fields it reads below.
+enum class ScoreKind : std::int32_t {
+  logprobs = 0,        // log p(seq[t] | seq[<t]) for t >= starts[i], and optionally the top-k per position
+  generate = 1,        // texts completed from prompts (an LLM judge with a local model)
+  sequence_score = 2,  // reserved: one scalar per sequence from a score head on its last token (reward models)
+};
+struct ScoreReq {
+  static constexpr std::uint32_t type_id = message_id::score_req;
+  static constexpr const char* type_name = "actors.ScoreReq";
+  std::int32_t kind = 0;  // ScoreKind
+  std::string model;      // which of the scorer's models: its path as the config names it
+  // logprobs, sequence_score: whole token sequences (prompt + completion)
+  std::vector<std::vector<std::int32_t>> sequences;
+  std::vector<std::int32_t> starts;  // logprobs: per sequence, the first position scored (>= 1)
+  std::int32_t topk = 0;             // logprobs: also the k most likely tokens of each scored position
+  // generate: prompts as text (the model's tokenizer encodes them after BOS), greedy unless temperature > 0
+  std::vector<std::string> prompts;
+  std::int32_t max_new_tokens = 256;
+  float temperature = 0;
+  std::uint64_t seed = 0;
+  template <class A>
+  void serialize(A& ar) { ar(kind, model, sequences, starts, topk, prompts, max_new_tokens, temperature, seed); }
+};
+struct ScoreRep {
+  static constexpr std::uint32_t type_id = message_id::score_rep;
+  static constexpr const char* type_name = "actors.ScoreRep";
+  std::string model_hash;      // xxh3 of the model's files: the version of the frozen model that answered
+  std::string tokenizer_hash;  // its tokenizer's (tokenizer_fingerprint)
+  // logprobs: per sequence, one value per scored position (size - start)
+  std::vector<std::vector<float>> logprobs;
+  // logprobs with topk k: per sequence, (size - start) x k ids and their log-probs, most likely first
+  std::vector<std::vector<std::int32_t>> topk_ids;
+  std::vector<std::vector<float>> topk_logprobs;
+  std::vector<std::string> texts;  // generate: one per prompt
+  std::vector<float> scores;       // sequence_score: one per sequence
+  double compute_s = 0;            // the batch this request ran in
+  double queue_s = 0;              // waiting for its batch
+  std::int32_t batch_requests = 0; // requests that shared the batch (continuous batching)
+  template <class A>
+  void serialize(A& ar) {
+    ar(model_hash, tokenizer_hash, logprobs, topk_ids, topk_logprobs, texts, scores, compute_s, queue_s,
+       batch_requests);
+  }
+};
+
 // ---- run control: the ranks' control actors (launch/) ----
 // A rank that got SIGTERM/SIGINT -> rank 0: stop after the step in progress, with a final checkpoint.
 struct StopAfterStep {
@@ -448,7 +500,7 @@ using RoleMessages =
     MessageList<EnvResetReq, EnvObs, EnvVerifyReq, EnvVerifyRep, EnvStepReq, EnvReleaseReq, EnvAggregateReq,
                 EnvAggregateRep, EnvRunReq, GenerateReq, StepVersion, GenerateRep, Weights, Ack, ServedTurnsReq,
                 ServedTurnsRep, ServeAddressReq, ServeAddressRep, TrainReq, TrainRep, GetWeightsReq, WeightGroupReq,
-                WeightGroupRep, CheckpointReq, CheckpointRep, StopAfterStep, StopRun>;
+                WeightGroupRep, CheckpointReq, CheckpointRep, ScoreReq, ScoreRep, StopAfterStep, StopRun>;
 
 // Registers every type of RoleMessages and the runtime's own with the runtime (the troupe binary
 // calls it first thing): an error names both types when two claim one id.

@@ -78,8 +78,9 @@ class EnvWorker {
   void release(const EnvReleaseReq& r);
   EnvAggregateRep aggregate(const EnvAggregateReq& r);
   const envs::EnvInfo* info(const std::string& env) const;
-  // True when the env's calls may run concurrently (a server at `address:`): the actor then runs
-  // each call on a thread of its own, so one hung call never delays the next.
+  // True when the env's calls may run concurrently (a server at `address:`) or wait for a scorer (a
+  // judge with a local model): the actor then runs each call on a thread of its own, so one hung
+  // call never delays the next and no runtime worker thread blocks.
   bool concurrent(const std::string& env) const;
 
  private:

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "troupe/base/enum_names.h"
 #include "troupe/base/result.h"
 #include "troupe/kernels/grpo_loss.h"
 
@@ -117,6 +118,20 @@ struct BatchConfig {
   bool shuffle = false;         // shuffle the generation batch before each pass (TRL does)
 };
 
+// YAML `distill.*`: on-policy distillation from a frozen teacher served by the scorers
+// (learner/README.md "On-policy distillation"). Off while `teacher` is empty.
+enum class DistillKind { reverse_kl };
+struct DistillConfig {
+  std::string teacher;      // the teacher model (a path a scorer loads); "" = off
+  float coef = 1.0f;        // A_t = coef * (log p_teacher - log p_student) per sampled token
+  DistillKind kind = DistillKind::reverse_kl;
+  int topk = 0;             // > 0: plus a forward-KL term over the teacher's top-k tokens per position
+  float reward_coef = 0.0f; // + reward_coef * the env reward's GRPO advantage
+  double timeout_s = 300;   // deadline of one scorer request (then retried on another scorer)
+  int max_retries = 2;      // retries of a failed scorer request before the step fails
+  bool enabled() const { return !teacher.empty(); }
+};
+
 // The whole learner configuration for one phase.
 struct LearnerConfig {
   Phase phase = Phase::grpo;
@@ -127,6 +142,7 @@ struct LearnerConfig {
   int max_completion_length = 512;     // L_max: overlong penalty, default agg_norm_length
   float importance_weight_cap = 2.0f;  // samples with behavior log-probs: weight min(pi_old / pi_behavior, cap) (TIS)
   uint64_t seed = 0;                   // seeds the trainer's shuffling RNG (saved in checkpoints)
+  DistillConfig distill;               // GRPO phase only (actors::learner_config leaves it off in SFT)
 };
 
 // Checks ranges and combinations (e.g. seq-mean-token-sum-norm needs agg_norm_length > 0 or
@@ -134,3 +150,11 @@ struct LearnerConfig {
 Status validate(const LearnerConfig& cfg);
 
 }  // namespace troupe::learner
+
+namespace troupe {
+template <>
+struct EnumNames<learner::DistillKind> {
+  using V = learner::DistillKind;
+  static constexpr std::pair<std::string_view, V> table[] = {{"reverse_kl", V::reverse_kl}};
+};
+}  // namespace troupe

@@ -16,6 +16,7 @@
 #include "troupe/learner/advantages.h"
 #include "troupe/learner/communicator.h"
 #include "troupe/learner/config.h"
+#include "troupe/learner/distill.h"
 #include "troupe/learner/loss.h"
 #include "troupe/learner/mismatch.h"
 #include "troupe/learner/optimizer.h"
@@ -42,6 +43,12 @@ struct Sample {
   // with this trainer's forward before the update (StepMetrics::mismatch). Set it when the weights
   // the trainer holds are the ones that sampled this completion.
   bool score_mismatch = false;
+  // distill (LearnerConfig::distill): (completion) the teacher's log-prob of each completion token,
+  // and with distill.topk k its k most likely token ids and log-probs per completion position
+  // ((completion) x k, position-major); empty = no teacher for this sample
+  std::vector<float> teacher_logprobs;
+  std::vector<int32_t> teacher_topk_ids;
+  std::vector<float> teacher_topk_logprobs;
   float advantage = 0;                  // from compute_advantages (unused by SFT)
   float reward = 0;                     // the scalar reward (metrics only; advantages carry the signal)
   bool truncated = false;               // hit max_completion_length without EOS
@@ -71,6 +78,7 @@ struct StepMetrics {
   double response_len_mean = 0;
   double truncated_frac = 0;
   MismatchSums mismatch;   // of the samples with score_mismatch, all ranks (summarize() for the metrics)
+  DistillSums distill;     // distill on: the distillation terms' sums, all ranks, all passes
 };
 
 // The packing of samples into one PackedBatch: position t predicts targets[t]; mask, old and ref
@@ -79,6 +87,8 @@ struct PackedMicroBatch {
   policy::PackedBatch batch;
   std::vector<float> mask, logp_old, logp_ref, logp_behavior, advantages;  // (T) (T) (T) (T) (S)
   bool has_old = false, has_ref = false, has_behavior = false;
+  bool has_teacher = false;       // every sample carries teacher_logprobs
+  std::vector<float> logp_teacher;  // (T) the teacher's log-prob at each completion target, 0 elsewhere
   // Mismatch scoring (samples with score_mismatch and recorded log-probs): the response tokens to
   // compare (T), the sampler's log-probs (T), and where experts were recorded, route_mask (T) and
   // experts (T x experts_width, -1 elsewhere).
@@ -146,6 +156,12 @@ class Trainer {
   Result<LossMetrics> run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm, bool score,
                                       MismatchSums& mismatch);
   Status check_batch(const std::vector<Sample>& batch) const;
+  // distill.topk > 0: the forward-KL term over the teacher's top-k tokens (distill.h), as a second
+  // forward/backward of k copies of each sample whose completion targets are the teacher's j-th
+  // tokens; its gradient adds to the micro-batch's.
+  Status run_topk_pass(const std::vector<const Sample*>& samples, const LossNorm& norm);
+  // Per position of a packed micro-batch: the loss's aggregation weight times the mask.
+  Result<std::vector<double>> aggregation_weights(const PackedMicroBatch& packed, const LossNorm& norm) const;
   double sample_tokens(const Sample& s) const;
   // All-reduce the accumulated gradient, clip, AdamW: one optimizer step.
   // last: the train step's last optimizer step, the one the step observer watches.
@@ -163,6 +179,7 @@ class Trainer {
   StepObserver* watch_ = nullptr;
   std::mt19937_64 rng_;
   std::vector<float> logp_, entropy_, dlogp_, dentropy_, is_weight_;  // (T) scratch of one micro-batch
+  DistillSums distill_;  // this call's distillation sums so far (this rank)
   struct Accumulated {                                    // a streamed step in progress
     bool active = false, has_old = false;
     LossMetrics sums;

@@ -1,0 +1,119 @@
+// The scorer role: frozen models (a distillation teacher, a judge's local model; later reward
+// models) that every rollout asks for per-token log-probs or generations, by ScoreReq messages.
+// Invariants: a scorer never trains (no optimizer, no gradients); each model runs batch-invariant,
+// so a sequence's numbers never depend on which other requests shared its batch; every reply
+// names the model's version (the hash of its files); a failed request is an error value, retried
+// on another scorer by its caller (ScorerClient, or the coordinator's teacher scoring) and counted.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/experiment_config.h"
+#include "troupe/actors/messages.h"
+#include "troupe/base/result.h"
+#include "troupe/policy/execution_options.h"
+#include "troupe/policy/io/tokenizer.h"
+#include "troupe/policy/model.h"
+#include "troupe/runtime/system.h"
+
+namespace troupe::actors {
+
+// One frozen model a scorer serves, under the name requests use (its path as the config names it).
+struct ScorerModel {
+  std::string name;
+  std::unique_ptr<policy::Model> model;
+  std::unique_ptr<policy::io::Tokenizer> tokenizer;
+  std::string model_hash;      // model_files_hash of its path
+  std::string tokenizer_hash;  // learner::tokenizer_fingerprint
+};
+
+class Scorer {
+ public:
+  // Loads each path once (a model directory or a .gguf, as policy.path), on the backend `exec`
+  // names, batch-invariant (exec's training optimizations do not apply to a forward-only model).
+  static Result<std::unique_ptr<Scorer>> create(const std::vector<std::string>& paths,
+                                                policy::ExecutionOptions exec);
+  // Runs the requests together, one result each in order (a bad request fails alone): the
+  // log-prob requests of one model in packed forwards of at most max_batch_tokens tokens (those
+  // asking top-k through the full logits, the others through the training head), the generate
+  // requests of one model and sampling settings in one KV-cache generation.
+  std::vector<Result<ScoreRep>> run_batch(const std::vector<const ScoreReq*>& reqs);
+  Result<ScoreRep> run(const ScoreReq& r) { return std::move(run_batch({&r})[0]); }
+  const ScorerModel* find(const std::string& name) const;
+  std::vector<std::string> names() const;
+  void set_max_batch_tokens(int n) { max_batch_tokens_ = n; }
+
+ private:
+  Status check(const ScoreReq& r, const ScorerModel& m) const;
+  void run_logprobs(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
+                    std::vector<Result<ScoreRep>>& out);
+  void run_generate(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
+                    std::vector<Result<ScoreRep>>& out);
+  std::map<std::string, std::unique_ptr<ScorerModel>> models_;
+  int max_batch_tokens_ = 16384;
+};
+
+// "xxh3:<hex>" over a model's files: each regular file of the directory (or the one file), by
+// name in sorted order, with its name, size and bytes. The frozen model's version.
+Result<std::string> model_files_hash(const std::string& path);
+
+// The models a run's scorers serve: distill.teacher, and each dataset env's judge.model when the
+// judge has no url (a local model). Sorted, without repeats.
+std::vector<std::string> scorer_model_paths(const ExperimentConfig& cfg);
+
+// The actor hosting a Scorer: ScoreReq mail is queued and a compute thread of its own (OpenMP
+// `threads`) takes everything queued at once as one batch (continuous batching: requests that
+// arrive while a batch computes form the next), so requests from every rollout share forwards.
+class ScorerActor : public runtime::Actor {
+ public:
+  explicit ScorerActor(std::shared_ptr<Scorer> scorer, int threads = 0);
+  ~ScorerActor() override;
+  struct Queue;
+
+ private:
+  std::shared_ptr<Scorer> scorer_;
+  std::shared_ptr<Queue> queue_;
+};
+
+// What a caller's scorer requests cost and how they failed (metrics: scorer/*).
+struct ScorerStats {
+  int64_t requests = 0;   // requests answered
+  int64_t failures = 0;   // tries that failed (error reply, deadline, dead scorer), retried or not
+  int64_t retries = 0;    // tries sent to another scorer after a failure
+  double latency_s = 0;   // summed wall time of the answered requests (their last try)
+  void add(const ScorerStats& o) {
+    requests += o.requests, failures += o.failures, retries += o.retries, latency_s += o.latency_s;
+  }
+};
+
+// A blocking caller of the scorers for code outside any coroutine (an env worker's judge): tries
+// scorer `first` mod n, then each next one after a failure, at most max_retries retries, each try
+// with the deadline timeout_s. The error after the last try names every scorer tried and why.
+class ScorerClient {
+ public:
+  ScorerClient(runtime::ActorSystem& sys, std::vector<runtime::ActorId> scorers, double timeout_s, int max_retries);
+  Result<ScoreRep> call(const ScoreReq& r, size_t first = 0);
+  ScorerStats stats() const;
+
+ private:
+  runtime::ActorSystem& sys_;
+  std::vector<runtime::ActorId> scorers_;
+  double timeout_s_;
+  int max_retries_;
+  mutable std::mutex mu_;
+  ScorerStats stats_;
+};
+
+// Lets the envs of this process reach the scorers (envs::set_local_model_caller): a judge's local
+// model call becomes a ScoreReq (kind generate) through a ScorerClient, first to scorer 0, then
+// each other scorer once after a failure, each try under the judge's timeout_s. No scorers:
+// uninstalls the caller. Called by the launcher before it spawns env workers.
+void set_scorer_peers(runtime::ActorSystem& sys, const std::vector<runtime::ActorId>& scorers,
+                      const ExperimentConfig& cfg);
+
+}  // namespace troupe::actors

@@ -1,0 +1,216 @@
+// actors.scorer: the frozen-model scorer. Versioning (the hash of the model's files), log-probs
+// and top-k against the model's own forward, batch invariance (a sequence's numbers alone = in a
+// batch), generation, the reward-model seam refused by name, bad requests, and the actor:
+// continuous batching of concurrent requests, a failed or silent scorer retried on the next one
+// (counted) under a deadline, and the error naming every scorer tried.
+#include "troupe/actors/scorer.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <unistd.h>
+
+#include "tiny_config.test.h"
+#include "troupe/actors/roles.h"
+#include "troupe/policy/io/model_io.h"
+
+namespace troupe::actors {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A tiny dense model directory with the built-in char tokenizer (seeded).
+std::string save_tiny_model(const fs::path& dir, int seed) {
+  ExperimentConfig c = test_support::tiny_config();
+  c.run.seed = seed;
+  c.policy.model.num_experts = 0;
+  c.policy.model.mlp_only_layers = {0};
+  c.policy.model.family = policy::ModelFamily::qwen3_moe;
+  auto b = make_policy(c);
+  EXPECT_TRUE(b.ok()) << b.error().message;
+  const auto& tok = *b->tokenizer;
+  auto st = policy::io::save_model(dir.string(), *b->model, &tok, policy::io::ExpertLayout::per_expert, tok.bos_id(),
+                                   tok.eos_id(), tok.pad_id());
+  EXPECT_TRUE(st.ok()) << st.error().message;
+  return dir.string();
+}
+
+class ScorerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("troupe-scorer-test-" + std::to_string(::getpid()));
+    fs::create_directories(root_);
+    path_ = save_tiny_model(root_ / "teacher", 5);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  ScoreReq logprobs_req(std::vector<std::vector<int32_t>> seqs, int topk = 0) const {
+    ScoreReq r;
+    r.kind = static_cast<int32_t>(ScoreKind::logprobs);
+    r.model = path_;
+    r.topk = topk;
+    for (auto& q : seqs) {
+      r.starts.push_back(2);
+      r.sequences.push_back(std::move(q));
+    }
+    return r;
+  }
+  fs::path root_;
+  std::string path_;
+};
+
+TEST_F(ScorerTest, VersionIsTheHashOfTheModelFiles) {
+  auto a = model_files_hash(path_);
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  EXPECT_EQ(a->rfind("xxh3:", 0), 0u);
+  fs::copy(path_, root_ / "copy", fs::copy_options::recursive);
+  EXPECT_EQ(*model_files_hash((root_ / "copy").string()), *a);  // the same files, elsewhere
+  std::ofstream(root_ / "copy" / "config.json", std::ios::app) << " ";
+  EXPECT_NE(*model_files_hash((root_ / "copy").string()), *a);  // one byte more
+  EXPECT_FALSE(model_files_hash((root_ / "nowhere").string()).ok());
+  auto s = Scorer::create({path_}, {});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  auto rep = (*s)->run(logprobs_req({{1, 10, 11, 12}}));
+  ASSERT_TRUE(rep.ok()) << rep.error().message;
+  EXPECT_EQ(rep->model_hash, *a);
+  EXPECT_EQ(rep->tokenizer_hash.rfind("xxh3:", 0), 0u);
+}
+
+TEST_F(ScorerTest, LogprobsAreBatchInvariantAndMatchTheModel) {
+  auto s = Scorer::create({path_}, {});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  const std::vector<int32_t> q = {1, 20, 21, 22, 23, 2};
+  auto alone = (*s)->run(logprobs_req({q}));
+  ASSERT_TRUE(alone.ok()) << alone.error().message;
+  ASSERT_EQ(alone->logprobs.size(), 1u);
+  ASSERT_EQ(alone->logprobs[0].size(), q.size() - 2);  // positions 2..5
+  // the same sequence among others, in one request and across requests of one batch
+  auto other = logprobs_req({{1, 30, 31}, q, {1, 40, 41, 42, 43, 44, 45, 46}});
+  auto third = logprobs_req({{1, 50, 51, 52}});
+  auto batch = (*s)->run_batch({&other, &third});
+  ASSERT_TRUE(batch[0].ok() && batch[1].ok());
+  EXPECT_EQ(batch[0]->logprobs[1], alone->logprobs[0]);  // bit for bit
+  // the model's own scoring (batch-invariant too) of the whole sequence
+  ExperimentConfig c;
+  policy::ExecutionOptions exec;
+  exec.batch_invariant = true;
+  auto m = policy::io::load_model(path_, exec);
+  ASSERT_TRUE(m.ok());
+  auto ref = policy::io::score_tokens(m->model, q);
+  ASSERT_TRUE(ref.ok());
+  for (size_t t = 0; t < alone->logprobs[0].size(); ++t) EXPECT_NEAR(alone->logprobs[0][t], (*ref)[t + 1], 1e-5);
+  // top-k: the most likely first, the target's log-prob as without top-k
+  auto topk = (*s)->run(logprobs_req({q}, 3));
+  ASSERT_TRUE(topk.ok()) << topk.error().message;
+  ASSERT_EQ(topk->topk_ids[0].size(), 3 * (q.size() - 2));
+  for (size_t t = 0; t < q.size() - 2; ++t) {
+    EXPECT_NEAR(topk->logprobs[0][t], alone->logprobs[0][t], 1e-5);
+    EXPECT_GE(topk->topk_logprobs[0][3 * t], topk->topk_logprobs[0][3 * t + 1]);
+    EXPECT_GE(topk->topk_logprobs[0][3 * t + 1], topk->topk_logprobs[0][3 * t + 2]);
+    EXPECT_GE(topk->topk_logprobs[0][3 * t] + 1e-6, topk->logprobs[0][t]);
+  }
+}
+
+TEST_F(ScorerTest, GeneratesAndRefusesWhatItCannotServe) {
+  auto s = Scorer::create({path_}, {});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  ScoreReq g;
+  g.kind = static_cast<int32_t>(ScoreKind::generate);
+  g.model = path_;
+  g.prompts = {"1+2=", "3+4="};
+  g.max_new_tokens = 5;
+  auto a = (*s)->run(g);
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  ASSERT_EQ(a->texts.size(), 2u);
+  auto b = (*s)->run(g);  // greedy: the same again
+  EXPECT_EQ(a->texts, b->texts);
+  // the reward-model seam: no score head yet, said by name
+  ScoreReq rm = logprobs_req({{1, 2, 3}});
+  rm.kind = static_cast<int32_t>(ScoreKind::sequence_score);
+  auto r = (*s)->run(rm);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("sequence_score"), std::string::npos) << r.error().message;
+  // unknown model, bad token, bad start: each alone fails, the others in its batch do not
+  ScoreReq unknown = logprobs_req({{1, 2, 3}});
+  unknown.model = "/no/such/model";
+  ScoreReq bad_token = logprobs_req({{1, 2, 100000}});
+  ScoreReq bad_start = logprobs_req({{1, 2}});
+  bad_start.starts = {5};
+  ScoreReq good = logprobs_req({{1, 2, 3}});
+  auto out = (*s)->run_batch({&unknown, &bad_token, &good, &bad_start});
+  ASSERT_FALSE(out[0].ok());
+  EXPECT_NE(out[0].error().message.find("this scorer serves: " + path_), std::string::npos) << out[0].error().message;
+  ASSERT_FALSE(out[1].ok());
+  EXPECT_NE(out[1].error().message.find("outside the vocabulary"), std::string::npos) << out[1].error().message;
+  EXPECT_TRUE(out[2].ok());
+  ASSERT_FALSE(out[3].ok());
+  EXPECT_NE(out[3].error().message.find("cannot start scoring at 5"), std::string::npos) << out[3].error().message;
+  EXPECT_FALSE(Scorer::create({(root_ / "nowhere").string()}, {}).ok());
+}
+
+// An actor that takes ScoreReq and never answers (a hung scorer).
+class MuteScorer : public runtime::Actor {
+ public:
+  MuteScorer() {
+    handle<ScoreReq>([](runtime::Context&, const ScoreReq&) -> Status { return {}; });
+  }
+};
+
+TEST_F(ScorerTest, ActorBatchesConcurrentRequestsAndClientRetriesElsewhere) {
+  auto made = Scorer::create({path_}, {});
+  ASSERT_TRUE(made.ok()) << made.error().message;
+  std::shared_ptr<Scorer> scorer = std::move(made).value();
+  runtime::SystemConfig sc;
+  sc.threads = 2;
+  auto sys = runtime::ActorSystem::create(sc);
+  ASSERT_TRUE(sys.ok()) << sys.error().message;
+  auto good = (*sys)->spawn([scorer]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<ScorerActor>(scorer, 1); });
+  auto mute = (*sys)->spawn([]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<MuteScorer>(); });
+  auto gone = (*sys)->spawn([scorer]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<ScorerActor>(scorer, 1); });
+  ASSERT_TRUE(good.ok() && mute.ok() && gone.ok());
+  // continuous batching: requests sent together are answered, several in one batch, each as alone
+  std::vector<int32_t> q(40, 7);
+  q[0] = 1;
+  auto alone = scorer->run(logprobs_req({q}));
+  ASSERT_TRUE(alone.ok());
+  std::vector<std::future<Result<ScoreRep>>> futs;
+  for (int i = 0; i < 12; ++i) futs.push_back((*sys)->ask<ScoreRep>(*good, logprobs_req({q}), std::chrono::seconds(30)));
+  int most = 0;
+  for (auto& f : futs) {
+    auto r = f.get();
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->logprobs[0], alone->logprobs[0]);
+    most = std::max(most, r->batch_requests);
+  }
+  EXPECT_GT(most, 1) << "no two requests shared a batch";
+  // a silent scorer: its try runs into the deadline, the next scorer answers; counted
+  ScorerClient client(**sys, {*mute, *good}, 0.3, 2);
+  auto r = client.call(logprobs_req({q}), 0);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->logprobs[0], alone->logprobs[0]);
+  auto st = client.stats();
+  EXPECT_EQ(st.requests, 1);
+  EXPECT_EQ(st.failures, 1);
+  EXPECT_EQ(st.retries, 1);
+  // a stopped scorer fails at once; the retry goes to the next one
+  (*sys)->stop_actor(*gone);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ScorerClient client2(**sys, {*gone, *good}, 5.0, 1);
+  auto r2 = client2.call(logprobs_req({q}), 0);
+  ASSERT_TRUE(r2.ok()) << r2.error().message;
+  EXPECT_EQ(client2.stats().failures, 1);
+  // out of retries: the error names every scorer tried and why
+  ScorerClient client3(**sys, {*mute, *gone}, 0.2, 1);
+  auto r3 = client3.call(logprobs_req({q}), 0);
+  ASSERT_FALSE(r3.ok());
+  EXPECT_EQ(r3.error().code, ErrorCode::peer_failed);
+  EXPECT_NE(r3.error().message.find("scorer 0:"), std::string::npos) << r3.error().message;
+  EXPECT_NE(r3.error().message.find("scorer 1:"), std::string::npos) << r3.error().message;
+  EXPECT_EQ(client3.stats().failures, 2);
+  (*sys)->shutdown();
+}
+
+}  // namespace
+}  // namespace troupe::actors

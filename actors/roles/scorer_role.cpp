@@ -1,0 +1,344 @@
+// The Scorer plain object (scorer.h): loads frozen models, checks each request, and runs a batch of
+// requests as few packed forwards or generations as it can. Invariant: a sequence's log-probs and a
+// prompt's generation are bit-identical whatever else shares the batch (the models run
+// batch-invariant), so continuous batching never changes a run's numbers.
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <tuple>
+
+#include "roles/role_support.h"
+#include "troupe/actors/scorer.h"
+#include "troupe/learner/distill.h"
+#include "troupe/policy/io/model_io.h"
+
+namespace troupe::actors {
+
+namespace fs = std::filesystem;
+
+Result<std::string> model_files_hash(const std::string& path) {
+  std::error_code ec;
+  std::vector<fs::path> files;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (e.is_regular_file()) files.push_back(e.path());
+    if (ec) return make_error(ErrorCode::io, "scorer: cannot list " + path + ": " + ec.message());
+    std::sort(files.begin(), files.end());
+  } else if (fs::is_regular_file(path, ec)) {
+    files.push_back(path);
+  } else {
+    return invalid_input("scorer: model " + path + " is neither a model directory nor a file");
+  }
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<char> buf(1 << 20);
+  for (const auto& f : files) {
+    const std::string name = f.filename().string();
+    XXH3_64bits_update(st, name.data(), name.size() + 1);
+    std::ifstream in(f, std::ios::binary);
+    if (!in) {
+      XXH3_freeState(st);
+      return make_error(ErrorCode::io, "scorer: cannot read " + f.string());
+    }
+    uint64_t size = 0;
+    while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0) {
+      XXH3_64bits_update(st, buf.data(), static_cast<size_t>(in.gcount()));
+      size += static_cast<uint64_t>(in.gcount());
+    }
+    XXH3_64bits_update(st, &size, sizeof size);
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  char out[32];
+  std::snprintf(out, sizeof out, "xxh3:%016llx", static_cast<unsigned long long>(h));
+  return std::string(out);
+}
+
+std::vector<std::string> scorer_model_paths(const ExperimentConfig& cfg) {
+  std::set<std::string> paths;
+  if (cfg.distill.enabled()) paths.insert(cfg.distill.teacher);
+  for (const auto& e : cfg.envs) {
+    if (!e.config.is_object() || !e.config.contains("judge") || !e.config["judge"].is_object()) continue;
+    const auto& j = e.config["judge"];
+    if (j.value("url", std::string()).empty() && j.contains("model") && j["model"].is_string() &&
+        !j["model"].get<std::string>().empty())
+      paths.insert(j["model"].get<std::string>());
+  }
+  return {paths.begin(), paths.end()};
+}
+
+Result<std::unique_ptr<Scorer>> Scorer::create(const std::vector<std::string>& paths, policy::ExecutionOptions exec) {
+  // forward-only and batch-invariant: a sequence's numbers never depend on what shares its batch
+  exec.batch_invariant = true;
+  exec.compute_dtype = kernels::ComputeDtype::fp32;
+  exec.activation_checkpointing = false;
+  exec.offload_activations = false;
+  auto s = std::unique_ptr<Scorer>(new Scorer());
+  for (const auto& path : paths) {
+    if (s->models_.count(path)) continue;
+    auto loaded = policy::io::load_model(path, exec);
+    if (!loaded.ok()) return Error{loaded.error().code, "scorer: model " + path + ": " + loaded.error().message};
+    auto m = std::make_unique<ScorerModel>();
+    m->name = path;
+    m->model = std::make_unique<policy::Model>(std::move(loaded->model));
+    if (!loaded->tokenizer) return invalid_input("scorer: model " + path + " has no tokenizer file");
+    m->tokenizer = std::move(loaded->tokenizer);
+    const auto& d = *loaded;
+    if (d.bos_token_id >= 0 || d.eos_token_id >= 0)
+      m->tokenizer->set_special_ids(d.bos_token_id >= 0 ? d.bos_token_id : m->tokenizer->bos_id(),
+                                    d.eos_token_id >= 0 ? d.eos_token_id : m->tokenizer->eos_id(),
+                                    d.pad_token_id >= 0 ? d.pad_token_id : m->tokenizer->pad_id());
+    TROUPE_ASSIGN_OR_RETURN(m->model_hash, model_files_hash(path));
+    m->tokenizer_hash = learner::tokenizer_fingerprint(*m->tokenizer);
+    s->models_[path] = std::move(m);
+  }
+  return s;
+}
+
+const ScorerModel* Scorer::find(const std::string& name) const {
+  auto it = models_.find(name);
+  return it == models_.end() ? nullptr : it->second.get();
+}
+
+std::vector<std::string> Scorer::names() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : models_) out.push_back(k);
+  return out;
+}
+
+Status Scorer::check(const ScoreReq& r, const ScorerModel& m) const {
+  const int V = m.model->config().vocab_size;
+  switch (static_cast<ScoreKind>(r.kind)) {
+    case ScoreKind::logprobs:
+      if (r.starts.size() != r.sequences.size())
+        return invalid_input("scorer: logprobs: " + std::to_string(r.starts.size()) + " starts for " +
+                             std::to_string(r.sequences.size()) + " sequences");
+      if (r.topk < 0 || r.topk > V)
+        return invalid_input("scorer: logprobs: topk " + std::to_string(r.topk) + " outside [0, " + std::to_string(V) + "]");
+      for (size_t i = 0; i < r.sequences.size(); ++i) {
+        const auto& q = r.sequences[i];
+        if (q.size() < 2)
+          return invalid_input("scorer: logprobs: sequence " + std::to_string(i) + " has " + std::to_string(q.size()) +
+                               " tokens (at least 2: a context and a scored token)");
+        if (r.starts[i] < 1 || static_cast<size_t>(r.starts[i]) > q.size())
+          return invalid_input("scorer: logprobs: sequence " + std::to_string(i) + " of " + std::to_string(q.size()) +
+                               " tokens cannot start scoring at " + std::to_string(r.starts[i]));
+        for (int32_t t : q)
+          if (t < 0 || t >= V)
+            return invalid_input("scorer: logprobs: sequence " + std::to_string(i) + " has token " + std::to_string(t) +
+                                 ", outside the vocabulary of " + m.name + " (" + std::to_string(V) + ")");
+      }
+      return {};
+    case ScoreKind::generate:
+      if (r.max_new_tokens < 1) return invalid_input("scorer: generate: max_new_tokens must be >= 1");
+      return {};
+    case ScoreKind::sequence_score:
+      // The seam for reward models: a model with a score head answers one scalar per sequence.
+      return invalid_input("scorer: sequence_score: " + m.name + " has no sequence-classification score head");
+  }
+  return invalid_input("scorer: unknown request kind " + std::to_string(r.kind));
+}
+
+std::vector<Result<ScoreRep>> Scorer::run_batch(const std::vector<const ScoreReq*>& reqs) {
+  std::vector<Result<ScoreRep>> out(reqs.size(), Error{ErrorCode::internal, "scorer: not run"});
+  // per model: the log-prob requests without top-k, those with, the generate requests by settings
+  std::map<std::tuple<std::string, int, int32_t, float, uint64_t>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const ScoreReq& r = *reqs[i];
+    const ScorerModel* m = find(r.model);
+    if (!m) {
+      std::string served;
+      for (const auto& n : names()) served += (served.empty() ? "" : ", ") + n;
+      out[i] = invalid_input("scorer: no model '" + r.model + "' here (this scorer serves: " + served + ")");
+      continue;
+    }
+    if (Status st = check(r, *m); !st.ok()) {
+      out[i] = st.error();
+      continue;
+    }
+    const bool gen = static_cast<ScoreKind>(r.kind) == ScoreKind::generate;
+    auto key = gen ? std::tuple{r.model, 2, r.max_new_tokens, r.temperature, r.seed}
+                   : std::tuple{r.model, r.topk > 0 ? 1 : 0, 0, 0.0f, uint64_t{0}};
+    groups[key].push_back(i);
+  }
+  for (const auto& [key, idx] : groups) {
+    ScorerModel& m = *models_.at(std::get<0>(key));
+    if (std::get<1>(key) == 2) run_generate(m, idx, reqs, out);
+    else run_logprobs(m, idx, reqs, out);
+  }
+  return out;
+}
+
+namespace {
+
+// log-softmax of one row of logits (double), the target's value and the top k (ties: lower id first).
+void row_logprobs(const float* logits, int V, int32_t target, int k, float* target_out, int32_t* ids, float* lps,
+                  std::vector<int32_t>& order) {
+  double mx = logits[0];
+  for (int v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(logits[v]));
+  double sum = 0;
+  for (int v = 0; v < V; ++v) sum += std::exp(static_cast<double>(logits[v]) - mx);
+  const double lse = mx + std::log(sum);
+  *target_out = static_cast<float>(static_cast<double>(logits[target]) - lse);
+  order.resize(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  for (int j = 0; j < k; ++j) {
+    ids[j] = order[static_cast<size_t>(j)];
+    lps[j] = static_cast<float>(static_cast<double>(logits[order[static_cast<size_t>(j)]]) - lse);
+  }
+}
+
+}  // namespace
+
+void Scorer::run_logprobs(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
+                          std::vector<Result<ScoreRep>>& out) {
+  const int V = m.model->config().vocab_size;
+  const double t0 = mono_seconds();
+  // requests go whole into packed batches of at most max_batch_tokens tokens (a longer one alone)
+  size_t a = 0;
+  while (a < idx.size()) {
+    size_t b = a, tokens = 0;
+    while (b < idx.size()) {
+      size_t n = 0;
+      for (const auto& q : reqs[idx[b]]->sequences) n += q.size() - 1;
+      if (b > a && tokens + n > static_cast<size_t>(max_batch_tokens_)) break;
+      tokens += n;
+      ++b;
+    }
+    policy::PackedBatch batch;
+    batch.cu_seqlens.push_back(0);
+    for (size_t i = a; i < b; ++i)
+      for (const auto& q : reqs[idx[i]]->sequences) {
+        batch.tokens.insert(batch.tokens.end(), q.begin(), q.end() - 1);
+        batch.targets.insert(batch.targets.end(), q.begin() + 1, q.end());
+        batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
+      }
+    const size_t T = batch.tokens.size();
+    const bool topk = reqs[idx[a]]->topk > 0;
+    std::vector<float> logp(T, 0.0f), logits;
+    Status st = Status::ok_status();
+    if (T > 0) {
+      if (topk) {
+        logits.resize(T * static_cast<size_t>(V));
+        st = m.model->forward_logits(batch, logits.data());
+      } else {
+        st = m.model->forward_train(batch, 1.0f, logp.data(), nullptr);
+      }
+    }
+    size_t row = 0;
+    std::vector<int32_t> order;
+    for (size_t i = a; i < b; ++i) {
+      const ScoreReq& r = *reqs[idx[i]];
+      if (!st.ok()) {
+        out[idx[i]] = Error{st.error().code, "scorer: " + m.name + ": " + st.error().message};
+        continue;
+      }
+      ScoreRep rep;
+      for (size_t s = 0; s < r.sequences.size(); ++s) {
+        const size_t n = r.sequences[s].size() - 1, start = static_cast<size_t>(r.starts[s]);
+        std::vector<float> lp(n + 1 - start);
+        std::vector<int32_t> ids(topk ? lp.size() * static_cast<size_t>(r.topk) : 0);
+        std::vector<float> tl(ids.size());
+        for (size_t t = start - 1; t < n; ++t) {
+          const size_t u = t + 1 - start, K = static_cast<size_t>(r.topk);
+          if (topk)
+            row_logprobs(logits.data() + (row + t) * static_cast<size_t>(V), V, r.sequences[s][t + 1], r.topk, &lp[u],
+                         ids.data() + u * K, tl.data() + u * K, order);
+          else
+            lp[u] = logp[row + t];
+        }
+        row += n;
+        rep.logprobs.push_back(std::move(lp));
+        if (topk) {
+          rep.topk_ids.push_back(std::move(ids));
+          rep.topk_logprobs.push_back(std::move(tl));
+        }
+      }
+      out[idx[i]] = std::move(rep);
+    }
+    a = b;
+  }
+  const double secs = mono_seconds() - t0;
+  for (size_t i : idx)
+    if (out[i].ok()) {
+      out[i]->model_hash = m.model_hash;
+      out[i]->tokenizer_hash = m.tokenizer_hash;
+      out[i]->compute_s = secs;
+    }
+}
+
+void Scorer::run_generate(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
+                          std::vector<Result<ScoreRep>>& out) {
+  const double t0 = mono_seconds();
+  const ScoreReq& first = *reqs[idx[0]];
+  std::vector<std::vector<int32_t>> prompts;
+  policy::SamplingParams sp;
+  sp.temperature = first.temperature;
+  sp.max_new_tokens = first.max_new_tokens;
+  sp.seed = first.seed;
+  if (m.tokenizer->eos_id() >= 0) sp.stop_tokens.push_back(m.tokenizer->eos_id());
+  std::vector<size_t> owner;  // prompt -> position in idx
+  for (size_t i = 0; i < idx.size(); ++i) {
+    const ScoreReq& r = *reqs[idx[i]];
+    bool ok = true;
+    for (size_t p = 0; p < r.prompts.size() && ok; ++p) {
+      auto ids = m.tokenizer->encode(r.prompts[p]);
+      if (!ids.ok()) {
+        out[idx[i]] = invalid_input("scorer: generate: prompt " + std::to_string(p) + " does not encode with " + m.name +
+                                    "'s tokenizer: " + ids.error().message);
+        ok = false;
+        break;
+      }
+      std::vector<int32_t> q;
+      if (m.tokenizer->bos_id() >= 0) q.push_back(m.tokenizer->bos_id());
+      q.insert(q.end(), ids->begin(), ids->end());
+      prompts.push_back(std::move(q));
+      sp.streams.push_back(static_cast<int32_t>(p));  // a prompt's draws: its index in its own request
+      owner.push_back(i);
+    }
+    if (!ok) {  // drop what this request added
+      while (!owner.empty() && owner.back() == i) {
+        owner.pop_back();
+        prompts.pop_back();
+        sp.streams.pop_back();
+      }
+    } else {
+      out[idx[i]] = ScoreRep{};
+    }
+  }
+  auto gens = prompts.empty() ? Result<std::vector<policy::Generation>>(std::vector<policy::Generation>{})
+                              : m.model->generate(prompts, sp);
+  for (size_t p = 0; p < owner.size(); ++p) {
+    auto& slot = out[idx[owner[p]]];
+    if (!slot.ok()) continue;
+    if (!gens.ok()) {
+      slot = Error{gens.error().code, "scorer: generate with " + m.name + ": " + gens.error().message};
+      continue;
+    }
+    auto toks = (*gens)[p].tokens;
+    if (!toks.empty() && toks.back() == m.tokenizer->eos_id()) toks.pop_back();
+    auto text = m.tokenizer->decode(toks, true);
+    if (!text.ok()) {
+      slot = Error{text.error().code, "scorer: generate: " + text.error().message};
+      continue;
+    }
+    slot->texts.push_back(std::move(text).value());
+  }
+  const double secs = mono_seconds() - t0;
+  for (size_t i : idx)
+    if (out[i].ok()) {
+      out[i]->model_hash = m.model_hash;
+      out[i]->tokenizer_hash = m.tokenizer_hash;
+      out[i]->compute_s = secs;
+    }
+}
+
+}  // namespace troupe::actors
