@@ -27,7 +27,7 @@ Result<std::unique_ptr<EnvWorker>> EnvWorker::create(const std::vector<envs::Env
     if (!c.ok()) return Error{c.error().code, "env '" + s.name + "': " + c.error().message};
     w->clients_[s.name] = std::move(c).value();
     if (s.reward_model) {
-      TROUPE_ASSIGN_OR_RETURN(w->reward_models_[s.name], RewardModelScorer::load(*s.reward_model, s.name));
+      TROUPE_ASSIGN_OR_RETURN(w->reward_models_[s.name], RewardModelScorer::load(*s.reward_model, s.name, s.timeout_s));
     }
     w->specs_[s.name] = s;
   }
@@ -48,8 +48,9 @@ const envs::EnvInfo* EnvWorker::info(const std::string& env) const {
 bool EnvWorker::concurrent(const std::string& env) const {
   auto it = clients_.find(env);
   if (it != clients_.end() && it->second->concurrent()) return true;
-  // a judge with a local model waits for a scorer's reply: never on a runtime worker thread, which
-  // the scorer's own mail may need
+  // a judge with a local model, or a reward model on the scorers, waits for a scorer's reply: never
+  // on a runtime worker thread, which the scorer's own mail may need
+  if (auto rm = reward_models_.find(env); rm != reward_models_.end() && rm->second->on_scorers()) return true;
   auto spec = specs_.find(env);
   if (spec == specs_.end() || !spec->second.config.is_object()) return false;
   const auto& j = spec->second.config.value("judge", json::object());

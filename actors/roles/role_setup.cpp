@@ -7,6 +7,7 @@
 #include "troupe/actors/roles.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
+#include "troupe/policy/io/reward_model_dir.h"
 
 namespace troupe::actors {
 namespace fs = std::filesystem;
@@ -162,6 +163,9 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
       if (!fs::exists(path) && e.type == EnvType::reward_model)
         return invalid_input("envs[" + std::to_string(i) + "].path: the reward model directory " + path +
                              " does not exist (relative paths start at the YAML file)");
+      if (e.type == EnvType::reward_model)
+        if (Status st = policy::io::check_reward_model_dir(path); !st.ok())
+          return invalid_input("envs[" + std::to_string(i) + "].path: " + st.error().message);
       if (!fs::exists(path))
         return invalid_input("envs[" + std::to_string(i) + "].path: the plug-in " + path +
                              " does not exist (build it, or fix the path; relative paths start at the YAML file)");

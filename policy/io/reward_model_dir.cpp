@@ -92,22 +92,29 @@ int32_t token_id(const json& j, const char* key) {
   return -1;
 }
 
-// score.weight out of the weights, the rest canonicalized as a causal LM's decoder.
-Status read_weights(const std::string& dir, const ModelConfig& cfg, ScoreHead* head, TensorMap* decoder) {
-  TROUPE_ASSIGN_OR_RETURN(auto w, WeightSource::open_dir(dir));
+// score.weight's presence and shape, no score.bias (the files' headers only).
+Status check_head(const WeightSource& w, const ModelConfig& cfg, int num_labels) {
   const SafetensorsEntry* e = w.find("score.weight");
   if (!e)
     return invalid_input(w.describe() + ": missing tensor 'score.weight' (the sequence-classification head, " +
-                         std::to_string(head->num_labels) + " x " + std::to_string(cfg.hidden_size) + ")");
-  const std::vector<int64_t> want = {head->num_labels, cfg.hidden_size};
+                         std::to_string(num_labels) + " x " + std::to_string(cfg.hidden_size) + ")");
+  const std::vector<int64_t> want = {num_labels, cfg.hidden_size};
   if (e->shape != want)
     return invalid_input(w.file_of("score.weight") + ": tensor 'score.weight' has shape " + shape_string(e->shape) +
                          ", expected " + shape_string(want) + " (num_labels x hidden_size of config.json)");
-  TROUPE_ASSIGN_OR_RETURN(Tensor score, w.read("score.weight", want));
-  head->weight = std::move(score.data);
-  head->hidden_size = cfg.hidden_size;
   if (w.contains("score.bias"))
     return invalid_input(w.file_of("score.bias") + ": unexpected tensor 'score.bias' (transformers' score layer has no bias)");
+  return {};
+}
+
+// score.weight out of the weights, the rest canonicalized as a causal LM's decoder.
+Status read_weights(const std::string& dir, const ModelConfig& cfg, ScoreHead* head, TensorMap* decoder) {
+  TROUPE_ASSIGN_OR_RETURN(auto w, WeightSource::open_dir(dir));
+  TROUPE_TRY(check_head(w, cfg, head->num_labels));
+  const SafetensorsEntry* e = w.find("score.weight");
+  TROUPE_ASSIGN_OR_RETURN(Tensor score, w.read("score.weight", e->shape));
+  head->weight = std::move(score.data);
+  head->hidden_size = cfg.hidden_size;
   TROUPE_ASSIGN_OR_RETURN(TensorMap all, w.read_all());
   all.erase("score.weight");
   TROUPE_ASSIGN_OR_RETURN(*decoder, canonicalize_tensors(cfg, all, w.describe()));
@@ -115,6 +122,17 @@ Status read_weights(const std::string& dir, const ModelConfig& cfg, ScoreHead* h
 }
 
 }  // namespace
+
+Status check_reward_model_dir(const std::string& path) {
+  TROUPE_ASSIGN_OR_RETURN(json j, read_config(path));
+  const std::string file = (fs::path(path) / "config.json").string();
+  TROUPE_ASSIGN_OR_RETURN(ModelConfig cfg, config_from_hf_json(j, file));
+  TROUPE_TRY(check_architecture(j, cfg, file));
+  TROUPE_ASSIGN_OR_RETURN(int num_labels, read_num_labels(j, file));
+  TROUPE_TRY(read_pad_token_id(j, file, cfg.vocab_size));
+  TROUPE_ASSIGN_OR_RETURN(auto w, WeightSource::open_dir(path));
+  return check_head(w, cfg, num_labels);
+}
 
 const char* supported_reward_architectures() {
   return "LlamaForSequenceClassification, Qwen2ForSequenceClassification, Qwen3ForSequenceClassification";

@@ -185,6 +185,22 @@ TEST(RewardModel, RefusalsNameTheFileAndKey) {
                  {"model.safetensors", "missing tensor 'model.norm.weight'"});
 }
 
+TEST(RewardModel, CheckDirReadsNoWeightsButCatchesConfigAndHead) {
+  EXPECT_TRUE(check_reward_model_dir(fixture("llama").string()).ok());
+  EXPECT_TRUE(check_reward_model_dir(fixture("qwen3").string()).ok());
+  const auto nothing = [](json&) {};
+  auto refused = [](const fs::path& dir, const std::string& part) {
+    Status st = check_reward_model_dir(dir.string());
+    ASSERT_FALSE(st.ok()) << dir;
+    EXPECT_NE(st.error().message.find(part), std::string::npos) << st.error().message;
+  };
+  refused(variant("c_causal", [](json& j) { j["architectures"] = {"LlamaForCausalLM"}; }), "'architectures'");
+  refused(variant("c_pad", [](json& j) { j["pad_token_id"] = -3; }), "'pad_token_id'");
+  refused(variant("c_no_score", nothing, [](TensorMap& m) { m.erase("score.weight"); }), "missing tensor 'score.weight'");
+  refused(variant("c_shape", [](json& j) { j["id2label"] = {{"0", "a"}, {"1", "b"}}; }), "expected (2, 64)");
+  refused("/nonexistent/reward", "not a model directory");
+}
+
 TEST(RewardModel, NumLabelsFollowsTransformers) {
   // num_labels without id2label is read; neither gives transformers' default, 2.
   const fs::path three = variant("three", [](json& j) {

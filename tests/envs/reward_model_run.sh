@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # envs.reward_model_run: whole runs of configs/python_reward.yaml's tiny model with its dataset env
 # scored by the tiny LlamaForSequenceClassification of tests/reward_model/llama (`type: reward_model`):
-# center none (the reward is the model's score, component reward_model; same seed, same metrics),
+# center none (the reward is the model's score, component reward_model; same seed, same metrics;
+# the model on a scorer actor, cluster.scorers 1, gives the same metrics as in the env worker),
 # batch (each step's rewards sum to 0), running (a --resume goes on with the checkpointed mean, bit
 # for bit); bad paths and keys stop the start (exit 2) naming them.
 #   reward_model_run.sh TROUPE PYTHON SOURCE_DIR WORK_DIR
@@ -33,6 +34,8 @@ rm_env() {  # rm_env CENTER: the env entry's overrides
 run 0 none $(rm_env none) --set grpo.max_steps=3 --set checkpointing.enabled=false
 run 0 none2 $(rm_env none) --set grpo.max_steps=3 --set checkpointing.enabled=false
 $CHECK none "$WORK/none" env_failures
+# ... and with the model on a scorer (cluster.scorers 1, ScoreReq sequence_score): the same metrics
+run 0 scorer $(rm_env none) --set grpo.max_steps=3 --set checkpointing.enabled=false --set cluster.scorers=1
 # 2. center batch: every step's scored rewards sum to 0; the raw score stays the component
 run 0 batch $(rm_env batch) --set grpo.max_steps=3 --set checkpointing.enabled=false
 # 3. center running: 4 steps at once, and 2 steps then --resume to 4 (checkpoint every 2)
@@ -66,6 +69,7 @@ assert len({x["reward"] for x in t}) > 8, "scores should vary"
 for r in steps("none"):
     assert "reward/reward_model" in r and abs(r["reward/reward_model"] - r["reward_mean/sums"]) < 1e-9, r
 same(steps("none"), steps("none2"), "rerun")
+same(steps("none"), steps("scorer"), "scorer")
 # batch: each step's rewards sum to 0, and reward - raw score is one constant per step
 by_step = {}
 for x in trajs("batch"):

@@ -34,4 +34,9 @@ const char* supported_reward_architectures();
 // the decoder's tensors under their causal-LM names (`model.*`), nothing else.
 Result<RewardModelDir> load_reward_model(const std::string& path, const ExecutionOptions& exec = {});
 
+// What load_reward_model checks before reading any weight: config.json (architecture, model_type,
+// num_labels, pad_token_id) and the weight files' headers (score.weight present, its shape, no
+// score.bias). Cheap; `troupe run` calls it before it starts any role, so a bad directory is exit 2.
+Status check_reward_model_dir(const std::string& path);
+
 }  // namespace troupe::policy::io
