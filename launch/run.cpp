@@ -115,7 +115,7 @@ int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint) {
   auto eid = sys.spawn([ep]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::EnvActor>(ep); });
   if (!gid.ok()) return fail(gid.error());
   if (!eid.ok()) return fail(eid.error());
-  actors::RolePeers peers{&sys, {*eid}, {*gid}, {}};
+  actors::RolePeers peers{&sys, {*eid}, {*gid}, {}, {}};
   auto r = actors::evaluate_policy(cfg, peers);
   sys.shutdown();
   if (!r.ok()) return fail(r.error());
