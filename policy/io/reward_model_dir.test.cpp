@@ -190,7 +190,7 @@ TEST(RewardModel, CheckDirReadsNoWeightsButCatchesConfigAndHead) {
   EXPECT_TRUE(check_reward_model_dir(fixture("qwen3").string()).ok());
   const auto nothing = [](json&) {};
   auto refused = [](const fs::path& dir, const std::string& part) {
-    Status st = check_reward_model_dir(dir.string());
+    troupe::Status st = check_reward_model_dir(dir.string());
     ASSERT_FALSE(st.ok()) << dir;
     EXPECT_NE(st.error().message.find(part), std::string::npos) << st.error().message;
   };
