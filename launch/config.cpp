@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -619,6 +620,14 @@ Result<LoadedConfig> load_config_text(const std::string& text, const std::string
   out.config.policy.path = expand_home(out.config.policy.path);
   out.config.distill.teacher = expand_home(out.config.distill.teacher);
   out.config.run.dir = expand_home(out.config.run.dir);
+  // a reward model's directory is named relative to the YAML file; the env workers and the scorers
+  // load it by the same (absolute) name
+  for (auto& e : out.config.envs)
+    if (e.type == actors::EnvType::reward_model && !e.path.empty()) {
+      const std::filesystem::path p = expand_home(e.path);
+      if (p.is_relative())
+        e.path = (std::filesystem::absolute(std::filesystem::path(file).parent_path()) / p).lexically_normal().string();
+    }
   if (l.errors.empty()) l.check_consistency(out.config);
   return finish(l, out);
 }

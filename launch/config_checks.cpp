@@ -135,6 +135,28 @@ void check_lora(const ExperimentConfig& c, const ConfigReport& report) {
 
 void check_env_process(const actors::EnvSpec& e, const std::string& pre, const ConfigReport& report);
 
+// type: reward_model: the model directory and the two keys it adds to the dataset env's config.
+void check_reward_model_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const std::string& pre,
+                              const ConfigReport& report) {
+  if (c.rollout.max_turns > 1)  // its responses are scored by verify, which multi-turn episodes never call
+    report("rollout.max_turns", "rollout.max_turns", "must be 1 with a reward_model env (env '" + e.name + "')");
+  if (e.path.empty())
+    report(pre + ".type", pre + ".path",
+           "a reward_model env needs path: (a Hugging Face *ForSequenceClassification directory)");
+  if (!e.config.is_object()) return;
+  auto check = [&](const char* key, std::initializer_list<const char*> values, const char* list) {
+    auto it = e.config.find(key);
+    if (it == e.config.end() || it->is_null()) return;
+    for (const char* v : values)
+      if (it->is_string() && it->get<std::string>() == v) return;
+    report(pre + ".config." + key, pre + ".config." + key, std::string("must be ") + list + " (got " + it->dump() + ")");
+  };
+  check("center", {"none", "batch", "running"}, "none, batch or running");
+  check("score_template", {"chat", "plain"}, "chat or plain");
+  if (e.config.contains("judge"))
+    report(pre + ".config.judge", pre + ".config.judge", "a reward_model env is scored by its model, not a judge");
+}
+
 // One env entry's keys agree with its type.
 void check_env_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const std::string& pre,
                      const ConfigReport& report) {
@@ -157,7 +179,9 @@ void check_env_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const 
   if (e.type == EnvType::reasoning_gym && !(e.config.is_object() && e.config.contains("task") && e.config["task"].is_string()))
     report(pre + ".type", pre + ".config",
            "a reasoning_gym env needs config.task (a reasoning-gym dataset name, e.g. basic_arithmetic)");
-  if (e.type != EnvType::plugin && !e.path.empty()) report(pre + ".path", pre + ".path", "path is only for type: plugin");
+  if (e.type != EnvType::plugin && e.type != EnvType::reward_model && !e.path.empty())
+    report(pre + ".path", pre + ".path", "path is only for type: plugin or reward_model");
+  if (e.type == EnvType::reward_model) check_reward_model_entry(c, e, pre, report);
   if (e.type == EnvType::verifiers) {  // the env server calls the generators' endpoints for every model turn
     if (e.address.empty())
       report(pre + ".type", pre + ".address", "a verifiers env needs address: (its env server, e.g. tcp://127.0.0.1:5000)");
@@ -224,7 +248,7 @@ void check_faults(const ExperimentConfig& c, const ConfigReport& report) {
   for (const auto& e : c.envs) {
     if (!f.env.empty() && f.env != e.name) continue;
     const bool own_process = (e.type == EnvType::plugin && e.isolate != IsolateMode::no) ||
-                             ((e.type == EnvType::builtin || e.type == EnvType::judge) && e.isolate == IsolateMode::yes) ||
+                             ((e.type == EnvType::builtin || e.type == EnvType::judge || e.type == EnvType::reward_model) && e.isolate == IsolateMode::yes) ||
                              (e.type == EnvType::remote && !e.command.empty());
     const bool wire = own_process || e.type == EnvType::remote;
     auto needs = [&](const char* key, double p, bool ok, const char* what) {

@@ -2,7 +2,7 @@
 # generate.cpp drives for Model::generate). target_sources(troupe_policy PRIVATE ...) and tests here.
 target_sources(troupe_policy PRIVATE ${CMAKE_CURRENT_LIST_DIR}/model.cpp ${CMAKE_CURRENT_LIST_DIR}/lora.cpp ${CMAKE_CURRENT_LIST_DIR}/served_adapters.cpp
                                      ${CMAKE_CURRENT_LIST_DIR}/decode_slots.cpp
-                                     ${CMAKE_CURRENT_LIST_DIR}/generate.cpp)
+                                     ${CMAKE_CURRENT_LIST_DIR}/generate.cpp ${CMAKE_CURRENT_LIST_DIR}/reward_model.cpp)
 if(TROUPE_BUILD_TESTS)
   # One binary, several ctest names (policy.*), each a gtest filter; policy.model runs the rest.
   troupe_add_test(NAME policy.model TARGET policy_model_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/model.test.cpp LIBS troupe::policy

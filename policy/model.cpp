@@ -1035,6 +1035,22 @@ Status Model::forward_logits(const PackedBatch& batch, float* logits) {
   return {};
 }
 
+Status Model::forward_hidden(const PackedBatch& batch, std::span<const int32_t> rows, float* out) {
+  const int T = static_cast<int>(batch.tokens.size());
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] < 0 || rows[i] >= T)
+      return invalid_input("forward_hidden: row " + std::to_string(i) + " is position " + std::to_string(rows[i]) +
+                           ", outside the batch's " + std::to_string(T) + " tokens");
+  const OpScopes scopes(impl_->cfg);
+  impl_->have_train_forward = false;
+  TROUPE_TRY(impl_->forward(batch, false));
+  const Impl& m = *impl_;
+  for (size_t i = 0; i < rows.size(); ++i)
+    m.be->copy_device_to_host(out + i * m.C, m.acts.final_norm_out + static_cast<size_t>(rows[i]) * m.C,
+                              sizeof(float) * m.C);
+  return {};
+}
+
 int Model::routing_width() const { return impl_->routing_width; }
 std::span<const int32_t> Model::last_routing() const { return impl_->routing; }
 

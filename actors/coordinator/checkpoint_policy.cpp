@@ -27,11 +27,16 @@ bool improves_best(RunState& s, double value) {
 
 // The envs' draw counts that go with what a checkpoint after GRPO step k (-1: in SFT) keeps: the
 // counts once the last rollout it holds was made (a resumed run draws on from there).
-const std::map<std::string, int64_t>& saved_draws(const RunState& s, int64_t k, const PipelineState& ledger) {
-  if (k < 0) return s.draws;
+// The last GRPO step whose rollout the checkpoint holds: k, or a finished rollout kept for later.
+int64_t saved_through(int64_t k, const PipelineState& ledger) {
   int64_t through = k;
   for (const auto& f : ledger.finished) through = std::max(through, f.first);
-  return s.draws_after(through);
+  return through;
+}
+
+const std::map<std::string, int64_t>& saved_draws(const RunState& s, int64_t k, const PipelineState& ledger) {
+  if (k < 0) return s.draws;
+  return s.draws_after(saved_through(k, ledger));
 }
 }  // namespace
 
@@ -66,6 +71,7 @@ Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Dur
                 {"wall_s", s.now_s()},
                 {"ledger", ledger_json(ledger, s.cfg.rollout.num_generations)}};
   extra["draws"] = json(saved_draws(s, phase == "grpo" ? k : -1, ledger));
+  if (json c = centering_json(s, phase == "grpo" ? saved_through(k, ledger) : -1); !c.empty()) extra["reward_centering"] = c;
   req.extra_json = extra.dump();
   if (scored) {
     req.has_metric = true;
@@ -105,6 +111,7 @@ Task<Result<int64_t>> resume_from_latest(RunState& s) {
     if (auto d = extra.find("draws"); d != extra.end() && d->is_object())
       for (auto it = d->begin(); it != d->end(); ++it)
         if (it->is_number_integer()) s.draws[it.key()] = it->get<int64_t>();
+    TROUPE_CO_TRY(restore_centering(s, extra.value("reward_centering", json::object())));
     if (l == s.peers.learners.front()) s.resumed_pipeline = std::move(rep.pipeline);
   }
   TROUPE_CO_TRY(co_await sync_weights(s, nullptr));

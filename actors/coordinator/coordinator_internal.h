@@ -36,6 +36,14 @@ inline constexpr auto kLongTimeout = std::chrono::hours(2);
 // seed, so the same samples), to the next live generator, until one answers or none is left.
 // A generator whose request failed as peer_failed (its rank is down, or its actor stopped) is
 // dead from then on. Any other failure is returned as it is.
+// type: reward_model envs with config.center batch or running: their scored rewards of groups
+// [g0, g1) of r (skip[i]: not scored here) centered per env (reward_centering.cpp).
+void center_reward_model_scores(RunState& s, Rollout& r, int g0, int g1, const std::vector<char>& skip);
+// The running means to checkpoint, as they were once GRPO step `through`'s rollout was done (-1: now);
+// and back on --resume (a malformed entry is an error naming it).
+json centering_json(const RunState& s, int64_t through);
+Status restore_centering(RunState& s, const json& saved);
+
 Task<Result<GenerateRep>> generation_failover(RunState& s, Result<GenerateRep> first, const GenerateReq& req,
                                               size_t g);
 

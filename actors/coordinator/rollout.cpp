@@ -233,6 +233,7 @@ Task<Status> score_part(RunState& s, Rollout& r, const Part& part, const std::ve
     r.groups[i].components = std::move(v.components_json);
     r.groups[i].infos = std::move(v.infos_json);
   }
+  center_reward_model_scores(s, r, part.g0, part.g1, skip);
   co_return Status{};
 }
 

@@ -20,6 +20,7 @@
 #include "troupe/actors/weight_sync.h"
 #include "troupe/base/clock.h"
 #include "troupe/base/result.h"
+#include "troupe/envs/reward_center.h"
 #include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/tokenizer.h"
 #include "troupe/runtime/coroutine.h"
@@ -102,7 +103,14 @@ struct RunProgress {
   void note_draws_before(int64_t k) {
     draws_before_rollout[k] = draws;
     while (draws_before_rollout.size() > 64) draws_before_rollout.erase(draws_before_rollout.begin());
+    centering_before_rollout[k] = centering;
+    while (centering_before_rollout.size() > 64) centering_before_rollout.erase(centering_before_rollout.begin());
   }
+  // type: reward_model envs with config.center batch or running: their centering by env (made on
+  // first use, reward_centering.cpp), and its state before each GRPO step's rollout began, saved
+  // with the draws (state.json's "reward_centering") so a resumed run's running means go on as before.
+  std::map<std::string, envs::RewardCentering> centering;
+  std::map<int64_t, std::map<std::string, envs::RewardCentering>> centering_before_rollout;
   // The counts once GRPO step `through`'s rollout is done (the next one may have begun already).
   const std::map<std::string, int64_t>& draws_after(int64_t through) const {
     auto it = draws_before_rollout.find(through + 1);

@@ -164,7 +164,8 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
   std::map<std::string, std::pair<double, int>> parts;
   for (const auto& g : r.groups) {
     const auto& spec = env_spec(s, g.env);
-    const bool dataset = (spec.type == EnvType::builtin && spec.env_id() == "dataset") || spec.type == EnvType::judge;
+    const bool dataset = (spec.type == EnvType::builtin && spec.env_id() == "dataset") || spec.type == EnvType::judge ||
+                         spec.type == EnvType::reward_model;
     const bool reward_hook = dataset && spec.config.is_object() &&
                              (spec.config.value("verifier", "") == "python" || spec.config.contains("judge"));
     if (spec.type != EnvType::nemo_gym && spec.type != EnvType::verifiers && !reward_hook) continue;

@@ -8,11 +8,15 @@
 #include <mutex>
 #include <thread>
 
+#include "reward_model_scoring.h"
 #include "role_support.h"
 #include "troupe/actors/roles.h"
 
 namespace troupe::actors {
 using json = nlohmann::json;
+
+EnvWorker::EnvWorker() = default;
+EnvWorker::~EnvWorker() = default;
 
 Result<std::unique_ptr<EnvWorker>> EnvWorker::create(const std::vector<envs::EnvSpec>& specs,
                                                      const std::string& role) {
@@ -22,6 +26,9 @@ Result<std::unique_ptr<EnvWorker>> EnvWorker::create(const std::vector<envs::Env
     auto c = envs::make_env_client(s);
     if (!c.ok()) return Error{c.error().code, "env '" + s.name + "': " + c.error().message};
     w->clients_[s.name] = std::move(c).value();
+    if (s.reward_model) {
+      TROUPE_ASSIGN_OR_RETURN(w->reward_models_[s.name], RewardModelScorer::load(*s.reward_model, s.name, s.timeout_s));
+    }
     w->specs_[s.name] = s;
   }
   return w;
@@ -41,8 +48,9 @@ const envs::EnvInfo* EnvWorker::info(const std::string& env) const {
 bool EnvWorker::concurrent(const std::string& env) const {
   auto it = clients_.find(env);
   if (it != clients_.end() && it->second->concurrent()) return true;
-  // a judge with a local model waits for a scorer's reply: never on a runtime worker thread, which
-  // the scorer's own mail may need
+  // a judge with a local model, or a reward model on the scorers, waits for a scorer's reply: never
+  // on a runtime worker thread, which the scorer's own mail may need
+  if (auto rm = reward_models_.find(env); rm != reward_models_.end() && rm->second->on_scorers()) return true;
   auto spec = specs_.find(env);
   if (spec == specs_.end() || !spec->second.config.is_object()) return false;
   const auto& j = spec->second.config.value("judge", json::object());
@@ -146,8 +154,48 @@ Result<EnvVerifyRep> EnvWorker::verify(const EnvVerifyReq& r) {
     out.components_json.push_back(json(v->components).dump());
     out.infos_json.push_back(v->info.is_object() ? v->info.dump(-1, ' ', false, json::error_handler_t::replace) : "{}");
   }
+  if (reward_models_.count(r.env)) TROUPE_TRY(score_with_reward_model(r.env, meta, r.completions, out));
   out.env_s = seconds_since(t0);
   return out;
+}
+
+// The reward model's raw score becomes each scored completion's reward (component `reward_model`;
+// a verifier's `correct` stays for accuracy); a scoring error or a score outside the env's reward
+// bounds fails the completion, as a failed verify does. Centering (config.center) is the coordinator's.
+Status EnvWorker::score_with_reward_model(const std::string& env, const json& meta,
+                                          const std::vector<std::string>& completions, EnvVerifyRep& out) {
+  const auto& spec = specs_.at(env);
+  std::vector<size_t> ok;
+  std::vector<std::string> texts;
+  for (size_t j = 0; j < completions.size(); ++j)
+    if (out.errors[j].empty()) {
+      ok.push_back(j);
+      texts.push_back(completions[j]);
+    }
+  if (ok.empty()) return {};
+  if (!meta.contains("prompt") || !meta["prompt"].is_string())
+    return invalid_input("env '" + env + "': the episode's metadata has no 'prompt' for the reward model");
+  auto scores = reward_models_.at(env)->score(meta["prompt"].get<std::string>(), texts);
+  for (size_t n = 0; n < ok.size(); ++n) {
+    const size_t j = ok[n];
+    Status bad = scores.ok() ? envs::check_reward(spec, (*scores)[n], "reward model score of completion " + std::to_string(j))
+                             : Status(Error{scores.error().code, "env '" + env + "': " + scores.error().message});
+    if (!bad.ok()) {
+      out.rewards[j] = 0;
+      out.correct[j] = 0;
+      out.errors[j] = bad.error().message;
+      out.reasons[j] = std::string(envs::termination_name(envs::termination_for(bad.error())));
+      out.components_json[j] = "{}";
+      continue;
+    }
+    json comps = json::parse(out.components_json[j], nullptr, false);
+    if (!comps.is_object()) comps = json::object();
+    comps["reward_model"] = (*scores)[n];
+    if (!comps.contains("correct")) out.correct[j] = 0;  // no verifier: no accuracy
+    out.rewards[j] = (*scores)[n];
+    out.components_json[j] = comps.dump();
+  }
+  return {};
 }
 
 Result<EnvObs> EnvWorker::run(const EnvRunReq& r) {

@@ -7,6 +7,7 @@
 #include "troupe/actors/roles.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
+#include "troupe/policy/io/reward_model_dir.h"
 
 namespace troupe::actors {
 namespace fs = std::filesystem;
@@ -144,7 +145,8 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     const auto& e = cfg.envs[i];
     json j = {{"name", e.name}, {"type", enum_name(e.type)}, {"weight", e.weight}, {"config", e.config}, {"timeout_s", e.timeout_s}};
     if (!e.env.empty()) j["env"] = e.env;
-    const bool dataset = (e.type == EnvType::builtin && e.env_id() == "dataset") || e.type == EnvType::judge;
+    const bool dataset = (e.type == EnvType::builtin && e.env_id() == "dataset") || e.type == EnvType::judge ||
+                         e.type == EnvType::reward_model;
     if ((dataset || e.type == EnvType::nemo_gym) && j["config"].is_object()) {
       // the dataset and nemo_gym envs' relative file paths start at the YAML file's folder (or at its base_dir,
       // itself relative to that folder), whatever the working directory
@@ -159,6 +161,12 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
     if (e.type == EnvType::remote) resolve_config_paths(j["config"], base_dir);
     if (!e.path.empty()) {
       std::string path = fs::path(e.path).is_absolute() ? e.path : (fs::path(base_dir) / e.path).string();
+      if (!fs::exists(path) && e.type == EnvType::reward_model)
+        return invalid_input("envs[" + std::to_string(i) + "].path: the reward model directory " + path +
+                             " does not exist (relative paths start at the YAML file)");
+      if (e.type == EnvType::reward_model)
+        if (Status st = policy::io::check_reward_model_dir(path); !st.ok())
+          return invalid_input("envs[" + std::to_string(i) + "].path: " + st.error().message);
       if (!fs::exists(path))
         return invalid_input("envs[" + std::to_string(i) + "].path: the plug-in " + path +
                              " does not exist (build it, or fix the path; relative paths start at the YAML file)");

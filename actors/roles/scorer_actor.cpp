@@ -111,9 +111,23 @@ ScorerStats ScorerClient::stats() const {
   return stats_;
 }
 
+namespace {
+std::mutex peers_mu;
+std::optional<ScorerPeers> peers;
+}  // namespace
+
+std::optional<ScorerPeers> scorer_peers() {
+  std::lock_guard lk(peers_mu);
+  return peers;
+}
+
 void set_scorer_peers(runtime::ActorSystem& sys, const std::vector<runtime::ActorId>& scorers,
                       const ExperimentConfig& cfg) {
   (void)cfg;
+  {
+    std::lock_guard lk(peers_mu);
+    peers = scorers.empty() ? std::nullopt : std::optional<ScorerPeers>(ScorerPeers{&sys, scorers});
+  }
   if (scorers.empty()) {
     envs::set_local_model_caller({});
     return;

@@ -17,6 +17,7 @@
 #include "troupe/actors/scorer.h"
 #include "troupe/learner/distill.h"
 #include "troupe/policy/io/model_io.h"
+#include "troupe/policy/io/reward_model_dir.h"
 
 namespace troupe::actors {
 
@@ -70,8 +71,39 @@ std::vector<std::string> scorer_model_paths(const ExperimentConfig& cfg) {
         !j["model"].get<std::string>().empty())
       paths.insert(j["model"].get<std::string>());
   }
+  for (const auto& e : cfg.envs)
+    if (e.type == EnvType::reward_model && !e.path.empty()) paths.insert(e.path);
   return {paths.begin(), paths.end()};
 }
+
+namespace {
+
+// config.json's architectures[0] ends in ForSequenceClassification (a reward model).
+bool is_sequence_classifier_dir(const std::string& path) {
+  std::ifstream in(fs::path(path) / "config.json");
+  if (!in) return false;
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("architectures") || !j["architectures"].is_array() ||
+      j["architectures"].empty() || !j["architectures"][0].is_string())
+    return false;
+  return j["architectures"][0].get<std::string>().ends_with("ForSequenceClassification");
+}
+
+Result<std::unique_ptr<ScorerModel>> load_reward_scorer_model(const std::string& path, const policy::ExecutionOptions& exec) {
+  auto rm = policy::io::load_reward_model(path, exec);
+  if (!rm.ok()) return Error{rm.error().code, "scorer: model " + path + ": " + rm.error().message};
+  if (!rm->tokenizer) return invalid_input("scorer: model " + path + " has no tokenizer file");
+  auto m = std::make_unique<ScorerModel>();
+  m->name = path;
+  m->model = std::make_unique<policy::Model>(std::move(rm->model));
+  m->tokenizer = std::move(rm->tokenizer);
+  m->head = std::make_unique<policy::ScoreHead>(std::move(rm->head));
+  TROUPE_ASSIGN_OR_RETURN(m->model_hash, model_files_hash(path));
+  m->tokenizer_hash = learner::tokenizer_fingerprint(*m->tokenizer);
+  return m;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Scorer>> Scorer::create(const std::vector<std::string>& paths, policy::ExecutionOptions exec) {
   // forward-only and batch-invariant: a sequence's numbers never depend on what shares its batch
@@ -82,6 +114,10 @@ Result<std::unique_ptr<Scorer>> Scorer::create(const std::vector<std::string>& p
   auto s = std::unique_ptr<Scorer>(new Scorer());
   for (const auto& path : paths) {
     if (s->models_.count(path)) continue;
+    if (is_sequence_classifier_dir(path)) {
+      TROUPE_ASSIGN_OR_RETURN(s->models_[path], load_reward_scorer_model(path, exec));
+      continue;
+    }
     auto loaded = policy::io::load_model(path, exec);
     if (!loaded.ok()) return Error{loaded.error().code, "scorer: model " + path + ": " + loaded.error().message};
     auto m = std::make_unique<ScorerModel>();
@@ -114,6 +150,8 @@ std::vector<std::string> Scorer::names() const {
 
 Status Scorer::check(const ScoreReq& r, const ScorerModel& m) const {
   const int V = m.model->config().vocab_size;
+  if (m.head && static_cast<ScoreKind>(r.kind) != ScoreKind::sequence_score)
+    return invalid_input("scorer: " + m.name + " is a sequence-classification model: it answers sequence_score requests only");
   switch (static_cast<ScoreKind>(r.kind)) {
     case ScoreKind::logprobs:
       if (r.starts.size() != r.sequences.size())
@@ -138,9 +176,16 @@ Status Scorer::check(const ScoreReq& r, const ScorerModel& m) const {
     case ScoreKind::generate:
       if (r.max_new_tokens < 1) return invalid_input("scorer: generate: max_new_tokens must be >= 1");
       return {};
-    case ScoreKind::sequence_score:
-      // The seam for reward models: a model with a score head answers one scalar per sequence.
-      return invalid_input("scorer: sequence_score: " + m.name + " has no sequence-classification score head");
+    case ScoreKind::sequence_score:  // reward models: one scalar per sequence from the score head
+      if (!m.head) return invalid_input("scorer: sequence_score: " + m.name + " has no sequence-classification score head");
+      for (size_t i = 0; i < r.sequences.size(); ++i) {
+        if (r.sequences[i].empty()) return invalid_input("scorer: sequence_score: sequence " + std::to_string(i) + " is empty");
+        for (int32_t t : r.sequences[i])
+          if (t < 0 || t >= V)
+            return invalid_input("scorer: sequence_score: sequence " + std::to_string(i) + " has token " + std::to_string(t) +
+                                 ", outside the vocabulary of " + m.name + " (" + std::to_string(V) + ")");
+      }
+      return {};
   }
   return invalid_input("scorer: unknown request kind " + std::to_string(r.kind));
 }
@@ -163,13 +208,16 @@ std::vector<Result<ScoreRep>> Scorer::run_batch(const std::vector<const ScoreReq
       continue;
     }
     const bool gen = static_cast<ScoreKind>(r.kind) == ScoreKind::generate;
-    auto key = gen ? std::tuple{r.model, 2, r.max_new_tokens, r.temperature, r.seed}
-                   : std::tuple{r.model, r.topk > 0 ? 1 : 0, 0, 0.0f, uint64_t{0}};
+    const bool seq = static_cast<ScoreKind>(r.kind) == ScoreKind::sequence_score;
+    auto key = gen   ? std::tuple{r.model, 2, r.max_new_tokens, r.temperature, r.seed}
+               : seq ? std::tuple{r.model, 3, 0, 0.0f, uint64_t{0}}
+                     : std::tuple{r.model, r.topk > 0 ? 1 : 0, 0, 0.0f, uint64_t{0}};
     groups[key].push_back(i);
   }
   for (const auto& [key, idx] : groups) {
     ScorerModel& m = *models_.at(std::get<0>(key));
     if (std::get<1>(key) == 2) run_generate(m, idx, reqs, out);
+    else if (std::get<1>(key) == 3) run_sequence_scores(m, idx, reqs, out);
     else run_logprobs(m, idx, reqs, out);
   }
   return out;
@@ -273,6 +321,32 @@ void Scorer::run_logprobs(ScorerModel& m, const std::vector<size_t>& idx, const 
       out[i]->tokenizer_hash = m.tokenizer_hash;
       out[i]->compute_s = secs;
     }
+}
+
+// Every sequence of the batch's sequence_score requests in one packed forward (batch-invariant:
+// a sequence's score never depends on the others).
+void Scorer::run_sequence_scores(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
+                                 std::vector<Result<ScoreRep>>& out) {
+  const double t0 = mono_seconds();
+  std::vector<std::vector<int32_t>> all;
+  for (size_t i : idx) all.insert(all.end(), reqs[i]->sequences.begin(), reqs[i]->sequences.end());
+  auto scores = policy::score_sequences(*m.model, *m.head, all);
+  const double secs = mono_seconds() - t0;
+  size_t n = 0;
+  for (size_t i : idx) {
+    if (!scores.ok()) {
+      out[i] = Error{scores.error().code, "scorer: " + m.name + ": " + scores.error().message};
+      continue;
+    }
+    ScoreRep rep;
+    rep.scores.assign(scores->begin() + static_cast<std::ptrdiff_t>(n),
+                      scores->begin() + static_cast<std::ptrdiff_t>(n + reqs[i]->sequences.size()));
+    n += reqs[i]->sequences.size();
+    rep.model_hash = m.model_hash;
+    rep.tokenizer_hash = m.tokenizer_hash;
+    rep.compute_s = secs;
+    out[i] = std::move(rep);
+  }
 }
 
 void Scorer::run_generate(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,

@@ -22,6 +22,7 @@
 #include "troupe/envs/builtin.h"
 #include "troupe/envs/expr.h"
 #include "troupe/envs/math_equal.h"
+#include "troupe/envs/reward_model_spec.h"
 #include "troupe/envs/tools.h"
 #include "troupe/envs/trajectory.h"
 
@@ -60,6 +61,7 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   std::unique_ptr<RowOrder> order;  // with shuffle
   std::shared_ptr<const detail::Judge> judge;  // config.judge (null: none)
   std::map<std::string, double> weights;       // reward_weights (a component not named: weight 1)
+  bool scored_externally = false;  // type: reward_model: the reward model scores; the prompt goes in the metadata
 
   EnvInfo info() const override { return {"dataset", "1", false, 1, {}}; }
 
@@ -96,6 +98,7 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   }
 
   Result<VerifyResult> verify_verifier(const json& metadata, const std::string& completion) {
+    if (verifier == Verifier::none) return VerifyResult{};  // scored externally (a reward model): reward 0 here
     if (verifier == Verifier::python) return verify_python(metadata, completion);
     if (verifier == Verifier::countdown)
       return detail::countdown_score_of(metadata, completion, true, format_reward > 0 ? format_reward : 0.1,
@@ -155,6 +158,7 @@ class DatasetEnv final : public detail::SingleTurnEnv {
     meta["row"] = row.where;
     meta["split"] = split_name(options.split);
     if (ordered) meta["epoch"] = RowOrder::epoch_of(draw->get<uint64_t>(), split.size());
+    if (scored_externally) meta["prompt"] = row.prompt;
     return detail::text_observation(row.prompt, std::move(meta));
   }
 };
@@ -190,7 +194,7 @@ Status read_judge(detail::ConfigReader& r, DatasetEnv& env) {
   const std::string where = r.where();
   const json* judge = r.raw("judge");
   const json* weights = r.raw("reward_weights");
-  if (env.verifier == Verifier::none && !judge)
+  if (env.verifier == Verifier::none && !judge && !env.scored_externally)
     return invalid_input(where + ": verifier: none needs 'judge' (an env needs a reward source)");
   if (!judge) {
     if (weights) return invalid_input(where + ": 'reward_weights' needs 'judge' (it weighs the verifier and the judge)");
@@ -234,6 +238,7 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   TROUPE_ASSIGN_OR_RETURN(RowSource train_src, read_source(r, "split", "train"));
   TROUPE_ASSIGN_OR_RETURN(RowSource eval_src, read_source(r, "eval_split", "test"));
   TROUPE_ASSIGN_OR_RETURN(env->shuffle, r.boolean("shuffle", false));
+  TROUPE_ASSIGN_OR_RETURN(env->scored_externally, r.boolean(kScoredExternallyKey, false));
   TROUPE_ASSIGN_OR_RETURN(const int64_t order_seed, r.integer("seed", 0, INT64_MIN, INT64_MAX));
   env->order = std::make_unique<RowOrder>(static_cast<uint64_t>(order_seed));
   if (verifier == "exact") env->verifier = Verifier::exact;
@@ -258,7 +263,8 @@ Result<std::unique_ptr<Env>> make_dataset_env(const json& config) {
   if (train.empty())
     return invalid_input("env dataset: config needs 'train' (a JSONL or parquet file, or a datasets directory)");
   auto resolve = [&](const std::string& p) { return (base_dir.empty() || p.starts_with("/")) ? p : base_dir + "/" + p; };
-  const RowRules rules = rules_for(tpl, answer_field, env->verifier, env->extractor, extract_reference);
+  RowRules rules = rules_for(tpl, answer_field, env->verifier, env->extractor, extract_reference);
+  rules.answer_optional = env->scored_externally && env->verifier == Verifier::none;
   if (eval.empty() && !eval_src.split.empty()) return invalid_input("env dataset: 'eval_split' needs 'eval' (a file or directory)");
   train_src.path = resolve(train);
   eval_src.path = resolve(eval);

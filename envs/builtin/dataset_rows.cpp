@@ -84,7 +84,7 @@ Result<DatasetRow> make_row(json j, const std::string& where, const RowRules& ru
   std::string raw;  // the reference text before extraction
   if (rules.countdown) {
     TROUPE_ASSIGN_OR_RETURN(row.answer, countdown_answer(j, where));
-  } else {
+  } else if (!rules.answer_optional || j.contains(rules.answer_field)) {
     TROUPE_ASSIGN_OR_RETURN(row.answer, field_answer(j, where, rules, raw));
   }
   if (auto c = j.find("completion"); c != j.end() && c->is_string()) {

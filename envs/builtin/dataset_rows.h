@@ -30,6 +30,7 @@ struct RowRules {
   bool answer_number = false;
   AnswerExtractor extractor;
   bool extract_reference = true;
+  bool answer_optional = false;  // a row without the answer field has answer "" (reward_model envs without a verifier)
 };
 
 // "{field}" -> the row's field (strings as is, other JSON dumped); "{{" and "}}" are literal braces.

@@ -178,6 +178,12 @@ Status read_type(std::string type, EnvSpec& s, const std::string& where) {
     if (!s.config.is_object() || !s.config.contains("judge"))
       return invalid_input(where + ": a judge env needs config.judge (url, model, rubric, ...)");
     if (!s.config.contains("verifier")) s.config["verifier"] = "none";
+  } else if (type == "reward_model") {  // the dataset env's prompts, each response scored by a reward model
+    s.type = EnvType::builtin;
+    if (!s.env.empty() && s.env != "dataset")
+      return invalid_input(where + ": a reward_model env is the built-in dataset env ('env' must be dataset or absent, got '" + s.env + "')");
+    s.env = "dataset";
+    TROUPE_ASSIGN_OR_RETURN(s.reward_model, take_reward_model_config(s.config, s.path, where));
   } else if (type == "nemo_gym") {
     s.type = EnvType::nemo_gym;
     if (s.command.empty() == s.url.empty())
@@ -188,7 +194,7 @@ Status read_type(std::string type, EnvSpec& s, const std::string& where) {
     if (s.address.empty())
       return invalid_input(where + ": a verifiers env needs 'address' (its env server, e.g. tcp://127.0.0.1:5000)");
   } else {
-    return invalid_input(where + ": 'type' must be builtin, plugin or remote (or nemo_gym, reasoning_gym, verifiers, judge; got '" + type + "')");
+    return invalid_input(where + ": 'type' must be builtin, plugin or remote (or nemo_gym, reasoning_gym, verifiers, judge, reward_model; got '" + type + "')");
   }
   return {};
 }
@@ -235,12 +241,17 @@ Result<std::vector<EnvSpec>> parse_env_specs(const json& list, const std::string
 }
 
 json to_json(const EnvSpec& s) {
-  const char* type = s.type == EnvType::builtin     ? "builtin"
+  std::string type = s.type == EnvType::builtin     ? "builtin"
                      : s.type == EnvType::plugin    ? "plugin"
                      : s.type == EnvType::remote    ? "remote"
                      : s.type == EnvType::nemo_gym  ? "nemo_gym"
                                                     : "verifiers";
-  json j = {{"name", s.name}, {"type", type}, {"weight", s.weight}, {"config", s.config}, {"isolate", s.isolate},
+  json config = s.config;
+  if (s.reward_model) {
+    type = "reward_model";
+    put_reward_model_config(config, *s.reward_model);
+  }
+  json j = {{"name", s.name}, {"type", type}, {"weight", s.weight}, {"config", config}, {"isolate", s.isolate},
             {"timeout_s", s.timeout_s}, {"startup_timeout_s", s.startup_timeout_s}, {"max_restarts", s.max_restarts}, {"max_message_bytes", s.max_message_bytes},
             {"max_retries", s.max_retries}, {"max_failure_frac", s.max_failure_frac},
             {"reward_min", s.reward_min}, {"reward_max", s.reward_max}};

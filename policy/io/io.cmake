@@ -7,6 +7,7 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_dir.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_io.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/reward_model_dir.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_import.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_quant.cpp
@@ -58,4 +59,10 @@ if(TROUPE_BUILD_TESTS)
     ENV ${_peft_env})
   troupe_add_test(NAME policy.lora_merge_golden SOURCES ${CMAKE_CURRENT_LIST_DIR}/lora_merge.test.cpp LIBS troupe::policy
     ENV ${_peft_env})
+endif()
+if(TROUPE_BUILD_TESTS)
+  # Sequence-classification (reward) models: loading, pooling, refusals; scores against transformers.
+  troupe_add_test(NAME policy.reward_model SOURCES ${CMAKE_CURRENT_LIST_DIR}/reward_model_dir.test.cpp LIBS troupe::policy
+    ENV "TROUPE_REWARD_FIXTURES=${PROJECT_SOURCE_DIR}/tests/reward_model" OMP_WAIT_POLICY=PASSIVE
+    GROUP policy.reward_model_golden "RewardModelGolden.*")
 endif()

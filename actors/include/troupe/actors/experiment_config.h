@@ -31,7 +31,7 @@ enum class WeightSyncMode { delta, full };                        // weight_sync
 enum class WeightTransport { zmq, nccl };                         // weight_sync.transport
 enum class ProgressMode { detect, tty, plain, off };              // logger.progress: auto | tty | plain | off
 enum class WandbMode { online, offline, disabled };               // logger.wandb.mode
-enum class EnvType { builtin, plugin, remote, nemo_gym, reasoning_gym, verifiers, judge };  // envs[].type
+enum class EnvType { builtin, plugin, remote, nemo_gym, reasoning_gym, verifiers, judge, reward_model };  // envs[].type
 enum class IsolateMode { detect, yes, no };                       // envs[].isolate: auto | true | false
 
 struct RunSection {
@@ -239,7 +239,7 @@ TROUPE_ENUM_NAMES(ProgressMode, {"auto", V::detect}, {"tty", V::tty}, {"plain", 
 TROUPE_ENUM_NAMES(WandbMode, {"online", V::online}, {"offline", V::offline}, {"disabled", V::disabled})
 TROUPE_ENUM_NAMES(EnvType, {"builtin", V::builtin}, {"plugin", V::plugin}, {"remote", V::remote},
                   {"nemo_gym", V::nemo_gym}, {"reasoning_gym", V::reasoning_gym}, {"verifiers", V::verifiers},
-                  {"judge", V::judge})
+                  {"judge", V::judge}, {"reward_model", V::reward_model})
 TROUPE_ENUM_NAMES(IsolateMode, {"auto", V::detect}, {"true", V::yes}, {"false", V::no})
 #undef TROUPE_ENUM_NAMES
 }  // namespace troupe

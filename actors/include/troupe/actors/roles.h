@@ -62,8 +62,12 @@ learner::LearnerConfig learner_config(const ExperimentConfig& cfg, learner::Phas
 // Env specs of the run in the envs API's form (paths relative to `base_dir`).
 Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const std::string& base_dir);
 
+class RewardModelScorer;  // roles/reward_model_scoring.h: a reward_model env's model
+
 class EnvWorker {
  public:
+  EnvWorker();
+  ~EnvWorker();
   // `role` (e.g. "env3") tells the workers' injected-fault draws apart (faults.h).
   static Result<std::unique_ptr<EnvWorker>> create(const std::vector<envs::EnvSpec>& specs,
                                                    const std::string& role = "");
@@ -85,6 +89,10 @@ class EnvWorker {
   void fail(EnvObs& out, const std::string& env, const Error& e) const;
   std::map<std::string, std::unique_ptr<envs::EnvClient>> clients_;
   std::map<std::string, envs::EnvSpec> specs_;
+  // type: reward_model envs: the model that scores their responses (verify replaces the reward with its score).
+  std::map<std::string, std::unique_ptr<RewardModelScorer>> reward_models_;
+  Status score_with_reward_model(const std::string& env, const nlohmann::json& meta,
+                                 const std::vector<std::string>& completions, EnvVerifyRep& out);
 };
 
 class Generator {

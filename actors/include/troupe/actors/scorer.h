@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "troupe/policy/execution_options.h"
 #include "troupe/policy/io/tokenizer.h"
 #include "troupe/policy/model.h"
+#include "troupe/policy/reward_model.h"
 #include "troupe/runtime/system.h"
 
 namespace troupe::actors {
@@ -30,6 +32,9 @@ struct ScorerModel {
   std::unique_ptr<policy::io::Tokenizer> tokenizer;
   std::string model_hash;      // model_files_hash of its path
   std::string tokenizer_hash;  // learner::tokenizer_fingerprint
+  // a sequence-classification model (a reward model: config.json's architectures names a
+  // *ForSequenceClassification): its score head; it answers sequence_score requests only
+  std::unique_ptr<policy::ScoreHead> head;
 };
 
 class Scorer {
@@ -52,6 +57,8 @@ class Scorer {
   Status check(const ScoreReq& r, const ScorerModel& m) const;
   void run_logprobs(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
                     std::vector<Result<ScoreRep>>& out);
+  void run_sequence_scores(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
+                           std::vector<Result<ScoreRep>>& out);
   void run_generate(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
                     std::vector<Result<ScoreRep>>& out);
   std::map<std::string, std::unique_ptr<ScorerModel>> models_;
@@ -62,8 +69,8 @@ class Scorer {
 // name in sorted order, with its name, size and bytes. The frozen model's version.
 Result<std::string> model_files_hash(const std::string& path);
 
-// The models a run's scorers serve: distill.teacher, and each dataset env's judge.model when the
-// judge has no url (a local model). Sorted, without repeats.
+// The models a run's scorers serve: distill.teacher, each dataset env's judge.model when the
+// judge has no url (a local model), and each type: reward_model env's path. Sorted, without repeats.
 std::vector<std::string> scorer_model_paths(const ExperimentConfig& cfg);
 
 // The actor hosting a Scorer: ScoreReq mail is queued and a compute thread of its own (OpenMP
@@ -108,6 +115,14 @@ class ScorerClient {
   mutable std::mutex mu_;
   ScorerStats stats_;
 };
+
+// The scorers of this process's run as set_scorer_peers installed them (reward_model envs send
+// their sequence_score requests there); nullopt when the run has none.
+struct ScorerPeers {
+  runtime::ActorSystem* system = nullptr;
+  std::vector<runtime::ActorId> scorers;
+};
+std::optional<ScorerPeers> scorer_peers();
 
 // Lets the envs of this process reach the scorers (envs::set_local_model_caller): a judge's local
 // model call becomes a ScoreReq (kind generate) through a ScorerClient, first to scorer 0, then

@@ -15,12 +15,14 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "troupe/envs/env.h"
 #include "troupe/envs/faults.h"
 #include "troupe/envs/registry.h"
+#include "troupe/envs/reward_model_spec.h"
 #include "troupe/envs/trajectory.h"
 
 namespace troupe::envs {
@@ -51,6 +53,9 @@ struct EnvSpec {
   std::string cwd;                    // `command`: its working directory ("" = troupe's)
   std::string log_dir;                // where the logs of the processes troupe starts go (a run's logs/; "" = a
                                       // temporary file removed when the process stops)
+  // type: reward_model (a builtin dataset env whose responses a sequence-classification model scores):
+  // its path, score_template and center; nullopt for every other env.
+  std::optional<RewardModelSpec> reward_model;
 };
 
 // Checks types, required keys and unknown keys; errors start with `where` (e.g. "config.yaml: envs[1]").

@@ -225,6 +225,10 @@ class Model {
 
   // Logits (T, V) for every position of the batch (targets may be empty). Tests and `troupe score`.
   Status forward_logits(const PackedBatch& batch, float* logits);
+  // The final-norm hidden states (rows.size(), hidden_size) of the given positions of the batch
+  // (targets may be empty): what a sequence-classification head reads (reward_model.h). Each row
+  // in [0, T); out is caller-owned host memory.
+  Status forward_hidden(const PackedBatch& batch, std::span<const int32_t> rows, float* out);
 
   // KV-cache sampling for a batch of prompts of different lengths. logprobs are log
   // softmax(logits / temperature) of the sampled token (before top-k/top-p truncation), i.e. what
