@@ -1,6 +1,7 @@
 // Cross-key checks of an experiment, one function per config section (see config_checks.h).
 // Single keys (types, ranges, enum names) are the schema's; these see several keys at once.
 #include "config_checks.h"
+#include "troupe/launch/plan.h"
 
 #include <filesystem>
 #include <fstream>
@@ -334,9 +335,18 @@ void check_cluster(const ExperimentConfig& c, const ConfigReport& report) {
 
 }  // namespace
 
+// learner.memory_budget must be a size (troupe run / validate compare the memory plan with it).
+void check_learner(const ExperimentConfig& c, const ConfigReport& report) {
+  if (c.learner.memory_budget.empty()) return;
+  const std::string key = "learner.memory_budget";
+  if (auto b = parse_byte_size(c.learner.memory_budget, key); !b.ok())
+    report(key, key, b.error().message.substr(key.size() + 2));
+}
+
 void check_config(const ExperimentConfig& c, const std::vector<std::string>& architecture_keys_set,
                   const ConfigReport& report) {
   check_model(c, report);
+  check_learner(c, report);
   check_loss(c, report);
   check_execution(c, report);
   check_lora(c, report);

@@ -220,6 +220,9 @@ void add_training_keys(Builder<ExperimentConfig>& b) {
   b.enumeration("optimizer.schedule", [](C& c) { return &c.optimizer.schedule; }, {{"constant", LrSchedule::constant}, {"cosine", LrSchedule::cosine}}, "Learning-rate schedule after warm-up.");
   b.number("optimizer.min_lr_ratio", [](C& c) { return &c.optimizer.min_lr_ratio; }, 0, 1, "Cosine floor as a fraction of the peak.");
 
+  // learner
+  b.text("learner.memory_budget", [](C& c) { return &c.learner.memory_budget; }, "Memory each rank may use, e.g. 4GiB, 80GB, 512MiB (binary KiB/MiB/GiB/TiB or decimal kB/MB/GB/TB; a plain number is bytes): troupe run and troupe validate plan every rank's memory (troupe plan: weights, gradients, optimizer state, activations, KV cache, sync and collective buffers, on the rank's device: host memory on cpu, GPU memory on cuda) and refuse a config whose plan exceeds it, naming the role, rank and overflow. Empty = no budget.");
+
 }
 
 // envs, rollout, weight_sync.
@@ -680,7 +683,8 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "weight_sync.full_every",
                                                 "weight_sync.probe",
                                                 "weight_sync.transport",
-                                                "weight_sync.prepare_in_step"};
+                                                "weight_sync.prepare_in_step",
+                                                "learner.memory_budget"};
 bool resume_may_change(const std::string& path) {
   for (const char* p : kResumeMayChangePrefixes)
     if (path.rfind(p, 0) == 0) return true;

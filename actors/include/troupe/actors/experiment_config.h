@@ -194,11 +194,17 @@ struct FaultsSection {
   int checkpoint_interrupt_step = 0;  // the process is killed half-way through this step's checkpoint
 };
 
+// How the learner ranks hold the model (YAML learner.*).
+struct LearnerSection {
+  std::string memory_budget;  // e.g. "4GiB": each rank's planned memory (troupe plan) must fit ("" = no budget)
+};
+
 struct ExperimentConfig {
   RunSection run;
   PolicySection policy;
   SftSection sft;
   GrpoSection grpo;
+  LearnerSection learner;
   learner::GrpoLossConfig loss;
   learner::OptimizerConfig optimizer;
   std::vector<EnvSpec> envs;
