@@ -253,6 +253,15 @@ void check_checkpointing(const ExperimentConfig& c, const ConfigReport& report) 
            "'" + by + "' is not an eval metric (eval_accuracy, eval_reward_mean)");
 }
 
+// learner.shard: ZeRO-3 needs a per-layer weight gather inside the model's forward and backward,
+// which policy::Model does not have yet.
+void check_learner(const ExperimentConfig& c, const ConfigReport& report) {
+  if (c.learner.shard == learner::ShardStage::parameters)
+    report("learner.shard", "learner.shard",
+           "parameters (ZeRO-3) is not implemented yet: the model has no per-layer weight gather; use gradients "
+           "(ZeRO-2) or optimizer (ZeRO-1)");
+}
+
 // Placement: every learner needs trajectories, every generator needs prompts.
 void check_placement(const ExperimentConfig& c, const ConfigReport& report) {
   int trajectories = c.rollout.prompts_per_step * c.rollout.num_generations;
@@ -357,6 +366,7 @@ void check_config(const ExperimentConfig& c, const std::vector<std::string>& arc
   check_env_weights(c, report);
   check_faults(c, report);
   check_checkpointing(c, report);
+  check_learner(c, report);
   check_placement(c, report);
   check_async_chunks(c, report);
   check_in_flight(c, report);

@@ -221,6 +221,7 @@ void add_training_keys(Builder<ExperimentConfig>& b) {
   b.number("optimizer.min_lr_ratio", [](C& c) { return &c.optimizer.min_lr_ratio; }, 0, 1, "Cosine floor as a fraction of the peak.");
 
   // learner
+  b.enumeration("learner.shard", [](C& c) { return &c.learner.shard; }, "How the learner ranks (cluster.learners) split the training state of the flat fp32 buffer (ZeRO stages): none = plain data parallel, every rank holds the parameters, gradients and both AdamW moments; optimizer = ZeRO-1: each rank holds the AdamW moments of its contiguous shard only, the gradient is summed on every rank, each rank updates its shard and the shards are all-gathered; gradients = ZeRO-2: as optimizer, but the gradient is reduce-scattered (each rank sums only its shard); parameters = ZeRO-3, not implemented yet (an error). Every stage computes the step of none bit for bit on CPU (the sum runs in rank order, the gradient norm front to back); with one learner all are none. A --resume may change it.");
   b.text("learner.memory_budget", [](C& c) { return &c.learner.memory_budget; }, "Memory each rank may use, e.g. 4GiB, 80GB, 512MiB (binary KiB/MiB/GiB/TiB or decimal kB/MB/GB/TB; a plain number is bytes): troupe run and troupe validate plan every rank's memory (troupe plan: weights, gradients, optimizer state, activations, KV cache, sync and collective buffers, on the rank's device: host memory on cpu, GPU memory on cuda) and refuse a config whose plan exceeds it, naming the role, rank and overflow. Empty = no budget.");
 
 }
@@ -665,6 +666,7 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "run.name",
                                                 "run.max_wall_s",
                                                 "grpo.max_steps",
+                                                "learner.shard",
                                                 "policy.cache_packed_metadata",
                                                 "policy.activation_checkpointing",
                                                 "policy.offload_activations",

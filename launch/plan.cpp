@@ -6,7 +6,6 @@
 #include <fstream>
 
 #include "troupe/kernels/backend.h"
-#include "troupe/launch/config.h"
 #include "troupe/launch/plan.h"
 #include "troupe/policy/io/gguf.h"
 #include "troupe/policy/io/gguf_import.h"
@@ -218,18 +217,6 @@ void other_rows(const ExperimentConfig& cfg, const Shape& s, MemoryPlan& plan) {
   }
 }
 
-// learner.shard where this build's schema has the key (the sharded learners), else none.
-ShardStage configured_shard(const ExperimentConfig& cfg) {
-  ExperimentConfig c = cfg;  // the schema's accessors take a mutable root
-  for (const auto& k : config_schema()) {
-    if (k.path != "learner.shard") continue;
-    std::string v = render_value(k.field(c));
-    if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
-    return enum_from_name<ShardStage>(v).value_or(ShardStage::none);
-  }
-  return ShardStage::none;
-}
-
 Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, MemoryPlan& plan) {
   Shape s;
   TROUPE_ASSIGN_OR_RETURN(s.mc, plan_model_config(cfg, &plan.model));
@@ -246,7 +233,7 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
   s.A = s.fp.lora_floats;
   s.Tr = s.A > 0 ? s.A : s.P;
   s.N = o.learners > 0 ? o.learners : cfg.cluster.learners;
-  s.stage = o.shard ? *o.shard : configured_shard(cfg);
+  s.stage = o.shard ? *o.shard : cfg.learner.shard;
   if (s.stage == ShardStage::gradients)
     plan.notes.push_back("shard gradients: each learner sums only its shard, but backward still fills the model's "
                          "whole gradient arena, so the gradients column is not divided");

@@ -1,5 +1,6 @@
-// MPI communicator: MPI_Allreduce in place on the flat buffer, chunked below INT_MAX elements.
-// The communicator is a duplicate with MPI_ERRORS_RETURN, so a failing rank becomes a Status.
+// MPI communicator: MPI_Allreduce in place on the flat buffer, chunked below INT_MAX elements, and
+// the sharded learners' collectives (reduce-scatter summed in rank order, all-gather, chain). The
+// communicator is a duplicate with MPI_ERRORS_RETURN, so a failing rank becomes a Status.
 #include "troupe/learner/communicator.h"
 
 #include <mpi.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <climits>
 #include <string>
+#include <vector>
 
 namespace troupe::learner {
 
@@ -21,6 +23,9 @@ Status mpi_check(int rc, const char* what, const char* file, int line) {
                                                 std::to_string(line) + ": " + std::string(msg, len));
 }
 #define TROUPE_MPI_CHECK(call) TROUPE_TRY(mpi_check((call), #call, __FILE__, __LINE__))
+
+// Values per rank per round of the reduce-scatter: the scratch it receives into is ranks x this.
+constexpr size_t kScatterChunk = size_t{1} << 20;
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -50,6 +55,9 @@ class MpiCommunicator final : public Communicator {
     }
     return {};
   }
+  Status reduce_scatter_sum(std::span<float> buf, std::span<const size_t> bounds) override;
+  Status all_gather(std::span<float> buf, std::span<const size_t> bounds) override;
+  Result<double> chain(const std::function<double(double)>& step) override;
 
  private:
   template <class T>
@@ -68,6 +76,78 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
 };
 
+// Rounds of at most kScatterChunk values of every shard: each rank sends the round's part of shard
+// j to rank j (MPI_Alltoallv), and adds what it received in rank order.
+Status MpiCommunicator::reduce_scatter_sum(std::span<float> buf, std::span<const size_t> bounds) {
+  if (size_ == 1) return {};
+  const auto P = static_cast<size_t>(size_);
+  size_t longest = 0;
+  for (size_t j = 0; j < P; ++j) longest = std::max(longest, bounds[j + 1] - bounds[j]);
+  const size_t lo = bounds[static_cast<size_t>(rank_)], hi = bounds[static_cast<size_t>(rank_) + 1];
+  std::vector<float> scratch(P * std::min(longest, kScatterChunk));
+  std::vector<int> scount(P), sdispl(P), rcount(P), rdispl(P);
+  std::vector<float> sendbuf;
+  for (size_t off = 0; off < longest; off += kScatterChunk) {
+    const size_t mine = hi - lo > off ? std::min(kScatterChunk, hi - lo - off) : 0;
+    for (size_t j = 0; j < P; ++j) {
+      const size_t len = bounds[j + 1] - bounds[j];
+      scount[j] = static_cast<int>(len > off ? std::min(kScatterChunk, len - off) : 0);
+      rcount[j] = static_cast<int>(mine);
+      rdispl[j] = static_cast<int>(j * mine);
+    }
+    // Alltoallv's displacements are ints: a buffer that fits sends from itself, a larger one
+    // through a copy of this round's parts.
+    const float* from = buf.data();
+    if (buf.size() <= static_cast<size_t>(INT_MAX)) {
+      for (size_t j = 0; j < P; ++j) sdispl[j] = static_cast<int>(bounds[j] + off);
+    } else {
+      size_t total = 0;
+      for (size_t j = 0; j < P; ++j) total += static_cast<size_t>(scount[j]);
+      sendbuf.resize(total);
+      size_t at = 0;
+      for (size_t j = 0; j < P; ++j) {
+        sdispl[j] = static_cast<int>(at);
+        std::copy_n(buf.data() + bounds[j] + off, scount[j], sendbuf.data() + at);
+        at += static_cast<size_t>(scount[j]);
+      }
+      from = sendbuf.data();
+    }
+    TROUPE_MPI_CHECK(MPI_Alltoallv(from, scount.data(), sdispl.data(), MPI_FLOAT, scratch.data(),
+                                   rcount.data(), rdispl.data(), MPI_FLOAT, comm_));
+    float* out = buf.data() + lo + off;
+    for (size_t i = 0; i < mine; ++i) {
+      float acc = scratch[i];
+      for (size_t j = 1; j < P; ++j) acc += scratch[j * mine + i];
+      out[i] = acc;
+    }
+  }
+  return {};
+}
+
+Status MpiCommunicator::all_gather(std::span<float> buf, std::span<const size_t> bounds) {
+  if (size_ == 1) return {};
+  const auto P = static_cast<size_t>(size_);
+  if (buf.size() > static_cast<size_t>(INT_MAX))
+    return invalid_input("learner: all_gather of " + std::to_string(buf.size()) + " values (at most INT_MAX)");
+  std::vector<int> count(P), displ(P);
+  for (size_t j = 0; j < P; ++j) {
+    count[j] = static_cast<int>(bounds[j + 1] - bounds[j]);
+    displ[j] = static_cast<int>(bounds[j]);
+  }
+  TROUPE_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data(), count.data(), displ.data(),
+                                  MPI_FLOAT, comm_));
+  return {};
+}
+
+Result<double> MpiCommunicator::chain(const std::function<double(double)>& step) {
+  double carry = 0.0;
+  if (rank_ > 0) TROUPE_MPI_CHECK(MPI_Recv(&carry, 1, MPI_DOUBLE, rank_ - 1, 0, comm_, MPI_STATUS_IGNORE));
+  carry = step(carry);
+  if (rank_ + 1 < size_) TROUPE_MPI_CHECK(MPI_Send(&carry, 1, MPI_DOUBLE, rank_ + 1, 0, comm_));
+  TROUPE_MPI_CHECK(MPI_Bcast(&carry, 1, MPI_DOUBLE, size_ - 1, comm_));
+  return carry;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> make_mpi_communicator(void* mpi_comm) {
@@ -79,6 +159,36 @@ Result<std::unique_ptr<Communicator>> make_mpi_communicator(void* mpi_comm) {
   TROUPE_MPI_CHECK(MPI_Comm_dup(base, &dup));
   MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
   return std::unique_ptr<Communicator>(new MpiCommunicator(dup));
+}
+
+Status Communicator::reduce_scatter_sum(std::span<float> buf, std::span<const size_t>) {
+  if (size() == 1) return {};
+  return allreduce_sum(buf);  // (a communicator of its own: its sum's order is its own)
+}
+
+Status Communicator::ordered_allreduce_sum(std::span<float> buf, std::span<const size_t> bounds) {
+  TROUPE_TRY(reduce_scatter_sum(buf, bounds));
+  return all_gather(buf, bounds);
+}
+
+Status Communicator::all_gather(std::span<float>, std::span<const size_t>) {
+  if (size() == 1) return {};
+  return invalid_input("learner: this communicator has no all_gather");
+}
+
+Result<double> Communicator::chain(const std::function<double(double)>& step) {
+  if (size() == 1) return step(0.0);
+  return invalid_input("learner: this communicator has no chain");
+}
+
+std::vector<size_t> shard_bounds(size_t n, int ranks) {
+  const auto P = static_cast<size_t>(std::max(ranks, 1));
+  size_t per = (n + P - 1) / P;
+  per = (per + 15) / 16 * 16;
+  std::vector<size_t> b(P + 1);
+  for (size_t j = 0; j <= P; ++j) b[j] = std::min(n, j * per);
+  b[P] = n;
+  return b;
 }
 
 }  // namespace troupe::learner

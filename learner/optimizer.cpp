@@ -20,14 +20,14 @@ double learning_rate_at(const OptimizerConfig& cfg, int64_t step) {
   return base * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cos_f);
 }
 
-double global_grad_norm(std::span<const float> g) {
-  double ss = 0;
-  for (float x : g) ss += static_cast<double>(x) * x;
-  return std::sqrt(ss);
+double add_squares(std::span<const float> g, double acc) {
+  for (float x : g) acc += static_cast<double>(x) * x;
+  return acc;
 }
 
-double clip_grad_norm(std::span<float> g, double max_norm) {
-  const double norm = global_grad_norm(g);
+double global_grad_norm(std::span<const float> g) { return std::sqrt(add_squares(g, 0.0)); }
+
+void clip_to_norm(std::span<float> g, double norm, double max_norm) {
   if (max_norm > 0 && std::isfinite(norm)) {
     const double coef = max_norm / (norm + 1e-6);
     if (coef < 1.0) {
@@ -35,6 +35,11 @@ double clip_grad_norm(std::span<float> g, double max_norm) {
       for (float& x : g) x *= c;
     }
   }
+}
+
+double clip_grad_norm(std::span<float> g, double max_norm) {
+  const double norm = global_grad_norm(g);
+  clip_to_norm(g, norm, max_norm);
   return norm;
 }
 

@@ -219,8 +219,16 @@ Result<PreparedBatch> prepare_grpo_batch(std::vector<Sample> samples, int group_
 }
 
 Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& comm, kernels::DeviceCollective* device)
-    : model_(model), cfg_(cfg), comm_(comm), device_(device), opt_(model.params().size()), rng_(cfg.seed) {
+    : model_(model),
+      cfg_(cfg),
+      comm_(comm),
+      device_(device),
+      sharded_(cfg.shard != ShardStage::none && comm.size() > 1),
+      bounds_(shard_bounds(model.params().size(), comm.size())),
+      opt_(sharded_ ? shard_end() - shard_begin() : model.params().size()),
+      rng_(cfg.seed) {
   if (cfg_.loss.agg_norm_length <= 0) cfg_.loss.agg_norm_length = cfg_.max_completion_length;
+  if (sharded_) device_ = nullptr;  // the shards are reduced over comm on the host copy
 }
 
 Status Trainer::check_sample(const Sample& s, size_t i) const {
@@ -348,11 +356,14 @@ double Trainer::sample_tokens(const Sample& s) const {
 }
 
 Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum, bool last) {
+  if (sharded_) return sharded_optimizer_step(out, norm_sum, last);
   // The sum over learner ranks: on the device (NCCL) before the gradients come down, else over
   // comm on the host copy. The same sum either way, so clipping and AdamW below are one code path.
   if (device_) TROUPE_TRY(model_.all_reduce_grads(*device_));
   auto grads = model_.grads();
-  if (!device_) TROUPE_TRY(comm_.allreduce_sum(grads));
+  // Beyond two ranks the sum runs in rank order (reduce-scatter + all-gather), whatever MPI's
+  // algorithm would add first: the sharded stages sum so too, and equal this step bit for bit.
+  if (!device_) TROUPE_TRY(comm_.size() > 2 ? comm_.ordered_allreduce_sum(grads, bounds_) : comm_.allreduce_sum(grads));
   norm_sum += clip_grad_norm(grads, cfg_.optimizer.max_grad_norm);
   out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
   TROUPE_TRY(opt_.step(model_.params(), grads, cfg_.optimizer, out.lr, last ? watch_ : nullptr));

@@ -71,9 +71,17 @@ Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Dur
     req.has_metric = true;
     req.metric = s.last_eval[best].get<double>();
   }
-  // only learner 0 writes; the others hold identical state
-  TROUPE_CO_ASSIGN_OR_RETURN(auto rep,
-                             co_await request<CheckpointRep>(s.here, s.peers.learners[0], req, timeout));
+  // only learner 0 writes; the others hold identical state, or (learner.shard) each holds a shard of
+  // the AdamW moments, which every learner is asked to gather for learner 0
+  const bool sharded = s.cfg.learner.shard != learner::ShardStage::none && s.peers.learners.size() > 1;
+  std::vector<runtime::Reply<CheckpointRep>> reps;
+  for (size_t i = 0; i < (sharded ? s.peers.learners.size() : 1); ++i)
+    reps.push_back(request<CheckpointRep>(s.here, s.peers.learners[i], req, timeout));
+  CheckpointRep rep;
+  for (size_t i = 0; i < reps.size(); ++i) {
+    TROUPE_CO_ASSIGN_OR_RETURN(auto one, co_await reps[i]);
+    if (i == 0) rep = std::move(one);
+  }
   if (better) s.best_value = req.metric;
   s.saved_step = s.step;
   if (s.hooks.log) s.hooks.log("checkpoint " + rep.path + (better ? " (best " + best + " so far)" : ""));

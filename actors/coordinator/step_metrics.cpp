@@ -68,6 +68,8 @@ json sft_step_row(const RunState& s, const json& learner_metrics, double tokens,
               {"wall_s", s.now_s()}};
   for (const char* key : {"loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "lr"})
     row[key] = learner_metrics.value(key, 0.0);
+  // training state held by the learner rank that answered (parameters + gradients + AdamW moments)
+  if (learner_metrics.contains("state_bytes")) row["learner/state_bytes"] = learner_metrics["state_bytes"];
   return row;
 }
 
@@ -131,6 +133,7 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
   for (const char* key : {"loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "grad_norm",
                           "lr", "is_weight_mean"})
     row[key] = tr.updated ? tr.metrics.value(key, 0.0) : 0.0;
+  if (tr.updated && tr.metrics.contains("state_bytes")) row["learner/state_bytes"] = tr.metrics["state_bytes"];
   // sampler vs learner on the weights that sampled (present when some response token was compared)
   if (tr.updated)
     for (const char* key : {"logprob_diff_max", "logprob_diff_mean", "mismatch_kl", "mismatch_frac", "mismatch_tokens",

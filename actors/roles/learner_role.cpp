@@ -192,7 +192,8 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
             {"grad_norm", m.grad_norm},
             {"lr", m.lr},
             {"train_tokens", m.tokens},
-            {"learner_tokens_per_s", m.tokens_per_s}};
+            {"learner_tokens_per_s", m.tokens_per_s},
+            {"state_bytes", trainer.state_bytes()}};
   if (mm.tokens > 0) {  // sampler vs learner on the same version's weights, before the update
     j["logprob_diff_max"] = mm.logprob_diff_max;
     j["logprob_diff_mean"] = mm.logprob_diff_mean;
@@ -348,6 +349,22 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     if (extra.is_discarded()) extra = json::object();
     extra["phase"] = phase_ == learner::Phase::sft ? "sft" : "grpo";
     auto& trainer = trainer_for(phase_);
+    // Sharded learners: every rank is asked, the moments are gathered, and rank 0 writes the whole
+    // (unsharded) layout, which any rank count and stage can resume from.
+    const learner::AdamW* opt_state = &trainer.optimizer();
+    learner::AdamW gathered;
+    if (trainer.sharded()) {
+      TROUPE_ASSIGN_OR_RETURN(gathered, trainer.gathered_optimizer());
+      opt_state = &gathered;
+      extra["learner_shard"] = {{"stage", std::string(enum_string(cfg_.learner.shard))},
+                                {"learners", comm_->size()},
+                                {"optimizer_layout", "whole"}};
+      if (comm_->rank() != 0) {
+        rep.step = r.step;
+        rep.policy_version = version_;
+        return rep;
+      }
+    }
     learner::CheckpointData d;
     d.step = r.step;
     d.policy_version = version_;
@@ -376,7 +393,7 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
       }
       return copy_model_side_files(cfg_.policy.path, dir);
     };
-    TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, trainer.optimizer(), specs, opt));
+    TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, *opt_state, specs, opt));
     rep.step = r.step;
     rep.policy_version = version_;
     return rep;
@@ -388,7 +405,9 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     return invalid_input(r.dir + "/state.json: missing or not JSON");
   std::string phase = state.value("extra", json::object()).value("phase", std::string("grpo"));
   auto& trainer = trainer_for(phase == "sft" ? learner::Phase::sft : learner::Phase::grpo);
-  TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint(r.dir, specs, trainer.optimizer()));
+  learner::AdamW whole(policy_.model->params().size());  // the checkpoint's layout; this rank takes its shard
+  TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint(r.dir, specs, whole));
+  TROUPE_TRY(trainer.load_optimizer(std::move(whole)));
   if (policy_.model->lora_enabled()) {
     TROUPE_TRY(learner::read_lora_adapter_files(r.dir, *policy_.model));
   } else {

@@ -114,6 +114,7 @@ learner::LearnerConfig learner_config(const ExperimentConfig& c, learner::Phase 
   l.max_completion_length = c.rollout.max_response_length * c.rollout.max_turns;  // (the default agg_norm_length)
   l.importance_weight_cap = c.rollout.importance_weight_cap;
   l.seed = static_cast<uint64_t>(c.run.seed);
+  l.shard = c.learner.shard;
   return l;
 }
 

@@ -1,6 +1,7 @@
 // `troupe bench learner`: grpo_loss_fused (loss + gradients in one pass vs the same loss composed
 // from separate ops) and allreduce_2ranks (the learner's flat-gradient reduction vs a raw
-// MPI_Allreduce of the same buffer; the suite starts `mpirun -np 2` on a helper binary itself).
+// MPI_Allreduce of the same buffer; the suite starts `mpirun -np 2` on a helper binary itself), and the
+// sharded learners (zero1/zero2_step_2ranks, zero2_state_bytes_4ranks) against plain data parallelism.
 #include <stdio.h>
 #include <sys/wait.h>
 
@@ -178,12 +179,55 @@ int bench_allreduce(const BenchOptions& opt) {
   return 0;
 }
 
+// The sharded learners against plain data parallelism (troupe_learner_shard_bench under mpirun):
+// a GRPO step of SmolLM2-135M's shape cut to 2 layers (its 49152 x 576 embedding and head kept), 4 x 64
+// tokens per rank (--quick: 1 layer, 4 x 32); SmolLM2's 30 layers and 4 x 256 tokens took minutes a
+// step on 2 shared cores. The figures on the row say which shape ran.
+int bench_shard(const BenchOptions& opt, const std::string& case_name, const std::string& stage, int ranks,
+                bool state_only) {
+  const auto helper = helper_binary("troupe_learner_shard_bench", "learner", case_name);
+  if (!helper) return 1;
+  const int layers = opt.quick ? 1 : 2;
+  const std::string args = "--stage " + stage + " --layers " + std::to_string(layers) + " --seqs 4 --seq-len " +
+                           (opt.quick ? "32" : "64") + " --reps " + (opt.quick ? "3" : "5") +
+                           (state_only ? " --state-only" : "");
+  const std::string cmd = mpirun_command("", ranks, "", *helper, args);
+  const auto out = run_child(cmd, "learner");
+  if (!out) return 1;
+  nlohmann::json j;
+  for (const auto& line : out->objects)
+    if (line.contains("ours_ms")) j = line;
+  if (out->status != 0 || j.is_null()) {
+    std::fprintf(stderr, "troupe bench learner: %s: `%s` failed (status %d):\n%s\n", case_name.c_str(), cmd.c_str(),
+                 out->status, out->text.c_str());
+    return 1;
+  }
+  const nlohmann::json extra = {{"stage", stage},
+                                {"ranks", ranks},
+                                {"params", j["params"]},
+                                {"layers", layers},
+                                {"shape", "smollm2_135m"},
+                                {"tokens_per_rank", j["tokens_per_rank"]},
+                                {"dp_state_bytes", j["dp_state_bytes"]},
+                                {"ours_state_bytes", j["ours_state_bytes"]}};
+  if (state_only)
+    emit(make_row("learner", case_name, {"state_bytes", "bytes", Better::lower},
+                  {j["ours_state_bytes"].get<double>(), j["dp_state_bytes"].get<double>()}, "data_parallel", extra));
+  else
+    emit(make_row("learner", case_name, {"step_ms", "ms", Better::lower},
+                  {j["ours_ms"].get<double>(), j["dp_ms"].get<double>()}, "data_parallel", extra));
+  return 0;
+}
+
 }  // namespace
 
 int run_learner_suite(const BenchOptions& opt) {
   int rc = 0;
   if (opt.wants("grpo_loss_fused")) rc |= bench_grpo_loss(opt);
   if (opt.wants("allreduce_2ranks")) rc |= bench_allreduce(opt);
+  if (opt.wants("zero1_step_2ranks")) rc |= bench_shard(opt, "zero1_step_2ranks", "optimizer", 2, false);
+  if (opt.wants("zero2_step_2ranks")) rc |= bench_shard(opt, "zero2_step_2ranks", "gradients", 2, false);
+  if (opt.wants("zero2_state_bytes_4ranks")) rc |= bench_shard(opt, "zero2_state_bytes_4ranks", "gradients", 4, true);
   return rc;
 }
 

@@ -137,6 +137,14 @@ TEST(Plan, ShardStagesDivideByTheLearners) {
   EXPECT_EQ(z3.gradients, P4 / 8);
   EXPECT_GT(z3.collectives, row(g, "learner", 3).collectives);  // gathered layers
   EXPECT_LT(z3.device, row(g, "learner", 3).device);
+  // the config's learner.shard, unless --shard says otherwise
+  const MemoryPlan k = plan_model("qwen3-8b", {"learner.shard=optimizer", "cluster.learners=4"});
+  EXPECT_EQ(k.shard, ShardStage::optimizer);
+  EXPECT_EQ(row(k, "learner", 2).optimizer, 2 * P4 / 4);
+  o.learners = 0;
+  o.shard = ShardStage::none;
+  EXPECT_EQ(row(plan_model("qwen3-8b", {"learner.shard=optimizer", "cluster.learners=4"}, o), "learner", 2).optimizer,
+            2 * P4);
   // one learner: nothing to shard
   o.learners = 1;
   const PlanRow one = row(plan_model("qwen3-8b", {}, o), "learner");

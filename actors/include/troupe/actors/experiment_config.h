@@ -194,8 +194,9 @@ struct FaultsSection {
   int checkpoint_interrupt_step = 0;  // the process is killed half-way through this step's checkpoint
 };
 
-// How the learner ranks hold the model (YAML learner.*).
+// YAML `learner.*`: how the learner ranks split the training state, and the memory each rank may use.
 struct LearnerSection {
+  learner::ShardStage shard = learner::ShardStage::none;  // none | optimizer | gradients | parameters (ZeRO 1-3)
   std::string memory_budget;  // e.g. "4GiB": each rank's planned memory (troupe plan) must fit ("" = no budget)
 };
 
@@ -204,9 +205,9 @@ struct ExperimentConfig {
   PolicySection policy;
   SftSection sft;
   GrpoSection grpo;
-  LearnerSection learner;
   learner::GrpoLossConfig loss;
   learner::OptimizerConfig optimizer;
+  LearnerSection learner;
   std::vector<EnvSpec> envs;
   RolloutSection rollout;
   WeightSyncSection weight_sync;

@@ -20,14 +20,14 @@
 
 namespace troupe::launch {
 
-// ZeRO stages of the learners: none; optimizer (1: AdamW moments split over the learners);
-// gradients (2: + gradients); parameters (3: + the weights, one layer gathered at a time).
-enum class ShardStage { none, optimizer, gradients, parameters };
+// The learners' ZeRO stage (learner.shard): none; optimizer (AdamW's moments split over the
+// learners); gradients (+ the sum reduce-scattered); parameters (ZeRO-3, planned only).
+using ShardStage = learner::ShardStage;
 
 struct PlanOptions {
   std::optional<uint64_t> device_memory;  // --device-memory: bytes of each rank's device (GPU, or RAM on cpu)
   int learners = 0;                       // --learners N: overrides cluster.learners (0 = the config's)
-  std::optional<ShardStage> shard;        // --shard STAGE (else none)
+  std::optional<ShardStage> shard;        // --shard STAGE (else learner.shard)
 };
 
 // One role on one rank. Bytes by kind; `device` is on the rank's device (policy.device: host RAM on
@@ -84,12 +84,3 @@ int check_memory_budget(const actors::ExperimentConfig& cfg, const std::string& 
                         std::optional<uint64_t> device_memory);
 
 }  // namespace troupe::launch
-
-namespace troupe {
-template <>
-struct EnumNames<launch::ShardStage> {
-  using S = launch::ShardStage;
-  static constexpr std::pair<std::string_view, S> table[] = {
-      {"none", S::none}, {"optimizer", S::optimizer}, {"gradients", S::gradients}, {"parameters", S::parameters}};
-};
-}  // namespace troupe

@@ -3,8 +3,10 @@
 // LocalCommunicator (one rank) makes every call a no-op, so single-process training needs no MPI.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "troupe/base/result.h"
 #include "troupe/kernels/backend.h"
@@ -22,6 +24,21 @@ class Communicator {
   virtual Status barrier() = 0;
   // Rank `root`'s bytes to every rank (for checkpoints, RNG seeds).
   virtual Status broadcast(std::span<float> buf, int root) = 0;
+
+  // Sharded learners (learner.shard). `bounds` (size() + 1 ascending offsets from 0 to buf.size(),
+  // the same on every rank) cuts buf into one contiguous shard per rank.
+  // reduce_scatter_sum: this rank's shard [bounds[r], bounds[r+1]) becomes the element-wise sum of
+  // every rank's, added in rank order ((b0 + b1) + b2) + ... whatever the library's algorithm; the
+  // rest of buf is left unspecified. ordered_allreduce_sum: every shard so (reduce-scatter, then
+  // all_gather), so it equals reduce_scatter_sum's values bit for bit.
+  virtual Status reduce_scatter_sum(std::span<float> buf, std::span<const size_t> bounds);
+  Status ordered_allreduce_sum(std::span<float> buf, std::span<const size_t> bounds);
+  // Every rank's shard of buf from that rank, in place.
+  virtual Status all_gather(std::span<float> buf, std::span<const size_t> bounds);
+  // A sum carried through the ranks in order: rank 0 runs step(0), rank r step(what rank r-1's
+  // returned); every rank gets the last rank's value. A sequential sum over a buffer split in
+  // rank-ordered shards, each rank adding its own, equals the sum over the whole buffer bit for bit.
+  virtual Result<double> chain(const std::function<double(double)>& step);
 };
 
 class LocalCommunicator final : public Communicator {
@@ -32,7 +49,14 @@ class LocalCommunicator final : public Communicator {
   Status allreduce_sum(std::span<double>) override { return {}; }
   Status barrier() override { return {}; }
   Status broadcast(std::span<float>, int) override { return {}; }
+  Status reduce_scatter_sum(std::span<float>, std::span<const size_t>) override { return {}; }
+  Status all_gather(std::span<float>, std::span<const size_t>) override { return {}; }
+  Result<double> chain(const std::function<double(double)>& step) override { return step(0.0); }
 };
+
+// Cuts n values into `ranks` contiguous shards (size ranks + 1 offsets; shards of equal length,
+// multiples of 16 values, the last one shorter).
+std::vector<size_t> shard_bounds(size_t n, int ranks);
 
 // The learner ranks' collective on their model's device (NCCL on cuda): rank 0 makes the id
 // (Backend::collective_id), comm broadcasts it, every rank joins. Null (no error) with one rank or

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "troupe/base/enum_names.h"
 #include "troupe/base/result.h"
 #include "troupe/kernels/grpo_loss.h"
 
@@ -105,6 +106,15 @@ struct OptimizerConfig {
 
 enum class Phase { grpo, sft };
 
+// How the learner ranks split the training state (YAML learner.shard; ZeRO stages 1-3). Every stage
+// computes the step of `none` bit for bit on CPU (learner/README.md, "Sharded learners").
+enum class ShardStage {
+  none,        // plain data parallel: every rank holds parameters, gradients and both AdamW moments
+  optimizer,   // ZeRO-1: each rank holds the AdamW moments of its contiguous shard of the flat buffer
+  gradients,   // ZeRO-2: and keeps only its shard of the reduced gradient (reduce-scatter)
+  parameters,  // ZeRO-3: and holds only its shard of the parameters between steps
+};
+
 // No YAML section: grpo.num_iterations, grpo.micro_batch_tokens and grpo.mask_truncated are copied
 // in per phase; the rest is set from code.
 struct BatchConfig {
@@ -127,6 +137,7 @@ struct LearnerConfig {
   int max_completion_length = 512;     // L_max: overlong penalty, default agg_norm_length
   float importance_weight_cap = 2.0f;  // samples with behavior log-probs: weight min(pi_old / pi_behavior, cap) (TIS)
   uint64_t seed = 0;                   // seeds the trainer's shuffling RNG (saved in checkpoints)
+  ShardStage shard = ShardStage::none;  // YAML learner.shard
 };
 
 // Checks ranges and combinations (e.g. seq-mean-token-sum-norm needs agg_norm_length > 0 or
@@ -134,3 +145,12 @@ struct LearnerConfig {
 Status validate(const LearnerConfig& cfg);
 
 }  // namespace troupe::learner
+
+namespace troupe {
+template <>
+struct EnumNames<learner::ShardStage> {
+  using V = learner::ShardStage;
+  static constexpr std::pair<std::string_view, V> table[] = {
+      {"none", V::none}, {"optimizer", V::optimizer}, {"gradients", V::gradients}, {"parameters", V::parameters}};
+};
+}  // namespace troupe

@@ -18,8 +18,13 @@ namespace troupe::learner {
 // cosine from base down to base*min_lr_ratio at total_steps (and held there).
 double learning_rate_at(const OptimizerConfig& cfg, int64_t step);
 
-// L2 norm of a flat buffer (accumulated in double).
+// L2 norm of a flat buffer (accumulated in double, front to back).
 double global_grad_norm(std::span<const float> grads);
+// acc + the sum of squares of grads, added front to back in double (global_grad_norm is the root of
+// add_squares(grads, 0); a buffer in consecutive pieces, each continuing the last's sum, gives the same bits).
+double add_squares(std::span<const float> grads, double acc);
+// The scaling of clip_grad_norm for a norm computed elsewhere (a sharded learner's global norm).
+void clip_to_norm(std::span<float> grads, double norm, double max_norm);
 // Scales grads so that their norm is at most max_norm (torch clip_grad_norm_: coef = max_norm/(norm+1e-6),
 // applied when < 1). Returns the norm before clipping. max_norm <= 0: no clipping.
 double clip_grad_norm(std::span<float> grads, double max_norm);

@@ -49,6 +49,8 @@ class PolicyModel {
   virtual int routing_width() const { return 0; }
   virtual int routing_k() const { return 0; }
   virtual std::span<const int32_t> last_routing() const { return {}; }
+  // Bytes of parameters the model holds besides params() that train (a LoRA model's frozen base).
+  virtual size_t frozen_param_bytes() const { return 0; }
 };
 
 // The real policy model behind the interface (it keeps the reference; the Model must outlive it).
@@ -74,6 +76,9 @@ class ModelAdapter final : public PolicyModel {
   int routing_width() const override { return model_.routing_width(); }
   int routing_k() const override { return model_.routing_width() > 0 ? model_.config().num_experts_per_tok : 0; }
   std::span<const int32_t> last_routing() const override { return model_.last_routing(); }
+  size_t frozen_param_bytes() const override {
+    return model_.lora_enabled() ? sizeof(float) * model_.base_params().size() : 0;
+  }
   policy::Model& model() { return model_; }
 
  private:

@@ -132,8 +132,23 @@ class Trainer {
   // Hands the blocks of each train step's last optimizer step to `watch` (AdamW::step) from now
   // on (what it prepares describes the weights the step ends with); null: none.
   void set_step_observer(StepObserver* watch) { watch_ = watch; }
+  // This rank's AdamW: over the whole flat buffer, or with learner.shard over this rank's shard.
   AdamW& optimizer() { return opt_; }
   const AdamW& optimizer() const { return opt_; }
+  // Sharded (learner.shard other than none, more than one rank): this rank's shard of the flat
+  // buffer is [shard_begin(), shard_end()); unsharded: the whole buffer.
+  bool sharded() const { return sharded_; }
+  size_t shard_begin() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank())] : 0; }
+  size_t shard_end() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank()) + 1] : bounds_.back(); }
+  // The whole AdamW state (every rank's moments gathered; a collective when sharded: every rank
+  // calls it), for a checkpoint of the unsharded layout.
+  Result<AdamW> gathered_optimizer();
+  // Takes the whole AdamW state `full` (a checkpoint's, of any rank count or stage): this rank's
+  // shard of it when sharded, all of it otherwise. No collective.
+  Status load_optimizer(AdamW full);
+  // Bytes of training state this rank holds: parameters (the trainable arena, and the frozen base
+  // of a LoRA model), gradients and the AdamW moments (metric learner/state_bytes).
+  size_t state_bytes() const;
   PolicyModel& model() { return model_; }
   const LearnerConfig& config() const { return cfg_; }
   // The trainer's own state for checkpoints: optimizer step count and RNG.
@@ -150,6 +165,9 @@ class Trainer {
   // All-reduce the accumulated gradient, clip, AdamW: one optimizer step.
   // last: the train step's last optimizer step, the one the step observer watches.
   Status optimizer_step(StepMetrics& out, double& norm_sum, bool last);
+  // The same step with sharded state (sharded_step.cpp): reduce-scatter (or, ZeRO-1, the ordered
+  // all-reduce), the global norm chained through the ranks, AdamW on this rank's shard, all-gather.
+  Status sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool last);
   // Metric all-reduce and the per-batch statistics of a finished call.
   Status finish_metrics(StepMetrics& out, const LossMetrics& sums, const MismatchSums& mismatch, double norm_sum,
                         const std::vector<float>& adv, const std::vector<float>& rew, double len,
@@ -159,6 +177,8 @@ class Trainer {
   LearnerConfig cfg_;
   Communicator& comm_;
   kernels::DeviceCollective* device_;
+  bool sharded_ = false;
+  std::vector<size_t> bounds_;  // shard_bounds(params, ranks): the shards (and the ordered all-reduce's)
   AdamW opt_;
   StepObserver* watch_ = nullptr;
   std::mt19937_64 rng_;

@@ -1,0 +1,85 @@
+// The optimizer step of sharded learners (learner.shard, ZeRO stages) and the sharded state's
+// checkpoint views. Invariant: the step equals the unsharded one bit for bit on CPU: the gradient
+// sum runs in rank order either way, the global norm adds the squares front to back through the
+// ranks (Communicator::chain), and AdamW is element-wise.
+#include <algorithm>
+#include <cmath>
+
+#include "troupe/learner/trainer.h"
+
+namespace troupe::learner {
+
+namespace {
+
+// Parameters per block handed to a StepObserver (as AdamW::step's blocks).
+constexpr size_t kObserverBlock = 4096;
+
+// The observer sees the whole new parameter buffer after the gather, block by block (what it
+// prepares then describes the same weights as in an unsharded step).
+void show_observer(StepObserver& watch, std::span<const float> params) {
+  const auto ranges = watch.begin_step(params.size());
+  if (ranges.empty()) return;
+  for (size_t r = 0; r < ranges.size(); ++r)
+    for (size_t b = ranges[r].first; b < ranges[r].second; b += kObserverBlock)
+      watch.updated(r, b, std::min(ranges[r].second, b + kObserverBlock), params.data());
+  watch.end_step();
+}
+
+}  // namespace
+
+Status Trainer::sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool last) {
+  auto grads = model_.grads();
+  // ZeRO-1 sums the whole gradient on every rank; ZeRO-2 leaves each rank its shard of the sum.
+  if (cfg_.shard == ShardStage::optimizer)
+    TROUPE_TRY(comm_.ordered_allreduce_sum(grads, bounds_));
+  else
+    TROUPE_TRY(comm_.reduce_scatter_sum(grads, bounds_));
+  const size_t lo = shard_begin(), n = shard_end() - shard_begin();
+  auto g = grads.subspan(lo, n);
+  TROUPE_ASSIGN_OR_RETURN(const double squares, comm_.chain([&](double acc) { return add_squares(g, acc); }));
+  const double norm = std::sqrt(squares);
+  clip_to_norm(g, norm, cfg_.optimizer.max_grad_norm);
+  norm_sum += norm;
+  out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
+  auto params = model_.params();
+  TROUPE_TRY(opt_.step(params.subspan(lo, n), g, cfg_.optimizer, out.lr, nullptr));
+  TROUPE_TRY(comm_.all_gather(params, bounds_));
+  if (last && watch_) show_observer(*watch_, params);
+  ++out.optimizer_steps;
+  return {};
+}
+
+Result<AdamW> Trainer::gathered_optimizer() {
+  if (!sharded_) return opt_;
+  AdamW full(bounds_.back());
+  const size_t lo = shard_begin();
+  std::copy(opt_.exp_avg().begin(), opt_.exp_avg().end(), full.exp_avg().begin() + static_cast<std::ptrdiff_t>(lo));
+  std::copy(opt_.exp_avg_sq().begin(), opt_.exp_avg_sq().end(),
+            full.exp_avg_sq().begin() + static_cast<std::ptrdiff_t>(lo));
+  TROUPE_TRY(comm_.all_gather(full.exp_avg(), bounds_));
+  TROUPE_TRY(comm_.all_gather(full.exp_avg_sq(), bounds_));
+  full.set_steps(opt_.steps());
+  return full;
+}
+
+Status Trainer::load_optimizer(AdamW full) {
+  if (full.size() != bounds_.back())
+    return invalid_input("learner: optimizer state of " + std::to_string(full.size()) + " values for a model of " +
+                         std::to_string(bounds_.back()));
+  if (!sharded_) {
+    opt_ = std::move(full);
+    return {};
+  }
+  const auto lo = static_cast<std::ptrdiff_t>(shard_begin()), hi = static_cast<std::ptrdiff_t>(shard_end());
+  std::copy(full.exp_avg().begin() + lo, full.exp_avg().begin() + hi, opt_.exp_avg().begin());
+  std::copy(full.exp_avg_sq().begin() + lo, full.exp_avg_sq().begin() + hi, opt_.exp_avg_sq().begin());
+  opt_.set_steps(full.steps());
+  return {};
+}
+
+size_t Trainer::state_bytes() const {
+  const size_t n = bounds_.back();
+  return sizeof(float) * (n + n + 2 * opt_.size()) + model_.frozen_param_bytes();
+}
+
+}  // namespace troupe::learner
