@@ -62,6 +62,16 @@ struct Shape {
   ShardStage stage = ShardStage::none;
   int seq_len = 0, learner_seqs = 0, tokens = 0, batch_seqs = 0;
   uint64_t sync_bytes_per_value = 4;  // weight_sync.dtype
+  // compute_dtype bf16: the GEMMs' bf16 copies of their operands (the cuda backend's workspace,
+  // grown to the largest GEMM): the largest weight matrix and `rows` rows of the widest input.
+  uint64_t bf16_workspace(uint64_t rows) const {
+    if (mc.compute_dtype != kernels::ComputeDtype::bf16) return 0;
+    const uint64_t C = mc.hidden_size, I = mc.intermediate_size, Q = static_cast<uint64_t>(mc.num_attention_heads) * mc.head_dim;
+    const bool chunked = mc.logprob_chunk > 0 && mc.vocab_size > mc.logprob_chunk;
+    const uint64_t head = chunked ? mc.logprob_chunk : mc.vocab_size;
+    const uint64_t w = std::max({I * C, Q * C, head * C, static_cast<uint64_t>(mc.moe_intermediate_size) * C});
+    return 2 * (w + rows * std::max({C, I, Q}));
+  }
 };
 
 // The learners' reduce-scatter (learner.shard, and none beyond two ranks: the sum in rank order)
@@ -95,7 +105,7 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
 
 Status learner_activations(const ExperimentConfig& cfg, const Shape& s, PlanRow& r, uint64_t* host_store) {
   TROUPE_ASSIGN_OR_RETURN(auto acts, policy::training_activations(s.mc, *s.be, s.tokens, s.seq_len));
-  r.activations = (acts.arena_floats + acts.reload_floats) * kF;
+  r.activations = (acts.arena_floats + acts.reload_floats) * kF + s.bf16_workspace(s.tokens);
   *host_store = acts.store_floats * kF;
   const int logprob_tokens = std::min(s.learner_seqs * s.seq_len, std::max(4096, s.seq_len));
   if (cfg.loss.kl_coef > 0) {  // compute_completion_logprobs on the reference model
@@ -182,7 +192,7 @@ Result<PlanRow> generator_row(const ExperimentConfig& cfg, const Shape& s, const
   TROUPE_ASSIGN_OR_RETURN(uint64_t arena, policy::inference_arena_floats(s.mc, *s.be, prefill, ro.max_prompt_length));
   const bool chunked = s.mc.logprob_chunk > 0 && s.mc.vocab_size > s.mc.logprob_chunk;
   const uint64_t logits = slots * static_cast<uint64_t>(chunked ? s.mc.logprob_chunk : s.mc.vocab_size);
-  r.activations = (arena + logits) * kF;
+  r.activations = (arena + logits) * kF + s.bf16_workspace(static_cast<uint64_t>(prefill));
   // The Weights message received (a full sync), and async's versions held back until asked.
   uint64_t sync = s.Tr * s.sync_bytes_per_value;
   if (ro.async) sync += static_cast<uint64_t>(ro.max_staleness) * s.Tr * kF;
@@ -228,6 +238,9 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
     s.be = &kernels::cpu_backend();  // cuda: the CPU layout of the scratch (no GPU is started)
     if (cfg.policy.device == DeviceKind::cuda)
       plan.notes.push_back("cuda: activation scratch sized as the cpu backend lays it out (the MoE kernel's differs slightly)");
+    if (cfg.policy.compute_dtype == kernels::ComputeDtype::bf16)
+      plan.notes.push_back("compute_dtype bf16: weights, gradients and activations stay fp32; activations include the "
+                           "GEMMs' bf16 operand copies");
   }
   s.P = s.fp.param_floats;
   s.A = s.fp.lora_floats;

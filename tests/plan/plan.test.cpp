@@ -208,6 +208,18 @@ TEST(Plan, JsonFields) {
   EXPECT_GT(l["host_bytes"].get<uint64_t>(), l["optimizer_bytes"].get<uint64_t>());
 }
 
+TEST(Plan, Bf16ComputeKeepsFp32StateAndAddsOperandCopies) {
+  const std::string path = "policy.path=" + kDir + "/models/qwen3-8b";
+  auto bf16 = load_config_text(kTiny, "plan.yaml", {path, "policy.device=cuda", "policy.compute_dtype=bf16"});
+  if (!bf16.ok()) GTEST_SKIP() << "a build without CUDA: " << bf16.error().message;
+  const MemoryPlan b = plan_of(bf16->config);
+  const MemoryPlan f = plan_model("qwen3-8b", {"policy.device=cuda"});
+  EXPECT_EQ(row(b, "learner").weights, row(f, "learner").weights);
+  EXPECT_EQ(row(b, "learner").optimizer, row(f, "learner").optimizer);
+  // the largest weight (the 4096-column head chunk x 4096) and 768 rows x 12288, in bf16
+  EXPECT_EQ(row(b, "learner").activations - row(f, "learner").activations, 2ull * (12288 * 4096 + 768ull * 12288));
+}
+
 TEST(Plan, ByteSizes) {
   EXPECT_EQ(*parse_byte_size("4GiB", "x"), 4ull << 30);
   EXPECT_EQ(*parse_byte_size("80GB", "x"), 80000000000ull);
