@@ -2,6 +2,7 @@
 // config and the model's shape (policy::model_footprint, policy::training_activations), never its
 // weights. Invariant: a size here is what the code allocates (named beside each term), not a rule of thumb.
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 
@@ -75,12 +76,13 @@ struct Shape {
 };
 
 // The learners' reduce-scatter (learner.shard, and none beyond two ranks: the sum in rank order)
-// receives every rank's part of its shard in rounds of at most 2^20 values, into a scratch and from
-// a send buffer of that size each.
+// receives every rank's part of its shard in rounds of at most 2^20 values into a scratch; it sends
+// from the gradient buffer itself, or, past 2^31 values, through a send buffer of the scratch's size.
 uint64_t reduce_scatter_bytes(const Shape& s) {
   if (s.N <= 1 || (s.stage == ShardStage::none && s.N <= 2)) return 0;
   const uint64_t round = std::min<uint64_t>(ceil_div(s.Tr, s.N), uint64_t{1} << 20);
-  return 2 * static_cast<uint64_t>(s.N) * round * kF;
+  const uint64_t buffers = s.Tr > static_cast<uint64_t>(INT32_MAX) ? 2 : 1;
+  return buffers * static_cast<uint64_t>(s.N) * round * kF;
 }
 
 void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, PlanRow& r) {

@@ -119,7 +119,8 @@ TEST(Plan, ShardStagesDivideByTheLearners) {
   EXPECT_EQ(row(none, "learner", 7).optimizer, 2 * P4);
   EXPECT_EQ(row(none, "learner", 7).rank, 7);
   EXPECT_EQ(row(none, "generator").rank, 8);
-  // beyond two ranks the sum runs as a reduce-scatter: a scratch and a send buffer of 8 x 2^20 values
+  // beyond two ranks the sum runs as a reduce-scatter: a scratch of 8 x 2^20 values, and (8.2 B
+  // values are past Alltoallv's int offsets) a send buffer as large
   EXPECT_EQ(row(none, "learner", 7).collectives, 2ull * 8 * (1 << 20) * 4);
   o.shard = ShardStage::optimizer;
   const PlanRow z1 = row(plan_model("qwen3-8b", {}, o), "learner", 3);
