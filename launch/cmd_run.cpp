@@ -8,6 +8,7 @@
 
 #include "troupe/launch/commands.h"
 #include "troupe/launch/config.h"
+#include "troupe/launch/plan.h"
 #include "troupe/launch/run.h"
 
 namespace troupe::launch {
@@ -27,11 +28,26 @@ std::optional<LoadedConfig> load_and_report(const std::string& file, const std::
 struct ConfigArgs {
   std::string config;
   std::vector<std::string> sets;
+  std::string device_memory;
 };
 
 void add_config_args(CLI::App* app, ConfigArgs& a) {
   app->add_option("config", a.config, "Experiment YAML")->required();
   app->add_option("--set", a.sets, "Override a key: --set grpo.max_steps=10 (repeatable)");
+  app->add_option("--device-memory", a.device_memory,
+                  "Refuse the config when a rank's memory plan (troupe plan) exceeds this, e.g. 80GiB");
+}
+
+// learner.memory_budget and --device-memory against the memory plan: 0, or 2 after the table and
+// the message naming the rank that does not fit.
+int check_budget(const LoadedConfig& loaded, const ConfigArgs& a) {
+  std::optional<uint64_t> device_memory;
+  if (!a.device_memory.empty()) {
+    auto b = parse_byte_size(a.device_memory, "--device-memory");
+    if (!b.ok()) return report_error(b.error());
+    device_memory = *b;
+  }
+  return check_memory_budget(loaded.config, a.config, device_memory);
 }
 }  // namespace
 
@@ -47,6 +63,7 @@ Command add_run_command(CLI::App& root) {
   return {app, [o]() {
             auto loaded = load_and_report(o->config, o->sets);
             if (!loaded) return 2;
+            if (int rc = check_budget(*loaded, *o); rc != 0) return rc;
             return run_experiment(*loaded, RunOptions{o->resume});
           }};
 }
@@ -62,6 +79,7 @@ Command add_validate_command(CLI::App& root) {
   return {app, [o]() {
             auto loaded = load_and_report(o->config, o->sets);
             if (!loaded) return 2;
+            if (int rc = check_budget(*loaded, *o); rc != 0) return rc;
             if (Status data = check_env_data(*loaded); !data.ok()) {
               std::fprintf(stderr, "%s: error: %s\n", o->config.c_str(), data.error().message.c_str());
               return 2;

@@ -1,6 +1,7 @@
 // Cross-key checks of an experiment, one function per config section (see config_checks.h).
 // Single keys (types, ranges, enum names) are the schema's; these see several keys at once.
 #include "config_checks.h"
+#include "troupe/launch/plan.h"
 
 #include <filesystem>
 #include <fstream>
@@ -277,12 +278,17 @@ void check_checkpointing(const ExperimentConfig& c, const ConfigReport& report) 
 }
 
 // learner.shard: ZeRO-3 needs a per-layer weight gather inside the model's forward and backward,
-// which policy::Model does not have yet.
+// which policy::Model does not have yet. learner.memory_budget must be a size (troupe run /
+// validate compare the memory plan with it).
 void check_learner(const ExperimentConfig& c, const ConfigReport& report) {
   if (c.learner.shard == learner::ShardStage::parameters)
     report("learner.shard", "learner.shard",
            "parameters (ZeRO-3) is not implemented yet: the model has no per-layer weight gather; use gradients "
            "(ZeRO-2) or optimizer (ZeRO-1)");
+  const std::string key = "learner.memory_budget";
+  if (c.learner.memory_budget.empty()) return;
+  if (auto b = parse_byte_size(c.learner.memory_budget, key); !b.ok())
+    report(key, key, b.error().message.substr(key.size() + 2));
 }
 
 // Placement: every learner needs trajectories, every generator needs prompts.

@@ -223,6 +223,7 @@ void add_training_keys(Builder<ExperimentConfig>& b) {
 
   // learner
   b.enumeration("learner.shard", [](C& c) { return &c.learner.shard; }, "How the learner ranks (cluster.learners) split the training state of the flat fp32 buffer (ZeRO stages): none = plain data parallel, every rank holds the parameters, gradients and both AdamW moments; optimizer = ZeRO-1: each rank holds the AdamW moments of its contiguous shard only, the gradient is summed on every rank, each rank updates its shard and the shards are all-gathered; gradients = ZeRO-2: as optimizer, but the gradient is reduce-scattered (each rank sums only its shard); parameters = ZeRO-3, not implemented yet (an error). Every stage computes the step of none bit for bit on CPU (the sum runs in rank order, the gradient norm front to back); with one learner all are none. A --resume may change it.");
+  b.text("learner.memory_budget", [](C& c) { return &c.learner.memory_budget; }, "Memory each rank may use, e.g. 4GiB, 80GB, 512MiB (binary KiB/MiB/GiB/TiB or decimal kB/MB/GB/TB; a plain number is bytes): troupe run and troupe validate plan every rank's memory (troupe plan: weights, gradients, optimizer state, activations, KV cache, sync and collective buffers, on the rank's device: host memory on cpu, GPU memory on cuda) and refuse a config whose plan exceeds it, naming the role, rank and overflow. Empty = no budget.");
 
 }
 
@@ -706,7 +707,8 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "weight_sync.transport",
                                                 "weight_sync.prepare_in_step",
                                                 "distill.timeout_s",
-                                                "distill.max_retries"};
+                                                "distill.max_retries",
+                                                "learner.memory_budget"};
 bool resume_may_change(const std::string& path) {
   for (const char* p : kResumeMayChangePrefixes)
     if (path.rfind(p, 0) == 0) return true;

@@ -2,7 +2,8 @@
 # generate.cpp drives for Model::generate). target_sources(troupe_policy PRIVATE ...) and tests here.
 target_sources(troupe_policy PRIVATE ${CMAKE_CURRENT_LIST_DIR}/model.cpp ${CMAKE_CURRENT_LIST_DIR}/lora.cpp ${CMAKE_CURRENT_LIST_DIR}/served_adapters.cpp
                                      ${CMAKE_CURRENT_LIST_DIR}/decode_slots.cpp
-                                     ${CMAKE_CURRENT_LIST_DIR}/generate.cpp ${CMAKE_CURRENT_LIST_DIR}/reward_model.cpp)
+                                     ${CMAKE_CURRENT_LIST_DIR}/generate.cpp ${CMAKE_CURRENT_LIST_DIR}/reward_model.cpp
+                                     ${CMAKE_CURRENT_LIST_DIR}/memory_footprint.cpp)
 if(TROUPE_BUILD_TESTS)
   # One binary, several ctest names (policy.*), each a gtest filter; policy.model runs the rest.
   troupe_add_test(NAME policy.model TARGET policy_model_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/model.test.cpp LIBS troupe::policy
@@ -39,4 +40,9 @@ if(TROUPE_BUILD_TESTS)
   # LoRA on routed experts: PEFT names, merged forward, grouped = masked, finite differences, round trip.
   troupe_add_test(NAME policy.lora_experts SOURCES ${CMAKE_CURRENT_LIST_DIR}/lora_experts.test.cpp
                   LIBS troupe::policy ENV OMP_WAIT_POLICY=PASSIVE)
+endif()
+if(TROUPE_BUILD_TESTS)
+  # The memory planner's sizes against a real model's allocations (troupe plan reads them).
+  troupe_add_test(NAME policy.memory_footprint SOURCES ${CMAKE_CURRENT_LIST_DIR}/memory_footprint.test.cpp
+                  LIBS troupe::policy)
 endif()

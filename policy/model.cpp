@@ -381,16 +381,15 @@ size_t Model::Impl::layer_ws_floats(int T) const {
   return n + ffn;
 }
 
-Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_resid, int n_ws,
-                        bool with_grads) const {
+ArenaLayout Model::Impl::arena_layout(int T, int max_seqlen, int n_resid, int n_ws, bool with_grads) const {
   const size_t t = static_cast<size_t>(T);
-  size_t off = 0;
-  Acts a;
-  a.T = T;
-  std::vector<size_t> resid_off(n_resid), ws_off(n_ws);
-  for (auto& r : resid_off) r = off, off += t * C;
+  ArenaLayout g;
+  size_t& off = g.floats;
+  g.resid.resize(n_resid);
+  g.ws.resize(n_ws);
+  for (auto& r : g.resid) r = off, off += t * C;
   const size_t wsn = layer_ws_floats(T);
-  for (auto& w : ws_off) w = off, off += wsn;
+  for (auto& w : g.ws) w = off, off += wsn;
   auto take = [&](size_t n) {
     const size_t at = off;
     off += n;
@@ -407,21 +406,40 @@ Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_r
   const size_t layer_n = with_grads ? t * (QD * 3 + KD * 3) + (any_dense ? 3 * t * I : 0) : 0;
   // The gated shared expert's output (forward) and backward temporaries also live in U.
   const size_t shared_n = HS_gated > 0 ? t * C + t + 3 * t * HS_gated : 0;
-  const size_t o_u = take(std::max({moe_scr, head_n, layer_n, shared_n}));
-  const size_t o_rstdf = take(t), o_lse = take(t), o_ent = take(t), o_logp = take(t), o_y = take(t * C);
-  a.attn_scratch_floats = be->attention_scratch_floats(max_seqlen);
-  const size_t o_ascr = take(a.attn_scratch_floats);
-  const size_t o_lora = take(scratch_rank() > 0 ? k::lora_scratch_floats(T, scratch_rank()) : 0);
+  g.u = take(std::max({moe_scr, head_n, layer_n, shared_n}));
+  g.rstdf = take(t), g.lse = take(t), g.ent = take(t), g.logp = take(t), g.y = take(t * C);
+  g.attn_scratch_floats = be->attention_scratch_floats(max_seqlen);
+  g.attn_scratch = take(g.attn_scratch_floats);
+  g.lora = take(scratch_rank() > 0 ? k::lora_scratch_floats(T, scratch_rank()) : 0);
   const bool drop = lora && cfg.lora.dropout > 0;
   const size_t widest_in = static_cast<size_t>(std::max({C, NH * HD, I, HS_gated}));
-  const size_t o_lx = take(drop ? t * widest_in : 0), o_ldx = take(drop && with_grads ? t * widest_in : 0);
-  size_t o_dres = 0, o_dh = 0, o_dlp = 0, o_dent = 0;
+  g.lora_x = take(drop ? t * widest_in : 0);
+  g.lora_dx = take(drop && with_grads ? t * widest_in : 0);
   if (with_grads) {
-    o_dres = take(t * C);
-    o_dh = take(t * C);
-    o_dlp = take(t);
-    o_dent = take(t);
+    g.dresid = take(t * C);
+    g.dh = take(t * C);
+    g.dlogp = take(t);
+    g.dent = take(t);
   }
+  return g;
+}
+
+Result<Acts> Model::Impl::carve(k::Buffer& arena, int T, int max_seqlen, int n_resid, int n_ws,
+                        bool with_grads) const {
+  const size_t t = static_cast<size_t>(T);
+  const size_t QD = static_cast<size_t>(NH) * HD, KD = static_cast<size_t>(NKV) * HD;
+  Acts a;
+  a.T = T;
+  const ArenaLayout g = arena_layout(T, max_seqlen, n_resid, n_ws, with_grads);
+  const size_t off = g.floats;
+  const auto& resid_off = g.resid;
+  const auto& ws_off = g.ws;
+  const size_t o_u = g.u, o_rstdf = g.rstdf, o_lse = g.lse, o_ent = g.ent, o_logp = g.logp, o_y = g.y;
+  a.attn_scratch_floats = g.attn_scratch_floats;
+  const size_t o_ascr = g.attn_scratch, o_lora = g.lora;
+  const size_t o_dres = g.dresid, o_dh = g.dh, o_dlp = g.dlogp, o_dent = g.dent;
+  const bool drop = lora && cfg.lora.dropout > 0;
+  const size_t o_lx = g.lora_x, o_ldx = g.lora_dx;
   TROUPE_TRY(be->grow(arena, off * sizeof(float), "the activation arena (" + std::to_string(T) + " tokens)"));
   float* B = arena.floats();
   for (auto r : resid_off) a.resid.push_back(B + r);

@@ -54,6 +54,16 @@ struct LayerActs {
   float *sg = nullptr, *su = nullptr, *sa = nullptr, *so = nullptr, *sgl = nullptr;
 };
 
+// Float offsets of the activation arena's regions for one batch size (Model::Impl::arena_layout):
+// what carve points Acts into, and what the memory planner sizes without allocating.
+struct ArenaLayout {
+  size_t floats = 0;  // the whole arena
+  std::vector<size_t> resid, ws;
+  size_t u = 0, rstdf = 0, lse = 0, ent = 0, logp = 0, y = 0, attn_scratch = 0, attn_scratch_floats = 0, lora = 0;
+  size_t lora_x = 0, lora_dx = 0;  // LoRA dropout's dropped input and its gradient (dropout > 0)
+  size_t dresid = 0, dh = 0, dlogp = 0, dent = 0;  // backward scratch (with_grads only)
+};
+
 // The activation arena carved for one batch size.
 struct Acts {
   int T = 0;
@@ -118,6 +128,7 @@ struct Model::Impl {
   size_t shared_saved_floats(int T) const {  // what the gated shared expert saves per layer
     return HS_gated > 0 ? static_cast<size_t>(T) * (3 * HS_gated + C + 1) : 0;
   }
+  ArenaLayout arena_layout(int T, int max_seqlen, int n_resid, int n_ws, bool with_grads) const;
   Result<Acts> carve(kernels::Buffer& arena, int T, int max_seqlen, int n_resid, int n_ws, bool with_grads) const;
   void layer_forward(int l, const float* x, float* x_out, const LayerActs& a, const Acts& acts, const PackedMeta& m,
                      int T, const KvCtx* kv);

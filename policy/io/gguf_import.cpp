@@ -501,6 +501,18 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
   return out;
 }
 
+Result<nlohmann::json> gguf_config_json(const GgufFile& f) {
+  TROUPE_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
+  const GgufArchitecture* spec = gguf_architecture(arch);
+  if (spec == nullptr)
+    return invalid_input(f.path() + ": general.architecture \"" + arch + "\" is not supported (troupe imports llama, qwen2 and qwen3)");
+  TROUPE_ASSIGN_OR_RETURN(const GgufShape shape, read_shape(f, arch));
+  ImportedGguf out;
+  if (f.find("output.weight") != nullptr) out.tensors["lm_head.weight"] = Tensor{};  // untied: only its presence counts
+  TROUPE_TRY(import_config(f, arch, *spec, shape, SpecialIds{}, out));
+  return out.config;
+}
+
 Status import_gguf_to_dir(const std::string& gguf_path, const std::string& out_dir, DType dtype) {
   TROUPE_ASSIGN_OR_RETURN(auto file, GgufFile::open(gguf_path));
   TROUPE_ASSIGN_OR_RETURN(auto imported, import_gguf(file));

@@ -196,9 +196,10 @@ struct FaultsSection {
   int checkpoint_interrupt_step = 0;  // the process is killed half-way through this step's checkpoint
 };
 
-// YAML `learner.*`: how the learner ranks split the training state.
+// YAML `learner.*`: how the learner ranks split the training state, and the memory each rank may use.
 struct LearnerSection {
   learner::ShardStage shard = learner::ShardStage::none;  // none | optimizer | gradients | parameters (ZeRO 1-3)
+  std::string memory_budget;  // e.g. "4GiB": each rank's planned memory (troupe plan) must fit ("" = no budget)
 };
 
 struct ExperimentConfig {

@@ -33,6 +33,10 @@ Result<Tensor> unpermute_qk(const Tensor& t, int64_t heads, const std::string& w
 
 Result<ImportedGguf> import_gguf(const GgufFile& file);
 
+// config.json alone (what import_gguf writes there, without the special token ids): the model's
+// shape from the metadata, no tensor read (`troupe plan`).
+Result<nlohmann::json> gguf_config_json(const GgufFile& file);
+
 // Imports `gguf_path` into out_dir (created; files written to a temporary name, then renamed).
 Status import_gguf_to_dir(const std::string& gguf_path, const std::string& out_dir, DType dtype = DType::f32);
 
