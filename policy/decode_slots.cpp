@@ -75,6 +75,7 @@ Result<std::unique_ptr<DecodeSlots>> DecodeSlots::create(Model& model, int slots
 Result<std::unique_ptr<DecodeSlots>> DecodeSlots::create(Model& model, int slots, int context,
                                                          const DecodeOptions& options) {
   Model::Impl& m = *model.impl_;
+  TROUPE_TRY(m.quant_ready());
   if (slots < 1) return invalid_input("decode slots: slots must be >= 1, got " + std::to_string(slots));
   if (context < 2) return invalid_input("decode slots: context must be >= 2 tokens, got " + std::to_string(context));
   if (options.prefill_tokens < 1)

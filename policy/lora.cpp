@@ -196,13 +196,18 @@ k::MoeGrads Model::Impl::moe_sink_grads(int /*l*/) const {
 
 void Model::Impl::linear_forward(float* out, const float* in, size_t w, const LoraSlot& s, const Acts& acts, int T,
                                  int IN, int OUT) const {
-  be->matmul_forward(out, in, P() + w, T, IN, OUT);
+  if (is_quant(w))
+    be->quant_matmul_forward(out, in, qw(w), T);
+  else
+    be->matmul_forward(out, in, P() + w, T, IN, OUT);
   if (s.on) be->lora_forward(out, in, LP() + s.a, LP() + s.b, acts.lora_scratch, T, IN, OUT, lora_r, lora_scale);
 }
 
 void Model::Impl::linear_backward(float* din, size_t w, const LoraSlot& s, const float* dout, const float* in,
                                   const Acts& acts, int T, int IN, int OUT) const {
-  if (lora)
+  if (is_quant(w))  // a quantized base is frozen (check_trainable_base): its input gradient only
+    be->quant_matmul_backward_input(din, dout, qw(w), T);
+  else if (lora)
     be->matmul_backward_input(din, dout, P() + w, T, IN, OUT);
   else
     be->matmul_backward(din, G() + w, dout, in, P() + w, T, IN, OUT);
