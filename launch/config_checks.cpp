@@ -111,6 +111,15 @@ void check_execution(const ExperimentConfig& c, const ConfigReport& report) {
     report("policy.base_dtype", "policy.base_dtype",
            enum_string(x.base_dtype) + " holds a frozen, quantized base, but policy.lora.rank is 0 (full fine-tuning); "
            "turn LoRA on (policy.lora.rank > 0) or use fp32");
+  if (x.base_dtype == policy::BaseDtype::q4_k && c.policy.path.empty()) {  // a loaded model's shapes: when it loads
+    const int widths[] = {m.hidden_size, m.num_attention_heads * m.head_dim, m.intermediate_size};
+    const char* names[] = {"policy.model.hidden_size", "num_attention_heads x head_dim", "policy.model.intermediate_size"};
+    for (int i = 0; i < 3; ++i)
+      if (widths[i] % 256 != 0 && (i < 2 || !any_moe || m.mlp_only_layers.size() > 0))
+        report("policy.base_dtype", "policy.base_dtype",
+               "q4_k blocks hold 256 values of a weight row, but " + std::string(names[i]) + " is " +
+                   std::to_string(widths[i]) + " (not a multiple of 256); use q8_0 or bf16");
+  }
   if (x.base_dtype == policy::BaseDtype::gguf && !c.policy.path.ends_with(".gguf"))
     report("policy.base_dtype", "policy.base_dtype",
            "gguf keeps the blocks of a .gguf policy.path, but policy.path is " +

@@ -242,7 +242,7 @@ Status Model::set_base_params(std::span<const float> flat) {
     if (flat.data() != m.host_params.data()) std::copy(flat.begin(), flat.end(), m.host_params.begin());
     m.params_host_newer = false;
   }
-  return {};
+  return m.sync_head_quant();  // a quantized base's sampling head follows its weights
 }
 
 }  // namespace troupe::policy

@@ -836,6 +836,7 @@ Result<Model> Model::create(const ModelConfig& cfg, uint64_t seed) {
   TROUPE_TRY(impl->check_quant_shapes());
   TROUPE_TRY(impl->alloc_params());
   TROUPE_TRY(impl->init_params(seed));
+  if (cfg.base_dtype != BaseDtype::gguf) TROUPE_TRY(impl->sync_head_quant());  // gguf: the file's head
   if (cfg.lora.enabled()) TROUPE_TRY(impl->enable_lora(cfg.lora, seed));
   return Model(std::move(impl));
 }
@@ -920,6 +921,7 @@ Status Model::set_params(std::span<const float> flat) {
     if (flat.data() != a.host_params.data()) std::copy(flat.begin(), flat.end(), a.host_params.begin());
     a.params_host_newer = false;
   }
+  if (!m.lora) TROUPE_TRY(m.sync_head_quant());  // a quantized base's sampling head follows its weights
   return {};
 }
 Status Model::all_reduce_grads(kernels::DeviceCollective& c) {

@@ -244,6 +244,14 @@ struct Model::Impl {
   Status set_quant(size_t index, kernels::QuantMatrix m);
   Status init_quant(size_t index, uint64_t* stream);  // N(0, 0.02) as init_params draws, quantized
   Status quant_ready() const;                 // no empty slot (a gguf base fully loaded)
+  // The LM head in blocks for sampling (decode reads the head once per token): its values are also
+  // the arena's head (sync_head_quant writes them back dequantized), so the learner's fp32 head and
+  // the sampler's blocks hold the same weights. bf16 for bf16, q8_0 for q8_0/q4_k, the file's for
+  // gguf (set by the loader; until then sampling reads the fp32 head).
+  QuantSlot head_q;
+  Status sync_head_quant();                   // blocks from the arena's head, then written back
+  Status set_head_blocks(kernels::QuantMatrix m);
+  std::string head_name() const { return cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"; }
   Status check_trainable_base() const;        // a quantized base trains only with LoRA
   kernels::MoeGrads moe_sink_grads(int l) const;  // layer l's MoE gradients pointed into moe_sink
 

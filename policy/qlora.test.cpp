@@ -111,9 +111,10 @@ TEST(QLora, QuantizedTensorsAreBlocksOnly) {
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->format, kernels::QuantFormat::q4_k);
   EXPECT_EQ(m->rows, 256);
-  // The fresh init draws what the fp32 init draws, quantized: non-quantized tensors bit for bit.
+  // The fresh init draws what the fp32 init draws, quantized: non-quantized tensors bit for bit,
+  // but the LM head, whose fp32 values are its sampling blocks' (q8_0) dequantized.
   for (const auto& t : q.base_tensors()) {
-    if (t.quantized) continue;
+    if (t.quantized || t.name == "lm_head.weight") continue;
     const TensorSpec* ft = f.find_base_tensor(t.name);
     EXPECT_TRUE(std::equal(q.base_params().begin() + t.offset, q.base_params().begin() + t.offset + t.numel(),
                            f.base_params().begin() + ft->offset))
@@ -124,6 +125,15 @@ TEST(QLora, QuantizedTensorsAreBlocksOnly) {
   auto have = q.base_quant_matrix("model.layers.1.mlp.up_proj.weight");
   ASSERT_TRUE(want.ok() && have.ok());
   EXPECT_EQ(want->bytes, have->bytes);
+  const TensorSpec* fh = f.find_base_tensor("lm_head.weight");
+  auto head = q.base_quant_matrix("lm_head.weight");
+  auto head_want = kernels::quantize_rows(kernels::QuantFormat::q8_0, f.base_params().data() + fh->offset, 61, 256);
+  ASSERT_TRUE(head.ok() && head_want.ok());
+  EXPECT_EQ(head->bytes, head_want->bytes);
+  auto head_values = q.base_tensor_values(*q.find_base_tensor("lm_head.weight"));
+  std::vector<float> deq(61 * 256);
+  kernels::dequantize_rows(head->view(), 0, 61, deq.data());
+  EXPECT_EQ(*head_values, deq);
 }
 
 // Forward log-probs and adapter gradients equal the fp32 model holding the dequantized base: the

@@ -43,6 +43,10 @@ Status Model::Impl::check_quant_shapes() const {
   for (const auto& s : qbase)
     if (Status st = k::quant_check_shape(s.w.format, s.w.rows, s.w.cols); !st.ok())
       return invalid_input(key_prefix(cfg.base_dtype) + s.name + ": " + st.error().message);
+  if (!quant_base()) return {};
+  const k::QuantFormat head = cfg.base_dtype == BaseDtype::bf16 ? k::QuantFormat::bf16 : k::QuantFormat::q8_0;
+  if (Status st = k::quant_check_shape(head, V, C); !st.ok())
+    return invalid_input(key_prefix(cfg.base_dtype) + head_name() + " (the LM head): " + st.error().message);
   return {};
 }
 
@@ -76,6 +80,41 @@ Status Model::Impl::init_quant(size_t index, uint64_t* stream) {
   return set_quant(index, std::move(m).value());
 }
 
+Status Model::Impl::set_head_blocks(k::QuantMatrix m) {
+  const size_t n = static_cast<size_t>(V) * C;
+  if (m.rows != V || m.cols != C)
+    return invalid_input(head_name() + ": head blocks of a (" + std::to_string(m.rows) + ", " + std::to_string(m.cols) +
+                         ") matrix, the model's head is (" + std::to_string(V) + ", " + std::to_string(C) + ")");
+  std::vector<float> w(n);
+  k::dequantize_rows(m.view(), 0, V, w.data());
+  if (head_q.buf.bytes() != m.bytes.size()) {
+    TROUPE_ASSIGN_OR_RETURN(head_q.buf, be->alloc(m.bytes.size()));
+  }
+  be->copy_host_to_device(head_q.buf.data(), m.bytes.data(), m.bytes.size());
+  head_q.name = head_name();
+  head_q.w = m.view();
+  head_q.w.data = head_q.buf.data();
+  // The arena's head (the embedding when tied) holds the same values, dequantized.
+  be->copy_host_to_device(params.floats() + wlm, w.data(), sizeof(float) * n);
+  if (mirrored) std::copy(w.begin(), w.end(), host_params.begin() + static_cast<std::ptrdiff_t>(wlm));
+  return {};
+}
+
+Status Model::Impl::sync_head_quant() {
+  if (!quant_base()) return {};
+  const size_t n = static_cast<size_t>(V) * C;
+  std::vector<float> w(n);
+  if (mirrored)
+    std::copy_n(host_params.begin() + static_cast<std::ptrdiff_t>(wlm), n, w.begin());
+  else
+    be->copy_device_to_host(w.data(), params.floats() + wlm, sizeof(float) * n);
+  const k::QuantFormat f = cfg.base_dtype == BaseDtype::bf16 ? k::QuantFormat::bf16 : k::QuantFormat::q8_0;
+  auto m = k::quantize_rows(f, w.data(), V, C);
+  if (!m.ok()) return invalid_input(key_prefix(cfg.base_dtype) + head_name() + " (the LM head, held in " + enum_string(f) +
+                                    " for sampling): " + m.error().message);
+  return set_head_blocks(std::move(m).value());
+}
+
 Status Model::Impl::quant_ready() const {
   for (const auto& s : qbase)
     if (!s.w.data)
@@ -104,6 +143,11 @@ Result<k::QuantMatrix> Model::base_quant_matrix(std::string_view name) const {
     m.be->copy_device_to_host(out.bytes.data(), s.w.data, out.bytes.size());
     return out;
   }
+  if (m.head_q.w.data && name == m.head_q.name) {
+    k::QuantMatrix out{m.head_q.w.format, m.head_q.w.rows, m.head_q.w.cols, std::vector<uint8_t>(m.head_q.w.bytes())};
+    m.be->copy_device_to_host(out.bytes.data(), m.head_q.w.data, out.bytes.size());
+    return out;
+  }
   return invalid_input(std::string(name) + ": not a quantized base tensor");
 }
 
@@ -127,6 +171,10 @@ Status Model::set_base_quant(std::string_view name, k::QuantMatrix q) {
       ++m.params_writes;
       return m.set_quant(i, std::move(q));
     }
+  if (m.quant_base() && name == m.head_name()) {  // the LM head's sampling blocks (and its fp32 values)
+    ++m.params_writes;
+    return m.set_head_blocks(std::move(q));
+  }
   return invalid_input(std::string(name) + ": not a quantized base tensor");
 }
 

@@ -59,6 +59,12 @@ Result<Model> model_from_gguf(const std::string& gguf_path, const ModelDir& meta
     std::copy(t.data.begin(), t.data.end(), flat.begin() + static_cast<std::ptrdiff_t>(spec.offset));
   }
   TROUPE_TRY(model.set_params(flat));
+  // The LM head's sampling blocks: the file's (the tied embedding's when there is no output.weight).
+  const std::string head = config.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  auto g = gguf_name.find(head);
+  if (g == gguf_name.end()) return invalid_input(gguf_path + ": missing tensor for '" + head + "'");
+  TROUPE_ASSIGN_OR_RETURN(auto head_blocks, read_quant_matrix(file, g->second));
+  TROUPE_TRY(model.set_base_quant(head, std::move(head_blocks)));
   return model;
 }
 
