@@ -799,7 +799,10 @@ double decode_ms(policy::Model& m, const std::vector<int32_t>& prompt, FirstFail
 double llama_cpp_ms(const std::string& python, const std::string& gguf, const std::vector<int32_t>& prompt,
                     std::string* version, std::string* why) {
   std::string ids;
-  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  for (int32_t t : prompt) {
+    if (!ids.empty()) ids.push_back(',');
+    ids.append(std::to_string(t));
+  }
   const std::string cmd = python + " " + TROUPE_SOURCE_DIR + "/launch/bench/llama_cpp_decode.py '" + gguf + "' " + ids +
                           " " + std::to_string(kQloraNew) + " 2>&1";
   auto out = run_child(cmd, kSuite);
