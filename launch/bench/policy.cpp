@@ -814,24 +814,20 @@ double llama_cpp_ms(const std::string& python, const std::string& gguf, const st
   return out->objects.back().value("ms_per_token", 0.0);
 }
 
-// The Python with llama-cpp-python (ensure_llama_cpp.py installs it into $TROUPE_CACHE/venv-llama-cpp
-// on first use), or "" with *why set.
+// The Python of $TROUPE_CACHE/venv-llama-cpp when it imports llama_cpp, or "" with *why set: the
+// venv's pip install builds llama.cpp from source (tens of minutes on 2 cores), so the bench never
+// starts it, as the verifiers rows never install their venv (launch/bench/ensure_llama_cpp.py does).
 std::string llama_cpp_python(std::string* why) {
-  const std::string cmd = python_executable() + " " + TROUPE_SOURCE_DIR + "/launch/bench/ensure_llama_cpp.py";
-  auto out = run_child(cmd, kSuite);
-  std::string last;
-  if (out) {
-    size_t end = out->text.find_last_not_of("\n");
-    if (end != std::string::npos) {
-      const size_t start = out->text.rfind('\n', end);
-      last = out->text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
-    }
-  }
-  if (!out || out->status != 0 || access(last.c_str(), X_OK) != 0) {
-    *why = "no llama-cpp-python (" + cmd + " failed)";
+  const char* c = std::getenv("TROUPE_CACHE");
+  const std::string cache = c && *c ? c : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/tmp") + "/.cache/troupe";
+  const std::string py = cache + "/venv-llama-cpp/bin/python";
+  auto out = access(py.c_str(), X_OK) == 0 ? run_child(py + " -c 'import llama_cpp' 2>&1", kSuite) : std::nullopt;
+  if (!out || out->status != 0) {
+    *why = "no llama-cpp-python at " + py + " (install it: python3 " + std::string(TROUPE_SOURCE_DIR) +
+           "/launch/bench/ensure_llama_cpp.py)";
     return "";
   }
-  return last;
+  return py;
 }
 
 int qlora_decode_rows(const BenchOptions& opt, const std::string& gguf, policy::Model& q, policy::Model& f,
