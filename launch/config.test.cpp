@@ -611,6 +611,31 @@ TEST(Config, ExecutionOptionsUnderPolicy) {
 
 }  // namespace
 
+// policy.base_dtype (QLoRA): a quantized base needs LoRA, gguf a .gguf policy.path, q4_k widths that
+// are multiples of 256; an unknown name is an error naming the key.
+TEST(Config, BaseDtype) {
+  const std::string lora = "  lora:\n    rank: 4\n    targets: [q, k, v, o]\n";
+  auto ok = load_config_text(std::string(kMinimal) + "policy:\n  base_dtype: q8_0\n" + lora, "x.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->config.policy.base_dtype, troupe::policy::BaseDtype::q8_0);
+  auto full = load_error(std::string(kMinimal) + "policy:\n  base_dtype: q8_0\n");
+  EXPECT_NE(full.find("x.yaml:4:"), std::string::npos) << full;
+  EXPECT_NE(full.find("error: policy.base_dtype: q8_0 holds a frozen, quantized base, but policy.lora.rank is 0"),
+            std::string::npos)
+      << full;
+  auto unknown = load_error(std::string(kMinimal) + "policy:\n  base_dtype: q3_x\n" + lora);
+  EXPECT_NE(unknown.find("policy.base_dtype"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("q3_x"), std::string::npos) << unknown;
+  auto gguf = load_error(std::string(kMinimal) + "policy:\n  base_dtype: gguf\n" + lora);
+  EXPECT_NE(gguf.find("error: policy.base_dtype: gguf keeps the blocks of a .gguf policy.path, but policy.path is empty"),
+            std::string::npos)
+      << gguf;
+  auto q4k = load_error(std::string(kMinimal) + "policy:\n  base_dtype: q4_k\n" + lora);
+  EXPECT_NE(q4k.find("error: policy.base_dtype: q4_k blocks hold 256 values of a weight row, but policy.model.hidden_size is 128"),
+            std::string::npos)
+      << q4k;
+}
+
 // A verifiers env calls the policy over HTTP: it needs rollout.serve (a loopback HOST:PORT), its
 // server's address, and single-turn rollouts (its server runs the turns); each is exit 2 naming it.
 TEST(Config, VerifiersEnvNeedsRolloutServe) {

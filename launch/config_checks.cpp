@@ -107,6 +107,25 @@ void check_execution(const ExperimentConfig& c, const ConfigReport& report) {
            enum_string(c.weight_sync.dtype) +
                " generator weights differ from the learner's fp32 master, but policy.batch_invariant "
                "asks sampler and learner to agree bit for bit; use fp32");
+  // QLoRA: a quantized base is frozen; gguf needs a .gguf file to take the blocks from.
+  if (x.base_dtype != policy::BaseDtype::fp32 && !x.lora.enabled())
+    report("policy.base_dtype", "policy.base_dtype",
+           enum_string(x.base_dtype) + " holds a frozen, quantized base, but policy.lora.rank is 0 (full fine-tuning); "
+           "turn LoRA on (policy.lora.rank > 0) or use fp32");
+  if (x.base_dtype == policy::BaseDtype::q4_k && c.policy.path.empty()) {  // a loaded model's shapes: when it loads
+    const int widths[] = {m.hidden_size, m.num_attention_heads * m.head_dim, m.intermediate_size};
+    const char* names[] = {"policy.model.hidden_size", "num_attention_heads x head_dim", "policy.model.intermediate_size"};
+    for (int i = 0; i < 3; ++i)
+      if (widths[i] % 256 != 0 && (i < 2 || !any_moe || m.mlp_only_layers.size() > 0))
+        report("policy.base_dtype", "policy.base_dtype",
+               "q4_k blocks hold 256 values of a weight row, but " + std::string(names[i]) + " is " +
+                   std::to_string(widths[i]) + " (not a multiple of 256); use q8_0 or bf16");
+  }
+  if (x.base_dtype == policy::BaseDtype::gguf && !c.policy.path.ends_with(".gguf"))
+    report("policy.base_dtype", "policy.base_dtype",
+           "gguf keeps the blocks of a .gguf policy.path, but policy.path is " +
+               (c.policy.path.empty() ? std::string("empty (a fresh model)") : "'" + c.policy.path + "'") +
+               "; use bf16, q8_0 or q4_k to quantize other weights");
   if (cuda && x.routing_replay == policy::RoutingReplay::rollout)
     report("policy.moe.routing_replay", "policy.moe.routing_replay",
            "not implemented with policy.device: cuda; set it to off or use policy.device: cpu");

@@ -75,6 +75,7 @@ Result<std::unique_ptr<DecodeSlots>> DecodeSlots::create(Model& model, int slots
 Result<std::unique_ptr<DecodeSlots>> DecodeSlots::create(Model& model, int slots, int context,
                                                          const DecodeOptions& options) {
   Model::Impl& m = *model.impl_;
+  TROUPE_TRY(m.quant_ready());
   if (slots < 1) return invalid_input("decode slots: slots must be >= 1, got " + std::to_string(slots));
   if (context < 2) return invalid_input("decode slots: context must be >= 2 tokens, got " + std::to_string(context));
   if (options.prefill_tokens < 1)
@@ -299,11 +300,16 @@ Status DecodeSlots::State::draw_tokens(const std::vector<int>& order, std::vecto
   }
   const std::vector<uint64_t> rng_before = any_constrained ? rng : std::vector<uint64_t>();
   out.resize(n_rows);
+  // A quantized base samples from its head's blocks (the same values as the fp32 head, fewer bytes).
+  const k::QuantWeights* WQ = m->head_q.w.data ? &m->head_q.w : nullptr;
   if (chunked && any_top) TROUPE_TRY(be->grow(logits, sizeof(float) * V));  // top_logprobs' one row
-  if (!chunked && any_top) {
+  if ((!chunked && any_top) || WQ) {
     TROUPE_TRY(be->grow(logits, sizeof(float) * static_cast<size_t>(n_rows) * V));
     TROUPE_TRY(be->grow(scratch, be->sample_scratch_bytes(V)));
-    be->matmul_forward(logits.floats(), hl.floats(), W, n_rows, C, V);
+    if (WQ)
+      be->quant_matmul_forward(logits.floats(), hl.floats(), *WQ, n_rows);
+    else
+      be->matmul_forward(logits.floats(), hl.floats(), W, n_rows, C, V);
     for (int r = 0; r < n_rows; ++r)
       out[r].token = be->sample_token(&out[r].logprob, logits.floats() + static_cast<size_t>(r) * V, V, sp[r], &rng[r],
                                       scratch.data());

@@ -246,7 +246,10 @@ k::MoeLoraGrads Model::Impl::moe_lora_grads(int l, float* base) const {
 
 void Model::Impl::linear_forward(float* out, const float* in, size_t w, const LoraSlot& s, const Acts& acts, int T,
                                  int IN, int OUT) const {
-  be->matmul_forward(out, in, P() + w, T, IN, OUT);
+  if (is_quant(w))
+    be->quant_matmul_forward(out, in, qw(w), T);
+  else
+    be->matmul_forward(out, in, P() + w, T, IN, OUT);
   if (s.on) {
     const float* x = lora_input(in, s, acts, static_cast<size_t>(T) * IN);
     be->lora_forward(out, x, LP() + s.a, LP() + s.b, acts.lora_scratch, T, IN, OUT, lora_r, lora_scale);
@@ -258,7 +261,9 @@ void Model::Impl::linear_forward(float* out, const float* in, size_t w, const Lo
 // again), and its input gradient (du A) * mask / (1 - p) added to din.
 void Model::Impl::linear_backward(float* din, size_t w, const LoraSlot& s, const float* dout, const float* in,
                                   const Acts& acts, int T, int IN, int OUT) const {
-  if (lora)
+  if (is_quant(w))  // a quantized base is frozen (check_trainable_base): its input gradient only
+    be->quant_matmul_backward_input(din, dout, qw(w), T);
+  else if (lora)
     be->matmul_backward_input(din, dout, P() + w, T, IN, OUT);
   else
     be->matmul_backward(din, G() + w, dout, in, P() + w, T, IN, OUT);
@@ -310,7 +315,7 @@ Status Model::set_base_params(std::span<const float> flat) {
     if (flat.data() != m.host_params.data()) std::copy(flat.begin(), flat.end(), m.host_params.begin());
     m.params_host_newer = false;
   }
-  return {};
+  return m.sync_head_quant();  // a quantized base's sampling head follows its weights
 }
 
 }  // namespace troupe::policy

@@ -1,6 +1,7 @@
 # Model, arenas, forward/backward, KV-cache inference (decode_slots.cpp, the one decode loop, which
 # generate.cpp drives for Model::generate). target_sources(troupe_policy PRIVATE ...) and tests here.
 target_sources(troupe_policy PRIVATE ${CMAKE_CURRENT_LIST_DIR}/model.cpp ${CMAKE_CURRENT_LIST_DIR}/lora.cpp ${CMAKE_CURRENT_LIST_DIR}/served_adapters.cpp
+                                     ${CMAKE_CURRENT_LIST_DIR}/quant_base.cpp
                                      ${CMAKE_CURRENT_LIST_DIR}/decode_slots.cpp
                                      ${CMAKE_CURRENT_LIST_DIR}/generate.cpp ${CMAKE_CURRENT_LIST_DIR}/reward_model.cpp
                                      ${CMAKE_CURRENT_LIST_DIR}/memory_footprint.cpp)
@@ -17,6 +18,11 @@ if(TROUPE_BUILD_TESTS)
     GROUP policy.chunked_logprobs "Model.ChunkedLogprobsMatchWholeVocabulary:Model.ChunkedSamplingMatchesWholeVocabulary:Model.FusedHead*"
     GROUP policy.routing_replay "Model.RoutingReplay*"
     GROUP policy.batch_invariant "Model.BatchInvariant*")
+endif()
+if(TROUPE_BUILD_TESTS)
+  # QLoRA: the quantized base against its dequantized fp32 twin, GGUF blocks loaded straight.
+  troupe_add_test(NAME policy.qlora SOURCES ${CMAKE_CURRENT_LIST_DIR}/qlora.test.cpp LIBS troupe::policy
+    ENV "TROUPE_GGUF_FIXTURES=${PROJECT_SOURCE_DIR}/tests/gguf" OMP_WAIT_POLICY=PASSIVE)
 endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.decode_slots SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_slots.test.cpp LIBS troupe::policy)

@@ -250,6 +250,11 @@ void Model::Impl::build_table() {
   auto add_at = [&](const std::string& name, std::vector<int64_t> shape, size_t at) {
     table.push_back(TensorSpec{name, std::move(shape), at});
   };
+  // A linear weight the quantized base holds in blocks (QLoRA), else an arena tensor.
+  auto addw = [&](const std::string& name, int rows, int cols) {
+    if (!quant_base()) return add(name, {rows, cols});
+    return add_quant_slot(name, rows, cols);
+  };
   const bool mix = cfg.family == ModelFamily::mixtral;
   wte = add("model.embed_tokens.weight", {V, C});
   layers.resize(L);
@@ -257,13 +262,13 @@ void Model::Impl::build_table() {
     LayerW& w = layers[l];
     const std::string p = "model.layers." + std::to_string(l) + ".";
     w.ln1 = add(p + "input_layernorm.weight", {C});
-    w.wq = add(p + "self_attn.q_proj.weight", {NH * HD, C});
+    w.wq = addw(p + "self_attn.q_proj.weight", NH * HD, C);
     if (cfg.qkv_bias) w.bq = add(p + "self_attn.q_proj.bias", {NH * HD});
-    w.wk = add(p + "self_attn.k_proj.weight", {NKV * HD, C});
+    w.wk = addw(p + "self_attn.k_proj.weight", NKV * HD, C);
     if (cfg.qkv_bias) w.bk = add(p + "self_attn.k_proj.bias", {NKV * HD});
-    w.wv = add(p + "self_attn.v_proj.weight", {NKV * HD, C});
+    w.wv = addw(p + "self_attn.v_proj.weight", NKV * HD, C);
     if (cfg.qkv_bias) w.bv = add(p + "self_attn.v_proj.bias", {NKV * HD});
-    w.wo = add(p + "self_attn.o_proj.weight", {C, NH * HD});
+    w.wo = addw(p + "self_attn.o_proj.weight", C, NH * HD);
     if (cfg.o_proj_bias) w.bo = add(p + "self_attn.o_proj.bias", {C});
     if (qk) {
       w.qn = add(p + "self_attn.q_norm.weight", {HD});
@@ -272,9 +277,9 @@ void Model::Impl::build_table() {
     w.ln2 = add(p + "post_attention_layernorm.weight", {C});
     w.moe = cfg.is_moe_layer(l);
     if (!w.moe) {
-      w.wg = add(p + "mlp.gate_proj.weight", {I, C});
-      w.wu = add(p + "mlp.up_proj.weight", {I, C});
-      w.wd = add(p + "mlp.down_proj.weight", {C, I});
+      w.wg = addw(p + "mlp.gate_proj.weight", I, C);
+      w.wu = addw(p + "mlp.up_proj.weight", I, C);
+      w.wd = addw(p + "mlp.down_proj.weight", C, I);
       continue;
     }
     const int E = moe_cfg.E, H = moe_cfg.H;
@@ -294,9 +299,12 @@ void Model::Impl::build_table() {
     }
     if (cfg.shared_expert_intermediate_size > 0) {
       const int HS = cfg.shared_expert_intermediate_size;
-      w.sg = add(m + "shared_expert.gate_proj.weight", {HS, C});
-      w.su = add(m + "shared_expert.up_proj.weight", {HS, C});
-      w.sd = add(m + "shared_expert.down_proj.weight", {C, HS});
+      // The gated shared expert runs through linear_forward (quantizable); the MoE kernel's
+      // ungated one reads fp32 weights.
+      const bool lin = HS_gated > 0;
+      w.sg = lin ? addw(m + "shared_expert.gate_proj.weight", HS, C) : add(m + "shared_expert.gate_proj.weight", {HS, C});
+      w.su = lin ? addw(m + "shared_expert.up_proj.weight", HS, C) : add(m + "shared_expert.up_proj.weight", {HS, C});
+      w.sd = lin ? addw(m + "shared_expert.down_proj.weight", C, HS) : add(m + "shared_expert.down_proj.weight", {C, HS});
       if (HS_gated > 0) w.sgate = add(m + "shared_expert_gate.weight", {1, C});
     }
   }
@@ -338,10 +346,13 @@ void Model::Impl::record_routing(int l, const LayerActs& a, int T) {
               routing_out + static_cast<size_t>(t) * routing_width + static_cast<size_t>(moe_ordinal[l]) * K);
 }
 
-void Model::Impl::init_params(uint64_t seed) {
+Status Model::Impl::init_params(uint64_t seed) {
   uint64_t s = seed;
+  size_t quant_index = 0;
   for (const auto& t : table) {
-    if (t.name.find("norm.weight") != std::string::npos)
+    if (t.quantized)  // drawn as an arena tensor would be, then quantized (gguf: left for the loader)
+      TROUPE_TRY(init_quant(quant_index++, &s));
+    else if (t.name.find("norm.weight") != std::string::npos)
       be->fill(P() + t.offset, t.numel(), 1.0f);
     else if (t.name.ends_with(".bias"))
       be->fill(P() + t.offset, t.numel(), 0.0f);
@@ -350,6 +361,7 @@ void Model::Impl::init_params(uint64_t seed) {
   }
   weights_written(params);
   if (mirrored) be->copy_device_to_host(host_params.data(), P(), sizeof(float) * n_params);
+  return {};
 }
 
 template <class Tensors>
@@ -704,6 +716,7 @@ Result<const PackedMeta*> Model::Impl::meta_for_layer() {
 // ---- training forward / backward ------------------------------------------------------------------
 
 Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
+  TROUPE_TRY(quant_ready());
   TROUPE_TRY(validate_packed_batch(b, V, need_targets));
   const int T = static_cast<int>(b.tokens.size());
   const size_t TC = static_cast<size_t>(T) * C;
@@ -777,6 +790,7 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
 }
 
 Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
+  TROUPE_TRY(check_trainable_base());
   if (!have_train_forward)
     return make_error(ErrorCode::internal, "backward_train called without a forward_train before it");
   have_train_forward = false;  // saved activations are consumed (recompute may overwrite them)
@@ -851,8 +865,10 @@ Result<Model> Model::create(const ModelConfig& cfg, uint64_t seed) {
   ModelConfig base = cfg;
   base.lora = LoraConfig{};  // the base first; enable_lora adds the adapters over it
   auto impl = std::make_unique<Impl>(base, *be);
+  TROUPE_TRY(impl->check_quant_shapes());
   TROUPE_TRY(impl->alloc_params());
-  impl->init_params(seed);
+  TROUPE_TRY(impl->init_params(seed));
+  if (cfg.base_dtype != BaseDtype::gguf) TROUPE_TRY(impl->sync_head_quant());  // gguf: the file's head
   if (cfg.lora.enabled()) TROUPE_TRY(impl->enable_lora(cfg.lora, seed));
   return Model(std::move(impl));
 }
@@ -938,6 +954,7 @@ Status Model::set_params(std::span<const float> flat) {
     if (flat.data() != a.host_params.data()) std::copy(flat.begin(), flat.end(), a.host_params.begin());
     a.params_host_newer = false;
   }
+  if (!m.lora) TROUPE_TRY(m.sync_head_quant());  // a quantized base's sampling head follows its weights
   return {};
 }
 Status Model::all_reduce_grads(kernels::DeviceCollective& c) {
@@ -1002,6 +1019,7 @@ Status Model::forward_train(const PackedBatch& batch, float temperature, float* 
 Status Model::forward_backward_train(const PackedBatch& batch, float temperature, float* logp, float* entropy,
                                      float* dlogp, float* dentropy, const kernels::RowLossGrad& grad) {
   Impl& m = *impl_;
+  TROUPE_TRY(m.check_trainable_base());
   const DropoutScope dropout(m);
   if (!m.chunked_head() || !m.be->host_visible()) {  // nothing to fuse (or grad cannot read the outputs)
     TROUPE_TRY(forward_train(batch, temperature, logp, entropy));

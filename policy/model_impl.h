@@ -119,7 +119,7 @@ struct Model::Impl {
   }
   void build_table();
   Status alloc_params();  // params and grads, zero-filled, on the backend
-  void init_params(uint64_t seed);
+  Status init_params(uint64_t seed);
   // Layer l's MoE tensors at `base`: the parameter arena (kernels::MoeWeights) or the gradient
   // arena (kernels::MoeGrads), which share one layout.
   template <class Tensors>
@@ -252,6 +252,36 @@ struct Model::Impl {
   const float* lora_input(const float* in, const LoraSlot& s, const Acts& acts, size_t n) const;
   Status enable_lora(const LoraConfig& lc, uint64_t seed);
   void build_lora_table();
+
+  // QLoRA's quantized base (cfg.base_dtype != fp32, quant_base.cpp): the linear weights q, k, v, o
+  // and the dense MLP's / gated shared expert's gate, up, down live in qbase, one backend buffer of
+  // blocks each; their LayerW field holds kQuantBit | index into qbase instead of an arena offset,
+  // and their table entry is marked quantized (no arena floats). Under gguf a slot stays empty
+  // (null data) until the loader sets it; the entry points refuse to run with one empty.
+  static constexpr size_t kQuantBit = size_t(1) << 63;
+  static bool is_quant(size_t w) { return (w & kQuantBit) != 0; }
+  struct QuantSlot {
+    std::string name;
+    kernels::QuantWeights w;  // data points into buf (null until set)
+    kernels::Buffer buf;
+  };
+  std::vector<QuantSlot> qbase;
+  bool quant_base() const { return cfg.base_dtype != BaseDtype::fp32; }
+  const kernels::QuantWeights& qw(size_t w) const { return qbase[w & ~kQuantBit].w; }
+  size_t add_quant_slot(const std::string& name, int rows, int cols);  // the LayerW value
+  Status check_quant_shapes() const;          // every slot holdable in the configured format
+  Status set_quant(size_t index, kernels::QuantMatrix m);
+  Status init_quant(size_t index, uint64_t* stream);  // N(0, 0.02) as init_params draws, quantized
+  Status quant_ready() const;                 // no empty slot (a gguf base fully loaded)
+  // The LM head in blocks for sampling (decode reads the head once per token): its values are also
+  // the arena's head (sync_head_quant writes them back dequantized), so the learner's fp32 head and
+  // the sampler's blocks hold the same weights. bf16 for bf16, q8_0 for q8_0/q4_k, the file's for
+  // gguf (set by the loader; until then sampling reads the fp32 head).
+  QuantSlot head_q;
+  Status sync_head_quant();                   // blocks from the arena's head, then written back
+  Status set_head_blocks(kernels::QuantMatrix m);
+  std::string head_name() const { return cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"; }
+  Status check_trainable_base() const;        // a quantized base trains only with LoRA
   kernels::MoeGrads moe_sink_grads(int l) const;  // layer l's MoE gradients pointed into moe_sink
   // Layer l's routed-expert adapters (kernels::MoeLoraWeights) in the adapter arena at `base`
   // (LP() or, for gradients, LG()); r = 0 when the layer has none.

@@ -213,6 +213,14 @@ void tile_backward(const QuantWeights& W, int c0, int c1, const float* dy, float
          tile, cols, 1.0f, dx + static_cast<size_t>(t0) * C + c0, C);
 }
 
+// Whether a few-token call worth splitting over the threads: the fused chain decodes every weight
+// it multiplies (several instructions per value), so it pays off from ~1/8 of gemm_blocked's
+// float-GEMM threshold (a decode step's 576 x 576 matvec already gains from 2 threads). Each
+// output element is still one fixed chain, so the bits never depend on the split.
+bool chain_worth_splitting(double macs) {
+  return macs > 1.25e5 && !omp_in_parallel() && omp_get_max_threads() > 1;
+}
+
 // fn(lo, hi) over [0, n) in pieces of `step`, spread over the OpenMP threads when `split`.
 template <class Fn>
 void over_tiles(int n, int step, bool split, const Fn& fn) {
@@ -226,7 +234,9 @@ void over_tiles(int n, int step, bool split, const Fn& fn) {
 void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T) {
   if (T <= 0) return;
   const int N = W.rows, K = W.cols;
-  const bool split = gemm_worth_splitting(double(T) * N * K), kernel = chain_available();
+  const bool kernel = chain_available();
+  const bool split = kernel && T <= kGemmKernelMaxRows ? chain_worth_splitting(double(T) * N * K)
+                                                       : gemm_worth_splitting(double(T) * N * K);
   if (batch_invariant()) {  // every element one fixed chain (ops.cpp, gemm_nt_invariant)
     over_tiles(N, kTile, split, [&](int o0, int o1) {
       kernel ? chain(W, o0, o1, x, y, T) : invariant_rows_scalar(W, o0, o1, x, y, T);

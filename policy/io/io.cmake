@@ -11,6 +11,7 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_import.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_quant.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gguf_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
   # PEFT LoRA adapters: the files, the target kinds, the merge and the base fingerprint (xxHash).
   ${CMAKE_CURRENT_LIST_DIR}/peft_adapter.cpp

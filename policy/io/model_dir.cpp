@@ -562,7 +562,7 @@ int32_t token_id_from(const json& j, const char* key) {
 
 }  // namespace
 
-Result<ModelDir> load_model_dir(const std::string& path) {
+Result<ModelDir> load_model_dir(const std::string& path, bool read_weights) {
   ModelDir d;
   d.path = path;
   const fs::path dir(path);
@@ -576,8 +576,10 @@ Result<ModelDir> load_model_dir(const std::string& path) {
     return invalid_input(cfg_path + ": not valid JSON: " + e.what());
   }
   TROUPE_ASSIGN_OR_RETURN(d.config, config_from_hf_json(d.hf_config, cfg_path));
-  TROUPE_ASSIGN_OR_RETURN(auto w, WeightSource::open_dir(path));
-  TROUPE_ASSIGN_OR_RETURN(d.tensors, canonicalize_tensors(d.config, w));
+  if (read_weights) {
+    TROUPE_ASSIGN_OR_RETURN(auto w, WeightSource::open_dir(path));
+    TROUPE_ASSIGN_OR_RETURN(d.tensors, canonicalize_tensors(d.config, w));
+  }
   if (fs::exists(dir / kHfTokenizerFile) || fs::exists(dir / kTroupeTokenizerFile)) {
     TROUPE_ASSIGN_OR_RETURN(d.tokenizer, load_tokenizer_dir(path));
   }

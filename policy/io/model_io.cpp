@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "troupe/policy/io/gguf_import.h"
+#include "troupe/policy/io/gguf_model.h"
 
 namespace troupe::policy::io {
 
@@ -19,6 +20,9 @@ Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec) 
   TROUPE_ASSIGN_OR_RETURN(auto named, hf_tensors_from_canonical(dir.config, dir.tensors, ExpertLayout::per_expert));
   std::vector<float> flat(model.params().begin(), model.params().end());
   for (const TensorSpec& spec : model.tensors()) {
+    if (spec.quantized && exec.base_dtype == BaseDtype::gguf)
+      return invalid_input("policy.base_dtype: gguf keeps the blocks of a .gguf policy.path; " + dir.path +
+                           " is a model directory (use bf16, q8_0 or q4_k to quantize it)");
     auto it = named.find(spec.name);
     if (it == named.end())
       return make_error(ErrorCode::internal, dir.path + ": the model's tensor '" + spec.name +
@@ -26,6 +30,11 @@ Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec) 
     if (it->second.shape != spec.shape)
       return invalid_input(dir.path + ": tensor '" + spec.name + "' has shape " + shape_string(it->second.shape) +
                            ", the model expects " + shape_string(spec.shape));
+    if (spec.quantized) {  // QLoRA: quantized into policy.base_dtype, never kept as fp32
+      TROUPE_TRY(model.set_base_quant_values(spec.name, it->second.data));
+      it->second.data = std::vector<float>();
+      continue;
+    }
     std::copy(it->second.data.begin(), it->second.data.end(), flat.begin() + static_cast<std::ptrdiff_t>(spec.offset));
   }
   TROUPE_TRY(model.set_params(flat));
@@ -33,20 +42,26 @@ Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec) 
 }
 
 Result<LoadedModel> load_model(const std::string& path, const ExecutionOptions& exec) {
+  const bool gguf_base = exec.base_dtype == BaseDtype::gguf;
+  if (gguf_base && !path.ends_with(".gguf"))
+    return invalid_input("policy.base_dtype: gguf keeps the blocks of a .gguf policy.path; " + path +
+                         " is not a .gguf file (use bf16, q8_0 or q4_k to quantize a model directory)");
   TROUPE_ASSIGN_OR_RETURN(std::string dir_path, model_dir_for(path));  // a .gguf: its $TROUPE_CACHE/gguf/ import
-  TROUPE_ASSIGN_OR_RETURN(auto dir, load_model_dir(dir_path));
-  TROUPE_ASSIGN_OR_RETURN(auto model, model_from_dir(dir, exec));
+  // base_dtype gguf: config and tokenizer from the import, every weight from the .gguf itself.
+  TROUPE_ASSIGN_OR_RETURN(auto dir, load_model_dir(dir_path, !gguf_base));
+  Result<Model> loaded = gguf_base ? model_from_gguf(path, dir, exec) : model_from_dir(dir, exec);
+  TROUPE_ASSIGN_OR_RETURN(auto model, std::move(loaded));
   LoadedModel out{std::move(model), std::move(dir.tokenizer), dir.bos_token_id, dir.eos_token_id, dir.pad_token_id};
   return out;
 }
 
 Result<TensorMap> model_tensors(const Model& model) {
   TensorMap named;
-  auto params = model.base_params();  // with LoRA the base's own weights (adapters unmerged)
+  // With LoRA the base's own weights (adapters unmerged); a quantized base's blocks dequantized.
   for (const TensorSpec& spec : model.base_tensors()) {
     if (spec.name == "lm_head.weight" && model.config().tie_word_embeddings) continue;
-    const float* src = params.data() + spec.offset;
-    named[spec.name] = Tensor{spec.shape, std::vector<float>(src, src + spec.numel())};
+    TROUPE_ASSIGN_OR_RETURN(auto values, model.base_tensor_values(spec));
+    named[spec.name] = Tensor{spec.shape, std::move(values)};
   }
   return canonicalize_tensors(model.config(), named, "model");
 }

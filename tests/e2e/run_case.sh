@@ -494,6 +494,27 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/e" $D --set cluster.scorers=0
     grep -q "distill.teacher: the teacher is served by the scorers" "$W/err.txt"
     ;;
+  qlora)  # QLoRA: the quickstart's attention projections as a q8_0 base under LoRA adapters; same seed
+    # and --resume bit for bit; bad policy.base_dtype settings are FILE:LINE errors naming the key
+    printf '  base_dtype: q8_0\n  lora:\n    rank: 8\n    alpha: 16\n    targets: [q, k, v, o]\n    lr: 0.002\n' \
+      > "$W/qlora_keys.txt"
+    sed "/^  tokenizer: char/r $W/qlora_keys.txt" "$SRC/configs/quickstart.yaml" > "$W/qlora.yaml"
+    S="--set sft.enabled=false --set eval.every=0 --set optimizer.schedule=constant --set checkpointing.every=3 $Q"
+    "$TROUPE" run "$W/qlora.yaml" --set run.dir="$W/a" --set grpo.max_steps=6 $S
+    "$TROUPE" run "$W/qlora.yaml" --set run.dir="$W/b" --set grpo.max_steps=3 $S
+    "$TROUPE" run "$W/qlora.yaml" --resume "$W/b" --set grpo.max_steps=6 $S
+    $CHECK same "$W/a" "$W/b"
+    ck=$(readlink -f "$W/a/checkpoints/latest")
+    test -s "$ck/adapter_model.safetensors" && test ! -e "$ck/model.safetensors"
+    expect_exit 2 "$TROUPE" validate "$W/qlora.yaml" --set policy.lora.rank=0
+    grep -q "qlora.yaml:[0-9]*:[0-9]*: error: policy.base_dtype: q8_0 holds a frozen, quantized base, but policy.lora.rank is 0" "$W/err.txt"
+    expect_exit 2 "$TROUPE" validate "$W/qlora.yaml" --set policy.base_dtype=q3_x
+    grep -q "policy.base_dtype" "$W/err.txt"
+    expect_exit 2 "$TROUPE" validate "$W/qlora.yaml" --set policy.base_dtype=gguf
+    grep -q "error: policy.base_dtype: gguf keeps the blocks of a .gguf policy.path, but policy.path is empty" "$W/err.txt"
+    expect_exit 2 "$TROUPE" validate "$W/qlora.yaml" --set policy.base_dtype=q4_k
+    grep -q "error: policy.base_dtype: q4_k blocks hold 256 values of a weight row, but policy.model.hidden_size is 64" "$W/err.txt"
+    ;;
   lora)  # LoRA adapters (attention) on an SFT-trained quickstart base: GRPO learns; checkpoints hold the
     # adapters alone; --resume, delta vs full sync, cpu_fenced: bit for bit; exact on-policy with
     # batch_invariant; dropout resumes bit for bit; adapters on the routed experts; bad policy.lora

@@ -5,6 +5,10 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <utility>
+
+#include "troupe/base/enum_names.h"
 
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/compute_dtype.h"
@@ -13,6 +17,12 @@ namespace troupe::policy {
 
 // MoE routing replay: off, or rollout (train each response token on the experts its sampler chose).
 enum class RoutingReplay { off, rollout };
+
+// How the frozen base's linear weights are held (YAML `policy.base_dtype`, QLoRA; policy/README.md
+// "QLoRA"): fp32 in the parameter arena, or in quantized blocks (kernels/quant_matrix.h) that the
+// GEMMs dequantize on the fly: bf16, q8_0, q4_k quantized from fp32 at load, gguf = the blocks a
+// .gguf policy.path stores (its own types, e.g. SmolLM2's Q4_1).
+enum class BaseDtype { fp32, bf16, q8_0, q4_k, gguf };
 
 struct ExecutionOptions {
   // Where the model runs (YAML `policy.device`): the backend kernels::backend_for() resolves, cpu,
@@ -47,6 +57,18 @@ struct ExecutionOptions {
   kernels::ComputeDtype compute_dtype = kernels::ComputeDtype::auto_;
   // YAML `policy.allow_tf32`: may fp32 GEMMs use TF32 tensor cores (cuda; the CPU ignores it)?
   bool allow_tf32 = true;
+  // The frozen base's q/k/v/o/gate/up/down weights in quantized blocks (QLoRA): needs LoRA on or a
+  // model used only for sampling/scoring (never trained whole); fp32 = today's single fp32 arena.
+  BaseDtype base_dtype = BaseDtype::fp32;
 };
 
 }  // namespace troupe::policy
+
+namespace troupe {
+template <>
+struct EnumNames<policy::BaseDtype> {
+  using B = policy::BaseDtype;
+  static constexpr std::pair<std::string_view, B> table[] = {
+      {"fp32", B::fp32}, {"bf16", B::bf16}, {"q8_0", B::q8_0}, {"q4_k", B::q4_k}, {"gguf", B::gguf}};
+};
+}  // namespace troupe

@@ -17,6 +17,7 @@
 #include "troupe/base/result.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/chunked_logprob.h"
+#include "troupe/kernels/quant_matrix.h"
 #include "troupe/policy/model_config.h"
 
 namespace troupe::kernels {
@@ -34,6 +35,9 @@ struct TensorSpec {
   std::string name;  // Hugging Face name of the family, e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;
   size_t offset = 0;  // in floats
+  // QLoRA (policy.base_dtype other than fp32): a base linear weight held in quantized blocks, not
+  // in the fp32 arena (offset unused); Model::base_quant_matrix reads it.
+  bool quantized = false;
   size_t numel() const {
     size_t n = 1;
     for (auto d : shape) n *= static_cast<size_t>(d);
@@ -197,6 +201,20 @@ class Model {
   // the new adapter's id (1, 2, ...; 0 is the base alone). Errors name the weight at fault.
   Result<int> add_served_adapter(const ServedAdapterWeights& adapter);
   int served_adapters() const;
+  // QLoRA (ModelConfig::base_dtype, policy/README.md "QLoRA"): with a quantized base the linear
+  // weights q, k, v, o, gate, up, down (dense MLPs, qwen2_moe's gated shared expert) are held as
+  // kernels::QuantMatrix blocks the GEMMs dequantize on the fly; their base_tensors() entries are
+  // marked `quantized` and take no floats of base_params(). They never get a gradient.
+  bool base_quantized() const;
+  // A quantized base tensor's blocks (a host copy); an error for a name that is not one.
+  Result<kernels::QuantMatrix> base_quant_matrix(std::string_view name) const;
+  // A base tensor's fp32 values: from base_params(), or a quantized one's blocks dequantized.
+  Result<std::vector<float>> base_tensor_values(const TensorSpec& spec) const;
+  // Replaces a quantized base tensor's blocks: the table's shape; with base_dtype gguf any format
+  // (the file's), else the configured one. set_base_quant_values quantizes fp32 values (rows x
+  // cols) into the configured format (q8_0 under gguf).
+  Status set_base_quant(std::string_view name, kernels::QuantMatrix m);
+  Status set_base_quant_values(std::string_view name, std::span<const float> values);
   // Sums the gradients over the ranks of `c` on the device (NCCL on cuda), what the host wrote
   // through grads() included; the next grads() brings the sum down.
   Status all_reduce_grads(kernels::DeviceCollective& c);

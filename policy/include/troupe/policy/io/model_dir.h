@@ -51,8 +51,9 @@ struct ModelDir {
 };
 
 // Loads config.json, the weights (model.safetensors or model.safetensors.index.json) and the
-// tokenizer if present. Errors name the file, and the tensor where one is at fault.
-Result<ModelDir> load_model_dir(const std::string& path);
+// tokenizer if present. Errors name the file, and the tensor where one is at fault. read_weights
+// false: everything but the weights (tensors stays empty; a .gguf's quantized load reads its own).
+Result<ModelDir> load_model_dir(const std::string& path, bool read_weights = true);
 
 // Writes config.json, model.safetensors (Hugging Face layout of config.family) and the tokenizer
 // (if given) into path, creating it. `tensors` are canonical; every one the config implies must be there.

@@ -22,7 +22,10 @@ struct LoadedModel {
 // architecture is the directory's config.json; `exec` says how the model runs (backend, training
 // optimizations), as the YAML's policy.* keys do for a fresh model.
 Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec = {});
-// A path ending in .gguf is imported first (gguf_import.h, cached_gguf_import).
+// A path ending in .gguf is imported first (gguf_import.h, cached_gguf_import); with
+// exec.base_dtype gguf only its config and tokenizer are read from that import and the weights come
+// straight from the .gguf (gguf_model.h). exec.base_dtype bf16/q8_0/q4_k quantizes the projections
+// as they are read.
 Result<LoadedModel> load_model(const std::string& path, const ExecutionOptions& exec = {});
 
 // The Model's base parameters under canonical names (for save_model_dir, comparisons); with LoRA
