@@ -225,6 +225,17 @@ std::vector<Result<ScoreRep>> Scorer::run_batch(const std::vector<const ScoreReq
 
 namespace {
 
+// Every successful reply of a batch names the model that made it and the batch's compute time.
+void stamp_replies(const ScorerModel& m, const std::vector<size_t>& idx, double secs,
+                   std::vector<Result<ScoreRep>>& out) {
+  for (size_t i : idx)
+    if (out[i].ok()) {
+      out[i]->model_hash = m.model_hash;
+      out[i]->tokenizer_hash = m.tokenizer_hash;
+      out[i]->compute_s = secs;
+    }
+}
+
 // log-softmax of one row of logits (double), the target's value and the top k (ties: lower id first).
 void row_logprobs(const float* logits, int V, int32_t target, int k, float* target_out, int32_t* ids, float* lps,
                   std::vector<int32_t>& order) {
@@ -314,13 +325,7 @@ void Scorer::run_logprobs(ScorerModel& m, const std::vector<size_t>& idx, const 
     }
     a = b;
   }
-  const double secs = mono_seconds() - t0;
-  for (size_t i : idx)
-    if (out[i].ok()) {
-      out[i]->model_hash = m.model_hash;
-      out[i]->tokenizer_hash = m.tokenizer_hash;
-      out[i]->compute_s = secs;
-    }
+  stamp_replies(m, idx, mono_seconds() - t0, out);
 }
 
 // Every sequence of the batch's sequence_score requests in one packed forward (batch-invariant:
@@ -406,13 +411,7 @@ void Scorer::run_generate(ScorerModel& m, const std::vector<size_t>& idx, const 
     }
     slot->texts.push_back(std::move(text).value());
   }
-  const double secs = mono_seconds() - t0;
-  for (size_t i : idx)
-    if (out[i].ok()) {
-      out[i]->model_hash = m.model_hash;
-      out[i]->tokenizer_hash = m.tokenizer_hash;
-      out[i]->compute_s = secs;
-    }
+  stamp_replies(m, idx, mono_seconds() - t0, out);
 }
 
 }  // namespace troupe::actors

@@ -658,6 +658,36 @@ inline void gather_backward_row(float* xp, float* dop, float* wrow, int r, int s
   }
 }
 
+// The router's backward: d weights (dw, per row) -> d probs (renormalization, aux loss) -> d logits
+// (softmax, into dp) -> dWr (accumulated into w_router's gradient) and dinp (accumulated).
+void router_backward(float* dinp, float* dw_router, const float* dw, float* dp, float daux, const float* inp,
+                     const float* probs, const float* weights, const int32_t* experts, const int32_t* offsets,
+                     const int32_t* slot_row, const MoeWeights& w, const MoeConfig& cfg, int N) {
+  const int E = cfg.E, K = cfg.K, C = cfg.C;
+  const float aux_scale = daux * static_cast<float>(E) / (static_cast<float>(N) * static_cast<float>(N));
+#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * E * 4))
+  for (int t = 0; t < N; ++t) {
+    float* d = dp + static_cast<size_t>(t) * E;
+    const float* p = probs + static_cast<size_t>(t) * E;
+    for (int e = 0; e < E; ++e) d[e] = daux != 0.0f ? aux_scale * static_cast<float>(offsets[e + 1] - offsets[e]) : 0.0f;
+    const int32_t* ex = experts + static_cast<size_t>(t) * K;
+    auto dws = [&](int k) { return dw[slot_row[t * K + k]]; };
+    if (cfg.renormalize) {
+      float s = 0, dot = 0;
+      for (int k = 0; k < K; ++k) s += p[ex[k]];
+      for (int k = 0; k < K; ++k) dot += dws(k) * weights[t * K + k];
+      for (int k = 0; k < K; ++k) d[ex[k]] += (dws(k) - dot) / s;
+    } else {
+      for (int k = 0; k < K; ++k) d[ex[k]] += dws(k);
+    }
+    float dot = 0;
+    for (int e = 0; e < E; ++e) dot += d[e] * p[e];
+    for (int e = 0; e < E; ++e) d[e] = p[e] * (d[e] - dot);
+  }
+  sgemm(CblasTrans, CblasNoTrans, E, C, N, 1.0f, dp, E, inp, C, 1.0f, dw_router, C);
+  sgemm(CblasNoTrans, CblasNoTrans, N, C, E, 1.0f, dp, E, w.w_router, C, 1.0f, dinp, C);
+}
+
 // dweights given (the dispatcher alone, identity experts): d loss / d weights is written there and
 // the router backward is skipped.
 void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float daux, const float* inp,
@@ -766,29 +796,7 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
     return;
   }
 
-  // Router: d weights -> d probs (renormalization, aux loss) -> d logits (softmax) -> dWr, dinp.
-  const float aux_scale = daux * static_cast<float>(E) / (static_cast<float>(N) * static_cast<float>(N));
-#pragma omp parallel for schedule(static) if (parallel_worth(double(N) * E * 4))
-  for (int t = 0; t < N; ++t) {
-    float* d = dp + static_cast<size_t>(t) * E;
-    const float* p = probs + static_cast<size_t>(t) * E;
-    for (int e = 0; e < E; ++e) d[e] = daux != 0.0f ? aux_scale * static_cast<float>(offsets[e + 1] - offsets[e]) : 0.0f;
-    const int32_t* ex = experts + static_cast<size_t>(t) * K;
-    auto dws = [&](int k) { return dw[slot_row[t * K + k]]; };
-    if (cfg.renormalize) {
-      float s = 0, dot = 0;
-      for (int k = 0; k < K; ++k) s += p[ex[k]];
-      for (int k = 0; k < K; ++k) dot += dws(k) * weights[t * K + k];
-      for (int k = 0; k < K; ++k) d[ex[k]] += (dws(k) - dot) / s;
-    } else {
-      for (int k = 0; k < K; ++k) d[ex[k]] += dws(k);
-    }
-    float dot = 0;
-    for (int e = 0; e < E; ++e) dot += d[e] * p[e];
-    for (int e = 0; e < E; ++e) d[e] = p[e] * (d[e] - dot);
-  }
-  sgemm(CblasTrans, CblasNoTrans, E, C, N, 1.0f, dp, E, inp, C, 1.0f, gr.w_router, C);
-  sgemm(CblasNoTrans, CblasNoTrans, N, C, E, 1.0f, dp, E, w.w_router, C, 1.0f, dinp, C);
+  router_backward(dinp, gr.w_router, dw, dp, daux, inp, probs, weights, experts, offsets, slot_row, w, cfg, N);
 }
 
 }  // namespace

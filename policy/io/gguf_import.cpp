@@ -486,13 +486,19 @@ Status import_config(const GgufFile& f, const std::string& arch, const GgufArchi
   return {};
 }
 
+// The import table of the file's architecture; an error naming the file for one troupe does not import.
+Result<const GgufArchitecture*> supported_architecture(const GgufFile& f, const std::string& arch) {
+  const GgufArchitecture* spec = gguf_architecture(arch);
+  if (spec == nullptr)
+    return invalid_input(f.path() + ": general.architecture \"" + arch + "\" is not supported (troupe imports llama, qwen2 and qwen3)");
+  return spec;
+}
+
 }  // namespace
 
 Result<ImportedGguf> import_gguf(const GgufFile& f) {
   TROUPE_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
-  const GgufArchitecture* spec = gguf_architecture(arch);
-  if (spec == nullptr)
-    return invalid_input(f.path() + ": general.architecture \"" + arch + "\" is not supported (troupe imports llama, qwen2 and qwen3)");
+  TROUPE_ASSIGN_OR_RETURN(const GgufArchitecture* spec, supported_architecture(f, arch));
   TROUPE_ASSIGN_OR_RETURN(const GgufShape shape, read_shape(f, arch));
   ImportedGguf out;
   TROUPE_TRY(import_tensors(f, arch, *spec, shape, out));
@@ -503,9 +509,7 @@ Result<ImportedGguf> import_gguf(const GgufFile& f) {
 
 Result<nlohmann::json> gguf_config_json(const GgufFile& f) {
   TROUPE_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
-  const GgufArchitecture* spec = gguf_architecture(arch);
-  if (spec == nullptr)
-    return invalid_input(f.path() + ": general.architecture \"" + arch + "\" is not supported (troupe imports llama, qwen2 and qwen3)");
+  TROUPE_ASSIGN_OR_RETURN(const GgufArchitecture* spec, supported_architecture(f, arch));
   TROUPE_ASSIGN_OR_RETURN(const GgufShape shape, read_shape(f, arch));
   ImportedGguf out;
   if (f.find("output.weight") != nullptr) out.tensors["lm_head.weight"] = Tensor{};  // untied: only its presence counts
