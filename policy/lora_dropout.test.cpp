@@ -6,43 +6,19 @@
 #include <cmath>
 #include <random>
 
-#include "test_models.h"
+#include "lora_test_models.h"
 #include "troupe/kernels/backend.h"
 
 namespace troupe::policy {
 namespace {
 
-using test::batch_of;
+PackedBatch sample_batch(int V) { return test::random_batch(V, {6, 2, 9}, 5); }
+double run_loss(Model& m, const PackedBatch& b, bool backward) { return test::weighted_loss(m, b, 0.9f, backward); }
+const auto& kNoExperts = test::kLoraNoExperts;
+using test::grads_of;
+using test::lora_model;
+
 using test::tiny_family;
-
-PackedBatch sample_batch(int V) {
-  std::mt19937 g(5);
-  std::vector<std::vector<int32_t>> seqs;
-  for (int len : {6, 2, 9}) {
-    std::vector<int32_t> s(len);
-    for (auto& t : s) t = static_cast<int32_t>(g() % V);
-    seqs.push_back(s);
-  }
-  return batch_of(seqs);
-}
-
-// A weighted sum of the log-probs and entropies (and its gradient when `backward`).
-double run_loss(Model& m, const PackedBatch& b, bool backward, std::vector<float>* logp = nullptr) {
-  const size_t T = b.tokens.size();
-  std::vector<float> lp(T), ent(T), w1(T), w2(T);
-  for (size_t t = 0; t < T; ++t) w1[t] = std::sin(1.0 + t), w2[t] = 0.1f * std::cos(2.0 + t);
-  EXPECT_TRUE(m.forward_train(b, 0.9f, lp.data(), ent.data()).ok());
-  double L = m.last_aux_loss();
-  for (size_t t = 0; t < T; ++t) L += static_cast<double>(w1[t]) * lp[t] + static_cast<double>(w2[t]) * ent[t];
-  if (backward) {
-    EXPECT_TRUE(m.backward_train(w1.data(), w2.data()).ok());
-  }
-  if (logp) *logp = lp;
-  return L;
-}
-
-const std::vector<LoraTarget> kNoExperts = {LoraTarget::q,    LoraTarget::k,  LoraTarget::v,   LoraTarget::o,
-                                            LoraTarget::gate, LoraTarget::up, LoraTarget::down};
 
 LoraConfig lora(float dropout, std::vector<LoraTarget> targets = kNoExperts) {
   LoraConfig l;
@@ -51,26 +27,6 @@ LoraConfig lora(float dropout, std::vector<LoraTarget> targets = kNoExperts) {
   l.dropout = dropout;
   l.targets = std::move(targets);
   return l;
-}
-
-// A LoRA model over a random base with B drawn too, so the low-rank path contributes.
-Model lora_model(ModelConfig c, const LoraConfig& l, uint64_t seed = 7) {
-  Model m = test::make(c, seed);
-  EXPECT_TRUE(m.enable_lora(l, seed).ok());
-  std::mt19937 g(static_cast<unsigned>(seed + 1));
-  std::normal_distribution<float> d(0.0f, 0.2f);
-  auto p = m.params();
-  for (const auto& t : m.tensors())
-    if (t.name.ends_with("lora_B.weight"))
-      for (size_t i = 0; i < t.numel(); ++i) p[t.offset + i] = d(g);
-  return m;
-}
-
-std::vector<float> grads_of(Model& m, const PackedBatch& b, double* loss = nullptr) {
-  m.zero_grads();
-  const double L = run_loss(m, b, true);
-  if (loss) *loss = L;
-  return {m.grads().begin(), m.grads().end()};
 }
 
 TEST(LoraDropout, MaskRateAndScale) {

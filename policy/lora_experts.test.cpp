@@ -10,37 +10,17 @@
 #include <filesystem>
 #include <random>
 
-#include "test_models.h"
+#include "lora_test_models.h"
 #include "troupe/policy/io/peft_adapter.h"
 
 namespace troupe::policy {
 namespace {
 
-using test::batch_of;
+PackedBatch sample_batch(int V) { return test::random_batch(V, {6, 2, 9, 5}, 5); }
+double run_loss(Model& m, const PackedBatch& b, bool backward) { return test::weighted_loss(m, b, 0.9f, backward); }
+using test::grads_of;
+using test::lora_model;
 
-PackedBatch sample_batch(int V) {
-  std::mt19937 g(5);
-  std::vector<std::vector<int32_t>> seqs;
-  for (int len : {6, 2, 9, 5}) {
-    std::vector<int32_t> s(len);
-    for (auto& t : s) t = static_cast<int32_t>(g() % V);
-    seqs.push_back(s);
-  }
-  return batch_of(seqs);
-}
-
-double run_loss(Model& m, const PackedBatch& b, bool backward) {
-  const size_t T = b.tokens.size();
-  std::vector<float> lp(T), ent(T), w1(T), w2(T);
-  for (size_t t = 0; t < T; ++t) w1[t] = std::sin(1.0 + t), w2[t] = 0.1f * std::cos(2.0 + t);
-  EXPECT_TRUE(m.forward_train(b, 0.9f, lp.data(), ent.data()).ok());
-  double L = m.last_aux_loss();
-  for (size_t t = 0; t < T; ++t) L += static_cast<double>(w1[t]) * lp[t] + static_cast<double>(w2[t]) * ent[t];
-  if (backward) {
-    EXPECT_TRUE(m.backward_train(w1.data(), w2.data()).ok());
-  }
-  return L;
-}
 
 LoraConfig lora(std::vector<LoraTarget> targets) {
   LoraConfig l;
@@ -48,26 +28,6 @@ LoraConfig lora(std::vector<LoraTarget> targets) {
   l.alpha = 8;
   l.targets = std::move(targets);
   return l;
-}
-
-// A LoRA model over a random base (larger weights than the init, so routing is not trivial), B drawn.
-Model lora_model(ModelConfig c, const LoraConfig& l, uint64_t seed = 7) {
-  Model m = test::make(c, seed);
-  test::randomize_weights(m, seed);
-  EXPECT_TRUE(m.enable_lora(l, seed).ok());
-  std::mt19937 g(static_cast<unsigned>(seed + 1));
-  std::normal_distribution<float> d(0.0f, 0.2f);
-  auto p = m.params();
-  for (const auto& t : m.tensors())
-    if (t.name.ends_with("lora_B.weight"))
-      for (size_t i = 0; i < t.numel(); ++i) p[t.offset + i] = d(g);
-  return m;
-}
-
-std::vector<float> grads_of(Model& m, const PackedBatch& b, double* loss) {
-  m.zero_grads();
-  *loss = run_loss(m, b, true);
-  return {m.grads().begin(), m.grads().end()};
 }
 
 TEST(LoraExperts, NamesFollowPeft) {

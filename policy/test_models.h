@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -85,6 +86,38 @@ inline PackedBatch batch_of(const std::vector<std::vector<int32_t>>& seqs) {
     b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
   }
   return b;
+}
+
+// Sequences of the given lengths drawn uniformly from the vocabulary (mt19937 seeded), packed.
+inline PackedBatch random_batch(int V, const std::vector<int>& lens, unsigned seed) {
+  std::mt19937 g(seed);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int len : lens) {
+    std::vector<int32_t> s(len);
+    for (auto& t : s) t = static_cast<int32_t>(g() % V);
+    seqs.push_back(s);
+  }
+  return batch_of(seqs);
+}
+
+// loss = aux + sum_t w1[t] logp[t] + w2[t] entropy[t] with fixed weights (sin / 0.1 cos); with
+// `backward` its gradient accumulates into the model's grads; `logp` (if given) gets the log-probs.
+inline double weighted_loss(Model& m, const PackedBatch& b, float temp, bool backward,
+                            std::vector<float>* logp = nullptr) {
+  const size_t T = b.tokens.size();
+  std::vector<float> lp(T), ent(T), w1(T), w2(T);
+  for (size_t t = 0; t < T; ++t)
+    w1[t] = static_cast<float>(std::sin(1.0 + t)), w2[t] = 0.1f * static_cast<float>(std::cos(2.0 + t));
+  auto st = m.forward_train(b, temp, lp.data(), ent.data());
+  EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().message);
+  double L = m.last_aux_loss();
+  for (size_t t = 0; t < T; ++t) L += static_cast<double>(w1[t]) * lp[t] + static_cast<double>(w2[t]) * ent[t];
+  if (backward) {
+    auto s2 = m.backward_train(w1.data(), w2.data());
+    EXPECT_TRUE(s2.ok()) << (s2.ok() ? "" : s2.error().message);
+  }
+  if (logp) *logp = lp;
+  return L;
 }
 
 }  // namespace troupe::policy::test
