@@ -17,32 +17,10 @@ using namespace troupe::policy::test;
 
 namespace {
 
-PackedBatch sample_batch(int V) {
-  std::mt19937 g(3);
-  std::vector<std::vector<int32_t>> seqs;
-  for (int len : {5, 1, 9, 3}) {
-    std::vector<int32_t> s(len);
-    for (auto& t : s) t = static_cast<int32_t>(g() % V);
-    seqs.push_back(s);
-  }
-  return batch_of(seqs);
-}
+PackedBatch sample_batch(int V) { return random_batch(V, {5, 1, 9, 3}, 3); }
 
-// loss = sum_t w1[t] logp[t] + w2[t] entropy[t] with fixed weights; returns loss and fills grads.
-double run_loss(Model& m, const PackedBatch& b, float temp, bool backward) {
-  const size_t T = b.tokens.size();
-  std::vector<float> lp(T), ent(T), w1(T), w2(T);
-  for (size_t t = 0; t < T; ++t) w1[t] = std::sin(1.0 + t), w2[t] = 0.1f * std::cos(2.0 + t);
-  auto st = m.forward_train(b, temp, lp.data(), ent.data());
-  EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().message);
-  double L = m.last_aux_loss();
-  for (size_t t = 0; t < T; ++t) L += static_cast<double>(w1[t]) * lp[t] + static_cast<double>(w2[t]) * ent[t];
-  if (backward) {
-    auto s2 = m.backward_train(w1.data(), w2.data());
-    EXPECT_TRUE(s2.ok());
-  }
-  return L;
-}
+// loss = aux + sum_t w1[t] logp[t] + w2[t] entropy[t] with fixed weights; returns loss and fills grads.
+double run_loss(Model& m, const PackedBatch& b, float temp, bool backward) { return weighted_loss(m, b, temp, backward); }
 
 }  // namespace
 

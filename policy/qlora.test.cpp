@@ -37,16 +37,7 @@ ModelConfig qcfg(BaseDtype d, int rank = 4) {
   return c;
 }
 
-PackedBatch sample_batch(int V, std::vector<int> lens = {7, 3, 12}) {
-  std::mt19937 g(5);
-  std::vector<std::vector<int32_t>> seqs;
-  for (int len : lens) {
-    std::vector<int32_t> s(len);
-    for (auto& t : s) t = static_cast<int32_t>(g() % V);
-    seqs.push_back(s);
-  }
-  return batch_of(seqs);
-}
+PackedBatch sample_batch(int V, const std::vector<int>& lens = {7, 3, 12}) { return test::random_batch(V, lens, 5); }
 
 // Nonzero B (a fresh one is zero) and a larger A, the same for every model of a test.
 void randomize_adapters(Model& m, unsigned seed = 3) {
@@ -80,19 +71,7 @@ Model dequantized_twin(const Model& q) {
   return f;
 }
 
-double run_loss(Model& m, const PackedBatch& b, bool backward) {
-  const size_t T = b.tokens.size();
-  std::vector<float> lp(T), ent(T), w1(T), w2(T);
-  for (size_t t = 0; t < T; ++t) w1[t] = static_cast<float>(std::sin(1.0 + t)), w2[t] = 0.1f * static_cast<float>(std::cos(2.0 + t));
-  EXPECT_TRUE(m.forward_train(b, 1.0f, lp.data(), ent.data()).ok());
-  double L = 0;
-  for (size_t t = 0; t < T; ++t) L += static_cast<double>(w1[t]) * lp[t] + static_cast<double>(w2[t]) * ent[t];
-  if (backward) {
-    Status s = m.backward_train(w1.data(), w2.data());
-    EXPECT_TRUE(s.ok()) << s.error().message;
-  }
-  return L;
-}
+double run_loss(Model& m, const PackedBatch& b, bool backward) { return test::weighted_loss(m, b, 1.0f, backward); }
 
 // The base's linear weights are blocks, everything else stays in the fp32 arena.
 TEST(QLora, QuantizedTensorsAreBlocksOnly) {
