@@ -148,9 +148,13 @@ Status Trainer::load_optimizer(AdamW full) {
 }
 
 size_t Trainer::state_bytes() const {
-  // ZeRO-3: the parameters and gradients a rank keeps are its shard (the gathered layers come and go).
-  const size_t n = zero3_ ? shard_end() - shard_begin() : bounds_.back();
-  return sizeof(float) * (n + n + 2 * opt_.size()) + model_.frozen_param_bytes();
+  // ZeRO-3: the gradients a rank keeps between steps are its shard, and so are the parameters
+  // unless it holds them whole between steps (ParamsAtRest); the gathered layers come and go.
+  const size_t all = bounds_.back(), shard = shard_end() - shard_begin();
+  const bool whole = !zero3_ || params_at_rest_ == ParamsAtRest::whole ||
+                     (params_at_rest_ == ParamsAtRest::rank0 && comm_.rank() == 0);
+  const size_t grads = zero3_ ? shard : all;
+  return sizeof(float) * ((whole ? all : shard) + grads + 2 * opt_.size()) + model_.frozen_param_bytes();
 }
 
 }  // namespace troupe::learner

@@ -244,7 +244,8 @@ Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& com
 }
 
 Trainer::~Trainer() {
-  if (zero3_ && zero3_->layered()) model_.set_param_hook(nullptr);
+  // (a Trainer made over the same model before this one went may have put its own hook there)
+  if (zero3_ && zero3_->layered() && model_.param_hook() == zero3_.get()) model_.set_param_hook(nullptr);
 }
 
 Status Trainer::check_sample(const Sample& s, size_t i) const {

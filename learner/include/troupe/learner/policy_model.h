@@ -59,6 +59,7 @@ class PolicyModel {
   // it). False where the model has no layers to gather one at a time (then the trainer gathers the
   // whole buffer once per step).
   virtual bool set_param_hook(policy::ParamHook* /*hook*/) { return false; }
+  virtual policy::ParamHook* param_hook() const { return nullptr; }
 };
 
 // The real policy model behind the interface (it keeps the reference; the Model must outlive it).
@@ -94,12 +95,15 @@ class ModelAdapter final : public PolicyModel {
   bool set_param_hook(policy::ParamHook* hook) override {
     if (hook && (model_.lora_enabled() || !model_.backend().host_visible())) return false;
     model_.set_param_hook(hook);
+    hook_ = hook;
     return true;
   }
+  policy::ParamHook* param_hook() const override { return hook_; }
   policy::Model& model() { return model_; }
 
  private:
   policy::Model& model_;
+  policy::ParamHook* hook_ = nullptr;  // what set_param_hook put on the model
 };
 
 // logits_t = W[token_t] + b: one (V, V) table and a (V) bias, named like an HF checkpoint.
