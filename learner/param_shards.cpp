@@ -179,10 +179,11 @@ void ParamShards::release_all() {
 }
 
 void ParamShards::zero_grads() {
+  for (auto& r : ranges_) r.reduced = false;
+  if (!layered_) return;  // (the trainer zeroes the model's gradients: on a device they live there)
   auto [s, e] = drop_pages(grads_.data(), grads_.size());
   std::fill(grads_.data(), s, 0.0f);
   std::fill(e, grads_.data() + grads_.size(), 0.0f);
-  for (auto& r : ranges_) r.reduced = false;
 }
 
 Status ParamShards::reduce_rest() {

@@ -54,9 +54,12 @@ Status Trainer::sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool 
   return {};
 }
 
+// The gathers write params() behind the model's back: the mutable params() tells a device model
+// that its host mirror changed (the next op uploads it).
 Status Trainer::zero3_begin(bool whole) {
   zero3_->set_active(false);
-  if (whole || !zero3_->layered()) return zero3_->gather_all();
+  if (whole || !zero3_->layered()) TROUPE_TRY(zero3_->gather_all());
+  (void)model_.params();
   return {};
 }
 
@@ -64,6 +67,7 @@ Status Trainer::zero3_micro_batches(const std::vector<std::vector<const Sample*>
                                     bool score, MismatchSums& mismatch, LossMetrics& sums) {
   if (!zero3_->layered()) {  // the whole (small) buffer for this mini-batch: one all-gather
     TROUPE_TRY(zero3_->gather_all());
+    (void)model_.params();
     for (const auto& mb : mbs) {
       TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm, score, mismatch));
       sums.add(m);
@@ -110,7 +114,8 @@ Status Trainer::zero3_end() {
       TROUPE_TRY(zero3_->gather_all());
       break;
   }
-  if (watch_ && (params_at_rest_ == ParamsAtRest::whole || comm_.rank() == 0)) show_observer(*watch_, model_.params());
+  auto params = model_.params();
+  if (watch_ && (params_at_rest_ == ParamsAtRest::whole || comm_.rank() == 0)) show_observer(*watch_, params);
   return {};
 }
 

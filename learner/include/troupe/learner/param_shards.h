@@ -38,7 +38,8 @@ class ParamShards final : public policy::ParamHook {
   Status gather_to(int root);
   // Drops every value outside this rank's shard (their pages go back to the OS).
   void release_all();
-  // Zeroes the whole gradient buffer without touching its pages (they come back zero on use).
+  // A new accumulation: layered, zeroes the whole gradient buffer without touching its pages (they
+  // come back zero on use); not layered, the caller zeroes the model's gradients (PolicyModel::zero_grads).
   void zero_grads();
   // Reduce-scatters every gradient range not yet reduced in this step, drops the non-owned part.
   Status reduce_rest();
