@@ -296,14 +296,8 @@ void check_checkpointing(const ExperimentConfig& c, const ConfigReport& report) 
            "'" + by + "' is not an eval metric (eval_accuracy, eval_reward_mean)");
 }
 
-// learner.shard: ZeRO-3 needs a per-layer weight gather inside the model's forward and backward,
-// which policy::Model does not have yet. learner.memory_budget must be a size (troupe run /
-// validate compare the memory plan with it).
+// learner.memory_budget must be a size (troupe run / validate compare the memory plan with it).
 void check_learner(const ExperimentConfig& c, const ConfigReport& report) {
-  if (c.learner.shard == learner::ShardStage::parameters)
-    report("learner.shard", "learner.shard",
-           "parameters (ZeRO-3) is not implemented yet: the model has no per-layer weight gather; use gradients "
-           "(ZeRO-2) or optimizer (ZeRO-1)");
   const std::string key = "learner.memory_budget";
   if (c.learner.memory_budget.empty()) return;
   if (auto b = parse_byte_size(c.learner.memory_budget, key); !b.ok())

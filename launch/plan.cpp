@@ -85,19 +85,39 @@ uint64_t reduce_scatter_bytes(const Shape& s) {
   return buffers * static_cast<uint64_t>(s.N) * round * kF;
 }
 
+// learner.shard parameters gathers layer by layer (ParamShards) for full-parameter training on a
+// host-visible backend; LoRA (adapters gathered whole) and cuda (a device arena) hold whole weights.
+bool layered_zero3(const Shape& s) { return s.stage == ShardStage::parameters && s.N > 1 && s.A == 0 && s.host_visible; }
+
+// Whether a learner's step runs more than one micro-batch (then backward accumulates every layer's
+// gradient whole before the last micro-batch's per-layer reduce-scatter).
+bool several_micro_batches(const Shape& s) {
+  return static_cast<int64_t>(s.tokens) < static_cast<int64_t>(s.learner_seqs) * s.seq_len;
+}
+
 void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, PlanRow& r) {
-  const bool p3 = s.stage == ShardStage::parameters && s.N > 1;
-  const uint64_t p_div = p3 ? s.N : 1;
   const uint64_t o_div = s.stage != ShardStage::none ? s.N : 1;
   // Model::Impl::alloc_params: the parameter arena; enable_lora: the adapter arena beside it.
-  r.weights = ceil_div(s.P * kF, p_div) + ceil_div(s.A * kF, p_div);
+  r.weights = s.P * kF + s.A * kF;
   // The trainable arena's gradients (the base's are freed under LoRA; an MoE layer's frozen
   // router/expert gradients go to a one-layer sink). learner.shard gradients reduce-scatters them,
   // but backward still fills the model's whole gradient arena on every rank.
-  r.gradients = ceil_div(s.Tr * kF, p_div) + s.fp.moe_sink_floats * kF;
+  r.gradients = s.Tr * kF + s.fp.moe_sink_floats * kF;
+  if (layered_zero3(s)) {
+    // The shard, and one group gathered at a time (a decoder layer, or the embedding / the head).
+    // troupe run: learner 0 holds the whole weights between steps (weight sync, checkpoints), and
+    // every learner does in async runs (stale samples are scored with old weights).
+    // (untied: the embedding and the head, norm included, are gathered apart, about half each)
+    const uint64_t head = s.mc.tie_word_embeddings ? s.fp.outer_floats : (s.fp.outer_floats + s.mc.hidden_size) / 2;
+    const uint64_t gathered = std::max(s.fp.largest_layer_floats, head);
+    if (r.index != 0 && !cfg.rollout.async) r.weights = ceil_div(s.P, s.N) * kF + gathered * kF;
+    // The shard; the embedding's and head's gradients whole until the step's end; one layer's
+    // gradient before its reduce-scatter (with one micro-batch; several accumulate them whole).
+    if (!several_micro_batches(s))
+      r.gradients = (ceil_div(s.P, s.N) + s.fp.outer_floats + s.fp.largest_layer_floats) * kF;
+  }
   r.optimizer = ceil_div(2 * s.Tr * kF, o_div);  // AdamW m_, v_ (host vectors, fp32) of this rank's shard
   r.collectives = reduce_scatter_bytes(s);
-  if (p3) r.collectives += 2 * s.fp.largest_layer_floats * kF;  // a layer gathered, the next one prefetched
   if (cfg.loss.kl_coef > 0) {  // the frozen reference policy: a second model (LearnerRole::create)
     r.weights += s.P * kF + s.A * kF;
     if (!s.host_visible) r.gradients += (s.A > 0 ? s.A : s.P) * kF;  // allocated on the device, never used
@@ -252,9 +272,7 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
   if (s.stage == ShardStage::gradients)
     plan.notes.push_back("shard gradients: each learner sums only its shard, but backward still fills the model's "
                          "whole gradient arena, so the gradients column is not divided");
-  if (s.stage == ShardStage::parameters)
-    plan.notes.push_back("shard parameters (ZeRO-3) is not implemented in troupe yet: these are the sizes it would "
-                         "give (weights and gradients divided, a layer gathered at a time)");
+
   const auto& ro = cfg.rollout;
   s.seq_len = ro.max_prompt_length + ro.max_response_length * ro.max_turns;
   s.seq_len = std::min(s.seq_len, s.mc.max_position_embeddings);
@@ -265,6 +283,18 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
   int64_t tokens = static_cast<int64_t>(s.learner_seqs) * s.seq_len;
   if (cfg.grpo.micro_batch_tokens > 0) tokens = std::min<int64_t>(tokens, std::max(cfg.grpo.micro_batch_tokens, s.seq_len));
   s.tokens = static_cast<int>(std::max<int64_t>(tokens, s.seq_len));
+  if (s.stage == ShardStage::parameters && s.N > 1) {
+    if (!layered_zero3(s))
+      plan.notes.push_back(std::string("shard parameters: ") +
+                           (s.A > 0 ? "LoRA adapters are gathered whole for a step" : "on a device the weights stay whole") +
+                           ", so only the AdamW moments are divided");
+    else
+      plan.notes.push_back(std::string("shard parameters: each learner keeps its shard and gathers one layer (or the "
+                                       "embedding, or the head) at a time; learner 0 keeps the whole weights between "
+                                       "steps for the weight sync and checkpoints") +
+                           (cfg.rollout.async ? ", and in async runs every learner does" : "") +
+                           (several_micro_batches(s) ? "; several micro-batches a step accumulate whole gradients" : ""));
+  }
   s.sync_bytes_per_value = cfg.weight_sync.dtype == actors::WeightDtype::bf16 ? 2 : 4;
   return s;
 }

@@ -57,6 +57,7 @@ class MpiCommunicator final : public Communicator {
   }
   Status reduce_scatter_sum(std::span<float> buf, std::span<const size_t> bounds) override;
   Status all_gather(std::span<float> buf, std::span<const size_t> bounds) override;
+  Status gather(std::span<float> buf, std::span<const size_t> bounds, int root) override;
   Result<double> chain(const std::function<double(double)>& step) override;
 
  private:
@@ -139,6 +140,27 @@ Status MpiCommunicator::all_gather(std::span<float> buf, std::span<const size_t>
   return {};
 }
 
+Status MpiCommunicator::gather(std::span<float> buf, std::span<const size_t> bounds, int root) {
+  if (size_ == 1) return {};
+  const auto P = static_cast<size_t>(size_);
+  if (buf.size() > static_cast<size_t>(INT_MAX))
+    return invalid_input("learner: gather of " + std::to_string(buf.size()) + " values (at most INT_MAX)");
+  std::vector<int> count(P), displ(P);
+  for (size_t j = 0; j < P; ++j) {
+    count[j] = static_cast<int>(bounds[j + 1] - bounds[j]);
+    displ[j] = static_cast<int>(bounds[j]);
+  }
+  const auto r = static_cast<size_t>(rank_);
+  if (rank_ == root) {
+    TROUPE_MPI_CHECK(MPI_Gatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf.data(), count.data(), displ.data(), MPI_FLOAT,
+                                 root, comm_));
+  } else {
+    TROUPE_MPI_CHECK(MPI_Gatherv(buf.data() + bounds[r], count[r], MPI_FLOAT, nullptr, nullptr, nullptr, MPI_FLOAT,
+                                 root, comm_));
+  }
+  return {};
+}
+
 Result<double> MpiCommunicator::chain(const std::function<double(double)>& step) {
   double carry = 0.0;
   if (rank_ > 0) TROUPE_MPI_CHECK(MPI_Recv(&carry, 1, MPI_DOUBLE, rank_ - 1, 0, comm_, MPI_STATUS_IGNORE));
@@ -174,6 +196,10 @@ Status Communicator::ordered_allreduce_sum(std::span<float> buf, std::span<const
 Status Communicator::all_gather(std::span<float>, std::span<const size_t>) {
   if (size() == 1) return {};
   return invalid_input("learner: this communicator has no all_gather");
+}
+
+Status Communicator::gather(std::span<float> buf, std::span<const size_t> bounds, int) {
+  return all_gather(buf, bounds);  // (more than the root needs)
 }
 
 Result<double> Communicator::chain(const std::function<double(double)>& step) {

@@ -9,8 +9,6 @@ namespace troupe::learner {
 
 Status validate(const LearnerConfig& c) {
   auto err = [](const std::string& m) { return invalid_input("learner: " + m); };
-  if (c.shard == ShardStage::parameters)
-    return err("shard: parameters (ZeRO-3) is not implemented yet (no per-layer weight gather in the model)");
   if (c.loss.clip_low < 0 || c.loss.clip_low >= 1) return err("clip_low must be in [0, 1), got " + std::to_string(c.loss.clip_low));
   if (c.loss.clip_high < 0) return err("clip_high must be >= 0, got " + std::to_string(c.loss.clip_high));
   if (c.loss.kl_coef < 0) return err("kl_coef must be >= 0, got " + std::to_string(c.loss.kl_coef));

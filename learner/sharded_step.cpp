@@ -29,9 +29,12 @@ void show_observer(StepObserver& watch, std::span<const float> params) {
 
 Status Trainer::sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool last) {
   auto grads = model_.grads();
-  // ZeRO-1 sums the whole gradient on every rank; ZeRO-2 leaves each rank its shard of the sum.
+  // ZeRO-1 sums the whole gradient on every rank; ZeRO-2 leaves each rank its shard of the sum;
+  // ZeRO-3 too, for what the per-layer reduce-scatters of the backward have not summed yet.
   if (cfg_.shard == ShardStage::optimizer)
     TROUPE_TRY(comm_.ordered_allreduce_sum(grads, bounds_));
+  else if (zero3_)
+    TROUPE_TRY(zero3_->reduce_rest());
   else
     TROUPE_TRY(comm_.reduce_scatter_sum(grads, bounds_));
   const size_t lo = shard_begin(), n = shard_end() - shard_begin();
@@ -43,10 +46,82 @@ Status Trainer::sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool 
   out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
   auto params = model_.params();
   TROUPE_TRY(opt_.step(params.subspan(lo, n), g, cfg_.optimizer, out.lr, nullptr));
-  TROUPE_TRY(comm_.all_gather(params, bounds_));
-  if (last && watch_) show_observer(*watch_, params);
+  if (!zero3_) {  // ZeRO-3 gathers the new weights layer by layer when it next uses them (zero3_end)
+    TROUPE_TRY(comm_.all_gather(params, bounds_));
+    if (last && watch_) show_observer(*watch_, params);
+  }
   ++out.optimizer_steps;
   return {};
+}
+
+// The gathers write params() behind the model's back: the mutable params() tells a device model
+// that its host mirror changed (the next op uploads it).
+Status Trainer::zero3_begin(bool whole) {
+  zero3_->set_active(false);
+  if (whole || !zero3_->layered()) TROUPE_TRY(zero3_->gather_all());
+  (void)model_.params();
+  return {};
+}
+
+Status Trainer::zero3_micro_batches(const std::vector<std::vector<const Sample*>>& mbs, const LossNorm& norm,
+                                    bool score, MismatchSums& mismatch, LossMetrics& sums) {
+  if (!zero3_->layered()) {  // the whole (small) buffer for this mini-batch: one all-gather
+    TROUPE_TRY(zero3_->gather_all());
+    (void)model_.params();
+    for (const auto& mb : mbs) {
+      TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm, score, mismatch));
+      sums.add(m);
+    }
+    return {};
+  }
+  // Every rank runs as many passes as the rank with the most micro-batches (the gathers and
+  // reduce-scatters are collectives): the ranks with fewer run phantom passes.
+  std::vector<double> counts(static_cast<size_t>(comm_.size()), 0.0);
+  counts[static_cast<size_t>(comm_.rank())] = static_cast<double>(mbs.size());
+  TROUPE_TRY(comm_.allreduce_sum(std::span<double>(counts)));
+  const auto passes = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
+  zero3_->release_all();
+  zero3_->set_active(true);
+  for (size_t c = 0; c < passes; ++c) {
+    zero3_->set_last_micro_batch(c + 1 == passes);
+    if (c >= mbs.size()) {
+      if (Status st = zero3_->phantom_pass(); !st.ok()) {
+        zero3_->set_active(false);
+        return st;
+      }
+      continue;
+    }
+    auto m = run_micro_batch(mbs[c], norm, score, mismatch);
+    if (!m.ok()) {
+      zero3_->set_active(false);
+      return m.error();
+    }
+    sums.add(*m);
+  }
+  zero3_->set_active(false);
+  return {};
+}
+
+Status Trainer::zero3_end() {
+  switch (params_at_rest_) {
+    case ParamsAtRest::shard:  // (a step observer then sees nothing: it needs the whole weights)
+      zero3_->release_all();
+      return {};
+    case ParamsAtRest::rank0:
+      TROUPE_TRY(zero3_->gather_to(0));
+      break;
+    case ParamsAtRest::whole:
+      TROUPE_TRY(zero3_->gather_all());
+      break;
+  }
+  auto params = model_.params();
+  if (watch_ && (params_at_rest_ == ParamsAtRest::whole || comm_.rank() == 0)) show_observer(*watch_, params);
+  return {};
+}
+
+Status Trainer::gather_params() {
+  if (!zero3_) return {};
+  return zero3_->gather_all();
 }
 
 Result<AdamW> Trainer::gathered_optimizer() {
@@ -78,8 +153,13 @@ Status Trainer::load_optimizer(AdamW full) {
 }
 
 size_t Trainer::state_bytes() const {
-  const size_t n = bounds_.back();
-  return sizeof(float) * (n + n + 2 * opt_.size()) + model_.frozen_param_bytes();
+  // ZeRO-3: the gradients a rank keeps between steps are its shard, and so are the parameters
+  // unless it holds them whole between steps (ParamsAtRest); the gathered layers come and go.
+  const size_t all = bounds_.back(), shard = shard_end() - shard_begin();
+  const bool whole = !zero3_ || params_at_rest_ == ParamsAtRest::whole ||
+                     (params_at_rest_ == ParamsAtRest::rank0 && comm_.rank() == 0);
+  const size_t grads = zero3_ ? shard : all;
+  return sizeof(float) * ((whole ? all : shard) + grads + 2 * opt_.size()) + model_.frozen_param_bytes();
 }
 
 }  // namespace troupe::learner

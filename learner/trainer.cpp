@@ -233,6 +233,19 @@ Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& com
       rng_(cfg.seed) {
   if (cfg_.loss.agg_norm_length <= 0) cfg_.loss.agg_norm_length = cfg_.max_completion_length;
   if (sharded_) device_ = nullptr;  // the shards are reduced over comm on the host copy
+  if (sharded_ && cfg_.shard == ShardStage::parameters) {
+    // Per layer where the model has the hook and every forward of a step is a loss micro-batch's
+    // (not with distillation's top-k pass or LoRA dropout's separate scoring forward).
+    const bool layered = !cfg_.distill.enabled() && !model_.has_lora_dropout();
+    zero3_ = std::make_unique<ParamShards>(model_.params(), model_.grads(), model_.tensors(), bounds_, comm_, layered);
+    if (layered && !model_.set_param_hook(zero3_.get()))
+      zero3_ = std::make_unique<ParamShards>(model_.params(), model_.grads(), model_.tensors(), bounds_, comm_, false);
+  }
+}
+
+Trainer::~Trainer() {
+  // (a Trainer made over the same model before this one went may have put its own hook there)
+  if (zero3_ && zero3_->layered() && model_.param_hook() == zero3_.get()) model_.set_param_hook(nullptr);
 }
 
 Status Trainer::check_sample(const Sample& s, size_t i) const {
@@ -533,7 +546,13 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
   const std::vector<Sample>* batch = &batch_in;
   std::vector<Sample> with_old;
   const bool grpo = cfg_.phase == Phase::grpo;
-  if (grpo && !has_old && (cfg_.batch.num_iterations > 1 || M > 1)) {
+  // Mismatch of the samples the current weights sampled, before any update: from the first
+  // training forward when one optimizer step follows it (free), else a forward pass of its own
+  // over this rank's share of the batch.
+  const bool score_in_forward = grpo && M == 1 && cfg_.batch.num_iterations == 1;
+  const bool recompute_old = grpo && !has_old && (cfg_.batch.num_iterations > 1 || M > 1);
+  if (zero3_) TROUPE_TRY(zero3_begin(recompute_old || (grpo && !score_in_forward)));
+  if (recompute_old) {
     TROUPE_ASSIGN_OR_RETURN(auto old, compute_completion_logprobs(model_, batch_in, cfg_.batch.temperature));
     with_old = batch_in;
     for (size_t i = 0; i < N; ++i) with_old[i].old_logprobs = std::move(old[i]);
@@ -548,10 +567,6 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
   distill_ = DistillSums{};
   double norm_sum = 0;
   const int W = comm_.size(), r = comm_.rank();
-  // Mismatch of the samples the current weights sampled, before any update: from the first
-  // training forward when one optimizer step follows it (free), else a forward pass of its own
-  // over this rank's share of the batch.
-  const bool score_in_forward = grpo && M == 1 && cfg_.batch.num_iterations == 1;
   if (grpo && !score_in_forward) {
     std::vector<const Sample*> mine;
     for (size_t i = N * r / W; i < N * (r + 1) / W; ++i)
@@ -573,16 +588,24 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
         lengths.push_back(static_cast<int>(s.prompt.size() + s.completion.size()) - 1);
       }
       const auto cuts = split_micro_batches(lengths, cfg_.batch.micro_batch_size, cfg_.batch.micro_batch_tokens);
-      model_.zero_grads();
-      for (size_t c = 0; c + 1 < cuts.size(); ++c) {
-        std::vector<const Sample*> mb;
-        for (int i = cuts[c]; i < cuts[c + 1]; ++i) mb.push_back(&(*batch)[order[s0 + i]]);
-        TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm, score_in_forward, mismatch));
-        sums.add(m);
+      std::vector<std::vector<const Sample*>> mbs(cuts.size() - 1);
+      for (size_t c = 0; c + 1 < cuts.size(); ++c)
+        for (int i = cuts[c]; i < cuts[c + 1]; ++i) mbs[c].push_back(&(*batch)[order[s0 + i]]);
+      if (zero3_) {
+        if (!zero3_->layered()) model_.zero_grads();
+        zero3_->zero_grads();
+        TROUPE_TRY(zero3_micro_batches(mbs, norm, score_in_forward, mismatch, sums));
+      } else {
+        model_.zero_grads();
+        for (const auto& mb : mbs) {
+          TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm, score_in_forward, mismatch));
+          sums.add(m);
+        }
       }
       TROUPE_TRY(optimizer_step(out, norm_sum, it + 1 == cfg_.batch.num_iterations && k + 1 == M));
     }
   }
+  if (zero3_) TROUPE_TRY(zero3_end());
   std::vector<float> adv, rew;
   double len = 0, trunc = 0;
   for (const auto& s : batch_in) {
@@ -610,7 +633,13 @@ Status Trainer::accumulate(const std::vector<Sample>& part) {
     acc_ = Accumulated{};
     acc_.active = true;
     distill_ = DistillSums{};
-    model_.zero_grads();
+    if (zero3_) {  // a streamed step runs on the whole weights (its parts' micro-batches differ by rank)
+      TROUPE_TRY(zero3_begin(true));
+      model_.zero_grads();
+      zero3_->zero_grads();
+    } else {
+      model_.zero_grads();
+    }
   }
   if (!part.empty()) {
     const bool has_old = !part[0].old_logprobs.empty();
@@ -668,6 +697,7 @@ Result<StepMetrics> Trainer::finish_accumulated() {
   StepMetrics out;
   double norm_sum = 0;
   TROUPE_TRY(optimizer_step(out, norm_sum, true));
+  if (zero3_) TROUPE_TRY(zero3_end());
   a.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   TROUPE_TRY(finish_metrics(out, a.sums, a.mismatch, norm_sum, a.adv, a.rew, a.len, a.trunc, a.seconds));
   return out;

@@ -49,17 +49,20 @@ Result<ModelFootprint> model_footprint(const ModelConfig& cfg) {
   ModelFootprint f;
   f.param_floats = impl->n_params;
   f.lora_floats = cfg.lora.enabled() ? impl->n_lora : 0;
+  uint64_t in_layers = 0;
   for (int l = 0; l < impl->L; ++l) {
     uint64_t n = 0;
     const std::string prefix = "model.layers." + std::to_string(l) + ".";
     for (const auto& t : impl->table)
       if (t.name.starts_with(prefix)) n += t.numel();
+    in_layers += n;
     f.largest_layer_floats = std::max(f.largest_layer_floats, n);
     if (cfg.lora.enabled() && impl->layers[l].moe) {
       const uint64_t E = impl->moe_cfg.E, H = impl->moe_cfg.H, HS = impl->moe_cfg.H_shared, C = impl->C;
       f.moe_sink_floats = std::max(f.moe_sink_floats, E * C + 3 * E * H * C + 3 * HS * C);
     }
   }
+  f.outer_floats = f.param_floats - std::min<uint64_t>(f.param_floats, in_layers);
   f.kv_floats_per_token = 2ull * impl->L * impl->NKV * impl->HD;
   return f;
 }

@@ -764,7 +764,10 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   TROUPE_TRY(set_replay(b));
   TROUPE_ASSIGN_OR_RETURN(d_tokens, stage_ints(tokens_dev, batch.tokens.data(), batch.tokens.size()));
   TROUPE_ASSIGN_OR_RETURN(d_targets, stage_ints(targets_dev, batch.targets.data(), batch.targets.size()));
+  hook_step = hook && need_targets;  // training forwards only (and their backward)
+  if (hook_step) TROUPE_TRY(need(ParamHook::kEmbedGroup));
   be->embedding_forward(acts.resid[0], d_tokens, P() + wte, T, C);
+  if (hook_step) TROUPE_TRY(done(ParamHook::kEmbedGroup, false));
   routing.assign(static_cast<size_t>(T) * routing_width, -1);
   routing_out = routing_width > 0 ? routing.data() : nullptr;  // not during backward's recompute
   for (int l = 0; l < L; ++l) {
@@ -777,10 +780,13 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
     const int reused = l + 1 - offload_ring;
     if (offload_step && reused >= 0 && offload->offloaded(reused)) TROUPE_TRY(offload->offload_wait(reused));
     if (off) TROUPE_TRY(offload->offload_begin(l, x, TC));  // copy overlaps this and later layers
+    if (hook_step) TROUPE_TRY(need(l));
     layer_forward(l, x, x_out, acts.ws[ckpt ? 0 : l], acts, m, T, nullptr);
+    if (hook_step) TROUPE_TRY(done(l, false));
   }
   routing_out = nullptr;
   const float* xL = layer_input(L);
+  if (hook_step) TROUPE_TRY(need(L));  // held through the head's forward and backward
   be->rmsnorm_forward(acts.final_norm_out, acts.rstdf, xL, P() + wnorm, T, C, cfg.rms_norm_eps);
   aux_loss = 0;
   if (cfg.router_aux_loss_coef > 0)
@@ -823,6 +829,7 @@ Status Model::Impl::backward_body() {
   const float* P = this->P();
   be->zero(acts.dresid, TC);
   be->rmsnorm_backward(acts.dresid, gw(wnorm), acts.dh, layer_input(L), P + wnorm, acts.rstdf, T, C);
+  if (hook_step) TROUPE_TRY(done(L, true));
   const bool ckpt = cfg.activation_checkpointing;
   const float daux = cfg.router_aux_loss_coef;
   for (int l = L - 1; l >= 0; --l) {
@@ -837,6 +844,7 @@ Status Model::Impl::backward_body() {
       TROUPE_TRY(offload->offload_wait(l));
       TROUPE_ASSIGN_OR_RETURN(x, offload->reload_wait(l));
     }
+    if (hook_step) TROUPE_TRY(need(l));
     // Prefetch layer l-1's input into the other reload buffer while layer l runs.
     if (offload_step && offload->offloaded(l - 1)) TROUPE_TRY(offload->reload_begin(l - 1));
     // Under checkpointing the workspace still holds the last layer's forward; earlier layers are
@@ -850,6 +858,7 @@ Status Model::Impl::backward_body() {
       layer_forward(l, x, acts.x_recompute, a, acts, *rm, T, nullptr);
     }
     layer_backward(l, x, a, acts, m, T, acts.dresid, layers[l].moe ? daux : 0.0f);
+    if (hook_step) TROUPE_TRY(done(l, true));
     if (off) TROUPE_TRY(offload->reload_release(l));
   }
   if (!lora) be->embedding_backward(G() + wte, acts.dresid, d_tokens, T, C);  // frozen under LoRA
@@ -967,6 +976,8 @@ Status Model::all_reduce_grads(kernels::DeviceCollective& c) {
   }
   return {};
 }
+void Model::set_param_hook(ParamHook* hook) { impl_->hook = hook; }
+
 void Model::zero_grads() {
   Impl& m = *impl_;
   TrainArena a = train_arena(m);

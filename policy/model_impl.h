@@ -307,6 +307,10 @@ struct Model::Impl {
 
   // Host mirror of params and grads where the backend is not host-visible (Model::params()).
   bool mirrored = false;
+  ParamHook* hook = nullptr;
+  bool hook_step = false;  // this training forward (and its backward) calls the hook  // set_param_hook: learner.shard parameters' per-layer gathers
+  Status need(int group) { return hook ? hook->need(group) : Status{}; }
+  Status done(int group, bool backward) { return hook ? hook->done(group, backward) : Status{}; }
   std::vector<float> host_params;
   mutable std::vector<float> host_grads;
   mutable bool params_host_newer = false, grads_host_newer = false, grads_device_newer = false;

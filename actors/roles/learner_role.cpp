@@ -120,6 +120,11 @@ learner::Trainer& LearnerRole::trainer_for(learner::Phase phase) {
   if (!has_trainer_ || phase != phase_) {  // a phase starts with a fresh optimizer and schedule
     trainer_ = std::make_unique<learner::Trainer>(*adapter_, learner_config(cfg_, phase), *comm_, device_comm_.get());
     trainer_->set_step_observer(delta_prep_.get());
+    // learner.shard parameters: learner 0 syncs the weights and writes checkpoints, so it holds
+    // them whole between steps; the others keep their shard (async runs score stale samples with
+    // the whole weights on every learner).
+    trainer_->set_params_between_steps(cfg_.rollout.async ? learner::ParamsAtRest::whole
+                                                          : learner::ParamsAtRest::rank0);
     phase_ = phase;
     has_trainer_ = true;
   }

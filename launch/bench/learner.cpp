@@ -1,7 +1,7 @@
 // `troupe bench learner`: grpo_loss_fused (loss + gradients in one pass vs the same loss composed
 // from separate ops) and allreduce_2ranks (the learner's flat-gradient reduction vs a raw
 // MPI_Allreduce of the same buffer; the suite starts `mpirun -np 2` on a helper binary itself), and the
-// sharded learners (zero1/zero2_step_2ranks, zero2_state_bytes_4ranks) against plain data parallelism.
+// sharded learners (zero1/zero2/zero3_step_2ranks, zero2/zero3_state_bytes_4ranks) against plain data parallelism.
 #include <stdio.h>
 #include <sys/wait.h>
 
@@ -228,6 +228,8 @@ int run_learner_suite(const BenchOptions& opt) {
   if (opt.wants("zero1_step_2ranks")) rc |= bench_shard(opt, "zero1_step_2ranks", "optimizer", 2, false);
   if (opt.wants("zero2_step_2ranks")) rc |= bench_shard(opt, "zero2_step_2ranks", "gradients", 2, false);
   if (opt.wants("zero2_state_bytes_4ranks")) rc |= bench_shard(opt, "zero2_state_bytes_4ranks", "gradients", 4, true);
+  if (opt.wants("zero3_step_2ranks")) rc |= bench_shard(opt, "zero3_step_2ranks", "parameters", 2, false);
+  if (opt.wants("zero3_state_bytes_4ranks")) rc |= bench_shard(opt, "zero3_state_bytes_4ranks", "parameters", 4, true);
   return rc;
 }
 

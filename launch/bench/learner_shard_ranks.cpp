@@ -43,7 +43,7 @@ Options parse(int argc, char** argv) {
     const char* v = i + 1 < argc ? argv[i + 1] : "";
     if (a == "--stage") {
       auto s = enum_from_name<learner::ShardStage>(v);
-      if (!s) fail(std::string("--stage ") + v + ": not none, optimizer or gradients");
+      if (!s) fail(std::string("--stage ") + v + ": not none, optimizer, gradients or parameters");
       o.stage = *s;
       ++i;
     } else if (a == "--layers") {
@@ -105,6 +105,9 @@ int main(int argc, char** argv) {
     learner::LearnerConfig sharded = cfg;
     sharded.shard = o.stage;
     learner::Trainer dp(adapter, cfg, world), ours(adapter, sharded, world);
+    // ZeRO-3's state: its shard of the weights between steps (timed steps need them whole: the two
+    // trainers take turns on one model)
+    if (o.state_only) ours.set_params_between_steps(learner::ParamsAtRest::shard);
     double dp_ms = 0, ours_ms = 0;
     if (!o.state_only) {
       auto timed = [&](learner::Trainer& t, uint64_t seed) {

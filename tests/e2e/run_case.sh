@@ -668,8 +668,8 @@ EOS
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/l21" --set grpo.max_steps=6 $S
     $CHECK close "$W/l2" "$W/l21" 43 1e-3
     ;;
-  learner_shard)  # learner.shard with 2 learners (mpirun): ZeRO-2 is the data-parallel run bit for bit with
-    # less state per learner; a ZeRO-2 checkpoint resumed as ZeRO-1 goes on as the uninterrupted run
+  learner_shard)  # learner.shard with 2 learners (mpirun): ZeRO-2 and ZeRO-3 are the data-parallel run bit for
+    # bit with less state per learner; a ZeRO-2 checkpoint resumed as ZeRO-1 goes on as the uninterrupted run
     S="--set optimizer.schedule=constant --set sft.max_steps=8 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.every=2 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 $Q"
@@ -685,6 +685,16 @@ assert dp and len(dp) == len(z2) and all(b < a for a, b in zip(dp, z2)), (dp, z2
 print("learner/state_bytes: data parallel", dp[0], "ZeRO-2", z2[0])
 EOS
     grep -q '"learner_shard"' "$W/z2/checkpoints/latest/state.json"
+    # ZeRO-3: the same run again, learner 0 holding less than under ZeRO-2 (sharded gradients)
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z3" --set grpo.max_steps=4 \
+      --set learner.shard=parameters $S
+    $CHECK same "$W/dp" "$W/z3"
+    "$PY" - "$W/z2/metrics.jsonl" "$W/z3/metrics.jsonl" << 'EOS'
+import json, sys
+z2, z3 = ([r["learner/state_bytes"] for r in map(json.loads, open(p)) if "learner/state_bytes" in r] for p in sys.argv[1:])
+assert z2 and len(z2) == len(z3) and all(b < a for a, b in zip(z2, z3)), (z2, z3)
+print("learner/state_bytes: ZeRO-2", z2[0], "ZeRO-3", z3[0])
+EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z21" --set grpo.max_steps=2 \
       --set learner.shard=gradients $S
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/z21" --set grpo.max_steps=4 \

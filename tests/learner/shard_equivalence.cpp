@@ -43,6 +43,7 @@ struct Case {
   Phase phase;
   LossAggMode agg;
   float max_grad_norm;
+  int micro_batch_tokens = 0;  // > 0: the ranks' micro-batch counts differ (ZeRO-3's phantom passes)
 };
 
 LearnerConfig config(const Case& c, ShardStage stage) {
@@ -58,6 +59,7 @@ LearnerConfig config(const Case& c, ShardStage stage) {
   l.batch.num_mini_batches = 2;
   l.batch.num_iterations = c.phase == Phase::grpo ? 2 : 1;
   l.batch.micro_batch_size = 2;
+  l.batch.micro_batch_tokens = c.micro_batch_tokens;
   l.batch.shuffle = true;
   l.seed = 5;
   l.shard = stage;
@@ -73,14 +75,17 @@ struct Trace {
 
 // Two train steps; with `resume_into`, a fresh model and Trainer of that stage take over after the
 // first (parameters, gathered optimizer state, trainer state), as a checkpoint and --resume would.
+// rest: where learner.shard parameters keeps the weights between steps (gathered to read them).
 Result<Trace> run(const MakeModel& make, const Case& c, ShardStage stage, Communicator& comm, int V,
-                  std::optional<ShardStage> resume_into = std::nullopt) {
+                  std::optional<ShardStage> resume_into = std::nullopt, ParamsAtRest rest = ParamsAtRest::whole) {
   std::unique_ptr<policy::Model> holder;
   auto m = make(holder);
   auto tr = std::make_unique<Trainer>(*m, config(c, stage), comm);
+  tr->set_params_between_steps(rest);
   Trace t;
   for (int s = 0; s < 2; ++s) {
     if (s == 1 && resume_into) {
+      TROUPE_TRY(tr->gather_params());
       TROUPE_ASSIGN_OR_RETURN(AdamW whole, tr->gathered_optimizer());
       const auto state = tr->state_json();
       std::vector<float> p(m->params().begin(), m->params().end());
@@ -89,6 +94,7 @@ Result<Trace> run(const MakeModel& make, const Case& c, ShardStage stage, Commun
       auto m2 = make(holder2);
       std::copy(p.begin(), p.end(), m2->params().begin());
       tr = std::make_unique<Trainer>(*m2, config(c, *resume_into), comm);
+      tr->set_params_between_steps(rest);
       TROUPE_TRY(tr->load_optimizer(std::move(whole)));
       TROUPE_TRY(tr->load_state_json(state));
       m = std::move(m2);
@@ -98,6 +104,7 @@ Result<Trace> run(const MakeModel& make, const Case& c, ShardStage stage, Commun
     t.losses.push_back(r.loss.loss);
     t.norms.push_back(r.grad_norm);
   }
+  TROUPE_TRY(tr->gather_params());
   t.params.assign(m->params().begin(), m->params().end());
   return t;
 }
@@ -112,6 +119,7 @@ int compare_model(const char* model, const MakeModel& make, int V, Communicator&
   int bad = 0;
   const Case cases[] = {{"grpo token-mean, clipped", Phase::grpo, LossAggMode::token_mean, 0.05f},
                         {"grpo seq-mean-token-mean", Phase::grpo, LossAggMode::seq_mean_token_mean, 1.0f},
+                        {"grpo token budget", Phase::grpo, LossAggMode::token_mean, 1.0f, 9},
                         {"sft", Phase::sft, LossAggMode::token_mean, 0.5f}};
   for (const auto& c : cases) {
     auto base = run(make, c, ShardStage::none, world, V);
@@ -122,19 +130,23 @@ int compare_model(const char* model, const MakeModel& make, int V, Communicator&
     struct Variant {
       ShardStage stage;
       std::optional<ShardStage> resume;
+      ParamsAtRest rest = ParamsAtRest::whole;
     };
+    const auto P = ShardStage::parameters;
     for (auto v : {Variant{ShardStage::optimizer, {}}, Variant{ShardStage::gradients, {}},
                    Variant{ShardStage::gradients, ShardStage::optimizer}, Variant{ShardStage::optimizer, ShardStage::none},
-                   Variant{ShardStage::none, ShardStage::gradients}}) {
-      auto got = run(make, c, v.stage, world, V, v.resume);
+                   Variant{ShardStage::none, ShardStage::gradients}, Variant{P, {}}, Variant{P, {}, ParamsAtRest::shard},
+                   Variant{P, ShardStage::none, ParamsAtRest::rank0}, Variant{ShardStage::gradients, P, ParamsAtRest::shard}}) {
+      auto got = run(make, c, v.stage, world, V, v.resume, v.rest);
       int ok = got.ok() && same(*got, *base);
       if (!got.ok()) std::fprintf(stderr, "rank %d: %s\n", world.rank(), got.error().message.c_str());
       int all = ok;
       MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
       if (world.rank() == 0)
-        std::printf("%s, %s, %d ranks: shard %s%s%s == none bit for bit: %s (grad_norm %.9g)\n", model, c.name,
-                    world.size(), enum_string(v.stage).c_str(), v.resume ? ", resumed as " : "",
-                    v.resume ? enum_string(*v.resume).c_str() : "", all ? "ok" : "MISMATCH", base->norms.back());
+        std::printf("%s, %s, %d ranks: shard %s%s%s%s == none bit for bit: %s (grad_norm %.9g)\n", model, c.name,
+                    world.size(), enum_string(v.stage).c_str(), v.rest == ParamsAtRest::shard ? " (shard between steps)" : v.rest == ParamsAtRest::rank0 ? " (whole on rank 0)" : "",
+                    v.resume ? ", resumed as " : "", v.resume ? enum_string(*v.resume).c_str() : "", all ? "ok" : "MISMATCH",
+                    base->norms.back());
       bad |= !all;
     }
   }
@@ -166,7 +178,7 @@ int check_reduce_scatter(Communicator& world) {
   return !all;
 }
 
-policy::ModelConfig tiny(bool moe, int lora_rank) {
+policy::ModelConfig tiny(bool moe, int lora_rank, bool tied = false, bool ckpt = false) {
   policy::ModelConfig mc;
   mc.vocab_size = 32;
   mc.hidden_size = 16;
@@ -175,6 +187,8 @@ policy::ModelConfig tiny(bool moe, int lora_rank) {
   mc.num_key_value_heads = 1;
   mc.head_dim = 8;
   mc.intermediate_size = 32;
+  mc.tie_word_embeddings = tied;
+  mc.activation_checkpointing = ckpt;
   if (moe) {
     mc.num_experts = 4;
     mc.num_experts_per_tok = 2;
@@ -218,6 +232,8 @@ int main(int argc, char** argv) {
                          },
                          32, world);
     bad |= compare_model("policy::Model (tiny MoE)", policy_model(tiny(true, 0)), 32, world);
+    bad |= compare_model("policy::Model (tiny dense, tied head, activation checkpointing)",
+                         policy_model(tiny(false, 0, true, true)), 32, world);
     bad |= compare_model("policy::Model (tiny MoE, LoRA r=2)", policy_model(tiny(true, 2)), 32, world);
   }
   MPI_Finalize();

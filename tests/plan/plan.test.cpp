@@ -133,11 +133,22 @@ TEST(Plan, ShardStagesDivideByTheLearners) {
   EXPECT_EQ(row(g, "learner", 3).optimizer, 2 * P4 / 8);
   EXPECT_NE(plan_table(g).find("note: shard gradients"), std::string::npos);
   o.shard = ShardStage::parameters;
-  const PlanRow z3 = row(plan_model("qwen3-8b", {}, o), "learner", 3);
-  EXPECT_EQ(z3.weights, P4 / 8);
-  EXPECT_EQ(z3.gradients, P4 / 8);
-  EXPECT_GT(z3.collectives, row(g, "learner", 3).collectives);  // gathered layers
+  const MemoryPlan p3 = plan_model("qwen3-8b", {}, o);
+  const PlanRow z3 = row(p3, "learner", 3);
+  // the shard, and the largest group gathered at a time: the embedding or the head (151936 x 4096)
+  const uint64_t shard4 = (none.params + 7) / 8 * 4, head4 = (151936ull * 4096 + 4096) * 4;
+  EXPECT_EQ(z3.weights, shard4 + head4);
+  // one micro-batch: the shard, the embedding's and head's gradients (whole until the step's end), a layer's
+  const uint64_t layer4 = (2ull * 4096 + 4096ull * 4096 * 2 + 4096ull * 1024 * 2 + 3ull * 4096 * 12288 + 2 * 128) * 4;
+  EXPECT_EQ(z3.gradients, shard4 + 2 * head4 - 4096 * 4 + layer4);
+  EXPECT_EQ(z3.optimizer, 2 * P4 / 8);
   EXPECT_LT(z3.device, row(g, "learner", 3).device);
+  EXPECT_EQ(row(p3, "learner", 0).weights, P4);  // learner 0: the whole weights between steps (weight sync)
+  EXPECT_NE(plan_table(p3).find("note: shard parameters: each learner keeps its shard"), std::string::npos);
+  // LoRA adapters are gathered whole; on cuda the device arena stays whole: only AdamW is divided
+  const MemoryPlan p3l = plan_model("qwen3-8b", {"policy.lora.rank=16"}, o);
+  EXPECT_EQ(row(p3l, "learner", 3).weights, (p3l.params + p3l.trainable) * 4);
+  EXPECT_NE(plan_table(p3l).find("LoRA adapters are gathered whole"), std::string::npos);
   // the config's learner.shard, unless --shard says otherwise
   const MemoryPlan k = plan_model("qwen3-8b", {"learner.shard=optimizer", "cluster.learners=4"});
   EXPECT_EQ(k.shard, ShardStage::optimizer);

@@ -3,7 +3,13 @@
 // shape (only that file is read); the batch has the config's shape (every prompt and completion at
 // its longest). Invariant: planned (learner 0's row less its sync buffers) and measured differ by at
 // most TOLERANCE (argv) of the measure.
-// Usage: troupe_plan_rss_probe TOLERANCE CONFIG.yaml [--set KEY=VALUE]...; prints one JSON line.
+// Under mpirun (cluster.learners ranks, learner.shard) each rank trains as that learner and compares
+// its own row; --rest shard keeps learner.shard parameters' weights sharded on rank 0 too (troupe run
+// keeps them whole there for the weight sync), which rank 0 then compares with learner 1's row.
+// Usage: troupe_plan_rss_probe TOLERANCE CONFIG.yaml [--set KEY=VALUE]... [--rest shard]; prints
+// one JSON line per rank.
+#include <mpi.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +23,7 @@
 #include "troupe/actors/roles.h"
 #include "troupe/launch/config.h"
 #include "troupe/launch/plan.h"
+#include "troupe/learner/communicator.h"
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/model.h"
@@ -46,20 +53,44 @@ int fail(const std::string& what) {
 
 }  // namespace
 
+int probe(int argc, char** argv, long long idle, troupe::learner::Communicator& comm);
+
 int main(int argc, char** argv) {
-  using namespace troupe;
   const long long idle = status_bytes("VmRSS");  // the process with troupe's libraries loaded, nothing else
-  if (argc < 3) return fail("usage: troupe_plan_rss_probe TOLERANCE CONFIG.yaml [--set KEY=VALUE]...");
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMI_SIZE")) {
+    troupe::learner::LocalCommunicator comm;
+    return probe(argc, argv, idle, comm);
+  }
+  MPI_Init(&argc, &argv);
+  int rc = 1;
+  {
+    auto comm = troupe::learner::make_mpi_communicator();
+    rc = comm.ok() ? probe(argc, argv, idle, **comm) : fail(comm.error().message);
+  }
+  if (rc != 0) MPI_Abort(MPI_COMM_WORLD, rc);
+  MPI_Finalize();
+  return rc;
+}
+
+int probe(int argc, char** argv, long long idle, troupe::learner::Communicator& comm) {
+  using namespace troupe;
+  if (argc < 3) return fail("usage: troupe_plan_rss_probe TOLERANCE CONFIG.yaml [--set KEY=VALUE]... [--rest shard]");
   const double tolerance = std::atof(argv[1]);
   std::vector<std::string> sets;
-  for (int i = 3; i + 1 < argc; i += 2)
+  bool rest_shard = false;
+  for (int i = 3; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--set") sets.emplace_back(argv[i + 1]);
+    if (std::string(argv[i]) == "--rest") rest_shard = std::string(argv[i + 1]) == "shard";
+  }
   auto loaded = launch::load_config(argv[2], sets);
   if (!loaded.ok()) return fail(loaded.error().message);
   const auto& cfg = loaded->config;
-  auto plan = launch::plan_memory(cfg, argv[2], {});
+  launch::PlanOptions po;
+  po.learners = comm.size();
+  auto plan = launch::plan_memory(cfg, argv[2], po);
   if (!plan.ok()) return fail(plan.error().message);
-  const launch::PlanRow& row = plan->rows.at(0);
+  const int as = rest_shard && comm.size() > 1 && comm.rank() == 0 ? 1 : comm.rank();
+  const launch::PlanRow& row = plan->rows.at(static_cast<size_t>(as));
 
   std::ifstream in(cfg.policy.path + "/config.json");
   auto arch = policy::io::config_from_hf_json(nlohmann::json::parse(in), cfg.policy.path + "/config.json");
@@ -70,8 +101,8 @@ int main(int argc, char** argv) {
   auto model = policy::Model::create(mc, static_cast<uint64_t>(cfg.run.seed));
   if (!model.ok()) return fail(model.error().message);
   learner::ModelAdapter adapter(*model);
-  learner::LocalCommunicator comm;
   learner::Trainer trainer(adapter, actors::learner_config(cfg, learner::Phase::grpo), comm);
+  trainer.set_params_between_steps(rest_shard ? learner::ParamsAtRest::shard : learner::ParamsAtRest::rank0);
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(3, mc.vocab_size - 1);
@@ -93,7 +124,8 @@ int main(int argc, char** argv) {
   // what the generators hold and a payload), which no step allocates and this probe never makes.
   const double planned = static_cast<double>(row.device + row.host - row.sync);
   const double error = (planned - static_cast<double>(measured)) / static_cast<double>(measured);
-  nlohmann::json out = {{"idle_rss_bytes", idle},       {"peak_rss_bytes", peak},     {"measured_bytes", measured},
+  nlohmann::json out = {{"rank", comm.rank()}, {"planned_row", as}, {"state_bytes", trainer.state_bytes()},
+                        {"idle_rss_bytes", idle},       {"peak_rss_bytes", peak},     {"measured_bytes", measured},
                         {"planned_bytes", planned},     {"relative_error", error},    {"weights", row.weights},
                         {"gradients", row.gradients},   {"optimizer", row.optimizer}, {"activations", row.activations},
                         {"sync", row.sync},             {"other", row.other},         {"tokens", plan->train_tokens}};

@@ -35,6 +35,8 @@ class Communicator {
   Status ordered_allreduce_sum(std::span<float> buf, std::span<const size_t> bounds);
   // Every rank's shard of buf from that rank, in place.
   virtual Status all_gather(std::span<float> buf, std::span<const size_t> bounds);
+  // Every rank's shard of buf to rank `root` only (the other ranks' buf is left as it was).
+  virtual Status gather(std::span<float> buf, std::span<const size_t> bounds, int root);
   // A sum carried through the ranks in order: rank 0 runs step(0), rank r step(what rank r-1's
   // returned); every rank gets the last rank's value. A sequential sum over a buffer split in
   // rank-ordered shards, each rank adding its own, equals the sum over the whole buffer bit for bit.

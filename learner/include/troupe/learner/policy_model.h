@@ -55,6 +55,11 @@ class PolicyModel {
   // mask seed for the next training calls (on = false: none).
   virtual bool has_lora_dropout() const { return false; }
   virtual void set_lora_dropout(bool /*on*/, uint64_t /*seed*/) {}
+  // learner.shard parameters: installs the per-layer weight hook (policy::ParamHook; null removes
+  // it). False where the model has no layers to gather one at a time (then the trainer gathers the
+  // whole buffer once per step).
+  virtual bool set_param_hook(policy::ParamHook* /*hook*/) { return false; }
+  virtual policy::ParamHook* param_hook() const { return nullptr; }
 };
 
 // The real policy model behind the interface (it keeps the reference; the Model must outlive it).
@@ -85,10 +90,20 @@ class ModelAdapter final : public PolicyModel {
   }
   bool has_lora_dropout() const override { return model_.lora_enabled() && model_.config().lora.dropout > 0; }
   void set_lora_dropout(bool on, uint64_t seed) override { model_.set_lora_dropout(on, seed); }
+  // Full-parameter training on a host-visible backend only: a LoRA model's trainable arena is its
+  // adapters (gathered whole), and a device model's weights are uploaded from a host mirror.
+  bool set_param_hook(policy::ParamHook* hook) override {
+    if (hook && (model_.lora_enabled() || !model_.backend().host_visible())) return false;
+    model_.set_param_hook(hook);
+    hook_ = hook;
+    return true;
+  }
+  policy::ParamHook* param_hook() const override { return hook_; }
   policy::Model& model() { return model_; }
 
  private:
   policy::Model& model_;
+  policy::ParamHook* hook_ = nullptr;  // what set_param_hook put on the model
 };
 
 // logits_t = W[token_t] + b: one (V, V) table and a (V) bias, named like an HF checkpoint.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "troupe/learner/loss.h"
 #include "troupe/learner/mismatch.h"
 #include "troupe/learner/optimizer.h"
+#include "troupe/learner/param_shards.h"
 #include "troupe/learner/policy_model.h"
 
 namespace troupe::learner {
@@ -117,12 +119,17 @@ std::vector<int> split_micro_batches(const std::vector<int>& lengths, int micro_
 Result<std::vector<std::vector<float>>> compute_completion_logprobs(PolicyModel& model, const std::vector<Sample>& samples,
                                                                     float temperature, int max_tokens_per_batch = 4096);
 
+// learner.shard parameters: where the weights are between steps (Trainer::set_params_between_steps).
+enum class ParamsAtRest { whole, rank0, shard };
+
 class Trainer {
  public:
   // device: a collective of the learner ranks on the model's device (join_device_collective), or
   // null: the gradient all-reduce runs over comm on the host copy of the gradients.
   Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& comm,
           kernels::DeviceCollective* device = nullptr);
+  ~Trainer();  // takes its per-layer hook (learner.shard parameters) off the model
+  Trainer(Trainer&&) noexcept = default;
 
   // One generation batch, the same (global order) on every rank: rank r trains on its shard of each
   // mini-batch. GRPO or SFT per cfg.phase. Errors name the sample and field at fault.
@@ -148,6 +155,12 @@ class Trainer {
   // Sharded (learner.shard other than none, more than one rank): this rank's shard of the flat
   // buffer is [shard_begin(), shard_end()); unsharded: the whole buffer.
   bool sharded() const { return sharded_; }
+  // learner.shard parameters: what params() holds between steps, the same setting on every rank:
+  // the whole weights on every rank (ParamsAtRest::whole, the default), on rank 0 only (rank0: it
+  // syncs the weights and writes checkpoints; the others keep their shard), or only each rank's
+  // shard (shard). Dropped values read as zero; gather_params() (a collective) brings them back.
+  void set_params_between_steps(ParamsAtRest mode) { params_at_rest_ = mode; }
+  Status gather_params();
   size_t shard_begin() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank())] : 0; }
   size_t shard_end() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank()) + 1] : bounds_.back(); }
   // The whole AdamW state (every rank's moments gathered; a collective when sharded: every rank
@@ -186,6 +199,13 @@ class Trainer {
   // The same step with sharded state (sharded_step.cpp): reduce-scatter (or, ZeRO-1, the ordered
   // all-reduce), the global norm chained through the ranks, AdamW on this rank's shard, all-gather.
   Status sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool last);
+  // learner.shard parameters (sharded_step.cpp): the step's start (the whole weights for forwards
+  // outside the loss micro-batches: `whole`), one mini-batch's micro-batches with the per-layer
+  // gathers (a rank with fewer micro-batches than another runs the hook's phantom passes), the end.
+  Status zero3_begin(bool whole);
+  Status zero3_micro_batches(const std::vector<std::vector<const Sample*>>& mbs, const LossNorm& norm, bool score,
+                             MismatchSums& mismatch, LossMetrics& sums);
+  Status zero3_end();
   // Metric all-reduce and the per-batch statistics of a finished call.
   Status finish_metrics(StepMetrics& out, const LossMetrics& sums, const MismatchSums& mismatch, double norm_sum,
                         const std::vector<float>& adv, const std::vector<float>& rew, double len,
@@ -197,6 +217,8 @@ class Trainer {
   kernels::DeviceCollective* device_;
   bool sharded_ = false;
   std::vector<size_t> bounds_;  // shard_bounds(params, ranks): the shards (and the ordered all-reduce's)
+  std::unique_ptr<ParamShards> zero3_;  // learner.shard parameters with more than one rank
+  ParamsAtRest params_at_rest_ = ParamsAtRest::whole;
   AdamW opt_;
   StepObserver* watch_ = nullptr;
   std::mt19937_64 rng_;

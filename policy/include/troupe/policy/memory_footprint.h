@@ -17,6 +17,7 @@ struct ModelFootprint {
   uint64_t lora_floats = 0;        // the adapter arena (0 without LoRA); its gradients are as large
   uint64_t moe_sink_floats = 0;    // LoRA on an MoE model: one layer's frozen router/expert gradients
   uint64_t largest_layer_floats = 0;  // the largest decoder layer's parameters
+  uint64_t outer_floats = 0;          // the parameters outside the decoder layers (embedding, norm, head)
   uint64_t kv_floats_per_token = 0;   // K and V of one token over every layer: 2 L NKV HD
 };
 

@@ -136,6 +136,21 @@ Status build_decode_meta(PackedMeta* meta, const int32_t* pos, int B, int head_d
 // backend, ...).
 Status validate_model_config(const ModelConfig& cfg);
 
+// Where a sharded learner (learner.shard parameters, ZeRO-3) brings each group of weights in and
+// lets it go. Groups: kEmbedGroup (the embedding), 0..L-1 (the decoder layers), L (the head: final
+// norm and lm_head, the embedding when tied). A training forward then backward calls, in this
+// order: need(E), done(E), for l in 0..L-1 need(l), done(l, false); need(L); (the head's forward
+// and backward) done(L, true); for l in L-1..0 need(l), done(l, true). need() returns once the
+// group's weights are in params(); done(l, true) says layer l's gradient of this micro-batch is
+// complete. Other forwards (generation, forward_logits) call nothing.
+class ParamHook {
+ public:
+  static constexpr int kEmbedGroup = -1;
+  virtual ~ParamHook() = default;
+  virtual Status need(int group) = 0;
+  virtual Status done(int group, bool backward) = 0;
+};
+
 // The decoder-only transformer (Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE or Mixtral layout). Not
 // thread-safe: one caller at a time. Parameters and gradients are one flat fp32 arena each with the same
 // table (tensors()); activations are a third arena, grown to the largest batch seen and reused. All of them
@@ -172,6 +187,9 @@ class Model {
   const kernels::Backend& backend() const;
   Status set_params(std::span<const float> flat);          // size must equal params().size()
   void zero_grads();
+  // The weights' residency hook of training forwards and backwards (ParamHook above; null: none).
+  // The hook must outlive its use; CPU (host-visible, unmirrored) models only.
+  void set_param_hook(ParamHook* hook);
 
   // LoRA (ModelConfig::lora, policy/README.md "LoRA"). With adapters on, tensors(), params(),
   // grads(), set_params() and all_reduce_grads() are the TRAINABLE adapter arena, named as PEFT

@@ -1,0 +1,67 @@
+// learner.shard parameters (ZeRO-3): a rank's parameters and gradients kept as its shard, each
+// group of weights (embedding, decoder layer, head) gathered from the other ranks just before use
+// and dropped after. Invariant: the values the model reads are the whole buffer's bits, and every
+// rank calls the same collectives in the same order (the fixed ParamHook sequence).
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "troupe/learner/communicator.h"
+#include "troupe/policy/model.h"
+
+namespace troupe::learner {
+
+class ParamShards final : public policy::ParamHook {
+ public:
+  // layered: groups from the tensor table's Hugging Face names (model.embed_tokens, model.layers.N.,
+  // the rest the head; the embedding joins the head when there is no lm_head.weight); otherwise
+  // one group of everything, gathered by begin/end of a step only.
+  ParamShards(std::span<float> params, std::span<float> grads, const std::vector<policy::TensorSpec>& table,
+              std::vector<size_t> bounds, Communicator& comm, bool layered);
+
+  bool layered() const { return layered_; }
+  int num_layers() const { return layers_; }
+  // The hook acts only while active (the loss micro-batches of a step); inactive it is a no-op.
+  void set_active(bool on) { active_ = on; }
+  // done(l, true) of the last micro-batch reduce-scatters layer l's gradient and drops the rest of it.
+  void set_last_micro_batch(bool last) { last_ = last; }
+  Status need(int group) override;
+  Status done(int group, bool backward) override;
+  // The hook calls of one forward + backward with nothing computed (a rank with fewer micro-batches
+  // than another still takes part in each gather and reduce-scatter).
+  Status phantom_pass();
+  // Every rank's shard, whole on every rank (one all-gather).
+  Status gather_all();
+  // Whole on rank `root` only; the other ranks drop what is not theirs.
+  Status gather_to(int root);
+  // Drops every value outside this rank's shard (their pages go back to the OS).
+  void release_all();
+  // A new accumulation: layered, zeroes the whole gradient buffer without touching its pages (they
+  // come back zero on use); not layered, the caller zeroes the model's gradients (PolicyModel::zero_grads).
+  void zero_grads();
+  // Reduce-scatters every gradient range not yet reduced in this step, drops the non-owned part.
+  Status reduce_rest();
+
+ private:
+  struct Range {
+    size_t begin, end;
+    int held = 0;
+    bool reduced = false;
+  };
+  Status gather(Range& r);
+  void drop(std::span<float> buf, size_t begin, size_t end) const;  // the non-owned part of [begin, end)
+  std::vector<int>& group(int g) { return groups_[static_cast<size_t>(g + 1)]; }
+
+  std::span<float> params_, grads_;
+  std::vector<size_t> bounds_;
+  Communicator& comm_;
+  size_t lo_ = 0, hi_ = 0;  // this rank's shard
+  bool layered_ = false, active_ = false, last_ = false;
+  int layers_ = 0;
+  std::vector<Range> ranges_;             // disjoint, covering the buffer
+  std::vector<std::vector<int>> groups_;  // embedding, layers 0..L-1, head: indices into ranges_
+};
+
+}  // namespace troupe::learner

@@ -1,0 +1,200 @@
+// learner.shard parameters (ZeRO-3): the groups of a rank's weights, gathered per layer from the
+// ranks that own them and dropped after use; the gradients reduce-scattered per layer. Invariant:
+// every gather and reduce-scatter is the sharded step's (rank-ordered sums), so the update equals
+// the unsharded one bit for bit; a dropped page is never read before it is gathered again.
+#include "troupe/learner/param_shards.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+
+namespace troupe::learner {
+
+namespace {
+
+// Group of a Hugging Face tensor name: -1 the embedding, N for model.layers.N., -2 the rest (head).
+int group_of(const std::string& name) {
+  if (name.find("embed_tokens") != std::string::npos) return policy::ParamHook::kEmbedGroup;
+  const auto at = name.find("layers.");
+  if (at == std::string::npos) return -2;
+  size_t i = at + 7;
+  int n = 0;
+  bool digit = false;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i, digit = true) n = n * 10 + (name[i] - '0');
+  return digit && i < name.size() && name[i] == '.' ? n : -2;
+}
+
+size_t page_floats() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)) / sizeof(float); }
+
+// Gives the whole pages inside [p, p + n) back to the OS: they read as zero when next touched.
+// Returns the pages' first and last float (the edges outside them are not touched).
+std::pair<float*, float*> drop_pages(float* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(page_floats() * sizeof(float));
+  const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(p + n);
+  const uintptr_t s = (a + page - 1) / page * page, e = b / page * page;
+  if (e <= s) return {p + n, p + n};
+  madvise(reinterpret_cast<void*>(s), e - s, MADV_DONTNEED);
+  return {reinterpret_cast<float*>(s), reinterpret_cast<float*>(e)};
+}
+
+// The bounds of `bounds`' shards inside [begin, end), from 0.
+std::vector<size_t> clamp_bounds(const std::vector<size_t>& bounds, size_t begin, size_t end) {
+  std::vector<size_t> out(bounds.size());
+  for (size_t j = 0; j < bounds.size(); ++j) out[j] = std::clamp(bounds[j], begin, end) - begin;
+  return out;
+}
+
+// The whole pages go back to the OS; the values at the edges (pages shared with a neighbour) become
+// NaN, so that a read before the next gather would show in every result rather than pass unseen.
+void drop_span(float* p, size_t n) {
+  const auto [s, e] = drop_pages(p, n);
+  std::fill(p, s, std::numeric_limits<float>::quiet_NaN());
+  std::fill(e, p + n, std::numeric_limits<float>::quiet_NaN());
+}
+
+}  // namespace
+
+ParamShards::ParamShards(std::span<float> params, std::span<float> grads, const std::vector<policy::TensorSpec>& table,
+                         std::vector<size_t> bounds, Communicator& comm, bool layered)
+    : params_(params), grads_(grads), bounds_(std::move(bounds)), comm_(comm), layered_(layered) {
+  lo_ = bounds_[static_cast<size_t>(comm_.rank())];
+  hi_ = bounds_[static_cast<size_t>(comm_.rank()) + 1];
+  // Every tensor's interval with its group; the gaps between them go to the head.
+  struct Piece {
+    size_t begin, end;
+    int group;
+  };
+  std::vector<Piece> pieces;
+  bool lm_head = false;
+  for (const auto& t : table) {
+    const int g = layered ? group_of(t.name) : -2;
+    if (g >= 0) layers_ = std::max(layers_, g + 1);
+    lm_head = lm_head || t.name.find("lm_head") != std::string::npos;
+    pieces.push_back({t.offset, t.offset + t.numel(), g});
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+  std::vector<Piece> merged;
+  size_t at = 0;
+  auto add = [&](size_t b, size_t e, int g) {
+    if (e <= b) return;
+    if (!merged.empty() && merged.back().group == g && merged.back().end == b)
+      merged.back().end = e;
+    else
+      merged.push_back({b, e, g});
+  };
+  for (const auto& p : pieces) {
+    const size_t b = std::max(p.begin, at);
+    if (b > at) add(at, b, -2);
+    add(b, std::max(b, p.end), p.group);
+    at = std::max(at, p.end);
+  }
+  add(at, params_.size(), -2);
+  groups_.assign(static_cast<size_t>(layers_) + 2, {});  // [0] embedding, [1..L] layers, [L+1] head
+  for (const auto& p : merged) {
+    ranges_.push_back({p.begin, p.end});
+    const int r = static_cast<int>(ranges_.size()) - 1;
+    group(p.group == -2 ? layers_ : p.group).push_back(r);
+    // Tied embeddings (no lm_head.weight): the head's GEMM reads the embedding.
+    if (p.group == kEmbedGroup && !lm_head) group(layers_).push_back(r);
+  }
+}
+
+Status ParamShards::gather(Range& r) {
+  const auto b = clamp_bounds(bounds_, r.begin, r.end);
+  return comm_.all_gather(params_.subspan(r.begin, r.end - r.begin), b);
+}
+
+void ParamShards::drop(std::span<float> buf, size_t begin, size_t end) const {
+  if (begin < std::min(end, lo_)) drop_span(buf.data() + begin, std::min(end, lo_) - begin);
+  if (std::max(begin, hi_) < end) drop_span(buf.data() + std::max(begin, hi_), end - std::max(begin, hi_));
+}
+
+Status ParamShards::need(int g) {
+  if (!active_) return {};
+  if (g < kEmbedGroup || g > layers_)
+    return make_error(ErrorCode::internal, "learner.shard parameters: the model asked for group " +
+                                               std::to_string(g) + " of a table of " + std::to_string(layers_) +
+                                               " layers");
+  for (int i : group(g))
+    if (ranges_[static_cast<size_t>(i)].held++ == 0) TROUPE_TRY(gather(ranges_[static_cast<size_t>(i)]));
+  return {};
+}
+
+Status ParamShards::done(int g, bool backward) {
+  if (!active_) return {};
+  for (int i : group(g)) {
+    Range& r = ranges_[static_cast<size_t>(i)];
+    if (r.held > 0 && --r.held == 0) drop(params_, r.begin, r.end);
+  }
+  if (!backward || !last_ || g < 0 || g >= layers_) return {};
+  for (int i : group(g)) {  // the layer's gradient is complete on every rank: sum this rank's shard of it
+    Range& r = ranges_[static_cast<size_t>(i)];
+    if (r.reduced) continue;
+    TROUPE_TRY(comm_.reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin),
+                                        clamp_bounds(bounds_, r.begin, r.end)));
+    r.reduced = true;
+    drop(grads_, r.begin, r.end);
+  }
+  return {};
+}
+
+Status ParamShards::phantom_pass() {
+  TROUPE_TRY(need(kEmbedGroup));
+  TROUPE_TRY(done(kEmbedGroup, false));
+  for (int l = 0; l < layers_; ++l) {
+    TROUPE_TRY(need(l));
+    TROUPE_TRY(done(l, false));
+  }
+  TROUPE_TRY(need(layers_));
+  TROUPE_TRY(done(layers_, true));
+  for (int l = layers_ - 1; l >= 0; --l) {
+    TROUPE_TRY(need(l));
+    TROUPE_TRY(done(l, true));
+  }
+  return {};
+}
+
+Status ParamShards::gather_all() {
+  for (auto& r : ranges_) r.held = 0;
+  return comm_.all_gather(params_, bounds_);
+}
+
+Status ParamShards::gather_to(int root) {
+  for (auto& r : ranges_) r.held = 0;
+  TROUPE_TRY(comm_.gather(params_, bounds_, root));
+  if (comm_.rank() != root) release_all();
+  return {};
+}
+
+void ParamShards::release_all() {
+  for (auto& r : ranges_) {
+    r.held = 0;
+    drop(params_, r.begin, r.end);
+  }
+}
+
+void ParamShards::zero_grads() {
+  for (auto& r : ranges_) r.reduced = false;
+  if (!layered_) return;  // (the trainer zeroes the model's gradients: on a device they live there)
+  auto [s, e] = drop_pages(grads_.data(), grads_.size());
+  std::fill(grads_.data(), s, 0.0f);
+  std::fill(e, grads_.data() + grads_.size(), 0.0f);
+}
+
+Status ParamShards::reduce_rest() {
+  for (auto& r : ranges_) {
+    if (r.reduced) continue;
+    TROUPE_TRY(comm_.reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin),
+                                        clamp_bounds(bounds_, r.begin, r.end)));
+    r.reduced = true;
+    drop(grads_, r.begin, r.end);
+  }
+  return {};
+}
+
+}  // namespace troupe::learner
