@@ -222,6 +222,8 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     expect_exit nonzero $MPIEXEC --oversubscribe --allow-run-as-root -np 1 "$TROUPE" run "$SRC/configs/quickstart.yaml" \
       --restarts 1 --set run.dir="$W/bad"
     grep -q "the supervisor runs outside mpirun/srun" "$W/err.txt"
+    expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --launcher "mpirun -np 2" --set run.dir="$W/bad"
+    grep -q "\-\-launcher needs \-\-restarts N > 0" "$W/err.txt"
     ;;
   dead_rank)  # the env worker's rank is SIGKILLed mid-GRPO: the survivors name it (rank, role) within
     # peer_timeout_s, rank 0 checkpoints the last finished step and every survivor exits 3 (an env
