@@ -19,6 +19,7 @@
 
 #include "in_flight_versions.h"
 #include "role_support.h"
+#include "troupe/actors/weight_relay.h"
 #include "troupe/actors/roles.h"
 
 namespace troupe::actors {
@@ -443,6 +444,16 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
     Status st = gen_->receive_weights(w);
     if (ctx.header() && (ctx.header()->flags & runtime::kFlagRequest)) return ctx.reply(gen_->weights_ack());
     return st;
+  });
+  // weight_sync.relay_fanout: parts passed on to this generator's children as they come, the
+  // whole message then applied as a Weights is (troupe/actors/weight_relay.h).
+  relay_ = std::make_unique<RelayReceiver>();
+  handle<WeightsPart>([this](runtime::Context& ctx, const WeightsPart& p) -> Status {
+    return relay_->on_part(ctx, p, [this](const Weights& w) {
+      use_threads(threads_);
+      (void)gen_->receive_weights(w);  // (what was not applied, and why, is in the Ack)
+      return gen_->weights_ack();
+    });
   });
 }
 

@@ -12,6 +12,7 @@
 #include "troupe/actors/weight_codec.h"
 #include "troupe/actors/weight_group.h"
 #include "troupe/base/clock.h"
+#include "troupe/actors/weight_relay.h"
 
 namespace troupe::actors {
 
@@ -205,10 +206,100 @@ Task<Status> fetch(ActorContext& here, const WeightSyncPeers& p, WeightSync::Sta
   co_return Status{};
 }
 
+// weight_sync.relay_fanout: more live generators than the fan-out go down a relay tree.
+bool by_relay(const WeightSync::State& st, size_t gens) {
+  return st.cfg.relay_fanout >= 2 && gens > static_cast<size_t>(st.cfg.relay_fanout);
+}
+
+// Sends `w` down a relay tree over `gens` (weight_relay.h); `done` gets the merged RelayAck.
+std::shared_ptr<RelayFanout> start_relay(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st,
+                                         const Weights& w, const std::vector<size_t>& gens, std::int64_t v,
+                                         RelayFanout::Done done) {
+  std::vector<RelayTarget> targets;
+  for (size_t g : gens) {
+    st.sent[g] = v;
+    st.expected[g] = v;
+    targets.push_back({p.generators[g], static_cast<std::int32_t>(g)});
+  }
+  const int fanout = st.cfg.relay_fanout;
+  auto fan = std::make_shared<RelayFanout>(relay_children(targets, fanout), fanout, false, std::move(done));
+  for (const WeightsPart& part : weights_parts(w)) fan->forward(*here, part);
+  return fan;
+}
+
+// A relay's merged Acks, as send_round takes a Weights request's: a generator found down is
+// skipped (peer_failed) or fails the sync; one that did not apply goes into *retry (round 0).
+Status take_relay_ack(const WeightSyncPeers& p, WeightSync::State& st,
+                      const RelayAck& a, std::int64_t v, std::vector<size_t>& retry, WeightSyncReport& rep) {
+  rep.relayed_bytes += a.relayed_bytes;
+  for (size_t i = 0; i < a.down.size(); ++i) {
+    const auto g = static_cast<size_t>(a.down[i]);
+    if (g >= st.expected.size()) continue;
+    st.expected[g] = -1;
+    const bool gone = i < a.down_code.size() && a.down_code[i] == static_cast<std::int32_t>(ErrorCode::peer_failed);
+    if (gone && p.mark_down) p.mark_down(g);
+    st.say("weight sync: " + generator_name(p, g) + " did not relay version " + std::to_string(v) + " (" +
+           (i < a.why.size() ? a.why[i] : std::string()) + "); its children were sent it from its parent");
+    if (!gone || (p.alive && p.alive(g))) retry.push_back(g);
+  }
+  for (size_t i = 0; i < a.index.size() && i < a.acks.size(); ++i) {
+    const auto g = static_cast<size_t>(a.index[i]);
+    if (g >= st.expected.size()) continue;
+    if (auto e = st.on_ack(g, generator_name(p, g), v, a.acks[i])) return *e;
+    if (a.acks[i].status != static_cast<std::int32_t>(WeightsStatus::applied)) retry.push_back(g);
+  }
+  return {};
+}
+
+// Sync mode over the relay tree: the delta's and the full weights' trees at once, every Ack
+// awaited; what did not apply is retried as send_awaited retries (the full weights, from learner 0).
+Task<Status> relay_round(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st, Outgoing& out,
+                         WeightSyncReport& rep, std::vector<size_t>& retry) {
+  std::vector<Reply<RelayAck>> acks;
+  std::vector<std::shared_ptr<RelayFanout>> fans;
+  auto one = [&](const Weights& w, const std::vector<size_t>& gens) {
+    auto rs = std::make_shared<Reply<RelayAck>::State>();
+    rs->here = &here;
+    fans.push_back(start_relay(here, p, st, w, gens, rep.version, [rs](runtime::Context& c, RelayAck a) {
+      rs->result.emplace(std::move(a));
+      if (auto h = std::exchange(rs->waiter, {})) {
+        ActorContext::Scope scope(*rs->here, c);
+        h.resume();
+      }
+    }));
+    acks.emplace_back(rs);
+  };
+  if (!out.to_delta.empty()) one(*out.delta, out.to_delta);
+  if (!out.to_full.empty()) one(*out.full, out.to_full);
+  for (auto& r : acks) {
+    Result<RelayAck> a = co_await r;
+    if (!a.ok()) co_return a.error();
+    TROUPE_CO_TRY(take_relay_ack(p, st, *a, rep.version, retry, rep));
+  }
+  rep.bytes_sent = 0;
+  for (const auto& f : fans) rep.bytes_sent += f->egress_bytes();
+  co_return Status{};
+}
+
 // Async mode: every message sent, none awaited; each Ack updates what its generator holds when it
 // comes (a probe mismatch is kept for the next sync to return).
 void send_unawaited(ActorContext& here, const WeightSyncPeers& p, const std::shared_ptr<WeightSync::State>& st,
-                    Outgoing& out, std::int64_t v) {
+                    Outgoing& out, std::int64_t v, WeightSyncReport& rep) {
+  if (by_relay(*st, out.to_delta.size() + out.to_full.size())) {  // each tree's Acks recorded as they come
+    rep.bytes_sent = 0;
+    for (auto [w, gens] : {std::pair{&out.delta, &out.to_delta}, std::pair{&out.full, &out.to_full}}) {
+      if (gens->empty()) continue;
+      auto fan = start_relay(here, p, *st, **w, *gens, v, [st, p, v](runtime::Context&, RelayAck a) {
+        std::vector<size_t> failed;
+        WeightSyncReport ignored;
+        Status s = take_relay_ack(p, *st, a, v, failed, ignored);
+        for (size_t g : failed) st->expected[g] = -1;  // sent the full weights next time
+        if (!s.ok() && !st->async_failure) st->async_failure = s.error();
+      });
+      rep.bytes_sent += fan->egress_bytes();
+    }
+    return;
+  }
   auto send = [&](size_t g, Weights w) {
     st->sent[g] = v;
     st->expected[g] = v;  // (until its Ack says otherwise)
@@ -273,10 +364,14 @@ Task<Status> send_round(ActorContext& here, const WeightSyncPeers& p, WeightSync
 Task<Status> send_awaited(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st, Outgoing& out,
                           WeightSyncReport& rep) {
   std::vector<std::pair<size_t, Weights*>> sends;
-  for (size_t g : out.to_delta) sends.emplace_back(g, &*out.delta);
-  for (size_t g : out.to_full) sends.emplace_back(g, &*out.full);
   std::vector<size_t> retry;
-  TROUPE_CO_TRY(co_await send_round(here, p, st, out, sends, rep.version, 0, retry));
+  if (by_relay(st, out.to_delta.size() + out.to_full.size())) {
+    TROUPE_CO_TRY(co_await relay_round(here, p, st, out, rep, retry));
+  } else {
+    for (size_t g : out.to_delta) sends.emplace_back(g, &*out.delta);
+    for (size_t g : out.to_full) sends.emplace_back(g, &*out.full);
+    TROUPE_CO_TRY(co_await send_round(here, p, st, out, sends, rep.version, 0, retry));
+  }
   if (retry.empty()) co_return Status{};
   if (!out.full) {
     TROUPE_CO_ASSIGN_OR_RETURN(Weights w, co_await full_weights(here, p));
@@ -321,7 +416,7 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
   Outgoing out;
   TROUPE_CO_TRY(co_await fetch(here, p, *st, live, broadcast, out, rep));
   if (st->async)
-    send_unawaited(here, p, st, out, rep.version);
+    send_unawaited(here, p, st, out, rep.version, rep);
   else
     TROUPE_CO_TRY(co_await send_awaited(here, p, *st, out, rep));
   rep.seconds = mono_seconds() - t0;

@@ -13,7 +13,11 @@
 // SmolLM2-135M's shape (random init); --quick: the same widths with 6 layers and a 16384 vocab
 // (the row's "model" says which). lora_sync_1gen runs the helper with rank-16 adapters (--lora 16):
 // the bytes of a full sync that carries the adapters alone (compressed, as a LoRA run's learner
-// sends them) against a full bf16 sync of the model.
+// sends them) against a full bf16 sync of the model. The relay rows run the helper with --relay 2
+// under mpirun -np 8 (7 generator ranks, bf16 deltas): relay_delta_7gen, rank 0's egress bytes per
+// delta sync with weight_sync.relay_fanout 2 against the star (fan-out 0: one copy per generator);
+// relay_delta_7gen_1gbps, the seconds per delta sync of both with every rank's link limited to
+// 1 Gbit/s each way (TROUPE_BENCH_LINK_BYTES_PER_S: a benchmark-only pacing in the runtime's transport).
 #include <cstdio>
 #include <algorithm>
 #include <string>
@@ -130,12 +134,63 @@ int run_lora(const BenchOptions& opt) {
   return 0;
 }
 
+// One helper run with --relay 2 (and --gbps when given): its JSON line, or null.
+nlohmann::json run_relay_helper(const BenchOptions& opt, const std::string& helper, double gbps) {
+  const std::string cmd = mpirun_command(
+      "OMP_WAIT_POLICY=PASSIVE ", 8, " --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo",
+      helper, "--dtype bf16 --relay 2 --reps " + std::to_string(std::max(5, opt.reps)) +
+                  (gbps > 0 ? " --gbps " + std::to_string(gbps) : std::string()) + (opt.quick ? " --quick" : ""));
+  const auto out = run_child(cmd, "weight_sync");
+  if (!out) return nullptr;
+  for (const auto& j : out->objects)
+    if (j.contains("weight_sync_case") && j["weight_sync_case"] == "relay" && out->status == 0) return j;
+  std::fprintf(stderr, "troupe bench weight_sync: `%s` failed (status %d):\n%s\n", cmd.c_str(), out->status,
+               out->text.c_str());
+  return nullptr;
+}
+
+nlohmann::json relay_extra(const BenchOptions& opt, const nlohmann::json& j) {
+  return {{"star", j["star"]},
+          {"tree", j["tree"]},
+          {"fanout", j["fanout"]},
+          {"gbps", j["gbps"]},
+          {"generators", j["generators"]},
+          {"params", j["params"]},
+          {"dtype", "bf16"},
+          {"model", std::string(opt.quick ? "SmolLM2-135M widths, 6 layers, vocab 16384 (--quick)" : "SmolLM2-135M shape")},
+          {"update", "one AdamW step, lr 1e-6"},
+          {"transport", "troupe runtime over ZeroMQ tcp (127.0.0.1), one rank per generator"},
+          {"reps", j["reps"]}};
+}
+
+// relay_delta_7gen and relay_delta_7gen_1gbps (see the file comment).
+int run_relay(const BenchOptions& opt) {
+  const bool bytes_row = opt.wants("relay_delta_7gen"), time_row = opt.wants("relay_delta_7gen_1gbps");
+  if (!bytes_row && !time_row) return 0;
+  const auto helper = helper_binary("troupe_weight_sync_bench", kSuite, "relay_delta_7gen");
+  if (!helper) return 1;
+  if (bytes_row) {
+    const auto j = run_relay_helper(opt, *helper, 0);
+    if (j.is_null()) return 1;
+    emit(make_row(kSuite, "relay_delta_7gen", {"egress_bytes", "B", Better::lower},
+                  {j["tree"]["egress_bytes"].get<double>(), j["star"]["egress_bytes"].get<double>()}, "star",
+                  relay_extra(opt, j)));
+  }
+  if (time_row) {
+    const auto j = run_relay_helper(opt, *helper, 1.0);
+    if (j.is_null()) return 1;
+    emit(make_row(kSuite, "relay_delta_7gen_1gbps", {"seconds", "s", Better::lower},
+                  {j["tree"]["seconds"].get<double>(), j["star"]["seconds"].get<double>()}, "star", relay_extra(opt, j)));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_weight_sync_suite(const BenchOptions& opt) {
   int rc = 0;
   for (const char* dtype : {"bf16", "fp32"}) rc |= run_dtype(opt, dtype);
-  return rc | run_lora(opt);
+  return rc | run_lora(opt) | run_relay(opt);
 }
 
 }  // namespace troupe::bench

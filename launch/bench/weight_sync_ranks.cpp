@@ -12,7 +12,13 @@
 // bf16 deltas are prepared in the optimizer step (weight_sync.prepare_in_step); --no-prepare
 // leaves it all to the sync. Each row also gives the step's median seconds (step_s) and the share
 // of delta syncs that took a prepared delta (prepared).
+// --relay F (under mpirun -np 8: 7 generators): the relay rows instead. Per repetition one AdamW
+// step, then a delta sync with weight_sync.relay_fanout 0 (the star: every generator from rank 0)
+// and, after another step, one with fan-out F (the relay tree); each prints rank 0's egress bytes
+// (WeightSyncReport::bytes_sent) and seconds. --gbps G limits every rank's link to G Gbit/s each
+// way (TROUPE_BENCH_LINK_BYTES_PER_S, which the runtime's transport reads for benchmarks only).
 //   troupe_weight_sync_bench --dtype bf16|fp32 --reps N [--quick] [--probe] [--no-prepare] [--lora RANK]
+//                            [--relay F [--gbps G]]
 #include <mpi.h>
 #include <omp.h>
 
@@ -48,6 +54,7 @@ using runtime::ActorId;
 using runtime::Task;
 
 constexpr int kGenerators = 3;
+constexpr int kRelayGenerators = 7;  // --relay
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "troupe_weight_sync_bench: %s\n", what.c_str());
@@ -182,6 +189,8 @@ struct HelperArgs {
   int reps = 5;
   bool quick = false, probe = false, prepare = true;
   int lora = 0;  // LoRA rank (0 = full weights)
+  int relay = 0;      // --relay F: the relay rows with fan-out F (7 generators)
+  double gbps = 0;    // --gbps G: every rank's link limited to G Gbit/s each way
 };
 
 HelperArgs parse_args(int argc, char** argv) {
@@ -193,6 +202,8 @@ HelperArgs parse_args(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--probe")) a.probe = true;
     else if (!std::strcmp(argv[i], "--no-prepare")) a.prepare = false;
     else if (!std::strcmp(argv[i], "--lora") && i + 1 < argc) a.lora = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--relay") && i + 1 < argc) a.relay = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--gbps") && i + 1 < argc) a.gbps = std::atof(argv[++i]);
   }
   return a;
 }
@@ -211,11 +222,13 @@ struct HelperRank {
   int phase = 0;
 };
 
-runtime::ClusterConfig helper_cluster() {
+runtime::ClusterConfig helper_cluster(int gens, double gbps) {
   runtime::ClusterConfig cc;
   cc.transport = runtime::TransportKind::tcp;
   cc.roles = {"learner0"};
-  for (int g = 0; g < kGenerators; ++g) cc.roles.push_back("generator" + std::to_string(g));
+  for (int g = 0; g < gens; ++g) cc.roles.push_back("generator" + std::to_string(g));
+  // the runtime's transport paces every rank's link (a benchmark-only setting of the environment)
+  if (gbps > 0) setenv("TROUPE_BENCH_LINK_BYTES_PER_S", std::to_string(gbps * 1e9 / 8).c_str(), 1);
   cc.mpi_thread_multiple = true;
   cc.system.threads = 2;
   cc.system.heartbeat.timeout = std::chrono::minutes(10);  // a rank encoding 540 MB is busy, not dead
@@ -243,8 +256,9 @@ void spawn_rank_actors(HelperRank& b) {
     std::shared_ptr<actors::Generator> gp = std::move(g).value();
     b.elements = gp->model().params().size();
     so.name = "generator" + std::to_string(b.rank - 1);
-    id = b.sys->spawn([gp, threads]() -> std::unique_ptr<runtime::Actor> {
-      return std::make_unique<actors::GeneratorActor>(gp, threads);
+    const int index = b.rank - 1;
+    id = b.sys->spawn([gp, threads, index]() -> std::unique_ptr<runtime::Actor> {
+      return std::make_unique<actors::GeneratorActor>(gp, threads, 0, index);
     }, so);
   }
   if (!id.ok()) die(id.error().message);
@@ -358,6 +372,59 @@ void time_syncs(HelperRank& b, int gens, MPI_Comm comm) {
   print_rows(b, gens, s);
 }
 
+
+// --relay: rank 0 times `reps` delta syncs to the 7 generators with the star, then with the relay
+// tree (each WeightSync starts with an untimed full sync), one AdamW step before each sync.
+void time_relay(HelperRank& b, int gens) {
+  auto& sys = *b.sys;
+  const ActorId learner_id = runtime::ActorSystem::named(0, "learner0");
+  actors::WeightSyncPeers peers;
+  peers.learner = learner_id;
+  for (int g = 0; g < gens; ++g)
+    peers.generators.push_back(runtime::ActorSystem::named(static_cast<uint32_t>(g + 1), "generator" + std::to_string(g)));
+  const auto batch = one_step_batch();
+  nlohmann::json sides;
+  for (int fanout : {0, b.args.relay}) {
+    actors::WeightSyncSection cfg = b.cfg.weight_sync;
+    cfg.relay_fanout = fanout;
+    actors::WeightSync ws(cfg, false);
+    actors::WeightSyncReport rep;
+    auto sync = [&] {
+      Status st = run_job(sys, [&](ActorContext& h) { return sync_once(h, ws, peers, &rep); });
+      if (!st.ok()) die("weight sync: " + st.error().message);
+      return rep;
+    };
+    sync();  // warm-up: the first sync is full
+    std::vector<double> secs, bytes, relayed, changed;
+    for (int r = 0; r < b.args.reps; ++r) {
+      Status st = run_job(sys, [&](ActorContext& h) { return train_once(h, learner_id, batch); });
+      if (!st.ok()) die("train step: " + st.error().message);
+      auto d = sync();
+      if (d.delta != gens || d.full != 0) die("expected a delta to every generator");
+      secs.push_back(d.seconds);
+      bytes.push_back(static_cast<double>(d.bytes_sent));
+      relayed.push_back(static_cast<double>(d.relayed_bytes));
+      changed.push_back(static_cast<double>(d.delta_bytes));
+    }
+    sides[fanout == 0 ? "star" : "tree"] = {{"seconds", bench::median(secs)},
+                                            {"egress_bytes", bench::median(bytes)},
+                                            {"relayed_bytes", bench::median(relayed)},
+                                            {"delta_bytes", bench::median(changed)}};
+  }
+  nlohmann::json row = {{"weight_sync_case", "relay"},
+                        {"star", sides["star"]},
+                        {"tree", sides["tree"]},
+                        {"fanout", b.args.relay},
+                        {"gbps", b.args.gbps},
+                        {"generators", gens},
+                        {"params", b.elements},
+                        {"dtype", b.args.dtype},
+                        {"reps", b.args.reps},
+                        {"threads_per_rank", b.threads}};
+  std::printf("%s\n", row.dump().c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -367,19 +434,32 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &b.world);
-  if (b.world != 1 + kGenerators) die("run under mpirun -np " + std::to_string(1 + kGenerators));
+  const int gens = b.args.relay > 0 ? kRelayGenerators : kGenerators;
+  if (b.world != 1 + gens) die("run under mpirun -np " + std::to_string(1 + gens));
   // Every rank computes with all cores: the phases take turns (learner 0 encodes while the
   // generators wait, then they decode), so no core is left idle by a share that assumes they overlap.
   b.threads = omp_get_num_procs();
   omp_set_num_threads(b.threads);
 
   b.cfg = bench_config(b.args.dtype, b.args.quick, b.args.probe, b.args.prepare, b.args.lora);
-  auto cluster_r = runtime::Cluster::bootstrap(helper_cluster());
+  auto cluster_r = runtime::Cluster::bootstrap(helper_cluster(gens, b.args.gbps));
   if (!cluster_r.ok()) die(cluster_r.error().message);
   auto& cluster = **cluster_r;
   b.sys = &cluster.system();
   spawn_rank_actors(b);
   cluster.barrier();
+  if (b.args.relay > 0) {  // the generator ranks answer rank 0's syncs until it is done
+    if (b.rank == 0) {
+      time_relay(b, gens);
+      for (int q = 1; q < b.world; ++q) (void)b.sys->send(runtime::ActorSystem::named(static_cast<uint32_t>(q), "gate"), GateOpen{0});
+    } else {
+      b.gate.wait_for(0);  // (not in an MPI call, whose polling would take the cores the generators decode on)
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    cluster.request_shutdown("bench done");
+    cluster.finish();
+    return 0;
+  }
   fill_baseline_buffer(b);
   MPI_Comm comm1 = MPI_COMM_NULL;  // ranks 0 and 1: learner 0 and one generator
   MPI_Comm_split(MPI_COMM_WORLD, b.rank <= 1 ? 0 : MPI_UNDEFINED, b.rank, &comm1);

@@ -5,7 +5,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include <pthread.h>
 #include <unistd.h>
@@ -201,6 +203,12 @@ Status ZmqTransport::send(std::uint32_t node, const FrameWriter& frame, Overflow
     return make_error(ErrorCode::peer_failed,
                       "runtime: node " + std::to_string(node) + " (role " + p->info.role + ") is down");
   TROUPE_TRY(check_size(*p, frame));
+  if (link_bytes_per_s_ > 0) {
+    std::size_t bytes = frame.size;
+    if (frame.segments)
+      for (const WireSegment& s : *frame.segments) bytes += s.size;
+    pace_egress(bytes);
+  }
   const bool block = policy == Overflow::block;
   const BatchClock& clock = batch_clock();
   const std::int64_t now = clock.now();
@@ -528,6 +536,35 @@ void ZmqTransport::split_frame(zmq::message_t& msg, std::vector<zmq::message_t>&
   frame->release();
 }
 
+double ZmqTransport::bench_link_rate() {
+  const char* v = std::getenv("TROUPE_BENCH_LINK_BYTES_PER_S");
+  return v ? std::max(0.0, std::atof(v)) : 0.0;
+}
+
+void ZmqTransport::pace_egress(std::size_t bytes) {
+  const auto took = static_cast<std::int64_t>(1e9 * static_cast<double>(bytes) / link_bytes_per_s_);
+  std::int64_t until;
+  {
+    std::lock_guard lock(pace_mu_);
+    egress_free_ns_ = std::max(mono_nanoseconds(), egress_free_ns_) + took;
+    until = egress_free_ns_;
+  }
+  const std::int64_t wait = until - mono_nanoseconds();
+  if (wait > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(wait));
+}
+
+void ZmqTransport::pace_ingress(std::size_t bytes) {
+  const auto took = static_cast<std::int64_t>(1e9 * static_cast<double>(bytes) / link_bytes_per_s_);
+  std::int64_t until;
+  {
+    std::lock_guard lock(pace_mu_);
+    ingress_free_ns_ = std::max(mono_nanoseconds() - took, ingress_free_ns_) + took;
+    until = ingress_free_ns_;
+  }
+  const std::int64_t wait = until - mono_nanoseconds();
+  if (wait > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(wait));
+}
+
 void ZmqTransport::receive_loop(bool primary) {
   pthread_setname_np(pthread_self(), primary ? "troupe-recv" : "troupe-recv2");
   bool holding = false;
@@ -558,6 +595,11 @@ void ZmqTransport::receive_loop(bool primary) {
           if (!pull_->recv(part, zmq::recv_flags::dontwait)) break;  // a message's parts arrive together
           more = part.more();
           parts.push_back(std::move(part));
+        }
+        if (link_bytes_per_s_ > 0) {
+          std::size_t bytes = msg.size();
+          for (const auto& part : parts) bytes += part.size();
+          pace_ingress(bytes);
         }
         split_frame(msg, parts, burst);
       }

@@ -124,6 +124,16 @@ class ZmqTransport {
   void close();  // sockets (after a last flush of the batches), context, the ipc socket file
 
  private:
+  // Benchmarks only: TROUPE_BENCH_LINK_BYTES_PER_S in the environment (troupe bench weight_sync's
+  // _1gbps rows; no run sets it) limits this node's link to that rate, one way each. Egress: a send
+  // waits until its bytes would have left. Ingress: a message is taken as having streamed in up
+  // to its arrival; it is delivered once the bytes before it and it would have come in.
+  void pace_egress(std::size_t bytes);
+  void pace_ingress(std::size_t bytes);
+  std::mutex pace_mu_;
+  std::int64_t egress_free_ns_ = 0, ingress_free_ns_ = 0;
+  double link_bytes_per_s_ = bench_link_rate();  // 0 = off
+  static double bench_link_rate();
   // --- receiving ---
   void receive_loop(bool primary);
   bool stand_by();  // waits until this thread should take the receiver token; false = stopping

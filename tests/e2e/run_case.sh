@@ -195,6 +195,36 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     $MR "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/whole" --set grpo.max_steps=$((n - 3 + 2)) $ST
     $CHECK same "$W/whole" "$W/rank"
     ;;
+  restart)  # troupe run --restarts 1 --launcher "mpirun ...": learner rank 1 is SIGKILLed after a checkpoint;
+    # the supervisor (outside mpirun) logs the restart with its cause and starts the job again with
+    # --resume from the latest checkpoint, which finishes: every step's row exactly once
+    # each rank's pid in $W/pid_RANK; the wrapper exits with the rank's code, so mpirun sees the failure
+    printf '"$@" &\necho $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"\nwait $!\n' > "$W/rank.sh"
+    export RANKDIR="$W"
+    M="$MPIEXEC --oversubscribe --allow-run-as-root -x RANKDIR -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo \
+       --mca oob_tcp_if_include lo bash $W/rank.sh"
+    "$TROUPE" run "$SRC/configs/multinode.yaml" --restarts 1 --launcher "$M" --set run.dir="$W/run" \
+      --set sft.max_steps=4 --set grpo.max_steps=40 --set eval.every=0 --set eval.num_prompts=10 \
+      --set checkpointing.every=2 --set cluster.peer_timeout_s=5 $Q 2> "$W/err.txt" &
+    job=$!
+    for i in $(seq 1 240); do
+      [ -e "$W/run/checkpoints/latest" ] && [ -s "$W/pid_1" ] && break
+      sleep 0.25
+    done
+    test -e "$W/run/checkpoints/latest"
+    kill -9 "$(cat "$W/pid_1")"
+    wait $job || { echo "the supervised run exited $?"; grep -v PMIX "$W/err.txt" | tail -20; exit 1; }
+    grep "troupe: restart" "$W/err.txt"
+    grep -q "restart 1 of 1: the job failed (it exited with code" "$W/err.txt"
+    grep -q "restart 1 of 1" "$W/run/logs/restarts.log"
+    $CHECK steps "$W/run" 44
+    # inside mpirun the supervisor is refused, naming the way to start it
+    expect_exit nonzero $MPIEXEC --oversubscribe --allow-run-as-root -np 1 "$TROUPE" run "$SRC/configs/quickstart.yaml" \
+      --restarts 1 --set run.dir="$W/bad"
+    grep -q "the supervisor runs outside mpirun/srun" "$W/err.txt"
+    expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --launcher "mpirun -np 2" --set run.dir="$W/bad"
+    grep -q "\-\-launcher needs \-\-restarts N > 0" "$W/err.txt"
+    ;;
   dead_rank)  # the env worker's rank is SIGKILLed mid-GRPO: the survivors name it (rank, role) within
     # peer_timeout_s, rank 0 checkpoints the last finished step and every survivor exits 3 (an env
     # rank is never asked during an update, so the learners always hold a finished step's state)

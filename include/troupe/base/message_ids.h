@@ -20,6 +20,8 @@ inline constexpr std::uint32_t generate_rep = 2011;
 inline constexpr std::uint32_t weights = 2012;
 inline constexpr std::uint32_t ack = 2013;
 inline constexpr std::uint32_t step_version = 2014;
+inline constexpr std::uint32_t weights_part = 2015;  // weight_sync.relay_fanout: a part of a Weights down the relay tree
+inline constexpr std::uint32_t relay_ack = 2016;     // the Acks of a relay's subtree
 inline constexpr std::uint32_t train_req = 2020;
 inline constexpr std::uint32_t train_rep = 2021;
 inline constexpr std::uint32_t get_weights_req = 2022;
@@ -65,7 +67,8 @@ inline constexpr Entry kTable[] = {
     {"env_step_req", env_step_req},         {"env_release_req", env_release_req},
     {"generate_req", generate_req},         {"generate_rep", generate_rep},
     {"weights", weights},                   {"ack", ack},
-    {"step_version", step_version},         {"train_req", train_req},
+    {"step_version", step_version},         {"weights_part", weights_part},
+    {"relay_ack", relay_ack},               {"train_req", train_req},
     {"train_rep", train_rep},               {"get_weights_req", get_weights_req},
     {"checkpoint_req", checkpoint_req},     {"checkpoint_rep", checkpoint_rep},
     {"score_req", score_req},               {"score_rep", score_rep},

@@ -47,6 +47,7 @@ ExperimentConfig experiment_for(const ScaleSimConfig& c) {
   e.rollout.max_staleness = c.max_staleness;
   e.weight_sync.mode = WeightSyncMode::delta;  // full at the start and every full_every versions
   e.weight_sync.probe = false;
+  e.weight_sync.relay_fanout = c.relay_fanout;
   e.checkpointing.enabled = false;
   e.logger.trajectories = false;
   e.logger.tensorboard = false;

@@ -63,6 +63,7 @@ TEST(ScaleSim, ManyGeneratorsAndLearners) {
   c.generators = 200;
   c.learners = 16;
   c.steps = 3;
+  c.relay_fanout = 0;  // the star
   auto r = run_scale_sim(c);
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->steps, 3);
@@ -70,6 +71,22 @@ TEST(ScaleSim, ManyGeneratorsAndLearners) {
   const SimTiming t;
   for (size_t i = 1; i < r->step_sim_s.size(); ++i)
     EXPECT_GT(r->step_sim_s[i], 200 * t.delta_bytes / t.link_bytes_per_s * 0.99);
+}
+
+// At 1,000 generators the star's syncs (1,000 deltas over learner 0's link) outlast a step's
+// generation; the relay tree (fan-out 4: learner 0's link carries 4 copies) makes every step shorter.
+TEST(ScaleSim, RelayTreeShortensStepsAtAThousandGenerators) {
+  ScaleSimConfig c;
+  c.generators = 1000;
+  c.learners = 4;
+  c.steps = 3;
+  c.relay_fanout = 0;
+  auto star = run_scale_sim(c);
+  c.relay_fanout = 4;
+  auto tree = run_scale_sim(c);
+  ASSERT_TRUE(star.ok() && tree.ok());
+  EXPECT_EQ(tree->steps, 3);
+  for (size_t i = 1; i < tree->step_sim_s.size(); ++i) EXPECT_LT(tree->step_sim_s[i], 0.8 * star->step_sim_s[i]);
 }
 
 TEST(ScaleSim, BadSizesAreRefused) {

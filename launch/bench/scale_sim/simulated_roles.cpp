@@ -10,6 +10,7 @@
 
 #include "troupe/actors/coordinator.h"
 #include "troupe/actors/messages.h"
+#include "troupe/actors/weight_relay.h"
 
 namespace troupe::bench::sim {
 
@@ -30,7 +31,9 @@ using actors::GetWeightsReq;
 using actors::TrainRep;
 using actors::TrainReq;
 using actors::mix_seed;
+using actors::RelayAck;
 using actors::Weights;
+using actors::WeightsPart;
 
 Clock::time_point SimWorld::send_on_link(Clock::time_point now, double bytes) {
   const auto start = std::max(now, link_free);
@@ -164,11 +167,86 @@ class SimGenerator : public runtime::Actor {
       ack.version = wts.version;
       reply_after(ctx, w_, delay, std::move(ack));
     });
+    handle<WeightsPart>([this](Context& ctx, const WeightsPart& p) { relay(ctx, p); });
   }
 
  private:
+  // weight_sync.relay_fanout: this generator's copy arrives in its window (from learner 0's link,
+  // or its parent's: SimWorld::relay_window), and it passes the version on over its own link to each
+  // child, one after another, each copy starting a part after its own bytes started and ending no
+  // sooner than a part after they ended (parts are passed on as they come). The subtree's RelayAck
+  // goes up once every child answered and its own copy is applied.
+  void relay(Context& ctx, const WeightsPart& p) {
+    RoleCpu cpu(w_);
+    if (p.part + 1 < p.parts) return;  // (the simulated payload is empty: one part)
+    const auto& t = w_.cfg.timing;
+    const double bytes = p.head.encoding == 2 ? t.delta_bytes : t.weights_bytes;  // WeightEncoding::delta
+    const auto dur = seconds(bytes / t.link_bytes_per_s);
+    Clock::time_point start, end;
+    if (auto it = w_.relay_window.find(ctx.self().packed()); it != w_.relay_window.end()) {
+      start = it->second.first;
+      end = it->second.second;
+      w_.relay_window.erase(it);
+    } else {
+      end = w_.send_on_link(ctx.now(), bytes);
+      start = end - dur;
+    }
+    held_ = std::max(held_, p.version);
+    ready_[p.version] = end + seconds(t.weights_apply_s);
+    while (ready_.size() > 8) ready_.erase(ready_.begin());
+    struct Pending {
+      runtime::ReplyTo reply;
+      RelayAck ack;
+      size_t left = 0;
+      void one_done() {
+        if (--left == 0 && reply) (void)reply.send(std::move(ack));
+      }
+    };
+    auto agg = std::make_shared<Pending>();
+    agg->reply = ctx.reply_later();
+    Ack own;
+    own.value = own.version = p.version;
+    agg->ack.index.push_back(p.to_index);
+    agg->ack.acks.push_back(own);
+    const auto children = actors::relay_children(actors::relay_targets(p), p.fanout);
+    agg->left = children.size() + 1;
+    const auto part = seconds(static_cast<double>(actors::kRelayPartBytes) / t.link_bytes_per_s + t.message_s);
+    for (const auto& c : children) {
+      const auto cstart = std::max(start + part, link_free_);
+      const auto cend = std::max(cstart + dur, end + part);
+      link_free_ = cend;
+      w_.relay_window[c.node.id.packed()] = {cstart, cend};
+      WeightsPart out;
+      out.version = p.version;
+      out.head = p.head;
+      out.fanout = p.fanout;
+      out.to_index = c.node.index;
+      for (const auto& b : c.below) {
+        out.subtree.push_back(b.id.packed());
+        out.index.push_back(b.index);
+      }
+      agg->ack.relayed_bytes += static_cast<std::uint64_t>(bytes);
+      ctx.request<RelayAck>(c.node.id, std::move(out), std::chrono::hours(2), [agg](Context&, Result<RelayAck> r) {
+        if (r.ok()) {
+          agg->ack.index.insert(agg->ack.index.end(), r->index.begin(), r->index.end());
+          agg->ack.acks.insert(agg->ack.acks.end(), r->acks.begin(), r->acks.end());
+          agg->ack.relayed_bytes += r->relayed_bytes;
+        }
+        agg->one_done();
+      });
+    }
+    const auto due = std::max(ctx.now(), ready_[p.version] + seconds(t.message_s));
+    w_.due.push(due);
+    ++w_.messages;
+    ctx.after(due - ctx.now(), [this, agg](Context&) {
+      RoleCpu c(w_);
+      agg->one_done();
+    });
+  }
+
   SimWorld& w_;
   std::int64_t held_ = 0;
+  Clock::time_point link_free_{};  // this generator's link (relaying): busy until then
   Clock::time_point busy_until_{};
   std::map<std::int64_t, Clock::time_point> ready_;  // version -> when its weights are applied here
 };

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <queue>
+#include <utility>
 #include <vector>
 
 #include "troupe/bench/scale_sim.h"
@@ -22,6 +23,9 @@ struct SimWorld {
   // earliest); each is also a timer of its actor, which sends the reply.
   std::priority_queue<runtime::Clock::time_point, std::vector<runtime::Clock::time_point>, std::greater<>> due;
   runtime::Clock::time_point link_free{};  // learner 0's link (rank 0's): busy until then
+  // weight_sync.relay_fanout: when a relayed copy's bytes start and finish arriving at a generator
+  // (packed ActorId), set by its parent as it sends (SimGenerator::relay)
+  std::map<std::uint64_t, std::pair<runtime::Clock::time_point, runtime::Clock::time_point>> relay_window;
   double roles_s = 0;  // time in the simulated roles' handlers (they run on the driver's thread)
   std::int64_t messages = 0;
   std::map<std::int64_t, std::int64_t> staleness;

@@ -127,6 +127,9 @@ struct WeightSyncSection {
   bool probe = true;           // after each sync the generator's log-probs of a probe sequence must equal learner 0's
   WeightTransport transport = WeightTransport::zmq;  // zmq: Weights messages | nccl: values by broadcast over the weight group
   bool prepare_in_step = true;    // bf16 deltas: learner 0 prepares the next delta inside each optimizer step
+  // zmq: the most generators one sender (learner 0's rank or a relaying generator) sends a version
+  // to; more live generators than this make a relay tree. 0 or 1: every one from learner 0 (star).
+  int relay_fanout = 4;
 };
 
 struct ClusterSection {

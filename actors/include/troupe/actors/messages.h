@@ -278,6 +278,41 @@ struct Ack {
   void serialize(A& ar) { ar(value, status, version, detail, probe_position); }
 };
 
+// ---- weight_sync.relay_fanout: a Weights down the relay tree (weight_relay.h) ----
+// One part of a Weights message, to a generator that applies it and passes it on to its children.
+// Part 0 carries the message's every field but the payload (`head`); each part a run of the
+// payload, in order. `subtree`/`index`: the generators below the receiver (actor, generator
+// index), which it splits among at most `fanout` children. Parts before the last are sent
+// without a reply; the last is a request answered with a RelayAck for the whole subtree.
+struct WeightsPart {
+  static constexpr std::uint32_t type_id = message_id::weights_part;
+  static constexpr const char* type_name = "actors.WeightsPart";
+  std::int64_t version = 0;
+  std::int32_t part = 0, parts = 1;
+  Weights head;           // part 0: the message without its payload
+  runtime::Bytes bytes;   // this part's run of the payload
+  std::vector<std::uint64_t> subtree;  // packed runtime::ActorId of every generator below the receiver
+  std::vector<std::int32_t> index;     // their generator indices
+  std::int32_t fanout = 2;
+  std::int32_t to_index = 0;           // the receiver's own generator index (for its Ack)
+  template <class A>
+  void serialize(A& ar) { ar(version, part, parts, head, bytes, subtree, index, fanout, to_index); }
+};
+// A relay -> its parent, the reply to a WeightsPart's last part: the Ack of every generator of
+// its subtree that answered (itself first), and the ones found dead (`down`, with why).
+struct RelayAck {
+  static constexpr std::uint32_t type_id = message_id::relay_ack;
+  static constexpr const char* type_name = "actors.RelayAck";
+  std::vector<std::int32_t> index;
+  std::vector<Ack> acks;
+  std::vector<std::int32_t> down;
+  std::vector<std::int32_t> down_code;  // each one's ErrorCode (peer_failed: its actor or rank is gone)
+  std::vector<std::string> why;
+  std::uint64_t relayed_bytes = 0;  // payload bytes the subtree's relays sent on
+  template <class A>
+  void serialize(A& ar) { ar(index, acks, down, down_code, why, relayed_bytes); }
+};
+
 // ---- rollout.serve: the generator's OpenAI-compatible endpoint during a run ----
 // One request the endpoint served for an episode, token for token (one per choice).
 struct ServedTurn {
@@ -498,7 +533,7 @@ template <class... M>
 struct MessageList {};
 using RoleMessages =
     MessageList<EnvResetReq, EnvObs, EnvVerifyReq, EnvVerifyRep, EnvStepReq, EnvReleaseReq, EnvAggregateReq,
-                EnvAggregateRep, EnvRunReq, GenerateReq, StepVersion, GenerateRep, Weights, Ack, ServedTurnsReq,
+                EnvAggregateRep, EnvRunReq, GenerateReq, StepVersion, GenerateRep, Weights, Ack, WeightsPart, RelayAck, ServedTurnsReq,
                 ServedTurnsRep, ServeAddressReq, ServeAddressRep, TrainReq, TrainRep, GetWeightsReq, WeightGroupReq,
                 WeightGroupRep, CheckpointReq, CheckpointRep, ScoreReq, ScoreRep, StopAfterStep, StopRun>;
 

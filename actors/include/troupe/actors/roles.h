@@ -251,6 +251,8 @@ class EnvActor : public runtime::Actor {
 // touched by one thread at a time. With rollout.in_flight_updates the generation always runs on
 // that thread (at nice 0 unless set) and replies from it, the handler returning at once.
 class ComputeThread;
+class RelayReceiver;  // weight_sync.relay_fanout: troupe/actors/weight_relay.h
+
 class GeneratorActor : public runtime::Actor {
  public:
   // index: which of cluster.generators it is; own_process: alone in its process (an mpirun rank),
@@ -265,6 +267,7 @@ class GeneratorActor : public runtime::Actor {
   int index_;
   bool own_process_;
   std::unique_ptr<ComputeThread> compute_;
+  std::unique_ptr<RelayReceiver> relay_;  // WeightsParts: applied here and passed on
 };
 
 class LearnerActor : public runtime::Actor {

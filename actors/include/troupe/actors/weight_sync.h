@@ -38,7 +38,8 @@ struct WeightSyncReport {
   int full = 0, delta = 0;    // generators sent the full weights / a delta (retries included)
   int resent = 0;             // sync mode: generators sent the full weights again after a failed Ack
   int broadcast = 0;          // weight_sync.transport nccl: generators that took the values by broadcast
-  std::uint64_t bytes_sent = 0;     // Weights payload bytes (over ZeroMQ), summed over the generators sent to
+  std::uint64_t bytes_sent = 0;     // Weights payload bytes (over ZeroMQ) learner 0's rank sent, summed over the generators sent to
+  std::uint64_t relayed_bytes = 0;  // relay tree (sync mode): payload bytes the generators passed on
   std::uint64_t delta_bytes = 0;    // the delta's payload (0 when none was sent)
   std::uint64_t full_bytes = 0;     // the full payload (0 when none was sent)
   std::uint64_t elements = 0;       // values in the arena

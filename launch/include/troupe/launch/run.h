@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "troupe/launch/config.h"
 
@@ -13,6 +14,18 @@ namespace troupe::launch {
 struct RunOptions {
   std::string resume_dir;  // non-empty: continue this run directory from checkpoints/latest
 };
+
+// `troupe run --restarts N` (N > 0): the job as the supervisor starts it, again after
+// each failure from the latest checkpoint (run_supervisor.cpp).
+struct SupervisorOptions {
+  std::string config;              // the experiment YAML
+  std::vector<std::string> sets;   // its --set overrides
+  std::string run_dir;             // run.dir (or the --resume directory)
+  bool resume = false;             // the first start resumes run_dir
+  int restarts = 0;
+  std::string launcher;            // e.g. "mpirun -np 4"; empty = one process
+};
+int supervise_run(const SupervisorOptions& o);
 
 // Runs the experiment on every rank (under mpirun/srun each rank runs the same command).
 int run_experiment(const LoadedConfig& loaded, const RunOptions& opt);

@@ -49,6 +49,7 @@ struct ScaleSimConfig {
   int steps = 5;                   // GRPO steps
   bool async = true;
   int max_staleness = 1;
+  int relay_fanout = 4;            // weight_sync.relay_fanout (0 = every generator from learner 0's link)
   std::uint64_t seed = 1;
   SimTiming timing;
 };

@@ -1,0 +1,291 @@
+// actors.relay*: weights down the relay tree (weight_sync.relay_fanout). The split covers every
+// generator once; parts put back together give the message bit for bit; 7 generators with fan-out 2
+// (inproc, and one ActorSystem per generator over ipc) hold learner 0's weights bit for bit after the
+// full sync and the deltas, sync and async, with learner 0's rank sending 2 copies; a relay that dies
+// as its part arrives is routed around (its children get the weights from its parent) and is
+// marked down.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <set>
+
+#include "tiny_config.test.h"
+#include "troupe/actors/roles.h"
+#include "troupe/actors/weight_codec.h"
+#include "troupe/actors/weight_sync.h"
+#include "troupe/actors/weight_relay.h"
+
+using namespace troupe;
+using namespace troupe::actors;
+using runtime::ActorContext;
+using runtime::ActorId;
+using runtime::Task;
+
+namespace {
+
+constexpr int kGens = 7;
+
+void collect(const std::vector<RelayTarget>& subtree, int fanout, std::multiset<int>& seen, int depth, int& deepest) {
+  deepest = std::max(deepest, depth);
+  for (const RelayChild& c : relay_children(subtree, fanout)) {
+    EXPECT_LE(relay_children(subtree, fanout).size(), static_cast<size_t>(fanout));
+    seen.insert(c.node.index);
+    collect(c.below, fanout, seen, depth + 1, deepest);
+  }
+}
+
+TEST(RelayTree, SplitCoversEveryGeneratorOnce) {
+  for (int n : {1, 2, 7, 100, 1000})
+    for (int f : {2, 4}) {
+      std::vector<RelayTarget> all;
+      for (int i = 0; i < n; ++i) all.push_back({ActorId{1, static_cast<uint32_t>(i + 1)}, i});
+      std::multiset<int> seen;
+      int deepest = 0;
+      collect(all, f, seen, 1, deepest);
+      EXPECT_EQ(seen.size(), static_cast<size_t>(n));
+      EXPECT_EQ(std::set<int>(seen.begin(), seen.end()).size(), static_cast<size_t>(n));
+      if (n == 1000 && f == 4) {
+        EXPECT_LE(deepest, 6);
+      }
+    }
+}
+
+TEST(RelayTree, PartsPutBackTogetherBitForBit) {
+  Weights w;
+  w.version = 5;
+  w.base_version = 4;
+  w.encoding = 2;
+  w.checksums = {1, 2, 3};
+  w.probe_tokens = {1, 2};
+  std::string payload(1000003, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131 % 251);
+  w.payload = runtime::Bytes(payload);
+  for (size_t part : {size_t{1} << 20, size_t{4096}, size_t{2000000}}) {
+    auto parts = weights_parts(w, part);
+    EXPECT_EQ(parts.size(), (payload.size() + part - 1) / part);
+    PartAssembly a;
+    for (const auto& p : parts) EXPECT_TRUE(a.add(p));
+    ASSERT_TRUE(a.complete());
+    Weights back = a.take();
+    EXPECT_EQ(back.payload.str(), payload);
+    EXPECT_EQ(back.version, 5);
+    EXPECT_EQ(back.base_version, 4);
+    EXPECT_EQ(back.checksums, w.checksums);
+    EXPECT_EQ(back.probe_tokens, w.probe_tokens);
+  }
+  auto parts = weights_parts(w, 4096);
+  PartAssembly a;
+  EXPECT_TRUE(a.add(parts[0]));
+  EXPECT_FALSE(a.add(parts[2]));  // out of order
+  EXPECT_FALSE(a.complete());
+}
+
+// A generator that dies as the first part of any version reaches it: its actor fails, and the
+// request it was handling fails as peer_failed (as faults.generator_death_step does in one process;
+// a rank that dies does the same through the runtime's node-down notice).
+class DyingRelay : public runtime::Actor {
+ public:
+  DyingRelay() {
+    handle<WeightsPart>([](runtime::Context& ctx, const WeightsPart&) -> Status {
+      Error died = make_error(ErrorCode::peer_failed, "relay killed mid-transfer (test)");
+      if (ctx.header() && (ctx.header()->flags & runtime::kFlagRequest)) (void)ctx.reply_error(died);
+      ctx.fail(died);
+      return {};
+    });
+  }
+};
+
+struct Outcome {
+  std::vector<Result<WeightSyncReport>> reports;
+  std::set<size_t> marked_down;
+};
+
+// Start sync, then `updates` times: train, sync. Async: each live generator answers a generation
+// request after each sync, so its Acks are in before the next sync.
+class Driver : public runtime::Actor {
+ public:
+  Driver(WeightSyncSection cfg, bool async, ActorId learner, std::vector<ActorId> gens, int updates,
+         std::promise<Outcome>* done)
+      : sync_(cfg, async), async_(async), learner_(learner), gens_(std::move(gens)), updates_(updates), done_(done) {}
+  void on_start(runtime::Context& ctx) override {
+    ActorContext::Scope scope(here_, ctx);
+    task_ = run();
+    task_.start();
+  }
+
+ private:
+  Task<Status> run() {
+    Outcome out;
+    peers_.learner = learner_;
+    peers_.generators = gens_;
+    peers_.alive = [this](size_t g) { return !down_.count(g); };
+    peers_.mark_down = [this](size_t g) { down_.insert(g); };
+    for (int k = 0; k <= updates_; ++k) {
+      if (k > 0) {
+        auto trained = runtime::request<TrainRep>(here_, learner_, test_support::tiny_sft_batch(), std::chrono::seconds(60));
+        if (auto t = co_await trained; !t.ok()) {
+          out.reports.push_back(t.error());
+          break;
+        }
+      }
+      auto rep = co_await sync_.sync(here_, peers_);
+      const bool ok = rep.ok();
+      out.reports.push_back(std::move(rep));
+      if (!ok) break;
+      if (async_)
+        for (size_t g = 0; g < gens_.size(); ++g) {
+          if (down_.count(g)) continue;
+          GenerateReq req;
+          req.prompt_tokens = {{1, 10, 11}};
+          req.sampling.max_new_tokens = 1;
+          auto r = runtime::request<GenerateRep>(here_, gens_[g], req, std::chrono::seconds(60));
+          (void)co_await r;
+        }
+    }
+    out.marked_down = down_;
+    here_->stop();
+    done_->set_value(std::move(out));
+    co_return Status{};
+  }
+  WeightSync sync_;
+  bool async_;
+  ActorId learner_;
+  std::vector<ActorId> gens_;
+  int updates_;
+  std::promise<Outcome>* done_;
+  WeightSyncPeers peers_;
+  std::set<size_t> down_;
+  ActorContext here_;
+  Task<Status> task_;
+};
+
+struct TreeRun {
+  Outcome out;
+  std::shared_ptr<LearnerRole> learner;
+  std::vector<std::shared_ptr<Generator>> gens;  // (null where a DyingRelay stood)
+};
+
+// Learner 0 and the driver on node 0; generator g on node g + 1 over ipc (ipc) or on node 0 (inproc).
+TreeRun run_tree(const ExperimentConfig& cfg, bool async, bool ipc, int updates, int dying = -1) {
+  TreeRun run;
+  EXPECT_TRUE(register_messages().ok());
+  const std::string dir = "/tmp/troupe-relay-" + std::to_string(::getpid());
+  std::vector<std::unique_ptr<runtime::ActorSystem>> nodes;
+  std::vector<runtime::PeerInfo> table;
+  for (int n = 0; n < (ipc ? kGens + 1 : 1); ++n) {
+    runtime::SystemConfig sc;
+    sc.threads = 2;
+    sc.node_id = static_cast<uint32_t>(n);
+    sc.role = "node" + std::to_string(n);
+    if (ipc) sc.bind = "ipc://" + dir + "-" + std::to_string(n);
+    auto sys = runtime::ActorSystem::create(sc);
+    EXPECT_TRUE(sys.ok()) << sys.error().message;
+    table.push_back({static_cast<uint32_t>(n), (*sys)->endpoint(), sc.role, ""});
+    nodes.push_back(std::move(sys).value());
+  }
+  if (ipc) {
+    for (auto& n : nodes) EXPECT_TRUE(n->connect(table).ok());
+  }
+  auto l = LearnerRole::create(cfg, nullptr);
+  EXPECT_TRUE(l.ok());
+  run.learner = std::move(l).value();
+  auto lp = run.learner;
+  auto lid = nodes[0]->spawn([lp]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<LearnerActor>(lp, 1); });
+  std::vector<ActorId> gids;
+  for (int i = 0; i < kGens; ++i) {
+    runtime::ActorSystem& host = *nodes[ipc ? i + 1 : 0];
+    Result<ActorId> id = make_error(ErrorCode::internal, "");
+    if (i == dying) {
+      run.gens.push_back(nullptr);
+      id = host.spawn([]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<DyingRelay>(); });
+    } else {
+      auto g = Generator::create(cfg);
+      EXPECT_TRUE(g.ok());
+      std::shared_ptr<Generator> gp = std::move(g).value();
+      run.gens.push_back(gp);
+      id = host.spawn([gp, i]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<GeneratorActor>(gp, 1, 0, i); });
+    }
+    EXPECT_TRUE(id.ok());
+    gids.push_back(*id);
+  }
+  std::promise<Outcome> done;
+  auto fut = done.get_future();
+  auto ws = cfg.weight_sync;
+  EXPECT_TRUE(nodes[0]->spawn([&, ws, gids]() -> std::unique_ptr<runtime::Actor> {
+    return std::make_unique<Driver>(ws, async, *lid, gids, updates, &done);
+  }).ok());
+  run.out = fut.get();
+  for (auto& n : nodes) n->shutdown();
+  return run;
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void expect_everyone_holds_learner0(const TreeRun& run, const ExperimentConfig& cfg) {
+  std::vector<float> master = run.learner->weights().params;
+  round_to_dtype(master, cfg.weight_sync.dtype);
+  for (size_t g = 0; g < run.gens.size(); ++g) {
+    if (!run.gens[g]) continue;
+    EXPECT_EQ(run.gens[g]->version(), run.learner->version()) << "generator " << g;
+    EXPECT_TRUE(same_bits(run.gens[g]->model().params(), master)) << "generator " << g;
+  }
+}
+
+ExperimentConfig tree_config(const char* dtype) {
+  ExperimentConfig c = test_support::tiny_config();
+  c.optimizer.lr = 0.01f;
+  c.weight_sync.relay_fanout = 2;
+  c.weight_sync.dtype = *enum_from_name<WeightDtype>(dtype);
+  return c;
+}
+
+void check_tree(bool async, bool ipc) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(std::string(dtype) + (async ? " async" : " sync") + (ipc ? " ipc" : " inproc"));
+    ExperimentConfig cfg = tree_config(dtype);
+    TreeRun run = run_tree(cfg, async, ipc, 3);
+    ASSERT_EQ(run.out.reports.size(), 4u);
+    for (size_t k = 0; k < run.out.reports.size(); ++k) {
+      ASSERT_TRUE(run.out.reports[k].ok()) << run.out.reports[k].error().message;
+      const WeightSyncReport& r = *run.out.reports[k];
+      const std::uint64_t one = k == 0 ? r.full_bytes : r.delta_bytes;
+      EXPECT_EQ(r.full + r.delta, kGens);
+      EXPECT_EQ(r.bytes_sent, 2 * one) << "learner 0's rank sends one copy per child of the root";
+      if (!async) {
+        EXPECT_EQ(r.relayed_bytes, (kGens - 2) * one) << "the generators pass on the rest";
+      }
+    }
+    EXPECT_GT(run.out.reports[1]->delta, 0);
+    EXPECT_TRUE(run.out.marked_down.empty());
+    expect_everyone_holds_learner0(run, cfg);
+  }
+}
+
+}  // namespace
+
+TEST(RelayTree, SevenGeneratorsInprocGetLearner0sWeights) {
+  check_tree(false, false);
+  check_tree(true, false);
+}
+
+TEST(RelayTree, SevenGeneratorsOverIpcGetLearner0sWeights) { check_tree(false, true); }
+
+TEST(RelayTree, RelayKilledMidTransferIsRoutedAround) {
+  for (bool ipc : {false, true}) {
+    SCOPED_TRACE(ipc ? "ipc" : "inproc");
+    ExperimentConfig cfg = tree_config("bf16");
+    // generator 0 is the root's first child, relaying to a subtree of 3
+    TreeRun run = run_tree(cfg, false, ipc, 2, /*dying=*/0);
+    ASSERT_EQ(run.out.reports.size(), 3u);
+    for (const auto& r : run.out.reports) ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(run.out.marked_down, std::set<size_t>{0});
+    expect_everyone_holds_learner0(run, cfg);
+    EXPECT_EQ(run.out.reports[1]->full + run.out.reports[1]->delta, kGens - 1);  // the dead one is skipped after
+  }
+}
