@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # e2e.smollm2_lora: configs/smollm2_lora_grpo.yaml shortened to 2 GRPO steps on the real
-# SmolLM2-135M-Instruct GGUF (fetched on first use): the run completes, evaluates before and after,
-# trains only the rank-16 adapters (every linear layer, 30 layers x 7 modules), and checkpoints them
-# as a PEFT adapter beside base.json naming the GGUF.
+# SmolLM2-135M-Instruct GGUF (fetched on first use), its Q4_1 blocks the frozen base (base_dtype: gguf):
+# the run completes, evaluates before and after, trains only the rank-16 adapters (every linear layer,
+# 30 layers x 7 modules), and checkpoints them as a PEFT adapter beside base.json naming the GGUF.
 # Usage: grpo_smollm2_lora.sh TROUPE PYTHON SRC_DIR WORK_DIR
 set -euo pipefail
 TROUPE=$1 PY=$2 SRC=$3 W=$4
@@ -18,6 +18,8 @@ run, gguf = sys.argv[1], sys.argv[2]
 rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if l.strip()]
 evals = [r for r in rows if "eval_accuracy" in r]
 assert [r["step"] for r in evals] == [0, 2], [r["step"] for r in evals]
+resolved = open(os.path.join(run, "config.resolved.yaml")).read()
+assert 'base_dtype: "gguf"' in resolved, "the config trains on the GGUF's own blocks"
 train = [r for r in rows if "eval_accuracy" not in r]
 for r in train:
     assert 0.0 <= r["reward_mean"] <= 1.0 and r["grad_norm"] >= 0.0 and r["lr"] > 0, r
