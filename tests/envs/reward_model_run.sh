@@ -72,6 +72,10 @@ assert all(x["reward"] == x["reward_components"]["reward_model"] for x in t)
 assert len({x["reward"] for x in t}) > 8, "scores should vary"
 assert len(steps("none")) == 3
 same(steps("none"), steps("none2"), "rerun")
+# each step's reward/reward_model: the mean raw score of its scored responses
+for r in steps("none"):
+    xs = [x["reward_components"]["reward_model"] for x in t if x["step"] == r["step"]]
+    assert abs(r["reward/reward_model"] - sum(xs) / len(xs)) < 1e-6, (r["step"], r.get("reward/reward_model"))
 same(steps("none"), steps("scorer"), "scorer")
 # batch: each step's rewards sum to 0, and reward - raw score is one constant per step
 by_step = {}
@@ -102,4 +106,7 @@ run 2 center "${RMA[@]}"
 grep -q "envs\[0\].config.center" "$WORK/center.err"
 run 2 nopath --set envs[0].type=reward_model --set "envs[0].config={$ROWS}"
 grep -q "envs\[0\].path" "$WORK/nopath.err"
+rm_env none
+run 2 turns "${RMA[@]}" --set rollout.max_turns=2
+grep -q "rollout.max_turns: must be 1 with a reward_model env (env '.*'): a reward model scores single-turn responses" "$WORK/turns.err"
 echo "reward_model_run: all cases passed"
