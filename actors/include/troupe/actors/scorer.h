@@ -57,7 +57,7 @@ inline constexpr int kScorerSlots = 8, kScorerContext = 2048;
 class Scorer {
  public:
   // Loads each path once (a model directory or a .gguf, as policy.path), on the backend `exec`
-  // names, batch-invariant (exec's training optimizations do not apply to a forward-only model).
+  // names, batch-invariant, fp32, activation checkpointing on (forward-only: a layer input each).
   static Result<std::unique_ptr<Scorer>> create(const std::vector<std::string>& paths,
                                                 policy::ExecutionOptions exec);
   // Runs the requests together, one result each in order (a bad request fails alone): the
