@@ -107,7 +107,7 @@ Command add_validate_command(CLI::App& root) {
             else
             {
               const auto& c = loaded->config.cluster;
-              const int ranks = c.learners + c.generators + c.env_workers;
+              const int ranks = c.learners + c.generators + c.env_workers + c.scorers;
               if (c.learners > 1)  // one process hosts one learner: data parallelism needs ranks
                 std::printf("%s: ok (needs mpirun -np %d or srun --mpi=pmix -n %d: learners %d, generators %d, env_workers %d)\n",
                             o->config.c_str(), ranks, ranks, c.learners, c.generators, c.env_workers);

@@ -29,7 +29,8 @@ RUBRIC='Rate the answer {response} to {prompt} from 0 to 10. Reply with one numb
 JUDGE='{"url": "http://127.0.0.1:'"$PORT"'/v1", "model": "smol-judge", "api_key_env": "JUDGE_KEY", "rubric": "'"$RUBRIC"'", "pattern": "([0-9]+)", "range": [0, 1000000], "max_tokens": 8, "timeout_s": 120}'
 ROWS='"train": "data/python_reward_train.jsonl", "template": "{question}="'
 "$TROUPE" run "$SRC/configs/python_reward.yaml" --set run.dir="$WORK/run" --set sft.enabled=false \
-  --set grpo.max_steps=2 --set rollout.prompts_per_step=2 --set eval.every=0 --set eval.at_start=false \
+  --set grpo.max_steps=2 --set rollout.prompts_per_step=2 --set rollout.num_generations=4 --set eval.every=0 \
+  --set eval.at_start=false --set eval.num_prompts=2 --set envs[0].max_retries=0 --set envs[0].timeout_s=300 \
   --set checkpointing.enabled=false --set logger.tensorboard=false --set logger.progress=plain \
   --set envs[0].type=judge --set "envs[0].config={$ROWS, \"judge\": $JUDGE}" --set envs[0].max_failure_frac=1 \
   > "$WORK/run.out" 2> "$WORK/run.err" || { tail -n 30 "$WORK/run.err"; echo "FAIL: the run"; exit 1; }
