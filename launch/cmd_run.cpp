@@ -11,6 +11,7 @@
 #include "troupe/launch/config.h"
 #include "troupe/launch/plan.h"
 #include "troupe/launch/run.h"
+#include "troupe/policy/io/chat_template.h"
 
 namespace troupe::launch {
 namespace {
@@ -93,6 +94,23 @@ Command add_run_command(CLI::App& root) {
           }};
 }
 
+// How each judge with a local model (judge.model, no url) is prompted: through the model's chat
+// template (the rubric as one user turn, with the generation prompt) or as plain text after BOS.
+static void print_local_judges(const actors::ExperimentConfig& cfg) {
+  for (size_t i = 0; i < cfg.envs.size(); ++i) {
+    const auto& c = cfg.envs[i].config;
+    if (!c.is_object() || !c.contains("judge") || !c["judge"].is_object()) continue;
+    const auto& j = c["judge"];
+    if (!j.value("url", std::string()).empty() || !j.contains("model") || !j["model"].is_string()) continue;
+    const std::string model = j["model"].get<std::string>();
+    auto t = policy::io::load_chat_template_dir(model);
+    const std::string how = !t.ok() ? "its chat template cannot be read: " + t.error().message
+                            : *t    ? "the rubric goes through its chat template (one user turn, generation prompt)"
+                                    : "no chat template: the rubric is the plain prompt after BOS";
+    std::printf("envs[%zu].config.judge.model %s: %s\n", i, model.c_str(), how.c_str());
+  }
+}
+
 Command add_validate_command(CLI::App& root) {
   struct Opts : ConfigArgs {
     bool print = false;
@@ -114,12 +132,13 @@ Command add_validate_command(CLI::App& root) {
             else
             {
               const auto& c = loaded->config.cluster;
-              const int ranks = c.learners + c.generators + c.env_workers;
+              const int ranks = c.learners + c.generators + c.env_workers + c.scorers;
               if (c.learners > 1)  // one process hosts one learner: data parallelism needs ranks
                 std::printf("%s: ok (needs mpirun -np %d or srun --mpi=pmix -n %d: learners %d, generators %d, env_workers %d)\n",
                             o->config.c_str(), ranks, ranks, c.learners, c.generators, c.env_workers);
               else
                 std::printf("%s: ok (one process, or mpirun -np %d / srun --mpi=pmix -n %d)\n", o->config.c_str(), ranks, ranks);
+              print_local_judges(loaded->config);
             }
             return 0;
           }};

@@ -159,7 +159,9 @@ void check_env_process(const actors::EnvSpec& e, const std::string& pre, const C
 void check_reward_model_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const std::string& pre,
                               const ConfigReport& report) {
   if (c.rollout.max_turns > 1)  // its responses are scored by verify, which multi-turn episodes never call
-    report("rollout.max_turns", "rollout.max_turns", "must be 1 with a reward_model env (env '" + e.name + "')");
+    report("rollout.max_turns", "rollout.max_turns",
+           "must be 1 with a reward_model env (env '" + e.name +
+               "'): a reward model scores single-turn responses; multi-turn episodes are not scored by one");
   if (e.path.empty())
     report(pre + ".type", pre + ".path",
            "a reward_model env needs path: (a Hugging Face *ForSequenceClassification directory)");

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "run/steps.h"
+#include "troupe/actors/scorer.h"
 #include "troupe/learner/checkpoint.h"
 #include "troupe/learner/lora_checkpoint.h"
 #include "troupe/serve/lora_adapters.h"
@@ -116,6 +117,32 @@ Status load_eval_adapter(const ExperimentConfig& cfg, const std::string& checkpo
   return serve::apply_adapter(model, adapter);
 }
 
+// The models `troupe eval` serves on a scorer: what the config's scorers serve but the teacher
+// (distill is training only): each judge's local model and, with cluster.scorers >= 1, each
+// reward_model env's model (without scorers such an env worker loads its model itself).
+std::vector<std::string> eval_scorer_paths(ExperimentConfig cfg) {
+  cfg.distill.teacher.clear();
+  if (cfg.cluster.scorers < 1) return {};
+  return actors::scorer_model_paths(cfg);
+}
+
+// One scorer actor for `troupe eval` when the config's envs need one (eval_scorer_paths), its
+// address installed for the env workers (set_scorer_peers) before they are made; none otherwise.
+Result<std::vector<runtime::ActorId>> spawn_eval_scorer(const ExperimentConfig& cfg, runtime::ActorSystem& sys) {
+  const auto paths = eval_scorer_paths(cfg);
+  std::vector<runtime::ActorId> ids;
+  if (!paths.empty()) {
+    TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<actors::Scorer> sp, actors::Scorer::create(paths, cfg.policy));
+    const int n = actors::role_threads(cfg.cluster, "scorer", 2);
+    TROUPE_ASSIGN_OR_RETURN(runtime::ActorId id, sys.spawn([sp, n]() -> std::unique_ptr<runtime::Actor> {
+      return std::make_unique<actors::ScorerActor>(sp, n);
+    }));
+    ids.push_back(id);
+  }
+  actors::set_scorer_peers(sys, ids, cfg);
+  return ids;
+}
+
 }  // namespace
 
 int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint, const std::string& base) {
@@ -139,6 +166,8 @@ int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint, c
   auto sys_r = runtime::ActorSystem::create(sc);
   if (!sys_r.ok()) return fail(sys_r.error());
   auto& sys = **sys_r;
+  auto scorers = spawn_eval_scorer(cfg, sys);
+  if (!scorers.ok()) return fail(scorers.error());
   auto g = actors::Generator::create(cfg);
   if (!g.ok()) return fail(g.error());
   auto e = actors::EnvWorker::create(*specs);
@@ -154,7 +183,7 @@ int eval_checkpoint(const LoadedConfig& loaded, const std::string& checkpoint, c
   auto eid = sys.spawn([ep]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<actors::EnvActor>(ep); });
   if (!gid.ok()) return fail(gid.error());
   if (!eid.ok()) return fail(eid.error());
-  actors::RolePeers peers{&sys, {*eid}, {*gid}, {}, {}};
+  actors::RolePeers peers{&sys, {*eid}, {*gid}, {}, *scorers};
   auto r = actors::evaluate_policy(cfg, peers);
   sys.shutdown();
   if (!r.ok()) return fail(r.error());

@@ -159,15 +159,16 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
   if (r.retries > 0) row["env_retries"] = r.retries;
   // a NeMo Gym server's reward_components and a verifiers env's rewards (score x weight) and metrics:
   // reward_components/<env>/<name>; a reward hook's (dataset, verifier: python) named components:
-  // reward/<name>, and so are a judged dataset env's (verifier, judge); each the mean over the
-  // completions that reported it
+  // reward/<name>, and so are a judged dataset env's (verifier, judge) and a reward_model env's
+  // (reward_model: the model's raw score); each the mean over the completions that reported it
   std::map<std::string, std::pair<double, int>> parts;
   for (const auto& g : r.groups) {
     const auto& spec = env_spec(s, g.env);
     const bool dataset = (spec.type == EnvType::builtin && spec.env_id() == "dataset") || spec.type == EnvType::judge ||
                          spec.type == EnvType::reward_model;
-    const bool reward_hook = dataset && spec.config.is_object() &&
-                             (spec.config.value("verifier", "") == "python" || spec.config.contains("judge"));
+    const bool reward_hook = spec.type == EnvType::reward_model ||
+                             (dataset && spec.config.is_object() &&
+                              (spec.config.value("verifier", "") == "python" || spec.config.contains("judge")));
     if (spec.type != EnvType::nemo_gym && spec.type != EnvType::verifiers && !reward_hook) continue;
     const std::string prefix = reward_hook ? "reward/" : "reward_components/" + g.env + "/";
     for (const auto& c : g.components) {

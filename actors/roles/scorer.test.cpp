@@ -10,7 +10,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <future>
+#include <thread>
 #include <unistd.h>
 
 #include "tiny_config.test.h"
@@ -23,9 +25,10 @@ namespace {
 namespace fs = std::filesystem;
 
 // A tiny dense (llama) model directory with the built-in char tokenizer (seeded).
-std::string save_tiny_model(const fs::path& dir, int seed) {
+std::string save_tiny_model(const fs::path& dir, int seed, int positions = 0) {
   ExperimentConfig c = test_support::tiny_config();
   c.run.seed = seed;
+  if (positions > 0) c.policy.model.max_position_embeddings = positions;
   c.policy.model.family = policy::ModelFamily::llama;  // dense
   c.policy.model.num_experts = 0;
   auto b = make_policy(c);
@@ -147,6 +150,97 @@ TEST_F(ScorerTest, GeneratesAndRefusesWhatItCannotServe) {
   ASSERT_FALSE(out[3].ok());
   EXPECT_NE(out[3].error().message.find("cannot start scoring at 5"), std::string::npos) << out[3].error().message;
   EXPECT_FALSE(Scorer::create({(root_ / "nowhere").string()}, {}).ok());
+}
+
+// Continuous batching per decode step: a generate request submitted while another generates joins
+// the running batch at the engine's next step (both share steps: peak batch 2 while the first still
+// runs), and each text equals that of the request run alone and of the batch-invariant model's own
+// generate() (seed, stream = the prompt's index).
+TEST_F(ScorerTest, GenerateRequestsJoinARunningGenerationPerDecodeStep) {
+  path_ = save_tiny_model(root_ / "long", 5, 1024);  // room for a long first generation
+  auto s = Scorer::create({path_}, {});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  auto gen_req = [&](std::vector<std::string> prompts, float temperature, uint64_t seed, int n) {
+    ScoreReq g;
+    g.kind = static_cast<int32_t>(ScoreKind::generate);
+    g.model = path_;
+    g.prompts = std::move(prompts);
+    g.max_new_tokens = n;
+    g.temperature = temperature;
+    g.seed = seed;
+    return g;
+  };
+  const ScoreReq a = gen_req({"12+34=", "5*6="}, 0.0f, 7, 600), b = gen_req({"9-3="}, 0.0f, 0, 40);
+  // alone first (this makes the model's engine)
+  auto alone_a = (*s)->run(a), alone_b = (*s)->run(b);
+  ASSERT_TRUE(alone_a.ok() && alone_b.ok()) << (alone_a.ok() ? alone_b.error().message : alone_a.error().message);
+  ServeEngine* engine = (*s)->find(path_)->engine.get();
+  ASSERT_NE(engine, nullptr);
+  const int peak_alone = engine->peak_batch();
+  // A runs; between two of its decode steps (a task on the engine's thread, once A has stepped) B is
+  // submitted, and joins at the next step
+  std::promise<Result<ScoreRep>> pa, pb;
+  const uint64_t steps0 = engine->steps();
+  auto sa = (*s)->submit_generate(a, [&](Result<ScoreRep> r) { pa.set_value(std::move(r)); });
+  ASSERT_EQ(sa.size(), 2u);
+  std::atomic<bool> joined = false, a_running = true;
+  uint64_t steps_at_b = 0;
+  // a task between every two decode steps until A has stepped; it then submits B
+  std::thread checker([&] {
+    while (!joined && a_running) {
+      Status st = engine->run_with_model([&](policy::Model&) -> Status {
+        a_running = sa[0]->finish() == ServeFinish::running && sa[1]->finish() == ServeFinish::running;
+        if (!a_running || engine->steps() <= steps0) return {};  // A has not stepped yet: look again
+        steps_at_b = engine->steps();
+        (*s)->submit_generate(b, [&](Result<ScoreRep> r) { pb.set_value(std::move(r)); });
+        joined = true;
+        return {};
+      });
+      EXPECT_TRUE(st.ok()) << st.error().message;
+    }
+  });
+  checker.join();
+  ASSERT_TRUE(joined) << "the first request ended before the second came";
+  auto ra = pa.get_future().get(), rb = pb.get_future().get();
+  ASSERT_TRUE(ra.ok() && rb.ok()) << (ra.ok() ? rb.error().message : ra.error().message);
+  EXPECT_EQ(peak_alone, 2);
+  EXPECT_EQ(engine->peak_batch(), 3) << "the second request never shared a decode step with the first";
+  EXPECT_GT(engine->steps(), steps_at_b);
+  // the same texts as alone, bit for bit
+  EXPECT_EQ(ra->texts, alone_a->texts);
+  EXPECT_EQ(rb->texts, alone_b->texts);
+  // the batch-invariant model's own generate(), one request at a time
+  policy::ExecutionOptions exec;
+  exec.batch_invariant = true;
+  auto m = policy::io::load_model(path_, exec);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  for (const ScoreReq* r : {&a, &b}) {
+    policy::SamplingParams sp;
+    sp.temperature = r->temperature;
+    sp.seed = r->seed;
+    sp.max_new_tokens = r->max_new_tokens;
+    sp.stop_tokens = {m->tokenizer->eos_id()};
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t p = 0; p < r->prompts.size(); ++p) {
+      auto ids = m->tokenizer->encode(r->prompts[p]);
+      ASSERT_TRUE(ids.ok());
+      prompts.push_back({m->tokenizer->bos_id()});
+      prompts.back().insert(prompts.back().end(), ids->begin(), ids->end());
+      sp.streams.push_back(static_cast<int32_t>(p));
+    }
+    auto g = m->model.generate(prompts, sp);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    const auto& texts = r == &a ? ra->texts : rb->texts;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      auto toks = (*g)[p].tokens;
+      if (!toks.empty() && toks.back() == m->tokenizer->eos_id()) toks.pop_back();
+      EXPECT_EQ(*m->tokenizer->decode(toks, true), texts[p]) << "prompt " << p;
+    }
+  }
+  // log-probs of the same model now run on the engine's thread, between decode steps
+  auto lp = (*s)->run(logprobs_req({{1, 20, 21, 22}}));
+  ASSERT_TRUE(lp.ok()) << lp.error().message;
+  EXPECT_EQ(lp->logprobs[0].size(), 2u);
 }
 
 // An actor that takes ScoreReq and never answers (a hung scorer).

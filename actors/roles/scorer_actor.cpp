@@ -23,6 +23,36 @@ struct ScorerActor::Queue {
   std::deque<Item> items;
   bool stop = false;
   std::thread thread;
+  // generate requests on their engines: their streams (cancelled when the actor stops) and how
+  // many are not answered yet
+  std::vector<std::shared_ptr<ServeStream>> streams;
+  size_t generating = 0;
+
+  // Hands a generate request to its model's engine; answered from the engine's thread when it ends.
+  void submit(Scorer& scorer, Item& it, double start, size_t batch) {
+    {
+      std::lock_guard lk(mu);
+      ++generating;
+      std::erase_if(streams, [](const auto& s) { return s->finish() != ServeFinish::running; });
+    }
+    auto sent = scorer.submit_generate(it.req, [this, reply = it.reply, queued = start - it.queued_at,
+                                                batch](Result<ScoreRep> r) {
+      if (reply) {
+        if (!r.ok()) {
+          (void)reply.send_error(r.error());
+        } else {
+          r->queue_s = queued;
+          r->batch_requests = static_cast<int32_t>(batch);
+          (void)reply.send(std::move(r).value());
+        }
+      }
+      std::lock_guard lk(mu);
+      --generating;
+      cv.notify_all();
+    });
+    std::lock_guard lk(mu);
+    streams.insert(streams.end(), sent.begin(), sent.end());
+  }
 
   void loop(const std::shared_ptr<Scorer>& scorer, int threads) {
     use_threads(threads);
@@ -30,10 +60,14 @@ struct ScorerActor::Queue {
     for (;;) {
       cv.wait(lk, [&] { return stop || !items.empty(); });
       if (stop) return;
-      std::deque<Item> batch;  // everything queued now: one batch
-      batch.swap(items);
+      std::deque<Item> all;  // everything queued now: generations join their engine, the rest one batch
+      all.swap(items);
       lk.unlock();
       const double start = mono_seconds();
+      std::deque<Item> batch;
+      for (auto& it : all)
+        if (static_cast<ScoreKind>(it.req.kind) == ScoreKind::generate) submit(*scorer, it, start, all.size());
+        else batch.push_back(std::move(it));
       std::vector<const ScoreReq*> reqs;
       for (const auto& it : batch) reqs.push_back(&it.req);
       auto results = scorer->run_batch(reqs);
@@ -46,7 +80,7 @@ struct ScorerActor::Queue {
         }
         ScoreRep rep = std::move(results[i]).value();
         rep.queue_s = start - it.queued_at;
-        rep.batch_requests = static_cast<int32_t>(batch.size());
+        rep.batch_requests = static_cast<int32_t>(all.size());
         (void)it.reply.send(std::move(rep));
       }
       lk.lock();
@@ -56,6 +90,7 @@ struct ScorerActor::Queue {
 
 ScorerActor::ScorerActor(std::shared_ptr<Scorer> scorer, int threads)
     : scorer_(std::move(scorer)), queue_(std::make_shared<Queue>()) {
+  scorer_->set_threads(threads);
   queue_->thread = std::thread([q = queue_.get(), s = scorer_, threads] { q->loop(s, threads); });
   handle<ScoreReq>([this](runtime::Context& ctx, const ScoreReq& r) -> Status {
     {
@@ -78,6 +113,9 @@ ScorerActor::~ScorerActor() {
   queue_->thread.join();
   for (const auto& it : left)  // never silent: what was queued learns that the scorer stopped
     if (it.reply) (void)it.reply.send_error(make_error(ErrorCode::peer_failed, "scorer stopped before the request ran"));
+  std::unique_lock lk(queue_->mu);  // generations end cancelled at their engine's next step, answered
+  for (const auto& s : queue_->streams) s->cancel();
+  queue_->cv.wait(lk, [&] { return queue_->generating == 0; });
 }
 
 ScorerClient::ScorerClient(runtime::ActorSystem& sys, std::vector<runtime::ActorId> scorers, double timeout_s,

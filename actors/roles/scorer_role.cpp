@@ -9,10 +9,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <condition_variable>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <tuple>
 
+#include "troupe/actors/chat_turns.h"
 #include "roles/role_support.h"
 #include "troupe/actors/scorer.h"
 #include "troupe/learner/distill.h"
@@ -98,6 +101,7 @@ Result<std::unique_ptr<ScorerModel>> load_reward_scorer_model(const std::string&
   m->model = std::make_unique<policy::Model>(std::move(rm->model));
   m->tokenizer = std::move(rm->tokenizer);
   m->head = std::make_unique<policy::ScoreHead>(std::move(rm->head));
+  m->vocab_size = m->model->config().vocab_size;
   TROUPE_ASSIGN_OR_RETURN(m->model_hash, model_files_hash(path));
   m->tokenizer_hash = learner::tokenizer_fingerprint(*m->tokenizer);
   return m;
@@ -106,10 +110,12 @@ Result<std::unique_ptr<ScorerModel>> load_reward_scorer_model(const std::string&
 }  // namespace
 
 Result<std::unique_ptr<Scorer>> Scorer::create(const std::vector<std::string>& paths, policy::ExecutionOptions exec) {
-  // forward-only and batch-invariant: a sequence's numbers never depend on what shares its batch
+  // forward-only and batch-invariant: a sequence's numbers never depend on what shares its batch.
+  // Checkpointing keeps only each layer's input (one layer's workspace for all): the forward is
+  // the same computation, bit for bit, in a fraction of the memory (there is never a backward).
   exec.batch_invariant = true;
   exec.compute_dtype = kernels::ComputeDtype::fp32;
-  exec.activation_checkpointing = false;
+  exec.activation_checkpointing = true;
   exec.offload_activations = false;
   auto s = std::unique_ptr<Scorer>(new Scorer());
   for (const auto& path : paths) {
@@ -123,6 +129,7 @@ Result<std::unique_ptr<Scorer>> Scorer::create(const std::vector<std::string>& p
     auto m = std::make_unique<ScorerModel>();
     m->name = path;
     m->model = std::make_unique<policy::Model>(std::move(loaded->model));
+    m->vocab_size = m->model->config().vocab_size;
     if (!loaded->tokenizer) return invalid_input("scorer: model " + path + " has no tokenizer file");
     m->tokenizer = std::move(loaded->tokenizer);
     const auto& d = *loaded;
@@ -149,7 +156,7 @@ std::vector<std::string> Scorer::names() const {
 }
 
 Status Scorer::check(const ScoreReq& r, const ScorerModel& m) const {
-  const int V = m.model->config().vocab_size;
+  const int V = m.vocab_size;
   if (m.head && static_cast<ScoreKind>(r.kind) != ScoreKind::sequence_score)
     return invalid_input("scorer: " + m.name + " is a sequence-classification model: it answers sequence_score requests only");
   switch (static_cast<ScoreKind>(r.kind)) {
@@ -214,13 +221,61 @@ std::vector<Result<ScoreRep>> Scorer::run_batch(const std::vector<const ScoreReq
                      : std::tuple{r.model, r.topk > 0 ? 1 : 0, 0, 0.0f, uint64_t{0}};
     groups[key].push_back(i);
   }
+  // generate requests first (they decode on their engine's thread; log-prob forwards run between
+  // its steps), then the forwards, then wait for the generations
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t generating = 0;
+  for (const auto& [key, idx] : groups) {
+    if (std::get<1>(key) != 2) continue;
+    generating += idx.size();
+    for (size_t i : idx)
+      submit_generate(*reqs[i], [&, i](Result<ScoreRep> r) {
+        std::lock_guard lk(mu);
+        out[i] = std::move(r);
+        if (--generating == 0) cv.notify_all();
+      });
+  }
   for (const auto& [key, idx] : groups) {
     ScorerModel& m = *models_.at(std::get<0>(key));
-    if (std::get<1>(key) == 2) run_generate(m, idx, reqs, out);
-    else if (std::get<1>(key) == 3) run_sequence_scores(m, idx, reqs, out);
-    else run_logprobs(m, idx, reqs, out);
+    if (std::get<1>(key) == 3) run_sequence_scores(m, idx, reqs, out);
+    else if (std::get<1>(key) != 2) run_logprobs(m, idx, reqs, out);
   }
+  std::unique_lock lk(mu);
+  cv.wait(lk, [&] { return generating == 0; });
   return out;
+}
+
+Result<std::vector<int32_t>> Scorer::generate_prompt(ScorerModel& m, const std::string& text) {
+  if (!m.chat_template_read) {
+    TROUPE_ASSIGN_OR_RETURN(m.chat_template, policy::io::load_chat_template_dir(m.name));
+    m.chat_template_read = true;
+  }
+  if (m.chat_template) {  // one user turn and the generation prompt; the template places BOS itself
+    TROUPE_ASSIGN_OR_RETURN(ChatFormat f, make_chat_format(*m.tokenizer, m.chat_template));
+    return encode_chat_prompt(f, *m.tokenizer, nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}}));
+  }
+  std::vector<int32_t> q;
+  if (m.tokenizer->bos_id() >= 0) q.push_back(m.tokenizer->bos_id());
+  TROUPE_ASSIGN_OR_RETURN(auto ids, m.tokenizer->encode(text));
+  q.insert(q.end(), ids.begin(), ids.end());
+  return q;
+}
+
+Status Scorer::with_model(ScorerModel& m, const std::function<Status(policy::Model&)>& task) {
+  return m.engine ? m.engine->run_with_model(task) : task(*m.model);
+}
+
+Result<ServeEngine*> Scorer::engine_for(ScorerModel& m) {
+  if (m.engine) return m.engine.get();
+  ServeEngineOptions o;
+  o.slots = kScorerSlots;
+  o.context = std::min(kScorerContext, std::max(2, m.model->config().max_position_embeddings));
+  o.threads = threads_;
+  auto e = ServeEngine::create(std::move(m.model), o);
+  if (!e.ok()) return Error{e.error().code, "scorer: " + m.name + ": " + e.error().message};
+  m.engine = std::move(e).value();
+  return m.engine.get();
 }
 
 namespace {
@@ -259,7 +314,7 @@ void row_logprobs(const float* logits, int V, int32_t target, int k, float* targ
 
 void Scorer::run_logprobs(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
                           std::vector<Result<ScoreRep>>& out) {
-  const int V = m.model->config().vocab_size;
+  const int V = m.vocab_size;
   const double t0 = mono_seconds();
   // requests go whole into packed batches of at most max_batch_tokens tokens (a longer one alone)
   size_t a = 0;
@@ -285,12 +340,10 @@ void Scorer::run_logprobs(ScorerModel& m, const std::vector<size_t>& idx, const 
     std::vector<float> logp(T, 0.0f), logits;
     Status st = Status::ok_status();
     if (T > 0) {
-      if (topk) {
-        logits.resize(T * static_cast<size_t>(V));
-        st = m.model->forward_logits(batch, logits.data());
-      } else {
-        st = m.model->forward_train(batch, 1.0f, logp.data(), nullptr);
-      }
+      if (topk) logits.resize(T * static_cast<size_t>(V));
+      st = with_model(m, [&](policy::Model& model) {
+        return topk ? model.forward_logits(batch, logits.data()) : model.forward_train(batch, 1.0f, logp.data(), nullptr);
+      });
     }
     size_t row = 0;
     std::vector<int32_t> order;
@@ -354,64 +407,90 @@ void Scorer::run_sequence_scores(ScorerModel& m, const std::vector<size_t>& idx,
   }
 }
 
-void Scorer::run_generate(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
-                          std::vector<Result<ScoreRep>>& out) {
-  const double t0 = mono_seconds();
-  const ScoreReq& first = *reqs[idx[0]];
-  std::vector<std::vector<int32_t>> prompts;
-  policy::SamplingParams sp;
-  sp.temperature = first.temperature;
-  sp.max_new_tokens = first.max_new_tokens;
-  sp.seed = first.seed;
-  if (m.tokenizer->eos_id() >= 0) sp.stop_tokens.push_back(m.tokenizer->eos_id());
-  std::vector<size_t> owner;  // prompt -> position in idx
-  for (size_t i = 0; i < idx.size(); ++i) {
-    const ScoreReq& r = *reqs[idx[i]];
-    bool ok = true;
-    for (size_t p = 0; p < r.prompts.size() && ok; ++p) {
-      auto ids = m.tokenizer->encode(r.prompts[p]);
-      if (!ids.ok()) {
-        out[idx[i]] = invalid_input("scorer: generate: prompt " + std::to_string(p) + " does not encode with " + m.name +
-                                    "'s tokenizer: " + ids.error().message);
-        ok = false;
-        break;
-      }
-      std::vector<int32_t> q;
-      if (m.tokenizer->bos_id() >= 0) q.push_back(m.tokenizer->bos_id());
-      q.insert(q.end(), ids->begin(), ids->end());
-      prompts.push_back(std::move(q));
-      sp.streams.push_back(static_cast<int32_t>(p));  // a prompt's draws: its index in its own request
-      owner.push_back(i);
-    }
-    if (!ok) {  // drop what this request added
-      while (!owner.empty() && owner.back() == i) {
-        owner.pop_back();
-        prompts.pop_back();
-        sp.streams.pop_back();
-      }
-    } else {
-      out[idx[i]] = ScoreRep{};
-    }
+namespace {
+
+// A generate request in flight: each prompt's tokens as its stream ended, the reply once all have.
+struct PendingGenerate {
+  std::mutex mu;
+  size_t left = 0;
+  std::vector<std::vector<int32_t>> tokens;
+  std::string error;  // the first prompt that did not end with stop or length, and why
+  std::function<void(Result<ScoreRep>)> done;
+  const ScorerModel* model = nullptr;
+  double t0 = 0;
+
+  // Prompt p's stream ended; the last one answers the request.
+  void ended(size_t p, ServeStream& s) {
+    std::vector<int32_t> toks;
+    policy::SlotToken t;
+    while (s.next(&t)) toks.push_back(t.token);
+    const ServeFinish f = s.finish();
+    std::lock_guard lk(mu);
+    tokens[p] = std::move(toks);
+    if ((f == ServeFinish::cancelled || f == ServeFinish::error) && error.empty())
+      error = "prompt " + std::to_string(p) + (f == ServeFinish::cancelled ? ": cancelled (the scorer stopped)" : ": " + s.error());
+    if (--left == 0) answer();
   }
-  auto gens = prompts.empty() ? Result<std::vector<policy::Generation>>(std::vector<policy::Generation>{})
-                              : m.model->generate(prompts, sp);
-  for (size_t p = 0; p < owner.size(); ++p) {
-    auto& slot = out[idx[owner[p]]];
-    if (!slot.ok()) continue;
-    if (!gens.ok()) {
-      slot = Error{gens.error().code, "scorer: generate with " + m.name + ": " + gens.error().message};
-      continue;
+  void answer() {
+    if (!error.empty())
+      return done(make_error(ErrorCode::peer_failed, "scorer: generate with " + model->name + ": " + error));
+    ScoreRep rep;
+    const int32_t eos = model->tokenizer->eos_id();
+    for (auto& toks : tokens) {
+      if (!toks.empty() && toks.back() == eos) toks.pop_back();
+      auto text = model->tokenizer->decode(toks, true);
+      if (!text.ok()) return done(Error{text.error().code, "scorer: generate: " + text.error().message});
+      rep.texts.push_back(std::move(text).value());
     }
-    auto toks = (*gens)[p].tokens;
-    if (!toks.empty() && toks.back() == m.tokenizer->eos_id()) toks.pop_back();
-    auto text = m.tokenizer->decode(toks, true);
-    if (!text.ok()) {
-      slot = Error{text.error().code, "scorer: generate: " + text.error().message};
-      continue;
-    }
-    slot->texts.push_back(std::move(text).value());
+    rep.model_hash = model->model_hash;
+    rep.tokenizer_hash = model->tokenizer_hash;
+    rep.compute_s = mono_seconds() - t0;
+    done(std::move(rep));
   }
-  stamp_replies(m, idx, mono_seconds() - t0, out);
+};
+
+}  // namespace
+
+std::vector<std::shared_ptr<ServeStream>> Scorer::submit_generate(const ScoreReq& r,
+                                                                  std::function<void(Result<ScoreRep>)> done) {
+  auto it = models_.find(r.model);
+  if (it == models_.end() || static_cast<ScoreKind>(r.kind) != ScoreKind::generate) {
+    done(run(r));  // an unknown model (named with what this scorer serves) or another kind
+    return {};
+  }
+  ScorerModel& m = *it->second;
+  if (Status st = check(r, m); !st.ok()) return done(st.error()), std::vector<std::shared_ptr<ServeStream>>{};
+  std::vector<ServeRequest> reqs;
+  for (size_t p = 0; p < r.prompts.size(); ++p) {
+    auto ids = generate_prompt(m, r.prompts[p]);
+    if (!ids.ok())
+      return done(Error{ids.error().code, "scorer: generate: prompt " + std::to_string(p) + " with " + m.name + ": " +
+                                              ids.error().message}),
+             std::vector<std::shared_ptr<ServeStream>>{};
+    ServeRequest q;
+    q.prompt = std::move(ids).value();
+    q.sampling.temperature = r.temperature;
+    q.sampling.seed = r.seed;
+    q.sampling.stream = static_cast<int>(p);  // a prompt's draws: its index in its own request
+    q.max_tokens = r.max_new_tokens;
+    if (m.tokenizer->eos_id() >= 0) q.stop_tokens.push_back(m.tokenizer->eos_id());
+    reqs.push_back(std::move(q));
+  }
+  auto pending = std::make_shared<PendingGenerate>();
+  pending->left = reqs.size();
+  pending->tokens.resize(reqs.size());
+  pending->done = std::move(done);
+  pending->model = &m;
+  pending->t0 = mono_seconds();
+  if (reqs.empty()) return pending->answer(), std::vector<std::shared_ptr<ServeStream>>{};
+  auto engine = engine_for(m);
+  if (!engine.ok()) return pending->done(engine.error()), std::vector<std::shared_ptr<ServeStream>>{};
+  std::vector<std::shared_ptr<ServeStream>> streams;
+  for (size_t p = 0; p < reqs.size(); ++p) {
+    reqs[p].on_end = [pending, p](ServeStream& s) { pending->ended(p, s); };
+    streams.push_back((*engine)->submit(std::move(reqs[p])));
+  }
+  return streams;
 }
 
 }  // namespace troupe::actors

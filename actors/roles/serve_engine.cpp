@@ -54,13 +54,16 @@ void ServeStream::push(policy::SlotToken t) {
 }
 
 void ServeStream::end(ServeFinish why, std::string error) {
+  std::function<void(ServeStream&)> on_end;
   {
     std::lock_guard lk(mu_);
     if (finish_ != ServeFinish::running) return;
     finish_ = why;
     error_ = std::move(error);
+    on_end.swap(on_end_);
   }
   cv_.notify_all();
+  if (on_end) on_end(*this);
 }
 
 Result<std::unique_ptr<ServeEngine>> ServeEngine::create(std::unique_ptr<policy::Model> model,
@@ -89,6 +92,7 @@ ServeEngine::~ServeEngine() {
 
 std::shared_ptr<ServeStream> ServeEngine::submit(ServeRequest request) {
   auto stream = std::make_shared<ServeStream>();
+  stream->on_end_ = std::move(request.on_end);
   {
     std::lock_guard lk(mu_);
     if (stop_) {
@@ -122,6 +126,36 @@ int64_t ServeEngine::version() const {
   return version_;
 }
 
+Status ServeEngine::run_with_model(const std::function<Status(policy::Model&)>& task) {
+  Task t;
+  t.fn = &task;
+  std::unique_lock lk(mu_);
+  if (!stop_) {
+    tasks_.push_back(&t);
+    cv_.notify_all();
+    applied_cv_.wait(lk, [&] { return stop_ || t.done; });
+  }
+  if (t.done) return t.status;
+  tasks_.erase(std::remove(tasks_.begin(), tasks_.end(), &t), tasks_.end());
+  return make_error(ErrorCode::internal, "serve engine: stopped before the task ran");
+}
+
+// The run_with_model tasks queued now, in order, outside the lock (the compute thread owns the model).
+void ServeEngine::run_tasks() {
+  std::deque<Task*> tasks;
+  {
+    std::lock_guard lk(mu_);
+    tasks.swap(tasks_);
+  }
+  if (tasks.empty()) return;
+  for (Task* t : tasks) t->status = (*t->fn)(*model_);
+  {
+    std::lock_guard lk(mu_);
+    for (Task* t : tasks) t->done = true;
+  }
+  applied_cv_.notify_all();
+}
+
 uint64_t ServeEngine::steps() const {
   std::lock_guard lk(mu_);
   return steps_;
@@ -142,7 +176,9 @@ void ServeEngine::loop() {
   for (;;) {
     {  // admit waiting requests into free slots (they join at this step)
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !running.empty() || pending_params_ != nullptr; });
+      cv_.wait(lk, [&] {
+        return stop_ || !queue_.empty() || !running.empty() || pending_params_ != nullptr || !tasks_.empty();
+      });
       if (stop_) break;
       if (pending_params_ != nullptr && running.empty()) {  // new weights: nothing runs on the old ones
         pending_status_ = model_->set_params(*pending_params_);
@@ -170,6 +206,7 @@ void ServeEngine::loop() {
         running.emplace(*slot, std::move(j));
       }
     }
+    run_tasks();
     for (auto it = running.begin(); it != running.end();) {  // drop the requests cancelled meanwhile
       if (is_cancelled(*it->second.stream)) {
         slots_->remove(it->first);

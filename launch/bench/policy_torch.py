@@ -6,8 +6,10 @@ per layer either a top-k MoE of SwiGLU experts in the Hugging Face per-expert lo
 to the embedding with `tie_word_embeddings`. It runs as a child of the bench and answers one
 command per stdin line with one JSON line on stdout, so the parent can interleave its own
 repetitions with ours:
-  train_step | forward | sample_kv | quit
+  train_step | forward | sample_kv | score_logprobs | quit
 Sizes: `batch`/`seq_len` (train_step, forward) and `batch`/`prompt_len`/`new_tokens` (sample_kv);
+score_logprobs: `score_batch` sequences of `score_seq_len` tokens, each token's log-prob after its
+prefix under no_grad (the forward, then cross_entropy per position: what a teacher scorer answers);
 `train_batch`, `train_seq_len`, `sample_batch` override them per case. `cases` lists the commands
 to answer (default all), each run once first unless `warmup` is false.
 Usage: policy_torch.py '<json config>'. It runs eager with torch.set_num_threads(threads), on the config's "device" (cpu, or cuda for the cuda_* rows).
@@ -142,7 +144,7 @@ class Model(nn.Module):
         self.lm_head = nn.Linear(C, V, bias=False)
         if TIED:
             self.lm_head.weight = self.embed_tokens.weight
-        self.cos, self.sin = rope_tables(max(T, P + NEW) + 1)
+        self.cos, self.sin = rope_tables(max(T, P + NEW, cfg.get("score_seq_len", 0)) + 1)
 
     def forward(self, ids, caches=None, pos=0):
         x = self.embed_tokens(ids)
@@ -158,6 +160,8 @@ gen = torch.Generator().manual_seed(1)
 ids = torch.randint(0, V, (B, T), generator=gen).to(DEV)
 targets = torch.roll(ids, -1, dims=1)
 prompts = torch.randint(0, V, (SB, P), generator=gen).to(DEV)
+SCB, SCT = cfg.get("score_batch", 0), cfg.get("score_seq_len", 0)
+score_ids = torch.randint(0, V, (SCB, SCT), generator=gen).to(DEV) if SCB > 0 else None
 if DEV.type != "cpu":
     gen = torch.Generator(device=DEV).manual_seed(1)
 
@@ -197,7 +201,15 @@ def sample_kv():
     return SB * NEW
 
 
-CASES = {"train_step": train_step, "forward": forward, "sample_kv": sample_kv}
+def score_logprobs():
+    with torch.no_grad():
+        logits = model(score_ids[:, :-1])
+        logp = -F.cross_entropy(logits.reshape(-1, V), score_ids[:, 1:].reshape(-1), reduction="none")
+        del logp
+    return SCB * (SCT - 1)
+
+
+CASES = {"train_step": train_step, "forward": forward, "sample_kv": sample_kv, "score_logprobs": score_logprobs}
 CASES = {name: CASES[name] for name in cfg.get("cases", list(CASES))}
 for fn in CASES.values() if cfg.get("warmup", True) else []:  # warm-up
     fn()

@@ -524,6 +524,28 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/e" $D --set cluster.scorers=0
     grep -q "distill.teacher: the teacher is served by the scorers" "$W/err.txt"
     ;;
+  smollm2_distill)  # configs/smollm2_distill.yaml for 2 short steps: the real SmolLM2 student (the GGUF) with
+    # a tiny teacher sharing its tokenizer (make_tiny_teacher.py) on one scorer; distill metrics logged
+    GGUF=$(bash "$SRC/tests/gguf/fetch_smollm2.sh" "$PY") || { echo "SKIP: no SmolLM2 GGUF"; exit 77; }
+    "$TROUPE" score "$GGUF" --tokens 1,2 > /dev/null  # the GGUF's import (config + tokenizer files)
+    IMPORT=$(ls -d "${TROUPE_CACHE:-$HOME/.cache/troupe}"/gguf/SmolLM2-135M-Instruct.Q4_1-* | head -n 1)
+    "$PY" "$SRC/tests/e2e/make_tiny_teacher.py" "$IMPORT" "$W/teacher" > /dev/null
+    "$TROUPE" run "$SRC/configs/smollm2_distill.yaml" --set run.dir="$W/run" --set distill.teacher="$W/teacher" \
+      --set grpo.max_steps=2 --set rollout.prompts_per_step=2 --set rollout.num_generations=2 \
+      --set rollout.max_response_length=8 --set eval.at_start=false --set eval.every=0 --set eval.num_prompts=4 \
+      --set checkpointing.enabled=false --set logger.tensorboard=false --set policy.path="$GGUF" $Q
+    $PY - "$W/run" << 'PYEOF'
+import json, os, sys
+rows = [json.loads(l) for l in open(os.path.join(sys.argv[1], "metrics.jsonl")) if l.strip()]
+grpo = [r for r in rows if r.get("phase") == "grpo" and "reward_mean" in r]
+assert len(grpo) == 2, grpo
+for r in grpo:
+    for k in ("distill/reverse_kl", "distill/teacher_logprob", "scorer/requests"):
+        assert k in r, (r["step"], k, sorted(r))
+    assert r["scorer/requests"] >= 1 and r["scorer/failures"] == 0, r
+print("smollm2_distill: ok", [round(r["distill/reverse_kl"], 4) for r in grpo])
+PYEOF
+    ;;
   qlora)  # QLoRA: the quickstart's attention projections as a q8_0 base under LoRA adapters; same seed
     # and --resume bit for bit; bad policy.base_dtype settings are FILE:LINE errors naming the key
     printf '  base_dtype: q8_0\n  lora:\n    rank: 8\n    alpha: 16\n    targets: [q, k, v, o]\n    lr: 0.002\n' \

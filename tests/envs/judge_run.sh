@@ -91,4 +91,11 @@ expect_exit 2 badurl --set envs[0].type=judge --set "envs[0].config={$ROWS, \"ju
 grep -q "'url' must be an http:// or https:// base URL" "$WORK/badurl.err"
 expect_exit 2 badrubric --set envs[0].type=judge --set "envs[0].config={$ROWS, \"judge\": $(judge 'R:{response} {answer}')}"
 grep -q "unknown placeholder {answer}" "$WORK/badrubric.err"
+# a judge with a local model: troupe validate says how its prompt is rendered (chat template or plain)
+for M in "$SRC/tests/reward_model/llama" "$SRC/tests/hf_fixture/llama"; do
+  "$TROUPE" validate "$CFG" --set envs[0].type=judge --set "envs[0].config={$ROWS, \"judge\": {\"model\": \"$M\"}}" \
+    --set cluster.scorers=1 > "$WORK/validate_local.out"
+  grep -q "envs\[0\].config.judge.model $M: " "$WORK/validate_local.out"
+done
+grep -q "no chat template: the rubric is the plain prompt after BOS" "$WORK/validate_local.out"
 echo "judge_run: all cases passed"

@@ -72,6 +72,10 @@ assert all(x["reward"] == x["reward_components"]["reward_model"] for x in t)
 assert len({x["reward"] for x in t}) > 8, "scores should vary"
 assert len(steps("none")) == 3
 same(steps("none"), steps("none2"), "rerun")
+# each step's reward/reward_model: the mean raw score of its scored responses
+for r in steps("none"):
+    xs = [x["reward_components"]["reward_model"] for x in t if x["step"] == r["step"]]
+    assert abs(r["reward/reward_model"] - sum(xs) / len(xs)) < 1e-6, (r["step"], r.get("reward/reward_model"))
 same(steps("none"), steps("scorer"), "scorer")
 # batch: each step's rewards sum to 0, and reward - raw score is one constant per step
 by_step = {}
@@ -92,6 +96,21 @@ assert "reward_centering" in found and "\"count\": 128" in found, found[:600]
 print("reward_model_run: none, batch, running ok")
 PYEOF
 
+# troupe eval of the running run's checkpoint: with cluster.scorers 1 it starts a scorer itself, and
+# scores as the env worker's own copy of the model does (cluster.scorers 0), bit for bit
+rm_env none
+for n in 0 1; do
+  "$TROUPE" eval "$CFG" --checkpoint "$WORK/running/checkpoints/latest" "${SHORT[@]}" "${RMA[@]}" \
+    --set eval.num_prompts=8 --set cluster.scorers=$n > "$WORK/eval$n.json" 2> "$WORK/eval$n.err" || {
+    tail -n 20 "$WORK/eval$n.err"; echo "FAIL: eval with cluster.scorers=$n"; exit 1; }
+done
+$PY - "$WORK/eval0.json" "$WORK/eval1.json" << 'PYEOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert "eval_reward_mean" in a and a["eval_reward_mean"] == b["eval_reward_mean"], (a, b)
+print("eval: the same eval_reward_mean with and without a scorer:", a["eval_reward_mean"])
+PYEOF
+
 # 4. bad inputs: exit 2 at start naming the path or key
 run 2 nodir --set envs[0].type=reward_model --set envs[0].path=/nonexistent/rm --set "envs[0].config={$ROWS}"
 grep -q "envs\[0\].path: the reward model directory /nonexistent/rm does not exist" "$WORK/nodir.err"
@@ -102,4 +121,7 @@ run 2 center "${RMA[@]}"
 grep -q "envs\[0\].config.center" "$WORK/center.err"
 run 2 nopath --set envs[0].type=reward_model --set "envs[0].config={$ROWS}"
 grep -q "envs\[0\].path" "$WORK/nopath.err"
+rm_env none
+run 2 turns "${RMA[@]}" --set rollout.max_turns=2
+grep -q "rollout.max_turns: must be 1 with a reward_model env (env '.*'): a reward model scores single-turn responses" "$WORK/turns.err"
 echo "reward_model_run: all cases passed"

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,8 +17,10 @@
 
 #include "troupe/actors/experiment_config.h"
 #include "troupe/actors/messages.h"
+#include "troupe/actors/serve_engine.h"
 #include "troupe/base/result.h"
 #include "troupe/policy/execution_options.h"
+#include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/tokenizer.h"
 #include "troupe/policy/model.h"
 #include "troupe/policy/reward_model.h"
@@ -28,7 +31,17 @@ namespace troupe::actors {
 // One frozen model a scorer serves, under the name requests use (its path as the config names it).
 struct ScorerModel {
   std::string name;
+  // null once `engine` owns the model (from its first generate request on)
   std::unique_ptr<policy::Model> model;
+  // A generating model's ServeEngine (continuous batching per decode step): made at the model's
+  // first generate request with kScorerSlots slots of kScorerContext tokens (at most the model's
+  // max_position_embeddings); from then on every forward of the model (log-probs too) runs on its
+  // compute thread, between decode steps.
+  std::unique_ptr<ServeEngine> engine;
+  int vocab_size = 0;
+  // generate: the model's chat template (read at its first generate request; null: it has none)
+  std::shared_ptr<const policy::io::ChatTemplate> chat_template;
+  bool chat_template_read = false;
   std::unique_ptr<policy::io::Tokenizer> tokenizer;
   std::string model_hash;      // model_files_hash of its path
   std::string tokenizer_hash;  // learner::tokenizer_fingerprint
@@ -37,17 +50,30 @@ struct ScorerModel {
   std::unique_ptr<policy::ScoreHead> head;
 };
 
+inline constexpr int kScorerSlots = 8, kScorerContext = 2048;
+
+// Threads: run_batch and submit_generate are called by one thread at a time (ScorerActor's compute
+// thread); a generate request's `done` runs on its model's ServeEngine thread.
 class Scorer {
  public:
   // Loads each path once (a model directory or a .gguf, as policy.path), on the backend `exec`
-  // names, batch-invariant (exec's training optimizations do not apply to a forward-only model).
+  // names, batch-invariant, fp32, activation checkpointing on (forward-only: a layer input each).
   static Result<std::unique_ptr<Scorer>> create(const std::vector<std::string>& paths,
                                                 policy::ExecutionOptions exec);
   // Runs the requests together, one result each in order (a bad request fails alone): the
   // log-prob requests of one model in packed forwards of at most max_batch_tokens tokens (those
   // asking top-k through the full logits, the others through the training head), the generate
-  // requests of one model and sampling settings in one KV-cache generation.
+  // requests through submit_generate (waiting for them).
   std::vector<Result<ScoreRep>> run_batch(const std::vector<const ScoreReq*>& reqs);
+  // A generate request without waiting: each prompt (rendered as one user turn through the model's
+  // chat template with its generation prompt when the model has one, else the text after BOS) joins its model's ServeEngine at the next
+  // decode step (prompt p sampled with the request's seed and stream p, as a lone Model::generate
+  // of the request samples it: batch-invariant, whatever else runs). `done` gets the reply (or the
+  // error: a bad request at once, else when its last prompt ends; a request the engine cancels, e.g.
+  // the scorer stopping, fails naming it). Returns the prompts' streams (cancel() ends them early).
+  std::vector<std::shared_ptr<ServeStream>> submit_generate(const ScoreReq& r,
+                                                            std::function<void(Result<ScoreRep>)> done);
+  void set_threads(int threads) { threads_ = threads; }
   Result<ScoreRep> run(const ScoreReq& r) { return std::move(run_batch({&r})[0]); }
   const ScorerModel* find(const std::string& name) const;
   std::vector<std::string> names() const;
@@ -59,10 +85,12 @@ class Scorer {
                     std::vector<Result<ScoreRep>>& out);
   void run_sequence_scores(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
                            std::vector<Result<ScoreRep>>& out);
-  void run_generate(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
-                    std::vector<Result<ScoreRep>>& out);
+  Status with_model(ScorerModel& m, const std::function<Status(policy::Model&)>& task);
+  Result<ServeEngine*> engine_for(ScorerModel& m);
+  Result<std::vector<int32_t>> generate_prompt(ScorerModel& m, const std::string& text);
   std::map<std::string, std::unique_ptr<ScorerModel>> models_;
   int max_batch_tokens_ = 16384;
+  int threads_ = 0;
 };
 
 // "xxh3:<hex>" over a model's files: each regular file of the directory (or the one file), by
@@ -74,8 +102,10 @@ Result<std::string> model_files_hash(const std::string& path);
 std::vector<std::string> scorer_model_paths(const ExperimentConfig& cfg);
 
 // The actor hosting a Scorer: ScoreReq mail is queued and a compute thread of its own (OpenMP
-// `threads`) takes everything queued at once as one batch (continuous batching: requests that
-// arrive while a batch computes form the next), so requests from every rollout share forwards.
+// `threads`) takes everything queued at once: generate requests join their model's ServeEngine at
+// its next decode step (submit_generate; answered when they end), the others run as one batch
+// (continuous batching: requests that arrive while a batch computes form the next), so requests
+// from every rollout share forwards. Stopping cancels its generations (each answered with an error).
 class ScorerActor : public runtime::Actor {
  public:
   explicit ScorerActor(std::shared_ptr<Scorer> scorer, int threads = 0);

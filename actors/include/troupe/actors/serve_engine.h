@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +26,10 @@ struct ServeRequest {
   policy::SlotSampling sampling;
   int max_tokens = 16;               // the sequence ends after this many new tokens ("length")
   std::vector<int32_t> stop_tokens;  // a sampled stop token ends it ("stop"); it is part of the output
+  // Called once when the request ends, however it ends (after its last token is pushed, on the
+  // thread that ended it: the compute thread, or submit/the destructor for a request never run);
+  // next() then returns the tokens without waiting. Empty: none.
+  std::function<void(class ServeStream&)> on_end;
 };
 
 enum class ServeFinish { running, stop, length, cancelled, error };
@@ -52,6 +57,7 @@ class ServeStream {
   void end(ServeFinish why, std::string error = {});
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::function<void(ServeStream&)> on_end_;
   std::deque<policy::SlotToken> tokens_;
   ServeFinish finish_ = ServeFinish::running;
   std::string error_;
@@ -84,6 +90,11 @@ class ServeEngine {
   Status set_weights(int64_t version, const std::vector<float>& params);
   int64_t version() const;
 
+  // Runs `task` with the model on the compute thread between two decode steps (work that is no
+  // decode step, e.g. a scorer's packed log-prob forward; running sequences go on at the next
+  // step) and returns its status; blocks until it ran (an error if the engine stops first).
+  Status run_with_model(const std::function<Status(policy::Model&)>& task);
+
   int context() const { return options_.context; }
   int slots() const { return options_.slots; }
   int vocab_size() const { return vocab_; }
@@ -94,6 +105,12 @@ class ServeEngine {
  private:
   ServeEngine() = default;
   void loop();
+  void run_tasks();
+  struct Task {
+    const std::function<Status(policy::Model&)>* fn = nullptr;
+    Status status;
+    bool done = false;
+  };
   struct Job {
     ServeRequest request;
     std::shared_ptr<ServeStream> stream;
@@ -106,6 +123,7 @@ class ServeEngine {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
+  std::deque<Task*> tasks_;  // run_with_model calls waiting for the compute thread
   bool stop_ = false;
   const std::vector<float>* pending_params_ = nullptr;  // set_weights waiting to be applied
   int64_t pending_version_ = 0;
