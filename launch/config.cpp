@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -71,6 +72,30 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
   }
   int allowed = std::max<int>(2, static_cast<int>(word.size()) / 3);
   return best_d <= allowed ? best : std::string();
+}
+
+// The offset of the first byte that does not begin or continue a well-formed UTF-8 sequence
+// (no overlong forms, surrogates or code points past U+10FFFF), or npos.
+size_t first_invalid_utf8(const std::string& t) {
+  const auto* u = reinterpret_cast<const unsigned char*>(t.data());
+  const size_t n = t.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = u[i];
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // the second byte's range
+    if (c < 0x80) len = 1;
+    else if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4) len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else return i;
+    if (i + len > n) return i;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned b = u[i + k];
+      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return i;
+    }
+    i += len;
+  }
+  return std::string::npos;
 }
 
 std::string node_kind(const YAML::Node& n) {
@@ -141,13 +166,17 @@ class Loader {
   // Each node once: an alias names a node already checked (nested aliases would otherwise make the
   // walk exponential); nodes are told apart by where they start in the text.
   std::set<std::size_t> checked_;
+  // Duplicate keys, and text that is not UTF-8 (in a key or a value, also by an escape such as
+  // "\uD800"): the resolved config is written as UTF-8 JSON/YAML, which cannot hold such bytes.
   void check_duplicates(const YAML::Node& n, const std::string& path) {
     if ((n.IsMap() || n.IsSequence()) && !n.Mark().is_null() && !checked_.insert(n.Mark().pos).second) return;
+    if (n.IsScalar()) check_utf8(n, path);
     if (n.IsMap()) {
       std::map<std::string, YAML::Mark> seen;
       for (auto it = n.begin(); it != n.end(); ++it) {
         std::string k = it->first.IsScalar() ? it->first.Scalar() : "?";
         std::string full = path.empty() ? k : path + "." + k;
+        if (it->first.IsScalar()) check_utf8(it->first, full);
         auto [pos, fresh] = seen.emplace(k, it->first.Mark());
         if (!fresh)
           error(it->first.Mark(), full,
@@ -157,6 +186,16 @@ class Loader {
     } else if (n.IsSequence()) {
       for (size_t i = 0; i < n.size(); ++i) check_duplicates(n[i], path + "[" + std::to_string(i) + "]");
     }
+  }
+
+  void check_utf8(const YAML::Node& scalar, const std::string& key) {
+    const std::string& t = scalar.Scalar();
+    const size_t bad = first_invalid_utf8(t);
+    if (bad == std::string::npos) return;
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(t[bad])));
+    error(scalar.Mark(), key, std::string("not valid UTF-8 text (byte ") + hex + " at offset " + std::to_string(bad) +
+                                  " of the text); the config must be UTF-8");
   }
 
   // Parses a scalar into the field, checking type, range and allowed values.
@@ -491,6 +530,10 @@ class Loader {
       return;
     }
     if (value.empty()) v = YAML::Node(YAML::NodeType::Null);
+    checked_.clear();  // the file's nodes are checked; marks here count in this value's text
+    const size_t before = errors.size();
+    check_duplicates(v, path);
+    if (errors.size() != before) return;
     // normalize envs.N.key -> envs[N].key
     if (path.rfind("envs.", 0) == 0) {
       auto dot = path.find('.', 5);

@@ -324,6 +324,18 @@ TEST(Config, SyntaxError) {
   auto m = load_error("envs: [1, 2\n");
   EXPECT_NE(m.find("x.yaml:"), std::string::npos) << m;
   EXPECT_NE(m.find("error: YAML syntax"), std::string::npos) << m;
+  // text that is not UTF-8, in a key or a value, in the file or a --set: an error naming where
+  // (the resolved config, written as UTF-8, could not hold it; it used to abort the run)
+  m = load_error("envs:\n  - name: arithmetic\n    config: {digi\x84ts: 3}\n");
+  EXPECT_NE(m.find("x.yaml:3:"), std::string::npos) << m;
+  EXPECT_NE(m.find("envs[0].config.digi"), std::string::npos) << m;
+  EXPECT_NE(m.find("not valid UTF-8 text (byte 0x84 at offset 4"), std::string::npos) << m;
+  m = load_error("run:\n  name: \"a\xED\xA0\x80" "b\"\n");  // a surrogate's bytes
+  EXPECT_NE(m.find("run.name: not valid UTF-8 text (byte 0xED at offset 1"), std::string::npos) << m;
+  m = load_error(kMinimal, {"run.name=caf\xE9"});
+  EXPECT_NE(m.find("run.name: not valid UTF-8 text (byte 0xE9 at offset 3"), std::string::npos) << m;
+  auto utf8 = load_config_text(kMinimal, "x.yaml", {"run.name=caf\xC3\xA9 \xF0\x9F\x99\x82"});
+  EXPECT_TRUE(utf8.ok()) << (utf8.ok() ? "" : utf8.error().message);
 }
 
 TEST(Config, SetOverrides) {

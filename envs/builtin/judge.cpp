@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "src/bounded_http.h"
 #include "src/config_util.h"
 #include "troupe/base/clock.h"
 #include "troupe/envs/trajectory.h"
@@ -23,6 +24,9 @@ constexpr const char* kDefaultRubric =
     "Grade the response to the prompt below.\n\nPrompt:\n{prompt}\n\nReference answer:\n{reference}\n\n"
     "Response:\n{response}\n\nRate the response from 0 (wrong or useless) to 10 (correct and complete). "
     "End your reply with a line 'Score: N'.";
+// The largest judge answer read (a chat completion of judge.max_tokens is a few KiB); past it the
+// call fails as judge_http without reading the rest.
+constexpr size_t kJudgeMaxReplyBytes = size_t{16} << 20;
 constexpr const char* kDefaultPattern = R"(Score:\s*(-?[0-9]+(?:\.[0-9]+)?))";
 
 Error judge_error(Termination reason, const std::string& message) {
@@ -242,19 +246,23 @@ Result<JudgeScore> Judge::score(const std::string& prompt, const std::string& re
   client.set_write_timeout(secs, usecs);
   httplib::Headers headers;
   if (!config_.api_key.empty()) headers.emplace("Authorization", "Bearer " + config_.api_key);
-  const auto t0 = MonoClock::now();
-  auto r = client.Post(path_.c_str(), headers, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  const auto r = bounded_post(client, path_, headers, body.dump(-1, ' ', false, json::error_handler_t::replace),
+                              kJudgeMaxReplyBytes, config_.timeout_s);
   JudgeScore out;
-  out.latency_s = seconds_since(t0);
-  if (!r) {
-    const auto e = r.error();
-    if (e == httplib::Error::ConnectionTimeout || (e == httplib::Error::Read && out.latency_s >= 0.9 * config_.timeout_s))
+  out.latency_s = r.seconds;
+  if (r.too_large)
+    return judge_error(Termination::judge_http, where + ": the answer is larger than " +
+                                                    std::to_string(kJudgeMaxReplyBytes >> 20) + " MiB (not read further)");
+  if (!r.ok) {
+    const auto e = r.error;
+    if (r.past_deadline || e == httplib::Error::ConnectionTimeout ||
+        (e == httplib::Error::Read && out.latency_s >= 0.9 * config_.timeout_s))
       return judge_error(Termination::judge_timeout, where + ": no answer within judge.timeout_s " + number_text(config_.timeout_s) + " s");
     return judge_error(Termination::judge_http, where + ": " + httplib::to_string(e));
   }
-  if (r->status < 200 || r->status >= 300)
-    return judge_error(Termination::judge_http, where + ": HTTP " + std::to_string(r->status) + ": " + clip(r->body, 400));
-  const json reply = json::parse(r->body, nullptr, false);
+  if (r.status < 200 || r.status >= 300)
+    return judge_error(Termination::judge_http, where + ": HTTP " + std::to_string(r.status) + ": " + clip(r.body, 400));
+  const json reply = json::parse(r.body, nullptr, false);
   const json* content = nullptr;
   if (reply.is_object() && reply.contains("choices") && reply["choices"].is_array() && !reply["choices"].empty()) {
     const json& choice = reply["choices"][0];
@@ -263,7 +271,7 @@ Result<JudgeScore> Judge::score(const std::string& prompt, const std::string& re
       content = &choice["message"]["content"];
   }
   if (!content)
-    return judge_error(Termination::judge_parse, where + ": the answer has no choices[0].message.content: " + clip(r->body));
+    return judge_error(Termination::judge_parse, where + ": the answer has no choices[0].message.content: " + clip(r.body));
   auto s = parse_judge_reply(config_, content->get<std::string>());
   if (!s.ok()) return Error{s.error().code, s.error().message + " (model " + config_.model + ")"};
   out.score = *s;

@@ -26,7 +26,8 @@ template <class T>
 std::string reason(const troupe::Result<T>& r) { return r.ok() ? "ok" : termination_name(termination_for(r.error())); }
 
 // Answers POST /v1/chat/completions by what the user message holds: HANG sleeps 3 s, FAIL500 is a
-// 500, GARBAGE has no score, JSON answers {"score": 7}, BIG scores 11, else "Score: 8". A request
+// 500, GARBAGE has no score, JSON answers {"score": 7}, BIG scores 11, HUGE is 17 MiB long, DRIP
+// sends its answer a byte every 0.1 s for 3 s, else "Score: 8". A request
 // without "Authorization: Bearer sekret" gets 401. It records the last request body.
 class FakeJudgeServer {
  public:
@@ -54,6 +55,22 @@ class FakeJudgeServer {
       if (msg.find("JSON") != std::string::npos) content = "```json\n{\"score\": 7}\n```";
       if (msg.find("BIG") != std::string::npos) content = "Score: 11";
       json reply = {{"choices", json::array({{{"index", 0}, {"message", {{"role", "assistant"}, {"content", content}}}}})}};
+      if (msg.find("HUGE") != std::string::npos) {  // a good answer after 17 MiB of blanks
+        res.set_content(std::string(size_t{17} << 20, ' ') + reply.dump(), "application/json");
+        return;
+      }
+      if (msg.find("DRIP") != std::string::npos) {  // a blank every 0.1 s for 3 s, then a good answer
+        res.set_chunked_content_provider("application/json", [text = reply.dump()](size_t, httplib::DataSink& sink) {
+          for (int i = 0; i < 30; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            if (!sink.write(" ", 1)) return false;
+          }
+          sink.write(text.data(), text.size());
+          sink.done();
+          return true;
+        });
+        return;
+      }
       res.set_content(reply.dump(), "application/json");
     });
     port_ = server_.bind_to_any_port("127.0.0.1");
@@ -208,6 +225,15 @@ TEST_F(Judge, HttpCallsAndTheirFailures) {
   auto hang = judge.score("p", "HANG", "r");
   EXPECT_EQ(reason(hang), "judge_timeout");
   EXPECT_NE(hang.error().message.find("judge.timeout_s 0.5"), std::string::npos) << hang.error().message;
+  // an answer past the size bound is cut (judge_http naming it); one dribbled out past timeout_s is
+  // a timeout at timeout_s, although every read of it came well within the timeout
+  auto huge = detail::Judge(*detail::read_judge_config(judge_config(), "env dataset")).score("p", "HUGE", "r");
+  EXPECT_EQ(reason(huge), "judge_http");
+  EXPECT_NE(huge.error().message.find("larger than 16 MiB"), std::string::npos) << huge.error().message;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto drip = judge.score("p", "DRIP", "r");
+  EXPECT_EQ(reason(drip), "judge_timeout");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
   // the wrong key: 401
   ::setenv("TROUPE_TEST_JUDGE_KEY", "wrong", 1);
   auto unauthorized = detail::Judge(*detail::read_judge_config(judge_config(), "env dataset")).score("p", "r", "a");

@@ -4,7 +4,8 @@
 // session cookie goes with every later call of that episode), each tool call of a model turn as
 // POST /<tool> (a non-2xx answer is shown to the model and counted), and after the last turn
 // POST /verify with the Responses-API output, whose `reward` and `reward_components` are the
-// episode's. Every call has the deadline timeout_s. Calls run concurrently (concurrent() is true).
+// episode's. Every call has the deadline timeout_s, and an answer is read up to max_message_bytes.
+// Calls run concurrently (concurrent() is true).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -21,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "bounded_http.h"
 #include "child_process.h"
 #include "troupe/base/clock.h"
 #include "troupe/envs/client.h"
@@ -312,23 +314,27 @@ class NemoGymClient final : public EnvClient {
     c.set_write_timeout(secs, usecs);
     httplib::Headers headers;
     if (!cookies.empty()) headers.emplace("Cookie", cookie_header(cookies));
-    const auto t0 = MonoClock::now();
-    auto r = c.Post(path.c_str(), headers, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-    if (!r) {
-      const double took = seconds_since(t0);
-      auto e = r.error();
-      if (e == httplib::Error::ConnectionTimeout || (e == httplib::Error::Read && took >= 0.9 * spec_.timeout_s))
+    auto r = detail::bounded_post(c, path, headers, body.dump(-1, ' ', false, json::error_handler_t::replace),
+                                  static_cast<size_t>(spec_.max_message_bytes), spec_.timeout_s);
+    if (r.too_large)
+      return make_error(ErrorCode::internal, "env " + spec_.name + ": " + kProtocolErrorTag + what + ": POST " + base_url_ +
+                                                 path + ": the answer is larger than max_message_bytes " +
+                                                 std::to_string(spec_.max_message_bytes) + " (not read further)");
+    if (!r.ok) {
+      auto e = r.error;
+      if (r.past_deadline || e == httplib::Error::ConnectionTimeout ||
+          (e == httplib::Error::Read && r.seconds >= 0.9 * spec_.timeout_s))
         return make_error(ErrorCode::timeout, where + ": no answer within timeout_s " + std::to_string(spec_.timeout_s) + " s");
       if (server_gone())
         return make_error(ErrorCode::peer_failed, where + ": the NeMo Gym server troupe started has exited" + server_.log_tail());
       return make_error(ErrorCode::io, where + ": " + httplib::to_string(e));
     }
-    take_cookies(r->headers, cookies);
-    if (!any_status && (r->status < 200 || r->status >= 300)) {
-      std::string b = r->body.size() > 400 ? r->body.substr(0, 400) + "..." : r->body;
-      return make_error(ErrorCode::internal, where + ": HTTP " + std::to_string(r->status) + ": " + b);
+    take_cookies(r.headers, cookies);
+    if (!any_status && (r.status < 200 || r.status >= 300)) {
+      std::string b = r.body.size() > 400 ? r.body.substr(0, 400) + "..." : r.body;
+      return make_error(ErrorCode::internal, where + ": HTTP " + std::to_string(r.status) + ": " + b);
     }
-    return HttpAnswer{r->status, r->body};
+    return HttpAnswer{r.status, std::move(r.body)};
   }
 
   // ---- the server process troupe started ----

@@ -292,12 +292,13 @@ TEST(NemoGym, BundledMultiStepAtUrl) {
 namespace {
 
 // A resource server written from the contract for fault injection: GET / answers; /seed_session
-// sets a cookie; /verify answers per `verify_mode`; /boom answers 500; /slow sleeps.
+// sets a cookie; /verify answers per `verify_mode` (huge: 8 KiB; drip: a byte every 0.1 s for 3 s);
+// /boom answers 500.
 struct FakeServer {
   httplib::Server srv;
   std::thread thread;
   int port = 0;
-  std::string verify_mode = "ok";  // ok | not_json | no_reward | http500 | slow
+  std::string verify_mode = "ok";  // ok | not_json | no_reward | http500 | slow | huge | drip
   std::atomic<int> cookie_hits{0};
   FakeServer() {
     srv.Get("/", [](const httplib::Request&, httplib::Response& r) { r.set_content("{\"status\": \"ok\"}", "application/json"); });
@@ -313,6 +314,22 @@ struct FakeServer {
       if (q.get_header_value("Cookie").find("sess=abc123") != std::string::npos) ++cookie_hits;
       if (verify_mode == "slow") std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       if (verify_mode == "http500") r.status = 500;
+      if (verify_mode == "huge") {  // a good answer after 8 KiB of blanks
+        r.set_content(std::string(8192, ' ') + "{\"reward\": 0.5}", "application/json");
+        return;
+      }
+      if (verify_mode == "drip") {  // a blank every 0.1 s for 3 s, then a good answer
+        r.set_chunked_content_provider("application/json", [](size_t, httplib::DataSink& sink) {
+          for (int i = 0; i < 30; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            if (!sink.write(" ", 1)) return false;
+          }
+          sink.write("{\"reward\": 0.5}", 15);
+          sink.done();
+          return true;
+        });
+        return;
+      }
       const char* body = verify_mode == "not_json" ? "<html>oops</html>" : verify_mode == "no_reward" ? "{\"score\": 1}" : "{\"reward\": 0.5, \"reward_components\": {\"format\": 1}}";
       r.set_content(body, "application/json");
     });
@@ -336,7 +353,8 @@ json fake_rows() {
 
 TEST(NemoGymFaults, EachFailureHasItsReason) {
   FakeServer fake;
-  auto c = client({{"url", fake.url()}, {"config", fake_rows()}, {"timeout_s", 0.5}, {"startup_timeout_s", 5}});
+  auto c = client({{"url", fake.url()}, {"config", fake_rows()}, {"timeout_s", 0.5}, {"startup_timeout_s", 5},
+                   {"max_message_bytes", 4096}});
   ASSERT_TRUE(c.ok()) << c.error().message;
   EnvClient& env = **c;
   const json meta = {{"task", 0}, {"split", "train"}};
@@ -373,6 +391,19 @@ TEST(NemoGymFaults, EachFailureHasItsReason) {
   auto slow = env.verify(meta, "hi");
   ASSERT_FALSE(slow.ok());
   EXPECT_EQ(termination_for(slow.error()), Termination::timeout) << slow.error().message;
+  // an answer over max_message_bytes is cut unread (protocol_error naming the bound); one dribbled
+  // out past timeout_s is a timeout at timeout_s, although each of its reads came in time
+  fake.verify_mode = "huge";
+  auto huge = env.verify(meta, "hi");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(termination_for(huge.error()), Termination::protocol_error) << huge.error().message;
+  EXPECT_NE(huge.error().message.find("larger than max_message_bytes 4096"), std::string::npos) << huge.error().message;
+  fake.verify_mode = "drip";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto drip = env.verify(meta, "hi");
+  ASSERT_FALSE(drip.ok());
+  EXPECT_EQ(termination_for(drip.error()), Termination::timeout) << drip.error().message;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
   auto bad_meta = env.verify({{"split", "train"}}, "hi");
   ASSERT_FALSE(bad_meta.ok());
   EXPECT_EQ(termination_for(bad_meta.error()), Termination::protocol_error);
