@@ -304,6 +304,10 @@ void check_learner(const ExperimentConfig& c, const ConfigReport& report) {
     report("learner.shard", "learner.shard",
            "parameters (ZeRO-3) is not implemented yet: the model has no per-layer weight gather; use gradients "
            "(ZeRO-2) or optimizer (ZeRO-1)");
+  if (c.learner.optimizer_offload && c.policy.device == kernels::DeviceKind::cpu)
+    report("learner.optimizer_offload", "learner.optimizer_offload",
+           "true needs a model on a device (policy.device: cuda or cpu_fenced); on cpu the optimizer already runs "
+           "in host memory: remove the key or set it to false");
   const std::string key = "learner.memory_budget";
   if (c.learner.memory_budget.empty()) return;
   if (auto b = parse_byte_size(c.learner.memory_budget, key); !b.ok())

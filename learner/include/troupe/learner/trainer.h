@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "troupe/learner/advantages.h"
 #include "troupe/learner/communicator.h"
 #include "troupe/learner/config.h"
+#include "troupe/learner/device_optimizer.h"
 #include "troupe/learner/distill.h"
 #include "troupe/learner/loss.h"
 #include "troupe/learner/mismatch.h"
@@ -143,8 +145,11 @@ class Trainer {
   // on (what it prepares describes the weights the step ends with); null: none.
   void set_step_observer(StepObserver* watch) { watch_ = watch; }
   // This rank's AdamW: over the whole flat buffer, or with learner.shard over this rank's shard.
-  AdamW& optimizer() { return opt_; }
-  const AdamW& optimizer() const { return opt_; }
+  // The AdamW state. With the optimizer on the device (device_optimizer.h) a host mirror: the
+  // moments are brought down first, and what the caller writes through the mutable one goes up
+  // before the next step.
+  AdamW& optimizer();
+  const AdamW& optimizer() const;
   // Sharded (learner.shard other than none, more than one rank): this rank's shard of the flat
   // buffer is [shard_begin(), shard_end()); unsharded: the whole buffer.
   bool sharded() const { return sharded_; }
@@ -186,6 +191,10 @@ class Trainer {
   // The same step with sharded state (sharded_step.cpp): reduce-scatter (or, ZeRO-1, the ordered
   // all-reduce), the global norm chained through the ranks, AdamW on this rank's shard, all-gather.
   Status sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool last);
+  // The step on the model's device (device_optimizer.cpp): where the model keeps a device arena,
+  // learner.optimizer_offload is off and the state is not sharded.
+  bool device_optimizer_on();
+  Status device_optimizer_step(StepMetrics& out, double& norm_sum, bool last);
   // Metric all-reduce and the per-batch statistics of a finished call.
   Status finish_metrics(StepMetrics& out, const LossMetrics& sums, const MismatchSums& mismatch, double norm_sum,
                         const std::vector<float>& adv, const std::vector<float>& rew, double len,
@@ -197,7 +206,10 @@ class Trainer {
   kernels::DeviceCollective* device_;
   bool sharded_ = false;
   std::vector<size_t> bounds_;  // shard_bounds(params, ranks): the shards (and the ordered all-reduce's)
-  AdamW opt_;
+  mutable AdamW opt_;  // (mutable: the const optimizer() refreshes the device optimizer's mirror)
+  std::unique_ptr<DeviceOptimizer> dev_opt_;
+  bool dev_opt_checked_ = false;
+  std::string dev_opt_error_;
   StepObserver* watch_ = nullptr;
   std::mt19937_64 rng_;
   uint64_t dropout_micro_ = 0;  // micro-batches of the current optimizer step (LoRA dropout's mask seed)
