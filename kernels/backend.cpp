@@ -100,6 +100,12 @@ Result<std::unique_ptr<LayerOffload>> Backend::make_layer_offload(const OffloadO
   return std::unique_ptr<LayerOffload>(new CopyingLayerOffload(*this, o, std::move(reload)));
 }
 
+Status Backend::graph_begin() const {
+  return make_error(ErrorCode::internal, std::string(name()) + " backend: no recorded op sequences (graphs)");
+}
+Status Backend::graph_end(uint64_t) const { return graph_begin(); }
+Status Backend::graph_launch(uint64_t) const { return graph_begin(); }
+
 Result<std::unique_ptr<DeviceCollective>> Backend::join_collective(const std::vector<uint8_t>&, int, int) const {
   return invalid_input(std::string(name()) + " backend: no device collectives (reduce host copies instead)");
 }

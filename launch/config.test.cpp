@@ -247,6 +247,20 @@ TEST(Config, LearnerShard) {
   EXPECT_NE(m.find("gradients"), std::string::npos) << m;
 }
 
+TEST(Config, LearnerOptimizerOffload) {
+  auto r = load_config_text(std::string(kMinimal) + "learner:\n  optimizer_offload: true\npolicy:\n  device: cpu_fenced\n",
+                            "x.yaml", {});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->config.learner.optimizer_offload);
+  r = load_config_text(std::string(kMinimal), "x.yaml", {});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_FALSE(r->config.learner.optimizer_offload);
+  auto m = load_error(std::string(kMinimal) + "learner:\n  optimizer_offload: true\n");
+  EXPECT_NE(m.find("x.yaml:4:3: error: learner.optimizer_offload: true needs a model on a device"), std::string::npos) << m;
+  m = load_error(std::string(kMinimal) + "learner:\n  optimizer_offload: maybe\n");
+  EXPECT_NE(m.find("learner.optimizer_offload"), std::string::npos) << m;
+}
+
 TEST(Config, AsyncChunksNeedsOneUpdateFromGroupLocalParts) {
   auto m = load_error(std::string(kMinimal) + "rollout:\n  async_chunks: 4\n");
   EXPECT_NE(m.find("x.yaml:4:3: error: rollout.async_chunks: 4 parts per step need rollout.async: true"),

@@ -298,8 +298,13 @@ void check_checkpointing(const ExperimentConfig& c, const ConfigReport& report) 
            "'" + by + "' is not an eval metric (eval_accuracy, eval_reward_mean)");
 }
 
-// learner.memory_budget must be a size (troupe run / validate compare the memory plan with it).
+// learner.optimizer_offload needs a model on a device; learner.memory_budget must be a size (troupe
+// run / validate compare the memory plan with it).
 void check_learner(const ExperimentConfig& c, const ConfigReport& report) {
+  if (c.learner.optimizer_offload && c.policy.device == kernels::DeviceKind::cpu)
+    report("learner.optimizer_offload", "learner.optimizer_offload",
+           "true needs a model on a device (policy.device: cuda or cpu_fenced); on cpu the optimizer already runs "
+           "in host memory: remove the key or set it to false");
   const std::string key = "learner.memory_budget";
   if (c.learner.memory_budget.empty()) return;
   if (auto b = parse_byte_size(c.learner.memory_budget, key); !b.ok())

@@ -116,7 +116,7 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
     if (!several_micro_batches(s))
       r.gradients = (ceil_div(s.P, s.N) + s.fp.outer_floats + s.fp.largest_layer_floats) * kF;
   }
-  r.optimizer = ceil_div(2 * s.Tr * kF, o_div);  // AdamW m_, v_ (host vectors, fp32) of this rank's shard
+  r.optimizer = ceil_div(2 * s.Tr * kF, o_div);  // AdamW m_, v_ (fp32) of this rank's shard
   r.collectives = reduce_scatter_bytes(s);
   if (cfg.loss.kl_coef > 0) {  // the frozen reference policy: a second model (LearnerRole::create)
     r.weights += s.P * kF + s.A * kF;
@@ -172,10 +172,17 @@ Result<PlanRow> learner_row(const ExperimentConfig& cfg, const Shape& s, int ind
     r.activations += store;
     r.device = r.weights + r.gradients + r.optimizer + r.activations + r.sync + r.collectives + r.other;
   } else {
-    // Device: weights, gradients, activations, collectives. Host: the mirror of the weights and
-    // gradients (Model::params()/grads()), AdamW, the offload store, sync buffers, the batch.
-    r.device = r.weights + r.gradients + r.activations + r.collectives;
+    // Device: weights, gradients, activations, collectives, and AdamW's moments where the optimizer
+    // steps on the device (learner/README.md "Optimizer": not learner.optimizer_offload, not
+    // sharded, not a quantized base without adapters). Host: the mirror of the weights and
+    // gradients (Model::params()/grads()), AdamW otherwise (its host mirror is allocated either
+    // way), the offload store, sync buffers, the batch.
+    const bool sharded = s.stage != ShardStage::none && s.N > 1;
+    const bool quant_whole = cfg.policy.base_dtype != policy::BaseDtype::fp32 && s.A == 0;
+    const bool opt_on_device = !cfg.learner.optimizer_offload && !sharded && !quant_whole;
+    r.device = r.weights + r.gradients + r.activations + r.collectives + (opt_on_device ? r.optimizer : 0);
     r.host = r.weights + r.gradients + r.optimizer + store + r.sync + r.other;
+    if (opt_on_device) r.notes.push_back("AdamW on the device (its moments also mirrored in host memory)");
     if (store > 0) r.notes.push_back("offload store " + format_bytes(store) + " in host memory");
   }
   if (index == 0) r.notes.push_back("hosts the coordinator (its row below)");

@@ -478,6 +478,7 @@ Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum, bool last) {
   // The sum over learner ranks: on the device (NCCL) before the gradients come down, else over
   // comm on the host copy. The same sum either way, so clipping and AdamW below are one code path.
   if (device_) TROUPE_TRY(model_.all_reduce_grads(*device_));
+  if (device_optimizer_on()) return device_optimizer_step(out, norm_sum, last);
   auto grads = model_.grads();
   // Beyond two ranks the sum runs in rank order (reduce-scatter + all-gather), whatever MPI's
   // algorithm would add first: the sharded stages sum so too, and equal this step bit for bit.

@@ -6,9 +6,13 @@
 #include "troupe/policy/decode_slots.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <exception>
 #include <string>
 
+#include "decode_graph.h"
 #include "model_impl.h"
 #include "sampling_checks.h"
 #include "troupe/kernels/batch_invariant.h"
@@ -46,6 +50,18 @@ struct DecodeSlots::State {
   // Per-step host arrays, sized once for the largest step.
   std::vector<int32_t> slot, pos, kv_len, tok, rows, route, adapter;
   std::vector<float> host_logits, host_masked;
+  // Decode steps as recorded graphs (decode_graph.h): the plan, and this State's block of graph ids
+  // on the backend (shared by every DecodeSlots on it).
+  DecodeGraphPlan graphs{false};
+  uint64_t graph_ids = 0;
+  ~State() {
+    for (uint64_t id : graphs.ids()) m->be->graph_drop(graph_ids | id);
+  }
+  // A pass's inputs on the device (stage_pass), for compute_pass.
+  struct Pass {
+    Acts ia;
+    const int32_t* d_tok = nullptr;
+  };
 
   int room(int i) const {
     const Seq& q = seq[i];
@@ -54,6 +70,10 @@ struct DecodeSlots::State {
   void plan_rows(std::vector<int>& pre, std::vector<int>& dec) const;
   void size_step_arrays(size_t n);
   Result<const float*> run_layers(const int32_t* tokens, int T, int max_seqlen, const PackedMeta& meta, bool decode);
+  Result<Pass> stage_pass(const int32_t* tokens, int T, int max_seqlen, bool decode);
+  const float* compute_pass(const Pass& p, int T, const PackedMeta& meta);
+  Result<const float*> graph_pass(const Pass& p, int T, const PackedMeta& meta);
+  bool graph_eligible() const;
   void keep_routing(int slot, size_t row);
   Status prefill(const std::vector<int>& pre);
   Status decode(const std::vector<int>& dec, int row);
@@ -103,6 +123,9 @@ Result<std::unique_ptr<DecodeSlots>> DecodeSlots::create(Model& model, int slots
     TROUPE_ASSIGN_OR_RETURN(s->learner, floats(n));
   }
   s->seq.resize(slots);
+  static std::atomic<uint64_t> next_ids{1};
+  s->graph_ids = next_ids.fetch_add(1) << 32;
+  s->graphs = DecodeGraphPlan(m.cfg.decode_graphs && be->supports_graphs());
   return std::unique_ptr<DecodeSlots>(new DecodeSlots(std::move(s)));
 }
 
@@ -193,16 +216,33 @@ void DecodeSlots::State::size_step_arrays(size_t n) {
 // Embedding and every layer over T rows (slot/pos/kv_len set for them); the last layer's output.
 Result<const float*> DecodeSlots::State::run_layers(const int32_t* tokens, int T, int max_seqlen,
                                                     const PackedMeta& meta, bool decode) {
+  TROUPE_ASSIGN_OR_RETURN(Pass p, stage_pass(tokens, T, max_seqlen, decode));
+  return compute_pass(p, T, meta);
+}
+
+// A pass's inputs: the activation arena carved, the tokens, slots, positions and visible keys on
+// the device (every copy from the host of the pass happens here, before any op of the pass).
+Result<DecodeSlots::State::Pass> DecodeSlots::State::stage_pass(const int32_t* tokens, int T, int max_seqlen,
+                                                                bool decode) {
   const k::Backend* be = m->be;
-  TROUPE_ASSIGN_OR_RETURN(Acts ia, m->carve(arena, std::max(T, opt.arena_rows), std::max(max_seqlen, opt.arena_seqlen),
-                                            2, 1, false));
+  Pass p;
+  TROUPE_ASSIGN_OR_RETURN(p.ia, m->carve(arena, std::max(T, opt.arena_rows), std::max(max_seqlen, opt.arena_seqlen),
+                                         2, 1, false));
   const size_t n = static_cast<size_t>(T);
   TROUPE_TRY(be->grow(ints, sizeof(int32_t) * 4 * n));  // all four first: growing moves the buffer
-  TROUPE_ASSIGN_OR_RETURN(const int32_t* d_tok, m->stage_ints(ints, tokens, n, 0));
+  TROUPE_ASSIGN_OR_RETURN(p.d_tok, m->stage_ints(ints, tokens, n, 0));
   TROUPE_ASSIGN_OR_RETURN(kv.slot, m->stage_ints(ints, slot.data(), n, n));
   TROUPE_ASSIGN_OR_RETURN(kv.pos, m->stage_ints(ints, pos.data(), n, 2 * n));
   TROUPE_ASSIGN_OR_RETURN(kv.kv_len, m->stage_ints(ints, kv_len.data(), n, 3 * n));
   kv.decode = decode;
+  return p;
+}
+
+// The pass's ops: embedding and every layer.
+const float* DecodeSlots::State::compute_pass(const Pass& p, int T, const PackedMeta& meta) {
+  const k::Backend* be = m->be;
+  const Acts& ia = p.ia;
+  const size_t n = static_cast<size_t>(T);
   // Row r's routing is that of the token sampled from its output.
   const size_t RW = static_cast<size_t>(m->routing_width);
   const bool record = opt.record_experts && RW > 0;
@@ -213,12 +253,61 @@ Result<const float*> DecodeSlots::State::run_layers(const int32_t* tokens, int T
     for (size_t t = 0; t < n; ++t) adapter[t] = seq[slot[t]].sp.adapter;
     m->row_adapter = adapter.data();
   }
-  be->embedding_forward(ia.resid[0], d_tok, m->P() + m->wte, T, m->C);
+  be->embedding_forward(ia.resid[0], p.d_tok, m->P() + m->wte, T, m->C);
   for (int l = 0; l < m->L; ++l)
     m->layer_forward(l, ia.resid[l % 2], ia.resid[(l + 1) % 2], ia.ws[0], ia, meta, T, &kv);
   m->routing_out = nullptr;
   m->row_adapter = nullptr;
   return ia.resid[m->L % 2];
+}
+
+// A decode pass may be a graph where its ops depend on nothing the host decides per step: no MoE
+// layer (routing goes to the host, expert segments are sized there) and no served adapters (rows
+// are grouped by adapter on the host).
+bool DecodeSlots::State::graph_eligible() const {
+  return graphs.enabled() && m->routing_width == 0 && m->served.empty() && !m->cfg.num_experts;
+}
+
+// The decode pass through the plan: eager until its key settles, then recorded once and replayed.
+// The weights' pending upload goes first (P()/LP() outside any recording); a failed recording runs
+// the pass eagerly and turns graphs off (said once on stderr).
+Result<const float*> DecodeSlots::State::graph_pass(const Pass& p, int T, const PackedMeta& meta) {
+  const k::Backend* be = m->be;
+  (void)m->P();
+  if (m->lora) (void)m->LP();
+  DecodeGraphKey key{T, kv.cache_len, m->params_writes,
+                     {arena.data(), ints.data(), kcache.data(), vcache.data(), meta.dev.data(), m->params.data(),
+                      m->lparams.data()}};
+  for (const auto& q : m->qbase) key.buffers.push_back(q.w.data);
+  const DecodeGraphPlan::Step step = graphs.next(key);
+  for (uint64_t id : step.drop) be->graph_drop(graph_ids | id);
+  if (step.action == DecodeGraphAction::replay) {
+    if (be->graph_launch(graph_ids | step.id).ok()) return p.ia.resid[m->L % 2];
+    graphs.replay_refused(step.id);
+    be->graph_drop(graph_ids | step.id);
+    return compute_pass(p, T, meta);
+  }
+  if (step.action == DecodeGraphAction::eager) return compute_pass(p, T, meta);
+  std::string why;
+  if (Status st = be->graph_begin(); !st.ok()) {
+    why = st.error().message;
+  } else {
+    const float* out = nullptr;
+    try {
+      out = compute_pass(p, T, meta);
+    } catch (const std::exception& e) {  // an op that cannot be recorded (the backend throws)
+      why = e.what();
+    }
+    Status end = be->graph_end(graph_ids | step.id);
+    if (why.empty() && end.ok() && be->graph_launch(graph_ids | step.id).ok()) return out;
+    if (why.empty()) why = end.ok() ? "the first launch of the recorded graph failed" : end.error().message;
+  }
+  for (uint64_t id : graphs.record_failed(step.id, why)) be->graph_drop(graph_ids | id);
+  be->graph_drop(graph_ids | step.id);
+  std::fprintf(stderr, "troupe: decode steps run without CUDA graphs from now on: %s\n", why.c_str());
+  m->routing_out = nullptr;
+  m->row_adapter = nullptr;
+  return compute_pass(p, T, meta);
 }
 
 // The routing recorded for the pass's row `row` becomes that of the slot's next token.
@@ -269,7 +358,8 @@ Status DecodeSlots::State::decode(const std::vector<int>& dec, int row) {
     tok[i] = q.next;
   }
   TROUPE_TRY(build_decode_meta(&dm, pos.data(), B, m->HD, m->cfg.rope_theta, m->d_inv_freq(), *be));
-  TROUPE_ASSIGN_OR_RETURN(const float* x, run_layers(tok.data(), B, 1, dm, true));
+  TROUPE_ASSIGN_OR_RETURN(const Pass p, stage_pass(tok.data(), B, 1, true));
+  TROUPE_ASSIGN_OR_RETURN(const float* x, graph_eligible() ? graph_pass(p, B, dm) : compute_pass(p, B, dm));
   const size_t C = static_cast<size_t>(m->C);
   be->copy_device_to_device(last.floats() + static_cast<size_t>(row) * C, x, sizeof(float) * B * C);
   for (int i = 0; i < B; ++i) keep_routing(dec[i], static_cast<size_t>(i));

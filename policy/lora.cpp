@@ -299,8 +299,9 @@ const TensorSpec* Model::find_base_tensor(std::string_view name) const {
   return nullptr;
 }
 std::span<const float> Model::base_params() const {
-  const Impl& m = *impl_;
+  Impl& m = *impl_;
   if (!m.mirrored) return {m.P(), m.n_params};
+  m.pull(m.params, m.host_params, &m.params_device_newer);
   return m.host_params;
 }
 Status Model::set_base_params(std::span<const float> flat) {
@@ -313,7 +314,7 @@ Status Model::set_base_params(std::span<const float> flat) {
   m.weights_written(m.params);
   if (m.mirrored) {
     if (flat.data() != m.host_params.data()) std::copy(flat.begin(), flat.end(), m.host_params.begin());
-    m.params_host_newer = false;
+    m.params_host_newer = m.params_device_newer = false;
   }
   return m.sync_head_quant();  // a quantized base's sampling head follows its weights
 }

@@ -26,6 +26,9 @@ if(TROUPE_BUILD_TESTS)
 endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.decode_slots SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_slots.test.cpp LIBS troupe::policy)
+  # When a decode step is a recorded graph (host decisions), and the CPU backends ignoring the switch.
+  troupe_add_test(NAME policy.decode_graph SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_graph.test.cpp LIBS troupe::policy)
+  target_include_directories(policy_decode_graph_test PRIVATE ${CMAKE_CURRENT_LIST_DIR})
 endif()
 if(TROUPE_BUILD_TESTS)
   # The model's device path (host mirror, every host array copied to the device): bit for bit on the

@@ -899,14 +899,15 @@ struct TrainArena {
   bool& params_host_newer;
   bool& grads_host_newer;
   bool& grads_device_newer;
+  bool& params_device_newer;
   size_t n;
 };
 TrainArena train_arena(Model::Impl& m) {
   if (m.lora)
     return {m.lparams, m.lgrads, m.host_lparams, m.host_lgrads, m.lparams_host_newer, m.lgrads_host_newer,
-            m.lgrads_device_newer, m.n_lora};
+            m.lgrads_device_newer, m.lparams_device_newer, m.n_lora};
   return {m.params, m.grads, m.host_params, m.host_grads, m.params_host_newer, m.grads_host_newer,
-          m.grads_device_newer, m.n_params};
+          m.grads_device_newer, m.params_device_newer, m.n_params};
 }
 }  // namespace
 
@@ -921,6 +922,7 @@ std::span<float> Model::params() {
   ++m.params_writes;
   TrainArena a = train_arena(m);
   if (!m.mirrored) return {m.lora ? m.LP() : m.P(), a.n};
+  m.pull(a.params, a.host_params, &a.params_device_newer);
   a.params_host_newer = true;  // the caller may write: the next op that reads the weights uploads them
   return a.host_params;
 }
@@ -929,6 +931,7 @@ std::span<const float> Model::params() const {
   Impl& m = *impl_;
   TrainArena a = train_arena(m);
   if (!m.mirrored) return {m.lora ? m.LP() : m.P(), a.n};
+  m.pull(a.params, a.host_params, &a.params_device_newer);
   return a.host_params;
 }
 std::span<const float> Model::grads() const {
@@ -961,10 +964,25 @@ Status Model::set_params(std::span<const float> flat) {
   m.weights_written(a.params);
   if (m.mirrored) {
     if (flat.data() != a.host_params.data()) std::copy(flat.begin(), flat.end(), a.host_params.begin());
-    a.params_host_newer = false;
+    a.params_host_newer = a.params_device_newer = false;
   }
   if (!m.lora) TROUPE_TRY(m.sync_head_quant());  // a quantized base's sampling head follows its weights
   return {};
+}
+Model::DeviceArena Model::device_train_arena() {
+  Impl& m = *impl_;
+  // A quantized base without adapters keeps a sampling head beside its weights (set_params
+  // refreshes it), so its optimizer stays on the host.
+  if (!m.mirrored || (!m.lora && m.quant_base())) return {};
+  TrainArena a = train_arena(m);
+  return {m.lora ? m.LP() : m.P(), m.lora ? m.LG() : m.G(), a.n};  // the host's writes go up first
+}
+void Model::device_params_written() {
+  Impl& m = *impl_;
+  TrainArena a = train_arena(m);
+  ++m.params_writes;
+  m.weights_written(a.params);
+  if (m.mirrored) a.params_device_newer = true;
 }
 Status Model::all_reduce_grads(kernels::DeviceCollective& c) {
   Impl& m = *impl_;

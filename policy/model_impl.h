@@ -209,6 +209,13 @@ struct Model::Impl {
     grads_device_newer = mirrored;
     return grads.floats();
   }
+  // The host mirror of a weight arena after a device-side optimizer step wrote the arena
+  // (Model::device_params_written): brought down once, on the first host read that needs it.
+  void pull(const kernels::Buffer& src, std::vector<float>& dst, bool* flag) {
+    if (!*flag) return;
+    be->copy_device_to_host(dst.data(), src.data(), sizeof(float) * dst.size());
+    *flag = false;
+  }
   void upload(const kernels::Buffer& dst, const std::vector<float>& src, bool* flag) const {
     be->copy_host_to_device(dst.data(), src.data(), sizeof(float) * src.size());
     *flag = false;
@@ -234,6 +241,7 @@ struct Model::Impl {
   std::vector<float> host_lparams;
   mutable std::vector<float> host_lgrads;
   mutable bool lparams_host_newer = false, lgrads_host_newer = false, lgrads_device_newer = false;
+  bool lparams_device_newer = false;  // a device optimizer step wrote lparams after the mirror
   float* LP() const {
     if (lparams_host_newer) upload(lparams, host_lparams, &lparams_host_newer);
     return lparams.floats();
@@ -314,6 +322,7 @@ struct Model::Impl {
   std::vector<float> host_params;
   mutable std::vector<float> host_grads;
   mutable bool params_host_newer = false, grads_host_newer = false, grads_device_newer = false;
+  bool params_device_newer = false;  // a device optimizer step wrote params after the mirror
   std::uint64_t params_writes = 0;  // Model::params_writes()
   // The host arrays ops read, copied to the device: RoPE's scaled inverse frequencies (null for
   // default RoPE) and the training batch's tokens and targets.

@@ -90,8 +90,11 @@ Status Generator::apply_weights_to(policy::Model& model, int64_t& held, const We
       return not_applied(WeightsStatus::refused, std::to_string(w.elements) + " values by broadcast for a model of " +
                                                      std::to_string(params.size()) +
                                                      "; the weight group is out of step from here on");
-    std::vector<float> received(params.size());
-    if (Status st = weight_group_->receive(received); !st.ok())
+    if (w.dtype != static_cast<std::int32_t>(WeightDtype::fp32) && w.dtype != static_cast<std::int32_t>(WeightDtype::bf16))
+      return not_applied(WeightsStatus::refused, "values by broadcast in an unknown dtype (" + std::to_string(w.dtype) +
+                                                     "); the weight group is out of step from here on");
+    std::vector<float> received(params.size());  // (in the sender's dtype: the broadcast's size depends on it)
+    if (Status st = weight_group_->receive(received, static_cast<WeightDtype>(w.dtype)); !st.ok())
       return not_applied(WeightsStatus::refused, st.error().message);
     if (w.dtype != static_cast<std::int32_t>(dtype_))
       return not_applied(WeightsStatus::refused, std::string("values in ") +

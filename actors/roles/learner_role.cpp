@@ -347,7 +347,7 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
   // The broadcast goes last: with NCCL it is queued on the model's stream and completes only once
   // every generator takes it, which it does when it gets this reply's message, so any later work
   // of this model that waits for its stream (the probe's log-probs) would wait forever.
-  if (r.device) TROUPE_TRY(weight_group_->send(sent));
+  if (r.device) TROUPE_TRY(weight_group_->send(sent, encoder_->dtype()));
   return w;
 }
 
@@ -371,7 +371,7 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     auto& trainer = trainer_for(phase_);
     // Sharded learners: every rank is asked, the moments are gathered, and rank 0 writes the whole
     // (unsharded) layout, which any rank count and stage can resume from.
-    const learner::AdamW* opt_state = &trainer.optimizer();
+    const learner::AdamW* opt_state = &std::as_const(trainer).optimizer();  // (read only: no upload after)
     learner::AdamW gathered;
     if (trainer.sharded()) {
       TROUPE_ASSIGN_OR_RETURN(gathered, trainer.gathered_optimizer());

@@ -116,6 +116,7 @@ learner::LearnerConfig learner_config(const ExperimentConfig& c, learner::Phase 
   l.importance_weight_cap = c.rollout.importance_weight_cap;
   l.seed = static_cast<uint64_t>(c.run.seed);
   l.shard = c.learner.shard;
+  l.optimizer_offload = c.learner.optimizer_offload;
   if (!sft) l.distill = c.distill;
   return l;
 }

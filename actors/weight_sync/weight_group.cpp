@@ -1,6 +1,7 @@
 // The weight group (troupe/actors/weight_group.h).
 #include "troupe/actors/weight_group.h"
 
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -42,18 +43,33 @@ Result<std::unique_ptr<WeightGroup>> WeightGroup::join(const kernels::Backend& b
 
 WeightGroup::~WeightGroup() = default;
 
-Result<float*> WeightGroup::staging(size_t n) {
-  if (Status st = backend_.grow(staging_, n * sizeof(float)); !st.ok())
-    return make_error(st.error().code, "weight group: the broadcast buffer of " + std::to_string(n) + " values: " +
-                                           st.error().message);
+size_t WeightGroup::staged_bytes(size_t n, WeightDtype dtype) {
+  return dtype == WeightDtype::bf16 ? sizeof(float) * ((n + 1) / 2) : sizeof(float) * n;
+}
+
+Result<float*> WeightGroup::staging(size_t floats) {
+  if (Status st = backend_.grow(staging_, floats * sizeof(float)); !st.ok())
+    return make_error(st.error().code, "weight group: the broadcast buffer of " + std::to_string(floats) +
+                                           " floats: " + st.error().message);
   return staging_.floats();
 }
 
-Status WeightGroup::send(std::span<const float> values) {
-  TROUPE_ASSIGN_OR_RETURN(float* buf, staging(values.size()));
+Status WeightGroup::send(std::span<const float> values, WeightDtype dtype) {
+  const size_t floats = staged_bytes(values.size(), dtype) / sizeof(float);
+  TROUPE_ASSIGN_OR_RETURN(float* buf, staging(floats));
+  const void* src = values.data();
+  if (dtype == WeightDtype::bf16) {  // the top half of each value (its low half is zero: bf16 already)
+    words_.assign(2 * floats, 0);
+    for (size_t i = 0; i < values.size(); ++i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &values[i], sizeof bits);
+      words_[i] = static_cast<std::uint16_t>(bits >> 16);
+    }
+    src = words_.data();
+  }
   try {
-    backend_.copy_host_to_device(buf, values.data(), values.size_bytes());
-    collective_->broadcast(buf, values.size(), 0);
+    backend_.copy_host_to_device(buf, src, floats * sizeof(float));
+    collective_->broadcast(buf, floats, 0);
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, std::string("weight group: learner 0's broadcast of ") +
                                                std::to_string(values.size()) + " values: " + e.what());
@@ -61,11 +77,21 @@ Status WeightGroup::send(std::span<const float> values) {
   return {};
 }
 
-Status WeightGroup::receive(std::span<float> out) {
-  TROUPE_ASSIGN_OR_RETURN(float* buf, staging(out.size()));
+Status WeightGroup::receive(std::span<float> out, WeightDtype dtype) {
+  const size_t floats = staged_bytes(out.size(), dtype) / sizeof(float);
+  TROUPE_ASSIGN_OR_RETURN(float* buf, staging(floats));
   try {
-    collective_->broadcast(buf, out.size(), 0);
-    backend_.copy_device_to_host(out.data(), buf, out.size_bytes());
+    collective_->broadcast(buf, floats, 0);
+    if (dtype == WeightDtype::bf16) {
+      words_.resize(2 * floats);
+      backend_.copy_device_to_host(words_.data(), buf, floats * sizeof(float));
+      for (size_t i = 0; i < out.size(); ++i) {
+        const std::uint32_t bits = static_cast<std::uint32_t>(words_[i]) << 16;
+        std::memcpy(&out[i], &bits, sizeof bits);
+      }
+    } else {
+      backend_.copy_device_to_host(out.data(), buf, out.size_bytes());
+    }
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, "weight group: rank " + std::to_string(rank_) + " receiving " +
                                                std::to_string(out.size()) + " values: " + e.what());

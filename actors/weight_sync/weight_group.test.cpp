@@ -123,6 +123,50 @@ TEST(WeightGroup, ChecksumFailureKeepsTheWeightsAndNoGroupIsRefused) {
   EXPECT_EQ((*outsider)->version(), 0);
 }
 
+// The staging is in the generators' dtype: bf16 stages 2-byte words (half fp32's device bytes, an
+// odd count rounded up to whole floats) and the receivers get the sent values bit for bit.
+TEST(WeightGroup, StagesInTheGeneratorsDtype) {
+  const kernels::Backend& b = kernels::cpu_fenced_backend();
+  auto id = WeightGroup::make_id(b);
+  ASSERT_TRUE(id.ok()) << id.error().message;
+  auto sender = WeightGroup::join(b, *id, 3, 0);
+  ASSERT_TRUE(sender.ok()) << sender.error().message;
+  std::vector<std::unique_ptr<WeightGroup>> receivers;
+  for (int r = 1; r < 3; ++r) {
+    auto g = WeightGroup::join(b, *id, 3, r);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    receivers.push_back(std::move(*g));
+  }
+  for (size_t n : {size_t{1}, size_t{7}, size_t{1000}})
+    for (WeightDtype dtype : {WeightDtype::fp32, WeightDtype::bf16}) {
+      SCOPED_TRACE(std::to_string(n) + " values, " + std::string(enum_string(dtype)));
+      std::vector<float> values(n);
+      for (size_t i = 0; i < n; ++i) values[i] = 0.37f * static_cast<float>(i) - 3.1f / static_cast<float>(i + 1);
+      values[0] = -0.0f;
+      round_to_dtype(values, dtype);
+      EXPECT_EQ(WeightGroup::staged_bytes(n, dtype), dtype == WeightDtype::bf16 ? 4 * ((n + 1) / 2) : 4 * n);
+      ASSERT_TRUE((*sender)->send(values, dtype).ok());
+      for (auto& r : receivers) {
+        std::vector<float> got(n, 1.0f);
+        ASSERT_TRUE(r->receive(got, dtype).ok());
+        EXPECT_TRUE(same_bits(got, values));
+      }
+    }
+  // A sender that only ever sends bf16 stages half of what fp32 would.
+  auto id2 = WeightGroup::make_id(b);
+  ASSERT_TRUE(id2.ok());
+  auto s2 = WeightGroup::join(b, *id2, 2, 0);
+  auto r2 = WeightGroup::join(b, *id2, 2, 1);
+  ASSERT_TRUE(s2.ok() && r2.ok());
+  std::vector<float> big(4096, 0.5f);
+  ASSERT_TRUE((*s2)->send(big, WeightDtype::bf16).ok());
+  std::vector<float> got(big.size());
+  ASSERT_TRUE((*r2)->receive(got, WeightDtype::bf16).ok());
+  EXPECT_TRUE(same_bits(got, big));
+  EXPECT_LE((*s2)->staging_bytes(), 2 * big.size() + 256);
+  EXPECT_LE((*r2)->staging_bytes(), 2 * big.size() + 256);
+}
+
 TEST(WeightGroup, MalformedIdsAreErrors) {
   const kernels::Backend& b = kernels::cpu_fenced_backend();
   auto empty = WeightGroup::join(b, {}, 2, 1);

@@ -199,6 +199,14 @@ class CpuBackend final : public Backend {
     kernels::chunked_sample(tokens, logprobs, h, W, N, C, V, chunk, sp, rng, max_top_k, scratch);
   }
 
+  double grad_norm_clip(const float* g, size_t n, double max_norm, float* scale) const override {
+    return kernels::grad_norm_clip(g, n, max_norm, scale);
+  }
+  void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& k,
+                    const float* scale) const override {
+    kernels::adamw_update(p, g, m, v, n, k, scale);
+  }
+
   GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch,
                          const GrpoLossParams& params, const GrpoLossAggregation& agg) const override {
     return kernels::grpo_loss(dlogp, dentropy, batch, params, agg);

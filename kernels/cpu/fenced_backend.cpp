@@ -256,6 +256,16 @@ class FencedBackend final : public Backend {
                          host(rng, f), max_top_k, dev(scratch, f));
   }
 
+  double grad_norm_clip(const float* g, size_t n, double max_norm, float* scale) const override {
+    const char* f = __func__;
+    return cpu().grad_norm_clip(dev(g, f), n, max_norm, dev(scale, f));
+  }
+  void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& k,
+                    const float* scale) const override {
+    const char* f = __func__;
+    cpu().adamw_update(dev(p, f), dev(g, f), dev(m, f), dev(v, f), n, k, scale ? dev(scale, f) : nullptr);
+  }
+
   GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& b, const GrpoLossParams& params,
                          const GrpoLossAggregation& agg) const override {
     const char* f = __func__;

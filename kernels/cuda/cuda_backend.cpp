@@ -6,13 +6,16 @@
 // (check.h) naming the call, file, line and error. Thread-safe: a lock serializes the queuing of
 // ops and copies, so roles of one process (learner and generator threads) may share the GPU.
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "bf16_weight_cache.h"
+#include "bodies/adamw.h"
 #include "bodies/grpo_loss.h"
 #include "check.h"
 #include "device_pick.h"
@@ -384,6 +387,82 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // CUDA graphs of recorded ops (a decode step): stream capture on the queue, thread-local mode.
+  // The lock is held from graph_begin to graph_end, so no other thread's work lands in the graph.
+  // A graph remembers the backend's own workspaces it was recorded with; a launch after one of
+  // them was reallocated (grown) is refused, since the graph would read the freed one.
+  bool supports_graphs() const override { return true; }
+  Status graph_begin() const override {
+    mu_.lock();
+    (void)cudaSetDevice(device_);
+    const cudaError_t e = cudaStreamBeginCapture(q_.stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      mu_.unlock();
+      return make_error(ErrorCode::internal, std::string("cuda backend: cudaStreamBeginCapture: ") + cudaGetErrorString(e));
+    }
+    return {};
+  }
+  Status graph_end(uint64_t id) const override {
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamEndCapture(q_.stream, &g);
+    cudaGraphExec_t exec = nullptr;
+    if (e == cudaSuccess && g) e = cudaGraphInstantiate(&exec, g, 0);
+    if (g) (void)cudaGraphDestroy(g);
+    if (e != cudaSuccess || !exec) {
+      (void)cudaGetLastError();  // a failed recording leaves the stream usable
+      mu_.unlock();
+      return make_error(ErrorCode::internal, std::string("cuda backend: recording a graph: ") +
+                                                 cudaGetErrorString(e == cudaSuccess ? cudaErrorStreamCaptureInvalidated : e));
+    }
+    graph_drop(id);
+    graphs_[id] = Graph{exec, workspaces()};
+    mu_.unlock();
+    return {};
+  }
+  Status graph_launch(uint64_t id) const override {
+    const Guard guard(*this);
+    const auto it = graphs_.find(id);
+    if (it == graphs_.end()) return make_error(ErrorCode::internal, "cuda backend: no graph " + std::to_string(id));
+    if (it->second.workspaces != workspaces())
+      return make_error(ErrorCode::internal, "cuda backend: graph " + std::to_string(id) +
+                                                 " was recorded with workspaces reallocated since");
+    TROUPE_CUDA_CHECK(cudaGraphLaunch(it->second.exec, q_.stream));
+    return {};
+  }
+  void graph_drop(uint64_t id) const override {
+    const Guard guard(*this);
+    const auto it = graphs_.find(id);
+    if (it == graphs_.end()) return;
+    TROUPE_CUDA_REPORT(cudaGraphExecDestroy(it->second.exec));
+    graphs_.erase(it);
+  }
+
+  // The optimizer (optimizer.cu): one tensor (the flat arena) cut into chunks, its table in the
+  // workspace; only the norm comes down (grad_norm_clip), the gradients never do.
+  double grad_norm_clip(const float* g, size_t n, double max_norm, float* scale) const override {
+    const Guard guard(*this);
+    const OptTable t = opt_table(cuda::AdamWTensor{nullptr, g, nullptr, nullptr, n});
+    double norm = 0;
+    if (t.n == 0) {  // an empty arena: norm 0, no clipping
+      const float one = 1.0f;
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(scale, &one, sizeof one, cudaMemcpyHostToDevice, q_.stream));
+      TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));
+      return 0;
+    }
+    cuda::launch_grad_norm(q_, t.tensor, t.chunks, t.n, t.partial, max_norm, t.norm, scale);
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(&norm, t.norm, sizeof norm, cudaMemcpyDeviceToHost, q_.stream));
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));
+    return norm;
+  }
+  void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& k,
+                    const float* scale) const override {
+    const Guard guard(*this);
+    const OptTable t = opt_table(cuda::AdamWTensor{p, g, m, v, n});
+    const cuda::AdamWCoefficients ck{k.b1, k.b2, k.step_size, k.inv_sqrt_bc2, k.decay, k.eps};
+    if (t.n > 0) cuda::launch_adamw(q_, t.tensor, t.chunks, t.n, ck, scale);
+  }
+
   GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch, const GrpoLossParams& params,
                          const GrpoLossAggregation& agg) const override {
                            const Guard guard(*this);
@@ -439,6 +518,42 @@ class CudaBackend final : public Backend {
     if (Status st = cuda::grow_workspace("ops scratch", ws_, ws_bytes_, bytes, mem); !st.ok())
       throw cuda::CudaError(st.error().message);
     return ws_;
+  }
+
+  // The backend's own device scratch a recorded graph may point into (grown by reallocation).
+  std::array<const void*, 4> workspaces() const {
+    return {ws_, bf16_ws_.data, decode_ws_.data, expert_ws_.pointers};
+  }
+  struct Graph {
+    cudaGraphExec_t exec;
+    std::array<const void*, 4> workspaces;
+  };
+  mutable std::map<uint64_t, Graph> graphs_;
+
+  // The optimizer ops' table in the workspace: [tensor][chunks][per-chunk partial sums][norm], the
+  // tensor and chunks uploaded on the queue (stream order keeps them until the launch has read them).
+  static constexpr size_t kOptChunk = size_t{1} << 16;
+  struct OptTable {
+    cuda::AdamWTensor* tensor;
+    cuda::AdamWChunk* chunks;
+    int n;
+    double* partial;
+    double* norm;
+  };
+  OptTable opt_table(const cuda::AdamWTensor& t) const {
+    const std::vector<cuda::AdamWChunk> chunks = cuda::adamw_chunks({t}, kOptChunk);
+    const size_t n = chunks.size();
+    const auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+    const size_t at_chunks = up(sizeof t), at_partial = at_chunks + up(n * sizeof(cuda::AdamWChunk));
+    const size_t at_norm = at_partial + up(n * sizeof(double));
+    char* ws = static_cast<char*>(workspace(at_norm + sizeof(double)));
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(ws, &t, sizeof t, cudaMemcpyHostToDevice, q_.stream));
+    if (n)
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(ws + at_chunks, chunks.data(), n * sizeof(cuda::AdamWChunk),
+                                        cudaMemcpyHostToDevice, q_.stream));
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));  // the host table may go on return
+    return {reinterpret_cast<cuda::AdamWTensor*>(ws), reinterpret_cast<cuda::AdamWChunk*>(ws + at_chunks),
+            static_cast<int>(n), reinterpret_cast<double*>(ws + at_partial), reinterpret_cast<double*>(ws + at_norm)};
   }
 
   // Roles of one process (a learner and a generator thread) may share the GPU: every op and copy

@@ -451,13 +451,18 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     grep -q "weight_sync.dtype" "$W/err.txt"
     ;;
   device_path)  # policy.device cpu_fenced (the device path a GPU takes: host mirror of the weights, every op
-    # on device memory the host cannot touch) trains bit for bit as cpu does: sync, async, bf16 generators, offload
+    # on device memory the host cannot touch, AdamW on the device) trains bit for bit as cpu does: sync, async,
+    # the optimizer offloaded to the host, bf16 generators, offload
     S="--set sft.max_steps=8 --set grpo.max_steps=6 --set eval.every=3 --set eval.num_prompts=20 --set checkpointing.enabled=false $Q"
     for cfg in quickstart async; do
       "$TROUPE" run "$SRC/configs/$cfg.yaml" --set run.dir="$W/${cfg}_cpu" $S
       "$TROUPE" run "$SRC/configs/$cfg.yaml" --set run.dir="$W/${cfg}_fenced" --set policy.device=cpu_fenced $S
       $CHECK same "$W/${cfg}_cpu" "$W/${cfg}_fenced"
     done
+    # the optimizer on the host mirror (learner.optimizer_offload) equals the device optimizer above
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/offload_opt_fenced" --set policy.device=cpu_fenced \
+      --set learner.optimizer_offload=true $S
+    $CHECK same "$W/quickstart_cpu" "$W/offload_opt_fenced"
     # bf16 generators: learner 0's probe swaps the rounded copy in and the master back (on a device
     # backend the master must reach the device again)
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/bf16_cpu" --set weight_sync.dtype=bf16 $S

@@ -3,9 +3,10 @@
 # ZeroMQ, MPI, yaml-cpp, BLAS or network. Invariant: the run half skips (77) only when the machine
 # has no GPU at all; a GPU that is present but unusable, a missing library or any failed part fails.
 #
-#   tests/gpu/check.sh --prepare [DIR]   here (a build machine): configures a build for sm_90
-#       (CUDA_ARCH overrides; BUILD names the build folder, default build-gpu-check, an existing
-#       build of this tree may be reused), builds troupe, the GPU test binaries, gpu.model_on_cuda,
+#   tests/gpu/check.sh --prepare [DIR]   here (a build machine): configures a build for sm_90 only
+#       (CUDA_ARCH overrides; BUILD names the build folder, default build-gpu-check; an existing
+#       build is reconfigured to that one architecture, and a binary with device code for another
+#       fails the prepare), builds troupe, the GPU test binaries, gpu.model_on_cuda,
 #       kernels.cuda_smoke and troupe_gpu_bench, and copies them, stripped, with the shared
 #       libraries they load that are not the C/C++ runtime or CUDA's own (ldd), and the quickstart
 #       config into DIR (default build-gpu-check/bundle): one folder, at most 64 MiB (checked).
@@ -27,7 +28,7 @@ set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 max_bundle=$((64 * 1024 * 1024))
 gpu_tests="gpu_ops_vs_cpu_test gpu_moe_round_trip_test gpu_train_step_test gpu_reload_double_buffer_test
-gpu_checked_calls_test gpu_flash_attention_test gpu_nccl_all_reduce_test"
+gpu_checked_calls_test gpu_flash_attention_test gpu_nccl_all_reduce_test gpu_optimizer_graphs_test"
 sanitized="gpu_checked_calls_test gpu_reload_double_buffer_test gpu_flash_attention_test gpu_moe_round_trip_test"
 
 # ---- prepare --------------------------------------------------------------------------------------
@@ -45,14 +46,12 @@ prepare() {
   local out="${1:-$root/build-gpu-check/bundle}"
   local build="${BUILD:-$root/build-gpu-check}" arch="${CUDA_ARCH:-90}" jobs="${JOBS:-2}"
   local targets="troupe policy_model_on_cuda_test kernels_cuda_smoke_test troupe_gpu_bench $gpu_tests"
-  if [ -f "$build/CMakeCache.txt" ]; then
-    echo "prepare: build $build (an existing build, with its own CUDA architectures), bundle $out"
-  else
-    echo "prepare: build $build (sm_$arch), bundle $out"
-    mkdir -p "$build"
-    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-      -DTROUPE_WERROR=OFF >"$build/check_configure.log" 2>&1 || { tail -30 "$build/check_configure.log"; echo "prepare: configure FAILED"; return 1; }
-  fi
+  # Always (re)configured for sm_$arch alone: the check runs on H100/H200, and a second
+  # architecture's device code would not fit the bundle (an existing build is switched to it).
+  echo "prepare: build $build (sm_$arch only), bundle $out"
+  mkdir -p "$build"
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+    -DTROUPE_WERROR=OFF >"$build/check_configure.log" 2>&1 || { tail -30 "$build/check_configure.log"; echo "prepare: configure FAILED"; return 1; }
   # shellcheck disable=SC2086
   cmake --build "$build" -j"$jobs" --target $targets >"$build/check_build.log" 2>&1 ||
     { grep -E "error|Error" "$build/check_build.log" | head -30; echo "prepare: build FAILED (log: $build/check_build.log)"; return 1; }
@@ -72,6 +71,13 @@ prepare() {
   done
   if ldd "$out"/bin/* 2>/dev/null | grep -q "not found"; then
     ldd "$out"/bin/* | grep "not found" | sort -u; echo "prepare: a library does not resolve here"; return 1
+  fi
+  # Device code for sm_$arch only (cuobjdump lists each binary's cubins and PTX).
+  local cuobjdump="${CUOBJDUMP:-$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)}" other
+  if [ -x "$cuobjdump" ]; then
+    other=$(for f in "$out"/bin/*; do "$cuobjdump" --list-elf --list-ptx "$f" 2>/dev/null; done |
+      grep -oE "sm_[0-9]+a?" | sort -u | grep -vx "sm_$arch" | tr '\n' ' ')
+    [ -z "$other" ] || { echo "prepare: FAILED: device code for $other besides sm_$arch"; return 1; }
   fi
   # Libraries over 1 MiB travel gzipped (OpenBLAS alone is ~35 MiB); the run half unpacks them.
   find "$out/lib" -type f -size +1M -exec gzip -9 {} \;

@@ -213,11 +213,21 @@ TEST(Plan, JsonFields) {
                         "kv_cache_bytes", "sync_bytes", "collectives_bytes", "other_bytes", "device_bytes", "host_bytes",
                         "fits", "notes"})
     EXPECT_TRUE(l.contains(k)) << k;
-  // a device backend: AdamW and the weights' host mirror are host memory, not the device's
+  // a device backend: AdamW steps on the device (its moments there, mirrored on the host), and the
+  // weights' host mirror is host memory
   EXPECT_EQ(l["device_bytes"].get<uint64_t>(),
             l["weights_bytes"].get<uint64_t>() + l["gradients_bytes"].get<uint64_t>() +
-                l["activations_bytes"].get<uint64_t>() + l["collectives_bytes"].get<uint64_t>());
+                l["activations_bytes"].get<uint64_t>() + l["collectives_bytes"].get<uint64_t>() +
+                l["optimizer_bytes"].get<uint64_t>());
   EXPECT_GT(l["host_bytes"].get<uint64_t>(), l["optimizer_bytes"].get<uint64_t>());
+  // learner.optimizer_offload: AdamW in host memory only
+  const nlohmann::json off =
+      plan_json(plan_model("qwen3-1.7b", {"policy.device=cpu_fenced", "learner.optimizer_offload=true"}, o));
+  const auto& lo = off["rows"][0];
+  EXPECT_EQ(lo["device_bytes"].get<uint64_t>(),
+            lo["weights_bytes"].get<uint64_t>() + lo["gradients_bytes"].get<uint64_t>() +
+                lo["activations_bytes"].get<uint64_t>() + lo["collectives_bytes"].get<uint64_t>());
+  EXPECT_EQ(lo["host_bytes"].get<uint64_t>(), l["host_bytes"].get<uint64_t>());
 }
 
 TEST(Plan, Bf16ComputeKeepsFp32StateAndAddsOperandCopies) {

@@ -202,6 +202,7 @@ struct FaultsSection {
 // YAML `learner.*`: how the learner ranks split the training state, and the memory each rank may use.
 struct LearnerSection {
   learner::ShardStage shard = learner::ShardStage::none;  // none | optimizer | gradients | parameters (ZeRO 1-3)
+  bool optimizer_offload = false;  // AdamW on the host mirror of a device model's weights (else on the device)
   std::string memory_budget;  // e.g. "4GiB": each rank's planned memory (troupe plan) must fit ("" = no budget)
 };
 

@@ -23,6 +23,7 @@
 
 #include "troupe/base/enum_names.h"
 #include "troupe/base/result.h"
+#include "troupe/kernels/adamw.h"
 #include "troupe/kernels/chunked_logprob.h"
 #include "troupe/kernels/chunked_sample.h"
 #include "troupe/kernels/grpo_loss.h"
@@ -254,6 +255,35 @@ class Backend {
   // Joins the collective of `nranks` ranks named by rank 0's collective_id() as `rank`.
   virtual Result<std::unique_ptr<DeviceCollective>> join_collective(const std::vector<uint8_t>& id, int nranks,
                                                                     int rank) const;
+
+  // ---- recorded op sequences (CUDA graphs; optional) ------------------------------------------------
+  // Whether this backend can record the ops of a step once and replay them (cuda: CUDA graphs;
+  // the CPU backends: no, and the calls below return errors).
+  virtual bool supports_graphs() const { return false; }
+  // Records, without running them, the ops and device-to-device copies the calling thread queues
+  // until graph_end; other threads' calls wait until then. Nothing in between may copy to or from
+  // the host, synchronize or allocate (such a call fails the recording).
+  virtual Status graph_begin() const;
+  // Ends the recording and keeps it as graph `id` (replacing one of that id). The recorded ops
+  // have NOT run: graph_launch runs them. An error, keeping nothing, when the recording failed
+  // (an op that cannot be recorded): the caller then runs the ops again as usual.
+  virtual Status graph_end(uint64_t id) const;
+  // Queues graph `id`: the recorded ops with their recorded pointers and shapes. An error (nothing
+  // queued) for an unknown id, or when a workspace of the backend's own that the recording used
+  // has been reallocated since (the caller then runs the ops as usual).
+  virtual Status graph_launch(uint64_t id) const;
+  virtual void graph_drop(uint64_t id) const { (void)id; }
+
+  // ---- the optimizer step (adamw.h) ----------------------------------------------------------------
+  // The L2 norm of g[0, n) (returned to the host: the one value that comes down) and clip_grad_norm's
+  // coefficient written to `scale`, one float in this backend's memory; g is not changed. The CPU
+  // backends sum front to back (adamw.h's grad_norm_clip, bit for bit); cuda in per-chunk double
+  // sums and a fixed tree (within 1e-14 relative of it).
+  virtual double grad_norm_clip(const float* g, size_t n, double max_norm, float* scale) const = 0;
+  // AdamW over [0, n) of p, m, v with gradient g times *scale (scale null: unscaled; scale in this
+  // backend's memory), adamw.h's adamw_update.
+  virtual void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& k,
+                            const float* scale) const = 0;
 
   // ---- fused GRPO per-token loss (grpo_loss.h) ------------------------------------------------------
   virtual GrpoLossSums grpo_loss(float* dlogp, float* dentropy, const GrpoLossBatch& batch,

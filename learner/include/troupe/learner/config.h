@@ -152,6 +152,9 @@ struct LearnerConfig {
   float importance_weight_cap = 2.0f;  // samples with behavior log-probs: weight min(pi_old / pi_behavior, cap) (TIS)
   uint64_t seed = 0;                   // seeds the trainer's shuffling RNG (saved in checkpoints)
   ShardStage shard = ShardStage::none;  // YAML learner.shard
+  // YAML learner.optimizer_offload: AdamW on the host mirror (device_optimizer.h otherwise, where
+  // the model's backend is not host-visible)
+  bool optimizer_offload = false;
   DistillConfig distill;               // GRPO phase only (actors::learner_config leaves it off in SFT)
 };
 

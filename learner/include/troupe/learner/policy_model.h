@@ -44,6 +44,11 @@ class PolicyModel {
   virtual Status all_reduce_grads(kernels::DeviceCollective&) {
     return invalid_input("this model keeps no gradients on a device: all-reduce grads() on the host");
   }
+  // The trainable arena in the model's device memory (policy::Model::device_train_arena), where an
+  // optimizer may step without the gradients coming down; empty: the optimizer steps params() on
+  // the host. device_params_written: a device step wrote the parameters (the mirror is stale).
+  virtual policy::Model::DeviceArena device_train_arena() { return {}; }
+  virtual void device_params_written() {}
   // MoE routing of the last forward_train: (T x routing_width()) top-k expert ids, routing_k() per
   // MoE layer, ascending within a layer (policy::Model::last_routing). Dense models: width 0.
   virtual int routing_width() const { return 0; }
@@ -82,6 +87,8 @@ class ModelAdapter final : public PolicyModel {
   }
   const kernels::Backend& backend() const override { return model_.backend(); }
   Status all_reduce_grads(kernels::DeviceCollective& c) override { return model_.all_reduce_grads(c); }
+  policy::Model::DeviceArena device_train_arena() override { return model_.device_train_arena(); }
+  void device_params_written() override { model_.device_params_written(); }
   int routing_width() const override { return model_.routing_width(); }
   int routing_k() const override { return model_.routing_width() > 0 ? model_.config().num_experts_per_tok : 0; }
   std::span<const int32_t> last_routing() const override { return model_.last_routing(); }

@@ -17,6 +17,7 @@
 #include "troupe/learner/advantages.h"
 #include "troupe/learner/communicator.h"
 #include "troupe/learner/config.h"
+#include "troupe/learner/device_optimizer.h"
 #include "troupe/learner/distill.h"
 #include "troupe/learner/loss.h"
 #include "troupe/learner/mismatch.h"
@@ -150,8 +151,11 @@ class Trainer {
   // on (what it prepares describes the weights the step ends with); null: none.
   void set_step_observer(StepObserver* watch) { watch_ = watch; }
   // This rank's AdamW: over the whole flat buffer, or with learner.shard over this rank's shard.
-  AdamW& optimizer() { return opt_; }
-  const AdamW& optimizer() const { return opt_; }
+  // The AdamW state. With the optimizer on the device (device_optimizer.h) a host mirror: the
+  // moments are brought down first, and what the caller writes through the mutable one goes up
+  // before the next step.
+  AdamW& optimizer();
+  const AdamW& optimizer() const;
   // Sharded (learner.shard other than none, more than one rank): this rank's shard of the flat
   // buffer is [shard_begin(), shard_end()); unsharded: the whole buffer.
   bool sharded() const { return sharded_; }
@@ -206,6 +210,10 @@ class Trainer {
   Status zero3_micro_batches(const std::vector<std::vector<const Sample*>>& mbs, const LossNorm& norm, bool score,
                              MismatchSums& mismatch, LossMetrics& sums);
   Status zero3_end();
+  // The step on the model's device (device_optimizer.cpp): where the model keeps a device arena,
+  // learner.optimizer_offload is off and the state is not sharded.
+  bool device_optimizer_on();
+  Status device_optimizer_step(StepMetrics& out, double& norm_sum, bool last);
   // Metric all-reduce and the per-batch statistics of a finished call.
   Status finish_metrics(StepMetrics& out, const LossMetrics& sums, const MismatchSums& mismatch, double norm_sum,
                         const std::vector<float>& adv, const std::vector<float>& rew, double len,
@@ -219,7 +227,10 @@ class Trainer {
   std::vector<size_t> bounds_;  // shard_bounds(params, ranks): the shards (and the ordered all-reduce's)
   std::unique_ptr<ParamShards> zero3_;  // learner.shard parameters with more than one rank
   ParamsAtRest params_at_rest_ = ParamsAtRest::whole;
-  AdamW opt_;
+  mutable AdamW opt_;  // (mutable: the const optimizer() refreshes the device optimizer's mirror)
+  std::unique_ptr<DeviceOptimizer> dev_opt_;
+  bool dev_opt_checked_ = false;
+  std::string dev_opt_error_;
   StepObserver* watch_ = nullptr;
   std::mt19937_64 rng_;
   uint64_t dropout_micro_ = 0;  // micro-batches of the current optimizer step (LoRA dropout's mask seed)

@@ -60,6 +60,10 @@ struct ExecutionOptions {
   // The frozen base's q/k/v/o/gate/up/down weights in quantized blocks (QLoRA): needs LoRA on or a
   // model used only for sampling/scoring (never trained whole); fp32 = today's single fp32 arena.
   BaseDtype base_dtype = BaseDtype::fp32;
+  // YAML `policy.decode_graphs`: on a backend that records graphs (cuda), a dense model's decode
+  // step runs as a CUDA graph once its shapes settle (policy/decode_graph.h); the CPU backends
+  // ignore it. A failed recording falls back to the ops one by one.
+  bool decode_graphs = true;
 };
 
 }  // namespace troupe::policy

@@ -233,6 +233,20 @@ class Model {
   // cols) into the configured format (q8_0 under gguf).
   Status set_base_quant(std::string_view name, kernels::QuantMatrix m);
   Status set_base_quant_values(std::string_view name, std::span<const float> values);
+  // The trainable arena on the model's device, for an optimizer that steps there
+  // (learner/device_optimizer.h): parameters and gradients in the backend's memory, after what the
+  // host wrote through params()/grads() has gone up. Empty on a host-visible backend (cpu: params()
+  // are the arena) and for a quantized base without adapters (its sampling head follows set_params).
+  struct DeviceArena {
+    float* params = nullptr;
+    const float* grads = nullptr;
+    size_t n = 0;
+  };
+  DeviceArena device_train_arena();
+  // The device arena's parameters were written on the device (a device optimizer step): the
+  // backend's converted copies follow (weights_written), and the host mirror is brought down by
+  // the next params() / base_params() that reads it, not now.
+  void device_params_written();
   // Sums the gradients over the ranks of `c` on the device (NCCL on cuda), what the host wrote
   // through grads() included; the next grads() brings the sum down.
   Status all_reduce_grads(kernels::DeviceCollective& c);
