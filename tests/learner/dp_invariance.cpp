@@ -10,28 +10,14 @@
 
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/model.h"
+#include "random_samples.h"
 
 using namespace troupe;
 using namespace troupe::learner;
 
 namespace {
 
-std::vector<Sample> make_batch(uint64_t seed, int n, int V) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> tok(0, V - 1), len(1, 7);
-  std::normal_distribution<float> nd(0, 1);
-  std::vector<Sample> out(n);
-  for (auto& s : out) {
-    for (int i = len(rng); i > 0; --i) s.prompt.push_back(tok(rng));
-    for (int i = len(rng); i > 0; --i) {
-      s.completion.push_back(tok(rng));
-      s.old_logprobs.push_back(-3.0f + 0.3f * nd(rng));
-      s.ref_logprobs.push_back(-3.0f + 0.3f * nd(rng));
-    }
-    s.advantage = nd(rng);
-  }
-  return out;
-}
+using test::make_batch;
 
 LossAggMode g_agg = LossAggMode::token_mean;
 const char* agg_name(LossAggMode m) {
