@@ -130,20 +130,7 @@ TEST(Lora, FiniteDifferenceGradients) {
     m.zero_grads();
     run_loss(m, b, true);
     std::vector<float> g(m.grads().begin(), m.grads().end());
-    std::mt19937 r(13);
-    for (const auto& t : m.tensors())
-      for (int rep = 0; rep < 2; ++rep) {
-        const size_t i = t.offset + r() % t.numel();
-        float& p = m.params()[i];
-        const float orig = p, h = 1e-3f;
-        p = orig + h;
-        const double lp = run_loss(m, b, false);
-        p = orig - h;
-        const double lm = run_loss(m, b, false);
-        p = orig;
-        const double num = (lp - lm) / (2 * h);
-        EXPECT_NEAR(g[i], num, 2e-3 + 2e-2 * std::fabs(num)) << fam << " " << t.name;
-      }
+    test::check_adapter_gradients(m, b, g, 2e-3, 2e-2, fam);
   }
 }
 

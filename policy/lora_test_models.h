@@ -2,7 +2,9 @@
 // (a fresh B is zero, so the low-rank path would contribute nothing), and a gradient snapshot.
 #pragma once
 
+#include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "test_models.h"
@@ -33,6 +35,29 @@ inline std::vector<float> grads_of(Model& m, const PackedBatch& b, double* loss 
   const double L = weighted_loss(m, b, 0.9f, true);
   if (loss) *loss = L;
   return {m.grads().begin(), m.grads().end()};
+}
+
+// Central differences (h = 1e-3) of weighted_loss at two random entries (mt19937 seeded 13) of every
+// adapter tensor against `g`, each within abs_tol + rel_tol |numeric|; returns the entries checked.
+inline int check_adapter_gradients(Model& m, const PackedBatch& b, const std::vector<float>& g, double abs_tol,
+                                   double rel_tol, const std::string& what) {
+  std::mt19937 r(13);
+  int checked = 0;
+  for (const auto& t : m.tensors())
+    for (int rep = 0; rep < 2; ++rep) {
+      const size_t i = t.offset + r() % t.numel();
+      float& p = m.params()[i];
+      const float orig = p, h = 1e-3f;
+      p = orig + h;
+      const double lp = weighted_loss(m, b, 0.9f, false);
+      p = orig - h;
+      const double lm = weighted_loss(m, b, 0.9f, false);
+      p = orig;
+      const double num = (lp - lm) / (2 * h);
+      EXPECT_NEAR(g[i], num, abs_tol + rel_tol * std::fabs(num)) << what << " " << t.name;
+      ++checked;
+    }
+  return checked;
 }
 
 }  // namespace troupe::policy::test
