@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "troupe/envs/client.h"
+#include "troupe/envs/env_pool.h"
 #include "troupe/envs/plugin.h"
 
 #ifndef TROUPE_ENV_WORKER_DEFAULT
@@ -67,8 +68,8 @@ Result<std::string> find_env_worker(const std::string& configured) {
   return invalid_input("cannot find the troupe-env-worker binary (tried:" + list + "); set TROUPE_ENV_WORKER");
 }
 
-namespace {
-Result<std::unique_ptr<EnvClient>> make_plain_env_client(const EnvSpec& spec) {
+// One server or in-process env (a pool's members are made so, one address each).
+Result<std::unique_ptr<EnvClient>> make_single_env_client(const EnvSpec& spec) {
   if (spec.type == EnvType::verifiers) return make_verifiers_client(spec);
   if (spec.type == EnvType::builtin && !spec.isolate) {
     TROUPE_ASSIGN_OR_RETURN(EnvFactory f, EnvRegistry::global().factory(spec.env.empty() ? spec.name : spec.env));
@@ -84,10 +85,9 @@ Result<std::unique_ptr<EnvClient>> make_plain_env_client(const EnvSpec& spec) {
   if (!st.ok()) return st.error();
   return client;
 }
-}  // namespace
 
 Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec) {
-  TROUPE_ASSIGN_OR_RETURN(auto client, make_plain_env_client(spec));
+  TROUPE_ASSIGN_OR_RETURN(auto client, spec.addresses.empty() ? make_single_env_client(spec) : make_pool_client(spec));
   return with_injected_faults(std::move(client), spec.faults);
 }
 

@@ -5,6 +5,7 @@
 
 #include "troupe/base/build_config.h"
 #include "troupe/envs/client.h"
+#include "troupe/envs/env_pool.h"
 
 namespace troupe::envs {
 
@@ -49,7 +50,7 @@ class SpecFields {
 };
 
 Status check_keys(const json& j, const std::string& where) {
-  static const std::set<std::string> known = {"name", "type", "env", "weight", "config", "path", "command", "address",
+  static const std::set<std::string> known = {"name", "type", "env", "weight", "config", "path", "command", "address", "addresses",
                                               "isolate", "timeout_s", "startup_timeout_s", "max_restarts", "max_message_bytes", "worker",
                                               "max_retries", "max_failure_frac", "reward_min", "reward_max", "url",
                                               "environment", "cwd", "log_dir"};
@@ -110,6 +111,33 @@ Status read_command(const json& c, std::vector<std::string>& out, const std::str
   return {};
 }
 
+// `addresses`: a non-empty list of distinct strings (their form is checked once the type is known).
+Status read_addresses(const json& a, std::vector<std::string>& out, const std::string& where) {
+  if (!a.is_array()) return invalid_input(where + ": 'addresses' must be a list of server addresses");
+  if (a.empty()) return invalid_input(where + ": 'addresses' is empty (list the running servers of the pool)");
+  std::set<std::string> seen;
+  for (const auto& x : a) {
+    if (!x.is_string()) return invalid_input(where + ": 'addresses' must be a list of strings");
+    if (!seen.insert(x.get<std::string>()).second)
+      return invalid_input(where + ": 'addresses' lists " + x.get<std::string>() + " twice");
+    out.push_back(x.get<std::string>());
+  }
+  return {};
+}
+
+// A pool (addresses) is for an env of running servers: remote, nemo_gym, verifiers, each address of its form.
+Status check_pool(const EnvSpec& s, const std::string& where) {
+  if (s.addresses.empty()) return {};
+  if (!s.address.empty() || !s.url.empty() || !s.command.empty())
+    return invalid_input(where + ": 'addresses' (a pool of running servers) goes without 'address', 'url' and 'command'");
+  if (s.type != EnvType::remote && s.type != EnvType::nemo_gym && s.type != EnvType::verifiers)
+    return invalid_input(where + ": 'addresses' is only for type remote, nemo_gym or verifiers");
+  for (const auto& a : s.addresses)
+    if (auto st = check_pool_address(a, s.type == EnvType::nemo_gym); !st.ok())
+      return invalid_input(where + ": addresses: " + st.error().message);
+  return {};
+}
+
 // `environment`: NAME: value, each value a string, number or bool (written as YAML shows it).
 Status read_environment(const json& e, std::map<std::string, std::string>& out, const std::string& where) {
   if (!e.is_object()) return invalid_input(where + ": 'environment' must be a mapping NAME: value");
@@ -154,7 +182,10 @@ Status make_reasoning_gym(EnvSpec& s, const std::string& where) {
 // each type needs.
 Status read_type(std::string type, EnvSpec& s, const std::string& where) {
   if (type.empty())
-    type = !s.path.empty() ? "plugin" : !s.url.empty() ? "nemo_gym" : (!s.command.empty() || !s.address.empty()) ? "remote" : "builtin";
+    type = !s.path.empty()                                                           ? "plugin"
+           : !s.url.empty() || (!s.addresses.empty() && s.addresses[0].rfind("http://", 0) == 0) ? "nemo_gym"
+           : (!s.command.empty() || !s.address.empty() || !s.addresses.empty())             ? "remote"
+                                                                                             : "builtin";
   if (type == "builtin") {
     s.type = EnvType::builtin;
     return check_builtin(s, where);
@@ -165,7 +196,7 @@ Status read_type(std::string type, EnvSpec& s, const std::string& where) {
     if (s.path.empty()) return invalid_input(where + ": a plugin env needs 'path' (the .so)");
   } else if (type == "remote") {
     s.type = EnvType::remote;
-    if (s.command.empty() && s.address.empty())
+    if (s.command.empty() && s.address.empty() && s.addresses.empty())
       return invalid_input(where + ": a remote env needs 'command' (troupe starts it) or 'address' (already running)");
   } else if (type == "reasoning_gym") {
     s.type = EnvType::remote;
@@ -186,12 +217,12 @@ Status read_type(std::string type, EnvSpec& s, const std::string& where) {
     TROUPE_ASSIGN_OR_RETURN(s.reward_model, take_reward_model_config(s.config, s.path, where));
   } else if (type == "nemo_gym") {
     s.type = EnvType::nemo_gym;
-    if (s.command.empty() == s.url.empty())
+    if (s.command.empty() == s.url.empty() && s.addresses.empty())
       return invalid_input(where + ": a nemo_gym env needs exactly one of 'url' (a running resource server) or "
                                    "'command' (troupe starts it; {port} is the port it picks)");
   } else if (type == "verifiers") {
     s.type = EnvType::verifiers;
-    if (s.address.empty())
+    if (s.address.empty() && s.addresses.empty())
       return invalid_input(where + ": a verifiers env needs 'address' (its env server, e.g. tcp://127.0.0.1:5000)");
   } else {
     return invalid_input(where + ": 'type' must be builtin, plugin or remote (or nemo_gym, reasoning_gym, verifiers, judge, reward_model; got '" + type + "')");
@@ -212,9 +243,11 @@ Result<EnvSpec> parse_env_spec(const json& j, const std::string& where) {
     s.config = j["config"];
   }
   if (f.has("command")) TROUPE_TRY(read_command(j["command"], s.command, where));
+  if (f.has("addresses")) TROUPE_TRY(read_addresses(j["addresses"], s.addresses, where));
   std::string type;
   TROUPE_TRY(f.str("type", type));
   TROUPE_TRY(read_type(type, s, where));
+  TROUPE_TRY(check_pool(s, where));
   if (s.type != EnvType::nemo_gym && !s.url.empty())
     return invalid_input(where + ": 'url' is only for type: nemo_gym");
   if (f.has("environment")) TROUPE_TRY(read_environment(j["environment"], s.environment, where));
@@ -259,6 +292,7 @@ json to_json(const EnvSpec& s) {
   if (!s.path.empty()) j["path"] = s.path;
   if (!s.command.empty()) j["command"] = s.command;
   if (!s.address.empty()) j["address"] = s.address;
+  if (!s.addresses.empty()) j["addresses"] = s.addresses;
   if (!s.worker.empty()) j["worker"] = s.worker;
   if (!s.url.empty()) j["url"] = s.url;
   if (!s.environment.empty()) j["environment"] = s.environment;

@@ -11,6 +11,7 @@
 //     - {name: mine, type: remote, address: tcp://127.0.0.1:5555}
 //     - {name: ng, type: nemo_gym, url: http://127.0.0.1:8000, config: {data: rows.jsonl}}
 //     - {name: vf, type: verifiers, address: tcp://127.0.0.1:5000, config: {tasks: [...]}}
+//     - {name: pooled, type: remote, addresses: [tcp://10.0.0.1:5555, tcp://10.0.0.2:5555]}
 #pragma once
 
 #include <map>
@@ -38,6 +39,7 @@ struct EnvSpec {
   std::string path;                   // plugin: the .so
   std::vector<std::string> command;   // remote: troupe starts this ({bind} -> address; also $TROUPE_ENV_BIND)
   std::string address;                // remote: connect here (without command: an already running server); verifiers: its env server
+  std::vector<std::string> addresses; // remote/nemo_gym/verifiers: a pool of running servers (env_pool.h) instead of address/url
   bool isolate = false;               // builtin/plugin: run in a troupe-env-worker process (plugin default: true)
   double timeout_s = 30;              // every reset/step/verify call
   double startup_timeout_s = 60;      // a started worker must answer hello within this
@@ -116,8 +118,9 @@ class EnvClient {
 };
 
 // Builds the client the spec asks for: in-process (builtin, plugin with isolate: false),
-// an isolated worker process (builtin/plugin with isolate: true), remote (command / address), or
-// a NeMo Gym resource server over HTTP (nemo_gym: url / command).
+// an isolated worker process (builtin/plugin with isolate: true), remote (command / address), a
+// NeMo Gym resource server over HTTP (nemo_gym: url / command), or a pool of running servers
+// (addresses: env_pool.h).
 Result<std::unique_ptr<EnvClient>> make_env_client(const EnvSpec& spec);
 // A client of a verifiers (v1) environment server (client_verifiers.cpp): ZeroMQ DEALER + msgpack,
 // `health` at start-up, `run` per episode (the task data, the episode's model endpoint and the
