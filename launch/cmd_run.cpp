@@ -64,30 +64,36 @@ Command add_run_command(CLI::App& root) {
   auto* app = root.add_subcommand("run", "Run an experiment described by a YAML file (alone or under mpirun)");
   add_config_args(app, *o);
   app->add_option("--resume", o->resume, "Resume the run in this run directory from its latest checkpoint");
-  app->add_option("--restarts", o->restarts,
-                  "Run the job under a supervisor that restarts it from its latest checkpoint when it fails, at most N times")
-      ->check(CLI::Range(0, 1000));
-  app->add_option("--launcher", o->launcher,
-                  "With --restarts: the command that starts the job's ranks, e.g. \"mpirun -np 4\" (default: one process)");
-  return {app, [o]() {
+  auto* restarts_flag = app->add_option("--restarts", o->restarts,
+                                        "Run the job under a supervisor that restarts it from its latest checkpoint when it "
+                                        "fails, at most N times (overrides run.restarts)")
+                            ->check(CLI::Range(0, 1000));
+  auto* launcher_flag = app->add_option("--launcher", o->launcher,
+                                        "With --restarts: the command that starts the job's ranks, e.g. \"mpirun -np 4\" or "
+                                        "\"srun --mpi=pmix -n 4\" (default: one process; overrides run.launcher)");
+  return {app, [o, restarts_flag, launcher_flag]() {
             auto loaded = load_and_report(o->config, o->sets);
             if (!loaded) return 2;
             if (int rc = check_budget(*loaded, *o); rc != 0) return rc;
-            const int restarts = o->restarts;
+            // the flags override run.restarts and run.launcher
+            const int restarts = restarts_flag->count() > 0 ? o->restarts : loaded->config.run.restarts;
+            const std::string launcher = launcher_flag->count() > 0 ? o->launcher : loaded->config.run.launcher;
+            const char* from = restarts_flag->count() > 0 ? "--restarts" : "run.restarts";
             if (restarts > 0 && !std::getenv("TROUPE_SUPERVISED")) {
               if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK") ||
                   std::getenv("SLURM_STEP_NUM_TASKS")) {
-                std::fprintf(stderr, "troupe run: --restarts %d: the supervisor runs outside mpirun/srun; start it "
-                                     "as troupe run %s --restarts %d --launcher \"mpirun -np N\"\n",
-                             restarts, o->config.c_str(), restarts);
+                std::fprintf(stderr, "troupe run: %s %d: the supervisor runs outside mpirun/srun; start it "
+                                     "as troupe run %s --restarts %d --launcher \"mpirun -np N\" (or set run.launcher), "
+                                     "or pass --restarts 0 to run under mpirun/srun without it\n",
+                             from, restarts, o->config.c_str(), restarts);
                 return 2;
               }
               SupervisorOptions so{o->config, o->sets, o->resume.empty() ? loaded->config.run.dir : o->resume,
-                                   !o->resume.empty(), restarts, o->launcher};
+                                   !o->resume.empty(), restarts, launcher};
               return supervise_run(so);
             }
-            if (!o->launcher.empty() && !std::getenv("TROUPE_SUPERVISED")) {
-              std::fprintf(stderr, "troupe run: --launcher needs --restarts N > 0\n");
+            if (launcher_flag->count() > 0 && !std::getenv("TROUPE_SUPERVISED")) {
+              std::fprintf(stderr, "troupe run: --launcher needs --restarts N > 0 (or run.restarts)\n");
               return 2;
             }
             return run_experiment(*loaded, RunOptions{o->resume});

@@ -456,13 +456,15 @@ class Loader {
     }
   }
 
-  // An entry without `type`: a `path` ending in .so is a plugin, a `url` a nemo_gym server, a
-  // `command` or `address` a remote env (envs/PROTOCOL.md); anything else stays builtin.
+  // An entry without `type`: a `path` ending in .so is a plugin, a `url` (or `addresses` of
+  // http://...) a nemo_gym server, a `command`, `address` or `addresses` a remote env
+  // (envs/PROTOCOL.md); anything else stays builtin.
   static void infer_env_type(EnvSpec& spec) {
     const auto& p = spec.path;
     if (p.size() > 3 && p.compare(p.size() - 3, 3, ".so") == 0) spec.type = actors::EnvType::plugin;
     else if (!spec.url.empty()) spec.type = actors::EnvType::nemo_gym;
-    else if (!spec.command.empty() || !spec.address.empty()) spec.type = actors::EnvType::remote;
+    else if (!spec.addresses.empty() && spec.addresses[0].rfind("http://", 0) == 0) spec.type = actors::EnvType::nemo_gym;
+    else if (!spec.command.empty() || !spec.address.empty() || !spec.addresses.empty()) spec.type = actors::EnvType::remote;
   }
 
   void walk_envs(const YAML::Node& n, ExperimentConfig& cfg) {
@@ -499,6 +501,9 @@ class Loader {
           continue;
         }
         assign(*leaf, spec, it->second, it->second.Mark().is_null() ? it->first.Mark() : it->second.Mark(), full);
+        if (name == "addresses" && (it->second.IsNull() || (it->second.IsSequence() && it->second.size() == 0)))
+          error(it->second.Mark().is_null() ? it->first.Mark() : it->second.Mark(), full,
+                "an empty pool: list the running env servers (e.g. [tcp://10.0.0.1:5555, tcp://10.0.0.2:5555])");
       }
       if (!e["type"]) infer_env_type(spec);
       cfg.envs.push_back(std::move(spec));

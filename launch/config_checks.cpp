@@ -9,6 +9,7 @@
 #include <tuple>
 #include <utility>
 
+#include "troupe/envs/env_pool.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/runtime/bind_host.h"
@@ -154,6 +155,7 @@ void check_lora(const ExperimentConfig& c, const ConfigReport& report) {
 }
 
 void check_env_process(const actors::EnvSpec& e, const std::string& pre, const ConfigReport& report);
+void check_env_pool(const actors::EnvSpec& e, const std::string& pre, const ConfigReport& report);
 
 // type: reward_model: the model directory and the two keys it adds to the dataset env's config.
 void check_reward_model_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const std::string& pre,
@@ -183,9 +185,9 @@ void check_reward_model_entry(const ExperimentConfig& c, const actors::EnvSpec& 
 void check_env_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const std::string& pre,
                      const ConfigReport& report) {
   if (e.type == EnvType::plugin && e.path.empty()) report(pre + ".type", pre + ".path", "a plugin env needs path: (the .so file)");
-  if (e.type == EnvType::remote && e.command.empty() && e.address.empty())
+  if (e.type == EnvType::remote && e.command.empty() && e.address.empty() && e.addresses.empty())
     report(pre + ".type", pre + ".address", "a remote env needs command: (to start it) or address: (to reach it)");
-  if (e.type == EnvType::nemo_gym && e.command.empty() == e.url.empty())
+  if (e.type == EnvType::nemo_gym && e.command.empty() == e.url.empty() && e.addresses.empty())
     report(pre + ".type", pre + ".url",
            "a nemo_gym env needs exactly one of url: (a running resource server) or command: (troupe starts it)");
   if (e.type != EnvType::nemo_gym && !e.url.empty()) report(pre + ".url", pre + ".url", "url is only for type: nemo_gym");
@@ -205,7 +207,7 @@ void check_env_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const 
     report(pre + ".path", pre + ".path", "path is only for type: plugin or reward_model");
   if (e.type == EnvType::reward_model) check_reward_model_entry(c, e, pre, report);
   if (e.type == EnvType::verifiers) {  // the env server calls the generators' endpoints for every model turn
-    if (e.address.empty())
+    if (e.address.empty() && e.addresses.empty())
       report(pre + ".type", pre + ".address", "a verifiers env needs address: (its env server, e.g. tcp://127.0.0.1:5000)");
     if (c.rollout.serve.empty())
       report(pre + ".type", "rollout.serve", "a verifiers env calls the policy over HTTP: set rollout.serve (e.g. 127.0.0.1:0)");
@@ -214,6 +216,26 @@ void check_env_entry(const ExperimentConfig& c, const actors::EnvSpec& e, const 
   }
   if (!e.config.is_object()) report(pre + ".config", pre + ".config", "expected a mapping");
   check_env_process(e, pre, report);
+  check_env_pool(e, pre, report);
+}
+
+// addresses: a pool of running servers of a remote, nemo_gym or verifiers env, each of its form, once.
+void check_env_pool(const actors::EnvSpec& e, const std::string& pre, const ConfigReport& report) {
+  if (e.addresses.empty()) return;
+  const std::string key = pre + ".addresses";
+  if (!e.address.empty() || !e.url.empty() || !e.command.empty())
+    report(key, key, std::string("a pool (addresses:) goes without ") + (!e.address.empty() ? "address:" : !e.url.empty() ? "url:" : "command:") +
+                         " (list every server in addresses:)");
+  if (e.type != EnvType::remote && e.type != EnvType::nemo_gym && e.type != EnvType::verifiers)
+    report(key, key, "addresses: is only for type remote, nemo_gym or verifiers (servers that are already running)");
+  std::set<std::string> seen;
+  for (size_t i = 0; i < e.addresses.size(); ++i) {
+    const std::string& a = e.addresses[i];
+    if (auto st = envs::check_pool_address(a, e.type == EnvType::nemo_gym); !st.ok())
+      report(key, key + "[" + std::to_string(i) + "]", st.error().message);
+    else if (!seen.insert(a).second)
+      report(key, key + "[" + std::to_string(i) + "]", "'" + a + "' is listed twice");
+  }
 }
 
 // environment and cwd: only for a process troupe starts, each variable a scalar.
@@ -412,8 +434,17 @@ void check_scorers(const ExperimentConfig& c, const ConfigReport& report) {
 
 }  // namespace
 
+// run.launcher starts the job's ranks for the supervisor: without run.restarts there is none.
+void check_supervisor(const ExperimentConfig& c, const ConfigReport& report) {
+  if (!c.run.launcher.empty() && c.run.restarts == 0)
+    report("run.launcher", "run.launcher",
+           "the launcher is for the supervisor of run.restarts: set run.restarts N > 0 (or start the ranks yourself, "
+           "e.g. mpirun -np 4 troupe run X.yaml)");
+}
+
 void check_config(const ExperimentConfig& c, const std::vector<std::string>& architecture_keys_set,
                   const ConfigReport& report) {
+  check_supervisor(c, report);
   check_model(c, report);
   check_loss(c, report);
   check_execution(c, report);

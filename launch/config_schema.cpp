@@ -121,6 +121,8 @@ void add_run_and_policy_keys(Builder<ExperimentConfig>& b) {
   b.text("run.name", [](C& c) { return &c.run.name; }, "Name shown in the progress display and TensorBoard.");
   b.integer("run.seed", [](C& c) { return &c.run.seed; }, 0, kIntMax, "Seed of every random stream (init, prompts, sampling); fixed seed + CPU + sync = bit-identical metrics.");
   b.number("run.max_wall_s", [](C& c) { return &c.run.max_wall_s; }, 0, 1e7, "Stop the run (after a checkpoint) once this many seconds passed; 0 = no limit.");
+  b.integer("run.restarts", [](C& c) { return &c.run.restarts; }, 0, 1000, "troupe run becomes a supervisor outside mpirun/srun that starts the job and, when it fails (a rank or the coordinator's process dies, any exit but 0 and 2), starts it again from its latest complete checkpoint with --resume, at most this many times; each restart is logged with its cause (stderr and run.dir/logs/restarts.log). 0 = no supervisor. The --restarts flag overrides it.");
+  b.text("run.launcher", [](C& c) { return &c.run.launcher; }, "With run.restarts: the command that starts the job's ranks, the troupe run command appended, e.g. \"mpirun -np 4\" or \"srun --mpi=pmix -n 4\" (empty = one process). The --launcher flag overrides it.");
 
   // policy
   b.text("policy.path", [](C& c) { return &c.policy.path; }, "Start from this model directory (ours or transformers-made) or a .gguf file (imported once into $TROUPE_CACHE/gguf, default ~/.cache/troupe); a leading ~/ is $HOME. Its config.json fixes the architecture, so policy.model keys are an error with it. Empty = fresh initialization from policy.model.");
@@ -369,6 +371,7 @@ std::vector<KeySpec<EnvSpec>> build_env_schema() {
   b.text("path", [](E& e) { return &e.path; }, "plugin: path of the shared library; reward_model: the Hugging Face LlamaForSequenceClassification, Qwen2ForSequenceClassification or Qwen3ForSequenceClassification directory (both relative to the YAML file).");
   b.string_list("command", [](E& e) { return &e.command; }, "remote: argv that starts the env server, e.g. [python, env.py, --bind, \"{bind}\"] (empty = use address); nemo_gym: argv that starts a resource server, {port} = the port troupe picks on 127.0.0.1.");
   b.text("address", [](E& e) { return &e.address; }, "remote: address of a running env server, e.g. tcp://127.0.0.1:5555; verifiers: its env server's ZeroMQ address.");
+  b.string_list("addresses", [](E& e) { return &e.addresses; }, "A pool of running env servers instead of one address (remote: tcp://HOST:PORT or ipc://PATH; nemo_gym: http://HOST:PORT; verifiers: its env servers), each serving the same env: every episode goes to the member with the fewest episodes in flight; a member whose call crashed, hung past timeout_s or lost its connection is out of the pool (its episodes fail and are retried on another member, counted in env_retries) and is probed every second until it answers again. Not with address or url.");
   b.number("weight", [](E& e) { return &e.weight; }, 0, 1e6, "Share of prompts drawn from this env (normalized over envs).");
   b.number("timeout_s", [](E& e) { return &e.timeout_s; }, 0.001, 86400, "Per-call timeout (reset/step/verify); a late call fails the episode.");
   b.enumeration("isolate", [](E& e) { return &e.isolate; }, "Run a builtin/plugin env in its own worker process (crash and hang isolation); auto = plugins only.");
@@ -669,6 +672,7 @@ std::string resolved_yaml(const ExperimentConfig& cfg_in) {
       for (auto& e : cfg.envs) {
         bool first = true;
         for (const auto& ek : env_entry_schema()) {
+          if (ek.path == "addresses" && e.addresses.empty()) continue;  // no pool: absent (an empty list is an error)
           o << (first ? "  - " : "    ") << ek.path << ": " << render_value(ek.field(e)) << "\n";
           first = false;
         }
@@ -689,6 +693,8 @@ constexpr const char* kResumeMayChangePrefixes[] = {"cluster.", "checkpointing."
 constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "run.name",
                                                 "run.max_wall_s",
+                                                "run.restarts",
+                                                "run.launcher",
                                                 "grpo.max_steps",
                                                 "learner.shard",
                                                 "learner.optimizer_offload",
@@ -699,6 +705,7 @@ constexpr const char* kResumeMayChangeKeys[] = {"run.dir",
                                                 "policy.offload_double_buffer",
                                                 "policy.moe_grouped",
                                                 "envs[].address",
+                                                "envs[].addresses",
                                                 "envs[].timeout_s",
                                                 "envs[].isolate",
                                                 "envs[].startup_timeout_s",

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -38,12 +39,15 @@ std::string shell_quoted(const std::string& s) {
   return out + "'";
 }
 
-// The job's command line: the launcher's words, then this binary's `run` with the same config.
+// The job's command line: the launcher's words, then this binary's `run` with the same config and
+// --restarts 0 (a rank never supervises, whatever run.restarts says, also where the launcher does not
+// pass TROUPE_SUPERVISED on to other nodes).
 std::string job_command(const SupervisorOptions& o, bool resume) {
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   std::string cmd = o.launcher.empty() ? std::string() : o.launcher + " ";
   cmd += shell_quoted(self) + " run " + shell_quoted(o.config);
   for (const auto& s : o.sets) cmd += " --set " + shell_quoted(s);
+  cmd += " --restarts 0";
   if (resume) cmd += " --resume " + shell_quoted(o.run_dir);
   return cmd;
 }
@@ -69,10 +73,17 @@ int run_job(const std::string& cmd) {
   return status;
 }
 
+// Why the job ended. mpirun and srun both report a rank killed by signal N as their exit code
+// 128 + N (srun: the highest of its tasks' codes, a signal counting as 128 + N), so such a code is
+// named as the signal; the launcher itself killed by a signal is named so too.
 std::string cause_of(int status) {
   if (status < 0) return "it could not be started";
   if (WIFSIGNALED(status)) return "it was killed by signal " + std::to_string(WTERMSIG(status));
-  return "it exited with code " + std::to_string(WEXITSTATUS(status));
+  const int code = WEXITSTATUS(status);
+  if (code > 128 && code < 128 + NSIG)
+    return "it exited with code " + std::to_string(code) + ": a rank was killed by signal " + std::to_string(code - 128) +
+           " (" + strsignal(code - 128) + ")";
+  return "it exited with code " + std::to_string(code);
 }
 
 void log_restart(const SupervisorOptions& o, const std::string& line) {

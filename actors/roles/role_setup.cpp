@@ -186,6 +186,7 @@ Result<std::vector<envs::EnvSpec>> env_specs(const ExperimentConfig& cfg, const 
       j["command"] = cmd;
     }
     if (!e.address.empty()) j["address"] = e.address;
+    if (!e.addresses.empty()) j["addresses"] = e.addresses;
     if (e.isolate != IsolateMode::detect) j["isolate"] = e.isolate == IsolateMode::yes;
     j["startup_timeout_s"] = e.startup_timeout_s;
     j["max_restarts"] = e.max_restarts;

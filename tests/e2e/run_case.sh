@@ -225,6 +225,50 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --launcher "mpirun -np 2" --set run.dir="$W/bad"
     grep -q "\-\-launcher needs \-\-restarts N > 0" "$W/err.txt"
     ;;
+  restart_yaml)  # run.restarts and run.launcher in the YAML (the flags' equivalents), srun as the launcher: a
+    # stand-in srun ($W/bin/srun: skips its options, runs the task, exits as srun does: the task's code,
+    # 128 + N for a task killed by signal N) starts the one process; it is SIGKILLed after a checkpoint; the
+    # supervisor logs the restart with its cause and resumes from the checkpoint: every step's row exactly once
+    mkdir -p "$W/bin"
+    cat > "$W/bin/srun" << 'EOS'
+#!/usr/bin/env bash
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do case $1 in -n|-N|--ntasks|--nodes) shift 2 ;; *) shift ;; esac; done
+export SLURM_STEP_NUM_TASKS=1 SLURM_PROCID=0
+"$@" &
+echo $! > "$SRUNDIR/task_pid"
+wait $!
+rc=$?
+echo "srun task exit $rc" >> "$SRUNDIR/srun_log"
+exit $rc
+EOS
+    chmod +x "$W/bin/srun"
+    export SRUNDIR="$W"
+    sed "/^run:/a\\  restarts: 1\\n  launcher: $W/bin/srun --mpi=pmix -n 1" "$SRC/configs/quickstart.yaml" > "$W/restart.yaml"
+    grep -q "restarts: 1" "$W/restart.yaml"
+    "$TROUPE" run "$W/restart.yaml" --set run.dir="$W/run" --set sft.max_steps=4 --set grpo.max_steps=40 \
+      --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=2 $Q 2> "$W/err.txt" &
+    job=$!
+    for i in $(seq 1 240); do
+      [ -e "$W/run/checkpoints/latest" ] && [ -s "$W/task_pid" ] && break
+      sleep 0.25
+    done
+    test -e "$W/run/checkpoints/latest"
+    kill -9 "$(cat "$W/task_pid")"
+    wait $job || { echo "the supervised run exited $?"; tail -20 "$W/err.txt"; exit 1; }
+    grep "troupe: restart" "$W/err.txt"
+    grep -q "restart 1 of 1: the job failed (it exited with code 137: a rank was killed by signal 9" "$W/err.txt"
+    grep -q "starting it again from step_" "$W/run/logs/restarts.log"
+    grep -q "srun task exit 137" "$W/srun_log"
+    $CHECK steps "$W/run" 44
+    # the flag overrides the key: --restarts 0 runs the job without a supervisor (and without the launcher)
+    expect_exit 0 "$TROUPE" run "$W/restart.yaml" --restarts 0 --set run.dir="$W/plain" --set sft.max_steps=1 \
+      --set grpo.max_steps=1 --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=0 $Q
+    [ "$(grep -c "srun task exit" "$W/srun_log")" = 2 ]
+    # a launcher without restarts is refused, naming the key and its line
+    sed "/^run:/a\\  launcher: srun -n 4" "$SRC/configs/quickstart.yaml" > "$W/no_restarts.yaml"
+    expect_exit 2 "$TROUPE" validate "$W/no_restarts.yaml"
+    grep -q "no_restarts.yaml:10:[0-9]*: error: run.launcher: the launcher is for the supervisor of run.restarts" "$W/err.txt"
+    ;;
   dead_rank)  # the env worker's rank is SIGKILLed mid-GRPO: the survivors name it (rank, role) within
     # peer_timeout_s, rank 0 checkpoints the last finished step and every survivor exits 3 (an env
     # rank is never asked during an update, so the learners always hold a finished step's state)

@@ -39,6 +39,8 @@ struct RunSection {
   std::string name = "troupe";
   int seed = 1;
   double max_wall_s = 0;  // stop the run after this many seconds (0 = no limit)
+  int restarts = 0;       // troupe run restarts a failed job from its latest checkpoint this often (--restarts)
+  std::string launcher;   // with restarts: the command that starts the job's ranks (--launcher), e.g. "mpirun -np 4"
 };
 
 // How the model runs (policy.device, policy.moe_grouped, ...) applies to fresh and loaded models
@@ -76,6 +78,7 @@ struct EnvSpec {
   std::string path;                // plugin: path of the .so
   std::vector<std::string> command;  // remote: argv that starts the env server ({bind} = its address)
   std::string address;             // remote: address of a running env server
+  std::vector<std::string> addresses;  // remote/nemo_gym/verifiers: a pool of running servers (episodes by load)
   double weight = 1;               // share of the prompts drawn from this env
   double timeout_s = 30;           // per call
   IsolateMode isolate = IsolateMode::detect;  // auto | true | false: run builtin/plugin envs in a worker process
