@@ -1,8 +1,10 @@
-// Device-neutral half of the backend seam (backend.h): Buffer ownership, alloc/grow over a
-// backend's raw memory, and backend_for, the one place that maps a device name to a backend.
+// Device-neutral half of the backend seam (backend.h): Buffer and HostBuffer ownership, alloc/grow
+// over a backend's raw memory, the synchronous defaults of the copy queue, and backend_for, the
+// one place that maps a device name to a backend.
 #include "troupe/kernels/backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -34,6 +36,49 @@ void Buffer::release() {
   backend_ = nullptr;
   data_ = nullptr;
   bytes_ = 0;
+}
+
+HostBuffer::HostBuffer(HostBuffer&& o) noexcept
+    : backend_(std::exchange(o.backend_, nullptr)),
+      data_(std::exchange(o.data_, nullptr)),
+      bytes_(std::exchange(o.bytes_, 0)) {}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    backend_ = std::exchange(o.backend_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+HostBuffer::~HostBuffer() { release(); }
+
+void HostBuffer::release() {
+  if (backend_ && data_) backend_->free_host_bytes(data_, bytes_);
+  backend_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+void* Backend::alloc_host_bytes(size_t bytes) const { return std::calloc(bytes, 1); }
+void Backend::free_host_bytes(void* data, size_t) const { std::free(data); }
+
+Result<HostBuffer> Backend::alloc_host(size_t bytes, std::string_view what) const {
+  if (bytes == 0) return HostBuffer(this, nullptr, 0);
+  void* p = alloc_host_bytes(bytes);
+  if (!p)
+    return make_error(ErrorCode::internal, std::string(name()) + " backend: out of pinned host memory allocating " +
+                                               (what.empty() ? std::string("a host buffer") : std::string(what)) +
+                                               " (" + std::to_string(bytes) + " bytes)");
+  return HostBuffer(this, p, bytes);
+}
+
+// The default copy queue is the op queue: the copy is done on return (cpu).
+CopyTicket Backend::copy_to_host_async(void* host_dst, const void* src, size_t bytes) const {
+  copy_device_to_host(host_dst, src, bytes);
+  return CopyTicket{1};
 }
 
 void Backend::chunked_logprob_fused(float* logp, float* entropy, float* lse, float* dh, float* dW, const float* dlogp,

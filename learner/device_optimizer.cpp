@@ -1,6 +1,7 @@
 // The optimizer step on the model's device (device_optimizer.h) and the trainer's use of it:
 // reduce (device collective, or the host all-reduce where the backend has none), clip and AdamW on
-// the device, the host AdamW kept as a lazily refreshed mirror of the moments. Invariant: the
+// the device, the host AdamW kept as a lazily refreshed mirror of the moments, the weights' host
+// mirror brought down on the copy queue for learner 0's step observer. Invariant: the
 // trainer's metrics and weights are those of the host optimizer bit for bit on the CPU backends.
 #include "troupe/learner/device_optimizer.h"
 
@@ -90,13 +91,18 @@ Status Trainer::device_optimizer_step(StepMetrics& out, double& norm_sum, bool l
   out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
   TROUPE_ASSIGN_OR_RETURN(const double norm, dev_opt_->step(model_, opt_, cfg_.optimizer, out.lr));
   norm_sum += norm;
-  if (last && watch_) {  // the observer sees the new weights block by block, as AdamW::step shows them
-    const std::span<const float> params = model_.params();
-    const auto ranges = watch_->begin_step(params.size());
-    if (!ranges.empty()) {
+  if (last && watch_) {
+    // The observer sees the new weights block by block, as AdamW::step shows them: the mirror
+    // comes down on the copy queue in pieces, and each block waits only for the pieces it reads,
+    // so the observer's work on one piece overlaps the copy of the next.
+    const auto ranges = watch_->begin_step(dev_opt_->size());
+    if (!ranges.empty()) {  // (a step the observer skips leaves the mirror for whoever reads it next)
+      model_.refresh_host_mirror();
       for (size_t r = 0; r < ranges.size(); ++r)
-        for (size_t b = ranges[r].first; b < ranges[r].second; b += kObserverBlock)
-          watch_->updated(r, b, std::min(ranges[r].second, b + kObserverBlock), params.data());
+        for (size_t b = ranges[r].first; b < ranges[r].second; b += kObserverBlock) {
+          const size_t e = std::min(ranges[r].second, b + kObserverBlock);
+          watch_->updated(r, b, e, model_.host_params_until(e));
+        }
       watch_->end_step();
     }
   }

@@ -2,7 +2,9 @@
 // cpu_fenced (the device path a GPU takes) trains the bits the cpu model trains -- parameters,
 // both moments, grad_norm -- over several steps with clipping and weight decay, across a resume
 // (the moments loaded through load_optimizer and written through optimizer()), and the gradients
-// never come down while learner.optimizer_offload is off.
+// never come down while learner.optimizer_offload is off -- streamed steps included (their
+// normaliser is applied on the device). The weight sync's observer reads the host mirror as it
+// comes down the backend's copy queue, in pieces, without marking it written.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -58,7 +60,7 @@ LearnerConfig config(double max_grad_norm, bool offload) {
 class Counting final : public PolicyModel {
  public:
   explicit Counting(policy::Model& m) : a_(m) {}
-  std::span<float> params() override { return a_.params(); }
+  std::span<float> params() override { ++params_calls; return a_.params(); }
   std::span<float> grads() override { ++grads_calls; return a_.grads(); }
   const std::vector<policy::TensorSpec>& tensors() const override { return a_.tensors(); }
   void zero_grads() override { a_.zero_grads(); }
@@ -69,7 +71,11 @@ class Counting final : public PolicyModel {
   const kernels::Backend& backend() const override { return a_.backend(); }
   policy::Model::DeviceArena device_train_arena() override { return a_.device_train_arena(); }
   void device_params_written() override { a_.device_params_written(); }
+  void refresh_host_mirror() override { a_.refresh_host_mirror(); }
+  const float* host_params_until(size_t end) override { return a_.host_params_until(end); }
+  void scale_grads(double s) override { a_.scale_grads(s); }
   int grads_calls = 0;
+  int params_calls = 0;  // the mutable params(): the caller may write, so the mirror goes up again
 
  private:
   ModelAdapter a_;
@@ -111,6 +117,7 @@ void expect_same(const Training& cpu, Training& dev) {
   EXPECT_TRUE(same_bits(a.exp_avg_sq(), b.exp_avg_sq())) << "second moments differ";
   EXPECT_EQ(a.steps(), b.steps());
   ASSERT_EQ(cpu.norms.size(), dev.norms.size());
+  ASSERT_FALSE(cpu.norms.empty());
   for (size_t i = 0; i < cpu.norms.size(); ++i) EXPECT_EQ(cpu.norms[i], dev.norms[i]) << "grad_norm of step " << i;
 }
 
@@ -166,4 +173,105 @@ TEST(DeviceOptimizer, ResumeBitIdentical) {
     steps(resumed, 2, 4);
     expect_same(straight, resumed);
   }
+}
+
+// A streamed step (accumulate + finish_accumulated, rollout.async_chunks) scales the summed
+// gradient by the batch's normaliser on the device: the bits of the cpu model, no gradient down.
+TEST(DeviceOptimizer, StreamedStepsScaleOnTheDevice) {
+  LocalCommunicator comm;
+  for (bool offload : {false, true}) {
+    SCOPED_TRACE(offload ? "offload" : "on the device");
+    LearnerConfig cfg = config(0.05, offload);
+    cfg.batch.num_mini_batches = 1;  // (streamed steps are one optimizer step)
+    Training cpu = start(kernels::DeviceKind::cpu, cfg, comm);
+    Training dev = start(kernels::DeviceKind::cpu_fenced, cfg, comm);
+    for (Training* t : {&cpu, &dev})
+      for (int s = 0; s < 3; ++s) {
+        const std::vector<Sample> b = batch_for(s);
+        ASSERT_TRUE(t->trainer->accumulate({b.begin(), b.begin() + 2}).ok());
+        ASSERT_TRUE(t->trainer->accumulate({b.begin() + 2, b.end()}).ok());
+        auto m = t->trainer->finish_accumulated();
+        ASSERT_TRUE(m.ok()) << m.error().message;
+        t->norms.push_back(m->grad_norm);
+      }
+    expect_same(cpu, dev);
+    if (!offload) {
+      EXPECT_EQ(dev.adapter->grads_calls, 0) << "a streamed step brought the gradients down";
+    }
+  }
+}
+
+namespace {
+// Learner 0's weight-sync observer: keeps every value it is shown.
+class Recording final : public StepObserver {
+ public:
+  std::span<const std::pair<size_t, size_t>> begin_step(size_t n) override {
+    seen.assign(n, -1.0f);
+    whole = {{0, n}};
+    return whole;
+  }
+  void updated(size_t, size_t b, size_t e, const float* params) override {
+    std::copy(params + b, params + e, seen.begin() + static_cast<std::ptrdiff_t>(b));
+  }
+  void end_step() override { ++steps; }
+  std::vector<float> seen;
+  std::vector<std::pair<size_t, size_t>> whole;
+  int steps = 0;
+};
+}  // namespace
+
+// The observer sees the new weights through the host mirror the copy queue brings down, bit for
+// bit what the cpu model's observer sees, and reading them does not mark the mirror written (the
+// next forward does not upload the weights again).
+TEST(DeviceOptimizer, ObserverReadsTheMirrorFromTheCopyQueue) {
+  LocalCommunicator comm;
+  const LearnerConfig cfg = config(0.05, false);
+  Training cpu = start(kernels::DeviceKind::cpu, cfg, comm);
+  Training dev = start(kernels::DeviceKind::cpu_fenced, cfg, comm);
+  Recording on_cpu, on_dev;
+  cpu.trainer->set_step_observer(&on_cpu);
+  dev.trainer->set_step_observer(&on_dev);
+  const int calls_before = dev.adapter->params_calls;
+  for (int s = 0; s < 3; ++s) {
+    steps(cpu, s, s + 1);
+    steps(dev, s, s + 1);
+    EXPECT_TRUE(same_bits(on_cpu.seen, on_dev.seen)) << "step " << s;
+    EXPECT_TRUE(same_bits(on_dev.seen, std::as_const(dev.model).params())) << "step " << s;
+  }
+  EXPECT_GT(on_cpu.steps, 0);
+  EXPECT_EQ(on_dev.steps, on_cpu.steps);
+  EXPECT_EQ(dev.adapter->params_calls, calls_before) << "the observer marked the host mirror written";
+  expect_same(cpu, dev);
+}
+
+// The mirror comes down in pieces: the host may read a piece once host_params_until has waited
+// for it, while the next is still on the copy queue (reading that one faults on cpu_fenced); the
+// next step's writes to the weights are ordered after the copies (else cpu_fenced aborts).
+TEST(DeviceOptimizerDeathTest, MirrorPiecesAreReadOnlyOnceLanded) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const size_t piece = 1024;  // floats: one 4 KiB page
+  auto made = policy::Model::create(tiny(kernels::DeviceKind::cpu_fenced), 11);
+  ASSERT_TRUE(made.ok());
+  policy::Model& m = *made;
+  const size_t n = m.params().size();
+  ASSERT_GT(n, 3 * piece);
+  const std::vector<float> want(std::as_const(m).params().begin(), std::as_const(m).params().end());
+  float* weights = m.device_train_arena().params;  // (taken before the copies: nothing ordered)
+  m.device_params_written();  // (as after a device step: the mirror is stale)
+  m.refresh_host_mirror(piece);
+  const float* p = m.host_params_until(piece);
+  for (size_t i = 0; i < piece; ++i) ASSERT_EQ(p[i], want[i]);
+  EXPECT_DEATH(
+      {
+        volatile float x = p[piece];  // the second piece is still on the copy queue
+        (void)x;
+      },
+      "");
+  EXPECT_DEATH(  // a write of the weights that nothing ordered after the copies
+      m.backend().fill(weights + piece, 1, 0.0f), "writes the source of a copy to the host still in flight");
+  EXPECT_EQ(m.device_train_arena().params, weights);  // (a step's start: its writes wait for the copies)
+  m.backend().fill(weights + piece, 1, 0.0f);  // now fine; the copies hold the values before it
+  p = m.host_params_until(n);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(p[i], want[i]);
+  EXPECT_TRUE(same_bits(std::as_const(m).params(), want));
 }

@@ -689,7 +689,7 @@ Result<StepMetrics> Trainer::finish_accumulated() {
   // the normaliser the unit-norm parts left out: 1 / tokens (token-mean) or 1 / sequences (seq-mean-*)
   const double scale =
       cfg_.loss.agg_mode == LossAggMode::token_mean ? 1.0 / std::max(a.tokens, 1.0) : 1.0 / a.seqs;
-  for (float& g : model_.grads()) g = static_cast<float>(g * scale);
+  model_.scale_grads(scale);  // on the model's backend: a device model's gradients stay there
   a.sums.loss *= scale;
   a.sums.pg_loss *= scale;
   a.sums.kl_loss *= scale;

@@ -173,7 +173,8 @@ Status Model::Impl::enable_lora(const LoraConfig& lc, uint64_t seed) {
   be->copy_host_to_device(lparams.data(), init.data(), sizeof(float) * n_lora);
   weights_written(lparams);
   if (mirrored) {
-    host_lparams = std::move(init);
+    TROUPE_TRY(host_lparams.allocate(*be, n_lora, "the host mirror of the LoRA adapters (" + std::to_string(n_lora) + " floats)"));
+    std::copy(init.begin(), init.end(), host_lparams.begin());
     host_lgrads.assign(n_lora, 0.0f);
   }
   // The base is frozen: its gradient arena goes; the MoE kernel's router/expert gradients of one
@@ -310,6 +311,7 @@ Status Model::set_base_params(std::span<const float> flat) {
     return invalid_input("set_base_params: got " + std::to_string(flat.size()) + " floats, the base model has " +
                          std::to_string(m.n_params));
   ++m.params_writes;
+  m.host_params.settle();  // no copy into the mirror is still reading the arena written below
   m.be->copy_host_to_device(m.params.floats(), flat.data(), flat.size_bytes());
   m.weights_written(m.params);
   if (m.mirrored) {

@@ -318,7 +318,7 @@ Status Model::Impl::alloc_params() {
   TROUPE_ASSIGN_OR_RETURN(grads, be->alloc(n_params * sizeof(float), "the gradients (" + std::to_string(n_params) + " floats)"));
   mirrored = !be->host_visible();
   if (mirrored) {
-    host_params.assign(n_params, 0.0f);
+    TROUPE_TRY(host_params.allocate(*be, n_params, "the host mirror of the weights (" + std::to_string(n_params) + " floats)"));
     host_grads.assign(n_params, 0.0f);
   }
   if (!inv_freq.empty()) {
@@ -894,7 +894,7 @@ namespace {
 struct TrainArena {
   kernels::Buffer& params;
   kernels::Buffer& grads;
-  std::vector<float>& host_params;
+  HostMirror& host_params;
   std::vector<float>& host_grads;
   bool& params_host_newer;
   bool& grads_host_newer;
@@ -960,6 +960,7 @@ Status Model::set_params(std::span<const float> flat) {
     return invalid_input("set_params: got " + std::to_string(flat.size()) + " floats, the model has " +
                          std::to_string(a.n) + (m.lora ? " (LoRA adapters)" : ""));
   ++m.params_writes;
+  a.host_params.settle();  // no copy into the mirror is still reading the arena written below
   m.be->copy_host_to_device(a.params.floats(), flat.data(), flat.size_bytes());
   m.weights_written(a.params);
   if (m.mirrored) {
@@ -975,7 +976,22 @@ Model::DeviceArena Model::device_train_arena() {
   // refreshes it), so its optimizer stays on the host.
   if (!m.mirrored || (!m.lora && m.quant_base())) return {};
   TrainArena a = train_arena(m);
+  a.host_params.order_writes();  // a refresh of the mirror still copying reads the weights first
   return {m.lora ? m.LP() : m.P(), m.lora ? m.LG() : m.G(), a.n};  // the host's writes go up first
+}
+void Model::refresh_host_mirror(size_t piece_floats) {
+  Impl& m = *impl_;
+  TrainArena a = train_arena(m);
+  if (!m.mirrored || !a.params_device_newer) return;
+  a.host_params.refresh_async(a.params.floats(), std::max<size_t>(piece_floats, 1));
+  a.params_device_newer = false;
+}
+const float* Model::host_params_until(size_t end) {
+  Impl& m = *impl_;
+  TrainArena a = train_arena(m);
+  if (!m.mirrored) return m.lora ? m.LP() : m.P();
+  if (a.params_device_newer) refresh_host_mirror();
+  return a.host_params.settle_until(std::min(end, a.n));
 }
 void Model::device_params_written() {
   Impl& m = *impl_;
@@ -993,6 +1009,10 @@ Status Model::all_reduce_grads(kernels::DeviceCollective& c) {
     return make_error(ErrorCode::internal, std::string("gradient all-reduce on the device: ") + e.what());
   }
   return {};
+}
+void Model::scale_grads(double s) {
+  Impl& m = *impl_;
+  m.be->scale(m.lora ? m.LG() : m.G(), train_arena(m).n, s);  // G()/LG(): the host's writes go up first
 }
 void Model::set_param_hook(ParamHook* hook) { impl_->hook = hook; }
 

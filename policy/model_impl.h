@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -112,6 +114,57 @@ struct OpScopes {
   kernels::ComputeDtypeScope dtype;
 };
 
+// The host mirror of a device weight arena (Model::params() on a backend the host cannot read):
+// pinned memory from the backend (HostBuffer) and the copies into it still in flight, one per
+// piece of kPiece floats, queued on the backend's copy queue after the optimizer step that wrote
+// the arena. Invariant: the host touches the memory only through data()/begin()/end()/the spans,
+// which wait for every copy first, or settle_until(end), which waits for the pieces below end.
+struct HostMirror {
+  static constexpr size_t kPiece = size_t{1} << 22;  // floats per copy (16 MiB)
+  const kernels::Backend* be = nullptr;
+  kernels::HostBuffer buf;
+  mutable std::vector<std::pair<size_t, kernels::CopyTicket>> pending;  // (piece start, its copy), ascending
+
+  Status allocate(const kernels::Backend& b, size_t n, const std::string& what) {
+    be = &b;
+    pending.clear();
+    TROUPE_ASSIGN_OR_RETURN(buf, b.alloc_host(n * sizeof(float), what));
+    return {};
+  }
+  size_t size() const { return buf.num_floats(); }
+  float* data() const {
+    settle();
+    return buf.floats();
+  }
+  float* begin() const { return data(); }
+  float* end() const { return data() + size(); }
+  operator std::span<float>() const { return {data(), size()}; }
+  operator std::span<const float>() const { return {data(), size()}; }
+  void settle() const { settle_until(size()); }
+  // Waits for the copies of the pieces that start below end (copies land in order) and returns
+  // the memory (valid to read below end).
+  const float* settle_until(size_t end) const {
+    size_t k = 0;
+    while (k < pending.size() && pending[k].first < end) ++k;
+    if (k > 0) be->wait_copy(pending[k - 1].second);
+    pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(k));
+    return buf.floats();
+  }
+  // Queues the copies of src (size() floats of device memory) in pieces of `piece` floats.
+  void refresh_async(const float* src, size_t piece) {
+    pending.clear();  // earlier copies land before these (one in-order queue)
+    const size_t n = size();
+    for (size_t b = 0; b < n; b += piece) {
+      const size_t e = std::min(n, b + piece);
+      pending.emplace_back(b, be->copy_to_host_async(buf.floats() + b, src + b, sizeof(float) * (e - b)));
+    }
+  }
+  // Ops issued next (an optimizer step) may write the arena the copies read.
+  void order_writes() const {
+    if (!pending.empty()) be->order_after_copy(pending.back().second);
+  }
+};
+
 struct Model::Impl {
   Impl(const ModelConfig& c, const kernels::Backend& backend);
   ~Impl() {
@@ -210,13 +263,15 @@ struct Model::Impl {
     return grads.floats();
   }
   // The host mirror of a weight arena after a device-side optimizer step wrote the arena
-  // (Model::device_params_written): brought down once, on the first host read that needs it.
-  void pull(const kernels::Buffer& src, std::vector<float>& dst, bool* flag) {
-    if (!*flag) return;
-    be->copy_device_to_host(dst.data(), src.data(), sizeof(float) * dst.size());
+  // (Model::device_params_written): brought down once, on the first host read that needs it, or
+  // earlier on the copy queue (Model::refresh_host_mirror), the read then waiting for it.
+  void pull(const kernels::Buffer& src, HostMirror& dst, bool* flag) {
+    if (*flag) dst.refresh_async(src.floats(), HostMirror::kPiece);
     *flag = false;
+    dst.settle();
   }
-  void upload(const kernels::Buffer& dst, const std::vector<float>& src, bool* flag) const {
+  template <class Host>  // HostMirror (the weights) or std::vector<float> (the gradients)
+  void upload(const kernels::Buffer& dst, const Host& src, bool* flag) const {
     be->copy_host_to_device(dst.data(), src.data(), sizeof(float) * src.size());
     *flag = false;
     if (&dst == &params || &dst == &lparams) weights_written(dst);
@@ -238,7 +293,7 @@ struct Model::Impl {
   std::vector<TensorSpec> lora_table;
   size_t n_lora = 0;
   kernels::Buffer lparams, lgrads, moe_sink;
-  std::vector<float> host_lparams;
+  HostMirror host_lparams;
   mutable std::vector<float> host_lgrads;
   mutable bool lparams_host_newer = false, lgrads_host_newer = false, lgrads_device_newer = false;
   bool lparams_device_newer = false;  // a device optimizer step wrote lparams after the mirror
@@ -319,7 +374,7 @@ struct Model::Impl {
   bool hook_step = false;  // this training forward (and its backward) calls the hook  // set_param_hook: learner.shard parameters' per-layer gathers
   Status need(int group) { return hook ? hook->need(group) : Status{}; }
   Status done(int group, bool backward) { return hook ? hook->done(group, backward) : Status{}; }
-  std::vector<float> host_params;
+  HostMirror host_params;
   mutable std::vector<float> host_grads;
   mutable bool params_host_newer = false, grads_host_newer = false, grads_device_newer = false;
   bool params_device_newer = false;  // a device optimizer step wrote params after the mirror

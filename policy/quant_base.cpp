@@ -95,6 +95,7 @@ Status Model::Impl::set_head_blocks(k::QuantMatrix m) {
   head_q.w = m.view();
   head_q.w.data = head_q.buf.data();
   // The arena's head (the embedding when tied) holds the same values, dequantized.
+  if (mirrored) host_params.settle();  // no copy into the mirror is still reading the head
   be->copy_host_to_device(params.floats() + wlm, w.data(), sizeof(float) * n);
   if (mirrored) std::copy(w.begin(), w.end(), host_params.begin() + static_cast<std::ptrdiff_t>(wlm));
   return {};

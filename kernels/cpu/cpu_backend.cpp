@@ -28,6 +28,9 @@ class CpuBackend final : public Backend {
 
   void zero(float* x, size_t n) const override { std::fill(x, x + n, 0.0f); }
   void fill(float* x, size_t n, float value) const override { std::fill(x, x + n, value); }
+  void scale(float* x, size_t n, double s) const override {
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(x[i] * s);
+  }
   void fill_normal(float* x, size_t n, double stddev, uint64_t* rng) const override {
     kernels::fill_normal(x, n, stddev, rng);
   }

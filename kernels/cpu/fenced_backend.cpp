@@ -4,8 +4,12 @@
 // into their blocks and calls the CPU backend. So the host cannot read or write device memory (it
 // faults), and a host array passed where the table wants device memory (or the reverse) aborts
 // with the op's name. It is what makes the model's device path -- the one a GPU backend runs --
-// testable on a machine without a GPU; its numbers are the CPU backend's, bit for bit.
+// testable on a machine without a GPU; its numbers are the CPU backend's, bit for bit. Its copy
+// queue (copy_to_host_async) models a GPU's copy stream: the copy is taken at the call and lands at
+// wait_copy, the pages it lands in fenced (PROT_NONE) until then, and an op that writes the source of a
+// copy nobody ordered after aborts, so the ordering a GPU needs is checked on the CPU.
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +19,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <type_traits>
+#include <vector>
 
 #include "troupe/kernels/backend.h"
 
@@ -37,19 +42,69 @@ class FencedBackend final : public Backend {
   bool host_visible() const override { return false; }
 
   void copy_host_to_device(void* dst, const void* src, size_t bytes) const override {
+    writes(dst, bytes, __func__);
     if (bytes) cpu().copy_host_to_device(dev(dst, __func__), host(src, __func__), bytes);
   }
   void copy_device_to_host(void* dst, const void* src, size_t bytes) const override {
     if (bytes) cpu().copy_device_to_host(host(dst, __func__), dev(src, __func__), bytes);
   }
   void copy_device_to_device(void* dst, const void* src, size_t bytes) const override {
+    writes(dst, bytes, __func__);
     if (bytes) cpu().copy_device_to_device(dev(dst, __func__), dev(src, __func__), bytes);
   }
   void synchronize() const override {}
 
-  void zero(float* x, size_t n) const override { cpu().zero(dev(x, __func__), n); }
-  void fill(float* x, size_t n, float value) const override { cpu().fill(dev(x, __func__), n, value); }
+  // The copy queue: the copy is taken now (the ops before it have run: it holds their results)
+  // and kept until wait_copy lands it; the destination's HostBuffer is fenced meanwhile.
+  CopyTicket copy_to_host_async(void* host_dst, const void* src, size_t bytes) const override {
+    const char* f = __func__;
+    char* dst = static_cast<char*>(host(host_dst, f));
+    const char* from = dev(static_cast<const char*>(src), f);
+    if (bytes && dev(static_cast<const char*>(src) + bytes - 1, f) != from + bytes - 1)
+      fail(f, src, "is the start of a copy that runs past the end of its buffer");
+    std::lock_guard lock(copies_mu_);
+    auto block = host_blocks_.upper_bound(reinterpret_cast<uintptr_t>(dst));
+    if (block == host_blocks_.begin()) fail(f, dst, "is not inside a HostBuffer of this backend (alloc_host)");
+    --block;
+    if (reinterpret_cast<uintptr_t>(dst) + bytes > block->first + block->second)
+      fail(f, dst, "is not inside a HostBuffer of this backend (alloc_host)");
+    Pending p{++next_ticket_, dst, block->first, static_cast<const char*>(src), bytes, {}, false};
+    p.data.assign(from, from + bytes);
+    if (!fence(p, PROT_NONE)) fail(f, dst, "could not be fenced (mprotect)");
+    pending_.push_back(std::move(p));
+    return CopyTicket{next_ticket_};
+  }
+  void wait_copy(CopyTicket t) const override {
+    std::lock_guard lock(copies_mu_);
+    while (!pending_.empty() && pending_.front().id <= t.id) {
+      Pending p = std::move(pending_.front());
+      pending_.erase(pending_.begin());
+      fence(p, PROT_READ | PROT_WRITE);
+      std::memcpy(p.dst, p.data.data(), p.bytes);
+      for (const Pending& q : pending_)  // a later copy into the same pages keeps them fenced
+        if (q.block == p.block) fence(q, PROT_NONE);
+    }
+  }
+  void order_after_copy(CopyTicket t) const override {
+    std::lock_guard lock(copies_mu_);
+    for (Pending& p : pending_)
+      if (p.id <= t.id) p.ordered = true;
+  }
+
+  void zero(float* x, size_t n) const override {
+    writes(x, n * sizeof(float), __func__);
+    cpu().zero(dev(x, __func__), n);
+  }
+  void fill(float* x, size_t n, float value) const override {
+    writes(x, n * sizeof(float), __func__);
+    cpu().fill(dev(x, __func__), n, value);
+  }
+  void scale(float* x, size_t n, double s) const override {
+    writes(x, n * sizeof(float), __func__);
+    cpu().scale(dev(x, __func__), n, s);
+  }
   void fill_normal(float* x, size_t n, double stddev, uint64_t* rng) const override {
+    writes(x, n * sizeof(float), __func__);
     cpu().fill_normal(dev(x, __func__), n, stddev, host(rng, __func__));
   }
 
@@ -263,6 +318,9 @@ class FencedBackend final : public Backend {
   void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& k,
                     const float* scale) const override {
     const char* f = __func__;
+    writes(p, n * sizeof(float), f);
+    writes(m, n * sizeof(float), f);
+    writes(v, n * sizeof(float), f);
     cpu().adamw_update(dev(p, f), dev(g, f), dev(m, f), dev(v, f), n, k, scale ? dev(scale, f) : nullptr);
   }
 
@@ -297,6 +355,24 @@ class FencedBackend final : public Backend {
     std::free(it->second.host);
     blocks_.erase(it);
   }
+  // Page-aligned (mprotect fences whole pages), zero-filled.
+  void* alloc_host_bytes(size_t bytes) const override {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t span = (bytes + page - 1) / page * page;
+    void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    std::lock_guard lock(copies_mu_);
+    host_blocks_.emplace(reinterpret_cast<uintptr_t>(p), span);
+    return p;
+  }
+  void free_host_bytes(void* data, size_t) const override {
+    std::lock_guard lock(copies_mu_);
+    const auto it = host_blocks_.find(reinterpret_cast<uintptr_t>(data));
+    if (it == host_blocks_.end()) fail("free_host", data, "is not a live HostBuffer of this backend");
+    std::erase_if(pending_, [&](const Pending& p) { return p.block == it->first; });  // copies into it go
+    ::munmap(data, it->second);
+    host_blocks_.erase(it);
+  }
 
  private:
   struct Block {
@@ -305,6 +381,36 @@ class FencedBackend final : public Backend {
   };
 
   static const Backend& cpu() { return cpu_backend(); }
+
+  // A copy to the host queued and not yet landed (copy_to_host_async): its bytes as they were at
+  // the call, its destination, and whether ops were ordered after it (order_after_copy).
+  struct Pending {
+    uint64_t id;
+    char* dst;
+    uintptr_t block;  // the HostBuffer holding dst (host_blocks_ key)
+    const char* src;  // device address
+    size_t bytes;
+    std::vector<char> data;
+    bool ordered;
+  };
+  // The pages under a pending copy's destination, protected as `prot` (HostBuffers are page-aligned).
+  static bool fence(const Pending& p, int prot) {
+    if (!p.bytes) return true;
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p.dst) / page * page;
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(p.dst) + p.bytes + page - 1) / page * page;
+    return ::mprotect(reinterpret_cast<void*>(a), e - a, prot) == 0;
+  }
+  // An op about to write device memory [x, x + bytes): aborts when a copy still in flight reads it
+  // and nothing ordered the ops after that copy (on a GPU the op would overwrite what the copy
+  // engine is reading).
+  void writes(const void* x, size_t bytes, const char* op) const {
+    std::lock_guard lock(copies_mu_);
+    const char* a = static_cast<const char*>(x);
+    for (const Pending& p : pending_)
+      if (!p.ordered && a < p.src + p.bytes && p.src < a + bytes)
+        fail(op, x, "writes the source of a copy to the host still in flight (order_after_copy or wait_copy first)");
+  }
 
   bool fenced(const void* p) const {
     const char* c = static_cast<const char*>(p);
@@ -361,6 +467,10 @@ class FencedBackend final : public Backend {
   mutable char* next_ = nullptr;
   mutable std::shared_mutex mu_;
   mutable std::map<uintptr_t, Block> blocks_;
+  mutable std::mutex copies_mu_;                 // the copy queue and the HostBuffers below
+  mutable std::map<uintptr_t, size_t> host_blocks_;  // HostBuffers: address -> mapped bytes
+  mutable std::vector<Pending> pending_;         // in ticket order
+  mutable uint64_t next_ticket_ = 0;
 };
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "bodies/rmsnorm.h"
 #include "bodies/rope.h"
 #include "bodies/sampling.h"
+#include "troupe/kernels/backend.h"
 #include "troupe/kernels/chunked_logprob.h"
 #include "troupe/kernels/grpo_loss.h"
 #include "troupe/kernels/moe.h"
@@ -260,6 +261,15 @@ TEST(CudaBodiesOnHost, ElementwiseFamily) {
     std::vector<float> ref(n, 2.5f);
     expect_near("fill", out.data(), ref, n, 0, 0);
     expect_guards("fill", out);
+  }
+  {  // Backend::scale: the CPU backend's op (the streamed step's host loop) bit for bit
+    Guarded<float> out(n);
+    std::copy(a.begin(), a.end(), out.data());
+    host_for_each(ScaleBody{out.data(), 1.0 / 3.0}, n);
+    std::vector<float> ref(a.begin(), a.end());
+    k::cpu_backend().scale(ref.data(), n, 1.0 / 3.0);
+    expect_near("scale", out.data(), ref, n, 0, 0);
+    expect_guards("scale", out);
   }
   {
     Guarded<float> out(n);

@@ -5,10 +5,15 @@
 // stats) wait for the queue; nothing else does. A failing CUDA/cuBLAS call throws CudaError
 // (check.h) naming the call, file, line and error. Thread-safe: a lock serializes the queuing of
 // ops and copies, so roles of one process (learner and generator threads) may share the GPU.
+// Copies to pinned host memory (copy_to_host_async: the host mirror of the weights) run on a copy
+// stream of their own, after an event on the op stream and before an event the host or the op
+// stream waits for.
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -79,6 +84,7 @@ class CudaBackend final : public Backend {
     TROUPE_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     q_.experts = &expert_ws_;  // the MoE experts' batched GEMMs (expert_gemm.h)
     q_.decode = &decode_ws_;  // split-K decode attention's partials
+    TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   }
   // The process-wide backend lives until exit, when the CUDA runtime may already be gone: its
   // stream, handle and workspace are left to the driver's teardown.
@@ -123,11 +129,48 @@ class CudaBackend final : public Backend {
   }
   void synchronize() const override { const Guard guard(*this); TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream)); }
 
+  // The copy stream: it waits for an event recorded on the op stream now (the copy sees every op
+  // queued before), copies into pinned memory, and records the event wait_copy / order_after_copy
+  // wait for. One in-order stream: copy t landed means every earlier copy did.
+  CopyTicket copy_to_host_async(void* dst, const void* src, size_t bytes) const override {
+    const Guard guard(*this);
+    cudaEvent_t ready = nullptr, done = nullptr;
+    TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    TROUPE_CUDA_CHECK(cudaEventRecord(ready, q_.stream));
+    TROUPE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, ready, 0));
+    TROUPE_CUDA_REPORT(cudaEventDestroy(ready));  // (released once the wait has passed it)
+    if (bytes) TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
+    TROUPE_CUDA_CHECK(cudaEventRecord(done, copy_stream_));
+    const std::lock_guard lock(copy_mu_);
+    copies_.emplace(++next_copy_, done);
+    return CopyTicket{next_copy_};
+  }
+  // Holds only the copy queue's lock while it waits, so other roles keep queuing ops.
+  void wait_copy(CopyTicket t) const override {
+    if (!t) return;
+    TROUPE_CUDA_CHECK(cudaSetDevice(device_));
+    const std::lock_guard lock(copy_mu_);
+    const auto last = copies_.upper_bound(t.id);
+    if (last == copies_.begin()) return;  // already waited for
+    TROUPE_CUDA_CHECK(cudaEventSynchronize(std::prev(last)->second));
+    for (auto it = copies_.begin(); it != last; ++it) TROUPE_CUDA_REPORT(cudaEventDestroy(it->second));
+    copies_.erase(copies_.begin(), last);
+  }
+  void order_after_copy(CopyTicket t) const override {
+    if (!t) return;
+    const Guard guard(*this);
+    const std::lock_guard lock(copy_mu_);
+    const auto last = copies_.upper_bound(t.id);
+    if (last != copies_.begin()) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(q_.stream, std::prev(last)->second, 0));
+  }
+
   void zero(float* x, size_t n) const override {
     const Guard guard(*this);
     if (n) TROUPE_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), q_.stream));
   }
   void fill(float* x, size_t n, float value) const override { const Guard guard(*this); cuda::launch_fill(q_, x, n, value); }
+  void scale(float* x, size_t n, double s) const override { const Guard guard(*this); cuda::launch_scale(q_, x, n, s); }
   void fill_normal(float* x, size_t n, double stddev, uint64_t* rng) const override {
     const Guard guard(*this);
     cuda::launch_fill_normal(q_, x, n, stddev, rng);
@@ -504,6 +547,21 @@ class CudaBackend final : public Backend {
     // done. An error here (a failed kernel earlier) is reported, not thrown.
     TROUPE_CUDA_REPORT(cudaFreeAsync(data, q_.stream));
   }
+  // Page-locked (the copy engine reads and writes it without a staging copy), zero-filled.
+  void* alloc_host_bytes(size_t bytes) const override {
+    const Guard guard(*this);
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void free_host_bytes(void* data, size_t) const override {
+    (void)cudaFreeHost(data);  // (also at exit, when the runtime may be gone: silent)
+    (void)cudaGetLastError();
+  }
 
  private:
   // Device workspace the table's ops need beyond their arguments (the chunked log-softmax's
@@ -581,6 +639,11 @@ class CudaBackend final : public Backend {
   cuda::DecodeWorkspace decode_ws_;
   mutable void* ws_ = nullptr;
   mutable size_t ws_bytes_ = 0;
+  // The copy queue (copy_to_host_async): its stream and the events of copies not yet waited for.
+  cudaStream_t copy_stream_ = nullptr;
+  mutable std::mutex copy_mu_;
+  mutable std::map<uint64_t, cudaEvent_t> copies_;
+  mutable uint64_t next_copy_ = 0;
 };
 
 }  // namespace

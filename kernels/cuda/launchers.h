@@ -97,6 +97,7 @@ void launch_adamw(const Queue& q, const AdamWTensor* tensors, const AdamWChunk* 
 
 // swiglu.cu: the elementwise family
 void launch_fill(const Queue& q, float* x, size_t n, float value);
+void launch_scale(const Queue& q, float* x, size_t n, double s);
 void launch_add(const Queue& q, float* out, const float* a, const float* b, size_t n);
 void launch_lora_dropout(const Queue& q, float* out, const float* in, size_t n, float p, uint64_t seed);
 void launch_swiglu_forward(const Queue& q, float* out, const float* gate, const float* up, size_t n);

@@ -77,6 +77,7 @@ void gemm(const Queue& q, bool trans_a, bool trans_b, int M, int N, int K, float
 }
 
 void launch_fill(const Queue& q, float* x, size_t n, float value) { launch_elements(FillBody{x, value}, n, q.stream); }
+void launch_scale(const Queue& q, float* x, size_t n, double s) { launch_elements(ScaleBody{x, s}, n, q.stream); }
 void launch_add(const Queue& q, float* out, const float* a, const float* b, size_t n) {
   launch_elements(AddBody{out, a, b}, n, q.stream);
 }

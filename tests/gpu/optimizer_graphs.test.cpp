@@ -2,7 +2,11 @@
 // AdamW (Backend::adamw_update) over 1e6 + 3 values for 4 steps, with and without clipping,
 // against the CPU backend's (adamw.h's specification): parameters and both moments bit for bit,
 // the norm (Backend::grad_norm_clip) within 1e-12 relative. Then a recorded graph (graph_begin /
-// graph_end / graph_launch) of a few ops replays the eager bits, twice, over changed inputs.
+// graph_end / graph_launch) of a few ops replays the eager bits, twice, over changed inputs. The
+// copy queue: Backend::scale bit for bit the CPU's, then the scaled values brought down into
+// pinned memory in pieces on the copy stream (copy_to_host_async), a fill of the source ordered
+// after them (order_after_copy) that the copies must not see, and wait_copy.
+#include <algorithm>
 #include <vector>
 
 #include "gpu_test.h"
@@ -33,6 +37,27 @@ void optimizer_matches_cpu() {
       expect_near(tag + "exp_avg_sq", gv.host(g), v, 0, 0);
     }
   }
+}
+
+void copy_queue_orders_copies() {
+  const k::Backend& g = cuda();
+  const size_t n = 1000003, piece = size_t{1} << 18;
+  std::vector<float> x = randn(n, 40);
+  Dev<float> d(g, x);
+  const double s = 1.0 / 4099.0;
+  g.scale(d.p(), n, s);  // queued before the copies: they hold its result
+  k::cpu_backend().scale(x.data(), n, s);
+  auto h = g.alloc_host(n * sizeof(float), "a pinned test buffer");
+  GPU_CHECK(h.ok(), h.ok() ? "" : h.error().message);
+  if (!h.ok()) return;
+  k::CopyTicket last;
+  for (size_t b = 0; b < n; b += piece)
+    last = g.copy_to_host_async(h->floats() + b, d.p() + b, sizeof(float) * (std::min(n, b + piece) - b));
+  g.order_after_copy(last);
+  g.fill(d.p(), n, -7.0f);  // after the copies on the op stream: they must not see it
+  g.wait_copy(last);
+  expect_near("pinned copies of the scaled values", std::vector<float>(h->floats(), h->floats() + n), x, 0, 0);
+  expect_near("the fill after them", d.host(g), std::vector<float>(n, -7.0f), 0, 0);
 }
 
 void graph_replays_eager_bits() {
@@ -69,6 +94,7 @@ int main() {
   using namespace troupe::gpu_test;
   return run_gpu_test("gpu.optimizer_graphs", [] {
     optimizer_matches_cpu();
+    copy_queue_orders_copies();
     graph_replays_eager_bits();
   });
 }

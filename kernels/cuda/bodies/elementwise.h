@@ -14,6 +14,12 @@ struct FillBody {
   TROUPE_HD void operator()(size_t i) const { x[i] = value; }
 };
 
+struct ScaleBody {  // x = float(double(x) * s): Backend::scale, the host loop's rounding
+  float* x;
+  double s;
+  TROUPE_HD void operator()(size_t i) const { x[i] = static_cast<float>(static_cast<double>(x[i]) * s); }
+};
+
 struct AddBody {  // out = a + b (may alias)
   float* out;
   const float* a;

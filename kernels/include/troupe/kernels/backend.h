@@ -73,6 +73,41 @@ class Buffer {
   size_t bytes_ = 0;
 };
 
+// Page-locked host memory from one backend, freed by it (move-only): the host side of the
+// asynchronous copies (Backend::copy_to_host_async). cuda: cudaHostAlloc, so the copy engine moves
+// it while kernels run; cpu: ordinary memory; cpu_fenced: page-aligned memory whose pages under a
+// copy in flight are fenced (PROT_NONE), so a host access before wait_copy faults.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(HostBuffer&& o) noexcept;
+  HostBuffer& operator=(HostBuffer&& o) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer();
+
+  void* data() const { return data_; }
+  float* floats() const { return static_cast<float*>(data_); }
+  size_t bytes() const { return bytes_; }
+  size_t num_floats() const { return bytes_ / sizeof(float); }
+  const Backend* backend() const { return backend_; }
+
+ private:
+  friend class Backend;
+  HostBuffer(const Backend* backend, void* data, size_t bytes) : backend_(backend), data_(data), bytes_(bytes) {}
+  void release();
+
+  const Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A copy queued on a backend's copy queue (copy_to_host_async); id 0: no copy.
+struct CopyTicket {
+  uint64_t id = 0;
+  explicit operator bool() const { return id != 0; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -110,9 +145,30 @@ class Backend {
   // ---- queue -------------------------------------------------------------------------------------
   virtual void synchronize() const = 0;
 
+  // ---- pinned host memory and the copy queue (a host mirror refreshed while compute runs) ----------
+  // Zero-filled page-locked host memory (HostBuffer); an error naming `what` and the bytes.
+  Result<HostBuffer> alloc_host(size_t bytes, std::string_view what = {}) const;
+  // Queues a copy of `bytes` from src (this backend's memory) to host_dst (inside a HostBuffer of
+  // this backend) on the copy queue, beside the op queue: it starts once every op and copy issued
+  // before this call has finished (so it holds what the last optimizer step wrote) and runs while
+  // the ops issued after it run. Until wait_copy(t) returns, the host must not touch
+  // [host_dst, host_dst + bytes); until order_after_copy(t) or wait_copy(t), no op may write
+  // [src, src + bytes). Copies land in the order they were queued. cpu: a synchronous copy;
+  // cpu_fenced: the copy is taken at the call and lands at wait_copy, the pages it lands in
+  // fenced until then, and an op that writes the source of an unordered copy aborts naming the op; cuda: an event on the op stream, a
+  // copy stream that waits for it, and an event after the copy.
+  virtual CopyTicket copy_to_host_async(void* host_dst, const void* src, size_t bytes) const;
+  // Returns once copy t and every copy queued before it have landed (t empty: at once).
+  virtual void wait_copy(CopyTicket t) const { (void)t; }
+  // Ops and copies issued after this call start after copy t has finished reading its source
+  // (the host does not wait; t empty: nothing).
+  virtual void order_after_copy(CopyTicket t) const { (void)t; }
+
   // ---- fills -------------------------------------------------------------------------------------
   virtual void zero(float* x, size_t n) const = 0;               // x (n) = 0
   virtual void fill(float* x, size_t n, float value) const = 0;  // x (n) = value
+  // x (n) = float(double(x) * s): the streamed step's gradient normaliser, the host loop's rounding.
+  virtual void scale(float* x, size_t n, double s) const = 0;
   // x (n) = stddev * N(0, 1) drawn from the host RNG state *rng (random.h fill_normal).
   virtual void fill_normal(float* x, size_t n, double stddev, uint64_t* rng) const = 0;
 
@@ -293,9 +349,14 @@ class Backend {
   // Raw memory behind alloc(): zero-filled, nullptr when out of memory; free_bytes takes it back.
   virtual void* alloc_bytes(size_t bytes) const = 0;
   virtual void free_bytes(void* data, size_t bytes) const = 0;
+  // Raw memory behind alloc_host(): zero-filled host memory, nullptr when out of memory (this
+  // default: calloc / free).
+  virtual void* alloc_host_bytes(size_t bytes) const;
+  virtual void free_host_bytes(void* data, size_t bytes) const;
 
  private:
   friend class Buffer;
+  friend class HostBuffer;
 };
 
 // The CPU backend (kernels/cpu/): host memory, OpenMP + BLAS ops, synchronous queue.

@@ -49,6 +49,19 @@ class PolicyModel {
   // the host. device_params_written: a device step wrote the parameters (the mirror is stale).
   virtual policy::Model::DeviceArena device_train_arena() { return {}; }
   virtual void device_params_written() {}
+  // After such a step: start bringing the host mirror down on the device's copy queue
+  // (policy::Model::refresh_host_mirror), and read [0, end) of it without marking it written
+  // (host_params_until waits for the pieces that hold it). The defaults: the host params().
+  virtual void refresh_host_mirror() {}
+  virtual const float* host_params_until(size_t end) {
+    (void)end;
+    return params().data();
+  }
+  // grads() *= s, each float(double(g) * s) (a streamed step's normaliser). policy::Model runs it
+  // on its backend (no gradient comes down from a device); this default is the host loop.
+  virtual void scale_grads(double s) {
+    for (float& g : grads()) g = static_cast<float>(g * s);
+  }
   // MoE routing of the last forward_train: (T x routing_width()) top-k expert ids, routing_k() per
   // MoE layer, ascending within a layer (policy::Model::last_routing). Dense models: width 0.
   virtual int routing_width() const { return 0; }
@@ -89,6 +102,9 @@ class ModelAdapter final : public PolicyModel {
   Status all_reduce_grads(kernels::DeviceCollective& c) override { return model_.all_reduce_grads(c); }
   policy::Model::DeviceArena device_train_arena() override { return model_.device_train_arena(); }
   void device_params_written() override { model_.device_params_written(); }
+  void refresh_host_mirror() override { model_.refresh_host_mirror(); }
+  const float* host_params_until(size_t end) override { return model_.host_params_until(end); }
+  void scale_grads(double s) override { model_.scale_grads(s); }
   int routing_width() const override { return model_.routing_width(); }
   int routing_k() const override { return model_.routing_width() > 0 ? model_.config().num_experts_per_tok : 0; }
   std::span<const int32_t> last_routing() const override { return model_.last_routing(); }

@@ -247,6 +247,19 @@ class Model {
   // backend's converted copies follow (weights_written), and the host mirror is brought down by
   // the next params() / base_params() that reads it, not now.
   void device_params_written();
+  // Starts bringing that host mirror down now, on the backend's copy queue (pinned memory,
+  // Backend::copy_to_host_async) in pieces of piece_floats, ordered after the step and overlapping
+  // what runs next (the next forward reads the weights; the next step's writes wait for the
+  // copies). Nothing when the mirror is current or the backend is host-visible.
+  void refresh_host_mirror(size_t piece_floats = size_t{1} << 22);
+  // The trainable weights [0, end) for reading on the host, waiting only for the pieces of the
+  // mirror that hold them (the arena itself on a host-visible backend). Unlike params() it does
+  // not mark the mirror written (nothing goes up before the next forward). Valid below end until
+  // the next call that writes or refreshes the weights.
+  const float* host_params_until(size_t end);
+  // grads() *= s on the device (Backend::scale: each float(double(g) * s)), what the host wrote
+  // through grads() included; nothing comes down.
+  void scale_grads(double s);
   // Sums the gradients over the ranks of `c` on the device (NCCL on cuda), what the host wrote
   // through grads() included; the next grads() brings the sum down.
   Status all_reduce_grads(kernels::DeviceCollective& c);
