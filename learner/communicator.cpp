@@ -3,6 +3,8 @@
 // communicator is a duplicate with MPI_ERRORS_RETURN, so a failing rank becomes a Status.
 #include "troupe/learner/communicator.h"
 
+#include "troupe/base/blocking_call.h"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -45,6 +47,7 @@ class MpiCommunicator final : public Communicator {
   Status allreduce_sum(std::span<float> buf) override { return reduce(buf.data(), buf.size(), MPI_FLOAT); }
   Status allreduce_sum(std::span<double> buf) override { return reduce(buf.data(), buf.size(), MPI_DOUBLE); }
   Status barrier() override {
+    const BlockingCall label("MPI_Barrier (the learners' barrier)");
     TROUPE_MPI_CHECK(MPI_Barrier(comm_));
     return {};
   }
@@ -52,6 +55,7 @@ class MpiCommunicator final : public Communicator {
     size_t done = 0;
     while (done < buf.size()) {
       const int n = static_cast<int>(std::min<size_t>(buf.size() - done, INT_MAX / 2));
+      const BlockingCall label("MPI_Bcast (a broadcast among the learners)");
       TROUPE_MPI_CHECK(MPI_Bcast(buf.data() + done, n, MPI_FLOAT, root, comm_));
       done += static_cast<size_t>(n);
     }
@@ -73,6 +77,7 @@ class MpiCommunicator final : public Communicator {
     size_t done = 0;
     while (done < count) {
       const int n = static_cast<int>(std::min<size_t>(count - done, INT_MAX / 2));
+      const BlockingCall label("MPI_Allreduce (the learners' gradient all-reduce)");
       TROUPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, n, type, MPI_SUM, comm_));
       done += static_cast<size_t>(n);
     }
@@ -119,6 +124,7 @@ Status MpiCommunicator::reduce_scatter_sum(std::span<float> buf, std::span<const
       }
       from = sendbuf.data();
     }
+    const BlockingCall label("MPI_Alltoallv (the learners' gradient reduce-scatter)");
     TROUPE_MPI_CHECK(MPI_Alltoallv(from, scount.data(), sdispl.data(), MPI_FLOAT, scratch.data(),
                                    rcount.data(), rdispl.data(), MPI_FLOAT, comm_));
     float* out = buf.data() + lo + off;
@@ -141,6 +147,7 @@ Status MpiCommunicator::all_gather(std::span<float> buf, std::span<const size_t>
     count[j] = static_cast<int>(bounds[j + 1] - bounds[j]);
     displ[j] = static_cast<int>(bounds[j]);
   }
+  const BlockingCall label("MPI_Allgatherv (the learners' all-gather)");
   TROUPE_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data(), count.data(), displ.data(),
                                   MPI_FLOAT, comm_));
   return {};
@@ -157,6 +164,7 @@ class MpiPending final : public PendingCollective {
   Status wait() override {
     if (done_) return {};
     done_ = true;
+    const BlockingCall label(what_);
     TROUPE_TRY(mpi_check(MPI_Wait(&req, MPI_STATUS_IGNORE), what_, __FILE__, __LINE__));
     if (finish) finish();
     return {};
@@ -252,6 +260,7 @@ Status MpiCommunicator::gather(std::span<float> buf, std::span<const size_t> bou
     displ[j] = static_cast<int>(bounds[j]);
   }
   const auto r = static_cast<size_t>(rank_);
+  const BlockingCall label("MPI_Gatherv (a gather to one learner)");
   if (rank_ == root) {
     TROUPE_MPI_CHECK(MPI_Gatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf.data(), count.data(), displ.data(), MPI_FLOAT,
                                  root, comm_));
@@ -264,6 +273,7 @@ Status MpiCommunicator::gather(std::span<float> buf, std::span<const size_t> bou
 
 Result<double> MpiCommunicator::chain(const std::function<double(double)>& step) {
   double carry = 0.0;
+  const BlockingCall label("MPI_Recv/MPI_Send/MPI_Bcast (the gradient norm's chain through the learners)");
   if (rank_ > 0) TROUPE_MPI_CHECK(MPI_Recv(&carry, 1, MPI_DOUBLE, rank_ - 1, 0, comm_, MPI_STATUS_IGNORE));
   carry = step(carry);
   if (rank_ + 1 < size_) TROUPE_MPI_CHECK(MPI_Send(&carry, 1, MPI_DOUBLE, rank_ + 1, 0, comm_));

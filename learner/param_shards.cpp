@@ -14,6 +14,8 @@
 #include <limits>
 #include <string>
 
+#include "troupe/base/blocking_call.h"
+
 namespace troupe::learner {
 
 namespace {
@@ -56,6 +58,13 @@ void drop_span(float* p, size_t n) {
   const auto [s, e] = drop_pages(p, n);
   std::fill(p, s, std::numeric_limits<float>::quiet_NaN());
   std::fill(e, p + n, std::numeric_limits<float>::quiet_NaN());
+}
+
+// The watchdog's name for the gather of group g (a peer dying mid-collective leaves this rank in it).
+BlockingCall gather_label(int g, int layers) {
+  if (g == policy::ParamHook::kEmbedGroup) return BlockingCall("learner.shard parameters: the all-gather of the embedding");
+  if (g >= layers) return BlockingCall("learner.shard parameters: the all-gather of the head (final norm, lm_head)");
+  return BlockingCall("learner.shard parameters: the all-gather of decoder layer", g);
 }
 
 }  // namespace
@@ -158,6 +167,7 @@ Status ParamShards::progress() {
 }
 
 Status ParamShards::settle() {
+  const BlockingCall label("learner.shard parameters: the layers' collectives still in flight");
   for (auto& op : gathering_)
     if (op) {
       TROUPE_TRY(op->wait());
@@ -175,6 +185,7 @@ Status ParamShards::need(int g) {
                                                std::to_string(g) + " of a table of " + std::to_string(layers_) +
                                                " layers");
   if (g == kEmbedGroup) backward_ = false;
+  const auto label = gather_label(g, layers_);
   for (int i : group(g)) {
     const auto k = static_cast<size_t>(i);
     if (ranges_[k].held++ > 0) continue;
@@ -197,6 +208,11 @@ Status ParamShards::done(int g, bool backward) {
     if (r.held > 0 && --r.held == 0) drop(params_, r.begin, r.end);
   }
   if (!backward || !last_ || g < 0 || g >= layers_) return progress();
+  const BlockingCall label("learner.shard parameters: the gradient reduce-scatter of decoder layer", g);
+  // At most one layer's reduce-scatter in flight (it overlaps the next layer's backward), so at
+  // most two layers' gradients are whole at once.
+  for (size_t i = 0; i < scattering_.size(); ++i)
+    if (scattering_[i]) TROUPE_TRY(finish_scatter(i));
   for (int i : group(g)) {  // the layer's gradient is complete on every rank: sum this rank's shard of it
     const auto k = static_cast<size_t>(i);
     Range& r = ranges_[k];
@@ -232,12 +248,14 @@ Status ParamShards::phantom_pass() {
 
 Status ParamShards::gather_all() {
   TROUPE_TRY(settle());
+  const BlockingCall label("learner.shard parameters: the all-gather of the whole weights");
   for (auto& r : ranges_) r.held = 0;
   return comm_.all_gather(params_, bounds_);
 }
 
 Status ParamShards::gather_to(int root) {
   TROUPE_TRY(settle());
+  const BlockingCall label("learner.shard parameters: the gather of the whole weights to rank", root);
   for (auto& r : ranges_) r.held = 0;
   TROUPE_TRY(comm_.gather(params_, bounds_, root));
   if (comm_.rank() != root) return release_all();
@@ -265,6 +283,7 @@ Status ParamShards::zero_grads() {
 
 Status ParamShards::reduce_rest() {
   TROUPE_TRY(settle());
+  const BlockingCall label("learner.shard parameters: the gradient reduce-scatter of the embedding and head");
   for (auto& r : ranges_) {
     if (r.reduced) continue;
     TROUPE_TRY(comm_.reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin),

@@ -29,8 +29,9 @@ class ParamShards final : public policy::ParamHook {
   void set_active(bool on) { active_ = on; }
   // Prefetch (default on): need(g) starts the gather of the group the model asks for next (forward
   // g+1, backward g-1) without waiting, and done(l, true) starts layer l's reduce-scatter without
-  // waiting; each is waited for where its values are next used. Off: every collective blocks. The
-  // values are the same bits either way. At most two groups are whole at once with it, one without.
+  // waiting; each is waited for where its values are next used (a reduce-scatter at the latest when
+  // the next one starts). Off: every collective blocks. The values are the same bits either way. At
+  // most two groups (and two layers' gradients) are whole at once with it, one without.
   void set_prefetch(bool on) { prefetch_ = on; }
   bool prefetch() const { return prefetch_; }
   // done(l, true) of the last micro-batch reduce-scatters layer l's gradient and drops the rest of it.
