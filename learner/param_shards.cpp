@@ -208,11 +208,14 @@ Status ParamShards::done(int g, bool backward) {
     if (r.held > 0 && --r.held == 0) drop(params_, r.begin, r.end);
   }
   if (!backward || !last_ || g < 0 || g >= layers_) return progress();
+  // At most one layer's reduce-scatter in flight (layer g+1's, which overlapped this layer's
+  // backward), so at most two layers' gradients are whole at once.
+  {
+    const BlockingCall previous("learner.shard parameters: the gradient reduce-scatter of decoder layer", g + 1);
+    for (size_t i = 0; i < scattering_.size(); ++i)
+      if (scattering_[i]) TROUPE_TRY(finish_scatter(i));
+  }
   const BlockingCall label("learner.shard parameters: the gradient reduce-scatter of decoder layer", g);
-  // At most one layer's reduce-scatter in flight (it overlaps the next layer's backward), so at
-  // most two layers' gradients are whole at once.
-  for (size_t i = 0; i < scattering_.size(); ++i)
-    if (scattering_[i]) TROUPE_TRY(finish_scatter(i));
   for (int i : group(g)) {  // the layer's gradient is complete on every rank: sum this rank's shard of it
     const auto k = static_cast<size_t>(i);
     Range& r = ranges_[k];
