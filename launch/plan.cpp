@@ -103,21 +103,27 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
   // router/expert gradients go to a one-layer sink). learner.shard gradients reduce-scatters them,
   // but backward still fills the model's whole gradient arena on every rank.
   r.gradients = s.Tr * kF + s.fp.moe_sink_floats * kF;
+  uint64_t in_flight = 0;  // ZeRO-3: the receive scratch of the layer reduce-scatter in flight
   if (layered_zero3(s)) {
     // The shard, and one group gathered at a time (a decoder layer, or the embedding / the head).
     // troupe run: learner 0 holds the whole weights between steps (weight sync, checkpoints), and
     // every learner does in async runs (stale samples are scored with old weights).
     // (untied: the embedding and the head, norm included, are gathered apart, about half each)
     const uint64_t head = s.mc.tie_word_embeddings ? s.fp.outer_floats : (s.fp.outer_floats + s.mc.hidden_size) / 2;
-    const uint64_t gathered = std::max(s.fp.largest_layer_floats, head);
+    // With the prefetch (ParamShards::set_prefetch, on) the next group's gather runs while one
+    // computes: two groups whole at once (two layers, or the last layer and the head).
+    const uint64_t gathered = std::max(2 * s.fp.largest_layer_floats, s.fp.largest_layer_floats + head);
     if (r.index != 0 && !cfg.rollout.async) r.weights = ceil_div(s.P, s.N) * kF + gathered * kF;
-    // The shard; the embedding's and head's gradients whole until the step's end; one layer's
-    // gradient before its reduce-scatter (with one micro-batch; several accumulate them whole).
+    // The shard; the embedding's and head's gradients whole until the step's end; two layers'
+    // gradients before their reduce-scatters (one in flight while the next runs its backward) and
+    // the one in flight's receive scratch (ranks x its shard: about a layer); with one micro-batch,
+    // several accumulate them whole.
     if (!several_micro_batches(s))
-      r.gradients = (ceil_div(s.P, s.N) + s.fp.outer_floats + s.fp.largest_layer_floats) * kF;
+      r.gradients = (ceil_div(s.P, s.N) + s.fp.outer_floats + 2 * s.fp.largest_layer_floats) * kF;
+    in_flight = s.fp.largest_layer_floats * kF;
   }
   r.optimizer = ceil_div(2 * s.Tr * kF, o_div);  // AdamW m_, v_ (fp32) of this rank's shard
-  r.collectives = reduce_scatter_bytes(s);
+  r.collectives = reduce_scatter_bytes(s) + in_flight;
   if (cfg.loss.kl_coef > 0) {  // the frozen reference policy: a second model (LearnerRole::create)
     r.weights += s.P * kF + s.A * kF;
     if (!s.host_visible) r.gradients += (s.A > 0 ? s.A : s.P) * kF;  // allocated on the device, never used
@@ -297,7 +303,7 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
                            ", so only the AdamW moments are divided");
     else
       plan.notes.push_back(std::string("shard parameters: each learner keeps its shard and gathers one layer (or the "
-                                       "embedding, or the head) at a time; learner 0 keeps the whole weights between "
+                                       "embedding, or the head) at a time, the next one's gather in flight; learner 0 keeps the whole weights between "
                                        "steps for the weight sync and checkpoints") +
                            (cfg.rollout.async ? ", and in async runs every learner does" : "") +
                            (several_micro_batches(s) ? "; several micro-batches a step accumulate whole gradients" : ""));

@@ -3,10 +3,14 @@
 // communicator is a duplicate with MPI_ERRORS_RETURN, so a failing rank becomes a Status.
 #include "troupe/learner/communicator.h"
 
+#include "troupe/base/blocking_call.h"
+
 #include <mpi.h>
 
 #include <algorithm>
 #include <climits>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,6 +47,7 @@ class MpiCommunicator final : public Communicator {
   Status allreduce_sum(std::span<float> buf) override { return reduce(buf.data(), buf.size(), MPI_FLOAT); }
   Status allreduce_sum(std::span<double> buf) override { return reduce(buf.data(), buf.size(), MPI_DOUBLE); }
   Status barrier() override {
+    const BlockingCall label("MPI_Barrier (the learners' barrier)");
     TROUPE_MPI_CHECK(MPI_Barrier(comm_));
     return {};
   }
@@ -50,6 +55,7 @@ class MpiCommunicator final : public Communicator {
     size_t done = 0;
     while (done < buf.size()) {
       const int n = static_cast<int>(std::min<size_t>(buf.size() - done, INT_MAX / 2));
+      const BlockingCall label("MPI_Bcast (a broadcast among the learners)");
       TROUPE_MPI_CHECK(MPI_Bcast(buf.data() + done, n, MPI_FLOAT, root, comm_));
       done += static_cast<size_t>(n);
     }
@@ -57,6 +63,10 @@ class MpiCommunicator final : public Communicator {
   }
   Status reduce_scatter_sum(std::span<float> buf, std::span<const size_t> bounds) override;
   Status all_gather(std::span<float> buf, std::span<const size_t> bounds) override;
+  Result<std::unique_ptr<PendingCollective>> start_all_gather(std::span<float> buf,
+                                                              std::span<const size_t> bounds) override;
+  Result<std::unique_ptr<PendingCollective>> start_reduce_scatter_sum(std::span<float> buf,
+                                                                      std::span<const size_t> bounds) override;
   Status gather(std::span<float> buf, std::span<const size_t> bounds, int root) override;
   Result<double> chain(const std::function<double(double)>& step) override;
 
@@ -67,6 +77,7 @@ class MpiCommunicator final : public Communicator {
     size_t done = 0;
     while (done < count) {
       const int n = static_cast<int>(std::min<size_t>(count - done, INT_MAX / 2));
+      const BlockingCall label("MPI_Allreduce (the learners' gradient all-reduce)");
       TROUPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, n, type, MPI_SUM, comm_));
       done += static_cast<size_t>(n);
     }
@@ -113,6 +124,7 @@ Status MpiCommunicator::reduce_scatter_sum(std::span<float> buf, std::span<const
       }
       from = sendbuf.data();
     }
+    const BlockingCall label("MPI_Alltoallv (the learners' gradient reduce-scatter)");
     TROUPE_MPI_CHECK(MPI_Alltoallv(from, scount.data(), sdispl.data(), MPI_FLOAT, scratch.data(),
                                    rcount.data(), rdispl.data(), MPI_FLOAT, comm_));
     float* out = buf.data() + lo + off;
@@ -135,9 +147,106 @@ Status MpiCommunicator::all_gather(std::span<float> buf, std::span<const size_t>
     count[j] = static_cast<int>(bounds[j + 1] - bounds[j]);
     displ[j] = static_cast<int>(bounds[j]);
   }
+  const BlockingCall label("MPI_Allgatherv (the learners' all-gather)");
   TROUPE_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data(), count.data(), displ.data(),
                                   MPI_FLOAT, comm_));
   return {};
+}
+
+// One started MPI collective with the arrays it reads until it completes (MPI's rule for
+// non-blocking collectives) and what to do once it has (the reduce-scatter's rank-ordered sum).
+class MpiPending final : public PendingCollective {
+ public:
+  MpiPending(const char* what, size_t ranks) : count(ranks), displ(ranks), rcount(ranks), rdispl(ranks), what_(what) {}
+  ~MpiPending() override {
+    if (!done_) (void)wait();
+  }
+  Status wait() override {
+    if (done_) return {};
+    done_ = true;
+    const BlockingCall label(what_);
+    TROUPE_TRY(mpi_check(MPI_Wait(&req, MPI_STATUS_IGNORE), what_, __FILE__, __LINE__));
+    if (finish) finish();
+    return {};
+  }
+  Result<bool> test() override {
+    if (done_) return true;
+    int flag = 0;
+    TROUPE_TRY(mpi_check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what_, __FILE__, __LINE__));
+    if (flag) {
+      done_ = true;
+      if (finish) finish();
+    }
+    return done_;
+  }
+
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::vector<int> count, displ, rcount, rdispl;
+  std::vector<float> scratch;
+  std::function<void()> finish;
+
+ private:
+  const char* what_;
+  bool done_ = false;
+};
+
+// A finished handle (the blocking call already ran).
+class DonePending final : public PendingCollective {
+ public:
+  Status wait() override { return {}; }
+  Result<bool> test() override { return true; }
+};
+
+Result<std::unique_ptr<PendingCollective>> MpiCommunicator::start_all_gather(std::span<float> buf,
+                                                                             std::span<const size_t> bounds) {
+  if (size_ == 1 || buf.size() > static_cast<size_t>(INT_MAX)) {
+    TROUPE_TRY(all_gather(buf, bounds));
+    return std::unique_ptr<PendingCollective>(new DonePending);
+  }
+  const auto P = static_cast<size_t>(size_);
+  auto op = std::make_unique<MpiPending>("MPI_Iallgatherv (learner.shard parameters: a layer's gather)", P);
+  for (size_t j = 0; j < P; ++j) {
+    op->count[j] = static_cast<int>(bounds[j + 1] - bounds[j]);
+    op->displ[j] = static_cast<int>(bounds[j]);
+  }
+  TROUPE_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data(), op->count.data(),
+                                   op->displ.data(), MPI_FLOAT, comm_, &op->req));
+  return std::unique_ptr<PendingCollective>(std::move(op));
+}
+
+// One MPI_Ialltoallv of every shard's part to its owner; wait() adds what arrived in rank order (the
+// blocking call's sums). A buffer past INT_MAX values or a shard past kScatterChunk x 16 values
+// takes the blocking rounds.
+Result<std::unique_ptr<PendingCollective>> MpiCommunicator::start_reduce_scatter_sum(
+    std::span<float> buf, std::span<const size_t> bounds) {
+  const auto P = static_cast<size_t>(size_);
+  size_t longest = 0;
+  for (size_t j = 0; j < P; ++j) longest = std::max(longest, bounds[j + 1] - bounds[j]);
+  if (size_ == 1 || buf.size() > static_cast<size_t>(INT_MAX) || longest > 16 * kScatterChunk) {
+    TROUPE_TRY(reduce_scatter_sum(buf, bounds));
+    return std::unique_ptr<PendingCollective>(new DonePending);
+  }
+  const size_t lo = bounds[static_cast<size_t>(rank_)], mine = bounds[static_cast<size_t>(rank_) + 1] - lo;
+  auto op = std::make_unique<MpiPending>("MPI_Ialltoallv (learner.shard: a layer's gradient reduce-scatter)", P);
+  op->scratch.resize(P * mine);
+  for (size_t j = 0; j < P; ++j) {
+    op->count[j] = static_cast<int>(bounds[j + 1] - bounds[j]);
+    op->displ[j] = static_cast<int>(bounds[j]);
+    op->rcount[j] = static_cast<int>(mine);
+    op->rdispl[j] = static_cast<int>(j * mine);
+  }
+  MpiPending* raw = op.get();
+  op->finish = [raw, out = buf.data() + lo, mine, P] {
+    const float* in = raw->scratch.data();
+    for (size_t i = 0; i < mine; ++i) {
+      float acc = in[i];
+      for (size_t j = 1; j < P; ++j) acc += in[j * mine + i];
+      out[i] = acc;
+    }
+  };
+  TROUPE_MPI_CHECK(MPI_Ialltoallv(buf.data(), op->count.data(), op->displ.data(), MPI_FLOAT, op->scratch.data(),
+                                  op->rcount.data(), op->rdispl.data(), MPI_FLOAT, comm_, &op->req));
+  return std::unique_ptr<PendingCollective>(std::move(op));
 }
 
 Status MpiCommunicator::gather(std::span<float> buf, std::span<const size_t> bounds, int root) {
@@ -151,6 +260,7 @@ Status MpiCommunicator::gather(std::span<float> buf, std::span<const size_t> bou
     displ[j] = static_cast<int>(bounds[j]);
   }
   const auto r = static_cast<size_t>(rank_);
+  const BlockingCall label("MPI_Gatherv (a gather to one learner)");
   if (rank_ == root) {
     TROUPE_MPI_CHECK(MPI_Gatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf.data(), count.data(), displ.data(), MPI_FLOAT,
                                  root, comm_));
@@ -163,6 +273,7 @@ Status MpiCommunicator::gather(std::span<float> buf, std::span<const size_t> bou
 
 Result<double> MpiCommunicator::chain(const std::function<double(double)>& step) {
   double carry = 0.0;
+  const BlockingCall label("MPI_Recv/MPI_Send/MPI_Bcast (the gradient norm's chain through the learners)");
   if (rank_ > 0) TROUPE_MPI_CHECK(MPI_Recv(&carry, 1, MPI_DOUBLE, rank_ - 1, 0, comm_, MPI_STATUS_IGNORE));
   carry = step(carry);
   if (rank_ + 1 < size_) TROUPE_MPI_CHECK(MPI_Send(&carry, 1, MPI_DOUBLE, rank_ + 1, 0, comm_));
@@ -196,6 +307,18 @@ Status Communicator::ordered_allreduce_sum(std::span<float> buf, std::span<const
 Status Communicator::all_gather(std::span<float>, std::span<const size_t>) {
   if (size() == 1) return {};
   return invalid_input("learner: this communicator has no all_gather");
+}
+
+Result<std::unique_ptr<PendingCollective>> Communicator::start_all_gather(std::span<float> buf,
+                                                                          std::span<const size_t> bounds) {
+  TROUPE_TRY(all_gather(buf, bounds));
+  return std::unique_ptr<PendingCollective>(new DonePending);
+}
+
+Result<std::unique_ptr<PendingCollective>> Communicator::start_reduce_scatter_sum(std::span<float> buf,
+                                                                                  std::span<const size_t> bounds) {
+  TROUPE_TRY(reduce_scatter_sum(buf, bounds));
+  return std::unique_ptr<PendingCollective>(new DonePending);
 }
 
 Status Communicator::gather(std::span<float> buf, std::span<const size_t> bounds, int) {

@@ -1,7 +1,8 @@
 // learner.shard parameters (ZeRO-3): the groups of a rank's weights, gathered per layer from the
-// ranks that own them and dropped after use; the gradients reduce-scattered per layer. Invariant:
-// every gather and reduce-scatter is the sharded step's (rank-ordered sums), so the update equals
-// the unsharded one bit for bit; a dropped page is never read before it is gathered again.
+// ranks that own them and dropped after use (the next group's gather started while this one computes);
+// the gradients reduce-scattered per layer. Invariant: every gather and reduce-scatter is the sharded
+// step's (rank-ordered sums), so the update equals the unsharded one bit for bit; a dropped page is
+// never read before it is gathered again, and a buffer in flight is never read, written or dropped.
 #include "troupe/learner/param_shards.h"
 
 #include <sys/mman.h>
@@ -12,6 +13,8 @@
 #include <cstring>
 #include <limits>
 #include <string>
+
+#include "troupe/base/blocking_call.h"
 
 namespace troupe::learner {
 
@@ -55,6 +58,13 @@ void drop_span(float* p, size_t n) {
   const auto [s, e] = drop_pages(p, n);
   std::fill(p, s, std::numeric_limits<float>::quiet_NaN());
   std::fill(e, p + n, std::numeric_limits<float>::quiet_NaN());
+}
+
+// The watchdog's name for the gather of group g (a peer dying mid-collective leaves this rank in it).
+BlockingCall gather_label(int g, int layers) {
+  if (g == policy::ParamHook::kEmbedGroup) return BlockingCall("learner.shard parameters: the all-gather of the embedding");
+  if (g >= layers) return BlockingCall("learner.shard parameters: the all-gather of the head (final norm, lm_head)");
+  return BlockingCall("learner.shard parameters: the all-gather of decoder layer", g);
 }
 
 }  // namespace
@@ -102,6 +112,8 @@ ParamShards::ParamShards(std::span<float> params, std::span<float> grads, const 
     // Tied embeddings (no lm_head.weight): the head's GEMM reads the embedding.
     if (p.group == kEmbedGroup && !lm_head) group(layers_).push_back(r);
   }
+  gathering_.resize(ranges_.size());
+  scattering_.resize(ranges_.size());
 }
 
 Status ParamShards::gather(Range& r) {
@@ -114,15 +126,79 @@ void ParamShards::drop(std::span<float> buf, size_t begin, size_t end) const {
   if (std::max(begin, hi_) < end) drop_span(buf.data() + std::max(begin, hi_), end - std::max(begin, hi_));
 }
 
+int ParamShards::next_group(int g) const {
+  if (g == kEmbedGroup) return layers_ > 0 ? 0 : layers_;
+  if (g == layers_) return layers_ > 0 ? layers_ - 1 : -3;
+  if (backward_) return g > 0 ? g - 1 : -3;
+  return g + 1;
+}
+
+Status ParamShards::start_gathers(int g) {
+  if (g < kEmbedGroup) return {};
+  for (int i : group(g)) {
+    const auto k = static_cast<size_t>(i);
+    Range& r = ranges_[k];
+    if (r.held > 0 || gathering_[k]) continue;
+    TROUPE_ASSIGN_OR_RETURN(gathering_[k], comm_.start_all_gather(params_.subspan(r.begin, r.end - r.begin),
+                                                                   clamp_bounds(bounds_, r.begin, r.end)));
+  }
+  return {};
+}
+
+Status ParamShards::finish_scatter(size_t i) {
+  TROUPE_TRY(scattering_[i]->wait());
+  scattering_[i].reset();
+  drop(grads_, ranges_[i].begin, ranges_[i].end);
+  return {};
+}
+
+Status ParamShards::progress() {
+  for (auto& op : gathering_) {
+    if (!op) continue;
+    TROUPE_ASSIGN_OR_RETURN(const bool arrived, op->test());
+    (void)arrived;  // (need() waits for it; a finished wait costs nothing)
+  }
+  for (size_t i = 0; i < scattering_.size(); ++i) {
+    if (!scattering_[i]) continue;
+    TROUPE_ASSIGN_OR_RETURN(const bool finished, scattering_[i]->test());
+    if (finished) TROUPE_TRY(finish_scatter(i));
+  }
+  return {};
+}
+
+Status ParamShards::settle() {
+  const BlockingCall label("learner.shard parameters: the layers' collectives still in flight");
+  for (auto& op : gathering_)
+    if (op) {
+      TROUPE_TRY(op->wait());
+      op.reset();
+    }
+  for (size_t i = 0; i < scattering_.size(); ++i)
+    if (scattering_[i]) TROUPE_TRY(finish_scatter(i));
+  return {};
+}
+
 Status ParamShards::need(int g) {
   if (!active_) return {};
   if (g < kEmbedGroup || g > layers_)
     return make_error(ErrorCode::internal, "learner.shard parameters: the model asked for group " +
                                                std::to_string(g) + " of a table of " + std::to_string(layers_) +
                                                " layers");
-  for (int i : group(g))
-    if (ranges_[static_cast<size_t>(i)].held++ == 0) TROUPE_TRY(gather(ranges_[static_cast<size_t>(i)]));
-  return {};
+  if (g == kEmbedGroup) backward_ = false;
+  const auto label = gather_label(g, layers_);
+  for (int i : group(g)) {
+    const auto k = static_cast<size_t>(i);
+    if (ranges_[k].held++ > 0) continue;
+    if (gathering_[k]) {  // prefetched: wait for what is still on its way
+      TROUPE_TRY(gathering_[k]->wait());
+      gathering_[k].reset();
+    } else {
+      TROUPE_TRY(gather(ranges_[k]));
+    }
+  }
+  if (prefetch_) TROUPE_TRY(start_gathers(next_group(g)));
+  if (g == layers_) backward_ = true;
+  return progress();
 }
 
 Status ParamShards::done(int g, bool backward) {
@@ -131,16 +207,30 @@ Status ParamShards::done(int g, bool backward) {
     Range& r = ranges_[static_cast<size_t>(i)];
     if (r.held > 0 && --r.held == 0) drop(params_, r.begin, r.end);
   }
-  if (!backward || !last_ || g < 0 || g >= layers_) return {};
-  for (int i : group(g)) {  // the layer's gradient is complete on every rank: sum this rank's shard of it
-    Range& r = ranges_[static_cast<size_t>(i)];
-    if (r.reduced) continue;
-    TROUPE_TRY(comm_.reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin),
-                                        clamp_bounds(bounds_, r.begin, r.end)));
-    r.reduced = true;
-    drop(grads_, r.begin, r.end);
+  if (!backward || !last_ || g < 0 || g >= layers_) return progress();
+  // At most one layer's reduce-scatter in flight (layer g+1's, which overlapped this layer's
+  // backward), so at most two layers' gradients are whole at once.
+  {
+    const BlockingCall previous("learner.shard parameters: the gradient reduce-scatter of decoder layer", g + 1);
+    for (size_t i = 0; i < scattering_.size(); ++i)
+      if (scattering_[i]) TROUPE_TRY(finish_scatter(i));
   }
-  return {};
+  const BlockingCall label("learner.shard parameters: the gradient reduce-scatter of decoder layer", g);
+  for (int i : group(g)) {  // the layer's gradient is complete on every rank: sum this rank's shard of it
+    const auto k = static_cast<size_t>(i);
+    Range& r = ranges_[k];
+    if (r.reduced) continue;
+    r.reduced = true;
+    auto part = grads_.subspan(r.begin, r.end - r.begin);
+    const auto b = clamp_bounds(bounds_, r.begin, r.end);
+    if (!prefetch_) {
+      TROUPE_TRY(comm_.reduce_scatter_sum(part, b));
+      drop(grads_, r.begin, r.end);
+      continue;
+    }
+    TROUPE_ASSIGN_OR_RETURN(scattering_[k], comm_.start_reduce_scatter_sum(part, b));
+  }
+  return progress();
 }
 
 Status ParamShards::phantom_pass() {
@@ -160,33 +250,43 @@ Status ParamShards::phantom_pass() {
 }
 
 Status ParamShards::gather_all() {
+  TROUPE_TRY(settle());
+  const BlockingCall label("learner.shard parameters: the all-gather of the whole weights");
   for (auto& r : ranges_) r.held = 0;
   return comm_.all_gather(params_, bounds_);
 }
 
 Status ParamShards::gather_to(int root) {
+  TROUPE_TRY(settle());
+  const BlockingCall label("learner.shard parameters: the gather of the whole weights to rank", root);
   for (auto& r : ranges_) r.held = 0;
   TROUPE_TRY(comm_.gather(params_, bounds_, root));
-  if (comm_.rank() != root) release_all();
+  if (comm_.rank() != root) return release_all();
   return {};
 }
 
-void ParamShards::release_all() {
+Status ParamShards::release_all() {
+  TROUPE_TRY(settle());
   for (auto& r : ranges_) {
     r.held = 0;
     drop(params_, r.begin, r.end);
   }
+  return {};
 }
 
-void ParamShards::zero_grads() {
+Status ParamShards::zero_grads() {
+  TROUPE_TRY(settle());
   for (auto& r : ranges_) r.reduced = false;
-  if (!layered_) return;  // (the trainer zeroes the model's gradients: on a device they live there)
+  if (!layered_) return {};  // (the trainer zeroes the model's gradients: on a device they live there)
   auto [s, e] = drop_pages(grads_.data(), grads_.size());
   std::fill(grads_.data(), s, 0.0f);
   std::fill(e, grads_.data() + grads_.size(), 0.0f);
+  return {};
 }
 
 Status ParamShards::reduce_rest() {
+  TROUPE_TRY(settle());
+  const BlockingCall label("learner.shard parameters: the gradient reduce-scatter of the embedding and head");
   for (auto& r : ranges_) {
     if (r.reduced) continue;
     TROUPE_TRY(comm_.reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin),

@@ -80,7 +80,7 @@ Status Trainer::zero3_micro_batches(const std::vector<std::vector<const Sample*>
   counts[static_cast<size_t>(comm_.rank())] = static_cast<double>(mbs.size());
   TROUPE_TRY(comm_.allreduce_sum(std::span<double>(counts)));
   const auto passes = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
-  zero3_->release_all();
+  TROUPE_TRY(zero3_->release_all());
   zero3_->set_active(true);
   for (size_t c = 0; c < passes; ++c) {
     zero3_->set_last_micro_batch(c + 1 == passes);
@@ -99,14 +99,13 @@ Status Trainer::zero3_micro_batches(const std::vector<std::vector<const Sample*>
     sums.add(*m);
   }
   zero3_->set_active(false);
-  return {};
+  return zero3_->settle();
 }
 
 Status Trainer::zero3_end() {
   switch (params_at_rest_) {
     case ParamsAtRest::shard:  // (a step observer then sees nothing: it needs the whole weights)
-      zero3_->release_all();
-      return {};
+      return zero3_->release_all();
     case ParamsAtRest::rank0:
       TROUPE_TRY(zero3_->gather_to(0));
       break;

@@ -594,7 +594,7 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
         for (int i = cuts[c]; i < cuts[c + 1]; ++i) mbs[c].push_back(&(*batch)[order[s0 + i]]);
       if (zero3_) {
         if (!zero3_->layered()) model_.zero_grads();
-        zero3_->zero_grads();
+        TROUPE_TRY(zero3_->zero_grads());
         TROUPE_TRY(zero3_micro_batches(mbs, norm, score_in_forward, mismatch, sums));
       } else {
         model_.zero_grads();
@@ -637,7 +637,7 @@ Status Trainer::accumulate(const std::vector<Sample>& part) {
     if (zero3_) {  // a streamed step runs on the whole weights (its parts' micro-batches differ by rank)
       TROUPE_TRY(zero3_begin(true));
       model_.zero_grads();
-      zero3_->zero_grads();
+      TROUPE_TRY(zero3_->zero_grads());
     } else {
       model_.zero_grads();
     }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <optional>
 
+#include "troupe/base/blocking_call.h"
 #include "troupe/runtime/bind_host.h"
 
 namespace troupe::runtime {
@@ -141,6 +142,8 @@ void Cluster::watch_peers() {
     info.failed_role = d.role;
     info.message = "troupe: rank " + std::to_string(rank_) + " (role " + roles_[static_cast<std::size_t>(rank_)] +
                    "): peer rank " + std::to_string(d.node) + " (role " + d.role + ") failed: " + d.reason;
+    // What this rank waits in (a learner collective with the dead rank would never return).
+    if (const std::string in = current_blocking_call(); !in.empty()) info.message += "; this rank was blocked in " + in;
     trigger(info);
   });
 }

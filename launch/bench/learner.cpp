@@ -202,7 +202,7 @@ int bench_shard(const BenchOptions& opt, const std::string& case_name, const std
                  out->status, out->text.c_str());
     return 1;
   }
-  const nlohmann::json extra = {{"stage", stage},
+  nlohmann::json extra = {{"stage", stage},
                                 {"ranks", ranks},
                                 {"params", j["params"]},
                                 {"layers", layers},
@@ -210,6 +210,7 @@ int bench_shard(const BenchOptions& opt, const std::string& case_name, const std
                                 {"tokens_per_rank", j["tokens_per_rank"]},
                                 {"dp_state_bytes", j["dp_state_bytes"]},
                                 {"ours_state_bytes", j["ours_state_bytes"]}};
+  if (stage == "parameters" && !state_only) extra["no_prefetch_ms"] = j["no_prefetch_ms"];
   if (state_only)
     emit(make_row("learner", case_name, {"state_bytes", "bytes", Better::lower},
                   {j["ours_state_bytes"].get<double>(), j["dp_state_bytes"].get<double>()}, "data_parallel", extra));

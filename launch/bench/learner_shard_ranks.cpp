@@ -1,8 +1,9 @@
 // troupe_learner_shard_bench: the helper `troupe bench learner` starts under mpirun for the sharded
 // learner cases. One model of SmolLM2-135M's shape (its layer count cut by --layers), two Trainers
-// over it: plain data parallel (learner.shard: none) and --stage; their GRPO steps are timed
-// alternately between barriers (the slowest rank's time). Rank 0 prints one JSON line
-// {"stage","ranks","params","tokens_per_rank","dp_ms","ours_ms","dp_state_bytes","ours_state_bytes"}.
+// over it: plain data parallel (learner.shard: none) and --stage (with parameters, also without the
+// prefetch); their GRPO steps are timed alternately between barriers (the slowest rank's time). Rank
+// 0 prints one JSON line {"stage","ranks","params","tokens_per_rank","dp_ms","ours_ms",
+// "no_prefetch_ms" (parameters only),"dp_state_bytes","ours_state_bytes"}.
 #include <mpi.h>
 
 #include <algorithm>
@@ -104,11 +105,13 @@ int main(int argc, char** argv) {
     cfg.max_completion_length = o.seq_len;
     learner::LearnerConfig sharded = cfg;
     sharded.shard = o.stage;
-    learner::Trainer dp(adapter, cfg, world), ours(adapter, sharded, world);
+    learner::Trainer dp(adapter, cfg, world), ours(adapter, sharded, world), blocking(adapter, sharded, world);
+    const bool zero3 = o.stage == learner::ShardStage::parameters;
+    blocking.set_shard_prefetch(false);
     // ZeRO-3's state: its shard of the weights between steps (timed steps need them whole: the two
     // trainers take turns on one model)
     if (o.state_only) ours.set_params_between_steps(learner::ParamsAtRest::shard);
-    double dp_ms = 0, ours_ms = 0;
+    double dp_ms = 0, ours_ms = 0, blocking_ms = 0;
     if (!o.state_only) {
       auto timed = [&](learner::Trainer& t, uint64_t seed) {
         const auto batch = make_batch(o, world.size(), mc.vocab_size, seed);
@@ -122,28 +125,32 @@ int main(int argc, char** argv) {
       };
       timed(dp, 1);  // warm-up: arenas, connections
       timed(ours, 2);
-      std::vector<double> a, b;
+      if (zero3) timed(blocking, 3);
+      std::vector<double> a, b, c;
       for (int r = 0; r < o.reps; ++r) {
         const uint64_t seed = 10 + static_cast<uint64_t>(r);
         if (r % 2 == 0) {
           b.push_back(timed(dp, seed));
           a.push_back(timed(ours, seed));
+          if (zero3) c.push_back(timed(blocking, seed));
         } else {
+          if (zero3) c.push_back(timed(blocking, seed));
           a.push_back(timed(ours, seed));
           b.push_back(timed(dp, seed));
         }
       }
       dp_ms = bench::median(b);
       ours_ms = bench::median(a);
+      if (zero3) blocking_ms = bench::median(c);
     }
     // the largest rank's state (the shards differ by at most 16 values)
     double mine[2] = {static_cast<double>(dp.state_bytes()), static_cast<double>(ours.state_bytes())}, most[2];
     MPI_Allreduce(mine, most, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (world.rank() == 0) {
       std::printf("{\"stage\": \"%s\", \"ranks\": %d, \"params\": %zu, \"tokens_per_rank\": %d, \"dp_ms\": %.3f, "
-                  "\"ours_ms\": %.3f, \"dp_state_bytes\": %.0f, \"ours_state_bytes\": %.0f}\n",
+                  "\"ours_ms\": %.3f, \"no_prefetch_ms\": %.3f, \"dp_state_bytes\": %.0f, \"ours_state_bytes\": %.0f}\n",
                   enum_string(o.stage).c_str(), world.size(), adapter.params().size(), o.seqs * o.seq_len, dp_ms,
-                  ours_ms, most[0], most[1]);
+                  ours_ms, blocking_ms, most[0], most[1]);
       std::fflush(stdout);
     }
   }

@@ -1,8 +1,8 @@
 // Sharded learners under mpirun (learner.shard): every stage's update must equal the unsharded
 // data-parallel update on the same ranks bit for bit (parameters, loss, grad_norm), for the bigram
-// model, the tiny MoE policy model and a LoRA model, GRPO and SFT; a sharded run resumed into another
-// stage from the gathered optimizer state continues bit for bit; the reduce-scatter sums in rank
-// order. Exits non-zero on any rank's mismatch (rank 0 prints each case).
+// model, the tiny MoE policy model and a LoRA model, GRPO and SFT (ZeRO-3 with and without the
+// prefetch); a sharded run resumed into another stage from the gathered optimizer state continues
+// bit for bit; the reduce-scatter sums in rank order. Exits non-zero on any rank's mismatch (rank 0 prints each case).
 #include <mpi.h>
 
 #include <cstdio>
@@ -77,11 +77,13 @@ struct Trace {
 // first (parameters, gathered optimizer state, trainer state), as a checkpoint and --resume would.
 // rest: where learner.shard parameters keeps the weights between steps (gathered to read them).
 Result<Trace> run(const MakeModel& make, const Case& c, ShardStage stage, Communicator& comm, int V,
-                  std::optional<ShardStage> resume_into = std::nullopt, ParamsAtRest rest = ParamsAtRest::whole) {
+                  std::optional<ShardStage> resume_into = std::nullopt, ParamsAtRest rest = ParamsAtRest::whole,
+                  bool prefetch = true) {
   std::unique_ptr<policy::Model> holder;
   auto m = make(holder);
   auto tr = std::make_unique<Trainer>(*m, config(c, stage), comm);
   tr->set_params_between_steps(rest);
+  tr->set_shard_prefetch(prefetch);
   Trace t;
   for (int s = 0; s < 2; ++s) {
     if (s == 1 && resume_into) {
@@ -131,20 +133,22 @@ int compare_model(const char* model, const MakeModel& make, int V, Communicator&
       ShardStage stage;
       std::optional<ShardStage> resume;
       ParamsAtRest rest = ParamsAtRest::whole;
+      bool prefetch = true;  // parameters: the next layer's gather started ahead (false: every collective blocks)
     };
     const auto P = ShardStage::parameters;
     for (auto v : {Variant{ShardStage::optimizer, {}}, Variant{ShardStage::gradients, {}},
                    Variant{ShardStage::gradients, ShardStage::optimizer}, Variant{ShardStage::optimizer, ShardStage::none},
                    Variant{ShardStage::none, ShardStage::gradients}, Variant{P, {}}, Variant{P, {}, ParamsAtRest::shard},
-                   Variant{P, ShardStage::none, ParamsAtRest::rank0}, Variant{ShardStage::gradients, P, ParamsAtRest::shard}}) {
-      auto got = run(make, c, v.stage, world, V, v.resume, v.rest);
+                   Variant{P, ShardStage::none, ParamsAtRest::rank0}, Variant{ShardStage::gradients, P, ParamsAtRest::shard},
+                   Variant{P, {}, ParamsAtRest::whole, false}}) {
+      auto got = run(make, c, v.stage, world, V, v.resume, v.rest, v.prefetch);
       int ok = got.ok() && same(*got, *base);
       if (!got.ok()) std::fprintf(stderr, "rank %d: %s\n", world.rank(), got.error().message.c_str());
       int all = ok;
       MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
       if (world.rank() == 0)
-        std::printf("%s, %s, %d ranks: shard %s%s%s%s == none bit for bit: %s (grad_norm %.9g)\n", model, c.name,
-                    world.size(), enum_string(v.stage).c_str(), v.rest == ParamsAtRest::shard ? " (shard between steps)" : v.rest == ParamsAtRest::rank0 ? " (whole on rank 0)" : "",
+        std::printf("%s, %s, %d ranks: shard %s%s%s%s%s == none bit for bit: %s (grad_norm %.9g)\n", model, c.name,
+                    world.size(), enum_string(v.stage).c_str(), v.prefetch ? "" : " (no prefetch)", v.rest == ParamsAtRest::shard ? " (shard between steps)" : v.rest == ParamsAtRest::rank0 ? " (whole on rank 0)" : "",
                     v.resume ? ", resumed as " : "", v.resume ? enum_string(*v.resume).c_str() : "", all ? "ok" : "MISMATCH",
                     base->norms.back());
       bad |= !all;

@@ -135,12 +135,16 @@ TEST(Plan, ShardStagesDivideByTheLearners) {
   o.shard = ShardStage::parameters;
   const MemoryPlan p3 = plan_model("qwen3-8b", {}, o);
   const PlanRow z3 = row(p3, "learner", 3);
-  // the shard, and the largest group gathered at a time: the embedding or the head (151936 x 4096)
+  // the shard, and the largest two groups whole at once (one computes, the next one's gather in
+  // flight): the last layer and the head (151936 x 4096)
   const uint64_t shard4 = (none.params + 7) / 8 * 4, head4 = (151936ull * 4096 + 4096) * 4;
-  EXPECT_EQ(z3.weights, shard4 + head4);
-  // one micro-batch: the shard, the embedding's and head's gradients (whole until the step's end), a layer's
   const uint64_t layer4 = (2ull * 4096 + 4096ull * 4096 * 2 + 4096ull * 1024 * 2 + 3ull * 4096 * 12288 + 2 * 128) * 4;
-  EXPECT_EQ(z3.gradients, shard4 + 2 * head4 - 4096 * 4 + layer4);
+  EXPECT_EQ(z3.weights, shard4 + layer4 + head4);
+  // one micro-batch: the shard, the embedding's and head's gradients (whole until the step's end),
+  // two layers' (one's reduce-scatter in flight during the next one's backward), and that
+  // reduce-scatter's receive scratch (about a layer) beside the reduce-scatter rounds
+  EXPECT_EQ(z3.gradients, shard4 + 2 * head4 - 4096 * 4 + 2 * layer4);
+  EXPECT_EQ(z3.collectives, row(g, "learner", 3).collectives + layer4);
   EXPECT_EQ(z3.optimizer, 2 * P4 / 8);
   EXPECT_LT(z3.device, row(g, "learner", 3).device);
   EXPECT_EQ(row(p3, "learner", 0).weights, P4);  // learner 0: the whole weights between steps (weight sync)

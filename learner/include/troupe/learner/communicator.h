@@ -13,6 +13,18 @@
 
 namespace troupe::learner {
 
+// A collective started by Communicator::start_*: it runs while the caller computes; wait() returns
+// once it is complete (its buffer then holds the blocking call's result, bit for bit). Until then the
+// buffer must not be read or written. Destroying an unfinished one waits for it.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual Status wait() = 0;
+  // Lets the library move the transfer on (MPI progresses non-blocking collectives only inside MPI
+  // calls); true once complete. Never blocks.
+  virtual Result<bool> test() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -35,6 +47,13 @@ class Communicator {
   Status ordered_allreduce_sum(std::span<float> buf, std::span<const size_t> bounds);
   // Every rank's shard of buf from that rank, in place.
   virtual Status all_gather(std::span<float> buf, std::span<const size_t> bounds);
+  // The same two, started without waiting (non-blocking MPI): every rank starts the same collectives
+  // in the same order; several may be in flight at once, on disjoint buffers. The defaults run the
+  // blocking call and return a finished handle.
+  virtual Result<std::unique_ptr<PendingCollective>> start_all_gather(std::span<float> buf,
+                                                                      std::span<const size_t> bounds);
+  virtual Result<std::unique_ptr<PendingCollective>> start_reduce_scatter_sum(std::span<float> buf,
+                                                                              std::span<const size_t> bounds);
   // Every rank's shard of buf to rank `root` only (the other ranks' buf is left as it was).
   virtual Status gather(std::span<float> buf, std::span<const size_t> bounds, int root);
   // A sum carried through the ranks in order: rank 0 runs step(0), rank r step(what rank r-1's

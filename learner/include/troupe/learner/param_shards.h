@@ -1,10 +1,12 @@
 // learner.shard parameters (ZeRO-3): a rank's parameters and gradients kept as its shard, each
 // group of weights (embedding, decoder layer, head) gathered from the other ranks just before use
-// and dropped after. Invariant: the values the model reads are the whole buffer's bits, and every
-// rank calls the same collectives in the same order (the fixed ParamHook sequence).
+// and dropped after; the next group's gather and the last layer's gradient reduce-scatter run while
+// the current group computes. Invariant: the values the model reads are the whole buffer's bits, and
+// every rank starts the same collectives in the same order (the fixed ParamHook sequence).
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -25,6 +27,13 @@ class ParamShards final : public policy::ParamHook {
   int num_layers() const { return layers_; }
   // The hook acts only while active (the loss micro-batches of a step); inactive it is a no-op.
   void set_active(bool on) { active_ = on; }
+  // Prefetch (default on): need(g) starts the gather of the group the model asks for next (forward
+  // g+1, backward g-1) without waiting, and done(l, true) starts layer l's reduce-scatter without
+  // waiting; each is waited for where its values are next used (a reduce-scatter at the latest when
+  // the next one starts). Off: every collective blocks. The values are the same bits either way. At
+  // most two groups (and two layers' gradients) are whole at once with it, one without.
+  void set_prefetch(bool on) { prefetch_ = on; }
+  bool prefetch() const { return prefetch_; }
   // done(l, true) of the last micro-batch reduce-scatters layer l's gradient and drops the rest of it.
   void set_last_micro_batch(bool last) { last_ = last; }
   Status need(int group) override;
@@ -36,11 +45,14 @@ class ParamShards final : public policy::ParamHook {
   Status gather_all();
   // Whole on rank `root` only; the other ranks drop what is not theirs.
   Status gather_to(int root);
-  // Drops every value outside this rank's shard (their pages go back to the OS).
-  void release_all();
+  // Drops every value outside this rank's shard (their pages go back to the OS), after waiting for
+  // whatever is still in flight.
+  Status release_all();
+  // Waits for every gather and reduce-scatter still in flight.
+  Status settle();
   // A new accumulation: layered, zeroes the whole gradient buffer without touching its pages (they
   // come back zero on use); not layered, the caller zeroes the model's gradients (PolicyModel::zero_grads).
-  void zero_grads();
+  Status zero_grads();
   // Reduce-scatters every gradient range not yet reduced in this step, drops the non-owned part.
   Status reduce_rest();
 
@@ -51,6 +63,10 @@ class ParamShards final : public policy::ParamHook {
     bool reduced = false;
   };
   Status gather(Range& r);
+  Status start_gathers(int g);                      // the prefetch of group g (its ranges not held)
+  Status progress();                                // MPI_Test on what is in flight
+  Status finish_scatter(size_t i);                  // waits for range i's reduce-scatter, drops the rest
+  int next_group(int g) const;                      // the group need() asks for after g; -3 none
   void drop(std::span<float> buf, size_t begin, size_t end) const;  // the non-owned part of [begin, end)
   std::vector<int>& group(int g) { return groups_[static_cast<size_t>(g + 1)]; }
 
@@ -58,10 +74,12 @@ class ParamShards final : public policy::ParamHook {
   std::vector<size_t> bounds_;
   Communicator& comm_;
   size_t lo_ = 0, hi_ = 0;  // this rank's shard
-  bool layered_ = false, active_ = false, last_ = false;
+  bool layered_ = false, active_ = false, last_ = false, prefetch_ = true, backward_ = false;
   int layers_ = 0;
   std::vector<Range> ranges_;             // disjoint, covering the buffer
   std::vector<std::vector<int>> groups_;  // embedding, layers 0..L-1, head: indices into ranges_
+  // Per range: its gather started ahead (prefetch) and its gradient's reduce-scatter, while in flight.
+  std::vector<std::unique_ptr<PendingCollective>> gathering_, scattering_;
 };
 
 }  // namespace troupe::learner

@@ -164,6 +164,12 @@ class Trainer {
   // syncs the weights and writes checkpoints; the others keep their shard), or only each rank's
   // shard (shard). Dropped values read as zero; gather_params() (a collective) brings them back.
   void set_params_between_steps(ParamsAtRest mode) { params_at_rest_ = mode; }
+  // learner.shard parameters: whether the next layer's gather and the last layer's gradient
+  // reduce-scatter run while the current layer computes (ParamShards::set_prefetch; default on). The
+  // same setting on every rank; the same bits either way.
+  void set_shard_prefetch(bool on) {
+    if (zero3_) zero3_->set_prefetch(on);
+  }
   Status gather_params();
   size_t shard_begin() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank())] : 0; }
   size_t shard_end() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank()) + 1] : bounds_.back(); }

@@ -1,0 +1,33 @@
+// Weight sync from sharded learners (learner.shard): each learner rank encodes only its shard of the
+// flat arena (a WeightEncoder over its part of the cut table), and the pieces join into one Weights.
+// Invariant: when the table tiles the arena, the joined message is bit for bit what one WeightEncoder
+// over the whole arena and the cut table sends, so a generator applies and checks it with
+// apply_weights and the same cut table (every checksum covers values of one shard).
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "troupe/actors/messages.h"
+#include "troupe/base/result.h"
+#include "troupe/policy/model.h"
+
+namespace troupe::actors {
+
+// The tensor table cut at the shard bounds (learner::shard_bounds: ranks + 1 offsets from 0 to the
+// arena's size), in arena order: a tensor whose values lie in several shards becomes one entry per
+// shard, named "NAME[a:b]" (its values a to b) and shaped {b - a}; the others are kept as they are.
+// Quantized base tensors (QLoRA: not in the arena) are left out.
+std::vector<policy::TensorSpec> cut_tensor_table(const std::vector<policy::TensorSpec>& table,
+                                                 std::span<const size_t> bounds);
+// The entries of a cut table that lie in shard r = [bounds[r], bounds[r + 1]), their offsets from
+// bounds[r] (what rank r's WeightEncoder is made with).
+std::vector<policy::TensorSpec> shard_tensor_table(const std::vector<policy::TensorSpec>& cut,
+                                                   std::span<const size_t> bounds, size_t r);
+// Every shard's Weights (rank order; piece r encoded from shard r's values with shard_tensor_table(r))
+// joined into one message of the whole arena: the same version, base, encoding, dtype and chunk size
+// on every piece, or an error naming the piece and the field. The probe comes from piece 0.
+Result<Weights> join_weight_shards(std::span<const Weights> pieces, std::span<const size_t> bounds);
+
+}  // namespace troupe::actors

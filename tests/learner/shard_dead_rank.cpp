@@ -1,0 +1,94 @@
+// learner.shard_dead_rank: a learner rank dies in the middle of a ZeRO-3 step (SIGKILL when its
+// model asks for decoder layer 1); the survivor, left waiting in the all-gather of layer 1 or 2,
+// must be ended by the runtime's watchdog with a line naming the dead rank, its role and that
+// collective. Run by shard_dead_rank.sh under mpirun -np 2 (rank 0 exits 3).
+#include <signal.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "troupe/learner/trainer.h"
+#include "troupe/policy/model.h"
+#include "troupe/runtime/cluster.h"
+
+using namespace troupe;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Rank 1's hook after the first step: forwards to the trainer's, and dies at decoder layer 1.
+class DieAtLayer final : public policy::ParamHook {
+ public:
+  explicit DieAtLayer(policy::ParamHook* inner) : inner_(inner) {}
+  Status need(int group) override {
+    if (group == 1) ::raise(SIGKILL);
+    return inner_->need(group);
+  }
+  Status done(int group, bool backward) override { return inner_->done(group, backward); }
+
+ private:
+  policy::ParamHook* inner_;
+};
+
+std::vector<learner::Sample> batch(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> tok(0, 31);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<learner::Sample> out(8);
+  for (auto& s : out) {
+    for (int i = 0; i < 5; ++i) s.prompt.push_back(tok(rng));
+    for (int i = 0; i < 5; ++i) s.completion.push_back(tok(rng));
+    s.advantage = nd(rng);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main() {
+  runtime::ClusterConfig cfg;
+  cfg.roles = {"learner0", "learner1"};
+  cfg.system.threads = 1;
+  cfg.system.heartbeat = runtime::HeartbeatConfig{.interval = 100ms, .timeout = 1000ms};
+  cfg.peer_failure_grace = 2s;
+  auto boot = runtime::Cluster::bootstrap(cfg);
+  if (!boot.ok()) {
+    std::fprintf(stderr, "bootstrap: %s\n", boot.error().message.c_str());
+    return 1;
+  }
+  runtime::Cluster& cl = **boot;
+  std::fprintf(stderr, "PROBE rank %d: up\n", cl.rank());
+  auto comm = learner::make_mpi_communicator();
+  if (!comm.ok()) return 1;
+  policy::ModelConfig mc;
+  mc.vocab_size = 32;
+  mc.hidden_size = 16;
+  mc.num_hidden_layers = 3;
+  mc.num_attention_heads = 2;
+  mc.num_key_value_heads = 1;
+  mc.head_dim = 8;
+  mc.intermediate_size = 32;
+  auto model = policy::Model::create(mc, 3);
+  if (!model.ok()) return 1;
+  learner::ModelAdapter adapter(*model);
+  learner::LearnerConfig lc;
+  lc.max_completion_length = 5;
+  lc.shard = learner::ShardStage::parameters;
+  learner::Trainer trainer(adapter, lc, **comm);
+  if (auto r = trainer.train_step(batch(1)); !r.ok()) {
+    std::fprintf(stderr, "first step: %s\n", r.error().message.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "PROBE rank %d: first step done\n", cl.rank());
+  DieAtLayer killer(adapter.param_hook());
+  if (cl.rank() == 1) adapter.set_param_hook(&killer);
+  std::printf("PROBE rank %d: second step\n", cl.rank());
+  std::fflush(stdout);
+  auto r = trainer.train_step(batch(2));  // rank 1 dies in it; rank 0 waits in a collective
+  // (only if the library reported the dead peer before the watchdog ended this process)
+  std::fprintf(stderr, "PROBE rank %d: the step returned: %s\n", cl.rank(), r.ok() ? "ok" : r.error().message.c_str());
+  cl.wait_for(30s);
+  std::fprintf(stderr, "PROBE rank %d: %s\n", cl.rank(), cl.info().message.c_str());
+  return 3;
+}
