@@ -726,7 +726,8 @@ EOS
     $CHECK close "$W/l2" "$W/l21" 43 1e-3
     ;;
   learner_shard)  # learner.shard with 2 learners (mpirun): ZeRO-2 and ZeRO-3 are the data-parallel run bit for
-    # bit with less state per learner; a ZeRO-2 checkpoint resumed as ZeRO-1 goes on as the uninterrupted run
+    # bit with less state per learner; a ZeRO-2 checkpoint (one shard per learner) resumed as ZeRO-1 goes on as
+    # the uninterrupted run; generate and consolidate read it; a ZeRO-3 one resumes on one learner
     S="--set optimizer.schedule=constant --set sft.max_steps=8 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.every=2 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 $Q"
@@ -757,6 +758,28 @@ EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/z21" --set grpo.max_steps=4 \
       --set learner.shard=optimizer $S
     $CHECK same "$W/dp" "$W/z21"
+    # the checkpoints are sharded: one file per learner and shards.json, no gathered optimizer file
+    L="$W/z21/checkpoints/latest"
+    test -f "$L/shards.json" && test -f "$L/shards/rank_0.safetensors" && test -f "$L/shards/rank_1.safetensors"
+    test ! -e "$L/optimizer.safetensors" && test ! -e "$L/model.safetensors"
+    # read directly by generate, and consolidated into a Hugging Face directory that generates the same
+    "$TROUPE" generate "$L" --prompt "12+7=" --max-tokens 8 --json > "$W/gen_sharded.json"
+    "$TROUPE" checkpoint consolidate "$L" "$W/z21_hf"
+    test -f "$W/z21_hf/model.safetensors" && test -f "$W/z21_hf/config.json"
+    "$TROUPE" generate "$W/z21_hf" --prompt "12+7=" --max-tokens 8 --json > "$W/gen_hf.json"
+    cmp "$W/gen_sharded.json" "$W/gen_hf.json"
+    expect_exit 2 "$TROUPE" checkpoint consolidate "$W/dp/checkpoints/latest" "$W/not_sharded"
+    grep -q "shards.json" "$W/err.txt"
+    cp -r "$L/" "$W/bad_ckpt"
+    printf 'x' | dd of="$W/bad_ckpt/shards/rank_1.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
+    expect_exit 2 "$TROUPE" checkpoint consolidate "$W/bad_ckpt" "$W/bad_hf"
+    grep -q "rank_1.safetensors (rank 1 of 2)" "$W/err.txt"
+    # 2 sharded learners -> 1 learner: read from the shards, then the 1-learner sum order (rounding)
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z31" --set grpo.max_steps=2 \
+      --set learner.shard=parameters $S
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/z31" --set grpo.max_steps=4 $S \
+      --set cluster.learners=1
+    $CHECK close "$W/dp" "$W/z31" 11 1e-3
     ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
