@@ -353,10 +353,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "communicator: %s\n", (!world.ok() ? world.error() : half.error()).message.c_str());
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    // a directory every rank sees: rank 0's, made fresh
+    // a directory every rank sees: rank 0's, made fresh (argv[1]: this one, kept for
+    // learner.shard_checkpoint_consolidate; else a temporary one, removed after a pass)
+    const bool keep = argc > 1;
     char dir[256] = {};
     if (rank == 0) {
-      const fs::path base = fs::temp_directory_path() / ("troupe_shard_ckpt_" + std::to_string(::getpid()));
+      const fs::path base = keep ? fs::path(argv[1]) : fs::temp_directory_path() / ("troupe_shard_ckpt_" + std::to_string(::getpid()));
       fs::remove_all(base);
       fs::create_directories(base);
       std::snprintf(dir, sizeof dir, "%s", base.c_str());
@@ -365,7 +367,7 @@ int main(int argc, char** argv) {
     bad |= run_model("tiny dense policy::Model", tiny(0), **world, **half, std::string(dir) + "/dense");
     bad |= run_model("tiny policy::Model with LoRA r=2", tiny(2), **world, **half, std::string(dir) + "/lora");
     MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0 && !bad) fs::remove_all(dir);
+    if (rank == 0 && !bad && !keep) fs::remove_all(dir);
     MPI_Comm_free(&half_comm);
   }
   MPI_Finalize();
