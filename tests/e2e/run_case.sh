@@ -780,6 +780,31 @@ EOS
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/z31" --set grpo.max_steps=4 $S \
       --set cluster.learners=1
     $CHECK close "$W/dp" "$W/z31" 11 1e-3
+    # LoRA adapters shard like parameters (on the data-parallel run's model as the base): each learner
+    # writes its shard of the adapters; eval reads the checkpoint as it reads its consolidated PEFT
+    # directory; a resume on one learner reads the shards
+    base=$(readlink -f "$W/dp/checkpoints/latest")
+    sed '/^  model:/,/^    max_position_embeddings/d' "$SRC/configs/quickstart.yaml" > "$W/lora.yaml"
+    printf '  path: %s\n  lora:\n    rank: 4\n    targets: [q, v]\n' "$base" > "$W/lora_keys.txt"
+    sed -i "/^  tokenizer: char/r $W/lora_keys.txt" "$W/lora.yaml"
+    $MPI "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/lz" --set sft.enabled=false --set grpo.max_steps=2 \
+      --set learner.shard=parameters $S
+    ck=$(readlink -f "$W/lz/checkpoints/latest")
+    test -f "$ck/shards.json" && test -f "$ck/adapter_config.json" && test ! -e "$ck/adapter_model.safetensors"
+    grep -q '"kind": "lora_adapter"' "$ck/shards.json"
+    "$TROUPE" eval "$W/lora.yaml" --checkpoint "$ck" --set eval.num_prompts=10 > "$W/lora_eval.json"
+    "$TROUPE" checkpoint consolidate "$ck" "$W/lz_peft"
+    test -s "$W/lz_peft/adapter_model.safetensors" && test -s "$W/lz_peft/base.json"
+    "$TROUPE" eval "$W/lora.yaml" --checkpoint "$W/lz_peft" --set eval.num_prompts=10 > "$W/lora_eval_peft.json"
+    "$PY" - "$W/lora_eval.json" "$W/lora_eval_peft.json" << 'EOS'
+import json, sys
+a, b = ({k: v for k, v in json.load(open(p)).items() if k != "checkpoint" and not k.endswith("_s")} for p in sys.argv[1:])
+assert a == b, (a, b)
+print("eval of the sharded LoRA checkpoint == eval of its consolidation:", a.get("eval_accuracy", a))
+EOS
+    "$TROUPE" run "$W/lora.yaml" --resume "$W/lz" --set sft.enabled=false --set grpo.max_steps=3 $S \
+      --set cluster.learners=1
+    $CHECK steps "$W/lz" 3
     ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
