@@ -774,6 +774,15 @@ EOS
     printf 'x' | dd of="$W/bad_ckpt/shards/rank_1.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
     expect_exit 2 "$TROUPE" checkpoint consolidate "$W/bad_ckpt" "$W/bad_hf"
     grep -q "rank_1.safetensors (rank 1 of 2)" "$W/err.txt"
+    # a sharded save killed half-way (learner 0 dies after its model files, the shards written): latest
+    # stays on the step before, no step_10, and --resume goes on as the uninterrupted run
+    expect_exit nonzero $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/cut" --set grpo.max_steps=4 \
+      --set learner.shard=gradients --set faults.checkpoint_interrupt_step=10 $S
+    grep -q "fault injected: checkpoint of step 10 interrupted" "$W/err.txt"
+    test "$(readlink "$W/cut/checkpoints/latest")" = step_8 && test ! -e "$W/cut/checkpoints/step_10"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/cut" --set grpo.max_steps=4 \
+      --set learner.shard=gradients $S
+    $CHECK same "$W/dp" "$W/cut"
     # 2 sharded learners -> 1 learner: read from the shards, then the 1-learner sum order (rounding)
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z31" --set grpo.max_steps=2 \
       --set learner.shard=parameters $S
