@@ -15,6 +15,7 @@
 
 #include "troupe/policy/io/model_io.h"
 #include "troupe/policy/io/safetensors.h"
+#include "troupe/policy/io/sharded_weights.h"
 
 namespace troupe::learner {
 
@@ -124,6 +125,8 @@ std::vector<int64_t> shape_of(const policy::TensorSpec& s) { return s.shape; }
 
 }  // namespace
 
+Status fsync_file(const std::string& path) { return fsync_path(path, false); }
+
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
   static const std::array<uint32_t, 256> table = [] {
     std::array<uint32_t, 256> t{};
@@ -199,42 +202,31 @@ Status read_flat_model(const std::string& dir, const std::vector<policy::TensorS
   return {};
 }
 
-Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const CheckpointData& data,
-                                    const ModelDirWriter& write_model, const AdamW& opt,
-                                    const std::vector<policy::TensorSpec>& specs, const CheckpointOptions& options) {
+Result<std::string> begin_checkpoint_dir(const std::string& checkpoints_dir, int64_t step, const std::string& tag) {
   const fs::path root(checkpoints_dir);
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return io_error("cannot create " + root.string() + ": " + ec.message());
-  remove_leftovers(root);  // (only rank 0 saves: no other save is under way)
-  const std::string name = "step_" + std::to_string(data.step);
-  const fs::path tmp = root / (".tmp_" + name + "." + std::to_string(::getpid()));
+  remove_leftovers(root);  // (one process saves at a time: rank 0, the others wait for it)
+  const fs::path tmp = root / (".tmp_step_" + std::to_string(step) + "." + tag);
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
   if (ec) return io_error("cannot create " + tmp.string() + ": " + ec.message());
+  return tmp.string();
+}
 
-  // 1. model directory, 2. optimizer moments
-  TROUPE_TRY(write_model(tmp.string()));
-  {
-    policy::io::TensorMap moments;
-    auto m = opt.exp_avg();
-    auto v = opt.exp_avg_sq();
-    for (const auto& s : specs) {
-      if (s.offset + s.numel() > m.size())
-        return make_error(ErrorCode::internal, "checkpoint: tensor " + s.name + " lies outside the optimizer state");
-      auto slice = [&](std::span<const float> buf) {
-        return std::vector<float>(buf.begin() + static_cast<std::ptrdiff_t>(s.offset),
-                                  buf.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()));
-      };
-      moments["exp_avg." + s.name] = policy::io::Tensor{s.shape, slice(m)};
-      moments["exp_avg_sq." + s.name] = policy::io::Tensor{s.shape, slice(v)};
-    }
-    TROUPE_TRY(policy::io::write_safetensors((tmp / kOptimizerFile).string(), moments,
-                                             {{"format", "troupe.adamw.v1"}, {"step", std::to_string(opt.steps())}}));
-  }
-  // 3. checksums of every file, fsync them, then state.json
+Result<std::string> commit_checkpoint_dir(const std::string& checkpoints_dir, const std::string& tmp_dir,
+                                          const CheckpointData& data, int64_t optimizer_steps,
+                                          const CheckpointOptions& options) {
+  const fs::path root(checkpoints_dir), tmp(tmp_dir);
+  std::error_code ec;
+  const std::string name = "step_" + std::to_string(data.step);
+  // 3. checksums of every file, fsync them, then state.json (a sharded checkpoint's shards/ are
+  // covered by shards.json, listed here, and were checksummed and fsynced by the ranks that wrote them)
+  const bool sharded = fs::exists(tmp / policy::io::kShardManifestFile);
   nlohmann::json files = nlohmann::json::object();
   for (const auto& rel : files_under(tmp)) {
+    if (sharded && rel.rfind("shards/", 0) == 0) continue;
     const fs::path p = tmp / rel;
     TROUPE_TRY(fsync_path(p, false));
     TROUPE_ASSIGN_OR_RETURN(uint32_t crc, crc32_of_file(p.string()));
@@ -243,12 +235,13 @@ Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const Ch
   nlohmann::json state = {{"format", "troupe.checkpoint.v1"},
                           {"step", data.step},
                           {"policy_version", data.policy_version},
-                          {"optimizer_steps", opt.steps()},
+                          {"optimizer_steps", optimizer_steps},
                           {"trainer", data.trainer_state},
                           {"extra", data.extra},
                           {"files", files}};
   if (data.metric) state["metric"] = {{"name", options.best_metric}, {"value", *data.metric}};
   TROUPE_TRY(write_text_file(tmp / kStateFile, state.dump(2) + "\n"));
+  if (sharded) TROUPE_TRY(fsync_path(tmp / "shards", true));
   TROUPE_TRY(fsync_path(tmp, true));
 
   // 4. rename into place (an older step_N of the same number is replaced)
@@ -291,6 +284,33 @@ Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const Ch
     }
   }
   return final_dir.string();
+}
+
+Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const CheckpointData& data,
+                                    const ModelDirWriter& write_model, const AdamW& opt,
+                                    const std::vector<policy::TensorSpec>& specs, const CheckpointOptions& options) {
+  TROUPE_ASSIGN_OR_RETURN(const std::string tmp_dir, begin_checkpoint_dir(checkpoints_dir, data.step, std::to_string(::getpid())));
+  const fs::path tmp(tmp_dir);
+  // 1. model directory, 2. optimizer moments
+  TROUPE_TRY(write_model(tmp.string()));
+  {
+    policy::io::TensorMap moments;
+    auto m = opt.exp_avg();
+    auto v = opt.exp_avg_sq();
+    for (const auto& s : specs) {
+      if (s.offset + s.numel() > m.size())
+        return make_error(ErrorCode::internal, "checkpoint: tensor " + s.name + " lies outside the optimizer state");
+      auto slice = [&](std::span<const float> buf) {
+        return std::vector<float>(buf.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                                  buf.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()));
+      };
+      moments["exp_avg." + s.name] = policy::io::Tensor{s.shape, slice(m)};
+      moments["exp_avg_sq." + s.name] = policy::io::Tensor{s.shape, slice(v)};
+    }
+    TROUPE_TRY(policy::io::write_safetensors((tmp / kOptimizerFile).string(), moments,
+                                             {{"format", "troupe.adamw.v1"}, {"step", std::to_string(opt.steps())}}));
+  }
+  return commit_checkpoint_dir(checkpoints_dir, tmp_dir, data, opt.steps(), options);
 }
 
 std::vector<std::pair<int64_t, std::string>> checkpoint_steps(const std::string& checkpoints_dir) {
@@ -352,10 +372,12 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
   if (!state.is_object() || !state.contains("files") || !state["files"].is_object() || !state.contains("step") ||
       !state["step"].is_number_integer())
     return invalid_input("checkpoint: " + sfile + " lacks 'files' or an integer 'step'");
-  // a whole checkpoint has its weights (a LoRA run's: the adapter) and its optimizer moments, whatever else it holds
-  if (!state["files"].contains("model.safetensors") && !state["files"].contains("adapter_model.safetensors"))
-    return invalid_input("checkpoint: " + sfile + " does not list model.safetensors (nor a LoRA run's adapter_model.safetensors): not a whole checkpoint");
-  if (!state["files"].contains(kOptimizerFile))
+  // a whole checkpoint has its weights (a LoRA run's: the adapter) and its optimizer moments, whatever
+  // else it holds; a sharded one has both in the shards its shards.json lists
+  const bool sharded = state["files"].contains(policy::io::kShardManifestFile);
+  if (!sharded && !state["files"].contains("model.safetensors") && !state["files"].contains("adapter_model.safetensors"))
+    return invalid_input("checkpoint: " + sfile + " does not list model.safetensors (nor a LoRA run's adapter_model.safetensors, nor a sharded run's shards.json): not a whole checkpoint");
+  if (!sharded && !state["files"].contains(kOptimizerFile))
     return invalid_input("checkpoint: " + sfile + " does not list " + std::string(kOptimizerFile) + ": not a whole checkpoint");
   for (auto it = state["files"].begin(); it != state["files"].end(); ++it) {
     TROUPE_ASSIGN_OR_RETURN(const fs::path p, listed_file(dir, it.key(), sfile));
@@ -374,6 +396,13 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
       return invalid_input("checkpoint: " + p.string() + " fails its checksum (crc32 " + hex32(crc) + ", expected " +
                            e["crc32"].get<std::string>() + "): the file is corrupt");
   }
+  if (sharded) {  // every rank's file (the error names the file and the rank)
+    TROUPE_ASSIGN_OR_RETURN(auto m, policy::io::read_shard_manifest(step_dir));
+    for (const char* b : {"params", "exp_avg", "exp_avg_sq"})
+      if (std::find(m.buffers.begin(), m.buffers.end(), b) == m.buffers.end())
+        return invalid_input("checkpoint: " + m.path + " lists no '" + b + "' buffer: not a whole checkpoint");
+    TROUPE_TRY(policy::io::verify_shard_files(step_dir, m));
+  }
   for (const char* key : {"policy_version", "optimizer_steps"})
     if (state.contains(key) && !state[key].is_number_integer())
       return invalid_input("checkpoint: " + sfile + ": '" + key + "' is not an integer: " + state[key].dump().substr(0, 100));
@@ -383,12 +412,11 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
   return state;
 }
 
-Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
-                                       AdamW& opt) {
-  const fs::path dir(step_dir);
-  TROUPE_ASSIGN_OR_RETURN(auto state, verify_checkpoint(step_dir));
+namespace {
+
+// optimizer.safetensors: both moments of every tensor, by name.
+Status load_whole_moments(const fs::path& dir, const std::vector<policy::TensorSpec>& specs, AdamW& opt) {
   TROUPE_ASSIGN_OR_RETURN(auto file, policy::io::SafetensorsFile::open((dir / kOptimizerFile).string()));
-  if (opt.size() == 0 && !specs.empty()) opt = AdamW(specs.back().offset + specs.back().numel());
   for (const auto& s : specs) {
     if (s.offset + s.numel() > opt.size())
       return invalid_input("checkpoint: tensor " + s.name + " lies outside the optimizer of " + std::to_string(opt.size()) +
@@ -397,6 +425,36 @@ Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::v
     TROUPE_ASSIGN_OR_RETURN(auto v, file.read("exp_avg_sq." + s.name, shape_of(s)));
     std::copy(m.data.begin(), m.data.end(), opt.exp_avg().begin() + static_cast<std::ptrdiff_t>(s.offset));
     std::copy(v.data.begin(), v.data.end(), opt.exp_avg_sq().begin() + static_cast<std::ptrdiff_t>(s.offset));
+  }
+  return {};
+}
+
+// A sharded checkpoint's moments: its table must be the model's (names, shapes, offsets), then the
+// flat exp_avg and exp_avg_sq buffers are read whole from the rank files, whatever their layout.
+Status load_sharded_moments(const fs::path& dir, const std::vector<policy::TensorSpec>& specs, AdamW& opt) {
+  TROUPE_ASSIGN_OR_RETURN(auto m, policy::io::read_shard_manifest(dir.string()));
+  TROUPE_TRY(policy::io::check_shard_table(m, specs, "the model"));
+  if (m.numel() != opt.size())
+    return invalid_input("checkpoint: " + m.path + " holds " + std::to_string(m.numel()) + " values, the optimizer " +
+                         std::to_string(opt.size()));
+  TROUPE_ASSIGN_OR_RETURN(auto ea, policy::io::read_shard_buffer(dir.string(), m, "exp_avg", 0, m.numel()));
+  TROUPE_ASSIGN_OR_RETURN(auto eb, policy::io::read_shard_buffer(dir.string(), m, "exp_avg_sq", 0, m.numel()));
+  std::copy(ea.begin(), ea.end(), opt.exp_avg().begin());
+  std::copy(eb.begin(), eb.end(), opt.exp_avg_sq().begin());
+  return {};
+}
+
+}  // namespace
+
+Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
+                                       AdamW& opt) {
+  const fs::path dir(step_dir);
+  TROUPE_ASSIGN_OR_RETURN(auto state, verify_checkpoint(step_dir));
+  if (opt.size() == 0 && !specs.empty()) opt = AdamW(specs.back().offset + specs.back().numel());
+  if (state["files"].contains(policy::io::kShardManifestFile)) {
+    TROUPE_TRY(load_sharded_moments(step_dir, specs, opt));
+  } else {
+    TROUPE_TRY(load_whole_moments(step_dir, specs, opt));
   }
   CheckpointData d;
   d.step = state["step"].get<int64_t>();

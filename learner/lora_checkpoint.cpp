@@ -12,6 +12,7 @@
 #include "troupe/policy/io/gguf_import.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/peft_adapter.h"
+#include "troupe/policy/io/sharded_weights.h"
 
 namespace troupe::learner {
 namespace fs = std::filesystem;
@@ -56,9 +57,14 @@ Status check_same_settings(const io::PeftAdapter& a, const policy::LoraConfig& l
 
 }  // namespace
 
-Status write_lora_adapter_files(const std::string& dir, const policy::Model& model, const std::string& base_path) {
+Status write_lora_adapter_files(const std::string& dir, const policy::Model& model, const std::string& base_path,
+                                bool with_weights) {
   if (!model.lora_enabled()) return make_error(ErrorCode::internal, "write_lora_adapter_files: the model has no adapters");
-  TROUPE_TRY(io::write_peft_adapter(dir, peft_config_of(model.config().lora, base_path), model.tensors(), model.params()));
+  const auto config = peft_config_of(model.config().lora, base_path);
+  if (with_weights)
+    TROUPE_TRY(io::write_peft_adapter(dir, config, model.tensors(), model.params()));
+  else
+    TROUPE_TRY(io::write_peft_adapter_config(dir, config, model.tensors()));
   if (base_path.empty()) return {};
   TROUPE_ASSIGN_OR_RETURN(auto hf_config, base_hf_config(base_path));
   const std::string abs = fs::absolute(base_path).lexically_normal().string();
@@ -71,7 +77,8 @@ Status read_lora_adapter_files(const std::string& dir, policy::Model& model) {
     return invalid_input(dir + ": holds a LoRA adapter, but policy.lora.rank is 0 (set the run's policy.lora)");
   TROUPE_ASSIGN_OR_RETURN(auto adapter, io::read_peft_adapter(dir, model.base_tensors()));
   TROUPE_TRY(check_same_settings(adapter, model.config().lora));
-  const std::string file = (fs::path(dir) / io::kAdapterWeightsFile).string();
+  std::string file = (fs::path(dir) / io::kAdapterWeightsFile).string();
+  if (!fs::exists(file)) file = (fs::path(dir) / io::kShardManifestFile).string();  // a sharded checkpoint's
   std::vector<float> values(model.params().size());
   for (const auto& s : model.tensors()) {
     auto it = adapter.tensors.find(s.name);

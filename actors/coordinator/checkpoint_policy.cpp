@@ -1,7 +1,7 @@
 // When the run is checkpointed and from what it continues: every checkpointing.every steps, at
 // the end of each phase, and whenever an eval beats the best keep_best_by value so far (learner 0
-// writes; the others hold the same state); --resume loads checkpoints/latest into every learner;
-// a run that fails for a reason other than a learner saves its last finished step first.
+// writes; the others hold the same state, or with learner.shard each writes its shard); --resume
+// loads checkpoints/latest into every learner; a run that fails for a reason other than a learner saves its last finished step first.
 #include <algorithm>
 #include <filesystem>
 
@@ -77,8 +77,8 @@ Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Dur
     req.has_metric = true;
     req.metric = s.last_eval[best].get<double>();
   }
-  // only learner 0 writes; the others hold identical state, or (learner.shard) each holds a shard of
-  // the AdamW moments, which every learner is asked to gather for learner 0
+  // only learner 0 writes; the others hold identical state, or (learner.shard) each writes its own
+  // shard of the weights and AdamW moments, and learner 0 commits the step once every shard is in
   const bool sharded = s.cfg.learner.shard != learner::ShardStage::none && s.peers.learners.size() > 1;
   std::vector<runtime::Reply<CheckpointRep>> reps;
   for (size_t i = 0; i < (sharded ? s.peers.learners.size() : 1); ++i)

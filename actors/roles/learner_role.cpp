@@ -16,6 +16,7 @@
 #include "troupe/actors/step_counter.h"
 #include "troupe/learner/checkpoint.h"
 #include "troupe/learner/lora_checkpoint.h"
+#include "troupe/learner/sharded_checkpoint.h"
 #include "troupe/policy/io/gguf_import.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
@@ -362,74 +363,88 @@ Result<WeightGroupRep> LearnerRole::weight_group(const WeightGroupReq& r) {
 }
 
 Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
+  if (r.load) return load_checkpoint(r);
   const auto& specs = policy_.model->tensors();
   CheckpointRep rep;
-  if (!r.load) {
-    json extra = json::parse(r.extra_json, nullptr, false);
-    if (extra.is_discarded()) extra = json::object();
-    extra["phase"] = phase_ == learner::Phase::sft ? "sft" : "grpo";
-    auto& trainer = trainer_for(phase_);
-    // Sharded learners: every rank is asked, the moments are gathered, and rank 0 writes the whole
-    // (unsharded) layout, which any rank count and stage can resume from.
-    const learner::AdamW* opt_state = &std::as_const(trainer).optimizer();  // (read only: no upload after)
-    learner::AdamW gathered;
-    if (trainer.sharded()) {
-      TROUPE_ASSIGN_OR_RETURN(gathered, trainer.gathered_optimizer());
-      opt_state = &gathered;
-      extra["learner_shard"] = {{"stage", std::string(enum_string(cfg_.learner.shard))},
-                                {"learners", comm_->size()},
-                                {"optimizer_layout", "whole"}};
-      if (comm_->rank() != 0) {
-        rep.step = r.step;
-        rep.policy_version = version_;
-        return rep;
-      }
+  rep.step = r.step;
+  rep.policy_version = version_;
+  json extra = json::parse(r.extra_json, nullptr, false);
+  if (extra.is_discarded()) extra = json::object();
+  extra["phase"] = phase_ == learner::Phase::sft ? "sft" : "grpo";
+  auto& trainer = trainer_for(phase_);
+  learner::CheckpointData d;
+  d.step = r.step;
+  d.policy_version = version_;
+  d.trainer_state = trainer.state_json();
+  if (r.has_metric) d.metric = r.metric;
+  learner::CheckpointOptions opt;
+  opt.keep_last = cfg_.checkpointing.keep_last;
+  opt.best_metric = cfg_.checkpointing.keep_best_by;
+  opt.higher_is_better = cfg_.checkpointing.higher_is_better;
+  const auto* tok = policy_.tokenizer.get();
+  const auto& model = *policy_.model;
+  const bool sharded = trainer.sharded();
+  // The model's files (without the weights when sharded: the ranks write those), then the rest.
+  learner::ModelDirWriter writer = [&](const std::string& dir) -> Status {
+    if (model.lora_enabled())  // the adapters only, in PEFT's layout; the base is policy.path / run.seed's (base.json)
+      TROUPE_TRY(learner::write_lora_adapter_files(dir, model, cfg_.policy.path, !sharded));
+    else if (sharded)
+      TROUPE_TRY(policy::io::save_model_dir_meta(dir, model.config(), tok, tok->bos_id(), tok->eos_id(), tok->pad_id()));
+    else
+      TROUPE_TRY(policy::io::save_model(dir, model, tok, policy::io::ExpertLayout::per_expert, tok->bos_id(),
+                                        tok->eos_id(), tok->pad_id()));
+    if (cfg_.faults.checkpoint_interrupt_step > 0 && r.step == cfg_.faults.checkpoint_interrupt_step)
+      die_by_fault("checkpoint of step " + std::to_string(r.step) + " interrupted after its model files");
+    if (cfg_.rollout.async && !snapshots_.empty()) TROUPE_TRY(write_snapshots(dir + "/" + kSnapshotsFile, snapshots_));
+    if (!r.pipeline.empty()) {  // (listed with its CRC in state.json like the other files)
+      std::ofstream out(dir + "/" + kPipelineFile, std::ios::binary);
+      out.write(r.pipeline.data(), static_cast<std::streamsize>(r.pipeline.size()));
+      if (!out.flush()) return make_error(ErrorCode::io, dir + "/" + kPipelineFile + ": write failed");
     }
-    learner::CheckpointData d;
-    d.step = r.step;
-    d.policy_version = version_;
-    d.trainer_state = trainer.state_json();
+    return copy_model_side_files(cfg_.policy.path, dir);
+  };
+  if (sharded) {
+    // Sharded learners: every rank is asked and writes its own shard of the weights and moments in
+    // parallel; learner 0 the rest, then the layout, and commits once every rank's file is in.
+    extra["learner_shard"] = {{"stage", std::string(enum_string(cfg_.learner.shard))},
+                              {"learners", comm_->size()},
+                              {"optimizer_layout", "shards"}};
     d.extra = extra;
-    if (r.has_metric) d.metric = r.metric;
-    learner::CheckpointOptions opt;
-    opt.keep_last = cfg_.checkpointing.keep_last;
-    opt.best_metric = cfg_.checkpointing.keep_best_by;
-    opt.higher_is_better = cfg_.checkpointing.higher_is_better;
-    const auto* tok = policy_.tokenizer.get();
-    const auto& model = *policy_.model;
-    learner::ModelDirWriter writer = [&](const std::string& dir) -> Status {
-      if (model.lora_enabled())  // the adapters only, in PEFT's layout; the base is policy.path / run.seed's (base.json)
-        TROUPE_TRY(learner::write_lora_adapter_files(dir, model, cfg_.policy.path));
-      else
-        TROUPE_TRY(policy::io::save_model(dir, model, tok, policy::io::ExpertLayout::per_expert, tok->bos_id(),
-                                          tok->eos_id(), tok->pad_id()));
-      if (cfg_.faults.checkpoint_interrupt_step > 0 && r.step == cfg_.faults.checkpoint_interrupt_step)
-        die_by_fault("checkpoint of step " + std::to_string(r.step) + " interrupted after its model files");
-      if (cfg_.rollout.async && !snapshots_.empty()) TROUPE_TRY(write_snapshots(dir + "/" + kSnapshotsFile, snapshots_));
-      if (!r.pipeline.empty()) {  // (listed with its CRC in state.json like the other files)
-        std::ofstream out(dir + "/" + kPipelineFile, std::ios::binary);
-        out.write(r.pipeline.data(), static_cast<std::streamsize>(r.pipeline.size()));
-        if (!out.flush()) return make_error(ErrorCode::io, dir + "/" + kPipelineFile + ": write failed");
-      }
-      return copy_model_side_files(cfg_.policy.path, dir);
-    };
-    TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, *opt_state, specs, opt));
-    rep.step = r.step;
-    rep.policy_version = version_;
+    const auto& o = std::as_const(trainer).optimizer();  // (read only: no upload after)
+    const size_t lo = trainer.shard_begin(), n = trainer.shard_end() - lo;
+    const auto bounds = learner::shard_bounds(model.params().size(), comm_->size());
+    learner::RankShard shard{model.params().subspan(lo, n), o.exp_avg(), o.exp_avg_sq(), bounds, &specs,
+                             model.lora_enabled() ? "lora_adapter" : "model",
+                             std::string(enum_string(cfg_.learner.shard)), o.steps()};
+    TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_sharded_checkpoint(r.dir, d, writer, shard, *comm_, opt));
     return rep;
   }
-  // load: the phase (which optimizer) is in state.json's extra
+  d.extra = extra;
+  TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, std::as_const(trainer).optimizer(), specs, opt));
+  return rep;
+}
+
+Result<CheckpointRep> LearnerRole::load_checkpoint(const CheckpointReq& r) {
+  CheckpointRep rep;
+  // the phase (which optimizer) is in state.json's extra
   std::ifstream in(r.dir + "/state.json");
   json state = json::parse(in, nullptr, false);
   if (state.is_discarded() || !state.is_object())
     return invalid_input(r.dir + "/state.json: missing or not JSON");
   std::string phase = state.value("extra", json::object()).value("phase", std::string("grpo"));
   auto& trainer = trainer_for(phase == "sft" ? learner::Phase::sft : learner::Phase::grpo);
-  learner::AdamW whole(policy_.model->params().size());  // the checkpoint's layout; this rank takes its shard
+  const auto& specs = policy_.model->tensors();
+  // The checkpoint's layout, whole (a sharded one read from every rank's file, whatever their
+  // number); this rank's Trainer keeps its own shard of the moments.
+  learner::AdamW whole(policy_.model->params().size());
   TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint(r.dir, specs, whole));
   TROUPE_TRY(trainer.load_optimizer(std::move(whole)));
-  if (policy_.model->lora_enabled()) {
+  if (policy_.model->lora_enabled()) {  // (read_peft_adapter reads a sharded checkpoint's shards)
     TROUPE_TRY(learner::read_lora_adapter_files(r.dir, *policy_.model));
+  } else if (learner::is_sharded_checkpoint(r.dir)) {
+    std::vector<float> params(policy_.model->params().size());
+    TROUPE_TRY(learner::read_sharded_params(r.dir, specs, params));
+    TROUPE_TRY(policy_.model->set_params(params));
   } else {
     TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(r.dir));
     TROUPE_TRY(policy_.model->set_params(loaded.model.params()));

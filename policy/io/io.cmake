@@ -7,6 +7,8 @@ target_sources(troupe_policy PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_dir.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_io.cpp
+  # A sharded learner's checkpoint: shards.json + one file per rank (xxHash checksums).
+  ${CMAKE_CURRENT_LIST_DIR}/sharded_weights.cpp
   ${CMAKE_CURRENT_LIST_DIR}/reward_model_dir.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_import.cpp
@@ -38,6 +40,9 @@ if(TROUPE_BUILD_TESTS)
 endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.model_dir SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_dir.test.cpp LIBS troupe::policy)
+endif()
+if(TROUPE_BUILD_TESTS)
+  troupe_add_test(NAME policy.sharded_weights SOURCES ${CMAKE_CURRENT_LIST_DIR}/sharded_weights.test.cpp LIBS troupe::policy)
 endif()
 if(TROUPE_BUILD_TESTS)
   troupe_add_test(NAME policy.gguf SOURCES ${CMAKE_CURRENT_LIST_DIR}/gguf.test.cpp LIBS troupe::policy

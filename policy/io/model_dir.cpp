@@ -4,6 +4,7 @@
 #include "troupe/policy/io/model_dir.h"
 
 #include "troupe/policy/io/chat_template.h"
+#include "troupe/policy/io/sharded_weights.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -576,7 +577,14 @@ Result<ModelDir> load_model_dir(const std::string& path, bool read_weights) {
     return invalid_input(cfg_path + ": not valid JSON: " + e.what());
   }
   TROUPE_ASSIGN_OR_RETURN(d.config, config_from_hf_json(d.hf_config, cfg_path));
-  if (read_weights) {
+  if (read_weights && has_shard_manifest(path) && !fs::exists(dir / "model.safetensors") &&
+      !fs::exists(dir / "model.safetensors.index.json")) {  // a sharded learner's checkpoint (sharded_weights.h)
+    TROUPE_ASSIGN_OR_RETURN(auto m, read_shard_manifest(path));
+    if (m.kind != "model")
+      return invalid_input(m.path + ": holds LoRA adapters (kind " + m.kind + "), not a whole model's weights");
+    TROUPE_ASSIGN_OR_RETURN(auto named, read_sharded_tensors(path, m));
+    TROUPE_ASSIGN_OR_RETURN(d.tensors, canonicalize_tensors(d.config, named, m.path));
+  } else if (read_weights) {
     TROUPE_ASSIGN_OR_RETURN(auto w, WeightSource::open_dir(path));
     TROUPE_ASSIGN_OR_RETURN(d.tensors, canonicalize_tensors(d.config, w));
   }
@@ -600,6 +608,16 @@ Result<ModelDir> load_model_dir(const std::string& path, bool read_weights) {
 
 Status save_model_dir(const std::string& path, const ModelConfig& config, const TensorMap& tensors,
                       const Tokenizer* tokenizer, ExpertLayout layout, int32_t bos, int32_t eos, int32_t pad) {
+  TROUPE_ASSIGN_OR_RETURN(auto disk, hf_tensors_from_canonical(config, tensors, layout));
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec) return make_error(ErrorCode::io, path + ": cannot create directory (" + ec.message() + ")");
+  TROUPE_TRY(write_safetensors((fs::path(path) / "model.safetensors").string(), disk, {{"format", "pt"}}));
+  return save_model_dir_meta(path, config, tokenizer, bos, eos, pad);
+}
+
+Status save_model_dir_meta(const std::string& path, const ModelConfig& config, const Tokenizer* tokenizer, int32_t bos,
+                           int32_t eos, int32_t pad) {
   TROUPE_ASSIGN_OR_RETURN(auto j, config_to_hf_json(config));
   if (tokenizer) {
     if (bos < 0) bos = tokenizer->bos_id();
@@ -609,11 +627,9 @@ Status save_model_dir(const std::string& path, const ModelConfig& config, const 
   j["bos_token_id"] = bos >= 0 ? json(bos) : json(nullptr);
   j["eos_token_id"] = eos >= 0 ? json(eos) : json(nullptr);
   j["pad_token_id"] = pad >= 0 ? json(pad) : json(nullptr);
-  TROUPE_ASSIGN_OR_RETURN(auto disk, hf_tensors_from_canonical(config, tensors, layout));
   std::error_code ec;
   fs::create_directories(path, ec);
   if (ec) return make_error(ErrorCode::io, path + ": cannot create directory (" + ec.message() + ")");
-  TROUPE_TRY(write_safetensors((fs::path(path) / "model.safetensors").string(), disk, {{"format", "pt"}}));
   const std::string cfg = (fs::path(path) / "config.json").string();
   {
     std::ofstream out(cfg + ".tmp");

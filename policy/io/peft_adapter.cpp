@@ -2,6 +2,7 @@
 // pairs of adapter_model.safetensors. Invariant: what is read computes W + s·B·A and nothing else;
 // every key or tensor that would change that is an error naming the file and the key or tensor.
 #include "troupe/policy/io/peft_adapter.h"
+#include "troupe/policy/io/sharded_weights.h"
 
 #include <algorithm>
 #include <cmath>
@@ -245,16 +246,27 @@ Status write_peft_adapter(const std::string& dir, const PeftAdapterConfig& confi
     out[s.name] = Tensor{s.shape, std::vector<float>(src, src + s.numel())};
   }
   TROUPE_TRY(check_pairs(config, out, "write_peft_adapter(" + dir + ")"));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return make_error(ErrorCode::io, dir + ": cannot create directory (" + ec.message() + ")");
+  TROUPE_TRY(write_safetensors((fs::path(dir) / kAdapterWeightsFile).string(), out, {{"format", "pt"}}));
+  return write_peft_adapter_config(dir, config, tensors);
+}
+
+Status write_peft_adapter_config(const std::string& dir, const PeftAdapterConfig& config,
+                                 std::span<const TensorSpec> tensors) {
   PeftAdapterConfig c = config;
   if (c.target_modules.empty() && c.target_modules_regex.empty()) {
     std::set<std::string> modules;
-    for (const auto& [name, t] : out) modules.insert(parse_lora_tensor_name(name).value().first);
+    for (const TensorSpec& s : tensors) {
+      TROUPE_ASSIGN_OR_RETURN(auto parsed, parse_lora_tensor_name(s.name));
+      modules.insert(parsed.first);
+    }
     c.target_modules.assign(modules.begin(), modules.end());
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return make_error(ErrorCode::io, dir + ": cannot create directory (" + ec.message() + ")");
-  TROUPE_TRY(write_safetensors((fs::path(dir) / kAdapterWeightsFile).string(), out, {{"format", "pt"}}));
   return write_text(fs::path(dir) / kAdapterConfigFile, config_to_json(c).dump(2) + "\n");
 }
 
@@ -297,13 +309,20 @@ Result<PeftAdapter> read_peft_adapter(const std::string& dir, std::span<const Te
     return invalid_input(cfg_file + ": not valid JSON (" + e.what() + ")");
   }
   TROUPE_ASSIGN_OR_RETURN(a.config, config_from_json(a.raw_config, cfg_file));
-  if (!fs::exists(weights_file)) return invalid_input(weights_file + ": missing (the adapter's weights; a .bin adapter must be converted to safetensors)");
-  TROUPE_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(weights_file));
-  for (const auto& e : file.entries()) {
-    TROUPE_ASSIGN_OR_RETURN(auto t, file.read(e.name));
-    a.tensors[e.name] = std::move(t);
+  if (!fs::exists(weights_file) && has_shard_manifest(dir)) {  // a sharded learner's LoRA checkpoint
+    TROUPE_ASSIGN_OR_RETURN(auto m, read_shard_manifest(dir));
+    if (m.kind != "lora_adapter") return invalid_input(m.path + ": holds a whole model's weights, not LoRA adapters");
+    TROUPE_ASSIGN_OR_RETURN(a.tensors, read_sharded_tensors(dir, m));
+    TROUPE_TRY(check_pairs(a.config, a.tensors, m.path));
+  } else {
+    if (!fs::exists(weights_file)) return invalid_input(weights_file + ": missing (the adapter's weights; a .bin adapter must be converted to safetensors)");
+    TROUPE_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(weights_file));
+    for (const auto& e : file.entries()) {
+      TROUPE_ASSIGN_OR_RETURN(auto t, file.read(e.name));
+      a.tensors[e.name] = std::move(t);
+    }
+    TROUPE_TRY(check_pairs(a.config, a.tensors, weights_file));
   }
-  TROUPE_TRY(check_pairs(a.config, a.tensors, weights_file));
   if (!base.empty()) TROUPE_TRY(check_adapter_base(a, base));
   return a;
 }

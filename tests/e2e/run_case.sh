@@ -770,7 +770,8 @@ EOS
     $CHECK close "$W/l2" "$W/l21" 43 1e-3
     ;;
   learner_shard)  # learner.shard with 2 learners (mpirun): ZeRO-2 and ZeRO-3 are the data-parallel run bit for
-    # bit with less state per learner; a ZeRO-2 checkpoint resumed as ZeRO-1 goes on as the uninterrupted run
+    # bit with less state per learner; a ZeRO-2 checkpoint (one shard per learner) resumed as ZeRO-1 goes on as
+    # the uninterrupted run; generate and consolidate read it; a ZeRO-3 one resumes on one learner
     S="--set optimizer.schedule=constant --set sft.max_steps=8 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.every=2 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 $Q"
@@ -801,6 +802,62 @@ EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/z21" --set grpo.max_steps=4 \
       --set learner.shard=optimizer $S
     $CHECK same "$W/dp" "$W/z21"
+    # the checkpoints are sharded: one file per learner and shards.json, no gathered optimizer file
+    L="$W/z21/checkpoints/latest"
+    test -f "$L/shards.json" && test -f "$L/shards/rank_0.safetensors" && test -f "$L/shards/rank_1.safetensors"
+    test ! -e "$L/optimizer.safetensors" && test ! -e "$L/model.safetensors"
+    # read directly by generate, and consolidated into a Hugging Face directory that generates the same
+    "$TROUPE" generate "$L" --prompt "12+7=" --max-tokens 8 --json > "$W/gen_sharded.json"
+    "$TROUPE" checkpoint consolidate "$L" "$W/z21_hf"
+    test -f "$W/z21_hf/model.safetensors" && test -f "$W/z21_hf/config.json"
+    "$TROUPE" generate "$W/z21_hf" --prompt "12+7=" --max-tokens 8 --json > "$W/gen_hf.json"
+    cmp "$W/gen_sharded.json" "$W/gen_hf.json"
+    expect_exit 2 "$TROUPE" checkpoint consolidate "$W/dp/checkpoints/latest" "$W/not_sharded"
+    grep -q "shards.json" "$W/err.txt"
+    cp -r "$L/" "$W/bad_ckpt"
+    printf 'x' | dd of="$W/bad_ckpt/shards/rank_1.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
+    expect_exit 2 "$TROUPE" checkpoint consolidate "$W/bad_ckpt" "$W/bad_hf"
+    grep -q "rank_1.safetensors (rank 1 of 2)" "$W/err.txt"
+    # a sharded save killed half-way (learner 0 dies after its model files, the shards written): latest
+    # stays on the step before, no step_10, and --resume goes on as the uninterrupted run
+    expect_exit nonzero $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/cut" --set grpo.max_steps=4 \
+      --set learner.shard=gradients --set faults.checkpoint_interrupt_step=10 $S
+    grep -q "fault injected: checkpoint of step 10 interrupted" "$W/err.txt"
+    test "$(readlink "$W/cut/checkpoints/latest")" = step_8 && test ! -e "$W/cut/checkpoints/step_10"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/cut" --set grpo.max_steps=4 \
+      --set learner.shard=gradients $S
+    $CHECK same "$W/dp" "$W/cut"
+    # 2 sharded learners -> 1 learner: read from the shards, then the 1-learner sum order (rounding)
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z31" --set grpo.max_steps=2 \
+      --set learner.shard=parameters $S
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/z31" --set grpo.max_steps=4 $S \
+      --set cluster.learners=1
+    $CHECK close "$W/dp" "$W/z31" 11 1e-3
+    # LoRA adapters shard like parameters (on the data-parallel run's model as the base): each learner
+    # writes its shard of the adapters; eval reads the checkpoint as it reads its consolidated PEFT
+    # directory; a resume on one learner reads the shards
+    base=$(readlink -f "$W/dp/checkpoints/latest")
+    sed '/^  model:/,/^    max_position_embeddings/d' "$SRC/configs/quickstart.yaml" > "$W/lora.yaml"
+    printf '  path: %s\n  lora:\n    rank: 4\n    targets: [q, v]\n' "$base" > "$W/lora_keys.txt"
+    sed -i "/^  tokenizer: char/r $W/lora_keys.txt" "$W/lora.yaml"
+    $MPI "$TROUPE" run "$W/lora.yaml" --set run.dir="$W/lz" --set sft.enabled=false --set grpo.max_steps=2 \
+      --set learner.shard=parameters $S
+    ck=$(readlink -f "$W/lz/checkpoints/latest")
+    test -f "$ck/shards.json" && test -f "$ck/adapter_config.json" && test ! -e "$ck/adapter_model.safetensors"
+    grep -q '"kind": "lora_adapter"' "$ck/shards.json"
+    "$TROUPE" eval "$W/lora.yaml" --checkpoint "$ck" --set eval.num_prompts=10 > "$W/lora_eval.json"
+    "$TROUPE" checkpoint consolidate "$ck" "$W/lz_peft"
+    test -s "$W/lz_peft/adapter_model.safetensors" && test -s "$W/lz_peft/base.json"
+    "$TROUPE" eval "$W/lora.yaml" --checkpoint "$W/lz_peft" --set eval.num_prompts=10 > "$W/lora_eval_peft.json"
+    "$PY" - "$W/lora_eval.json" "$W/lora_eval_peft.json" << 'EOS'
+import json, sys
+a, b = ({k: v for k, v in json.load(open(p)).items() if k != "checkpoint" and not k.endswith("_s")} for p in sys.argv[1:])
+assert a == b, (a, b)
+print("eval of the sharded LoRA checkpoint == eval of its consolidation:", a.get("eval_accuracy", a))
+EOS
+    "$TROUPE" run "$W/lora.yaml" --resume "$W/lz" --set sft.enabled=false --set grpo.max_steps=3 $S \
+      --set cluster.learners=1
+    $CHECK steps "$W/lz" 3
     ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac

@@ -195,6 +195,7 @@ class LearnerRole {
   // Learner 0: makes the weight group's id (op 0) or joins it as rank 0 (op 1).
   Result<WeightGroupRep> weight_group(const WeightGroupReq& r);
   Result<CheckpointRep> checkpoint(const CheckpointReq& r);
+  Result<CheckpointRep> load_checkpoint(const CheckpointReq& r);  // checkpoint()'s load = true
   int64_t version() const { return version_; }
   // Learner 0: how many delta syncs took the delta prepared in the optimizer step (the bench, tests).
   int64_t prepared_deltas() const { return encoder_ ? encoder_->prepared_encodes() : 0; }

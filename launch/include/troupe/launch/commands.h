@@ -29,6 +29,7 @@ Command add_keygen_command(CLI::App& root);     // cmd_keygen.cpp: troupe keygen
 Command add_import_command(CLI::App& root);     // cmd_import.cpp: troupe import MODEL.gguf OUT_DIR [--dtype f32|bf16]
 Command add_export_command(CLI::App& root);     // cmd_export.cpp: troupe export CKPT OUT_DIR [--merge] [--base PATH] (LoRA)
 Command add_serve_command(CLI::App& root);
+Command add_checkpoint_command(CLI::App& root); // cmd_checkpoint.cpp: troupe checkpoint consolidate CKPT OUT_DIR
 Command add_plan_command(CLI::App& root);       // cmd_plan.cpp:  troupe plan CONFIG [--device-memory 80GiB] [--json]      // cmd_serve.cpp: troupe serve MODEL --bind HOST:PORT (OpenAI API)
 
 // Prints an error the way every subcommand does ("troupe: error: ...") and returns its exit code.

@@ -61,6 +61,16 @@ Result<std::string> save_checkpoint(const std::string& checkpoints_dir, const Ch
                                     const ModelDirWriter& write_model, const AdamW& opt,
                                     const std::vector<policy::TensorSpec>& specs, const CheckpointOptions& options);
 
+// save_checkpoint's two halves, for a save whose files several processes write (sharded learners,
+// sharded_checkpoint.h). begin: removes what a killed save left in checkpoints_dir and makes the
+// empty temporary directory .tmp_step_<step>.<tag> (returned). commit: lists every file of it in
+// state.json with its CRC-32 and size (not those under shards/ when it has a shards.json, which
+// lists them), fsyncs, renames it to step_<step>, switches latest/best, prunes old steps.
+Result<std::string> begin_checkpoint_dir(const std::string& checkpoints_dir, int64_t step, const std::string& tag);
+Result<std::string> commit_checkpoint_dir(const std::string& checkpoints_dir, const std::string& tmp_dir,
+                                          const CheckpointData& data, int64_t optimizer_steps,
+                                          const CheckpointOptions& options);
+
 // The step_N directories of checkpoints_dir (not the latest/best links), ascending by N.
 std::vector<std::pair<int64_t, std::string>> checkpoint_steps(const std::string& checkpoints_dir);
 
@@ -71,7 +81,8 @@ std::optional<double> checkpoint_metric(const std::string& step_dir);
 Result<std::string> latest_checkpoint(const std::string& checkpoints_dir);
 
 // Checks a step directory without loading it: state.json parses and has an integer step, and every
-// file it lists exists with its size and CRC-32 (an error names the bad file). Returns state.json.
+// file it lists exists with its size and CRC-32 (an error names the bad file); a sharded checkpoint's
+// shards too, against shards.json's sizes and xxh3 (the error names the file and its rank). Returns state.json.
 // The launcher calls it before a --resume touches the run directory.
 Result<nlohmann::json> verify_checkpoint(const std::string& step_dir);
 
@@ -80,6 +91,9 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir);
 // The model weights are read separately (read_flat_model or policy::io::load_model_dir).
 Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
                                        AdamW& opt);
+
+// fsync(2) of a file (an error names it).
+Status fsync_file(const std::string& path);
 
 // CRC-32 (IEEE 802.3, as zlib's crc32) of a file's bytes.
 Result<uint32_t> crc32_of_file(const std::string& path);

@@ -16,7 +16,10 @@ namespace troupe::learner {
 // DIR/base.json {"path": base_path made absolute, "fingerprint": base_fingerprint of its config.json
 // and the base's tensor table}. A fresh base (base_path empty) gets no base.json: `troupe export`
 // then needs --base.
-Status write_lora_adapter_files(const std::string& dir, const policy::Model& model, const std::string& base_path);
+// with_weights false: all but adapter_model.safetensors (a sharded checkpoint's ranks write the
+// adapters into its shards, sharded_checkpoint.h; read_peft_adapter reads them from there).
+Status write_lora_adapter_files(const std::string& dir, const policy::Model& model, const std::string& base_path,
+                                bool with_weights = true);
 
 // Reads DIR's adapter (checked against the model's base tensors and its LoRA settings: r, lora_alpha,
 // use_rslora, the adapted modules; a mismatch names the file and key) into the model's adapters.

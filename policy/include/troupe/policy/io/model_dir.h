@@ -50,7 +50,8 @@ struct ModelDir {
   std::string chat_template;  // Jinja text (chat_template.h: read_chat_template_dir); empty when none
 };
 
-// Loads config.json, the weights (model.safetensors or model.safetensors.index.json) and the
+// Loads config.json, the weights (model.safetensors or model.safetensors.index.json, or a sharded
+// learner's checkpoint's shards.json and shards: sharded_weights.h) and the
 // tokenizer if present. Errors name the file, and the tensor where one is at fault. read_weights
 // false: everything but the weights (tensors stays empty; a .gguf's quantized load reads its own).
 Result<ModelDir> load_model_dir(const std::string& path, bool read_weights = true);
@@ -60,6 +61,10 @@ Result<ModelDir> load_model_dir(const std::string& path, bool read_weights = tru
 Status save_model_dir(const std::string& path, const ModelConfig& config, const TensorMap& tensors,
                       const Tokenizer* tokenizer, ExpertLayout layout = ExpertLayout::per_expert,
                       int32_t bos_token_id = -1, int32_t eos_token_id = -1, int32_t pad_token_id = -1);
+// save_model_dir without the weights: config.json (with the bos/eos/pad ids) and the tokenizer (a
+// sharded learner's checkpoint, whose weights are in its shards: sharded_weights.h).
+Status save_model_dir_meta(const std::string& path, const ModelConfig& config, const Tokenizer* tokenizer,
+                           int32_t bos_token_id = -1, int32_t eos_token_id = -1, int32_t pad_token_id = -1);
 
 // Converts a file's tensor names to canonical ones (exposed for tests).
 Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource& w);

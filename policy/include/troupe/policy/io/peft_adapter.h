@@ -66,6 +66,10 @@ struct PeftAdapter {
 // where leaf names would also match modules left unadapted, e.g. qwen MoE experts' gate_proj).
 Status write_peft_adapter(const std::string& dir, const PeftAdapterConfig& config,
                           std::span<const TensorSpec> tensors, std::span<const float> values);
+// adapter_config.json alone, target_modules from the tensors' names when config has none (a sharded
+// LoRA checkpoint's: its weights are in the shards, sharded_weights.h).
+Status write_peft_adapter_config(const std::string& dir, const PeftAdapterConfig& config,
+                                 std::span<const TensorSpec> tensors);
 
 // Reads and checks an adapter directory: every adapter_config.json key that would change the math
 // (use_dora, lora_bias, fan_in_fan_out, bias != none, modules_to_save, layer_replication, non-empty
@@ -73,7 +77,8 @@ Status write_peft_adapter(const std::string& dir, const PeftAdapterConfig& confi
 // base, another peft_type, an unknown key with a non-null value ...) is an error naming the file and key;
 // tensors must be LoRA pairs of rank r. With `base` (a model's tensor table: HF names and shapes), every
 // module must be a 2-D projection `<module>.weight` of it other than the embedding or the head, with
-// A (r, in) and B (out, r) matching its shape. Errors name the file and the tensor.
+// A (r, in) and B (out, r) matching its shape. Errors name the file and the tensor. A directory
+// without adapter_model.safetensors but with shards.json (a sharded LoRA checkpoint) is read from its shards.
 Result<PeftAdapter> read_peft_adapter(const std::string& dir, std::span<const TensorSpec> base = {});
 // The checks `read_peft_adapter` does against a base, for an adapter already in memory.
 Status check_adapter_base(const PeftAdapter& adapter, std::span<const TensorSpec> base);

@@ -1,0 +1,117 @@
+// A sharded learner's checkpoint, written by every rank in parallel (sharded_checkpoint.h) and read
+// back at any rank count. Invariant: the step is committed (renamed into place by learner 0) only
+// after an all-reduce in which every rank reported its shard file written and fsynced.
+#include "troupe/learner/sharded_checkpoint.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "troupe/policy/io/sharded_weights.h"
+
+namespace troupe::learner {
+
+namespace fs = std::filesystem;
+namespace io = policy::io;
+
+namespace {
+
+// Per rank in the all-reduce of the written files: ok, bytes, the xxh3's two halves.
+constexpr size_t kReport = 4;
+
+Result<io::ShardFile> write_rank_file(const std::string& tmp, const RankShard& s, int rank, int world) {
+  const size_t lo = s.bounds[static_cast<size_t>(rank)], hi = s.bounds[static_cast<size_t>(rank) + 1];
+  TROUPE_ASSIGN_OR_RETURN(auto f, io::write_shard_file(tmp, rank, world, lo, hi,
+                                                       {{io::kShardParams, s.params},
+                                                        {"exp_avg", s.exp_avg},
+                                                        {"exp_avg_sq", s.exp_avg_sq}}));
+  TROUPE_TRY(fsync_file((fs::path(tmp) / f.path).string()));
+  return f;
+}
+
+io::ShardManifest manifest_of(const RankShard& s, int world, const std::vector<double>& reports) {
+  io::ShardManifest m;
+  m.kind = s.kind;
+  m.stage = s.stage;
+  m.world_size = world;
+  m.bounds.assign(s.bounds.begin(), s.bounds.end());
+  m.tensors = *s.specs;
+  m.buffers = {io::kShardParams, "exp_avg", "exp_avg_sq"};
+  for (int r = 0; r < world; ++r) {
+    const double* rep = reports.data() + kReport * static_cast<size_t>(r);
+    io::ShardFile f;
+    f.rank = r;
+    f.path = "shards/rank_" + std::to_string(r) + ".safetensors";
+    f.begin = m.bounds[static_cast<size_t>(r)];
+    f.end = m.bounds[static_cast<size_t>(r) + 1];
+    f.bytes = static_cast<uint64_t>(rep[1]);
+    f.xxh3 = (static_cast<uint64_t>(rep[2]) << 32) | static_cast<uint64_t>(rep[3]);
+    m.files.push_back(std::move(f));
+  }
+  return m;
+}
+
+}  // namespace
+
+Result<std::string> save_sharded_checkpoint(const std::string& checkpoints_dir, const CheckpointData& data,
+                                            const ModelDirWriter& write_meta, const RankShard& shard,
+                                            Communicator& comm, const CheckpointOptions& options) {
+  const int rank = comm.rank(), world = comm.size();
+  const std::string where = "checkpoint of step " + std::to_string(data.step);
+  if (shard.bounds.size() != static_cast<size_t>(world) + 1 || !shard.specs)
+    return make_error(ErrorCode::internal, where + ": shard bounds for another rank count");
+  // 1. learner 0 makes the temporary directory and tells the others its name (its pid)
+  std::vector<double> head(2, 0.0);
+  Result<std::string> begun = std::string();
+  if (rank == 0) {
+    begun = begin_checkpoint_dir(checkpoints_dir, data.step, std::to_string(::getpid()));
+    if (begun.ok()) head = {1.0, static_cast<double>(::getpid())};
+  }
+  TROUPE_TRY(comm.allreduce_sum(std::span<double>(head)));
+  if (head[0] != 1.0)
+    return rank == 0 ? Error(begun.error())
+                     : invalid_input(where + ": learner 0 could not make its directory (learner 0 reports why)");
+  const std::string tmp = (fs::path(checkpoints_dir) /
+                           (".tmp_step_" + std::to_string(data.step) + "." + std::to_string(static_cast<long long>(head[1]))))
+                              .string();
+  // 2. every rank its file, learner 0 the rest of the directory
+  auto file = write_rank_file(tmp, shard, rank, world);
+  Status meta = rank == 0 && file.ok() ? write_meta(tmp) : Status{};
+  std::vector<double> reports(kReport * static_cast<size_t>(world), 0.0);
+  if (file.ok() && meta.ok()) {
+    double* rep = reports.data() + kReport * static_cast<size_t>(rank);
+    rep[0] = 1.0;
+    rep[1] = static_cast<double>(file->bytes);
+    rep[2] = static_cast<double>(file->xxh3 >> 32);
+    rep[3] = static_cast<double>(file->xxh3 & 0xffffffffu);
+  }
+  TROUPE_TRY(comm.allreduce_sum(std::span<double>(reports)));
+  if (!file.ok()) return make_error(file.error().code, where + ": learner rank " + std::to_string(rank) + ": " + file.error().message);
+  if (!meta.ok()) return meta.error();
+  std::string failed;
+  for (int r = 0; r < world; ++r)
+    if (reports[kReport * static_cast<size_t>(r)] != 1.0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  if (!failed.empty())
+    return make_error(ErrorCode::io, where + ": learner rank(s) " + failed +
+                                         " could not write their shard (their logs say why); nothing was committed");
+  const std::string final_dir = (fs::path(checkpoints_dir) / ("step_" + std::to_string(data.step))).string();
+  if (rank != 0) return final_dir;
+  // 3. learner 0: the layout, then state.json and the rename
+  TROUPE_TRY(io::write_shard_manifest(tmp, manifest_of(shard, world, reports)));
+  return commit_checkpoint_dir(checkpoints_dir, tmp, data, shard.optimizer_steps, options);
+}
+
+bool is_sharded_checkpoint(const std::string& step_dir) { return io::has_shard_manifest(step_dir); }
+
+Status read_sharded_params(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
+                           std::span<float> params) {
+  TROUPE_ASSIGN_OR_RETURN(auto m, io::read_shard_manifest(step_dir));
+  TROUPE_TRY(io::check_shard_table(m, specs, "the model"));
+  if (m.numel() != params.size())
+    return invalid_input(m.path + ": holds " + std::to_string(m.numel()) + " values, the model " + std::to_string(params.size()));
+  TROUPE_ASSIGN_OR_RETURN(auto flat, io::read_shard_buffer(step_dir, m, io::kShardParams, 0, m.numel()));
+  std::copy(flat.begin(), flat.end(), params.begin());
+  return {};
+}
+
+}  // namespace troupe::learner
