@@ -100,10 +100,13 @@ int run_join(const JoinOpts& o) {
   auto identity = member_model_identity(cfg);
   if (!identity.ok()) return report_error(identity.error());
   const std::string yaml_dir = std::filesystem::path(config).parent_path().string();
-  auto sys = connect_to_job(cfg, yaml_dir.empty() ? "." : yaml_dir, *job, "joined-" + o.role, o.server_key);
+  auto sys = connect_to_job(cfg, yaml_dir.empty() ? "." : yaml_dir, *job, "joined-" + o.role, o.server_key,
+                            [&](runtime::ActorSystem& node) -> Status {
+                              TROUPE_ASSIGN_OR_RETURN(runtime::ActorId id, spawn_member(node, cfg, o.role));
+                              (void)id;
+                              return {};
+                            });
   if (!sys.ok()) return report_error(sys.error());
-  auto spawned = spawn_member(**sys, cfg, o.role);
-  if (!spawned.ok()) return report_error(spawned.error());
   actors::JoinReq req;
   req.role = o.role;
   req.node = (*sys)->node_id();
@@ -116,11 +119,11 @@ int run_join(const JoinOpts& o) {
   auto asked = (*sys)->ask<actors::JoinRep>(runtime::ActorSystem::named(0, "coordinator"), req,
                                             std::chrono::milliseconds(static_cast<int64_t>(o.join_timeout_s * 1000)));
   Result<actors::JoinRep> rep = asked.get();
-  if (!rep.ok() && rep.error().code == ErrorCode::timeout)
+  // no answer: the request timed out, or rank 0 was silent for cluster.peer_timeout_s first
+  if (!rep.ok() && (rep.error().code == ErrorCode::timeout || rep.error().code == ErrorCode::peer_failed))
     return report_error(make_error(ErrorCode::peer_failed,
-                                   "no answer from the job at " + job->endpoint + " within " +
-                                       std::to_string(static_cast<int>(o.join_timeout_s)) +
-                                       " s: it is not running there, or (cluster.curve) this member's public key is "
+                                   "no answer from the job at " + job->endpoint + " (" + rep.error().message +
+                                       "): it is not running there, or (cluster.curve) this member's public key is "
                                        "not in the job's authorized keys file (the job logs the refusal with this "
                                        "host's address)"));
   if (!rep.ok()) return report_error(make_error(rep.error().code, "the job at " + job->endpoint +

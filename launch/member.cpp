@@ -95,10 +95,9 @@ Status write_join_file(const std::string& run_dir, const std::string& endpoint, 
   return write_file_atomic(run_dir + "/join.json", j.dump(1) + "\n");
 }
 
-Result<std::unique_ptr<runtime::ActorSystem>> connect_to_job(const actors::ExperimentConfig& cfg,
-                                                             const std::string& yaml_dir, const JobAddress& job,
-                                                             const std::string& role,
-                                                             const std::string& server_key_file) {
+Result<std::unique_ptr<runtime::ActorSystem>> connect_to_job(
+    const actors::ExperimentConfig& cfg, const std::string& yaml_dir, const JobAddress& job, const std::string& role,
+    const std::string& server_key_file, const std::function<Status(runtime::ActorSystem&)>& before) {
   const auto& c = cfg.cluster;
   runtime::SystemConfig sc;
   std::random_device rd;
@@ -126,6 +125,7 @@ Result<std::unique_ptr<runtime::ActorSystem>> connect_to_job(const actors::Exper
     }
   }
   TROUPE_ASSIGN_OR_RETURN(auto sys, runtime::ActorSystem::create(sc));
+  if (before) TROUPE_TRY(before(*sys));
   TROUPE_TRY(sys->connect({runtime::PeerInfo{0, job.endpoint, "coordinator", server_key}}));
   return sys;
 }

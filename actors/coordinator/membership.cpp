@@ -55,11 +55,18 @@ json member_row(const std::string& name, const std::string& role, std::uint32_t 
 }  // namespace
 
 Status on_join(RunState& s, runtime::Context& ctx, const JoinReq& r) {
-  if (Status st = check_join(s, r); !st.ok()) {
+  if (!s.peers.system) return make_error(ErrorCode::internal, "membership: the coordinator has no actor system");
+  Status st = check_join(s, r);
+  // the answer, a refusal too, needs the way back (not for an id in use: that node is someone else)
+  if (st.ok() || st.error().message.find("is in use by") == std::string::npos) {
+    const std::string role = std::string("joined-") + (st.ok() ? r.role : "refused");
+    if (Status c = s.peers.system->connect({runtime::PeerInfo{r.node, r.endpoint, role, r.curve_public_key}}); !c.ok())
+      return c;
+  }
+  if (!st.ok()) {
     s.log("membership: refused a " + r.role + " from " + r.host + " (" + r.endpoint + "): " + st.error().message);
     return st;
   }
-  if (!s.peers.system) return make_error(ErrorCode::internal, "membership: the coordinator has no actor system");
   MemberRecord m;
   size_t same_role = r.role == "generator" ? s.peers.generators.size() : s.peers.scorers.size();
   for (const auto& other : s.membership.members)
@@ -71,7 +78,6 @@ Status on_join(RunState& s, runtime::Context& ctx, const JoinReq& r) {
   m.node = r.node;
   m.capacity = r.capacity;
   m.joined_step = s.step;
-  TROUPE_TRY(s.peers.system->connect({runtime::PeerInfo{r.node, r.endpoint, "joined-" + m.name, r.curve_public_key}}));
   s.log("membership: " + node_text(m) + " joined at step " + std::to_string(s.step) + " with capacity " +
               std::to_string(r.capacity) + "; it takes work after the next weight sync");
   s.membership.members.push_back(m);

@@ -31,6 +31,7 @@ wait_for() {  # wait_for SECONDS CMD...: until CMD succeeds
   cat "$W"/*.log 2> /dev/null | tail -40
   exit 1
 }
+two_first_rollouts() { [ "$(grep -c 'sampled its first rollout' "$W/job.log" || true)" -ge 2 ]; }
 grpo_rows_at_least() { [ "$(grep -cE '"phase": ?"grpo"' "$1/metrics.jsonl" 2> /dev/null || echo 0)" -ge "$2" ]; }
 
 case $CASE in
@@ -94,7 +95,7 @@ case $CASE in
     "$TROUPE" join "$W/run" --role generator > "$W/b.log" 2>&1 &
     B=$!
     PIDS+=($B)
-    wait_for 30 test "$(grep -c 'sampled its first rollout' "$W/job.log")" -ge 2
+    wait_for 30 two_first_rollouts
     "$TROUPE" status "$W/run" > "$W/status.txt"
     grep -q "generator2" "$W/status.txt" || { cat "$W/status.txt"; exit 1; }
     ADDR=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['address'])" "$W/run/join.json")

@@ -6,6 +6,7 @@
 // threads or hosts.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,10 +36,10 @@ Status write_join_file(const std::string& run_dir, const std::string& endpoint, 
 // This process's node (a fresh node id, `role`), bound on cluster.bind_host, with cluster.curve's
 // keys (relative to yaml_dir) when on, connected to the job's rank 0 as node 0. Under CURVE the
 // job's public key is server_key_file's when given, else the address's, else the config's own
-// cluster.curve_public_key (members sharing the job's YAML share its key pair).
-Result<std::unique_ptr<runtime::ActorSystem>> connect_to_job(const actors::ExperimentConfig& cfg,
-                                                             const std::string& yaml_dir, const JobAddress& job,
-                                                             const std::string& role,
-                                                             const std::string& server_key_file);
+// cluster.curve_public_key (members sharing the job's YAML share its key pair). `before` runs on
+// the bound node before it connects (spawning its actors: the job's heartbeats count from then).
+Result<std::unique_ptr<runtime::ActorSystem>> connect_to_job(
+    const actors::ExperimentConfig& cfg, const std::string& yaml_dir, const JobAddress& job, const std::string& role,
+    const std::string& server_key_file, const std::function<Status(runtime::ActorSystem&)>& before = {});
 
 }  // namespace troupe::launch
