@@ -210,6 +210,7 @@ Status on_join(RunState& s, runtime::Context& ctx, const JoinReq& r);
 Status on_leave(RunState& s, runtime::Context& ctx, const LeaveReq& r);
 Status on_members(RunState& s, runtime::Context& ctx, const MembersReq& r);
 void admit_members(RunState& s);
+bool members_pending(const RunState& s);  // a joiner waits for the next weight sync
 void settle_members(RunState& s, int64_t version);  // version: what the sync sent
 void note_sampled(RunState& s, size_t g, size_t samples, int64_t step);  // generator g answered
 void note_failed(RunState& s, size_t g);                                // generator g's request failed

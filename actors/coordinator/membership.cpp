@@ -4,6 +4,7 @@
 // a joiner gets the full weights before its first work and a leaver's last work is done before
 // its leave is answered; what a dead member held is generated again by the others (rollout.cpp's
 // failover), so every episode is trained exactly once.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,9 @@
 namespace troupe::actors::coord {
 
 namespace {
+
+// The step in progress (the latest one whose rollout was asked for): what joins and leaves are dated by.
+int64_t step_now(const RunState& s) { return std::max({s.step, s.done_step, s.membership.step}); }
 
 std::string node_text(const MemberRecord& m) {
   return m.name + " (node " + std::to_string(m.node) + ", " + (m.host.empty() ? m.endpoint : m.host) + ")";
@@ -77,12 +81,12 @@ Status on_join(RunState& s, runtime::Context& ctx, const JoinReq& r) {
   m.endpoint = r.endpoint;
   m.node = r.node;
   m.capacity = r.capacity;
-  m.joined_step = s.step;
-  s.log("membership: " + node_text(m) + " joined at step " + std::to_string(s.step) + " with capacity " +
+  m.joined_step = step_now(s);
+  s.log("membership: " + node_text(m) + " joined during step " + std::to_string(m.joined_step) + " with capacity " +
               std::to_string(r.capacity) + "; it takes work after the next weight sync");
   s.membership.members.push_back(m);
   write_members(s);
-  return ctx.reply(JoinRep{m.name, s.step, s.version});
+  return ctx.reply(JoinRep{m.name, m.joined_step, s.version});
 }
 
 Status on_leave(RunState& s, runtime::Context& ctx, const LeaveReq& r) {
@@ -92,10 +96,10 @@ Status on_leave(RunState& s, runtime::Context& ctx, const LeaveReq& r) {
   m->leave_reply = ctx.reply_later();
   if (m->state == "pending") {
     m->state = "left";
-    m->left_step = s.step;
+    m->left_step = step_now(s);
     s.log("membership: " + node_text(*m) + " left before it took work");
     write_members(s);
-    return m->leave_reply.send(LeaveRep{s.step});
+    return m->leave_reply.send(LeaveRep{m->left_step});
   }
   m->state = "leaving";
   if (m->role == "generator") {
@@ -105,7 +109,7 @@ Status on_leave(RunState& s, runtime::Context& ctx, const LeaveReq& r) {
   // sync mode: every request of the step is answered by its weight sync; async: the rollouts
   // requested before the leave are trained within max_staleness + 1 steps
   m->leave_at_sync = s.membership.syncs + (s.cfg.rollout.async ? s.cfg.rollout.max_staleness + 2 : 1);
-  s.log("membership: " + node_text(*m) + " is leaving at step " + std::to_string(s.step) +
+  s.log("membership: " + node_text(*m) + " is leaving during step " + std::to_string(step_now(s)) +
               ": no more work; its leave is answered once the work it has is done");
   write_members(s);
   return {};
@@ -120,6 +124,12 @@ Status on_members(RunState& s, runtime::Context& ctx, const MembersReq& r) {
       TROUPE_TRY(s.peers.system->connect({runtime::PeerInfo{node, r.endpoint, "joined-status", r.curve_public_key}}));
   }
   return ctx.reply(MembersRep{members_json(s).dump()});
+}
+
+bool members_pending(const RunState& s) {
+  for (const auto& m : s.membership.members)
+    if (m.state == "pending") return true;
+  return false;
 }
 
 void admit_members(RunState& s) {
@@ -141,8 +151,8 @@ void admit_members(RunState& s) {
       s.membership.min_version.back() = std::numeric_limits<int64_t>::max();
     }
     m.state = "active";
-    m.admitted_step = s.step;
-    s.log("membership: " + node_text(m) + " admitted at step " + std::to_string(s.step) +
+    m.admitted_step = step_now(s);
+    s.log("membership: " + node_text(m) + " admitted at the weight sync of step " + std::to_string(m.admitted_step) +
                 (m.role == "generator" ? ": the full weights go to it now" : ""));
   }
   if (changed) write_members(s);
@@ -157,23 +167,25 @@ void settle_members(RunState& s, int64_t version) {
       s.membership.min_version[static_cast<size_t>(m.index)] = version;  // the version of its full weights
     if (m.state == "leaving" && m.leave_at_sync <= s.membership.syncs) {
       m.state = "left";
-      m.left_step = s.step;
-      if (m.leave_reply) (void)m.leave_reply.send(LeaveRep{s.step});
-      s.log("membership: " + node_text(m) + " left after step " + std::to_string(s.step) + ", its work done");
+      m.left_step = step_now(s);
+      if (m.leave_reply) (void)m.leave_reply.send(LeaveRep{m.left_step});
+      s.log("membership: " + node_text(m) + " left after step " + std::to_string(m.left_step) + ", its work done");
       changed = true;
     } else if ((m.state == "active" || m.state == "leaving") && s.peers.system && s.peers.system->node_is_down(m.node)) {
       m.state = "down";
-      m.left_step = s.step;
+      m.left_step = step_now(s);
       if (m.role == "generator") ++s.membership.of(static_cast<size_t>(m.index)).failures;
       s.log("membership: " + node_text(m) + " is down (silent for cluster.peer_timeout_s); its episodes "
                   "in flight were generated again by the other generators");
       changed = true;
     }
   }
-  if (changed || !s.membership.members.empty()) write_members(s);
+  (void)changed;
+  if (s.hooks.membership.accept) write_members(s);  // versions and loads move every sync
 }
 
 void note_sampled(RunState& s, size_t g, size_t samples, int64_t step) {
+  s.membership.step = std::max(s.membership.step, step);
   GeneratorLoad& l = s.membership.of(g);
   ++l.requests;
   l.samples += static_cast<int64_t>(samples);
@@ -184,7 +196,7 @@ void note_sampled(RunState& s, size_t g, size_t samples, int64_t step) {
     if (m.role == "generator" && m.index == static_cast<int64_t>(g) && m.first_work_step < 0) {
       m.first_work_step = step;
       s.log("membership: " + node_text(m) + " sampled its first rollout at step " + std::to_string(step) +
-                  " (joined at step " + std::to_string(m.joined_step) + ")");
+                  " (joined during step " + std::to_string(m.joined_step) + ")");
     }
 }
 
@@ -223,7 +235,7 @@ json members_json(const RunState& s) {
     if (m.index < 0)
       rows.push_back(json{{"name", m.name}, {"role", m.role}, {"node", m.node}, {"state", m.state}, {"version", -1},
                           {"host", m.host}, {"endpoint", m.endpoint}, {"joined_step", m.joined_step}});
-  return json{{"step", s.step}, {"version", s.version}, {"members", rows}};
+  return json{{"step", step_now(s)}, {"version", s.version}, {"members", rows}};
 }
 
 void write_members(const RunState& s) {

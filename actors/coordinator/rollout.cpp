@@ -161,6 +161,7 @@ std::vector<Part> request_parts(RunState& s, const Rollout& r, int64_t step, int
                       std::move(streams)};
       req.policy_version = version;
       req.step = step;
+      s.membership.step = std::max(s.membership.step, step);
       s.pipeline->name_in_flight(s, k, req);
       part.reqs.resize(NG);
       part.reqs[g] = req;

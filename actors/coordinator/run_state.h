@@ -59,6 +59,7 @@ struct Membership {
     return version < 0 || g >= min_version.size() || min_version[g] <= version;
   }
   int64_t syncs = 0;
+  int64_t step = 0;  // the latest step a rollout was asked for (RunProgress::step moves per phase in GRPO)
   GeneratorLoad& of(size_t g) {
     if (load.size() <= g) load.resize(g + 1);
     return load[g];

@@ -44,7 +44,7 @@ def main(ref, run, log, status, n):
     if ledger(ref) != ledger(run):
         fail("trained episodes %s, the uninterrupted run %s" % (ledger(run), ledger(ref)))
     text = open(log).read()
-    firsts = re.findall(r"sampled its first rollout at step (\d+) \(joined at step (\d+)\)", text)
+    firsts = re.findall(r"sampled its first rollout at step (\d+) \(joined during step (\d+)\)", text)
     if len(firsts) != 2:
         fail("expected 2 joiners' first rollouts in the log, found %s" % firsts)
     for first, joined in firsts:
