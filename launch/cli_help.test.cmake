@@ -1,6 +1,6 @@
 # launch.cli_help: every subcommand answers --help with exit 0 and names itself (the CLI contract in docs/architecture.md).
 foreach(sub "" run validate eval report bench "env" "env serve" generate score keygen import export serve plan
-            checkpoint "checkpoint consolidate")
+            checkpoint "checkpoint consolidate" join status)
   separate_arguments(args UNIX_COMMAND "${sub} --help")
   execute_process(COMMAND ${TROUPE} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)

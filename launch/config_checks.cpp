@@ -404,6 +404,8 @@ void check_cluster(const ExperimentConfig& c, const ConfigReport& report) {
       if (value->empty())
         report("cluster.curve", key, "cluster.curve needs this key file (write a pair with troupe keygen PUBLIC SECRET)");
   }
+  if (c.cluster.join && c.cluster.transport != runtime::TransportKind::tcp)
+    report("cluster.join", "cluster.join", "members join over tcp: set cluster.transport: tcp");
   const std::string& bh = c.cluster.bind_host;
   if (c.cluster.transport == runtime::TransportKind::ipc && bh != "127.0.0.1" && bh != "localhost")
     report("cluster.bind_host", "cluster.bind_host", "bind_host is for transport: tcp; ipc only reaches ranks on this node");

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
       add_report_command(app), add_bench_command(app),   add_env_command(app),
       add_generate_command(app), add_score_command(app), add_keygen_command(app),
       add_import_command(app), add_export_command(app), add_serve_command(app),
-      add_plan_command(app),  add_checkpoint_command(app),
+      add_plan_command(app),  add_checkpoint_command(app), add_join_command(app), add_status_command(app),
   };
   try {
     app.parse(argc, argv);

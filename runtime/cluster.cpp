@@ -93,8 +93,8 @@ Result<SystemConfig> Cluster::system_config() const {
   SystemConfig sc = config_.system;
   sc.node_id = static_cast<std::uint32_t>(rank_);
   sc.role = roles_[static_cast<std::size_t>(rank_)];
-  if (world_ <= 1) return sc;
-  if (config_.transport == TransportKind::ipc) {
+  if (world_ <= 1 && !config_.listen_when_alone) return sc;
+  if (world_ > 1 && config_.transport == TransportKind::ipc) {
     sc.bind = "ipc://" + config_.ipc_dir + "/troupe-" + std::to_string(::getpid()) + "-r" + std::to_string(rank_);
     return sc;
   }
@@ -130,9 +130,12 @@ Status Cluster::exchange_addresses() {
 void Cluster::watch_peers() {
   system_->on_node_down([this](const NodeDown& d) {
     if (config_.survivable_loss && config_.survivable_loss(d.role)) {
-      lost_peer_ = true;
-      std::fprintf(stderr, "troupe: rank %d (role %s): peer rank %u (role %s) failed: %s; the job goes on without it\n",
-                   rank_, roles_[static_cast<std::size_t>(rank_)].c_str(), d.node, d.role.c_str(), d.reason.c_str());
+      // a node beyond the MPI world (one that joined later over ZeroMQ) is no rank MPI_Finalize waits for
+      const bool rank = d.node < static_cast<std::uint32_t>(world_);
+      if (rank) lost_peer_ = true;
+      std::fprintf(stderr, "troupe: rank %d (role %s): peer %s %u (role %s) failed: %s; the job goes on without it\n",
+                   rank_, roles_[static_cast<std::size_t>(rank_)].c_str(), rank ? "rank" : "node", d.node,
+                   d.role.c_str(), d.reason.c_str());
       std::fflush(stderr);
       return;
     }

@@ -169,6 +169,11 @@ Coordinator::Coordinator(ExperimentConfig cfg, RolePeers peers, CoordinatorHooks
   impl_->s.run_dir = std::move(run_dir);
   impl_->job = job;
   impl_->on_end = std::move(on_end);
+  // members joining and leaving (troupe join) and troupe status, between the steps' awaits
+  coord::RunState& s = impl_->s;
+  handle<JoinReq>([&s](runtime::Context& ctx, const JoinReq& r) { return coord::on_join(s, ctx, r); });
+  handle<LeaveReq>([&s](runtime::Context& ctx, const LeaveReq& r) { return coord::on_leave(s, ctx, r); });
+  handle<MembersReq>([&s](runtime::Context& ctx, const MembersReq& r) { return coord::on_members(s, ctx, r); });
 }
 
 Coordinator::~Coordinator() = default;

@@ -200,6 +200,23 @@ void write_trajectories(const RunSetup& s, const Rollout& r, const std::vector<f
 Task<Result<json>> evaluate(RunState& s);
 Task<Status> eval_and_log(RunState& s, std::string phase);
 
+// membership.cpp: members joining and leaving the running job (troupe join, troupe status). The
+// handlers answer JoinReq (refused by name: no cluster.join, another role or model hash, a node id
+// in use), LeaveReq (answered once the leaver's work is done) and MembersReq. admit_members runs
+// before each weight sync (pending joiners become generators or scorers, so the sync sends them the
+// full weights), settle_members after it (due leaves answered, dead members noted); members.json in
+// the run directory follows every change.
+Status on_join(RunState& s, runtime::Context& ctx, const JoinReq& r);
+Status on_leave(RunState& s, runtime::Context& ctx, const LeaveReq& r);
+Status on_members(RunState& s, runtime::Context& ctx, const MembersReq& r);
+void admit_members(RunState& s);
+bool members_pending(const RunState& s);  // a joiner waits for the next weight sync
+void settle_members(RunState& s, int64_t version);  // version: what the sync sent
+void note_sampled(RunState& s, size_t g, size_t samples, int64_t step);  // generator g answered
+void note_failed(RunState& s, size_t g);                                // generator g's request failed
+json members_json(const RunState& s);
+void write_members(const RunState& s);
+
 // checkpoint_policy.cpp: checkpoints (every, at phase ends, keep_best_by), resume, failure saves.
 bool periodic_checkpoint_due(const ExperimentConfig& cfg, int64_t step);  // checkpointing.every divides the step
 Task<Status> checkpoint(RunState& s, std::string phase, bool force,

@@ -134,8 +134,13 @@ std::vector<Part> request_parts(RunState& s, const Rollout& r, int64_t step, int
     part.g0 = P * c / C;
     part.g1 = P * (c + 1) / C;
     part.owned.resize(NG);
+    // members leaving the job get no more work, nor do members asked for a version older than theirs
+    std::vector<size_t> takers;
+    for (size_t g = 0; g < NG; ++g)
+      if (s.membership.takes(g, version)) takers.push_back(g);
+    if (takers.empty()) takers.push_back(0);
     for (int i = part.g0; i < part.g1; ++i)
-      if (!skip[i]) part.owned[static_cast<size_t>(i - part.g0) % NG].push_back(i);
+      if (!skip[i]) part.owned[takers[static_cast<size_t>(i - part.g0) % takers.size()]].push_back(i);
     for (size_t g = 0; g < NG; ++g) {
       part.gens.emplace_back();
       if (part.owned[g].empty()) continue;
@@ -156,6 +161,7 @@ std::vector<Part> request_parts(RunState& s, const Rollout& r, int64_t step, int
                       std::move(streams)};
       req.policy_version = version;
       req.step = step;
+      s.membership.step = std::max(s.membership.step, step);
       s.pipeline->name_in_flight(s, k, req);
       part.reqs.resize(NG);
       part.reqs[g] = req;
@@ -178,7 +184,12 @@ Task<Result<PartSampled>> collect_part(RunState& s, Rollout& r, Part& part) {
   for (size_t g = 0; g < part.gens.size(); ++g) {
     if (!part.gens[g]) continue;
     Result<GenerateRep> got = co_await *part.gens[g];
-    if (!got.ok()) got = co_await generation_failover(s, std::move(got), part.reqs[g], g);
+    if (got.ok()) {
+      note_sampled(s, g, got->samples.size(), part.reqs[g].step);
+    } else {
+      note_failed(s, g);
+      got = co_await generation_failover(s, std::move(got), part.reqs[g], g);
+    }
     TROUPE_CO_ASSIGN_OR_RETURN(auto rep, std::move(got));
     out.sampled_by = out.sampled_by < 0 ? rep.policy_version : std::min(out.sampled_by, rep.policy_version);
     out.version_wait = std::max(out.version_wait, rep.version_wait_s);
@@ -327,6 +338,8 @@ Task<Result<GenerateRep>> generation_failover(RunState& s, Result<GenerateRep> g
   };
   while (!got.ok() && dead()) {
     auto next = s.live_generator_from(g + 1);
+    for (size_t n = 0; next && !s.membership.takes(*next, req.policy_version) && n < s.peers.generators.size(); ++n)
+      next = s.live_generator_from(*next + 1);  // a member that joined after this version cannot sample it
     if (!next) co_return make_error(ErrorCode::peer_failed, got.error().message + "; no generator is left");
     if (s.hooks.log)
       s.hooks.log("generator " + std::to_string(g) + " is down (" + got.error().message + "): its " +

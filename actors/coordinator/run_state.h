@@ -32,6 +32,40 @@ using runtime::ActorId;
 
 class StepPipeline;
 
+// Members that joined the running job (troupe join) and what every generator did (troupe status).
+struct MemberRecord {
+  std::string name, role, host, endpoint;
+  std::uint32_t node = 0;
+  int capacity = 0;
+  std::string state = "pending";  // pending (until the next weight sync), active, leaving, left, down
+  int64_t joined_step = -1, admitted_step = -1, first_work_step = -1, left_step = -1;
+  int64_t index = -1;             // in peers.generators (or peers.scorers) once admitted
+  runtime::ReplyTo leave_reply;   // a LeaveReq, answered once its work is done
+  int64_t leave_at_sync = 0;      // the weight sync (Membership::syncs) that answers it
+};
+struct GeneratorLoad {
+  int64_t requests = 0, samples = 0, failures = 0;
+  int64_t last_step = -1, last_samples = 0;  // the latest step it sampled for, and how many then
+};
+struct Membership {
+  std::vector<MemberRecord> members;
+  std::vector<GeneratorLoad> load;  // by generator index
+  std::vector<char> leaving;        // by generator index: sent no more work
+  // by generator index: the oldest policy version a member can sample with (the one its first,
+  // full weights had; unknown until that sync is done); -1 for the generators the run started with
+  std::vector<int64_t> min_version;
+  bool takes(size_t g, int64_t version) const {
+    if (g < leaving.size() && leaving[g]) return false;
+    return version < 0 || g >= min_version.size() || min_version[g] <= version;
+  }
+  int64_t syncs = 0;
+  int64_t step = 0;  // the latest step a rollout was asked for (RunProgress::step moves per phase in GRPO)
+  GeneratorLoad& of(size_t g) {
+    if (load.size() <= g) load.resize(g + 1);
+    return load[g];
+  }
+};
+
 // What the run is and who plays it: the config, the roles and the coordinator's own context, the
 // tokenizer, and which generators are still alive.
 struct RunSetup {
@@ -49,8 +83,10 @@ struct RunSetup {
   // does not end the job: its prompts go to the others, generation_failover in rollout.cpp).
   // In one process a generator thread can die alone (its actor failed): generators_down.
   std::vector<char> generators_down;
+  Membership membership;
   bool generator_alive(size_t g) const {
     if (g < generators_down.size() && generators_down[g]) return false;
+    if (g < membership.leaving.size() && membership.leaving[g]) return false;
     return !peers.system || !peers.system->node_is_down(peers.generators[g].node);
   }
   void mark_generator_down(size_t g) {

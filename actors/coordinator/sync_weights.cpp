@@ -1,6 +1,7 @@
 // The coordinator's weight sync: learner 0's weights to every live generator through the run's
 // WeightSync (troupe/actors/weight_sync.h), which the first sync makes; the generators the sync
-// finds dead are marked down, and s.version becomes the version they now hold.
+// finds dead are marked down, and s.version becomes the version they now hold. Members that joined
+// are admitted just before a sync and leaves answered just after it (membership.cpp).
 #include <memory>
 
 #include "coordinator_internal.h"
@@ -9,6 +10,7 @@ namespace troupe::actors::coord {
 
 Task<Status> sync_weights(RunState& s, double* seconds) {
   if (!s.weight_sync) s.weight_sync = std::make_unique<WeightSync>(s.cfg.weight_sync, s.cfg.rollout.async);
+  admit_members(s);  // joiners get the full weights by this sync
   WeightSyncPeers peers;
   peers.learner = s.peers.learners[0];
   peers.generators = s.peers.generators;
@@ -16,6 +18,7 @@ Task<Status> sync_weights(RunState& s, double* seconds) {
   peers.mark_down = [&s](size_t g) { s.mark_generator_down(g); };
   peers.log = s.hooks.log;
   TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await s.weight_sync->sync(s.here, peers));
+  settle_members(s, rep.version);
   if (!s.live_generator_from(0)) co_return make_error(ErrorCode::peer_failed, "weight sync: every generator is down");
   s.version = rep.version;
   if (seconds) *seconds = rep.seconds;

@@ -39,7 +39,11 @@ Task<Status> finish_grpo_step(RunState& s, const Rollout& r, const Prepared& p, 
                               int64_t step, double step_start, double gen_idle) {
   json row = grpo_step_row(s, r, p, tr, step);
   double sync_s = 0;
-  if (tr.updated) TROUPE_CO_TRY(co_await sync_weights(s, &sync_s));
+  // members waiting to join are admitted by a sync, also after a step that trained nothing
+  if (tr.updated || members_pending(s))
+    TROUPE_CO_TRY(co_await sync_weights(s, &sync_s));
+  else
+    settle_members(s, s.version);  // leaves and dead members are noted every step
   add_grpo_timings(s, row, r, tr, sync_s, mono_seconds() - step_start, gen_idle);
   s.trained_episodes += episodes_of(r);
   // the version (new, or the same when nothing trained) later rollouts sample with

@@ -73,9 +73,14 @@ runtime::ClusterConfig cluster_config(const LoadedConfig& loaded, const actors::
   // the others (actors/rollout.cpp, generation_failover); the coordinator fails once none is left.
   // So does a dead scorer rank while another scorer lives: its requests are retried on the next one
   // (teacher_scores.cpp, ScorerClient), each such failure counted.
+  // With cluster.join a member that joined (role "joined-...") may die or leave at any time: the
+  // coordinator generates its work again on the others (membership.cpp), the job goes on.
   const bool spare_generators = cfg.cluster.generators >= 2, spare_scorers = cfg.cluster.scorers >= 2;
-  if (spare_generators || spare_scorers)
+  const bool members = cfg.cluster.join;
+  cc.listen_when_alone = members;
+  if (spare_generators || spare_scorers || members)
     cc.survivable_loss = [placement, spare_generators, spare_scorers](const std::string& role) {
+      if (role.rfind("joined-", 0) == 0) return true;
       for (const auto& r : placement)
         if (r.name == role)
           return (spare_generators && r.kind == RoleKind::generator) || (spare_scorers && r.kind == RoleKind::scorer);

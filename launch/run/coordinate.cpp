@@ -1,11 +1,13 @@
 // Step 7 of `troupe run`, on rank 0: the run directory (created, config.resolved.yaml), the metrics
 // sinks (metrics.jsonl, tb/, the progress line, W&B with logger.wandb; rows after a resumed
-// checkpoint dropped) and the coordinator over every role. A planned stop is checkpointed, not a failure; by a signal it exits 1.
+// checkpoint dropped) and the coordinator over every role; with cluster.join, join.json and the
+// job's model identity for the members that join. A planned stop is checkpointed, not a failure; by a signal it exits 1.
 #include <cstdio>
 #include <filesystem>
 
 #include "run/steps.h"
 #include "troupe/actors/step_counter.h"
+#include "troupe/launch/member.h"
 #include "troupe/launch/metrics.h"
 #include "troupe/launch/run_dir_files.h"
 
@@ -24,6 +26,14 @@ int run_coordinator_into(const actors::ExperimentConfig& cfg, const RunOptions& 
   hooks.log = [s](const std::string& line) { s->message(line); };
   hooks.hold_exit = [&cluster](std::chrono::seconds d) { cluster.hold_exit(d); };
   hooks.stop_requested = [] { return stop_requested(); };
+  if (cfg.cluster.join) {  // members may join: the job's model and where they find the job
+    auto identity = member_model_identity(cfg);
+    if (!identity.ok()) return fail(identity.error());
+    hooks.membership = actors::MembershipOptions{true, identity->hash, identity->name, run_dir};
+    auto& sys = cluster.system();
+    if (Status st = write_join_file(run_dir, sys.endpoint(), sys.curve_public_key()); !st.ok()) return fail(st.error());
+    s->message("members may join: troupe join " + run_dir + " --role generator (rank 0 at " + sys.endpoint() + ")");
+  }
   Status st = actors::run_coordinator(cfg, peers, hooks, run_dir, !opt.resume_dir.empty());
   s->finish();
   int code = 0;

@@ -43,6 +43,14 @@ inline constexpr std::uint32_t weight_group_rep = 2098;
 inline constexpr std::uint32_t stop_after_step = 2100;
 inline constexpr std::uint32_t stop_run = 2101;
 
+// --- membership: members joining a running job (`troupe join`, `troupe status`), 2110-2119 ---
+inline constexpr std::uint32_t join_req = 2110;
+inline constexpr std::uint32_t join_rep = 2111;
+inline constexpr std::uint32_t leave_req = 2112;
+inline constexpr std::uint32_t leave_rep = 2113;
+inline constexpr std::uint32_t members_req = 2114;
+inline constexpr std::uint32_t members_rep = 2115;
+
 // --- `troupe bench` (launch/bench), 7000-7099 and 9600-9699 ---
 inline constexpr std::uint32_t bench_blob = 7001;
 inline constexpr std::uint32_t bench_call = 7002;
@@ -77,7 +85,10 @@ inline constexpr Entry kTable[] = {
     {"env_run_req", env_run_req},           {"env_aggregate_req", env_aggregate_req},
     {"env_aggregate_rep", env_aggregate_rep}, {"weight_group_req", weight_group_req},
     {"weight_group_rep", weight_group_rep}, {"stop_after_step", stop_after_step},
-    {"stop_run", stop_run},                 {"bench_blob", bench_blob},
+    {"stop_run", stop_run},                 {"join_req", join_req},
+    {"join_rep", join_rep},                 {"leave_req", leave_req},
+    {"leave_rep", leave_rep},               {"members_req", members_req},
+    {"members_rep", members_rep},           {"bench_blob", bench_blob},
     {"bench_call", bench_call},             {"bench_trajectory", bench_trajectory},
     {"bench_rtt_go", bench_rtt_go},         {"bench_gate_open", bench_gate_open},
 };

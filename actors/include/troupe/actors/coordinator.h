@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "troupe/actors/experiment_config.h"
+#include "troupe/actors/membership.h"
 #include "troupe/base/result.h"
 #include "troupe/base/seed_streams.h"
 #include "troupe/runtime/system.h"
@@ -36,6 +37,8 @@ struct CoordinatorHooks {
   // True once a signal (SIGTERM, SIGINT) asked the run to stop: after the step in progress the
   // coordinator checkpoints it and ends the run with an error starting kStoppedBySignal.
   std::function<bool()> stop_requested;
+  // cluster.join: who may join the running job (JoinReq, LeaveReq and MembersReq are always answered).
+  MembershipOptions membership;
 };
 
 // The message prefix of the two planned stops (not failures): run.max_wall_s reached, a signal.

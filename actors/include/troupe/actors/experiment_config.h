@@ -153,6 +153,7 @@ struct ClusterSection {
   std::string curve_public_key;       // this rank's key files (Z85, `troupe keygen`), relative to the YAML's folder
   std::string curve_secret_key;
   std::string curve_authorized_keys;  // the public keys of every rank allowed to connect, one per line
+  bool join = false;  // rank 0 admits generators and scorers that join over tcp (`troupe join`)
 };
 
 struct CheckpointSection {

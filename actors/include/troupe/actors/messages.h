@@ -528,6 +528,66 @@ struct StopRun {
   void serialize(A& ar) { ar(code); }
 };
 
+// ---- membership: a process joining a running job (`troupe join`), `troupe status` ----
+// Joiner -> the coordinator: admit this process's role. The joiner's node must be reachable at
+// `endpoint` (the coordinator connects back to it, with `curve_public_key` under CURVE). Refused
+// (an error reply, invalid_input) for another role, a node id in use, or another model hash.
+struct JoinReq {
+  static constexpr std::uint32_t type_id = message_id::join_req;
+  static constexpr const char* type_name = "actors.JoinReq";
+  std::string role;              // "generator" or "scorer"
+  std::uint32_t node = 0;        // the joiner's node id
+  std::string endpoint;          // where the joiner's node listens (tcp://host:port)
+  std::string curve_public_key;  // its CURVE key ("" without CURVE)
+  std::string host;              // its host name (for troupe status and the logs)
+  std::int32_t capacity = 1;     // compute threads it samples with
+  std::string model_hash;        // member_model_hash of its config
+  std::string model_name;        // what it calls its model (policy.path, or policy.model's shape)
+  template <class A>
+  void serialize(A& ar) { ar(role, node, endpoint, curve_public_key, host, capacity, model_hash, model_name); }
+};
+struct JoinRep {
+  static constexpr std::uint32_t type_id = message_id::join_rep;
+  static constexpr const char* type_name = "actors.JoinRep";
+  std::string name;               // the member's name in the job ("generator3")
+  std::int64_t step = 0;          // the job's step when it was admitted
+  std::int64_t version = 0;       // the learners' policy version then
+  template <class A>
+  void serialize(A& ar) { ar(name, step, version); }
+};
+// A joined member -> the coordinator: send me no more work. Answered once the work already sent to
+// it is done (at a later weight sync), or with an error when the node is no member.
+struct LeaveReq {
+  static constexpr std::uint32_t type_id = message_id::leave_req;
+  static constexpr const char* type_name = "actors.LeaveReq";
+  std::uint32_t node = 0;
+  template <class A>
+  void serialize(A& ar) { ar(node); }
+};
+struct LeaveRep {
+  static constexpr std::uint32_t type_id = message_id::leave_rep;
+  static constexpr const char* type_name = "actors.LeaveRep";
+  std::int64_t step = 0;  // the step after which it got no more work
+  template <class A>
+  void serialize(A& ar) { ar(step); }
+};
+// `troupe status ADDRESS` -> the coordinator: the job's members, as the JSON status.json holds.
+struct MembersReq {
+  static constexpr std::uint32_t type_id = message_id::members_req;
+  static constexpr const char* type_name = "actors.MembersReq";
+  std::string endpoint;          // where the asking node listens (the coordinator connects back to answer)
+  std::string curve_public_key;  // its CURVE key ("" without CURVE)
+  template <class A>
+  void serialize(A& ar) { ar(endpoint, curve_public_key); }
+};
+struct MembersRep {
+  static constexpr std::uint32_t type_id = message_id::members_rep;
+  static constexpr const char* type_name = "actors.MembersRep";
+  std::string json;
+  template <class A>
+  void serialize(A& ar) { ar(json); }
+};
+
 // Every message type above, for registration and the id test.
 template <class... M>
 struct MessageList {};
@@ -535,7 +595,8 @@ using RoleMessages =
     MessageList<EnvResetReq, EnvObs, EnvVerifyReq, EnvVerifyRep, EnvStepReq, EnvReleaseReq, EnvAggregateReq,
                 EnvAggregateRep, EnvRunReq, GenerateReq, StepVersion, GenerateRep, Weights, Ack, WeightsPart, RelayAck, ServedTurnsReq,
                 ServedTurnsRep, ServeAddressReq, ServeAddressRep, TrainReq, TrainRep, GetWeightsReq, WeightGroupReq,
-                WeightGroupRep, CheckpointReq, CheckpointRep, ScoreReq, ScoreRep, StopAfterStep, StopRun>;
+                WeightGroupRep, CheckpointReq, CheckpointRep, ScoreReq, ScoreRep, StopAfterStep, StopRun, JoinReq, JoinRep, LeaveReq, LeaveRep,
+                MembersReq, MembersRep>;
 
 // Registers every type of RoleMessages and the runtime's own with the runtime (the troupe binary
 // calls it first thing): an error names both types when two claim one id.

@@ -28,6 +28,8 @@ Command add_score_command(CLI::App& root);      // cmd_model.cpp: troupe score D
 Command add_keygen_command(CLI::App& root);     // cmd_keygen.cpp: troupe keygen PUBLIC SECRET (cluster.curve)
 Command add_import_command(CLI::App& root);     // cmd_import.cpp: troupe import MODEL.gguf OUT_DIR [--dtype f32|bf16]
 Command add_export_command(CLI::App& root);     // cmd_export.cpp: troupe export CKPT OUT_DIR [--merge] [--base PATH] (LoRA)
+Command add_join_command(CLI::App& root);       // cmd_join.cpp:  troupe join RUN_DIR|ADDRESS --role generator|scorer
+Command add_status_command(CLI::App& root);     // cmd_status.cpp: troupe status RUN_DIR|ADDRESS [--json]
 Command add_serve_command(CLI::App& root);
 Command add_checkpoint_command(CLI::App& root); // cmd_checkpoint.cpp: troupe checkpoint consolidate CKPT OUT_DIR
 Command add_plan_command(CLI::App& root);       // cmd_plan.cpp:  troupe plan CONFIG [--device-memory 80GiB] [--json]      // cmd_serve.cpp: troupe serve MODEL --bind HOST:PORT (OpenAI API)

@@ -28,6 +28,9 @@ struct ClusterConfig {
   std::string tcp_host_name = "tcp host";  // what errors about tcp_host call it (the launcher: its config key)
   std::string ipc_dir = "/tmp";
   std::vector<std::string> roles;  // role of each rank; missing entries are "rank<N>"
+  // A job of one process binds tcp on tcp_host too (members that join later reach it there);
+  // otherwise one process binds nothing.
+  bool listen_when_alone = false;
   SystemConfig system;             // threads, mailboxes, heartbeat, curve; node_id/bind/role are set here
   Duration shutdown_grace = std::chrono::seconds(5);      // SIGINT/SIGTERM: drain at most this long
   Duration peer_failure_grace = std::chrono::seconds(2);  // after a peer is down: exit 3 by then at the latest
