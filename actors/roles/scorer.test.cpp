@@ -345,6 +345,8 @@ TEST_F(ScorerTest, ActorBatchesConcurrentRequestsAndClientRetriesElsewhere) {
   EXPECT_EQ(st.requests, 1);
   EXPECT_EQ(st.failures, 1);
   EXPECT_EQ(st.retries, 1);
+  EXPECT_EQ(st.batch_requests, r->batch_requests);  // scorer/batch_requests: the answered replies' batch sizes
+  EXPECT_GE(st.batch_requests, 1);
   // a stopped scorer fails at once; the retry goes to the next one
   (*sys)->stop_actor(*gone);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
