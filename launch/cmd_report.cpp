@@ -1,5 +1,6 @@
 // `troupe report RUN_DIR`: writes RUN_DIR/report.png (reward and eval accuracy by step, the SFT
-// loss, the sampler/learner mismatch when the rows have it) with
+// loss, the sampler/learner mismatch and the frozen models' metrics (distill/*, reward_model/*,
+// judge/parse_fail_frac, scorer/latency_s) when the rows have them) with
 // matplotlib, run through troupe::python_executable() (posix_spawn, no shell). A torn last line of
 // metrics.jsonl (no newline: a run killed mid-write, or one writing now) is left out with a warning;
 // any other line that is not a JSON object is an error naming FILE:LINE (exit 2).
@@ -50,7 +51,9 @@ train = [r for r in rows if "eval_accuracy" not in r and "reward_mean" in r and 
 sft = [r for r in rows if "eval_accuracy" not in r and r.get("phase") == "sft" and "loss" in r]
 evals = [r for r in rows if "eval_accuracy" in r]
 mism = [r for r in rows if "eval_accuracy" not in r and "logprob_diff_max" in r]
-panels = 2 + (1 if sft else 0) + (1 if mism else 0)
+FROZEN = ("distill/reverse_kl", "distill/teacher_logprob", "reward_model/score_mean", "judge/parse_fail_frac")
+frozen = [r for r in rows if "eval_accuracy" not in r and any(k in r for k in FROZEN + ("scorer/latency_s",))]
+panels = 2 + (1 if sft else 0) + (1 if mism else 0) + (1 if frozen else 0)
 fig, axes = plt.subplots(1, panels, figsize=(4 + 3.7 * panels, 4))
 ax = axes[0]
 for phase, color in (("grpo", "tab:blue"), ("sft", "tab:gray")):
@@ -85,6 +88,24 @@ if mism:
         ax2.set_ylim(-0.02, 1.02); ax2.set_ylabel("routing agreement")
         ax2.legend(loc="lower right")
     ax.legend(loc="upper left")
+if frozen:
+    ax = axes[2 + (1 if sft else 0)]
+    for key, color in zip(FROZEN, ("tab:purple", "tab:brown", "tab:olive", "tab:red")):
+        pts = [(r["step"], r[key]) for r in frozen if key in r]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, label=key)
+    pts = [(r["step"], r["reward_model/score_mean"], r.get("reward_model/score_std", 0.0))
+           for r in frozen if "reward_model/score_mean" in r]
+    if pts:
+        ax.fill_between([p[0] for p in pts], [p[1] - p[2] for p in pts], [p[1] + p[2] for p in pts],
+                        color="tab:olive", alpha=0.2, label="reward_model/score_std")
+    ax.set_xlabel("step"); ax.set_title("frozen models (teacher, reward model, judge)"); ax.grid(alpha=0.3)
+    pts = [(r["step"], r["scorer/latency_s"]) for r in frozen if "scorer/latency_s" in r]
+    if pts:
+        ax2 = ax.twinx()
+        ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="tab:gray", linestyle="--", label="scorer/latency_s")
+        ax2.set_ylabel("scorer latency (s)"); ax2.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize="small")
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=100)
 print(sys.argv[2])

@@ -888,6 +888,7 @@ Model& Model::operator=(Model&&) noexcept = default;
 Model::~Model() = default;
 
 const ModelConfig& Model::config() const { return impl_->cfg; }
+void Model::set_batch_invariant(bool on) { impl_->cfg.batch_invariant = on; }
 // params()/grads() and the calls beside them work on the trainable arena: the adapters under LoRA
 // (Impl::lparams/lgrads), else the base (params/grads). Both keep a host mirror on a device backend.
 namespace {

@@ -2,6 +2,7 @@
 // per env, lengths, staleness, the learners' losses, and the time breakdown (generation, env,
 // learner, weight sync, idle).
 #include <algorithm>
+#include <cmath>
 #include <ctime>
 #include <map>
 
@@ -49,6 +50,29 @@ void add_judge_metrics(const RunState& s, const Rollout& r, json& row) {
   if (judged == 0) return;
   row["judge/parse_fail_frac"] = static_cast<double>(parse_fails) / judged;
   if (timed > 0) row["judge/latency_s"] = latency / timed;
+}
+
+// The reward models' raw scores (component reward_model, before envs[].config.center) of a step's
+// scored completions, over every type: reward_model env: reward_model/score_mean and
+// reward_model/score_std (population); both absent in steps without a scored completion.
+void add_reward_model_metrics(const RunState& s, const Rollout& r, json& row) {
+  std::vector<double> scores;
+  for (const auto& g : r.groups) {
+    if (env_spec(s, g.env).type != EnvType::reward_model) continue;
+    for (size_t j = 0; j < g.components.size(); ++j) {
+      if (j < g.errors.size() && !g.errors[j].empty()) continue;
+      json c = g.components[j].empty() ? json() : json::parse(g.components[j], nullptr, false);
+      if (c.is_object() && c.contains("reward_model") && c["reward_model"].is_number())
+        scores.push_back(c["reward_model"].get<double>());
+    }
+  }
+  if (scores.empty()) return;
+  double mean = 0, var = 0;
+  for (double x : scores) mean += x;
+  mean /= static_cast<double>(scores.size());
+  for (double x : scores) var += (x - mean) * (x - mean);
+  row["reward_model/score_mean"] = mean;
+  row["reward_model/score_std"] = std::sqrt(var / static_cast<double>(scores.size()));
 }
 }  // namespace
 
@@ -148,6 +172,10 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
     row["scorer/latency_s"] = p.scorer.requests > 0 ? p.scorer.latency_s / static_cast<double>(p.scorer.requests) : 0.0;
     row["scorer/failures"] = p.scorer.failures;
     row["scorer/retries"] = p.scorer.retries;
+    // requests per scorer batch (continuous batching): how the step's requests met in the scorers,
+    // which depends on timing, as the latency does
+    row["scorer/batch_requests"] =
+        p.scorer.requests > 0 ? static_cast<double>(p.scorer.batch_requests) / static_cast<double>(p.scorer.requests) : 0.0;
   }
   // failed env calls, only when there were any: env_failures/<reason> (after retries), env_retries
   for (const auto& g : r.groups)
@@ -184,6 +212,7 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
   }
   for (const auto& [key, v] : parts) row[key] = v.first / v.second;
   add_judge_metrics(s, r, row);
+  add_reward_model_metrics(s, r, row);
   return row;
 }
 

@@ -31,6 +31,7 @@ Task<Result<ScoreRep>> ask_scorers(RunState& s, const ScoreReq& req, Reply<Score
     if (got.ok()) {
       ++stats.requests;
       stats.latency_s += mono_seconds() - t0;
+      stats.batch_requests += got->batch_requests;
       co_return got;
     }
     ++stats.failures;

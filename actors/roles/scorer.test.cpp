@@ -6,6 +6,7 @@
 #include "troupe/actors/scorer.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <chrono>
 #include <filesystem>
@@ -113,6 +114,63 @@ TEST_F(ScorerTest, LogprobsAreBatchInvariantAndMatchTheModel) {
     EXPECT_GE(topk->topk_logprobs[0][3 * t + 1], topk->topk_logprobs[0][3 * t + 2]);
     EXPECT_GE(topk->topk_logprobs[0][3 * t] + 1e-6, topk->logprobs[0][t]);
   }
+}
+
+// Log-prob requests run each sequence in a forward of its own with the default (blocked) kernels:
+// a long sequence (several GEMM row blocks) gives the same bits alone, among long and short others
+// of the same and other requests (top-k ones too), at another OpenMP thread count, and as the model's
+// own default-kernel forward of that sequence alone; a generation in between (the batch-invariant
+// decode steps) changes nothing, and neither do log-probs in between for the generation.
+TEST_F(ScorerTest, LogprobsOfASequenceDependOnItAloneWithTheDefaultKernels) {
+  path_ = save_tiny_model(root_ / "long", 5, 1024);
+  auto s = Scorer::create({path_}, {});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  auto seq = [](int n, int salt) {
+    std::vector<int32_t> q = {1};
+    for (int i = 1; i < n; ++i) q.push_back(3 + (i * 37 + salt * 11) % 90);
+    return q;
+  };
+  const std::vector<int32_t> q = seq(200, 0);
+  auto alone = (*s)->run(logprobs_req({q}));
+  ASSERT_TRUE(alone.ok()) << alone.error().message;
+  auto mixed = logprobs_req({seq(130, 1), seq(9, 2), q, seq(257, 3)});
+  auto other = logprobs_req({seq(70, 4)});
+  auto topk = logprobs_req({seq(90, 5), q}, 4);
+  auto batch = (*s)->run_batch({&other, &mixed, &topk});
+  ASSERT_TRUE(batch[0].ok() && batch[1].ok() && batch[2].ok());
+  EXPECT_EQ(batch[1]->logprobs[2], alone->logprobs[0]);
+  // the model's own forward of q alone, default kernels (not batch-invariant)
+  policy::ExecutionOptions exec;
+  exec.activation_checkpointing = true;
+  auto m = policy::io::load_model(path_, exec);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  policy::PackedBatch b;
+  b.tokens.assign(q.begin(), q.end() - 1);
+  b.targets.assign(q.begin() + 1, q.end());
+  b.cu_seqlens = {0, static_cast<int32_t>(b.tokens.size())};
+  std::vector<float> lp(b.tokens.size());
+  ASSERT_TRUE(m->model.forward_train(b, 1.0f, lp.data(), nullptr).ok());
+  EXPECT_EQ(std::vector<float>(lp.begin() + 1, lp.end()), alone->logprobs[0]);  // starts at 2
+  // another thread count
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(threads == 1 ? 2 : 1);
+  auto fewer = (*s)->run(logprobs_req({q}));
+  omp_set_num_threads(threads);
+  ASSERT_TRUE(fewer.ok()) << fewer.error().message;
+  EXPECT_EQ(fewer->logprobs[0], alone->logprobs[0]);
+  // a generation (batch-invariant decode on the model's engine) before and after: log-probs then
+  // run on the engine's thread between decode steps, and the generation is as before
+  ScoreReq g;
+  g.kind = static_cast<int32_t>(ScoreKind::generate);
+  g.model = path_;
+  g.prompts = {"12+34="};
+  g.max_new_tokens = 30;
+  auto g1 = (*s)->run(g);
+  ASSERT_TRUE(g1.ok()) << g1.error().message;
+  auto again = (*s)->run_batch({&mixed, &g});
+  ASSERT_TRUE(again[0].ok() && again[1].ok());
+  EXPECT_EQ(again[0]->logprobs, batch[1]->logprobs);
+  EXPECT_EQ(again[1]->texts, g1->texts);
 }
 
 TEST_F(ScorerTest, GeneratesAndRefusesWhatItCannotServe) {
@@ -287,6 +345,8 @@ TEST_F(ScorerTest, ActorBatchesConcurrentRequestsAndClientRetriesElsewhere) {
   EXPECT_EQ(st.requests, 1);
   EXPECT_EQ(st.failures, 1);
   EXPECT_EQ(st.retries, 1);
+  EXPECT_EQ(st.batch_requests, r->batch_requests);  // scorer/batch_requests: the answered replies' batch sizes
+  EXPECT_GE(st.batch_requests, 1);
   // a stopped scorer fails at once; the retry goes to the next one
   (*sys)->stop_actor(*gone);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));

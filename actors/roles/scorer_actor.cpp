@@ -135,6 +135,7 @@ Result<ScoreRep> ScorerClient::call(const ScoreReq& r, size_t first) {
     if (got.ok()) {
       ++stats_.requests;
       stats_.latency_s += mono_seconds() - t0;
+      stats_.batch_requests += got->batch_requests;
       return got;
     }
     ++stats_.failures;

@@ -1,7 +1,8 @@
 // The Scorer plain object (scorer.h): loads frozen models, checks each request, and runs a batch of
-// requests as few packed forwards or generations as it can. Invariant: a sequence's log-probs and a
-// prompt's generation are bit-identical whatever else shares the batch (the models run
-// batch-invariant), so continuous batching never changes a run's numbers.
+// requests (log-probs one sequence per forward, generations on the model's engine, reward scores in
+// one forward). Invariant: a sequence's log-probs, a prompt's generation and a sequence's score are
+// bit-identical whatever else shares the batch (a forward of one sequence is a fixed batch; decode
+// steps and score forwards run batch-invariant), so continuous batching never changes a run.
 #include <xxhash.h>
 
 #include <algorithm>
@@ -312,11 +313,63 @@ void row_logprobs(const float* logits, int V, int32_t target, int k, float* targ
 
 }  // namespace
 
+namespace {
+
+// Batch invariance off while it lives (the model's default, blocked kernels), as before after: a
+// forward of one sequence is a fixed batch, so what it gives depends on that sequence alone.
+class DefaultKernels {
+ public:
+  explicit DefaultKernels(policy::Model& m) : m_(m), prev_(m.config().batch_invariant) { m_.set_batch_invariant(false); }
+  ~DefaultKernels() { m_.set_batch_invariant(prev_); }
+  DefaultKernels(const DefaultKernels&) = delete;
+  DefaultKernels& operator=(const DefaultKernels&) = delete;
+
+ private:
+  policy::Model& m_;
+  bool prev_;
+};
+
+// One sequence's reply rows: log p(q[t+1] | q[..t]) for t >= start - 1, and with k > 0 the top k
+// of each row. Its own forward, so its numbers never depend on another sequence.
+Status score_one(policy::Model& model, const std::vector<int32_t>& q, size_t start, int k, int V,
+                 std::vector<float>& lp, std::vector<int32_t>& ids, std::vector<float>& tl, std::vector<float>& logits) {
+  policy::PackedBatch batch;
+  batch.tokens.assign(q.begin(), q.end() - 1);
+  batch.targets.assign(q.begin() + 1, q.end());
+  batch.cu_seqlens = {0, static_cast<int32_t>(batch.tokens.size())};
+  const size_t n = batch.tokens.size(), K = static_cast<size_t>(k);
+  lp.assign(n + 1 - start, 0.0f);
+  ids.assign(k > 0 ? lp.size() * K : 0, 0);
+  tl.assign(ids.size(), 0.0f);
+  if (k == 0) {
+    std::vector<float> all(n);
+    TROUPE_TRY(model.forward_train(batch, 1.0f, all.data(), nullptr));
+    std::copy(all.begin() + static_cast<std::ptrdiff_t>(start - 1), all.end(), lp.begin());
+    return {};
+  }
+  logits.resize(n * static_cast<size_t>(V));
+  TROUPE_TRY(model.forward_logits(batch, logits.data()));
+  std::vector<int32_t> order;
+  for (size_t t = start - 1; t < n; ++t) {
+    const size_t u = t + 1 - start;
+    row_logprobs(logits.data() + t * static_cast<size_t>(V), V, q[t + 1], k, &lp[u], ids.data() + u * K,
+                 tl.data() + u * K, order);
+  }
+  return {};
+}
+
+}  // namespace
+
+// Each sequence in a forward of its own with the default kernels (not the batch-invariant ones the
+// decode steps need): one sequence of 256 tokens already makes GEMMs of 255 rows, which the blocked
+// kernels run several times faster than the invariant chain, and no sequence ever shares a GEMM, so
+// a reply never depends on what else was queued. Requests go whole into tasks of at most
+// max_batch_tokens tokens (a longer one alone): on a model with an engine, one task between two
+// decode steps.
 void Scorer::run_logprobs(ScorerModel& m, const std::vector<size_t>& idx, const std::vector<const ScoreReq*>& reqs,
                           std::vector<Result<ScoreRep>>& out) {
   const int V = m.vocab_size;
   const double t0 = mono_seconds();
-  // requests go whole into packed batches of at most max_batch_tokens tokens (a longer one alone)
   size_t a = 0;
   while (a < idx.size()) {
     size_t b = a, tokens = 0;
@@ -327,55 +380,29 @@ void Scorer::run_logprobs(ScorerModel& m, const std::vector<size_t>& idx, const 
       tokens += n;
       ++b;
     }
-    policy::PackedBatch batch;
-    batch.cu_seqlens.push_back(0);
+    std::vector<ScoreRep> reps(b - a);
+    Status st = with_model(m, [&](policy::Model& model) -> Status {
+      DefaultKernels fast(model);
+      std::vector<float> logits;
+      for (size_t i = a; i < b; ++i) {
+        const ScoreReq& r = *reqs[idx[i]];
+        ScoreRep& rep = reps[i - a];
+        for (size_t s = 0; s < r.sequences.size(); ++s) {
+          std::vector<float> lp, tl;
+          std::vector<int32_t> ids;
+          TROUPE_TRY(score_one(model, r.sequences[s], static_cast<size_t>(r.starts[s]), r.topk, V, lp, ids, tl, logits));
+          rep.logprobs.push_back(std::move(lp));
+          if (r.topk > 0) {
+            rep.topk_ids.push_back(std::move(ids));
+            rep.topk_logprobs.push_back(std::move(tl));
+          }
+        }
+      }
+      return {};
+    });
     for (size_t i = a; i < b; ++i)
-      for (const auto& q : reqs[idx[i]]->sequences) {
-        batch.tokens.insert(batch.tokens.end(), q.begin(), q.end() - 1);
-        batch.targets.insert(batch.targets.end(), q.begin() + 1, q.end());
-        batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
-      }
-    const size_t T = batch.tokens.size();
-    const bool topk = reqs[idx[a]]->topk > 0;
-    std::vector<float> logp(T, 0.0f), logits;
-    Status st = Status::ok_status();
-    if (T > 0) {
-      if (topk) logits.resize(T * static_cast<size_t>(V));
-      st = with_model(m, [&](policy::Model& model) {
-        return topk ? model.forward_logits(batch, logits.data()) : model.forward_train(batch, 1.0f, logp.data(), nullptr);
-      });
-    }
-    size_t row = 0;
-    std::vector<int32_t> order;
-    for (size_t i = a; i < b; ++i) {
-      const ScoreReq& r = *reqs[idx[i]];
-      if (!st.ok()) {
-        out[idx[i]] = Error{st.error().code, "scorer: " + m.name + ": " + st.error().message};
-        continue;
-      }
-      ScoreRep rep;
-      for (size_t s = 0; s < r.sequences.size(); ++s) {
-        const size_t n = r.sequences[s].size() - 1, start = static_cast<size_t>(r.starts[s]);
-        std::vector<float> lp(n + 1 - start);
-        std::vector<int32_t> ids(topk ? lp.size() * static_cast<size_t>(r.topk) : 0);
-        std::vector<float> tl(ids.size());
-        for (size_t t = start - 1; t < n; ++t) {
-          const size_t u = t + 1 - start, K = static_cast<size_t>(r.topk);
-          if (topk)
-            row_logprobs(logits.data() + (row + t) * static_cast<size_t>(V), V, r.sequences[s][t + 1], r.topk, &lp[u],
-                         ids.data() + u * K, tl.data() + u * K, order);
-          else
-            lp[u] = logp[row + t];
-        }
-        row += n;
-        rep.logprobs.push_back(std::move(lp));
-        if (topk) {
-          rep.topk_ids.push_back(std::move(ids));
-          rep.topk_logprobs.push_back(std::move(tl));
-        }
-      }
-      out[idx[i]] = std::move(rep);
-    }
+      if (st.ok()) out[idx[i]] = std::move(reps[i - a]);
+      else out[idx[i]] = Error{st.error().code, "scorer: " + m.name + ": " + st.error().message};
     a = b;
   }
   stamp_replies(m, idx, mono_seconds() - t0, out);

@@ -918,9 +918,10 @@ constexpr const char* kScorerLogprobs = "scorer_logprobs_smollm2_b32";
 constexpr int kScoreSeqs = 32, kScoreLen = 256;
 
 // scorer_logprobs_smollm2_b32: a teacher's per-token log-probs of 32 sequences of 256 tokens (255
-// scored each) through a Scorer serving the SmolLM2 GGUF (fp32 import, batch-invariant: the scorer
-// role's own path, Scorer::run of one logprobs ScoreReq) against PyTorch eager fp32 (SmolLM2's
-// shape, random weights): the forward under no_grad and cross_entropy per position.
+// scored each) through a Scorer serving the SmolLM2 GGUF (fp32 import; the scorer role's own path,
+// Scorer::run of one logprobs ScoreReq: one forward per sequence with the default kernels) against
+// PyTorch eager fp32 (SmolLM2's shape, random weights): the forward under no_grad and cross_entropy
+// per position.
 int run_scorer_case(const BenchOptions& opt) {
   if (!opt.wants(kScorerLogprobs)) return 0;
   const std::string gguf = smollm2_gguf_path();
@@ -959,10 +960,10 @@ int run_scorer_case(const BenchOptions& opt) {
   Paired p = interleaved_n(reps, ours, [&] { return torch->tokens_per_s("score_logprobs", &failed.failed); });
   if (failed.report(kScorerLogprobs)) return 1;
   Row r = make_row(kSuite, kScorerLogprobs, {"tokens_per_s", "tokens/s", Better::higher}, p, "torch_eager",
-                   {{"model", "SmolLM2-135M-Instruct.Q4_1.gguf imported to fp32, batch-invariant (the scorer's load)"},
+                   {{"model", "SmolLM2-135M-Instruct.Q4_1.gguf imported to fp32 (the scorer's load)"},
                     {"sequences", kScoreSeqs}, {"seq_len", kScoreLen}, {"scored_tokens", scored}, {"threads", kThreads},
                     {"reps", reps}, {"warmup", !opt.quick}, {"goal_ratio", 2.0},
-                    {"what", "Scorer::run of one logprobs ScoreReq (top-k 0): packed forward, log-prob per token"},
+                    {"what", "Scorer::run of one logprobs ScoreReq (top-k 0): one forward per sequence, default kernels"},
                     {"baseline_what", "PyTorch eager fp32, SmolLM2's shape (random weights), no_grad forward + cross_entropy"},
                     {"torch_version", torch->info().value("torch", "")}});
   emit(r);

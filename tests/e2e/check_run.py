@@ -19,7 +19,8 @@ import json
 import os
 import sys
 
-TIMING = ("wall_s", "tokens_per_s", "learner_tokens_per_s")
+# scorer/batch_requests: how requests met in a scorer's batches, which depends on timing
+TIMING = ("wall_s", "tokens_per_s", "learner_tokens_per_s", "scorer/batch_requests")
 # how the learners hold their state (learner.shard), not what they train: not compared
 LAYOUT = ("learner/state_bytes",)
 

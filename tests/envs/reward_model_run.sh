@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # envs.reward_model_run: whole runs of configs/python_reward.yaml's tiny model with its dataset env
 # scored by the tiny LlamaForSequenceClassification of tests/reward_model/llama (`type: reward_model`):
-# center none (the reward is the model's score, component reward_model; same seed, same metrics;
+# center none (the reward is the model's score, component reward_model, and reward_model/score_mean
+# and score_std its step's mean and std; same seed, same metrics;
 # the model on a scorer actor, cluster.scorers 1, gives the same metrics as in the env worker),
 # batch (each step's rewards sum to 0), running (a --resume goes on with the checkpointed mean, bit
 # for bit); bad paths and keys stop the start (exit 2) naming them.
@@ -76,6 +77,12 @@ same(steps("none"), steps("none2"), "rerun")
 for r in steps("none"):
     xs = [x["reward_components"]["reward_model"] for x in t if x["step"] == r["step"]]
     assert abs(r["reward/reward_model"] - sum(xs) / len(xs)) < 1e-6, (r["step"], r.get("reward/reward_model"))
+    # reward_model/score_mean and score_std: the raw scores' mean and population std
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+    assert abs(r["reward_model/score_mean"] - m) < 1e-9, (r["step"], r.get("reward_model/score_mean"), m)
+    assert abs(r["reward_model/score_std"] - sd) < 1e-9, (r["step"], r.get("reward_model/score_std"), sd)
+    assert sd > 0, "scores should vary within a step"
 same(steps("none"), steps("scorer"), "scorer")
 # batch: each step's rewards sum to 0, and reward - raw score is one constant per step
 by_step = {}
@@ -87,6 +94,10 @@ for step, xs in by_step.items():
     assert abs(sum(x["reward"] for x in xs)) < 1e-9, (step, sum(x["reward"] for x in xs))
     shifts = {round(x["reward_components"]["reward_model"] - x["reward"], 9) for x in xs}
     assert len(shifts) == 1, shifts
+# batch: reward_model/score_mean is the raw scores' mean (the shift), not the centred rewards' 0
+for r in steps("batch"):
+    raw = [x["reward_components"]["reward_model"] for x in by_step[r["step"]]]
+    assert abs(r["reward_model/score_mean"] - sum(raw) / len(raw)) < 1e-9, (r["step"], r["reward_model/score_mean"])
 # running: the resumed run's steps 3-4 equal the uninterrupted run's, and state.json holds the mean
 same(steps("running")[2:], [r for r in steps("resumed") if r["step"] > 2], "resume")
 st = json.load(open(os.path.join(work, "resumed", "checkpoints", "step_2", "state.json")))

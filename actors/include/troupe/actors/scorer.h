@@ -1,7 +1,8 @@
 // The scorer role: frozen models (a distillation teacher, a judge's local model; later reward
 // models) that every rollout asks for per-token log-probs or generations, by ScoreReq messages.
-// Invariants: a scorer never trains (no optimizer, no gradients); each model runs batch-invariant,
-// so a sequence's numbers never depend on which other requests shared its batch; every reply
+// Invariants: a scorer never trains (no optimizer, no gradients); a sequence's numbers never depend
+// on which other requests shared its batch (log-probs: one sequence per forward; generations and
+// reward scores: batch-invariant kernels); every reply
 // names the model's version (the hash of its files); a failed request is an error value, retried
 // on another scorer by its caller (ScorerClient, or the coordinator's teacher scoring) and counted.
 #pragma once
@@ -61,9 +62,10 @@ class Scorer {
   static Result<std::unique_ptr<Scorer>> create(const std::vector<std::string>& paths,
                                                 policy::ExecutionOptions exec);
   // Runs the requests together, one result each in order (a bad request fails alone): the
-  // log-prob requests of one model in packed forwards of at most max_batch_tokens tokens (those
-  // asking top-k through the full logits, the others through the training head), the generate
-  // requests through submit_generate (waiting for them).
+  // log-prob requests of one model in tasks of at most max_batch_tokens tokens, each sequence in a
+  // forward of its own with the default kernels (batch invariance off for it; those asking top-k
+  // through the full logits, the others through the training head), the generate requests through
+  // submit_generate (waiting for them).
   std::vector<Result<ScoreRep>> run_batch(const std::vector<const ScoreReq*>& reqs);
   // A generate request without waiting: each prompt (rendered as one user turn through the model's
   // chat template with its generation prompt when the model has one, else the text after BOS) joins its model's ServeEngine at the next
@@ -123,8 +125,10 @@ struct ScorerStats {
   int64_t failures = 0;   // tries that failed (error reply, deadline, dead scorer), retried or not
   int64_t retries = 0;    // tries sent to another scorer after a failure
   double latency_s = 0;   // summed wall time of the answered requests (their last try)
+  int64_t batch_requests = 0;  // summed ScoreRep::batch_requests of the answered requests
   void add(const ScorerStats& o) {
     requests += o.requests, failures += o.failures, retries += o.retries, latency_s += o.latency_s;
+    batch_requests += o.batch_requests;
   }
 };
 

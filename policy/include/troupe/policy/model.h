@@ -165,6 +165,11 @@ class Model {
   ~Model();
 
   const ModelConfig& config() const;
+  // Switches batch-invariant mode (ExecutionOptions::batch_invariant) for the calls that follow; the
+  // compute dtype resolved at create() stays. A scorer turns it off around forwards of one sequence
+  // (a fixed batch, so the default kernels' result depends on that sequence alone) and back on
+  // before its decode steps, which share batches.
+  void set_batch_invariant(bool on);
   const std::vector<TensorSpec>& tensors() const;       // Hugging Face names, offsets into params()
   const TensorSpec* find_tensor(std::string_view name) const;  // nullptr when absent
   // Parameters and gradients as host spans (fp32, one flat array each in tensors() order). On a
