@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "troupe/actors/messages.h"
@@ -20,16 +22,26 @@ int report_error(const Error& error) {
 
 }  // namespace troupe::launch
 
+// The OpenMP wait troupe sets when the user chose neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT:
+// "OMP_WAIT_POLICY", "PASSIVE" for a run's actors; "GOMP_SPINCOUNT", "10000" for the
+// generation-only subcommands. Workers that spin without bound between parallel regions cost
+// several times the compute on a busy machine (sampling up to 14x slower on 2 shared cores, other
+// actors' threads in the same process), and even a bounded spin made the quickstart 14-21% slower
+// there; workers that sleep at once pay a futex wake-up per region, ~25% of a batch-1 decode step,
+// which a bounded spin (tens of microseconds, enough to bridge one forward's regions) saves.
+static std::pair<const char*, const char*> default_omp_wait(int argc, char** argv) {
+  std::string_view sub;
+  for (int i = 1; i < argc && sub.empty(); ++i)
+    if (argv[i][0] != '-') sub = argv[i];
+  if (sub == "generate" || sub == "serve" || sub == "bench") return {"GOMP_SPINCOUNT", "10000"};
+  return {"OMP_WAIT_POLICY", "PASSIVE"};
+}
+
 int main(int argc, char** argv) {
-  // OpenMP workers that spin without bound between parallel regions cost several times the compute
-  // on a busy machine (sampling up to 14x slower on 2 shared cores), and workers that sleep at once
-  // (PASSIVE) pay a futex wake-up per region, ~35% of a batch-1 decode step's time. So when the user
-  // chose neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT, workers spin a bounded while (kSpinCount
-  // polls, tens of microseconds: enough to bridge consecutive regions of one forward) and then
-  // sleep. libgomp reads both when it loads, before main, so we set it and re-execute ourselves once.
-  constexpr const char* kSpinCount = "10000";
+  // libgomp reads both variables when it loads, before main, so we set one and re-execute once.
   if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
-    setenv("GOMP_SPINCOUNT", kSpinCount, 1);
+    const auto [name, value] = default_omp_wait(argc, argv);
+    setenv(name, value, 1);
     execv("/proc/self/exe", argv);  // returns only on failure: then run with libgomp's defaults
   }
   using namespace troupe::launch;
