@@ -274,7 +274,7 @@ void Model::Impl::linear_forward_group(std::initializer_list<Projection> group, 
     if (!p.s->on) continue;
     d.A = LP() + p.s->a;
     d.B = LP() + p.s->b;
-    d.scratch = acts.lora_scratch;  // one after another on a backend without a grouped op
+    d.scratch = acts.lora_scratch;  // the low-rank paths run one after another
     d.r = lora_r;
     d.scale = lora_scale;
   }

@@ -37,13 +37,6 @@ float* scratch(size_t n) {
   return s.data();
 }
 
-// A scratch of at least n floats for a low-rank path run by the calling thread.
-float* lora_scratch(size_t n) {
-  thread_local std::vector<float> s;
-  if (s.size() < n) s.resize(n);
-  return s.data();
-}
-
 constexpr int kMaxProjections = 8;  // quant_projections_forward's group size (a layer has at most 3)
 
 // gemm_blocked's test for cutting C (M, N) into column blocks (ops.cpp, gemm_column_blocks).
@@ -287,24 +280,17 @@ void quant_projections_forward(const QuantProjection* p, int n, const float* x, 
     return;
   }
   first_tile[n] = tiles;
-  const bool invariant = batch_invariant();  // a per-thread mode: the low-rank paths carry it along
-#pragma omp parallel if (chain_worth_splitting(macs))
-  {
-    const BatchInvariantScope mode(invariant);
-#pragma omp for schedule(static)
-    for (int b = 0; b < tiles; ++b) {
-      const int i = static_cast<int>(std::upper_bound(first_tile, first_tile + n + 1, b) - first_tile) - 1;
-      const QuantWeights& W = p[i].W;
-      const int o0 = (b - first_tile[i]) * kTile;
-      chain(W, o0, std::min(W.rows, o0 + kTile), x, p[i].y, T);
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int i = 0; i < n; ++i) {
-      if (!p[i].A) continue;
-      float* u = lora_scratch(lora_scratch_floats(T, p[i].r));
-      lora_forward(p[i].y, x, p[i].A, p[i].B, u, T, p[i].W.cols, p[i].W.rows, p[i].r, p[i].scale);
-    }
+#pragma omp parallel for schedule(static) if (chain_worth_splitting(macs))
+  for (int b = 0; b < tiles; ++b) {
+    const int i = static_cast<int>(std::upper_bound(first_tile, first_tile + n + 1, b) - first_tile) - 1;
+    const QuantWeights& W = p[i].W;
+    const int o0 = (b - first_tile[i]) * kTile;
+    chain(W, o0, std::min(W.rows, o0 + kTile), x, p[i].y, T);
   }
+  // The low-rank paths on the calling thread: OpenBLAS called from two OpenMP threads at once made
+  // a decode step several times slower.
+  for (int i = 0; i < n; ++i)
+    if (p[i].A) lora_forward(p[i].y, x, p[i].A, p[i].B, p[i].scratch, T, p[i].W.cols, p[i].W.rows, p[i].r, p[i].scale);
 }
 
 void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) {

@@ -110,8 +110,8 @@ struct QuantProjection {
   float scale = 0;
 };
 // The n projections' quant_matmul_forward and lora_forward calls, bit for bit. One or two tokens
-// (a decode step) run them in one OpenMP region: every chain tile of every matrix, then the
-// low-rank paths side by side, each the same lora_forward call on a scratch of its thread.
+// (a decode step) run every chain tile of every matrix in one OpenMP region, then the low-rank
+// paths on the calling thread.
 void quant_projections_forward(const QuantProjection* p, int n, const float* x, int T);
 
 }  // namespace troupe::kernels
