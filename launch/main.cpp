@@ -5,8 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <string_view>
-#include <utility>
 #include <vector>
 
 #include "troupe/actors/messages.h"
@@ -22,26 +20,15 @@ int report_error(const Error& error) {
 
 }  // namespace troupe::launch
 
-// The OpenMP wait troupe sets when the user chose neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT:
-// "OMP_WAIT_POLICY", "PASSIVE" for a run's actors; "GOMP_SPINCOUNT", "10000" for the
-// generation-only subcommands. Workers that spin without bound between parallel regions cost
-// several times the compute on a busy machine (sampling up to 14x slower on 2 shared cores, other
-// actors' threads in the same process), and even a bounded spin made the quickstart 14-21% slower
-// there; workers that sleep at once pay a futex wake-up per region, ~25% of a batch-1 decode step,
-// which a bounded spin (tens of microseconds, enough to bridge one forward's regions) saves.
-static std::pair<const char*, const char*> default_omp_wait(int argc, char** argv) {
-  std::string_view sub;
-  for (int i = 1; i < argc && sub.empty(); ++i)
-    if (argv[i][0] != '-') sub = argv[i];
-  if (sub == "generate" || sub == "serve" || sub == "bench") return {"GOMP_SPINCOUNT", "10000"};
-  return {"OMP_WAIT_POLICY", "PASSIVE"};
-}
-
 int main(int argc, char** argv) {
-  // libgomp reads both variables when it loads, before main, so we set one and re-execute once.
+  // OpenMP workers that spin between parallel regions cost several times the compute on a busy
+  // machine (sampling up to 14x slower on 2 shared cores; a bounded spin, GOMP_SPINCOUNT=10000, made
+  // the quickstart 14-21% slower and a batch-1 QLoRA decode step ~1.5x slower on the loaded 2-core
+  // VM, though ~25% faster on an idle one). So unless the user chose OMP_WAIT_POLICY or
+  // GOMP_SPINCOUNT we set PASSIVE. libgomp reads both when it loads, before main, so we set it and
+  // re-execute ourselves once.
   if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
-    const auto [name, value] = default_omp_wait(argc, argv);
-    setenv(name, value, 1);
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     execv("/proc/self/exe", argv);  // returns only on failure: then run with libgomp's defaults
   }
   using namespace troupe::launch;
