@@ -204,4 +204,11 @@ Result<const Backend*> backend_for(std::string_view device) {
 
 Result<const Backend*> backend_for(DeviceKind device) { return backend_for(enum_name(device)); }
 
+void Backend::quant_projections_forward(const QuantProjection* p, int n, const float* x, int T) const {
+  for (int i = 0; i < n; ++i) {
+    quant_matmul_forward(p[i].y, x, p[i].W, T);
+    if (p[i].A) lora_forward(p[i].y, x, p[i].A, p[i].B, p[i].scratch, T, p[i].W.cols, p[i].W.rows, p[i].r, p[i].scale);
+  }
+}
+
 }  // namespace troupe::kernels

@@ -21,12 +21,15 @@ int report_error(const Error& error) {
 }  // namespace troupe::launch
 
 int main(int argc, char** argv) {
-  // OpenMP threads that spin while waiting cost several times the compute on a busy machine
-  // (sampling up to 14x slower on 2 shared cores). libgomp reads OMP_WAIT_POLICY when it loads,
-  // before main, so when the user did not choose one we set PASSIVE and re-execute ourselves once.
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+  // OpenMP workers that spin between parallel regions cost several times the compute on a busy
+  // machine (sampling up to 14x slower on 2 shared cores; a bounded spin, GOMP_SPINCOUNT=10000, made
+  // the quickstart 14-21% slower and a batch-1 QLoRA decode step ~1.5x slower on the loaded 2-core
+  // VM, though ~25% faster on an idle one). So unless the user chose OMP_WAIT_POLICY or
+  // GOMP_SPINCOUNT we set PASSIVE. libgomp reads both when it loads, before main, so we set it and
+  // re-execute ourselves once.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
+    execv("/proc/self/exe", argv);  // returns only on failure: then run with libgomp's defaults
   }
   using namespace troupe::launch;
   if (troupe::Status registered = troupe::actors::register_messages(); !registered.ok())

@@ -258,6 +258,30 @@ void Model::Impl::linear_forward(float* out, const float* in, size_t w, const Lo
   if (row_adapter) served_lora_forward(out, in, w, acts, T, IN, OUT);
 }
 
+void Model::Impl::linear_forward_group(std::initializer_list<Projection> group, const float* in, const Acts& acts,
+                                       int T, int IN) const {
+  bool together = !row_adapter && group.size() <= 3;
+  for (const Projection& p : group) together = together && is_quant(p.w) && !dropout_applies(*p.s, acts);
+  if (!together) {
+    for (const Projection& p : group) linear_forward(p.out, in, p.w, *p.s, acts, T, IN, p.OUT);
+    return;
+  }
+  k::QuantProjection q[3];
+  int n = 0;
+  for (const Projection& p : group) {
+    k::QuantProjection& d = q[n++];
+    d.y = p.out;
+    d.W = qw(p.w);
+    if (!p.s->on) continue;
+    d.A = LP() + p.s->a;
+    d.B = LP() + p.s->b;
+    d.scratch = acts.lora_scratch;  // the low-rank paths run one after another
+    d.r = lora_r;
+    d.scale = lora_scale;
+  }
+  be->quant_projections_forward(q, n, in, T);
+}
+
 // Under dropout the low-rank path saw x = in * mask / (1 - p): dA, dB from x (the mask drawn
 // again), and its input gradient (du A) * mask / (1 - p) added to din.
 void Model::Impl::linear_backward(float* din, size_t w, const LoraSlot& s, const float* dout, const float* in,

@@ -534,9 +534,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   const float eps = cfg.rms_norm_eps;
   const int QD = NH * HD, KD = NKV * HD;
   be->rmsnorm_forward(a.h1, a.rstd1, x, P + w.ln1, T, C, eps);
-  linear_forward(a.q, a.h1, w.wq, w.lq, acts, T, C, QD);
-  linear_forward(a.k, a.h1, w.wk, w.lk, acts, T, C, KD);
-  linear_forward(a.v, a.h1, w.wv, w.lv, acts, T, C, KD);
+  linear_forward_group({{a.q, w.wq, &w.lq, QD}, {a.k, w.wk, &w.lk, KD}, {a.v, w.wv, &w.lv, KD}}, a.h1, acts, T, C);
   if (cfg.qkv_bias) {
     be->bias_forward(a.q, P + w.bq, T, QD);
     be->bias_forward(a.k, P + w.bk, T, KD);
@@ -573,8 +571,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   be->rmsnorm_forward(a.h2, a.rstd2, a.x2, P + w.ln2, T, C, eps);
   float* y = acts.y;
   if (!w.moe) {
-    linear_forward(a.g, a.h2, w.wg, w.lg, acts, T, C, I);
-    linear_forward(a.u, a.h2, w.wu, w.lu, acts, T, C, I);
+    linear_forward_group({{a.g, w.wg, &w.lg, I}, {a.u, w.wu, &w.lu, I}}, a.h2, acts, T, C);
     be->swiglu_forward(a.a, a.g, a.u, T * I);
     linear_forward(y, a.a, w.wd, w.ld, acts, T, I, C);
   } else {

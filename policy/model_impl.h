@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <utility>
@@ -194,6 +195,17 @@ struct Model::Impl {
                       int OUT) const;
   void linear_backward(float* din, size_t w, const LoraSlot& s, const float* dout, const float* in, const Acts& acts,
                        int T, int IN, int OUT) const;
+  // Several linear layers of one input `in` (T, IN), e.g. q, k, v: linear_forward of each, in one
+  // backend call (quant_projections_forward) when every base is quantized and no adapter needs
+  // more than its plain low-rank path (no dropout, no served adapters).
+  struct Projection {
+    float* out;
+    size_t w;
+    const LoraSlot* s;
+    int OUT;
+  };
+  void linear_forward_group(std::initializer_list<Projection> group, const float* in, const Acts& acts, int T,
+                            int IN) const;
   Result<const PackedMeta*> meta_for_layer();
   Status forward(const PackedBatch& b, bool need_targets);  // up to the final norm (the head is the caller's)
   // Whether the LM head runs over the vocabulary in chunks (policy.logprob_chunk < V).

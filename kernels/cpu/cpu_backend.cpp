@@ -49,6 +49,9 @@ class CpuBackend final : public Backend {
   void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) const override {
     kernels::quant_matmul_backward_input(dx, dy, W, T);
   }
+  void quant_projections_forward(const QuantProjection* p, int n, const float* x, int T) const override {
+    kernels::quant_projections_forward(p, n, x, T);
+  }
   void lora_forward(float* out, const float* inp, const float* A, const float* B, float* scratch, int N, int C, int OC,
                     int r, float scale) const override {
     kernels::lora_forward(out, inp, A, B, scratch, N, C, OC, r, scale);

@@ -2,7 +2,8 @@
 // on the fly. They take gemm_blocked's paths (ops.cpp) on the dequantized values, so they give
 // matmul_forward/backward's bits wherever the blocks of work are the same: one or two tokens run a
 // fused dequantize-and-FMA chain (small_gemm's per-element chain, AVX2/FMA), other few-token calls
-// dequantize 64-row (64-column) tiles into a thread-local scratch for the BLAS sgemm.
+// dequantize 64-row (64-column) tiles into a thread-local scratch for the BLAS sgemm. A group of
+// projections of one input runs as its calls one by one would, bit for bit.
 #include <omp.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "quant_blocks.h"
 #include "small_gemm.h"
 #include "troupe/kernels/batch_invariant.h"
+#include "troupe/kernels/lora.h"
 #include "troupe/kernels/ops.h"
 #include "troupe/kernels/quant_matrix.h"
 
@@ -34,6 +36,8 @@ float* scratch(size_t n) {
   if (s.size() < n) s.resize(n);
   return s.data();
 }
+
+constexpr int kMaxProjections = 8;  // quant_projections_forward's group size (a layer has at most 3)
 
 // gemm_blocked's test for cutting C (M, N) into column blocks (ops.cpp, gemm_column_blocks).
 bool column_blocks(int M, int N, int K) {
@@ -252,6 +256,41 @@ void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T
   } else {  // many tokens against a large W: tiles of W rows, each against every block of tokens
     over_tiles(N, kBigTile, split, [&](int o0, int o1) { tile_forward(W, o0, o1, x, y, T); });
   }
+}
+
+void quant_projections_forward(const QuantProjection* p, int n, const float* x, int T) {
+  // The chain path of quant_matmul_forward for every matrix (its bits do not depend on the tiles),
+  // else the calls one by one.
+  bool chained = T > 0 && T <= kGemmKernelMaxRows && chain_available() && n <= kMaxProjections;
+  double macs = 0;
+  int tiles = 0;
+  int first_tile[kMaxProjections + 1] = {};
+  for (int i = 0; chained && i < n; ++i) {
+    const QuantWeights& W = p[i].W;
+    chained = batch_invariant() || column_blocks(T, W.rows, W.cols);
+    macs += double(T) * W.rows * W.cols;
+    first_tile[i] = tiles;
+    tiles += (W.rows + kTile - 1) / kTile;
+  }
+  if (!chained) {
+    for (int i = 0; i < n; ++i) {
+      quant_matmul_forward(p[i].y, x, p[i].W, T);
+      if (p[i].A) lora_forward(p[i].y, x, p[i].A, p[i].B, p[i].scratch, T, p[i].W.cols, p[i].W.rows, p[i].r, p[i].scale);
+    }
+    return;
+  }
+  first_tile[n] = tiles;
+#pragma omp parallel for schedule(static) if (chain_worth_splitting(macs))
+  for (int b = 0; b < tiles; ++b) {
+    const int i = static_cast<int>(std::upper_bound(first_tile, first_tile + n + 1, b) - first_tile) - 1;
+    const QuantWeights& W = p[i].W;
+    const int o0 = (b - first_tile[i]) * kTile;
+    chain(W, o0, std::min(W.rows, o0 + kTile), x, p[i].y, T);
+  }
+  // The low-rank paths on the calling thread: OpenBLAS called from two OpenMP threads at once made
+  // a decode step several times slower.
+  for (int i = 0; i < n; ++i)
+    if (p[i].A) lora_forward(p[i].y, x, p[i].A, p[i].B, p[i].scratch, T, p[i].W.cols, p[i].W.rows, p[i].r, p[i].scale);
 }
 
 void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) {

@@ -15,6 +15,7 @@
 
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/batch_invariant.h"
+#include "troupe/kernels/lora.h"
 #include "troupe/kernels/ops.h"
 #include "troupe/kernels/quant_matrix.h"
 
@@ -278,6 +279,47 @@ TEST(QuantMatmul, InputGradientMatchesFiniteDifferences) {
       EXPECT_NEAR(dx[i], (lp - lm) / (2 * h), 1e-4 * (1 + std::fabs(dx[i]))) << name(f) << " x[" << i << "]";
     }
   }
+}
+
+// A group of projections of one input (a layer's q, k, v with rank-8 adapters on two of them)
+// gives the bits of its quant_matmul_forward and lora_forward calls one by one: decode steps (1
+// and 2 tokens, split over threads or not, batch-invariant or not) and a prefill (fallback).
+TEST(QuantMatmul, ProjectionGroupEqualsTheCallsOneByOne) {
+  const int C = 576, r = 8;
+  const int rows[3] = {576, 192, 192};
+  std::vector<k::QuantMatrix> m;
+  std::vector<std::vector<float>> A, B;
+  for (int i = 0; i < 3; ++i) {
+    m.push_back(quantize(QuantFormat::q4_1, normal(size_t(rows[i]) * C, 61 + i, 0.05f), rows[i], C));
+    A.push_back(normal(size_t(r) * C, 71 + i, 0.05f));
+    B.push_back(normal(size_t(rows[i]) * r, 81 + i, 0.05f));
+  }
+  const int saved = omp_get_max_threads();
+  for (bool invariant : {false, true})
+    for (int T : {1, 2, 9})
+      for (int threads : {1, 2}) {
+        const troupe::kernels::BatchInvariantScope scope(invariant);
+        omp_set_num_threads(threads);
+        const auto x = normal(size_t(T) * C, 91 + T);
+        std::vector<std::vector<float>> want(3), have(3);
+        std::vector<float> scratch(k::lora_scratch_floats(T, r));
+        k::QuantProjection p[3];
+        for (int i = 0; i < 3; ++i) {
+          want[i].assign(size_t(T) * rows[i], 0.0f);
+          have[i].assign(size_t(T) * rows[i], 0.0f);
+          k::quant_matmul_forward(want[i].data(), x.data(), m[i].view(), T);
+          p[i].y = have[i].data();
+          p[i].W = m[i].view();
+          if (i == 1) continue;  // k without an adapter
+          k::lora_forward(want[i].data(), x.data(), A[i].data(), B[i].data(), scratch.data(), T, C, rows[i], r, 2.0f);
+          p[i].A = A[i].data(), p[i].B = B[i].data(), p[i].scratch = scratch.data(), p[i].r = r, p[i].scale = 2.0f;
+        }
+        k::quant_projections_forward(p, 3, x.data(), T);
+        for (int i = 0; i < 3; ++i)
+          EXPECT_TRUE(same_bits(have[i], want[i])) << "projection " << i << " T=" << T << " threads=" << threads
+                                                   << " invariant=" << invariant;
+      }
+  omp_set_num_threads(saved);
 }
 
 // The backend table: cpu and cpu_fenced (W's blocks in a device buffer) give the CPU op's bits.

@@ -796,6 +796,16 @@ double decode_ms(policy::Model& m, const std::vector<int32_t>& prompt, FirstFail
   return 1e3 * (full - one) / kQloraNew;
 }
 
+// The value of environment variable `name`, or "unset": the rows record the OpenMP wait settings
+// troupe ran under.
+std::string env_or_unset(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "unset";
+}
+
+// The environment the llama.cpp child runs in (a prefix of its shell command).
+constexpr const char* kLlamaCppEnv = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ";
+
 // llama-cpp-python's ms per token on the same GGUF (llama_cpp_decode.py), or 0 with *why set.
 double llama_cpp_ms(const std::string& python, const std::string& gguf, const std::vector<int32_t>& prompt,
                     std::string* version, std::string* why) {
@@ -804,7 +814,9 @@ double llama_cpp_ms(const std::string& python, const std::string& gguf, const st
     if (!ids.empty()) ids.push_back(',');
     ids.append(std::to_string(t));
   }
-  const std::string cmd = python + " " + TROUPE_SOURCE_DIR + "/launch/bench/llama_cpp_decode.py '" + gguf + "' " + ids +
+  // llama.cpp runs at its own defaults: troupe's OpenMP settings (main.cpp's, or the bench's
+  // caller's) would make its OpenMP threads sleep between ops, 2-3x its standalone time per token.
+  const std::string cmd = std::string(kLlamaCppEnv) + python + " " + TROUPE_SOURCE_DIR + "/launch/bench/llama_cpp_decode.py '" + gguf + "' " + ids +
                           " " + std::to_string(kQloraNew) + " 2>&1";
   auto out = run_child(cmd, kSuite);
   if (!out || out->status != 0 || out->objects.empty()) {
@@ -840,6 +852,8 @@ int qlora_decode_rows(const BenchOptions& opt, const std::string& gguf, policy::
     Paired p = interleaved(reps, [&] { return decode_ms(q, prompt, failed); }, [&] { return decode_ms(f, prompt, failed); });
     Row r = make_row(kSuite, kQloraDecode, {"ms_per_token", "ms", Better::lower}, p, "fp32", extra);
     r.extra["baseline_what"] = "the same GGUF imported to fp32, the same adapters";
+    r.extra["omp_wait_policy"] = env_or_unset("OMP_WAIT_POLICY");
+    r.extra["gomp_spincount"] = env_or_unset("GOMP_SPINCOUNT");
     if (failed.report(kQloraDecode)) return 1;
     emit(r);
   }
@@ -854,6 +868,9 @@ int qlora_decode_rows(const BenchOptions& opt, const std::string& gguf, policy::
   Row r = make_row(kSuite, kQloraDecodeLlama, {"ms_per_token", "ms", Better::lower}, p, "llama_cpp", extra);
   r.extra["llama_cpp_python"] = version;
   r.extra["baseline_what"] = "llama-cpp-python, same GGUF, n_threads 2, greedy, no adapters";
+  r.extra["baseline_env"] = "OMP_WAIT_POLICY and GOMP_SPINCOUNT unset (llama.cpp's defaults)";
+  r.extra["omp_wait_policy"] = env_or_unset("OMP_WAIT_POLICY");
+  r.extra["gomp_spincount"] = env_or_unset("GOMP_SPINCOUNT");
   if (failed.report(kQloraDecodeLlama)) return 1;
   emit(r);
   return 0;

@@ -261,6 +261,10 @@ class Backend {
   virtual void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T) const = 0;
   // dx (T, W.cols) [+=] dy (T, W.rows) . W (W frozen: no weight gradient).
   virtual void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) const = 0;
+  // n projections of one input x (T, W.cols), each y = x W^T plus its low-rank path when A is set
+  // (quant_matrix.h, QuantProjection; scratch in device memory). The default body is the
+  // quant_matmul_forward and lora_forward calls in order; the CPU backend runs them in one region.
+  virtual void quant_projections_forward(const QuantProjection* p, int n, const float* x, int T) const;
 
   // ---- MoE layer (moe.h) ---------------------------------------------------------------------------
   virtual size_t moe_saved_floats(const MoeConfig& cfg, int N) const = 0;

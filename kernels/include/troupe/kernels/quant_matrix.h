@@ -97,6 +97,23 @@ void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T
 // dx (T, W.cols) [+=] dy (T, W.rows) . W. W is frozen: no weight gradient.
 void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T);
 
+// One projection of a group that shares its input x (a layer's q, k, v or gate, up): y (T, W.rows)
+// = x W^T, then, when A is set, its low-rank path y += scale (x A^T) B^T at rank r (lora_forward,
+// A (r, W.cols), B (W.rows, r)); scratch holds lora_scratch_floats(T, r) floats.
+struct QuantProjection {
+  float* y = nullptr;
+  QuantWeights W;
+  const float* A = nullptr;
+  const float* B = nullptr;
+  float* scratch = nullptr;
+  int r = 0;
+  float scale = 0;
+};
+// The n projections' quant_matmul_forward and lora_forward calls, bit for bit. One or two tokens
+// (a decode step) run every chain tile of every matrix in one OpenMP region, then the low-rank
+// paths on the calling thread.
+void quant_projections_forward(const QuantProjection* p, int n, const float* x, int T);
+
 }  // namespace troupe::kernels
 
 namespace troupe {
