@@ -10,6 +10,7 @@
 #include <map>
 
 #include "coordinator_internal.h"
+#include "troupe/envs/eval_metrics_mean.h"
 
 namespace troupe::actors::coord {
 
@@ -247,7 +248,7 @@ Task<Status> server_metrics(RunState& s, std::string env, json& out) {
   std::vector<Reply<EnvAggregateRep>> asks;
   for (size_t w = 0; w < s.peers.env_workers.size(); ++w)
     asks.push_back(request<EnvAggregateRep>(s.here, s.peers.env_workers[w], EnvAggregateReq{env}, kEnvTimeout));
-  std::map<std::string, std::pair<double, double>> sums;  // name -> (weighted sum, weight)
+  envs::EvalMetricsMean mean;
   for (auto& a : asks) {
     Result<EnvAggregateRep> rep = co_await a;
     std::string error = rep.ok() ? rep->error : rep.error().message;
@@ -257,17 +258,9 @@ Task<Status> server_metrics(RunState& s, std::string env, json& out) {
       if (s.hooks.log) s.hooks.log("env '" + env + "': eval metrics: " + error);
       continue;
     }
-    const double weight = m.value("episodes", 0.0);
-    if (weight <= 0) continue;
-    for (auto it = m.begin(); it != m.end(); ++it)
-      if (it->is_number() && it.key() != "episodes") {
-        sums[it.key()].first += weight * it->get<double>();
-        sums[it.key()].second += weight;
-      }
-    sums["episodes"].first += weight;
-    sums["episodes"].second = 1;
+    mean.add(m);
   }
-  for (const auto& [name, v] : sums) out["eval_env/" + env + "/" + name] = v.first / v.second;
+  mean.write(out, "eval_env/" + env + "/");
   co_return Status{};
 }
 

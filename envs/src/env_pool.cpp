@@ -12,6 +12,7 @@
 #include <set>
 
 #include "troupe/base/clock.h"
+#include "troupe/envs/eval_metrics_mean.h"
 
 namespace troupe::envs {
 
@@ -299,21 +300,13 @@ Result<json> EnvPool::aggregate_eval() {
     for (const auto& m : members_)
       if (m->up) clients.push_back(m->client);
   }
-  std::map<std::string, std::pair<double, double>> sums;  // name -> (weighted sum, weight)
+  EvalMetricsMean mean;
   for (const auto& c : clients) {
     TROUPE_ASSIGN_OR_RETURN(json m, c->aggregate_eval());
-    const double weight = m.is_object() ? m.value("episodes", 0.0) : 0.0;
-    if (weight <= 0) continue;
-    for (auto it = m.begin(); it != m.end(); ++it)
-      if (it->is_number() && it.key() != "episodes") {
-        sums[it.key()].first += weight * it->get<double>();
-        sums[it.key()].second += weight;
-      }
-    sums["episodes"].first += weight;
-    sums["episodes"].second = 1;
+    mean.add(m);
   }
   json out = json::object();
-  for (const auto& [name, v] : sums) out[name] = v.first / v.second;
+  mean.write(out);
   return out;
 }
 
