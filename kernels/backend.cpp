@@ -1,4 +1,4 @@
-// Device-neutral half of the backend seam (backend.h): Buffer and HostBuffer ownership, alloc/grow
+// Device-neutral half of the backend seam (backend.h): BackendMemory (Buffer, HostBuffer) ownership, alloc/grow
 // over a backend's raw memory, the synchronous defaults of the copy queue, and backend_for, the
 // one place that maps a device name to a backend.
 #include "troupe/kernels/backend.h"
@@ -14,12 +14,14 @@ namespace troupe::kernels {
 Result<const Backend*> cuda_backend();  // kernels/cuda/cuda_backend.cpp
 #endif
 
-Buffer::Buffer(Buffer&& o) noexcept
+template <MemorySide Side>
+BackendMemory<Side>::BackendMemory(BackendMemory&& o) noexcept
     : backend_(std::exchange(o.backend_, nullptr)),
       data_(std::exchange(o.data_, nullptr)),
       bytes_(std::exchange(o.bytes_, 0)) {}
 
-Buffer& Buffer::operator=(Buffer&& o) noexcept {
+template <MemorySide Side>
+BackendMemory<Side>& BackendMemory<Side>::operator=(BackendMemory&& o) noexcept {
   if (this != &o) {
     release();
     backend_ = std::exchange(o.backend_, nullptr);
@@ -29,38 +31,27 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
   return *this;
 }
 
-Buffer::~Buffer() { release(); }
-
-void Buffer::release() {
-  if (backend_ && data_) backend_->free_bytes(data_, bytes_);
-  backend_ = nullptr;
-  data_ = nullptr;
-  bytes_ = 0;
+template <MemorySide Side>
+BackendMemory<Side>::~BackendMemory() {
+  release();
 }
 
-HostBuffer::HostBuffer(HostBuffer&& o) noexcept
-    : backend_(std::exchange(o.backend_, nullptr)),
-      data_(std::exchange(o.data_, nullptr)),
-      bytes_(std::exchange(o.bytes_, 0)) {}
-
-HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
-  if (this != &o) {
-    release();
-    backend_ = std::exchange(o.backend_, nullptr);
-    data_ = std::exchange(o.data_, nullptr);
-    bytes_ = std::exchange(o.bytes_, 0);
+template <MemorySide Side>
+void BackendMemory<Side>::release() {
+  if (backend_ && data_) {
+    if constexpr (Side == MemorySide::device) {
+      backend_->free_bytes(data_, bytes_);
+    } else {
+      backend_->free_host_bytes(data_, bytes_);
+    }
   }
-  return *this;
-}
-
-HostBuffer::~HostBuffer() { release(); }
-
-void HostBuffer::release() {
-  if (backend_ && data_) backend_->free_host_bytes(data_, bytes_);
   backend_ = nullptr;
   data_ = nullptr;
   bytes_ = 0;
 }
+
+template class BackendMemory<MemorySide::device>;
+template class BackendMemory<MemorySide::host>;
 
 void* Backend::alloc_host_bytes(size_t bytes) const { return std::calloc(bytes, 1); }
 void Backend::free_host_bytes(void* data, size_t) const { std::free(data); }

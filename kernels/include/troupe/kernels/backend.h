@@ -47,15 +47,24 @@ class DeviceCollective {
   virtual void broadcast(float* device_buf, size_t n, int root) = 0;
 };
 
-// A block of device memory owned by one backend, freed when the Buffer goes (move-only).
-class Buffer {
+// Memory owned by one backend, freed by it when the owner goes (move-only). Two sides, one owner:
+//  - Buffer (device): device memory from Backend::alloc, freed by free_bytes.
+//  - HostBuffer (host): page-locked host memory from Backend::alloc_host, the host side of the
+//    asynchronous copies (Backend::copy_to_host_async), freed by free_host_bytes. cuda:
+//    cudaHostAlloc, so the copy engine moves it while kernels run; cpu: ordinary memory;
+//    cpu_fenced: page-aligned memory whose pages under a copy in flight are fenced (PROT_NONE), so a
+//    host access before wait_copy faults.
+enum class MemorySide { device, host };
+
+template <MemorySide Side>
+class BackendMemory {
  public:
-  Buffer() = default;
-  Buffer(Buffer&& o) noexcept;
-  Buffer& operator=(Buffer&& o) noexcept;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer();
+  BackendMemory() = default;
+  BackendMemory(BackendMemory&& o) noexcept;
+  BackendMemory& operator=(BackendMemory&& o) noexcept;
+  BackendMemory(const BackendMemory&) = delete;
+  BackendMemory& operator=(const BackendMemory&) = delete;
+  ~BackendMemory();
 
   void* data() const { return data_; }
   float* floats() const { return static_cast<float*>(data_); }
@@ -65,7 +74,7 @@ class Buffer {
 
  private:
   friend class Backend;
-  Buffer(const Backend* backend, void* data, size_t bytes) : backend_(backend), data_(data), bytes_(bytes) {}
+  BackendMemory(const Backend* backend, void* data, size_t bytes) : backend_(backend), data_(data), bytes_(bytes) {}
   void release();
 
   const Backend* backend_ = nullptr;
@@ -73,34 +82,10 @@ class Buffer {
   size_t bytes_ = 0;
 };
 
-// Page-locked host memory from one backend, freed by it (move-only): the host side of the
-// asynchronous copies (Backend::copy_to_host_async). cuda: cudaHostAlloc, so the copy engine moves
-// it while kernels run; cpu: ordinary memory; cpu_fenced: page-aligned memory whose pages under a
-// copy in flight are fenced (PROT_NONE), so a host access before wait_copy faults.
-class HostBuffer {
- public:
-  HostBuffer() = default;
-  HostBuffer(HostBuffer&& o) noexcept;
-  HostBuffer& operator=(HostBuffer&& o) noexcept;
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  ~HostBuffer();
-
-  void* data() const { return data_; }
-  float* floats() const { return static_cast<float*>(data_); }
-  size_t bytes() const { return bytes_; }
-  size_t num_floats() const { return bytes_ / sizeof(float); }
-  const Backend* backend() const { return backend_; }
-
- private:
-  friend class Backend;
-  HostBuffer(const Backend* backend, void* data, size_t bytes) : backend_(backend), data_(data), bytes_(bytes) {}
-  void release();
-
-  const Backend* backend_ = nullptr;
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
+extern template class BackendMemory<MemorySide::device>;  // backend.cpp
+extern template class BackendMemory<MemorySide::host>;
+using Buffer = BackendMemory<MemorySide::device>;
+using HostBuffer = BackendMemory<MemorySide::host>;
 
 // A copy queued on a backend's copy queue (copy_to_host_async); id 0: no copy.
 struct CopyTicket {
@@ -359,8 +344,8 @@ class Backend {
   virtual void free_host_bytes(void* data, size_t bytes) const;
 
  private:
-  friend class Buffer;
-  friend class HostBuffer;
+  template <MemorySide>
+  friend class BackendMemory;
 };
 
 // The CPU backend (kernels/cpu/): host memory, OpenMP + BLAS ops, synchronous queue.
