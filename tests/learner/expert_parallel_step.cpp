@@ -4,14 +4,18 @@
 // one micro-batch per rank, within float rounding otherwise) and the 1-rank step (within the
 // rounding dp_invariance allows); with a token budget the ranks run different micro-batch counts
 // (the idle passes serve the peers); with the router's aux loss, against data parallelism. Bad layouts are refused naming the key and value: E not
-// dividing the rank count, EP on a model without MoE layers.
+// dividing the rank count, EP on a model without MoE layers. A checkpoint (learner 0 writes the
+// whole weights, as without EP) resumed by every rank continues the EP run bit for bit.
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
+#include "troupe/learner/checkpoint.h"
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/model.h"
 #include "random_samples.h"
@@ -107,6 +111,58 @@ int compare(const Case& k, Communicator& world) {
   return bad;
 }
 
+// 2 EP steps straight vs 1 step, learner 0's checkpoint, a fresh model and trainer on every rank
+// loading it, 1 more step: bit for bit.
+int resume(Communicator& world) {
+  namespace fs = std::filesystem;
+  const Case k{"resume", 9, false, false, 0.0f};
+  std::vector<float> straight;
+  double loss = 0;
+  int bad = train(k, world, 2, straight, loss).ok() ? 0 : 1;
+  int pid = ::getpid();
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const fs::path dir = fs::temp_directory_path() / ("troupe_ep_resume_" + std::to_string(pid));
+  auto status = [](const auto& r) { return r.ok() ? Status{} : Status(r.error()); };
+  Status st = [&]() -> Status {
+    auto first = policy::Model::create(tiny_moe(false, 0.0f), 11);
+    if (!first.ok()) return first.error();
+    ModelAdapter a(*first);
+    Trainer tr(a, config(k, 2), world);
+    TROUPE_TRY(status(tr.train_step(test::make_batch(42, 12, 32))));
+    if (world.rank() == 0) {
+      CheckpointData d;
+      d.step = 1;
+      d.trainer_state = tr.state_json();
+      TROUPE_TRY(status(save_checkpoint(dir.string(), d, policy_model_writer(*first), tr.optimizer(), first->tensors(), {})));
+    }
+    TROUPE_TRY(world.barrier());
+    auto fresh = policy::Model::create(tiny_moe(false, 0.0f), 99);
+    if (!fresh.ok()) return fresh.error();
+    ModelAdapter b(*fresh);
+    Trainer resumed(b, config(k, 2), world);
+    TROUPE_ASSIGN_OR_RETURN(const std::string latest, latest_checkpoint(dir.string()));
+    TROUPE_ASSIGN_OR_RETURN(auto data, load_checkpoint(latest, fresh->tensors(), resumed.optimizer()));
+    TROUPE_TRY(load_policy_model_params(latest, *fresh));
+    TROUPE_TRY(resumed.load_state_json(data.trainer_state));
+    TROUPE_TRY(status(resumed.train_step(test::make_batch(43, 12, 32))));
+    const auto p = b.params();
+    if (p.size() != straight.size() || std::memcmp(p.data(), straight.data(), p.size() * sizeof(float)) != 0)
+      return invalid_input("the resumed run's parameters differ from the straight run's");
+    return {};
+  }();
+  if (!st.ok()) {
+    std::fprintf(stderr, "rank %d resume: %s\n", world.rank(), st.error().message.c_str());
+    bad = 1;
+  }
+  (void)world.barrier();
+  if (world.rank() == 0) {
+    fs::remove_all(dir);
+    std::printf("resume: EP 2 on %d ranks, 1 step + checkpoint + 1 step vs 2 steps -> %s\n", world.size(),
+                bad ? "MISMATCH" : "bit-identical");
+  }
+  return bad;
+}
+
 // A refused layout: the step fails with a message that holds `want`.
 int refused(const char* name, Status st, const std::string& want, int rank) {
   if (!st.ok() && st.error().message.find(want) != std::string::npos) return 0;
@@ -132,6 +188,8 @@ int main(int argc, char** argv) {
     bad |= compare({"one micro-batch per rank, aux loss", 0, false, two, 0.01f}, world);
     bad |= compare({"token budget 9 (micro-batch counts differ by rank)", 9, false, false, 0.0f}, world);
     bad |= compare({"activation checkpointing, token budget 12", 12, true, false, 0.0f}, world);
+
+    bad |= resume(world);
 
     const auto batch = test::make_batch(42, 12, 32);
     {  // E not dividing the learner rank count
