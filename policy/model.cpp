@@ -1044,7 +1044,7 @@ Status Model::set_expert_exchange(kernels::MoeExchange* exchange) {
     if (m.routing_width == 0)
       return invalid_input("policy.moe.expert_parallel: the model has no MoE layer (num_experts = 0)");
     if (!m.be->host_visible() || m.mirrored)
-      return invalid_input("policy.moe.expert_parallel: expert parallelism runs on the CPU backends only");
+      return invalid_input("policy.moe.expert_parallel: expert parallelism runs on policy.device: cpu only");
     if (m.lora) return invalid_input("policy.moe.expert_parallel: not with LoRA adapters (policy.lora)");
     if (m.moe_cfg.E % exchange->size() != 0)
       return invalid_input("policy.moe.expert_parallel: " + std::to_string(exchange->size()) +
