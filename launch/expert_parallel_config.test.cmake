@@ -14,8 +14,8 @@ function(refused what sets pattern)
     message(FATAL_ERROR "${what}: expected exit 2 and '${pattern}', got rc=${rc} stderr=${err}")
   endif()
 endfunction()
-refused("E not dividing the experts" "--set;policy.model.num_experts=6"
-        "error: policy.moe.expert_parallel: 2 does not divide policy.model.num_experts = 6")
+refused("E not dividing the experts" "--set;policy.model.num_experts=5"
+        "error: policy.moe.expert_parallel: 2 does not divide policy.model.num_experts = 5")
 refused("E not dividing the learners" "--set;cluster.learners=3"
         "error: policy.moe.expert_parallel: 2 does not divide cluster.learners = 3")
 refused("a dense model" "--set;policy.model.num_experts=0"

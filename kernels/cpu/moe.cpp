@@ -577,9 +577,9 @@ EpBlocks ep_blocks(const int32_t* offsets, const std::vector<int32_t>& recv_rows
   return b;
 }
 
-// Runs fn(e, i, s, r0, n) for every block of received rows: local expert i (global e), source s,
-// rows [r0, r0 + n). The experts in parallel, each one's sources in rank order (the order its
-// weight gradient adds them in).
+// Runs fn(e, r0, n) for every block of received rows: rows [r0, r0 + n) from one source rank for
+// this rank's expert e (global id). The experts in parallel, each one's sources in rank order (the
+// order its weight gradient adds them in).
 template <class Fn>
 void for_each_ep_block(const EpBlocks& b, const std::vector<int32_t>& recv_rows, int me, double work, Fn fn) {
   const bool invariant = batch_invariant();
