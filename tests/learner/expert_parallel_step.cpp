@@ -3,7 +3,8 @@
 // the data-parallel steps of the same global batch on the same ranks (bit for bit on 2 ranks with
 // one micro-batch per rank, within float rounding otherwise) and the 1-rank step (within the
 // rounding dp_invariance allows); with a token budget the ranks run different micro-batch counts
-// (the idle passes serve the peers); with the router's aux loss, against data parallelism. Bad layouts are refused naming the key and value: E not
+// (the idle passes serve the peers); with the router's aux loss, against data parallelism; with
+// learner.shard optimizer and gradients (ZeRO-1/2: the sharded step sums the same gradients). Bad layouts are refused naming the key and value: E not
 // dividing the rank count, EP on a model without MoE layers. A checkpoint (learner 0 writes the
 // whole weights, as without EP) resumed by every rank continues the EP run bit for bit.
 #include <mpi.h>
@@ -32,6 +33,7 @@ struct Case {
   bool exact;          // EP must equal DP bit for bit
   float aux;           // router_aux_loss_coef: each rank's aux loss is over its own tokens, so with it
                        // the ranks' step is not the 1-rank step (nor meant to be): compared with DP only
+  ShardStage shard = ShardStage::none;  // learner.shard of both the EP and the DP run
 };
 
 LearnerConfig config(const Case& k, int ep) {
@@ -43,6 +45,7 @@ LearnerConfig config(const Case& k, int ep) {
   c.loss.entropy_coef = 0.01f;
   c.batch.micro_batch_tokens = k.budget;
   c.expert_parallel = ep;
+  c.shard = k.shard;
   return c;
 }
 
@@ -188,6 +191,8 @@ int main(int argc, char** argv) {
     bad |= compare({"one micro-batch per rank, aux loss", 0, false, two, 0.01f}, world);
     bad |= compare({"token budget 9 (micro-batch counts differ by rank)", 9, false, false, 0.0f}, world);
     bad |= compare({"activation checkpointing, token budget 12", 12, true, false, 0.0f}, world);
+    bad |= compare({"learner.shard optimizer", 0, false, two, 0.0f, ShardStage::optimizer}, world);
+    bad |= compare({"learner.shard gradients, token budget 9", 9, false, false, 0.0f, ShardStage::gradients}, world);
 
     bad |= resume(world);
 
