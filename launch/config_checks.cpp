@@ -132,6 +132,32 @@ void check_execution(const ExperimentConfig& c, const ConfigReport& report) {
            "not implemented with policy.device: cuda; set it to off or use policy.device: cpu");
 }
 
+// policy.moe.expert_parallel: E splits the experts of every MoE layer and the learner ranks (a
+// loaded model's expert count is checked when it loads); what it does not compose with yet.
+void check_expert_parallel(const ExperimentConfig& c, const ConfigReport& report) {
+  const int E = c.policy.expert_parallel;
+  if (E <= 1) return;
+  const std::string key = "policy.moe.expert_parallel", at = std::to_string(E);
+  const auto& m = c.policy.model;
+  bool any_moe = false;
+  for (int l = 0; l < m.num_hidden_layers; ++l) any_moe = any_moe || m.is_moe_layer(l);
+  if (c.policy.path.empty() && !any_moe)
+    report(key, key, at + " splits MoE experts, but policy.model is dense (num_experts = " +
+                         std::to_string(m.num_experts) + (m.num_experts > 0 ? ", every layer in mlp_only_layers" : "") + ")");
+  else if (c.policy.path.empty() && m.num_experts % E != 0)
+    report(key, key, at + " does not divide policy.model.num_experts = " + std::to_string(m.num_experts));
+  if (c.cluster.learners % E != 0)
+    report(key, key, at + " does not divide cluster.learners = " + std::to_string(c.cluster.learners) +
+                         " (learner ranks = data-parallel x expert-parallel)");
+  auto unsupported = [&](const std::string& other) { report(key, key, at + " with " + other + " is not supported yet"); };
+  if (c.policy.device != kernels::DeviceKind::cpu)
+    unsupported("policy.device: " + enum_string(c.policy.device) + " (policy.device: cpu only)");
+  if (c.learner.shard == learner::ShardStage::parameters) unsupported("learner.shard: parameters");
+  if (c.policy.lora.enabled()) unsupported("policy.lora (rank > 0)");
+  if (c.distill.enabled()) unsupported("distill.teacher");
+  if (c.rollout.async_chunks > 1) unsupported("rollout.async_chunks > 1");
+}
+
 // policy.lora against the architecture: policy.model, or policy.path's config.json when it is a
 // model directory (a .gguf's is checked when the run loads it).
 void check_lora(const ExperimentConfig& c, const ConfigReport& report) {
@@ -451,6 +477,7 @@ void check_config(const ExperimentConfig& c, const std::vector<std::string>& arc
   check_loss(c, report);
   check_execution(c, report);
   check_lora(c, report);
+  check_expert_parallel(c, report);
   check_model_source(c, architecture_keys_set, report);
   check_phases(c, report);
   check_envs(c, report);

@@ -95,6 +95,20 @@ bool several_micro_batches(const Shape& s) {
   return static_cast<int64_t>(s.tokens) < static_cast<int64_t>(s.learner_seqs) * s.seq_len;
 }
 
+// policy.moe.expert_parallel (learner/README.md "Expert parallelism"): the weights, gradients and
+// AdamW moments stay whole; each MoE layer keeps what its expert-parallel exchange received
+// (kernels::MoeEpState: the rows' inputs (C) and gate/up pre-activations (2H), an exchange buffer
+// (C + 1), expert scratch (2H)) and the rank's own rows packed for the backward (C + 1): at an even
+// load a rank computes as many rows as its tokens route (tokens x K).
+uint64_t expert_parallel_bytes(const ExperimentConfig& cfg, const Shape& s) {
+  if (cfg.policy.expert_parallel <= 1) return 0;
+  uint64_t layers = 0;
+  for (int l = 0; l < s.mc.num_hidden_layers; ++l) layers += s.mc.is_moe_layer(l) ? 1 : 0;
+  const uint64_t C = s.mc.hidden_size, H = s.mc.moe_intermediate_size;
+  const uint64_t rows = static_cast<uint64_t>(s.tokens) * s.mc.num_experts_per_tok;
+  return layers * rows * (C + 2 * H + (C + 1) + 2 * H + (C + 1)) * kF;
+}
+
 void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, PlanRow& r) {
   const uint64_t o_div = s.stage != ShardStage::none ? s.N : 1;
   // Model::Impl::alloc_params: the parameter arena; enable_lora: the adapter arena beside it.
@@ -123,7 +137,7 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
     in_flight = s.fp.largest_layer_floats * kF;
   }
   r.optimizer = ceil_div(2 * s.Tr * kF, o_div);  // AdamW m_, v_ (fp32) of this rank's shard
-  r.collectives = reduce_scatter_bytes(s) + in_flight;
+  r.collectives = reduce_scatter_bytes(s) + in_flight + expert_parallel_bytes(cfg, s);
   if (cfg.loss.kl_coef > 0) {  // the frozen reference policy: a second model (LearnerRole::create)
     r.weights += s.P * kF + s.A * kF;
     if (!s.host_visible) r.gradients += (s.A > 0 ? s.A : s.P) * kF;  // allocated on the device, never used
@@ -308,6 +322,11 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
                            (cfg.rollout.async ? ", and in async runs every learner does" : "") +
                            (several_micro_batches(s) ? "; several micro-batches a step accumulate whole gradients" : ""));
   }
+  if (cfg.policy.expert_parallel > 1)
+    plan.notes.push_back("policy.moe.expert_parallel " + std::to_string(cfg.policy.expert_parallel) +
+                         ": each learner computes num_experts / " + std::to_string(cfg.policy.expert_parallel) +
+                         " experts per MoE layer but keeps every expert's weights, gradients and AdamW moments (not "
+                         "divided); the collectives column adds each MoE layer's exchanged rows at an even load");
   s.sync_bytes_per_value = cfg.weight_sync.dtype == actors::WeightDtype::bf16 ? 2 : 4;
   return s;
 }

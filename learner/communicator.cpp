@@ -69,6 +69,9 @@ class MpiCommunicator final : public Communicator {
                                                                       std::span<const size_t> bounds) override;
   Status gather(std::span<float> buf, std::span<const size_t> bounds, int root) override;
   Result<double> chain(const std::function<double(double)>& step) override;
+  Result<std::unique_ptr<Communicator>> split(int color, int key) override;
+  Status alltoallv(const float* send, const size_t* send_counts, float* recv, const size_t* recv_counts) override;
+  Status alltoall_ints(const int32_t* send, int32_t* recv, int n) override;
 
  private:
   template <class T>
@@ -281,6 +284,38 @@ Result<double> MpiCommunicator::chain(const std::function<double(double)>& step)
   return carry;
 }
 
+Result<std::unique_ptr<Communicator>> MpiCommunicator::split(int color, int key) {
+  MPI_Comm part;
+  TROUPE_MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
+  MPI_Comm_set_errhandler(part, MPI_ERRORS_RETURN);
+  return std::unique_ptr<Communicator>(new MpiCommunicator(part));
+}
+
+// Counts and displacements are ints in MPI: an exchange of more than INT_MAX floats is refused.
+Status MpiCommunicator::alltoallv(const float* send, const size_t* send_counts, float* recv,
+                                  const size_t* recv_counts) {
+  const auto P = static_cast<size_t>(size_);
+  std::vector<int> scount(P), sdispl(P), rcount(P), rdispl(P);
+  size_t s_at = 0, r_at = 0;
+  for (size_t j = 0; j < P; ++j) {
+    if (s_at + send_counts[j] > static_cast<size_t>(INT_MAX) || r_at + recv_counts[j] > static_cast<size_t>(INT_MAX))
+      return invalid_input("learner: an expert-parallel all-to-all of more than INT_MAX floats");
+    scount[j] = static_cast<int>(send_counts[j]), sdispl[j] = static_cast<int>(s_at);
+    rcount[j] = static_cast<int>(recv_counts[j]), rdispl[j] = static_cast<int>(r_at);
+    s_at += send_counts[j], r_at += recv_counts[j];
+  }
+  const BlockingCall label("MPI_Alltoallv (the expert-parallel token exchange)");
+  TROUPE_MPI_CHECK(MPI_Alltoallv(send, scount.data(), sdispl.data(), MPI_FLOAT, recv, rcount.data(), rdispl.data(),
+                                 MPI_FLOAT, comm_));
+  return {};
+}
+
+Status MpiCommunicator::alltoall_ints(const int32_t* send, int32_t* recv, int n) {
+  const BlockingCall label("MPI_Alltoall (the expert-parallel row counts)");
+  TROUPE_MPI_CHECK(MPI_Alltoall(send, n, MPI_INT32_T, recv, n, MPI_INT32_T, comm_));
+  return {};
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> make_mpi_communicator(void* mpi_comm) {
@@ -328,6 +363,23 @@ Status Communicator::gather(std::span<float> buf, std::span<const size_t> bounds
 Result<double> Communicator::chain(const std::function<double(double)>& step) {
   if (size() == 1) return step(0.0);
   return invalid_input("learner: this communicator has no chain");
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::split(int, int) {
+  if (size() == 1) return std::unique_ptr<Communicator>(new LocalCommunicator);
+  return invalid_input("learner: this communicator cannot split (expert parallelism needs MPI)");
+}
+
+Status Communicator::alltoallv(const float* send, const size_t* send_counts, float* recv, const size_t*) {
+  if (size() != 1) return invalid_input("learner: this communicator has no all-to-all (expert parallelism needs MPI)");
+  if (send_counts[0] > 0) std::copy_n(send, send_counts[0], recv);
+  return {};
+}
+
+Status Communicator::alltoall_ints(const int32_t* send, int32_t* recv, int n) {
+  if (size() != 1) return invalid_input("learner: this communicator has no all-to-all (expert parallelism needs MPI)");
+  std::copy_n(send, n, recv);
+  return {};
 }
 
 std::vector<size_t> shard_bounds(size_t n, int ranks) {

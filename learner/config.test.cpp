@@ -37,4 +37,18 @@ TEST(LearnerConfig, ValidateNamesTheField) {
   c = {};
   c.optimizer.eps = 0;
   expect_bad(c, "eps");
+  c = {};
+  c.expert_parallel = 0;
+  expect_bad(c, "policy.moe.expert_parallel must be >= 1, got 0");
+  c = {};
+  c.expert_parallel = 2;
+  EXPECT_TRUE(validate(c).ok());
+  c.shard = ShardStage::gradients;
+  EXPECT_TRUE(validate(c).ok());
+  c.shard = ShardStage::parameters;
+  expect_bad(c, "policy.moe.expert_parallel = 2 with learner.shard: parameters is not supported yet");
+  c = {};
+  c.expert_parallel = 2;
+  c.distill.teacher.push_back('t');  // (not = "t": GCC 12 warns -Wrestrict on that assignment)
+  expect_bad(c, "policy.moe.expert_parallel = 2 with distill.teacher is not supported yet");
 }

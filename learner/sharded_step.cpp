@@ -76,10 +76,7 @@ Status Trainer::zero3_micro_batches(const std::vector<std::vector<const Sample*>
   }
   // Every rank runs as many passes as the rank with the most micro-batches (the gathers and
   // reduce-scatters are collectives): the ranks with fewer run phantom passes.
-  std::vector<double> counts(static_cast<size_t>(comm_.size()), 0.0);
-  counts[static_cast<size_t>(comm_.rank())] = static_cast<double>(mbs.size());
-  TROUPE_TRY(comm_.allreduce_sum(std::span<double>(counts)));
-  const auto passes = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
+  TROUPE_ASSIGN_OR_RETURN(const size_t passes, most_micro_batches(mbs.size()));
   TROUPE_TRY(zero3_->release_all());
   zero3_->set_active(true);
   for (size_t c = 0; c < passes; ++c) {

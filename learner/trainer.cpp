@@ -473,6 +473,42 @@ double Trainer::sample_tokens(const Sample& s) const {
   return std::accumulate(s.completion_mask.begin(), s.completion_mask.end(), 0.0);
 }
 
+Result<size_t> Trainer::most_micro_batches(size_t mine) {
+  std::vector<double> counts(static_cast<size_t>(comm_.size()), 0.0);
+  counts[static_cast<size_t>(comm_.rank())] = static_cast<double>(mine);
+  TROUPE_TRY(comm_.allreduce_sum(std::span<double>(counts)));
+  return static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
+}
+
+Status Trainer::plain_micro_batches(const std::vector<std::vector<const Sample*>>& mbs, const LossNorm& norm,
+                                    bool score, MismatchSums& mismatch, LossMetrics& sums) {
+  if (!ep_) {
+    for (const auto& mb : mbs) {
+      TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm, score, mismatch));
+      sums.add(m);
+    }
+    return {};
+  }
+  // Only these passes split the experts: the other forwards of a step (old log-probs, mismatch
+  // scoring) run every expert here on the whole weights, needing no peer.
+  TROUPE_ASSIGN_OR_RETURN(const size_t passes, most_micro_batches(mbs.size()));
+  TROUPE_TRY(model_.set_expert_exchange(&ep_->exchange()));
+  Status st;
+  for (size_t c = 0; c < passes && st.ok(); ++c) {
+    if (c >= mbs.size()) {
+      st = model_.expert_parallel_idle_pass();
+      continue;
+    }
+    auto m = run_micro_batch(mbs[c], norm, score, mismatch);
+    if (m.ok())
+      sums.add(*m);
+    else
+      st = m.error();
+  }
+  (void)model_.set_expert_exchange(nullptr);
+  return st;
+}
+
 Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum, bool last) {
   if (sharded_) return sharded_optimizer_step(out, norm_sum, last);
   // The sum over learner ranks: on the device (NCCL) before the gradients come down, else over
@@ -540,6 +576,9 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
     return invalid_input("learner: a batch of " + std::to_string(N) + " samples cannot make num_mini_batches = " +
                          std::to_string(M));
   TROUPE_TRY(check_batch(batch_in));
+  if (cfg_.expert_parallel > 1 && !ep_) {
+    TROUPE_ASSIGN_OR_RETURN(ep_, ExpertParallel::join(comm_, cfg_.expert_parallel));
+  }
   const bool has_old = !batch_in[0].old_logprobs.empty();
 
   // Old log-probs: recorded at generation, or recomputed now when the batch is used for more than
@@ -598,10 +637,7 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
         TROUPE_TRY(zero3_micro_batches(mbs, norm, score_in_forward, mismatch, sums));
       } else {
         model_.zero_grads();
-        for (const auto& mb : mbs) {
-          TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm, score_in_forward, mismatch));
-          sums.add(m);
-        }
+        TROUPE_TRY(plain_micro_batches(mbs, norm, score_in_forward, mismatch, sums));
       }
       TROUPE_TRY(optimizer_step(out, norm_sum, it + 1 == cfg_.batch.num_iterations && k + 1 == M));
     }
@@ -630,6 +666,9 @@ Status Trainer::accumulate(const std::vector<Sample>& part) {
                          std::to_string(cfg_.batch.num_iterations) + " and " +
                          std::to_string(cfg_.batch.num_mini_batches) + ")");
   TROUPE_TRY(check_batch(part));
+  if (cfg_.expert_parallel > 1)  // (each rank's parts cut into micro-batches of their own: no common passes)
+    return invalid_input("learner: a streamed (partial) batch with policy.moe.expert_parallel = " +
+                         std::to_string(cfg_.expert_parallel) + " is not supported (rollout.async_chunks: 1)");
   if (!acc_.active) {
     acc_ = Accumulated{};
     acc_.active = true;

@@ -223,6 +223,30 @@ TEST(Trainer, StreamedStepErrors) {
   EXPECT_TRUE(tr.train_step(batch).ok());
 }
 
+// Expert parallelism: streamed parts (each rank's own micro-batches) are refused naming the key,
+// and so is an E that does not divide the learner rank count (here one rank).
+TEST(Trainer, ExpertParallelRefusals) {
+  const auto batch = random_batch(4, 6, 12, true, false);
+  LearnerConfig c = base_config();
+  c.loss.kl_coef = 0;
+  c.batch.num_mini_batches = 1;
+  c.batch.num_iterations = 1;
+  c.expert_parallel = 2;
+  BigramModel model(12, 7);
+  LocalCommunicator comm;
+  Trainer tr(model, c, comm);
+  auto streamed = tr.accumulate(batch);
+  ASSERT_FALSE(streamed.ok());
+  EXPECT_NE(streamed.error().message.find("streamed (partial) batch with policy.moe.expert_parallel = 2"),
+            std::string::npos)
+      << streamed.error().message;
+  auto step = tr.train_step(batch);  // 2 does not divide one rank
+  ASSERT_FALSE(step.ok());
+  EXPECT_NE(step.error().message.find("policy.moe.expert_parallel: 2 does not divide the learner rank count 1"),
+            std::string::npos)
+      << step.error().message;
+}
+
 TEST(Trainer, SplitsByTokenBudget) {
   EXPECT_EQ(split_micro_batches({3, 3, 3, 5, 1}, 0, 6), (std::vector<int>{0, 2, 3, 5}));
   EXPECT_EQ(split_micro_batches({9, 1}, 0, 4), (std::vector<int>{0, 1, 2}));

@@ -579,7 +579,11 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
                                             : nullptr;
     k::MoeWeights mw = moe_tensors<k::MoeWeights>(l, this->P());
     if (layers[l].lx.on) mw.lora = moe_lora(l, LP());
-    be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, mw, moe_cfg, T, acts.moe_scratch, route);
+    if (ep_exchange && !kv)
+      ep_note(k::moe_ep_forward(y, a.moe_saved, &moe_stats[l], a.h2, mw, moe_cfg, T, acts.moe_scratch, route,
+                                {ep_exchange, &ep_states[static_cast<size_t>(l)]}));
+    else
+      be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, mw, moe_cfg, T, acts.moe_scratch, route);
     record_routing(l, a, T);
     if (HS_gated > 0) {  // y += sigmoid(h2 . w_gate) * SwiGLU_shared(h2)
       const int HS = HS_gated;
@@ -617,7 +621,11 @@ void Model::Impl::ffn_backward(int l, const LayerActs& a, const Acts& acts, int 
     mw.lora = moe_lora(l, LP());
     mg.lora = moe_lora_grads(l, LG());
   }
-  be->moe_backward(acts.dh, mg, dresid, daux, a.h2, a.moe_saved, mw, moe_cfg, T, acts.moe_scratch);
+  if (ep_exchange)
+    ep_note(k::moe_ep_backward(acts.dh, mg, dresid, daux, a.h2, a.moe_saved, mw, moe_cfg, T, acts.moe_scratch,
+                               {ep_exchange, &ep_states[static_cast<size_t>(l)]}));
+  else
+    be->moe_backward(acts.dh, mg, dresid, daux, a.h2, a.moe_saved, mw, moe_cfg, T, acts.moe_scratch);
   if (HS_gated > 0) {  // the gated shared expert, reversed; its temporaries in U after the MoE call
     const int HS = HS_gated;
     const size_t TH = static_cast<size_t>(T) * HS;
@@ -789,7 +797,7 @@ Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   if (cfg.router_aux_loss_coef > 0)
     for (int l = 0; l < L; ++l)
       if (layers[l].moe) aux_loss += cfg.router_aux_loss_coef * moe_stats[l].aux_loss;
-  return {};
+  return ep_take();
 }
 
 Status Model::Impl::backward(const float* dlogp, const float* dentropy) {
@@ -860,6 +868,23 @@ Status Model::Impl::backward_body() {
   }
   if (!lora) be->embedding_backward(G() + wte, acts.dresid, d_tokens, T, C);  // frozen under LoRA
   if (offload_step) offload_clean = true;
+  return ep_take();
+}
+
+Status Model::Impl::ep_idle_pass() {
+  if (!ep_exchange) return make_error(ErrorCode::internal, "expert_parallel_idle_pass without an exchange");
+  auto serve_forward = [&](int l) {
+    return k::moe_ep_serve_forward(moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg,
+                                   {ep_exchange, &ep_states[static_cast<size_t>(l)]});
+  };
+  for (int l = 0; l < L; ++l)
+    if (layers[l].moe) TROUPE_TRY(serve_forward(l));
+  for (int l = L - 1; l >= 0; --l) {  // backward_body's order: checkpointing recomputes a layer first
+    if (!layers[l].moe) continue;
+    if (cfg.activation_checkpointing && l != L - 1) TROUPE_TRY(serve_forward(l));
+    TROUPE_TRY(k::moe_ep_serve_backward(moe_tensors<k::MoeGrads>(l, G()), moe_tensors<k::MoeWeights>(l, this->P()),
+                                        moe_cfg, {ep_exchange, &ep_states[static_cast<size_t>(l)]}));
+  }
   return {};
 }
 
@@ -1013,6 +1038,23 @@ void Model::scale_grads(double s) {
   m.be->scale(m.lora ? m.LG() : m.G(), train_arena(m).n, s);  // G()/LG(): the host's writes go up first
 }
 void Model::set_param_hook(ParamHook* hook) { impl_->hook = hook; }
+Status Model::set_expert_exchange(kernels::MoeExchange* exchange) {
+  Impl& m = *impl_;
+  if (exchange) {
+    if (m.routing_width == 0)
+      return invalid_input("policy.moe.expert_parallel: the model has no MoE layer (num_experts = 0)");
+    if (!m.be->host_visible() || m.mirrored)
+      return invalid_input("policy.moe.expert_parallel: expert parallelism runs on policy.device: cpu only");
+    if (m.lora) return invalid_input("policy.moe.expert_parallel: not with LoRA adapters (policy.lora)");
+    if (m.moe_cfg.E % exchange->size() != 0)
+      return invalid_input("policy.moe.expert_parallel: " + std::to_string(exchange->size()) +
+                           " does not divide num_experts = " + std::to_string(m.moe_cfg.E));
+    m.ep_states.resize(static_cast<size_t>(m.L));
+  }
+  m.ep_exchange = exchange;
+  return {};
+}
+Status Model::expert_parallel_idle_pass() { return impl_->ep_idle_pass(); }
 
 void Model::zero_grads() {
   Impl& m = *impl_;

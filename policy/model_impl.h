@@ -16,6 +16,7 @@
 #include "troupe/kernels/batch_invariant.h"
 #include "troupe/kernels/compute_dtype.h"
 #include "troupe/kernels/moe.h"
+#include "troupe/kernels/moe_expert_parallel.h"
 #include "troupe/kernels/offload.h"
 #include "troupe/policy/model.h"
 
@@ -212,7 +213,8 @@ struct Model::Impl {
   bool chunked_head() const { return cfg.logprob_chunk > 0 && V > cfg.logprob_chunk; }
   int head_cols() const { return chunked_head() ? cfg.logprob_chunk : V; }
   Status backward(const float* dlogp, const float* dentropy);
-  Status backward_body();  // from acts.dh (the head's input gradient) down: final norm, layers, embedding
+  Status backward_body();
+  Status ep_idle_pass();  // Model::expert_parallel_idle_pass  // from acts.dh (the head's input gradient) down: final norm, layers, embedding
 
   ModelConfig cfg;
   const kernels::Backend* be = nullptr;  // every op, buffer and copy of the model goes through it
@@ -386,6 +388,15 @@ struct Model::Impl {
   bool hook_step = false;  // this training forward (and its backward) calls the hook  // set_param_hook: learner.shard parameters' per-layer gathers
   Status need(int group) { return hook ? hook->need(group) : Status{}; }
   Status done(int group, bool backward) { return hook ? hook->done(group, backward) : Status{}; }
+  // set_expert_exchange: the MoE layers' expert-parallel group, a state per layer, the first error
+  // of an exchange (layer_forward and ffn_backward return nothing; forward and backward report it).
+  kernels::MoeExchange* ep_exchange = nullptr;
+  std::vector<kernels::MoeEpState> ep_states;
+  Status ep_failed;
+  void ep_note(Status st) {
+    if (!st.ok() && ep_failed.ok()) ep_failed = std::move(st);
+  }
+  Status ep_take() { return std::exchange(ep_failed, Status{}); }
   HostMirror host_params;
   mutable std::vector<float> host_grads;
   mutable bool params_host_newer = false, grads_host_newer = false, grads_device_newer = false;

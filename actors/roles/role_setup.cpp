@@ -117,6 +117,7 @@ learner::LearnerConfig learner_config(const ExperimentConfig& c, learner::Phase 
   l.seed = static_cast<uint64_t>(c.run.seed);
   l.shard = c.learner.shard;
   l.optimizer_offload = c.learner.optimizer_offload;
+  l.expert_parallel = c.policy.expert_parallel;
   if (!sft) l.distill = c.distill;
   return l;
 }

@@ -3,6 +3,7 @@
 // found (counting sort vs a scan per expert); rows, GEMM calls and every floating-point reduction
 // are the same and in the same order, so both give bit-identical outputs and gradients.
 #include "troupe/kernels/moe.h"
+#include "troupe/kernels/moe_expert_parallel.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -548,11 +549,131 @@ size_t moe_scratch_floats(const MoeConfig& cfg, int N) {
 
 namespace {
 
+// ---- expert parallelism (moe_expert_parallel.h) ------------------------------------------------
+// Where one exchange's rows go: send_n[p] / recv_n[p] floats to / from rank p (rows of `width`
+// floats), and block[s Epr + i] the first received row of source s for local expert i (the
+// received rows are source-major: every row from rank 0, expert by expert, then rank 1's, ...).
+struct EpBlocks {
+  int P = 0, Epr = 0, M = 0;
+  std::vector<size_t> send_n, recv_n;
+  std::vector<int32_t> block;
+};
+EpBlocks ep_blocks(const int32_t* offsets, const std::vector<int32_t>& recv_rows, int P, int Epr, int width) {
+  EpBlocks b;
+  b.P = P, b.Epr = Epr;
+  b.send_n.resize(static_cast<size_t>(P)), b.recv_n.assign(static_cast<size_t>(P), 0);
+  b.block.resize(static_cast<size_t>(P) * Epr + 1);
+  int at = 0;
+  for (int p = 0; p < P; ++p) {
+    b.send_n[static_cast<size_t>(p)] = static_cast<size_t>(offsets[(p + 1) * Epr] - offsets[p * Epr]) * width;
+    for (int i = 0; i < Epr; ++i) {
+      b.block[static_cast<size_t>(p) * Epr + i] = at;
+      at += recv_rows[static_cast<size_t>(p) * Epr + i];
+    }
+    b.recv_n[static_cast<size_t>(p)] = static_cast<size_t>(at - b.block[static_cast<size_t>(p) * Epr]) * width;
+  }
+  b.block.back() = at;
+  b.M = at;
+  return b;
+}
+
+// Runs fn(e, r0, n) for every block of received rows: rows [r0, r0 + n) from one source rank for
+// this rank's expert e (global id). The experts in parallel, each one's sources in rank order (the
+// order its weight gradient adds them in).
+template <class Fn>
+void for_each_ep_block(const EpBlocks& b, const std::vector<int32_t>& recv_rows, int me, double work, Fn fn) {
+  const bool invariant = batch_invariant();
+#pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(work))
+  for (int i = 0; i < b.Epr; ++i) {
+    const BatchInvariantScope mode(invariant);
+    for (int s = 0; s < b.P; ++s) {
+      const size_t k = static_cast<size_t>(s) * b.Epr + i;
+      fn(me * b.Epr + i, b.block[k], recv_rows[k]);
+    }
+  }
+}
+
+// Forward: counts, then the rows' inputs xp (expert-major, so each peer's rows are one run) to the
+// owners, the owned experts over each (expert, source) block, the outputs back into y.
+Status ep_experts_forward(float* y, const float* xp, const int32_t* offsets, const MoeWeights& w, const MoeConfig& c,
+                          const MoeExpertGroup& grp) {
+  MoeExchange& ex = *grp.exchange;
+  MoeEpState& st = *grp.state;
+  const int P = ex.size(), Epr = c.E / P, C = c.C, H = c.H;
+  std::vector<int32_t> sent(static_cast<size_t>(c.E));
+  for (int e = 0; e < c.E; ++e) sent[static_cast<size_t>(e)] = offsets[e + 1] - offsets[e];
+  st.recv_rows.assign(static_cast<size_t>(c.E), 0);
+  TROUPE_TRY(ex.alltoall_ints(sent.data(), st.recv_rows.data(), Epr));
+  const EpBlocks b = ep_blocks(offsets, st.recv_rows, P, Epr, C);
+  const size_t M = static_cast<size_t>(b.M);
+  st.x.resize(M * C), st.buf.resize(M * C), st.g.resize(M * H), st.u.resize(M * H), st.h.resize(M * H);
+  TROUPE_TRY(ex.alltoallv(xp, b.send_n.data(), st.x.data(), b.recv_n.data()));
+  for_each_ep_block(b, st.recv_rows, ex.rank(), double(M) * C * H, [&](int e, int r0, int n) {
+    const size_t R = static_cast<size_t>(r0), we = static_cast<size_t>(e) * H * C;
+    const ExpertLora la = expert_lora(w.lora, nullptr, e);
+    expert_ffn_forward(st.buf.data() + R * C, st.g.data() + R * H, st.u.data() + R * H, st.h.data() + R * H,
+                       st.x.data() + R * C, w.w_gate + we, w.w_up + we, w.w_down + we, n, C, H,
+                       w.lora.r > 0 ? &la : nullptr);
+  });
+  return ex.alltoallv(st.buf.data(), b.recv_n.data(), y, b.send_n.data());
+}
+
+// Backward: each row's dout and combine weight (C + 1 floats) to the owner, which runs the routed
+// expert's backward on the block the forward kept, and each row's dx and d weight (C + 1 floats)
+// back: dx into xp, d weight into dw (the row-indexed arrays the unsplit backward fills).
+Status ep_experts_backward(float* xp, float* dw, const float* dop, const float* wrow, const int32_t* offsets,
+                           const MoeGrads& gr, const MoeWeights& w, const MoeConfig& c, const MoeExpertGroup& grp) {
+  MoeExchange& ex = *grp.exchange;
+  MoeEpState& st = *grp.state;
+  const int P = ex.size(), Epr = c.E / P, C = c.C, H = c.H, W = C + 1, NK = offsets[c.E];
+  auto pack = [W, C](float* to, const float* rows, const float* last, size_t n) {
+    for (size_t r = 0; r < n; ++r) {
+      std::memcpy(to + r * W, rows + r * C, sizeof(float) * C);
+      to[r * W + C] = last[r];
+    }
+  };
+  auto unpack = [W, C](float* rows, float* last, const float* from, size_t n) {
+    for (size_t r = 0; r < n; ++r) {
+      std::memcpy(rows + r * C, from + r * W, sizeof(float) * C);
+      last[r] = from[r * W + C];
+    }
+  };
+  const EpBlocks b = ep_blocks(offsets, st.recv_rows, P, Epr, W);
+  const size_t M = static_cast<size_t>(b.M), nk = static_cast<size_t>(NK);
+  st.rows.resize(nk * W), st.buf.resize(M * W), st.dg.resize(M * H), st.h.resize(M * H);
+  pack(st.rows.data(), dop, wrow, nk);
+  TROUPE_TRY(ex.alltoallv(st.rows.data(), b.send_n.data(), st.buf.data(), b.recv_n.data()));
+  std::vector<float> dop_r(M * C), w_r(M), dw_r(M);
+  unpack(dop_r.data(), w_r.data(), st.buf.data(), M);
+  for_each_ep_block(b, st.recv_rows, ex.rank(), double(M) * C * H, [&](int e, int r0, int n) {
+    const size_t R = static_cast<size_t>(r0), we = static_cast<size_t>(e) * H * C;
+    const ExpertLora la = expert_lora(w.lora, &gr.lora, e);
+    routed_expert_backward(st.x.data() + R * C, dw_r.data() + R, gr.w_gate + we, gr.w_up + we, gr.w_down + we,
+                           dop_r.data() + R * C, w_r.data() + R, st.g.data() + R * H, st.u.data() + R * H,
+                           w.w_gate + we, w.w_up + we, w.w_down + we, st.h.data() + R * H, st.dg.data() + R * H, n,
+                           C, H, w.lora.r > 0 ? &la : nullptr);
+  });
+  pack(st.buf.data(), st.x.data(), dw_r.data(), M);  // st.x now holds the rows' dx
+  TROUPE_TRY(ex.alltoallv(st.buf.data(), b.recv_n.data(), st.rows.data(), b.send_n.data()));
+  unpack(xp, dw, st.rows.data(), nk);
+  return {};
+}
+
+Status check_group(const MoeConfig& c, const MoeExpertGroup& grp) {
+  if (!grp.exchange || !grp.state) return make_error(ErrorCode::internal, "moe_ep: no exchange or state");
+  if (grp.exchange->size() < 1 || c.E % grp.exchange->size() != 0)
+    return invalid_input("moe_ep: " + std::to_string(c.E) + " experts do not split over " +
+                         std::to_string(grp.exchange->size()) + " ranks");
+  return {};
+}
+
 // top_experts/top_weights given (the dispatcher alone): no router, the experts are the identity
 // (y = x); else the router picks them and the experts are SwiGLUs.
-void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
-                  const MoeConfig& cfg, int N, float* scratch, const int32_t* route, const int32_t* top_experts = nullptr,
-                  const float* top_weights = nullptr) {
+// ep: the experts split over an expert-parallel group (grouped routing only).
+Status forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                    const MoeConfig& cfg, int N, float* scratch, const int32_t* route,
+                    const int32_t* top_experts = nullptr, const float* top_weights = nullptr,
+                    const MoeExpertGroup* ep = nullptr) {
   const bool identity = top_experts != nullptr;
   const SavedLayout L = saved_layout(cfg, N);
   const ForwardScratch S = forward_scratch(cfg, N);
@@ -574,7 +695,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
   if (N == 0) {
     for (int e = 0; e <= E; ++e) offsets[e] = 0;
     router_stats(stats, probs, offsets, cfg, N);
-    return;
+    return ep ? ep_experts_forward(nullptr, nullptr, offsets, w, cfg, *ep) : Status{};
   }
   if (identity) {
     std::memcpy(experts, top_experts, sizeof(int32_t) * static_cast<size_t>(NK));
@@ -594,7 +715,10 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
   if (cfg.grouped) {
     moe_route_plan(offsets, row_slot, slot_row, cursor, experts, N, K, E);
     moe_permute(xp, inp, slot_row, N, K, C);
-    if (!identity) experts_forward_grouped(y, g, u, h, xp, offsets, w, cfg);
+    if (ep)
+      TROUPE_TRY(ep_experts_forward(y, xp, offsets, w, cfg, *ep));
+    else if (!identity)
+      experts_forward_grouped(y, g, u, h, xp, offsets, w, cfg);
     moe_unpermute(out, yrows, weights, slot_row, N, K, C, cfg.H_shared > 0);
   } else {
     // Masked loop: for every expert, scan all assignments, gather, compute, scatter.
@@ -635,6 +759,7 @@ void forward_impl(float* out, float* saved, MoeStats* stats, const float* inp, c
     offsets[E] = row;
   }
   if (!identity) router_stats(stats, probs, offsets, cfg, N);
+  return {};
 }
 
 // Gathers permuted row r: its input (unless identity), its dout row (scaled by its weight when
@@ -690,14 +815,19 @@ void router_backward(float* dinp, float* dw_router, const float* dw, float* dp, 
 
 // dweights given (the dispatcher alone, identity experts): d loss / d weights is written there and
 // the router backward is skipped.
-void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float daux, const float* inp,
-                   const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
-                   float* dweights = nullptr) {
+// ep: as forward_impl's.
+Status backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float daux, const float* inp,
+                     const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
+                     float* dweights = nullptr, const MoeExpertGroup* ep = nullptr) {
   const bool identity = dweights != nullptr;
   const SavedLayout L = saved_layout(cfg, N);
   const BackwardScratch S = backward_scratch(cfg, N);
   const int E = cfg.E, K = cfg.K, C = cfg.C, H = cfg.H, NK = N * K;
-  if (N == 0) return;
+  if (N == 0) {
+    if (!ep) return {};
+    const std::vector<int32_t> none(static_cast<size_t>(E) + 1, 0);
+    return ep_experts_backward(nullptr, nullptr, nullptr, nullptr, none.data(), gr, w, cfg, *ep);
+  }
   const float* probs = saved + L.probs;
   const float* weights = saved + L.weights;
   const int32_t* experts = ints_at(saved + L.experts);
@@ -752,13 +882,15 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
       }
       store_fence(stream);
     }
-    if (!identity) {
+    if (ep) {
+      TROUPE_TRY(ep_experts_backward(xp, dw, dop, wrow, offsets, gr, w, cfg, *ep));
+    } else if (!identity) {
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(double(NK) * C * H))
       for (int e = 0; e < E; ++e) segment(e, offsets[e], offsets[e + 1] - offsets[e]);
     }
     // Backward of the permute: each token gathers its K rows in ascending expert order.
     moe_unpermute(dinp, dxrows, nullptr, slot_row, N, K, C, cfg.H_shared > 0);
-    if (identity) return;
+    if (identity) return {};
   } else {
     // Masked loop mirrored: per expert, rescan the assignments, gather, compute, scatter.
     int32_t* row_slot = ints_at(scratch + S.rows, static_cast<size_t>(NK));
@@ -793,36 +925,66 @@ void backward_impl(float* dinp, const MoeGrads& gr, const float* dout, float dau
       const float d = dot_row(inp + static_cast<size_t>(t) * C, dout + static_cast<size_t>(t) * C, C);
       for (int k = 0; k < K; ++k) dweights[t * K + k] = d;
     }
-    return;
+    return {};
   }
 
   router_backward(dinp, gr.w_router, dw, dp, daux, inp, probs, weights, experts, offsets, slot_row, w, cfg, N);
+  return {};
 }
 
 }  // namespace
 
 void moe_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
                  const MoeConfig& cfg, int N, float* scratch, const int32_t* route) {
-  forward_impl(out, saved, stats, inp, w, cfg, N, scratch, route);
+  (void)forward_impl(out, saved, stats, inp, w, cfg, N, scratch, route);  // no exchange: nothing fails
 }
 
 void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                   const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch) {
-  backward_impl(dinp, g, dout, daux, inp, saved, w, cfg, N, scratch);
+  (void)backward_impl(dinp, g, dout, daux, inp, saved, w, cfg, N, scratch);
+}
+
+Status moe_ep_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                      const MoeConfig& cfg, int N, float* scratch, const int32_t* route, const MoeExpertGroup& group) {
+  TROUPE_TRY(check_group(cfg, group));
+  MoeConfig c = cfg;
+  c.grouped = true;
+  return forward_impl(out, saved, stats, inp, w, c, N, scratch, route, nullptr, nullptr, &group);
+}
+
+Status moe_ep_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
+                       const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
+                       const MoeExpertGroup& group) {
+  TROUPE_TRY(check_group(cfg, group));
+  MoeConfig c = cfg;
+  c.grouped = true;
+  return backward_impl(dinp, g, dout, daux, inp, saved, w, c, N, scratch, nullptr, &group);
+}
+
+Status moe_ep_serve_forward(const MoeWeights& w, const MoeConfig& cfg, const MoeExpertGroup& group) {
+  TROUPE_TRY(check_group(cfg, group));
+  const std::vector<int32_t> none(static_cast<size_t>(cfg.E) + 1, 0);
+  return ep_experts_forward(nullptr, nullptr, none.data(), w, cfg, group);
+}
+
+Status moe_ep_serve_backward(const MoeGrads& g, const MoeWeights& w, const MoeConfig& cfg, const MoeExpertGroup& group) {
+  TROUPE_TRY(check_group(cfg, group));
+  const std::vector<int32_t> none(static_cast<size_t>(cfg.E) + 1, 0);
+  return ep_experts_backward(nullptr, nullptr, nullptr, nullptr, none.data(), g, w, cfg, group);
 }
 
 void moe_dispatch_forward(float* out, float* saved, const int32_t* experts, const float* weights,
                           const float* inp, const MoeConfig& cfg, int N, float* scratch) {
   MoeConfig c = cfg;
   c.H_shared = 0;
-  forward_impl(out, saved, nullptr, inp, MoeWeights{}, c, N, scratch, nullptr, experts, weights);
+  (void)forward_impl(out, saved, nullptr, inp, MoeWeights{}, c, N, scratch, nullptr, experts, weights);
 }
 
 void moe_dispatch_backward(float* dinp, float* dweights, const float* dout, const float* inp,
                            const float* saved, const MoeConfig& cfg, int N, float* scratch) {
   MoeConfig c = cfg;
   c.H_shared = 0;
-  backward_impl(dinp, MoeGrads{}, dout, 0.0f, inp, saved, MoeWeights{}, c, N, scratch, dweights);
+  (void)backward_impl(dinp, MoeGrads{}, dout, 0.0f, inp, saved, MoeWeights{}, c, N, scratch, dweights);
 }
 
 }  // namespace troupe::kernels

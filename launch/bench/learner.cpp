@@ -1,7 +1,8 @@
 // `troupe bench learner`: grpo_loss_fused (loss + gradients in one pass vs the same loss composed
 // from separate ops) and allreduce_2ranks (the learner's flat-gradient reduction vs a raw
 // MPI_Allreduce of the same buffer; the suite starts `mpirun -np 2` on a helper binary itself), and the
-// sharded learners (zero1/zero2/zero3_step_2ranks, zero2/zero3_state_bytes_4ranks) against plain data parallelism.
+// sharded learners (zero1/zero2/zero3_step_2ranks, zero2/zero3_state_bytes_4ranks) against plain data parallelism,
+// and expert parallelism (ep_moe_layer_2ranks) against the unsplit MoE layer.
 #include <stdio.h>
 #include <sys/wait.h>
 
@@ -179,6 +180,32 @@ int bench_allreduce(const BenchOptions& opt) {
   return 0;
 }
 
+// Expert parallelism (troupe_learner_ep_bench under mpirun -np 2): one MoE layer's forward +
+// backward with its 8 experts split over 2 ranks against the unsplit layer on each rank (the same
+// expert work, no all-to-all); tokens/s = both ranks' tokens over the slowest rank's time.
+int bench_expert_parallel(const BenchOptions& opt) {
+  const auto helper = helper_binary("troupe_learner_ep_bench", "learner", "ep_moe_layer_2ranks");
+  if (!helper) return 1;
+  const std::string cmd = mpirun_command("", 2, "", *helper, std::string("--reps ") + (opt.quick ? "5" : "11"));
+  const auto out = run_child(cmd, "learner");
+  if (!out) return 1;
+  nlohmann::json j;
+  for (const auto& line : out->objects)
+    if (line.contains("ours_ms")) j = line;
+  if (out->status != 0 || j.is_null()) {
+    std::fprintf(stderr, "troupe bench learner: ep_moe_layer_2ranks: `%s` failed (status %d):\n%s\n", cmd.c_str(),
+                 out->status, out->text.c_str());
+    return 1;
+  }
+  const double tokens = 2.0 * j["tokens_per_rank"].get<double>();
+  emit(make_row("learner", "ep_moe_layer_2ranks", {"tokens_per_s", "tokens/s", Better::higher},
+                {tokens / (j["ours_ms"].get<double>() / 1e3), tokens / (j["unsplit_ms"].get<double>() / 1e3)},
+                "unsplit_layer_each_rank_all_experts",
+                {{"ranks", 2}, {"tokens_per_rank", j["tokens_per_rank"]}, {"alltoall_bytes", j["alltoall_bytes"]},
+                 {"C", j["C"]}, {"H", j["H"]}, {"E", j["E"]}, {"K", j["K"]}}));
+  return 0;
+}
+
 // The sharded learners against plain data parallelism (troupe_learner_shard_bench under mpirun):
 // a GRPO step of SmolLM2-135M's shape cut to 2 layers (its 49152 x 576 embedding and head kept), 4 x 64
 // tokens per rank (--quick: 1 layer, 4 x 32); SmolLM2's 30 layers and 4 x 256 tokens took minutes a
@@ -231,6 +258,7 @@ int run_learner_suite(const BenchOptions& opt) {
   if (opt.wants("zero2_state_bytes_4ranks")) rc |= bench_shard(opt, "zero2_state_bytes_4ranks", "gradients", 4, true);
   if (opt.wants("zero3_step_2ranks")) rc |= bench_shard(opt, "zero3_step_2ranks", "parameters", 2, false);
   if (opt.wants("zero3_state_bytes_4ranks")) rc |= bench_shard(opt, "zero3_state_bytes_4ranks", "parameters", 4, true);
+  if (opt.wants("ep_moe_layer_2ranks")) rc |= bench_expert_parallel(opt);
   return rc;
 }
 

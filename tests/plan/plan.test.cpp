@@ -168,6 +168,30 @@ TEST(Plan, ShardStagesDivideByTheLearners) {
   EXPECT_EQ(one.collectives, 0u);
 }
 
+// policy.moe.expert_parallel splits the experts' compute, not the state: weights, gradients and
+// AdamW moments as without it; the collectives add each MoE layer's exchanged rows (tokens x K rows
+// of C + 2H kept, C + 1 exchanged, 2H scratch, C + 1 packed).
+TEST(Plan, ExpertParallelKeepsTheStateWholeAndAddsTheExchangedRows) {
+  const std::vector<std::string> moe = {"cluster.learners=2", "policy.model.num_experts=4",
+                                        "policy.model.num_experts_per_tok=2"};
+  auto with_ep = moe;
+  with_ep.push_back("policy.moe.expert_parallel=2");
+  const auto cfg = load(kTiny, with_ep);
+  const MemoryPlan dp = plan_of(load(kTiny, moe)), ep = plan_of(cfg);
+  const PlanRow &a = row(dp, "learner", 1), &b = row(ep, "learner", 1);
+  EXPECT_EQ(b.weights, a.weights);
+  EXPECT_EQ(b.gradients, a.gradients);
+  EXPECT_EQ(b.optimizer, a.optimizer);
+  const auto& m = cfg.policy.model;
+  uint64_t layers = 0;
+  for (int l = 0; l < m.num_hidden_layers; ++l) layers += m.is_moe_layer(l) ? 1 : 0;
+  ASSERT_GT(layers, 0u);
+  const uint64_t C = m.hidden_size, H = m.moe_intermediate_size, rows = static_cast<uint64_t>(ep.train_tokens) * 2;
+  EXPECT_EQ(b.collectives - a.collectives, layers * rows * (3 * C + 4 * H + 2) * 4);
+  EXPECT_NE(plan_table(ep).find("policy.moe.expert_parallel 2: each learner computes num_experts / 2 experts"),
+            std::string::npos);
+}
+
 TEST(Plan, BudgetRefusalNamesTheRoleAndRank) {
   MemoryPlan p = plan_model("smollm2-135m", {"learner.memory_budget=1GiB"});
   ASSERT_TRUE(p.capacity.has_value());

@@ -51,6 +51,7 @@ struct PolicySection : policy::ExecutionOptions {
   TokenizerKind tokenizer = TokenizerKind::char_level;  // char | byte | auto (from the model directory)
   float init_std = 0.02f;
   policy::LoraConfig lora;        // policy.lora: adapters on the frozen base (rank 0 = off)
+  int expert_parallel = 1;        // policy.moe.expert_parallel: learner ranks per expert-parallel group (1 = off)
 };
 
 struct SftSection {

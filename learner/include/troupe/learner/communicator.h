@@ -3,6 +3,7 @@
 // LocalCommunicator (one rank) makes every call a no-op, so single-process training needs no MPI.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -60,6 +61,15 @@ class Communicator {
   // returned); every rank gets the last rank's value. A sequential sum over a buffer split in
   // rank-ordered shards, each rank adding its own, equals the sum over the whole buffer bit for bit.
   virtual Result<double> chain(const std::function<double(double)>& step);
+
+  // Expert parallelism (policy.moe.expert_parallel). split: the ranks that pass the same `color`
+  // as a communicator of their own, ranked by `key` (every rank calls it). alltoallv:
+  // send_counts[p] floats to rank p, contiguous in rank order from send; recv_counts[p] floats from
+  // rank p, contiguous in rank order in recv. alltoall_ints: n ints to and from every rank. The
+  // defaults serve one rank (a copy).
+  virtual Result<std::unique_ptr<Communicator>> split(int color, int key);
+  virtual Status alltoallv(const float* send, const size_t* send_counts, float* recv, const size_t* recv_counts);
+  virtual Status alltoall_ints(const int32_t* send, int32_t* recv, int n);
 };
 
 class LocalCommunicator final : public Communicator {

@@ -155,6 +155,9 @@ struct LearnerConfig {
   // YAML learner.optimizer_offload: AdamW on the host mirror (device_optimizer.h otherwise, where
   // the model's backend is not host-visible)
   bool optimizer_offload = false;
+  // YAML policy.moe.expert_parallel: the MoE experts' compute split over groups of this many
+  // learner ranks (expert_parallel.h); 1 = off
+  int expert_parallel = 1;
   DistillConfig distill;               // GRPO phase only (actors::learner_config leaves it off in SFT)
 };
 

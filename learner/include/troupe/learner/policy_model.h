@@ -78,6 +78,15 @@ class PolicyModel {
   // whole buffer once per step).
   virtual bool set_param_hook(policy::ParamHook* /*hook*/) { return false; }
   virtual policy::ParamHook* param_hook() const { return nullptr; }
+  // Expert parallelism (policy::Model::set_expert_exchange, expert_parallel_idle_pass): the
+  // exchange the training passes that follow split the MoE experts over (null: none), and a pass
+  // that only serves the peers' rows. Models without MoE layers refuse an exchange.
+  virtual Status set_expert_exchange(kernels::MoeExchange* exchange) {
+    return exchange ? invalid_input("policy.moe.expert_parallel: this model has no MoE layers") : Status{};
+  }
+  virtual Status expert_parallel_idle_pass() {
+    return invalid_input("policy.moe.expert_parallel: this model has no MoE layers");
+  }
 };
 
 // The real policy model behind the interface (it keeps the reference; the Model must outlive it).
@@ -122,6 +131,8 @@ class ModelAdapter final : public PolicyModel {
     return true;
   }
   policy::ParamHook* param_hook() const override { return hook_; }
+  Status set_expert_exchange(kernels::MoeExchange* exchange) override { return model_.set_expert_exchange(exchange); }
+  Status expert_parallel_idle_pass() override { return model_.expert_parallel_idle_pass(); }
   policy::Model& model() { return model_; }
 
  private:

@@ -19,6 +19,7 @@
 #include "troupe/learner/config.h"
 #include "troupe/learner/device_optimizer.h"
 #include "troupe/learner/distill.h"
+#include "troupe/learner/expert_parallel.h"
 #include "troupe/learner/loss.h"
 #include "troupe/learner/mismatch.h"
 #include "troupe/learner/optimizer.h"
@@ -216,6 +217,13 @@ class Trainer {
   Status zero3_micro_batches(const std::vector<std::vector<const Sample*>>& mbs, const LossNorm& norm, bool score,
                              MismatchSums& mismatch, LossMetrics& sums);
   Status zero3_end();
+  // The most micro-batches any rank runs for this mini-batch (an all-reduce): ZeRO-3's gathers and
+  // expert parallelism's all-to-alls are collectives, so every rank runs that many passes.
+  Result<size_t> most_micro_batches(size_t mine);
+  // One mini-batch's micro-batches on the whole weights; with expert parallelism (ep_) the MoE
+  // experts split over the group, a rank with fewer micro-batches serving its peers' in idle passes.
+  Status plain_micro_batches(const std::vector<std::vector<const Sample*>>& mbs, const LossNorm& norm, bool score,
+                             MismatchSums& mismatch, LossMetrics& sums);
   // The step on the model's device (device_optimizer.cpp): where the model keeps a device arena,
   // learner.optimizer_offload is off and the state is not sharded.
   bool device_optimizer_on();
@@ -232,6 +240,7 @@ class Trainer {
   bool sharded_ = false;
   std::vector<size_t> bounds_;  // shard_bounds(params, ranks): the shards (and the ordered all-reduce's)
   std::unique_ptr<ParamShards> zero3_;  // learner.shard parameters with more than one rank
+  std::unique_ptr<ExpertParallel> ep_;  // policy.moe.expert_parallel > 1 (joined by the first step)
   ParamsAtRest params_at_rest_ = ParamsAtRest::whole;
   mutable AdamW opt_;  // (mutable: the const optimizer() refreshes the device optimizer's mirror)
   std::unique_ptr<DeviceOptimizer> dev_opt_;

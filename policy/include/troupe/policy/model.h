@@ -26,6 +26,10 @@ class CopyEngine;
 class ActivationOffload;
 }  // namespace troupe::kernels
 
+namespace troupe::kernels {
+class MoeExchange;
+}
+
 namespace troupe::policy {
 
 struct ModelConfig;  // sizes, MoE layout, optimizations switches — defined in model_config.h
@@ -195,6 +199,17 @@ class Model {
   // The weights' residency hook of training forwards and backwards (ParamHook above; null: none).
   // The hook must outlive its use; CPU (host-visible, unmirrored) models only.
   void set_param_hook(ParamHook* hook);
+  // Expert parallelism (policy.moe.expert_parallel; learner/expert_parallel.h). With an exchange,
+  // the training forwards and backwards that follow run each MoE layer's routed experts split over
+  // the exchange's ranks (kernels/moe_expert_parallel.h: this rank computes its block of experts for
+  // every rank's rows); null (the default): every expert here. Every rank of the group must then
+  // run the same forward/backward pairs. Host backends (cpu, cpu_fenced) only; the model keeps
+  // every expert's weights either way, so a forward without the exchange needs no peer.
+  Status set_expert_exchange(kernels::MoeExchange* exchange);
+  // A forward/backward pair with no tokens of this rank's own, in the order forward_train and
+  // backward_train run the MoE layers (checkpointing's recompute included): this rank's experts
+  // serve a micro-batch its peers run and it has not. Needs an exchange.
+  Status expert_parallel_idle_pass();
 
   // LoRA (ModelConfig::lora, policy/README.md "LoRA"). With adapters on, tensors(), params(),
   // grads(), set_params() and all_reduce_grads() are the TRAINABLE adapter arena, named as PEFT
