@@ -122,6 +122,9 @@ TEST(Plan, ShardedLearnersSyncTheWeightsFromTheirShards) {
   // the coordinator (rank 0) holds the pieces of a full sync and the message joined from them
   EXPECT_EQ(row(p, "coordinator").sync, 2 * P4);
   EXPECT_NE(plan_table(p).find("each encodes its shard for the weight sync"), std::string::npos);
+  // rank 0 hosts learner 0 and the coordinator: the budget holds both rows together
+  const uint64_t r0 = row(p, "learner", 0).device + row(p, "coordinator").device;
+  EXPECT_NE(plan_table(p).find("rank 0 (learner 0 and the coordinator): " + format_bytes(r0)), std::string::npos);
   // bf16: half-size sync buffers; the probe gathers the whole weights on learner 0 (and backs up its master)
   const MemoryPlan b = plan_model("qwen3-8b", {"weight_sync.dtype=bf16"}, o);
   EXPECT_EQ(row(b, "learner", 3).sync, 2 * (shard4 / 2));
