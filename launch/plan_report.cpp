@@ -103,6 +103,18 @@ Result<uint64_t> parse_byte_size(std::string_view text, std::string_view what) {
   return bad();
 }
 
+namespace {
+
+// Rank 0 hosts learner 0 and the coordinator: what both rows need on its device together.
+uint64_t rank0_bytes(const MemoryPlan& p) {
+  uint64_t sum = 0;
+  for (const auto& r : p.rows)
+    if (r.rank == 0 && (r.role == "coordinator" || (r.role == "learner" && r.index == 0))) sum += r.device;
+  return sum;
+}
+
+}  // namespace
+
 std::optional<std::string> plan_overflow(const MemoryPlan& p) {
   if (!p.capacity) return std::nullopt;
   for (const auto& r : p.rows) {
@@ -110,6 +122,9 @@ std::optional<std::string> plan_overflow(const MemoryPlan& p) {
     return r.name() + " needs " + format_bytes(r.device) + " on " + p.device + ", " + format_bytes(r.device - *p.capacity) +
            " over " + p.capacity_from;
   }
+  if (const uint64_t r0 = rank0_bytes(p); r0 > *p.capacity)
+    return "rank 0 (learner 0 and the coordinator) needs " + format_bytes(r0) + " on " + p.device + ", " +
+           format_bytes(r0 - *p.capacity) + " over " + p.capacity_from;
   return std::nullopt;
 }
 
@@ -128,6 +143,8 @@ std::string plan_table(const MemoryPlan& p) {
   for (const auto& r : p.rows) one += r.device + r.host;
   if (host) o << "\ntotal = memory on the " << p.device << " device; host = the rank's host memory besides it\n";
   else o << "\none process (every role as a thread, no mpirun): " << format_bytes(one) << "\n";
+  o << "rank 0 (learner 0 and the coordinator): " << format_bytes(rank0_bytes(p)) << (host ? " on the device" : "")
+    << "\n";
   for (const auto& r : p.rows)
     for (const auto& n : r.notes) o << r.name() << ": " << n << "\n";
   for (const auto& n : p.notes) o << "note: " << n << "\n";

@@ -415,31 +415,43 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
 namespace {
 
 // optimizer.safetensors: both moments of every tensor, by name.
-Status load_whole_moments(const fs::path& dir, const std::vector<policy::TensorSpec>& specs, AdamW& opt) {
+// The moments [begin, begin + opt.size()) of a buffer of `total` values from optimizer.safetensors,
+// tensor by tensor (each tensor that overlaps them read, its overlap kept).
+Status load_whole_moments(const fs::path& dir, const std::vector<policy::TensorSpec>& specs, AdamW& opt, size_t begin,
+                          size_t total) {
   TROUPE_ASSIGN_OR_RETURN(auto file, policy::io::SafetensorsFile::open((dir / kOptimizerFile).string()));
+  const size_t end = begin + opt.size();
   for (const auto& s : specs) {
-    if (s.offset + s.numel() > opt.size())
-      return invalid_input("checkpoint: tensor " + s.name + " lies outside the optimizer of " + std::to_string(opt.size()) +
+    if (s.offset + s.numel() > total)
+      return invalid_input("checkpoint: tensor " + s.name + " lies outside the optimizer of " + std::to_string(total) +
                            " parameters");
+    const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel());
+    if (lo >= hi) continue;
     TROUPE_ASSIGN_OR_RETURN(auto m, file.read("exp_avg." + s.name, shape_of(s)));
     TROUPE_ASSIGN_OR_RETURN(auto v, file.read("exp_avg_sq." + s.name, shape_of(s)));
-    std::copy(m.data.begin(), m.data.end(), opt.exp_avg().begin() + static_cast<std::ptrdiff_t>(s.offset));
-    std::copy(v.data.begin(), v.data.end(), opt.exp_avg_sq().begin() + static_cast<std::ptrdiff_t>(s.offset));
+    const auto from = static_cast<std::ptrdiff_t>(lo - s.offset), to = static_cast<std::ptrdiff_t>(hi - s.offset);
+    const auto at = static_cast<std::ptrdiff_t>(lo - begin);
+    std::copy(m.data.begin() + from, m.data.begin() + to, opt.exp_avg().begin() + at);
+    std::copy(v.data.begin() + from, v.data.begin() + to, opt.exp_avg_sq().begin() + at);
   }
   return {};
 }
 
 // A sharded checkpoint's moments: its table must be the model's (names, shapes, offsets), then the
-// flat exp_avg and exp_avg_sq buffers are read whole from the rank files, whatever their layout.
-Status load_sharded_moments(const fs::path& dir, const std::vector<policy::TensorSpec>& specs, AdamW& opt) {
+// flat exp_avg and exp_avg_sq values [begin, begin + opt.size()) are read from the rank files that
+// hold them, whatever their layout.
+Status load_sharded_moments(const fs::path& dir, const std::vector<policy::TensorSpec>& specs, AdamW& opt, size_t begin,
+                            size_t total) {
   TROUPE_ASSIGN_OR_RETURN(auto m, policy::io::read_shard_manifest(dir.string()));
   TROUPE_TRY(policy::io::check_shard_table(m, specs, "the model"));
-  if (m.numel() != opt.size())
+  if (m.numel() != total)
     return invalid_input("checkpoint: " + m.path + " holds " + std::to_string(m.numel()) + " values, the optimizer " +
-                         std::to_string(opt.size()));
-  TROUPE_ASSIGN_OR_RETURN(auto ea, policy::io::read_shard_buffer(dir.string(), m, "exp_avg", 0, m.numel()));
-  TROUPE_ASSIGN_OR_RETURN(auto eb, policy::io::read_shard_buffer(dir.string(), m, "exp_avg_sq", 0, m.numel()));
+                         std::to_string(total));
+  const size_t end = begin + opt.size();
+  TROUPE_ASSIGN_OR_RETURN(auto ea, policy::io::read_shard_buffer(dir.string(), m, "exp_avg", begin, end));
   std::copy(ea.begin(), ea.end(), opt.exp_avg().begin());
+  ea = {};
+  TROUPE_ASSIGN_OR_RETURN(auto eb, policy::io::read_shard_buffer(dir.string(), m, "exp_avg_sq", begin, end));
   std::copy(eb.begin(), eb.end(), opt.exp_avg_sq().begin());
   return {};
 }
@@ -448,13 +460,21 @@ Status load_sharded_moments(const fs::path& dir, const std::vector<policy::Tenso
 
 Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
                                        AdamW& opt) {
+  if (opt.size() == 0 && !specs.empty()) opt = AdamW(specs.back().offset + specs.back().numel());
+  return load_checkpoint_share(step_dir, specs, 0, opt.size(), opt);
+}
+
+Result<CheckpointData> load_checkpoint_share(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
+                                             size_t begin, size_t total, AdamW& opt) {
   const fs::path dir(step_dir);
   TROUPE_ASSIGN_OR_RETURN(auto state, verify_checkpoint(step_dir));
-  if (opt.size() == 0 && !specs.empty()) opt = AdamW(specs.back().offset + specs.back().numel());
+  if (begin + opt.size() > total)
+    return invalid_input("checkpoint: asked for moments [" + std::to_string(begin) + ", " +
+                         std::to_string(begin + opt.size()) + ") of a buffer of " + std::to_string(total));
   if (state["files"].contains(policy::io::kShardManifestFile)) {
-    TROUPE_TRY(load_sharded_moments(step_dir, specs, opt));
+    TROUPE_TRY(load_sharded_moments(step_dir, specs, opt, begin, total));
   } else {
-    TROUPE_TRY(load_whole_moments(step_dir, specs, opt));
+    TROUPE_TRY(load_whole_moments(step_dir, specs, opt, begin, total));
   }
   CheckpointData d;
   d.step = state["step"].get<int64_t>();

@@ -109,6 +109,38 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
   fs::remove_all(dir);
 }
 
+TEST(Checkpoint, AShareOfTheMomentsIsTheirSlice) {
+  // a sharded learner's resume reads only [begin, end) of the moments: the same bits as that slice
+  // of the whole load, whatever tensors the range cuts
+  const fs::path dir = fresh_dir("share");
+  LocalCommunicator comm;
+  BigramModel model(12, 9);
+  Trainer tr(model, config(), comm);
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(tr.train_step(batch_for_step(s, 12)).ok());
+  auto saved = save(tr, model, dir, 3);
+  ASSERT_TRUE(saved.ok()) << saved.error().message;
+  AdamW whole;
+  ASSERT_TRUE(load_checkpoint(*saved, model.tensors(), whole).ok());
+  const size_t n = whole.size();
+  ASSERT_GT(n, 20u);
+  for (auto [b, e] : {std::pair<size_t, size_t>{0, 7}, {5, n - 3}, {n / 2, n}}) {
+    AdamW share(e - b);
+    auto d = load_checkpoint_share(*saved, model.tensors(), b, n, share);
+    ASSERT_TRUE(d.ok()) << d.error().message;
+    EXPECT_EQ(d->step, 3);
+    EXPECT_EQ(share.steps(), whole.steps());
+    for (size_t i = b; i < e; ++i) {
+      ASSERT_EQ(share.exp_avg()[i - b], whole.exp_avg()[i]) << i;
+      ASSERT_EQ(share.exp_avg_sq()[i - b], whole.exp_avg_sq()[i]) << i;
+    }
+  }
+  AdamW past(8);  // a share past the buffer's end is refused
+  auto r = load_checkpoint_share(*saved, model.tensors(), n - 4, n, past);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("of a buffer of " + std::to_string(n)), std::string::npos) << r.error().message;
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, LatestKeepLastAndBest) {
   const fs::path dir = fresh_dir("keep");
   LocalCommunicator comm;

@@ -120,6 +120,18 @@ Status Trainer::gather_params() {
   return zero3_->gather_all();
 }
 
+Status Trainer::gather_params_to_rank0() {
+  if (!zero3_ || params_at_rest_ != ParamsAtRest::shard) return {};
+  TROUPE_TRY(zero3_->gather_to(0));
+  (void)model_.params();
+  return {};
+}
+
+Status Trainer::release_params() {
+  if (!zero3_ || params_at_rest_ != ParamsAtRest::shard) return {};
+  return zero3_->release_all();
+}
+
 Result<AdamW> Trainer::gathered_optimizer() {
   if (!sharded_) return opt_;
   AdamW full(bounds_.back());
@@ -145,6 +157,15 @@ Status Trainer::load_optimizer(AdamW full) {
   std::copy(full.exp_avg().begin() + lo, full.exp_avg().begin() + hi, opt_.exp_avg().begin());
   std::copy(full.exp_avg_sq().begin() + lo, full.exp_avg_sq().begin() + hi, opt_.exp_avg_sq().begin());
   opt_.set_steps(full.steps());
+  return {};
+}
+
+Status Trainer::load_optimizer_share(AdamW share) {
+  if (!sharded_) return load_optimizer(std::move(share));
+  if (share.size() != shard_end() - shard_begin())
+    return invalid_input("learner: an optimizer share of " + std::to_string(share.size()) + " values for a shard of " +
+                         std::to_string(shard_end() - shard_begin()));
+  opt_ = std::move(share);
   return {};
 }
 

@@ -1,18 +1,27 @@
-// The coordinator's weight sync: learner 0's weights to every live generator through the run's
-// WeightSync (troupe/actors/weight_sync.h), which the first sync makes; the generators the sync
-// finds dead are marked down, and s.version becomes the version they now hold. Members that joined
-// are admitted just before a sync and leaves answered just after it (membership.cpp).
+// The coordinator's weight sync: learner 0's weights (or, weights_from_shards, every learner's piece
+// joined) to every live generator through the run's WeightSync (troupe/actors/weight_sync.h), which
+// the first sync makes; the generators the sync finds dead are marked down, and s.version becomes
+// the version they now hold. Members that joined are admitted just before a sync and leaves
+// answered just after it (membership.cpp).
 #include <memory>
 
 #include "coordinator_internal.h"
+#include "troupe/actors/weight_shards.h"
 
 namespace troupe::actors::coord {
 
 Task<Status> sync_weights(RunState& s, double* seconds) {
-  if (!s.weight_sync) s.weight_sync = std::make_unique<WeightSync>(s.cfg.weight_sync, s.cfg.rollout.async);
+  const bool from_shards = weights_from_shards(s.cfg);
+  if (!s.weight_sync) {
+    s.weight_sync = std::make_unique<WeightSync>(s.cfg.weight_sync, s.cfg.rollout.async);
+    if (from_shards && s.hooks.log)
+      s.hooks.log("weight sync: from the shards of " + std::to_string(s.peers.learners.size()) +
+                  " learners (each encodes its own; the coordinator joins the pieces)");
+  }
   admit_members(s);  // joiners get the full weights by this sync
   WeightSyncPeers peers;
   peers.learner = s.peers.learners[0];
+  if (from_shards) peers.shard_learners = s.peers.learners;  // each learner encodes its shard
   peers.generators = s.peers.generators;
   peers.alive = [&s](size_t g) { return s.generator_alive(g); };
   peers.mark_down = [&s](size_t g) { s.mark_generator_down(g); };

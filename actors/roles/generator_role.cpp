@@ -21,6 +21,7 @@
 #include "role_support.h"
 #include "troupe/actors/weight_relay.h"
 #include "troupe/actors/roles.h"
+#include "troupe/actors/weight_shards.h"
 
 namespace troupe::actors {
 
@@ -30,6 +31,7 @@ Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg
   g->dtype_ = cfg.weight_sync.dtype;
   TROUPE_ASSIGN_OR_RETURN(g->policy_, make_policy(cfg));
   round_to_dtype(g->policy_.model->params(), g->dtype_);  // version 0 as learner 0 would send it
+  g->sync_table_ = sync_tensor_table(cfg, g->policy_.model->tensors(), g->policy_.model->params().size());
   const auto& tok = *g->policy_.tokenizer;
   if (tok.eos_id() >= 0) g->stop_tokens_.push_back(tok.eos_id());
   for (const auto& s : cfg.rollout.stop) {
@@ -119,7 +121,7 @@ Status Generator::apply_weights_to(policy::Model& model, int64_t& held, const We
     if (encoding == WeightEncoding::delta && w.base_version != held)
       return not_applied(WeightsStatus::refused, "a delta against version " + std::to_string(w.base_version) +
                                                      ", but this generator holds version " + std::to_string(held));
-    WeightsApplied r = apply_weights(w, params, model.tensors(), dtype_);
+    WeightsApplied r = apply_weights(w, params, sync_table_, dtype_);
     if (r.status != WeightsStatus::applied) return not_applied(r.status, r.detail);
   }
   if (to_engine) TROUPE_TRY(engine_->set_weights(w.version, std::vector<float>(params.begin(), params.end())));

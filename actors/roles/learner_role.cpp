@@ -14,6 +14,7 @@
 #include "role_support.h"
 #include "troupe/actors/roles.h"
 #include "troupe/actors/step_counter.h"
+#include "troupe/actors/weight_shards.h"
 #include "troupe/learner/checkpoint.h"
 #include "troupe/learner/lora_checkpoint.h"
 #include "troupe/learner/sharded_checkpoint.h"
@@ -114,6 +115,7 @@ Result<std::unique_ptr<LearnerRole>> LearnerRole::create(const ExperimentConfig&
   // Learner ranks on GPUs sum their gradients with NCCL; elsewhere (null) over comm on the host.
   TROUPE_ASSIGN_OR_RETURN(l->device_comm_, learner::join_device_collective(l->policy_.model->backend(), *l->comm_));
   TROUPE_TRY(learner::validate(learner_config(cfg, learner::Phase::grpo)));
+  l->shard_sync_ = weights_from_shards(cfg) && l->comm_->size() > 1;
   return l;
 }
 
@@ -121,10 +123,11 @@ learner::Trainer& LearnerRole::trainer_for(learner::Phase phase) {
   if (!has_trainer_ || phase != phase_) {  // a phase starts with a fresh optimizer and schedule
     trainer_ = std::make_unique<learner::Trainer>(*adapter_, learner_config(cfg_, phase), *comm_, device_comm_.get());
     trainer_->set_step_observer(delta_prep_.get());
-    // learner.shard parameters: learner 0 syncs the weights and writes checkpoints, so it holds
-    // them whole between steps; the others keep their shard (async runs score stale samples with
-    // the whole weights on every learner).
+    // learner.shard parameters: every learner keeps its shard between steps when each encodes its
+    // own shard for the weight sync; else learner 0, which then syncs the whole weights, holds them
+    // whole (async runs score stale samples with the whole weights on every learner).
     trainer_->set_params_between_steps(cfg_.rollout.async ? learner::ParamsAtRest::whole
+                                       : shard_sync_      ? learner::ParamsAtRest::shard
                                                           : learner::ParamsAtRest::rank0);
     phase_ = phase;
     has_trainer_ = true;
@@ -290,7 +293,52 @@ Weights LearnerRole::weights() const {
   return w;
 }
 
+Status LearnerRole::add_probe(Weights& w, const std::function<void(std::span<float>)>& put_rounded) {
+  w.probe_tokens = probe_tokens(policy_.model->config().vocab_size);
+  if (cfg_.weight_sync.dtype == WeightDtype::fp32) {  // the generators hold the master as it is
+    TROUPE_ASSIGN_OR_RETURN(w.probe_logprobs, probe_logprobs(*policy_.model, w.probe_tokens));
+    return {};
+  }
+  // with the rounded copy in place for the probe, then the master back bit for bit
+  auto params = policy_.model->params();  // (host memory: Model::params)
+  master_backup_.assign(params.begin(), params.end());
+  put_rounded(params);
+  auto lp = probe_logprobs(*policy_.model, w.probe_tokens);
+  // set_params, not a write through `params`: on a device backend the probe's forward has
+  // uploaded the rounded copy, and only a new write marks the mirror for upload again.
+  TROUPE_TRY(policy_.model->set_params(master_backup_));
+  if (!lp.ok()) return lp.error();
+  w.probe_logprobs = std::move(lp).value();
+  return {};
+}
+
+Result<Weights> LearnerRole::shard_weights_for_generators(const GetWeightsReq& r) {
+  const auto& ws = cfg_.weight_sync;
+  const auto params = std::as_const(*policy_.model).params();  // this rank's shard is always in place
+  const auto bounds = learner::shard_bounds(params.size(), comm_->size());
+  const auto rank = static_cast<size_t>(comm_->rank());
+  if (!encoder_) {
+    encoder_ = std::make_unique<WeightEncoder>(
+        ws.dtype, shard_tensor_table(cut_tensor_table(policy_.model->tensors(), bounds), bounds, rank));
+    encoder_->set_compress_full(policy_.model->lora_enabled());
+  }
+  const bool full_due = ws.mode == WeightSyncMode::full || (ws.full_every > 0 && version_ % ws.full_every == 0);
+  const bool delta = !full_due && r.base_version >= 0 && r.base_version == encoder_->held_version();
+  Weights w;
+  encoder_->encode(params.subspan(bounds[rank], bounds[rank + 1] - bounds[rank]), version_, delta, w);
+  if (!ws.probe) return w;
+  // The probe needs the whole weights on learner 0: ZeRO-3 learners that keep only their shard
+  // gather them there for it and drop them again (collectives: every learner is asked).
+  learner::Trainer* t = trainer_.get();
+  if (t) TROUPE_TRY(t->gather_params_to_rank0());
+  Status probed = rank == 0 ? add_probe(w, [&](std::span<float> p) { round_to_dtype(p, ws.dtype); }) : Status{};
+  if (t) TROUPE_TRY(t->release_params());
+  TROUPE_TRY(probed);
+  return w;
+}
+
 Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
+  if (shard_sync_ && !r.device) return shard_weights_for_generators(r);
   const auto& ws = cfg_.weight_sync;
   if (!encoder_) {
     encoder_ = std::make_unique<WeightEncoder>(ws.dtype, policy_.model->tensors());
@@ -326,25 +374,13 @@ Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
     if (encoder_->has_prepared() && !(delta_prep_ && delta_prep_->still_current())) encoder_->discard_prepared();
     encoder_->encode(std::as_const(*policy_.model).params(), version_, delta, w);
   }
-  if (ws.probe) {
-    w.probe_tokens = probe_tokens(policy_.model->config().vocab_size);
-    if (encoder_->dtype() == WeightDtype::fp32) {  // the generators hold the master as it is
-      TROUPE_ASSIGN_OR_RETURN(w.probe_logprobs, probe_logprobs(*policy_.model, w.probe_tokens));
-    } else {  // with the rounded copy in place for the probe, then the master back bit for bit
-      auto params = policy_.model->params();  // (host memory: Model::params)
-      master_backup_.assign(params.begin(), params.end());
+  if (ws.probe)
+    TROUPE_TRY(add_probe(w, [&](std::span<float> params) {
       if (r.device)
         std::copy(rounded.begin(), rounded.end(), params.begin());
       else
         encoder_->held_into(params);
-      auto lp = probe_logprobs(*policy_.model, w.probe_tokens);
-      // set_params, not a write through `params`: on a device backend the probe's forward has
-      // uploaded the rounded copy, and only a new write marks the mirror for upload again.
-      TROUPE_TRY(policy_.model->set_params(master_backup_));
-      if (!lp.ok()) return lp.error();
-      w.probe_logprobs = std::move(lp).value();
-    }
-  }
+    }));
   // The broadcast goes last: with NCCL it is queued on the model's stream and completes only once
   // every generator takes it, which it does when it gets this reply's message, so any later work
   // of this model that waits for its stream (the probe's log-probs) would wait forever.
@@ -434,15 +470,20 @@ Result<CheckpointRep> LearnerRole::load_checkpoint(const CheckpointReq& r) {
   std::string phase = state.value("extra", json::object()).value("phase", std::string("grpo"));
   auto& trainer = trainer_for(phase == "sft" ? learner::Phase::sft : learner::Phase::grpo);
   const auto& specs = policy_.model->tensors();
-  // The checkpoint's layout, whole (a sharded one read from every rank's file, whatever their
-  // number); this rank's Trainer keeps its own shard of the moments.
-  learner::AdamW whole(policy_.model->params().size());
-  TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint(r.dir, specs, whole));
-  TROUPE_TRY(trainer.load_optimizer(std::move(whole)));
+  const size_t n = policy_.model->params().size(), lo = trainer.shard_begin(), hi = trainer.shard_end();
+  // The moments: a sharded learner reads only its own share of them (from whichever files hold it,
+  // whatever the checkpoint's rank count or layout); an unsharded one all of them.
+  learner::AdamW moments(hi - lo);
+  TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint_share(r.dir, specs, lo, n, moments));
+  TROUPE_TRY(trainer.load_optimizer_share(std::move(moments)));
   if (policy_.model->lora_enabled()) {  // (read_peft_adapter reads a sharded checkpoint's shards)
     TROUPE_TRY(learner::read_lora_adapter_files(r.dir, *policy_.model));
+  } else if (learner::is_sharded_checkpoint(r.dir) && trainer.keeps_shard_only()) {
+    // ZeRO-3 learners that keep only their shard read only it, and drop the rest of the arena.
+    TROUPE_TRY(learner::read_sharded_params_share(r.dir, specs, lo, policy_.model->params().subspan(lo, hi - lo)));
+    TROUPE_TRY(trainer.release_params());
   } else if (learner::is_sharded_checkpoint(r.dir)) {
-    std::vector<float> params(policy_.model->params().size());
+    std::vector<float> params(n);
     TROUPE_TRY(learner::read_sharded_params(r.dir, specs, params));
     TROUPE_TRY(policy_.model->set_params(params));
   } else {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "troupe/learner/communicator.h"
 #include "wire_format.h"
 
 namespace troupe::actors {
@@ -133,6 +134,23 @@ Result<Weights> join_weight_shards(std::span<const Weights> pieces, std::span<co
     }
   out.payload = runtime::Bytes(std::move(payload));
   return out;
+}
+
+Result<Weights> join_weight_pieces(std::span<const Weights> pieces) {
+  std::vector<size_t> bounds{0};
+  for (const auto& p : pieces) bounds.push_back(bounds.back() + p.elements);
+  return join_weight_shards(pieces, bounds);
+}
+
+bool weights_from_shards(const ExperimentConfig& cfg) {
+  return cfg.learner.shard != learner::ShardStage::none && cfg.cluster.learners > 1 &&
+         cfg.weight_sync.transport == WeightTransport::zmq;
+}
+
+std::vector<policy::TensorSpec> sync_tensor_table(const ExperimentConfig& cfg,
+                                                  const std::vector<policy::TensorSpec>& table, size_t params) {
+  if (!weights_from_shards(cfg)) return table;
+  return cut_tensor_table(table, learner::shard_bounds(params, cfg.cluster.learners));
 }
 
 }  // namespace troupe::actors

@@ -13,6 +13,7 @@
 #include "troupe/actors/weight_group.h"
 #include "troupe/base/clock.h"
 #include "troupe/actors/weight_relay.h"
+#include "troupe/actors/weight_shards.h"
 
 namespace troupe::actors {
 
@@ -163,11 +164,31 @@ Task<Result<bool>> by_broadcast(ActorContext& here, const WeightSyncPeers& p, We
   co_return false;
 }
 
+// The learners' answer to `ask`: learner 0's, or with shard_learners every learner's piece (asked
+// at once: the probe's gather is a collective), joined in rank order (weight_shards.h).
+Task<Result<Weights>> ask_learners(ActorContext& here, const WeightSyncPeers& p, const GetWeightsReq& ask) {
+  if (p.shard_learners.empty() || ask.device) {
+    auto reply = request<Weights>(here, p.learner, ask, kSyncTimeout);
+    co_return co_await reply;
+  }
+  std::vector<Reply<Weights>> replies;
+  for (const auto& l : p.shard_learners) replies.push_back(request<Weights>(here, l, ask, kSyncTimeout));
+  std::vector<Weights> pieces;
+  std::optional<Error> failed;
+  for (size_t r = 0; r < replies.size(); ++r) {  // (every reply awaited, so none outlives this call)
+    Result<Weights> w = co_await replies[r];
+    if (!w.ok() && !failed)
+      failed = make_error(w.error().code, "weight sync: learner " + std::to_string(r) + ": " + w.error().message);
+    if (w.ok()) pieces.push_back(std::move(w).value());
+  }
+  if (failed) co_return *failed;
+  co_return join_weight_pieces(pieces);
+}
+
 // Learner 0's full weights (GetWeightsReq base -1).
 Task<Result<Weights>> full_weights(ActorContext& here, const WeightSyncPeers& p) {
   GetWeightsReq whole;  // base -1: in full
-  auto reply = request<Weights>(here, p.learner, whole, kSyncTimeout);
-  co_return co_await reply;
+  co_return co_await ask_learners(here, p, whole);
 }
 
 // A delta goes to the generators that will hold what learner 0 encoded last; the others get
@@ -180,8 +201,7 @@ Task<Status> fetch(ActorContext& here, const WeightSyncPeers& p, WeightSync::Sta
   GetWeightsReq ask;
   ask.base_version = delta_wanted && !broadcast ? st.published : -1;
   ask.device = broadcast;
-  auto first_reply = request<Weights>(here, p.learner, ask, kSyncTimeout);
-  TROUPE_CO_ASSIGN_OR_RETURN(Weights first, co_await first_reply);
+  TROUPE_CO_ASSIGN_OR_RETURN(Weights first, co_await ask_learners(here, p, ask));
   rep.version = first.version;
   rep.elements = first.elements ? first.elements : first.params.size();
   st.published = first.version;

@@ -862,6 +862,40 @@ EOS
       --set cluster.learners=1
     $CHECK steps "$W/lz" 3
     ;;
+  shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard,
+    # the coordinator joins the pieces; the generators (3, relay fan-out 2: a relay tree) train bit for bit
+    # as with shard none, in bf16 deltas with full_every, probes on, also resumed from a ZeRO-3 checkpoint;
+    # and in an async run (fp32, one generator)
+    S="--set sft.max_steps=12 --set grpo.max_steps=5 --set optimizer.schedule=constant --set eval.every=0 \
+       --set eval.num_prompts=10 --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set cluster.generators=3 --set weight_sync.relay_fanout=2 \
+       --set weight_sync.dtype=bf16 --set weight_sync.full_every=3 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 6"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/none" $S 2> "$W/none.err"
+    ! grep -q "weight sync: from the shards" "$W/none.err"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z3" --set learner.shard=parameters $S \
+      2> "$W/z3.err"
+    grep -q "weight sync: from the shards of 2 learners" "$W/z3.err" || { cat "$W/z3.err"; exit 1; }
+    $CHECK same "$W/none" "$W/z3"
+    "$PY" - "$W/z3/metrics.jsonl" << 'EOS'
+import json, sys
+norms = [r["grad_norm"] for r in map(json.loads, open(sys.argv[1])) if r.get("phase") == "grpo" and "grad_norm" in r]
+assert norms and any(n > 0 for n in norms), norms  # the GRPO steps change the weights the generators get
+EOS
+    # ZeRO-3 checkpointed after GRPO step 2 and resumed on 2 learners: each reads only its own share
+    # of the moments and its shard of the weights, and the run goes on as the uninterrupted one
+    C="--set checkpointing.enabled=true --set checkpointing.every=100"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z3r" --set learner.shard=parameters $S $C \
+      --set grpo.max_steps=2
+    test -f "$W/z3r/checkpoints/latest/shards/rank_1.safetensors"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/z3r" --set learner.shard=parameters $S $C
+    $CHECK same "$W/none" "$W/z3r"
+    A="--set rollout.async=true --set weight_sync.dtype=fp32 --set cluster.generators=1"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/none_async" $S $A
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z1_async" --set learner.shard=optimizer $S $A
+    $CHECK same "$W/none_async" "$W/z1_async"
+    ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
 echo "e2e.$CASE ok"

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -174,6 +176,9 @@ class Generator {
   Ack ack_;                                // what the last set_weights did
   std::string probe_failure_;              // set while the weights held failed the probe check
   std::unique_ptr<WeightGroup> weight_group_;  // weight_sync.transport nccl: where device Weights' values come from
+  // The table the Weights' checksums follow (sync_tensor_table: cut at the learners' shard bounds
+  // when the weights come from the shards); the staging copy's and the serving copy's are the same.
+  std::vector<policy::TensorSpec> sync_table_;
   std::vector<int32_t> stop_tokens_;       // EOS + single-token stop strings
   std::vector<std::string> stop_strings_;  // the rest, cut after decoding
 };
@@ -220,6 +225,14 @@ class LearnerRole {
   std::unique_ptr<DeltaPrep> delta_prep_;
   std::unique_ptr<WeightGroup> weight_group_;  // learner 0, weight_sync.transport nccl: the broadcast's group
   std::vector<float> master_backup_;        // bf16 probe: the master while the rounded copy is in place
+  // weights_from_shards: every learner encodes its own shard (encoder_ over its part of the cut
+  // table) and only learner 0 adds the probe; the coordinator joins the pieces.
+  bool shard_sync_ = false;
+  Result<Weights> shard_weights_for_generators(const GetWeightsReq& r);
+  // weight_sync.probe: the probe sequence and learner 0's log-probs of it into `w`, with the weights
+  // the generators hold: the master as it is (fp32), or with `put_rounded` writing their rounded
+  // values over it for the probe and the master put back bit for bit after.
+  Status add_probe(Weights& w, const std::function<void(std::span<float>)>& put_rounded);
   learner::MismatchSums stale_mismatch_;  // of the stale samples of a streamed step's parts so far
   Result<learner::MismatchSums> score_stale(const TrainReq& r, const std::vector<learner::Sample>& samples,
                                             learner::Trainer& trainer);

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "troupe/actors/experiment_config.h"
 #include "troupe/actors/messages.h"
 #include "troupe/base/result.h"
 #include "troupe/policy/model.h"
@@ -29,5 +30,17 @@ std::vector<policy::TensorSpec> shard_tensor_table(const std::vector<policy::Ten
 // joined into one message of the whole arena: the same version, base, encoding, dtype and chunk size
 // on every piece, or an error naming the piece and the field. The probe comes from piece 0.
 Result<Weights> join_weight_shards(std::span<const Weights> pieces, std::span<const size_t> bounds);
+// The same, the bounds read from the pieces' value counts (piece r holds bounds[r + 1] - bounds[r]).
+Result<Weights> join_weight_pieces(std::span<const Weights> pieces);
+
+// Whether `troupe run` syncs the weights from the shards: learner.shard other than none on more than
+// one learner, with weight_sync.transport zmq (a broadcast over the weight group sends learner 0's
+// whole values). Then every learner encodes its own shard, the coordinator joins the pieces, and the
+// generators apply the message with sync_tensor_table's cut table.
+bool weights_from_shards(const ExperimentConfig& cfg);
+// The table the generators' Weights checksums follow: the model's table cut at the learners' shard
+// bounds when weights_from_shards(cfg), else the model's own (`params` values in the arena).
+std::vector<policy::TensorSpec> sync_tensor_table(const ExperimentConfig& cfg,
+                                                  const std::vector<policy::TensorSpec>& table, size_t params);
 
 }  // namespace troupe::actors

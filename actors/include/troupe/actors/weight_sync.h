@@ -25,6 +25,10 @@ namespace troupe::actors {
 // Who a sync involves: learner 0 (it encodes), the generators, whether each is alive, a log.
 struct WeightSyncPeers {
   runtime::ActorId learner;
+  // weights_from_shards (weight_shards.h): every learner, in rank order; each is asked for its
+  // shard's piece and the pieces are joined into the one message the generators get. Empty:
+  // learner 0 alone encodes the whole weights.
+  std::vector<runtime::ActorId> shard_learners;
   std::vector<runtime::ActorId> generators;
   std::function<bool(size_t)> alive;              // null = every generator is
   // A generator whose Weights request failed as peer_failed (its actor stopped): dead from then on.

@@ -91,6 +91,12 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir);
 // The model weights are read separately (read_flat_model or policy::io::load_model_dir).
 Result<CheckpointData> load_checkpoint(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
                                        AdamW& opt);
+// The same for one sharded learner's share: only the moments' values [begin, begin + share.size())
+// of the flat buffer of `total` values go into `share` (a sharded checkpoint's rank files that hold
+// them, whatever their number; an unsharded one's tensors that overlap them, one at a time), so a
+// rank never holds the whole moments.
+Result<CheckpointData> load_checkpoint_share(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
+                                             size_t begin, size_t total, AdamW& share);
 
 // fsync(2) of a file (an error names it).
 Status fsync_file(const std::string& path);

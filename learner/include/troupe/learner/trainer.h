@@ -172,6 +172,11 @@ class Trainer {
     if (zero3_) zero3_->set_prefetch(on);
   }
   Status gather_params();
+  // learner.shard parameters with ParamsAtRest::shard (a collective, every rank calls it): the whole
+  // weights on rank 0 (the weight sync's probe) until release_params() drops them again to the
+  // rank's shard. Nothing to do (returns at once on every rank) in any other layout.
+  Status gather_params_to_rank0();
+  Status release_params();
   size_t shard_begin() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank())] : 0; }
   size_t shard_end() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank()) + 1] : bounds_.back(); }
   // The whole AdamW state (every rank's moments gathered; a collective when sharded: every rank
@@ -180,6 +185,11 @@ class Trainer {
   // Takes the whole AdamW state `full` (a checkpoint's, of any rank count or stage): this rank's
   // shard of it when sharded, all of it otherwise. No collective.
   Status load_optimizer(AdamW full);
+  // Sharded: takes this rank's share of the AdamW state alone (load_checkpoint_share of
+  // [shard_begin(), shard_end())), so the whole moments are never held. No collective.
+  Status load_optimizer_share(AdamW share);
+  // learner.shard parameters with ParamsAtRest::shard: between steps each rank holds its shard alone.
+  bool keeps_shard_only() const { return zero3_ && params_at_rest_ == ParamsAtRest::shard; }
   // Bytes of training state this rank holds: parameters (the trainable arena, and the frozen base
   // of a LoRA model), gradients and the AdamW moments (metric learner/state_bytes).
   size_t state_bytes() const;
