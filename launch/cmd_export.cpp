@@ -83,7 +83,8 @@ Status run_export(const ExportOpts& o) {
     flatten(adapter.tensors, specs, values);
     TROUPE_TRY(io::write_peft_adapter(o.out, adapter.config, specs, values));
     const std::string abs = fs::absolute(ref.path).lexically_normal().string();
-    return io::write_adapter_base_ref((fs::path(o.out) / io::kAdapterBaseFile).string(), {abs, fingerprint});
+    return io::write_adapter_base_ref((fs::path(o.out) / io::kAdapterBaseFile).string(),
+                                      {abs, fingerprint, ref.base_dtype});
   }
   TROUPE_TRY(io::merge_lora(model.params(), model.tensors(), adapter));
   TROUPE_TRY(io::save_model(o.out, model, nullptr, io::ExpertLayout::per_expert, base.bos_token_id, base.eos_token_id,

@@ -40,10 +40,24 @@ Result<std::vector<int32_t>> parse_token_list(const std::string& s) {
   return out;
 }
 
-int run_score(const std::string& dir, const std::string& base, const std::string& tokens_arg, const std::string& text,
-              bool have_tokens, bool have_text) {
+// --base-dtype's value, or none when the flag is not given (the adapter's base.json, else fp32).
+Result<std::optional<policy::BaseDtype>> base_dtype_flag(const std::string& name) {
+  if (name.empty()) return std::optional<policy::BaseDtype>{};
+  TROUPE_ASSIGN_OR_RETURN(auto d, serve::parse_base_dtype(name));
+  return std::optional<policy::BaseDtype>{d};
+}
+
+// DIR (an adapter directory: on its base) with its base's linear weights as --base-dtype says.
+Result<serve::LoadedForSampling> open_for_sampling(const std::string& dir, const std::string& base,
+                                                   const std::string& base_dtype) {
+  TROUPE_ASSIGN_OR_RETURN(auto d, base_dtype_flag(base_dtype));
+  return serve::load_for_sampling(dir, base, d);
+}
+
+int run_score(const std::string& dir, const std::string& base, const std::string& base_dtype,
+              const std::string& tokens_arg, const std::string& text, bool have_tokens, bool have_text) {
   if (have_tokens == have_text) return report_error(invalid_input("troupe score: give exactly one of --tokens or --text"));
-  auto opened = serve::load_for_sampling(dir, base);
+  auto opened = open_for_sampling(dir, base, base_dtype);
   if (!opened.ok()) return report_error(opened.error());
   io::LoadedModel* loaded = &opened->loaded;
   std::vector<int32_t> tokens;
@@ -66,7 +80,7 @@ int run_score(const std::string& dir, const std::string& base, const std::string
 }
 
 struct GenerateOpts {
-  std::string dir, base, prompt, messages;
+  std::string dir, base, base_dtype, prompt, messages;
   int max_tokens = 64;
   double temperature = 1.0;
   uint64_t seed = 0;
@@ -113,7 +127,7 @@ Result<std::string> render_messages_file(const std::string& dir, const std::stri
 int run_generate(const GenerateOpts& o) {
   if (o.prompt.empty() == o.messages.empty())
     return report_error(invalid_input("troupe generate: give exactly one of --prompt or --messages"));
-  auto opened = serve::load_for_sampling(o.dir, o.base);  // an adapter directory: applied on its base
+  auto opened = open_for_sampling(o.dir, o.base, o.base_dtype);  // an adapter directory: applied on its base
   if (!opened.ok()) return report_error(opened.error());
   io::LoadedModel* loaded = &opened->loaded;
   if (!loaded->tokenizer)
@@ -145,7 +159,8 @@ int run_generate(const GenerateOpts& o) {
   if (!text.ok()) return report_error(text.error());
   if (o.json) {
     nlohmann::ordered_json j = {{"prompt_tokens", prompt}, {"tokens", g.tokens}, {"logprobs", g.logprobs},
-                        {"text", *text}, {"stopped", g.stopped}};
+                        {"text", *text}, {"stopped", g.stopped},
+                        {"base_dtype", enum_string(loaded->model.config().base_dtype)}};
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
   } else {
     std::printf("%s\n", text->c_str());
@@ -155,6 +170,13 @@ int run_generate(const GenerateOpts& o) {
 
 }  // namespace
 
+void add_base_dtype_option(CLI::App* app, std::string& value) {
+  app->add_option("--base-dtype", value,
+                  "How the (base) model holds its linear weights, as policy.base_dtype: fp32, bf16, q8_0, q4_k "
+                  "(quantized at load) or gguf (a .gguf's own blocks); default: an adapter directory's base.json "
+                  "base_dtype, else fp32");
+}
+
 Command add_generate_command(CLI::App& root) {
   auto o = std::make_shared<GenerateOpts>();
   auto* app = root.add_subcommand("generate", "Sample a completion from a model directory");
@@ -163,6 +185,7 @@ Command add_generate_command(CLI::App& root) {
                   "directory sampled on its base (base.json's path, or --base)")
       ->required();
   app->add_option("--base", o->base, "The base model of an adapter directory DIR, instead of its base.json's path");
+  add_base_dtype_option(app, o->base_dtype);
   auto* p = app->add_option("--prompt", o->prompt, "Prompt text");
   app->add_option("--messages", o->messages,
                   "JSON file: a list of {role, content} (or {messages, tools, ...}) rendered with the model's chat template and the generation prompt")
@@ -172,22 +195,24 @@ Command add_generate_command(CLI::App& root) {
   app->add_option("--seed", o->seed, "RNG seed");
   app->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::Range(0, 1 << 24));
   app->add_option("--top-p", o->top_p, "Nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0));
-  app->add_flag("--json", o->json, "Print {prompt_tokens, tokens, logprobs, text, stopped} instead of the text");
+  app->add_flag("--json", o->json,
+                "Print {prompt_tokens, tokens, logprobs, text, stopped, base_dtype} instead of the text");
   return {app, [o]() { return run_generate(*o); }};
 }
 
 Command add_score_command(CLI::App& root) {
   struct Opts {
-    std::string dir, base, tokens, text;
+    std::string dir, base, base_dtype, tokens, text;
   };
   auto o = std::make_shared<Opts>();
   auto* app = root.add_subcommand("score", "Log-prob of each token given those before it, as JSON");
   app->add_option("dir", o->dir, "Model directory, or a LoRA checkpoint / PEFT adapter directory on its base")->required();
   app->add_option("--base", o->base, "The base model of an adapter directory DIR, instead of its base.json's path");
+  add_base_dtype_option(app, o->base_dtype);
   auto* t = app->add_option("--tokens", o->tokens, "Comma-separated token ids, e.g. 1,2,3");
   auto* x = app->add_option("--text", o->text, "Text to tokenize (no BOS added) and score");
   t->excludes(x);
-  return {app, [o, t, x]() { return run_score(o->dir, o->base, o->tokens, o->text, t->count() > 0, x->count() > 0); }};
+  return {app, [o, t, x]() { return run_score(o->dir, o->base, o->base_dtype, o->tokens, o->text, t->count() > 0, x->count() > 0); }};
 }
 
 }  // namespace troupe::launch

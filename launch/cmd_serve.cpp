@@ -97,9 +97,11 @@ int run_serve(const ServeOpts& o) {
   std::string adapters;
   for (const auto& a : mo.adapters) adapters += (adapters.empty() ? ", adapters '" : "', '") + a.first;
   if (!adapters.empty()) adapters += "'";
-  std::printf("troupe serve: %s on http://%s:%d (model '%s'%s, %d slots, context %d%s)\n", "listening",
-              where->first.c_str(), *port, opened->model_name.c_str(), adapters.c_str(), opened->slots,
-              opened->context, mo.api_keys.empty() ? ", no API key" : ", API key required");
+  const std::string base_dtype =
+      opened->base_dtype == policy::BaseDtype::fp32 ? "" : ", base_dtype " + enum_string(opened->base_dtype);
+  std::printf("troupe serve: %s on http://%s:%d (model '%s'%s%s, %d slots, context %d%s)\n", "listening",
+              where->first.c_str(), *port, opened->model_name.c_str(), adapters.c_str(), base_dtype.c_str(),
+              opened->slots, opened->context, mo.api_keys.empty() ? ", no API key" : ", API key required");
   std::fflush(stdout);
   Status st = server.serve();
   served.store(true);  // ends the watcher if serve() returned by itself
@@ -121,6 +123,7 @@ Command add_serve_command(CLI::App& root) {
   app->add_option("--base", o->model.base,
                   "The base model (directory or .gguf) of an adapter directory MODEL, instead of its base.json's path "
                   "(base.json's fingerprint, when there is one, is still checked)");
+  add_base_dtype_option(app, o->model.base_dtype);
   app->add_option("--adapter", o->adapters,
                   "NAME=DIR: serve DIR's LoRA adapter (a LoRA checkpoint or PEFT adapter directory over MODEL) as model "
                   "NAME beside the base; repeat for more. Requests pick one with \"model\"; all share one batch");

@@ -68,8 +68,9 @@ Status write_lora_adapter_files(const std::string& dir, const policy::Model& mod
   if (base_path.empty()) return {};
   TROUPE_ASSIGN_OR_RETURN(auto hf_config, base_hf_config(base_path));
   const std::string abs = fs::absolute(base_path).lexically_normal().string();
-  return io::write_adapter_base_ref((fs::path(dir) / io::kAdapterBaseFile).string(),
-                                    {abs, io::base_fingerprint(hf_config, model.base_tensors())});
+  io::AdapterBaseRef ref{abs, io::base_fingerprint(hf_config, model.base_tensors()), std::nullopt};
+  if (model.base_quantized()) ref.base_dtype = model.config().base_dtype;  // generate / serve load the base so
+  return io::write_adapter_base_ref((fs::path(dir) / io::kAdapterBaseFile).string(), ref);
 }
 
 Status read_lora_adapter_files(const std::string& dir, policy::Model& model) {

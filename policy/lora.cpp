@@ -247,6 +247,8 @@ k::MoeLoraGrads Model::Impl::moe_lora_grads(int l, float* base) const {
 
 void Model::Impl::linear_forward(float* out, const float* in, size_t w, const LoraSlot& s, const Acts& acts, int T,
                                  int IN, int OUT) const {
+  if (is_quant(w) && s.on && !row_adapter && !dropout_applies(s, acts))  // base and adapter in one backend call
+    return linear_forward_group({{out, w, &s, OUT}}, in, acts, T, IN);
   if (is_quant(w))
     be->quant_matmul_forward(out, in, qw(w), T);
   else

@@ -234,6 +234,38 @@ TEST(QLora, GenerateMatchesForward) {
   for (size_t i = 0; i < (*g)[0].tokens.size(); ++i) EXPECT_NEAR((*g)[0].logprobs[i], lp[2 + i], 1e-4);
 }
 
+// Exact on-policy through a quantized base with adapters on every projection: in batch-invariant
+// mode the KV-cache decode (its projection groups: the base's chains and the adapters' low-rank
+// products in one region, 1 and 2 rows per step; q8_0's head blocks) gives the log-probs the
+// learner's packed forward recomputes, bit for bit, for every block format of the base.
+TEST(QLora, BatchInvariantDecodeIsTheRecomputeBitForBit) {
+  for (BaseDtype d : {BaseDtype::q8_0, BaseDtype::q4_k, BaseDtype::bf16}) {
+    ModelConfig c = qcfg(d, 8);
+    c.batch_invariant = true;
+    Model m = create(c);
+    randomize_adapters(m);
+    const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {4, 5}, {9}};
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.max_new_tokens = 7;
+    sp.seed = 8;
+    auto g = m.generate(prompts, sp);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    std::vector<std::vector<int32_t>> full;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      full.push_back(prompts[i]);
+      full.back().insert(full.back().end(), (*g)[i].tokens.begin(), (*g)[i].tokens.end());
+    }
+    PackedBatch b = batch_of(full);
+    std::vector<float> lp(b.tokens.size());
+    ASSERT_TRUE(m.forward_train(b, 1.0f, lp.data(), nullptr).ok());
+    for (size_t i = 0; i < prompts.size(); ++i)
+      for (size_t j = 0; j < (*g)[i].tokens.size(); ++j)
+        ASSERT_EQ((*g)[i].logprobs[j], lp[b.cu_seqlens[i] + prompts[i].size() - 1 + j])
+            << enum_string(d) << " seq " << i << " token " << j;
+  }
+}
+
 // The device path (cpu_fenced: blocks in device memory) is the cpu backend's bit for bit.
 TEST(QLora, FencedBackendBitForBit) {
   ModelConfig c = qcfg(BaseDtype::q4_k);

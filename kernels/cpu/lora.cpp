@@ -1,9 +1,13 @@
 // The CPU specification of LoRA's low-rank path (lora.h), composed of gemm_blocked calls, so its
 // bits, like every other GEMM's, do not depend on the thread count (and follow batch-invariant mode).
-// Invariant: four GEMMs in backward, two in forward; u is recomputed from inp and A; dropout's mask
-// is a function of (seed, index) alone.
+// Invariant: four GEMMs in backward, two in forward (one or two rows: small_gemm's chains,
+// lora_rows.h, in every mode); u is recomputed from inp and A; dropout's mask is a function of
+// (seed, index) alone.
 #include "troupe/kernels/lora.h"
 
+#include <type_traits>
+
+#include "lora_rows.h"
 #include "troupe/kernels/ops.h"
 
 namespace troupe::kernels {
@@ -12,6 +16,13 @@ template <class T>
 void lora_forward(T* out, const T* inp, const T* A, const T* B, T* scratch, int N, int C, int OC, int r, T scale) {
   if (N <= 0 || C <= 0 || OC <= 0 || r <= 0) return;
   T* u = scratch;  // (N, r)
+  if constexpr (std::is_same_v<T, float>) {
+    if (lora_rows::applies(N)) {  // a decode step: the chains batch-invariant mode runs, in every mode
+      lora_rows::down(u, inp, A, N, C, r, 0, r);
+      lora_rows::up(out, u, B, N, OC, r, scale, 0, OC);
+      return;
+    }
+  }
   gemm_blocked(false, true, N, r, C, T(1), inp, C, A, C, T(0), u, r);
   gemm_blocked(false, true, N, OC, r, scale, u, r, B, r, T(1), out, OC);
 }

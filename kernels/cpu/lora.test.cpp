@@ -1,5 +1,6 @@
 // LoRA's ops (lora.h) and the dX-only matmul backward: fp64 central finite differences of
-// lora_backward, fp32 against fp64, the backend table against the CPU functions, and
+// lora_backward, fp32 against fp64, the backend table against the CPU functions, one or two rows
+// (a decode step) on batch-invariant mode's chains in every mode, and
 // matmul_backward_input bit for bit the input gradient of the full matmul_backward.
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "troupe/kernels/backend.h"
+#include "troupe/kernels/batch_invariant.h"
 #include "troupe/kernels/lora.h"
 #include "troupe/kernels/ops.h"
 
@@ -83,6 +85,28 @@ TEST(Lora, Fp32MatchesFp64AndBackendTable) {
                    static_cast<float>(kScale));
   EXPECT_EQ(dA2, dA);
   EXPECT_EQ(dB2, dB);
+}
+
+// One or two rows (a decode step) take small_gemm's chains in every mode: the bits batch-invariant
+// mode gives (so a sampler and a batch-invariant recompute agree), within fp32 rounding of fp64,
+// on a decode-sized layer (C 576, OC 1536, rank 8, the K tails of rank 3 and C 11 too).
+TEST(Lora, OneOrTwoRowsAreTheBatchInvariantChains) {
+  struct Case { int rows, in, out, r; };
+  for (const Case c : {Case{1, 576, 1536, 8}, Case{2, 576, 1536, 8}, Case{1, C, OC, R}, Case{2, C, OC, R}}) {
+    auto x = random_vec<float>(size_t(c.rows) * c.in, 21), A = random_vec<float>(size_t(c.r) * c.in, 22),
+         B = random_vec<float>(size_t(c.out) * c.r, 23), out0 = random_vec<float>(size_t(c.rows) * c.out, 24);
+    std::vector<float> s(lora_scratch_floats(c.rows, c.r)), fast = out0, invariant = out0;
+    lora_forward(fast.data(), x.data(), A.data(), B.data(), s.data(), c.rows, c.in, c.out, c.r, float(kScale));
+    {
+      const BatchInvariantScope scope(true);
+      lora_forward(invariant.data(), x.data(), A.data(), B.data(), s.data(), c.rows, c.in, c.out, c.r, float(kScale));
+    }
+    EXPECT_EQ(fast, invariant) << "rows " << c.rows << " in " << c.in;
+    std::vector<double> xd(x.begin(), x.end()), Ad(A.begin(), A.end()), Bd(B.begin(), B.end()),
+        ref(out0.begin(), out0.end()), sd(lora_scratch_floats(c.rows, c.r));
+    lora_forward(ref.data(), xd.data(), Ad.data(), Bd.data(), sd.data(), c.rows, c.in, c.out, c.r, kScale);
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(fast[i], ref[i], 1e-4 * (1 + std::fabs(ref[i]))) << i;
+  }
 }
 
 TEST(Lora, MatmulBackwardInputIsTheFullBackwardsInputGradient) {

@@ -3,14 +3,19 @@
 // matmul_forward/backward's bits wherever the blocks of work are the same: one or two tokens run a
 // fused dequantize-and-FMA chain (small_gemm's per-element chain, AVX2/FMA), other few-token calls
 // dequantize 64-row (64-column) tiles into a thread-local scratch for the BLAS sgemm. A group of
-// projections of one input runs as its calls one by one would, bit for bit.
+// projections of one input runs as its calls one by one would, bit for bit, a decode step's group
+// (adapters included) in one OpenMP region.
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "blas_gemm.h"
+#include "lora_rows.h"
+#include "quant_chain.h"
 #include "quant_blocks.h"
 #include "small_gemm.h"
 #include "troupe/kernels/batch_invariant.h"
@@ -158,13 +163,169 @@ TROUPE_AVX2 void chain_rows_f(const QuantWeights& W, int o0, int o1, const float
   for (; o < o1; ++o) chain_tile<F, 1, MR>(W, o, x, y);
 }
 
-// Rows [o0, o1) of y (T, N) for T tokens, two at a time, every element one fixed chain.
+// ---- AVX-512F: two rows of W per 16-lane register -------------------------------------------------
+// The same chains, two at a time: lanes 0-7 of a zmm are row o's eight lanes, lanes 8-15 row o+1's,
+// each lane the same FMA on the same operands in the same order as chain_tile's, so the bits are
+// chain_tile's. What changes is the work per value: one instruction decodes or multiplies 16 values
+// of two rows, x is broadcast to both halves once per 32 values for every pair, and a 4-bit block's
+// 16 possible values fma(d, q, m) are computed once per block into a table that vpermt2ps reads
+// (the table's entries are the decode's fma(d, q, m), so its bits too).
+#define TROUPE_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused source of their masked
+// builtins, which -Wuninitialized reports wherever they are inlined.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+std::atomic<bool> two_row_allowed{true};  // quant_chain::allow_two_row
+
+// Whether the two-row chains run: allowed, and AVX-512F besides the AVX2 chain's needs.
+bool wide_available() {
+  static const bool ok = chain_available() && __builtin_cpu_supports("avx512f");
+  return ok && two_row_allowed.load(std::memory_order_relaxed);
+}
+
+// a in lanes 0-7, b in lanes 8-15.
+TROUPE_AVX512 inline __m512 halves(__m256 a, __m256 b) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
+}
+
+// Bytes [8u, 8u + 8) of the 32-byte runs at p (row o) and q (row o + 1), side by side, for u = 0..3.
+TROUPE_AVX512 inline void byte_pairs(const uint8_t* p, const uint8_t* q, __m128i pr[4]) {
+  const __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+  const __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i c1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+  pr[0] = _mm_unpacklo_epi64(a0, c0), pr[1] = _mm_unpackhi_epi64(a0, c0);
+  pr[2] = _mm_unpacklo_epi64(a1, c1), pr[3] = _mm_unpackhi_epi64(a1, c1);
+}
+
+// A 4-bit block's 16 values fma(d, n, m), n = 0..15 (decode32's arithmetic).
+TROUPE_AVX512 inline __m512 nibble_table(float d, float m) {
+  const __m512 n = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  return _mm512_fmadd_ps(_mm512_set1_ps(d), n, _mm512_set1_ps(m));
+}
+
+// Lanes 0-7 t0[nib], lanes 8-15 t1[nib] (vpermt2ps over the two tables).
+TROUPE_AVX512 inline __m512 table_lookup(__m512 t0, __m512 t1, __m512i nib) {
+  const __m512i second = _mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutex2var_ps(t0, _mm512_or_si512(nib, second), t1);
+}
+
+// Chunk s of rows o (lanes 0-7) and o + 1 (lanes 8-15): v[u] holds values 8u .. 8u + 7 of each,
+// decode32's bits.
+template <QuantFormat F>
+TROUPE_AVX512 inline void decode32_pair(const uint8_t* r0, const uint8_t* r1, int s, __m512 v[4]) {
+  if constexpr (F == QuantFormat::q8_0) {
+    const uint8_t* b0 = r0 + static_cast<size_t>(s) * 34;
+    const uint8_t* b1 = r1 + static_cast<size_t>(s) * 34;
+    const __m512 d = halves(_mm256_set1_ps(half_at(b0)), _mm256_set1_ps(half_at(b1)));
+    __m128i pr[4];
+    byte_pairs(b0 + 2, b1 + 2, pr);
+    for (int u = 0; u < 4; ++u) v[u] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(pr[u])));
+  } else {  // q4_0, q4_1, q4_k: nibbles looked up in the two blocks' tables
+    const uint8_t *q0, *q1;
+    float d0, m0, d1, m1;
+    bool high = false;  // q4_k: the sub-block's nibble of each of 32 bytes
+    if constexpr (F == QuantFormat::q4_k) {
+      const int j = s % 8;
+      const uint8_t* b0 = r0 + static_cast<size_t>(s / 8) * 144;
+      const uint8_t* b1 = r1 + static_cast<size_t>(s / 8) * 144;
+      uint8_t sc0, mn0, sc1, mn1;
+      quant_blocks::scale_min_k4(j, b0 + 4, sc0, mn0);
+      quant_blocks::scale_min_k4(j, b1 + 4, sc1, mn1);
+      d0 = half_at(b0) * sc0, m0 = -(half_at(b0 + 2) * mn0), d1 = half_at(b1) * sc1, m1 = -(half_at(b1 + 2) * mn1);
+      q0 = b0 + 16 + 32 * (j / 2), q1 = b1 + 16 + 32 * (j / 2), high = (j & 1) != 0;
+    } else {
+      const uint8_t* b0 = r0 + static_cast<size_t>(s) * quant_block_bytes(F);
+      const uint8_t* b1 = r1 + static_cast<size_t>(s) * quant_block_bytes(F);
+      d0 = half_at(b0), d1 = half_at(b1);
+      m0 = F == QuantFormat::q4_0 ? -8.0f * d0 : half_at(b0 + 2);
+      m1 = F == QuantFormat::q4_0 ? -8.0f * d1 : half_at(b1 + 2);
+      q0 = b0 + (F == QuantFormat::q4_0 ? 2 : 4), q1 = b1 + (F == QuantFormat::q4_0 ? 2 : 4);
+    }
+    const __m512 t0 = nibble_table(d0, m0), t1 = nibble_table(d1, m1);
+    const __m512i low4 = _mm512_set1_epi32(0x0F);
+    if constexpr (F == QuantFormat::q4_k) {  // 32 bytes, one nibble each
+      __m128i pr[4];
+      byte_pairs(q0, q1, pr);
+      for (int u = 0; u < 4; ++u) {
+        const __m512i w = _mm512_cvtepu8_epi32(pr[u]);
+        v[u] = table_lookup(t0, t1, high ? _mm512_srli_epi32(w, 4) : _mm512_and_si512(w, low4));
+      }
+    } else {  // 16 bytes: values 0-15 the low nibbles, 16-31 the high ones
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q1));
+      const __m512i lo = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, c)), hi = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, c));
+      v[0] = table_lookup(t0, t1, _mm512_and_si512(lo, low4)), v[1] = table_lookup(t0, t1, _mm512_and_si512(hi, low4));
+      v[2] = table_lookup(t0, t1, _mm512_srli_epi32(lo, 4)), v[3] = table_lookup(t0, t1, _mm512_srli_epi32(hi, 4));
+    }
+  }
+}
+
+// y[j][o .. o + 2P) for MR tokens: P pairs of rows, chain_tile's chains.
+template <QuantFormat F, int P, int MR>
+TROUPE_AVX512 void wide_tile(const QuantWeights& W, int o, const float* x, float* y) {
+  const auto* w = static_cast<const uint8_t*>(W.data);
+  const size_t rb = W.row_bytes();
+  const int K = W.cols, N = W.rows;
+  __m512 acc[P][MR];
+  for (int i = 0; i < P; ++i)
+    for (int j = 0; j < MR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int s = 0; s < K / 32; ++s) {
+    __m512 xs[MR][4];  // x's 8 values of step u in both halves
+    for (int j = 0; j < MR; ++j)
+      for (int u = 0; u < 4; ++u) {
+        const __m256 h = _mm256_loadu_ps(x + static_cast<size_t>(j) * K + 32 * s + 8 * u);
+        xs[j][u] = halves(h, h);
+      }
+    for (int i = 0; i < P; ++i) {
+      const uint8_t* r0 = w + static_cast<size_t>(o + 2 * i) * rb;
+      __m512 v[4];
+      decode32_pair<F>(r0, r0 + rb, s, v);
+      for (int j = 0; j < MR; ++j)
+        for (int u = 0; u < 4; ++u) acc[i][j] = _mm512_fmadd_ps(v[u], xs[j][u], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < P; ++i)
+    for (int j = 0; j < MR; ++j) {
+      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1));
+      y[static_cast<size_t>(j) * N + o + 2 * i] = lane_sum(_mm512_castps512_ps256(acc[i][j]));
+      y[static_cast<size_t>(j) * N + o + 2 * i + 1] = lane_sum(hi);
+    }
+}
+
+template <QuantFormat F, int MR>
+TROUPE_AVX512 void wide_rows_f(const QuantWeights& W, int o0, int o1, const float* x, float* y) {
+  constexpr int P = 4;  // 8 rows: 4 (MR = 1) or 8 (MR = 2) accumulators, x and the tables within 32 zmm
+  int o = o0;
+  for (; o + 2 * P <= o1; o += 2 * P) wide_tile<F, P, MR>(W, o, x, y);
+  for (; o + 2 <= o1; o += 2) wide_tile<F, 1, MR>(W, o, x, y);
+  for (; o < o1; ++o) chain_tile<F, 1, MR>(W, o, x, y);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#undef TROUPE_AVX512
+
+// Rows [o0, o1) of y (T, N) for T tokens, two at a time, every element one fixed chain (two rows
+// per register with AVX-512F for the 32-value block formats, the same bits).
 template <QuantFormat F>
 void chain_rows(const QuantWeights& W, int o0, int o1, const float* x, float* y, int T) {
+  constexpr bool has_wide = F != QuantFormat::bf16;
+  const bool wide = has_wide && wide_available();
+  auto rows = [&](auto mr, const float* xt, float* yt) {
+    constexpr int MR = decltype(mr)::value;
+    if constexpr (has_wide)
+      if (wide) return wide_rows_f<F, MR>(W, o0, o1, xt, yt);
+    chain_rows_f<F, MR>(W, o0, o1, xt, yt);
+  };
   int t = 0;
   for (; t + 2 <= T; t += 2)
-    chain_rows_f<F, 2>(W, o0, o1, x + static_cast<size_t>(t) * W.cols, y + static_cast<size_t>(t) * W.rows);
-  if (t < T) chain_rows_f<F, 1>(W, o0, o1, x + static_cast<size_t>(t) * W.cols, y + static_cast<size_t>(t) * W.rows);
+    rows(std::integral_constant<int, 2>{}, x + static_cast<size_t>(t) * W.cols, y + static_cast<size_t>(t) * W.rows);
+  if (t < T) rows(std::integral_constant<int, 1>{}, x + static_cast<size_t>(t) * W.cols, y + static_cast<size_t>(t) * W.rows);
 }
 
 void chain(const QuantWeights& W, int o0, int o1, const float* x, float* y, int T) {
@@ -179,6 +340,7 @@ void chain(const QuantWeights& W, int o0, int o1, const float* x, float* y, int 
 #undef TROUPE_AVX2
 #else
 bool chain_available() { return false; }
+bool wide_available() { return false; }
 void chain(const QuantWeights&, int, int, const float*, float*, int) {}
 #endif
 
@@ -235,6 +397,13 @@ void over_tiles(int n, int step, bool split, const Fn& fn) {
 
 }  // namespace
 
+#if TROUPE_QUANT_X86
+void quant_chain::allow_two_row(bool on) { two_row_allowed.store(on, std::memory_order_relaxed); }
+#else
+void quant_chain::allow_two_row(bool) {}
+#endif
+bool quant_chain::two_row_active() { return wide_available(); }
+
 void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T) {
   if (T <= 0) return;
   const int N = W.rows, K = W.cols;
@@ -259,18 +428,23 @@ void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T
 }
 
 void quant_projections_forward(const QuantProjection* p, int n, const float* x, int T) {
-  // The chain path of quant_matmul_forward for every matrix (its bits do not depend on the tiles),
-  // else the calls one by one.
+  // The chain path of quant_matmul_forward for every matrix (its bits do not depend on the tiles)
+  // and lora_forward's few-row path (lora_rows.h) for every adapter, else the calls one by one.
   bool chained = T > 0 && T <= kGemmKernelMaxRows && chain_available() && n <= kMaxProjections;
   double macs = 0;
-  int tiles = 0;
-  int first_tile[kMaxProjections + 1] = {};
+  int tiles = 0, ranks = 0;
+  int first_tile[kMaxProjections + 1] = {}, first_rank[kMaxProjections + 1] = {};
+  size_t u_at[kMaxProjections] = {}, u_floats = 0;
   for (int i = 0; chained && i < n; ++i) {
     const QuantWeights& W = p[i].W;
     chained = batch_invariant() || column_blocks(T, W.rows, W.cols);
     macs += double(T) * W.rows * W.cols;
-    first_tile[i] = tiles;
+    first_tile[i] = tiles, first_rank[i] = ranks, u_at[i] = u_floats;
     tiles += (W.rows + kTile - 1) / kTile;
+    if (!p[i].A) continue;
+    ranks += p[i].r;
+    u_floats += static_cast<size_t>(T) * p[i].r;
+    macs += double(T) * p[i].r * (W.rows + W.cols);
   }
   if (!chained) {
     for (int i = 0; i < n; ++i) {
@@ -279,18 +453,30 @@ void quant_projections_forward(const QuantProjection* p, int n, const float* x, 
     }
     return;
   }
-  first_tile[n] = tiles;
-#pragma omp parallel for schedule(static) if (chain_worth_splitting(macs))
-  for (int b = 0; b < tiles; ++b) {
-    const int i = static_cast<int>(std::upper_bound(first_tile, first_tile + n + 1, b) - first_tile) - 1;
-    const QuantWeights& W = p[i].W;
-    const int o0 = (b - first_tile[i]) * kTile;
-    chain(W, o0, std::min(W.rows, o0 + kTile), x, p[i].y, T);
+  first_tile[n] = tiles, first_rank[n] = ranks;
+  // Every u = x A^T (T, r) side by side in the calling thread's scratch (the chains use none).
+  float* u = scratch(u_floats);
+  auto owner = [n](const int* first, int b) {
+    return static_cast<int>(std::upper_bound(first, first + n + 1, b) - first) - 1;
+  };
+  // One region: the adapters' u a column each, then every 64-row tile of every matrix with its
+  // adapter's up product on the same rows. The bits are those of the calls one by one.
+#pragma omp parallel if (chain_worth_splitting(macs))
+  {
+#pragma omp for schedule(static)
+    for (int c = 0; c < ranks; ++c) {
+      const int i = owner(first_rank, c), j = c - first_rank[i];
+      lora_rows::down(u + u_at[i], x, p[i].A, T, p[i].W.cols, p[i].r, j, j + 1);
+    }
+#pragma omp for schedule(static)
+    for (int b = 0; b < tiles; ++b) {
+      const int i = owner(first_tile, b);
+      const QuantWeights& W = p[i].W;
+      const int o0 = (b - first_tile[i]) * kTile, o1 = std::min(W.rows, o0 + kTile);
+      chain(W, o0, o1, x, p[i].y, T);
+      if (p[i].A) lora_rows::up(p[i].y, u + u_at[i], p[i].B, T, W.rows, p[i].r, p[i].scale, o0, o1);
+    }
   }
-  // The low-rank paths on the calling thread: OpenBLAS called from two OpenMP threads at once made
-  // a decode step several times slower.
-  for (int i = 0; i < n; ++i)
-    if (p[i].A) lora_forward(p[i].y, x, p[i].A, p[i].B, p[i].scratch, T, p[i].W.cols, p[i].W.rows, p[i].r, p[i].scale);
 }
 
 void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) {

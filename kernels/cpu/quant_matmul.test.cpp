@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "quant_chain.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/batch_invariant.h"
 #include "troupe/kernels/lora.h"
@@ -320,6 +321,25 @@ TEST(QuantMatmul, ProjectionGroupEqualsTheCallsOneByOne) {
                                                    << " invariant=" << invariant;
       }
   omp_set_num_threads(saved);
+}
+
+// The AVX-512F two-row chains (two rows of W per register, 4-bit values through a per-block table)
+// and the AVX2 chain give the same bits, every format, 1 and 2 tokens, row counts with every tail
+// (pairs of four, single pairs, a last odd row), the q8_0 LM head's shape included.
+TEST(QuantMatmul, TwoRowChainsEqualTheAvx2Chain) {
+  if (!k::quant_chain::two_row_active()) GTEST_SKIP() << "no AVX-512F: the ops run the AVX2 chain only";
+  const troupe::kernels::BatchInvariantScope scope(true);  // the chain for every shape
+  for (QuantFormat f : kFormats)
+    for (const Shape s : {Shape{1, 4099, 512}, Shape{2, 77, 512}, Shape{1, 13, 256}, Shape{2, 6, 768}}) {
+      const auto m = quantize(f, normal(size_t(s.N) * s.K, 51, 0.05f), s.N, s.K);
+      const auto x = normal(size_t(s.T) * s.K, 52);
+      const auto wide = q_forward(x, m, s.T);
+      k::quant_chain::allow_two_row(false);
+      const auto avx2 = q_forward(x, m, s.T);
+      k::quant_chain::allow_two_row(true);
+      EXPECT_TRUE(same_bits(wide, avx2)) << name(f) << " T=" << s.T << " N=" << s.N;
+      EXPECT_TRUE(same_bits(wide, fp32_forward(x, dequantized(m), s))) << name(f) << " T=" << s.T << " N=" << s.N;
+    }
 }
 
 // The backend table: cpu and cpu_fenced (W's blocks in a device buffer) give the CPU op's bits.

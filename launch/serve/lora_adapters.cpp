@@ -27,10 +27,11 @@ Result<io::AdapterBaseRef> adapter_base_ref(const std::string& dir, const std::s
     return invalid_input(dir + ": not a directory (expected a LoRA checkpoint or PEFT adapter directory)");
   const std::string ref_file = (fs::path(dir) / io::kAdapterBaseFile).string();
   if (!base_flag.empty()) {
-    io::AdapterBaseRef ref{base_flag, ""};
+    io::AdapterBaseRef ref{base_flag, "", std::nullopt};
     if (fs::exists(ref_file)) {
       TROUPE_ASSIGN_OR_RETURN(auto recorded, io::read_adapter_base_ref(ref_file));
       ref.fingerprint = recorded.fingerprint;
+      ref.base_dtype = recorded.base_dtype;
     }
     return ref;
   }
@@ -158,18 +159,48 @@ Result<int> add_served_adapter(policy::Model& model, const io::PeftAdapter& adap
   return id;
 }
 
-Result<LoadedForSampling> load_for_sampling(const std::string& path, const std::string& base_flag) {
+Result<policy::BaseDtype> parse_base_dtype(const std::string& name, const std::string& flag_name) {
+  return io::base_dtype_named(name, flag_name);
+}
+
+namespace {
+
+// The base of an adapter loaded in `d`: gguf keeps the .gguf's own blocks, so it loads the file
+// itself (config and tokenizer from its import); any other dtype loads the model directory (a .gguf's
+// import) and quantizes the projections as they are read.
+Result<io::LoadedModel> load_adapter_base(const io::AdapterBaseRef& ref, const std::string& dir, policy::BaseDtype d,
+                                          bool from_flag) {
+  policy::ExecutionOptions x;
+  x.base_dtype = d;
+  if (d != policy::BaseDtype::gguf) {
+    TROUPE_ASSIGN_OR_RETURN(std::string model_dir, adapter_base_dir(ref.path, dir, from_flag));
+    return io::load_model(model_dir, x);
+  }
+  if (fs::path(ref.path).extension() != ".gguf")
+    return invalid_input("base_dtype gguf keeps the blocks of a .gguf base, and " + ref.path + " is not one (" +
+                         (from_flag ? std::string("--base") : (fs::path(dir) / io::kAdapterBaseFile).string()) +
+                         "); give --base-dtype fp32, bf16, q8_0 or q4_k to quantize it at load");
+  TROUPE_TRY(adapter_base_dir(ref.path, dir, from_flag));  // the file exists; its import is made
+  return io::load_model(ref.path, x);
+}
+
+}  // namespace
+
+Result<LoadedForSampling> load_for_sampling(const std::string& path, const std::string& base_flag,
+                                            std::optional<policy::BaseDtype> base_dtype) {
   if (!is_adapter_dir(path)) {
     if (!base_flag.empty())
       return invalid_input("--base " + base_flag + ": only for an adapter directory, and " + path + " has no " +
                            io::kAdapterConfigFile);
-    TROUPE_ASSIGN_OR_RETURN(auto loaded, io::load_model(path));
+    policy::ExecutionOptions x;
+    x.base_dtype = base_dtype.value_or(policy::BaseDtype::fp32);
+    TROUPE_ASSIGN_OR_RETURN(auto loaded, io::load_model(path, x));
     return LoadedForSampling{std::move(loaded), path, false};
   }
   TROUPE_ASSIGN_OR_RETURN(auto ref, adapter_base_ref(path, base_flag));
   TROUPE_TRY(io::read_peft_adapter(path));  // the adapter's own files before the (large) base
-  TROUPE_ASSIGN_OR_RETURN(std::string dir, adapter_base_dir(ref.path, path, !base_flag.empty()));
-  TROUPE_ASSIGN_OR_RETURN(auto loaded, io::load_model(dir));
+  const policy::BaseDtype d = base_dtype.value_or(ref.base_dtype.value_or(policy::BaseDtype::fp32));
+  TROUPE_ASSIGN_OR_RETURN(auto loaded, load_adapter_base(ref, path, d, !base_flag.empty()));
   TROUPE_ASSIGN_OR_RETURN(auto adapter, read_adapter_for(path, ref, loaded.model));
   TROUPE_TRY(apply_adapter(loaded.model, adapter));
   return LoadedForSampling{std::move(loaded), ref.path, true};

@@ -69,7 +69,11 @@ Status add_adapters(const ModelServerOptions& o, policy::Model& model) {
 Result<ModelServer> open_model_server(const ModelServerOptions& o) {
   const std::string name = o.name.empty() ? default_name(o.path) : o.name;
   TROUPE_TRY(check_adapter_flags(o, name));
-  TROUPE_ASSIGN_OR_RETURN(auto opened, load_for_sampling(o.path, o.base));
+  std::optional<policy::BaseDtype> dtype;
+  if (!o.base_dtype.empty()) {
+    TROUPE_ASSIGN_OR_RETURN(dtype, parse_base_dtype(o.base_dtype));
+  }
+  TROUPE_ASSIGN_OR_RETURN(auto opened, load_for_sampling(o.path, o.base, dtype));
   io::LoadedModel& loaded = opened.loaded;
   if (!loaded.tokenizer)
     return invalid_input(opened.model_dir + ": troupe serve needs a tokenizer (tokenizer.json or troupe_tokenizer.json)");
@@ -85,6 +89,7 @@ Result<ModelServer> open_model_server(const ModelServerOptions& o) {
   eo.prefill_tokens = o.prefill_tokens;
   eo.threads = o.threads;
   const int32_t bos = loaded.bos_token_id, eos = loaded.eos_token_id;
+  const policy::BaseDtype base_dtype = loaded.model.config().base_dtype;
   std::shared_ptr<const io::Tokenizer> tok(std::move(loaded.tokenizer));
   TROUPE_ASSIGN_OR_RETURN(auto engine,
                           actors::ServeEngine::create(std::make_unique<policy::Model>(std::move(loaded.model)), eo));
@@ -103,6 +108,7 @@ Result<ModelServer> open_model_server(const ModelServerOptions& o) {
   out.model_name = so.model_name;
   out.slots = eo.slots;
   out.context = eo.context;
+  out.base_dtype = base_dtype;
   out.server = std::make_unique<OpenAiServer>(std::move(engine), tok, tmpl, bos, eos, so);
   return out;
 }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 
+#include "troupe/base/enum_names.h"
 #include "troupe/policy/io/peft_adapter.h"
 
 namespace troupe::policy::io {
@@ -90,6 +91,13 @@ std::string base_fingerprint(const json& hf_config, std::span<const TensorSpec> 
   return buf;
 }
 
+Result<BaseDtype> base_dtype_named(std::string_view name, const std::string& what) {
+  if (auto d = enum_from_name<BaseDtype>(name)) return *d;
+  std::string names;
+  for (const auto& [n, v] : EnumNames<BaseDtype>::table) names += (names.empty() ? "" : ", ") + std::string(n);
+  return invalid_input(what + " is \"" + std::string(name) + "\", expected one of " + names);
+}
+
 Result<AdapterBaseRef> read_adapter_base_ref(const std::string& file) {
   std::ifstream in(file);
   if (!in) return invalid_input(file + ": cannot open (the base reference of a LoRA checkpoint; or give --base PATH)");
@@ -101,8 +109,9 @@ Result<AdapterBaseRef> read_adapter_base_ref(const std::string& file) {
   }
   if (!j.is_object()) return invalid_input(file + ": not a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (it.key() != "path" && it.key() != "fingerprint")
-      return invalid_input(file + ": unknown key '" + it.key() + "' (base.json holds \"path\" and \"fingerprint\")");
+    if (it.key() != "path" && it.key() != "fingerprint" && it.key() != "base_dtype")
+      return invalid_input(file + ": unknown key '" + it.key() +
+                           "' (base.json holds \"path\", \"fingerprint\" and \"base_dtype\")");
   if (!j.contains("path") || !j["path"].is_string() || j["path"].get<std::string>().empty())
     return invalid_input(file + ": key 'path' must be a non-empty string (the base model directory or .gguf file)");
   AdapterBaseRef ref;
@@ -111,11 +120,18 @@ Result<AdapterBaseRef> read_adapter_base_ref(const std::string& file) {
     if (!j["fingerprint"].is_string()) return invalid_input(file + ": key 'fingerprint' must be a string");
     ref.fingerprint = j["fingerprint"].get<std::string>();
   }
+  if (j.contains("base_dtype") && !j["base_dtype"].is_null()) {
+    const json& d = j["base_dtype"];
+    TROUPE_ASSIGN_OR_RETURN(ref.base_dtype, base_dtype_named(d.is_string() ? d.get<std::string>() : d.dump(),
+                                                             file + ": key 'base_dtype' (the policy.base_dtype the "
+                                                                    "adapter was trained over)"));
+  }
   return ref;
 }
 
 Status write_adapter_base_ref(const std::string& file, const AdapterBaseRef& ref) {
   json j = {{"path", ref.path}, {"fingerprint", ref.fingerprint.empty() ? json(nullptr) : json(ref.fingerprint)}};
+  if (ref.base_dtype) j["base_dtype"] = enum_string(*ref.base_dtype);
   const std::string tmp = file + ".tmp";
   {
     std::ofstream out(tmp);

@@ -298,12 +298,19 @@ TEST(PeftAdapter, BaseFingerprint) {
 TEST(PeftAdapter, BaseReference) {
   const fs::path d = temp_dir("base_ref");
   const std::string f = (d / kAdapterBaseFile).string();
-  ASSERT_TRUE(write_adapter_base_ref(f, {"/models/llama", "xxh3:0123456789abcdef"}).ok());
+  ASSERT_TRUE(write_adapter_base_ref(f, {"/models/llama", "xxh3:0123456789abcdef", std::nullopt}).ok());
   auto r = read_adapter_base_ref(f);
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r.value().path, "/models/llama");
   EXPECT_EQ(r.value().fingerprint, "xxh3:0123456789abcdef");
-  for (const std::string bad : {R"({"fingerprint": "x"})", R"({"path": 3})", R"({"path": "a", "extra": 1})", "[1"}) {
+  EXPECT_FALSE(r.value().base_dtype.has_value());  // an fp32 base records none
+  // A QLoRA run's base: its policy.base_dtype round-trips.
+  ASSERT_TRUE(write_adapter_base_ref(f, {"/models/m.gguf", "", BaseDtype::gguf}).ok());
+  auto q = read_adapter_base_ref(f);
+  ASSERT_TRUE(q.ok()) << q.error().message;
+  EXPECT_EQ(q.value().base_dtype, BaseDtype::gguf);
+  for (const std::string bad : {R"({"fingerprint": "x"})", R"({"path": 3})", R"({"path": "a", "extra": 1})", "[1",
+                                R"({"path": "a", "base_dtype": "q9"})", R"({"path": "a", "base_dtype": 4})"}) {
     std::ofstream(f) << bad;
     auto e = read_adapter_base_ref(f);
     ASSERT_FALSE(e.ok()) << bad;

@@ -34,6 +34,9 @@ Command add_serve_command(CLI::App& root);
 Command add_checkpoint_command(CLI::App& root); // cmd_checkpoint.cpp: troupe checkpoint consolidate CKPT OUT_DIR
 Command add_plan_command(CLI::App& root);       // cmd_plan.cpp:  troupe plan CONFIG [--device-memory 80GiB] [--json]      // cmd_serve.cpp: troupe serve MODEL --bind HOST:PORT (OpenAI API)
 
+// --base-dtype NAME of generate, score and serve (QLoRA's policy.base_dtype for sampling; cmd_model.cpp).
+void add_base_dtype_option(CLI::App* app, std::string& value);
+
 // Prints an error the way every subcommand does ("troupe: error: ...") and returns its exit code.
 int report_error(const Error& error);
 

@@ -5,6 +5,7 @@
 // passed; errors name the file, key and value at fault (both fingerprints on a mismatch).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "troupe/base/result.h"
@@ -45,14 +46,21 @@ Status apply_adapter(policy::Model& model, const policy::io::PeftAdapter& adapte
 // The adapter as one more served adapter of the model (Model::add_served_adapter); its id.
 Result<int> add_served_adapter(policy::Model& model, const policy::io::PeftAdapter& adapter);
 
+// --base-dtype NAME (fp32 bf16 q8_0 q4_k gguf, policy.base_dtype's names); an error naming the flag.
+Result<policy::BaseDtype> parse_base_dtype(const std::string& name, const std::string& flag_name = "--base-dtype");
+
 // `path` loaded for sampling: a model directory, checkpoint or .gguf as io::load_model loads it, or an
 // adapter directory (is_adapter_dir) applied on its base (base_flag, else base.json's path).
 // `model_dir` is where the tokenizer and chat template come from (the base for an adapter).
+// `base_dtype` is how the (base) model holds its linear weights (QLoRA, policy.base_dtype): given,
+// else an adapter's base.json "base_dtype" (what it was trained over), else fp32. gguf keeps a .gguf
+// base's own blocks; bf16, q8_0 and q4_k quantize at load.
 struct LoadedForSampling {
   policy::io::LoadedModel loaded;
   std::string model_dir;
   bool adapter = false;
 };
-Result<LoadedForSampling> load_for_sampling(const std::string& path, const std::string& base_flag);
+Result<LoadedForSampling> load_for_sampling(const std::string& path, const std::string& base_flag,
+                                            std::optional<policy::BaseDtype> base_dtype = std::nullopt);
 
 }  // namespace troupe::serve

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "troupe/base/result.h"
+#include "troupe/policy/execution_options.h"
 #include "troupe/serve/openai_server.h"
 
 namespace troupe::serve {
@@ -19,6 +20,9 @@ struct ModelServerOptions {
   // path may be an adapter directory (LoRA checkpoint or PEFT adapter): applied on its base, `base`
   // when given, else its base.json's path.
   std::string base;
+  // --base-dtype: how the (base) model holds its linear weights (policy.base_dtype's names; "": an
+  // adapter directory's base.json base_dtype, else fp32); load_for_sampling.
+  std::string base_dtype;
   // --adapter NAME=DIR: adapters served beside the base (path must be a model, not an adapter); a
   // request's `model` NAME samples with DIR's adapter.
   std::vector<std::pair<std::string, std::string>> adapters;
@@ -37,6 +41,7 @@ struct ModelServer {
   std::string model_name;
   int slots = 0;
   int context = 0;  // tokens per sequence
+  policy::BaseDtype base_dtype = policy::BaseDtype::fp32;  // how the loaded (base) model holds its linear weights
 };
 
 Result<ModelServer> open_model_server(const ModelServerOptions& o);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -96,12 +97,16 @@ Status merge_lora(std::span<float> params, std::span<const TensorSpec> specs, co
 // not the weight values.
 std::string base_fingerprint(const nlohmann::json& hf_config, std::span<const TensorSpec> tensors);
 
-// troupe's base reference beside an adapter: base.json {"path": ..., "fingerprint": ...}.
+// troupe's base reference beside an adapter: base.json {"path": ..., "fingerprint": ...} and, for an
+// adapter trained over a quantized base (QLoRA), "base_dtype": the policy.base_dtype it ran with.
 struct AdapterBaseRef {
   std::string path;         // HF model directory or .gguf file, as given at training time
   std::string fingerprint;  // base_fingerprint of it ("" = not recorded: not checked)
+  std::optional<BaseDtype> base_dtype;  // not recorded: an fp32 base
 };
 Result<AdapterBaseRef> read_adapter_base_ref(const std::string& file);
+// A policy.base_dtype name (fp32 bf16 q8_0 q4_k gguf); else an error "WHAT is NAME, expected one of ...".
+Result<BaseDtype> base_dtype_named(std::string_view name, const std::string& what);
 Status write_adapter_base_ref(const std::string& file, const AdapterBaseRef& ref);
 
 // YAML `policy.lora.targets` kinds (q k v o gate up down experts all_linear) <-> PEFT module names,
