@@ -73,9 +73,11 @@ Status check_join(const RunState& s, const JoinReq& r) {
   return {};
 }
 
-// Tells every env worker that env server `m` joined (add) or left its env's pool.
+// Tells every env worker that env server `m` joined (add) or left its env's pool (from the
+// handlers as from the sync's coroutine: sent by the node, not by an actor's context).
 void announce_env_server(RunState& s, const MemberRecord& m, bool add) {
-  for (const auto& w : s.peers.env_workers) (void)s.here->send(w, EnvPoolMember{m.env, m.env_address, add});
+  if (!s.peers.system) return;
+  for (const auto& w : s.peers.env_workers) (void)s.peers.system->send(w, EnvPoolMember{m.env, m.env_address, add});
 }
 
 json member_row(const std::string& name, const std::string& role, std::uint32_t node,
