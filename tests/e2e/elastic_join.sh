@@ -6,8 +6,9 @@
 # elastic_join (the quickstart with one generator; two join at step >= 3, each samples within 2
 # steps of joining; one is killed -9, the other leaves by SIGTERM; every step and episode is
 # trained exactly once, as many metric rows as an uninterrupted run),
-# join_async (a generator joins an async run, samples, leaves by SIGTERM after its rollouts are
-# trained; every step once, staleness within max_staleness),
+# join_async (a generator joins an async run of two generators whose weights go down a relay tree
+# of fan-out 2, samples, leaves by SIGTERM after its rollouts are trained; every step once,
+# staleness within max_staleness, no relay hop failed: the member is a leaf of the root),
 # join_mpirun (the same in sync mode under mpirun -np 3: learner and coordinator on rank 0, the
 # generator and the env worker on ranks 1 and 2; the member reaches rank 0 only),
 # join_env (an env server joins the pool of a run's env with troupe join --role env, takes
@@ -125,7 +126,7 @@ case $CASE in
     # sent to it is trained); the job finishes every step once
     N=40
     LAUNCH=()
-    MODE="--set rollout.async=true --set rollout.max_staleness=1"
+    MODE="--set rollout.async=true --set rollout.max_staleness=1 --set cluster.generators=2 --set weight_sync.relay_fanout=2"
     if [ "$CASE" = join_mpirun ]; then
       LAUNCH=("$MPIEXEC" --oversubscribe --allow-run-as-root -np 3 --mca btl self,tcp --mca btl_tcp_if_include lo
         --mca oob_tcp_if_include lo)
@@ -145,9 +146,10 @@ case $CASE in
     wait $A || { cat "$W/a.log"; echo "the member did not leave cleanly"; exit 1; }
     grep -q "left the job after step" "$W/a.log" || { cat "$W/a.log"; exit 1; }
     wait $JOBPID || { tail -30 "$W/job.log"; echo "the job failed"; exit 1; }
-    grep -q "membership: generator1 .* left after step" "$W/job.log" || { grep membership "$W/job.log"; exit 1; }
+    grep -q "membership: generator[0-9] .* left after step" "$W/job.log" || { grep membership "$W/job.log"; exit 1; }
     $CHECK steps "$W/run" $((5 + N))
     [ "$CASE" = join_mpirun ] || $CHECK staleness "$W/run" 1
+    if grep -q "did not relay" "$W/job.log"; then grep "did not relay" "$W/job.log"; exit 1; fi
     ;;
   join_env)
     # tests/reliability/tiny.yaml with its env a pool of one SDK server (tests/envs/pool_env.py,
