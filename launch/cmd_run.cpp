@@ -89,7 +89,8 @@ Command add_run_command(CLI::App& root) {
                 return 2;
               }
               SupervisorOptions so{o->config, o->sets, o->resume.empty() ? loaded->config.run.dir : o->resume,
-                                   !o->resume.empty(), restarts, launcher};
+                                   !o->resume.empty(), restarts, launcher, loaded->config.run.restart_remaining_ranks,
+                                   loaded->config.cluster};
               return supervise_run(so);
             }
             if (launcher_flag->count() > 0 && !std::getenv("TROUPE_SUPERVISED")) {

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "coordinator_internal.h"
+#include "troupe/envs/env_pool.h"
 #include "troupe/runtime/system.h"
 
 namespace troupe::actors::coord {
@@ -30,16 +31,37 @@ MemberRecord* member_at(RunState& s, std::uint32_t node) {
   return nullptr;
 }
 
+// Why an env server cannot join env `r.env`'s pool, or ok.
+Status check_env_join(const RunState& s, const JoinReq& r) {
+  for (const auto& e : s.cfg.envs) {
+    if (e.name != r.env) continue;
+    if (e.addresses.empty())
+      return invalid_input("--env " + r.env + ": the job serves this env without a pool of servers (envs[].addresses), "
+                           "so no server can join it");
+    TROUPE_TRY(envs::check_pool_address(r.env_address, e.type == EnvType::nemo_gym));
+    for (const auto& m : s.membership.members)
+      if (m.role == "env" && m.env_address == r.env_address && (m.state == "active" || m.state == "leaving"))
+        return invalid_input("env server " + r.env_address + " is in the pool already (as " + m.name + ")");
+    return {};
+  }
+  std::string names;
+  for (const auto& e : s.cfg.envs) names += (names.empty() ? "" : ", ") + e.name;
+  return invalid_input("--env " + r.env + ": the job has no such env (its envs: " + names + ")");
+}
+
 // Why the joiner cannot join, or ok.
 Status check_join(const RunState& s, const JoinReq& r) {
   const MembershipOptions& o = s.hooks.membership;
   if (!o.accept)
     return invalid_input("this job admits no members: cluster.join is false in its config");
-  if (r.role != "generator" && r.role != "scorer")
-    return invalid_input("--role " + r.role + ": a member joins as a generator or a scorer");
-  if (r.model_hash != o.model_hash)
+  if (r.role != "generator" && r.role != "scorer" && r.role != "env")
+    return invalid_input("--role " + r.role + ": a member joins as a generator, a scorer or an env server");
+  if (r.role == "env") {
+    TROUPE_TRY(check_env_join(s, r));
+  } else if (r.model_hash != o.model_hash) {
     return invalid_input("refused: the joiner's model " + r.model_name + " (hash " + r.model_hash +
                          ") is not the job's model " + o.model_name + " (hash " + o.model_hash + ")");
+  }
   if (r.node == 0 || r.endpoint.empty())
     return invalid_input("a joiner needs a node id other than 0 and an endpoint (got node " + std::to_string(r.node) +
                          ", endpoint '" + r.endpoint + "')");
@@ -49,6 +71,13 @@ Status check_join(const RunState& s, const JoinReq& r) {
         return invalid_input("node id " + std::to_string(r.node) + " is in use by " + p.role + " at " + p.endpoint +
                              ": join again (a joiner draws a new id each time)");
   return {};
+}
+
+// Tells every env worker that env server `m` joined (add) or left its env's pool (from the
+// handlers as from the sync's coroutine: sent by the node, not by an actor's context).
+void announce_env_server(RunState& s, const MemberRecord& m, bool add) {
+  if (!s.peers.system) return;
+  for (const auto& w : s.peers.env_workers) (void)s.peers.system->send(w, EnvPoolMember{m.env, m.env_address, add});
 }
 
 json member_row(const std::string& name, const std::string& role, std::uint32_t node,
@@ -72,16 +101,28 @@ Status on_join(RunState& s, runtime::Context& ctx, const JoinReq& r) {
     return st;
   }
   MemberRecord m;
-  size_t same_role = r.role == "generator" ? s.peers.generators.size() : s.peers.scorers.size();
+  size_t same_role = r.role == "generator" ? s.peers.generators.size() : r.role == "scorer" ? s.peers.scorers.size() : 0;
   for (const auto& other : s.membership.members)
-    if (other.role == r.role && other.state == "pending") ++same_role;
-  m.name = r.role + std::to_string(same_role);
+    if (other.role == r.role && (other.state == "pending" || r.role == "env")) ++same_role;
+  m.name = (r.role == "env" ? "env_server" : r.role) + std::to_string(same_role);
   m.role = r.role;
   m.host = r.host;
   m.endpoint = r.endpoint;
   m.node = r.node;
   m.capacity = r.capacity;
   m.joined_step = step_now(s);
+  if (r.role == "env") {  // a pool takes a server at once: episodes are independent of weight versions
+    m.env = r.env;
+    m.env_address = r.env_address;
+    m.state = "active";
+    m.admitted_step = m.joined_step;
+    announce_env_server(s, m, true);
+    s.log("membership: env server " + r.env_address + " (" + m.name + ", from " + r.host + ") joined env '" + r.env +
+          "' during step " + std::to_string(m.joined_step) + ": every env worker adds it to its pool now");
+    s.membership.members.push_back(m);
+    write_members(s);
+    return ctx.reply(JoinRep{m.name, m.joined_step, s.version});
+  }
   s.log("membership: " + node_text(m) + " joined during step " + std::to_string(m.joined_step) + " with capacity " +
               std::to_string(r.capacity) + "; it takes work after the next weight sync");
   s.membership.members.push_back(m);
@@ -94,6 +135,15 @@ Status on_leave(RunState& s, runtime::Context& ctx, const LeaveReq& r) {
   if (!m || m->state == "leaving")
     return invalid_input("node " + std::to_string(r.node) + " is no member that joined this job (or it is leaving)");
   m->leave_reply = ctx.reply_later();
+  if (m->role == "env") {  // out of the pools now: its episodes in flight fail and are retried on the others
+    announce_env_server(s, *m, false);
+    m->state = "left";
+    m->left_step = step_now(s);
+    s.log("membership: env server " + m->env_address + " (" + m->name + ") left env '" + m->env + "' during step " +
+          std::to_string(m->left_step) + ": out of every pool; its episodes in flight are retried on the others");
+    write_members(s);
+    return m->leave_reply.send(LeaveRep{m->left_step});
+  }
   if (m->state == "pending") {
     m->state = "left";
     m->left_step = step_now(s);
@@ -175,8 +225,10 @@ void settle_members(RunState& s, int64_t version) {
       m.state = "down";
       m.left_step = step_now(s);
       if (m.role == "generator") ++s.membership.of(static_cast<size_t>(m.index)).failures;
-      s.log("membership: " + node_text(m) + " is down (silent for cluster.peer_timeout_s); its episodes "
-                  "in flight were generated again by the other generators");
+      if (m.role == "env") announce_env_server(s, m, false);
+      s.log("membership: " + node_text(m) + " is down (silent for cluster.peer_timeout_s); " +
+            (m.role == "env" ? "its server leaves every pool (its episodes in flight are retried on the others)"
+                             : "its episodes in flight were generated again by the other generators"));
       changed = true;
     }
   }
@@ -232,9 +284,12 @@ json members_json(const RunState& s) {
   for (size_t i = 0; i < s.peers.scorers.size(); ++i)
     rows.push_back(member_row("scorer" + std::to_string(i), "scorer", s.peers.scorers[i].node, "active", -1));
   for (const auto& m : s.membership.members)  // not (or no longer) among the roles above
-    if (m.index < 0)
-      rows.push_back(json{{"name", m.name}, {"role", m.role}, {"node", m.node}, {"state", m.state}, {"version", -1},
-                          {"host", m.host}, {"endpoint", m.endpoint}, {"joined_step", m.joined_step}});
+    if (m.index < 0) {
+      json row{{"name", m.name}, {"role", m.role}, {"node", m.node}, {"state", m.state}, {"version", -1},
+               {"host", m.host}, {"endpoint", m.endpoint}, {"joined_step", m.joined_step}};
+      if (m.role == "env") row.update(json{{"env", m.env}, {"address", m.env_address}});
+      rows.push_back(row);
+    }
   return json{{"step", step_now(s)}, {"version", s.version}, {"members", rows}};
 }
 

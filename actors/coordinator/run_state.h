@@ -35,6 +35,7 @@ class StepPipeline;
 // Members that joined the running job (troupe join) and what every generator did (troupe status).
 struct MemberRecord {
   std::string name, role, host, endpoint;
+  std::string env, env_address;   // role env: the env whose pool the server joined, and its address
   std::uint32_t node = 0;
   int capacity = 0;
   std::string state = "pending";  // pending (until the next weight sync), active, leaving, left, down
@@ -59,6 +60,11 @@ struct Membership {
     return version < 0 || g >= min_version.size() || min_version[g] <= version;
   }
   int64_t syncs = 0;
+  bool joined(size_t g) const {  // is generator g a member that joined the running job?
+    for (const auto& m : members)
+      if (m.role == "generator" && m.index == static_cast<int64_t>(g)) return true;
+    return false;
+  }
   int64_t step = 0;  // the latest step a rollout was asked for (RunProgress::step moves per phase in GRPO)
   GeneratorLoad& of(size_t g) {
     if (load.size() <= g) load.resize(g + 1);

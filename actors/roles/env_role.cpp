@@ -4,6 +4,7 @@
 // and the coordinator decides (retry elsewhere, count, or stop). Every reward is checked finite and
 // within the env's reward_min/reward_max.
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "reward_model_scoring.h"
 #include "role_support.h"
 #include "troupe/actors/roles.h"
+#include "troupe/envs/env_pool.h"
 
 namespace troupe::actors {
 using json = nlohmann::json;
@@ -271,6 +273,33 @@ Status answer(runtime::Context& ctx, const std::shared_ptr<EnvWorker>& worker,
   return {};
 }
 
+// EnvPoolMember: an env server that joined the job (troupe join --role env) into this process's
+// pools of its env, or one that left out of them. Every env worker of the process gets the message
+// and they share the pools, so a change already made is skipped. On a thread of its own: adding
+// waits up to the env's startup_timeout_s for the server's hello.
+void change_pool_member(const EnvPoolMember& m) {
+  std::thread([m] {
+    static std::mutex one_at_a_time;
+    std::lock_guard lock(one_at_a_time);
+    const char* what = m.add ? "joined the pool" : "left the pool";
+    auto pools = envs::find_env_pools(m.env);
+    if (pools.empty())
+      std::fprintf(stderr, "troupe: env '%s': server %s %s, but this process has no pool of the env's servers "
+                   "(envs[].addresses)\n", m.env.c_str(), m.address.c_str(), what);
+    for (const auto& pool : pools) {
+      bool in_pool = false;
+      for (const auto& member : pool->members()) in_pool = in_pool || member.address == m.address;
+      if (in_pool == m.add) continue;
+      Status st = m.add ? pool->add_member(m.address) : pool->remove_member(m.address);
+      if (st.ok())
+        std::fprintf(stderr, "troupe: env '%s': server %s %s\n", m.env.c_str(), m.address.c_str(), what);
+      else
+        std::fprintf(stderr, "troupe: env '%s': server %s: %s\n", m.env.c_str(), m.address.c_str(),
+                     st.error().message.c_str());
+    }
+  }).detach();
+}
+
 }  // namespace
 
 EnvActor::EnvActor(std::shared_ptr<EnvWorker> worker)
@@ -296,6 +325,7 @@ EnvActor::EnvActor(std::shared_ptr<EnvWorker> worker)
     if (!worker_->concurrent(r.env)) return worker_->release(r);
     std::thread([worker = worker_, r] { worker->release(r); }).detach();  // never waits on a hung server
   });
+  handle<EnvPoolMember>([](runtime::Context&, const EnvPoolMember& m) { change_pool_member(m); });
 }
 
 void EnvActor::on_stop(runtime::Context&) {

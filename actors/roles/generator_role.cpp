@@ -25,6 +25,18 @@
 
 namespace troupe::actors {
 
+namespace {
+// faults.generator_token_s: a generation that takes `token_s` longer per token it sampled, as on a
+// generator slower than this machine's cores (benchmarks that add generators; it sleeps, so the
+// cores stay free for the other roles).
+void wait_token_time(const GenerateRep& rep, double token_s) {
+  if (token_s <= 0) return;
+  size_t tokens = 0;
+  for (const auto& s : rep.samples) tokens += s.tokens.size();
+  std::this_thread::sleep_for(std::chrono::duration<double>(token_s * static_cast<double>(tokens)));
+}
+}  // namespace
+
 Result<std::unique_ptr<Generator>> Generator::create(const ExperimentConfig& cfg) {
   auto g = std::make_unique<Generator>();
   g->cfg_ = cfg;
@@ -333,6 +345,7 @@ Result<GenerateRep> Generator::generate(const GenerateReq& r) {
           s.versions.push_back(v);
         }
   }
+  wait_token_time(rep, cfg_.faults.generator_token_s);
   rep.generate_s = seconds_since(t0);
   return rep;
 }

@@ -109,8 +109,9 @@ struct Outcome {
 class Driver : public runtime::Actor {
  public:
   Driver(WeightSyncSection cfg, bool async, ActorId learner, std::vector<ActorId> gens, int updates,
-         std::promise<Outcome>* done)
-      : sync_(cfg, async), async_(async), learner_(learner), gens_(std::move(gens)), updates_(updates), done_(done) {}
+         std::promise<Outcome>* done, std::set<int> members = {})
+      : sync_(cfg, async), async_(async), learner_(learner), gens_(std::move(gens)), updates_(updates), done_(done),
+        members_(std::move(members)) {}
   void on_start(runtime::Context& ctx) override {
     ActorContext::Scope scope(here_, ctx);
     task_ = run();
@@ -124,6 +125,7 @@ class Driver : public runtime::Actor {
     peers_.generators = gens_;
     peers_.alive = [this](size_t g) { return !down_.count(g); };
     peers_.mark_down = [this](size_t g) { down_.insert(g); };
+    if (!members_.empty()) peers_.root_only = [this](size_t g) { return members_.count(static_cast<int>(g)) > 0; };
     for (int k = 0; k <= updates_; ++k) {
       if (k > 0) {
         auto trained = runtime::request<TrainRep>(here_, learner_, test_support::tiny_sft_batch(), std::chrono::seconds(60));
@@ -157,6 +159,7 @@ class Driver : public runtime::Actor {
   std::vector<ActorId> gens_;
   int updates_;
   std::promise<Outcome>* done_;
+  std::set<int> members_;  // generators that reach node 0 only (members that joined the job)
   WeightSyncPeers peers_;
   std::set<size_t> down_;
   ActorContext here_;
@@ -170,7 +173,9 @@ struct TreeRun {
 };
 
 // Learner 0 and the driver on node 0; generator g on node g + 1 over ipc (ipc) or on node 0 (inproc).
-TreeRun run_tree(const ExperimentConfig& cfg, bool async, bool ipc, int updates, int dying = -1) {
+// The nodes of `members` (ipc) are connected to node 0 only, as a member that joined a running job is.
+TreeRun run_tree(const ExperimentConfig& cfg, bool async, bool ipc, int updates, int dying = -1,
+                 const std::set<int>& members = {}) {
   TreeRun run;
   EXPECT_TRUE(register_messages().ok());
   const std::string dir = "/tmp/troupe-relay-" + std::to_string(::getpid());
@@ -188,7 +193,13 @@ TreeRun run_tree(const ExperimentConfig& cfg, bool async, bool ipc, int updates,
     nodes.push_back(std::move(sys).value());
   }
   if (ipc) {
-    for (auto& n : nodes) EXPECT_TRUE(n->connect(table).ok());
+    std::vector<runtime::PeerInfo> job;  // every node but the members'
+    for (size_t n = 0; n < table.size(); ++n)
+      if (n == 0 || !members.count(static_cast<int>(n) - 1)) job.push_back(table[n]);
+    for (size_t n = 0; n < nodes.size(); ++n) {
+      const bool member = n > 0 && members.count(static_cast<int>(n) - 1);
+      EXPECT_TRUE(nodes[n]->connect(n == 0 ? table : member ? std::vector<runtime::PeerInfo>{table[0]} : job).ok());
+    }
   }
   auto l = LearnerRole::create(cfg, nullptr);
   EXPECT_TRUE(l.ok());
@@ -216,7 +227,7 @@ TreeRun run_tree(const ExperimentConfig& cfg, bool async, bool ipc, int updates,
   auto fut = done.get_future();
   auto ws = cfg.weight_sync;
   EXPECT_TRUE(nodes[0]->spawn([&, ws, gids]() -> std::unique_ptr<runtime::Actor> {
-    return std::make_unique<Driver>(ws, async, *lid, gids, updates, &done);
+    return std::make_unique<Driver>(ws, async, *lid, gids, updates, &done, members);
   }).ok());
   run.out = fut.get();
   for (auto& n : nodes) n->shutdown();
@@ -288,4 +299,23 @@ TEST(RelayTree, RelayKilledMidTransferIsRoutedAround) {
     expect_everyone_holds_learner0(run, cfg);
     EXPECT_EQ(run.out.reports[1]->full + run.out.reports[1]->delta, kGens - 1);  // the dead one is skipped after
   }
+}
+
+TEST(RelayTree, MembersThatReachTheRootOnlyAreItsLeaves) {
+  // generators 1 and 4 joined the job: connected to node 0 only, so they neither relay nor get
+  // their weights from a relay; the other five form the tree of fan-out 2 under the root
+  ExperimentConfig cfg = tree_config("bf16");
+  TreeRun run = run_tree(cfg, false, true, 2, -1, {1, 4});
+  ASSERT_EQ(run.out.reports.size(), 3u);
+  for (size_t k = 0; k < run.out.reports.size(); ++k) {
+    ASSERT_TRUE(run.out.reports[k].ok()) << run.out.reports[k].error().message;
+    const WeightSyncReport& r = *run.out.reports[k];
+    const std::uint64_t one = k == 0 ? r.full_bytes : r.delta_bytes;
+    EXPECT_EQ(r.full + r.delta, kGens);
+    EXPECT_EQ(r.resent, 0) << "no hop failed";
+    EXPECT_EQ(r.bytes_sent, 4 * one) << "the root sends to its 2 relays and to the 2 members";
+    EXPECT_EQ(r.relayed_bytes, 3 * one) << "the relays pass it on to the other 3 of the tree";
+  }
+  EXPECT_TRUE(run.out.marked_down.empty());
+  expect_everyone_holds_learner0(run, cfg);
 }

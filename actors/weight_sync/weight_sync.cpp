@@ -235,14 +235,16 @@ bool by_relay(const WeightSync::State& st, size_t gens) {
 std::shared_ptr<RelayFanout> start_relay(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st,
                                          const Weights& w, const std::vector<size_t>& gens, std::int64_t v,
                                          RelayFanout::Done done) {
-  std::vector<RelayTarget> targets;
+  std::vector<RelayTarget> targets, leaves;  // leaves: root_only generators, the root's children without a subtree
   for (size_t g : gens) {
     st.sent[g] = v;
     st.expected[g] = v;
-    targets.push_back({p.generators[g], static_cast<std::int32_t>(g)});
+    (p.root_only && p.root_only(g) ? leaves : targets).push_back({p.generators[g], static_cast<std::int32_t>(g)});
   }
   const int fanout = st.cfg.relay_fanout;
-  auto fan = std::make_shared<RelayFanout>(relay_children(targets, fanout), fanout, false, std::move(done));
+  std::vector<RelayChild> children = relay_children(targets, fanout);
+  for (const RelayTarget& t : leaves) children.push_back(RelayChild{t, {}});
+  auto fan = std::make_shared<RelayFanout>(std::move(children), fanout, false, std::move(done));
   for (const WeightsPart& part : weights_parts(w)) fan->forward(*here, part);
   return fan;
 }

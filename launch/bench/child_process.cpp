@@ -2,14 +2,18 @@
 // command and read its output; each JSON object line is parsed once, here.
 #include "child_process.h"
 
+#include <fcntl.h>
 #include <spawn.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "troupe/base/build_config.h"
 #include "troupe/bench/bench.h"
+
+extern char** environ;
 
 namespace troupe::bench {
 
@@ -46,6 +50,24 @@ std::string mpirun_command(const std::string& env, int np, const std::string& mp
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " + env + "'" +
          TROUPE_MPIEXEC + "' --oversubscribe -np " + std::to_string(np) + mpi_args + " '" + helper + "' " +
          helper_args + " 2>&1";
+}
+
+pid_t spawn_troupe(const std::vector<std::string>& args, const std::string& log, std::string* why) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> store = {"/proc/self/exe"};
+  store.insert(store.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : store) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc == 0) return pid;
+  if (why) *why = std::string("cannot start troupe: ") + std::strerror(rc);
+  return -1;
 }
 
 int spawn_piped(pid_t* pid, const int to_child[2], const int from_child[2], char* const argv[], char* const envp[],

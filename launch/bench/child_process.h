@@ -37,6 +37,10 @@ std::string mpirun_command(const std::string& env, int np, const std::string& mp
 // Starts argv[0] (looked up on PATH when `search_path`) with `envp`, its stdin the read end of
 // `to_child` and its stdout the write end of `from_child` (the child closes the other ends), and
 // closes the child's ends here: a baseline answering line by line. posix_spawn's result (0: *pid set).
+// Starts `troupe ARGS...` (this binary, /proc/self/exe) with stdout to /dev/null and stderr to the
+// file `log`, without waiting; its pid, or -1 with *why set when it cannot start.
+pid_t spawn_troupe(const std::vector<std::string>& args, const std::string& log, std::string* why);
+
 int spawn_piped(pid_t* pid, const int to_child[2], const int from_child[2], char* const argv[], char* const envp[],
                 bool search_path);
 

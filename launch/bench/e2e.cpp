@@ -12,6 +12,7 @@
 // rollout.in_flight_min_lag 1, and 2) vs async without them at max_staleness 1 and 2, all unstreamed
 // (async_chunks 1, which in-flight updates need): steps/s, idle, and the mean staleness of the
 // trained tokens.
+// Case elastic_join (e2e_elastic.cpp): steps/s of one async run before and after two generators join.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -24,6 +25,7 @@
 
 #include <omp.h>
 
+#include "e2e_elastic.h"
 #include "troupe/bench/bench.h"
 #include "troupe/base/build_config.h"
 #include "troupe/launch/config.h"
@@ -201,6 +203,7 @@ int run_in_flight(const BenchOptions& opt) {
 
 int run_e2e_suite(const BenchOptions& opt) {
   if (int rc = run_in_flight(opt); rc != 0) return rc;
+  if (int rc = run_elastic_join(opt); rc != 0) return rc;
   if (!opt.wants("async_vs_sync")) return 0;
   int steps = opt.quick ? 12 : 30;
   int reps = std::max(5, opt.reps);

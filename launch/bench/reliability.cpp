@@ -21,7 +21,6 @@
 // The served-endpoint case (reliability_serve.cpp) is of another kind: requests, not episodes.
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,10 +32,9 @@
 #include <map>
 #include <sstream>
 
+#include "child_process.h"
 #include "reliability_serve.h"
 #include "troupe/bench/bench.h"
-
-extern char** environ;
 
 namespace troupe::bench {
 namespace {
@@ -100,22 +98,8 @@ struct Child {
 // Runs `troupe ARGS...` (this binary) with stdout/stderr to files; waits for it.
 Child run_troupe(const std::vector<std::string>& args, const fs::path& log) {
   Child c;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<std::string> store = {"/proc/self/exe"};
-  store.insert(store.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : store) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    c.err = std::string("cannot start troupe: ") + std::strerror(rc);
-    return c;
-  }
+  const pid_t pid = spawn_troupe(args, log.string(), &c.err);
+  if (pid < 0) return c;
   int status = 0;
   waitpid(pid, &status, 0);
   c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

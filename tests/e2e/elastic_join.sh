@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Members joining a running job over tcp on 127.0.0.1 (troupe join, troupe status).
-#   elastic_join.sh CASE TROUPE PYTHON SOURCE_DIR WORK_DIR
+#   elastic_join.sh CASE TROUPE PYTHON SOURCE_DIR WORK_DIR [MPIEXEC]
 # CASE: join_refused_key (a joiner whose CURVE key the job does not list: refused, logged with its
 # address), join_model_hash (a joiner with another model: refused naming both models),
 # elastic_join (the quickstart with one generator; two join at step >= 3, each samples within 2
 # steps of joining; one is killed -9, the other leaves by SIGTERM; every step and episode is
-# trained exactly once, as many metric rows as an uninterrupted run).
+# trained exactly once, as many metric rows as an uninterrupted run),
+# join_async (a generator joins an async run of two generators whose weights go down a relay tree
+# of fan-out 2, samples, leaves by SIGTERM after its rollouts are trained; every step once,
+# staleness within max_staleness, no relay hop failed: the member is a leaf of the root),
+# join_mpirun (the same in sync mode under mpirun -np 3: learner and coordinator on rank 0, the
+# generator and the env worker on ranks 1 and 2; the member reaches rank 0 only),
+# join_env (an env server joins the pool of a run's env with troupe join --role env, takes
+# episodes, leaves by SIGTERM; a refused env name and address; every step trained with full batches).
 set -euo pipefail
-CASE=$1 TROUPE=$2 PY=$3 SRC=$4 WORK=$5
+CASE=$1 TROUPE=$2 PY=$3 SRC=$4 WORK=$5 MPIEXEC=${6:-mpiexec}
+CHECK="$PY $SRC/tests/e2e/check_run.py"
 W=$WORK/$CASE
 rm -rf "$W" && mkdir -p "$W"
 cd "$W"
@@ -33,6 +41,7 @@ wait_for() {  # wait_for SECONDS CMD...: until CMD succeeds
   cat "$W"/*.log 2> /dev/null | tail -40
   exit 1
 }
+first_rollouts_at_least() { [ "$(grep -c 'sampled its first rollout' "$W/job.log" || true)" -ge "$1" ]; }
 two_first_rollouts() { [ "$(grep -c 'sampled its first rollout' "$W/job.log" || true)" -ge 2 ]; }
 grpo_rows_at_least() { [ "$(grep -cE '"phase": ?"grpo"' "$1/metrics.jsonl" 2> /dev/null || echo 0)" -ge "$2" ]; }
 
@@ -111,6 +120,86 @@ case $CASE in
     grep -q "left the job after step" "$W/b.log" || { cat "$W/b.log"; exit 1; }
     wait $JOBPID || { tail -30 "$W/job.log"; echo "the job failed"; exit 1; }
     "$PY" "$SRC/tests/e2e/check_join.py" "$W/ref" "$W/run" "$W/job.log" "$W/status.json" $N
+    ;;
+  join_async | join_mpirun)
+    # one member joins at step >= 3 of 40, samples, and leaves by SIGTERM (answered once the work
+    # sent to it is trained); the job finishes every step once
+    N=40
+    LAUNCH=()
+    MODE="--set rollout.async=true --set rollout.max_staleness=1 --set cluster.generators=2 --set weight_sync.relay_fanout=2"
+    if [ "$CASE" = join_mpirun ]; then
+      LAUNCH=("$MPIEXEC" --oversubscribe --allow-run-as-root -np 3 --mca btl self,tcp --mca btl_tcp_if_include lo
+        --mca oob_tcp_if_include lo)
+      MODE=""
+    fi
+    "${LAUNCH[@]}" "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" $JOIN_JOB $SLOW $MODE \
+      --set grpo.max_steps=$N > "$W/job.log" 2>&1 &
+    JOBPID=$!
+    PIDS+=($JOBPID)
+    wait_for 90 grpo_rows_at_least "$W/run" 3
+    "$TROUPE" join "$W/run" --role generator > "$W/a.log" 2>&1 &
+    A=$!
+    PIDS+=($A)
+    wait_for 60 first_rollouts_at_least 1
+    grep "sampled its first rollout" "$W/job.log"
+    kill -TERM $A
+    wait $A || { cat "$W/a.log"; echo "the member did not leave cleanly"; exit 1; }
+    grep -q "left the job after step" "$W/a.log" || { cat "$W/a.log"; exit 1; }
+    wait $JOBPID || { tail -30 "$W/job.log"; echo "the job failed"; exit 1; }
+    grep -q "membership: generator[0-9] .* left after step" "$W/job.log" || { grep membership "$W/job.log"; exit 1; }
+    $CHECK steps "$W/run" $((5 + N))
+    [ "$CASE" = join_mpirun ] || $CHECK staleness "$W/run" 1
+    if grep -q "did not relay" "$W/job.log"; then grep "did not relay" "$W/job.log"; exit 1; fi
+    ;;
+  join_env)
+    # tests/reliability/tiny.yaml with its env a pool of one SDK server (tests/envs/pool_env.py,
+    # 0.05 s per reset); a second server joins with troupe join --role env, gets episodes, leaves
+    port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+    PA=$(port) PB=$(port)
+    "$PY" "$SRC/tests/envs/pool_env.py" --bind "tcp://127.0.0.1:$PA" --log "$W/a.seeds" --delay 0.05 2> "$W/a.log" &
+    PIDS+=($!)
+    "$PY" "$SRC/tests/envs/pool_env.py" --bind "tcp://127.0.0.1:$PB" --log "$W/b.seeds" --delay 0.05 2> "$W/b.log" &
+    PIDS+=($!)
+    N=30
+    "$TROUPE" run "$SRC/tests/reliability/tiny.yaml" --set run.dir="$W/run" --set envs[0].name=sums \
+      --set envs[0].type=remote --set envs[0].path= --set "envs[0].addresses=[tcp://127.0.0.1:$PA]" \
+      --set grpo.max_steps=$N --set logger.trajectories=false --set cluster.transport=tcp --set cluster.join=true \
+      --set cluster.peer_timeout_s=10 > "$W/job.log" 2>&1 &
+    JOBPID=$!
+    PIDS+=($JOBPID)
+    wait_for 60 grpo_rows_at_least "$W/run" 2
+    # refused by name: an env the job does not have, an address that is no server's
+    rc=0
+    "$TROUPE" join "$W/run" --role env --env nope --env-address "tcp://127.0.0.1:$PB" 2> "$W/nope.log" || rc=$?
+    [ $rc -eq 2 ] && grep -q "env nope: the job has no such env (its envs: sums)" "$W/nope.log" || { cat "$W/nope.log"; exit 1; }
+    rc=0
+    "$TROUPE" join "$W/run" --role env --env sums --env-address "127.0.0.1:$PB" 2> "$W/bad.log" || rc=$?
+    [ $rc -eq 2 ] && grep -q "'127.0.0.1:$PB' is not an env server's address" "$W/bad.log" || { cat "$W/bad.log"; exit 1; }
+    "$TROUPE" join "$W/run" --role env --env sums --env-address "tcp://127.0.0.1:$PB" > "$W/member.log" 2>&1 &
+    M=$!
+    PIDS+=($M)
+    wait_for 60 test -s "$W/b.seeds"
+    grep -q "env 'sums': server tcp://127.0.0.1:$PB joined the pool" "$W/job.log" || { grep sums "$W/job.log"; exit 1; }
+    "$TROUPE" status "$W/run" > "$W/status.txt"
+    grep -q "env_server0" "$W/status.txt" || { cat "$W/status.txt"; exit 1; }
+    kill -TERM $M
+    wait $M || { cat "$W/member.log"; echo "the env server's member did not leave cleanly"; exit 1; }
+    grep -q "left the job after step" "$W/member.log" || { cat "$W/member.log"; exit 1; }
+    wait_for 30 grep -q "env 'sums': server tcp://127.0.0.1:$PB left the pool" "$W/job.log"
+    sleep 1  # (an episode that had started there may still be verified)
+    after_leave=$(wc -l < "$W/b.seeds")
+    wait $JOBPID || { tail -30 "$W/job.log"; echo "the job failed"; exit 1; }
+    [ "$(wc -l < "$W/b.seeds")" = "$after_leave" ] || { echo "the server that left got episodes after it left"; exit 1; }
+    $CHECK steps "$W/run" $N
+    "$PY" - "$W/run" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl") if l.strip()]
+g = [r for r in rows if r["phase"] == "grpo" and "eval_accuracy" not in r]
+bad = [r["step"] for r in g if r["groups_generated"] != 8 or r.get("env_failures", 0) != 0]
+if bad:
+    sys.exit("FAIL: steps without a full batch or with failed episodes: %s" % bad)
+PYEOF
+    echo "resets served: a $(wc -l < "$W/a.seeds"), b (joined, then left) $(wc -l < "$W/b.seeds")"
     ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac

@@ -296,6 +296,34 @@ EOS
     $CHECK steps "$W/run" "$done_steps"
     test "$(basename "$(readlink "$W/run/checkpoints/latest")")" = "step_$done_steps"
     ;;
+  restart_fewer_ranks)  # run.restart_remaining_ranks: learner rank 1 of 2 is SIGKILLed after a
+    # checkpoint; the supervisor reads mpirun's report of the dead rank, logs it, and starts the job
+    # again from the latest checkpoint without it (-np {np} = 3, cluster.learners 1): every step's
+    # row exactly once. Without {np} in the launcher the key is refused.
+    printf '"$@" &\necho $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"\nwait $!\n' > "$W/rank.sh"
+    export RANKDIR="$W"
+    M="$MPIEXEC --oversubscribe --allow-run-as-root -x RANKDIR -np {np} --mca btl self,tcp --mca btl_tcp_if_include lo \
+       --mca oob_tcp_if_include lo bash $W/rank.sh"
+    "$TROUPE" run "$SRC/configs/multinode.yaml" --restarts 1 --launcher "$M" --set run.restart_remaining_ranks=true \
+      --set run.dir="$W/run" --set sft.max_steps=4 --set grpo.max_steps=40 --set eval.every=0 --set eval.num_prompts=10 \
+      --set checkpointing.every=2 --set cluster.peer_timeout_s=5 $Q 2> "$W/err.txt" &
+    job=$!
+    for i in $(seq 1 240); do
+      [ -e "$W/run/checkpoints/latest" ] && [ -s "$W/pid_1" ] && break
+      sleep 0.25
+    done
+    test -e "$W/run/checkpoints/latest"
+    kill -9 "$(cat "$W/pid_1")"
+    wait $job || { echo "the supervised run exited $?"; grep -v PMIX "$W/err.txt" | tail -20; exit 1; }
+    grep "troupe: restart" "$W/err.txt"
+    grep -q "restart 1 of 1: the job failed (it exited with code 137: a rank was killed by signal 9 (Killed)); lost rank 1, left out: learner1; 3 ranks (cluster.learners 1, generators 1, env_workers 1, scorers 0)" \
+      "$W/run/logs/restarts.log" || { cat "$W/run/logs/restarts.log"; exit 1; }
+    grep -q "troupe: 3 ranks: 0 learner0" "$W/err.txt" || { grep "ranks:" "$W/err.txt"; echo "not restarted on 3 ranks"; exit 1; }
+    $CHECK steps "$W/run" 44
+    expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --restarts 1 --launcher "$MPIEXEC -np 3" \
+      --set run.restart_remaining_ranks=true --set run.dir="$W/bad"
+    grep -q "run.restart_remaining_ranks: the launcher ($MPIEXEC -np 3) has no {np}" "$W/err.txt"
+    ;;
   generator_death)  # one of two generator ranks is SIGKILLed mid-GRPO: its prompts go to the other,
     # the run finishes (exit 0 on every survivor), and, the same requests being sent again with the
     # same seeds, its metrics equal a run where nothing died (nothing lost or trained twice)

@@ -50,6 +50,7 @@ inline constexpr std::uint32_t leave_req = 2112;
 inline constexpr std::uint32_t leave_rep = 2113;
 inline constexpr std::uint32_t members_req = 2114;
 inline constexpr std::uint32_t members_rep = 2115;
+inline constexpr std::uint32_t env_pool_member = 2116;
 
 // --- `troupe bench` (launch/bench), 7000-7099 and 9600-9699 ---
 inline constexpr std::uint32_t bench_blob = 7001;
@@ -88,7 +89,8 @@ inline constexpr Entry kTable[] = {
     {"stop_run", stop_run},                 {"join_req", join_req},
     {"join_rep", join_rep},                 {"leave_req", leave_req},
     {"leave_rep", leave_rep},               {"members_req", members_req},
-    {"members_rep", members_rep},           {"bench_blob", bench_blob},
+    {"members_rep", members_rep},           {"env_pool_member", env_pool_member},
+    {"bench_blob", bench_blob},
     {"bench_call", bench_call},             {"bench_trajectory", bench_trajectory},
     {"bench_rtt_go", bench_rtt_go},         {"bench_gate_open", bench_gate_open},
 };

@@ -41,6 +41,7 @@ struct RunSection {
   double max_wall_s = 0;  // stop the run after this many seconds (0 = no limit)
   int restarts = 0;       // troupe run restarts a failed job from its latest checkpoint this often (--restarts)
   std::string launcher;   // with restarts: the command that starts the job's ranks (--launcher), e.g. "mpirun -np 4"
+  bool restart_remaining_ranks = false;  // restart without the ranks the launcher reported dead ({np} in launcher)
 };
 
 // How the model runs (policy.device, policy.moe_grouped, ...) applies to fresh and loaded models
@@ -202,6 +203,7 @@ struct FaultsSection {
   int generator_death_step = 0;    // generator generator_death_rank dies as it samples this GRPO step
   int generator_death_rank = 0;    // (its index among cluster.generators)
   int checkpoint_interrupt_step = 0;  // the process is killed half-way through this step's checkpoint
+  double generator_token_s = 0;    // every generation waits this long per sampled token (a slower generator)
 };
 
 // YAML `learner.*`: how the learner ranks split the training state, and the memory each rank may use.

@@ -535,7 +535,7 @@ struct StopRun {
 struct JoinReq {
   static constexpr std::uint32_t type_id = message_id::join_req;
   static constexpr const char* type_name = "actors.JoinReq";
-  std::string role;              // "generator" or "scorer"
+  std::string role;              // "generator", "scorer" or "env"
   std::uint32_t node = 0;        // the joiner's node id
   std::string endpoint;          // where the joiner's node listens (tcp://host:port)
   std::string curve_public_key;  // its CURVE key ("" without CURVE)
@@ -543,8 +543,10 @@ struct JoinReq {
   std::int32_t capacity = 1;     // compute threads it samples with
   std::string model_hash;        // member_model_hash of its config
   std::string model_name;        // what it calls its model (policy.path, or policy.model's shape)
+  std::string env;               // role env: the env (an envs[].name whose addresses: pool it joins)
+  std::string env_address;       // role env: the running env server's address (as in envs[].addresses)
   template <class A>
-  void serialize(A& ar) { ar(role, node, endpoint, curve_public_key, host, capacity, model_hash, model_name); }
+  void serialize(A& ar) { ar(role, node, endpoint, curve_public_key, host, capacity, model_hash, model_name, env, env_address); }
 };
 struct JoinRep {
   static constexpr std::uint32_t type_id = message_id::join_rep;
@@ -587,6 +589,17 @@ struct MembersRep {
   template <class A>
   void serialize(A& ar) { ar(json); }
 };
+// The coordinator -> every env worker: an env server joined (add) or left (not add) the job;
+// the worker adds it to (removes it from) its process's pools of env `env` (envs::EnvPool).
+struct EnvPoolMember {
+  static constexpr std::uint32_t type_id = message_id::env_pool_member;
+  static constexpr const char* type_name = "actors.EnvPoolMember";
+  std::string env;
+  std::string address;
+  bool add = true;
+  template <class A>
+  void serialize(A& ar) { ar(env, address, add); }
+};
 
 // Every message type above, for registration and the id test.
 template <class... M>
@@ -596,7 +609,7 @@ using RoleMessages =
                 EnvAggregateRep, EnvRunReq, GenerateReq, StepVersion, GenerateRep, Weights, Ack, WeightsPart, RelayAck, ServedTurnsReq,
                 ServedTurnsRep, ServeAddressReq, ServeAddressRep, TrainReq, TrainRep, GetWeightsReq, WeightGroupReq,
                 WeightGroupRep, CheckpointReq, CheckpointRep, ScoreReq, ScoreRep, StopAfterStep, StopRun, JoinReq, JoinRep, LeaveReq, LeaveRep,
-                MembersReq, MembersRep>;
+                MembersReq, MembersRep, EnvPoolMember>;
 
 // Registers every type of RoleMessages and the runtime's own with the runtime (the troupe binary
 // calls it first thing): an error names both types when two claim one id.

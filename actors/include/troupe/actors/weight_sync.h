@@ -34,6 +34,9 @@ struct WeightSyncPeers {
   // A generator whose Weights request failed as peer_failed (its actor stopped): dead from then on.
   std::function<void(size_t)> mark_down;          // null = nothing to tell
   std::function<void(const std::string&)> log;    // null = quiet
+  // A generator reachable from learner 0's node only (a member that joined the running job): the
+  // relay tree sends to it from the root and never through it. null = none is.
+  std::function<bool(size_t)> root_only;
 };
 
 // What one sync did.

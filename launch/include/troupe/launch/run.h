@@ -23,7 +23,9 @@ struct SupervisorOptions {
   std::string run_dir;             // run.dir (or the --resume directory)
   bool resume = false;             // the first start resumes run_dir
   int restarts = 0;
-  std::string launcher;            // e.g. "mpirun -np 4"; empty = one process
+  std::string launcher;            // e.g. "mpirun -np 4" or "mpirun -np {np}"; empty = one process
+  bool remaining_ranks = false;    // run.restart_remaining_ranks: restart without the ranks the launcher reported lost
+  actors::ClusterSection cluster;  // the config's cluster section ({np}, and what the lost ranks played)
 };
 int supervise_run(const SupervisorOptions& o);
 
