@@ -124,8 +124,12 @@ size_t Bf16Weights::packed_bytes() const {
 void Bf16Weights::matmul(float* out, const float* inp, const float* W, int N, int C, int OC) {
   if (N <= 0 || OC <= 0) return;
   const Packed& w = packed(W, C, OC);
-  std::vector<uint32_t> a(static_cast<size_t>(N) * w.Kp);
+  // the activations' bf16 pairs, in a buffer each thread keeps (a fresh one per call was a fresh
+  // mmap, page faults and all, for every GEMM of a forward)
+  thread_local std::vector<uint32_t> a;
+  a.resize(static_cast<size_t>(N) * w.Kp);
   pack_rows(a.data(), inp, N, C, w.Kp);
+  const uint32_t* rows_bf16 = a.data();  // (the OpenMP threads' own `a` is another buffer)
   const int row_tiles = (N + kTileRows - 1) / kTileRows, units = row_tiles * w.blocks;
   const bool split = static_cast<double>(N) * OC * C > 1e6 && !omp_in_parallel() && omp_get_max_threads() > 1;
   // units in column-block order: a thread's consecutive units share a packed block (kept in cache)
@@ -136,7 +140,7 @@ void Bf16Weights::matmul(float* out, const float* inp, const float* W, int N, in
     const uint16_t* block = w.data.data() + static_cast<size_t>(b) * w.Kp * kCols * 2;
     for (int r = 0; r < rows; r += kRows) {
       const int n = std::min(kRows, rows - r);
-      kTiles[n](a.data() + static_cast<size_t>(r0 + r) * w.Kp, w.Kp, block,
+      kTiles[n](rows_bf16 + static_cast<size_t>(r0 + r) * w.Kp, w.Kp, block,
                 out + static_cast<size_t>(r0 + r) * OC + static_cast<size_t>(b) * kCols, OC, cols);
     }
   }
