@@ -47,7 +47,8 @@ Result<runtime::ActorId> spawn_member(runtime::ActorSystem& sys, const actors::E
     }, so);
   }
   TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<actors::Scorer> sc,
-                          actors::Scorer::create(actors::scorer_model_paths(cfg), cfg.policy));
+                          actors::Scorer::create(actors::scorer_model_paths(cfg), cfg.policy,
+                                                 cfg.distill.teacher_dtype));
   return sys.spawn([sc, threads]() -> std::unique_ptr<runtime::Actor> {
     return std::make_unique<actors::ScorerActor>(sc, threads);
   }, so);

@@ -1,6 +1,7 @@
 // `troupe report RUN_DIR`: writes RUN_DIR/report.png (reward and eval accuracy by step, the SFT
 // loss, the sampler/learner mismatch and the frozen models' metrics (distill/*, reward_model/*,
-// judge/parse_fail_frac, scorer/latency_s) when the rows have them) with
+// judge/parse_fail_frac, each scorer use's latency: scorer/latency_s, scorer/judge/latency_s,
+// scorer/reward_model/latency_s and their _max_s) when the rows have them) with
 // matplotlib, run through troupe::python_executable() (posix_spawn, no shell). A torn last line of
 // metrics.jsonl (no newline: a run killed mid-write, or one writing now) is left out with a warning;
 // any other line that is not a JSON object is an error naming FILE:LINE (exit 2).
@@ -52,7 +53,10 @@ sft = [r for r in rows if "eval_accuracy" not in r and r.get("phase") == "sft" a
 evals = [r for r in rows if "eval_accuracy" in r]
 mism = [r for r in rows if "eval_accuracy" not in r and "logprob_diff_max" in r]
 FROZEN = ("distill/reverse_kl", "distill/teacher_logprob", "reward_model/score_mean", "judge/parse_fail_frac")
-frozen = [r for r in rows if "eval_accuracy" not in r and any(k in r for k in FROZEN + ("scorer/latency_s",))]
+# each scorer use's request latency (teacher, local judge, reward model): mean and max seconds
+LATENCY = (("scorer/", "tab:gray"), ("scorer/judge/", "tab:red"), ("scorer/reward_model/", "tab:olive"))
+frozen = [r for r in rows if "eval_accuracy" not in r and
+          any(k in r for k in FROZEN + tuple(p + "latency_s" for p, _ in LATENCY))]
 panels = 2 + (1 if sft else 0) + (1 if mism else 0) + (1 if frozen else 0)
 fig, axes = plt.subplots(1, panels, figsize=(4 + 3.7 * panels, 4))
 ax = axes[0]
@@ -100,11 +104,15 @@ if frozen:
         ax.fill_between([p[0] for p in pts], [p[1] - p[2] for p in pts], [p[1] + p[2] for p in pts],
                         color="tab:olive", alpha=0.2, label="reward_model/score_std")
     ax.set_xlabel("step"); ax.set_title("frozen models (teacher, reward model, judge)"); ax.grid(alpha=0.3)
-    pts = [(r["step"], r["scorer/latency_s"]) for r in frozen if "scorer/latency_s" in r]
-    if pts:
-        ax2 = ax.twinx()
-        ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="tab:gray", linestyle="--", label="scorer/latency_s")
-        ax2.set_ylabel("scorer latency (s)"); ax2.legend(loc="lower right")
+    ax2 = None
+    for prefix, color in LATENCY:
+        for key, style in ((prefix + "latency_s", "--"), (prefix + "latency_max_s", ":")):
+            pts = [(r["step"], r[key]) for r in frozen if key in r]
+            if pts:
+                ax2 = ax2 or ax.twinx()
+                ax2.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linestyle=style, label=key)
+    if ax2:
+        ax2.set_ylabel("scorer latency (s)"); ax2.legend(loc="lower right", fontsize="small")
     ax.legend(loc="upper left", fontsize="small")
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=100)

@@ -132,7 +132,8 @@ Result<std::vector<runtime::ActorId>> spawn_eval_scorer(const ExperimentConfig& 
   const auto paths = eval_scorer_paths(cfg);
   std::vector<runtime::ActorId> ids;
   if (!paths.empty()) {
-    TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<actors::Scorer> sp, actors::Scorer::create(paths, cfg.policy));
+    TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<actors::Scorer> sp,
+                            actors::Scorer::create(paths, cfg.policy, cfg.distill.teacher_dtype));
     const int n = actors::role_threads(cfg.cluster, "scorer", 2);
     TROUPE_ASSIGN_OR_RETURN(runtime::ActorId id, sys.spawn([sp, n]() -> std::unique_ptr<runtime::Actor> {
       return std::make_unique<actors::ScorerActor>(sp, n);

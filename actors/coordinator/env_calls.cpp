@@ -111,6 +111,8 @@ Task<EnvVerifyRep> verify_retrying(RunState& s, const Result<EnvVerifyRep>& firs
       v.infos_json[j] = x.infos_json[m];
     }
     v.fatal = v.fatal || x.fatal;
+    v.judge_scorer.add(x.judge_scorer);
+    v.reward_model_scorer.add(x.reward_model_scorer);
   }
   co_return v;
 }

@@ -243,6 +243,8 @@ Task<Status> score_part(RunState& s, Rollout& r, const Part& part, const std::ve
     r.groups[i].reasons = std::move(v.reasons);
     r.groups[i].components = std::move(v.components_json);
     r.groups[i].infos = std::move(v.infos_json);
+    r.groups[i].judge_scorer = v.judge_scorer;
+    r.groups[i].reward_model_scorer = v.reward_model_scorer;
   }
   center_reward_model_scores(s, r, part.g0, part.g1, skip);
   co_return Status{};

@@ -74,6 +74,29 @@ void add_reward_model_metrics(const RunState& s, const Rollout& r, json& row) {
   row["reward_model/score_mean"] = mean;
   row["reward_model/score_std"] = std::sqrt(var / static_cast<double>(scores.size()));
 }
+
+// A scorer use's answered requests under `prefix`, all depending on timing: latency_s (mean seconds
+// per request, its last try), latency_max_s, batch_requests (the mean number of requests that
+// shared a scorer batch with one of them: continuous batching) and batch_requests_max.
+void add_scorer_timings(json& row, const std::string& prefix, const ScorerStats& st) {
+  const double n = st.requests > 0 ? static_cast<double>(st.requests) : 1.0;
+  row[prefix + "latency_s"] = st.latency_s / n;
+  row[prefix + "latency_max_s"] = st.latency_max_s;
+  row[prefix + "batch_requests"] = static_cast<double>(st.batch_requests) / n;
+  row[prefix + "batch_requests_max"] = st.batch_requests_max;
+}
+
+// The env workers' scorer requests of a step's verifies: a judge's local model (scorer/judge/*)
+// and a reward model on the scorers (scorer/reward_model/*), each only in steps that made some.
+void add_env_scorer_timings(const Rollout& r, json& row) {
+  ScorerStats judge, reward_model;
+  for (const auto& g : r.groups) {
+    judge.add(g.judge_scorer);
+    reward_model.add(g.reward_model_scorer);
+  }
+  if (judge.requests > 0) add_scorer_timings(row, "scorer/judge/", judge);
+  if (reward_model.requests > 0) add_scorer_timings(row, "scorer/reward_model/", reward_model);
+}
 }  // namespace
 
 json sft_step_row(const RunState& s, const json& learner_metrics, double tokens, int batch, double sync_s,
@@ -169,14 +192,11 @@ json grpo_step_row(const RunState& s, const Rollout& r, const Prepared& p, const
       if (it.key().rfind("distill/", 0) == 0) row[it.key()] = *it;
   if (s.cfg.distill.enabled()) {
     row["scorer/requests"] = p.scorer.requests;
-    row["scorer/latency_s"] = p.scorer.requests > 0 ? p.scorer.latency_s / static_cast<double>(p.scorer.requests) : 0.0;
     row["scorer/failures"] = p.scorer.failures;
     row["scorer/retries"] = p.scorer.retries;
-    // requests per scorer batch (continuous batching): how the step's requests met in the scorers,
-    // which depends on timing, as the latency does
-    row["scorer/batch_requests"] =
-        p.scorer.requests > 0 ? static_cast<double>(p.scorer.batch_requests) / static_cast<double>(p.scorer.requests) : 0.0;
+    add_scorer_timings(row, "scorer/", p.scorer);
   }
+  add_env_scorer_timings(r, row);
   // failed env calls, only when there were any: env_failures/<reason> (after retries), env_retries
   for (const auto& g : r.groups)
     for (size_t j = 0; j < g.errors.size(); ++j)

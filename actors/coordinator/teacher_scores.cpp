@@ -29,9 +29,7 @@ Task<Result<ScoreRep>> ask_scorers(RunState& s, const ScoreReq& req, Reply<Score
   for (int attempt = 0;; ++attempt) {
     const size_t k = (first + static_cast<size_t>(attempt)) % scorers.size();
     if (got.ok()) {
-      ++stats.requests;
-      stats.latency_s += mono_seconds() - t0;
-      stats.batch_requests += got->batch_requests;
+      stats.answered(mono_seconds() - t0, got->batch_requests);
       co_return got;
     }
     ++stats.failures;

@@ -13,6 +13,7 @@
 #include "role_support.h"
 #include "troupe/actors/roles.h"
 #include "troupe/envs/env_pool.h"
+#include "troupe/actors/scorer.h"
 
 namespace troupe::actors {
 using json = nlohmann::json;
@@ -128,12 +129,18 @@ Result<EnvVerifyRep> EnvWorker::verify(const EnvVerifyReq& r) {
   const auto& spec = specs_.at(r.env);
   EnvVerifyRep out;
   // a concurrent env scores the completions at once, each call with its own deadline
+  // (each completion's scorer requests, a judge's local model, counted on the thread that verifies it)
+  std::vector<ScorerStats> judged(r.completions.size());
+  auto verify_one = [c, &meta, &r, &judged](size_t j) {
+    CountScorerCalls count(judged[j]);
+    return c->verify(meta, r.completions[j]);
+  };
   std::vector<std::future<Result<envs::VerifyResult>>> pending;
   if (c->concurrent())
-    for (const auto& completion : r.completions)
-      pending.push_back(std::async(std::launch::async, [c, &meta, &completion] { return c->verify(meta, completion); }));
+    for (size_t j = 0; j < r.completions.size(); ++j) pending.push_back(std::async(std::launch::async, verify_one, j));
   for (size_t j = 0; j < r.completions.size(); ++j) {
-    auto v = pending.empty() ? c->verify(meta, r.completions[j]) : pending[j].get();
+    auto v = pending.empty() ? verify_one(j) : pending[j].get();
+    out.judge_scorer.add(judged[j]);
     if (v.ok()) {
       if (auto bad = envs::check_reward(spec, v->reward, "verify of completion " + std::to_string(j)); !bad.ok())
         v = bad.error();
@@ -177,7 +184,10 @@ Status EnvWorker::score_with_reward_model(const std::string& env, const json& me
   if (ok.empty()) return {};
   if (!meta.contains("prompt") || !meta["prompt"].is_string())
     return invalid_input("env '" + env + "': the episode's metadata has no 'prompt' for the reward model");
-  auto scores = reward_models_.at(env)->score(meta["prompt"].get<std::string>(), texts);
+  auto scores = [&] {
+    CountScorerCalls count(out.reward_model_scorer);  // on the scorers: what its request cost
+    return reward_models_.at(env)->score(meta["prompt"].get<std::string>(), texts);
+  }();
   for (size_t n = 0; n < ok.size(); ++n) {
     const size_t j = ok[n];
     Status bad = scores.ok() ? envs::check_reward(spec, (*scores)[n], "reward model score of completion " + std::to_string(j))

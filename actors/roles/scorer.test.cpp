@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <atomic>
@@ -301,6 +302,59 @@ TEST_F(ScorerTest, GenerateRequestsJoinARunningGenerationPerDecodeStep) {
   EXPECT_EQ(lp->logprobs[0].size(), 2u);
 }
 
+// distill.teacher_dtype: bf16: the log-prob forwards run bf16 GEMMs (AVX512-BF16), within the stated
+// tolerance of the fp32 teacher's, the same bits every run, on any thread count and whatever shares
+// the batch; top-k too; generations (decode steps, batch-invariant) stay fp32 and unchanged.
+TEST_F(ScorerTest, Bf16LogprobsAreDeterministicAndCloseToFp32) {
+  if (!kernels::cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  path_ = save_tiny_model(root_ / "bf16", 5, 1024);
+  auto f = Scorer::create({path_}, {});
+  auto b = Scorer::create({path_}, {}, learner::TeacherDtype::bf16);
+  ASSERT_TRUE(f.ok() && b.ok());
+  EXPECT_FALSE((*f)->bf16_logprobs(path_));
+  EXPECT_TRUE((*b)->bf16_logprobs(path_));
+  std::vector<int32_t> q = {1};
+  for (int i = 1; i < 200; ++i) q.push_back(3 + (i * 37) % 90);
+  auto fp32 = (*f)->run(logprobs_req({q}, 4));
+  auto bf16 = (*b)->run(logprobs_req({q}, 4));
+  ASSERT_TRUE(fp32.ok() && bf16.ok());
+  double worst = 0, sum = 0;
+  for (size_t t = 0; t < q.size() - 2; ++t) {
+    const double d = std::fabs(double(fp32->logprobs[0][t]) - double(bf16->logprobs[0][t]));
+    worst = std::max(worst, d);
+    sum += d;
+  }
+  EXPECT_GT(worst, 0) << "the bf16 GEMMs did not run";
+  EXPECT_LT(worst, 0.1);  // the tolerance (docs: distill.teacher_dtype)
+  EXPECT_LT(sum / double(q.size() - 2), 0.02);
+  auto again = (*b)->run(logprobs_req({q}, 4));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->logprobs, bf16->logprobs);
+  EXPECT_EQ(again->topk_ids, bf16->topk_ids);
+  EXPECT_EQ(again->topk_logprobs, bf16->topk_logprobs);
+  // without top-k (the training head's path): alone, batched with others and on another thread count
+  auto alone = (*b)->run(logprobs_req({q}));
+  ASSERT_TRUE(alone.ok());
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(threads == 1 ? 2 : 1);
+  auto mixed = logprobs_req({{1, 5, 6, 7, 8}, q});
+  auto other = logprobs_req({{1, 9, 9}});
+  auto batch = (*b)->run_batch({&other, &mixed});
+  omp_set_num_threads(threads);
+  ASSERT_TRUE(batch[1].ok());
+  EXPECT_EQ(batch[1]->logprobs[1], alone->logprobs[0]);
+  // generations are fp32 decode steps either way
+  ScoreReq g;
+  g.kind = static_cast<int32_t>(ScoreKind::generate);
+  g.model = path_;
+  g.prompts = {"ab"};
+  g.max_new_tokens = 6;
+  auto gf = (*f)->run(g);
+  auto gb = (*b)->run(g);
+  ASSERT_TRUE(gf.ok() && gb.ok());
+  EXPECT_EQ(gf->texts, gb->texts);
+}
+
 // An actor that takes ScoreReq and never answers (a hung scorer).
 class MuteScorer : public runtime::Actor {
  public:
@@ -336,9 +390,16 @@ TEST_F(ScorerTest, ActorBatchesConcurrentRequestsAndClientRetriesElsewhere) {
     most = std::max(most, r->batch_requests);
   }
   EXPECT_GT(most, 1) << "no two requests shared a batch";
-  // a silent scorer: its try runs into the deadline, the next scorer answers; counted
+  // a silent scorer: its try runs into the deadline, the next scorer answers; counted, also in
+  // this thread's CountScorerCalls (how an env worker's verify sees its judge's and reward model's)
   ScorerClient client(**sys, {*mute, *good}, 0.3, 2);
-  auto r = client.call(logprobs_req({q}), 0);
+  ScorerStats counted, outer;
+  Result<ScoreRep> r = make_error(ErrorCode::internal, "not run");
+  {
+    CountScorerCalls count_outer(outer);
+    CountScorerCalls count(counted);  // the innermost scope counts
+    r = client.call(logprobs_req({q}), 0);
+  }
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->logprobs[0], alone->logprobs[0]);
   auto st = client.stats();
@@ -347,6 +408,21 @@ TEST_F(ScorerTest, ActorBatchesConcurrentRequestsAndClientRetriesElsewhere) {
   EXPECT_EQ(st.retries, 1);
   EXPECT_EQ(st.batch_requests, r->batch_requests);  // scorer/batch_requests: the answered replies' batch sizes
   EXPECT_GE(st.batch_requests, 1);
+  EXPECT_EQ(st.batch_requests_max, r->batch_requests);
+  // the answered try's seconds (the silent one's 0.3 s deadline is not in it): mean = max for one request
+  EXPECT_GT(st.latency_s, 0);
+  EXPECT_LT(st.latency_s, 30);
+  EXPECT_EQ(st.latency_max_s, st.latency_s);
+  EXPECT_EQ(counted.requests, 1);
+  EXPECT_EQ(counted.failures, 1);
+  EXPECT_EQ(counted.retries, 1);
+  EXPECT_EQ(counted.latency_max_s, st.latency_max_s);
+  EXPECT_EQ(counted.batch_requests_max, st.batch_requests_max);
+  EXPECT_EQ(outer.requests + outer.failures, 0);
+  (void)client.call(logprobs_req({q}), 1);  // no scope on this thread any more: counted by the client alone
+  EXPECT_EQ(counted.requests, 1);
+  EXPECT_EQ(client.stats().requests, 2);
+  EXPECT_GE(client.stats().latency_max_s, client.stats().latency_s / 2);  // max >= mean
   // a stopped scorer fails at once; the retry goes to the next one
   (*sys)->stop_actor(*gone);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -122,6 +122,13 @@ ScorerClient::ScorerClient(runtime::ActorSystem& sys, std::vector<runtime::Actor
                            int max_retries)
     : sys_(sys), scorers_(std::move(scorers)), timeout_s_(timeout_s), max_retries_(max_retries) {}
 
+namespace {
+thread_local ScorerStats* counting = nullptr;  // CountScorerCalls: this thread's innermost scope
+}  // namespace
+
+CountScorerCalls::CountScorerCalls(ScorerStats& into) : previous_(counting) { counting = &into; }
+CountScorerCalls::~CountScorerCalls() { counting = previous_; }
+
 Result<ScoreRep> ScorerClient::call(const ScoreReq& r, size_t first) {
   if (scorers_.empty()) return invalid_input("scorer: the run has no scorers (cluster.scorers: 0)");
   std::string why;
@@ -130,15 +137,14 @@ Result<ScoreRep> ScorerClient::call(const ScoreReq& r, size_t first) {
     const size_t k = (first + static_cast<size_t>(attempt)) % scorers_.size();
     const double t0 = mono_seconds();
     Result<ScoreRep> got = sys_.ask<ScoreRep>(scorers_[k], r, deadline).get();
+    ScorerStats tried;  // this try, counted here and in the thread's CountScorerCalls
+    if (attempt > 0) ++tried.retries;
+    if (got.ok()) tried.answered(mono_seconds() - t0, got->batch_requests);
+    else ++tried.failures;
+    if (counting) counting->add(tried);
     std::lock_guard lk(mu_);
-    if (attempt > 0) ++stats_.retries;
-    if (got.ok()) {
-      ++stats_.requests;
-      stats_.latency_s += mono_seconds() - t0;
-      stats_.batch_requests += got->batch_requests;
-      return got;
-    }
-    ++stats_.failures;
+    stats_.add(tried);
+    if (got.ok()) return got;
     why += (why.empty() ? "" : "; ") + std::string("scorer ") + std::to_string(k) + ": " + got.error().message;
   }
   return make_error(ErrorCode::peer_failed, "scorer request failed after " + std::to_string(max_retries_ + 1) +

@@ -110,7 +110,12 @@ Result<std::unique_ptr<ScorerModel>> load_reward_scorer_model(const std::string&
 
 }  // namespace
 
-Result<std::unique_ptr<Scorer>> Scorer::create(const std::vector<std::string>& paths, policy::ExecutionOptions exec) {
+Result<std::unique_ptr<Scorer>> Scorer::create(const std::vector<std::string>& paths, policy::ExecutionOptions exec,
+                                               learner::TeacherDtype logprob_dtype) {
+  // bf16 log-prob forwards: the CPU backend's matmul_forward on AVX512-BF16 (the device backends'
+  // GEMMs are their own)
+  const bool bf16 = logprob_dtype == learner::TeacherDtype::bf16 && exec.device == kernels::DeviceKind::cpu &&
+                    kernels::cpu_has_avx512_bf16();
   // forward-only and batch-invariant: a sequence's numbers never depend on what shares its batch.
   // Checkpointing keeps only each layer's input (one layer's workspace for all): the forward is
   // the same computation, bit for bit, in a fraction of the memory (there is never a backward).
@@ -140,6 +145,7 @@ Result<std::unique_ptr<Scorer>> Scorer::create(const std::vector<std::string>& p
                                     d.pad_token_id >= 0 ? d.pad_token_id : m->tokenizer->pad_id());
     TROUPE_ASSIGN_OR_RETURN(m->model_hash, model_files_hash(path));
     m->tokenizer_hash = learner::tokenizer_fingerprint(*m->tokenizer);
+    if (bf16) m->bf16 = std::make_unique<kernels::Bf16Weights>();
     s->models_[path] = std::move(m);
   }
   return s;
@@ -148,6 +154,11 @@ Result<std::unique_ptr<Scorer>> Scorer::create(const std::vector<std::string>& p
 const ScorerModel* Scorer::find(const std::string& name) const {
   auto it = models_.find(name);
   return it == models_.end() ? nullptr : it->second.get();
+}
+
+bool Scorer::bf16_logprobs(const std::string& path) const {
+  const ScorerModel* m = find(path);
+  return m && m->bf16;
 }
 
 std::vector<std::string> Scorer::names() const {
@@ -383,6 +394,7 @@ void Scorer::run_logprobs(ScorerModel& m, const std::vector<size_t>& idx, const 
     std::vector<ScoreRep> reps(b - a);
     Status st = with_model(m, [&](policy::Model& model) -> Status {
       DefaultKernels fast(model);
+      kernels::Bf16WeightsScope bf16(m.bf16.get());  // distill.teacher_dtype: bf16 (null: fp32)
       std::vector<float> logits;
       for (size_t i = a; i < b; ++i) {
         const ScoreReq& r = *reqs[idx[i]];

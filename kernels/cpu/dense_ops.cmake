@@ -1,7 +1,7 @@
 # Dense transformer ops (matmul, embedding, norms, RoPE, attention, SwiGLU, log-prob, residual add,
 # KV-cache write, packed layout) and their op test registry.
 target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/ops.cpp ${CMAKE_CURRENT_LIST_DIR}/small_gemm.cpp
-                                     ${CMAKE_CURRENT_LIST_DIR}/lora.cpp)
+                                     ${CMAKE_CURRENT_LIST_DIR}/lora.cpp ${CMAKE_CURRENT_LIST_DIR}/bf16_weights.cpp)
 # Frozen weights in ggml blocks and the GEMMs that dequantize them on the fly. Their values must be
 # ggml's (a multiply, then an add, each rounded), so the compiler may not fuse them into an FMA.
 target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/quant_matrix.cpp ${CMAKE_CURRENT_LIST_DIR}/quant_matmul.cpp)
@@ -16,6 +16,10 @@ if(TROUPE_BUILD_TESTS)
   # values (bit for bit where the blocks of work agree), finite differences, the backends.
   troupe_add_test(NAME kernels.quant_matmul SOURCES ${CMAKE_CURRENT_LIST_DIR}/quant_matmul.test.cpp
                   LIBS troupe::kernels ENV OMP_WAIT_POLICY=PASSIVE)
+  # The bf16 GEMM of frozen weights (a scorer's distill.teacher_dtype: bf16): against the rounded
+  # inputs' product, bits on 1 and 2 threads and for a row alone, the scope (skipped without AVX512-BF16).
+  troupe_add_test(NAME kernels.bf16_weights SOURCES ${CMAKE_CURRENT_LIST_DIR}/bf16_weights.test.cpp
+                  LIBS troupe::kernels OpenMP::OpenMP_CXX ENV OMP_WAIT_POLICY=PASSIVE)
   troupe_add_test(NAME kernels.small_gemm SOURCES ${CMAKE_CURRENT_LIST_DIR}/small_gemm.test.cpp
                   LIBS troupe::kernels)
   # LoRA's ops: finite differences, fp32 vs fp64, the dX-only matmul backward against the full one.

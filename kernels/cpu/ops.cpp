@@ -15,6 +15,7 @@
 #include "blas_gemm.h"
 #include "small_gemm.h"
 #include "troupe/kernels/batch_invariant.h"
+#include "troupe/kernels/bf16_weights.h"
 
 namespace troupe::kernels {
 
@@ -168,6 +169,12 @@ void matmul_forward(T* out, const T* inp, const T* weight, int N, int C, int OC)
   if (C <= 0) {
     std::fill(out, out + static_cast<size_t>(N) * OC, T(0));
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (Bf16Weights* w = bf16_weights(); w && !batch_invariant()) {  // a frozen model's bf16 forward
+      w->matmul(out, inp, weight, N, C, OC);
+      return;
+    }
   }
   gemm_blocked_impl(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
 }

@@ -6,10 +6,11 @@ per layer either a top-k MoE of SwiGLU experts in the Hugging Face per-expert lo
 to the embedding with `tie_word_embeddings`. It runs as a child of the bench and answers one
 command per stdin line with one JSON line on stdout, so the parent can interleave its own
 repetitions with ours:
-  train_step | forward | sample_kv | score_logprobs | quit
+  train_step | forward | sample_kv | score_logprobs | score_logprobs_bf16 | quit
 Sizes: `batch`/`seq_len` (train_step, forward) and `batch`/`prompt_len`/`new_tokens` (sample_kv);
 score_logprobs: `score_batch` sequences of `score_seq_len` tokens, each token's log-prob after its
-prefix under no_grad (the forward, then cross_entropy per position: what a teacher scorer answers);
+prefix under no_grad (the forward, then cross_entropy per position: what a teacher scorer answers;
+score_logprobs_bf16 the same with a bf16 copy of the model);
 `train_batch`, `train_seq_len`, `sample_batch` override them per case. `cases` lists the commands
 to answer (default all), each run once first unless `warmup` is false.
 Usage: policy_torch.py '<json config>'. It runs eager with torch.set_num_threads(threads), on the config's "device" (cpu, or cuda for the cuda_* rows).
@@ -201,15 +202,29 @@ def sample_kv():
     return SB * NEW
 
 
-def score_logprobs():
+def score_logprobs(m=None):
     with torch.no_grad():
-        logits = model(score_ids[:, :-1])
+        logits = (m or model)(score_ids[:, :-1])
         logp = -F.cross_entropy(logits.reshape(-1, V), score_ids[:, 1:].reshape(-1), reduction="none")
         del logp
     return SCB * (SCT - 1)
 
 
-CASES = {"train_step": train_step, "forward": forward, "sample_kv": sample_kv, "score_logprobs": score_logprobs}
+bf16_model = []  # score_logprobs_bf16's copy of the model in bf16, made at its first call
+
+
+def score_logprobs_bf16():
+    """score_logprobs with the model in bf16 (oneDNN's bf16 GEMMs; the logits' cross_entropy in bf16 too)."""
+    if not bf16_model:
+        import copy
+        m = copy.deepcopy(model).to(torch.bfloat16)
+        m.cos, m.sin = m.cos.to(torch.bfloat16), m.sin.to(torch.bfloat16)
+        bf16_model.append(m)
+    return score_logprobs(bf16_model[0])
+
+
+CASES = {"train_step": train_step, "forward": forward, "sample_kv": sample_kv, "score_logprobs": score_logprobs,
+         "score_logprobs_bf16": score_logprobs_bf16}
 CASES = {name: CASES[name] for name in cfg.get("cases", list(CASES))}
 for fn in CASES.values() if cfg.get("warmup", True) else []:  # warm-up
     fn()

@@ -35,7 +35,8 @@ Result<runtime::ActorFactory> make_role(const actors::ExperimentConfig& cfg, con
     }
     case RoleKind::scorer: {
       TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<actors::Scorer> sp,
-                              actors::Scorer::create(actors::scorer_model_paths(cfg), cfg.policy));
+                              actors::Scorer::create(actors::scorer_model_paths(cfg), cfg.policy,
+                                                     cfg.distill.teacher_dtype));
       hosted.scorers.push_back(sp);
       return runtime::ActorFactory([sp, n]() -> std::unique_ptr<runtime::Actor> {
         return std::make_unique<actors::ScorerActor>(sp, n);

@@ -19,8 +19,10 @@ import json
 import os
 import sys
 
-# scorer/batch_requests: how requests met in a scorer's batches, which depends on timing
-TIMING = ("wall_s", "tokens_per_s", "learner_tokens_per_s", "scorer/batch_requests")
+# and the keys ending in _s; the scorers' batch sizes (scorer/batch_requests, scorer/judge/batch_requests_max,
+# ...): how requests met in a scorer's batches, which depends on timing
+TIMING = ("wall_s", "tokens_per_s", "learner_tokens_per_s")
+TIMING_SUFFIXES = ("_s", "batch_requests", "batch_requests_max")
 # how the learners hold their state (learner.shard), not what they train: not compared
 LAYOUT = ("learner/state_bytes",)
 
@@ -145,7 +147,7 @@ def identical_rows(ra, rb, what):
         fail("%d vs %d %s rows" % (len(ra), len(rb), what))
     for x, y in zip(ra, rb):
         for k in x:
-            if k in TIMING or k in LAYOUT or k.endswith("_s"):
+            if k in TIMING or k in LAYOUT or k.endswith(TIMING_SUFFIXES):
                 continue
             if x[k] != y.get(k):
                 fail("%s row of step %s: %s = %r vs %r" % (what, x["step"], k, x[k], y.get(k)))
@@ -173,7 +175,7 @@ def close(a, b, first_diff, tol):
     for x, y in zip(ra, rb):
         exact = x["step"] < first_diff
         for k in x:
-            if k in TIMING or k in LAYOUT or k.endswith("_s"):
+            if k in TIMING or k in LAYOUT or k.endswith(TIMING_SUFFIXES):
                 continue
             u, v = x[k], y.get(k)
             if exact or not isinstance(u, (int, float)) or k in ("step", "groups_generated", "groups_kept"):

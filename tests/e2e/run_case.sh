@@ -589,6 +589,7 @@ EOS
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/a" --set grpo.max_steps=12 $D
     $CHECK distilled "$W/a"
     grep -q '"scorer/batch_requests"' "$W/a/metrics.jsonl"
+    grep -q '"scorer/latency_max_s"' "$W/a/metrics.jsonl"
     "$TROUPE" report "$W/a" > /dev/null  # with the frozen models' panel (distill/*, scorer/latency_s)
     test -s "$W/a/report.png"
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/b" --set grpo.max_steps=4 $D

@@ -105,6 +105,31 @@ TEST(JudgeModel, ScoresThroughTheScorers) {
   auto again = (*env)->verify(obs->metadata, "2");  // greedy: the same verdict
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->components.at("judge"), j);
+
+  // an env worker's verify of a group: its reply carries what the judge's scorer requests cost
+  // (the step rows' scorer/judge/*), each completion verified on a thread of its own
+  envs::EnvSpec spec;
+  spec.name = spec.env = "dataset";
+  spec.config = config;
+  auto worker = actors::EnvWorker::create({spec});
+  ASSERT_TRUE(worker.ok()) << worker.error().message;
+  ASSERT_TRUE((*worker)->concurrent("dataset"));
+  auto wobs = (*worker)->reset({"dataset", "e1", 0, 0});
+  ASSERT_TRUE(wobs.ok()) << wobs.error().message;
+  auto rep = (*worker)->verify({"dataset", wobs->metadata_json, {"2", "3", "4"}});
+  ASSERT_TRUE(rep.ok()) << rep.error().message;
+  for (const auto& e : rep->errors) EXPECT_EQ(e, "");
+  const auto& js = rep->judge_scorer;
+  EXPECT_EQ(js.requests, 3);
+  EXPECT_EQ(js.failures, 3);  // each first tried the silent scorer 0
+  EXPECT_EQ(js.retries, 3);
+  EXPECT_GT(js.latency_s, 0);
+  EXPECT_GE(js.latency_max_s, js.latency_s / 3);  // the slowest >= the mean
+  EXPECT_LE(js.latency_max_s, js.latency_s);
+  EXPECT_GE(js.batch_requests, 3);  // each request shared its batch with at least itself
+  EXPECT_GE(js.batch_requests_max, 1);
+  EXPECT_LE(js.batch_requests_max, 3);
+  EXPECT_EQ(rep->reward_model_scorer.requests, 0);
   envs::set_local_model_caller({});
   (*sys)->shutdown();
   fs::remove_all(root);

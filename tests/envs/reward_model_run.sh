@@ -3,7 +3,8 @@
 # scored by the tiny LlamaForSequenceClassification of tests/reward_model/llama (`type: reward_model`):
 # center none (the reward is the model's score, component reward_model, and reward_model/score_mean
 # and score_std its step's mean and std; same seed, same metrics;
-# the model on a scorer actor, cluster.scorers 1, gives the same metrics as in the env worker),
+# the model on a scorer actor, cluster.scorers 1, gives the same metrics as in the env worker, and its
+# step rows carry the scorer requests' latency and batch size, scorer/reward_model/*),
 # batch (each step's rewards sum to 0), running (a --resume goes on with the checkpointed mean, bit
 # for bit); bad paths and keys stop the start (exit 2) naming them.
 #   reward_model_run.sh TROUPE PYTHON SOURCE_DIR WORK_DIR
@@ -60,7 +61,7 @@ def same(a, b, what):
     assert len(a) == len(b), (what, len(a), len(b))
     for x, y in zip(a, b):
         for k in x:
-            if k in SKIP or k.endswith("_s"):
+            if k in SKIP or k.endswith(("_s", "batch_requests", "batch_requests_max")):
                 continue
             assert x[k] == y.get(k), (what, x["step"], k, x[k], y.get(k))
 def trajs(run):
@@ -84,6 +85,13 @@ for r in steps("none"):
     assert abs(r["reward_model/score_std"] - sd) < 1e-9, (r["step"], r.get("reward_model/score_std"), sd)
     assert sd > 0, "scores should vary within a step"
 same(steps("none"), steps("scorer"), "scorer")
+# on the scorer, each step row carries its requests' latency and batch size (scorer/reward_model/*,
+# timing, so left out of the comparisons); in the env worker's own copy, none
+for r in steps("scorer"):
+    lat, top = r["scorer/reward_model/latency_s"], r["scorer/reward_model/latency_max_s"]
+    assert 0 < lat <= top < 300, (r["step"], lat, top)
+    assert 1 <= r["scorer/reward_model/batch_requests"] <= r["scorer/reward_model/batch_requests_max"] <= 8, r
+assert not any(k.startswith("scorer/") for r in steps("none") for k in r), sorted(steps("none")[0])
 # batch: each step's rewards sum to 0, and reward - raw score is one constant per step
 by_step = {}
 for x in trajs("batch"):

@@ -45,9 +45,10 @@ def fail(msg):
 
 
 def strip_timing(x):
-    """x without the values that measure time (keys ending in _s), recursively."""
+    """x without the values that depend on timing (keys ending in _s; the scorers' batch sizes, keys
+    ending in batch_requests or batch_requests_max), recursively."""
     if isinstance(x, dict):
-        return {k: strip_timing(v) for k, v in x.items() if not k.endswith("_s")}
+        return {k: strip_timing(v) for k, v in x.items() if not k.endswith(("_s", "batch_requests", "batch_requests_max"))}
     if isinstance(x, list):
         return [strip_timing(v) for v in x]
     return x

@@ -66,6 +66,29 @@ struct EnvVerifyReq {  // score G completions of one prompt in one call
   template <class A>
   void serialize(A& ar) { ar(env, metadata_json, completions); }
 };
+// What a caller's scorer requests cost and how they failed (metrics scorer/*; ScorerClient, the
+// coordinator's teacher requests). Latency and batch size depend on timing.
+struct ScorerStats {
+  std::int64_t requests = 0;   // requests answered
+  std::int64_t failures = 0;   // tries that failed (error reply, deadline, dead scorer), retried or not
+  std::int64_t retries = 0;    // tries sent to another scorer after a failure
+  double latency_s = 0;   // summed wall time of the answered requests (their last try)
+  double latency_max_s = 0;    // the slowest answered request's wall time (its last try)
+  std::int64_t batch_requests = 0;  // summed ScoreRep::batch_requests of the answered requests
+  std::int64_t batch_requests_max = 0;  // the largest ScoreRep::batch_requests of the answered requests
+  void answered(double seconds, std::int64_t batch) {
+    ++requests, latency_s += seconds, batch_requests += batch;
+    latency_max_s = std::max(latency_max_s, seconds), batch_requests_max = std::max(batch_requests_max, batch);
+  }
+  void add(const ScorerStats& o) {
+    requests += o.requests, failures += o.failures, retries += o.retries, latency_s += o.latency_s;
+    batch_requests += o.batch_requests;
+    latency_max_s = std::max(latency_max_s, o.latency_max_s);
+    batch_requests_max = std::max(batch_requests_max, o.batch_requests_max);
+  }
+  template <class A>
+  void serialize(A& ar) { ar(requests, failures, retries, latency_s, latency_max_s, batch_requests, batch_requests_max); }
+};
 struct EnvVerifyRep {
   static constexpr std::uint32_t type_id = message_id::env_verify_rep;
   static constexpr const char* type_name = "actors.EnvVerifyRep";
@@ -78,8 +101,12 @@ struct EnvVerifyRep {
   bool fatal = false;                // the env is past its bounds (restarts): stop the run
   std::vector<std::string> infos_json;  // per completion: the verify's info ("{}": none; a NeMo Gym
                                         // /verify answer's extra fields under "fields")
+  // the scorer requests this reply cost (cluster.scorers): a judge's local model, a reward model
+  ScorerStats judge_scorer, reward_model_scorer;
   template <class A>
-  void serialize(A& ar) { ar(rewards, correct, errors, env_s, reasons, components_json, fatal, infos_json); }
+  void serialize(A& ar) {
+    ar(rewards, correct, errors, env_s, reasons, components_json, fatal, infos_json, judge_scorer, reward_model_scorer);
+  }
 };
 struct EnvStepReq {
   static constexpr std::uint32_t type_id = message_id::env_step_req;

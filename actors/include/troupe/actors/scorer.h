@@ -20,6 +20,7 @@
 #include "troupe/actors/messages.h"
 #include "troupe/actors/serve_engine.h"
 #include "troupe/base/result.h"
+#include "troupe/kernels/bf16_weights.h"
 #include "troupe/policy/execution_options.h"
 #include "troupe/policy/io/chat_template.h"
 #include "troupe/policy/io/tokenizer.h"
@@ -49,6 +50,9 @@ struct ScorerModel {
   // a sequence-classification model (a reward model: config.json's architectures names a
   // *ForSequenceClassification): its score head; it answers sequence_score requests only
   std::unique_ptr<policy::ScoreHead> head;
+  // distill.teacher_dtype bf16 on a CPU with AVX512-BF16: the weights' bf16 copies its log-prob
+  // forwards multiply by (kernels::Bf16WeightsScope); null: fp32
+  std::unique_ptr<kernels::Bf16Weights> bf16;
 };
 
 inline constexpr int kScorerSlots = 8, kScorerContext = 2048;
@@ -59,8 +63,13 @@ class Scorer {
  public:
   // Loads each path once (a model directory or a .gguf, as policy.path), on the backend `exec`
   // names, batch-invariant, fp32, activation checkpointing on (forward-only: a layer input each).
-  static Result<std::unique_ptr<Scorer>> create(const std::vector<std::string>& paths,
-                                                policy::ExecutionOptions exec);
+  // logprob_dtype bf16 (distill.teacher_dtype): the log-prob forwards of the models that are not
+  // reward models run their projections and head as bf16 GEMMs (kernels/bf16_weights.h) when the
+  // backend is the CPU's and the CPU has AVX512-BF16; else, and for everything else, fp32.
+  static Result<std::unique_ptr<Scorer>> create(const std::vector<std::string>& paths, policy::ExecutionOptions exec,
+                                                learner::TeacherDtype logprob_dtype = learner::TeacherDtype::fp32);
+  // Whether `path`'s log-prob forwards run bf16 (logprob_dtype bf16 and the CPU could).
+  bool bf16_logprobs(const std::string& path) const;
   // Runs the requests together, one result each in order (a bad request fails alone): the
   // log-prob requests of one model in tasks of at most max_batch_tokens tokens, each sequence in a
   // forward of its own with the default kernels (batch invariance off for it; those asking top-k
@@ -119,17 +128,21 @@ class ScorerActor : public runtime::Actor {
   std::shared_ptr<Queue> queue_;
 };
 
-// What a caller's scorer requests cost and how they failed (metrics: scorer/*).
-struct ScorerStats {
-  int64_t requests = 0;   // requests answered
-  int64_t failures = 0;   // tries that failed (error reply, deadline, dead scorer), retried or not
-  int64_t retries = 0;    // tries sent to another scorer after a failure
-  double latency_s = 0;   // summed wall time of the answered requests (their last try)
-  int64_t batch_requests = 0;  // summed ScoreRep::batch_requests of the answered requests
-  void add(const ScorerStats& o) {
-    requests += o.requests, failures += o.failures, retries += o.retries, latency_s += o.latency_s;
-    batch_requests += o.batch_requests;
-  }
+// ScorerStats (what a caller's scorer requests cost, metrics scorer/*) is in messages.h: an env
+// worker's EnvVerifyRep carries its judge's and reward model's.
+
+// Counts the scorer requests this thread makes while it lives: every ScorerClient::call on this
+// thread (a judge's local model, a reward model on the scorers) adds its tries to `into`. Scopes
+// nest (the innermost counts); a call on another thread is not counted.
+class CountScorerCalls {
+ public:
+  explicit CountScorerCalls(ScorerStats& into);
+  ~CountScorerCalls();
+  CountScorerCalls(const CountScorerCalls&) = delete;
+  CountScorerCalls& operator=(const CountScorerCalls&) = delete;
+
+ private:
+  ScorerStats* previous_;
 };
 
 // A blocking caller of the scorers for code outside any coroutine (an env worker's judge): tries

@@ -130,6 +130,8 @@ struct BatchConfig {
 // YAML `distill.*`: on-policy distillation from a frozen teacher served by the scorers
 // (learner/README.md "On-policy distillation"). Off while `teacher` is empty.
 enum class DistillKind { reverse_kl };
+// The GEMM precision of the teacher's log-prob forwards on the scorers (distill.teacher_dtype).
+enum class TeacherDtype { fp32, bf16 };
 struct DistillConfig {
   std::string teacher;      // the teacher model (a path a scorer loads); "" = off
   float coef = 1.0f;        // A_t = coef * (log p_teacher - log p_student) per sampled token
@@ -138,6 +140,7 @@ struct DistillConfig {
   float reward_coef = 0.0f; // + reward_coef * the env reward's GRPO advantage
   double timeout_s = 300;   // deadline of one scorer request (then retried on another scorer)
   int max_retries = 2;      // retries of a failed scorer request before the step fails
+  TeacherDtype teacher_dtype = TeacherDtype::fp32;  // bf16: the scorers' AVX512-BF16 GEMMs (CPU)
   bool enabled() const { return !teacher.empty(); }
 };
 
@@ -178,5 +181,10 @@ template <>
 struct EnumNames<learner::DistillKind> {
   using V = learner::DistillKind;
   static constexpr std::pair<std::string_view, V> table[] = {{"reverse_kl", V::reverse_kl}};
+};
+template <>
+struct EnumNames<learner::TeacherDtype> {
+  using V = learner::TeacherDtype;
+  static constexpr std::pair<std::string_view, V> table[] = {{"fp32", V::fp32}, {"bf16", V::bf16}};
 };
 }  // namespace troupe
