@@ -12,8 +12,8 @@
 #include "reward_model_scoring.h"
 #include "role_support.h"
 #include "troupe/actors/roles.h"
-#include "troupe/envs/env_pool.h"
 #include "troupe/actors/scorer.h"
+#include "troupe/envs/env_pool.h"
 
 namespace troupe::actors {
 using json = nlohmann::json;
