@@ -11,6 +11,7 @@
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/model.h"
 #include "random_samples.h"
+#include "test_support.h"
 
 using namespace troupe;
 using namespace troupe::learner;
@@ -92,12 +93,8 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int bad = 0;
   {
-    auto comm = make_mpi_communicator();
-    if (!comm.ok()) {
-      std::fprintf(stderr, "%s\n", comm.error().message.c_str());
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    Communicator& world = **comm;
+    auto world_comm = test::mpi_world_or_abort();
+    Communicator& world = *world_comm;
     struct Setting {
       LossAggMode agg;
       int batch, mini, budget;
@@ -114,17 +111,7 @@ int main(int argc, char** argv) {
     g_batch = 12;
     g_mini = 2;
     g_budget = 0;
-    policy::ModelConfig mc;
-    mc.vocab_size = 32;
-    mc.hidden_size = 16;
-    mc.num_hidden_layers = 2;
-    mc.num_attention_heads = 2;
-    mc.num_key_value_heads = 1;
-    mc.head_dim = 8;
-    mc.intermediate_size = 32;
-    mc.num_experts = 4;
-    mc.num_experts_per_tok = 2;
-    mc.moe_intermediate_size = 16;
+    policy::ModelConfig mc = test::tiny_model(2, 4);
     mc.mlp_only_layers = {0};
     bad |= compare("policy::Model (tiny MoE)", [&] {
       RealHolder h;

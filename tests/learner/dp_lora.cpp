@@ -14,6 +14,7 @@
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/model.h"
 #include "random_samples.h"
+#include "test_support.h"
 
 using namespace troupe;
 using namespace troupe::learner;
@@ -37,14 +38,7 @@ LearnerConfig config(int micro) {
 }
 
 policy::ModelConfig model_config(float dropout) {
-  policy::ModelConfig mc;
-  mc.vocab_size = 32;
-  mc.hidden_size = 16;
-  mc.num_hidden_layers = 2;
-  mc.num_attention_heads = 2;
-  mc.num_key_value_heads = 1;
-  mc.head_dim = 8;
-  mc.intermediate_size = 32;
+  policy::ModelConfig mc = test::tiny_model(2);
   mc.lora.rank = 4;
   mc.lora.alpha = 8;
   mc.lora.dropout = dropout;
@@ -100,12 +94,8 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int bad = 0;
   {
-    auto comm = make_mpi_communicator();
-    if (!comm.ok()) {
-      std::fprintf(stderr, "%s\n", comm.error().message.c_str());
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    Communicator& world = **comm;
+    auto world_comm = test::mpi_world_or_abort();
+    Communicator& world = *world_comm;
     LocalCommunicator local;
     // Without dropout: 2 ranks (micro-batches of 2) == 1 rank (whole mini-batches).
     const Run dp = train(world, 2, 0.0f), one = train(local, 0, 0.0f);

@@ -20,6 +20,7 @@
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/model.h"
 #include "random_samples.h"
+#include "test_support.h"
 
 using namespace troupe;
 using namespace troupe::learner;
@@ -50,17 +51,7 @@ LearnerConfig config(const Case& k, int ep) {
 }
 
 policy::ModelConfig tiny_moe(bool checkpointing, float aux) {
-  policy::ModelConfig mc;
-  mc.vocab_size = 32;
-  mc.hidden_size = 16;
-  mc.num_hidden_layers = 3;
-  mc.num_attention_heads = 2;
-  mc.num_key_value_heads = 1;
-  mc.head_dim = 8;
-  mc.intermediate_size = 32;
-  mc.num_experts = 4;
-  mc.num_experts_per_tok = 2;
-  mc.moe_intermediate_size = 16;
+  policy::ModelConfig mc = test::tiny_model(3, 4);
   mc.mlp_only_layers = {1};
   mc.router_aux_loss_coef = aux;
   mc.activation_checkpointing = checkpointing;
@@ -180,12 +171,8 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int bad = 0;
   {
-    auto comm = make_mpi_communicator();
-    if (!comm.ok()) {
-      std::fprintf(stderr, "%s\n", comm.error().message.c_str());
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    Communicator& world = **comm;
+    auto world_comm = test::mpi_world_or_abort();
+    Communicator& world = *world_comm;
     const bool two = world.size() == 2;
     bad |= compare({"one micro-batch per rank", 0, false, two, 0.0f}, world);
     bad |= compare({"one micro-batch per rank, aux loss", 0, false, two, 0.01f}, world);

@@ -13,6 +13,7 @@
 #include "troupe/learner/checkpoint.h"
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/model.h"
+#include "test_support.h"
 
 using namespace troupe;
 using namespace troupe::learner;
@@ -20,20 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-policy::ModelConfig tiny() {
-  policy::ModelConfig mc;
-  mc.vocab_size = 32;
-  mc.hidden_size = 16;
-  mc.num_hidden_layers = 2;
-  mc.num_attention_heads = 2;
-  mc.num_key_value_heads = 1;
-  mc.head_dim = 8;
-  mc.intermediate_size = 32;
-  mc.num_experts = 4;
-  mc.num_experts_per_tok = 2;
-  mc.moe_intermediate_size = 16;
-  return mc;
-}
+policy::ModelConfig tiny() { return test::tiny_model(2, 4); }
 
 std::vector<Sample> batch_for(int step) {
   std::mt19937_64 rng(500 + step);

@@ -11,6 +11,7 @@
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/model.h"
 #include "troupe/runtime/cluster.h"
+#include "test_support.h"
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -61,14 +62,7 @@ int main() {
   std::fprintf(stderr, "PROBE rank %d: up\n", cl.rank());
   auto comm = learner::make_mpi_communicator();
   if (!comm.ok()) return 1;
-  policy::ModelConfig mc;
-  mc.vocab_size = 32;
-  mc.hidden_size = 16;
-  mc.num_hidden_layers = 3;
-  mc.num_attention_heads = 2;
-  mc.num_key_value_heads = 1;
-  mc.head_dim = 8;
-  mc.intermediate_size = 32;
+  policy::ModelConfig mc = learner::test::tiny_model(3);
   auto model = policy::Model::create(mc, 3);
   if (!model.ok()) return 1;
   learner::ModelAdapter adapter(*model);

@@ -16,6 +16,7 @@
 #include "troupe/base/enum_names.h"
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/model.h"
+#include "test_support.h"
 
 using namespace troupe;
 using namespace troupe::learner;
@@ -183,14 +184,7 @@ int check_reduce_scatter(Communicator& world) {
 }
 
 policy::ModelConfig tiny(bool moe, int lora_rank, bool tied = false, bool ckpt = false) {
-  policy::ModelConfig mc;
-  mc.vocab_size = 32;
-  mc.hidden_size = 16;
-  mc.num_hidden_layers = 2;
-  mc.num_attention_heads = 2;
-  mc.num_key_value_heads = 1;
-  mc.head_dim = 8;
-  mc.intermediate_size = 32;
+  policy::ModelConfig mc = test::tiny_model(2);
   mc.tie_word_embeddings = tied;
   mc.activation_checkpointing = ckpt;
   if (moe) {
@@ -223,12 +217,8 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int bad = 0;
   {
-    auto comm = make_mpi_communicator();
-    if (!comm.ok()) {
-      std::fprintf(stderr, "%s\n", comm.error().message.c_str());
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    Communicator& world = **comm;
+    auto world_comm = test::mpi_world_or_abort();
+    Communicator& world = *world_comm;
     bad |= check_reduce_scatter(world);
     bad |= compare_model("bigram",
                          [](std::unique_ptr<policy::Model>&) -> std::unique_ptr<PolicyModel> {

@@ -1,0 +1,46 @@
+// What the learner tests under tests/learner/ share: the tiny model they train and, for the mpirun
+// tests, the world communicator.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "troupe/learner/communicator.h"
+#include "troupe/policy/model.h"
+
+namespace troupe::learner::test {
+
+// The tiny model: vocab 32, width 16, `layers` layers of 2 attention heads (1 KV head) of 8 and a
+// dense MLP of 32; with `experts` > 0 the MLPs are MoE layers of that many experts, top-2, each of
+// width 16 (the caller names dense layers in mlp_only_layers).
+inline policy::ModelConfig tiny_model(int layers, int experts = 0) {
+  policy::ModelConfig mc;
+  mc.vocab_size = 32;
+  mc.hidden_size = 16;
+  mc.num_hidden_layers = layers;
+  mc.num_attention_heads = 2;
+  mc.num_key_value_heads = 1;
+  mc.head_dim = 8;
+  mc.intermediate_size = 32;
+  if (experts > 0) {
+    mc.num_experts = experts;
+    mc.num_experts_per_tok = 2;
+    mc.moe_intermediate_size = 16;
+  }
+  return mc;
+}
+
+// The learners' communicator over MPI_COMM_WORLD (MPI_Init done by the caller); the job aborts,
+// naming the error, when it cannot be made.
+inline std::unique_ptr<Communicator> mpi_world_or_abort() {
+  auto comm = make_mpi_communicator();
+  if (!comm.ok()) {
+    std::fprintf(stderr, "%s\n", comm.error().message.c_str());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return std::move(*comm);
+}
+
+}  // namespace troupe::learner::test
