@@ -52,7 +52,7 @@ train = [r for r in rows if "eval_accuracy" not in r and "reward_mean" in r and 
 sft = [r for r in rows if "eval_accuracy" not in r and r.get("phase") == "sft" and "loss" in r]
 evals = [r for r in rows if "eval_accuracy" in r]
 mism = [r for r in rows if "eval_accuracy" not in r and "logprob_diff_max" in r]
-FROZEN = ("distill/reverse_kl", "distill/teacher_logprob", "reward_model/score_mean", "judge/parse_fail_frac")
+FROZEN = ("distill/reverse_kl", "distill/teacher_logprob_mean", "reward_model/score_mean", "judge/parse_fail_frac")
 # each scorer use's request latency (teacher, local judge, reward model): mean and max seconds
 LATENCY = (("scorer/", "tab:gray"), ("scorer/judge/", "tab:red"), ("scorer/reward_model/", "tab:olive"))
 frozen = [r for r in rows if "eval_accuracy" not in r and

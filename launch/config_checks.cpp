@@ -203,8 +203,10 @@ void check_reward_model_entry(const ExperimentConfig& c, const actors::EnvSpec& 
   };
   check("center", {"none", "batch", "running"}, "none, batch or running");
   check("score_template", {"chat", "plain"}, "chat or plain");
-  if (e.config.contains("judge"))
-    report(pre + ".config.judge", pre + ".config.judge", "a reward_model env is scored by its model, not a judge");
+  if (e.config.contains("judge") && !e.config.contains("reward_weights"))
+    report(pre + ".config.judge", pre + ".config.judge",
+           "a reward_model env is scored by its model alone without config.reward_weights (which weighs its "
+           "verifier, judge and reward_model components)");
 }
 
 // One env entry's keys agree with its type.

@@ -32,25 +32,34 @@ void serialize(A& ar, Rollout& r) {
      r.env_s, r.idle_s, r.version_wait_s, r.retries);
 }
 
+// Format 3 appends, after the rollouts, what each group's verify reported besides its rewards: the
+// infos (judge/latency_s, the trajectories' info) and its scorer requests (scorer/judge/*,
+// scorer/reward_model/*), so a resumed run's rows and trajectories carry them as an uninterrupted
+// run's do. Format 2 ends after the rollouts (those come back empty).
 template <class A>
 void save(A& ar, const PipelineState& p) {
   ar(p.format, p.max_staleness, p.async_chunks, p.in_flight_every, p.in_flight_min_lag, p.trained_steps,
      p.trained_episodes,
      static_cast<uint64_t>(p.finished.size()));
   for (const auto& [k, r] : p.finished) ar(k, r);
+  for (const auto& [k, r] : p.finished)
+    for (const auto& g : r.groups) ar(g.infos, g.judge_scorer, g.reward_model_scorer);
 }
 template <class A>
 void load(A& ar, PipelineState& p) {
   uint64_t n = 0;
   ar(p.format);
-  if (p.format != 2)
+  if (p.format != 2 && p.format != 3)
     throw std::runtime_error("format " + std::to_string(p.format) +
-                             " (this troupe reads 2; format 1 predates per-token policy versions)");
+                             " (this troupe reads 2 and 3; format 1 predates per-token policy versions)");
   ar(p.max_staleness, p.async_chunks, p.in_flight_every, p.in_flight_min_lag, p.trained_steps, p.trained_episodes,
      n);
   if (n > ar.remaining()) throw std::runtime_error("claims " + std::to_string(n) + " rollouts");
   p.finished.resize(n);
   for (auto& [k, r] : p.finished) ar(k, r);
+  if (p.format >= 3)
+    for (auto& [k, r] : p.finished)
+      for (auto& g : r.groups) ar(g.infos, g.judge_scorer, g.reward_model_scorer);
 }
 
 std::string encode_pipeline(const PipelineState& p) {

@@ -17,7 +17,9 @@ namespace troupe::actors::coord {
 
 struct PipelineState {
   static constexpr const char* type_name = "actors.PipelineState";
-  int32_t format = 2;  // 2: samples carry per-token versions (GenSample::version_starts)
+  // 2: samples carry per-token versions (GenSample::version_starts); 3: and each group's verify
+  // infos and scorer requests (Rollout::Group::infos, judge_scorer, reward_model_scorer)
+  int32_t format = 3;
   // the pipeline's shape when it was saved: a resume with another one cannot use the rollouts
   int32_t max_staleness = 0;
   int32_t async_chunks = 1;

@@ -38,10 +38,10 @@ struct Rollout {
     std::vector<std::string> errors;
     std::vector<std::string> reasons;  // per sample: "" or why it failed (a trajectory termination)
     std::vector<std::string> components;  // per sample: the reward's parts (JSON), "" when unknown
-    // single-turn: per sample, the verify's info (JSON, e.g. {"fields": {...}}; not saved with the rollout)
+    // single-turn: per sample, the verify's info (JSON, e.g. {"fields": {...}})
     std::vector<std::string> infos;
     // its verify's scorer requests (a judge's local model, a reward model on the scorers; metrics
-    // scorer/judge/*, scorer/reward_model/*; not saved with the rollout)
+    // scorer/judge/*, scorer/reward_model/*)
     ScorerStats judge_scorer, reward_model_scorer;
     std::string env_version;
     std::string messages_json = "[]";  // the first observation's chat messages

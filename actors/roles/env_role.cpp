@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "reward_model_scoring.h"
@@ -168,12 +169,24 @@ Result<EnvVerifyRep> EnvWorker::verify(const EnvVerifyReq& r) {
   return out;
 }
 
+namespace {
+// A reward_model env's config.reward_weights.reward_model (1 when reward_weights names other
+// components only); none without reward_weights: the score alone is the reward.
+std::optional<double> reward_model_weight(const json& config) {
+  if (!config.is_object() || !config.contains("reward_weights") || !config["reward_weights"].is_object()) return std::nullopt;
+  const auto& w = config["reward_weights"];
+  return w.contains("reward_model") && w["reward_model"].is_number() ? w["reward_model"].get<double>() : 1.0;
+}
+}  // namespace
+
 // The reward model's raw score becomes each scored completion's reward (component `reward_model`;
-// a verifier's `correct` stays for accuracy); a scoring error or a score outside the env's reward
+// a verifier's `correct` stays for accuracy), or with config.reward_weights its weighted part (the
+// env gave the weighted sum of the others); a scoring error or a score outside the env's reward
 // bounds fails the completion, as a failed verify does. Centering (config.center) is the coordinator's.
 Status EnvWorker::score_with_reward_model(const std::string& env, const json& meta,
                                           const std::vector<std::string>& completions, EnvVerifyRep& out) {
   const auto& spec = specs_.at(env);
+  const std::optional<double> weight = reward_model_weight(spec.config);
   std::vector<size_t> ok;
   std::vector<std::string> texts;
   for (size_t j = 0; j < completions.size(); ++j)
@@ -190,7 +203,11 @@ Status EnvWorker::score_with_reward_model(const std::string& env, const json& me
   }();
   for (size_t n = 0; n < ok.size(); ++n) {
     const size_t j = ok[n];
-    Status bad = scores.ok() ? envs::check_reward(spec, (*scores)[n], "reward model score of completion " + std::to_string(j))
+    // with reward_weights the env's weighted sum of its other components, plus the weighted score
+    const double reward = !scores.ok() ? 0.0 : weight ? out.rewards[j] + *weight * (*scores)[n] : (*scores)[n];
+    Status bad = scores.ok() ? envs::check_reward(spec, reward, (weight ? "reward (with the reward model's score) of completion "
+                                                                        : "reward model score of completion ") +
+                                                                    std::to_string(j))
                              : Status(Error{scores.error().code, "env '" + env + "': " + scores.error().message});
     if (!bad.ok()) {
       out.rewards[j] = 0;
@@ -204,7 +221,7 @@ Status EnvWorker::score_with_reward_model(const std::string& env, const json& me
     if (!comps.is_object()) comps = json::object();
     comps["reward_model"] = (*scores)[n];
     if (!comps.contains("correct")) out.correct[j] = 0;  // no verifier: no accuracy
-    out.rewards[j] = (*scores)[n];
+    out.rewards[j] = reward;
     out.components_json[j] = comps.dump();
   }
   return {};

@@ -217,7 +217,7 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
   if (m.distill.tokens > 0) {  // distill: the student (this forward) against the teacher's log-probs
     const double steps = std::max(m.optimizer_steps, 1);
     j["distill/reverse_kl"] = m.distill.reverse_kl_sum / m.distill.tokens;
-    j["distill/teacher_logprob"] = m.distill.teacher_logp_sum / m.distill.tokens;
+    j["distill/teacher_logprob_mean"] = m.distill.teacher_logp_sum / m.distill.tokens;
     j["distill/loss"] = m.distill.loss / steps;
     if (cfg_.distill.topk > 0) {
       j["distill/topk_kl"] = m.distill.topk_kl_sum / m.distill.tokens;

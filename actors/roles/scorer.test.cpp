@@ -1,6 +1,7 @@
 // actors.scorer: the frozen-model scorer. Versioning (the hash of the model's files), log-probs
 // and top-k against the model's own forward, batch invariance (a sequence's numbers alone = in a
-// batch), generation, the reward-model seam refused by name, bad requests, and the actor:
+// batch), quantized .gguf models of two families, generation, the reward-model seam refused by
+// name, bad requests, and the actor:
 // continuous batching of concurrent requests, a failed or silent scorer retried on the next one
 // (counted) under a deadline, and the error naming every scorer tried.
 #include "troupe/actors/scorer.h"
@@ -209,6 +210,51 @@ TEST_F(ScorerTest, GeneratesAndRefusesWhatItCannotServe) {
   ASSERT_FALSE(out[3].ok());
   EXPECT_NE(out[3].error().message.find("cannot start scoring at 5"), std::string::npos) << out[3].error().message;
   EXPECT_FALSE(Scorer::create({(root_ / "nowhere").string()}, {}).ok());
+}
+
+// Any family and dtype policy.path loads, a quantized base included: .gguf teachers whose weights are
+// Q8_0/Q4_0/Q4_1 blocks (a llama and a qwen3) are served as the model's own default-kernel forward
+// of the dequantized weights gives them, bit for bit, alone or batched with the other model's
+// requests; each is versioned by the hash of its file, and generates.
+TEST_F(ScorerTest, ServesQuantizedGgufModelsOfEachFamily) {
+  const std::vector<std::string> paths = {std::string(TROUPE_GGUF_FIXTURES_DIR) + "/tiny_llama.gguf",
+                                          std::string(TROUPE_GGUF_FIXTURES_DIR) + "/tiny_qwen3.gguf"};
+  auto s = Scorer::create(paths, {});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  const std::vector<int32_t> q = {1, 20, 21, 22, 23, 24, 25};
+  std::vector<ScoreReq> reqs;
+  for (const auto& path : paths) {
+    path_ = path;
+    reqs.push_back(logprobs_req({{1, 30, 31, 32}, q}));
+  }
+  auto batch = (*s)->run_batch({&reqs[0], &reqs[1]});
+  for (size_t i = 0; i < paths.size(); ++i) {
+    ASSERT_TRUE(batch[i].ok()) << paths[i] << ": " << batch[i].error().message;
+    EXPECT_EQ(batch[i]->model_hash, *model_files_hash(paths[i]));
+    path_ = paths[i];
+    auto alone = (*s)->run(logprobs_req({q}));
+    ASSERT_TRUE(alone.ok()) << alone.error().message;
+    EXPECT_EQ(batch[i]->logprobs[1], alone->logprobs[0]) << paths[i];
+    policy::ExecutionOptions exec;
+    exec.activation_checkpointing = true;
+    auto m = policy::io::load_model(paths[i], exec);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    policy::PackedBatch b;
+    b.tokens.assign(q.begin(), q.end() - 1);
+    b.targets.assign(q.begin() + 1, q.end());
+    b.cu_seqlens = {0, static_cast<int32_t>(b.tokens.size())};
+    std::vector<float> lp(b.tokens.size());
+    ASSERT_TRUE(m->model.forward_train(b, 1.0f, lp.data(), nullptr).ok());
+    EXPECT_EQ(std::vector<float>(lp.begin() + 1, lp.end()), alone->logprobs[0]) << paths[i];
+    ScoreReq g;
+    g.kind = static_cast<int32_t>(ScoreKind::generate);
+    g.model = paths[i];
+    g.prompts = {"hi"};
+    g.max_new_tokens = 4;
+    auto text = (*s)->run(g);
+    ASSERT_TRUE(text.ok()) << paths[i] << ": " << text.error().message;
+    EXPECT_EQ(text->texts.size(), 1u);
+  }
 }
 
 // Continuous batching per decode step: a generate request submitted while another generates joins

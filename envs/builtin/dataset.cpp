@@ -45,6 +45,9 @@ using detail::RowOrder;
 using detail::RowRules;
 using detail::RowSource;
 
+// A reward model's component (its raw score), given by the env worker that scores a reward_model env.
+constexpr const char* kRewardModelComponent = "reward_model";
+
 enum class Verifier { exact, numeric, regex, countdown, math, python, none };  // none: only the judge
 
 using Row = DatasetRow;
@@ -62,17 +65,21 @@ class DatasetEnv final : public detail::SingleTurnEnv {
   std::shared_ptr<const detail::Judge> judge;  // config.judge (null: none)
   std::map<std::string, double> weights;       // reward_weights (a component not named: weight 1)
   bool scored_externally = false;  // type: reward_model: the reward model scores; the prompt goes in the metadata
+  // type: reward_model with reward_weights: the reward is the weighted sum of the components, the
+  // reward model's (kRewardModelComponent) weighted score added by the env worker that scores it
+  bool weighted_externally = false;
 
   EnvInfo info() const override { return {"dataset", "1", false, 1, {}}; }
 
   Result<VerifyResult> verify(const json& metadata, const std::string& completion) override {
-    return judge ? verify_judged(metadata, completion) : verify_verifier(metadata, completion);
+    return judge || weighted_externally ? verify_weighted(metadata, completion) : verify_verifier(metadata, completion);
   }
 
-  // With a judge: components `verifier` (a built-in verifier's reward; a Python hook's own components,
-  // or `verifier` when it returns a number) and `judge`, the reward their weighted sum. A built-in
-  // verifier's `correct` is kept as a component outside the sum (accuracy metrics read it).
-  Result<VerifyResult> verify_judged(const json& metadata, const std::string& completion) {
+  // With a judge (or weighted_externally): components `verifier` (a built-in verifier's reward; a
+  // Python hook's own components, or `verifier` when it returns a number) and `judge` (with a judge),
+  // the reward their weighted sum. A built-in verifier's `correct` is kept as a component outside the
+  // sum (accuracy metrics read it).
+  Result<VerifyResult> verify_weighted(const json& metadata, const std::string& completion) {
     TROUPE_ASSIGN_OR_RETURN(const Row* row, row_of(metadata));
     VerifyResult out;
     std::map<std::string, double> parts;
@@ -82,10 +89,13 @@ class DatasetEnv final : public detail::SingleTurnEnv {
       else parts["verifier"] = v.reward;
       if (verifier != Verifier::python && v.components.count("correct")) out.components["correct"] = v.components["correct"];
     }
-    TROUPE_ASSIGN_OR_RETURN(detail::JudgeScore s, judge->score(row->prompt, completion, row->answer));
-    parts["judge"] = s.score;
+    detail::JudgeScore s;
+    if (judge) {
+      TROUPE_ASSIGN_OR_RETURN(s, judge->score(row->prompt, completion, row->answer));
+      parts["judge"] = s.score;
+    }
     for (const auto& [name, w] : weights)
-      if (!parts.count(name))
+      if (!parts.count(name) && !(scored_externally && name == kRewardModelComponent))
         return invalid_input(std::string(termination_name(Termination::reward_bad_return)) +
                              ": env dataset: reward_weights names '" + name + "', which the reward hook did not return");
     for (const auto& [name, x] : parts) {
@@ -93,7 +103,7 @@ class DatasetEnv final : public detail::SingleTurnEnv {
       out.reward += (w == weights.end() ? 1.0 : w->second) * x;
       out.components[name] = x;
     }
-    out.info["judge_latency_s"] = s.latency_s;
+    if (judge) out.info["judge_latency_s"] = s.latency_s;
     return out;
   }
 
@@ -188,30 +198,40 @@ Result<RowSource> read_source(detail::ConfigReader& r, const std::string& split_
   return src;
 }
 
-// `judge` (judge.h) and `reward_weights` ({component: weight}; names checked where they are known:
-// `judge`, and `verifier` for a built-in verifier; a Python hook's names are checked at each call).
+// `judge` (judge.h) and `reward_weights` ({component: weight}, with a judge or scored externally;
+// names checked where they are known: `judge`, and `verifier` for a built-in verifier; a Python
+// hook's names are checked at each call).
 Status read_judge(detail::ConfigReader& r, DatasetEnv& env) {
   const std::string where = r.where();
   const json* judge = r.raw("judge");
   const json* weights = r.raw("reward_weights");
   if (env.verifier == Verifier::none && !judge && !env.scored_externally)
     return invalid_input(where + ": verifier: none needs 'judge' (an env needs a reward source)");
-  if (!judge) {
-    if (weights) return invalid_input(where + ": 'reward_weights' needs 'judge' (it weighs the verifier and the judge)");
+  if (!judge && !(weights && env.scored_externally)) {
+    if (weights)
+      return invalid_input(where + ": 'reward_weights' needs 'judge' or a reward model (it weighs the verifier, the "
+                                   "judge and the reward model)");
     return {};
   }
-  TROUPE_ASSIGN_OR_RETURN(detail::JudgeConfig config, detail::read_judge_config(*judge, where));
-  env.judge = std::make_shared<const detail::Judge>(std::move(config));
+  if (judge) {
+    TROUPE_ASSIGN_OR_RETURN(detail::JudgeConfig config, detail::read_judge_config(*judge, where));
+    env.judge = std::make_shared<const detail::Judge>(std::move(config));
+  }
   if (!weights) return {};
   if (!weights->is_object()) return invalid_input(where + ": 'reward_weights' must be a mapping {component: weight}");
+  env.weighted_externally = env.scored_externally;
+  std::string names = env.verifier == Verifier::none ? "" : "verifier";
+  if (env.judge) names += names.empty() ? "judge" : ", judge";
+  if (env.scored_externally) names += names.empty() ? "reward_model" : ", reward_model";
   for (auto it = weights->begin(); it != weights->end(); ++it) {
     if (!it->is_number() || !std::isfinite(it->get<double>()))
       return invalid_input(where + ": reward_weights." + it.key() + " must be a number");
-    const bool known = it.key() == "judge" || env.verifier == Verifier::python ||
-                       (it.key() == "verifier" && env.verifier != Verifier::none);
+    const bool known = (it.key() == "judge" && env.judge) || env.verifier == Verifier::python ||
+                       (it.key() == "verifier" && env.verifier != Verifier::none) ||
+                       (it.key() == kRewardModelComponent && env.scored_externally);
     if (!known)
       return invalid_input(where + ": reward_weights." + it.key() + " names no reward component (this env's are: " +
-                           (env.verifier == Verifier::none ? "judge" : "verifier, judge") + ")");
+                           names + ")");
     env.weights[it.key()] = it->get<double>();
   }
   return {};

@@ -28,15 +28,19 @@ Result<RewardModelSpec> take_reward_model_config(nlohmann::json& config, const s
   if (path.empty())
     return invalid_input(where + ": a reward_model env needs 'path' (a Hugging Face *ForSequenceClassification directory)");
   if (!config.is_object()) return invalid_input(where + ": 'config' must be a mapping");
-  if (config.contains("judge"))
-    return invalid_input(where + ": config.judge is not for a reward_model env (its reward is the reward model's score)");
   RewardModelSpec s;
   s.path = path;
   TROUPE_TRY(read_enum(config, "center", &s.center, where, "none, batch or running"));
   TROUPE_TRY(read_enum(config, "score_template", &s.score_template, where, "chat or plain"));
+  // with reward_weights the reward is the weighted sum of the env's components (the dataset env's
+  // verifier and judge, the env worker's reward_model); without, the score alone
+  const bool weighted = config.contains("reward_weights");
+  const char* alone = " is not for a reward_model env without config.reward_weights (its reward is then the reward "
+                      "model's score)";
+  if (config.contains("judge") && !weighted) return invalid_input(where + ": config.judge" + alone);
   if (!config.contains("verifier")) config["verifier"] = "none";
-  if (config.contains("verifier") && config["verifier"] == "python")
-    return invalid_input(where + ": config.verifier python is not for a reward_model env (its reward is the reward model's score)");
+  if (config.contains("verifier") && config["verifier"] == "python" && !weighted)
+    return invalid_input(where + ": config.verifier python" + alone);
   config[kScoredExternallyKey] = true;
   return s;
 }

@@ -1,5 +1,6 @@
 // envs.reward_model: a `type: reward_model` entry read into an EnvSpec (and written back), every bad
 // key named; the dataset env it becomes (verifier none, no answer field, the prompt in the metadata);
+// reward_weights combining the verifier, a judge and the score;
 // the centering unit (none, batch, running, state round trip).
 #include <gtest/gtest.h>
 
@@ -104,6 +105,54 @@ TEST(RewardModelSpec, DatasetEnvGivesThePromptAndNeedsNoAnswer) {
   auto refused = EnvRegistry::global().create("dataset", plain);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("verifier: none needs 'judge'"), std::string::npos) << refused.error().message;
+  std::filesystem::remove_all(dir);
+}
+
+// config.reward_weights on a reward_model env: the dataset env's reward is the weighted sum of its own
+// components (the env worker adds reward_weights.reward_model x the score); a judge and a Python
+// hook are allowed with it; the weights' names are checked against the env's components.
+TEST(RewardModelSpec, RewardWeightsCombineTheSources) {
+  const auto dir = std::filesystem::temp_directory_path() / ("troupe_rm_weights_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "rows.jsonl") << R"({"question": "1+1", "answer": "2"})" << "\n";
+  const std::string rows = (dir / "rows.jsonl").string();
+  auto s = parse_env_spec(entry({{"train", rows}, {"eval_fraction", 0}, {"verifier", "numeric"}, {"extract", "last_number"},
+                                 {"reward_weights", {{"verifier", 2.0}, {"reward_model", 0.5}}}}),
+                          "envs[0]");
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  auto again = parse_env_spec(to_json(*s), "envs[0]");
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again->config, s->config);
+  auto env = EnvRegistry::global().create("dataset", s->config);
+  ASSERT_TRUE(env.ok()) << env.error().message;
+  auto obs = (*env)->reset(0, {});
+  ASSERT_TRUE(obs.ok()) << obs.error().message;
+  auto v = (*env)->verify(obs->metadata, "it is 2");
+  ASSERT_TRUE(v.ok()) << v.error().message;
+  EXPECT_EQ(v->reward, 2.0);  // 2 x verifier (1); the env worker adds 0.5 x the score
+  EXPECT_EQ(v->components.at("verifier"), 1.0);
+  EXPECT_EQ(v->components.at("correct"), 1.0);
+  EXPECT_FALSE(v->components.count("reward_model"));
+  // a judge and a Python hook are allowed with reward_weights, refused without
+  EXPECT_TRUE(parse_env_spec(entry({{"judge", {{"url", "http://x"}, {"model", "m"}}}, {"reward_weights", {{"judge", 1}}}}),
+                             "envs[0]")
+                  .ok());
+  EXPECT_NE(error_of(entry({{"judge", {{"url", "http://x"}}}})).find("without config.reward_weights"), std::string::npos);
+  // bad weights named: not a number, no component of this env
+  auto bad = parse_env_spec(entry({{"train", rows}, {"reward_weights", {{"reward_model", "x"}}}}), "envs[0]");
+  ASSERT_TRUE(bad.ok());
+  auto refused = EnvRegistry::global().create("dataset", bad->config);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("reward_weights.reward_model must be a number"), std::string::npos)
+      << refused.error().message;
+  auto unknown = parse_env_spec(entry({{"train", rows}, {"verifier", "exact"}, {"reward_weights", {{"judge", 1}}}}), "envs[0]");
+  ASSERT_TRUE(unknown.ok());
+  refused = EnvRegistry::global().create("dataset", unknown->config);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("reward_weights.judge names no reward component (this env's are: verifier, "
+                                         "reward_model)"),
+            std::string::npos)
+      << refused.error().message;
   std::filesystem::remove_all(dir);
 }
 

@@ -4,6 +4,7 @@
   check_run.py files RUN_DIR            the run directory has every artifact docs/architecture.md lists
   check_run.py same RUN_A RUN_B         the training rows agree on every non-timing metric
   check_run.py same_evals RUN_A RUN_B   so do the eval rows (and there are some)
+  check_run.py same_keys RUN_A RUN_B    the training rows have the same keys, timings included
   check_run.py staleness RUN_DIR N      every GRPO row has staleness <= N
   check_run.py steps RUN_DIR N          the training rows are steps 1..N, each once (also across --resume)
   check_run.py moved RUN_DIR            most GRPO rows made a real update (reward spread, grad_norm > 0)
@@ -159,6 +160,18 @@ def same(a, b):
                    [r for r in rows(b) if "eval_accuracy" not in r], "training")
 
 
+def same_keys(a, b):
+    ra = [r for r in rows(a) if "eval_accuracy" not in r]
+    rb = [r for r in rows(b) if "eval_accuracy" not in r]
+    if len(ra) != len(rb):
+        fail("%d vs %d training rows" % (len(ra), len(rb)))
+    for x, y in zip(ra, rb):
+        if set(x) != set(y):
+            fail("step %s: keys only in %s: %s; only in %s: %s" % (
+                x["step"], a, sorted(set(x) - set(y)), b, sorted(set(y) - set(x))))
+    print("%d training rows with the same keys" % len(ra))
+
+
 def same_evals(a, b):
     same(a, b)
     identical_rows([r for r in rows(a) if "eval_accuracy" in r], [r for r in rows(b) if "eval_accuracy" in r], "eval")
@@ -264,12 +277,12 @@ def distilled(run_dir):
     if len(rs) < 6:
         fail("%d GRPO rows with distill/reverse_kl" % len(rs))
     kl = [r["distill/reverse_kl"] for r in rs]
-    tl = [r["distill/teacher_logprob"] for r in rs]
+    tl = [r["distill/teacher_logprob_mean"] for r in rs]
     first, last = sum(kl[:3]) / 3, sum(kl[-3:]) / 3
     if not last < 0.8 * first:
         fail("distill/reverse_kl did not fall: first steps %.4f, last steps %.4f (%s)" % (first, last, kl))
     if not sum(tl[-3:]) > sum(tl[:3]):
-        fail("distill/teacher_logprob did not rise: %s" % tl)
+        fail("distill/teacher_logprob_mean did not rise: %s" % tl)
     for r in rs:
         if r.get("scorer/failures", -1) != 0 or r.get("scorer/requests", 0) < 1:
             fail("step %s: scorer/requests %r, scorer/failures %r" % (r["step"], r.get("scorer/requests"),
@@ -289,6 +302,8 @@ if __name__ == "__main__":
         same(sys.argv[2], sys.argv[3])
     elif cmd == "improved":
         improved(sys.argv[2], sys.argv[3])
+    elif cmd == "same_keys":
+        same_keys(sys.argv[2], sys.argv[3])
     elif cmd == "same_evals":
         same_evals(sys.argv[2], sys.argv[3])
     elif cmd == "staleness":

@@ -621,7 +621,7 @@ rows = [json.loads(l) for l in open(os.path.join(sys.argv[1], "metrics.jsonl")) 
 grpo = [r for r in rows if r.get("phase") == "grpo" and "reward_mean" in r]
 assert len(grpo) == 2, grpo
 for r in grpo:
-    for k in ("distill/reverse_kl", "distill/teacher_logprob", "scorer/requests"):
+    for k in ("distill/reverse_kl", "distill/teacher_logprob_mean", "scorer/requests"):
         assert k in r, (r["step"], k, sorted(r))
     assert r["scorer/requests"] >= 1 and r["scorer/failures"] == 0, r
 print("smollm2_distill: ok", [round(r["distill/reverse_kl"], 4) for r in grpo])

@@ -5,8 +5,9 @@
 # and score_std its step's mean and std; same seed, same metrics;
 # the model on a scorer actor, cluster.scorers 1, gives the same metrics as in the env worker, and its
 # step rows carry the scorer requests' latency and batch size, scorer/reward_model/*),
-# batch (each step's rewards sum to 0), running (a --resume goes on with the checkpointed mean, bit
-# for bit); bad paths and keys stop the start (exit 2) naming them.
+# batch (each step's rewards sum to 0), a verifier and the score weighted (config.reward_weights: the
+# reward their weighted sum, each logged reward/<name>), running (a --resume goes on with the
+# checkpointed mean, bit for bit); bad paths and keys stop the start (exit 2) naming them.
 #   reward_model_run.sh TROUPE PYTHON SOURCE_DIR WORK_DIR
 set -euo pipefail
 TROUPE=$1 PY=$2 SRC=$3 WORK=$4
@@ -42,6 +43,10 @@ run 0 scorer "${RMA[@]}" --set grpo.max_steps=3 --set checkpointing.enabled=fals
 # 2. center batch: every step's scored rewards sum to 0; the raw score stays the component
 rm_env batch
 run 0 batch "${RMA[@]}" --set grpo.max_steps=3 --set checkpointing.enabled=false
+# 2b. several reward sources: a verifier and the score, weighted (config.reward_weights)
+run 0 weighted --set envs[0].type=reward_model --set "envs[0].path=$RM" --set grpo.max_steps=2 \
+  --set checkpointing.enabled=false \
+  --set "envs[0].config={$ROWS, \"verifier\": \"numeric\", \"extract\": \"last_number\", \"reward_weights\": {\"verifier\": 1, \"reward_model\": 0.5}}"
 # 3. center running: 4 steps at once, and 2 steps then --resume to 4 (checkpoint every 2)
 rm_env running
 RMA+=(--set optimizer.schedule=constant)
@@ -106,13 +111,25 @@ for step, xs in by_step.items():
 for r in steps("batch"):
     raw = [x["reward_components"]["reward_model"] for x in by_step[r["step"]]]
     assert abs(r["reward_model/score_mean"] - sum(raw) / len(raw)) < 1e-9, (r["step"], r["reward_model/score_mean"])
+# weighted: each reward is verifier + 0.5 x the raw score; every source logged as reward/<name>
+tw = trajs("weighted")
+assert tw and all(set(x["reward_components"]) == {"verifier", "correct", "reward_model"} for x in tw), tw[0]
+for x in tw:
+    c = x["reward_components"]
+    assert abs(x["reward"] - (c["verifier"] + 0.5 * c["reward_model"])) < 1e-9, x
+for r in steps("weighted"):
+    xs = [x for x in tw if x["step"] == r["step"]]
+    for name in ("verifier", "reward_model"):
+        m = sum(x["reward_components"][name] for x in xs) / len(xs)
+        assert abs(r["reward/" + name] - m) < 1e-9, (r["step"], name, r.get("reward/" + name), m)
+    assert abs(r["accuracy"] - sum(x["reward_components"]["correct"] for x in xs) / len(xs)) < 1e-9, r
 # running: the resumed run's steps 3-4 equal the uninterrupted run's, and state.json holds the mean
 same(steps("running")[2:], [r for r in steps("resumed") if r["step"] > 2], "resume")
 st = json.load(open(os.path.join(work, "resumed", "checkpoints", "step_2", "state.json")))
 
 found = json.dumps(st)
 assert "reward_centering" in found and "\"count\": 128" in found, found[:600]
-print("reward_model_run: none, batch, running ok")
+print("reward_model_run: none, batch, weighted, running ok")
 PYEOF
 
 # troupe eval of the running run's checkpoint: with cluster.scorers 1 it starts a scorer itself, and
@@ -141,6 +158,9 @@ grep -q "envs\[0\].config.center" "$WORK/center.err"
 run 2 nopath --set envs[0].type=reward_model --set "envs[0].config={$ROWS}"
 grep -q "envs\[0\].path" "$WORK/nopath.err"
 rm_env none
+run 2 badweight --set envs[0].type=reward_model --set "envs[0].path=$RM" \
+  --set "envs[0].config={$ROWS, \"reward_weights\": {\"judge\": 1}}"
+grep -q "reward_weights.judge names no reward component (this env's are: reward_model)" "$WORK/badweight.err"
 run 2 turns "${RMA[@]}" --set rollout.max_turns=2
 grep -q "rollout.max_turns: must be 1 with a reward_model env (env '.*'): a reward model scores single-turn responses" "$WORK/turns.err"
 echo "reward_model_run: all cases passed"
