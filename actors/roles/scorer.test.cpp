@@ -1,7 +1,8 @@
 // actors.scorer: the frozen-model scorer. Versioning (the hash of the model's files), log-probs
 // and top-k against the model's own forward, batch invariance (a sequence's numbers alone = in a
 // batch), quantized .gguf models of two families, generation, the reward-model seam refused by
-// name, bad requests, and the actor:
+// name, bad requests, the coordinator's teacher requests (the check at start, a silent or stopped
+// scorer retried on the next one, counted, the error past the retries), and the actor:
 // continuous batching of concurrent requests, a failed or silent scorer retried on the next one
 // (counted) under a deadline, and the error naming every scorer tried.
 #include "troupe/actors/scorer.h"
@@ -18,6 +19,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "coordinator/coordinator_internal.h"
 #include "tiny_config.test.h"
 #include "troupe/actors/roles.h"
 #include "troupe/policy/io/model_io.h"
@@ -484,6 +486,114 @@ TEST_F(ScorerTest, ActorBatchesConcurrentRequestsAndClientRetriesElsewhere) {
   EXPECT_NE(r3.error().message.find("scorer 0:"), std::string::npos) << r3.error().message;
   EXPECT_NE(r3.error().message.find("scorer 1:"), std::string::npos) << r3.error().message;
   EXPECT_EQ(client3.stats().failures, 2);
+  (*sys)->shutdown();
+}
+
+// Runs the coordinator's teacher scoring (check_teacher with `check`, then score_teacher) on an
+// actor of its own, as the Coordinator runs its steps, and hands back its status. It shares the
+// run state, the samples and the promise: its coroutine may still be ending when the test reads them.
+class TeacherProbe : public runtime::Actor {
+ public:
+  TeacherProbe(std::shared_ptr<coord::RunState> s, std::shared_ptr<coord::Prepared> p, bool check,
+               std::shared_ptr<std::promise<Status>> done)
+      : s_(std::move(s)), p_(std::move(p)), check_(check), done_(std::move(done)) {}
+  void on_start(runtime::Context& ctx) override {
+    runtime::ActorContext::Scope scope(s_->here, ctx);
+    task_ = run();
+    task_.start();
+  }
+
+ private:
+  runtime::Task<Status> run() {
+    Status st;
+    if (check_) st = co_await coord::check_teacher(*s_);  // (no co_await inside ?: with GCC 12)
+    if (st.ok()) st = co_await coord::score_teacher(*s_, *p_);
+    done_->set_value(st);
+    co_return Status{};
+  }
+  std::shared_ptr<coord::RunState> s_;
+  std::shared_ptr<coord::Prepared> p_;
+  bool check_;
+  std::shared_ptr<std::promise<Status>> done_;
+  runtime::Task<Status> task_;
+};
+
+// distill: the coordinator's teacher requests (teacher_scores.cpp) follow the reliability rules. The
+// check at start asks every scorer (a silent one fails it, named); each chunk of 16 samples goes to
+// its scorer under distill.timeout_s, a silent scorer's chunk is retried on the next one and
+// counted (scorer/failures, scorer/retries), the teacher's numbers those of the scorer that
+// answered; past distill.max_retries the step fails naming every scorer tried and why.
+TEST_F(ScorerTest, TeacherRequestsAreCheckedRetriedAndCounted) {
+  auto made = Scorer::create({path_}, {});
+  ASSERT_TRUE(made.ok()) << made.error().message;
+  std::shared_ptr<Scorer> scorer = std::move(made).value();
+  runtime::SystemConfig sc;
+  sc.threads = 2;
+  auto sys = runtime::ActorSystem::create(sc);
+  ASSERT_TRUE(sys.ok()) << sys.error().message;
+  auto good = (*sys)->spawn([scorer]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<ScorerActor>(scorer, 1); });
+  auto mute = (*sys)->spawn([]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<MuteScorer>(); });
+  auto gone = (*sys)->spawn([scorer]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<ScorerActor>(scorer, 1); });
+  ASSERT_TRUE(good.ok() && mute.ok() && gone.ok());
+  (*sys)->stop_actor(*gone);
+  auto run = [&](std::vector<runtime::ActorId> scorers, bool check, const std::shared_ptr<coord::Prepared>& p) {
+    auto s = std::make_shared<coord::RunState>();
+    s->cfg = test_support::tiny_config();
+    s->cfg.distill.teacher = path_;
+    s->cfg.distill.timeout_s = 1.5;  // a silent try costs this; an answer comes well within it
+    s->cfg.distill.max_retries = 1;
+    s->peers.scorers = std::move(scorers);
+    auto student = make_policy(s->cfg);  // the student's tokenizer: the teacher's
+    EXPECT_TRUE(student.ok()) << student.error().message;
+    s->tokenizer = std::move(student->tokenizer);
+    auto done = std::make_shared<std::promise<Status>>();
+    auto result = done->get_future();
+    auto probe = (*sys)->spawn([s, p, check, done]() -> std::unique_ptr<runtime::Actor> {
+      return std::make_unique<TeacherProbe>(s, p, check, done);
+    });
+    EXPECT_TRUE(probe.ok());
+    return result.get();
+  };
+  auto p = std::make_shared<coord::Prepared>();
+  for (int i = 0; i < 20; ++i) {  // two chunks: samples 0-15 first to scorer 0, 16-19 to scorer 1
+    TrainSample t;
+    t.prompt = {1, 10 + i % 7, 11};
+    t.completion = {20 + i % 5, 21, 2};
+    p->samples.push_back(t);
+  }
+  // the check at start: every scorer serves the teacher with the student's tokenizer
+  auto none = std::make_shared<coord::Prepared>();
+  EXPECT_TRUE(run({*good}, true, none).ok());
+  Status silent = run({*good, *mute}, true, none);
+  ASSERT_FALSE(silent.ok());
+  EXPECT_NE(silent.error().message.find("distill.teacher: scorer 1 cannot serve " + path_), std::string::npos)
+      << silent.error().message;
+  // chunk 0 first to the silent scorer 0: its deadline passes, scorer 1 answers it; chunk 1 to scorer 1
+  ASSERT_TRUE(run({*mute, *good}, false, p).ok());
+  EXPECT_EQ(p->scorer.requests, 2);
+  EXPECT_EQ(p->scorer.failures, 1);
+  EXPECT_EQ(p->scorer.retries, 1);
+  EXPECT_GT(p->scorer.latency_max_s, 0);
+  for (const auto& t : p->samples) {
+    ScoreReq alone = logprobs_req({});
+    alone.sequences = {t.prompt};
+    alone.sequences[0].insert(alone.sequences[0].end(), t.completion.begin(), t.completion.end());
+    alone.starts = {static_cast<int32_t>(t.prompt.size())};
+    auto want = scorer->run(alone);
+    ASSERT_TRUE(want.ok()) << want.error().message;
+    EXPECT_EQ(t.teacher_logprobs, want->logprobs[0]);
+  }
+  // a silent then a stopped scorer: past max_retries the step fails naming both, each failure counted
+  auto q = std::make_shared<coord::Prepared>();
+  q->samples = {p->samples[0]};
+  Status failed = run({*mute, *gone}, false, q);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.error().code, ErrorCode::peer_failed);
+  EXPECT_NE(failed.error().message.find("failed after 2 tries (scorer 0: "), std::string::npos) << failed.error().message;
+  EXPECT_NE(failed.error().message.find("; scorer 1: "), std::string::npos) << failed.error().message;
+  EXPECT_EQ(q->scorer.failures, 2);
+  EXPECT_EQ(q->scorer.retries, 1);
+  EXPECT_EQ(q->scorer.requests, 0);
   (*sys)->shutdown();
 }
 
