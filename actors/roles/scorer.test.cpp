@@ -1,6 +1,6 @@
 // actors.scorer: the frozen-model scorer. Versioning (the hash of the model's files), log-probs
 // and top-k against the model's own forward, batch invariance (a sequence's numbers alone = in a
-// batch), quantized .gguf models of two families, generation, the reward-model seam refused by
+// batch), models of each family and dtype (quantized .gguf, bf16), generation, the reward-model seam refused by
 // name, bad requests, the coordinator's teacher requests (the check at start, a silent or stopped
 // scorer retried on the next one, counted, the error past the retries), and the actor:
 // continuous batching of concurrent requests, a failed or silent scorer retried on the next one
@@ -215,12 +215,14 @@ TEST_F(ScorerTest, GeneratesAndRefusesWhatItCannotServe) {
 }
 
 // Any family and dtype policy.path loads, a quantized base included: .gguf teachers whose weights are
-// Q8_0/Q4_0/Q4_1 blocks (a llama and a qwen3) are served as the model's own default-kernel forward
-// of the dequantized weights gives them, bit for bit, alone or batched with the other model's
-// requests; each is versioned by the hash of its file, and generates.
-TEST_F(ScorerTest, ServesQuantizedGgufModelsOfEachFamily) {
-  const std::vector<std::string> paths = {std::string(TROUPE_GGUF_FIXTURES_DIR) + "/tiny_llama.gguf",
-                                          std::string(TROUPE_GGUF_FIXTURES_DIR) + "/tiny_qwen3.gguf"};
+// Q8_0/Q4_0/Q4_1 blocks (a llama and a qwen3), a bf16 safetensors llama, a Mixtral (MoE) and a qwen2
+// are served as the model's own default-kernel forward gives them, bit for bit, alone or batched with
+// the other models' requests; each is versioned by the hash of its files, and generates.
+TEST_F(ScorerTest, ServesModelsOfEachFamilyAndDtype) {
+  const std::string dir = TROUPE_TEST_FIXTURES_DIR;
+  const std::vector<std::string> paths = {dir + "/gguf/tiny_llama.gguf", dir + "/gguf/tiny_qwen3.gguf",
+                                          dir + "/hf_fixture/llama_bf16", dir + "/hf_fixture/mixtral",
+                                          dir + "/hf_fixture/qwen2"};
   auto s = Scorer::create(paths, {});
   ASSERT_TRUE(s.ok()) << s.error().message;
   const std::vector<int32_t> q = {1, 20, 21, 22, 23, 24, 25};
@@ -229,7 +231,9 @@ TEST_F(ScorerTest, ServesQuantizedGgufModelsOfEachFamily) {
     path_ = path;
     reqs.push_back(logprobs_req({{1, 30, 31, 32}, q}));
   }
-  auto batch = (*s)->run_batch({&reqs[0], &reqs[1]});
+  std::vector<const ScoreReq*> all;
+  for (const auto& r : reqs) all.push_back(&r);
+  auto batch = (*s)->run_batch(all);
   for (size_t i = 0; i < paths.size(); ++i) {
     ASSERT_TRUE(batch[i].ok()) << paths[i] << ": " << batch[i].error().message;
     EXPECT_EQ(batch[i]->model_hash, *model_files_hash(paths[i]));

@@ -40,6 +40,8 @@ run 0 none2 "${RMA[@]}" --set grpo.max_steps=3 --set checkpointing.enabled=false
 $CHECK none "$WORK/none" env_failures
 # ... and with the model on a scorer (cluster.scorers 1, ScoreReq sequence_score): the same metrics
 run 0 scorer "${RMA[@]}" --set grpo.max_steps=3 --set checkpointing.enabled=false --set cluster.scorers=1
+"$TROUPE" report "$WORK/scorer" > /dev/null  # the frozen models' panel: reward_model/score_mean, scorer/reward_model/latency_s
+test -s "$WORK/scorer/report.png"
 # 2. center batch: every step's scored rewards sum to 0; the raw score stays the component
 rm_env batch
 run 0 batch "${RMA[@]}" --set grpo.max_steps=3 --set checkpointing.enabled=false
