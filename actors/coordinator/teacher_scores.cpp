@@ -1,5 +1,6 @@
 // distill: the teacher's log-probs (and top-k) of every training sample, from the scorers, and the
-// check at start that the teacher shares the student's tokenizer. Invariant: every sample trained
+// check at start that every scorer serves the same teacher files (its model_hash) with the student's
+// tokenizer. Invariant: every sample trained
 // on carries its teacher numbers, or the step fails naming the scorers and why (after retries on
 // the next scorers, each try under distill.timeout_s; failures and retries are counted).
 #include <chrono>
@@ -60,6 +61,7 @@ Task<Status> check_teacher(RunState& s) {
   req.model = s.cfg.distill.teacher;
   std::vector<Reply<ScoreRep>> reps;
   for (const auto& to : s.peers.scorers) reps.push_back(request<ScoreRep>(s.here, to, req, timeout_of(s.cfg)));
+  std::string version;  // scorer 0's model_hash: every scorer must serve the same files
   for (size_t i = 0; i < reps.size(); ++i) {
     Result<ScoreRep> got = co_await reps[i];
     if (!got.ok())
@@ -67,6 +69,11 @@ Task<Status> check_teacher(RunState& s) {
                                             s.cfg.distill.teacher + ": " + got.error().message};
     TROUPE_CO_TRY(learner::check_distill_tokenizer_hashes(student, student_name, got->tokenizer_hash,
                                                           s.cfg.distill.teacher));
+    if (i == 0) version = got->model_hash;
+    if (got->model_hash != version)
+      co_return invalid_input("distill.teacher: scorer " + std::to_string(i) + " serves " + s.cfg.distill.teacher +
+                              " as " + got->model_hash + ", scorer 0 as " + version +
+                              " (every scorer must load the same files)");
     if (s.hooks.log && i == 0)
       s.hooks.log("distill: teacher " + s.cfg.distill.teacher + " (" + got->model_hash + ") on " +
                   std::to_string(s.peers.scorers.size()) + " scorer(s)");

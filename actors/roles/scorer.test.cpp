@@ -523,7 +523,8 @@ class TeacherProbe : public runtime::Actor {
 };
 
 // distill: the coordinator's teacher requests (teacher_scores.cpp) follow the reliability rules. The
-// check at start asks every scorer (a silent one fails it, named); each chunk of 16 samples goes to
+// check at start asks every scorer (a silent one, or one serving other files under the teacher's
+// path, fails it, named); each chunk of 16 samples goes to
 // its scorer under distill.timeout_s, a silent scorer's chunk is retried on the next one and
 // counted (scorer/failures, scorer/retries), the teacher's numbers those of the scorer that
 // answered; past distill.max_retries the step fails naming every scorer tried and why.
@@ -572,6 +573,18 @@ TEST_F(ScorerTest, TeacherRequestsAreCheckedRetriedAndCounted) {
   ASSERT_FALSE(silent.ok());
   EXPECT_NE(silent.error().message.find("distill.teacher: scorer 1 cannot serve " + path_), std::string::npos)
       << silent.error().message;
+  // a scorer that loaded other files under the same path (another version of the teacher) is named
+  std::ofstream(fs::path(path_) / "config.json", std::ios::app) << " ";
+  auto other = Scorer::create({path_}, {});
+  ASSERT_TRUE(other.ok()) << other.error().message;
+  std::shared_ptr<Scorer> changed = std::move(other).value();
+  auto newer = (*sys)->spawn([changed]() -> std::unique_ptr<runtime::Actor> { return std::make_unique<ScorerActor>(changed, 1); });
+  ASSERT_TRUE(newer.ok());
+  Status versions = run({*good, *newer}, true, none);
+  ASSERT_FALSE(versions.ok());
+  EXPECT_NE(versions.error().message.find("distill.teacher: scorer 1 serves " + path_ + " as xxh3:"), std::string::npos)
+      << versions.error().message;
+  EXPECT_NE(versions.error().message.find(", scorer 0 as xxh3:"), std::string::npos) << versions.error().message;
   // chunk 0 first to the silent scorer 0: its deadline passes, scorer 1 answers it; chunk 1 to scorer 1
   ASSERT_TRUE(run({*mute, *good}, false, p).ok());
   EXPECT_EQ(p->scorer.requests, 2);
