@@ -1,12 +1,14 @@
 """A scripted OpenAI-compatible judge for envs.judge_run: POST /v1/chat/completions answers
 "Score: N" (N = the byte sum of the graded response mod 11) for a user message "R:<response>";
-for "G:<response>" a response whose byte sum is divisible by 4 gets a reply with no score.
+for "G:<response>" a response whose byte sum is divisible by 4 gets a reply with no score; for
+"H:<response>" one whose byte sum is divisible by 31 gets its answer only after 3 s (a hung judge).
 A request without "Authorization: Bearer $JUDGE_KEY" gets 401. Writes its port to PORT_FILE.
   fake_judge_server.py PORT_FILE
 """
 import json
 import os
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -34,6 +36,8 @@ class Handler(BaseHTTPRequestHandler):
         content = f"Score: {total % 11}"
         if mode == "G:" and total % 4 == 0:
             content = "I would rather not say."
+        if mode == "H:" and total % 31 == 0:
+            time.sleep(3)
         self.answer(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
                           "model": body["model"]})
 

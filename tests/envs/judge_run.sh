@@ -2,7 +2,8 @@
 # envs.judge_run: whole runs of configs/python_reward.yaml's tiny model with its dataset env scored
 # by an LLM judge (tests/envs/fake_judge_server.py, a scripted OpenAI-compatible server with an API
 # key): `type: judge` trains and logs reward/judge, judge/latency_s and judge/parse_fail_frac; a
-# judge whose replies sometimes hold no score has those episodes counted as judge_parse; a verifier
+# judge whose replies sometimes hold no score has those episodes counted as judge_parse, one that
+# sometimes hangs has them counted as judge_timeout; a verifier
 # and a judge together are weighted components; bad judge keys stop the start (exit 2) naming them.
 #   judge_run.sh TROUPE PYTHON SOURCE_DIR WORK_DIR
 set -euo pipefail
@@ -23,7 +24,7 @@ SHORT=(--set sft.enabled=false --set grpo.max_steps=3 --set rollout.prompts_per_
 expect_exit() {  # expect_exit CODE NAME ARGS...: troupe run with ARGS, in $WORK/NAME, must exit CODE
   local want=$1 name=$2 rc=0
   shift 2
-  "$TROUPE" run "$CFG" "$@" --set run.dir="$WORK/$name" "${SHORT[@]}" > "$WORK/$name.out" 2> "$WORK/$name.err" || rc=$?
+  "$TROUPE" run "$CFG" "${SHORT[@]}" "$@" --set run.dir="$WORK/$name" > "$WORK/$name.out" 2> "$WORK/$name.err" || rc=$?
   if [ "$rc" != "$want" ]; then
     tail -n 20 "$WORK/$name.out" "$WORK/$name.err"
     echo "FAIL: $name: expected exit $want, got $rc"
@@ -69,6 +70,15 @@ for r in grpo:
 assert any(r["judge/parse_fail_frac"] > 0 for r in grpo), grpo
 print("garbage: ok")
 PYEOF
+
+# 2b. a judge that hangs on some responses: those episodes fail as judge_timeout once timeout_s
+# passes, retried and counted, and the run goes on
+expect_exit 0 hang --set envs[0].type=judge --set envs[0].max_failure_frac=1 --set envs[0].max_retries=1 \
+  --set grpo.max_steps=1 --set rollout.prompts_per_step=4 --set eval.num_prompts=8 \
+  --set "envs[0].config={$ROWS, \"judge\": $(judge 'H:{response}' ', "timeout_s": 0.5')}"
+$CHECK atleast "$WORK/hang" env_failures/judge_timeout 1
+$CHECK termination "$WORK/hang" judge_timeout
+grep -q '"env_retries"' "$WORK/hang/metrics.jsonl"
 
 # 3. a verifier and a judge: two weighted components, the reward their weighted sum
 expect_exit 0 both --set "envs[0].config={$ROWS, \"verifier\": \"numeric\", \"extract\": \"last_number\", \"judge\": $(judge 'R:{response}'), \"reward_weights\": {\"verifier\": 1, \"judge\": 0.5}}"
