@@ -42,8 +42,9 @@ void save(A& ar, const PipelineState& p) {
      p.trained_episodes,
      static_cast<uint64_t>(p.finished.size()));
   for (const auto& [k, r] : p.finished) ar(k, r);
-  for (const auto& [k, r] : p.finished)
-    for (const auto& g : r.groups) ar(g.infos, g.judge_scorer, g.reward_model_scorer);
+  if (p.format >= 3)
+    for (const auto& [k, r] : p.finished)
+      for (const auto& g : r.groups) ar(g.infos, g.judge_scorer, g.reward_model_scorer);
 }
 template <class A>
 void load(A& ar, PipelineState& p) {
