@@ -605,6 +605,52 @@ EOS
     expect_exit 2 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/e" $D --set cluster.scorers=0
     grep -q "distill.teacher: the teacher is served by the scorers" "$W/err.txt"
     ;;
+  distill_scorer_death)  # distillation with the teacher on two scorer ranks (mpirun -np 5: learner0,
+    # generator0, env0, scorer0, scorer1); scorer1 is SIGKILLed mid-GRPO: its teacher requests are
+    # retried on scorer0 and counted (scorer/failures, scorer/retries), the run finishes (exit 0 on
+    # every survivor), and every other metric equals a run where nothing died (the same teacher numbers)
+    rank_wrapper
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/teacher" --set grpo.enabled=false \
+      --set sft.max_steps=20 --set eval.every=0 --set eval.num_prompts=20 --set checkpointing.every=0 $Q
+    T=$(readlink -f "$W/teacher/checkpoints/latest")
+    D="--set sft.enabled=false --set grpo.max_steps=12 --set distill.teacher=$T --set distill.timeout_s=5
+       --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=0 --set cluster.learners=1
+       --set cluster.scorers=2 --set cluster.heartbeat_s=0.2 --set cluster.peer_timeout_s=2 $Q"
+    MPI="--oversubscribe --allow-run-as-root --enable-recovery -x RANKDIR -np 5 --mca btl self,tcp
+         --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"
+    "$MPIEXEC" $MPI bash "$W/rank.sh" "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/ref" $D 2> "$W/ref_err.txt"
+    rm -f "$W"/rc_* "$W"/pid_*
+    "$MPIEXEC" $MPI bash "$W/rank.sh" "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" $D 2> "$W/err.txt" &
+    job=$!
+    for i in $(seq 1 240); do
+      [ "$(cat "$W/run/metrics.jsonl" 2> /dev/null | grep -c '"phase":"grpo"')" -ge 3 ] && [ -s "$W/pid_4" ] && break
+      sleep 0.25
+    done
+    kill -9 "$(cat "$W/pid_4")"  # rank 4 is scorer1
+    wait $job || true
+    grep -v PMIX "$W/err.txt" | grep -v "grpo step" | tail -6
+    grep -q "peer rank 4 (role scorer1) failed.*the job goes on without it" "$W/err.txt"
+    for r in 0 1 2 3; do test "$(cat "$W/rc_$r")" = 0 || { echo "rank $r exited $(cat "$W/rc_$r"), expected 0"; exit 1; }; done
+    $CHECK steps "$W/run" 12
+    $PY - "$W/ref" "$W/run" << 'PYEOF'
+import json, os, sys
+def grpo(run):
+    rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if l.strip()]
+    return [r for r in rows if r.get("phase") == "grpo" and "reward_mean" in r]
+ref, run = grpo(sys.argv[1]), grpo(sys.argv[2])
+assert len(ref) == len(run) == 12, (len(ref), len(run))
+assert all(r["scorer/failures"] == 0 for r in ref), [r["scorer/failures"] for r in ref]
+failures, retries = sum(r["scorer/failures"] for r in run), sum(r["scorer/retries"] for r in run)
+assert failures >= 1 and retries >= 1, (failures, retries)
+for x, y in zip(ref, run):  # what the teacher said is the same: every other non-timing value too
+    assert x["scorer/requests"] == y["scorer/requests"], (x["step"], x["scorer/requests"], y["scorer/requests"])
+    for k in x:
+        if k.endswith(("_s", "batch_requests", "batch_requests_max")) or k in ("tokens_per_s", "scorer/failures", "scorer/retries"):
+            continue
+        assert x[k] == y.get(k), (x["step"], k, x[k], y.get(k))
+print("distill_scorer_death: %d teacher requests failed and were retried on scorer0; the rest identical" % failures)
+PYEOF
+    ;;
   smollm2_distill)  # configs/smollm2_distill.yaml for 2 short steps: the real SmolLM2 student (the GGUF) with
     # a tiny teacher sharing its tokenizer (make_tiny_teacher.py) on one scorer; distill metrics logged
     GGUF=$(bash "$SRC/tests/gguf/fetch_smollm2.sh" "$PY") || { echo "SKIP: no SmolLM2 GGUF"; exit 77; }
