@@ -1,7 +1,8 @@
 // `troupe report RUN_DIR`: writes RUN_DIR/report.png (reward and eval accuracy by step, the SFT
 // loss, the sampler/learner mismatch and the frozen models' metrics (distill/*, reward_model/*,
 // judge/parse_fail_frac, each scorer use's latency: scorer/latency_s, scorer/judge/latency_s,
-// scorer/reward_model/latency_s and their _max_s) when the rows have them) with
+// scorer/reward_model/latency_s and their _max_s; and its batch sizes, */batch_requests and
+// */batch_requests_max) when the rows have them) with
 // matplotlib, run through troupe::python_executable() (posix_spawn, no shell). A torn last line of
 // metrics.jsonl (no newline: a run killed mid-write, or one writing now) is left out with a warning;
 // any other line that is not a JSON object is an error naming FILE:LINE (exit 2).
@@ -57,7 +58,8 @@ FROZEN = ("distill/reverse_kl", "distill/teacher_logprob_mean", "reward_model/sc
 LATENCY = (("scorer/", "tab:gray"), ("scorer/judge/", "tab:red"), ("scorer/reward_model/", "tab:olive"))
 frozen = [r for r in rows if "eval_accuracy" not in r and
           any(k in r for k in FROZEN + tuple(p + "latency_s" for p, _ in LATENCY))]
-panels = 2 + (1 if sft else 0) + (1 if mism else 0) + (1 if frozen else 0)
+batched = [r for r in frozen if any(p + "batch_requests" in r for p, _ in LATENCY)]
+panels = 2 + (1 if sft else 0) + (1 if mism else 0) + (1 if frozen else 0) + (1 if batched else 0)
 fig, axes = plt.subplots(1, panels, figsize=(4 + 3.7 * panels, 4))
 ax = axes[0]
 for phase, color in (("grpo", "tab:blue"), ("sft", "tab:gray")):
@@ -114,6 +116,15 @@ if frozen:
     if ax2:
         ax2.set_ylabel("scorer latency (s)"); ax2.legend(loc="lower right", fontsize="small")
     ax.legend(loc="upper left", fontsize="small")
+if batched:  # each scorer use's batch size: the mean and the largest number of requests per scorer batch
+    ax = axes[3 + (1 if sft else 0)]
+    for prefix, color in LATENCY:
+        for key, style in ((prefix + "batch_requests", "-"), (prefix + "batch_requests_max", ":")):
+            pts = [(r["step"], r[key]) for r in batched if key in r]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linestyle=style, label=key)
+    ax.set_xlabel("step"); ax.set_ylabel("requests per scorer batch"); ax.set_title("scorer batches")
+    ax.grid(alpha=0.3); ax.legend(loc="upper left", fontsize="small")
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=100)
 print(sys.argv[2])
