@@ -7,7 +7,8 @@
 # step rows carry the scorer requests' latency and batch size, scorer/reward_model/*),
 # batch (each step's rewards sum to 0), a verifier and the score weighted (config.reward_weights: the
 # reward their weighted sum, each logged reward/<name>), running (a --resume goes on with the
-# checkpointed mean, bit for bit); bad paths and keys stop the start (exit 2) naming them.
+# checkpointed mean, bit for bit; also async on a scorer, with the same keys); bad paths and keys
+# stop the start (exit 2) naming them.
 #   reward_model_run.sh TROUPE PYTHON SOURCE_DIR WORK_DIR
 set -euo pipefail
 TROUPE=$1 PY=$2 SRC=$3 WORK=$4
@@ -148,6 +149,21 @@ a, b = (json.load(open(p)) for p in sys.argv[1:3])
 assert "eval_reward_mean" in a and a["eval_reward_mean"] == b["eval_reward_mean"], (a, b)
 print("eval: the same eval_reward_mean with and without a scorer:", a["eval_reward_mean"])
 PYEOF
+
+# 3b. async (max_staleness 1) on a scorer, center running: 4 steps at once, and 2 steps then --resume
+# to 4: every non-timing value bit for bit and the same keys (scorer/reward_model/* kept with the
+# checkpoint's finished rollouts, the running mean with the draws)
+rm_env running
+A=("${RMA[@]}" --set optimizer.schedule=constant --set rollout.async=true --set rollout.max_staleness=1
+   --set cluster.scorers=1 --set checkpointing.every=2)
+run 0 async "${A[@]}" --set grpo.max_steps=4
+run 0 async_resumed "${A[@]}" --set grpo.max_steps=2
+"$TROUPE" run "$CFG" --resume "$WORK/async_resumed" "${SHORT[@]}" "${A[@]}" --set grpo.max_steps=4 \
+  > "$WORK/async_resumed2.out" 2> "$WORK/async_resumed2.err" || { tail -n 20 "$WORK/async_resumed2.err"; echo "FAIL: async resume"; exit 1; }
+grep -q "finished before the checkpoint, train first" "$WORK/async_resumed2.err" "$WORK/async_resumed2.out"
+$PY "$SRC/tests/e2e/check_run.py" same "$WORK/async" "$WORK/async_resumed"
+$PY "$SRC/tests/e2e/check_run.py" same_keys "$WORK/async" "$WORK/async_resumed"
+grep -q '"scorer/reward_model/latency_s"' "$WORK/async_resumed/metrics.jsonl"
 
 # 4. bad inputs: exit 2 at start naming the path or key
 run 2 nodir --set envs[0].type=reward_model --set envs[0].path=/nonexistent/rm --set "envs[0].config={$ROWS}"
