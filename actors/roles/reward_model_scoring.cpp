@@ -3,6 +3,7 @@
 // generation prompt, encoded without added BOS/EOS, as policy.reward_model_golden checks.
 #include "reward_model_scoring.h"
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -27,6 +28,7 @@ struct RewardModelScorer::State {
   policy::io::ChatRenderOptions options;
   std::string env;
   double timeout_s = 30;
+  std::atomic<size_t> next_scorer{0};  // each request starts at the next scorer in turn
 };
 
 namespace {
@@ -122,7 +124,7 @@ Result<std::vector<double>> RewardModelScorer::score(const std::string& prompt, 
     req.kind = static_cast<int32_t>(ScoreKind::sequence_score);
     req.model = s_->path;
     req.sequences = std::move(seqs);
-    auto rep = client.call(req);
+    auto rep = client.call(req, s_->next_scorer++ % s_->peers->scorers.size());
     if (!rep.ok()) return Error{rep.error().code, "reward model: " + rep.error().message};
     if (rep->scores.size() != responses.size())
       return make_error(ErrorCode::internal, "reward model: the scorer answered " + std::to_string(rep->scores.size()) +

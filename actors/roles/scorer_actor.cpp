@@ -1,6 +1,7 @@
 // The ScorerActor (continuous batching of ScoreReq mail on a compute thread of its own) and the
 // ScorerClient (a blocking caller with a deadline per try and retries on the next scorer).
 // Invariant: every request gets exactly one answer, a reply or an error; a failed try is counted.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -178,7 +179,8 @@ void set_scorer_peers(runtime::ActorSystem& sys, const std::vector<runtime::Acto
     return;
   }
   runtime::ActorSystem* system = &sys;
-  envs::set_local_model_caller([system, scorers](const envs::LocalModelRequest& r) -> Result<std::string> {
+  auto next = std::make_shared<std::atomic<size_t>>(0);  // each call starts at the next scorer in turn
+  envs::set_local_model_caller([system, scorers, next](const envs::LocalModelRequest& r) -> Result<std::string> {
     ScorerClient client(*system, scorers, r.timeout_s, static_cast<int>(scorers.size()) - 1);
     ScoreReq req;
     req.kind = static_cast<int32_t>(ScoreKind::generate);
@@ -186,7 +188,7 @@ void set_scorer_peers(runtime::ActorSystem& sys, const std::vector<runtime::Acto
     req.prompts = {r.prompt};
     req.max_new_tokens = r.max_tokens;
     req.temperature = static_cast<float>(r.temperature);
-    TROUPE_ASSIGN_OR_RETURN(ScoreRep rep, client.call(req));
+    TROUPE_ASSIGN_OR_RETURN(ScoreRep rep, client.call(req, (*next)++ % scorers.size()));
     if (rep.texts.size() != 1) return make_error(ErrorCode::internal, "scorer: generate answered no text");
     return std::move(rep.texts[0]);
   });

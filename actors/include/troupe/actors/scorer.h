@@ -172,8 +172,9 @@ struct ScorerPeers {
 std::optional<ScorerPeers> scorer_peers();
 
 // Lets the envs of this process reach the scorers (envs::set_local_model_caller): a judge's local
-// model call becomes a ScoreReq (kind generate) through a ScorerClient, first to scorer 0, then
-// each other scorer once after a failure, each try under the judge's timeout_s. No scorers:
+// model call becomes a ScoreReq (kind generate) through a ScorerClient, first to the next scorer
+// in turn (round robin over the calls), then each other scorer once after a failure, each try
+// under the judge's timeout_s. No scorers:
 // uninstalls the caller. Called by the launcher before it spawns env workers.
 void set_scorer_peers(runtime::ActorSystem& sys, const std::vector<runtime::ActorId>& scorers,
                       const ExperimentConfig& cfg);
