@@ -82,7 +82,7 @@ TEST(JudgeModel, ScoresThroughTheScorers) {
   EXPECT_EQ(again->components.at("judge"), j);
 
   // an env worker's verify of a group: its reply carries what the judge's scorer requests cost
-  // (the step rows' scorer/judge/*), each completion verified on a thread of its own
+  // (the step rows' scorer/judge/*), its calls run off the runtime threads (concurrent)
   envs::EnvSpec spec;
   spec.name = spec.env = "dataset";
   spec.config = config;
