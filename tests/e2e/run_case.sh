@@ -894,7 +894,7 @@ EOS
   expert_parallel_run)  # policy.moe.expert_parallel 2 over 2 learners (mpirun): each learner holds half the
     # experts (less learner/state_bytes), learner 0 the whole weights for the sync (probe on: the generators
     # hold them bit for bit); the run equals the data-parallel one bit for bit (one micro-batch per learner);
-    # its checkpoint (written whole) resumes at E 2 and at E 1 as the uninterrupted run, and generate reads it
+    # its checkpoint (written whole) resumes at E 2 and at E 1 as the uninterrupted run; generate and eval read it
     S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 --set weight_sync.probe=true --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
@@ -920,6 +920,12 @@ EOS
     "$TROUPE" generate "$W/ep/checkpoints/latest" --prompt "1+2+3=" --max-tokens 4 --json > "$W/gen_ep.json"
     "$TROUPE" generate "$W/dp/checkpoints/latest" --prompt "1+2+3=" --max-tokens 4 --json > "$W/gen_dp.json"
     cmp "$W/gen_ep.json" "$W/gen_dp.json"
+    "$TROUPE" eval "$SRC/configs/quickstart.yaml" --checkpoint "$W/ep/checkpoints/latest" --set eval.num_prompts=20 $Q \
+      | tail -n 1 > "$W/eval_ep.json"
+    "$TROUPE" eval "$SRC/configs/quickstart.yaml" --checkpoint "$W/dp/checkpoints/latest" --set eval.num_prompts=20 $Q \
+      | tail -n 1 > "$W/eval_dp.json"
+    $CHECK eval_json "$W/eval_ep.json"
+    cmp <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_ep.json") <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_dp.json")
     ;;
   shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard,
     # the coordinator joins the pieces; the generators (3, relay fan-out 2: a relay tree) train bit for bit
