@@ -101,8 +101,21 @@ bool several_micro_batches(const Shape& s) {
   return static_cast<int64_t>(s.tokens) < static_cast<int64_t>(s.learner_seqs) * s.seq_len;
 }
 
-// policy.moe.expert_parallel (learner/README.md "Expert parallelism"): the weights, gradients and
-// AdamW moments stay whole; each MoE layer keeps what its expert-parallel exchange received
+// policy.moe.expert_parallel with the experts divided (actors::learners_divide_experts at the
+// plan's learner count and stage): the routed experts' floats a learner does not hold
+// (policy::Model::slice_experts: every MoE layer's gate, up and down blocks of the other E - 1
+// ranks); 0 when every learner holds every expert.
+uint64_t experts_not_held(const ExperimentConfig& cfg, const Shape& s) {
+  const int E = cfg.policy.expert_parallel;
+  if (E <= 1 || s.stage != ShardStage::none || s.N <= 1 || cfg.rollout.async || s.A > 0) return 0;
+  uint64_t layers = 0;
+  for (int l = 0; l < s.mc.num_hidden_layers; ++l) layers += s.mc.is_moe_layer(l) ? 1 : 0;
+  const uint64_t routed = layers * 3 * static_cast<uint64_t>(s.mc.num_experts) * s.mc.moe_intermediate_size *
+                          static_cast<uint64_t>(s.mc.hidden_size);
+  return routed - routed / static_cast<uint64_t>(E);
+}
+
+// policy.moe.expert_parallel (learner/README.md "Expert parallelism"): each MoE layer keeps what its expert-parallel exchange received
 // (kernels::MoeEpState: the rows' inputs (C) and gate/up pre-activations (2H), an exchange buffer
 // (C + 1), expert scratch (2H)) and the rank's own rows packed for the backward (C + 1): at an even
 // load a rank computes as many rows as its tokens route (tokens x K).
@@ -145,6 +158,13 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
     in_flight = s.fp.largest_layer_floats * kF;
   }
   r.optimizer = ceil_div(2 * s.Tr * kF, o_div);  // AdamW m_, v_ (fp32) of this rank's shard
+  if (const uint64_t away = experts_not_held(cfg, s)) {
+    // This learner's block of experts: weights, gradients and moments without the others'; learner
+    // 0 also keeps the whole weights (gathered after each step) for the weight sync and checkpoints.
+    r.weights = (s.P - away) * kF + (r.index == 0 ? s.P * kF : 0);
+    r.gradients = (s.Tr - away) * kF;
+    r.optimizer = 2 * (s.Tr - away) * kF;
+  }
   r.collectives = reduce_scatter_bytes(s) + in_flight + expert_parallel_bytes(cfg, s);
   if (cfg.loss.kl_coef > 0) {  // the frozen reference policy: a second model (LearnerRole::create)
     r.weights += s.P * kF + s.A * kF;
@@ -340,11 +360,18 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
                            (cfg.rollout.async ? ", and in async runs every learner does" : "") +
                            (several_micro_batches(s) ? "; several micro-batches a step accumulate whole gradients" : ""));
   }
-  if (cfg.policy.expert_parallel > 1)
-    plan.notes.push_back("policy.moe.expert_parallel " + std::to_string(cfg.policy.expert_parallel) +
-                         ": each learner computes num_experts / " + std::to_string(cfg.policy.expert_parallel) +
-                         " experts per MoE layer but keeps every expert's weights, gradients and AdamW moments (not "
-                         "divided); the collectives column adds each MoE layer's exchanged rows at an even load");
+  if (const int E = cfg.policy.expert_parallel; E > 1 && experts_not_held(cfg, s) > 0)
+    plan.notes.push_back("policy.moe.expert_parallel " + std::to_string(E) + ": each learner holds num_experts / " +
+                         std::to_string(E) + " experts per MoE layer (weights, gradients, AdamW moments: " +
+                         std::to_string(experts_not_held(cfg, s)) +
+                         " routed-expert floats fewer than the whole model); learner 0 also keeps the whole weights "
+                         "for the weight sync and checkpoints; the collectives column adds each MoE layer's "
+                         "exchanged rows at an even load");
+  else if (E > 1)
+    plan.notes.push_back("policy.moe.expert_parallel " + std::to_string(E) + ": each learner computes num_experts / " +
+                         std::to_string(E) + " experts per MoE layer but keeps every expert's weights, gradients and "
+                         "AdamW moments (not divided: learner.shard other than none, or rollout.async); the collectives "
+                         "column adds each MoE layer's exchanged rows at an even load");
   s.sync_bytes_per_value = cfg.weight_sync.dtype == actors::WeightDtype::bf16 ? 2 : 4;
   return s;
 }

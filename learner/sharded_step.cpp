@@ -133,6 +133,7 @@ Status Trainer::release_params() {
 }
 
 Result<AdamW> Trainer::gathered_optimizer() {
+  if (model_.expert_shards()) return gathered_divided_optimizer();
   if (!sharded_) return opt_;
   AdamW full(bounds_.back());
   const size_t lo = shard_begin();
@@ -146,6 +147,7 @@ Result<AdamW> Trainer::gathered_optimizer() {
 }
 
 Status Trainer::load_optimizer(AdamW full) {
+  if (model_.expert_shards()) return load_divided_optimizer(full);
   if (full.size() != bounds_.back())
     return invalid_input("learner: optimizer state of " + std::to_string(full.size()) + " values for a model of " +
                          std::to_string(bounds_.back()));

@@ -105,10 +105,12 @@ void add_packed_mismatch(MismatchSums& out, const PackedMicroBatch& packed, cons
                          model.routing_k());
 }
 
-Result<MismatchSums> score_mismatch(PolicyModel& model, const std::vector<const Sample*>& samples, float temperature,
-                                    int max_tokens_per_batch) {
-  MismatchSums out;
-  std::vector<Sample> bare;  // prompt, completion, mask and what the sampler recorded, nothing else
+namespace {
+
+// score_mismatch's samples: prompt, completion, mask and what the sampler recorded, nothing else
+// (those without recorded log-probs left out).
+std::vector<Sample> mismatch_samples(const std::vector<const Sample*>& samples) {
+  std::vector<Sample> bare;
   for (const Sample* s : samples) {
     const auto& sampler = s->behavior_logprobs.empty() ? s->old_logprobs : s->behavior_logprobs;
     if (sampler.empty()) continue;
@@ -121,9 +123,26 @@ Result<MismatchSums> score_mismatch(PolicyModel& model, const std::vector<const 
     b.score_mismatch = true;
     bare.push_back(std::move(b));
   }
+  return bare;
+}
+
+std::vector<int> mismatch_cuts(const std::vector<Sample>& bare, int max_tokens_per_batch) {
   std::vector<int> lengths;
   for (const auto& s : bare) lengths.push_back(static_cast<int>(s.prompt.size() + s.completion.size()) - 1);
-  const auto cuts = split_micro_batches(lengths, 0, max_tokens_per_batch);
+  return split_micro_batches(lengths, 0, max_tokens_per_batch);
+}
+
+}  // namespace
+
+size_t score_mismatch_passes(const std::vector<const Sample*>& samples, int max_tokens_per_batch) {
+  return mismatch_cuts(mismatch_samples(samples), max_tokens_per_batch).size() - 1;
+}
+
+Result<MismatchSums> score_mismatch(PolicyModel& model, const std::vector<const Sample*>& samples, float temperature,
+                                    int max_tokens_per_batch) {
+  MismatchSums out;
+  const std::vector<Sample> bare = mismatch_samples(samples);
+  const auto cuts = mismatch_cuts(bare, max_tokens_per_batch);
   std::vector<float> logp;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
     std::vector<const Sample*> ptrs;
@@ -496,7 +515,7 @@ Status Trainer::plain_micro_batches(const std::vector<std::vector<const Sample*>
   Status st;
   for (size_t c = 0; c < passes && st.ok(); ++c) {
     if (c >= mbs.size()) {
-      st = model_.expert_parallel_idle_pass();
+      st = model_.expert_parallel_idle_pass(true);
       continue;
     }
     auto m = run_micro_batch(mbs[c], norm, score, mismatch);
@@ -510,6 +529,7 @@ Status Trainer::plain_micro_batches(const std::vector<std::vector<const Sample*>
 }
 
 Status Trainer::optimizer_step(StepMetrics& out, double& norm_sum, bool last) {
+  if (model_.expert_shards()) return divided_optimizer_step(out, norm_sum);
   if (sharded_) return sharded_optimizer_step(out, norm_sum, last);
   // The sum over learner ranks: on the device (NCCL) before the gradients come down, else over
   // comm on the host copy. The same sum either way, so clipping and AdamW below are one code path.
@@ -576,9 +596,7 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
     return invalid_input("learner: a batch of " + std::to_string(N) + " samples cannot make num_mini_batches = " +
                          std::to_string(M));
   TROUPE_TRY(check_batch(batch_in));
-  if (cfg_.expert_parallel > 1 && !ep_) {
-    TROUPE_ASSIGN_OR_RETURN(ep_, ExpertParallel::join(comm_, cfg_.expert_parallel));
-  }
+  TROUPE_TRY(join_expert_parallel());
   const bool has_old = !batch_in[0].old_logprobs.empty();
 
   // Old log-probs: recorded at generation, or recomputed now when the batch is used for more than
@@ -593,7 +611,7 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
   const bool recompute_old = grpo && !has_old && (cfg_.batch.num_iterations > 1 || M > 1);
   if (zero3_) TROUPE_TRY(zero3_begin(recompute_old || (grpo && !score_in_forward)));
   if (recompute_old) {
-    TROUPE_ASSIGN_OR_RETURN(auto old, compute_completion_logprobs(model_, batch_in, cfg_.batch.temperature));
+    TROUPE_ASSIGN_OR_RETURN(auto old, old_logprobs(batch_in));
     with_old = batch_in;
     for (size_t i = 0; i < N; ++i) with_old[i].old_logprobs = std::move(old[i]);
     batch = &with_old;
@@ -611,7 +629,7 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
     std::vector<const Sample*> mine;
     for (size_t i = N * r / W; i < N * (r + 1) / W; ++i)
       if (batch_in[i].score_mismatch) mine.push_back(&batch_in[i]);
-    TROUPE_ASSIGN_OR_RETURN(mismatch, score_mismatch(model_, mine, cfg_.batch.temperature));
+    TROUPE_ASSIGN_OR_RETURN(mismatch, mismatch_before_update(mine));
   }
   for (int it = 0; it < cfg_.batch.num_iterations; ++it) {
     if (cfg_.batch.shuffle) std::shuffle(order.begin(), order.end(), rng_);

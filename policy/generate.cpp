@@ -43,6 +43,7 @@ Result<int> check_generate_inputs(const std::vector<std::vector<int32_t>>& promp
 Result<std::vector<Generation>> Model::generate(const std::vector<std::vector<int32_t>>& prompts,
                                                 const SamplingParams& sp) {
   const OpScopes scopes(impl_->cfg);
+  if (impl_->sliced()) return invalid_input("policy.moe.expert_parallel: a model holding one block of the experts does not generate");
   TROUPE_ASSIGN_OR_RETURN(const int max_prompt, check_generate_inputs(prompts, sp, impl_->V));
   const int B = static_cast<int>(prompts.size());
   std::vector<Generation> out(B);

@@ -205,7 +205,10 @@ Status validate_model_config(const ModelConfig& c) {
 
 // ---- construction ---------------------------------------------------------------------------------
 
-Model::Impl::Impl(const ModelConfig& c, const kernels::Backend& backend) : cfg(c), be(&backend) {
+Model::Impl::Impl(const ModelConfig& c, const kernels::Backend& backend, int shard, int shards)
+    : cfg(c), be(&backend) {
+  eshard.shard = shard;
+  eshard.shards = shards;
   // policy.compute_dtype auto: bf16 GEMMs where the backend has them (cuda), fp32 elsewhere
   cfg.compute_dtype = kernels::resolve_compute_dtype(c.compute_dtype, backend.supports_bf16_compute(), c.batch_invariant);
   C = c.hidden_size;
@@ -240,10 +243,21 @@ Model::Impl::Impl(const ModelConfig& c, const kernels::Backend& backend) : cfg(c
 
 void Model::Impl::build_table() {
   size_t off = 0;
+  // A sliced model (slice_experts) also records the whole model's table and where its pieces lie.
+  auto& pieces = eshard.pieces;
+  size_t& whole = eshard.whole_size;
   auto add = [&](const std::string& name, std::vector<int64_t> shape) {
     TensorSpec t{name, std::move(shape), off};
     off += t.numel();
     const size_t at = t.offset;
+    if (sliced()) {
+      if (!pieces.empty() && pieces.back().owner < 0)
+        pieces.back().size += t.numel();
+      else
+        pieces.push_back({whole, at, t.numel(), -1});
+      eshard.whole_table.push_back({t.name, t.shape, whole});
+      whole += t.numel();
+    }
     table.push_back(std::move(t));
     return at;
   };
@@ -285,17 +299,35 @@ void Model::Impl::build_table() {
     const int E = moe_cfg.E, H = moe_cfg.H;
     const std::string m = p + (mix ? "block_sparse_moe." : "mlp.");
     w.router = add(m + "gate.weight", {E, C});
-    // Expert blocks (E, H, C), (E, H, C), (E, C, H): one table entry per expert, HF names.
+    // Expert blocks (El, H, C), (El, H, C), (El, C, H): one table entry per expert, HF names. El = E
+    // but in a sliced model, which holds experts [first, first + El) only.
+    const int El = E / eshard.shards, first = eshard.shard * El;
+    const size_t block = static_cast<size_t>(El) * H * C;
     w.eg = off;
-    w.eu = w.eg + static_cast<size_t>(E) * H * C;
-    w.ed = w.eu + static_cast<size_t>(E) * H * C;
-    off = w.ed + static_cast<size_t>(E) * C * H;
-    for (int e = 0; e < E; ++e) {
+    w.eu = w.eg + block;
+    w.ed = w.eu + block;
+    off = w.ed + block;
+    const char* kind[3] = {mix ? "w1.weight" : "gate_proj.weight", mix ? "w3.weight" : "up_proj.weight",
+                           mix ? "w2.weight" : "down_proj.weight"};
+    for (int e = first; e < first + El; ++e) {
       const std::string x = m + "experts." + std::to_string(e) + ".";
-      const size_t eo = static_cast<size_t>(e) * H * C;
-      add_at(x + (mix ? "w1.weight" : "gate_proj.weight"), {H, C}, w.eg + eo);
-      add_at(x + (mix ? "w3.weight" : "up_proj.weight"), {H, C}, w.eu + eo);
-      add_at(x + (mix ? "w2.weight" : "down_proj.weight"), {C, H}, w.ed + eo);
+      const size_t eo = static_cast<size_t>(e - first) * H * C;
+      add_at(x + kind[0], {H, C}, w.eg + eo);
+      add_at(x + kind[1], {H, C}, w.eu + eo);
+      add_at(x + kind[2], {C, H}, w.ed + eo);
+    }
+    if (sliced()) {
+      const size_t all = static_cast<size_t>(E) * H * C;
+      for (int e = 0; e < E; ++e)
+        for (int k = 0; k < 3; ++k)
+          eshard.whole_table.push_back({m + "experts." + std::to_string(e) + "." + kind[k],
+                                        k < 2 ? std::vector<int64_t>{H, C} : std::vector<int64_t>{C, H},
+                                        whole + k * all + static_cast<size_t>(e) * H * C});
+      for (int k = 0; k < 3; ++k)
+        for (int q = 0; q < eshard.shards; ++q) {
+          pieces.push_back({whole, q == eshard.shard ? w.eg + k * block : ArenaPiece::npos, block, q});
+          whole += block;
+        }
     }
     if (cfg.shared_expert_intermediate_size > 0) {
       const int HS = cfg.shared_expert_intermediate_size;
@@ -581,7 +613,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
     if (layers[l].lx.on) mw.lora = moe_lora(l, LP());
     if (ep_exchange && !kv)
       ep_note(k::moe_ep_forward(y, a.moe_saved, &moe_stats[l], a.h2, mw, moe_cfg, T, acts.moe_scratch, route,
-                                {ep_exchange, &ep_states[static_cast<size_t>(l)]}));
+                                ep_group(l)));
     else
       be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, mw, moe_cfg, T, acts.moe_scratch, route);
     record_routing(l, a, T);
@@ -623,7 +655,7 @@ void Model::Impl::ffn_backward(int l, const LayerActs& a, const Acts& acts, int 
   }
   if (ep_exchange)
     ep_note(k::moe_ep_backward(acts.dh, mg, dresid, daux, a.h2, a.moe_saved, mw, moe_cfg, T, acts.moe_scratch,
-                               {ep_exchange, &ep_states[static_cast<size_t>(l)]}));
+                               ep_group(l)));
   else
     be->moe_backward(acts.dh, mg, dresid, daux, a.h2, a.moe_saved, mw, moe_cfg, T, acts.moe_scratch);
   if (HS_gated > 0) {  // the gated shared expert, reversed; its temporaries in U after the MoE call
@@ -722,6 +754,10 @@ Result<const PackedMeta*> Model::Impl::meta_for_layer() {
 
 Status Model::Impl::forward(const PackedBatch& b, bool need_targets) {
   TROUPE_TRY(quant_ready());
+  if (sliced() && !ep_exchange)
+    return invalid_input("policy.moe.expert_parallel: this model holds expert block " + std::to_string(eshard.shard) +
+                         " of " + std::to_string(eshard.shards) +
+                         " of each MoE layer; its forwards run with the expert-parallel group (set_expert_exchange)");
   TROUPE_TRY(validate_packed_batch(b, V, need_targets));
   const int T = static_cast<int>(b.tokens.size());
   const size_t TC = static_cast<size_t>(T) * C;
@@ -871,19 +907,18 @@ Status Model::Impl::backward_body() {
   return ep_take();
 }
 
-Status Model::Impl::ep_idle_pass() {
+Status Model::Impl::ep_idle_pass(bool with_backward) {
   if (!ep_exchange) return make_error(ErrorCode::internal, "expert_parallel_idle_pass without an exchange");
   auto serve_forward = [&](int l) {
-    return k::moe_ep_serve_forward(moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg,
-                                   {ep_exchange, &ep_states[static_cast<size_t>(l)]});
+    return k::moe_ep_serve_forward(moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, ep_group(l));
   };
   for (int l = 0; l < L; ++l)
     if (layers[l].moe) TROUPE_TRY(serve_forward(l));
-  for (int l = L - 1; l >= 0; --l) {  // backward_body's order: checkpointing recomputes a layer first
+  for (int l = L - 1; l >= 0 && with_backward; --l) {  // backward_body's order: checkpointing recomputes a layer first
     if (!layers[l].moe) continue;
     if (cfg.activation_checkpointing && l != L - 1) TROUPE_TRY(serve_forward(l));
     TROUPE_TRY(k::moe_ep_serve_backward(moe_tensors<k::MoeGrads>(l, G()), moe_tensors<k::MoeWeights>(l, this->P()),
-                                        moe_cfg, {ep_exchange, &ep_states[static_cast<size_t>(l)]}));
+                                        moe_cfg, ep_group(l)));
   }
   return {};
 }
@@ -1049,12 +1084,38 @@ Status Model::set_expert_exchange(kernels::MoeExchange* exchange) {
     if (m.moe_cfg.E % exchange->size() != 0)
       return invalid_input("policy.moe.expert_parallel: " + std::to_string(exchange->size()) +
                            " does not divide num_experts = " + std::to_string(m.moe_cfg.E));
+    if (m.sliced() && (exchange->size() != m.eshard.shards || exchange->rank() != m.eshard.shard))
+      return invalid_input("policy.moe.expert_parallel: a model holding expert block " +
+                           std::to_string(m.eshard.shard) + " of " + std::to_string(m.eshard.shards) +
+                           " joined as rank " + std::to_string(exchange->rank()) + " of " +
+                           std::to_string(exchange->size()));
     m.ep_states.resize(static_cast<size_t>(m.L));
   }
   m.ep_exchange = exchange;
   return {};
 }
-Status Model::expert_parallel_idle_pass() { return impl_->ep_idle_pass(); }
+Status Model::expert_parallel_idle_pass(bool with_backward) { return impl_->ep_idle_pass(with_backward); }
+const ExpertShardLayout* Model::expert_shards() const { return impl_->sliced() ? &impl_->eshard : nullptr; }
+
+Result<Model> Model::slice_experts(int shard, int shards) const {
+  const Impl& m = *impl_;
+  auto bad = [&](const std::string& why) { return invalid_input("policy.moe.expert_parallel: " + why); };
+  if (m.routing_width == 0) return bad("the model has no MoE layer (num_experts = 0)");
+  if (shards < 2 || shard < 0 || shard >= shards || m.moe_cfg.E % shards != 0)
+    return bad("expert block " + std::to_string(shard) + " of " + std::to_string(shards) + " of num_experts = " +
+               std::to_string(m.moe_cfg.E));
+  if (!m.be->host_visible() || m.mirrored) return bad("dividing the experts runs on policy.device: cpu only");
+  if (m.lora) return bad("not with LoRA adapters (policy.lora)");
+  if (m.quant_base()) return bad("not with a quantized base (policy.base_dtype)");
+  if (m.sliced()) return bad("the model is already a slice");
+  auto impl = std::make_unique<Impl>(m.cfg, *m.be, shard, shards);
+  TROUPE_TRY(impl->alloc_params());
+  for (const ArenaPiece& p : impl->eshard.pieces)
+    if (p.local != ArenaPiece::npos)
+      std::copy_n(m.P() + p.whole, p.size, impl->P() + p.local);
+  impl->weights_written(impl->params);
+  return Model(std::move(impl));
+}
 
 void Model::zero_grads() {
   Impl& m = *impl_;

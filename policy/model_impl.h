@@ -168,7 +168,8 @@ struct HostMirror {
 };
 
 struct Model::Impl {
-  Impl(const ModelConfig& c, const kernels::Backend& backend);
+  // shard/shards: the expert block this model holds (Model::slice_experts); 0/1 = every expert.
+  Impl(const ModelConfig& c, const kernels::Backend& backend, int shard = 0, int shards = 1);
   ~Impl() {
     if (engine) engine->synchronize();  // no copy may still target the offload store being freed
   }
@@ -213,8 +214,8 @@ struct Model::Impl {
   bool chunked_head() const { return cfg.logprob_chunk > 0 && V > cfg.logprob_chunk; }
   int head_cols() const { return chunked_head() ? cfg.logprob_chunk : V; }
   Status backward(const float* dlogp, const float* dentropy);
-  Status backward_body();
-  Status ep_idle_pass();  // Model::expert_parallel_idle_pass  // from acts.dh (the head's input gradient) down: final norm, layers, embedding
+  Status backward_body();  // from acts.dh (the head's input gradient) down: final norm, layers, embedding
+  Status ep_idle_pass(bool with_backward);  // Model::expert_parallel_idle_pass
 
   ModelConfig cfg;
   const kernels::Backend* be = nullptr;  // every op, buffer and copy of the model goes through it
@@ -391,6 +392,12 @@ struct Model::Impl {
   // set_expert_exchange: the MoE layers' expert-parallel group, a state per layer, the first error
   // of an exchange (layer_forward and ffn_backward return nothing; forward and backward report it).
   kernels::MoeExchange* ep_exchange = nullptr;
+  // slice_experts: the expert block this model holds (shards 1: every expert) and its layout.
+  ExpertShardLayout eshard;
+  bool sliced() const { return eshard.shards > 1; }
+  kernels::MoeExpertGroup ep_group(int l) {
+    return {ep_exchange, &ep_states[static_cast<size_t>(l)], eshard.shard * (moe_cfg.E / eshard.shards)};
+  }
   std::vector<kernels::MoeEpState> ep_states;
   Status ep_failed;
   void ep_note(Status st) {

@@ -78,10 +78,12 @@ Task<Status> checkpoint(RunState& s, std::string phase, bool force, runtime::Dur
     req.metric = s.last_eval[best].get<double>();
   }
   // only learner 0 writes; the others hold identical state, or (learner.shard) each writes its own
-  // shard of the weights and AdamW moments, and learner 0 commits the step once every shard is in
+  // shard of the weights and AdamW moments, and learner 0 commits the step once every shard is in,
+  // or (divided experts) the others send learner 0 their experts' moments
   const bool sharded = s.cfg.learner.shard != learner::ShardStage::none && s.peers.learners.size() > 1;
+  const bool every = sharded || learners_divide_experts(s.cfg);
   std::vector<runtime::Reply<CheckpointRep>> reps;
-  for (size_t i = 0; i < (sharded ? s.peers.learners.size() : 1); ++i)
+  for (size_t i = 0; i < (every ? s.peers.learners.size() : 1); ++i)
     reps.push_back(request<CheckpointRep>(s.here, s.peers.learners[i], req, timeout));
   CheckpointRep rep;
   for (size_t i = 0; i < reps.size(); ++i) {

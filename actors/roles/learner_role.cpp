@@ -105,13 +105,23 @@ Result<std::unique_ptr<LearnerRole>> LearnerRole::create(const ExperimentConfig&
   std::unique_ptr<LearnerRole> l(new LearnerRole());
   l->cfg_ = cfg;
   TROUPE_ASSIGN_OR_RETURN(l->policy_, make_policy(cfg));
-  l->adapter_ = std::make_unique<learner::ModelAdapter>(*l->policy_.model);
+  l->comm_ = comm ? std::move(comm) : std::make_unique<learner::LocalCommunicator>();
+  l->divided_ = learners_divide_experts(cfg) && l->comm_->size() > 1;
+  if (l->divided_) {  // this learner's block of experts; learner 0 keeps the whole model besides
+    const int E = cfg.policy.expert_parallel, rank = l->comm_->rank();
+    TROUPE_ASSIGN_OR_RETURN(auto block, l->policy_.model->slice_experts(rank % E, E));
+    auto held = std::make_unique<policy::Model>(std::move(block));
+    if (rank == 0)
+      l->experts_ = std::move(held);
+    else
+      l->policy_.model = std::move(held);
+  }
+  l->adapter_ = std::make_unique<learner::ModelAdapter>(l->experts_ ? *l->experts_ : *l->policy_.model);
   if (cfg.loss.kl_coef > 0) {
     TROUPE_ASSIGN_OR_RETURN(auto ref, make_policy(cfg));
     l->ref_model_ = std::move(ref.model);
     l->ref_adapter_ = std::make_unique<learner::ModelAdapter>(*l->ref_model_);
   }
-  l->comm_ = comm ? std::move(comm) : std::make_unique<learner::LocalCommunicator>();
   // Learner ranks on GPUs sum their gradients with NCCL; elsewhere (null) over comm on the host.
   TROUPE_ASSIGN_OR_RETURN(l->device_comm_, learner::join_device_collective(l->policy_.model->backend(), *l->comm_));
   TROUPE_TRY(learner::validate(learner_config(cfg, learner::Phase::grpo)));
@@ -190,6 +200,8 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
     }
   }
   TROUPE_ASSIGN_OR_RETURN(auto m, streamed ? trainer.finish_accumulated() : trainer.train_step(samples));
+  if (divided_)  // learner 0's whole weights follow the step (the others send it their experts)
+    TROUPE_TRY(trainer.gather_whole_params(experts_ ? policy_.model->params() : std::span<float>{}));
   ++version_;
   m.mismatch.add(stale_mismatch);
   stale_mismatch_ = {};
@@ -205,7 +217,7 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
             {"lr", m.lr},
             {"train_tokens", m.tokens},
             {"learner_tokens_per_s", m.tokens_per_s},
-            {"state_bytes", trainer.state_bytes()}};
+            {"state_bytes", trainer.state_bytes() + (experts_ ? sizeof(float) * policy_.model->params().size() : 0)}};
   if (mm.tokens > 0) {  // sampler vs learner on the same version's weights, before the update
     j["logprob_diff_max"] = mm.logprob_diff_max;
     j["logprob_diff_mean"] = mm.logprob_diff_mean;
@@ -456,8 +468,35 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     return rep;
   }
   d.extra = extra;
+  if (divided_) {  // learner 0 writes the whole model and moments, the others send it their experts'
+    TROUPE_ASSIGN_OR_RETURN(const learner::AdamW whole, trainer.gathered_optimizer());
+    if (!experts_) return rep;
+    TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, whole, specs, opt));
+    return rep;
+  }
   TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, std::as_const(trainer).optimizer(), specs, opt));
   return rep;
+}
+
+Result<learner::CheckpointData> LearnerRole::load_divided_checkpoint(const std::string& dir, learner::Trainer& trainer) {
+  // The whole moments and weights (of any layout the checkpoint has), then this learner's blocks.
+  const policy::ExpertShardLayout& layout = *adapter_->expert_shards();
+  learner::AdamW moments(layout.whole_size);
+  TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint_share(dir, layout.whole_table, 0, layout.whole_size, moments));
+  TROUPE_TRY(trainer.load_optimizer(std::move(moments)));
+  std::vector<float> whole(layout.whole_size);
+  if (learner::is_sharded_checkpoint(dir)) {
+    TROUPE_TRY(learner::read_sharded_params(dir, layout.whole_table, whole));
+  } else {
+    TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(dir));
+    if (loaded.model.params().size() != whole.size())
+      return invalid_input("checkpoint: " + dir + " has " + std::to_string(loaded.model.params().size()) +
+                           " weights, the model " + std::to_string(whole.size()));
+    std::copy(loaded.model.params().begin(), loaded.model.params().end(), whole.begin());
+  }
+  TROUPE_TRY(trainer.load_whole_params(whole));
+  if (experts_) TROUPE_TRY(policy_.model->set_params(whole));
+  return d;
 }
 
 Result<CheckpointRep> LearnerRole::load_checkpoint(const CheckpointReq& r) {
@@ -473,10 +512,13 @@ Result<CheckpointRep> LearnerRole::load_checkpoint(const CheckpointReq& r) {
   const size_t n = policy_.model->params().size(), lo = trainer.shard_begin(), hi = trainer.shard_end();
   // The moments: a sharded learner reads only its own share of them (from whichever files hold it,
   // whatever the checkpoint's rank count or layout); an unsharded one all of them.
-  learner::AdamW moments(hi - lo);
-  TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint_share(r.dir, specs, lo, n, moments));
-  TROUPE_TRY(trainer.load_optimizer_share(std::move(moments)));
-  if (policy_.model->lora_enabled()) {  // (read_peft_adapter reads a sharded checkpoint's shards)
+  learner::AdamW moments(divided_ ? 0 : hi - lo);
+  TROUPE_ASSIGN_OR_RETURN(auto d, divided_ ? load_divided_checkpoint(r.dir, trainer)
+                                           : learner::load_checkpoint_share(r.dir, specs, lo, n, moments));
+  if (!divided_) TROUPE_TRY(trainer.load_optimizer_share(std::move(moments)));
+  if (divided_) {
+    // (load_divided_checkpoint took the moments and the weights)
+  } else if (policy_.model->lora_enabled()) {  // (read_peft_adapter reads a sharded checkpoint's shards)
     TROUPE_TRY(learner::read_lora_adapter_files(r.dir, *policy_.model));
   } else if (learner::is_sharded_checkpoint(r.dir) && trainer.keeps_shard_only()) {
     // ZeRO-3 learners that keep only their shard read only it, and drop the rest of the arena.

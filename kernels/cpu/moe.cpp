@@ -609,7 +609,7 @@ Status ep_experts_forward(float* y, const float* xp, const int32_t* offsets, con
   st.x.resize(M * C), st.buf.resize(M * C), st.g.resize(M * H), st.u.resize(M * H), st.h.resize(M * H);
   TROUPE_TRY(ex.alltoallv(xp, b.send_n.data(), st.x.data(), b.recv_n.data()));
   for_each_ep_block(b, st.recv_rows, ex.rank(), double(M) * C * H, [&](int e, int r0, int n) {
-    const size_t R = static_cast<size_t>(r0), we = static_cast<size_t>(e) * H * C;
+    const size_t R = static_cast<size_t>(r0), we = static_cast<size_t>(e - grp.weights_first_expert) * H * C;
     const ExpertLora la = expert_lora(w.lora, nullptr, e);
     expert_ffn_forward(st.buf.data() + R * C, st.g.data() + R * H, st.u.data() + R * H, st.h.data() + R * H,
                        st.x.data() + R * C, w.w_gate + we, w.w_up + we, w.w_down + we, n, C, H,
@@ -646,7 +646,7 @@ Status ep_experts_backward(float* xp, float* dw, const float* dop, const float* 
   std::vector<float> dop_r(M * C), w_r(M), dw_r(M);
   unpack(dop_r.data(), w_r.data(), st.buf.data(), M);
   for_each_ep_block(b, st.recv_rows, ex.rank(), double(M) * C * H, [&](int e, int r0, int n) {
-    const size_t R = static_cast<size_t>(r0), we = static_cast<size_t>(e) * H * C;
+    const size_t R = static_cast<size_t>(r0), we = static_cast<size_t>(e - grp.weights_first_expert) * H * C;
     const ExpertLora la = expert_lora(w.lora, &gr.lora, e);
     routed_expert_backward(st.x.data() + R * C, dw_r.data() + R, gr.w_gate + we, gr.w_up + we, gr.w_down + we,
                            dop_r.data() + R * C, w_r.data() + R, st.g.data() + R * H, st.u.data() + R * H,
@@ -664,6 +664,10 @@ Status check_group(const MoeConfig& c, const MoeExpertGroup& grp) {
   if (grp.exchange->size() < 1 || c.E % grp.exchange->size() != 0)
     return invalid_input("moe_ep: " + std::to_string(c.E) + " experts do not split over " +
                          std::to_string(grp.exchange->size()) + " ranks");
+  const int block = grp.exchange->rank() * (c.E / grp.exchange->size());
+  if (grp.weights_first_expert != 0 && grp.weights_first_expert != block)
+    return invalid_input("moe_ep: weights starting at expert " + std::to_string(grp.weights_first_expert) +
+                         " on the rank that owns experts from " + std::to_string(block));
   return {};
 }
 

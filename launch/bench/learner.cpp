@@ -2,7 +2,8 @@
 // from separate ops) and allreduce_2ranks (the learner's flat-gradient reduction vs a raw
 // MPI_Allreduce of the same buffer; the suite starts `mpirun -np 2` on a helper binary itself), and the
 // sharded learners (zero1/zero2/zero3_step_2ranks, zero2/zero3_state_bytes_4ranks) against plain data parallelism,
-// and expert parallelism (ep_moe_layer_2ranks) against the unsplit MoE layer.
+// and expert parallelism (ep_moe_layer_2ranks) against the unsplit MoE layer, and the learners' state with
+// the experts divided (ep_state_bytes_2ranks) against data parallelism.
 #include <stdio.h>
 #include <sys/wait.h>
 
@@ -206,6 +207,38 @@ int bench_expert_parallel(const BenchOptions& opt) {
   return 0;
 }
 
+// Expert parallelism that divides memory (troupe_learner_ep_state_bench under mpirun -np 2): the
+// largest learner's training state (parameters, gradients, AdamW moments) with the experts divided
+// over 2 ranks against data parallelism, a small Qwen3-MoE shape (2 layers, 16 experts); the GRPO
+// step times of both beside it.
+int bench_expert_parallel_state(const BenchOptions& opt) {
+  const auto helper = helper_binary("troupe_learner_ep_state_bench", "learner", "ep_state_bytes_2ranks");
+  if (!helper) return 1;
+  const std::string cmd = mpirun_command("", 2, "", *helper, std::string("--reps ") + (opt.quick ? "3" : "5"));
+  const auto out = run_child(cmd, "learner");
+  if (!out) return 1;
+  nlohmann::json j;
+  for (const auto& line : out->objects)
+    if (line.contains("ours_state_bytes")) j = line;
+  if (out->status != 0 || j.is_null()) {
+    std::fprintf(stderr, "troupe bench learner: ep_state_bytes_2ranks: `%s` failed (status %d):\n%s\n", cmd.c_str(),
+                 out->status, out->text.c_str());
+    return 1;
+  }
+  const double ours = j["ours_state_bytes"].get<double>(), dp = j["dp_state_bytes"].get<double>();
+  emit(make_row("learner", "ep_state_bytes_2ranks", {"state_bytes", "bytes", Better::lower}, {ours, dp}, "data_parallel",
+                {{"ranks", 2},
+                 {"params", j["params"]},
+                 {"routed_params", j["routed_params"]},
+                 {"ratio", ours / dp},
+                 {"learner0_sync_bytes", j["learner0_sync_bytes"]},
+                 {"tokens_per_rank", j["tokens_per_rank"]},
+                 {"ours_step_ms", j["ours_ms"]},
+                 {"dp_step_ms", j["dp_ms"]},
+                 {"shape", "qwen3_moe 2 layers, 16 experts, C 512, H 256, V 8192"}}));
+  return 0;
+}
+
 // The sharded learners against plain data parallelism (troupe_learner_shard_bench under mpirun):
 // a GRPO step of SmolLM2-135M's shape cut to 2 layers (its 49152 x 576 embedding and head kept), 4 x 64
 // tokens per rank (--quick: 1 layer, 4 x 32); SmolLM2's 30 layers and 4 x 256 tokens took minutes a
@@ -259,6 +292,7 @@ int run_learner_suite(const BenchOptions& opt) {
   if (opt.wants("zero3_step_2ranks")) rc |= bench_shard(opt, "zero3_step_2ranks", "parameters", 2, false);
   if (opt.wants("zero3_state_bytes_4ranks")) rc |= bench_shard(opt, "zero3_state_bytes_4ranks", "parameters", 4, true);
   if (opt.wants("ep_moe_layer_2ranks")) rc |= bench_expert_parallel(opt);
+  if (opt.wants("ep_state_bytes_2ranks")) rc |= bench_expert_parallel_state(opt);
   return rc;
 }
 

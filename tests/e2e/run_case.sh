@@ -937,6 +937,42 @@ EOS
       --set cluster.learners=1
     $CHECK steps "$W/lz" 3
     ;;
+  expert_parallel_run)  # policy.moe.expert_parallel 2 over 2 learners (mpirun): each learner holds half the
+    # experts (less learner/state_bytes), learner 0 the whole weights for the sync (probe on: the generators
+    # hold them bit for bit); the run equals the data-parallel one bit for bit (one micro-batch per learner);
+    # its checkpoint (written whole) resumes at E 2 and at E 1 as the uninterrupted run; generate and eval read it
+    S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set weight_sync.probe=true --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
+    EP="--set policy.moe.expert_parallel=2"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" --set grpo.max_steps=4 $S
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=4 $S $EP
+    $CHECK same "$W/dp" "$W/ep"
+    "$PY" - "$W/dp/metrics.jsonl" "$W/ep/metrics.jsonl" << 'EOS'
+import json, sys
+dp, ep = ([r["learner/state_bytes"] for r in map(json.loads, open(p)) if "learner/state_bytes" in r] for p in sys.argv[1:])
+assert dp and len(dp) == len(ep) and all(b < a for a, b in zip(dp, ep)), (dp, ep)
+print("learner/state_bytes of learner 0: data parallel", dp[0], "experts divided", ep[0])
+norms = [r["grad_norm"] for r in map(json.loads, open(sys.argv[2])) if r.get("phase") == "grpo" and "grad_norm" in r]
+assert norms and any(n > 0 for n in norms), norms  # GRPO steps that change the weights the generators get
+EOS
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep2" --set grpo.max_steps=2 $S $EP
+    cp -r "$W/ep2" "$W/ep1"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/ep2" --set grpo.max_steps=4 $S $EP
+    $CHECK same "$W/dp" "$W/ep2"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/ep1" --set grpo.max_steps=4 $S
+    $CHECK same "$W/dp" "$W/ep1"
+    "$TROUPE" generate "$W/ep/checkpoints/latest" --prompt "1+2+3=" --max-tokens 4 --json > "$W/gen_ep.json"
+    "$TROUPE" generate "$W/dp/checkpoints/latest" --prompt "1+2+3=" --max-tokens 4 --json > "$W/gen_dp.json"
+    cmp "$W/gen_ep.json" "$W/gen_dp.json"
+    "$TROUPE" eval "$SRC/configs/quickstart.yaml" --checkpoint "$W/ep/checkpoints/latest" --set eval.num_prompts=20 $Q \
+      | tail -n 1 > "$W/eval_ep.json"
+    "$TROUPE" eval "$SRC/configs/quickstart.yaml" --checkpoint "$W/dp/checkpoints/latest" --set eval.num_prompts=20 $Q \
+      | tail -n 1 > "$W/eval_dp.json"
+    $CHECK eval_json "$W/eval_ep.json"
+    cmp <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_ep.json") <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_dp.json")
+    ;;
   shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard,
     # the coordinator joins the pieces; the generators (3, relay fan-out 2: a relay tree) train bit for bit
     # as with shard none, in bf16 deltas with full_every, probes on, also resumed from a ZeRO-3 checkpoint;

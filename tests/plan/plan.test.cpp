@@ -195,27 +195,42 @@ TEST(Plan, ShardStagesDivideByTheLearners) {
   EXPECT_EQ(one.collectives, 0u);
 }
 
-// policy.moe.expert_parallel splits the experts' compute, not the state: weights, gradients and
-// AdamW moments as without it; the collectives add each MoE layer's exchanged rows (tokens x K rows
-// of C + 2H kept, C + 1 exchanged, 2H scratch, C + 1 packed).
-TEST(Plan, ExpertParallelKeepsTheStateWholeAndAddsTheExchangedRows) {
+// policy.moe.expert_parallel divides the experts: each learner holds num_experts / E experts of
+// every MoE layer (weights, gradients, AdamW moments), learner 0 also the whole weights for the
+// weight sync; with learner.shard optimizer the state stays whole (only the compute is split). The
+// collectives add each MoE layer's exchanged rows (tokens x K rows of C + 2H kept, C + 1
+// exchanged, 2H scratch, C + 1 packed).
+TEST(Plan, ExpertParallelDividesTheExpertsAndAddsTheExchangedRows) {
   const std::vector<std::string> moe = {"cluster.learners=2", "policy.model.num_experts=4",
                                         "policy.model.num_experts_per_tok=2"};
   auto with_ep = moe;
   with_ep.push_back("policy.moe.expert_parallel=2");
   const auto cfg = load(kTiny, with_ep);
   const MemoryPlan dp = plan_of(load(kTiny, moe)), ep = plan_of(cfg);
-  const PlanRow &a = row(dp, "learner", 1), &b = row(ep, "learner", 1);
-  EXPECT_EQ(b.weights, a.weights);
-  EXPECT_EQ(b.gradients, a.gradients);
-  EXPECT_EQ(b.optimizer, a.optimizer);
   const auto& m = cfg.policy.model;
   uint64_t layers = 0;
   for (int l = 0; l < m.num_hidden_layers; ++l) layers += m.is_moe_layer(l) ? 1 : 0;
   ASSERT_GT(layers, 0u);
   const uint64_t C = m.hidden_size, H = m.moe_intermediate_size, rows = static_cast<uint64_t>(ep.train_tokens) * 2;
+  const uint64_t away = layers * 3 * 2 * H * C * 4;  // the other learner's 2 experts of 4, in bytes
+  const PlanRow &a = row(dp, "learner", 1), &b = row(ep, "learner", 1);
+  EXPECT_EQ(b.weights, a.weights - away);
+  EXPECT_EQ(b.gradients, a.gradients - away);
+  EXPECT_EQ(b.optimizer, a.optimizer - 2 * away);
+  const PlanRow &a0 = row(dp, "learner", 0), &b0 = row(ep, "learner", 0);
+  EXPECT_EQ(b0.weights - b.weights, ep.params * 4);  // its block, and the whole weights for the sync
+  EXPECT_EQ(b0.optimizer, a0.optimizer - 2 * away);
   EXPECT_EQ(b.collectives - a.collectives, layers * rows * (3 * C + 4 * H + 2) * 4);
-  EXPECT_NE(plan_table(ep).find("policy.moe.expert_parallel 2: each learner computes num_experts / 2 experts"),
+  EXPECT_NE(plan_table(ep).find("policy.moe.expert_parallel 2: each learner holds num_experts / 2 experts"),
+            std::string::npos);
+  // learner.shard optimizer: every learner keeps every expert (ZeRO-1 divides the moments instead)
+  auto zero1 = with_ep, zero1_dp = moe;
+  zero1.push_back("learner.shard=optimizer");
+  zero1_dp.push_back("learner.shard=optimizer");
+  const MemoryPlan z = plan_of(load(kTiny, zero1)), zdp = plan_of(load(kTiny, zero1_dp));
+  EXPECT_EQ(row(z, "learner", 1).weights, row(zdp, "learner", 1).weights);
+  EXPECT_EQ(row(z, "learner", 1).optimizer, row(zdp, "learner", 1).optimizer);
+  EXPECT_NE(plan_table(z).find("policy.moe.expert_parallel 2: each learner computes num_experts / 2 experts"),
             std::string::npos);
 }
 

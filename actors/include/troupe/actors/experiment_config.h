@@ -232,6 +232,15 @@ struct ExperimentConfig {
   FaultsSection faults;
 };
 
+// policy.moe.expert_parallel > 1 with learner.shard: none in a synchronous run: each learner holds
+// only its block of the experts (policy::Model::slice_experts; learner 0 keeps the whole weights
+// besides, gathered after each step, for the weight sync and checkpoints). With learner.shard
+// optimizer or gradients, or rollout.async (whose stale samples are scored with older whole
+// weights on every learner), every learner holds every expert and only the compute is split.
+inline bool learners_divide_experts(const ExperimentConfig& c) {
+  return c.policy.expert_parallel > 1 && c.learner.shard == learner::ShardStage::none && !c.rollout.async;
+}
+
 }  // namespace troupe::actors
 
 // The YAML names of the enums above (troupe/base/enum_names.h).

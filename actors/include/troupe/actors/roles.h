@@ -20,6 +20,7 @@
 #include "troupe/actors/weight_group.h"
 #include "troupe/base/result.h"
 #include "troupe/envs/client.h"
+#include "troupe/learner/checkpoint.h"
 #include "troupe/learner/communicator.h"
 #include "troupe/learner/policy_model.h"
 #include "troupe/learner/trainer.h"
@@ -211,6 +212,14 @@ class LearnerRole {
   ExperimentConfig cfg_;
   PolicyBundle policy_;
   std::unique_ptr<learner::ModelAdapter> adapter_;
+  // learners_divide_experts: the model holding this learner's block of experts, which the trainer
+  // trains, on learner 0, whose policy_.model keeps the whole weights (gathered after each step)
+  // for the weight sync, its probe and checkpoints; on the other learners policy_.model is that
+  // block's model itself and this is null.
+  bool divided_ = false;
+  std::unique_ptr<policy::Model> experts_;
+  // divided_: a checkpoint (written whole) loaded into this learner's block: moments and weights.
+  Result<learner::CheckpointData> load_divided_checkpoint(const std::string& dir, learner::Trainer& trainer);
   std::unique_ptr<policy::Model> ref_model_;  // loss.kl_coef > 0: the frozen initial policy
   std::unique_ptr<learner::ModelAdapter> ref_adapter_;
   std::unique_ptr<learner::Communicator> comm_;

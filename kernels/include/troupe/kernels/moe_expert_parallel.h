@@ -50,6 +50,10 @@ struct MoeEpState {
 struct MoeExpertGroup {
   MoeExchange* exchange = nullptr;
   MoeEpState* state = nullptr;
+  // The global id of the expert at the start of the weights' and gradients' expert blocks: 0 when
+  // they hold every expert (expert e at e H C), rank E/P when they hold only this rank's block
+  // (a learner whose experts are divided: expert e at (e - weights_first_expert) H C).
+  int weights_first_expert = 0;
 };
 
 // moe_forward / moe_backward (same arguments, same saved and scratch sizes) with the experts

@@ -84,9 +84,12 @@ class PolicyModel {
   virtual Status set_expert_exchange(kernels::MoeExchange* exchange) {
     return exchange ? invalid_input("policy.moe.expert_parallel: this model has no MoE layers") : Status{};
   }
-  virtual Status expert_parallel_idle_pass() {
+  virtual Status expert_parallel_idle_pass(bool /*with_backward*/) {
     return invalid_input("policy.moe.expert_parallel: this model has no MoE layers");
   }
+  // A model holding one expert-parallel rank's block of experts (policy::Model::slice_experts): its
+  // layout against the whole model's arena; null for a model that holds every weight.
+  virtual const policy::ExpertShardLayout* expert_shards() const { return nullptr; }
 };
 
 // The real policy model behind the interface (it keeps the reference; the Model must outlive it).
@@ -132,7 +135,10 @@ class ModelAdapter final : public PolicyModel {
   }
   policy::ParamHook* param_hook() const override { return hook_; }
   Status set_expert_exchange(kernels::MoeExchange* exchange) override { return model_.set_expert_exchange(exchange); }
-  Status expert_parallel_idle_pass() override { return model_.expert_parallel_idle_pass(); }
+  Status expert_parallel_idle_pass(bool with_backward) override {
+    return model_.expert_parallel_idle_pass(with_backward);
+  }
+  const policy::ExpertShardLayout* expert_shards() const override { return model_.expert_shards(); }
   policy::Model& model() { return model_; }
 
  private:

@@ -112,6 +112,9 @@ void add_packed_mismatch(MismatchSums& out, const PackedMicroBatch& packed, cons
 Result<MismatchSums> score_mismatch(PolicyModel& model, const std::vector<const Sample*>& samples, float temperature,
                                     int max_tokens_per_batch = 4096);
 
+// How many forwards score_mismatch runs for these samples.
+size_t score_mismatch_passes(const std::vector<const Sample*>& samples, int max_tokens_per_batch = 4096);
+
 // Split of `n` samples (lengths in tokens) into micro-batches: consecutive runs of at most
 // micro_batch_size samples (0 = one run), or, with max_tokens > 0, greedy runs whose total length
 // fits the budget (a longer sample goes alone). Returns the run boundaries (size = runs + 1).
@@ -179,15 +182,28 @@ class Trainer {
   Status release_params();
   size_t shard_begin() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank())] : 0; }
   size_t shard_end() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank()) + 1] : bounds_.back(); }
-  // The whole AdamW state (every rank's moments gathered; a collective when sharded: every rank
-  // calls it), for a checkpoint of the unsharded layout.
+  // The whole AdamW state (every rank's moments gathered; a collective when sharded or when the
+  // experts are divided: every rank calls it), for a checkpoint of the unsharded layout. Divided
+  // experts: whole on learner 0, empty (size 0) on the others.
   Result<AdamW> gathered_optimizer();
   // Takes the whole AdamW state `full` (a checkpoint's, of any rank count or stage): this rank's
-  // shard of it when sharded, all of it otherwise. No collective.
+  // shard of it when sharded, its blocks when the experts are divided, all of it otherwise. No
+  // collective.
   Status load_optimizer(AdamW full);
   // Sharded: takes this rank's share of the AdamW state alone (load_checkpoint_share of
   // [shard_begin(), shard_end())), so the whole moments are never held. No collective.
   Status load_optimizer_share(AdamW share);
+  // Expert parallelism whose model holds one block of experts (PolicyModel::expert_shards;
+  // divided_experts.cpp). join_expert_parallel: the groups (a collective of the learners; the first
+  // train_step joins them otherwise). gather_whole_params: the whole model's weights (the layout's
+  // whole_size floats) into `whole` on learner 0, for the weight sync and checkpoints; not read
+  // elsewhere (a collective of the first expert-parallel group, learners 0 .. E-1; every learner
+  // may call it, the others return at once). load_whole_params: this rank's part of whole weights
+  // (a checkpoint's; no collective). gathered_optimizer() and load_optimizer() work on the whole
+  // model's moments in that layout.
+  Status join_expert_parallel();
+  Status gather_whole_params(std::span<float> whole);
+  Status load_whole_params(std::span<const float> whole);
   // learner.shard parameters with ParamsAtRest::shard: between steps each rank holds its shard alone.
   bool keeps_shard_only() const { return zero3_ && params_at_rest_ == ParamsAtRest::shard; }
   // Bytes of training state this rank holds: parameters (the trainable arena, and the frozen base
@@ -234,6 +250,15 @@ class Trainer {
   // experts split over the group, a rank with fewer micro-batches serving its peers' in idle passes.
   Status plain_micro_batches(const std::vector<std::vector<const Sample*>>& mbs, const LossNorm& norm, bool score,
                              MismatchSums& mismatch, LossMetrics& sums);
+  // Divided experts (divided_experts.cpp): the step (each piece summed over the ranks that hold
+  // it, the whole model's norm chained through the group, clipping, AdamW on this rank's arena),
+  // and the forwards outside the loss micro-batches, which run with the group (old log-probs: the
+  // same forwards on every rank; the mismatch: idle forwards up to the most any rank runs).
+  Status divided_optimizer_step(StepMetrics& out, double& norm_sum);
+  Result<std::vector<std::vector<float>>> old_logprobs(const std::vector<Sample>& batch);
+  Result<MismatchSums> mismatch_before_update(const std::vector<const Sample*>& mine);
+  Result<AdamW> gathered_divided_optimizer();
+  Status load_divided_optimizer(const AdamW& whole);
   // The step on the model's device (device_optimizer.cpp): where the model keeps a device arena,
   // learner.optimizer_offload is off and the state is not sharded.
   bool device_optimizer_on();

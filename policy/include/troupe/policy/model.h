@@ -140,6 +140,28 @@ Status build_decode_meta(PackedMeta* meta, const int32_t* pos, int B, int head_d
 // backend, ...).
 Status validate_model_config(const ModelConfig& cfg);
 
+// A model that holds one expert-parallel rank's block of experts (Model::slice_experts: the
+// learners' memory under policy.moe.expert_parallel): its flat arena is the whole model's with the
+// other ranks' routed-expert blocks left out, everything else in the same order. `pieces` walks
+// the whole model's arena front to back: runs every rank holds (owner -1) and expert blocks (owner
+// q: rank q's block of one layer's gate, up or down experts, the ranks' blocks of a tensor kind
+// one after another, q = 0 .. shards-1). `local` is the piece's offset in this model's arena, for
+// owner -1 and owner == shard (npos otherwise).
+struct ArenaPiece {
+  static constexpr size_t npos = static_cast<size_t>(-1);
+  size_t whole = 0;
+  size_t local = npos;
+  size_t size = 0;
+  int owner = -1;
+};
+struct ExpertShardLayout {
+  int shard = 0;   // this model's expert-parallel rank: experts [shard E/shards, (shard+1) E/shards)
+  int shards = 1;  // E' = policy.moe.expert_parallel
+  size_t whole_size = 0;                 // floats of the whole model's arena
+  std::vector<ArenaPiece> pieces;        // the whole arena, in order
+  std::vector<TensorSpec> whole_table;   // the whole model's tensor table (offsets in its arena)
+};
+
 // Where a sharded learner (learner.shard parameters, ZeRO-3) brings each group of weights in and
 // lets it go. Groups: kEmbedGroup (the embedding), 0..L-1 (the decoder layers), L (the head: final
 // norm and lm_head, the embedding when tied). A training forward then backward calls, in this
@@ -208,8 +230,17 @@ class Model {
   Status set_expert_exchange(kernels::MoeExchange* exchange);
   // A forward/backward pair with no tokens of this rank's own, in the order forward_train and
   // backward_train run the MoE layers (checkpointing's recompute included): this rank's experts
-  // serve a micro-batch its peers run and it has not. Needs an exchange.
-  Status expert_parallel_idle_pass();
+  // serve a micro-batch its peers run and it has not; with_backward false: a forward alone (the
+  // peers score a batch without training on it). Needs an exchange.
+  Status expert_parallel_idle_pass(bool with_backward = true);
+  // Expert parallelism that divides memory: a copy of this (whole) model holding only expert block
+  // `shard` of `shards` of every MoE layer (parameters and gradients of the other blocks are not
+  // allocated), every other tensor whole. Its training forwards and backwards need an exchange of
+  // `shards` ranks at rank `shard` (set_expert_exchange); every other forward (generation, logits)
+  // is refused. Host backend (cpu), fp32 base, no LoRA, shards dividing num_experts.
+  Result<Model> slice_experts(int shard, int shards) const;
+  // The layout of a model from slice_experts (null for a whole model).
+  const ExpertShardLayout* expert_shards() const;
 
   // LoRA (ModelConfig::lora, policy/README.md "LoRA"). With adapters on, tensors(), params(),
   // grads(), set_params() and all_reduce_grads() are the TRAINABLE adapter arena, named as PEFT
