@@ -331,8 +331,14 @@ Result<Weights> LearnerRole::shard_weights_for_generators(const GetWeightsReq& r
   // The head answers; the payload stays here until the coordinator says where to send it.
   Weights w = piece_;
   w.payload = runtime::Bytes();
-  if (!ws.probe) return w;
   learner::Trainer* t = trainer_.get();
+  if (!t && cfg_.learner.shard == learner::ShardStage::parameters && !cfg_.rollout.async) {
+    // The first sync, before any step: the trainer made now (as the first step would make it) lets
+    // every learner drop to its shard here rather than hold the whole initial weights until then.
+    t = &trainer_for(phase_);
+    if (t->forwards_from_shards()) TROUPE_TRY(t->release_params());
+  }
+  if (!ws.probe) return w;
   if (t && t->forwards_from_shards()) {
     // ZeRO-3 learners that keep only their shard: every learner runs the probe's forward with each
     // layer gathered from the shards (as in a step) and rounded as the generators hold it, so no
