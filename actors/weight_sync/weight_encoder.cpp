@@ -360,10 +360,10 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
   const size_t n = master.size(), C = kWeightChunkElements;
   delta = delta && held_version_ >= 0 && held_wire.size() == n;
   bool from_prepared = false;
+  out = Weights{};  // (first: a view of held that `out` was is let go before held is written)
   detach_held();
   if constexpr (W == 2) from_prepared = use_prepared(delta, n);  // a step's prepared delta: held already holds its values
   if (held_wire.size() != n) held_wire.assign(n, 0);
-  out = Weights{};
   out.version = version;
   out.base_version = delta ? held_version_ : -1;
   out.encoding = static_cast<std::int32_t>(delta ? WeightEncoding::delta : WeightEncoding::full);

@@ -218,7 +218,6 @@ bool by_relay(const WeightSync::State& st, size_t gens) {
   return st.cfg.relay_fanout >= 2 && gens > static_cast<size_t>(st.cfg.relay_fanout);
 }
 
-// Sends `w` down a relay tree over `gens` (weight_relay.h); `done` gets the merged RelayAck.
 // The root's children for `gens` (each marked sent version v): the relay tree's first level, with
 // root_only generators as children without a subtree; or, for the star, every generator alone.
 std::vector<RelayChild> root_children(const WeightSyncPeers& p, WeightSync::State& st, const std::vector<size_t>& gens,
@@ -235,6 +234,7 @@ std::vector<RelayChild> root_children(const WeightSyncPeers& p, WeightSync::Stat
   return children;
 }
 
+// Sends `w` down a relay tree over `gens` (weight_relay.h); `done` gets the merged RelayAck.
 std::shared_ptr<RelayFanout> start_relay(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st,
                                          const Weights& w, const std::vector<size_t>& gens, std::int64_t v,
                                          RelayFanout::Done done) {
