@@ -423,18 +423,34 @@ Error learner_failed(const WeightSyncPeers& p, size_t r, const Error& e, const s
                                 std::to_string(p.shard_learners[r].node) + ") failed while " + doing + ": " + e.message);
 }
 
-// Every learner's head for `ask` (all asked at once: the probe runs collectives), joined.
-Task<Result<PiecedMessage>> ask_pieces(ActorContext& here, const WeightSyncPeers& p, const GetWeightsReq& ask) {
-  std::vector<Reply<Weights>> replies;
-  for (const auto& l : p.shard_learners) replies.push_back(request<Weights>(here, l, ask, kSyncTimeout));
+// Whether the learners' heads mix full pieces and deltas (a lean encoder sends a large delta in full).
+bool mixed_encodings(const std::vector<Weights>& heads) {
+  for (const Weights& h : heads)
+    if (h.encoding != heads[0].encoding) return true;
+  return false;
+}
+
+// Every learner's head for `ask` (all asked at once: the probe runs collectives), joined. When some
+// learners answered a delta and others in full, every learner is asked again in full (the same
+// version), so the message has one encoding.
+Task<Result<PiecedMessage>> ask_pieces(ActorContext& here, const WeightSyncPeers& p, GetWeightsReq ask) {
   std::vector<Weights> heads;
-  std::optional<Error> failed;
-  for (size_t r = 0; r < replies.size(); ++r) {
-    Result<Weights> w = co_await replies[r];
-    if (!w.ok() && !failed) failed = learner_failed(p, r, w.error(), "encoding its piece");
-    if (w.ok()) heads.push_back(std::move(w).value());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::vector<Reply<Weights>> replies;
+    for (const auto& l : p.shard_learners) replies.push_back(request<Weights>(here, l, ask, kSyncTimeout));
+    heads.clear();
+    std::optional<Error> failed;
+    for (size_t r = 0; r < replies.size(); ++r) {
+      Result<Weights> w = co_await replies[r];
+      if (!w.ok() && !failed) failed = learner_failed(p, r, w.error(), "encoding its piece");
+      if (w.ok()) heads.push_back(std::move(w).value());
+    }
+    if (failed) co_return *failed;
+    if (!mixed_encodings(heads)) break;
+    ask.base_version = -1;  // (in full: every learner holds the version already)
+    if (p.log) p.log("weight sync: version " + std::to_string(heads[0].version) + ": some learners' pieces are deltas, "
+                     "others went in full (too large a delta); every learner is asked in full");
   }
-  if (failed) co_return *failed;
   PiecedMessage m;
   TROUPE_CO_ASSIGN_OR_RETURN(m.head, join_piece_heads(heads));
   for (const Weights& h : heads) m.total += m.piece_bytes.emplace_back(payload_bytes(h));
