@@ -895,7 +895,8 @@ EOS
     # and sends it to the generators itself; the generators (3, relay fan-out 2: a relay tree whose first
     # level puts the pieces together) train bit for bit as with shard none, in bf16 deltas with full_every,
     # probes on (computed layer by layer from the shards), also resumed from a ZeRO-3 checkpoint; rank 0
-    # sends only learner 0's piece; and in an async run (fp32, one generator)
+    # sends only learner 0's piece; pieces that come back part delta, part full; and in an async run
+    # (fp32, one generator)
     S="--set sft.max_steps=12 --set grpo.max_steps=5 --set optimizer.schedule=constant --set optimizer.lr=1e-6 --set eval.every=0 \
        --set eval.num_prompts=10 --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 --set cluster.generators=3 --set weight_sync.relay_fanout=2 \
