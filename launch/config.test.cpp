@@ -309,6 +309,9 @@ TEST(Config, ImpossiblePlacement) {
   m = load_error(std::string(kMinimal) + "cluster:\n  transport: tcp\n", {"cluster.bind_host='*'"});
   EXPECT_NE(m.find("cluster.bind_host: '*' binds every interface"), std::string::npos) << m;
   EXPECT_TRUE(load_config_text(std::string(kMinimal) + "cluster:\n  transport: tcp\n  bind_host: eth0\n", "x.yaml", {}).ok());
+  // a learner killed mid-sync must be one of the learners
+  m = load_error(std::string(kMinimal) + "faults:\n  learner_death_sync: 2\n  learner_death_rank: 1\n");
+  EXPECT_NE(m.find("faults.learner_death_rank: there are only 1 learner ranks"), std::string::npos) << m;
 }
 
 // Frozen models need scorers to serve them, and a judge reaching one must run in troupe's process.

@@ -333,7 +333,7 @@ void check_faults(const ExperimentConfig& c, const ConfigReport& report) {
     needs("env_malformed", f.env_malformed, wire, "is called in-process: there is no reply to corrupt");
     needs("env_drop", f.env_drop, wire, "is called in-process: there is no wire to lose a request on");
   }
-  if (f.learner_death_step > 0 && f.learner_death_rank >= c.cluster.learners)
+  if ((f.learner_death_step > 0 || f.learner_death_sync > 0) && f.learner_death_rank >= c.cluster.learners)
     report("faults.learner_death_rank", "faults.learner_death_rank",
            "there are only " + std::to_string(c.cluster.learners) + " learner ranks");
   if (f.generator_death_step > 0 && f.generator_death_rank >= c.cluster.generators)

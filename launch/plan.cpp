@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "troupe/actors/weight_encoder.h"
+#include "troupe/actors/weight_pieces.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/launch/plan.h"
 #include "troupe/policy/io/gguf.h"
@@ -90,7 +92,7 @@ uint64_t reduce_scatter_bytes(const Shape& s) {
 bool layered_zero3(const Shape& s) { return s.stage == ShardStage::parameters && s.N > 1 && s.A == 0 && s.host_visible; }
 
 // Weight sync from the shards (actors::weights_from_shards at the plan's learner count and stage):
-// every learner encodes its own shard and the coordinator joins the pieces.
+// every learner encodes its own shard and sends it to the generators (actors/weight_pieces.h).
 bool sync_from_shards(const ExperimentConfig& cfg, const Shape& s) {
   return s.stage != ShardStage::none && s.N > 1 && cfg.weight_sync.transport == actors::WeightTransport::zmq;
 }
@@ -140,14 +142,14 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
   if (layered_zero3(s)) {
     // The shard, and one group gathered at a time (a decoder layer, or the embedding / the head).
     // troupe run: every learner does in async runs (stale samples are scored with old weights);
-    // else learner 0 holds the whole weights between steps when it alone syncs them, and during
-    // each sync for the probe when the shards sync them (gathered there for it).
+    // else learner 0 holds the whole weights between steps when it alone syncs them. When the
+    // shards sync them, the probe's forward gathers layer by layer too (Trainer::forward_from_shards).
     // (untied: the embedding and the head, norm included, are gathered apart, about half each)
     const uint64_t head = s.mc.tie_word_embeddings ? s.fp.outer_floats : (s.fp.outer_floats + s.mc.hidden_size) / 2;
     // With the prefetch (ParamShards::set_prefetch, on) the next group's gather runs while one
     // computes: two groups whole at once (two layers, or the last layer and the head).
     const uint64_t gathered = std::max(2 * s.fp.largest_layer_floats, s.fp.largest_layer_floats + head);
-    const bool whole = r.index == 0 && (!sync_from_shards(cfg, s) || cfg.weight_sync.probe);
+    const bool whole = r.index == 0 && !sync_from_shards(cfg, s);
     if (!whole && !cfg.rollout.async) r.weights = ceil_div(s.P, s.N) * kF + gathered * kF;
     // The shard; the embedding's and head's gradients whole until the step's end; two layers'
     // gradients before their reduce-scatters (one in flight while the next runs its backward) and
@@ -198,9 +200,17 @@ void learner_sync(const ExperimentConfig& cfg, const Shape& s, PlanRow& r, uint6
   if (cfg.rollout.async)  // LearnerRole::snapshots_: the versions a stale sample may be scored with
     h += static_cast<uint64_t>(cfg.rollout.max_staleness + 1) * s.Tr * kF;
   if (sync_from_shards(cfg, s)) {
-    // Every learner's WeightEncoder over its shard: what the generators hold of it and its piece.
-    h += 2 * ceil_div(s.Tr, s.N) * s.sync_bytes_per_value;
-    if (r.index == 0 && ws.dtype == actors::WeightDtype::bf16 && ws.probe) h += s.Tr * kF;  // master_backup_
+    // Every learner's WeightEncoder over its shard in lean memory: what the generators hold of it,
+    // which a full piece is sent from; a delta's frames and payload, abandoned for a full piece past
+    // 1/kLeanDeltaShare of it; and the runs of the piece in flight to each of the root's children.
+    const uint64_t held = ceil_div(s.Tr, s.N) * s.sync_bytes_per_value;
+    h += held + 2 * ceil_div(held, actors::WeightEncoder::kLeanDeltaShare);
+    const int G = cfg.cluster.generators, fan = ws.relay_fanout;
+    const uint64_t children = static_cast<uint64_t>(fan >= 2 && G > fan ? fan : G);
+    h += children * actors::kPieceWindow * actors::kPieceRunBytes;
+    // The probe: ZeRO-3 runs it from the shards (no more than a step gathers); else learner 0
+    // gathers the whole weights for it (in "weights"), and in bf16 backs up its master.
+    if (r.index == 0 && ws.dtype == actors::WeightDtype::bf16 && ws.probe && !layered_zero3(s)) h += s.Tr * kF;
   } else if (r.index == 0) {
     // WeightEncoder: what the generators hold (held16_/held32_) and one encoded full payload.
     h += 2 * s.Tr * s.sync_bytes_per_value;
@@ -294,12 +304,11 @@ void other_rows(const ExperimentConfig& cfg, const Shape& s, MemoryPlan& plan) {
   c.rank = 0;
   // A step's samples (tokens, log-probs, masks, versions) and its trajectories.
   c.other = static_cast<uint64_t>(s.batch_seqs) * s.seq_len * 24;
-  // Weight sync from the shards: the learners' pieces of a full sync and the message joined from them.
-  if (sync_from_shards(cfg, s)) c.sync = 2 * s.Tr * s.sync_bytes_per_value;
   c.device = s.host_visible ? c.other + c.sync : 0;
   c.host = s.host_visible ? 0 : c.other + c.sync;
   c.notes.push_back("on rank 0, beside learner 0");
-  if (c.sync > 0) c.notes.push_back("joins the learners' pieces of the weights into the generators' message");
+  if (sync_from_shards(cfg, s))  // (the pieces' heads alone: checksums, chunk tables, the probe)
+    c.notes.push_back("joins the pieces' heads; the learners send the weights to the generators themselves");
   plan.rows.push_back(c);
   for (int i = 0; i < cfg.cluster.env_workers; ++i) {
     PlanRow e;
@@ -354,8 +363,9 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
       plan.notes.push_back(std::string("shard parameters: each learner keeps its shard and gathers one layer (or the "
                                        "embedding, or the head) at a time, the next one's gather in flight; ") +
                            (sync_from_shards(cfg, s)
-                                ? std::string("each encodes its shard for the weight sync") +
-                                      (cfg.weight_sync.probe ? " and learner 0 gathers the whole weights for the probe" : "")
+                                ? std::string("each encodes its shard for the weight sync and sends it to the "
+                                              "generators") +
+                                      (cfg.weight_sync.probe ? ", and runs the probe layer by layer too" : "")
                                 : std::string("learner 0 keeps the whole weights between steps for the weight sync")) +
                            (cfg.rollout.async ? ", and in async runs every learner does" : "") +
                            (several_micro_batches(s) ? "; several micro-batches a step accumulate whole gradients" : ""));

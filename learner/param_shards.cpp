@@ -265,6 +265,14 @@ Status ParamShards::gather_to(int root) {
   return {};
 }
 
+std::vector<std::pair<size_t, size_t>> ParamShards::group_ranges(int g) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  if (g < kEmbedGroup || g > layers_) return out;
+  for (int i : groups_[static_cast<size_t>(g + 1)]) out.emplace_back(ranges_[static_cast<size_t>(i)].begin,
+                                                                     ranges_[static_cast<size_t>(i)].end);
+  return out;
+}
+
 Status ParamShards::release_all() {
   TROUPE_TRY(settle());
   for (auto& r : ranges_) {

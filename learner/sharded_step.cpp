@@ -25,7 +25,71 @@ void show_observer(StepObserver& watch, std::span<const float> params) {
   watch.end_step();
 }
 
+// forward_from_shards' hook: each group gathered as in a step, then transformed; this rank's own part
+// of it (its master values) kept in the same place of the gradient shard meanwhile and put back when
+// the group is done, or at the end for the head, which a forward holds to its end.
+class TransformedGroups final : public policy::ParamHook {
+ public:
+  TransformedGroups(ParamShards& inner, std::span<float> params, std::span<float> grads,
+                    const std::function<void(std::span<float>)>& transform)
+      : inner_(inner), params_(params), grads_(grads), transform_(transform) {}
+  Status need(int g) override {
+    TROUPE_TRY(inner_.need(g));
+    if (!transform_) return {};
+    const auto [lo, hi] = inner_.shard();
+    for (const auto& [b, e] : inner_.group_ranges(g)) {
+      const size_t ob = std::clamp(lo, b, e), oe = std::clamp(hi, b, e);
+      std::copy(params_.begin() + static_cast<std::ptrdiff_t>(ob), params_.begin() + static_cast<std::ptrdiff_t>(oe),
+                grads_.begin() + static_cast<std::ptrdiff_t>(ob));
+      transform_(params_.subspan(b, e - b));
+      kept_.push_back({g, ob, oe});
+    }
+    return {};
+  }
+  Status done(int g, bool backward) override {
+    put_back(g);
+    return inner_.done(g, backward);
+  }
+  void put_back(int g) {  // g = kPutBackAll: every group still transformed
+    for (size_t i = kept_.size(); i-- > 0;) {
+      const Kept k = kept_[i];
+      if (g != kPutBackAll && k.group != g) continue;
+      std::copy(grads_.begin() + static_cast<std::ptrdiff_t>(k.begin), grads_.begin() + static_cast<std::ptrdiff_t>(k.end),
+                params_.begin() + static_cast<std::ptrdiff_t>(k.begin));
+      kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  static constexpr int kPutBackAll = -1000;
+
+ private:
+  struct Kept {
+    int group;
+    size_t begin, end;
+  };
+  ParamShards& inner_;
+  std::span<float> params_, grads_;
+  const std::function<void(std::span<float>)>& transform_;
+  std::vector<Kept> kept_;
+};
+
 }  // namespace
+
+Status Trainer::forward_from_shards(const std::function<Status()>& fn,
+                                    const std::function<void(std::span<float>)>& transform) {
+  if (!forwards_from_shards())
+    return make_error(ErrorCode::internal, "learner: a forward from the shards needs learner.shard parameters with "
+                                           "each rank keeping its shard and the per-layer gathers");
+  TransformedGroups hook(*zero3_, model_.params(), model_.grads(), transform);
+  model_.set_param_hook(&hook);
+  zero3_->set_active(true);
+  Status st = fn();
+  hook.put_back(TransformedGroups::kPutBackAll);
+  zero3_->set_active(false);
+  model_.set_param_hook(zero3_.get());
+  Status released = zero3_->release_all();  // (the head, and the gather prefetched for a backward)
+  TROUPE_TRY(st);
+  return released;
+}
 
 Status Trainer::sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool last) {
   auto grads = model_.grads();

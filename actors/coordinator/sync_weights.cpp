@@ -1,5 +1,5 @@
-// The coordinator's weight sync: learner 0's weights (or, weights_from_shards, every learner's piece
-// joined) to every live generator through the run's WeightSync (troupe/actors/weight_sync.h), which
+// The coordinator's weight sync: learner 0's weights (or, weights_from_shards, every learner's piece,
+// sent by the learners themselves) to every live generator through the run's WeightSync (troupe/actors/weight_sync.h), which
 // the first sync makes; the generators the sync finds dead are marked down, and s.version becomes
 // the version they now hold. Members that joined are admitted just before a sync and leaves
 // answered just after it (membership.cpp).
@@ -16,7 +16,7 @@ Task<Status> sync_weights(RunState& s, double* seconds) {
     s.weight_sync = std::make_unique<WeightSync>(s.cfg.weight_sync, s.cfg.rollout.async);
     if (from_shards && s.hooks.log)
       s.hooks.log("weight sync: from the shards of " + std::to_string(s.peers.learners.size()) +
-                  " learners (each encodes its own; the coordinator joins the pieces)");
+                  " learners (each encodes its own and sends it to the generators)");
   }
   admit_members(s);  // joiners get the full weights by this sync
   WeightSyncPeers peers;
@@ -29,6 +29,11 @@ Task<Status> sync_weights(RunState& s, double* seconds) {
   peers.root_only = [&s](size_t g) { return s.membership.joined(g); };  // members reach rank 0's node only
   TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await s.weight_sync->sync(s.here, peers));
   settle_members(s, rep.version);
+  if (from_shards && s.hooks.log)  // what rank 0 sent: learner 0's piece only (the heads aside)
+    s.hooks.log("weight sync: version " + std::to_string(rep.version) + " in " + std::to_string(rep.pieces) +
+                " pieces (a delta to " + std::to_string(rep.delta) + " generators, in full to " +
+                std::to_string(rep.full) + "): rank 0 sent " + std::to_string(rep.bytes_sent) + " of the learners' " +
+                std::to_string(rep.learner_bytes) + " payload bytes");
   if (!s.live_generator_from(0)) co_return make_error(ErrorCode::peer_failed, "weight sync: every generator is down");
   s.version = rep.version;
   if (seconds) *seconds = rep.seconds;

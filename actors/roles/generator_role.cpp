@@ -21,6 +21,7 @@
 #include "role_support.h"
 #include "troupe/actors/weight_relay.h"
 #include "troupe/actors/roles.h"
+#include "troupe/actors/weight_pieces.h"
 #include "troupe/actors/weight_shards.h"
 
 namespace troupe::actors {
@@ -473,6 +474,22 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
       return gen_->weights_ack();
     });
   });
+  // weights_from_shards: the learners' pieces put back together here, passed on down the relay
+  // tree and applied as a Weights is (troupe/actors/weight_pieces.h).
+  pieces_ = std::make_unique<PiecesReceiver>();
+  handle<PiecesHead>([this](runtime::Context& ctx, const PiecesHead& h) -> Status {
+    pieces_->on_head(ctx, h, [this](const Weights& w) { return apply_pieces(w); });
+    return {};
+  });
+  handle<WeightsPiece>([this](runtime::Context& ctx, const WeightsPiece& p) -> Status {
+    return pieces_->on_piece(ctx, p, [this](const Weights& w) { return apply_pieces(w); });
+  });
+}
+
+Ack GeneratorActor::apply_pieces(const Weights& w) {
+  use_threads(threads_);
+  (void)gen_->receive_weights(w);  // (what was not applied, and why, is in the Ack)
+  return gen_->weights_ack();
 }
 
 GeneratorActor::~GeneratorActor() {

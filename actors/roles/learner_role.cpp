@@ -14,6 +14,7 @@
 #include "role_support.h"
 #include "troupe/actors/roles.h"
 #include "troupe/actors/step_counter.h"
+#include "troupe/actors/weight_pieces.h"
 #include "troupe/actors/weight_shards.h"
 #include "troupe/learner/checkpoint.h"
 #include "troupe/learner/lora_checkpoint.h"
@@ -333,20 +334,65 @@ Result<Weights> LearnerRole::shard_weights_for_generators(const GetWeightsReq& r
     encoder_ = std::make_unique<WeightEncoder>(
         ws.dtype, shard_tensor_table(cut_tensor_table(policy_.model->tensors(), bounds), bounds, rank));
     encoder_->set_compress_full(policy_.model->lora_enabled());
+    encoder_->set_lean_memory(true);  // a full piece is its held copy; a big delta goes in full
   }
   const bool full_due = ws.mode == WeightSyncMode::full || (ws.full_every > 0 && version_ % ws.full_every == 0);
   const bool delta = !full_due && r.base_version >= 0 && r.base_version == encoder_->held_version();
-  Weights w;
-  encoder_->encode(params.subspan(bounds[rank], bounds[rank + 1] - bounds[rank]), version_, delta, w);
-  if (!ws.probe) return w;
-  // The probe needs the whole weights on learner 0: ZeRO-3 learners that keep only their shard
-  // gather them there for it and drop them again (collectives: every learner is asked).
+  piece_ = Weights{};  // (the last piece's payload let go first: it may be a view of the held copy)
+  encoder_->encode(params.subspan(bounds[rank], bounds[rank + 1] - bounds[rank]), version_, delta, piece_);
+  // The head answers; the payload stays here until the coordinator says where to send it.
+  Weights w = piece_;
+  w.payload = runtime::Bytes();
   learner::Trainer* t = trainer_.get();
+  if (!t && cfg_.learner.shard == learner::ShardStage::parameters && !cfg_.rollout.async) {
+    // The first sync, before any step: the trainer made now (as the first step would make it) lets
+    // every learner drop to its shard here rather than hold the whole initial weights until then.
+    t = &trainer_for(phase_);
+    if (t->forwards_from_shards()) TROUPE_TRY(t->release_params());
+  }
+  if (!ws.probe) return w;
+  if (t && t->forwards_from_shards()) {
+    // ZeRO-3 learners that keep only their shard: every learner runs the probe's forward with each
+    // layer gathered from the shards (as in a step) and rounded as the generators hold it, so no
+    // rank holds the whole weights (collectives: every learner is asked). Learner 0's goes along.
+    const auto tokens = probe_tokens(policy_.model->config().vocab_size);
+    std::function<void(std::span<float>)> round;
+    if (ws.dtype != WeightDtype::fp32) round = [&](std::span<float> p) { round_to_dtype(p, ws.dtype); };
+    std::vector<float> lp;
+    TROUPE_TRY(t->forward_from_shards(
+        [&]() -> Status {
+          TROUPE_ASSIGN_OR_RETURN(lp, probe_logprobs(*policy_.model, tokens));
+          return {};
+        },
+        round));
+    if (rank == 0) {
+      w.probe_tokens = tokens;
+      w.probe_logprobs = std::move(lp);
+    }
+    return w;
+  }
+  // Else the probe needs the whole weights on learner 0: learners that keep only their shard
+  // without the per-layer gathers gather them there for it and drop them again (collectives).
   if (t) TROUPE_TRY(t->gather_params_to_rank0());
   Status probed = rank == 0 ? add_probe(w, [&](std::span<float> p) { round_to_dtype(p, ws.dtype); }) : Status{};
   if (t) TROUPE_TRY(t->release_params());
   TROUPE_TRY(probed);
   return w;
+}
+
+void LearnerRole::fault_in_sync(std::int64_t version) const {
+  const auto& f = cfg_.faults;
+  if (f.learner_death_sync > 0 && version == f.learner_death_sync && comm_->rank() == f.learner_death_rank)
+    die_by_fault("learner rank " + std::to_string(comm_->rank()) + " killed while it sends its piece of version " +
+                 std::to_string(version));
+}
+
+Result<runtime::Bytes> LearnerRole::piece_payload(std::int64_t version) const {
+  if (piece_.version != version || piece_.encoding == 0)
+    return make_error(ErrorCode::internal, "learner " + std::to_string(comm_->rank()) + ": asked to send its piece of version " +
+                                               std::to_string(version) + ", but the piece it holds is of version " +
+                                               std::to_string(piece_.version));
+  return piece_.payload;
 }
 
 Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
@@ -562,6 +608,20 @@ LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role, int threads)
   handle<TrainReq>(answer(&LearnerRole::train, true));
   handle<GetWeightsReq>(answer(&LearnerRole::weights_for_generators, true));
   handle<WeightGroupReq>(answer(&LearnerRole::weight_group, false));
+  // weights_from_shards: the piece encoded last to the generators the coordinator names, answered
+  // once every one of them took it (paced) or it is all sent (weight_pieces.h).
+  handle<SendPieceReq>([this](runtime::Context& ctx, const SendPieceReq& r) -> Status {
+    TROUPE_ASSIGN_OR_RETURN(runtime::Bytes payload, role_->piece_payload(r.version));
+    runtime::ReplyTo reply = ctx.reply_later();
+    runtime::Bytes kept = r.reply_payload ? payload : runtime::Bytes();
+    auto sender = std::make_shared<PieceSender>(std::move(payload), r, [reply, kept](runtime::Context&, SendPieceRep rep) {
+      rep.payload = kept;
+      if (reply) (void)reply.send(std::move(rep));
+    });
+    sender->start(ctx);
+    role_->fault_in_sync(r.version);  // (faults.learner_death_sync: dies with its first runs sent)
+    return {};
+  });
   handle<CheckpointReq>(answer(&LearnerRole::checkpoint, true));
 }
 

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
 #include <memory>
@@ -247,15 +248,36 @@ struct WeightEncoder::Prepared {
   }
 };
 
+// The held copy's views (lean memory): full payloads point into held16_/held32_ and hold a
+// reference to this. Once detached (a view outlived the held copy's next write) it keeps that
+// memory itself until the last view goes.
+struct WeightEncoder::HeldViews final : public runtime::SharedBuffer {
+  std::vector<std::uint16_t> keep16;
+  std::vector<std::uint32_t> keep32;
+};
+
 WeightEncoder::WeightEncoder(WeightDtype dtype, std::vector<policy::TensorSpec> tensors)
     : dtype_(dtype),
       tensors_(std::move(tensors)),
       frames_(std::make_unique<Frames>()),
       prepared_(std::make_unique<Prepared>()) {}
-WeightEncoder::~WeightEncoder() = default;
+WeightEncoder::~WeightEncoder() {
+  if (held_views_) held_views_->release();
+}
+
+void WeightEncoder::detach_held() {
+  if (!held_views_ || held_views_->use_count() == 1) return;
+  HeldViews* old = std::exchange(held_views_, nullptr);
+  old->keep16 = std::move(held16_);  // (a move keeps the memory the views point into)
+  old->keep32 = std::move(held32_);
+  held16_.assign(old->keep16.begin(), old->keep16.end());
+  held32_.assign(old->keep32.begin(), old->keep32.end());
+  old->release();
+}
 
 std::span<const std::pair<size_t, size_t>> WeightEncoder::begin_prepare(size_t n) {
   Prepared& p = *prepared_;
+  detach_held();
   if (p.state != Prepared::State::none) undo_prepared();  // a second step: against the same base again
   if (dtype_ != WeightDtype::bf16 || held_version_ < 0 || held16_.size() != n) return {};
   const ChunkPlan& plan = frames_->plan_for(tensors_, n);
@@ -338,19 +360,25 @@ void WeightEncoder::encode_as(std::span<const float> master, std::int64_t versio
   const size_t n = master.size(), C = kWeightChunkElements;
   delta = delta && held_version_ >= 0 && held_wire.size() == n;
   bool from_prepared = false;
+  out = Weights{};  // (first: a view of held that `out` was is let go before held is written)
+  detach_held();
   if constexpr (W == 2) from_prepared = use_prepared(delta, n);  // a step's prepared delta: held already holds its values
   if (held_wire.size() != n) held_wire.assign(n, 0);
-  out = Weights{};
   out.version = version;
   out.base_version = delta ? held_version_ : -1;
   out.encoding = static_cast<std::int32_t>(delta ? WeightEncoding::delta : WeightEncoding::full);
   out.dtype = static_cast<std::int32_t>(dtype_);
   out.elements = n;
   out.chunk_elements = C;
-  if (delta)
-    encode_delta_into<W>(master.data(), n, from_prepared, out);
-  else
-    encode_full_into<W>(master.data(), n, out);
+  if (delta && !encode_delta_into<W>(master.data(), n, from_prepared, out)) {  // lean: too big, in full
+    out.base_version = -1;
+    out.encoding = static_cast<std::int32_t>(WeightEncoding::full);
+    out.chunk_starts.clear();
+    out.checksums.clear();
+    out.changed = 0;
+    delta = false;
+  }
+  if (!delta) encode_full_into<W>(master.data(), n, out);
   held_version_ = version;
 }
 
@@ -359,23 +387,29 @@ void WeightEncoder::encode_full_into(const float* m, size_t n, Weights& out) {
   WireT<W>* held = held_of<W>(held16_, held32_).data();
   if (compress_full_) {  // the delta against zeros, in a delta's chunks and layouts, at kZstdLevelFull
     std::fill(held, held + n, WireT<W>{0});
-    encode_delta_into<W>(m, n, false, out, kZstdLevelFull);
+    (void)encode_delta_into<W>(m, n, false, out, kZstdLevelFull);  // (never abandoned: no cap at that level)
     return;
   }
   // Every value's wire bits, element after element, uncompressed (most bits of a weight are noise).
   const size_t C = kWeightChunkElements, chunks = chunk_count(n, C);
   out.chunk_bytes.assign(chunks, 0);
   out.chunk_format.assign(chunks, 0);
-  PayloadBuffer* buf = frames_->payloads.take(PayloadPool::kFull, n * W);
-  encode_full<W>(m, held, reinterpret_cast<std::uint8_t*>(buf->data()), n);
-  out.payload = runtime::Bytes::shared(buf, buf->data(), n * W);
+  if (lean_) {  // the payload is the held copy's bytes: a view of them
+    encode_wire<W>(m, held, n);
+    if (!held_views_) held_views_ = new HeldViews();
+    out.payload = runtime::Bytes::shared(held_views_, reinterpret_cast<const char*>(held), n * W);
+  } else {
+    PayloadBuffer* buf = frames_->payloads.take(PayloadPool::kFull, n * W);
+    encode_full<W>(m, held, reinterpret_cast<std::uint8_t*>(buf->data()), n);
+    out.payload = runtime::Bytes::shared(buf, buf->data(), n * W);
+  }
   for (size_t c = 0; c < chunks; ++c) out.chunk_bytes[c] = std::min(C, n - c * C) * W;
   // the held wire form is exactly what the checksums cover, and the payload
   out.checksums = payload_checksums(reinterpret_cast<const std::uint8_t*>(held), W, tensors_);
 }
 
 template <int W>
-void WeightEncoder::encode_delta_into(const float* m, size_t n, bool from_prepared, Weights& out, int level) {
+bool WeightEncoder::encode_delta_into(const float* m, size_t n, bool from_prepared, Weights& out, int level) {
   // Per chunk, the gaps between changed values and their XORs' byte planes (bf16: few change), or
   // the planes of every value's XOR (fp32: nearly all change), then zstd.
   WireT<W>* held = held_of<W>(held16_, held32_).data();
@@ -388,10 +422,17 @@ void WeightEncoder::encode_delta_into(const float* m, size_t n, bool from_prepar
   frames.resize(chunks);
   const bool fused = !plan.units.empty();
   if (fused) out.checksums.assign(tensors_.size(), 0);
-  // One chunk: held becomes the new values, frames[c] its frame; hashed into st when given.
-  auto encode_chunk = [&](size_t c, XXH3_state_t* st) {
-    return encode_delta_chunk<W>(m, held, plan.start[c], plan.start[c + 1], st, frames[c], out.chunk_format[c],
-                                 level);
+  // One chunk: held becomes the new values, frames[c] its frame; hashed into st when given. Lean
+  // memory: once the frames come to more than the cap, the rest is skipped (the delta abandoned).
+  const size_t cap = lean_ && level == 0 ? n * W / kLeanDeltaShare : 0;
+  std::atomic<size_t> framed{0};
+  std::atomic<bool> over{false};
+  auto encode_chunk = [&](size_t c, XXH3_state_t* st) -> size_t {
+    if (over.load(std::memory_order_relaxed)) return 0;
+    const size_t ch = encode_delta_chunk<W>(m, held, plan.start[c], plan.start[c + 1], st, frames[c],
+                                            out.chunk_format[c], level);
+    if (cap > 0 && framed.fetch_add(frames[c].size) + frames[c].size > cap) over.store(true);
+    return ch;
   };
   std::uint64_t changed = 0;
   if (from_prepared) {  // the step did the reading, comparing and hashing: the same layout from its record
@@ -414,14 +455,17 @@ void WeightEncoder::encode_delta_into(const float* m, size_t n, bool from_prepar
 #pragma omp parallel for schedule(dynamic) reduction(+ : changed)
     for (std::ptrdiff_t k = 0; k < K; ++k) changed += encode_chunk(static_cast<size_t>(k), nullptr);
   }
-  gather_frames(frames, frames_->payloads, out);
+  if (!over.load()) gather_frames(frames, frames_->payloads, out);
+  if (lean_) frames.clear();  // (the scratch given back)
+  if (over.load()) return false;
   out.changed = changed;
   // the held wire form is exactly what the checksums cover
-  if (from_prepared) return;
+  if (from_prepared) return true;
   if (!fused) out.checksums = payload_checksums(reinterpret_cast<const std::uint8_t*>(held), W, tensors_);
   else  // a tensor of no values is in no unit
     for (size_t t = 0; t < tensors_.size(); ++t)
       if (tensors_[t].numel() == 0) out.checksums[t] = empty_checksum();
+  return true;
 }
 
 void WeightEncoder::held_into(std::span<float> out) const {

@@ -90,7 +90,7 @@ bool raw_full(std::span<const Weights> pieces) {
 
 }  // namespace
 
-Result<Weights> join_weight_shards(std::span<const Weights> pieces, std::span<const size_t> bounds) {
+Result<Weights> join_weight_heads(std::span<const Weights> pieces, std::span<const size_t> bounds) {
   if (pieces.empty() || pieces.size() + 1 != bounds.size())
     return invalid_input("weight sync from shards: " + std::to_string(pieces.size()) + " pieces for " +
                          std::to_string(bounds.size() > 0 ? bounds.size() - 1 : 0) + " shards");
@@ -108,13 +108,8 @@ Result<Weights> join_weight_shards(std::span<const Weights> pieces, std::span<co
   out.probe_logprobs = first.probe_logprobs;
   const bool raw = raw_full(pieces);
   const size_t C = first.chunk_elements, W = codec::width_of(static_cast<WeightDtype>(first.dtype));
-  std::string payload;
-  size_t bytes = 0;
-  for (const auto& p : pieces) bytes += p.payload.size();
-  payload.reserve(bytes);
   for (size_t r = 0; r < pieces.size(); ++r) {
     const Weights& p = pieces[r];
-    payload.append(p.payload.data(), p.payload.size());
     out.checksums.insert(out.checksums.end(), p.checksums.begin(), p.checksums.end());
     out.changed += p.changed;
     if (raw) continue;
@@ -132,15 +127,39 @@ Result<Weights> join_weight_shards(std::span<const Weights> pieces, std::span<co
       out.chunk_bytes.push_back(std::min(C, out.elements - a) * W);
       out.chunk_format.push_back(0);
     }
+  return out;
+}
+
+Result<Weights> join_weight_shards(std::span<const Weights> pieces, std::span<const size_t> bounds) {
+  TROUPE_ASSIGN_OR_RETURN(Weights out, join_weight_heads(pieces, bounds));
+  std::string payload;
+  size_t bytes = 0;
+  for (const auto& p : pieces) bytes += p.payload.size();
+  payload.reserve(bytes);
+  for (const auto& p : pieces) payload.append(p.payload.data(), p.payload.size());
   out.payload = runtime::Bytes(std::move(payload));
   return out;
 }
 
-Result<Weights> join_weight_pieces(std::span<const Weights> pieces) {
+std::uint64_t payload_bytes(const Weights& w) {
+  std::uint64_t n = 0;
+  for (auto b : w.chunk_bytes) n += b;
+  return n;
+}
+
+namespace {
+std::vector<size_t> bounds_of(std::span<const Weights> pieces) {
   std::vector<size_t> bounds{0};
   for (const auto& p : pieces) bounds.push_back(bounds.back() + p.elements);
-  return join_weight_shards(pieces, bounds);
+  return bounds;
 }
+}  // namespace
+
+Result<Weights> join_weight_pieces(std::span<const Weights> pieces) {
+  return join_weight_shards(pieces, bounds_of(pieces));
+}
+
+Result<Weights> join_piece_heads(std::span<const Weights> heads) { return join_weight_heads(heads, bounds_of(heads)); }
 
 bool weights_from_shards(const ExperimentConfig& cfg) {
   return cfg.learner.shard != learner::ShardStage::none && cfg.cluster.learners > 1 &&

@@ -169,3 +169,76 @@ TEST(WeightShards, PiecesThatDoNotBelongTogetherAreRefused) {
   ASSERT_FALSE(short_list.ok());
   EXPECT_NE(short_list.error().message.find("1 pieces for 2 shards"), std::string::npos);
 }
+
+// Lean memory (a sharded learner's encoder): a full piece is a view of the held copy, a delta past
+// held / kLeanDeltaShare goes in full, and either way the joined message is the whole encoder's of
+// that encoding, byte for byte. A full piece still in flight keeps its bytes while the next version is
+// encoded (the held copy is copied aside), and the pieces' heads join to the same message less its payload.
+TEST(WeightShards, LeanPiecesAreTheSameMessages) {
+  const auto table = tensors();
+  const size_t n = table.back().offset + table.back().numel();
+  for (WeightDtype dtype : {WeightDtype::fp32, WeightDtype::bf16}) {
+    SCOPED_TRACE(enum_string(dtype));
+    Shards shards(dtype, table, n, 3, false);
+    for (auto& e : shards.encoders) e->set_lean_memory(true);
+    WeightEncoder whole(dtype, shards.cut);
+    auto master = weights(n, 5);
+    std::vector<float> receiver(n, 0.0f);
+    std::vector<Weights> kept(3);  // version 0's full pieces, alive while version 1 is encoded
+    for (size_t r = 0; r < 3; ++r)
+      shards.encoders[r]->encode(std::span<const float>(master).subspan(shards.bounds[r], shards.bounds[r + 1] - shards.bounds[r]),
+                                 0, false, kept[r]);
+    std::vector<std::string> bytes0;
+    for (const auto& p : kept) bytes0.push_back(p.payload.str());
+    int deltas = 0, abandoned = 0;
+    for (int64_t v = 0; v <= 4; ++v) {
+      std::mt19937_64 rng(20 + static_cast<uint64_t>(v));
+      std::normal_distribution<float> small(0.0f, 1e-6f);  // a few bf16 values change, every fp32 one
+      for (auto& x : master) x += v > 0 ? small(rng) : 0.0f;
+      if (v == 4)  // a big step: every bf16 value changes
+        for (auto& x : master) x *= 1.5f;
+      Weights joined = shards.encode(master, v, v > 0), one;
+      whole.encode(master, v, joined.encoding == static_cast<int32_t>(WeightEncoding::delta), one);
+      (joined.encoding == static_cast<int32_t>(WeightEncoding::delta) ? deltas : abandoned) += v > 0 ? 1 : 0;
+      expect_same_message(joined, one);
+      ASSERT_EQ(apply_weights(joined, receiver, shards.cut, dtype).status, WeightsStatus::applied) << v;
+      auto expect = master;
+      round_to_dtype(expect, dtype);
+      ASSERT_TRUE(same_bits(receiver, expect)) << "version " << v;
+    }
+    for (size_t r = 0; r < 3; ++r) EXPECT_TRUE(kept[r].payload.str() == bytes0[r]) << "piece " << r;
+    EXPECT_GE(abandoned, 1);  // fp32 (every value's low bits) and the big bf16 step go in full
+    if (dtype == WeightDtype::bf16) {
+      EXPECT_GE(deltas, 1);
+    }
+  }
+}
+
+TEST(WeightShards, HeadsJoinToTheMessageLessItsPayload) {
+  const auto table = tensors();
+  const size_t n = table.back().offset + table.back().numel();
+  Shards shards(WeightDtype::bf16, table, n, 2, false);
+  auto master = weights(n, 6);
+  for (int64_t v = 0; v <= 1; ++v) {
+    if (v > 0) update(master, 7);
+    std::vector<Weights> pieces(2);
+    for (size_t r = 0; r < 2; ++r)
+      shards.encoders[r]->encode(std::span<const float>(master).subspan(shards.bounds[r], shards.bounds[r + 1] - shards.bounds[r]),
+                                 v, v > 0, pieces[r]);
+    auto joined = join_weight_shards(pieces, shards.bounds);
+    ASSERT_TRUE(joined.ok());
+    std::vector<Weights> heads = pieces;
+    std::uint64_t sum = 0;
+    for (auto& h : heads) {
+      EXPECT_EQ(payload_bytes(h), h.payload.size());
+      sum += payload_bytes(h);
+      h.payload = runtime::Bytes();
+    }
+    auto head = join_piece_heads(heads);
+    ASSERT_TRUE(head.ok());
+    EXPECT_EQ(sum, joined->payload.size());
+    EXPECT_EQ(payload_bytes(*head), sum);
+    head->payload = joined->payload;
+    expect_same_message(*head, *joined);
+  }
+}

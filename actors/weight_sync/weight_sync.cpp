@@ -6,6 +6,7 @@
 // arrival, what its generator is known to hold.
 #include "troupe/actors/weight_sync.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "troupe/actors/messages.h"
@@ -42,6 +43,7 @@ struct WeightSync::State {
   std::vector<std::int64_t> expected;  // what it holds once it handled what it was sent (-1: unknown: full next)
   std::vector<std::int64_t> sent;      // the version it was sent last (-1: none)
   std::int64_t published = -1;         // the version learner 0 encoded last
+  std::uint64_t transmissions = 0;     // weights_from_shards: the pieced messages sent so far (their numbers)
   std::optional<Error> async_failure;  // an async Ack's probe mismatch, returned by the next sync
   int group = 0;  // weight_sync.transport nccl: 0 not formed yet, 1 formed (broadcasts), -1 left (a member died)
   std::function<void(const std::string&)> log;
@@ -164,25 +166,10 @@ Task<Result<bool>> by_broadcast(ActorContext& here, const WeightSyncPeers& p, We
   co_return false;
 }
 
-// The learners' answer to `ask`: learner 0's, or with shard_learners every learner's piece (asked
-// at once: the probe's gather is a collective), joined in rank order (weight_shards.h).
+// Learner 0's answer to `ask` (weights_from_shards goes through sync_pieces instead).
 Task<Result<Weights>> ask_learners(ActorContext& here, const WeightSyncPeers& p, const GetWeightsReq& ask) {
-  if (p.shard_learners.empty() || ask.device) {
-    auto reply = request<Weights>(here, p.learner, ask, kSyncTimeout);
-    co_return co_await reply;
-  }
-  std::vector<Reply<Weights>> replies;
-  for (const auto& l : p.shard_learners) replies.push_back(request<Weights>(here, l, ask, kSyncTimeout));
-  std::vector<Weights> pieces;
-  std::optional<Error> failed;
-  for (size_t r = 0; r < replies.size(); ++r) {  // (every reply awaited, so none outlives this call)
-    Result<Weights> w = co_await replies[r];
-    if (!w.ok() && !failed)
-      failed = make_error(w.error().code, "weight sync: learner " + std::to_string(r) + ": " + w.error().message);
-    if (w.ok()) pieces.push_back(std::move(w).value());
-  }
-  if (failed) co_return *failed;
-  co_return join_weight_pieces(pieces);
+  auto reply = request<Weights>(here, p.learner, ask, kSyncTimeout);
+  co_return co_await reply;
 }
 
 // Learner 0's full weights (GetWeightsReq base -1).
@@ -231,20 +218,28 @@ bool by_relay(const WeightSync::State& st, size_t gens) {
   return st.cfg.relay_fanout >= 2 && gens > static_cast<size_t>(st.cfg.relay_fanout);
 }
 
-// Sends `w` down a relay tree over `gens` (weight_relay.h); `done` gets the merged RelayAck.
-std::shared_ptr<RelayFanout> start_relay(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st,
-                                         const Weights& w, const std::vector<size_t>& gens, std::int64_t v,
-                                         RelayFanout::Done done) {
+// The root's children for `gens` (each marked sent version v): the relay tree's first level, with
+// root_only generators as children without a subtree; or, for the star, every generator alone.
+std::vector<RelayChild> root_children(const WeightSyncPeers& p, WeightSync::State& st, const std::vector<size_t>& gens,
+                                      std::int64_t v, bool tree) {
   std::vector<RelayTarget> targets, leaves;  // leaves: root_only generators, the root's children without a subtree
   for (size_t g : gens) {
     st.sent[g] = v;
     st.expected[g] = v;
-    (p.root_only && p.root_only(g) ? leaves : targets).push_back({p.generators[g], static_cast<std::int32_t>(g)});
+    (tree && !(p.root_only && p.root_only(g)) ? targets : leaves)
+        .push_back({p.generators[g], static_cast<std::int32_t>(g)});
   }
-  const int fanout = st.cfg.relay_fanout;
-  std::vector<RelayChild> children = relay_children(targets, fanout);
+  std::vector<RelayChild> children = relay_children(targets, st.cfg.relay_fanout);
   for (const RelayTarget& t : leaves) children.push_back(RelayChild{t, {}});
-  auto fan = std::make_shared<RelayFanout>(std::move(children), fanout, false, std::move(done));
+  return children;
+}
+
+// Sends `w` down a relay tree over `gens` (weight_relay.h); `done` gets the merged RelayAck.
+std::shared_ptr<RelayFanout> start_relay(ActorContext& here, const WeightSyncPeers& p, WeightSync::State& st,
+                                         const Weights& w, const std::vector<size_t>& gens, std::int64_t v,
+                                         RelayFanout::Done done) {
+  const int fanout = st.cfg.relay_fanout;
+  auto fan = std::make_shared<RelayFanout>(root_children(p, st, gens, v, true), fanout, false, std::move(done));
   for (const WeightsPart& part : weights_parts(w)) fan->forward(*here, part);
   return fan;
 }
@@ -409,6 +404,264 @@ Task<Status> send_awaited(ActorContext& here, const WeightSyncPeers& p, WeightSy
   co_return co_await send_round(here, p, st, out, sends, rep.version, 1, again);
 }
 
+// ---- weights_from_shards: the learners send their pieces straight to the generators ----
+// (weight_pieces.h). The coordinator asks every learner to encode its piece and gets the heads
+// only; it joins them (join_piece_heads), sends the joined head to each of the root's children
+// (the relay tree's first level, or every generator of the star) and has every learner send its
+// piece's payload to them; each child puts the message together, passes it on down its subtree
+// and answers with the subtree's RelayAck. Rank 0 holds learner 0's piece, never the whole message.
+
+// One message in pieces: the joined head, each learner's payload bytes and their sum.
+struct PiecedMessage {
+  Weights head;
+  std::vector<std::uint64_t> piece_bytes;
+  std::uint64_t total = 0;
+};
+
+Error learner_failed(const WeightSyncPeers& p, size_t r, const Error& e, const std::string& doing) {
+  return make_error(e.code, "weight sync: learner " + std::to_string(r) + " (node " +
+                                std::to_string(p.shard_learners[r].node) + ") failed while " + doing + ": " + e.message);
+}
+
+// Whether the learners' heads mix full pieces and deltas (a lean encoder sends a large delta in full).
+bool mixed_encodings(const std::vector<Weights>& heads) {
+  for (const Weights& h : heads)
+    if (h.encoding != heads[0].encoding) return true;
+  return false;
+}
+
+// Every learner's head for `ask` (all asked at once: the probe runs collectives), joined. When some
+// learners answered a delta and others in full, every learner is asked again in full (the same
+// version), so the message has one encoding.
+Task<Result<PiecedMessage>> ask_pieces(ActorContext& here, const WeightSyncPeers& p, GetWeightsReq ask) {
+  std::vector<Weights> heads;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::vector<Reply<Weights>> replies;
+    for (const auto& l : p.shard_learners) replies.push_back(request<Weights>(here, l, ask, kSyncTimeout));
+    heads.clear();
+    std::optional<Error> failed;
+    for (size_t r = 0; r < replies.size(); ++r) {
+      Result<Weights> w = co_await replies[r];
+      if (!w.ok() && !failed) failed = learner_failed(p, r, w.error(), "encoding its piece");
+      if (w.ok()) heads.push_back(std::move(w).value());
+    }
+    if (failed) co_return *failed;
+    if (!mixed_encodings(heads)) break;
+    ask.base_version = -1;  // (in full: every learner holds the version already)
+    if (p.log) p.log("weight sync: version " + std::to_string(heads[0].version) + ": some learners' pieces are deltas, "
+                     "others went in full (too large a delta); every learner is asked in full");
+  }
+  PiecedMessage m;
+  TROUPE_CO_ASSIGN_OR_RETURN(m.head, join_piece_heads(heads));
+  for (const Weights& h : heads) m.total += m.piece_bytes.emplace_back(payload_bytes(h));
+  co_return m;
+}
+
+// A child that never answered: itself down (with the error's code), its subtree not reached
+// (retried in sync mode).
+RelayAck unreached(const RelayChild& c, const Error& e) {
+  RelayAck a;
+  a.down.push_back(c.node.index);
+  a.down_code.push_back(static_cast<std::int32_t>(e.code));
+  a.why.push_back(e.message);
+  for (const RelayTarget& t : c.below) {
+    a.down.push_back(t.index);
+    a.down_code.push_back(static_cast<std::int32_t>(ErrorCode::internal));
+    a.why.push_back("its parent " + std::to_string(c.node.index) + " did not answer: " + e.message);
+  }
+  return a;
+}
+
+// What a transmission awaits in sync mode: each of the root's children's RelayAck, and each
+// member's Ack.
+struct PiecesPending {
+  std::vector<RelayChild> children;
+  std::vector<Reply<RelayAck>> relays;
+  std::vector<size_t> members;
+  std::vector<Reply<Ack>> member_acks;
+};
+
+// The joined head to each of the root's children, each a request for its subtree's RelayAck
+// (sync mode: into pend.relays; async: each taken as it comes).
+void send_heads(ActorContext& here, const WeightSyncPeers& p, const std::shared_ptr<WeightSync::State>& stp,
+                const PiecedMessage& m, std::uint64_t send, PiecesPending& pend) {
+  PiecesHead h;
+  h.send = send;
+  h.head = m.head;
+  h.payload_bytes = m.total;
+  h.fanout = std::max(2, stp->cfg.relay_fanout);
+  const std::int64_t v = m.head.version;
+  for (const RelayChild& c : pend.children) {
+    h.subtree.clear();
+    h.index.clear();
+    for (const RelayTarget& t : c.below) {
+      h.subtree.push_back(t.id.packed());
+      h.index.push_back(t.index);
+    }
+    h.to_index = c.node.index;
+    if (!stp->async) {
+      pend.relays.push_back(request<RelayAck>(here, c.node.id, h, kSyncTimeout));
+      continue;
+    }
+    here->request<RelayAck>(c.node.id, h, kSyncTimeout, [stp, p, v, c](runtime::Context&, Result<RelayAck> a) {
+      std::vector<size_t> failed;
+      WeightSyncReport ignored;
+      Status s = take_relay_ack(p, *stp, a.ok() ? *a : unreached(c, a.error()), v, failed, ignored);
+      for (size_t g : failed) stp->expected[g] = -1;  // sent the full weights next time
+      if (!s.ok() && !stp->async_failure) stp->async_failure = s.error();
+    });
+  }
+}
+
+// Members that joined the running job reach rank 0's node only: they get the joined message (the
+// pieces' payloads, which the learners send back for them) from the coordinator, as a Weights.
+void send_to_members(ActorContext& here, const WeightSyncPeers& p, const std::shared_ptr<WeightSync::State>& stp,
+                     Weights joined, PiecesPending& pend, WeightSyncReport& rep) {
+  const std::int64_t v = joined.version;
+  const auto shared = std::make_shared<const Weights>(std::move(joined));  // (one copy for them all)
+  for (size_t g : pend.members) {
+    rep.bytes_sent += shared->payload.size();
+    if (!stp->async) {
+      pend.member_acks.push_back(request<Ack>(here, p.generators[g], shared, kSyncTimeout));
+      continue;
+    }
+    const std::string name = generator_name(p, g);
+    here->request<Ack>(p.generators[g], shared, kSyncTimeout, [stp, g, v, name](runtime::Context&, Result<Ack> a) {
+      if (!a.ok()) {
+        if (v == stp->sent[g]) stp->expected[g] = -1;
+        return;
+      }
+      if (auto e = stp->on_ack(g, name, v, *a); e && !stp->async_failure) stp->async_failure = *e;
+    });
+  }
+}
+
+// One transmission of m to gens: the head to each of the root's children, then every learner's
+// piece to them; returns once every learner has sent it (paced in sync mode: taken by every child).
+Task<Status> transmit(ActorContext& here, const WeightSyncPeers& p, const std::shared_ptr<WeightSync::State>& stp,
+                      const PiecedMessage& m, const std::vector<size_t>& gens, PiecesPending& pend, WeightSyncReport& rep) {
+  WeightSync::State& st = *stp;
+  const std::int64_t v = m.head.version;
+  std::vector<size_t> reached;
+  for (size_t g : gens) (p.root_only && p.root_only(g) ? pend.members : reached).push_back(g);
+  for (size_t g : pend.members) st.sent[g] = st.expected[g] = v;
+  pend.children = root_children(p, st, reached, v, by_relay(st, reached.size()));
+  SendPieceReq send;
+  send.send = ++st.transmissions;
+  send.version = v;
+  send.total = m.total;
+  send.paced = !st.async;
+  send.reply_payload = !pend.members.empty();
+  for (const RelayChild& c : pend.children) send.targets.push_back(c.node.id.packed());
+  send_heads(here, p, stp, m, send.send, pend);
+  std::vector<Reply<SendPieceRep>> sent;
+  for (size_t r = 0; r < p.shard_learners.size(); ++r) {
+    sent.push_back(request<SendPieceRep>(here, p.shard_learners[r], send, kSyncTimeout));
+    send.at += m.piece_bytes[r];
+  }
+  std::optional<Error> failed;
+  std::string payload;
+  for (size_t r = 0; r < sent.size(); ++r) {  // (every reply awaited)
+    Result<SendPieceRep> a = co_await sent[r];
+    if (!a.ok()) {
+      if (!failed) failed = learner_failed(p, r, a.error(), "sending its piece of version " + std::to_string(v));
+      continue;
+    }
+    if (r == 0) rep.bytes_sent += a->bytes;  // (rank 0's traffic: learner 0's piece)
+    rep.learner_bytes += a->bytes;
+    payload.append(a->payload.data(), a->payload.size());
+    if (!a->detail.empty()) st.say("weight sync: learner " + std::to_string(r) + " could not send its piece of version " +
+                                   std::to_string(v) + " to every generator: " + a->detail);
+  }
+  if (failed) co_return *failed;
+  if (!pend.members.empty()) {
+    Weights joined = m.head;
+    joined.payload = runtime::Bytes(std::move(payload));
+    send_to_members(here, p, stp, std::move(joined), pend, rep);
+  }
+  co_return Status{};
+}
+
+// Sync mode: one transmission and every RelayAck and Ack awaited; a generator that did not apply it
+// goes into *retry (round 0) or fails the sync (round 1: the full weights a second time).
+Task<Status> pieces_round(ActorContext& here, const WeightSyncPeers& p, const std::shared_ptr<WeightSync::State>& stp,
+                          const PiecedMessage& m, const std::vector<size_t>& gens, int round, WeightSyncReport& rep,
+                          std::vector<size_t>& retry) {
+  PiecesPending pend;
+  Status sent = co_await transmit(here, p, stp, m, gens, pend, rep);
+  if (!sent.ok() || stp->async) co_return sent;  // (a learner's failure ends the run: the Acks are not awaited)
+  const std::int64_t v = m.head.version;
+  std::vector<size_t> failed;
+  std::vector<size_t>& again = round == 0 ? retry : failed;
+  for (size_t i = 0; i < pend.relays.size(); ++i) {
+    Result<RelayAck> a = co_await pend.relays[i];
+    TROUPE_CO_TRY(take_relay_ack(p, *stp, a.ok() ? *a : unreached(pend.children[i], a.error()), v, again, rep));
+  }
+  for (size_t i = 0; i < pend.member_acks.size(); ++i) {
+    const size_t g = pend.members[i];
+    Result<Ack> a = co_await pend.member_acks[i];
+    if (!a.ok()) {
+      stp->expected[g] = -1;
+      if (a.error().code == ErrorCode::peer_failed && p.mark_down) p.mark_down(g);
+      if (!p.alive || p.alive(g)) again.push_back(g);
+      continue;
+    }
+    if (auto e = stp->on_ack(g, generator_name(p, g), v, *a)) co_return *e;
+    if (a->status != static_cast<std::int32_t>(WeightsStatus::applied)) again.push_back(g);
+  }
+  for (size_t g : failed)
+    if (!p.alive || p.alive(g))
+      co_return make_error(ErrorCode::internal, "weight sync: " + generator_name(p, g) +
+                                                    " could not apply the full weights of version " +
+                                                    std::to_string(v) + " either");
+  co_return Status{};
+}
+
+// The whole sync from the pieces: a delta to the generators known to hold its base, the full
+// weights to the others (asked of every learner again when the first answer was a delta), and in
+// sync mode the full weights once more to any that did not apply what it got.
+Task<Status> sync_pieces(ActorContext& here, const WeightSyncPeers& p, const std::shared_ptr<WeightSync::State>& stp,
+                         const std::vector<size_t>& live, WeightSyncReport& rep) {
+  WeightSync::State& st = *stp;
+  bool delta_wanted = false;
+  if (st.cfg.mode == WeightSyncMode::delta && st.published >= 0)
+    for (size_t g : live) delta_wanted = delta_wanted || st.expected[g] == st.published;
+  GetWeightsReq ask, whole;  // (whole: base -1, in full)
+  ask.base_version = delta_wanted ? st.published : -1;
+  TROUPE_CO_ASSIGN_OR_RETURN(PiecedMessage first, co_await ask_pieces(here, p, ask));
+  const Weights& h = first.head;
+  rep.version = h.version;
+  rep.elements = h.elements;
+  rep.pieces = static_cast<int>(first.piece_bytes.size());
+  st.published = h.version;
+  const bool is_delta = h.encoding == static_cast<std::int32_t>(WeightEncoding::delta);
+  std::vector<size_t> to_delta, to_full, retry;
+  for (size_t g : live) (is_delta && st.expected[g] == h.base_version ? to_delta : to_full).push_back(g);
+  if (!to_delta.empty()) {
+    rep.delta_bytes = first.total;
+    rep.changed = h.changed;
+    rep.delta = static_cast<int>(to_delta.size());
+    TROUPE_CO_TRY(co_await pieces_round(here, p, stp, first, to_delta, 0, rep, retry));
+  }
+  if (!to_full.empty()) {
+    std::optional<PiecedMessage> full;
+    if (is_delta) {
+      TROUPE_CO_ASSIGN_OR_RETURN(full, co_await ask_pieces(here, p, whole));
+    }
+    const PiecedMessage& f = full ? *full : first;
+    rep.full_bytes = f.total;
+    rep.full = static_cast<int>(to_full.size());
+    TROUPE_CO_TRY(co_await pieces_round(here, p, stp, f, to_full, 0, rep, retry));
+  }
+  if (retry.empty()) co_return Status{};
+  TROUPE_CO_ASSIGN_OR_RETURN(PiecedMessage again, co_await ask_pieces(here, p, whole));
+  rep.full_bytes = again.total;
+  rep.full += static_cast<int>(retry.size());
+  rep.resent += static_cast<int>(retry.size());
+  std::vector<size_t> none;
+  co_return co_await pieces_round(here, p, stp, again, retry, 1, rep, none);
+}
+
 }  // namespace
 
 WeightSync::WeightSync(WeightSyncSection cfg, bool async) : st_(std::make_shared<State>()) {
@@ -435,6 +688,11 @@ Task<Result<WeightSyncReport>> WeightSync::sync(ActorContext& here, const Weight
   if (live.empty()) co_return make_error(ErrorCode::peer_failed, "weight sync: every generator rank is down");
   TROUPE_CO_ASSIGN_OR_RETURN(const bool broadcast, co_await by_broadcast(here, p, *st, live.size()));
   WeightSyncReport rep;
+  if (!p.shard_learners.empty() && !broadcast) {  // weights_from_shards: the pieces straight to the generators
+    TROUPE_CO_TRY(co_await sync_pieces(here, p, st, live, rep));
+    rep.seconds = mono_seconds() - t0;
+    co_return rep;
+  }
   Outgoing out;
   TROUPE_CO_TRY(co_await fetch(here, p, *st, live, broadcast, out, rep));
   if (st->async)

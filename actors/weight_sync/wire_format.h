@@ -84,6 +84,14 @@ void encode_full(const float* __restrict m, WireT<W>* __restrict held, std::uint
     std::memcpy(dst + W * static_cast<size_t>(i), &wire, W);
   }
 }
+// The same wire bits into held alone (a payload that is a view of held).
+template <int W>
+void encode_wire(const float* __restrict m, WireT<W>* __restrict held, size_t n) {
+  const auto N = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < N; ++i)
+    held[i] = static_cast<WireT<W>>(to_wire<W>(to_dtype_bits<W>(std::bit_cast<std::uint32_t>(m[i]))));
+}
 template <int W>
 void decode_full(const std::uint8_t* __restrict src, float* __restrict out, size_t n) {
   const auto N = static_cast<std::ptrdiff_t>(n);

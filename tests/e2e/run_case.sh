@@ -973,11 +973,13 @@ EOS
     $CHECK eval_json "$W/eval_ep.json"
     cmp <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_ep.json") <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_dp.json")
     ;;
-  shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard,
-    # the coordinator joins the pieces; the generators (3, relay fan-out 2: a relay tree) train bit for bit
-    # as with shard none, in bf16 deltas with full_every, probes on, also resumed from a ZeRO-3 checkpoint;
-    # and in an async run (fp32, one generator)
-    S="--set sft.max_steps=12 --set grpo.max_steps=5 --set optimizer.schedule=constant --set eval.every=0 \
+  shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard
+    # and sends it to the generators itself; the generators (3, relay fan-out 2: a relay tree whose first
+    # level puts the pieces together) train bit for bit as with shard none, in bf16 deltas with full_every,
+    # probes on (computed layer by layer from the shards), also resumed from a ZeRO-3 checkpoint; rank 0
+    # sends only learner 0's piece; pieces that come back part delta, part full; and in an async run
+    # (fp32, one generator)
+    S="--set sft.max_steps=12 --set grpo.max_steps=5 --set optimizer.schedule=constant --set optimizer.lr=1e-6 --set eval.every=0 \
        --set eval.num_prompts=10 --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 --set cluster.generators=3 --set weight_sync.relay_fanout=2 \
        --set weight_sync.dtype=bf16 --set weight_sync.full_every=3 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
@@ -988,11 +990,33 @@ EOS
       2> "$W/z3.err"
     grep -q "weight sync: from the shards of 2 learners" "$W/z3.err" || { cat "$W/z3.err"; exit 1; }
     $CHECK same "$W/none" "$W/z3"
+    "$PY" - "$W/z3.err" << 'EOS'
+import re, sys
+rows = [tuple(map(int, m.groups())) for m in
+        re.finditer(r"weight sync: version (\d+) in 2 pieces \(a delta to (\d+) generators, in full to (\d+)\): "
+                    r"rank 0 sent (\d+) of the learners' (\d+) payload bytes", open(sys.argv[1]).read())]
+assert len(rows) >= 6, rows  # the first sync, one per GRPO step (and the SFT phase's)
+for v, delta, full, mine, all_ in rows:
+    assert delta + full == 3, (v, delta, full)
+    assert 0 < mine < all_, (v, mine, all_)  # rank 0 sent learner 0's piece, never the whole message
+    if full:  # the full weights: learner 0's share of the values, half
+        assert abs(mine / all_ - 0.5) < 0.01, (v, mine, all_)
+assert any(delta for _, delta, _, _, _ in rows), rows  # deltas travel in pieces too
+print("rank 0's share of the bytes per sync:", [round(m / a, 3) for _, _, _, m, a in rows])
+EOS
     "$PY" - "$W/z3/metrics.jsonl" << 'EOS'
 import json, sys
 norms = [r["grad_norm"] for r in map(json.loads, open(sys.argv[1])) if r.get("phase") == "grpo" and "grad_norm" in r]
 assert norms and any(n > 0 for n in norms), norms  # the GRPO steps change the weights the generators get
 EOS
+    # At lr 4e-6 one shard's bf16 delta of a sync is past its lean cap (1/16 of the piece) while the
+    # other's is not: every learner is asked in full again, and the run still trains as shard none
+    M="--set optimizer.lr=4e-6"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/none_m" $S $M
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z3_m" --set learner.shard=parameters $S $M \
+      2> "$W/z3_m.err"
+    grep -q "some learners' pieces are deltas, others went in full" "$W/z3_m.err" || { cat "$W/z3_m.err"; exit 1; }
+    $CHECK same "$W/none_m" "$W/z3_m"
     # ZeRO-3 checkpointed after GRPO step 2 and resumed on 2 learners: each reads only its own share
     # of the moments and its shard of the weights, and the run goes on as the uninterrupted one
     C="--set checkpointing.enabled=true --set checkpointing.every=100"
@@ -1006,6 +1030,20 @@ EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/none_async" $S $A
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z1_async" --set learner.shard=optimizer $S $A
     $CHECK same "$W/none_async" "$W/z1_async"
+    ;;
+  shard_sync_learner_death)  # weight sync from the shards of 2 learners (mpirun): learner rank 1 is SIGKILLed
+    # as it sends its piece of version 2; the coordinator names it (rank, role) and the run stops
+    rank_wrapper
+    S="--set sft.max_steps=0 --set sft.enabled=false --set grpo.max_steps=4 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.learners=2 --set cluster.generators=1 \
+       --set learner.shard=parameters --set cluster.peer_timeout_s=5 $Q"
+    "$MPIEXEC" --oversubscribe --allow-run-as-root --enable-recovery -x RANKDIR -np 4 bash "$W/rank.sh" "$TROUPE" run \
+      "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" $S --set faults.learner_death_sync=2 \
+      --set faults.learner_death_rank=1 2> "$W/err.txt" || true
+    grep -v PMIX "$W/err.txt" | tail -8
+    grep -q "fault injected: learner rank 1 killed while it sends its piece of version 2" "$W/err.txt"
+    grep -q "learner 1 (node 1) failed while sending its piece of version 2" "$W/err.txt"
+    test "$(cat "$W/rc_0")" != 0
     ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac

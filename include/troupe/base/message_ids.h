@@ -27,6 +27,11 @@ inline constexpr std::uint32_t train_rep = 2021;
 inline constexpr std::uint32_t get_weights_req = 2022;
 inline constexpr std::uint32_t checkpoint_req = 2023;
 inline constexpr std::uint32_t checkpoint_rep = 2024;
+// weights_from_shards: the learners' pieces straight to the generators (actors/weight_pieces.h)
+inline constexpr std::uint32_t pieces_head = 2025;
+inline constexpr std::uint32_t weights_piece = 2026;
+inline constexpr std::uint32_t send_piece_req = 2027;
+inline constexpr std::uint32_t send_piece_rep = 2028;
 inline constexpr std::uint32_t score_req = 2030;  // a scorer: log-probs, generation (actors/scorer.h)
 inline constexpr std::uint32_t score_rep = 2031;
 inline constexpr std::uint32_t served_turns_req = 2090;
@@ -80,6 +85,8 @@ inline constexpr Entry kTable[] = {
     {"relay_ack", relay_ack},               {"train_req", train_req},
     {"train_rep", train_rep},               {"get_weights_req", get_weights_req},
     {"checkpoint_req", checkpoint_req},     {"checkpoint_rep", checkpoint_rep},
+    {"pieces_head", pieces_head},           {"weights_piece", weights_piece},
+    {"send_piece_req", send_piece_req},     {"send_piece_rep", send_piece_rep},
     {"score_req", score_req},               {"score_rep", score_rep},
     {"served_turns_req", served_turns_req}, {"served_turns_rep", served_turns_rep},
     {"serve_address_req", serve_address_req}, {"serve_address_rep", serve_address_rep},

@@ -200,6 +200,7 @@ struct FaultsSection {
   std::vector<int> env_steps;      // env faults only in these GRPO steps (empty: every step)
   int learner_death_step = 0;      // SIGKILL learner rank learner_death_rank as this GRPO step starts
   int learner_death_rank = 0;
+  int learner_death_sync = 0;      // ... or as it sends its piece of this version (weights_from_shards)
   int generator_death_step = 0;    // generator generator_death_rank dies as it samples this GRPO step
   int generator_death_rank = 0;    // (its index among cluster.generators)
   int checkpoint_interrupt_step = 0;  // the process is killed half-way through this step's checkpoint

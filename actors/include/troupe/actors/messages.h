@@ -340,6 +340,64 @@ struct RelayAck {
   void serialize(A& ar) { ar(index, acks, down, down_code, why, relayed_bytes); }
 };
 
+// ---- weights_from_shards: the learners' pieces straight to the generators (weight_pieces.h) ----
+// Coordinator -> a generator the root sends to (the relay tree's first level, or every generator
+// of the star): one transmission's message without its payload (`head`: every Weights field but
+// the payload), which the learners send it as WeightsPieces, and the generators below it (as a
+// WeightsPart's subtree, passed on as WeightsParts). A request answered with a RelayAck for the
+// whole subtree (itself first) once it applied the message and every child answered.
+struct PiecesHead {
+  static constexpr std::uint32_t type_id = message_id::pieces_head;
+  static constexpr const char* type_name = "actors.PiecesHead";
+  std::uint64_t send = 0;          // the transmission (the coordinator counts them): pieces carry it too
+  Weights head;
+  std::uint64_t payload_bytes = 0;  // the whole message's payload, every learner's piece of it in rank order
+  std::vector<std::uint64_t> subtree;  // packed runtime::ActorId of every generator below the receiver
+  std::vector<std::int32_t> index;     // their generator indices
+  std::int32_t fanout = 2;
+  std::int32_t to_index = 0;           // the receiver's own generator index (for its Ack)
+  template <class A>
+  void serialize(A& ar) { ar(send, head, payload_bytes, subtree, index, fanout, to_index); }
+};
+// A learner -> such a generator: a run of the message's payload (from the learner's piece) that
+// starts at byte `at`. Sent as a request (answered with an Ack once copied: the learner keeps a
+// few in flight per generator) in sync mode, without a reply in async mode.
+struct WeightsPiece {
+  static constexpr std::uint32_t type_id = message_id::weights_piece;
+  static constexpr const char* type_name = "actors.WeightsPiece";
+  std::uint64_t send = 0;
+  std::uint64_t total = 0;  // the whole payload's bytes
+  std::uint64_t at = 0;
+  runtime::Bytes bytes;
+  template <class A>
+  void serialize(A& ar) { ar(send, total, at, bytes); }
+};
+// Coordinator -> a learner: send the piece it encoded last (of `version`) to `targets` as
+// WeightsPieces of transmission `send`, its first byte at byte `at` of a payload of `total`.
+struct SendPieceReq {
+  static constexpr std::uint32_t type_id = message_id::send_piece_req;
+  static constexpr const char* type_name = "actors.SendPieceReq";
+  std::uint64_t send = 0;
+  std::int64_t version = 0;
+  std::vector<std::uint64_t> targets;  // packed runtime::ActorId
+  std::uint64_t at = 0, total = 0;
+  bool paced = true;  // a request per run, a few in flight per target (sync mode); else all sent at once
+  // the piece itself in the reply too: for generators only rank 0 reaches (members that joined the
+  // running job), to which the coordinator sends the joined message
+  bool reply_payload = false;
+  template <class A>
+  void serialize(A& ar) { ar(send, version, targets, at, total, paced, reply_payload); }
+};
+struct SendPieceRep {
+  static constexpr std::uint32_t type_id = message_id::send_piece_rep;
+  static constexpr const char* type_name = "actors.SendPieceRep";
+  std::uint64_t bytes = 0;  // payload bytes this learner sent, summed over the targets
+  std::string detail;       // the targets it could not send to, and why ("" when none)
+  runtime::Bytes payload;   // reply_payload: the piece's payload
+  template <class A>
+  void serialize(A& ar) { ar(bytes, detail, payload); }
+};
+
 // ---- rollout.serve: the generator's OpenAI-compatible endpoint during a run ----
 // One request the endpoint served for an episode, token for token (one per choice).
 struct ServedTurn {
@@ -633,7 +691,8 @@ template <class... M>
 struct MessageList {};
 using RoleMessages =
     MessageList<EnvResetReq, EnvObs, EnvVerifyReq, EnvVerifyRep, EnvStepReq, EnvReleaseReq, EnvAggregateReq,
-                EnvAggregateRep, EnvRunReq, GenerateReq, StepVersion, GenerateRep, Weights, Ack, WeightsPart, RelayAck, ServedTurnsReq,
+                EnvAggregateRep, EnvRunReq, GenerateReq, StepVersion, GenerateRep, Weights, Ack, WeightsPart, RelayAck, PiecesHead,
+                WeightsPiece, SendPieceReq, SendPieceRep, ServedTurnsReq,
                 ServedTurnsRep, ServeAddressReq, ServeAddressRep, TrainReq, TrainRep, GetWeightsReq, WeightGroupReq,
                 WeightGroupRep, CheckpointReq, CheckpointRep, ScoreReq, ScoreRep, StopAfterStep, StopRun, JoinReq, JoinRep, LeaveReq, LeaveRep,
                 MembersReq, MembersRep, EnvPoolMember>;

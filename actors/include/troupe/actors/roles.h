@@ -198,6 +198,11 @@ class LearnerRole {
   // r.device (weight_sync.transport nccl): the values go to the weight group by broadcast, the
   // message carries their version, checksums and probe.
   Result<Weights> weights_for_generators(const GetWeightsReq& r);
+  // weights_from_shards: the payload of the piece weights_for_generators encoded last, when it is
+  // of `version` (else an error naming both).
+  Result<runtime::Bytes> piece_payload(std::int64_t version) const;
+  // faults.learner_death_sync: SIGKILLs this rank when it is the one to die while sending `version`.
+  void fault_in_sync(std::int64_t version) const;
   // Learner 0: makes the weight group's id (op 0) or joins it as rank 0 (op 1).
   Result<WeightGroupRep> weight_group(const WeightGroupReq& r);
   Result<CheckpointRep> checkpoint(const CheckpointReq& r);
@@ -235,8 +240,10 @@ class LearnerRole {
   std::unique_ptr<WeightGroup> weight_group_;  // learner 0, weight_sync.transport nccl: the broadcast's group
   std::vector<float> master_backup_;        // bf16 probe: the master while the rounded copy is in place
   // weights_from_shards: every learner encodes its own shard (encoder_ over its part of the cut
-  // table) and only learner 0 adds the probe; the coordinator joins the pieces.
+  // table, in lean memory), keeps it in piece_ and answers with its head (no payload); only learner
+  // 0 adds the probe. SendPieceReq then sends piece_'s payload to the generators (weight_pieces.h).
   bool shard_sync_ = false;
+  Weights piece_;
   Result<Weights> shard_weights_for_generators(const GetWeightsReq& r);
   // weight_sync.probe: the probe sequence and learner 0's log-probs of it into `w`, with the weights
   // the generators hold: the master as it is (fp32), or with `put_rounded` writing their rounded
@@ -275,6 +282,7 @@ class EnvActor : public runtime::Actor {
 // that thread (at nice 0 unless set) and replies from it, the handler returning at once.
 class ComputeThread;
 class RelayReceiver;  // weight_sync.relay_fanout: troupe/actors/weight_relay.h
+class PiecesReceiver;  // weights_from_shards: troupe/actors/weight_pieces.h
 
 class GeneratorActor : public runtime::Actor {
  public:
@@ -291,6 +299,8 @@ class GeneratorActor : public runtime::Actor {
   bool own_process_;
   std::unique_ptr<ComputeThread> compute_;
   std::unique_ptr<RelayReceiver> relay_;  // WeightsParts: applied here and passed on
+  std::unique_ptr<PiecesReceiver> pieces_;  // the learners' pieces (weights_from_shards), assembled here
+  Ack apply_pieces(const Weights& w);
 };
 
 class LearnerActor : public runtime::Actor {

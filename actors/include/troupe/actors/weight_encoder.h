@@ -55,6 +55,15 @@ class WeightEncoder {
   // value. For small arenas (LoRA adapters: a few MB, milliseconds); a whole model's full sync is
   // mostly incompressible mantissa bits and stays raw.
   void set_compress_full(bool on) { compress_full_ = on; }
+  // Lean memory (off by default; a sharded learner's piece, weight_pieces.h): an uncompressed full
+  // payload is a view of the held copy itself (the same bytes) instead of a second buffer -- held is
+  // copied aside first when a later encoding would write it while such a view is still alive --; a
+  // delta whose chunks come to more than the held copy's bytes / kLeanDeltaShare is abandoned and
+  // the weights encoded in full instead (bounding a delta's scratch and payload); and a delta's
+  // per-chunk scratch is given back after each message. The messages are byte for byte the same
+  // as without it, except that such a delta is a full message.
+  static constexpr size_t kLeanDeltaShare = 16;
+  void set_lean_memory(bool on) { lean_ = on; }
   // The values sent last (what a receiver holds once it applied them, as fp32) and their version (-1: none).
   std::vector<float> held() const;
   void held_into(std::span<float> out) const;  // the same, written into out (its size: the arena's)
@@ -69,9 +78,15 @@ class WeightEncoder {
   // A full payload (held becomes master's wire form) / a delta's chunks, into out.
   template <int W>
   void encode_full_into(const float* master, size_t n, Weights& out);
+  // Returns false (held partly rewritten, out unfinished) when lean memory abandons the delta.
   template <int W>
-  void encode_delta_into(const float* master, size_t n, bool from_prepared, Weights& out, int level = 0);
+  bool encode_delta_into(const float* master, size_t n, bool from_prepared, Weights& out, int level = 0);
   bool compress_full_ = false;
+  bool lean_ = false;
+  // Lean memory: counts the views of the held copy that full payloads are (HeldViews, weight_encoder.cpp).
+  struct HeldViews;
+  HeldViews* held_views_ = nullptr;
+  void detach_held();  // held copied aside when a view of it is alive, before it is written
   WeightDtype dtype_;
   std::vector<policy::TensorSpec> tensors_;
   // What was sent last, in wire form (the one the dtype uses): half the memory traffic of fp32

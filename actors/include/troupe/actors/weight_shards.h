@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -32,11 +33,19 @@ std::vector<policy::TensorSpec> shard_tensor_table(const std::vector<policy::Ten
 Result<Weights> join_weight_shards(std::span<const Weights> pieces, std::span<const size_t> bounds);
 // The same, the bounds read from the pieces' value counts (piece r holds bounds[r + 1] - bounds[r]).
 Result<Weights> join_weight_pieces(std::span<const Weights> pieces);
+// join_weight_shards without the payloads: the joined message's every other field, from the pieces'
+// heads (their payloads may be empty; the joined payload is theirs in rank order, payload_bytes of
+// each). What the coordinator sends the generators while the learners send the payloads
+// (weight_pieces.h).
+Result<Weights> join_weight_heads(std::span<const Weights> pieces, std::span<const size_t> bounds);
+Result<Weights> join_piece_heads(std::span<const Weights> heads);  // the bounds from the value counts
+// A message's payload bytes as its chunk table says (the sum of chunk_bytes), payload or not.
+std::uint64_t payload_bytes(const Weights& w);
 
 // Whether `troupe run` syncs the weights from the shards: learner.shard other than none on more than
 // one learner, with weight_sync.transport zmq (a broadcast over the weight group sends learner 0's
-// whole values). Then every learner encodes its own shard, the coordinator joins the pieces, and the
-// generators apply the message with sync_tensor_table's cut table.
+// whole values). Then every learner encodes its own shard and sends it to the generators
+// (weight_pieces.h), which put the message together and apply it with sync_tensor_table's cut table.
 bool weights_from_shards(const ExperimentConfig& cfg);
 // The table the generators' Weights checksums follow: the model's table cut at the learners' shard
 // bounds when weights_from_shards(cfg), else the model's own (`params` values in the arena).

@@ -25,9 +25,10 @@ namespace troupe::actors {
 // Who a sync involves: learner 0 (it encodes), the generators, whether each is alive, a log.
 struct WeightSyncPeers {
   runtime::ActorId learner;
-  // weights_from_shards (weight_shards.h): every learner, in rank order; each is asked for its
-  // shard's piece and the pieces are joined into the one message the generators get. Empty:
-  // learner 0 alone encodes the whole weights.
+  // weights_from_shards (weight_shards.h): every learner, in rank order; each encodes its shard's
+  // piece and sends it straight to the generators the root sends to (weight_pieces.h), which put
+  // the message together; the coordinator only joins the pieces' heads. Empty: learner 0 alone
+  // encodes the whole weights.
   std::vector<runtime::ActorId> shard_learners;
   std::vector<runtime::ActorId> generators;
   std::function<bool(size_t)> alive;              // null = every generator is
@@ -46,6 +47,8 @@ struct WeightSyncReport {
   int resent = 0;             // sync mode: generators sent the full weights again after a failed Ack
   int broadcast = 0;          // weight_sync.transport nccl: generators that took the values by broadcast
   std::uint64_t bytes_sent = 0;     // Weights payload bytes (over ZeroMQ) learner 0's rank sent, summed over the generators sent to
+  std::uint64_t learner_bytes = 0;  // weights_from_shards: payload bytes every learner sent (learner 0's in bytes_sent)
+  int pieces = 0;                   // weights_from_shards: the learners whose pieces make each message
   std::uint64_t relayed_bytes = 0;  // relay tree (sync mode): payload bytes the generators passed on
   std::uint64_t delta_bytes = 0;    // the delta's payload (0 when none was sent)
   std::uint64_t full_bytes = 0;     // the full payload (0 when none was sent)

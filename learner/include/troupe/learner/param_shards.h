@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "troupe/learner/communicator.h"
@@ -50,6 +51,10 @@ class ParamShards final : public policy::ParamHook {
   Status release_all();
   // Waits for every gather and reduce-scatter still in flight.
   Status settle();
+  // The [begin, end) ranges of the buffer that group g gathers (kEmbedGroup, 0..L-1, L), and this
+  // rank's shard [lo, hi).
+  std::vector<std::pair<size_t, size_t>> group_ranges(int g) const;
+  std::pair<size_t, size_t> shard() const { return {lo_, hi_}; }
   // A new accumulation: layered, zeroes the whole gradient buffer without touching its pages (they
   // come back zero on use); not layered, the caller zeroes the model's gradients (PolicyModel::zero_grads).
   Status zero_grads();

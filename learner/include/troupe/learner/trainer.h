@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -180,6 +181,16 @@ class Trainer {
   // rank's shard. Nothing to do (returns at once on every rank) in any other layout.
   Status gather_params_to_rank0();
   Status release_params();
+  // learner.shard parameters with ParamsAtRest::shard (a collective, every rank calls it with the
+  // same fn): runs fn, whose training forwards (no backward) gather each group of weights from the
+  // shards as a step does and drop it after, so no rank holds the whole weights; `transform` (may be
+  // null) is applied to each group's values once gathered, this rank's own part of them put back
+  // bit for bit after (kept meanwhile in its gradient shard, which the next step zeroes before use
+  // anyway). The weight sync's probe with the generators' rounding. An error where the trainer
+  // keeps more than its shard or has no layered hook.
+  Status forward_from_shards(const std::function<Status()>& fn, const std::function<void(std::span<float>)>& transform);
+  // Whether forward_from_shards can run (ZeRO-3 keeping its shard, with the per-group hook).
+  bool forwards_from_shards() const { return keeps_shard_only() && zero3_->layered(); }
   size_t shard_begin() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank())] : 0; }
   size_t shard_end() const { return sharded_ ? bounds_[static_cast<size_t>(comm_.rank()) + 1] : bounds_.back(); }
   // The whole AdamW state (every rank's moments gathered; a collective when sharded or when the

@@ -83,6 +83,13 @@ class Bytes {
   const char* begin() const { return data(); }
   const char* end() const { return data() + size(); }
   std::string str() const { return std::string(view()); }  // a copy
+  // Bytes [at, at + n) of these (clamped to their end): a view into the same memory when these
+  // are a view (no copy), else a copy.
+  Bytes slice(std::size_t at, std::size_t n) const {
+    at = at < size() ? at : size();
+    n = n < size() - at ? n : size() - at;
+    return owner_ ? shared(owner_, view_.data + at, n) : Bytes(own_.data() + at, n);
+  }
   // True when the bytes are a view into a received message (nothing was copied).
   bool is_shared() const { return owner_ != nullptr; }
   // Equal bytes (against another Bytes, a std::string or a literal alike).
