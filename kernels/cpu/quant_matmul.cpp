@@ -4,7 +4,8 @@
 // fused dequantize-and-FMA chain (small_gemm's per-element chain, AVX2/FMA), other few-token calls
 // dequantize 64-row (64-column) tiles into a thread-local scratch for the BLAS sgemm. A group of
 // projections of one input runs as its calls one by one would, bit for bit, a decode step's group
-// (adapters included) in one OpenMP region.
+// (adapters included) as two jobs of the decode pool (decode_pool.h), which every one- or two-token
+// chain call runs on instead of OpenMP.
 #include <omp.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "blas_gemm.h"
+#include "decode_pool.h"
 #include "lora_rows.h"
 #include "quant_chain.h"
 #include "quant_blocks.h"
@@ -387,12 +389,23 @@ bool chain_worth_splitting(double macs) {
   return macs > 1.25e5 && !omp_in_parallel() && omp_get_max_threads() > 1;
 }
 
-// fn(lo, hi) over [0, n) in pieces of `step`, spread over the OpenMP threads when `split`.
+// fn(i) for every i in [0, n): a decode step's job on the calling thread's decode pool
+// (decode_pool.h: no OpenMP wake-up per job) with OpenMP's thread count when `split`, else a loop.
 template <class Fn>
-void over_tiles(int n, int step, bool split, const Fn& fn) {
+void decode_job(int n, bool split, const Fn& fn) {
+  if (split) return decode_pool().run(n, omp_get_max_threads(), fn);
+  for (int i = 0; i < n; ++i) fn(i);
+}
+
+// fn(lo, hi) over [0, n) in pieces of `step`, spread over the threads when `split`: the decode pool's
+// for a decode step's chains (`decode`), else OpenMP's.
+template <class Fn>
+void over_tiles(int n, int step, bool split, const Fn& fn, bool decode = false) {
   const int tiles = (n + step - 1) / step;
+  auto tile = [&](int b) { fn(b * step, std::min(n, (b + 1) * step)); };
+  if (decode) return decode_job(tiles, split && tiles > 1, tile);
 #pragma omp parallel for schedule(static) if (split && tiles > 1)
-  for (int b = 0; b < tiles; ++b) fn(b * step, std::min(n, (b + 1) * step));
+  for (int b = 0; b < tiles; ++b) tile(b);
 }
 
 }  // namespace
@@ -410,14 +423,15 @@ void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T
   const bool kernel = chain_available();
   const bool split = kernel && T <= kGemmKernelMaxRows ? chain_worth_splitting(double(T) * N * K)
                                                        : gemm_worth_splitting(double(T) * N * K);
+  const bool decode = kernel && T <= kGemmKernelMaxRows;  // a decode step's chains: on the decode pool
   if (batch_invariant()) {  // every element one fixed chain (ops.cpp, gemm_nt_invariant)
     over_tiles(N, kTile, split, [&](int o0, int o1) {
       kernel ? chain(W, o0, o1, x, y, T) : invariant_rows_scalar(W, o0, o1, x, y, T);
-    });
+    }, decode);
   } else if (column_blocks(T, N, K)) {  // gemm_column_blocks: one 64-column block of y per tile
     over_tiles(N, kTile, split, [&](int o0, int o1) {
-      kernel && T <= kGemmKernelMaxRows ? chain(W, o0, o1, x, y, T) : tile_forward(W, o0, o1, x, y, T);
-    });
+      decode ? chain(W, o0, o1, x, y, T) : tile_forward(W, o0, o1, x, y, T);
+    }, decode);
   } else if (T <= kGemmRowBlock || double(N) * K < kGemmWideMin) {  // a small W: gemm_blocked on all of it
     float* w = scratch(static_cast<size_t>(N) * K);
     dequantize_rows(W, 0, N, w);
@@ -459,24 +473,20 @@ void quant_projections_forward(const QuantProjection* p, int n, const float* x, 
   auto owner = [n](const int* first, int b) {
     return static_cast<int>(std::upper_bound(first, first + n + 1, b) - first) - 1;
   };
-  // One region: the adapters' u a column each, then every 64-row tile of every matrix with its
-  // adapter's up product on the same rows. The bits are those of the calls one by one.
-#pragma omp parallel if (chain_worth_splitting(macs))
-  {
-#pragma omp for schedule(static)
-    for (int c = 0; c < ranks; ++c) {
-      const int i = owner(first_rank, c), j = c - first_rank[i];
-      lora_rows::down(u + u_at[i], x, p[i].A, T, p[i].W.cols, p[i].r, j, j + 1);
-    }
-#pragma omp for schedule(static)
-    for (int b = 0; b < tiles; ++b) {
-      const int i = owner(first_tile, b);
-      const QuantWeights& W = p[i].W;
-      const int o0 = (b - first_tile[i]) * kTile, o1 = std::min(W.rows, o0 + kTile);
-      chain(W, o0, o1, x, p[i].y, T);
-      if (p[i].A) lora_rows::up(p[i].y, u + u_at[i], p[i].B, T, W.rows, p[i].r, p[i].scale, o0, o1);
-    }
-  }
+  // Two decode-pool jobs: the adapters' u a column each, then every 64-row tile of every matrix
+  // with its adapter's up product on the same rows. The bits are those of the calls one by one.
+  const bool split = chain_worth_splitting(macs);
+  decode_job(ranks, split, [&](int c) {
+    const int i = owner(first_rank, c), j = c - first_rank[i];
+    lora_rows::down(u + u_at[i], x, p[i].A, T, p[i].W.cols, p[i].r, j, j + 1);
+  });
+  decode_job(tiles, split, [&](int b) {
+    const int i = owner(first_tile, b);
+    const QuantWeights& W = p[i].W;
+    const int o0 = (b - first_tile[i]) * kTile, o1 = std::min(W.rows, o0 + kTile);
+    chain(W, o0, o1, x, p[i].y, T);
+    if (p[i].A) lora_rows::up(p[i].y, u + u_at[i], p[i].B, T, W.rows, p[i].r, p[i].scale, o0, o1);
+  });
 }
 
 void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) {
