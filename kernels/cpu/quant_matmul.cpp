@@ -136,14 +136,15 @@ TROUPE_AVX2 inline float lane_sum(__m256 v) {
 // The rows of the next tile, fetched into the cache chunk by chunk while a tile computes: a tile
 // reads several short rows side by side, which the hardware prefetcher follows poorly, so without
 // it a decode step mostly waits on memory (SmolLM2's projections and q8_0 head on one thread: 17.5
-// -> 12 ms of CPU per token). Prefetches never fault, so rows past the matrix are harmless.
+// -> 12 ms of CPU per token). Rows past the matrix are left out.
 struct Ahead {
   const char* row;
   size_t rb, chunk_bytes;  // bytes per row, per 32 values
   int rows;
   Ahead(const QuantWeights& W, int first, int n)
-      : row(static_cast<const char*>(W.data) + static_cast<size_t>(first) * W.row_bytes()), rb(W.row_bytes()),
-        chunk_bytes(W.row_bytes() / static_cast<size_t>(W.cols / 32)), rows(n) {}
+      : row(static_cast<const char*>(W.data) + static_cast<size_t>(std::min(first, W.rows)) * W.row_bytes()),
+        rb(W.row_bytes()), chunk_bytes(W.row_bytes() / static_cast<size_t>(W.cols / 32)),
+        rows(std::max(0, std::min(n, W.rows - first))) {}
   void fetch(int s) const {  // chunk s (values 32 s .. 32 s + 31) of every row
     for (int r = 0; r < rows; ++r) _mm_prefetch(row + r * rb + static_cast<size_t>(s) * chunk_bytes, _MM_HINT_T0);
   }
