@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
   // the quickstart 14-21% slower and a batch-1 QLoRA decode step ~1.5x slower on the loaded 2-core
   // VM, though ~25% faster on an idle one). So unless the user chose OMP_WAIT_POLICY or
   // GOMP_SPINCOUNT we set PASSIVE. libgomp reads both when it loads, before main, so we set it and
-  // re-execute ourselves once.
+  // re-execute ourselves once. (A quantized base's decode steps run on the kernels' own decode pool,
+  // which spins a bounded time between a token's jobs whatever this says: kernels/cpu/decode_pool.h.)
   if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     execv("/proc/self/exe", argv);  // returns only on failure: then run with libgomp's defaults

@@ -5,6 +5,8 @@ target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/ops.cpp ${CMAKE_
 # Frozen weights in ggml blocks and the GEMMs that dequantize them on the fly. Their values must be
 # ggml's (a multiply, then an add, each rounded), so the compiler may not fuse them into an FMA.
 target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/quant_matrix.cpp ${CMAKE_CURRENT_LIST_DIR}/quant_matmul.cpp)
+# The decode steps' thread pool (spins a bounded time between jobs, then blocks).
+target_sources(troupe_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/decode_pool.cpp)
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/quant_matrix.cpp ${CMAKE_CURRENT_LIST_DIR}/quant_matmul.cpp
                             PROPERTIES COMPILE_OPTIONS -ffp-contract=off)
 if(TROUPE_BUILD_TESTS)
@@ -20,6 +22,9 @@ if(TROUPE_BUILD_TESTS)
   # inputs' product, bits on 1 and 2 threads and for a row alone, the scope (skipped without AVX512-BF16).
   troupe_add_test(NAME kernels.bf16_weights SOURCES ${CMAKE_CURRENT_LIST_DIR}/bf16_weights.test.cpp
                   LIBS troupe::kernels OpenMP::OpenMP_CXX ENV OMP_WAIT_POLICY=PASSIVE)
+  # The decode pool on its own (its source, no other library: the TSan build runs it cheaply).
+  troupe_add_test(NAME kernels.decode_pool SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_pool.test.cpp
+                  ${CMAKE_CURRENT_LIST_DIR}/decode_pool.cpp LIBS Threads::Threads)
   troupe_add_test(NAME kernels.small_gemm SOURCES ${CMAKE_CURRENT_LIST_DIR}/small_gemm.test.cpp
                   LIBS troupe::kernels)
   # LoRA's ops: finite differences, fp32 vs fp64, the dX-only matmul backward against the full one.

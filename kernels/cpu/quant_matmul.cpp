@@ -4,7 +4,8 @@
 // fused dequantize-and-FMA chain (small_gemm's per-element chain, AVX2/FMA), other few-token calls
 // dequantize 64-row (64-column) tiles into a thread-local scratch for the BLAS sgemm. A group of
 // projections of one input runs as its calls one by one would, bit for bit, a decode step's group
-// (adapters included) in one OpenMP region.
+// (adapters included) as two jobs of the decode pool (decode_pool.h), which every one- or two-token
+// chain call runs on instead of OpenMP.
 #include <omp.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "blas_gemm.h"
+#include "decode_pool.h"
 #include "lora_rows.h"
 #include "quant_chain.h"
 #include "quant_blocks.h"
@@ -131,6 +133,23 @@ TROUPE_AVX2 inline float lane_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The rows of the next tile, fetched into the cache chunk by chunk while a tile computes: a tile
+// reads several short rows side by side, which the hardware prefetcher follows poorly, so without
+// it a decode step mostly waits on memory (SmolLM2's projections and q8_0 head on one thread: 17.5
+// -> 12 ms of CPU per token). Rows past the matrix are left out.
+struct Ahead {
+  const char* row;
+  size_t rb, chunk_bytes;  // bytes per row, per 32 values
+  int rows;
+  Ahead(const QuantWeights& W, int first, int n)
+      : row(static_cast<const char*>(W.data) + static_cast<size_t>(std::min(first, W.rows)) * W.row_bytes()),
+        rb(W.row_bytes()), chunk_bytes(W.row_bytes() / static_cast<size_t>(W.cols / 32)),
+        rows(std::max(0, std::min(n, W.rows - first))) {}
+  void fetch(int s) const {  // chunk s (values 32 s .. 32 s + 31) of every row
+    for (int r = 0; r < rows; ++r) _mm_prefetch(row + r * rb + static_cast<size_t>(s) * chunk_bytes, _MM_HINT_T0);
+  }
+};
+
 // y[j][o + i] for R rows of W from row o and MR tokens: small_gemm's chain (eight lanes of FMAs
 // over k in steps of 8, then lane_sum) on values decoded 32 at a time.
 template <QuantFormat F, int R, int MR>
@@ -138,10 +157,12 @@ TROUPE_AVX2 void chain_tile(const QuantWeights& W, int o, const float* x, float*
   const auto* w = static_cast<const uint8_t*>(W.data);
   const size_t rb = W.row_bytes();
   const int K = W.cols, N = W.rows;
+  const Ahead next(W, o + R, R);
   __m256 acc[R][MR];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_setzero_ps();
   for (int s = 0; s < K / 32; ++s) {
+    next.fetch(s);
     const float* xs = x + 32 * s;  // x is read from L1 by each FMA: registers go to the chains
     for (int i = 0; i < R; ++i) {
       __m256 v[4];
@@ -167,9 +188,11 @@ TROUPE_AVX2 void chain_rows_f(const QuantWeights& W, int o0, int o1, const float
 // The same chains, two at a time: lanes 0-7 of a zmm are row o's eight lanes, lanes 8-15 row o+1's,
 // each lane the same FMA on the same operands in the same order as chain_tile's, so the bits are
 // chain_tile's. What changes is the work per value: one instruction decodes or multiplies 16 values
-// of two rows, x is broadcast to both halves once per 32 values for every pair, and a 4-bit block's
-// 16 possible values fma(d, q, m) are computed once per block into a table that vpermt2ps reads
-// (the table's entries are the decode's fma(d, q, m), so its bits too).
+// of two rows, x is broadcast to both halves once per 32 values for every pair, both blocks' fp16
+// scales are converted by one instruction, q4_0 / q4_1 nibbles are converted and put through the
+// decode's fma(d, q, m) for both rows at once, and a q4_k sub-block's 16 possible values fma(d, q, m)
+// are computed once into a table that vpermt2ps reads (the table's entries are the decode's
+// fma(d, q, m), so its bits too).
 #define TROUPE_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused source of their masked
 // builtins, which -Wuninitialized reports wherever they are inlined.
@@ -187,9 +210,9 @@ bool wide_available() {
   return ok && two_row_allowed.load(std::memory_order_relaxed);
 }
 
-// a in lanes 0-7, b in lanes 8-15.
-TROUPE_AVX512 inline __m512 halves(__m256 a, __m256 b) {
-  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
+// The 8 floats at p in lanes 0-7 and again in lanes 8-15 (vbroadcastf64x4: a load, no shuffle).
+TROUPE_AVX512 inline __m512 both_halves(const float* p) {
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(reinterpret_cast<const double*>(p))));
 }
 
 // Bytes [8u, 8u + 8) of the 32-byte runs at p (row o) and q (row o + 1), side by side, for u = 0..3.
@@ -214,6 +237,22 @@ TROUPE_AVX512 inline __m512 table_lookup(__m512 t0, __m512 t1, __m512i nib) {
   return _mm512_permutex2var_ps(t0, _mm512_or_si512(nib, second), t1);
 }
 
+// The first two fp16 fields of blocks b0 and b1 as floats in lanes 0-3 (b0's, then b1's; the second
+// field of a q8_0 or q4_0 block is its first values' bytes, lanes nobody reads): one conversion for
+// both blocks, where half_at per scale costs the shuffle port three instructions each.
+TROUPE_AVX512 inline __m512 block_heads(const uint8_t* b0, const uint8_t* b1) {
+  int32_t h0, h1;
+  std::memcpy(&h0, b0, 4);
+  std::memcpy(&h1, b1, 4);
+  return _mm512_zextps128_ps512(_mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(h0), h1, 1)));
+}
+
+// Lane A of h in lanes 0-7, lane B in lanes 8-15.
+template <int A, int B>
+TROUPE_AVX512 inline __m512 pair_lanes(__m512 h) {
+  return _mm512_permutexvar_ps(_mm512_set_epi32(B, B, B, B, B, B, B, B, A, A, A, A, A, A, A, A), h);
+}
+
 // Chunk s of rows o (lanes 0-7) and o + 1 (lanes 8-15): v[u] holds values 8u .. 8u + 7 of each,
 // decode32's bits.
 template <QuantFormat F>
@@ -221,46 +260,43 @@ TROUPE_AVX512 inline void decode32_pair(const uint8_t* r0, const uint8_t* r1, in
   if constexpr (F == QuantFormat::q8_0) {
     const uint8_t* b0 = r0 + static_cast<size_t>(s) * 34;
     const uint8_t* b1 = r1 + static_cast<size_t>(s) * 34;
-    const __m512 d = halves(_mm256_set1_ps(half_at(b0)), _mm256_set1_ps(half_at(b1)));
+    const __m512 d = pair_lanes<0, 2>(block_heads(b0, b1));
     __m128i pr[4];
     byte_pairs(b0 + 2, b1 + 2, pr);
     for (int u = 0; u < 4; ++u) v[u] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(pr[u])));
-  } else {  // q4_0, q4_1, q4_k: nibbles looked up in the two blocks' tables
-    const uint8_t *q0, *q1;
-    float d0, m0, d1, m1;
-    bool high = false;  // q4_k: the sub-block's nibble of each of 32 bytes
-    if constexpr (F == QuantFormat::q4_k) {
-      const int j = s % 8;
-      const uint8_t* b0 = r0 + static_cast<size_t>(s / 8) * 144;
-      const uint8_t* b1 = r1 + static_cast<size_t>(s / 8) * 144;
-      uint8_t sc0, mn0, sc1, mn1;
-      quant_blocks::scale_min_k4(j, b0 + 4, sc0, mn0);
-      quant_blocks::scale_min_k4(j, b1 + 4, sc1, mn1);
-      d0 = half_at(b0) * sc0, m0 = -(half_at(b0 + 2) * mn0), d1 = half_at(b1) * sc1, m1 = -(half_at(b1 + 2) * mn1);
-      q0 = b0 + 16 + 32 * (j / 2), q1 = b1 + 16 + 32 * (j / 2), high = (j & 1) != 0;
-    } else {
-      const uint8_t* b0 = r0 + static_cast<size_t>(s) * quant_block_bytes(F);
-      const uint8_t* b1 = r1 + static_cast<size_t>(s) * quant_block_bytes(F);
-      d0 = half_at(b0), d1 = half_at(b1);
-      m0 = F == QuantFormat::q4_0 ? -8.0f * d0 : half_at(b0 + 2);
-      m1 = F == QuantFormat::q4_0 ? -8.0f * d1 : half_at(b1 + 2);
-      q0 = b0 + (F == QuantFormat::q4_0 ? 2 : 4), q1 = b1 + (F == QuantFormat::q4_0 ? 2 : 4);
-    }
-    const __m512 t0 = nibble_table(d0, m0), t1 = nibble_table(d1, m1);
+  } else if constexpr (F == QuantFormat::q4_0 || F == QuantFormat::q4_1) {
+    // decode32's fma(d, q, m) on the converted nibbles, both rows at once (the same values a
+    // nibble table holds, without building two tables per block).
+    const uint8_t* b0 = r0 + static_cast<size_t>(s) * quant_block_bytes(F);
+    const uint8_t* b1 = r1 + static_cast<size_t>(s) * quant_block_bytes(F);
+    const __m512 heads = block_heads(b0, b1);
+    const __m512 d = pair_lanes<0, 2>(heads);
+    const __m512 m = F == QuantFormat::q4_0 ? _mm512_mul_ps(_mm512_set1_ps(-8.0f), d) : pair_lanes<1, 3>(heads);
+    const int at = F == QuantFormat::q4_0 ? 2 : 4;
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + at));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + at));
+    const __m512i lo = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, c)), hi = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, c));
     const __m512i low4 = _mm512_set1_epi32(0x0F);
-    if constexpr (F == QuantFormat::q4_k) {  // 32 bytes, one nibble each
-      __m128i pr[4];
-      byte_pairs(q0, q1, pr);
-      for (int u = 0; u < 4; ++u) {
-        const __m512i w = _mm512_cvtepu8_epi32(pr[u]);
-        v[u] = table_lookup(t0, t1, high ? _mm512_srli_epi32(w, 4) : _mm512_and_si512(w, low4));
-      }
-    } else {  // 16 bytes: values 0-15 the low nibbles, 16-31 the high ones
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q1));
-      const __m512i lo = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, c)), hi = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, c));
-      v[0] = table_lookup(t0, t1, _mm512_and_si512(lo, low4)), v[1] = table_lookup(t0, t1, _mm512_and_si512(hi, low4));
-      v[2] = table_lookup(t0, t1, _mm512_srli_epi32(lo, 4)), v[3] = table_lookup(t0, t1, _mm512_srli_epi32(hi, 4));
+    v[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(lo, low4)), m);
+    v[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(hi, low4)), m);
+    v[2] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(lo, 4)), m);
+    v[3] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(hi, 4)), m);
+  } else {  // q4_k: each sub-block's nibbles looked up in its table (32 bytes, one nibble each)
+    const int j = s % 8;
+    const uint8_t* b0 = r0 + static_cast<size_t>(s / 8) * 144;
+    const uint8_t* b1 = r1 + static_cast<size_t>(s / 8) * 144;
+    uint8_t sc0, mn0, sc1, mn1;
+    quant_blocks::scale_min_k4(j, b0 + 4, sc0, mn0);
+    quant_blocks::scale_min_k4(j, b1 + 4, sc1, mn1);
+    const __m512 t0 = nibble_table(half_at(b0) * sc0, -(half_at(b0 + 2) * mn0));
+    const __m512 t1 = nibble_table(half_at(b1) * sc1, -(half_at(b1 + 2) * mn1));
+    const bool high = (j & 1) != 0;
+    const __m512i low4 = _mm512_set1_epi32(0x0F);
+    __m128i pr[4];
+    byte_pairs(b0 + 16 + 32 * (j / 2), b1 + 16 + 32 * (j / 2), pr);
+    for (int u = 0; u < 4; ++u) {
+      const __m512i w = _mm512_cvtepu8_epi32(pr[u]);
+      v[u] = table_lookup(t0, t1, high ? _mm512_srli_epi32(w, 4) : _mm512_and_si512(w, low4));
     }
   }
 }
@@ -271,16 +307,15 @@ TROUPE_AVX512 void wide_tile(const QuantWeights& W, int o, const float* x, float
   const auto* w = static_cast<const uint8_t*>(W.data);
   const size_t rb = W.row_bytes();
   const int K = W.cols, N = W.rows;
+  const Ahead next(W, o + 2 * P, 2 * P);
   __m512 acc[P][MR];
   for (int i = 0; i < P; ++i)
     for (int j = 0; j < MR; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int s = 0; s < K / 32; ++s) {
+    next.fetch(s);
     __m512 xs[MR][4];  // x's 8 values of step u in both halves
     for (int j = 0; j < MR; ++j)
-      for (int u = 0; u < 4; ++u) {
-        const __m256 h = _mm256_loadu_ps(x + static_cast<size_t>(j) * K + 32 * s + 8 * u);
-        xs[j][u] = halves(h, h);
-      }
+      for (int u = 0; u < 4; ++u) xs[j][u] = both_halves(x + static_cast<size_t>(j) * K + 32 * s + 8 * u);
     for (int i = 0; i < P; ++i) {
       const uint8_t* r0 = w + static_cast<size_t>(o + 2 * i) * rb;
       __m512 v[4];
@@ -387,12 +422,23 @@ bool chain_worth_splitting(double macs) {
   return macs > 1.25e5 && !omp_in_parallel() && omp_get_max_threads() > 1;
 }
 
-// fn(lo, hi) over [0, n) in pieces of `step`, spread over the OpenMP threads when `split`.
+// fn(i) for every i in [0, n): a decode step's job on the calling thread's decode pool
+// (decode_pool.h: no OpenMP wake-up per job) with OpenMP's thread count when `split`, else a loop.
 template <class Fn>
-void over_tiles(int n, int step, bool split, const Fn& fn) {
+void decode_job(int n, bool split, const Fn& fn) {
+  if (split) return decode_pool().run(n, omp_get_max_threads(), fn);
+  for (int i = 0; i < n; ++i) fn(i);
+}
+
+// fn(lo, hi) over [0, n) in pieces of `step`, spread over the threads when `split`: the decode pool's
+// for a decode step's chains (`decode`), else OpenMP's.
+template <class Fn>
+void over_tiles(int n, int step, bool split, const Fn& fn, bool decode = false) {
   const int tiles = (n + step - 1) / step;
+  auto tile = [&](int b) { fn(b * step, std::min(n, (b + 1) * step)); };
+  if (decode) return decode_job(tiles, split && tiles > 1, tile);
 #pragma omp parallel for schedule(static) if (split && tiles > 1)
-  for (int b = 0; b < tiles; ++b) fn(b * step, std::min(n, (b + 1) * step));
+  for (int b = 0; b < tiles; ++b) tile(b);
 }
 
 }  // namespace
@@ -410,14 +456,15 @@ void quant_matmul_forward(float* y, const float* x, const QuantWeights& W, int T
   const bool kernel = chain_available();
   const bool split = kernel && T <= kGemmKernelMaxRows ? chain_worth_splitting(double(T) * N * K)
                                                        : gemm_worth_splitting(double(T) * N * K);
+  const bool decode = kernel && T <= kGemmKernelMaxRows;  // a decode step's chains: on the decode pool
   if (batch_invariant()) {  // every element one fixed chain (ops.cpp, gemm_nt_invariant)
     over_tiles(N, kTile, split, [&](int o0, int o1) {
       kernel ? chain(W, o0, o1, x, y, T) : invariant_rows_scalar(W, o0, o1, x, y, T);
-    });
+    }, decode);
   } else if (column_blocks(T, N, K)) {  // gemm_column_blocks: one 64-column block of y per tile
     over_tiles(N, kTile, split, [&](int o0, int o1) {
-      kernel && T <= kGemmKernelMaxRows ? chain(W, o0, o1, x, y, T) : tile_forward(W, o0, o1, x, y, T);
-    });
+      decode ? chain(W, o0, o1, x, y, T) : tile_forward(W, o0, o1, x, y, T);
+    }, decode);
   } else if (T <= kGemmRowBlock || double(N) * K < kGemmWideMin) {  // a small W: gemm_blocked on all of it
     float* w = scratch(static_cast<size_t>(N) * K);
     dequantize_rows(W, 0, N, w);
@@ -459,24 +506,20 @@ void quant_projections_forward(const QuantProjection* p, int n, const float* x, 
   auto owner = [n](const int* first, int b) {
     return static_cast<int>(std::upper_bound(first, first + n + 1, b) - first) - 1;
   };
-  // One region: the adapters' u a column each, then every 64-row tile of every matrix with its
-  // adapter's up product on the same rows. The bits are those of the calls one by one.
-#pragma omp parallel if (chain_worth_splitting(macs))
-  {
-#pragma omp for schedule(static)
-    for (int c = 0; c < ranks; ++c) {
-      const int i = owner(first_rank, c), j = c - first_rank[i];
-      lora_rows::down(u + u_at[i], x, p[i].A, T, p[i].W.cols, p[i].r, j, j + 1);
-    }
-#pragma omp for schedule(static)
-    for (int b = 0; b < tiles; ++b) {
-      const int i = owner(first_tile, b);
-      const QuantWeights& W = p[i].W;
-      const int o0 = (b - first_tile[i]) * kTile, o1 = std::min(W.rows, o0 + kTile);
-      chain(W, o0, o1, x, p[i].y, T);
-      if (p[i].A) lora_rows::up(p[i].y, u + u_at[i], p[i].B, T, W.rows, p[i].r, p[i].scale, o0, o1);
-    }
-  }
+  // Two decode-pool jobs: the adapters' u a column each, then every 64-row tile of every matrix
+  // with its adapter's up product on the same rows. The bits are those of the calls one by one.
+  const bool split = chain_worth_splitting(macs);
+  decode_job(ranks, split, [&](int c) {
+    const int i = owner(first_rank, c), j = c - first_rank[i];
+    lora_rows::down(u + u_at[i], x, p[i].A, T, p[i].W.cols, p[i].r, j, j + 1);
+  });
+  decode_job(tiles, split, [&](int b) {
+    const int i = owner(first_tile, b);
+    const QuantWeights& W = p[i].W;
+    const int o0 = (b - first_tile[i]) * kTile, o1 = std::min(W.rows, o0 + kTile);
+    chain(W, o0, o1, x, p[i].y, T);
+    if (p[i].A) lora_rows::up(p[i].y, u + u_at[i], p[i].B, T, W.rows, p[i].r, p[i].scale, o0, o1);
+  });
 }
 
 void quant_matmul_backward_input(float* dx, const float* dy, const QuantWeights& W, int T) {
