@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_map>
 #include <utility>
 
 namespace troupe::actors {
@@ -35,9 +36,31 @@ std::vector<RelayChild> relay_children(const std::vector<RelayTarget>& subtree, 
 
 std::vector<RelayTarget> relay_targets(const WeightsPart& p) {
   std::vector<RelayTarget> out;
-  for (size_t i = 0; i < p.subtree.size() && i < p.index.size(); ++i)
-    out.push_back({runtime::ActorId::unpack(p.subtree[i]), p.index[i]});
+  for (size_t i = 0; i < p.subtree.size() && i < p.index.size(); ++i) {
+    out.push_back({runtime::ActorId::unpack(p.subtree[i]), p.index[i], {}, {}});
+    if (i < p.endpoints.size() && i < p.keys.size()) {
+      out.back().endpoint = p.endpoints[i];
+      out.back().key = p.keys[i];
+    }
+  }
   return out;
+}
+
+void address_targets(const runtime::ActorSystem& sys, std::vector<RelayTarget>& targets) {
+  std::unordered_map<std::uint32_t, runtime::PeerInfo> book;
+  for (runtime::PeerInfo& p : sys.peers()) book.emplace(p.node, std::move(p));
+  book[sys.node_id()] = runtime::PeerInfo{sys.node_id(), sys.endpoint(), "", sys.curve_public_key()};
+  for (RelayTarget& t : targets)
+    if (auto it = book.find(t.id.node); it != book.end()) {
+      t.endpoint = it->second.endpoint;
+      t.key = it->second.curve_public_key;
+    }
+}
+
+Status connect_target(runtime::ActorSystem& sys, const RelayTarget& t) {
+  if (t.endpoint.empty() || t.id.node == sys.node_id()) return {};
+  // ("joined-": a peer the job survives losing, as a member that joined it)
+  return sys.connect({runtime::PeerInfo{t.id.node, t.endpoint, "joined-relay", t.key}});
 }
 
 std::vector<WeightsPart> weights_parts(const Weights& w, size_t part_bytes) {
@@ -110,6 +133,7 @@ void RelayFanout::send_to(runtime::Context& ctx, const RelayChild& c, const Weig
     out.subtree.push_back(t.id.packed());
     out.index.push_back(t.index);
   }
+  if (p.part == 0 && !c.node.endpoint.empty()) address_part(ctx, c, out);
   egress_ += p.bytes.size();
   if (p.part + 1 < p.parts) {
     (void)ctx.send(c.node.id, std::move(out));  // (a lost part shows as the last part's refusal)
@@ -119,6 +143,17 @@ void RelayFanout::send_to(runtime::Context& ctx, const RelayChild& c, const Weig
   auto self = shared_from_this();
   ctx.request<RelayAck>(c.node.id, std::move(out), kRelayTimeout,
                         [self, c](runtime::Context& cx, Result<RelayAck> r) { self->on_reply(cx, c, std::move(r)); });
+}
+
+void RelayFanout::address_part(runtime::Context& ctx, const RelayChild& c, WeightsPart& out) {
+  runtime::ActorSystem& sys = ctx.system();
+  (void)connect_target(sys, c.node);  // (failing, the sends fail too, and the child is routed around)
+  for (const RelayTarget& t : c.below) {
+    out.endpoints.push_back(t.endpoint);
+    out.keys.push_back(t.key);
+  }
+  out.from_endpoint = sys.endpoint();
+  out.from_key = sys.curve_public_key();
 }
 
 void RelayFanout::forward(runtime::Context& ctx, const WeightsPart& p) {
@@ -177,6 +212,8 @@ namespace troupe::actors {
 
 Status RelayReceiver::on_part(runtime::Context& ctx, const WeightsPart& p, const Apply& apply) {
   if (p.part == 0) {
+    if (!p.from_endpoint.empty())  // (a member that joined knows rank 0's node only: the way back to its parent)
+      (void)connect_target(ctx.system(), RelayTarget{ctx.sender(), 0, p.from_endpoint, p.from_key});
     reply_ = std::make_shared<runtime::ReplyTo>();
     auto reply = reply_;
     out_ = std::make_shared<RelayFanout>(relay_children(relay_targets(p), p.fanout), p.fanout, true,

@@ -3,7 +3,9 @@
 // (inproc, and one ActorSystem per generator over ipc) hold learner 0's weights bit for bit after the
 // full sync and the deltas, sync and async, with learner 0's rank sending 2 copies; a relay that dies
 // as its part arrives is routed around (its children get the weights from its parent) and is
-// marked down.
+// marked down. Members that joined the job (nodes connected to node 0 only) relay like any
+// generator, the addresses travelling with the parts; one that dies as a relay is routed around;
+// members the job cannot reach stay leaves of the root.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -42,7 +44,7 @@ TEST(RelayTree, SplitCoversEveryGeneratorOnce) {
   for (int n : {1, 2, 7, 100, 1000})
     for (int f : {2, 4}) {
       std::vector<RelayTarget> all;
-      for (int i = 0; i < n; ++i) all.push_back({ActorId{1, static_cast<uint32_t>(i + 1)}, i});
+      for (int i = 0; i < n; ++i) all.push_back({ActorId{1, static_cast<uint32_t>(i + 1)}, i, {}, {}});
       std::multiset<int> seen;
       int deepest = 0;
       collect(all, f, seen, 1, deepest);
@@ -109,9 +111,9 @@ struct Outcome {
 class Driver : public runtime::Actor {
  public:
   Driver(WeightSyncSection cfg, bool async, ActorId learner, std::vector<ActorId> gens, int updates,
-         std::promise<Outcome>* done, std::set<int> members = {})
+         std::promise<Outcome>* done, std::set<int> members = {}, bool members_relay = false)
       : sync_(cfg, async), async_(async), learner_(learner), gens_(std::move(gens)), updates_(updates), done_(done),
-        members_(std::move(members)) {}
+        members_(std::move(members)), members_relay_(members_relay) {}
   void on_start(runtime::Context& ctx) override {
     ActorContext::Scope scope(here_, ctx);
     task_ = run();
@@ -125,7 +127,11 @@ class Driver : public runtime::Actor {
     peers_.generators = gens_;
     peers_.alive = [this](size_t g) { return !down_.count(g); };
     peers_.mark_down = [this](size_t g) { down_.insert(g); };
-    if (!members_.empty()) peers_.root_only = [this](size_t g) { return members_.count(static_cast<int>(g)) > 0; };
+    if (!members_.empty()) {
+      auto member = [this](size_t g) { return members_.count(static_cast<int>(g)) > 0; };
+      peers_.joined = member;
+      if (!members_relay_) peers_.root_only = member;
+    }
     for (int k = 0; k <= updates_; ++k) {
       if (k > 0) {
         auto trained = runtime::request<TrainRep>(here_, learner_, test_support::tiny_sft_batch(), std::chrono::seconds(60));
@@ -159,7 +165,8 @@ class Driver : public runtime::Actor {
   std::vector<ActorId> gens_;
   int updates_;
   std::promise<Outcome>* done_;
-  std::set<int> members_;  // generators that reach node 0 only (members that joined the job)
+  std::set<int> members_;  // generators whose nodes know node 0 only (members that joined the job)
+  bool members_relay_;     // false: the job cannot reach them (leaves of the root)
   WeightSyncPeers peers_;
   std::set<size_t> down_;
   ActorContext here_;
@@ -175,7 +182,7 @@ struct TreeRun {
 // Learner 0 and the driver on node 0; generator g on node g + 1 over ipc (ipc) or on node 0 (inproc).
 // The nodes of `members` (ipc) are connected to node 0 only, as a member that joined a running job is.
 TreeRun run_tree(const ExperimentConfig& cfg, bool async, bool ipc, int updates, int dying = -1,
-                 const std::set<int>& members = {}) {
+                 const std::set<int>& members = {}, bool members_relay = false) {
   TreeRun run;
   EXPECT_TRUE(register_messages().ok());
   const std::string dir = "/tmp/troupe-relay-" + std::to_string(::getpid());
@@ -227,7 +234,7 @@ TreeRun run_tree(const ExperimentConfig& cfg, bool async, bool ipc, int updates,
   auto fut = done.get_future();
   auto ws = cfg.weight_sync;
   EXPECT_TRUE(nodes[0]->spawn([&, ws, gids]() -> std::unique_ptr<runtime::Actor> {
-    return std::make_unique<Driver>(ws, async, *lid, gids, updates, &done, members);
+    return std::make_unique<Driver>(ws, async, *lid, gids, updates, &done, members, members_relay);
   }).ok());
   run.out = fut.get();
   for (auto& n : nodes) n->shutdown();
@@ -318,4 +325,41 @@ TEST(RelayTree, MembersThatReachTheRootOnlyAreItsLeaves) {
   }
   EXPECT_TRUE(run.out.marked_down.empty());
   expect_everyone_holds_learner0(run, cfg);
+}
+
+TEST(RelayTree, MembersThatJoinedRelayLikeAnyGenerator) {
+  // generators 1 and 4 joined the job: their nodes know node 0 only, and the job's nodes do not
+  // know theirs. In the tree of fan-out 2, member 1 is generator 0's child and relays to generator
+  // 2, member 4 is the root's child and relays to 5 and 6: the addresses travel with the parts.
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    ExperimentConfig cfg = tree_config("bf16");
+    TreeRun run = run_tree(cfg, async, true, 2, -1, {1, 4}, /*members_relay=*/true);
+    ASSERT_EQ(run.out.reports.size(), 3u);
+    for (size_t k = 0; k < run.out.reports.size(); ++k) {
+      ASSERT_TRUE(run.out.reports[k].ok()) << run.out.reports[k].error().message;
+      const WeightSyncReport& r = *run.out.reports[k];
+      const std::uint64_t one = k == 0 ? r.full_bytes : r.delta_bytes;
+      EXPECT_EQ(r.full + r.delta, kGens);
+      EXPECT_EQ(r.resent, 0) << "no hop failed";
+      EXPECT_EQ(r.bytes_sent, 2 * one) << "the root sends to its 2 children only";
+      if (!async) {
+        EXPECT_EQ(r.relayed_bytes, (kGens - 2) * one) << "members relay too";
+      }
+    }
+    EXPECT_TRUE(run.out.marked_down.empty());
+    expect_everyone_holds_learner0(run, cfg);
+  }
+}
+
+TEST(RelayTree, MemberRelayKilledIsRoutedAround) {
+  // member 0 (node connected to node 0 only) is the root's first child, relaying to a subtree of 3,
+  // and dies as the weights reach it: its children (member 4's subtree aside) get them from the root
+  ExperimentConfig cfg = tree_config("bf16");
+  TreeRun run = run_tree(cfg, false, true, 2, /*dying=*/0, {0, 4}, /*members_relay=*/true);
+  ASSERT_EQ(run.out.reports.size(), 3u);
+  for (const auto& r : run.out.reports) ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(run.out.marked_down, std::set<size_t>{0});
+  expect_everyone_holds_learner0(run, cfg);
+  EXPECT_EQ(run.out.reports[1]->full + run.out.reports[1]->delta, kGens - 1);
 }

@@ -236,11 +236,15 @@ std::shared_ptr<RelayFanout> start_relay(ActorContext& here, const WeightSyncPee
                                          const Weights& w, const std::vector<size_t>& gens, std::int64_t v,
                                          RelayFanout::Done done) {
   std::vector<RelayTarget> targets, leaves;  // leaves: root_only generators, the root's children without a subtree
+  bool members = false;                      // a member that joined relays: every target's address goes along
   for (size_t g : gens) {
     st.sent[g] = v;
     st.expected[g] = v;
-    (p.root_only && p.root_only(g) ? leaves : targets).push_back({p.generators[g], static_cast<std::int32_t>(g)});
+    const bool leaf = p.root_only && p.root_only(g);
+    members = members || (!leaf && p.joined && p.joined(g));
+    (leaf ? leaves : targets).push_back({p.generators[g], static_cast<std::int32_t>(g), {}, {}});
   }
+  if (members) address_targets(here->system(), targets);
   const int fanout = st.cfg.relay_fanout;
   std::vector<RelayChild> children = relay_children(targets, fanout);
   for (const RelayTarget& t : leaves) children.push_back(RelayChild{t, {}});
