@@ -210,8 +210,14 @@ void RelayFanout::maybe_done(runtime::Context& ctx) {
 
 namespace troupe::actors {
 
-Status RelayReceiver::on_part(runtime::Context& ctx, const WeightsPart& p, const Apply& apply) {
+void RelayReceiver::abort() {
+  if (streaming_ && take_.abort) take_.abort(in_.payload().data());
+  streaming_ = false;
+}
+
+Status RelayReceiver::on_part(runtime::Context& ctx, const WeightsPart& p) {
   if (p.part == 0) {
+    abort();  // (sent again around a relay that died: put together from the start)
     if (!p.from_endpoint.empty())  // (a member that joined knows rank 0's node only: the way back to its parent)
       (void)connect_target(ctx.system(), RelayTarget{ctx.sender(), 0, p.from_endpoint, p.from_key});
     reply_ = std::make_shared<runtime::ReplyTo>();
@@ -222,25 +228,33 @@ Status RelayReceiver::on_part(runtime::Context& ctx, const WeightsPart& p, const
                                          });
   }
   const bool in_order = in_.add(p);
+  if (!in_order) abort();
+  if (p.part == 0 && in_order && p.version != applied_version_ && take_.begin) streaming_ = take_.begin(p.head);
   if (!out_) return make_error(ErrorCode::invalid_input, "weight relay: part " + std::to_string(p.part) + " of version " +
                                                               std::to_string(p.version) + " came before its part 0");
   const bool last = p.part + 1 == p.parts;
   if (last) *reply_ = ctx.reply_later();
   out_->forward(ctx, p);  // passed on before this generator applies it
-  if (!last) return {};
+  if (!last) {
+    if (streaming_) take_.feed(in_.payload().data(), in_.payload().size());
+    return {};
+  }
   Ack a;
   if (in_order && in_.complete()) {
+    const bool streamed = std::exchange(streaming_, false);
     Weights w = in_.take();
     if (w.version == applied_version_) {
+      if (streamed) take_.abort(w.payload.data());
       a = applied_ack_;  // (sent again around a relay that died: held already)
     } else {
-      a = apply(w);
+      a = take_.apply(w);  // (finishes what was streamed)
       if (a.status == static_cast<std::int32_t>(WeightsStatus::applied)) {
         applied_version_ = w.version;
         applied_ack_ = a;
       }
     }
   } else {
+    abort();
     a.value = applied_version_;
     a.version = p.version;
     a.status = static_cast<std::int32_t>(WeightsStatus::refused);

@@ -5,7 +5,8 @@
 // as its part arrives is routed around (its children get the weights from its parent) and is
 // marked down. Members that joined the job (nodes connected to node 0 only) relay like any
 // generator, the addresses travelling with the parts; one that dies as a relay is routed around;
-// members the job cannot reach stay leaves of the root.
+// members the job cannot reach stay leaves of the root. A delta streamed in as its payload
+// arrives (sync mode's relays) ends bit for bit as the whole message applied, or as the base.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <random>
 #include <set>
 
 #include "tiny_config.test.h"
@@ -287,12 +289,93 @@ void check_tree(bool async, bool ipc) {
 
 }  // namespace
 
+// A delta applied while its payload arrives (StreamedDelta, as a relay's parts come) ends as
+// apply_weights on the whole message: the same values bit for bit and the same status; a failed
+// checksum, a corrupt chunk or an abort half-way leave the base version bit for bit.
+static WeightsApplied streamed(const Weights& w, std::vector<float>& values, const std::vector<policy::TensorSpec>& tensors,
+                        WeightDtype dtype, size_t abort_at = std::string::npos) {
+  Weights head = w;
+  head.payload = runtime::Bytes();
+  StreamedDelta s(head, values, tensors, dtype);
+  EXPECT_TRUE(s.started());
+  for (size_t at = 4096; at < w.payload.size(); at += 4096) {
+    s.feed(w.payload.data(), at);
+    if (at >= abort_at) {
+      s.abort(w.payload.data());
+      return WeightsApplied{WeightsStatus::refused, "aborted"};
+    }
+  }
+  return s.finish(w);
+}
+
+TEST(RelayTree, StreamedDeltaIsApplyWeightsBitForBit) {
+  const size_t n0 = 300007, n1 = 200003, n2 = 5, n = n0 + n1 + n2;
+  const std::vector<policy::TensorSpec> tensors = {{"a.weight", {static_cast<int64_t>(n0)}, 0},
+                                                   {"b.weight", {static_cast<int64_t>(n1)}, n0},
+                                                   {"c.weight", {static_cast<int64_t>(n2)}, n0 + n1}};
+  for (WeightDtype dtype : {WeightDtype::fp32, WeightDtype::bf16}) {
+    SCOPED_TRACE(enum_string(dtype));
+    std::mt19937_64 rng(7);
+    std::normal_distribution<float> d(0.0f, 0.02f);
+    std::vector<float> master(n);
+    for (float& x : master) x = d(rng);
+    WeightEncoder enc(dtype, tensors);
+    Weights full, delta;
+    enc.encode(master, 0, true, full);
+    std::vector<float> base(n, 0.0f);
+    ASSERT_EQ(apply_weights(full, base, tensors, dtype).status, WeightsStatus::applied);
+    for (float& x : master) x += (rng() & 1) ? 1e-3f : -1e-3f;
+    enc.encode(master, 1, true, delta);
+    ASSERT_EQ(delta.encoding, static_cast<std::int32_t>(WeightEncoding::delta));
+    ASSERT_GT(delta.payload.size(), 3 * 4096u);
+    std::vector<float> whole = base, mine = base;
+    ASSERT_EQ(apply_weights(delta, whole, tensors, dtype).status, WeightsStatus::applied);
+    ASSERT_EQ(streamed(delta, mine, tensors, dtype).status, WeightsStatus::applied);
+    EXPECT_TRUE(same_bits(mine, whole));
+    Weights wrong_sum = delta;
+    wrong_sum.checksums.front() ^= 1;
+    std::string bytes = delta.payload.str();
+    bytes[bytes.size() / 3] = static_cast<char>(bytes[bytes.size() / 3] ^ 0x5a);
+    Weights torn = delta;
+    torn.payload = runtime::Bytes(bytes);
+    for (const Weights* bad : {&wrong_sum, &torn}) {
+      std::vector<float> ref = base;
+      mine = base;
+      const WeightsApplied r = streamed(*bad, mine, tensors, dtype);
+      EXPECT_EQ(r.status, apply_weights(*bad, ref, tensors, dtype).status);
+      EXPECT_NE(r.status, WeightsStatus::applied);
+      EXPECT_TRUE(same_bits(mine, base)) << r.detail;
+    }
+    mine = base;
+    streamed(delta, mine, tensors, dtype, delta.payload.size() / 2);
+    EXPECT_TRUE(same_bits(mine, base)) << "aborted half-way";
+  }
+}
+
 TEST(RelayTree, SevenGeneratorsInprocGetLearner0sWeights) {
   check_tree(false, false);
   check_tree(true, false);
 }
 
 TEST(RelayTree, SevenGeneratorsOverIpcGetLearner0sWeights) { check_tree(false, true); }
+
+TEST(RelayTree, SevenGeneratorsStreamDeltasOfManyParts) {
+  // a vocabulary of 16384: deltas of several parts, which sync mode's generators apply as they come
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    ExperimentConfig cfg = tree_config(dtype);
+    cfg.policy.model.vocab_size = 16384;
+    TreeRun run = run_tree(cfg, false, false, 2);
+    ASSERT_EQ(run.out.reports.size(), 3u);
+    for (const auto& r : run.out.reports) ASSERT_TRUE(r.ok()) << r.error().message;
+    for (size_t k = 1; k < run.out.reports.size(); ++k) {
+      EXPECT_EQ(run.out.reports[k]->delta, kGens);
+      EXPECT_GT(run.out.reports[k]->delta_bytes, 2 * kRelayPartBytes);
+      EXPECT_EQ(run.out.reports[k]->resent, 0);
+    }
+    expect_everyone_holds_learner0(run, cfg);
+  }
+}
 
 TEST(RelayTree, RelayKilledMidTransferIsRoutedAround) {
   for (bool ipc : {false, true}) {

@@ -58,6 +58,7 @@ class PartAssembly {
   std::int64_t version() const { return version_; }
   // The whole message (complete() must hold).
   Weights take();
+  const std::string& payload() const { return payload_; }  // the bytes so far
 
  private:
   std::optional<Weights> head_;
@@ -93,16 +94,31 @@ class RelayFanout : public std::enable_shared_from_this<RelayFanout> {
   std::uint64_t egress_ = 0;
 };
 
-// A relaying generator's side: parts put back together and passed on as they come; once the last
-// part is here the message is applied (`apply` gives the Ack), unless this generator applied that
-// version already (sent again around a relay that died), and the subtree's RelayAck answers the
-// last part's request once every child answered.
+// How a relaying generator takes a version: `apply` the whole message (the Ack); optionally
+// `begin` (the message without its payload: true when it applies it while the parts come), then
+// `feed` (the payload's first bytes so far, after each part is passed on) until `apply`, or
+// `abort` (what was fed undone; the bytes fed).
+struct RelayApply {
+  std::function<Ack(const Weights&)> apply;
+  std::function<bool(const Weights&)> begin;
+  std::function<void(const char*, std::size_t)> feed;
+  std::function<void(const char*)> abort;
+};
+
+// A relaying generator's side: parts put back together and passed on as they come (and applied
+// as they come when `take.begin` says so); once the last part is here the message is applied
+// (`take.apply` gives the Ack), unless this generator applied that version already (sent again
+// around a relay that died), and the subtree's RelayAck answers the last part's request once
+// every child answered.
 class RelayReceiver {
  public:
-  using Apply = std::function<Ack(const Weights&)>;
-  Status on_part(runtime::Context& ctx, const WeightsPart& p, const Apply& apply);
+  explicit RelayReceiver(RelayApply take) : take_(std::move(take)) {}
+  Status on_part(runtime::Context& ctx, const WeightsPart& p);
+  void abort();  // a version half streamed in is undone (another message comes first)
 
  private:
+  RelayApply take_;
+  bool streaming_ = false;  // take_.begin said yes for the parts being put together
   PartAssembly in_;
   std::shared_ptr<RelayFanout> out_;
   std::shared_ptr<runtime::ReplyTo> reply_;
