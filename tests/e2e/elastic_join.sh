@@ -8,7 +8,7 @@
 # trained exactly once, as many metric rows as an uninterrupted run),
 # join_async (a generator joins an async run of two generators whose weights go down a relay tree
 # of fan-out 2, samples, leaves by SIGTERM after its rollouts are trained; every step once,
-# staleness within max_staleness, no relay hop failed: the member is a leaf of the root),
+# staleness within max_staleness, no relay hop failed: the member relays like the job's generators),
 # join_mpirun (the same in sync mode under mpirun -np 3: learner and coordinator on rank 0, the
 # generator and the env worker on ranks 1 and 2; the member reaches rank 0 only),
 # join_srun (the same under srun -n 3 on a single-node SLURM started here, tests/e2e/slurm_local.sh,
@@ -184,6 +184,12 @@ case $CASE in
     $CHECK steps "$W/run" $((5 + N))
     [ "$CASE" = join_mpirun ] || $CHECK staleness "$W/run" 1
     if grep -q "did not relay" "$W/job.log"; then grep "did not relay" "$W/job.log"; exit 1; fi
+    if [ "$CASE" = join_srun ]; then
+      # the job's generator (rank 1) connected to a member to relay to it; it notes the member's
+      # node gone once that member has left (cluster.peer_timeout_s later)
+      grep -q "rank 1 (role generator0): peer node [0-9]* (role joined-relay)" "$W/job.log" ||
+        { grep -E "membership|peer" "$W/job.log"; echo "the job's generator never relayed to a member"; exit 1; }
+    fi
     ;;
   join_env)
     # tests/reliability/tiny.yaml with its env a pool of one SDK server (tests/envs/pool_env.py,
