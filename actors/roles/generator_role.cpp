@@ -453,6 +453,7 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
       ctx.fail(died);
       return {};
     }
+    relay_->abort();  // (never samples with a delta half streamed in: the version it holds, bit for bit)
     if (gen_->in_flight()) {  // the reply leaves from the compute thread
       compute_->post([this, reply = ctx.reply_later(), r] {
         Result<GenerateRep> rep = gen_->generate(r);
