@@ -516,6 +516,7 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
 }
 
 GeneratorActor::~GeneratorActor() {
+  relay_->abort();  // (a delta half streamed in: its thread stops before the parts it reads go)
   // a generation waiting for a step that will not come goes on with what it has, and ends
   if (gen_->in_flight()) gen_->step_done(StepVersion{0, 0, true});
 }

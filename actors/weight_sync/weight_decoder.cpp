@@ -7,7 +7,10 @@
 #include <omp.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "delta_coding.h"
@@ -242,8 +245,45 @@ struct StreamedDelta::State {
   std::vector<size_t> order;  // units by the payload offset where their bytes end
   size_t next = 0;            // order[next..] not applied yet
   DeltaProgress done;
+  // The worker applies what feed() made available, so that the feeder (a relay's actor) goes on
+  // passing parts on meanwhile. Guarded by mu: next while the worker lives, payload, fed, stop.
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  const char* payload = nullptr;
+  size_t fed = 0;
+  bool stop = false;
+  int threads = 1;
   State(const Weights& h, std::span<float> v, const std::vector<policy::TensorSpec>& t, WeightDtype d, size_t chunks)
       : head(h), values(v), tensors(&t), dtype(d), done(chunks, t) {}
+  // The end of the units whose bytes lie within the payload's first `size` bytes.
+  size_t available(size_t size) const {
+    size_t to = next;
+    while (to < order.size() && layout.at[units[order[to]].last] <= size) ++to;
+    return to;
+  }
+  void run() {
+    omp_set_num_threads(threads);
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || available(fed) > next; });
+      if (stop) return;
+      const size_t to = available(fed);
+      const char* bytes = payload;
+      lock.unlock();
+      apply_units(head, bytes, layout, units, &order, next, to, values.data(), dtype, done);
+      lock.lock();
+      next = to;
+    }
+  }
+  void join() {  // the worker stopped after the units it is applying (everything then is this thread's again)
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (worker.joinable()) worker.join();
+  }
 };
 
 StreamedDelta::StreamedDelta(const Weights& head, std::span<float> values,
@@ -267,21 +307,29 @@ StreamedDelta::StreamedDelta(const Weights& head, std::span<float> values,
   state_ = std::move(s);
 }
 
-StreamedDelta::~StreamedDelta() = default;
+StreamedDelta::~StreamedDelta() {
+  if (state_) state_->join();
+}
 
 void StreamedDelta::feed(const char* payload, size_t size) {
   if (!state_) return;
   State& s = *state_;
-  size_t to = s.next;
-  while (to < s.order.size() && s.layout.at[s.units[s.order[to]].last] <= size) ++to;
-  if (to == s.next) return;
-  apply_units(s.head, payload, s.layout, s.units, &s.order, s.next, to, s.values.data(), s.dtype, s.done);
-  s.next = to;
+  {
+    std::lock_guard lock(s.mu);
+    s.payload = payload;
+    s.fed = size;
+  }
+  if (!s.worker.joinable()) {
+    s.threads = omp_get_max_threads();  // (the feeder's, as apply_weights would use)
+    s.worker = std::thread([&s] { s.run(); });
+  }
+  s.cv.notify_one();
 }
 
 WeightsApplied StreamedDelta::finish(const Weights& w) {
   if (!state_) return corrupt("a streamed delta finished that was never started");
   State& s = *state_;
+  s.join();
   WeightsApplied r;
   if (w.payload.size() != s.layout.at.back()) {
     r = corrupt("the chunks add up to " + std::to_string(s.layout.at.back()) + " bytes, the payload has " +
@@ -303,6 +351,7 @@ WeightsApplied StreamedDelta::finish(const Weights& w) {
 void StreamedDelta::abort(const char* payload) {
   if (!state_) return;
   State& s = *state_;
+  s.join();
   if (s.next > 0) undo_chunks(s.head, payload, s.layout, s.done, s.values.data(), s.dtype);
   state_.reset();
 }

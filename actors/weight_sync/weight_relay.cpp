@@ -99,6 +99,10 @@ bool PartAssembly::add(const WeightsPart& p) {
   if (p.part == 0) {
     head_ = p.head;
     payload_.clear();
+    std::size_t announced = 0;  // (a streamed delta reads the bytes in place: they must not move)
+    for (auto b : p.head.chunk_bytes) announced += b;
+    const std::size_t most = static_cast<std::size_t>(std::max(p.parts, 1)) * std::max(p.bytes.size(), kRelayPartBytes);
+    payload_.reserve(std::min(announced, most));  // (a head announcing more cannot be streamed: fits() says no)
     version_ = p.version;
     next_ = 0;
     parts_ = p.parts;
@@ -227,6 +231,7 @@ Status RelayReceiver::on_part(runtime::Context& ctx, const WeightsPart& p) {
                                            if (*reply) (void)reply->send(std::move(a));
                                          });
   }
+  if (p.part != 0 && !in_.fits(p)) abort();  // (more bytes than announced: the payload will move)
   const bool in_order = in_.add(p);
   if (!in_order) abort();
   if (p.part == 0 && in_order && p.version != applied_version_ && take_.begin) streaming_ = take_.begin(p.head);

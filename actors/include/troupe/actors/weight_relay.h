@@ -59,6 +59,8 @@ class PartAssembly {
   // The whole message (complete() must hold).
   Weights take();
   const std::string& payload() const { return payload_; }  // the bytes so far
+  // Whether `p`'s bytes fit without moving the payload (room for the size part 0's head announces).
+  bool fits(const WeightsPart& p) const { return payload_.size() + p.bytes.size() <= payload_.capacity(); }
 
  private:
   std::optional<Weights> head_;
