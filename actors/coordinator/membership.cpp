@@ -73,6 +73,25 @@ Status check_join(const RunState& s, const JoinReq& r) {
   return {};
 }
 
+bool loopback_endpoint(const std::string& endpoint) {
+  if (endpoint.rfind("tcp://", 0) != 0) return false;
+  const std::string host = endpoint.substr(6);
+  return host.rfind("127.", 0) == 0 || host.rfind("localhost:", 0) == 0 || host.rfind("[::1]", 0) == 0;
+}
+
+// Whether the job's nodes can reach a member listening at `endpoint` (so a relay tree may pass
+// versions through it): a tcp address that is not loopback, or a loopback one when the job's own
+// nodes listen on loopback too (they share the member's host).
+bool reachable_by_job(const RunState& s, const std::string& endpoint) {
+  if (endpoint.rfind("tcp://", 0) != 0) return false;
+  if (!loopback_endpoint(endpoint)) return true;
+  if (!s.peers.system || !loopback_endpoint(s.peers.system->endpoint())) return false;
+  for (const auto& p : s.peers.system->peers())
+    if (p.role.rfind("joined-", 0) != 0 && p.endpoint.rfind("tcp://", 0) == 0 && !loopback_endpoint(p.endpoint))
+      return false;
+  return true;
+}
+
 // Tells every env worker that env server `m` joined (add) or left its env's pool (from the
 // handlers as from the sync's coroutine: sent by the node, not by an actor's context).
 void announce_env_server(RunState& s, const MemberRecord& m, bool add) {
@@ -111,6 +130,7 @@ Status on_join(RunState& s, runtime::Context& ctx, const JoinReq& r) {
   m.node = r.node;
   m.capacity = r.capacity;
   m.joined_step = step_now(s);
+  m.relays = r.role == "generator" && reachable_by_job(s, r.endpoint);
   if (r.role == "env") {  // a pool takes a server at once: episodes are independent of weight versions
     m.env = r.env;
     m.env_address = r.env_address;
@@ -124,7 +144,10 @@ Status on_join(RunState& s, runtime::Context& ctx, const JoinReq& r) {
     return ctx.reply(JoinRep{m.name, m.joined_step, s.version});
   }
   s.log("membership: " + node_text(m) + " joined during step " + std::to_string(m.joined_step) + " with capacity " +
-              std::to_string(r.capacity) + "; it takes work after the next weight sync");
+              std::to_string(r.capacity) + "; it takes work after the next weight sync" +
+              (r.role != "generator" ? ""
+               : m.relays        ? " (the job's nodes reach it: a relay tree may pass versions through it)"
+                                 : " (a leaf of rank 0 in a relay tree: the job's nodes may not reach " + r.endpoint + ")"));
   s.membership.members.push_back(m);
   write_members(s);
   return ctx.reply(JoinRep{m.name, m.joined_step, s.version});
@@ -266,7 +289,7 @@ json members_json(const RunState& s) {
         name = m.name;
         state = m.state;
         extra = json{{"host", m.host}, {"endpoint", m.endpoint}, {"capacity", m.capacity}, {"joined_step", m.joined_step},
-                     {"first_work_step", m.first_work_step}};
+                     {"first_work_step", m.first_work_step}, {"relays", m.relays}};
       }
     json row = member_row(name, "generator", s.peers.generators[g].node, state,
                           s.weight_sync ? s.weight_sync->held(g) : -1);

@@ -43,6 +43,7 @@ struct MemberRecord {
   int64_t index = -1;             // in peers.generators (or peers.scorers) once admitted
   runtime::ReplyTo leave_reply;   // a LeaveReq, answered once its work is done
   int64_t leave_at_sync = 0;      // the weight sync (Membership::syncs) that answers it
+  bool relays = false;            // the job's nodes can reach its endpoint: a relay tree may pass versions through it
 };
 struct GeneratorLoad {
   int64_t requests = 0, samples = 0, failures = 0;
@@ -60,11 +61,12 @@ struct Membership {
     return version < 0 || g >= min_version.size() || min_version[g] <= version;
   }
   int64_t syncs = 0;
-  bool joined(size_t g) const {  // is generator g a member that joined the running job?
+  const MemberRecord* generator(size_t g) const {  // generator g's record, if it is a member that joined the running job
     for (const auto& m : members)
-      if (m.role == "generator" && m.index == static_cast<int64_t>(g)) return true;
-    return false;
+      if (m.role == "generator" && m.index == static_cast<int64_t>(g)) return &m;
+    return nullptr;
   }
+  bool joined(size_t g) const { return generator(g) != nullptr; }
   int64_t step = 0;  // the latest step a rollout was asked for (RunProgress::step moves per phase in GRPO)
   GeneratorLoad& of(size_t g) {
     if (load.size() <= g) load.resize(g + 1);

@@ -26,7 +26,12 @@ Task<Status> sync_weights(RunState& s, double* seconds) {
   peers.alive = [&s](size_t g) { return s.generator_alive(g); };
   peers.mark_down = [&s](size_t g) { s.mark_generator_down(g); };
   peers.log = s.hooks.log;
-  peers.root_only = [&s](size_t g) { return s.membership.joined(g); };  // members reach rank 0's node only
+  // a member relays when the job's nodes can reach it (membership.cpp), else only rank 0 sends to it
+  peers.joined = [&s](size_t g) { return s.membership.joined(g); };
+  peers.root_only = [&s](size_t g) {
+    const MemberRecord* m = s.membership.generator(g);
+    return m && !m->relays;
+  };
   TROUPE_CO_ASSIGN_OR_RETURN(auto rep, co_await s.weight_sync->sync(s.here, peers));
   settle_members(s, rep.version);
   if (from_shards && s.hooks.log)  // what rank 0 sent: learner 0's piece only (the heads aside)

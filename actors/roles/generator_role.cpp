@@ -134,7 +134,9 @@ Status Generator::apply_weights_to(policy::Model& model, int64_t& held, const We
     if (encoding == WeightEncoding::delta && w.base_version != held)
       return not_applied(WeightsStatus::refused, "a delta against version " + std::to_string(w.base_version) +
                                                      ", but this generator holds version " + std::to_string(held));
-    WeightsApplied r = apply_weights(w, params, sync_table_, dtype_);
+    // (a delta streamed in as its parts came: the rest applied and every checksum checked now)
+    StreamedDelta* streamed = &model == policy_.model.get() ? std::exchange(finishing_, nullptr) : nullptr;
+    WeightsApplied r = streamed ? streamed->finish(w) : apply_weights(w, params, sync_table_, dtype_);
     if (r.status != WeightsStatus::applied) return not_applied(r.status, r.detail);
   }
   if (to_engine) TROUPE_TRY(engine_->set_weights(w.version, std::vector<float>(params.begin(), params.end())));
@@ -195,6 +197,35 @@ Status Generator::hold_weights(const Weights& w) {
 Status Generator::receive_weights(const Weights& w) {
   if (in_flight_) return stage_weights(w);
   return cfg_.rollout.async ? hold_weights(w) : set_weights(w);
+}
+
+bool Generator::stream_weights_begin(const Weights& head) {
+  if (in_flight_ || cfg_.rollout.async || static_cast<WeightEncoding>(head.encoding) != WeightEncoding::delta ||
+      head.base_version != version_)
+    return false;
+  auto s = std::make_unique<StreamedDelta>(head, policy_.model->params(), sync_table_, dtype_);
+  if (!s->started()) return false;
+  streamed_ = std::move(s);
+  return true;
+}
+
+void Generator::stream_weights_feed(const char* payload, std::size_t size) {
+  if (streamed_) streamed_->feed(payload, size);
+}
+
+void Generator::stream_weights_abort(const char* payload) {
+  if (streamed_) streamed_->abort(payload);
+  streamed_.reset();
+}
+
+Status Generator::stream_weights_end(const Weights& w) {
+  if (!streamed_) return receive_weights(w);
+  std::unique_ptr<StreamedDelta> s = std::move(streamed_);
+  finishing_ = s.get();
+  Status st = set_weights(w);  // (sync mode: what receive_weights does)
+  if (finishing_) s->abort(w.payload.data());  // refused before the decoding: what was fed is undone
+  finishing_ = nullptr;
+  return st;
 }
 
 Status Generator::stage_weights(const Weights& w) {
@@ -423,6 +454,7 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
       ctx.fail(died);
       return {};
     }
+    relay_->abort();  // (never samples with a delta half streamed in: the version it holds, bit for bit)
     if (gen_->in_flight()) {  // the reply leaves from the compute thread
       compute_->post([this, reply = ctx.reply_later(), r] {
         Result<GenerateRep> rep = gen_->generate(r);
@@ -460,20 +492,28 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
   // names what was not applied and why); a message sent without a reply fails the handler instead.
   handle<Weights>([this](runtime::Context& ctx, const Weights& w) -> Status {
     use_threads(threads_);
+    relay_->abort();  // (a delta half streamed in by relay parts is undone first)
     Status st = gen_->receive_weights(w);
     if (ctx.header() && (ctx.header()->flags & runtime::kFlagRequest)) return ctx.reply(gen_->weights_ack());
     return st;
   });
   // weight_sync.relay_fanout: parts passed on to this generator's children as they come, the
   // whole message then applied as a Weights is (troupe/actors/weight_relay.h).
-  relay_ = std::make_unique<RelayReceiver>();
-  handle<WeightsPart>([this](runtime::Context& ctx, const WeightsPart& p) -> Status {
-    return relay_->on_part(ctx, p, [this](const Weights& w) {
-      use_threads(threads_);
-      (void)gen_->receive_weights(w);  // (what was not applied, and why, is in the Ack)
-      return gen_->weights_ack();
-    });
-  });
+  // Sync mode: a delta is applied as its parts come (Generator::stream_weights_*).
+  RelayApply take;
+  take.apply = [this](const Weights& w) {
+    use_threads(threads_);
+    (void)gen_->stream_weights_end(w);  // (what was not applied, and why, is in the Ack)
+    return gen_->weights_ack();
+  };
+  take.begin = [this](const Weights& head) { return gen_->stream_weights_begin(head); };
+  take.feed = [this](const char* payload, std::size_t size) {
+    use_threads(threads_);
+    gen_->stream_weights_feed(payload, size);
+  };
+  take.abort = [this](const char* payload) { gen_->stream_weights_abort(payload); };
+  relay_ = std::make_unique<RelayReceiver>(std::move(take));
+  handle<WeightsPart>([this](runtime::Context& ctx, const WeightsPart& p) -> Status { return relay_->on_part(ctx, p); });
   // weights_from_shards: the learners' pieces put back together here, passed on down the relay
   // tree and applied as a Weights is (troupe/actors/weight_pieces.h).
   pieces_ = std::make_unique<PiecesReceiver>();
@@ -487,12 +527,14 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
 }
 
 Ack GeneratorActor::apply_pieces(const Weights& w) {
+  relay_->abort();  // (a delta half streamed in by relay parts is undone first)
   use_threads(threads_);
   (void)gen_->receive_weights(w);  // (what was not applied, and why, is in the Ack)
   return gen_->weights_ack();
 }
 
 GeneratorActor::~GeneratorActor() {
+  relay_->abort();  // (a delta half streamed in: its thread stops before the parts it reads go)
   // a generation waiting for a step that will not come goes on with what it has, and ends
   if (gen_->in_flight()) gen_->step_done(StepVersion{0, 0, true});
 }

@@ -7,7 +7,10 @@
 #include <omp.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "delta_coding.h"
@@ -47,7 +50,7 @@ struct ChunkLayout {
   std::vector<size_t> start, at;
   size_t chunks() const { return start.size() - 1; }
 };
-std::string layout_of(const Weights& w, size_t n, ChunkLayout& l) {
+std::string layout_of(const Weights& w, size_t n, ChunkLayout& l, size_t payload_size) {
   const size_t C = w.chunk_elements;
   if (C == 0 && n > 0) return "chunk_elements is 0";
   auto& start = l.start;
@@ -70,9 +73,9 @@ std::string layout_of(const Weights& w, size_t n, ChunkLayout& l) {
            std::to_string(chunks) + " chunks";
   l.at.assign(chunks + 1, 0);
   for (size_t c = 0; c < chunks; ++c) l.at[c + 1] = l.at[c] + w.chunk_bytes[c];
-  if (l.at[chunks] != w.payload.size())
+  if (l.at[chunks] != payload_size)
     return "the chunks add up to " + std::to_string(l.at[chunks]) + " bytes, the payload has " +
-           std::to_string(w.payload.size());
+           std::to_string(payload_size);
   return {};
 }
 
@@ -123,13 +126,14 @@ WeightsApplied apply_full(const Weights& w, const ChunkLayout& l, std::span<floa
 
 // A delta's chunk c decoded and XORed into values (hashed into st when given); run twice it
 // restores them. False when it does not decode.
-bool xor_chunk(const Weights& w, const ChunkLayout& l, size_t c, float* v, WeightDtype dtype, XXH3_state_t* st) {
+bool xor_chunk(const Weights& w, const char* payload, const ChunkLayout& l, size_t c, float* v, WeightDtype dtype,
+               XXH3_state_t* st) {
   const size_t W = width_of(dtype);
   const size_t a = l.start[c], len = l.start[c + 1] - a;
   const bool sparse = w.chunk_format[c] & kChunkSparse;
   const size_t most = sparse ? sparse_bound(len, W) : len * W;
   size_t raw_size = 0;
-  const auto* src = reinterpret_cast<const std::uint8_t*>(w.payload.data());
+  const auto* src = reinterpret_cast<const std::uint8_t*>(payload);
   const std::uint8_t* raw = chunk_raw(src + l.at[c], w.chunk_bytes[c], w.chunk_format[c] & kChunkZstd, most, &raw_size);
   if (!raw) return false;
   if (st)
@@ -139,53 +143,82 @@ bool xor_chunk(const Weights& w, const ChunkLayout& l, size_t c, float* v, Weigh
                                     : apply_chunk<4>(raw, raw_size, sparse, v + a, len);
 }
 
+// What a delta's application has done so far: the chunks applied, each tensor's hash, the chunk
+// that did not decode (-1: none).
+struct DeltaProgress {
+  std::vector<std::uint8_t> applied;
+  std::vector<std::uint64_t> sums;
+  std::atomic<std::ptrdiff_t> bad_chunk{-1};
+  DeltaProgress(size_t chunks, const std::vector<policy::TensorSpec>& tensors) : applied(chunks, 0) {
+    sums.assign(tensors.size(), 0);
+    for (size_t t = 0; t < tensors.size(); ++t)
+      if (tensors[t].numel() == 0) sums[t] = empty_checksum();
+  }
+};
+
+// Units [from, to) of `order` (indices into `units`): each tensor's chunks on one thread, hashed
+// as they are applied.
+void apply_units(const Weights& w, const char* payload, const ChunkLayout& l, const std::vector<ChunkPlan::Unit>& units,
+                 const std::vector<size_t>* order, size_t from, size_t to, float* v, WeightDtype dtype,
+                 DeltaProgress& done) {
+  const auto U = static_cast<std::ptrdiff_t>(to - from);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::ptrdiff_t i = 0; i < U; ++i) {
+    const size_t at = from + static_cast<size_t>(i);
+    const auto& unit = units[order ? (*order)[at] : at];
+    XXH3_state_t* st = thread_scratch().hasher();
+    XXH3_64bits_reset(st);
+    bool ok = true;
+    for (size_t c = unit.first; c < unit.last && ok; ++c) {
+      ok = xor_chunk(w, payload, l, c, v, dtype, st);
+      if (ok) done.applied[c] = 1;
+      else done.bad_chunk.store(static_cast<std::ptrdiff_t>(c));
+    }
+    done.sums[unit.tensor] = XXH3_64bits_digest(st);
+  }
+}
+
+// The applied chunks XORed again: back to the base version, bit for bit.
+void undo_chunks(const Weights& w, const char* payload, const ChunkLayout& l, DeltaProgress& done, float* v,
+                 WeightDtype dtype) {
+  const auto K = static_cast<std::ptrdiff_t>(l.chunks());
+#pragma omp parallel for schedule(dynamic)
+  for (std::ptrdiff_t k = 0; k < K; ++k)
+    if (done.applied[static_cast<size_t>(k)]) (void)xor_chunk(w, payload, l, static_cast<size_t>(k), v, dtype, nullptr);
+  std::fill(done.applied.begin(), done.applied.end(), 0);
+}
+
+// Why the applied delta is not version w (a chunk that did not decode, a checksum), "" when it is.
+std::string delta_failure(const Weights& w, const std::vector<policy::TensorSpec>& tensors,
+                          const std::vector<std::uint64_t>& sums, const DeltaProgress& done) {
+  if (done.bad_chunk.load() >= 0)
+    return "delta chunk " + std::to_string(done.bad_chunk.load()) + " of version " + std::to_string(w.version) +
+           " does not decode";
+  return first_failure(w, tensors, sums);
+}
+
 WeightsApplied apply_delta(const Weights& w, const ChunkLayout& l, std::span<float> values,
                            const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype) {
   const size_t chunks = l.chunks(), n = values.size();
   const auto K = static_cast<std::ptrdiff_t>(chunks);
   float* v = values.data();
-  std::vector<std::uint8_t> applied(chunks, 0);
-  std::atomic<std::ptrdiff_t> bad_chunk{-1};
+  const char* payload = w.payload.data();
+  DeltaProgress done(chunks, tensors);
   // Each tensor's chunks on one thread, hashed as they are applied, when the chunks follow the
   // tensors; else every chunk, then the checksums in a pass of their own.
   const auto units = units_of(tensors, l.start, n);
-  std::vector<std::uint64_t> sums;
   if (!units.empty()) {
-    sums.assign(tensors.size(), 0);
-    for (size_t t = 0; t < tensors.size(); ++t)
-      if (tensors[t].numel() == 0) sums[t] = empty_checksum();
-    const auto U = static_cast<std::ptrdiff_t>(units.size());
-#pragma omp parallel for schedule(dynamic, 1)
-    for (std::ptrdiff_t u = 0; u < U; ++u) {
-      const auto& unit = units[static_cast<size_t>(u)];
-      XXH3_state_t* st = thread_scratch().hasher();
-      XXH3_64bits_reset(st);
-      bool ok = true;
-      for (size_t c = unit.first; c < unit.last && ok; ++c) {
-        ok = xor_chunk(w, l, c, v, dtype, st);
-        if (ok) applied[c] = 1;
-        else bad_chunk.store(static_cast<std::ptrdiff_t>(c));
-      }
-      sums[unit.tensor] = XXH3_64bits_digest(st);
-    }
+    apply_units(w, payload, l, units, nullptr, 0, units.size(), v, dtype, done);
   } else {
 #pragma omp parallel for schedule(dynamic)
     for (std::ptrdiff_t k = 0; k < K; ++k) {
-      if (xor_chunk(w, l, static_cast<size_t>(k), v, dtype, nullptr)) applied[static_cast<size_t>(k)] = 1;
-      else bad_chunk.store(k);
+      if (xor_chunk(w, payload, l, static_cast<size_t>(k), v, dtype, nullptr)) done.applied[static_cast<size_t>(k)] = 1;
+      else done.bad_chunk.store(k);
     }
   }
-  std::string why;
-  if (bad_chunk.load() >= 0)
-    why = "delta chunk " + std::to_string(bad_chunk.load()) + " of version " + std::to_string(w.version) +
-          " does not decode";
-  else
-    why = first_failure(w, tensors, units.empty() ? weight_checksums(values, tensors, dtype) : sums);
-  if (!why.empty()) {  // back to the base version, bit for bit
-#pragma omp parallel for schedule(dynamic)
-    for (std::ptrdiff_t k = 0; k < K; ++k)
-      if (applied[static_cast<size_t>(k)]) (void)xor_chunk(w, l, static_cast<size_t>(k), v, dtype, nullptr);
-  }
+  const std::string why =
+      delta_failure(w, tensors, units.empty() ? weight_checksums(values, tensors, dtype) : done.sums, done);
+  if (!why.empty()) undo_chunks(w, payload, l, done, v, dtype);
   return why.empty() ? WeightsApplied{} : corrupt(why);
 }
 
@@ -195,10 +228,132 @@ WeightsApplied apply_weights(const Weights& w, std::span<float> values, const st
                              WeightDtype dtype) {
   if (std::string why = refusal(w, values.size(), tensors, dtype); !why.empty()) return refused(std::move(why));
   ChunkLayout layout;
-  if (std::string why = layout_of(w, values.size(), layout); !why.empty()) return corrupt(std::move(why));
+  if (std::string why = layout_of(w, values.size(), layout, w.payload.size()); !why.empty())
+    return corrupt(std::move(why));
   if (static_cast<WeightEncoding>(w.encoding) == WeightEncoding::full)
     return apply_full(w, layout, values, tensors, dtype);
   return apply_delta(w, layout, values, tensors, dtype);  // in place
+}
+
+struct StreamedDelta::State {
+  Weights head;  // (no payload: the chunks' layout, checksums, version)
+  std::span<float> values;
+  const std::vector<policy::TensorSpec>* tensors;
+  WeightDtype dtype;
+  ChunkLayout layout;
+  std::vector<ChunkPlan::Unit> units;
+  std::vector<size_t> order;  // units by the payload offset where their bytes end
+  size_t next = 0;            // order[next..] not applied yet
+  DeltaProgress done;
+  // The worker applies what feed() made available, so that the feeder (a relay's actor) goes on
+  // passing parts on meanwhile. Guarded by mu: next while the worker lives, payload, fed, stop.
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  const char* payload = nullptr;
+  size_t fed = 0;
+  bool stop = false;
+  int threads = 1;
+  State(const Weights& h, std::span<float> v, const std::vector<policy::TensorSpec>& t, WeightDtype d, size_t chunks)
+      : head(h), values(v), tensors(&t), dtype(d), done(chunks, t) {}
+  // The end of the units whose bytes lie within the payload's first `size` bytes.
+  size_t available(size_t size) const {
+    size_t to = next;
+    while (to < order.size() && layout.at[units[order[to]].last] <= size) ++to;
+    return to;
+  }
+  void run() {
+    omp_set_num_threads(threads);
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || available(fed) > next; });
+      if (stop) return;
+      const size_t to = available(fed);
+      const char* bytes = payload;
+      lock.unlock();
+      apply_units(head, bytes, layout, units, &order, next, to, values.data(), dtype, done);
+      lock.lock();
+      next = to;
+    }
+  }
+  void join() {  // the worker stopped after the units it is applying (everything then is this thread's again)
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (worker.joinable()) worker.join();
+  }
+};
+
+StreamedDelta::StreamedDelta(const Weights& head, std::span<float> values,
+                             const std::vector<policy::TensorSpec>& tensors, WeightDtype dtype) {
+  if (static_cast<WeightEncoding>(head.encoding) != WeightEncoding::delta ||
+      !refusal(head, values.size(), tensors, dtype).empty())
+    return;
+  size_t payload_size = 0;  // (what the chunks add up to: the layout is checked against the payload in finish)
+  for (auto b : head.chunk_bytes) payload_size += b;
+  ChunkLayout layout;
+  if (!layout_of(head, values.size(), layout, payload_size).empty()) return;
+  auto units = units_of(tensors, layout.start, values.size());
+  if (units.empty()) return;
+  auto s = std::make_unique<State>(head, values, tensors, dtype, layout.chunks());
+  s->layout = std::move(layout);
+  s->units = std::move(units);
+  s->order.resize(s->units.size());
+  for (size_t u = 0; u < s->order.size(); ++u) s->order[u] = u;
+  const auto end_of = [&](size_t u) { return s->layout.at[s->units[u].last]; };
+  std::stable_sort(s->order.begin(), s->order.end(), [&](size_t a, size_t b) { return end_of(a) < end_of(b); });
+  state_ = std::move(s);
+}
+
+StreamedDelta::~StreamedDelta() {
+  if (state_) state_->join();
+}
+
+void StreamedDelta::feed(const char* payload, size_t size) {
+  if (!state_) return;
+  State& s = *state_;
+  {
+    std::lock_guard lock(s.mu);
+    s.payload = payload;
+    s.fed = size;
+  }
+  if (!s.worker.joinable()) {
+    s.threads = omp_get_max_threads();  // (the feeder's, as apply_weights would use)
+    s.worker = std::thread([&s] { s.run(); });
+  }
+  s.cv.notify_one();
+}
+
+WeightsApplied StreamedDelta::finish(const Weights& w) {
+  if (!state_) return corrupt("a streamed delta finished that was never started");
+  State& s = *state_;
+  s.join();
+  WeightsApplied r;
+  if (w.payload.size() != s.layout.at.back()) {
+    r = corrupt("the chunks add up to " + std::to_string(s.layout.at.back()) + " bytes, the payload has " +
+                std::to_string(w.payload.size()));
+  } else {
+    apply_units(w, w.payload.data(), s.layout, s.units, &s.order, s.next, s.order.size(), s.values.data(), s.dtype,
+                s.done);
+    s.next = s.order.size();
+    if (std::string why = delta_failure(w, *s.tensors, s.done.sums, s.done); !why.empty()) r = corrupt(why);
+  }
+  // (the applied units' bytes are the payload's first ones, as fed: order is by where they end)
+  const size_t applied_end = s.next > 0 ? s.layout.at[s.units[s.order[s.next - 1]].last] : 0;
+  if (r.status != WeightsStatus::applied && s.next > 0 && applied_end <= w.payload.size())
+    undo_chunks(w, w.payload.data(), s.layout, s.done, s.values.data(), s.dtype);
+  state_.reset();
+  return r;
+}
+
+void StreamedDelta::abort(const char* payload) {
+  if (!state_) return;
+  State& s = *state_;
+  s.join();
+  if (s.next > 0) undo_chunks(s.head, payload, s.layout, s.done, s.values.data(), s.dtype);
+  state_.reset();
 }
 
 }  // namespace troupe::actors

@@ -234,7 +234,7 @@ void PiecesReceiver::advance(runtime::Context& ctx, const Apply& apply) {
     if (!a.out) {
       std::vector<RelayTarget> below;
       for (size_t i = 0; i < h.subtree.size() && i < h.index.size(); ++i)
-        below.push_back({runtime::ActorId::unpack(h.subtree[i]), h.index[i]});
+        below.push_back({runtime::ActorId::unpack(h.subtree[i]), h.index[i], {}, {}});
       runtime::ReplyTo reply = a.reply;
       a.out = std::make_shared<RelayFanout>(relay_children(below, h.fanout), h.fanout, true,
                                             [reply](runtime::Context&, RelayAck r) {

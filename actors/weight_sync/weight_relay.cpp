@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_map>
 #include <utility>
 
 namespace troupe::actors {
@@ -35,9 +36,31 @@ std::vector<RelayChild> relay_children(const std::vector<RelayTarget>& subtree, 
 
 std::vector<RelayTarget> relay_targets(const WeightsPart& p) {
   std::vector<RelayTarget> out;
-  for (size_t i = 0; i < p.subtree.size() && i < p.index.size(); ++i)
-    out.push_back({runtime::ActorId::unpack(p.subtree[i]), p.index[i]});
+  for (size_t i = 0; i < p.subtree.size() && i < p.index.size(); ++i) {
+    out.push_back({runtime::ActorId::unpack(p.subtree[i]), p.index[i], {}, {}});
+    if (i < p.endpoints.size() && i < p.keys.size()) {
+      out.back().endpoint = p.endpoints[i];
+      out.back().key = p.keys[i];
+    }
+  }
   return out;
+}
+
+void address_targets(const runtime::ActorSystem& sys, std::vector<RelayTarget>& targets) {
+  std::unordered_map<std::uint32_t, runtime::PeerInfo> book;
+  for (runtime::PeerInfo& p : sys.peers()) book.emplace(p.node, std::move(p));
+  book[sys.node_id()] = runtime::PeerInfo{sys.node_id(), sys.endpoint(), "", sys.curve_public_key()};
+  for (RelayTarget& t : targets)
+    if (auto it = book.find(t.id.node); it != book.end()) {
+      t.endpoint = it->second.endpoint;
+      t.key = it->second.curve_public_key;
+    }
+}
+
+Status connect_target(runtime::ActorSystem& sys, const RelayTarget& t) {
+  if (t.endpoint.empty() || t.id.node == sys.node_id()) return {};
+  // ("joined-": a peer the job survives losing, as a member that joined it)
+  return sys.connect({runtime::PeerInfo{t.id.node, t.endpoint, "joined-relay", t.key}});
 }
 
 std::vector<WeightsPart> weights_parts(const Weights& w, size_t part_bytes) {
@@ -76,6 +99,10 @@ bool PartAssembly::add(const WeightsPart& p) {
   if (p.part == 0) {
     head_ = p.head;
     payload_.clear();
+    std::size_t announced = 0;  // (a streamed delta reads the bytes in place: they must not move)
+    for (auto b : p.head.chunk_bytes) announced += b;
+    const std::size_t most = static_cast<std::size_t>(std::max(p.parts, 1)) * std::max(p.bytes.size(), kRelayPartBytes);
+    payload_.reserve(std::min(announced, most));  // (a head announcing more cannot be streamed: fits() says no)
     version_ = p.version;
     next_ = 0;
     parts_ = p.parts;
@@ -110,6 +137,7 @@ void RelayFanout::send_to(runtime::Context& ctx, const RelayChild& c, const Weig
     out.subtree.push_back(t.id.packed());
     out.index.push_back(t.index);
   }
+  if (p.part == 0 && !c.node.endpoint.empty()) address_part(ctx, c, out);
   egress_ += p.bytes.size();
   if (p.part + 1 < p.parts) {
     (void)ctx.send(c.node.id, std::move(out));  // (a lost part shows as the last part's refusal)
@@ -119,6 +147,17 @@ void RelayFanout::send_to(runtime::Context& ctx, const RelayChild& c, const Weig
   auto self = shared_from_this();
   ctx.request<RelayAck>(c.node.id, std::move(out), kRelayTimeout,
                         [self, c](runtime::Context& cx, Result<RelayAck> r) { self->on_reply(cx, c, std::move(r)); });
+}
+
+void RelayFanout::address_part(runtime::Context& ctx, const RelayChild& c, WeightsPart& out) {
+  runtime::ActorSystem& sys = ctx.system();
+  (void)connect_target(sys, c.node);  // (failing, the sends fail too, and the child is routed around)
+  for (const RelayTarget& t : c.below) {
+    out.endpoints.push_back(t.endpoint);
+    out.keys.push_back(t.key);
+  }
+  out.from_endpoint = sys.endpoint();
+  out.from_key = sys.curve_public_key();
 }
 
 void RelayFanout::forward(runtime::Context& ctx, const WeightsPart& p) {
@@ -175,8 +214,16 @@ void RelayFanout::maybe_done(runtime::Context& ctx) {
 
 namespace troupe::actors {
 
-Status RelayReceiver::on_part(runtime::Context& ctx, const WeightsPart& p, const Apply& apply) {
+void RelayReceiver::abort() {
+  if (streaming_ && take_.abort) take_.abort(in_.payload().data());
+  streaming_ = false;
+}
+
+Status RelayReceiver::on_part(runtime::Context& ctx, const WeightsPart& p) {
   if (p.part == 0) {
+    abort();  // (sent again around a relay that died: put together from the start)
+    if (!p.from_endpoint.empty())  // (a member that joined knows rank 0's node only: the way back to its parent)
+      (void)connect_target(ctx.system(), RelayTarget{ctx.sender(), 0, p.from_endpoint, p.from_key});
     reply_ = std::make_shared<runtime::ReplyTo>();
     auto reply = reply_;
     out_ = std::make_shared<RelayFanout>(relay_children(relay_targets(p), p.fanout), p.fanout, true,
@@ -184,26 +231,35 @@ Status RelayReceiver::on_part(runtime::Context& ctx, const WeightsPart& p, const
                                            if (*reply) (void)reply->send(std::move(a));
                                          });
   }
+  if (p.part != 0 && !in_.fits(p)) abort();  // (more bytes than announced: the payload will move)
   const bool in_order = in_.add(p);
+  if (!in_order) abort();
+  if (p.part == 0 && in_order && p.version != applied_version_ && take_.begin) streaming_ = take_.begin(p.head);
   if (!out_) return make_error(ErrorCode::invalid_input, "weight relay: part " + std::to_string(p.part) + " of version " +
                                                               std::to_string(p.version) + " came before its part 0");
   const bool last = p.part + 1 == p.parts;
   if (last) *reply_ = ctx.reply_later();
   out_->forward(ctx, p);  // passed on before this generator applies it
-  if (!last) return {};
+  if (!last) {
+    if (streaming_) take_.feed(in_.payload().data(), in_.payload().size());
+    return {};
+  }
   Ack a;
   if (in_order && in_.complete()) {
+    const bool streamed = std::exchange(streaming_, false);
     Weights w = in_.take();
     if (w.version == applied_version_) {
+      if (streamed) take_.abort(w.payload.data());
       a = applied_ack_;  // (sent again around a relay that died: held already)
     } else {
-      a = apply(w);
+      a = take_.apply(w);  // (finishes what was streamed)
       if (a.status == static_cast<std::int32_t>(WeightsStatus::applied)) {
         applied_version_ = w.version;
         applied_ack_ = a;
       }
     }
   } else {
+    abort();
     a.value = applied_version_;
     a.version = p.version;
     a.status = static_cast<std::int32_t>(WeightsStatus::refused);

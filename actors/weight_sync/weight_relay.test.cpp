@@ -3,7 +3,10 @@
 // (inproc, and one ActorSystem per generator over ipc) hold learner 0's weights bit for bit after the
 // full sync and the deltas, sync and async, with learner 0's rank sending 2 copies; a relay that dies
 // as its part arrives is routed around (its children get the weights from its parent) and is
-// marked down.
+// marked down. Members that joined the job (nodes connected to node 0 only) relay like any
+// generator, the addresses travelling with the parts; one that dies as a relay is routed around;
+// members the job cannot reach stay leaves of the root. A delta streamed in as its payload
+// arrives (sync mode's relays) ends bit for bit as the whole message applied, or as the base.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -11,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <random>
 #include <set>
 
 #include "tiny_config.test.h"
@@ -42,7 +46,7 @@ TEST(RelayTree, SplitCoversEveryGeneratorOnce) {
   for (int n : {1, 2, 7, 100, 1000})
     for (int f : {2, 4}) {
       std::vector<RelayTarget> all;
-      for (int i = 0; i < n; ++i) all.push_back({ActorId{1, static_cast<uint32_t>(i + 1)}, i});
+      for (int i = 0; i < n; ++i) all.push_back({ActorId{1, static_cast<uint32_t>(i + 1)}, i, {}, {}});
       std::multiset<int> seen;
       int deepest = 0;
       collect(all, f, seen, 1, deepest);
@@ -109,9 +113,9 @@ struct Outcome {
 class Driver : public runtime::Actor {
  public:
   Driver(WeightSyncSection cfg, bool async, ActorId learner, std::vector<ActorId> gens, int updates,
-         std::promise<Outcome>* done, std::set<int> members = {})
+         std::promise<Outcome>* done, std::set<int> members = {}, bool members_relay = false)
       : sync_(cfg, async), async_(async), learner_(learner), gens_(std::move(gens)), updates_(updates), done_(done),
-        members_(std::move(members)) {}
+        members_(std::move(members)), members_relay_(members_relay) {}
   void on_start(runtime::Context& ctx) override {
     ActorContext::Scope scope(here_, ctx);
     task_ = run();
@@ -125,7 +129,11 @@ class Driver : public runtime::Actor {
     peers_.generators = gens_;
     peers_.alive = [this](size_t g) { return !down_.count(g); };
     peers_.mark_down = [this](size_t g) { down_.insert(g); };
-    if (!members_.empty()) peers_.root_only = [this](size_t g) { return members_.count(static_cast<int>(g)) > 0; };
+    if (!members_.empty()) {
+      auto member = [this](size_t g) { return members_.count(static_cast<int>(g)) > 0; };
+      peers_.joined = member;
+      if (!members_relay_) peers_.root_only = member;
+    }
     for (int k = 0; k <= updates_; ++k) {
       if (k > 0) {
         auto trained = runtime::request<TrainRep>(here_, learner_, test_support::tiny_sft_batch(), std::chrono::seconds(60));
@@ -159,7 +167,8 @@ class Driver : public runtime::Actor {
   std::vector<ActorId> gens_;
   int updates_;
   std::promise<Outcome>* done_;
-  std::set<int> members_;  // generators that reach node 0 only (members that joined the job)
+  std::set<int> members_;  // generators whose nodes know node 0 only (members that joined the job)
+  bool members_relay_;     // false: the job cannot reach them (leaves of the root)
   WeightSyncPeers peers_;
   std::set<size_t> down_;
   ActorContext here_;
@@ -175,7 +184,7 @@ struct TreeRun {
 // Learner 0 and the driver on node 0; generator g on node g + 1 over ipc (ipc) or on node 0 (inproc).
 // The nodes of `members` (ipc) are connected to node 0 only, as a member that joined a running job is.
 TreeRun run_tree(const ExperimentConfig& cfg, bool async, bool ipc, int updates, int dying = -1,
-                 const std::set<int>& members = {}) {
+                 const std::set<int>& members = {}, bool members_relay = false) {
   TreeRun run;
   EXPECT_TRUE(register_messages().ok());
   const std::string dir = "/tmp/troupe-relay-" + std::to_string(::getpid());
@@ -227,7 +236,7 @@ TreeRun run_tree(const ExperimentConfig& cfg, bool async, bool ipc, int updates,
   auto fut = done.get_future();
   auto ws = cfg.weight_sync;
   EXPECT_TRUE(nodes[0]->spawn([&, ws, gids]() -> std::unique_ptr<runtime::Actor> {
-    return std::make_unique<Driver>(ws, async, *lid, gids, updates, &done, members);
+    return std::make_unique<Driver>(ws, async, *lid, gids, updates, &done, members, members_relay);
   }).ok());
   run.out = fut.get();
   for (auto& n : nodes) n->shutdown();
@@ -280,12 +289,93 @@ void check_tree(bool async, bool ipc) {
 
 }  // namespace
 
+// A delta applied while its payload arrives (StreamedDelta, as a relay's parts come) ends as
+// apply_weights on the whole message: the same values bit for bit and the same status; a failed
+// checksum, a corrupt chunk or an abort half-way leave the base version bit for bit.
+static WeightsApplied streamed(const Weights& w, std::vector<float>& values, const std::vector<policy::TensorSpec>& tensors,
+                        WeightDtype dtype, size_t abort_at = std::string::npos) {
+  Weights head = w;
+  head.payload = runtime::Bytes();
+  StreamedDelta s(head, values, tensors, dtype);
+  EXPECT_TRUE(s.started());
+  for (size_t at = 4096; at < w.payload.size(); at += 4096) {
+    s.feed(w.payload.data(), at);
+    if (at >= abort_at) {
+      s.abort(w.payload.data());
+      return WeightsApplied{WeightsStatus::refused, "aborted"};
+    }
+  }
+  return s.finish(w);
+}
+
+TEST(RelayTree, StreamedDeltaIsApplyWeightsBitForBit) {
+  const size_t n0 = 300007, n1 = 200003, n2 = 5, n = n0 + n1 + n2;
+  const std::vector<policy::TensorSpec> tensors = {{"a.weight", {static_cast<int64_t>(n0)}, 0},
+                                                   {"b.weight", {static_cast<int64_t>(n1)}, n0},
+                                                   {"c.weight", {static_cast<int64_t>(n2)}, n0 + n1}};
+  for (WeightDtype dtype : {WeightDtype::fp32, WeightDtype::bf16}) {
+    SCOPED_TRACE(enum_string(dtype));
+    std::mt19937_64 rng(7);
+    std::normal_distribution<float> d(0.0f, 0.02f);
+    std::vector<float> master(n);
+    for (float& x : master) x = d(rng);
+    WeightEncoder enc(dtype, tensors);
+    Weights full, delta;
+    enc.encode(master, 0, true, full);
+    std::vector<float> base(n, 0.0f);
+    ASSERT_EQ(apply_weights(full, base, tensors, dtype).status, WeightsStatus::applied);
+    for (float& x : master) x += (rng() & 1) ? 1e-3f : -1e-3f;
+    enc.encode(master, 1, true, delta);
+    ASSERT_EQ(delta.encoding, static_cast<std::int32_t>(WeightEncoding::delta));
+    ASSERT_GT(delta.payload.size(), 3 * 4096u);
+    std::vector<float> whole = base, mine = base;
+    ASSERT_EQ(apply_weights(delta, whole, tensors, dtype).status, WeightsStatus::applied);
+    ASSERT_EQ(streamed(delta, mine, tensors, dtype).status, WeightsStatus::applied);
+    EXPECT_TRUE(same_bits(mine, whole));
+    Weights wrong_sum = delta;
+    wrong_sum.checksums.front() ^= 1;
+    std::string bytes = delta.payload.str();
+    bytes[bytes.size() / 3] = static_cast<char>(bytes[bytes.size() / 3] ^ 0x5a);
+    Weights torn = delta;
+    torn.payload = runtime::Bytes(bytes);
+    for (const Weights* bad : {&wrong_sum, &torn}) {
+      std::vector<float> ref = base;
+      mine = base;
+      const WeightsApplied r = streamed(*bad, mine, tensors, dtype);
+      EXPECT_EQ(r.status, apply_weights(*bad, ref, tensors, dtype).status);
+      EXPECT_NE(r.status, WeightsStatus::applied);
+      EXPECT_TRUE(same_bits(mine, base)) << r.detail;
+    }
+    mine = base;
+    streamed(delta, mine, tensors, dtype, delta.payload.size() / 2);
+    EXPECT_TRUE(same_bits(mine, base)) << "aborted half-way";
+  }
+}
+
 TEST(RelayTree, SevenGeneratorsInprocGetLearner0sWeights) {
   check_tree(false, false);
   check_tree(true, false);
 }
 
 TEST(RelayTree, SevenGeneratorsOverIpcGetLearner0sWeights) { check_tree(false, true); }
+
+TEST(RelayTree, SevenGeneratorsStreamDeltasOfManyParts) {
+  // a vocabulary of 16384: deltas of several parts, which sync mode's generators apply as they come
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    ExperimentConfig cfg = tree_config(dtype);
+    cfg.policy.model.vocab_size = 16384;
+    TreeRun run = run_tree(cfg, false, false, 2);
+    ASSERT_EQ(run.out.reports.size(), 3u);
+    for (const auto& r : run.out.reports) ASSERT_TRUE(r.ok()) << r.error().message;
+    for (size_t k = 1; k < run.out.reports.size(); ++k) {
+      EXPECT_EQ(run.out.reports[k]->delta, kGens);
+      EXPECT_GT(run.out.reports[k]->delta_bytes, 2 * kRelayPartBytes);
+      EXPECT_EQ(run.out.reports[k]->resent, 0);
+    }
+    expect_everyone_holds_learner0(run, cfg);
+  }
+}
 
 TEST(RelayTree, RelayKilledMidTransferIsRoutedAround) {
   for (bool ipc : {false, true}) {
@@ -318,4 +408,41 @@ TEST(RelayTree, MembersThatReachTheRootOnlyAreItsLeaves) {
   }
   EXPECT_TRUE(run.out.marked_down.empty());
   expect_everyone_holds_learner0(run, cfg);
+}
+
+TEST(RelayTree, MembersThatJoinedRelayLikeAnyGenerator) {
+  // generators 1 and 4 joined the job: their nodes know node 0 only, and the job's nodes do not
+  // know theirs. In the tree of fan-out 2, member 1 is generator 0's child and relays to generator
+  // 2, member 4 is the root's child and relays to 5 and 6: the addresses travel with the parts.
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    ExperimentConfig cfg = tree_config("bf16");
+    TreeRun run = run_tree(cfg, async, true, 2, -1, {1, 4}, /*members_relay=*/true);
+    ASSERT_EQ(run.out.reports.size(), 3u);
+    for (size_t k = 0; k < run.out.reports.size(); ++k) {
+      ASSERT_TRUE(run.out.reports[k].ok()) << run.out.reports[k].error().message;
+      const WeightSyncReport& r = *run.out.reports[k];
+      const std::uint64_t one = k == 0 ? r.full_bytes : r.delta_bytes;
+      EXPECT_EQ(r.full + r.delta, kGens);
+      EXPECT_EQ(r.resent, 0) << "no hop failed";
+      EXPECT_EQ(r.bytes_sent, 2 * one) << "the root sends to its 2 children only";
+      if (!async) {
+        EXPECT_EQ(r.relayed_bytes, (kGens - 2) * one) << "members relay too";
+      }
+    }
+    EXPECT_TRUE(run.out.marked_down.empty());
+    expect_everyone_holds_learner0(run, cfg);
+  }
+}
+
+TEST(RelayTree, MemberRelayKilledIsRoutedAround) {
+  // member 0 (node connected to node 0 only) is the root's first child, relaying to a subtree of 3,
+  // and dies as the weights reach it: its children (member 4's subtree aside) get them from the root
+  ExperimentConfig cfg = tree_config("bf16");
+  TreeRun run = run_tree(cfg, false, true, 2, /*dying=*/0, {0, 4}, /*members_relay=*/true);
+  ASSERT_EQ(run.out.reports.size(), 3u);
+  for (const auto& r : run.out.reports) ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(run.out.marked_down, std::set<size_t>{0});
+  expect_everyone_holds_learner0(run, cfg);
+  EXPECT_EQ(run.out.reports[1]->full + run.out.reports[1]->delta, kGens - 1);
 }

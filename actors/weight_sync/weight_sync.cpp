@@ -220,15 +220,18 @@ bool by_relay(const WeightSync::State& st, size_t gens) {
 
 // The root's children for `gens` (each marked sent version v): the relay tree's first level, with
 // root_only generators as children without a subtree; or, for the star, every generator alone.
-std::vector<RelayChild> root_children(const WeightSyncPeers& p, WeightSync::State& st, const std::vector<size_t>& gens,
-                                      std::int64_t v, bool tree) {
+std::vector<RelayChild> root_children(const runtime::ActorSystem& sys, const WeightSyncPeers& p, WeightSync::State& st,
+                                      const std::vector<size_t>& gens, std::int64_t v, bool tree) {
   std::vector<RelayTarget> targets, leaves;  // leaves: root_only generators, the root's children without a subtree
+  bool members = false;                      // a member that joined relays: every target's address goes along
   for (size_t g : gens) {
     st.sent[g] = v;
     st.expected[g] = v;
-    (tree && !(p.root_only && p.root_only(g)) ? targets : leaves)
-        .push_back({p.generators[g], static_cast<std::int32_t>(g)});
+    const bool leaf = !tree || (p.root_only && p.root_only(g));
+    members = members || (!leaf && p.joined && p.joined(g));
+    (leaf ? leaves : targets).push_back({p.generators[g], static_cast<std::int32_t>(g), {}, {}});
   }
+  if (members) address_targets(sys, targets);
   std::vector<RelayChild> children = relay_children(targets, st.cfg.relay_fanout);
   for (const RelayTarget& t : leaves) children.push_back(RelayChild{t, {}});
   return children;
@@ -239,7 +242,7 @@ std::shared_ptr<RelayFanout> start_relay(ActorContext& here, const WeightSyncPee
                                          const Weights& w, const std::vector<size_t>& gens, std::int64_t v,
                                          RelayFanout::Done done) {
   const int fanout = st.cfg.relay_fanout;
-  auto fan = std::make_shared<RelayFanout>(root_children(p, st, gens, v, true), fanout, false, std::move(done));
+  auto fan = std::make_shared<RelayFanout>(root_children(here->system(), p, st, gens, v, true), fanout, false, std::move(done));
   for (const WeightsPart& part : weights_parts(w)) fan->forward(*here, part);
   return fan;
 }
@@ -543,9 +546,11 @@ Task<Status> transmit(ActorContext& here, const WeightSyncPeers& p, const std::s
   WeightSync::State& st = *stp;
   const std::int64_t v = m.head.version;
   std::vector<size_t> reached;
-  for (size_t g : gens) (p.root_only && p.root_only(g) ? pend.members : reached).push_back(g);
+  // (members that joined take the joined message from rank 0, relaying or not: a piece's head names
+  // no addresses)
+  for (size_t g : gens) ((p.root_only && p.root_only(g)) || (p.joined && p.joined(g)) ? pend.members : reached).push_back(g);
   for (size_t g : pend.members) st.sent[g] = st.expected[g] = v;
-  pend.children = root_children(p, st, reached, v, by_relay(st, reached.size()));
+  pend.children = root_children(here->system(), p, st, reached, v, by_relay(st, reached.size()));
   SendPieceReq send;
   send.send = ++st.transmissions;
   send.version = v;

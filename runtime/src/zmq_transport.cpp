@@ -141,6 +141,7 @@ Status ZmqTransport::bind() {
   if (config_.inline_receive && config_.threads > 0)
     receive_threads_[1] = std::thread([this] { receive_loop(/*primary=*/false); });
   flush_thread_ = std::thread([this] { flush_loop(); });
+  if (link_bytes_per_s_ > 0) pacer_thread_ = std::thread([this] { pacer_loop(); });
   return {};
 }
 
@@ -203,12 +204,7 @@ Status ZmqTransport::send(std::uint32_t node, const FrameWriter& frame, Overflow
     return make_error(ErrorCode::peer_failed,
                       "runtime: node " + std::to_string(node) + " (role " + p->info.role + ") is down");
   TROUPE_TRY(check_size(*p, frame));
-  if (link_bytes_per_s_ > 0) {
-    std::size_t bytes = frame.size;
-    if (frame.segments)
-      for (const WireSegment& s : *frame.segments) bytes += s.size;
-    pace_egress(bytes);
-  }
+  if (link_bytes_per_s_ > 0) return send_paced(*p, frame);
   const bool block = policy == Overflow::block;
   const BatchClock& clock = batch_clock();
   const std::int64_t now = clock.now();
@@ -251,7 +247,7 @@ Status ZmqTransport::check_size(const Peer& p, const FrameWriter& frame) const {
 
 Result<bool> ZmqTransport::append(std::uint32_t node, const BoundedFrameWriter& frame, Overflow policy) {
   Peer* p = find_peer(node);
-  if (!p || p->down) return false;  // send() says why
+  if (!p || p->down || link_bytes_per_s_ > 0) return false;  // send() says why (or paces it)
   const BatchClock& clock = batch_clock();
   const std::int64_t now = clock.now();
   if (!p->batching.load(std::memory_order_relaxed) &&
@@ -318,15 +314,7 @@ Status ZmqTransport::send_segmented(Peer& p, const FrameWriter& frame, bool bloc
                                                 "): receiver too slow or gone");
     const std::vector<WireSegment>& segs = *frame.segments;
     for (std::size_t i = 0; i < segs.size(); ++i) {
-      auto* keep = new std::shared_ptr<const void>(frame.owner);
-      tsan_handoff_release(keep);  // freed on libzmq's I/O thread (the callback below)
-      zmq::message_t part(
-          const_cast<char*>(segs[i].data), segs[i].size,
-          [](void*, void* hint) {
-            tsan_handoff_acquire(hint);
-            delete static_cast<std::shared_ptr<const void>*>(hint);
-          },
-          keep);
+      zmq::message_t part = segment_part(segs[i], frame.owner);
       // the rest of a message ZeroMQ has begun to take is never refused for room
       (void)p.push.send(part, i + 1 < segs.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
@@ -334,6 +322,18 @@ Status ZmqTransport::send_segmented(Peer& p, const FrameWriter& frame, bool bloc
     return make_error(ErrorCode::io, "runtime: send to node " + std::to_string(p.info.node) + ": " + e.what());
   }
   return {};
+}
+
+zmq::message_t ZmqTransport::segment_part(const WireSegment& seg, const std::shared_ptr<const void>& owner) {
+  auto* keep = new std::shared_ptr<const void>(owner);
+  tsan_handoff_release(keep);  // freed on libzmq's I/O thread (the callback below)
+  return zmq::message_t(
+      const_cast<char*>(seg.data), seg.size,
+      [](void*, void* hint) {
+        tsan_handoff_acquire(hint);
+        delete static_cast<std::shared_ptr<const void>*>(hint);
+      },
+      keep);
 }
 
 void ZmqTransport::seal_open(Peer& p) {
@@ -541,19 +541,58 @@ double ZmqTransport::bench_link_rate() {
   return v ? std::max(0.0, std::atof(v)) : 0.0;
 }
 
-void ZmqTransport::pace_egress(std::size_t bytes) {
+Status ZmqTransport::send_paced(Peer& p, const FrameWriter& frame) {
+  PacedSend s;
+  s.peer = &p;
+  s.parts.emplace_back(frame.size);
+  frame.write(static_cast<char*>(s.parts.back().data()), frame.state);
+  std::size_t bytes = frame.size;
+  if (frame.segments)
+    for (const WireSegment& seg : *frame.segments) {
+      s.parts.push_back(segment_part(seg, frame.owner));
+      bytes += seg.size;
+    }
   const auto took = static_cast<std::int64_t>(1e9 * static_cast<double>(bytes) / link_bytes_per_s_);
-  std::int64_t until;
   {
-    std::lock_guard lock(pace_mu_);
+    std::lock_guard lock(pace_mu_);  // (the queue's order is the order of the release times)
     egress_free_ns_ = std::max(mono_nanoseconds(), egress_free_ns_) + took;
-    until = egress_free_ns_;
+    s.at_ns = egress_free_ns_;
+    paced_.push_back(std::move(s));
   }
-  const std::int64_t wait = until - mono_nanoseconds();
-  if (wait > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(wait));
+  paced_cv_.notify_one();
+  return {};
 }
 
-void ZmqTransport::pace_ingress(std::size_t bytes) {
+void ZmqTransport::pacer_loop() {
+  pthread_setname_np(pthread_self(), "troupe-pacer");
+  std::unique_lock lock(pace_mu_);
+  while (!stopping_) {
+    if (paced_.empty()) {
+      paced_cv_.wait_for(lock, milliseconds(50));
+      continue;
+    }
+    const std::int64_t wait = paced_.front().at_ns - mono_nanoseconds();
+    if (wait > 0) {
+      paced_cv_.wait_for(lock, std::chrono::nanoseconds(wait));
+      continue;
+    }
+    PacedSend s = std::move(paced_.front());
+    paced_.pop_front();
+    lock.unlock();
+    {
+      std::lock_guard plock(s.peer->mu);
+      try {
+        for (std::size_t i = 0; i < s.parts.size(); ++i)
+          (void)s.peer->push.send(s.parts[i], i + 1 < s.parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      } catch (const zmq::error_t& e) {
+        spdlog::error("troupe runtime: node {}: paced send to node {}: {}", config_.node_id, s.peer->info.node, e.what());
+      }
+    }
+    lock.lock();
+  }
+}
+
+bool ZmqTransport::pace_ingress(std::size_t bytes) {
   const auto took = static_cast<std::int64_t>(1e9 * static_cast<double>(bytes) / link_bytes_per_s_);
   std::int64_t until;
   {
@@ -562,7 +601,9 @@ void ZmqTransport::pace_ingress(std::size_t bytes) {
     until = ingress_free_ns_;
   }
   const std::int64_t wait = until - mono_nanoseconds();
-  if (wait > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(wait));
+  if (wait <= 0) return false;
+  std::this_thread::sleep_for(std::chrono::nanoseconds(wait));
+  return true;
 }
 
 void ZmqTransport::receive_loop(bool primary) {
@@ -596,12 +637,14 @@ void ZmqTransport::receive_loop(bool primary) {
           more = part.more();
           parts.push_back(std::move(part));
         }
+        bool paced = false;
         if (link_bytes_per_s_ > 0) {
           std::size_t bytes = msg.size();
           for (const auto& part : parts) bytes += part.size();
-          pace_ingress(bytes);
+          paced = pace_ingress(bytes);
         }
         split_frame(msg, parts, burst);
+        if (paced) break;  // delivered now: what came in is not held until the rest of the burst is in
       }
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) break;
@@ -745,6 +788,10 @@ void ZmqTransport::stop() {
     flush_cv_.notify_all();
   }
   {
+    std::lock_guard lock(pace_mu_);
+    paced_cv_.notify_all();
+  }
+  {
     std::lock_guard lock(standby_mu_);
     standby_cv_.notify_all();
   }
@@ -755,9 +802,14 @@ void ZmqTransport::join() {
     if (t.joinable()) t.join();
   if (zap_thread_.joinable()) zap_thread_.join();
   if (flush_thread_.joinable()) flush_thread_.join();
+  if (pacer_thread_.joinable()) pacer_thread_.join();
 }
 
 void ZmqTransport::close() {
+  {
+    std::lock_guard lock(pace_mu_);
+    paced_.clear();  // (a benchmark's frames not yet due: dropped with the sockets)
+  }
   {
     std::unique_lock lock(peers_mu_);
     for (auto& [n, p] : peers_) {

@@ -125,12 +125,24 @@ class ZmqTransport {
 
  private:
   // Benchmarks only: TROUPE_BENCH_LINK_BYTES_PER_S in the environment (troupe bench weight_sync's
-  // _1gbps rows; no run sets it) limits this node's link to that rate, one way each. Egress: a send
-  // waits until its bytes would have left. Ingress: a message is taken as having streamed in up
-  // to its arrival; it is delivered once the bytes before it and it would have come in.
-  void pace_egress(std::size_t bytes);
-  void pace_ingress(std::size_t bytes);
+  // _1gbps rows; no run sets it) limits this node's link to that rate, one way each. Egress: every
+  // frame joins one queue, in the order sent, and the pacer thread hands it to ZeroMQ once its
+  // bytes would have left (after the bytes queued before it); the sender never waits, so an actor
+  // that forwards what it receives goes on with its own work. Ingress: a message is taken as
+  // having streamed in up to its arrival; it is delivered once the bytes before it and it would
+  // have come in (and at once, not held for the rest of a burst).
+  struct PacedSend {
+    Peer* peer = nullptr;
+    std::vector<zmq::message_t> parts;  // a frame, then its out-of-line runs
+    std::int64_t at_ns = 0;             // when its bytes would have left
+  };
+  Status send_paced(Peer& p, const FrameWriter& frame);
+  void pacer_loop();
+  bool pace_ingress(std::size_t bytes);  // true when it waited
   std::mutex pace_mu_;
+  std::condition_variable paced_cv_;
+  std::deque<PacedSend> paced_;  // guarded by pace_mu_, oldest first
+  std::thread pacer_thread_;
   std::int64_t egress_free_ns_ = 0, ingress_free_ns_ = 0;
   double link_bytes_per_s_ = bench_link_rate();  // 0 = off
   static double bench_link_rate();
@@ -152,6 +164,9 @@ class ZmqTransport {
   Status drain(Peer& p, bool block);  // sealed batches, in order; stops at a full queue unless block
   Status send_message(Peer& p, zmq::message_t& msg, bool block);
   Status send_segmented(Peer& p, const FrameWriter& frame, bool block);
+  // A long run of a segmented frame as a ZeroMQ message part, without a copy (frame.owner keeps
+  // it alive until ZeroMQ has written it).
+  static zmq::message_t segment_part(const WireSegment& seg, const std::shared_ptr<const void>& owner);
   // A part over max_message_bytes (every rank of a cluster has the same) would be dropped unread
   // by the peer: refused here instead, naming the limit.
   Status check_size(const Peer& p, const FrameWriter& frame) const;

@@ -8,9 +8,12 @@
 # trained exactly once, as many metric rows as an uninterrupted run),
 # join_async (a generator joins an async run of two generators whose weights go down a relay tree
 # of fan-out 2, samples, leaves by SIGTERM after its rollouts are trained; every step once,
-# staleness within max_staleness, no relay hop failed: the member is a leaf of the root),
+# staleness within max_staleness, no relay hop failed: the member relays like the job's generators),
 # join_mpirun (the same in sync mode under mpirun -np 3: learner and coordinator on rank 0, the
 # generator and the env worker on ranks 1 and 2; the member reaches rank 0 only),
+# join_srun (the same under srun -n 3 on a single-node SLURM started here, tests/e2e/slurm_local.sh,
+# 77 = skipped without SLURM; two members join, and with weight_sync.relay_fanout 2 the job's
+# generator relays the weights to the first of them: no hop fails, both leave by SIGTERM),
 # join_env (an env server joins the pool of a run's env with troupe join --role env, takes
 # episodes, leaves by SIGTERM; a refused env name and address; every step trained with full batches).
 set -euo pipefail
@@ -20,7 +23,11 @@ W=$WORK/$CASE
 rm -rf "$W" && mkdir -p "$W"
 cd "$W"
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2> /dev/null || true; done; }
+SLURM_DIR=""
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2> /dev/null || true; done
+  if [ -n "$SLURM_DIR" ]; then bash "$SRC/tests/e2e/slurm_local.sh" stop "$SLURM_DIR"; rm -rf "$SLURM_DIR"; fi
+}
 trap cleanup EXIT
 # The quickstart, short, listening for members; each env call 20 ms late so that a step lasts a
 # few tenths of a second (the joiners start meanwhile); dead members found within 2 s.
@@ -121,35 +128,68 @@ case $CASE in
     wait $JOBPID || { tail -30 "$W/job.log"; echo "the job failed"; exit 1; }
     "$PY" "$SRC/tests/e2e/check_join.py" "$W/ref" "$W/run" "$W/job.log" "$W/status.json" $N
     ;;
-  join_async | join_mpirun)
-    # one member joins at step >= 3 of 40, samples, and leaves by SIGTERM (answered once the work
-    # sent to it is trained); the job finishes every step once
+  join_async | join_mpirun | join_srun)
+    # one member (join_srun: two) joins at step >= 3 of 40, samples, and leaves by SIGTERM (answered
+    # once the work sent to it is trained); the job finishes every step once
     N=40
     LAUNCH=()
+    MEMBERS=(a)
     MODE="--set rollout.async=true --set rollout.max_staleness=1 --set cluster.generators=2 --set weight_sync.relay_fanout=2"
     if [ "$CASE" = join_mpirun ]; then
       LAUNCH=("$MPIEXEC" --oversubscribe --allow-run-as-root -np 3 --mca btl self,tcp --mca btl_tcp_if_include lo
         --mca oob_tcp_if_include lo)
       MODE=""
     fi
+    if [ "$CASE" = join_srun ]; then
+      if ! command -v srun > /dev/null || ! command -v slurmd > /dev/null; then
+        echo "e2e.join_srun SKIPPED: SLURM is not installed (apt-get install slurmctld slurmd slurm-client munge)"
+        exit 77
+      fi
+      SLURM_DIR=$(mktemp -d /tmp/troupe-slurm.XXXXXX)  # short: the daemons' unix sockets live here
+      SLURM_CONF=$(bash "$SRC/tests/e2e/slurm_local.sh" start "$SLURM_DIR") || exit $?
+      export SLURM_CONF OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+      LAUNCH=(timeout 300 srun --mpi=pmix --kill-on-bad-exit=1 -n 3)
+      # the job's generator and two members: more than the fan-out, so a relay tree (the job's
+      # generator relays to the first member, which the job's nodes reach on 127.0.0.1)
+      MODE="--set weight_sync.relay_fanout=2"
+      MEMBERS=(a b)
+    fi
     "${LAUNCH[@]}" "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" $JOIN_JOB $SLOW $MODE \
       --set grpo.max_steps=$N > "$W/job.log" 2>&1 &
     JOBPID=$!
     PIDS+=($JOBPID)
     wait_for 90 grpo_rows_at_least "$W/run" 3
-    "$TROUPE" join "$W/run" --role generator > "$W/a.log" 2>&1 &
-    A=$!
-    PIDS+=($A)
-    wait_for 60 first_rollouts_at_least 1
+    MPIDS=()
+    for m in "${MEMBERS[@]}"; do
+      "$TROUPE" join "$W/run" --role generator > "$W/$m.log" 2>&1 &
+      MPIDS+=($!)
+      PIDS+=($!)
+    done
+    wait_for 60 first_rollouts_at_least ${#MEMBERS[@]}
     grep "sampled its first rollout" "$W/job.log"
-    kill -TERM $A
-    wait $A || { cat "$W/a.log"; echo "the member did not leave cleanly"; exit 1; }
-    grep -q "left the job after step" "$W/a.log" || { cat "$W/a.log"; exit 1; }
+    if [ "$CASE" = join_srun ]; then
+      [ "$(grep -c "a relay tree may pass versions through it" "$W/job.log")" -eq 2 ] || { grep membership "$W/job.log"; exit 1; }
+      "$PY" -c "import json,sys; m=[r for r in json.load(open(sys.argv[1]))['members'] if 'relays' in r]; sys.exit(0 if len(m)==2 and all(r['relays'] for r in m) else 'members.json: %s' % m)" "$W/run/members.json"
+      # two more steps: their syncs send deltas to all three down the tree (the job's generator relays)
+      rows=$(grep -cE '"phase": ?"grpo"' "$W/run/metrics.jsonl")
+      wait_for 60 grpo_rows_at_least "$W/run" $((rows + 2))
+    fi
+    for i in "${!MEMBERS[@]}"; do
+      kill -TERM "${MPIDS[$i]}"
+      wait "${MPIDS[$i]}" || { cat "$W/${MEMBERS[$i]}.log"; echo "the member did not leave cleanly"; exit 1; }
+      grep -q "left the job after step" "$W/${MEMBERS[$i]}.log" || { cat "$W/${MEMBERS[$i]}.log"; exit 1; }
+    done
     wait $JOBPID || { tail -30 "$W/job.log"; echo "the job failed"; exit 1; }
     grep -q "membership: generator[0-9] .* left after step" "$W/job.log" || { grep membership "$W/job.log"; exit 1; }
     $CHECK steps "$W/run" $((5 + N))
     [ "$CASE" = join_mpirun ] || $CHECK staleness "$W/run" 1
     if grep -q "did not relay" "$W/job.log"; then grep "did not relay" "$W/job.log"; exit 1; fi
+    if [ "$CASE" = join_srun ]; then
+      # the job's generator (rank 1) connected to a member to relay to it; it notes the member's
+      # node gone once that member has left (cluster.peer_timeout_s later)
+      grep -q "rank 1 (role generator0): peer node [0-9]* (role joined-relay)" "$W/job.log" ||
+        { grep -E "membership|peer" "$W/job.log"; echo "the job's generator never relayed to a member"; exit 1; }
+    fi
     ;;
   join_env)
     # tests/reliability/tiny.yaml with its env a pool of one SDK server (tests/envs/pool_env.py,

@@ -322,8 +322,15 @@ struct WeightsPart {
   std::vector<std::int32_t> index;     // their generator indices
   std::int32_t fanout = 2;
   std::int32_t to_index = 0;           // the receiver's own generator index (for its Ack)
+  // Part 0, when the tree holds members that joined the job (they know rank 0's node only): where
+  // each node of `subtree` listens and its CURVE key (parallel to subtree), and the sender's, so
+  // the receiver can reach its children and answer its parent. Empty otherwise.
+  std::vector<std::string> endpoints, keys;
+  std::string from_endpoint, from_key;
   template <class A>
-  void serialize(A& ar) { ar(version, part, parts, head, bytes, subtree, index, fanout, to_index); }
+  void serialize(A& ar) {
+    ar(version, part, parts, head, bytes, subtree, index, fanout, to_index, endpoints, keys, from_endpoint, from_key);
+  }
 };
 // A relay -> its parent, the reply to a WeightsPart's last part: the Ack of every generator of
 // its subtree that answered (itself first), and the ones found dead (`down`, with why).

@@ -123,6 +123,17 @@ class Generator {
   Status hold_weights(const Weights& w);
   Status use_version(int64_t version);
   Status receive_weights(const Weights& w);
+  // weight_sync.relay_fanout, sync mode: a delta applied to the weights it samples with while its
+  // parts still arrive (StreamedDelta, weight_decoder.h). stream_weights_begin (the message
+  // without its payload) is false when it is not streamed (async or in-flight modes, not a delta
+  // against the version held, ...); stream_weights_feed gives the payload's first bytes so far;
+  // stream_weights_end is receive_weights(w) with what was fed already applied: the same Ack,
+  // bits and errors. stream_weights_abort(payload) undoes what was fed (payload: those bytes).
+  // Sync mode sends no generation while weights arrive, so nothing samples half-applied weights.
+  bool stream_weights_begin(const Weights& head);
+  void stream_weights_feed(const char* payload, std::size_t size);
+  Status stream_weights_end(const Weights& w);
+  void stream_weights_abort(const char* payload);
   // rollout.in_flight_updates: Weights are decoded and checked on a staging copy of the model
   // (so the actor's thread never touches the model a generation is running on) and kept by
   // version; generate() runs on the actor's compute thread, starts with r.policy_version and,
@@ -176,6 +187,8 @@ class Generator {
   WeightDtype dtype_ = WeightDtype::fp32;  // weight_sync.dtype: how this generator holds its weights
   Ack ack_;                                // what the last set_weights did
   std::string probe_failure_;              // set while the weights held failed the probe check
+  std::unique_ptr<StreamedDelta> streamed_;  // a delta applied while its parts arrive (stream_weights_*)
+  StreamedDelta* finishing_ = nullptr;       // stream_weights_end: the delta apply_weights_to finishes
   std::unique_ptr<WeightGroup> weight_group_;  // weight_sync.transport nccl: where device Weights' values come from
   // The table the Weights' checksums follow (sync_tensor_table: cut at the learners' shard bounds
   // when the weights come from the shards); the staging copy's and the serving copy's are the same.

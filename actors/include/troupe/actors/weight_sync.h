@@ -35,9 +35,13 @@ struct WeightSyncPeers {
   // A generator whose Weights request failed as peer_failed (its actor stopped): dead from then on.
   std::function<void(size_t)> mark_down;          // null = nothing to tell
   std::function<void(const std::string&)> log;    // null = quiet
-  // A generator reachable from learner 0's node only (a member that joined the running job): the
-  // relay tree sends to it from the root and never through it. null = none is.
+  // A generator reachable from learner 0's node only (a member that joined the running job whose
+  // address the job's other nodes cannot reach): the relay tree sends to it from the root and
+  // never through it. null = none is.
   std::function<bool(size_t)> root_only;
+  // A member that joined the running job and relays like any generator: its node knows rank 0's
+  // only, so a tree that holds one carries every node's address (weight_relay.h). null = none is.
+  std::function<bool(size_t)> joined;
 };
 
 // What one sync did.
