@@ -21,14 +21,30 @@ expect_exit() {
   exit 1
 }
 # rank_wrapper: $W/rank.sh runs a rank's command, recording its pid ($W/pid_RANK) and exit code ($W/rc_RANK)
+# (RANK: mpirun's rank, else srun's task id)
 rank_wrapper() {
   cat > "$W/rank.sh" << 'EOS'
+r=${OMPI_COMM_WORLD_RANK:-$SLURM_PROCID}
 "$@" &
-echo $! > "$RANKDIR/pid_$OMPI_COMM_WORLD_RANK"
+echo $! > "$RANKDIR/pid_$r"
 wait $!
-echo $? > "$RANKDIR/rc_$OMPI_COMM_WORLD_RANK"
+echo $? > "$RANKDIR/rc_$r"
 EOS
   export RANKDIR="$W"
+}
+# start_slurm TEST: a single-node SLURM for this case (tests/e2e/slurm_local.sh), stopped when the case
+# ends; without SLURM the case is skipped (exit 77)
+start_slurm() {
+  if ! command -v srun > /dev/null || ! command -v slurmd > /dev/null; then
+    echo "$1 SKIPPED: SLURM is not installed (apt-get install slurmctld slurmd slurm-client munge)"
+    exit 77
+  fi
+  SL="$SRC/tests/e2e/slurm_local.sh"
+  SD=$(mktemp -d /tmp/troupe-slurm.XXXXXX)  # short: the daemons' unix sockets live here
+  trap 'bash "$SL" stop "$SD"; rm -rf "$SD"' EXIT
+  trap 'exit 143' TERM INT
+  SLURM_CONF=$(bash "$SL" start "$SD") || exit $?
+  export SLURM_CONF OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 }
 
 case $CASE in
@@ -362,16 +378,7 @@ EOS
     test ! -e "$W/single"
     ;;
   srun)  # the multinode config under srun on a SLURM started here (tests/e2e/slurm_local.sh); 77 = skipped
-    if ! command -v srun > /dev/null || ! command -v slurmd > /dev/null; then
-      echo "e2e.srun SKIPPED: SLURM is not installed (apt-get install slurmctld slurmd slurm-client munge)"
-      exit 77
-    fi
-    SL="$SRC/tests/e2e/slurm_local.sh"
-    SD=$(mktemp -d /tmp/troupe-slurm.XXXXXX)  # short: the daemons' unix sockets live here
-    trap 'bash "$SL" stop "$SD"; rm -rf "$SD"' EXIT
-    trap 'exit 143' TERM INT
-    SLURM_CONF=$(bash "$SL" start "$SD") || exit $?
-    export SLURM_CONF OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+    start_slurm e2e.srun
     S="timeout 150 srun --mpi=pmix --kill-on-bad-exit=1"
     $S -n 4 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" \
       --set sft.max_steps=5 --set grpo.max_steps=3 --set eval.num_prompts=10 $Q
@@ -384,6 +391,28 @@ EOS
     grep -q "error: srun started 4 tasks without an MPI plugin.*srun --mpi=pmix -n 4" "$W/err.txt"
     test ! -e "$W/mismatch"
     test ! -e "$W/none"
+    ;;
+  restart_srun)  # troupe run --restarts 1 --launcher "srun ..." on a SLURM started here: learner rank 1 is
+    # SIGKILLed after a checkpoint; srun ends the job step, the supervisor (outside srun) restarts it
+    # with --resume from the latest checkpoint, which finishes: every step's row exactly once; 77 = skipped
+    start_slurm e2e.restart_srun
+    rank_wrapper
+    "$TROUPE" run "$SRC/configs/multinode.yaml" --restarts 1 \
+      --launcher "timeout 200 srun --mpi=pmix --kill-on-bad-exit=1 -n 4 bash $W/rank.sh" --set run.dir="$W/run" \
+      --set sft.max_steps=4 --set grpo.max_steps=40 --set eval.every=0 --set eval.num_prompts=10 \
+      --set checkpointing.every=2 --set cluster.peer_timeout_s=5 $Q 2> "$W/err.txt" &
+    job=$!
+    for i in $(seq 1 480); do
+      [ -e "$W/run/checkpoints/latest" ] && [ -s "$W/pid_1" ] && break
+      sleep 0.25
+    done
+    test -e "$W/run/checkpoints/latest"
+    kill -9 "$(cat "$W/pid_1")"
+    wait $job || { echo "the supervised run exited $?"; grep -v PMIX "$W/err.txt" | tail -20; exit 1; }
+    grep "troupe: restart" "$W/err.txt"
+    grep -q "restart 1 of 1: the job failed" "$W/err.txt"
+    grep -q "restart 1 of 1" "$W/run/logs/restarts.log"
+    $CHECK steps "$W/run" 44
     ;;
   dynamic_sampling)  # DAPO: filtered groups are refilled by more generation rounds (bounded); resume is bit-identical
     S="--set grpo.dynamic_sampling=true --set grpo.max_generation_rounds=6 --set rollout.prompts_per_step=4 --set sft.max_steps=20 --set optimizer.schedule=constant --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=2 $Q"
