@@ -68,6 +68,10 @@ Paired interleaved_n(int reps, const std::function<double()>& ours, const std::f
   return {median(a), median(b)};
 }
 
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 double time_s(const std::function<void()>& fn) {
   auto t0 = std::chrono::steady_clock::now();
   fn();

@@ -15,23 +15,15 @@
 #include <random>
 #include <vector>
 
+#include "troupe/bench/bench.h"
 #include "troupe/kernels/moe.h"
 #include "troupe/kernels/moe_expert_parallel.h"
 #include "troupe/learner/expert_parallel.h"
 
 namespace k = troupe::kernels;
+namespace tb = troupe::bench;
 
 namespace {
-
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "learner_ep_bench: %s\n", what.c_str());
@@ -86,9 +78,9 @@ int main(int argc, char** argv) {
   };
   auto timed = [&](auto&& fn) {
     MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = now_ms();
+    const double t0 = tb::now_ms();
     fn();
-    double dt = now_ms() - t0, slowest = 0;
+    double dt = tb::now_ms() - t0, slowest = 0;
     MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return slowest;
   };
@@ -116,7 +108,7 @@ int main(int argc, char** argv) {
   }
   if (rank == 0) {
     std::printf("{\"tokens_per_rank\": %d, \"reps\": %d, \"ours_ms\": %.6f, \"unsplit_ms\": %.6f, \"alltoall_bytes\": %.0f, "
-                "\"C\": %d, \"H\": %d, \"E\": %d, \"K\": %d}\n", N, reps, median(a), median(b), all_bytes, c.C, c.H,
+                "\"C\": %d, \"H\": %d, \"E\": %d, \"K\": %d}\n", N, reps, tb::median(a), tb::median(b), all_bytes, c.C, c.H,
                 c.E, c.K);
     std::fflush(stdout);
   }

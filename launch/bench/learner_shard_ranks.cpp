@@ -81,10 +81,6 @@ std::vector<learner::Sample> make_batch(const Options& o, int ranks, int vocab, 
   return out;
 }
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -116,10 +112,10 @@ int main(int argc, char** argv) {
       auto timed = [&](learner::Trainer& t, uint64_t seed) {
         const auto batch = make_batch(o, world.size(), mc.vocab_size, seed);
         MPI_Barrier(MPI_COMM_WORLD);
-        const double t0 = now_ms();
+        const double t0 = bench::now_ms();
         auto r = t.train_step(batch);
         if (!r.ok()) fail(r.error().message);
-        double dt = now_ms() - t0, slowest = 0;
+        double dt = bench::now_ms() - t0, slowest = 0;
         MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         return slowest;
       };

@@ -32,6 +32,22 @@ echo $? > "$RANKDIR/rc_$r"
 EOS
   export RANKDIR="$W"
 }
+# restarted_once JOB: the supervised run JOB (44 steps, a checkpoint every 2; ranks' pids from
+# rank_wrapper) has its learner rank 1 SIGKILLed after the first checkpoint; the supervisor must log
+# the restart with its cause and finish with every step's row exactly once
+restarted_once() {
+  for i in $(seq 1 480); do
+    [ -e "$W/run/checkpoints/latest" ] && [ -s "$W/pid_1" ] && break
+    sleep 0.25
+  done
+  test -e "$W/run/checkpoints/latest"
+  kill -9 "$(cat "$W/pid_1")"
+  wait "$1" || { echo "the supervised run exited $?"; grep -v PMIX "$W/err.txt" | tail -20; exit 1; }
+  grep "troupe: restart" "$W/err.txt"
+  grep -q "restart 1 of 1: the job failed (it exited with code" "$W/err.txt"
+  grep -q "restart 1 of 1" "$W/run/logs/restarts.log"
+  $CHECK steps "$W/run" 44
+}
 # start_slurm TEST: a single-node SLURM for this case (tests/e2e/slurm_local.sh), stopped when the case
 # ends; without SLURM the case is skipped (exit 77)
 start_slurm() {
@@ -222,18 +238,7 @@ sys.exit(0 if abs(frac - 0.75) < 0.15 else 1)" "$W/run"
     "$TROUPE" run "$SRC/configs/multinode.yaml" --restarts 1 --launcher "$M" --set run.dir="$W/run" \
       --set sft.max_steps=4 --set grpo.max_steps=40 --set eval.every=0 --set eval.num_prompts=10 \
       --set checkpointing.every=2 --set cluster.peer_timeout_s=5 $Q 2> "$W/err.txt" &
-    job=$!
-    for i in $(seq 1 240); do
-      [ -e "$W/run/checkpoints/latest" ] && [ -s "$W/pid_1" ] && break
-      sleep 0.25
-    done
-    test -e "$W/run/checkpoints/latest"
-    kill -9 "$(cat "$W/pid_1")"
-    wait $job || { echo "the supervised run exited $?"; grep -v PMIX "$W/err.txt" | tail -20; exit 1; }
-    grep "troupe: restart" "$W/err.txt"
-    grep -q "restart 1 of 1: the job failed (it exited with code" "$W/err.txt"
-    grep -q "restart 1 of 1" "$W/run/logs/restarts.log"
-    $CHECK steps "$W/run" 44
+    restarted_once $!
     # inside mpirun the supervisor is refused, naming the way to start it
     expect_exit nonzero $MPIEXEC --oversubscribe --allow-run-as-root -np 1 "$TROUPE" run "$SRC/configs/quickstart.yaml" \
       --restarts 1 --set run.dir="$W/bad"
@@ -401,18 +406,7 @@ EOS
       --launcher "timeout 200 srun --mpi=pmix --kill-on-bad-exit=1 -n 4 bash $W/rank.sh" --set run.dir="$W/run" \
       --set sft.max_steps=4 --set grpo.max_steps=40 --set eval.every=0 --set eval.num_prompts=10 \
       --set checkpointing.every=2 --set cluster.peer_timeout_s=5 $Q 2> "$W/err.txt" &
-    job=$!
-    for i in $(seq 1 480); do
-      [ -e "$W/run/checkpoints/latest" ] && [ -s "$W/pid_1" ] && break
-      sleep 0.25
-    done
-    test -e "$W/run/checkpoints/latest"
-    kill -9 "$(cat "$W/pid_1")"
-    wait $job || { echo "the supervised run exited $?"; grep -v PMIX "$W/err.txt" | tail -20; exit 1; }
-    grep "troupe: restart" "$W/err.txt"
-    grep -q "restart 1 of 1: the job failed" "$W/err.txt"
-    grep -q "restart 1 of 1" "$W/run/logs/restarts.log"
-    $CHECK steps "$W/run" 44
+    restarted_once $!
     ;;
   dynamic_sampling)  # DAPO: filtered groups are refilled by more generation rounds (bounded); resume is bit-identical
     S="--set grpo.dynamic_sampling=true --set grpo.max_generation_rounds=6 --set rollout.prompts_per_step=4 --set sft.max_steps=20 --set optimizer.schedule=constant --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.every=2 $Q"

@@ -76,6 +76,8 @@ Paired interleaved_n(int reps, const std::function<double()>& ours, const std::f
 
 // Wall-clock seconds of fn().
 double time_s(const std::function<void()>& fn);
+// Milliseconds on the steady clock (the rank helpers time their steps with it).
+double now_ms();
 
 // Suites, one file each under launch/bench/. Each returns a process exit code.
 int run_runtime_suite(const BenchOptions& opt);   // runtime.cpp
