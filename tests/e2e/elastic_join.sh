@@ -11,7 +11,7 @@
 # staleness within max_staleness, no relay hop failed: the member relays like the job's generators),
 # join_mpirun (the same in sync mode under mpirun -np 3: learner and coordinator on rank 0, the
 # generator and the env worker on ranks 1 and 2; the member reaches rank 0 only),
-# join_srun (the same under srun -n 3 on a single-node SLURM started here, tests/e2e/slurm_local.sh,
+# join_srun (the same under srun -n 3 on a single-node SLURM started here, tests/e2e/slurm_session.sh,
 # 77 = skipped without SLURM; two members join, and with weight_sync.relay_fanout 2 the job's
 # generator relays the weights to the first of them: no hop fails, both leave by SIGTERM),
 # join_env (an env server joins the pool of a run's env with troupe join --role env, takes
@@ -23,10 +23,10 @@ W=$WORK/$CASE
 rm -rf "$W" && mkdir -p "$W"
 cd "$W"
 PIDS=()
-SLURM_DIR=""
+source "$SRC/tests/e2e/slurm_session.sh"
 cleanup() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2> /dev/null || true; done
-  if [ -n "$SLURM_DIR" ]; then bash "$SRC/tests/e2e/slurm_local.sh" stop "$SLURM_DIR"; rm -rf "$SLURM_DIR"; fi
+  slurm_session_stop
 }
 trap cleanup EXIT
 # The quickstart, short, listening for members; each env call 20 ms late so that a step lasts a
@@ -141,13 +141,7 @@ case $CASE in
       MODE=""
     fi
     if [ "$CASE" = join_srun ]; then
-      if ! command -v srun > /dev/null || ! command -v slurmd > /dev/null; then
-        echo "e2e.join_srun SKIPPED: SLURM is not installed (apt-get install slurmctld slurmd slurm-client munge)"
-        exit 77
-      fi
-      SLURM_DIR=$(mktemp -d /tmp/troupe-slurm.XXXXXX)  # short: the daemons' unix sockets live here
-      SLURM_CONF=$(bash "$SRC/tests/e2e/slurm_local.sh" start "$SLURM_DIR") || exit $?
-      export SLURM_CONF OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+      slurm_session e2e.join_srun
       LAUNCH=(timeout 300 srun --mpi=pmix --kill-on-bad-exit=1 -n 3)
       # the job's generator and two members: more than the fan-out, so a relay tree (the job's
       # generator relays to the first member, which the job's nodes reach on 127.0.0.1)

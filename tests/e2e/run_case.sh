@@ -48,19 +48,13 @@ restarted_once() {
   grep -q "restart 1 of 1" "$W/run/logs/restarts.log"
   $CHECK steps "$W/run" 44
 }
-# start_slurm TEST: a single-node SLURM for this case (tests/e2e/slurm_local.sh), stopped when the case
-# ends; without SLURM the case is skipped (exit 77)
+# start_slurm TEST: a single-node SLURM for this case (tests/e2e/slurm_session.sh), stopped when the
+# case ends; without SLURM the case is skipped (exit 77)
+source "$SRC/tests/e2e/slurm_session.sh"
 start_slurm() {
-  if ! command -v srun > /dev/null || ! command -v slurmd > /dev/null; then
-    echo "$1 SKIPPED: SLURM is not installed (apt-get install slurmctld slurmd slurm-client munge)"
-    exit 77
-  fi
-  SL="$SRC/tests/e2e/slurm_local.sh"
-  SD=$(mktemp -d /tmp/troupe-slurm.XXXXXX)  # short: the daemons' unix sockets live here
-  trap 'bash "$SL" stop "$SD"; rm -rf "$SD"' EXIT
+  trap 'slurm_session_stop' EXIT
   trap 'exit 143' TERM INT
-  SLURM_CONF=$(bash "$SL" start "$SD") || exit $?
-  export SLURM_CONF OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+  slurm_session "$1"
 }
 
 case $CASE in
@@ -382,7 +376,7 @@ EOS
     grep -q "multinode.yaml:[0-9]*:[0-9]*: error: cluster.learners: 2 data-parallel learners need one rank each: run under mpirun -np 4" "$W/err.txt"
     test ! -e "$W/single"
     ;;
-  srun)  # the multinode config under srun on a SLURM started here (tests/e2e/slurm_local.sh); 77 = skipped
+  srun)  # the multinode config under srun on a SLURM started here (tests/e2e/slurm_session.sh); 77 = skipped
     start_slurm e2e.srun
     S="timeout 150 srun --mpi=pmix --kill-on-bad-exit=1"
     $S -n 4 "$TROUPE" run "$SRC/configs/multinode.yaml" --set run.dir="$W/run" \
