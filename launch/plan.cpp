@@ -169,7 +169,8 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
   }
   r.collectives = reduce_scatter_bytes(s) + in_flight + expert_parallel_bytes(cfg, s);
   if (cfg.loss.kl_coef > 0) {  // the frozen reference policy: a second model (LearnerRole::create)
-    r.weights += s.P * kF + s.A * kF;
+    // (with the experts divided, on every learner only its block: make_policy's expert block)
+    r.weights += (s.P - experts_not_held(cfg, s)) * kF + s.A * kF;
     if (!s.host_visible) r.gradients += (s.A > 0 ? s.A : s.P) * kF;  // allocated on the device, never used
     r.notes.push_back("loss.kl_coef > 0: a reference model (weights, and its activations per 4096 tokens)");
   }

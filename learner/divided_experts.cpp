@@ -44,13 +44,23 @@ Status Trainer::divided_optimizer_step(StepMetrics& out, double& norm_sum) {
   return {};
 }
 
+Result<std::vector<std::vector<float>>> Trainer::group_logprobs(PolicyModel& model, const std::vector<Sample>& batch) {
+  if (!model.expert_shards()) return compute_completion_logprobs(model, batch, cfg_.batch.temperature);
+  // Every rank computes the whole batch: the same forwards, so no idle pass is needed.
+  TROUPE_TRY(join_expert_parallel());
+  if (!ep_) return invalid_input("learner: a model holding one block of experts with policy.moe.expert_parallel 1");
+  TROUPE_TRY(model.set_expert_exchange(&ep_->exchange()));
+  auto logprobs = compute_completion_logprobs(model, batch, cfg_.batch.temperature);
+  (void)model.set_expert_exchange(nullptr);
+  return logprobs;
+}
+
 Result<std::vector<std::vector<float>>> Trainer::old_logprobs(const std::vector<Sample>& batch) {
-  if (!model_.expert_shards()) return compute_completion_logprobs(model_, batch, cfg_.batch.temperature);
-  // Every rank recomputes the whole batch: the same forwards, so no idle pass is needed.
-  TROUPE_TRY(model_.set_expert_exchange(&ep_->exchange()));
-  auto old = compute_completion_logprobs(model_, batch, cfg_.batch.temperature);
-  (void)model_.set_expert_exchange(nullptr);
-  return old;
+  return group_logprobs(model_, batch);
+}
+
+Result<std::vector<std::vector<float>>> Trainer::reference_logprobs(PolicyModel& ref, const std::vector<Sample>& batch) {
+  return group_logprobs(ref, batch);
 }
 
 Result<MismatchSums> Trainer::mismatch_before_update(const std::vector<const Sample*>& mine) {

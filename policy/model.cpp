@@ -378,10 +378,24 @@ void Model::Impl::record_routing(int l, const LayerActs& a, int T) {
               routing_out + static_cast<size_t>(t) * routing_width + static_cast<size_t>(moe_ordinal[l]) * K);
 }
 
+namespace {
+// Advances *rng past what fill_normal of n values draws: two splitmix64 draws per pair of values
+// (kernels/cpu/random.cpp), each adding the same constant to the state.
+void skip_normal(size_t n, uint64_t* rng) { *rng += static_cast<uint64_t>((n + 1) / 2 * 2) * 0x9E3779B97F4A7C15ull; }
+}  // namespace
+
 Status Model::Impl::init_params(uint64_t seed) {
   uint64_t s = seed;
   size_t quant_index = 0;
-  for (const auto& t : table) {
+  // A block of the experts (create_expert_block) draws the whole model's stream in the whole table's
+  // order, skipping the other blocks' experts (its own table is that order without them).
+  size_t held = 0;
+  for (const auto& w : sliced() ? eshard.whole_table : table) {
+    if (sliced() && (held == table.size() || table[held].name != w.name)) {
+      skip_normal(w.numel(), &s);  // (another block's routed expert: N(0, 0.02) in the whole model)
+      continue;
+    }
+    const TensorSpec& t = sliced() ? table[held++] : w;
     if (t.quantized)  // drawn as an arena tensor would be, then quantized (gguf: left for the loader)
       TROUPE_TRY(init_quant(quant_index++, &s));
     else if (t.name.find("norm.weight") != std::string::npos)
@@ -1097,17 +1111,37 @@ Status Model::set_expert_exchange(kernels::MoeExchange* exchange) {
 Status Model::expert_parallel_idle_pass(bool with_backward) { return impl_->ep_idle_pass(with_backward); }
 const ExpertShardLayout* Model::expert_shards() const { return impl_->sliced() ? &impl_->eshard : nullptr; }
 
+namespace {
+// Why a model of cfg on backend be cannot hold expert block `shard` of `shards` (empty: it can).
+Status check_expert_block(const ModelConfig& cfg, const k::Backend& be, int shard, int shards, bool lora) {
+  auto bad = [&](const std::string& why) { return invalid_input("policy.moe.expert_parallel: " + why); };
+  bool any_moe = false;
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) any_moe = any_moe || cfg.is_moe_layer(l);
+  if (!any_moe) return bad("the model has no MoE layer (num_experts = 0)");
+  if (shards < 2 || shard < 0 || shard >= shards || cfg.num_experts % shards != 0)
+    return bad("expert block " + std::to_string(shard) + " of " + std::to_string(shards) + " of num_experts = " +
+               std::to_string(cfg.num_experts));
+  if (!be.host_visible()) return bad("dividing the experts runs on policy.device: cpu only");
+  if (lora) return bad("not with LoRA adapters (policy.lora)");
+  if (cfg.base_dtype != BaseDtype::fp32) return bad("not with a quantized base (policy.base_dtype)");
+  return {};
+}
+}  // namespace
+
+Result<Model> Model::create_expert_block(const ModelConfig& cfg, uint64_t seed, int shard, int shards) {
+  TROUPE_TRY(validate_model_config(cfg));
+  TROUPE_ASSIGN_OR_RETURN(const k::Backend* be, k::backend_for(cfg.device));
+  TROUPE_TRY(check_expert_block(cfg, *be, shard, shards, cfg.lora.enabled()));
+  auto impl = std::make_unique<Impl>(cfg, *be, shard, shards);
+  TROUPE_TRY(impl->alloc_params());
+  TROUPE_TRY(impl->init_params(seed));
+  return Model(std::move(impl));
+}
+
 Result<Model> Model::slice_experts(int shard, int shards) const {
   const Impl& m = *impl_;
-  auto bad = [&](const std::string& why) { return invalid_input("policy.moe.expert_parallel: " + why); };
-  if (m.routing_width == 0) return bad("the model has no MoE layer (num_experts = 0)");
-  if (shards < 2 || shard < 0 || shard >= shards || m.moe_cfg.E % shards != 0)
-    return bad("expert block " + std::to_string(shard) + " of " + std::to_string(shards) + " of num_experts = " +
-               std::to_string(m.moe_cfg.E));
-  if (!m.be->host_visible() || m.mirrored) return bad("dividing the experts runs on policy.device: cpu only");
-  if (m.lora) return bad("not with LoRA adapters (policy.lora)");
-  if (m.quant_base()) return bad("not with a quantized base (policy.base_dtype)");
-  if (m.sliced()) return bad("the model is already a slice");
+  TROUPE_TRY(check_expert_block(m.cfg, *m.be, shard, shards, m.lora));
+  if (m.sliced()) return invalid_input("policy.moe.expert_parallel: the model is already a slice");
   auto impl = std::make_unique<Impl>(m.cfg, *m.be, shard, shards);
   TROUPE_TRY(impl->alloc_params());
   for (const ArenaPiece& p : impl->eshard.pieces)

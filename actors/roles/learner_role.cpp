@@ -105,21 +105,20 @@ Result<std::unique_ptr<LearnerRole>> LearnerRole::create(const ExperimentConfig&
                                                          std::unique_ptr<learner::Communicator> comm) {
   std::unique_ptr<LearnerRole> l(new LearnerRole());
   l->cfg_ = cfg;
-  TROUPE_ASSIGN_OR_RETURN(l->policy_, make_policy(cfg));
   l->comm_ = comm ? std::move(comm) : std::make_unique<learner::LocalCommunicator>();
   l->divided_ = learners_divide_experts(cfg) && l->comm_->size() > 1;
-  if (l->divided_) {  // this learner's block of experts; learner 0 keeps the whole model besides
-    const int E = cfg.policy.expert_parallel, rank = l->comm_->rank();
-    TROUPE_ASSIGN_OR_RETURN(auto block, l->policy_.model->slice_experts(rank % E, E));
-    auto held = std::make_unique<policy::Model>(std::move(block));
-    if (rank == 0)
-      l->experts_ = std::move(held);
-    else
-      l->policy_.model = std::move(held);
+  const int E = cfg.policy.expert_parallel, rank = l->comm_->rank();
+  // [expert block at start-up] a divided learner other than learner 0 builds its block of the
+  // experts alone (make_policy's block: never the whole model), as does every divided reference model.
+  const int block_shards = l->divided_ ? E : 1, block = l->divided_ ? rank % E : 0;
+  TROUPE_ASSIGN_OR_RETURN(l->policy_, make_policy(cfg, block, rank > 0 ? block_shards : 1));
+  if (l->divided_ && rank == 0) {  // learner 0's block of experts; it keeps the whole model besides
+    TROUPE_ASSIGN_OR_RETURN(auto held, l->policy_.model->slice_experts(block, E));
+    l->experts_ = std::make_unique<policy::Model>(std::move(held));
   }
   l->adapter_ = std::make_unique<learner::ModelAdapter>(l->experts_ ? *l->experts_ : *l->policy_.model);
   if (cfg.loss.kl_coef > 0) {
-    TROUPE_ASSIGN_OR_RETURN(auto ref, make_policy(cfg));
+    TROUPE_ASSIGN_OR_RETURN(auto ref, make_policy(cfg, block, block_shards));  // [expert block at start-up]
     l->ref_model_ = std::move(ref.model);
     l->ref_adapter_ = std::make_unique<learner::ModelAdapter>(*l->ref_model_);
   }
@@ -180,8 +179,7 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
     TROUPE_ASSIGN_OR_RETURN(stale_mismatch, score_stale(r, samples, trainer));
   }
   if (ref_adapter_ && phase == learner::Phase::grpo) {
-    TROUPE_ASSIGN_OR_RETURN(auto ref, learner::compute_completion_logprobs(*ref_adapter_, samples,
-                                                                           trainer.config().batch.temperature));
+    TROUPE_ASSIGN_OR_RETURN(auto ref, trainer.reference_logprobs(*ref_adapter_, samples));  // (divided: with the group)
     for (size_t i = 0; i < samples.size(); ++i) samples[i].ref_logprobs = std::move(ref[i]);
   }
   const bool streamed = r.more || trainer.accumulating();

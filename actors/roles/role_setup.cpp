@@ -23,10 +23,13 @@ Result<std::unique_ptr<policy::io::Tokenizer>> make_builtin_tokenizer(const std:
   return policy::io::make_char_tokenizer(spec);
 }
 
-Result<PolicyBundle> make_policy(const ExperimentConfig& cfg) {
+Result<PolicyBundle> make_policy(const ExperimentConfig& cfg, int expert_shard, int expert_shards) {
   PolicyBundle b;
+  const bool block = expert_shards > 1;  // only this block of the experts, never the whole model
   if (!cfg.policy.path.empty()) {
-    TROUPE_ASSIGN_OR_RETURN(auto dir, policy::io::load_model(cfg.policy.path, cfg.policy));
+    TROUPE_ASSIGN_OR_RETURN(auto dir, block ? policy::io::load_expert_block(cfg.policy.path, expert_shard, expert_shards,
+                                                                            cfg.policy)
+                                            : policy::io::load_model(cfg.policy.path, cfg.policy));
     b.model = std::make_unique<policy::Model>(std::move(dir.model));
     if (dir.tokenizer && (dir.bos_token_id >= 0 || dir.eos_token_id >= 0))
       dir.tokenizer->set_special_ids(dir.bos_token_id >= 0 ? dir.bos_token_id : dir.tokenizer->bos_id(),
@@ -42,7 +45,9 @@ Result<PolicyBundle> make_policy(const ExperimentConfig& cfg) {
     policy::ModelConfig mc;
     static_cast<policy::ModelArchitecture&>(mc) = cfg.policy.model;
     static_cast<policy::ExecutionOptions&>(mc) = cfg.policy;
-    TROUPE_ASSIGN_OR_RETURN(auto model, policy::Model::create(mc, static_cast<uint64_t>(cfg.run.seed)));
+    const auto seed = static_cast<uint64_t>(cfg.run.seed);
+    TROUPE_ASSIGN_OR_RETURN(auto model, block ? policy::Model::create_expert_block(mc, seed, expert_shard, expert_shards)
+                                              : policy::Model::create(mc, seed));
     if (cfg.policy.init_std != 0.02f) {  // Model::create draws N(0, 0.02); norms stay at 1
       std::vector<float> flat(model.params().begin(), model.params().end());
       float scale = cfg.policy.init_std / 0.02f;

@@ -72,3 +72,8 @@ if(TROUPE_BUILD_TESTS)
     ENV "TROUPE_REWARD_FIXTURES=${PROJECT_SOURCE_DIR}/tests/reward_model" OMP_WAIT_POLICY=PASSIVE
     GROUP policy.reward_model_golden "RewardModelGolden.*")
 endif()
+if(TROUPE_BUILD_TESTS)
+  # A learner's block of the experts built or loaded alone == the whole model's slice_experts, bit for bit.
+  troupe_add_test(NAME policy.expert_parallel_block SOURCES ${CMAKE_CURRENT_LIST_DIR}/expert_block.test.cpp
+    LIBS troupe::policy)
+endif()

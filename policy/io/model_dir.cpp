@@ -406,21 +406,40 @@ namespace {
 struct TensorSource {
   std::function<const std::vector<int64_t>*(const std::string&)> shape_of;  // nullptr when absent
   std::function<Result<Tensor>(const std::string&, const std::vector<int64_t>&)> read;
+  // Rows [first, first + count) of the first dimension (a fused expert tensor's block of experts).
+  std::function<Result<Tensor>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t)> read_rows;
   std::vector<std::string> names;
   std::function<std::string(const std::string&)> file_of;  // for messages
   std::string describe;
   bool contains(const std::string& n) const { return shape_of(n) != nullptr; }
 };
 
-Result<TensorMap> canonicalize(const ModelConfig& c, const TensorSource& w) {
+// The block of experts a range names in a config of E experts: [first, first + count).
+Result<std::pair<int64_t, int64_t>> expert_block(const ModelConfig& c, ExpertRange experts) {
+  const int64_t E = c.num_experts;
+  if (experts.all()) return std::pair<int64_t, int64_t>{0, E};
+  if (experts.first < 0 || experts.count < 1 || experts.first + experts.count > E)
+    return invalid_input("experts [" + std::to_string(experts.first) + ", " +
+                         std::to_string(experts.first + experts.count) + ") of a model of num_experts = " +
+                         std::to_string(E));
+  return std::pair<int64_t, int64_t>{experts.first, experts.count};
+}
+
+Result<TensorMap> canonicalize(const ModelConfig& c, const TensorSource& w, ExpertRange experts) {
   TensorMap out;
   std::set<std::string> used;
-  const int64_t E = c.num_experts, H = c.moe_intermediate_size, C = c.hidden_size;
+  const int64_t H = c.moe_intermediate_size, C = c.hidden_size;
+  TROUPE_ASSIGN_OR_RETURN(const auto block, expert_block(c, experts));
+  const int64_t first = block.first, E = block.second;  // (E: the experts read; all but with a range)
   auto take = [&](const std::string& name, const std::vector<int64_t>& shape) -> Result<Tensor> {
     used.insert(name);
     return w.read(name, shape);
   };
-  for (const auto& [name, shape] : canonical_tensor_shapes(c)) {
+  auto take_block = [&](const std::string& name, const std::vector<int64_t>& shape) -> Result<Tensor> {
+    used.insert(name);
+    return experts.all() ? w.read(name, shape) : w.read_rows(name, shape, first, E);
+  };
+  for (auto [name, shape] : canonical_tensor_shapes(c)) {
     const bool gate_up = name.ends_with("mlp.experts.gate_up_proj");
     const bool down = name.ends_with("mlp.experts.down_proj");
     std::string on_disk = w.contains(name) ? name : disk_alias(c, name);
@@ -436,9 +455,9 @@ Result<TensorMap> canonicalize(const ModelConfig& c, const TensorSource& w) {
       const std::vector<int64_t>& disk_shape = *w.shape_of(on_disk);
       const std::vector<int64_t> transposed = {shape[0], shape[2], shape[1]};
       if (disk_shape == shape) {
-        TROUPE_ASSIGN_OR_RETURN(out[name], take(on_disk, shape));
+        TROUPE_ASSIGN_OR_RETURN(out[name], take_block(on_disk, shape));
       } else if (disk_shape == transposed) {
-        TROUPE_ASSIGN_OR_RETURN(auto t, take(on_disk, transposed));
+        TROUPE_ASSIGN_OR_RETURN(auto t, take_block(on_disk, transposed));
         out[name] = transpose_last2(t);
       } else {
         return invalid_input(w.file_of(on_disk) + ": tensor '" + on_disk + "' has shape " + shape_string(disk_shape) +
@@ -446,24 +465,29 @@ Result<TensorMap> canonicalize(const ModelConfig& c, const TensorSource& w) {
       }
       continue;
     }
-    // Per expert: stack E matrices.
+    // Per expert: stack E matrices (the block's; the other experts' tensors are not read).
     const int l = std::stoi(name.substr(13));  // "model.layers." is 13 characters
+    shape[0] = E;
     Tensor t{shape, std::vector<float>(static_cast<size_t>(E) * shape[1] * shape[2])};
-    for (int e = 0; e < E; ++e) {
+    for (int e = 0; e < c.num_experts; ++e) {
       const ExpertNames n = per_expert_names(c, l, e);
+      if (e < first || e >= first + E) {
+        used.insert({n.gate, n.up, n.down});
+        continue;
+      }
       if (gate_up) {
         if (!w.contains(n.gate))
           return invalid_input(w.describe + ": missing tensor '" + n.gate + "' (nor the fused '" + on_disk + "')");
         TROUPE_ASSIGN_OR_RETURN(auto g, take(n.gate, {H, C}));
         TROUPE_ASSIGN_OR_RETURN(auto u, take(n.up, {H, C}));
-        float* dst = t.data.data() + static_cast<size_t>(e) * 2 * H * C;
+        float* dst = t.data.data() + static_cast<size_t>(e - first) * 2 * H * C;
         std::copy(g.data.begin(), g.data.end(), dst);
         std::copy(u.data.begin(), u.data.end(), dst + H * C);
       } else {
         if (!w.contains(n.down))
           return invalid_input(w.describe + ": missing tensor '" + n.down + "' (nor the fused '" + on_disk + "')");
         TROUPE_ASSIGN_OR_RETURN(auto d, take(n.down, {C, H}));
-        std::copy(d.data.begin(), d.data.end(), t.data.data() + static_cast<size_t>(e) * C * H);
+        std::copy(d.data.begin(), d.data.end(), t.data.data() + static_cast<size_t>(e - first) * C * H);
       }
     }
     out[name] = std::move(t);
@@ -481,20 +505,24 @@ Result<TensorMap> canonicalize(const ModelConfig& c, const TensorSource& w) {
 
 }  // namespace
 
-Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource& w) {
+Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource& w, ExpertRange experts) {
   TensorSource s;
   s.shape_of = [&w](const std::string& n) -> const std::vector<int64_t>* {
     const SafetensorsEntry* e = w.find(n);
     return e ? &e->shape : nullptr;
   };
   s.read = [&w](const std::string& n, const std::vector<int64_t>& shape) { return w.read(n, shape); };
+  s.read_rows = [&w](const std::string& n, const std::vector<int64_t>& shape, int64_t first, int64_t count) {
+    return w.read_rows(n, shape, first, count);
+  };
   s.names = w.names();
   s.file_of = [&w](const std::string& n) { return w.file_of(n); };
   s.describe = w.describe();
-  return canonicalize(c, s);
+  return canonicalize(c, s, experts);
 }
 
-Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const TensorMap& m, const std::string& what) {
+Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const TensorMap& m, const std::string& what,
+                                       ExpertRange experts) {
   TensorSource s;
   s.shape_of = [&m](const std::string& n) -> const std::vector<int64_t>* {
     auto it = m.find(n);
@@ -508,31 +536,44 @@ Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const TensorMap& m,
                            shape_string(shape));
     return it->second;
   };
+  s.read_rows = [&s](const std::string& n, const std::vector<int64_t>& shape, int64_t first,
+                     int64_t count) -> Result<Tensor> {
+    TROUPE_ASSIGN_OR_RETURN(Tensor t, s.read(n, shape));
+    const size_t row = t.numel() / static_cast<size_t>(shape[0]);
+    t.shape[0] = count;
+    t.data = std::vector<float>(t.data.begin() + static_cast<std::ptrdiff_t>(first * row),
+                                t.data.begin() + static_cast<std::ptrdiff_t>((first + count) * row));
+    return t;
+  };
   for (const auto& [n, t] : m) s.names.push_back(n);
   s.file_of = [&what](const std::string&) { return what; };
   s.describe = what;
-  return canonicalize(c, s);
+  return canonicalize(c, s, experts);
 }
 
-Result<TensorMap> hf_tensors_from_canonical(const ModelConfig& c, const TensorMap& canonical, ExpertLayout layout) {
+Result<TensorMap> hf_tensors_from_canonical(const ModelConfig& c, const TensorMap& canonical, ExpertLayout layout,
+                                            ExpertRange experts) {
   TensorMap out;
-  const int64_t E = c.num_experts, H = c.moe_intermediate_size, C = c.hidden_size;
-  for (const auto& [name, shape] : canonical_tensor_shapes(c)) {
+  const int64_t H = c.moe_intermediate_size, C = c.hidden_size;
+  TROUPE_ASSIGN_OR_RETURN(const auto block, expert_block(c, experts));
+  const int64_t first = block.first, E = block.second;
+  for (auto [name, shape] : canonical_tensor_shapes(c)) {
+    const bool gate_up = name.ends_with("mlp.experts.gate_up_proj");
+    const bool down = name.ends_with("mlp.experts.down_proj");
+    if (gate_up || down) shape[0] = E;
     auto it = canonical.find(name);
     if (it == canonical.end()) return invalid_input("cannot save: tensor '" + name + "' is missing");
     if (it->second.shape != shape)
       return invalid_input("cannot save: tensor '" + name + "' has shape " + shape_string(it->second.shape) +
                            ", the config implies " + shape_string(shape));
     const Tensor& t = it->second;
-    const bool gate_up = name.ends_with("mlp.experts.gate_up_proj");
-    const bool down = name.ends_with("mlp.experts.down_proj");
     if ((!gate_up && !down) || layout == ExpertLayout::fused) {
       out[name] = t;  // transformers 5 reads fused experts under mlp. for both families
       continue;
     }
     const int l = std::stoi(name.substr(13));
     for (int e = 0; e < E; ++e) {
-      const ExpertNames n = per_expert_names(c, l, e);
+      const ExpertNames n = per_expert_names(c, l, static_cast<int>(first) + e);
       if (gate_up) {
         const float* src = t.data.data() + static_cast<size_t>(e) * 2 * H * C;
         out[n.gate] = Tensor{{H, C}, std::vector<float>(src, src + H * C)};
@@ -563,6 +604,21 @@ int32_t token_id_from(const json& j, const char* key) {
 
 }  // namespace
 
+Result<TensorMap> read_model_weights(const std::string& path, const ModelConfig& c, ExpertRange experts) {
+  const fs::path dir(path);
+  if (has_shard_manifest(path) && !fs::exists(dir / "model.safetensors") &&
+      !fs::exists(dir / "model.safetensors.index.json")) {  // a sharded learner's checkpoint (sharded_weights.h)
+    TROUPE_ASSIGN_OR_RETURN(auto m, read_shard_manifest(path));
+    if (m.kind != "model")
+      return invalid_input(m.path + ": holds LoRA adapters (kind " + m.kind + "), not a whole model's weights");
+    TROUPE_ASSIGN_OR_RETURN(auto named, read_sharded_tensors(path, m));
+    return canonicalize_tensors(c, named, m.path, experts);
+  }
+  // A block of the experts reads each tensor's bytes as it needs them (the others' are never read).
+  TROUPE_ASSIGN_OR_RETURN(auto w, WeightSource::open_dir(path, experts.all() ? DataLoad::eager : DataLoad::on_demand));
+  return canonicalize_tensors(c, w, experts);
+}
+
 Result<ModelDir> load_model_dir(const std::string& path, bool read_weights) {
   ModelDir d;
   d.path = path;
@@ -577,16 +633,8 @@ Result<ModelDir> load_model_dir(const std::string& path, bool read_weights) {
     return invalid_input(cfg_path + ": not valid JSON: " + e.what());
   }
   TROUPE_ASSIGN_OR_RETURN(d.config, config_from_hf_json(d.hf_config, cfg_path));
-  if (read_weights && has_shard_manifest(path) && !fs::exists(dir / "model.safetensors") &&
-      !fs::exists(dir / "model.safetensors.index.json")) {  // a sharded learner's checkpoint (sharded_weights.h)
-    TROUPE_ASSIGN_OR_RETURN(auto m, read_shard_manifest(path));
-    if (m.kind != "model")
-      return invalid_input(m.path + ": holds LoRA adapters (kind " + m.kind + "), not a whole model's weights");
-    TROUPE_ASSIGN_OR_RETURN(auto named, read_sharded_tensors(path, m));
-    TROUPE_ASSIGN_OR_RETURN(d.tensors, canonicalize_tensors(d.config, named, m.path));
-  } else if (read_weights) {
-    TROUPE_ASSIGN_OR_RETURN(auto w, WeightSource::open_dir(path));
-    TROUPE_ASSIGN_OR_RETURN(d.tensors, canonicalize_tensors(d.config, w));
+  if (read_weights) {
+    TROUPE_ASSIGN_OR_RETURN(d.tensors, read_model_weights(path, d.config));
   }
   if (fs::exists(dir / kHfTokenizerFile) || fs::exists(dir / kTroupeTokenizerFile)) {
     TROUPE_ASSIGN_OR_RETURN(d.tokenizer, load_tokenizer_dir(path));

@@ -11,24 +11,21 @@
 
 namespace troupe::policy::io {
 
-Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec) {
-  ModelConfig config = dir.config;
-  static_cast<ExecutionOptions&>(config) = exec;
-  auto created = Model::create(config, 0);
-  if (!created.ok()) return invalid_input(dir.path + "/config.json: " + created.error().message);
-  Model model = std::move(created).value();
-  TROUPE_ASSIGN_OR_RETURN(auto named, hf_tensors_from_canonical(dir.config, dir.tensors, ExpertLayout::per_expert));
+namespace {
+
+// Every tensor of the model's table from `named` (on-disk names, per expert), shapes checked.
+Status fill_model(Model& model, TensorMap& named, const std::string& dir_path, const ExecutionOptions& exec) {
   std::vector<float> flat(model.params().begin(), model.params().end());
   for (const TensorSpec& spec : model.tensors()) {
     if (spec.quantized && exec.base_dtype == BaseDtype::gguf)
-      return invalid_input("policy.base_dtype: gguf keeps the blocks of a .gguf policy.path; " + dir.path +
+      return invalid_input("policy.base_dtype: gguf keeps the blocks of a .gguf policy.path; " + dir_path +
                            " is a model directory (use bf16, q8_0 or q4_k to quantize it)");
     auto it = named.find(spec.name);
     if (it == named.end())
-      return make_error(ErrorCode::internal, dir.path + ": the model's tensor '" + spec.name +
+      return make_error(ErrorCode::internal, dir_path + ": the model's tensor '" + spec.name +
                                                  "' has no counterpart in the directory's tensors (io/model mapping out of date)");
     if (it->second.shape != spec.shape)
-      return invalid_input(dir.path + ": tensor '" + spec.name + "' has shape " + shape_string(it->second.shape) +
+      return invalid_input(dir_path + ": tensor '" + spec.name + "' has shape " + shape_string(it->second.shape) +
                            ", the model expects " + shape_string(spec.shape));
     if (spec.quantized) {  // QLoRA: quantized into policy.base_dtype, never kept as fp32
       TROUPE_TRY(model.set_base_quant_values(spec.name, it->second.data));
@@ -36,8 +33,21 @@ Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec) 
       continue;
     }
     std::copy(it->second.data.begin(), it->second.data.end(), flat.begin() + static_cast<std::ptrdiff_t>(spec.offset));
+    it->second.data = std::vector<float>();  // (each value held twice for one tensor at most)
   }
-  TROUPE_TRY(model.set_params(flat));
+  return model.set_params(flat);
+}
+
+}  // namespace
+
+Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec) {
+  ModelConfig config = dir.config;
+  static_cast<ExecutionOptions&>(config) = exec;
+  auto created = Model::create(config, 0);
+  if (!created.ok()) return invalid_input(dir.path + "/config.json: " + created.error().message);
+  Model model = std::move(created).value();
+  TROUPE_ASSIGN_OR_RETURN(auto named, hf_tensors_from_canonical(dir.config, dir.tensors, ExpertLayout::per_expert));
+  TROUPE_TRY(fill_model(model, named, dir.path, exec));
   return model;
 }
 
@@ -51,6 +61,26 @@ Result<LoadedModel> load_model(const std::string& path, const ExecutionOptions& 
   TROUPE_ASSIGN_OR_RETURN(auto dir, load_model_dir(dir_path, !gguf_base));
   Result<Model> loaded = gguf_base ? model_from_gguf(path, dir, exec) : model_from_dir(dir, exec);
   TROUPE_ASSIGN_OR_RETURN(auto model, std::move(loaded));
+  LoadedModel out{std::move(model), std::move(dir.tokenizer), dir.bos_token_id, dir.eos_token_id, dir.pad_token_id};
+  return out;
+}
+
+Result<LoadedModel> load_expert_block(const std::string& path, int shard, int shards, const ExecutionOptions& exec) {
+  if (exec.base_dtype != BaseDtype::fp32)
+    return invalid_input("policy.moe.expert_parallel: not with a quantized base (policy.base_dtype)");
+  TROUPE_ASSIGN_OR_RETURN(std::string dir_path, model_dir_for(path));  // a .gguf: its $TROUPE_CACHE/gguf/ import
+  TROUPE_ASSIGN_OR_RETURN(auto dir, load_model_dir(dir_path, false));  // config.json and the tokenizer
+  ModelConfig config = dir.config;
+  static_cast<ExecutionOptions&>(config) = exec;
+  auto created = Model::create_expert_block(config, 0, shard, shards);
+  if (!created.ok()) return invalid_input(dir.path + "/config.json: " + created.error().message);
+  Model model = std::move(created).value();
+  const int per = dir.config.num_experts / shards;
+  const ExpertRange experts{shard * per, per};
+  TROUPE_ASSIGN_OR_RETURN(auto canonical, read_model_weights(dir_path, dir.config, experts));
+  TROUPE_ASSIGN_OR_RETURN(auto named, hf_tensors_from_canonical(dir.config, canonical, ExpertLayout::per_expert, experts));
+  canonical.clear();
+  TROUPE_TRY(fill_model(model, named, dir.path, exec));
   LoadedModel out{std::move(model), std::move(dir.tokenizer), dir.bos_token_id, dir.eos_token_id, dir.pad_token_id};
   return out;
 }

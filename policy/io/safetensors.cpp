@@ -90,7 +90,7 @@ Error bad(const std::string& path, const std::string& what) {
 
 }  // namespace
 
-Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+Result<SafetensorsFile> SafetensorsFile::open(const std::string& path, DataLoad load) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return bad(path, std::string("cannot open safetensors file (") + std::strerror(errno) + ")");
   in.seekg(0, std::ios::end);
@@ -163,6 +163,8 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::sort(f.entries_.begin(), f.entries_.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
   for (size_t i = 0; i < f.entries_.size(); ++i) f.index_[f.entries_[i].name] = i;
+  f.data_start_ = 8 + header_len;
+  if (load == DataLoad::on_demand) return f;  // (read_values reads each tensor's bytes from the file)
   f.data_ = std::make_shared<std::vector<char>>(data_size);
   in.read(f.data_->data(), static_cast<std::streamsize>(data_size));
   if (static_cast<uint64_t>(in.gcount()) != data_size) return bad(path, "read error in the data section");
@@ -174,33 +176,69 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
+Status SafetensorsFile::read_values(const SafetensorsEntry& e, size_t first, size_t n, float* out) const {
+  const size_t esize = dtype_size(e.dtype);
+  if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16" && e.dtype != "F64")
+    return bad(path_, "tensor '" + e.name + "' has dtype " + e.dtype + "; troupe reads F32, BF16, F16 and F64 weights");
+  if (n == 0) return {};  // an empty tensor: no bytes to read (data_ may be empty, its data() null)
+  std::vector<char> bytes;  // on demand: the range's bytes, read from the file now
+  const char* src = nullptr;
+  if (data_) {
+    src = data_->data() + e.begin + first * esize;
+  } else {
+    std::ifstream in(path_, std::ios::binary);
+    bytes.resize(n * esize);
+    in.seekg(static_cast<std::streamoff>(data_start_ + e.begin + first * esize));
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!in || static_cast<size_t>(in.gcount()) != bytes.size())
+      return bad(path_, "cannot read tensor '" + e.name + "' (" + std::strerror(errno) + ")");
+    src = bytes.data();
+  }
+  if (e.dtype == "F32") {
+    std::memcpy(out, src, n * 4);
+  } else if (e.dtype == "BF16" || e.dtype == "F16") {
+    const bool bf = e.dtype == "BF16";
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      out[i] = bf ? bf16_to_float(h) : f16_to_float(h);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      double d;
+      std::memcpy(&d, src + 8 * i, 8);
+      out[i] = static_cast<float>(d);
+    }
+  }
+  return {};
+}
+
 Result<Tensor> SafetensorsFile::read(const std::string& name) const {
   const SafetensorsEntry* e = find(name);
   if (!e) return bad(path_, "missing tensor '" + name + "'");
   Tensor t;
   t.shape = e->shape;
-  const size_t n = t.numel();
-  t.data.resize(n);
-  if (n == 0) return t;  // an empty tensor: no bytes to read (data_ may be empty, its data() null)
-  const char* src = data_->data() + e->begin;
-  if (e->dtype == "F32") {
-    std::memcpy(t.data.data(), src, n * 4);
-  } else if (e->dtype == "BF16" || e->dtype == "F16") {
-    const bool bf = e->dtype == "BF16";
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      t.data[i] = bf ? bf16_to_float(h) : f16_to_float(h);
-    }
-  } else if (e->dtype == "F64") {
-    for (size_t i = 0; i < n; ++i) {
-      double d;
-      std::memcpy(&d, src + 8 * i, 8);
-      t.data[i] = static_cast<float>(d);
-    }
-  } else {
-    return bad(path_, "tensor '" + name + "' has dtype " + e->dtype + "; troupe reads F32, BF16, F16 and F64 weights");
-  }
+  t.data.resize(t.numel());
+  TROUPE_TRY(read_values(*e, 0, t.data.size(), t.data.data()));
+  return t;
+}
+
+Result<Tensor> SafetensorsFile::read_rows(const std::string& name, const std::vector<int64_t>& shape, int64_t first,
+                                          int64_t count) const {
+  const SafetensorsEntry* e = find(name);
+  if (!e) return bad(path_, "missing tensor '" + name + "'");
+  if (e->shape != shape)
+    return bad(path_, "tensor '" + name + "' has shape " + shape_string(e->shape) + ", expected " + shape_string(shape));
+  if (shape.empty() || first < 0 || count < 0 || first + count > shape[0])
+    return bad(path_, "tensor '" + name + "' of shape " + shape_string(shape) + " has no rows [" +
+                          std::to_string(first) + ", " + std::to_string(first + count) + ")");
+  Tensor t;
+  t.shape = shape;
+  t.shape[0] = count;
+  size_t row = 1;  // values per row
+  for (size_t d = 1; d < shape.size(); ++d) row *= static_cast<size_t>(shape[d]);
+  t.data.resize(t.numel());
+  TROUPE_TRY(read_values(*e, static_cast<size_t>(first) * row, t.data.size(), t.data.data()));
   return t;
 }
 
@@ -269,8 +307,8 @@ Status write_safetensors(const std::string& path, const TensorMap& tensors, cons
 
 // ---- WeightSource: one file or an index of shards ----
 
-Result<WeightSource> WeightSource::open_file(const std::string& path) {
-  TROUPE_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(path));
+Result<WeightSource> WeightSource::open_file(const std::string& path, DataLoad load) {
+  TROUPE_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(path, load));
   WeightSource w;
   w.description_ = path;
   for (const auto& e : f.entries()) w.where_[e.name] = 0;
@@ -278,7 +316,7 @@ Result<WeightSource> WeightSource::open_file(const std::string& path) {
   return w;
 }
 
-Result<WeightSource> WeightSource::open_index(const std::string& index_path) {
+Result<WeightSource> WeightSource::open_index(const std::string& index_path, DataLoad load) {
   std::ifstream in(index_path);
   if (!in) return bad(index_path, "cannot open the shard index");
   json j;
@@ -300,7 +338,7 @@ Result<WeightSource> WeightSource::open_index(const std::string& index_path) {
       return bad(index_path, "weight_map['" + it.key() + "'] names '" + shard + "', outside the model directory");
     auto s = shard_index.find(shard);
     if (s == shard_index.end()) {
-      TROUPE_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open((dir / shard).string()));
+      TROUPE_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open((dir / shard).string(), load));
       s = shard_index.emplace(shard, w.files_.size()).first;
       w.files_.push_back(std::move(f));
     }
@@ -312,10 +350,11 @@ Result<WeightSource> WeightSource::open_index(const std::string& index_path) {
   return w;
 }
 
-Result<WeightSource> WeightSource::open_dir(const std::string& dir) {
+Result<WeightSource> WeightSource::open_dir(const std::string& dir, DataLoad load) {
   const fs::path d(dir);
-  if (fs::exists(d / "model.safetensors")) return open_file((d / "model.safetensors").string());
-  if (fs::exists(d / "model.safetensors.index.json")) return open_index((d / "model.safetensors.index.json").string());
+  if (fs::exists(d / "model.safetensors")) return open_file((d / "model.safetensors").string(), load);
+  if (fs::exists(d / "model.safetensors.index.json"))
+    return open_index((d / "model.safetensors.index.json").string(), load);
   return bad((d / "model.safetensors").string(), "missing weights file (no model.safetensors or model.safetensors.index.json in " + dir + ")");
 }
 
@@ -346,6 +385,13 @@ Result<Tensor> WeightSource::read(const std::string& name, const std::vector<int
   auto it = where_.find(name);
   if (it == where_.end()) return bad(description_, "missing tensor '" + name + "'");
   return files_[it->second].read(name, shape);
+}
+
+Result<Tensor> WeightSource::read_rows(const std::string& name, const std::vector<int64_t>& shape, int64_t first,
+                                       int64_t count) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) return bad(description_, "missing tensor '" + name + "'");
+  return files_[it->second].read_rows(name, shape, first, count);
 }
 
 Result<TensorMap> WeightSource::read_all() const {

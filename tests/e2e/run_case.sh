@@ -990,6 +990,81 @@ EOS
     $CHECK eval_json "$W/eval_ep.json"
     cmp <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_ep.json") <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_dp.json")
     ;;
+  expert_parallel_run_4ranks)  # policy.moe.expert_parallel 2 over 4 learners (mpirun; DP 2 x EP 2): each learner
+    # holds half the experts (learners 1-3 build only their block at start-up); the run follows the 4-learner
+    # data-parallel one within the documented rounding (the owners' groups sum their gradients before the
+    # replicas do: another order); its checkpoint resumes bit for bit as the uninterrupted run
+    S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=4 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
+    EP="--set policy.moe.expert_parallel=2"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 6"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" --set grpo.max_steps=4 $S
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=4 $S $EP
+    $CHECK close "$W/dp" "$W/ep" 1 1e-5
+    "$PY" - "$W/dp/metrics.jsonl" "$W/ep/metrics.jsonl" << 'EOS'
+import json, sys
+dp, ep = ([r["learner/state_bytes"] for r in map(json.loads, open(p)) if "learner/state_bytes" in r] for p in sys.argv[1:])
+assert dp and len(dp) == len(ep) and all(b < a for a, b in zip(dp, ep)), (dp, ep)
+print("learner/state_bytes of learner 0: data parallel", dp[0], "experts divided", ep[0])
+EOS
+    $CHECK moved "$W/ep"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep2" --set grpo.max_steps=2 $S $EP
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/ep2" --set grpo.max_steps=4 $S $EP
+    $CHECK same "$W/ep" "$W/ep2"
+    ;;
+  expert_parallel_zero_resume_2ranks)  # checkpoints across learner.shard and divided experts (mpirun, 2 learners):
+    # a ZeRO-1 run's sharded checkpoint resumed by divided learners (shard none, E 2), and a divided run's
+    # (whole) checkpoint resumed as ZeRO-1, each go on as the uninterrupted data-parallel run, bit for bit
+    # (2 learners: ZeRO-1 and E 2 with one micro-batch per learner are both data parallelism's bits)
+    S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
+    EP="--set policy.moe.expert_parallel=2"
+    Z1="--set learner.shard=optimizer"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" --set grpo.max_steps=4 $S
+    $CHECK moved "$W/dp"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z1" --set grpo.max_steps=2 $S $Z1
+    test -f "$W/z1/checkpoints/latest/shards.json"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/z1" --set grpo.max_steps=4 $S $EP
+    $CHECK same "$W/dp" "$W/z1"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=2 $S $EP
+    test -f "$W/ep/checkpoints/latest/model.safetensors"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/ep" --set grpo.max_steps=4 $S $Z1
+    $CHECK same "$W/dp" "$W/ep"
+    ;;
+  expert_parallel_kl_2ranks)  # loss.kl_coef > 0 with the experts divided over 2 learners (mpirun): the reference
+    # model is a block too, its log-probs computed with the group; the run is the data-parallel one's bits
+    S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set loss.kl_coef=0.1 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" --set grpo.max_steps=4 $S
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=4 $S \
+      --set policy.moe.expert_parallel=2
+    $CHECK same "$W/dp" "$W/ep"
+    "$PY" - "$W/ep/metrics.jsonl" << 'EOS'
+import json, sys
+g = [r for r in map(json.loads, open(sys.argv[1])) if r.get("phase") == "grpo" and "kl" in r]
+# the reference is the run's first policy, before the SFT warm-up: KL > 0, and its gradient moves every step
+assert len(g) == 4 and all(r["kl"] > 0 and r["grad_norm"] > 0 for r in g), g
+print("kl of the divided run:", [r["kl"] for r in g])
+EOS
+    ;;
+  expert_parallel_model_dir_2ranks)  # policy.path (a transformers-made MoE directory, fused experts) with the experts
+    # divided over 2 learners (mpirun): learner 1 and both reference models read only their experts' rows
+    # (policy::io::load_expert_block); the run is the data-parallel one's bits, KL included
+    $PY -c "import re,sys; t=open(sys.argv[1]).read(); open(sys.argv[2],'w').write(re.sub(r'\n  model:\n(    .*\n)+', '\n', t))" \
+      "$SRC/configs/quickstart.yaml" "$W/loaded.yaml"
+    S="--set policy.path=$SRC/tests/hf_fixture/qwen3_moe_fused --set policy.tokenizer=auto --set sft.max_steps=4 \
+       --set eval.every=0 --set eval.num_prompts=10 --set checkpointing.enabled=false --set rollout.prompts_per_step=8 \
+       --set cluster.transport=ipc --set cluster.learners=2 --set loss.kl_coef=0.1 $Q"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
+    $MPI "$TROUPE" run "$W/loaded.yaml" --set run.dir="$W/dp" --set grpo.max_steps=3 $S
+    $MPI "$TROUPE" run "$W/loaded.yaml" --set run.dir="$W/ep" --set grpo.max_steps=3 $S --set policy.moe.expert_parallel=2
+    $CHECK same "$W/dp" "$W/ep"
+    ;;
   shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard
     # and sends it to the generators itself; the generators (3, relay fan-out 2: a relay tree whose first
     # level puts the pieces together) train bit for bit as with shard none, in bf16 deltas with full_every,

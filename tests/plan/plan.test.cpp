@@ -231,6 +231,12 @@ TEST(Plan, ExpertParallelDividesTheExpertsAndAddsTheExchangedRows) {
   EXPECT_EQ(b.collectives - a.collectives, layers * rows * (3 * C + 4 * H + 2) * 4);
   EXPECT_NE(plan_table(ep).find("policy.moe.expert_parallel 2: each learner holds num_experts / 2 experts"),
             std::string::npos);
+  // loss.kl_coef: the reference model is a block of the experts too, on learner 0 as well
+  auto kl = with_ep;
+  kl.push_back("loss.kl_coef=0.1");
+  const MemoryPlan ek = plan_of(load(kTiny, kl));
+  EXPECT_EQ(row(ek, "learner", 1).weights, 2 * b.weights);
+  EXPECT_EQ(row(ek, "learner", 0).weights, b0.weights + b.weights);
   // learner.shard optimizer: every learner keeps every expert (ZeRO-1 divides the moments instead)
   auto zero1 = with_ep, zero1_dp = moe;
   zero1.push_back("learner.shard=optimizer");

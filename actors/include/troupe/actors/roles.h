@@ -33,6 +33,10 @@
 namespace troupe::actors {
 
 // The policy every role starts from: fresh init (run.seed) or policy.path, plus the tokenizer.
+// With expert_shards > 1 the model is only block expert_shard of every MoE layer's routed experts
+// (a divided learner's, policy.moe.expert_parallel): bit for bit the whole one's
+// slice_experts(expert_shard, expert_shards), never built whole (Model::create_expert_block,
+// policy::io::load_expert_block).
 class InFlightVersions;  // in_flight_versions.h (internal)
 
 struct PolicyBundle {
@@ -40,7 +44,7 @@ struct PolicyBundle {
   std::unique_ptr<policy::io::Tokenizer> tokenizer;
   std::shared_ptr<const policy::io::ChatTemplate> chat_template;  // policy.path's, null when it has none
 };
-Result<PolicyBundle> make_policy(const ExperimentConfig& cfg);
+Result<PolicyBundle> make_policy(const ExperimentConfig& cfg, int expert_shard = 0, int expert_shards = 1);
 // The character tokenizer of built-in tasks: printable ASCII and newline after <pad> <bos> <eos>.
 Result<std::unique_ptr<policy::io::Tokenizer>> make_builtin_tokenizer(const std::string& kind);
 

@@ -215,6 +215,11 @@ class Trainer {
   Status join_expert_parallel();
   Status gather_whole_params(std::span<float> whole);
   Status load_whole_params(std::span<const float> whole);
+  // compute_completion_logprobs of `batch` on another model (loss.kl_coef's reference model) at
+  // the batch temperature. A model holding one block of experts (the same block as the trainer's)
+  // runs with the expert-parallel group: every rank of it calls this with the whole batch (the same
+  // forwards, as the recomputed old log-probs run; joins the groups on a first call).
+  Result<std::vector<std::vector<float>>> reference_logprobs(PolicyModel& ref, const std::vector<Sample>& batch);
   // learner.shard parameters with ParamsAtRest::shard: between steps each rank holds its shard alone.
   bool keeps_shard_only() const { return zero3_ && params_at_rest_ == ParamsAtRest::shard; }
   // Bytes of training state this rank holds: parameters (the trainable arena, and the frozen base
@@ -267,6 +272,8 @@ class Trainer {
   // same forwards on every rank; the mismatch: idle forwards up to the most any rank runs).
   Status divided_optimizer_step(StepMetrics& out, double& norm_sum);
   Result<std::vector<std::vector<float>>> old_logprobs(const std::vector<Sample>& batch);
+  // compute_completion_logprobs on `model`, with the group when it holds one block of experts.
+  Result<std::vector<std::vector<float>>> group_logprobs(PolicyModel& model, const std::vector<Sample>& batch);
   Result<MismatchSums> mismatch_before_update(const std::vector<const Sample*>& mine);
   Result<AdamW> gathered_divided_optimizer();
   Status load_divided_optimizer(const AdamW& whole);

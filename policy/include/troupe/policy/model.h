@@ -239,6 +239,11 @@ class Model {
   // `shards` ranks at rank `shard` (set_expert_exchange); every other forward (generation, logits)
   // is refused. Host backend (cpu), fp32 base, no LoRA, shards dividing num_experts.
   Result<Model> slice_experts(int shard, int shards) const;
+  // create(cfg, seed).slice_experts(shard, shards) without the whole model: the same table, layout
+  // and values bit for bit (the block draws the whole model's one init stream in its order and skips
+  // over the other blocks' experts), only the block ever allocated. Refused where slice_experts
+  // refuses (and with cfg.lora on). The loaders' block (policy::io::load_expert_block) starts here.
+  static Result<Model> create_expert_block(const ModelConfig& cfg, uint64_t seed, int shard, int shards);
   // The layout of a model from slice_experts (null for a whole model).
   const ExpertShardLayout* expert_shards() const;
 

@@ -35,6 +35,15 @@ Result<nlohmann::json> config_to_hf_json(const ModelConfig& c);
 // Every canonical tensor the config implies, with its shape, in a fixed order.
 std::vector<std::pair<std::string, std::vector<int64_t>>> canonical_tensor_shapes(const ModelConfig& c);
 
+// A contiguous block of every MoE layer's routed experts: [first, first + count); count -1 = every
+// expert (the whole model). An expert-parallel learner's block (policy::Model::slice_experts) is
+// experts [shard E/shards, (shard+1) E/shards).
+struct ExpertRange {
+  int first = 0;
+  int count = -1;
+  bool all() const { return count < 0; }
+};
+
 enum class ExpertLayout {
   per_expert,      // what transformers' save_pretrained writes by default (loadable by 4.x and 5.x)
   fused,           // gate_up_proj (E, 2H, C), down_proj (E, C, H): save_pretrained(save_original_format=False)
@@ -56,6 +65,13 @@ struct ModelDir {
 // false: everything but the weights (tensors stays empty; a .gguf's quantized load reads its own).
 Result<ModelDir> load_model_dir(const std::string& path, bool read_weights = true);
 
+// The canonical weights of the model directory `path` whose config is `c` (load_model_dir's
+// tensors), with experts: only that block of every MoE layer's routed experts (the canonical expert
+// tensors hold count experts). A safetensors directory is then read on demand: the other experts'
+// bytes (per-expert tensors, or the fused tensors' other rows) are never read. A sharded learner's
+// checkpoint (shards.json) is read whole first.
+Result<TensorMap> read_model_weights(const std::string& path, const ModelConfig& c, ExpertRange experts = {});
+
 // Writes config.json, model.safetensors (Hugging Face layout of config.family) and the tokenizer
 // (if given) into path, creating it. `tensors` are canonical; every one the config implies must be there.
 Status save_model_dir(const std::string& path, const ModelConfig& config, const TensorMap& tensors,
@@ -66,11 +82,15 @@ Status save_model_dir(const std::string& path, const ModelConfig& config, const 
 Status save_model_dir_meta(const std::string& path, const ModelConfig& config, const Tokenizer* tokenizer,
                            int32_t bos_token_id = -1, int32_t eos_token_id = -1, int32_t pad_token_id = -1);
 
-// Converts a file's tensor names to canonical ones (exposed for tests).
-Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource& w);
+// Converts a file's tensor names to canonical ones (exposed for tests); with experts, that block of
+// the routed experts only (read_model_weights).
+Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const WeightSource& w, ExpertRange experts = {});
 // Same for tensors in memory under on-disk names; `what` names them in messages.
-Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const TensorMap& disk_named, const std::string& what);
-// Canonical names -> on-disk names of the family in `layout`.
-Result<TensorMap> hf_tensors_from_canonical(const ModelConfig& c, const TensorMap& canonical, ExpertLayout layout);
+Result<TensorMap> canonicalize_tensors(const ModelConfig& c, const TensorMap& disk_named, const std::string& what,
+                                       ExpertRange experts = {});
+// Canonical names -> on-disk names of the family in `layout`; with experts, canonical expert
+// tensors of that block (count experts), named by their expert numbers in the whole model.
+Result<TensorMap> hf_tensors_from_canonical(const ModelConfig& c, const TensorMap& canonical, ExpertLayout layout,
+                                            ExpertRange experts = {});
 
 }  // namespace troupe::policy::io

@@ -27,6 +27,11 @@ Result<Model> model_from_dir(const ModelDir& dir, const ExecutionOptions& exec =
 // straight from the .gguf (gguf_model.h). exec.base_dtype bf16/q8_0/q4_k quantizes the projections
 // as they are read.
 Result<LoadedModel> load_model(const std::string& path, const ExecutionOptions& exec = {});
+// load_model(path, exec) then Model::slice_experts(shard, shards), bit for bit, without the whole
+// model: Model::create_expert_block, filled from the shared tensors and this block's experts alone
+// (read_model_weights: a safetensors directory's other experts are never read). A .gguf path loads
+// from its cached import (imported whole once, as load_model does).
+Result<LoadedModel> load_expert_block(const std::string& path, int shard, int shards, const ExecutionOptions& exec = {});
 
 // The Model's base parameters under canonical names (for save_model_dir, comparisons); with LoRA
 // the frozen base alone (its adapters are not merged in).

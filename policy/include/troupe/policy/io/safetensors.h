@@ -41,11 +41,16 @@ struct SafetensorsEntry {
   uint64_t begin = 0, end = 0;  // byte offsets into the data section
 };
 
+// When an opened file's data section is read: all of it into memory at open (eager), or each
+// tensor's bytes from the file as that tensor is read (on_demand: a reader of some tensors, such as
+// one block of a model's experts, never holds the others).
+enum class DataLoad { eager, on_demand };
+
 // An opened safetensors file: header parsed and checked (offsets in range, sizes match
-// dtype x shape), data read into memory. Tensors are converted to fp32 on read.
+// dtype x shape), data read into memory (or on demand). Tensors are converted to fp32 on read.
 class SafetensorsFile {
  public:
-  static Result<SafetensorsFile> open(const std::string& path);
+  static Result<SafetensorsFile> open(const std::string& path, DataLoad load = DataLoad::eager);
 
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in file order
@@ -56,13 +61,20 @@ class SafetensorsFile {
   Result<Tensor> read(const std::string& name) const;
   // Same, and the shape must equal `shape` (error names tensor, file, both shapes).
   Result<Tensor> read(const std::string& name, const std::vector<int64_t>& shape) const;
+  // Rows [first, first + count) of the first dimension of a tensor of shape `shape` (checked as
+  // above): shape with its first dimension count; only those rows' bytes are read.
+  Result<Tensor> read_rows(const std::string& name, const std::vector<int64_t>& shape, int64_t first,
+                           int64_t count) const;
 
  private:
+  // Elements [first, first + n) of entry e, as fp32 into out (n values).
+  Status read_values(const SafetensorsEntry& e, size_t first, size_t n, float* out) const;
   std::string path_;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, size_t> index_;
   Metadata metadata_;
-  std::shared_ptr<std::vector<char>> data_;  // the data section (after the header)
+  std::shared_ptr<std::vector<char>> data_;  // the data section (after the header); null: on demand
+  uint64_t data_start_ = 0;                  // the data section's byte offset in the file
 };
 
 // Every tensor of a file as fp32.
@@ -78,9 +90,9 @@ Status write_safetensors(const std::string& path, const TensorMap& tensors, cons
 class WeightSource {
  public:
   // dir/model.safetensors, else dir/model.safetensors.index.json; an error names what is missing.
-  static Result<WeightSource> open_dir(const std::string& dir);
-  static Result<WeightSource> open_file(const std::string& path);
-  static Result<WeightSource> open_index(const std::string& index_path);
+  static Result<WeightSource> open_dir(const std::string& dir, DataLoad load = DataLoad::eager);
+  static Result<WeightSource> open_file(const std::string& path, DataLoad load = DataLoad::eager);
+  static Result<WeightSource> open_index(const std::string& index_path, DataLoad load = DataLoad::eager);
 
   std::vector<std::string> names() const;  // sorted
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
@@ -89,6 +101,8 @@ class WeightSource {
   std::string describe() const { return description_; }  // the file (or index) for messages
   Result<Tensor> read(const std::string& name) const;
   Result<Tensor> read(const std::string& name, const std::vector<int64_t>& shape) const;
+  Result<Tensor> read_rows(const std::string& name, const std::vector<int64_t>& shape, int64_t first,
+                           int64_t count) const;  // SafetensorsFile::read_rows
   Result<TensorMap> read_all() const;
 
  private:
