@@ -133,13 +133,6 @@ Status train(const Case& k, Communicator& comm, int ep, Run& run) {
   return tr.gather_whole_params(run.params);
 }
 
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
-  return worst;
-}
-
 int compare(const Case& k, Communicator& world) {
   Run ep, dp;
   int bad = 0;
@@ -149,7 +142,7 @@ int compare(const Case& k, Communicator& world) {
       bad = 1;
     }
   const bool holds = !(k.divide && world.rank() != 0);  // (a divided run's whole weights are on learner 0)
-  const double vs_dp = holds ? max_diff(ep.params, dp.params) : 0.0;
+  const double vs_dp = holds ? test::max_diff(ep.params, dp.params) : 0.0;
   const bool bits = !holds || (ep.params.size() == dp.params.size() &&
                                std::memcmp(ep.params.data(), dp.params.data(), ep.params.size() * 4) == 0);
   double metric_diff = ep.metrics.size() == dp.metrics.size() ? 0.0 : INFINITY;
