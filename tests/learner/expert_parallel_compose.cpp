@@ -11,7 +11,8 @@
 // because an owned expert's gradient then adds the group's rows pass by pass ((((d0 + d1) + t0) + t1)
 // for the top-k pass t, (((d0 + d1) + d0') + d1') over streamed parts) where data parallelism sums each
 // rank's own passes first ((d0 + t0) + (d1 + t1)). Models holding one block of experts
-// (slice_experts) are compared the same way, their whole weights gathered on learner 0.
+// (slice_experts) are compared the same way, their whole weights gathered on learner 0; with
+// activation checkpointing the idle passes recompute each MoE layer's forward as the peers do.
 #include <mpi.h>
 
 #include <cmath>
@@ -38,6 +39,7 @@ struct Case {
   float dropout = 0;      // policy.lora.dropout (on the non-expert adapters)
   bool stream = false;    // the batch in parts through accumulate / finish_accumulated
   bool divide = false;    // each learner's model holds only its block of experts
+  bool checkpointing = false;  // activation checkpointing (the idle passes recompute each MoE layer's forward too)
   bool exact = false;     // EP must equal DP bit for bit (2 ranks only)
 };
 
@@ -66,6 +68,7 @@ LearnerConfig config(const Case& k, int ep) {
 policy::ModelConfig model_config(const Case& k) {
   policy::ModelConfig mc = test::tiny_model(3, 4);  // MoE layers 0 and 2, 4 experts
   mc.mlp_only_layers = {1};
+  mc.activation_checkpointing = k.checkpointing;
   if (k.lora > 0) {
     mc.lora.rank = k.lora;
     mc.lora.alpha = 8;
@@ -163,6 +166,8 @@ int distill(Communicator& world) {
   bad |= compare({.name = "distill: reverse KL + top-2 pass, token budget 9", .budget = 9, .topk = 2}, world);
   bad |= compare({.name = "distill: top-2 pass, divided experts, token budget 9", .budget = 9, .topk = 2,
                   .divide = true}, world);
+  bad |= compare({.name = "distill: top-2 pass, activation checkpointing, token budget 9", .budget = 9, .topk = 2,
+                  .checkpointing = true}, world);
   return bad;
 }
 
@@ -171,6 +176,8 @@ int lora(Communicator& world) {
   bad |= compare({.name = "lora: adapters on every module and expert, one micro-batch per rank", .lora = 4,
                   .exact = true}, world);
   bad |= compare({.name = "lora: token budget 9", .budget = 9, .lora = 4}, world);
+  bad |= compare({.name = "lora: activation checkpointing, token budget 9", .budget = 9, .lora = 4,
+                  .checkpointing = true}, world);
   bad |= compare({.name = "lora: dropout 0.1 on the non-expert adapters, one micro-batch per rank", .lora = 4,
                   .dropout = 0.1f, .exact = true}, world);
   {  // a model holding one block of experts cannot carry adapters: refused naming the key
