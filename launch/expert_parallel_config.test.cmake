@@ -1,7 +1,8 @@
 # policy.expert_parallel_config: `troupe validate` refuses policy.moe.expert_parallel where it cannot
 # split (exit 2, naming the key and the value): E not dividing the experts, E not dividing the learner
-# ranks, a dense model, learner.shard: parameters beside it; a layout that splits validates (also with
-# learner.shard: gradients).
+# ranks, a dense model, learner.shard: parameters or policy.device: cuda beside it; a layout that
+# splits validates (also with learner.shard: gradients, policy.lora, distill.teacher and streamed
+# parts, rollout.async_chunks > 1).
 set(dir ${WORK}/expert_parallel_config)
 file(MAKE_DIRECTORY ${dir})
 file(WRITE ${dir}/moe.yaml "envs:\n  - name: arithmetic\ncluster:\n  learners: 2\npolicy:\n  moe:\n    expert_parallel: 2\n  model:\n    num_experts: 4\n    num_experts_per_tok: 2\n")
@@ -23,7 +24,15 @@ refused("a dense model" "--set;policy.model.num_experts=0"
         "error: policy.moe.expert_parallel: 2 splits MoE experts, but policy.model is dense \\(num_experts = 0\\)")
 refused("with learner.shard: parameters" "--set;learner.shard=parameters"
         "error: policy.moe.expert_parallel: 2 with learner.shard: parameters is not supported yet")
-execute_process(COMMAND ${TROUPE} validate ${dir}/moe.yaml --set learner.shard=gradients RESULT_VARIABLE rc ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "EP 2 with learner.shard: gradients exited ${rc}: ${err}")
-endif()
+refused("with policy.device: cuda" "--set;policy.device=cuda"
+        "error: policy.moe.expert_parallel: 2 with policy.device: cuda is not supported yet")
+function(accepted what sets)
+  execute_process(COMMAND ${TROUPE} validate ${dir}/moe.yaml ${sets} RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "EP 2 ${what} exited ${rc}: ${err}")
+  endif()
+endfunction()
+accepted("with learner.shard: gradients" "--set;learner.shard=gradients")
+accepted("with policy.lora (adapters on the routed experts too)" "--set;policy.lora.rank=4;--set;policy.lora.targets=all_linear")
+accepted("with distill.teacher (top-k pass)" "--set;distill.teacher=teacher;--set;distill.topk=4;--set;cluster.scorers=1")
+accepted("with streamed parts" "--set;rollout.async=true;--set;rollout.async_chunks=2;--set;rollout.prompts_per_step=4")

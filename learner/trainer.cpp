@@ -298,7 +298,8 @@ Status Trainer::check_sample(const Sample& s, size_t i) const {
 // LoRA dropout: the loss's forward and backward drop with a mask seeded by (run seed, optimizer
 // step, rank, micro-batch of the step), so a run and its --resume draw the same masks. The
 // mismatch of the sampled tokens is scored without dropout (a forward of its own), as the sampler
-// computed them.
+// computed them; with expert parallelism that forward runs every expert on this rank (a LoRA
+// model holds them all), out of the group's exchange, since its count differs by rank.
 Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& samples, const LossNorm& norm,
                                              bool score, MismatchSums& mismatch) {
   if (!model_.has_lora_dropout()) return micro_batch_step(samples, norm, score, mismatch);
@@ -306,8 +307,11 @@ Result<LossMetrics> Trainer::run_micro_batch(const std::vector<const Sample*>& s
     std::vector<const Sample*> scored;
     for (const Sample* s : samples)
       if (s->score_mismatch) scored.push_back(s);
-    TROUPE_ASSIGN_OR_RETURN(auto sums, score_mismatch(model_, scored, cfg_.batch.temperature));
-    mismatch.add(sums);
+    if (ep_) TROUPE_TRY(model_.set_expert_exchange(nullptr));
+    auto sums = score_mismatch(model_, scored, cfg_.batch.temperature);
+    if (ep_) TROUPE_TRY(model_.set_expert_exchange(&ep_->exchange()));
+    if (!sums.ok()) return sums.error();
+    mismatch.add(*sums);
   }
   const uint64_t where = (static_cast<uint64_t>(comm_.rank()) << 32) | dropout_micro_++;
   model_.set_lora_dropout(true, mix_seed(cfg_.seed, seed_stream::lora_dropout, opt_.steps(), where));
@@ -509,13 +513,17 @@ Status Trainer::plain_micro_batches(const std::vector<std::vector<const Sample*>
     return {};
   }
   // Only these passes split the experts: the other forwards of a step (old log-probs, mismatch
-  // scoring) run every expert here on the whole weights, needing no peer.
+  // scoring) run every expert here on the whole weights, needing no peer. A micro-batch is one
+  // forward/backward pair, two with distillation's top-k pass (run_topk_pass): a rank out of
+  // micro-batches serves its peers' pairs in as many idle passes.
   TROUPE_ASSIGN_OR_RETURN(const size_t passes, most_micro_batches(mbs.size()));
   TROUPE_TRY(model_.set_expert_exchange(&ep_->exchange()));
+  const bool topk = cfg_.phase == Phase::grpo && cfg_.distill.enabled() && cfg_.distill.topk > 0;
   Status st;
   for (size_t c = 0; c < passes && st.ok(); ++c) {
     if (c >= mbs.size()) {
       st = model_.expert_parallel_idle_pass(true);
+      if (st.ok() && topk) st = model_.expert_parallel_idle_pass(true);
       continue;
     }
     auto m = run_micro_batch(mbs[c], norm, score, mismatch);
@@ -684,9 +692,7 @@ Status Trainer::accumulate(const std::vector<Sample>& part) {
                          std::to_string(cfg_.batch.num_iterations) + " and " +
                          std::to_string(cfg_.batch.num_mini_batches) + ")");
   TROUPE_TRY(check_batch(part));
-  if (cfg_.expert_parallel > 1)  // (each rank's parts cut into micro-batches of their own: no common passes)
-    return invalid_input("learner: a streamed (partial) batch with policy.moe.expert_parallel = " +
-                         std::to_string(cfg_.expert_parallel) + " is not supported (rollout.async_chunks: 1)");
+  TROUPE_TRY(join_expert_parallel());
   if (!acc_.active) {
     acc_ = Accumulated{};
     acc_.active = true;
@@ -714,16 +720,16 @@ Status Trainer::accumulate(const std::vector<Sample>& part) {
     lengths.push_back(static_cast<int>(part[i].prompt.size() + part[i].completion.size()) - 1);
   const auto cuts =
       split_micro_batches(lengths, cfg_.batch.micro_batch_size, cfg_.batch.micro_batch_tokens);
+  std::vector<std::vector<const Sample*>> mbs(cuts.size() - 1);
+  for (size_t c = 0; c + 1 < cuts.size(); ++c)
+    for (int i = cuts[c]; i < cuts[c + 1]; ++i) mbs[c].push_back(&part[s0 + static_cast<size_t>(i)]);
   const LossNorm unit{1.0, 1.0};  // the global normaliser is applied in finish_accumulated()
-  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
-    std::vector<const Sample*> mb;
-    for (int i = cuts[c]; i < cuts[c + 1]; ++i) mb.push_back(&part[s0 + static_cast<size_t>(i)]);
-    auto m = run_micro_batch(mb, unit, true, acc_.mismatch);
-    if (!m.ok()) {
-      acc_ = Accumulated{};  // the partial gradient is dropped with the step
-      return m.error();
-    }
-    acc_.sums.add(*m);
+  // (with expert parallelism every rank of the group runs the part's most micro-batches, an empty
+  // share of it idle passes only)
+  Status st = plain_micro_batches(mbs, unit, true, acc_.mismatch, acc_.sums);
+  if (!st.ok()) {
+    acc_ = Accumulated{};  // the partial gradient is dropped with the step
+    return st;
   }
   for (const auto& s : part) {
     acc_.tokens += sample_tokens(s);

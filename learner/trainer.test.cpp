@@ -223,8 +223,8 @@ TEST(Trainer, StreamedStepErrors) {
   EXPECT_TRUE(tr.train_step(batch).ok());
 }
 
-// Expert parallelism: streamed parts (each rank's own micro-batches) are refused naming the key,
-// and so is an E that does not divide the learner rank count (here one rank).
+// Expert parallelism: an E that does not divide the learner rank count (here one rank) is refused
+// naming the key, by a streamed part (which joins the groups as a step does) and by a step.
 TEST(Trainer, ExpertParallelRefusals) {
   const auto batch = random_batch(4, 6, 12, true, false);
   LearnerConfig c = base_config();
@@ -237,7 +237,7 @@ TEST(Trainer, ExpertParallelRefusals) {
   Trainer tr(model, c, comm);
   auto streamed = tr.accumulate(batch);
   ASSERT_FALSE(streamed.ok());
-  EXPECT_NE(streamed.error().message.find("streamed (partial) batch with policy.moe.expert_parallel = 2"),
+  EXPECT_NE(streamed.error().message.find("policy.moe.expert_parallel: 2 does not divide the learner rank count 1"),
             std::string::npos)
       << streamed.error().message;
   auto step = tr.train_step(batch);  // 2 does not divide one rank

@@ -426,6 +426,18 @@ Tensors Model::Impl::moe_tensors(int l, float* base) const {
   return t;
 }
 
+k::MoeWeights Model::Impl::moe_call_weights(int l) {
+  k::MoeWeights mw = moe_tensors<k::MoeWeights>(l, P());
+  if (layers[l].lx.on) mw.lora = moe_lora(l, LP());
+  return mw;
+}
+// A frozen base (LoRA) still runs the kernel's backward for d h2; its weight gradients go to the sink.
+k::MoeGrads Model::Impl::moe_call_grads(int l) {
+  k::MoeGrads mg = lora ? moe_sink_grads(l) : moe_tensors<k::MoeGrads>(l, G());
+  if (layers[l].lx.on) mg.lora = moe_lora_grads(l, LG());
+  return mg;
+}
+
 // ---- activation arena -----------------------------------------------------------------------------
 
 size_t Model::Impl::layer_ws_floats(int T) const {
@@ -623,8 +635,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
   } else {
     const int32_t* route = replaying && !kv ? replay.data() + static_cast<size_t>(moe_ordinal[l]) * T * moe_cfg.K
                                             : nullptr;
-    k::MoeWeights mw = moe_tensors<k::MoeWeights>(l, this->P());
-    if (layers[l].lx.on) mw.lora = moe_lora(l, LP());
+    const k::MoeWeights mw = moe_call_weights(l);
     if (ep_exchange && !kv)
       ep_note(k::moe_ep_forward(y, a.moe_saved, &moe_stats[l], a.h2, mw, moe_cfg, T, acts.moe_scratch, route,
                                 ep_group(l)));
@@ -660,13 +671,8 @@ void Model::Impl::ffn_backward(int l, const LayerActs& a, const Acts& acts, int 
     linear_backward(acts.dh, w.wu, w.lu, acts.du, a.h2, acts, T, C, I);
     return;
   }
-  // A frozen base (LoRA) still runs the kernel's backward for d h2; its weight gradients go to the sink.
-  k::MoeGrads mg = lora ? moe_sink_grads(l) : moe_tensors<k::MoeGrads>(l, G());
-  k::MoeWeights mw = moe_tensors<k::MoeWeights>(l, this->P());
-  if (w.lx.on) {
-    mw.lora = moe_lora(l, LP());
-    mg.lora = moe_lora_grads(l, LG());
-  }
+  const k::MoeGrads mg = moe_call_grads(l);
+  const k::MoeWeights mw = moe_call_weights(l);
   if (ep_exchange)
     ep_note(k::moe_ep_backward(acts.dh, mg, dresid, daux, a.h2, a.moe_saved, mw, moe_cfg, T, acts.moe_scratch,
                                ep_group(l)));
@@ -923,16 +929,13 @@ Status Model::Impl::backward_body() {
 
 Status Model::Impl::ep_idle_pass(bool with_backward) {
   if (!ep_exchange) return make_error(ErrorCode::internal, "expert_parallel_idle_pass without an exchange");
-  auto serve_forward = [&](int l) {
-    return k::moe_ep_serve_forward(moe_tensors<k::MoeWeights>(l, this->P()), moe_cfg, ep_group(l));
-  };
+  auto serve_forward = [&](int l) { return k::moe_ep_serve_forward(moe_call_weights(l), moe_cfg, ep_group(l)); };
   for (int l = 0; l < L; ++l)
     if (layers[l].moe) TROUPE_TRY(serve_forward(l));
   for (int l = L - 1; l >= 0 && with_backward; --l) {  // backward_body's order: checkpointing recomputes a layer first
     if (!layers[l].moe) continue;
     if (cfg.activation_checkpointing && l != L - 1) TROUPE_TRY(serve_forward(l));
-    TROUPE_TRY(k::moe_ep_serve_backward(moe_tensors<k::MoeGrads>(l, G()), moe_tensors<k::MoeWeights>(l, this->P()),
-                                        moe_cfg, ep_group(l)));
+    TROUPE_TRY(k::moe_ep_serve_backward(moe_call_grads(l), moe_call_weights(l), moe_cfg, ep_group(l)));
   }
   return {};
 }
@@ -1094,7 +1097,6 @@ Status Model::set_expert_exchange(kernels::MoeExchange* exchange) {
       return invalid_input("policy.moe.expert_parallel: the model has no MoE layer (num_experts = 0)");
     if (!m.be->host_visible() || m.mirrored)
       return invalid_input("policy.moe.expert_parallel: expert parallelism runs on policy.device: cpu only");
-    if (m.lora) return invalid_input("policy.moe.expert_parallel: not with LoRA adapters (policy.lora)");
     if (m.moe_cfg.E % exchange->size() != 0)
       return invalid_input("policy.moe.expert_parallel: " + std::to_string(exchange->size()) +
                            " does not divide num_experts = " + std::to_string(m.moe_cfg.E));

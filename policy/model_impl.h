@@ -365,6 +365,10 @@ struct Model::Impl {
   // (LP() or, for gradients, LG()); r = 0 when the layer has none.
   kernels::MoeLoraWeights moe_lora(int l, const float* base) const;
   kernels::MoeLoraGrads moe_lora_grads(int l, float* base) const;
+  // What layer l's MoE kernel calls get: its weights with its expert adapters (if any), and the
+  // gradients they fill (the sink under LoRA, where the base is frozen, plus the adapters').
+  kernels::MoeWeights moe_call_weights(int l);
+  kernels::MoeGrads moe_call_grads(int l);
 
   // Adapters served beside the base (Model::add_served_adapter, served_adapters.cpp): each its rank,
   // scale, arena and one slot per adapted linear layer, keyed by the base weight's float offset (the

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "alltoallv_plan.h"
 #include "check.h"
 #include "nccl_watch.h"
 
@@ -115,6 +116,41 @@ void NcclComm::broadcast(float* buf, size_t n, int root, cudaStream_t stream) {
   if (r != ncclSuccess && r != ncclInProgress) throw_nccl_error(r, "ncclBroadcast", __FILE__, __LINE__);
   wait("broadcast of " + std::to_string(n) + " floats from rank " + std::to_string(root), stream);
 }
+void NcclComm::all_to_all_v(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+                            bool ints, cudaStream_t stream) {
+  const auto plan = alltoallv_plan(send_counts, recv_counts, nranks_, rank_);
+  if (!plan.ok()) throw CudaError("NCCL rank " + std::to_string(rank_) + ": " + plan.error().message);
+  if (aborted_) throw CudaError("NCCL rank " + std::to_string(rank_) + ": all-to-all: the communicator was aborted earlier");
+  auto* c = static_cast<ncclComm_t>(comm_);
+  const ncclDataType_t type = ints ? ncclInt32 : ncclFloat32;
+  constexpr size_t kBytes = 4;  // float and int32 alike
+  const auto* from = static_cast<const char*>(send);
+  auto* to = static_cast<char*>(recv);
+  // The group is always closed, the first failure thrown after it.
+  ncclResult_t failed = ncclSuccess;
+  const char* failed_call = "";
+  auto note = [&](ncclResult_t r, const char* call) {
+    if (r != ncclSuccess && r != ncclInProgress && failed == ncclSuccess) failed = r, failed_call = call;
+  };
+  cudaError_t copy = cudaSuccess;
+  size_t moved = 0;
+  note(ncclGroupStart(), "ncclGroupStart");
+  for (const PeerTransfer& t : *plan) {
+    moved += t.send_count;
+    if (t.peer == rank_) {
+      if (t.send_count > 0 && copy == cudaSuccess)
+        copy = cudaMemcpyAsync(to + t.recv_offset * kBytes, from + t.send_offset * kBytes, t.send_count * kBytes,
+                               cudaMemcpyDeviceToDevice, stream);
+      continue;
+    }
+    if (t.send_count > 0) note(ncclSend(from + t.send_offset * kBytes, t.send_count, type, t.peer, c, stream), "ncclSend");
+    if (t.recv_count > 0) note(ncclRecv(to + t.recv_offset * kBytes, t.recv_count, type, t.peer, c, stream), "ncclRecv");
+  }
+  note(ncclGroupEnd(), "ncclGroupEnd");
+  if (failed != ncclSuccess) throw_nccl_error(failed, failed_call, __FILE__, __LINE__);
+  if (copy != cudaSuccess) throw_cuda_error(copy, "cudaMemcpyAsync (the all-to-all's self transfer)", __FILE__, __LINE__);
+  wait("all-to-all sending " + std::to_string(moved) + (ints ? " ints" : " floats"), stream);
+}
 #else
 bool NcclComm::available() { return false; }
 std::vector<uint8_t> NcclComm::unique_id() { throw CudaError("this build of troupe has no NCCL"); }
@@ -123,6 +159,7 @@ NcclComm::~NcclComm() = default;
 void NcclComm::wait(const std::string&, cudaStream_t) {}
 void NcclComm::all_reduce_sum(float*, size_t, cudaStream_t) {}
 void NcclComm::broadcast(float*, size_t, int, cudaStream_t) {}
+void NcclComm::all_to_all_v(const void*, const size_t*, void*, const size_t*, bool, cudaStream_t) {}
 #endif
 
 }  // namespace troupe::kernels::cuda

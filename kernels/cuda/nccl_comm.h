@@ -1,5 +1,6 @@
-// NCCL between GPU ranks: all-reduce (sum) of the flat gradient buffer across learner ranks and
-// broadcast of weights from a root (learners to GPU generators). Bootstrap: rank 0 makes a
+// NCCL between GPU ranks: all-reduce (sum) of the flat gradient buffer across learner ranks,
+// broadcast of weights from a root (learners to GPU generators), and the all-to-all with counts of
+// an expert-parallel group (nccl_moe_exchange.h). Bootstrap: rank 0 makes a
 // unique id (unique_id()), the ranks exchange it out of band (the learner's MPI communicator
 // broadcasts the bytes), then every rank constructs an NcclComm with it. The communicator is
 // non-blocking (ncclCommInitRankConfig, blocking = 0): the join and every collective are polled
@@ -33,6 +34,11 @@ class NcclComm {
   // polls its completion event and the communicator's async error until the deadline).
   void all_reduce_sum(float* buf, size_t n, cudaStream_t stream);
   void broadcast(float* buf, size_t n, int root, cudaStream_t stream);
+  // The all-to-all with counts (MPI_Alltoallv's layout, alltoallv_plan.h) of 4-byte elements
+  // (float, or int32 when `ints`) between device buffers: one ncclSend and one ncclRecv per peer
+  // that moves something, in one group (ncclGroupStart / ncclGroupEnd), and a device copy to itself.
+  void all_to_all_v(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts, bool ints,
+                    cudaStream_t stream);
   int rank() const { return rank_; }
   int size() const { return nranks_; }
 

@@ -1065,6 +1065,36 @@ EOS
     $MPI "$TROUPE" run "$W/loaded.yaml" --set run.dir="$W/ep" --set grpo.max_steps=3 $S --set policy.moe.expert_parallel=2
     $CHECK same "$W/dp" "$W/ep"
     ;;
+  expert_parallel_compose_run)  # policy.moe.expert_parallel 2 over 2 learners (mpirun) beside LoRA (adapters on
+    # every module and routed expert; every learner holds every expert) and distillation (the reverse-KL term,
+    # a teacher on one scorer): each equals its data-parallel run bit for bit (one micro-batch per learner);
+    # streamed parts (rollout.async with async_chunks 2) train with E 2 (finite grad_norm, some step > 0)
+    S="--set optimizer.schedule=constant --set sft.max_steps=4 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
+    EP="--set policy.moe.expert_parallel=2"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root"
+    L="--set policy.lora.rank=4 --set policy.lora.targets=all_linear --set grpo.max_steps=3"
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/lora_dp" $L $S
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/lora_ep" $L $S $EP
+    $CHECK same "$W/lora_dp" "$W/lora_ep"
+    "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/teacher" --set grpo.enabled=false \
+      --set sft.max_steps=4 --set eval.every=0 --set eval.num_prompts=10 $Q
+    D="--set sft.enabled=false --set distill.teacher=$(readlink -f "$W/teacher/checkpoints/latest") \
+       --set cluster.scorers=1 --set grpo.max_steps=3"
+    $MPI -np 5 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/distill_dp" $D $S
+    $MPI -np 5 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/distill_ep" $D $S $EP
+    $CHECK same "$W/distill_dp" "$W/distill_ep"
+    grep -q '"distill/reverse_kl"' "$W/distill_ep/metrics.jsonl"
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/stream_ep" --set grpo.max_steps=3 \
+      --set rollout.async=true --set rollout.async_chunks=2 $S $EP
+    "$PY" - "$W/stream_ep/metrics.jsonl" << 'EOS'
+import json, sys
+norms = [r["grad_norm"] for r in map(json.loads, open(sys.argv[1])) if r.get("phase") == "grpo" and "grad_norm" in r]
+assert len(norms) == 3 and all(n == n for n in norms) and any(n > 0 for n in norms), norms
+print("streamed parts with E 2: grad_norm", norms)
+EOS
+    ;;
   shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard
     # and sends it to the generators itself; the generators (3, relay fan-out 2: a relay tree whose first
     # level puts the pieces together) train bit for bit as with shard none, in bf16 deltas with full_every,

@@ -72,13 +72,6 @@ Status train(const Case& k, Communicator& comm, int ep, std::vector<float>& para
   return {};
 }
 
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
-  return worst;
-}
-
 int compare(const Case& k, Communicator& world) {
   std::vector<float> p_ep, p_dp, p_one;
   double l_ep = 0, l_dp = 0, l_one = 0;
@@ -90,7 +83,7 @@ int compare(const Case& k, Communicator& world) {
       std::fprintf(stderr, "rank %d %s %s: %s\n", world.rank(), k.name, what, st.error().message.c_str());
       bad = 1;
     }
-  const double vs_dp = max_diff(p_ep, p_dp), vs_one = max_diff(p_ep, p_one);
+  const double vs_dp = test::max_diff(p_ep, p_dp), vs_one = test::max_diff(p_ep, p_one);
   const bool bits = p_ep.size() == p_dp.size() && std::memcmp(p_ep.data(), p_dp.data(), p_ep.size() * 4) == 0;
   // (vs data parallelism: the same GEMMs, sums in another order, < 5e-7 seen after AdamW; vs one rank
   // 2e-4, dp_invariance's bound for this model: AdamW turns rounding of other GEMM sizes into ~lr steps)

@@ -1,11 +1,14 @@
-// What the learner tests under tests/learner/ share: the tiny model they train and, for the mpirun
-// tests, the world communicator.
+// What the learner tests under tests/learner/ share: the tiny model they train, for the mpirun
+// tests the world communicator, and how far two runs' parameters are apart.
 #pragma once
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <vector>
 
 #include "troupe/learner/communicator.h"
 #include "troupe/policy/model.h"
@@ -41,6 +44,14 @@ inline std::unique_ptr<Communicator> mpi_world_or_abort() {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   return std::move(*comm);
+}
+
+// The largest |a[i] - b[i]| (infinity when the sizes differ): how far two runs' parameters are apart.
+inline double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+  return worst;
 }
 
 }  // namespace troupe::learner::test

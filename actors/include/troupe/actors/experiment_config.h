@@ -237,9 +237,12 @@ struct ExperimentConfig {
 // only its block of the experts (policy::Model::slice_experts; learner 0 keeps the whole weights
 // besides, gathered after each step, for the weight sync and checkpoints). With learner.shard
 // optimizer or gradients, or rollout.async (whose stale samples are scored with older whole
-// weights on every learner), every learner holds every expert and only the compute is split.
+// weights on every learner), or policy.lora (slice_experts keeps whole models: the frozen base
+// and the adapters stay on every learner), every learner holds every expert and only the compute
+// is split.
 inline bool learners_divide_experts(const ExperimentConfig& c) {
-  return c.policy.expert_parallel > 1 && c.learner.shard == learner::ShardStage::none && !c.rollout.async;
+  return c.policy.expert_parallel > 1 && c.learner.shard == learner::ShardStage::none && !c.rollout.async &&
+         !c.policy.lora.enabled();
 }
 
 }  // namespace troupe::actors

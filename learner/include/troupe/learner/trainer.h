@@ -148,6 +148,8 @@ class Trainer {
   // train_step. The update equals train_step's on the concatenated batch up to rounding (the
   // normaliser is applied after the sum instead of per token). Needs num_iterations = 1 and
   // num_mini_batches = 1 (one on-policy update per batch); GRPO only. An empty part is allowed.
+  // With expert parallelism each call is a collective of the learners (the part's pass count is
+  // agreed by an all-reduce): every learner passes every part, empty ones included.
   Status accumulate(const std::vector<Sample>& part);
   Result<StepMetrics> finish_accumulated();
   bool accumulating() const { return acc_.active; }
@@ -262,8 +264,9 @@ class Trainer {
   // The most micro-batches any rank runs for this mini-batch (an all-reduce): ZeRO-3's gathers and
   // expert parallelism's all-to-alls are collectives, so every rank runs that many passes.
   Result<size_t> most_micro_batches(size_t mine);
-  // One mini-batch's micro-batches on the whole weights; with expert parallelism (ep_) the MoE
-  // experts split over the group, a rank with fewer micro-batches serving its peers' in idle passes.
+  // One mini-batch's (or streamed part's) micro-batches on the whole weights; with expert
+  // parallelism (ep_) the MoE experts split over the group, a rank with fewer micro-batches serving
+  // its peers' in idle passes (two per micro-batch with distillation's top-k pass).
   Status plain_micro_batches(const std::vector<std::vector<const Sample*>>& mbs, const LossNorm& norm, bool score,
                              MismatchSums& mismatch, LossMetrics& sums);
   // Divided experts (divided_experts.cpp): the step (each piece summed over the ranks that hold
