@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -34,15 +35,21 @@ int group_of(const std::string& name) {
 
 size_t page_floats() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)) / sizeof(float); }
 
-// Gives the whole pages inside [p, p + n) back to the OS: they read as zero when next touched.
-// Returns the pages' first and last float (the edges outside them are not touched).
-std::pair<float*, float*> drop_pages(float* p, size_t n) {
+// The whole pages inside [p, p + n): their first float and the end ({p + n, p + n}: none).
+std::pair<float*, float*> whole_pages(float* p, size_t n) {
   const auto page = static_cast<uintptr_t>(page_floats() * sizeof(float));
   const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(p + n);
   const uintptr_t s = (a + page - 1) / page * page, e = b / page * page;
   if (e <= s) return {p + n, p + n};
-  madvise(reinterpret_cast<void*>(s), e - s, MADV_DONTNEED);
   return {reinterpret_cast<float*>(s), reinterpret_cast<float*>(e)};
+}
+
+// Gives the whole pages inside [p, p + n) back to the OS: they read as zero when next touched.
+// Returns the pages' first and last float (the edges outside them are not touched).
+std::pair<float*, float*> drop_pages(float* p, size_t n) {
+  const auto [s, e] = whole_pages(p, n);
+  if (s < e) madvise(s, static_cast<size_t>(e - s) * sizeof(float), MADV_DONTNEED);
+  return {s, e};
 }
 
 // The bounds of `bounds`' shards inside [begin, end), from 0.
@@ -114,9 +121,75 @@ ParamShards::ParamShards(std::span<float> params, std::span<float> grads, const 
   }
   gathering_.resize(ranges_.size());
   scattering_.resize(ranges_.size());
+  pooled_.assign(ranges_.size(), {nullptr, nullptr});
+  if (layered_) pool_ = PagePool::create(pool_bytes());
 }
 
-Status ParamShards::gather(Range& r) {
+ParamShards::~ParamShards() {
+  if (!pool_) return;
+  for (auto& spans : pooled_)
+    for (char*& at : spans)
+      if (at) (void)pool_->unmap(at);
+}
+
+namespace {
+
+// The whole pages of the parts of [begin, end) outside [lo, hi) in buf: up to two (start, bytes).
+std::array<std::pair<char*, size_t>, 2> outer_pages(std::span<float> buf, size_t begin, size_t end, size_t lo,
+                                                   size_t hi) {
+  std::array<std::pair<char*, size_t>, 2> out{};
+  auto pages = [&](size_t b, size_t e) -> std::pair<char*, size_t> {
+    if (e <= b) return {nullptr, 0};
+    const auto [s, f] = whole_pages(buf.data() + b, e - b);
+    if (f <= s) return {nullptr, 0};
+    return {reinterpret_cast<char*>(s), static_cast<size_t>(f - s) * sizeof(float)};
+  };
+  out[0] = pages(begin, std::min(end, lo));
+  out[1] = pages(std::max(begin, hi), end);
+  return out;
+}
+
+}  // namespace
+
+size_t ParamShards::pool_bytes() const {
+  // Whole at once: a group and the next one the model asks for (the prefetch), ranges counted once.
+  std::vector<int> order{kEmbedGroup};
+  for (int l = 0; l < layers_; ++l) order.push_back(l);
+  order.push_back(layers_);
+  for (int l = layers_ - 1; l >= 0; --l) order.push_back(l);
+  size_t most = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    std::vector<int> live = groups_[static_cast<size_t>(order[i] + 1)];
+    if (i + 1 < order.size())
+      for (int r : groups_[static_cast<size_t>(order[i + 1] + 1)])
+        if (std::find(live.begin(), live.end(), r) == live.end()) live.push_back(r);
+    size_t bytes = 0;
+    for (int r : live)
+      for (const auto& [at, n] : outer_pages(params_, ranges_[static_cast<size_t>(r)].begin,
+                                             ranges_[static_cast<size_t>(r)].end, lo_, hi_))
+        bytes += n;
+    most = std::max(most, bytes);
+  }
+  return most;
+}
+
+void ParamShards::bring_in(size_t k) {
+  if (!pool_) return;
+  const auto spans = outer_pages(params_, ranges_[k].begin, ranges_[k].end, lo_, hi_);
+  for (size_t j = 0; j < spans.size(); ++j)
+    if (spans[j].second > 0 && !pooled_[k][j] && pool_->map(spans[j].first, spans[j].second)) pooled_[k][j] = spans[j].first;
+}
+
+void ParamShards::drop_params(size_t k) {
+  if (pool_)
+    for (char*& at : pooled_[k])
+      if (at && pool_->unmap(at)) at = nullptr;
+  drop(params_, ranges_[k].begin, ranges_[k].end);  // (what the pool put back holds no pages: only the edges change)
+}
+
+Status ParamShards::gather(size_t k) {
+  bring_in(k);
+  const Range& r = ranges_[k];
   const auto b = clamp_bounds(bounds_, r.begin, r.end);
   return comm_.all_gather(params_.subspan(r.begin, r.end - r.begin), b);
 }
@@ -139,6 +212,7 @@ Status ParamShards::start_gathers(int g) {
     const auto k = static_cast<size_t>(i);
     Range& r = ranges_[k];
     if (r.held > 0 || gathering_[k]) continue;
+    bring_in(k);
     TROUPE_ASSIGN_OR_RETURN(gathering_[k], comm_.start_all_gather(params_.subspan(r.begin, r.end - r.begin),
                                                                    clamp_bounds(bounds_, r.begin, r.end)));
   }
@@ -193,7 +267,7 @@ Status ParamShards::need(int g) {
       TROUPE_TRY(gathering_[k]->wait());
       gathering_[k].reset();
     } else {
-      TROUPE_TRY(gather(ranges_[k]));
+      TROUPE_TRY(gather(k));
     }
   }
   if (prefetch_) TROUPE_TRY(start_gathers(next_group(g)));
@@ -205,7 +279,7 @@ Status ParamShards::done(int g, bool backward) {
   if (!active_) return {};
   for (int i : group(g)) {
     Range& r = ranges_[static_cast<size_t>(i)];
-    if (r.held > 0 && --r.held == 0) drop(params_, r.begin, r.end);
+    if (r.held > 0 && --r.held == 0) drop_params(static_cast<size_t>(i));
   }
   if (!backward || !last_ || g < 0 || g >= layers_) return progress();
   // At most one layer's reduce-scatter in flight (layer g+1's, which overlapped this layer's
@@ -275,9 +349,9 @@ std::vector<std::pair<size_t, size_t>> ParamShards::group_ranges(int g) const {
 
 Status ParamShards::release_all() {
   TROUPE_TRY(settle());
-  for (auto& r : ranges_) {
-    r.held = 0;
-    drop(params_, r.begin, r.end);
+  for (size_t k = 0; k < ranges_.size(); ++k) {
+    ranges_[k].held = 0;
+    drop_params(k);
   }
   return {};
 }
@@ -286,9 +360,16 @@ Status ParamShards::zero_grads() {
   TROUPE_TRY(settle());
   for (auto& r : ranges_) r.reduced = false;
   if (!layered_) return {};  // (the trainer zeroes the model's gradients: on a device they live there)
-  auto [s, e] = drop_pages(grads_.data(), grads_.size());
-  std::fill(grads_.data(), s, 0.0f);
-  std::fill(e, grads_.data() + grads_.size(), 0.0f);
+  // This rank's shard is zeroed where it is (its pages stay: the step's sum lands there); the rest
+  // goes back to the OS, its pages reading zero when touched (the edges zeroed here).
+  auto zero_outside = [](float* p, size_t n) {
+    const auto [s, e] = drop_pages(p, n);
+    std::fill(p, s, 0.0f);
+    std::fill(e, p + n, 0.0f);
+  };
+  zero_outside(grads_.data(), lo_);
+  std::fill(grads_.begin() + static_cast<std::ptrdiff_t>(lo_), grads_.begin() + static_cast<std::ptrdiff_t>(hi_), 0.0f);
+  zero_outside(grads_.data() + hi_, grads_.size() - hi_);
   return {};
 }
 

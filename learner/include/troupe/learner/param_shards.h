@@ -5,6 +5,7 @@
 // every rank starts the same collectives in the same order (the fixed ParamHook sequence).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "troupe/learner/communicator.h"
+#include "troupe/learner/page_pool.h"
 #include "troupe/policy/model.h"
 
 namespace troupe::learner {
@@ -23,6 +25,7 @@ class ParamShards final : public policy::ParamHook {
   // one group of everything, gathered by begin/end of a step only.
   ParamShards(std::span<float> params, std::span<float> grads, const std::vector<policy::TensorSpec>& table,
               std::vector<size_t> bounds, Communicator& comm, bool layered);
+  ~ParamShards() override;  // puts ordinary pages back where the pool's are still mapped
 
   bool layered() const { return layered_; }
   int num_layers() const { return layers_; }
@@ -55,8 +58,8 @@ class ParamShards final : public policy::ParamHook {
   // rank's shard [lo, hi).
   std::vector<std::pair<size_t, size_t>> group_ranges(int g) const;
   std::pair<size_t, size_t> shard() const { return {lo_, hi_}; }
-  // A new accumulation: layered, zeroes the whole gradient buffer without touching its pages (they
-  // come back zero on use); not layered, the caller zeroes the model's gradients (PolicyModel::zero_grads).
+  // A new accumulation: layered, zeroes this rank's shard of the gradients in place and the rest
+  // without touching its pages (they come back zero on use); not layered, the caller zeroes the model's gradients (PolicyModel::zero_grads).
   Status zero_grads();
   // Reduce-scatters every gradient range not yet reduced in this step, drops the non-owned part.
   Status reduce_rest();
@@ -67,7 +70,10 @@ class ParamShards final : public policy::ParamHook {
     int held = 0;
     bool reduced = false;
   };
-  Status gather(Range& r);
+  Status gather(size_t k);                          // blocking, into pool pages where they fit
+  void bring_in(size_t k);                          // pool pages over range k's non-owned whole pages
+  void drop_params(size_t k);                       // range k's non-owned weights: pool pages back, dropped
+  size_t pool_bytes() const;                        // the most non-owned whole-page bytes whole at once
   Status start_gathers(int g);                      // the prefetch of group g (its ranges not held)
   Status progress();                                // MPI_Test on what is in flight
   Status finish_scatter(size_t i);                  // waits for range i's reduce-scatter, drops the rest
@@ -85,6 +91,10 @@ class ParamShards final : public policy::ParamHook {
   std::vector<std::vector<int>> groups_;  // embedding, layers 0..L-1, head: indices into ranges_
   // Per range: its gather started ahead (prefetch) and its gradient's reduce-scatter, while in flight.
   std::vector<std::unique_ptr<PendingCollective>> gathering_, scattering_;
+  // The pages the layered gathers write into, reused (null: none, the pages fault in); per range, the
+  // starts of its spans mapped from it (before and after this rank's shard; null: none).
+  std::unique_ptr<PagePool> pool_;
+  std::vector<std::array<char*, 2>> pooled_;
 };
 
 }  // namespace troupe::learner
