@@ -1,14 +1,23 @@
-// PagePool (page_pool.h): a memfd's pages mapped in and out of a buffer's spans with MAP_FIXED.
-// Free pool pages are the gaps between the live spans (kept by offset); a span takes the first gap
-// that fits.
+// PagePool and PooledRanges (page_pool.h): a memfd's pages mapped in and out of a buffer's spans
+// with MAP_FIXED. Free pool pages are the gaps between the live spans (kept by offset); a span takes
+// the first gap that fits.
 #include "troupe/learner/page_pool.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 
 namespace troupe::learner {
+
+std::pair<float*, float*> whole_pages(float* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(p + n);
+  const uintptr_t s = (a + page - 1) / page * page, e = b / page * page;
+  if (e <= s) return {p + n, p + n};
+  return {reinterpret_cast<float*>(s), reinterpret_cast<float*>(e)};
+}
 
 std::unique_ptr<PagePool> PagePool::create(size_t bytes) {
   const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -53,6 +62,43 @@ bool PagePool::unmap(char* begin) {
     return false;
   live_.erase(it);
   return true;
+}
+
+std::unique_ptr<PooledRanges> PooledRanges::create(std::span<float> buf, size_t lo, size_t hi, size_t ranges,
+                                                   size_t bytes) {
+  auto pool = PagePool::create(bytes);
+  if (!pool) return nullptr;
+  return std::unique_ptr<PooledRanges>(new PooledRanges(buf, lo, hi, ranges, std::move(pool)));
+}
+
+PooledRanges::~PooledRanges() {
+  for (size_t k = 0; k < at_.size(); ++k) unmap(k);
+}
+
+std::array<PooledRanges::Span, 2> PooledRanges::outer(size_t begin, size_t end) const {
+  auto pages = [&](size_t b, size_t e) -> Span {
+    if (e <= b) return {nullptr, 0};
+    const auto [s, f] = whole_pages(buf_.data() + b, e - b);
+    if (f <= s) return {nullptr, 0};
+    return {reinterpret_cast<char*>(s), static_cast<size_t>(f - s) * sizeof(float)};
+  };
+  return {pages(begin, std::min(end, lo_)), pages(std::max(begin, hi_), end)};
+}
+
+std::array<PooledRanges::Span, 2> PooledRanges::map(size_t k, size_t begin, size_t end) {
+  auto spans = outer(begin, end);
+  for (size_t j = 0; j < spans.size(); ++j) {
+    if (spans[j].second > 0 && !at_[k][j] && pool_->map(spans[j].first, spans[j].second))
+      at_[k][j] = spans[j].first;
+    else
+      spans[j] = {nullptr, 0};
+  }
+  return spans;
+}
+
+void PooledRanges::unmap(size_t k) {
+  for (char*& at : at_[k])
+    if (at && pool_->unmap(at)) at = nullptr;
 }
 
 }  // namespace troupe::learner

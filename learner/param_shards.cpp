@@ -1,6 +1,7 @@
 // learner.shard parameters (ZeRO-3): the groups of a rank's weights, gathered per layer from the
 // ranks that own them and dropped after use (the next group's gather started while this one computes);
-// the gradients reduce-scattered per layer. Invariant: every gather and reduce-scatter is the sharded
+// the gradients reduce-scattered per layer; the pages a gathered group and a gradient being summed
+// occupy come from pools that are reused (page_pool.h). Invariant: every gather and reduce-scatter is the sharded
 // step's (rank-ordered sums), so the update equals the unsharded one bit for bit; a dropped page is
 // never read before it is gathered again, and a buffer in flight is never read, written or dropped.
 #include "troupe/learner/param_shards.h"
@@ -9,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -31,17 +31,6 @@ int group_of(const std::string& name) {
   bool digit = false;
   for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i, digit = true) n = n * 10 + (name[i] - '0');
   return digit && i < name.size() && name[i] == '.' ? n : -2;
-}
-
-size_t page_floats() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)) / sizeof(float); }
-
-// The whole pages inside [p, p + n): their first float and the end ({p + n, p + n}: none).
-std::pair<float*, float*> whole_pages(float* p, size_t n) {
-  const auto page = static_cast<uintptr_t>(page_floats() * sizeof(float));
-  const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(p + n);
-  const uintptr_t s = (a + page - 1) / page * page, e = b / page * page;
-  if (e <= s) return {p + n, p + n};
-  return {reinterpret_cast<float*>(s), reinterpret_cast<float*>(e)};
 }
 
 // Gives the whole pages inside [p, p + n) back to the OS: they read as zero when next touched.
@@ -121,38 +110,29 @@ ParamShards::ParamShards(std::span<float> params, std::span<float> grads, const 
   }
   gathering_.resize(ranges_.size());
   scattering_.resize(ranges_.size());
-  pooled_.assign(ranges_.size(), {nullptr, nullptr});
-  if (layered_) pool_ = PagePool::create(pool_bytes());
+  if (!layered_) return;
+  params_pool_ = PooledRanges::create(params_, lo_, hi_, ranges_.size(), pool_bytes(false));
+  grads_pool_ = PooledRanges::create(grads_, lo_, hi_, ranges_.size(), pool_bytes(true));
 }
 
-ParamShards::~ParamShards() {
-  if (!pool_) return;
-  for (auto& spans : pooled_)
-    for (char*& at : spans)
-      if (at) (void)pool_->unmap(at);
-}
+ParamShards::~ParamShards() = default;
 
-namespace {
-
-// The whole pages of the parts of [begin, end) outside [lo, hi) in buf: up to two (start, bytes).
-std::array<std::pair<char*, size_t>, 2> outer_pages(std::span<float> buf, size_t begin, size_t end, size_t lo,
-                                                   size_t hi) {
-  std::array<std::pair<char*, size_t>, 2> out{};
-  auto pages = [&](size_t b, size_t e) -> std::pair<char*, size_t> {
-    if (e <= b) return {nullptr, 0};
-    const auto [s, f] = whole_pages(buf.data() + b, e - b);
-    if (f <= s) return {nullptr, 0};
-    return {reinterpret_cast<char*>(s), static_cast<size_t>(f - s) * sizeof(float)};
+size_t ParamShards::pool_bytes(bool grads) const {
+  auto pages = [&](const std::vector<int>& live) {
+    size_t bytes = 0;
+    for (int r : live)
+      bytes += outer_bytes(grads ? grads_ : params_, ranges_[static_cast<size_t>(r)].begin,
+                           ranges_[static_cast<size_t>(r)].end);
+    return bytes;
   };
-  out[0] = pages(begin, std::min(end, lo));
-  out[1] = pages(std::max(begin, hi), end);
-  return out;
-}
-
-}  // namespace
-
-size_t ParamShards::pool_bytes() const {
-  // Whole at once: a group and the next one the model asks for (the prefetch), ranges counted once.
+  if (grads) {  // the head's until the step's end, and two layers' (one reduce-scatter in flight)
+    std::vector<size_t> layer;
+    for (int l = 0; l < layers_; ++l) layer.push_back(pages(groups_[static_cast<size_t>(l + 1)]));
+    std::sort(layer.rbegin(), layer.rend());
+    return pages(groups_[static_cast<size_t>(layers_ + 1)]) + (layer.size() > 0 ? layer[0] : 0) +
+           (layer.size() > 1 ? layer[1] : 0);
+  }
+  // Weights whole at once: a group and the next one the model asks for (the prefetch), ranges once.
   std::vector<int> order{kEmbedGroup};
   for (int l = 0; l < layers_; ++l) order.push_back(l);
   order.push_back(layers_);
@@ -163,28 +143,45 @@ size_t ParamShards::pool_bytes() const {
     if (i + 1 < order.size())
       for (int r : groups_[static_cast<size_t>(order[i + 1] + 1)])
         if (std::find(live.begin(), live.end(), r) == live.end()) live.push_back(r);
-    size_t bytes = 0;
-    for (int r : live)
-      for (const auto& [at, n] : outer_pages(params_, ranges_[static_cast<size_t>(r)].begin,
-                                             ranges_[static_cast<size_t>(r)].end, lo_, hi_))
-        bytes += n;
-    most = std::max(most, bytes);
+    most = std::max(most, pages(live));
   }
   return most;
 }
 
+size_t ParamShards::outer_bytes(std::span<float> buf, size_t begin, size_t end) const {
+  size_t bytes = 0;
+  for (auto [b, e] : {std::pair{begin, std::min(end, lo_)}, std::pair{std::max(begin, hi_), end}}) {
+    if (e <= b) continue;
+    const auto [s, f] = whole_pages(buf.data() + b, e - b);
+    bytes += static_cast<size_t>(f - s) * sizeof(float);
+  }
+  return bytes;
+}
+
 void ParamShards::bring_in(size_t k) {
-  if (!pool_) return;
-  const auto spans = outer_pages(params_, ranges_[k].begin, ranges_[k].end, lo_, hi_);
-  for (size_t j = 0; j < spans.size(); ++j)
-    if (spans[j].second > 0 && !pooled_[k][j] && pool_->map(spans[j].first, spans[j].second)) pooled_[k][j] = spans[j].first;
+  if (params_pool_) (void)params_pool_->map(k, ranges_[k].begin, ranges_[k].end);
 }
 
 void ParamShards::drop_params(size_t k) {
-  if (pool_)
-    for (char*& at : pooled_[k])
-      if (at && pool_->unmap(at)) at = nullptr;
+  if (params_pool_) params_pool_->unmap(k);
   drop(params_, ranges_[k].begin, ranges_[k].end);  // (what the pool put back holds no pages: only the edges change)
+}
+
+void ParamShards::grads_in(int g) {
+  if (!accumulating_) return;
+  for (int i : group(g)) {
+    const auto k = static_cast<size_t>(i);
+    if (grads_live_[k]) continue;
+    grads_live_[k] = 1;
+    if (!grads_pool_) continue;
+    for (const auto& [at, n] : grads_pool_->map(k, ranges_[k].begin, ranges_[k].end))
+      if (n > 0) std::memset(at, 0, n);  // (pool pages hold what they last held)
+  }
+}
+
+void ParamShards::drop_grads(size_t k) {
+  if (grads_pool_) grads_pool_->unmap(k);
+  drop(grads_, ranges_[k].begin, ranges_[k].end);
 }
 
 Status ParamShards::gather(size_t k) {
@@ -222,7 +219,7 @@ Status ParamShards::start_gathers(int g) {
 Status ParamShards::finish_scatter(size_t i) {
   TROUPE_TRY(scattering_[i]->wait());
   scattering_[i].reset();
-  drop(grads_, ranges_[i].begin, ranges_[i].end);
+  drop_grads(i);
   return {};
 }
 
@@ -270,6 +267,9 @@ Status ParamShards::need(int g) {
       TROUPE_TRY(gather(k));
     }
   }
+  // The gradients this group's backward writes next: the head's from its forward on (its backward
+  // follows), a layer's from its backward's need.
+  if (g == layers_ || (backward_ && g >= 0)) grads_in(g);
   if (prefetch_) TROUPE_TRY(start_gathers(next_group(g)));
   if (g == layers_) backward_ = true;
   return progress();
@@ -299,7 +299,7 @@ Status ParamShards::done(int g, bool backward) {
     const auto b = clamp_bounds(bounds_, r.begin, r.end);
     if (!prefetch_) {
       TROUPE_TRY(comm_.reduce_scatter_sum(part, b));
-      drop(grads_, r.begin, r.end);
+      drop_grads(k);
       continue;
     }
     TROUPE_ASSIGN_OR_RETURN(scattering_[k], comm_.start_reduce_scatter_sum(part, b));
@@ -359,7 +359,11 @@ Status ParamShards::release_all() {
 Status ParamShards::zero_grads() {
   TROUPE_TRY(settle());
   for (auto& r : ranges_) r.reduced = false;
-  if (!layered_) return {};  // (the trainer zeroes the model's gradients: on a device they live there)
+  if (!layered_) return {};
+  for (size_t k = 0; k < ranges_.size(); ++k)
+    if (grads_pool_) grads_pool_->unmap(k);  // (none left by a step that ran to its end)
+  grads_live_.assign(ranges_.size(), 0);
+  accumulating_ = true;  // (the trainer zeroes the model's gradients: on a device they live there)
   // This rank's shard is zeroed where it is (its pages stay: the step's sum lands there); the rest
   // goes back to the OS, its pages reading zero when touched (the edges zeroed here).
   auto zero_outside = [](float* p, size_t n) {
@@ -376,12 +380,14 @@ Status ParamShards::zero_grads() {
 Status ParamShards::reduce_rest() {
   TROUPE_TRY(settle());
   const BlockingCall label("learner.shard parameters: the gradient reduce-scatter of the embedding and head");
-  for (auto& r : ranges_) {
+  accumulating_ = false;
+  for (size_t k = 0; k < ranges_.size(); ++k) {
+    Range& r = ranges_[k];
     if (r.reduced) continue;
     TROUPE_TRY(comm_.reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin),
                                         clamp_bounds(bounds_, r.begin, r.end)));
     r.reduced = true;
-    drop(grads_, r.begin, r.end);
+    drop_grads(k);
   }
   return {};
 }

@@ -6,11 +6,17 @@
 // mapped at one place at most; only spans map() mapped are ever replaced.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <memory>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace troupe::learner {
+
+// The whole pages inside [p, p + n): their first float and the end ({p + n, p + n}: none).
+std::pair<float*, float*> whole_pages(float* p, size_t n);
 
 class PagePool {
  public:
@@ -40,6 +46,33 @@ class PagePool {
   int fd_;
   size_t bytes_;
   std::vector<Span> live_;  // by offset
+};
+
+// The ranges of one buffer (ParamShards' weights or gradients) backed by a PagePool while they are
+// whole: per range, the whole pages of its parts outside this rank's shard [lo, hi), before and after
+// it, mapped from the pool where they fit. Unmaps what is still mapped when it goes (the buffer
+// must outlive it).
+class PooledRanges {
+ public:
+  using Span = std::pair<char*, size_t>;  // start, bytes; {nullptr, 0}: none
+  // The pool holds `bytes`; null where it cannot be made.
+  static std::unique_ptr<PooledRanges> create(std::span<float> buf, size_t lo, size_t hi, size_t ranges, size_t bytes);
+  ~PooledRanges();
+  // The whole pages of [begin, end) outside the shard.
+  std::array<Span, 2> outer(size_t begin, size_t end) const;
+  // Pool pages over range k = [begin, end)'s outer pages not mapped yet, where they fit; the spans
+  // this call mapped (what they held before is gone).
+  std::array<Span, 2> map(size_t k, size_t begin, size_t end);
+  // Range k's pool pages back to the pool, fresh anonymous pages in their place.
+  void unmap(size_t k);
+
+ private:
+  PooledRanges(std::span<float> buf, size_t lo, size_t hi, size_t ranges, std::unique_ptr<PagePool> pool)
+      : buf_(buf), lo_(lo), hi_(hi), pool_(std::move(pool)), at_(ranges, {nullptr, nullptr}) {}
+  std::span<float> buf_;
+  size_t lo_, hi_;
+  std::unique_ptr<PagePool> pool_;
+  std::vector<std::array<char*, 2>> at_;
 };
 
 }  // namespace troupe::learner
