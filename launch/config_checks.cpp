@@ -152,7 +152,6 @@ void check_expert_parallel(const ExperimentConfig& c, const ConfigReport& report
   auto unsupported = [&](const std::string& other) { report(key, key, at + " with " + other + " is not supported yet"); };
   if (c.policy.device != kernels::DeviceKind::cpu)
     unsupported("policy.device: " + enum_string(c.policy.device) + " (policy.device: cpu only)");
-  if (c.learner.shard == learner::ShardStage::parameters) unsupported("learner.shard: parameters");
   if (c.policy.lora.enabled()) unsupported("policy.lora (rank > 0)");
   if (c.distill.enabled()) unsupported("distill.teacher");
   if (c.rollout.async_chunks > 1) unsupported("rollout.async_chunks > 1");

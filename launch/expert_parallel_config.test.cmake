@@ -1,7 +1,7 @@
 # policy.expert_parallel_config: `troupe validate` refuses policy.moe.expert_parallel where it cannot
 # split (exit 2, naming the key and the value): E not dividing the experts, E not dividing the learner
-# ranks, a dense model, learner.shard: parameters beside it; a layout that splits validates (also with
-# learner.shard: gradients).
+# ranks, a dense model; a layout that splits validates (also with learner.shard: gradients and
+# parameters).
 set(dir ${WORK}/expert_parallel_config)
 file(MAKE_DIRECTORY ${dir})
 file(WRITE ${dir}/moe.yaml "envs:\n  - name: arithmetic\ncluster:\n  learners: 2\npolicy:\n  moe:\n    expert_parallel: 2\n  model:\n    num_experts: 4\n    num_experts_per_tok: 2\n")
@@ -21,9 +21,9 @@ refused("E not dividing the learners" "--set;cluster.learners=3"
         "error: policy.moe.expert_parallel: 2 does not divide cluster.learners = 3")
 refused("a dense model" "--set;policy.model.num_experts=0"
         "error: policy.moe.expert_parallel: 2 splits MoE experts, but policy.model is dense \\(num_experts = 0\\)")
-refused("with learner.shard: parameters" "--set;learner.shard=parameters"
-        "error: policy.moe.expert_parallel: 2 with learner.shard: parameters is not supported yet")
-execute_process(COMMAND ${TROUPE} validate ${dir}/moe.yaml --set learner.shard=gradients RESULT_VARIABLE rc ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "EP 2 with learner.shard: gradients exited ${rc}: ${err}")
-endif()
+foreach(stage gradients parameters)
+  execute_process(COMMAND ${TROUPE} validate ${dir}/moe.yaml --set learner.shard=${stage} RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "EP 2 with learner.shard: ${stage} exited ${rc}: ${err}")
+  endif()
+endforeach()
