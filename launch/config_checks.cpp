@@ -133,7 +133,7 @@ void check_execution(const ExperimentConfig& c, const ConfigReport& report) {
 }
 
 // policy.moe.expert_parallel: E splits the experts of every MoE layer and the learner ranks (a
-// loaded model's expert count is checked when it loads); what it does not compose with yet.
+// loaded model's expert count is checked when it loads); what it does not run with yet.
 void check_expert_parallel(const ExperimentConfig& c, const ConfigReport& report) {
   const int E = c.policy.expert_parallel;
   if (E <= 1) return;
@@ -149,11 +149,19 @@ void check_expert_parallel(const ExperimentConfig& c, const ConfigReport& report
   if (c.cluster.learners % E != 0)
     report(key, key, at + " does not divide cluster.learners = " + std::to_string(c.cluster.learners) +
                          " (learner ranks = data-parallel x expert-parallel)");
-  auto unsupported = [&](const std::string& other) { report(key, key, at + " with " + other + " is not supported yet"); };
   if (c.policy.device != kernels::DeviceKind::cpu)  // (the NCCL exchange exists; a device MoE layer over it does not)
     report(key, key, at + " with policy.device: " + enum_string(c.policy.device) +
                          " is not supported yet: the expert-parallel MoE layer runs on policy.device: cpu only");
-  if (c.learner.shard == learner::ShardStage::parameters) unsupported("learner.shard: parameters");
+  // (each composes with E > 1 under the other stages; ZeRO-3's per-layer passes beside them are untested)
+  if (c.learner.shard == learner::ShardStage::parameters) {
+    std::string with;
+    if (c.policy.lora.enabled()) with = "policy.lora";
+    else if (c.distill.enabled()) with = "distill.teacher";
+    else if (c.rollout.async_chunks > 1) with = "rollout.async_chunks > 1";
+    if (!with.empty())
+      report(key, key, at + " with learner.shard: parameters beside " + with +
+                           " is not supported yet (it is with learner.shard none, optimizer or gradients)");
+  }
 }
 
 // policy.lora against the architecture: policy.model, or policy.path's config.json when it is a

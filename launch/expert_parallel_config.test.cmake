@@ -1,7 +1,7 @@
 # policy.expert_parallel_config: `troupe validate` refuses policy.moe.expert_parallel where it cannot
 # split (exit 2, naming the key and the value): E not dividing the experts, E not dividing the learner
-# ranks, a dense model, learner.shard: parameters or policy.device: cuda beside it; a layout that
-# splits validates (also with learner.shard: gradients, policy.lora, distill.teacher and streamed
+# ranks, a dense model or policy.device: cuda beside it; a layout that splits
+# validates (also with learner.shard: gradients and parameters, policy.lora, distill.teacher and streamed
 # parts, rollout.async_chunks > 1).
 set(dir ${WORK}/expert_parallel_config)
 file(MAKE_DIRECTORY ${dir})
@@ -22,10 +22,10 @@ refused("E not dividing the learners" "--set;cluster.learners=3"
         "error: policy.moe.expert_parallel: 2 does not divide cluster.learners = 3")
 refused("a dense model" "--set;policy.model.num_experts=0"
         "error: policy.moe.expert_parallel: 2 splits MoE experts, but policy.model is dense \\(num_experts = 0\\)")
-refused("with learner.shard: parameters" "--set;learner.shard=parameters"
-        "error: policy.moe.expert_parallel: 2 with learner.shard: parameters is not supported yet")
 refused("with policy.device: cuda" "--set;policy.device=cuda"
         "error: policy.moe.expert_parallel: 2 with policy.device: cuda is not supported yet")
+refused("with learner.shard: parameters beside policy.lora" "--set;learner.shard=parameters;--set;policy.lora.rank=4"
+        "error: policy.moe.expert_parallel: 2 with learner.shard: parameters beside policy.lora is not supported yet")
 function(accepted what sets)
   execute_process(COMMAND ${TROUPE} validate ${dir}/moe.yaml ${sets} RESULT_VARIABLE rc ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -33,6 +33,7 @@ function(accepted what sets)
   endif()
 endfunction()
 accepted("with learner.shard: gradients" "--set;learner.shard=gradients")
+accepted("with learner.shard: parameters" "--set;learner.shard=parameters")
 accepted("with policy.lora (adapters on the routed experts too)" "--set;policy.lora.rank=4;--set;policy.lora.targets=all_linear")
 accepted("with distill.teacher (top-k pass)" "--set;distill.teacher=teacher;--set;distill.topk=4;--set;cluster.scorers=1")
 accepted("with streamed parts" "--set;rollout.async=true;--set;rollout.async_chunks=2;--set;rollout.prompts_per_step=4")

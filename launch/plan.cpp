@@ -147,7 +147,9 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
     // (untied: the embedding and the head, norm included, are gathered apart, about half each)
     const uint64_t head = s.mc.tie_word_embeddings ? s.fp.outer_floats : (s.fp.outer_floats + s.mc.hidden_size) / 2;
     // With the prefetch (ParamShards::set_prefetch, on) the next group's gather runs while one
-    // computes: two groups whole at once (two layers, or the last layer and the head).
+    // computes: two groups whole at once (two layers, or the last layer and the head). Their
+    // non-owned pages are a pool reused from group to group (learner/page_pool.h), resident once
+    // made, of at most this size; so is the gradients' pool below (the head's and two layers').
     const uint64_t gathered = std::max(2 * s.fp.largest_layer_floats, s.fp.largest_layer_floats + head);
     const bool whole = r.index == 0 && !sync_from_shards(cfg, s);
     if (!whole && !cfg.rollout.async) r.weights = ceil_div(s.P, s.N) * kF + gathered * kF;
@@ -381,8 +383,11 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
   else if (E > 1)
     plan.notes.push_back("policy.moe.expert_parallel " + std::to_string(E) + ": each learner computes num_experts / " +
                          std::to_string(E) + " experts per MoE layer but keeps every expert's weights, gradients and "
-                         "AdamW moments (not divided: learner.shard other than none, or rollout.async); the collectives "
-                         "column adds each MoE layer's exchanged rows at an even load");
+                         "AdamW moments (not divided: learner.shard other than none, or rollout.async" +
+                         (layered_zero3(s) ? std::string("; shard parameters: in its shard, each layer gathered with "
+                                                         "every expert")
+                                           : std::string()) +
+                         "); the collectives column adds each MoE layer's exchanged rows at an even load");
   s.sync_bytes_per_value = cfg.weight_sync.dtype == actors::WeightDtype::bf16 ? 2 : 4;
   return s;
 }

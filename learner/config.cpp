@@ -33,9 +33,6 @@ Status validate(const LearnerConfig& c) {
   if (c.optimizer.lr < 0) return err("lr must be >= 0");
   if (c.expert_parallel < 1)
     return err("policy.moe.expert_parallel must be >= 1, got " + std::to_string(c.expert_parallel));
-  if (c.expert_parallel > 1 && c.shard == ShardStage::parameters)  // (its own per-layer passes)
-    return err("policy.moe.expert_parallel = " + std::to_string(c.expert_parallel) +
-               " with learner.shard: parameters is not supported yet (none, optimizer and gradients are)");
   if (c.optimizer.beta1 < 0 || c.optimizer.beta1 >= 1 || c.optimizer.beta2 < 0 || c.optimizer.beta2 >= 1)
     return err("adam betas must be in [0, 1)");
   if (c.optimizer.eps <= 0) return err("eps must be > 0");

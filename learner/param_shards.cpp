@@ -1,6 +1,7 @@
 // learner.shard parameters (ZeRO-3): the groups of a rank's weights, gathered per layer from the
 // ranks that own them and dropped after use (the next group's gather started while this one computes);
-// the gradients reduce-scattered per layer. Invariant: every gather and reduce-scatter is the sharded
+// the gradients reduce-scattered per layer; the pages a gathered group and a gradient being summed
+// occupy come from pools that are reused (page_pool.h). Invariant: every gather and reduce-scatter is the sharded
 // step's (rank-ordered sums), so the update equals the unsharded one bit for bit; a dropped page is
 // never read before it is gathered again, and a buffer in flight is never read, written or dropped.
 #include "troupe/learner/param_shards.h"
@@ -32,17 +33,12 @@ int group_of(const std::string& name) {
   return digit && i < name.size() && name[i] == '.' ? n : -2;
 }
 
-size_t page_floats() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)) / sizeof(float); }
-
 // Gives the whole pages inside [p, p + n) back to the OS: they read as zero when next touched.
 // Returns the pages' first and last float (the edges outside them are not touched).
 std::pair<float*, float*> drop_pages(float* p, size_t n) {
-  const auto page = static_cast<uintptr_t>(page_floats() * sizeof(float));
-  const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(p + n);
-  const uintptr_t s = (a + page - 1) / page * page, e = b / page * page;
-  if (e <= s) return {p + n, p + n};
-  madvise(reinterpret_cast<void*>(s), e - s, MADV_DONTNEED);
-  return {reinterpret_cast<float*>(s), reinterpret_cast<float*>(e)};
+  const auto [s, e] = whole_pages(p, n);
+  if (s < e) madvise(s, static_cast<size_t>(e - s) * sizeof(float), MADV_DONTNEED);
+  return {s, e};
 }
 
 // The bounds of `bounds`' shards inside [begin, end), from 0.
@@ -114,9 +110,83 @@ ParamShards::ParamShards(std::span<float> params, std::span<float> grads, const 
   }
   gathering_.resize(ranges_.size());
   scattering_.resize(ranges_.size());
+  if (!layered_) return;
+  params_pool_ = PooledRanges::create(params_, lo_, hi_, ranges_.size(), pool_bytes(false));
+  grads_pool_ = PooledRanges::create(grads_, lo_, hi_, ranges_.size(), pool_bytes(true));
 }
 
-Status ParamShards::gather(Range& r) {
+ParamShards::~ParamShards() = default;
+
+size_t ParamShards::pool_bytes(bool grads) const {
+  auto pages = [&](const std::vector<int>& live) {
+    size_t bytes = 0;
+    for (int r : live)
+      bytes += outer_bytes(grads ? grads_ : params_, ranges_[static_cast<size_t>(r)].begin,
+                           ranges_[static_cast<size_t>(r)].end);
+    return bytes;
+  };
+  if (grads) {  // the head's until the step's end, and two layers' (one reduce-scatter in flight)
+    std::vector<size_t> layer;
+    for (int l = 0; l < layers_; ++l) layer.push_back(pages(groups_[static_cast<size_t>(l + 1)]));
+    std::sort(layer.rbegin(), layer.rend());
+    return pages(groups_[static_cast<size_t>(layers_ + 1)]) + (layer.size() > 0 ? layer[0] : 0) +
+           (layer.size() > 1 ? layer[1] : 0);
+  }
+  // Weights whole at once: a group and the next one the model asks for (the prefetch), ranges once.
+  std::vector<int> order{kEmbedGroup};
+  for (int l = 0; l < layers_; ++l) order.push_back(l);
+  order.push_back(layers_);
+  for (int l = layers_ - 1; l >= 0; --l) order.push_back(l);
+  size_t most = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    std::vector<int> live = groups_[static_cast<size_t>(order[i] + 1)];
+    if (i + 1 < order.size())
+      for (int r : groups_[static_cast<size_t>(order[i + 1] + 1)])
+        if (std::find(live.begin(), live.end(), r) == live.end()) live.push_back(r);
+    most = std::max(most, pages(live));
+  }
+  return most;
+}
+
+size_t ParamShards::outer_bytes(std::span<float> buf, size_t begin, size_t end) const {
+  size_t bytes = 0;
+  for (auto [b, e] : {std::pair{begin, std::min(end, lo_)}, std::pair{std::max(begin, hi_), end}}) {
+    if (e <= b) continue;
+    const auto [s, f] = whole_pages(buf.data() + b, e - b);
+    bytes += static_cast<size_t>(f - s) * sizeof(float);
+  }
+  return bytes;
+}
+
+void ParamShards::bring_in(size_t k) {
+  if (params_pool_) (void)params_pool_->map(k, ranges_[k].begin, ranges_[k].end);
+}
+
+void ParamShards::drop_params(size_t k) {
+  if (params_pool_) params_pool_->unmap(k);
+  drop(params_, ranges_[k].begin, ranges_[k].end);  // (what the pool put back holds no pages: only the edges change)
+}
+
+void ParamShards::grads_in(int g) {
+  if (!accumulating_) return;
+  for (int i : group(g)) {
+    const auto k = static_cast<size_t>(i);
+    if (grads_live_[k]) continue;
+    grads_live_[k] = 1;
+    if (!grads_pool_) continue;
+    for (const auto& [at, n] : grads_pool_->map(k, ranges_[k].begin, ranges_[k].end))
+      if (n > 0) std::memset(at, 0, n);  // (pool pages hold what they last held)
+  }
+}
+
+void ParamShards::drop_grads(size_t k) {
+  if (grads_pool_) grads_pool_->unmap(k);
+  drop(grads_, ranges_[k].begin, ranges_[k].end);
+}
+
+Status ParamShards::gather(size_t k) {
+  bring_in(k);
+  const Range& r = ranges_[k];
   const auto b = clamp_bounds(bounds_, r.begin, r.end);
   return comm_.all_gather(params_.subspan(r.begin, r.end - r.begin), b);
 }
@@ -139,6 +209,7 @@ Status ParamShards::start_gathers(int g) {
     const auto k = static_cast<size_t>(i);
     Range& r = ranges_[k];
     if (r.held > 0 || gathering_[k]) continue;
+    bring_in(k);
     TROUPE_ASSIGN_OR_RETURN(gathering_[k], comm_.start_all_gather(params_.subspan(r.begin, r.end - r.begin),
                                                                    clamp_bounds(bounds_, r.begin, r.end)));
   }
@@ -148,7 +219,7 @@ Status ParamShards::start_gathers(int g) {
 Status ParamShards::finish_scatter(size_t i) {
   TROUPE_TRY(scattering_[i]->wait());
   scattering_[i].reset();
-  drop(grads_, ranges_[i].begin, ranges_[i].end);
+  drop_grads(i);
   return {};
 }
 
@@ -193,9 +264,12 @@ Status ParamShards::need(int g) {
       TROUPE_TRY(gathering_[k]->wait());
       gathering_[k].reset();
     } else {
-      TROUPE_TRY(gather(ranges_[k]));
+      TROUPE_TRY(gather(k));
     }
   }
+  // The gradients this group's backward writes next: the head's from its forward on (its backward
+  // follows), a layer's from its backward's need.
+  if (g == layers_ || (backward_ && g >= 0)) grads_in(g);
   if (prefetch_) TROUPE_TRY(start_gathers(next_group(g)));
   if (g == layers_) backward_ = true;
   return progress();
@@ -205,7 +279,7 @@ Status ParamShards::done(int g, bool backward) {
   if (!active_) return {};
   for (int i : group(g)) {
     Range& r = ranges_[static_cast<size_t>(i)];
-    if (r.held > 0 && --r.held == 0) drop(params_, r.begin, r.end);
+    if (r.held > 0 && --r.held == 0) drop_params(static_cast<size_t>(i));
   }
   if (!backward || !last_ || g < 0 || g >= layers_) return progress();
   // At most one layer's reduce-scatter in flight (layer g+1's, which overlapped this layer's
@@ -225,7 +299,7 @@ Status ParamShards::done(int g, bool backward) {
     const auto b = clamp_bounds(bounds_, r.begin, r.end);
     if (!prefetch_) {
       TROUPE_TRY(comm_.reduce_scatter_sum(part, b));
-      drop(grads_, r.begin, r.end);
+      drop_grads(k);
       continue;
     }
     TROUPE_ASSIGN_OR_RETURN(scattering_[k], comm_.start_reduce_scatter_sum(part, b));
@@ -275,9 +349,9 @@ std::vector<std::pair<size_t, size_t>> ParamShards::group_ranges(int g) const {
 
 Status ParamShards::release_all() {
   TROUPE_TRY(settle());
-  for (auto& r : ranges_) {
-    r.held = 0;
-    drop(params_, r.begin, r.end);
+  for (size_t k = 0; k < ranges_.size(); ++k) {
+    ranges_[k].held = 0;
+    drop_params(k);
   }
   return {};
 }
@@ -285,22 +359,35 @@ Status ParamShards::release_all() {
 Status ParamShards::zero_grads() {
   TROUPE_TRY(settle());
   for (auto& r : ranges_) r.reduced = false;
-  if (!layered_) return {};  // (the trainer zeroes the model's gradients: on a device they live there)
-  auto [s, e] = drop_pages(grads_.data(), grads_.size());
-  std::fill(grads_.data(), s, 0.0f);
-  std::fill(e, grads_.data() + grads_.size(), 0.0f);
+  if (!layered_) return {};
+  for (size_t k = 0; k < ranges_.size(); ++k)
+    if (grads_pool_) grads_pool_->unmap(k);  // (none left by a step that ran to its end)
+  grads_live_.assign(ranges_.size(), 0);
+  accumulating_ = true;  // (the trainer zeroes the model's gradients: on a device they live there)
+  // This rank's shard is zeroed where it is (its pages stay: the step's sum lands there); the rest
+  // goes back to the OS, its pages reading zero when touched (the edges zeroed here).
+  auto zero_outside = [](float* p, size_t n) {
+    const auto [s, e] = drop_pages(p, n);
+    std::fill(p, s, 0.0f);
+    std::fill(e, p + n, 0.0f);
+  };
+  zero_outside(grads_.data(), lo_);
+  std::fill(grads_.begin() + static_cast<std::ptrdiff_t>(lo_), grads_.begin() + static_cast<std::ptrdiff_t>(hi_), 0.0f);
+  zero_outside(grads_.data() + hi_, grads_.size() - hi_);
   return {};
 }
 
 Status ParamShards::reduce_rest() {
   TROUPE_TRY(settle());
   const BlockingCall label("learner.shard parameters: the gradient reduce-scatter of the embedding and head");
-  for (auto& r : ranges_) {
+  accumulating_ = false;
+  for (size_t k = 0; k < ranges_.size(); ++k) {
+    Range& r = ranges_[k];
     if (r.reduced) continue;
     TROUPE_TRY(comm_.reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin),
                                         clamp_bounds(bounds_, r.begin, r.end)));
     r.reduced = true;
-    drop(grads_, r.begin, r.end);
+    drop_grads(k);
   }
   return {};
 }

@@ -132,34 +132,31 @@ Status Trainer::zero3_micro_batches(const std::vector<std::vector<const Sample*>
   if (!zero3_->layered()) {  // the whole (small) buffer for this mini-batch: one all-gather
     TROUPE_TRY(zero3_->gather_all());
     (void)model_.params();
-    for (const auto& mb : mbs) {
-      TROUPE_ASSIGN_OR_RETURN(auto m, run_micro_batch(mb, norm, score, mismatch));
-      sums.add(m);
-    }
-    return {};
+    return plain_micro_batches(mbs, norm, score, mismatch, sums);
   }
   // Every rank runs as many passes as the rank with the most micro-batches (the gathers and
-  // reduce-scatters are collectives): the ranks with fewer run phantom passes.
+  // reduce-scatters are collectives): the ranks with fewer run phantom passes (with expert
+  // parallelism, idle passes whose experts serve the peers' rows between the same hook calls).
   TROUPE_ASSIGN_OR_RETURN(const size_t passes, most_micro_batches(mbs.size()));
   TROUPE_TRY(zero3_->release_all());
+  if (ep_) TROUPE_TRY(model_.set_expert_exchange(&ep_->exchange()));
   zero3_->set_active(true);
-  for (size_t c = 0; c < passes; ++c) {
+  Status st;
+  for (size_t c = 0; c < passes && st.ok(); ++c) {
     zero3_->set_last_micro_batch(c + 1 == passes);
     if (c >= mbs.size()) {
-      if (Status st = zero3_->phantom_pass(); !st.ok()) {
-        zero3_->set_active(false);
-        return st;
-      }
+      st = ep_ ? model_.expert_parallel_idle_pass(true) : zero3_->phantom_pass();
       continue;
     }
     auto m = run_micro_batch(mbs[c], norm, score, mismatch);
-    if (!m.ok()) {
-      zero3_->set_active(false);
-      return m.error();
-    }
-    sums.add(*m);
+    if (m.ok())
+      sums.add(*m);
+    else
+      st = m.error();
   }
   zero3_->set_active(false);
+  if (ep_) (void)model_.set_expert_exchange(nullptr);
+  TROUPE_TRY(st);
   return zero3_->settle();
 }
 

@@ -930,12 +930,24 @@ Status Model::Impl::backward_body() {
 Status Model::Impl::ep_idle_pass(bool with_backward) {
   if (!ep_exchange) return make_error(ErrorCode::internal, "expert_parallel_idle_pass without an exchange");
   auto serve_forward = [&](int l) { return k::moe_ep_serve_forward(moe_call_weights(l), moe_cfg, ep_group(l)); };
-  for (int l = 0; l < L; ++l)
+  // A training pass's hook calls too (learner.shard parameters: the idle rank takes part in each
+  // group's gather and each layer's gradient reduce-scatter, in forward_train/backward_train's order).
+  const bool hooked = hook && with_backward;
+  if (hooked) TROUPE_TRY(need(ParamHook::kEmbedGroup));
+  if (hooked) TROUPE_TRY(done(ParamHook::kEmbedGroup, false));
+  for (int l = 0; l < L; ++l) {
+    if (hooked) TROUPE_TRY(need(l));
     if (layers[l].moe) TROUPE_TRY(serve_forward(l));
+    if (hooked) TROUPE_TRY(done(l, false));
+  }
+  if (hooked) TROUPE_TRY(need(L));
+  if (hooked) TROUPE_TRY(done(L, true));
   for (int l = L - 1; l >= 0 && with_backward; --l) {  // backward_body's order: checkpointing recomputes a layer first
-    if (!layers[l].moe) continue;
-    if (cfg.activation_checkpointing && l != L - 1) TROUPE_TRY(serve_forward(l));
-    TROUPE_TRY(k::moe_ep_serve_backward(moe_call_grads(l), moe_call_weights(l), moe_cfg, ep_group(l)));
+    if (hooked) TROUPE_TRY(need(l));
+    if (layers[l].moe && cfg.activation_checkpointing && l != L - 1) TROUPE_TRY(serve_forward(l));
+    if (layers[l].moe)
+      TROUPE_TRY(k::moe_ep_serve_backward(moe_call_grads(l), moe_call_weights(l), moe_cfg, ep_group(l)));
+    if (hooked) TROUPE_TRY(done(l, true));
   }
   return {};
 }

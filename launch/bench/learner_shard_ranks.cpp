@@ -1,16 +1,19 @@
 // troupe_learner_shard_bench: the helper `troupe bench learner` starts under mpirun for the sharded
-// learner cases. One model of SmolLM2-135M's shape (its layer count cut by --layers), two Trainers
-// over it: plain data parallel (learner.shard: none) and --stage (with parameters, also without the
-// prefetch); their GRPO steps are timed alternately between barriers (the slowest rank's time). Rank
-// 0 prints one JSON line {"stage","ranks","params","tokens_per_rank","dp_ms","ours_ms",
+// learner cases. A model of SmolLM2-135M's shape (its layer count cut by --layers) for each of two
+// Trainers, the same initial weights: plain data parallel (learner.shard: none) and --stage (with
+// parameters, also a third without the prefetch; ZeRO-3 keeps its shard between steps, as troupe
+// run's synchronous learners do); their GRPO steps are timed alternately between barriers (the
+// slowest rank's time). Rank 0 prints one JSON line {"stage","ranks","params","tokens_per_rank","dp_ms","ours_ms",
 // "no_prefetch_ms" (parameters only),"dp_state_bytes","ours_state_bytes"}.
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -35,6 +38,15 @@ struct Options {
   learner::ShardStage stage = learner::ShardStage::gradients;
   int layers = 30, seqs = 4, seq_len = 256, reps = 5;
   bool state_only = false;
+};
+
+// A model, its adapter and one Trainer over them.
+struct Arm {
+  Arm(policy::Model m, const learner::LearnerConfig& cfg, learner::Communicator& comm)
+      : model(std::move(m)), adapter(model), trainer(adapter, cfg, comm) {}
+  policy::Model model;
+  learner::ModelAdapter adapter;
+  learner::Trainer trainer;
 };
 
 Options parse(int argc, char** argv) {
@@ -93,48 +105,60 @@ int main(int argc, char** argv) {
     policy::ModelConfig mc;
     static_cast<policy::ModelArchitecture&>(mc) = bench::smollm2_135m_architecture();
     mc.num_hidden_layers = o.layers;
-    auto model = policy::Model::create(mc, 0);
-    if (!model.ok()) fail(model.error().message);
-    learner::ModelAdapter adapter(*model);
     learner::LearnerConfig cfg;
     cfg.optimizer.lr = 1e-5f;
     cfg.max_completion_length = o.seq_len;
     learner::LearnerConfig sharded = cfg;
     sharded.shard = o.stage;
-    learner::Trainer dp(adapter, cfg, world), ours(adapter, sharded, world), blocking(adapter, sharded, world);
     const bool zero3 = o.stage == learner::ShardStage::parameters;
-    blocking.set_shard_prefetch(false);
-    // ZeRO-3's state: its shard of the weights between steps (timed steps need them whole: the two
-    // trainers take turns on one model)
-    if (o.state_only) ours.set_params_between_steps(learner::ParamsAtRest::shard);
+    // A model each: a ZeRO-3 Trainer drops the weights it does not own and puts its ParamHook on its model.
+    std::vector<std::unique_ptr<Arm>> arms;
+    for (int a = 0; a < (zero3 && !o.state_only ? 3 : 2); ++a) {
+      auto model = policy::Model::create(mc, 0);
+      if (!model.ok()) fail(model.error().message);
+      arms.push_back(std::make_unique<Arm>(std::move(*model), a == 0 ? cfg : sharded, world));
+    }
+    learner::Trainer &dp = arms[0]->trainer, &ours = arms[1]->trainer;
+    if (zero3) ours.set_params_between_steps(learner::ParamsAtRest::shard);
+    if (arms.size() > 2) {
+      arms[2]->trainer.set_shard_prefetch(false);
+      arms[2]->trainer.set_params_between_steps(learner::ParamsAtRest::shard);
+    }
     double dp_ms = 0, ours_ms = 0, blocking_ms = 0;
     if (!o.state_only) {
-      auto timed = [&](learner::Trainer& t, uint64_t seed) {
+      // Every trainer steps on the same batches, so each step's loss must be data parallelism's (a
+      // check that the sharded step computed what it is timed for).
+      std::vector<double> losses[3];
+      auto timed = [&](size_t arm, uint64_t seed) {
         const auto batch = make_batch(o, world.size(), mc.vocab_size, seed);
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = bench::now_ms();
-        auto r = t.train_step(batch);
+        auto r = arms[arm]->trainer.train_step(batch);
         if (!r.ok()) fail(r.error().message);
         double dt = bench::now_ms() - t0, slowest = 0;
         MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        losses[arm].push_back(r->loss.loss);
         return slowest;
       };
-      timed(dp, 1);  // warm-up: arenas, connections
-      timed(ours, 2);
-      if (zero3) timed(blocking, 3);
+      for (size_t arm = 0; arm < arms.size(); ++arm) timed(arm, 1);  // warm-up: arenas, connections
       std::vector<double> a, b, c;
       for (int r = 0; r < o.reps; ++r) {
         const uint64_t seed = 10 + static_cast<uint64_t>(r);
         if (r % 2 == 0) {
-          b.push_back(timed(dp, seed));
-          a.push_back(timed(ours, seed));
-          if (zero3) c.push_back(timed(blocking, seed));
+          b.push_back(timed(0, seed));
+          a.push_back(timed(1, seed));
+          if (zero3) c.push_back(timed(2, seed));
         } else {
-          if (zero3) c.push_back(timed(blocking, seed));
-          a.push_back(timed(ours, seed));
-          b.push_back(timed(dp, seed));
+          if (zero3) c.push_back(timed(2, seed));
+          a.push_back(timed(1, seed));
+          b.push_back(timed(0, seed));
         }
       }
+      for (size_t arm = 1; arm < arms.size(); ++arm)
+        for (size_t i = 0; i < losses[0].size(); ++i)
+          if (std::abs(losses[arm][i] - losses[0][i]) > 1e-6 * (1 + std::abs(losses[0][i])))
+            fail("step " + std::to_string(i) + ": the loss " + std::to_string(losses[arm][i]) + " of the " +
+                 enum_string(o.stage) + " trainer is not data parallelism's " + std::to_string(losses[0][i]));
       dp_ms = bench::median(b);
       ours_ms = bench::median(a);
       if (zero3) blocking_ms = bench::median(c);
@@ -145,7 +169,7 @@ int main(int argc, char** argv) {
     if (world.rank() == 0) {
       std::printf("{\"stage\": \"%s\", \"ranks\": %d, \"params\": %zu, \"tokens_per_rank\": %d, \"dp_ms\": %.3f, "
                   "\"ours_ms\": %.3f, \"no_prefetch_ms\": %.3f, \"dp_state_bytes\": %.0f, \"ours_state_bytes\": %.0f}\n",
-                  enum_string(o.stage).c_str(), world.size(), adapter.params().size(), o.seqs * o.seq_len, dp_ms,
+                  enum_string(o.stage).c_str(), world.size(), arms[0]->adapter.params().size(), o.seqs * o.seq_len, dp_ms,
                   ours_ms, blocking_ms, most[0], most[1]);
       std::fflush(stdout);
     }

@@ -1094,6 +1094,28 @@ norms = [r["grad_norm"] for r in map(json.loads, open(sys.argv[1])) if r.get("ph
 assert len(norms) == 3 and all(n == n for n in norms) and any(n > 0 for n in norms), norms
 print("streamed parts with E 2: grad_norm", norms)
 EOS
+  shard_expert_parallel_run)  # policy.moe.expert_parallel 2 with learner.shard: parameters over 2 learners
+    # (mpirun): each learner keeps its ZeRO-3 shard of the whole model (every expert), gathers each layer and
+    # computes its half of the experts for both learners' routed rows; the run (weights synced from the
+    # shards, probe on) equals the data-parallel one bit for bit (one micro-batch per learner), and its
+    # checkpoint resumes into the uninterrupted run
+    S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set weight_sync.probe=true --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
+    EZ="--set policy.moe.expert_parallel=2 --set learner.shard=parameters"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" --set grpo.max_steps=4 $S
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ez" --set grpo.max_steps=4 $S $EZ 2> "$W/ez.err"
+    grep -q "weight sync: from the shards of 2 learners" "$W/ez.err" || { cat "$W/ez.err"; exit 1; }
+    $CHECK same "$W/dp" "$W/ez"
+    "$PY" - "$W/ez/metrics.jsonl" << 'EOS'
+import json, sys
+norms = [r["grad_norm"] for r in map(json.loads, open(sys.argv[1])) if r.get("phase") == "grpo" and "grad_norm" in r]
+assert norms and any(n > 0 for n in norms), norms  # GRPO steps that change the weights the generators get
+EOS
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ez2" --set grpo.max_steps=2 $S $EZ
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/ez2" --set grpo.max_steps=4 $S $EZ
+    $CHECK same "$W/dp" "$W/ez2"
     ;;
   shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard
     # and sends it to the generators itself; the generators (3, relay fan-out 2: a relay tree whose first

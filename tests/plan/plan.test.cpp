@@ -246,6 +246,15 @@ TEST(Plan, ExpertParallelDividesTheExpertsAndAddsTheExchangedRows) {
   EXPECT_EQ(row(z, "learner", 1).optimizer, row(zdp, "learner", 1).optimizer);
   EXPECT_NE(plan_table(z).find("policy.moe.expert_parallel 2: each learner computes num_experts / 2 experts"),
             std::string::npos);
+  // learner.shard parameters: every learner keeps its shard of every expert, each layer gathered whole
+  auto zero3 = with_ep, zero3_dp = moe;
+  zero3.push_back("learner.shard=parameters");
+  zero3_dp.push_back("learner.shard=parameters");
+  const MemoryPlan z3 = plan_of(load(kTiny, zero3)), z3dp = plan_of(load(kTiny, zero3_dp));
+  EXPECT_EQ(row(z3, "learner", 1).weights, row(z3dp, "learner", 1).weights);
+  EXPECT_EQ(row(z3, "learner", 1).gradients, row(z3dp, "learner", 1).gradients);
+  EXPECT_NE(plan_table(z3).find("shard parameters: in its shard, each layer gathered with every expert"),
+            std::string::npos);
 }
 
 TEST(Plan, BudgetRefusalNamesTheRoleAndRank) {

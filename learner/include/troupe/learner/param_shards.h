@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "troupe/learner/communicator.h"
+#include "troupe/learner/page_pool.h"
 #include "troupe/policy/model.h"
 
 namespace troupe::learner {
@@ -23,6 +24,7 @@ class ParamShards final : public policy::ParamHook {
   // one group of everything, gathered by begin/end of a step only.
   ParamShards(std::span<float> params, std::span<float> grads, const std::vector<policy::TensorSpec>& table,
               std::vector<size_t> bounds, Communicator& comm, bool layered);
+  ~ParamShards() override;  // (the pools put ordinary pages back where theirs are still mapped)
 
   bool layered() const { return layered_; }
   int num_layers() const { return layers_; }
@@ -55,8 +57,8 @@ class ParamShards final : public policy::ParamHook {
   // rank's shard [lo, hi).
   std::vector<std::pair<size_t, size_t>> group_ranges(int g) const;
   std::pair<size_t, size_t> shard() const { return {lo_, hi_}; }
-  // A new accumulation: layered, zeroes the whole gradient buffer without touching its pages (they
-  // come back zero on use); not layered, the caller zeroes the model's gradients (PolicyModel::zero_grads).
+  // A new accumulation: layered, zeroes this rank's shard of the gradients in place and the rest
+  // without touching its pages (they come back zero on use); not layered, the caller zeroes the model's gradients (PolicyModel::zero_grads).
   Status zero_grads();
   // Reduce-scatters every gradient range not yet reduced in this step, drops the non-owned part.
   Status reduce_rest();
@@ -67,7 +69,13 @@ class ParamShards final : public policy::ParamHook {
     int held = 0;
     bool reduced = false;
   };
-  Status gather(Range& r);
+  Status gather(size_t k);                          // blocking, into pool pages where they fit
+  void bring_in(size_t k);                          // pool pages over range k's non-owned whole pages
+  void drop_params(size_t k);                       // range k's non-owned weights: pool pages back, dropped
+  void grads_in(int g);                             // group g's gradients about to be written: pool pages, zeroed
+  void drop_grads(size_t k);                        // range k's non-owned gradient: pool pages back, dropped
+  size_t pool_bytes(bool grads) const;              // the most non-owned whole-page bytes whole at once
+  size_t outer_bytes(std::span<float> buf, size_t begin, size_t end) const;  // its whole pages outside the shard
   Status start_gathers(int g);                      // the prefetch of group g (its ranges not held)
   Status progress();                                // MPI_Test on what is in flight
   Status finish_scatter(size_t i);                  // waits for range i's reduce-scatter, drops the rest
@@ -85,6 +93,11 @@ class ParamShards final : public policy::ParamHook {
   std::vector<std::vector<int>> groups_;  // embedding, layers 0..L-1, head: indices into ranges_
   // Per range: its gather started ahead (prefetch) and its gradient's reduce-scatter, while in flight.
   std::vector<std::unique_ptr<PendingCollective>> gathering_, scattering_;
+  // Reused pages (null: none, the pages fault in): the layered gathers write into params_pool_, the
+  // backward's gradients of a range not yet written in this accumulation into grads_pool_ (zeroed).
+  std::unique_ptr<PooledRanges> params_pool_, grads_pool_;
+  std::vector<char> grads_live_;  // per range: its gradient written (or about to be) in this accumulation
+  bool accumulating_ = false;     // from zero_grads to reduce_rest
 };
 
 }  // namespace troupe::learner

@@ -231,7 +231,8 @@ class Model {
   // A forward/backward pair with no tokens of this rank's own, in the order forward_train and
   // backward_train run the MoE layers (checkpointing's recompute included): this rank's experts
   // serve a micro-batch its peers run and it has not; with_backward false: a forward alone (the
-  // peers score a batch without training on it). Needs an exchange.
+  // peers score a batch without training on it). Needs an exchange. With backward and a ParamHook
+  // set, the hook's calls of a training forward and backward too, in their order.
   Status expert_parallel_idle_pass(bool with_backward = true);
   // Expert parallelism that divides memory: a copy of this (whole) model holding only expert block
   // `shard` of `shards` of every MoE layer (parameters and gradients of the other blocks are not
