@@ -1094,6 +1094,7 @@ norms = [r["grad_norm"] for r in map(json.loads, open(sys.argv[1])) if r.get("ph
 assert len(norms) == 3 and all(n == n for n in norms) and any(n > 0 for n in norms), norms
 print("streamed parts with E 2: grad_norm", norms)
 EOS
+    ;;
   shard_expert_parallel_run)  # policy.moe.expert_parallel 2 with learner.shard: parameters over 2 learners
     # (mpirun): each learner keeps its ZeRO-3 shard of the whole model (every expert), gathers each layer and
     # computes its half of the experts for both learners' routed rows; the run (weights synced from the
