@@ -53,6 +53,15 @@ Result<std::vector<std::vector<float>>> Trainer::old_logprobs(const std::vector<
   return old;
 }
 
+Status Trainer::forward_with_expert_group(const std::function<Status()>& fn) {
+  if (!model_.expert_shards()) return invalid_input("learner: forward_with_expert_group of a model that holds every expert");
+  TROUPE_TRY(join_expert_parallel());
+  TROUPE_TRY(model_.set_expert_exchange(&ep_->exchange()));
+  Status st = fn();
+  (void)model_.set_expert_exchange(nullptr);
+  return st;
+}
+
 Result<MismatchSums> Trainer::mismatch_before_update(const std::vector<const Sample*>& mine) {
   if (!model_.expert_shards()) return score_mismatch(model_, mine, cfg_.batch.temperature);
   const size_t passes = score_mismatch_passes(mine);

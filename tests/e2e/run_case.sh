@@ -961,22 +961,44 @@ EOS
     $CHECK steps "$W/lz" 3
     ;;
   expert_parallel_run)  # policy.moe.expert_parallel 2 over 2 learners (mpirun): each learner holds half the
-    # experts (less learner/state_bytes), learner 0 the whole weights for the sync (probe on: the generators
-    # hold them bit for bit); the run equals the data-parallel one bit for bit (one micro-batch per learner);
-    # its checkpoint (written whole) resumes at E 2 and at E 1 as the uninterrupted run; generate and eval read it
+    # experts, learner 0 too (learner/state_bytes: the data-parallel figure less 16 bytes per routed value not
+    # held, no whole copy), the weights go to the generators from the blocks (rank 0 sends half of a full sync;
+    # probe on, run by both learners together: the generators hold them bit for bit); the run equals the
+    # data-parallel one bit for bit (one micro-batch per learner); its checkpoint (gathered on learner 0 while
+    # written, whole) resumes at E 2 and at E 1 as the uninterrupted run; generate and eval read it
     S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 --set weight_sync.probe=true --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
     EP="--set policy.moe.expert_parallel=2"
     MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" --set grpo.max_steps=4 $S
-    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=4 $S $EP
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=4 $S $EP 2> "$W/ep.err"
+    grep -q "weight sync: from the expert blocks of 2 learners" "$W/ep.err" || { cat "$W/ep.err"; exit 1; }
     $CHECK same "$W/dp" "$W/ep"
-    "$PY" - "$W/dp/metrics.jsonl" "$W/ep/metrics.jsonl" << 'EOS'
-import json, sys
-dp, ep = ([r["learner/state_bytes"] for r in map(json.loads, open(p)) if "learner/state_bytes" in r] for p in sys.argv[1:])
-assert dp and len(dp) == len(ep) and all(b < a for a, b in zip(dp, ep)), (dp, ep)
+    "$PY" - "$W/dp/metrics.jsonl" "$W/ep/metrics.jsonl" "$W/ep/checkpoints/latest/model.safetensors" "$W/ep.err" << 'EOS'
+import json, re, struct, sys
+dp, ep = ([r["learner/state_bytes"] for r in map(json.loads, open(p)) if "learner/state_bytes" in r] for p in sys.argv[1:3])
+with open(sys.argv[3], "rb") as f:  # the routed experts' values, from the checkpoint's tensor table
+    head = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+routed = 0
+for name, t in head.items():
+    if ".experts." in name:
+        n = 1
+        for d in t["shape"]:
+            n *= d
+        routed += n
+assert routed > 0, head.keys()
+# learner 0 holds half the experts and nothing whole: 16 bytes (weight, gradient, 2 moments) per value not held
+assert dp and len(dp) == len(ep) and all(b == a - 16 * (routed // 2) for a, b in zip(dp, ep)), (dp, ep, routed)
 print("learner/state_bytes of learner 0: data parallel", dp[0], "experts divided", ep[0])
+rows = [tuple(map(int, m.groups())) for m in
+        re.finditer(r"weight sync: version (\d+) in 2 pieces \(a delta to (\d+) generators, in full to (\d+)\): "
+                    r"rank 0 sent (\d+) of the learners' (\d+) payload bytes", open(sys.argv[4]).read())]
+assert len(rows) >= 2, rows
+for v, delta, full, mine, all_ in rows:  # rank 0 sends its experts and half of the rest, never the whole message
+    assert 0 < mine < all_, (v, mine, all_)
+    if not delta:  # the full weights: half the values each
+        assert abs(mine / all_ - 0.5) < 0.01, (v, mine, all_)
 norms = [r["grad_norm"] for r in map(json.loads, open(sys.argv[2])) if r.get("phase") == "grpo" and "grad_norm" in r]
 assert norms and any(n > 0 for n in norms), norms  # GRPO steps that change the weights the generators get
 EOS
@@ -995,6 +1017,30 @@ EOS
       | tail -n 1 > "$W/eval_dp.json"
     $CHECK eval_json "$W/eval_ep.json"
     cmp <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_ep.json") <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_dp.json")
+    ;;
+  expert_parallel_sync)  # weight sync from the expert blocks of 2 learners (mpirun, policy.moe.expert_parallel 2):
+    # bf16 deltas with full_every to 3 generators (relay fan-out 2: the first level puts the runs together),
+    # probes on; the generators hold the data-parallel run's weights bit for bit (the same metrics)
+    S="--set sft.max_steps=8 --set grpo.max_steps=4 --set optimizer.schedule=constant --set optimizer.lr=1e-6 --set eval.every=0 \
+       --set eval.num_prompts=10 --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set cluster.generators=3 --set weight_sync.relay_fanout=2 --set weight_sync.probe=true \
+       --set weight_sync.dtype=bf16 --set weight_sync.full_every=3 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 6"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" $S
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" $S --set policy.moe.expert_parallel=2 \
+      2> "$W/ep.err"
+    grep -q "weight sync: from the expert blocks of 2 learners" "$W/ep.err" || { cat "$W/ep.err"; exit 1; }
+    $CHECK same "$W/dp" "$W/ep"
+    "$PY" - "$W/ep.err" << 'EOS'
+import re, sys
+rows = [tuple(map(int, m.groups())) for m in
+        re.finditer(r"weight sync: version (\d+) in 2 pieces \(a delta to (\d+) generators, in full to (\d+)\): "
+                    r"rank 0 sent (\d+) of the learners' (\d+) payload bytes", open(sys.argv[1]).read())]
+assert len(rows) >= 5, rows
+assert all(delta + full == 3 and 0 < mine < all_ for _, delta, full, mine, all_ in rows), rows
+assert any(delta for _, delta, _, _, _ in rows), rows  # deltas travel from the blocks too
+print("rank 0's share of the bytes per sync:", [round(m / a, 3) for _, _, _, m, a in rows])
+EOS
     ;;
   shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard
     # and sends it to the generators itself; the generators (3, relay fan-out 2: a relay tree whose first
@@ -1054,12 +1100,15 @@ EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z1_async" --set learner.shard=optimizer $S $A
     $CHECK same "$W/none_async" "$W/z1_async"
     ;;
-  shard_sync_learner_death)  # weight sync from the shards of 2 learners (mpirun): learner rank 1 is SIGKILLed
-    # as it sends its piece of version 2; the coordinator names it (rank, role) and the run stops
+  shard_sync_learner_death|expert_parallel_learner_death)  # weight sync from the shards (learner.shard
+    # parameters) or the expert blocks (policy.moe.expert_parallel 2) of 2 learners (mpirun): learner rank 1 is
+    # SIGKILLed as it sends its piece of version 2; the coordinator names it (rank, role) and the run stops
     rank_wrapper
+    HOW="--set learner.shard=parameters"
+    [ "$CASE" = expert_parallel_learner_death ] && HOW="--set policy.moe.expert_parallel=2"
     S="--set sft.max_steps=0 --set sft.enabled=false --set grpo.max_steps=4 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.learners=2 --set cluster.generators=1 \
-       --set learner.shard=parameters --set cluster.peer_timeout_s=5 $Q"
+       $HOW --set cluster.peer_timeout_s=5 $Q"
     "$MPIEXEC" --oversubscribe --allow-run-as-root --enable-recovery -x RANKDIR -np 4 bash "$W/rank.sh" "$TROUPE" run \
       "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" $S --set faults.learner_death_sync=2 \
       --set faults.learner_death_rank=1 2> "$W/err.txt" || true

@@ -34,6 +34,7 @@ namespace troupe::actors {
 
 // The policy every role starts from: fresh init (run.seed) or policy.path, plus the tokenizer.
 class InFlightVersions;  // in_flight_versions.h (internal)
+class ExpertRunsEncoder;  // divided experts' weight sync: troupe/actors/expert_sync.h
 
 struct PolicyBundle {
   std::unique_ptr<policy::Model> model;
@@ -211,9 +212,10 @@ class LearnerRole {
   // r.device (weight_sync.transport nccl): the values go to the weight group by broadcast, the
   // message carries their version, checksums and probe.
   Result<Weights> weights_for_generators(const GetWeightsReq& r);
-  // weights_from_shards: the payload of the piece weights_for_generators encoded last, when it is
-  // of `version` (else an error naming both).
-  Result<runtime::Bytes> piece_payload(std::int64_t version) const;
+  // weights_from_shards: the payload of the piece weights_for_generators encoded last (divided
+  // experts: one per run it sends, none beyond the first group), when it is of `version` (else an
+  // error naming both).
+  Result<std::vector<runtime::Bytes>> piece_payloads(std::int64_t version) const;
   // faults.learner_death_sync: SIGKILLs this rank when it is the one to die while sending `version`.
   void fault_in_sync(std::int64_t version) const;
   // Learner 0: makes the weight group's id (op 0) or joins it as rank 0 (op 1).
@@ -230,12 +232,10 @@ class LearnerRole {
   ExperimentConfig cfg_;
   PolicyBundle policy_;
   std::unique_ptr<learner::ModelAdapter> adapter_;
-  // learners_divide_experts: the model holding this learner's block of experts, which the trainer
-  // trains, on learner 0, whose policy_.model keeps the whole weights (gathered after each step)
-  // for the weight sync, its probe and checkpoints; on the other learners policy_.model is that
-  // block's model itself and this is null.
+  // learners_divide_experts: policy_.model holds this learner's block of experts only, on every
+  // learner (learner 0 included): the weight sync goes from the blocks (runs_encoder_), its probe runs
+  // with the group, and a checkpoint gathers the whole weights on learner 0 for its writing only.
   bool divided_ = false;
-  std::unique_ptr<policy::Model> experts_;
   // divided_: a checkpoint (written whole) loaded into this learner's block: moments and weights.
   Result<learner::CheckpointData> load_divided_checkpoint(const std::string& dir, learner::Trainer& trainer);
   std::unique_ptr<policy::Model> ref_model_;  // loss.kl_coef > 0: the frozen initial policy
@@ -258,6 +258,12 @@ class LearnerRole {
   bool shard_sync_ = false;
   Weights piece_;
   Result<Weights> shard_weights_for_generators(const GetWeightsReq& r);
+  // weights_from_shards with divided_: the first group's learners encode their runs of the whole
+  // arena (ExpertRunsEncoder, expert_sync.h; the payloads kept in run_payloads_), the others answer
+  // with a head of no values; every learner runs the probe with its group, learner 0's goes along.
+  std::unique_ptr<ExpertRunsEncoder> runs_encoder_;
+  std::vector<runtime::Bytes> run_payloads_;
+  Result<Weights> divided_weights_for_generators(const GetWeightsReq& r);
   // weight_sync.probe: the probe sequence and learner 0's log-probs of it into `w`, with the weights
   // the generators hold: the master as it is (fp32), or with `put_rounded` writing their rounded
   // values over it for the probe and the master put back bit for bit after.
