@@ -1020,7 +1020,8 @@ EOS
     ;;
   expert_parallel_sync)  # weight sync from the expert blocks of 2 learners (mpirun, policy.moe.expert_parallel 2):
     # bf16 deltas with full_every to 3 generators (relay fan-out 2: the first level puts the runs together),
-    # probes on; the generators hold the data-parallel run's weights bit for bit (the same metrics)
+    # probes on; the generators hold the data-parallel run's weights bit for bit (the same metrics); and on
+    # 4 learners (2 groups)
     S="--set sft.max_steps=8 --set grpo.max_steps=4 --set optimizer.schedule=constant --set optimizer.lr=1e-6 --set eval.every=0 \
        --set eval.num_prompts=10 --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 --set cluster.generators=3 --set weight_sync.relay_fanout=2 --set weight_sync.probe=true \
@@ -1041,6 +1042,13 @@ assert all(delta + full == 3 and 0 < mine < all_ for _, delta, full, mine, all_ 
 assert any(delta for _, delta, _, _, _ in rows), rows  # deltas travel from the blocks too
 print("rank 0's share of the bytes per sync:", [round(m / a, 3) for _, _, _, m, a in rows])
 EOS
+    # 4 learners (data-parallel 2 x E 2): the first group sends, the second answers with no values; both
+    # groups run the probe, which every generator passes (else the run stops)
+    $MPIEXEC --oversubscribe --allow-run-as-root -np 7 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep4" \
+      $S --set sft.max_steps=4 --set grpo.max_steps=3 --set cluster.learners=4 --set cluster.generators=2 \
+      --set policy.moe.expert_parallel=2 2> "$W/ep4.err" || { cat "$W/ep4.err"; exit 1; }
+    grep -q "weight sync: version 7 in 2 pieces" "$W/ep4.err" || { cat "$W/ep4.err"; exit 1; }
+    $CHECK steps "$W/ep4" 7
     ;;
   shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard
     # and sends it to the generators itself; the generators (3, relay fan-out 2: a relay tree whose first
