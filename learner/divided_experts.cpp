@@ -1,6 +1,6 @@
 // Expert parallelism whose learners hold one block of experts each (policy::Model::slice_experts):
 // the optimizer step over the divided arena, the forwards outside the loss micro-batches run with
-// the group, and the whole weights and moments gathered for the weight sync and checkpoints.
+// the group (the weight sync's probe too), and the whole weights and moments gathered for checkpoints.
 #include <string>
 
 #include "troupe/learner/expert_parallel.h"

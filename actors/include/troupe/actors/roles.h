@@ -204,7 +204,7 @@ class LearnerRole {
                                                      std::unique_ptr<learner::Communicator> comm);
   ~LearnerRole();
   Result<TrainRep> train(const TrainReq& r);
-  Weights weights() const;  // the current version, raw (the whole fp32 arena)
+  Weights weights() const;  // the current version, raw (the fp32 arena: with the experts divided, this learner's)
   // The current version for the generators (weight_sync): a delta against r.base_version when that
   // is the version encoded last, weight_sync.mode is delta and the version is no full_every
   // multiple; else in full. With weight_sync.probe, learner 0's probe log-probs with exactly the
