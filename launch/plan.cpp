@@ -164,8 +164,7 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
   r.optimizer = ceil_div(2 * s.Tr * kF, o_div);  // AdamW m_, v_ (fp32) of this rank's shard
   if (const uint64_t away = experts_not_held(cfg, s)) {
     // This learner's block of experts: weights, gradients and moments without the others' (learner
-    // 0 too: the weight sync goes from the blocks). A checkpoint gathers the whole weights and
-    // moments on learner 0 while it writes them (in "other", below).
+    // 0 too: the weight sync goes from the blocks, and each learner writes its part of a checkpoint).
     r.weights = (s.P - away) * kF;
     r.gradients = (s.Tr - away) * kF;
     r.optimizer = 2 * (s.Tr - away) * kF;
@@ -194,9 +193,6 @@ Status learner_activations(const ExperimentConfig& cfg, const Shape& s, PlanRow&
   }
   // The batch every learner receives (tokens, log-probs, masks) and the packed micro-batch arrays.
   r.other = static_cast<uint64_t>(s.batch_seqs) * s.seq_len * 16 + static_cast<uint64_t>(s.tokens) * 64;
-  // Divided experts: learner 0 gathers the whole weights and AdamW moments while it writes a
-  // checkpoint (LearnerRole::checkpoint), freed once written.
-  if (r.index == 0 && cfg.checkpointing.enabled && experts_not_held(cfg, s) > 0) r.other += 3 * s.Tr * kF;
   return {};
 }
 
@@ -391,9 +387,8 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
                          std::to_string(experts_not_held(cfg, s)) +
                          " routed-expert floats fewer than the whole model), learner 0 too: the first " +
                          std::to_string(E) + " learners send the generators their experts and 1/" + std::to_string(E) +
-                         " of the rest each; learner 0 gathers the whole weights and moments only while it writes a "
-                         "checkpoint (in its other column); the collectives column adds each MoE layer's "
-                         "exchanged rows at an even load");
+                         " of the rest each, and write them in a checkpoint; the collectives column adds each MoE "
+                         "layer's exchanged rows at an even load");
   else if (E > 1)
     plan.notes.push_back("policy.moe.expert_parallel " + std::to_string(E) + ": each learner computes num_experts / " +
                          std::to_string(E) + " experts per MoE layer but keeps every expert's weights, gradients and "

@@ -515,22 +515,13 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
   opt.higher_is_better = cfg_.checkpointing.higher_is_better;
   const auto* tok = policy_.tokenizer.get();
   const auto& model = *policy_.model;
-  const bool sharded = trainer.sharded();
-  // Divided experts: the whole weights gathered on learner 0 for this checkpoint only (every learner
-  // of the first group sends its blocks), freed once written.
-  std::vector<float> whole;
-  if (divided_) {
-    whole.resize(comm_->rank() == 0 ? model.expert_shards()->whole_size : 0);
-    TROUPE_TRY(trainer.gather_whole_params(whole));
-  }
+  const bool sharded = trainer.sharded() || divided_;
   // The model's files (without the weights when sharded: the ranks write those), then the rest.
   learner::ModelDirWriter writer = [&](const std::string& dir) -> Status {
     if (model.lora_enabled())  // the adapters only, in PEFT's layout; the base is policy.path / run.seed's (base.json)
       TROUPE_TRY(learner::write_lora_adapter_files(dir, model, cfg_.policy.path, !sharded));
     else if (sharded)
       TROUPE_TRY(policy::io::save_model_dir_meta(dir, model.config(), tok, tok->bos_id(), tok->eos_id(), tok->pad_id()));
-    else if (divided_)
-      TROUPE_TRY(learner::whole_model_writer(model, whole, tok, tok->bos_id(), tok->eos_id(), tok->pad_id())(dir));
     else
       TROUPE_TRY(policy::io::save_model(dir, model, tok, policy::io::ExpertLayout::per_expert, tok->bos_id(),
                                         tok->eos_id(), tok->pad_id()));
@@ -544,6 +535,11 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     }
     return copy_model_side_files(cfg_.policy.path, dir);
   };
+  if (divided_) {
+    d.extra = extra;
+    TROUPE_ASSIGN_OR_RETURN(rep.path, save_divided_checkpoint(r.dir, d, writer, trainer, opt));
+    return rep;
+  }
   if (sharded) {
     // Sharded learners: every rank is asked and writes its own shard of the weights and moments in
     // parallel; learner 0 the rest, then the layout, and commits once every rank's file is in.
@@ -561,14 +557,33 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     return rep;
   }
   d.extra = extra;
-  if (divided_) {  // learner 0 writes the whole model and moments, the others send it their experts'
-    TROUPE_ASSIGN_OR_RETURN(const learner::AdamW moments, trainer.gathered_optimizer());
-    if (comm_->rank() != 0) return rep;
-    TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, moments, model.expert_shards()->whole_table, opt));
-    return rep;
-  }
   TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, std::as_const(trainer).optimizer(), specs, opt));
   return rep;
+}
+
+Result<std::string> LearnerRole::save_divided_checkpoint(const std::string& dir, learner::CheckpointData& d,
+                                                         const learner::ModelDirWriter& writer,
+                                                         learner::Trainer& trainer,
+                                                         const learner::CheckpointOptions& opt) {
+  // Every learner of the first group writes the runs of the weight sync it sends (its experts and
+  // 1/E of the rest), weights and moments, in parallel; learner 0 the rest and shards.json; the other
+  // groups hold the same values and write nothing. No learner gathers the whole model.
+  const policy::ExpertShardLayout& layout = *policy_.model->expert_shards();
+  std::vector<SyncRun> runs;
+  TROUPE_ASSIGN_OR_RETURN(const auto mine, local_sync_runs(layout, runs));
+  const auto bounds = sync_run_bounds(runs);
+  const auto& o = std::as_const(trainer).optimizer();  // (read only)
+  const auto params = std::as_const(*policy_.model).params();
+  d.extra["expert_parallel"] = {{"E", layout.shards}, {"optimizer_layout", "shards"}};
+  learner::RankShard shard{{}, {}, {}, bounds, &layout.whole_table, "model",
+                           std::string(enum_string(cfg_.learner.shard)), o.steps()};
+  shard.pieced = true;
+  shard.layout = "expert_runs " + std::to_string(layout.shards);
+  if (comm_->rank() < layout.shards)
+    for (const LocalRun& lr : mine)
+      shard.pieces.push_back({lr.index, params.subspan(lr.local, lr.n), o.exp_avg().subspan(lr.local, lr.n),
+                              o.exp_avg_sq().subspan(lr.local, lr.n)});
+  return learner::save_sharded_checkpoint(dir, d, writer, shard, *comm_, opt);
 }
 
 Result<learner::CheckpointData> LearnerRole::load_divided_checkpoint(const std::string& dir, learner::Trainer& trainer) {

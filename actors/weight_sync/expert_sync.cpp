@@ -24,29 +24,40 @@ size_t local_of(const policy::ExpertShardLayout& layout, size_t whole) {
 }
 }  // namespace
 
-Result<std::unique_ptr<ExpertRunsEncoder>> ExpertRunsEncoder::make(WeightDtype dtype,
-                                                                   const policy::ExpertShardLayout& layout) {
-  std::unique_ptr<ExpertRunsEncoder> x(new ExpertRunsEncoder);
-  x->dtype_ = dtype;
-  const auto runs = expert_sync_runs(layout.whole_table, layout.shards);
-  const auto bounds = sync_run_bounds(runs);
-  if (bounds.back() != layout.whole_size)
+Result<std::vector<LocalRun>> local_sync_runs(const policy::ExpertShardLayout& layout, std::vector<SyncRun>& runs) {
+  runs = expert_sync_runs(layout.whole_table, layout.shards);
+  if (runs.empty() || runs.back().end != layout.whole_size)
     return make_error(ErrorCode::internal, "weight sync from the expert blocks: the runs cover " +
-                                               std::to_string(bounds.back()) + " values of an arena of " +
-                                               std::to_string(layout.whole_size));
-  const auto cut = cut_tensor_table(layout.whole_table, bounds);
+                                               std::to_string(runs.empty() ? 0 : runs.back().end) +
+                                               " values of an arena of " + std::to_string(layout.whole_size));
+  std::vector<LocalRun> out;
   for (size_t i = 0; i < runs.size(); ++i) {
     if (runs[i].sender != layout.shard) continue;
-    Run r;
-    r.begin = runs[i].begin;
-    r.n = runs[i].end - runs[i].begin;
-    r.local = local_of(layout, r.begin);
+    LocalRun r{i, runs[i].begin, runs[i].end - runs[i].begin, local_of(layout, runs[i].begin)};
     // (a run lies in one stretch of this rank's arena: nothing between its ends is another rank's)
     if (r.local == policy::ArenaPiece::npos || local_of(layout, runs[i].end - 1) != r.local + r.n - 1)
       return make_error(ErrorCode::internal, "weight sync from the expert blocks: values [" + std::to_string(r.begin) +
                                                  ", " + std::to_string(runs[i].end) + ") are not one stretch of rank " +
                                                  std::to_string(layout.shard) + "'s arena");
-    auto table = shard_tensor_table(cut, bounds, i);
+    out.push_back(r);
+  }
+  return out;
+}
+
+Result<std::unique_ptr<ExpertRunsEncoder>> ExpertRunsEncoder::make(WeightDtype dtype,
+                                                                   const policy::ExpertShardLayout& layout) {
+  std::unique_ptr<ExpertRunsEncoder> x(new ExpertRunsEncoder);
+  x->dtype_ = dtype;
+  std::vector<SyncRun> runs;
+  TROUPE_ASSIGN_OR_RETURN(const auto mine, local_sync_runs(layout, runs));
+  const auto bounds = sync_run_bounds(runs);
+  const auto cut = cut_tensor_table(layout.whole_table, bounds);
+  for (const LocalRun& lr : mine) {
+    Run r;
+    r.begin = lr.begin;
+    r.n = lr.n;
+    r.local = lr.local;
+    auto table = shard_tensor_table(cut, bounds, lr.index);
     r.checksums = table.size();
     r.enc = std::make_unique<WeightEncoder>(dtype, std::move(table));
     r.enc->set_lean_memory(true);  // a full run is its held copy; a big delta goes in full

@@ -964,8 +964,8 @@ EOS
     # experts, learner 0 too (learner/state_bytes: the data-parallel figure less 16 bytes per routed value not
     # held, no whole copy), the weights go to the generators from the blocks (rank 0 sends half of a full sync;
     # probe on, run by both learners together: the generators hold them bit for bit); the run equals the
-    # data-parallel one bit for bit (one micro-batch per learner); its checkpoint (gathered on learner 0 while
-    # written, whole) resumes at E 2 and at E 1 as the uninterrupted run; generate and eval read it
+    # data-parallel one bit for bit (one micro-batch per learner); its checkpoint (each learner writes its runs,
+    # sharded) resumes at E 2 and at E 1 as the uninterrupted run; generate, eval and consolidate read it
     S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 --set weight_sync.probe=true --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
@@ -975,19 +975,20 @@ EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=4 $S $EP 2> "$W/ep.err"
     grep -q "weight sync: from the expert blocks of 2 learners" "$W/ep.err" || { cat "$W/ep.err"; exit 1; }
     $CHECK same "$W/dp" "$W/ep"
-    "$PY" - "$W/dp/metrics.jsonl" "$W/ep/metrics.jsonl" "$W/ep/checkpoints/latest/model.safetensors" "$W/ep.err" << 'EOS'
-import json, re, struct, sys
+    "$PY" - "$W/dp/metrics.jsonl" "$W/ep/metrics.jsonl" "$W/ep/checkpoints/latest/shards.json" "$W/ep.err" << 'EOS'
+import json, os, re, sys
 dp, ep = ([r["learner/state_bytes"] for r in map(json.loads, open(p)) if "learner/state_bytes" in r] for p in sys.argv[1:3])
-with open(sys.argv[3], "rb") as f:  # the routed experts' values, from the checkpoint's tensor table
-    head = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-routed = 0
-for name, t in head.items():
-    if ".experts." in name:
+m = json.load(open(sys.argv[3]))  # the checkpoint: each learner's runs, no whole model.safetensors
+assert m["layout"] == "expert_runs 2" and m["world_size"] == len(m["files"]) > 2, m["layout"]
+assert not os.path.exists(os.path.join(os.path.dirname(sys.argv[3]), "model.safetensors"))
+routed = 0  # the routed experts' values, from the checkpoint's tensor table
+for t in m["tensors"]:
+    if ".experts." in t["name"]:
         n = 1
         for d in t["shape"]:
             n *= d
         routed += n
-assert routed > 0, head.keys()
+assert routed > 0, m["tensors"]
 # learner 0 holds half the experts and nothing whole: 16 bytes (weight, gradient, 2 moments) per value not held
 assert dp and len(dp) == len(ep) and all(b == a - 16 * (routed // 2) for a, b in zip(dp, ep)), (dp, ep, routed)
 print("learner/state_bytes of learner 0: data parallel", dp[0], "experts divided", ep[0])
@@ -1011,6 +1012,9 @@ EOS
     "$TROUPE" generate "$W/ep/checkpoints/latest" --prompt "1+2+3=" --max-tokens 4 --json > "$W/gen_ep.json"
     "$TROUPE" generate "$W/dp/checkpoints/latest" --prompt "1+2+3=" --max-tokens 4 --json > "$W/gen_dp.json"
     cmp "$W/gen_ep.json" "$W/gen_dp.json"
+    "$TROUPE" checkpoint consolidate "$W/ep/checkpoints/latest" "$W/ep_whole"
+    "$TROUPE" generate "$W/ep_whole" --prompt "1+2+3=" --max-tokens 4 --json > "$W/gen_whole.json"
+    cmp "$W/gen_whole.json" "$W/gen_dp.json"
     "$TROUPE" eval "$SRC/configs/quickstart.yaml" --checkpoint "$W/ep/checkpoints/latest" --set eval.num_prompts=20 $Q \
       | tail -n 1 > "$W/eval_ep.json"
     "$TROUPE" eval "$SRC/configs/quickstart.yaml" --checkpoint "$W/dp/checkpoints/latest" --set eval.num_prompts=20 $Q \

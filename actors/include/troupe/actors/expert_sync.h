@@ -20,6 +20,16 @@
 
 namespace troupe::actors {
 
+// The runs of expert_sync_runs(layout.whole_table, layout.shards) that expert-parallel rank
+// layout.shard sends (and writes in a checkpoint), with where each lies in its arena, in arena order;
+// `runs` gets every run (all ranks'). An error when a run is not one stretch of this rank's arena
+// (a layout other than the table's).
+struct LocalRun {
+  size_t index = 0;  // in `runs`
+  size_t begin = 0, n = 0, local = 0;  // its first value in the whole arena, its values, where in this rank's
+};
+Result<std::vector<LocalRun>> local_sync_runs(const policy::ExpertShardLayout& layout, std::vector<SyncRun>& runs);
+
 class ExpertRunsEncoder {
  public:
   // The runs expert-parallel rank layout.shard sends, each with a lean WeightEncoder (weight_shards.h)

@@ -234,10 +234,14 @@ class LearnerRole {
   std::unique_ptr<learner::ModelAdapter> adapter_;
   // learners_divide_experts: policy_.model holds this learner's block of experts only, on every
   // learner (learner 0 included): the weight sync goes from the blocks (runs_encoder_), its probe runs
-  // with the group, and a checkpoint gathers the whole weights on learner 0 for its writing only.
+  // with the group, and each of the first group's learners writes its runs in a checkpoint.
   bool divided_ = false;
-  // divided_: a checkpoint (written whole) loaded into this learner's block: moments and weights.
+  // divided_: a checkpoint (of any layout) loaded into this learner's block: moments and weights;
+  // and one written by the first group's learners, each its runs (a sharded checkpoint, pieced).
   Result<learner::CheckpointData> load_divided_checkpoint(const std::string& dir, learner::Trainer& trainer);
+  Result<std::string> save_divided_checkpoint(const std::string& dir, learner::CheckpointData& d,
+                                              const learner::ModelDirWriter& writer, learner::Trainer& trainer,
+                                              const learner::CheckpointOptions& opt);
   std::unique_ptr<policy::Model> ref_model_;  // loss.kl_coef > 0: the frozen initial policy
   std::unique_ptr<learner::ModelAdapter> ref_adapter_;
   std::unique_ptr<learner::Communicator> comm_;
