@@ -207,7 +207,7 @@ class Trainer {
   // Expert parallelism whose model holds one block of experts (PolicyModel::expert_shards;
   // divided_experts.cpp). join_expert_parallel: the groups (a collective of the learners; the first
   // train_step joins them otherwise). gather_whole_params: the whole model's weights (the layout's
-  // whole_size floats) into `whole` on learner 0, for a checkpoint and tests; not read
+  // whole_size floats) into `whole` on learner 0 (tests and tools: troupe run gathers nothing); not read
   // elsewhere (a collective of the first expert-parallel group, learners 0 .. E-1; every learner
   // may call it, the others return at once). load_whole_params: this rank's part of whole weights
   // (a checkpoint's; no collective). gathered_optimizer() and load_optimizer() work on the whole
