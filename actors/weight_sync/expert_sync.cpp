@@ -7,9 +7,9 @@
 namespace troupe::actors {
 
 struct ExpertRunsEncoder::Run {
-  size_t begin = 0, n = 0, local = 0;  // in the whole arena, its values, in this rank's arena
+  LocalRun at;
   std::unique_ptr<WeightEncoder> enc;
-  size_t checksums = 0;
+  size_t checksums = 0;  // its entries of the cut table
 };
 
 ExpertRunsEncoder::~ExpertRunsEncoder() = default;
@@ -47,16 +47,13 @@ Result<std::vector<LocalRun>> local_sync_runs(const policy::ExpertShardLayout& l
 Result<std::unique_ptr<ExpertRunsEncoder>> ExpertRunsEncoder::make(WeightDtype dtype,
                                                                    const policy::ExpertShardLayout& layout) {
   std::unique_ptr<ExpertRunsEncoder> x(new ExpertRunsEncoder);
-  x->dtype_ = dtype;
   std::vector<SyncRun> runs;
   TROUPE_ASSIGN_OR_RETURN(const auto mine, local_sync_runs(layout, runs));
   const auto bounds = sync_run_bounds(runs);
   const auto cut = cut_tensor_table(layout.whole_table, bounds);
   for (const LocalRun& lr : mine) {
     Run r;
-    r.begin = lr.begin;
-    r.n = lr.n;
-    r.local = lr.local;
+    r.at = lr;
     auto table = shard_tensor_table(cut, bounds, lr.index);
     r.checksums = table.size();
     r.enc = std::make_unique<WeightEncoder>(dtype, std::move(table));
@@ -70,7 +67,7 @@ std::int64_t ExpertRunsEncoder::held_version() const { return runs_.empty() ? -1
 
 size_t ExpertRunsEncoder::values() const {
   size_t n = 0;
-  for (const Run& r : runs_) n += r.n;
+  for (const Run& r : runs_) n += r.at.n;
   return n;
 }
 
@@ -83,18 +80,18 @@ Status ExpertRunsEncoder::encode(std::span<const float> local, std::int64_t vers
   std::vector<Weights> pieces(runs_.size());
   bool full = false;
   for (size_t i = 0; i < runs_.size(); ++i) {
-    runs_[i].enc->encode(local.subspan(runs_[i].local, runs_[i].n), version, delta, pieces[i]);
+    runs_[i].enc->encode(local.subspan(runs_[i].at.local, runs_[i].at.n), version, delta, pieces[i]);
     full = full || static_cast<WeightEncoding>(pieces[i].encoding) == WeightEncoding::full;
   }
   if (delta && full) {  // a lean encoder's delta went in full: every run in full (the same version), one encoding
     for (size_t i = 0; i < runs_.size(); ++i) {
       pieces[i] = Weights{};
-      runs_[i].enc->encode(local.subspan(runs_[i].local, runs_[i].n), version, false, pieces[i]);
+      runs_[i].enc->encode(local.subspan(runs_[i].at.local, runs_[i].at.n), version, false, pieces[i]);
     }
   }
   TROUPE_ASSIGN_OR_RETURN(head, join_piece_heads(pieces));  // (one after another, as one arena)
   for (size_t i = 0; i < runs_.size(); ++i) {
-    head.runs.insert(head.runs.end(), {runs_[i].begin, runs_[i].n, runs_[i].checksums});
+    head.runs.insert(head.runs.end(), {runs_[i].at.begin, runs_[i].at.n, runs_[i].checksums});
     payloads.push_back(std::move(pieces[i].payload));
   }
   return {};

@@ -52,7 +52,6 @@ class ExpertRunsEncoder {
   ExpertRunsEncoder() = default;
   struct Run;
   std::vector<Run> runs_;
-  WeightDtype dtype_ = WeightDtype::fp32;
 };
 
 }  // namespace troupe::actors
