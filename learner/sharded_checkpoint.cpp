@@ -112,8 +112,9 @@ Result<std::string> save_sharded_checkpoint(const std::string& checkpoints_dir, 
   for (int r = 0; r < world; ++r)
     if (reports[kReport * static_cast<size_t>(r)] != 1.0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
   if (!failed.empty())
-    return make_error(ErrorCode::io, where + (shard.pieced ? ": the files of piece(s) " : ": learner rank(s) ") +
-                                         failed + " could not be written (the learners' logs say why); nothing was committed");
+    return make_error(ErrorCode::io, where + (shard.pieced ? ": the files of piece(s) " + failed + " could not be written"
+                                                           : ": learner rank(s) " + failed + " could not write their shard") +
+                                         " (their logs say why); nothing was committed");
   const std::string final_dir = (fs::path(checkpoints_dir) / ("step_" + std::to_string(data.step))).string();
   if (rank != 0) return final_dir;
   // 3. learner 0: the layout, then state.json and the rename
