@@ -324,6 +324,12 @@ class GeneratorActor : public runtime::Actor {
   std::unique_ptr<RelayReceiver> relay_;  // WeightsParts: applied here and passed on
   std::unique_ptr<PiecesReceiver> pieces_;  // the learners' pieces (weights_from_shards), assembled here
   Ack apply_pieces(const Weights& w);
+  // Async weights from the shards: a GenerateReq that comes while a transmission is still being
+  // assembled (its head came from the coordinator before the request, but a learner's runs travel
+  // on another connection and may come after it) waits here until every transmission is applied.
+  std::deque<std::pair<runtime::ReplyTo, GenerateReq>> deferred_;
+  void generate_later(runtime::ReplyTo reply, const GenerateReq& r);
+  void replay_deferred();
 };
 
 class LearnerActor : public runtime::Actor {

@@ -81,6 +81,8 @@ class PiecesReceiver {
   void on_head(runtime::Context& ctx, const PiecesHead& h, const Apply& apply);
   // A learner's run: copied in place (a request is answered with an Ack: applied = copied).
   Status on_piece(runtime::Context& ctx, const WeightsPiece& p, const Apply& apply);
+  // Whether a transmission is under way (its head or runs came, it is not applied yet).
+  bool assembling() const { return !sends_.empty(); }
 
  private:
   struct Assembly;
