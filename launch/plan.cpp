@@ -91,18 +91,6 @@ uint64_t reduce_scatter_bytes(const Shape& s) {
 // host-visible backend; LoRA (adapters gathered whole) and cuda (a device arena) hold whole weights.
 bool layered_zero3(const Shape& s) { return s.stage == ShardStage::parameters && s.N > 1 && s.A == 0 && s.host_visible; }
 
-// Weight sync from the shards (actors::weights_from_shards at the plan's learner count and stage):
-// every learner encodes its own shard and sends it to the generators (actors/weight_pieces.h).
-bool sync_from_shards(const ExperimentConfig& cfg, const Shape& s) {
-  return s.stage != ShardStage::none && s.N > 1 && cfg.weight_sync.transport == actors::WeightTransport::zmq;
-}
-
-// Whether a learner's step runs more than one micro-batch (then backward accumulates every layer's
-// gradient whole before the last micro-batch's per-layer reduce-scatter).
-bool several_micro_batches(const Shape& s) {
-  return static_cast<int64_t>(s.tokens) < static_cast<int64_t>(s.learner_seqs) * s.seq_len;
-}
-
 // policy.moe.expert_parallel with the experts divided (actors::learners_divide_experts at the
 // plan's learner count and stage): the routed experts' floats a learner does not hold
 // (policy::Model::slice_experts: every MoE layer's gate, up and down blocks of the other E - 1
@@ -115,6 +103,20 @@ uint64_t experts_not_held(const ExperimentConfig& cfg, const Shape& s) {
   const uint64_t routed = layers * 3 * static_cast<uint64_t>(s.mc.num_experts) * s.mc.moe_intermediate_size *
                           static_cast<uint64_t>(s.mc.hidden_size);
   return routed - routed / static_cast<uint64_t>(E);
+}
+
+// Weight sync from the shards (actors::weights_from_shards at the plan's learner count and stage):
+// every learner encodes its own shard (divided experts: the first group's learners their runs,
+// actors/expert_sync.h) and sends it to the generators (actors/weight_pieces.h).
+bool sync_from_shards(const ExperimentConfig& cfg, const Shape& s) {
+  return (s.stage != ShardStage::none || experts_not_held(cfg, s) > 0) && s.N > 1 &&
+         cfg.weight_sync.transport == actors::WeightTransport::zmq;
+}
+
+// Whether a learner's step runs more than one micro-batch (then backward accumulates every layer's
+// gradient whole before the last micro-batch's per-layer reduce-scatter).
+bool several_micro_batches(const Shape& s) {
+  return static_cast<int64_t>(s.tokens) < static_cast<int64_t>(s.learner_seqs) * s.seq_len;
 }
 
 // policy.moe.expert_parallel (learner/README.md "Expert parallelism"): each MoE layer keeps what its expert-parallel exchange received
@@ -163,9 +165,9 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
   }
   r.optimizer = ceil_div(2 * s.Tr * kF, o_div);  // AdamW m_, v_ (fp32) of this rank's shard
   if (const uint64_t away = experts_not_held(cfg, s)) {
-    // This learner's block of experts: weights, gradients and moments without the others'; learner
-    // 0 also keeps the whole weights (gathered after each step) for the weight sync and checkpoints.
-    r.weights = (s.P - away) * kF + (r.index == 0 ? s.P * kF : 0);
+    // This learner's block of experts: weights, gradients and moments without the others' (learner
+    // 0 too: the weight sync goes from the blocks, and each learner writes its part of a checkpoint).
+    r.weights = (s.P - away) * kF;
     r.gradients = (s.Tr - away) * kF;
     r.optimizer = 2 * (s.Tr - away) * kF;
   }
@@ -202,18 +204,27 @@ void learner_sync(const ExperimentConfig& cfg, const Shape& s, PlanRow& r, uint6
   uint64_t h = 0;
   if (cfg.rollout.async)  // LearnerRole::snapshots_: the versions a stale sample may be scored with
     h += static_cast<uint64_t>(cfg.rollout.max_staleness + 1) * s.Tr * kF;
+  const uint64_t away = experts_not_held(cfg, s);
   if (sync_from_shards(cfg, s)) {
     // Every learner's WeightEncoder over its shard in lean memory: what the generators hold of it,
     // which a full piece is sent from; a delta's frames and payload, abandoned for a full piece past
     // 1/kLeanDeltaShare of it; and the runs of the piece in flight to each of the root's children.
-    const uint64_t held = ceil_div(s.Tr, s.N) * s.sync_bytes_per_value;
+    // Divided experts: the first group's learners encode 1/E of the values each (their experts and
+    // 1/E of the rest), the others nothing.
+    const int E = cfg.policy.expert_parallel;
+    const uint64_t share = away == 0 ? ceil_div(s.Tr, s.N) : r.index < E ? ceil_div(s.Tr, static_cast<uint64_t>(E)) : 0;
+    const uint64_t held = share * s.sync_bytes_per_value;
     h += held + 2 * ceil_div(held, actors::WeightEncoder::kLeanDeltaShare);
     const int G = cfg.cluster.generators, fan = ws.relay_fanout;
     const uint64_t children = static_cast<uint64_t>(fan >= 2 && G > fan ? fan : G);
     h += children * actors::kPieceWindow * actors::kPieceRunBytes;
     // The probe: ZeRO-3 runs it from the shards (no more than a step gathers); else learner 0
     // gathers the whole weights for it (in "weights"), and in bf16 backs up its master.
-    if (r.index == 0 && ws.dtype == actors::WeightDtype::bf16 && ws.probe && !layered_zero3(s)) h += s.Tr * kF;
+    // Divided experts: every learner runs it with its group, its own arena backed up in bf16.
+    if (ws.dtype == actors::WeightDtype::bf16 && ws.probe && away > 0)
+      h += (s.Tr - away) * kF;
+    else if (r.index == 0 && ws.dtype == actors::WeightDtype::bf16 && ws.probe && !layered_zero3(s))
+      h += s.Tr * kF;
   } else if (r.index == 0) {
     // WeightEncoder: what the generators hold (held16_/held32_) and one encoded full payload.
     h += 2 * s.Tr * s.sync_bytes_per_value;
@@ -377,9 +388,10 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
     plan.notes.push_back("policy.moe.expert_parallel " + std::to_string(E) + ": each learner holds num_experts / " +
                          std::to_string(E) + " experts per MoE layer (weights, gradients, AdamW moments: " +
                          std::to_string(experts_not_held(cfg, s)) +
-                         " routed-expert floats fewer than the whole model); learner 0 also keeps the whole weights "
-                         "for the weight sync and checkpoints; the collectives column adds each MoE layer's "
-                         "exchanged rows at an even load");
+                         " routed-expert floats fewer than the whole model), learner 0 too: the first " +
+                         std::to_string(E) + " learners send the generators their experts and 1/" + std::to_string(E) +
+                         " of the rest each, and write them in a checkpoint; the collectives column adds each MoE "
+                         "layer's exchanged rows at an even load");
   else if (E > 1)
     plan.notes.push_back("policy.moe.expert_parallel " + std::to_string(E) + ": each learner computes num_experts / " +
                          std::to_string(E) + " experts per MoE layer but keeps every expert's weights, gradients and "

@@ -1,6 +1,6 @@
 // Expert parallelism whose learners hold one block of experts each (policy::Model::slice_experts):
 // the optimizer step over the divided arena, the forwards outside the loss micro-batches run with
-// the group, and the whole weights and moments gathered for the weight sync and checkpoints.
+// the group (the weight sync's probe too), and the whole weights and moments gathered for checkpoints.
 #include <string>
 
 #include "troupe/learner/expert_parallel.h"
@@ -61,6 +61,15 @@ Result<std::vector<std::vector<float>>> Trainer::old_logprobs(const std::vector<
 
 Result<std::vector<std::vector<float>>> Trainer::reference_logprobs(PolicyModel& ref, const std::vector<Sample>& batch) {
   return group_logprobs(ref, batch);
+}
+
+Status Trainer::forward_with_expert_group(const std::function<Status()>& fn) {
+  if (!model_.expert_shards()) return invalid_input("learner: forward_with_expert_group of a model that holds every expert");
+  TROUPE_TRY(join_expert_parallel());
+  TROUPE_TRY(model_.set_expert_exchange(&ep_->exchange()));
+  Status st = fn();
+  (void)model_.set_expert_exchange(nullptr);
+  return st;
 }
 
 Result<MismatchSums> Trainer::mismatch_before_update(const std::vector<const Sample*>& mine) {

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "troupe/policy/io/sharded_weights.h"
@@ -19,20 +20,41 @@ namespace {
 // Per rank in the all-reduce of the written files: ok, bytes, the xxh3's two halves.
 constexpr size_t kReport = 4;
 
-Result<io::ShardFile> write_rank_file(const std::string& tmp, const RankShard& s, int rank, int world) {
-  const size_t lo = s.bounds[static_cast<size_t>(rank)], hi = s.bounds[static_cast<size_t>(rank) + 1];
-  TROUPE_ASSIGN_OR_RETURN(auto f, io::write_shard_file(tmp, rank, world, lo, hi,
-                                                       {{io::kShardParams, s.params},
-                                                        {"exp_avg", s.exp_avg},
-                                                        {"exp_avg_sq", s.exp_avg_sq}}));
+// The pieces this rank writes: its own shard, or RankShard::pieces.
+std::vector<RankShard::Piece> pieces_of(const RankShard& s, int rank) {
+  if (s.pieced) return s.pieces;
+  return {{static_cast<size_t>(rank), s.params, s.exp_avg, s.exp_avg_sq}};
+}
+
+Result<io::ShardFile> write_piece_file(const std::string& tmp, const RankShard& s, const RankShard::Piece& p,
+                                       int world) {
+  const size_t lo = s.bounds[p.index], hi = s.bounds[p.index + 1];
+  TROUPE_ASSIGN_OR_RETURN(auto f, io::write_shard_file(tmp, static_cast<int>(p.index), world, lo, hi,
+                                                       {{io::kShardParams, p.params},
+                                                        {"exp_avg", p.exp_avg},
+                                                        {"exp_avg_sq", p.exp_avg_sq}}));
   TROUPE_TRY(fsync_file((fs::path(tmp) / f.path).string()));
   return f;
+}
+
+// Every piece of this rank written, its report (ok, bytes, xxh3) in `reports`; the first error.
+Status write_rank_files(const std::string& tmp, const RankShard& s, int rank, int world, std::vector<double>& reports) {
+  for (const RankShard::Piece& p : pieces_of(s, rank)) {
+    TROUPE_ASSIGN_OR_RETURN(auto f, write_piece_file(tmp, s, p, world));
+    double* rep = reports.data() + kReport * p.index;
+    rep[0] = 1.0;
+    rep[1] = static_cast<double>(f.bytes);
+    rep[2] = static_cast<double>(f.xxh3 >> 32);
+    rep[3] = static_cast<double>(f.xxh3 & 0xffffffffu);
+  }
+  return {};
 }
 
 io::ShardManifest manifest_of(const RankShard& s, int world, const std::vector<double>& reports) {
   io::ShardManifest m;
   m.kind = s.kind;
   m.stage = s.stage;
+  m.layout = s.layout;
   m.world_size = world;
   m.bounds.assign(s.bounds.begin(), s.bounds.end());
   m.tensors = *s.specs;
@@ -56,10 +78,14 @@ io::ShardManifest manifest_of(const RankShard& s, int world, const std::vector<d
 Result<std::string> save_sharded_checkpoint(const std::string& checkpoints_dir, const CheckpointData& data,
                                             const ModelDirWriter& write_meta, const RankShard& shard,
                                             Communicator& comm, const CheckpointOptions& options) {
-  const int rank = comm.rank(), world = comm.size();
+  const int rank = comm.rank();
+  const int world = shard.pieced ? static_cast<int>(shard.bounds.size()) - 1 : comm.size();  // (files)
   const std::string where = "checkpoint of step " + std::to_string(data.step);
-  if (shard.bounds.size() != static_cast<size_t>(world) + 1 || !shard.specs)
+  if (shard.bounds.size() != static_cast<size_t>(world) + 1 || world < 1 || !shard.specs)
     return make_error(ErrorCode::internal, where + ": shard bounds for another rank count");
+  for (const RankShard::Piece& p : shard.pieces)
+    if (p.index >= static_cast<size_t>(world))
+      return make_error(ErrorCode::internal, where + ": piece " + std::to_string(p.index) + " of " + std::to_string(world));
   // 1. learner 0 makes the temporary directory and tells the others its name (its pid)
   std::vector<double> head(2, 0.0);
   Result<std::string> begun = std::string();
@@ -74,17 +100,11 @@ Result<std::string> save_sharded_checkpoint(const std::string& checkpoints_dir, 
   const std::string tmp = (fs::path(checkpoints_dir) /
                            (".tmp_step_" + std::to_string(data.step) + "." + std::to_string(static_cast<long long>(head[1]))))
                               .string();
-  // 2. every rank its file, learner 0 the rest of the directory
-  auto file = write_rank_file(tmp, shard, rank, world);
-  Status meta = rank == 0 && file.ok() ? write_meta(tmp) : Status{};
+  // 2. every rank its files, learner 0 the rest of the directory
   std::vector<double> reports(kReport * static_cast<size_t>(world), 0.0);
-  if (file.ok() && meta.ok()) {
-    double* rep = reports.data() + kReport * static_cast<size_t>(rank);
-    rep[0] = 1.0;
-    rep[1] = static_cast<double>(file->bytes);
-    rep[2] = static_cast<double>(file->xxh3 >> 32);
-    rep[3] = static_cast<double>(file->xxh3 & 0xffffffffu);
-  }
+  Status file = write_rank_files(tmp, shard, rank, world, reports);
+  Status meta = rank == 0 && file.ok() ? write_meta(tmp) : Status{};
+  if (!file.ok() || !meta.ok()) std::fill(reports.begin(), reports.end(), 0.0);
   TROUPE_TRY(comm.allreduce_sum(std::span<double>(reports)));
   if (!file.ok()) return make_error(file.error().code, where + ": learner rank " + std::to_string(rank) + ": " + file.error().message);
   if (!meta.ok()) return meta.error();
@@ -92,8 +112,9 @@ Result<std::string> save_sharded_checkpoint(const std::string& checkpoints_dir, 
   for (int r = 0; r < world; ++r)
     if (reports[kReport * static_cast<size_t>(r)] != 1.0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
   if (!failed.empty())
-    return make_error(ErrorCode::io, where + ": learner rank(s) " + failed +
-                                         " could not write their shard (their logs say why); nothing was committed");
+    return make_error(ErrorCode::io, where + (shard.pieced ? ": the files of piece(s) " + failed + " could not be written"
+                                                           : ": learner rank(s) " + failed + " could not write their shard") +
+                                         " (their logs say why); nothing was committed");
   const std::string final_dir = (fs::path(checkpoints_dir) / ("step_" + std::to_string(data.step))).string();
   if (rank != 0) return final_dir;
   // 3. learner 0: the layout, then state.json and the rename

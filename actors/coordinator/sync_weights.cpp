@@ -14,14 +14,19 @@ Task<Status> sync_weights(RunState& s, double* seconds) {
   const bool from_shards = weights_from_shards(s.cfg);
   if (!s.weight_sync) {
     s.weight_sync = std::make_unique<WeightSync>(s.cfg.weight_sync, s.cfg.rollout.async);
-    if (from_shards && s.hooks.log)
+    if (from_shards && s.hooks.log && learners_divide_experts(s.cfg))
+      s.hooks.log("weight sync: from the expert blocks of " + std::to_string(s.cfg.policy.expert_parallel) +
+                  " learners (each of the first expert-parallel group encodes its experts and 1/" +
+                  std::to_string(s.cfg.policy.expert_parallel) + " of the rest and sends them to the generators)");
+    else if (from_shards && s.hooks.log)
       s.hooks.log("weight sync: from the shards of " + std::to_string(s.peers.learners.size()) +
                   " learners (each encodes its own and sends it to the generators)");
   }
   admit_members(s);  // joiners get the full weights by this sync
   WeightSyncPeers peers;
   peers.learner = s.peers.learners[0];
-  if (from_shards) peers.shard_learners = s.peers.learners;  // each learner encodes its shard
+  // each learner encodes its shard (divided experts: the first group's their runs; all are asked)
+  if (from_shards) peers.shard_learners = s.peers.learners;
   peers.generators = s.peers.generators;
   peers.alive = [&s](size_t g) { return s.generator_alive(g); };
   peers.mark_down = [&s](size_t g) { s.mark_generator_down(g); };

@@ -454,6 +454,10 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
       ctx.fail(died);
       return {};
     }
+    if (pieces_->assembling()) {  // (async, from the shards: the version it names may be among them)
+      deferred_.emplace_back(ctx.reply_later(), r);
+      return {};
+    }
     relay_->abort();  // (never samples with a delta half streamed in: the version it holds, bit for bit)
     if (gen_->in_flight()) {  // the reply leaves from the compute thread
       compute_->post([this, reply = ctx.reply_later(), r] {
@@ -519,11 +523,39 @@ GeneratorActor::GeneratorActor(std::shared_ptr<Generator> gen, int threads, int 
   pieces_ = std::make_unique<PiecesReceiver>();
   handle<PiecesHead>([this](runtime::Context& ctx, const PiecesHead& h) -> Status {
     pieces_->on_head(ctx, h, [this](const Weights& w) { return apply_pieces(w); });
+    replay_deferred();
     return {};
   });
   handle<WeightsPiece>([this](runtime::Context& ctx, const WeightsPiece& p) -> Status {
-    return pieces_->on_piece(ctx, p, [this](const Weights& w) { return apply_pieces(w); });
+    Status st = pieces_->on_piece(ctx, p, [this](const Weights& w) { return apply_pieces(w); });
+    replay_deferred();
+    return st;
   });
+}
+
+void GeneratorActor::generate_later(runtime::ReplyTo reply, const GenerateReq& r) {
+  relay_->abort();
+  auto run = [this, reply, r] {
+    Result<GenerateRep> rep = gen_->generate(r);
+    if (!reply) return;
+    (void)(rep.ok() ? reply.send(std::move(rep).value()) : reply.send_error(rep.error()));
+  };
+  if (gen_->in_flight()) {
+    compute_->post(std::move(run));
+  } else if (compute_) {
+    compute_->run(run);
+  } else {
+    use_threads(threads_);
+    run();
+  }
+}
+
+void GeneratorActor::replay_deferred() {
+  while (!deferred_.empty() && !pieces_->assembling()) {
+    auto [reply, r] = std::move(deferred_.front());
+    deferred_.pop_front();
+    generate_later(std::move(reply), r);
+  }
 }
 
 Ack GeneratorActor::apply_pieces(const Weights& w) {

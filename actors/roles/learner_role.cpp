@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "role_support.h"
+#include "troupe/actors/expert_sync.h"
 #include "troupe/actors/roles.h"
 #include "troupe/actors/step_counter.h"
 #include "troupe/actors/weight_pieces.h"
@@ -108,17 +109,13 @@ Result<std::unique_ptr<LearnerRole>> LearnerRole::create(const ExperimentConfig&
   l->comm_ = comm ? std::move(comm) : std::make_unique<learner::LocalCommunicator>();
   l->divided_ = learners_divide_experts(cfg) && l->comm_->size() > 1;
   const int E = cfg.policy.expert_parallel, rank = l->comm_->rank();
-  // [expert block at start-up] a divided learner other than learner 0 builds its block of the
-  // experts alone (make_policy's block: never the whole model), as does every divided reference model.
+  // A divided learner, learner 0 included, builds its block of the experts alone (make_policy's
+  // block: never the whole model, nothing of the others' experts), as does its reference model.
   const int block_shards = l->divided_ ? E : 1, block = l->divided_ ? rank % E : 0;
-  TROUPE_ASSIGN_OR_RETURN(l->policy_, make_policy(cfg, block, rank > 0 ? block_shards : 1));
-  if (l->divided_ && rank == 0) {  // learner 0's block of experts; it keeps the whole model besides
-    TROUPE_ASSIGN_OR_RETURN(auto held, l->policy_.model->slice_experts(block, E));
-    l->experts_ = std::make_unique<policy::Model>(std::move(held));
-  }
-  l->adapter_ = std::make_unique<learner::ModelAdapter>(l->experts_ ? *l->experts_ : *l->policy_.model);
+  TROUPE_ASSIGN_OR_RETURN(l->policy_, make_policy(cfg, block, block_shards));
+  l->adapter_ = std::make_unique<learner::ModelAdapter>(*l->policy_.model);
   if (cfg.loss.kl_coef > 0) {
-    TROUPE_ASSIGN_OR_RETURN(auto ref, make_policy(cfg, block, block_shards));  // [expert block at start-up]
+    TROUPE_ASSIGN_OR_RETURN(auto ref, make_policy(cfg, block, block_shards));
     l->ref_model_ = std::move(ref.model);
     l->ref_adapter_ = std::make_unique<learner::ModelAdapter>(*l->ref_model_);
   }
@@ -199,8 +196,6 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
     }
   }
   TROUPE_ASSIGN_OR_RETURN(auto m, streamed ? trainer.finish_accumulated() : trainer.train_step(samples));
-  if (divided_)  // learner 0's whole weights follow the step (the others send it their experts)
-    TROUPE_TRY(trainer.gather_whole_params(experts_ ? policy_.model->params() : std::span<float>{}));
   ++version_;
   m.mismatch.add(stale_mismatch);
   stale_mismatch_ = {};
@@ -216,7 +211,7 @@ Result<TrainRep> LearnerRole::train(const TrainReq& r) {
             {"lr", m.lr},
             {"train_tokens", m.tokens},
             {"learner_tokens_per_s", m.tokens_per_s},
-            {"state_bytes", trainer.state_bytes() + (experts_ ? sizeof(float) * policy_.model->params().size() : 0)}};
+            {"state_bytes", trainer.state_bytes()}};
   if (mm.tokens > 0) {  // sampler vs learner on the same version's weights, before the update
     j["logprob_diff_max"] = mm.logprob_diff_max;
     j["logprob_diff_mean"] = mm.logprob_diff_mean;
@@ -385,16 +380,59 @@ void LearnerRole::fault_in_sync(std::int64_t version) const {
                  std::to_string(version));
 }
 
-Result<runtime::Bytes> LearnerRole::piece_payload(std::int64_t version) const {
-  if (piece_.version != version || piece_.encoding == 0)
+Result<std::vector<runtime::Bytes>> LearnerRole::piece_payloads(std::int64_t version) const {
+  if (piece_.version != version || (piece_.encoding == 0 && piece_.elements > 0))
     return make_error(ErrorCode::internal, "learner " + std::to_string(comm_->rank()) + ": asked to send its piece of version " +
                                                std::to_string(version) + ", but the piece it holds is of version " +
                                                std::to_string(piece_.version));
-  return piece_.payload;
+  if (divided_) return run_payloads_;
+  return std::vector<runtime::Bytes>{piece_.payload};
+}
+
+Result<Weights> LearnerRole::divided_weights_for_generators(const GetWeightsReq& r) {
+  const auto& ws = cfg_.weight_sync;
+  learner::Trainer& trainer = trainer_for(phase_);
+  const policy::ExpertShardLayout& layout = *policy_.model->expert_shards();
+  const bool sends = comm_->rank() < layout.shards;  // (the first group's learners; the others hold the same)
+  if (sends && !runs_encoder_) {
+    TROUPE_ASSIGN_OR_RETURN(runs_encoder_, ExpertRunsEncoder::make(ws.dtype, layout));
+  }
+  const bool full_due = ws.mode == WeightSyncMode::full || (ws.full_every > 0 && version_ % ws.full_every == 0);
+  const bool delta = !full_due && r.base_version >= 0 && runs_encoder_ && r.base_version == runs_encoder_->held_version();
+  piece_ = Weights{};
+  piece_.version = version_;
+  run_payloads_.clear();
+  if (sends)
+    TROUPE_TRY(runs_encoder_->encode(std::as_const(*policy_.model).params(), version_, delta, piece_, run_payloads_));
+  Weights w = piece_;  // (the head: the payloads stay here until the coordinator says where they go)
+  if (!ws.probe) return w;
+  // The probe with the values the generators hold (bf16: this rank's arena rounded for it, the master
+  // put back bit for bit after), every learner running it with its group (the experts' exchange).
+  const auto tokens = probe_tokens(policy_.model->config().vocab_size);
+  std::vector<float> master, lp;
+  if (ws.dtype != WeightDtype::fp32) {
+    auto params = policy_.model->params();
+    master.assign(params.begin(), params.end());
+    round_to_dtype(params, ws.dtype);
+  }
+  Status probed = trainer.forward_with_expert_group([&]() -> Status {
+    TROUPE_ASSIGN_OR_RETURN(lp, probe_logprobs(*policy_.model, tokens));
+    return {};
+  });
+  if (!master.empty()) TROUPE_TRY(policy_.model->set_params(master));
+  TROUPE_TRY(probed);
+  if (comm_->rank() == 0) {
+    w.probe_tokens = tokens;
+    w.probe_logprobs = std::move(lp);
+  }
+  return w;
 }
 
 Result<Weights> LearnerRole::weights_for_generators(const GetWeightsReq& r) {
-  if (shard_sync_ && !r.device) return shard_weights_for_generators(r);
+  if (divided_ && r.device)
+    return invalid_input("weight_sync.transport: nccl broadcasts learner 0's whole weights, but with "
+                         "policy.moe.expert_parallel the learners hold one block of experts each (use zmq)");
+  if (shard_sync_ && !r.device) return divided_ ? divided_weights_for_generators(r) : shard_weights_for_generators(r);
   const auto& ws = cfg_.weight_sync;
   if (!encoder_) {
     encoder_ = std::make_unique<WeightEncoder>(ws.dtype, policy_.model->tensors());
@@ -475,7 +513,7 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
   opt.higher_is_better = cfg_.checkpointing.higher_is_better;
   const auto* tok = policy_.tokenizer.get();
   const auto& model = *policy_.model;
-  const bool sharded = trainer.sharded();
+  const bool sharded = trainer.sharded() || divided_;
   // The model's files (without the weights when sharded: the ranks write those), then the rest.
   learner::ModelDirWriter writer = [&](const std::string& dir) -> Status {
     if (model.lora_enabled())  // the adapters only, in PEFT's layout; the base is policy.path / run.seed's (base.json)
@@ -495,6 +533,11 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     }
     return copy_model_side_files(cfg_.policy.path, dir);
   };
+  if (divided_) {
+    d.extra = extra;
+    TROUPE_ASSIGN_OR_RETURN(rep.path, save_divided_checkpoint(r.dir, d, writer, trainer, opt));
+    return rep;
+  }
   if (sharded) {
     // Sharded learners: every rank is asked and writes its own shard of the weights and moments in
     // parallel; learner 0 the rest, then the layout, and commits once every rank's file is in.
@@ -512,14 +555,33 @@ Result<CheckpointRep> LearnerRole::checkpoint(const CheckpointReq& r) {
     return rep;
   }
   d.extra = extra;
-  if (divided_) {  // learner 0 writes the whole model and moments, the others send it their experts'
-    TROUPE_ASSIGN_OR_RETURN(const learner::AdamW whole, trainer.gathered_optimizer());
-    if (!experts_) return rep;
-    TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, whole, specs, opt));
-    return rep;
-  }
   TROUPE_ASSIGN_OR_RETURN(rep.path, learner::save_checkpoint(r.dir, d, writer, std::as_const(trainer).optimizer(), specs, opt));
   return rep;
+}
+
+Result<std::string> LearnerRole::save_divided_checkpoint(const std::string& dir, learner::CheckpointData& d,
+                                                         const learner::ModelDirWriter& writer,
+                                                         learner::Trainer& trainer,
+                                                         const learner::CheckpointOptions& opt) {
+  // Every learner of the first group writes the runs of the weight sync it sends (its experts and
+  // 1/E of the rest), weights and moments, in parallel; learner 0 the rest and shards.json; the other
+  // groups hold the same values and write nothing. No learner gathers the whole model.
+  const policy::ExpertShardLayout& layout = *policy_.model->expert_shards();
+  std::vector<SyncRun> runs;
+  TROUPE_ASSIGN_OR_RETURN(const auto mine, local_sync_runs(layout, runs));
+  const auto bounds = sync_run_bounds(runs);
+  const auto& o = std::as_const(trainer).optimizer();  // (read only)
+  const auto params = std::as_const(*policy_.model).params();
+  d.extra["expert_parallel"] = {{"E", layout.shards}, {"optimizer_layout", "shards"}};
+  learner::RankShard shard{{}, {}, {}, bounds, &layout.whole_table, "model",
+                           std::string(enum_string(cfg_.learner.shard)), o.steps()};
+  shard.pieced = true;
+  shard.layout = "expert_runs " + std::to_string(layout.shards);
+  if (comm_->rank() < layout.shards)
+    for (const LocalRun& lr : mine)
+      shard.pieces.push_back({lr.index, params.subspan(lr.local, lr.n), o.exp_avg().subspan(lr.local, lr.n),
+                              o.exp_avg_sq().subspan(lr.local, lr.n)});
+  return learner::save_sharded_checkpoint(dir, d, writer, shard, *comm_, opt);
 }
 
 Result<learner::CheckpointData> LearnerRole::load_divided_checkpoint(const std::string& dir, learner::Trainer& trainer) {
@@ -539,7 +601,6 @@ Result<learner::CheckpointData> LearnerRole::load_divided_checkpoint(const std::
     std::copy(loaded.model.params().begin(), loaded.model.params().end(), whole.begin());
   }
   TROUPE_TRY(trainer.load_whole_params(whole));
-  if (experts_) TROUPE_TRY(policy_.model->set_params(whole));
   return d;
 }
 
@@ -609,10 +670,18 @@ LearnerActor::LearnerActor(std::shared_ptr<LearnerRole> role, int threads)
   // weights_from_shards: the piece encoded last to the generators the coordinator names, answered
   // once every one of them took it (paced) or it is all sent (weight_pieces.h).
   handle<SendPieceReq>([this](runtime::Context& ctx, const SendPieceReq& r) -> Status {
-    TROUPE_ASSIGN_OR_RETURN(runtime::Bytes payload, role_->piece_payload(r.version));
+    TROUPE_ASSIGN_OR_RETURN(std::vector<runtime::Bytes> payloads, role_->piece_payloads(r.version));
+    if (std::string bad = PieceSender::mismatch(payloads, r); !bad.empty())
+      return make_error(ErrorCode::internal, "learner: asked to send its piece of version " + std::to_string(r.version) +
+                                                 ": " + bad);
     runtime::ReplyTo reply = ctx.reply_later();
-    runtime::Bytes kept = r.reply_payload ? payload : runtime::Bytes();
-    auto sender = std::make_shared<PieceSender>(std::move(payload), r, [reply, kept](runtime::Context&, SendPieceRep rep) {
+    runtime::Bytes kept;
+    if (r.reply_payload) {  // (the runs one after another: the coordinator places them at their spans)
+      std::string all;
+      for (const auto& p : payloads) all.append(p.data(), p.size());
+      kept = runtime::Bytes(std::move(all));
+    }
+    auto sender = std::make_shared<PieceSender>(std::move(payloads), r, [reply, kept](runtime::Context&, SendPieceRep rep) {
       rep.payload = kept;
       if (reply) (void)reply.send(std::move(rep));
     });

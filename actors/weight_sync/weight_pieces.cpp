@@ -43,17 +43,39 @@ Ack refused_ack(std::int64_t held, std::int64_t version, std::string why) {
 // ---- a learner's side ----
 
 PieceSender::PieceSender(runtime::Bytes payload, SendPieceReq req, Done done)
-    : payload_(std::move(payload)), req_(std::move(req)), done_(std::move(done)) {
-  runs_ = (payload_.size() + kPieceRunBytes - 1) / kPieceRunBytes;
+    : PieceSender(std::vector<runtime::Bytes>{std::move(payload)}, std::move(req), std::move(done)) {}
+
+PieceSender::PieceSender(std::vector<runtime::Bytes> payloads, SendPieceReq req, Done done)
+    : payloads_(std::move(payloads)), req_(std::move(req)), done_(std::move(done)) {
+  for (size_t p = 0; p < payloads_.size(); ++p) {
+    const std::uint64_t at = req_.spans.empty() ? req_.at : req_.spans[2 * p];
+    for (size_t from = 0; from < payloads_[p].size(); from += kPieceRunBytes)
+      blocks_.push_back({p, from, std::min(kPieceRunBytes, payloads_[p].size() - from), at + from});
+  }
+  runs_ = blocks_.size();
   for (auto packed : req_.targets) targets_.push_back(Target{runtime::ActorId::unpack(packed)});
 }
 
+std::string PieceSender::mismatch(const std::vector<runtime::Bytes>& payloads, const SendPieceReq& req) {
+  if (req.spans.empty())
+    return payloads.size() == 1 ? "" : "a piece of " + std::to_string(payloads.size()) + " runs was asked to go to one offset";
+  if (req.spans.size() != 2 * payloads.size())
+    return "a piece of " + std::to_string(payloads.size()) + " runs was asked to go to " +
+           std::to_string(req.spans.size() / 2) + " spans";
+  for (size_t p = 0; p < payloads.size(); ++p)
+    if (req.spans[2 * p + 1] != payloads[p].size())
+      return "run " + std::to_string(p) + " of the piece has " + std::to_string(payloads[p].size()) +
+             " bytes, its span " + std::to_string(req.spans[2 * p + 1]);
+  return {};
+}
+
 WeightsPiece PieceSender::run(size_t k) const {
+  const Block& b = blocks_[k];
   WeightsPiece p;
   p.send = req_.send;
   p.total = req_.total;
-  p.at = req_.at + k * kPieceRunBytes;
-  p.bytes = payload_.slice(k * kPieceRunBytes, kPieceRunBytes);  // (a view: no copy)
+  p.at = b.at;
+  p.bytes = payloads_[b.p].slice(b.from, b.n);  // (a view: no copy)
   return p;
 }
 
@@ -112,7 +134,7 @@ void PieceSender::maybe_done(runtime::Context& ctx) {
   for (const Target& t : targets_)
     if (t.in_flight > 0 || (!t.failed && t.next < runs_)) return;
   finished_ = true;
-  payload_ = runtime::Bytes();
+  payloads_.clear();
   Done done = std::move(done_);
   done(ctx, std::move(rep_));
 }

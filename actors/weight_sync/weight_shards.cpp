@@ -159,16 +159,204 @@ Result<Weights> join_weight_pieces(std::span<const Weights> pieces) {
   return join_weight_shards(pieces, bounds_of(pieces));
 }
 
-Result<Weights> join_piece_heads(std::span<const Weights> heads) { return join_weight_heads(heads, bounds_of(heads)); }
+namespace {
+
+// A head of several runs (Weights::runs) cut into one head per run (no payload), each with its first
+// value in the whole arena. `changed` goes with the first run (only the sum counts).
+Result<std::vector<std::pair<size_t, Weights>>> split_runs(const Weights& h, size_t r) {
+  auto bad = [&](const std::string& what) {
+    return invalid_input("weight sync from the expert blocks: learner " + std::to_string(r) + "'s piece " + what);
+  };
+  if (h.runs.size() % 3 != 0) return bad("lists " + std::to_string(h.runs.size()) + " run numbers, not 3 per run");
+  const bool raw = raw_full(std::span<const Weights>(&h, 1));
+  if (!raw && h.chunk_starts.size() != h.chunk_bytes.size())
+    return bad("has " + std::to_string(h.chunk_bytes.size()) + " chunks and " + std::to_string(h.chunk_starts.size()) +
+               " chunk starts (a piece of several runs names each chunk's start)");
+  const size_t C = h.chunk_elements, W = codec::width_of(static_cast<WeightDtype>(h.dtype));
+  std::vector<std::pair<size_t, Weights>> out;
+  size_t v = 0, c = 0, k = 0;  // the run's first value, chunk and checksum in the piece
+  for (size_t i = 0; i < h.runs.size(); i += 3) {
+    const size_t begin = h.runs[i], n = h.runs[i + 1], sums = h.runs[i + 2];
+    if (k + sums > h.checksums.size()) return bad("lists more checksums in its runs than it carries");
+    Weights p;
+    p.version = h.version;
+    p.base_version = h.base_version;
+    p.encoding = h.encoding;
+    p.dtype = h.dtype;
+    p.elements = n;
+    p.chunk_elements = h.chunk_elements;
+    p.changed = i == 0 ? h.changed : 0;
+    p.checksums.assign(h.checksums.begin() + static_cast<std::ptrdiff_t>(k),
+                       h.checksums.begin() + static_cast<std::ptrdiff_t>(k + sums));
+    k += sums;
+    if (raw) {
+      for (size_t a = 0; C > 0 && a < n; a += C) {
+        p.chunk_bytes.push_back(std::min(C, n - a) * W);
+        p.chunk_format.push_back(0);
+      }
+    } else {
+      for (; c < h.chunk_starts.size() && h.chunk_starts[c] < v + n; ++c) {
+        if (h.chunk_starts[c] < v) return bad("has its chunks out of order");
+        p.chunk_starts.push_back(h.chunk_starts[c] - v);
+        p.chunk_bytes.push_back(h.chunk_bytes[c]);
+        p.chunk_format.push_back(h.chunk_format[c]);
+      }
+    }
+    v += n;
+    out.emplace_back(begin, std::move(p));
+  }
+  if (v != h.elements || k != h.checksums.size() || (!raw && c != h.chunk_starts.size()))
+    return bad("has runs of " + std::to_string(v) + " values and " + std::to_string(k) + " checksums, but carries " +
+               std::to_string(h.elements) + " values and " + std::to_string(h.checksums.size()) + " checksums");
+  return out;
+}
+
+// join_piece_heads of heads of several runs: every run in whole-arena order.
+Result<Weights> join_run_heads(std::span<const Weights> heads, std::vector<std::vector<std::uint64_t>>* spans) {
+  struct Run {
+    size_t begin = 0, head = 0;
+    Weights w;
+  };
+  std::vector<Run> runs;
+  for (size_t r = 0; r < heads.size(); ++r) {
+    if (heads[r].runs.empty()) {
+      if (heads[r].elements != 0)
+        return invalid_input("weight sync from the expert blocks: learner " + std::to_string(r) + "'s piece of " +
+                             std::to_string(heads[r].elements) + " values names no runs");
+      continue;
+    }
+    TROUPE_ASSIGN_OR_RETURN(auto split, split_runs(heads[r], r));
+    for (auto& [begin, w] : split) runs.push_back({begin, r, std::move(w)});
+  }
+  // (stable: a head's runs keep their order among equal starts, which only empty runs share)
+  std::stable_sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });
+  std::vector<Weights> pieces;
+  std::vector<size_t> bounds{0};
+  for (Run& x : runs) {
+    if (x.begin != bounds.back())
+      return invalid_input("weight sync from the expert blocks: learner " + std::to_string(x.head) +
+                           " sends a run from value " + std::to_string(x.begin) + ", but the runs before end at " +
+                           std::to_string(bounds.back()));
+    bounds.push_back(x.begin + x.w.elements);
+    pieces.push_back(std::move(x.w));
+  }
+  TROUPE_ASSIGN_OR_RETURN(Weights out, join_weight_heads(pieces, bounds));
+  out.probe_tokens = heads[0].probe_tokens;
+  out.probe_logprobs = heads[0].probe_logprobs;
+  if (spans) {
+    spans->assign(heads.size(), {});
+    std::uint64_t at = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const std::uint64_t n = payload_bytes(pieces[i]);
+      (*spans)[runs[i].head].push_back(at);
+      (*spans)[runs[i].head].push_back(n);
+      at += n;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<Weights> join_piece_heads(std::span<const Weights> heads, std::vector<std::vector<std::uint64_t>>* spans) {
+  for (const Weights& h : heads)
+    if (!h.runs.empty()) return join_run_heads(heads, spans);
+  TROUPE_ASSIGN_OR_RETURN(Weights out, join_weight_heads(heads, bounds_of(heads)));
+  if (spans) {
+    spans->clear();
+    std::uint64_t at = 0;
+    for (const Weights& h : heads) {
+      const std::uint64_t n = payload_bytes(h);
+      spans->push_back({at, n});
+      at += n;
+    }
+  }
+  return out;
+}
+
+namespace {
+// A routed expert's index from its tensor's name (...experts.<e>.<kind>), else -1.
+int expert_of(const std::string& name) {
+  static const std::string key = ".experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  size_t i = at + key.size();
+  int e = 0;
+  const size_t first = i;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) e = e * 10 + (name[i] - '0');
+  return i > first && i < name.size() && name[i] == '.' ? e : -1;
+}
+
+void add_run(std::vector<SyncRun>& runs, size_t begin, size_t end, int sender) {
+  if (end <= begin) return;
+  if (!runs.empty() && runs.back().sender == sender && runs.back().end == begin)
+    runs.back().end = end;
+  else
+    runs.push_back({begin, end, sender});
+}
+}  // namespace
+
+std::vector<SyncRun> expert_sync_runs(const std::vector<policy::TensorSpec>& whole_table, int expert_parallel) {
+  std::vector<policy::TensorSpec> sorted;
+  int experts = 0;
+  for (const auto& t : whole_table)
+    if (!t.quantized) {
+      sorted.push_back(t);
+      experts = std::max(experts, expert_of(t.name) + 1);
+    }
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  const int E = std::max(1, expert_parallel);
+  const int per_rank = std::max(1, experts / E);
+  // The arena's stretches: owner -1 (every rank holds them) or the expert-parallel rank of a block.
+  std::vector<SyncRun> held;
+  size_t end = 0;
+  for (const auto& t : sorted) {
+    const size_t b = std::max(t.offset, end), e = t.offset + t.numel();
+    if (e <= b) continue;  // (values another tensor covers already: a tied head)
+    const int x = expert_of(t.name);
+    add_run(held, end, b, -1);  // (values of no tensor, if any: as the others)
+    add_run(held, b, e, x < 0 ? -1 : std::min(x / per_rank, E - 1));
+    end = e;
+  }
+  size_t shared = 0;
+  for (const SyncRun& h : held)
+    if (h.sender < 0) shared += h.end - h.begin;
+  const auto parts = learner::shard_bounds(shared, E);
+  std::vector<SyncRun> runs;
+  size_t seen = 0;  // shared values before this stretch
+  for (const SyncRun& h : held) {
+    if (h.sender >= 0) {
+      add_run(runs, h.begin, h.end, h.sender);
+      continue;
+    }
+    for (int q = 0; q < E; ++q) {  // the stretch's values in shared part q
+      const size_t lo = std::max(parts[static_cast<size_t>(q)], seen);
+      const size_t hi = std::min(parts[static_cast<size_t>(q) + 1], seen + (h.end - h.begin));
+      if (hi > lo) add_run(runs, h.begin + (lo - seen), h.begin + (hi - seen), q);
+    }
+    seen += h.end - h.begin;
+  }
+  return runs;
+}
+
+std::vector<size_t> sync_run_bounds(std::span<const SyncRun> runs) {
+  std::vector<size_t> bounds{0};
+  for (const SyncRun& r : runs) bounds.push_back(r.end);
+  return bounds;
+}
 
 bool weights_from_shards(const ExperimentConfig& cfg) {
-  return cfg.learner.shard != learner::ShardStage::none && cfg.cluster.learners > 1 &&
+  return (cfg.learner.shard != learner::ShardStage::none || learners_divide_experts(cfg)) && cfg.cluster.learners > 1 &&
          cfg.weight_sync.transport == WeightTransport::zmq;
 }
 
 std::vector<policy::TensorSpec> sync_tensor_table(const ExperimentConfig& cfg,
                                                   const std::vector<policy::TensorSpec>& table, size_t params) {
   if (!weights_from_shards(cfg)) return table;
+  if (learners_divide_experts(cfg)) {
+    const auto runs = expert_sync_runs(table, cfg.policy.expert_parallel);
+    return cut_tensor_table(table, sync_run_bounds(runs));
+  }
   return cut_tensor_table(table, learner::shard_bounds(params, cfg.cluster.learners));
 }
 

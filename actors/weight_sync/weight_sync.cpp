@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "troupe/actors/messages.h"
 #include "troupe/actors/weight_codec.h"
@@ -414,11 +415,13 @@ Task<Status> send_awaited(ActorContext& here, const WeightSyncPeers& p, WeightSy
 // piece's payload to them; each child puts the message together, passes it on down its subtree
 // and answers with the subtree's RelayAck. Rank 0 holds learner 0's piece, never the whole message.
 
-// One message in pieces: the joined head, each learner's payload bytes and their sum.
+// One message in pieces: the joined head, where each learner's piece goes in its payload (the
+// (first byte, bytes) of each of its runs; none: it sends nothing) and the payload's bytes.
 struct PiecedMessage {
   Weights head;
-  std::vector<std::uint64_t> piece_bytes;
+  std::vector<std::vector<std::uint64_t>> spans;
   std::uint64_t total = 0;
+  int pieces = 0;  // the learners that send
 };
 
 Error learner_failed(const WeightSyncPeers& p, size_t r, const Error& e, const std::string& doing) {
@@ -426,10 +429,15 @@ Error learner_failed(const WeightSyncPeers& p, size_t r, const Error& e, const s
                                 std::to_string(p.shard_learners[r].node) + ") failed while " + doing + ": " + e.message);
 }
 
-// Whether the learners' heads mix full pieces and deltas (a lean encoder sends a large delta in full).
+// Whether the learners' heads mix full pieces and deltas (a lean encoder sends a large delta in full);
+// a learner that sends nothing (divided experts: beyond the first group) has none.
 bool mixed_encodings(const std::vector<Weights>& heads) {
-  for (const Weights& h : heads)
-    if (h.encoding != heads[0].encoding) return true;
+  std::optional<std::int32_t> enc;
+  for (const Weights& h : heads) {
+    if (h.elements == 0 && h.runs.empty()) continue;
+    if (enc && h.encoding != *enc) return true;
+    enc = h.encoding;
+  }
   return false;
 }
 
@@ -455,8 +463,9 @@ Task<Result<PiecedMessage>> ask_pieces(ActorContext& here, const WeightSyncPeers
                      "others went in full (too large a delta); every learner is asked in full");
   }
   PiecedMessage m;
-  TROUPE_CO_ASSIGN_OR_RETURN(m.head, join_piece_heads(heads));
-  for (const Weights& h : heads) m.total += m.piece_bytes.emplace_back(payload_bytes(h));
+  TROUPE_CO_ASSIGN_OR_RETURN(m.head, join_piece_heads(heads, &m.spans));
+  m.total = payload_bytes(m.head);
+  for (const auto& s : m.spans) m.pieces += s.empty() ? 0 : 1;
   co_return m;
 }
 
@@ -539,6 +548,19 @@ void send_to_members(ActorContext& here, const WeightSyncPeers& p, const std::sh
   }
 }
 
+// A learner's returned piece (SendPieceReq::reply_payload) into the joined payload at its spans.
+Status place_piece(const runtime::Bytes& piece, const std::vector<std::uint64_t>& spans, size_t r, std::string& payload) {
+  std::uint64_t from = 0;
+  for (size_t i = 0; i + 1 < spans.size(); i += 2) {
+    if (from + spans[i + 1] > piece.size() || spans[i] + spans[i + 1] > payload.size())
+      return make_error(ErrorCode::internal, "weight sync: learner " + std::to_string(r) + " returned a piece of " +
+                                                 std::to_string(piece.size()) + " bytes, short of its spans");
+    std::copy_n(piece.data() + from, spans[i + 1], payload.data() + spans[i]);
+    from += spans[i + 1];
+  }
+  return {};
+}
+
 // One transmission of m to gens: the head to each of the root's children, then every learner's
 // piece to them; returns once every learner has sent it (paced in sync mode: taken by every child).
 Task<Status> transmit(ActorContext& here, const WeightSyncPeers& p, const std::shared_ptr<WeightSync::State>& stp,
@@ -559,22 +581,26 @@ Task<Status> transmit(ActorContext& here, const WeightSyncPeers& p, const std::s
   send.reply_payload = !pend.members.empty();
   for (const RelayChild& c : pend.children) send.targets.push_back(c.node.id.packed());
   send_heads(here, p, stp, m, send.send, pend);
-  std::vector<Reply<SendPieceRep>> sent;
+  std::vector<std::optional<Reply<SendPieceRep>>> sent(p.shard_learners.size());
   for (size_t r = 0; r < p.shard_learners.size(); ++r) {
-    sent.push_back(request<SendPieceRep>(here, p.shard_learners[r], send, kSyncTimeout));
-    send.at += m.piece_bytes[r];
+    const auto& spans = m.spans[r];
+    if (spans.empty()) continue;  // (a learner that sends nothing)
+    send.at = spans[0];
+    send.spans = spans.size() > 2 ? spans : std::vector<std::uint64_t>{};  // (one run: its bytes from `at` on)
+    sent[r].emplace(request<SendPieceRep>(here, p.shard_learners[r], send, kSyncTimeout));
   }
   std::optional<Error> failed;
-  std::string payload;
+  std::string payload(pend.members.empty() ? 0 : m.total, '\0');
   for (size_t r = 0; r < sent.size(); ++r) {  // (every reply awaited)
-    Result<SendPieceRep> a = co_await sent[r];
+    if (!sent[r]) continue;
+    Result<SendPieceRep> a = co_await *sent[r];
     if (!a.ok()) {
       if (!failed) failed = learner_failed(p, r, a.error(), "sending its piece of version " + std::to_string(v));
       continue;
     }
     if (r == 0) rep.bytes_sent += a->bytes;  // (rank 0's traffic: learner 0's piece)
     rep.learner_bytes += a->bytes;
-    payload.append(a->payload.data(), a->payload.size());
+    if (!pend.members.empty()) TROUPE_CO_TRY(place_piece(a->payload, m.spans[r], r, payload));
     if (!a->detail.empty()) st.say("weight sync: learner " + std::to_string(r) + " could not send its piece of version " +
                                    std::to_string(v) + " to every generator: " + a->detail);
   }
@@ -637,7 +663,7 @@ Task<Status> sync_pieces(ActorContext& here, const WeightSyncPeers& p, const std
   const Weights& h = first.head;
   rep.version = h.version;
   rep.elements = h.elements;
-  rep.pieces = static_cast<int>(first.piece_bytes.size());
+  rep.pieces = first.pieces;
   st.published = h.version;
   const bool is_delta = h.encoding == static_cast<std::int32_t>(WeightEncoding::delta);
   std::vector<size_t> to_delta, to_full, retry;

@@ -210,7 +210,8 @@ int bench_expert_parallel(const BenchOptions& opt) {
 // Expert parallelism that divides memory (troupe_learner_ep_state_bench under mpirun -np 2): the
 // largest learner's training state (parameters, gradients, AdamW moments) with the experts divided
 // over 2 ranks against data parallelism, a small Qwen3-MoE shape (2 layers, 16 experts); the GRPO
-// step times of both beside it.
+// step times of both beside it, and learner 0's figure in `troupe run` terms (its state and what
+// its weight sync keeps, the `learner0_*` fields).
 int bench_expert_parallel_state(const BenchOptions& opt) {
   const auto helper = helper_binary("troupe_learner_ep_state_bench", "learner", "ep_state_bytes_2ranks");
   if (!helper) return 1;
@@ -232,6 +233,10 @@ int bench_expert_parallel_state(const BenchOptions& opt) {
                  {"routed_params", j["routed_params"]},
                  {"ratio", ours / dp},
                  {"learner0_sync_bytes", j["learner0_sync_bytes"]},
+                 {"learner0_dp_sync_bytes", j["learner0_dp_sync_bytes"]},
+                 {"learner0_bytes", j["learner0_bytes"]},
+                 {"learner0_dp_bytes", j["learner0_dp_bytes"]},
+                 {"learner0_ratio", j["learner0_bytes"].get<double>() / j["learner0_dp_bytes"].get<double>()},
                  {"tokens_per_rank", j["tokens_per_rank"]},
                  {"ours_step_ms", j["ours_ms"]},
                  {"dp_step_ms", j["dp_ms"]},

@@ -3,9 +3,13 @@
 // expert width 256, a 8192 vocabulary), two learners two ways: plain data parallelism (every rank
 // holds every expert) and policy.moe.expert_parallel = 2 with the experts divided (each rank's
 // model from policy::Model::slice_experts). Their GRPO steps are timed alternately between barriers
-// (the slowest rank's); each trainer's state_bytes is the largest rank's. Rank 0 prints one JSON
-// line {"ranks","params","routed_params","tokens_per_rank","dp_ms","ours_ms","dp_state_bytes",
-// "ours_state_bytes","learner0_sync_bytes"} (learner 0's whole weights, kept besides in troupe run).
+// (the slowest rank's); each trainer's state_bytes is the largest rank's. Learner 0 in `troupe run`
+// terms: its state plus what its weight sync keeps (fp32, the generators' copy of what it sends: with
+// the experts divided its actors::ExpertRunsEncoder after one full encoding, its experts and half of
+// the rest; under data parallelism the whole WeightEncoder's copy, 4 bytes per parameter). Rank 0
+// prints one JSON line {"ranks","params","routed_params","tokens_per_rank","dp_ms","ours_ms",
+// "dp_state_bytes","ours_state_bytes","learner0_sync_bytes","learner0_dp_sync_bytes",
+// "learner0_bytes","learner0_dp_bytes"}.
 #include <mpi.h>
 
 #include <chrono>
@@ -13,8 +17,10 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "troupe/actors/expert_sync.h"
 #include "troupe/bench/bench.h"
 #include "troupe/learner/expert_parallel.h"
 #include "troupe/learner/trainer.h"
@@ -109,6 +115,15 @@ int main(int argc, char** argv) {
         b.push_back(timed(dp, seed));
       }
     }
+    // What learner 0's weight sync keeps with the experts divided: the runs it sends, held in fp32.
+    auto runs = actors::ExpertRunsEncoder::make(actors::WeightDtype::fp32, *block->expert_shards());
+    if (!runs.ok()) fail(runs.error().message);
+    actors::Weights head;
+    std::vector<runtime::Bytes> payloads;
+    if (Status st = (*runs)->encode(std::as_const(*block).params(), 1, false, head, payloads); !st.ok())
+      fail(st.error().message);
+    const size_t sync_bytes = (*runs)->values() * sizeof(float);
+    payloads.clear();
     double mine[2] = {static_cast<double>(dp.state_bytes()), static_cast<double>(ours.state_bytes())}, most[2];
     MPI_Allreduce(mine, most, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     const size_t P = whole->params().size(), routed = P - learner::local_size(*block->expert_shards()) +
@@ -116,9 +131,11 @@ int main(int argc, char** argv) {
     if (world.rank() == 0) {
       std::printf("{\"ranks\": %d, \"params\": %zu, \"routed_params\": %zu, \"tokens_per_rank\": %d, \"dp_ms\": %.3f, "
                   "\"ours_ms\": %.3f, \"dp_state_bytes\": %.0f, \"ours_state_bytes\": %.0f, "
-                  "\"learner0_sync_bytes\": %zu}\n",
+                  "\"learner0_sync_bytes\": %zu, \"learner0_dp_sync_bytes\": %zu, \"learner0_bytes\": %.0f, "
+                  "\"learner0_dp_bytes\": %.0f}\n",
                   world.size(), P, routed, seqs * seq_len, bench::median(b), bench::median(a), most[0], most[1],
-                  P * sizeof(float));
+                  sync_bytes, P * sizeof(float), mine[1] + static_cast<double>(sync_bytes),
+                  mine[0] + static_cast<double>(P * sizeof(float)));
       std::fflush(stdout);
     }
   }

@@ -102,6 +102,7 @@ Result<ShardManifest> read_shard_manifest(const std::string& dir) {
   m.kind = j.value("kind", std::string());
   if (m.kind != "model" && m.kind != "lora_adapter") return invalid_input(file + ": 'kind' is not model or lora_adapter");
   m.stage = j.value("stage", std::string());
+  m.layout = j.value("layout", std::string());
   TROUPE_ASSIGN_OR_RETURN(uint64_t world, count_at(j, "world_size", file));
   if (world < 1 || world > (1u << 20)) return invalid_input(file + ": 'world_size' " + std::to_string(world) + " is out of range");
   m.world_size = static_cast<int>(world);
@@ -136,9 +137,10 @@ Status write_shard_manifest(const std::string& dir, const ShardManifest& m) {
   for (const auto& f : m.files)
     files.push_back({{"rank", f.rank}, {"path", f.path}, {"begin", f.begin}, {"end", f.end}, {"bytes", f.bytes},
                      {"xxh3", hex64(f.xxh3)}});
-  const json j = {{"format", kShardManifestFormat}, {"kind", m.kind},       {"stage", m.stage},
-                  {"world_size", m.world_size},      {"bounds", m.bounds},   {"numel", m.numel()},
-                  {"buffers", m.buffers},            {"tensors", tensors},   {"files", files}};
+  json j = {{"format", kShardManifestFormat}, {"kind", m.kind},       {"stage", m.stage},
+            {"world_size", m.world_size},      {"bounds", m.bounds},   {"numel", m.numel()},
+            {"buffers", m.buffers},            {"tensors", tensors},   {"files", files}};
+  if (!m.layout.empty()) j["layout"] = m.layout;
   const fs::path p = fs::path(dir) / kShardManifestFile;
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out << j.dump(1) << "\n";

@@ -955,22 +955,45 @@ EOS
     $CHECK steps "$W/lz" 3
     ;;
   expert_parallel_run)  # policy.moe.expert_parallel 2 over 2 learners (mpirun): each learner holds half the
-    # experts (less learner/state_bytes), learner 0 the whole weights for the sync (probe on: the generators
-    # hold them bit for bit); the run equals the data-parallel one bit for bit (one micro-batch per learner);
-    # its checkpoint (written whole) resumes at E 2 and at E 1 as the uninterrupted run; generate and eval read it
+    # experts, learner 0 too (learner/state_bytes: the data-parallel figure less 16 bytes per routed value not
+    # held, no whole copy), the weights go to the generators from the blocks (rank 0 sends half of a full sync;
+    # probe on, run by both learners together: the generators hold them bit for bit); the run equals the
+    # data-parallel one bit for bit (one micro-batch per learner); its checkpoint (each learner writes its runs,
+    # sharded) resumes at E 2 and at E 1 as the uninterrupted run; generate, eval and consolidate read it
     S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 --set weight_sync.probe=true --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
     EP="--set policy.moe.expert_parallel=2"
     MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" --set grpo.max_steps=4 $S
-    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=4 $S $EP
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=4 $S $EP 2> "$W/ep.err"
+    grep -q "weight sync: from the expert blocks of 2 learners" "$W/ep.err" || { cat "$W/ep.err"; exit 1; }
     $CHECK same "$W/dp" "$W/ep"
-    "$PY" - "$W/dp/metrics.jsonl" "$W/ep/metrics.jsonl" << 'EOS'
-import json, sys
-dp, ep = ([r["learner/state_bytes"] for r in map(json.loads, open(p)) if "learner/state_bytes" in r] for p in sys.argv[1:])
-assert dp and len(dp) == len(ep) and all(b < a for a, b in zip(dp, ep)), (dp, ep)
+    "$PY" - "$W/dp/metrics.jsonl" "$W/ep/metrics.jsonl" "$W/ep/checkpoints/latest/shards.json" "$W/ep.err" << 'EOS'
+import json, os, re, sys
+dp, ep = ([r["learner/state_bytes"] for r in map(json.loads, open(p)) if "learner/state_bytes" in r] for p in sys.argv[1:3])
+m = json.load(open(sys.argv[3]))  # the checkpoint: each learner's runs, no whole model.safetensors
+assert m["layout"] == "expert_runs 2" and m["world_size"] == len(m["files"]) > 2, m["layout"]
+assert not os.path.exists(os.path.join(os.path.dirname(sys.argv[3]), "model.safetensors"))
+routed = 0  # the routed experts' values, from the checkpoint's tensor table
+for t in m["tensors"]:
+    if ".experts." in t["name"]:
+        n = 1
+        for d in t["shape"]:
+            n *= d
+        routed += n
+assert routed > 0, m["tensors"]
+# learner 0 holds half the experts and nothing whole: 16 bytes (weight, gradient, 2 moments) per value not held
+assert dp and len(dp) == len(ep) and all(b == a - 16 * (routed // 2) for a, b in zip(dp, ep)), (dp, ep, routed)
 print("learner/state_bytes of learner 0: data parallel", dp[0], "experts divided", ep[0])
+rows = [tuple(map(int, m.groups())) for m in
+        re.finditer(r"weight sync: version (\d+) in 2 pieces \(a delta to (\d+) generators, in full to (\d+)\): "
+                    r"rank 0 sent (\d+) of the learners' (\d+) payload bytes", open(sys.argv[4]).read())]
+assert len(rows) >= 2, rows
+for v, delta, full, mine, all_ in rows:  # rank 0 sends its experts and half of the rest, never the whole message
+    assert 0 < mine < all_, (v, mine, all_)
+    if not delta:  # the full weights: half the values each
+        assert abs(mine / all_ - 0.5) < 0.01, (v, mine, all_)
 norms = [r["grad_norm"] for r in map(json.loads, open(sys.argv[2])) if r.get("phase") == "grpo" and "grad_norm" in r]
 assert norms and any(n > 0 for n in norms), norms  # GRPO steps that change the weights the generators get
 EOS
@@ -983,6 +1006,9 @@ EOS
     "$TROUPE" generate "$W/ep/checkpoints/latest" --prompt "1+2+3=" --max-tokens 4 --json > "$W/gen_ep.json"
     "$TROUPE" generate "$W/dp/checkpoints/latest" --prompt "1+2+3=" --max-tokens 4 --json > "$W/gen_dp.json"
     cmp "$W/gen_ep.json" "$W/gen_dp.json"
+    "$TROUPE" checkpoint consolidate "$W/ep/checkpoints/latest" "$W/ep_whole"
+    "$TROUPE" generate "$W/ep_whole" --prompt "1+2+3=" --max-tokens 4 --json > "$W/gen_whole.json"
+    cmp "$W/gen_whole.json" "$W/gen_dp.json"
     "$TROUPE" eval "$SRC/configs/quickstart.yaml" --checkpoint "$W/ep/checkpoints/latest" --set eval.num_prompts=20 $Q \
       | tail -n 1 > "$W/eval_ep.json"
     "$TROUPE" eval "$SRC/configs/quickstart.yaml" --checkpoint "$W/dp/checkpoints/latest" --set eval.num_prompts=20 $Q \
@@ -1015,7 +1041,7 @@ EOS
     ;;
   expert_parallel_zero_resume_2ranks)  # checkpoints across learner.shard and divided experts (mpirun, 2 learners):
     # a ZeRO-1 run's sharded checkpoint resumed by divided learners (shard none, E 2), and a divided run's
-    # (whole) checkpoint resumed as ZeRO-1, each go on as the uninterrupted data-parallel run, bit for bit
+    # (sharded: each learner's runs) checkpoint resumed as ZeRO-1, each go on as the uninterrupted data-parallel run, bit for bit
     # (2 learners: ZeRO-1 and E 2 with one micro-batch per learner are both data parallelism's bits)
     S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
@@ -1030,7 +1056,7 @@ EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/z1" --set grpo.max_steps=4 $S $EP
     $CHECK same "$W/dp" "$W/z1"
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=2 $S $EP
-    test -f "$W/ep/checkpoints/latest/model.safetensors"
+    test -f "$W/ep/checkpoints/latest/shards.json"
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/ep" --set grpo.max_steps=4 $S $Z1
     $CHECK same "$W/dp" "$W/ep"
     ;;
@@ -1118,6 +1144,38 @@ EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/ez2" --set grpo.max_steps=4 $S $EZ
     $CHECK same "$W/dp" "$W/ez2"
     ;;
+  expert_parallel_sync)  # weight sync from the expert blocks of 2 learners (mpirun, policy.moe.expert_parallel 2):
+    # bf16 deltas with full_every to 3 generators (relay fan-out 2: the first level puts the runs together),
+    # probes on; the generators hold the data-parallel run's weights bit for bit (the same metrics); and on
+    # 4 learners (2 groups)
+    S="--set sft.max_steps=8 --set grpo.max_steps=4 --set optimizer.schedule=constant --set optimizer.lr=1e-6 --set eval.every=0 \
+       --set eval.num_prompts=10 --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set cluster.generators=3 --set weight_sync.relay_fanout=2 --set weight_sync.probe=true \
+       --set weight_sync.dtype=bf16 --set weight_sync.full_every=3 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 6"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" $S
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" $S --set policy.moe.expert_parallel=2 \
+      2> "$W/ep.err"
+    grep -q "weight sync: from the expert blocks of 2 learners" "$W/ep.err" || { cat "$W/ep.err"; exit 1; }
+    $CHECK same "$W/dp" "$W/ep"
+    "$PY" - "$W/ep.err" << 'EOS'
+import re, sys
+rows = [tuple(map(int, m.groups())) for m in
+        re.finditer(r"weight sync: version (\d+) in 2 pieces \(a delta to (\d+) generators, in full to (\d+)\): "
+                    r"rank 0 sent (\d+) of the learners' (\d+) payload bytes", open(sys.argv[1]).read())]
+assert len(rows) >= 5, rows
+assert all(delta + full == 3 and 0 < mine < all_ for _, delta, full, mine, all_ in rows), rows
+assert any(delta for _, delta, _, _, _ in rows), rows  # deltas travel from the blocks too
+print("rank 0's share of the bytes per sync:", [round(m / a, 3) for _, _, _, m, a in rows])
+EOS
+    # 4 learners (data-parallel 2 x E 2): the first group sends, the second answers with no values; both
+    # groups run the probe, which every generator passes (else the run stops)
+    $MPIEXEC --oversubscribe --allow-run-as-root -np 7 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep4" \
+      $S --set sft.max_steps=4 --set grpo.max_steps=3 --set cluster.learners=4 --set cluster.generators=2 \
+      --set policy.moe.expert_parallel=2 2> "$W/ep4.err" || { cat "$W/ep4.err"; exit 1; }
+    grep -q "weight sync: version 7 in 2 pieces" "$W/ep4.err" || { cat "$W/ep4.err"; exit 1; }
+    $CHECK steps "$W/ep4" 7
+    ;;
   shard_weight_sync)  # weight sync from the shards of 2 learners (mpirun): every learner encodes its own shard
     # and sends it to the generators itself; the generators (3, relay fan-out 2: a relay tree whose first
     # level puts the pieces together) train bit for bit as with shard none, in bf16 deltas with full_every,
@@ -1176,12 +1234,15 @@ EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/z1_async" --set learner.shard=optimizer $S $A
     $CHECK same "$W/none_async" "$W/z1_async"
     ;;
-  shard_sync_learner_death)  # weight sync from the shards of 2 learners (mpirun): learner rank 1 is SIGKILLed
-    # as it sends its piece of version 2; the coordinator names it (rank, role) and the run stops
+  shard_sync_learner_death|expert_parallel_learner_death)  # weight sync from the shards (learner.shard
+    # parameters) or the expert blocks (policy.moe.expert_parallel 2) of 2 learners (mpirun): learner rank 1 is
+    # SIGKILLed as it sends its piece of version 2; the coordinator names it (rank, role) and the run stops
     rank_wrapper
+    HOW="--set learner.shard=parameters"
+    [ "$CASE" = expert_parallel_learner_death ] && HOW="--set policy.moe.expert_parallel=2"
     S="--set sft.max_steps=0 --set sft.enabled=false --set grpo.max_steps=4 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.learners=2 --set cluster.generators=1 \
-       --set learner.shard=parameters --set cluster.peer_timeout_s=5 $Q"
+       $HOW --set cluster.peer_timeout_s=5 $Q"
     "$MPIEXEC" --oversubscribe --allow-run-as-root --enable-recovery -x RANKDIR -np 4 bash "$W/rank.sh" "$TROUPE" run \
       "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" $S --set faults.learner_death_sync=2 \
       --set faults.learner_death_rank=1 2> "$W/err.txt" || true

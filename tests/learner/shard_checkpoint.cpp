@@ -3,7 +3,8 @@
 // another stage it loads exactly the gathered parameters and AdamW moments and steps as a run
 // continued from that gathered state does; written by half the ranks and resumed by all, it steps as
 // the uninterrupted run. Corrupt and missing shards name the file and rank, a checkpoint of another
-// model names the tensor, a rank that cannot write leaves nothing committed. Exits non-zero on any
+// model names the tensor, a rank that cannot write leaves nothing committed. Pieced (divided experts:
+// several uneven pieces per rank) it reads back as the whole state. Exits non-zero on any
 // rank's failure (rank 0 prints each check).
 #include <mpi.h>
 
@@ -23,6 +24,7 @@
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
 #include "troupe/policy/io/peft_adapter.h"
+#include "troupe/policy/io/sharded_weights.h"
 #include "troupe/policy/model.h"
 
 using namespace troupe;
@@ -280,6 +282,55 @@ void check_failed_rank(Checker& check, Learner& l, const std::string& root, Comm
   if (world.rank() == 0 && !r.ok()) std::printf("  (%s)\n", r.error().message.c_str());
 }
 
+// Pieced (divided experts' layout): the files are pieces of bounds of their own, several per rank
+// (piece i written by rank i % ranks, from the whole state `w`); the readers take it as any sharded
+// checkpoint (the same weights and moments), and a piece nobody writes is named, nothing committed.
+void check_pieced(Checker& check, const policy::ModelConfig& mc, const Whole& w, const std::string& root,
+                  Communicator& world) {
+  if (mc.lora.rank > 0) return;  // (the layout is for whole models)
+  const size_t N = w.params.size(), pieces = 3 * static_cast<size_t>(world.size()) + 1;
+  std::vector<size_t> bounds{0};
+  for (size_t i = 1; i < pieces; ++i) bounds.push_back(N * i * i / (pieces * pieces));  // (uneven)
+  bounds.push_back(N);
+  auto model = policy::Model::create(mc, 11);
+  if (!check(model.ok(), "pieced: the model")) return;
+  const auto& table = model->tensors();
+  auto write = [&](const std::string& dir, int64_t at, bool skip_last) {
+    RankShard s{{}, {}, {}, bounds, &table, "model", "none", w.steps};
+    s.pieced = true;
+    s.layout = "expert_runs " + std::to_string(world.size());
+    for (size_t i = static_cast<size_t>(world.rank()); i < pieces; i += static_cast<size_t>(world.size())) {
+      if (skip_last && i + 1 == pieces) continue;
+      const size_t lo = bounds[i], n = bounds[i + 1] - lo;
+      s.pieces.push_back({i, std::span<const float>(w.params).subspan(lo, n), std::span<const float>(w.m).subspan(lo, n),
+                          std::span<const float>(w.v).subspan(lo, n)});
+    }
+    CheckpointData d;
+    d.step = at;
+    return save_sharded_checkpoint(dir, d, [&](const std::string& m) { return policy::io::save_model_dir_meta(m, mc, nullptr); },
+                                   s, world, {});
+  };
+  auto saved = write(root + "/pieced", 1, false);
+  MPI_Barrier(MPI_COMM_WORLD);  // (learner 0 commits the step after the others return)
+  bool same = check.ok_or_print(saved) && verify_checkpoint(*saved).ok();
+  if (same) {
+    auto m = policy::io::load_model(*saved);
+    AdamW o(N);
+    auto d = load_checkpoint(*saved, table, o);
+    same = check.ok_or_print(m) && check.ok_or_print(d) && same_bits({m->model.params().begin(), m->model.params().end()}, w.params) &&
+           same_bits({o.exp_avg().begin(), o.exp_avg().end()}, w.m) && same_bits({o.exp_avg_sq().begin(), o.exp_avg_sq().end()}, w.v);
+    auto manifest = policy::io::read_shard_manifest(*saved);
+    same = same && manifest.ok() && manifest->layout == "expert_runs " + std::to_string(world.size()) &&
+           manifest->world_size == static_cast<int>(pieces);
+  }
+  check(same, "pieced: " + std::to_string(pieces) + " pieces, several per rank, read back as the whole state");
+  auto missing = write(root + "/pieced", 2, true);
+  check(!missing.ok() && !fs::exists(root + "/pieced/step_2") &&
+            missing.error().message.find("the files of piece(s) " + std::to_string(pieces - 1)) != std::string::npos,
+        "pieced: a piece nobody writes is named, nothing committed");
+  if (world.rank() == 0 && !missing.ok()) std::printf("  (%s)\n", missing.error().message.c_str());
+}
+
 int run_model(const char* name, const policy::ModelConfig& mc, Communicator& world, Communicator& half,
               const std::string& root) {
   Checker check{world};
@@ -332,6 +383,7 @@ int run_model(const char* name, const policy::ModelConfig& mc, Communicator& wor
   }
   check_bad_input(check, root, step_dir, mc, world);
   check_failed_rank(check, a, root + "/w", world);
+  check_pieced(check, mc, *ref, root, world);
   return check.bad;
 }
 

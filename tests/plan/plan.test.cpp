@@ -204,8 +204,10 @@ TEST(Plan, ShardStagesDivideByTheLearners) {
 }
 
 // policy.moe.expert_parallel divides the experts: each learner holds num_experts / E experts of
-// every MoE layer (weights, gradients, AdamW moments), learner 0 also the whole weights for the
-// weight sync; with learner.shard optimizer the state stays whole (only the compute is split). The
+// every MoE layer (weights, gradients, AdamW moments), learner 0 too (the weight sync goes from the
+// blocks: each of the first group's learners keeps what the generators hold of its half, and writes
+// its half of a checkpoint); with learner.shard
+// optimizer the state stays whole (only the compute is split). The
 // collectives add each MoE layer's exchanged rows (tokens x K rows of C + 2H kept, C + 1
 // exchanged, 2H scratch, C + 1 packed).
 TEST(Plan, ExpertParallelDividesTheExpertsAndAddsTheExchangedRows) {
@@ -226,8 +228,13 @@ TEST(Plan, ExpertParallelDividesTheExpertsAndAddsTheExchangedRows) {
   EXPECT_EQ(b.gradients, a.gradients - away);
   EXPECT_EQ(b.optimizer, a.optimizer - 2 * away);
   const PlanRow &a0 = row(dp, "learner", 0), &b0 = row(ep, "learner", 0);
-  EXPECT_EQ(b0.weights - b.weights, ep.params * 4);  // its block, and the whole weights for the sync
+  EXPECT_EQ(b0.weights, b.weights);  // its block alone, as every learner's
   EXPECT_EQ(b0.optimizer, a0.optimizer - 2 * away);
+  EXPECT_EQ(b0.sync, b.sync);  // the encoder of 1/2 of the values each (none of the whole copy)
+  EXPECT_LT(b0.sync, a0.sync);
+  EXPECT_EQ(b0.other, b.other);  // (no whole copy for a checkpoint either)
+  EXPECT_NE(plan_table(ep).find("the first 2 learners send the generators their experts and 1/2 of the rest each"),
+            std::string::npos);
   EXPECT_EQ(b.collectives - a.collectives, layers * rows * (3 * C + 4 * H + 2) * 4);
   EXPECT_NE(plan_table(ep).find("policy.moe.expert_parallel 2: each learner holds num_experts / 2 experts"),
             std::string::npos);

@@ -234,8 +234,9 @@ struct ExperimentConfig {
 };
 
 // policy.moe.expert_parallel > 1 with learner.shard: none in a synchronous run: each learner holds
-// only its block of the experts (policy::Model::slice_experts; learner 0 keeps the whole weights
-// besides, gathered after each step, for the weight sync and checkpoints). With learner.shard
+// only its block of the experts (policy::Model::slice_experts), learner 0 too: the weights go to the
+// generators from the blocks (weights_from_shards, actors/expert_sync.h) and each learner writes its
+// part of a checkpoint (a sharded one). With learner.shard
 // optimizer or gradients, or rollout.async (whose stale samples are scored with older whole
 // weights on every learner), or policy.lora (slice_experts keeps whole models: the frozen base
 // and the adapters stay on every learner), every learner holds every expert and only the compute

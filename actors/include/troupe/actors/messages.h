@@ -286,10 +286,15 @@ struct Weights {
   // delta: per chunk, its first value (the chunks follow the tensors, at most chunk_elements
   // values each); empty: chunks of chunk_elements values from the arena's start
   std::vector<std::uint64_t> chunk_starts;
+  // A learner's piece of several runs of the whole arena (divided experts, weight_shards.h
+  // expert_sync_runs): per run three numbers, its first value in the whole arena, its values and its
+  // checksums; the runs' values, chunks and checksums follow one another in this message (as if the
+  // runs were one arena). Empty: the piece is one run (or the message the whole arena).
+  std::vector<std::uint64_t> runs;
   template <class A>
   void serialize(A& ar) {
     ar(version, params, base_version, encoding, dtype, elements, chunk_elements, chunk_bytes, chunk_format, payload,
-       checksums, changed, probe_tokens, probe_logprobs, chunk_starts);
+       checksums, changed, probe_tokens, probe_logprobs, chunk_starts, runs);
   }
 };
 // Generator -> coordinator, the reply to a Weights request: what the generator holds now.
@@ -392,8 +397,11 @@ struct SendPieceReq {
   // the piece itself in the reply too: for generators only rank 0 reaches (members that joined the
   // running job), to which the coordinator sends the joined message
   bool reply_payload = false;
+  // A piece of several runs (Weights::runs): per run, in the piece's order, the byte of the payload
+  // its first byte goes to and its bytes (two numbers each); empty: the piece's bytes go to `at` on.
+  std::vector<std::uint64_t> spans;
   template <class A>
-  void serialize(A& ar) { ar(send, version, targets, at, total, paced, reply_payload); }
+  void serialize(A& ar) { ar(send, version, targets, at, total, paced, reply_payload, spans); }
 };
 struct SendPieceRep {
   static constexpr std::uint32_t type_id = message_id::send_piece_rep;

@@ -38,6 +38,7 @@ namespace troupe::actors {
 // slice_experts(expert_shard, expert_shards), never built whole (Model::create_expert_block,
 // policy::io::load_expert_block).
 class InFlightVersions;  // in_flight_versions.h (internal)
+class ExpertRunsEncoder;  // divided experts' weight sync: troupe/actors/expert_sync.h
 
 struct PolicyBundle {
   std::unique_ptr<policy::Model> model;
@@ -207,7 +208,7 @@ class LearnerRole {
                                                      std::unique_ptr<learner::Communicator> comm);
   ~LearnerRole();
   Result<TrainRep> train(const TrainReq& r);
-  Weights weights() const;  // the current version, raw (the whole fp32 arena)
+  Weights weights() const;  // the current version, raw (the fp32 arena: with the experts divided, this learner's)
   // The current version for the generators (weight_sync): a delta against r.base_version when that
   // is the version encoded last, weight_sync.mode is delta and the version is no full_every
   // multiple; else in full. With weight_sync.probe, learner 0's probe log-probs with exactly the
@@ -215,9 +216,10 @@ class LearnerRole {
   // r.device (weight_sync.transport nccl): the values go to the weight group by broadcast, the
   // message carries their version, checksums and probe.
   Result<Weights> weights_for_generators(const GetWeightsReq& r);
-  // weights_from_shards: the payload of the piece weights_for_generators encoded last, when it is
-  // of `version` (else an error naming both).
-  Result<runtime::Bytes> piece_payload(std::int64_t version) const;
+  // weights_from_shards: the payload of the piece weights_for_generators encoded last (divided
+  // experts: one per run it sends, none beyond the first group), when it is of `version` (else an
+  // error naming both).
+  Result<std::vector<runtime::Bytes>> piece_payloads(std::int64_t version) const;
   // faults.learner_death_sync: SIGKILLs this rank when it is the one to die while sending `version`.
   void fault_in_sync(std::int64_t version) const;
   // Learner 0: makes the weight group's id (op 0) or joins it as rank 0 (op 1).
@@ -234,14 +236,16 @@ class LearnerRole {
   ExperimentConfig cfg_;
   PolicyBundle policy_;
   std::unique_ptr<learner::ModelAdapter> adapter_;
-  // learners_divide_experts: the model holding this learner's block of experts, which the trainer
-  // trains, on learner 0, whose policy_.model keeps the whole weights (gathered after each step)
-  // for the weight sync, its probe and checkpoints; on the other learners policy_.model is that
-  // block's model itself and this is null.
+  // learners_divide_experts: policy_.model holds this learner's block of experts only, on every
+  // learner (learner 0 included): the weight sync goes from the blocks (runs_encoder_), its probe runs
+  // with the group, and each of the first group's learners writes its runs in a checkpoint.
   bool divided_ = false;
-  std::unique_ptr<policy::Model> experts_;
-  // divided_: a checkpoint (written whole) loaded into this learner's block: moments and weights.
+  // divided_: a checkpoint (of any layout) loaded into this learner's block: moments and weights;
+  // and one written by the first group's learners, each its runs (a sharded checkpoint, pieced).
   Result<learner::CheckpointData> load_divided_checkpoint(const std::string& dir, learner::Trainer& trainer);
+  Result<std::string> save_divided_checkpoint(const std::string& dir, learner::CheckpointData& d,
+                                              const learner::ModelDirWriter& writer, learner::Trainer& trainer,
+                                              const learner::CheckpointOptions& opt);
   std::unique_ptr<policy::Model> ref_model_;  // loss.kl_coef > 0: the frozen initial policy
   std::unique_ptr<learner::ModelAdapter> ref_adapter_;
   std::unique_ptr<learner::Communicator> comm_;
@@ -262,6 +266,12 @@ class LearnerRole {
   bool shard_sync_ = false;
   Weights piece_;
   Result<Weights> shard_weights_for_generators(const GetWeightsReq& r);
+  // weights_from_shards with divided_: the first group's learners encode their runs of the whole
+  // arena (ExpertRunsEncoder, expert_sync.h; the payloads kept in run_payloads_), the others answer
+  // with a head of no values; every learner runs the probe with its group, learner 0's goes along.
+  std::unique_ptr<ExpertRunsEncoder> runs_encoder_;
+  std::vector<runtime::Bytes> run_payloads_;
+  Result<Weights> divided_weights_for_generators(const GetWeightsReq& r);
   // weight_sync.probe: the probe sequence and learner 0's log-probs of it into `w`, with the weights
   // the generators hold: the master as it is (fp32), or with `put_rounded` writing their rounded
   // values over it for the probe and the master put back bit for bit after.
@@ -318,6 +328,12 @@ class GeneratorActor : public runtime::Actor {
   std::unique_ptr<RelayReceiver> relay_;  // WeightsParts: applied here and passed on
   std::unique_ptr<PiecesReceiver> pieces_;  // the learners' pieces (weights_from_shards), assembled here
   Ack apply_pieces(const Weights& w);
+  // Async weights from the shards: a GenerateReq that comes while a transmission is still being
+  // assembled (its head came from the coordinator before the request, but a learner's runs travel
+  // on another connection and may come after it) waits here until every transmission is applied.
+  std::deque<std::pair<runtime::ReplyTo, GenerateReq>> deferred_;
+  void generate_later(runtime::ReplyTo reply, const GenerateReq& r);
+  void replay_deferred();
 };
 
 class LearnerActor : public runtime::Actor {

@@ -28,7 +28,8 @@ namespace troupe::actors {
 inline constexpr std::size_t kPieceRunBytes = 256 * 1024;
 inline constexpr int kPieceWindow = 8;
 
-// A learner's side: `payload` (its encoded piece) to every target of `req`, in runs of
+// A learner's side: `payloads` (its encoded piece: one payload, or one per run of a piece of several
+// runs, each going to its span of req.spans) to every target of `req`, in runs of at most
 // kPieceRunBytes. Paced: each run a request, at most kPieceWindow unanswered per target; `done`
 // once every target answered every run (or failed: it is named in the reply's detail and sent
 // nothing more). Unpaced: every run sent at once, `done` right after.
@@ -36,6 +37,10 @@ class PieceSender : public std::enable_shared_from_this<PieceSender> {
  public:
   using Done = std::function<void(runtime::Context&, SendPieceRep)>;
   PieceSender(runtime::Bytes payload, SendPieceReq req, Done done);
+  PieceSender(std::vector<runtime::Bytes> payloads, SendPieceReq req, Done done);
+  // "" when `payloads` fit req.spans (a pair per payload, of its size; or no spans and one payload),
+  // else why not.
+  static std::string mismatch(const std::vector<runtime::Bytes>& payloads, const SendPieceReq& req);
   void start(runtime::Context& ctx);
 
  private:
@@ -49,7 +54,12 @@ class PieceSender : public std::enable_shared_from_this<PieceSender> {
   void pump(runtime::Context& ctx, std::size_t t);
   void on_ack(runtime::Context& ctx, std::size_t t, Result<Ack> a);
   void maybe_done(runtime::Context& ctx);
-  runtime::Bytes payload_;
+  struct Block {  // run k: bytes [from, from + n) of payload p, to byte `at` of the message
+    size_t p = 0, from = 0, n = 0;
+    std::uint64_t at = 0;
+  };
+  std::vector<runtime::Bytes> payloads_;
+  std::vector<Block> blocks_;
   SendPieceReq req_;
   Done done_;
   std::size_t runs_ = 0;
@@ -71,6 +81,8 @@ class PiecesReceiver {
   void on_head(runtime::Context& ctx, const PiecesHead& h, const Apply& apply);
   // A learner's run: copied in place (a request is answered with an Ack: applied = copied).
   Status on_piece(runtime::Context& ctx, const WeightsPiece& p, const Apply& apply);
+  // Whether a transmission is under way (its head or runs came, it is not applied yet).
+  bool assembling() const { return !sends_.empty(); }
 
  private:
   struct Assembly;

@@ -38,17 +38,42 @@ Result<Weights> join_weight_pieces(std::span<const Weights> pieces);
 // each). What the coordinator sends the generators while the learners send the payloads
 // (weight_pieces.h).
 Result<Weights> join_weight_heads(std::span<const Weights> pieces, std::span<const size_t> bounds);
-Result<Weights> join_piece_heads(std::span<const Weights> heads);  // the bounds from the value counts
+// The bounds from the value counts. Heads of several runs (Weights::runs, divided experts) are cut
+// into their runs, which are joined in whole-arena order (they must tile it; a head with no values
+// and no runs adds nothing, and the probe is heads[0]'s). `spans`, when given, gets per head the
+// joined payload's bytes its piece fills, in the piece's order: (first byte, bytes) pairs, one pair
+// per run (one for a head of one run, the heads' payloads then following in rank order; none for
+// a head with no values).
+Result<Weights> join_piece_heads(std::span<const Weights> heads,
+                                 std::vector<std::vector<std::uint64_t>>* spans = nullptr);
 // A message's payload bytes as its chunk table says (the sum of chunk_bytes), payload or not.
 std::uint64_t payload_bytes(const Weights& w);
 
+// Divided experts (learners_divide_experts): which learner of the first expert-parallel group sends
+// which values of the whole arena. Each routed-expert block goes with the rank that holds it (expert
+// e of a layer: rank e / (num_experts / E)); everything else (held by every rank: embeddings,
+// attention, routers, norms, shared experts) is cut in E contiguous parts of as many values as
+// shard_bounds gives, part q sent by rank q, so every rank sends as many values as it can (its own
+// experts and 1/E of the rest). Runs in arena order, tiling it, adjacent runs of one sender merged.
+// `whole_table` is the whole model's tensor table (an expert tensor is named ...experts.<e>.<kind>).
+struct SyncRun {
+  size_t begin = 0, end = 0;  // [begin, end) of the whole arena
+  int sender = 0;             // its expert-parallel rank (= learner rank in the first group)
+};
+std::vector<SyncRun> expert_sync_runs(const std::vector<policy::TensorSpec>& whole_table, int expert_parallel);
+// The runs' bounds: runs.size() + 1 offsets, from 0 to the arena's end (cut_tensor_table's `bounds`).
+std::vector<size_t> sync_run_bounds(std::span<const SyncRun> runs);
+
 // Whether `troupe run` syncs the weights from the shards: learner.shard other than none on more than
-// one learner, with weight_sync.transport zmq (a broadcast over the weight group sends learner 0's
-// whole values). Then every learner encodes its own shard and sends it to the generators
-// (weight_pieces.h), which put the message together and apply it with sync_tensor_table's cut table.
+// one learner, or the experts divided (learners_divide_experts) over more than one learner, with
+// weight_sync.transport zmq (a broadcast over the weight group sends learner 0's whole values).
+// Then every learner encodes its own shard (divided experts: the first group's learners their
+// expert_sync_runs) and sends it to the generators (weight_pieces.h), which put the message
+// together and apply it with sync_tensor_table's cut table.
 bool weights_from_shards(const ExperimentConfig& cfg);
 // The table the generators' Weights checksums follow: the model's table cut at the learners' shard
-// bounds when weights_from_shards(cfg), else the model's own (`params` values in the arena).
+// bounds (divided experts: at the bounds of expert_sync_runs) when weights_from_shards(cfg), else
+// the model's own (`params` values in the arena).
 std::vector<policy::TensorSpec> sync_tensor_table(const ExperimentConfig& cfg,
                                                   const std::vector<policy::TensorSpec>& table, size_t params);
 

@@ -18,18 +18,29 @@
 namespace troupe::learner {
 
 // What one rank holds: its shard [bounds[rank], bounds[rank + 1]) of the trainable buffer and of
-// the moments (the same bounds, table and kind on every rank).
+// the moments (the same bounds, table and kind on every rank); or, with `pieces` (divided experts),
+// the pieces of `bounds` it writes, any number per rank (each piece written by one rank).
 struct RankShard {
   std::span<const float> params, exp_avg, exp_avg_sq;  // each bounds[rank + 1] - bounds[rank] values
-  std::span<const size_t> bounds;                     // comm.size() + 1 offsets
+  std::span<const size_t> bounds;                     // comm.size() + 1 offsets (pieced: pieces + 1)
   const std::vector<policy::TensorSpec>* specs = nullptr;  // the trainable buffer's table
   std::string kind = "model";                         // "model" or "lora_adapter" (the adapters alone)
   std::string stage;                                  // learner.shard, recorded in shards.json
   int64_t optimizer_steps = 0;
+  // Pieced (divided experts): the files are the pieces of `bounds`, each written by one rank; this
+  // rank writes `pieces` (maybe none), the spans above unused.
+  bool pieced = false;
+  struct Piece {
+    size_t index = 0;  // piece [bounds[index], bounds[index + 1])
+    std::span<const float> params, exp_avg, exp_avg_sq;
+  };
+  std::vector<Piece> pieces = {};
+  std::string layout = {};  // shards.json's "layout" (policy/io/sharded_weights.h)
 };
 
 // A collective: every learner rank calls it. Learner 0 makes the temporary step directory; each
-// rank writes shards/rank_R.safetensors into it and fsyncs it; learner 0 runs write_meta (config,
+// rank writes shards/rank_R.safetensors into it (pieced: the files of its pieces, R the piece) and
+// fsyncs it; learner 0 runs write_meta (config,
 // tokenizer, side files: everything but the weights), and once every rank reported its file's size
 // and xxh3 (an all-reduce), writes shards.json and commits the step as save_checkpoint does.
 // A rank that fails makes every rank return an error and nothing is committed. Returns the step

@@ -34,6 +34,10 @@ struct ShardManifest {
   // "lora_adapter": the adapters' (PEFT names), the base being base.json's.
   std::string kind = "model";
   std::string stage;               // learner.shard of the run that wrote it (informative)
+  // How the buffer was cut (informative): "" = the learners' shard bounds, file R written by learner
+  // rank R; "expert_runs E" = divided experts (policy.moe.expert_parallel E): file R is run R of the
+  // weight sync's runs, written by the learner that holds it.
+  std::string layout;
   int world_size = 1;
   std::vector<size_t> bounds;      // world_size + 1 offsets, 0 .. numel
   std::vector<TensorSpec> tensors; // the table over params
