@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "troupe/actors/expert_sync.h"
+#include "rank_step_timing.h"
 #include "troupe/bench/bench.h"
 #include "troupe/learner/expert_parallel.h"
 #include "troupe/learner/trainer.h"
@@ -93,14 +94,9 @@ int main(int argc, char** argv) {
     divided.expert_parallel = E;
     learner::Trainer dp(dp_model, cfg, world), ours(ep_model, divided, world);
     auto timed = [&](learner::Trainer& t, uint64_t seed) {
-      const auto batch = make_batch(seqs * world.size(), seq_len, mc.vocab_size, seed);
-      MPI_Barrier(MPI_COMM_WORLD);
-      const double t0 = bench::now_ms();
-      auto r = t.train_step(batch);
+      auto r = bench::time_rank_step(t, make_batch(seqs * world.size(), seq_len, mc.vocab_size, seed));
       if (!r.ok()) fail(r.error().message);
-      double dt = bench::now_ms() - t0, slowest = 0;
-      MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      return slowest;
+      return r->slowest_ms;
     };
     timed(dp, 1);  // warm-up: arenas, connections
     timed(ours, 1);

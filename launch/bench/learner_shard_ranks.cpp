@@ -20,6 +20,7 @@
 
 #include "smollm2_shape.h"
 #include "troupe/base/enum_names.h"
+#include "rank_step_timing.h"
 #include "troupe/bench/bench.h"
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/model.h"
@@ -130,15 +131,10 @@ int main(int argc, char** argv) {
       // check that the sharded step computed what it is timed for).
       std::vector<double> losses[3];
       auto timed = [&](size_t arm, uint64_t seed) {
-        const auto batch = make_batch(o, world.size(), mc.vocab_size, seed);
-        MPI_Barrier(MPI_COMM_WORLD);
-        const double t0 = bench::now_ms();
-        auto r = arms[arm]->trainer.train_step(batch);
+        auto r = bench::time_rank_step(arms[arm]->trainer, make_batch(o, world.size(), mc.vocab_size, seed));
         if (!r.ok()) fail(r.error().message);
-        double dt = bench::now_ms() - t0, slowest = 0;
-        MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        losses[arm].push_back(r->loss.loss);
-        return slowest;
+        losses[arm].push_back(r->loss);
+        return r->slowest_ms;
       };
       for (size_t arm = 0; arm < arms.size(); ++arm) timed(arm, 1);  // warm-up: arenas, connections
       std::vector<double> a, b, c;
