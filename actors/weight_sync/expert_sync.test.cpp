@@ -13,9 +13,12 @@
 #include "troupe/actors/expert_sync.h"
 #include "troupe/actors/weight_codec.h"
 #include "troupe/learner/expert_parallel.h"
+#include "weight_message_checks.h"
 
 using namespace troupe;
 using namespace troupe::actors;
+using troupe::actors::sync_checks::expect_same_message;
+using troupe::actors::sync_checks::same_bits;
 
 namespace {
 
@@ -33,24 +36,6 @@ policy::ModelConfig moe_shape() {
   mc.num_experts_per_tok = 2;
   mc.moe_intermediate_size = 48;
   return mc;
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
-}
-
-void expect_same_message(const Weights& a, const Weights& b) {
-  EXPECT_EQ(a.version, b.version);
-  EXPECT_EQ(a.base_version, b.base_version);
-  EXPECT_EQ(a.encoding, b.encoding);
-  EXPECT_EQ(a.elements, b.elements);
-  EXPECT_EQ(a.chunk_elements, b.chunk_elements);
-  EXPECT_EQ(a.chunk_starts, b.chunk_starts);
-  EXPECT_EQ(a.chunk_bytes, b.chunk_bytes);
-  EXPECT_EQ(a.chunk_format, b.chunk_format);
-  EXPECT_EQ(a.checksums, b.checksums);
-  EXPECT_EQ(a.changed, b.changed);
-  EXPECT_TRUE(a.payload.str() == b.payload.str());
 }
 
 // E ranks' models and encoders, plus one rank beyond the group (a head of no values).

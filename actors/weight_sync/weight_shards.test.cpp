@@ -11,9 +11,12 @@
 #include "troupe/actors/weight_codec.h"
 #include "troupe/actors/weight_shards.h"
 #include "troupe/learner/communicator.h"
+#include "weight_message_checks.h"
 
 using namespace troupe;
 using namespace troupe::actors;
+using troupe::actors::sync_checks::expect_same_message;
+using troupe::actors::sync_checks::same_bits;
 
 namespace {
 
@@ -38,24 +41,6 @@ void update(std::vector<float>& w, uint64_t seed) {  // an AdamW-sized step on e
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> d(0.0f, 1e-4f);
   for (auto& x : w) x += d(rng);
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
-}
-
-void expect_same_message(const Weights& a, const Weights& b) {
-  EXPECT_EQ(a.version, b.version);
-  EXPECT_EQ(a.base_version, b.base_version);
-  EXPECT_EQ(a.encoding, b.encoding);
-  EXPECT_EQ(a.elements, b.elements);
-  EXPECT_EQ(a.chunk_elements, b.chunk_elements);
-  EXPECT_EQ(a.chunk_starts, b.chunk_starts);
-  EXPECT_EQ(a.chunk_bytes, b.chunk_bytes);
-  EXPECT_EQ(a.chunk_format, b.chunk_format);
-  EXPECT_EQ(a.checksums, b.checksums);
-  EXPECT_EQ(a.changed, b.changed);
-  EXPECT_TRUE(a.payload.str() == b.payload.str());
 }
 
 struct Shards {
