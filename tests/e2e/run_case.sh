@@ -1017,7 +1017,7 @@ EOS
     cmp <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_ep.json") <(sed 's/"checkpoint":"[^"]*",//' "$W/eval_dp.json")
     ;;
   expert_parallel_run_4ranks)  # policy.moe.expert_parallel 2 over 4 learners (mpirun; DP 2 x EP 2): each learner
-    # holds half the experts (learners 1-3 build only their block at start-up); the run follows the 4-learner
+    # holds half the experts (each builds only its block at start-up); the run follows the 4-learner
     # data-parallel one within the documented rounding (the owners' groups sum their gradients before the
     # replicas do: another order); its checkpoint resumes bit for bit as the uninterrupted run
     S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
