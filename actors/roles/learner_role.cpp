@@ -299,21 +299,28 @@ Weights LearnerRole::weights() const {
   return w;
 }
 
-Status LearnerRole::add_probe(Weights& w, const std::function<void(std::span<float>)>& put_rounded) {
+Status LearnerRole::add_probe(Weights& w, const std::function<void(std::span<float>)>& put_rounded,
+                              const ProbeForward& forward) {
   w.probe_tokens = probe_tokens(policy_.model->config().vocab_size);
+  Result<std::vector<float>> lp = std::vector<float>{};
+  auto probe = [&]() -> Status {
+    lp = probe_logprobs(*policy_.model, w.probe_tokens);
+    return lp.ok() ? Status{} : lp.error();
+  };
   if (cfg_.weight_sync.dtype == WeightDtype::fp32) {  // the generators hold the master as it is
-    TROUPE_ASSIGN_OR_RETURN(w.probe_logprobs, probe_logprobs(*policy_.model, w.probe_tokens));
+    TROUPE_TRY(forward ? forward(probe) : probe());
+    w.probe_logprobs = std::move(lp).value();
     return {};
   }
   // with the rounded copy in place for the probe, then the master back bit for bit
   auto params = policy_.model->params();  // (host memory: Model::params)
   master_backup_.assign(params.begin(), params.end());
   put_rounded(params);
-  auto lp = probe_logprobs(*policy_.model, w.probe_tokens);
+  Status probed = forward ? forward(probe) : probe();
   // set_params, not a write through `params`: on a device backend the probe's forward has
   // uploaded the rounded copy, and only a new write marks the mirror for upload again.
   TROUPE_TRY(policy_.model->set_params(master_backup_));
-  if (!lp.ok()) return lp.error();
+  TROUPE_TRY(probed);
   w.probe_logprobs = std::move(lp).value();
   return {};
 }
@@ -406,24 +413,15 @@ Result<Weights> LearnerRole::divided_weights_for_generators(const GetWeightsReq&
     TROUPE_TRY(runs_encoder_->encode(std::as_const(*policy_.model).params(), version_, delta, piece_, run_payloads_));
   Weights w = piece_;  // (the head: the payloads stay here until the coordinator says where they go)
   if (!ws.probe) return w;
-  // The probe with the values the generators hold (bf16: this rank's arena rounded for it, the master
-  // put back bit for bit after), every learner running it with its group (the experts' exchange).
-  const auto tokens = probe_tokens(policy_.model->config().vocab_size);
-  std::vector<float> master, lp;
-  if (ws.dtype != WeightDtype::fp32) {
-    auto params = policy_.model->params();
-    master.assign(params.begin(), params.end());
-    round_to_dtype(params, ws.dtype);
-  }
-  Status probed = trainer.forward_with_expert_group([&]() -> Status {
-    TROUPE_ASSIGN_OR_RETURN(lp, probe_logprobs(*policy_.model, tokens));
-    return {};
-  });
-  if (!master.empty()) TROUPE_TRY(policy_.model->set_params(master));
-  TROUPE_TRY(probed);
+  // The probe with the values the generators hold, every learner running it with its group (the
+  // experts' exchange); learner 0's goes along.
+  Weights probed;
+  TROUPE_TRY(add_probe(
+      probed, [&](std::span<float> p) { round_to_dtype(p, ws.dtype); },
+      [&](const std::function<Status()>& fn) { return trainer.forward_with_expert_group(fn); }));
   if (comm_->rank() == 0) {
-    w.probe_tokens = tokens;
-    w.probe_logprobs = std::move(lp);
+    w.probe_tokens = std::move(probed.probe_tokens);
+    w.probe_logprobs = std::move(probed.probe_logprobs);
   }
   return w;
 }

@@ -274,8 +274,11 @@ class LearnerRole {
   Result<Weights> divided_weights_for_generators(const GetWeightsReq& r);
   // weight_sync.probe: the probe sequence and learner 0's log-probs of it into `w`, with the weights
   // the generators hold: the master as it is (fp32), or with `put_rounded` writing their rounded
-  // values over it for the probe and the master put back bit for bit after.
-  Status add_probe(Weights& w, const std::function<void(std::span<float>)>& put_rounded);
+  // values over it for the probe and the master put back bit for bit after. `forward`, where given,
+  // runs the probe's forward (divided experts: with the group's exchange, a collective).
+  using ProbeForward = std::function<Status(const std::function<Status()>&)>;
+  Status add_probe(Weights& w, const std::function<void(std::span<float>)>& put_rounded,
+                   const ProbeForward& forward = {});
   learner::MismatchSums stale_mismatch_;  // of the stale samples of a streamed step's parts so far
   Result<learner::MismatchSums> score_stale(const TrainReq& r, const std::vector<learner::Sample>& samples,
                                             learner::Trainer& trainer);
