@@ -2,6 +2,7 @@
 // over a backend's raw memory, the synchronous defaults of the copy queue, and backend_for, the
 // one place that maps a device name to a backend.
 #include "troupe/kernels/backend.h"
+#include "troupe/kernels/moe_expert_parallel.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -144,6 +145,32 @@ Status Backend::graph_launch(uint64_t) const { return graph_begin(); }
 
 Result<std::unique_ptr<DeviceCollective>> Backend::join_collective(const std::vector<uint8_t>&, int, int) const {
   return invalid_input(std::string(name()) + " backend: no device collectives (reduce host copies instead)");
+}
+
+Result<std::unique_ptr<MoeExchange>> Backend::join_expert_exchange(const std::vector<uint8_t>&, int, int) const {
+  return std::unique_ptr<MoeExchange>();
+}
+
+namespace {
+Status no_expert_parallel_layer(const Backend& be) {
+  return invalid_input(std::string(be.name()) + " backend: no expert-parallel MoE layer (policy.moe.expert_parallel)");
+}
+}  // namespace
+
+Status Backend::moe_ep_forward(float*, float*, MoeStats*, const float*, const MoeWeights&, const MoeConfig&, int, float*,
+                               const int32_t*, const MoeExpertGroup&) const {
+  return no_expert_parallel_layer(*this);
+}
+Status Backend::moe_ep_backward(float*, const MoeGrads&, const float*, float, const float*, const float*,
+                                const MoeWeights&, const MoeConfig&, int, float*, const MoeExpertGroup&) const {
+  return no_expert_parallel_layer(*this);
+}
+Status Backend::moe_ep_serve_forward(const MoeWeights&, const MoeConfig&, const MoeExpertGroup&) const {
+  return no_expert_parallel_layer(*this);
+}
+Status Backend::moe_ep_serve_backward(const MoeGrads&, const MoeWeights&, const MoeConfig&,
+                                      const MoeExpertGroup&) const {
+  return no_expert_parallel_layer(*this);
 }
 
 Result<Buffer> Backend::alloc(size_t bytes, std::string_view what) const {

@@ -637,7 +637,7 @@ void Model::Impl::layer_forward(int l, const float* x, float* x_out, const Layer
                                             : nullptr;
     const k::MoeWeights mw = moe_call_weights(l);
     if (ep_exchange && !kv)
-      ep_note(k::moe_ep_forward(y, a.moe_saved, &moe_stats[l], a.h2, mw, moe_cfg, T, acts.moe_scratch, route,
+      ep_note(be->moe_ep_forward(y, a.moe_saved, &moe_stats[l], a.h2, mw, moe_cfg, T, acts.moe_scratch, route,
                                 ep_group(l)));
     else
       be->moe_forward(y, a.moe_saved, &moe_stats[l], a.h2, mw, moe_cfg, T, acts.moe_scratch, route);
@@ -674,7 +674,7 @@ void Model::Impl::ffn_backward(int l, const LayerActs& a, const Acts& acts, int 
   const k::MoeGrads mg = moe_call_grads(l);
   const k::MoeWeights mw = moe_call_weights(l);
   if (ep_exchange)
-    ep_note(k::moe_ep_backward(acts.dh, mg, dresid, daux, a.h2, a.moe_saved, mw, moe_cfg, T, acts.moe_scratch,
+    ep_note(be->moe_ep_backward(acts.dh, mg, dresid, daux, a.h2, a.moe_saved, mw, moe_cfg, T, acts.moe_scratch,
                                ep_group(l)));
   else
     be->moe_backward(acts.dh, mg, dresid, daux, a.h2, a.moe_saved, mw, moe_cfg, T, acts.moe_scratch);
@@ -929,7 +929,7 @@ Status Model::Impl::backward_body() {
 
 Status Model::Impl::ep_idle_pass(bool with_backward) {
   if (!ep_exchange) return make_error(ErrorCode::internal, "expert_parallel_idle_pass without an exchange");
-  auto serve_forward = [&](int l) { return k::moe_ep_serve_forward(moe_call_weights(l), moe_cfg, ep_group(l)); };
+  auto serve_forward = [&](int l) { return be->moe_ep_serve_forward(moe_call_weights(l), moe_cfg, ep_group(l)); };
   // A training pass's hook calls too (learner.shard parameters: the idle rank takes part in each
   // group's gather and each layer's gradient reduce-scatter, in forward_train/backward_train's order).
   const bool hooked = hook && with_backward;
@@ -946,7 +946,7 @@ Status Model::Impl::ep_idle_pass(bool with_backward) {
     if (hooked) TROUPE_TRY(need(l));
     if (layers[l].moe && cfg.activation_checkpointing && l != L - 1) TROUPE_TRY(serve_forward(l));
     if (layers[l].moe)
-      TROUPE_TRY(k::moe_ep_serve_backward(moe_call_grads(l), moe_call_weights(l), moe_cfg, ep_group(l)));
+      TROUPE_TRY(be->moe_ep_serve_backward(moe_call_grads(l), moe_call_weights(l), moe_cfg, ep_group(l)));
     if (hooked) TROUPE_TRY(done(l, true));
   }
   return {};

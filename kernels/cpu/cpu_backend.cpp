@@ -9,6 +9,7 @@
 
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/chunked_logprob.h"
+#include "troupe/kernels/moe_expert_parallel.h"
 #include "troupe/kernels/ops.h"
 
 namespace troupe::kernels {
@@ -185,6 +186,23 @@ class CpuBackend final : public Backend {
   }
   void moe_experts_to_host(int32_t* host_experts, const float* saved, const MoeConfig& cfg, int N) const override {
     if (N > 0) copy(host_experts, moe_saved_routing(saved, cfg, N).experts, sizeof(int32_t) * N * cfg.K);
+  }
+  Status moe_ep_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                        const MoeConfig& cfg, int N, float* scratch, const int32_t* route,
+                        const MoeExpertGroup& group) const override {
+    return kernels::moe_ep_forward(out, saved, stats, inp, w, cfg, N, scratch, route, group);
+  }
+  Status moe_ep_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
+                         const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
+                         const MoeExpertGroup& group) const override {
+    return kernels::moe_ep_backward(dinp, g, dout, daux, inp, saved, w, cfg, N, scratch, group);
+  }
+  Status moe_ep_serve_forward(const MoeWeights& w, const MoeConfig& cfg, const MoeExpertGroup& group) const override {
+    return kernels::moe_ep_serve_forward(w, cfg, group);
+  }
+  Status moe_ep_serve_backward(const MoeGrads& g, const MoeWeights& w, const MoeConfig& cfg,
+                               const MoeExpertGroup& group) const override {
+    return kernels::moe_ep_serve_backward(g, w, cfg, group);
   }
 
   int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,

@@ -272,20 +272,34 @@ class FencedBackend final : public Backend {
   void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp, const float* saved,
                     const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch) const override {
     const char* f = __func__;
-    const MoeGrads dg{dev(g.w_router, f),
-                      dev(g.w_gate, f),
-                      dev(g.w_up, f),
-                      dev(g.w_down, f),
-                      dev(g.ws_gate, f),
-                      dev(g.ws_up, f),
-                      dev(g.ws_down, f),
-                      MoeLoraGrads{dev(g.lora.a_gate, f), dev(g.lora.b_gate, f), dev(g.lora.a_up, f),
-                                   dev(g.lora.b_up, f), dev(g.lora.a_down, f), dev(g.lora.b_down, f)}};
-    cpu().moe_backward(dev(dinp, f), dg, dev(dout, f), daux, dev(inp, f), dev(saved, f), weights(w, f), cfg, N,
-                       dev(scratch, f));
+    cpu().moe_backward(dev(dinp, f), grads(g, f), dev(dout, f), daux, dev(inp, f), dev(saved, f), weights(w, f), cfg,
+                       N, dev(scratch, f));
   }
   void moe_experts_to_host(int32_t* host_experts, const float* saved, const MoeConfig& cfg, int N) const override {
     cpu().moe_experts_to_host(host(host_experts, __func__), dev(saved, __func__), cfg, N);
+  }
+  // The exchange is the caller's host exchange: it moves the translated blocks.
+  Status moe_ep_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                        const MoeConfig& cfg, int N, float* scratch, const int32_t* route,
+                        const MoeExpertGroup& group) const override {
+    const char* f = __func__;
+    return cpu().moe_ep_forward(dev(out, f), dev(saved, f), host(stats, f), dev(inp, f), weights(w, f), cfg, N,
+                                dev(scratch, f), either(route), group);
+  }
+  Status moe_ep_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
+                         const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
+                         const MoeExpertGroup& group) const override {
+    const char* f = __func__;
+    return cpu().moe_ep_backward(dev(dinp, f), grads(g, f), dev(dout, f), daux, dev(inp, f), dev(saved, f),
+                                 weights(w, f), cfg, N, dev(scratch, f), group);
+  }
+  Status moe_ep_serve_forward(const MoeWeights& w, const MoeConfig& cfg, const MoeExpertGroup& group) const override {
+    return cpu().moe_ep_serve_forward(weights(w, __func__), cfg, group);
+  }
+  Status moe_ep_serve_backward(const MoeGrads& g, const MoeWeights& w, const MoeConfig& cfg,
+                               const MoeExpertGroup& group) const override {
+    const char* f = __func__;
+    return cpu().moe_ep_serve_backward(grads(g, f), weights(w, f), cfg, group);
   }
 
   int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
@@ -453,6 +467,13 @@ class FencedBackend final : public Backend {
   template <class T>
   T* either(T* p) const {  // parameters the table lets be host or device memory
     return p && fenced(p) ? dev(p, "moe_forward") : p;
+  }
+  MoeGrads grads(const MoeGrads& g, const char* f) const {
+    const MoeLoraGrads& l = g.lora;
+    return MoeGrads{dev(g.w_router, f), dev(g.w_gate, f), dev(g.w_up, f),  dev(g.w_down, f),
+                    dev(g.ws_gate, f),  dev(g.ws_up, f),  dev(g.ws_down, f),
+                    MoeLoraGrads{dev(l.a_gate, f), dev(l.b_gate, f), dev(l.a_up, f), dev(l.b_up, f),
+                                 dev(l.a_down, f), dev(l.b_down, f)}};
   }
   MoeWeights weights(const MoeWeights& w, const char* f) const {
     const MoeLoraWeights& l = w.lora;

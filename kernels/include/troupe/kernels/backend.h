@@ -36,6 +36,8 @@
 namespace troupe::kernels {
 
 class Backend;
+class MoeExchange;
+struct MoeExpertGroup;
 
 // A collective over the ranks of a job on one backend's device buffers (NCCL on cuda): sums and
 // broadcasts in place, queued on the backend's queue in call order. Every rank makes the same
@@ -265,6 +267,25 @@ class Backend {
   // ascending per token, copied into host_experts (host memory): the model's routing record.
   virtual void moe_experts_to_host(int32_t* host_experts, const float* saved, const MoeConfig& cfg, int N) const = 0;
 
+  // ---- expert-parallel MoE layer (moe_expert_parallel.h) --------------------------------------------
+  // moe_forward / moe_backward, and the passes of a rank with no tokens of its own, with the routed
+  // experts split over an expert-parallel group; the CPU kernels::moe_ep_* are the specification.
+  // Buffers are this backend's device memory, as moe_forward's (stats: host). group.exchange moves
+  // buffers of the memory it says (MoeExchange::device_buffers): cuda needs a device exchange
+  // (join_expert_exchange); cpu and cpu_fenced hand a host exchange host memory (cpu_fenced: the
+  // translated blocks). group.state keeps what the backward needs; its `device` part is this
+  // backend's own, made on first use. A failed exchange (a peer gone, counts that disagree) comes
+  // back as the exchange's Status. The defaults return an error: no expert-parallel layer here.
+  virtual Status moe_ep_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                                const MoeConfig& cfg, int N, float* scratch, const int32_t* route,
+                                const MoeExpertGroup& group) const;
+  virtual Status moe_ep_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
+                                 const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
+                                 const MoeExpertGroup& group) const;
+  virtual Status moe_ep_serve_forward(const MoeWeights& w, const MoeConfig& cfg, const MoeExpertGroup& group) const;
+  virtual Status moe_ep_serve_backward(const MoeGrads& g, const MoeWeights& w, const MoeConfig& cfg,
+                                       const MoeExpertGroup& group) const;
+
   // ---- packed-sequence metadata (host arrays) --------------------------------------------------------
   // ops.h packed_seq_layout: positions, sequence ids and bounds of every token; returns max_seqlen.
   virtual int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
@@ -299,6 +320,12 @@ class Backend {
   virtual std::vector<uint8_t> collective_id() const { return {}; }
   // Joins the collective of `nranks` ranks named by rank 0's collective_id() as `rank`.
   virtual Result<std::unique_ptr<DeviceCollective>> join_collective(const std::vector<uint8_t>& id, int nranks,
+                                                                    int rank) const;
+  // The all-to-all of an expert-parallel group over this backend's device buffers
+  // (moe_expert_parallel.h), joined as `rank` of `nranks` with rank 0's collective_id() (cuda: an
+  // NCCL communicator of the group's GPUs, on the backend's queue). Null, no error, where a host
+  // exchange serves instead (cpu, cpu_fenced: their moe_ep_* hand the exchange host memory).
+  virtual Result<std::unique_ptr<MoeExchange>> join_expert_exchange(const std::vector<uint8_t>& id, int nranks,
                                                                     int rank) const;
 
   // ---- recorded op sequences (CUDA graphs; optional) ------------------------------------------------

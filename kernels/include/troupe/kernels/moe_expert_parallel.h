@@ -11,11 +11,13 @@
 // An owned expert's weight gradient accumulates the source ranks' blocks in rank order
 // (((g + d_0) + d_1) + ...), which is what summing the ranks' unsplit gradients in rank order
 // gives; experts this rank does not own get no gradient here (their owner has it).
-// The CPU specification only; the CUDA backend has no expert-parallel layer.
+// These functions are the CPU specification; Backend::moe_ep_* (backend.h) run the layer on a
+// backend's own memory.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "troupe/base/result.h"
@@ -35,6 +37,15 @@ class MoeExchange {
   // send_counts[p] floats to rank p, contiguous in rank order from send; recv_counts[p] from rank p
   // land contiguous in rank order in recv.
   virtual Status alltoallv(const float* send, const size_t* send_counts, float* recv, const size_t* recv_counts) = 0;
+  // Whether alltoallv's buffers are a device's memory (an NCCL exchange) rather than the host's (MPI).
+  // alltoall_ints moves host ints either way.
+  virtual bool device_buffers() const { return false; }
+};
+
+// A backend's own part of a layer's expert-parallel state (cuda: the device buffers the forward
+// keeps for the backward), made by that backend on first use.
+struct MoeEpDeviceState {
+  virtual ~MoeEpDeviceState() = default;
 };
 
 // What one layer's expert-parallel forward keeps for its backward on the experts' owner, and the
@@ -44,6 +55,7 @@ struct MoeEpState {
   std::vector<float> x, g, u;      // the received rows' inputs (M, C), gate and up pre-activations (M, H)
   std::vector<float> buf, h, dg;   // exchange and expert scratch
   std::vector<float> rows;         // the source's packed rows (backward)
+  std::unique_ptr<MoeEpDeviceState> device;  // Backend::moe_ep_* on a device (backend.h)
 };
 
 // The group's peers and this layer's state.
