@@ -49,6 +49,7 @@ struct Case {
   bool checkpointing = false;  // activation checkpointing (the idle passes recompute each MoE layer's forward too)
   bool exact = false;     // EP must equal DP bit for bit (2 ranks only)
   bool zero3 = false;     // the EP run with learner.shard: parameters, also equal to EP with shard none bit for bit
+  int mini_batches = 1;   // num_mini_batches (> 1: old log-probs recomputed, the mismatch scored before the update)
 };
 
 LearnerConfig config(const Case& k, int ep, ShardStage shard) {
@@ -62,6 +63,7 @@ LearnerConfig config(const Case& k, int ep, ShardStage shard) {
   c.loss.kl_coef = 0.04f;
   c.loss.entropy_coef = 0.01f;
   c.batch.micro_batch_tokens = k.budget;
+  c.batch.num_mini_batches = k.mini_batches;
   c.expert_parallel = ep;
   c.shard = shard;
   c.seed = 5;
@@ -239,6 +241,9 @@ int shard_distill(Communicator& world) {
                   .zero3 = true}, world);
   bad |= compare({.name = "shard parameters, distill: top-2 pass, activation checkpointing, token budget 9",
                   .budget = 9, .topk = 2, .checkpointing = true, .zero3 = true}, world);
+  bad |= compare({.name = "shard parameters, distill: top-2 pass, two mini-batches (old log-probs recomputed, the "
+                  "mismatch scored before the update)", .budget = 9, .topk = 2, .zero3 = true, .mini_batches = 2},
+                 world);
   return bad;
 }
 
