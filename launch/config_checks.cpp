@@ -152,16 +152,6 @@ void check_expert_parallel(const ExperimentConfig& c, const ConfigReport& report
   if (c.policy.device != kernels::DeviceKind::cpu)  // (the NCCL exchange exists; a device MoE layer over it does not)
     report(key, key, at + " with policy.device: " + enum_string(c.policy.device) +
                          " is not supported yet: the expert-parallel MoE layer runs on policy.device: cpu only");
-  // (each composes with E > 1 under the other stages; ZeRO-3's per-layer passes beside them are untested)
-  if (c.learner.shard == learner::ShardStage::parameters) {
-    std::string with;
-    if (c.policy.lora.enabled()) with = "policy.lora";
-    else if (c.distill.enabled()) with = "distill.teacher";
-    else if (c.rollout.async_chunks > 1) with = "rollout.async_chunks > 1";
-    if (!with.empty())
-      report(key, key, at + " with learner.shard: parameters beside " + with +
-                           " is not supported yet (it is with learner.shard none, optimizer or gradients)");
-  }
 }
 
 // policy.lora against the architecture: policy.model, or policy.path's config.json when it is a

@@ -2,7 +2,7 @@
 # split (exit 2, naming the key and the value): E not dividing the experts, E not dividing the learner
 # ranks, a dense model or policy.device: cuda beside it; a layout that splits
 # validates (also with learner.shard: gradients and parameters, policy.lora, distill.teacher and streamed
-# parts, rollout.async_chunks > 1).
+# parts, rollout.async_chunks > 1, and with learner.shard: parameters beside each of those and all three).
 set(dir ${WORK}/expert_parallel_config)
 file(MAKE_DIRECTORY ${dir})
 file(WRITE ${dir}/moe.yaml "envs:\n  - name: arithmetic\ncluster:\n  learners: 2\npolicy:\n  moe:\n    expert_parallel: 2\n  model:\n    num_experts: 4\n    num_experts_per_tok: 2\n")
@@ -24,8 +24,6 @@ refused("a dense model" "--set;policy.model.num_experts=0"
         "error: policy.moe.expert_parallel: 2 splits MoE experts, but policy.model is dense \\(num_experts = 0\\)")
 refused("with policy.device: cuda" "--set;policy.device=cuda"
         "error: policy.moe.expert_parallel: 2 with policy.device: cuda is not supported yet")
-refused("with learner.shard: parameters beside policy.lora" "--set;learner.shard=parameters;--set;policy.lora.rank=4"
-        "error: policy.moe.expert_parallel: 2 with learner.shard: parameters beside policy.lora is not supported yet")
 function(accepted what sets)
   execute_process(COMMAND ${TROUPE} validate ${dir}/moe.yaml ${sets} RESULT_VARIABLE rc ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -37,3 +35,11 @@ accepted("with learner.shard: parameters" "--set;learner.shard=parameters")
 accepted("with policy.lora (adapters on the routed experts too)" "--set;policy.lora.rank=4;--set;policy.lora.targets=all_linear")
 accepted("with distill.teacher (top-k pass)" "--set;distill.teacher=teacher;--set;distill.topk=4;--set;cluster.scorers=1")
 accepted("with streamed parts" "--set;rollout.async=true;--set;rollout.async_chunks=2;--set;rollout.prompts_per_step=4")
+accepted("with learner.shard: parameters beside policy.lora"
+         "--set;learner.shard=parameters;--set;policy.lora.rank=4;--set;policy.lora.targets=all_linear")
+accepted("with learner.shard: parameters beside distill.teacher (top-k pass)"
+         "--set;learner.shard=parameters;--set;distill.teacher=teacher;--set;distill.topk=4;--set;cluster.scorers=1")
+accepted("with learner.shard: parameters beside streamed parts"
+         "--set;learner.shard=parameters;--set;rollout.async=true;--set;rollout.async_chunks=2;--set;rollout.prompts_per_step=4")
+accepted("with learner.shard: parameters beside all three"
+         "--set;learner.shard=parameters;--set;policy.lora.rank=4;--set;distill.teacher=teacher;--set;cluster.scorers=1;--set;rollout.async=true;--set;rollout.async_chunks=2;--set;rollout.prompts_per_step=4")

@@ -114,6 +114,7 @@ Status Trainer::sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool 
     TROUPE_TRY(comm_.all_gather(params, bounds_));
     if (last && watch_) show_observer(*watch_, params);
   }
+  dropout_micro_ = 0;  // (LoRA dropout's masks count the micro-batches of each optimizer step, as unsharded)
   ++out.optimizer_steps;
   return {};
 }

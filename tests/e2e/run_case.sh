@@ -1094,7 +1094,10 @@ EOS
   expert_parallel_compose_run)  # policy.moe.expert_parallel 2 over 2 learners (mpirun) beside LoRA (adapters on
     # every module and routed expert; every learner holds every expert) and distillation (the reverse-KL term,
     # a teacher on one scorer): each equals its data-parallel run bit for bit (one micro-batch per learner);
-    # streamed parts (rollout.async with async_chunks 2) train with E 2 (finite grad_norm, some step > 0)
+    # streamed parts (rollout.async with async_chunks 2) train with E 2 (finite grad_norm, some step > 0).
+    # Each again with learner.shard: parameters (ZeRO-3): LoRA and distillation equal the data-parallel run,
+    # streamed parts the E 2 run with shard none, and the ZeRO-3 LoRA run resumed from its checkpoint goes on
+    # as the uninterrupted data-parallel one
     S="--set optimizer.schedule=constant --set sft.max_steps=4 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.enabled=false --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
@@ -1104,6 +1107,15 @@ EOS
     $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/lora_dp" $L $S
     $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/lora_ep" $L $S $EP
     $CHECK same "$W/lora_dp" "$W/lora_ep"
+    Z="--set learner.shard=parameters"
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/lora_ez" $L $S $EP $Z
+    $CHECK same "$W/lora_dp" "$W/lora_ez"
+    R="--set checkpointing.enabled=true"
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/lora_ez2" $L $S $EP $Z $R \
+      --set grpo.max_steps=2
+    test -f "$W/lora_ez2/checkpoints/latest/shards.json"
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/lora_ez2" $L $S $EP $Z $R
+    $CHECK same "$W/lora_dp" "$W/lora_ez2"
     "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/teacher" --set grpo.enabled=false \
       --set sft.max_steps=4 --set eval.every=0 --set eval.num_prompts=10 $Q
     D="--set sft.enabled=false --set distill.teacher=$(readlink -f "$W/teacher/checkpoints/latest") \
@@ -1112,6 +1124,8 @@ EOS
     $MPI -np 5 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/distill_ep" $D $S $EP
     $CHECK same "$W/distill_dp" "$W/distill_ep"
     grep -q '"distill/reverse_kl"' "$W/distill_ep/metrics.jsonl"
+    $MPI -np 5 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/distill_ez" $D $S $EP $Z
+    $CHECK same "$W/distill_dp" "$W/distill_ez"
     $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/stream_ep" --set grpo.max_steps=3 \
       --set rollout.async=true --set rollout.async_chunks=2 $S $EP
     "$PY" - "$W/stream_ep/metrics.jsonl" << 'EOS'
@@ -1120,6 +1134,9 @@ norms = [r["grad_norm"] for r in map(json.loads, open(sys.argv[1])) if r.get("ph
 assert len(norms) == 3 and all(n == n for n in norms) and any(n > 0 for n in norms), norms
 print("streamed parts with E 2: grad_norm", norms)
 EOS
+    $MPI -np 4 "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/stream_ez" --set grpo.max_steps=3 \
+      --set rollout.async=true --set rollout.async_chunks=2 $S $EP $Z
+    $CHECK same "$W/stream_ep" "$W/stream_ez"
     ;;
   shard_expert_parallel_run)  # policy.moe.expert_parallel 2 with learner.shard: parameters over 2 learners
     # (mpirun): each learner keeps its ZeRO-3 shard of the whole model (every expert), gathers each layer and

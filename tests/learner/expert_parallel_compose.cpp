@@ -1,6 +1,7 @@
 // policy.expert_parallel_distill_2ranks, _lora_2ranks, _stream_2ranks and
-// policy.expert_parallel_compose_4ranks (mpirun -np 2 / 4; the argument picks the group, "all" runs
-// every one): policy.moe.expert_parallel = 2 beside distillation (distill.teacher: the reverse-KL
+// policy.expert_parallel_compose_4ranks, learner.shard_expert_parallel_distill_2ranks, _lora_2ranks,
+// _stream_2ranks and _compose_4ranks (mpirun -np 2 / 4; the argument picks the group, "all" runs the
+// first three, "shard_all" the learner.shard ones): policy.moe.expert_parallel = 2 beside distillation (distill.teacher: the reverse-KL
 // term alone, and with the top-k pass, a forward/backward of its own that idle ranks serve too),
 // LoRA (adapters on attention, the dense MLP and every routed expert; dropout on the non-expert
 // adapters with the mismatch scored by a forward of its own) and streamed parts (Trainer::accumulate
@@ -13,12 +14,18 @@
 // rank's own passes first ((d0 + t0) + (d1 + t1)). Models holding one block of experts
 // (slice_experts) are compared the same way, their whole weights gathered on learner 0; with
 // activation checkpointing the idle passes recompute each MoE layer's forward as the peers do.
+// The shard_ groups run the same cases with learner.shard: parameters (ZeRO-3: LoRA's adapters, a
+// distillation step and a streamed step take the whole trainable buffer gathered for the step, so
+// each rank's passes are those of learner.shard none) and require the expert-parallel run with shard
+// none bit for bit as well (the reduce-scatter adds in rank order as the all-reduce does; the norm is
+// the same front-to-back sum), then the data-parallel run as above.
 #include <mpi.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "troupe/learner/trainer.h"
@@ -41,9 +48,11 @@ struct Case {
   bool divide = false;    // each learner's model holds only its block of experts
   bool checkpointing = false;  // activation checkpointing (the idle passes recompute each MoE layer's forward too)
   bool exact = false;     // EP must equal DP bit for bit (2 ranks only)
+  bool zero3 = false;     // the EP run with learner.shard: parameters, also equal to EP with shard none bit for bit
+  int mini_batches = 1;   // num_mini_batches (> 1: old log-probs recomputed, the mismatch scored before the update)
 };
 
-LearnerConfig config(const Case& k, int ep) {
+LearnerConfig config(const Case& k, int ep, ShardStage shard) {
   LearnerConfig c;
   c.max_completion_length = 7;
   // (AdamW's update is lr m / (sqrt(v) + eps): where an expert's gradient nearly cancels, another
@@ -54,7 +63,9 @@ LearnerConfig config(const Case& k, int ep) {
   c.loss.kl_coef = 0.04f;
   c.loss.entropy_coef = 0.01f;
   c.batch.micro_batch_tokens = k.budget;
+  c.batch.num_mini_batches = k.mini_batches;
   c.expert_parallel = ep;
+  c.shard = shard;
   c.seed = 5;
   if (k.topk >= 0) {
     c.distill.teacher = "teacher";
@@ -115,20 +126,23 @@ Result<StepMetrics> one_step(const Case& k, Trainer& tr, const std::vector<Sampl
   return tr.finish_accumulated();
 }
 
-Status train(const Case& k, Communicator& comm, int ep, Run& run) {
+Status train(const Case& k, Communicator& comm, int ep, ShardStage shard, Run& run) {
   TROUPE_ASSIGN_OR_RETURN(policy::Model model, policy::Model::create(model_config(k), 11));
   const bool divide = k.divide && ep > 1;
   if (divide) {
     TROUPE_ASSIGN_OR_RETURN(model, model.slice_experts(comm.rank() % ep, ep));
   }
   ModelAdapter adapter(model);
-  Trainer tr(adapter, config(k, ep), comm);
+  Trainer tr(adapter, config(k, ep, shard), comm);
+  // ZeRO-3 keeps only its shard between the steps (the next step gathers what it needs)
+  if (shard == ShardStage::parameters) tr.set_params_between_steps(ParamsAtRest::shard);
   for (int s = 0; s < 2; ++s) {
     TROUPE_ASSIGN_OR_RETURN(auto m, one_step(k, tr, batch_for(k, 42 + s)));
     for (double v : {m.loss.loss, m.grad_norm, m.distill.reverse_kl_sum, m.distill.topk_kl_sum, m.mismatch.tokens})
       run.metrics.push_back(v);
   }
   if (!divide) {
+    TROUPE_TRY(tr.gather_params());
     run.params.assign(adapter.params().begin(), adapter.params().end());
     return {};
   }
@@ -136,27 +150,38 @@ Status train(const Case& k, Communicator& comm, int ep, Run& run) {
   return tr.gather_whole_params(run.params);
 }
 
+bool same_params(const Run& a, const Run& b) {
+  return a.params.size() == b.params.size() && std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4) == 0;
+}
+
 int compare(const Case& k, Communicator& world) {
-  Run ep, dp;
+  Run ep, dp, ep_none;  // ep_none: with k.zero3, the EP run with learner.shard none
   int bad = 0;
-  for (auto [st, what] : {std::pair{train(k, world, 2, ep), "EP"}, std::pair{train(k, world, 1, dp), "DP"}})
+  const ShardStage stage = k.zero3 ? ShardStage::parameters : ShardStage::none;
+  std::vector<std::pair<Status, const char*>> runs;
+  runs.emplace_back(train(k, world, 2, stage, ep), k.zero3 ? "EP + shard parameters" : "EP");
+  runs.emplace_back(train(k, world, 1, ShardStage::none, dp), "DP");
+  if (k.zero3) runs.emplace_back(train(k, world, 2, ShardStage::none, ep_none), "EP + shard none");
+  for (const auto& [st, what] : runs)
     if (!st.ok()) {
       std::fprintf(stderr, "rank %d %s %s: %s\n", world.rank(), k.name, what, st.error().message.c_str());
       bad = 1;
     }
   const bool holds = !(k.divide && world.rank() != 0);  // (a divided run's whole weights are on learner 0)
   const double vs_dp = holds ? test::max_diff(ep.params, dp.params) : 0.0;
-  const bool bits = !holds || (ep.params.size() == dp.params.size() &&
-                               std::memcmp(ep.params.data(), dp.params.data(), ep.params.size() * 4) == 0);
+  const bool bits = !holds || same_params(ep, dp);
+  const bool vs_ep_none = !k.zero3 || (same_params(ep, ep_none) && ep.metrics == ep_none.metrics);
   double metric_diff = ep.metrics.size() == dp.metrics.size() ? 0.0 : INFINITY;
   for (size_t i = 0; i < ep.metrics.size() && i < dp.metrics.size(); ++i)
     metric_diff = std::max(metric_diff, std::abs(ep.metrics[i] - dp.metrics[i]) / (1 + std::abs(dp.metrics[i])));
   const bool exact = k.exact && world.size() == 2;
-  if (bad || (exact && (!bits || metric_diff != 0)) || vs_dp > 1e-6 || metric_diff > 1e-6) bad = 1;
+  if (bad || !vs_ep_none || (exact && (!bits || metric_diff != 0)) || vs_dp > 1e-6 || metric_diff > 1e-6) bad = 1;
   if (world.rank() == 0)
-    std::printf("%s: EP 2 on %d ranks vs data-parallel: max |dparam| = %.3g (%s%s), metrics rel %.3g -> %s\n", k.name,
-                world.size(), vs_dp, bits ? "bit-identical" : "not bit-identical",
-                exact ? ", bit for bit required" : "", metric_diff, bad ? "MISMATCH" : "ok");
+    std::printf("%s: EP 2%s on %d ranks%s; vs data-parallel: max |dparam| = %.3g (%s%s), metrics rel %.3g -> %s\n",
+                k.name, k.zero3 ? " + shard parameters" : "", world.size(),
+                !k.zero3 ? "" : vs_ep_none ? " vs EP 2 + shard none: bit-identical" : " vs EP 2 + shard none: DIFFERENT",
+                vs_dp, bits ? "bit-identical" : "not bit-identical", exact ? ", bit for bit required" : "", metric_diff,
+                bad ? "MISMATCH" : "ok");
   return bad;
 }
 
@@ -206,6 +231,45 @@ int stream(Communicator& world) {
   return bad;
 }
 
+// learner.shard: parameters beside each, the cases above that hold every expert (a model holding one
+// block of experts is refused with a shard stage): ZeRO-3 must equal EP with shard none bit for bit.
+int shard_distill(Communicator& world) {
+  int bad = 0;
+  bad |= compare({.name = "shard parameters, distill: reverse KL, one micro-batch per rank", .topk = 0, .exact = true,
+                  .zero3 = true}, world);
+  bad |= compare({.name = "shard parameters, distill: reverse KL + top-2 pass, token budget 9", .budget = 9, .topk = 2,
+                  .zero3 = true}, world);
+  bad |= compare({.name = "shard parameters, distill: top-2 pass, activation checkpointing, token budget 9",
+                  .budget = 9, .topk = 2, .checkpointing = true, .zero3 = true}, world);
+  bad |= compare({.name = "shard parameters, distill: top-2 pass, two mini-batches (old log-probs recomputed, the "
+                  "mismatch scored before the update)", .budget = 9, .topk = 2, .zero3 = true, .mini_batches = 2},
+                 world);
+  return bad;
+}
+
+int shard_lora(Communicator& world) {
+  int bad = 0;
+  bad |= compare({.name = "shard parameters, lora: adapters on every module and expert, one micro-batch per rank",
+                  .lora = 4, .exact = true, .zero3 = true}, world);
+  bad |= compare({.name = "shard parameters, lora: token budget 9", .budget = 9, .lora = 4, .zero3 = true}, world);
+  bad |= compare({.name = "shard parameters, lora: dropout 0.1 on the non-expert adapters, one micro-batch per rank",
+                  .lora = 4, .dropout = 0.1f, .exact = true, .zero3 = true}, world);
+  return bad;
+}
+
+int shard_stream(Communicator& world) {
+  int bad = 0;
+  bad |= compare({.name = "shard parameters, stream: 3 parts (one empty), one micro-batch per rank and part",
+                  .stream = true, .zero3 = true}, world);
+  bad |= compare({.name = "shard parameters, stream: 3 parts, token budget 9, activation checkpointing", .budget = 9,
+                  .stream = true, .checkpointing = true, .zero3 = true}, world);
+  bad |= compare({.name = "shard parameters, stream: 3 parts with distillation's top-2 pass", .budget = 9, .topk = 2,
+                  .stream = true, .zero3 = true}, world);
+  bad |= compare({.name = "shard parameters, stream: 3 parts with LoRA, token budget 9", .budget = 9, .lora = 4,
+                  .stream = true, .zero3 = true}, world);
+  return bad;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -215,12 +279,20 @@ int main(int argc, char** argv) {
   {
     auto world_comm = test::mpi_world_or_abort();
     Communicator& world = *world_comm;
-    const bool all = group == "all";
-    if (all || group == "distill") bad |= distill(world);
-    if (all || group == "lora") bad |= lora(world);
-    if (all || group == "stream") bad |= stream(world);
-    if (!all && group != "distill" && group != "lora" && group != "stream") {
-      if (world.rank() == 0) std::fprintf(stderr, "unknown group '%s' (distill, lora, stream, all)\n", group.c_str());
+    const std::pair<const char*, int (*)(Communicator&)> groups[] = {
+        {"distill", distill},           {"lora", lora},           {"stream", stream},
+        {"shard_distill", shard_distill}, {"shard_lora", shard_lora}, {"shard_stream", shard_stream}};
+    bool known = false;
+    for (const auto& [name, run] : groups) {
+      const bool shard = std::string(name).starts_with("shard_");
+      if (group != name && group != (shard ? "shard_all" : "all")) continue;
+      known = true;
+      bad |= run(world);
+    }
+    if (!known) {
+      if (world.rank() == 0)
+        std::fprintf(stderr, "unknown group '%s' (distill, lora, stream, all, shard_distill, shard_lora, shard_stream, "
+                     "shard_all)\n", group.c_str());
       bad = 1;
     }
     int any = bad;

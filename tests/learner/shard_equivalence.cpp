@@ -1,6 +1,6 @@
 // Sharded learners under mpirun (learner.shard): every stage's update must equal the unsharded
 // data-parallel update on the same ranks bit for bit (parameters, loss, grad_norm), for the bigram
-// model, the tiny MoE policy model and a LoRA model, GRPO and SFT (ZeRO-3 with and without the
+// model, the tiny MoE policy model and a LoRA model (with and without dropout), GRPO and SFT (ZeRO-3 with and without the
 // prefetch); a sharded run resumed into another stage from the gathered optimizer state continues
 // bit for bit; the reduce-scatter sums in rank order. Exits non-zero on any rank's mismatch (rank 0 prints each case).
 #include <mpi.h>
@@ -229,6 +229,9 @@ int main(int argc, char** argv) {
     bad |= compare_model("policy::Model (tiny dense, tied head, activation checkpointing)",
                          policy_model(tiny(false, 0, true, true)), 32, world);
     bad |= compare_model("policy::Model (tiny MoE, LoRA r=2)", policy_model(tiny(true, 2)), 32, world);
+    policy::ModelConfig dropout = tiny(true, 2);
+    dropout.lora.dropout = 0.1f;  // (the masks count each optimizer step's micro-batches from 0, resumed too)
+    bad |= compare_model("policy::Model (tiny MoE, LoRA r=2, dropout 0.1)", policy_model(dropout), 32, world);
   }
   MPI_Finalize();
   return bad;
