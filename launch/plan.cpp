@@ -63,6 +63,9 @@ struct Shape {
   uint64_t P = 0, A = 0, Tr = 0;  // parameters, adapters, trainable (floats)
   int N = 1;                      // learners
   ShardStage stage = ShardStage::none;
+  // distill.teacher or streamed parts (rollout.async_chunks > 1): the trainer's step runs on the
+  // whole weights (learner.shard parameters gathers them all for it)
+  bool whole_step = false;
   int seq_len = 0, learner_seqs = 0, tokens = 0, batch_seqs = 0;
   uint64_t sync_bytes_per_value = 4;  // weight_sync.dtype
   // compute_dtype bf16: the GEMMs' bf16 copies of their operands (the cuda backend's workspace,
@@ -88,8 +91,11 @@ uint64_t reduce_scatter_bytes(const Shape& s) {
 }
 
 // learner.shard parameters gathers layer by layer (ParamShards) for full-parameter training on a
-// host-visible backend; LoRA (adapters gathered whole) and cuda (a device arena) hold whole weights.
-bool layered_zero3(const Shape& s) { return s.stage == ShardStage::parameters && s.N > 1 && s.A == 0 && s.host_visible; }
+// host-visible backend; LoRA (adapters gathered whole), cuda (a device arena), distillation and
+// streamed parts (the whole weights gathered for the step) hold whole weights.
+bool layered_zero3(const Shape& s) {
+  return s.stage == ShardStage::parameters && s.N > 1 && s.A == 0 && s.host_visible && !s.whole_step;
+}
 
 // policy.moe.expert_parallel with the experts divided (actors::learners_divide_experts at the
 // plan's learner count and stage): the routed experts' floats a learner does not hold
@@ -354,6 +360,7 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
   s.Tr = s.A > 0 ? s.A : s.P;
   s.N = o.learners > 0 ? o.learners : cfg.cluster.learners;
   s.stage = o.shard ? *o.shard : cfg.learner.shard;
+  s.whole_step = cfg.distill.enabled() || cfg.rollout.async_chunks > 1;
   if (s.stage == ShardStage::gradients)
     plan.notes.push_back("shard gradients: each learner sums only its shard, but backward still fills the model's "
                          "whole gradient arena, so the gradients column is not divided");
@@ -371,7 +378,11 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
   if (s.stage == ShardStage::parameters && s.N > 1) {
     if (!layered_zero3(s))
       plan.notes.push_back(std::string("shard parameters: ") +
-                           (s.A > 0 ? "LoRA adapters are gathered whole for a step" : "on a device the weights stay whole") +
+                           (s.A > 0            ? "LoRA adapters are gathered whole for a step"
+                            : !s.host_visible ? "on a device the weights stay whole"
+                            : cfg.distill.enabled() ? "distillation gathers the whole weights for a step"
+                                                    : "streamed parts (rollout.async_chunks > 1) gather the whole "
+                                                      "weights for a step") +
                            ", so only the AdamW moments are divided");
     else
       plan.notes.push_back(std::string("shard parameters: each learner keeps its shard and gathers one layer (or the "

@@ -188,6 +188,12 @@ TEST(Plan, ShardStagesDivideByTheLearners) {
   const MemoryPlan p3l = plan_model("qwen3-8b", {"policy.lora.rank=16"}, o);
   EXPECT_EQ(row(p3l, "learner", 3).weights, (p3l.params + p3l.trainable) * 4);
   EXPECT_NE(plan_table(p3l).find("LoRA adapters are gathered whole"), std::string::npos);
+  // streamed parts (and distillation) run the step on the whole weights, gathered for it
+  const MemoryPlan p3s = plan_model("qwen3-8b", {"rollout.async=true", "rollout.async_chunks=2"}, o);
+  EXPECT_EQ(row(p3s, "learner", 3).weights, p3s.params * 4);
+  EXPECT_EQ(row(p3s, "learner", 3).optimizer, 2 * P4 / 8);
+  EXPECT_NE(plan_table(p3s).find("streamed parts (rollout.async_chunks > 1) gather the whole weights for a step"),
+            std::string::npos);
   // the config's learner.shard, unless --shard says otherwise
   const MemoryPlan k = plan_model("qwen3-8b", {"learner.shard=optimizer", "cluster.learners=4"});
   EXPECT_EQ(k.shard, ShardStage::optimizer);
