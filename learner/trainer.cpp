@@ -254,7 +254,8 @@ Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& com
   if (sharded_) device_ = nullptr;  // the shards are reduced over comm on the host copy
   if (sharded_ && cfg_.shard == ShardStage::parameters) {
     // Per layer where the model has the hook and every forward of a step is a loss micro-batch's
-    // (not with distillation's top-k pass or LoRA dropout's separate scoring forward).
+    // (not with distill.teacher, whose top-k pass runs forwards of its own, nor with LoRA dropout's
+    // separate scoring forward; a streamed step gathers the whole weights too, zero3_begin).
     const bool layered = !cfg_.distill.enabled() && !model_.has_lora_dropout();
     zero3_ = std::make_unique<ParamShards>(model_.params(), model_.grads(), model_.tensors(), bounds_, comm_, layered);
     if (layered && !model_.set_param_hook(zero3_.get()))
