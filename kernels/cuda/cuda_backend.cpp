@@ -29,6 +29,7 @@
 #include "activation_reload.h"
 #include "launchers.h"
 #include "nccl_comm.h"
+#include "nccl_moe_exchange.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/device.h"
 #include "troupe/kernels/ops.h"
@@ -358,6 +359,31 @@ class CudaBackend final : public Backend {
     cuda::copy_moe_experts_to_host(q_, host_experts, saved, cfg, N);
   }
 
+  // The expert-parallel layer (moe_ep.cu): the group's exchange must be join_expert_exchange's
+  // (device rows); the lock is held through its exchanges, so the rows and the layer's buffers
+  // stay in this queue's order.
+  Status moe_ep_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                        const MoeConfig& cfg, int N, float* scratch, const int32_t* route,
+                        const MoeExpertGroup& group) const override {
+    const Guard guard(*this);
+    return cuda::launch_moe_ep_forward(q_, out, saved, stats, inp, w, cfg, N, scratch, route, group);
+  }
+  Status moe_ep_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
+                         const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
+                         const MoeExpertGroup& group) const override {
+    const Guard guard(*this);
+    return cuda::launch_moe_ep_backward(q_, dinp, g, dout, daux, inp, saved, w, cfg, N, scratch, group);
+  }
+  Status moe_ep_serve_forward(const MoeWeights& w, const MoeConfig& cfg, const MoeExpertGroup& group) const override {
+    const Guard guard(*this);
+    return cuda::launch_moe_ep_serve_forward(q_, w, cfg, group);
+  }
+  Status moe_ep_serve_backward(const MoeGrads& g, const MoeWeights& w, const MoeConfig& cfg,
+                               const MoeExpertGroup& group) const override {
+    const Guard guard(*this);
+    return cuda::launch_moe_ep_serve_backward(q_, g, w, cfg, group);
+  }
+
   int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
                         const int32_t* cu_seqlens, int S) const override {
                           const Guard guard(*this);
@@ -425,6 +451,22 @@ class CudaBackend final : public Backend {
       return std::unique_ptr<DeviceCollective>(new NcclCollective(id, nranks, rank, q_.stream));
     } catch (const cuda::CudaError& e) {
       return make_error(ErrorCode::internal, std::string("cuda backend: joining the NCCL communicator (rank ") +
+                                                 std::to_string(rank) + " of " + std::to_string(nranks) +
+                                                 "): " + e.what());
+    }
+  }
+
+  // The expert-parallel group's exchange: an NCCL communicator of the group's GPUs of its own,
+  // its all-to-alls on this backend's stream (nccl_moe_exchange.h).
+  Result<std::unique_ptr<MoeExchange>> join_expert_exchange(const std::vector<uint8_t>& id, int nranks,
+                                                            int rank) const override {
+    const Guard guard(*this);
+    try {
+      auto comm = std::make_unique<cuda::NcclComm>(id, nranks, rank);
+      return std::unique_ptr<MoeExchange>(new cuda::NcclMoeExchange(std::move(comm), q_.stream));
+    } catch (const cuda::CudaError& e) {
+      return make_error(ErrorCode::internal, std::string("cuda backend: joining the expert-parallel group's NCCL "
+                                                         "communicator (rank ") +
                                                  std::to_string(rank) + " of " + std::to_string(nranks) +
                                                  "): " + e.what());
     }
