@@ -22,6 +22,7 @@
 #include "bf16_weight_cache.h"
 #include "bodies/adamw.h"
 #include "bodies/grpo_loss.h"
+#include "bodies/moe_ep_buffers.h"
 #include "check.h"
 #include "device_pick.h"
 #include "memory_pool.h"
@@ -85,6 +86,11 @@ class CudaBackend final : public Backend {
     TROUPE_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     q_.experts = &expert_ws_;  // the MoE experts' batched GEMMs (expert_gemm.h)
     q_.decode = &decode_ws_;  // split-K decode attention's partials
+    q_.moe_ep = &moe_ep_ws_;  // the expert-parallel MoE layer's owner scratch, shared by the layers
+    moe_ep_ws_.release = [](void* p) {  // (also at exit, when the runtime may be gone: silent)
+      (void)cudaFree(p);
+      (void)cudaGetLastError();
+    };
     TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   }
   // The process-wide backend lives until exit, when the CUDA runtime may already be gone: its
@@ -679,6 +685,7 @@ class CudaBackend final : public Backend {
       [this](uint16_t* dst, const float* src, size_t n) { cuda::convert_to_bf16(q_, dst, src, n); }}};
   cuda::ExpertGemmWorkspace expert_ws_;
   cuda::DecodeWorkspace decode_ws_;
+  cuda::MoeEpScratch moe_ep_ws_;
   mutable void* ws_ = nullptr;
   mutable size_t ws_bytes_ = 0;
   // The copy queue (copy_to_host_async): its stream and the events of copies not yet waited for.

@@ -3,6 +3,9 @@
 // CUB's expert route plan, and device buffers the expert-parallel layer keeps (grow, release).
 #pragma once
 
+#include <memory>
+
+#include "bodies/moe_ep_buffers.h"
 #include "device_lanes.cuh"
 #include "launchers.h"
 
@@ -13,6 +16,7 @@ void moe_route_plan_device(const Queue& q, int32_t* offsets, int32_t* row_slot, 
                            void* tmp, size_t tmp_bytes);
 
 struct DeviceExec {
+  explicit DeviceExec(const Queue& queue) : q(queue) {}
   const Queue& q;
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
             float beta, float* C, int ldc) {
@@ -36,6 +40,14 @@ struct DeviceExec {
   static constexpr bool device_memory = true;
   void grow(void*& data, size_t& bytes, size_t need) { TROUPE_DEVICE_GROW(data, bytes, need, q.stream); }
   static void release(void* data) { TROUPE_CUDA_REPORT(cudaFree(data)); }
+  // The owner's scratch: the queue's (shared by the layers), else one of this call's own.
+  MoeEpScratch& ep_scratch() {
+    if (q.moe_ep) return *q.moe_ep;
+    if (!own_ep) own_ep = std::make_unique<MoeEpScratch>();
+    own_ep->release = &release;
+    return *own_ep;
+  }
+  std::unique_ptr<MoeEpScratch> own_ep;
   size_t plan_tmp_bytes(int NK, int E) { return moe_plan_tmp_bytes(NK, E); }
   void route_plan(int32_t* offsets, int32_t* row_slot, const int32_t* experts, int NK, int E, void* tmp,
                   size_t tmp_bytes) {

@@ -53,9 +53,11 @@ struct ExpertGemmWorkspace {
 };
 
 // The queue every launcher of one backend uses: its stream, its cuBLAS handle (bound to it), the
-// bf16 GEMMs' workspace (null: fp32 GEMMs only), gemm_batch's (null: one GEMM after the other) and
-// split-K decode's (null: decode attention one thread per (sequence, head)).
+// bf16 GEMMs' workspace (null: fp32 GEMMs only), gemm_batch's (null: one GEMM after the other),
+// split-K decode's (null: decode attention one thread per (sequence, head)) and the expert-parallel
+// layer's scratch (null: made and freed within each call).
 class Bf16WeightCache;  // bf16_weight_cache.h
+struct MoeEpScratch;    // bodies/moe_ep_buffers.h
 struct Queue {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
@@ -63,6 +65,7 @@ struct Queue {
   Bf16WeightCache* weights = nullptr;  // bf16 copies of the weight arenas (null: every operand packed)
   ExpertGemmWorkspace* experts = nullptr;
   DecodeWorkspace* decode = nullptr;
+  MoeEpScratch* moe_ep = nullptr;  // the expert-parallel layer's owner scratch (null: one per call)
 };
 
 // The queue of the CUDA backend `b` (b must be what cuda_backend() returned).

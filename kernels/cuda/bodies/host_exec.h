@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gemm_args.h"
+#include "moe_ep_buffers.h"
 #include "host_grid.h"
 #include "troupe/kernels/ops.h"
 
@@ -54,6 +55,11 @@ struct HostExec {
     bytes = data ? need : 0;
   }
   static void release(void* data) { std::free(data); }
+  MoeEpScratch& ep_scratch() {
+    ep.release = &release;
+    return ep;
+  }
+  MoeEpScratch ep;
 };
 
 }  // namespace troupe::kernels::cuda

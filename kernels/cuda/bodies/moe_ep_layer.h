@@ -9,8 +9,10 @@
 // An Exec here is moe_layer.h's plus
 //   grow(data, bytes, need)   (void*&, size_t&, size_t) at least `need` bytes; contents not kept
 //   static release(data)      frees what grow gave
-// which keep the layer's buffers between its forward and its backward (MoeEpBuffers, in
-// MoeEpState::device).
+//   ep_scratch()              the owner's scratch of a pass (MoeEpScratch&), its release set
+//   device_memory             static bool: whether its buffers are a device's
+// The layer keeps its own buffers from forward to backward (MoeEpBuffers, in MoeEpState::device;
+// moe_ep_buffers.h).
 //
 // Equality with the unsplit layer (moe_layer.h on each rank's own tokens): every GEMM of a block
 // is the GEMM the source rank's unsplit path runs on that expert's segment (the same rows, in the
@@ -26,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_ep_buffers.h"
 #include "moe_layer.h"
 #include "troupe/base/result.h"
 #include "troupe/kernels/moe_ep_plan.h"
@@ -98,29 +101,6 @@ inline MoeEpScratchLayout moe_ep_scratch_layout(const MoeConfig& c, int N, size_
   return L;
 }
 
-// One layer's expert-parallel buffers in the Exec's memory, kept in MoeEpState::device: on the
-// experts' owner, the received rows' inputs x (M, C) and gate / up pre-activations g, u (M, H)
-// from forward to backward, and the owner's scratch (h, dg (M, H); rows, the exchanged rows (M,
-// C + 1); dop (M, C): the rows' dout, then their dx; wrow, dw (M)). M: the rows received, which
-// changes every pass; each piece grows (a quarter more than asked) and never shrinks.
-struct MoeEpBuffers final : MoeEpDeviceState {
-  struct Piece {
-    void* data = nullptr;
-    size_t bytes = 0;
-    float* f() const { return static_cast<float*>(data); }
-  };
-  Piece x, g, u, h, dg, rows, dop, wrow, dw;
-  bool forward_kept = false;  // x, g, u hold a forward's rows the backward has not used yet
-  void (*release)(void*) = nullptr;
-  MoeEpBuffers() = default;
-  MoeEpBuffers(const MoeEpBuffers&) = delete;
-  MoeEpBuffers& operator=(const MoeEpBuffers&) = delete;
-  ~MoeEpBuffers() override {
-    for (Piece* p : {&x, &g, &u, &h, &dg, &rows, &dop, &wrow, &dw})
-      if (p->data && release) release(p->data);
-  }
-};
-
 // The layer's buffers (made by this Exec on first use); an error when the state holds another
 // backend's.
 template <class Exec>
@@ -138,7 +118,7 @@ Result<MoeEpBuffers*> moe_ep_buffers(MoeEpState& st) {
 
 // piece holds at least `floats` floats.
 template <class Exec>
-float* moe_ep_reserve(Exec& ex, MoeEpBuffers::Piece& piece, size_t floats) {
+float* moe_ep_reserve(Exec& ex, MoeEpPiece& piece, size_t floats) {
   const size_t need = sizeof(float) * floats;
   if (need > piece.bytes) ex.grow(piece.data, piece.bytes, need + need / 4);
   return piece.f();
@@ -161,11 +141,12 @@ Status moe_ep_experts_forward(Exec& ex, float* y, const float* xp, const std::ve
   if (!got.ok()) return got.error();
   MoeEpBuffers& d = **got;
   const size_t M = static_cast<size_t>(b.M);
+  MoeEpScratch& sc = ex.ep_scratch();
   float* x = moe_ep_reserve(ex, d.x, M * C);
   float* g = moe_ep_reserve(ex, d.g, M * H);
   float* u = moe_ep_reserve(ex, d.u, M * H);
-  float* h = moe_ep_reserve(ex, d.h, M * H);
-  float* yr = moe_ep_reserve(ex, d.rows, M * C);  // the owner's outputs, sent back
+  float* h = moe_ep_reserve(ex, sc.h, M * H);
+  float* yr = moe_ep_reserve(ex, sc.rows, M * C);  // the owner's outputs, sent back
   d.forward_kept = true;
   TROUPE_TRY(xc.alltoallv(xp, b.send_n.data(), x, b.recv_n.data()));
   std::vector<RowMajorGemm> gate_up, down;
@@ -194,7 +175,7 @@ struct MoeEpBackwardPhases {
 };
 inline MoeEpBackwardPhases moe_ep_backward_phases(const MoeEpBlocks& b, int me, const MoeGrads& gr,
                                                   const MoeWeights& w, const MoeConfig& c, int first_expert,
-                                                  const MoeEpBuffers& d) {
+                                                  const MoeEpBuffers& d, const MoeEpScratch& sc) {
   const int C = c.C, H = c.H;
   MoeEpBackwardPhases ph;
   ph.dwd.resize(static_cast<size_t>(b.P)), ph.dwgu.resize(static_cast<size_t>(b.P));
@@ -205,9 +186,9 @@ inline MoeEpBackwardPhases moe_ep_backward_phases(const MoeEpBlocks& b, int me, 
       const size_t R = static_cast<size_t>(b.block[static_cast<size_t>(s) * b.Epr + i]);
       const size_t we = static_cast<size_t>(me * b.Epr + i - first_expert) * H * C;
       float* x = d.x.f() + R * C;
-      float* dop = d.dop.f() + R * C;  // dout, then dx
-      float* hr = d.h.f() + R * H;
-      float* qr = d.dg.f() + R * H;
+      float* dop = sc.dop.f() + R * C;  // dout, then dx
+      float* hr = sc.h.f() + R * H;
+      float* qr = sc.dg.f() + R * H;
       ph.dh.push_back({false, false, n, H, C, 1.0f, dop, C, w.w_down + we, H, 0.0f, qr, H});
       ph.dwd[static_cast<size_t>(s)].push_back({true, false, C, H, n, 1.0f, dop, C, hr, H, 1.0f, gr.w_down + we, H});
       ph.dwgu[static_cast<size_t>(s)].push_back({true, false, H, C, n, 1.0f, qr, H, x, C, 1.0f, gr.w_gate + we, C});
@@ -235,18 +216,19 @@ Status moe_ep_experts_backward(Exec& ex, float* rows, const std::vector<int32_t>
                                                ": no forward of this layer kept its rows");
   const MoeEpBlocks b = moe_ep_blocks(off.data(), st.recv_rows, P, Epr, W);
   const size_t M = static_cast<size_t>(b.M);
-  float* recv = moe_ep_reserve(ex, d.rows, M * W);
-  float* dop = moe_ep_reserve(ex, d.dop, M * C);
-  float* wrow = moe_ep_reserve(ex, d.wrow, M);
-  float* dw = moe_ep_reserve(ex, d.dw, M);
-  float* h = moe_ep_reserve(ex, d.h, M * H);
-  float* dg = moe_ep_reserve(ex, d.dg, M * H);
+  MoeEpScratch& sc = ex.ep_scratch();
+  float* recv = moe_ep_reserve(ex, sc.rows, M * W);
+  float* dop = moe_ep_reserve(ex, sc.dop, M * C);
+  float* wrow = moe_ep_reserve(ex, sc.wrow, M);
+  float* dw = moe_ep_reserve(ex, sc.dw, M);
+  float* h = moe_ep_reserve(ex, sc.h, M * H);
+  float* dg = moe_ep_reserve(ex, sc.dg, M * H);
   const float* g = d.g.f();
   const float* u = d.u.f();
   d.forward_kept = false;
   TROUPE_TRY(xc.alltoallv(rows, b.send_n.data(), recv, b.recv_n.data()));
   ex.each(UnpackRowsBody{dop, wrow, recv, C}, M * W);
-  const MoeEpBackwardPhases ph = moe_ep_backward_phases(b, xc.rank(), gr, w, c, grp.weights_first_expert, d);
+  const MoeEpBackwardPhases ph = moe_ep_backward_phases(b, xc.rank(), gr, w, c, grp.weights_first_expert, d, sc);
   ex.each(MoeSwigluBody{h, g, u}, M * H);                         // h = silu(g) u
   ex.gemm_batch(ph.dh);                                           // dh = dy Wd (in dg)
   ex.rows(WeightedRowBody{h, dg, dw, wrow, H}, static_cast<int>(M));  // d weight; h, dh *= weight
