@@ -1,7 +1,8 @@
 // gpu.moe_ep: the CUDA backend's expert-parallel MoE layer (Backend::moe_ep_*, kernels/cuda/moe_ep.cu,
 // bodies/moe_ep_layer.h). One GPU: a group of one rank (join_expert_exchange with nranks 1, the
 // NCCL exchange's self transfers) against the same backend's moe_forward/backward, forward and
-// backward, every gradient; a host exchange and routing replay are refused. Two ranks: NCCL does
+// backward, every gradient; the serve passes of a rank with no tokens; a host exchange and routing
+// replay are refused. Two ranks: NCCL does
 // not allow two ranks of one communicator on one GPU, so they need two GPUs: two threads, each
 // driving the layer on its own GPU through the launchers with a queue of its own, against the CPU
 // layer on each rank's tokens (an owned expert's gradient: the two ranks' unsplit gradients added).
@@ -83,6 +84,14 @@ void one_rank(const k::Backend& g) {
   const char* names[] = {"w_router", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down"};
   for (size_t i = 0; i < ga.size(); ++i)
     expect_near(std::string("moe_ep_backward.") + names[i], gb[i].host(g), ga[i].host(g), 1e-5, 1e-4);
+  // The serve passes of a rank with no tokens: nothing to send or receive, the gradients untouched.
+  k::MoeEpState idle;
+  const k::MoeExpertGroup idle_grp{joined->get(), &idle, 0};
+  const std::vector<float> before = gb[1].host(g);
+  s = g.moe_ep_serve_forward(gw, cfg, idle_grp);
+  if (s.ok()) s = g.moe_ep_serve_backward(grads_of(pb), gw, cfg, idle_grp);
+  GPU_CHECK(s.ok(), s.ok() ? "" : s.error().message);
+  expect_near("serve passes leave the gradients", gb[1].host(g), before, 0, 0);
   // Routing replay is refused.
   std::vector<int32_t> route(size_t(N) * cfg.K, 0);
   s = g.moe_ep_forward(out_b.p(), saved.p(), &sb, gx.p(), gw, cfg, N, scratch.p(), route.data(), grp);
