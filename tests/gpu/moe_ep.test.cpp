@@ -2,11 +2,11 @@
 // bodies/moe_ep_layer.h). One GPU: a group of one rank (join_expert_exchange with nranks 1, the
 // NCCL exchange's self transfers) against the same backend's moe_forward/backward, forward and
 // backward, every gradient; the serve passes of a rank with no tokens; a host exchange and routing
-// replay are refused. Two ranks: NCCL does
-// not allow two ranks of one communicator on one GPU, so they need two GPUs: two threads, each
-// driving the layer on its own GPU through the launchers with a queue of its own, against the CPU
-// layer on each rank's tokens (an owned expert's gradient: the two ranks' unsplit gradients added).
-// With one GPU the two-rank part is not run; without NCCL only the refusal runs; no GPU: skipped.
+// replay are refused. Two ranks: NCCL does not allow two ranks of one communicator on one GPU, so
+// they need two GPUs: two threads, each driving the layer on its own GPU through the launchers with
+// a queue of its own, against the CPU layer on each rank's tokens (an owned expert's gradient: the
+// two ranks' unsplit gradients added). With one GPU the two-rank part is not run; without NCCL only
+// the refusal runs; no GPU: skipped.
 #include <cublas_v2.h>
 
 #include <cstring>
