@@ -4,6 +4,7 @@
 // are the same and in the same order, so both give bit-identical outputs and gradients.
 #include "troupe/kernels/moe.h"
 #include "troupe/kernels/moe_expert_parallel.h"
+#include "troupe/kernels/moe_ep_plan.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -550,38 +551,11 @@ size_t moe_scratch_floats(const MoeConfig& cfg, int N) {
 namespace {
 
 // ---- expert parallelism (moe_expert_parallel.h) ------------------------------------------------
-// Where one exchange's rows go: send_n[p] / recv_n[p] floats to / from rank p (rows of `width`
-// floats), and block[s Epr + i] the first received row of source s for local expert i (the
-// received rows are source-major: every row from rank 0, expert by expert, then rank 1's, ...).
-struct EpBlocks {
-  int P = 0, Epr = 0, M = 0;
-  std::vector<size_t> send_n, recv_n;
-  std::vector<int32_t> block;
-};
-EpBlocks ep_blocks(const int32_t* offsets, const std::vector<int32_t>& recv_rows, int P, int Epr, int width) {
-  EpBlocks b;
-  b.P = P, b.Epr = Epr;
-  b.send_n.resize(static_cast<size_t>(P)), b.recv_n.assign(static_cast<size_t>(P), 0);
-  b.block.resize(static_cast<size_t>(P) * Epr + 1);
-  int at = 0;
-  for (int p = 0; p < P; ++p) {
-    b.send_n[static_cast<size_t>(p)] = static_cast<size_t>(offsets[(p + 1) * Epr] - offsets[p * Epr]) * width;
-    for (int i = 0; i < Epr; ++i) {
-      b.block[static_cast<size_t>(p) * Epr + i] = at;
-      at += recv_rows[static_cast<size_t>(p) * Epr + i];
-    }
-    b.recv_n[static_cast<size_t>(p)] = static_cast<size_t>(at - b.block[static_cast<size_t>(p) * Epr]) * width;
-  }
-  b.block.back() = at;
-  b.M = at;
-  return b;
-}
-
 // Runs fn(e, r0, n) for every block of received rows: rows [r0, r0 + n) from one source rank for
 // this rank's expert e (global id). The experts in parallel, each one's sources in rank order (the
 // order its weight gradient adds them in).
 template <class Fn>
-void for_each_ep_block(const EpBlocks& b, const std::vector<int32_t>& recv_rows, int me, double work, Fn fn) {
+void for_each_ep_block(const MoeEpBlocks& b, const std::vector<int32_t>& recv_rows, int me, double work, Fn fn) {
   const bool invariant = batch_invariant();
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_worth(work))
   for (int i = 0; i < b.Epr; ++i) {
@@ -600,11 +574,8 @@ Status ep_experts_forward(float* y, const float* xp, const int32_t* offsets, con
   MoeExchange& ex = *grp.exchange;
   MoeEpState& st = *grp.state;
   const int P = ex.size(), Epr = c.E / P, C = c.C, H = c.H;
-  std::vector<int32_t> sent(static_cast<size_t>(c.E));
-  for (int e = 0; e < c.E; ++e) sent[static_cast<size_t>(e)] = offsets[e + 1] - offsets[e];
-  st.recv_rows.assign(static_cast<size_t>(c.E), 0);
-  TROUPE_TRY(ex.alltoall_ints(sent.data(), st.recv_rows.data(), Epr));
-  const EpBlocks b = ep_blocks(offsets, st.recv_rows, P, Epr, C);
+  TROUPE_TRY(moe_ep_exchange_counts(ex, offsets, c.E, st.recv_rows));
+  const MoeEpBlocks b = moe_ep_blocks(offsets, st.recv_rows, P, Epr, C);
   const size_t M = static_cast<size_t>(b.M);
   st.x.resize(M * C), st.buf.resize(M * C), st.g.resize(M * H), st.u.resize(M * H), st.h.resize(M * H);
   TROUPE_TRY(ex.alltoallv(xp, b.send_n.data(), st.x.data(), b.recv_n.data()));
@@ -638,7 +609,7 @@ Status ep_experts_backward(float* xp, float* dw, const float* dop, const float* 
       last[r] = from[r * W + C];
     }
   };
-  const EpBlocks b = ep_blocks(offsets, st.recv_rows, P, Epr, W);
+  const MoeEpBlocks b = moe_ep_blocks(offsets, st.recv_rows, P, Epr, W);
   const size_t M = static_cast<size_t>(b.M), nk = static_cast<size_t>(NK);
   st.rows.resize(nk * W), st.buf.resize(M * W), st.dg.resize(M * H), st.h.resize(M * H);
   pack(st.rows.data(), dop, wrow, nk);
@@ -656,18 +627,6 @@ Status ep_experts_backward(float* xp, float* dw, const float* dop, const float* 
   pack(st.buf.data(), st.x.data(), dw_r.data(), M);  // st.x now holds the rows' dx
   TROUPE_TRY(ex.alltoallv(st.buf.data(), b.recv_n.data(), st.rows.data(), b.send_n.data()));
   unpack(xp, dw, st.rows.data(), nk);
-  return {};
-}
-
-Status check_group(const MoeConfig& c, const MoeExpertGroup& grp) {
-  if (!grp.exchange || !grp.state) return make_error(ErrorCode::internal, "moe_ep: no exchange or state");
-  if (grp.exchange->size() < 1 || c.E % grp.exchange->size() != 0)
-    return invalid_input("moe_ep: " + std::to_string(c.E) + " experts do not split over " +
-                         std::to_string(grp.exchange->size()) + " ranks");
-  const int block = grp.exchange->rank() * (c.E / grp.exchange->size());
-  if (grp.weights_first_expert != 0 && grp.weights_first_expert != block)
-    return invalid_input("moe_ep: weights starting at expert " + std::to_string(grp.weights_first_expert) +
-                         " on the rank that owns experts from " + std::to_string(block));
   return {};
 }
 
@@ -950,7 +909,7 @@ void moe_backward(float* dinp, const MoeGrads& g, const float* dout, float daux,
 
 Status moe_ep_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
                       const MoeConfig& cfg, int N, float* scratch, const int32_t* route, const MoeExpertGroup& group) {
-  TROUPE_TRY(check_group(cfg, group));
+  TROUPE_TRY(moe_ep_check_group(cfg, group));
   MoeConfig c = cfg;
   c.grouped = true;
   return forward_impl(out, saved, stats, inp, w, c, N, scratch, route, nullptr, nullptr, &group);
@@ -959,20 +918,20 @@ Status moe_ep_forward(float* out, float* saved, MoeStats* stats, const float* in
 Status moe_ep_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
                        const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
                        const MoeExpertGroup& group) {
-  TROUPE_TRY(check_group(cfg, group));
+  TROUPE_TRY(moe_ep_check_group(cfg, group));
   MoeConfig c = cfg;
   c.grouped = true;
   return backward_impl(dinp, g, dout, daux, inp, saved, w, c, N, scratch, nullptr, &group);
 }
 
 Status moe_ep_serve_forward(const MoeWeights& w, const MoeConfig& cfg, const MoeExpertGroup& group) {
-  TROUPE_TRY(check_group(cfg, group));
+  TROUPE_TRY(moe_ep_check_group(cfg, group));
   const std::vector<int32_t> none(static_cast<size_t>(cfg.E) + 1, 0);
   return ep_experts_forward(nullptr, nullptr, none.data(), w, cfg, group);
 }
 
 Status moe_ep_serve_backward(const MoeGrads& g, const MoeWeights& w, const MoeConfig& cfg, const MoeExpertGroup& group) {
-  TROUPE_TRY(check_group(cfg, group));
+  TROUPE_TRY(moe_ep_check_group(cfg, group));
   const std::vector<int32_t> none(static_cast<size_t>(cfg.E) + 1, 0);
   return ep_experts_backward(nullptr, nullptr, nullptr, nullptr, none.data(), g, w, cfg, group);
 }

@@ -22,6 +22,7 @@
 #include "bodies/flash_attention.h"
 #include "bodies/gemm_args.h"
 #include "bodies/grpo_loss.h"
+#include "bodies/host_exec.h"
 #include "bodies/host_grid.h"
 #include "bodies/moe_layer.h"
 #include "bodies/rmsnorm.h"
@@ -116,38 +117,6 @@ std::vector<int32_t> randint(size_t n, int hi, unsigned seed) {
 }
 
 const int kLaneCounts[] = {1, 5, 32};
-
-// The executor of moe_layer.h / chunked_logprob.h on the host: host GEMMs, host_grid.h, and the
-// expert counting sort CUB does on the device (histogram, exclusive scan, stable scatter).
-struct HostExec {
-  int lanes = 5;
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
-            float beta, float* C, int ldc) {
-    k::gemm_blocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  }
-  // In reverse order: a phase's GEMMs must not depend on each other's order.
-  void gemm_batch(const std::vector<RowMajorGemm>& calls) {
-    for (auto it = calls.rbegin(); it != calls.rend(); ++it)
-      gemm(it->trans_a, it->trans_b, it->M, it->N, it->K, it->alpha, it->A, it->lda, it->B, it->ldb, it->beta, it->C,
-           it->ldc);
-  }
-  template <class Body>
-  void each(const Body& b, size_t n) { host_for_each(b, n); }
-  template <class Body>
-  void rows(const Body& b, int n) { host_for_rows(b, n, lanes); }
-  void zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
-  void to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-  size_t plan_tmp_bytes(int, int E) { return sizeof(int32_t) * static_cast<size_t>(E); }
-  void route_plan(int32_t* offsets, int32_t* row_slot, const int32_t* experts, int NK, int E, void* tmp, size_t) {
-    int32_t* counts = static_cast<int32_t*>(tmp);
-    std::fill(counts, counts + E, 0);
-    for (int s = 0; s < NK; ++s) counts[experts[s]]++;
-    offsets[0] = 0;
-    for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
-    for (int e = 0; e < E; ++e) counts[e] = offsets[e];
-    for (int s = 0; s < NK; ++s) row_slot[counts[experts[s]]++] = s;
-  }
-};
 
 // ---- the cuBLAS call of a row-major GEMM ------------------------------------------------------------
 

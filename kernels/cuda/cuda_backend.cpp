@@ -22,6 +22,7 @@
 #include "bf16_weight_cache.h"
 #include "bodies/adamw.h"
 #include "bodies/grpo_loss.h"
+#include "bodies/moe_ep_buffers.h"
 #include "check.h"
 #include "device_pick.h"
 #include "memory_pool.h"
@@ -29,6 +30,7 @@
 #include "activation_reload.h"
 #include "launchers.h"
 #include "nccl_comm.h"
+#include "nccl_moe_exchange.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/device.h"
 #include "troupe/kernels/ops.h"
@@ -84,6 +86,11 @@ class CudaBackend final : public Backend {
     TROUPE_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     q_.experts = &expert_ws_;  // the MoE experts' batched GEMMs (expert_gemm.h)
     q_.decode = &decode_ws_;  // split-K decode attention's partials
+    q_.moe_ep = &moe_ep_ws_;  // the expert-parallel MoE layer's owner scratch, shared by the layers
+    moe_ep_ws_.release = [](void* p) {  // (also at exit, when the runtime may be gone: silent)
+      (void)cudaFree(p);
+      (void)cudaGetLastError();
+    };
     TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   }
   // The process-wide backend lives until exit, when the CUDA runtime may already be gone: its
@@ -358,6 +365,31 @@ class CudaBackend final : public Backend {
     cuda::copy_moe_experts_to_host(q_, host_experts, saved, cfg, N);
   }
 
+  // The expert-parallel layer (moe_ep.cu): the group's exchange must be join_expert_exchange's
+  // (device rows); the lock is held through its exchanges, so the rows and the layer's buffers
+  // stay in this queue's order.
+  Status moe_ep_forward(float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
+                        const MoeConfig& cfg, int N, float* scratch, const int32_t* route,
+                        const MoeExpertGroup& group) const override {
+    const Guard guard(*this);
+    return cuda::launch_moe_ep_forward(q_, out, saved, stats, inp, w, cfg, N, scratch, route, group);
+  }
+  Status moe_ep_backward(float* dinp, const MoeGrads& g, const float* dout, float daux, const float* inp,
+                         const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch,
+                         const MoeExpertGroup& group) const override {
+    const Guard guard(*this);
+    return cuda::launch_moe_ep_backward(q_, dinp, g, dout, daux, inp, saved, w, cfg, N, scratch, group);
+  }
+  Status moe_ep_serve_forward(const MoeWeights& w, const MoeConfig& cfg, const MoeExpertGroup& group) const override {
+    const Guard guard(*this);
+    return cuda::launch_moe_ep_serve_forward(q_, w, cfg, group);
+  }
+  Status moe_ep_serve_backward(const MoeGrads& g, const MoeWeights& w, const MoeConfig& cfg,
+                               const MoeExpertGroup& group) const override {
+    const Guard guard(*this);
+    return cuda::launch_moe_ep_serve_backward(q_, g, w, cfg, group);
+  }
+
   int packed_seq_layout(int32_t* positions, int32_t* seq_ids, int32_t* seq_start, int32_t* seq_end,
                         const int32_t* cu_seqlens, int S) const override {
                           const Guard guard(*this);
@@ -425,6 +457,22 @@ class CudaBackend final : public Backend {
       return std::unique_ptr<DeviceCollective>(new NcclCollective(id, nranks, rank, q_.stream));
     } catch (const cuda::CudaError& e) {
       return make_error(ErrorCode::internal, std::string("cuda backend: joining the NCCL communicator (rank ") +
+                                                 std::to_string(rank) + " of " + std::to_string(nranks) +
+                                                 "): " + e.what());
+    }
+  }
+
+  // The expert-parallel group's exchange: an NCCL communicator of the group's GPUs of its own,
+  // its all-to-alls on this backend's stream (nccl_moe_exchange.h).
+  Result<std::unique_ptr<MoeExchange>> join_expert_exchange(const std::vector<uint8_t>& id, int nranks,
+                                                            int rank) const override {
+    const Guard guard(*this);
+    try {
+      auto comm = std::make_unique<cuda::NcclComm>(id, nranks, rank);
+      return std::unique_ptr<MoeExchange>(new cuda::NcclMoeExchange(std::move(comm), q_.stream));
+    } catch (const cuda::CudaError& e) {
+      return make_error(ErrorCode::internal, std::string("cuda backend: joining the expert-parallel group's NCCL "
+                                                         "communicator (rank ") +
                                                  std::to_string(rank) + " of " + std::to_string(nranks) +
                                                  "): " + e.what());
     }
@@ -637,6 +685,7 @@ class CudaBackend final : public Backend {
       [this](uint16_t* dst, const float* src, size_t n) { cuda::convert_to_bf16(q_, dst, src, n); }}};
   cuda::ExpertGemmWorkspace expert_ws_;
   cuda::DecodeWorkspace decode_ws_;
+  cuda::MoeEpScratch moe_ep_ws_;
   mutable void* ws_ = nullptr;
   mutable size_t ws_bytes_ = 0;
   // The copy queue (copy_to_host_async): its stream and the events of copies not yet waited for.

@@ -15,6 +15,7 @@
 #include "troupe/base/result.h"
 #include "troupe/kernels/grpo_loss.h"
 #include "troupe/kernels/moe.h"
+#include "troupe/kernels/moe_expert_parallel.h"
 #include "troupe/kernels/quant_matrix.h"
 #include "troupe/kernels/random.h"
 
@@ -52,9 +53,11 @@ struct ExpertGemmWorkspace {
 };
 
 // The queue every launcher of one backend uses: its stream, its cuBLAS handle (bound to it), the
-// bf16 GEMMs' workspace (null: fp32 GEMMs only), gemm_batch's (null: one GEMM after the other) and
-// split-K decode's (null: decode attention one thread per (sequence, head)).
+// bf16 GEMMs' workspace (null: fp32 GEMMs only), gemm_batch's (null: one GEMM after the other),
+// split-K decode's (null: decode attention one thread per (sequence, head)) and the expert-parallel
+// layer's scratch (null: made and freed within each call).
 class Bf16WeightCache;  // bf16_weight_cache.h
+struct MoeEpScratch;    // bodies/moe_ep_buffers.h
 struct Queue {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
@@ -62,6 +65,7 @@ struct Queue {
   Bf16WeightCache* weights = nullptr;  // bf16 copies of the weight arenas (null: every operand packed)
   ExpertGemmWorkspace* experts = nullptr;
   DecodeWorkspace* decode = nullptr;
+  MoeEpScratch* moe_ep = nullptr;  // the expert-parallel layer's owner scratch (null: one per call)
 };
 
 // The queue of the CUDA backend `b` (b must be what cuda_backend() returned).
@@ -171,6 +175,21 @@ void launch_moe_backward(const Queue& q, float* dinp, const MoeGrads& g, const f
 void copy_moe_experts_to_host(const Queue& q, int32_t* host_experts, const float* saved, const MoeConfig& cfg,
                               int N);
 size_t moe_plan_tmp_bytes(int NK, int E);
+
+// moe_ep.cu: the expert-parallel layer (bodies/moe_ep_layer.h; the CPU kernels::moe_ep_* are its
+// specification) on q, its rows exchanged by group.exchange, which must move device buffers (the
+// NCCL exchange, nccl_moe_exchange.h). A refused input, a failed exchange (a peer gone, the NCCL
+// deadline) or a failing CUDA call comes back as a Status naming this rank of the group.
+Status launch_moe_ep_forward(const Queue& q, float* out, float* saved, MoeStats* host_stats, const float* inp,
+                             const MoeWeights& w, const MoeConfig& cfg, int N, float* scratch, const int32_t* route,
+                             const MoeExpertGroup& group);
+Status launch_moe_ep_backward(const Queue& q, float* dinp, const MoeGrads& g, const float* dout, float daux,
+                              const float* inp, const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N,
+                              float* scratch, const MoeExpertGroup& group);
+Status launch_moe_ep_serve_forward(const Queue& q, const MoeWeights& w, const MoeConfig& cfg,
+                                   const MoeExpertGroup& group);
+Status launch_moe_ep_serve_backward(const Queue& q, const MoeGrads& g, const MoeWeights& w, const MoeConfig& cfg,
+                                    const MoeExpertGroup& group);
 void launch_moe_round_trip(const Queue& q, float* out, float* back, int32_t* offsets, int32_t* row_slot,
                            int32_t* slot_row, const int32_t* experts, const float* weights, const float* inp, int N,
                            int K, int E, int C, float* xp, void* plan_tmp);

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "nccl_comm.h"
 #include "troupe/kernels/moe_expert_parallel.h"
@@ -21,6 +22,9 @@ class NcclMoeExchange final : public MoeExchange {
  public:
   // comm: the group's communicator (its ranks are the group's); both must outlive the exchange.
   NcclMoeExchange(NcclComm& comm, cudaStream_t stream) : comm_(comm), stream_(stream) {}
+  // The same over a communicator the exchange owns (Backend::join_expert_exchange's).
+  NcclMoeExchange(std::unique_ptr<NcclComm> comm, cudaStream_t stream)
+      : owned_(std::move(comm)), comm_(*owned_), stream_(stream) {}
   ~NcclMoeExchange() override;
   NcclMoeExchange(const NcclMoeExchange&) = delete;
   NcclMoeExchange& operator=(const NcclMoeExchange&) = delete;
@@ -29,8 +33,10 @@ class NcclMoeExchange final : public MoeExchange {
   int size() const override { return comm_.size(); }
   Status alltoall_ints(const int32_t* send, int32_t* recv, int n) override;
   Status alltoallv(const float* send, const size_t* send_counts, float* recv, const size_t* recv_counts) override;
+  bool device_buffers() const override { return true; }
 
  private:
+  std::unique_ptr<NcclComm> owned_;  // null when the caller owns the communicator
   NcclComm& comm_;
   cudaStream_t stream_;
   int32_t* scratch_ = nullptr;  // (2 size n) device ints: alltoall_ints' send half, then its receive half

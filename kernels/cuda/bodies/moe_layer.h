@@ -104,6 +104,49 @@ inline void moe_host_stats(MoeStats* stats, const std::vector<float>& probs, con
   stats->aux_loss = static_cast<float>(c.E * aux);
 }
 
+// The layer up to its routed experts, on N > 0 tokens: router GEMM, softmax and top-k, the shared
+// expert (its output starts `out`), the route plan and the permute of the rows' inputs into xp
+// (N K, C). hs (N, H_shared) and plan (plan_bytes) are scratch. Returns the plan's offsets (E + 1)
+// on the host.
+template <class Exec>
+std::vector<int32_t> moe_route_and_permute(Exec& ex, float* out, float* saved, const float* inp, const MoeWeights& w,
+                                           const MoeConfig& cfg, int N, float* xp, float* hs, float* plan,
+                                           size_t plan_bytes) {
+  const int E = cfg.E, K = cfg.K, C = cfg.C, NK = N * K;
+  const MoeSavedLayout L = moe_saved_layout(cfg, N);
+  float* probs = saved + L.probs;
+  int32_t* experts = moe_ints(saved + L.experts);
+  int32_t* offsets = moe_ints(saved + L.offsets);
+  int32_t* row_slot = moe_ints(saved + L.row_slot);
+  int32_t* slot_row = moe_ints(saved + L.slot_row);
+  ex.gemm(false, true, N, E, C, 1.0f, inp, C, w.w_router, C, 0.0f, probs, E);
+  ex.each(RouterTopkBody{probs, experts, saved + L.weights, E, K, cfg.renormalize}, static_cast<size_t>(N));
+  if (cfg.H_shared > 0)
+    moe_expert_forward(ex, out, saved + L.gs, saved + L.us, hs, inp, w.ws_gate, w.ws_up, w.ws_down, N, C,
+                       cfg.H_shared);
+  ex.route_plan(offsets, row_slot, experts, NK, E, plan, plan_bytes);
+  ex.each(InvertRowsBody{slot_row, row_slot}, static_cast<size_t>(NK));
+  ex.each(PermuteBody{xp, inp, slot_row, K, C}, static_cast<size_t>(NK) * C);
+  std::vector<int32_t> off(static_cast<size_t>(E) + 1);
+  ex.to_host(off.data(), offsets, sizeof(int32_t) * off.size());
+  return off;
+}
+
+// The layer after its routed experts: out (+)= the rows' outputs y (N K, C) weighted and combined
+// per token (assigned without a shared expert), and the router statistics on the host.
+template <class Exec>
+void moe_combine_and_stats(Exec& ex, float* out, MoeStats* stats, const float* y, const float* saved,
+                           const std::vector<int32_t>& off, const MoeConfig& cfg, int N) {
+  const MoeSavedLayout L = moe_saved_layout(cfg, N);
+  ex.each(UnpermuteBody{out, y, saved + L.weights, moe_ints(saved + L.slot_row), cfg.K, cfg.C, cfg.H_shared > 0},
+          static_cast<size_t>(N) * cfg.C);
+  if (stats) {
+    std::vector<float> p(static_cast<size_t>(N) * cfg.E);
+    ex.to_host(p.data(), saved + L.probs, sizeof(float) * p.size());
+    moe_host_stats(stats, p, off, cfg, N);
+  }
+}
+
 template <class Exec>
 void moe_layer_forward(Exec& ex, float* out, float* saved, MoeStats* stats, const float* inp, const MoeWeights& w,
                        const MoeConfig& cfg, int N, float* scratch) {
@@ -111,29 +154,15 @@ void moe_layer_forward(Exec& ex, float* out, float* saved, MoeStats* stats, cons
   const MoeSavedLayout L = moe_saved_layout(cfg, N);
   const size_t plan_bytes = ex.plan_tmp_bytes(NK, E);
   const MoeScratchLayout S = moe_scratch_layout(cfg, N, plan_bytes);
-  float* probs = saved + L.probs;
-  float* weights = saved + L.weights;
-  int32_t* experts = moe_ints(saved + L.experts);
-  int32_t* offsets = moe_ints(saved + L.offsets);
-  int32_t* row_slot = moe_ints(saved + L.row_slot);
-  int32_t* slot_row = moe_ints(saved + L.slot_row);
   if (N == 0) {
-    ex.zero(offsets, sizeof(int32_t) * (static_cast<size_t>(E) + 1));
+    ex.zero(saved + L.offsets, sizeof(int32_t) * (static_cast<size_t>(E) + 1));
     if (stats) *stats = MoeStats{};
     return;
   }
-  ex.gemm(false, true, N, E, C, 1.0f, inp, C, w.w_router, C, 0.0f, probs, E);
-  ex.each(RouterTopkBody{probs, experts, weights, E, K, cfg.renormalize}, static_cast<size_t>(N));
-  if (cfg.H_shared > 0)
-    moe_expert_forward(ex, out, saved + L.gs, saved + L.us, scratch + S.hs, inp, w.ws_gate, w.ws_up, w.ws_down, N, C,
-                       cfg.H_shared);
-  ex.route_plan(offsets, row_slot, experts, NK, E, scratch + S.plan, plan_bytes);
-  ex.each(InvertRowsBody{slot_row, row_slot}, static_cast<size_t>(NK));
   float* xp = scratch + S.xp;
   float* y = scratch + S.yp;
-  ex.each(PermuteBody{xp, inp, slot_row, K, C}, static_cast<size_t>(NK) * C);
-  std::vector<int32_t> off(static_cast<size_t>(E) + 1);
-  ex.to_host(off.data(), offsets, sizeof(int32_t) * off.size());
+  const std::vector<int32_t> off =
+      moe_route_and_permute(ex, out, saved, inp, w, cfg, N, xp, scratch + S.hs, scratch + S.plan, plan_bytes);
   // The routed experts phase by phase: each phase is one GEMM per non-empty segment, issued as one
   // batch (ex.gemm_batch: grouped, on streams or one by one); the elementwise SwiGLU runs once over
   // all NK rows, since the segments tile them.
@@ -152,12 +181,42 @@ void moe_layer_forward(Exec& ex, float* out, float* saved, MoeStats* stats, cons
   ex.gemm_batch(gate_up);
   ex.each(MoeSwigluBody{h, g, u}, static_cast<size_t>(NK) * H);
   ex.gemm_batch(down);
-  ex.each(UnpermuteBody{out, y, weights, slot_row, K, C, cfg.H_shared > 0}, static_cast<size_t>(N) * C);
-  if (stats) {
-    std::vector<float> p(static_cast<size_t>(N) * E);
-    ex.to_host(p.data(), probs, sizeof(float) * p.size());
-    moe_host_stats(stats, p, off, cfg, N);
-  }
+  moe_combine_and_stats(ex, out, stats, y, saved, off, cfg, N);
+}
+
+// The shared expert's backward on N > 0 tokens: its weight gradients accumulated, its dx assigned
+// to dinp (so it must run first). hs, dgs (N, H_shared) scratch. Nothing without a shared expert.
+template <class Exec>
+void moe_shared_expert_backward(Exec& ex, float* dinp, const MoeGrads& gr, const float* dout, const float* inp,
+                                const float* saved, const MoeWeights& w, const MoeConfig& cfg, int N, float* hs,
+                                float* dgs) {
+  if (cfg.H_shared <= 0) return;
+  const int C = cfg.C, Hs = cfg.H_shared;
+  const MoeSavedLayout L = moe_saved_layout(cfg, N);
+  ex.each(MoeSwigluBody{hs, saved + L.gs, saved + L.us}, static_cast<size_t>(N) * Hs);
+  ex.gemm(true, false, C, Hs, N, 1.0f, dout, C, hs, Hs, 1.0f, gr.ws_down, Hs);
+  ex.gemm(false, false, N, Hs, C, 1.0f, dout, C, w.ws_down, Hs, 0.0f, dgs, Hs);
+  moe_expert_backward_from_dh(ex, dinp, gr.ws_gate, gr.ws_up, hs, dgs, saved + L.gs, saved + L.us, inp, w.ws_gate,
+                              w.ws_up, N, C, Hs);
+}
+
+// The layer's backward after its routed experts: dinp (+)= each token's rows' dx (dxrows, N K rows
+// of C; assigned without a shared expert), then the router's backward from the rows' d weights dw
+// (N K): d probs and d logits into dp (N, E), dWr += dp^T inp, dinp += dp Wr.
+template <class Exec>
+void moe_router_backward(Exec& ex, float* dinp, const MoeGrads& gr, const float* dxrows, const float* dw, float* dp,
+                         float daux, const float* inp, const float* saved, const MoeWeights& w, const MoeConfig& cfg,
+                         int N) {
+  const int E = cfg.E, K = cfg.K, C = cfg.C;
+  const MoeSavedLayout L = moe_saved_layout(cfg, N);
+  const int32_t* slot_row = moe_ints(saved + L.slot_row);
+  ex.each(UnpermuteBody{dinp, dxrows, nullptr, slot_row, K, C, cfg.H_shared > 0}, static_cast<size_t>(N) * C);
+  const float aux_scale = daux * static_cast<float>(E) / (static_cast<float>(N) * static_cast<float>(N));
+  ex.each(RouterBackwardBody{dp, saved + L.probs, saved + L.weights, moe_ints(saved + L.experts),
+                             moe_ints(saved + L.offsets), slot_row, dw, daux, aux_scale, E, K, cfg.renormalize},
+          static_cast<size_t>(N));
+  ex.gemm(true, false, E, C, N, 1.0f, dp, E, inp, C, 1.0f, gr.w_router, C);
+  ex.gemm(false, false, N, C, E, 1.0f, dp, E, w.w_router, C, 1.0f, dinp, C);
 }
 
 template <class Exec>
@@ -167,9 +226,7 @@ void moe_layer_backward(Exec& ex, float* dinp, const MoeGrads& gr, const float* 
   if (N == 0) return;
   const MoeSavedLayout L = moe_saved_layout(cfg, N);
   const MoeScratchLayout S = moe_scratch_layout(cfg, N, ex.plan_tmp_bytes(NK, E));
-  const float* probs = saved + L.probs;
   const float* weights = saved + L.weights;
-  const int32_t* experts = moe_ints(saved + L.experts);
   const int32_t* offsets = moe_ints(saved + L.offsets);
   const int32_t* slot_row = moe_ints(saved + L.slot_row);
   float* xp = scratch + S.xp;
@@ -178,17 +235,7 @@ void moe_layer_backward(Exec& ex, float* dinp, const MoeGrads& gr, const float* 
   float* dg = scratch + S.dg;
   float* dw = scratch + S.dw;
   float* wrow = scratch + S.wrow;
-  float* dp = scratch + S.dp;
-  if (cfg.H_shared > 0) {  // the shared expert's dx initializes dinp
-    const int Hs = cfg.H_shared;
-    float* hs = scratch + S.hs;
-    float* dgs = scratch + S.dgs;
-    ex.each(MoeSwigluBody{hs, saved + L.gs, saved + L.us}, static_cast<size_t>(N) * Hs);
-    ex.gemm(true, false, C, Hs, N, 1.0f, dout, C, hs, Hs, 1.0f, gr.ws_down, Hs);
-    ex.gemm(false, false, N, Hs, C, 1.0f, dout, C, w.ws_down, Hs, 0.0f, dgs, Hs);
-    moe_expert_backward_from_dh(ex, dinp, gr.ws_gate, gr.ws_up, hs, dgs, saved + L.gs, saved + L.us, inp, w.ws_gate,
-                                w.ws_up, N, C, Hs);
-  }
+  moe_shared_expert_backward(ex, dinp, gr, dout, inp, saved, w, cfg, N, scratch + S.hs, scratch + S.dgs);
   ex.each(PermuteBody{xp, inp, slot_row, K, C}, static_cast<size_t>(NK) * C);
   ex.each(PermuteBody{dop, dout, slot_row, K, C}, static_cast<size_t>(NK) * C);
   ex.each(PermuteWeightsBody{wrow, weights, slot_row}, static_cast<size_t>(NK));
@@ -221,13 +268,7 @@ void moe_layer_backward(Exec& ex, float* dinp, const MoeGrads& gr, const float* 
   ex.gemm_batch(dwgu);                                              // dWg += dg^T x, dWu += du^T x
   ex.gemm_batch(dx_g);                                              // dx = dg Wg (in xp)
   ex.gemm_batch(dx_u);                                              // dx += du Wu
-  ex.each(UnpermuteBody{dinp, xp, nullptr, slot_row, K, C, cfg.H_shared > 0}, static_cast<size_t>(N) * C);
-  const float aux_scale = daux * static_cast<float>(E) / (static_cast<float>(N) * static_cast<float>(N));
-  ex.each(RouterBackwardBody{dp, probs, weights, experts, offsets, slot_row, dw, daux, aux_scale, E, K,
-                             cfg.renormalize},
-          static_cast<size_t>(N));
-  ex.gemm(true, false, E, C, N, 1.0f, dp, E, inp, C, 1.0f, gr.w_router, C);
-  ex.gemm(false, false, N, C, E, 1.0f, dp, E, w.w_router, C, 1.0f, dinp, C);
+  moe_router_backward(ex, dinp, gr, xp, dw, scratch + S.dp, daux, inp, saved, w, cfg, N);
 }
 
 // The dispatcher alone (identity experts) for the round-trip tests: route plan from given experts,
