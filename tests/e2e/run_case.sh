@@ -1138,6 +1138,43 @@ EOS
       --set rollout.async=true --set rollout.async_chunks=2 $S $EP $Z
     $CHECK same "$W/stream_ep" "$W/stream_ez"
     ;;
+  expert_parallel_run_stream)  # streamed parts (rollout.async, async_chunks 3) over 2 learners (mpirun) with the
+    # experts' compute split (policy.moe.expert_parallel 2) against the same streamed run with data parallelism:
+    # every GRPO step updates (a format reward of 0.5 for a wrong number: rewards differ within groups,
+    # grad_norm > 0), the 12 SFT steps are the same bits, and the GRPO steps agree within the documented 1e-6
+    # (relative; several parts per learner sum in another order) in every metric
+    S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.every=100 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set rollout.async=true --set rollout.async_chunks=3 --set grpo.max_steps=4 \
+       --set envs[0].config={\"digits\":1,\"terms\":1,\"format_reward\":0.5} $Q"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" $S
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" $S --set policy.moe.expert_parallel=2
+    "$PY" - "$W/dp/metrics.jsonl" "$W/ep/metrics.jsonl" << 'EOS'
+import json, sys
+for p in sys.argv[1:]:
+    g = [r for r in map(json.loads, open(p)) if r.get("phase") == "grpo" and "grad_norm" in r]
+    assert g and all(r["grad_norm"] > 0 and r["reward_std"] > 0 for r in g), [(r["grad_norm"], r["reward_std"]) for r in g]
+    print(p, "grad_norm", [round(r["grad_norm"], 6) for r in g])
+EOS
+    $CHECK close "$W/dp" "$W/ep" 13 1e-6
+    "$PY" - "$W/dp/checkpoints/latest/model.safetensors" "$W/ep/checkpoints/latest/model.safetensors" << 'EOS'
+import json, struct, sys
+import numpy as np
+def tensors(path):  # safetensors: an 8-byte header length, the JSON header, the data
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    return {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], np.float32)
+            for k, v in head.items() if k != "__metadata__" and v["dtype"] == "F32"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
+worst = max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]) / (1 + np.abs(a[k])))) for k in a)
+assert worst <= 1e-6, worst
+moved = sum(int(np.any(a[k] != b[k])) for k in a)
+print("the final weights: %d tensors, within %.3g (relative) of data parallelism's, %d not bit for bit" % (len(a), worst, moved))
+EOS
+    ;;
   shard_expert_parallel_run)  # policy.moe.expert_parallel 2 with learner.shard: parameters over 2 learners
     # (mpirun): each learner keeps its ZeRO-3 shard of the whole model (every expert), gathers each layer and
     # computes its half of the experts for both learners' routed rows; the run (weights synced from the
