@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace troupe::learner {
 
@@ -19,10 +20,17 @@ std::pair<float*, float*> whole_pages(float* p, size_t n) {
   return {reinterpret_cast<float*>(s), reinterpret_cast<float*>(e)};
 }
 
+PagePoolFaults& page_pool_faults() {
+  static PagePoolFaults faults;
+  return faults;
+}
+
 std::unique_ptr<PagePool> PagePool::create(size_t bytes) {
   const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   bytes = (bytes + page - 1) / page * page;
-  if (bytes == 0) return nullptr;
+  const PagePoolFaults& faults = page_pool_faults();
+  if (faults.max_bytes > 0) bytes = std::min(bytes, faults.max_bytes / page * page);
+  if (bytes == 0 || faults.no_memfd) return nullptr;
   const int fd = memfd_create("troupe_zero3_gathers", MFD_CLOEXEC);
   if (fd < 0) return nullptr;
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -38,6 +46,7 @@ PagePool::~PagePool() {
 }
 
 bool PagePool::map(char* begin, size_t bytes) {
+  PagePoolFaults& faults = page_pool_faults();
   if (bytes == 0) return false;
   // (a span whose unmap failed stays there, its pages that place's alone: the caller writes into them)
   for (const Span& s : live_)
@@ -45,10 +54,15 @@ bool PagePool::map(char* begin, size_t bytes) {
   size_t offset = 0;
   auto at = live_.begin();
   for (; at != live_.end() && at->offset - offset < bytes; ++at) offset = at->offset + at->bytes;
-  if (at == live_.end() && bytes_ - offset < bytes) return false;
-  void* p = mmap(begin, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd_,
-                 static_cast<off_t>(offset));
-  if (p == MAP_FAILED) return false;  // (a failed MAP_FIXED leaves the old mapping in place)
+  const bool fits = at != live_.end() || bytes_ - offset >= bytes;
+  void* p = !fits || faults.fail_map ? MAP_FAILED
+                                     : mmap(begin, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
+                                            fd_, static_cast<off_t>(offset));
+  if (p == MAP_FAILED) {  // (a failed MAP_FIXED leaves the old mapping in place)
+    ++faults.refused;
+    return false;
+  }
+  ++faults.mapped;
   live_.insert(at, Span{begin, offset, bytes});
   return true;
 }
@@ -57,9 +71,16 @@ bool PagePool::unmap(char* begin) {
   const auto it = std::find_if(live_.begin(), live_.end(), [&](const Span& s) { return s.at == begin; });
   if (it == live_.end()) return false;
   // Fails only without the memory for a new mapping: the span then stays mapped and live (its pool
-  // pages are never mapped anywhere else), and the caller drops it as ordinary memory.
-  if (mmap(begin, it->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+  // pages are never mapped anywhere else), zeroed here as fresh pages would read (MADV_DONTNEED, the
+  // caller's drop, does not zero shared pages: a gradient range would add its next sum to its last).
+  PagePoolFaults& faults = page_pool_faults();
+  if (faults.fail_unmap ||
+      mmap(begin, it->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    std::memset(begin, 0, it->bytes);
+    ++faults.stuck;
     return false;
+  }
+  ++faults.unmapped;
   live_.erase(it);
   return true;
 }

@@ -14,6 +14,9 @@
 # join_srun (the same under srun -n 3 on a single-node SLURM started here, tests/e2e/slurm_session.sh,
 # 77 = skipped without SLURM; two members join, and with weight_sync.relay_fanout 2 the job's
 # generator relays the weights to the first of them: no hop fails, both leave by SIGTERM),
+# expert_parallel_join, shard_join (a generator joins a sync run of 2 learners under mpirun -np 4
+# whose experts are divided, or whose weights are ZeRO-3 shards: it takes the full weights from the
+# learners' pieces and the run equals the data-parallel run without a member bit for bit),
 # join_env (an env server joins the pool of a run's env with troupe join --role env, takes
 # episodes, leaves by SIGTERM; a refused env name and address; every step trained with full batches).
 set -euo pipefail
@@ -184,6 +187,55 @@ case $CASE in
       grep -q "rank 1 (role generator0): peer node [0-9]* (role joined-relay)" "$W/job.log" ||
         { grep -E "membership|peer" "$W/job.log"; echo "the job's generator never relayed to a member"; exit 1; }
     fi
+    ;;
+  expert_parallel_join | shard_join)
+    # 2 learners under mpirun -np 4 with the experts divided (policy.moe.expert_parallel 2, shard none;
+    # shard_join: learner.shard parameters instead), sync, probe on: a generator joins at step >= 3, gets
+    # the full weights assembled from the learners' expert blocks (shards) at the next sync, checksums and
+    # probe passed, and samples with them. With policy.batch_invariant the run equals the data-parallel
+    # run without a member bit for bit (its samples drawn with the newest weights whoever draws them).
+    N=12
+    MPI=("$MPIEXEC" --oversubscribe --allow-run-as-root -np 4 --mca btl self,tcp --mca btl_tcp_if_include lo
+      --mca oob_tcp_if_include lo)
+    HOW="--set policy.moe.expert_parallel=2"
+    [ "$CASE" = shard_join ] && HOW="--set learner.shard=parameters"
+    R="--set cluster.learners=2 --set weight_sync.probe=true --set policy.batch_invariant=true --set grpo.max_steps=$N"
+    "${MPI[@]}" "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ref" $JOIN_JOB $R > "$W/ref.log" 2>&1 ||
+      { tail -30 "$W/ref.log"; exit 1; }
+    "${MPI[@]}" "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/run" $JOIN_JOB $SLOW $R $HOW \
+      > "$W/job.log" 2>&1 &
+    JOBPID=$!
+    PIDS+=($JOBPID)
+    wait_for 90 grpo_rows_at_least "$W/run" 3
+    "$TROUPE" join "$W/run" --role generator > "$W/a.log" 2>&1 &
+    M=$!
+    PIDS+=($M)
+    wait_for 60 first_rollouts_at_least 1
+    grep "sampled its first rollout" "$W/job.log"
+    kill -TERM $M
+    wait $M || { cat "$W/a.log"; echo "the member did not leave cleanly"; exit 1; }
+    grep -q "left the job after step" "$W/a.log" || { cat "$W/a.log"; exit 1; }
+    wait $JOBPID || { tail -30 "$W/job.log"; echo "the job failed"; exit 1; }
+    FROM="from the expert blocks of 2 learners"
+    [ "$CASE" = shard_join ] && FROM="from the shards of 2 learners"
+    grep -q "weight sync: $FROM" "$W/job.log" || { grep "weight sync" "$W/job.log"; exit 1; }
+    if grep -E "fails its checksum|probe|not applied|refused" "$W/job.log" "$W/a.log"; then
+      echo "a generator did not take the weights"
+      exit 1
+    fi
+    # the sync that admitted the member sent the weights (in the learners' pieces) to two generators,
+    # the member in full (it held none)
+    "$PY" - "$W/job.log" << 'EOS'
+import re, sys
+rows = [tuple(map(int, m.groups())) for m in
+        re.finditer(r"weight sync: version (\d+) in 2 pieces \(a delta to (\d+) generators, in full to (\d+)\)",
+                    open(sys.argv[1]).read())]
+two = [r for r in rows if r[1] + r[2] == 2 and r[2] >= 1]
+assert two, rows
+print("the member's full weights came with version", two[0][0], "from 2 learners' pieces")
+EOS
+    $CHECK steps "$W/run" $((5 + N))
+    $CHECK same "$W/ref" "$W/run"
     ;;
   join_env)
     # tests/reliability/tiny.yaml with its env a pool of one SDK server (tests/envs/pool_env.py,

@@ -18,6 +18,17 @@ namespace troupe::learner {
 // The whole pages inside [p, p + n): their first float and the end ({p + n, p + n}: none).
 std::pair<float*, float*> whole_pages(float* p, size_t n);
 
+// For tests only (tests/learner/page_pool.cpp): forces the fallbacks below as if the system refused,
+// and counts what the pools did. All off in a run; read and written on the learner's thread.
+struct PagePoolFaults {
+  bool no_memfd = false;    // create() finds no memfd_create: no pool
+  size_t max_bytes = 0;     // > 0: a pool holds at most this (rounded down to whole pages): spans run out of pages
+  bool fail_map = false;    // map()'s mmap fails
+  bool fail_unmap = false;  // unmap()'s mmap fails: the span stays mapped
+  size_t mapped = 0, refused = 0, unmapped = 0, stuck = 0;  // spans map()ped, map() refused, unmap()ped, left mapped
+};
+PagePoolFaults& page_pool_faults();
+
 class PagePool {
  public:
   // A pool of `bytes` (rounded up to whole pages); null where it cannot be made (no memfd_create,
@@ -33,7 +44,8 @@ class PagePool {
   bool map(char* begin, size_t bytes);
   // Fresh anonymous pages over the span map() mapped at `begin` (they read as zero), its pool pages
   // free again. False when no span is mapped there, or when the new mapping fails: the span then
-  // stays mapped there, its pool pages that place's alone (map() refuses that place from then on).
+  // stays mapped there, zeroed (as fresh pages read), its pool pages that place's alone (map()
+  // refuses that place from then on).
   bool unmap(char* begin);
   size_t bytes() const { return bytes_; }
 
