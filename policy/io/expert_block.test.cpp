@@ -192,6 +192,16 @@ TEST(ExpertBlock, OnDemandRowsAreTheEagerReads) {
   EXPECT_EQ(rows->shape, (std::vector<int64_t>{2, shape[1], shape[2]}));
   EXPECT_EQ(rows->data, std::vector<float>(all->data.begin() + row, all->data.begin() + 3 * row));
   expect_error(lazy->read_rows(gate_up, shape, 3, 2).error(), "has no rows [3, 5)");
+  // on demand, a read costs its own bytes alone (pread on the file's one descriptor)
+  const SafetensorsEntry* entry = lazy->find(gate_up);
+  const uint64_t before = safetensors_data_bytes_read();
+  ASSERT_TRUE(lazy->read_rows(gate_up, shape, 1, 2).ok());
+  EXPECT_EQ(safetensors_data_bytes_read() - before, 2 * (entry->end - entry->begin) / static_cast<uint64_t>(shape[0]));
+  std::vector<float> flat(5);
+  ASSERT_TRUE(lazy->read_flat(gate_up, row + 3, flat).ok());
+  EXPECT_EQ(flat, std::vector<float>(all->data.begin() + static_cast<std::ptrdiff_t>(row) + 3,
+                                     all->data.begin() + static_cast<std::ptrdiff_t>(row) + 8));
+  expect_error(lazy->read_flat(gate_up, all->data.size() - 2, flat).error(), "has no values [");
   expect_error(lazy->read_rows(gate_up, {1, 2, 3}, 0, 1).error(), "expected (1, 2, 3)");
 }
 

@@ -204,7 +204,8 @@ class Trainer {
   // collective.
   Status load_optimizer(AdamW full);
   // Sharded: takes this rank's share of the AdamW state alone (load_checkpoint_share of
-  // [shard_begin(), shard_end())), so the whole moments are never held. No collective.
+  // [shard_begin(), shard_end())), so the whole moments are never held; with the experts divided,
+  // the moments of this rank's own arena (load_checkpoint_ranges of held_ranges). No collective.
   Status load_optimizer_share(AdamW share);
   // Expert parallelism whose model holds one block of experts (PolicyModel::expert_shards;
   // divided_experts.cpp). join_expert_parallel: the groups (a collective of the learners; the first
