@@ -3,10 +3,12 @@
 // slice_experts(shard, shards) bit for bit: the tensor table, the layout and every value, for a
 // random init (every MoE family, 2 and 4 blocks) and for transformers-made directories in every
 // expert layout (per expert, fused, fused transposed, bf16, sharded by an index); the safetensors
-// reader's on-demand rows are its eager reads; what cannot be divided is refused naming why.
+// reader's on-demand rows are its eager reads; the layout's pieces tile the arena, each block's
+// holding its experts alone (expert_blocks.h); what cannot be divided is refused naming why.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include "troupe/base/build_config.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
+#include "troupe/policy/expert_blocks.h"
 
 namespace fs = std::filesystem;
 using namespace troupe::policy;
@@ -37,12 +40,36 @@ void expect_same_table(const std::vector<TensorSpec>& a, const std::vector<Tenso
   }
 }
 
+// The layout's pieces tile the whole arena, each of one owner: block q's hold only routed experts of
+// q (expert e of num_experts / shards per block, by name: routed_expert_of) and the others none;
+// the held pieces tile the block's own arena in order.
+void expect_layout_tiles(const ExpertShardLayout& l, size_t local_size) {
+  size_t whole = 0, local = 0;
+  int experts = 0;
+  for (const TensorSpec& t : l.whole_table) experts = std::max(experts, routed_expert_of(t.name) + 1);
+  for (const ArenaPiece& p : l.pieces) {
+    EXPECT_EQ(p.whole, whole);
+    whole += p.size;
+    const bool held = p.owner < 0 || p.owner == l.shard;
+    EXPECT_EQ(p.local, held ? local : ArenaPiece::npos) << p.whole;
+    if (held) local += p.size;
+    for (const TensorSpec& t : l.whole_table)
+      if (t.offset >= p.whole && t.offset < p.whole + p.size) {
+        const int e = routed_expert_of(t.name);
+        EXPECT_EQ(p.owner, e < 0 ? -1 : e / (experts / l.shards)) << t.name;
+      }
+  }
+  EXPECT_EQ(whole, l.whole_size);
+  EXPECT_EQ(local, local_size);
+}
+
 // `block` is `sliced` bit for bit: the same table, layout and parameter bits.
 void expect_same_block(const Model& block, const Model& sliced) {
   expect_same_table(block.tensors(), sliced.tensors());
   const ExpertShardLayout* a = block.expert_shards();
   const ExpertShardLayout* b = sliced.expert_shards();
   ASSERT_TRUE(a && b);
+  expect_layout_tiles(*a, block.params().size());
   EXPECT_EQ(a->shard, b->shard);
   EXPECT_EQ(a->shards, b->shards);
   EXPECT_EQ(a->whole_size, b->whole_size);
