@@ -177,24 +177,6 @@ ModelDirWriter policy_model_writer(const policy::Model& model, const policy::io:
   };
 }
 
-ModelDirWriter whole_model_writer(const policy::Model& model, std::span<const float> whole,
-                                  const policy::io::Tokenizer* tokenizer, int32_t bos, int32_t eos, int32_t pad) {
-  return [&model, whole, tokenizer, bos, eos, pad](const std::string& dir) -> Status {
-    const policy::ExpertShardLayout* layout = model.expert_shards();
-    if (!layout || whole.size() != layout->whole_size)
-      return make_error(ErrorCode::internal, "checkpoint: whole_model_writer needs a sliced model and its whole weights");
-    policy::io::TensorMap named;
-    for (const auto& s : layout->whole_table) {
-      if (s.name == "lm_head.weight" && model.config().tie_word_embeddings) continue;
-      named[s.name] = policy::io::Tensor{s.shape, std::vector<float>(whole.begin() + static_cast<std::ptrdiff_t>(s.offset),
-                                                                     whole.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()))};
-    }
-    TROUPE_ASSIGN_OR_RETURN(auto tensors, policy::io::canonicalize_tensors(model.config(), named, "model"));
-    return policy::io::save_model_dir(dir, model.config(), tensors, tokenizer, policy::io::ExpertLayout::per_expert,
-                                      bos, eos, pad);
-  };
-}
-
 Status load_policy_model_params(const std::string& dir, policy::Model& model) {
   TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(dir));
   const auto& a = loaded.model.tensors();

@@ -133,7 +133,7 @@ Status train(const Case& k, Communicator& comm, int ep, Run& run) {
     return {};
   }
   run.params.resize(comm.rank() == 0 ? model.expert_shards()->whole_size : 0);
-  return tr.gather_whole_params(run.params);
+  return test::gather_divided_weights(model, comm, run.params);
 }
 
 int compare(const Case& k, Communicator& world) {

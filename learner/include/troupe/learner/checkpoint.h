@@ -49,13 +49,6 @@ ModelDirWriter flat_model_writer(std::span<const float> params, const std::vecto
 // model.safetensors, the tokenizer when given). The model and tokenizer must outlive the writer.
 ModelDirWriter policy_model_writer(const policy::Model& model, const policy::io::Tokenizer* tokenizer = nullptr,
                                    int32_t bos_token_id = -1, int32_t eos_token_id = -1, int32_t pad_token_id = -1);
-// policy_model_writer for a model holding one block of experts (policy::Model::slice_experts): the
-// whole model's directory, as policy_model_writer writes it for the whole model, from the whole
-// weights `whole` (Trainer::gather_whole_params, in the layout's whole_table). The model, `whole`
-// and the tokenizer must outlive the writer.
-ModelDirWriter whole_model_writer(const policy::Model& model, std::span<const float> whole,
-                                  const policy::io::Tokenizer* tokenizer = nullptr, int32_t bos_token_id = -1,
-                                  int32_t eos_token_id = -1, int32_t pad_token_id = -1);
 // Loads a checkpoint's model directory (policy::io::load_model) and copies its weights into `model`;
 // errors when the directory's tensor table differs from the model's (names, shapes).
 Status load_policy_model_params(const std::string& dir, policy::Model& model);
