@@ -17,15 +17,13 @@ int routed_expert_of(std::string_view name) {
   return i > first && i < name.size() && name[i] == '.' ? e : -1;
 }
 
-namespace {
-void add_stretch(std::vector<ExpertBlockStretch>& out, size_t begin, size_t end, int owner) {
+void append_stretch(std::vector<ExpertBlockStretch>& stretches, size_t begin, size_t end, int owner) {
   if (end <= begin) return;
-  if (!out.empty() && out.back().owner == owner && out.back().end == begin)
-    out.back().end = end;
+  if (!stretches.empty() && stretches.back().owner == owner && stretches.back().end == begin)
+    stretches.back().end = end;
   else
-    out.push_back({begin, end, owner});
+    stretches.push_back({begin, end, owner});
 }
-}  // namespace
 
 std::vector<ExpertBlockStretch> expert_block_stretches(const std::vector<TensorSpec>& table, int blocks) {
   std::vector<TensorSpec> sorted;
@@ -44,8 +42,8 @@ std::vector<ExpertBlockStretch> expert_block_stretches(const std::vector<TensorS
     const size_t b = std::max(t.offset, end), e = t.offset + t.numel();
     if (e <= b) continue;  // (values another tensor covers already: a tied head)
     const int x = routed_expert_of(t.name);
-    add_stretch(out, end, b, -1);  // (values of no tensor, if any: every block's)
-    add_stretch(out, b, e, x < 0 ? -1 : std::min(x / per_block, E - 1));
+    append_stretch(out, end, b, -1);  // (values of no tensor, if any: every block's)
+    append_stretch(out, b, e, x < 0 ? -1 : std::min(x / per_block, E - 1));
     end = e;
   }
   return out;

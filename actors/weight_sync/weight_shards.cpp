@@ -275,16 +275,6 @@ Result<Weights> join_piece_heads(std::span<const Weights> heads, std::vector<std
   return out;
 }
 
-namespace {
-void add_run(std::vector<SyncRun>& runs, size_t begin, size_t end, int sender) {
-  if (end <= begin) return;
-  if (!runs.empty() && runs.back().sender == sender && runs.back().end == begin)
-    runs.back().end = end;
-  else
-    runs.push_back({begin, end, sender});
-}
-}  // namespace
-
 std::vector<SyncRun> expert_sync_runs(const std::vector<policy::TensorSpec>& whole_table, int expert_parallel) {
   const int E = std::max(1, expert_parallel);
   // The arena's stretches: owner -1 (every rank holds them) or the expert-parallel rank of a block.
@@ -293,20 +283,22 @@ std::vector<SyncRun> expert_sync_runs(const std::vector<policy::TensorSpec>& who
   for (const auto& h : held)
     if (h.owner < 0) shared += h.end - h.begin;
   const auto parts = learner::shard_bounds(shared, E);
-  std::vector<SyncRun> runs;
+  std::vector<policy::ExpertBlockStretch> cut;  // (owner: the sending rank)
   size_t seen = 0;  // shared values before this stretch
   for (const auto& h : held) {
     if (h.owner >= 0) {
-      add_run(runs, h.begin, h.end, h.owner);
+      policy::append_stretch(cut, h.begin, h.end, h.owner);
       continue;
     }
     for (int q = 0; q < E; ++q) {  // the stretch's values in shared part q
       const size_t lo = std::max(parts[static_cast<size_t>(q)], seen);
       const size_t hi = std::min(parts[static_cast<size_t>(q) + 1], seen + (h.end - h.begin));
-      if (hi > lo) add_run(runs, h.begin + (lo - seen), h.begin + (hi - seen), q);
+      if (hi > lo) policy::append_stretch(cut, h.begin + (lo - seen), h.begin + (hi - seen), q);
     }
     seen += h.end - h.begin;
   }
+  std::vector<SyncRun> runs;
+  for (const auto& c : cut) runs.push_back({c.begin, c.end, c.owner});
   return runs;
 }
 

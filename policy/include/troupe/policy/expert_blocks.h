@@ -21,6 +21,10 @@ struct ExpertBlockStretch {
   int owner = -1;
 };
 
+// Appends [begin, end) of `owner` to stretches in arena order (nothing when empty), merged into the
+// last one when that is the same owner's and ends at `begin`.
+void append_stretch(std::vector<ExpertBlockStretch>& stretches, size_t begin, size_t end, int owner);
+
 // A routed expert's index from its tensor's name (...experts.<e>.<kind>), else -1.
 int routed_expert_of(std::string_view name);
 
