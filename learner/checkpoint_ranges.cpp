@@ -83,7 +83,7 @@ Result<policy::io::ShardRangeReader> open_shards(const std::string& step_dir,
   if (m.kind != "model")
     return invalid_input("checkpoint: " + m.path + " holds " + m.kind + " values, not a whole model's weights");
   TROUPE_TRY(policy::io::check_shard_table(m, table, "the model"));
-  return policy::io::ShardRangeReader(step_dir, std::move(m));
+  return policy::io::ShardRangeReader(step_dir, std::move(m), false);  // (verified before: check_checkpoint_listing)
 }
 
 Status read_ranges(const RangeSource& source, std::span<const HeldRange> ranges, std::span<float> params,

@@ -2,7 +2,8 @@
 // (Model::create_expert_block, policy::io::load_expert_block) is the whole model's
 // slice_experts(shard, shards) bit for bit: the tensor table, the layout and every value, for a
 // random init (every MoE family, 2 and 4 blocks) and for transformers-made directories in every
-// expert layout (per expert, fused, fused transposed, bf16, sharded by an index); the safetensors
+// expert layout (per expert, fused, fused transposed, bf16, sharded by an index, a sharded learner's
+// checkpoint, each block reading its own values' bytes alone); the safetensors
 // reader's on-demand rows are its eager reads; the layout's pieces tile the arena, each block's
 // holding its experts alone (expert_blocks.h); what cannot be divided is refused naming why.
 #include <gtest/gtest.h>
@@ -13,12 +14,15 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
+#include <utility>
 
 #include "../test_models.h"
 #include "test_temp_dir.h"
 #include "troupe/base/build_config.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
+#include "troupe/policy/io/sharded_weights.h"
 #include "troupe/policy/expert_blocks.h"
 
 namespace fs = std::filesystem;
@@ -196,6 +200,33 @@ TEST(ExpertBlock, TransposedFusedBf16AndIndexedShards) {
     std::ofstream((d / "model.safetensors.index.json").string()) << nlohmann::json{{"weight_map", map}}.dump();
   });
   expect_blocks_of_dir(indexed, 2);
+}
+
+TEST(ExpertBlock, ShardedCheckpointBlockReadsItsValuesAlone) {
+  // a sharded learner's checkpoint (shards.json, 3 files) as policy.path: each block from the ranges of
+  // the files that hold its values, exactly its own values' bytes read (each file opened is hashed too)
+  auto whole = load_model(fixture("qwen3_moe").string());
+  ASSERT_TRUE(whole.ok()) << whole.error().message;
+  const std::span<const float> params = std::as_const(whole->model).params();
+  const fs::path sharded = rewritten_fixture("qwen3_moe", "sharded", [&](const TensorMap&, const fs::path& d) {
+    ShardManifest m;
+    m.world_size = 3;
+    m.bounds = {0, params.size() / 3, 2 * params.size() / 3, params.size()};
+    m.tensors = whole->model.tensors();
+    for (int r = 0; r < 3; ++r) {
+      const size_t lo = m.bounds[static_cast<size_t>(r)], hi = m.bounds[static_cast<size_t>(r) + 1];
+      auto f = write_shard_file(d.string(), r, 3, lo, hi, {{kShardParams, params.subspan(lo, hi - lo)}});
+      ASSERT_TRUE(f.ok()) << f.error().message;
+      m.files.push_back(*f);
+    }
+    ASSERT_TRUE(write_shard_manifest(d.string(), m).ok());
+  });
+  expect_blocks_of_dir(sharded, 2);
+  const uint64_t before = safetensors_data_bytes_read();
+  auto block = load_expert_block(sharded.string(), 1, 2);
+  ASSERT_TRUE(block.ok()) << block.error().message;
+  EXPECT_EQ(safetensors_data_bytes_read() - before, 4 * block->model.params().size());
+  EXPECT_LT(block->model.params().size(), params.size());
 }
 
 TEST(ExpertBlock, OnDemandRowsAreTheEagerReads) {

@@ -1,7 +1,7 @@
 // Sharded weights (sharded_weights.h): shards.json and the per-rank files of a sharded learner's
 // checkpoint, written by each rank and read back whole or by range. Invariant: no value is used
-// from a file whose size or xxh3 differs from the manifest's (ShardRangeReader checks the size and
-// leaves the xxh3 to verify_shard_files, run before), and every error names file and rank.
+// from a file whose size or xxh3 differs from the manifest's (a ShardRangeReader without `hash` checks
+// the size and leaves the xxh3 to verify_shard_files, run before), and every error names file and rank.
 #include "troupe/policy/io/sharded_weights.h"
 
 #include <xxhash.h>
@@ -245,8 +245,8 @@ Result<std::vector<float>> read_shard_buffer(const std::string& dir, const Shard
   return out;
 }
 
-ShardRangeReader::ShardRangeReader(std::string dir, ShardManifest m)
-    : dir_(std::move(dir)), m_(std::move(m)), files_(m_.files.size()) {}
+ShardRangeReader::ShardRangeReader(std::string dir, ShardManifest m, bool hash)
+    : dir_(std::move(dir)), m_(std::move(m)), hash_(hash), files_(m_.files.size()) {}
 
 Status ShardRangeReader::read(const std::string& buffer, size_t begin, std::span<float> out) {
   const size_t end = begin + out.size();
@@ -258,7 +258,7 @@ Status ShardRangeReader::read(const std::string& buffer, size_t begin, std::span
     const size_t lo = std::max(begin, f.begin), hi = std::min(end, f.end);
     if (lo >= hi) continue;
     if (!files_[i]) {
-      TROUPE_TRY(check_size(dir_, m_, f));
+      TROUPE_TRY(hash_ ? verify_one(dir_, m_, f) : check_size(dir_, m_, f));
       auto opened = SafetensorsFile::open((fs::path(dir_) / f.path).string(), DataLoad::on_demand);
       if (!opened.ok()) return invalid_input("sharded checkpoint: " + who(f, m_, dir_) + ": " + opened.error().message);
       const SafetensorsEntry* e = opened->find(buffer);
