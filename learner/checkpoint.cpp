@@ -24,7 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 
 Error io_error(const std::string& m) { return make_error(ErrorCode::io, "checkpoint: " + m); }
@@ -175,24 +174,6 @@ ModelDirWriter policy_model_writer(const policy::Model& model, const policy::io:
                                    int32_t eos, int32_t pad) {
   return [&model, tokenizer, bos, eos, pad](const std::string& dir) -> Status {
     return policy::io::save_model(dir, model, tokenizer, policy::io::ExpertLayout::per_expert, bos, eos, pad);
-  };
-}
-
-ModelDirWriter whole_model_writer(const policy::Model& model, std::span<const float> whole,
-                                  const policy::io::Tokenizer* tokenizer, int32_t bos, int32_t eos, int32_t pad) {
-  return [&model, whole, tokenizer, bos, eos, pad](const std::string& dir) -> Status {
-    const policy::ExpertShardLayout* layout = model.expert_shards();
-    if (!layout || whole.size() != layout->whole_size)
-      return make_error(ErrorCode::internal, "checkpoint: whole_model_writer needs a sliced model and its whole weights");
-    policy::io::TensorMap named;
-    for (const auto& s : layout->whole_table) {
-      if (s.name == "lm_head.weight" && model.config().tie_word_embeddings) continue;
-      named[s.name] = policy::io::Tensor{s.shape, std::vector<float>(whole.begin() + static_cast<std::ptrdiff_t>(s.offset),
-                                                                     whole.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()))};
-    }
-    TROUPE_ASSIGN_OR_RETURN(auto tensors, policy::io::canonicalize_tensors(model.config(), named, "model"));
-    return policy::io::save_model_dir(dir, model.config(), tensors, tokenizer, policy::io::ExpertLayout::per_expert,
-                                      bos, eos, pad);
   };
 }
 
@@ -384,7 +365,10 @@ Result<fs::path> listed_file(const fs::path& dir, const std::string& key, const 
 
 }  // namespace
 
-Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
+namespace {
+
+// verify_checkpoint's checks; without `contents` no file's bytes are read (no CRC-32, no xxh3).
+Result<nlohmann::json> check_checkpoint(const std::string& step_dir, bool contents) {
   const fs::path dir(step_dir);
   TROUPE_ASSIGN_OR_RETURN(auto state, read_json_file(dir / kStateFile));
   const std::string sfile = (dir / kStateFile).string();
@@ -410,6 +394,7 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
     if (size != e["bytes"].get<uint64_t>())
       return invalid_input("checkpoint: " + p.string() + " has " + std::to_string(size) + " bytes, " + sfile +
                            " says " + std::to_string(e["bytes"].get<uint64_t>()) + ": the file is truncated or corrupt");
+    if (!contents) continue;
     TROUPE_ASSIGN_OR_RETURN(uint32_t crc, crc32_of_file(p.string()));
     if (hex32(crc) != e["crc32"].get<std::string>())
       return invalid_input("checkpoint: " + p.string() + " fails its checksum (crc32 " + hex32(crc) + ", expected " +
@@ -420,7 +405,7 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
     for (const char* b : {"params", "exp_avg", "exp_avg_sq"})
       if (std::find(m.buffers.begin(), m.buffers.end(), b) == m.buffers.end())
         return invalid_input("checkpoint: " + m.path + " lists no '" + b + "' buffer: not a whole checkpoint");
-    TROUPE_TRY(policy::io::verify_shard_files(step_dir, m));
+    if (contents) TROUPE_TRY(policy::io::verify_shard_files(step_dir, m));
   }
   for (const char* key : {"policy_version", "optimizer_steps"})
     if (state.contains(key) && !state[key].is_number_integer())
@@ -429,6 +414,24 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) {
                                     (state["metric"]["value"].is_number() || state["metric"]["value"].is_null())))
     return invalid_input("checkpoint: " + sfile + ": 'metric' is not {value: a number}: " + state["metric"].dump().substr(0, 100));
   return state;
+}
+
+}  // namespace
+
+Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) { return check_checkpoint(step_dir, true); }
+
+Result<nlohmann::json> check_checkpoint_listing(const std::string& step_dir) { return check_checkpoint(step_dir, false); }
+
+CheckpointData checkpoint_data(const nlohmann::json& state, AdamW& opt) {
+  CheckpointData d;
+  d.step = state["step"].get<int64_t>();
+  d.policy_version = state.value("policy_version", int64_t{0});
+  opt.set_steps(state.value("optimizer_steps", int64_t{0}));
+  if (state.contains("trainer")) d.trainer_state = state["trainer"];
+  if (state.contains("extra")) d.extra = state["extra"];
+  if (state.contains("metric") && state["metric"]["value"].is_number())  // else a NaN, saved as null
+    d.metric = state["metric"]["value"].get<double>();
+  return d;
 }
 
 namespace {
@@ -495,15 +498,7 @@ Result<CheckpointData> load_checkpoint_share(const std::string& step_dir, const 
   } else {
     TROUPE_TRY(load_whole_moments(step_dir, specs, opt, begin, total));
   }
-  CheckpointData d;
-  d.step = state["step"].get<int64_t>();
-  d.policy_version = state.value("policy_version", int64_t{0});
-  opt.set_steps(state.value("optimizer_steps", int64_t{0}));
-  if (state.contains("trainer")) d.trainer_state = state["trainer"];
-  if (state.contains("extra")) d.extra = state["extra"];
-  if (state.contains("metric") && state["metric"]["value"].is_number())  // else a NaN, saved as null
-    d.metric = state["metric"]["value"].get<double>();
-  return d;
+  return checkpoint_data(state, opt);
 }
 
 }  // namespace troupe::learner

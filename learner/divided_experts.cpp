@@ -1,6 +1,7 @@
 // Expert parallelism whose learners hold one block of experts each (policy::Model::slice_experts):
 // the optimizer step over the divided arena, the forwards outside the loss micro-batches run with
-// the group (the weight sync's probe too), and the whole weights and moments gathered for checkpoints.
+// the group (the weight sync's probe too), and the whole moments gathered or cut (gathered_optimizer,
+// load_optimizer).
 #include <string>
 
 #include "troupe/learner/expert_parallel.h"
@@ -84,24 +85,6 @@ Result<MismatchSums> Trainer::mismatch_before_update(const std::vector<const Sam
   }
   (void)model_.set_expert_exchange(nullptr);
   return sums;
-}
-
-Status Trainer::gather_whole_params(std::span<float> whole) {
-  const policy::ExpertShardLayout* layout = model_.expert_shards();
-  if (!layout) return invalid_input("learner: gather_whole_params of a model that holds every expert");
-  TROUPE_TRY(join_expert_parallel());
-  if (comm_.rank() >= ep_->size()) return {};  // (only the first group's gather reaches learner 0)
-  return gather_whole(model_.params(), *layout, *ep_, whole);
-}
-
-Status Trainer::load_whole_params(std::span<const float> whole) {
-  const policy::ExpertShardLayout* layout = model_.expert_shards();
-  if (!layout) return invalid_input("learner: load_whole_params of a model that holds every expert");
-  if (whole.size() != layout->whole_size)
-    return invalid_input("learner: " + std::to_string(whole.size()) + " weights for a model of " +
-                         std::to_string(layout->whole_size));
-  take_local(whole, *layout, model_.params());
-  return {};
 }
 
 Result<AdamW> Trainer::gathered_divided_optimizer() {

@@ -225,9 +225,10 @@ Status Trainer::load_optimizer(AdamW full) {
 }
 
 Status Trainer::load_optimizer_share(AdamW share) {
-  if (!sharded_) return load_optimizer(std::move(share));
-  if (share.size() != shard_end() - shard_begin())
-    return invalid_input("learner: an optimizer share of " + std::to_string(share.size()) + " values for a shard of " +
+  if (!sharded_ && !model_.expert_shards()) return load_optimizer(std::move(share));
+  if (share.size() != shard_end() - shard_begin())  // (divided experts: this rank's arena, its blocks)
+    return invalid_input("learner: an optimizer share of " + std::to_string(share.size()) + " values for a" +
+                         (sharded_ ? " shard" : " model holding one block of experts") + " of " +
                          std::to_string(shard_end() - shard_begin()));
   opt_ = std::move(share);
   return {};

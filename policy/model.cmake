@@ -1,6 +1,6 @@
 # Model, arenas, forward/backward, KV-cache inference (decode_slots.cpp, the one decode loop, which
 # generate.cpp drives for Model::generate). target_sources(troupe_policy PRIVATE ...) and tests here.
-target_sources(troupe_policy PRIVATE ${CMAKE_CURRENT_LIST_DIR}/model.cpp ${CMAKE_CURRENT_LIST_DIR}/lora.cpp ${CMAKE_CURRENT_LIST_DIR}/served_adapters.cpp
+target_sources(troupe_policy PRIVATE ${CMAKE_CURRENT_LIST_DIR}/model.cpp ${CMAKE_CURRENT_LIST_DIR}/expert_blocks.cpp ${CMAKE_CURRENT_LIST_DIR}/lora.cpp ${CMAKE_CURRENT_LIST_DIR}/served_adapters.cpp
                                      ${CMAKE_CURRENT_LIST_DIR}/quant_base.cpp
                                      ${CMAKE_CURRENT_LIST_DIR}/decode_slots.cpp
                                      ${CMAKE_CURRENT_LIST_DIR}/generate.cpp ${CMAKE_CURRENT_LIST_DIR}/reward_model.cpp

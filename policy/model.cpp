@@ -18,6 +18,7 @@
 #include "troupe/kernels/chunked_logprob.h"
 #include "troupe/kernels/device.h"
 #include "troupe/kernels/random.h"
+#include "troupe/policy/expert_blocks.h"
 
 namespace troupe::policy {
 
@@ -244,17 +245,12 @@ Model::Impl::Impl(const ModelConfig& c, const kernels::Backend& backend, int sha
 void Model::Impl::build_table() {
   size_t off = 0;
   // A sliced model (slice_experts) also records the whole model's table and where its pieces lie.
-  auto& pieces = eshard.pieces;
   size_t& whole = eshard.whole_size;
   auto add = [&](const std::string& name, std::vector<int64_t> shape) {
     TensorSpec t{name, std::move(shape), off};
     off += t.numel();
     const size_t at = t.offset;
     if (sliced()) {
-      if (!pieces.empty() && pieces.back().owner < 0)
-        pieces.back().size += t.numel();
-      else
-        pieces.push_back({whole, at, t.numel(), -1});
       eshard.whole_table.push_back({t.name, t.shape, whole});
       whole += t.numel();
     }
@@ -323,11 +319,7 @@ void Model::Impl::build_table() {
           eshard.whole_table.push_back({m + "experts." + std::to_string(e) + "." + kind[k],
                                         k < 2 ? std::vector<int64_t>{H, C} : std::vector<int64_t>{C, H},
                                         whole + k * all + static_cast<size_t>(e) * H * C});
-      for (int k = 0; k < 3; ++k)
-        for (int q = 0; q < eshard.shards; ++q) {
-          pieces.push_back({whole, q == eshard.shard ? w.eg + k * block : ArenaPiece::npos, block, q});
-          whole += block;
-        }
+      whole += 3 * all;
     }
     if (cfg.shared_expert_intermediate_size > 0) {
       const int HS = cfg.shared_expert_intermediate_size;
@@ -343,6 +335,8 @@ void Model::Impl::build_table() {
   wnorm = add("model.norm.weight", {C});
   wlm = cfg.tie_word_embeddings ? wte : add("lm_head.weight", {V, C});
   n_params = off;
+  // (the whole arena's stretches by block, the one source of the expert ranges: expert_blocks.h)
+  if (sliced()) eshard.pieces = expert_block_pieces(eshard.whole_table, table, eshard.shard, eshard.shards);
 }
 
 Status Model::Impl::alloc_params() {

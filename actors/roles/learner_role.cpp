@@ -18,6 +18,7 @@
 #include "troupe/actors/weight_pieces.h"
 #include "troupe/actors/weight_shards.h"
 #include "troupe/learner/checkpoint.h"
+#include "troupe/learner/checkpoint_ranges.h"
 #include "troupe/learner/lora_checkpoint.h"
 #include "troupe/learner/sharded_checkpoint.h"
 #include "troupe/policy/io/gguf_import.h"
@@ -583,22 +584,13 @@ Result<std::string> LearnerRole::save_divided_checkpoint(const std::string& dir,
 }
 
 Result<learner::CheckpointData> LearnerRole::load_divided_checkpoint(const std::string& dir, learner::Trainer& trainer) {
-  // The whole moments and weights (of any layout the checkpoint has), then this learner's blocks.
-  const policy::ExpertShardLayout& layout = *adapter_->expert_shards();
-  learner::AdamW moments(layout.whole_size);
-  TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint_share(dir, layout.whole_table, 0, layout.whole_size, moments));
-  TROUPE_TRY(trainer.load_optimizer(std::move(moments)));
-  std::vector<float> whole(layout.whole_size);
-  if (learner::is_sharded_checkpoint(dir)) {
-    TROUPE_TRY(learner::read_sharded_params(dir, layout.whole_table, whole));
-  } else {
-    TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(dir));
-    if (loaded.model.params().size() != whole.size())
-      return invalid_input("checkpoint: " + dir + " has " + std::to_string(loaded.model.params().size()) +
-                           " weights, the model " + std::to_string(whole.size()));
-    std::copy(loaded.model.params().begin(), loaded.model.params().end(), whole.begin());
-  }
-  TROUPE_TRY(trainer.load_whole_params(whole));
+  // This learner's values alone (its experts and what every rank holds), weights and moments, from
+  // whichever files of the checkpoint hold them (any layout, any E): the rest is never read.
+  const policy::ExpertShardLayout& layout = *policy_.model->expert_shards();
+  learner::AdamW moments(policy_.model->params().size());
+  TROUPE_ASSIGN_OR_RETURN(auto d, learner::load_checkpoint_ranges(dir, layout.whole_table, learner::held_ranges(layout),
+                                                                  policy_.model->params(), moments));
+  TROUPE_TRY(trainer.load_optimizer_share(std::move(moments)));
   return d;
 }
 

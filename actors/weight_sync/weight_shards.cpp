@@ -7,6 +7,7 @@
 #include <string>
 
 #include "troupe/learner/communicator.h"
+#include "troupe/policy/expert_blocks.h"
 #include "wire_format.h"
 
 namespace troupe::actors {
@@ -274,68 +275,30 @@ Result<Weights> join_piece_heads(std::span<const Weights> heads, std::vector<std
   return out;
 }
 
-namespace {
-// A routed expert's index from its tensor's name (...experts.<e>.<kind>), else -1.
-int expert_of(const std::string& name) {
-  static const std::string key = ".experts.";
-  const size_t at = name.find(key);
-  if (at == std::string::npos) return -1;
-  size_t i = at + key.size();
-  int e = 0;
-  const size_t first = i;
-  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) e = e * 10 + (name[i] - '0');
-  return i > first && i < name.size() && name[i] == '.' ? e : -1;
-}
-
-void add_run(std::vector<SyncRun>& runs, size_t begin, size_t end, int sender) {
-  if (end <= begin) return;
-  if (!runs.empty() && runs.back().sender == sender && runs.back().end == begin)
-    runs.back().end = end;
-  else
-    runs.push_back({begin, end, sender});
-}
-}  // namespace
-
 std::vector<SyncRun> expert_sync_runs(const std::vector<policy::TensorSpec>& whole_table, int expert_parallel) {
-  std::vector<policy::TensorSpec> sorted;
-  int experts = 0;
-  for (const auto& t : whole_table)
-    if (!t.quantized) {
-      sorted.push_back(t);
-      experts = std::max(experts, expert_of(t.name) + 1);
-    }
-  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   const int E = std::max(1, expert_parallel);
-  const int per_rank = std::max(1, experts / E);
   // The arena's stretches: owner -1 (every rank holds them) or the expert-parallel rank of a block.
-  std::vector<SyncRun> held;
-  size_t end = 0;
-  for (const auto& t : sorted) {
-    const size_t b = std::max(t.offset, end), e = t.offset + t.numel();
-    if (e <= b) continue;  // (values another tensor covers already: a tied head)
-    const int x = expert_of(t.name);
-    add_run(held, end, b, -1);  // (values of no tensor, if any: as the others)
-    add_run(held, b, e, x < 0 ? -1 : std::min(x / per_rank, E - 1));
-    end = e;
-  }
+  const auto held = policy::expert_block_stretches(whole_table, E);
   size_t shared = 0;
-  for (const SyncRun& h : held)
-    if (h.sender < 0) shared += h.end - h.begin;
+  for (const auto& h : held)
+    if (h.owner < 0) shared += h.end - h.begin;
   const auto parts = learner::shard_bounds(shared, E);
-  std::vector<SyncRun> runs;
+  std::vector<policy::ExpertBlockStretch> cut;  // (owner: the sending rank)
   size_t seen = 0;  // shared values before this stretch
-  for (const SyncRun& h : held) {
-    if (h.sender >= 0) {
-      add_run(runs, h.begin, h.end, h.sender);
+  for (const auto& h : held) {
+    if (h.owner >= 0) {
+      policy::append_stretch(cut, h.begin, h.end, h.owner);
       continue;
     }
     for (int q = 0; q < E; ++q) {  // the stretch's values in shared part q
       const size_t lo = std::max(parts[static_cast<size_t>(q)], seen);
       const size_t hi = std::min(parts[static_cast<size_t>(q) + 1], seen + (h.end - h.begin));
-      if (hi > lo) add_run(runs, h.begin + (lo - seen), h.begin + (hi - seen), q);
+      if (hi > lo) policy::append_stretch(cut, h.begin + (lo - seen), h.begin + (hi - seen), q);
     }
     seen += h.end - h.begin;
   }
+  std::vector<SyncRun> runs;
+  for (const auto& c : cut) runs.push_back({c.begin, c.end, c.owner});
   return runs;
 }
 

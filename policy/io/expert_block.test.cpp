@@ -2,21 +2,28 @@
 // (Model::create_expert_block, policy::io::load_expert_block) is the whole model's
 // slice_experts(shard, shards) bit for bit: the tensor table, the layout and every value, for a
 // random init (every MoE family, 2 and 4 blocks) and for transformers-made directories in every
-// expert layout (per expert, fused, fused transposed, bf16, sharded by an index); the safetensors
-// reader's on-demand rows are its eager reads; what cannot be divided is refused naming why.
+// expert layout (per expert, fused, fused transposed, bf16, sharded by an index, a sharded learner's
+// checkpoint, each block reading its own values' bytes alone); the safetensors
+// reader's on-demand rows are its eager reads; the layout's pieces tile the arena, each block's
+// holding its experts alone (expert_blocks.h); what cannot be divided is refused naming why.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
+#include <utility>
 
 #include "../test_models.h"
 #include "test_temp_dir.h"
 #include "troupe/base/build_config.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
+#include "troupe/policy/io/sharded_weights.h"
+#include "troupe/policy/expert_blocks.h"
 
 namespace fs = std::filesystem;
 using namespace troupe::policy;
@@ -37,12 +44,36 @@ void expect_same_table(const std::vector<TensorSpec>& a, const std::vector<Tenso
   }
 }
 
+// The layout's pieces tile the whole arena, each of one owner: block q's hold only routed experts of
+// q (expert e of num_experts / shards per block, by name: routed_expert_of) and the others none;
+// the held pieces tile the block's own arena in order.
+void expect_layout_tiles(const ExpertShardLayout& l, size_t local_size) {
+  size_t whole = 0, local = 0;
+  int experts = 0;
+  for (const TensorSpec& t : l.whole_table) experts = std::max(experts, routed_expert_of(t.name) + 1);
+  for (const ArenaPiece& p : l.pieces) {
+    EXPECT_EQ(p.whole, whole);
+    whole += p.size;
+    const bool held = p.owner < 0 || p.owner == l.shard;
+    EXPECT_EQ(p.local, held ? local : ArenaPiece::npos) << p.whole;
+    if (held) local += p.size;
+    for (const TensorSpec& t : l.whole_table)
+      if (t.offset >= p.whole && t.offset < p.whole + p.size) {
+        const int e = routed_expert_of(t.name);
+        EXPECT_EQ(p.owner, e < 0 ? -1 : e / (experts / l.shards)) << t.name;
+      }
+  }
+  EXPECT_EQ(whole, l.whole_size);
+  EXPECT_EQ(local, local_size);
+}
+
 // `block` is `sliced` bit for bit: the same table, layout and parameter bits.
 void expect_same_block(const Model& block, const Model& sliced) {
   expect_same_table(block.tensors(), sliced.tensors());
   const ExpertShardLayout* a = block.expert_shards();
   const ExpertShardLayout* b = sliced.expert_shards();
   ASSERT_TRUE(a && b);
+  expect_layout_tiles(*a, block.params().size());
   EXPECT_EQ(a->shard, b->shard);
   EXPECT_EQ(a->shards, b->shards);
   EXPECT_EQ(a->whole_size, b->whole_size);
@@ -171,6 +202,33 @@ TEST(ExpertBlock, TransposedFusedBf16AndIndexedShards) {
   expect_blocks_of_dir(indexed, 2);
 }
 
+TEST(ExpertBlock, ShardedCheckpointBlockReadsItsValuesAlone) {
+  // a sharded learner's checkpoint (shards.json, 3 files) as policy.path: each block from the ranges of
+  // the files that hold its values, exactly its own values' bytes read (each file opened is hashed too)
+  auto whole = load_model(fixture("qwen3_moe").string());
+  ASSERT_TRUE(whole.ok()) << whole.error().message;
+  const std::span<const float> params = std::as_const(whole->model).params();
+  const fs::path sharded = rewritten_fixture("qwen3_moe", "sharded", [&](const TensorMap&, const fs::path& d) {
+    ShardManifest m;
+    m.world_size = 3;
+    m.bounds = {0, params.size() / 3, 2 * params.size() / 3, params.size()};
+    m.tensors = whole->model.tensors();
+    for (int r = 0; r < 3; ++r) {
+      const size_t lo = m.bounds[static_cast<size_t>(r)], hi = m.bounds[static_cast<size_t>(r) + 1];
+      auto f = write_shard_file(d.string(), r, 3, lo, hi, {{kShardParams, params.subspan(lo, hi - lo)}});
+      ASSERT_TRUE(f.ok()) << f.error().message;
+      m.files.push_back(*f);
+    }
+    ASSERT_TRUE(write_shard_manifest(d.string(), m).ok());
+  });
+  expect_blocks_of_dir(sharded, 2);
+  const uint64_t before = safetensors_data_bytes_read();
+  auto block = load_expert_block(sharded.string(), 1, 2);
+  ASSERT_TRUE(block.ok()) << block.error().message;
+  EXPECT_EQ(safetensors_data_bytes_read() - before, 4 * block->model.params().size());
+  EXPECT_LT(block->model.params().size(), params.size());
+}
+
 TEST(ExpertBlock, OnDemandRowsAreTheEagerReads) {
   const std::string path = (fixture("mixtral_fused") / "model.safetensors").string();
   auto eager = SafetensorsFile::open(path);
@@ -192,6 +250,16 @@ TEST(ExpertBlock, OnDemandRowsAreTheEagerReads) {
   EXPECT_EQ(rows->shape, (std::vector<int64_t>{2, shape[1], shape[2]}));
   EXPECT_EQ(rows->data, std::vector<float>(all->data.begin() + row, all->data.begin() + 3 * row));
   expect_error(lazy->read_rows(gate_up, shape, 3, 2).error(), "has no rows [3, 5)");
+  // on demand, a read costs its own bytes alone (pread on the file's one descriptor)
+  const SafetensorsEntry* entry = lazy->find(gate_up);
+  const uint64_t before = safetensors_data_bytes_read();
+  ASSERT_TRUE(lazy->read_rows(gate_up, shape, 1, 2).ok());
+  EXPECT_EQ(safetensors_data_bytes_read() - before, 2 * (entry->end - entry->begin) / static_cast<uint64_t>(shape[0]));
+  std::vector<float> flat(5);
+  ASSERT_TRUE(lazy->read_flat(gate_up, row + 3, flat).ok());
+  EXPECT_EQ(flat, std::vector<float>(all->data.begin() + static_cast<std::ptrdiff_t>(row) + 3,
+                                     all->data.begin() + static_cast<std::ptrdiff_t>(row) + 8));
+  expect_error(lazy->read_flat(gate_up, all->data.size() - 2, flat).error(), "has no values [");
   expect_error(lazy->read_rows(gate_up, {1, 2, 3}, 0, 1).error(), "expected (1, 2, 3)");
 }
 

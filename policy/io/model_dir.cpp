@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 
 namespace troupe::policy::io {
@@ -604,6 +605,49 @@ int32_t token_id_from(const json& j, const char* key) {
 
 }  // namespace
 
+namespace {
+
+// A block of the experts from a sharded checkpoint: each tensor (or block of rows) read as a range of
+// its params buffer, from the files that hold it (each verified when first opened; the files holding
+// only the other blocks' experts are never opened).
+Result<TensorMap> canonicalize_shard_ranges(const ModelConfig& c, const std::string& dir, ShardManifest m,
+                                            ExpertRange experts) {
+  ShardRangeReader reader(dir, std::move(m), true);
+  const ShardManifest& man = reader.manifest();
+  std::map<std::string, const TensorSpec*> by_name;
+  TensorSource s;
+  for (const TensorSpec& t : man.tensors) {
+    by_name[t.name] = &t;
+    s.names.push_back(t.name);
+  }
+  s.shape_of = [&by_name](const std::string& n) -> const std::vector<int64_t>* {
+    auto it = by_name.find(n);
+    return it == by_name.end() ? nullptr : &it->second->shape;
+  };
+  s.read_rows = [&](const std::string& n, const std::vector<int64_t>& shape, int64_t first,
+                    int64_t count) -> Result<Tensor> {
+    auto it = by_name.find(n);
+    if (it == by_name.end()) return invalid_input(man.path + ": missing tensor '" + n + "'");
+    const TensorSpec& t = *it->second;
+    if (t.shape != shape)
+      return invalid_input(man.path + ": tensor '" + n + "' has shape " + shape_string(t.shape) + ", expected " +
+                           shape_string(shape));
+    const size_t row = shape.empty() || shape[0] == 0 ? t.numel() : t.numel() / static_cast<size_t>(shape[0]);
+    Tensor out{shape, std::vector<float>(static_cast<size_t>(count) * row)};
+    if (!out.shape.empty()) out.shape[0] = count;
+    TROUPE_TRY(reader.read(kShardParams, t.offset + static_cast<size_t>(first) * row, out.data));
+    return out;
+  };
+  s.read = [&s](const std::string& n, const std::vector<int64_t>& shape) {
+    return s.read_rows(n, shape, 0, shape.empty() ? 1 : shape[0]);
+  };
+  s.file_of = [&man](const std::string&) { return man.path; };
+  s.describe = man.path;
+  return canonicalize(c, s, experts);
+}
+
+}  // namespace
+
 Result<TensorMap> read_model_weights(const std::string& path, const ModelConfig& c, ExpertRange experts) {
   const fs::path dir(path);
   if (has_shard_manifest(path) && !fs::exists(dir / "model.safetensors") &&
@@ -611,6 +655,7 @@ Result<TensorMap> read_model_weights(const std::string& path, const ModelConfig&
     TROUPE_ASSIGN_OR_RETURN(auto m, read_shard_manifest(path));
     if (m.kind != "model")
       return invalid_input(m.path + ": holds LoRA adapters (kind " + m.kind + "), not a whole model's weights");
+    if (!experts.all()) return canonicalize_shard_ranges(c, path, std::move(m), experts);
     TROUPE_ASSIGN_OR_RETURN(auto named, read_sharded_tensors(path, m));
     return canonicalize_tensors(c, named, m.path, experts);
   }

@@ -3,7 +3,11 @@
 // can never run past the buffer. Multi-byte values are little-endian on disk and in memory here.
 #include "troupe/policy/io/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -88,7 +92,21 @@ Error bad(const std::string& path, const std::string& what) {
   return invalid_input(path + ": " + what);
 }
 
+std::atomic<uint64_t> g_data_bytes_read{0};
+
 }  // namespace
+
+uint64_t safetensors_data_bytes_read() { return g_data_bytes_read.load(std::memory_order_relaxed); }
+
+struct SafetensorsFile::Descriptor {
+  int fd = -1;
+  explicit Descriptor(int f) : fd(f) {}
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path, DataLoad load) {
   std::ifstream in(path, std::ios::binary);
@@ -164,10 +182,16 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path, DataLoad 
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
   for (size_t i = 0; i < f.entries_.size(); ++i) f.index_[f.entries_[i].name] = i;
   f.data_start_ = 8 + header_len;
-  if (load == DataLoad::on_demand) return f;  // (read_values reads each tensor's bytes from the file)
+  if (load == DataLoad::on_demand) {  // (read_values reads each range's bytes from this descriptor)
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return bad(path, std::string("cannot open safetensors file (") + std::strerror(errno) + ")");
+    f.fd_ = std::make_shared<const Descriptor>(fd);
+    return f;
+  }
   f.data_ = std::make_shared<std::vector<char>>(data_size);
   in.read(f.data_->data(), static_cast<std::streamsize>(data_size));
   if (static_cast<uint64_t>(in.gcount()) != data_size) return bad(path, "read error in the data section");
+  g_data_bytes_read.fetch_add(data_size, std::memory_order_relaxed);
   return f;
 }
 
@@ -186,12 +210,8 @@ Status SafetensorsFile::read_values(const SafetensorsEntry& e, size_t first, siz
   if (data_) {
     src = data_->data() + e.begin + first * esize;
   } else {
-    std::ifstream in(path_, std::ios::binary);
     bytes.resize(n * esize);
-    in.seekg(static_cast<std::streamoff>(data_start_ + e.begin + first * esize));
-    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!in || static_cast<size_t>(in.gcount()) != bytes.size())
-      return bad(path_, "cannot read tensor '" + e.name + "' (" + std::strerror(errno) + ")");
+    TROUPE_TRY(pread_all(e, data_start_ + e.begin + first * esize, bytes));
     src = bytes.data();
   }
   if (e.dtype == "F32") {
@@ -211,6 +231,30 @@ Status SafetensorsFile::read_values(const SafetensorsEntry& e, size_t first, siz
     }
   }
   return {};
+}
+
+Status SafetensorsFile::pread_all(const SafetensorsEntry& e, uint64_t at, std::vector<char>& bytes) const {
+  size_t done = 0;
+  while (done < bytes.size()) {  // (pread(2) may return fewer bytes than asked; 0 is the file's end)
+    const ssize_t got = ::pread(fd_->fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(at + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      return bad(path_, "cannot read tensor '" + e.name + "' (" + (got < 0 ? std::strerror(errno) : "the file ends early") + ")");
+    done += static_cast<size_t>(got);
+  }
+  g_data_bytes_read.fetch_add(bytes.size(), std::memory_order_relaxed);
+  return {};
+}
+
+Status SafetensorsFile::read_flat(const std::string& name, size_t first, std::span<float> out) const {
+  const SafetensorsEntry* e = find(name);
+  if (!e) return bad(path_, "missing tensor '" + name + "'");
+  size_t numel = 1;
+  for (auto d : e->shape) numel *= static_cast<size_t>(d);
+  if (first > numel || out.size() > numel - first)
+    return bad(path_, "tensor '" + name + "' of shape " + shape_string(e->shape) + " has no values [" +
+                          std::to_string(first) + ", " + std::to_string(first + out.size()) + ")");
+  return read_values(*e, first, out.size(), out.data());
 }
 
 Result<Tensor> SafetensorsFile::read(const std::string& name) const {
@@ -392,6 +436,12 @@ Result<Tensor> WeightSource::read_rows(const std::string& name, const std::vecto
   auto it = where_.find(name);
   if (it == where_.end()) return bad(description_, "missing tensor '" + name + "'");
   return files_[it->second].read_rows(name, shape, first, count);
+}
+
+Status WeightSource::read_flat(const std::string& name, size_t first, std::span<float> out) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) return bad(description_, "missing tensor '" + name + "'");
+  return files_[it->second].read_flat(name, first, out);
 }
 
 Result<TensorMap> WeightSource::read_all() const {

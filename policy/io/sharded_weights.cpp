@@ -1,6 +1,7 @@
 // Sharded weights (sharded_weights.h): shards.json and the per-rank files of a sharded learner's
 // checkpoint, written by each rank and read back whole or by range. Invariant: no value is used
-// from a file whose size or xxh3 differs from the manifest's, and every error names file and rank.
+// from a file whose size or xxh3 differs from the manifest's (a ShardRangeReader without `hash` checks
+// the size and leaves the xxh3 to verify_shard_files, run before), and every error names file and rank.
 #include "troupe/policy/io/sharded_weights.h"
 
 #include <xxhash.h>
@@ -194,7 +195,8 @@ Result<ShardFile> write_shard_file(const std::string& dir, int rank, int world_s
 
 namespace {
 
-Status verify_one(const std::string& dir, const ShardManifest& m, const ShardFile& f) {
+// The file is there with the manifest's size (no byte of it read).
+Status check_size(const std::string& dir, const ShardManifest& m, const ShardFile& f) {
   const fs::path p = fs::path(dir) / f.path;
   std::error_code ec;
   if (!fs::is_regular_file(p, ec))
@@ -203,6 +205,12 @@ Status verify_one(const std::string& dir, const ShardManifest& m, const ShardFil
   if (ec || size != f.bytes)
     return invalid_input("sharded checkpoint: " + who(f, m, dir) + " has " + std::to_string(size) + " bytes, " +
                          kShardManifestFile + " says " + std::to_string(f.bytes) + ": the file is truncated or corrupt");
+  return {};
+}
+
+Status verify_one(const std::string& dir, const ShardManifest& m, const ShardFile& f) {
+  TROUPE_TRY(check_size(dir, m, f));
+  const fs::path p = fs::path(dir) / f.path;
   TROUPE_ASSIGN_OR_RETURN(uint64_t h, xxh3_of_file(p.string()));
   if (h != f.xxh3)
     return invalid_input("sharded checkpoint: " + who(f, m, dir) + " fails its checksum (xxh3 " + hex64(h) +
@@ -235,6 +243,35 @@ Result<std::vector<float>> read_shard_buffer(const std::string& dir, const Shard
               t->data.begin() + static_cast<std::ptrdiff_t>(hi - f.begin), out.begin() + static_cast<std::ptrdiff_t>(lo - begin));
   }
   return out;
+}
+
+ShardRangeReader::ShardRangeReader(std::string dir, ShardManifest m, bool hash)
+    : dir_(std::move(dir)), m_(std::move(m)), hash_(hash), files_(m_.files.size()) {}
+
+Status ShardRangeReader::read(const std::string& buffer, size_t begin, std::span<float> out) {
+  const size_t end = begin + out.size();
+  if (begin > end || end > m_.numel())
+    return invalid_input(m_.path + ": asked for values [" + std::to_string(begin) + ", " + std::to_string(end) +
+                         ") of a buffer of " + std::to_string(m_.numel()));
+  for (size_t i = 0; i < m_.files.size(); ++i) {
+    const ShardFile& f = m_.files[i];
+    const size_t lo = std::max(begin, f.begin), hi = std::min(end, f.end);
+    if (lo >= hi) continue;
+    if (!files_[i]) {
+      TROUPE_TRY(hash_ ? verify_one(dir_, m_, f) : check_size(dir_, m_, f));
+      auto opened = SafetensorsFile::open((fs::path(dir_) / f.path).string(), DataLoad::on_demand);
+      if (!opened.ok()) return invalid_input("sharded checkpoint: " + who(f, m_, dir_) + ": " + opened.error().message);
+      const SafetensorsEntry* e = opened->find(buffer);
+      if (e && e->shape != std::vector<int64_t>{static_cast<int64_t>(f.end - f.begin)})
+        return invalid_input("sharded checkpoint: " + who(f, m_, dir_) + ": tensor '" + buffer + "' has shape " +
+                             shape_string(e->shape) + ", its slice [" + std::to_string(f.begin) + ", " +
+                             std::to_string(f.end) + ") needs (" + std::to_string(f.end - f.begin) + ",)");
+      files_[i] = std::move(opened).value();
+    }
+    Status st = files_[i]->read_flat(buffer, lo - f.begin, out.subspan(lo - begin, hi - lo));
+    if (!st.ok()) return invalid_input("sharded checkpoint: " + who(f, m_, dir_) + ": " + st.error().message);
+  }
+  return {};
 }
 
 Status check_shard_table(const ShardManifest& m, std::span<const TensorSpec> table, const std::string& what) {

@@ -1,6 +1,7 @@
 // policy.sharded_weights: shards.json and the per-rank files of a sharded checkpoint written and read
-// back (whole and by range across file edges, an empty shard); every malformed manifest key, a
-// corrupt, truncated or missing file (named with its rank) and a table of another model refused.
+// back (whole and by range across file edges, an empty shard; ShardRangeReader's ranges alone, hashing
+// the files it opens or not); every malformed manifest key, a corrupt, truncated or missing file
+// (named with its rank) and a table of another model refused.
 #include "troupe/policy/io/sharded_weights.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -113,6 +116,37 @@ TEST(ShardedWeights, BadFilesNameTheRank) {
   e = verify_shard_files(dir.string(), *m);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.error().message.find("(rank 0 of 3) is missing"), std::string::npos) << e.error().message;
+}
+
+TEST(ShardedWeights, RangeReaderReadsTheRangesAlone) {
+  const auto dir = troupe::policy::io::testing::make_temp_dir("sharded_weights", "range_reader");
+  write_three(dir);
+  auto m = read_shard_manifest(dir.string());
+  ASSERT_TRUE(m.ok());
+  {  // one byte of rank 1's file changed: a reader that hashes refuses it, one that does not reads the ranges
+    std::fstream f(dir / "shards/rank_1.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-2, std::ios::end);
+    f.put('\x55');
+  }
+  fs::remove(dir / "shards/rank_0.safetensors");  // (no range below touches it: never opened)
+  ShardRangeReader trusting(dir.string(), *m, false);
+  std::vector<float> out(15);
+  const uint64_t before = safetensors_data_bytes_read();
+  ASSERT_TRUE(trusting.read("exp_avg", 20, out).ok());  // across rank 1's and rank 2's files
+  ASSERT_TRUE(trusting.read(kShardParams, 20, std::span<float>(out).first(5)).ok());
+  EXPECT_EQ(safetensors_data_bytes_read() - before, (15u + 5u) * 4u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(out[i], static_cast<float>(20 + i));
+  for (size_t i = 5; i < out.size(); ++i) EXPECT_EQ(out[i], -static_cast<float>(20 + i));
+  ShardRangeReader hashing(dir.string(), *m, true);
+  auto e = hashing.read(kShardParams, 20, out);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("rank_1.safetensors (rank 1 of 3) fails its checksum"), std::string::npos) << e.error().message;
+  e = trusting.read(kShardParams, 0, out);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("(rank 0 of 3) is missing"), std::string::npos) << e.error().message;
+  e = trusting.read(kShardParams, 30, out);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("asked for values [30, 45) of a buffer of 40"), std::string::npos) << e.error().message;
 }
 
 TEST(ShardedWeights, BadManifestNamesTheKey) {

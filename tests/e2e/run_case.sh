@@ -1040,8 +1040,9 @@ EOS
     $CHECK same "$W/ep" "$W/ep2"
     ;;
   expert_parallel_zero_resume_2ranks)  # checkpoints across learner.shard and divided experts (mpirun, 2 learners):
-    # a ZeRO-1 run's sharded checkpoint resumed by divided learners (shard none, E 2), and a divided run's
-    # (sharded: each learner's runs) checkpoint resumed as ZeRO-1, each go on as the uninterrupted data-parallel run, bit for bit
+    # a ZeRO-1 run's sharded checkpoint and a data-parallel run's whole one resumed by divided learners (shard
+    # none, E 2, each reading only its own values), and a divided run's (sharded: each learner's runs) checkpoint
+    # resumed as ZeRO-1, each go on as the uninterrupted data-parallel run, bit for bit
     # (2 learners: ZeRO-1 and E 2 with one micro-batch per learner are both data parallelism's bits)
     S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
@@ -1055,6 +1056,10 @@ EOS
     test -f "$W/z1/checkpoints/latest/shards.json"
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/z1" --set grpo.max_steps=4 $S $EP
     $CHECK same "$W/dp" "$W/z1"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/whole" --set grpo.max_steps=2 $S
+    test -f "$W/whole/checkpoints/latest/model.safetensors" && test ! -e "$W/whole/checkpoints/latest/shards.json"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/whole" --set grpo.max_steps=4 $S $EP
+    $CHECK same "$W/dp" "$W/whole"
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/ep" --set grpo.max_steps=2 $S $EP
     test -f "$W/ep/checkpoints/latest/shards.json"
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/ep" --set grpo.max_steps=4 $S $Z1

@@ -147,7 +147,7 @@ Status train(const Case& k, Communicator& comm, int ep, ShardStage shard, Run& r
     return {};
   }
   run.params.resize(comm.rank() == 0 ? model.expert_shards()->whole_size : 0);
-  return tr.gather_whole_params(run.params);
+  return test::gather_divided_weights(model, comm, run.params);
 }
 
 bool same_params(const Run& a, const Run& b) {

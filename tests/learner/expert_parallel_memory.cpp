@@ -6,8 +6,9 @@
 // they equal plain data parallelism (E = 1) bit for bit on 2 ranks, and E = world size does on 4.
 // Each rank's training state (learner/state_bytes) is the whole model's less the other blocks'
 // parameters, gradients and both moments, exactly. A checkpoint written from the gathered weights
-// and moments resumes the divided run bit for bit, and resumes at another layout (every expert on
-// every rank; E = world size) as the whole-model run resumed from it does. Refusals: a sliced
+// and moments resumes the divided run bit for bit (each learner reading only its own values,
+// load_checkpoint_ranges), and resumes at another layout (every expert on every rank; E = world
+// size) as the whole-model run resumed from it does. Refusals: a sliced
 // model's forward without its group, learner.shard beside it, a block count not dividing the experts.
 #include <mpi.h>
 #include <unistd.h>
@@ -18,7 +19,9 @@
 #include <string>
 
 #include "troupe/learner/checkpoint.h"
+#include "troupe/learner/checkpoint_ranges.h"
 #include "troupe/learner/trainer.h"
+#include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/io/model_io.h"
 #include "troupe/policy/model.h"
 #include "random_samples.h"
@@ -98,7 +101,7 @@ Status train(const Case& k, Communicator& comm, int ep, bool divide, Run& run) {
   run.state_bytes = tr.state_bytes();
   if (divide) {
     run.whole.resize(model.expert_shards()->whole_size);
-    return tr.gather_whole_params(run.whole);
+    return test::gather_divided_weights(model, comm, run.whole);
   }
   run.whole.assign(adapter.params().begin(), adapter.params().end());
   return {};
@@ -158,7 +161,21 @@ int ep_world(Communicator& world) {
   return report(world, "E = " + std::to_string(world.size()) + " divided = E 1 bit for bit", st);
 }
 
-// Loads a checkpoint into a fresh trainer of E = ep (divided or not) and takes one step.
+// The whole model's directory from the whole weights `whole` of a model holding one block of experts
+// (laid out as its layout's whole_table), as policy_model_writer writes it for the whole model.
+ModelDirWriter whole_model_writer(const policy::Model& model, std::span<const float> whole) {
+  return [&model, whole](const std::string& dir) -> Status {
+    policy::io::TensorMap named;
+    for (const auto& s : model.expert_shards()->whole_table)
+      named[s.name] = policy::io::Tensor{s.shape, std::vector<float>(whole.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                                                                     whole.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()))};
+    TROUPE_ASSIGN_OR_RETURN(auto tensors, policy::io::canonicalize_tensors(model.config(), named, "model"));
+    return policy::io::save_model_dir(dir, model.config(), tensors, nullptr, policy::io::ExpertLayout::per_expert);
+  };
+}
+
+// Loads a checkpoint into a fresh trainer of E = ep (divided: its own values alone, as a divided
+// learner of troupe run resumes, load_checkpoint_ranges; else whole) and takes one step.
 Status resume_step(const std::string& latest, Communicator& world, int ep, bool divide, std::vector<float>& out) {
   const Case k{"resume", 0};
   auto fresh = policy::Model::create(tiny_moe(false), 99);
@@ -169,21 +186,25 @@ Status resume_step(const std::string& latest, Communicator& world, int ep, bool 
   }
   ModelAdapter a(model);
   Trainer tr(a, config(k, ep), world);
-  const auto& whole_table = divide ? model.expert_shards()->whole_table : model.tensors();
-  AdamW moments(divide ? model.expert_shards()->whole_size : model.params().size());
-  TROUPE_ASSIGN_OR_RETURN(auto data, load_checkpoint(latest, whole_table, moments));
-  TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(latest));
-  if (divide)
-    TROUPE_TRY(tr.load_whole_params(loaded.model.params()));
-  else
+  AdamW moments(model.params().size());
+  CheckpointData data;
+  if (divide) {
+    const policy::ExpertShardLayout& layout = *model.expert_shards();
+    TROUPE_ASSIGN_OR_RETURN(data, load_checkpoint_ranges(latest, layout.whole_table, held_ranges(layout), model.params(),
+                                                         moments));
+    TROUPE_TRY(tr.load_optimizer_share(std::move(moments)));
+  } else {
+    TROUPE_ASSIGN_OR_RETURN(data, load_checkpoint(latest, model.tensors(), moments));
+    TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(latest));
     TROUPE_TRY(model.set_params(loaded.model.params()));
-  TROUPE_TRY(tr.load_optimizer(std::move(moments)));
+    TROUPE_TRY(tr.load_optimizer(std::move(moments)));
+  }
   TROUPE_TRY(tr.load_state_json(data.trainer_state));
   auto r = tr.train_step(test::make_batch(43, 12, 32));
   if (!r.ok()) return r.error();
   if (divide) {
     out.resize(model.expert_shards()->whole_size);
-    return tr.gather_whole_params(out);
+    return test::gather_divided_weights(model, world, out);
   }
   out.assign(a.params().begin(), a.params().end());
   return {};
@@ -210,7 +231,7 @@ int resume(Communicator& world) {
     auto r = tr.train_step(test::make_batch(42, 12, 32));
     if (!r.ok()) return r.error();
     std::vector<float> whole(model.expert_shards()->whole_size);
-    TROUPE_TRY(tr.gather_whole_params(whole));
+    TROUPE_TRY(test::gather_divided_weights(model, world, whole));
     TROUPE_ASSIGN_OR_RETURN(AdamW moments, tr.gathered_optimizer());
     if (world.rank() == 0) {
       CheckpointData d;

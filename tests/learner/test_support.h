@@ -1,5 +1,6 @@
 // What the learner tests under tests/learner/ share: the tiny model they train, for the mpirun
-// tests the world communicator, and how far two runs' parameters are apart.
+// tests the world communicator, how far two runs' parameters are apart, and the whole weights of
+// learners that hold one block of experts each, gathered to compare them.
 #pragma once
 
 #include <mpi.h>
@@ -8,9 +9,11 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "troupe/learner/communicator.h"
+#include "troupe/learner/expert_parallel.h"
 #include "troupe/policy/model.h"
 
 namespace troupe::learner::test {
@@ -52,6 +55,19 @@ inline double max_diff(const std::vector<float>& a, const std::vector<float>& b)
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
   return worst;
+}
+
+// The whole weights of learners whose models hold one block of experts each (Model::slice_experts),
+// on learner 0 into `whole` (the layout's whole_size floats; not read on the other learners): the
+// first expert-parallel group's blocks, gathered over groups of their own (learner::gather_whole). A
+// collective of every learner (troupe run gathers nothing: the weight sync and checkpoints go from
+// the blocks).
+inline Status gather_divided_weights(const policy::Model& model, Communicator& world, std::span<float> whole) {
+  const policy::ExpertShardLayout* layout = model.expert_shards();
+  if (!layout) return invalid_input("gather_divided_weights: the model holds every expert");
+  TROUPE_ASSIGN_OR_RETURN(auto ep, ExpertParallel::join(world, layout->shards));
+  if (world.rank() >= layout->shards) return {};  // (the first group's gather reaches learner 0)
+  return gather_whole(model.params(), *layout, *ep, whole);
 }
 
 }  // namespace troupe::learner::test

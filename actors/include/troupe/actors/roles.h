@@ -240,8 +240,9 @@ class LearnerRole {
   // learner (learner 0 included): the weight sync goes from the blocks (runs_encoder_), its probe runs
   // with the group, and each of the first group's learners writes its runs in a checkpoint.
   bool divided_ = false;
-  // divided_: a checkpoint (of any layout) loaded into this learner's block: moments and weights;
-  // and one written by the first group's learners, each its runs (a sharded checkpoint, pieced).
+  // divided_: a checkpoint (of any layout) loaded into this learner's block: only its values of the
+  // weights and moments are read (learner::load_checkpoint_ranges); and one written by the first
+  // group's learners, each its runs (a sharded checkpoint, pieced).
   Result<learner::CheckpointData> load_divided_checkpoint(const std::string& dir, learner::Trainer& trainer);
   Result<std::string> save_divided_checkpoint(const std::string& dir, learner::CheckpointData& d,
                                               const learner::ModelDirWriter& writer, learner::Trainer& trainer,

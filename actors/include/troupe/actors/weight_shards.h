@@ -50,12 +50,13 @@ Result<Weights> join_piece_heads(std::span<const Weights> heads,
 std::uint64_t payload_bytes(const Weights& w);
 
 // Divided experts (learners_divide_experts): which learner of the first expert-parallel group sends
-// which values of the whole arena. Each routed-expert block goes with the rank that holds it (expert
-// e of a layer: rank e / (num_experts / E)); everything else (held by every rank: embeddings,
-// attention, routers, norms, shared experts) is cut in E contiguous parts of as many values as
-// shard_bounds gives, part q sent by rank q, so every rank sends as many values as it can (its own
-// experts and 1/E of the rest). Runs in arena order, tiling it, adjacent runs of one sender merged.
-// `whole_table` is the whole model's tensor table (an expert tensor is named ...experts.<e>.<kind>).
+// which values of the whole arena. Each routed-expert block goes with the rank that holds it
+// (policy::expert_block_stretches, the one source of the expert ranges: expert e of a layer is rank
+// e / (num_experts / E)'s); everything else (held by every rank: embeddings, attention, routers,
+// norms, shared experts) is cut in E contiguous parts of as many values as shard_bounds gives, part q
+// sent by rank q, so every rank sends as many values as it can (its own experts and 1/E of the rest).
+// Runs in arena order, tiling it, adjacent runs of one sender merged. `whole_table` is the whole
+// model's tensor table.
 struct SyncRun {
   size_t begin = 0, end = 0;  // [begin, end) of the whole arena
   int sender = 0;             // its expert-parallel rank (= learner rank in the first group)

@@ -22,6 +22,8 @@
 
 namespace troupe::learner {
 
+inline constexpr const char* kOptimizerFile = "optimizer.safetensors";  // a whole checkpoint's AdamW moments
+
 struct CheckpointOptions {
   int keep_last = 3;            // keep the K newest step_N (0 = keep all); `best` is always kept
   std::string best_metric;      // non-empty: maintain checkpoints/best -> the step with the best metric
@@ -47,13 +49,6 @@ ModelDirWriter flat_model_writer(std::span<const float> params, const std::vecto
 // model.safetensors, the tokenizer when given). The model and tokenizer must outlive the writer.
 ModelDirWriter policy_model_writer(const policy::Model& model, const policy::io::Tokenizer* tokenizer = nullptr,
                                    int32_t bos_token_id = -1, int32_t eos_token_id = -1, int32_t pad_token_id = -1);
-// policy_model_writer for a model holding one block of experts (policy::Model::slice_experts): the
-// whole model's directory, as policy_model_writer writes it for the whole model, from the whole
-// weights `whole` (Trainer::gather_whole_params, in the layout's whole_table). The model, `whole`
-// and the tokenizer must outlive the writer.
-ModelDirWriter whole_model_writer(const policy::Model& model, std::span<const float> whole,
-                                  const policy::io::Tokenizer* tokenizer = nullptr, int32_t bos_token_id = -1,
-                                  int32_t eos_token_id = -1, int32_t pad_token_id = -1);
 // Loads a checkpoint's model directory (policy::io::load_model) and copies its weights into `model`;
 // errors when the directory's tensor table differs from the model's (names, shapes).
 Status load_policy_model_params(const std::string& dir, policy::Model& model);
@@ -92,6 +87,12 @@ Result<std::string> latest_checkpoint(const std::string& checkpoints_dir);
 // shards too, against shards.json's sizes and xxh3 (the error names the file and its rank). Returns state.json.
 // The launcher calls it before a --resume touches the run directory.
 Result<nlohmann::json> verify_checkpoint(const std::string& step_dir);
+// verify_checkpoint's checks without reading any file's bytes (sizes, not checksums): for a reader
+// of a part of a checkpoint that verify_checkpoint passed before (load_checkpoint_ranges).
+Result<nlohmann::json> check_checkpoint_listing(const std::string& step_dir);
+// The CheckpointData of a checked state.json (step, policy_version, trainer, extra, metric); sets
+// opt's optimizer step count.
+CheckpointData checkpoint_data(const nlohmann::json& state, AdamW& opt);
 
 // Verifies the checksum and size of every file state.json lists (an error names the bad file), loads
 // the AdamW moments into opt (names and shapes checked against specs) and returns the state.

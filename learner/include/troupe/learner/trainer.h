@@ -204,22 +204,18 @@ class Trainer {
   // collective.
   Status load_optimizer(AdamW full);
   // Sharded: takes this rank's share of the AdamW state alone (load_checkpoint_share of
-  // [shard_begin(), shard_end())), so the whole moments are never held. No collective.
+  // [shard_begin(), shard_end())), so the whole moments are never held; with the experts divided,
+  // the moments of this rank's own arena (load_checkpoint_ranges of held_ranges). No collective.
   Status load_optimizer_share(AdamW share);
   // Expert parallelism whose model holds one block of experts (PolicyModel::expert_shards;
   // divided_experts.cpp). join_expert_parallel: the groups (a collective of the learners; the first
-  // train_step joins them otherwise). gather_whole_params: the whole model's weights (the layout's
-  // whole_size floats) into `whole` on learner 0 (tests and tools: troupe run gathers nothing); not read
-  // elsewhere (a collective of the first expert-parallel group, learners 0 .. E-1; every learner
-  // may call it, the others return at once). load_whole_params: this rank's part of whole weights
-  // (a checkpoint's; no collective). gathered_optimizer() and load_optimizer() work on the whole
-  // model's moments in that layout. forward_with_expert_group: `fn` (forwards of this model, such
-  // as the weight sync's probe) with the group's exchange installed (a collective: every learner
-  // calls it, joining the groups first; the ranks of a group run the same forwards).
+  // train_step joins them otherwise). gathered_optimizer() and load_optimizer() work on the whole
+  // model's moments in that layout (load_optimizer_share on this rank's own).
+  // forward_with_expert_group: `fn` (forwards of this model, such as the weight sync's probe) with
+  // the group's exchange installed (a collective: every learner calls it, joining the groups first;
+  // the ranks of a group run the same forwards).
   Status join_expert_parallel();
   Status forward_with_expert_group(const std::function<Status()>& fn);
-  Status gather_whole_params(std::span<float> whole);
-  Status load_whole_params(std::span<const float> whole);
   // compute_completion_logprobs of `batch` on another model (loss.kl_coef's reference model) at
   // the batch temperature. A model holding one block of experts (the same block as the trainer's)
   // runs with the expert-parallel group: every rank of it calls this with the whole batch (the same

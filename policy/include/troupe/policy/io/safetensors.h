@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,8 +44,14 @@ struct SafetensorsEntry {
 
 // When an opened file's data section is read: all of it into memory at open (eager), or each
 // tensor's bytes from the file as that tensor is read (on_demand: a reader of some tensors, such as
-// one block of a model's experts, never holds the others).
+// one block of a model's experts, never holds the others). An on-demand file stays open (one
+// descriptor, shared by the copies of the SafetensorsFile) until its last copy goes.
 enum class DataLoad { eager, on_demand };
+
+// Bytes of safetensors data sections this process has read from files so far (eager: the whole
+// section at open; on demand: each range read), headers not counted. A reader's cost is the
+// difference across it (policy.expert_parallel_resume_own_ranges counts a learner's resume so).
+uint64_t safetensors_data_bytes_read();
 
 // An opened safetensors file: header parsed and checked (offsets in range, sizes match
 // dtype x shape), data read into memory (or on demand). Tensors are converted to fp32 on read.
@@ -65,15 +72,22 @@ class SafetensorsFile {
   // above): shape with its first dimension count; only those rows' bytes are read.
   Result<Tensor> read_rows(const std::string& name, const std::vector<int64_t>& shape, int64_t first,
                            int64_t count) const;
+  // Values [first, first + out.size()) of the tensor in its row-major order, as fp32 into `out`
+  // (an error names the tensor and the file when they lie past its end); only those bytes are read.
+  Status read_flat(const std::string& name, size_t first, std::span<float> out) const;
 
  private:
+  struct Descriptor;  // an on-demand file's open descriptor, closed with its last copy
   // Elements [first, first + n) of entry e, as fp32 into out (n values).
   Status read_values(const SafetensorsEntry& e, size_t first, size_t n, float* out) const;
+  // On demand: bytes.size() bytes of the file from byte `at` (e names the tensor in errors).
+  Status pread_all(const SafetensorsEntry& e, uint64_t at, std::vector<char>& bytes) const;
   std::string path_;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, size_t> index_;
   Metadata metadata_;
   std::shared_ptr<std::vector<char>> data_;  // the data section (after the header); null: on demand
+  std::shared_ptr<const Descriptor> fd_;     // on demand: the file, open for pread(2)
   uint64_t data_start_ = 0;                  // the data section's byte offset in the file
 };
 
@@ -103,6 +117,7 @@ class WeightSource {
   Result<Tensor> read(const std::string& name, const std::vector<int64_t>& shape) const;
   Result<Tensor> read_rows(const std::string& name, const std::vector<int64_t>& shape, int64_t first,
                            int64_t count) const;  // SafetensorsFile::read_rows
+  Status read_flat(const std::string& name, size_t first, std::span<float> out) const;  // SafetensorsFile::read_flat
   Result<TensorMap> read_all() const;
 
  private:

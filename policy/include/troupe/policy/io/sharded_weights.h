@@ -2,11 +2,13 @@
 // the flat buffer's shard bounds, the tensor table (names, shapes, flat offsets) -- and one file
 // per rank, shards/rank_R.safetensors, holding that rank's slice [begin, end) of each flat buffer
 // (params, exp_avg, exp_avg_sq) as 1-D tensors. Invariant: a value is read only from a file whose
-// size and xxh3-64 match the manifest; every error names the file and the rank that wrote it.
+// size and xxh3-64 match the manifest (a ShardRangeReader without `hash`: whose size does, the xxh3
+// having been checked before); every error names the file and the rank that wrote it.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -67,6 +69,26 @@ Status verify_shard_files(const std::string& dir, const ShardManifest& m);
 // Values [begin, end) of flat buffer `buffer`, read from the files that hold them (each verified).
 Result<std::vector<float>> read_shard_buffer(const std::string& dir, const ShardManifest& m, const std::string& buffer,
                                              size_t begin, size_t end);
+// Ranges of a sharded checkpoint's flat buffers, read range by range from the files that hold them
+// (each file opened once, on first use, DataLoad::on_demand: only the ranges' bytes are read). A file
+// is checked against the manifest's size when opened, and with `hash` its xxh3 (a streaming pass
+// over its bytes, as verify_shard_files makes; without it, for a checkpoint verified before, such as
+// `troupe run --resume`'s, only the ranges' bytes are read); errors name the file and its rank. The
+// files no range touches are not opened.
+class ShardRangeReader {
+ public:
+  ShardRangeReader(std::string dir, ShardManifest m, bool hash);
+  const ShardManifest& manifest() const { return m_; }
+  // Values [begin, begin + out.size()) of flat buffer `buffer` into `out`.
+  Status read(const std::string& buffer, size_t begin, std::span<float> out);
+
+ private:
+  std::string dir_;
+  ShardManifest m_;
+  bool hash_ = false;
+  std::vector<std::optional<SafetensorsFile>> files_;  // opened on first use, in the manifest's order
+};
+
 // The manifest's table equals `table` (names, shapes, offsets, in order); `what` names the model
 // in the error, which names the first difference.
 Status check_shard_table(const ShardManifest& m, std::span<const TensorSpec> table, const std::string& what);
