@@ -1107,8 +1107,6 @@ Status Model::set_expert_exchange(kernels::MoeExchange* exchange) {
   if (exchange) {
     if (m.routing_width == 0)
       return invalid_input("policy.moe.expert_parallel: the model has no MoE layer (num_experts = 0)");
-    if (!m.be->host_visible() || m.mirrored)
-      return invalid_input("policy.moe.expert_parallel: expert parallelism runs on policy.device: cpu only");
     if (m.moe_cfg.E % exchange->size() != 0)
       return invalid_input("policy.moe.expert_parallel: " + std::to_string(exchange->size()) +
                            " does not divide num_experts = " + std::to_string(m.moe_cfg.E));
@@ -1135,7 +1133,6 @@ Status check_expert_block(const ModelConfig& cfg, const k::Backend& be, int shar
   if (shards < 2 || shard < 0 || shard >= shards || cfg.num_experts % shards != 0)
     return bad("expert block " + std::to_string(shard) + " of " + std::to_string(shards) + " of num_experts = " +
                std::to_string(cfg.num_experts));
-  if (!be.host_visible()) return bad("dividing the experts runs on policy.device: cpu only");
   if (lora) return bad("not with LoRA adapters (policy.lora)");
   if (cfg.base_dtype != BaseDtype::fp32) return bad("not with a quantized base (policy.base_dtype)");
   return {};
@@ -1158,11 +1155,15 @@ Result<Model> Model::slice_experts(int shard, int shards) const {
   if (m.sliced()) return invalid_input("policy.moe.expert_parallel: the model is already a slice");
   auto impl = std::make_unique<Impl>(m.cfg, *m.be, shard, shards);
   TROUPE_TRY(impl->alloc_params());
-  for (const ArenaPiece& p : impl->eshard.pieces)
-    if (p.local != ArenaPiece::npos)
-      std::copy_n(m.P() + p.whole, p.size, impl->P() + p.local);
-  impl->weights_written(impl->params);
-  return Model(std::move(impl));
+  Model block(std::move(impl));
+  // Through the host views (a device backend's mirrors: the whole model's brought down first, the
+  // block's uploaded by its first op).
+  const std::span<const float> whole = params();
+  const std::span<float> local = block.params();
+  for (const ArenaPiece& p : block.impl_->eshard.pieces)
+    if (p.local != ArenaPiece::npos) std::copy_n(whole.data() + p.whole, p.size, local.data() + p.local);
+  block.impl_->weights_written(block.impl_->params);
+  return block;
 }
 
 void Model::zero_grads() {
