@@ -1124,8 +1124,9 @@ Status Model::expert_parallel_idle_pass(bool with_backward) { return impl_->ep_i
 const ExpertShardLayout* Model::expert_shards() const { return impl_->sliced() ? &impl_->eshard : nullptr; }
 
 namespace {
-// Why a model of cfg on backend be cannot hold expert block `shard` of `shards` (empty: it can).
-Status check_expert_block(const ModelConfig& cfg, const k::Backend& be, int shard, int shards, bool lora) {
+// Why a model of cfg cannot hold expert block `shard` of `shards` (empty: it can). Any backend: a
+// device's block goes through its copies as a whole model does.
+Status check_expert_block(const ModelConfig& cfg, int shard, int shards, bool lora) {
   auto bad = [&](const std::string& why) { return invalid_input("policy.moe.expert_parallel: " + why); };
   bool any_moe = false;
   for (int l = 0; l < cfg.num_hidden_layers; ++l) any_moe = any_moe || cfg.is_moe_layer(l);
@@ -1142,7 +1143,7 @@ Status check_expert_block(const ModelConfig& cfg, const k::Backend& be, int shar
 Result<Model> Model::create_expert_block(const ModelConfig& cfg, uint64_t seed, int shard, int shards) {
   TROUPE_TRY(validate_model_config(cfg));
   TROUPE_ASSIGN_OR_RETURN(const k::Backend* be, k::backend_for(cfg.device));
-  TROUPE_TRY(check_expert_block(cfg, *be, shard, shards, cfg.lora.enabled()));
+  TROUPE_TRY(check_expert_block(cfg, shard, shards, cfg.lora.enabled()));
   auto impl = std::make_unique<Impl>(cfg, *be, shard, shards);
   TROUPE_TRY(impl->alloc_params());
   TROUPE_TRY(impl->init_params(seed));
@@ -1151,7 +1152,7 @@ Result<Model> Model::create_expert_block(const ModelConfig& cfg, uint64_t seed, 
 
 Result<Model> Model::slice_experts(int shard, int shards) const {
   const Impl& m = *impl_;
-  TROUPE_TRY(check_expert_block(m.cfg, *m.be, shard, shards, m.lora));
+  TROUPE_TRY(check_expert_block(m.cfg, shard, shards, m.lora));
   if (m.sliced()) return invalid_input("policy.moe.expert_parallel: the model is already a slice");
   auto impl = std::make_unique<Impl>(m.cfg, *m.be, shard, shards);
   TROUPE_TRY(impl->alloc_params());
