@@ -149,9 +149,15 @@ void check_expert_parallel(const ExperimentConfig& c, const ConfigReport& report
   if (c.cluster.learners % E != 0)
     report(key, key, at + " does not divide cluster.learners = " + std::to_string(c.cluster.learners) +
                          " (learner ranks = data-parallel x expert-parallel)");
-  if (c.policy.device != kernels::DeviceKind::cpu)  // (the NCCL exchange exists; a device MoE layer over it does not)
-    report(key, key, at + " with policy.device: " + enum_string(c.policy.device) +
-                         " is not supported yet: the expert-parallel MoE layer runs on policy.device: cpu only");
+  // Every policy.device runs it: the layer is the backend's (Backend::moe_ep_*; cuda over an NCCL
+  // exchange of the group's GPUs), so nothing is refused here by device (routing replay on cuda is
+  // refused by check_execution for every run). Divided learners send the weights from their blocks,
+  // over ZeroMQ only (the broadcast of weight_sync.transport nccl sends learner 0's whole weights).
+  if (actors::learners_divide_experts(c) && c.cluster.learners > 1 &&
+      c.weight_sync.transport == actors::WeightTransport::nccl)
+    report("weight_sync.transport", "weight_sync.transport",
+           "nccl broadcasts learner 0's whole weights, but with " + key + " " + at +
+               " (learner.shard none, sync) each learner holds one block of experts; use zmq");
 }
 
 // policy.lora against the architecture: policy.model, or policy.path's config.json when it is a

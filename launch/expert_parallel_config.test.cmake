@@ -1,8 +1,9 @@
 # policy.expert_parallel_config: `troupe validate` refuses policy.moe.expert_parallel where it cannot
 # split (exit 2, naming the key and the value): E not dividing the experts, E not dividing the learner
-# ranks, a dense model or policy.device: cuda beside it; a layout that splits
+# ranks, a dense model, weight_sync.transport: nccl beside divided learners; a layout that splits
 # validates (also with learner.shard: gradients and parameters, policy.lora, distill.teacher and streamed
-# parts, rollout.async_chunks > 1, and with learner.shard: parameters beside each of those and all three).
+# parts, rollout.async_chunks > 1, and with learner.shard: parameters beside each of those and all three),
+# and on policy.device cpu_fenced and cuda.
 set(dir ${WORK}/expert_parallel_config)
 file(MAKE_DIRECTORY ${dir})
 file(WRITE ${dir}/moe.yaml "envs:\n  - name: arithmetic\ncluster:\n  learners: 2\npolicy:\n  moe:\n    expert_parallel: 2\n  model:\n    num_experts: 4\n    num_experts_per_tok: 2\n")
@@ -22,8 +23,8 @@ refused("E not dividing the learners" "--set;cluster.learners=3"
         "error: policy.moe.expert_parallel: 2 does not divide cluster.learners = 3")
 refused("a dense model" "--set;policy.model.num_experts=0"
         "error: policy.moe.expert_parallel: 2 splits MoE experts, but policy.model is dense \\(num_experts = 0\\)")
-refused("with policy.device: cuda" "--set;policy.device=cuda"
-        "error: policy.moe.expert_parallel: 2 with policy.device: cuda is not supported yet")
+refused("divided learners with weight_sync.transport: nccl" "--set;policy.device=cpu_fenced;--set;weight_sync.transport=nccl"
+        "error: weight_sync.transport: nccl broadcasts learner 0's whole weights, but with policy.moe.expert_parallel 2")
 function(accepted what sets)
   execute_process(COMMAND ${TROUPE} validate ${dir}/moe.yaml ${sets} RESULT_VARIABLE rc ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -43,3 +44,13 @@ accepted("with learner.shard: parameters beside streamed parts"
          "--set;learner.shard=parameters;--set;rollout.async=true;--set;rollout.async_chunks=2;--set;rollout.prompts_per_step=4")
 accepted("with learner.shard: parameters beside all three"
          "--set;learner.shard=parameters;--set;policy.lora.rank=4;--set;distill.teacher=teacher;--set;cluster.scorers=1;--set;rollout.async=true;--set;rollout.async_chunks=2;--set;rollout.prompts_per_step=4")
+accepted("on policy.device: cpu_fenced" "--set;policy.device=cpu_fenced")
+accepted("with weight_sync.transport: nccl where every learner holds every expert"
+         "--set;policy.device=cpu_fenced;--set;weight_sync.transport=nccl;--set;learner.shard=optimizer")
+# policy.device: cuda passes the check (validate never starts a GPU); a build without CUDA refuses the
+# device itself, never expert parallelism beside it.
+execute_process(COMMAND ${TROUPE} validate ${dir}/moe.yaml --set policy.device=cuda RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(err MATCHES "policy.moe.expert_parallel" OR
+   NOT (rc EQUAL 0 OR (rc EQUAL 2 AND err MATCHES "policy.device: this build of troupe has no CUDA")))
+  message(FATAL_ERROR "EP 2 on policy.device: cuda: expected it to validate, got rc=${rc} stderr=${err}")
+endif()

@@ -15,7 +15,7 @@ Status Trainer::join_expert_parallel() {
   if (cfg_.expert_parallel <= 1)
     return invalid_input("learner: the model holds expert block " + std::to_string(layout->shard) + " of " +
                          std::to_string(layout->shards) + " but policy.moe.expert_parallel is 1");
-  TROUPE_ASSIGN_OR_RETURN(auto ep, ExpertParallel::join(comm_, cfg_.expert_parallel));
+  TROUPE_ASSIGN_OR_RETURN(auto ep, ExpertParallel::join(comm_, cfg_.expert_parallel, model_.backend()));
   if (layout && (layout->shards != ep->size() || layout->shard != ep->rank()))
     return invalid_input("policy.moe.expert_parallel: learner " + std::to_string(comm_.rank()) +
                          " holds expert block " + std::to_string(layout->shard) + " of " +

@@ -41,9 +41,30 @@ Status sum_like_the_step(std::span<float> buf, Communicator& comm) {
   return comm.ordered_allreduce_sum(buf, bounds);
 }
 
+// The group's exchange for the model's backend, joined as learner rank `learner`.
+Result<std::unique_ptr<kernels::MoeExchange>> join_exchange(Communicator& group, const kernels::Backend& backend,
+                                                            int learner) {
+  // The device exchange where the backend has one (rank 0 of the group makes the id, the group's
+  // communicator carries it); else the group's MPI all-to-all on host memory.
+  auto where = [&](const std::string& what) {
+    return "policy.moe.expert_parallel: learner " + std::to_string(learner) + " (expert-parallel rank " +
+           std::to_string(group.rank()) + " of " + std::to_string(group.size()) + ", policy.device: " +
+           std::string(backend.name()) + "): " + what;
+  };
+  auto id = broadcast_collective_id(backend, group);
+  if (!id.ok()) return make_error(id.error().code, where("the exchange's id: " + id.error().message));
+  if (!id->empty()) {
+    auto joined = backend.join_expert_exchange(*id, group.size(), group.rank());
+    if (!joined.ok()) return make_error(joined.error().code, where("joining the exchange: " + joined.error().message));
+    if (*joined) return std::move(*joined);
+  }
+  return std::unique_ptr<kernels::MoeExchange>(std::make_unique<GroupExchange>(group));
+}
+
 }  // namespace
 
-Result<std::unique_ptr<ExpertParallel>> ExpertParallel::join(Communicator& comm, int expert_parallel) {
+Result<std::unique_ptr<ExpertParallel>> ExpertParallel::join(Communicator& comm, int expert_parallel,
+                                                              const kernels::Backend& backend) {
   if (expert_parallel < 1 || comm.size() % expert_parallel != 0)
     return invalid_input("policy.moe.expert_parallel: " + std::to_string(expert_parallel) +
                          " does not divide the learner rank count " + std::to_string(comm.size()) +
@@ -51,7 +72,7 @@ Result<std::unique_ptr<ExpertParallel>> ExpertParallel::join(Communicator& comm,
   std::unique_ptr<ExpertParallel> ep(new ExpertParallel);
   TROUPE_ASSIGN_OR_RETURN(ep->group_, comm.split(comm.rank() / expert_parallel, comm.rank() % expert_parallel));
   TROUPE_ASSIGN_OR_RETURN(ep->replicas_, comm.split(comm.rank() % expert_parallel, comm.rank() / expert_parallel));
-  ep->exchange_ = std::make_unique<GroupExchange>(*ep->group_);
+  TROUPE_ASSIGN_OR_RETURN(ep->exchange_, join_exchange(*ep->group_, backend, comm.rank()));
   return ep;
 }
 

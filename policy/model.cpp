@@ -1101,8 +1101,6 @@ Status Model::set_expert_exchange(kernels::MoeExchange* exchange) {
   if (exchange) {
     if (m.routing_width == 0)
       return invalid_input("policy.moe.expert_parallel: the model has no MoE layer (num_experts = 0)");
-    if (!m.be->host_visible() || m.mirrored)
-      return invalid_input("policy.moe.expert_parallel: expert parallelism runs on policy.device: cpu only");
     if (m.moe_cfg.E % exchange->size() != 0)
       return invalid_input("policy.moe.expert_parallel: " + std::to_string(exchange->size()) +
                            " does not divide num_experts = " + std::to_string(m.moe_cfg.E));
@@ -1120,8 +1118,9 @@ Status Model::expert_parallel_idle_pass(bool with_backward) { return impl_->ep_i
 const ExpertShardLayout* Model::expert_shards() const { return impl_->sliced() ? &impl_->eshard : nullptr; }
 
 namespace {
-// Why a model of cfg on backend be cannot hold expert block `shard` of `shards` (empty: it can).
-Status check_expert_block(const ModelConfig& cfg, const k::Backend& be, int shard, int shards, bool lora) {
+// Why a model of cfg cannot hold expert block `shard` of `shards` (empty: it can). Any backend: a
+// device's block goes through its copies as a whole model does.
+Status check_expert_block(const ModelConfig& cfg, int shard, int shards, bool lora) {
   auto bad = [&](const std::string& why) { return invalid_input("policy.moe.expert_parallel: " + why); };
   bool any_moe = false;
   for (int l = 0; l < cfg.num_hidden_layers; ++l) any_moe = any_moe || cfg.is_moe_layer(l);
@@ -1129,7 +1128,6 @@ Status check_expert_block(const ModelConfig& cfg, const k::Backend& be, int shar
   if (shards < 2 || shard < 0 || shard >= shards || cfg.num_experts % shards != 0)
     return bad("expert block " + std::to_string(shard) + " of " + std::to_string(shards) + " of num_experts = " +
                std::to_string(cfg.num_experts));
-  if (!be.host_visible()) return bad("dividing the experts runs on policy.device: cpu only");
   if (lora) return bad("not with LoRA adapters (policy.lora)");
   if (cfg.base_dtype != BaseDtype::fp32) return bad("not with a quantized base (policy.base_dtype)");
   return {};
@@ -1139,7 +1137,7 @@ Status check_expert_block(const ModelConfig& cfg, const k::Backend& be, int shar
 Result<Model> Model::create_expert_block(const ModelConfig& cfg, uint64_t seed, int shard, int shards) {
   TROUPE_TRY(validate_model_config(cfg));
   TROUPE_ASSIGN_OR_RETURN(const k::Backend* be, k::backend_for(cfg.device));
-  TROUPE_TRY(check_expert_block(cfg, *be, shard, shards, cfg.lora.enabled()));
+  TROUPE_TRY(check_expert_block(cfg, shard, shards, cfg.lora.enabled()));
   auto impl = std::make_unique<Impl>(cfg, *be, shard, shards);
   TROUPE_TRY(impl->alloc_params());
   TROUPE_TRY(impl->init_params(seed));
@@ -1148,15 +1146,19 @@ Result<Model> Model::create_expert_block(const ModelConfig& cfg, uint64_t seed, 
 
 Result<Model> Model::slice_experts(int shard, int shards) const {
   const Impl& m = *impl_;
-  TROUPE_TRY(check_expert_block(m.cfg, *m.be, shard, shards, m.lora));
+  TROUPE_TRY(check_expert_block(m.cfg, shard, shards, m.lora));
   if (m.sliced()) return invalid_input("policy.moe.expert_parallel: the model is already a slice");
   auto impl = std::make_unique<Impl>(m.cfg, *m.be, shard, shards);
   TROUPE_TRY(impl->alloc_params());
-  for (const ArenaPiece& p : impl->eshard.pieces)
-    if (p.local != ArenaPiece::npos)
-      std::copy_n(m.P() + p.whole, p.size, impl->P() + p.local);
-  impl->weights_written(impl->params);
-  return Model(std::move(impl));
+  Model block(std::move(impl));
+  // Through the host views (a device backend's mirrors: the whole model's brought down first, the
+  // block's uploaded by its first op).
+  const std::span<const float> whole = params();
+  const std::span<float> local = block.params();
+  for (const ArenaPiece& p : block.impl_->eshard.pieces)
+    if (p.local != ArenaPiece::npos) std::copy_n(whole.data() + p.whole, p.size, local.data() + p.local);
+  block.impl_->weights_written(block.impl_->params);
+  return block;
 }
 
 void Model::zero_grads() {

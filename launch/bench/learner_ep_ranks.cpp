@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   auto comm = troupe::learner::make_mpi_communicator();
   if (!comm.ok()) die(comm.error().message);
   const int rank = (*comm)->rank();
-  auto ep = troupe::learner::ExpertParallel::join(**comm, (*comm)->size());
+  auto ep = troupe::learner::ExpertParallel::join(**comm, (*comm)->size(), k::cpu_backend());
   if (!ep.ok()) die(ep.error().message);
   const size_t E = c.E, HC = static_cast<size_t>(c.H) * c.C, NC = static_cast<size_t>(N) * c.C;
   const auto router = randn(E * c.C, 1, 0.1f), gate = randn(E * HC, 2, 0.05f), up = randn(E * HC, 3, 0.05f),

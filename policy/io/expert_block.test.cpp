@@ -5,7 +5,8 @@
 // expert layout (per expert, fused, fused transposed, bf16, sharded by an index, a sharded learner's
 // checkpoint, each block reading its own values' bytes alone); the safetensors
 // reader's on-demand rows are its eager reads; the layout's pieces tile the arena, each block's
-// holding its experts alone (expert_blocks.h); what cannot be divided is refused naming why.
+// holding its experts alone (expert_blocks.h); on a device backend (cpu_fenced) each is the cpu
+// block; what cannot be divided is refused naming why.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -158,6 +159,38 @@ TEST(ExpertBlock, RefusesWhatSliceExpertsRefuses) {
   ModelConfig quant = c;
   quant.base_dtype = BaseDtype::bf16;
   expect_error(Model::create_expert_block(quant, 1, 0, 2).error(), "not with a quantized base");
+}
+
+// On a device backend (cpu_fenced: device memory the host cannot touch, host mirrors) a block made
+// alone, sliced from a whole device model or loaded from a directory is the cpu block bit for bit.
+TEST(ExpertBlock, OnADeviceBackendTheBlockIsTheCpuBlock) {
+  ModelConfig c = test::tiny_family("qwen3_moe");
+  c.num_experts = 8;
+  ModelConfig fenced = c;
+  fenced.device = troupe::kernels::DeviceKind::cpu_fenced;
+  auto whole = Model::create(fenced, 1234);
+  ASSERT_TRUE(whole.ok()) << whole.error().message;
+  ASSERT_FALSE(whole->backend().host_visible());
+  ExecutionOptions exec;
+  exec.device = troupe::kernels::DeviceKind::cpu_fenced;
+  for (int s = 0; s < 2; ++s) {
+    SCOPED_TRACE("block " + std::to_string(s) + " of 2");
+    auto cpu = Model::create_expert_block(c, 1234, s, 2);
+    ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+    auto block = Model::create_expert_block(fenced, 1234, s, 2);
+    ASSERT_TRUE(block.ok()) << block.error().message;
+    EXPECT_FALSE(block->backend().host_visible());
+    expect_same_block(*block, *cpu);
+    auto sliced = whole->slice_experts(s, 2);
+    ASSERT_TRUE(sliced.ok()) << sliced.error().message;
+    expect_same_block(*sliced, *cpu);
+    auto loaded_cpu = load_expert_block(fixture("qwen3_moe").string(), s, 2);
+    ASSERT_TRUE(loaded_cpu.ok()) << loaded_cpu.error().message;
+    auto loaded = load_expert_block(fixture("qwen3_moe").string(), s, 2, exec);
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+    EXPECT_FALSE(loaded->model.backend().host_visible());
+    expect_same_block(loaded->model, loaded_cpu->model);
+  }
 }
 
 TEST(ExpertBlock, TransformersDirectoriesInEveryLayout) {

@@ -1183,6 +1183,26 @@ moved = sum(int(np.any(a[k] != b[k])) for k in a)
 print("the final weights: %d tensors, within %.3g (relative) of data parallelism's, %d not bit for bit" % (len(a), worst, moved))
 EOS
     ;;
+  expert_parallel_fenced_run)  # policy.moe.expert_parallel 2 over 2 learners on policy.device cpu_fenced
+    # (mpirun): the learners divide the experts on the device path (their blocks in device memory the host
+    # cannot touch, host mirrors, the backend's layer over the group's MPI exchange; the weight sync from the
+    # blocks, probe on; activation checkpointing); the metrics equal the same run on cpu bit for bit, also
+    # resumed from the fenced run's checkpoint (each learner's runs)
+    S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.every=14 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set weight_sync.probe=true --set envs[0].config={\"digits\":1,\"terms\":1} \
+       --set policy.moe.expert_parallel=2 --set policy.activation_checkpointing=true $Q"
+    F="--set policy.device=cpu_fenced"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/cpu" --set grpo.max_steps=4 $S
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/fenced" --set grpo.max_steps=4 $S $F \
+      2> "$W/fenced.err"
+    grep -q "weight sync: from the expert blocks of 2 learners" "$W/fenced.err" || { cat "$W/fenced.err"; exit 1; }
+    $CHECK same "$W/cpu" "$W/fenced"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/fenced2" --set grpo.max_steps=2 $S $F
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/fenced2" --set grpo.max_steps=4 $S $F
+    $CHECK same "$W/cpu" "$W/fenced2"
+    ;;
   shard_expert_parallel_run)  # policy.moe.expert_parallel 2 with learner.shard: parameters over 2 learners
     # (mpirun): each learner keeps its ZeRO-3 shard of the whole model (every expert), gathers each layer and
     # computes its half of the experts for both learners' routed rows; the run (weights synced from the

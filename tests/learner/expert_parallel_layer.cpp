@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", comm.error().message.c_str());
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    auto ep = learner::ExpertParallel::join(**comm, (*comm)->size());
+    auto ep = learner::ExpertParallel::join(**comm, (*comm)->size(), k::cpu_backend());
     if (!ep.ok()) {
       std::fprintf(stderr, "%s\n", ep.error().message.c_str());
       MPI_Abort(MPI_COMM_WORLD, 1);

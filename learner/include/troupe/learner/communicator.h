@@ -89,8 +89,13 @@ class LocalCommunicator final : public Communicator {
 // multiples of 16 values, the last one shorter).
 std::vector<size_t> shard_bounds(size_t n, int ranks);
 
+// Rank 0's Backend::collective_id(), broadcast over comm: every rank gets the same bytes (empty
+// where the backend has no device collectives: cpu, cpu_fenced). A collective of comm. The
+// bootstrap of every device collective of the learners (below; expert_parallel.h's exchange).
+Result<std::vector<uint8_t>> broadcast_collective_id(const kernels::Backend& backend, Communicator& comm);
+
 // The learner ranks' collective on their model's device (NCCL on cuda): rank 0 makes the id
-// (Backend::collective_id), comm broadcasts it, every rank joins. Null (no error) with one rank or
+// (Backend::collective_id), comm broadcasts it (broadcast_collective_id), every rank joins. Null (no error) with one rank or
 // a backend without device collectives (cpu): the trainer then all-reduces over comm on the host.
 // Every rank must call it, with the same backend.
 Result<std::unique_ptr<kernels::DeviceCollective>> join_device_collective(const kernels::Backend& backend,

@@ -22,10 +22,15 @@ namespace troupe::learner {
 class ExpertParallel {
  public:
   // Splits comm into groups of `expert_parallel` consecutive ranks, and into the groups of ranks
-  // holding the same block (collectives: every rank calls it). An error names the key when E does
-  // not divide the rank count.
-  static Result<std::unique_ptr<ExpertParallel>> join(Communicator& comm, int expert_parallel);
+  // holding the same block, and joins the group's exchange for the model's `backend` (collectives:
+  // every rank calls it, with the same backend). An error names the key when E does not divide the
+  // rank count, and the learner rank when the exchange cannot be joined.
+  static Result<std::unique_ptr<ExpertParallel>> join(Communicator& comm, int expert_parallel,
+                                                      const kernels::Backend& backend);
   ~ExpertParallel();
+  // The MoE layer's all-to-all: the backend's device exchange where join_expert_exchange gives one
+  // (cuda: NCCL over the group's GPUs, its id made by the group's rank 0 and broadcast over group()),
+  // else MPI over group() on host memory (cpu; cpu_fenced, whose layer hands it host copies).
   kernels::MoeExchange& exchange();
   int size() const;  // E
   int rank() const;  // this rank's place in its group (its block of experts)

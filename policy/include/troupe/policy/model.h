@@ -225,8 +225,12 @@ class Model {
   // the training forwards and backwards that follow run each MoE layer's routed experts split over
   // the exchange's ranks (kernels/moe_expert_parallel.h: this rank computes its block of experts for
   // every rank's rows); null (the default): every expert here. Every rank of the group must then
-  // run the same forward/backward pairs. Host backends (cpu, cpu_fenced) only; the model keeps
-  // every expert's weights either way, so a forward without the exchange needs no peer.
+  // run the same forward/backward pairs. Any backend: the layer is its Backend::moe_ep_* (cpu,
+  // cpu_fenced; a backend without one fails the first forward naming it), on the backend's own
+  // weights and gradients (a device's arenas, synced with the host mirrors as every op's), and the
+  // exchange must move the memory that layer hands it (cuda: the backend's join_expert_exchange;
+  // cpu, cpu_fenced: a host exchange). A whole model keeps every expert's weights either way, so a
+  // forward without the exchange needs no peer.
   Status set_expert_exchange(kernels::MoeExchange* exchange);
   // A forward/backward pair with no tokens of this rank's own, in the order forward_train and
   // backward_train run the MoE layers (checkpointing's recompute included): this rank's experts
@@ -238,7 +242,8 @@ class Model {
   // `shard` of `shards` of every MoE layer (parameters and gradients of the other blocks are not
   // allocated), every other tensor whole. Its training forwards and backwards need an exchange of
   // `shards` ranks at rank `shard` (set_expert_exchange); every other forward (generation, logits)
-  // is refused. Host backend (cpu), fp32 base, no LoRA, shards dividing num_experts.
+  // is refused. Any backend (a device backend's values go through its host mirrors), fp32 base, no
+  // LoRA, shards dividing num_experts.
   Result<Model> slice_experts(int shard, int shards) const;
   // create(cfg, seed).slice_experts(shard, shards) without the whole model: the same table, layout
   // and values bit for bit (the block draws the whole model's one init stream in its order and skips
