@@ -7,7 +7,8 @@
 // and with two mini-batches; LoRA adapters on the routed experts) and for learners holding one block
 // each (Model::create_expert_block on the device: its step, the group's forwards for old log-probs
 // and the mismatch with their idle forwards, the gathered weights and moments, and a checkpoint of
-// them resumed). A backend without an expert-parallel layer is named in the layer's error.
+// them resumed). A backend without an expert-parallel layer is named in the layer's error, and the
+// group's collective id bootstrap reports rank 0's failure on every rank.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -18,7 +19,9 @@
 #include <utility>
 
 #include "troupe/kernels/moe_expert_parallel.h"
+#include "troupe/learner/communicator.h"
 #include "troupe/learner/checkpoint.h"
+#include "troupe/learner/checkpoint_ranges.h"
 #include "troupe/learner/trainer.h"
 #include "troupe/policy/io/model_io.h"
 #include "troupe/policy/model.h"
@@ -97,12 +100,12 @@ void add_metrics(Run& run, const StepMetrics& m) {
 
 // The whole weights and moments: a whole model's own (the moments brought down from the device by
 // optimizer()), a divided one's gathered on rank 0.
-Status record(Run& run, policy::Model& model, ModelAdapter& adapter, Trainer& tr) {
+Status record(Run& run, policy::Model& model, ModelAdapter& adapter, Trainer& tr, Communicator& comm) {
   AdamW moments;
   if (model.expert_shards()) {
     TROUPE_ASSIGN_OR_RETURN(moments, tr.gathered_optimizer());
     run.weights.resize(model.expert_shards()->whole_size);
-    TROUPE_TRY(tr.gather_whole_params(run.weights));
+    TROUPE_TRY(test::gather_divided_weights(model, comm, run.weights));
   } else {
     moments = std::as_const(tr).optimizer();
     run.weights.assign(adapter.params().begin(), adapter.params().end());
@@ -123,7 +126,7 @@ Status train(const Case& k, DeviceKind device, Communicator& comm, Run& run) {
     TROUPE_ASSIGN_OR_RETURN(auto m, tr.train_step(batch_for(k, 42 + s)));
     add_metrics(run, m);
   }
-  return record(run, model, adapter, tr);
+  return record(run, model, adapter, tr, comm);
 }
 
 template <class T>
@@ -174,13 +177,13 @@ int resume(Communicator& world) {
     TROUPE_ASSIGN_OR_RETURN(auto m, tr.train_step(batch_for(k, 42)));
     add_metrics(resumed, m);
     std::vector<float> whole(first.expert_shards()->whole_size);
-    TROUPE_TRY(tr.gather_whole_params(whole));
+    TROUPE_TRY(test::gather_divided_weights(first, world, whole));
     TROUPE_ASSIGN_OR_RETURN(AdamW moments, tr.gathered_optimizer());
     if (world.rank() == 0) {
       CheckpointData d;
       d.step = 1;
       d.trainer_state = tr.state_json();
-      auto saved = save_checkpoint(dir.string(), d, whole_model_writer(first, whole), moments,
+      auto saved = save_checkpoint(dir.string(), d, test::whole_model_writer(first, whole), moments,
                                    first.expert_shards()->whole_table, {});
       if (!saved.ok()) return saved.error();
     }
@@ -190,15 +193,14 @@ int resume(Communicator& world) {
     ModelAdapter b(fresh);
     Trainer again(b, config(k), world);
     const policy::ExpertShardLayout& layout = *fresh.expert_shards();
-    AdamW loaded_moments(layout.whole_size);
-    TROUPE_ASSIGN_OR_RETURN(auto data, load_checkpoint(latest, layout.whole_table, loaded_moments));
-    TROUPE_ASSIGN_OR_RETURN(auto loaded, policy::io::load_model(latest));
-    TROUPE_TRY(again.load_whole_params(loaded.model.params()));
-    TROUPE_TRY(again.load_optimizer(std::move(loaded_moments)));
+    AdamW loaded_moments(fresh.params().size());
+    TROUPE_ASSIGN_OR_RETURN(auto data, load_checkpoint_ranges(latest, layout.whole_table, held_ranges(layout),
+                                                              fresh.params(), loaded_moments));
+    TROUPE_TRY(again.load_optimizer_share(std::move(loaded_moments)));
     TROUPE_TRY(again.load_state_json(data.trainer_state));
     TROUPE_ASSIGN_OR_RETURN(auto second, again.train_step(batch_for(k, 43)));
     add_metrics(resumed, second);
-    return record(resumed, fresh, b, again);
+    return record(resumed, fresh, b, again, world);
   }();
   if (st.ok()) st = same_run(resumed, cpu, world.rank() == 0);
   (void)world.barrier();
@@ -216,6 +218,24 @@ int no_layer(Communicator& world) {
                 !st.ok() && st.error().message.find(want) != std::string::npos
                     ? Status{}
                     : invalid_input("expected '" + want + "', got " + (st.ok() ? "success" : st.error().message)));
+}
+
+// The group's id bootstrap (share_collective_id): rank 0's bytes reach every rank; a rank 0 that
+// could not make the id keeps its own error and every other rank gets one naming rank 0 instead of
+// waiting for bytes that never come.
+int id_bootstrap(Communicator& world) {
+  const bool root = world.rank() == 0;
+  const std::vector<uint8_t> bytes = {1, 2, 3, 4, 5, 6, 7};
+  Result<std::vector<uint8_t>> made = root ? bytes : std::vector<uint8_t>();
+  auto got = learner::share_collective_id(made, world);
+  Status st = got.ok() && *got == bytes ? Status{} : invalid_input("the id's bytes did not arrive");
+  const std::string rank0 = "rank 0 could not make the collective id";
+  made = root ? Result<std::vector<uint8_t>>(invalid_input(rank0)) : std::vector<uint8_t>();
+  got = learner::share_collective_id(made, world);
+  const std::string want = root ? rank0 : "rank 0 of 2 could not make the collective id";
+  if (st.ok() && (got.ok() || got.error().message.find(want) == std::string::npos))
+    st = invalid_input("expected an error with '" + want + "', got " + (got.ok() ? "an id" : got.error().message));
+  return report(world, "the collective id, or rank 0's failure to make it, reaches every rank", st);
 }
 
 }  // namespace
@@ -243,6 +263,7 @@ int main(int argc, char** argv) {
                    world);
     bad |= resume(world);
     bad |= no_layer(world);
+    bad |= id_bootstrap(world);
   }
   MPI_Finalize();
   return bad;

@@ -161,19 +161,6 @@ int ep_world(Communicator& world) {
   return report(world, "E = " + std::to_string(world.size()) + " divided = E 1 bit for bit", st);
 }
 
-// The whole model's directory from the whole weights `whole` of a model holding one block of experts
-// (laid out as its layout's whole_table), as policy_model_writer writes it for the whole model.
-ModelDirWriter whole_model_writer(const policy::Model& model, std::span<const float> whole) {
-  return [&model, whole](const std::string& dir) -> Status {
-    policy::io::TensorMap named;
-    for (const auto& s : model.expert_shards()->whole_table)
-      named[s.name] = policy::io::Tensor{s.shape, std::vector<float>(whole.begin() + static_cast<std::ptrdiff_t>(s.offset),
-                                                                     whole.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()))};
-    TROUPE_ASSIGN_OR_RETURN(auto tensors, policy::io::canonicalize_tensors(model.config(), named, "model"));
-    return policy::io::save_model_dir(dir, model.config(), tensors, nullptr, policy::io::ExpertLayout::per_expert);
-  };
-}
-
 // Loads a checkpoint into a fresh trainer of E = ep (divided: its own values alone, as a divided
 // learner of troupe run resumes, load_checkpoint_ranges; else whole) and takes one step.
 Status resume_step(const std::string& latest, Communicator& world, int ep, bool divide, std::vector<float>& out) {
@@ -237,7 +224,7 @@ int resume(Communicator& world) {
       CheckpointData d;
       d.step = 1;
       d.trainer_state = tr.state_json();
-      auto saved = save_checkpoint(dir.string(), d, whole_model_writer(model, whole), moments,
+      auto saved = save_checkpoint(dir.string(), d, test::whole_model_writer(model, whole), moments,
                                    model.expert_shards()->whole_table, {});
       if (!saved.ok()) return saved.error();
     }

@@ -1,6 +1,7 @@
 // What the learner tests under tests/learner/ share: the tiny model they train, for the mpirun
 // tests the world communicator, how far two runs' parameters are apart, and the whole weights of
-// learners that hold one block of experts each, gathered to compare them.
+// learners that hold one block of experts each, gathered to compare them (and written as the whole
+// model's checkpoint directory).
 #pragma once
 
 #include <mpi.h>
@@ -12,8 +13,10 @@
 #include <span>
 #include <vector>
 
+#include "troupe/learner/checkpoint.h"
 #include "troupe/learner/communicator.h"
 #include "troupe/learner/expert_parallel.h"
+#include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/model.h"
 
 namespace troupe::learner::test {
@@ -65,9 +68,22 @@ inline double max_diff(const std::vector<float>& a, const std::vector<float>& b)
 inline Status gather_divided_weights(const policy::Model& model, Communicator& world, std::span<float> whole) {
   const policy::ExpertShardLayout* layout = model.expert_shards();
   if (!layout) return invalid_input("gather_divided_weights: the model holds every expert");
-  TROUPE_ASSIGN_OR_RETURN(auto ep, ExpertParallel::join(world, layout->shards));
+  TROUPE_ASSIGN_OR_RETURN(auto ep, ExpertParallel::join(world, layout->shards, model.backend()));
   if (world.rank() >= layout->shards) return {};  // (the first group's gather reaches learner 0)
   return gather_whole(model.params(), *layout, *ep, whole);
+}
+
+// The whole model's directory from the whole weights `whole` of a model holding one block of experts
+// (laid out as its layout's whole_table), as policy_model_writer writes it for the whole model.
+inline ModelDirWriter whole_model_writer(const policy::Model& model, std::span<const float> whole) {
+  return [&model, whole](const std::string& dir) -> Status {
+    policy::io::TensorMap named;
+    for (const auto& s : model.expert_shards()->whole_table)
+      named[s.name] = policy::io::Tensor{s.shape, std::vector<float>(whole.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                                                                     whole.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()))};
+    TROUPE_ASSIGN_OR_RETURN(auto tensors, policy::io::canonicalize_tensors(model.config(), named, "model"));
+    return policy::io::save_model_dir(dir, model.config(), tensors, nullptr, policy::io::ExpertLayout::per_expert);
+  };
 }
 
 }  // namespace troupe::learner::test

@@ -92,7 +92,11 @@ std::vector<size_t> shard_bounds(size_t n, int ranks);
 // Rank 0's Backend::collective_id(), broadcast over comm: every rank gets the same bytes (empty
 // where the backend has no device collectives: cpu, cpu_fenced). A collective of comm. The
 // bootstrap of every device collective of the learners (below; expert_parallel.h's exchange).
+// A rank 0 that fails to make it fails there, and every other rank gets an error naming rank 0
+// (no rank waits for an id that never comes).
 Result<std::vector<uint8_t>> broadcast_collective_id(const kernels::Backend& backend, Communicator& comm);
+// Its broadcast: `made` is rank 0's id or error (the other ranks' `made` is not read).
+Result<std::vector<uint8_t>> share_collective_id(const Result<std::vector<uint8_t>>& made, Communicator& comm);
 
 // The learner ranks' collective on their model's device (NCCL on cuda): rank 0 makes the id
 // (Backend::collective_id), comm broadcasts it (broadcast_collective_id), every rank joins. Null (no error) with one rank or
