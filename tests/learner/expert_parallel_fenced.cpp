@@ -68,18 +68,8 @@ policy::ModelConfig model_config(const Case& k, DeviceKind device) {
   return mc;
 }
 
-// make_batch's samples; with two mini-batches without recorded old log-probs (the trainer
-// recomputes them with the group) and the first quarter (all on rank 0) scored for the mismatch.
-std::vector<Sample> batch_for(const Case& k, uint64_t seed) {
-  auto b = test::make_batch(seed, 12, 32);
-  if (k.mini_batches > 1)
-    for (size_t i = 0; i < b.size(); ++i) {
-      b[i].behavior_logprobs = b[i].old_logprobs;
-      b[i].old_logprobs.clear();
-      b[i].score_mismatch = i < 3;
-    }
-  return b;
-}
+// test::recomputed_batch: with two mini-batches the old log-probs are recomputed with the group.
+std::vector<Sample> batch_for(const Case& k, uint64_t seed) { return test::recomputed_batch(seed, k.mini_batches); }
 
 struct Run {
   std::vector<float> weights, exp_avg, exp_avg_sq;  // whole (divided: gathered on rank 0)

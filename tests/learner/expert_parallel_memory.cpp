@@ -59,18 +59,8 @@ policy::ModelConfig tiny_moe(bool checkpointing) {
   return mc;
 }
 
-// A step's batch; with two mini-batches without recorded old log-probs (recomputed by the trainer),
-// and the samples of the first quarter (all on rank 0) scored for the sampler mismatch.
-std::vector<Sample> batch_for(const Case& k, uint64_t seed) {
-  auto b = test::make_batch(seed, 12, 32);
-  if (k.mini_batches > 1)
-    for (size_t i = 0; i < b.size(); ++i) {
-      b[i].behavior_logprobs = b[i].old_logprobs;
-      b[i].old_logprobs.clear();
-      b[i].score_mismatch = i < 3;
-    }
-  return b;
-}
+// test::recomputed_batch: with two mini-batches the old log-probs are recomputed with the group.
+std::vector<Sample> batch_for(const Case& k, uint64_t seed) { return test::recomputed_batch(seed, k.mini_batches); }
 
 struct Run {
   std::vector<float> whole;    // the whole weights after the steps (learner 0; every rank without division)

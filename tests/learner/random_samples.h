@@ -27,4 +27,19 @@ inline std::vector<Sample> make_batch(uint64_t seed, int n, int V) {
   return out;
 }
 
+// make_batch(seed, 12, 32); with several mini-batches its samples carry no old log-probs (the
+// trainer recomputes them, with the expert-parallel group where there is one), their recorded ones
+// becoming the sampler's, and the first quarter's samples (all on rank 0 of two) are scored for the
+// sampler mismatch.
+inline std::vector<Sample> recomputed_batch(uint64_t seed, int mini_batches) {
+  auto b = make_batch(seed, 12, 32);
+  if (mini_batches > 1)
+    for (size_t i = 0; i < b.size(); ++i) {
+      b[i].behavior_logprobs = b[i].old_logprobs;
+      b[i].old_logprobs.clear();
+      b[i].score_mismatch = i < 3;
+    }
+  return b;
+}
+
 }  // namespace troupe::learner::test
