@@ -1,5 +1,6 @@
 // Test-only checks shared by the weight sync tests that compare a joined message with the one a
-// single encoder sends (actors.weight_shards, actors.expert_sync).
+// single encoder sends (actors.weight_shards, actors.expert_sync), and messages the weight sync
+// tests expect to be alike (actors.weight_sync).
 #pragma once
 
 #include <gtest/gtest.h>

@@ -19,6 +19,7 @@
 #include <zstd.h>
 
 #include "tiny_config.test.h"
+#include "weight_message_checks.h"
 #include "troupe/actors/roles.h"
 #include "troupe/actors/weight_codec.h"
 #include "troupe/actors/weight_sync.h"
@@ -301,17 +302,7 @@ auto small_update_of(std::vector<float>& w, uint64_t seed) {
   };
 }
 
-void expect_same_message(const Weights& a, const Weights& b) {
-  EXPECT_EQ(a.version, b.version);
-  EXPECT_EQ(a.base_version, b.base_version);
-  EXPECT_EQ(a.encoding, b.encoding);
-  EXPECT_EQ(a.changed, b.changed);
-  EXPECT_EQ(a.chunk_starts, b.chunk_starts);
-  EXPECT_EQ(a.chunk_bytes, b.chunk_bytes);
-  EXPECT_EQ(a.chunk_format, b.chunk_format);
-  EXPECT_EQ(a.checksums, b.checksums);
-  EXPECT_TRUE(a.payload == b.payload.view());
-}
+using sync_checks::expect_same_message;  // every field the generators read
 
 }  // namespace
 

@@ -166,19 +166,7 @@ int resume(Communicator& world) {
     Trainer tr(a, config(k), world);
     TROUPE_ASSIGN_OR_RETURN(auto m, tr.train_step(batch_for(k, 42)));
     add_metrics(resumed, m);
-    std::vector<float> whole(first.expert_shards()->whole_size);
-    TROUPE_TRY(test::gather_divided_weights(first, world, whole));
-    TROUPE_ASSIGN_OR_RETURN(AdamW moments, tr.gathered_optimizer());
-    if (world.rank() == 0) {
-      CheckpointData d;
-      d.step = 1;
-      d.trainer_state = tr.state_json();
-      auto saved = save_checkpoint(dir.string(), d, test::whole_model_writer(first, whole), moments,
-                                   first.expert_shards()->whole_table, {});
-      if (!saved.ok()) return saved.error();
-    }
-    TROUPE_TRY(world.barrier());
-    TROUPE_ASSIGN_OR_RETURN(const std::string latest, latest_checkpoint(dir.string()));
+    TROUPE_ASSIGN_OR_RETURN(const std::string latest, test::save_gathered_checkpoint(first, tr, world, dir.string()));
     TROUPE_ASSIGN_OR_RETURN(auto fresh, make_model(k, DeviceKind::cpu_fenced, world.rank(), 99));
     ModelAdapter b(fresh);
     Trainer again(b, config(k), world);

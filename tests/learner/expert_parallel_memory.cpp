@@ -207,19 +207,7 @@ int resume(Communicator& world) {
     Trainer tr(a, config(k, 2), world);
     auto r = tr.train_step(test::make_batch(42, 12, 32));
     if (!r.ok()) return r.error();
-    std::vector<float> whole(model.expert_shards()->whole_size);
-    TROUPE_TRY(test::gather_divided_weights(model, world, whole));
-    TROUPE_ASSIGN_OR_RETURN(AdamW moments, tr.gathered_optimizer());
-    if (world.rank() == 0) {
-      CheckpointData d;
-      d.step = 1;
-      d.trainer_state = tr.state_json();
-      auto saved = save_checkpoint(dir.string(), d, test::whole_model_writer(model, whole), moments,
-                                   model.expert_shards()->whole_table, {});
-      if (!saved.ok()) return saved.error();
-    }
-    TROUPE_TRY(world.barrier());
-    TROUPE_ASSIGN_OR_RETURN(latest, latest_checkpoint(dir.string()));
+    TROUPE_ASSIGN_OR_RETURN(latest, test::save_gathered_checkpoint(model, tr, world, dir.string()));
     return {};
   }();
   std::vector<float> again, wide, dp;

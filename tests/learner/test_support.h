@@ -16,6 +16,7 @@
 #include "troupe/learner/checkpoint.h"
 #include "troupe/learner/communicator.h"
 #include "troupe/learner/expert_parallel.h"
+#include "troupe/learner/trainer.h"
 #include "troupe/policy/io/model_dir.h"
 #include "troupe/policy/model.h"
 
@@ -84,6 +85,26 @@ inline ModelDirWriter whole_model_writer(const policy::Model& model, std::span<c
     TROUPE_ASSIGN_OR_RETURN(auto tensors, policy::io::canonicalize_tensors(model.config(), named, "model"));
     return policy::io::save_model_dir(dir, model.config(), tensors, nullptr, policy::io::ExpertLayout::per_expert);
   };
+}
+
+// Divided learners' step-1 state as the whole model's checkpoint in `dir`: their gathered weights
+// and AdamW moments, written by learner 0 (test::whole_model_writer); a collective of every learner.
+// Returns the checkpoint's directory.
+inline Result<std::string> save_gathered_checkpoint(const policy::Model& model, Trainer& tr, Communicator& world,
+                                                    const std::string& dir) {
+  std::vector<float> whole(model.expert_shards()->whole_size);
+  TROUPE_TRY(gather_divided_weights(model, world, whole));
+  TROUPE_ASSIGN_OR_RETURN(AdamW moments, tr.gathered_optimizer());
+  if (world.rank() == 0) {
+    CheckpointData d;
+    d.step = 1;
+    d.trainer_state = tr.state_json();
+    auto saved = save_checkpoint(dir, d, whole_model_writer(model, whole), moments,
+                                 model.expert_shards()->whole_table, {});
+    if (!saved.ok()) return saved.error();
+  }
+  TROUPE_TRY(world.barrier());
+  return latest_checkpoint(dir);
 }
 
 }  // namespace troupe::learner::test
