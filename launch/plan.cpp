@@ -254,14 +254,14 @@ Result<PlanRow> learner_row(const ExperimentConfig& cfg, const Shape& s, int ind
     r.activations += store;
     r.device = r.weights + r.gradients + r.optimizer + r.activations + r.sync + r.collectives + r.other;
   } else {
-    // Device: weights, gradients, activations, collectives, and AdamW's moments where the optimizer
-    // steps on the device (learner/README.md "Optimizer": not learner.optimizer_offload, not
-    // sharded, not a quantized base without adapters). Host: the mirror of the weights and
-    // gradients (Model::params()/grads()), AdamW otherwise (its host mirror is allocated either
-    // way), the offload store, sync buffers, the batch.
-    const bool sharded = s.stage != ShardStage::none && s.N > 1;
+    // Device: weights, gradients, activations, collectives, and AdamW's moments (a sharded
+    // learner's shard of them) where the optimizer steps on the device (learner/README.md
+    // "Optimizer": not learner.optimizer_offload, not divided experts, not a quantized base without
+    // adapters). Host: the mirror of the weights and gradients (Model::params()/grads()), AdamW
+    // otherwise (its host mirror is allocated either way), the offload store, sync buffers, the batch.
+    const bool divided = cfg.policy.expert_parallel > 1 && experts_not_held(cfg, s) > 0;
     const bool quant_whole = cfg.policy.base_dtype != policy::BaseDtype::fp32 && s.A == 0;
-    const bool opt_on_device = !cfg.learner.optimizer_offload && !sharded && !quant_whole;
+    const bool opt_on_device = !cfg.learner.optimizer_offload && !divided && !quant_whole;
     r.device = r.weights + r.gradients + r.activations + r.collectives + (opt_on_device ? r.optimizer : 0);
     r.host = r.weights + r.gradients + r.optimizer + store + r.sync + r.other;
     if (opt_on_device) r.notes.push_back("AdamW on the device (its moments also mirrored in host memory)");

@@ -32,9 +32,13 @@ using RangeSource = std::function<Status(const std::string& buffer, size_t begin
 // table's tensors, each tensor's overlap read alone.
 class WholeSource {
  public:
-  static Result<WholeSource> open(const std::string& step_dir, const std::vector<policy::TensorSpec>& table) {
+  // weights false: the moments alone (the weights' files are not opened).
+  static Result<WholeSource> open(const std::string& step_dir, const std::vector<policy::TensorSpec>& table,
+                                  bool weights) {
     WholeSource s(table);
-    TROUPE_ASSIGN_OR_RETURN(s.weights_, policy::io::WeightSource::open_dir(step_dir, policy::io::DataLoad::on_demand));
+    if (weights) {
+      TROUPE_ASSIGN_OR_RETURN(s.weights_, policy::io::WeightSource::open_dir(step_dir, policy::io::DataLoad::on_demand));
+    }
     TROUPE_ASSIGN_OR_RETURN(s.moments_, policy::io::SafetensorsFile::open((fs::path(step_dir) / kOptimizerFile).string(),
                                                                           policy::io::DataLoad::on_demand));
     return s;
@@ -89,13 +93,15 @@ Result<policy::io::ShardRangeReader> open_shards(const std::string& step_dir,
 Status read_ranges(const RangeSource& source, std::span<const HeldRange> ranges, std::span<float> params,
                    AdamW& moments) {
   const std::span<float> into[3] = {params, moments.exp_avg(), moments.exp_avg_sq()};
+  const bool weights = !params.empty();  // (empty: the moments alone)
+  const size_t n = moments.size();
   for (const HeldRange& r : ranges) {
-    if (r.local > params.size() || r.size > params.size() - r.local || params.size() != moments.size())
+    if (r.local > n || r.size > n - r.local || (weights && params.size() != n))
       return make_error(ErrorCode::internal, "checkpoint: range [" + std::to_string(r.local) + ", " +
                                                  std::to_string(r.local + r.size) + ") of buffers of " +
                                                  std::to_string(params.size()) + " weights and " +
-                                                 std::to_string(moments.size()) + " moments");
-    for (size_t b = 0; b < 3; ++b) TROUPE_TRY(source(kBuffers[b], r.whole, into[b].subspan(r.local, r.size)));
+                                                 std::to_string(n) + " moments");
+    for (size_t b = weights ? 0 : 1; b < 3; ++b) TROUPE_TRY(source(kBuffers[b], r.whole, into[b].subspan(r.local, r.size)));
   }
   return {};
 }
@@ -112,7 +118,7 @@ Result<CheckpointData> load_checkpoint_ranges(const std::string& step_dir,
     TROUPE_TRY(read_ranges([&shards](const std::string& b, size_t at, std::span<float> out) { return shards.read(b, at, out); },
                            ranges, params, moments));
   } else {
-    TROUPE_ASSIGN_OR_RETURN(auto whole, WholeSource::open(step_dir, whole_table));
+    TROUPE_ASSIGN_OR_RETURN(auto whole, WholeSource::open(step_dir, whole_table, !params.empty()));
     TROUPE_TRY(read_ranges([&whole](const std::string& b, size_t at, std::span<float> out) { return whole.read(b, at, out); },
                            ranges, params, moments));
   }

@@ -92,6 +92,7 @@ Status Trainer::forward_from_shards(const std::function<Status()>& fn,
 }
 
 Status Trainer::sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool last) {
+  if (device_optimizer_on()) return sharded_device_step(out, norm_sum, last);  // (a device arena)
   auto grads = model_.grads();
   // ZeRO-1 sums the whole gradient on every rank; ZeRO-2 leaves each rank its shard of the sum;
   // ZeRO-3 too, for what the per-layer reduce-scatters of the backward have not summed yet.
@@ -196,6 +197,7 @@ Status Trainer::release_params() {
 
 Result<AdamW> Trainer::gathered_optimizer() {
   if (model_.expert_shards()) return gathered_divided_optimizer();
+  if (dev_opt_) dev_opt_->pull(opt_);  // (the moments of a step on the device come down)
   if (!sharded_) return opt_;
   AdamW full(bounds_.back());
   const size_t lo = shard_begin();
@@ -213,6 +215,7 @@ Status Trainer::load_optimizer(AdamW full) {
   if (full.size() != bounds_.back())
     return invalid_input("learner: optimizer state of " + std::to_string(full.size()) + " values for a model of " +
                          std::to_string(bounds_.back()));
+  if (dev_opt_) dev_opt_->host_written();  // (the next step on the device sends them up)
   if (!sharded_) {
     opt_ = std::move(full);
     return {};
@@ -231,6 +234,7 @@ Status Trainer::load_optimizer_share(AdamW share) {
                          (sharded_ ? " shard" : " model holding one block of experts") + " of " +
                          std::to_string(shard_end() - shard_begin()));
   opt_ = std::move(share);
+  if (dev_opt_) dev_opt_->host_written();
   return {};
 }
 

@@ -251,8 +251,12 @@ Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& com
       opt_(sharded_ ? shard_end() - shard_begin() : model.params().size()),
       rng_(cfg.seed) {
   if (cfg_.loss.agg_norm_length <= 0) cfg_.loss.agg_norm_length = cfg_.max_completion_length;
-  if (sharded_) device_ = nullptr;  // the shards are reduced over comm on the host copy
-  if (sharded_ && cfg_.shard == ShardStage::parameters) {
+  // ZeRO-3 keeps host shards, reduced over comm on the host copy. A device model's trainable arena
+  // is one device buffer that stays whole, so there learner.shard parameters steps as gradients
+  // does, on the device (sharded_device_step: the moments divided, the device's collectives).
+  const bool host_zero3 = sharded_ && cfg_.shard == ShardStage::parameters && model_.backend().host_visible();
+  if (host_zero3) device_ = nullptr;
+  if (host_zero3) {
     // Per layer where the model has the hook and every forward of a step is a loss micro-batch's
     // (not with distill.teacher, whose top-k pass runs forwards of its own, nor with LoRA dropout's
     // separate scoring forward; a streamed step gathers the whole weights too, zero3_begin).

@@ -605,19 +605,28 @@ Result<CheckpointRep> LearnerRole::load_checkpoint(const CheckpointReq& r) {
   auto& trainer = trainer_for(phase == "sft" ? learner::Phase::sft : learner::Phase::grpo);
   const auto& specs = policy_.model->tensors();
   const size_t n = policy_.model->params().size(), lo = trainer.shard_begin(), hi = trainer.shard_end();
-  // The moments: a sharded learner reads only its own share of them (from whichever files hold it,
-  // whatever the checkpoint's rank count or layout); an unsharded one all of them.
+  const bool lora = policy_.model->lora_enabled();
+  // The moments: a sharded learner reads only its own share of them, and a ZeRO-3 learner that keeps
+  // only its shard of the weights only that shard of them too (load_checkpoint_ranges: only those
+  // values' bytes, from whichever files hold them, whatever the checkpoint's rank count or layout;
+  // the launcher verified the checksums before); an unsharded one all of the moments. LoRA runs read
+  // their adapters' moments by load_checkpoint_share.
+  const bool own_weights = !divided_ && !lora && trainer.keeps_shard_only();
   learner::AdamW moments(divided_ ? 0 : hi - lo);
-  TROUPE_ASSIGN_OR_RETURN(auto d, divided_ ? load_divided_checkpoint(r.dir, trainer)
-                                           : learner::load_checkpoint_share(r.dir, specs, lo, n, moments));
+  const learner::HeldRange share[1] = {{lo, 0, hi - lo}};
+  TROUPE_ASSIGN_OR_RETURN(
+      auto d, divided_ ? load_divided_checkpoint(r.dir, trainer)
+              : lora   ? learner::load_checkpoint_share(r.dir, specs, lo, n, moments)
+                       : learner::load_checkpoint_ranges(
+                             r.dir, specs, share,
+                             own_weights ? policy_.model->params().subspan(lo, hi - lo) : std::span<float>(), moments));
   if (!divided_) TROUPE_TRY(trainer.load_optimizer_share(std::move(moments)));
   if (divided_) {
     // (load_divided_checkpoint took the moments and the weights)
-  } else if (policy_.model->lora_enabled()) {  // (read_peft_adapter reads a sharded checkpoint's shards)
+  } else if (lora) {  // (read_peft_adapter reads a sharded checkpoint's shards)
     TROUPE_TRY(learner::read_lora_adapter_files(r.dir, *policy_.model));
-  } else if (learner::is_sharded_checkpoint(r.dir) && trainer.keeps_shard_only()) {
-    // ZeRO-3 learners that keep only their shard read only it, and drop the rest of the arena.
-    TROUPE_TRY(learner::read_sharded_params_share(r.dir, specs, lo, policy_.model->params().subspan(lo, hi - lo)));
+  } else if (own_weights) {
+    // (its shard of the weights came with the moments) the rest of the arena is dropped
     TROUPE_TRY(trainer.release_params());
   } else if (learner::is_sharded_checkpoint(r.dir)) {
     std::vector<float> params(n);

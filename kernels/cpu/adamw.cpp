@@ -15,16 +15,22 @@ AdamWStep adamw_step_scalars(float b1, float b2, double lr, float weight_decay, 
           static_cast<float>(1.0 - lr * weight_decay), eps};
 }
 
-double grad_norm_clip(const float* g, size_t n, double max_norm, float* scale) {
-  double acc = 0;
+double add_squares(const float* g, size_t n, double acc) {
   for (size_t i = 0; i < n; ++i) acc += static_cast<double>(g[i]) * g[i];
-  const double norm = std::sqrt(acc);
-  float f = 1.0f;
+  return acc;
+}
+
+float clip_coefficient(double norm, double max_norm) {
   if (max_norm > 0 && std::isfinite(norm)) {
     const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) f = static_cast<float>(coef);
+    if (coef < 1.0) return static_cast<float>(coef);
   }
-  *scale = f;
+  return 1.0f;
+}
+
+double grad_norm_clip(const float* g, size_t n, double max_norm, float* scale) {
+  const double norm = std::sqrt(add_squares(g, n, 0.0));
+  *scale = clip_coefficient(norm, max_norm);
   return norm;
 }
 

@@ -226,6 +226,7 @@ class CpuBackend final : public Backend {
   double grad_norm_clip(const float* g, size_t n, double max_norm, float* scale) const override {
     return kernels::grad_norm_clip(g, n, max_norm, scale);
   }
+  double add_squares(const float* g, size_t n, double acc) const override { return kernels::add_squares(g, n, acc); }
   void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& k,
                     const float* scale) const override {
     kernels::adamw_update(p, g, m, v, n, k, scale);

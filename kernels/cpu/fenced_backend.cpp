@@ -329,6 +329,9 @@ class FencedBackend final : public Backend {
     const char* f = __func__;
     return cpu().grad_norm_clip(dev(g, f), n, max_norm, dev(scale, f));
   }
+  double add_squares(const float* g, size_t n, double acc) const override {
+    return cpu().add_squares(dev(g, __func__), n, acc);
+  }
   void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& k,
                     const float* scale) const override {
     const char* f = __func__;

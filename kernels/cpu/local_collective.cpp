@@ -1,6 +1,7 @@
 // The in-process collective (troupe/kernels/local_collective.h).
 #include "troupe/kernels/local_collective.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -16,7 +17,7 @@ constexpr char kTag[] = "troupe-local:";
 
 // One operation of the group, by its sequence number: what the ranks handed in so far.
 struct Slot {
-  std::vector<std::vector<float>> by_rank;  // broadcast: [root] only; all-reduce: every rank's
+  std::vector<std::vector<float>> by_rank;  // broadcast: [root] only; the others: every rank's
   int arrived = 0, left = 0;                // ranks that handed in / that have not taken the result
   size_t n = 0;
 };
@@ -70,6 +71,44 @@ class LocalCollective final : public DeviceCollective {
   }
 
   void all_reduce_sum(float* buf, size_t n) override {
+    std::vector<float> sum = from_every_rank(buf, n, "all_reduce_sum", [n](const Ranks& all) {
+      std::vector<float> s(all[0]);
+      for (size_t r = 1; r < all.size(); ++r)
+        for (size_t i = 0; i < n; ++i) s[i] += all[r][i];
+      return s;
+    });
+    b_.copy_host_to_device(buf, sum.data(), n * sizeof(float));
+  }
+
+  void reduce_scatter_sum(float* buf, std::span<const size_t> bounds) override {
+    const auto [lo, hi] = my_shard(bounds, "reduce_scatter_sum");
+    std::vector<float> sum = from_every_rank(buf, bounds.back(), "reduce_scatter_sum", [lo, hi](const Ranks& all) {
+      std::vector<float> s(all[0].begin() + static_cast<std::ptrdiff_t>(lo), all[0].begin() + static_cast<std::ptrdiff_t>(hi));
+      for (size_t r = 1; r < all.size(); ++r)
+        for (size_t i = lo; i < hi; ++i) s[i - lo] += all[r][i];
+      return s;
+    });
+    b_.copy_host_to_device(buf + lo, sum.data(), (hi - lo) * sizeof(float));
+  }
+
+  void all_gather(float* buf, std::span<const size_t> bounds) override {
+    (void)my_shard(bounds, "all_gather");
+    std::vector<float> whole = from_every_rank(buf, bounds.back(), "all_gather", [bounds](const Ranks& all) {
+      std::vector<float> w(bounds.back());
+      for (size_t r = 0; r < all.size(); ++r)
+        std::copy(all[r].begin() + static_cast<std::ptrdiff_t>(bounds[r]),
+                  all[r].begin() + static_cast<std::ptrdiff_t>(bounds[r + 1]), w.begin() + static_cast<std::ptrdiff_t>(bounds[r]));
+      return w;
+    });
+    b_.copy_host_to_device(buf, whole.data(), whole.size() * sizeof(float));
+  }
+
+ private:
+  using Ranks = std::vector<std::vector<float>>;
+  // Operation #seq where every rank hands in its buffer's n values: once all have, `combine` makes
+  // this rank's result from every rank's values (in rank order).
+  template <class Combine>
+  std::vector<float> from_every_rank(const float* buf, size_t n, const char* op, Combine combine) {
     const uint64_t seq = next_reduction_++;
     std::vector<float> mine(n);
     b_.copy_device_to_host(mine.data(), buf, n * sizeof(float));
@@ -80,19 +119,23 @@ class LocalCollective final : public DeviceCollective {
       s.n = n;
       s.left = g_->nranks;
     }
-    if (s.n != n) throw std::runtime_error(size_error("all_reduce_sum", seq, s.n, n));
+    if (s.n != n) throw std::runtime_error(size_error(op, seq, s.n, n));
     s.by_rank[static_cast<size_t>(rank_)] = std::move(mine);
     if (++s.arrived == g_->nranks) g_->cv.notify_all();
     g_->cv.wait(lock, [&] { return s.arrived == g_->nranks; });
-    std::vector<float> sum(s.by_rank[0]);
-    for (size_t r = 1; r < s.by_rank.size(); ++r)
-      for (size_t i = 0; i < n; ++i) sum[i] += s.by_rank[r][i];
+    std::vector<float> out = combine(s.by_rank);
     if (--s.left == 0) g_->reductions.erase(seq);
-    lock.unlock();
-    b_.copy_host_to_device(buf, sum.data(), n * sizeof(float));
+    return out;
+  }
+  std::pair<size_t, size_t> my_shard(std::span<const size_t> bounds, const char* op) const {
+    if (bounds.size() != static_cast<size_t>(g_->nranks) + 1 || bounds.front() != 0 ||
+        !std::is_sorted(bounds.begin(), bounds.end()))
+      throw std::runtime_error(std::string("local collective: ") + op + ": " + std::to_string(bounds.size()) +
+                               " shard bounds for " + std::to_string(g_->nranks) +
+                               " ranks (want ranks + 1 ascending offsets from 0)");
+    return {bounds[static_cast<size_t>(rank_)], bounds[static_cast<size_t>(rank_) + 1]};
   }
 
- private:
   const Backend& b_;
   std::shared_ptr<Group> g_;
   int rank_;

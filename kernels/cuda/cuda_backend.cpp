@@ -40,10 +40,11 @@ namespace {
 
 using cuda::Queue;
 
-// NCCL for the learners' gradient all-reduce (on the compute stream: the gradients are its work)
-// and the weight broadcast, which runs on a stream of its own that first waits (an event) for the
-// work queued so far, so learner 0's compute stream is never held by a broadcast. Each call
-// returns once its collective is done or throws naming the rank (the watchdog, nccl_comm.h).
+// NCCL for the learners' gradient all-reduce and the sharded learners' reduce-scatter and
+// all-gather (on the compute stream: the gradients and weights are its work), and the weight
+// broadcast, which runs on a stream of its own that first waits (an event) for the work queued so
+// far, so learner 0's compute stream is never held by a broadcast. Each call returns once its
+// collective is done or throws naming the rank (the watchdog, nccl_comm.h).
 class NcclCollective final : public DeviceCollective {
  public:
   NcclCollective(const std::vector<uint8_t>& id, int nranks, int rank, cudaStream_t stream)
@@ -56,6 +57,10 @@ class NcclCollective final : public DeviceCollective {
     TROUPE_CUDA_REPORT(cudaStreamDestroy(bcast_));
   }
   void all_reduce_sum(float* buf, size_t n) override { comm_.all_reduce_sum(buf, n, stream_); }
+  void reduce_scatter_sum(float* buf, std::span<const size_t> bounds) override {
+    comm_.reduce_scatter_sum(buf, bounds, stream_);
+  }
+  void all_gather(float* buf, std::span<const size_t> bounds) override { comm_.all_gather(buf, bounds, stream_); }
   void broadcast(float* buf, size_t n, int root) override {
     TROUPE_CUDA_CHECK(cudaEventRecord(ready_, stream_));  // buf's staging copy is queued before
     TROUPE_CUDA_CHECK(cudaStreamWaitEvent(bcast_, ready_, 0));
@@ -533,18 +538,14 @@ class CudaBackend final : public Backend {
   // workspace; only the norm comes down (grad_norm_clip), the gradients never do.
   double grad_norm_clip(const float* g, size_t n, double max_norm, float* scale) const override {
     const Guard guard(*this);
-    const OptTable t = opt_table(cuda::AdamWTensor{nullptr, g, nullptr, nullptr, n});
-    double norm = 0;
-    if (t.n == 0) {  // an empty arena: norm 0, no clipping
-      const float one = 1.0f;
-      TROUPE_CUDA_CHECK(cudaMemcpyAsync(scale, &one, sizeof one, cudaMemcpyHostToDevice, q_.stream));
-      TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));
-      return 0;
-    }
-    cuda::launch_grad_norm(q_, t.tensor, t.chunks, t.n, t.partial, max_norm, t.norm, scale);
-    TROUPE_CUDA_CHECK(cudaMemcpyAsync(&norm, t.norm, sizeof norm, cudaMemcpyDeviceToHost, q_.stream));
-    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));
-    return norm;
+    return norm_and_clip(g, n, max_norm, scale);
+  }
+  // A sharded learner's part of the global norm: the square of its shard's norm (max_norm 0: the
+  // coefficient, 1, goes to the table's scratch float).
+  double add_squares(const float* g, size_t n, double acc) const override {
+    const Guard guard(*this);
+    const double norm = norm_and_clip(g, n, 0.0, nullptr);
+    return acc + norm * norm;
   }
   void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& k,
                     const float* scale) const override {
@@ -645,21 +646,40 @@ class CudaBackend final : public Backend {
     int n;
     double* partial;
     double* norm;
+    float* scratch;  // a coefficient nobody reads (add_squares)
   };
+  // The norm of g[0, n) with the coefficient written to scale (null: the table's scratch), the
+  // caller holding the guard.
+  double norm_and_clip(const float* g, size_t n, double max_norm, float* scale) const {
+    const OptTable t = opt_table(cuda::AdamWTensor{nullptr, g, nullptr, nullptr, n});
+    if (!scale) scale = t.scratch;
+    double norm = 0;
+    if (t.n == 0) {  // an empty arena: norm 0, no clipping
+      const float one = 1.0f;
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(scale, &one, sizeof one, cudaMemcpyHostToDevice, q_.stream));
+      TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));
+      return 0;
+    }
+    cuda::launch_grad_norm(q_, t.tensor, t.chunks, t.n, t.partial, max_norm, t.norm, scale);
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(&norm, t.norm, sizeof norm, cudaMemcpyDeviceToHost, q_.stream));
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));
+    return norm;
+  }
   OptTable opt_table(const cuda::AdamWTensor& t) const {
     const std::vector<cuda::AdamWChunk> chunks = cuda::adamw_chunks({t}, kOptChunk);
     const size_t n = chunks.size();
     const auto up = [](size_t b) { return (b + 255) / 256 * 256; };
     const size_t at_chunks = up(sizeof t), at_partial = at_chunks + up(n * sizeof(cuda::AdamWChunk));
     const size_t at_norm = at_partial + up(n * sizeof(double));
-    char* ws = static_cast<char*>(workspace(at_norm + sizeof(double)));
+    char* ws = static_cast<char*>(workspace(at_norm + sizeof(double) + sizeof(float)));
     TROUPE_CUDA_CHECK(cudaMemcpyAsync(ws, &t, sizeof t, cudaMemcpyHostToDevice, q_.stream));
     if (n)
       TROUPE_CUDA_CHECK(cudaMemcpyAsync(ws + at_chunks, chunks.data(), n * sizeof(cuda::AdamWChunk),
                                         cudaMemcpyHostToDevice, q_.stream));
     TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));  // the host table may go on return
     return {reinterpret_cast<cuda::AdamWTensor*>(ws), reinterpret_cast<cuda::AdamWChunk*>(ws + at_chunks),
-            static_cast<int>(n), reinterpret_cast<double*>(ws + at_partial), reinterpret_cast<double*>(ws + at_norm)};
+            static_cast<int>(n), reinterpret_cast<double*>(ws + at_partial), reinterpret_cast<double*>(ws + at_norm),
+            reinterpret_cast<float*>(ws + at_norm + sizeof(double))};
   }
 
   // Roles of one process (a learner and a generator thread) may share the GPU: every op and copy

@@ -35,6 +35,18 @@ NcclPoll poll_comm(ncclComm_t c) {
   const char* last = ncclGetLastError(c);
   return {NcclPoll::State::failed, std::string(ncclGetErrorString(state)) + (last && *last ? std::string(": ") + last : "")};
 }
+// The first failure among the calls of one group (ncclGroupStart .. ncclGroupEnd), which is always
+// closed before the failure is thrown.
+struct GroupErrors {
+  ncclResult_t failed = ncclSuccess;
+  const char* call = "";
+  void note(ncclResult_t r, const char* c) {
+    if (r != ncclSuccess && r != ncclInProgress && failed == ncclSuccess) failed = r, call = c;
+  }
+  void raise() const {
+    if (failed != ncclSuccess) throw_nccl_error(failed, call, __FILE__, __LINE__);
+  }
+};
 }  // namespace
 
 bool NcclComm::available() { return true; }
@@ -116,6 +128,47 @@ void NcclComm::broadcast(float* buf, size_t n, int root, cudaStream_t stream) {
   if (r != ncclSuccess && r != ncclInProgress) throw_nccl_error(r, "ncclBroadcast", __FILE__, __LINE__);
   wait("broadcast of " + std::to_string(n) + " floats from rank " + std::to_string(root), stream);
 }
+size_t NcclComm::check_bounds(std::span<const size_t> bounds, const char* what) const {
+  const std::string where = "NCCL rank " + std::to_string(rank_) + ": " + what + ": ";
+  if (aborted_) throw CudaError(where + "the communicator was aborted earlier");
+  if (bounds.size() != static_cast<size_t>(nranks_) + 1 || bounds.front() != 0)
+    throw CudaError(where + std::to_string(bounds.size()) + " shard bounds for " + std::to_string(nranks_) +
+                    " ranks (want ranks + 1 offsets from 0)");
+  for (size_t r = 0; r + 1 < bounds.size(); ++r)
+    if (bounds[r + 1] < bounds[r]) throw CudaError(where + "the shard bounds descend at rank " + std::to_string(r));
+  return bounds.back();
+}
+
+void NcclComm::reduce_scatter_sum(float* buf, std::span<const size_t> bounds, cudaStream_t stream) {
+  const size_t n = check_bounds(bounds, "reduce-scatter");
+  auto* c = static_cast<ncclComm_t>(comm_);
+  GroupErrors errors;
+  errors.note(ncclGroupStart(), "ncclGroupStart");
+  for (int r = 0; r < nranks_; ++r) {
+    float* shard = buf + bounds[static_cast<size_t>(r)];
+    const size_t count = bounds[static_cast<size_t>(r) + 1] - bounds[static_cast<size_t>(r)];
+    if (count > 0) errors.note(ncclReduce(shard, shard, count, ncclFloat32, ncclSum, r, c, stream), "ncclReduce");
+  }
+  errors.note(ncclGroupEnd(), "ncclGroupEnd");
+  errors.raise();
+  wait("reduce-scatter of " + std::to_string(n) + " floats", stream);
+}
+
+void NcclComm::all_gather(float* buf, std::span<const size_t> bounds, cudaStream_t stream) {
+  const size_t n = check_bounds(bounds, "all-gather");
+  auto* c = static_cast<ncclComm_t>(comm_);
+  GroupErrors errors;
+  errors.note(ncclGroupStart(), "ncclGroupStart");
+  for (int r = 0; r < nranks_; ++r) {
+    float* shard = buf + bounds[static_cast<size_t>(r)];
+    const size_t count = bounds[static_cast<size_t>(r) + 1] - bounds[static_cast<size_t>(r)];
+    if (count > 0) errors.note(ncclBroadcast(shard, shard, count, ncclFloat32, r, c, stream), "ncclBroadcast");
+  }
+  errors.note(ncclGroupEnd(), "ncclGroupEnd");
+  errors.raise();
+  wait("all-gather of " + std::to_string(n) + " floats", stream);
+}
+
 void NcclComm::all_to_all_v(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                             bool ints, cudaStream_t stream) {
   const auto plan = alltoallv_plan(send_counts, recv_counts, nranks_, rank_);
@@ -126,12 +179,8 @@ void NcclComm::all_to_all_v(const void* send, const size_t* send_counts, void* r
   constexpr size_t kBytes = 4;  // float and int32 alike
   const auto* from = static_cast<const char*>(send);
   auto* to = static_cast<char*>(recv);
-  // The group is always closed, the first failure thrown after it.
-  ncclResult_t failed = ncclSuccess;
-  const char* failed_call = "";
-  auto note = [&](ncclResult_t r, const char* call) {
-    if (r != ncclSuccess && r != ncclInProgress && failed == ncclSuccess) failed = r, failed_call = call;
-  };
+  GroupErrors errors;
+  auto note = [&](ncclResult_t r, const char* call) { errors.note(r, call); };
   cudaError_t copy = cudaSuccess;
   size_t moved = 0;
   note(ncclGroupStart(), "ncclGroupStart");
@@ -147,7 +196,7 @@ void NcclComm::all_to_all_v(const void* send, const size_t* send_counts, void* r
     if (t.recv_count > 0) note(ncclRecv(to + t.recv_offset * kBytes, t.recv_count, type, t.peer, c, stream), "ncclRecv");
   }
   note(ncclGroupEnd(), "ncclGroupEnd");
-  if (failed != ncclSuccess) throw_nccl_error(failed, failed_call, __FILE__, __LINE__);
+  errors.raise();
   if (copy != cudaSuccess) throw_cuda_error(copy, "cudaMemcpyAsync (the all-to-all's self transfer)", __FILE__, __LINE__);
   wait("all-to-all sending " + std::to_string(moved) + (ints ? " ints" : " floats"), stream);
 }
@@ -159,6 +208,9 @@ NcclComm::~NcclComm() = default;
 void NcclComm::wait(const std::string&, cudaStream_t) {}
 void NcclComm::all_reduce_sum(float*, size_t, cudaStream_t) {}
 void NcclComm::broadcast(float*, size_t, int, cudaStream_t) {}
+size_t NcclComm::check_bounds(std::span<const size_t>, const char*) const { return 0; }
+void NcclComm::reduce_scatter_sum(float*, std::span<const size_t>, cudaStream_t) {}
+void NcclComm::all_gather(float*, std::span<const size_t>, cudaStream_t) {}
 void NcclComm::all_to_all_v(const void*, const size_t*, void*, const size_t*, bool, cudaStream_t) {}
 #endif
 

@@ -1203,6 +1203,28 @@ EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/fenced2" --set grpo.max_steps=4 $S $F
     $CHECK same "$W/cpu" "$W/fenced2"
     ;;
+  shard_fenced_run)  # learner.shard over 2 learners on policy.device cpu_fenced (mpirun): the sharded step on
+    # the device (each learner's shard of the moments in device memory the host cannot touch, the gradients
+    # reduce-scattered and the weights all-gathered by the host-staged device collective, the norm chained
+    # through the learners); optimizer and parameters equal the data-parallel run on cpu bit for bit, and a
+    # fenced gradients run checkpointed at step 2 resumes as parameters into the same metrics
+    S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
+       --set checkpointing.every=2 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
+       --set cluster.learners=2 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
+    F="--set policy.device=cpu_fenced"
+    MPI="$MPIEXEC --oversubscribe --allow-run-as-root -np 4"
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp" --set grpo.max_steps=4 $S
+    for stage in optimizer parameters; do
+      $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/$stage" --set grpo.max_steps=4 \
+        --set learner.shard=$stage $S $F
+      $CHECK same "$W/dp" "$W/$stage"
+    done
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/resumed" --set grpo.max_steps=2 \
+      --set learner.shard=gradients $S $F
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/resumed" --set grpo.max_steps=4 \
+      --set learner.shard=parameters $S $F
+    $CHECK same "$W/dp" "$W/resumed"
+    ;;
   shard_expert_parallel_run)  # policy.moe.expert_parallel 2 with learner.shard: parameters over 2 learners
     # (mpirun): each learner keeps its ZeRO-3 shard of the whole model (every expert), gathers each layer and
     # computes its half of the experts for both learners' routed rows; the run (weights synced from the

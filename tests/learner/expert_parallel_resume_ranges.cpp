@@ -7,7 +7,8 @@
 // (policy::io::safetensors_data_bytes_read) are exactly its own values' 3 x 4 bytes each. The other
 // blocks' experts, overwritten with NaN in the whole checkpoint, still load right for the learners
 // that do not hold them. Errors: a checkpoint of another model names the tensor, a truncated shard
-// names its file and rank.
+// names its file and rank. A sharded (ZeRO) learner's share -- the moments alone, or with its shard of
+// the weights -- loads from every layout reading exactly its values' bytes.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -213,6 +214,42 @@ TEST(ExpertParallelResumeOwnRanges, EveryLayoutEveryBlock) {
     ASSERT_TRUE(verify_checkpoint(dir).ok()) << dir;
     expect_blocks_load(s, dir, 2);
     expect_blocks_load(s, dir, 4);
+  }
+  fs::remove_all(s.root);
+}
+
+// A sharded learner (learner.shard, rank r of 3) resuming: its share of the moments alone (ZeRO-1/2,
+// the weights' files not opened), or with its shard of the weights (ZeRO-3 keeping only its shard),
+// from every layout, reading exactly those values' bytes.
+TEST(ExpertParallelResumeOwnRanges, ShardedLearnerReadsItsShareAlone) {
+  Saved s = make_state();
+  const auto& table = s.model.tensors();
+  const size_t N = s.model.params().size();
+  const std::string whole = save_whole(s);
+  const std::string zero = save_pieces(s, "zero", shard_bounds(N, 2), "");
+  const std::string runs2 = save_pieces(s, "runs2", actors::sync_run_bounds(actors::expert_sync_runs(table, 2)), "expert_runs 2");
+  const auto bounds = shard_bounds(N, 3);
+  for (const std::string& dir : {whole, zero, runs2}) {
+    ASSERT_FALSE(dir.empty());
+    for (int r = 0; r < 3; ++r)
+      for (bool with_weights : {false, true}) {
+        SCOPED_TRACE(dir + ": rank " + std::to_string(r) + (with_weights ? ", with its weights" : ", moments alone"));
+        const size_t lo = bounds[static_cast<size_t>(r)], n = bounds[static_cast<size_t>(r) + 1] - lo;
+        AdamW moments(n);
+        std::vector<float> params(with_weights ? n : 0);
+        const HeldRange share[1] = {{lo, 0, n}};
+        const uint64_t before = policy::io::safetensors_data_bytes_read();
+        auto d = load_checkpoint_ranges(dir, table, share, params, moments);
+        const uint64_t read = policy::io::safetensors_data_bytes_read() - before;
+        ASSERT_TRUE(d.ok()) << d.error().message;
+        EXPECT_EQ(moments.steps(), 5);
+        EXPECT_EQ(read, (with_weights ? 12 : 8) * n);
+        EXPECT_TRUE(same_bits(std::as_const(moments).exp_avg(), std::as_const(s.moments).exp_avg().subspan(lo, n)));
+        EXPECT_TRUE(same_bits(std::as_const(moments).exp_avg_sq(), std::as_const(s.moments).exp_avg_sq().subspan(lo, n)));
+        if (with_weights) {
+          EXPECT_TRUE(same_bits(params, std::as_const(s.model).params().subspan(lo, n)));
+        }
+      }
   }
   fs::remove_all(s.root);
 }

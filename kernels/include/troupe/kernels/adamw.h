@@ -23,6 +23,13 @@ AdamWStep adamw_step_scalars(float b1, float b2, double lr, float weight_decay, 
 // gradients by: float(max_norm / (norm + 1e-6)) when that is below 1, max_norm > 0 and the norm
 // finite, else 1. The gradients are not changed.
 double grad_norm_clip(const float* g, size_t n, double max_norm, float* scale);
+// The sum of squares behind that norm, continued from acc: acc + g[0]^2 + ... front to back in
+// double (a buffer in consecutive pieces, each continuing the last's sum, gives the whole's bits:
+// how sharded learners chain their shards' sums through the ranks).
+double add_squares(const float* g, size_t n, double acc);
+// clip_grad_norm's coefficient for a norm: float(max_norm / (norm + 1e-6)) when that is below 1,
+// max_norm > 0 and the norm finite, else 1.
+float clip_coefficient(double norm, double max_norm);
 // AdamW over [0, n): gi = g[i] * *scale (scale null: g[i]); m = b1 m + (1-b1) gi;
 // v = b2 v + (1-b2) gi gi; p = p decay - step_size m / (sqrt(v) inv_sqrt_bc2 + eps).
 // Blocks of 4096 on the calling thread's OpenMP team (the values do not depend on the split).

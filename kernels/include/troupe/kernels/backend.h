@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,6 +48,13 @@ class DeviceCollective {
   virtual ~DeviceCollective() = default;
   virtual void all_reduce_sum(float* device_buf, size_t n) = 0;
   virtual void broadcast(float* device_buf, size_t n, int root) = 0;
+  // Sharded learners (learner.shard): `bounds` (nranks + 1 ascending offsets from 0 to the buffer's
+  // length, the same on every rank) cuts the buffer into one contiguous shard per rank.
+  // reduce_scatter_sum: this rank's shard [bounds[rank], bounds[rank + 1]) becomes the element-wise
+  // sum of every rank's (the rest of the buffer is left unspecified); all_gather: every rank's shard
+  // from that rank, in place.
+  virtual void reduce_scatter_sum(float* device_buf, std::span<const size_t> bounds) = 0;
+  virtual void all_gather(float* device_buf, std::span<const size_t> bounds) = 0;
 };
 
 // Memory owned by one backend, freed by it when the owner goes (move-only). Two sides, one owner:
@@ -352,6 +360,10 @@ class Backend {
   // backends sum front to back (adamw.h's grad_norm_clip, bit for bit); cuda in per-chunk double
   // sums and a fixed tree (within 1e-14 relative of it).
   virtual double grad_norm_clip(const float* g, size_t n, double max_norm, float* scale) const = 0;
+  // acc plus the sum of squares of g[0, n) (returned to the host), adamw.h's add_squares: a sharded
+  // learner's part of the global norm. The CPU backends bit for bit; cuda the square of its
+  // grad_norm_clip's norm (within 1e-14 relative).
+  virtual double add_squares(const float* g, size_t n, double acc) const = 0;
   // AdamW over [0, n) of p, m, v with gradient g times *scale (scale null: unscaled; scale in this
   // backend's memory), adamw.h's adamw_update.
   virtual void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& k,

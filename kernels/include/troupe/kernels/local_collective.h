@@ -7,6 +7,9 @@
 //     copies it in. Sizes must agree (a mismatch throws, naming both).
 //   all_reduce_sum: every rank's k-th call waits for all ranks' k-th; each then writes the sum of
 //     the ranks' buffers taken in rank order (the same bits on every rank, whatever the timing).
+//   reduce_scatter_sum / all_gather: the same hand-in (one sequence with all_reduce_sum); each rank
+//     then writes its shard's rank-ordered sum / every rank's shard from that rank. Bounds that are
+//     not ranks + 1 ascending offsets from 0 throw.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 // A learner that holds a part of the model's flat buffer (divided experts: its block of experts and
-// everything every rank holds, policy::ExpertShardLayout) loads that part of a checkpoint alone: the
+// everything every rank holds, policy::ExpertShardLayout; a sharded learner: its shard of the
+// moments, and under ZeRO-3 of the weights) loads that part of a checkpoint alone: the
 // weights and both AdamW moments of its ranges, from whichever files hold them, whatever layout wrote
 // the checkpoint (whole: model.safetensors + optimizer.safetensors; sharded: shards.json's files, a
 // sharded run's learner shards or divided experts' `expert_runs E'` with any E'). Invariant: only the
@@ -31,7 +32,8 @@ struct HeldRange {
 std::vector<HeldRange> held_ranges(const policy::ExpertShardLayout& layout);
 
 // Reads `ranges` of checkpoint step_dir's weights into `params` and of its moments into `moments`
-// (the reader's own buffers; values outside the ranges are left as they are), checks state.json and
+// (the reader's own buffers; values outside the ranges are left as they are; `params` empty: the
+// moments alone, the weights' files not opened: a ZeRO-1/2 learner's share of the moments), checks state.json and
 // the sizes of the files it reads (check_checkpoint_listing: not their checksums, which would read
 // every byte; `troupe run --resume` runs verify_checkpoint before the learners load) and returns the
 // checkpoint's state (checkpoint_data). `whole_table` is the model's whole tensor table: a whole

@@ -105,6 +105,12 @@ Result<std::vector<uint8_t>> share_collective_id(const Result<std::vector<uint8_
 Result<std::unique_ptr<kernels::DeviceCollective>> join_device_collective(const kernels::Backend& backend,
                                                                           Communicator& comm);
 
+// A DeviceCollective over comm for a backend without collectives of its own (cpu_fenced): each call
+// copies the device buffer (or this rank's shard of it) down, runs comm's collective on the host
+// copy (the same sums in the same order as on a host buffer) and copies the result up. A failure
+// throws (std::runtime_error with comm's message). comm must outlive it.
+std::unique_ptr<kernels::DeviceCollective> staged_device_collective(const kernels::Backend& backend, Communicator& comm);
+
 // MPI over a duplicate of *mpi_comm (a pointer to an MPI_Comm, void* so this header needs no mpi.h;
 // nullptr = MPI_COMM_WORLD). MPI must be initialised. Errors are returned, never aborted on.
 Result<std::unique_ptr<Communicator>> make_mpi_communicator(void* mpi_comm = nullptr);

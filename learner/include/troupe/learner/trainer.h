@@ -282,7 +282,10 @@ class Trainer {
   // The step on the model's device (device_optimizer.cpp): where the model keeps a device arena,
   // learner.optimizer_offload is off and the state is not sharded.
   bool device_optimizer_on();
+  Status device_optimizer_missing() const;  // the error of a device optimizer that could not be made
   Status device_optimizer_step(StepMetrics& out, double& norm_sum, bool last);
+  Status sharded_device_step(StepMetrics& out, double& norm_sum, bool last);  // learner.shard on a device model
+  void show_device_step();  // learner 0's step observer after a device step (the mirror comes down)
   // Metric all-reduce and the per-batch statistics of a finished call.
   Status finish_metrics(StepMetrics& out, const LossMetrics& sums, const MismatchSums& mismatch, double norm_sum,
                         const std::vector<float>& adv, const std::vector<float>& rew, double len,
@@ -299,6 +302,8 @@ class Trainer {
   ParamsAtRest params_at_rest_ = ParamsAtRest::whole;
   mutable AdamW opt_;  // (mutable: the const optimizer() refreshes the device optimizer's mirror)
   std::unique_ptr<DeviceOptimizer> dev_opt_;
+  // Without a device collective, sharded learners on a device stage theirs through host copies over comm_.
+  std::unique_ptr<kernels::DeviceCollective> staged_;
   bool dev_opt_checked_ = false;
   std::string dev_opt_error_;
   StepObserver* watch_ = nullptr;

@@ -299,9 +299,11 @@ class Model {
   // (learner/device_optimizer.h): parameters and gradients in the backend's memory, after what the
   // host wrote through params()/grads() has gone up. Empty on a host-visible backend (cpu: params()
   // are the arena) and for a quantized base without adapters (its sampling head follows set_params).
+  // The gradients are writable for the sharded learners' collectives (their reduce-scatter sums in
+  // place); the host mirror of them is stale from here on.
   struct DeviceArena {
     float* params = nullptr;
-    const float* grads = nullptr;
+    float* grads = nullptr;
     size_t n = 0;
   };
   DeviceArena device_train_arena();

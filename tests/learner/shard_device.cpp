@@ -1,0 +1,247 @@
+// learner.shard_device_2ranks / _4ranks (mpirun): every ZeRO stage (learner.shard optimizer,
+// gradients, parameters: on a device the arena stays whole and it steps as gradients) on a model
+// whose trainable arena lives in device memory (policy.device: cpu_fenced, the path a GPU takes)
+// steps on the device: the gradients reduce-scattered by the device collective
+// (NCCL on cuda; here the host-staged one over MPI, and a counting wrapper of it passed as the
+// learners' device collective), the norm chained through the ranks from each shard's squares,
+// AdamW on the rank's shard with its shard of the moments, the weights all-gathered on the device.
+// Each run equals plain data parallelism on cpu bit for bit (weights, loss, grad_norm), dense and
+// LoRA, GRPO with clipping and SFT, and resumed from the gathered moments into another stage; the
+// step observer sees the new weights; the collective calls are counted; a failing device collective
+// is an error naming it. Exits non-zero on any rank's mismatch (rank 0 prints each case).
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "troupe/base/enum_names.h"
+#include "troupe/learner/communicator.h"
+#include "troupe/learner/trainer.h"
+#include "troupe/policy/model.h"
+#include "random_samples.h"
+#include "test_support.h"
+
+using namespace troupe;
+using namespace troupe::learner;
+using kernels::DeviceKind;
+
+namespace {
+
+struct Case {
+  const char* name;
+  Phase phase;
+  float max_grad_norm;
+  int lora = 0;
+};
+
+LearnerConfig config(const Case& c, ShardStage stage) {
+  LearnerConfig l;
+  l.phase = c.phase;
+  l.max_completion_length = 7;
+  l.optimizer.lr = 1e-2f;
+  l.optimizer.weight_decay = 0.01f;
+  l.optimizer.max_grad_norm = c.max_grad_norm;
+  l.loss.kl_coef = c.phase == Phase::grpo ? 0.04f : 0.0f;
+  l.loss.entropy_coef = 0.01f;
+  l.batch.num_mini_batches = 2;
+  l.batch.micro_batch_size = 2;
+  l.seed = 5;
+  l.shard = stage;
+  return l;
+}
+
+Result<policy::Model> make_model(const Case& c, DeviceKind device) {
+  policy::ModelConfig mc = test::tiny_model(2);
+  mc.device = device;
+  mc.lora.rank = c.lora;
+  if (c.lora > 0) mc.lora.alpha = 8;
+  return policy::Model::create(mc, 11);
+}
+
+// The learners' device collective as a test sees it: the host-staged one, counting its calls, or
+// failing on its n-th reduce-scatter.
+class Counted final : public kernels::DeviceCollective {
+ public:
+  Counted(const kernels::Backend& b, Communicator& comm, int fail_at = -1)
+      : inner_(staged_device_collective(b, comm)), fail_at_(fail_at) {}
+  void all_reduce_sum(float* buf, size_t n) override {
+    ++all_reduces;
+    inner_->all_reduce_sum(buf, n);
+  }
+  void broadcast(float* buf, size_t n, int root) override { inner_->broadcast(buf, n, root); }
+  void reduce_scatter_sum(float* buf, std::span<const size_t> bounds) override {
+    if (reduce_scatters++ == fail_at_) throw std::runtime_error("the test's collective failed here");
+    inner_->reduce_scatter_sum(buf, bounds);
+  }
+  void all_gather(float* buf, std::span<const size_t> bounds) override {
+    ++all_gathers;
+    inner_->all_gather(buf, bounds);
+  }
+  int all_reduces = 0, reduce_scatters = 0, all_gathers = 0;
+
+ private:
+  std::unique_ptr<kernels::DeviceCollective> inner_;
+  int fail_at_;
+};
+
+// Records the weights the step observer is shown (learner 0's weight sync reads them so).
+class Seen final : public StepObserver {
+ public:
+  std::span<const std::pair<size_t, size_t>> begin_step(size_t n) override {
+    ranges_ = {{0, n}};
+    weights.assign(n, 0.0f);
+    return ranges_;
+  }
+  void updated(size_t, size_t begin, size_t end, const float* params) override {
+    std::memcpy(weights.data() + begin, params + begin, (end - begin) * sizeof(float));
+  }
+  void end_step() override { ++steps; }
+  std::vector<float> weights;
+  int steps = 0;
+
+ private:
+  std::vector<std::pair<size_t, size_t>> ranges_;
+};
+
+struct Trace {
+  std::vector<float> params, seen;
+  std::vector<double> losses, norms;
+  int optimizer_steps = 0;
+  int all_reduces = 0, reduce_scatters = 0, all_gathers = 0;  // a Counted collective's calls
+};
+
+struct Variant {
+  DeviceKind device;
+  ShardStage stage;
+  std::optional<ShardStage> resume;  // after the first step: a fresh model and Trainer of that stage
+  bool counted = false;              // the learners' device collective is a Counted
+};
+
+// Two train steps; with v.resume, the second on a fresh model and Trainer loaded with the gathered
+// weights, moments and trainer state (as a checkpoint and --resume would).
+Result<Trace> run(const Case& c, const Variant& v, Communicator& comm) {
+  TROUPE_ASSIGN_OR_RETURN(auto model, make_model(c, v.device));
+  auto m = std::make_unique<policy::Model>(std::move(model));
+  auto adapter = std::make_unique<ModelAdapter>(*m);
+  std::unique_ptr<Counted> counted;
+  if (v.counted) counted = std::make_unique<Counted>(m->backend(), comm);
+  auto tr = std::make_unique<Trainer>(*adapter, config(c, v.stage), comm, counted.get());
+  Seen seen;
+  Trace t;
+  for (int s = 0; s < 2; ++s) {
+    if (s == 1 && v.resume) {
+      TROUPE_ASSIGN_OR_RETURN(AdamW whole, tr->gathered_optimizer());
+      const auto state = tr->state_json();
+      const std::vector<float> p(m->params().begin(), m->params().end());
+      tr.reset();
+      TROUPE_ASSIGN_OR_RETURN(auto fresh, make_model(c, v.device));
+      m = std::make_unique<policy::Model>(std::move(fresh));
+      std::copy(p.begin(), p.end(), m->params().begin());
+      adapter = std::make_unique<ModelAdapter>(*m);
+      tr = std::make_unique<Trainer>(*adapter, config(c, *v.resume), comm, counted.get());
+      TROUPE_TRY(tr->load_optimizer(std::move(whole)));
+      TROUPE_TRY(tr->load_state_json(state));
+    }
+    if (comm.rank() == 0) tr->set_step_observer(&seen);
+    TROUPE_ASSIGN_OR_RETURN(auto r, tr->train_step(test::make_batch(40 + static_cast<uint64_t>(s), 16, 32)));
+    t.losses.push_back(r.loss.loss);
+    t.norms.push_back(r.grad_norm);
+    t.optimizer_steps += r.optimizer_steps;
+  }
+  t.params.assign(m->params().begin(), m->params().end());
+  t.seen = seen.weights;
+  if (counted) t.all_reduces = counted->all_reduces, t.reduce_scatters = counted->reduce_scatters,
+               t.all_gathers = counted->all_gathers;
+  return t;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+int all_ranks(int ok) {
+  int all = ok;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all;
+}
+
+int compare(const Case& c, Communicator& world) {
+  auto base = run(c, {DeviceKind::cpu, ShardStage::none, {}}, world);
+  if (!base.ok()) {
+    std::fprintf(stderr, "rank %d %s, cpu none: %s\n", world.rank(), c.name, base.error().message.c_str());
+    return 1;
+  }
+  const auto O = ShardStage::optimizer, G = ShardStage::gradients, P = ShardStage::parameters;
+  const auto F = DeviceKind::cpu_fenced;
+  int bad = 0;
+  for (const Variant& v : {Variant{F, O, {}}, Variant{F, G, {}}, Variant{F, P, {}}, Variant{F, O, {}, true},
+                           Variant{F, G, {}, true}, Variant{F, P, {}, true}, Variant{F, G, O},
+                           Variant{F, O, ShardStage::none}, Variant{F, ShardStage::none, G}, Variant{F, P, G}}) {
+    auto got = run(c, v, world);
+    if (!got.ok()) std::fprintf(stderr, "rank %d: %s\n", world.rank(), got.error().message.c_str());
+    bool ok = got.ok() && same_bits(got->params, base->params) && got->losses == base->losses &&
+              got->norms == base->norms;
+    // Rank 0's observer saw the weights of the last step (the gathered shards).
+    if (ok && world.rank() == 0 && !same_bits(got->seen, got->params)) {
+      std::fprintf(stderr, "%s: the step observer saw other weights than the step wrote\n", c.name);
+      ok = false;
+    }
+    // Per optimizer step one reduce-scatter of the gradients, the weights' all-gather, and ZeRO-1's
+    // gradient all-gather; never an all-reduce.
+    if (ok && v.counted) {
+      const int steps = got->optimizer_steps, gathers = steps * (v.stage == O ? 2 : 1);
+      if (got->reduce_scatters != steps || got->all_gathers != gathers || got->all_reduces != 0) {
+        std::fprintf(stderr, "rank %d %s: %d optimizer steps ran %d reduce-scatters, %d all-gathers, %d all-reduces\n",
+                     world.rank(), c.name, steps, got->reduce_scatters, got->all_gathers, got->all_reduces);
+        ok = false;
+      }
+    }
+    const int all = all_ranks(ok);
+    if (world.rank() == 0)
+      std::printf("%s, %d ranks: cpu_fenced shard %s%s%s%s == cpu none bit for bit: %s (grad_norm %.9g)\n", c.name,
+                  world.size(), enum_string(v.stage).c_str(), v.counted ? " (counted device collective)" : "",
+                  v.resume ? ", resumed as " : "", v.resume ? enum_string(*v.resume).c_str() : "", all ? "ok" : "MISMATCH",
+                  base->norms.back());
+    bad |= !all;
+  }
+  return bad;
+}
+
+// A device collective that throws fails the step with an error naming it, on every rank.
+int check_failure(Communicator& world) {
+  const Case c{"failing collective", Phase::grpo, 1.0f};
+  auto model = make_model(c, DeviceKind::cpu_fenced);
+  if (!model.ok()) return 1;
+  ModelAdapter adapter(*model);
+  Counted failing(model->backend(), world, 0);
+  Trainer tr(adapter, config(c, ShardStage::gradients), world, &failing);
+  auto r = tr.train_step(test::make_batch(40, 16, 32));
+  const bool ok = !r.ok() && r.error().message.find("reduce-scatter on the device") != std::string::npos &&
+                  r.error().message.find("the test's collective failed here") != std::string::npos;
+  if (!ok) std::fprintf(stderr, "rank %d: %s\n", world.rank(), r.ok() ? "the step succeeded" : r.error().message.c_str());
+  const int all = all_ranks(ok);
+  if (world.rank() == 0) std::printf("a failing device collective is named: %s\n", all ? "ok" : "MISSING");
+  return !all;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int bad = 0;
+  {
+    auto world = test::mpi_world_or_abort();
+    for (const Case& c : {Case{"grpo, clipped", Phase::grpo, 0.05f}, Case{"sft", Phase::sft, 1.0f},
+                          Case{"grpo, lora", Phase::grpo, 0.05f, 4}})
+      bad |= compare(c, *world);
+    bad |= check_failure(*world);
+  }
+  MPI_Finalize();
+  return bad;
+}
