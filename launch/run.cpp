@@ -81,12 +81,16 @@ int run_experiment(const LoadedConfig& loaded, const RunOptions& opt) {
   std::string run_dir = opt.resume_dir.empty() ? cfg.run.dir : opt.resume_dir;
   cfg.run.dir = run_dir;
   int64_t resume_after = -1;  // the checkpoint's step: metric rows after it are dropped
-  if (int rc = run::check_run_dir(loaded, opt, run_dir, &resume_after); rc != 0) return rc;
+  // (several ranks: they share the checkpoint's checksum reads once started, verify_resume_shared)
+  const bool shared_reads = launcher.mpi && placement.size() > 1;
+  if (int rc = run::check_run_dir(loaded, opt, run_dir, shared_reads, &resume_after); rc != 0) return rc;
   auto specs = actors::env_specs(cfg, base_dir_of(loaded.file));
   if (!specs.ok()) return fail(specs.error());
   const int rank_threads = run::set_compute_threads(cfg.cluster.threads, launcher);
   std::unique_ptr<runtime::Cluster> cluster;
   if (int rc = run::start_cluster(loaded, cfg, launcher, placement, &cluster); rc != 0) return rc;
+  if (shared_reads && !opt.resume_dir.empty())
+    if (int rc = run::verify_resume_shared(*cluster, run_dir); rc != 0) return rc;
   return run_on_cluster(cfg, opt, placement, *specs, rank_threads, resume_after, *cluster);
 }
 

@@ -367,8 +367,9 @@ Result<fs::path> listed_file(const fs::path& dir, const std::string& key, const 
 
 namespace {
 
-// verify_checkpoint's checks; without `contents` no file's bytes are read (no CRC-32, no xxh3).
-Result<nlohmann::json> check_checkpoint(const std::string& step_dir, bool contents) {
+// verify_checkpoint's checks; the bytes (CRC-32, xxh3) only of the files whose index is part mod
+// parts (parts 0: none, 1: all).
+Result<nlohmann::json> check_checkpoint(const std::string& step_dir, int part, int parts) {
   const fs::path dir(step_dir);
   TROUPE_ASSIGN_OR_RETURN(auto state, read_json_file(dir / kStateFile));
   const std::string sfile = (dir / kStateFile).string();
@@ -382,7 +383,8 @@ Result<nlohmann::json> check_checkpoint(const std::string& step_dir, bool conten
     return invalid_input("checkpoint: " + sfile + " does not list model.safetensors (nor a LoRA run's adapter_model.safetensors, nor a sharded run's shards.json): not a whole checkpoint");
   if (!sharded && !state["files"].contains(kOptimizerFile))
     return invalid_input("checkpoint: " + sfile + " does not list " + std::string(kOptimizerFile) + ": not a whole checkpoint");
-  for (auto it = state["files"].begin(); it != state["files"].end(); ++it) {
+  size_t index = 0;
+  for (auto it = state["files"].begin(); it != state["files"].end(); ++it, ++index) {
     TROUPE_ASSIGN_OR_RETURN(const fs::path p, listed_file(dir, it.key(), sfile));
     const auto& e = it.value();
     if (!e.is_object() || !e.contains("crc32") || !e["crc32"].is_string() || !e.contains("bytes") ||
@@ -394,7 +396,7 @@ Result<nlohmann::json> check_checkpoint(const std::string& step_dir, bool conten
     if (size != e["bytes"].get<uint64_t>())
       return invalid_input("checkpoint: " + p.string() + " has " + std::to_string(size) + " bytes, " + sfile +
                            " says " + std::to_string(e["bytes"].get<uint64_t>()) + ": the file is truncated or corrupt");
-    if (!contents) continue;
+    if (parts == 0 || static_cast<int>(index % static_cast<size_t>(parts)) != part) continue;
     TROUPE_ASSIGN_OR_RETURN(uint32_t crc, crc32_of_file(p.string()));
     if (hex32(crc) != e["crc32"].get<std::string>())
       return invalid_input("checkpoint: " + p.string() + " fails its checksum (crc32 " + hex32(crc) + ", expected " +
@@ -405,7 +407,7 @@ Result<nlohmann::json> check_checkpoint(const std::string& step_dir, bool conten
     for (const char* b : {"params", "exp_avg", "exp_avg_sq"})
       if (std::find(m.buffers.begin(), m.buffers.end(), b) == m.buffers.end())
         return invalid_input("checkpoint: " + m.path + " lists no '" + b + "' buffer: not a whole checkpoint");
-    if (contents) TROUPE_TRY(policy::io::verify_shard_files(step_dir, m));
+    if (parts > 0) TROUPE_TRY(policy::io::verify_shard_files(step_dir, m, part, parts));
   }
   for (const char* key : {"policy_version", "optimizer_steps"})
     if (state.contains(key) && !state[key].is_number_integer())
@@ -418,9 +420,15 @@ Result<nlohmann::json> check_checkpoint(const std::string& step_dir, bool conten
 
 }  // namespace
 
-Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) { return check_checkpoint(step_dir, true); }
+Result<nlohmann::json> verify_checkpoint(const std::string& step_dir) { return check_checkpoint(step_dir, 0, 1); }
 
-Result<nlohmann::json> check_checkpoint_listing(const std::string& step_dir) { return check_checkpoint(step_dir, false); }
+Result<nlohmann::json> check_checkpoint_listing(const std::string& step_dir) { return check_checkpoint(step_dir, 0, 0); }
+
+Result<nlohmann::json> verify_checkpoint_part(const std::string& step_dir, int part, int parts) {
+  if (parts < 1 || part < 0 || part >= parts)
+    return invalid_input("checkpoint: part " + std::to_string(part) + " of " + std::to_string(parts));
+  return check_checkpoint(step_dir, part, parts);
+}
 
 CheckpointData checkpoint_data(const nlohmann::json& state, AdamW& opt) {
   CheckpointData d;

@@ -191,6 +191,28 @@ TEST(Checkpoint, CorruptFilesAreNamed) {
   ASSERT_TRUE(v.ok()) << v.error().message;
   EXPECT_EQ((*v)["step"].get<int64_t>(), 1);
 
+  // Several readers sharing the checksum reads (a job's ranks, verify_checkpoint_part): exactly the one
+  // that reads the corrupt file fails, naming it, and together they pass a whole checkpoint.
+  for (int parts : {1, 2, 3, 5}) {
+    int passed = 0;
+    for (int p = 0; p < parts; ++p) passed += verify_checkpoint_part(step.string(), p, parts).ok();
+    EXPECT_EQ(passed, parts) << parts << " parts";
+  }
+  flip_byte(step / "optimizer.safetensors", fs::file_size(step / "optimizer.safetensors") - 3);
+  for (int parts : {1, 2, 3, 5}) {
+    int failed = 0;
+    for (int p = 0; p < parts; ++p) {
+      auto part = verify_checkpoint_part(step.string(), p, parts);
+      if (part.ok()) continue;
+      ++failed;
+      EXPECT_NE(part.error().message.find("optimizer.safetensors fails its checksum"), std::string::npos)
+          << part.error().message;
+    }
+    EXPECT_EQ(failed, 1) << parts << " parts";
+  }
+  flip_byte(step / "optimizer.safetensors", fs::file_size(step / "optimizer.safetensors") - 3);  // undo
+  EXPECT_FALSE(verify_checkpoint_part(step.string(), 2, 2).ok());  // (no such part)
+
   fs::resize_file(step / "model.safetensors", fs::file_size(step / "model.safetensors") - 4);
   r = load_checkpoint(step.string(), model.tensors(), opt);
   ASSERT_FALSE(r.ok());

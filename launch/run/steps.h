@@ -63,9 +63,15 @@ int check_world(const LoadedConfig& loaded, const Launcher& launcher, size_t rol
 
 // A new run's run.dir holds no run; a resumed one has a whole checkpoint and its own config up to
 // the keys a resume may change. 0 with *resume_after set (the checkpoint's step, -1 for a new
-// run), or 2 with the reason on stderr. Nothing is written.
+// run), or 2 with the reason on stderr. Nothing is written. shared_reads (a job of several ranks):
+// the checkpoint's listing and sizes only; verify_resume_shared reads the bytes once the ranks are up.
 int check_run_dir(const LoadedConfig& loaded, const RunOptions& opt, const std::string& run_dir,
-                  int64_t* resume_after);
+                  bool shared_reads, int64_t* resume_after);
+// The rest of a --resume's check in a job of several ranks (every rank calls it after start_cluster,
+// before anything is written): the checkpoint's checksum reads split among the ranks
+// (learner::verify_checkpoint_part), so each file is read once in the job; a rank that finds a bad
+// file names it, and every rank returns 2 (rank 0 naming the earlier checkpoints that are whole).
+int verify_resume_shared(runtime::Cluster& cluster, const std::string& run_dir);
 
 // ---- cluster_start.cpp ---------------------------------------------------------------------------
 

@@ -1224,6 +1224,16 @@ EOS
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/resumed" --set grpo.max_steps=4 \
       --set learner.shard=parameters $S $F
     $CHECK same "$W/dp" "$W/resumed"
+    # the 4 ranks share the --resume's checksum reads: a corrupt shard of the latest checkpoint is named by
+    # the rank that read it, every rank exits 2, and nothing in the run directory changes
+    SHARD="$(readlink -f "$W/resumed/checkpoints/latest")/shards/rank_1.safetensors"
+    ROWS=$(wc -l < "$W/resumed/metrics.jsonl")
+    "$PY" -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(-9, 2); b = f.read(1); f.seek(-9, 2); f.write(bytes([b[0] ^ 0x5a]))' "$SHARD"
+    expect_exit 2 $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/resumed" --set grpo.max_steps=6 \
+      --set learner.shard=parameters $S $F
+    grep -q "rank [0-3]: .*rank_1.safetensors (rank 1 of 2) fails its checksum" "$W/err.txt" || { cat "$W/err.txt"; exit 1; }
+    grep -q "Earlier checkpoints that are whole" "$W/err.txt" || { cat "$W/err.txt"; exit 1; }
+    [ "$(wc -l < "$W/resumed/metrics.jsonl")" = "$ROWS" ] || { echo "the refused --resume changed metrics.jsonl"; exit 1; }
     ;;
   shard_expert_parallel_run)  # policy.moe.expert_parallel 2 with learner.shard: parameters over 2 learners
     # (mpirun): each learner keeps its ZeRO-3 shard of the whole model (every expert), gathers each layer and

@@ -90,6 +90,11 @@ Result<nlohmann::json> verify_checkpoint(const std::string& step_dir);
 // verify_checkpoint's checks without reading any file's bytes (sizes, not checksums): for a reader
 // of a part of a checkpoint that verify_checkpoint passed before (load_checkpoint_ranges).
 Result<nlohmann::json> check_checkpoint_listing(const std::string& step_dir);
+// verify_checkpoint with the reading shared among `parts` readers (the ranks of a job): this one,
+// `part`, makes every check but reads (CRC-32, and a shard's xxh3) only the listed files whose index
+// in state.json's listing (sorted by path), or in shards.json, is `part` mod `parts`. Together the
+// parts read each file's bytes once; a bad file fails the part that read it.
+Result<nlohmann::json> verify_checkpoint_part(const std::string& step_dir, int part, int parts);
 // The CheckpointData of a checked state.json (step, policy_version, trainer, extra, metric); sets
 // opt's optimizer step count.
 CheckpointData checkpoint_data(const nlohmann::json& state, AdamW& opt);

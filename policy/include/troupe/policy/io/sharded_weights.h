@@ -64,8 +64,10 @@ Result<ShardFile> write_shard_file(const std::string& dir, int rank, int world_s
 // xxh3-64 of a file's bytes.
 Result<uint64_t> xxh3_of_file(const std::string& path);
 
-// Every file's size and xxh3 against the manifest (the error names the file and its rank).
-Status verify_shard_files(const std::string& dir, const ShardManifest& m);
+// Every file's size and xxh3 against the manifest (the error names the file and its rank). With
+// parts > 1 only the files whose index in the manifest is `part` mod `parts` (several readers
+// sharing the work, each byte read by one of them).
+Status verify_shard_files(const std::string& dir, const ShardManifest& m, int part = 0, int parts = 1);
 // Values [begin, end) of flat buffer `buffer`, read from the files that hold them (each verified).
 Result<std::vector<float>> read_shard_buffer(const std::string& dir, const ShardManifest& m, const std::string& buffer,
                                              size_t begin, size_t end);
