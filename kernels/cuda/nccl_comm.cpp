@@ -139,33 +139,37 @@ size_t NcclComm::check_bounds(std::span<const size_t> bounds, const char* what) 
   return bounds.back();
 }
 
-void NcclComm::reduce_scatter_sum(float* buf, std::span<const size_t> bounds, cudaStream_t stream) {
-  const size_t n = check_bounds(bounds, "reduce-scatter");
-  auto* c = static_cast<ncclComm_t>(comm_);
+namespace {
+// call(shard, count, r) for each rank r's non-empty shard of buf, in one group (closed before a
+// failure is thrown).
+template <class Call>
+void per_shard_group(float* buf, std::span<const size_t> bounds, int nranks, const char* name, Call call) {
   GroupErrors errors;
   errors.note(ncclGroupStart(), "ncclGroupStart");
-  for (int r = 0; r < nranks_; ++r) {
-    float* shard = buf + bounds[static_cast<size_t>(r)];
-    const size_t count = bounds[static_cast<size_t>(r) + 1] - bounds[static_cast<size_t>(r)];
-    if (count > 0) errors.note(ncclReduce(shard, shard, count, ncclFloat32, ncclSum, r, c, stream), "ncclReduce");
+  for (int r = 0; r < nranks; ++r) {
+    const size_t lo = bounds[static_cast<size_t>(r)], count = bounds[static_cast<size_t>(r) + 1] - lo;
+    if (count > 0) errors.note(call(buf + lo, count, r), name);
   }
   errors.note(ncclGroupEnd(), "ncclGroupEnd");
   errors.raise();
+}
+}  // namespace
+
+void NcclComm::reduce_scatter_sum(float* buf, std::span<const size_t> bounds, cudaStream_t stream) {
+  const size_t n = check_bounds(bounds, "reduce-scatter");
+  auto* c = static_cast<ncclComm_t>(comm_);
+  per_shard_group(buf, bounds, nranks_, "ncclReduce", [&](float* shard, size_t count, int root) {
+    return ncclReduce(shard, shard, count, ncclFloat32, ncclSum, root, c, stream);
+  });
   wait("reduce-scatter of " + std::to_string(n) + " floats", stream);
 }
 
 void NcclComm::all_gather(float* buf, std::span<const size_t> bounds, cudaStream_t stream) {
   const size_t n = check_bounds(bounds, "all-gather");
   auto* c = static_cast<ncclComm_t>(comm_);
-  GroupErrors errors;
-  errors.note(ncclGroupStart(), "ncclGroupStart");
-  for (int r = 0; r < nranks_; ++r) {
-    float* shard = buf + bounds[static_cast<size_t>(r)];
-    const size_t count = bounds[static_cast<size_t>(r) + 1] - bounds[static_cast<size_t>(r)];
-    if (count > 0) errors.note(ncclBroadcast(shard, shard, count, ncclFloat32, r, c, stream), "ncclBroadcast");
-  }
-  errors.note(ncclGroupEnd(), "ncclGroupEnd");
-  errors.raise();
+  per_shard_group(buf, bounds, nranks_, "ncclBroadcast", [&](float* shard, size_t count, int root) {
+    return ncclBroadcast(shard, shard, count, ncclFloat32, root, c, stream);
+  });
   wait("all-gather of " + std::to_string(n) + " floats", stream);
 }
 

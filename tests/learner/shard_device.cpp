@@ -1,14 +1,15 @@
 // learner.shard_device_2ranks / _4ranks (mpirun): every ZeRO stage (learner.shard optimizer,
 // gradients, parameters: on a device the arena stays whole and it steps as gradients) on a model
 // whose trainable arena lives in device memory (policy.device: cpu_fenced, the path a GPU takes)
-// steps on the device: the gradients reduce-scattered by the device collective
-// (NCCL on cuda; here the host-staged one over MPI, and a counting wrapper of it passed as the
-// learners' device collective), the norm chained through the ranks from each shard's squares,
-// AdamW on the rank's shard with its shard of the moments, the weights all-gathered on the device.
-// Each run equals plain data parallelism on cpu bit for bit (weights, loss, grad_norm), dense and
-// LoRA, GRPO with clipping and SFT, and resumed from the gathered moments into another stage; the
-// step observer sees the new weights; the collective calls are counted; a failing device collective
-// is an error naming it. Exits non-zero on any rank's mismatch (rank 0 prints each case).
+// steps on the device: the gradients reduce-scattered by the device collective (NCCL on cuda; here
+// the host-staged one over MPI, and a counting wrapper of it passed as the learners' device
+// collective), the norm chained through the ranks from each shard's squares, AdamW on the rank's
+// shard with its shard of the moments, the weights all-gathered on the device. Each run equals
+// plain data parallelism on cpu bit for bit (weights, loss, grad_norm): dense and LoRA, GRPO with
+// clipping (also in streamed parts) and SFT, and resumed from the gathered moments into another
+// stage; the step observer sees the new weights; the collective calls are counted; a failing
+// device collective is an error naming it. Exits non-zero on any rank's mismatch (rank 0 prints
+// each case).
 #include <mpi.h>
 
 #include <cstdio>
@@ -38,7 +39,16 @@ struct Case {
   Phase phase;
   float max_grad_norm;
   int lora = 0;
+  bool stream = false;  // the batch in parts (Trainer::accumulate / finish_accumulated, rollout.async_chunks)
 };
+
+Result<StepMetrics> one_step(const Case& c, Trainer& tr, const std::vector<Sample>& batch) {
+  if (!c.stream) return tr.train_step(batch);
+  // parts [0, 6), an empty one, [6, 16): the same parts on every rank
+  for (auto [a, b] : {std::pair{0, 6}, std::pair{6, 6}, std::pair{6, 16}})
+    TROUPE_TRY(tr.accumulate(std::vector<Sample>(batch.begin() + a, batch.begin() + b)));
+  return tr.finish_accumulated();
+}
 
 LearnerConfig config(const Case& c, ShardStage stage) {
   LearnerConfig l;
@@ -49,7 +59,7 @@ LearnerConfig config(const Case& c, ShardStage stage) {
   l.optimizer.max_grad_norm = c.max_grad_norm;
   l.loss.kl_coef = c.phase == Phase::grpo ? 0.04f : 0.0f;
   l.loss.entropy_coef = 0.01f;
-  l.batch.num_mini_batches = 2;
+  l.batch.num_mini_batches = c.stream ? 1 : 2;  // (a streamed batch is one optimizer step)
   l.batch.micro_batch_size = 2;
   l.seed = 5;
   l.shard = stage;
@@ -149,7 +159,7 @@ Result<Trace> run(const Case& c, const Variant& v, Communicator& comm) {
       TROUPE_TRY(tr->load_state_json(state));
     }
     if (comm.rank() == 0) tr->set_step_observer(&seen);
-    TROUPE_ASSIGN_OR_RETURN(auto r, tr->train_step(test::make_batch(40 + static_cast<uint64_t>(s), 16, 32)));
+    TROUPE_ASSIGN_OR_RETURN(auto r, one_step(c, *tr, test::make_batch(40 + static_cast<uint64_t>(s), 16, 32)));
     t.losses.push_back(r.loss.loss);
     t.norms.push_back(r.grad_norm);
     t.optimizer_steps += r.optimizer_steps;
@@ -238,7 +248,8 @@ int main(int argc, char** argv) {
   {
     auto world = test::mpi_world_or_abort();
     for (const Case& c : {Case{"grpo, clipped", Phase::grpo, 0.05f}, Case{"sft", Phase::sft, 1.0f},
-                          Case{"grpo, lora", Phase::grpo, 0.05f, 4}})
+                          Case{"grpo, lora", Phase::grpo, 0.05f, 4},
+                          Case{"grpo, streamed parts", Phase::grpo, 0.05f, 0, true}})
       bad |= compare(c, *world);
     bad |= check_failure(*world);
   }
