@@ -1,11 +1,15 @@
 // learner.shard_dead_rank: a learner rank dies in the middle of a ZeRO-3 step (SIGKILL when its
 // model asks for decoder layer 1); the survivor, left waiting in the all-gather of layer 1 or 2,
 // must be ended by the runtime's watchdog with a line naming the dead rank, its role and that
-// collective. Run by shard_dead_rank.sh under mpirun -np 2 (rank 0 exits 3).
+// collective. With the argument `device`: a ZeRO-2 step on a device model (cpu_fenced) whose rank 1
+// dies in its device collective's reduce-scatter, the survivor waiting in the staged reduce-scatter
+// over MPI. Run by shard_dead_rank.sh under mpirun -np 2 (rank 0 exits 3).
 #include <signal.h>
 
 #include <cstdio>
+#include <memory>
 #include <random>
+#include <span>
 #include <string>
 
 #include "troupe/learner/trainer.h"
@@ -32,6 +36,24 @@ class DieAtLayer final : public policy::ParamHook {
   policy::ParamHook* inner_;
 };
 
+// Rank 1's device collective in `device` mode: the host-staged one, dying in its second
+// reduce-scatter (the second step's).
+class DieInReduceScatter final : public kernels::DeviceCollective {
+ public:
+  explicit DieInReduceScatter(std::unique_ptr<kernels::DeviceCollective> inner) : inner_(std::move(inner)) {}
+  void all_reduce_sum(float* buf, size_t n) override { inner_->all_reduce_sum(buf, n); }
+  void broadcast(float* buf, size_t n, int root) override { inner_->broadcast(buf, n, root); }
+  void reduce_scatter_sum(float* buf, std::span<const size_t> bounds) override {
+    if (++calls_ == 2) ::raise(SIGKILL);
+    inner_->reduce_scatter_sum(buf, bounds);
+  }
+  void all_gather(float* buf, std::span<const size_t> bounds) override { inner_->all_gather(buf, bounds); }
+
+ private:
+  std::unique_ptr<kernels::DeviceCollective> inner_;
+  int calls_ = 0;
+};
+
 std::vector<learner::Sample> batch(uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> tok(0, 31);
@@ -47,7 +69,8 @@ std::vector<learner::Sample> batch(uint64_t seed) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool device = argc > 1 && std::string(argv[1]) == "device";
   runtime::ClusterConfig cfg;
   cfg.roles = {"learner0", "learner1"};
   cfg.system.threads = 1;
@@ -63,20 +86,24 @@ int main() {
   auto comm = learner::make_mpi_communicator();
   if (!comm.ok()) return 1;
   policy::ModelConfig mc = learner::test::tiny_model(3);
+  if (device) mc.device = kernels::DeviceKind::cpu_fenced;
   auto model = policy::Model::create(mc, 3);
   if (!model.ok()) return 1;
   learner::ModelAdapter adapter(*model);
   learner::LearnerConfig lc;
   lc.max_completion_length = 5;
-  lc.shard = learner::ShardStage::parameters;
-  learner::Trainer trainer(adapter, lc, **comm);
+  lc.shard = device ? learner::ShardStage::gradients : learner::ShardStage::parameters;
+  std::unique_ptr<kernels::DeviceCollective> dying;
+  if (device && cl.rank() == 1)
+    dying = std::make_unique<DieInReduceScatter>(learner::staged_device_collective(model->backend(), **comm));
+  learner::Trainer trainer(adapter, lc, **comm, dying.get());
   if (auto r = trainer.train_step(batch(1)); !r.ok()) {
     std::fprintf(stderr, "first step: %s\n", r.error().message.c_str());
     return 1;
   }
   std::fprintf(stderr, "PROBE rank %d: first step done\n", cl.rank());
   DieAtLayer killer(adapter.param_hook());
-  if (cl.rank() == 1) adapter.set_param_hook(&killer);
+  if (cl.rank() == 1 && !device) adapter.set_param_hook(&killer);
   std::printf("PROBE rank %d: second step\n", cl.rank());
   std::fflush(stdout);
   auto r = trainer.train_step(batch(2));  // rank 1 dies in it; rank 0 waits in a collective
