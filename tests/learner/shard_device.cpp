@@ -7,7 +7,7 @@
 // shard with its shard of the moments, the weights all-gathered on the device. Each run equals
 // plain data parallelism on cpu bit for bit (weights, loss, grad_norm): dense and LoRA, GRPO with
 // clipping (also in streamed parts) and SFT, and resumed from the gathered moments into another
-// stage; the step observer sees the new weights; the collective calls are counted; a failing
+// stage (and with learner.optimizer_offload, the host step); the step observer sees the new weights; the collective calls are counted; a failing
 // device collective is an error naming it. Exits non-zero on any rank's mismatch (rank 0 prints
 // each case).
 #include <mpi.h>
@@ -131,7 +131,14 @@ struct Variant {
   ShardStage stage;
   std::optional<ShardStage> resume;  // after the first step: a fresh model and Trainer of that stage
   bool counted = false;              // the learners' device collective is a Counted
+  bool offload = false;              // learner.optimizer_offload: the host step over comm instead
 };
+
+LearnerConfig config(const Case& c, const Variant& v, ShardStage stage) {
+  LearnerConfig l = config(c, stage);
+  l.optimizer_offload = v.offload;
+  return l;
+}
 
 // Two train steps; with v.resume, the second on a fresh model and Trainer loaded with the gathered
 // weights, moments and trainer state (as a checkpoint and --resume would).
@@ -141,7 +148,7 @@ Result<Trace> run(const Case& c, const Variant& v, Communicator& comm) {
   auto adapter = std::make_unique<ModelAdapter>(*m);
   std::unique_ptr<Counted> counted;
   if (v.counted) counted = std::make_unique<Counted>(m->backend(), comm);
-  auto tr = std::make_unique<Trainer>(*adapter, config(c, v.stage), comm, counted.get());
+  auto tr = std::make_unique<Trainer>(*adapter, config(c, v, v.stage), comm, counted.get());
   Seen seen;
   Trace t;
   for (int s = 0; s < 2; ++s) {
@@ -154,7 +161,7 @@ Result<Trace> run(const Case& c, const Variant& v, Communicator& comm) {
       m = std::make_unique<policy::Model>(std::move(fresh));
       std::copy(p.begin(), p.end(), m->params().begin());
       adapter = std::make_unique<ModelAdapter>(*m);
-      tr = std::make_unique<Trainer>(*adapter, config(c, *v.resume), comm, counted.get());
+      tr = std::make_unique<Trainer>(*adapter, config(c, v, *v.resume), comm, counted.get());
       TROUPE_TRY(tr->load_optimizer(std::move(whole)));
       TROUPE_TRY(tr->load_state_json(state));
     }
@@ -192,7 +199,8 @@ int compare(const Case& c, Communicator& world) {
   int bad = 0;
   for (const Variant& v : {Variant{F, O, {}}, Variant{F, G, {}}, Variant{F, P, {}}, Variant{F, O, {}, true},
                            Variant{F, G, {}, true}, Variant{F, P, {}, true}, Variant{F, G, O},
-                           Variant{F, O, ShardStage::none}, Variant{F, ShardStage::none, G}, Variant{F, P, G}}) {
+                           Variant{F, O, ShardStage::none}, Variant{F, ShardStage::none, G}, Variant{F, P, G},
+                           Variant{F, P, {}, false, true}}) {
     auto got = run(c, v, world);
     if (!got.ok()) std::fprintf(stderr, "rank %d: %s\n", world.rank(), got.error().message.c_str());
     bool ok = got.ok() && same_bits(got->params, base->params) && got->losses == base->losses &&
@@ -214,8 +222,9 @@ int compare(const Case& c, Communicator& world) {
     }
     const int all = all_ranks(ok);
     if (world.rank() == 0)
-      std::printf("%s, %d ranks: cpu_fenced shard %s%s%s%s == cpu none bit for bit: %s (grad_norm %.9g)\n", c.name,
+      std::printf("%s, %d ranks: cpu_fenced shard %s%s%s%s%s == cpu none bit for bit: %s (grad_norm %.9g)\n", c.name,
                   world.size(), enum_string(v.stage).c_str(), v.counted ? " (counted device collective)" : "",
+                  v.offload ? " (optimizer_offload: the host step)" : "",
                   v.resume ? ", resumed as " : "", v.resume ? enum_string(*v.resume).c_str() : "", all ? "ok" : "MISMATCH",
                   base->norms.back());
     bad |= !all;
