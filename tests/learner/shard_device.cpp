@@ -6,10 +6,10 @@
 // collective), the norm chained through the ranks from each shard's squares, AdamW on the rank's
 // shard with its shard of the moments, the weights all-gathered on the device. Each run equals
 // plain data parallelism on cpu bit for bit (weights, loss, grad_norm): dense and LoRA, GRPO with
-// clipping (also in streamed parts) and SFT, and resumed from the gathered moments into another
-// stage (and with learner.optimizer_offload, the host step); the step observer sees the new weights; the collective calls are counted; a failing
-// device collective is an error naming it. Exits non-zero on any rank's mismatch (rank 0 prints
-// each case).
+// clipping (also in streamed parts) and SFT, resumed from the gathered moments into another stage,
+// and with learner.optimizer_offload (the host step). The step observer sees the new weights; the
+// collective calls are counted; a failing device collective is an error naming it. Exits non-zero
+// on any rank's mismatch (rank 0 prints each case).
 #include <mpi.h>
 
 #include <cstdio>
