@@ -7,6 +7,8 @@
 #include <numbers>
 #include <string>
 
+#include "troupe/kernels/adamw.h"
+
 namespace troupe::learner {
 
 double learning_rate_at(const OptimizerConfig& cfg, int64_t step) {
@@ -20,21 +22,15 @@ double learning_rate_at(const OptimizerConfig& cfg, int64_t step) {
   return base * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cos_f);
 }
 
-double add_squares(std::span<const float> g, double acc) {
-  for (float x : g) acc += static_cast<double>(x) * x;
-  return acc;
-}
+// (the device ops' specification, kernels/adamw.h, is the one expression of both)
+double add_squares(std::span<const float> g, double acc) { return kernels::add_squares(g.data(), g.size(), acc); }
 
 double global_grad_norm(std::span<const float> g) { return std::sqrt(add_squares(g, 0.0)); }
 
 void clip_to_norm(std::span<float> g, double norm, double max_norm) {
-  if (max_norm > 0 && std::isfinite(norm)) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      const float c = static_cast<float>(coef);
-      for (float& x : g) x *= c;
-    }
-  }
+  const float c = kernels::clip_coefficient(norm, max_norm);
+  if (c != 1.0f)  // (x * 1.0f is x: skipping it changes no bit)
+    for (float& x : g) x *= c;
 }
 
 double clip_grad_norm(std::span<float> g, double max_norm) {
