@@ -130,15 +130,8 @@ Status read_sharded_params(const std::string& step_dir, const std::vector<policy
   TROUPE_TRY(io::check_shard_table(m, specs, "the model"));
   if (m.numel() != params.size())
     return invalid_input(m.path + ": holds " + std::to_string(m.numel()) + " values, the model " + std::to_string(params.size()));
-  return read_sharded_params_share(step_dir, specs, 0, params);
-}
-
-Status read_sharded_params_share(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
-                                 size_t begin, std::span<float> out) {
-  TROUPE_ASSIGN_OR_RETURN(auto m, io::read_shard_manifest(step_dir));
-  TROUPE_TRY(io::check_shard_table(m, specs, "the model"));
-  TROUPE_ASSIGN_OR_RETURN(auto flat, io::read_shard_buffer(step_dir, m, io::kShardParams, begin, begin + out.size()));
-  std::copy(flat.begin(), flat.end(), out.begin());
+  TROUPE_ASSIGN_OR_RETURN(auto flat, io::read_shard_buffer(step_dir, m, io::kShardParams, 0, params.size()));
+  std::copy(flat.begin(), flat.end(), params.begin());
   return {};
 }
 

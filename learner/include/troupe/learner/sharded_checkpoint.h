@@ -56,9 +56,5 @@ bool is_sharded_checkpoint(const std::string& step_dir);
 // be `specs` (an error names the first tensor that differs: a checkpoint of another model).
 Status read_sharded_params(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
                            std::span<float> params);
-// Only the values [begin, begin + out.size()) of it (a sharded learner's own shard), read from the
-// rank files that hold them.
-Status read_sharded_params_share(const std::string& step_dir, const std::vector<policy::TensorSpec>& specs,
-                                 size_t begin, std::span<float> out);
 
 }  // namespace troupe::learner
