@@ -255,8 +255,8 @@ Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& com
   // is one device buffer that stays whole, so there learner.shard parameters steps as gradients
   // does, on the device (sharded_device_step: the moments divided, the device's collectives).
   const bool host_zero3 = sharded_ && cfg_.shard == ShardStage::parameters && model_.backend().host_visible();
-  if (host_zero3) device_ = nullptr;
   if (host_zero3) {
+    device_ = nullptr;
     // Per layer where the model has the hook and every forward of a step is a loss micro-batch's
     // (not with distill.teacher, whose top-k pass runs forwards of its own, nor with LoRA dropout's
     // separate scoring forward; a streamed step gathers the whole weights too, zero3_begin).
