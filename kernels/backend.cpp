@@ -186,6 +186,30 @@ Result<Buffer> Backend::alloc(size_t bytes, std::string_view what) const {
   return Buffer(this, p, bytes);
 }
 
+Result<Buffer> Backend::alloc_sparse(size_t bytes, std::string_view what) const {
+  const std::string name_of = what.empty() ? std::string("a sparse buffer") : std::string(what);
+  if (sparse_granularity() == 0)
+    return make_error(ErrorCode::internal, std::string(name()) + " backend: no sparse buffers (" + name_of + ")");
+  if (bytes == 0) return Buffer(this, nullptr, 0);
+  void* p = reserve_sparse_bytes(bytes);
+  if (!p)
+    return make_error(ErrorCode::internal, std::string(name()) + " backend: could not reserve the addresses of " +
+                                               name_of + " (" + std::to_string(bytes) + " bytes)");
+  return Buffer(this, p, bytes);
+}
+
+Status Backend::map_sparse(const Buffer&, size_t, size_t) const {
+  return make_error(ErrorCode::internal, std::string(name()) + " backend: no sparse buffers");
+}
+Status Backend::unmap_sparse(const Buffer&, size_t, size_t) const {
+  return make_error(ErrorCode::internal, std::string(name()) + " backend: no sparse buffers");
+}
+
+std::vector<std::pair<size_t, size_t>> Backend::mapped_ranges(const Buffer& buf) const {
+  if (buf.bytes() == 0) return {};
+  return {{0, buf.bytes()}};
+}
+
 Status Backend::grow(Buffer& buf, size_t bytes, std::string_view what) const {
   if (buf.backend() == this && buf.bytes() >= bytes) return {};
   TROUPE_ASSIGN_OR_RETURN(Buffer bigger, alloc(bytes, what));

@@ -1,6 +1,8 @@
 // `troupe plan`'s model of memory: for every role and rank, the bytes it holds by kind, from the
 // config and the model's shape (policy::model_footprint, policy::training_activations), never its
 // weights. Invariant: a size here is what the code allocates (named beside each term), not a rule of thumb.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -60,6 +62,10 @@ struct Shape {
   policy::ModelFootprint fp;
   const kernels::Backend* be = nullptr;
   bool host_visible = true;  // cpu: device memory is the host's, touched pages only
+  // A device model whose arena learner.shard parameters can make sparse (Model::
+  // make_train_arena_sparse: fp32 base, the optimizer on the device) and the granule it maps by.
+  bool sparse_arena = false;
+  uint64_t granule = 0;
   uint64_t P = 0, A = 0, Tr = 0;  // parameters, adapters, trainable (floats)
   int N = 1;                      // learners
   ShardStage stage = ShardStage::none;
@@ -90,11 +96,13 @@ uint64_t reduce_scatter_bytes(const Shape& s) {
   return buffers * static_cast<uint64_t>(s.N) * round * kF;
 }
 
-// learner.shard parameters gathers layer by layer (ParamShards) for full-parameter training on a
-// host-visible backend; LoRA (adapters gathered whole), cuda (a device arena), distillation and
-// streamed parts (the whole weights gathered for the step) hold whole weights.
+// learner.shard parameters gathers layer by layer (ParamShards; on a device DeviceParamShards over
+// a sparse arena) for full-parameter training; LoRA (adapters gathered whole), a device arena that
+// cannot be sparse (a quantized base, learner.optimizer_offload), distillation (the whole weights
+// gathered for the step) hold whole weights.
 bool layered_zero3(const Shape& s) {
-  return s.stage == ShardStage::parameters && s.N > 1 && s.A == 0 && s.host_visible && !s.whole_step;
+  return s.stage == ShardStage::parameters && s.N > 1 && s.A == 0 && (s.host_visible || s.sparse_arena) &&
+         !s.whole_step;
 }
 
 // policy.moe.expert_parallel with the experts divided (actors::learners_divide_experts at the
@@ -158,16 +166,20 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
     // computes: two groups whole at once (two layers, or the last layer and the head). Their
     // non-owned pages are a pool reused from group to group (learner/page_pool.h), resident once
     // made, of at most this size; so is the gradients' pool below (the head's and two layers').
-    const uint64_t gathered = std::max(2 * s.fp.largest_layer_floats, s.fp.largest_layer_floats + head);
+    // On a device the collectives block (no prefetch): one group at a time, and each group's two
+    // edge granules (shared with a neighbour or the shard) stay mapped in both arenas.
+    const uint64_t groups = s.host_visible ? 2 : 1;
+    const uint64_t gathered = std::max(groups * s.fp.largest_layer_floats, s.fp.largest_layer_floats + head);
+    const uint64_t edges = s.host_visible ? 0 : (static_cast<uint64_t>(s.mc.num_hidden_layers) + 3) * s.granule;
     const bool whole = r.index == 0 && !sync_from_shards(cfg, s);
-    if (!whole && !cfg.rollout.async) r.weights = ceil_div(s.P, s.N) * kF + gathered * kF;
+    if (!whole && !cfg.rollout.async) r.weights = ceil_div(s.P, s.N) * kF + gathered * kF + edges;
     // The shard; the embedding's and head's gradients whole until the step's end; two layers'
-    // gradients before their reduce-scatters (one in flight while the next runs its backward) and
-    // the one in flight's receive scratch (ranks x its shard: about a layer); with one micro-batch,
-    // several accumulate them whole.
+    // gradients before their reduce-scatters (one in flight while the next runs its backward; one
+    // on a device) and the one in flight's receive scratch (ranks x its shard: about a layer; none
+    // on a device, whose collective sums in place); with one micro-batch, several accumulate them whole.
     if (!several_micro_batches(s))
-      r.gradients = (ceil_div(s.P, s.N) + s.fp.outer_floats + 2 * s.fp.largest_layer_floats) * kF;
-    in_flight = s.fp.largest_layer_floats * kF;
+      r.gradients = (ceil_div(s.P, s.N) + s.fp.outer_floats + groups * s.fp.largest_layer_floats) * kF + edges;
+    in_flight = s.host_visible ? s.fp.largest_layer_floats * kF : 0;
   }
   r.optimizer = ceil_div(2 * s.Tr * kF, o_div);  // AdamW m_, v_ (fp32) of this rank's shard
   if (const uint64_t away = experts_not_held(cfg, s)) {
@@ -263,7 +275,9 @@ Result<PlanRow> learner_row(const ExperimentConfig& cfg, const Shape& s, int ind
     const bool quant_whole = cfg.policy.base_dtype != policy::BaseDtype::fp32 && s.A == 0;
     const bool opt_on_device = !cfg.learner.optimizer_offload && !divided && !quant_whole;
     r.device = r.weights + r.gradients + r.activations + r.collectives + (opt_on_device ? r.optimizer : 0);
-    r.host = r.weights + r.gradients + r.optimizer + store + r.sync + r.other;
+    // (a sparse arena's mirrors stay whole: the shard's parts of them travel, the rest waits unused)
+    const uint64_t mirrors = layered_zero3(s) ? (s.P + s.Tr) * kF : r.weights + r.gradients;
+    r.host = mirrors + r.optimizer + store + r.sync + r.other;
     if (opt_on_device) r.notes.push_back("AdamW on the device (its moments also mirrored in host memory)");
     if (store > 0) r.notes.push_back("offload store " + format_bytes(store) + " in host memory");
   }
@@ -345,6 +359,9 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
   TROUPE_ASSIGN_OR_RETURN(s.mc, plan_model_config(cfg, &plan.model));
   TROUPE_ASSIGN_OR_RETURN(s.fp, policy::model_footprint(s.mc));
   s.host_visible = cfg.policy.device == DeviceKind::cpu;
+  s.sparse_arena = !s.host_visible && !cfg.learner.optimizer_offload && cfg.policy.base_dtype == policy::BaseDtype::fp32;
+  // (cuda: the driver's recommended granule of current GPUs, 2 MiB; cpu_fenced: a page)
+  s.granule = cfg.policy.device == DeviceKind::cpu_fenced ? static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : uint64_t{2} << 20;
   if (cfg.policy.device == DeviceKind::cpu_fenced) {
     TROUPE_ASSIGN_OR_RETURN(s.be, kernels::backend_for(DeviceKind::cpu_fenced));
   } else {
@@ -379,14 +396,17 @@ Result<Shape> plan_shape(const ExperimentConfig& cfg, const PlanOptions& o, Memo
     if (!layered_zero3(s))
       plan.notes.push_back(std::string("shard parameters: ") +
                            (s.A > 0            ? "LoRA adapters are gathered whole for a step"
-                            : !s.host_visible ? "on a device the weights stay whole"
+                            : !s.host_visible && !s.sparse_arena
+                                ? "on a device with a quantized base or learner.optimizer_offload the weights stay whole"
                             : cfg.distill.enabled() ? "distillation gathers the whole weights for a step"
                                                     : "streamed parts (rollout.async_chunks > 1) gather the whole "
                                                       "weights for a step") +
                            ", so only the AdamW moments are divided");
     else
       plan.notes.push_back(std::string("shard parameters: each learner keeps its shard and gathers one layer (or the "
-                                       "embedding, or the head) at a time, the next one's gather in flight; ") +
+                                       "embedding, or the head) at a time, ") +
+                           (s.host_visible ? "the next one's gather in flight; "
+                                           : "into a sparse device arena (mapped per layer, the gathers blocking); ") +
                            (sync_from_shards(cfg, s)
                                 ? std::string("each encodes its shard for the weight sync and sends it to the "
                                               "generators") +

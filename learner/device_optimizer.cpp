@@ -95,9 +95,10 @@ constexpr size_t kObserverBlock = 4096;
 }  // namespace
 
 bool Trainer::device_optimizer_on() {
-  // Sharded learners step their shard on the device (ZeRO-3 on a device model too, whose arena
-  // stays whole); ZeRO-3's host shards and divided experts stay with the host AdamW.
-  if (cfg_.optimizer_offload || zero3_ || model_.expert_shards()) return false;
+  // Sharded learners step their shard on the device (ZeRO-3 on a device model too: its device
+  // shards, or its arena whole where it could not be made sparse); ZeRO-3's host shards and
+  // divided experts stay with the host AdamW.
+  if (cfg_.optimizer_offload || (zero3_ && !zero3_on_device_) || model_.expert_shards()) return false;
   if (!dev_opt_checked_) {
     dev_opt_checked_ = true;
     auto made = sharded_ ? DeviceOptimizer::create(model_, shard_begin(), shard_end() - shard_begin())
@@ -135,9 +136,10 @@ Status Trainer::device_optimizer_step(StepMetrics& out, double& norm_sum, bool l
 
 // learner.shard with the trainable arena on a device: the gradients are summed on the device (the
 // device collective; without one, staged through host copies over comm), ZeRO-1 whole on every
-// rank, ZeRO-2 (and parameters, whose device arena stays whole) this rank's shard only; the norm is chained through the ranks
-// from each shard's squares; AdamW steps this rank's shard with its shard of the moments; the
-// shards are all-gathered on the device. The host step's sums, in the same order.
+// rank, ZeRO-2 this rank's shard only, ZeRO-3 (device shards) the ranges its backward has not
+// reduce-scattered yet; the norm is chained through the ranks from each shard's squares; AdamW
+// steps this rank's shard with its shard of the moments; the shards are all-gathered on the device
+// (ZeRO-3: layer by layer when next used, zero3_end). The host step's sums, in the same order.
 Status Trainer::sharded_device_step(StepMetrics& out, double& norm_sum, bool last) {
   if (!dev_opt_) return device_optimizer_missing();
   if (!device_ && !staged_) staged_ = staged_device_collective(model_.backend(), comm_);
@@ -146,11 +148,15 @@ Status Trainer::sharded_device_step(StepMetrics& out, double& norm_sum, bool las
   if (arena.n != bounds_.back())
     return make_error(ErrorCode::internal, "learner: the device arena has " + std::to_string(arena.n) +
                                                " floats, the shards cut " + std::to_string(bounds_.back()));
-  try {
-    c.reduce_scatter_sum(arena.grads, bounds_);
-    if (cfg_.shard == ShardStage::optimizer) c.all_gather(arena.grads, bounds_);  // (ZeRO-1: the whole sum)
-  } catch (const std::exception& e) {
-    return make_error(ErrorCode::internal, std::string("learner: the gradients' reduce-scatter on the device: ") + e.what());
+  if (zero3_) {
+    TROUPE_TRY(zero3_->reduce_rest());
+  } else {
+    try {
+      c.reduce_scatter_sum(arena.grads, bounds_);
+      if (cfg_.shard == ShardStage::optimizer) c.all_gather(arena.grads, bounds_);  // (ZeRO-1: the whole sum)
+    } catch (const std::exception& e) {
+      return make_error(ErrorCode::internal, std::string("learner: the gradients' reduce-scatter on the device: ") + e.what());
+    }
   }
   TROUPE_ASSIGN_OR_RETURN(const double squares,
                           comm_.chain([&](double acc) { return dev_opt_->add_squares(model_, acc); }));
@@ -158,13 +164,15 @@ Status Trainer::sharded_device_step(StepMetrics& out, double& norm_sum, bool las
   norm_sum += norm;
   out.lr = learning_rate_at(cfg_.optimizer, opt_.steps());
   TROUPE_TRY(dev_opt_->step_with_norm(model_, opt_, cfg_.optimizer, out.lr, norm));
-  try {
-    c.all_gather(arena.params, bounds_);
-  } catch (const std::exception& e) {
-    return make_error(ErrorCode::internal, std::string("learner: the weights' all-gather on the device: ") + e.what());
+  if (!zero3_) {
+    try {
+      c.all_gather(arena.params, bounds_);
+    } catch (const std::exception& e) {
+      return make_error(ErrorCode::internal, std::string("learner: the weights' all-gather on the device: ") + e.what());
+    }
   }
   model_.device_params_written();
-  if (last && watch_) show_device_step();
+  if (last && watch_ && !zero3_) show_device_step();  // (ZeRO-3 shows it once gathered, zero3_end)
   dropout_micro_ = 0;
   ++out.optimizer_steps;
   return {};

@@ -1,4 +1,5 @@
-// learner.shard parameters (ZeRO-3): the groups of a rank's weights, gathered per layer from the
+// learner.shard parameters (ZeRO-3): the schedule, and its host memory and collectives (a device's:
+// device_shards.cpp). The groups of a rank's weights, gathered per layer from the
 // ranks that own them and dropped after use (the next group's gather started while this one computes);
 // the gradients reduce-scattered per layer; the pages a gathered group and a gradient being summed
 // occupy come from pools that are reused (page_pool.h). Invariant: every gather and reduce-scatter is the sharded
@@ -66,7 +67,7 @@ BlockingCall gather_label(int g, int layers) {
 }  // namespace
 
 ParamShards::ParamShards(std::span<float> params, std::span<float> grads, const std::vector<policy::TensorSpec>& table,
-                         std::vector<size_t> bounds, Communicator& comm, bool layered)
+                         std::vector<size_t> bounds, Communicator& comm, bool layered, bool pools)
     : params_(params), grads_(grads), bounds_(std::move(bounds)), comm_(comm), layered_(layered) {
   lo_ = bounds_[static_cast<size_t>(comm_.rank())];
   hi_ = bounds_[static_cast<size_t>(comm_.rank()) + 1];
@@ -99,7 +100,7 @@ ParamShards::ParamShards(std::span<float> params, std::span<float> grads, const 
     add(b, std::max(b, p.end), p.group);
     at = std::max(at, p.end);
   }
-  add(at, params_.size(), -2);
+  add(at, bounds_.back(), -2);
   groups_.assign(static_cast<size_t>(layers_) + 2, {});  // [0] embedding, [1..L] layers, [L+1] head
   for (const auto& p : merged) {
     ranges_.push_back({p.begin, p.end});
@@ -110,7 +111,7 @@ ParamShards::ParamShards(std::span<float> params, std::span<float> grads, const 
   }
   gathering_.resize(ranges_.size());
   scattering_.resize(ranges_.size());
-  if (!layered_) return;
+  if (!layered_ || !pools) return;
   params_pool_ = PooledRanges::create(params_, lo_, hi_, ranges_.size(), pool_bytes(false));
   grads_pool_ = PooledRanges::create(grads_, lo_, hi_, ranges_.size(), pool_bytes(true));
 }
@@ -158,37 +159,72 @@ size_t ParamShards::outer_bytes(std::span<float> buf, size_t begin, size_t end) 
   return bytes;
 }
 
-void ParamShards::bring_in(size_t k) {
+Status ParamShards::bring_in(size_t k) {
   if (params_pool_) (void)params_pool_->map(k, ranges_[k].begin, ranges_[k].end);
+  return {};
 }
 
-void ParamShards::drop_params(size_t k) {
+Status ParamShards::drop_params(size_t k) {
   if (params_pool_) params_pool_->unmap(k);
   drop(params_, ranges_[k].begin, ranges_[k].end);  // (what the pool put back holds no pages: only the edges change)
+  return {};
 }
 
-void ParamShards::grads_in(int g) {
-  if (!accumulating_) return;
+Status ParamShards::grads_range_in(size_t k) {
+  if (!grads_pool_) return {};
+  for (const auto& [at, n] : grads_pool_->map(k, ranges_[k].begin, ranges_[k].end))
+    if (n > 0) std::memset(at, 0, n);  // (pool pages hold what they last held)
+  return {};
+}
+
+Status ParamShards::grads_in(int g) {
+  if (!accumulating_) return {};
   for (int i : group(g)) {
     const auto k = static_cast<size_t>(i);
     if (grads_live_[k]) continue;
     grads_live_[k] = 1;
-    if (!grads_pool_) continue;
-    for (const auto& [at, n] : grads_pool_->map(k, ranges_[k].begin, ranges_[k].end))
-      if (n > 0) std::memset(at, 0, n);  // (pool pages hold what they last held)
+    TROUPE_TRY(grads_range_in(k));
   }
+  return {};
 }
 
-void ParamShards::drop_grads(size_t k) {
+Status ParamShards::drop_grads(size_t k) {
   if (grads_pool_) grads_pool_->unmap(k);
   drop(grads_, ranges_[k].begin, ranges_[k].end);
+  return {};
 }
 
-Status ParamShards::gather(size_t k) {
-  bring_in(k);
+std::vector<size_t> ParamShards::range_bounds(size_t k) const {
+  return clamp_bounds(bounds_, ranges_[k].begin, ranges_[k].end);
+}
+
+Status ParamShards::gather_range(size_t k) {
   const Range& r = ranges_[k];
-  const auto b = clamp_bounds(bounds_, r.begin, r.end);
-  return comm_.all_gather(params_.subspan(r.begin, r.end - r.begin), b);
+  return comm_.all_gather(params_.subspan(r.begin, r.end - r.begin), range_bounds(k));
+}
+
+Result<std::unique_ptr<PendingCollective>> ParamShards::start_gather_range(size_t k) {
+  const Range& r = ranges_[k];
+  return comm_.start_all_gather(params_.subspan(r.begin, r.end - r.begin), range_bounds(k));
+}
+
+Status ParamShards::reduce_range(size_t k) {
+  const Range& r = ranges_[k];
+  return comm_.reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin), range_bounds(k));
+}
+
+Result<std::unique_ptr<PendingCollective>> ParamShards::start_reduce_range(size_t k) {
+  const Range& r = ranges_[k];
+  return comm_.start_reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin), range_bounds(k));
+}
+
+Status ParamShards::gather_whole() { return comm_.all_gather(params_, bounds_); }
+
+Status ParamShards::gather_whole_to(int root) { return comm_.gather(params_, bounds_, root); }
+
+Status ParamShards::gather(size_t k) {
+  TROUPE_TRY(bring_in(k));
+  return gather_range(k);
 }
 
 void ParamShards::drop(std::span<float> buf, size_t begin, size_t end) const {
@@ -209,9 +245,8 @@ Status ParamShards::start_gathers(int g) {
     const auto k = static_cast<size_t>(i);
     Range& r = ranges_[k];
     if (r.held > 0 || gathering_[k]) continue;
-    bring_in(k);
-    TROUPE_ASSIGN_OR_RETURN(gathering_[k], comm_.start_all_gather(params_.subspan(r.begin, r.end - r.begin),
-                                                                   clamp_bounds(bounds_, r.begin, r.end)));
+    TROUPE_TRY(bring_in(k));
+    TROUPE_ASSIGN_OR_RETURN(gathering_[k], start_gather_range(k));
   }
   return {};
 }
@@ -219,8 +254,7 @@ Status ParamShards::start_gathers(int g) {
 Status ParamShards::finish_scatter(size_t i) {
   TROUPE_TRY(scattering_[i]->wait());
   scattering_[i].reset();
-  drop_grads(i);
-  return {};
+  return drop_grads(i);
 }
 
 Status ParamShards::progress() {
@@ -269,7 +303,7 @@ Status ParamShards::need(int g) {
   }
   // The gradients this group's backward writes next: the head's from its forward on (its backward
   // follows), a layer's from its backward's need.
-  if (g == layers_ || (backward_ && g >= 0)) grads_in(g);
+  if (g == layers_ || (backward_ && g >= 0)) TROUPE_TRY(grads_in(g));
   if (prefetch_) TROUPE_TRY(start_gathers(next_group(g)));
   if (g == layers_) backward_ = true;
   return progress();
@@ -279,7 +313,7 @@ Status ParamShards::done(int g, bool backward) {
   if (!active_) return {};
   for (int i : group(g)) {
     Range& r = ranges_[static_cast<size_t>(i)];
-    if (r.held > 0 && --r.held == 0) drop_params(static_cast<size_t>(i));
+    if (r.held > 0 && --r.held == 0) TROUPE_TRY(drop_params(static_cast<size_t>(i)));
   }
   if (!backward || !last_ || g < 0 || g >= layers_) return progress();
   // At most one layer's reduce-scatter in flight (layer g+1's, which overlapped this layer's
@@ -295,14 +329,12 @@ Status ParamShards::done(int g, bool backward) {
     Range& r = ranges_[k];
     if (r.reduced) continue;
     r.reduced = true;
-    auto part = grads_.subspan(r.begin, r.end - r.begin);
-    const auto b = clamp_bounds(bounds_, r.begin, r.end);
     if (!prefetch_) {
-      TROUPE_TRY(comm_.reduce_scatter_sum(part, b));
-      drop_grads(k);
+      TROUPE_TRY(reduce_range(k));
+      TROUPE_TRY(drop_grads(k));
       continue;
     }
-    TROUPE_ASSIGN_OR_RETURN(scattering_[k], comm_.start_reduce_scatter_sum(part, b));
+    TROUPE_ASSIGN_OR_RETURN(scattering_[k], start_reduce_range(k));
   }
   return progress();
 }
@@ -327,14 +359,14 @@ Status ParamShards::gather_all() {
   TROUPE_TRY(settle());
   const BlockingCall label("learner.shard parameters: the all-gather of the whole weights");
   for (auto& r : ranges_) r.held = 0;
-  return comm_.all_gather(params_, bounds_);
+  return gather_whole();
 }
 
 Status ParamShards::gather_to(int root) {
   TROUPE_TRY(settle());
   const BlockingCall label("learner.shard parameters: the gather of the whole weights to rank", root);
   for (auto& r : ranges_) r.held = 0;
-  TROUPE_TRY(comm_.gather(params_, bounds_, root));
+  TROUPE_TRY(gather_whole_to(root));
   if (comm_.rank() != root) return release_all();
   return {};
 }
@@ -351,7 +383,7 @@ Status ParamShards::release_all() {
   TROUPE_TRY(settle());
   for (size_t k = 0; k < ranges_.size(); ++k) {
     ranges_[k].held = 0;
-    drop_params(k);
+    TROUPE_TRY(drop_params(k));
   }
   return {};
 }
@@ -360,10 +392,14 @@ Status ParamShards::zero_grads() {
   TROUPE_TRY(settle());
   for (auto& r : ranges_) r.reduced = false;
   if (!layered_) return {};
+  grads_live_.assign(ranges_.size(), 0);
+  accumulating_ = true;
+  return zero_grad_memory();
+}
+
+Status ParamShards::zero_grad_memory() {
   for (size_t k = 0; k < ranges_.size(); ++k)
     if (grads_pool_) grads_pool_->unmap(k);  // (none left by a step that ran to its end)
-  grads_live_.assign(ranges_.size(), 0);
-  accumulating_ = true;  // (the trainer zeroes the model's gradients: on a device they live there)
   // This rank's shard is zeroed where it is (its pages stay: the step's sum lands there); the rest
   // goes back to the OS, its pages reading zero when touched (the edges zeroed here).
   auto zero_outside = [](float* p, size_t n) {
@@ -384,10 +420,9 @@ Status ParamShards::reduce_rest() {
   for (size_t k = 0; k < ranges_.size(); ++k) {
     Range& r = ranges_[k];
     if (r.reduced) continue;
-    TROUPE_TRY(comm_.reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin),
-                                        clamp_bounds(bounds_, r.begin, r.end)));
+    TROUPE_TRY(reduce_range(k));
     r.reduced = true;
-    drop_grads(k);
+    TROUPE_TRY(drop_grads(k));
   }
   return {};
 }

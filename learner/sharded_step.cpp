@@ -72,6 +72,58 @@ class TransformedGroups final : public policy::ParamHook {
   std::vector<Kept> kept_;
 };
 
+// The same on a device model's sparse arena (DeviceParamShards): each gathered range comes down,
+// is transformed on the host and goes up again; this rank's own part of it is kept in host memory
+// meanwhile and put back when the group is done (the head at the end).
+class DeviceTransformedGroups final : public policy::ParamHook {
+ public:
+  DeviceTransformedGroups(ParamShards& inner, PolicyModel& model, const std::function<void(std::span<float>)>& transform)
+      : inner_(inner), model_(model), transform_(transform) {}
+  Status need(int g) override {
+    TROUPE_TRY(inner_.need(g));
+    if (!transform_) return {};
+    const kernels::Backend& be = model_.backend();
+    float* p = model_.device_train_arena().params;
+    const auto [lo, hi] = inner_.shard();
+    for (const auto& [b, e] : inner_.group_ranges(g)) {
+      std::vector<float> v(e - b);
+      be.copy_device_to_host(v.data(), p + b, sizeof(float) * v.size());
+      const size_t ob = std::clamp(lo, b, e), oe = std::clamp(hi, b, e);
+      kept_.push_back({g, ob, std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(ob - b),
+                                                 v.begin() + static_cast<std::ptrdiff_t>(oe - b))});
+      transform_(v);
+      be.copy_host_to_device(p + b, v.data(), sizeof(float) * v.size());
+    }
+    return {};
+  }
+  Status done(int g, bool backward) override {
+    put_back(g);
+    return inner_.done(g, backward);
+  }
+  void put_back(int g) {  // g = kPutBackAll: every group still transformed
+    for (size_t i = kept_.size(); i-- > 0;) {
+      const Kept& k = kept_[i];
+      if (g != kPutBackAll && k.group != g) continue;
+      if (!k.values.empty())
+        model_.backend().copy_host_to_device(model_.device_train_arena().params + k.begin, k.values.data(),
+                                             sizeof(float) * k.values.size());
+      kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  static constexpr int kPutBackAll = -1000;
+
+ private:
+  struct Kept {
+    int group;
+    size_t begin;
+    std::vector<float> values;
+  };
+  ParamShards& inner_;
+  PolicyModel& model_;
+  const std::function<void(std::span<float>)>& transform_;
+  std::vector<Kept> kept_;
+};
+
 }  // namespace
 
 Status Trainer::forward_from_shards(const std::function<Status()>& fn,
@@ -79,11 +131,19 @@ Status Trainer::forward_from_shards(const std::function<Status()>& fn,
   if (!forwards_from_shards())
     return make_error(ErrorCode::internal, "learner: a forward from the shards needs learner.shard parameters with "
                                            "each rank keeping its shard and the per-layer gathers");
-  TransformedGroups hook(*zero3_, model_.params(), model_.grads(), transform);
-  model_.set_param_hook(&hook);
   zero3_->set_active(true);
-  Status st = fn();
-  hook.put_back(TransformedGroups::kPutBackAll);
+  Status st;
+  if (zero3_on_device_) {
+    DeviceTransformedGroups hook(*zero3_, model_, transform);
+    model_.set_param_hook(&hook);
+    st = fn();
+    hook.put_back(DeviceTransformedGroups::kPutBackAll);
+  } else {
+    TransformedGroups hook(*zero3_, model_.params(), model_.grads(), transform);
+    model_.set_param_hook(&hook);
+    st = fn();
+    hook.put_back(TransformedGroups::kPutBackAll);
+  }
   zero3_->set_active(false);
   model_.set_param_hook(zero3_.get());
   Status released = zero3_->release_all();  // (the head, and the gather prefetched for a backward)
@@ -120,12 +180,20 @@ Status Trainer::sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool 
   return {};
 }
 
-// The gathers write params() behind the model's back: the mutable params() tells a device model
-// that its host mirror changed (the next op uploads it).
+// The gathers write the weights behind the model's back: host shards write params() (the
+// mutable params() tells a model with a mirror that it changed), device shards write the device
+// arena (its mirror is stale: the next host read brings down what is mapped).
+void Trainer::params_gathered() {
+  if (zero3_on_device_)
+    model_.device_params_written();
+  else
+    (void)model_.params();
+}
+
 Status Trainer::zero3_begin(bool whole) {
   zero3_->set_active(false);
   if (whole || !zero3_->layered()) TROUPE_TRY(zero3_->gather_all());
-  (void)model_.params();
+  params_gathered();
   return {};
 }
 
@@ -133,7 +201,7 @@ Status Trainer::zero3_micro_batches(const std::vector<std::vector<const Sample*>
                                     bool score, MismatchSums& mismatch, LossMetrics& sums) {
   if (!zero3_->layered()) {  // the whole (small) buffer for this mini-batch: one all-gather
     TROUPE_TRY(zero3_->gather_all());
-    (void)model_.params();
+    params_gathered();
     return plain_micro_batches(mbs, norm, score, mismatch, sums);
   }
   // Every rank runs as many passes as the rank with the most micro-batches (the gathers and
@@ -173,20 +241,26 @@ Status Trainer::zero3_end() {
       TROUPE_TRY(zero3_->gather_all());
       break;
   }
-  auto params = model_.params();
-  if (watch_ && (params_at_rest_ == ParamsAtRest::whole || comm_.rank() == 0)) show_observer(*watch_, params);
+  params_gathered();
+  if (!watch_ || (params_at_rest_ != ParamsAtRest::whole && comm_.rank() != 0)) return {};
+  if (zero3_on_device_)
+    show_device_step();  // (the mirror comes down in pieces: the arena is whole here)
+  else
+    show_observer(*watch_, model_.params());
   return {};
 }
 
 Status Trainer::gather_params() {
   if (!zero3_) return {};
-  return zero3_->gather_all();
+  TROUPE_TRY(zero3_->gather_all());
+  params_gathered();
+  return {};
 }
 
 Status Trainer::gather_params_to_rank0() {
   if (!zero3_ || params_at_rest_ != ParamsAtRest::shard) return {};
   TROUPE_TRY(zero3_->gather_to(0));
-  (void)model_.params();
+  params_gathered();
   return {};
 }
 

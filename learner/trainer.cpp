@@ -13,6 +13,7 @@
 
 #include "troupe/base/seed_streams.h"
 #include "troupe/learner/correction.h"
+#include "troupe/learner/device_shards.h"
 
 namespace troupe::learner {
 
@@ -251,20 +252,34 @@ Trainer::Trainer(PolicyModel& model, const LearnerConfig& cfg, Communicator& com
       opt_(sharded_ ? shard_end() - shard_begin() : model.params().size()),
       rng_(cfg.seed) {
   if (cfg_.loss.agg_norm_length <= 0) cfg_.loss.agg_norm_length = cfg_.max_completion_length;
-  // ZeRO-3 keeps host shards, reduced over comm on the host copy. A device model's trainable arena
-  // is one device buffer that stays whole, so there learner.shard parameters steps as gradients
-  // does, on the device (sharded_device_step: the moments divided, the device's collectives).
-  const bool host_zero3 = sharded_ && cfg_.shard == ShardStage::parameters && model_.backend().host_visible();
-  if (host_zero3) {
+  // ZeRO-3 keeps host shards, reduced over comm on the host copy (a host-visible model), or device
+  // shards of a sparse device arena, reduced by the device collective (device_zero3).
+  const bool zero3 = sharded_ && cfg_.shard == ShardStage::parameters;
+  // Per layer where the model has the hook and every forward of a step is a loss micro-batch's
+  // (not with distill.teacher, whose top-k pass runs forwards of its own, nor with LoRA dropout's
+  // separate scoring forward; a streamed step gathers the whole weights too, zero3_begin).
+  const bool layered = !cfg_.distill.enabled() && !model_.has_lora_dropout();
+  if (zero3 && model_.backend().host_visible()) {
     device_ = nullptr;
-    // Per layer where the model has the hook and every forward of a step is a loss micro-batch's
-    // (not with distill.teacher, whose top-k pass runs forwards of its own, nor with LoRA dropout's
-    // separate scoring forward; a streamed step gathers the whole weights too, zero3_begin).
-    const bool layered = !cfg_.distill.enabled() && !model_.has_lora_dropout();
     zero3_ = std::make_unique<ParamShards>(model_.params(), model_.grads(), model_.tensors(), bounds_, comm_, layered);
     if (layered && !model_.set_param_hook(zero3_.get()))
       zero3_ = std::make_unique<ParamShards>(model_.params(), model_.grads(), model_.tensors(), bounds_, comm_, false);
+  } else if (zero3 && layered && !cfg_.optimizer_offload) {
+    device_zero3();
   }
+}
+
+// learner.shard parameters on a device model: the arena made sparse and the layers gathered into it
+// on the device (DeviceParamShards). Where the model refuses (LoRA adapters, a quantized base, a
+// backend without sparse buffers) its arena stays whole, and the step divides the moments only
+// (sharded_device_step, as learner.shard gradients).
+void Trainer::device_zero3() {
+  if (!device_) staged_ = staged_device_collective(model_.backend(), comm_);
+  auto made = DeviceParamShards::create(model_, bounds_, comm_, device_ ? *device_ : *staged_);
+  if (!made.ok()) return;
+  zero3_ = std::move(*made);
+  zero3_on_device_ = true;
+  if (!model_.set_param_hook(zero3_.get())) zero3_.reset(), zero3_on_device_ = false;  // (not expected: the arena is sparse)
 }
 
 Trainer::~Trainer() {
@@ -706,6 +721,7 @@ Status Trainer::accumulate(const std::vector<Sample>& part) {
       TROUPE_TRY(zero3_begin(true));
       model_.zero_grads();
       TROUPE_TRY(zero3_->zero_grads());
+      TROUPE_TRY(zero3_->grads_whole());  // (a device maps them: the backward writes every one)
     } else {
       model_.zero_grads();
     }

@@ -1020,7 +1020,8 @@ std::span<const float> Model::grads() const {
   TrainArena a = train_arena(m);
   if (!m.mirrored) return {a.grads.floats(), a.n};
   if (a.grads_device_newer) {  // what backward accumulated since the last download
-    m.be->copy_device_to_host(a.host_grads.data(), a.grads.floats(), sizeof(float) * a.n);
+    for (const auto& [b, e] : m.mapped(a.grads))
+      m.be->copy_device_to_host(a.host_grads.data() + b, a.grads.floats() + b, sizeof(float) * (e - b));
     a.grads_device_newer = false;
   }
   return a.host_grads;
@@ -1042,7 +1043,8 @@ Status Model::set_params(std::span<const float> flat) {
                          std::to_string(a.n) + (m.lora ? " (LoRA adapters)" : ""));
   ++m.params_writes;
   a.host_params.settle();  // no copy into the mirror is still reading the arena written below
-  m.be->copy_host_to_device(a.params.floats(), flat.data(), flat.size_bytes());
+  for (const auto& [b, e] : m.mapped(a.params))
+    m.be->copy_host_to_device(a.params.floats() + b, flat.data() + b, sizeof(float) * (e - b));
   m.weights_written(a.params);
   if (m.mirrored) {
     if (flat.data() != a.host_params.data()) std::copy(flat.begin(), flat.end(), a.host_params.begin());
@@ -1064,7 +1066,7 @@ void Model::refresh_host_mirror(size_t piece_floats) {
   Impl& m = *impl_;
   TrainArena a = train_arena(m);
   if (!m.mirrored || !a.params_device_newer) return;
-  a.host_params.refresh_async(a.params.floats(), std::max<size_t>(piece_floats, 1));
+  a.host_params.refresh_async(a.params.floats(), std::max<size_t>(piece_floats, 1), m.mapped(a.params));
   a.params_device_newer = false;
 }
 const float* Model::host_params_until(size_t end) {
@@ -1093,9 +1095,48 @@ Status Model::all_reduce_grads(kernels::DeviceCollective& c) {
 }
 void Model::scale_grads(double s) {
   Impl& m = *impl_;
-  m.be->scale(m.lora ? m.LG() : m.G(), train_arena(m).n, s);  // G()/LG(): the host's writes go up first
+  float* g = m.lora ? m.LG() : m.G();  // G()/LG(): the host's writes go up first
+  for (const auto& [b, e] : m.mapped(train_arena(m).grads)) m.be->scale(g + b, e - b, s);
 }
 void Model::set_param_hook(ParamHook* hook) { impl_->hook = hook; }
+Status Model::make_train_arena_sparse() {
+  Impl& m = *impl_;
+  if (m.sparse_train) return {};
+  if (!m.mirrored || m.lora || m.quant_base() || m.be->sparse_granularity() == 0)
+    return invalid_input(std::string("sparse weights: a device backend with sparse buffers and full-parameter "
+                                     "training of an fp32 base (backend ") +
+                         std::string(m.be->name()) + (m.lora ? ", LoRA on" : "") + (m.quant_base() ? ", quantized base" : "") +
+                         ")");
+  const size_t bytes = sizeof(float) * m.n_params;
+  TROUPE_ASSIGN_OR_RETURN(auto params, m.be->alloc_sparse(bytes, "the weights (sparse, " + std::to_string(m.n_params) + " floats)"));
+  TROUPE_ASSIGN_OR_RETURN(auto grads, m.be->alloc_sparse(bytes, "the gradients (sparse, " + std::to_string(m.n_params) + " floats)"));
+  TROUPE_TRY(m.be->map_sparse(params, 0, bytes));
+  TROUPE_TRY(m.be->map_sparse(grads, 0, bytes));
+  m.host_params.settle();  // (no copy still reads the old arena)
+  m.be->copy_device_to_device(params.data(), m.P(), bytes);  // P()/G(): what the host wrote goes up first
+  m.be->copy_device_to_device(grads.data(), m.G(), bytes);
+  m.params = std::move(params);  // (the old buffers freed: the backend forgets their converted copies)
+  m.grads = std::move(grads);
+  m.sparse_train = true;
+  return {};
+}
+bool Model::train_arena_sparse() const { return impl_->sparse_train; }
+Status Model::map_train_arena(bool grads, size_t begin, size_t end, bool map) {
+  Impl& m = *impl_;
+  if (!m.sparse_train) return make_error(ErrorCode::internal, "map_train_arena: the arena is not sparse");
+  const kernels::Buffer& b = grads ? m.grads : m.params;
+  const size_t g = m.be->sparse_granularity(), bytes = b.bytes();
+  const size_t lo = std::min(bytes, sizeof(float) * begin), hi = std::min(bytes, sizeof(float) * end);
+  if (lo % g != 0 || (hi % g != 0 && hi != bytes))
+    return make_error(ErrorCode::internal, "map_train_arena: [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                               ") is not whole granules of " + std::to_string(g) + " bytes");
+  if (hi <= lo) return {};
+  if (!map) {  // what the host wrote goes up first (its mapped parts): nothing may be pending once unmapped
+    (void)(grads ? m.G() : m.P());
+    return m.be->unmap_sparse(b, lo, hi - lo);
+  }
+  return m.be->map_sparse(b, lo, hi - lo);
+}
 Status Model::set_expert_exchange(kernels::MoeExchange* exchange) {
   Impl& m = *impl_;
   if (exchange) {
@@ -1164,7 +1205,7 @@ Result<Model> Model::slice_experts(int shard, int shards) const {
 void Model::zero_grads() {
   Impl& m = *impl_;
   TrainArena a = train_arena(m);
-  m.be->zero(a.grads.floats(), a.n);
+  for (const auto& [b, e] : m.mapped(a.grads)) m.be->zero(a.grads.floats() + b, e - b);
   if (m.mirrored) {
     std::fill(a.host_grads.begin(), a.host_grads.end(), 0.0f);
     a.grads_host_newer = a.grads_device_newer = false;

@@ -152,14 +152,15 @@ struct HostMirror {
     pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(k));
     return buf.floats();
   }
-  // Queues the copies of src (size() floats of device memory) in pieces of `piece` floats.
-  void refresh_async(const float* src, size_t piece) {
+  // Queues the copies of src (size() floats of device memory) in pieces of `piece` floats, within
+  // `ranges` (ascending [begin, end) in floats: the mapped parts of a sparse arena) or all of it.
+  void refresh_async(const float* src, size_t piece, const std::vector<std::pair<size_t, size_t>>& ranges) {
     pending.clear();  // earlier copies land before these (one in-order queue)
-    const size_t n = size();
-    for (size_t b = 0; b < n; b += piece) {
-      const size_t e = std::min(n, b + piece);
-      pending.emplace_back(b, be->copy_to_host_async(buf.floats() + b, src + b, sizeof(float) * (e - b)));
-    }
+    for (const auto& [rb, re] : ranges)
+      for (size_t b = rb; b < re; b += piece) {
+        const size_t e = std::min(re, b + piece);
+        pending.emplace_back(b, be->copy_to_host_async(buf.floats() + b, src + b, sizeof(float) * (e - b)));
+      }
   }
   // Ops issued next (an optimizer step) may write the arena the copies read.
   void order_writes() const {
@@ -281,19 +282,34 @@ struct Model::Impl {
   // (Model::device_params_written): brought down once, on the first host read that needs it, or
   // earlier on the copy queue (Model::refresh_host_mirror), the read then waiting for it.
   void pull(const kernels::Buffer& src, HostMirror& dst, bool* flag) {
-    if (*flag) dst.refresh_async(src.floats(), HostMirror::kPiece);
+    if (*flag) dst.refresh_async(src.floats(), HostMirror::kPiece, mapped(src));
     *flag = false;
     dst.settle();
   }
   template <class Host>  // HostMirror (the weights) or std::vector<float> (the gradients)
   void upload(const kernels::Buffer& dst, const Host& src, bool* flag) const {
-    be->copy_host_to_device(dst.data(), src.data(), sizeof(float) * src.size());
+    for (const auto& [b, e] : mapped(dst))
+      be->copy_host_to_device(dst.floats() + b, src.data() + b, sizeof(float) * (e - b));
     *flag = false;
     if (&dst == &params || &dst == &lparams) weights_written(dst);
   }
   // Every device-side write of a weight arena (params, lparams) tells the backend, which may keep
-  // converted copies of the weights for its GEMMs (Backend::weights_written).
-  void weights_written(const kernels::Buffer& w) const { be->weights_written(w.floats(), w.bytes() / sizeof(float)); }
+  // converted copies of the weights for its GEMMs (Backend::weights_written). Not a sparse arena:
+  // a copy of it all would read what is not mapped (its GEMMs read the fp32 weights).
+  void weights_written(const kernels::Buffer& w) const {
+    if (sparse_train && (&w == &params || &w == &lparams)) return;
+    be->weights_written(w.floats(), w.bytes() / sizeof(float));
+  }
+  // learner.shard parameters on a device (Model::make_train_arena_sparse): the trainable weights
+  // and gradients are sparse buffers whose layers are mapped only while used. Every transfer
+  // between them and their host mirrors, and every op over a whole arena, covers the parts mapped
+  // now (mapped(): [begin, end) in floats, ascending; the whole buffer when not sparse).
+  bool sparse_train = false;
+  std::vector<std::pair<size_t, size_t>> mapped(const kernels::Buffer& b) const {
+    std::vector<std::pair<size_t, size_t>> out;
+    for (const auto& [lo, hi] : be->mapped_ranges(b)) out.emplace_back(lo / sizeof(float), hi / sizeof(float));
+    return out;
+  }
   // The base weights' gradient at float offset off: null once the base is frozen (LoRA), so the ops
   // compute input gradients only.
   float* gw(size_t off) const { return lora ? nullptr : G() + off; }

@@ -7,14 +7,17 @@
 // testable on a machine without a GPU; its numbers are the CPU backend's, bit for bit. Its copy
 // queue (copy_to_host_async) models a GPU's copy stream: the copy is taken at the call and lands at
 // wait_copy, the pages it lands in fenced (PROT_NONE) until then, and an op that writes the source of a
-// copy nobody ordered after aborts, so the ordering a GPU needs is checked on the CPU.
+// copy nobody ordered after aborts, so the ordering a GPU needs is checked on the CPU. Its sparse
+// buffers (alloc_sparse) map and unmap host pages one by one: an op on an unmapped page faults.
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -89,6 +92,65 @@ class FencedBackend final : public Backend {
     std::lock_guard lock(copies_mu_);
     for (Pending& p : pending_)
       if (p.id <= t.id) p.ordered = true;
+  }
+
+  // Sparse buffers: one page per granule (so the small models of the tests have whole granules to
+  // give back); a mapped page is filled with NaN, an unmapped one is PROT_NONE and its memory gone.
+  size_t sparse_granularity() const override { return granule(); }
+  Status map_sparse(const Buffer& buf, size_t offset, size_t bytes) const override {
+    std::unique_lock lock(mu_);
+    Sparse& sp = sparse_of(buf, offset, bytes, __func__);
+    for (size_t g = offset / granule(); g < (offset + bytes + granule() - 1) / granule(); ++g) {
+      if (sp.mapped[g]) continue;
+      char* page = sp.host + g * granule();
+      if (::mprotect(page, granule(), PROT_READ | PROT_WRITE) != 0)
+        return make_error(ErrorCode::internal, "cpu_fenced backend: map_sparse: mprotect refused a page");
+      std::fill_n(reinterpret_cast<float*>(page), granule() / sizeof(float), std::numeric_limits<float>::quiet_NaN());
+      sp.mapped[g] = 1;
+      mapped_bytes_ += granule();
+    }
+    mapped_peak_ = std::max(mapped_peak_, mapped_bytes_);
+    return {};
+  }
+  Status unmap_sparse(const Buffer& buf, size_t offset, size_t bytes) const override {
+    std::unique_lock lock(mu_);
+    Sparse& sp = sparse_of(buf, offset, bytes, __func__);
+    for (size_t g = offset / granule(); g < (offset + bytes + granule() - 1) / granule(); ++g) {
+      if (!sp.mapped[g]) continue;
+      char* page = sp.host + g * granule();
+      ::madvise(page, granule(), MADV_DONTNEED);
+      ::mprotect(page, granule(), PROT_NONE);
+      sp.mapped[g] = 0;
+      mapped_bytes_ -= granule();
+    }
+    return {};
+  }
+  std::vector<std::pair<size_t, size_t>> mapped_ranges(const Buffer& buf) const override {
+    std::shared_lock lock(mu_);
+    const auto sp = sparse_.find(reinterpret_cast<uintptr_t>(buf.data()));
+    if (sp == sparse_.end()) return Backend::mapped_ranges(buf);
+    std::vector<std::pair<size_t, size_t>> out;
+    for (size_t g = 0; g < sp->second.mapped.size(); ++g) {
+      if (!sp->second.mapped[g]) continue;
+      const size_t b = g * granule(), e = std::min(buf.bytes(), b + granule());
+      if (!out.empty() && out.back().second == b)
+        out.back().second = e;
+      else
+        out.emplace_back(b, e);
+    }
+    return out;
+  }
+  size_t sparse_mapped_bytes() const override {
+    std::shared_lock lock(mu_);
+    return mapped_bytes_;
+  }
+  size_t sparse_mapped_peak() const override {
+    std::shared_lock lock(mu_);
+    return mapped_peak_;
+  }
+  void reset_sparse_peak() const override {
+    std::unique_lock lock(mu_);
+    mapped_peak_ = mapped_bytes_;
   }
 
   void zero(float* x, size_t n) const override {
@@ -369,8 +431,32 @@ class FencedBackend final : public Backend {
     std::unique_lock lock(mu_);
     auto it = blocks_.find(reinterpret_cast<uintptr_t>(data));
     if (it == blocks_.end()) fail("free", data, "is not a live buffer of this backend");
-    std::free(it->second.host);
+    if (const auto sp = sparse_.find(it->first); sp != sparse_.end()) {  // (its mapped pages go with it)
+      for (char m : sp->second.mapped) mapped_bytes_ -= m ? granule() : 0;
+      ::munmap(sp->second.host, sp->second.span);
+      sparse_.erase(sp);
+    } else {
+      std::free(it->second.host);
+    }
     blocks_.erase(it);
+  }
+  // A sparse buffer: a device address as alloc_bytes gives, over a host range reserved PROT_NONE
+  // (MAP_NORESERVE: no memory until a page is mapped).
+  void* reserve_sparse_bytes(size_t bytes) const override {
+    const size_t span = (bytes + granule() - 1) / granule() * granule();
+    void* region = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (region == MAP_FAILED) return nullptr;
+    std::unique_lock lock(mu_);
+    const size_t gap = (span + 255) / 256 * 256 + 256;
+    if (!base_ || static_cast<size_t>(next_ - base_) + gap > size_) {
+      ::munmap(region, span);
+      return nullptr;
+    }
+    char* at = next_;
+    next_ += gap;
+    blocks_.emplace(reinterpret_cast<uintptr_t>(at), Block{static_cast<char*>(region), bytes});
+    sparse_.emplace(reinterpret_cast<uintptr_t>(at), Sparse{static_cast<char*>(region), span, std::vector<char>(span / granule(), 0)});
+    return at;
   }
   // Page-aligned (mprotect fences whole pages), zero-filled.
   void* alloc_host_bytes(size_t bytes) const override {
@@ -398,6 +484,24 @@ class FencedBackend final : public Backend {
   };
 
   static const Backend& cpu() { return cpu_backend(); }
+  static size_t granule() { return static_cast<size_t>(::sysconf(_SC_PAGESIZE)); }
+
+  // A sparse buffer's host range (span bytes, whole pages) and which of its pages are mapped.
+  struct Sparse {
+    char* host;
+    size_t span;
+    std::vector<char> mapped;
+  };
+  // The sparse buffer `buf` (mu_ held), after checking [offset, offset + bytes) is whole granules
+  // inside it; aborts naming the op otherwise (a caller's bug, as every other fenced check).
+  Sparse& sparse_of(const Buffer& buf, size_t offset, size_t bytes, const char* op) const {
+    const auto sp = sparse_.find(reinterpret_cast<uintptr_t>(buf.data()));
+    if (sp == sparse_.end()) fail(op, buf.data(), "is not a sparse buffer of this backend (alloc_sparse)");
+    const size_t end = offset + bytes;
+    if (offset % granule() != 0 || (end % granule() != 0 && end != buf.bytes()) || end > buf.bytes())
+      fail(op, buf.data(), "was given a range that is not whole granules inside the buffer");
+    return sp->second;
+  }
 
   // A copy to the host queued and not yet landed (copy_to_host_async): its bytes as they were at
   // the call, its destination, and whether ops were ordered after it (order_after_copy).
@@ -491,6 +595,8 @@ class FencedBackend final : public Backend {
   mutable char* next_ = nullptr;
   mutable std::shared_mutex mu_;
   mutable std::map<uintptr_t, Block> blocks_;
+  mutable std::map<uintptr_t, Sparse> sparse_;  // the sparse ones among blocks_ (same keys)
+  mutable size_t mapped_bytes_ = 0, mapped_peak_ = 0;
   mutable std::mutex copies_mu_;                 // the copy queue and the HostBuffers below
   mutable std::map<uintptr_t, size_t> host_blocks_;  // HostBuffers: address -> mapped bytes
   mutable std::vector<Pending> pending_;         // in ticket order

@@ -31,6 +31,8 @@
 #include "launchers.h"
 #include "nccl_comm.h"
 #include "nccl_moe_exchange.h"
+#include "sparse_driver.h"
+#include "sparse_memory.h"
 #include "troupe/kernels/backend.h"
 #include "troupe/kernels/device.h"
 #include "troupe/kernels/ops.h"
@@ -121,6 +123,44 @@ class CudaBackend final : public Backend {
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) f.device_free = free_b, f.device_total = total_b;
     (void)cudaGetLastError();
     return cuda::pool_report(f);
+  }
+
+  // Sparse buffers: the driver's virtual memory management (sparse_memory.h). Unmapping waits for
+  // the queues first (a kernel or copy still reading a granule must finish before it goes).
+  size_t sparse_granularity() const override {
+    const Guard guard(*this);
+    return sparse().granularity();
+  }
+  Status map_sparse(const Buffer& buf, size_t offset, size_t bytes) const override {
+    const Guard guard(*this);
+    Status st = sparse().map(buf.data(), offset, bytes);
+    if (st.ok()) return st;
+    TROUPE_CUDA_REPORT(cudaStreamSynchronize(q_.stream));  // out of memory: the pool's cached blocks go back, once more
+    TROUPE_CUDA_REPORT(cudaMemPoolTrimTo(pool_, 0));
+    return sparse().map(buf.data(), offset, bytes);
+  }
+  Status unmap_sparse(const Buffer& buf, size_t offset, size_t bytes) const override {
+    const Guard guard(*this);
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(q_.stream));
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    return sparse().unmap(buf.data(), offset, bytes);
+  }
+  std::vector<std::pair<size_t, size_t>> mapped_ranges(const Buffer& buf) const override {
+    const Guard guard(*this);
+    if (!sparse().owns(buf.data())) return Backend::mapped_ranges(buf);
+    return sparse().mapped_ranges(buf.data());
+  }
+  size_t sparse_mapped_bytes() const override {
+    const Guard guard(*this);
+    return sparse().mapped_bytes();
+  }
+  size_t sparse_mapped_peak() const override {
+    const Guard guard(*this);
+    return sparse().peak_bytes();
+  }
+  void reset_sparse_peak() const override {
+    const Guard guard(*this);
+    sparse().reset_peak();
   }
 
   void copy_host_to_device(void* dst, const void* src, size_t bytes) const override {
@@ -592,9 +632,19 @@ class CudaBackend final : public Backend {
   void free_bytes(void* data, size_t) const override {
     const Guard guard(*this);
     weights_.forget(data);  // a weight arena's bf16 copy goes with it
+    if (sparse().owns(data)) {  // (its granules go back to the pool once the queues are done with them)
+      TROUPE_CUDA_REPORT(cudaStreamSynchronize(q_.stream));
+      TROUPE_CUDA_REPORT(cudaStreamSynchronize(copy_stream_));
+      sparse().free(data);
+      return;
+    }
     // Stream-ordered: the memory returns to the pool once the queue's work before this point is
     // done. An error here (a failed kernel earlier) is reported, not thrown.
     TROUPE_CUDA_REPORT(cudaFreeAsync(data, q_.stream));
+  }
+  void* reserve_sparse_bytes(size_t bytes) const override {
+    const Guard guard(*this);
+    return sparse().reserve(bytes);
   }
   // Page-locked (the copy engine reads and writes it without a staging copy), zero-filled.
   void* alloc_host_bytes(size_t bytes) const override {
@@ -713,6 +763,12 @@ class CudaBackend final : public Backend {
   mutable std::mutex copy_mu_;
   mutable std::map<uint64_t, cudaEvent_t> copies_;
   mutable uint64_t next_copy_ = 0;
+  // Sparse buffers, made on first use (the driver's entry points resolved then).
+  cuda::SparseMemory& sparse() const {
+    if (!sparse_) sparse_ = std::make_unique<cuda::SparseMemory>(cuda::sparse_driver(device_));
+    return *sparse_;
+  }
+  mutable std::unique_ptr<cuda::SparseMemory> sparse_;
 };
 
 }  // namespace

@@ -1206,8 +1206,10 @@ EOS
   shard_fenced_run)  # learner.shard over 2 learners on policy.device cpu_fenced (mpirun): the sharded step on
     # the device (each learner's shard of the moments in device memory the host cannot touch, the gradients
     # reduce-scattered and the weights all-gathered by the host-staged device collective, the norm chained
-    # through the learners); optimizer and parameters equal the data-parallel run on cpu bit for bit, and a
-    # fenced gradients run checkpointed at step 2 resumes as parameters into the same metrics
+    # through the learners; parameters maps each layer into a sparse device arena); optimizer and parameters
+    # equal the data-parallel run on cpu bit for bit (parameters also with a bf16 weight sync, its probe run
+    # from the shards), and a fenced gradients run checkpointed at step 2 resumes as parameters into the same
+    # metrics
     S="--set optimizer.schedule=constant --set sft.max_steps=12 --set eval.every=0 --set eval.num_prompts=10 \
        --set checkpointing.every=2 --set rollout.prompts_per_step=8 --set cluster.transport=ipc \
        --set cluster.learners=2 --set envs[0].config={\"digits\":1,\"terms\":1} $Q"
@@ -1219,6 +1221,13 @@ EOS
         --set learner.shard=$stage $S $F
       $CHECK same "$W/dp" "$W/$stage"
     done
+    # bf16 weight sync: the probe's forward runs from the device shards, each gathered layer rounded
+    # on the way (Trainer::forward_from_shards on the sparse arena); the generators check it
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/dp16" --set grpo.max_steps=2 \
+      --set weight_sync.dtype=bf16 $S
+    $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/p16" --set grpo.max_steps=2 \
+      --set weight_sync.dtype=bf16 --set learner.shard=parameters $S $F
+    $CHECK same "$W/dp16" "$W/p16"
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --set run.dir="$W/resumed" --set grpo.max_steps=2 \
       --set learner.shard=gradients $S $F
     $MPI "$TROUPE" run "$SRC/configs/quickstart.yaml" --resume "$W/resumed" --set grpo.max_steps=4 \

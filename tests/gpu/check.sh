@@ -29,7 +29,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 max_bundle=$((64 * 1024 * 1024))
 gpu_tests="gpu_ops_vs_cpu_test gpu_moe_round_trip_test gpu_train_step_test gpu_reload_double_buffer_test
 gpu_checked_calls_test gpu_flash_attention_test gpu_nccl_all_reduce_test gpu_optimizer_graphs_test
-gpu_moe_ep_test"
+gpu_moe_ep_test gpu_sparse_buffer_test"
 sanitized="gpu_checked_calls_test gpu_reload_double_buffer_test gpu_flash_attention_test gpu_moe_round_trip_test"
 
 # ---- prepare --------------------------------------------------------------------------------------

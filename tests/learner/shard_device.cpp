@@ -1,15 +1,19 @@
 // learner.shard_device_2ranks / _4ranks (mpirun): every ZeRO stage (learner.shard optimizer,
-// gradients, parameters: on a device the arena stays whole and it steps as gradients) on a model
-// whose trainable arena lives in device memory (policy.device: cpu_fenced, the path a GPU takes)
-// steps on the device: the gradients reduce-scattered by the device collective (NCCL on cuda; here
-// the host-staged one over MPI, and a counting wrapper of it passed as the learners' device
-// collective), the norm chained through the ranks from each shard's squares, AdamW on the rank's
-// shard with its shard of the moments, the weights all-gathered on the device. Each run equals
-// plain data parallelism on cpu bit for bit (weights, loss, grad_norm): dense and LoRA, GRPO with
-// clipping (also in streamed parts) and SFT, resumed from the gathered moments into another stage,
-// and with learner.optimizer_offload (the host step). The step observer sees the new weights; the
-// collective calls are counted; a failing device collective is an error naming it. Exits non-zero
-// on any rank's mismatch (rank 0 prints each case).
+// gradients, parameters) on a model whose trainable arena lives in device memory (policy.device:
+// cpu_fenced, the path a GPU takes) steps on the device: the gradients reduce-scattered by the
+// device collective (NCCL on cuda; here the host-staged one over MPI, and a counting wrapper of it
+// passed as the learners' device collective), the norm chained through the ranks from each
+// shard's squares, AdamW on the rank's shard with its shard of the moments, the weights
+// all-gathered on the device. With parameters the arena is sparse (device_shards.h): each layer's
+// weights are mapped and all-gathered before its forward and backward and unmapped after, its
+// gradient reduce-scattered after its backward (with LoRA the adapters' arena stays whole). Each
+// run equals plain data parallelism on cpu bit for bit (weights, loss, grad_norm): dense and LoRA,
+// GRPO with clipping (also in streamed parts) and SFT, resumed from the gathered moments into
+// another stage, and with learner.optimizer_offload (the host step). The step observer sees the
+// new weights; the collective calls are counted; a failing device collective is an error naming
+// it. A wider model shows what ZeRO-3 maps: the most mapped at once during a step and what stays
+// mapped between steps are a fraction of the whole arena, and an op never touches an unmapped page
+// (cpu_fenced faults). Exits non-zero on any rank's mismatch (rank 0 prints each case).
 #include <mpi.h>
 
 #include <cstdio>
@@ -40,7 +44,19 @@ struct Case {
   float max_grad_norm;
   int lora = 0;
   bool stream = false;  // the batch in parts (Trainer::accumulate / finish_accumulated, rollout.async_chunks)
+  bool wide = false;    // wide_model(): layers of many pages
 };
+
+// Six layers of about 40 pages each (hidden 64): whole granules of cpu_fenced's sparse arena to map.
+policy::ModelConfig wide_model() {
+  policy::ModelConfig mc = test::tiny_model(6);
+  mc.hidden_size = 64;
+  mc.num_attention_heads = 4;
+  mc.num_key_value_heads = 2;
+  mc.head_dim = 16;
+  mc.intermediate_size = 128;
+  return mc;
+}
 
 Result<StepMetrics> one_step(const Case& c, Trainer& tr, const std::vector<Sample>& batch) {
   if (!c.stream) return tr.train_step(batch);
@@ -67,7 +83,7 @@ LearnerConfig config(const Case& c, ShardStage stage) {
 }
 
 Result<policy::Model> make_model(const Case& c, DeviceKind device) {
-  policy::ModelConfig mc = test::tiny_model(2);
+  policy::ModelConfig mc = c.wide ? wide_model() : test::tiny_model(2);
   mc.device = device;
   mc.lora.rank = c.lora;
   if (c.lora > 0) mc.lora.alpha = 8;
@@ -211,8 +227,17 @@ int compare(const Case& c, Communicator& world) {
       ok = false;
     }
     // Per optimizer step one reduce-scatter of the gradients, the weights' all-gather, and ZeRO-1's
-    // gradient all-gather; never an all-reduce.
-    if (ok && v.counted) {
+    // gradient all-gather; never an all-reduce. ZeRO-3's sparse arena (no LoRA): a reduce-scatter
+    // per range of each layer, the embedding and the head (at least 4 ranges), and the gathers.
+    const bool per_layer = v.stage == P && c.lora == 0 && !v.offload;
+    if (ok && v.counted && per_layer) {
+      const int steps = got->optimizer_steps;
+      if (got->reduce_scatters < 4 * steps || got->all_gathers < steps || got->all_reduces != 0) {
+        std::fprintf(stderr, "rank %d %s: ZeRO-3 per layer: %d optimizer steps ran %d reduce-scatters, %d all-gathers, %d all-reduces\n",
+                     world.rank(), c.name, steps, got->reduce_scatters, got->all_gathers, got->all_reduces);
+        ok = false;
+      }
+    } else if (ok && v.counted) {
       const int steps = got->optimizer_steps, gathers = steps * (v.stage == O ? 2 : 1);
       if (got->reduce_scatters != steps || got->all_gathers != gathers || got->all_reduces != 0) {
         std::fprintf(stderr, "rank %d %s: %d optimizer steps ran %d reduce-scatters, %d all-gathers, %d all-reduces\n",
@@ -232,20 +257,66 @@ int compare(const Case& c, Communicator& world) {
   return bad;
 }
 
-// A device collective that throws fails the step with an error naming it, on every rank.
+// A device collective that throws fails the step with an error naming it, on every rank: the
+// whole gradient's reduce-scatter (gradients) and a layer's (parameters, the sparse arena).
 int check_failure(Communicator& world) {
   const Case c{"failing collective", Phase::grpo, 1.0f};
+  int bad = 0;
+  for (const auto& [stage, says] : {std::pair{ShardStage::gradients, "reduce-scatter on the device"},
+                                    std::pair{ShardStage::parameters, "on the device: the reduce-scatter of a layer's gradient"}}) {
+    auto model = make_model(c, DeviceKind::cpu_fenced);
+    if (!model.ok()) return 1;
+    ModelAdapter adapter(*model);
+    Counted failing(model->backend(), world, 0);
+    Trainer tr(adapter, config(c, stage), world, &failing);
+    auto r = tr.train_step(test::make_batch(40, 16, 32));
+    const bool ok = !r.ok() && r.error().message.find(says) != std::string::npos &&
+                    r.error().message.find("the test's collective failed here") != std::string::npos;
+    if (!ok) std::fprintf(stderr, "rank %d: %s\n", world.rank(), r.ok() ? "the step succeeded" : r.error().message.c_str());
+    const int all = all_ranks(ok);
+    if (world.rank() == 0)
+      std::printf("a failing device collective is named (shard %s): %s\n", enum_string(stage).c_str(), all ? "ok" : "MISSING");
+    bad |= !all;
+  }
+  return bad;
+}
+
+// ZeRO-3 on the wide model keeping its shard between steps (as when each learner syncs its own
+// shard): during a step at most the shard, the edges, one layer's weights and gradient and the
+// embedding's and head's gradients are mapped; between steps the shard and the edges. Rank 0 prints the fractions of the whole (weights + gradients).
+int check_mapped(Communicator& world) {
+  // (SFT: a GRPO step that recomputes old logprobs gathers the whole weights for that forward first)
+  const Case c{"sft, wide", Phase::sft, 0.05f, 0, false, true};
   auto model = make_model(c, DeviceKind::cpu_fenced);
   if (!model.ok()) return 1;
+  const kernels::Backend& be = model->backend();
+  const double whole = 2.0 * sizeof(float) * static_cast<double>(model->params().size());
   ModelAdapter adapter(*model);
-  Counted failing(model->backend(), world, 0);
-  Trainer tr(adapter, config(c, ShardStage::gradients), world, &failing);
-  auto r = tr.train_step(test::make_batch(40, 16, 32));
-  const bool ok = !r.ok() && r.error().message.find("reduce-scatter on the device") != std::string::npos &&
-                  r.error().message.find("the test's collective failed here") != std::string::npos;
-  if (!ok) std::fprintf(stderr, "rank %d: %s\n", world.rank(), r.ok() ? "the step succeeded" : r.error().message.c_str());
+  // One micro-batch per mini-batch (several accumulate every layer's gradient whole until the last)
+  LearnerConfig lc = config(c, ShardStage::parameters);
+  lc.batch.micro_batch_size = 8;
+  Trainer tr(adapter, lc, world);
+  tr.set_params_between_steps(ParamsAtRest::shard);
+  const size_t before = be.sparse_mapped_bytes();
+  be.reset_sparse_peak();
+  double peak = 0, rest = 0;
+  bool ok = true;
+  for (int s = 0; s < 2 && ok; ++s) {
+    auto r = tr.train_step(test::make_batch(40 + static_cast<uint64_t>(s), 16, 32));
+    if (!r.ok()) std::fprintf(stderr, "rank %d: %s\n", world.rank(), r.error().message.c_str());
+    ok = r.ok();
+    if (s == 0) be.reset_sparse_peak();  // (the first step starts from the whole arena)
+    peak = static_cast<double>(be.sparse_mapped_peak()) / whole;
+    rest = static_cast<double>(be.sparse_mapped_bytes()) / whole;
+  }
+  // 1/W of the whole is the shard; a layer is about 1/6 of the weights (1/12 of weights + gradients).
+  const double shard = 1.0 / world.size();
+  ok = ok && before > 0 && rest < shard + 0.05 && peak < shard + 0.2;
   const int all = all_ranks(ok);
-  if (world.rank() == 0) std::printf("a failing device collective is named: %s\n", all ? "ok" : "MISSING");
+  if (world.rank() == 0)
+    std::printf("%s, %d ranks: ZeRO-3 on the device maps at most %.3f of the whole arena in a step and keeps %.3f "
+                "between steps (shard %.3f): %s\n",
+                c.name, world.size(), peak, rest, shard, all ? "ok" : "TOO MUCH");
   return !all;
 }
 
@@ -258,9 +329,11 @@ int main(int argc, char** argv) {
     auto world = test::mpi_world_or_abort();
     for (const Case& c : {Case{"grpo, clipped", Phase::grpo, 0.05f}, Case{"sft", Phase::sft, 1.0f},
                           Case{"grpo, lora", Phase::grpo, 0.05f, 4},
-                          Case{"grpo, streamed parts", Phase::grpo, 0.05f, 0, true}})
+                          Case{"grpo, streamed parts", Phase::grpo, 0.05f, 0, true},
+                          Case{"grpo, wide", Phase::grpo, 0.05f, 0, false, true}})
       bad |= compare(c, *world);
     bad |= check_failure(*world);
+    bad |= check_mapped(*world);
   }
   MPI_Finalize();
   return bad;

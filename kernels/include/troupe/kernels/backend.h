@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "troupe/base/enum_names.h"
@@ -133,6 +134,28 @@ class Backend {
   // What the backend's memory holds, for out-of-memory errors (cuda: its pool and the device's
   // free bytes); empty where there is nothing to say (the CPU).
   virtual std::string memory_report() const { return {}; }
+  // Sparse buffers (learner.shard parameters on a device: each layer's weights and gradients are
+  // present only while they are used). alloc_sparse reserves the addresses of `bytes` with no memory
+  // behind them; map_sparse backs [offset, offset + bytes) of such a buffer with memory (whole
+  // granules of sparse_granularity() bytes: offset a multiple of it, the end one too or the
+  // buffer's end) whose values are unspecified, and unmap_sparse gives such a range back (mapping a
+  // mapped granule or unmapping an unmapped one does nothing). Ops and copies may touch mapped bytes
+  // only: cpu_fenced faults on an unmapped byte and fills newly mapped memory with NaN, so a read
+  // before the write shows; cuda maps physical granules into a reserved range (the driver's
+  // virtual memory management). sparse_granularity() 0: no sparse buffers on this backend (the
+  // default; cpu, whose host ZeRO-3 gives pages back itself).
+  virtual size_t sparse_granularity() const { return 0; }
+  Result<Buffer> alloc_sparse(size_t bytes, std::string_view what = {}) const;
+  virtual Status map_sparse(const Buffer& buf, size_t offset, size_t bytes) const;
+  virtual Status unmap_sparse(const Buffer& buf, size_t offset, size_t bytes) const;
+  // The byte ranges of `buf` that are mapped, ascending, adjacent ones merged: the whole buffer
+  // unless it is sparse.
+  virtual std::vector<std::pair<size_t, size_t>> mapped_ranges(const Buffer& buf) const;
+  // The bytes mapped in this backend's sparse buffers now, and the most at once since the last
+  // reset_sparse_peak() (tests and metrics).
+  virtual size_t sparse_mapped_bytes() const { return 0; }
+  virtual size_t sparse_mapped_peak() const { return 0; }
+  virtual void reset_sparse_peak() const {}
   virtual void copy_host_to_device(void* dst, const void* host_src, size_t bytes) const = 0;
   virtual void copy_device_to_host(void* host_dst, const void* src, size_t bytes) const = 0;
   virtual void copy_device_to_device(void* dst, const void* src, size_t bytes) const = 0;
@@ -381,6 +404,12 @@ class Backend {
   // default: calloc / free).
   virtual void* alloc_host_bytes(size_t bytes) const;
   virtual void free_host_bytes(void* data, size_t bytes) const;
+  // Addresses behind alloc_sparse(), nothing mapped; nullptr when refused (this default: always).
+  // free_bytes takes them back with whatever is mapped.
+  virtual void* reserve_sparse_bytes(size_t bytes) const {
+    (void)bytes;
+    return nullptr;
+  }
 
  private:
   template <MemorySide>

@@ -17,13 +17,14 @@
 
 namespace troupe::learner {
 
-class ParamShards final : public policy::ParamHook {
+class ParamShards : public policy::ParamHook {
  public:
   // layered: groups from the tensor table's Hugging Face names (model.embed_tokens, model.layers.N.,
   // the rest the head; the embedding joins the head when there is no lm_head.weight); otherwise
   // one group of everything, gathered by begin/end of a step only.
   ParamShards(std::span<float> params, std::span<float> grads, const std::vector<policy::TensorSpec>& table,
-              std::vector<size_t> bounds, Communicator& comm, bool layered);
+              std::vector<size_t> bounds, Communicator& comm, bool layered)
+      : ParamShards(params, grads, table, std::move(bounds), comm, layered, layered) {}
   ~ParamShards() override;  // (the pools put ordinary pages back where theirs are still mapped)
 
   bool layered() const { return layered_; }
@@ -62,18 +63,40 @@ class ParamShards final : public policy::ParamHook {
   Status zero_grads();
   // Reduce-scatters every gradient range not yet reduced in this step, drops the non-owned part.
   Status reduce_rest();
+  // Every gradient range resident and zero (a step whose backward runs without the hook, on the
+  // whole weights: a streamed step); host pages fault in on their own, so only a device needs it.
+  virtual Status grads_whole() { return {}; }
 
- private:
+ protected:
   struct Range {
     size_t begin, end;
     int held = 0;
     bool reduced = false;
   };
-  Status gather(size_t k);                          // blocking, into pool pages where they fit
-  void bring_in(size_t k);                          // pool pages over range k's non-owned whole pages
-  void drop_params(size_t k);                       // range k's non-owned weights: pool pages back, dropped
-  void grads_in(int g);                             // group g's gradients about to be written: pool pages, zeroed
-  void drop_grads(size_t k);                        // range k's non-owned gradient: pool pages back, dropped
+  // The schedule above runs on the memory and the collectives below. This class's are the host's
+  // (spans over comm, page pools); DeviceParamShards (device_shards.h) puts them on a device
+  // model's sparse arena and its device collective. `pools`: make the host's page pools.
+  ParamShards(std::span<float> params, std::span<float> grads, const std::vector<policy::TensorSpec>& table,
+              std::vector<size_t> bounds, Communicator& comm, bool layered, bool pools);
+  virtual Status bring_in(size_t k);                // range k's non-owned weights about to be gathered
+  virtual Status drop_params(size_t k);             // ... dropped (its edges NaN)
+  virtual Status grads_range_in(size_t k);          // range k's gradient about to be written: resident, zero
+  virtual Status drop_grads(size_t k);              // range k's non-owned gradient dropped (its edges NaN)
+  virtual Status zero_grad_memory();                // every gradient 0, the non-owned part not resident
+  virtual Status gather_range(size_t k);            // blocking all-gather of range k's weights
+  virtual Result<std::unique_ptr<PendingCollective>> start_gather_range(size_t k);
+  virtual Status reduce_range(size_t k);            // blocking reduce-scatter of range k's gradient
+  virtual Result<std::unique_ptr<PendingCollective>> start_reduce_range(size_t k);
+  virtual Status gather_whole();                    // every rank's shard whole on every rank
+  virtual Status gather_whole_to(int root);         // ... on `root`
+  std::vector<size_t> range_bounds(size_t k) const;  // bounds_ clamped to range k, from 0
+  const std::vector<Range>& ranges() const { return ranges_; }
+  const std::vector<size_t>& bounds() const { return bounds_; }
+  Communicator& comm() { return comm_; }
+
+ private:
+  Status gather(size_t k);                          // bring_in, then gather_range
+  Status grads_in(int g);                           // group g's gradients about to be written
   size_t pool_bytes(bool grads) const;              // the most non-owned whole-page bytes whole at once
   size_t outer_bytes(std::span<float> buf, size_t begin, size_t end) const;  // its whole pages outside the shard
   Status start_gathers(int g);                      // the prefetch of group g (its ranges not held)
@@ -86,7 +109,11 @@ class ParamShards final : public policy::ParamHook {
   std::span<float> params_, grads_;
   std::vector<size_t> bounds_;
   Communicator& comm_;
+
+ protected:
   size_t lo_ = 0, hi_ = 0;  // this rank's shard
+
+ private:
   bool layered_ = false, active_ = false, last_ = false, prefetch_ = true, backward_ = false;
   int layers_ = 0;
   std::vector<Range> ranges_;             // disjoint, covering the buffer

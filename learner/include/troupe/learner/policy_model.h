@@ -78,6 +78,15 @@ class PolicyModel {
   // whole buffer once per step).
   virtual bool set_param_hook(policy::ParamHook* /*hook*/) { return false; }
   virtual policy::ParamHook* param_hook() const { return nullptr; }
+  // learner.shard parameters on a device (device_shards.h): the trainable arena made sparse, and
+  // [begin, end) of its weights or gradients mapped or unmapped (policy::Model::
+  // make_train_arena_sparse, map_train_arena). The defaults refuse: the arena is host memory.
+  virtual Status make_train_arena_sparse() {
+    return invalid_input("sparse weights: this model keeps its weights in host memory");
+  }
+  virtual Status map_train_arena(bool /*grads*/, size_t /*begin*/, size_t /*end*/, bool /*map*/) {
+    return make_error(ErrorCode::internal, "map_train_arena: this model has no sparse arena");
+  }
   // Expert parallelism (policy::Model::set_expert_exchange, expert_parallel_idle_pass): the
   // exchange the training passes that follow split the MoE experts over (null: none), and a pass
   // that only serves the peers' rows. Models without MoE layers refuse an exchange.
@@ -125,15 +134,20 @@ class ModelAdapter final : public PolicyModel {
   }
   bool has_lora_dropout() const override { return model_.lora_enabled() && model_.config().lora.dropout > 0; }
   void set_lora_dropout(bool on, uint64_t seed) override { model_.set_lora_dropout(on, seed); }
-  // Full-parameter training on a host-visible backend only: a LoRA model's trainable arena is its
-  // adapters (gathered whole), and a device model's weights are uploaded from a host mirror.
+  // Full-parameter training only (a LoRA model's trainable arena is its adapters, gathered whole),
+  // with the weights where the hook gathers them: host-visible, or a sparse device arena.
   bool set_param_hook(policy::ParamHook* hook) override {
-    if (hook && (model_.lora_enabled() || !model_.backend().host_visible())) return false;
+    if (hook && (model_.lora_enabled() || (!model_.backend().host_visible() && !model_.train_arena_sparse())))
+      return false;
     model_.set_param_hook(hook);
     hook_ = hook;
     return true;
   }
   policy::ParamHook* param_hook() const override { return hook_; }
+  Status make_train_arena_sparse() override { return model_.make_train_arena_sparse(); }
+  Status map_train_arena(bool grads, size_t begin, size_t end, bool map) override {
+    return model_.map_train_arena(grads, begin, end, map);
+  }
   Status set_expert_exchange(kernels::MoeExchange* exchange) override { return model_.set_expert_exchange(exchange); }
   Status expert_parallel_idle_pass(bool with_backward) override {
     return model_.expert_parallel_idle_pass(with_backward);

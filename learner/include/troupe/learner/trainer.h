@@ -188,8 +188,8 @@ class Trainer {
   // shards as a step does and drop it after, so no rank holds the whole weights; `transform` (may be
   // null) is applied to each group's values once gathered, this rank's own part of them put back
   // bit for bit after (kept meanwhile in its gradient shard, which the next step zeroes before use
-  // anyway). The weight sync's probe with the generators' rounding. An error where the trainer
-  // keeps more than its shard or has no layered hook.
+  // anyway; on a device model's sparse arena, in host memory). The weight sync's probe with the
+  // generators' rounding. An error where the trainer keeps more than its shard or has no layered hook.
   Status forward_from_shards(const std::function<Status()>& fn, const std::function<void(std::span<float>)>& transform);
   // Whether forward_from_shards can run (ZeRO-3 keeping its shard, with the per-group hook).
   bool forwards_from_shards() const { return keeps_shard_only() && zero3_->layered(); }
@@ -285,6 +285,8 @@ class Trainer {
   Status device_optimizer_missing() const;  // the error of a device optimizer that could not be made
   Status device_optimizer_step(StepMetrics& out, double& norm_sum, bool last);
   Status sharded_device_step(StepMetrics& out, double& norm_sum, bool last);  // learner.shard on a device model
+  void device_zero3();     // learner.shard parameters on a device model (device_shards.h), where it can
+  void params_gathered();  // ZeRO-3's gathers wrote the weights: the model's mirror (or arena) follows
   void show_device_step();  // learner 0's step observer after a device step (the mirror comes down)
   // Metric all-reduce and the per-batch statistics of a finished call.
   Status finish_metrics(StepMetrics& out, const LossMetrics& sums, const MismatchSums& mismatch, double norm_sum,
@@ -298,6 +300,7 @@ class Trainer {
   bool sharded_ = false;
   std::vector<size_t> bounds_;  // shard_bounds(params, ranks): the shards (and the ordered all-reduce's)
   std::unique_ptr<ParamShards> zero3_;  // learner.shard parameters with more than one rank
+  bool zero3_on_device_ = false;         // ... a DeviceParamShards (a device model's sparse arena)
   std::unique_ptr<ExpertParallel> ep_;  // policy.moe.expert_parallel > 1 (joined by the first step)
   ParamsAtRest params_at_rest_ = ParamsAtRest::whole;
   mutable AdamW opt_;  // (mutable: the const optimizer() refreshes the device optimizer's mirror)

@@ -219,7 +219,8 @@ class Model {
   Status set_params(std::span<const float> flat);          // size must equal params().size()
   void zero_grads();
   // The weights' residency hook of training forwards and backwards (ParamHook above; null: none).
-  // The hook must outlive its use; CPU (host-visible, unmirrored) models only.
+  // The hook must outlive its use; it finds the weights in params() (a host-visible model) or in the
+  // device arena (device_train_arena(), a sparse one: make_train_arena_sparse).
   void set_param_hook(ParamHook* hook);
   // Expert parallelism (policy.moe.expert_parallel; learner/expert_parallel.h). With an exchange,
   // the training forwards and backwards that follow run each MoE layer's routed experts split over
@@ -324,6 +325,20 @@ class Model {
   // grads() *= s on the device (Backend::scale: each float(double(g) * s)), what the host wrote
   // through grads() included; nothing comes down.
   void scale_grads(double s);
+  // learner.shard parameters on a device (learner/param_shards.h): the trainable weights and
+  // gradients become sparse buffers (Backend::alloc_sparse), at first mapped whole with the same
+  // values; map_train_arena then maps ([begin, end) in floats, whole granules of
+  // Backend::sparse_granularity(), the end may be the arena's) or unmaps the weights' or the
+  // gradients' floats. Transfers with the host mirrors (params(), grads(), set_params,
+  // refresh_host_mirror) and the ops over the whole arena (zero_grads, scale_grads) then cover the
+  // mapped parts only: the caller maps what it reads whole (a gather) and never expects an unmapped
+  // part to travel; a forward or backward reads only what is mapped (the hook maps a layer before
+  // need() returns). Refused for a host-visible backend, one without sparse buffers, LoRA or a
+  // quantized base. After it, weights_written() is no longer called for the arena (the bf16 GEMMs
+  // convert their operand each time).
+  Status make_train_arena_sparse();
+  bool train_arena_sparse() const;
+  Status map_train_arena(bool grads, size_t begin, size_t end, bool map);
   // Sums the gradients over the ranks of `c` on the device (NCCL on cuda), what the host wrote
   // through grads() included; the next grads() brings the sum down.
   Status all_reduce_grads(kernels::DeviceCollective& c);
