@@ -26,23 +26,35 @@ void show_observer(StepObserver& watch, std::span<const float> params) {
 }
 
 // forward_from_shards' hook: each group gathered as in a step, then transformed; this rank's own part
-// of it (its master values) kept in the same place of the gradient shard meanwhile and put back when
-// the group is done, or at the end for the head, which a forward holds to its end.
+// of it (its master values) kept in host memory meanwhile and put back when the group is done, or at
+// the end for the head, which a forward holds to its end. The weights are the host params() (host
+// shards) or a device model's sparse arena (DeviceParamShards: each range comes down, is
+// transformed on the host and goes up again).
 class TransformedGroups final : public policy::ParamHook {
  public:
-  TransformedGroups(ParamShards& inner, std::span<float> params, std::span<float> grads,
+  TransformedGroups(ParamShards& inner, PolicyModel& model, bool on_device,
                     const std::function<void(std::span<float>)>& transform)
-      : inner_(inner), params_(params), grads_(grads), transform_(transform) {}
+      : inner_(inner), model_(model), on_device_(on_device), transform_(transform) {}
   Status need(int g) override {
     TROUPE_TRY(inner_.need(g));
     if (!transform_) return {};
     const auto [lo, hi] = inner_.shard();
     for (const auto& [b, e] : inner_.group_ranges(g)) {
+      std::vector<float> scratch;
+      std::span<float> w;
+      if (on_device_) {
+        scratch.resize(e - b);
+        model_.backend().copy_device_to_host(scratch.data(), model_.device_train_arena().params + b,
+                                             sizeof(float) * scratch.size());
+        w = scratch;
+      } else {
+        w = model_.params().subspan(b, e - b);
+      }
       const size_t ob = std::clamp(lo, b, e), oe = std::clamp(hi, b, e);
-      std::copy(params_.begin() + static_cast<std::ptrdiff_t>(ob), params_.begin() + static_cast<std::ptrdiff_t>(oe),
-                grads_.begin() + static_cast<std::ptrdiff_t>(ob));
-      transform_(params_.subspan(b, e - b));
-      kept_.push_back({g, ob, oe});
+      kept_.push_back({g, ob, std::vector<float>(w.begin() + static_cast<std::ptrdiff_t>(ob - b),
+                                                 w.begin() + static_cast<std::ptrdiff_t>(oe - b))});
+      transform_(w);
+      if (on_device_) write(b, w);
     }
     return {};
   }
@@ -52,61 +64,8 @@ class TransformedGroups final : public policy::ParamHook {
   }
   void put_back(int g) {  // g = kPutBackAll: every group still transformed
     for (size_t i = kept_.size(); i-- > 0;) {
-      const Kept k = kept_[i];
-      if (g != kPutBackAll && k.group != g) continue;
-      std::copy(grads_.begin() + static_cast<std::ptrdiff_t>(k.begin), grads_.begin() + static_cast<std::ptrdiff_t>(k.end),
-                params_.begin() + static_cast<std::ptrdiff_t>(k.begin));
-      kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-  }
-  static constexpr int kPutBackAll = -1000;
-
- private:
-  struct Kept {
-    int group;
-    size_t begin, end;
-  };
-  ParamShards& inner_;
-  std::span<float> params_, grads_;
-  const std::function<void(std::span<float>)>& transform_;
-  std::vector<Kept> kept_;
-};
-
-// The same on a device model's sparse arena (DeviceParamShards): each gathered range comes down,
-// is transformed on the host and goes up again; this rank's own part of it is kept in host memory
-// meanwhile and put back when the group is done (the head at the end).
-class DeviceTransformedGroups final : public policy::ParamHook {
- public:
-  DeviceTransformedGroups(ParamShards& inner, PolicyModel& model, const std::function<void(std::span<float>)>& transform)
-      : inner_(inner), model_(model), transform_(transform) {}
-  Status need(int g) override {
-    TROUPE_TRY(inner_.need(g));
-    if (!transform_) return {};
-    const kernels::Backend& be = model_.backend();
-    float* p = model_.device_train_arena().params;
-    const auto [lo, hi] = inner_.shard();
-    for (const auto& [b, e] : inner_.group_ranges(g)) {
-      std::vector<float> v(e - b);
-      be.copy_device_to_host(v.data(), p + b, sizeof(float) * v.size());
-      const size_t ob = std::clamp(lo, b, e), oe = std::clamp(hi, b, e);
-      kept_.push_back({g, ob, std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(ob - b),
-                                                 v.begin() + static_cast<std::ptrdiff_t>(oe - b))});
-      transform_(v);
-      be.copy_host_to_device(p + b, v.data(), sizeof(float) * v.size());
-    }
-    return {};
-  }
-  Status done(int g, bool backward) override {
-    put_back(g);
-    return inner_.done(g, backward);
-  }
-  void put_back(int g) {  // g = kPutBackAll: every group still transformed
-    for (size_t i = kept_.size(); i-- > 0;) {
-      const Kept& k = kept_[i];
-      if (g != kPutBackAll && k.group != g) continue;
-      if (!k.values.empty())
-        model_.backend().copy_host_to_device(model_.device_train_arena().params + k.begin, k.values.data(),
-                                             sizeof(float) * k.values.size());
+      if (g != kPutBackAll && kept_[i].group != g) continue;
+      write(kept_[i].begin, kept_[i].values);
       kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
     }
   }
@@ -118,8 +77,16 @@ class DeviceTransformedGroups final : public policy::ParamHook {
     size_t begin;
     std::vector<float> values;
   };
+  void write(size_t at, std::span<const float> v) {
+    if (v.empty()) return;
+    if (on_device_)
+      model_.backend().copy_host_to_device(model_.device_train_arena().params + at, v.data(), v.size_bytes());
+    else
+      std::copy(v.begin(), v.end(), model_.params().begin() + static_cast<std::ptrdiff_t>(at));
+  }
   ParamShards& inner_;
   PolicyModel& model_;
+  bool on_device_;
   const std::function<void(std::span<float>)>& transform_;
   std::vector<Kept> kept_;
 };
@@ -131,19 +98,11 @@ Status Trainer::forward_from_shards(const std::function<Status()>& fn,
   if (!forwards_from_shards())
     return make_error(ErrorCode::internal, "learner: a forward from the shards needs learner.shard parameters with "
                                            "each rank keeping its shard and the per-layer gathers");
+  TransformedGroups hook(*zero3_, model_, zero3_on_device_, transform);
+  model_.set_param_hook(&hook);
   zero3_->set_active(true);
-  Status st;
-  if (zero3_on_device_) {
-    DeviceTransformedGroups hook(*zero3_, model_, transform);
-    model_.set_param_hook(&hook);
-    st = fn();
-    hook.put_back(DeviceTransformedGroups::kPutBackAll);
-  } else {
-    TransformedGroups hook(*zero3_, model_.params(), model_.grads(), transform);
-    model_.set_param_hook(&hook);
-    st = fn();
-    hook.put_back(TransformedGroups::kPutBackAll);
-  }
+  Status st = fn();
+  hook.put_back(TransformedGroups::kPutBackAll);
   zero3_->set_active(false);
   model_.set_param_hook(zero3_.get());
   Status released = zero3_->release_all();  // (the head, and the gather prefetched for a backward)

@@ -3,7 +3,9 @@
 // must be ended by the runtime's watchdog with a line naming the dead rank, its role and that
 // collective. With the argument `device`: a ZeRO-2 step on a device model (cpu_fenced) whose rank 1
 // dies in its device collective's reduce-scatter, the survivor waiting in the staged reduce-scatter
-// over MPI. Run by shard_dead_rank.sh under mpirun -np 2 (rank 0 exits 3).
+// over MPI. With `device_zero3`: the ZeRO-3 step on a device model's sparse arena (cpu_fenced),
+// rank 1 dying at decoder layer 1 as in the first case, the survivor waiting in that layer's
+// all-gather by the device collective. Run by shard_dead_rank.sh under mpirun -np 2 (rank 0 exits 3).
 #include <signal.h>
 
 #include <cstdio>
@@ -70,7 +72,8 @@ std::vector<learner::Sample> batch(uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool device = argc > 1 && std::string(argv[1]) == "device";
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const bool device = mode == "device", zero3_device = mode == "device_zero3";
   runtime::ClusterConfig cfg;
   cfg.roles = {"learner0", "learner1"};
   cfg.system.threads = 1;
@@ -86,7 +89,7 @@ int main(int argc, char** argv) {
   auto comm = learner::make_mpi_communicator();
   if (!comm.ok()) return 1;
   policy::ModelConfig mc = learner::test::tiny_model(3);
-  if (device) mc.device = kernels::DeviceKind::cpu_fenced;
+  if (device || zero3_device) mc.device = kernels::DeviceKind::cpu_fenced;
   auto model = policy::Model::create(mc, 3);
   if (!model.ok()) return 1;
   learner::ModelAdapter adapter(*model);
@@ -103,7 +106,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "PROBE rank %d: first step done\n", cl.rank());
   DieAtLayer killer(adapter.param_hook());
-  if (cl.rank() == 1 && !device) adapter.set_param_hook(&killer);
+  if (cl.rank() == 1 && !device) adapter.set_param_hook(&killer);  // (the device ZeRO-3's hook too)
   std::printf("PROBE rank %d: second step\n", cl.rank());
   std::fflush(stdout);
   auto r = trainer.train_step(batch(2));  // rank 1 dies in it; rank 0 waits in a collective

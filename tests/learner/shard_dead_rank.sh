@@ -2,7 +2,8 @@
 # learner.shard_dead_rank: runs learner_shard_dead_rank under mpirun -np 2 (--enable-recovery, so
 # the survivor is not killed by mpirun first) and checks that rank 0's watchdog names the dead rank,
 # its role and the ZeRO-3 collective it was waiting in; with MODE `device`, the staged reduce-scatter
-# of a ZeRO-2 step on a device model. Usage: shard_dead_rank.sh MPIEXEC BINARY [device]
+# of a ZeRO-2 step on a device model; with `device_zero3`, the all-gather of a ZeRO-3 layer on a
+# device model's sparse arena. Usage: shard_dead_rank.sh MPIEXEC BINARY [device|device_zero3]
 set -u
 MPIEXEC=$1 BIN=$2 MODE=${3:-}
 err=$(mktemp)

@@ -187,9 +187,9 @@ class Trainer {
   // same fn): runs fn, whose training forwards (no backward) gather each group of weights from the
   // shards as a step does and drop it after, so no rank holds the whole weights; `transform` (may be
   // null) is applied to each group's values once gathered, this rank's own part of them put back
-  // bit for bit after (kept meanwhile in its gradient shard, which the next step zeroes before use
-  // anyway; on a device model's sparse arena, in host memory). The weight sync's probe with the
-  // generators' rounding. An error where the trainer keeps more than its shard or has no layered hook.
+  // bit for bit after (kept meanwhile in host memory; on a device model's sparse arena each range is
+  // rounded on the host and goes up again). The weight sync's probe with the generators' rounding.
+  // An error where the trainer keeps more than its shard or has no layered hook.
   Status forward_from_shards(const std::function<Status()>& fn, const std::function<void(std::span<float>)>& transform);
   // Whether forward_from_shards can run (ZeRO-3 keeping its shard, with the per-group hook).
   bool forwards_from_shards() const { return keeps_shard_only() && zero3_->layered(); }
