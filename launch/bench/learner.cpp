@@ -1,7 +1,8 @@
 // `troupe bench learner`: grpo_loss_fused (loss + gradients in one pass vs the same loss composed
 // from separate ops) and allreduce_2ranks (the learner's flat-gradient reduction vs a raw
 // MPI_Allreduce of the same buffer; the suite starts `mpirun -np 2` on a helper binary itself), and the
-// sharded learners (zero1/zero2/zero3_step_2ranks, zero2/zero3_state_bytes_4ranks) against plain data parallelism,
+// sharded learners (zero1/zero2/zero3_step_2ranks, zero2/zero3_state_bytes_4ranks, zero3_device_arena_bytes_4ranks)
+// against plain data parallelism,
 // and expert parallelism (ep_moe_layer_2ranks) against the unsplit MoE layer, and the learners' state with
 // the experts divided (ep_state_bytes_2ranks) against data parallelism.
 #include <stdio.h>
@@ -248,20 +249,26 @@ int bench_expert_parallel_state(const BenchOptions& opt) {
 // a GRPO step of SmolLM2-135M's shape cut to 2 layers (its 49152 x 576 embedding and head kept), 4 x 64
 // tokens per rank (--quick: 1 layer, 4 x 32); SmolLM2's 30 layers and 4 x 256 tokens took minutes a
 // step on 2 shared cores. The figures on the row say which shape ran.
+// device: both models on cpu_fenced, the row ZeRO-3's sparse device arena against data parallelism's.
 int bench_shard(const BenchOptions& opt, const std::string& case_name, const std::string& stage, int ranks,
-                bool state_only) {
+                bool state_only, bool device = false) {
   const auto helper = helper_binary("troupe_learner_shard_bench", "learner", case_name);
   if (!helper) return 1;
-  const int layers = opt.quick ? 1 : 2;
+  // (the device row: 8 layers, so that the tied 49152 x 576 embedding, which a step holds whole, is
+  // half the model rather than four fifths)
+  const int layers = device ? (opt.quick ? 2 : 8) : (opt.quick ? 1 : 2);
   const std::string args = "--stage " + stage + " --layers " + std::to_string(layers) + " --seqs 4 --seq-len " +
                            (opt.quick ? "32" : "64") + " --reps " + (opt.quick ? "3" : "5") +
-                           (state_only ? " --state-only" : "");
+                           (state_only ? " --state-only" : "") + (device ? " --device cpu_fenced" : "");
   const std::string cmd = mpirun_command("", ranks, "", *helper, args);
   const auto out = run_child(cmd, "learner");
   if (!out) return 1;
-  nlohmann::json j;
-  for (const auto& line : out->objects)
+  nlohmann::json j, dev;
+  for (const auto& line : out->objects) {
     if (line.contains("ours_ms")) j = line;
+    if (line.contains("ours_device_peak_bytes")) dev = line;
+  }
+  if (device && dev.is_null()) j = nullptr;  // (the device figures are the row's)
   if (out->status != 0 || j.is_null()) {
     std::fprintf(stderr, "troupe bench learner: %s: `%s` failed (status %d):\n%s\n", case_name.c_str(), cmd.c_str(),
                  out->status, out->text.c_str());
@@ -275,8 +282,16 @@ int bench_shard(const BenchOptions& opt, const std::string& case_name, const std
                                 {"tokens_per_rank", j["tokens_per_rank"]},
                                 {"dp_state_bytes", j["dp_state_bytes"]},
                                 {"ours_state_bytes", j["ours_state_bytes"]}};
-  if (stage == "parameters" && !state_only) extra["no_prefetch_ms"] = j["no_prefetch_ms"];
-  if (state_only)
+  if (stage == "parameters" && !state_only && !device) extra["no_prefetch_ms"] = j["no_prefetch_ms"];
+  if (device) {
+    extra["device"] = "cpu_fenced";
+    extra["ours_step_ms"] = j["ours_ms"];
+    extra["dp_step_ms"] = j["dp_ms"];
+    extra["ours_device_rest_bytes"] = dev["ours_device_rest_bytes"];
+    emit(make_row("learner", case_name, {"device_arena_bytes", "bytes", Better::lower},
+                  {dev["ours_device_peak_bytes"].get<double>(), dev["dp_device_bytes"].get<double>()}, "data_parallel",
+                  extra));
+  } else if (state_only)
     emit(make_row("learner", case_name, {"state_bytes", "bytes", Better::lower},
                   {j["ours_state_bytes"].get<double>(), j["dp_state_bytes"].get<double>()}, "data_parallel", extra));
   else
@@ -296,6 +311,8 @@ int run_learner_suite(const BenchOptions& opt) {
   if (opt.wants("zero2_state_bytes_4ranks")) rc |= bench_shard(opt, "zero2_state_bytes_4ranks", "gradients", 4, true);
   if (opt.wants("zero3_step_2ranks")) rc |= bench_shard(opt, "zero3_step_2ranks", "parameters", 2, false);
   if (opt.wants("zero3_state_bytes_4ranks")) rc |= bench_shard(opt, "zero3_state_bytes_4ranks", "parameters", 4, true);
+  if (opt.wants("zero3_device_arena_bytes_4ranks"))
+    rc |= bench_shard(opt, "zero3_device_arena_bytes_4ranks", "parameters", 4, false, true);
   if (opt.wants("ep_moe_layer_2ranks")) rc |= bench_expert_parallel(opt);
   if (opt.wants("ep_state_bytes_2ranks")) rc |= bench_expert_parallel_state(opt);
   return rc;

@@ -4,7 +4,10 @@
 // parameters, also a third without the prefetch; ZeRO-3 keeps its shard between steps, as troupe
 // run's synchronous learners do); their GRPO steps are timed alternately between barriers (the
 // slowest rank's time). Rank 0 prints one JSON line {"stage","ranks","params","tokens_per_rank","dp_ms","ours_ms",
-// "no_prefetch_ms" (parameters only),"dp_state_bytes","ours_state_bytes"}.
+// "no_prefetch_ms" (parameters only),"dp_state_bytes","ours_state_bytes"}. With --device cpu_fenced both
+// models live in (fenced) device memory and there is no third Trainer; with parameters the line adds what
+// ZeRO-3's sparse device arena mapped (the largest rank): "ours_device_peak_bytes" at once during the
+// timed steps, "ours_device_rest_bytes" after them, against data parallelism's "dp_device_bytes".
 #include <mpi.h>
 
 #include <algorithm>
@@ -39,6 +42,7 @@ struct Options {
   learner::ShardStage stage = learner::ShardStage::gradients;
   int layers = 30, seqs = 4, seq_len = 256, reps = 5;
   bool state_only = false;
+  bool fenced = false;  // --device cpu_fenced
 };
 
 // A model, its adapter and one Trainer over them.
@@ -74,6 +78,10 @@ Options parse(int argc, char** argv) {
       ++i;
     } else if (a == "--state-only") {
       o.state_only = true;
+    } else if (a == "--device") {
+      if (std::string(v) != "cpu_fenced") fail(std::string("--device ") + v + ": only cpu_fenced");
+      o.fenced = true;
+      ++i;
     }
   }
   return o;
@@ -106,6 +114,7 @@ int main(int argc, char** argv) {
     policy::ModelConfig mc;
     static_cast<policy::ModelArchitecture&>(mc) = bench::smollm2_135m_architecture();
     mc.num_hidden_layers = o.layers;
+    if (o.fenced) mc.device = kernels::DeviceKind::cpu_fenced;
     learner::LearnerConfig cfg;
     cfg.optimizer.lr = 1e-5f;
     cfg.max_completion_length = o.seq_len;
@@ -114,7 +123,7 @@ int main(int argc, char** argv) {
     const bool zero3 = o.stage == learner::ShardStage::parameters;
     // A model each: a ZeRO-3 Trainer drops the weights it does not own and puts its ParamHook on its model.
     std::vector<std::unique_ptr<Arm>> arms;
-    for (int a = 0; a < (zero3 && !o.state_only ? 3 : 2); ++a) {
+    for (int a = 0; a < (zero3 && !o.state_only && !o.fenced ? 3 : 2); ++a) {
       auto model = policy::Model::create(mc, 0);
       if (!model.ok()) fail(model.error().message);
       arms.push_back(std::make_unique<Arm>(std::move(*model), a == 0 ? cfg : sharded, world));
@@ -137,15 +146,16 @@ int main(int argc, char** argv) {
         return r->slowest_ms;
       };
       for (size_t arm = 0; arm < arms.size(); ++arm) timed(arm, 1);  // warm-up: arenas, connections
+      arms[1]->model.backend().reset_sparse_peak();  // (the first step starts from the whole arena)
       std::vector<double> a, b, c;
       for (int r = 0; r < o.reps; ++r) {
         const uint64_t seed = 10 + static_cast<uint64_t>(r);
         if (r % 2 == 0) {
           b.push_back(timed(0, seed));
           a.push_back(timed(1, seed));
-          if (zero3) c.push_back(timed(2, seed));
+          if (arms.size() > 2) c.push_back(timed(2, seed));
         } else {
-          if (zero3) c.push_back(timed(2, seed));
+          if (arms.size() > 2) c.push_back(timed(2, seed));
           a.push_back(timed(1, seed));
           b.push_back(timed(0, seed));
         }
@@ -157,11 +167,19 @@ int main(int argc, char** argv) {
                  enum_string(o.stage) + " trainer is not data parallelism's " + std::to_string(losses[0][i]));
       dp_ms = bench::median(b);
       ours_ms = bench::median(a);
-      if (zero3) blocking_ms = bench::median(c);
+      if (!c.empty()) blocking_ms = bench::median(c);
     }
+    // ZeRO-3 on the device: what its sparse arena mapped (the other arms hold no sparse buffer)
+    const kernels::Backend& be = arms[1]->model.backend();
+    double mapped[2] = {static_cast<double>(be.sparse_mapped_peak()), static_cast<double>(be.sparse_mapped_bytes())},
+           mapped_most[2];
+    MPI_Allreduce(mapped, mapped_most, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     // the largest rank's state (the shards differ by at most 16 values)
     double mine[2] = {static_cast<double>(dp.state_bytes()), static_cast<double>(ours.state_bytes())}, most[2];
     MPI_Allreduce(mine, most, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (world.rank() == 0 && o.fenced && zero3)
+      std::printf("{\"ours_device_peak_bytes\": %.0f, \"ours_device_rest_bytes\": %.0f, \"dp_device_bytes\": %zu}\n",
+                  mapped_most[0], mapped_most[1], 2 * sizeof(float) * arms[0]->adapter.params().size());
     if (world.rank() == 0) {
       std::printf("{\"stage\": \"%s\", \"ranks\": %d, \"params\": %zu, \"tokens_per_rank\": %d, \"dp_ms\": %.3f, "
                   "\"ours_ms\": %.3f, \"no_prefetch_ms\": %.3f, \"dp_state_bytes\": %.0f, \"ours_state_bytes\": %.0f}\n",
