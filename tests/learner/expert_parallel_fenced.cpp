@@ -4,7 +4,8 @@
 // fed host copies), trains the bits of the same run on cpu: the weights, the AdamW moments and every
 // step metric, for learners holding every expert (one micro-batch per rank; a token budget whose
 // micro-batch counts differ by rank, so idle passes serve the peer, under activation checkpointing
-// and with two mini-batches; LoRA adapters on the routed experts) and for learners holding one block
+// and with two mini-batches; LoRA adapters on the routed experts; ZeRO-3, whose device arena is
+// sparse, each layer gathered with every expert) and for learners holding one block
 // each (Model::create_expert_block on the device: its step, the group's forwards for old log-probs
 // and the mismatch with their idle forwards, the gathered weights and moments, and a checkpoint of
 // them resumed). A backend without an expert-parallel layer is named in the layer's error, and the
@@ -41,6 +42,7 @@ struct Case {
   int mini_batches = 1;        // 2: old log-probs recomputed and rank 0's samples scored for the mismatch
   bool divide = false;         // each learner holds only its block of experts
   int lora = 0;                // policy.lora.rank (0 = off; adapters on every linear layer and expert)
+  bool zero3 = false;          // learner.shard parameters (on the device: its sparse arena, per layer)
 };
 
 LearnerConfig config(const Case& k) {
@@ -53,6 +55,7 @@ LearnerConfig config(const Case& k) {
   c.batch.micro_batch_tokens = k.budget;
   c.batch.num_mini_batches = k.mini_batches;
   c.expert_parallel = 2;
+  if (k.zero3) c.shard = ShardStage::parameters;
   return c;
 }
 
@@ -233,6 +236,10 @@ int main(int argc, char** argv) {
                     .budget = 9, .checkpointing = true, .mini_batches = 2},
                    world);
     bad |= compare({.name = "LoRA adapters on every linear layer and expert, token budget 9", .budget = 9, .lora = 4},
+                   world);
+    bad |= compare({.name = "every expert, learner.shard parameters (the device's sparse arena gathered per layer), "
+                            "token budget 9 (idle passes), activation checkpointing",
+                    .budget = 9, .checkpointing = true, .zero3 = true},
                    world);
     bad |= compare({.name = "divided blocks, one micro-batch per rank", .divide = true}, world);
     bad |= compare({.name = "divided blocks, token budget 9 (idle passes), activation checkpointing, 2 mini-batches "
