@@ -355,6 +355,16 @@ Status ParamShards::phantom_pass() {
   return {};
 }
 
+Status ParamShards::phantom_forward() {
+  TROUPE_TRY(need(kEmbedGroup));
+  TROUPE_TRY(done(kEmbedGroup, false));
+  for (int l = 0; l < layers_; ++l) {
+    TROUPE_TRY(need(l));
+    TROUPE_TRY(done(l, false));
+  }
+  return need(layers_);
+}
+
 Status ParamShards::gather_all() {
   TROUPE_TRY(settle());
   const BlockingCall label("learner.shard parameters: the all-gather of the whole weights");

@@ -156,6 +156,22 @@ Status Trainer::zero3_begin(bool whole) {
   return {};
 }
 
+// The forwards of a step before its update (old log-probs, the mismatch) with the per-layer hook:
+// each group gathered from the shards and dropped after, so no rank holds the whole weights.
+// `passes`: this rank's forwards in fn; every rank runs as many as the one with the most (phantom
+// forwards: the gathers are collectives).
+Status Trainer::zero3_forwards(size_t passes, const std::function<Status()>& fn) {
+  TROUPE_ASSIGN_OR_RETURN(const size_t most, most_micro_batches(passes));
+  TROUPE_TRY(zero3_->release_all());
+  zero3_->set_active(true);
+  Status st = fn();
+  for (size_t c = passes; c < most && st.ok(); ++c) st = zero3_->phantom_forward();
+  zero3_->set_active(false);
+  Status released = zero3_->release_all();  // (the head, held to each forward's end)
+  TROUPE_TRY(st);
+  return released;
+}
+
 Status Trainer::zero3_micro_batches(const std::vector<std::vector<const Sample*>>& mbs, const LossNorm& norm,
                                     bool score, MismatchSums& mismatch, LossMetrics& sums) {
   if (!zero3_->layered()) {  // the whole (small) buffer for this mini-batch: one all-gather

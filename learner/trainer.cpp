@@ -637,9 +637,17 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
   // over this rank's share of the batch.
   const bool score_in_forward = grpo && M == 1 && cfg_.batch.num_iterations == 1;
   const bool recompute_old = grpo && !has_old && (cfg_.batch.num_iterations > 1 || M > 1);
-  if (zero3_) TROUPE_TRY(zero3_begin(recompute_old || (grpo && !score_in_forward)));
+  // ZeRO-3: the forwards before the update (old log-probs, the mismatch) gather layer by layer
+  // with the hook (zero3_forwards); without the hook, from the whole weights gathered first.
+  const bool layered3 = zero3_ && zero3_->layered();
+  if (zero3_) TROUPE_TRY(zero3_begin(!layered3 && (recompute_old || (grpo && !score_in_forward))));
   if (recompute_old) {
-    TROUPE_ASSIGN_OR_RETURN(auto old, old_logprobs(batch_in));
+    std::vector<std::vector<float>> old;
+    auto forwards = [&]() -> Status {
+      TROUPE_ASSIGN_OR_RETURN(old, old_logprobs(batch_in));
+      return {};
+    };
+    TROUPE_TRY(layered3 ? zero3_forwards(0, forwards) : forwards());  // (the same forwards on every rank)
     with_old = batch_in;
     for (size_t i = 0; i < N; ++i) with_old[i].old_logprobs = std::move(old[i]);
     batch = &with_old;
@@ -657,7 +665,11 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
     std::vector<const Sample*> mine;
     for (size_t i = N * r / W; i < N * (r + 1) / W; ++i)
       if (batch_in[i].score_mismatch) mine.push_back(&batch_in[i]);
-    TROUPE_ASSIGN_OR_RETURN(mismatch, mismatch_before_update(mine));
+    auto forwards = [&]() -> Status {
+      TROUPE_ASSIGN_OR_RETURN(mismatch, mismatch_before_update(mine));
+      return {};
+    };
+    TROUPE_TRY(layered3 ? zero3_forwards(score_mismatch_passes(mine), forwards) : forwards());
   }
   for (int it = 0; it < cfg_.batch.num_iterations; ++it) {
     if (cfg_.batch.shuffle) std::shuffle(order.begin(), order.end(), rng_);

@@ -284,9 +284,9 @@ int check_failure(Communicator& world) {
 // ZeRO-3 on the wide model keeping its shard between steps (as when each learner syncs its own
 // shard): during a step at most the shard, the edges, one layer's weights and gradient and the
 // embedding's and head's gradients are mapped; between steps the shard and the edges. Rank 0 prints the fractions of the whole (weights + gradients).
-int check_mapped(Communicator& world) {
-  // (SFT: a GRPO step that recomputes old logprobs gathers the whole weights for that forward first)
-  const Case c{"sft, wide", Phase::sft, 0.05f, 0, false, true};
+// GRPO with two mini-batches runs forwards before its update too (the old log-probs recomputed, the
+// mismatch scored), gathered layer by layer as well.
+int check_mapped(const Case& c, Communicator& world) {
   auto model = make_model(c, DeviceKind::cpu_fenced);
   if (!model.ok()) return 1;
   const kernels::Backend& be = model->backend();
@@ -302,7 +302,13 @@ int check_mapped(Communicator& world) {
   double peak = 0, rest = 0;
   bool ok = true;
   for (int s = 0; s < 2 && ok; ++s) {
-    auto r = tr.train_step(test::make_batch(40 + static_cast<uint64_t>(s), 16, 32));
+    auto batch = test::make_batch(40 + static_cast<uint64_t>(s), 16, 32);
+    for (size_t i = 0; i < batch.size(); ++i) {  // (GRPO: old log-probs recomputed; the first quarter scored)
+      batch[i].behavior_logprobs = std::move(batch[i].old_logprobs);
+      batch[i].old_logprobs.clear();
+      batch[i].score_mismatch = i < batch.size() / 4;
+    }
+    auto r = tr.train_step(batch);
     if (!r.ok()) std::fprintf(stderr, "rank %d: %s\n", world.rank(), r.error().message.c_str());
     ok = r.ok();
     if (s == 0) be.reset_sparse_peak();  // (the first step starts from the whole arena)
@@ -333,7 +339,8 @@ int main(int argc, char** argv) {
                           Case{"grpo, wide", Phase::grpo, 0.05f, 0, false, true}})
       bad |= compare(c, *world);
     bad |= check_failure(*world);
-    bad |= check_mapped(*world);
+    bad |= check_mapped(Case{"sft, wide", Phase::sft, 0.05f, 0, false, true}, *world);
+    bad |= check_mapped(Case{"grpo, wide (old log-probs recomputed, mismatch scored)", Phase::grpo, 0.05f, 0, false, true}, *world);
   }
   MPI_Finalize();
   return bad;

@@ -45,6 +45,8 @@ class ParamShards : public policy::ParamHook {
   // The hook calls of one forward + backward with nothing computed (a rank with fewer micro-batches
   // than another still takes part in each gather and reduce-scatter).
   Status phantom_pass();
+  // The hook calls of one forward alone (no backward): the head stays held until release_all.
+  Status phantom_forward();
   // Every rank's shard, whole on every rank (one all-gather).
   Status gather_all();
   // Whole on rank `root` only; the other ranks drop what is not theirs.

@@ -254,7 +254,7 @@ class Trainer {
   // all-reduce), the global norm chained through the ranks, AdamW on this rank's shard, all-gather.
   Status sharded_optimizer_step(StepMetrics& out, double& norm_sum, bool last);
   // learner.shard parameters (sharded_step.cpp): the step's start (the whole weights for forwards
-  // outside the loss micro-batches: `whole`), one mini-batch's micro-batches with the per-layer
+  // outside the loss micro-batches where there is no hook: `whole`), one mini-batch's micro-batches with the per-layer
   // gathers (a rank with fewer micro-batches than another runs the hook's phantom passes), the end.
   Status zero3_begin(bool whole);
   Status zero3_micro_batches(const std::vector<std::vector<const Sample*>>& mbs, const LossNorm& norm, bool score,
@@ -287,6 +287,7 @@ class Trainer {
   Status sharded_device_step(StepMetrics& out, double& norm_sum, bool last);  // learner.shard on a device model
   void device_zero3();     // learner.shard parameters on a device model (device_shards.h), where it can
   void params_gathered();  // ZeRO-3's gathers wrote the weights: the model's mirror (or arena) follows
+  Status zero3_forwards(size_t passes, const std::function<Status()>& fn);  // pre-update forwards, per layer
   void show_device_step();  // learner 0's step observer after a device step (the mirror comes down)
   // Metric all-reduce and the per-batch statistics of a finished call.
   Status finish_metrics(StepMetrics& out, const LossMetrics& sums, const MismatchSums& mismatch, double norm_sum,
