@@ -198,24 +198,20 @@ std::vector<size_t> ParamShards::range_bounds(size_t k) const {
   return clamp_bounds(bounds_, ranges_[k].begin, ranges_[k].end);
 }
 
-Status ParamShards::gather_range(size_t k) {
-  const Range& r = ranges_[k];
-  return comm_.all_gather(params_.subspan(r.begin, r.end - r.begin), range_bounds(k));
+std::span<float> ParamShards::part(std::span<float> buf, size_t k) const {
+  return buf.subspan(ranges_[k].begin, ranges_[k].end - ranges_[k].begin);
 }
+
+Status ParamShards::gather_range(size_t k) { return comm_.all_gather(part(params_, k), range_bounds(k)); }
 
 Result<std::unique_ptr<PendingCollective>> ParamShards::start_gather_range(size_t k) {
-  const Range& r = ranges_[k];
-  return comm_.start_all_gather(params_.subspan(r.begin, r.end - r.begin), range_bounds(k));
+  return comm_.start_all_gather(part(params_, k), range_bounds(k));
 }
 
-Status ParamShards::reduce_range(size_t k) {
-  const Range& r = ranges_[k];
-  return comm_.reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin), range_bounds(k));
-}
+Status ParamShards::reduce_range(size_t k) { return comm_.reduce_scatter_sum(part(grads_, k), range_bounds(k)); }
 
 Result<std::unique_ptr<PendingCollective>> ParamShards::start_reduce_range(size_t k) {
-  const Range& r = ranges_[k];
-  return comm_.start_reduce_scatter_sum(grads_.subspan(r.begin, r.end - r.begin), range_bounds(k));
+  return comm_.start_reduce_scatter_sum(part(grads_, k), range_bounds(k));
 }
 
 Status ParamShards::gather_whole() { return comm_.all_gather(params_, bounds_); }

@@ -98,6 +98,7 @@ class ParamShards : public policy::ParamHook {
 
  private:
   Status gather(size_t k);                          // bring_in, then gather_range
+  std::span<float> part(std::span<float> buf, size_t k) const;  // range k of a host buffer
   Status grads_in(int g);                           // group g's gradients about to be written
   size_t pool_bytes(bool grads) const;              // the most non-owned whole-page bytes whole at once
   size_t outer_bytes(std::span<float> buf, size_t begin, size_t end) const;  // its whole pages outside the shard
