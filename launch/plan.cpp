@@ -169,16 +169,20 @@ void learner_weights_and_state(const ExperimentConfig& cfg, const Shape& s, Plan
     // On a device the collectives block (no prefetch): one group at a time, and each group's two
     // edge granules (shared with a neighbour or the shard) stay mapped in both arenas.
     const uint64_t groups = s.host_visible ? 2 : 1;
-    const uint64_t gathered = std::max(groups * s.fp.largest_layer_floats, s.fp.largest_layer_floats + head);
+    const uint64_t gathered = s.host_visible ? std::max(2 * s.fp.largest_layer_floats, s.fp.largest_layer_floats + head)
+                                             : std::max(s.fp.largest_layer_floats, head);
     const uint64_t edges = s.host_visible ? 0 : (static_cast<uint64_t>(s.mc.num_hidden_layers) + 3) * s.granule;
     const bool whole = r.index == 0 && !sync_from_shards(cfg, s);
     if (!whole && !cfg.rollout.async) r.weights = ceil_div(s.P, s.N) * kF + gathered * kF + edges;
-    // The shard; the embedding's and head's gradients whole until the step's end; two layers'
-    // gradients before their reduce-scatters (one in flight while the next runs its backward; one
-    // on a device) and the one in flight's receive scratch (ranks x its shard: about a layer; none
-    // on a device, whose collective sums in place); with one micro-batch, several accumulate them whole.
+    // The shard; the embedding's gradient whole until the step's end; the head's (untied) until
+    // its reduce-scatter right after its backward, before any layer's; two layers' gradients
+    // before their reduce-scatters (one in flight while the next runs its backward; one on a
+    // device) and the one in flight's receive scratch (ranks x its shard: about a layer; none on a
+    // device, whose collective sums in place); with one micro-batch, several accumulate them whole.
+    const uint64_t embedding = s.mc.tie_word_embeddings ? s.fp.outer_floats : s.fp.outer_floats - head;
     if (!several_micro_batches(s))
-      r.gradients = (ceil_div(s.P, s.N) + s.fp.outer_floats + groups * s.fp.largest_layer_floats) * kF + edges;
+      r.gradients = (ceil_div(s.P, s.N) +
+                     std::max(s.fp.outer_floats, embedding + groups * s.fp.largest_layer_floats)) * kF + edges;
     in_flight = s.host_visible ? s.fp.largest_layer_floats * kF : 0;
   }
   r.optimizer = ceil_div(2 * s.Tr * kF, o_div);  // AdamW m_, v_ (fp32) of this rank's shard

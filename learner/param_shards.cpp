@@ -64,6 +64,12 @@ BlockingCall gather_label(int g, int layers) {
   return BlockingCall("learner.shard parameters: the all-gather of decoder layer", g);
 }
 
+// The watchdog's name for the gradient reduce-scatter of group g (a decoder layer, or the head).
+BlockingCall scatter_label(int g, int layers) {
+  if (g >= layers) return BlockingCall("learner.shard parameters: the gradient reduce-scatter of the head (final norm, lm_head)");
+  return BlockingCall("learner.shard parameters: the gradient reduce-scatter of decoder layer", g);
+}
+
 }  // namespace
 
 ParamShards::ParamShards(std::span<float> params, std::span<float> grads, const std::vector<policy::TensorSpec>& table,
@@ -126,12 +132,19 @@ size_t ParamShards::pool_bytes(bool grads) const {
                            ranges_[static_cast<size_t>(r)].end);
     return bytes;
   };
-  if (grads) {  // the head's until the step's end, and two layers' (one reduce-scatter in flight)
+  if (grads) {
+    // A tied head's embedding part until the step's end; the rest of the head's with the last
+    // layer's (its reduce-scatter in flight during that layer's backward), or two layers' (one
+    // reduce-scatter in flight).
     std::vector<size_t> layer;
     for (int l = 0; l < layers_; ++l) layer.push_back(pages(groups_[static_cast<size_t>(l + 1)]));
     std::sort(layer.rbegin(), layer.rend());
-    return pages(groups_[static_cast<size_t>(layers_ + 1)]) + (layer.size() > 0 ? layer[0] : 0) +
-           (layer.size() > 1 ? layer[1] : 0);
+    const size_t l0 = layer.size() > 0 ? layer[0] : 0, l1 = layer.size() > 1 ? layer[1] : 0;
+    const std::vector<int>& embedding = groups_[0];
+    std::vector<int> kept, rest;
+    for (int r : groups_[static_cast<size_t>(layers_ + 1)])
+      (std::find(embedding.begin(), embedding.end(), r) != embedding.end() ? kept : rest).push_back(r);
+    return pages(kept) + std::max(pages(rest) + l0, l0 + l1);
   }
   // Weights whole at once: a group and the next one the model asks for (the prefetch), ranges once.
   std::vector<int> order{kEmbedGroup};
@@ -311,19 +324,22 @@ Status ParamShards::done(int g, bool backward) {
     Range& r = ranges_[static_cast<size_t>(i)];
     if (r.held > 0 && --r.held == 0) TROUPE_TRY(drop_params(static_cast<size_t>(i)));
   }
-  if (!backward || !last_ || g < 0 || g >= layers_) return progress();
-  // At most one layer's reduce-scatter in flight (layer g+1's, which overlapped this layer's
+  if (!backward || !last_ || g < 0 || g > layers_) return progress();
+  // At most one reduce-scatter in flight (layer g+1's or the head's, which overlapped this layer's
   // backward), so at most two layers' gradients are whole at once.
   {
-    const BlockingCall previous("learner.shard parameters: the gradient reduce-scatter of decoder layer", g + 1);
+    const BlockingCall previous = scatter_label(g + 1, layers_);
     for (size_t i = 0; i < scattering_.size(); ++i)
       if (scattering_[i]) TROUPE_TRY(finish_scatter(i));
   }
-  const BlockingCall label("learner.shard parameters: the gradient reduce-scatter of decoder layer", g);
-  for (int i : group(g)) {  // the layer's gradient is complete on every rank: sum this rank's shard of it
+  const BlockingCall label = scatter_label(g, layers_);
+  const std::vector<int>& embedding = group(kEmbedGroup);
+  for (int i : group(g)) {  // the group's gradient is complete on every rank: sum this rank's shard of it
     const auto k = static_cast<size_t>(i);
     Range& r = ranges_[k];
-    if (r.reduced) continue;
+    // (a tied head's embedding: its gradient is complete only after the embedding's backward, the
+    // last; reduce_rest sums it)
+    if (r.reduced || std::find(embedding.begin(), embedding.end(), i) != embedding.end()) continue;
     r.reduced = true;
     if (!prefetch_) {
       TROUPE_TRY(reduce_range(k));

@@ -3,6 +3,7 @@
 // check's message, the JSON fields, and byte sizes. No weights are read anywhere.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -175,15 +176,27 @@ TEST(Plan, ShardStagesDivideByTheLearners) {
   const uint64_t shard4 = (none.params + 7) / 8 * 4, head4 = (151936ull * 4096 + 4096) * 4;
   const uint64_t layer4 = (2ull * 4096 + 4096ull * 4096 * 2 + 4096ull * 1024 * 2 + 3ull * 4096 * 12288 + 2 * 128) * 4;
   EXPECT_EQ(z3.weights, shard4 + layer4 + head4);
-  // one micro-batch: the shard, the embedding's and head's gradients (whole until the step's end),
-  // two layers' (one's reduce-scatter in flight during the next one's backward), and that
-  // reduce-scatter's receive scratch (about a layer) beside the reduce-scatter rounds
-  EXPECT_EQ(z3.gradients, shard4 + 2 * head4 - 4096 * 4 + 2 * layer4);
+  // one micro-batch: the shard, the embedding's gradient (whole until the step's end), the head's
+  // (reduce-scattered right after its backward, before any layer's) or two layers' (one's
+  // reduce-scatter in flight during the next one's backward), and that reduce-scatter's receive
+  // scratch (about a layer) beside the reduce-scatter rounds
+  const uint64_t outer4 = 2 * head4 - 4096 * 4, embedding4 = outer4 - head4;
+  EXPECT_EQ(z3.gradients, shard4 + std::max(outer4, embedding4 + 2 * layer4));
   EXPECT_EQ(z3.collectives, row(g, "learner", 3).collectives + layer4);
   EXPECT_EQ(z3.optimizer, 2 * P4 / 8);
   EXPECT_LT(z3.device, row(g, "learner", 3).device);
   EXPECT_EQ(row(p3, "learner", 0).weights, z3.weights);  // the probe too runs from the shards
   EXPECT_NE(plan_table(p3).find("note: shard parameters: each learner keeps its shard"), std::string::npos);
+  // on a device: a sparse arena, one group mapped at a time (the gathers block), and two 2 MiB
+  // granules per group (36 layers, the embedding, the head) in each arena; no receive scratch
+  const MemoryPlan p3c = plan_model("qwen3-8b", {"policy.device=cuda"}, o);
+  const PlanRow z3c = row(p3c, "learner", 3);
+  const uint64_t edges = (36ull + 3) * (2ull << 20);
+  EXPECT_EQ(z3c.weights, shard4 + std::max(layer4, head4) + edges);
+  EXPECT_EQ(z3c.gradients, shard4 + std::max(outer4, embedding4 + layer4) + edges);
+  EXPECT_EQ(z3c.collectives, row(g, "learner", 3).collectives);
+  EXPECT_GE(z3c.host, 2 * P4);  // (the host mirror of the weights and gradients stays whole)
+  EXPECT_NE(plan_table(p3c).find("into a sparse device arena"), std::string::npos);
   // LoRA adapters are gathered whole; on cuda the device arena stays whole: only AdamW is divided
   const MemoryPlan p3l = plan_model("qwen3-8b", {"policy.lora.rank=16"}, o);
   EXPECT_EQ(row(p3l, "learner", 3).weights, (p3l.params + p3l.trainable) * 4);

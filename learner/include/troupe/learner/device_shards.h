@@ -5,8 +5,8 @@
 // (gradients) and unmapped after; only whole granules come and go, so a granule a range shares
 // with its neighbour or with the shard stays mapped (the range's floats there NaN once dropped).
 // Between steps a rank's device holds its shard of the weights and gradients and those edges;
-// during a step also the group in use, and the gradients of the head and the embedding (their
-// backwards run outside the layers' hook calls), until the step's end.
+// during a step also the group in use, its gradient, and the embedding's gradient (its backward
+// runs after the layers', outside the hook calls) until the step's end.
 // Invariant: the sums and gathers are the host schedule's (rank-ordered sums, the same ranges in
 // the same order), so a step equals the host ZeRO-3 step and the unsharded one bit for bit on
 // cpu_fenced; an op never reads an unmapped granule (cpu_fenced faults if it does). The device

@@ -38,7 +38,8 @@ class ParamShards : public policy::ParamHook {
   // most two groups (and two layers' gradients) are whole at once with it, one without.
   void set_prefetch(bool on) { prefetch_ = on; }
   bool prefetch() const { return prefetch_; }
-  // done(l, true) of the last micro-batch reduce-scatters layer l's gradient and drops the rest of it.
+  // done(l, true) of the last micro-batch reduce-scatters layer l's gradient and drops the rest of it
+  // (done(L, true) the head's, but for a tied head's embedding, whose backward comes last).
   void set_last_micro_batch(bool last) { last_ = last; }
   Status need(int group) override;
   Status done(int group, bool backward) override;
