@@ -119,11 +119,7 @@ Status DeviceParamShards::drop_grads(size_t k) {
 // The embedding's gradient stays mapped through the accumulation: its backward runs after every
 // layer's, with no hook call before it (host pages fault in on their own; a device's must be there).
 Status DeviceParamShards::zero_grad_memory() {
-  const auto embed = group_ranges(kEmbedGroup);
-  for (size_t k = 0; k < ranges().size(); ++k) {
-    const bool kept = std::find(embed.begin(), embed.end(), std::pair{ranges()[k].begin, ranges()[k].end}) != embed.end();
-    TROUPE_TRY(kept ? grads_range_in(k) : map(true, k, false));
-  }
+  for (size_t k = 0; k < ranges().size(); ++k) TROUPE_TRY(embedding_range(k) ? grads_range_in(k) : map(true, k, false));
   for (size_t k = 0; k < ranges().size(); ++k) fill_edges(true, k, 0.0f);
   if (hi_ > lo_) be_.zero(arena().grads + lo_, hi_ - lo_);
   return {};

@@ -140,10 +140,8 @@ size_t ParamShards::pool_bytes(bool grads) const {
     for (int l = 0; l < layers_; ++l) layer.push_back(pages(groups_[static_cast<size_t>(l + 1)]));
     std::sort(layer.rbegin(), layer.rend());
     const size_t l0 = layer.size() > 0 ? layer[0] : 0, l1 = layer.size() > 1 ? layer[1] : 0;
-    const std::vector<int>& embedding = groups_[0];
     std::vector<int> kept, rest;
-    for (int r : groups_[static_cast<size_t>(layers_ + 1)])
-      (std::find(embedding.begin(), embedding.end(), r) != embedding.end() ? kept : rest).push_back(r);
+    for (int r : groups_[static_cast<size_t>(layers_ + 1)]) (embedding_range(static_cast<size_t>(r)) ? kept : rest).push_back(r);
     return pages(kept) + std::max(pages(rest) + l0, l0 + l1);
   }
   // Weights whole at once: a group and the next one the model asks for (the prefetch), ranges once.
@@ -205,6 +203,11 @@ Status ParamShards::drop_grads(size_t k) {
   if (grads_pool_) grads_pool_->unmap(k);
   drop(grads_, ranges_[k].begin, ranges_[k].end);
   return {};
+}
+
+bool ParamShards::embedding_range(size_t k) const {
+  const std::vector<int>& embedding = groups_[0];
+  return std::find(embedding.begin(), embedding.end(), static_cast<int>(k)) != embedding.end();
 }
 
 std::vector<size_t> ParamShards::range_bounds(size_t k) const {
@@ -333,13 +336,12 @@ Status ParamShards::done(int g, bool backward) {
       if (scattering_[i]) TROUPE_TRY(finish_scatter(i));
   }
   const BlockingCall label = scatter_label(g, layers_);
-  const std::vector<int>& embedding = group(kEmbedGroup);
   for (int i : group(g)) {  // the group's gradient is complete on every rank: sum this rank's shard of it
     const auto k = static_cast<size_t>(i);
     Range& r = ranges_[k];
     // (a tied head's embedding: its gradient is complete only after the embedding's backward, the
     // last; reduce_rest sums it)
-    if (r.reduced || std::find(embedding.begin(), embedding.end(), i) != embedding.end()) continue;
+    if (r.reduced || embedding_range(k)) continue;
     r.reduced = true;
     if (!prefetch_) {
       TROUPE_TRY(reduce_range(k));

@@ -638,9 +638,9 @@ Result<StepMetrics> Trainer::train_step(const std::vector<Sample>& batch_in) {
   const bool score_in_forward = grpo && M == 1 && cfg_.batch.num_iterations == 1;
   const bool recompute_old = grpo && !has_old && (cfg_.batch.num_iterations > 1 || M > 1);
   // ZeRO-3: the forwards before the update (old log-probs, the mismatch) gather layer by layer
-  // with the hook (zero3_forwards); without the hook, from the whole weights gathered first.
+  // with the hook (zero3_forwards); without the hook zero3_begin gathers the whole weights anyway.
   const bool layered3 = zero3_ && zero3_->layered();
-  if (zero3_) TROUPE_TRY(zero3_begin(!layered3 && (recompute_old || (grpo && !score_in_forward))));
+  if (zero3_) TROUPE_TRY(zero3_begin(false));
   if (recompute_old) {
     std::vector<std::vector<float>> old;
     auto forwards = [&]() -> Status {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "troupe/kernels/backend.h"
+#include "troupe/kernels/sparse_ranges.h"
 
 namespace troupe::kernels {
 namespace {
@@ -129,16 +130,7 @@ class FencedBackend final : public Backend {
     std::shared_lock lock(mu_);
     const auto sp = sparse_.find(reinterpret_cast<uintptr_t>(buf.data()));
     if (sp == sparse_.end()) return Backend::mapped_ranges(buf);
-    std::vector<std::pair<size_t, size_t>> out;
-    for (size_t g = 0; g < sp->second.mapped.size(); ++g) {
-      if (!sp->second.mapped[g]) continue;
-      const size_t b = g * granule(), e = std::min(buf.bytes(), b + granule());
-      if (!out.empty() && out.back().second == b)
-        out.back().second = e;
-      else
-        out.emplace_back(b, e);
-    }
-    return out;
+    return mapped_granule_ranges(sp->second.mapped, granule(), buf.bytes());
   }
   size_t sparse_mapped_bytes() const override {
     std::shared_lock lock(mu_);

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "troupe/kernels/sparse_ranges.h"
+
 namespace troupe::kernels::cuda {
 
 SparseMemory::~SparseMemory() {
@@ -79,19 +81,9 @@ Status SparseMemory::unmap(const void* p, size_t offset, size_t bytes) {
 }
 
 std::vector<std::pair<size_t, size_t>> SparseMemory::mapped_ranges(const void* p) const {
-  std::vector<std::pair<size_t, size_t>> out;
   const auto it = ranges_.find(reinterpret_cast<uintptr_t>(p));
-  if (it == ranges_.end()) return out;
-  const size_t g = d_.granularity;
-  for (size_t i = 0; i < it->second.granule.size(); ++i) {
-    if (it->second.granule[i] == 0) continue;
-    const size_t b = i * g, e = std::min(it->second.bytes, b + g);
-    if (!out.empty() && out.back().second == b)
-      out.back().second = e;
-    else
-      out.emplace_back(b, e);
-  }
-  return out;
+  if (it == ranges_.end()) return {};
+  return mapped_granule_ranges(it->second.granule, d_.granularity, it->second.bytes);
 }
 
 void SparseMemory::trim() {

@@ -94,6 +94,7 @@ class ParamShards : public policy::ParamHook {
   virtual Status gather_whole_to(int root);         // ... on `root`
   std::vector<size_t> range_bounds(size_t k) const;  // bounds_ clamped to range k, from 0
   const std::vector<Range>& ranges() const { return ranges_; }
+  bool embedding_range(size_t k) const;  // range k is the embedding's (a tied head's too)
   const std::vector<size_t>& bounds() const { return bounds_; }
   Communicator& comm() { return comm_; }
 
