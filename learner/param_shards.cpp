@@ -354,13 +354,7 @@ Status ParamShards::done(int g, bool backward) {
 }
 
 Status ParamShards::phantom_pass() {
-  TROUPE_TRY(need(kEmbedGroup));
-  TROUPE_TRY(done(kEmbedGroup, false));
-  for (int l = 0; l < layers_; ++l) {
-    TROUPE_TRY(need(l));
-    TROUPE_TRY(done(l, false));
-  }
-  TROUPE_TRY(need(layers_));
+  TROUPE_TRY(phantom_forward());
   TROUPE_TRY(done(layers_, true));
   for (int l = layers_ - 1; l >= 0; --l) {
     TROUPE_TRY(need(l));
